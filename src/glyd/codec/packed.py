@@ -1,0 +1,116 @@
+"""The packed-matrix container shared by every layout."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from glyd.errors import FormatError
+
+#: Version of the array layouts below; bumped on any change to what the arrays mean.
+FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Packed:
+    """A bf16 matrix in a lossless packed layout.
+
+    ``arrays`` holds plain tensors (the layout's planes and tables, see ``docs/format.md``);
+    ``shape`` is the true ``(rows, cols)`` of the matrix, before any internal padding.
+
+    >>> import torch, glyd
+    >>> p = glyd.pack(torch.ones(3, 5, dtype=torch.bfloat16), layout="tiered")
+    >>> p.shape, p.layout, sorted(p.arrays)
+    ((3, 5), 'tiered', ['area', 'd1', 'esc_off', 'sm', 'table'])
+    """
+
+    layout: str
+    shape: tuple[int, int]
+    arrays: dict[str, torch.Tensor] = field(repr=False)
+    version: int = FORMAT_VERSION
+
+    def __post_init__(self) -> None:
+        from glyd.codec import LAYOUTS  # late: layouts import this module
+
+        if self.layout not in LAYOUTS:
+            raise FormatError(f"unknown layout {self.layout!r} (known: {', '.join(LAYOUTS)})")
+        if self.version != FORMAT_VERSION:
+            raise FormatError(
+                f"layout {self.layout!r} format version {self.version} is not supported "
+                f"(this glyd reads version {FORMAT_VERSION})"
+            )
+        if (
+            len(self.shape) != 2
+            or not all(isinstance(s, int) and not isinstance(s, bool) for s in self.shape)
+            or min(self.shape) < 0
+        ):
+            raise FormatError(f"shape must be two non-negative ints, got {self.shape!r}")
+        object.__setattr__(self, "shape", (int(self.shape[0]), int(self.shape[1])))
+        LAYOUTS[self.layout].check_arrays(self.shape, self.arrays)
+
+    @property
+    def numel(self) -> int:
+        return self.shape[0] * self.shape[1]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of all arrays (what the packed matrix occupies in memory or on disk)."""
+        return sum(a.numel() * a.element_size() for a in self.arrays.values())
+
+    @property
+    def bits_per_weight(self) -> float:
+        return 8.0 * self.nbytes / self.numel if self.numel else 0.0
+
+    @property
+    def device(self) -> torch.device:
+        return next(iter(self.arrays.values())).device
+
+    def to(self, device: torch.device | str) -> Packed:
+        """The same packed matrix with every array on ``device``."""
+        return Packed(self.layout, self.shape, {k: v.to(device) for k, v in self.arrays.items()}, self.version)
+
+
+def expect_array(
+    arrays: dict[str, torch.Tensor], name: str, dtype: torch.dtype | tuple[torch.dtype, ...], shape: tuple[int, ...] | None
+) -> torch.Tensor:
+    """Return ``arrays[name]`` after checking its dtype and shape; raise FormatError naming it."""
+    if name not in arrays:
+        raise FormatError(f"packed array {name!r} is missing")
+    a = arrays[name]
+    if not isinstance(a, torch.Tensor):
+        raise FormatError(f"packed array {name!r} is not a tensor")
+    dtypes = dtype if isinstance(dtype, tuple) else (dtype,)
+    if a.dtype not in dtypes:
+        raise FormatError(f"packed array {name!r} has dtype {a.dtype}, expected {' or '.join(map(str, dtypes))}")
+    if shape is not None and tuple(a.shape) != tuple(shape):
+        raise FormatError(f"packed array {name!r} has shape {tuple(a.shape)}, expected {tuple(shape)}")
+    return a
+
+
+def check_no_extra(arrays: dict[str, torch.Tensor], names: tuple[str, ...], layout: str) -> None:
+    extra = sorted(set(arrays) - set(names))
+    if extra:
+        raise FormatError(f"unexpected arrays for layout {layout!r}: {', '.join(extra)}")
+
+
+def as_bf16_matrix(w: torch.Tensor, what: str = "matrix") -> torch.Tensor:
+    """Check that ``w`` is a 2-D bf16 tensor; return it contiguous on the CPU."""
+    if not isinstance(w, torch.Tensor):
+        raise TypeError(f"{what} must be a torch.Tensor, got {type(w).__name__}")
+    if w.dtype != torch.bfloat16:
+        raise TypeError(f"{what} must be bfloat16, got {w.dtype} (glyd packs bf16 weights only; convert explicitly)")
+    if w.dim() != 2:
+        raise ValueError(f"{what} must be 2-D, got shape {tuple(w.shape)}")
+    return w.detach().to("cpu").contiguous()
+
+
+def round_up(n: int, m: int) -> int:
+    return (n + m - 1) // m * m
+
+
+def u16_to_bf16(bits: torch.Tensor) -> torch.Tensor:
+    """bf16 tensor whose raw bits are ``bits`` (int32 values 0..65535)."""
+    # Casting 32768..65535 to int16 wraps two's-complement on every platform torch supports;
+    # the exhaustive 65,536-pattern tests pin that.
+    return bits.to(torch.int16).view(torch.bfloat16)

@@ -1,0 +1,17 @@
+"""Exceptions raised by glyd. Every one names the file, tensor or field at fault."""
+
+
+class GlydError(Exception):
+    """Base class of glyd's errors."""
+
+
+class FormatError(GlydError, ValueError):
+    """A file or packed array set is not in a format glyd can read (bad magic, version, shape)."""
+
+
+class CorruptError(GlydError):
+    """Data is damaged: truncated, a checksum or sha256 that does not match."""
+
+
+class DestinationExistsError(GlydError, FileExistsError):
+    """An output path already exists; glyd never overwrites."""

@@ -1,0 +1,324 @@
+"""``GlydLinear`` and ``GlydEmbedding``: torch modules that hold a weight packed and use it as is.
+
+A packed weight lives in buffers named ``weight_glyd_<array>`` (one a packed array), so a
+module's state_dict keys are the keys of the packed checkpoint format
+(``glyd.store.key_for(name, array)``): saving and loading move the arrays as they are.
+
+The product picks its path by device through ``glyd.ops``: fused Triton kernels on the GPU,
+the pure-torch reference (unpack, then ``F.linear``) on the CPU. ``exact=True`` always unpacks
+and calls ``F.linear`` with the bf16 weight itself, so the output is the bf16 layer's bit for bit.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from glyd.codec import Packed
+from glyd.nn import _ops
+from glyd.nn.rows import unpack_rows
+
+#: Prefix of a packed array's buffer: ``<module>.weight_glyd_<array>``.
+BUFFER_PREFIX = "weight_glyd_"
+
+
+class PackedWeight:
+    """What ``module.weight`` returns for a packed module: the bf16 weight, unpacked on use.
+
+    ``dtype``, ``device``, ``shape``, ``ndim``, ``size()`` and ``numel()`` are answered from the
+    packed form without unpacking (transformers reads them often). Passing it to a torch
+    function, or reading any other tensor attribute, unpacks the matrix (``materialize()``).
+
+    >>> import torch, glyd
+    >>> lin = glyd.GlydLinear(glyd.pack(torch.ones(4, 3, dtype=torch.bfloat16)))
+    >>> lin.weight.dtype, tuple(lin.weight.shape)
+    (torch.bfloat16, (4, 3))
+    >>> float(torch.sum(lin.weight))
+    12.0
+    """
+
+    __slots__ = ("_unpack", "_meta")
+
+    def __init__(self, unpack: Callable[[], torch.Tensor], shape: tuple[int, int], device: Callable[[], torch.device]):
+        self._unpack = unpack
+        self._meta = (torch.Size(shape), device)
+
+    dtype = torch.bfloat16
+    ndim = 2
+    is_meta = False
+    requires_grad = False
+
+    @property
+    def shape(self) -> torch.Size:
+        return self._meta[0]
+
+    @property
+    def device(self) -> torch.device:
+        return self._meta[1]()
+
+    def size(self, dim: int | None = None):
+        return self.shape if dim is None else self.shape[dim]
+
+    def dim(self) -> int:
+        return 2
+
+    def numel(self) -> int:
+        return self.shape.numel()
+
+    def materialize(self) -> torch.Tensor:
+        """The bf16 weight, bit for bit, on the module's device."""
+        return self._unpack()
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        def real(a: Any) -> Any:
+            if isinstance(a, PackedWeight):
+                return a.materialize()
+            if isinstance(a, (list, tuple)):
+                return type(a)(real(x) for x in a)
+            return a
+
+        return func(*real(args), **{k: real(v) for k, v in (kwargs or {}).items()})
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(self.materialize(), name)
+
+    def __repr__(self) -> str:
+        return f"PackedWeight(shape={tuple(self.shape)}, dtype=torch.bfloat16, device={self.device})"
+
+
+class _PackedModule(nn.Module):
+    """Holds one packed matrix as ``weight_glyd_<array>`` buffers."""
+
+    def _init_packed(self, packed: Packed, sha256: str | None) -> None:
+        if not isinstance(packed, Packed):
+            raise TypeError(f"{type(self).__name__} expects a glyd Packed, got {type(packed).__name__}")
+        self.layout = packed.layout
+        self.packed_shape = tuple(packed.shape)
+        self.packed_version = packed.version
+        #: sha256 of the original bf16 matrix (computed when it was packed), for save and verify.
+        self.sha256 = sha256
+        self._array_names = tuple(packed.arrays)
+        for name, array in packed.arrays.items():
+            self.register_buffer(BUFFER_PREFIX + name, array, persistent=True)
+        self._packed_cache: tuple[tuple[int, ...], Packed] | None = None
+
+    @property
+    def packed(self) -> Packed:
+        """The packed matrix, built over the current buffers (rebuilt only when they change)."""
+        bufs = tuple(self._buffers[BUFFER_PREFIX + n] for n in self._array_names)
+        key = tuple(id(b) for b in bufs)
+        cache = self._packed_cache
+        if cache is None or cache[0] != key:
+            p = Packed(self.layout, self.packed_shape, dict(zip(self._array_names, bufs)), self.packed_version)
+            self._packed_cache = cache = (key, p)
+        return cache[1]
+
+    def _device(self) -> torch.device:
+        return self._buffers[BUFFER_PREFIX + self._array_names[0]].device
+
+    @property
+    def packed_nbytes(self) -> int:
+        return sum(self._buffers[BUFFER_PREFIX + n].nbytes for n in self._array_names)
+
+
+class GlydLinear(_PackedModule):
+    """``nn.Linear`` with a packed bf16 weight.
+
+    ``splits`` marks a merged product (for example q|k|v): ``parts()`` gives one module a part,
+    each returning its slice of the one merged product.
+
+    >>> import torch, glyd
+    >>> w = torch.randn(8, 16).to(torch.bfloat16)
+    >>> lin = glyd.GlydLinear(glyd.pack(w), exact=True)
+    >>> x = torch.randn(2, 16).to(torch.bfloat16)
+    >>> torch.equal(lin(x).view(torch.int16), torch.nn.functional.linear(x, w).view(torch.int16))
+    True
+    """
+
+    def __init__(
+        self,
+        packed: Packed,
+        bias: torch.Tensor | None = None,
+        *,
+        exact: bool = False,
+        splits: Sequence[int] | None = None,
+        sha256: str | None = None,
+    ) -> None:
+        super().__init__()
+        self._init_packed(packed, sha256)
+        self.out_features, self.in_features = self.packed_shape
+        if bias is not None:
+            if bias.shape != (self.out_features,):
+                raise ValueError(f"bias has shape {tuple(bias.shape)}, expected ({self.out_features},)")
+            self.bias = nn.Parameter(bias.detach(), requires_grad=False)
+        else:
+            self.register_parameter("bias", None)
+        self.exact = bool(exact)
+        if splits is not None:
+            splits = tuple(int(s) for s in splits)
+            if sum(splits) != self.out_features or min(splits) <= 0:
+                raise ValueError(f"splits {splits} do not add up to the {self.out_features} rows of the weight")
+        self.splits = splits
+        # (input, outputs, taken flags) of the last merged product, until every part has read it.
+        self._pending: tuple[torch.Tensor, tuple[torch.Tensor, ...], list[bool]] | None = None
+
+    @property
+    def weight(self) -> PackedWeight:
+        return PackedWeight(lambda: _ops.unpack(self.packed), self.packed_shape, self._device)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.exact:
+            return F.linear(x, _ops.unpack(self.packed), self.bias)
+        return _ops.linear(x, self.packed, self.bias)
+
+    def _products(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        assert self.splits is not None
+        if self.exact:
+            # bf16's own products: one F.linear a part with that part's rows, exactly as unmerged.
+            w = _ops.unpack(self.packed)
+            ws = w.split(self.splits, dim=0)
+            bs = self.bias.split(self.splits) if self.bias is not None else (None,) * len(ws)
+            return tuple(F.linear(x, wi, bi) for wi, bi in zip(ws, bs))
+        return tuple(_ops.linear(x, self.packed, self.bias).split(self.splits, dim=-1))
+
+    def part_forward(self, x: torch.Tensor, index: int) -> torch.Tensor:
+        """Part ``index`` of the merged product of ``x``; the product runs once for all parts."""
+        pend = self._pending
+        if pend is not None and pend[0] is x and not pend[2][index]:
+            pend[2][index] = True
+            if all(pend[2]):
+                self._pending = None
+            return pend[1][index]
+        outs = self._products(x)
+        taken = [False] * len(outs)
+        taken[index] = True
+        self._pending = (x, outs, taken) if len(outs) > 1 else None
+        return outs[index]
+
+    def parts(self) -> list[GlydLinearPart]:
+        if self.splits is None:
+            raise ValueError("parts() needs a merged GlydLinear (built with splits=...)")
+        return [GlydLinearPart(self, i) for i in range(len(self.splits))]
+
+    def extra_repr(self) -> str:
+        s = f"in_features={self.in_features}, out_features={self.out_features}, layout={self.layout}"
+        s += f", bias={self.bias is not None}, exact={self.exact}"
+        return s + (f", splits={self.splits}" if self.splits else "")
+
+
+class GlydLinearPart(nn.Module):
+    """One part (for example ``k_proj``) of a merged ``GlydLinear``; it holds no weights itself."""
+
+    def __init__(self, merged: GlydLinear, index: int) -> None:
+        super().__init__()
+        # Kept out of _modules: the merged module is registered once, on the parent.
+        self.__dict__["merged"] = merged
+        self.index = index
+        self.start = sum(merged.splits[:index])
+        self.out_features = merged.splits[index]
+        self.in_features = merged.in_features
+
+    @property
+    def weight(self) -> PackedWeight:
+        m = self.merged
+        return PackedWeight(
+            lambda: _ops.unpack(m.packed)[self.start : self.start + self.out_features],
+            (self.out_features, self.in_features),
+            m._device,
+        )
+
+    @property
+    def bias(self) -> torch.Tensor | None:
+        b = self.merged.bias
+        return None if b is None else b[self.start : self.start + self.out_features]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.merged.part_forward(x, self.index)
+
+    def extra_repr(self) -> str:
+        return f"part {self.index} of a merged product, rows {self.start}..{self.start + self.out_features}"
+
+
+class GlydTiedLinear(nn.Module):
+    """An output projection that shares a ``GlydEmbedding``'s packed weight (tied embeddings):
+    packed once, used twice. It holds no buffers; the embedding's are used."""
+
+    def __init__(self, embedding: GlydEmbedding, *, exact: bool = False) -> None:
+        super().__init__()
+        self.__dict__["source"] = embedding
+        self.out_features, self.in_features = embedding.packed_shape
+        self.exact = bool(exact)
+        self.register_parameter("bias", None)
+
+    @property
+    def weight(self) -> PackedWeight:
+        src = self.source
+        return PackedWeight(lambda: _ops.unpack(src.packed), src.packed_shape, src._device)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.exact:
+            return F.linear(x, _ops.unpack(self.source.packed))
+        return _ops.linear(x, self.source.packed)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, tied, exact={self.exact}"
+
+
+class GlydEmbedding(_PackedModule):
+    """``nn.Embedding`` with a packed bf16 table: only the rows looked up are decoded, bit for bit.
+
+    ``scale`` reproduces scaled embeddings (``out * scale`` in bf16, as Gemma 3's).
+
+    >>> import torch, glyd
+    >>> table = torch.randn(100, 8).to(torch.bfloat16)
+    >>> emb = glyd.GlydEmbedding(glyd.pack(table, "tiered"))
+    >>> ids = torch.tensor([[5, 7, 5]])
+    >>> torch.equal(emb(ids).view(torch.int16), table[ids].view(torch.int16))
+    True
+    """
+
+    def __init__(
+        self,
+        packed: Packed,
+        padding_idx: int | None = None,
+        *,
+        scale: torch.Tensor | float | None = None,
+        sha256: str | None = None,
+    ) -> None:
+        super().__init__()
+        self._init_packed(packed, sha256)
+        self.num_embeddings, self.embedding_dim = self.packed_shape
+        self.padding_idx = padding_idx
+        if scale is not None and not isinstance(scale, torch.Tensor):
+            scale = torch.tensor(float(scale))
+        if scale is not None:
+            self.register_buffer("embed_scale", scale.detach().clone(), persistent=False)
+        else:
+            self.embed_scale = None
+
+    @property
+    def weight(self) -> PackedWeight:
+        return PackedWeight(lambda: _ops.unpack(self.packed), self.packed_shape, self._device)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        out = unpack_rows(self.packed, ids)
+        if self.embed_scale is not None:
+            out = out * self.embed_scale.to(out.dtype)
+        return out
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}, layout={self.layout}, padding_idx={self.padding_idx}"
+
+
+def set_exact(model: nn.Module, exact: bool = True) -> nn.Module:
+    """Switch every packed product of ``model`` between bf16's own (``exact=True``) and the fused path."""
+    for m in model.modules():
+        if isinstance(m, (GlydLinear, GlydTiedLinear)):
+            m.exact = bool(exact)
+    return model

@@ -1,0 +1,117 @@
+"""Decode selected rows of a packed matrix (the embedding lookup), bit for bit, with torch ops.
+
+Every operation here has a fixed output shape that depends only on tensor shapes, never on
+values, so it runs on the CPU and the GPU alike with no host synchronization (safe under CUDA
+graphs). The full-matrix reference in ``glyd.codec`` stays the source of truth: tests compare
+these rows against it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from glyd.codec import fixed12, tiered
+from glyd.codec.packed import Packed
+
+
+def unpack_rows(packed: Packed, rows: torch.Tensor) -> torch.Tensor:
+    """Rows ``rows`` (any shape of int indices) of ``packed`` as bf16, shape ``(*rows.shape, k)``.
+
+    >>> import torch, glyd
+    >>> from glyd.nn import unpack_rows
+    >>> w = torch.randn(10, 7).to(torch.bfloat16)
+    >>> r = unpack_rows(glyd.pack(w, "tiered"), torch.tensor([3, 3, 9]))
+    >>> torch.equal(r.view(torch.int16), w[[3, 3, 9]].view(torch.int16))
+    True
+    """
+    flat = rows.reshape(-1).to(device=packed.device, dtype=torch.int64)
+    if packed.layout == fixed12.NAME:
+        out = _rows_fixed12(packed, flat)
+    elif packed.layout == tiered.NAME:
+        out = _rows_tiered(packed, flat)
+    else:  # pragma: no cover - Packed validates the layout
+        raise ValueError(f"unknown layout {packed.layout!r}")
+    return out.reshape(*rows.shape, packed.shape[1])
+
+
+def _rows_fixed12(p: Packed, rows: torch.Tensor) -> torch.Tensor:
+    n, k = p.shape
+    a = p.arrays
+    b = rows.numel()
+    kp = a["lo"].shape[1]
+    cp = a["code"][rows].view(b, kp // fixed12.GROUP, 1, fixed12.HALF)
+    codes = torch.cat([cp & 0xF, cp >> 4], dim=2).reshape(b, kp)[:, :k].to(torch.int32)
+    base = a["base"].to(torch.int32)  # a tensor, not int(): no host sync
+    hi = ((codes & 0x8) << 4) | ((codes & 0x7) + base)
+    bits = (hi << 8) | a["lo"][rows, :k].to(torch.int32)
+    idx = a["exc_idx"]
+    if idx.numel() and b:
+        # Apply every exception whose row was looked up. A row asked for twice is patched at one
+        # canonical position (the last write of pos[]) and then gathered for all its positions.
+        idx = idx.to(torch.int64)
+        er, ec = idx // k, idx % k
+        pos = torch.full((n,), -1, dtype=torch.int64, device=rows.device)
+        pos[rows] = torch.arange(b, device=rows.device)
+        canon = pos[rows]
+        p_of = pos[er]
+        dummy = b * k
+        target = torch.where(p_of >= 0, p_of * k + ec, torch.full_like(p_of, dummy))
+        value = a["lo"][er, ec].to(torch.int32) | (a["exc_hi"].to(torch.int32) << 8)
+        flat = torch.cat([bits.reshape(-1), bits.new_zeros(1)])
+        flat.scatter_(0, target, value)
+        bits = flat[:dummy].view(b, k)[canon]
+    return bits.to(torch.int16).view(torch.bfloat16)
+
+
+def _rank(mask: torch.Tensor) -> torch.Tensor:
+    """Position of each set element among the set elements of its block (last dim)."""
+    return torch.cumsum(mask.to(torch.int64), dim=-1) - 1
+
+
+def _gather(area: torch.Tensor, idx: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    # Unused slots read byte 0 (clamped index): their values are masked out by the caller.
+    safe = torch.where(mask, idx, torch.zeros_like(idx)).clamp_(0, area.numel() - 1)
+    return area[safe].to(torch.int64)
+
+
+def _rows_tiered(p: Packed, rows: torch.Tensor) -> torch.Tensor:
+    # Follows the tier table of glyd.codec.tiered (TIERS, BLOCK, SUPER, GROUP): every block of a
+    # looked-up row is decoded at once, escapes ranked by a cumulative sum inside the block.
+    n, k = p.shape
+    a = p.arrays
+    b = rows.numel()
+    kp = a["sm"].shape[1]
+    nb = tiered.blocks_per_row(k)
+    sub = tiered.GROUP // 4
+    table = a["table"].to(torch.int64)
+    q = a["d1"][rows].view(b, kp // tiered.GROUP, 1, sub).to(torch.int64)
+    d1 = torch.cat([q & 3, (q >> 2) & 3, (q >> 4) & 3, q >> 6], dim=2).reshape(b, kp)
+    if nb * tiered.BLOCK != kp:  # the last block of a row is shorter: pad with digit 0 (no escape)
+        d1 = torch.nn.functional.pad(d1, (0, nb * tiered.BLOCK - kp))
+    d1 = d1.view(b, nb, tiered.BLOCK)
+    _, cap0 = tiered.TIERS[0]
+    rank = d1
+    area = a["area"]
+    if area.numel():
+        blocks = rows[:, None] * nb + torch.arange(nb, device=rows.device)  # (b, nb)
+        base = a["esc_base"].to(torch.int64)
+        off = (base[blocks // tiered.SUPER] + a["esc_off"][blocks].to(torch.int64))[..., None]
+        esc = d1 == cap0
+        used = torch.zeros_like(off)
+        first = cap0
+        for width, cap in tiered.TIERS[1:]:
+            per_byte = 8 // width
+            r = _rank(esc)
+            digit = (_gather(area, off + used + r // per_byte, esc) >> (width * (r % per_byte))) & ((1 << width) - 1)
+            used = used + (esc.sum(-1, keepdim=True) + per_byte - 1) // per_byte
+            rank = torch.where(esc, first + digit, rank)
+            esc = esc & (digit == (1 << width) - 1)
+            first += cap
+        raw = _gather(area, off + used + _rank(esc), esc)
+        exp = torch.where(esc, raw, table[rank.clamp(max=tiered.TABLE - 1)])
+    else:
+        exp = table[rank.clamp(max=cap0 - 1)]
+    exp = exp.reshape(b, nb * tiered.BLOCK)[:, :k].to(torch.int32)
+    sm = a["sm"][rows, :k].to(torch.int32)
+    bits = ((sm & 0x80) << 8) | (exp << 7) | (sm & 0x7F)
+    return bits.to(torch.int16).view(torch.bfloat16)

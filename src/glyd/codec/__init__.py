@@ -42,4 +42,6 @@ def unpack(packed: Packed) -> torch.Tensor:
         raise TypeError(f"unpack expects a glyd Packed, got {type(packed).__name__}")
     if packed.device.type != "cpu":
         packed = packed.to("cpu")
+    if packed.numel == 0:
+        return torch.empty(packed.shape, dtype=torch.bfloat16)
     return LAYOUTS[packed.layout].unpack(packed)

@@ -10,9 +10,10 @@ correction, off the hot path. Byte-level layout: ``docs/format.md``.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
-from glyd.codec.packed import Packed, as_bf16_matrix, u16_to_bf16, check_no_extra, expect_array, round_up
+from glyd.codec.packed import Packed, as_bf16_matrix, check_no_extra, expect_array, round_up
 from glyd.errors import CorruptError, FormatError
 
 NAME = "fixed12"
@@ -32,38 +33,36 @@ def choose_base(hi7: torch.Tensor) -> int:
     """The window start ``b`` that maximises the weights with ``b <= exponent>>1 < b+8``."""
     if hi7.numel() == 0:
         return 0
-    hist = torch.bincount(hi7.reshape(-1).to(torch.int64), minlength=128)
+    hist = torch.bincount(hi7.reshape(-1), minlength=128)
     window = hist.unfold(0, WINDOW, 1).sum(dim=1)  # window[b] = hist[b:b+8].sum(), b = 0..120
     return int(torch.argmax(window))  # first maximum: the lowest base on ties
 
 
 def pack(w: torch.Tensor) -> Packed:
+    # numpy on uint8 planes: several times faster than torch's CPU kernels for these byte ops.
     w = as_bf16_matrix(w)
     n, k = w.shape
     kp = padded_cols(k)
-    bits = w.view(torch.int16).to(torch.int32) & 0xFFFF
-    hi = bits >> 8
-    hi7 = hi & 0x7F
-    base = choose_base(hi7)
-    off = hi7 - base
-    inside = (off >= 0) & (off < WINDOW)
-    code = ((hi >> 4) & 0x8) | torch.where(inside, off, torch.zeros_like(off))
-
-    lo_plane = torch.zeros(n, kp, dtype=torch.uint8)
-    lo_plane[:, :k] = (bits & 0xFF).to(torch.uint8)
-    codes = torch.zeros(n, kp, dtype=torch.uint8)  # padding: code 0, lo 0 (finite; kernels mask x)
-    codes[:, :k] = code.to(torch.uint8)
-    g = codes.view(n, kp // GROUP, 2, HALF)
+    b = w.view(torch.uint8).numpy().reshape(n, k, 2)  # little-endian: [..., 0] = lo, [..., 1] = hi
+    hi = np.ascontiguousarray(b[..., 1])
+    hi7 = hi & np.uint8(0x7F)
+    base = choose_base(torch.from_numpy(hi7))
+    off = hi7 - np.uint8(base)  # wraps below base: one unsigned compare tests the window
+    inside = off < WINDOW
+    codes = np.zeros((n, kp), dtype=np.uint8)  # padding: code 0, lo 0 (finite; kernels mask x)
+    codes[:, :k] = (off * inside) | ((hi >> 4) & np.uint8(8))
+    lo_plane = np.zeros((n, kp), dtype=np.uint8)
+    lo_plane[:, :k] = b[..., 0]
+    g = codes.reshape(n, kp // GROUP, 2, HALF)
     code_plane = (g[:, :, 0, :] | (g[:, :, 1, :] << 4)).reshape(n, kp // 2)
-
-    exc = torch.nonzero(~inside.reshape(-1)).reshape(-1)  # ascending flat index r*k + c
-    idx_dtype = torch.int32 if n * k < 2**31 else torch.int64
+    exc = np.flatnonzero(~inside)  # ascending flat index r*k + c
+    idx_dtype = np.int32 if n * k < 2**31 else np.int64
     arrays = {
-        "lo": lo_plane,
-        "code": code_plane.contiguous(),
+        "lo": torch.from_numpy(lo_plane),
+        "code": torch.from_numpy(code_plane),
         "base": torch.tensor([base], dtype=torch.uint8),
-        "exc_idx": exc.to(idx_dtype),
-        "exc_hi": hi.reshape(-1)[exc].to(torch.uint8),
+        "exc_idx": torch.from_numpy(exc.astype(idx_dtype)),
+        "exc_hi": torch.from_numpy(hi.reshape(-1)[exc]),
     }
     return Packed(NAME, (n, k), arrays)
 
@@ -97,18 +96,26 @@ def _check_values(p: Packed) -> None:
             raise CorruptError("exc_idx is not strictly increasing")
 
 
+def _pair_table(base: int) -> np.ndarray:
+    """uint16 for each code byte: the hi bytes of its two weights (low nibble's in the low byte)."""
+    c = np.arange(256, dtype=np.uint16)
+    lo_n, hi_n = c & 15, c >> 4
+    return (((lo_n & 8) << 4) | ((lo_n & 7) + base)) | ((((hi_n & 8) << 4) | ((hi_n & 7) + base)) << 8)
+
+
 def unpack(p: Packed) -> torch.Tensor:
     _check_values(p)
     n, k = p.shape
     a = p.arrays
-    base = int(a["base"][0])
     kp = a["lo"].shape[1]
-    cp = a["code"].view(n, kp // GROUP, 1, HALF)
-    codes = torch.cat([cp & 0xF, cp >> 4], dim=2).reshape(n, kp)[:, :k].to(torch.int32)
-    hi = ((codes & 0x8) << 4) | ((codes & 0x7) + base)
-    bits = (hi << 8) | a["lo"][:, :k].to(torch.int32)
+    base = int(a["base"][0])
+    # One table lookup a code byte gives both hi bytes it holds: [n, groups, 32 pairs (j, j+32)].
+    hi_pairs = _pair_table(base)[a["code"].numpy()].view(np.uint8).reshape(n, kp // GROUP, HALF, 2)
+    out = np.empty((n, kp // GROUP, 2, HALF, 2), dtype=np.uint8)
+    out[..., 0] = a["lo"].numpy().reshape(n, kp // GROUP, 2, HALF)
+    out[..., 1] = hi_pairs.transpose(0, 1, 3, 2)
+    bits = torch.from_numpy(out.reshape(n, kp, 2)[:, :k].copy() if kp != k else out.reshape(n, kp, 2))
+    flat = bits.view(n * k, 2)
     if a["exc_idx"].numel():
-        flat = bits.reshape(-1)
-        idx = a["exc_idx"].to(torch.int64)
-        flat[idx] = (flat[idx] & 0xFF) | (a["exc_hi"].to(torch.int32) << 8)
-    return u16_to_bf16(bits).reshape(n, k)
+        flat[a["exc_idx"].to(torch.int64), 1] = a["exc_hi"]
+    return bits.view(torch.bfloat16).reshape(n, k)

@@ -1,0 +1,191 @@
+"""Careful reading of safetensors headers, and byte hashing.
+
+safetensors files are read through ``safetensors.safe_open`` (memory-mapped, no pickle), but only
+after :func:`read_header` has checked the header against the file: its length prefix against the
+file size before anything is allocated, then every tensor's dtype, shape and byte range. A file that
+fails any check raises :class:`~glyd.errors.FormatError` or :class:`~glyd.errors.CorruptError`
+naming the file and the tensor.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import struct
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from glyd.errors import CorruptError, FormatError
+
+#: safetensors' own limit on the JSON header (``MAX_HEADER_SIZE`` in the Rust crate).
+MAX_HEADER_BYTES = 100_000_000
+
+#: safetensors dtype code -> torch dtype name (the names glyd.json uses: ``str(dtype)`` minus "torch.").
+ST_TO_NAME = {
+    "BOOL": "bool",
+    "U8": "uint8",
+    "I8": "int8",
+    "U16": "uint16",
+    "I16": "int16",
+    "U32": "uint32",
+    "I32": "int32",
+    "U64": "uint64",
+    "I64": "int64",
+    "F16": "float16",
+    "BF16": "bfloat16",
+    "F32": "float32",
+    "F64": "float64",
+    "C64": "complex64",
+    "F8_E4M3": "float8_e4m3fn",
+    "F8_E5M2": "float8_e5m2",
+    "F8_E8M0": "float8_e8m0fnu",
+}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """``torch.bfloat16`` -> ``"bfloat16"``: the dtype spelling used in glyd.json."""
+    return str(dtype).removeprefix("torch.")
+
+
+def dtype_from_name(name: object) -> torch.dtype | None:
+    """The torch dtype named ``name`` if it is one safetensors can store, else None."""
+    if not isinstance(name, str) or name not in ST_TO_NAME.values():
+        return None
+    dtype = getattr(torch, name, None)
+    return dtype if isinstance(dtype, torch.dtype) else None
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """One tensor of a safetensors header: dtype name (glyd spelling), shape and byte range."""
+
+    dtype: str
+    shape: tuple[int, ...]
+    begin: int
+    end: int
+
+
+@dataclass(frozen=True)
+class Header:
+    path: Path
+    tensors: dict[str, TensorInfo]
+    metadata: dict[str, str]
+    data_start: int
+    file_size: int
+
+    def keys_in_file_order(self) -> list[str]:
+        """Tensor names sorted by their position in the file (sequential reads)."""
+        return sorted(self.tensors, key=lambda k: (self.tensors[k].begin, k))
+
+
+def _shape_ok(shape: object) -> bool:
+    return isinstance(shape, list) and all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in shape)
+
+
+def read_header(path: str | os.PathLike) -> Header:
+    """Parse and check the header of the safetensors file ``path`` without reading its data.
+
+    Raises CorruptError for a truncated file or byte ranges outside it, FormatError for anything
+    that is not a well-formed safetensors header.
+    """
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            prefix = f.read(8)
+            if len(prefix) < 8:
+                raise CorruptError(f"{path}: truncated safetensors file ({size} bytes, no header)")
+            (n,) = struct.unpack("<Q", prefix)
+            # Bound the length prefix by the file and by safetensors' own limit before reading it.
+            if n > size - 8:
+                raise CorruptError(
+                    f"{path}: truncated or not a safetensors file (header length {n} but only {size - 8} bytes follow)"
+                )
+            if n > MAX_HEADER_BYTES:
+                raise FormatError(f"{path}: safetensors header of {n} bytes exceeds the {MAX_HEADER_BYTES}-byte limit")
+            raw = f.read(n)
+    except OSError as exc:
+        raise FormatError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+    try:
+        header = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise FormatError(f"{path}: not a safetensors file (header is not JSON: {exc})") from exc
+    if not isinstance(header, dict):
+        raise FormatError(f"{path}: not a safetensors file (header is not a JSON object)")
+    data_start = 8 + n
+    data_len = size - data_start
+    metadata = header.pop("__metadata__", None) or {}
+    if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
+        raise FormatError(f"{path}: safetensors __metadata__ must map strings to strings")
+    tensors: dict[str, TensorInfo] = {}
+    end_max = 0
+    for name, entry in header.items():
+        where = f"{path}: tensor {name!r}"
+        if not isinstance(entry, dict):
+            raise FormatError(f"{where}: header entry is not an object")
+        st_dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
+        if st_dtype not in ST_TO_NAME:
+            raise FormatError(f"{where}: unsupported or invalid dtype {st_dtype!r}")
+        if not _shape_ok(shape):
+            raise FormatError(f"{where}: invalid shape {shape!r}")
+        if (
+            not isinstance(offsets, list)
+            or len(offsets) != 2
+            or not all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)
+            or not 0 <= offsets[0] <= offsets[1]
+        ):
+            raise FormatError(f"{where}: invalid data_offsets {offsets!r}")
+        itemsize = torch.empty((), dtype=getattr(torch, ST_TO_NAME[st_dtype])).element_size()
+        want = math.prod(shape) * itemsize
+        if offsets[1] - offsets[0] != want:
+            raise FormatError(
+                f"{where}: data_offsets {offsets} span {offsets[1] - offsets[0]} bytes but "
+                f"{ST_TO_NAME[st_dtype]}{list(shape)} needs {want}"
+            )
+        if offsets[1] > data_len:
+            raise CorruptError(
+                f"{where}: truncated file (the tensor ends at byte {data_start + offsets[1]}, the file has {size})"
+            )
+        end_max = max(end_max, offsets[1])
+        tensors[name] = TensorInfo(ST_TO_NAME[st_dtype], tuple(shape), offsets[0], offsets[1])
+    if end_max != data_len:
+        raise CorruptError(f"{path}: {data_len - end_max} bytes after the last tensor (damaged or appended file)")
+    return Header(path, tensors, {str(k): v for k, v in metadata.items()}, data_start, size)
+
+
+def tensor_bytes_view(t: torch.Tensor) -> memoryview:
+    """The raw bytes of ``t`` (C order, little-endian) without a copy when ``t`` is contiguous on the CPU."""
+    if sys.byteorder != "little":  # pragma: no cover - no big-endian host runs torch today
+        raise RuntimeError("glyd hashes tensors as little-endian bytes; big-endian hosts are not supported")
+    t = t.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    t = t.contiguous().reshape(-1)
+    if t.numel() == 0:
+        return memoryview(b"")
+    return memoryview(t.view(torch.uint8).numpy())
+
+
+def sha256_tensor(t: torch.Tensor) -> str:
+    """sha256 (hex) of a tensor's raw bytes in C order, little-endian: the hash glyd.json records.
+
+    >>> import torch
+    >>> sha256_tensor(torch.zeros(2, dtype=torch.bfloat16))[:16]
+    'df3f619804a92fdb'
+    """
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"sha256_tensor expects a torch.Tensor, got {type(t).__name__}")
+    return hashlib.sha256(tensor_bytes_view(t)).hexdigest()
+
+
+def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()

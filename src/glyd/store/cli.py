@@ -1,0 +1,120 @@
+"""``glyd pack | unpack | verify | info``: packed checkpoints from the command line.
+
+    glyd pack MODEL_DIR PACKED_DIR [--layout fixed12|tiered|auto]
+    glyd verify PACKED_DIR
+    glyd info PACKED_DIR [--totals]
+    glyd unpack PACKED_DIR OUT_DIR
+
+Progress bars go to stderr; the summary table goes to stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from glyd.codec import LAYOUTS
+from glyd.store import folder
+from glyd.store.checkpoint import CheckpointReader
+
+
+def _progress(args: argparse.Namespace) -> bool:
+    return not getattr(args, "quiet", False)
+
+
+def _pack(args: argparse.Namespace) -> int:
+    summary = folder.pack_folder(args.src, args.dst, layout=args.layout, progress=_progress(args))
+    print(summary)
+    if summary.kept_names and len(summary.kept_names) <= 8:
+        print("kept unpacked: " + ", ".join(summary.kept_names))
+    return 0
+
+
+def _unpack(args: argparse.Namespace) -> int:
+    t0 = time.perf_counter()
+    counts = folder.unpack_folder(args.src, args.dst, progress=_progress(args))
+    print(
+        f"unpacked {counts['tensors']} tensors ({folder._human(counts['bytes'])}) in {counts['shards']} shard(s) "
+        f"and {counts['files']} files to {args.dst}, every sha256 checked ({time.perf_counter() - t0:.1f} s)"
+    )
+    return 0
+
+
+def _verify(args: argparse.Namespace) -> int:
+    t0 = time.perf_counter()
+    counts = CheckpointReader(args.dir).verify(progress=_progress(args))
+    print(
+        f"OK {args.dir}: {counts['tensors']} tensors ({counts['packed']} packed, {counts['raw']} raw, "
+        f"{counts['weights']:,} weights) and {counts['files']} files match glyd.json "
+        f"({time.perf_counter() - t0:.1f} s)"
+    )
+    return 0
+
+
+def _info(args: argparse.Namespace) -> int:
+    rows, t = folder.info(args.dir)
+    if not args.totals:
+        table = [
+            (
+                r["name"],
+                r["layout"] or "raw",
+                r["dtype"],
+                "x".join(map(str, r["shape"])) or "scalar",
+                f"{r['bytes']:,}",
+                f"{r['bits_per_weight']:.3f}",
+            )
+            for r in rows
+        ]
+        print(folder.format_table(["tensor", "layout", "dtype", "shape", "bytes", "bits/weight"], table))
+        print()
+    layouts = ", ".join(f"{n} {k}" for k, n in sorted(t["layouts"].items())) or "none"
+    raw = ", ".join(f"{n} {d}" for d, n in sorted(t["raw_dtypes"].items())) or "none"
+    summary = [
+        ("checkpoint", f"{args.dir} (layout {t['layout']})"),
+        ("tensors", f"{t['tensors']}: {t['packed']} packed ({layouts}), {t['raw']} kept as is ({raw})"),
+        (
+            "packed matrices",
+            f"{t['packed_weights']:,} weights, {folder._human(t['packed_bytes'])}, "
+            f"{t['packed_bits_per_weight']:.3f} bits a weight",
+        ),
+        (
+            "all tensors",
+            f"{folder._human(t['original_bytes'])} original -> {folder._human(t['bytes'])} stored, "
+            f"{t['bits_per_weight']:.3f} bits an element",
+        ),
+        ("files", str(t["files"])),
+    ]
+    print(folder.format_table(["", ""], summary, header=False))
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "pack",
+        help="pack a transformers safetensors folder into a glyd checkpoint",
+        description="Pack every 2-D bf16 tensor of a transformers safetensors folder losslessly; keep other "
+        "tensors as they are; copy config, tokenizer and other files.",
+    )
+    p.add_argument("src", help="model folder (model.safetensors or model.safetensors.index.json + shards)")
+    p.add_argument("dst", help="new folder for the packed checkpoint (must not exist)")
+    p.add_argument(
+        "--layout",
+        choices=[*LAYOUTS, "auto"],
+        default="fixed12",
+        help="fixed12: 12 bits a weight, fastest; tiered: densest; auto: per matrix on the GPU (fixed12 without one)",
+    )
+    p.set_defaults(func=_pack)
+
+    p = subparsers.add_parser("unpack", help="write the original bf16 safetensors folder back, bit for bit")
+    p.add_argument("src", help="packed checkpoint folder")
+    p.add_argument("dst", metavar="out", help="new folder for the bf16 model (must not exist)")
+    p.set_defaults(func=_unpack)
+
+    p = subparsers.add_parser("verify", help="unpack every tensor and check it against the manifest's sha256")
+    p.add_argument("dir", help="packed checkpoint folder")
+    p.set_defaults(func=_verify)
+
+    p = subparsers.add_parser("info", help="list the tensors of a packed checkpoint, their layouts and sizes")
+    p.add_argument("dir", help="packed checkpoint folder")
+    p.add_argument("--totals", action="store_true", help="print only the totals")
+    p.set_defaults(func=_info)

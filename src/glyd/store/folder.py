@@ -1,0 +1,453 @@
+"""Whole model folders: pack a transformers safetensors folder, unpack it back bit for bit, describe it.
+
+>>> import glyd.store as store                                         # doctest: +SKIP
+>>> summary = store.pack_folder("Qwen2.5-7B", "Qwen2.5-7B-glyd")      # doctest: +SKIP
+>>> store.CheckpointReader("Qwen2.5-7B-glyd").verify()                 # doctest: +SKIP
+>>> store.unpack_folder("Qwen2.5-7B-glyd", "Qwen2.5-7B-again")        # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import logging
+import math
+import os
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+from tqdm.auto import tqdm
+
+import glyd
+from glyd.codec import LAYOUTS
+from glyd.codec.packed import FORMAT_VERSION as CODEC_FORMAT_VERSION
+from glyd.errors import CorruptError, DestinationExistsError, FormatError
+from glyd.store._safetensors import Header, dtype_from_name, dtype_name, read_header, sha256_tensor
+from glyd.store.checkpoint import (
+    CONFIG,
+    INDEX,
+    MANIFEST,
+    SINGLE_SHARD,
+    AtomicDir,
+    CheckpointReader,
+    CheckpointWriter,
+    _entry_bytes,
+    copy_hashed,
+    shard_name,
+)
+
+log = logging.getLogger(__name__)
+
+#: Weight files of other formats (top level of a model folder): never copied, never read.
+OTHER_WEIGHTS = (
+    "pytorch_model*.bin",
+    "pytorch_model*.bin.index.json",
+    "tf_model*.h5",
+    "tf_model*.h5.index.json",
+    "flax_model*.msgpack",
+    "flax_model*.msgpack.index.json",
+    "model*.ckpt*",
+    "*.pt",
+    "*.pth",
+)
+
+__all__ = ["PackSummary", "pack_folder", "unpack_folder", "info"]
+
+
+@dataclass
+class PackSummary:
+    """What :func:`pack_folder` did; ``str(summary)`` is the table the CLI prints."""
+
+    src: Path
+    dst: Path
+    layout: str
+    layouts: Counter = field(default_factory=Counter)  # layout -> packed tensor count
+    packed: int = 0
+    packed_weights: int = 0
+    packed_bytes_before: int = 0
+    packed_bytes_after: int = 0
+    kept: Counter = field(default_factory=Counter)  # dtype name -> tensors kept unpacked
+    kept_bytes: Counter = field(default_factory=Counter)  # dtype name -> their bytes
+    kept_names: list[str] = field(default_factory=list)
+    files: list[str] = field(default_factory=list)  # copied verbatim (config.json is rewritten)
+    skipped_files: list[str] = field(default_factory=list)
+    src_bytes: int = 0  # safetensors files read
+    dst_bytes: int = 0  # safetensors files written
+    shards: int = 0
+    seconds: float = 0.0
+
+    @property
+    def bits_per_weight(self) -> float:
+        """Bits a weight over the packed matrices."""
+        return 8.0 * self.packed_bytes_after / self.packed_weights if self.packed_weights else 0.0
+
+    def rows(self) -> list[tuple[str, str]]:
+        lay = ", ".join(f"{n} {k}" for k, n in sorted(self.layouts.items())) or "none"
+        kept = ", ".join(f"{self.kept[d]} {d} ({_human(self.kept_bytes[d])})" for d in sorted(self.kept)) or "none"
+        ratio = f"{100.0 * self.dst_bytes / self.src_bytes:.1f}%" if self.src_bytes else "-"
+        rows = [
+            ("source", str(self.src)),
+            ("packed checkpoint", str(self.dst)),
+            ("packed matrices", f"{self.packed} ({lay}), {self.packed_weights:,} weights"),
+            (
+                "  size",
+                f"{_human(self.packed_bytes_before)} bf16 -> {_human(self.packed_bytes_after)}, "
+                f"{self.bits_per_weight:.3f} bits a weight",
+            ),
+            ("kept unpacked", kept),
+            ("files copied", f"{len(self.files)} + config.json" if CONFIG in self.files else str(len(self.files))),
+            ("safetensors on disk", f"{_human(self.src_bytes)} -> {_human(self.dst_bytes)} ({ratio}), {self.shards} shard(s)"),
+        ]
+        if self.skipped_files:
+            rows.append(("not copied (other weight formats)", ", ".join(self.skipped_files)))
+        rows.append(("time", f"{self.seconds:.1f} s"))
+        return rows
+
+    def __str__(self) -> str:
+        return format_table(["", ""], self.rows(), header=False)
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1000
+    raise AssertionError  # unreachable
+
+
+def format_table(columns: list[str], rows: list[tuple], header: bool = True) -> str:
+    """Plain-text table with aligned columns (numbers right-aligned)."""
+    cells = [[str(c) for c in r] for r in rows]
+    if header:
+        cells.insert(0, list(columns))
+    widths = [max((len(r[i]) for r in cells), default=0) for i in range(len(columns))]
+    out = []
+    for j, r in enumerate(cells):
+        parts = []
+        for i, c in enumerate(r):
+            numeric = header and j > 0 and c.replace(",", "").replace(".", "").replace("-", "").isdigit()
+            parts.append(c.rjust(widths[i]) if numeric else c.ljust(widths[i]))
+        out.append("  ".join(parts).rstrip())
+        if header and j == 0:
+            out.append("  ".join("-" * w for w in widths))
+    return "\n".join(out)
+
+
+# --------------------------------------------------------------------------------------------------
+# Source folders
+
+
+def _source_shards(src: Path) -> tuple[list[str], dict[str, Header], str | None]:
+    """The safetensors files of a transformers folder, in shard order, with checked headers."""
+    if not src.exists():
+        raise FormatError(f"{src}: no such folder")
+    if not src.is_dir():
+        raise FormatError(f"{src}: not a folder (glyd pack reads a transformers model folder)")
+    if (src / MANIFEST).exists():
+        raise FormatError(f"{src}: already a glyd packed checkpoint (it has {MANIFEST}); use glyd unpack")
+    index = src / INDEX
+    if index.is_file():
+        try:
+            wm = json.loads(index.read_bytes().decode("utf-8")).get("weight_map")
+        except (UnicodeDecodeError, json.JSONDecodeError, AttributeError) as exc:
+            raise FormatError(f"{index}: not a valid safetensors index ({exc})") from exc
+        if not isinstance(wm, dict) or not wm or not all(isinstance(v, str) for v in wm.values()):
+            raise FormatError(f"{index}: weight_map is missing, empty or not a map of tensor -> file")
+        files = list(dict.fromkeys(sorted(wm.values())))
+        for f in files:
+            if "/" in f or "\\" in f or f in ("", ".", ".."):
+                raise FormatError(f"{index}: shard name {f!r} is not a file of the folder")
+            if not (src / f).is_file():
+                raise FormatError(f"{src / f}: shard listed in {INDEX} is missing")
+        index_name: str | None = INDEX
+    elif (src / SINGLE_SHARD).is_file():
+        files, wm, index_name = [SINGLE_SHARD], None, None
+    else:
+        other = sorted(p.name for p in src.iterdir() if any(fnmatch.fnmatch(p.name, pat) for pat in OTHER_WEIGHTS))
+        if other:
+            raise FormatError(
+                f"{src}: has {', '.join(other)} but no model.safetensors: glyd reads safetensors only "
+                f"(convert the model to safetensors first, e.g. save_pretrained(..., safe_serialization=True))"
+            )
+        raise FormatError(f"{src}: no {SINGLE_SHARD} or {INDEX}: not a transformers safetensors model folder")
+    headers = {f: read_header(src / f) for f in files}
+    if wm is not None:
+        for name, f in wm.items():
+            if name not in headers[f].tensors:
+                raise CorruptError(f"{src / f}: tensor {name!r} listed in {INDEX} is not in the file")
+    seen: dict[str, str] = {}
+    for f, h in headers.items():
+        for name in h.tensors:
+            if name in seen:
+                raise FormatError(f"{src}: tensor {name!r} is in both {seen[name]} and {f}")
+            seen[name] = f
+    return files, headers, index_name
+
+
+def _copy_list(src: Path, weight_files: set[str]) -> tuple[list[tuple[Path, str]], list[str]]:
+    """Every file of the folder that is not a weight file: (path, relative name); and skipped names."""
+    keep, skipped = [], []
+    for root, dirs, names in os.walk(src):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))  # .git, .cache: not model files
+        for n in sorted(names):
+            p = Path(root) / n
+            rel = p.relative_to(src).as_posix()
+            if rel in weight_files or not p.is_file():
+                continue
+            if "/" not in rel and any(fnmatch.fnmatch(n, pat) for pat in OTHER_WEIGHTS):
+                skipped.append(rel)
+                continue
+            keep.append((p, rel))
+    return keep, skipped
+
+
+def _read_config(path: Path) -> dict[str, Any] | None:
+    if not path.is_file():
+        return None
+    try:
+        cfg = json.loads(path.read_bytes().decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise FormatError(f"{path}: not valid JSON ({exc})") from exc
+    if not isinstance(cfg, dict):
+        raise FormatError(f"{path}: not a JSON object")
+    return cfg
+
+
+def _auto_layout(name: str, w: torch.Tensor, state: dict[str, Any]) -> str:
+    """The layout for one matrix when ``layout="auto"``: ``glyd.kernels.choose_layout(w)`` on a GPU,
+    else ``fixed12`` (logged once), since the choice is made from measurements on the GPU."""
+    if "choose" not in state:
+        choose = None
+        if torch.cuda.is_available():
+            try:
+                from glyd.kernels import choose_layout as choose  # type: ignore[attr-defined]
+            except ImportError as exc:
+                log.warning("layout auto: glyd.kernels.choose_layout unavailable (%s); packing with fixed12", exc)
+        else:
+            log.info("layout auto: no CUDA GPU to measure on; packing every matrix with fixed12")
+        state["choose"] = choose
+    if state["choose"] is None:
+        return "fixed12"
+    layout = state["choose"](w)
+    if layout not in LAYOUTS:
+        raise ValueError(f"choose_layout returned {layout!r} for {name!r}; expected one of {', '.join(LAYOUTS)}")
+    return layout
+
+
+def pack_folder(
+    src: str | os.PathLike,
+    dst: str | os.PathLike,
+    *,
+    layout: str = "fixed12",
+    progress: bool = True,
+    max_shard_bytes: int = 2 * 1024**3,
+) -> PackSummary:
+    """Pack a transformers safetensors folder into a glyd checkpoint at ``dst``.
+
+    Every 2-D bf16 tensor is packed with ``layout`` (``"fixed12"``, ``"tiered"`` or ``"auto"``);
+    every other tensor is kept as it is and listed in the summary (never converted). Shard
+    boundaries of the source are kept (a packed shard is also split at ``max_shard_bytes``), every
+    other file of the folder is copied, and config.json gets a ``quantization_config`` for glyd.
+    Host memory stays near one output shard plus one tensor.
+    """
+    if layout not in LAYOUTS and layout != "auto":
+        raise ValueError(f"unknown layout {layout!r}; choose one of {', '.join([*LAYOUTS, 'auto'])}")
+    t0 = time.perf_counter()
+    src, dst = Path(src), Path(dst)
+    files, headers, index_name = _source_shards(src)
+    if dst.exists() or dst.is_symlink():
+        raise DestinationExistsError(f"{dst} already exists; glyd never overwrites (remove it or choose another name)")
+    config = _read_config(src / CONFIG)
+    if config is not None and "quantization_config" in config:
+        q = config["quantization_config"]
+        method = q.get("quant_method") if isinstance(q, dict) else q
+        raise FormatError(
+            f"{src / CONFIG}: the model is already quantized (quant_method {method!r}); glyd packs bf16 models"
+        )
+    copies, skipped = _copy_list(src, set(files) | ({index_name} if index_name else set()))
+    summary = PackSummary(src=src, dst=dst, layout=layout, skipped_files=skipped)
+    summary.src_bytes = sum(h.file_size for h in headers.values())
+    auto_state: dict[str, Any] = {}
+    total = sum(len(h.tensors) for h in headers.values())
+    with CheckpointWriter(dst, layout=layout, max_shard_bytes=max_shard_bytes) as out:
+        with tqdm(total=total, desc="pack", unit="tensor", disable=not progress, leave=False) as bar:
+            for f in files:
+                header = headers[f]
+                handle = safe_open(str(src / f), framework="pt", device="cpu")
+                for name in header.keys_in_file_order():
+                    t = handle.get_tensor(name)
+                    if t.dtype == torch.bfloat16 and t.dim() == 2:
+                        lay = _auto_layout(name, t, auto_state) if layout == "auto" else layout
+                        p = glyd.pack(t, layout=lay)
+                        out.add_packed(name, p, sha256_tensor(t))
+                        summary.packed += 1
+                        summary.layouts[lay] += 1
+                        summary.packed_weights += t.numel()
+                        summary.packed_bytes_before += t.numel() * 2
+                        summary.packed_bytes_after += p.nbytes
+                    else:
+                        out.add_tensor(name, t)
+                        d = dtype_name(t.dtype)
+                        why = "not 2-D" if t.dtype == torch.bfloat16 else "not bf16"
+                        log.debug("kept unpacked (%s): %s %s%s", why, name, d, list(t.shape))
+                        summary.kept[d] += 1
+                        summary.kept_bytes[d] += t.numel() * t.element_size()
+                        summary.kept_names.append(name)
+                    del t
+                    bar.update(1)
+                del handle
+                out.flush()  # keep the source's shard boundaries
+        for path, rel in copies:
+            if rel == CONFIG and config is not None:
+                continue
+            out.add_file(path, rel)
+            summary.files.append(rel)
+        if config is not None:
+            config = dict(config)
+            config["quantization_config"] = {"quant_method": "glyd", "layout": layout, "format_version": CODEC_FORMAT_VERSION}
+            out.set_config(config)
+            summary.files.append(CONFIG)
+        else:
+            log.warning("%s has no config.json: the checkpoint will not load with transformers", src)
+    reader = CheckpointReader(dst)
+    shards = {reader.entry(n)["file"] for n in reader.names()} or {SINGLE_SHARD}
+    summary.shards = len(shards)
+    summary.dst_bytes = sum((dst / s).stat().st_size for s in shards)
+    if summary.kept:
+        log.info(
+            "kept unpacked: %s",
+            ", ".join(f"{n} {d}" for d, n in sorted(summary.kept.items())),
+        )
+    summary.seconds = time.perf_counter() - t0
+    return summary
+
+
+# --------------------------------------------------------------------------------------------------
+# Unpacking
+
+
+def unpack_folder(src: str | os.PathLike, dst: str | os.PathLike, progress: bool = True) -> dict[str, int]:
+    """Write the original bf16 safetensors folder of the checkpoint ``src`` to ``dst``.
+
+    Same shards as the checkpoint (with ``model.safetensors.index.json`` when sharded), every tensor
+    bit-identical to the original (each sha256 is checked before it is written), config.json without
+    glyd's ``quantization_config``, every other file copied and checked. Returns counts.
+    """
+    reader = CheckpointReader(src)
+    dst = Path(dst)
+    if dst.exists() or dst.is_symlink():
+        raise DestinationExistsError(f"{dst} already exists; glyd never overwrites (remove it or choose another name)")
+    by_file: dict[str, list[str]] = {}
+    for name in reader.names():
+        by_file.setdefault(reader.entry(name)["file"], []).append(name)
+    counts = {"tensors": 0, "shards": len(by_file), "files": 0, "bytes": 0}
+    out = AtomicDir(dst)
+    try:
+        weight_map: dict[str, str] = {}
+        total = 0
+        with tqdm(total=len(reader), desc="unpack", unit="tensor", disable=not progress, leave=False) as bar:
+            for file, names in sorted(by_file.items()):
+                tensors = {}
+                for name in names:
+                    t = reader.get_original(name)
+                    reader.check_tensor(name, t)
+                    tensors[name] = t
+                    weight_map[name] = file
+                    total += t.numel() * t.element_size()
+                    bar.update(1)
+                save_file(tensors, str(out.tmp / file), metadata={"format": "pt"})
+                counts["tensors"] += len(tensors)
+                del tensors
+        if not by_file:
+            save_file({}, str(out.tmp / SINGLE_SHARD), metadata={"format": "pt"})
+        if len(by_file) > 1:
+            index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
+            (out.tmp / INDEX).write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
+        counts["bytes"] = total
+        for rel, digest in reader.files.items():
+            if rel == CONFIG:
+                continue
+            if copy_hashed(reader.path / rel, out.tmp / rel) != digest:
+                raise CorruptError(f"{reader.path / rel}: sha256 mismatch with {MANIFEST} (the file was changed or damaged)")
+            counts["files"] += 1
+        if CONFIG in reader.files:
+            cfg = reader.config
+            if copy_hashed(reader.path / CONFIG, out.tmp / CONFIG) != reader.files[CONFIG]:
+                raise CorruptError(f"{reader.path / CONFIG}: sha256 mismatch with {MANIFEST}")
+            q = cfg.get("quantization_config")
+            if isinstance(q, dict) and q.get("quant_method") == "glyd":
+                del cfg["quantization_config"]
+            (out.tmp / CONFIG).write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+            counts["files"] += 1
+        out.commit()
+    except BaseException:
+        out.abort()
+        raise
+    return counts
+
+
+# --------------------------------------------------------------------------------------------------
+# Description
+
+
+def info(path: str | os.PathLike) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Rows (one per tensor) and totals of a packed checkpoint, from its manifest (no data read).
+
+    Each row: ``name``, ``kind`` ("packed" or "raw"), ``layout`` (None when raw), ``dtype`` (the
+    original's), ``shape``, ``bytes`` (stored), ``bits_per_weight`` (stored bits / elements).
+    """
+    reader = CheckpointReader(path)
+    rows: list[dict[str, Any]] = []
+    totals: dict[str, Any] = {
+        "tensors": 0,
+        "packed": 0,
+        "raw": 0,
+        "weights": 0,
+        "packed_weights": 0,
+        "bytes": 0,
+        "packed_bytes": 0,
+        "original_bytes": 0,
+        "files": len(reader.files),
+        "layouts": Counter(),
+        "raw_dtypes": Counter(),
+    }
+    for name in reader.names():
+        e = reader.entry(name)
+        numel = math.prod(e["shape"])
+        stored = _entry_bytes(e)
+        packed = e["kind"] == "packed"
+        rows.append(
+            {
+                "name": name,
+                "kind": e["kind"],
+                "layout": e.get("layout") if packed else None,
+                "dtype": e["dtype"],
+                "shape": tuple(e["shape"]),
+                "bytes": stored,
+                "bits_per_weight": 8.0 * stored / numel if numel else 0.0,
+            }
+        )
+        totals["tensors"] += 1
+        totals["weights"] += numel
+        totals["bytes"] += stored
+        totals["original_bytes"] += numel * dtype_from_name(e["dtype"]).itemsize
+        if packed:
+            totals["packed"] += 1
+            totals["packed_weights"] += numel
+            totals["packed_bytes"] += stored
+            totals["layouts"][e["layout"]] += 1
+        else:
+            totals["raw"] += 1
+            totals["raw_dtypes"][e["dtype"]] += 1
+    w, b = totals["weights"], totals["bytes"]
+    totals["bits_per_weight"] = 8.0 * b / w if w else 0.0
+    pw = totals["packed_weights"]
+    totals["packed_bits_per_weight"] = 8.0 * totals["packed_bytes"] / pw if pw else 0.0
+    totals["layout"] = reader.layout
+    return rows, totals

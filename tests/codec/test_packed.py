@@ -1,0 +1,151 @@
+"""Packed's validation of hostile array sets, and the golden bytes of a tiny packed matrix."""
+
+import hashlib
+
+import pytest
+import torch
+
+import glyd
+from glyd.codec import FORMAT_VERSION
+from glyd.errors import CorruptError, FormatError
+
+
+def tiny() -> torch.Tensor:
+    # Deterministic 3x70 matrix: normal-ish values, one far exponent (a fixed12 exception and a
+    # tiered raw escape), a NaN, -0 and an inf.
+    v = torch.linspace(-0.08, 0.08, 210).reshape(3, 70).to(torch.bfloat16)
+    b = v.view(torch.int16)
+    b[0, 5] = 0x7240  # 3.0e30-ish: far outside the window
+    b[1, 7] = 0x7FC1  # a NaN with a payload
+    b[2, 69] = -0x8000  # -0
+    b[2, 0] = 0x7F80  # +inf
+    return v
+
+
+def digest(p: glyd.Packed) -> dict:
+    return {k: hashlib.sha256(v.contiguous().view(torch.uint8).numpy().tobytes()).hexdigest()[:16] for k, v in p.arrays.items()}
+
+
+def test_format_version_is_pinned():
+    assert FORMAT_VERSION == 1
+
+
+def test_golden_fixed12_bytes():
+    p = glyd.pack(tiny(), "fixed12")
+    assert p.version == 1
+    assert {k: (str(v.dtype), tuple(v.shape)) for k, v in p.arrays.items()} == {
+        "lo": ("torch.uint8", (3, 128)),
+        "code": ("torch.uint8", (3, 64)),
+        "base": ("torch.uint8", (1,)),
+        "exc_idx": ("torch.int32", (4,)),
+        "exc_hi": ("torch.uint8", (4,)),
+    }
+    assert p.arrays["base"].tolist() == [54]
+    assert p.arrays["exc_idx"].tolist() == [5, 77, 140, 209]
+    assert p.arrays["exc_hi"].tolist() == [114, 127, 127, 128]
+    # Row 0, group 0: code byte 0 = weight 0 (low nibble) | weight 32 (high nibble).
+    assert p.arrays["code"][0, :4].tolist() == GOLDEN_CODE_ROW0
+    assert digest(p) == GOLDEN_FIXED12
+
+
+def test_golden_tiered_bytes():
+    p = glyd.pack(tiny(), "tiered")
+    assert {k: (str(v.dtype), tuple(v.shape)) for k, v in p.arrays.items()} == {
+        "sm": ("torch.uint8", (3, 128)),
+        "d1": ("torch.uint8", (3, 32)),
+        "table": ("torch.uint8", (22,)),
+        "esc_base": ("torch.int32", (2,)),
+        "esc_off": ("torch.uint16", (3,)),
+        "area": ("torch.uint8", (GOLDEN_TIERED_AREA,)),
+    }
+    assert p.arrays["table"][:4].tolist() == GOLDEN_TABLE4
+    assert digest(p) == GOLDEN_TIERED
+
+
+def test_golden_still_unpacks():
+    for layout in ("fixed12", "tiered"):
+        assert torch.equal(glyd.unpack(glyd.pack(tiny(), layout)).view(torch.int16), tiny().view(torch.int16))
+
+
+# Pinned from version 1; a change here is a format change: bump FORMAT_VERSION and keep a reader.
+GOLDEN_CODE_ROW0 = [255, 255, 255, 255]
+GOLDEN_FIXED12 = {'lo': 'b324835a81bb234f', 'code': '51c93038911e94b7', 'base': 'e7f6c011776e8db7', 'exc_idx': 'b01931e1b34d99fd', 'exc_hi': '55b3397306815b43'}
+GOLDEN_TIERED = {'sm': '5a49be2b46540123', 'd1': '7d13bbbcaae2c018', 'table': 'd3d35436e6783d26', 'esc_base': 'f83bb221d5a90063', 'esc_off': '1526a9b23c0a9f25', 'area': '799616704db851a1'}
+GOLDEN_TIERED_AREA = 20
+GOLDEN_TABLE4 = [122, 123, 121, 120]
+
+
+def packed_fixed12():
+    return glyd.pack(torch.randn(4, 70).to(torch.bfloat16), "fixed12")
+
+
+def replace(p: glyd.Packed, **arrays) -> glyd.Packed:
+    new = dict(p.arrays)
+    for k, v in arrays.items():
+        if v is None:
+            del new[k]
+        else:
+            new[k] = v
+    return glyd.Packed(p.layout, p.shape, new, p.version)
+
+
+def test_rejects_unknown_layout_and_version():
+    p = packed_fixed12()
+    with pytest.raises(FormatError, match="unknown layout"):
+        glyd.Packed("fixed13", p.shape, p.arrays)
+    with pytest.raises(FormatError, match="version 2"):
+        glyd.Packed("fixed12", p.shape, p.arrays, version=2)
+    with pytest.raises(FormatError, match="shape"):
+        glyd.Packed("fixed12", (4, -70), p.arrays)
+
+
+@pytest.mark.parametrize(
+    "change,match",
+    [
+        (dict(lo=None), "'lo' is missing"),
+        (dict(lo=torch.zeros(4, 64, dtype=torch.uint8)), "'lo' has shape"),
+        (dict(code=torch.zeros(4, 64, dtype=torch.int16)), "'code' has dtype"),
+        (dict(extra=torch.zeros(1)), "unexpected arrays"),
+        (dict(exc_hi=torch.zeros(99, dtype=torch.uint8)), "one length"),
+    ],
+)
+def test_rejects_bad_fixed12_arrays(change, match):
+    with pytest.raises(FormatError, match=match):
+        replace(packed_fixed12(), **change)
+
+
+def test_corrupt_fixed12_values():
+    p = packed_fixed12()
+    bad = replace(p, exc_idx=torch.tensor([10**6], dtype=torch.int32), exc_hi=torch.zeros(1, dtype=torch.uint8))
+    with pytest.raises(CorruptError, match="outside"):
+        glyd.unpack(bad)
+    bad = replace(p, exc_idx=torch.tensor([3, 3], dtype=torch.int32), exc_hi=torch.zeros(2, dtype=torch.uint8))
+    with pytest.raises(CorruptError, match="increasing"):
+        glyd.unpack(bad)
+    with pytest.raises(CorruptError, match="base"):
+        glyd.unpack(replace(p, base=torch.tensor([200], dtype=torch.uint8)))
+
+
+def test_corrupt_tiered_values():
+    w = (torch.randn(8, 600) * torch.logspace(-3, 3, 600)).to(torch.bfloat16)
+    p = glyd.pack(w, "tiered")
+    assert p.arrays["area"].numel() > 0
+    with pytest.raises(CorruptError):
+        glyd.unpack(replace(p, area=p.arrays["area"][:-1].clone()))
+    off = p.arrays["esc_off"].clone()
+    off[1] = 0
+    with pytest.raises(CorruptError):
+        glyd.unpack(replace(p, esc_off=off))
+    with pytest.raises(FormatError, match="esc_base"):
+        replace(p, esc_base=p.arrays["esc_base"][:-1].clone())
+    d1 = p.arrays["d1"].clone()
+    d1[0, 0] ^= 0xFF  # more (or fewer) escapes than the area holds
+    with pytest.raises(CorruptError):
+        glyd.unpack(replace(p, d1=d1))
+
+
+def test_packed_to_and_sizes():
+    p = packed_fixed12()
+    assert p.to("cpu").shape == p.shape
+    assert p.nbytes == sum(a.numel() * a.element_size() for a in p.arrays.values())
+    assert p.bits_per_weight == pytest.approx(8 * p.nbytes / 280)

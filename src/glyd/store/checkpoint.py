@@ -405,7 +405,7 @@ class CheckpointWriter:
                 index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
                 (self._dir.tmp / INDEX).write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
             manifest = self.manifest()
-            (self._dir.tmp / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
+            (self._dir.tmp / MANIFEST).write_text(dump_manifest(manifest), encoding="utf-8")
             path = self._dir.commit()
         except BaseException:
             self.abort()
@@ -419,6 +419,22 @@ class CheckpointWriter:
         self._dir.abort()
         self._closed = True
         self._buf = {}
+
+
+def dump_manifest(manifest: dict[str, Any]) -> str:
+    """glyd.json text: plain JSON, one line per tensor and per file so it reads and diffs well."""
+
+    def block(d: dict[str, Any]) -> str:
+        if not d:
+            return "{}"
+        lines = [f"  {json.dumps(k)}: {json.dumps(v, separators=(', ', ': '))}" for k, v in d.items()]
+        return "{\n" + ",\n".join(lines) + "\n }"
+
+    parts = []
+    for k, v in manifest.items():
+        text = block(v) if k in ("tensors", "files") else json.dumps(v)
+        parts.append(f" {json.dumps(k)}: {text}")
+    return "{\n" + ",\n".join(parts) + "\n}\n"
 
 
 def _entry_bytes(entry: dict[str, Any]) -> int:

@@ -1,4 +1,4 @@
-"""``tiered``: the densest layout that still multiplies on the GPU (about 10.6-10.9 bits a weight).
+"""``tiered``: the densest layout that still multiplies on the GPU (about 10.7-10.9 bits a weight).
 
 Sign and mantissa are kept raw in one byte a weight (``sm = sign<<7 | mantissa``). The exponent
 is coded by its rank in the matrix's exponent frequency order, in tiers; a digit's all-ones value
@@ -9,16 +9,17 @@ tier  width  values                                      where
 ====  =====  ==========================================  ==========================
 1     2 bit  0-2: ranks 0-2, 3: escape                   ``d1`` plane, every weight
 2     1 bit  0: rank 3, 1: escape                        block area
-3     2 bit  0-2: ranks 4-6, 3: escape                   block area
-4     4 bit  0-14: ranks 7-21, 15: escape                block area
+3     1 bit  0: rank 4, 1: escape                        block area
+4     2 bit  0-2: ranks 5-7, 3: escape                   block area
+5     4 bit  0-14: ranks 8-22, 15: escape                block area
 raw   8 bit  the exponent itself                         block area
 ====  =====  ==========================================  ==========================
 
-The widths follow the measured exponent histograms of real weights (the 3 most common exponents
-cover about 70-73%, the 4th about 10%): against a 2/2/4 split this saves 0.05-0.09 bits a weight.
-Tiers 2 to raw live in a per-block area (a block = 512 consecutive weights of one row; the last
-block of a row may be shorter) whose start is in an offset table, so any block decodes on its own:
-no sequential bit stream. Byte-level layout: ``docs/format.md``.
+The widths follow measured exponent histograms of real weights (the 3 most common exponents cover
+about 70-73%, the next two about 10% and 7%): against a 2/2/4 split they save 0.06-0.1 bits a
+weight. Tiers 2 to raw live in a per-block area (a block = 1024 consecutive weights of the padded
+matrix in row-major order, so short rows share a block) whose start is in an offset table, so any
+block decodes on its own: no sequential bit stream. Byte-level layout: ``docs/format.md``.
 """
 
 from __future__ import annotations
@@ -34,13 +35,14 @@ NAME = "tiered"
 GROUP = 64
 SUB = GROUP // 4
 #: Weights a block of the escape area covers.
-BLOCK = 512
+BLOCK = 1024
 #: Blocks a superblock groups: one 32-bit base a superblock, then a 16-bit offset a block
-#: (16/512 + 32/8192 = 0.035 bits a weight, against 0.0625 for a 32-bit offset a block).
-#: A superblock's area is at most 16 * 960 bytes, so the 16-bit offsets never overflow.
+#: (16/1024 + 32/16384 = 0.018 bits a weight, against 0.031 for a 32-bit offset a block).
+#: A block's area is at most 1024 * (1/8 + 1/8 + 1/4 + 1/2 + 1) = 2048 bytes, a superblock's
+#: 32768: the 16-bit offsets never overflow.
 SUPER = 16
 #: (digit width in bits, ranks the tier covers) for tiers 1 to 4; past the last tier, the raw exponent.
-TIERS = ((2, 3), (1, 1), (2, 3), (4, 15))
+TIERS = ((2, 3), (1, 1), (1, 1), (2, 3), (4, 15))
 TABLE = sum(cap for _, cap in TIERS)
 ARRAYS = ("sm", "d1", "table", "esc_base", "esc_off", "area")
 
@@ -49,8 +51,8 @@ def padded_cols(k: int) -> int:
     return round_up(k, GROUP)
 
 
-def blocks_per_row(k: int) -> int:
-    return (padded_cols(k) + BLOCK - 1) // BLOCK
+def num_blocks(n: int, k: int) -> int:
+    return (n * padded_cols(k) + BLOCK - 1) // BLOCK
 
 
 def exponent_order(exp: np.ndarray) -> np.ndarray:
@@ -69,9 +71,8 @@ def _rank_in_block(block: np.ndarray, nblocks: int) -> np.ndarray:
     return np.arange(block.size, dtype=np.int64) - starts[block]
 
 
-def _block_ids(kp: int, flat: np.ndarray) -> np.ndarray:
-    nb = (kp + BLOCK - 1) // BLOCK
-    return (flat // kp) * nb + (flat % kp) // BLOCK
+def _block_ids(flat: np.ndarray) -> np.ndarray:
+    return flat // BLOCK
 
 
 def pack(w: torch.Tensor) -> Packed:
@@ -79,7 +80,7 @@ def pack(w: torch.Tensor) -> Packed:
     w = as_bf16_matrix(w)
     n, k = w.shape
     kp = padded_cols(k)
-    nblocks = n * blocks_per_row(k)
+    nblocks = num_blocks(n, k)
     b = w.view(torch.uint8).numpy().reshape(n, k, 2)  # little-endian: [..., 0] = lo, [..., 1] = hi
     lo, hi = b[..., 0], b[..., 1]
     exp = ((hi & np.uint8(0x7F)) << 1) | (lo >> 7)
@@ -98,7 +99,7 @@ def pack(w: torch.Tensor) -> Packed:
     # Escapes of each tier in natural (row-major) order, with their block ids.
     flat = np.flatnonzero(rank >= cap0)
     r = rank.reshape(-1)[flat].astype(np.int64)
-    blk = _block_ids(kp, flat)
+    blk = _block_ids(flat)
     first = cap0
     streams = []  # tiers 2..4: (block ids, digit values, width)
     for width, cap in TIERS[1:]:
@@ -144,7 +145,7 @@ def pack(w: torch.Tensor) -> Packed:
 def check_arrays(shape: tuple[int, int], arrays: dict[str, torch.Tensor]) -> None:
     n, k = shape
     kp = padded_cols(k)
-    nblocks = n * blocks_per_row(k)
+    nblocks = num_blocks(n, k)
     check_no_extra(arrays, ARRAYS, NAME)
     expect_array(arrays, "sm", torch.uint8, (n, kp))
     expect_array(arrays, "d1", torch.uint8, (n, kp // 4))
@@ -163,7 +164,7 @@ def unpack(p: Packed) -> torch.Tensor:
     n, k = p.shape
     a = p.arrays
     kp = a["sm"].shape[1]
-    nblocks = n * blocks_per_row(k)
+    nblocks = num_blocks(n, k)
     area = a["area"].numpy()
     table = a["table"].numpy()
     base = a["esc_base"].numpy().astype(np.int64)
@@ -176,7 +177,7 @@ def unpack(p: Packed) -> torch.Tensor:
     rank = np.concatenate([q & 3, (q >> 2) & 3, (q >> 4) & 3, q >> 6], axis=2).reshape(-1)
     cap0 = TIERS[0][1]
     esc = np.flatnonzero(rank == cap0)  # flat indices still unresolved
-    blk = _block_ids(kp, esc)
+    blk = _block_ids(esc)
     used = np.zeros(nblocks, dtype=np.int64)
     first = cap0
     for width, cap in TIERS[1:]:

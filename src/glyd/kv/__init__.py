@@ -1,0 +1,36 @@
+"""glyd.kv: the KV cache held losslessly compressed, with a fused decode-attention kernel.
+
+>>> import torch
+>>> from glyd.kv import PageStore
+>>> x = torch.randn(2, 4, 100, 64).to(torch.bfloat16)   # [batch, kv heads, tokens, head dim]
+>>> st = PageStore.from_dense(x, page=64)
+>>> torch.equal(st.dense().view(torch.int16), x.view(torch.int16))
+True
+
+``GlydCache`` / ``make_cache`` need transformers; ``decode_attention`` uses Triton on CUDA
+tensors. Both are imported on first use, so ``import glyd.kv`` needs only torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from glyd.kv.pages import PageStore, pack_blocks, unpack_blocks
+
+_LAZY = {
+    "GlydCache": "glyd.kv.cache",
+    "GlydLayer": "glyd.kv.cache",
+    "make_cache": "glyd.kv.cache",
+    "decode_attention": "glyd.kv.attention",
+    "decode_attention_reference": "glyd.kv.attention",
+    "decode_attention_torch": "glyd.kv.attention",
+}
+
+__all__ = ["PageStore", "pack_blocks", "unpack_blocks", *_LAZY]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'glyd.kv' has no attribute {name!r}")

@@ -1,0 +1,166 @@
+"""``GlydCache``: a transformers ``Cache`` whose layers hold keys and values in lossless pages.
+
+Reference path: ``update`` returns the whole cache unpacked to bf16, bit for bit the tensors a
+``DynamicCache`` would return, so the model's own attention (SDPA, eager, ...) runs unchanged.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from transformers.cache_utils import Cache, DynamicLayer
+
+from glyd.errors import FormatError
+from glyd.kv.pages import PageStore
+
+DEFAULT_PAGE = 64
+
+
+class GlydLayer(DynamicLayer):
+    """One attention layer's cache: a :class:`~glyd.kv.pages.PageStore` for keys and one for values."""
+
+    is_compileable = False
+    is_croppable = True
+
+    def __init__(self, page_size: int = DEFAULT_PAGE, **kwargs):
+        super().__init__()
+        if page_size <= 0 or page_size % 4:
+            raise FormatError(f"page_size {page_size} must be a positive multiple of 4")
+        self.page_size = page_size
+        self.k_store: PageStore | None = None
+        self.v_store: PageStore | None = None
+
+    def __repr__(self) -> str:
+        return f"GlydLayer(page_size={self.page_size}, tokens={self.get_seq_length()})"
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        for name, t in (("key_states", key_states), ("value_states", value_states)):
+            if t.dtype != torch.bfloat16:
+                raise FormatError(f"GlydCache holds bf16 only; {name} is {t.dtype} (load the model in bfloat16)")
+            if t.dim() != 4:
+                raise FormatError(f"{name} must be [batch, heads, tokens, head_dim], got {tuple(t.shape)}")
+        self.dtype, self.device = key_states.dtype, key_states.device
+        b, h, _, d = key_states.shape
+        self.k_store = PageStore(b, h, d, self.page_size, key_states.device)
+        self.v_store = PageStore(b, value_states.shape[1], value_states.shape[3], self.page_size, key_states.device)
+        self.is_initialized = True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        self.k_store.append(key_states)
+        self.v_store.append(value_states)
+        return self.k_store.dense(), self.v_store.dense()
+
+    def get_seq_length(self) -> int:
+        return self.k_store.n_tokens if self.is_initialized else 0
+
+    # Layer surgery (crop, beams, batch selection) is rare: unpack, edit, repack.
+    def _rebuild(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        self.is_initialized = False
+        self.lazy_initialization(keys, values)
+        self.k_store.append(keys)
+        self.v_store.append(values)
+
+    def _dense(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.k_store.dense(), self.v_store.dense()
+
+    def crop(self, tokens_to_remove: int) -> None:
+        n = self.get_seq_length()
+        if tokens_to_remove > 0:  # legacy meaning, as DynamicLayer: the final length
+            if tokens_to_remove >= n:
+                return
+            tokens_to_remove = n - tokens_to_remove
+        if tokens_to_remove == 0 or n == 0:
+            return
+        k, v = self._dense()
+        keep = max(n - abs(tokens_to_remove), 0)
+        self._rebuild(k[:, :, :keep], v[:, :, :keep])
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        if self.get_seq_length() > 0:
+            k, v = self._dense()
+            idx = beam_idx.to(k.device)
+            self._rebuild(k.index_select(0, idx), v.index_select(0, idx))
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        if self.get_seq_length() > 0:
+            k, v = self._dense()
+            self._rebuild(k.repeat_interleave(repeats, dim=0), v.repeat_interleave(repeats, dim=0))
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        if self.get_seq_length() > 0:
+            k, v = self._dense()
+            self._rebuild(k[indices, ...], v[indices, ...])
+
+    def reset(self) -> None:
+        if self.is_initialized:
+            b, h, d = self.k_store.batch, self.k_store.heads, self.k_store.head_dim
+            self.k_store = PageStore(b, h, d, self.page_size, self.device)
+            self.v_store = PageStore(b, self.v_store.heads, self.v_store.head_dim, self.page_size, self.device)
+
+    def offload(self):  # the packed planes stay where they are
+        return None
+
+    def prefetch(self):
+        return None
+
+    @property
+    def nbytes(self) -> int:
+        return (self.k_store.nbytes + self.v_store.nbytes) if self.is_initialized else 0
+
+    @property
+    def bf16_nbytes(self) -> int:
+        if not self.is_initialized:
+            return 0
+        n = self.get_seq_length()
+        k, v = self.k_store, self.v_store
+        return 2 * n * (k.batch * k.heads * k.head_dim + v.batch * v.heads * v.head_dim)
+
+
+class GlydCache(Cache):
+    """A KV cache held losslessly compressed (about 0.67-0.69 of bf16 on real keys and values).
+
+    Keys and values are packed in pages of ``page_size`` tokens; the newest tokens stay raw bf16
+    until their page fills. Attention sees exactly the bf16 tensors a ``DynamicCache`` holds.
+
+    >>> from glyd.kv import GlydCache                                        # doctest: +SKIP
+    >>> out = model.generate(ids, max_new_tokens=32, past_key_values=GlydCache(model.config))
+    ...                                                                       # doctest: +SKIP
+    """
+
+    def __init__(self, config=None, page_size: int = DEFAULT_PAGE):
+        if page_size <= 0 or page_size % 4:
+            raise FormatError(f"page_size {page_size} must be a positive multiple of 4")
+        self.page_size = page_size
+        if config is None:
+            super().__init__(layer_class_to_replicate=functools.partial(GlydLayer, page_size))
+            return
+        text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+        types = getattr(text, "layer_types", None) or ["full_attention"] * text.num_hidden_layers
+        bad = sorted(set(types) - {"full_attention"})
+        if bad:
+            raise FormatError(f"GlydCache supports full-attention layers only; config.layer_types has {bad}")
+        super().__init__(layers=[GlydLayer(page_size) for _ in range(text.num_hidden_layers)])
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by every layer's pages, tails and raw tokens."""
+        return sum(layer.nbytes for layer in self.layers)
+
+    @property
+    def bf16_nbytes(self) -> int:
+        """Bytes the same keys and values take in a bf16 ``DynamicCache``."""
+        return sum(layer.bf16_nbytes for layer in self.layers)
+
+
+def make_cache(config=None, *, page_size: int = DEFAULT_PAGE) -> GlydCache:
+    """The cache ``glyd.from_pretrained(..., kv="lossless")`` hands to ``generate``.
+
+    ``config`` is the model's ``PretrainedConfig`` (or None: layers are made on first use).
+
+    >>> cache = make_cache(model.config)                                     # doctest: +SKIP
+    >>> model.generate(ids, past_key_values=cache, max_new_tokens=16)        # doctest: +SKIP
+    """
+    return GlydCache(config, page_size=page_size)

@@ -1,0 +1,331 @@
+"""KV pages: the lossless page code for keys and values (torch ops only: runs on the CPU or the GPU).
+
+A *block* is one page of one sequence and one KV head: ``P`` tokens x ``D`` channels of bf16,
+value ``i = t * D + c`` in token-major order. A bf16 word is ``sign | exponent (8) | mantissa (7)``.
+
+* ``sm``   (uint8, P*D): ``sign << 7 | mantissa``, raw.
+* ``top``  (uint8, D): per channel, the exponent the digits count down from.
+* ``dig``  (uint8, P*D/4): tier-1 digit of value i in bits ``2*(i%4)`` of byte ``i//4``.
+  ``off = top[c] - exponent``; digit ``off`` if ``0 <= off < 3``, else 3 (escape).
+* the block's *tail* (variable length, in the layer's ``tail`` byte stream at ``meta[0]``):
+  tier 2 (2-bit digits of the ``n2`` values that escaped tier 1, in order of i, ``ceil(n2/4)``
+  bytes): digit ``off - 3`` if ``0 <= off - 3 < 3``, else 3; then tier 3 (``ceil(n3/4)`` bytes):
+  digit ``off - 6`` if ``0 <= off - 6 < 3``, else 3; then tier 4: the raw exponent byte of each of
+  the ``n4`` values that escaped tier 3.
+* ``meta`` (int32, 4): tail offset, n2, n3, n4.
+
+Why this code (measured on SmolLM2-135M keys and values, 2048 tokens of tinyshakespeare, see
+docs/kv.md): exponents of one channel inside one page are narrow (order-0 entropy 2.1 bits for
+keys, 2.4 for values, against 2.7 for a per-head table), so a per-(page, head, channel) ``top``
+and 2-bit tiers reach 10.68 bits a key and 10.97 a value, 0.667 and 0.685 of bf16.
+``top`` is chosen per channel from ``max, max-1, ..., max-4`` to minimise the block's bits.
+
+Every function here works on whole batches of blocks at once with tensor ops, so the GPU packs
+pages itself. The one host sync per :func:`pack_blocks` call is reading the total tail size to
+grow the stream.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from glyd.codec.packed import u16_to_bf16
+from glyd.errors import FormatError
+
+#: Tier-1..3 digits cover ``off`` in [0, 3), [3, 6), [6, 9); the rest is a raw exponent byte.
+TIER = 3
+ESC = 3
+#: Candidate ``top`` values tried per channel: ``max_exponent - s`` for s in range(TOP_SEARCH).
+TOP_SEARCH = 5
+
+
+def _cdiv4(n: torch.Tensor) -> torch.Tensor:
+    return (n + 3) // 4
+
+
+def _bits_cost(off: torch.Tensor) -> torch.Tensor:
+    """Bits of the exponent part of each value for a given ``off = top - exponent``."""
+    out1 = (off < 0) | (off >= TIER)
+    out2 = (off < 0) | (off >= 2 * TIER)
+    out3 = (off < 0) | (off >= 3 * TIER)
+    return 2 + 2 * out1.to(torch.int32) + 2 * out2.to(torch.int32) + 8 * out3.to(torch.int32)
+
+
+def _bf16_bits(x: torch.Tensor) -> torch.Tensor:
+    return x.contiguous().view(torch.int16).to(torch.int32) & 0xFFFF
+
+
+def pack_blocks(x: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Pack ``N`` blocks ``x[N, P, D]`` (bf16) into fixed planes plus one tail byte stream.
+
+    Returns ``sm [N,P,D]``, ``dig [N,P*D/4]``, ``top [N,D]`` (uint8), ``meta [N,4]`` (int32, offsets
+    relative to the start of the returned ``tail``) and ``tail`` (uint8, 1-D). All on ``x.device``.
+
+    >>> x = torch.randn(2, 64, 8).to(torch.bfloat16)
+    >>> b = pack_blocks(x)
+    >>> torch.equal(unpack_blocks(b["sm"], b["dig"], b["top"], b["meta"], b["tail"]).view(torch.int16),
+    ...             x.view(torch.int16))
+    True
+    """
+    if x.dtype != torch.bfloat16 or x.dim() != 3:
+        raise FormatError(f"KV blocks must be bf16 [N, P, D], got {x.dtype} {tuple(x.shape)}")
+    n, p, d = x.shape
+    if d % 4:
+        raise FormatError(f"KV head dim {d} must be a multiple of 4")
+    dev = x.device
+    bits = _bf16_bits(x)
+    e = (bits >> 7) & 0xFF
+    sm = (((bits >> 8) & 0x80) | (bits & 0x7F)).to(torch.uint8)
+    mx = e.amax(dim=1)  # [N, D]
+    best_cost = None
+    top = mx
+    for s in range(TOP_SEARCH):
+        cand = (mx - s).clamp_min(0)
+        cost = _bits_cost(cand[:, None, :] - e).sum(dim=1)
+        if best_cost is None:
+            best_cost, top = cost, cand
+        else:
+            better = cost < best_cost
+            best_cost = torch.where(better, cost, best_cost)
+            top = torch.where(better, cand, top)
+    off = top[:, None, :] - e  # [N, P, D]
+    d1 = torch.where((off >= 0) & (off < TIER), off, ESC)
+    o2 = off - TIER
+    d2 = torch.where((o2 >= 0) & (o2 < TIER), o2, ESC)
+    o3 = off - 2 * TIER
+    d3 = torch.where((o3 >= 0) & (o3 < TIER), o3, ESC)
+    m1 = (d1 == ESC).reshape(n, p * d)
+    m2 = m1 & (d2 == ESC).reshape(n, p * d)
+    m3 = m2 & (d3 == ESC).reshape(n, p * d)
+    n2, n3, n4 = m1.sum(1), m2.sum(1), m3.sum(1)  # int64 [N]
+    b2, b3 = _cdiv4(n2), _cdiv4(n3)
+    size = b2 + b3 + n4
+    start = torch.cumsum(size, 0) - size  # exclusive prefix sum: each block's tail offset
+    total = int(size.sum())  # the one host sync: the tail stream's length
+    # One spare slot at the end takes the writes of values that do not belong to a tier.
+    acc = torch.zeros(total + 1, dtype=torch.int32, device=dev)
+    sink = torch.full_like(start, total)
+
+    def put_digits(mask: torch.Tensor, digits: torch.Tensor, base: torch.Tensor) -> None:
+        r = torch.cumsum(mask.to(torch.int32), 1) - 1
+        idx = torch.where(mask, base[:, None] + (r >> 2), sink[:, None])
+        val = torch.where(mask, digits.reshape(n, p * d) << ((r & 3) * 2), 0)
+        acc.index_add_(0, idx.reshape(-1), val.reshape(-1).to(torch.int32))
+
+    put_digits(m1, d2, start)
+    put_digits(m2, d3, start + b2)
+    r = torch.cumsum(m3.to(torch.int32), 1) - 1
+    idx = torch.where(m3, (start + b2 + b3)[:, None] + r, sink[:, None])
+    acc.index_add_(0, idx.reshape(-1), torch.where(m3, e.reshape(n, p * d), 0).reshape(-1).to(torch.int32))
+
+    d1f = d1.reshape(n, p * d // 4, 4)
+    dig = d1f[..., 0] | (d1f[..., 1] << 2) | (d1f[..., 2] << 4) | (d1f[..., 3] << 6)
+    meta = torch.stack([start, n2, n3, n4], dim=1).to(torch.int32)
+    return {
+        "sm": sm,
+        "dig": dig.to(torch.uint8),
+        "top": top.to(torch.uint8),
+        "meta": meta,
+        "tail": acc[:total].to(torch.uint8),
+    }
+
+
+def unpack_blocks(
+    sm: torch.Tensor, dig: torch.Tensor, top: torch.Tensor, meta: torch.Tensor, tail: torch.Tensor
+) -> torch.Tensor:
+    """Decode ``N`` blocks back to bf16 ``[N, P, D]``, bit for bit (``meta[:, 0]`` indexes ``tail``)."""
+    n, p, d = sm.shape
+    if n == 0:
+        return torch.empty(0, p, d, dtype=torch.bfloat16, device=sm.device)
+    q = dig.to(torch.int32)
+    d1 = torch.stack([q & 3, (q >> 2) & 3, (q >> 4) & 3, (q >> 6) & 3], dim=-1).reshape(n, p * d)
+    mt = meta.to(torch.int64)
+    start, n2, n3 = mt[:, 0], mt[:, 1], mt[:, 2]
+    tl_ = tail.to(torch.int32)
+    if tl_.numel() == 0:
+        tl_ = torch.zeros(1, dtype=torch.int32, device=sm.device)
+    last = tl_.numel() - 1
+
+    def gather(mask: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        return torch.where(mask, tl_[pos.clamp(0, last)], 0)
+
+    m1 = d1 == ESC
+    r1 = torch.cumsum(m1.to(torch.int64), 1) - 1
+    d2 = (gather(m1, start[:, None] + (r1 >> 2)) >> ((r1 & 3) * 2).to(torch.int32)) & 3
+    m2 = m1 & (d2 == ESC)
+    r2 = torch.cumsum(m2.to(torch.int64), 1) - 1
+    s3 = start + _cdiv4(n2)
+    d3 = (gather(m2, s3[:, None] + (r2 >> 2)) >> ((r2 & 3) * 2).to(torch.int32)) & 3
+    m3 = m2 & (d3 == ESC)
+    r3 = torch.cumsum(m3.to(torch.int64), 1) - 1
+    s4 = s3 + _cdiv4(n3)
+    e4 = gather(m3, s4[:, None] + r3)
+    t = top.to(torch.int32).repeat(1, p)  # [N, P*D]: top of channel i % D
+    e = torch.where(~m1, t - d1, torch.where(~m2, t - TIER - d2, torch.where(~m3, t - 2 * TIER - d3, e4)))
+    s = sm.reshape(n, p * d).to(torch.int32)
+    bits = ((s & 0x80) << 8) | ((e & 0xFF) << 7) | (s & 0x7F)
+    return u16_to_bf16(bits).reshape(n, p, d)
+
+
+class PageStore:
+    """One layer's keys (or values) for ``B`` sequences and ``H`` KV heads, in pages of ``page`` tokens.
+
+    Full pages are packed (``sm``, ``dig``, ``top``, ``meta`` planes indexed ``[b, h, page]`` plus the
+    ``tail`` byte stream); the newest ``n_raw`` tokens stay raw bf16 in ``raw`` until a page fills.
+    Every sequence holds the same number of tokens (padding included, as in transformers' caches),
+    except when built with :meth:`from_dense` and per-sequence ``lens`` for the decode kernel.
+
+    >>> st = PageStore(batch=1, heads=2, head_dim=8, page=16, device="cpu")
+    >>> x = torch.randn(1, 2, 40, 8).to(torch.bfloat16)
+    >>> st.append(x)
+    >>> torch.equal(st.dense().view(torch.int16), x.view(torch.int16))
+    True
+    """
+
+    def __init__(self, batch: int, heads: int, head_dim: int, page: int = 64, device: torch.device | str = "cpu"):
+        if page <= 0 or page % 4:
+            raise FormatError(f"page size {page} must be a positive multiple of 4")
+        if head_dim % 4:
+            raise FormatError(f"head_dim {head_dim} must be a multiple of 4")
+        self.batch, self.heads, self.head_dim, self.page = batch, heads, head_dim, page
+        self.device = torch.device(device)
+        self.n_pages = 0
+        self.cap = 0
+        b, h, p, d = batch, heads, page, head_dim
+        self.sm = torch.empty(b, h, 0, p, d, dtype=torch.uint8, device=self.device)
+        self.dig = torch.empty(b, h, 0, p * d // 4, dtype=torch.uint8, device=self.device)
+        self.top = torch.empty(b, h, 0, d, dtype=torch.uint8, device=self.device)
+        self.meta = torch.empty(b, h, 0, 4, dtype=torch.int32, device=self.device)
+        self.tail = torch.empty(0, dtype=torch.uint8, device=self.device)
+        self.tail_len = 0
+        self.raw = torch.empty(b, h, p, d, dtype=torch.bfloat16, device=self.device)
+        self.n_raw = 0
+        #: per-sequence valid token counts when they differ (from_dense with lens); None: all equal.
+        self.lens: torch.Tensor | None = None
+
+    # -- sizes -------------------------------------------------------------------------------------
+    @property
+    def n_tokens(self) -> int:
+        return self.n_pages * self.page + self.n_raw
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held: packed planes and tail of the filled pages, plus the raw tokens actually held."""
+        b, h, p, d = self.batch, self.heads, self.page, self.head_dim
+        per_page = p * d + p * d // 4 + d + 16
+        return b * h * self.n_pages * per_page + self.tail_len + b * h * self.n_raw * d * 2
+
+    # -- growth ------------------------------------------------------------------------------------
+    def _reserve_pages(self, need: int) -> None:
+        if need <= self.cap:
+            return
+        cap = max(need, 2 * self.cap, 4)
+
+        def grow(t: torch.Tensor) -> torch.Tensor:
+            out = torch.empty(t.shape[0], t.shape[1], cap, *t.shape[3:], dtype=t.dtype, device=t.device)
+            out[:, :, : self.n_pages] = t[:, :, : self.n_pages]
+            return out
+
+        self.sm, self.dig, self.top, self.meta = (grow(t) for t in (self.sm, self.dig, self.top, self.meta))
+        self.cap = cap
+
+    def _append_tail(self, extra: torch.Tensor) -> int:
+        base = self.tail_len
+        need = base + extra.numel()
+        if need > self.tail.numel():
+            grown = torch.empty(max(need, 2 * self.tail.numel(), 1024), dtype=torch.uint8, device=self.device)
+            grown[:base] = self.tail[:base]
+            self.tail = grown
+        self.tail[base:need] = extra
+        self.tail_len = need
+        if need >= 2**31:
+            raise FormatError(f"KV tail stream of {need} bytes exceeds int32 offsets; use fewer tokens per layer")
+        return base
+
+    def _pack_full(self, x: torch.Tensor) -> None:
+        """Append pages ``x[B, H, n*P, D]`` (whole pages only)."""
+        b, h, t, d = x.shape
+        n = t // self.page
+        if n == 0:
+            return
+        blocks = x.reshape(b, h, n, self.page, d).reshape(b * h * n, self.page, d)
+        pk = pack_blocks(blocks)
+        base = self._append_tail(pk["tail"])
+        meta = pk["meta"].clone()
+        meta[:, 0] += base
+        self._reserve_pages(self.n_pages + n)
+        sl = slice(self.n_pages, self.n_pages + n)
+        self.sm[:, :, sl] = pk["sm"].reshape(b, h, n, self.page, d)
+        self.dig[:, :, sl] = pk["dig"].reshape(b, h, n, -1)
+        self.top[:, :, sl] = pk["top"].reshape(b, h, n, d)
+        self.meta[:, :, sl] = meta.reshape(b, h, n, 4)
+        self.n_pages += n
+
+    def append(self, x: torch.Tensor) -> None:
+        """Append tokens ``x[B, H, T, D]`` (bf16): fill the raw page, pack every page that fills."""
+        if x.dtype != torch.bfloat16:
+            raise FormatError(f"GlydCache holds bf16 keys and values only, got {x.dtype}")
+        if x.dim() != 4 or tuple(x.shape[:2]) != (self.batch, self.heads) or x.shape[3] != self.head_dim:
+            raise FormatError(
+                f"KV states of shape {tuple(x.shape)} do not match the cache's "
+                f"[{self.batch}, {self.heads}, T, {self.head_dim}]"
+            )
+        x = x.to(self.device)
+        t = x.shape[2]
+        if t == 0:
+            return
+        if self.n_raw + t < self.page:
+            self.raw[:, :, self.n_raw : self.n_raw + t] = x
+            self.n_raw += t
+            return
+        allx = torch.cat([self.raw[:, :, : self.n_raw], x], dim=2) if self.n_raw else x
+        full = (allx.shape[2] // self.page) * self.page
+        self._pack_full(allx[:, :, :full])
+        rest = allx.shape[2] - full
+        self.raw[:, :, :rest] = allx[:, :, full:]
+        self.n_raw = rest
+
+    # -- reading -----------------------------------------------------------------------------------
+    def dense(self) -> torch.Tensor:
+        """Every token, bf16 ``[B, H, T, D]``, bit for bit what was appended."""
+        b, h, p, d = self.batch, self.heads, self.page, self.head_dim
+        n = self.n_pages
+        parts = []
+        if n:
+            sl = slice(0, n)
+            x = unpack_blocks(
+                self.sm[:, :, sl].reshape(b * h * n, p, d),
+                self.dig[:, :, sl].reshape(b * h * n, -1),
+                self.top[:, :, sl].reshape(b * h * n, d),
+                self.meta[:, :, sl].reshape(b * h * n, 4),
+                self.tail[: self.tail_len],
+            )
+            parts.append(x.reshape(b, h, n * p, d))
+        parts.append(self.raw[:, :, : self.n_raw])
+        return torch.cat(parts, dim=2) if len(parts) > 1 else parts[0].clone()
+
+    @classmethod
+    def from_dense(cls, x: torch.Tensor, lens: torch.Tensor | None = None, page: int = 64) -> PageStore:
+        """A store for ``x[B, H, T, D]`` where sequence ``b`` holds its first ``lens[b]`` tokens.
+
+        With ``lens``, each sequence keeps its own ``lens[b] // page`` full pages and a raw tail of
+        ``lens[b] % page`` tokens (the decode kernel reads ``lens``); pages past a sequence's end are
+        packed too (so planes stay rectangular) but never read.
+        """
+        b, h, t, d = x.shape
+        st = cls(b, h, d, page=page, device=x.device)
+        if lens is None:
+            st.append(x)
+            return st
+        lens = lens.to(device=x.device, dtype=torch.int64)
+        if lens.shape != (b,) or int(lens.min()) < 1 or int(lens.max()) > t:
+            raise FormatError(f"lens {lens.tolist()} must be {b} lengths in 1..{t}")
+        n_full = int(lens.max()) // page
+        st._pack_full(x[:, :, : n_full * page])
+        # Raw tail of each sequence: its tokens from (lens // page) * page on.
+        first = (lens // page) * page
+        idx = (first[:, None] + torch.arange(page, device=x.device)[None, :]).clamp_max(t - 1)
+        st.raw = torch.gather(x, 2, idx[:, None, :, None].expand(b, h, page, d)).contiguous()
+        st.n_raw = page  # per-sequence counts live in lens
+        st.lens = lens
+        return st

@@ -75,27 +75,37 @@ def _gather(area: torch.Tensor, idx: torch.Tensor, mask: torch.Tensor) -> torch.
 
 
 def _rows_tiered(p: Packed, rows: torch.Tensor) -> torch.Tensor:
-    # Follows the tier table of glyd.codec.tiered (TIERS, BLOCK, SUPER, GROUP): every block of a
-    # looked-up row is decoded at once, escapes ranked by a cumulative sum inside the block.
+    # Follows glyd.codec.tiered (GROUP, BLOCK, SUPER, TIERS): escape blocks cover BLOCK consecutive
+    # weights of the row-major padded matrix, so a row touches at most kp // BLOCK + 2 of them. Those
+    # blocks are decoded whole (escapes ranked by a cumulative sum inside each block), then the
+    # row's own weights are gathered out of them.
     n, k = p.shape
     a = p.arrays
     b = rows.numel()
+    dev = rows.device
     kp = a["sm"].shape[1]
-    nb = tiered.blocks_per_row(k)
+    blk_w = tiered.BLOCK
+    nblocks = tiered.num_blocks(n, k)
+    span = kp // blk_w + 2
     sub = tiered.GROUP // 4
     table = a["table"].to(torch.int64)
-    q = a["d1"][rows].view(b, kp // tiered.GROUP, 1, sub).to(torch.int64)
-    d1 = torch.cat([q & 3, (q >> 2) & 3, (q >> 4) & 3, q >> 6], dim=2).reshape(b, kp)
-    if nb * tiered.BLOCK != kp:  # the last block of a row is shorter: pad with digit 0 (no escape)
-        d1 = torch.nn.functional.pad(d1, (0, nb * tiered.BLOCK - kp))
-    d1 = d1.view(b, nb, tiered.BLOCK)
+    first_blk = (rows * kp) // blk_w  # (b,)
+    blocks = first_blk[:, None] + torch.arange(span, device=dev)  # (b, span)
+    valid_blk = blocks < nblocks
+    blocks = torch.where(valid_blk, blocks, torch.zeros_like(blocks))
+    flat = blocks[..., None] * blk_w + torch.arange(blk_w, device=dev)  # (b, span, BLOCK)
+    in_matrix = valid_blk[..., None] & (flat < n * kp)
+    flat = torch.where(in_matrix, flat, torch.zeros_like(flat))
+    d1_plane = a["d1"].reshape(-1)
+    byte = d1_plane[(flat // tiered.GROUP) * sub + flat % sub].to(torch.int64)
+    d1 = (byte >> (2 * ((flat % tiered.GROUP) // sub))) & 3
+    d1 = torch.where(in_matrix, d1, torch.zeros_like(d1))  # outside the matrix: digit 0, no escape
     _, cap0 = tiered.TIERS[0]
     rank = d1
     area = a["area"]
     if area.numel():
-        blocks = rows[:, None] * nb + torch.arange(nb, device=rows.device)  # (b, nb)
         base = a["esc_base"].to(torch.int64)
-        off = (base[blocks // tiered.SUPER] + a["esc_off"][blocks].to(torch.int64))[..., None]
+        off = (base[blocks // tiered.SUPER] + a["esc_off"][blocks].to(torch.int64))[..., None]  # (b, span, 1)
         esc = d1 == cap0
         used = torch.zeros_like(off)
         first = cap0
@@ -111,7 +121,11 @@ def _rows_tiered(p: Packed, rows: torch.Tensor) -> torch.Tensor:
         exp = torch.where(esc, raw, table[rank.clamp(max=tiered.TABLE - 1)])
     else:
         exp = table[rank.clamp(max=cap0 - 1)]
-    exp = exp.reshape(b, nb * tiered.BLOCK)[:, :k].to(torch.int32)
+    # Row r's column c is flat r*kp + c: block (flat // BLOCK) - first_blk, slot flat % BLOCK.
+    cols = torch.arange(k, device=dev)
+    f = rows[:, None] * kp + cols  # (b, k)
+    idx = ((f // blk_w) - first_blk[:, None]) * blk_w + f % blk_w
+    exp = torch.gather(exp.reshape(b, span * blk_w), 1, idx).to(torch.int32)
     sm = a["sm"][rows, :k].to(torch.int32)
     bits = ((sm & 0x80) << 8) | (exp << 7) | (sm & 0x7F)
     return bits.to(torch.int16).view(torch.bfloat16)

@@ -1,0 +1,303 @@
+"""glyd.from_pretrained / compress / save_pretrained / verify on tiny bf16 models (CPU)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import glyd
+from glyd.errors import CorruptError, FormatError
+from glyd.nn import GlydEmbedding, GlydLinear, GlydLinearPart, GlydTiedLinear
+from glyd.nn import _ops
+from glyd.store import MANIFEST, CheckpointReader, key_for
+from glyd.store._safetensors import read_header
+
+transformers = pytest.importorskip("transformers")
+from transformers import AutoModelForCausalLM  # noqa: E402
+
+from conftest import TINY_FAMILIES, build_tiny_model  # noqa: E402
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.int16)
+
+
+def bf16_logits(folder, ids):
+    ref = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16)
+    with torch.no_grad():
+        return ref(ids).logits
+
+
+def logits(model, ids):
+    with torch.no_grad():
+        return model(ids).logits
+
+
+@pytest.fixture
+def count_packs(monkeypatch):
+    """Counts every matrix glyd packs (through glyd.nn._ops.pack, which every packing path uses)."""
+    calls = []
+    real = _ops.pack
+
+    def spy(w, layout):
+        calls.append(tuple(w.shape))
+        return real(w, layout)
+
+    monkeypatch.setattr(_ops, "pack", spy)
+    return calls
+
+
+@pytest.mark.parametrize("family", TINY_FAMILIES)
+@pytest.mark.parametrize("merge", [False, True])
+def test_exact_logits_equal_bf16_bit_for_bit(tiny_model_folder, input_ids, family, merge):
+    src = tiny_model_folder(family)
+    model = glyd.from_pretrained(src, exact=True, merge=merge, device="cpu", progress=False)
+    assert any(isinstance(m, GlydLinearPart) for m in model.modules()) == merge
+    assert isinstance(model.get_input_embeddings(), GlydEmbedding)
+    assert not any(type(m) is torch.nn.Linear for m in model.modules())
+    assert torch.equal(bits(logits(model, input_ids)), bits(bf16_logits(src, input_ids)))
+
+
+@pytest.mark.parametrize("layout", ["fixed12", "tiered", "auto"])
+def test_default_mode_is_close_to_bf16(tiny_model_folder, input_ids, layout):
+    src = tiny_model_folder("qwen2")
+    model = glyd.from_pretrained(src, layout=layout, device="cpu", progress=False)
+    ref = bf16_logits(src, input_ids).float()
+    got = logits(model, input_ids).float()
+    # The fused path may sum in another order than cuBLAS/CPU bf16: a few bf16 ulps of the logits.
+    assert (got - ref).abs().max().item() <= 2e-2 * ref.abs().max().item()
+    assert (got.argmax(-1) == ref.argmax(-1)).float().mean().item() >= 0.95
+    if layout != "auto":
+        assert {m.layout for m in model.modules() if isinstance(m, (GlydLinear, GlydEmbedding))} == {layout}
+
+
+def test_generate_equals_bf16_greedy(tiny_model_folder, input_ids):
+    src = tiny_model_folder("llama")
+    model = glyd.from_pretrained(src, exact=True, device="cpu", progress=False)
+    ref = AutoModelForCausalLM.from_pretrained(src, dtype=torch.bfloat16)
+    prompt = input_ids[:, :5]
+    kw = dict(max_new_tokens=8, do_sample=False, pad_token_id=0)
+    assert torch.equal(model.generate(prompt, **kw), ref.generate(prompt, **kw))
+
+
+def test_tied_embeddings_are_packed_once(tiny_model_folder, count_packs, tmp_path):
+    src = tiny_model_folder("llama")  # tie_word_embeddings=True
+    model = glyd.from_pretrained(src, device="cpu", merge=False, progress=False)
+    assert isinstance(model.lm_head, GlydTiedLinear)
+    assert model.lm_head.source is model.get_input_embeddings()
+    vocab, hidden = model.config.vocab_size, model.config.hidden_size
+    assert count_packs.count((vocab, hidden)) == 1
+    n_linear = 7 * model.config.num_hidden_layers
+    assert len(count_packs) == n_linear + 1
+    out = glyd.save_pretrained(model, tmp_path / "g", progress=False)
+    names = CheckpointReader(out).names()
+    assert "model.embed_tokens.weight" in names and not any(n.startswith("lm_head") for n in names)
+
+
+def test_untied_lm_head_is_packed(tiny_model_folder):
+    model = glyd.from_pretrained(tiny_model_folder("mistral"), device="cpu", progress=False)
+    assert isinstance(model.lm_head, GlydLinear)
+
+
+def test_save_then_load_packs_nothing_again(tiny_model_folder, input_ids, tmp_path, monkeypatch):
+    src = tiny_model_folder("qwen2")
+    model = glyd.from_pretrained(src, exact=True, device="cpu", progress=False)
+    before = logits(model, input_ids)
+    out = glyd.save_pretrained(model, tmp_path / "qwen2-glyd", progress=False)
+    files = {p.name for p in out.iterdir()}
+    assert {MANIFEST, "config.json", "model.safetensors", "generation_config.json", "tokenizer_config.json"} <= files
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["quantization_config"]["quant_method"] == "glyd"
+    assert cfg["quantization_config"]["format_version"] == 1
+
+    def no_pack(*a, **k):
+        raise AssertionError("a glyd folder must load without packing")
+
+    monkeypatch.setattr(_ops, "pack", no_pack)
+    for name, mod in glyd.codec.LAYOUTS.items():
+        monkeypatch.setattr(mod, "pack", no_pack)
+    again = glyd.from_pretrained(out, exact=True, device="cpu", verify=True, progress=False)
+    assert torch.equal(bits(logits(again, input_ids)), bits(before))
+    # Every packed module holds exactly the arrays of the file.
+    r = CheckpointReader(out)
+    emb = again.get_input_embeddings()
+    stored = r.get("model.embed_tokens.weight")
+    for a, t in stored.arrays.items():
+        assert torch.equal(getattr(emb, "weight_glyd_" + a), t)
+
+
+def test_saving_twice_refuses_to_overwrite(tiny_model_folder, tmp_path):
+    model = glyd.from_pretrained(tiny_model_folder("llama"), device="cpu", progress=False)
+    out = glyd.save_pretrained(model, tmp_path / "m", progress=False)
+    with pytest.raises(glyd.DestinationExistsError):
+        glyd.save_pretrained(model, out, progress=False)
+    glyd.save_pretrained(model, out, overwrite=True, progress=False)
+
+
+@pytest.mark.parametrize("saved_merged", [False, True])
+def test_load_in_the_other_merge_form(tiny_model_folder, input_ids, tmp_path, saved_merged):
+    src = tiny_model_folder("qwen2")
+    ref = bf16_logits(src, input_ids)
+    model = glyd.from_pretrained(src, exact=True, merge=saved_merged, device="cpu", progress=False)
+    out = glyd.save_pretrained(model, tmp_path / "m", progress=False)
+    cfg = json.loads((out / "config.json").read_text())["quantization_config"]
+    assert ("merged" in cfg) == saved_merged
+    other = glyd.from_pretrained(out, exact=True, merge=not saved_merged, device="cpu", progress=False)
+    assert any(isinstance(m, GlydLinearPart) for m in other.modules()) == (not saved_merged)
+    assert torch.equal(bits(logits(other, input_ids)), bits(ref))
+    glyd.verify(other, progress=False)
+
+
+def _flip_bit(shard, key, byte=3, bit=2):
+    info = read_header(shard).tensors[key]
+    with open(shard, "r+b") as f:
+        f.seek(read_header(shard).data_start + info.begin + byte)
+        b = f.read(1)[0]
+        f.seek(-1, 1)
+        f.write(bytes([b ^ (1 << bit)]))
+
+
+@pytest.mark.parametrize("array", ["lo", "code"])
+def test_verify_names_the_tensor_with_a_flipped_bit(tiny_model_folder, tmp_path, array):
+    model = glyd.from_pretrained(tiny_model_folder("llama"), layout="fixed12", device="cpu", progress=False)
+    out = glyd.save_pretrained(model, tmp_path / "m", progress=False)
+    glyd.verify(out, progress=False)  # intact
+    name = "model.layers.1.mlp.down_proj.weight"
+    _flip_bit(out / "model.safetensors", key_for(name, array))
+    with pytest.raises(CorruptError, match=name.replace(".", r"\.")):
+        glyd.verify(out, progress=False)
+    with pytest.raises(CorruptError, match=name.replace(".", r"\.")):
+        glyd.from_pretrained(out, verify=True, device="cpu", progress=False)
+
+
+def test_verify_names_a_damaged_raw_tensor(tiny_model_folder, tmp_path):
+    model = glyd.from_pretrained(tiny_model_folder("llama"), device="cpu", progress=False)
+    out = glyd.save_pretrained(model, tmp_path / "m", progress=False)
+    _flip_bit(out / "model.safetensors", "model.norm.weight", byte=0, bit=0)
+    with pytest.raises(CorruptError, match=r"model\.norm\.weight"):
+        glyd.from_pretrained(out, verify=True, device="cpu", progress=False)
+
+
+def test_verify_of_a_model_in_memory(tiny_model_folder):
+    model = glyd.from_pretrained(tiny_model_folder("mistral"), device="cpu", progress=False)
+    counts = glyd.verify(model, progress=False)
+    assert counts["packed"] == 7 * 2 + 2
+    lin = model.model.layers[0].self_attn.o_proj
+    lin.weight_glyd_lo[0, 0] ^= 1
+    with pytest.raises(CorruptError, match=r"model\.layers\.0\.self_attn\.o_proj\.weight"):
+        glyd.verify(model, progress=False)
+
+
+@pytest.mark.parametrize("merge", [False, True])
+def test_compress_in_place(tiny_model_folder, input_ids, tmp_path, merge):
+    src = tiny_model_folder("gemma")
+    model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.bfloat16)
+    ref = logits(model, input_ids)
+    assert glyd.compress(model, layout="tiered", merge=merge, exact=True, progress=False) is model
+    assert isinstance(model.lm_head, GlydTiedLinear)
+    assert torch.equal(bits(logits(model, input_ids)), bits(ref))
+    out = glyd.save_pretrained(model, tmp_path / "g", progress=False)
+    assert (out / "tokenizer_config.json").is_file()  # copied from the folder the model came from
+    glyd.verify(out, progress=False)
+    with pytest.raises(ValueError, match="already packed"):
+        glyd.compress(model)
+
+
+def test_memory_of_the_packed_model(tiny_model_folder):
+    src = tiny_model_folder("mistral")
+    model = glyd.from_pretrained(src, layout="tiered", device="cpu", progress=False)
+    packed = sum(m.packed_nbytes for m in model.modules() if isinstance(m, (GlydLinear, GlydEmbedding)))
+    weights = sum(m.packed.numel for m in model.modules() if isinstance(m, (GlydLinear, GlydEmbedding)))
+    assert packed < 2 * weights  # below 16 bits a weight even on tiny random matrices
+
+
+# -- bad inputs ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype,name", [(torch.float32, "float32"), (torch.float16, "float16")])
+def test_a_model_that_is_not_bf16_gets_a_clear_error(tmp_path, dtype, name):
+    src = build_tiny_model("llama", tmp_path / "m", dtype=dtype)
+    with pytest.raises(FormatError, match=rf"{name}.*bf16 models only"):
+        glyd.from_pretrained(src, device="cpu", progress=False)
+
+
+def test_a_folder_that_is_not_a_model(tmp_path):
+    (tmp_path / "notes.txt").write_text("hello")
+    with pytest.raises(FormatError, match="config.json"):
+        glyd.from_pretrained(tmp_path, device="cpu", progress=False)
+    with pytest.raises(FormatError, match="no such model folder"):
+        glyd.from_pretrained(tmp_path / "absent", device="cpu", progress=False)
+    with pytest.raises(FormatError, match="not a folder"):
+        glyd.from_pretrained(tmp_path / "notes.txt", device="cpu", progress=False)
+
+
+def test_a_config_without_weights(tiny_model_folder, tmp_path):
+    dst = tmp_path / "m"
+    dst.mkdir()
+    shutil.copy(tiny_model_folder("llama") / "config.json", dst / "config.json")
+    with pytest.raises(FormatError, match="safetensors"):
+        glyd.from_pretrained(dst, device="cpu", progress=False)
+    (dst / "pytorch_model.bin").write_bytes(b"\x80\x04not really")
+    with pytest.raises(FormatError, match="never unpickles"):
+        glyd.from_pretrained(dst, device="cpu", progress=False)
+
+
+def test_a_checkpoint_missing_a_tensor(tiny_model_folder, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    dst = tmp_path / "m"
+    shutil.copytree(tiny_model_folder("mistral"), dst)
+    sd = load_file(dst / "model.safetensors")
+    del sd["model.layers.1.self_attn.v_proj.weight"]
+    save_file(sd, dst / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(FormatError, match=r"model\.layers\.1\.self_attn\.v_proj\.weight"):
+        glyd.from_pretrained(dst, device="cpu", merge=True, progress=False)
+
+
+def test_bad_arguments(tiny_model_folder):
+    src = tiny_model_folder("llama")
+    with pytest.raises(ValueError, match="layout"):
+        glyd.from_pretrained(src, layout="zip", device="cpu")
+    with pytest.raises(ValueError, match="kv"):
+        glyd.from_pretrained(src, kv="lossy", device="cpu")
+    with pytest.raises(ValueError, match="no glyd-packed weights"):
+        glyd.save_pretrained(torch.nn.Linear(2, 2), "unused")
+
+
+def test_kv_lossless_is_wired_or_says_why(tiny_model_folder, input_ids):
+    src = tiny_model_folder("llama")
+    try:
+        from glyd.kv import make_cache  # noqa: F401
+    except ImportError:
+        with pytest.raises(NotImplementedError, match="make_cache"):
+            glyd.from_pretrained(src, kv="lossless", device="cpu", progress=False)
+        return
+    model = glyd.from_pretrained(src, kv="lossless", exact=True, device="cpu", progress=False)
+    ref = AutoModelForCausalLM.from_pretrained(src, dtype=torch.bfloat16)
+    kw = dict(max_new_tokens=6, do_sample=False, pad_token_id=0)
+    assert torch.equal(model.generate(input_ids[:, :5], **kw), ref.generate(input_ids[:, :5], **kw))
+
+
+# -- a real model ----------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_smollm2_roundtrip(tmp_path):
+    smollm2 = pytest.importorskip("glyd.hf.smollm2")
+    try:
+        src = smollm2.bf16_folder()
+    except glyd.GlydError as exc:
+        pytest.skip(str(exc))
+    ids = torch.tensor([[1, 504, 3458, 314, 260, 2135, 28, 282]])
+    ref = bf16_logits(src, ids)
+    model = glyd.from_pretrained(src, exact=True, device="cpu", progress=False)
+    assert torch.equal(bits(logits(model, ids)), bits(ref))
+    out = glyd.save_pretrained(model, tmp_path / "smollm2-glyd", progress=False)
+    again = AutoModelForCausalLM.from_pretrained(out)
+    glyd.nn.set_exact(again, True)
+    assert torch.equal(bits(logits(again, ids)), bits(ref))
+    assert glyd.verify(out, progress=False)["packed"] >= 211

@@ -1,0 +1,116 @@
+"""Native loading: ``import glyd`` registers ``quant_method: "glyd"`` with transformers."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import glyd
+from glyd.errors import FormatError
+from glyd.nn import GlydEmbedding, GlydLinear, GlydLinearPart, GlydTiedLinear
+
+transformers = pytest.importorskip("transformers")
+from transformers import AutoModelForCausalLM  # noqa: E402
+
+from glyd.hf.quantizer import GlydConfig, GlydHfQuantizer, register_with_transformers  # noqa: E402
+
+
+def bits(t):
+    return t.view(torch.int16)
+
+
+@pytest.fixture(scope="module")
+def saved(tiny_model_folder, tmp_path_factory):
+    """(bf16 folder, glyd folder) for a tied Llama and a merged Qwen2."""
+    out = {}
+    for family, merge in (("llama", False), ("qwen2", True)):
+        src = tiny_model_folder(family)
+        model = glyd.from_pretrained(src, merge=merge, device="cpu", progress=False)
+        out[family] = (src, glyd.save_pretrained(model, tmp_path_factory.mktemp(family) / "glyd", progress=False))
+    return out
+
+
+def test_config_round_trip_and_validation():
+    c = GlydConfig(layout="tiered", merged={"qkv_proj": ["q_proj", "k_proj", "v_proj"]})
+    d = c.to_dict()
+    assert d == {"quant_method": "glyd", "layout": "tiered", "format_version": 1,
+                 "merged": {"qkv_proj": ["q_proj", "k_proj", "v_proj"]}}
+    assert GlydConfig.from_dict(d).to_dict() == d
+    with pytest.raises(FormatError, match="layout"):
+        GlydConfig(layout="zip")
+    with pytest.raises(FormatError, match="format_version"):
+        GlydConfig(format_version=99)
+    with pytest.raises(FormatError, match="merged"):
+        GlydConfig(merged={"qkv_proj": "q_proj"})
+
+
+def test_registration_is_idempotent():
+    from transformers.quantizers.auto import AUTO_QUANTIZATION_CONFIG_MAPPING, AUTO_QUANTIZER_MAPPING
+
+    register_with_transformers()
+    register_with_transformers()
+    glyd.hf.register()
+    assert AUTO_QUANTIZER_MAPPING["glyd"] is GlydHfQuantizer
+    assert AUTO_QUANTIZATION_CONFIG_MAPPING["glyd"] is GlydConfig
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_auto_model_loads_a_glyd_folder(saved, input_ids, family):
+    src, out = saved[family]
+    ref = AutoModelForCausalLM.from_pretrained(src, dtype=torch.bfloat16)
+    model = AutoModelForCausalLM.from_pretrained(out)
+    assert isinstance(model.get_input_embeddings(), GlydEmbedding)
+    assert not any(type(m) is torch.nn.Linear for m in model.modules())
+    if family == "llama":
+        assert isinstance(model.lm_head, GlydTiedLinear)
+        assert model.lm_head.source is model.get_input_embeddings()
+    else:
+        assert isinstance(model.model.layers[0].self_attn.k_proj, GlydLinearPart)
+        assert isinstance(model.lm_head, GlydLinear)
+    glyd.nn.set_exact(model, True)
+    with torch.no_grad():
+        assert torch.equal(bits(model(input_ids).logits), bits(ref(input_ids).logits))
+    assert model.dtype == torch.bfloat16
+    glyd.verify(model, progress=False)
+
+
+def test_hf_save_pretrained_is_refused(saved, tmp_path):
+    model = AutoModelForCausalLM.from_pretrained(saved["llama"][1])
+    with pytest.raises(ValueError):
+        model.save_pretrained(tmp_path / "x")
+
+
+def test_quantizer_only_loads_packed_checkpoints(tiny_model_folder):
+    with pytest.raises(ValueError, match="pre-quantized"):
+        AutoModelForCausalLM.from_pretrained(tiny_model_folder("llama"), quantization_config=GlydConfig())
+
+
+def test_import_glyd_registers_without_importing_transformers(saved):
+    out = saved["llama"][1]
+    code = f"""
+import sys, json
+import glyd
+assert "transformers" not in sys.modules, "import glyd imported transformers"
+from transformers import AutoModelForCausalLM
+m = AutoModelForCausalLM.from_pretrained({str(out)!r})
+print(json.dumps([type(m.model.embed_tokens).__name__, type(m.lm_head).__name__]))
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert json.loads(r.stdout.strip().splitlines()[-1]) == ["GlydEmbedding", "GlydTiedLinear"]
+
+
+def test_a_packed_tensor_for_a_module_glyd_cannot_run(saved, tmp_path):
+    import shutil
+
+    out = tmp_path / "bad"
+    shutil.copytree(saved["llama"][1], out)
+    cfg = json.loads((out / "config.json").read_text())
+    cfg["num_hidden_layers"] = 1  # the checkpoint's layer 1 now names no module
+    (out / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(FormatError, match=r"model\.layers\.1"):
+        AutoModelForCausalLM.from_pretrained(out)

@@ -310,3 +310,26 @@ def test_true_shape_inside_the_padding_is_caught_by_verify(packed):
     reader = CheckpointReader(packed)
     with pytest.raises(CorruptError, match=r"tensor 'layer\.0\.weight'"):
         reader.verify(progress=False)
+
+
+def test_os_error_is_one_line(tmp_path, capsys):
+    make_model_folder(tmp_path / "src")
+    (tmp_path / "afile").write_text("x")
+    rc, err = _cli(capsys, "pack", str(tmp_path / "src"), str(tmp_path / "afile" / "out"))
+    assert rc == 1 and "afile" in err and len(err.splitlines()) == 1
+
+
+def test_unused_weight_files_are_not_copied(tmp_path):
+    src = tmp_path / "src"
+    make_model_folder(src, sharded=True)
+    (src / "consolidated.safetensors").write_bytes(b"duplicate weights")
+    (src / "pytorch_model.bin").write_bytes(b"pickle")
+    (src / "sub").mkdir()
+    (src / "sub" / "model.safetensors").write_bytes(b"a sub-module's own weights")
+    s = pack_folder(src, tmp_path / "out", progress=False)
+    assert sorted(s.skipped_files) == ["consolidated.safetensors", "pytorch_model.bin"]
+    assert "consolidated.safetensors" in str(s)
+    out = tmp_path / "out"
+    assert not (out / "consolidated.safetensors").exists() and not (out / "pytorch_model.bin").exists()
+    assert (out / "sub" / "model.safetensors").read_bytes() == b"a sub-module's own weights"
+    assert set(CheckpointReader(out).files) == {"config.json", "tokenizer.json", "sub/model.safetensors"}

@@ -11,15 +11,33 @@ Progress bars go to stderr; the summary table goes to stdout.
 from __future__ import annotations
 
 import argparse
+import functools
 import time
 
 from glyd.codec import LAYOUTS
+from glyd.errors import GlydError
 from glyd.store import folder
 from glyd.store.checkpoint import CheckpointReader
 
 
 def _progress(args: argparse.Namespace) -> bool:
     return not getattr(args, "quiet", False)
+
+
+def _os_errors(handler):
+    """Turn an OSError (disk full, permission denied) into glyd's one-line error."""
+
+    @functools.wraps(handler)
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return handler(args)
+        except GlydError:
+            raise
+        except OSError as exc:
+            where = f"{exc.filename}: " if exc.filename else ""
+            raise GlydError(f"{where}{exc.strerror or exc}") from exc
+
+    return run
 
 
 def _pack(args: argparse.Namespace) -> int:
@@ -103,18 +121,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default="fixed12",
         help="fixed12: 12 bits a weight, fastest; tiered: densest; auto: per matrix on the GPU (fixed12 without one)",
     )
-    p.set_defaults(func=_pack)
+    p.set_defaults(func=_os_errors(_pack))
 
     p = subparsers.add_parser("unpack", help="write the original bf16 safetensors folder back, bit for bit")
     p.add_argument("src", help="packed checkpoint folder")
     p.add_argument("dst", metavar="out", help="new folder for the bf16 model (must not exist)")
-    p.set_defaults(func=_unpack)
+    p.set_defaults(func=_os_errors(_unpack))
 
     p = subparsers.add_parser("verify", help="unpack every tensor and check it against the manifest's sha256")
     p.add_argument("dir", help="packed checkpoint folder")
-    p.set_defaults(func=_verify)
+    p.set_defaults(func=_os_errors(_verify))
 
     p = subparsers.add_parser("info", help="list the tensors of a packed checkpoint, their layouts and sizes")
     p.add_argument("dir", help="packed checkpoint folder")
     p.add_argument("--totals", action="store_true", help="print only the totals")
-    p.set_defaults(func=_info)
+    p.set_defaults(func=_os_errors(_info))

@@ -89,7 +89,10 @@ class PackSummary:
 
     def rows(self) -> list[tuple[str, str]]:
         lay = ", ".join(f"{n} {k}" for k, n in sorted(self.layouts.items())) or "none"
-        kept = ", ".join(f"{self.kept[d]} {d} ({_human(self.kept_bytes[d])})" for d in sorted(self.kept)) or "none"
+        kept = ", ".join(
+            f"{self.kept[d]} {d}{' not 2-D' if d == 'bfloat16' else ''} ({_human(self.kept_bytes[d])})"
+            for d in sorted(self.kept)
+        ) or "none"
         ratio = f"{100.0 * self.dst_bytes / self.src_bytes:.1f}%" if self.src_bytes else "-"
         rows = [
             ("source", str(self.src)),
@@ -105,7 +108,7 @@ class PackSummary:
             ("safetensors on disk", f"{_human(self.src_bytes)} -> {_human(self.dst_bytes)} ({ratio}), {self.shards} shard(s)"),
         ]
         if self.skipped_files:
-            rows.append(("not copied (other weight formats)", ", ".join(self.skipped_files)))
+            rows.append(("not copied (other weight files)", ", ".join(self.skipped_files)))
         rows.append(("time", f"{self.seconds:.1f} s"))
         return rows
 
@@ -200,7 +203,9 @@ def _copy_list(src: Path, weight_files: set[str]) -> tuple[list[tuple[Path, str]
             rel = p.relative_to(src).as_posix()
             if rel in weight_files or not p.is_file():
                 continue
-            if "/" not in rel and any(fnmatch.fnmatch(n, pat) for pat in OTHER_WEIGHTS):
+            if "/" not in rel and (n.endswith(".safetensors") or any(fnmatch.fnmatch(n, pat) for pat in OTHER_WEIGHTS)):
+                # Other formats, or safetensors the index does not use (consolidated copies): the
+                # packed folder holds the weights once.
                 skipped.append(rel)
                 continue
             keep.append((p, rel))
@@ -220,21 +225,20 @@ def _read_config(path: Path) -> dict[str, Any] | None:
 
 
 def _auto_layout(name: str, w: torch.Tensor, state: dict[str, Any]) -> str:
-    """The layout for one matrix when ``layout="auto"``: ``glyd.kernels.choose_layout(w)`` on a GPU,
-    else ``fixed12`` (logged once), since the choice is made from measurements on the GPU."""
+    """The layout for one matrix when ``layout="auto"``: the team's one bridge to measured choices
+    (``glyd.nn._ops.choose_layout``) on a CUDA GPU, else ``fixed12`` (logged once), since the
+    choice is made from measurements on the GPU that will run the model."""
     if "choose" not in state:
-        choose = None
+        state["choose"] = None
         if torch.cuda.is_available():
-            try:
-                from glyd.kernels import choose_layout as choose  # type: ignore[attr-defined]
-            except ImportError as exc:
-                log.warning("layout auto: glyd.kernels.choose_layout unavailable (%s); packing with fixed12", exc)
+            from glyd.nn._ops import choose_layout
+
+            state["choose"] = choose_layout
         else:
             log.info("layout auto: no CUDA GPU to measure on; packing every matrix with fixed12")
-        state["choose"] = choose
     if state["choose"] is None:
         return "fixed12"
-    layout = state["choose"](w)
+    layout = state["choose"](tuple(w.shape), torch.device("cuda"))
     if layout not in LAYOUTS:
         raise ValueError(f"choose_layout returned {layout!r} for {name!r}; expected one of {', '.join(LAYOUTS)}")
     return layout
@@ -264,7 +268,7 @@ def pack_folder(
     if dst.exists() or dst.is_symlink():
         raise DestinationExistsError(f"{dst} already exists; glyd never overwrites (remove it or choose another name)")
     config = _read_config(src / CONFIG)
-    if config is not None and "quantization_config" in config:
+    if config is not None and config.get("quantization_config"):
         q = config["quantization_config"]
         method = q.get("quant_method") if isinstance(q, dict) else q
         raise FormatError(

@@ -1,0 +1,623 @@
+"""The ``.glyd`` file archive: files (checkpoints or anything else) compressed for storage and
+transfer and restored byte for byte.
+
+An archive is a header with a file table, then every file as a run of independent chunks (each
+with a CRC-32), a per-file end record with the file's sha256, and an end marker. safetensors files
+are parsed and each tensor of a float dtype is coded by :mod:`glyd.filecodec.floats`; the header,
+the gaps and every other byte go through zstd. The byte layout is in ``docs/format.md`` ("File
+archives"); ``docs/filecodec.md`` is the user guide.
+
+Memory stays bounded by a few chunks whatever the file sizes: chunks are read with ``os.pread``,
+coded on ``jobs`` threads (numpy and zstd release the GIL) with at most ``2 * jobs`` in flight, and
+written in order. Outputs are written under temporary names and renamed only once everything has
+been checked, so a failed run leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import dataclasses
+import hashlib
+import io
+import json
+import logging
+import math
+import os
+import struct
+import zlib
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from pathlib import Path, PurePosixPath
+
+import zstandard as zstd
+
+from glyd.errors import CorruptError, DestinationExistsError, FormatError, GlydError
+from glyd.filecodec import floats
+
+log = logging.getLogger(__name__)
+
+MAGIC = b"GLYDARC\x00"
+VERSION = 1
+SUFFIX = ".glyd"
+
+CODEC_STORE, CODEC_ZSTD, CODEC_FLOAT = 0, 1, 2
+CODEC_NAMES = {CODEC_STORE: "store", CODEC_ZSTD: "zstd", CODEC_FLOAT: "float"}
+
+#: bytes of input in one chunk (float chunks: whole rows of at most this many bytes)
+CHUNK_BYTES = 8 << 20
+#: limits a reader enforces before allocating anything
+MAX_CHUNK_BYTES = 64 << 20
+MAX_TABLE_BYTES = 64 << 20
+MAX_FILES = 1 << 20
+MAX_FILE_SIZE = 1 << 50
+MAX_SAFETENSORS_HEADER = 100 << 20
+
+_HEAD = struct.Struct("<8sHHI")  # magic, version, flags, table length
+_CHUNK = struct.Struct("<cIIBIII")  # b"C", file, chunk, codec, raw length, payload length, crc32
+_END = struct.Struct("<cII32s")  # b"E", file, number of chunks, sha256
+_TAIL = struct.Struct("<cI8s")  # b"Z", number of files, magic
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+    """One file of an archive: its path inside the archive (POSIX, relative) and size in bytes."""
+
+    path: str
+    size: int
+
+
+@dataclasses.dataclass
+class Report:
+    """What :func:`test`, :func:`decompress` and :func:`compress_files` saw."""
+
+    entries: list[Entry]
+    archive_bytes: int
+    chunks: int
+
+    @property
+    def original_bytes(self) -> int:
+        return sum(e.size for e in self.entries)
+
+    @property
+    def ratio(self) -> float:
+        """Archive size / original size."""
+        return self.archive_bytes / max(self.original_bytes, 1)
+
+
+# ----------------------------------------------------------------------------- planning
+
+
+@dataclasses.dataclass(frozen=True)
+class _Piece:
+    """A byte range of a file and how it is coded."""
+
+    offset: int
+    length: int
+    dtype: int = 0  # floats.* code; 0 = generic bytes (zstd)
+    rows: int = 0
+    cols: int = 0
+
+
+def _safetensors_regions(head: bytes, size: int, read: Callable[[int, int], bytes]) -> list[tuple[int, int, int, int]] | None:
+    """(offset, length, dtype code, cols) of every float tensor of a safetensors file, sorted, or
+    None when the file is not a well-formed safetensors file (it is then coded as plain bytes).
+    The header is hostile input: every bound is checked before use."""
+    if size < 10 or len(head) < 9:
+        return None
+    (hlen,) = struct.unpack_from("<Q", head, 0)
+    if not 2 <= hlen <= min(MAX_SAFETENSORS_HEADER, size - 8) or head[8:9] != b"{":
+        return None
+    try:
+        meta = json.loads(bytes(read(8, hlen)).decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return None
+    if not isinstance(meta, dict):
+        return None
+    data_start = 8 + hlen
+    data_len = size - data_start
+    regions = []
+    for name, info in meta.items():
+        if name == "__metadata__":
+            continue
+        if not isinstance(info, dict):
+            return None
+        dtype, shape, offs = info.get("dtype"), info.get("shape"), info.get("data_offsets")
+        if not (
+            isinstance(dtype, str)
+            and isinstance(shape, list)
+            and all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 1 << 40 for d in shape)
+            and isinstance(offs, list)
+            and len(offs) == 2
+            and all(isinstance(o, int) and not isinstance(o, bool) for o in offs)
+            and 0 <= offs[0] <= offs[1] <= data_len
+        ):
+            return None
+        code = floats.SAFETENSORS_DTYPES.get(dtype)
+        if code is None or offs[0] == offs[1]:
+            continue  # other dtypes (ints, bool, f64) and empty tensors: plain bytes
+        n = math.prod(shape)
+        if n * floats.ITEMSIZE[code] != offs[1] - offs[0]:
+            return None
+        cols = shape[-1] if shape else 1
+        regions.append((data_start + offs[0], offs[1] - offs[0], code, cols))
+    regions.sort()
+    for (a, la, _, _), (b, _, _, _) in zip(regions, regions[1:]):
+        if a + la > b:
+            return None  # overlapping tensors
+    return regions
+
+
+def _plan(size: int, read: Callable[[int, int], bytes]) -> list[_Piece]:
+    """Cut a file into chunks: float tensors of a safetensors file by rows, the rest by bytes."""
+    head = bytes(read(0, min(size, 9))) if size else b""
+    regions = _safetensors_regions(head, size, read) or []
+    pieces: list[_Piece] = []
+
+    def generic(a: int, b: int) -> None:
+        for off in range(a, b, CHUNK_BYTES):
+            pieces.append(_Piece(off, min(CHUNK_BYTES, b - off)))
+
+    pos = 0
+    for off, length, code, cols in regions:
+        generic(pos, off)
+        item = floats.ITEMSIZE[code]
+        n = length // item
+        line = cols * item
+        if cols >= 1 and line <= CHUNK_BYTES:
+            rows_per = max(1, CHUNK_BYTES // line)
+            total_rows = n // cols
+            for r in range(0, total_rows, rows_per):
+                rr = min(rows_per, total_rows - r)
+                pieces.append(_Piece(off + r * line, rr * line, code, rr, cols))
+        else:  # very long rows: 1-D slices
+            per = CHUNK_BYTES // item
+            for e in range(0, n, per):
+                k = min(per, n - e)
+                pieces.append(_Piece(off + e * item, k * item, code, 1, k))
+        pos = off + length
+    generic(pos, size)
+    return pieces
+
+
+# ----------------------------------------------------------------------------- chunk coding
+
+
+def _encode_piece(piece: _Piece, data) -> tuple[int, bytes]:
+    if piece.dtype:
+        return CODEC_FLOAT, floats.encode(piece.dtype, data, piece.rows, piece.cols)
+    # small pieces (safetensors headers, configs) get zstd's strongest level, big ones a fast one
+    level = 19 if len(data) <= 1 << 16 else 3
+    z = zstd.ZstdCompressor(level=level).compress(data)
+    if len(z) < len(data):
+        return CODEC_ZSTD, z
+    return CODEC_STORE, bytes(data)
+
+
+def _decode_chunk(codec: int, payload: bytes, raw_len: int, what: str):
+    if codec == CODEC_STORE:
+        if len(payload) != raw_len:
+            raise CorruptError(f"{what}: stored chunk of {len(payload)} bytes, expected {raw_len}")
+        return payload
+    if codec == CODEC_ZSTD:
+        try:
+            if zstd.frame_content_size(payload) != raw_len:
+                raise CorruptError(f"{what}: zstd frame size is not {raw_len}")
+            out = zstd.ZstdDecompressor().decompress(payload, max_output_size=raw_len)
+        except zstd.ZstdError as exc:
+            raise CorruptError(f"{what}: zstd error ({exc})") from None
+        if len(out) != raw_len:
+            raise CorruptError(f"{what}: decoded {len(out)} bytes, expected {raw_len}")
+        return out
+    if codec == CODEC_FLOAT:
+        return floats.decode(payload, raw_len, what)
+    raise CorruptError(f"{what}: unknown chunk codec {codec}")
+
+
+def _record(file_idx: int, chunk_idx: int, codec: int, raw_len: int, payload: bytes) -> bytes:
+    head = _CHUNK.pack(b"C", file_idx, chunk_idx, codec, raw_len, len(payload), 0)
+    crc = zlib.crc32(payload, zlib.crc32(head[:-4]))
+    return head[:-4] + struct.pack("<I", crc) + payload
+
+
+# ----------------------------------------------------------------------------- sources
+
+
+@dataclasses.dataclass
+class _Source:
+    path: str  # name inside the archive
+    size: int
+    read: Callable[[int, int], bytes]
+    label: str  # for messages
+
+
+def _file_source(path: Path, name: str) -> tuple[_Source, int]:
+    fd = os.open(path, os.O_RDONLY)
+    size = os.fstat(fd).st_size
+
+    def read(off: int, n: int) -> bytes:
+        b = os.pread(fd, n, off)
+        if len(b) != n:
+            raise GlydError(f"{path}: changed while being compressed (short read at {off})")
+        return b
+
+    return _Source(name, size, read, str(path)), fd
+
+
+def _collect(paths: Sequence[str | os.PathLike]) -> list[tuple[Path, str]]:
+    """(file on disk, name in the archive) for files and, recursively, folders (sorted)."""
+    out: list[tuple[Path, str]] = []
+    for p in paths:
+        p = Path(p)
+        if p.is_dir():
+            base = p.resolve().name or "root"
+            for f in sorted(q for q in p.rglob("*") if q.is_file()):
+                out.append((f, str(PurePosixPath(base, *f.relative_to(p).parts))))
+        elif p.is_file():
+            out.append((p, p.name))
+        else:
+            raise FileNotFoundError(f"{p}: no such file or folder")
+    names = [n for _, n in out]
+    dup = {n for n in names if names.count(n) > 1}
+    if dup:
+        raise GlydError(f"two inputs would have the same name in the archive: {sorted(dup)[:3]}")
+    return out
+
+
+# ----------------------------------------------------------------------------- writing
+
+
+def _ordered_map(fn, items: Iterable, jobs: int) -> Iterator:
+    """``map(fn, items)`` on ``jobs`` threads, in order, with at most ``2 * jobs`` in flight."""
+    if jobs <= 1:
+        for it in items:
+            yield fn(it)
+        return
+    with cf.ThreadPoolExecutor(jobs, thread_name_prefix="glyd-fc") as ex:
+        pending: deque[cf.Future] = deque()
+        try:
+            for it in items:
+                pending.append(ex.submit(fn, it))
+                if len(pending) >= 2 * jobs:
+                    yield pending.popleft().result()
+            while pending:
+                yield pending.popleft().result()
+        finally:
+            for f in pending:
+                f.cancel()
+
+
+def _write(out, sources: list[_Source], jobs: int, progress: bool = False) -> int:
+    """Write an archive of ``sources`` to the binary file object ``out``; returns the chunk count."""
+    table = json.dumps({"files": [{"path": s.path, "size": s.size} for s in sources]}, separators=(",", ":")).encode()
+    out.write(_HEAD.pack(MAGIC, VERSION, 0, len(table)))
+    out.write(table)
+    out.write(struct.pack("<I", zlib.crc32(table)))
+    total = 0
+    bar = _bar(sum(s.size for s in sources), "compress", progress)
+    for fi, src in enumerate(sources):
+        pieces = _plan(src.size, src.read)
+
+        def work(item, src=src, fi=fi):
+            ci, piece = item
+            data = src.read(piece.offset, piece.length)
+            codec, payload = _encode_piece(piece, data)
+            return data, _record(fi, ci, codec, piece.length, payload)
+
+        sha = hashlib.sha256()
+        for data, rec in _ordered_map(work, enumerate(pieces), jobs):
+            sha.update(data)
+            out.write(rec)
+            bar.update(len(data))
+        out.write(_END.pack(b"E", fi, len(pieces), sha.digest()))
+        total += len(pieces)
+    out.write(_TAIL.pack(b"Z", len(sources), MAGIC))
+    bar.close()
+    return total
+
+
+def _bar(total: int, desc: str, enabled: bool):
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="B", unit_scale=True, desc=desc, disable=not enabled or total < (64 << 20))
+
+
+def _default_jobs(jobs: int | None) -> int:
+    return max(1, jobs if jobs else min(8, os.cpu_count() or 1))
+
+
+def compress_files(
+    paths: Sequence[str | os.PathLike] | str | os.PathLike,
+    archive: str | os.PathLike,
+    *,
+    jobs: int | None = None,
+    progress: bool = False,
+) -> Report:
+    """Compress files and folders (recursively) into a new ``.glyd`` archive.
+
+    A folder ``model/`` is stored as ``model/...``; a file by its name. The archive is written to a
+    temporary name next to ``archive`` and renamed when complete; an existing ``archive`` is never
+    overwritten.
+
+    >>> import pathlib, tempfile, glyd.filecodec as fc
+    >>> d = pathlib.Path(tempfile.mkdtemp())
+    >>> _ = (d / "a.txt").write_text("hello " * 100)
+    >>> r = fc.compress_files([d / "a.txt"], d / "a.glyd")
+    >>> [e.path for e in r.entries]
+    ['a.txt']
+    """
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [paths]
+    archive = Path(archive)
+    if archive.exists():
+        raise DestinationExistsError(f"{archive}: already exists")
+    inputs = _collect(paths)
+    sources, fds = [], []
+    try:
+        for path, name in inputs:
+            src, fd = _file_source(path, name)
+            sources.append(src)
+            fds.append(fd)
+        tmp = _tmp_name(archive)
+        try:
+            with open(tmp, "xb") as f:
+                chunks = _write(f, sources, _default_jobs(jobs), progress)
+                f.flush()
+                os.fsync(f.fileno())
+            if archive.exists():
+                raise DestinationExistsError(f"{archive}: appeared while compressing")
+            os.replace(tmp, archive)
+        except BaseException:
+            _unlink(tmp)
+            raise
+    finally:
+        for fd in fds:
+            os.close(fd)
+    return Report([Entry(s.path, s.size) for s in sources], archive.stat().st_size, chunks)
+
+
+def compress_bytes(data: bytes, name: str = "data", *, jobs: int | None = 1) -> bytes:
+    """Compress ``data`` (any bytes; safetensors content is recognized) into an archive in memory.
+
+    >>> import glyd.filecodec as fc
+    >>> fc.decompress_bytes(fc.compress_bytes(b"abc" * 1000)) == b"abc" * 1000
+    True
+    """
+    mv = memoryview(data).cast("B") if not isinstance(data, bytes) else data
+    _check_name(name, "name")
+
+    def read(off: int, n: int):
+        return mv[off : off + n]
+
+    buf = io.BytesIO()
+    _write(buf, [_Source(name, len(mv), read, name)], _default_jobs(jobs))
+    return buf.getvalue()
+
+
+# ----------------------------------------------------------------------------- reading
+
+
+def _check_name(path, where: str) -> str:
+    if not isinstance(path, str) or not path or "\x00" in path or "\\" in path:
+        raise FormatError(f"{where}: bad file name {path!r}")
+    pp = PurePosixPath(path)
+    if pp.is_absolute() or any(part in ("", ".", "..") for part in path.split("/")):
+        raise FormatError(f"{where}: unsafe file name {path!r} (absolute or with '..')")
+    return path
+
+
+class _Reader:
+    def __init__(self, f, label: str):
+        self.f = f
+        self.label = label
+        self.pos = 0
+
+    def read(self, n: int, what: str) -> bytes:
+        b = self.f.read(n)
+        if len(b) != n:
+            raise CorruptError(f"{self.label}: truncated archive ({what}, at byte {self.pos})")
+        self.pos += n
+        return b
+
+
+def _read_table(r: _Reader) -> list[Entry]:
+    head = r.f.read(_HEAD.size)
+    r.pos += len(head)
+    if len(head) < 8 or head[:8] != MAGIC:
+        raise FormatError(f"{r.label}: not a glyd archive (no {MAGIC!r} magic)")
+    if len(head) < _HEAD.size:
+        raise CorruptError(f"{r.label}: truncated archive (header)")
+    _, version, flags, tlen = _HEAD.unpack(head)
+    if version != VERSION:
+        raise FormatError(f"{r.label}: archive version {version}; this glyd reads version {VERSION}")
+    if flags != 0:
+        raise FormatError(f"{r.label}: unknown header flags {flags:#x}")
+    if tlen > MAX_TABLE_BYTES:
+        raise CorruptError(f"{r.label}: file table of {tlen} bytes")
+    table = r.read(tlen, "file table")
+    (crc,) = struct.unpack("<I", r.read(4, "file table"))
+    if zlib.crc32(table) != crc:
+        raise CorruptError(f"{r.label}: file table checksum mismatch")
+    try:
+        files = json.loads(table.decode("utf-8"))["files"]
+        if not isinstance(files, list) or len(files) > MAX_FILES:
+            raise ValueError("files")
+        entries = []
+        for i, e in enumerate(files):
+            size = e["size"]
+            if not isinstance(size, int) or isinstance(size, bool) or not 0 <= size <= MAX_FILE_SIZE:
+                raise ValueError(f"size of file {i}")
+            entries.append(Entry(_check_name(e["path"], f"{r.label}: file {i}"), size))
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
+        if isinstance(exc, FormatError):
+            raise
+        raise CorruptError(f"{r.label}: bad file table ({exc})") from None
+    if len({e.path for e in entries}) != len(entries):
+        raise CorruptError(f"{r.label}: the file table names a file twice")
+    return entries
+
+
+def _iter_archive(f, label: str, jobs: int, on_entry: Callable[[int, Entry], None], on_data, on_end) -> Report:
+    """Read and check a whole archive, calling ``on_data(file_index, bytes)`` in order."""
+    r = _Reader(f, label)
+    entries = _read_table(r)
+    nchunks = 0
+
+    for fi, entry in enumerate(entries):
+        on_entry(fi, entry)
+
+        def records(fi=fi, entry=entry):
+            got = 0
+            ci = 0
+            while True:
+                tag = r.read(1, f"file {entry.path!r} chunk {ci}")
+                if tag == b"E":
+                    rest = r.read(_END.size - 1, f"end of file {entry.path!r}")
+                    _, efi, n, sha = _END.unpack(tag + rest)
+                    if efi != fi or n != ci or got != entry.size:
+                        raise CorruptError(
+                            f"{label}: file {entry.path!r}: end record says file {efi}, {n} chunks; "
+                            f"read {ci} chunks, {got} of {entry.size} bytes"
+                        )
+                    yield ("end", sha)
+                    return
+                what = f"{label}: file {entry.path!r} chunk {ci}"
+                if tag != b"C":
+                    raise CorruptError(f"{what}: bad record tag {tag!r}")
+                head = tag + r.read(_CHUNK.size - 1, what)
+                _, cfi, cci, codec, raw_len, plen, crc = _CHUNK.unpack(head)
+                if cfi != fi or cci != ci:
+                    raise CorruptError(f"{what}: record is labelled file {cfi} chunk {cci}")
+                if raw_len == 0 or raw_len > MAX_CHUNK_BYTES or plen > MAX_CHUNK_BYTES + (1 << 16):
+                    raise CorruptError(f"{what}: chunk sizes {raw_len}/{plen} out of bounds")
+                if got + raw_len > entry.size:
+                    raise CorruptError(f"{what}: chunks run past the file size {entry.size}")
+                payload = r.read(plen, f"file {entry.path!r} chunk {ci}")
+                if zlib.crc32(payload, zlib.crc32(head[:-4])) != crc:
+                    raise CorruptError(f"{what}: checksum mismatch")
+                got += raw_len
+                yield ("chunk", (codec, payload, raw_len, what))
+                ci += 1
+
+        def work(rec):
+            kind, val = rec
+            if kind == "end":
+                return rec
+            codec, payload, raw_len, what = val
+            return ("data", _decode_chunk(codec, payload, raw_len, what))
+
+        sha = hashlib.sha256()
+        for kind, val in _ordered_map(work, records(), jobs):
+            if kind == "data":
+                sha.update(val)
+                on_data(fi, val)
+                nchunks += 1
+            else:
+                if sha.digest() != val:
+                    raise CorruptError(f"{label}: file {entry.path!r}: sha256 mismatch")
+                on_end(fi)
+    tail = r.read(_TAIL.size, "end marker")
+    if tail[:1] != b"Z" or _TAIL.unpack(tail)[1:] != (len(entries), MAGIC):
+        raise CorruptError(f"{label}: bad end marker")
+    if f.read(1):
+        raise CorruptError(f"{label}: data after the end marker")
+    return Report(entries, r.pos, nchunks)
+
+
+def test(archive: str | os.PathLike, *, jobs: int | None = None) -> Report:
+    """Decode and check every chunk and file hash of ``archive`` without writing anything.
+
+    Raises :class:`glyd.errors.CorruptError` (naming the file and chunk) or
+    :class:`glyd.errors.FormatError` (not an archive, unknown version).
+    """
+    with open(archive, "rb") as f:
+        return _iter_archive(f, str(archive), _default_jobs(jobs), lambda *a: None, lambda *a: None, lambda *a: None)
+
+
+def decompress(archive: str | os.PathLike, outdir: str | os.PathLike = ".", *, jobs: int | None = None) -> Report:
+    """Restore every file of ``archive`` under ``outdir``, byte for byte (sha256 checked).
+
+    All files are written under temporary names and renamed only once the whole archive has been
+    checked; on any error nothing is left behind. Existing files are never overwritten.
+    """
+    outdir = Path(outdir)
+    label = str(archive)
+    temps: dict[int, tuple[Path, Path, io.BufferedWriter]] = {}
+    made_dirs: list[Path] = []
+
+    def on_entry(fi: int, entry: Entry) -> None:
+        dest = outdir.joinpath(*entry.path.split("/"))
+        if dest.exists() or dest.is_symlink():
+            raise DestinationExistsError(f"{dest}: already exists")
+        parent = dest.parent
+        missing = []
+        while not parent.exists():
+            missing.append(parent)
+            parent = parent.parent
+        for d in reversed(missing):
+            d.mkdir()
+            made_dirs.append(d)
+        tmp = _tmp_name(dest)
+        temps[fi] = (tmp, dest, open(tmp, "xb"))
+
+    def on_data(fi: int, data) -> None:
+        temps[fi][2].write(data)
+
+    def on_end(fi: int) -> None:
+        temps[fi][2].close()
+
+    try:
+        with open(archive, "rb") as f:
+            report = _iter_archive(f, label, _default_jobs(jobs), on_entry, on_data, on_end)
+        for tmp, dest, _ in temps.values():
+            if dest.exists():
+                raise DestinationExistsError(f"{dest}: appeared while decompressing")
+        for tmp, dest, _ in temps.values():
+            os.replace(tmp, dest)
+        return report
+    except BaseException:
+        for tmp, _, fh in temps.values():
+            fh.close()
+            _unlink(tmp)
+        for d in reversed(made_dirs):
+            try:
+                d.rmdir()
+            except OSError:
+                pass
+        raise
+
+
+def decompress_bytes(blob: bytes, *, jobs: int | None = 1) -> bytes:
+    """Inverse of :func:`compress_bytes`: the one file of an in-memory archive."""
+    parts: list = []
+    entries: list[Entry] = []
+    report = _iter_archive(
+        io.BytesIO(blob),
+        "<bytes>",
+        _default_jobs(jobs),
+        lambda fi, e: entries.append(e),
+        lambda fi, d: parts.append(d),
+        lambda fi: None,
+    )
+    if len(report.entries) != 1:
+        raise FormatError(f"<bytes>: archive holds {len(report.entries)} files, expected 1")
+    return b"".join(bytes(p) if not isinstance(p, bytes) else p for p in parts)
+
+
+def list_entries(archive: str | os.PathLike) -> list[Entry]:
+    """The file table of ``archive`` (reads only the header)."""
+    with open(archive, "rb") as f:
+        return _read_table(_Reader(f, str(archive)))
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def _tmp_name(dest: Path) -> Path:
+    return dest.with_name(f".{dest.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
+
+
+def _unlink(p: Path) -> None:
+    try:
+        os.unlink(p)
+    except FileNotFoundError:
+        pass

@@ -1,0 +1,160 @@
+"""Decode-step attention over packed KV pages: fused (Triton), pure-torch twin, and reference.
+
+All three take ``q [B, Hq, D]`` (bf16, one new token per sequence), a key and a value
+:class:`~glyd.kv.pages.PageStore` with ``B`` sequences and ``H`` KV heads (``Hq`` a multiple of
+``H``: grouped-query attention, query head ``h * Hq/H + g`` reads KV head ``h``). Sequence ``b``
+attends to its ``k_store.lens[b]`` tokens (stores built by ``PageStore.from_dense(x, lens)``), or
+to every token of the store. They return ``[B, Hq, DV]`` bf16.
+
+* :func:`decode_attention_reference`: unpack to bf16, ``scaled_dot_product_attention`` (the
+  inputs are the bf16 cache's bit for bit).
+* :func:`decode_attention_torch`: the fused kernel's algorithm in torch (page by page, online
+  softmax in fp32, probabilities rounded to bf16 before the value product, as the kernel does).
+* :func:`decode_attention`: the Triton kernel for CUDA tensors (or under ``TRITON_INTERPRET=1``),
+  else the torch twin.
+
+>>> import torch
+>>> from glyd.kv import PageStore, decode_attention, decode_attention_reference
+>>> k = torch.randn(2, 2, 100, 64).to(torch.bfloat16); v = torch.randn(2, 2, 100, 64).to(torch.bfloat16)
+>>> q = torch.randn(2, 4, 64).to(torch.bfloat16)
+>>> ks, vs = PageStore.from_dense(k), PageStore.from_dense(v)
+>>> out = decode_attention(q, ks, vs)
+>>> ref = decode_attention_reference(q, ks, vs)
+>>> bool((out.float() - ref.float()).abs().max() < 0.05)
+True
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+import torch.nn.functional as F
+
+from glyd.errors import FormatError
+from glyd.kv.pages import PageStore, unpack_blocks
+
+
+def _lens(store: PageStore, device: torch.device) -> torch.Tensor:
+    # A cache's store holds one length for every sequence; PageStore.from_dense(x, lens) per-sequence ones.
+    if store.n_tokens == 0:
+        raise FormatError("decode attention over an empty KV store")
+    lens = store.lens if store.lens is not None else torch.full((store.batch,), store.n_tokens)
+    return lens.to(device=device, dtype=torch.int64)
+
+
+def padded_dense(store: PageStore, lens: torch.Tensor) -> torch.Tensor:
+    """``[B, H, Tmax, D]`` bf16 where row ``b`` holds its ``lens[b]`` tokens first (the rest is junk)."""
+    b, h, p, d = store.batch, store.heads, store.page, store.head_dim
+    if store.lens is None:
+        return store.dense()
+    n = store.n_pages
+    out = torch.zeros(b, h, (n + 1) * p, d, dtype=torch.bfloat16, device=store.device)
+    if n:
+        out[:, :, : n * p] = unpack_blocks(
+            store.sm[:, :, :n].reshape(b * h * n, p, d),
+            store.dig[:, :, :n].reshape(b * h * n, -1),
+            store.top[:, :, :n].reshape(b * h * n, d),
+            store.meta[:, :, :n].reshape(b * h * n, 4),
+            store.tail[: store.tail_len],
+        ).reshape(b, h, n * p, d)
+    for i, first in enumerate(((store.lens // p) * p).tolist()):
+        out[i, :, first : first + p] = store.raw[i]
+    return out
+
+
+def _check(q: torch.Tensor, ks: PageStore, vs: PageStore) -> tuple[int, int, int]:
+    if q.dim() != 3 or q.dtype != torch.bfloat16:
+        raise FormatError(f"q must be bf16 [B, Hq, D], got {q.dtype} {tuple(q.shape)}")
+    b, hq, d = q.shape
+    if ks.batch != b or vs.batch != b or ks.heads != vs.heads or hq % ks.heads or ks.head_dim != d:
+        raise FormatError(
+            f"q {tuple(q.shape)} does not match k_store [{ks.batch}, {ks.heads}, T, {ks.head_dim}] "
+            f"and v_store [{vs.batch}, {vs.heads}, T, {vs.head_dim}]"
+        )
+    return b, hq, d
+
+
+def decode_attention_reference(
+    q: torch.Tensor, k_store: PageStore, v_store: PageStore,
+    scale: float | None = None, upcast: bool = False,
+) -> torch.Tensor:
+    """Unpack to bf16 and run ``F.scaled_dot_product_attention`` (in fp32 when ``upcast``)."""
+    b, hq, d = _check(q, k_store, v_store)
+    lens = _lens(k_store, q.device)
+    k = padded_dense(k_store, lens).to(q.device)
+    v = padded_dense(v_store, lens).to(q.device)
+    g = hq // k_store.heads
+    k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
+    t = k.shape[2]
+    mask = (torch.arange(t, device=q.device)[None, :] < lens[:, None])[:, None, None, :]
+    qq = q[:, :, None, :]
+    if upcast:
+        qq, k, v = qq.float(), k.float(), v.float()
+    out = F.scaled_dot_product_attention(qq, k, v, attn_mask=mask, scale=scale)
+    return out[:, :, 0].to(torch.bfloat16)
+
+
+def decode_attention_torch(
+    q: torch.Tensor, k_store: PageStore, v_store: PageStore,
+    scale: float | None = None,
+) -> torch.Tensor:
+    """The fused kernel's algorithm in torch: decode a page, online softmax, next page."""
+    b, hq, d = _check(q, k_store, v_store)
+    h, p, dv = k_store.heads, k_store.page, v_store.head_dim
+    g = hq // h
+    lens = _lens(k_store, q.device)
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    qf = q.reshape(b, h, g, d).to(torch.bfloat16).float()
+    m = torch.full((b, h, g), float("-inf"), device=q.device)
+    l_ = torch.zeros(b, h, g, device=q.device)
+    acc = torch.zeros(b, h, g, dv, device=q.device)
+    n_full = lens // p
+    max_pages = int(((lens + p - 1) // p).max())
+
+    def step(kb, vb, valid, m, l_, acc):
+        s = torch.einsum("bhgd,bhtd->bhgt", qf, kb.float()) * (scale * 1.4426950408889634)
+        s = torch.where(valid[:, None, None, :], s, float("-inf"))
+        m_new = torch.maximum(m, s.amax(-1))
+        m_safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
+        alpha = torch.exp2(m - m_safe)
+        pr = torch.exp2(s - m_safe[..., None])
+        l_ = l_ * alpha + pr.sum(-1)
+        acc = acc * alpha[..., None] + torch.einsum("bhgt,bhtd->bhgd", pr.to(torch.bfloat16).float(), vb.float())
+        return m_new, l_, acc
+
+    t_idx = torch.arange(p, device=q.device)
+    for j in range(max_pages):
+        if j < k_store.n_pages:
+            kb = unpack_blocks(k_store.sm[:, :, j].reshape(b * h, p, d), k_store.dig[:, :, j].reshape(b * h, -1),
+                               k_store.top[:, :, j].reshape(b * h, d), k_store.meta[:, :, j].reshape(b * h, 4),
+                               k_store.tail[: k_store.tail_len]).reshape(b, h, p, d)
+            vb = unpack_blocks(v_store.sm[:, :, j].reshape(b * h, p, dv), v_store.dig[:, :, j].reshape(b * h, -1),
+                               v_store.top[:, :, j].reshape(b * h, dv), v_store.meta[:, :, j].reshape(b * h, 4),
+                               v_store.tail[: v_store.tail_len]).reshape(b, h, p, dv)
+        else:
+            kb = vb = None
+        is_raw = (n_full == j)[:, None, None, None]  # sequences whose raw page is page j
+        if kb is None:
+            kb, vb = k_store.raw, v_store.raw
+        else:
+            kb = torch.where(is_raw, k_store.raw, kb)
+            vb = torch.where(is_raw, v_store.raw, vb)
+        valid = (j * p + t_idx)[None, :] < lens[:, None]
+        m, l_, acc = step(kb, vb, valid, m, l_, acc)
+    return (acc / l_[..., None]).reshape(b, hq, dv).to(torch.bfloat16)
+
+
+def decode_attention(
+    q: torch.Tensor, k_store: PageStore, v_store: PageStore,
+    scale: float | None = None, num_splits: int | None = None,
+) -> torch.Tensor:
+    """Decode-step attention reading the packed pages directly (Triton on CUDA, torch twin on CPU)."""
+    _check(q, k_store, v_store)
+    lens = _lens(k_store, q.device)
+    if q.is_cuda or os.environ.get("TRITON_INTERPRET") == "1":
+        from glyd.kv._triton import decode_attention_triton
+
+        return decode_attention_triton(q, k_store, v_store, lens, scale=scale, num_splits=num_splits)
+    return decode_attention_torch(q, k_store, v_store, scale=scale)

@@ -422,6 +422,8 @@ class _Reader:
 def _read_table(r: _Reader) -> list[Entry]:
     head = r.f.read(_HEAD.size)
     r.pos += len(head)
+    if head and len(head) < 8 and MAGIC.startswith(head):
+        raise CorruptError(f"{r.label}: truncated archive (magic)")
     if len(head) < 8 or head[:8] != MAGIC:
         raise FormatError(f"{r.label}: not a glyd archive (no {MAGIC!r} magic)")
     if len(head) < _HEAD.size:

@@ -1,0 +1,40 @@
+"""glyd compress / decompress / test on the command line."""
+
+from __future__ import annotations
+
+import torch
+from safetensors.torch import save_file
+
+from glyd.cli import main
+
+
+def test_cli_roundtrip_and_corruption(tmp_path, capsys):
+    src = tmp_path / "m"
+    src.mkdir()
+    save_file({"w": (torch.randn(300, 256) * 0.02).to(torch.bfloat16)}, str(src / "model.safetensors"))
+    (src / "config.json").write_text('{"a": 1}')
+    archive = tmp_path / "m.glyd"
+    assert main(["compress", str(src), "-o", str(archive), "--jobs", "2"]) == 0
+    assert "compressed" in capsys.readouterr().out
+    assert main(["test", str(archive)]) == 0
+    assert "OK" in capsys.readouterr().out
+    out = tmp_path / "out"
+    assert main(["decompress", str(archive), "-o", str(out)]) == 0
+    for name in ("model.safetensors", "config.json"):
+        assert (out / "m" / name).read_bytes() == (src / name).read_bytes()
+    # existing archive is not overwritten; existing files are not overwritten
+    assert main(["compress", str(src), "-o", str(archive)]) == 1
+    assert "already exists" in capsys.readouterr().err
+    assert main(["decompress", str(archive), "-o", str(out)]) == 1
+    assert "already exists" in capsys.readouterr().err
+    # a damaged archive: exit 1 and one line naming the file and chunk
+    blob = bytearray(archive.read_bytes())
+    blob[len(blob) // 2] ^= 0xFF
+    bad = tmp_path / "bad.glyd"
+    bad.write_bytes(bytes(blob))
+    assert main(["test", str(bad)]) == 1
+    err = capsys.readouterr().err
+    assert "glyd test: error:" in err and "chunk" in err and "model.safetensors" in err
+    (tmp_path / "not.glyd").write_bytes(b"hello world, not an archive")
+    assert main(["test", str(tmp_path / "not.glyd")]) == 1
+    assert "not a glyd archive" in capsys.readouterr().err

@@ -1,0 +1,161 @@
+"""Shared launch helpers: block configs per M bucket, split-K, the split-K finalize kernel, caches.
+
+Kernels never call ``.item()`` or copy to the host, so ``linear`` can be captured in a CUDA graph.
+Host-side work that needs the data (exception row pointers) happens once per packed matrix in
+``prepare`` and is cached on the matrix's tensors.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import weakref
+
+import torch
+import triton
+import triton.language as tl
+
+from glyd.errors import FormatError
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """Block shape of one fused-linear launch.
+
+    ``dot``: tensor-core path (``tl.dot``, x padded to ``bm`` >= 16 rows); else the FMA path for
+    one activation row per program (decode once, multiply on the CUDA cores). ``split``: K splits
+    (0 = choose from the SM count). ``long``: unpack to a scratch buffer then cuBLAS instead.
+    """
+
+    bm: int = 16
+    bn: int = 64
+    bk: int = 256
+    dot: bool = True
+    split: int = 0
+    warps: int = 4
+    stages: int = 3
+    long: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("bm", "bn", "bk"):
+            v = getattr(self, name)
+            if v < 1 or v & (v - 1):
+                raise ValueError(f"Config.{name} must be a power of two, got {v}")
+        if self.dot and (self.bm < 16 or self.bn < 16):
+            raise ValueError("the tl.dot path needs bm >= 16 and bn >= 16")
+        if self.split < 0 or self.warps not in (1, 2, 4, 8, 16) or self.stages < 1:
+            raise ValueError(f"bad split/warps/stages in {self}")
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def sm_count(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 8  # interpreter: any small number keeps the split-K code paths exercised
+
+
+def choose_split(tiles: int, kp: int, bk: int, device: torch.device, split: int = 0) -> tuple[int, int]:
+    """(splits, K per split) so that the grid covers about two waves of the GPU's SMs."""
+    steps = (kp + bk - 1) // bk
+    if split <= 0:
+        split = 1
+        target = 2 * sm_count(device)
+        while tiles * split < target and steps // (split * 2) >= 4:
+            split *= 2
+    split = max(1, min(split, steps))
+    per = (steps + split - 1) // split * bk
+    return (kp + per - 1) // per, per
+
+
+@triton.jit
+def _finalize_kernel(part_ptr, bias_ptr, out_ptr, MN, N, SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr,
+                     BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < MN
+    acc = tl.load(part_ptr + offs, mask=mask, other=0.0)
+    for s in tl.static_range(1, SPLIT):  # fixed order: deterministic sums
+        acc += tl.load(part_ptr + s * MN + offs, mask=mask, other=0.0)
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + offs % N, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + offs, acc.to(tl.bfloat16), mask=mask)
+
+
+# part: fp32 [split, M, N]; bias: [N] or None; out: bf16 [M, N]
+def finalize(part: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor) -> None:
+    split, m, n = part.shape
+    mn = m * n
+    block = 1024
+    _finalize_kernel[(triton.cdiv(mn, block),)](
+        part, bias if bias is not None else part, out, mn, n, SPLIT=split, HAS_BIAS=bias is not None, BLOCK=block
+    )
+
+
+def check_x(x: torch.Tensor, k: int) -> torch.Tensor:
+    """x as a bf16 [M, K] matrix with unit stride along K (a view when possible)."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    if x.dtype != torch.bfloat16:
+        raise TypeError(f"x must be bfloat16 for the fused kernels, got {x.dtype}")
+    if x.dim() < 1 or x.shape[-1] != k:
+        raise ValueError(f"x has shape {tuple(x.shape)}; its last dimension must be K = {k}")
+    x2 = x.reshape(-1, k)
+    if k and x2.stride(1) != 1:
+        x2 = x2.contiguous()
+    return x2
+
+
+def check_bias(bias: torch.Tensor | None, n: int, device: torch.device) -> torch.Tensor | None:
+    if bias is None:
+        return None
+    if not isinstance(bias, torch.Tensor) or bias.dim() != 1 or bias.shape[0] != n:
+        raise ValueError(f"bias must be a 1-D tensor of N = {n} elements, got {getattr(bias, 'shape', bias)}")
+    if bias.device != device:
+        raise ValueError(f"bias is on {bias.device}, x on {device}")
+    if bias.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        raise TypeError(f"bias must be a floating tensor, got {bias.dtype}")
+    return bias.contiguous()
+
+
+def check_device(packed, x: torch.Tensor) -> None:
+    dev = packed.device
+    if dev != x.device:
+        raise ValueError(f"packed matrix is on {dev}, x on {x.device}")
+    if dev.type != "cuda" and not interpreting():
+        raise ValueError(f"glyd.kernels needs CUDA tensors (or TRITON_INTERPRET=1), got {dev}")
+
+
+def check_size(what: str, numel: int) -> None:
+    if numel >= 2**31:
+        raise FormatError(f"{what} has {numel} elements; the kernels index with 32-bit offsets (< 2**31)")
+
+
+_CACHE: dict[int, tuple[weakref.ref, object]] = {}
+
+
+def cached(key_tensor: torch.Tensor, make):
+    """``make()``, computed once per live ``key_tensor`` (entries die with the tensor)."""
+    k = id(key_tensor)
+    hit = _CACHE.get(k)
+    if hit is not None and hit[0]() is key_tensor:
+        return hit[1]
+    value = make()
+    _CACHE[k] = (weakref.ref(key_tensor), value)
+    weakref.finalize(key_tensor, _CACHE.pop, k, None)
+    return value
+
+
+_SCRATCH: dict[tuple[str, int | None], torch.Tensor] = {}
+
+
+def scratch(device: torch.device, numel: int) -> torch.Tensor:
+    """A reused bf16 buffer of at least ``numel`` elements on ``device`` (one per device: the
+    long-prompt path unpacks into it then calls cuBLAS; use one stream per device)."""
+    key = (device.type, device.index)
+    buf = _SCRATCH.get(key)
+    if buf is None or buf.numel() < numel:
+        buf = torch.empty(max(numel, 1), dtype=torch.bfloat16, device=device)
+        _SCRATCH[key] = buf
+    return buf[:numel]

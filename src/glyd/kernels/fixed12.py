@@ -1,0 +1,270 @@
+"""Triton kernels for the ``fixed12`` layout: GPU unpack and the fused linear.
+
+Decode works on 32-bit words (SWAR, 4 weights an operation): a code word holds 8 nibbles, the
+low nibbles of its 4 bytes are 4 weights of the group's first half, the high nibbles the same 4
+positions of the second half, so no interleave is needed. ``hi = (n & 8) << 4 | (n & 7) + base``
+runs on all 4 bytes at once; each weight's fp32 bits are then ``hi << 24 | lo << 16`` (a bf16
+widened to fp32 is exact). Plain Triton only, so ``TRITON_INTERPRET=1`` runs every kernel.
+
+Exceptions (weights outside the 16-exponent window) are a sparse correction inside the fused
+kernel: the program that owns the row adds ``x[col] * (true - placeholder)`` for each of its
+row range's exceptions, found through a per-row pointer array built once per matrix.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from glyd.codec import fixed12 as _codec
+from glyd.codec.packed import Packed
+from glyd.kernels import _common as C
+
+GROUP = _codec.GROUP
+
+
+@triton.jit
+def _hi_bytes(n, b4):
+    # 4 hi bytes from 4 codes (one a byte, values 0..15): sign bit to bit 7, offset + base below.
+    return ((n & 0x08080808) << 4) | ((n & 0x07070707) + b4)
+
+
+@triton.jit
+def _f32_bits(h, lo, T: tl.constexpr):
+    # fp32 bits (hi << 24 | lo << 16) of the weight in byte T of the hi word h and lo word lo.
+    if T == 0:
+        r = (h << 24) | ((lo & 0xFF) << 16)
+    elif T == 1:
+        r = ((h << 16) & 0xFF000000) | ((lo << 8) & 0x00FF0000)
+    elif T == 2:
+        r = ((h << 8) & 0xFF000000) | (lo & 0x00FF0000)
+    else:
+        r = (h & 0xFF000000) | ((lo >> 8) & 0x00FF0000)
+    return r
+
+
+@triton.jit
+def _linear_kernel(
+    x_ptr, code_ptr, lo_ptr, lo8_ptr, base_ptr, rowptr_ptr, eidx_ptr, ehi_ptr, bias_ptr, out_ptr,
+    M, N, K, KP, stride_xm, K_SPLIT,
+    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, DOT: tl.constexpr,
+    HAS_BIAS: tl.constexpr, HAS_EXC: tl.constexpr, PARTIAL: tl.constexpr, F32DOT: tl.constexpr,
+):
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    pid_m = tl.program_id(2)
+    W: tl.constexpr = BK // 8  # code words per row per step; each covers 8 weights
+    rn = pid_n * BN + tl.arange(0, BN)
+    nmask = rn < N
+    base = tl.load(base_ptr).to(tl.uint32)  # from device memory: no host sync
+    b4 = base * 0x01010101
+    w = tl.arange(0, W)
+    kx = 64 * (w // 8) + 4 * (w % 8)  # column (within the step) of byte 0 of word w, first half
+    code_row = code_ptr + rn[:, None] * (KP // 8)
+    lo_row = lo_ptr + rn[:, None] * (KP // 4)
+    k0 = pid_k * K_SPLIT
+    k1 = tl.minimum(k0 + K_SPLIT, KP)
+    if DOT:
+        rm = pid_m * BM + tl.arange(0, BM)
+        mmask = rm < M
+        acc = tl.zeros([BN, BM], dtype=tl.float32)
+    else:
+        acc2 = tl.zeros([BN, W], dtype=tl.float32)
+    for kb in range(k0, k1, BK):
+        kk = kb + kx
+        lmask = nmask[:, None] & (kk < KP)[None, :]
+        cw = tl.load(code_row + (kb // 8 + w)[None, :], mask=lmask, other=0).to(tl.uint32, bitcast=True)
+        la = tl.load(lo_row + (kk // 4)[None, :], mask=lmask, other=0).to(tl.uint32, bitcast=True)
+        lb = tl.load(lo_row + (kk // 4 + 8)[None, :], mask=lmask, other=0).to(tl.uint32, bitcast=True)
+        ha = _hi_bytes(cw & 0x0F0F0F0F, b4)
+        hb = _hi_bytes((cw >> 4) & 0x0F0F0F0F, b4)
+        for t in tl.static_range(4):
+            wa = _f32_bits(ha, la, t).to(tl.float32, bitcast=True)
+            wb = _f32_bits(hb, lb, t).to(tl.float32, bitcast=True)
+            ka = kk + t
+            kb2 = ka + 32
+            if DOT:
+                xa = tl.load(x_ptr + rm[None, :] * stride_xm + ka[:, None],
+                             mask=mmask[None, :] & (ka < K)[:, None], other=0.0)
+                xb = tl.load(x_ptr + rm[None, :] * stride_xm + kb2[:, None],
+                             mask=mmask[None, :] & (kb2 < K)[:, None], other=0.0)
+                if F32DOT:  # the interpreter's tl.dot reads bf16 as raw integers
+                    acc = tl.dot(wa, xa.to(tl.float32), acc)
+                    acc = tl.dot(wb, xb.to(tl.float32), acc)
+                else:
+                    acc = tl.dot(wa.to(tl.bfloat16), xa, acc)
+                    acc = tl.dot(wb.to(tl.bfloat16), xb, acc)
+            else:
+                xa = tl.load(x_ptr + pid_m * stride_xm + ka, mask=ka < K, other=0.0).to(tl.float32)
+                xb = tl.load(x_ptr + pid_m * stride_xm + kb2, mask=kb2 < K, other=0.0).to(tl.float32)
+                acc2 += wa * xa[None, :]
+                acc2 += wb * xb[None, :]
+    if not DOT:
+        acc1 = tl.sum(acc2, axis=1)
+    if HAS_EXC:
+        if pid_k == 0:
+            e0 = tl.load(rowptr_ptr + pid_n * BN)
+            e1 = tl.load(rowptr_ptr + tl.minimum(pid_n * BN + BN, N))
+            for e in range(e0, e1):
+                idx = tl.load(eidx_ptr + e).to(tl.int64)
+                r = idx // K
+                c = idx - r * K
+                th = tl.load(ehi_ptr + e).to(tl.uint32)
+                lo = tl.load(lo8_ptr + r * KP + c).to(tl.uint32)
+                tv = ((th << 24) | (lo << 16)).to(tl.float32, bitcast=True)
+                pv = ((((th & 0x80) | base) << 24) | (lo << 16)).to(tl.float32, bitcast=True)
+                sel = rn.to(tl.int64) == r
+                if DOT:
+                    xv = tl.load(x_ptr + rm * stride_xm + c, mask=mmask, other=0.0).to(tl.float32)
+                    acc += tl.where(sel[:, None], (xv * tv - xv * pv)[None, :], 0.0)
+                else:
+                    xv = tl.load(x_ptr + pid_m * stride_xm + c).to(tl.float32)
+                    acc1 += tl.where(sel, xv * tv - xv * pv, 0.0)
+    if DOT:
+        omask = nmask[:, None] & mmask[None, :]
+        optr = rm[None, :] * N + rn[:, None]
+        if PARTIAL:
+            tl.store(out_ptr + pid_k * M * N + optr, acc, mask=omask)
+        else:
+            if HAS_BIAS:
+                acc += tl.load(bias_ptr + rn, mask=nmask, other=0.0).to(tl.float32)[:, None]
+            tl.store(out_ptr + optr, acc.to(tl.bfloat16), mask=omask)
+    else:
+        optr1 = pid_m * N + rn
+        if PARTIAL:
+            tl.store(out_ptr + pid_k * M * N + optr1, acc1, mask=nmask)
+        else:
+            if HAS_BIAS:
+                acc1 += tl.load(bias_ptr + rn, mask=nmask, other=0.0).to(tl.float32)
+            tl.store(out_ptr + optr1, acc1.to(tl.bfloat16), mask=nmask)
+
+
+@triton.jit
+def _unpack_kernel(code_ptr, lo_ptr, base_ptr, out_ptr, N, K, KP, BN: tl.constexpr, G: tl.constexpr):
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    rn = pid_n * BN + tl.arange(0, BN)
+    nmask = rn < N
+    base = tl.load(base_ptr).to(tl.int32)
+    j = tl.arange(0, 32)
+    for gi in tl.static_range(G):
+        col0 = (pid_k * G + gi) * 64
+        m = nmask[:, None] & (col0 + j < KP)[None, :]
+        c = tl.load(code_ptr + rn[:, None] * (KP // 2) + (col0 // 2 + j)[None, :], mask=m, other=0).to(tl.int32)
+        la = tl.load(lo_ptr + rn[:, None] * KP + (col0 + j)[None, :], mask=m, other=0).to(tl.int32)
+        lb = tl.load(lo_ptr + rn[:, None] * KP + (col0 + 32 + j)[None, :], mask=m, other=0).to(tl.int32)
+        na = c & 0xF
+        nb = c >> 4
+        va = (((na & 8) << 4) | ((na & 7) + base)) << 8 | la
+        vb = (((nb & 8) << 4) | ((nb & 7) + base)) << 8 | lb
+        ca = col0 + j
+        tl.store(out_ptr + rn[:, None] * K + ca[None, :], va.to(tl.int16),
+                 mask=nmask[:, None] & (ca < K)[None, :])
+        tl.store(out_ptr + rn[:, None] * K + (ca + 32)[None, :], vb.to(tl.int16),
+                 mask=nmask[:, None] & (ca + 32 < K)[None, :])
+
+
+class Prepared:
+    """Per-matrix data derived once from the packed arrays (host syncs allowed here, never in linear)."""
+
+    def __init__(self, p: Packed) -> None:
+        n, k = p.shape
+        a = p.arrays
+        idx = a["exc_idx"]
+        self.nexc = int(idx.numel())
+        dev = idx.device
+        if self.nexc:
+            idx64 = idx.to(torch.int64)
+            if int(idx64.min()) < 0 or int(idx64.max()) >= n * k:
+                raise C.FormatError("fixed12 'exc_idx' holds indices outside the matrix")
+            bounds = torch.arange(n + 1, device=dev, dtype=torch.int64) * k
+            self.rowptr = torch.searchsorted(idx64, bounds).to(torch.int32)
+            kp = a["lo"].shape[1]
+            lo = a["lo"].reshape(-1)[(idx64 // k) * kp + idx64 % k].to(torch.int32)
+            self.pos = idx64
+            self.vals = ((a["exc_hi"].to(torch.int32) << 8) | lo).to(torch.int16)
+        else:
+            self.rowptr = torch.zeros(n + 1, dtype=torch.int32, device=dev)
+            self.pos = self.vals = None
+
+
+def prepare(p: Packed) -> Prepared:
+    if p.layout != _codec.NAME:
+        raise ValueError(f"expected a fixed12 packed matrix, got layout {p.layout!r}")
+    return C.cached(p.arrays["exc_idx"], lambda: Prepared(p))
+
+
+# packed: fixed12 [N, K] (lo uint8 [N, Kp], code uint8 [N, Kp/2], base uint8 [1]) -> bf16 [N, K]
+def unpack(p: Packed, out: torch.Tensor | None = None) -> torch.Tensor:
+    n, k = p.shape
+    a = p.arrays
+    kp = a["lo"].shape[1]
+    C.check_size("fixed12 'lo'", n * kp)
+    prep = prepare(p)
+    if out is None:
+        out = torch.empty(n, k, dtype=torch.bfloat16, device=a["lo"].device)
+    elif out.shape != (n, k) or out.dtype != torch.bfloat16 or not out.is_contiguous():
+        raise ValueError(f"out must be a contiguous bf16 [{n}, {k}] tensor, got {out.dtype} {tuple(out.shape)}")
+    if n and k:
+        bn, g = 32, 2
+        grid = (triton.cdiv(n, bn), triton.cdiv(kp, 64 * g))
+        _unpack_kernel[grid](a["code"], a["lo"], a["base"], out.view(torch.int16), n, k, kp, BN=bn, G=g)
+        if prep.nexc:
+            out.view(torch.int16).view(-1)[prep.pos] = prep.vals
+    return out
+
+
+def default_config(m: int, n: int, k: int) -> C.Config:
+    """Block shapes per M bucket (chosen from the H200 sweeps in benchmarks/notes-kernels.md)."""
+    if m == 1:
+        return C.Config(bm=1, bn=16, bk=256, dot=False, warps=4, stages=3)
+    if m >= 256:
+        return C.Config(long=True)
+    if m <= 16:
+        return C.Config(bm=16, bn=64, bk=256, warps=4, stages=3)
+    if m <= 32:
+        return C.Config(bm=32, bn=64, bk=256, warps=4, stages=3)
+    if m <= 64:
+        return C.Config(bm=64, bn=64, bk=128, warps=4, stages=3)
+    return C.Config(bm=128, bn=128, bk=128, warps=8, stages=3)
+
+
+# x: bf16 [..., K]; packed: fixed12 [N, K]; bias: [N] or None -> bf16 [..., N]
+def linear(x: torch.Tensor, p: Packed, bias: torch.Tensor | None = None, config: C.Config | None = None) -> torch.Tensor:
+    if not isinstance(p, Packed) or p.layout != _codec.NAME:
+        raise TypeError("packed must be a fixed12 glyd.Packed")
+    n, k = p.shape
+    x2 = C.check_x(x, k)
+    C.check_device(p, x2)
+    bias = C.check_bias(bias, n, x2.device)
+    m = x2.shape[0]
+    a = p.arrays
+    kp = a["lo"].shape[1]
+    C.check_size("fixed12 'lo'", n * kp)
+    C.check_size("output", m * n)
+    out = torch.empty(m, n, dtype=torch.bfloat16, device=x2.device)
+    if m == 0 or n == 0:
+        return out.reshape(*x.shape[:-1], n)
+    cfg = config or default_config(m, n, k)
+    if cfg.long:
+        w = unpack(p, C.scratch(x2.device, n * k).view(n, k))
+        return torch.nn.functional.linear(x2, w, bias).reshape(*x.shape[:-1], n)
+    if not cfg.dot and cfg.bm != 1:
+        raise ValueError("the FMA path handles one activation row per program: bm must be 1")
+    prep = prepare(p)
+    tiles = triton.cdiv(n, cfg.bn) * (m if not cfg.dot else triton.cdiv(m, cfg.bm))
+    split, per = C.choose_split(tiles, kp, cfg.bk, x2.device, cfg.split)
+    partial = split > 1
+    dst = torch.empty(split, m, n, dtype=torch.float32, device=x2.device) if partial else out
+    grid = (triton.cdiv(n, cfg.bn), split, m if not cfg.dot else triton.cdiv(m, cfg.bm))
+    _linear_kernel[grid](
+        x2, a["code"].view(torch.int32), a["lo"].view(torch.int32), a["lo"], a["base"], prep.rowptr,
+        a["exc_idx"], a["exc_hi"], bias if bias is not None else out, dst,
+        m, n, k, kp, x2.stride(0), per,
+        BM=cfg.bm, BN=cfg.bn, BK=cfg.bk, DOT=cfg.dot, HAS_BIAS=bias is not None,
+        HAS_EXC=prep.nexc > 0, PARTIAL=partial, F32DOT=C.interpreting(), num_warps=cfg.warps, num_stages=cfg.stages,
+    )
+    if partial:
+        C.finalize(dst, bias, out)
+    return out.reshape(*x.shape[:-1], n)

@@ -1,0 +1,129 @@
+"""Fused linear kernels against F.linear in float64 on the same bf16 inputs.
+
+Tolerance: the output is bf16, so each element may be off by one bf16 rounding of the exact
+result (relative 2**-8; the interpreter truncates where the GPU rounds to nearest, hence 2**-7
+here) plus fp32 accumulation noise (an absolute 1e-3 of the largest output). Inputs are fresh
+random draws on every run.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import glyd
+
+from .conftest import DEVICES, needs_triton, random_weights
+
+pytestmark = needs_triton
+
+RTOL = 2.0**-7
+ATOL_FRAC = 1e-3
+
+
+def _check(y: torch.Tensor, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> None:
+    ref = F.linear(x.double().cpu(), w.double().cpu(), None if bias is None else bias.double().cpu())
+    y = y.cpu()
+    assert y.dtype == torch.bfloat16 and y.shape == ref.shape
+    assert torch.isfinite(y).all()
+    err = (y.double() - ref).abs()
+    bound = RTOL * ref.abs() + ATOL_FRAC * ref.abs().max()
+    worst = (err - bound).max().item() if ref.numel() else 0.0
+    assert worst <= 0, f"max excess over tolerance {worst:.3g} (max err {err.max().item():.3g})"
+
+
+def _cases():
+    from glyd.kernels._common import Config
+
+    # (layout, M, N, K, config or None for the default of the M bucket)
+    return [
+        ("fixed12", 1, 37, 200, None),  # FMA path, odd shape
+        ("fixed12", 1, 16, 1100, Config(bm=1, bn=16, bk=256, dot=False, split=3)),  # split-K + finalize
+        ("fixed12", 2, 64, 128, None),
+        ("fixed12", 5, 19, 320, Config(bm=16, bn=16, bk=128, split=2)),
+        ("fixed12", 16, 40, 130, None),
+        ("fixed12", 17, 33, 256, None),  # M bucket 32
+        ("fixed12", 33, 16, 192, None),  # M bucket 64
+        ("fixed12", 70, 16, 128, Config(bm=128, bn=16, bk=128)),  # the tile path at long M
+        ("fixed12", 300, 24, 100, None),  # long-prompt path: unpack + cuBLAS
+        ("tiered", 1, 9, 1100, None),  # fused GEMV over blocks straddling rows
+        ("tiered", 3, 5, 1024, None),
+        ("tiered", 2, 7, 300, None),  # Kp < 1024: unpack path
+        ("tiered", 8, 6, 1280, None),  # above the fused M limit: unpack path
+    ]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", range(13))
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_linear_matches_reference(device, case, with_bias):
+    from glyd import kernels
+
+    layout, m, n, k, cfg = _cases()[case]
+    w = random_weights(n, k, "normal" if case % 2 else "wide")
+    p = glyd.pack(w, layout).to(device)
+    x = torch.randn(m, k).to(torch.bfloat16).to(device)
+    bias = torch.randn(n).to(torch.bfloat16).to(device) if with_bias else None
+    _check(kernels.linear(x, p, bias, cfg), x, w, bias)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_linear_leading_dims_and_strides(device):
+    from glyd import kernels
+
+    w = random_weights(24, 128, "normal")
+    p = glyd.pack(w, "fixed12").to(device)
+    x = torch.randn(2, 3, 256).to(torch.bfloat16).to(device)[..., ::2]  # non-unit stride along K
+    y = kernels.linear(x, p)
+    assert y.shape == (2, 3, 24)
+    _check(y.reshape(6, 24), x.reshape(6, 128), w, None)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_linear_rejects_bad_input(device):
+    from glyd import kernels
+
+    p = glyd.pack(random_weights(8, 64, "normal"), "fixed12").to(device)
+    x = torch.randn(2, 64).to(device)
+    with pytest.raises(TypeError, match="x must be bfloat16"):
+        kernels.linear(x, p)
+    with pytest.raises(ValueError, match="K = 64"):
+        kernels.linear(x[:, :10].to(torch.bfloat16), p)
+    with pytest.raises(ValueError, match="bias"):
+        kernels.linear(x.to(torch.bfloat16), p, torch.zeros(3, device=device))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("layout", ["fixed12", "tiered"])
+@pytest.mark.parametrize("m", [1, 2, 4, 8, 16, 32, 64, 512])
+@pytest.mark.parametrize("shape", [(512, 3584), (4608, 3584), (3584, 18944), (1000, 777)])
+def test_linear_gpu_model_shapes(layout, m, shape):
+    from glyd import kernels
+
+    w = random_weights(*shape, "normal", "cuda")
+    p = kernels.pack(w, layout)
+    x = torch.randn(m, shape[1], device="cuda").to(torch.bfloat16)
+    bias = torch.randn(shape[0], device="cuda").to(torch.bfloat16)
+    _check(kernels.linear(x, p, bias), x, w, bias)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("layout", ["fixed12", "tiered"])
+def test_linear_cuda_graph_capture(layout):
+    from glyd import kernels
+
+    w = random_weights(4608, 3584, "normal", "cuda")
+    p = kernels.pack(w, layout)
+    x = torch.randn(4, 3584, device="cuda").to(torch.bfloat16)
+    kernels.linear(x, p)  # warm-up: compiles, builds the derived index
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        y = kernels.linear(x, p)
+    x.copy_(torch.randn(4, 3584, device="cuda").to(torch.bfloat16))
+    g.replay()
+    torch.cuda.synchronize()
+    _check(y, x, w, None)

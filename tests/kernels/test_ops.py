@@ -1,0 +1,54 @@
+"""glyd.ops: dispatch (kernel on CUDA, twin elsewhere), pack/unpack on any device, choose_layout."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import glyd
+import glyd.ops as ops
+
+from .conftest import random_weights
+
+
+def test_import_does_not_import_triton():
+    code = "import sys, glyd, glyd.ops, glyd.kernels; assert 'triton' not in sys.modules, 'triton imported'"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize("layout", ["fixed12", "tiered"])
+def test_cpu_twin(layout):
+    w = random_weights(12, 100, "normal")
+    p = ops.pack(w, layout)
+    assert torch.equal(ops.unpack(p).view(torch.int16), w.view(torch.int16))
+    x = torch.randn(3, 5, 100).to(torch.bfloat16)
+    b = torch.randn(12).to(torch.bfloat16)
+    assert torch.equal(ops.linear(x, p, b).view(torch.int16), F.linear(x, w, b).view(torch.int16))
+
+
+def test_choose_layout_defaults_and_table():
+    assert ops.choose_layout((4096, 4096), "cpu") == "fixed12"
+    assert ops.pack(random_weights(4, 64, "normal"), "auto").layout == "fixed12"
+    shapes = {"4096x4096": {"fixed12": 10.0, "tiered": 10.2}, "512x4096": {"fixed12": 5.0, "tiered": 7.0}}
+    assert ops._pick(shapes, (4000, 4000)) == "tiered"  # within the slack: the smaller layout
+    assert ops._pick(shapes, (600, 4096)) == "fixed12"
+    with pytest.raises(ValueError, match="unknown layout"):
+        ops.pack(random_weights(4, 64, "normal"), "zip")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("layout", ["fixed12", "tiered", "auto"])
+def test_gpu_dispatch(layout):
+    w = random_weights(300, 1000, "normal", "cuda")
+    p = ops.pack(w, layout)
+    assert p.device.type == "cuda"
+    assert torch.equal(ops.unpack(p).view(torch.int16), w.view(torch.int16))
+    x = torch.randn(2, 1000, device="cuda").to(torch.bfloat16)
+    y = ops.linear(x, p)
+    ref = F.linear(x.double(), w.double())
+    assert ((y.double() - ref).norm() / ref.norm()).item() < 5e-3

@@ -1,0 +1,51 @@
+"""GPU unpack kernels: bit-exact against the CPU codec (compare raw bits, never a tolerance)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import glyd
+
+from .conftest import DEVICES, needs_triton, random_weights
+
+pytestmark = needs_triton
+
+LAYOUTS = ["fixed12", "tiered"]
+
+
+def _kunpack(p, device):
+    from glyd import kernels
+
+    return kernels.unpack(p.to(device))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("shape", [(1, 1), (3, 70), (33, 1100), (2, 2048), (7, 64)])
+@pytest.mark.parametrize("kind", ["normal", "wide"])
+def test_unpack_bit_exact(device, layout, shape, kind):
+    w = random_weights(*shape, kind)
+    out = _kunpack(glyd.pack(w, layout), device)
+    assert out.dtype == torch.bfloat16 and out.shape == w.shape and out.device.type == device
+    assert torch.equal(out.cpu().view(torch.int16), w.view(torch.int16))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_unpack_all_bit_patterns(device, layout):
+    w = torch.arange(65536, dtype=torch.int32).to(torch.int16).view(torch.bfloat16).reshape(64, 1024)
+    out = _kunpack(glyd.pack(w, layout), device)
+    assert torch.equal(out.cpu().view(torch.int16), w.view(torch.int16))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("shape", [(4608, 3584), (512, 3584), (3584, 18944), (1000, 777)])
+def test_unpack_bit_exact_large_gpu(layout, shape):
+    from glyd import kernels
+
+    w = random_weights(*shape, "normal", "cuda")
+    p = kernels.pack(w, layout)
+    assert torch.equal(kernels.unpack(p).view(torch.int16), w.view(torch.int16))

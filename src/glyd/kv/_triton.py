@@ -136,6 +136,16 @@ def _kv_combine_kernel(m_ptr, l_ptr, acc_ptr, out_ptr, S, G: tl.constexpr, GP: t
              mask=offs_g[:, None] < G)
 
 
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def _sm_count(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 4  # interpreter: a small number still exercises several splits
+
+
 def _planes(st, name: str):
     for a in ("sm", "dig", "top", "meta", "raw"):
         if not getattr(st, a).is_contiguous():
@@ -158,12 +168,12 @@ def decode_attention_triton(q, k_store, v_store, lens, scale=None, num_splits=No
     g = hq // h
     gp = max(16, triton.next_power_of_2(g))
     lens = lens.to(device=q.device, dtype=torch.int32).contiguous()
-    max_pages = (int(k_store.n_tokens if k_store.lens is None else int(lens.max())) + p - 1) // p
+    dev = q.device
+    max_pages = (k_store.max_len + p - 1) // p  # a host int: no sync, so CUDA graphs can capture this
     if num_splits is None:
-        num_splits = max(1, min(max_pages, math.ceil(2 * 132 / (b * h))))
+        num_splits = max(1, min(max_pages, math.ceil(2 * _sm_count(dev) / (b * h))))
     pages_per_split = max(1, math.ceil(max_pages / num_splits))
     num_splits = max(1, math.ceil(max_pages / pages_per_split))
-    dev = q.device
     m = torch.empty(b * h * num_splits * gp, dtype=torch.float32, device=dev)
     l_ = torch.empty_like(m)
     acc = torch.empty(b * h * num_splits * gp * dv, dtype=torch.float32, device=dev)
@@ -173,7 +183,7 @@ def decode_attention_triton(q, k_store, v_store, lens, scale=None, num_splits=No
         *_planes(k_store, "k_store"), *_planes(v_store, "v_store"),
         m, l_, acc,
         scale * 1.4426950408889634, h, k_store.cap, v_store.cap, pages_per_split, num_splits,
-        G=g, GP=gp, P=p, D=d, DV=dv, F32=os.environ.get("TRITON_INTERPRET") == "1", num_warps=4,
+        G=g, GP=gp, P=p, D=d, DV=dv, F32=_interpreting(), num_warps=4,
     )
     out = torch.empty(b, hq, dv, dtype=torch.bfloat16, device=dev)
     _kv_combine_kernel[(b * h,)](m, l_, acc, out, num_splits, G=g, GP=gp, DV=dv, num_warps=4)

@@ -40,8 +40,9 @@ def _lens(store: PageStore, device: torch.device) -> torch.Tensor:
     # A cache's store holds one length for every sequence; PageStore.from_dense(x, lens) per-sequence ones.
     if store.n_tokens == 0:
         raise FormatError("decode attention over an empty KV store")
-    lens = store.lens if store.lens is not None else torch.full((store.batch,), store.n_tokens)
-    return lens.to(device=device, dtype=torch.int64)
+    if store.lens is not None:
+        return store.lens.to(device=device, dtype=torch.int64)
+    return torch.full((store.batch,), store.n_tokens, dtype=torch.int64, device=device)
 
 
 def padded_dense(store: PageStore, lens: torch.Tensor) -> torch.Tensor:
@@ -153,7 +154,7 @@ def decode_attention(
     """Decode-step attention reading the packed pages directly (Triton on CUDA, torch twin on CPU)."""
     _check(q, k_store, v_store)
     lens = _lens(k_store, q.device)
-    if q.is_cuda or os.environ.get("TRITON_INTERPRET") == "1":
+    if q.is_cuda or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         from glyd.kv._triton import decode_attention_triton
 
         return decode_attention_triton(q, k_store, v_store, lens, scale=scale, num_splits=num_splits)

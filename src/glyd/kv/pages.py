@@ -202,11 +202,17 @@ class PageStore:
         self.n_raw = 0
         #: per-sequence valid token counts when they differ (from_dense with lens); None: all equal.
         self.lens: torch.Tensor | None = None
+        self._max_len = 0
 
     # -- sizes -------------------------------------------------------------------------------------
     @property
     def n_tokens(self) -> int:
         return self.n_pages * self.page + self.n_raw
+
+    @property
+    def max_len(self) -> int:
+        """The longest sequence's token count (a host int, known without a device sync)."""
+        return self._max_len if self.lens is not None else self.n_tokens
 
     @property
     def nbytes(self) -> int:
@@ -320,7 +326,8 @@ class PageStore:
         lens = lens.to(device=x.device, dtype=torch.int64)
         if lens.shape != (b,) or int(lens.min()) < 1 or int(lens.max()) > t:
             raise FormatError(f"lens {lens.tolist()} must be {b} lengths in 1..{t}")
-        n_full = int(lens.max()) // page
+        st._max_len = int(lens.max())
+        n_full = st._max_len // page
         st._pack_full(x[:, :, : n_full * page])
         # Raw tail of each sequence: its tokens from (lens // page) * page on.
         first = (lens // page) * page

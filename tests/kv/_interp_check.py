@@ -1,0 +1,64 @@
+"""Run by test_kv_attention under TRITON_INTERPRET=1 (Triton reads it when the kernels are defined)."""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+from glyd.kv import PageStore, decode_attention, decode_attention_reference
+
+
+def kv_like(gen, b, h, t, d):
+    # Per-channel scales and a few outlier channels, as real keys have: every tier gets used.
+    scale = torch.exp(torch.randn(h, d, generator=gen) * 1.5)
+    x = torch.randn(b, h, t, d, generator=gen) * scale[None, :, None, :]
+    x[..., 0] += 8.0
+    return x.to(torch.bfloat16)
+
+
+def main() -> int:
+    torch.set_num_threads(1)
+    gen = torch.Generator().manual_seed(0)
+    worst = 0.0
+    # (B, H, G, D, page, lens)
+    cases = [
+        (1, 1, 1, 16, 16, [1]),
+        (2, 2, 3, 32, 16, [50, 16]),
+        (3, 1, 4, 16, 32, [33, 64, 100]),
+        (2, 2, 1, 64, 16, [47, 5]),
+    ]
+    for b, h, g, d, p, lens in cases:
+        t = max(lens)
+        k, v = kv_like(gen, b, h, t, d), kv_like(gen, b, h, t, d)
+        q = torch.randn(b, h * g, d, generator=gen).to(torch.bfloat16)
+        lens_t = torch.tensor(lens)
+        ks, vs = PageStore.from_dense(k, lens_t, page=p), PageStore.from_dense(v, lens_t, page=p)
+        ref = decode_attention_reference(q, ks, vs, upcast=True).float()
+        for splits in (None, 1, 3):
+            out = decode_attention(q, ks, vs, num_splits=splits).float()
+            if not torch.isfinite(out).all():
+                print("non-finite output", (b, h, g, d, p, lens, splits))
+                return 1
+            rel = float((out - ref).norm() / ref.norm())
+            worst = max(worst, rel)
+            if rel > 1e-2:
+                print("too far", (b, h, g, d, p, lens, splits), rel)
+                return 1
+    # A uniform store (as GlydCache holds): all sequences of one length, raw tail included.
+    k, v = kv_like(gen, 2, 2, 40, 16), kv_like(gen, 2, 2, 40, 16)
+    ks, vs = PageStore(2, 2, 16, page=16), PageStore(2, 2, 16, page=16)
+    ks.append(k), vs.append(v)
+    q = torch.randn(2, 4, 16, generator=gen).to(torch.bfloat16)
+    ref = decode_attention_reference(q, ks, vs, upcast=True).float()
+    rel = float((decode_attention(q, ks, vs).float() - ref).norm() / ref.norm())
+    worst = max(worst, rel)
+    if rel > 1e-2:
+        print("uniform store too far", rel)
+        return 1
+    print(f"OK worst relative error {worst:.2e}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

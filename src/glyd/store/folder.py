@@ -354,7 +354,7 @@ def unpack_folder(src: str | os.PathLike, dst: str | os.PathLike, progress: bool
     out = AtomicDir(dst)
     try:
         weight_map: dict[str, str] = {}
-        total = 0
+        total = params = 0
         with tqdm(total=len(reader), desc="unpack", unit="tensor", disable=not progress, leave=False) as bar:
             for file, names in sorted(by_file.items()):
                 tensors = {}
@@ -364,6 +364,7 @@ def unpack_folder(src: str | os.PathLike, dst: str | os.PathLike, progress: bool
                     tensors[name] = t
                     weight_map[name] = file
                     total += t.numel() * t.element_size()
+                    params += t.numel()
                     bar.update(1)
                 save_file(tensors, str(out.tmp / file), metadata={"format": "pt"})
                 counts["tensors"] += len(tensors)
@@ -371,8 +372,9 @@ def unpack_folder(src: str | os.PathLike, dst: str | os.PathLike, progress: bool
         if not by_file:
             save_file({}, str(out.tmp / SINGLE_SHARD), metadata={"format": "pt"})
         if len(by_file) > 1:
-            index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
-            (out.tmp / INDEX).write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
+            meta = {"total_parameters": params, "total_size": total}  # as transformers 5 writes it
+            index = {"metadata": meta, "weight_map": dict(sorted(weight_map.items()))}
+            (out.tmp / INDEX).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n", encoding="utf-8")
         counts["bytes"] = total
         for rel, digest in reader.files.items():
             if rel == CONFIG:

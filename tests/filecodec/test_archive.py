@@ -206,7 +206,7 @@ def chunk_offsets(blob: bytes) -> list[tuple[int, int, int, int]]:
     return out
 
 
-def assert_rejected(tmp_path, blob: bytes, exc, match: str):
+def assert_rejected(tmp_path, blob: bytes, exc, match: str, in_memory: bool = True):
     bad = tmp_path / "bad.glyd"
     bad.write_bytes(blob)
     with pytest.raises(exc, match=match):
@@ -216,8 +216,9 @@ def assert_rejected(tmp_path, blob: bytes, exc, match: str):
     with pytest.raises(exc, match=match):
         fc.decompress(bad, out)
     assert list(out.rglob("*")) == []  # nothing half-written
-    with pytest.raises(exc, match=match):
-        fc.decompress_bytes(blob)
+    if in_memory:  # decompress_bytes takes one-file archives only
+        with pytest.raises(exc, match=match):
+            fc.decompress_bytes(blob)
 
 
 def test_corrupt_chunk_named(tmp_path, two_file_archive):
@@ -226,26 +227,26 @@ def test_corrupt_chunk_named(tmp_path, two_file_archive):
     fi, ci, off, plen = [o for o in offs if o[0] == 1][3]
     bad = bytearray(blob)
     bad[off + plen // 2] ^= 0x10
-    assert_rejected(tmp_path, bytes(bad), CorruptError, rf"m\.safetensors'? chunk {ci}: checksum mismatch")
+    assert_rejected(tmp_path, bytes(bad), CorruptError, rf"m\.safetensors'? chunk {ci}: checksum mismatch", in_memory=False)
 
 
 def test_corrupt_file_table(tmp_path, two_file_archive):
     _, blob = two_file_archive
     bad = bytearray(blob)
     bad[arc._HEAD.size + 5] ^= 1
-    assert_rejected(tmp_path, bytes(bad), CorruptError, "file table checksum")
+    assert_rejected(tmp_path, bytes(bad), CorruptError, "file table checksum", in_memory=False)
 
 
 @pytest.mark.parametrize("cut", [4, 17, 40, 0.3, 0.7, -40, -1])
 def test_truncated(tmp_path, two_file_archive, cut):
     _, blob = two_file_archive
     n = int(len(blob) * cut) if isinstance(cut, float) else (cut if cut > 0 else len(blob) + cut)
-    assert_rejected(tmp_path, blob[:n], CorruptError, "truncated|end marker")
+    assert_rejected(tmp_path, blob[:n], CorruptError, "truncated|end marker", in_memory=False)
 
 
 def test_trailing_garbage(tmp_path, two_file_archive):
     _, blob = two_file_archive
-    assert_rejected(tmp_path, blob + b"junk", CorruptError, "after the end marker")
+    assert_rejected(tmp_path, blob + b"junk", CorruptError, "after the end marker", in_memory=False)
 
 
 @pytest.mark.parametrize("blob", [b"", b"PK\x03\x04" + b"\0" * 100, b"\x28\xb5\x2f\xfd" + os.urandom(64), b"GLYDZIP\0..."])
@@ -257,7 +258,7 @@ def test_future_version(tmp_path, two_file_archive):
     _, blob = two_file_archive
     bad = bytearray(blob)
     struct.pack_into("<H", bad, 8, 2)
-    assert_rejected(tmp_path, bytes(bad), FormatError, "version 2")
+    assert_rejected(tmp_path, bytes(bad), FormatError, "version 2", in_memory=False)
 
 
 def craft(entries: list[dict], records: bytes = b"", nfiles: int | None = None) -> bytes:
@@ -278,13 +279,13 @@ def test_hostile_sizes_rejected(tmp_path):
     blob = craft([{"path": "a", "size": 1 << 30}], rec)
     assert_rejected(tmp_path, blob, CorruptError, "out of bounds")
     # a chunk larger than its file
-    rec = arc._record(0, 0, arc.CODEC_STORE, 10, b"0123456789")
+    rec = b"".join(arc._record(0, 0, arc.CODEC_STORE, 10, b"0123456789"))
     blob = craft([{"path": "a", "size": 5}], rec)
     assert_rejected(tmp_path, blob, CorruptError, "past the file size")
 
 
 def test_wrong_hash_detected(tmp_path):
-    rec = arc._record(0, 0, arc.CODEC_STORE, 3, b"abc")
+    rec = b"".join(arc._record(0, 0, arc.CODEC_STORE, 3, b"abc"))
     blob = craft([{"path": "a", "size": 3}], rec + arc._END.pack(b"E", 0, 1, hashlib.sha256(b"abd").digest()))
     assert_rejected(tmp_path, blob, CorruptError, "sha256 mismatch")
     good = craft([{"path": "a", "size": 3}], rec + arc._END.pack(b"E", 0, 1, hashlib.sha256(b"abc").digest()))
@@ -293,5 +294,5 @@ def test_wrong_hash_detected(tmp_path):
 
 def test_decompress_bytes_needs_one_file(tmp_path, two_file_archive):
     _, blob = two_file_archive
-    with pytest.raises(FormatError, match="2 files"):
+    with pytest.raises(FormatError, match="more than one file"):
         fc.decompress_bytes(blob)

@@ -182,15 +182,16 @@ def _plan(size: int, read: Callable[[int, int], bytes]) -> list[_Piece]:
 # ----------------------------------------------------------------------------- chunk coding
 
 
-def _encode_piece(piece: _Piece, data) -> tuple[int, bytes]:
+def _encode_piece(piece: _Piece, data) -> tuple[int, list]:
+    """-> (codec, payload as a list of buffers)."""
     if piece.dtype:
-        return CODEC_FLOAT, floats.encode(piece.dtype, data, piece.rows, piece.cols)
+        return CODEC_FLOAT, floats.encode_parts(piece.dtype, data, piece.rows, piece.cols)
     # small pieces (safetensors headers, configs) get zstd's strongest level, big ones a fast one
     level = 19 if len(data) <= 1 << 16 else 3
     z = zstd.ZstdCompressor(level=level).compress(data)
     if len(z) < len(data):
-        return CODEC_ZSTD, z
-    return CODEC_STORE, bytes(data)
+        return CODEC_ZSTD, [z]
+    return CODEC_STORE, [data]
 
 
 def _decode_chunk(codec: int, payload: bytes, raw_len: int, what: str):
@@ -213,10 +214,16 @@ def _decode_chunk(codec: int, payload: bytes, raw_len: int, what: str):
     raise CorruptError(f"{what}: unknown chunk codec {codec}")
 
 
-def _record(file_idx: int, chunk_idx: int, codec: int, raw_len: int, payload: bytes) -> bytes:
-    head = _CHUNK.pack(b"C", file_idx, chunk_idx, codec, raw_len, len(payload), 0)
-    crc = zlib.crc32(payload, zlib.crc32(head[:-4]))
-    return head[:-4] + struct.pack("<I", crc) + payload
+def _record(file_idx: int, chunk_idx: int, codec: int, raw_len: int, payload: list) -> list:
+    """A chunk record as a list of buffers; the CRC-32 covers the record header and the payload."""
+    if isinstance(payload, (bytes, bytearray, memoryview)):
+        payload = [payload]
+    plen = sum(len(memoryview(p).cast("B")) for p in payload)
+    head = _CHUNK.pack(b"C", file_idx, chunk_idx, codec, raw_len, plen, 0)[:-4]
+    crc = zlib.crc32(head)
+    for p in payload:
+        crc = zlib.crc32(p, crc)
+    return [head + struct.pack("<I", crc), *payload]
 
 
 # ----------------------------------------------------------------------------- sources
@@ -306,7 +313,8 @@ def _write(out, sources: list[_Source], jobs: int, progress: bool = False) -> in
         sha = hashlib.sha256()
         for data, rec in _ordered_map(work, enumerate(pieces), jobs):
             sha.update(data)
-            out.write(rec)
+            for part in rec:
+                out.write(part)
             bar.update(len(data))
         out.write(_END.pack(b"E", fi, len(pieces), sha.digest()))
         total += len(pieces)
@@ -590,19 +598,19 @@ def decompress(archive: str | os.PathLike, outdir: str | os.PathLike = ".", *, j
 
 def decompress_bytes(blob: bytes, *, jobs: int | None = 1) -> bytes:
     """Inverse of :func:`compress_bytes`: the one file of an in-memory archive."""
-    parts: list = []
-    entries: list[Entry] = []
-    report = _iter_archive(
-        io.BytesIO(blob),
-        "<bytes>",
-        _default_jobs(jobs),
-        lambda fi, e: entries.append(e),
-        lambda fi, d: parts.append(d),
-        lambda fi: None,
-    )
+    out = bytearray()
+
+    def on_entry(fi: int, e: Entry) -> None:
+        if fi:
+            raise FormatError("<bytes>: archive holds more than one file, expected 1")
+
+    def on_data(fi: int, d) -> None:
+        out.extend(d)  # grows with the checked chunks, never to a size the table merely claims
+
+    report = _iter_archive(io.BytesIO(blob), "<bytes>", _default_jobs(jobs), on_entry, on_data, lambda fi: None)
     if len(report.entries) != 1:
         raise FormatError(f"<bytes>: archive holds {len(report.entries)} files, expected 1")
-    return b"".join(bytes(p) if not isinstance(p, bytes) else p for p in parts)
+    return bytes(out)
 
 
 def list_entries(archive: str | os.PathLike) -> list[Entry]:

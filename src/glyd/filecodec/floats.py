@@ -187,12 +187,18 @@ def _choose_classes(sym: np.ndarray, expo: np.ndarray) -> tuple[int, np.ndarray 
 # ----------------------------------------------------------------------------- blobs
 
 
-def _blob_raw(b) -> tuple[int, bytes, int]:
-    b = bytes(b) if not isinstance(b, bytes) else b
+def _as_buffer(a: np.ndarray) -> memoryview:
+    """A flat byte view of an array (no copy when it is contiguous)."""
+    return memoryview(np.ascontiguousarray(a).reshape(-1).view(np.uint8))
+
+
+def _blob_raw(a: np.ndarray) -> tuple[int, memoryview, int]:
+    b = _as_buffer(a)
     return BLOB_RAW, b, len(b)
 
 
-def _blob_zstd_if_smaller(b: bytes, level: int = 1, keep: float = 0.97) -> tuple[int, bytes, int]:
+def _blob_zstd_if_smaller(a: np.ndarray, level: int = 1, keep: float = 0.97) -> tuple[int, bytes | memoryview, int]:
+    b = _as_buffer(a)
     z = zstd.ZstdCompressor(level=level).compress(b)
     if len(z) < keep * len(b):
         return BLOB_ZSTD, z, len(b)
@@ -315,6 +321,11 @@ def encode(kind: int, data, rows: int, cols: int) -> bytes:
     >>> decode(p, x.nbytes).tobytes() == x.tobytes()
     True
     """
+    return b"".join(encode_parts(kind, data, rows, cols))
+
+
+def encode_parts(kind: int, data, rows: int, cols: int) -> list:
+    """:func:`encode` as a list of buffers (joined, they are the payload): saves a copy."""
     n = rows * cols
     if kind not in ITEMSIZE or len(data) != n * ITEMSIZE[kind]:
         raise FormatError(f"float chunk: {len(data)} bytes for {rows}x{cols} of dtype code {kind}")
@@ -337,14 +348,14 @@ def encode(kind: int, data, rows: int, cols: int) -> bytes:
             streams = [ordered[:, a:b] for a, b in zip(ends - counts, ends)]
         blobs.append((BLOB_ZSTD, zstd.ZstdCompressor(level=9).compress(cls.tobytes()), cls.size))
     for st in streams:
-        b = st.tobytes()
-        blobs.append((BLOB_ZSTD, zc.compress(b), len(b)) if b else (BLOB_RAW, b, 0))
+        b = _as_buffer(st)
+        blobs.append((BLOB_ZSTD, zc.compress(b), len(b)) if len(b) else (BLOB_RAW, b, 0))
     if raw_bits == 6:
         blobs.append(_blob_raw(pack6(raw)))
     elif raw_bits == 8:
         blobs.append(_blob_raw(raw))
     if low is not None:
-        blobs.append(_blob_zstd_if_smaller(low.tobytes()))
+        blobs.append(_blob_zstd_if_smaller(low))
     nclass = NCLASSES if mode != MODE_NONE else 1
     parts = [_HEADER.pack(kind, mode, nclass, symmode, rows, cols), struct.pack("<H", len(table)), table]
     parts.append(struct.pack("<I", len(blobs)))
@@ -352,7 +363,7 @@ def encode(kind: int, data, rows: int, cols: int) -> bytes:
         parts.append(_BLOB.pack(codec, len(b), raw_len))
     for _, b, _ in blobs:
         parts.append(b)
-    return b"".join(parts)
+    return parts
 
 
 # ----------------------------------------------------------------------------- decode

@@ -279,7 +279,9 @@ def test_kv_lossless_is_wired_or_says_why(tiny_model_folder, input_ids):
     model = glyd.from_pretrained(src, kv="lossless", exact=True, device="cpu", progress=False)
     ref = AutoModelForCausalLM.from_pretrained(src, dtype=torch.bfloat16)
     kw = dict(max_new_tokens=6, do_sample=False, pad_token_id=0)
-    assert torch.equal(model.generate(input_ids[:, :5], **kw), ref.generate(input_ids[:, :5], **kw))
+    out = model.generate(input_ids[:, :5], return_dict_in_generate=True, **kw)
+    assert type(out.past_key_values).__name__ == "GlydCache"
+    assert torch.equal(out.sequences, ref.generate(input_ids[:, :5], **kw))
 
 
 # -- a real model ----------------------------------------------------------------------------------

@@ -114,3 +114,22 @@ def test_a_packed_tensor_for_a_module_glyd_cannot_run(saved, tmp_path):
     (out / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(FormatError, match=r"model\.layers\.1"):
         AutoModelForCausalLM.from_pretrained(out)
+
+
+@pytest.mark.parametrize("layout", ["fixed12", "tiered"])
+@pytest.mark.parametrize("family", ["llama", "mistral"])
+def test_a_folder_packed_by_glyd_pack_loads_natively(tiny_model_folder, tmp_path, input_ids, layout, family):
+    from glyd.store import pack_folder
+
+    src = tiny_model_folder(family)
+    dst = tmp_path / "packed"
+    pack_folder(src, dst, layout=layout, progress=False)
+    ref = AutoModelForCausalLM.from_pretrained(src, dtype=torch.bfloat16)
+    model = AutoModelForCausalLM.from_pretrained(dst)
+    assert {m.layout for m in model.modules() if isinstance(m, (GlydLinear, GlydEmbedding))} == {layout}
+    glyd.nn.set_exact(model, True)
+    with torch.no_grad():
+        assert torch.equal(bits(model(input_ids).logits), bits(ref(input_ids).logits))
+    again = glyd.from_pretrained(dst, exact=True, verify=True, device="cpu", progress=False)
+    with torch.no_grad():
+        assert torch.equal(bits(again(input_ids).logits), bits(ref(input_ids).logits))

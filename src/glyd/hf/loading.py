@@ -377,7 +377,11 @@ def _load_bf16(path: Path, *, layout: str, merge: bool, exact: bool, device: tor
         method = q.get("quant_method") if isinstance(q, dict) else getattr(q, "quant_method", q)
         raise FormatError(f"{path}: the model is already quantized (quant_method {method!r}); glyd packs bf16 models")
     keys = _check_bf16(path, files)
-    hf_kwargs.pop("device_map", None)
+    hf_kwargs.pop("device_map", None)  # glyd places every tensor itself (``device``)
+    for k in ("dtype", "torch_dtype"):
+        want = hf_kwargs.pop(k, None)
+        if want not in (None, "auto", torch.bfloat16, "bfloat16"):
+            raise ValueError(f"{k}={want!r}: a glyd model runs in bfloat16 (its weights are bf16, bit for bit)")
     with init_empty_weights(include_buffers=False):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16, **cfg_kw, **hf_kwargs)
     packer = _Packer(model, layout=layout, merge=merge, exact=exact, device=device)
@@ -691,11 +695,11 @@ def _wire_kv(model: nn.Module) -> None:
     @functools.wraps(generate)
     def generate_with_glyd_cache(*args: Any, **kwargs: Any) -> Any:
         if kwargs.get("past_key_values") is None:
-            kwargs["past_key_values"] = make_cache(model)
+            kwargs["past_key_values"] = make_cache(model.config)
         return generate(*args, **kwargs)
 
     model.generate = generate_with_glyd_cache
-    model.__dict__["glyd_make_cache"] = functools.partial(make_cache, model)
+    model.__dict__["glyd_make_cache"] = functools.partial(make_cache, model.config)
 
 
 def compress(model: nn.Module, *, layout: str = "auto", merge: bool | None = None, exact: bool = False,

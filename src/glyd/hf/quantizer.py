@@ -94,8 +94,8 @@ class GlydHfQuantizer(HfQuantizer):
         return None
 
     def update_dtype(self, dtype: torch.dtype | None) -> torch.dtype:
-        if dtype is not None and dtype not in (torch.bfloat16, "auto") and dtype != "auto":
-            log.warning("a glyd model runs in bfloat16; ignoring dtype=%s", dtype)
+        if dtype is not None and dtype != torch.bfloat16:
+            log.info("a glyd model runs in bfloat16 (its weights are bf16); dtype=%s is not used", dtype)
         return torch.bfloat16
 
     def _process_model_before_weight_loading(self, model: Any, checkpoint_files: list[str] | None = None,

@@ -59,6 +59,10 @@ class PackedWeight:
     def device(self) -> torch.device:
         return self._meta[1]()
 
+    @property
+    def is_cuda(self) -> bool:
+        return self.device.type == "cuda"
+
     def size(self, dim: int | None = None):
         return self.shape if dim is None else self.shape[dim]
 

@@ -113,12 +113,15 @@ def _eval(args: argparse.Namespace) -> int:
     cfg = eval_config_from_args(args)
     if args.json_out and Path(args.json_out).exists():
         raise DestinationExistsError(f"{args.json_out} exists; glyd never overwrites")
-    report = evaluate(cfg)
-    if args.json_out:
-        out = Path(args.json_out)
-        tmp = out.with_name(out.name + ".tmp")
-        tmp.write_text(report.to_json())
-        tmp.replace(out)
+
+    def save(report) -> None:  # after every mode, so a run cut short keeps what it measured
+        if args.json_out:
+            out = Path(args.json_out)
+            tmp = out.with_name(out.name + ".tmp")
+            tmp.write_text(report.to_json())
+            tmp.replace(out)
+
+    report = evaluate(cfg, on_result=save)
     env = ", ".join(f"{k} {v}" for k, v in report.environment.items())
     print(f"model: {cfg.model}{' (random weights)' if cfg.random else ''}; device: {cfg.device}; {env}")
     print(report.table())

@@ -13,7 +13,8 @@ For every mode (``bf16`` first, then Glyd layouts such as ``fixed12``, ``tiered`
   replayed; the median of the replays' GPU time (CUDA events). Where capture fails the step runs
   eagerly and the method column says so; on the CPU it is wall time of eager steps.
 
-The model is a bf16 transformers folder, or, with ``random=True``, a model with random weights
+The model is a bf16 transformers folder (``smollm2``: the embedded SmolLM2-135M, see
+``glyd.hf.smollm2``), or, with ``random=True``, a model with random weights
 (normal, std = the config's initializer_range) built from a config: a known name (``glyd fit``'s
 table, for example ``qwen2.5-7b``) or a config.json. Random models have no tokenizer: only
 weight memory and decode time are measured for them.
@@ -260,9 +261,9 @@ def load_glyd(cfg: EvalConfig, mode: str) -> nn.Module:
     layout, exact = MODES[mode]
     if cfg.random:
         model = build_random(cfg.model, cfg.device, cfg.seed)
-        model = glyd.compress(model, layout=layout, exact=exact, merge=cfg.merge)
+        model = glyd.compress(model, layout=layout, exact=exact, merge=cfg.merge, progress=False)
         return model.eval()
-    model = glyd.from_pretrained(cfg.model, layout=layout, exact=exact, device=cfg.device, merge=cfg.merge)
+    model = glyd.from_pretrained(cfg.model, layout=layout, exact=exact, device=cfg.device, merge=cfg.merge, progress=False)
     return model.eval()
 
 
@@ -608,8 +609,14 @@ def _environment(device: str) -> dict[str, Any]:
     return env
 
 
-def evaluate(cfg: EvalConfig) -> Report:
-    """Run every measurement of ``cfg`` for bf16 and each Glyd mode; see the module docstring."""
+def evaluate(cfg: EvalConfig, on_result: Callable[[Report], Any] | None = None) -> Report:
+    """Run every measurement of ``cfg`` for bf16 and each Glyd mode; see the module docstring.
+
+    ``on_result`` is called with the report so far after each mode (to save partial results)."""
+    if not cfg.random and cfg.model.lower() in ("smollm2", "smollm2-135m") and not Path(cfg.model).exists():
+        from glyd.hf import smollm2
+
+        cfg.model = str(smollm2.bf16_folder())  # the embedded default model, converted once
     tokens = encoded = letters = answers = None
     tokenizer = None
     if cfg.ppl or cfg.mmlu:
@@ -666,6 +673,8 @@ def evaluate(cfg: EvalConfig) -> Report:
             )
         results.append(res)
         log.info("mode %s: %s", mode, res)
+        if on_result is not None:
+            on_result(Report(config=asdict(cfg), environment=_environment(cfg.device), results=list(results)))
         del model
         gc.collect()
         if cfg.device.startswith("cuda"):

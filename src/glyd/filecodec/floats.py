@@ -52,7 +52,7 @@ NCLASSES = 8
 #: below this many elements a chunk is coded with one model (classes cost more than they save)
 MIN_CLASS_ELEMS = 1 << 16
 #: elements of the sample on which the class options are compared
-SAMPLE_ELEMS = 1 << 19
+SAMPLE_ELEMS = 1 << 18
 
 BLOB_RAW, BLOB_ZSTD = 0, 1
 
@@ -166,18 +166,19 @@ def _choose_classes(sym: np.ndarray, expo: np.ndarray) -> tuple[int, np.ndarray 
     if sym.size < MIN_CLASS_ELEMS:
         return MODE_NONE, None
     step = max(1, sym.size // SAMPLE_ELEMS)
-    samp = sym[::step].astype(np.intp)
+    samp = sym[::step].astype(np.uint16)  # every step-th row
     best = (_entropy_bits(np.bincount(samp.ravel(), minlength=256)) * 0.995, MODE_NONE, None)
     k = NCLASSES
+    # line statistic: the sum of its exponents (lines have equal lengths, so it ranks like the mean)
     if rows >= 4 * k:
-        cls = _classes(expo.mean(axis=1, dtype=np.float32), k)
-        h = np.bincount((samp + (cls[::step, None].astype(np.intp) << 8)).ravel(), minlength=256 * k)
+        cls = _classes(expo.sum(axis=1, dtype=np.uint32), k)
+        h = np.bincount((samp | (cls[::step, None].astype(np.uint16) << 8)).ravel(), minlength=256 * k)
         bits = _entropy_bits(h.reshape(k, 256)) + 3.0 * rows / step
         if bits < best[0]:
             best = (bits, MODE_ROWS, cls)
     if cols >= 4 * k:
-        cls = _classes(expo.mean(axis=0, dtype=np.float32), k)
-        h = np.bincount((samp + (cls[None, :].astype(np.intp) << 8)).ravel(), minlength=256 * k)
+        cls = _classes(expo[::step].sum(axis=0, dtype=np.uint32), k)  # from the sampled rows
+        h = np.bincount((samp | (cls[None, :].astype(np.uint16) << 8)).ravel(), minlength=256 * k)
         bits = _entropy_bits(h.reshape(k, 256)) + 3.0 * cols / step
         if bits < best[0]:
             best = (bits, MODE_COLS, cls)

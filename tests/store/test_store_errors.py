@@ -333,3 +333,14 @@ def test_unused_weight_files_are_not_copied(tmp_path):
     assert not (out / "consolidated.safetensors").exists() and not (out / "pytorch_model.bin").exists()
     assert (out / "sub" / "model.safetensors").read_bytes() == b"a sub-module's own weights"
     assert set(CheckpointReader(out).files) == {"config.json", "tokenizer.json", "sub/model.safetensors"}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_pack_auto_on_gpu_uses_measured_choice(tmp_path):
+    make_model_folder(tmp_path / "src")
+    s = pack_folder(tmp_path / "src", tmp_path / "out", layout="auto", progress=False)
+    assert sum(s.layouts.values()) == 3 and set(s.layouts) <= set(glyd.LAYOUTS)
+    r = CheckpointReader(tmp_path / "out")
+    assert r.layout == "auto"
+    assert r.verify(progress=False)["packed"] == 3

@@ -303,3 +303,32 @@ def test_smollm2_roundtrip(tmp_path):
     glyd.nn.set_exact(again, True)
     assert torch.equal(bits(logits(again, ids)), bits(ref))
     assert glyd.verify(out, progress=False)["packed"] >= 211
+
+
+# -- GPU (run through the device tool; skipped without CUDA) -----------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+@pytest.mark.parametrize("layout", ["fixed12", "tiered"])
+def test_gpu_load_generate_save_reload(tiny_model_folder, input_ids, tmp_path, family, layout):
+    src = tiny_model_folder(family)
+    ids = input_ids.cuda()
+    ref = AutoModelForCausalLM.from_pretrained(src, dtype=torch.bfloat16).cuda()
+    ref_logits = logits(ref, ids)
+    exact = glyd.from_pretrained(src, layout=layout, exact=True, device="cuda", progress=False)
+    assert any(isinstance(m, GlydLinearPart) for m in exact.modules())  # merged by default on a GPU
+    assert all(b.is_cuda for b in exact.buffers())
+    assert torch.equal(bits(logits(exact, ids)), bits(ref_logits))
+    fast = glyd.from_pretrained(src, layout=layout, device="cuda", progress=False)
+    got = logits(fast, ids).float()
+    assert (got - ref_logits.float()).abs().max().item() <= 2e-2 * ref_logits.float().abs().max().item()
+    kw = dict(max_new_tokens=6, do_sample=False, pad_token_id=0)
+    assert fast.generate(ids[:, :5], **kw).shape == (2, 11)
+    out = glyd.save_pretrained(fast, tmp_path / "g", progress=False)
+    again = glyd.from_pretrained(out, exact=True, verify=True, device="cuda", progress=False)
+    assert torch.equal(bits(logits(again, ids)), bits(ref_logits))
+    native = AutoModelForCausalLM.from_pretrained(out, device_map="cuda")
+    glyd.nn.set_exact(native, True)
+    assert torch.equal(bits(logits(native, ids)), bits(ref_logits))

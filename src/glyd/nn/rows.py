@@ -105,7 +105,8 @@ def _rows_tiered(p: Packed, rows: torch.Tensor) -> torch.Tensor:
     area = a["area"]
     if area.numel():
         base = a["esc_base"].to(torch.int64)
-        off = (base[blocks // tiered.SUPER] + a["esc_off"][blocks].to(torch.int64))[..., None]  # (b, span, 1)
+        # int32 first: CUDA has few kernels for uint16 (indexing among the missing ones).
+        off = (base[blocks // tiered.SUPER] + a["esc_off"].to(torch.int32)[blocks].to(torch.int64))[..., None]
         esc = d1 == cap0
         used = torch.zeros_like(off)
         first = cap0

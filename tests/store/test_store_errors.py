@@ -344,3 +344,18 @@ def test_pack_auto_on_gpu_uses_measured_choice(tmp_path):
     r = CheckpointReader(tmp_path / "out")
     assert r.layout == "auto"
     assert r.verify(progress=False)["packed"] == 3
+
+
+def test_pack_warns_about_matrices_that_are_not_bf16(tmp_path, caplog):
+    from safetensors.torch import save_file
+
+    src = tmp_path / "src"
+    src.mkdir()
+    save_file({"w16": torch.ones(4, 4, dtype=torch.float16), "w32": torch.ones(4, 4)}, str(src / "model.safetensors"))
+    with caplog.at_level("WARNING", logger="glyd"):
+        s = pack_folder(src, tmp_path / "out", progress=False)
+    assert s.packed == 0 and s.kept == {"float16": 1, "float32": 1}
+    assert "2 2-D tensors are not bfloat16 (1 float16, 1 float32)" in caplog.text
+    assert "no config.json" in caplog.text
+    r = CheckpointReader(tmp_path / "out")
+    assert r.get("w16").dtype == torch.float16 and r.config is None

@@ -355,7 +355,7 @@ def test_pack_warns_about_matrices_that_are_not_bf16(tmp_path, caplog):
     with caplog.at_level("WARNING", logger="glyd"):
         s = pack_folder(src, tmp_path / "out", progress=False)
     assert s.packed == 0 and s.kept == {"float16": 1, "float32": 1}
-    assert "2 2-D tensors are not bfloat16 (1 float16, 1 float32)" in caplog.text
+    assert "2 2-D float tensors are not bfloat16 (1 float16, 1 float32)" in caplog.text
     assert "no config.json" in caplog.text
     r = CheckpointReader(tmp_path / "out")
     assert r.get("w16").dtype == torch.float16 and r.config is None

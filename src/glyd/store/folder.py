@@ -75,7 +75,7 @@ class PackSummary:
     kept: Counter = field(default_factory=Counter)  # dtype name -> tensors kept unpacked
     kept_bytes: Counter = field(default_factory=Counter)  # dtype name -> their bytes
     kept_names: list[str] = field(default_factory=list)
-    kept_2d: Counter = field(default_factory=Counter)  # dtype name -> 2-D tensors kept (not bf16)
+    kept_2d: Counter = field(default_factory=Counter)  # dtype name -> 2-D float tensors kept (not bf16)
     files: list[str] = field(default_factory=list)  # copied verbatim (config.json is rewritten)
     skipped_files: list[str] = field(default_factory=list)
     src_bytes: int = 0  # safetensors files read
@@ -297,7 +297,7 @@ def pack_folder(
                         summary.packed_bytes_before += t.numel() * 2
                         summary.packed_bytes_after += p.nbytes
                     else:
-                        if t.dim() == 2:
+                        if t.dim() == 2 and t.is_floating_point():
                             summary.kept_2d[dtype_name(t.dtype)] += 1
                         out.add_tensor(name, t)
                         d = dtype_name(t.dtype)
@@ -328,7 +328,7 @@ def pack_folder(
     summary.dst_bytes = sum((dst / s).stat().st_size for s in shards)
     if summary.kept_2d:
         log.warning(
-            "%s 2-D tensors are not bfloat16 (%s): kept as they are, unpacked. glyd packs bf16 weights only; "
+            "%s 2-D float tensors are not bfloat16 (%s): kept as they are, unpacked. glyd packs bf16 weights only; "
             "convert the model to bf16 first if that is what you want (it is not lossless from %s)",
             sum(summary.kept_2d.values()),
             ", ".join(f"{n} {d}" for d, n in sorted(summary.kept_2d.items())),

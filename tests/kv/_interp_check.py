@@ -7,6 +7,7 @@ import sys
 import torch
 
 from glyd.kv import PageStore, decode_attention, decode_attention_reference
+from glyd.kv._triton import decode_attention_triton
 
 
 def kv_like(gen, b, h, t, d):
@@ -24,6 +25,7 @@ def main() -> int:
     # (B, H, G, D, page, lens)
     cases = [
         (1, 1, 1, 16, 16, [1]),
+        (1, 1, 2, 16, 64, [200]),
         (2, 2, 3, 32, 16, [50, 16]),
         (3, 1, 4, 16, 32, [33, 64, 100]),
         (2, 2, 1, 64, 16, [47, 5]),
@@ -35,15 +37,15 @@ def main() -> int:
         lens_t = torch.tensor(lens)
         ks, vs = PageStore.from_dense(k, lens_t, page=p), PageStore.from_dense(v, lens_t, page=p)
         ref = decode_attention_reference(q, ks, vs, upcast=True).float()
-        for splits in (None, 1, 3):
-            out = decode_attention(q, ks, vs, num_splits=splits).float()
+        for splits, rank, ts in ((None, 1, 16), (1, 0, 16), (3, 1, 32), (2, 0, 64)):
+            out = decode_attention_triton(q, ks, vs, lens_t, num_splits=splits, rank_mode=rank, sub_tile=ts).float()
             if not torch.isfinite(out).all():
-                print("non-finite output", (b, h, g, d, p, lens, splits))
+                print("non-finite output", (b, h, g, d, p, lens, splits, rank))
                 return 1
             rel = float((out - ref).norm() / ref.norm())
             worst = max(worst, rel)
             if rel > 1e-2:
-                print("too far", (b, h, g, d, p, lens, splits), rel)
+                print("too far", (b, h, g, d, p, lens, splits, rank), rel)
                 return 1
     # A uniform store (as GlydCache holds): all sequences of one length, raw tail included.
     k, v = kv_like(gen, 2, 2, 40, 16), kv_like(gen, 2, 2, 40, 16)
@@ -55,6 +57,14 @@ def main() -> int:
     worst = max(worst, rel)
     if rel > 1e-2:
         print("uniform store too far", rel)
+        return 1
+    # The benchmark's baseline: the same loop over plain bf16 pages.
+    from glyd.kv._triton import decode_attention_bf16_pages
+
+    out = decode_attention_bf16_pages(q, k, v, page=16).float()
+    rel = float((out - ref).norm() / ref.norm())
+    if rel > 1e-2:
+        print("bf16-pages baseline too far", rel)
         return 1
     print(f"OK worst relative error {worst:.2e}")
     return 0

@@ -102,8 +102,11 @@ def test_kernel_on_gpu(b, g):
     lens[0] = 64 * 20  # one sequence ends exactly on a page boundary
     q, ks, vs, _, _ = make(gen, b, 4, g, 128, 64, lens, device="cuda")
     ref = decode_attention_reference(q, ks, vs, upcast=True)
-    for splits in (None, 1, 7):
-        out = decode_attention(q, ks, vs, num_splits=splits)
+    from glyd.kv._triton import decode_attention_triton
+
+    lens_t = torch.tensor(lens, device="cuda")
+    for splits, rank, warps in ((None, 1, 4), (1, 0, 4), (7, 1, 8), (None, 0, 8)):
+        out = decode_attention_triton(q, ks, vs, lens_t, num_splits=splits, rank_mode=rank, num_warps=warps)
         assert torch.isfinite(out.float()).all()
         assert rel_err(out, ref) <= TOL
     twin = decode_attention_torch(q, ks, vs)

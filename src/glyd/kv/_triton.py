@@ -18,35 +18,59 @@ from glyd.errors import FormatError
 
 
 @triton.jit
-def _decode_block(sm_ptr, dig_ptr, top_ptr, meta_ptr, tail_ptr, blk, P: tl.constexpr, D: tl.constexpr):
-    """One packed block (page x head) -> bf16 [P, D], in registers."""
-    offs_t = tl.arange(0, P)
+def _rank(m, TS: tl.constexpr, D: tl.constexpr, RANK: tl.constexpr):
+    """0-based rank of each set flag of ``m [TS, D]`` among the tile's flags in token-major order."""
+    mi = m.to(tl.int32)
+    if RANK == 0:  # one scan over the flattened tile
+        r = tl.reshape(tl.cumsum(tl.reshape(mi, [TS * D]), 0), [TS, D])
+    else:  # per-row scans plus a scan of the row counts (no reshape of the tile)
+        cnt = tl.sum(mi, 1)
+        r = (tl.cumsum(cnt, 0) - cnt)[:, None] + tl.cumsum(mi, 1)
+    return r - 1, tl.sum(mi)
+
+
+@triton.jit
+def _decode_rows(sm_ptr, dig_ptr, tail_ptr, blk, t0, top, s2, s3, s4, c2, c3, c4,
+                 P: tl.constexpr, TS: tl.constexpr, D: tl.constexpr, RANK: tl.constexpr):
+    """Rows ``t0 .. t0+TS`` of one packed block (page x head) -> bf16 [TS, D], in registers.
+
+    ``s2, s3, s4`` are the block's tier-2/3/4 starts in ``tail``; ``c2, c3, c4`` how many values of
+    the rows before ``t0`` sit in each of those tiers. Returns the tile and the updated counts.
+    """
+    offs_t = t0 + tl.arange(0, TS)
     offs_c = tl.arange(0, D)
-    blk = blk.to(tl.int64)
     sm = tl.load(sm_ptr + blk * (P * D) + offs_t[:, None] * D + offs_c[None, :]).to(tl.int32)
     db = tl.load(dig_ptr + blk * (P * D // 4) + offs_t[:, None] * (D // 4) + (offs_c[None, :] >> 2)).to(tl.int32)
     d1 = (db >> ((offs_c[None, :] & 3) * 2)) & 3
-    top = tl.load(top_ptr + blk * D + offs_c).to(tl.int32)[None, :]
-    start = tl.load(meta_ptr + blk * 4).to(tl.int64)
-    n2 = tl.load(meta_ptr + blk * 4 + 1)
-    n3 = tl.load(meta_ptr + blk * 4 + 2)
     m1 = d1 == 3
-    # Rank of each escaped value among its block's escapes (token-major order): a prefix sum.
-    r1 = tl.reshape(tl.cumsum(tl.reshape(m1.to(tl.int32), [P * D]), 0), [P, D]) - 1
-    t2 = tl.load(tail_ptr + start + (r1 >> 2), mask=m1, other=0).to(tl.int32)
-    d2 = (t2 >> ((r1 & 3) * 2)) & 3
+    r2, n = _rank(m1, TS, D, RANK)
+    r2 += c2
+    c2 += n
+    t2 = tl.load(tail_ptr + s2 + (r2 >> 2), mask=m1, other=0).to(tl.int32)
+    d2 = (t2 >> ((r2 & 3) * 2)) & 3
     m2 = m1 & (d2 == 3)
-    r2 = tl.reshape(tl.cumsum(tl.reshape(m2.to(tl.int32), [P * D]), 0), [P, D]) - 1
-    s3 = start + (n2 + 3) // 4
-    t3 = tl.load(tail_ptr + s3 + (r2 >> 2), mask=m2, other=0).to(tl.int32)
-    d3 = (t3 >> ((r2 & 3) * 2)) & 3
+    r3, n = _rank(m2, TS, D, RANK)
+    r3 += c3
+    c3 += n
+    t3 = tl.load(tail_ptr + s3 + (r3 >> 2), mask=m2, other=0).to(tl.int32)
+    d3 = (t3 >> ((r3 & 3) * 2)) & 3
     m3 = m2 & (d3 == 3)
-    r3 = tl.reshape(tl.cumsum(tl.reshape(m3.to(tl.int32), [P * D]), 0), [P, D]) - 1
-    s4 = s3 + (n3 + 3) // 4
-    e4 = tl.load(tail_ptr + s4 + r3, mask=m3, other=0).to(tl.int32)
+    r4, n = _rank(m3, TS, D, RANK)
+    r4 += c4
+    c4 += n
+    e4 = tl.load(tail_ptr + s4 + r4, mask=m3, other=0).to(tl.int32)
     e = tl.where(m1, tl.where(m2, tl.where(m3, e4, top - 6 - d3), top - 3 - d2), top - d1)
     bits = ((sm & 0x80) << 8) | ((e & 0xFF) << 7) | (sm & 0x7F)
-    return bits.to(tl.int16).to(tl.bfloat16, bitcast=True)
+    return bits.to(tl.int16).to(tl.bfloat16, bitcast=True), c2, c3, c4
+
+
+@triton.jit
+def _block_starts(top_ptr, meta_ptr, blk, D: tl.constexpr):
+    top = tl.load(top_ptr + blk * D + tl.arange(0, D)).to(tl.int32)[None, :]
+    s2 = tl.load(meta_ptr + blk * 4)  # int32: PageStore keeps the tail stream under 2**31 bytes
+    s3 = s2 + (tl.load(meta_ptr + blk * 4 + 1) + 3) // 4
+    s4 = s3 + (tl.load(meta_ptr + blk * 4 + 2) + 3) // 4
+    return top, s2, s3, s4
 
 
 @triton.jit
@@ -79,7 +103,7 @@ def _kv_decode_split_kernel(
     m_out, l_out, acc_out,
     qk_scale, H, K_CAP, V_CAP, PAGES_PER_SPLIT, S,
     G: tl.constexpr, GP: tl.constexpr, P: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
-    F32: tl.constexpr,
+    F32: tl.constexpr, RANK: tl.constexpr, TS: tl.constexpr,
 ):
     pid_bh = tl.program_id(0)
     split = tl.program_id(1)
@@ -98,11 +122,24 @@ def _kv_decode_split_kernel(
     m_i = tl.full([GP], float("-inf"), tl.float32)
     l_i = tl.zeros([GP], tl.float32)
     acc = tl.zeros([GP, DV], tl.float32)
-    all_t = offs_t < P
+    all_ts = tl.arange(0, TS) < TS
     for j in range(j0, tl.minimum(j1, n_full)):
-        kb = _decode_block(k_sm, k_dig, k_top, k_meta, k_tail, (b * H + h) * K_CAP + j, P, D)
-        vb = _decode_block(v_sm, v_dig, v_top, v_meta, v_tail, (b * H + h) * V_CAP + j, P, DV)
-        m_i, l_i, acc = _softmax_step(q, kb, vb, all_t, m_i, l_i, acc, qk_scale, F32)
+        kblk = ((b * H + h) * K_CAP + j).to(tl.int64)
+        vblk = ((b * H + h) * V_CAP + j).to(tl.int64)
+        ktop, ks2, ks3, ks4 = _block_starts(k_top, k_meta, kblk, D)
+        vtop, vs2, vs3, vs4 = _block_starts(v_top, v_meta, vblk, DV)
+        kc2 = tl.zeros([], tl.int32)
+        kc3 = tl.zeros([], tl.int32)
+        kc4 = tl.zeros([], tl.int32)
+        vc2 = tl.zeros([], tl.int32)
+        vc3 = tl.zeros([], tl.int32)
+        vc4 = tl.zeros([], tl.int32)
+        for t0 in range(0, P, TS):  # sub-tiles of TS tokens keep the decode in registers
+            kb, kc2, kc3, kc4 = _decode_rows(k_sm, k_dig, k_tail, kblk, t0, ktop, ks2, ks3, ks4, kc2, kc3, kc4,
+                                             P, TS, D, RANK)
+            vb, vc2, vc3, vc4 = _decode_rows(v_sm, v_dig, v_tail, vblk, t0, vtop, vs2, vs3, vs4, vc2, vc3, vc4,
+                                             P, TS, DV, RANK)
+            m_i, l_i, acc = _softmax_step(q, kb, vb, all_ts, m_i, l_i, acc, qk_scale, F32)
     if (n_full >= j0) & (n_full < j1):  # this split holds the raw, unfilled page
         valid = offs_t < (L - n_full * P)
         raw = (b * H + h).to(tl.int64) * P
@@ -156,15 +193,18 @@ def _planes(st, name: str):
 
 # q [B, Hq, D] bf16; k_store/v_store PageStores with B sequences, H KV heads (Hq = G*H); lens [B] int (tokens per sequence)
 # -> out [B, Hq, DV] bf16
-def decode_attention_triton(q, k_store, v_store, lens, scale=None, num_splits=None):
+def decode_attention_triton(q, k_store, v_store, lens, scale=None, num_splits=None, rank_mode=1, num_warps=4,
+                            sub_tile=16):
     b, hq, d = q.shape
     h, p, dv = k_store.heads, k_store.page, v_store.head_dim
     if q.dtype != torch.bfloat16:
         raise FormatError(f"q must be bf16, got {q.dtype}")
     if k_store.head_dim != d or hq % h or k_store.batch != b or v_store.batch != b or v_store.heads != h:
         raise FormatError(f"q {tuple(q.shape)} does not match the KV stores (B={k_store.batch}, H={h}, D={k_store.head_dim})")
-    if v_store.page != p or d & (d - 1) or dv & (dv - 1) or p & (p - 1):
-        raise FormatError(f"page {p}, head dims {d}/{dv} must be powers of two (and pages equal)")
+    if v_store.page != p or d & (d - 1) or dv & (dv - 1) or p & (p - 1) or p < 16 or d < 16 or dv < 16:
+        raise FormatError(f"page {p}, head dims {d}/{dv} must be powers of two >= 16 (and pages equal)")
+    if sub_tile < 16 or sub_tile & (sub_tile - 1):
+        raise FormatError(f"sub_tile {sub_tile} must be a power of two >= 16")
     g = hq // h
     gp = max(16, triton.next_power_of_2(g))
     lens = lens.to(device=q.device, dtype=torch.int32).contiguous()
@@ -183,8 +223,66 @@ def decode_attention_triton(q, k_store, v_store, lens, scale=None, num_splits=No
         *_planes(k_store, "k_store"), *_planes(v_store, "v_store"),
         m, l_, acc,
         scale * 1.4426950408889634, h, k_store.cap, v_store.cap, pages_per_split, num_splits,
-        G=g, GP=gp, P=p, D=d, DV=dv, F32=_interpreting(), num_warps=4,
+        G=g, GP=gp, P=p, D=d, DV=dv, F32=_interpreting(), RANK=rank_mode, TS=min(sub_tile, p), num_warps=num_warps,
     )
     out = torch.empty(b, hq, dv, dtype=torch.bfloat16, device=dev)
     _kv_combine_kernel[(b * h,)](m, l_, acc, out, num_splits, G=g, GP=gp, DV=dv, num_warps=4)
+    return out
+
+
+@triton.jit
+def _bf16_pages_split_kernel(
+    q_ptr, k_ptr, v_ptr, m_out, l_out, acc_out, qk_scale, H, T, PAGES_PER_SPLIT, S,
+    G: tl.constexpr, GP: tl.constexpr, P: tl.constexpr, D: tl.constexpr, F32: tl.constexpr,
+):
+    """The split kernel's skeleton over plain bf16 [B, H, T, D] keys and values (a benchmark baseline)."""
+    pid_bh = tl.program_id(0)
+    split = tl.program_id(1)
+    b = pid_bh // H
+    h = pid_bh % H
+    n_total = tl.cdiv(T, P)
+    j0 = split * PAGES_PER_SPLIT
+    j1 = tl.minimum(j0 + PAGES_PER_SPLIT, n_total)
+    offs_g = tl.arange(0, GP)
+    offs_d = tl.arange(0, D)
+    offs_t = tl.arange(0, P)
+    q = tl.load(q_ptr + ((b * H + h) * G + offs_g)[:, None] * D + offs_d[None, :], mask=offs_g[:, None] < G, other=0.0)
+    m_i = tl.full([GP], float("-inf"), tl.float32)
+    l_i = tl.zeros([GP], tl.float32)
+    acc = tl.zeros([GP, D], tl.float32)
+    base = (b * H + h).to(tl.int64) * T
+    for j in range(j0, j1):
+        tok = j * P + offs_t
+        valid = tok < T
+        kb = tl.load(k_ptr + (base + tok)[:, None] * D + offs_d[None, :], mask=valid[:, None], other=0.0)
+        vb = tl.load(v_ptr + (base + tok)[:, None] * D + offs_d[None, :], mask=valid[:, None], other=0.0)
+        m_i, l_i, acc = _softmax_step(q, kb, vb, valid, m_i, l_i, acc, qk_scale, F32)
+    o = pid_bh * S + split
+    tl.store(m_out + o * GP + offs_g, m_i)
+    tl.store(l_out + o * GP + offs_g, l_i)
+    tl.store(acc_out + (o * GP + offs_g)[:, None] * D + offs_d[None, :], acc)
+
+
+# q [B, Hq, D] bf16; k, v [B, H, T, D] bf16 contiguous -> [B, Hq, D] bf16 (benchmark baseline only)
+def decode_attention_bf16_pages(q, k, v, page=64, scale=None, num_splits=None, num_warps=4):
+    b, hq, d = q.shape
+    _, h, t, _ = k.shape
+    g = hq // h
+    gp = max(16, triton.next_power_of_2(g))
+    dev = q.device
+    max_pages = triton.cdiv(t, page)
+    if num_splits is None:
+        num_splits = max(1, min(max_pages, math.ceil(2 * _sm_count(dev) / (b * h))))
+    pages_per_split = max(1, math.ceil(max_pages / num_splits))
+    num_splits = max(1, math.ceil(max_pages / pages_per_split))
+    m = torch.empty(b * h * num_splits * gp, dtype=torch.float32, device=dev)
+    l_ = torch.empty_like(m)
+    acc = torch.empty(b * h * num_splits * gp * d, dtype=torch.float32, device=dev)
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    _bf16_pages_split_kernel[(b * h, num_splits)](
+        q.contiguous(), k, v, m, l_, acc, scale * 1.4426950408889634, h, t, pages_per_split, num_splits,
+        G=g, GP=gp, P=page, D=d, F32=_interpreting(), num_warps=num_warps,
+    )
+    out = torch.empty(b, hq, d, dtype=torch.bfloat16, device=dev)
+    _kv_combine_kernel[(b * h,)](m, l_, acc, out, num_splits, G=g, GP=gp, DV=d, num_warps=4)
     return out

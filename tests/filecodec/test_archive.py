@@ -296,3 +296,26 @@ def test_decompress_bytes_needs_one_file(tmp_path, two_file_archive):
     _, blob = two_file_archive
     with pytest.raises(FormatError, match="more than one file"):
         fc.decompress_bytes(blob)
+
+
+def test_memory_bounded_by_chunks_not_file(tmp_path, monkeypatch):
+    import tracemalloc
+
+    monkeypatch.setattr(arc, "CHUNK_BYTES", 64 << 10)
+    p = tmp_path / "big.safetensors"
+    g = torch.Generator().manual_seed(7)
+    save_file({"w": (torch.randn(4096, 512, generator=g) * 0.02).to(torch.bfloat16)}, str(p))  # 4 MiB
+    (tmp_path / "blob.bin").write_bytes(os.urandom(3 << 20))
+    archive = tmp_path / "big.glyd"
+    for jobs in (1, 2):
+        archive.unlink(missing_ok=True)
+        tracemalloc.start()
+        fc.compress_files([p, tmp_path / "blob.bin"], archive, jobs=jobs)
+        peak_c = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        tracemalloc.start()
+        fc.test(archive, jobs=jobs)
+        peak_t = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        # a few 64 KiB chunks in flight (2 * jobs) plus per-thread scratch: far below the 7 MiB of input
+        assert peak_c < 2 << 20 and peak_t < 2 << 20, (jobs, peak_c, peak_t)

@@ -10,8 +10,7 @@ to every token of the store. They return ``[B, Hq, DV]`` bf16.
   inputs are the bf16 cache's bit for bit).
 * :func:`decode_attention_torch`: the fused kernel's algorithm in torch (page by page, online
   softmax in fp32, probabilities rounded to bf16 before the value product, as the kernel does).
-* :func:`decode_attention`: the Triton kernel for CUDA tensors (or under ``TRITON_INTERPRET=1``),
-  else the torch twin.
+* :func:`decode_attention`: the Triton kernel for CUDA tensors, else the torch twin.
 
 >>> import torch
 >>> from glyd.kv import PageStore, decode_attention, decode_attention_reference
@@ -27,7 +26,6 @@ True
 from __future__ import annotations
 
 import math
-import os
 
 import torch
 import torch.nn.functional as F
@@ -148,14 +146,20 @@ def decode_attention_torch(
 
 
 def decode_attention(
-    q: torch.Tensor, k_store: PageStore, v_store: PageStore,
-    scale: float | None = None, num_splits: int | None = None,
+    q: torch.Tensor, k_store: PageStore, v_store: PageStore, scale: float | None = None,
+    num_splits: int | None = None, backend: str = "auto",
 ) -> torch.Tensor:
-    """Decode-step attention reading the packed pages directly (Triton on CUDA, torch twin on CPU)."""
+    """Decode-step attention reading the packed pages directly.
+
+    ``backend``: ``"triton"`` (the fused kernel; CUDA tensors, or any under ``TRITON_INTERPRET=1``),
+    ``"torch"`` (the twin) or ``"auto"`` (Triton for CUDA tensors, else the twin).
+    """
     _check(q, k_store, v_store)
-    lens = _lens(k_store, q.device)
-    if q.is_cuda or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+    if backend not in ("auto", "triton", "torch"):
+        raise ValueError(f"backend must be 'auto', 'triton' or 'torch', got {backend!r}")
+    if backend == "triton" or (backend == "auto" and q.is_cuda):
         from glyd.kv._triton import decode_attention_triton
 
+        lens = _lens(k_store, q.device)
         return decode_attention_triton(q, k_store, v_store, lens, scale=scale, num_splits=num_splits)
     return decode_attention_torch(q, k_store, v_store, scale=scale)

@@ -38,3 +38,12 @@ def test_cli_roundtrip_and_corruption(tmp_path, capsys):
     (tmp_path / "not.glyd").write_bytes(b"hello world, not an archive")
     assert main(["test", str(tmp_path / "not.glyd")]) == 1
     assert "not a glyd archive" in capsys.readouterr().err
+
+
+def test_cli_missing_inputs(tmp_path, capsys):
+    assert main(["compress", str(tmp_path / "nope"), "-o", str(tmp_path / "x.glyd")]) == 1
+    assert "no such file" in capsys.readouterr().err
+    assert not (tmp_path / "x.glyd").exists()
+    assert main(["test", str(tmp_path / "missing.glyd")]) == 1
+    assert "missing.glyd" in capsys.readouterr().err
+    assert main(["decompress", str(tmp_path / "missing.glyd"), "-o", str(tmp_path)]) == 1

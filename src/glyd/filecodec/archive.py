@@ -262,7 +262,7 @@ def _collect(paths: Sequence[str | os.PathLike]) -> list[tuple[Path, str]]:
         elif p.is_file():
             out.append((p, p.name))
         else:
-            raise FileNotFoundError(f"{p}: no such file or folder")
+            raise GlydError(f"{p}: no such file or folder")
     names = [n for _, n in out]
     dup = {n for n in names if names.count(n) > 1}
     if dup:

@@ -6,6 +6,7 @@ import argparse
 import time
 from pathlib import Path
 
+from glyd.errors import GlydError
 from glyd.filecodec import archive as arc
 
 
@@ -45,6 +46,21 @@ def _summary(verb: str, rep: arc.Report, seconds: float) -> str:
     )
 
 
+def _os_errors(fn):
+    """OS errors (a missing archive, a full disk) as one-line glyd errors."""
+
+    def wrapped(args) -> int:
+        try:
+            return fn(args)
+        except GlydError:
+            raise
+        except OSError as exc:
+            raise GlydError(str(exc)) from None
+
+    return wrapped
+
+
+@_os_errors
 def _compress(args) -> int:
     t = time.perf_counter()
     rep = arc.compress_files(args.paths, args.output, jobs=args.jobs, progress=True)
@@ -52,6 +68,7 @@ def _compress(args) -> int:
     return 0
 
 
+@_os_errors
 def _decompress(args) -> int:
     t = time.perf_counter()
     rep = arc.decompress(args.archive, Path(args.output), jobs=args.jobs)
@@ -59,6 +76,7 @@ def _decompress(args) -> int:
     return 0
 
 
+@_os_errors
 def _test(args) -> int:
     t = time.perf_counter()
     rep = arc.test(args.archive, jobs=args.jobs)

@@ -1,0 +1,83 @@
+"""The KV page layout of docs/format.md, re-derived with plain Python loops and compared byte for byte."""
+
+from __future__ import annotations
+
+import torch
+
+from glyd.kv.pages import pack_blocks
+
+from .conftest import all_bf16_patterns
+
+
+def spec_pack(block: list[list[int]]) -> dict:
+    """docs/format.md "KV cache pages", one block of raw 16-bit words, written out naively."""
+    p, d = len(block), len(block[0])
+    words = [block[t][c] for t in range(p) for c in range(d)]
+    exps = [(w >> 7) & 0xFF for w in words]
+    sm = [((w >> 8) & 0x80) | (w & 0x7F) for w in words]
+
+    def cost(off: int) -> int:
+        return 2 + 2 * (not 0 <= off < 3) + 2 * (not 0 <= off < 6) + 8 * (not 0 <= off < 9)
+
+    top = []
+    for c in range(d):
+        col = [exps[t * d + c] for t in range(p)]
+        best = None
+        for s in range(5):
+            cand = max(max(col) - s, 0)
+            bits = sum(cost(cand - e) for e in col)
+            if best is None or bits < best[0]:
+                best = (bits, cand)
+        top.append(best[1])
+    d1, tier2, tier3, tier4 = [], [], [], []
+    for i, e in enumerate(exps):
+        off = top[i % d] - e
+        if 0 <= off < 3:
+            d1.append(off)
+            continue
+        d1.append(3)
+        if 0 <= off - 3 < 3:
+            tier2.append(off - 3)
+            continue
+        tier2.append(3)
+        if 0 <= off - 6 < 3:
+            tier3.append(off - 6)
+            continue
+        tier3.append(3)
+        tier4.append(e)
+
+    def digits_to_bytes(ds: list[int]) -> list[int]:
+        out = [0] * ((len(ds) + 3) // 4)
+        for k, v in enumerate(ds):
+            out[k // 4] |= v << (2 * (k % 4))
+        return out
+
+    return {
+        "sm": sm, "dig": digits_to_bytes(d1), "top": top,
+        "n": (len(tier2), len(tier3), len(tier4)),
+        "tail": digits_to_bytes(tier2) + digits_to_bytes(tier3) + tier4,
+    }
+
+
+def test_layout_matches_spec():
+    gen = torch.Generator().manual_seed(11)
+    pats = all_bf16_patterns()
+    blocks = [
+        pats[torch.randint(0, 65536, (16 * 8,), generator=gen)].reshape(16, 8),
+        (torch.randn(16, 8, generator=gen) * torch.exp(2 * torch.randn(8, generator=gen))).to(torch.bfloat16),
+        torch.randn(16, 8, generator=gen).mul(1e-3).to(torch.bfloat16),
+    ]
+    x = torch.stack(blocks)
+    got = pack_blocks(x)
+    offset = 0
+    for j, blk in enumerate(blocks):
+        words = (blk.view(torch.int16).to(torch.int32) & 0xFFFF).tolist()
+        want = spec_pack(words)
+        assert got["sm"][j].reshape(-1).tolist() == want["sm"]
+        assert got["dig"][j].tolist() == want["dig"]
+        assert got["top"][j].tolist() == want["top"]
+        assert got["meta"][j].tolist() == [offset, *want["n"]]
+        n = len(want["tail"])
+        assert got["tail"][offset : offset + n].tolist() == want["tail"]
+        offset += n
+    assert got["tail"].numel() == offset

@@ -332,3 +332,22 @@ def test_gpu_load_generate_save_reload(tiny_model_folder, input_ids, tmp_path, f
     native = AutoModelForCausalLM.from_pretrained(out, device_map="cuda")
     glyd.nn.set_exact(native, True)
     assert torch.equal(bits(logits(native, ids)), bits(ref_logits))
+
+
+def test_sharded_folders_in_and_out(tmp_path, input_ids):
+    from transformers import AutoModelForCausalLM as Auto
+
+    src = tmp_path / "bf16"
+    build_tiny_model("mistral", src)
+    sharded = tmp_path / "sharded"
+    Auto.from_pretrained(src, dtype=torch.bfloat16).save_pretrained(sharded, max_shard_size="60KB")
+    assert (sharded / "model.safetensors.index.json").is_file()
+    ref = bf16_logits(src, input_ids)
+    model = glyd.from_pretrained(sharded, exact=True, device="cpu", progress=False)
+    assert torch.equal(bits(logits(model, input_ids)), bits(ref))
+    out = glyd.save_pretrained(model, tmp_path / "g", max_shard_bytes=40_000, progress=False)
+    assert len(list(out.glob("model-*.safetensors"))) > 1
+    again = Auto.from_pretrained(out)
+    glyd.nn.set_exact(again, True)
+    assert torch.equal(bits(logits(again, input_ids)), bits(ref))
+    assert glyd.verify(out, progress=False)["packed"] == 16

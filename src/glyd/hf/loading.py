@@ -329,6 +329,23 @@ def _resolve(name_or_path: str | os.PathLike, hf_kwargs: dict[str, Any]) -> Path
 
 
 def _weight_files(path: Path) -> list[Path]:
+    """The model's safetensors shards: those of the index, else model.safetensors, else every one."""
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+            names = sorted(set(weight_map.values()))
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise FormatError(f"{index}: not a safetensors index (JSON with a weight_map): {exc}") from exc
+        files = []
+        for n in names:
+            f = path / n
+            if not isinstance(n, str) or f.parent != path or not f.is_file():
+                raise FormatError(f"{index}: names shard {n!r}, which is not a file of the folder")
+            files.append(f)
+        return files
+    if (path / "model.safetensors").is_file():
+        return [path / "model.safetensors"]
     files = sorted(path.glob("*.safetensors"))
     if not files:
         if (path / "pytorch_model.bin").exists() or list(path.glob("pytorch_model-*.bin")):
@@ -367,7 +384,7 @@ def _load_bf16(path: Path, *, layout: str, merge: bool, exact: bool, device: tor
     if not (path / "config.json").is_file():
         raise FormatError(f"{path}: no config.json: not a transformers model folder")
     files = _weight_files(path)
-    cfg_kw = {k: hf_kwargs.pop(k) for k in ("trust_remote_code", "revision") if k in hf_kwargs}
+    cfg_kw = {k: hf_kwargs.pop(k) for k in ("trust_remote_code",) if k in hf_kwargs}
     try:
         config = AutoConfig.from_pretrained(path, **cfg_kw)
     except (ValueError, OSError, KeyError) as exc:

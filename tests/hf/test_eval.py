@@ -123,6 +123,30 @@ def test_perplexity_matches_a_direct_computation(tiny_folder):
     assert n2 == 39 and sum(p.numel() for p in preds2) == 39
 
 
+def test_decode_like_scoring(tiny_folder, data_dir):
+    """--score-chunk: perplexity a few tokens a forward against the KV cache, MMLU answers as a decode step."""
+    report = ev.evaluate(_cfg(tiny_folder, data_dir, modes=("exact",), score_chunk=8, decode_batches=()))
+    ref, exact = report.results
+    whole = ev.evaluate(_cfg(tiny_folder, data_dir, modes=(), decode_batches=())).results[0]
+    assert ref.ppl_tokens == whole.ppl_tokens == 199
+    # the same model scored another way: equal up to bf16 rounding of different product shapes
+    assert ref.ppl == pytest.approx(whole.ppl, rel=2e-2)
+    assert exact.ppl == ref.ppl and exact.mmlu_max_logit_diff == 0.0 and exact.next_token_agree == 1.0
+    assert "8 tokens a forward" in report.table() and "decode step of the batch" in report.table()
+
+
+def test_mmlu_decode_step_matches_one_forward(tiny_folder):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_folder, dtype=torch.float32).eval()  # fp32: no rounding noise
+    gen = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(2, 200, (n,), generator=gen).tolist() for n in (7, 12, 9)]
+    letters = [10, 11, 12, 13]
+    a = ev.mmlu_logits(model, prompts, letters, batch=3, device="cpu", pad_id=1)
+    b = ev.mmlu_logits(model, prompts, letters, batch=3, device="cpu", pad_id=1, decode_step=True)
+    assert torch.allclose(a, b, atol=1e-4), (a - b).abs().max()
+
+
 def test_merged_bf16_is_bitwise_the_unmerged_model(tiny_folder):
     from transformers import AutoModelForCausalLM
 

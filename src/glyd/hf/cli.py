@@ -78,6 +78,9 @@ def add_eval_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--ppl-tokens", type=int, default=32768, help="tokens of the text to score (default 32768)")
     g.add_argument("--window", type=int, default=1024, help="tokens a window (default 1024)")
     g.add_argument("--stride", type=int, default=512, help="tokens between windows (default 512)")
+    g.add_argument("--score-chunk", type=int, default=0,
+                   help="score like decoding: N tokens a forward after a prefill, MMLU answers as a decode step "
+                   "of the batch (so the decode kernels do the products; default 0: whole windows/prompts)")
     g = p.add_argument_group("MMLU")
     g.add_argument("--no-mmlu", dest="mmlu", action="store_false", help="skip MMLU")
     g.add_argument("--mmlu-dir", help="folder with test/<subject>_test.csv (default ../shared/data/mmlu)")
@@ -100,7 +103,7 @@ def eval_config_from_args(args: argparse.Namespace):
     return EvalConfig(
         model=args.model, random=args.random, modes=tuple(args.modes), device=args.device, seed=args.seed,
         merge=args.merge, ppl=args.ppl, text=args.text, ppl_tokens=args.ppl_tokens, window=args.window,
-        stride=args.stride, mmlu=args.mmlu, mmlu_dir=args.mmlu_dir, subjects=args.subjects,
+        stride=args.stride, score_chunk=args.score_chunk, mmlu=args.mmlu, mmlu_dir=args.mmlu_dir, subjects=args.subjects,
         mmlu_per_subject=args.mmlu_per_subject, mmlu_batch=args.mmlu_batch, decode=args.decode,
         decode_batches=tuple(args.decode_batches), decode_context=args.decode_context,
         decode_replays=args.decode_replays, cuda_graphs=args.cuda_graphs,

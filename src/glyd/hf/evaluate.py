@@ -91,6 +91,9 @@ class EvalConfig:
     ppl_tokens: int = 32768
     window: int = 1024
     stride: int = 512
+    #: >0: score like decoding (perplexity: this many tokens a forward after a prefill; MMLU: the
+    #: answer position as one decode step of the batch), so the fused decode kernels do the products.
+    score_chunk: int = 0
     # MMLU
     mmlu: bool = True
     mmlu_dir: str | None = None
@@ -112,6 +115,8 @@ class EvalConfig:
         for name in ("ppl_tokens", "window", "stride", "mmlu_per_subject", "mmlu_batch", "decode_context", "decode_replays"):
             if int(getattr(self, name)) <= 0:
                 raise GlydError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.score_chunk < 0:
+            raise GlydError(f"score_chunk must be 0 or positive, got {self.score_chunk}")
         if self.stride > self.window:
             raise GlydError(f"stride ({self.stride}) must not exceed window ({self.window})")
         if any(int(b) <= 0 for b in self.decode_batches):
@@ -194,10 +199,13 @@ class Report:
         lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         lines += ["| " + " | ".join(r) + " |" for r in rows]
         notes = []
+        chunk = int(self.config.get("score_chunk") or 0)
         if ref.ppl is not None:
-            notes.append(f"perplexity over {ref.ppl_tokens} scored tokens; next-token agreement with bf16's argmax")
+            how = f"{chunk} tokens a forward after a prefill" if chunk else "one forward a window"
+            notes.append(f"perplexity over {ref.ppl_tokens} scored tokens ({how}); next-token agreement with bf16's argmax")
         if ref.mmlu_acc is not None:
-            notes.append(f"MMLU: {ref.mmlu_questions} questions, 0-shot, answer-letter logits; agreement with bf16's answer")
+            how = "answer position as a decode step of the batch" if chunk else "prompts in one forward"
+            notes.append(f"MMLU: {ref.mmlu_questions} questions, 0-shot, answer-letter logits ({how}); agreement with bf16's answer")
         methods = sorted({r.decode_method for r in self.results if r.decode_method})
         if methods:
             notes.append("decode step: " + "; ".join(methods))
@@ -363,23 +371,49 @@ def _forward_logits(model: nn.Module, ids: torch.Tensor) -> torch.Tensor:
     return model(input_ids=ids, use_cache=False).logits
 
 
+def _chunked_logits(model: nn.Module, ids: torch.Tensor, first: int, chunk: int) -> torch.Tensor:
+    """Logits at positions ``first .. L-2`` of ``ids`` [1, L]: positions before ``first`` go in as one
+    prefill, the rest ``chunk`` tokens a forward against the KV cache (as decoding runs them)."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=model.config)
+    if first > 0:
+        model(input_ids=ids[:, :first], past_key_values=cache, use_cache=True, logits_to_keep=1)
+    out = []
+    last = ids.shape[1] - 1  # the last token is only a target
+    for s in range(first, last, chunk):
+        e = min(s + chunk, last)
+        out.append(model(input_ids=ids[:, s:e], past_key_values=cache, use_cache=True).logits[0])
+    return torch.cat(out)
+
+
 @torch.no_grad()
-def perplexity(model: nn.Module, tokens: torch.Tensor, window: int, stride: int, device: str) -> tuple[float, int, list[torch.Tensor]]:
-    """(perplexity, scored tokens, argmax predictions a window) over strided windows of ``tokens``."""
+def perplexity(
+    model: nn.Module, tokens: torch.Tensor, window: int, stride: int, device: str, chunk: int = 0
+) -> tuple[float, int, list[torch.Tensor]]:
+    """(perplexity, scored tokens, argmax predictions a window) over strided windows of ``tokens``.
+
+    ``chunk`` = 0 scores a window in one forward; ``chunk`` > 0 feeds the window's context as one
+    prefill and its scored tokens ``chunk`` at a time against the KV cache, so the products run at
+    M = ``chunk`` rows (the decode kernels) rather than at M = window (the prefill path).
+    """
     n = tokens.numel()
     nll, count, preds = 0.0, 0, []
     prev_end = 0
     for begin in range(0, n - 1, stride):
         end = min(begin + window, n)
         ids = tokens[begin:end].to(device).unsqueeze(0)
-        logits = _forward_logits(model, ids)[0, :-1].float()
         targets = ids[0, 1:]
         # Score only tokens not scored by an earlier window (each once, with the most context).
         first = max(prev_end - begin - 1, 0)
-        lp = torch.log_softmax(logits[first:], dim=-1)
+        if chunk > 0:
+            logits = _chunked_logits(model, ids, first, chunk).float()
+        else:
+            logits = _forward_logits(model, ids)[0, first:-1].float()
+        lp = torch.log_softmax(logits, dim=-1)
         nll += float(-lp.gather(1, targets[first:, None]).sum())
         count += targets.numel() - first
-        preds.append(logits[first:].argmax(dim=-1).cpu())
+        preds.append(logits.argmax(dim=-1).cpu())
         prev_end = end
         if end == n:
             break
@@ -441,9 +475,16 @@ def letter_ids(tokenizer) -> list[int]:
 
 
 @torch.no_grad()
-def mmlu_logits(model: nn.Module, encoded: list[list[int]], letters: list[int], batch: int, device: str, pad_id: int) -> torch.Tensor:
-    """The four answer-letter logits (fp32) after each prompt; prompts are right-padded in batches of
-    similar length, and only the last real position goes through the output projection."""
+def mmlu_logits(
+    model: nn.Module, encoded: list[list[int]], letters: list[int], batch: int, device: str, pad_id: int,
+    decode_step: bool = False,
+) -> torch.Tensor:
+    """The four answer-letter logits (fp32) after each prompt, prompts batched by similar length.
+
+    Default: right-padded prompts in one forward each batch, only the last real position through the
+    output projection. ``decode_step``: left-padded, every token but the last as a prefill, the last
+    one as a decode step of the whole batch (M = batch rows, as serving computes an answer).
+    """
     order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))
     out = torch.empty(len(encoded), 4)
     decoder = model.get_decoder()
@@ -455,13 +496,23 @@ def mmlu_logits(model: nn.Module, encoded: list[list[int]], letters: list[int], 
         ids = torch.full((len(idx), width), pad_id, dtype=torch.long)
         mask = torch.zeros((len(idx), width), dtype=torch.long)
         for r, i in enumerate(idx):
-            ids[r, : len(encoded[i])] = torch.tensor(encoded[i])
-            mask[r, : len(encoded[i])] = 1
+            row = torch.tensor(encoded[i])
+            if decode_step:
+                ids[r, width - len(row) :], mask[r, width - len(row) :] = row, 1
+            else:
+                ids[r, : len(row)], mask[r, : len(row)] = row, 1
         ids, mask = ids.to(device), mask.to(device)
-        hidden = decoder(input_ids=ids, attention_mask=mask, use_cache=False).last_hidden_state
-        last = mask.sum(dim=1) - 1
-        h = hidden[torch.arange(len(idx), device=device), last]
-        logits = head(h)
+        if decode_step:
+            pos = (mask.cumsum(dim=1) - 1).clamp(min=0)
+            pre = model(input_ids=ids[:, :-1], attention_mask=mask[:, :-1], position_ids=pos[:, :-1],
+                        use_cache=True, logits_to_keep=1)
+            step = model(input_ids=ids[:, -1:], attention_mask=mask, position_ids=pos[:, -1:],
+                         past_key_values=pre.past_key_values, use_cache=True)
+            logits = step.logits[:, -1]
+        else:
+            hidden = decoder(input_ids=ids, attention_mask=mask, use_cache=False).last_hidden_state
+            last = mask.sum(dim=1) - 1
+            logits = head(hidden[torch.arange(len(idx), device=device), last])
         out[idx] = logits.index_select(-1, letter_index).float().cpu()
     return out
 
@@ -650,14 +701,14 @@ def evaluate(cfg: EvalConfig, on_result: Callable[[Report], Any] | None = None) 
         res = ModeResult(mode=mode, weight_bytes=weight_bytes(model), load_s=time.perf_counter() - t)
         if tokens is not None:
             log.info("mode %s: perplexity over %d tokens", mode, tokens.numel())
-            res.ppl, res.ppl_tokens, preds = perplexity(model, tokens, cfg.window, cfg.stride, cfg.device)
+            res.ppl, res.ppl_tokens, preds = perplexity(model, tokens, cfg.window, cfg.stride, cfg.device, cfg.score_chunk)
             if ref_preds is None:
                 ref_preds = preds
             same = sum(int((a == b).sum()) for a, b in zip(preds, ref_preds))
             res.next_token_agree = same / max(res.ppl_tokens, 1)
         if encoded is not None:
             log.info("mode %s: MMLU, %d questions", mode, len(encoded))
-            logits = mmlu_logits(model, encoded, letters, cfg.mmlu_batch, cfg.device, pad_id)
+            logits = mmlu_logits(model, encoded, letters, cfg.mmlu_batch, cfg.device, pad_id, decode_step=cfg.score_chunk > 0)
             choice = logits.argmax(dim=-1)
             if ref_letters is None:
                 ref_letters, ref_logits = choice, logits

@@ -85,7 +85,7 @@ def pack(w: torch.Tensor, layout: str = "fixed12") -> Packed:
     if layout not in LAYOUTS:
         raise ValueError(f"unknown layout {layout!r}; choose one of auto, {', '.join(LAYOUTS)}")
     if w.is_cuda:
-        from glyd.kernels.pack import pack as gpu_pack
+        from glyd.kernels.gpu_pack import pack as gpu_pack
 
         return gpu_pack(w, layout)
     return _codec_pack(w, layout)

@@ -24,11 +24,14 @@ ATOL_FRAC = 1e-3
 
 def _check(y: torch.Tensor, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> None:
     ref = F.linear(x.double().cpu(), w.double().cpu(), None if bias is None else bias.double().cpu())
+    # The long-prompt path calls cuBLAS in bf16, which may reduce in reduced precision: allow, on
+    # top of our bound, what bf16 F.linear on the same device is off by.
+    twin = F.linear(x, w.to(x.device), bias).cpu().double()
     y = y.cpu()
     assert y.dtype == torch.bfloat16 and y.shape == ref.shape
     assert torch.isfinite(y).all()
     err = (y.double() - ref).abs()
-    bound = RTOL * ref.abs() + ATOL_FRAC * ref.abs().max()
+    bound = RTOL * ref.abs() + ATOL_FRAC * ref.abs().max() + (twin - ref).abs()
     worst = (err - bound).max().item() if ref.numel() else 0.0
     assert worst <= 0, f"max excess over tolerance {worst:.3g} (max err {err.max().item():.3g})"
 

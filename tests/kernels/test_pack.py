@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import glyd
-from glyd.kernels.pack import pack
+from glyd.kernels.gpu_pack import pack
 
 from .conftest import DEVICES, random_weights
 

@@ -62,7 +62,7 @@ def unpack(packed: "Packed", out: torch.Tensor | None = None) -> torch.Tensor:
 
 def pack(w: torch.Tensor, layout: str = "fixed12") -> "Packed":
     """Pack ``w`` on its own device with torch ops (bit-identical to ``glyd.pack``); no Triton."""
-    from glyd.kernels.pack import pack as _pack
+    from glyd.kernels.gpu_pack import pack as _pack
 
     return _pack(w, layout)
 

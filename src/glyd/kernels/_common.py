@@ -63,7 +63,7 @@ def choose_split(tiles: int, kp: int, bk: int, device: torch.device, split: int 
     if split <= 0:
         split = 1
         target = 2 * sm_count(device)
-        while tiles * split < target and steps // (split * 2) >= 4:
+        while tiles * split < target and steps // (split * 2) >= 2:
             split *= 2
     split = max(1, min(split, steps))
     per = (steps + split - 1) // split * bk

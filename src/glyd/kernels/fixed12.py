@@ -47,61 +47,77 @@ def _f32_bits(h, lo, T: tl.constexpr):
 @triton.jit
 def _linear_kernel(
     x_ptr, code_ptr, lo_ptr, lo8_ptr, base_ptr, rowptr_ptr, eidx_ptr, ehi_ptr, bias_ptr, out_ptr,
-    M, N, K, KP, stride_xm, K_SPLIT,
+    M, N, K, KP, stride_xm, K_SPLIT, stride_code, stride_lo,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, DOT: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_EXC: tl.constexpr, PARTIAL: tl.constexpr, F32DOT: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     pid_m = tl.program_id(2)
-    W: tl.constexpr = BK // 8  # code words per row per step; each covers 8 weights
+    G: tl.constexpr = BK // 64  # 64-weight groups a step; a group is 8 code words (bytes 4w..4w+3)
+    W: tl.constexpr = BK // 8
     rn = pid_n * BN + tl.arange(0, BN)
     nmask = rn < N
     base = tl.load(base_ptr).to(tl.uint32)  # from device memory: no host sync
     b4 = base * 0x01010101
-    w = tl.arange(0, W)
-    kx = 64 * (w // 8) + 4 * (w % 8)  # column (within the step) of byte 0 of word w, first half
-    code_row = code_ptr + rn[:, None] * (KP // 8)
-    lo_row = lo_ptr + rn[:, None] * (KP // 4)
+    # 3-D tiles [BN, G, 8] with explicit aranges (no // or %): the compiler sees 8 contiguous
+    # words along the last axis and vectorises every plane load to 16 bytes.
+    gi = tl.arange(0, G)[None, :, None]
+    wi = tl.arange(0, 8)[None, None, :]
+    r3 = rn[:, None, None]
+    m3 = nmask[:, None, None]
+    # Row strides come in as arguments (KP // 8, KP // 4): Triton specialises their divisibility by
+    # 16, which proves 16-byte alignment of each row's words.
+    code_off = r3 * stride_code + gi * 8 + wi
+    lo_off = r3 * stride_lo + gi * 16 + wi
+    kx = gi * 64 + wi * 4  # column (within the step) of byte 0 of each word, first half
     k0 = pid_k * K_SPLIT
     k1 = tl.minimum(k0 + K_SPLIT, KP)
     if DOT:
         rm = pid_m * BM + tl.arange(0, BM)
         mmask = rm < M
         acc = tl.zeros([BN, BM], dtype=tl.float32)
+        rm3 = rm[None, None, :]
+        mm3 = mmask[None, None, :]
     else:
-        acc2 = tl.zeros([BN, W], dtype=tl.float32)
+        acc3 = tl.zeros([BN, G, 8], dtype=tl.float32)
     for kb in range(k0, k1, BK):
-        kk = kb + kx
-        lmask = nmask[:, None] & (kk < KP)[None, :]
-        cw = tl.load(code_row + (kb // 8 + w)[None, :], mask=lmask, other=0).to(tl.uint32, bitcast=True)
-        la = tl.load(lo_row + (kk // 4)[None, :], mask=lmask, other=0).to(tl.uint32, bitcast=True)
-        lb = tl.load(lo_row + (kk // 4 + 8)[None, :], mask=lmask, other=0).to(tl.uint32, bitcast=True)
+        lmask = m3 & (kb + gi * 64 < KP)
+        kw = tl.multiple_of(kb // 8, BK // 8)
+        kl = tl.multiple_of(kb // 4, BK // 4)
+        cw = tl.load(code_ptr + code_off + kw, mask=lmask, other=0).to(tl.uint32, bitcast=True)
+        la = tl.load(lo_ptr + lo_off + kl, mask=lmask, other=0).to(tl.uint32, bitcast=True)
+        lb = tl.load(lo_ptr + lo_off + (kl + 8), mask=lmask, other=0).to(tl.uint32, bitcast=True)
         ha = _hi_bytes(cw & 0x0F0F0F0F, b4)
         hb = _hi_bytes((cw >> 4) & 0x0F0F0F0F, b4)
+        # Byte lane t of a word is column 4w + t of its half. Each lane multiplies the matching
+        # strided x (order within K does not matter): no re-layout of the decoded tile.
         for t in tl.static_range(4):
             wa = _f32_bits(ha, la, t).to(tl.float32, bitcast=True)
             wb = _f32_bits(hb, lb, t).to(tl.float32, bitcast=True)
-            ka = kk + t
-            kb2 = ka + 32
             if DOT:
-                xa = tl.load(x_ptr + rm[None, :] * stride_xm + ka[:, None],
-                             mask=mmask[None, :] & (ka < K)[:, None], other=0.0)
-                xb = tl.load(x_ptr + rm[None, :] * stride_xm + kb2[:, None],
-                             mask=mmask[None, :] & (kb2 < K)[:, None], other=0.0)
+                ka = (kb + t + kx).reshape(1, W)
+                kb2 = ka + 32
+                xa = tl.load(x_ptr + rm[None, :] * stride_xm + ka.reshape(W, 1),
+                             mask=mmask[None, :] & (ka.reshape(W, 1) < K), other=0.0)
+                xb = tl.load(x_ptr + rm[None, :] * stride_xm + kb2.reshape(W, 1),
+                             mask=mmask[None, :] & (kb2.reshape(W, 1) < K), other=0.0)
+                wa2 = wa.reshape(BN, W)
+                wb2 = wb.reshape(BN, W)
                 if F32DOT:  # the interpreter's tl.dot reads bf16 as raw integers
-                    acc = tl.dot(wa, xa.to(tl.float32), acc)
-                    acc = tl.dot(wb, xb.to(tl.float32), acc)
+                    acc = tl.dot(wa2, xa.to(tl.float32), acc)
+                    acc = tl.dot(wb2, xb.to(tl.float32), acc)
                 else:
-                    acc = tl.dot(wa.to(tl.bfloat16), xa, acc)
-                    acc = tl.dot(wb.to(tl.bfloat16), xb, acc)
+                    acc = tl.dot(wa2.to(tl.bfloat16), xa, acc)
+                    acc = tl.dot(wb2.to(tl.bfloat16), xb, acc)
             else:
+                # x is shared by the BN rows: a tall tile (BN >= 32) amortises these strided loads.
+                ka = kb + t + kx
                 xa = tl.load(x_ptr + pid_m * stride_xm + ka, mask=ka < K, other=0.0).to(tl.float32)
-                xb = tl.load(x_ptr + pid_m * stride_xm + kb2, mask=kb2 < K, other=0.0).to(tl.float32)
-                acc2 += wa * xa[None, :]
-                acc2 += wb * xb[None, :]
+                xb = tl.load(x_ptr + pid_m * stride_xm + ka + 32, mask=ka + 32 < K, other=0.0).to(tl.float32)
+                acc3 += wa * xa + wb * xb
     if not DOT:
-        acc1 = tl.sum(acc2, axis=1)
+        acc1 = tl.sum(tl.sum(acc3, axis=2), axis=1)
     if HAS_EXC:
         if pid_k == 0:
             e0 = tl.load(rowptr_ptr + pid_n * BN)
@@ -218,7 +234,7 @@ def unpack(p: Packed, out: torch.Tensor | None = None) -> torch.Tensor:
 def default_config(m: int, n: int, k: int) -> C.Config:
     """Block shapes per M bucket (chosen from the H200 sweeps in benchmarks/notes-kernels.md)."""
     if m == 1:
-        return C.Config(bm=1, bn=16, bk=256, dot=False, warps=4, stages=3)
+        return C.Config(bm=1, bn=64, bk=256, dot=False, warps=4, stages=3)
     if m >= 256:
         return C.Config(long=True)
     if m <= 16:
@@ -261,7 +277,7 @@ def linear(x: torch.Tensor, p: Packed, bias: torch.Tensor | None = None, config:
     _linear_kernel[grid](
         x2, a["code"].view(torch.int32), a["lo"].view(torch.int32), a["lo"], a["base"], prep.rowptr,
         a["exc_idx"], a["exc_hi"], bias if bias is not None else out, dst,
-        m, n, k, kp, x2.stride(0), per,
+        m, n, k, kp, x2.stride(0), per, kp // 8, kp // 4,
         BM=cfg.bm, BN=cfg.bn, BK=cfg.bk, DOT=cfg.dot, HAS_BIAS=bias is not None,
         HAS_EXC=prep.nexc > 0, PARTIAL=partial, F32DOT=C.interpreting(), num_warps=cfg.warps, num_stages=cfg.stages,
     )

@@ -83,7 +83,7 @@ def _decode(sm_ptr, d1_ptr, table_ptr, ebase_ptr, eoff_ptr, area_ptr, t0, t1, t2
 def _gemv_kernel(
     x_ptr, sm_ptr, d1_ptr, table_ptr, ebase_ptr, eoff_ptr, area_ptr, bias_ptr, out_ptr,
     N, K, KP, TOTAL, NBLK, stride_xm,
-    BN: tl.constexpr, HAS_BIAS: tl.constexpr,
+    BN: tl.constexpr, BB: tl.constexpr, HAS_BIAS: tl.constexpr,
 ):
     # One program owns rows [r0, r0 + BN) and walks the escape blocks that cover them (needs Kp >= 1024,
     # so a block holds pieces of at most two rows); one activation row (pid 1) a program.
@@ -97,25 +97,27 @@ def _gemv_kernel(
     t2 = tl.load(table_ptr + 2).to(tl.int32)
     f0 = r0 * KP
     f1 = tl.minimum(r0 + BN, N) * KP
+    bend = tl.minimum((f1 + 1023) // 1024, NBLK)
     acc = tl.zeros([BN], dtype=tl.float32)
     i = tl.arange(0, 1024)
-    one = tl.arange(0, 1)
-    for blk in range(f0 // 1024, (f1 + 1023) // 1024):
-        b = blk + one
-        wv = _decode(sm_ptr, d1_ptr, table_ptr, ebase_ptr, eoff_ptr, area_ptr, t0, t1, t2, b, b < NBLK, TOTAL,
-                     1).to(tl.float32, bitcast=True)
-        fb = blk * 1024
-        ra = fb // KP  # row of the block's first weight; the rest belong to ra + 1
+    for blk0 in range(f0 // 1024, bend, BB):
+        b = blk0 + tl.arange(0, BB)  # BB consecutive blocks a step: independent work in flight
+        bmask = b < bend
+        wv = _decode(sm_ptr, d1_ptr, table_ptr, ebase_ptr, eoff_ptr, area_ptr, t0, t1, t2, b, bmask, TOTAL,
+                     BB).to(tl.float32, bitcast=True)
+        fb = b * 1024
+        ra = fb // KP  # row of each block's first weight; the rest of the block belongs to ra + 1
         bnd = (ra + 1) * KP - fb
-        first = i < bnd
-        col = tl.where(first, fb - ra * KP + i, fb - (ra + 1) * KP + i)
-        row = tl.where(first, ra, ra + 1)
-        ok = (row >= r0) & (row < r0 + BN) & (row < N) & (col < K)
+        first = i[None, :] < bnd[:, None]
+        col = (fb - ra * KP)[:, None] + i[None, :] - tl.where(first, 0, KP)
+        row = ra[:, None] + tl.where(first, 0, 1)
+        ok = bmask[:, None] & (row >= r0) & (row < r0 + BN) & (row < N) & (col < K)
         xv = tl.load(x_ptr + m * stride_xm + col, mask=ok, other=0.0).to(tl.float32)
-        prod = tl.where(ok[None, :], wv * xv[None, :], 0.0)
-        s0 = tl.sum(tl.where(first[None, :], prod, 0.0))
-        s1 = tl.sum(prod) - s0
-        acc += tl.where(rn == ra, s0, 0.0) + tl.where(rn == ra + 1, s1, 0.0)
+        prod = tl.where(ok, wv * xv, 0.0)
+        s0 = tl.sum(tl.where(first, prod, 0.0), axis=1)
+        s1 = tl.sum(prod, axis=1) - s0
+        acc += tl.sum(tl.where(rn[:, None] == ra[None, :], s0[None, :], 0.0), axis=1)
+        acc += tl.sum(tl.where(rn[:, None] == ra[None, :] + 1, s1[None, :], 0.0), axis=1)
     if HAS_BIAS:
         acc += tl.load(bias_ptr + rn, mask=nmask, other=0.0).to(tl.float32)
     tl.store(out_ptr + m * N + rn, acc.to(tl.bfloat16), mask=nmask)
@@ -153,7 +155,7 @@ def _args(p: Packed):
 
 
 # packed: tiered [N, K] (sm [N, Kp], d1 [N, Kp/4], table [23], esc_base, esc_off, area) -> bf16 [N, K]
-def unpack(p: Packed, out: torch.Tensor | None = None) -> torch.Tensor:
+def unpack(p: Packed, out: torch.Tensor | None = None, bb: int = 0, warps: int = 4) -> torch.Tensor:
     _check(p)
     n, k = p.shape
     kp = p.arrays["sm"].shape[1]
@@ -163,15 +165,20 @@ def unpack(p: Packed, out: torch.Tensor | None = None) -> torch.Tensor:
     elif out.shape != (n, k) or out.dtype != torch.bfloat16 or not out.is_contiguous():
         raise ValueError(f"out must be a contiguous bf16 [{n}, {k}] tensor, got {out.dtype} {tuple(out.shape)}")
     if n and k:
-        bb = 2
+        bb, warps = (bb, warps) if bb else (UNPACK_BB, UNPACK_WARPS)
         _unpack_kernel[(triton.cdiv(nblk, bb),)](*_args(p), out.view(torch.int16), k, kp, n * kp, nblk, BB=bb,
-                                                  num_warps=8)
+                                                  num_warps=warps)
     return out
 
 
+#: Fused GEMV shape: rows a program, escape blocks a step (``Config.bm`` overrides), warps; and the
+#: unpack kernel's blocks a program and warps (see benchmarks/notes-kernels.md).
+GEMV_BN, GEMV_BB, GEMV_WARPS = 16, 4, 8
+UNPACK_BB, UNPACK_WARPS = 4, 8
+
 #: Largest M the fused tiered kernel serves (one program per activation row: it decodes again for
 #: every row); larger M unpack to a scratch buffer and call cuBLAS.
-FUSED_MAX_M = 4
+FUSED_MAX_M = 1
 
 
 # x: bf16 [..., K]; packed: tiered [N, K]; bias: [N] or None -> bf16 [..., N]
@@ -191,10 +198,11 @@ def linear(x: torch.Tensor, p: Packed, bias: torch.Tensor | None = None, config:
     if not fused:
         w = unpack(p, C.scratch(x2.device, n * k).view(n, k))
         return torch.nn.functional.linear(x2, w, bias).reshape(*x.shape[:-1], n)
-    bn = config.bn if config is not None else 8
+    bn = config.bn if config is not None else GEMV_BN
     _gemv_kernel[(triton.cdiv(n, bn), m)](
         x2, *_args(p), bias if bias is not None else out, out,
         n, k, kp, n * kp, _codec.num_blocks(n, k), x2.stride(0),
-        BN=bn, HAS_BIAS=bias is not None, num_warps=config.warps if config is not None else 8,
+        BN=bn, BB=config.bm if config is not None else GEMV_BB, HAS_BIAS=bias is not None,
+        num_warps=config.warps if config is not None else GEMV_WARPS,
     )
     return out.reshape(*x.shape[:-1], n)

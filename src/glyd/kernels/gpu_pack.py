@@ -146,7 +146,7 @@ def pack(w: torch.Tensor, layout: str = "fixed12") -> Packed:
     """Pack ``w`` on its own device (bit-identical to the CPU codec).
 
     >>> import torch
-    >>> from glyd.kernels.pack import pack
+    >>> from glyd.kernels.gpu_pack import pack
     >>> pack(torch.ones(2, 3, dtype=torch.bfloat16), "tiered").shape
     (2, 3)
     """

@@ -1,0 +1,328 @@
+"""Kernel benchmark on one GPU (DESIGN.md protocol).
+
+All linears of a Qwen2.5-7B-shaped model (28 layers, distinct random weights per layer, std 0.02,
+plus the 152064 x 3584 lm_head), one CUDA graph per decode step, median of >= 20 replays, at
+M = 1, 2, 4, 8, 16, 32, 64, 512, 2048, unmerged (q, k, v, o, gate, up, down) and merged (qkv,
+o, gate_up, down) shapes; bf16 F.linear (cuBLAS) in the same run with the same shapes. It first
+checks bit-exact GPU pack/unpack and the fused linear on fresh random inputs, then times, then
+prints a short table last. Packing uses the GPU pack (torch ops).
+
+    python benchmarks/kernels.py --out DIR [--quick] [--layers 28]
+
+Writes DIR/kernels.json (every number), DIR/table.md and DIR/measured_times.json (per-shape M=1
+times for glyd.ops.choose_layout: copy into src/glyd/kernels/measured.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+import glyd
+from glyd import kernels
+from glyd.kernels import _common as C
+
+log = logging.getLogger("bench")
+
+H, I, KV, VOCAB, LAYERS = 3584, 18944, 512, 152064, 28
+UNMERGED = [("q", H, H), ("k", KV, H), ("v", KV, H), ("o", H, H), ("gate", I, H), ("up", I, H), ("down", H, I)]
+MERGED = [("qkv", H + 2 * KV, H), ("o", H, H), ("gate_up", 2 * I, H), ("down", H, I)]
+MS = [1, 2, 4, 8, 16, 32, 64, 512, 2048]
+
+
+def read_bandwidth() -> float:
+    """Streaming-read bandwidth (bytes/s): fp32 sum over a 4 GiB buffer, median of 20."""
+    x = torch.randn(1 << 30, device="cuda")  # 4 GiB
+    for _ in range(3):
+        x.sum()
+    ts = []
+    for _ in range(20):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        x.sum()
+        b.record()
+        b.synchronize()
+        ts.append(a.elapsed_time(b) / 1e3)
+    bw = x.numel() * 4 / statistics.median(ts)
+    del x
+    torch.cuda.empty_cache()
+    return bw
+
+
+def graph_time(fn, replays: int = 30) -> float:
+    """Median ms of replaying a CUDA graph of ``fn`` (after eager warm-up)."""
+    fn()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()
+    torch.cuda.current_stream().wait_stream(s)
+    with torch.cuda.graph(g):
+        fn()
+    t0 = time.time()
+    for _ in range(3):
+        g.replay()
+    torch.cuda.synchronize()
+    if time.time() - t0 > 0.3:  # slow steps: the protocol's minimum of 20 replays
+        replays = min(replays, 20)
+    ts = []
+    for _ in range(replays):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        ts.append(a.elapsed_time(b))
+    del g
+    return statistics.median(ts)
+
+
+def build(shapes, layers: int):
+    """{name: [(bf16 W, fixed12 Packed, tiered Packed) per layer]} plus the lm_head, all on the GPU."""
+    t0 = time.time()
+    mats = {}
+    for name, n, k in shapes + [("lm_head", VOCAB, H)]:
+        reps = 1 if name == "lm_head" else layers
+        mats[name] = []
+        for _ in range(reps):
+            w = (torch.randn(n, k, device="cuda") * 0.02).to(torch.bfloat16)
+            mats[name].append((w, kernels.pack(w, "fixed12"), kernels.pack(w, "tiered")))
+    torch.cuda.synchronize()
+    weights = sum(n * k * (1 if name == "lm_head" else layers) for name, n, k in shapes + [("lm_head", VOCAB, H)])
+    log.info("built %d weights in %.1f s (GPU pack, both layouts)", weights, time.time() - t0)
+    return mats
+
+
+def nbytes(mats, which: int) -> int:
+    total = 0
+    for reps in mats.values():
+        for trip in reps:
+            obj = trip[which]
+            total += obj.numel() * 2 if which == 0 else obj.nbytes
+    return total
+
+
+def check(mats, fails: list) -> None:
+    """Bit-exact pack/unpack on each first matrix; fused linear vs F.linear on fresh inputs."""
+    for name, reps in mats.items():
+        w, p12, ptr = reps[0]
+        for lay, p in (("fixed12", p12), ("tiered", ptr)):
+            if name in ("k", "q", "down"):
+                ref = glyd.pack(w.cpu(), lay)
+                for a in ref.arrays:
+                    x, y = ref.arrays[a], p.arrays[a].cpu()
+                    if x.dtype == torch.uint16:
+                        x, y = x.view(torch.int16), y.view(torch.int16)
+                    if not torch.equal(x, y):
+                        fails.append(f"GPU pack {lay} {name} array {a} differs from the CPU codec")
+            if not torch.equal(kernels.unpack(p).view(torch.int16), w.view(torch.int16)):
+                fails.append(f"unpack {lay} {name} is not bit-exact")
+            for m in MS:
+                x = torch.randn(m, w.shape[1], device="cuda").to(torch.bfloat16)
+                b = torch.randn(w.shape[0], device="cuda").to(torch.bfloat16)
+                ref = F.linear(x.double(), w.double(), b.double())
+                y = kernels.linear(x, p, b)
+                err = ((y.double() - ref).norm() / ref.norm()).item()
+                if not err < 5e-3 or not torch.isfinite(y).all():
+                    fails.append(f"linear {lay} {name} M={m}: rel err {err:.3g}")
+    torch.cuda.synchronize()
+
+
+def step_fn(mats, xs, which: int, cfg=None):
+    """One decode step: every linear of every layer, then the lm_head."""
+    outs = []
+
+    def run():
+        outs.clear()
+        for name, reps in mats.items():
+            for trip in reps:
+                obj = trip[which]
+                x = xs[obj.shape[1]]
+                if which == 0:
+                    outs.append(F.linear(x, obj))
+                else:
+                    outs.append(kernels.linear(x, obj, None, cfg(obj.layout, x.shape[0]) if cfg else None))
+
+    return run
+
+
+# Variants timed besides the defaults (layout, M) -> Config, or None for the default.
+def variants():
+    V = C.Config
+    f12 = lambda lay, m: lay == "fixed12"  # noqa: E731
+    dotm = lambda lay, m: f12(lay, m) and 1 < m <= 64  # noqa: E731
+    return {
+        "f12 fma bn32 bk512": lambda lay, m: V(bm=1, bn=32, bk=512, dot=False) if f12(lay, m) and m == 1 else None,
+        "f12 fma bn128 w8": lambda lay, m: V(bm=1, bn=128, bk=256, dot=False, warps=8)
+        if f12(lay, m) and m == 1 else None,
+        "f12 fma bn64 bk512 w8": lambda lay, m: V(bm=1, bn=64, bk=512, dot=False, warps=8)
+        if f12(lay, m) and m == 1 else None,
+        "f12 dot bn32": lambda lay, m: V(bm=max(16, m), bn=32, bk=256) if dotm(lay, m) else None,
+        "f12 dot bn128 bk128 w8": lambda lay, m: V(bm=max(16, m), bn=128, bk=128, warps=8) if dotm(lay, m) else None,
+        "f12 dot bn64 w8 s4": lambda lay, m: V(bm=max(16, m), bn=64, bk=256, warps=8, stages=4)
+        if dotm(lay, m) else None,
+        "f12 tile 128x128": lambda lay, m: V(bm=128, bn=128, bk=128, warps=8) if f12(lay, m) and m >= 512 else None,
+        "tr gemv bb1 w1": lambda lay, m: V(bm=1, bn=16, bk=1024, dot=False, warps=1)
+        if lay == "tiered" and m == 1 else None,
+        "tr gemv bb2 w1": lambda lay, m: V(bm=2, bn=16, bk=1024, dot=False, warps=1)
+        if lay == "tiered" and m == 1 else None,
+        "tr gemv bb4 w4": lambda lay, m: V(bm=4, bn=16, bk=1024, dot=False, warps=4)
+        if lay == "tiered" and m == 1 else None,
+    }
+
+
+def unpack_sweep(mats) -> dict:
+    """ms to unpack the 28 gate matrices (18944 x 3584) per layout and tiered (blocks, warps)."""
+    from glyd.kernels import tiered as kt
+
+    reps = mats["gate"]
+    out = {}
+    for which, lay in ((1, "fixed12"), (2, "tiered")):
+        def run(which=which):
+            for trip in reps:
+                kernels.unpack(trip[which])
+        out[lay] = graph_time(run, 20)
+    for bb, warps in ((1, 1), (2, 1), (4, 4), (8, 8)):
+        def run(bb=bb, warps=warps):
+            for trip in reps:
+                kt.unpack(trip[2], None, bb, warps)
+        try:
+            out[f"tiered bb{bb} w{warps}"] = graph_time(run, 20)
+        except Exception as exc:
+            log.warning("tiered unpack bb=%d warps=%d failed: %s", bb, warps, exc)
+    return {k: round(v / len(reps) * 1e3, 1) for k, v in out.items()}  # us a matrix
+
+
+def bench_mode(mode: str, shapes, layers: int, bw: float, quick: bool, res: dict, fails: list) -> None:
+    mats = build(shapes, layers)
+    b16, b12, btr = nbytes(mats, 0), nbytes(mats, 1), nbytes(mats, 2)
+    res[mode] = {"bytes": {"bf16": b16, "fixed12": b12, "tiered": btr}, "rows": {}}
+    log.info("%s: bf16 %.2f GB, fixed12 %.2f GB (%.2f bits), tiered %.2f GB (%.2f bits)", mode, b16 / 1e9,
+             b12 / 1e9, 16 * b12 / b16, btr / 1e9, 16 * btr / b16)
+    check(mats, fails)
+    log.info("%s: checks done, %d failures so far", mode, len(fails))
+    var = variants()
+    for m in MS:
+        xs = {k: torch.randn(m, k, device="cuda").to(torch.bfloat16) for k in (H, I)}
+        row = {"bf16": graph_time(step_fn(mats, xs, 0))}
+        row["fixed12"] = graph_time(step_fn(mats, xs, 1))
+        row["tiered"] = graph_time(step_fn(mats, xs, 2))
+        if not quick and mode == "unmerged":
+            for vname, f in var.items():
+                if f("fixed12", m) is not None or f("tiered", m) is not None:
+                    which = 1 if vname.startswith("f12") else 2
+                    try:
+                        row[vname] = graph_time(step_fn(mats, xs, which, f))
+                    except Exception as exc:  # a variant that fails to compile is reported, not fatal
+                        row[vname] = None
+                        log.warning("variant %s at M=%d failed: %s", vname, m, exc)
+        res[mode]["rows"][m] = row
+        log.info("%s M=%d %s", mode, m, {k: (round(v, 3) if v else v) for k, v in row.items()})
+    if mode == "unmerged":
+        res["per_shape"] = per_shape(mats)
+        if not quick:
+            res["unpack_us"] = unpack_sweep(mats)
+    del mats
+    torch.cuda.empty_cache()
+
+
+def per_shape(mats) -> dict:
+    """M=1 time (us) of each distinct matrix shape, over its layers' copies (no L2 reuse)."""
+    out = {}
+    x = {k: torch.randn(1, k, device="cuda").to(torch.bfloat16) for k in (H, I)}
+    for name, reps in mats.items():
+        n, k = reps[0][0].shape
+        t = {}
+        for which, lay in ((0, "bf16"), (1, "fixed12"), (2, "tiered")):
+            def run(which=which):
+                for trip in reps:
+                    obj = trip[which]
+                    if which == 0:
+                        F.linear(x[k], obj)
+                    else:
+                        kernels.linear(x[k], obj)
+            t[lay] = round(1e3 * graph_time(run) / len(reps), 2)
+        out[f"{n}x{k}"] = t
+    return out
+
+
+def table(res: dict, bw: float) -> str:
+    lines = []
+    for mode in ("unmerged", "merged"):
+        if mode not in res:
+            continue
+        by = res[mode]["bytes"]
+        lines.append(f"\n{mode}: bf16 {by['bf16'] / 1e9:.2f} GB, fixed12 {by['fixed12'] / 1e9:.2f} GB "
+                     f"({16 * by['fixed12'] / by['bf16']:.2f} bits), tiered {by['tiered'] / 1e9:.2f} GB "
+                     f"({16 * by['tiered'] / by['bf16']:.2f} bits); read bandwidth {bw / 1e12:.2f} TB/s\n")
+        lines.append("| M | bf16 ms | fixed12 ms | ratio | floor frac | tiered ms | ratio | floor frac |")
+        lines.append("|---|---|---|---|---|---|---|---|")
+        for m, row in res[mode]["rows"].items():
+            cells = [str(m), f"{row['bf16']:.3f}"]
+            for lay in ("fixed12", "tiered"):
+                floor = by[lay] / bw * 1e3
+                cells += [f"{row[lay]:.3f}", f"{row[lay] / row['bf16']:.3f}", f"{floor / row[lay]:.2f}"]
+            lines.append("| " + " | ".join(cells) + " |")
+        lines.append(f"(bf16 floor frac at M=1: {by['bf16'] / bw * 1e3 / res[mode]['rows'][1]['bf16']:.2f})")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=".")
+    ap.add_argument("--layers", type=int, default=LAYERS)
+    ap.add_argument("--quick", action="store_true", help="defaults only (no variant sweep)")
+    ap.add_argument("--modes", default="unmerged,merged")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stdout)
+    os.makedirs(args.out, exist_ok=True)
+    import triton
+
+    dev = torch.cuda.get_device_name()
+    res = {"device": dev, "torch": torch.__version__, "triton": triton.__version__,
+           "date": time.strftime("%Y-%m-%d"), "layers": args.layers}
+    bw = read_bandwidth()
+    res["read_bw"] = bw
+    log.info("%s, torch %s, triton %s, read bandwidth %.2f TB/s", dev, torch.__version__, triton.__version__, bw / 1e12)
+    fails: list[str] = []
+    modes = {"unmerged": UNMERGED, "merged": MERGED}
+    for mode in args.modes.split(","):
+        bench_mode(mode, modes[mode], args.layers, bw, args.quick, res, fails)
+        with open(os.path.join(args.out, "kernels.json"), "w") as f:
+            json.dump(res, f, indent=1)
+    res["failures"] = fails
+    with open(os.path.join(args.out, "kernels.json"), "w") as f:
+        json.dump(res, f, indent=1)
+    if "per_shape" in res:
+        with open(os.path.join(args.out, "measured_times.json"), "w") as f:
+            json.dump({dev: {"date": res["date"], "m": 1, "shapes": res["per_shape"]}}, f, indent=1)
+    # Variant sweep (unmerged), then the per-shape times, then the main table last.
+    if "unmerged" in res:
+        for m, row in res["unmerged"]["rows"].items():
+            extra = {k: round(v / row["bf16"], 3) for k, v in row.items() if k not in ("bf16", "fixed12", "tiered") and v}
+            if extra:
+                print(f"variants M={m} (ratio to bf16): {extra}")
+        print("unpack, us a 18944x3584 matrix:", res.get("unpack_us"))
+        for shape, t in res.get("per_shape", {}).items():
+            print(f"per-matrix M=1 {shape}: " + ", ".join(f"{k} {v} us" for k, v in t.items()))
+    tab = table(res, bw)
+    with open(os.path.join(args.out, "table.md"), "w") as f:
+        f.write(tab + "\n")
+    print("\nFAILURES:\n" + "\n".join(fails) if fails else "\nall correctness checks passed")
+    print(f"{dev}  torch {torch.__version__}  triton {triton.__version__}  {res['date']}")
+    print(tab)
+    return 1 if fails else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

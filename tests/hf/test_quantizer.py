@@ -11,6 +11,7 @@ import torch
 
 import glyd
 from glyd.errors import FormatError
+from glyd.store import CheckpointReader
 from glyd.nn import GlydEmbedding, GlydLinear, GlydLinearPart, GlydTiedLinear
 
 transformers = pytest.importorskip("transformers")
@@ -89,12 +90,17 @@ def test_quantizer_only_loads_packed_checkpoints(tiny_model_folder):
         AutoModelForCausalLM.from_pretrained(tiny_model_folder("llama"), quantization_config=GlydConfig())
 
 
-def test_import_glyd_registers_without_importing_transformers(saved):
+@pytest.mark.parametrize("first", ["glyd", "transformers", "glyd.hf.quantizer"])
+def test_import_glyd_registers_without_importing_transformers(saved, first):
     out = saved["llama"][1]
+    before = {
+        "glyd": "import glyd\nassert 'transformers' not in sys.modules, 'import glyd imported transformers'",
+        "transformers": "import transformers.quantizers.auto\nimport glyd",
+        "glyd.hf.quantizer": "import glyd.hf.quantizer",
+    }[first]
     code = f"""
 import sys, json
-import glyd
-assert "transformers" not in sys.modules, "import glyd imported transformers"
+{before}
 from transformers import AutoModelForCausalLM
 m = AutoModelForCausalLM.from_pretrained({str(out)!r})
 print(json.dumps([type(m.model.embed_tokens).__name__, type(m.lm_head).__name__]))
@@ -133,3 +139,20 @@ def test_a_folder_packed_by_glyd_pack_loads_natively(tiny_model_folder, tmp_path
     again = glyd.from_pretrained(dst, exact=True, verify=True, device="cpu", progress=False)
     with torch.no_grad():
         assert torch.equal(bits(again(input_ids).logits), bits(ref(input_ids).logits))
+
+
+def test_a_natively_loaded_model_saves_the_same_tensors(saved, tmp_path):
+    from safetensors.torch import load_file
+
+    out = saved["qwen2"][1]
+    model = AutoModelForCausalLM.from_pretrained(out)
+    again = glyd.save_pretrained(model, tmp_path / "again", progress=False)
+    a, b = CheckpointReader(out), CheckpointReader(again)
+    assert a.names() == b.names() or sorted(a.names()) == sorted(b.names())
+    for name in a.names():
+        assert a.entry(name)["sha256"] == b.entry(name)["sha256"], name
+    sa, sb = load_file(out / "model.safetensors"), load_file(again / "model.safetensors")
+    assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+    cfg = json.loads((again / "config.json").read_text())["quantization_config"]
+    assert cfg["merged"] == {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"]}
+    assert (again / "tokenizer_config.json").is_file()

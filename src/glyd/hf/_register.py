@@ -29,18 +29,27 @@ def register() -> bool:
 
     Returns False (and logs why) when transformers cannot be imported.
     """
-    global _registered
     with _lock:
         if _registered:
             return True
+        mod = sys.modules.get("glyd.hf.quantizer")
+        if mod is not None and not hasattr(mod, "register_with_transformers"):
+            # glyd.hf.quantizer is being imported right now (its import of transformers' registry
+            # triggered this hook): it registers itself when its body has run.
+            return False
         try:
             from glyd.hf import quantizer
         except ImportError as exc:
             log.debug("transformers integration unavailable: %s", exc)
             return False
         quantizer.register_with_transformers()
-        _registered = True
         return True
+
+
+def mark_registered() -> None:
+    """Called by ``glyd.hf.quantizer.register_with_transformers`` once the registries hold glyd."""
+    global _registered
+    _registered = True
 
 
 class _Loader(importlib.abc.Loader):

@@ -137,3 +137,10 @@ def register_with_transformers() -> None:
     if AUTO_QUANTIZER_MAPPING.get(QUANT_METHOD) is not GlydHfQuantizer:
         AUTO_QUANTIZER_MAPPING.pop(QUANT_METHOD, None)
         register_quantizer(QUANT_METHOD)(GlydHfQuantizer)
+    from glyd.hf import _register
+
+    _register.mark_registered()
+
+
+# Importing this module is enough to make transformers know glyd (whoever imports it first).
+register_with_transformers()

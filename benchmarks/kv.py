@@ -1,5 +1,6 @@
 """KV cache benchmark: bytes against bf16 (real SmolLM2 keys/values) and decode-attention time (H200).
 
+    python benchmarks/kv.py stats                             # CPU: exponent statistics behind the layout
     python benchmarks/kv.py sizes [--pool .carry/kv_pool.pt]   # CPU: size tables (markdown), writes a pool
     python benchmarks/kv.py speed [--pool .carry/kv_pool.pt]   # CUDA: decode-step attention vs bf16 SDPA
 
@@ -138,21 +139,102 @@ def cmd_sizes(args) -> None:
         print(f"\nwrote {args.pool}: keys {tuple(pool['k'].shape)}", file=sys.stderr)
 
 
+# ---------------------------------------------------------------------------------------- stats
+def _exp(x: torch.Tensor) -> torch.Tensor:
+    return (x.contiguous().view(torch.int16).to(torch.int32) >> 7) & 0xFF
+
+
+def _groups(e: torch.Tensor, how: str) -> torch.Tensor:
+    """Rows of exponents that one table would cover; ``e`` is [L, H, T, D]."""
+    l_, h, t, d = e.shape
+    ep = e.reshape(l_, h, t // PAGE, PAGE, d)
+    if how == "one channel, all tokens":
+        return ep.permute(0, 1, 4, 2, 3).reshape(l_ * h * d, -1)
+    if how == "one channel, one page":
+        return ep.permute(0, 1, 2, 4, 3).reshape(-1, PAGE)
+    if how == "one head, one page":
+        return ep.reshape(l_ * h * (t // PAGE), -1)
+    if how == "one page, all heads":
+        return ep.permute(0, 2, 1, 3, 4).reshape(l_ * (t // PAGE), -1)
+    return ep.reshape(l_ * h, -1)  # one head, all tokens
+
+
+def _tier_bits(off: torch.Tensor, tiers: tuple[int, ...]) -> torch.Tensor:
+    bits = torch.zeros(off.shape, dtype=torch.float32)
+    lo, alive = 0, torch.ones(off.shape, dtype=torch.bool)
+    for b in tiers:
+        bits += alive * b
+        if b == 8:
+            break
+        n = (1 << b) - 1
+        alive = alive & ~((off >= lo) & (off < lo + n))
+        lo += n
+    return bits
+
+
+def code_bits(e: torch.Tensor, tiers: tuple[int, ...], search: int) -> float:
+    """Bits a value (8 for sign and mantissa included) of a tiered exponent code per (page, head, channel)."""
+    l_, h, t, d = e.shape
+    ep = e.reshape(l_, h, t // PAGE, PAGE, d)
+    mx = ep.amax(3, keepdim=True)
+    best = None
+    for s in range(search):
+        b = _tier_bits((mx - s).clamp_min(0) - ep, tiers).sum(3, keepdim=True)
+        best = b if best is None else torch.minimum(best, b)
+    return 8 + best.sum().item() / ep.numel() + 8 / PAGE
+
+
+def cmd_stats(args) -> None:
+    torch.set_num_threads(1)
+    k, v = smollm2_windows([2048])[0]
+    print(f"\nSmolLM2-135M keys and values, 2048 tokens of tinyshakespeare, page {PAGE}\n")
+    print("| group one exponent table covers | keys: entropy bits | keys: outside best 8 | "
+          "values: entropy bits | values: outside best 8 |")
+    print("|---|---|---|---|---|")
+    ek, ev = _exp(k), _exp(v)
+    for how in ("one channel, all tokens", "one channel, one page", "one head, one page", "one page, all heads",
+                "one head, all tokens"):
+        cells = []
+        for e in (ek, ev):
+            g = _groups(e, how)
+            hist = torch.zeros(g.shape[0], 256)
+            hist.scatter_add_(1, g.long(), torch.ones(g.shape))
+            pr = hist / g.shape[1]
+            ent = float(-(pr * torch.log2(pr.clamp_min(1e-30))).sum(1).mean())
+            out8 = 1 - float(hist.unfold(1, 8, 1).sum(-1).amax(1).sum() / hist.sum())
+            cells += [f"{ent:.2f}", f"{100 * out8:.2f}%"]
+        print(f"| {how} | " + " | ".join(cells) + " |")
+    print("\nbits a value (sign + mantissa 8 bits, exponent code, per-(page, head, channel) top byte)\n")
+    print("| exponent code | keys | values |")
+    print("|---|---|---|")
+    for name, tiers, search in (("3-bit window + raw escapes (top = max)", (3, 8), 1),
+                                ("2-bit, 4-bit, raw (top = max)", (2, 4, 8), 1),
+                                ("2-bit, 2-bit, 4-bit, raw (top = max)", (2, 2, 4, 8), 1),
+                                ("2-bit, 2-bit, 2-bit, raw (top = max)", (2, 2, 2, 8), 1),
+                                ("2-bit, 2-bit, 2-bit, raw (top of max..max-4): glyd", (2, 2, 2, 8), 5)):
+        bk, bv = code_bits(ek, tiers, search), code_bits(ev, tiers, search)
+        print(f"| {name} | {bk:.3f} ({bk / 16:.4f}) | {bv:.3f} ({bv / 16:.4f}) |")
+
+
 # ---------------------------------------------------------------------------------------- speed
 def fill(b: int, t: int, pool: torch.Tensor | None, gen: torch.Generator, scale: torch.Tensor | None) -> torch.Tensor:
     """[b, 4, t, 128] bf16 on the GPU, made of whole real pages drawn from the pool (or Gaussian)."""
     h, d = QWEN["kv_heads"], QWEN["head_dim"]
+    dev = gen.device
     if pool is None:
-        x = torch.randn(b, h, t, d, device="cuda", generator=gen)
+        x = torch.randn(b, h, t, d, device=dev, generator=gen)
         return (x * scale).to(torch.bfloat16)
     pages = pool.reshape(-1, pool.shape[1] // PAGE, PAGE, d).reshape(-1, PAGE, d)  # [N, P, D]
     n = b * h * (t // PAGE)
-    pick = torch.randint(0, pages.shape[0], (n,), device="cuda", generator=gen)
+    pick = torch.randint(0, pages.shape[0], (n,), device=dev, generator=gen)
     return pages[pick].reshape(b, h, t, d)
 
 
 def cuda_graph_time(fn, iters: int = 50) -> float:
     """Median microseconds of one call, captured in a CUDA graph (replays timed with events)."""
+    if not torch.cuda.is_available():  # a CPU dry run (TRITON_INTERPRET=1) checks the script, times nothing
+        fn()
+        return float("nan")
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
@@ -181,19 +263,18 @@ def cmd_speed(args) -> None:
 
     from glyd.kv import _triton as kt
 
-    dev = torch.device("cuda")
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     pool = None
     if args.pool and Path(args.pool).exists():
         p = torch.load(args.pool)
         pool = {k: v.to(dev) for k, v in p.items()}
-    gen = torch.Generator(device="cuda").manual_seed(0)
+    gen = torch.Generator(device=dev).manual_seed(0)
     kscale = torch.exp(torch.randn(1, QWEN["kv_heads"], 1, QWEN["head_dim"], device=dev, generator=gen))
     hq, h, d = QWEN["q_heads"], QWEN["kv_heads"], QWEN["head_dim"]
-    variants = [dict(rank=1, warps=4, ts=16), dict(rank=1, warps=8, ts=16), dict(rank=0, warps=4, ts=16),
-                dict(rank=1, warps=8, ts=32)]
+    variants = [dict(rank=1, warps=4, ts=16), dict(rank=1, warps=8, ts=16), dict(rank=1, warps=8, ts=32)]
     rows, log = [], []
     cases = [(t, b, False) for t in args.tokens for b in args.batches]
-    cases += [(t, b, True) for t in args.tokens for b in (8, 64)]  # sequences of different lengths
+    cases += [(t, b, True) for t in args.tokens for b in args.mixed]  # sequences of different lengths
     for t, b, mixed in cases:
         k = fill(b, t, None if pool is None else pool["k"], gen, kscale)
         v = fill(b, t, None if pool is None else pool["v"], gen, torch.ones_like(kscale))
@@ -242,7 +323,7 @@ def cmd_speed(args) -> None:
               f"bf16-pages {t_raw:.1f} us", file=sys.stderr, flush=True)
         del k, v, ks, vs
         torch.cuda.empty_cache()
-    name = torch.cuda.get_device_name()
+    name = torch.cuda.get_device_name() if dev.type == "cuda" else "CPU dry run"
     print(f"\nall variants (r: rank 1 row scans, 0 one flat scan; w: warps; s: sub-tile tokens): " + "; ".join(
         f"T={t} B={b} r{v['rank']}w{v['warps']}s{v['ts']} {us:.1f}us" for t, b, v, us, _ in log))
     print(f"\n{name}; torch {torch.__version__}; triton {triton.__version__}; pages: "
@@ -253,7 +334,7 @@ def cmd_speed(args) -> None:
     print("|---|---|---|---|---|---|---|---|---|---|")
     for t, b, mixed, ts, tg, tr, var, ratio, err in rows:
         print(f"| {t} | {b} | {'T/2..T' if mixed else 'all T'} | {ts:.1f} | {tg:.1f} | {tg / ts:.2f} | "
-              f"r{var['rank']} w{var['warps']} s{var['ts']} | {tr:.1f} | {ratio:.3f} | {err:.1e} |")
+              f"r{var['rank']} w{var['warps']} s{var['ts']} | {tr:.1f} | {'-' if mixed else f'{ratio:.3f}'} | {err:.1e} |")
 
 
 def main() -> None:
@@ -262,10 +343,13 @@ def main() -> None:
     s = sub.add_parser("sizes")
     s.add_argument("--pool", default=str(ROOT / ".carry" / "kv_pool.pt"))
     s.set_defaults(func=cmd_sizes)
+    s = sub.add_parser("stats")
+    s.set_defaults(func=cmd_stats)
     s = sub.add_parser("speed")
     s.add_argument("--pool", default=str(ROOT / ".carry" / "kv_pool.pt"))
     s.add_argument("--tokens", type=int, nargs="+", default=[4096, 16384])
-    s.add_argument("--batches", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64])
+    s.add_argument("--batches", type=int, nargs="+", default=[1, 4, 16, 64])
+    s.add_argument("--mixed", type=int, nargs="*", default=[64], help="batches of sequences of different lengths")
     s.set_defaults(func=cmd_speed)
     args = ap.parse_args()
     print(f"# {platform.node()} {platform.machine()} python {platform.python_version()} torch {torch.__version__}",

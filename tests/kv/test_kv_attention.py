@@ -105,8 +105,13 @@ def test_kernel_on_gpu(b, g):
     from glyd.kv._triton import decode_attention_triton
 
     lens_t = torch.tensor(lens, device="cuda")
-    for splits, rank, warps in ((None, 1, 4), (1, 0, 4), (7, 1, 8), (None, 0, 8)):
-        out = decode_attention_triton(q, ks, vs, lens_t, num_splits=splits, rank_mode=rank, num_warps=warps)
+    # Every kernel variant once (each is a separate compile), the default at every shape.
+    combos = [(None, 1, 4, 16), (1, 1, 4, 16)]
+    if b == 16:
+        combos += [(7, 0, 4, 16), (None, 1, 8, 16), (3, 1, 8, 32), (None, 0, 8, 64)]
+    for splits, rank, warps, ts in combos:
+        out = decode_attention_triton(q, ks, vs, lens_t, num_splits=splits, rank_mode=rank, num_warps=warps,
+                                      sub_tile=ts)
         assert torch.isfinite(out.float()).all()
         assert rel_err(out, ref) <= TOL
     twin = decode_attention_torch(q, ks, vs)

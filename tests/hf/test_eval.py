@@ -211,3 +211,15 @@ def test_random_model_from_config_cli(tmp_path, capsys):
 def test_benchmark_script_help():
     r = subprocess.run([sys.executable, str(REPO / "benchmarks" / "e2e.py"), "--help"], capture_output=True, text=True)
     assert r.returncode == 0 and "--decode-batches" in r.stdout
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_evaluate_on_the_gpu(tiny_folder, data_dir):
+    report = ev.evaluate(_cfg(tiny_folder, data_dir, device="cuda", modes=("fixed12", "tiered", "exact"), score_chunk=8))
+    ref, fixed, tiered, exact = report.results
+    assert exact.ppl == ref.ppl and exact.mmlu_max_logit_diff == 0.0
+    for r in (fixed, tiered):
+        assert r.next_token_agree >= 0.9 and abs(r.ppl / ref.ppl - 1) < 0.01
+        assert r.weight_bytes < ref.weight_bytes
+    assert all("CUDA graph" in r.decode_method for r in report.results), [r.decode_method for r in report.results]

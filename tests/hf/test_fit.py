@@ -108,6 +108,21 @@ def test_glyd_folder_counts_packed_bytes_as_stored(tmp_path):
     count = fit.count_from_files(folder)
     assert count.packed_bytes == 100 * 64 + 100 * 32
     assert count.glyd_bytes("fixed12") == 100 * 96 + 64 * 2
+    e, table = fit.run_fit(str(folder), "1GB", 16)
+    assert e.weights_glyd == 100 * 96 + 64 * 2 and "as stored" in table
+
+
+def test_sharded_folder_reads_only_indexed_shards(tmp_path):
+    folder = _tiny_folder(tmp_path)
+    (folder / "model.safetensors").rename(folder / "model-00001-of-00001.safetensors")
+    save_file({"stray.weight": torch.zeros(1000, 1000, dtype=torch.bfloat16)}, str(folder / "consolidated.safetensors"))
+    index = {"weight_map": {k: "model-00001-of-00001.safetensors" for k in ("embed.weight", "q.weight", "n.weight", "n32.weight")}}
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+    assert fit.count_from_files(folder).packable == 100 * 64 + 64 * 64
+    index["weight_map"]["x.weight"] = "model-00002-of-00002.safetensors"
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(FormatError, match="model-00002-of-00002"):
+        fit.count_from_files(folder)
 
 
 def test_bad_inputs(tmp_path):

@@ -229,7 +229,18 @@ _ITEMSIZE = {"BF16": 2, "F16": 2, "F32": 4, "F64": 8, "I8": 1, "U8": 1, "I16": 2
 
 def count_from_files(folder: Path) -> WeightCount | None:
     """Weights from the safetensors headers of ``folder`` (None when it has no safetensors files)."""
-    files = sorted(folder.glob("*.safetensors"))
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():  # a sharded checkpoint: only the shards its index names
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+            files = sorted({folder / str(f) for f in weight_map.values()})
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise FormatError(f"{index}: not a valid safetensors index ({exc})") from exc
+        missing = [f.name for f in files if not f.is_file()]
+        if missing:
+            raise FormatError(f"{index}: names missing shard(s) {', '.join(missing[:3])}")
+    else:
+        files = sorted(folder.glob("*.safetensors"))
     if not files:
         return None
     glyd_folder = False
@@ -397,4 +408,7 @@ def run_fit(model: str, gpu: str, context: int, batch: int = 1, layout: str = "f
     path = Path(model)
     folder = path if path.is_dir() else (path.parent if path.is_file() else None)
     e = estimate(cfg, gpu_bytes=parse_size(gpu), context=context, batch=batch, layout=layout, folder=folder)
+    stored = (cfg.get("quantization_config") or {}) if isinstance(cfg.get("quantization_config"), dict) else {}
+    if stored.get("quant_method") == "glyd" and e.source.endswith("as stored"):
+        e.layout = f"{stored.get('layout', 'packed')}, as stored"
     return e, format_table(e, cfg)

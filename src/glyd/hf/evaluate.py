@@ -614,6 +614,17 @@ def _time_cuda(runner: _StepRunner, replays: int, graphs: bool) -> tuple[float, 
             torch.cuda.synchronize()
     if graph is not None:
         run = graph.replay
+        # The replayed graph must compute what an eager step computes (same inputs, same slot).
+        runner.reset()
+        graph.replay()
+        replayed = runner.out.float().clone()
+        runner.reset()
+        eager = runner.step().float()
+        diff = float((replayed - eager).abs().max())
+        if not torch.isfinite(replayed).all() or diff > 1e-2 * max(float(eager.abs().max()), 1.0):
+            log.warning("CUDA graph replay differs from an eager step by %.4g (max |logit| %.4g)", diff, float(eager.abs().max()))
+        else:
+            log.debug("CUDA graph replay matches an eager step (max diff %.3g)", diff)
     else:
         run = runner.step
         method = "eager steps (CUDA graph capture failed), median GPU time (events)"

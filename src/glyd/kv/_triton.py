@@ -39,26 +39,27 @@ def _decode_rows(sm_ptr, dig_ptr, tail_ptr, blk, t0, top, s2, s3, s4, c2, c3, c4
     """
     offs_t = t0 + tl.arange(0, TS)
     offs_c = tl.arange(0, D)
-    sm = tl.load(sm_ptr + blk * (P * D) + offs_t[:, None] * D + offs_c[None, :]).to(tl.int32)
-    db = tl.load(dig_ptr + blk * (P * D // 4) + offs_t[:, None] * (D // 4) + (offs_c[None, :] >> 2)).to(tl.int32)
+    # Scalar block base pointers, 32-bit offsets inside the block: one 64-bit add per element.
+    sm = tl.load((sm_ptr + blk * (P * D)) + (offs_t[:, None] * D + offs_c[None, :])).to(tl.int32)
+    db = tl.load((dig_ptr + blk * (P * D // 4)) + (offs_t[:, None] * (D // 4) + (offs_c[None, :] >> 2))).to(tl.int32)
     d1 = (db >> ((offs_c[None, :] & 3) * 2)) & 3
     m1 = d1 == 3
     r2, n = _rank(m1, TS, D, RANK)
     r2 += c2
     c2 += n
-    t2 = tl.load(tail_ptr + s2 + (r2 >> 2), mask=m1, other=0).to(tl.int32)
+    t2 = tl.load((tail_ptr + s2) + (r2 >> 2), mask=m1, other=0).to(tl.int32)
     d2 = (t2 >> ((r2 & 3) * 2)) & 3
     m2 = m1 & (d2 == 3)
     r3, n = _rank(m2, TS, D, RANK)
     r3 += c3
     c3 += n
-    t3 = tl.load(tail_ptr + s3 + (r3 >> 2), mask=m2, other=0).to(tl.int32)
+    t3 = tl.load((tail_ptr + s3) + (r3 >> 2), mask=m2, other=0).to(tl.int32)
     d3 = (t3 >> ((r3 & 3) * 2)) & 3
     m3 = m2 & (d3 == 3)
     r4, n = _rank(m3, TS, D, RANK)
     r4 += c4
     c4 += n
-    e4 = tl.load(tail_ptr + s4 + r4, mask=m3, other=0).to(tl.int32)
+    e4 = tl.load((tail_ptr + s4) + r4, mask=m3, other=0).to(tl.int32)
     e = tl.where(m1, tl.where(m2, tl.where(m3, e4, top - 6 - d3), top - 3 - d2), top - d1)
     bits = ((sm & 0x80) << 8) | ((e & 0xFF) << 7) | (sm & 0x7F)
     return bits.to(tl.int16).to(tl.bfloat16, bitcast=True), c2, c3, c4

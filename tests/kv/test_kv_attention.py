@@ -69,6 +69,16 @@ def test_reference_matches_direct_sdpa():
         assert bits_equal(ref[i : i + 1], direct.to(torch.bfloat16))
 
 
+def test_twin_with_starts():
+    gen = torch.Generator().manual_seed(9)
+    q, ks, vs, _, _ = make(gen, 3, 2, 2, 16, 16, [40, 40, 40])
+    starts = torch.tensor([0, 17, 39])
+    ref = decode_attention_reference(q, ks, vs, upcast=True, starts=starts)
+    assert rel_err(decode_attention(q, ks, vs, starts=starts), ref) <= TOL
+    plain = decode_attention_reference(q, ks, vs, upcast=True)
+    assert rel_err(plain[1:], ref[1:]) > 0.05  # the mask matters
+
+
 def test_shape_errors():
     gen = torch.Generator().manual_seed(8)
     q, ks, vs, _, _ = make(gen, 2, 2, 2, 16, 16, [20, 3])
@@ -116,6 +126,9 @@ def test_kernel_on_gpu(b, g):
         assert rel_err(out, ref) <= TOL
     twin = decode_attention_torch(q, ks, vs)
     assert rel_err(twin, ref) <= TOL
+    starts = (lens_t // 3).clamp_max(lens_t - 1)
+    ref_s = decode_attention_reference(q, ks, vs, upcast=True, starts=starts)
+    assert rel_err(decode_attention_triton(q, ks, vs, lens_t, starts=starts), ref_s) <= TOL
 
 
 @pytest.mark.gpu

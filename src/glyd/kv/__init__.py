@@ -22,6 +22,7 @@ _LAZY = {
     "GlydCache": "glyd.kv.cache",
     "GlydLayer": "glyd.kv.cache",
     "make_cache": "glyd.kv.cache",
+    "enable_fused": "glyd.kv.cache",
     "decode_attention": "glyd.kv.attention",
     "decode_attention_reference": "glyd.kv.attention",
     "decode_attention_torch": "glyd.kv.attention",

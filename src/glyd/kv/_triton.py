@@ -89,8 +89,9 @@ def _softmax_step(q, k, v, valid, m_i, l_i, acc, qk_scale, F32: tl.constexpr):
     s = _dot(q, tl.trans(k), F32) * qk_scale  # [GP, P], log2 units
     s = tl.where(valid[None, :], s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, 1))
-    alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(s - m_new[:, None])
+    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # a fully masked tile so far: no NaN
+    alpha = tl.exp2(m_i - m_use)
+    p = tl.exp2(s - m_use[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
     acc = acc * alpha[:, None] + _dot(p.to(tl.bfloat16), v, F32)
     return m_new, l_i, acc
@@ -98,7 +99,7 @@ def _softmax_step(q, k, v, valid, m_i, l_i, acc, qk_scale, F32: tl.constexpr):
 
 @triton.jit
 def _kv_decode_split_kernel(
-    q_ptr, lens_ptr,
+    q_ptr, lens_ptr, starts_ptr,
     k_sm, k_dig, k_top, k_meta, k_tail, k_raw,
     v_sm, v_dig, v_top, v_meta, v_tail, v_raw,
     m_out, l_out, acc_out,
@@ -111,6 +112,7 @@ def _kv_decode_split_kernel(
     b = pid_bh // H
     h = pid_bh % H
     L = tl.load(lens_ptr + b)
+    S0 = tl.load(starts_ptr + b)  # tokens before S0 are masked (left padding)
     n_full = L // P
     n_total = (L + P - 1) // P
     j0 = split * PAGES_PER_SPLIT
@@ -123,7 +125,7 @@ def _kv_decode_split_kernel(
     m_i = tl.full([GP], float("-inf"), tl.float32)
     l_i = tl.zeros([GP], tl.float32)
     acc = tl.zeros([GP, DV], tl.float32)
-    all_ts = tl.arange(0, TS) < TS
+    offs_ts = tl.arange(0, TS)
     for j in range(j0, tl.minimum(j1, n_full)):
         kblk = ((b * H + h) * K_CAP + j).to(tl.int64)
         vblk = ((b * H + h) * V_CAP + j).to(tl.int64)
@@ -140,9 +142,9 @@ def _kv_decode_split_kernel(
                                              P, TS, D, RANK)
             vb, vc2, vc3, vc4 = _decode_rows(v_sm, v_dig, v_tail, vblk, t0, vtop, vs2, vs3, vs4, vc2, vc3, vc4,
                                              P, TS, DV, RANK)
-            m_i, l_i, acc = _softmax_step(q, kb, vb, all_ts, m_i, l_i, acc, qk_scale, F32)
+            m_i, l_i, acc = _softmax_step(q, kb, vb, (j * P + t0 + offs_ts) >= S0, m_i, l_i, acc, qk_scale, F32)
     if (n_full >= j0) & (n_full < j1):  # this split holds the raw, unfilled page
-        valid = offs_t < (L - n_full * P)
+        valid = (offs_t < (L - n_full * P)) & ((n_full * P + offs_t) >= S0)
         raw = (b * H + h).to(tl.int64) * P
         kb = tl.load(k_raw + (raw + offs_t[:, None]) * D + offs_d[None, :], mask=valid[:, None], other=0.0)
         vb = tl.load(v_raw + (raw + offs_t[:, None]) * DV + offs_v[None, :], mask=valid[:, None], other=0.0)
@@ -192,10 +194,10 @@ def _planes(st, name: str):
     return st.sm, st.dig, st.top, st.meta, tail, st.raw
 
 
-# q [B, Hq, D] bf16; k_store/v_store PageStores with B sequences, H KV heads (Hq = G*H); lens [B] int (tokens per sequence)
-# -> out [B, Hq, DV] bf16
+# q [B, Hq, D] bf16; k_store/v_store PageStores with B sequences, H KV heads (Hq = G*H); lens [B] int (tokens per
+# sequence); starts [B] int or None (tokens before it are masked) -> out [B, Hq, DV] bf16
 def decode_attention_triton(q, k_store, v_store, lens, scale=None, num_splits=None, rank_mode=1, num_warps=4,
-                            sub_tile=16):
+                            sub_tile=16, starts=None):
     b, hq, d = q.shape
     h, p, dv = k_store.heads, k_store.page, v_store.head_dim
     if q.dtype != torch.bfloat16:
@@ -209,6 +211,7 @@ def decode_attention_triton(q, k_store, v_store, lens, scale=None, num_splits=No
     g = hq // h
     gp = max(16, triton.next_power_of_2(g))
     lens = lens.to(device=q.device, dtype=torch.int32).contiguous()
+    starts = (torch.zeros_like(lens) if starts is None else starts.to(device=q.device, dtype=torch.int32)).contiguous()
     dev = q.device
     max_pages = (k_store.max_len + p - 1) // p  # a host int: no sync, so CUDA graphs can capture this
     if num_splits is None:
@@ -220,7 +223,7 @@ def decode_attention_triton(q, k_store, v_store, lens, scale=None, num_splits=No
     acc = torch.empty(b * h * num_splits * gp * dv, dtype=torch.float32, device=dev)
     scale = 1.0 / math.sqrt(d) if scale is None else scale
     _kv_decode_split_kernel[(b * h, num_splits)](
-        q.contiguous(), lens,
+        q.contiguous(), lens, starts,
         *_planes(k_store, "k_store"), *_planes(v_store, "v_store"),
         m, l_, acc,
         scale * 1.4426950408889634, h, k_store.cap, v_store.cap, pages_per_split, num_splits,

@@ -77,7 +77,7 @@ def _check(q: torch.Tensor, ks: PageStore, vs: PageStore) -> tuple[int, int, int
 
 def decode_attention_reference(
     q: torch.Tensor, k_store: PageStore, v_store: PageStore,
-    scale: float | None = None, upcast: bool = False,
+    scale: float | None = None, upcast: bool = False, starts: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Unpack to bf16 and run ``F.scaled_dot_product_attention`` (in fp32 when ``upcast``)."""
     b, hq, d = _check(q, k_store, v_store)
@@ -87,7 +87,11 @@ def decode_attention_reference(
     g = hq // k_store.heads
     k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
     t = k.shape[2]
-    mask = (torch.arange(t, device=q.device)[None, :] < lens[:, None])[:, None, None, :]
+    pos = torch.arange(t, device=q.device)[None, :]
+    mask = pos < lens[:, None]
+    if starts is not None:
+        mask = mask & (pos >= starts.to(q.device)[:, None])
+    mask = mask[:, None, None, :]
     qq = q[:, :, None, :]
     if upcast:
         qq, k, v = qq.float(), k.float(), v.float()
@@ -97,7 +101,7 @@ def decode_attention_reference(
 
 def decode_attention_torch(
     q: torch.Tensor, k_store: PageStore, v_store: PageStore,
-    scale: float | None = None,
+    scale: float | None = None, starts: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The fused kernel's algorithm in torch: decode a page, online softmax, next page."""
     b, hq, d = _check(q, k_store, v_store)
@@ -115,7 +119,7 @@ def decode_attention_torch(
     def step(kb, vb, valid, m, l_, acc):
         s = torch.einsum("bhgd,bhtd->bhgt", qf, kb.float()) * (scale * 1.4426950408889634)
         s = torch.where(valid[:, None, None, :], s, float("-inf"))
-        m_new = torch.maximum(m, s.amax(-1))
+        m_new = torch.maximum(m, s.amax(-1))  # -inf while every token so far is masked
         m_safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
         alpha = torch.exp2(m - m_safe)
         pr = torch.exp2(s - m_safe[..., None])
@@ -141,18 +145,21 @@ def decode_attention_torch(
             kb = torch.where(is_raw, k_store.raw, kb)
             vb = torch.where(is_raw, v_store.raw, vb)
         valid = (j * p + t_idx)[None, :] < lens[:, None]
+        if starts is not None:
+            valid = valid & ((j * p + t_idx)[None, :] >= starts.to(q.device)[:, None])
         m, l_, acc = step(kb, vb, valid, m, l_, acc)
     return (acc / l_[..., None]).reshape(b, hq, dv).to(torch.bfloat16)
 
 
 def decode_attention(
     q: torch.Tensor, k_store: PageStore, v_store: PageStore, scale: float | None = None,
-    num_splits: int | None = None, backend: str = "auto",
+    num_splits: int | None = None, backend: str = "auto", starts: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Decode-step attention reading the packed pages directly.
 
     ``backend``: ``"triton"`` (the fused kernel; CUDA tensors, or any under ``TRITON_INTERPRET=1``),
-    ``"torch"`` (the twin) or ``"auto"`` (Triton for CUDA tensors, else the twin).
+    ``"torch"`` (the twin) or ``"auto"`` (Triton for CUDA tensors, else the twin). ``starts[b]``:
+    sequence ``b`` ignores its tokens before that index (left padding).
     """
     _check(q, k_store, v_store)
     if backend not in ("auto", "triton", "torch"):
@@ -161,5 +168,5 @@ def decode_attention(
         from glyd.kv._triton import decode_attention_triton
 
         lens = _lens(k_store, q.device)
-        return decode_attention_triton(q, k_store, v_store, lens, scale=scale, num_splits=num_splits)
-    return decode_attention_torch(q, k_store, v_store, scale=scale)
+        return decode_attention_triton(q, k_store, v_store, lens, scale=scale, num_splits=num_splits, starts=starts)
+    return decode_attention_torch(q, k_store, v_store, scale=scale, starts=starts)

@@ -1,7 +1,13 @@
 """``GlydCache``: a transformers ``Cache`` whose layers hold keys and values in lossless pages.
 
-Reference path: ``update`` returns the whole cache unpacked to bf16, bit for bit the tensors a
-``DynamicCache`` would return, so the model's own attention (SDPA, eager, ...) runs unchanged.
+Reference path (default): ``update`` returns the whole cache unpacked to bf16, bit for bit the
+tensors a ``DynamicCache`` would return, so the model's own attention (SDPA, eager, ...) runs
+unchanged.
+
+Fused path (``fused=True``, after :func:`enable_fused`): on one-token decode steps ``update``
+returns only the new token's states, and the ``"glyd_kv"`` attention function reads the packed
+pages with :func:`glyd.kv.decode_attention` (the Triton kernel on CUDA, the torch twin elsewhere).
+Prefill and every other call go through SDPA as usual.
 """
 
 from __future__ import annotations
@@ -15,6 +21,10 @@ from glyd.errors import FormatError
 from glyd.kv.pages import PageStore
 
 DEFAULT_PAGE = 64
+#: The attention implementation name :func:`enable_fused` registers with transformers.
+ATTN_NAME = "glyd_kv"
+# id(key tensor handed to attention) -> (that tensor, its layer), for the fused decode step.
+_PENDING: dict[int, tuple[torch.Tensor, "GlydLayer"]] = {}
 
 
 class GlydLayer(DynamicLayer):
@@ -23,11 +33,13 @@ class GlydLayer(DynamicLayer):
     is_compileable = False
     is_croppable = True
 
-    def __init__(self, page_size: int = DEFAULT_PAGE, **kwargs):
+    def __init__(self, page_size: int = DEFAULT_PAGE, fused: bool = False, **kwargs):
         super().__init__()
         if page_size <= 0 or page_size % 4:
             raise FormatError(f"page_size {page_size} must be a positive multiple of 4")
         self.page_size = page_size
+        self.fused = fused
+        self._pending_id: int | None = None
         self.k_store: PageStore | None = None
         self.v_store: PageStore | None = None
 
@@ -49,8 +61,18 @@ class GlydLayer(DynamicLayer):
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
+        before = self.k_store.n_tokens
         self.k_store.append(key_states)
         self.v_store.append(value_states)
+        if self._pending_id is not None:
+            _PENDING.pop(self._pending_id, None)
+            self._pending_id = None
+        if before == 0:  # the cache held nothing before: it holds exactly these states
+            return key_states, value_states
+        if self.fused and key_states.shape[2] == 1:
+            self._pending_id = id(key_states)
+            _PENDING[self._pending_id] = (key_states, self)
+            return key_states, value_states
         return self.k_store.dense(), self.v_store.dense()
 
     def get_seq_length(self) -> int:
@@ -130,10 +152,18 @@ class GlydCache(Cache):
     ...                                                                       # doctest: +SKIP
     """
 
-    def __init__(self, config=None, page_size: int = DEFAULT_PAGE):
+    def __init__(self, config=None, page_size: int = DEFAULT_PAGE, fused: bool = False):
         if page_size <= 0 or page_size % 4:
             raise FormatError(f"page_size {page_size} must be a positive multiple of 4")
         self.page_size = page_size
+        self.fused = fused
+        if fused:
+            impl = getattr(config, "_attn_implementation", None) if config is not None else None
+            if impl != ATTN_NAME:
+                raise FormatError(
+                    f"GlydCache(fused=True) needs the model's attention set to {ATTN_NAME!r} (glyd.kv.enable_fused"
+                    f"(model)) and its config passed; config._attn_implementation is {impl!r}"
+                )
         if config is None:
             super().__init__(layer_class_to_replicate=functools.partial(GlydLayer, page_size))
             return
@@ -142,7 +172,7 @@ class GlydCache(Cache):
         bad = sorted(set(types) - {"full_attention"})
         if bad:
             raise FormatError(f"GlydCache supports full-attention layers only; config.layer_types has {bad}")
-        super().__init__(layers=[GlydLayer(page_size) for _ in range(text.num_hidden_layers)])
+        super().__init__(layers=[GlydLayer(page_size, fused) for _ in range(text.num_hidden_layers)])
 
     @property
     def nbytes(self) -> int:
@@ -155,12 +185,48 @@ class GlydCache(Cache):
         return sum(layer.bf16_nbytes for layer in self.layers)
 
 
-def make_cache(config=None, *, page_size: int = DEFAULT_PAGE) -> GlydCache:
+def make_cache(config=None, *, page_size: int = DEFAULT_PAGE, fused: bool = False) -> GlydCache:
     """The cache ``glyd.from_pretrained(..., kv="lossless")`` hands to ``generate``.
 
     ``config`` is the model's ``PretrainedConfig`` (or None: layers are made on first use).
+    ``fused=True`` needs :func:`enable_fused` on the model first.
 
     >>> cache = make_cache(model.config)                                     # doctest: +SKIP
     >>> model.generate(ids, past_key_values=cache, max_new_tokens=16)        # doctest: +SKIP
     """
-    return GlydCache(config, page_size=page_size)
+    return GlydCache(config, page_size=page_size, fused=fused)
+
+
+def glyd_kv_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+    """transformers attention function: fused decode over packed pages, SDPA for everything else."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    entry = _PENDING.pop(id(key), None)
+    if entry is None or entry[0] is not key:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      **kwargs)
+    from glyd.kv.attention import decode_attention
+
+    layer = entry[1]
+    layer._pending_id = None
+    starts = None
+    if attention_mask is not None:  # left padding: each row's first attended position
+        row = attention_mask[:, 0, -1, :]
+        valid = row if row.dtype == torch.bool else row == 0
+        starts = valid.to(torch.int32).argmax(dim=-1)
+    out = decode_attention(query[:, :, 0].contiguous(), layer.k_store, layer.v_store, scale=scaling, starts=starts)
+    return out[:, None], None  # [B, 1, Hq, D], as sdpa_attention_forward returns
+
+
+def enable_fused(model) -> None:
+    """Register the ``"glyd_kv"`` attention with transformers and switch ``model`` to it.
+
+    >>> enable_fused(model)                                                  # doctest: +SKIP
+    >>> model.generate(ids, past_key_values=GlydCache(model.config, fused=True))  # doctest: +SKIP
+    """
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(ATTN_NAME, glyd_kv_attention)
+    AttentionMaskInterface.register(ATTN_NAME, sdpa_mask)
+    model.set_attn_implementation(ATTN_NAME)

@@ -50,9 +50,9 @@ def _cases():
         ("fixed12", 33, 16, 192, None),  # M bucket 64
         ("fixed12", 70, 16, 128, Config(bm=128, bn=16, bk=128)),  # the tile path at long M
         ("fixed12", 300, 24, 100, None),  # long-prompt path: unpack + cuBLAS
-        ("tiered", 1, 9, 1100, None),  # fused GEMV over blocks straddling rows
-        ("tiered", 3, 5, 1024, None),
-        ("tiered", 2, 7, 300, None),  # Kp < 1024: unpack path
+        ("tiered", 1, 9, 1100, Config(bm=4, bn=16, bk=1024, dot=False)),  # fused GEMV, blocks straddle rows
+        ("tiered", 3, 5, 1024, Config(bm=1, bn=8, bk=1024, dot=False, warps=1)),  # fused, one row a program
+        ("tiered", 2, 7, 300, None),  # unpack + F.linear (the default)
         ("tiered", 8, 6, 1280, None),  # above the fused M limit: unpack path
     ]
 

@@ -174,11 +174,13 @@ def unpack(p: Packed, out: torch.Tensor | None = None, bb: int = 0, warps: int =
 #: Fused GEMV shape: rows a program, escape blocks a step (``Config.bm`` overrides), warps; and the
 #: unpack kernel's blocks a program and warps (see benchmarks/notes-kernels.md).
 GEMV_BN, GEMV_BB, GEMV_WARPS = 16, 4, 8
-UNPACK_BB, UNPACK_WARPS = 4, 8
+UNPACK_BB, UNPACK_WARPS = 1, 1
 
-#: Largest M the fused tiered kernel serves (one program per activation row: it decodes again for
-#: every row); larger M unpack to a scratch buffer and call cuBLAS.
-FUSED_MAX_M = 1
+#: Largest M the fused tiered GEMV serves by default (one program per activation row: it decodes
+#: again for every row); larger M unpack to a scratch buffer and call cuBLAS. 0: measured on the H200,
+#: the fused GEMV (193 ms a 7B step at M = 1) lost to unpack + cuBLAS (174 ms), so it runs only
+#: when a ``Config`` asks for it.
+FUSED_MAX_M = 0
 
 
 # x: bf16 [..., K]; packed: tiered [N, K]; bias: [N] or None -> bf16 [..., N]

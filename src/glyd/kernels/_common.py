@@ -8,6 +8,7 @@ Host-side work that needs the data (exception row pointers) happens once per pac
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import weakref
 
@@ -101,7 +102,7 @@ def check_x(x: torch.Tensor, k: int) -> torch.Tensor:
         raise TypeError(f"x must be bfloat16 for the fused kernels, got {x.dtype}")
     if x.dim() < 1 or x.shape[-1] != k:
         raise ValueError(f"x has shape {tuple(x.shape)}; its last dimension must be K = {k}")
-    x2 = x.reshape(-1, k)
+    x2 = x.reshape(-1, k) if k else x.reshape(math.prod(x.shape[:-1]), 0)
     if k and x2.stride(1) != 1:
         x2 = x2.contiguous()
     return x2

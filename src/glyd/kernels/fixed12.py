@@ -270,6 +270,11 @@ def linear(x: torch.Tensor, p: Packed, bias: torch.Tensor | None = None, config:
     out = torch.empty(m, n, dtype=torch.bfloat16, device=x2.device)
     if m == 0 or n == 0:
         return out.reshape(*x.shape[:-1], n)
+    if k == 0:  # an empty sum: just the bias
+        out.zero_()
+        if bias is not None:
+            out += bias.to(out.dtype)
+        return out.reshape(*x.shape[:-1], n)
     cfg = config or default_config(m, n, k)
     if cfg.long:
         w = unpack(p, C.scratch(x2.device, n * k).view(n, k))

@@ -39,6 +39,8 @@ def tiny_config(family: str, **overrides):
         cfg = transformers.MistralConfig(**common, tie_word_embeddings=False, sliding_window=None)
     elif family == "gemma":
         cfg = transformers.GemmaConfig(**common, head_dim=16, tie_word_embeddings=True)
+    elif family == "gemma3":  # a scaled embedding module (embed_scale), sliding-window layers
+        cfg = transformers.Gemma3TextConfig(**common, head_dim=16, sliding_window=8, tie_word_embeddings=True)
     else:
         raise ValueError(family)
     for k, v in overrides.items():
@@ -58,7 +60,7 @@ def build_tiny_model(family: str, dst: Path, *, dtype=torch.bfloat16, seed: int 
             elif name.endswith("bias"):
                 p.normal_(0.0, 0.02)
             else:  # norms: around 1 (Gemma stores weight - 1: around 0)
-                p.copy_((0.1 if family == "gemma" else 1.0) + 0.05 * torch.randn_like(p))
+                p.copy_((0.1 if family.startswith("gemma") else 1.0) + 0.05 * torch.randn_like(p))
     model = model.to(dtype)
     model.save_pretrained(dst, safe_serialization=True)
     (dst / "tokenizer_config.json").write_text('{"model_max_length": 256}\n')

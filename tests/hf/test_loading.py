@@ -51,7 +51,7 @@ def count_packs(monkeypatch):
     return calls
 
 
-@pytest.mark.parametrize("family", TINY_FAMILIES)
+@pytest.mark.parametrize("family", [*TINY_FAMILIES, "gemma3"])
 @pytest.mark.parametrize("merge", [False, True])
 def test_exact_logits_equal_bf16_bit_for_bit(tiny_model_folder, input_ids, family, merge):
     src = tiny_model_folder(family)

@@ -156,3 +156,18 @@ def test_a_natively_loaded_model_saves_the_same_tensors(saved, tmp_path):
     cfg = json.loads((again / "config.json").read_text())["quantization_config"]
     assert cfg["merged"] == {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"]}
     assert (again / "tokenizer_config.json").is_file()
+
+
+def test_scaled_embeddings_load_natively(tiny_model_folder, tmp_path, input_ids):
+    src = tiny_model_folder("gemma3")
+    ref = AutoModelForCausalLM.from_pretrained(src, dtype=torch.bfloat16)
+    model = glyd.from_pretrained(src, exact=True, device="cpu", progress=False)
+    assert float(model.get_input_embeddings().embed_scale) == 8.0
+    out = glyd.save_pretrained(model, tmp_path / "g3", progress=False)
+    native = AutoModelForCausalLM.from_pretrained(out)
+    glyd.nn.set_exact(native, True)
+    assert native.get_input_embeddings().embed_scale is not None
+    with torch.no_grad():
+        want = ref(input_ids).logits
+        assert torch.equal(bits(model(input_ids).logits), bits(want))
+        assert torch.equal(bits(native(input_ids).logits), bits(want))

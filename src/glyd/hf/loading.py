@@ -534,8 +534,17 @@ def prepare_skeleton(model: nn.Module, folder: Path, *, merged: dict[str, list[s
             p = _meta_packed(folder, name, e["layout"], entry, (old.num_embeddings, old.embedding_dim), meta)
             scale = getattr(old, "embed_scale", None)
             if isinstance(scale, torch.Tensor) and scale.is_meta:
-                scale = None  # rebuilt from the config after loading (see finish_skeleton)
-            setattr(parent, attr, GlydEmbedding(p, old.padding_idx, scale=scale, sha256=entry.get("sha256")))
+                # A non-persistent buffer (Gemma 3): rebuilt from the float the module keeps, in the
+                # dtype transformers gave it, so that it rounds to bf16 exactly as the original.
+                value = getattr(old, "scalar_embed_scale", None)
+                if not isinstance(value, (int, float)):
+                    raise FormatError(f"{folder}: {name!r}: cannot recover the embed_scale of {type(old).__name__}")
+                scale = torch.tensor(float(value), dtype=scale.dtype, device="cpu")
+            emb = GlydEmbedding(p, old.padding_idx, scale=scale, sha256=entry.get("sha256"))
+            if scale is not None:
+                # transformers re-creates non-persistent buffers empty after loading: keep the value.
+                emb.__dict__["_glyd_scale"] = (float(scale), scale.dtype)
+            setattr(parent, attr, emb)
         else:
             raise FormatError(
                 f"{folder}: packed tensor {name!r} belongs to a {type(old).__name__}, which glyd cannot run packed"
@@ -573,6 +582,9 @@ def finish_skeleton(model: nn.Module, folder: Path | None, manifest: dict[str, A
             m.packed  # noqa: B018 - builds the Packed over the loaded buffers: checks their shapes
         except FormatError as exc:
             raise FormatError(f"{folder}: tensor {name + '.weight'!r}: {exc}") from exc
+        kept = m.__dict__.pop("_glyd_scale", None)
+        if isinstance(m, GlydEmbedding) and kept is not None:
+            m.embed_scale = torch.tensor(kept[0], dtype=kept[1], device=m.packed.device)
     _note_source(model, folder, manifest)
 
 

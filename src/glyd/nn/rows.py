@@ -48,7 +48,8 @@ def _rows_fixed12(p: Packed, rows: torch.Tensor) -> torch.Tensor:
     if idx.numel() and b:
         # Apply every exception whose row was looked up. A row asked for twice is patched at one
         # canonical position (the last write of pos[]) and then gathered for all its positions.
-        idx = idx.to(torch.int64)
+        # Clamped: damaged indices give wrong values (verify names them), never an out-of-bounds read.
+        idx = idx.to(torch.int64).clamp(0, n * k - 1)
         er, ec = idx // k, idx % k
         pos = torch.full((n,), -1, dtype=torch.int64, device=rows.device)
         pos[rows] = torch.arange(b, device=rows.device)

@@ -21,7 +21,8 @@ import json
 import logging
 import os
 import tempfile
-from collections import Counter
+from collections import Counter, deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
@@ -184,6 +185,8 @@ class _Packer:
         self.groups: dict[str, _Group] = {}  # tensor name -> its group
         self.tied = _tied_pair(model)
         self.skip: set[str] = set()
+        self._hasher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="glyd-sha256")
+        self._hashes: deque[tuple[nn.Module, Future]] = deque()
         for name, m in model.named_modules():
             w = f"{name}.weight" if name else "weight"
             if _is_packable_linear(m):
@@ -216,21 +219,42 @@ class _Packer:
     def wants(self, name: str) -> bool:
         return name in self.linears or name in self.embeds or name in self.groups or name in self.skip
 
-    def _pack(self, name: str, t: torch.Tensor) -> tuple[Packed, str]:
+    def _pack(self, name: str, t: torch.Tensor) -> tuple[Packed, Future]:
         if t.dtype != torch.bfloat16:
             raise FormatError(
                 f"tensor {name!r} is {t.dtype}: glyd packs bf16 weights only (convert the model to bf16 "
                 f"first; rounding fp32 or fp16 to bf16 is lossy, so glyd does not do it for you)"
             )
-        sha = sha256_tensor(t)  # of the original bf16 bytes: saving and verify need no unpack
+        # sha256 of the original bf16 bytes (saving and verify need no unpack), on a worker thread
+        # while the matrix packs: hashlib releases the GIL.
+        sha = self._hasher.submit(sha256_tensor, t)
         dev = self.device if self.device is not None else t.device
         w = t.to(dev)
         layout = _ops.choose_layout(tuple(w.shape), w.device) if self.layout == "auto" else self.layout
         p = _ops.pack(w, layout)
-        self.layouts[layout] += 1
+        self.layouts[p.layout] += 1
         self.packed_bytes += p.nbytes
         self.weights += p.numel
         return p, sha
+
+    def _track(self, module: nn.Module, sha: Future) -> nn.Module:
+        """Give ``module`` its hash when ready; at most two tensors wait for hashing (bounded memory)."""
+        self._hashes.append((module, sha))
+        while len(self._hashes) > 2:
+            self._settle()
+        return module
+
+    def _settle(self) -> None:
+        module, fut = self._hashes.popleft()
+        module.sha256 = fut.result()
+
+    def close(self) -> None:
+        """Wait for every hash and stop the hashing thread."""
+        try:
+            while self._hashes:
+                self._settle()
+        finally:
+            self._hasher.shutdown(wait=True, cancel_futures=True)
 
     def _to_device(self, t: torch.Tensor) -> torch.Tensor:
         return t if self.device is None else t.to(self.device)
@@ -246,7 +270,7 @@ class _Packer:
             bias = old.bias
             if bias is not None and not bias.is_meta:
                 bias = self._to_device(bias.detach())
-            _set_module(self.model, mname, GlydLinear(p, bias, exact=self.exact, sha256=sha))
+            _set_module(self.model, mname, self._track(GlydLinear(p, bias, exact=self.exact), sha))
         elif name in self.embeds:
             mname = self.embeds.pop(name)
             old = self.model.get_submodule(mname)
@@ -254,7 +278,7 @@ class _Packer:
             scale = _embed_scale(old)
             if isinstance(scale, torch.Tensor):
                 scale = scale.to(p.device)
-            _set_module(self.model, mname, GlydEmbedding(p, old.padding_idx, scale=scale, sha256=sha))
+            _set_module(self.model, mname, self._track(GlydEmbedding(p, old.padding_idx, scale=scale), sha))
         elif name in self.groups:
             g = self.groups[name]
             g.got[name] = t
@@ -274,7 +298,7 @@ class _Packer:
         bias = None
         if g.has_bias:
             bias = self._to_device(torch.cat([g.got[n].to(ws[0].device) for n in names[k:]]))
-        merged = GlydLinear(p, bias, exact=self.exact, splits=[x.shape[0] for x in ws], sha256=sha)
+        merged = self._track(GlydLinear(p, bias, exact=self.exact, splits=[x.shape[0] for x in ws]), sha)
         parent = self.model.get_submodule(g.parent) if g.parent else self.model
         setattr(parent, g.attr, merged)
         for part, mod in zip(g.parts, merged.parts()):
@@ -284,6 +308,7 @@ class _Packer:
         g.got.clear()
 
     def finish(self, where: str) -> None:
+        self.close()
         missing = sorted(set(self.linears) | set(self.embeds) | set(self.groups))
         if missing:
             more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
@@ -402,25 +427,10 @@ def _load_bf16(path: Path, *, layout: str, merge: bool, exact: bool, device: tor
     with init_empty_weights(include_buffers=False):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16, **cfg_kw, **hf_kwargs)
     packer = _Packer(model, layout=layout, merge=merge, exact=exact, device=device)
-    sd_names = set(model.state_dict(keep_vars=True).keys())
-    prefix = getattr(model, "base_model_prefix", "")
-    total = sum(len(v) for v in keys.values())
-    from safetensors import safe_open
-
-    with tqdm(total=total, desc="glyd: loading and packing", unit="tensor", disable=not progress) as bar:
-        for f, names in keys.items():
-            with safe_open(str(f), framework="pt", device="cpu") as st:
-                for key in names:
-                    name = key if key in sd_names or not prefix else f"{prefix}.{key}"
-                    if name not in sd_names:
-                        name = key
-                    try:
-                        t = st.get_tensor(key)
-                    except Exception as exc:  # safetensors' own error types
-                        raise CorruptError(f"{f}: tensor {key!r}: cannot read: {exc}") from exc
-                    packer.feed(name, t)
-                    del t
-                    bar.update(1)
+    try:
+        _stream(path, keys, model, packer, progress)
+    finally:
+        packer.close()
     packer.finish(str(path))
     left = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
     if left:
@@ -437,6 +447,29 @@ def _load_bf16(path: Path, *, layout: str, merge: bool, exact: bool, device: tor
              ", ".join(f"{k} x{v}" for k, v in sorted(packer.layouts.items())), gb,
              8 * packer.packed_bytes / max(packer.weights, 1))
     return model
+
+
+def _stream(path: Path, keys: dict[Path, list[str]], model: nn.Module, packer: _Packer, progress: bool) -> None:
+    """Read the shards one tensor at a time and hand each to the packer."""
+    from safetensors import safe_open
+
+    sd_names = set(model.state_dict(keep_vars=True).keys())
+    prefix = getattr(model, "base_model_prefix", "")
+    total = sum(len(v) for v in keys.values())
+    with tqdm(total=total, desc="glyd: loading and packing", unit="tensor", disable=not progress) as bar:
+        for f, names in keys.items():
+            with safe_open(str(f), framework="pt", device="cpu") as st:
+                for key in names:
+                    name = key if key in sd_names or not prefix else f"{prefix}.{key}"
+                    if name not in sd_names:
+                        name = key
+                    try:
+                        t = st.get_tensor(key)
+                    except Exception as exc:  # safetensors' own error types
+                        raise CorruptError(f"{f}: tensor {key!r}: cannot read: {exc}") from exc
+                    packer.feed(name, t)
+                    del t
+                    bar.update(1)
 
 
 def _note_source(model: nn.Module, source: Path | None, manifest: dict[str, Any] | None) -> None:
@@ -746,10 +779,13 @@ def compress(model: nn.Module, *, layout: str = "auto", merge: bool | None = Non
         merge = any(p.is_cuda for p in model.parameters())
     packer = _Packer(model, layout=layout, merge=bool(merge), exact=exact, device=None)
     todo = [(n, p) for n, p in model.named_parameters(remove_duplicate=False) if packer.wants(n)]
-    for name, p in tqdm(todo, desc="glyd: packing", unit="tensor", disable=not progress):
-        if p.is_meta:
-            raise FormatError(f"tensor {name!r} is on the meta device: load the model's weights first")
-        packer.feed(name, p.detach())
+    try:
+        for name, p in tqdm(todo, desc="glyd: packing", unit="tensor", disable=not progress):
+            if p.is_meta:
+                raise FormatError(f"tensor {name!r} is on the meta device: load the model's weights first")
+            packer.feed(name, p.detach())
+    finally:
+        packer.close()
     packer.finish("model")
     _note_source(model, _source_of(model), None)
     return model

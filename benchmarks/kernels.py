@@ -162,21 +162,21 @@ def variants():
     f12 = lambda lay, m: lay == "fixed12"  # noqa: E731
     dotm = lambda lay, m: f12(lay, m) and 1 < m <= 64  # noqa: E731
     return {
-        "f12 fma bn32 bk512": lambda lay, m: V(bm=1, bn=32, bk=512, dot=False) if f12(lay, m) and m == 1 else None,
-        "f12 fma bn128 w8": lambda lay, m: V(bm=1, bn=128, bk=256, dot=False, warps=8)
+        "f12 fma bn64 bk256": lambda lay, m: V(bm=1, bn=64, bk=256, dot=False) if f12(lay, m) and m == 1 else None,
+        "f12 fma gm bn32 bk512": lambda lay, m: V(bm=1, bn=32, bk=512, dot=False, group_major=True)
         if f12(lay, m) and m == 1 else None,
-        "f12 fma bn64 bk512 w8": lambda lay, m: V(bm=1, bn=64, bk=512, dot=False, warps=8)
+        "f12 fma gm bn64 bk512": lambda lay, m: V(bm=1, bn=64, bk=512, dot=False, group_major=True)
         if f12(lay, m) and m == 1 else None,
+        "f12 fma gm bn64 bk512 w8": lambda lay, m: V(bm=1, bn=64, bk=512, dot=False, warps=8, group_major=True)
+        if f12(lay, m) and m == 1 else None,
+        "f12 fma gm m2": lambda lay, m: V(bm=1, bn=64, bk=512, dot=False, group_major=True)
+        if f12(lay, m) and m == 2 else None,
         "f12 dot bn32": lambda lay, m: V(bm=max(16, m), bn=32, bk=256) if dotm(lay, m) else None,
         "f12 dot bn128 bk128 w8": lambda lay, m: V(bm=max(16, m), bn=128, bk=128, warps=8) if dotm(lay, m) else None,
         "f12 dot bn64 w8 s4": lambda lay, m: V(bm=max(16, m), bn=64, bk=256, warps=8, stages=4)
         if dotm(lay, m) else None,
         "f12 tile 128x128": lambda lay, m: V(bm=128, bn=128, bk=128, warps=8) if f12(lay, m) and m >= 512 else None,
-        "tr gemv bb1 w1": lambda lay, m: V(bm=1, bn=16, bk=1024, dot=False, warps=1)
-        if lay == "tiered" and m == 1 else None,
-        "tr gemv bb2 w1": lambda lay, m: V(bm=2, bn=16, bk=1024, dot=False, warps=1)
-        if lay == "tiered" and m == 1 else None,
-        "tr gemv bb4 w4": lambda lay, m: V(bm=4, bn=16, bk=1024, dot=False, warps=4)
+        "tr gemv bb4 w8": lambda lay, m: V(bm=4, bn=16, bk=1024, dot=False, warps=8)
         if lay == "tiered" and m == 1 else None,
     }
 

@@ -43,6 +43,7 @@ def _cases():
     return [
         ("fixed12", 1, 37, 200, None),  # FMA path, odd shape
         ("fixed12", 1, 16, 1100, Config(bm=1, bn=16, bk=256, dot=False, split=3)),  # split-K + finalize
+        ("fixed12", 2, 20, 1100, Config(bm=1, bn=16, bk=512, dot=False, group_major=True)),
         ("fixed12", 2, 64, 128, None),
         ("fixed12", 5, 19, 320, Config(bm=16, bn=16, bk=128, split=2)),
         ("fixed12", 16, 40, 130, None),
@@ -58,7 +59,7 @@ def _cases():
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("case", range(13))
+@pytest.mark.parametrize("case", range(14))
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_linear_matches_reference(device, case, with_bias):
     from glyd import kernels

@@ -26,6 +26,8 @@ class Config:
     ``dot``: tensor-core path (``tl.dot``, x padded to ``bm`` >= 16 rows); else the FMA path for
     one activation row per program (decode once, multiply on the CUDA cores). ``split``: K splits
     (0 = choose from the SM count). ``long``: unpack to a scratch buffer then cuBLAS instead.
+    ``group_major`` (fixed12 FMA path): tile order [groups, rows, words] so x loads are shared by
+    a thread's rows (not yet timed on a GPU: see benchmarks/notes-kernels.md).
     """
 
     bm: int = 16
@@ -36,6 +38,7 @@ class Config:
     warps: int = 4
     stages: int = 3
     long: bool = False
+    group_major: bool = False
 
     def __post_init__(self) -> None:
         for name in ("bm", "bn", "bk"):
@@ -44,6 +47,8 @@ class Config:
                 raise ValueError(f"Config.{name} must be a power of two, got {v}")
         if self.dot and (self.bm < 16 or self.bn < 16):
             raise ValueError("the tl.dot path needs bm >= 16 and bn >= 16")
+        if self.group_major and self.dot:
+            raise ValueError("group_major applies to the FMA path (dot=False) only")
         if self.split < 0 or self.warps not in (1, 2, 4, 8, 16) or self.stages < 1:
             raise ValueError(f"bad split/warps/stages in {self}")
 

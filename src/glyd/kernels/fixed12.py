@@ -50,6 +50,7 @@ def _linear_kernel(
     M, N, K, KP, stride_xm, K_SPLIT, stride_code, stride_lo,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, DOT: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_EXC: tl.constexpr, PARTIAL: tl.constexpr, F32DOT: tl.constexpr,
+    GROUP_MAJOR: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -62,10 +63,18 @@ def _linear_kernel(
     b4 = base * 0x01010101
     # 3-D tiles [BN, G, 8] with explicit aranges (no // or %): the compiler sees 8 contiguous
     # words along the last axis and vectorises every plane load to 16 bytes.
-    gi = tl.arange(0, G)[None, :, None]
+    # GROUP_MAJOR (FMA path only) orders the tile [G, BN, 8]: Triton then lays threads along words
+    # and groups before rows, so one thread holds several rows of the same columns and each x value
+    # it loads serves all of them (in [BN, G, 8] every thread loads its own x: ~1 load a weight).
+    if GROUP_MAJOR:
+        gi = tl.arange(0, G)[:, None, None]
+        r3 = rn[None, :, None]
+        m3 = nmask[None, :, None]
+    else:
+        gi = tl.arange(0, G)[None, :, None]
+        r3 = rn[:, None, None]
+        m3 = nmask[:, None, None]
     wi = tl.arange(0, 8)[None, None, :]
-    r3 = rn[:, None, None]
-    m3 = nmask[:, None, None]
     # Row strides come in as arguments (KP // 8, KP // 4): Triton specialises their divisibility by
     # 16, which proves 16-byte alignment of each row's words.
     code_off = r3 * stride_code + gi * 8 + wi
@@ -79,6 +88,8 @@ def _linear_kernel(
         acc = tl.zeros([BN, BM], dtype=tl.float32)
         rm3 = rm[None, None, :]
         mm3 = mmask[None, None, :]
+    elif GROUP_MAJOR:
+        acc3 = tl.zeros([G, BN, 8], dtype=tl.float32)
     else:
         acc3 = tl.zeros([BN, G, 8], dtype=tl.float32)
     for kb in range(k0, k1, BK):
@@ -115,9 +126,13 @@ def _linear_kernel(
                 ka = kb + t + kx
                 xa = tl.load(x_ptr + pid_m * stride_xm + ka, mask=ka < K, other=0.0).to(tl.float32)
                 xb = tl.load(x_ptr + pid_m * stride_xm + ka + 32, mask=ka + 32 < K, other=0.0).to(tl.float32)
-                acc3 += wa * xa + wb * xb
+                acc3 += wa * xa  # two FMAs (one sum of two products costs FMUL + FFMA + FADD)
+                acc3 += wb * xb
     if not DOT:
-        acc1 = tl.sum(tl.sum(acc3, axis=2), axis=1)
+        if GROUP_MAJOR:
+            acc1 = tl.sum(tl.sum(acc3, axis=2), axis=0)
+        else:
+            acc1 = tl.sum(tl.sum(acc3, axis=2), axis=1)
     if HAS_EXC:
         if pid_k == 0:
             e0 = tl.load(rowptr_ptr + pid_n * BN)
@@ -292,7 +307,8 @@ def linear(x: torch.Tensor, p: Packed, bias: torch.Tensor | None = None, config:
         a["exc_idx"], a["exc_hi"], bias if bias is not None else out, dst,
         m, n, k, kp, x2.stride(0), per, kp // 8, kp // 4,
         BM=cfg.bm, BN=cfg.bn, BK=cfg.bk, DOT=cfg.dot, HAS_BIAS=bias is not None,
-        HAS_EXC=prep.nexc > 0, PARTIAL=partial, F32DOT=C.interpreting(), num_warps=cfg.warps, num_stages=cfg.stages,
+        HAS_EXC=prep.nexc > 0, PARTIAL=partial, F32DOT=C.interpreting(),
+        GROUP_MAJOR=cfg.group_major, num_warps=cfg.warps, num_stages=cfg.stages,
     )
     if partial:
         C.finalize(dst, bias, out)

@@ -174,6 +174,73 @@ def codecs(dtype: str):
     return out
 
 
+def ablation(files) -> str:
+    """bf16 files: order-0 entropy of (exponent, top 2 mantissa bits) per tensor + 6 raw bits,
+    glyd with one model a chunk, glyd with line classes; and constriction's ANS speed on the
+    symbols of the largest tensor (the entropy coder glyd does not use, see docs/filecodec.md)."""
+    import constriction
+
+    from glyd.filecodec import floats
+
+    lines = [
+        "| weights (bf16) | order-0 entropy, per tensor | glyd, one model a chunk | glyd, line classes |",
+        "|---|---:|---:|---:|",
+    ]
+    biggest = None
+    for name, dtype, path in files:
+        if dtype != "bf16":
+            continue
+        sd = load_file(str(path))
+        bits = 0.0
+        nw = 0
+        for t in sd.values():
+            if t.dtype != torch.bfloat16 or t.numel() == 0:
+                continue
+            w = t.reshape(-1).view(torch.int16).numpy().view(np.uint16)
+            joint = (w >> 5) & 0x3FF
+            c = np.bincount(joint, minlength=1024).astype(np.float64)
+            p = c[c > 0] / c.sum()
+            bits += (-(p * np.log2(p)).sum() + 6) * w.size
+            nw += w.size
+            if biggest is None or w.size > biggest.size:
+                biggest = joint
+        data = path.read_bytes()
+        with_classes = len(fc.compress_bytes(data)) * 8 / nw
+        keep = floats.MIN_CLASS_ELEMS
+        floats.MIN_CLASS_ELEMS = 1 << 62
+        try:
+            one_model = len(fc.compress_bytes(data)) * 8 / nw
+        finally:
+            floats.MIN_CLASS_ELEMS = keep
+        lines.append(f"| {name} | {bits / nw:.3f} | {one_model:.3f} | {with_classes:.3f} |")
+    used, sym = np.unique(biggest[: 4 << 20], return_inverse=True)
+    sym = sym.astype(np.int32)
+    probs = np.bincount(sym).astype(np.float64)
+    model = constriction.stream.model.Categorical(probs / probs.sum(), perfect=False)
+    enc = constriction.stream.stack.AnsCoder()
+    c0 = time.process_time()
+    enc.encode_reverse(sym, model)
+    comp = enc.get_compressed()
+    c1 = time.process_time()
+    out = constriction.stream.stack.AnsCoder(comp).decode(model, sym.size)
+    c2 = time.process_time()
+    assert np.array_equal(out, sym)
+    lines.append("")
+    lines.append(
+        f"constriction {constriction_version()} ANS (stack coder, Categorical of {used.size} symbols) on "
+        f"{sym.size / 1e6:.1f} M symbols of the largest tensor, CPU time: encode {sym.size / (c1 - c0) / 1e6:.0f} M symbols/s, "
+        f"decode {sym.size / (c2 - c1) / 1e6:.0f} M symbols/s ({2 * sym.size / (c2 - c1) / 1e6:.0f} MB/s of bf16), "
+        f"{comp.nbytes * 8 / sym.size:.4f} bits a symbol (entropy {-(probs / probs.sum() * np.log2(probs / probs.sum())).sum():.4f})."
+    )
+    return "\n".join(lines) + "\n"
+
+
+def constriction_version() -> str:
+    from importlib.metadata import version
+
+    return version("constriction")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workdir", type=Path, default=Path("/tmp/glyd-bench-filecodec"))
@@ -181,10 +248,17 @@ def main() -> None:
     ap.add_argument("--out", type=Path, help="also write the markdown table here")
     ap.add_argument("--only", nargs="*", help="file names (e.g. minilm_bf16) to run")
     ap.add_argument("--skip", nargs="*", default=[], help="codecs to skip (e.g. 'zstd -19')")
+    ap.add_argument("--ablation", action="store_true", help="only the bf16 ablation (line classes, entropy, ANS speed)")
     args = ap.parse_args()
     torch.set_num_threads(1)
 
     files = build_files(args.workdir)
+    if args.ablation:
+        table = ablation(files)
+        print(table)
+        if args.out:
+            args.out.write_text(table)
+        return
     if args.only:
         files = [f for f in files if any(o in f[2].name for o in args.only)]
     load0 = os.getloadavg()

@@ -52,3 +52,20 @@ def test_gpu_dispatch(layout):
     y = ops.linear(x, p)
     ref = F.linear(x.double(), w.double())
     assert ((y.double() - ref).norm() / ref.norm()).item() < 5e-3
+
+
+def test_cli_bench_registered_and_checks_input():
+    from glyd.cli import main
+
+    if torch.cuda.is_available():
+        pytest.skip("the error path is for machines without CUDA")
+    assert main(["bench", "--shape", "64x64", "--m", "1"]) == 1  # GlydError: needs a CUDA GPU
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cli_bench_runs_gpu(capsys):
+    from glyd.cli import main
+
+    assert main(["bench", "--shape", "512x1024", "--m", "1,3", "--copies", "2", "--replays", "3"]) == 0
+    assert "512x1024" in capsys.readouterr().out

@@ -15,18 +15,18 @@ fp32       its high half coded as bf16                             + low 16 bits
 fp8        the whole byte (e4m3 and e5m2)                          none
 =========  ======================================================  ======================
 
-Why these splits (measured on MiniLM, wordllama and Whisper tiny.en rounded to bf16, see
-``docs/filecodec.md``): the exponent holds ~2.6 bits of information and the top mantissa bits
-0.05-0.08 bits more jointly with it; the low mantissa bits and the sign are incompressible.
+Why these splits (``docs/filecodec.md``): in real weights the exponent carries ~2.6 bits of
+information and the top mantissa bits a few hundredths more jointly with it; the low mantissa bits
+and the sign are incompressible.
 
 The symbols are entropy coded with zstd's Huffman coder (``zstandard``, match finding made nearly
-inert by ``min_match=7``): 0.03 bits above the order-0 entropy, but decoding runs at ~600 M
-symbols/s where constriction's categorical ANS decoder ran at 30-50 M symbols/s on this machine.
+inert by ``min_match=7``): about 0.03 bits a weight above the order-0 entropy, but it decodes fast,
+where constriction's categorical ANS decoder ran at 42 M symbols/s (83 MB/s of bf16; RESULTS.md).
 The gap to the entropy is won back, and more, by *line classes*: a chunk is a 2-D slice ``rows x
-cols`` of its tensor; the rows (or the columns) are sorted into 8 classes by their mean exponent and
+cols`` of its tensor; the rows (or the columns) are ranked by their mean exponent into 8 classes and
 every class is coded with its own Huffman tables. Embedding tables have per-row scales (wordllama:
--0.10 bit a weight) and some have per-column ones (Whisper's: -0.30); the encoder estimates the
-entropy of each option on a sample and keeps the best.
+10.652 -> 10.555 bits a weight) and some have per-column ones (Whisper tiny.en: 10.670 -> 10.470);
+the encoder estimates the entropy of each option on a sample of rows and keeps the best.
 
 Byte layout of a chunk payload: ``docs/format.md`` ("File archives").
 """

@@ -319,3 +319,10 @@ def test_memory_bounded_by_chunks_not_file(tmp_path, monkeypatch):
         tracemalloc.stop()
         # a few 64 KiB chunks in flight (2 * jobs) plus per-thread scratch: far below the 7 MiB of input
         assert peak_c < 2 << 20 and peak_t < 2 << 20, (jobs, peak_c, peak_t)
+
+
+def test_file_and_folder_of_one_name_rejected(tmp_path):
+    end = arc._END.pack(b"E", 0, 0, hashlib.sha256().digest())
+    end1 = arc._END.pack(b"E", 1, 0, hashlib.sha256().digest())
+    blob = craft([{"path": "a", "size": 0}, {"path": "a/b", "size": 0}], end + end1)
+    assert_rejected(tmp_path, blob, FormatError, "which is a file", in_memory=False)

@@ -461,8 +461,14 @@ def _read_table(r: _Reader) -> list[Entry]:
         if isinstance(exc, FormatError):
             raise
         raise CorruptError(f"{r.label}: bad file table ({exc})") from None
-    if len({e.path for e in entries}) != len(entries):
+    paths = {e.path for e in entries}
+    if len(paths) != len(entries):
         raise CorruptError(f"{r.label}: the file table names a file twice")
+    for e in entries:
+        parts = e.path.split("/")
+        for k in range(1, len(parts)):
+            if "/".join(parts[:k]) in paths:
+                raise FormatError(f"{r.label}: {e.path!r} lies under {'/'.join(parts[:k])!r}, which is a file")
     return entries
 
 

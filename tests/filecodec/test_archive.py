@@ -326,3 +326,12 @@ def test_file_and_folder_of_one_name_rejected(tmp_path):
     end1 = arc._END.pack(b"E", 1, 0, hashlib.sha256().digest())
     blob = craft([{"path": "a", "size": 0}, {"path": "a/b", "size": 0}], end + end1)
     assert_rejected(tmp_path, blob, FormatError, "which is a file", in_memory=False)
+
+
+@pytest.mark.parametrize(
+    "table",
+    [b"[" * 100000 + b"]" * 100000, b'{"files": [1, 2]}', b'{"files": {"a": 1}}', b'{"files": [{"path": "a", "size": -1}]}', b"\xff\xfe"],
+)
+def test_hostile_file_tables(tmp_path, table):
+    head = arc._HEAD.pack(fc.MAGIC, fc.VERSION, 0, len(table)) + table + struct.pack("<I", zlib.crc32(table))
+    assert_rejected(tmp_path, head + arc._TAIL.pack(b"Z", 0, fc.MAGIC), CorruptError, "bad file table")

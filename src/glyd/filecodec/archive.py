@@ -457,7 +457,7 @@ def _read_table(r: _Reader) -> list[Entry]:
             if not isinstance(size, int) or isinstance(size, bool) or not 0 <= size <= MAX_FILE_SIZE:
                 raise ValueError(f"size of file {i}")
             entries.append(Entry(_check_name(e["path"], f"{r.label}: file {i}"), size))
-    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError, RecursionError) as exc:
         if isinstance(exc, FormatError):
             raise
         raise CorruptError(f"{r.label}: bad file table ({exc})") from None

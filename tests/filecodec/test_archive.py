@@ -335,3 +335,30 @@ def test_file_and_folder_of_one_name_rejected(tmp_path):
 def test_hostile_file_tables(tmp_path, table):
     head = arc._HEAD.pack(fc.MAGIC, fc.VERSION, 0, len(table)) + table + struct.pack("<I", zlib.crc32(table))
     assert_rejected(tmp_path, head + arc._TAIL.pack(b"Z", 0, fc.MAGIC), CorruptError, "bad file table")
+
+
+def test_fuzzed_payloads_with_valid_crc_are_corrupt_errors(tmp_path):
+    """Damage that passes the CRC (a crafted archive) must still end in CorruptError."""
+    import random
+
+    p = tmp_path / "m.safetensors"
+    g = torch.Generator().manual_seed(9)
+    rows = torch.randn(300, 256, generator=g) * torch.logspace(-4, 0, 300)[:, None]
+    save_file(
+        {"b": rows.to(torch.bfloat16), "h": rows.to(torch.float16), "f": rows[:40], "q": rows.to(torch.float8_e4m3fn)},
+        str(p),
+    )
+    blob = fc.compress_bytes(p.read_bytes(), "m.safetensors")
+    offs = chunk_offsets(blob)
+    rng = random.Random(0)
+    for trial in range(150):
+        fi, ci, off, plen = rng.choice(offs)
+        bad = bytearray(blob)
+        for _ in range(rng.choice([1, 1, 2, 8])):
+            pos = off + (rng.randrange(min(plen, 64)) if rng.random() < 0.6 else rng.randrange(plen))
+            bad[pos] ^= rng.randrange(1, 256)
+        head_at = off - arc._CHUNK.size
+        crc = zlib.crc32(bytes(bad[off : off + plen]), zlib.crc32(bytes(bad[head_at : head_at + arc._CHUNK.size - 4])))
+        struct.pack_into("<I", bad, head_at + arc._CHUNK.size - 4, crc)
+        with pytest.raises(CorruptError, match=f"chunk {ci}|sha256 mismatch"):
+            fc.decompress_bytes(bytes(bad))

@@ -519,7 +519,13 @@ def _iter_archive(f, label: str, jobs: int, on_entry: Callable[[int, Entry], Non
             if kind == "end":
                 return rec
             codec, payload, raw_len, what = val
-            return ("data", _decode_chunk(codec, payload, raw_len, what))
+            try:
+                return ("data", _decode_chunk(codec, payload, raw_len, what))
+            except GlydError:
+                raise
+            except (ValueError, IndexError, TypeError, struct.error, zstd.ZstdError) as exc:
+                # a payload that passed its CRC yet does not decode: crafted, or a writer bug
+                raise CorruptError(f"{what}: undecodable payload ({type(exc).__name__}: {exc})") from None
 
         sha = hashlib.sha256()
         for kind, val in _ordered_map(work, records(), jobs):

@@ -351,3 +351,40 @@ def test_sharded_folders_in_and_out(tmp_path, input_ids):
     glyd.nn.set_exact(again, True)
     assert torch.equal(bits(logits(again, input_ids)), bits(ref))
     assert glyd.verify(out, progress=False)["packed"] == 16
+
+
+@pytest.mark.parametrize("merge", [False, True])
+def test_weights_stream_one_tensor_at_a_time(tiny_model_folder, monkeypatch, merge):
+    """The bf16 tensors read from the shards are freed as they are packed: never the whole model."""
+    import weakref
+
+    import safetensors
+
+    alive: set[int] = set()
+    most = [0]
+    real_open = safetensors.safe_open
+
+    class Spy:
+        def __init__(self, *a, **k):
+            self.inner = real_open(*a, **k)
+
+        def __enter__(self):
+            self.inner.__enter__()
+            return self
+
+        def __exit__(self, *exc):
+            return self.inner.__exit__(*exc)
+
+        def get_tensor(self, key):
+            t = self.inner.get_tensor(key)
+            alive.add(id(t))
+            weakref.finalize(t, alive.discard, id(t))
+            most[0] = max(most[0], len(alive))
+            return t
+
+    monkeypatch.setattr(safetensors, "safe_open", Spy)
+    model = glyd.from_pretrained(tiny_model_folder("qwen2"), merge=merge, device="cpu", progress=False)
+    n_tensors = len(model.state_dict())
+    # Unmerged: the tensor being packed plus at most two waiting for their hash. Merged: one layer's
+    # q, k, v weights and biases wait for each other.
+    assert most[0] <= (8 if merge else 4) < n_tensors

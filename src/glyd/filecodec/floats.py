@@ -37,7 +37,6 @@ import struct
 import threading
 
 import numpy as np
-import torch
 import zstandard as zstd
 
 from glyd.errors import CorruptError, FormatError

@@ -303,6 +303,7 @@ def _write(out, sources: list[_Source], jobs: int, progress: bool = False) -> in
     bar = _bar(sum(s.size for s in sources), "compress", progress)
     for fi, src in enumerate(sources):
         pieces = _plan(src.size, src.read)
+        log.debug("%s: %d chunks, %d of them float tensors", src.label, len(pieces), sum(1 for p in pieces if p.dtype))
 
         def work(item, src=src, fi=fi):
             ci, piece = item

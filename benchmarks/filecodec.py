@@ -171,6 +171,12 @@ def codecs(dtype: str):
     z = zipnn_codec(dtype)
     if z is not None:
         out["ZipNN 0.5.4"] = (*z, 99)
+    elif importlib.util.find_spec("zipnn") is None:
+
+        def missing(*_):
+            raise RuntimeError("zipnn is not installed (pip install zipnn==0.5.4; it builds from source)")
+
+        out["ZipNN 0.5.4"] = (missing, missing, 1)
     return out
 
 

@@ -473,11 +473,14 @@ def _read_table(r: _Reader) -> list[Entry]:
     return entries
 
 
-def _iter_archive(f, label: str, jobs: int, on_entry: Callable[[int, Entry], None], on_data, on_end) -> Report:
+def _iter_archive(
+    f, label: str, jobs: int, on_entry: Callable[[int, Entry], None], on_data, on_end, progress: bool = False
+) -> Report:
     """Read and check a whole archive, calling ``on_data(file_index, bytes)`` in order."""
     r = _Reader(f, label)
     entries = _read_table(r)
     nchunks = 0
+    bar = _bar(sum(e.size for e in entries), "decompress", progress)
 
     for fi, entry in enumerate(entries):
         on_entry(fi, entry)
@@ -534,6 +537,7 @@ def _iter_archive(f, label: str, jobs: int, on_entry: Callable[[int, Entry], Non
                 sha.update(val)
                 on_data(fi, val)
                 nchunks += 1
+                bar.update(len(memoryview(val).cast("B")))
             else:
                 if sha.digest() != val:
                     raise CorruptError(f"{label}: file {entry.path!r}: sha256 mismatch")
@@ -543,20 +547,25 @@ def _iter_archive(f, label: str, jobs: int, on_entry: Callable[[int, Entry], Non
         raise CorruptError(f"{label}: bad end marker")
     if f.read(1):
         raise CorruptError(f"{label}: data after the end marker")
+    bar.close()
     return Report(entries, r.pos, nchunks)
 
 
-def test(archive: str | os.PathLike, *, jobs: int | None = None) -> Report:
+def test(archive: str | os.PathLike, *, jobs: int | None = None, progress: bool = False) -> Report:
     """Decode and check every chunk and file hash of ``archive`` without writing anything.
 
     Raises :class:`glyd.errors.CorruptError` (naming the file and chunk) or
     :class:`glyd.errors.FormatError` (not an archive, unknown version).
     """
     with open(archive, "rb") as f:
-        return _iter_archive(f, str(archive), _default_jobs(jobs), lambda *a: None, lambda *a: None, lambda *a: None)
+        return _iter_archive(
+            f, str(archive), _default_jobs(jobs), lambda *a: None, lambda *a: None, lambda *a: None, progress
+        )
 
 
-def decompress(archive: str | os.PathLike, outdir: str | os.PathLike = ".", *, jobs: int | None = None) -> Report:
+def decompress(
+    archive: str | os.PathLike, outdir: str | os.PathLike = ".", *, jobs: int | None = None, progress: bool = False
+) -> Report:
     """Restore every file of ``archive`` under ``outdir``, byte for byte (sha256 checked).
 
     All files are written under temporary names and renamed only once the whole archive has been
@@ -590,7 +599,7 @@ def decompress(archive: str | os.PathLike, outdir: str | os.PathLike = ".", *, j
 
     try:
         with open(archive, "rb") as f:
-            report = _iter_archive(f, label, _default_jobs(jobs), on_entry, on_data, on_end)
+            report = _iter_archive(f, label, _default_jobs(jobs), on_entry, on_data, on_end, progress)
         for tmp, dest, _ in temps.values():
             if dest.exists():
                 raise DestinationExistsError(f"{dest}: appeared while decompressing")

@@ -71,7 +71,7 @@ def _compress(args) -> int:
 @_os_errors
 def _decompress(args) -> int:
     t = time.perf_counter()
-    rep = arc.decompress(args.archive, Path(args.output), jobs=args.jobs)
+    rep = arc.decompress(args.archive, Path(args.output), jobs=args.jobs, progress=True)
     print(_summary(f"restored into {args.output}:", rep, time.perf_counter() - t))
     return 0
 
@@ -79,6 +79,6 @@ def _decompress(args) -> int:
 @_os_errors
 def _test(args) -> int:
     t = time.perf_counter()
-    rep = arc.test(args.archive, jobs=args.jobs)
+    rep = arc.test(args.archive, jobs=args.jobs, progress=True)
     print(_summary(f"{args.archive}: OK,", rep, time.perf_counter() - t))
     return 0

@@ -112,7 +112,7 @@ def nbytes(mats, which: int) -> int:
     return total
 
 
-def check(mats, fails: list) -> None:
+def check(mats, fails: list, ms=None) -> None:
     """Bit-exact pack/unpack on each first matrix; fused linear vs F.linear on fresh inputs."""
     for name, reps in mats.items():
         w, p12, ptr = reps[0]
@@ -127,7 +127,7 @@ def check(mats, fails: list) -> None:
                         fails.append(f"GPU pack {lay} {name} array {a} differs from the CPU codec")
             if not torch.equal(kernels.unpack(p).view(torch.int16), w.view(torch.int16)):
                 fails.append(f"unpack {lay} {name} is not bit-exact")
-            for m in MS:
+            for m in ms or MS:
                 x = torch.randn(m, w.shape[1], device="cuda").to(torch.bfloat16)
                 b = torch.randn(w.shape[0], device="cuda").to(torch.bfloat16)
                 ref = F.linear(x.double(), w.double(), b.double())
@@ -178,6 +178,13 @@ def variants():
         "f12 tile 128x128": lambda lay, m: V(bm=128, bn=128, bk=128, warps=8) if f12(lay, m) and m >= 512 else None,
         "tr gemv bb4 w8": lambda lay, m: V(bm=4, bn=16, bk=1024, dot=False, warps=8)
         if lay == "tiered" and m == 1 else None,
+        # byte-tile GEMV (one x row a program, contiguous x shared by the tile's rows)
+        "f12 byte bn32 g4": lambda lay, m: V(bm=1, bn=32, dot=False, byte=True, g=4) if f12(lay, m) and m <= 16 else None,
+        "f12 byte bn16 g4": lambda lay, m: V(bm=1, bn=16, dot=False, byte=True, g=4) if f12(lay, m) and m <= 16 else None,
+        "f12 byte bn64 g2 w8": lambda lay, m: V(bm=1, bn=64, dot=False, byte=True, g=2, warps=8)
+        if f12(lay, m) and m <= 16 else None,
+        "f12 byte bn32 g8 w8": lambda lay, m: V(bm=1, bn=32, dot=False, byte=True, g=8, warps=8)
+        if f12(lay, m) and m <= 16 else None,
     }
 
 
@@ -203,20 +210,21 @@ def unpack_sweep(mats) -> dict:
     return {k: round(v / len(reps) * 1e3, 1) for k, v in out.items()}  # us a matrix
 
 
-def bench_mode(mode: str, shapes, layers: int, bw: float, quick: bool, res: dict, fails: list) -> None:
+def bench_mode(mode: str, shapes, layers: int, bw: float, quick: bool, res: dict, fails: list,
+               ms=None, only=None, tiered=True, extras=True) -> None:
     mats = build(shapes, layers)
     b16, b12, btr = nbytes(mats, 0), nbytes(mats, 1), nbytes(mats, 2)
     res[mode] = {"bytes": {"bf16": b16, "fixed12": b12, "tiered": btr}, "rows": {}}
     log.info("%s: bf16 %.2f GB, fixed12 %.2f GB (%.2f bits), tiered %.2f GB (%.2f bits)", mode, b16 / 1e9,
              b12 / 1e9, 16 * b12 / b16, btr / 1e9, 16 * btr / b16)
-    check(mats, fails)
+    check(mats, fails, ms)
     log.info("%s: checks done, %d failures so far", mode, len(fails))
-    var = variants()
-    for m in MS:
+    var = {k: v for k, v in variants().items() if not only or any(o in k for o in only)}
+    for m in ms or MS:
         xs = {k: torch.randn(m, k, device="cuda").to(torch.bfloat16) for k in (H, I)}
         row = {"bf16": graph_time(step_fn(mats, xs, 0))}
         row["fixed12"] = graph_time(step_fn(mats, xs, 1))
-        row["tiered"] = graph_time(step_fn(mats, xs, 2))
+        row["tiered"] = graph_time(step_fn(mats, xs, 2)) if tiered else float("nan")
         if not quick and mode == "unmerged":
             for vname, f in var.items():
                 if f("fixed12", m) is not None or f("tiered", m) is not None:
@@ -228,7 +236,7 @@ def bench_mode(mode: str, shapes, layers: int, bw: float, quick: bool, res: dict
                         log.warning("variant %s at M=%d failed: %s", vname, m, exc)
         res[mode]["rows"][m] = row
         log.info("%s M=%d %s", mode, m, {k: (round(v, 3) if v else v) for k, v in row.items()})
-    if mode == "unmerged":
+    if mode == "unmerged" and extras:
         res["per_shape"] = per_shape(mats)
         if not quick:
             res["unpack_us"] = unpack_sweep(mats)
@@ -283,7 +291,13 @@ def main(argv=None) -> int:
     ap.add_argument("--layers", type=int, default=LAYERS)
     ap.add_argument("--quick", action="store_true", help="defaults only (no variant sweep)")
     ap.add_argument("--modes", default="unmerged,merged")
+    ap.add_argument("--ms", default=None, help="comma-separated M values (default: the protocol's)")
+    ap.add_argument("--only", default=None, help="comma-separated substrings: time only variants named so")
+    ap.add_argument("--no-tiered", action="store_true", help="skip timing the tiered step")
+    ap.add_argument("--no-extras", action="store_true", help="skip the per-shape and unpack sweeps")
     args = ap.parse_args(argv)
+    ms = [int(v) for v in args.ms.split(",")] if args.ms else None
+    only = args.only.split(",") if args.only else None
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stdout)
     os.makedirs(args.out, exist_ok=True)
     import triton
@@ -297,7 +311,8 @@ def main(argv=None) -> int:
     fails: list[str] = []
     modes = {"unmerged": UNMERGED, "merged": MERGED}
     for mode in args.modes.split(","):
-        bench_mode(mode, modes[mode], args.layers, bw, args.quick, res, fails)
+        bench_mode(mode, modes[mode], args.layers, bw, args.quick, res, fails, ms, only,
+                   not args.no_tiered, not args.no_extras)
         with open(os.path.join(args.out, "kernels.json"), "w") as f:
             json.dump(res, f, indent=1)
     res["failures"] = fails

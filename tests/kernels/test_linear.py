@@ -55,11 +55,14 @@ def _cases():
         ("tiered", 3, 5, 1024, Config(bm=1, bn=8, bk=1024, dot=False, warps=1)),  # fused, one row a program
         ("tiered", 2, 7, 300, None),  # unpack + F.linear (the default)
         ("tiered", 8, 6, 1280, None),  # above the fused M limit: unpack path
+        ("fixed12", 1, 37, 200, Config(bm=1, bn=16, dot=False, byte=True, g=2)),  # byte GEMV, masked K
+        ("fixed12", 3, 20, 1024, Config(bm=1, bn=16, dot=False, byte=True, g=4, split=2)),  # even K, split-K
+        ("fixed12", 2, 33, 1100, Config(bm=1, bn=32, dot=False, byte=True, g=1)),  # exceptions, odd K
     ]
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("case", range(14))
+@pytest.mark.parametrize("case", range(17))
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_linear_matches_reference(device, case, with_bias):
     from glyd import kernels

@@ -28,6 +28,8 @@ class Config:
     (0 = choose from the SM count). ``long``: unpack to a scratch buffer then cuBLAS instead.
     ``group_major`` (fixed12 FMA path): tile order [groups, rows, words] so x loads are shared by
     a thread's rows (not yet timed on a GPU: see benchmarks/notes-kernels.md).
+    ``byte`` (fixed12, any M): byte-tile GEMV, one activation row a program, ``g`` 64-weight
+    groups a step on [bn, g, 32] tiles in column order (contiguous x shared by the rows).
     """
 
     bm: int = 16
@@ -39,6 +41,8 @@ class Config:
     stages: int = 3
     long: bool = False
     group_major: bool = False
+    byte: bool = False
+    g: int = 4
 
     def __post_init__(self) -> None:
         for name in ("bm", "bn", "bk"):
@@ -47,6 +51,8 @@ class Config:
                 raise ValueError(f"Config.{name} must be a power of two, got {v}")
         if self.dot and (self.bm < 16 or self.bn < 16):
             raise ValueError("the tl.dot path needs bm >= 16 and bn >= 16")
+        if self.byte and (self.dot or self.group_major or self.g < 1 or self.g & (self.g - 1)):
+            raise ValueError("byte is an FMA-path tile (dot=False, group_major=False) with a power-of-two g")
         if self.group_major and self.dot:
             raise ValueError("group_major applies to the FMA path (dot=False) only")
         if self.split < 0 or self.warps not in (1, 2, 4, 8, 16) or self.stages < 1:

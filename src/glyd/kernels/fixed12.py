@@ -172,6 +172,75 @@ def _linear_kernel(
 
 
 @triton.jit
+def _gemv_bytes_kernel(
+    x_ptr, code_ptr, lo_ptr, base_ptr, rowptr_ptr, eidx_ptr, ehi_ptr, bias_ptr, out_ptr,
+    M, N, K, KP, stride_xm, K_SPLIT, stride_code, stride_lo,
+    BN: tl.constexpr, G: tl.constexpr, EVEN: tl.constexpr,
+    HAS_BIAS: tl.constexpr, HAS_EXC: tl.constexpr, PARTIAL: tl.constexpr,
+):
+    # One activation row a program, decode byte by byte on [BN, G, 32] tiles in column order, so
+    # x is a contiguous [G, 32] vector shared by the tile's rows (the word-tile kernel above needs
+    # one strided x load a weight). m is the fastest grid axis: the programs of one weight tile for
+    # all M rows run together and the repeated plane reads hit L2.
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    pid_k = tl.program_id(2)
+    rn = pid_n * BN + tl.arange(0, BN)
+    nmask = rn < N
+    base = tl.load(base_ptr).to(tl.uint32)
+    gi = tl.arange(0, G)[None, :, None]
+    j = tl.arange(0, 32)[None, None, :]
+    r3 = rn[:, None, None]
+    m3 = nmask[:, None, None]
+    code_off = r3 * stride_code + gi * 32 + j
+    lo_off = r3 * stride_lo + gi * 64 + j
+    xo = gi * 64 + j
+    xrow = x_ptr + pid_m * stride_xm
+    k0 = pid_k * K_SPLIT
+    k1 = tl.minimum(k0 + K_SPLIT, KP)
+    acc = tl.zeros([BN, G, 32], dtype=tl.float32)
+    for kb in range(k0, k1, 64 * G):
+        if EVEN:  # K == KP and every step whole: no column masks
+            lmask = m3
+            xa = tl.load(xrow + kb + xo).to(tl.float32)
+            xb = tl.load(xrow + kb + 32 + xo).to(tl.float32)
+        else:
+            lmask = m3 & (kb + gi * 64 < KP)
+            xa = tl.load(xrow + kb + xo, mask=kb + xo < K, other=0.0).to(tl.float32)
+            xb = tl.load(xrow + kb + 32 + xo, mask=kb + 32 + xo < K, other=0.0).to(tl.float32)
+        c = tl.load(code_ptr + code_off + kb // 2, mask=lmask, other=0).to(tl.uint32)
+        la = tl.load(lo_ptr + lo_off + kb, mask=lmask, other=0).to(tl.uint32)
+        lb = tl.load(lo_ptr + lo_off + kb + 32, mask=lmask, other=0).to(tl.uint32)
+        # fp32 bits of a bf16 weight: hi << 24 | lo << 16 (widening bf16 to fp32 is exact)
+        wa = ((((c & 8) << 4) | ((c & 7) + base)) << 24 | (la << 16)).to(tl.float32, bitcast=True)
+        wb = ((((c & 0x80) | (((c >> 4) & 7) + base)) << 24) | (lb << 16)).to(tl.float32, bitcast=True)
+        acc += wa * xa
+        acc += wb * xb
+    acc1 = tl.sum(tl.sum(acc, axis=2), axis=1)
+    if HAS_EXC:
+        if pid_k == 0:
+            e0 = tl.load(rowptr_ptr + pid_n * BN)
+            e1 = tl.load(rowptr_ptr + tl.minimum(pid_n * BN + BN, N))
+            for e in range(e0, e1):
+                idx = tl.load(eidx_ptr + e).to(tl.int64)
+                r = idx // K
+                col = idx - r * K
+                th = tl.load(ehi_ptr + e).to(tl.uint32)
+                lo = tl.load(lo_ptr + r * stride_lo + col).to(tl.uint32)
+                tv = ((th << 24) | (lo << 16)).to(tl.float32, bitcast=True)
+                pv = ((((th & 0x80) | base) << 24) | (lo << 16)).to(tl.float32, bitcast=True)
+                xv = tl.load(xrow + col).to(tl.float32)
+                acc1 += tl.where(rn.to(tl.int64) == r, xv * tv - xv * pv, 0.0)
+    optr = pid_m * N + rn
+    if PARTIAL:
+        tl.store(out_ptr + pid_k * M * N + optr, acc1, mask=nmask)
+    else:
+        if HAS_BIAS:
+            acc1 += tl.load(bias_ptr + rn, mask=nmask, other=0.0).to(tl.float32)
+        tl.store(out_ptr + optr, acc1.to(tl.bfloat16), mask=nmask)
+
+
+@triton.jit
 def _unpack_kernel(code_ptr, lo_ptr, base_ptr, out_ptr, N, K, KP, BN: tl.constexpr, G: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -297,6 +366,8 @@ def linear(x: torch.Tensor, p: Packed, bias: torch.Tensor | None = None, config:
     if not cfg.dot and cfg.bm != 1:
         raise ValueError("the FMA path handles one activation row per program: bm must be 1")
     prep = prepare(p)
+    if cfg.byte:
+        return _launch_gemv_bytes(x2, p, bias, cfg, prep, out).reshape(*x.shape[:-1], n)
     tiles = triton.cdiv(n, cfg.bn) * (m if not cfg.dot else triton.cdiv(m, cfg.bm))
     split, per = C.choose_split(tiles, kp, cfg.bk, x2.device, cfg.split)
     partial = split > 1
@@ -313,3 +384,27 @@ def linear(x: torch.Tensor, p: Packed, bias: torch.Tensor | None = None, config:
     if partial:
         C.finalize(dst, bias, out)
     return out.reshape(*x.shape[:-1], n)
+
+
+# x: bf16 [M, K]; packed: fixed12 [N, K]; out: bf16 [M, N] (written) -> out
+def _launch_gemv_bytes(x2: torch.Tensor, p: Packed, bias, cfg: C.Config, prep: Prepared, out: torch.Tensor):
+    m, k = x2.shape
+    n = p.shape[0]
+    a = p.arrays
+    kp = a["lo"].shape[1]
+    step = 64 * cfg.g
+    split, per = C.choose_split(triton.cdiv(n, cfg.bn) * m, kp, step, x2.device, cfg.split)
+    partial = split > 1
+    dst = torch.empty(split, m, n, dtype=torch.float32, device=x2.device) if partial else out
+    even = k == kp and per % step == 0 and kp % step == 0
+    grid = (m, triton.cdiv(n, cfg.bn), split)
+    _gemv_bytes_kernel[grid](
+        x2, a["code"], a["lo"], a["base"], prep.rowptr, a["exc_idx"], a["exc_hi"],
+        bias if bias is not None else out, dst,
+        m, n, k, kp, x2.stride(0), per, kp // 2, kp,
+        BN=cfg.bn, G=cfg.g, EVEN=even, HAS_BIAS=bias is not None, HAS_EXC=prep.nexc > 0, PARTIAL=partial,
+        num_warps=cfg.warps, num_stages=cfg.stages,
+    )
+    if partial:
+        C.finalize(dst, bias, out)
+    return out

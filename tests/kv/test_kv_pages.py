@@ -96,6 +96,8 @@ def test_from_dense_lens_and_errors():
     x = torch.randn(3, 2, 100, 8).to(torch.bfloat16)
     st = PageStore.from_dense(x, torch.tensor([100, 1, 64]), page=32)
     assert st.max_len == 100 and st.n_pages == 3
+    with pytest.raises(FormatError, match="different lengths"):
+        st.dense()
     with pytest.raises(FormatError):
         PageStore.from_dense(x, torch.tensor([0, 1, 2]))
     with pytest.raises(FormatError, match="bf16"):

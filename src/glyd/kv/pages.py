@@ -294,6 +294,8 @@ class PageStore:
     # -- reading -----------------------------------------------------------------------------------
     def dense(self) -> torch.Tensor:
         """Every token, bf16 ``[B, H, T, D]``, bit for bit what was appended."""
+        if self.lens is not None:
+            raise FormatError("this store holds sequences of different lengths: use glyd.kv.attention.padded_dense")
         b, h, p, d = self.batch, self.heads, self.page, self.head_dim
         n = self.n_pages
         parts = []
@@ -333,6 +335,6 @@ class PageStore:
         first = (lens // page) * page
         idx = (first[:, None] + torch.arange(page, device=x.device)[None, :]).clamp_max(t - 1)
         st.raw = torch.gather(x, 2, idx[:, None, :, None].expand(b, h, page, d)).contiguous()
-        st.n_raw = page  # per-sequence counts live in lens
+        st.n_raw = page  # raw[b] holds lens[b] % page real tokens; the per-sequence counts live in lens
         st.lens = lens
         return st

@@ -19,7 +19,7 @@ from glyd.store._safetensors import read_header
 transformers = pytest.importorskip("transformers")
 from transformers import AutoModelForCausalLM  # noqa: E402
 
-from conftest import TINY_FAMILIES, build_tiny_model  # noqa: E402
+from tiny_models import TINY_FAMILIES, build_tiny_model  # noqa: E402
 
 
 def bits(t: torch.Tensor) -> torch.Tensor:

@@ -318,10 +318,12 @@ def unpack(p: Packed, out: torch.Tensor | None = None) -> torch.Tensor:
 def default_config(m: int, n: int, k: int) -> C.Config:
     """Block shapes per M bucket: the fastest of the configs timed on the H200 on 2026-11-30
     (whole-model decode-step graphs; benchmarks/notes-kernels.md lists every variant)."""
-    if m == 1:
-        return C.Config(bm=1, bn=32, bk=512, dot=False, warps=4, stages=3)
+    if m == 1:  # group-major word tiles: 1.33x bf16's step against 1.76x for row-major (run 7)
+        return C.Config(bm=1, bn=32, bk=512, dot=False, warps=4, stages=3, group_major=True)
     if m >= LONG_M:
         return C.Config(long=True)
+    if m == 2:  # byte-tile GEMV, one x row a program: 2.23x against 2.36x for the dot path (run 7)
+        return C.Config(bm=1, bn=16, dot=False, byte=True, g=4)
     if m <= 4:
         return C.Config(bm=16, bn=32, bk=256, warps=4, stages=3)
     if m <= 16:

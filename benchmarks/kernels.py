@@ -29,6 +29,7 @@ import torch.nn.functional as F
 import glyd
 from glyd import kernels
 from glyd.kernels import _common as C
+from glyd.timing import cuda_graph_ms
 
 log = logging.getLogger("bench")
 
@@ -59,32 +60,7 @@ def read_bandwidth() -> float:
 
 def graph_time(fn, replays: int = 30) -> float:
     """Median ms of replaying a CUDA graph of ``fn`` (after eager warm-up)."""
-    fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    with torch.cuda.graph(g):
-        fn()
-    t0 = time.time()
-    for _ in range(3):
-        g.replay()
-    torch.cuda.synchronize()
-    if time.time() - t0 > 0.3:  # slow steps: the protocol's minimum of 20 replays
-        replays = min(replays, 20)
-    ts = []
-    for _ in range(replays):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b))
-    del g
-    return statistics.median(ts)
+    return cuda_graph_ms(fn, replays)
 
 
 def build(shapes, layers: int):

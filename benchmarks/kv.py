@@ -28,15 +28,15 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import math
 import os
 import platform
-import statistics
 import sys
 import time
 from pathlib import Path
 
 import torch
+
+from glyd.timing import cuda_graph_ms
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
@@ -248,26 +248,7 @@ def cuda_graph_time(fn, iters: int = 50) -> float:
     if not torch.cuda.is_available():  # a CPU dry run (TRITON_INTERPRET=1) checks the script, times nothing
         fn()
         return float("nan")
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    for _ in range(5):
-        g.replay()
-    times = []
-    for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1000)
-    return statistics.median(times)
+    return 1000 * cuda_graph_ms(fn, iters, slow_ms=None)
 
 
 def cmd_speed(args) -> None:

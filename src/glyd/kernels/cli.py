@@ -11,9 +11,9 @@ The full model-level protocol is ``benchmarks/kernels.py``.
 from __future__ import annotations
 
 import argparse
-import statistics
 
 from glyd.errors import GlydError
+from glyd.timing import cuda_graph_ms
 
 
 def register(subparsers) -> None:
@@ -35,32 +35,6 @@ def _parse_shape(text: str) -> tuple[int, int]:
     if n <= 0 or k <= 0:
         raise GlydError(f"--shape {text!r}: both sizes must be positive")
     return n, k
-
-
-def _graph_ms(fn, replays: int) -> float:
-    import torch
-
-    fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    with torch.cuda.graph(g):
-        fn()
-    g.replay()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(replays):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b))
-    return statistics.median(ts)
 
 
 def _bench(args: argparse.Namespace) -> int:
@@ -97,10 +71,10 @@ def _bench(args: argparse.Namespace) -> int:
                 err = ((y.double() - ref).norm() / ref.norm()).item()
                 if not err < 5e-3:
                     raise GlydError(f"{lay} {n}x{k} M={m}: relative error {err:.3g} against float64 F.linear")
-            t_bf = _graph_ms(lambda: [F.linear(x, w) for w in ws], args.replays) * 1e3 / args.copies
+            t_bf = cuda_graph_ms(lambda: [F.linear(x, w) for w in ws], args.replays) * 1e3 / args.copies
             cells = []
             for lay in layouts:
-                t = _graph_ms(lambda: [kernels.linear(x, p) for p in packed[lay]], args.replays) * 1e3 / args.copies
+                t = cuda_graph_ms(lambda: [kernels.linear(x, p) for p in packed[lay]], args.replays) * 1e3 / args.copies
                 cells.append(f"{t:.1f} | {t / t_bf:.2f}")
             print(f"| {n}x{k} | {m} | {t_bf:.1f} | " + " | ".join(cells) + " |")
         del ws, packed

@@ -45,6 +45,25 @@ def _f32_bits(h, lo, T: tl.constexpr):
 
 
 @triton.jit
+def _exception_delta(rowptr_ptr, eidx_ptr, ehi_ptr, lo_ptr, xrow, rn, base, pid_n, N, K, stride_lo, BN: tl.constexpr):
+    # [BN] fp32: sum over this row tile's exceptions of x[col] * (true - placeholder), for one x row.
+    delta = tl.zeros([BN], dtype=tl.float32)
+    e0 = tl.load(rowptr_ptr + pid_n * BN)
+    e1 = tl.load(rowptr_ptr + tl.minimum(pid_n * BN + BN, N))
+    for e in range(e0, e1):
+        idx = tl.load(eidx_ptr + e).to(tl.int64)
+        r = idx // K
+        col = idx - r * K
+        th = tl.load(ehi_ptr + e).to(tl.uint32)
+        lo = tl.load(lo_ptr + r * stride_lo + col).to(tl.uint32)
+        tv = ((th << 24) | (lo << 16)).to(tl.float32, bitcast=True)
+        pv = ((((th & 0x80) | base) << 24) | (lo << 16)).to(tl.float32, bitcast=True)
+        xv = tl.load(xrow + col).to(tl.float32)
+        delta += tl.where(rn.to(tl.int64) == r, xv * tv - xv * pv, 0.0)
+    return delta
+
+
+@triton.jit
 def _linear_kernel(
     x_ptr, code_ptr, lo_ptr, lo8_ptr, base_ptr, rowptr_ptr, eidx_ptr, ehi_ptr, bias_ptr, out_ptr,
     M, N, K, KP, stride_xm, K_SPLIT, stride_code, stride_lo,
@@ -135,23 +154,22 @@ def _linear_kernel(
             acc1 = tl.sum(tl.sum(acc3, axis=2), axis=1)
     if HAS_EXC:
         if pid_k == 0:
-            e0 = tl.load(rowptr_ptr + pid_n * BN)
-            e1 = tl.load(rowptr_ptr + tl.minimum(pid_n * BN + BN, N))
-            for e in range(e0, e1):
-                idx = tl.load(eidx_ptr + e).to(tl.int64)
-                r = idx // K
-                c = idx - r * K
-                th = tl.load(ehi_ptr + e).to(tl.uint32)
-                lo = tl.load(lo8_ptr + r * KP + c).to(tl.uint32)
-                tv = ((th << 24) | (lo << 16)).to(tl.float32, bitcast=True)
-                pv = ((((th & 0x80) | base) << 24) | (lo << 16)).to(tl.float32, bitcast=True)
-                sel = rn.to(tl.int64) == r
-                if DOT:
+            if DOT:
+                e0 = tl.load(rowptr_ptr + pid_n * BN)
+                e1 = tl.load(rowptr_ptr + tl.minimum(pid_n * BN + BN, N))
+                for e in range(e0, e1):
+                    idx = tl.load(eidx_ptr + e).to(tl.int64)
+                    r = idx // K
+                    c = idx - r * K
+                    th = tl.load(ehi_ptr + e).to(tl.uint32)
+                    lo = tl.load(lo8_ptr + r * KP + c).to(tl.uint32)
+                    tv = ((th << 24) | (lo << 16)).to(tl.float32, bitcast=True)
+                    pv = ((((th & 0x80) | base) << 24) | (lo << 16)).to(tl.float32, bitcast=True)
                     xv = tl.load(x_ptr + rm * stride_xm + c, mask=mmask, other=0.0).to(tl.float32)
-                    acc += tl.where(sel[:, None], (xv * tv - xv * pv)[None, :], 0.0)
-                else:
-                    xv = tl.load(x_ptr + pid_m * stride_xm + c).to(tl.float32)
-                    acc1 += tl.where(sel, xv * tv - xv * pv, 0.0)
+                    acc += tl.where((rn.to(tl.int64) == r)[:, None], (xv * tv - xv * pv)[None, :], 0.0)
+            else:
+                acc1 += _exception_delta(rowptr_ptr, eidx_ptr, ehi_ptr, lo8_ptr, x_ptr + pid_m * stride_xm, rn, base,
+                                         pid_n, N, K, KP, BN)
     if DOT:
         omask = nmask[:, None] & mmask[None, :]
         optr = rm[None, :] * N + rn[:, None]
@@ -219,18 +237,7 @@ def _gemv_bytes_kernel(
     acc1 = tl.sum(tl.sum(acc, axis=2), axis=1)
     if HAS_EXC:
         if pid_k == 0:
-            e0 = tl.load(rowptr_ptr + pid_n * BN)
-            e1 = tl.load(rowptr_ptr + tl.minimum(pid_n * BN + BN, N))
-            for e in range(e0, e1):
-                idx = tl.load(eidx_ptr + e).to(tl.int64)
-                r = idx // K
-                col = idx - r * K
-                th = tl.load(ehi_ptr + e).to(tl.uint32)
-                lo = tl.load(lo_ptr + r * stride_lo + col).to(tl.uint32)
-                tv = ((th << 24) | (lo << 16)).to(tl.float32, bitcast=True)
-                pv = ((((th & 0x80) | base) << 24) | (lo << 16)).to(tl.float32, bitcast=True)
-                xv = tl.load(xrow + col).to(tl.float32)
-                acc1 += tl.where(rn.to(tl.int64) == r, xv * tv - xv * pv, 0.0)
+            acc1 += _exception_delta(rowptr_ptr, eidx_ptr, ehi_ptr, lo_ptr, xrow, rn, base, pid_n, N, K, stride_lo, BN)
     optr = pid_m * N + rn
     if PARTIAL:
         tl.store(out_ptr + pid_k * M * N + optr, acc1, mask=nmask)

@@ -1,4 +1,4 @@
-"""Writes tests/filecodec/data/v1.glyd and v1.json: an archive of format version 1 that every
+"""Writes tests/data/filecodec_v1/v1.glyd and v1.json: an archive of format version 1 that every
 later glyd must still read (CONTRIBUTING.md). Run once per format version:
 
     .venv/bin/python tests/filecodec/make_golden.py
@@ -16,7 +16,7 @@ from safetensors.torch import save_file
 
 import glyd.filecodec as fc
 
-HERE = Path(__file__).parent / "data"
+HERE = Path(__file__).resolve().parents[1] / "data" / "filecodec_v1"
 
 
 def content(root: Path) -> Path:

@@ -1,4 +1,4 @@
-"""Format pins: the version-1 archive in tests/filecodec/data must still load, and it exercises
+"""Format pins: the version-1 archive in tests/data/filecodec_v1 must still load, and it exercises
 every coding path of format 1 (regenerate only for a new format version: make_golden.py)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import glyd.filecodec as fc
 from glyd.filecodec import archive as arc
 from glyd.filecodec import floats as F
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).resolve().parents[1] / "data" / "filecodec_v1"
 
 
 def test_magic_and_version_pinned():

@@ -145,3 +145,20 @@ def test_generate_on_gpu_same_tokens():
     cache = GlydCache(model.config, page_size=32)
     assert torch.equal(model.generate(ids, past_key_values=cache, **kw), ref)
     assert cache.layers[0].k_store.sm.is_cuda
+
+
+def test_unwritten_raw_slots_never_reach_the_output():
+    # A raw page's slots past the held tokens are buffer contents, not data: even NaN patterns
+    # there (what uninitialised memory can hold) must not leak into the result (0 * NaN = NaN).
+    gen = torch.Generator().manual_seed(11)
+    k = torch.randn(2, 2, 21, 16, generator=gen).to(torch.bfloat16)
+    v = torch.randn(2, 2, 21, 16, generator=gen).to(torch.bfloat16)
+    q = torch.randn(2, 4, 16, generator=gen).to(torch.bfloat16)
+    ks, vs = PageStore.from_dense(k, page=16), PageStore.from_dense(v, page=16)
+    assert ks.n_raw == 5  # one packed page, 5 of the raw page's 16 slots held
+    ref = decode_attention_reference(q, ks, vs, upcast=True)
+    for st in (ks, vs):
+        st.raw[:, :, st.n_raw :] = float("nan")
+    out = decode_attention_torch(q, ks, vs)
+    assert torch.isfinite(out.float()).all()
+    assert rel_err(out, ref) <= TOL

@@ -147,6 +147,9 @@ def decode_attention_torch(
         valid = (j * p + t_idx)[None, :] < lens[:, None]
         if starts is not None:
             valid = valid & ((j * p + t_idx)[None, :] >= starts.to(q.device)[:, None])
+        # Slots past a sequence's length hold whatever the buffer had (an unwritten raw slot may be
+        # a NaN pattern): zero them, since 0 * NaN would poison the sum even at weight 0.
+        vb = torch.where(valid[:, None, :, None], vb, torch.zeros((), dtype=vb.dtype, device=vb.device))
         m, l_, acc = step(kb, vb, valid, m, l_, acc)
     return (acc / l_[..., None]).reshape(b, hq, dv).to(torch.bfloat16)
 

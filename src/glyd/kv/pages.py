@@ -198,7 +198,8 @@ class PageStore:
         self.meta = torch.empty(b, h, 0, 4, dtype=torch.int32, device=self.device)
         self.tail = torch.empty(0, dtype=torch.uint8, device=self.device)
         self.tail_len = 0
-        self.raw = torch.empty(b, h, p, d, dtype=torch.bfloat16, device=self.device)
+        # zeros, not empty: readers mask the unwritten slots, but garbage there could be NaN patterns
+        self.raw = torch.zeros(b, h, p, d, dtype=torch.bfloat16, device=self.device)
         self.n_raw = 0
         #: per-sequence valid token counts when they differ (from_dense with lens); None: all equal.
         self.lens: torch.Tensor | None = None

@@ -24,119 +24,151 @@ SUPER = _codec.SUPER
 
 
 @triton.jit
-def _excl_rank(e):
-    ei = e.to(tl.int32)
-    return tl.cumsum(ei, axis=1) - ei, tl.sum(ei, axis=1)
+def _window(area_ptr, a, need, A, NBYTES: tl.constexpr):
+    # Little-endian window of NBYTES area bytes from byte a ([BB, 64] units), 0 past the area's end.
+    w = tl.load(area_ptr + a, mask=need & (a < A), other=0).to(tl.int64 if NBYTES > 4 else tl.int32)
+    for i in tl.static_range(1, NBYTES):
+        w |= tl.load(area_ptr + a + i, mask=need & (a + i < A), other=0).to(w.dtype) << (8 * i)
+    return w
 
 
 @triton.jit
-def _decode(sm_ptr, d1_ptr, table_ptr, ebase_ptr, eoff_ptr, area_ptr, t0, t1, t2, b, bmask, TOTAL,
-            BB: tl.constexpr):
-    # fp32 bits (sign, exponent, mantissa << 16) of the weights of escape blocks b ([BB, 1024], uint32).
-    i = tl.arange(0, 1024)
-    f = b[:, None] * 1024 + i[None, :]  # flat index in the padded [N, Kp] matrix
-    fm = bmask[:, None] & (f < TOTAL)
-    sm = tl.load(sm_ptr + f, mask=fm, other=0).to(tl.uint32)
-    db = tl.load(d1_ptr + (f >> 6) * 16 + (f & 15), mask=fm, other=0).to(tl.int32)
-    d = (db >> (2 * ((f >> 4) & 3))) & 3
-    exp = tl.where(d == 0, t0, tl.where(d == 1, t1, t2))
-    off = tl.load(ebase_ptr + b // 16, mask=bmask, other=0).to(tl.int64) + \
-        tl.load(eoff_ptr + b, mask=bmask, other=0).to(tl.int64)
-    # tier 2: one bit an escape (0: rank 3)
-    e1 = d == 3
-    r1, c1 = _excl_rank(e1)
-    b2 = tl.load(area_ptr + off[:, None] + (r1 >> 3), mask=e1, other=0).to(tl.int32)
-    e2 = e1 & (((b2 >> (r1 & 7)) & 1) == 1)
-    rank = tl.where(e1, 3, d)
-    # tier 3: one bit (0: rank 4)
-    s = off + (c1 + 7) // 8
-    r2, c2 = _excl_rank(e2)
-    b3 = tl.load(area_ptr + s[:, None] + (r2 >> 3), mask=e2, other=0).to(tl.int32)
-    e3 = e2 & (((b3 >> (r2 & 7)) & 1) == 1)
-    rank = tl.where(e2, 4, rank)
-    # tier 4: 2 bits (0-2: ranks 5-7)
-    s += (c2 + 7) // 8
-    r3, c3 = _excl_rank(e3)
-    b4 = tl.load(area_ptr + s[:, None] + (r3 >> 2), mask=e3, other=0).to(tl.int32)
-    d4 = (b4 >> (2 * (r3 & 3))) & 3
-    rank = tl.where(e3, 5 + d4, rank)
-    e4 = e3 & (d4 == 3)
-    if tl.sum(tl.sum(e4.to(tl.int32), axis=1), axis=0) > 0:  # deeper tiers: skipped when none
-        s += (c3 + 3) // 4
-        r4, c4 = _excl_rank(e4)
-        b5 = tl.load(area_ptr + s[:, None] + (r4 >> 1), mask=e4, other=0).to(tl.int32)
-        d5 = (b5 >> (4 * (r4 & 1))) & 15
-        rank = tl.where(e4, 8 + d5, rank)
-        e5 = e4 & (d5 == 15)
-        s += (c4 + 1) // 2
-        r5, c5 = _excl_rank(e5)
-        raw = tl.load(area_ptr + s[:, None] + r5, mask=e5, other=0).to(tl.int32)
-        exp = tl.where(e5, raw, exp)
-        deep = e1 & ~e5
-    else:
-        deep = e1
-    exp = tl.where(deep, tl.load(table_ptr + rank, mask=deep, other=0).to(tl.int32), exp)
-    return ((sm & 0x80) << 24) | (exp.to(tl.uint32) << 23) | ((sm & 0x7F) << 16)
+def _ranks(e):
+    # e: [BB, 64, 16] int32 0/1 flags. Exclusive rank inside the unit (in-thread scan), unit
+    # counts, exclusive unit prefix inside the block (one warp scan), block totals.
+    ex = tl.cumsum(e, axis=2) - e
+    c = tl.sum(e, axis=2)
+    p = tl.cumsum(c, axis=1) - c
+    return ex, c, p, tl.sum(c, axis=1)
+
+
+@triton.jit
+def _decode(sm_ptr, d1_ptr, table_ptr, area_ptr, off, fu, umask, A, TL, TH):
+    # fp32 bits of the weights of units fu ([BB, 64] flat starts of 16-weight units; a block's 64
+    # units are one row of the tile) -> [BB, 64, 16] uint32. off: [BB] byte start of each block's area.
+    j = tl.arange(0, 16)
+    f = fu[:, :, None] + j[None, None, :]
+    m3 = umask[:, :, None]
+    sm = tl.load(sm_ptr + f, mask=m3, other=0).to(tl.int32)
+    # d1: group fu >> 6, byte j of its 16; unit (fu >> 4) & 3 is the digit pair at bits 2 * that.
+    db = tl.load(d1_ptr + ((fu >> 6) * 16)[:, :, None] + j[None, None, :], mask=m3, other=0).to(tl.int32)
+    d = (db >> ((fu >> 3) & 6)[:, :, None]) & 3
+    # tier 2: one bit a tier-1 escape, stream at off
+    e1 = (d == 3).to(tl.int32)
+    i1, c1, p1, n1 = _ranks(e1)
+    w = _window(area_ptr, off[:, None] + (p1 >> 3), c1 > 0, A, 3) >> (p1 & 7)
+    e2 = e1 & (w[:, :, None] >> i1)
+    # tier 3: one bit a tier-2 escape
+    s = off + ((n1 + 7) >> 3)
+    i2, c2, p2, n2 = _ranks(e2)
+    w = _window(area_ptr, s[:, None] + (p2 >> 3), c2 > 0, A, 3) >> (p2 & 7)
+    e3 = e2 & (w[:, :, None] >> i2)
+    # tier 4: 2 bits a tier-3 escape (0-2: ranks 5-7, 3: deeper); up to 16 digits + 6 bits of offset
+    s += (n2 + 7) >> 3
+    i3, c3, p3, n3 = _ranks(e3)
+    w = (_window(area_ptr, s[:, None] + (p3 >> 2), c3 > 0, A, 5) >> (2 * (p3 & 3))).to(tl.int32)
+    d4 = (w[:, :, None] >> (2 * i3)) & (e3 * 3)
+    rank = d + e2 + e3 + d4  # rank for ranks 0-7; 8 where a tier-5 digit follows
+    sel = tl.where(rank < 4, TL, TH)
+    exp = (sel >> ((rank & 3) * 8)) & 0xFF
+    e4 = (d4 == 3).to(tl.int32)
+    if tl.max(tl.max(tl.max(e4, axis=2), axis=1), axis=0) > 0:  # deeper tiers: rare, per tile
+        s += (n3 + 3) >> 2
+        i4, c4, p4, n4 = _ranks(e4)
+        q = p4[:, :, None] + i4
+        b5 = tl.load(area_ptr + s[:, None, None] + (q >> 1), mask=e4 == 1, other=0).to(tl.int32)
+        d5 = (b5 >> (4 * (q & 1))) & 15
+        exp = tl.where(e4 == 1, tl.load(table_ptr + 8 + d5, mask=(e4 == 1) & (d5 < 15), other=0).to(tl.int32), exp)
+        e5 = (d5 == 15) & (e4 == 1)
+        if tl.max(tl.max(tl.max(e5.to(tl.int32), axis=2), axis=1), axis=0) > 0:
+            s += (n4 + 1) >> 1
+            i5, c5, p5, n5 = _ranks(e5.to(tl.int32))
+            raw = tl.load(area_ptr + s[:, None, None] + p5[:, :, None] + i5, mask=e5, other=0).to(tl.int32)
+            exp = tl.where(e5, raw, exp)
+    return ((sm & 0x80) << 24) | (exp << 23) | ((sm & 0x7F) << 16)
+
+
+@triton.jit
+def _tables(table_ptr):
+    # Exponents of ranks 0-3 and 4-7, one a byte: looked up with a shift instead of a select chain.
+    tl_ = tl.load(table_ptr).to(tl.int32)
+    th = tl.load(table_ptr + 4).to(tl.int32)
+    for i in tl.static_range(1, 4):
+        tl_ |= tl.load(table_ptr + i).to(tl.int32) << (8 * i)
+        th |= tl.load(table_ptr + 4 + i).to(tl.int32) << (8 * i)
+    return tl_, th
+
+
+@triton.jit
+def _area_start(ebase_ptr, eoff_ptr, b, bmask):
+    return tl.load(ebase_ptr + b // 16, mask=bmask, other=0) + tl.load(eoff_ptr + b, mask=bmask, other=0).to(tl.int32)
 
 
 @triton.jit
 def _gemv_kernel(
     x_ptr, sm_ptr, d1_ptr, table_ptr, ebase_ptr, eoff_ptr, area_ptr, bias_ptr, out_ptr,
-    N, K, KP, TOTAL, NBLK, stride_xm,
-    BN: tl.constexpr, BB: tl.constexpr, HAS_BIAS: tl.constexpr,
+    M, N, K, KP, TOTAL, NBLK, A, stride_xm,
+    BN: tl.constexpr, BB: tl.constexpr, MB: tl.constexpr, HAS_BIAS: tl.constexpr,
 ):
-    # One program owns rows [r0, r0 + BN) and walks the escape blocks that cover them (needs Kp >= 1024,
-    # so a block holds pieces of at most two rows); one activation row (pid 1) a program.
+    # One program owns rows [r0, r0 + BN) and activation rows [m0, m0 + MB): it walks the escape
+    # blocks that cover its rows (Kp >= 1024: a block holds pieces of at most two rows), BB blocks a
+    # step, decodes each once and multiplies it with its MB activation rows.
     pid_n = tl.program_id(0)
-    m = tl.program_id(1)
+    m0 = tl.program_id(1) * MB
     r0 = pid_n * BN
     rn = r0 + tl.arange(0, BN)
     nmask = rn < N
-    t0 = tl.load(table_ptr).to(tl.int32)
-    t1 = tl.load(table_ptr + 1).to(tl.int32)
-    t2 = tl.load(table_ptr + 2).to(tl.int32)
+    mi = tl.arange(0, MB)
+    TL, TH = _tables(table_ptr)
     f0 = r0 * KP
     f1 = tl.minimum(r0 + BN, N) * KP
     bend = tl.minimum((f1 + 1023) // 1024, NBLK)
-    acc = tl.zeros([BN], dtype=tl.float32)
-    i = tl.arange(0, 1024)
+    acc = tl.zeros([MB, BN], dtype=tl.float32)
+    u = tl.arange(0, 64)
+    j = tl.arange(0, 16)
     for blk0 in range(f0 // 1024, bend, BB):
-        b = blk0 + tl.arange(0, BB)  # BB consecutive blocks a step: independent work in flight
+        b = blk0 + tl.arange(0, BB)
         bmask = b < bend
-        wv = _decode(sm_ptr, d1_ptr, table_ptr, ebase_ptr, eoff_ptr, area_ptr, t0, t1, t2, b, bmask, TOTAL,
-                     BB).to(tl.float32, bitcast=True)
-        fb = b * 1024
-        ra = fb // KP  # row of each block's first weight; the rest of the block belongs to ra + 1
-        bnd = (ra + 1) * KP - fb
-        first = i[None, :] < bnd[:, None]
-        col = (fb - ra * KP)[:, None] + i[None, :] - tl.where(first, 0, KP)
-        row = ra[:, None] + tl.where(first, 0, 1)
-        ok = bmask[:, None] & (row >= r0) & (row < r0 + BN) & (row < N) & (col < K)
-        xv = tl.load(x_ptr + m * stride_xm + col, mask=ok, other=0.0).to(tl.float32)
-        prod = tl.where(ok, wv * xv, 0.0)
-        s0 = tl.sum(tl.where(first, prod, 0.0), axis=1)
-        s1 = tl.sum(prod, axis=1) - s0
-        acc += tl.sum(tl.where(rn[:, None] == ra[None, :], s0[None, :], 0.0), axis=1)
-        acc += tl.sum(tl.where(rn[:, None] == ra[None, :] + 1, s1[None, :], 0.0), axis=1)
+        fu = b[:, None] * 1024 + u[None, :] * 16
+        ur = fu // KP  # row of each unit
+        col = fu - ur * KP
+        # every unit of a block decodes (the ranks count from the block's start); only this
+        # program's rows multiply
+        inb = bmask[:, None] & (fu < TOTAL)
+        ok = inb & (ur >= r0) & (ur < r0 + BN)
+        off = _area_start(ebase_ptr, eoff_ptr, b, bmask)
+        wv = _decode(sm_ptr, d1_ptr, table_ptr, area_ptr, off, fu, inb, A, TL, TH).to(tl.float32, bitcast=True)
+        ra = (b * 1024) // KP  # row of each block's first unit
+        first = ur == ra[:, None]
+        xc = col[:, :, None] + j[None, None, :]
+        xm = ok[:, :, None] & (xc < K)
+        for mm in tl.static_range(MB):
+            xv = tl.load(x_ptr + (m0 + mm) * stride_xm + xc, mask=xm & (m0 + mm < M), other=0.0).to(tl.float32)
+            su = tl.sum(wv * xv, axis=2)  # [BB, 64]
+            s0 = tl.sum(tl.where(first, su, 0.0), axis=1)
+            s1 = tl.sum(su, axis=1) - s0
+            row = tl.sum(tl.where(rn[:, None] == ra[None, :], s0[None, :], 0.0), axis=1) + \
+                tl.sum(tl.where(rn[:, None] == ra[None, :] + 1, s1[None, :], 0.0), axis=1)
+            acc += tl.where(mi[:, None] == mm, row[None, :], 0.0)
     if HAS_BIAS:
-        acc += tl.load(bias_ptr + rn, mask=nmask, other=0.0).to(tl.float32)
-    tl.store(out_ptr + m * N + rn, acc.to(tl.bfloat16), mask=nmask)
+        acc += tl.load(bias_ptr + rn, mask=nmask, other=0.0).to(tl.float32)[None, :]
+    mrow = m0 + mi
+    tl.store(out_ptr + mrow[:, None] * N + rn[None, :], acc.to(tl.bfloat16), mask=(mrow < M)[:, None] & nmask[None, :])
 
 
 @triton.jit
-def _unpack_kernel(sm_ptr, d1_ptr, table_ptr, ebase_ptr, eoff_ptr, area_ptr, out_ptr, K, KP, TOTAL, NBLK,
+def _unpack_kernel(sm_ptr, d1_ptr, table_ptr, ebase_ptr, eoff_ptr, area_ptr, out_ptr, K, KP, TOTAL, NBLK, A,
                    BB: tl.constexpr):
     b = tl.program_id(0) * BB + tl.arange(0, BB)
     bmask = b < NBLK
-    t0 = tl.load(table_ptr).to(tl.int32)
-    t1 = tl.load(table_ptr + 1).to(tl.int32)
-    t2 = tl.load(table_ptr + 2).to(tl.int32)
-    bits = _decode(sm_ptr, d1_ptr, table_ptr, ebase_ptr, eoff_ptr, area_ptr, t0, t1, t2, b, bmask, TOTAL, BB)
-    f = b[:, None] * 1024 + tl.arange(0, 1024)[None, :]
-    row = f // KP
-    col = f - row * KP
-    tl.store(out_ptr + row * K + col, (bits >> 16).to(tl.uint16).to(tl.int16, bitcast=True),
-             mask=bmask[:, None] & (f < TOTAL) & (col < K))
+    TL, TH = _tables(table_ptr)
+    fu = b[:, None] * 1024 + tl.arange(0, 64)[None, :] * 16
+    umask = bmask[:, None] & (fu < TOTAL)
+    off = _area_start(ebase_ptr, eoff_ptr, b, bmask)
+    bits = _decode(sm_ptr, d1_ptr, table_ptr, area_ptr, off, fu, umask, A, TL, TH)
+    ur = fu // KP
+    col = (fu - ur * KP)[:, :, None] + tl.arange(0, 16)[None, None, :]
+    tl.store(out_ptr + (ur * K)[:, :, None] + col, (bits >> 16).to(tl.int16), mask=umask[:, :, None] & (col < K))
 
 
 def _check(p: Packed) -> None:
@@ -166,21 +198,21 @@ def unpack(p: Packed, out: torch.Tensor | None = None, bb: int = 0, warps: int =
         raise ValueError(f"out must be a contiguous bf16 [{n}, {k}] tensor, got {out.dtype} {tuple(out.shape)}")
     if n and k:
         bb, warps = (bb, warps) if bb else (UNPACK_BB, UNPACK_WARPS)
-        _unpack_kernel[(triton.cdiv(nblk, bb),)](*_args(p), out.view(torch.int16), k, kp, n * kp, nblk, BB=bb,
-                                                  num_warps=warps)
+        _unpack_kernel[(triton.cdiv(nblk, bb),)](*_args(p), out.view(torch.int16), k, kp, n * kp, nblk,
+                                                  p.arrays["area"].numel(), BB=bb, num_warps=warps)
     return out
 
 
 #: Fused GEMV shape: rows a program, escape blocks a step (``Config.bm`` overrides), warps; and the
 #: unpack kernel's blocks a program and warps (see benchmarks/notes-kernels.md).
-GEMV_BN, GEMV_BB, GEMV_WARPS = 16, 4, 8
-UNPACK_BB, UNPACK_WARPS = 1, 1
+GEMV_BN, GEMV_BB, GEMV_WARPS, GEMV_MB = 16, 1, 2, 16
+UNPACK_BB, UNPACK_WARPS = 1, 2
 
 #: Largest M the fused tiered GEMV serves by default (one program per activation row: it decodes
 #: again for every row); larger M unpack to a scratch buffer and call cuBLAS. 0: measured on the H200,
 #: the fused GEMV (193 ms a 7B step at M = 1) lost to unpack + cuBLAS (174 ms), so it runs only
 #: when a ``Config`` asks for it.
-FUSED_MAX_M = 0
+FUSED_MAX_M = 16
 
 
 # x: bf16 [..., K]; packed: tiered [N, K]; bias: [N] or None -> bf16 [..., N]
@@ -201,10 +233,11 @@ def linear(x: torch.Tensor, p: Packed, bias: torch.Tensor | None = None, config:
         w = unpack(p, C.scratch(x2.device, n * k).view(n, k))
         return torch.nn.functional.linear(x2, w, bias).reshape(*x.shape[:-1], n)
     bn = config.bn if config is not None else GEMV_BN
-    _gemv_kernel[(triton.cdiv(n, bn), m)](
+    mb = min(triton.next_power_of_2(m), config.g if config is not None else GEMV_MB)
+    _gemv_kernel[(triton.cdiv(n, bn), triton.cdiv(m, mb))](
         x2, *_args(p), bias if bias is not None else out, out,
-        n, k, kp, n * kp, _codec.num_blocks(n, k), x2.stride(0),
-        BN=bn, BB=config.bm if config is not None else GEMV_BB, HAS_BIAS=bias is not None,
+        m, n, k, kp, n * kp, _codec.num_blocks(n, k), p.arrays["area"].numel(), x2.stride(0),
+        BN=bn, BB=config.bm if config is not None else GEMV_BB, MB=mb, HAS_BIAS=bias is not None,
         num_warps=config.warps if config is not None else GEMV_WARPS,
     )
     return out.reshape(*x.shape[:-1], n)

@@ -1,0 +1,72 @@
+"""Tiered kernels on adversarial inputs: every tier and the raw escapes dense, units whose 16
+weights all escape, blocks that straddle rows, K not a multiple of 64, and every M the fused GEMV
+serves (1..16, several activation rows a program). Unpack is compared bit for bit; the fused
+GEMV against float64 F.linear with test_linear's tolerance."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import glyd
+
+from .conftest import DEVICES, needs_triton, random_weights
+from .test_linear import _check
+
+pytestmark = needs_triton
+
+
+def _tier_weights(n: int, k: int, kind: str) -> torch.Tensor:
+    """``deep``: exponents spread evenly over 40 values (tiers 4, 5 and raw on most weights);
+    ``runs``: rows alternate between all-common and all-deep stretches of 16 (whole units that
+    escape, next to units with none); ``raw``: a third of the weights below every table entry."""
+    g = torch.Generator().manual_seed(torch.seed() % 2**63)
+    sign = torch.where(torch.rand(n, k, generator=g) < 0.5, -1.0, 1.0)
+    mant = 1 + torch.rand(n, k, generator=g)
+    if kind == "deep":
+        e = torch.randint(-40, 0, (n, k), generator=g)
+    elif kind == "runs":
+        deep = (torch.arange(k) // 16 % 2 == 1)[None, :] ^ (torch.arange(n) % 2 == 1)[:, None]
+        e = torch.where(deep, torch.randint(-35, -8, (n, k), generator=g), torch.randint(-7, -4, (n, k), generator=g))
+    else:
+        e = torch.where(torch.rand(n, k, generator=g) < 0.33, torch.randint(-120, -60, (n, k), generator=g),
+                        torch.randint(-10, -2, (n, k), generator=g))
+    return (sign * mant * torch.exp2(e.float())).to(torch.bfloat16)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kind", ["deep", "runs", "raw"])
+@pytest.mark.parametrize("shape", [(5, 1100), (3, 1024), (9, 200), (2, 3000)])
+def test_tiered_unpack_dense_tiers(device, kind, shape):
+    from glyd import kernels
+
+    w = _tier_weights(*shape, kind)
+    p = glyd.pack(w, "tiered")
+    out = kernels.unpack(p.to(device))
+    assert torch.equal(out.cpu().view(torch.int16), w.view(torch.int16))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("bb,warps", [(1, 1), (2, 2), (4, 4)])
+def test_tiered_unpack_tile_shapes(device, bb, warps):
+    from glyd.kernels import tiered as kt
+
+    w = random_weights(7, 1600, "wide")
+    out = kt.unpack(glyd.pack(w, "tiered").to(device), None, bb, warps)
+    assert torch.equal(out.cpu().view(torch.int16), w.view(torch.int16))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("m", [1, 2, 3, 5, 8, 16])
+@pytest.mark.parametrize("kind", ["normal", "deep"])
+def test_tiered_fused_gemv_every_m(device, m, kind):
+    from glyd import kernels
+    from glyd.kernels._common import Config
+
+    n, k = (11, 1100) if m % 2 else (6, 2048)
+    w = random_weights(n, k, "normal") if kind == "normal" else _tier_weights(n, k, "deep")
+    p = glyd.pack(w, "tiered").to(device)
+    x = torch.randn(m, k).to(torch.bfloat16).to(device)
+    bias = torch.randn(n).to(torch.bfloat16).to(device)
+    for cfg in (None, Config(bm=2, bn=4, bk=1024, dot=False, g=2, warps=2)):
+        _check(kernels.linear(x, p, bias, cfg), x, w, bias)

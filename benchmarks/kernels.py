@@ -114,6 +114,19 @@ def check(mats, fails: list, ms=None) -> None:
     torch.cuda.synchronize()
 
 
+def check_variant(mats, which: int, f, m: int, vname: str, fails: list) -> None:
+    """A timed variant against float64 F.linear on fresh inputs, on each shape's first matrix."""
+    lay = ("bf16", "fixed12", "tiered")[which]
+    for name, reps in mats.items():
+        w, p = reps[0][0], reps[0][which]
+        x = torch.randn(m, w.shape[1], device="cuda").to(torch.bfloat16)
+        ref = F.linear(x.double(), w.double())
+        y = kernels.linear(x, p, None, f(lay, m))
+        err = ((y.double() - ref).norm() / ref.norm()).item()
+        if not err < 5e-3 or not torch.isfinite(y).all():
+            fails.append(f"variant {vname} {name} M={m}: rel err {err:.3g}")
+
+
 def step_fn(mats, xs, which: int, cfg=None):
     """One decode step: every linear of every layer, then the lm_head."""
     outs = []
@@ -136,31 +149,36 @@ def step_fn(mats, xs, which: int, cfg=None):
 def variants():
     V = C.Config
     f12 = lambda lay, m: lay == "fixed12"  # noqa: E731
-    dotm = lambda lay, m: f12(lay, m) and 1 < m <= 64  # noqa: E731
+    f12s = lambda lay, m: f12(lay, m) and m <= 64  # noqa: E731
+    bmm = lambda m: max(16, 1 << (m - 1).bit_length())  # noqa: E731
     return {
-        "f12 fma bn64 bk256": lambda lay, m: V(bm=1, bn=64, bk=256, dot=False) if f12(lay, m) and m == 1 else None,
-        "f12 fma gm bn32 bk512": lambda lay, m: V(bm=1, bn=32, bk=512, dot=False, group_major=True)
+        # M = 1: group-major FMA tiles; s1 = plane loads not pipelined (the default); s3 = by async copy
+        "f12 fma gm bn32 bk512 s3": lambda lay, m: V(bm=1, bn=32, bk=512, dot=False, group_major=True, stages=3)
         if f12(lay, m) and m == 1 else None,
-        "f12 fma gm bn64 bk512": lambda lay, m: V(bm=1, bn=64, bk=512, dot=False, group_major=True)
-        if f12(lay, m) and m == 1 else None,
-        "f12 fma gm bn64 bk512 w8": lambda lay, m: V(bm=1, bn=64, bk=512, dot=False, warps=8, group_major=True)
-        if f12(lay, m) and m == 1 else None,
-        "f12 fma gm m2": lambda lay, m: V(bm=1, bn=64, bk=512, dot=False, group_major=True)
-        if f12(lay, m) and m == 2 else None,
-        "f12 dot bn32": lambda lay, m: V(bm=max(16, m), bn=32, bk=256) if dotm(lay, m) else None,
-        "f12 dot bn128 bk128 w8": lambda lay, m: V(bm=max(16, m), bn=128, bk=128, warps=8) if dotm(lay, m) else None,
-        "f12 dot bn64 w8 s4": lambda lay, m: V(bm=max(16, m), bn=64, bk=256, warps=8, stages=4)
-        if dotm(lay, m) else None,
-        "f12 tile 128x128": lambda lay, m: V(bm=128, bn=128, bk=128, warps=8) if f12(lay, m) and m >= 512 else None,
-        "tr gemv bb4 w8": lambda lay, m: V(bm=4, bn=16, bk=1024, dot=False, warps=8)
-        if lay == "tiered" and m == 1 else None,
-        # byte-tile GEMV (one x row a program, contiguous x shared by the tile's rows)
-        "f12 byte bn32 g4": lambda lay, m: V(bm=1, bn=32, dot=False, byte=True, g=4) if f12(lay, m) and m <= 16 else None,
-        "f12 byte bn16 g4": lambda lay, m: V(bm=1, bn=16, dot=False, byte=True, g=4) if f12(lay, m) and m <= 16 else None,
-        "f12 byte bn64 g2 w8": lambda lay, m: V(bm=1, bn=64, dot=False, byte=True, g=2, warps=8)
-        if f12(lay, m) and m <= 16 else None,
-        "f12 byte bn32 g8 w8": lambda lay, m: V(bm=1, bn=32, dot=False, byte=True, g=8, warps=8)
-        if f12(lay, m) and m <= 16 else None,
+        "f12 fma gm bn32 bk512 s1 wv4": lambda lay, m: V(bm=1, bn=32, bk=512, dot=False, group_major=True,
+                                                          stages=1, waves=4) if f12(lay, m) and m == 1 else None,
+        "f12 fma gm bn32 bk512 s1 wv8": lambda lay, m: V(bm=1, bn=32, bk=512, dot=False, group_major=True,
+                                                          stages=1, waves=8) if f12(lay, m) and m == 1 else None,
+        "f12 fma gm bn16 bk1024 s1 wv4": lambda lay, m: V(bm=1, bn=16, bk=1024, dot=False, group_major=True,
+                                                           stages=1, waves=4) if f12(lay, m) and m == 1 else None,
+        "f12 byte bn16 g4 s1": lambda lay, m: V(bm=1, bn=16, dot=False, byte=True, g=4, stages=1)
+        if f12(lay, m) and m <= 2 else None,
+        # mma tile kernel; s1: raw planes loaded to registers, through shared memory into the operand
+        "f12 mma bn32 g2 s4 wv8": lambda lay, m: V(bm=bmm(m), bn=32, mma=True, g=2, stages=4, waves=8)
+        if f12s(lay, m) and m > 1 else None,
+        "f12 mma bn32 g2 s1 wv8": lambda lay, m: V(bm=bmm(m), bn=32, mma=True, g=2, stages=1, waves=8)
+        if f12s(lay, m) and m > 1 else None,
+        "f12 mma bn32 g4 s1 wv8": lambda lay, m: V(bm=bmm(m), bn=32, mma=True, g=4, stages=1, waves=8)
+        if f12s(lay, m) and m > 1 else None,
+        "f12 mma bn64 g2 s1 wv8": lambda lay, m: V(bm=bmm(m), bn=64, mma=True, g=2, stages=1, waves=8)
+        if f12s(lay, m) and m > 1 else None,
+        "f12 mma bn64 g2 s3": lambda lay, m: V(bm=bmm(m), bn=64, mma=True, g=2, stages=3)
+        if f12s(lay, m) and m > 8 else None,
+        "f12 mma bn64 g1 s4 wv8": lambda lay, m: V(bm=bmm(m), bn=64, mma=True, g=1, stages=4, waves=8)
+        if f12s(lay, m) and m > 8 else None,
+        # long prompts (the default unpacks then calls cuBLAS)
+        "f12 mma long bn64 bm128 w4": lambda lay, m: V(bm=128, bn=64, mma=True, g=1, stages=3, warps=4)
+        if f12(lay, m) and m >= 512 else None,
     }
 
 
@@ -206,6 +224,7 @@ def bench_mode(mode: str, shapes, layers: int, bw: float, quick: bool, res: dict
                 if f("fixed12", m) is not None or f("tiered", m) is not None:
                     which = 1 if vname.startswith("f12") else 2
                     try:
+                        check_variant(mats, which, f, m, vname, fails)
                         row[vname] = graph_time(step_fn(mats, xs, which, f))
                     except Exception as exc:  # a variant that fails to compile is reported, not fatal
                         row[vname] = None

@@ -58,11 +58,16 @@ def _cases():
         ("fixed12", 1, 37, 200, Config(bm=1, bn=16, dot=False, byte=True, g=2)),  # byte GEMV, masked K
         ("fixed12", 3, 20, 1024, Config(bm=1, bn=16, dot=False, byte=True, g=4, split=2)),  # even K, split-K
         ("fixed12", 2, 33, 1100, Config(bm=1, bn=32, dot=False, byte=True, g=1)),  # exceptions, odd K
+        # mma tile kernel (A operand decoded in registers): odd K, split-K with g reduced to fit
+        ("fixed12", 1, 37, 200, Config(bm=16, bn=16, mma=True, g=1)),
+        ("fixed12", 5, 70, 1100, Config(bm=16, bn=32, mma=True, g=2, split=3)),
+        ("fixed12", 33, 20, 320, Config(bm=64, bn=16, mma=True, g=2)),
+        ("fixed12", 16, 64, 256, Config(bm=16, bn=64, mma=True, g=4, waves=8)),
     ]
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("case", range(17))
+@pytest.mark.parametrize("case", range(21))
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_linear_matches_reference(device, case, with_bias):
     from glyd import kernels

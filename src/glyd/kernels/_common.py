@@ -30,6 +30,9 @@ class Config:
     a thread's rows (not yet timed on a GPU: see benchmarks/notes-kernels.md).
     ``byte`` (fixed12, any M): byte-tile GEMV, one activation row a program, ``g`` 64-weight
     groups a step on [bn, g, 32] tiles in column order (contiguous x shared by the rows).
+    ``mma`` (fixed12, dot path): plane tiles go to shared memory by async copy, then straight into
+    the tensor-core operand registers, decoded there (no decoded tile in shared memory); ``g``
+    64-weight groups a step. ``waves``: split K until the grid has ``waves`` programs an SM.
     """
 
     bm: int = 16
@@ -43,6 +46,8 @@ class Config:
     group_major: bool = False
     byte: bool = False
     g: int = 4
+    mma: bool = False
+    waves: int = 2
 
     def __post_init__(self) -> None:
         for name in ("bm", "bn", "bk"):
@@ -53,6 +58,10 @@ class Config:
             raise ValueError("the tl.dot path needs bm >= 16 and bn >= 16")
         if self.byte and (self.dot or self.group_major or self.g < 1 or self.g & (self.g - 1)):
             raise ValueError("byte is an FMA-path tile (dot=False, group_major=False) with a power-of-two g")
+        if self.mma and (not self.dot or self.byte or self.group_major or self.g < 1 or self.g & (self.g - 1)):
+            raise ValueError("mma is a tensor-core tile (dot=True, not byte or group_major) with a power-of-two g")
+        if self.waves < 1:
+            raise ValueError(f"Config.waves must be >= 1, got {self.waves}")
         if self.group_major and self.dot:
             raise ValueError("group_major applies to the FMA path (dot=False) only")
         if self.split < 0 or self.warps not in (1, 2, 4, 8, 16) or self.stages < 1:
@@ -69,12 +78,13 @@ def sm_count(device: torch.device) -> int:
     return 8  # interpreter: any small number keeps the split-K code paths exercised
 
 
-def choose_split(tiles: int, kp: int, bk: int, device: torch.device, split: int = 0) -> tuple[int, int]:
-    """(splits, K per split) so that the grid covers about two waves of the GPU's SMs."""
+def choose_split(tiles: int, kp: int, bk: int, device: torch.device, split: int = 0,
+                 waves: int = 2) -> tuple[int, int]:
+    """(splits, K per split) so that the grid covers about ``waves`` programs per SM."""
     steps = (kp + bk - 1) // bk
     if split <= 0:
         split = 1
-        target = 2 * sm_count(device)
+        target = waves * sm_count(device)
         while tiles * split < target and steps // (split * 2) >= 2:
             split *= 2
     split = max(1, min(split, steps))

@@ -6,6 +6,11 @@ positions of the second half, so no interleave is needed. ``hi = (n & 8) << 4 | 
 runs on all 4 bytes at once; each weight's fp32 bits are then ``hi << 24 | lo << 16`` (a bf16
 widened to fp32 is exact). Plain Triton only, so ``TRITON_INTERPRET=1`` runs every kernel.
 
+The tensor-core path for 2 to 64 activation rows (``_mma_kernel``) decodes byte tiles instead,
+with the weights as the MMA's A operand: Triton then reads the raw planes from shared memory
+straight into the operand registers and decodes them there (see the kernel's comment for the one
+condition that keeps it so: a compile-time base).
+
 Exceptions (weights outside the 16-exponent window) are a sparse correction inside the fused
 kernel: the program that owns the row adds ``x[col] * (true - placeholder)`` for each of its
 row range's exceptions, found through a per-row pointer array built once per matrix.
@@ -64,12 +69,32 @@ def _exception_delta(rowptr_ptr, eidx_ptr, ehi_ptr, lo_ptr, xrow, rn, base, pid_
 
 
 @triton.jit
+def _exception_delta_tile(rowptr_ptr, eidx_ptr, ehi_ptr, lo_ptr, x_ptr, rn, rm, mmask, stride_xm, base, pid_n,
+                          N, K, stride_lo, BN: tl.constexpr, BM: tl.constexpr):
+    # [BN, BM] fp32: like _exception_delta, for BM x rows at once.
+    delta = tl.zeros([BN, BM], dtype=tl.float32)
+    e0 = tl.load(rowptr_ptr + pid_n * BN)
+    e1 = tl.load(rowptr_ptr + tl.minimum(pid_n * BN + BN, N))
+    for e in range(e0, e1):
+        idx = tl.load(eidx_ptr + e).to(tl.int64)
+        r = idx // K
+        c = idx - r * K
+        th = tl.load(ehi_ptr + e).to(tl.uint32)
+        lo = tl.load(lo_ptr + r * stride_lo + c).to(tl.uint32)
+        tv = ((th << 24) | (lo << 16)).to(tl.float32, bitcast=True)
+        pv = ((((th & 0x80) | base) << 24) | (lo << 16)).to(tl.float32, bitcast=True)
+        xv = tl.load(x_ptr + rm * stride_xm + c, mask=mmask, other=0.0).to(tl.float32)
+        delta += tl.where((rn.to(tl.int64) == r)[:, None], (xv * tv - xv * pv)[None, :], 0.0)
+    return delta
+
+
+@triton.jit
 def _linear_kernel(
     x_ptr, code_ptr, lo_ptr, lo8_ptr, base_ptr, rowptr_ptr, eidx_ptr, ehi_ptr, bias_ptr, out_ptr,
     M, N, K, KP, stride_xm, K_SPLIT, stride_code, stride_lo,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, DOT: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_EXC: tl.constexpr, PARTIAL: tl.constexpr, F32DOT: tl.constexpr,
-    GROUP_MAJOR: tl.constexpr,
+    GROUP_MAJOR: tl.constexpr, STAGES: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -111,7 +136,9 @@ def _linear_kernel(
         acc3 = tl.zeros([G, BN, 8], dtype=tl.float32)
     else:
         acc3 = tl.zeros([BN, G, 8], dtype=tl.float32)
-    for kb in range(k0, k1, BK):
+    # tl.range with num_stages: the pipeliner then streams the plane loads of the FMA path through
+    # shared memory by async copy too (a plain range pipelines only loads that feed tl.dot).
+    for kb in tl.range(k0, k1, BK, num_stages=STAGES):
         lmask = m3 & (kb + gi * 64 < KP)
         kw = tl.multiple_of(kb // 8, BK // 8)
         kl = tl.multiple_of(kb // 4, BK // 4)
@@ -155,18 +182,8 @@ def _linear_kernel(
     if HAS_EXC:
         if pid_k == 0:
             if DOT:
-                e0 = tl.load(rowptr_ptr + pid_n * BN)
-                e1 = tl.load(rowptr_ptr + tl.minimum(pid_n * BN + BN, N))
-                for e in range(e0, e1):
-                    idx = tl.load(eidx_ptr + e).to(tl.int64)
-                    r = idx // K
-                    c = idx - r * K
-                    th = tl.load(ehi_ptr + e).to(tl.uint32)
-                    lo = tl.load(lo8_ptr + r * KP + c).to(tl.uint32)
-                    tv = ((th << 24) | (lo << 16)).to(tl.float32, bitcast=True)
-                    pv = ((((th & 0x80) | base) << 24) | (lo << 16)).to(tl.float32, bitcast=True)
-                    xv = tl.load(x_ptr + rm * stride_xm + c, mask=mmask, other=0.0).to(tl.float32)
-                    acc += tl.where((rn.to(tl.int64) == r)[:, None], (xv * tv - xv * pv)[None, :], 0.0)
+                acc += _exception_delta_tile(rowptr_ptr, eidx_ptr, ehi_ptr, lo8_ptr, x_ptr, rn, rm, mmask, stride_xm,
+                                             base, pid_n, N, K, KP, BN, BM)
             else:
                 acc1 += _exception_delta(rowptr_ptr, eidx_ptr, ehi_ptr, lo8_ptr, x_ptr + pid_m * stride_xm, rn, base,
                                          pid_n, N, K, KP, BN)
@@ -194,7 +211,7 @@ def _gemv_bytes_kernel(
     x_ptr, code_ptr, lo_ptr, base_ptr, rowptr_ptr, eidx_ptr, ehi_ptr, bias_ptr, out_ptr,
     M, N, K, KP, stride_xm, K_SPLIT, stride_code, stride_lo,
     BN: tl.constexpr, G: tl.constexpr, EVEN: tl.constexpr,
-    HAS_BIAS: tl.constexpr, HAS_EXC: tl.constexpr, PARTIAL: tl.constexpr,
+    HAS_BIAS: tl.constexpr, HAS_EXC: tl.constexpr, PARTIAL: tl.constexpr, STAGES: tl.constexpr,
 ):
     # One activation row a program, decode byte by byte on [BN, G, 32] tiles in column order, so
     # x is a contiguous [G, 32] vector shared by the tile's rows (the word-tile kernel above needs
@@ -217,7 +234,7 @@ def _gemv_bytes_kernel(
     k0 = pid_k * K_SPLIT
     k1 = tl.minimum(k0 + K_SPLIT, KP)
     acc = tl.zeros([BN, G, 32], dtype=tl.float32)
-    for kb in range(k0, k1, 64 * G):
+    for kb in tl.range(k0, k1, 64 * G, num_stages=STAGES):
         if EVEN:  # K == KP and every step whole: no column masks
             lmask = m3
             xa = tl.load(xrow + kb + xo).to(tl.float32)
@@ -245,6 +262,72 @@ def _gemv_bytes_kernel(
         if HAS_BIAS:
             acc1 += tl.load(bias_ptr + rn, mask=nmask, other=0.0).to(tl.float32)
         tl.store(out_ptr + optr, acc1.to(tl.bfloat16), mask=nmask)
+
+
+@triton.jit
+def _mma_kernel(
+    x_ptr, code_ptr, lo_ptr, rowptr_ptr, eidx_ptr, ehi_ptr, bias_ptr, out_ptr,
+    M, N, K, KP, stride_xm, K_SPLIT, stride_code, stride_lo,
+    BASE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, G: tl.constexpr, EVEN: tl.constexpr,
+    HAS_BIAS: tl.constexpr, HAS_EXC: tl.constexpr, PARTIAL: tl.constexpr, F32DOT: tl.constexpr,
+):
+    # out^T tile [BN, BM] = W tile [BN, 32] @ x^T [32, BM], twice a 64-weight group (its two
+    # halves share the code bytes). The weights are the MMA's A operand: Triton keeps A in
+    # registers, and because the decode is element-wise from the loads with only constants in it,
+    # it moves the layout change onto the shared-memory read of the raw planes (the pipeliner
+    # streams them in by async copy). BASE is a compile-time constant for that reason: a runtime
+    # base (even a scalar argument) stops that move, and the decoded tile then takes a round trip
+    # through shared memory with barriers.
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    pid_m = tl.program_id(2)
+    rn = pid_n * BN + tl.arange(0, BN)
+    rm = pid_m * BM + tl.arange(0, BM)
+    # Out-of-range rows read row N-1 / M-1 again (no load masks); their results are not stored.
+    rnl = tl.minimum(rn, N - 1)
+    rml = tl.minimum(rm, M - 1)
+    j = tl.arange(0, 32)
+    code_off = rnl[:, None] * stride_code + j[None, :]
+    lo_off = rnl[:, None] * stride_lo + j[None, :]
+    x_off = rml[None, :] * stride_xm + j[:, None]
+    k0 = pid_k * K_SPLIT
+    k1 = tl.minimum(k0 + K_SPLIT, KP)
+    acc = tl.zeros([BN, BM], dtype=tl.float32)
+    for kb in range(k0, k1, 64 * G):
+        for g in tl.static_range(G):
+            kg = kb + 64 * g
+            c = tl.load(code_ptr + code_off + kg // 2).to(tl.uint16)
+            la = tl.load(lo_ptr + lo_off + kg).to(tl.uint16)
+            lb = tl.load(lo_ptr + lo_off + kg + 32).to(tl.uint16)
+            if EVEN:
+                xa = tl.load(x_ptr + x_off + kg)
+                xb = tl.load(x_ptr + x_off + kg + 32)
+            else:  # padding columns: x is 0 there (the padded weights are finite)
+                xa = tl.load(x_ptr + x_off + kg, mask=(kg + j < K)[:, None], other=0.0)
+                xb = tl.load(x_ptr + x_off + kg + 32, mask=(kg + 32 + j < K)[:, None], other=0.0)
+            # bf16 bits: sign = code bit 3 (7), exponent >> 1 = code bits 0-2 (4-6) + BASE, low byte = lo
+            wa = ((((c & 8) << 12) | (((c & 7) + BASE) << 8)) | la).to(tl.bfloat16, bitcast=True)
+            wb = ((((c & 0x80) << 8) | ((((c >> 4) & 7) + BASE) << 8)) | lb).to(tl.bfloat16, bitcast=True)
+            if F32DOT:  # the interpreter's tl.dot reads bf16 as raw integers
+                acc = tl.dot(wa.to(tl.float32), xa.to(tl.float32), acc)
+                acc = tl.dot(wb.to(tl.float32), xb.to(tl.float32), acc)
+            else:
+                acc = tl.dot(wa, xa, acc)
+                acc = tl.dot(wb, xb, acc)
+    mmask = rm < M
+    nmask = rn < N
+    if HAS_EXC:
+        if pid_k == 0:
+            acc += _exception_delta_tile(rowptr_ptr, eidx_ptr, ehi_ptr, lo_ptr, x_ptr, rn, rm, mmask, stride_xm,
+                                         BASE, pid_n, N, K, stride_lo, BN, BM)
+    omask = nmask[:, None] & mmask[None, :]
+    optr = rm[None, :] * N + rn[:, None]
+    if PARTIAL:
+        tl.store(out_ptr + pid_k * M * N + optr, acc, mask=omask)
+    else:
+        if HAS_BIAS:
+            acc += tl.load(bias_ptr + rn, mask=nmask, other=0.0).to(tl.float32)[:, None]
+        tl.store(out_ptr + optr, acc.to(tl.bfloat16), mask=omask)
 
 
 @triton.jit
@@ -281,6 +364,7 @@ class Prepared:
         idx = a["exc_idx"]
         self.nexc = int(idx.numel())
         dev = idx.device
+        self.base = int(a["base"].reshape(-1)[0])  # the mma kernel compiles it in (one sync, here)
         if self.nexc:
             idx64 = idx.to(torch.int64)
             if int(idx64.min()) < 0 or int(idx64.max()) >= n * k:
@@ -325,20 +409,18 @@ def unpack(p: Packed, out: torch.Tensor | None = None) -> torch.Tensor:
 def default_config(m: int, n: int, k: int) -> C.Config:
     """Block shapes per M bucket: the fastest of the configs timed on the H200 on 2026-11-30
     (whole-model decode-step graphs; benchmarks/notes-kernels.md lists every variant)."""
-    if m == 1:  # group-major word tiles: 1.33x bf16's step against 1.76x for row-major (run 7)
-        return C.Config(bm=1, bn=32, bk=512, dot=False, warps=4, stages=3, group_major=True)
+    if m == 1:  # group-major word tiles, plane loads straight to registers, K split to 8 programs an
+        # SM: 1.25x bf16's step (run 12; 1.33x at 2 programs an SM). Pipelining the plane loads
+        # through shared memory by async copy (stages 2-4) measured 2.0-2.1x (run 11).
+        return C.Config(bm=1, bn=32, bk=512, dot=False, warps=4, stages=1, group_major=True, waves=8)
     if m >= LONG_M:
         return C.Config(long=True)
-    if m == 2:  # byte-tile GEMV, one x row a program: 2.23x against 2.36x for the dot path (run 7)
-        return C.Config(bm=1, bn=16, dot=False, byte=True, g=4)
-    if m <= 4:
-        return C.Config(bm=16, bn=32, bk=256, warps=4, stages=3)
-    if m <= 16:
-        return C.Config(bm=16, bn=64, bk=256, warps=4, stages=3)
-    if m <= 32:
-        return C.Config(bm=32, bn=64, bk=256, warps=4, stages=3)
-    if m <= 64:
-        return C.Config(bm=64, bn=64, bk=128, warps=4, stages=3)
+    if m <= 16:  # mma tile, A operand decoded in registers: 2.06-2.26x against 2.25-2.85x (runs 11, 12)
+        return C.Config(bm=max(16, 1 << (m - 1).bit_length()), bn=32, mma=True, g=2, stages=4, waves=8)
+    if m <= 32:  # 2.21x against 3.32x for the earlier tl.dot tile (runs 11, 12)
+        return C.Config(bm=32, bn=64, mma=True, g=2, stages=3)
+    if m <= 64:  # 2.96x against 3.78x (runs 11, 12)
+        return C.Config(bm=64, bn=64, mma=True, g=1, stages=4, waves=8)
     return C.Config(bm=128, bn=128, bk=128, warps=8, stages=3)
 
 
@@ -377,8 +459,10 @@ def linear(x: torch.Tensor, p: Packed, bias: torch.Tensor | None = None, config:
     prep = prepare(p)
     if cfg.byte:
         return _launch_gemv_bytes(x2, p, bias, cfg, prep, out).reshape(*x.shape[:-1], n)
+    if cfg.mma:
+        return _launch_mma(x2, p, bias, cfg, prep, out).reshape(*x.shape[:-1], n)
     tiles = triton.cdiv(n, cfg.bn) * (m if not cfg.dot else triton.cdiv(m, cfg.bm))
-    split, per = C.choose_split(tiles, kp, cfg.bk, x2.device, cfg.split)
+    split, per = C.choose_split(tiles, kp, cfg.bk, x2.device, cfg.split, cfg.waves)
     partial = split > 1
     dst = torch.empty(split, m, n, dtype=torch.float32, device=x2.device) if partial else out
     grid = (triton.cdiv(n, cfg.bn), split, m if not cfg.dot else triton.cdiv(m, cfg.bm))
@@ -388,7 +472,7 @@ def linear(x: torch.Tensor, p: Packed, bias: torch.Tensor | None = None, config:
         m, n, k, kp, x2.stride(0), per, kp // 8, kp // 4,
         BM=cfg.bm, BN=cfg.bn, BK=cfg.bk, DOT=cfg.dot, HAS_BIAS=bias is not None,
         HAS_EXC=prep.nexc > 0, PARTIAL=partial, F32DOT=C.interpreting(),
-        GROUP_MAJOR=cfg.group_major, num_warps=cfg.warps, num_stages=cfg.stages,
+        GROUP_MAJOR=cfg.group_major, STAGES=cfg.stages, num_warps=cfg.warps, num_stages=cfg.stages,
     )
     if partial:
         C.finalize(dst, bias, out)
@@ -402,7 +486,7 @@ def _launch_gemv_bytes(x2: torch.Tensor, p: Packed, bias, cfg: C.Config, prep: P
     a = p.arrays
     kp = a["lo"].shape[1]
     step = 64 * cfg.g
-    split, per = C.choose_split(triton.cdiv(n, cfg.bn) * m, kp, step, x2.device, cfg.split)
+    split, per = C.choose_split(triton.cdiv(n, cfg.bn) * m, kp, step, x2.device, cfg.split, cfg.waves)
     partial = split > 1
     dst = torch.empty(split, m, n, dtype=torch.float32, device=x2.device) if partial else out
     even = k == kp and per % step == 0 and kp % step == 0
@@ -412,7 +496,34 @@ def _launch_gemv_bytes(x2: torch.Tensor, p: Packed, bias, cfg: C.Config, prep: P
         bias if bias is not None else out, dst,
         m, n, k, kp, x2.stride(0), per, kp // 2, kp,
         BN=cfg.bn, G=cfg.g, EVEN=even, HAS_BIAS=bias is not None, HAS_EXC=prep.nexc > 0, PARTIAL=partial,
-        num_warps=cfg.warps, num_stages=cfg.stages,
+        STAGES=cfg.stages, num_warps=cfg.warps, num_stages=cfg.stages,
+    )
+    if partial:
+        C.finalize(dst, bias, out)
+    return out
+
+
+# x: bf16 [M, K]; packed: fixed12 [N, K]; out: bf16 [M, N] (written) -> out
+def _launch_mma(x2: torch.Tensor, p: Packed, bias, cfg: C.Config, prep: Prepared, out: torch.Tensor):
+    m, k = x2.shape
+    n = p.shape[0]
+    a = p.arrays
+    kp = a["lo"].shape[1]
+    g = cfg.g
+    while (kp // 64) % g:  # whole steps only: a split never reads past the row's padding
+        g //= 2
+    step = 64 * g
+    tiles = triton.cdiv(n, cfg.bn) * triton.cdiv(m, cfg.bm)
+    split, per = C.choose_split(tiles, kp, step, x2.device, cfg.split, cfg.waves)
+    partial = split > 1
+    dst = torch.empty(split, m, n, dtype=torch.float32, device=x2.device) if partial else out
+    even = k == kp
+    grid = (triton.cdiv(n, cfg.bn), split, triton.cdiv(m, cfg.bm))
+    _mma_kernel[grid](
+        x2, a["code"], a["lo"], prep.rowptr, a["exc_idx"], a["exc_hi"], bias if bias is not None else out, dst,
+        m, n, k, kp, x2.stride(0), per, kp // 2, kp,
+        BASE=prep.base, BM=cfg.bm, BN=cfg.bn, G=g, EVEN=even, HAS_BIAS=bias is not None,
+        HAS_EXC=prep.nexc > 0, PARTIAL=partial, F32DOT=C.interpreting(), num_warps=cfg.warps, num_stages=cfg.stages,
     )
     if partial:
         C.finalize(dst, bias, out)

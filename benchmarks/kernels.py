@@ -152,30 +152,24 @@ def variants():
     f12s = lambda lay, m: f12(lay, m) and m <= 64  # noqa: E731
     bmm = lambda m: max(16, 1 << (m - 1).bit_length())  # noqa: E731
     return {
-        # M = 1: group-major FMA tiles; s1 = plane loads not pipelined (the default); s3 = by async copy
-        "f12 fma gm bn32 bk512 s3": lambda lay, m: V(bm=1, bn=32, bk=512, dot=False, group_major=True, stages=3)
-        if f12(lay, m) and m == 1 else None,
-        "f12 fma gm bn32 bk512 s1 wv4": lambda lay, m: V(bm=1, bn=32, bk=512, dot=False, group_major=True,
-                                                          stages=1, waves=4) if f12(lay, m) and m == 1 else None,
-        "f12 fma gm bn32 bk512 s1 wv8": lambda lay, m: V(bm=1, bn=32, bk=512, dot=False, group_major=True,
+        # M = 1: group-major FMA tiles (the default: bn32 bk512, plane loads not pipelined, wv8)
+        "f12 fma gm bn32 bk512 s3": lambda lay, m: V(bm=1, bn=32, bk=512, dot=False, group_major=True, stages=3,
+                                                      waves=8) if f12(lay, m) and m == 1 else None,
+        "f12 fma gm bn32 bk512 s1 wv16": lambda lay, m: V(bm=1, bn=32, bk=512, dot=False, group_major=True,
+                                                           stages=1, waves=16) if f12(lay, m) and m == 1 else None,
+        "f12 fma gm bn64 bk256 s1 wv8": lambda lay, m: V(bm=1, bn=64, bk=256, dot=False, group_major=True,
                                                           stages=1, waves=8) if f12(lay, m) and m == 1 else None,
-        "f12 fma gm bn16 bk1024 s1 wv4": lambda lay, m: V(bm=1, bn=16, bk=1024, dot=False, group_major=True,
-                                                           stages=1, waves=4) if f12(lay, m) and m == 1 else None,
-        "f12 byte bn16 g4 s1": lambda lay, m: V(bm=1, bn=16, dot=False, byte=True, g=4, stages=1)
+        "f12 fma gm bn32 bk512 s1 w8 wv8": lambda lay, m: V(bm=1, bn=32, bk=512, dot=False, group_major=True,
+                                                             stages=1, warps=8, waves=8) if f12(lay, m) and m == 1 else None,
+        "f12 byte bn16 g4 s1 wv8": lambda lay, m: V(bm=1, bn=16, dot=False, byte=True, g=4, stages=1, waves=8)
         if f12(lay, m) and m <= 2 else None,
-        # mma tile kernel; s1: raw planes loaded to registers, through shared memory into the operand
-        "f12 mma bn32 g2 s4 wv8": lambda lay, m: V(bm=bmm(m), bn=32, mma=True, g=2, stages=4, waves=8)
-        if f12s(lay, m) and m > 1 else None,
-        "f12 mma bn32 g2 s1 wv8": lambda lay, m: V(bm=bmm(m), bn=32, mma=True, g=2, stages=1, waves=8)
-        if f12s(lay, m) and m > 1 else None,
-        "f12 mma bn32 g4 s1 wv8": lambda lay, m: V(bm=bmm(m), bn=32, mma=True, g=4, stages=1, waves=8)
-        if f12s(lay, m) and m > 1 else None,
-        "f12 mma bn64 g2 s1 wv8": lambda lay, m: V(bm=bmm(m), bn=64, mma=True, g=2, stages=1, waves=8)
-        if f12s(lay, m) and m > 1 else None,
-        "f12 mma bn64 g2 s3": lambda lay, m: V(bm=bmm(m), bn=64, mma=True, g=2, stages=3)
-        if f12s(lay, m) and m > 8 else None,
-        "f12 mma bn64 g1 s4 wv8": lambda lay, m: V(bm=bmm(m), bn=64, mma=True, g=1, stages=4, waves=8)
-        if f12s(lay, m) and m > 8 else None,
+        # mma tile kernel (the default at M = 2-64): a few neighbours of the defaults
+        "f12 mma bn32 g2 s4 wv16": lambda lay, m: V(bm=bmm(m), bn=32, mma=True, g=2, stages=4, waves=16)
+        if f12s(lay, m) and 1 < m <= 16 else None,
+        "f12 mma bn32 g2 s3 wv8": lambda lay, m: V(bm=bmm(m), bn=32, mma=True, g=2, stages=3, waves=8)
+        if f12s(lay, m) and 1 < m <= 16 else None,
+        "f12 mma bn64 g2 s3 wv8": lambda lay, m: V(bm=bmm(m), bn=64, mma=True, g=2, stages=3, waves=8)
+        if f12s(lay, m) and m > 16 else None,
         # long prompts (the default unpacks then calls cuBLAS)
         "f12 mma long bn64 bm128 w4": lambda lay, m: V(bm=128, bn=64, mma=True, g=1, stages=3, warps=4)
         if f12(lay, m) and m >= 512 else None,

@@ -243,6 +243,15 @@ def fill(b: int, t: int, pool: torch.Tensor | None, gen: torch.Generator, scale:
     return pages[pick].reshape(b, h, t, d)
 
 
+def vname(v: dict) -> str:
+    return f"w{v['warps']} s{v['ts']} p{v['pps']} r{v['mr'] or '-'}"
+
+
+def parse_variant(s: str) -> tuple[int, int, int, int]:
+    w, ts, pps, mr = (int(x) for x in s.split(","))
+    return w, ts, pps, mr
+
+
 def cuda_graph_time(fn, iters: int = 50) -> float:
     """Median microseconds of one call, captured in a CUDA graph (replays timed with events)."""
     if not torch.cuda.is_available():  # a CPU dry run (TRITON_INTERPRET=1) checks the script, times nothing
@@ -265,7 +274,7 @@ def cmd_speed(args) -> None:
     gen = torch.Generator(device=dev).manual_seed(0)
     kscale = torch.exp(torch.randn(1, QWEN["kv_heads"], 1, QWEN["head_dim"], device=dev, generator=gen))
     hq, h, d = QWEN["q_heads"], QWEN["kv_heads"], QWEN["head_dim"]
-    variants = [dict(rank=1, warps=4, ts=16), dict(rank=1, warps=8, ts=16), dict(rank=1, warps=8, ts=32)]
+    variants = [dict(warps=w, ts=ts, pps=pps, mr=mr) for w, ts, pps, mr in args.variants]
     rows, log = [], []
     cases = [(t, b, False) for t in args.tokens for b in args.batches]
     cases += [(t, b, True) for t in args.tokens for b in args.mixed]  # sequences of different lengths
@@ -291,8 +300,9 @@ def cmd_speed(args) -> None:
         t_sdpa = cuda_graph_time(sdpa)
         best = None
         for var in variants:
-            fn = lambda: kt.decode_attention_triton(q, ks, vs, lens, rank_mode=var["rank"],  # noqa: E731
-                                                    num_warps=var["warps"], sub_tile=var["ts"])
+            fn = lambda: kt.decode_attention_triton(q, ks, vs, lens, num_warps=var["warps"],  # noqa: E731
+                                                    sub_tile=var["ts"], programs_per_sm=var["pps"],
+                                                    maxnreg=var["mr"] or None)
             try:
                 out = fn().float()
                 err = float((out - ref).norm() / ref.norm())
@@ -307,19 +317,20 @@ def cmd_speed(args) -> None:
             if best is None or us < best[0]:
                 best = (us, var, err)
         if best is None:
-            best = (float("nan"), {"rank": -1, "warps": 4, "ts": 0}, float("nan"))
+            best = (float("nan"), {"warps": 4, "ts": 0, "pps": 0, "mr": 0}, float("nan"))
         t_raw = float("nan")
-        if not mixed:  # the same kernel loop over plain bf16 pages: the loop's cost without the decode
+        if not mixed and not args.no_baseline:  # the same kernel loop over plain bf16 pages: no decode
             t_raw = cuda_graph_time(lambda: kt.decode_attention_bf16_pages(q, k, v, page=PAGE,
-                                                                          num_warps=best[1]["warps"]))
+                                                                          num_warps=best[1]["warps"],
+                                                                          programs_per_sm=best[1]["pps"] or 8))
         rows.append((t, b, mixed, t_sdpa, best[0], t_raw, best[1], ratio, best[2]))
         print(f"T={t} B={b} mixed={mixed}: sdpa {t_sdpa:.1f} us, glyd {best[0]:.1f} us {best[1]}, "
               f"bf16-pages {t_raw:.1f} us", file=sys.stderr, flush=True)
         del k, v, ks, vs
         torch.cuda.empty_cache()
     name = torch.cuda.get_device_name() if dev.type == "cuda" else "CPU dry run"
-    print(f"\nall variants (r: rank 1 row scans, 0 one flat scan; w: warps; s: sub-tile tokens): " + "; ".join(
-        f"T={t} B={b} r{v['rank']}w{v['warps']}s{v['ts']} {us:.1f}us" for t, b, v, us, _ in log))
+    print("\nall variants (w: warps; s: sub-tile tokens; p: programs per SM; r: maxnreg): " + "; ".join(
+        f"T={t} B={b} {vname(v)} {us:.1f}us" for t, b, v, us, _ in log))
     print(f"\n{name}; torch {torch.__version__}; triton {triton.__version__}; pages: "
           f"{'real SmolLM2-filled pool' if pool is not None else 'Gaussian'}; {datetime.date.today()}; one layer, "
           f"{hq} query heads, {h} KV heads, head dim {d}, page {PAGE}; CUDA graph, median of 50 replays\n")
@@ -328,7 +339,7 @@ def cmd_speed(args) -> None:
     print("|---|---|---|---|---|---|---|---|---|---|")
     for t, b, mixed, ts, tg, tr, var, ratio, err in rows:
         print(f"| {t} | {b} | {'T/2..T' if mixed else 'all T'} | {ts:.1f} | {tg:.1f} | {tg / ts:.2f} | "
-              f"r{var['rank']} w{var['warps']} s{var['ts']} | {tr:.1f} | {'-' if mixed else f'{ratio:.3f}'} | {err:.1e} |")
+              f"{vname(var)} | {tr:.1f} | {'-' if mixed else f'{ratio:.3f}'} | {err:.1e} |")
 
 
 def main() -> None:
@@ -347,6 +358,9 @@ def main() -> None:
     s.add_argument("--tokens", type=int, nargs="+", default=[4096, 16384])
     s.add_argument("--batches", type=int, nargs="+", default=[1, 4, 16, 64])
     s.add_argument("--mixed", type=int, nargs="*", default=[64], help="batches of sequences of different lengths")
+    s.add_argument("--variants", type=parse_variant, nargs="+", default=[(4, 32, 8, 0)],
+                   help="kernel variants to time, each 'warps,sub_tile,programs_per_sm,maxnreg' (0: none); best shown")
+    s.add_argument("--no-baseline", action="store_true", help="skip the same-loop-over-bf16-pages timing")
     s.set_defaults(func=cmd_speed)
     args = ap.parse_args()
     print(f"# {platform.node()} {platform.machine()} python {platform.python_version()} torch {torch.__version__}",

@@ -46,16 +46,18 @@ def spec_pack(block: list[list[int]]) -> dict:
         tier3.append(3)
         tier4.append(e)
 
-    def digits_to_bytes(ds: list[int]) -> list[int]:
-        out = [0] * ((len(ds) + 3) // 4)
+    def digits_to_bytes(ds: list[int], words: bool) -> list[int]:
+        n = 4 * ((len(ds) + 15) // 16) if words else (len(ds) + 3) // 4  # tail tiers: whole 32-bit words
+        out = [0] * n
         for k, v in enumerate(ds):
             out[k // 4] |= v << (2 * (k % 4))
         return out
 
+    raw = tier4 + [0] * ((-len(tier4)) % 4)  # padded to a multiple of 4 bytes
     return {
-        "sm": sm, "dig": digits_to_bytes(d1), "top": top,
+        "sm": sm, "dig": digits_to_bytes(d1, False), "top": top,
         "n": (len(tier2), len(tier3), len(tier4)),
-        "tail": digits_to_bytes(tier2) + digits_to_bytes(tier3) + tier4,
+        "tail": digits_to_bytes(tier2, True) + digits_to_bytes(tier3, True) + raw,
     }
 
 

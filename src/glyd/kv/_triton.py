@@ -13,65 +13,151 @@ import os
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra import libdevice
 
 from glyd.errors import FormatError
 
 
 @triton.jit
-def _rank(m, TS: tl.constexpr, D: tl.constexpr, RANK: tl.constexpr):
-    """0-based rank of each set flag of ``m [TS, D]`` among the tile's flags in token-major order."""
-    mi = m.to(tl.int32)
-    if RANK == 0:  # one scan over the flattened tile
-        r = tl.reshape(tl.cumsum(tl.reshape(mi, [TS * D]), 0), [TS, D])
-    else:  # per-row scans plus a scan of the row counts (no reshape of the tile)
-        cnt = tl.sum(mi, 1)
-        r = (tl.cumsum(cnt, 0) - cnt)[:, None] + tl.cumsum(mi, 1)
-    return r - 1, tl.sum(mi)
+def _popc(x, INTERP: tl.constexpr):
+    """Set bits of each int32 (libdevice ``popc``; a bit-twiddling twin under the interpreter)."""
+    if INTERP:
+        x = x - ((x >> 1) & 0x55555555)
+        x = (x & 0x33333333) + ((x >> 2) & 0x33333333)
+        x = (x + (x >> 4)) & 0x0F0F0F0F
+        return ((x * 0x01010101) >> 24) & 0xFF
+    else:
+        return libdevice.popc(x)
 
 
 @triton.jit
-def _decode_rows(sm_ptr, dig_ptr, tail_ptr, blk, t0, top, s2, s3, s4, c2, c3, c4,
-                 P: tl.constexpr, TS: tl.constexpr, D: tl.constexpr, RANK: tl.constexpr):
-    """Rows ``t0 .. t0+TS`` of one packed block (page x head) -> bf16 [TS, D], in registers.
+def _excl_groups(n):
+    """Exclusive prefix sum of per-group counts ``n [R, W]`` in row-major (block) order."""
+    rows = tl.sum(n, 1)
+    return (tl.cumsum(rows, 0) - rows)[:, None] + (tl.cumsum(n, 1) - n)
 
-    ``s2, s3, s4`` are the block's tier-2/3/4 starts in ``tail``; ``c2, c3, c4`` how many values of
-    the rows before ``t0`` sit in each of those tiers. Returns the tile and the updated counts.
+
+@triton.jit
+def _window(tailw_ptr, sw, base, has):
+    """Per group: the 32 bits of the tail from bit ``32 * sw + 2 * base`` on (two aligned words):
+    16 consecutive 2-bit digits of a tier from digit ``base``, or (``sw = byte >> 2``, ``base =
+    (byte & 3) * 4``) the 4 bytes from ``byte``."""
+    wi = sw + (base >> 4)
+    lo = tl.load(tailw_ptr + wi, mask=has, other=0).to(tl.uint32, bitcast=True).to(tl.uint64)
+    hi = tl.load(tailw_ptr + wi + 1, mask=has, other=0).to(tl.uint32, bitcast=True).to(tl.uint64)
+    both = lo | (hi << 32)
+    return (both >> ((base & 15) * 2).to(tl.uint64)).to(tl.uint32).to(tl.int32, bitcast=True)
+
+
+@triton.jit
+def _value(j: tl.constexpr, wd, m1, win2, m2, win3, m3, raw4, smw, top_j, k2, k3, k4):
+    """Value ``j`` of every group: its bf16 word and the running escape counts (``k2, k3``: bit offsets
+    in the tier-2/3 windows; ``k4``: raw exponents so far, read from ``raw4 + k4``)."""
+    d1 = (wd >> (2 * j)) & 3
+    f1 = (m1 >> (2 * j)) & 1
+    d2 = (win2 >> k2) & 3
+    f2 = (m2 >> k2) & f1
+    k2 += 2 * f1
+    d3 = (win3 >> k3) & 3
+    f3 = (m3 >> k3) & f2
+    k3 += 2 * f2
+    e4 = tl.load(raw4 + k4, mask=f3 != 0, other=0).to(tl.int32)
+    k4 += f3
+    off = d1 + tl.where(f1 != 0, d2 + tl.where(f2 != 0, d3, 0), 0)
+    e = tl.where(f3 != 0, e4, top_j - off)
+    s = (smw >> (8 * (j % 4))) & 0xFF
+    bits = ((s & 0x80) << 8) | (e << 7) | (s & 0x7F)
+    return bits.to(tl.int16).to(tl.bfloat16, bitcast=True), k2, k3, k4
+
+
+@triton.jit
+def _group_values(wd, m1, win2, m2, win3, m3, raw4, sm0, sm1, sm2, sm3, tops):
+    """The 16 values of every group, joined to ``[R, W, 2, 2, 2, 2]`` in channel order."""
+    k2 = tl.zeros_like(wd)
+    k3 = tl.zeros_like(wd)
+    k4 = tl.zeros_like(wd)
+    t0_, t1_, t2_, t3_, t4_, t5_, t6_, t7_, t8_, t9_, t10_, t11_, t12_, t13_, t14_, t15_ = tops
+    v0, k2, k3, k4 = _value(0, wd, m1, win2, m2, win3, m3, raw4, sm0, t0_, k2, k3, k4)
+    v1, k2, k3, k4 = _value(1, wd, m1, win2, m2, win3, m3, raw4, sm0, t1_, k2, k3, k4)
+    v2, k2, k3, k4 = _value(2, wd, m1, win2, m2, win3, m3, raw4, sm0, t2_, k2, k3, k4)
+    v3, k2, k3, k4 = _value(3, wd, m1, win2, m2, win3, m3, raw4, sm0, t3_, k2, k3, k4)
+    v4, k2, k3, k4 = _value(4, wd, m1, win2, m2, win3, m3, raw4, sm1, t4_, k2, k3, k4)
+    v5, k2, k3, k4 = _value(5, wd, m1, win2, m2, win3, m3, raw4, sm1, t5_, k2, k3, k4)
+    v6, k2, k3, k4 = _value(6, wd, m1, win2, m2, win3, m3, raw4, sm1, t6_, k2, k3, k4)
+    v7, k2, k3, k4 = _value(7, wd, m1, win2, m2, win3, m3, raw4, sm1, t7_, k2, k3, k4)
+    v8, k2, k3, k4 = _value(8, wd, m1, win2, m2, win3, m3, raw4, sm2, t8_, k2, k3, k4)
+    v9, k2, k3, k4 = _value(9, wd, m1, win2, m2, win3, m3, raw4, sm2, t9_, k2, k3, k4)
+    v10, k2, k3, k4 = _value(10, wd, m1, win2, m2, win3, m3, raw4, sm2, t10_, k2, k3, k4)
+    v11, k2, k3, k4 = _value(11, wd, m1, win2, m2, win3, m3, raw4, sm2, t11_, k2, k3, k4)
+    v12, k2, k3, k4 = _value(12, wd, m1, win2, m2, win3, m3, raw4, sm3, t12_, k2, k3, k4)
+    v13, k2, k3, k4 = _value(13, wd, m1, win2, m2, win3, m3, raw4, sm3, t13_, k2, k3, k4)
+    v14, k2, k3, k4 = _value(14, wd, m1, win2, m2, win3, m3, raw4, sm3, t14_, k2, k3, k4)
+    v15, k2, k3, k4 = _value(15, wd, m1, win2, m2, win3, m3, raw4, sm3, t15_, k2, k3, k4)
+    # value j at index (j>>3, (j>>2)&1, (j>>1)&1, j&1): row-major order is channel order
+    return tl.join(tl.join(tl.join(tl.join(v0, v8), tl.join(v4, v12)), tl.join(tl.join(v2, v10), tl.join(v6, v14))),
+                   tl.join(tl.join(tl.join(v1, v9), tl.join(v5, v13)), tl.join(tl.join(v3, v11), tl.join(v7, v15))))
+
+
+@triton.jit
+def _pair(a, b):
+    return tl.join(a, b)
+
+
+@triton.jit
+def _decode_rows(sm_ptr, dig_ptr, tailw_ptr, tailb_ptr, blk, t0, tops, s2w, s3w, s4, c2, c3, c4,
+                 P: tl.constexpr, R: tl.constexpr, D: tl.constexpr, INTERP: tl.constexpr):
+    """Rows ``t0 .. t0+R`` of one packed block (page x head) -> bf16 [R, D], in registers.
+
+    Works on groups of 16 values (one 32-bit word of tier-1 digits) as ``[R, W]`` tensors, ``W = D/16``,
+    one per value position ``j`` of the group. ``tops`` is the block's 16 ``top`` tensors ``[1, W]``;
+    ``s2w, s3w`` its tier-2/3 starts in 32-bit words of the tail, ``s4`` its tier-4 start in bytes;
+    ``c2, c3, c4`` the escapes to tiers 2/3/4 in the rows before ``t0``. Returns the tile and the
+    updated counts. The torch twin is ``glyd.kv.pages.unpack_blocks_grouped``.
     """
-    offs_t = t0 + tl.arange(0, TS)
-    offs_c = tl.arange(0, D)
-    # Scalar block base pointers, 32-bit offsets inside the block: one 64-bit add per element.
-    sm = tl.load((sm_ptr + blk * (P * D)) + (offs_t[:, None] * D + offs_c[None, :])).to(tl.int32)
-    db = tl.load((dig_ptr + blk * (P * D // 4)) + (offs_t[:, None] * (D // 4) + (offs_c[None, :] >> 2))).to(tl.int32)
-    d1 = (db >> ((offs_c[None, :] & 3) * 2)) & 3
-    m1 = d1 == 3
-    r2, n = _rank(m1, TS, D, RANK)
-    r2 += c2
-    c2 += n
-    t2 = tl.load((tail_ptr + s2) + (r2 >> 2), mask=m1, other=0).to(tl.int32)
-    d2 = (t2 >> ((r2 & 3) * 2)) & 3
-    m2 = m1 & (d2 == 3)
-    r3, n = _rank(m2, TS, D, RANK)
-    r3 += c3
-    c3 += n
-    t3 = tl.load((tail_ptr + s3) + (r3 >> 2), mask=m2, other=0).to(tl.int32)
-    d3 = (t3 >> ((r3 & 3) * 2)) & 3
-    m3 = m2 & (d3 == 3)
-    r4, n = _rank(m3, TS, D, RANK)
-    r4 += c4
-    c4 += n
-    e4 = tl.load((tail_ptr + s4) + r4, mask=m3, other=0).to(tl.int32)
-    e = tl.where(m1, tl.where(m2, tl.where(m3, e4, top - 6 - d3), top - 3 - d2), top - d1)
-    bits = ((sm & 0x80) << 8) | ((e & 0xFF) << 7) | (sm & 0x7F)
-    return bits.to(tl.int16).to(tl.bfloat16, bitcast=True), c2, c3, c4
+    W: tl.constexpr = D // 16
+    offs_r = t0 + tl.arange(0, R)
+    offs_w = tl.arange(0, W)
+    grp = offs_r[:, None] * W + offs_w[None, :]  # [R, W]: the group's word in the block's dig plane
+    wd = tl.load((dig_ptr + blk * (P * W)) + grp)  # int32: 16 tier-1 digits
+    smp = (sm_ptr + blk * (P * W * 4)) + grp * 4  # the group's 16 sign/mantissa bytes as 4 int32 words
+    sm0 = tl.load(smp)
+    sm1 = tl.load(smp + 1)
+    sm2 = tl.load(smp + 2)
+    sm3 = tl.load(smp + 3)
+    m1 = wd & (wd >> 1) & 0x55555555  # bit 2j: value j escaped tier 1
+    n1 = _popc(m1, INTERP)
+    b2 = _excl_groups(n1) + c2
+    c2 += tl.sum(n1)
+    win2 = _window(tailw_ptr, s2w, b2, n1 > 0)
+    m2 = win2 & (win2 >> 1) & 0x55555555
+    m2 = tl.where(n1 >= 16, m2, m2 & ((1 << (2 * n1)) - 1))  # only the group's own n1 digits
+    n2 = _popc(m2, INTERP)
+    b3 = _excl_groups(n2) + c3
+    c3 += tl.sum(n2)
+    win3 = _window(tailw_ptr, s3w, b3, n2 > 0)
+    m3 = win3 & (win3 >> 1) & 0x55555555
+    m3 = tl.where(n2 >= 16, m3, m3 & ((1 << (2 * n2)) - 1))
+    n3 = _popc(m3, INTERP)
+    b4 = _excl_groups(n3) + c4
+    c4 += tl.sum(n3)
+    x = _group_values(wd, m1, win2, m2, win3, m3, tailb_ptr + (s4 + b4), sm0, sm1, sm2, sm3, tops)
+    return tl.reshape(x, [R, D]), c2, c3, c4
 
 
 @triton.jit
 def _block_starts(top_ptr, meta_ptr, blk, D: tl.constexpr):
-    top = tl.load(top_ptr + blk * D + tl.arange(0, D)).to(tl.int32)[None, :]
-    s2 = tl.load(meta_ptr + blk * 4)  # int32: PageStore keeps the tail stream under 2**31 bytes
-    s3 = s2 + (tl.load(meta_ptr + blk * 4 + 1) + 3) // 4
-    s4 = s3 + (tl.load(meta_ptr + blk * 4 + 2) + 3) // 4
-    return top, s2, s3, s4
+    W: tl.constexpr = D // 16
+    tp = top_ptr + blk * D + tl.arange(0, W)[None, :] * 16
+    tops = (tl.load(tp).to(tl.int32), tl.load(tp + 1).to(tl.int32), tl.load(tp + 2).to(tl.int32),
+            tl.load(tp + 3).to(tl.int32), tl.load(tp + 4).to(tl.int32), tl.load(tp + 5).to(tl.int32),
+            tl.load(tp + 6).to(tl.int32), tl.load(tp + 7).to(tl.int32), tl.load(tp + 8).to(tl.int32),
+            tl.load(tp + 9).to(tl.int32), tl.load(tp + 10).to(tl.int32), tl.load(tp + 11).to(tl.int32),
+            tl.load(tp + 12).to(tl.int32), tl.load(tp + 13).to(tl.int32), tl.load(tp + 14).to(tl.int32),
+            tl.load(tp + 15).to(tl.int32))
+    s2w = tl.load(meta_ptr + blk * 4) >> 2  # int32: PageStore keeps the tail stream under 2**31 bytes
+    s3w = s2w + (tl.load(meta_ptr + blk * 4 + 1) + 15) // 16
+    s4 = (s3w + (tl.load(meta_ptr + blk * 4 + 2) + 15) // 16) * 4
+    return tops, s2w, s3w, s4
 
 
 @triton.jit
@@ -85,7 +171,8 @@ def _dot(a, b, F32: tl.constexpr):
 
 
 @triton.jit
-def _softmax_step(q, k, v, valid, m_i, l_i, acc, qk_scale, F32: tl.constexpr):
+def _scores(q, k, valid, m_i, l_i, qk_scale, F32: tl.constexpr):
+    """Online-softmax step, first half: probabilities (bf16) of a key tile, rescale factor, new state."""
     s = _dot(q, tl.trans(k), F32) * qk_scale  # [GP, P], log2 units
     s = tl.where(valid[None, :], s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -93,19 +180,25 @@ def _softmax_step(q, k, v, valid, m_i, l_i, acc, qk_scale, F32: tl.constexpr):
     alpha = tl.exp2(m_i - m_use)
     p = tl.exp2(s - m_use[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None] + _dot(p.to(tl.bfloat16), v, F32)
-    return m_new, l_i, acc
+    return p.to(tl.bfloat16), alpha, m_new, l_i
+
+
+@triton.jit
+def _softmax_step(q, k, v, valid, m_i, l_i, acc, qk_scale, F32: tl.constexpr):
+    p, alpha, m_i, l_i = _scores(q, k, valid, m_i, l_i, qk_scale, F32)
+    acc = acc * alpha[:, None] + _dot(p, v, F32)
+    return m_i, l_i, acc
 
 
 @triton.jit
 def _kv_decode_split_kernel(
     q_ptr, lens_ptr, starts_ptr,
-    k_sm, k_dig, k_top, k_meta, k_tail, k_raw,
-    v_sm, v_dig, v_top, v_meta, v_tail, v_raw,
+    k_sm, k_dig, k_top, k_meta, k_tailw, k_tail, k_raw,
+    v_sm, v_dig, v_top, v_meta, v_tailw, v_tail, v_raw,
     m_out, l_out, acc_out,
     qk_scale, H, K_CAP, V_CAP, PAGES_PER_SPLIT, S,
     G: tl.constexpr, GP: tl.constexpr, P: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
-    F32: tl.constexpr, RANK: tl.constexpr, TS: tl.constexpr,
+    F32: tl.constexpr, TS: tl.constexpr,
 ):
     pid_bh = tl.program_id(0)
     split = tl.program_id(1)
@@ -138,11 +231,13 @@ def _kv_decode_split_kernel(
         vc3 = tl.zeros([], tl.int32)
         vc4 = tl.zeros([], tl.int32)
         for t0 in range(0, P, TS):  # sub-tiles of TS tokens keep the decode in registers
-            kb, kc2, kc3, kc4 = _decode_rows(k_sm, k_dig, k_tail, kblk, t0, ktop, ks2, ks3, ks4, kc2, kc3, kc4,
-                                             P, TS, D, RANK)
-            vb, vc2, vc3, vc4 = _decode_rows(v_sm, v_dig, v_tail, vblk, t0, vtop, vs2, vs3, vs4, vc2, vc3, vc4,
-                                             P, TS, DV, RANK)
-            m_i, l_i, acc = _softmax_step(q, kb, vb, (j * P + t0 + offs_ts) >= S0, m_i, l_i, acc, qk_scale, F32)
+            kb, kc2, kc3, kc4 = _decode_rows(k_sm, k_dig, k_tailw, k_tail, kblk, t0, ktop, ks2, ks3, ks4,
+                                             kc2, kc3, kc4, P, TS, D, F32)
+            # the key tile's scores first, then the value tile: fewer tiles live at once
+            pb, alpha, m_i, l_i = _scores(q, kb, (j * P + t0 + offs_ts) >= S0, m_i, l_i, qk_scale, F32)
+            vb, vc2, vc3, vc4 = _decode_rows(v_sm, v_dig, v_tailw, v_tail, vblk, t0, vtop, vs2, vs3, vs4,
+                                             vc2, vc3, vc4, P, TS, DV, F32)
+            acc = acc * alpha[:, None] + _dot(pb, vb, F32)
     if (n_full >= j0) & (n_full < j1):  # this split holds the raw, unfilled page
         valid = (offs_t < (L - n_full * P)) & ((n_full * P + offs_t) >= S0)
         raw = (b * H + h).to(tl.int64) * P
@@ -156,24 +251,36 @@ def _kv_decode_split_kernel(
 
 
 @triton.jit
-def _kv_combine_kernel(m_ptr, l_ptr, acc_ptr, out_ptr, S, G: tl.constexpr, GP: tl.constexpr, DV: tl.constexpr):
+def _kv_combine_kernel(m_ptr, l_ptr, acc_ptr, out_ptr, S, G: tl.constexpr, GP: tl.constexpr, DV: tl.constexpr,
+                       SB: tl.constexpr):
+    """One program per (sequence x KV head, query head of the group): merge the splits' softmax states."""
     pid_bh = tl.program_id(0)
-    offs_g = tl.arange(0, GP)
+    g = tl.program_id(1)
+    offs_s = tl.arange(0, SB)
     offs_v = tl.arange(0, DV)
-    mx = tl.full([GP], float("-inf"), tl.float32)
-    for s in range(0, S):
-        mx = tl.maximum(mx, tl.load(m_ptr + (pid_bh * S + s) * GP + offs_g))
-    num = tl.zeros([GP, DV], tl.float32)
-    den = tl.zeros([GP], tl.float32)
-    for s in range(0, S):
-        o = pid_bh * S + s
-        w = tl.exp2(tl.load(m_ptr + o * GP + offs_g) - mx)
-        w = tl.where(mx == float("-inf"), 0.0, w)
-        den += w * tl.load(l_ptr + o * GP + offs_g)
-        num += w[:, None] * tl.load(acc_ptr + (o * GP + offs_g)[:, None] * DV + offs_v[None, :])
-    out = num / den[:, None]
-    tl.store(out_ptr + (pid_bh * G + offs_g)[:, None] * DV + offs_v[None, :], out.to(tl.bfloat16),
-             mask=offs_g[:, None] < G)
+    mx = tl.full([SB], float("-inf"), tl.float32)
+    for s0 in range(0, S, SB):
+        ss = s0 + offs_s
+        mx = tl.maximum(mx, tl.load(m_ptr + (pid_bh * S + ss) * GP + g, mask=ss < S, other=float("-inf")))
+    m_all = tl.max(mx, 0)
+    num = tl.zeros([DV], tl.float32)
+    den = tl.zeros([SB], tl.float32)
+    for s0 in range(0, S, SB):
+        ss = s0 + offs_s
+        o = pid_bh * S + ss
+        w = tl.exp2(tl.load(m_ptr + o * GP + g, mask=ss < S, other=float("-inf")) - m_all)
+        w = tl.where(ss < S, w, 0.0)
+        w = tl.where(m_all == float("-inf"), 0.0, w)
+        den += w * tl.load(l_ptr + o * GP + g, mask=ss < S, other=0.0)
+        a = tl.load(acc_ptr + (o * GP + g)[:, None] * DV + offs_v[None, :], mask=(ss < S)[:, None], other=0.0)
+        num += tl.sum(w[:, None] * a, 0)
+    out = num / tl.sum(den, 0)
+    tl.store(out_ptr + (pid_bh * G + g) * DV + offs_v, out.to(tl.bfloat16))
+
+
+def _combine(m, l_, acc, out, b, h, num_splits, g, gp, dv):
+    sb = max(2, min(triton.next_power_of_2(num_splits), max(2, 4096 // dv)))
+    _kv_combine_kernel[(b * h, g)](m, l_, acc, out, num_splits, G=g, GP=gp, DV=dv, SB=sb, num_warps=4)
 
 
 def _interpreting() -> bool:
@@ -190,14 +297,28 @@ def _planes(st, name: str):
     for a in ("sm", "dig", "top", "meta", "raw"):
         if not getattr(st, a).is_contiguous():
             raise FormatError(f"{name}.{a} must be contiguous")
-    tail = st.tail if st.tail.numel() else torch.zeros(1, dtype=torch.uint8, device=st.device)
-    return st.sm, st.dig, st.top, st.meta, tail, st.raw
+    if st.page * st.head_dim % 64:
+        raise FormatError(f"{name}: the kernel reads tier-1 digits as 32-bit words (page * head_dim % 64 == 0)")
+    tail = st.tail
+    if tail.numel() < st.tail_len + 8 or tail.numel() % 4:  # the window loads read past the used length
+        tail = torch.zeros(st.tail_len + 16, dtype=torch.uint8, device=st.device)
+        tail[: st.tail_len] = st.tail[: st.tail_len]
+    return st.sm.view(torch.int32), st.dig.view(torch.int32), st.top, st.meta, tail.view(torch.int32), tail, st.raw
+
+
+def _splits(max_pages: int, bh: int, device: torch.device, num_splits, programs_per_sm: int) -> tuple[int, int]:
+    """(splits, pages per split): enough programs to fill the GPU ``programs_per_sm`` deep."""
+    if num_splits is None:
+        num_splits = max(1, min(max_pages, math.ceil(programs_per_sm * _sm_count(device) / bh)))
+    pages_per_split = max(1, math.ceil(max_pages / num_splits))
+    return max(1, math.ceil(max_pages / pages_per_split)), pages_per_split
 
 
 # q [B, Hq, D] bf16; k_store/v_store PageStores with B sequences, H KV heads (Hq = G*H); lens [B] int (tokens per
-# sequence); starts [B] int or None (tokens before it are masked) -> out [B, Hq, DV] bf16
-def decode_attention_triton(q, k_store, v_store, lens, scale=None, num_splits=None, rank_mode=1, num_warps=4,
-                            sub_tile=16, starts=None):
+# sequence); starts [B] int or None (tokens before it are masked) -> out [B, Hq, DV] bf16.
+# Tuning (measured on an H200, docs/kv.md): num_warps, sub_tile (tokens decoded at a time), programs_per_sm.
+def decode_attention_triton(q, k_store, v_store, lens, scale=None, num_splits=None, num_warps=4,
+                            sub_tile=32, starts=None, programs_per_sm=8, maxnreg=None):
     b, hq, d = q.shape
     h, p, dv = k_store.heads, k_store.page, v_store.head_dim
     if q.dtype != torch.bfloat16:
@@ -208,16 +329,18 @@ def decode_attention_triton(q, k_store, v_store, lens, scale=None, num_splits=No
         raise FormatError(f"page {p}, head dims {d}/{dv} must be powers of two >= 16 (and pages equal)")
     if sub_tile < 16 or sub_tile & (sub_tile - 1):
         raise FormatError(f"sub_tile {sub_tile} must be a power of two >= 16")
+    ts = min(sub_tile, p)
+    if ts < 32 and not _interpreting():
+        # Sub-tiles of 16 tokens gave wrong results on an H200 (Triton 3.6, 2026-11-30; the interpreter
+        # and 32-token sub-tiles were right; cause not found): refuse them on the GPU.
+        raise FormatError(f"the fused kernel needs sub-tiles (and pages) of >= 32 tokens on the GPU, got {ts}")
     g = hq // h
     gp = max(16, triton.next_power_of_2(g))
     lens = lens.to(device=q.device, dtype=torch.int32).contiguous()
     starts = (torch.zeros_like(lens) if starts is None else starts.to(device=q.device, dtype=torch.int32)).contiguous()
     dev = q.device
     max_pages = (k_store.max_len + p - 1) // p  # a host int: no sync, so CUDA graphs can capture this
-    if num_splits is None:
-        num_splits = max(1, min(max_pages, math.ceil(2 * _sm_count(dev) / (b * h))))
-    pages_per_split = max(1, math.ceil(max_pages / num_splits))
-    num_splits = max(1, math.ceil(max_pages / pages_per_split))
+    num_splits, pages_per_split = _splits(max_pages, b * h, dev, num_splits, programs_per_sm)
     m = torch.empty(b * h * num_splits * gp, dtype=torch.float32, device=dev)
     l_ = torch.empty_like(m)
     acc = torch.empty(b * h * num_splits * gp * dv, dtype=torch.float32, device=dev)
@@ -227,10 +350,11 @@ def decode_attention_triton(q, k_store, v_store, lens, scale=None, num_splits=No
         *_planes(k_store, "k_store"), *_planes(v_store, "v_store"),
         m, l_, acc,
         scale * 1.4426950408889634, h, k_store.cap, v_store.cap, pages_per_split, num_splits,
-        G=g, GP=gp, P=p, D=d, DV=dv, F32=_interpreting(), RANK=rank_mode, TS=min(sub_tile, p), num_warps=num_warps,
+        G=g, GP=gp, P=p, D=d, DV=dv, F32=_interpreting(), TS=ts, num_warps=num_warps,
+        **({} if maxnreg is None or _interpreting() else {"maxnreg": maxnreg}),
     )
     out = torch.empty(b, hq, dv, dtype=torch.bfloat16, device=dev)
-    _kv_combine_kernel[(b * h,)](m, l_, acc, out, num_splits, G=g, GP=gp, DV=dv, num_warps=4)
+    _combine(m, l_, acc, out, b, h, num_splits, g, gp, dv)
     return out
 
 
@@ -268,17 +392,14 @@ def _bf16_pages_split_kernel(
 
 
 # q [B, Hq, D] bf16; k, v [B, H, T, D] bf16 contiguous -> [B, Hq, D] bf16 (benchmark baseline only)
-def decode_attention_bf16_pages(q, k, v, page=64, scale=None, num_splits=None, num_warps=4):
+def decode_attention_bf16_pages(q, k, v, page=64, scale=None, num_splits=None, num_warps=4, programs_per_sm=8):
     b, hq, d = q.shape
     _, h, t, _ = k.shape
     g = hq // h
     gp = max(16, triton.next_power_of_2(g))
     dev = q.device
     max_pages = triton.cdiv(t, page)
-    if num_splits is None:
-        num_splits = max(1, min(max_pages, math.ceil(2 * _sm_count(dev) / (b * h))))
-    pages_per_split = max(1, math.ceil(max_pages / num_splits))
-    num_splits = max(1, math.ceil(max_pages / pages_per_split))
+    num_splits, pages_per_split = _splits(max_pages, b * h, dev, num_splits, programs_per_sm)
     m = torch.empty(b * h * num_splits * gp, dtype=torch.float32, device=dev)
     l_ = torch.empty_like(m)
     acc = torch.empty(b * h * num_splits * gp * d, dtype=torch.float32, device=dev)
@@ -288,5 +409,5 @@ def decode_attention_bf16_pages(q, k, v, page=64, scale=None, num_splits=None, n
         G=g, GP=gp, P=page, D=d, F32=_interpreting(), num_warps=num_warps,
     )
     out = torch.empty(b, hq, d, dtype=torch.bfloat16, device=dev)
-    _kv_combine_kernel[(b * h,)](m, l_, acc, out, num_splits, G=g, GP=gp, DV=d, num_warps=4)
+    _combine(m, l_, acc, out, b, h, num_splits, g, gp, d)
     return out

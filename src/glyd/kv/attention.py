@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from glyd.errors import FormatError
-from glyd.kv.pages import PageStore, unpack_blocks
+from glyd.kv.pages import PageStore, unpack_blocks, unpack_blocks_grouped
 
 
 def _lens(store: PageStore, device: torch.device) -> torch.Tensor:
@@ -128,14 +128,17 @@ def decode_attention_torch(
         return m_new, l_, acc
 
     t_idx = torch.arange(p, device=q.device)
+
+    def page(st: PageStore, j: int) -> torch.Tensor:
+        # the kernel's group-wise decode where it applies (head dim a multiple of 16); same bits either way
+        unpack = unpack_blocks_grouped if st.head_dim % 16 == 0 else unpack_blocks
+        return unpack(st.sm[:, :, j].reshape(b * h, p, st.head_dim), st.dig[:, :, j].reshape(b * h, -1),
+                      st.top[:, :, j].reshape(b * h, st.head_dim), st.meta[:, :, j].reshape(b * h, 4),
+                      st.tail[: st.tail_len]).reshape(b, h, p, st.head_dim)
+
     for j in range(max_pages):
         if j < k_store.n_pages:
-            kb = unpack_blocks(k_store.sm[:, :, j].reshape(b * h, p, d), k_store.dig[:, :, j].reshape(b * h, -1),
-                               k_store.top[:, :, j].reshape(b * h, d), k_store.meta[:, :, j].reshape(b * h, 4),
-                               k_store.tail[: k_store.tail_len]).reshape(b, h, p, d)
-            vb = unpack_blocks(v_store.sm[:, :, j].reshape(b * h, p, dv), v_store.dig[:, :, j].reshape(b * h, -1),
-                               v_store.top[:, :, j].reshape(b * h, dv), v_store.meta[:, :, j].reshape(b * h, 4),
-                               v_store.tail[: v_store.tail_len]).reshape(b, h, p, dv)
+            kb, vb = page(k_store, j), page(v_store, j)
         else:
             kb = vb = None
         is_raw = (n_full == j)[:, None, None, None]  # sequences whose raw page is page j
@@ -161,13 +164,15 @@ def decode_attention(
     """Decode-step attention reading the packed pages directly.
 
     ``backend``: ``"triton"`` (the fused kernel; CUDA tensors, or any under ``TRITON_INTERPRET=1``),
-    ``"torch"`` (the twin) or ``"auto"`` (Triton for CUDA tensors, else the twin). ``starts[b]``:
+    ``"torch"`` (the twin) or ``"auto"`` (Triton for CUDA tensors with pages of >= 32 tokens, else
+    the twin). ``starts[b]``:
     sequence ``b`` ignores its tokens before that index (left padding).
     """
     _check(q, k_store, v_store)
     if backend not in ("auto", "triton", "torch"):
         raise ValueError(f"backend must be 'auto', 'triton' or 'torch', got {backend!r}")
-    if backend == "triton" or (backend == "auto" and q.is_cuda):
+    # The kernel needs pages of >= 32 tokens on the GPU (see glyd.kv._triton): smaller pages use the twin.
+    if backend == "triton" or (backend == "auto" and q.is_cuda and k_store.page >= 32):
         from glyd.kv._triton import decode_attention_triton
 
         lens = _lens(k_store, q.device)

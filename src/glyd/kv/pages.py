@@ -7,12 +7,20 @@ value ``i = t * D + c`` in token-major order. A bf16 word is ``sign | exponent (
 * ``top``  (uint8, D): per channel, the exponent the digits count down from.
 * ``dig``  (uint8, P*D/4): tier-1 digit of value i in bits ``2*(i%4)`` of byte ``i//4``.
   ``off = top[c] - exponent``; digit ``off`` if ``0 <= off < 3``, else 3 (escape).
-* the block's *tail* (variable length, in the layer's ``tail`` byte stream at ``meta[0]``):
-  tier 2 (2-bit digits of the ``n2`` values that escaped tier 1, in order of i, ``ceil(n2/4)``
-  bytes): digit ``off - 3`` if ``0 <= off - 3 < 3``, else 3; then tier 3 (``ceil(n3/4)`` bytes):
-  digit ``off - 6`` if ``0 <= off - 6 < 3``, else 3; then tier 4: the raw exponent byte of each of
-  the ``n4`` values that escaped tier 3.
+* the block's *tail* (variable length, in the layer's ``tail`` byte stream at ``meta[0]``, a
+  multiple of 4): tier 2 (2-bit digits of the ``n2`` values that escaped tier 1, in order of i,
+  ``4 * ceil(n2/16)`` bytes): digit ``off - 3`` if ``0 <= off - 3 < 3``, else 3; then tier 3
+  (``4 * ceil(n3/16)`` bytes): digit ``off - 6`` if ``0 <= off - 6 < 3``, else 3; then tier 4: the
+  raw exponent byte of each of the ``n4`` values that escaped tier 3 (``4 * ceil(n4/4)`` bytes).
+  Every part starts on a 4-byte boundary, so a reader can take any 16 consecutive digits of a tier
+  with two aligned 32-bit loads (layout version 2; version 1 packed the parts back to back).
 * ``meta`` (int32, 4): tail offset, n2, n3, n4.
+
+Decoding by *groups* (what the kernel does, and :func:`unpack_blocks_grouped` in torch): the 16
+values of one 32-bit word of ``dig`` are a group. A group's tier-1 escapes are consecutive in
+tier 2, starting at the number of escapes in the groups before it; so each group needs one
+32-bit window of tier 2 (and likewise of tier 3 and of tier 4), and each value's place in the
+window is a count over the 15 values before it in its group.
 
 Why this code (measured on SmolLM2-135M keys and values, 2048 tokens of tinyshakespeare, see
 docs/kv.md): exponents of one channel inside one page are narrow (order-0 entropy 2.1 bits for
@@ -37,10 +45,19 @@ TIER = 3
 ESC = 3
 #: Candidate ``top`` values tried per channel: ``max_exponent - s`` for s in range(TOP_SEARCH).
 TOP_SEARCH = 5
+#: Bytes a tail stream keeps readable past its used length (the kernel's two-word window loads).
+TAIL_SLACK = 16
+#: In-memory page layout version (docs/format.md, "KV cache pages"); pages are never written to disk.
+LAYOUT_VERSION = 2
 
 
 def _cdiv4(n: torch.Tensor) -> torch.Tensor:
     return (n + 3) // 4
+
+
+def _tier_bytes(n: torch.Tensor) -> torch.Tensor:
+    """Bytes of a 2-bit digit tier of ``n`` digits: whole 32-bit words."""
+    return 4 * ((n + 15) // 16)
 
 
 def _bits_cost(off: torch.Tensor) -> torch.Tensor:
@@ -98,8 +115,8 @@ def pack_blocks(x: torch.Tensor) -> dict[str, torch.Tensor]:
     m2 = m1 & (d2 == ESC).reshape(n, p * d)
     m3 = m2 & (d3 == ESC).reshape(n, p * d)
     n2, n3, n4 = m1.sum(1), m2.sum(1), m3.sum(1)  # int64 [N]
-    b2, b3 = _cdiv4(n2), _cdiv4(n3)
-    size = b2 + b3 + n4
+    b2, b3 = _tier_bytes(n2), _tier_bytes(n3)
+    size = b2 + b3 + 4 * _cdiv4(n4)
     start = torch.cumsum(size, 0) - size  # exclusive prefix sum: each block's tail offset
     total = int(size.sum())  # the one host sync: the tail stream's length
     # One spare slot at the end takes the writes of values that do not belong to a tier.
@@ -154,17 +171,79 @@ def unpack_blocks(
     d2 = (gather(m1, start[:, None] + (r1 >> 2)) >> ((r1 & 3) * 2).to(torch.int32)) & 3
     m2 = m1 & (d2 == ESC)
     r2 = torch.cumsum(m2.to(torch.int64), 1) - 1
-    s3 = start + _cdiv4(n2)
+    s3 = start + _tier_bytes(n2)
     d3 = (gather(m2, s3[:, None] + (r2 >> 2)) >> ((r2 & 3) * 2).to(torch.int32)) & 3
     m3 = m2 & (d3 == ESC)
     r3 = torch.cumsum(m3.to(torch.int64), 1) - 1
-    s4 = s3 + _cdiv4(n3)
+    s4 = s3 + _tier_bytes(n3)
     e4 = gather(m3, s4[:, None] + r3)
     t = top.to(torch.int32).repeat(1, p)  # [N, P*D]: top of channel i % D
     e = torch.where(~m1, t - d1, torch.where(~m2, t - TIER - d2, torch.where(~m3, t - 2 * TIER - d3, e4)))
     s = sm.reshape(n, p * d).to(torch.int32)
     bits = ((s & 0x80) << 8) | ((e & 0xFF) << 7) | (s & 0x7F)
     return u16_to_bf16(bits).reshape(n, p, d)
+
+
+def _tail_words(tail: torch.Tensor) -> torch.Tensor:
+    """The tail byte stream as little-endian 32-bit words (int64), one zero word of slack at the end."""
+    t = tail.to(torch.int64)
+    pad = (-t.numel()) % 4 + 4
+    t = torch.cat([t, torch.zeros(pad, dtype=torch.int64, device=t.device)]).reshape(-1, 4)
+    return t[:, 0] | (t[:, 1] << 8) | (t[:, 2] << 16) | (t[:, 3] << 24)
+
+
+def unpack_blocks_grouped(
+    sm: torch.Tensor, dig: torch.Tensor, top: torch.Tensor, meta: torch.Tensor, tail: torch.Tensor
+) -> torch.Tensor:
+    """:func:`unpack_blocks` computed the way the decode kernel does it (``D`` a multiple of 16).
+
+    Values go in groups of 16 (one 32-bit word of ``dig``). A group's escapes to tier ``k+1`` are
+    consecutive there, from ``base`` (the escapes of the groups before it): the group reads one
+    32-bit window of the tier (two aligned words, shifted), and value ``j`` takes digit number
+    ``(escapes among values 0..j-1 of its group)`` of the window. Tier 4 likewise, byte-wise.
+    """
+    n, p, d = sm.shape
+    if d % 16:
+        raise FormatError(f"grouped decoding needs a head dim that is a multiple of 16, got {d}")
+    if n == 0:
+        return torch.empty(0, p, d, dtype=torch.bfloat16, device=sm.device)
+    g = p * d // 16
+    b = dig.reshape(n, g, 4).to(torch.int64)
+    w = b[..., 0] | (b[..., 1] << 8) | (b[..., 2] << 16) | (b[..., 3] << 24)  # [n, g]
+    sh = 2 * torch.arange(16, device=sm.device)
+    words = _tail_words(tail)
+    last_word = words.numel() - 1
+    mt = meta.to(torch.int64)
+
+    def excl(x: torch.Tensor, dim: int) -> torch.Tensor:
+        return torch.cumsum(x, dim) - x
+
+    def window(sw: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
+        i = (sw[:, None] + (base >> 4)).clamp(0, last_word - 1)
+        both = words[i] | (words[i + 1] << 32)
+        return (both >> (2 * (base & 15))) & 0xFFFFFFFF
+
+    d1 = (w[..., None] >> sh) & 3  # [n, g, 16]
+    f1 = (d1 == ESC).to(torch.int64)
+    win2 = window(mt[:, 0] // 4, excl(f1.sum(-1), 1))
+    d2 = (win2[..., None] >> (2 * excl(f1, 2))) & 3
+    f2 = f1 & (d2 == ESC).to(torch.int64)
+    s3w = mt[:, 0] // 4 + (mt[:, 1] + 15) // 16
+    win3 = window(s3w, excl(f2.sum(-1), 1))
+    d3 = (win3[..., None] >> (2 * excl(f2, 2))) & 3
+    f3 = f2 & (d3 == ESC).to(torch.int64)
+    s4 = 4 * (s3w + (mt[:, 2] + 15) // 16)
+    pos = s4[:, None, None] + excl(f3.sum(-1), 1)[..., None] + excl(f3, 2)
+    tb = tail.to(torch.int64)
+    if tb.numel() == 0:
+        tb = torch.zeros(1, dtype=torch.int64, device=sm.device)
+    e4 = torch.where(f3 == 1, tb[pos.clamp(0, tb.numel() - 1)], 0)
+    off = d1 + torch.where(f1 == 1, d2 + torch.where(f2 == 1, d3, 0), 0)
+    t = top.to(torch.int64).reshape(n, 1, d // 16, 16).expand(n, p, d // 16, 16).reshape(n, g, 16)
+    e = torch.where(f3 == 1, e4, t - off)
+    s = sm.reshape(n, g, 16).to(torch.int64)
+    bits = ((s & 0x80) << 8) | ((e & 0xFF) << 7) | (s & 0x7F)
+    return u16_to_bf16(bits.to(torch.int32)).reshape(n, p, d)
 
 
 class PageStore:
@@ -239,8 +318,10 @@ class PageStore:
     def _append_tail(self, extra: torch.Tensor) -> int:
         base = self.tail_len
         need = base + extra.numel()
-        if need > self.tail.numel():
-            grown = torch.empty(max(need, 2 * self.tail.numel(), 1024), dtype=torch.uint8, device=self.device)
+        if need + TAIL_SLACK > self.tail.numel():
+            # zeros: the kernel's window loads may read up to TAIL_SLACK bytes past the used length
+            size = max(need + TAIL_SLACK, 2 * self.tail.numel(), 1024)
+            grown = torch.zeros((size + 3) // 4 * 4, dtype=torch.uint8, device=self.device)
             grown[:base] = self.tail[:base]
             self.tail = grown
         self.tail[base:need] = extra

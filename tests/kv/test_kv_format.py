@@ -29,13 +29,24 @@ def spec_pack(block: list[list[int]]) -> dict:
             if best is None or bits < best[0]:
                 best = (bits, cand)
         top.append(best[1])
-    d1, tier2, tier3, tier4 = [], [], [], []
+    d1 = []
     for i, e in enumerate(exps):
         off = top[i % d] - e
+        d1.append(off if 0 <= off < 3 else 3)
+    # The tiers list values in stream order: W = d // 16 columns of 16-value groups (1 when d % 16),
+    # column by column, each column's groups top to bottom, each group's 16 values in order.
+    w = d // 16 if d % 16 == 0 else 1
+    rows = p * d // (16 * w)
+    order = [(r * w + c) * 16 + j for c in range(w) for r in range(rows) for j in range(16)]
+    tier2, tier3, tier4 = [], [], []
+    cols = []  # per column: values in tiers 2, 3, 4 before it
+    for k, i in enumerate(order):
+        if k % (rows * 16) == 0:
+            cols.append((len(tier2), len(tier3), len(tier4)))
+        e = exps[i]
+        off = top[i % d] - e
         if 0 <= off < 3:
-            d1.append(off)
             continue
-        d1.append(3)
         if 0 <= off - 3 < 3:
             tier2.append(off - 3)
             continue
@@ -45,6 +56,8 @@ def spec_pack(block: list[list[int]]) -> dict:
             continue
         tier3.append(3)
         tier4.append(e)
+    directory = [b for c in cols for n in c for b in (n & 0xFF, n >> 8)]
+    directory += [0] * ((-len(directory)) % 4)
 
     def digits_to_bytes(ds: list[int], words: bool) -> list[int]:
         n = 4 * ((len(ds) + 15) // 16) if words else (len(ds) + 3) // 4  # tail tiers: whole 32-bit words
@@ -57,7 +70,7 @@ def spec_pack(block: list[list[int]]) -> dict:
     return {
         "sm": sm, "dig": digits_to_bytes(d1, False), "top": top,
         "n": (len(tier2), len(tier3), len(tier4)),
-        "tail": digits_to_bytes(tier2, True) + digits_to_bytes(tier3, True) + raw,
+        "tail": directory + digits_to_bytes(tier2, True) + digits_to_bytes(tier3, True) + raw,
     }
 
 
@@ -69,6 +82,15 @@ def test_layout_matches_spec():
         (torch.randn(16, 8, generator=gen) * torch.exp(2 * torch.randn(8, generator=gen))).to(torch.bfloat16),
         torch.randn(16, 8, generator=gen).mul(1e-3).to(torch.bfloat16),
     ]
+    blocks32 = [  # head dim 32: two columns of groups, so the stream order differs from the natural one
+        pats[torch.randint(0, 65536, (8 * 32,), generator=gen)].reshape(8, 32),
+        (torch.randn(8, 32, generator=gen) * torch.exp(2 * torch.randn(32, generator=gen))).to(torch.bfloat16),
+    ]
+    check(blocks)
+    check(blocks32)
+
+
+def check(blocks):
     x = torch.stack(blocks)
     got = pack_blocks(x)
     offset = 0

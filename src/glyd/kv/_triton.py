@@ -31,10 +31,9 @@ def _popc(x, INTERP: tl.constexpr):
 
 
 @triton.jit
-def _excl_groups(n):
-    """Exclusive prefix sum of per-group counts ``n [R, W]`` in row-major (block) order."""
-    rows = tl.sum(n, 1)
-    return (tl.cumsum(rows, 0) - rows)[:, None] + (tl.cumsum(n, 1) - n)
+def _excl_rows(n):
+    """Exclusive prefix sum down each column of per-group counts ``n [R, W]``."""
+    return tl.cumsum(n, 0) - n
 
 
 @triton.jit
@@ -111,8 +110,9 @@ def _decode_rows(sm_ptr, dig_ptr, tailw_ptr, tailb_ptr, blk, t0, tops, s2w, s3w,
     Works on groups of 16 values (one 32-bit word of tier-1 digits) as ``[R, W]`` tensors, ``W = D/16``,
     one per value position ``j`` of the group. ``tops`` is the block's 16 ``top`` tensors ``[1, W]``;
     ``s2w, s3w`` its tier-2/3 starts in 32-bit words of the tail, ``s4`` its tier-4 start in bytes;
-    ``c2, c3, c4`` the escapes to tiers 2/3/4 in the rows before ``t0``. Returns the tile and the
-    updated counts. The torch twin is ``glyd.kv.pages.unpack_blocks_grouped``.
+    ``c2, c3, c4 [W]`` each column's escapes to tiers 2/3/4 before row ``t0`` (the column directory
+    plus the rows above): the tiers list groups column by column, so no count crosses columns.
+    Returns the tile and the updated counts. The torch twin is ``glyd.kv.pages.unpack_blocks_grouped``.
     """
     W: tl.constexpr = D // 16
     offs_r = t0 + tl.arange(0, R)
@@ -126,26 +126,27 @@ def _decode_rows(sm_ptr, dig_ptr, tailw_ptr, tailb_ptr, blk, t0, tops, s2w, s3w,
     sm3 = tl.load(smp + 3)
     m1 = wd & (wd >> 1) & 0x55555555  # bit 2j: value j escaped tier 1
     n1 = _popc(m1, INTERP)
-    b2 = _excl_groups(n1) + c2
-    c2 += tl.sum(n1)
+    b2 = _excl_rows(n1) + c2[None, :]
+    c2 += tl.sum(n1, 0)
     win2 = _window(tailw_ptr, s2w, b2, n1 > 0)
     m2 = win2 & (win2 >> 1) & 0x55555555
     m2 = tl.where(n1 >= 16, m2, m2 & ((1 << (2 * n1)) - 1))  # only the group's own n1 digits
     n2 = _popc(m2, INTERP)
-    b3 = _excl_groups(n2) + c3
-    c3 += tl.sum(n2)
+    b3 = _excl_rows(n2) + c3[None, :]
+    c3 += tl.sum(n2, 0)
     win3 = _window(tailw_ptr, s3w, b3, n2 > 0)
     m3 = win3 & (win3 >> 1) & 0x55555555
     m3 = tl.where(n2 >= 16, m3, m3 & ((1 << (2 * n2)) - 1))
     n3 = _popc(m3, INTERP)
-    b4 = _excl_groups(n3) + c4
-    c4 += tl.sum(n3)
+    b4 = _excl_rows(n3) + c4[None, :]
+    c4 += tl.sum(n3, 0)
     x = _group_values(wd, m1, win2, m2, win3, m3, tailb_ptr + (s4 + b4), sm0, sm1, sm2, sm3, tops)
     return tl.reshape(x, [R, D]), c2, c3, c4
 
 
 @triton.jit
-def _block_starts(top_ptr, meta_ptr, blk, D: tl.constexpr):
+def _block_starts(top_ptr, meta_ptr, tail_ptr, blk, D: tl.constexpr):
+    DB: tl.constexpr = (6 * (D // 16) + 3) // 4 * 4  # the directory's bytes (glyd.kv.pages.dir_bytes)
     W: tl.constexpr = D // 16
     tp = top_ptr + blk * D + tl.arange(0, W)[None, :] * 16
     tops = (tl.load(tp).to(tl.int32), tl.load(tp + 1).to(tl.int32), tl.load(tp + 2).to(tl.int32),
@@ -154,10 +155,16 @@ def _block_starts(top_ptr, meta_ptr, blk, D: tl.constexpr):
             tl.load(tp + 9).to(tl.int32), tl.load(tp + 10).to(tl.int32), tl.load(tp + 11).to(tl.int32),
             tl.load(tp + 12).to(tl.int32), tl.load(tp + 13).to(tl.int32), tl.load(tp + 14).to(tl.int32),
             tl.load(tp + 15).to(tl.int32))
-    s2w = tl.load(meta_ptr + blk * 4) >> 2  # int32: PageStore keeps the tail stream under 2**31 bytes
+    t0 = tl.load(meta_ptr + blk * 4)  # int32: PageStore keeps the tail stream under 2**31 bytes
+    # column directory (uint16 little-endian, 3 a column): escapes to tiers 2/3/4 in the columns before
+    dp = tail_ptr + t0 + tl.arange(0, W) * 6
+    c2 = tl.load(dp).to(tl.int32) | (tl.load(dp + 1).to(tl.int32) << 8)
+    c3 = tl.load(dp + 2).to(tl.int32) | (tl.load(dp + 3).to(tl.int32) << 8)
+    c4 = tl.load(dp + 4).to(tl.int32) | (tl.load(dp + 5).to(tl.int32) << 8)
+    s2w = (t0 + DB) >> 2
     s3w = s2w + (tl.load(meta_ptr + blk * 4 + 1) + 15) // 16
     s4 = (s3w + (tl.load(meta_ptr + blk * 4 + 2) + 15) // 16) * 4
-    return tops, s2w, s3w, s4
+    return tops, s2w, s3w, s4, c2, c3, c4
 
 
 @triton.jit
@@ -222,14 +229,8 @@ def _kv_decode_split_kernel(
     for j in range(j0, tl.minimum(j1, n_full)):
         kblk = ((b * H + h) * K_CAP + j).to(tl.int64)
         vblk = ((b * H + h) * V_CAP + j).to(tl.int64)
-        ktop, ks2, ks3, ks4 = _block_starts(k_top, k_meta, kblk, D)
-        vtop, vs2, vs3, vs4 = _block_starts(v_top, v_meta, vblk, DV)
-        kc2 = tl.zeros([], tl.int32)
-        kc3 = tl.zeros([], tl.int32)
-        kc4 = tl.zeros([], tl.int32)
-        vc2 = tl.zeros([], tl.int32)
-        vc3 = tl.zeros([], tl.int32)
-        vc4 = tl.zeros([], tl.int32)
+        ktop, ks2, ks3, ks4, kc2, kc3, kc4 = _block_starts(k_top, k_meta, k_tail, kblk, D)
+        vtop, vs2, vs3, vs4, vc2, vc3, vc4 = _block_starts(v_top, v_meta, v_tail, vblk, DV)
         for t0 in range(0, P, TS):  # sub-tiles of TS tokens keep the decode in registers
             kb, kc2, kc3, kc4 = _decode_rows(k_sm, k_dig, k_tailw, k_tail, kblk, t0, ktop, ks2, ks3, ks4,
                                              kc2, kc3, kc4, P, TS, D, F32)

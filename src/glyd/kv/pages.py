@@ -55,6 +55,25 @@ def _cdiv4(n: torch.Tensor) -> torch.Tensor:
     return (n + 3) // 4
 
 
+def columns(d: int) -> int:
+    """Group columns of a block with head dim ``d``: ``d // 16`` (16-value groups tile each row), else 1."""
+    return d // 16 if d % 16 == 0 else 1
+
+
+def dir_bytes(d: int) -> int:
+    """Bytes of a block's column directory: 3 uint16 a column, padded to a multiple of 4."""
+    return (6 * columns(d) + 3) // 4 * 4
+
+
+def stream_order(p: int, d: int, device=None) -> torch.Tensor:
+    """Natural index ``i = t*D + c`` of each value in *stream order* (the order of the tail's tiers):
+    column by column (``W = columns(d)`` columns of 16-value groups), row by row down each column,
+    the 16 values of a group in order. With ``W = 1`` this is the natural order."""
+    w = columns(d)
+    i = torch.arange(p * d, device=device).reshape(p * d // (16 * w), w, 16)
+    return i.permute(1, 0, 2).reshape(-1)
+
+
 def _tier_bytes(n: torch.Tensor) -> torch.Tensor:
     """Bytes of a 2-bit digit tier of ``n`` digits: whole 32-bit words."""
     return 4 * ((n + 15) // 16)
@@ -111,29 +130,39 @@ def pack_blocks(x: torch.Tensor) -> dict[str, torch.Tensor]:
     d2 = torch.where((o2 >= 0) & (o2 < TIER), o2, ESC)
     o3 = off - 2 * TIER
     d3 = torch.where((o3 >= 0) & (o3 < TIER), o3, ESC)
-    m1 = (d1 == ESC).reshape(n, p * d)
-    m2 = m1 & (d2 == ESC).reshape(n, p * d)
-    m3 = m2 & (d3 == ESC).reshape(n, p * d)
+    # The tiers list their values in stream order (column by column, see stream_order).
+    order = stream_order(p, d, dev)
+    w = columns(d)
+    m1 = (d1 == ESC).reshape(n, p * d)[:, order]
+    m2 = m1 & (d2 == ESC).reshape(n, p * d)[:, order]
+    m3 = m2 & (d3 == ESC).reshape(n, p * d)[:, order]
+    d2s, d3s, es = (t.reshape(n, p * d)[:, order] for t in (d2, d3, e))
     n2, n3, n4 = m1.sum(1), m2.sum(1), m3.sum(1)  # int64 [N]
+    # Column directory: for each column, the escapes to tiers 2, 3 and 4 in the columns before it.
+    cols = torch.stack([m.reshape(n, w, -1).sum(-1) for m in (m1, m2, m3)], dim=-1)  # [N, W, 3]
+    direc = (torch.cumsum(cols, 1) - cols).reshape(n, 3 * w)
+    db = dir_bytes(d)
     b2, b3 = _tier_bytes(n2), _tier_bytes(n3)
-    size = b2 + b3 + 4 * _cdiv4(n4)
+    size = db + b2 + b3 + 4 * _cdiv4(n4)
     start = torch.cumsum(size, 0) - size  # exclusive prefix sum: each block's tail offset
     total = int(size.sum())  # the one host sync: the tail stream's length
     # One spare slot at the end takes the writes of values that do not belong to a tier.
     acc = torch.zeros(total + 1, dtype=torch.int32, device=dev)
     sink = torch.full_like(start, total)
+    dir_b = torch.stack([direc & 0xFF, direc >> 8], dim=-1).reshape(n, 6 * w)  # uint16 little-endian
+    acc.index_add_(0, (start[:, None] + torch.arange(6 * w, device=dev)).reshape(-1), dir_b.reshape(-1).to(torch.int32))
 
     def put_digits(mask: torch.Tensor, digits: torch.Tensor, base: torch.Tensor) -> None:
         r = torch.cumsum(mask.to(torch.int32), 1) - 1
         idx = torch.where(mask, base[:, None] + (r >> 2), sink[:, None])
-        val = torch.where(mask, digits.reshape(n, p * d) << ((r & 3) * 2), 0)
+        val = torch.where(mask, digits << ((r & 3) * 2), 0)
         acc.index_add_(0, idx.reshape(-1), val.reshape(-1).to(torch.int32))
 
-    put_digits(m1, d2, start)
-    put_digits(m2, d3, start + b2)
+    put_digits(m1, d2s, start + db)
+    put_digits(m2, d3s, start + db + b2)
     r = torch.cumsum(m3.to(torch.int32), 1) - 1
-    idx = torch.where(m3, (start + b2 + b3)[:, None] + r, sink[:, None])
-    acc.index_add_(0, idx.reshape(-1), torch.where(m3, e.reshape(n, p * d), 0).reshape(-1).to(torch.int32))
+    idx = torch.where(m3, (start + db + b2 + b3)[:, None] + r, sink[:, None])
+    acc.index_add_(0, idx.reshape(-1), torch.where(m3, es, 0).reshape(-1).to(torch.int32))
 
     d1f = d1.reshape(n, p * d // 4, 4)
     dig = d1f[..., 0] | (d1f[..., 1] << 2) | (d1f[..., 2] << 4) | (d1f[..., 3] << 6)
@@ -155,9 +184,11 @@ def unpack_blocks(
     if n == 0:
         return torch.empty(0, p, d, dtype=torch.bfloat16, device=sm.device)
     q = dig.to(torch.int32)
-    d1 = torch.stack([q & 3, (q >> 2) & 3, (q >> 4) & 3, (q >> 6) & 3], dim=-1).reshape(n, p * d)
+    d1n = torch.stack([q & 3, (q >> 2) & 3, (q >> 4) & 3, (q >> 6) & 3], dim=-1).reshape(n, p * d)
+    order = stream_order(p, d, sm.device)
+    d1 = d1n[:, order]  # stream order from here on
     mt = meta.to(torch.int64)
-    start, n2, n3 = mt[:, 0], mt[:, 1], mt[:, 2]
+    start, n2, n3 = mt[:, 0] + dir_bytes(d), mt[:, 1], mt[:, 2]
     tl_ = tail.to(torch.int32)
     if tl_.numel() == 0:
         tl_ = torch.zeros(1, dtype=torch.int32, device=sm.device)
@@ -177,8 +208,10 @@ def unpack_blocks(
     r3 = torch.cumsum(m3.to(torch.int64), 1) - 1
     s4 = s3 + _tier_bytes(n3)
     e4 = gather(m3, s4[:, None] + r3)
-    t = top.to(torch.int32).repeat(1, p)  # [N, P*D]: top of channel i % D
-    e = torch.where(~m1, t - d1, torch.where(~m2, t - TIER - d2, torch.where(~m3, t - 2 * TIER - d3, e4)))
+    t = top.to(torch.int32).repeat(1, p)[:, order]  # top of each value's channel, stream order
+    es = torch.where(~m1, t - d1, torch.where(~m2, t - TIER - d2, torch.where(~m3, t - 2 * TIER - d3, e4)))
+    e = torch.empty_like(es)
+    e[:, order] = es  # back to the natural order
     s = sm.reshape(n, p * d).to(torch.int32)
     bits = ((s & 0x80) << 8) | ((e & 0xFF) << 7) | (s & 0x7F)
     return u16_to_bf16(bits).reshape(n, p, d)
@@ -197,9 +230,10 @@ def unpack_blocks_grouped(
 ) -> torch.Tensor:
     """:func:`unpack_blocks` computed the way the decode kernel does it (``D`` a multiple of 16).
 
-    Values go in groups of 16 (one 32-bit word of ``dig``). A group's escapes to tier ``k+1`` are
-    consecutive there, from ``base`` (the escapes of the groups before it): the group reads one
-    32-bit window of the tier (two aligned words, shifted), and value ``j`` takes digit number
+    Values go in groups of 16 (one 32-bit word of ``dig``), ``W = D/16`` groups a row. A group's
+    escapes to tier ``k+1`` are consecutive there, from ``base``: the column directory's start for
+    its column plus the escapes of the groups above it in that column. The group reads one 32-bit
+    window of the tier (two aligned words, shifted), and value ``j`` takes digit number
     ``(escapes among values 0..j-1 of its group)`` of the window. Tier 4 likewise, byte-wise.
     """
     n, p, d = sm.shape
@@ -225,18 +259,30 @@ def unpack_blocks_grouped(
 
     d1 = (w[..., None] >> sh) & 3  # [n, g, 16]
     f1 = (d1 == ESC).to(torch.int64)
-    win2 = window(mt[:, 0] // 4, excl(f1.sum(-1), 1))
-    d2 = (win2[..., None] >> (2 * excl(f1, 2))) & 3
-    f2 = f1 & (d2 == ESC).to(torch.int64)
-    s3w = mt[:, 0] // 4 + (mt[:, 1] + 15) // 16
-    win3 = window(s3w, excl(f2.sum(-1), 1))
-    d3 = (win3[..., None] >> (2 * excl(f2, 2))) & 3
-    f3 = f2 & (d3 == ESC).to(torch.int64)
-    s4 = 4 * (s3w + (mt[:, 2] + 15) // 16)
-    pos = s4[:, None, None] + excl(f3.sum(-1), 1)[..., None] + excl(f3, 2)
+    cw = columns(d)
+    rows = g // cw
     tb = tail.to(torch.int64)
     if tb.numel() == 0:
         tb = torch.zeros(1, dtype=torch.int64, device=sm.device)
+    # the column directory: escapes to tiers 2/3/4 in the columns before each column
+    di = (mt[:, :1] + torch.arange(3 * cw, device=sm.device) * 2).clamp_max(tb.numel() - 2)
+    direc = (tb[di] | (tb[di + 1] << 8)).reshape(n, 1, cw, 3)
+
+    def base(cnt: torch.Tensor, k: int) -> torch.Tensor:
+        # [n, g]: the column's start plus the escapes in the rows above, in the group's column
+        c = cnt.reshape(n, rows, cw)
+        return (direc[..., k] + torch.cumsum(c, 1) - c).reshape(n, g)
+
+    s2w = (mt[:, 0] + dir_bytes(d)) // 4
+    win2 = window(s2w, base(f1.sum(-1), 0))
+    d2 = (win2[..., None] >> (2 * excl(f1, 2))) & 3
+    f2 = f1 & (d2 == ESC).to(torch.int64)
+    s3w = s2w + (mt[:, 1] + 15) // 16
+    win3 = window(s3w, base(f2.sum(-1), 1))
+    d3 = (win3[..., None] >> (2 * excl(f2, 2))) & 3
+    f3 = f2 & (d3 == ESC).to(torch.int64)
+    s4 = 4 * (s3w + (mt[:, 2] + 15) // 16)
+    pos = s4[:, None, None] + base(f3.sum(-1), 2)[..., None] + excl(f3, 2)
     e4 = torch.where(f3 == 1, tb[pos.clamp(0, tb.numel() - 1)], 0)
     off = d1 + torch.where(f1 == 1, d2 + torch.where(f2 == 1, d3, 0), 0)
     t = top.to(torch.int64).reshape(n, 1, d // 16, 16).expand(n, p, d // 16, 16).reshape(n, g, 16)

@@ -34,16 +34,18 @@ def _window(area_ptr, a, need, A, NBYTES: tl.constexpr):
 
 @triton.jit
 def _ranks(e):
-    # e: [BB, 64, 16] int32 0/1 flags. Exclusive rank inside the unit (in-thread scan), unit
+    # e: [BB, 64, 16] int32 0/1 flags. Inclusive rank inside the unit (in-thread scan), unit
     # counts, exclusive unit prefix inside the block (one warp scan), block totals.
-    ex = tl.cumsum(e, axis=2) - e
+    inc = tl.cumsum(e, axis=2)
     c = tl.sum(e, axis=2)
     p = tl.cumsum(c, axis=1) - c
-    return ex, c, p, tl.sum(c, axis=1)
+    return inc, c, p, tl.sum(c, axis=1)
 
 
 @triton.jit
-def _decode(sm_ptr, d1_ptr, table_ptr, area_ptr, off, fu, umask, A, TL, TH):
+def _decode(sm_ptr, d1_ptr, table_ptr, area_ptr, off, fu, umask, A, TL, TH, T8, T12, T16, T20,
+            DEPTH: tl.constexpr = 2):
+    # DEPTH < 2 skips tiers 5 and raw, DEPTH < 1 every escape: wrong results, for timing the stages.
     # fp32 bits of the weights of units fu ([BB, 64] flat starts of 16-weight units; a block's 64
     # units are one row of the tile) -> [BB, 64, 16] uint32. off: [BB] byte start of each block's area.
     j = tl.arange(0, 16)
@@ -52,51 +54,69 @@ def _decode(sm_ptr, d1_ptr, table_ptr, area_ptr, off, fu, umask, A, TL, TH):
     sm = tl.load(sm_ptr + f, mask=m3, other=0).to(tl.int32)
     # d1: group fu >> 6, byte j of its 16; unit (fu >> 4) & 3 is the digit pair at bits 2 * that.
     db = tl.load(d1_ptr + ((fu >> 6) * 16)[:, :, None] + j[None, None, :], mask=m3, other=0).to(tl.int32)
-    d = (db >> ((fu >> 3) & 6)[:, :, None]) & 3
-    # tier 2: one bit a tier-1 escape, stream at off
-    e1 = (d == 3).to(tl.int32)
-    i1, c1, p1, n1 = _ranks(e1)
-    w = _window(area_ptr, off[:, None] + (p1 >> 3), c1 > 0, A, 3) >> (p1 & 7)
-    e2 = e1 & (w[:, :, None] >> i1)
-    # tier 3: one bit a tier-2 escape
-    s = off + ((n1 + 7) >> 3)
-    i2, c2, p2, n2 = _ranks(e2)
-    w = _window(area_ptr, s[:, None] + (p2 >> 3), c2 > 0, A, 3) >> (p2 & 7)
-    e3 = e2 & (w[:, :, None] >> i2)
-    # tier 4: 2 bits a tier-3 escape (0-2: ranks 5-7, 3: deeper); up to 16 digits + 6 bits of offset
-    s += (n2 + 7) >> 3
-    i3, c3, p3, n3 = _ranks(e3)
-    w = (_window(area_ptr, s[:, None] + (p3 >> 2), c3 > 0, A, 5) >> (2 * (p3 & 3))).to(tl.int32)
-    d4 = (w[:, :, None] >> (2 * i3)) & (e3 * 3)
-    rank = d + e2 + e3 + d4  # rank for ranks 0-7; 8 where a tier-5 digit follows
+    db = db >> ((fu >> 3) & 6)[:, :, None]
+    d = db & 3
+    if DEPTH > 0:
+        # tier 2: one bit a tier-1 escape, stream at off. Flags stay 0/1 integers (no compares):
+        # they mask the bit extracted for every weight with one logic op.
+        e1 = (db >> 1) & d & 1
+        i1, c1, p1, n1 = _ranks(e1)
+        # inclusive ranks: the window is shifted left once so that rank r reads bit r - 1
+        w = (_window(area_ptr, off[:, None] + (p1 >> 3), c1 > 0, A, 3) << 1) >> (p1 & 7)
+        e2 = e1 & (w[:, :, None] >> i1)
+        # tier 3: one bit a tier-2 escape
+        s = off + ((n1 + 7) >> 3)
+        i2, c2, p2, n2 = _ranks(e2)
+        w = (_window(area_ptr, s[:, None] + (p2 >> 3), c2 > 0, A, 3) << 1) >> (p2 & 7)
+        e3 = e2 & (w[:, :, None] >> i2)
+        # tier 4: 2 bits a tier-3 escape (0-2: ranks 5-7, 3: deeper); up to 16 digits + 6 bits of offset
+        s += (n2 + 7) >> 3
+        i3, c3, p3, n3 = _ranks(e3)
+        w = (_window(area_ptr, s[:, None] + (p3 >> 2), c3 > 0, A, 5) >> (2 * (p3 & 3))).to(tl.int32)
+        d4 = (w[:, :, None] >> (2 * (i3 - e3))) & (e3 * 3)
+        rank = d + e2 + e3 + d4  # ranks 0-7; 8 where a tier-5 digit follows
+        e4 = (d4 >> 1) & d4 & 1
+    else:
+        rank = d
     sel = tl.where(rank < 4, TL, TH)
     exp = (sel >> ((rank & 3) * 8)) & 0xFF
-    e4 = (d4 == 3).to(tl.int32)
-    if tl.max(tl.max(tl.max(e4, axis=2), axis=1), axis=0) > 0:  # deeper tiers: rare, per tile
-        s += (n3 + 3) >> 2
-        i4, c4, p4, n4 = _ranks(e4)
-        q = p4[:, :, None] + i4
-        b5 = tl.load(area_ptr + s[:, None, None] + (q >> 1), mask=e4 == 1, other=0).to(tl.int32)
-        d5 = (b5 >> (4 * (q & 1))) & 15
-        exp = tl.where(e4 == 1, tl.load(table_ptr + 8 + d5, mask=(e4 == 1) & (d5 < 15), other=0).to(tl.int32), exp)
-        e5 = (d5 == 15) & (e4 == 1)
-        if tl.max(tl.max(tl.max(e5.to(tl.int32), axis=2), axis=1), axis=0) > 0:
-            s += (n4 + 1) >> 1
-            i5, c5, p5, n5 = _ranks(e5.to(tl.int32))
-            raw = tl.load(area_ptr + s[:, None, None] + p5[:, :, None] + i5, mask=e5, other=0).to(tl.int32)
-            exp = tl.where(e5, raw, exp)
-    return ((sm & 0x80) << 24) | (exp << 23) | ((sm & 0x7F) << 16)
+    if DEPTH > 1:
+        if tl.max(tl.max(tl.max(e4, axis=2), axis=1), axis=0) > 0:  # tier 5: ~2% of normal weights
+            s += (n3 + 3) >> 2
+            i4, c4, p4, n4 = _ranks(e4)
+            # 4-bit digits: two 32-bit windows a unit (its digits 0-7 and 8-15)
+            a = s[:, None] + (p4 >> 1)
+            o = (p4 & 1) * 4
+            lo = (_window(area_ptr, a, c4 > 0, A, 5) >> o).to(tl.int32)
+            hi = (_window(area_ptr, a + 4, c4 > 8, A, 5) >> o).to(tl.int32)
+            i4 -= e4
+            d5 = (tl.where(i4 < 8, lo[:, :, None], hi[:, :, None]) >> ((i4 & 7) * 4)) & (e4 * 15)
+            t = tl.where(d5 < 8, tl.where(d5 < 4, T8, T12), tl.where(d5 < 12, T16, T20))
+            exp = tl.where(e4 == 1, (t >> ((d5 & 3) * 8)) & 0xFF, exp)
+            e5 = (d5 == 15).to(tl.int32)
+            if tl.max(tl.max(tl.max(e5, axis=2), axis=1), axis=0) > 0:  # raw exponents: rare
+                s += (n4 + 1) >> 1
+                i5, c5, p5, n5 = _ranks(e5)
+                raw = tl.load(area_ptr + s[:, None, None] + p5[:, :, None] + i5 - 1, mask=e5 == 1, other=0).to(tl.int32)
+                exp = tl.where(e5 == 1, raw, exp)
+    return (sm + (sm & 0x80) * 255 + (exp << 7)) << 16  # bf16 (sign << 15 | exp << 7 | mantissa) << 16
+
+
+@triton.jit
+def _word(table_ptr, r: tl.constexpr):
+    # table[r .. r + 3] as one little-endian word (past rank 22: 0)
+    w = tl.load(table_ptr + r).to(tl.int32)
+    for i in tl.static_range(1, 4):
+        if r + i < 23:
+            w |= tl.load(table_ptr + r + i).to(tl.int32) << (8 * i)
+    return w
 
 
 @triton.jit
 def _tables(table_ptr):
-    # Exponents of ranks 0-3 and 4-7, one a byte: looked up with a shift instead of a select chain.
-    tl_ = tl.load(table_ptr).to(tl.int32)
-    th = tl.load(table_ptr + 4).to(tl.int32)
-    for i in tl.static_range(1, 4):
-        tl_ |= tl.load(table_ptr + i).to(tl.int32) << (8 * i)
-        th |= tl.load(table_ptr + 4 + i).to(tl.int32) << (8 * i)
-    return tl_, th
+    # Exponents of ranks 0-22, four a word: looked up with a select and a shift, no memory access.
+    return (_word(table_ptr, 0), _word(table_ptr, 4), _word(table_ptr, 8), _word(table_ptr, 12),
+            _word(table_ptr, 16), _word(table_ptr, 20))
 
 
 @triton.jit
@@ -104,11 +124,11 @@ def _area_start(ebase_ptr, eoff_ptr, b, bmask):
     return tl.load(ebase_ptr + b // 16, mask=bmask, other=0) + tl.load(eoff_ptr + b, mask=bmask, other=0).to(tl.int32)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["A"])
 def _gemv_kernel(
     x_ptr, sm_ptr, d1_ptr, table_ptr, ebase_ptr, eoff_ptr, area_ptr, bias_ptr, out_ptr,
     M, N, K, KP, TOTAL, NBLK, A, stride_xm,
-    BN: tl.constexpr, BB: tl.constexpr, MB: tl.constexpr, HAS_BIAS: tl.constexpr,
+    BN: tl.constexpr, BB: tl.constexpr, MB: tl.constexpr, HAS_BIAS: tl.constexpr, DEPTH: tl.constexpr = 2,
 ):
     # One program owns rows [r0, r0 + BN) and activation rows [m0, m0 + MB): it walks the escape
     # blocks that cover its rows (Kp >= 1024: a block holds pieces of at most two rows), BB blocks a
@@ -119,7 +139,7 @@ def _gemv_kernel(
     rn = r0 + tl.arange(0, BN)
     nmask = rn < N
     mi = tl.arange(0, MB)
-    TL, TH = _tables(table_ptr)
+    TL, TH, T8, T12, T16, T20 = _tables(table_ptr)
     f0 = r0 * KP
     f1 = tl.minimum(r0 + BN, N) * KP
     bend = tl.minimum((f1 + 1023) // 1024, NBLK)
@@ -137,7 +157,7 @@ def _gemv_kernel(
         inb = bmask[:, None] & (fu < TOTAL)
         ok = inb & (ur >= r0) & (ur < r0 + BN)
         off = _area_start(ebase_ptr, eoff_ptr, b, bmask)
-        wv = _decode(sm_ptr, d1_ptr, table_ptr, area_ptr, off, fu, inb, A, TL, TH).to(tl.float32, bitcast=True)
+        wv = _decode(sm_ptr, d1_ptr, table_ptr, area_ptr, off, fu, inb, A, TL, TH, T8, T12, T16, T20, DEPTH).to(tl.float32, bitcast=True)
         ra = (b * 1024) // KP  # row of each block's first unit
         first = ur == ra[:, None]
         xc = col[:, :, None] + j[None, None, :]
@@ -156,16 +176,16 @@ def _gemv_kernel(
     tl.store(out_ptr + mrow[:, None] * N + rn[None, :], acc.to(tl.bfloat16), mask=(mrow < M)[:, None] & nmask[None, :])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["A"])
 def _unpack_kernel(sm_ptr, d1_ptr, table_ptr, ebase_ptr, eoff_ptr, area_ptr, out_ptr, K, KP, TOTAL, NBLK, A,
-                   BB: tl.constexpr):
+                   BB: tl.constexpr, DEPTH: tl.constexpr = 2):
     b = tl.program_id(0) * BB + tl.arange(0, BB)
     bmask = b < NBLK
-    TL, TH = _tables(table_ptr)
+    TL, TH, T8, T12, T16, T20 = _tables(table_ptr)
     fu = b[:, None] * 1024 + tl.arange(0, 64)[None, :] * 16
     umask = bmask[:, None] & (fu < TOTAL)
     off = _area_start(ebase_ptr, eoff_ptr, b, bmask)
-    bits = _decode(sm_ptr, d1_ptr, table_ptr, area_ptr, off, fu, umask, A, TL, TH)
+    bits = _decode(sm_ptr, d1_ptr, table_ptr, area_ptr, off, fu, umask, A, TL, TH, T8, T12, T16, T20, DEPTH)
     ur = fu // KP
     col = (fu - ur * KP)[:, :, None] + tl.arange(0, 16)[None, None, :]
     tl.store(out_ptr + (ur * K)[:, :, None] + col, (bits >> 16).to(tl.int16), mask=umask[:, :, None] & (col < K))
@@ -205,8 +225,8 @@ def unpack(p: Packed, out: torch.Tensor | None = None, bb: int = 0, warps: int =
 
 #: Fused GEMV shape: rows a program, escape blocks a step (``Config.bm`` overrides), warps; and the
 #: unpack kernel's blocks a program and warps (see benchmarks/notes-kernels.md).
-GEMV_BN, GEMV_BB, GEMV_WARPS, GEMV_MB = 16, 1, 2, 16
-UNPACK_BB, UNPACK_WARPS = 1, 2
+GEMV_BN, GEMV_BB, GEMV_WARPS, GEMV_MB = 4, 1, 1, 16
+UNPACK_BB, UNPACK_WARPS = 1, 1
 
 #: Largest M the fused tiered GEMV serves by default (one program per activation row: it decodes
 #: again for every row); larger M unpack to a scratch buffer and call cuBLAS. 0: measured on the H200,

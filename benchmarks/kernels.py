@@ -16,6 +16,7 @@ times for glyd.ops.choose_layout: copy into src/glyd/kernels/measured.py).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
@@ -29,6 +30,7 @@ import torch.nn.functional as F
 import glyd
 from glyd import kernels
 from glyd.kernels import _common as C
+from glyd.kernels import fixed12
 from glyd.timing import cuda_graph_ms
 
 log = logging.getLogger("bench")
@@ -160,7 +162,8 @@ def variants():
         "f12 fma gm bn64 bk256 s1 wv8": lambda lay, m: V(bm=1, bn=64, bk=256, dot=False, group_major=True,
                                                           stages=1, waves=8) if f12(lay, m) and m == 1 else None,
         "f12 fma gm bn32 bk512 s1 w8 wv8": lambda lay, m: V(bm=1, bn=32, bk=512, dot=False, group_major=True,
-                                                             stages=1, warps=8, waves=8) if f12(lay, m) and m == 1 else None,
+                                                             stages=1, warps=8, waves=8)
+        if f12(lay, m) and m == 1 else None,
         "f12 byte bn16 g4 s1 wv8": lambda lay, m: V(bm=1, bn=16, dot=False, byte=True, g=4, stages=1, waves=8)
         if f12(lay, m) and m <= 2 else None,
         # mma tile kernel (the default at M = 2-64): a few neighbours of the defaults
@@ -170,6 +173,12 @@ def variants():
         if f12s(lay, m) and 1 < m <= 16 else None,
         "f12 mma bn64 g2 s3 wv8": lambda lay, m: V(bm=bmm(m), bn=64, mma=True, g=2, stages=3, waves=8)
         if f12s(lay, m) and m > 16 else None,
+        # the defaults with split-K summed by each tile's last program (no finalize kernel)
+        "f12 fix default": lambda lay, m: dataclasses.replace(fixed12.default_config(m, 0, 0), fixup=True)
+        if f12(lay, m) and m <= 64 else None,
+        "f12 fix gm bn32 bk512 s1 wv16": lambda lay, m: V(bm=1, bn=32, bk=512, dot=False, group_major=True,
+                                                           stages=1, waves=16, fixup=True)
+        if f12(lay, m) and m == 1 else None,
         # long prompts (the default unpacks then calls cuBLAS)
         "f12 mma long bn64 bm128 w4": lambda lay, m: V(bm=128, bn=64, mma=True, g=1, stages=3, warps=4)
         if f12(lay, m) and m >= 512 else None,

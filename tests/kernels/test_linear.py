@@ -63,11 +63,16 @@ def _cases():
         ("fixed12", 5, 70, 1100, Config(bm=16, bn=32, mma=True, g=2, split=3)),
         ("fixed12", 33, 20, 320, Config(bm=64, bn=16, mma=True, g=2)),
         ("fixed12", 16, 64, 256, Config(bm=16, bn=64, mma=True, g=4, waves=8)),
+        # split-K summed by the last program of each tile (no finalize kernel), every kernel
+        ("fixed12", 1, 37, 1100, Config(bm=1, bn=16, bk=256, dot=False, group_major=True, split=3, fixup=True)),
+        ("fixed12", 2, 20, 1024, Config(bm=1, bn=16, dot=False, byte=True, g=4, split=4, fixup=True)),
+        ("fixed12", 5, 70, 1100, Config(bm=16, bn=32, mma=True, g=2, split=3, fixup=True)),
+        ("fixed12", 3, 19, 320, Config(bm=16, bn=16, bk=128, split=2, fixup=True)),
     ]
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("case", range(21))
+@pytest.mark.parametrize("case", range(25))
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_linear_matches_reference(device, case, with_bias):
     from glyd import kernels
@@ -78,6 +83,25 @@ def test_linear_matches_reference(device, case, with_bias):
     x = torch.randn(m, k).to(torch.bfloat16).to(device)
     bias = torch.randn(n).to(torch.bfloat16).to(device) if with_bias else None
     _check(kernels.linear(x, p, bias, cfg), x, w, bias)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_split_fixup_leaves_counters_zero(device):
+    # The last program of each tile resets its counter: the next launch starts from zero, and
+    # the result equals the two-kernel split-K (same summation order) bit for bit.
+    from glyd import kernels
+    from glyd.kernels._common import Config, counters
+
+    w = random_weights(40, 1100, "normal")
+    p = glyd.pack(w, "fixed12").to(device)
+    x = torch.randn(3, 1100).to(torch.bfloat16).to(device)
+    bias = torch.randn(40).to(torch.bfloat16).to(device)
+    cfg = Config(bm=1, bn=16, bk=256, dot=False, group_major=True, split=4)
+    y0 = kernels.linear(x, p, bias, cfg)
+    for _ in range(2):
+        y = kernels.linear(x, p, bias, Config(**{**cfg.__dict__, "fixup": True}))
+        assert int(counters(torch.device(device), 1).abs().sum()) == 0
+        assert torch.equal(y.view(torch.int16), y0.view(torch.int16))
 
 
 @pytest.mark.parametrize("device", DEVICES)

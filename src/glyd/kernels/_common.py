@@ -33,6 +33,8 @@ class Config:
     ``mma`` (fixed12, dot path): plane tiles go to shared memory by async copy, then straight into
     the tensor-core operand registers, decoded there (no decoded tile in shared memory); ``g``
     64-weight groups a step. ``waves``: split K until the grid has ``waves`` programs an SM.
+    ``fixup``: split-K partials are summed by the last program of each tile (``split_fixup``)
+    instead of a second kernel (``finalize``); fixed12 FMA, byte and mma kernels.
     """
 
     bm: int = 16
@@ -48,6 +50,7 @@ class Config:
     g: int = 4
     mma: bool = False
     waves: int = 2
+    fixup: bool = False
 
     def __post_init__(self) -> None:
         for name in ("bm", "bn", "bk"):
@@ -103,6 +106,41 @@ def _finalize_kernel(part_ptr, bias_ptr, out_ptr, MN, N, SPLIT: tl.constexpr, HA
     if HAS_BIAS:
         acc += tl.load(bias_ptr + offs % N, mask=mask, other=0.0).to(tl.float32)
     tl.store(out_ptr + offs, acc.to(tl.bfloat16), mask=mask)
+
+
+@triton.jit
+def split_fixup(acc, part_ptr, fin_ptr, cnt_ptr, bias_ptr, optr, omask, boff, tile, pid_k, SPLIT, MN,
+                HAS_BIAS: tl.constexpr):
+    # Split-K without a second kernel: each program stores its fp32 partial; the last of a tile's
+    # SPLIT programs to arrive (a counter per tile) adds all partials in split order, so the sum
+    # is the same as ``finalize``'s whatever the arrival order, adds the bias, writes bf16 and
+    # resets the counter for the next launch. The barrier orders every thread's partial store
+    # before the releasing atomic; the sums read L2 (.cg), where the other SMs' partials are.
+    tl.store(part_ptr + pid_k * MN + optr, acc, mask=omask)
+    tl.debug_barrier()
+    arrived = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
+    if arrived == SPLIT - 1:
+        tot = tl.zeros_like(acc)
+        for s in range(0, SPLIT):
+            tot += tl.load(part_ptr + s * MN + optr, mask=omask, other=0.0, cache_modifier=".cg")
+        if HAS_BIAS:
+            tot += tl.load(bias_ptr + boff, mask=omask, other=0.0).to(tl.float32)
+        tl.store(fin_ptr + optr, tot.to(tl.bfloat16), mask=omask)
+        tl.atomic_xchg(cnt_ptr + tile, 0)
+
+
+_COUNTERS: dict[tuple[str, int | None], list[torch.Tensor]] = {}
+
+
+def counters(device: torch.device, n: int) -> torch.Tensor:
+    """A zeroed int32 buffer of at least ``n`` per-tile counters on ``device`` for ``split_fixup``
+    (every launch leaves it zeroed again). Buffers are never freed, so CUDA graphs that captured
+    an older one stay valid; like ``scratch``, use one stream per device."""
+    key = (device.type, device.index)
+    bufs = _COUNTERS.setdefault(key, [])
+    if not bufs or bufs[-1].numel() < n:
+        bufs.append(torch.zeros(max(n, 1 << 16), dtype=torch.int32, device=device))
+    return bufs[-1]
 
 
 # part: fp32 [split, M, N]; bias: [N] or None; out: bf16 [M, N]

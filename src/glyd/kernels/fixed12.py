@@ -90,11 +90,11 @@ def _exception_delta_tile(rowptr_ptr, eidx_ptr, ehi_ptr, lo_ptr, x_ptr, rn, rm, 
 
 @triton.jit
 def _linear_kernel(
-    x_ptr, code_ptr, lo_ptr, lo8_ptr, base_ptr, rowptr_ptr, eidx_ptr, ehi_ptr, bias_ptr, out_ptr,
+    x_ptr, code_ptr, lo_ptr, lo8_ptr, base_ptr, rowptr_ptr, eidx_ptr, ehi_ptr, bias_ptr, out_ptr, fin_ptr, cnt_ptr,
     M, N, K, KP, stride_xm, K_SPLIT, stride_code, stride_lo,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, DOT: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_EXC: tl.constexpr, PARTIAL: tl.constexpr, F32DOT: tl.constexpr,
-    GROUP_MAJOR: tl.constexpr, STAGES: tl.constexpr,
+    GROUP_MAJOR: tl.constexpr, STAGES: tl.constexpr, FIXUP: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -190,7 +190,10 @@ def _linear_kernel(
     if DOT:
         omask = nmask[:, None] & mmask[None, :]
         optr = rm[None, :] * N + rn[:, None]
-        if PARTIAL:
+        if PARTIAL and FIXUP:
+            C.split_fixup(acc, out_ptr, fin_ptr, cnt_ptr, bias_ptr, optr, omask, rn[:, None] + 0 * rm[None, :],
+                          pid_m * tl.num_programs(0) + pid_n, pid_k, tl.num_programs(1), M * N, HAS_BIAS)
+        elif PARTIAL:
             tl.store(out_ptr + pid_k * M * N + optr, acc, mask=omask)
         else:
             if HAS_BIAS:
@@ -198,7 +201,10 @@ def _linear_kernel(
             tl.store(out_ptr + optr, acc.to(tl.bfloat16), mask=omask)
     else:
         optr1 = pid_m * N + rn
-        if PARTIAL:
+        if PARTIAL and FIXUP:
+            C.split_fixup(acc1, out_ptr, fin_ptr, cnt_ptr, bias_ptr, optr1, nmask, rn,
+                          pid_m * tl.num_programs(0) + pid_n, pid_k, tl.num_programs(1), M * N, HAS_BIAS)
+        elif PARTIAL:
             tl.store(out_ptr + pid_k * M * N + optr1, acc1, mask=nmask)
         else:
             if HAS_BIAS:
@@ -208,10 +214,11 @@ def _linear_kernel(
 
 @triton.jit
 def _gemv_bytes_kernel(
-    x_ptr, code_ptr, lo_ptr, base_ptr, rowptr_ptr, eidx_ptr, ehi_ptr, bias_ptr, out_ptr,
+    x_ptr, code_ptr, lo_ptr, base_ptr, rowptr_ptr, eidx_ptr, ehi_ptr, bias_ptr, out_ptr, fin_ptr, cnt_ptr,
     M, N, K, KP, stride_xm, K_SPLIT, stride_code, stride_lo,
     BN: tl.constexpr, G: tl.constexpr, EVEN: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_EXC: tl.constexpr, PARTIAL: tl.constexpr, STAGES: tl.constexpr,
+    FIXUP: tl.constexpr,
 ):
     # One activation row a program, decode byte by byte on [BN, G, 32] tiles in column order, so
     # x is a contiguous [G, 32] vector shared by the tile's rows (the word-tile kernel above needs
@@ -256,7 +263,10 @@ def _gemv_bytes_kernel(
         if pid_k == 0:
             acc1 += _exception_delta(rowptr_ptr, eidx_ptr, ehi_ptr, lo_ptr, xrow, rn, base, pid_n, N, K, stride_lo, BN)
     optr = pid_m * N + rn
-    if PARTIAL:
+    if PARTIAL and FIXUP:
+        C.split_fixup(acc1, out_ptr, fin_ptr, cnt_ptr, bias_ptr, optr, nmask, rn,
+                      pid_m * tl.num_programs(1) + pid_n, pid_k, tl.num_programs(2), M * N, HAS_BIAS)
+    elif PARTIAL:
         tl.store(out_ptr + pid_k * M * N + optr, acc1, mask=nmask)
     else:
         if HAS_BIAS:
@@ -266,10 +276,11 @@ def _gemv_bytes_kernel(
 
 @triton.jit
 def _mma_kernel(
-    x_ptr, code_ptr, lo_ptr, rowptr_ptr, eidx_ptr, ehi_ptr, bias_ptr, out_ptr,
+    x_ptr, code_ptr, lo_ptr, rowptr_ptr, eidx_ptr, ehi_ptr, bias_ptr, out_ptr, fin_ptr, cnt_ptr,
     M, N, K, KP, stride_xm, K_SPLIT, stride_code, stride_lo,
     BASE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, G: tl.constexpr, EVEN: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_EXC: tl.constexpr, PARTIAL: tl.constexpr, F32DOT: tl.constexpr,
+    FIXUP: tl.constexpr,
 ):
     # out^T tile [BN, BM] = W tile [BN, 32] @ x^T [32, BM], twice a 64-weight group (its two
     # halves share the code bytes). The weights are the MMA's A operand: Triton keeps A in
@@ -322,7 +333,10 @@ def _mma_kernel(
                                          BASE, pid_n, N, K, stride_lo, BN, BM)
     omask = nmask[:, None] & mmask[None, :]
     optr = rm[None, :] * N + rn[:, None]
-    if PARTIAL:
+    if PARTIAL and FIXUP:
+        C.split_fixup(acc, out_ptr, fin_ptr, cnt_ptr, bias_ptr, optr, omask, rn[:, None] + 0 * rm[None, :],
+                      pid_m * tl.num_programs(0) + pid_n, pid_k, tl.num_programs(1), M * N, HAS_BIAS)
+    elif PARTIAL:
         tl.store(out_ptr + pid_k * M * N + optr, acc, mask=omask)
     else:
         if HAS_BIAS:
@@ -465,16 +479,18 @@ def linear(x: torch.Tensor, p: Packed, bias: torch.Tensor | None = None, config:
     split, per = C.choose_split(tiles, kp, cfg.bk, x2.device, cfg.split, cfg.waves)
     partial = split > 1
     dst = torch.empty(split, m, n, dtype=torch.float32, device=x2.device) if partial else out
+    fixup = partial and cfg.fixup
+    cnt = C.counters(x2.device, tiles) if fixup else out
     grid = (triton.cdiv(n, cfg.bn), split, m if not cfg.dot else triton.cdiv(m, cfg.bm))
     _linear_kernel[grid](
         x2, a["code"].view(torch.int32), a["lo"].view(torch.int32), a["lo"], a["base"], prep.rowptr,
-        a["exc_idx"], a["exc_hi"], bias if bias is not None else out, dst,
+        a["exc_idx"], a["exc_hi"], bias if bias is not None else out, dst, out, cnt,
         m, n, k, kp, x2.stride(0), per, kp // 8, kp // 4,
         BM=cfg.bm, BN=cfg.bn, BK=cfg.bk, DOT=cfg.dot, HAS_BIAS=bias is not None,
         HAS_EXC=prep.nexc > 0, PARTIAL=partial, F32DOT=C.interpreting(),
-        GROUP_MAJOR=cfg.group_major, STAGES=cfg.stages, num_warps=cfg.warps, num_stages=cfg.stages,
+        GROUP_MAJOR=cfg.group_major, STAGES=cfg.stages, FIXUP=fixup, num_warps=cfg.warps, num_stages=cfg.stages,
     )
-    if partial:
+    if partial and not fixup:
         C.finalize(dst, bias, out)
     return out.reshape(*x.shape[:-1], n)
 
@@ -490,15 +506,17 @@ def _launch_gemv_bytes(x2: torch.Tensor, p: Packed, bias, cfg: C.Config, prep: P
     partial = split > 1
     dst = torch.empty(split, m, n, dtype=torch.float32, device=x2.device) if partial else out
     even = k == kp and per % step == 0 and kp % step == 0
+    fixup = partial and cfg.fixup
+    cnt = C.counters(x2.device, triton.cdiv(n, cfg.bn) * m) if fixup else out
     grid = (m, triton.cdiv(n, cfg.bn), split)
     _gemv_bytes_kernel[grid](
         x2, a["code"], a["lo"], a["base"], prep.rowptr, a["exc_idx"], a["exc_hi"],
-        bias if bias is not None else out, dst,
+        bias if bias is not None else out, dst, out, cnt,
         m, n, k, kp, x2.stride(0), per, kp // 2, kp,
         BN=cfg.bn, G=cfg.g, EVEN=even, HAS_BIAS=bias is not None, HAS_EXC=prep.nexc > 0, PARTIAL=partial,
-        STAGES=cfg.stages, num_warps=cfg.warps, num_stages=cfg.stages,
+        STAGES=cfg.stages, FIXUP=fixup, num_warps=cfg.warps, num_stages=cfg.stages,
     )
-    if partial:
+    if partial and not fixup:
         C.finalize(dst, bias, out)
     return out
 
@@ -518,13 +536,17 @@ def _launch_mma(x2: torch.Tensor, p: Packed, bias, cfg: C.Config, prep: Prepared
     partial = split > 1
     dst = torch.empty(split, m, n, dtype=torch.float32, device=x2.device) if partial else out
     even = k == kp
+    fixup = partial and cfg.fixup
+    cnt = C.counters(x2.device, tiles) if fixup else out
     grid = (triton.cdiv(n, cfg.bn), split, triton.cdiv(m, cfg.bm))
     _mma_kernel[grid](
         x2, a["code"], a["lo"], prep.rowptr, a["exc_idx"], a["exc_hi"], bias if bias is not None else out, dst,
+        out, cnt,
         m, n, k, kp, x2.stride(0), per, kp // 2, kp,
         BASE=prep.base, BM=cfg.bm, BN=cfg.bn, G=g, EVEN=even, HAS_BIAS=bias is not None,
-        HAS_EXC=prep.nexc > 0, PARTIAL=partial, F32DOT=C.interpreting(), num_warps=cfg.warps, num_stages=cfg.stages,
+        HAS_EXC=prep.nexc > 0, PARTIAL=partial, F32DOT=C.interpreting(), FIXUP=fixup, num_warps=cfg.warps,
+        num_stages=cfg.stages,
     )
-    if partial:
+    if partial and not fixup:
         C.finalize(dst, bias, out)
     return out

@@ -105,7 +105,7 @@ gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 @pytest.mark.gpu
 @gpu
-@pytest.mark.parametrize("b,g", [(1, 7), (5, 1), (64, 7)])
+@pytest.mark.parametrize("b,g", [(1, 7), (64, 7)])
 def test_kernel_on_gpu(b, g):
     gen = torch.Generator().manual_seed(b * 10 + g)
     lens = torch.randint(1, 3000, (b,), generator=gen).tolist()
@@ -115,10 +115,8 @@ def test_kernel_on_gpu(b, g):
     from glyd.kv._triton import decode_attention_triton
 
     lens_t = torch.tensor(lens, device="cuda")
-    # The default at every shape; the other timed variants once (each is a separate compile).
+    # The default at every shape (one compile; the benchmark checks the other variants on real pages).
     combos = [(None, 4, 32, 8, None), (1, 4, 32, 8, None)]
-    if b == 64:
-        combos += [(None, 4, 32, 16, 128)]
     for splits, warps, ts, pps, mr in combos:
         out = decode_attention_triton(q, ks, vs, lens_t, num_splits=splits, num_warps=warps, sub_tile=ts,
                                       programs_per_sm=pps, maxnreg=mr)

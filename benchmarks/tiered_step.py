@@ -76,7 +76,7 @@ def linear_depth(x, p, c, depth):
     out = torch.empty(m, n, dtype=torch.bfloat16, device=x.device)
     mb = min(1 << (m - 1).bit_length(), kt.GEMV_MB)
     kt._gemv_kernel[((n + kt.GEMV_BN - 1) // kt.GEMV_BN, (m + mb - 1) // mb)](
-        x, *kt._args(p), out, out, m, n, k, kp, n * kp, (n * kp + 1023) // 1024, p.arrays["area"].numel(), x.stride(0),
+        x, *kt._args(p), out, out, m, n, k, kp, n * kp, (n * kp + 1023) // 1024, p.arrays["area"].numel(), kt.REG_AREA_BYTES, x.stride(0),
         BN=kt.GEMV_BN, BB=kt.GEMV_BB, MB=mb, HAS_BIAS=False, DEPTH=depth, num_warps=kt.GEMV_WARPS)
     return out
 

@@ -70,3 +70,20 @@ def test_tiered_fused_gemv_every_m(device, m, kind):
     bias = torch.randn(n).to(torch.bfloat16).to(device)
     for cfg in (None, Config(bm=2, bn=4, bk=1024, dot=False, g=2, warps=2)):
         _check(kernels.linear(x, p, bias, cfg), x, w, bias)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("reg_bytes", [0, 252])
+def test_tiered_area_paths(device, reg_bytes, monkeypatch):
+    """Both ways of reading a block's escape digits: area words preloaded in registers (areas up to
+    REG_AREA_BYTES) and windows loaded from memory (larger areas; forced here with 0)."""
+    from glyd import kernels
+    from glyd.kernels import tiered as kt
+
+    monkeypatch.setattr(kt, "REG_AREA_BYTES", reg_bytes)
+    w = random_weights(6, 2048, "normal")
+    w[3] = _tier_weights(1, 2048, "deep")[0]  # some blocks with large areas, some small
+    p = glyd.pack(w, "tiered").to(device)
+    assert torch.equal(kernels.unpack(p).cpu().view(torch.int16), w.view(torch.int16))
+    x = torch.randn(3, 2048).to(torch.bfloat16).to(device)
+    _check(kernels.linear(x, p), x, w, None)

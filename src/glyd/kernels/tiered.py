@@ -43,36 +43,44 @@ def _ranks(e):
 
 
 @triton.jit
-def _decode(sm_ptr, d1_ptr, table_ptr, area_ptr, off, fu, umask, A, TL, TH, T8, T12, T16, T20,
-            DEPTH: tl.constexpr = 2):
-    # DEPTH < 2 skips tiers 5 and raw, DEPTH < 1 every escape: wrong results, for timing the stages.
-    # fp32 bits of the weights of units fu ([BB, 64] flat starts of 16-weight units; a block's 64
-    # units are one row of the tile) -> [BB, 64, 16] uint32. off: [BB] byte start of each block's area.
-    j = tl.arange(0, 16)
-    f = fu[:, :, None] + j[None, None, :]
-    m3 = umask[:, :, None]
-    sm = tl.load(sm_ptr + f, mask=m3, other=0).to(tl.int32)
-    # d1: group fu >> 6, byte j of its 16; unit (fu >> 4) & 3 is the digit pair at bits 2 * that.
-    db = tl.load(d1_ptr + ((fu >> 6) * 16)[:, :, None] + j[None, None, :], mask=m3, other=0).to(tl.int32)
-    db = db >> ((fu >> 3) & 6)[:, :, None]
+def _win(area_ptr, aw, ar, off, rel, need, A, REG: tl.constexpr):
+    # 8 area bytes (int64, little-endian; at least the first 5 valid) from byte rel ([BB, 64]) of
+    # each block's area. REG: from the block's area words preloaded in registers (aw [BB, 64] int32
+    # from the word holding the area's first byte, ar = its byte offset in that word), through warp
+    # shuffles; else from memory (one dependent global load per byte).
+    if REG:
+        r = ar[:, None] + rel
+        i = tl.minimum(r >> 2, 62)
+        lo = tl.gather(aw, i, axis=1).to(tl.uint32, bitcast=True).to(tl.int64)
+        hi = tl.gather(aw, i + 1, axis=1).to(tl.uint32, bitcast=True).to(tl.int64)
+        return ((hi << 32) | lo) >> ((r & 3) * 8)
+    else:
+        return _window(area_ptr, off[:, None] + rel, need, A, 5)
+
+
+@triton.jit
+def _decode(sm, db, aw, ar, area_ptr, off, A, TL, TH, T8, T12, T16, T20, DEPTH: tl.constexpr, REG: tl.constexpr):
+    # fp32 bits ([BB, 64, 16] int32) of the weights of 16-weight units (a block's 64 units are one
+    # row of the tile). sm: their sign-mantissa bytes; db: their d1 bytes shifted so the unit's
+    # digit is in bits 0-1; off: [BB] byte start of each block's area. DEPTH < 2 skips tiers 5 and
+    # raw, DEPTH < 1 every escape: wrong results, for timing the stages.
     d = db & 3
     if DEPTH > 0:
-        # tier 2: one bit a tier-1 escape, stream at off. Flags stay 0/1 integers (no compares):
-        # they mask the bit extracted for every weight with one logic op.
+        # tier 2: one bit a tier-1 escape, stream at the area's start. Flags are 0/1 integers.
         e1 = (db >> 1) & d & 1
         i1, c1, p1, n1 = _ranks(e1)
         # inclusive ranks: the window is shifted left once so that rank r reads bit r - 1
-        w = (_window(area_ptr, off[:, None] + (p1 >> 3), c1 > 0, A, 3) << 1) >> (p1 & 7)
+        w = ((_win(area_ptr, aw, ar, off, p1 >> 3, c1 > 0, A, REG) << 1) >> (p1 & 7)).to(tl.int32)
         e2 = e1 & (w[:, :, None] >> i1)
         # tier 3: one bit a tier-2 escape
-        s = off + ((n1 + 7) >> 3)
+        s = (n1 + 7) >> 3
         i2, c2, p2, n2 = _ranks(e2)
-        w = (_window(area_ptr, s[:, None] + (p2 >> 3), c2 > 0, A, 3) << 1) >> (p2 & 7)
+        w = ((_win(area_ptr, aw, ar, off, s[:, None] + (p2 >> 3), c2 > 0, A, REG) << 1) >> (p2 & 7)).to(tl.int32)
         e3 = e2 & (w[:, :, None] >> i2)
         # tier 4: 2 bits a tier-3 escape (0-2: ranks 5-7, 3: deeper); up to 16 digits + 6 bits of offset
         s += (n2 + 7) >> 3
         i3, c3, p3, n3 = _ranks(e3)
-        w = (_window(area_ptr, s[:, None] + (p3 >> 2), c3 > 0, A, 5) >> (2 * (p3 & 3))).to(tl.int32)
+        w = (_win(area_ptr, aw, ar, off, s[:, None] + (p3 >> 2), c3 > 0, A, REG) >> (2 * (p3 & 3))).to(tl.int32)
         d4 = (w[:, :, None] >> (2 * (i3 - e3))) & (e3 * 3)
         rank = d + e2 + e3 + d4  # ranks 0-7; 8 where a tier-5 digit follows
         e4 = (d4 >> 1) & d4 & 1
@@ -87,8 +95,8 @@ def _decode(sm_ptr, d1_ptr, table_ptr, area_ptr, off, fu, umask, A, TL, TH, T8, 
             # 4-bit digits: two 32-bit windows a unit (its digits 0-7 and 8-15)
             a = s[:, None] + (p4 >> 1)
             o = (p4 & 1) * 4
-            lo = (_window(area_ptr, a, c4 > 0, A, 5) >> o).to(tl.int32)
-            hi = (_window(area_ptr, a + 4, c4 > 8, A, 5) >> o).to(tl.int32)
+            lo = (_win(area_ptr, aw, ar, off, a, c4 > 0, A, REG) >> o).to(tl.int32)
+            hi = (_win(area_ptr, aw, ar, off, a + 4, c4 > 8, A, REG) >> o).to(tl.int32)
             i4 -= e4
             d5 = (tl.where(i4 < 8, lo[:, :, None], hi[:, :, None]) >> ((i4 & 7) * 4)) & (e4 * 15)
             t = tl.where(d5 < 8, tl.where(d5 < 4, T8, T12), tl.where(d5 < 12, T16, T20))
@@ -97,9 +105,32 @@ def _decode(sm_ptr, d1_ptr, table_ptr, area_ptr, off, fu, umask, A, TL, TH, T8, 
             if tl.max(tl.max(tl.max(e5, axis=2), axis=1), axis=0) > 0:  # raw exponents: rare
                 s += (n4 + 1) >> 1
                 i5, c5, p5, n5 = _ranks(e5)
-                raw = tl.load(area_ptr + s[:, None, None] + p5[:, :, None] + i5 - 1, mask=e5 == 1, other=0).to(tl.int32)
+                raw = tl.load(area_ptr + (off + s)[:, None, None] + p5[:, :, None] + i5 - 1, mask=e5 == 1,
+                              other=0).to(tl.int32)
                 exp = tl.where(e5 == 1, raw, exp)
     return (sm + (sm & 0x80) * 255 + (exp << 7)) << 16  # bf16 (sign << 15 | exp << 7 | mantissa) << 16
+
+
+@triton.jit
+def _load_blocks(sm_ptr, d1_ptr, ebase_ptr, eoff_ptr, area_ptr, b, bmask, fu, umask, A, NBLK, FIT):
+    # Everything a step decodes, loaded at once (no load waits on another): sm and d1 bytes of the
+    # units, each block's area start and its first 64 area words; fits: every block's area lies in
+    # those words (else the step reads windows from memory).
+    j = tl.arange(0, 16)
+    m3 = umask[:, :, None]
+    sm = tl.load(sm_ptr + fu[:, :, None] + j[None, None, :], mask=m3, other=0).to(tl.int32)
+    # d1: group fu >> 6, byte j of its 16; unit (fu >> 4) & 3 is the digit pair at bits 2 * that.
+    db = tl.load(d1_ptr + ((fu >> 6) * 16)[:, :, None] + j[None, None, :], mask=m3, other=0).to(tl.int32)
+    db = db >> ((fu >> 3) & 6)[:, :, None]
+    off = _area_start(ebase_ptr, eoff_ptr, b, bmask)
+    nb = b + 1
+    nxt = tl.where(nb < NBLK, _area_start(ebase_ptr, eoff_ptr, nb, bmask & (nb < NBLK)), A)
+    ar = off & 3
+    wi = (off >> 2)[:, None] + tl.arange(0, 64)[None, :]
+    aw = tl.load(area_ptr.to(tl.pointer_type(tl.int32)) + wi, mask=bmask[:, None] & (wi < ((A + 3) >> 2)), other=0)
+    # a window reads words r >> 2 and r >> 2 + 1 for r < ar + length: all preloaded when <= 252 (FIT)
+    fits = tl.max(tl.where(bmask, ar + nxt - off, 0), axis=0) <= FIT
+    return sm, db, off, ar, aw, fits
 
 
 @triton.jit
@@ -124,10 +155,10 @@ def _area_start(ebase_ptr, eoff_ptr, b, bmask):
     return tl.load(ebase_ptr + b // 16, mask=bmask, other=0) + tl.load(eoff_ptr + b, mask=bmask, other=0).to(tl.int32)
 
 
-@triton.jit(do_not_specialize=["A"])
+@triton.jit(do_not_specialize=["A", "FIT"])
 def _gemv_kernel(
     x_ptr, sm_ptr, d1_ptr, table_ptr, ebase_ptr, eoff_ptr, area_ptr, bias_ptr, out_ptr,
-    M, N, K, KP, TOTAL, NBLK, A, stride_xm,
+    M, N, K, KP, TOTAL, NBLK, A, FIT, stride_xm,
     BN: tl.constexpr, BB: tl.constexpr, MB: tl.constexpr, HAS_BIAS: tl.constexpr, DEPTH: tl.constexpr = 2,
 ):
     # One program owns rows [r0, r0 + BN) and activation rows [m0, m0 + MB): it walks the escape
@@ -156,8 +187,13 @@ def _gemv_kernel(
         # program's rows multiply
         inb = bmask[:, None] & (fu < TOTAL)
         ok = inb & (ur >= r0) & (ur < r0 + BN)
-        off = _area_start(ebase_ptr, eoff_ptr, b, bmask)
-        wv = _decode(sm_ptr, d1_ptr, table_ptr, area_ptr, off, fu, inb, A, TL, TH, T8, T12, T16, T20, DEPTH).to(tl.float32, bitcast=True)
+        sm, db, off, ar, aw, fits = _load_blocks(sm_ptr, d1_ptr, ebase_ptr, eoff_ptr, area_ptr, b, bmask, fu, inb, A,
+                                                 NBLK, FIT)
+        if fits:
+            bits = _decode(sm, db, aw, ar, area_ptr, off, A, TL, TH, T8, T12, T16, T20, DEPTH, True)
+        else:
+            bits = _decode(sm, db, aw, ar, area_ptr, off, A, TL, TH, T8, T12, T16, T20, DEPTH, False)
+        wv = bits.to(tl.float32, bitcast=True)
         ra = (b * 1024) // KP  # row of each block's first unit
         first = ur == ra[:, None]
         xc = col[:, :, None] + j[None, None, :]
@@ -176,16 +212,20 @@ def _gemv_kernel(
     tl.store(out_ptr + mrow[:, None] * N + rn[None, :], acc.to(tl.bfloat16), mask=(mrow < M)[:, None] & nmask[None, :])
 
 
-@triton.jit(do_not_specialize=["A"])
-def _unpack_kernel(sm_ptr, d1_ptr, table_ptr, ebase_ptr, eoff_ptr, area_ptr, out_ptr, K, KP, TOTAL, NBLK, A,
+@triton.jit(do_not_specialize=["A", "FIT"])
+def _unpack_kernel(sm_ptr, d1_ptr, table_ptr, ebase_ptr, eoff_ptr, area_ptr, out_ptr, K, KP, TOTAL, NBLK, A, FIT,
                    BB: tl.constexpr, DEPTH: tl.constexpr = 2):
     b = tl.program_id(0) * BB + tl.arange(0, BB)
     bmask = b < NBLK
     TL, TH, T8, T12, T16, T20 = _tables(table_ptr)
     fu = b[:, None] * 1024 + tl.arange(0, 64)[None, :] * 16
     umask = bmask[:, None] & (fu < TOTAL)
-    off = _area_start(ebase_ptr, eoff_ptr, b, bmask)
-    bits = _decode(sm_ptr, d1_ptr, table_ptr, area_ptr, off, fu, umask, A, TL, TH, T8, T12, T16, T20, DEPTH)
+    sm, db, off, ar, aw, fits = _load_blocks(sm_ptr, d1_ptr, ebase_ptr, eoff_ptr, area_ptr, b, bmask, fu, umask, A, NBLK,
+                                             FIT)
+    if fits:
+        bits = _decode(sm, db, aw, ar, area_ptr, off, A, TL, TH, T8, T12, T16, T20, DEPTH, True)
+    else:
+        bits = _decode(sm, db, aw, ar, area_ptr, off, A, TL, TH, T8, T12, T16, T20, DEPTH, False)
     ur = fu // KP
     col = (fu - ur * KP)[:, :, None] + tl.arange(0, 16)[None, None, :]
     tl.store(out_ptr + (ur * K)[:, :, None] + col, (bits >> 16).to(tl.int16), mask=umask[:, :, None] & (col < K))
@@ -219,9 +259,14 @@ def unpack(p: Packed, out: torch.Tensor | None = None, bb: int = 0, warps: int =
     if n and k:
         bb, warps = (bb, warps) if bb else (UNPACK_BB, UNPACK_WARPS)
         _unpack_kernel[(triton.cdiv(nblk, bb),)](*_args(p), out.view(torch.int16), k, kp, n * kp, nblk,
-                                                  p.arrays["area"].numel(), BB=bb, num_warps=warps)
+                                                  p.arrays["area"].numel(), REG_AREA_BYTES, BB=bb, num_warps=warps)
     return out
 
+
+#: Steps whose blocks' areas (plus their offset in the first word) fit in this many bytes read the
+#: escape digits from 64 area words loaded once into registers; others from memory. 252 = the
+#: largest value the 64 words serve (tests set 0 to exercise the memory path).
+REG_AREA_BYTES = 252
 
 #: Fused GEMV shape: rows a program, escape blocks a step (``Config.bm`` overrides), warps; and the
 #: unpack kernel's blocks a program and warps (see benchmarks/notes-kernels.md).
@@ -256,7 +301,7 @@ def linear(x: torch.Tensor, p: Packed, bias: torch.Tensor | None = None, config:
     mb = min(triton.next_power_of_2(m), config.g if config is not None else GEMV_MB)
     _gemv_kernel[(triton.cdiv(n, bn), triton.cdiv(m, mb))](
         x2, *_args(p), bias if bias is not None else out, out,
-        m, n, k, kp, n * kp, _codec.num_blocks(n, k), p.arrays["area"].numel(), x2.stride(0),
+        m, n, k, kp, n * kp, _codec.num_blocks(n, k), p.arrays["area"].numel(), REG_AREA_BYTES, x2.stride(0),
         BN=bn, BB=config.bm if config is not None else GEMV_BB, MB=mb, HAS_BIAS=bias is not None,
         num_warps=config.warps if config is not None else GEMV_WARPS,
     )

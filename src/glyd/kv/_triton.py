@@ -197,7 +197,8 @@ def _softmax_step(q, k, v, valid, m_i, l_i, acc, qk_scale, F32: tl.constexpr):
     return m_i, l_i, acc
 
 
-@triton.jit
+# Shape-dependent ints are not specialised (no recompile per batch size or length).
+@triton.jit(do_not_specialize=["H", "K_CAP", "V_CAP", "PAGES_PER_SPLIT", "S"])
 def _kv_decode_split_kernel(
     q_ptr, lens_ptr, starts_ptr,
     k_sm, k_dig, k_top, k_meta, k_tailw, k_tail, k_raw,
@@ -251,7 +252,7 @@ def _kv_decode_split_kernel(
     tl.store(acc_out + (o * GP + offs_g)[:, None] * DV + offs_v[None, :], acc)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["S"])
 def _kv_combine_kernel(m_ptr, l_ptr, acc_ptr, out_ptr, S, G: tl.constexpr, GP: tl.constexpr, DV: tl.constexpr,
                        SB: tl.constexpr):
     """One program per (sequence x KV head, query head of the group): merge the splits' softmax states."""

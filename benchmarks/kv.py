@@ -358,7 +358,7 @@ def main() -> None:
     s.add_argument("--tokens", type=int, nargs="+", default=[4096, 16384])
     s.add_argument("--batches", type=int, nargs="+", default=[1, 4, 16, 64])
     s.add_argument("--mixed", type=int, nargs="*", default=[64], help="batches of sequences of different lengths")
-    s.add_argument("--variants", type=parse_variant, nargs="+", default=[(4, 32, 8, 0)],
+    s.add_argument("--variants", type=parse_variant, nargs="+", default=[(4, 32, 16, 128)],
                    help="kernel variants to time, each 'warps,sub_tile,programs_per_sm,maxnreg' (0: none); best shown")
     s.add_argument("--no-baseline", action="store_true", help="skip the same-loop-over-bf16-pages timing")
     s.set_defaults(func=cmd_speed)

@@ -308,6 +308,18 @@ def _planes(st, name: str):
     return st.sm.view(torch.int32), st.dig.view(torch.int32), st.top, st.meta, tail.view(torch.int32), tail, st.raw
 
 
+def kernel_warps(num_warps: int, d: int, dv: int) -> int:
+    """Warps for the decode kernel: at most one per column of 16-value groups (``D / 16``).
+
+    Triton 3.6 lays the ``[sub-tile rows, D/16]`` group counts out with rows on the 32 lanes and
+    columns on the warps; with more warps than columns the rows are replicated over warps, and
+    ``tl.cumsum`` down the rows then adds the replicas' totals (seen on the H200, 2026-11-30: head
+    dim 16 with 4 warps, and 16-token sub-tiles, gave wrong outputs). Fewer warps avoid it.
+    ``tests/kv/test_kv_kernel_layout.py`` checks the compiled layouts.
+    """
+    return max(1, min(num_warps, min(d, dv) // 16))
+
+
 def _splits(max_pages: int, bh: int, device: torch.device, num_splits, programs_per_sm: int) -> tuple[int, int]:
     """(splits, pages per split): enough programs to fill the GPU ``programs_per_sm`` deep."""
     if num_splits is None:
@@ -318,9 +330,11 @@ def _splits(max_pages: int, bh: int, device: torch.device, num_splits, programs_
 
 # q [B, Hq, D] bf16; k_store/v_store PageStores with B sequences, H KV heads (Hq = G*H); lens [B] int (tokens per
 # sequence); starts [B] int or None (tokens before it are masked) -> out [B, Hq, DV] bf16.
-# Tuning (measured on an H200, docs/kv.md): num_warps, sub_tile (tokens decoded at a time), programs_per_sm.
+# Tuning (measured on an H200, docs/kv.md): num_warps (capped by kernel_warps), sub_tile (tokens decoded at a
+# time, >= 32 on the GPU), programs_per_sm (programs launched per SM), maxnreg (register cap: 128 lets four
+# 4-warp programs share an SM; fastest in 9 of 10 measured shapes).
 def decode_attention_triton(q, k_store, v_store, lens, scale=None, num_splits=None, num_warps=4,
-                            sub_tile=32, starts=None, programs_per_sm=8, maxnreg=None):
+                            sub_tile=32, starts=None, programs_per_sm=16, maxnreg=128):
     b, hq, d = q.shape
     h, p, dv = k_store.heads, k_store.page, v_store.head_dim
     if q.dtype != torch.bfloat16:
@@ -338,6 +352,7 @@ def decode_attention_triton(q, k_store, v_store, lens, scale=None, num_splits=No
         raise FormatError(f"the fused kernel needs sub-tiles (and pages) of >= 32 tokens on the GPU, got {ts}")
     g = hq // h
     gp = max(16, triton.next_power_of_2(g))
+    num_warps = kernel_warps(num_warps, d, dv)
     lens = lens.to(device=q.device, dtype=torch.int32).contiguous()
     starts = (torch.zeros_like(lens) if starts is None else starts.to(device=q.device, dtype=torch.int32)).contiguous()
     dev = q.device

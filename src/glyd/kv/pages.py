@@ -8,19 +8,23 @@ value ``i = t * D + c`` in token-major order. A bf16 word is ``sign | exponent (
 * ``dig``  (uint8, P*D/4): tier-1 digit of value i in bits ``2*(i%4)`` of byte ``i//4``.
   ``off = top[c] - exponent``; digit ``off`` if ``0 <= off < 3``, else 3 (escape).
 * the block's *tail* (variable length, in the layer's ``tail`` byte stream at ``meta[0]``, a
-  multiple of 4): tier 2 (2-bit digits of the ``n2`` values that escaped tier 1, in order of i,
-  ``4 * ceil(n2/16)`` bytes): digit ``off - 3`` if ``0 <= off - 3 < 3``, else 3; then tier 3
-  (``4 * ceil(n3/16)`` bytes): digit ``off - 6`` if ``0 <= off - 6 < 3``, else 3; then tier 4: the
-  raw exponent byte of each of the ``n4`` values that escaped tier 3 (``4 * ceil(n4/4)`` bytes).
-  Every part starts on a 4-byte boundary, so a reader can take any 16 consecutive digits of a tier
-  with two aligned 32-bit loads (layout version 2; version 1 packed the parts back to back).
+  multiple of 4): the column directory (see below), then tier 2 (2-bit digits of the ``n2`` values
+  that escaped tier 1, ``4 * ceil(n2/16)`` bytes): digit ``off - 3`` if ``0 <= off - 3 < 3``, else 3;
+  then tier 3 (``4 * ceil(n3/16)`` bytes): digit ``off - 6`` if ``0 <= off - 6 < 3``, else 3; then
+  tier 4: the raw exponent byte of each of the ``n4`` values that escaped tier 3 (``4 * ceil(n4/4)``
+  bytes). Every part starts on a 4-byte boundary, so a reader can take any 16 consecutive digits
+  of a tier with two aligned 32-bit loads.
 * ``meta`` (int32, 4): tail offset, n2, n3, n4.
 
-Decoding by *groups* (what the kernel does, and :func:`unpack_blocks_grouped` in torch): the 16
-values of one 32-bit word of ``dig`` are a group. A group's tier-1 escapes are consecutive in
-tier 2, starting at the number of escapes in the groups before it; so each group needs one
-32-bit window of tier 2 (and likewise of tier 3 and of tier 4), and each value's place in the
-window is a count over the 15 values before it in its group.
+Groups, columns, stream order (layout version 2): the 16 values of one 32-bit word of ``dig`` are
+a group; a row holds ``W = D/16`` groups (``W = 1`` when ``D % 16``). The tiers list values column
+by column (each column's groups top to bottom, each group's values in order: :func:`stream_order`),
+and the tail opens with a directory of 3 uint16 a column (the escapes to tiers 2, 3, 4 in the
+columns before it). So a group's escapes are consecutive in each tier, from its column's
+directory entry plus the escapes of the groups above it in that column: a decoder that holds a
+column of groups needs no count from any other column. That is what the kernel does
+(:func:`unpack_blocks_grouped` in torch): one 32-bit window of each tier per group, and each
+value's place in the window is a count over the values before it in its group.
 
 Why this code (measured on SmolLM2-135M keys and values, 2048 tokens of tinyshakespeare, see
 docs/kv.md): exponents of one channel inside one page are narrow (order-0 entropy 2.1 bits for

@@ -52,21 +52,24 @@ def cfg(bn=4, bb=1, warps=1, mb=16, long=False):
 
 
 def variants(m: int, quick: bool):
-    """name -> (Config or None, DEPTH); DEPTH < 2 gives wrong results (stage timing only)."""
-    v = {"fused default": (None, 2), "unpack+cuBLAS": (cfg(long=True), 2)}
+    """name -> (Config or None, DEPTH, FAST_DEEP); DEPTH < 2 gives wrong results (stage timing only)."""
+    v = {"fused default": (None, 2, kt.FAST_DEEP), "unpack+cuBLAS": (cfg(long=True), 2, kt.FAST_DEEP)}
     if quick:
         return v
     if m == 1:
-        for bn, bb, w in ((2, 1, 1), (8, 1, 1), (16, 1, 1), (4, 2, 2), (4, 1, 2)):
-            v[f"fused bn{bn} bb{bb} w{w}"] = (cfg(bn, bb, w), 2)
-        v["stage: no tier 5 (wrong)"] = (None, 1)
-        v["stage: d1 only (wrong)"] = (None, 0)
-    elif m >= 4:
-        v["fused mb4"] = (cfg(mb=4), 2)
+        v["fused bn4 w1 fast5"] = (cfg(4, 1, 1), 2, True)
+        for bn in (2, 4, 8):
+            v[f"fused bn{bn} w2"] = (cfg(bn, 1, 2), 2, False)
+        v["fused bn4 w2 fast5"] = (cfg(4, 1, 2), 2, True)
+        v["stage: no tier 5 (wrong)"] = (None, 1, False)
+        v["stage: d1 only (wrong)"] = (None, 0, False)
+    else:
+        v["fused bn4 w2"] = (cfg(4, 1, 2), 2, False)
     return v
 
 
-def linear_depth(x, p, c, depth):
+def linear_depth(x, p, c, depth, fast):
+    kt.FAST_DEEP = fast
     if depth == 2:
         return kt.linear(x, p, None, c)
     # stage timing: the default launch with tiers cut off
@@ -77,7 +80,7 @@ def linear_depth(x, p, c, depth):
     mb = min(1 << (m - 1).bit_length(), kt.GEMV_MB)
     kt._gemv_kernel[((n + kt.GEMV_BN - 1) // kt.GEMV_BN, (m + mb - 1) // mb)](
         x, *kt._args(p), out, out, m, n, k, kp, n * kp, (n * kp + 1023) // 1024, p.arrays["area"].numel(), kt.REG_AREA_BYTES, x.stride(0),
-        BN=kt.GEMV_BN, BB=kt.GEMV_BB, MB=mb, HAS_BIAS=False, DEPTH=depth, num_warps=kt.GEMV_WARPS)
+        BN=kt.GEMV_BN, BB=kt.GEMV_BB, MB=mb, HAS_BIAS=False, DEPTH=depth, FAST5=fast, num_warps=kt.GEMV_WARPS)
     return out
 
 
@@ -111,19 +114,23 @@ def main(argv=None) -> int:
     log.info("step: bf16 %.2f GB, tiered %.2f GB (%.2f bits)", wbytes / 1e9, tbytes / 1e9, 16 * tbytes / wbytes)
 
     ms = [int(v) for v in args.ms.split(",")]
+    fast0 = kt.FAST_DEEP
     fails = []
     # correctness: unpack bit-exact on the first copy of every shape; every variant at every M
     for name, reps in mats.items():
         w, p = reps[0]
         if not torch.equal(kt.unpack(p).view(torch.int16), w.view(torch.int16)):
             fails.append(f"unpack {name} not bit-exact")
-        for bb, warps in ((1, 1), (1, 2), (2, 2)):
+        for bb, warps, fast in ((1, 1, False), (1, 2, False), (1, 1, True), (1, 2, True)):
+            kt.FAST_DEEP = fast
             if not torch.equal(kt.unpack(p, None, bb, warps).view(torch.int16), w.view(torch.int16)):
-                fails.append(f"unpack bb{bb} w{warps} {name} not bit-exact")
+                fails.append(f"unpack bb{bb} w{warps} fast5={fast} {name} not bit-exact")
+        kt.FAST_DEEP = fast0
     for m in ms:
-        for vname, (c, depth) in variants(m, args.quick).items():
+        for vname, (c, depth, fast) in variants(m, args.quick).items():
             if depth < 2:
                 continue
+            kt.FAST_DEEP = fast
             for name in [nm for nm in ("q", "k", "down", "lm_head") if nm in mats]:
                 w, p = mats[name][0]
                 x = torch.randn(m, w.shape[1], device=DEV).to(torch.bfloat16)
@@ -136,17 +143,21 @@ def main(argv=None) -> int:
                     fails.append(f"{vname} {name} M={m}: rel err {err:.3g}")
     if DEV == "cuda":
         torch.cuda.synchronize()
+    kt.FAST_DEEP = fast0
     log.info("checks done: %d failures", len(fails))
 
     res = {"device": torch.cuda.get_device_name() if DEV == "cuda" else "cpu (interpreter smoke run)", "torch": torch.__version__, "triton": triton.__version__,
            "date": time.strftime("%Y-%m-%d %H:%M"), "bytes": {"bf16": wbytes, "tiered": tbytes}, "rows": {}}
     # unpack of the whole step (every matrix), per (blocks, warps)
-    for bb, warps in ((1, 1), (1, 2), (2, 2)):
-        def run(bb=bb, warps=warps):
+    for bb, warps, fast in ((1, 1, False), (1, 2, False), (1, 1, True), (1, 2, True)):
+        def run(bb=bb, warps=warps, fast=fast):
+            kt.FAST_DEEP = fast
             for nm, i in order:
                 kt.unpack(mats[nm][i][1], None, bb, warps)
-        res.setdefault("unpack_step_ms", {})[f"bb{bb} w{warps}"] = timer(run, 20)
-        log.info("unpack step bb%d w%d: %.3f ms", bb, warps, res["unpack_step_ms"][f"bb{bb} w{warps}"])
+        key = f"bb{bb} w{warps}" + (" fast5" if fast else "")
+        res.setdefault("unpack_step_ms", {})[key] = timer(run, 20)
+        log.info("unpack step %s: %.3f ms", key, res["unpack_step_ms"][key])
+    kt.FAST_DEEP = fast0
     for m in ms:
         xs = {k: torch.randn(m, k, device=DEV).to(torch.bfloat16) for k in (H, I)}
 
@@ -156,11 +167,11 @@ def main(argv=None) -> int:
                 F.linear(xs[w.shape[1]], w)
 
         row = {"bf16": timer(bf16, 30)}
-        for vname, (c, depth) in variants(m, args.quick or time.time() - t0 > args.budget).items():
-            def run(c=c, depth=depth):
+        for vname, (c, depth, fast) in variants(m, args.quick or time.time() - t0 > args.budget).items():
+            def run(c=c, depth=depth, fast=fast):
                 for nm, i in order:
                     p = mats[nm][i][1]
-                    linear_depth(xs[p.shape[1]], p, c, depth)
+                    linear_depth(xs[p.shape[1]], p, c, depth, fast)
             try:
                 row[vname] = timer(run, 20)
             except Exception as exc:  # a variant that fails is reported, not fatal

@@ -87,3 +87,22 @@ def test_tiered_area_paths(device, reg_bytes, monkeypatch):
     assert torch.equal(kernels.unpack(p).cpu().view(torch.int16), w.view(torch.int16))
     x = torch.randn(3, 2048).to(torch.bfloat16).to(device)
     _check(kernels.linear(x, p), x, w, None)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kind", ["plain", "normal", "runs", "deep"])
+def test_tiered_fast_deep_path(device, kind, monkeypatch):
+    """FAST_DEEP (tier-5 exponents placed once a unit when every unit holds at most two): taken on
+    normal weights, refused (general path) where units hold many tier-5 or raw escapes."""
+    from glyd import kernels
+    from glyd.kernels import tiered as kt
+
+    monkeypatch.setattr(kt, "FAST_DEEP", True)
+    if kind == "plain":  # no raw escapes: almost every block takes the fast path
+        w = (torch.randn(5, 2048) * 0.02).to(torch.bfloat16)
+    else:
+        w = random_weights(5, 2048, "normal") if kind == "normal" else _tier_weights(5, 2048, kind)
+    p = glyd.pack(w, "tiered").to(device)
+    assert torch.equal(kernels.unpack(p).cpu().view(torch.int16), w.view(torch.int16))
+    x = torch.randn(2, 2048).to(torch.bfloat16).to(device)
+    _check(kernels.linear(x, p), x, w, None)

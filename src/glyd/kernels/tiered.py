@@ -59,7 +59,15 @@ def _win(area_ptr, aw, ar, off, rel, need, A, REG: tl.constexpr):
 
 
 @triton.jit
-def _decode(sm, db, aw, ar, area_ptr, off, A, TL, TH, T8, T12, T16, T20, DEPTH: tl.constexpr, REG: tl.constexpr):
+def _deep_exp(q, T8, T12, T16, T20):
+    # exponent of rank 8 + q (q = 0..14) from the table words; q = 15 (raw) gives garbage
+    t = tl.where(q < 8, tl.where(q < 4, T8, T12), tl.where(q < 12, T16, T20))
+    return (t >> ((q & 3) * 8)) & 0xFF
+
+
+@triton.jit
+def _decode(sm, db, aw, ar, area_ptr, off, A, TL, TH, T8, T12, T16, T20, DEPTH: tl.constexpr, REG: tl.constexpr,
+            FAST5: tl.constexpr):
     # fp32 bits ([BB, 64, 16] int32) of the weights of 16-weight units (a block's 64 units are one
     # row of the tile). sm: their sign-mantissa bytes; db: their d1 bytes shifted so the unit's
     # digit is in bits 0-1; off: [BB] byte start of each block's area. DEPTH < 2 skips tiers 5 and
@@ -96,18 +104,28 @@ def _decode(sm, db, aw, ar, area_ptr, off, A, TL, TH, T8, T12, T16, T20, DEPTH: 
             a = s[:, None] + (p4 >> 1)
             o = (p4 & 1) * 4
             lo = (_win(area_ptr, aw, ar, off, a, c4 > 0, A, REG) >> o).to(tl.int32)
-            hi = (_win(area_ptr, aw, ar, off, a + 4, c4 > 8, A, REG) >> o).to(tl.int32)
-            i4 -= e4
-            d5 = (tl.where(i4 < 8, lo[:, :, None], hi[:, :, None]) >> ((i4 & 7) * 4)) & (e4 * 15)
-            t = tl.where(d5 < 8, tl.where(d5 < 4, T8, T12), tl.where(d5 < 12, T16, T20))
-            exp = tl.where(e4 == 1, (t >> ((d5 & 3) * 8)) & 0xFF, exp)
-            e5 = (d5 == 15).to(tl.int32)
-            if tl.max(tl.max(tl.max(e5, axis=2), axis=1), axis=0) > 0:  # raw exponents: rare
-                s += (n4 + 1) >> 1
-                i5, c5, p5, n5 = _ranks(e5)
-                raw = tl.load(area_ptr + (off + s)[:, None, None] + p5[:, :, None] + i5 - 1, mask=e5 == 1,
-                              other=0).to(tl.int32)
-                exp = tl.where(e5 == 1, raw, exp)
+            q0 = lo & 15
+            q1 = (lo >> 4) & 15
+            big = (c4 > 2) | ((c4 > 0) & (q0 == 15)) | ((c4 > 1) & (q1 == 15))
+            if FAST5 and tl.max(tl.max(big.to(tl.int32), axis=1), axis=0) == 0:
+                # at most two tier-5 escapes a unit (a Binomial(16, ~2%) count: almost always) and
+                # no raw exponent: their exponents are looked up once a unit, then placed with two
+                # selects a weight instead of a digit extraction and a table lookup each
+                k = i4 * e4  # 1, 2 on the unit's first and second tier-5 escape
+                exp = tl.where(k == 1, _deep_exp(q0, T8, T12, T16, T20)[:, :, None],
+                               tl.where(k == 2, _deep_exp(q1, T8, T12, T16, T20)[:, :, None], exp))
+            else:
+                hi = (_win(area_ptr, aw, ar, off, a + 4, c4 > 8, A, REG) >> o).to(tl.int32)
+                i4 -= e4
+                d5 = (tl.where(i4 < 8, lo[:, :, None], hi[:, :, None]) >> ((i4 & 7) * 4)) & (e4 * 15)
+                exp = tl.where(e4 == 1, _deep_exp(d5, T8, T12, T16, T20), exp)
+                e5 = (d5 == 15).to(tl.int32)
+                if tl.max(tl.max(tl.max(e5, axis=2), axis=1), axis=0) > 0:  # raw exponents: rare
+                    s += (n4 + 1) >> 1
+                    i5, c5, p5, n5 = _ranks(e5)
+                    raw = tl.load(area_ptr + (off + s)[:, None, None] + p5[:, :, None] + i5 - 1, mask=e5 == 1,
+                                  other=0).to(tl.int32)
+                    exp = tl.where(e5 == 1, raw, exp)
     return (sm + (sm & 0x80) * 255 + (exp << 7)) << 16  # bf16 (sign << 15 | exp << 7 | mantissa) << 16
 
 
@@ -160,6 +178,7 @@ def _gemv_kernel(
     x_ptr, sm_ptr, d1_ptr, table_ptr, ebase_ptr, eoff_ptr, area_ptr, bias_ptr, out_ptr,
     M, N, K, KP, TOTAL, NBLK, A, FIT, stride_xm,
     BN: tl.constexpr, BB: tl.constexpr, MB: tl.constexpr, HAS_BIAS: tl.constexpr, DEPTH: tl.constexpr = 2,
+    FAST5: tl.constexpr = False,
 ):
     # One program owns rows [r0, r0 + BN) and activation rows [m0, m0 + MB): it walks the escape
     # blocks that cover its rows (Kp >= 1024: a block holds pieces of at most two rows), BB blocks a
@@ -190,9 +209,9 @@ def _gemv_kernel(
         sm, db, off, ar, aw, fits = _load_blocks(sm_ptr, d1_ptr, ebase_ptr, eoff_ptr, area_ptr, b, bmask, fu, inb, A,
                                                  NBLK, FIT)
         if fits:
-            bits = _decode(sm, db, aw, ar, area_ptr, off, A, TL, TH, T8, T12, T16, T20, DEPTH, True)
+            bits = _decode(sm, db, aw, ar, area_ptr, off, A, TL, TH, T8, T12, T16, T20, DEPTH, True, FAST5)
         else:
-            bits = _decode(sm, db, aw, ar, area_ptr, off, A, TL, TH, T8, T12, T16, T20, DEPTH, False)
+            bits = _decode(sm, db, aw, ar, area_ptr, off, A, TL, TH, T8, T12, T16, T20, DEPTH, False, FAST5)
         wv = bits.to(tl.float32, bitcast=True)
         ra = (b * 1024) // KP  # row of each block's first unit
         first = ur == ra[:, None]
@@ -214,7 +233,7 @@ def _gemv_kernel(
 
 @triton.jit(do_not_specialize=["A", "FIT"])
 def _unpack_kernel(sm_ptr, d1_ptr, table_ptr, ebase_ptr, eoff_ptr, area_ptr, out_ptr, K, KP, TOTAL, NBLK, A, FIT,
-                   BB: tl.constexpr, DEPTH: tl.constexpr = 2):
+                   BB: tl.constexpr, DEPTH: tl.constexpr = 2, FAST5: tl.constexpr = False):
     b = tl.program_id(0) * BB + tl.arange(0, BB)
     bmask = b < NBLK
     TL, TH, T8, T12, T16, T20 = _tables(table_ptr)
@@ -223,9 +242,9 @@ def _unpack_kernel(sm_ptr, d1_ptr, table_ptr, ebase_ptr, eoff_ptr, area_ptr, out
     sm, db, off, ar, aw, fits = _load_blocks(sm_ptr, d1_ptr, ebase_ptr, eoff_ptr, area_ptr, b, bmask, fu, umask, A, NBLK,
                                              FIT)
     if fits:
-        bits = _decode(sm, db, aw, ar, area_ptr, off, A, TL, TH, T8, T12, T16, T20, DEPTH, True)
+        bits = _decode(sm, db, aw, ar, area_ptr, off, A, TL, TH, T8, T12, T16, T20, DEPTH, True, FAST5)
     else:
-        bits = _decode(sm, db, aw, ar, area_ptr, off, A, TL, TH, T8, T12, T16, T20, DEPTH, False)
+        bits = _decode(sm, db, aw, ar, area_ptr, off, A, TL, TH, T8, T12, T16, T20, DEPTH, False, FAST5)
     ur = fu // KP
     col = (fu - ur * KP)[:, :, None] + tl.arange(0, 16)[None, None, :]
     tl.store(out_ptr + (ur * K)[:, :, None] + col, (bits >> 16).to(tl.int16), mask=umask[:, :, None] & (col < K))
@@ -259,7 +278,8 @@ def unpack(p: Packed, out: torch.Tensor | None = None, bb: int = 0, warps: int =
     if n and k:
         bb, warps = (bb, warps) if bb else (UNPACK_BB, UNPACK_WARPS)
         _unpack_kernel[(triton.cdiv(nblk, bb),)](*_args(p), out.view(torch.int16), k, kp, n * kp, nblk,
-                                                  p.arrays["area"].numel(), REG_AREA_BYTES, BB=bb, num_warps=warps)
+                                                  p.arrays["area"].numel(), REG_AREA_BYTES, BB=bb, FAST5=FAST_DEEP,
+                                                  num_warps=warps)
     return out
 
 
@@ -267,6 +287,11 @@ def unpack(p: Packed, out: torch.Tensor | None = None, bb: int = 0, warps: int =
 #: escape digits from 64 area words loaded once into registers; others from memory. 252 = the
 #: largest value the 64 words serve (tests set 0 to exercise the memory path).
 REG_AREA_BYTES = 252
+
+#: Tier 5 (ranks 8-22, ~2% of normal weights): when every unit of a step holds at most two such
+#: escapes and no raw exponent, look their exponents up once a unit and place them with two selects
+#: a weight (fewer instructions, more registers); else (or when False) the general per-weight path.
+FAST_DEEP = False
 
 #: Fused GEMV shape: rows a program, escape blocks a step (``Config.bm`` overrides), warps; and the
 #: unpack kernel's blocks a program and warps (see benchmarks/notes-kernels.md).
@@ -302,7 +327,7 @@ def linear(x: torch.Tensor, p: Packed, bias: torch.Tensor | None = None, config:
     _gemv_kernel[(triton.cdiv(n, bn), triton.cdiv(m, mb))](
         x2, *_args(p), bias if bias is not None else out, out,
         m, n, k, kp, n * kp, _codec.num_blocks(n, k), p.arrays["area"].numel(), REG_AREA_BYTES, x2.stride(0),
-        BN=bn, BB=config.bm if config is not None else GEMV_BB, MB=mb, HAS_BIAS=bias is not None,
+        BN=bn, BB=config.bm if config is not None else GEMV_BB, MB=mb, HAS_BIAS=bias is not None, FAST5=FAST_DEEP,
         num_warps=config.warps if config is not None else GEMV_WARPS,
     )
     return out.reshape(*x.shape[:-1], n)

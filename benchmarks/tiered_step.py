@@ -58,6 +58,7 @@ def variants(m: int, quick: bool):
         return v
     if m == 1:
         v["fused bn4 w1 fast5"] = (cfg(4, 1, 1), 2, True)
+        v["fused bn2 w1"] = (cfg(2, 1, 1), 2, False)
         for bn in (2, 4, 8):
             v[f"fused bn{bn} w2"] = (cfg(bn, 1, 2), 2, False)
         v["fused bn4 w2 fast5"] = (cfg(4, 1, 2), 2, True)

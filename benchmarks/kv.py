@@ -21,7 +21,9 @@ head dim 128) at 4K and 16K tokens and 1 to 64 sequences, each captured in a CUD
 of the replays, against ``F.scaled_dot_product_attention`` on the bf16 cache (``enable_gqa``).
 Pages come from the pool of real SmolLM2-filled pages written by ``sizes`` or ``pool`` (the first
 4096 tokens of the text; pages drawn at random with replacement); without a pool, Gaussian values
-with per-channel scales.
+with per-channel scales. ``--variants w,s,p,r ...`` times kernel variants (warps, sub-tile tokens,
+programs per SM, maxnreg or 0), each checked against SDPA, and shows the fastest;
+``--no-baseline`` skips the same loop over plain bf16 pages (one compile less).
 """
 
 from __future__ import annotations

@@ -1,12 +1,21 @@
 """Triton kernels for the ``tiered`` layout: GPU unpack and the fused linear.
 
-One step decodes one escape-area block (1024 consecutive weights of the padded matrix) of BN rows, in natural order: the tier-1
-digit of every weight comes from ``d1`` (byte j of a 64-weight group's 16 bytes holds weights j,
-j+16, j+32, j+48); the escapes of each tier get their rank inside the block from ``tl.cumsum``
-along the row, which addresses their digit in the block's area (tier 2 bits, tier 3 2-bit
-digits, tier 4 nibbles, then raw exponent bytes). The first three exponents come from scalars
-loaded once; deeper ranks read the 22-byte table (L1-resident). Tiers past the third run only
-when a step holds such an escape (a branch on the whole tile).
+A step decodes whole escape-area blocks (1024 consecutive weights of the padded matrix) as a
+[blocks, 64, 16] tile: 64 units of 16 consecutive weights a block, one unit a thread (two with one
+warp), so that every rank is cheap:
+
+- a weight's tier-1 digit is plane ``(unit & 3)`` of its group's 16 ``d1`` bytes;
+- escapes of each tier are ranked inside their unit by an in-thread scan (16 adds), and units by
+  one warp scan of their counts (64 values a block) instead of a 1024-wide ``tl.cumsum``;
+- a unit's digits of the next tier are contiguous in the block's area: one window (a few bytes)
+  a unit, then a shift and a mask a weight. The area's first 64 words are loaded with the sm/d1
+  bytes and windows come from them through warp shuffles (``tl.gather``); blocks whose area is
+  longer read windows from memory (the same code, ``REG=False``).
+- tiers 5 and raw (about 2% of normal weights) run only when the tile holds such an escape.
+
+Exponents come from the table packed four a word (a select and a shift, no memory access).
+Measured on the H200 (benchmarks/notes-kernels.md, "tiered"): a 7B step at M = 1 takes ~8.5x
+bf16's time; the tiers, not the bytes, set the speed (d1 alone: 1.9x).
 """
 
 from __future__ import annotations
@@ -290,19 +299,23 @@ REG_AREA_BYTES = 252
 
 #: Tier 5 (ranks 8-22, ~2% of normal weights): when every unit of a step holds at most two such
 #: escapes and no raw exponent, look their exponents up once a unit and place them with two selects
-#: a weight (fewer instructions, more registers); else (or when False) the general per-weight path.
+#: a weight; else (or when False) the general per-weight path. Off: it needs more registers than
+#: one warp a block has (255 and spills) and measured slower (7B step, M = 1: 45.4 against 41.2 ms).
 FAST_DEEP = False
 
 #: Fused GEMV shape: rows a program, escape blocks a step (``Config.bm`` overrides), warps; and the
 #: unpack kernel's blocks a program and warps (see benchmarks/notes-kernels.md).
-GEMV_BN, GEMV_BB, GEMV_WARPS, GEMV_MB = 4, 1, 1, 16
+#: Measured on the H200, 7B step, M = 1 (benchmarks/tiered_step.py, 2026-11-30): 2 rows and one warp
+#: a program 37.4 ms; 4 rows 41.2; 2, 4, 8 rows with two warps (cross-warp scans) 45.8-56.8. Unpack:
+#: one block and one warp a program 33.3 ms a step; two warps 37.5.
+GEMV_BN, GEMV_BB, GEMV_WARPS, GEMV_MB = 2, 1, 1, 16
 UNPACK_BB, UNPACK_WARPS = 1, 1
 
-#: Largest M the fused tiered GEMV serves by default (one program per activation row: it decodes
-#: again for every row); larger M unpack to a scratch buffer and call cuBLAS. 0: measured on the H200,
-#: the fused GEMV (193 ms a 7B step at M = 1) lost to unpack + cuBLAS (174 ms), so it runs only
-#: when a ``Config`` asks for it.
-FUSED_MAX_M = 16
+#: Largest M the fused GEMV serves by default (it decodes once for up to GEMV_MB activation rows);
+#: larger M unpack to a scratch buffer and call cuBLAS. Measured on the H200 (7B step): fused 37.4 ms
+#: at M = 1 against 38.0 for unpack + cuBLAS (and no bf16 scratch of the largest matrix); at M = 2,
+#: 4, 8, 16 fused 43.0, 46.2, 54.5, 72.0 ms against 37.9 for unpack + cuBLAS.
+FUSED_MAX_M = 1
 
 
 # x: bf16 [..., K]; packed: tiered [N, K]; bias: [N] or None -> bf16 [..., N]

@@ -52,8 +52,11 @@ def cfg(bn=4, bb=1, warps=1, mb=16, long=False):
 
 
 def variants(m: int, quick: bool):
-    """name -> (Config or None, DEPTH, FAST_DEEP); DEPTH < 2 gives wrong results (stage timing only)."""
-    v = {"fused default": (None, 2, kt.FAST_DEEP), "unpack+cuBLAS": (cfg(long=True), 2, kt.FAST_DEEP)}
+    """name -> (Config or None, DEPTH, FAST_DEEP, SPARSE_DEEP); DEPTH < 2 gives wrong results
+    (stage timing only)."""
+    v = {"fused default": (None, 2, kt.FAST_DEEP), "unpack+cuBLAS": (cfg(long=True), 2, kt.FAST_DEEP),
+         "fused bn2 w1 sparse-deep": (cfg(2, 1, 1), 2, False, True),
+         "unpack+cuBLAS sparse-deep": (cfg(long=True), 2, False, True)}
     if quick:
         return v
     if m == 1:
@@ -69,8 +72,9 @@ def variants(m: int, quick: bool):
     return v
 
 
-def linear_depth(x, p, c, depth, fast):
+def linear_depth(x, p, c, depth, fast, sparse=False):
     kt.FAST_DEEP = fast
+    kt.SPARSE_DEEP = sparse
     if depth == 2:
         return kt.linear(x, p, None, c)
     # stage timing: the default launch with tiers cut off
@@ -122,16 +126,18 @@ def main(argv=None) -> int:
         w, p = reps[0]
         if not torch.equal(kt.unpack(p).view(torch.int16), w.view(torch.int16)):
             fails.append(f"unpack {name} not bit-exact")
-        for bb, warps, fast in ((1, 1, False), (1, 2, False), (1, 1, True), (1, 2, True)):
-            kt.FAST_DEEP = fast
+        for bb, warps, fast, sparse in ((1, 1, False, False), (1, 1, False, True), (1, 2, False, False),
+                                        (1, 1, True, False)):
+            kt.FAST_DEEP, kt.SPARSE_DEEP = fast, sparse
             if not torch.equal(kt.unpack(p, None, bb, warps).view(torch.int16), w.view(torch.int16)):
-                fails.append(f"unpack bb{bb} w{warps} fast5={fast} {name} not bit-exact")
-        kt.FAST_DEEP = fast0
+                fails.append(f"unpack bb{bb} w{warps} fast5={fast} sparse={sparse} {name} not bit-exact")
+        kt.FAST_DEEP, kt.SPARSE_DEEP = fast0, False
     for m in ms:
-        for vname, (c, depth, fast) in variants(m, args.quick).items():
+        for vname, (c, depth, fast, *sp) in variants(m, args.quick).items():
             if depth < 2:
                 continue
             kt.FAST_DEEP = fast
+            kt.SPARSE_DEEP = bool(sp and sp[0])
             for name in [nm for nm in ("q", "k", "down", "lm_head") if nm in mats]:
                 w, p = mats[name][0]
                 x = torch.randn(m, w.shape[1], device=DEV).to(torch.bfloat16)
@@ -144,21 +150,22 @@ def main(argv=None) -> int:
                     fails.append(f"{vname} {name} M={m}: rel err {err:.3g}")
     if DEV == "cuda":
         torch.cuda.synchronize()
-    kt.FAST_DEEP = fast0
+    kt.FAST_DEEP, kt.SPARSE_DEEP = fast0, False
     log.info("checks done: %d failures", len(fails))
 
     res = {"device": torch.cuda.get_device_name() if DEV == "cuda" else "cpu (interpreter smoke run)", "torch": torch.__version__, "triton": triton.__version__,
            "date": time.strftime("%Y-%m-%d %H:%M"), "bytes": {"bf16": wbytes, "tiered": tbytes}, "rows": {}}
     # unpack of the whole step (every matrix), per (blocks, warps)
-    for bb, warps, fast in ((1, 1, False), (1, 2, False), (1, 1, True), (1, 2, True)):
-        def run(bb=bb, warps=warps, fast=fast):
-            kt.FAST_DEEP = fast
+    for bb, warps, fast, sparse in ((1, 1, False, False), (1, 1, False, True), (1, 2, False, False),
+                                    (1, 1, True, False)):
+        def run(bb=bb, warps=warps, fast=fast, sparse=sparse):
+            kt.FAST_DEEP, kt.SPARSE_DEEP = fast, sparse
             for nm, i in order:
                 kt.unpack(mats[nm][i][1], None, bb, warps)
-        key = f"bb{bb} w{warps}" + (" fast5" if fast else "")
+        key = f"bb{bb} w{warps}" + (" fast5" if fast else "") + (" sparse-deep" if sparse else "")
         res.setdefault("unpack_step_ms", {})[key] = timer(run, 20)
         log.info("unpack step %s: %.3f ms", key, res["unpack_step_ms"][key])
-    kt.FAST_DEEP = fast0
+    kt.FAST_DEEP, kt.SPARSE_DEEP = fast0, False
     for m in ms:
         xs = {k: torch.randn(m, k, device=DEV).to(torch.bfloat16) for k in (H, I)}
 
@@ -168,16 +175,17 @@ def main(argv=None) -> int:
                 F.linear(xs[w.shape[1]], w)
 
         row = {"bf16": timer(bf16, 30)}
-        for vname, (c, depth, fast) in variants(m, args.quick or time.time() - t0 > args.budget).items():
-            def run(c=c, depth=depth, fast=fast):
+        for vname, (c, depth, fast, *sp) in variants(m, args.quick or time.time() - t0 > args.budget).items():
+            def run(c=c, depth=depth, fast=fast, sparse=bool(sp and sp[0])):
                 for nm, i in order:
                     p = mats[nm][i][1]
-                    linear_depth(xs[p.shape[1]], p, c, depth, fast)
+                    linear_depth(xs[p.shape[1]], p, c, depth, fast, sparse)
             try:
                 row[vname] = timer(run, 20)
             except Exception as exc:  # a variant that fails is reported, not fatal
                 log.warning("%s M=%d failed: %s", vname, m, exc)
                 row[vname] = None
+        kt.FAST_DEEP, kt.SPARSE_DEEP = fast0, False
         res["rows"][m] = row
         log.info("M=%d %s", m, {k: (round(v, 3) if v else v) for k, v in row.items()})
         with open(os.path.join(args.out, "tiered_step.json"), "w") as f:

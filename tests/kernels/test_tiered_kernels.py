@@ -106,3 +106,29 @@ def test_tiered_fast_deep_path(device, kind, monkeypatch):
     assert torch.equal(kernels.unpack(p).cpu().view(torch.int16), w.view(torch.int16))
     x = torch.randn(2, 2048).to(torch.bfloat16).to(device)
     _check(kernels.linear(x, p), x, w, None)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kind", ["plain", "normal", "deep", "raw"])
+def test_tiered_sparse_deep(device, kind, monkeypatch):
+    """SPARSE_DEEP: ranks >= 8 decoded with a placeholder exponent, then corrected from the derived
+    list (unpack: scattered back, bit-exact; GEMV: a correction term)."""
+    from glyd import kernels
+    from glyd.kernels import tiered as kt
+    from glyd.kernels._common import Config
+
+    monkeypatch.setattr(kt, "SPARSE_DEEP", True)
+    if kind == "plain":
+        w = (torch.randn(7, 1100) * 0.02).to(torch.bfloat16)
+    else:
+        w = random_weights(7, 1100, "normal") if kind == "normal" else _tier_weights(7, 1100, kind)
+    p = glyd.pack(w, "tiered").to(device)
+    deep = kt.prepare(p)
+    assert deep is kt.prepare(p)  # cached
+    ranks8 = set(p.arrays["table"][:8].tolist())
+    exps = ((w.view(torch.int16).to(torch.int32) >> 7) & 0xFF).reshape(-1).tolist()
+    assert deep.flat.numel() == sum(e not in ranks8 for e in exps) > 0
+    assert torch.equal(kernels.unpack(p).cpu().view(torch.int16), w.view(torch.int16))
+    for m, cfg in ((1, None), (3, Config(bm=1, bn=4, bk=1024, dot=False, g=4)), (2, Config(bm=2, bn=2, bk=1024, dot=False, g=1))):
+        x = torch.randn(m, 1100).to(torch.bfloat16).to(device)
+        _check(kernels.linear(x, p, None, cfg), x, w, None)

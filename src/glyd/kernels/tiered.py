@@ -185,9 +185,9 @@ def _area_start(ebase_ptr, eoff_ptr, b, bmask):
 @triton.jit(do_not_specialize=["A", "FIT"])
 def _gemv_kernel(
     x_ptr, sm_ptr, d1_ptr, table_ptr, ebase_ptr, eoff_ptr, area_ptr, bias_ptr, out_ptr,
-    M, N, K, KP, TOTAL, NBLK, A, FIT, stride_xm,
+    M, N, K, KP, TOTAL, NBLK, A, FIT, stride_xm, drp_ptr, dflat_ptr, dval_ptr,
     BN: tl.constexpr, BB: tl.constexpr, MB: tl.constexpr, HAS_BIAS: tl.constexpr, DEPTH: tl.constexpr = 2,
-    FAST5: tl.constexpr = False,
+    FAST5: tl.constexpr = False, SPARSE: tl.constexpr = False,
 ):
     # One program owns rows [r0, r0 + BN) and activation rows [m0, m0 + MB): it walks the escape
     # blocks that cover its rows (Kp >= 1024: a block holds pieces of at most two rows), BB blocks a
@@ -218,9 +218,11 @@ def _gemv_kernel(
         sm, db, off, ar, aw, fits = _load_blocks(sm_ptr, d1_ptr, ebase_ptr, eoff_ptr, area_ptr, b, bmask, fu, inb, A,
                                                  NBLK, FIT)
         if fits:
-            bits = _decode(sm, db, aw, ar, area_ptr, off, A, TL, TH, T8, T12, T16, T20, DEPTH, True, FAST5)
+            bits = _decode(sm, db, aw, ar, area_ptr, off, A, TL, TH, T8, T12, T16, T20, 1 if SPARSE else DEPTH, True,
+                           FAST5)
         else:
-            bits = _decode(sm, db, aw, ar, area_ptr, off, A, TL, TH, T8, T12, T16, T20, DEPTH, False, FAST5)
+            bits = _decode(sm, db, aw, ar, area_ptr, off, A, TL, TH, T8, T12, T16, T20, 1 if SPARSE else DEPTH, False,
+                           FAST5)
         wv = bits.to(tl.float32, bitcast=True)
         ra = (b * 1024) // KP  # row of each block's first unit
         first = ur == ra[:, None]
@@ -234,6 +236,24 @@ def _gemv_kernel(
             row = tl.sum(tl.where(rn[:, None] == ra[None, :], s0[None, :], 0.0), axis=1) + \
                 tl.sum(tl.where(rn[:, None] == ra[None, :] + 1, s1[None, :], 0.0), axis=1)
             acc += tl.where(mi[:, None] == mm, row[None, :], 0.0)
+        if SPARSE:
+            # weights of rank >= 8 decoded with the rank-4 exponent (DEPTH 1); add (true - that) * x
+            # from the derived list (flat index, true bf16 bits), 32 entries a step
+            e_hi = tl.load(drp_ptr + tl.minimum(blk0 + BB, bend))
+            for e0 in range(tl.load(drp_ptr + blk0), e_hi, 32):
+                ei = e0 + tl.arange(0, 32)
+                em = ei < e_hi
+                fl = tl.load(dflat_ptr + ei, mask=em, other=0)
+                v = tl.load(dval_ptr + ei, mask=em, other=0).to(tl.int32) & 0xFFFF
+                ph = (v & 0x807F) | ((TH & 0xFF) << 7)
+                delta = (v << 16).to(tl.float32, bitcast=True) - (ph << 16).to(tl.float32, bitcast=True)
+                er = fl // KP
+                ok2 = em & (er >= r0) & (er < r0 + BN)
+                for mc in tl.static_range(MB):
+                    xd = tl.load(x_ptr + (m0 + mc) * stride_xm + fl - er * KP, mask=ok2 & (m0 + mc < M),
+                                 other=0.0).to(tl.float32)
+                    cor = tl.sum(tl.where(rn[:, None] == er[None, :], (delta * xd)[None, :], 0.0), axis=1)
+                    acc += tl.where(mi[:, None] == mc, cor[None, :], 0.0)
     if HAS_BIAS:
         acc += tl.load(bias_ptr + rn, mask=nmask, other=0.0).to(tl.float32)[None, :]
     mrow = m0 + mi
@@ -286,9 +306,13 @@ def unpack(p: Packed, out: torch.Tensor | None = None, bb: int = 0, warps: int =
         raise ValueError(f"out must be a contiguous bf16 [{n}, {k}] tensor, got {out.dtype} {tuple(out.shape)}")
     if n and k:
         bb, warps = (bb, warps) if bb else (UNPACK_BB, UNPACK_WARPS)
+        deep = prepare(p) if SPARSE_DEEP else None
         _unpack_kernel[(triton.cdiv(nblk, bb),)](*_args(p), out.view(torch.int16), k, kp, n * kp, nblk,
                                                   p.arrays["area"].numel(), REG_AREA_BYTES, BB=bb, FAST5=FAST_DEEP,
-                                                  num_warps=warps)
+                                                  DEPTH=1 if deep is not None else 2, num_warps=warps)
+        if deep is not None and deep.flat.numel():
+            fl = deep.flat.to(torch.int64)
+            out.view(torch.int16).view(-1)[fl // kp * k + fl % kp] = deep.vals
     return out
 
 
@@ -305,6 +329,50 @@ FAST_DEEP = False
 
 #: Fused GEMV shape: rows a program, escape blocks a step (``Config.bm`` overrides), warps; and the
 #: unpack kernel's blocks a program and warps (see benchmarks/notes-kernels.md).
+#: Opt-in, not yet timed on a GPU: take tier 5 and raw (ranks >= 8, ~2% of normal weights) off the
+#: per-weight path. ``prepare`` lists those weights once a matrix (flat index int32 + true bf16 bits,
+#: 6 bytes each: ~1 bit a weight more memory); kernels decode them with the rank-4 exponent and
+#: correct: the GEMV adds (true - decoded) * x, unpack scatters the true bits. Prediction from the
+#: stage timings (notes-kernels.md): 7B step at M = 1 from ~37 to ~22-24 ms.
+SPARSE_DEEP = False
+
+
+class Deep:
+    """Weights of rank >= 8 of one tiered matrix, grouped by escape block (CSR ``rowptr``)."""
+
+    def __init__(self, p: Packed):
+        n, k = p.shape
+        kp = p.arrays["sm"].shape[1]
+        nblk = _codec.num_blocks(n, k)
+        dev = p.device
+        t8 = p.arrays["table"][:8].to(torch.int32)
+        flats, vals = [], []
+        old = globals()["SPARSE_DEEP"]
+        globals()["SPARSE_DEEP"] = False
+        try:
+            w = unpack(p).view(torch.int16)
+        finally:
+            globals()["SPARSE_DEEP"] = old
+        step = max(1, (1 << 23) // max(k, 1))  # rows a chunk: bounded temporaries on large matrices
+        for r in range(0, n, step):
+            bits = w[r:r + step].to(torch.int32) & 0xFFFF
+            deep = ~torch.isin((bits >> 7) & 0xFF, t8)
+            rows, cols = torch.nonzero(deep, as_tuple=True)
+            flats.append(((rows + r) * kp + cols).to(torch.int32))
+            vals.append(bits[rows, cols].to(torch.int16))
+        self.flat = torch.cat(flats) if flats else torch.zeros(0, dtype=torch.int32, device=dev)
+        self.vals = torch.cat(vals) if vals else torch.zeros(0, dtype=torch.int16, device=dev)
+        counts = torch.bincount((self.flat // BLOCK).to(torch.int64), minlength=nblk)
+        self.rowptr = torch.zeros(nblk + 1, dtype=torch.int32, device=dev)
+        self.rowptr[1:] = torch.cumsum(counts, 0).to(torch.int32)
+
+
+def prepare(p: Packed) -> Deep:
+    """The derived list of weights of rank >= 8 (host syncs; cached while the matrix lives)."""
+    _check(p)
+    return C.cached(p.arrays["area"], lambda: Deep(p))
+
+
 #: Measured on the H200, 7B step, M = 1 (benchmarks/tiered_step.py, 2026-11-30): 2 rows and one warp
 #: a program 37.4 ms; 4 rows 41.2; 2, 4, 8 rows with two warps (cross-warp scans) 45.8-56.8. Unpack:
 #: one block and one warp a program 33.3 ms a step; two warps 37.5.
@@ -337,9 +405,12 @@ def linear(x: torch.Tensor, p: Packed, bias: torch.Tensor | None = None, config:
         return torch.nn.functional.linear(x2, w, bias).reshape(*x.shape[:-1], n)
     bn = config.bn if config is not None else GEMV_BN
     mb = min(triton.next_power_of_2(m), config.g if config is not None else GEMV_MB)
+    deep = prepare(p) if SPARSE_DEEP else None
+    dargs = (deep.rowptr, deep.flat, deep.vals) if deep is not None else (out, out, out)
     _gemv_kernel[(triton.cdiv(n, bn), triton.cdiv(m, mb))](
         x2, *_args(p), bias if bias is not None else out, out,
-        m, n, k, kp, n * kp, _codec.num_blocks(n, k), p.arrays["area"].numel(), REG_AREA_BYTES, x2.stride(0),
+        m, n, k, kp, n * kp, _codec.num_blocks(n, k), p.arrays["area"].numel(), REG_AREA_BYTES, x2.stride(0), *dargs,
+        SPARSE=deep is not None,
         BN=bn, BB=config.bm if config is not None else GEMV_BB, MB=mb, HAS_BIAS=bias is not None, FAST5=FAST_DEEP,
         num_warps=config.warps if config is not None else GEMV_WARPS,
     )

@@ -156,16 +156,19 @@ def main(argv=None) -> int:
     res = {"device": torch.cuda.get_device_name() if DEV == "cuda" else "cpu (interpreter smoke run)", "torch": torch.__version__, "triton": triton.__version__,
            "date": time.strftime("%Y-%m-%d %H:%M"), "bytes": {"bf16": wbytes, "tiered": tbytes}, "rows": {}}
     # unpack of the whole step (every matrix), per (blocks, warps)
-    for bb, warps, fast, sparse in ((1, 1, False, False), (1, 1, False, True), (1, 2, False, False),
-                                    (1, 1, True, False)):
-        def run(bb=bb, warps=warps, fast=fast, sparse=sparse):
-            kt.FAST_DEEP, kt.SPARSE_DEEP = fast, sparse
+    reg0 = kt.REG_AREA_BYTES
+    for bb, warps, fast, sparse, reg in ((1, 1, False, False, reg0), (1, 1, False, True, reg0),
+                                         (1, 1, False, False, 0), (1, 1, False, True, 0),
+                                         (1, 2, False, False, reg0), (1, 1, True, False, reg0)):
+        def run(bb=bb, warps=warps, fast=fast, sparse=sparse, reg=reg):
+            kt.FAST_DEEP, kt.SPARSE_DEEP, kt.REG_AREA_BYTES = fast, sparse, reg
             for nm, i in order:
                 kt.unpack(mats[nm][i][1], None, bb, warps)
-        key = f"bb{bb} w{warps}" + (" fast5" if fast else "") + (" sparse-deep" if sparse else "")
+        key = f"bb{bb} w{warps}" + (" fast5" if fast else "") + (" sparse-deep" if sparse else "") + \
+            ("" if reg else " memory-windows")
         res.setdefault("unpack_step_ms", {})[key] = timer(run, 20)
         log.info("unpack step %s: %.3f ms", key, res["unpack_step_ms"][key])
-    kt.FAST_DEEP, kt.SPARSE_DEEP = fast0, False
+    kt.FAST_DEEP, kt.SPARSE_DEEP, kt.REG_AREA_BYTES = fast0, False, reg0
     for m in ms:
         xs = {k: torch.randn(m, k, device=DEV).to(torch.bfloat16) for k in (H, I)}
 

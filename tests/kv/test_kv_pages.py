@@ -112,6 +112,8 @@ def test_from_dense_lens_and_errors():
         PageStore(1, 1, 8, page=30)
     with pytest.raises(FormatError):
         pack_blocks(torch.randn(2, 4, 8))
+    with pytest.raises(FormatError, match="65,535"):
+        PageStore(1, 1, 1024, page=64)
 
 
 @pytest.mark.gpu

@@ -38,9 +38,8 @@ def _excl_rows(n):
 
 @triton.jit
 def _window(tailw_ptr, sw, base, has):
-    """Per group: the 32 bits of the tail from bit ``32 * sw + 2 * base`` on (two aligned words):
-    16 consecutive 2-bit digits of a tier from digit ``base``, or (``sw = byte >> 2``, ``base =
-    (byte & 3) * 4``) the 4 bytes from ``byte``."""
+    """Per group: 16 consecutive 2-bit digits of a tier from digit ``base`` on (the tier starts at
+    32-bit word ``sw``), from two aligned word loads."""
     wi = sw + (base >> 4)
     lo = tl.load(tailw_ptr + wi, mask=has, other=0).to(tl.uint32, bitcast=True).to(tl.uint64)
     hi = tl.load(tailw_ptr + wi + 1, mask=has, other=0).to(tl.uint32, bitcast=True).to(tl.uint64)
@@ -95,11 +94,6 @@ def _group_values(wd, m1, win2, m2, win3, m3, raw4, sm0, sm1, sm2, sm3, tops):
     # value j at index (j>>3, (j>>2)&1, (j>>1)&1, j&1): row-major order is channel order
     return tl.join(tl.join(tl.join(tl.join(v0, v8), tl.join(v4, v12)), tl.join(tl.join(v2, v10), tl.join(v6, v14))),
                    tl.join(tl.join(tl.join(v1, v9), tl.join(v5, v13)), tl.join(tl.join(v3, v11), tl.join(v7, v15))))
-
-
-@triton.jit
-def _pair(a, b):
-    return tl.join(a, b)
 
 
 @triton.jit

@@ -112,6 +112,8 @@ def pack_blocks(x: torch.Tensor) -> dict[str, torch.Tensor]:
     n, p, d = x.shape
     if d % 4:
         raise FormatError(f"KV head dim {d} must be a multiple of 4")
+    if p * d > 65535:
+        raise FormatError(f"a KV page holds at most 65,535 values (page {p} x head dim {d} is more)")
     dev = x.device
     bits = _bf16_bits(x)
     e = (bits >> 7) & 0xFF
@@ -316,6 +318,8 @@ class PageStore:
             raise FormatError(f"page size {page} must be a positive multiple of 4")
         if head_dim % 4:
             raise FormatError(f"head_dim {head_dim} must be a multiple of 4")
+        if page * head_dim > 65535:  # the column directory counts in uint16 (docs/format.md)
+            raise FormatError(f"a KV page holds at most 65,535 values (page {page} x head dim {head_dim} is more)")
         self.batch, self.heads, self.head_dim, self.page = batch, heads, head_dim, page
         self.device = torch.device(device)
         self.n_pages = 0

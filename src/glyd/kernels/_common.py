@@ -129,6 +129,22 @@ def split_fixup(acc, part_ptr, fin_ptr, cnt_ptr, bias_ptr, optr, omask, boff, ti
         tl.atomic_xchg(cnt_ptr + tile, 0)
 
 
+@triton.jit
+def store_out(acc, out_ptr, fin_ptr, cnt_ptr, bias_ptr, optr, omask, boff, tile, pid_k, SPLIT, MN,
+              PARTIAL: tl.constexpr, FIXUP: tl.constexpr, HAS_BIAS: tl.constexpr):
+    # The fused kernels' epilogue: fp32 ``acc`` at output offsets ``optr`` (bias offsets ``boff``).
+    # Not split: bias, round to bf16, store to out_ptr. Split: store the partial (out_ptr is then
+    # the fp32 [SPLIT, M, N] buffer) for ``finalize``, or sum in place with ``split_fixup``.
+    if PARTIAL and FIXUP:
+        split_fixup(acc, out_ptr, fin_ptr, cnt_ptr, bias_ptr, optr, omask, boff, tile, pid_k, SPLIT, MN, HAS_BIAS)
+    elif PARTIAL:
+        tl.store(out_ptr + pid_k * MN + optr, acc, mask=omask)
+    else:
+        if HAS_BIAS:
+            acc += tl.load(bias_ptr + boff, mask=omask, other=0.0).to(tl.float32)
+        tl.store(out_ptr + optr, acc.to(tl.bfloat16), mask=omask)
+
+
 _COUNTERS: dict[tuple[str, int | None], list[torch.Tensor]] = {}
 
 

@@ -187,29 +187,14 @@ def _linear_kernel(
             else:
                 acc1 += _exception_delta(rowptr_ptr, eidx_ptr, ehi_ptr, lo8_ptr, x_ptr + pid_m * stride_xm, rn, base,
                                          pid_n, N, K, KP, BN)
+    tile = pid_m * tl.num_programs(0) + pid_n
     if DOT:
-        omask = nmask[:, None] & mmask[None, :]
-        optr = rm[None, :] * N + rn[:, None]
-        if PARTIAL and FIXUP:
-            C.split_fixup(acc, out_ptr, fin_ptr, cnt_ptr, bias_ptr, optr, omask, rn[:, None] + 0 * rm[None, :],
-                          pid_m * tl.num_programs(0) + pid_n, pid_k, tl.num_programs(1), M * N, HAS_BIAS)
-        elif PARTIAL:
-            tl.store(out_ptr + pid_k * M * N + optr, acc, mask=omask)
-        else:
-            if HAS_BIAS:
-                acc += tl.load(bias_ptr + rn, mask=nmask, other=0.0).to(tl.float32)[:, None]
-            tl.store(out_ptr + optr, acc.to(tl.bfloat16), mask=omask)
+        C.store_out(acc, out_ptr, fin_ptr, cnt_ptr, bias_ptr, rm[None, :] * N + rn[:, None],
+                    nmask[:, None] & mmask[None, :], rn[:, None] + 0 * rm[None, :], tile, pid_k, tl.num_programs(1),
+                    M * N, PARTIAL, FIXUP, HAS_BIAS)
     else:
-        optr1 = pid_m * N + rn
-        if PARTIAL and FIXUP:
-            C.split_fixup(acc1, out_ptr, fin_ptr, cnt_ptr, bias_ptr, optr1, nmask, rn,
-                          pid_m * tl.num_programs(0) + pid_n, pid_k, tl.num_programs(1), M * N, HAS_BIAS)
-        elif PARTIAL:
-            tl.store(out_ptr + pid_k * M * N + optr1, acc1, mask=nmask)
-        else:
-            if HAS_BIAS:
-                acc1 += tl.load(bias_ptr + rn, mask=nmask, other=0.0).to(tl.float32)
-            tl.store(out_ptr + optr1, acc1.to(tl.bfloat16), mask=nmask)
+        C.store_out(acc1, out_ptr, fin_ptr, cnt_ptr, bias_ptr, pid_m * N + rn, nmask, rn, tile, pid_k,
+                    tl.num_programs(1), M * N, PARTIAL, FIXUP, HAS_BIAS)
 
 
 @triton.jit
@@ -262,16 +247,8 @@ def _gemv_bytes_kernel(
     if HAS_EXC:
         if pid_k == 0:
             acc1 += _exception_delta(rowptr_ptr, eidx_ptr, ehi_ptr, lo_ptr, xrow, rn, base, pid_n, N, K, stride_lo, BN)
-    optr = pid_m * N + rn
-    if PARTIAL and FIXUP:
-        C.split_fixup(acc1, out_ptr, fin_ptr, cnt_ptr, bias_ptr, optr, nmask, rn,
-                      pid_m * tl.num_programs(1) + pid_n, pid_k, tl.num_programs(2), M * N, HAS_BIAS)
-    elif PARTIAL:
-        tl.store(out_ptr + pid_k * M * N + optr, acc1, mask=nmask)
-    else:
-        if HAS_BIAS:
-            acc1 += tl.load(bias_ptr + rn, mask=nmask, other=0.0).to(tl.float32)
-        tl.store(out_ptr + optr, acc1.to(tl.bfloat16), mask=nmask)
+    C.store_out(acc1, out_ptr, fin_ptr, cnt_ptr, bias_ptr, pid_m * N + rn, nmask, rn,
+                pid_m * tl.num_programs(1) + pid_n, pid_k, tl.num_programs(2), M * N, PARTIAL, FIXUP, HAS_BIAS)
 
 
 @triton.jit
@@ -332,16 +309,9 @@ def _mma_kernel(
             acc += _exception_delta_tile(rowptr_ptr, eidx_ptr, ehi_ptr, lo_ptr, x_ptr, rn, rm, mmask, stride_xm,
                                          BASE, pid_n, N, K, stride_lo, BN, BM)
     omask = nmask[:, None] & mmask[None, :]
-    optr = rm[None, :] * N + rn[:, None]
-    if PARTIAL and FIXUP:
-        C.split_fixup(acc, out_ptr, fin_ptr, cnt_ptr, bias_ptr, optr, omask, rn[:, None] + 0 * rm[None, :],
-                      pid_m * tl.num_programs(0) + pid_n, pid_k, tl.num_programs(1), M * N, HAS_BIAS)
-    elif PARTIAL:
-        tl.store(out_ptr + pid_k * M * N + optr, acc, mask=omask)
-    else:
-        if HAS_BIAS:
-            acc += tl.load(bias_ptr + rn, mask=nmask, other=0.0).to(tl.float32)[:, None]
-        tl.store(out_ptr + optr, acc.to(tl.bfloat16), mask=omask)
+    C.store_out(acc, out_ptr, fin_ptr, cnt_ptr, bias_ptr, rm[None, :] * N + rn[:, None], omask,
+                rn[:, None] + 0 * rm[None, :], pid_m * tl.num_programs(0) + pid_n, pid_k, tl.num_programs(1), M * N,
+                PARTIAL, FIXUP, HAS_BIAS)
 
 
 @triton.jit

@@ -71,6 +71,8 @@ def prepare(packed: "Packed") -> None:
     """Build the derived per-matrix index now (host syncs), e.g. before capturing a CUDA graph."""
     if packed.layout == "fixed12":
         _module("fixed12").prepare(packed)
+    elif packed.layout == "tiered" and _module("tiered").SPARSE_DEEP:  # the opt-in deep-weight list
+        _module("tiered").prepare(packed)
 
 
 def __getattr__(name: str):

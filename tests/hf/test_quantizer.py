@@ -79,6 +79,20 @@ def test_auto_model_loads_a_glyd_folder(saved, input_ids, family):
     glyd.verify(model, progress=False)
 
 
+@pytest.mark.parametrize("exact", [True, False])
+def test_exact_passed_to_auto_model_is_applied(saved, input_ids, exact):
+    # GlydConfig(exact=...) passed to from_pretrained is a loading option: it reaches every
+    # packed product (transformers otherwise keeps only the checkpoint's own config).
+    src, out = saved["qwen2"]
+    model = AutoModelForCausalLM.from_pretrained(out, quantization_config=GlydConfig(exact=exact))
+    flags = {m.exact for m in model.modules() if isinstance(m, (GlydLinear, GlydTiedLinear))}
+    assert flags == {exact}
+    if exact:
+        ref = AutoModelForCausalLM.from_pretrained(src, dtype=torch.bfloat16)
+        with torch.no_grad():
+            assert torch.equal(bits(model(input_ids).logits), bits(ref(input_ids).logits))
+
+
 def test_hf_save_pretrained_is_refused(saved, tmp_path):
     model = AutoModelForCausalLM.from_pretrained(saved["llama"][1])
     with pytest.raises(ValueError):

@@ -71,6 +71,11 @@ class GlydConfig(QuantizationConfigMixin):
         ):
             raise FormatError(f"quantization_config.merged: must map a name to a list of module names, got {self.merged!r}")
 
+    def get_loading_attributes(self) -> dict[str, Any]:
+        # What transformers copies from a config passed to from_pretrained onto the checkpoint's
+        # own (see register_with_transformers): the options that belong to loading, not the file.
+        return {"exact": self.exact}
+
     def to_dict(self) -> dict[str, Any]:
         d = {"quant_method": QUANT_METHOD, "layout": self.layout, "format_version": self.format_version}
         if self.merged:
@@ -137,6 +142,14 @@ def register_with_transformers() -> None:
     if AUTO_QUANTIZER_MAPPING.get(QUANT_METHOD) is not GlydHfQuantizer:
         AUTO_QUANTIZER_MAPPING.pop(QUANT_METHOD, None)
         register_quantizer(QUANT_METHOD)(GlydHfQuantizer)
+    # For a pre-quantized checkpoint transformers keeps the checkpoint's quantization_config and
+    # takes loading attributes (``get_loading_attributes``) from a config passed to from_pretrained
+    # only for the classes in this tuple: without it, GlydConfig(exact=True) would be ignored.
+    import transformers.quantizers.auto as _auto
+
+    types = getattr(_auto, "LOADING_ATTRIBUTES_CONFIG_TYPES", None)
+    if isinstance(types, tuple) and GlydConfig not in types:
+        _auto.LOADING_ATTRIBUTES_CONFIG_TYPES = (*types, GlydConfig)
     from glyd.hf import _register
 
     _register.mark_registered()

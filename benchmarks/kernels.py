@@ -173,6 +173,12 @@ def variants():
         if f12s(lay, m) and 1 < m <= 16 else None,
         "f12 mma bn64 g2 s3 wv8": lambda lay, m: V(bm=bmm(m), bn=64, mma=True, g=2, stages=3, waves=8)
         if f12s(lay, m) and m > 16 else None,
+        # group-major FMA with 2 or 4 x rows a program on one decoded tile (not timed yet; static
+        # SASS: 9.4 instructions a weight at bm 2 against 7.3 at bm 1; bm 4 spills at bn 32)
+        "f12 fma gm bm2 bn32 bk512 wv8": lambda lay, m: V(bm=2, bn=32, bk=512, dot=False, group_major=True,
+                                                           stages=1, waves=8) if f12(lay, m) and 2 <= m <= 4 else None,
+        "f12 fma gm bm4 bn16 bk512 wv8": lambda lay, m: V(bm=4, bn=16, bk=512, dot=False, group_major=True,
+                                                           stages=1, waves=8) if f12(lay, m) and m == 4 else None,
         # the defaults with split-K summed by each tile's last program (no finalize kernel)
         "f12 fix default": lambda lay, m: dataclasses.replace(fixed12.default_config(m, 0, 0), fixup=True)
         if f12(lay, m) and m <= 64 else None,

@@ -68,11 +68,15 @@ def _cases():
         ("fixed12", 2, 20, 1024, Config(bm=1, bn=16, dot=False, byte=True, g=4, split=4, fixup=True)),
         ("fixed12", 5, 70, 1100, Config(bm=16, bn=32, mma=True, g=2, split=3, fixup=True)),
         ("fixed12", 3, 19, 320, Config(bm=16, bn=16, bk=128, split=2, fixup=True)),
+        # group-major FMA, 2 or 4 x rows a program on one decoded tile (M not a multiple of them)
+        ("fixed12", 3, 37, 1100, Config(bm=2, bn=16, bk=256, dot=False, group_major=True, split=2)),
+        ("fixed12", 5, 33, 1100, Config(bm=4, bn=32, bk=512, dot=False, group_major=True, split=3, fixup=True)),
+        ("fixed12", 3, 20, 200, Config(bm=2, bn=16, bk=256, dot=False, group_major=True)),
     ]
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("case", range(25))
+@pytest.mark.parametrize("case", range(28))
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_linear_matches_reference(device, case, with_bias):
     from glyd import kernels

@@ -27,7 +27,8 @@ class Config:
     one activation row per program (decode once, multiply on the CUDA cores). ``split``: K splits
     (0 = choose from the SM count). ``long``: unpack to a scratch buffer then cuBLAS instead.
     ``group_major`` (fixed12 FMA path): tile order [groups, rows, words] so x loads are shared by
-    a thread's rows (not yet timed on a GPU: see benchmarks/notes-kernels.md).
+    a thread's rows; with it, ``bm`` = 2 or 4 multiplies the decoded tile by that many x rows
+    (one accumulator each; not yet timed on a GPU: see benchmarks/notes-kernels.md).
     ``byte`` (fixed12, any M): byte-tile GEMV, one activation row a program, ``g`` 64-weight
     groups a step on [bn, g, 32] tiles in column order (contiguous x shared by the rows).
     ``mma`` (fixed12, dot path): plane tiles go to shared memory by async copy, then straight into

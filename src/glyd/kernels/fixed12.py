@@ -69,6 +69,27 @@ def _exception_delta(rowptr_ptr, eidx_ptr, ehi_ptr, lo_ptr, xrow, rn, base, pid_
 
 
 @triton.jit
+def _fma_row(acc3, wa, wb, xrow, ka, K, ok):
+    # One more x row on the decoded group-major tile (rows past M read as 0).
+    xa = tl.load(xrow + ka, mask=(ka < K) & ok, other=0.0).to(tl.float32)
+    xb = tl.load(xrow + ka + 32, mask=(ka + 32 < K) & ok, other=0.0).to(tl.float32)
+    acc3 += wa * xa
+    acc3 += wb * xb
+    return acc3
+
+
+@triton.jit
+def _put_row(out2, ri, r: tl.constexpr, acc3, rowptr_ptr, eidx_ptr, ehi_ptr, lo_ptr, xrow, rn, base, pid_n, pid_k,
+             N, K, stride_lo, BN: tl.constexpr, HAS_EXC: tl.constexpr):
+    # Row r of a multi-row FMA program's output tile: its accumulator summed, plus its exceptions.
+    acc1 = tl.sum(tl.sum(acc3, axis=2), axis=0)
+    if HAS_EXC:
+        if pid_k == 0:
+            acc1 += _exception_delta(rowptr_ptr, eidx_ptr, ehi_ptr, lo_ptr, xrow, rn, base, pid_n, N, K, stride_lo, BN)
+    return tl.where(ri[:, None] == r, acc1[None, :], out2)
+
+
+@triton.jit
 def _exception_delta_tile(rowptr_ptr, eidx_ptr, ehi_ptr, lo_ptr, x_ptr, rn, rm, mmask, stride_xm, base, pid_n,
                           N, K, stride_lo, BN: tl.constexpr, BM: tl.constexpr):
     # [BN, BM] fp32: like _exception_delta, for BM x rows at once.
@@ -134,6 +155,12 @@ def _linear_kernel(
         mm3 = mmask[None, None, :]
     elif GROUP_MAJOR:
         acc3 = tl.zeros([G, BN, 8], dtype=tl.float32)
+        # BM = 2 or 4 (FMA path): the decoded tile serves that many x rows, one accumulator each
+        if BM >= 2:
+            acc3b = tl.zeros([G, BN, 8], dtype=tl.float32)
+        if BM >= 4:
+            acc3c = tl.zeros([G, BN, 8], dtype=tl.float32)
+            acc3d = tl.zeros([G, BN, 8], dtype=tl.float32)
     else:
         acc3 = tl.zeros([BN, G, 8], dtype=tl.float32)
     # tl.range with num_stages: the pipeliner then streams the plane loads of the FMA path through
@@ -170,10 +197,16 @@ def _linear_kernel(
             else:
                 # x is shared by the BN rows: a tall tile (BN >= 32) amortises these strided loads.
                 ka = kb + t + kx
-                xa = tl.load(x_ptr + pid_m * stride_xm + ka, mask=ka < K, other=0.0).to(tl.float32)
-                xb = tl.load(x_ptr + pid_m * stride_xm + ka + 32, mask=ka + 32 < K, other=0.0).to(tl.float32)
+                xrow = x_ptr + pid_m * BM * stride_xm
+                xa = tl.load(xrow + ka, mask=ka < K, other=0.0).to(tl.float32)
+                xb = tl.load(xrow + ka + 32, mask=ka + 32 < K, other=0.0).to(tl.float32)
                 acc3 += wa * xa  # two FMAs (one sum of two products costs FMUL + FFMA + FADD)
                 acc3 += wb * xb
+                if BM >= 2:
+                    acc3b = _fma_row(acc3b, wa, wb, xrow + stride_xm, ka, K, pid_m * BM + 1 < M)
+                if BM >= 4:
+                    acc3c = _fma_row(acc3c, wa, wb, xrow + 2 * stride_xm, ka, K, pid_m * BM + 2 < M)
+                    acc3d = _fma_row(acc3d, wa, wb, xrow + 3 * stride_xm, ka, K, pid_m * BM + 3 < M)
     if not DOT:
         if GROUP_MAJOR:
             acc1 = tl.sum(tl.sum(acc3, axis=2), axis=0)
@@ -185,15 +218,29 @@ def _linear_kernel(
                 acc += _exception_delta_tile(rowptr_ptr, eidx_ptr, ehi_ptr, lo8_ptr, x_ptr, rn, rm, mmask, stride_xm,
                                              base, pid_n, N, K, KP, BN, BM)
             else:
-                acc1 += _exception_delta(rowptr_ptr, eidx_ptr, ehi_ptr, lo8_ptr, x_ptr + pid_m * stride_xm, rn, base,
-                                         pid_n, N, K, KP, BN)
+                acc1 += _exception_delta(rowptr_ptr, eidx_ptr, ehi_ptr, lo8_ptr, x_ptr + pid_m * BM * stride_xm, rn,
+                                         base, pid_n, N, K, KP, BN)
     tile = pid_m * tl.num_programs(0) + pid_n
     if DOT:
         C.store_out(acc, out_ptr, fin_ptr, cnt_ptr, bias_ptr, rm[None, :] * N + rn[:, None],
                     nmask[:, None] & mmask[None, :], rn[:, None] + 0 * rm[None, :], tile, pid_k, tl.num_programs(1),
                     M * N, PARTIAL, FIXUP, HAS_BIAS)
-    else:
+    elif BM == 1:
         C.store_out(acc1, out_ptr, fin_ptr, cnt_ptr, bias_ptr, pid_m * N + rn, nmask, rn, tile, pid_k,
+                    tl.num_programs(1), M * N, PARTIAL, FIXUP, HAS_BIAS)
+    else:  # BM rows of one program: one [BM, BN] tile, so one store (and one split-K counter)
+        ri = tl.arange(0, BM)
+        rows = pid_m * BM + ri
+        out2 = tl.where(ri[:, None] == 0, acc1[None, :], 0.0)
+        out2 = _put_row(out2, ri, 1, acc3b, rowptr_ptr, eidx_ptr, ehi_ptr, lo8_ptr, x_ptr + (pid_m * BM + 1) * stride_xm,
+                        rn, base, pid_n, pid_k, N, K, KP, BN, HAS_EXC)
+        if BM >= 4:
+            out2 = _put_row(out2, ri, 2, acc3c, rowptr_ptr, eidx_ptr, ehi_ptr, lo8_ptr,
+                            x_ptr + (pid_m * BM + 2) * stride_xm, rn, base, pid_n, pid_k, N, K, KP, BN, HAS_EXC)
+            out2 = _put_row(out2, ri, 3, acc3d, rowptr_ptr, eidx_ptr, ehi_ptr, lo8_ptr,
+                            x_ptr + (pid_m * BM + 3) * stride_xm, rn, base, pid_n, pid_k, N, K, KP, BN, HAS_EXC)
+        C.store_out(out2, out_ptr, fin_ptr, cnt_ptr, bias_ptr, rows[:, None] * N + rn[None, :],
+                    (rows < M)[:, None] & nmask[None, :], rn[None, :] + 0 * rows[:, None], tile, pid_k,
                     tl.num_programs(1), M * N, PARTIAL, FIXUP, HAS_BIAS)
 
 
@@ -438,20 +485,20 @@ def linear(x: torch.Tensor, p: Packed, bias: torch.Tensor | None = None, config:
     if cfg.long:
         w = unpack(p, C.scratch(x2.device, n * k).view(n, k))
         return torch.nn.functional.linear(x2, w, bias).reshape(*x.shape[:-1], n)
-    if not cfg.dot and cfg.bm != 1:
-        raise ValueError("the FMA path handles one activation row per program: bm must be 1")
+    if not cfg.dot and not cfg.byte and (cfg.bm not in (1, 2, 4) or (cfg.bm > 1 and not cfg.group_major)):
+        raise ValueError("the FMA path takes bm = 1, or bm = 2 or 4 activation rows a program with group_major")
     prep = prepare(p)
     if cfg.byte:
         return _launch_gemv_bytes(x2, p, bias, cfg, prep, out).reshape(*x.shape[:-1], n)
     if cfg.mma:
         return _launch_mma(x2, p, bias, cfg, prep, out).reshape(*x.shape[:-1], n)
-    tiles = triton.cdiv(n, cfg.bn) * (m if not cfg.dot else triton.cdiv(m, cfg.bm))
+    tiles = triton.cdiv(n, cfg.bn) * triton.cdiv(m, cfg.bm)
     split, per = C.choose_split(tiles, kp, cfg.bk, x2.device, cfg.split, cfg.waves)
     partial = split > 1
     dst = torch.empty(split, m, n, dtype=torch.float32, device=x2.device) if partial else out
     fixup = partial and cfg.fixup
     cnt = C.counters(x2.device, tiles) if fixup else out
-    grid = (triton.cdiv(n, cfg.bn), split, m if not cfg.dot else triton.cdiv(m, cfg.bm))
+    grid = (triton.cdiv(n, cfg.bn), split, triton.cdiv(m, cfg.bm))
     _linear_kernel[grid](
         x2, a["code"].view(torch.int32), a["lo"].view(torch.int32), a["lo"], a["base"], prep.rowptr,
         a["exc_idx"], a["exc_hi"], bias if bias is not None else out, dst, out, cnt,

@@ -79,12 +79,13 @@ def _fma_row(acc3, wa, wb, xrow, ka, K, ok):
 
 
 @triton.jit
-def _put_row(out2, ri, r: tl.constexpr, acc3, rowptr_ptr, eidx_ptr, ehi_ptr, lo_ptr, xrow, rn, base, pid_n, pid_k,
-             N, K, stride_lo, BN: tl.constexpr, HAS_EXC: tl.constexpr):
-    # Row r of a multi-row FMA program's output tile: its accumulator summed, plus its exceptions.
+def _put_row(out2, ri, r: tl.constexpr, acc3, rowptr_ptr, eidx_ptr, ehi_ptr, lo_ptr, xrow, valid, rn, base, pid_n,
+             pid_k, N, K, stride_lo, BN: tl.constexpr, HAS_EXC: tl.constexpr):
+    # Row r of a multi-row FMA program's output tile: its accumulator summed, plus its exceptions
+    # (only for a row that exists: the exception pass reads x[row] unmasked).
     acc1 = tl.sum(tl.sum(acc3, axis=2), axis=0)
     if HAS_EXC:
-        if pid_k == 0:
+        if (pid_k == 0) & valid:
             acc1 += _exception_delta(rowptr_ptr, eidx_ptr, ehi_ptr, lo_ptr, xrow, rn, base, pid_n, N, K, stride_lo, BN)
     return tl.where(ri[:, None] == r, acc1[None, :], out2)
 
@@ -233,12 +234,14 @@ def _linear_kernel(
         rows = pid_m * BM + ri
         out2 = tl.where(ri[:, None] == 0, acc1[None, :], 0.0)
         out2 = _put_row(out2, ri, 1, acc3b, rowptr_ptr, eidx_ptr, ehi_ptr, lo8_ptr, x_ptr + (pid_m * BM + 1) * stride_xm,
-                        rn, base, pid_n, pid_k, N, K, KP, BN, HAS_EXC)
+                        pid_m * BM + 1 < M, rn, base, pid_n, pid_k, N, K, KP, BN, HAS_EXC)
         if BM >= 4:
             out2 = _put_row(out2, ri, 2, acc3c, rowptr_ptr, eidx_ptr, ehi_ptr, lo8_ptr,
-                            x_ptr + (pid_m * BM + 2) * stride_xm, rn, base, pid_n, pid_k, N, K, KP, BN, HAS_EXC)
+                            x_ptr + (pid_m * BM + 2) * stride_xm, pid_m * BM + 2 < M, rn, base, pid_n, pid_k, N, K,
+                            KP, BN, HAS_EXC)
             out2 = _put_row(out2, ri, 3, acc3d, rowptr_ptr, eidx_ptr, ehi_ptr, lo8_ptr,
-                            x_ptr + (pid_m * BM + 3) * stride_xm, rn, base, pid_n, pid_k, N, K, KP, BN, HAS_EXC)
+                            x_ptr + (pid_m * BM + 3) * stride_xm, pid_m * BM + 3 < M, rn, base, pid_n, pid_k, N, K,
+                            KP, BN, HAS_EXC)
         C.store_out(out2, out_ptr, fin_ptr, cnt_ptr, bias_ptr, rows[:, None] * N + rn[None, :],
                     (rows < M)[:, None] & nmask[None, :], rn[None, :] + 0 * rows[:, None], tile, pid_k,
                     tl.num_programs(1), M * N, PARTIAL, FIXUP, HAS_BIAS)

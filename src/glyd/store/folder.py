@@ -28,7 +28,7 @@ import glyd
 from glyd.codec import LAYOUTS
 from glyd.codec.packed import FORMAT_VERSION as CODEC_FORMAT_VERSION
 from glyd.errors import CorruptError, DestinationExistsError, FormatError
-from glyd.store._safetensors import Header, dtype_from_name, dtype_name, read_header, sha256_tensor
+from glyd.store._safetensors import Header, dtype_from_name, dtype_name, read_header, sha256_tensor, write_streaming
 from glyd.store.checkpoint import (
     CONFIG,
     INDEX,
@@ -352,7 +352,9 @@ def unpack_folder(src: str | os.PathLike, dst: str | os.PathLike, progress: bool
 
     Same shards as the checkpoint (with ``model.safetensors.index.json`` when sharded), every tensor
     bit-identical to the original (each sha256 is checked before it is written), config.json without
-    glyd's ``quantization_config``, every other file copied and checked. Returns counts.
+    glyd's ``quantization_config``, every other file copied and checked. Returns counts. Tensors
+    are unpacked and written one at a time (memory: the largest tensor, not the largest shard);
+    each shard's bytes are those ``safetensors.torch.save_file`` would write.
     """
     reader = CheckpointReader(src)
     dst = Path(dst)
@@ -368,18 +370,23 @@ def unpack_folder(src: str | os.PathLike, dst: str | os.PathLike, progress: bool
         total = params = 0
         with tqdm(total=len(reader), desc="unpack", unit="tensor", disable=not progress, leave=False) as bar:
             for file, names in sorted(by_file.items()):
-                tensors = {}
-                for name in names:
+                # One tensor in memory at a time: the header comes from the manifest's dtypes and
+                # shapes, each tensor is unpacked, checked against its sha256 and written in turn.
+                specs = {name: (reader.entry(name)["dtype"], reader.entry(name)["shape"]) for name in names}
+
+                def produce(name: str) -> torch.Tensor:
                     t = reader.get_original(name)
                     reader.check_tensor(name, t)
-                    tensors[name] = t
-                    weight_map[name] = file
-                    total += t.numel() * t.element_size()
-                    params += t.numel()
                     bar.update(1)
-                save_file(tensors, str(out.tmp / file), metadata={"format": "pt"})
-                counts["tensors"] += len(tensors)
-                del tensors
+                    return t
+
+                write_streaming(out.tmp / file, specs, produce, metadata={"format": "pt"})
+                for name, (dt, shape) in specs.items():
+                    weight_map[name] = file
+                    numel = math.prod(shape)
+                    total += numel * torch.empty(0, dtype=getattr(torch, dt)).element_size()
+                    params += numel
+                counts["tensors"] += len(specs)
         if not by_file:
             save_file({}, str(out.tmp / SINGLE_SHARD), metadata={"format": "pt"})
         if len(by_file) > 1:

@@ -72,11 +72,28 @@ def _cases():
         ("fixed12", 3, 37, 1100, Config(bm=2, bn=16, bk=256, dot=False, group_major=True, split=2)),
         ("fixed12", 5, 33, 1100, Config(bm=4, bn=32, bk=512, dot=False, group_major=True, split=3, fixup=True)),
         ("fixed12", 3, 20, 200, Config(bm=2, bn=16, bk=256, dot=False, group_major=True)),
+        # the group-major GEMV kernel: EVEN (no masks, rows past N clamped) and register prefetch
+        ("fixed12", 1, 37, 1024, Config(bm=1, bn=16, bk=256, dot=False, group_major=True, split=2, stages=1,
+                                        prefetch=True)),
+        ("fixed12", 2, 33, 1100, Config(bm=1, bn=16, bk=256, dot=False, group_major=True, split=3, stages=1,
+                                        prefetch=True)),
+        ("fixed12", 3, 40, 1024, Config(bm=1, bn=32, bk=512, dot=False, group_major=True, stages=1)),
+        ("fixed12", 1, 37, 1024, Config(bm=1, bn=16, bk=128, dot=False, group_major=True, split=4, fixup=True,
+                                        stages=1, prefetch=True)),
+        # the same GEMV with several x rows a program (M not a multiple of bm; even and odd K)
+        ("fixed12", 3, 37, 1024, Config(bm=2, bn=16, bk=256, dot=False, group_major=True, split=2, stages=1)),
+        ("fixed12", 5, 33, 1100, Config(bm=4, bn=32, bk=128, dot=False, group_major=True, split=3, stages=1)),
+        ("fixed12", 11, 20, 512, Config(bm=8, bn=16, bk=128, dot=False, group_major=True, stages=1, prefetch=True)),
+        ("fixed12", 16, 40, 1024, Config(bm=16, bn=16, bk=128, dot=False, group_major=True, split=2, stages=1,
+                                         fixup=True)),
+        ("fixed12", 3, 20, 200, Config(bm=2, bn=16, bk=256, dot=False, group_major=True, stages=1, gemv=False)),
+        ("fixed12", 4, 24, 640, None),  # the defaults of M = 3-4 and 5-8 (small matrix)
+        ("fixed12", 7, 24, 640, None),
     ]
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("case", range(28))
+@pytest.mark.parametrize("case", range(39))
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_linear_matches_reference(device, case, with_bias):
     from glyd import kernels

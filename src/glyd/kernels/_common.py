@@ -36,6 +36,11 @@ class Config:
     64-weight groups a step. ``waves``: split K until the grid has ``waves`` programs an SM.
     ``fixup``: split-K partials are summed by the last program of each tile (``split_fixup``)
     instead of a second kernel (``finalize``); fixed12 FMA, byte and mma kernels.
+    ``gemv`` (fixed12, ``group_major`` with ``stages`` 1): the dedicated group-major GEMV kernel
+    (one decoded tile for ``bm`` <= 16 x rows, unmasked loads on whole shapes, x read as bf16
+    pairs, ``prmt`` decode on the GPU); False keeps the general masked FMA loop (``bm`` 1, 2, 4),
+    for comparison. ``prefetch`` (that GEMV): load the next step's plane words into registers
+    before decoding this step's.
     """
 
     bm: int = 16
@@ -52,6 +57,8 @@ class Config:
     mma: bool = False
     waves: int = 2
     fixup: bool = False
+    prefetch: bool = False
+    gemv: bool = True
 
     def __post_init__(self) -> None:
         for name in ("bm", "bn", "bk"):
@@ -66,6 +73,8 @@ class Config:
             raise ValueError("mma is a tensor-core tile (dot=True, not byte or group_major) with a power-of-two g")
         if self.waves < 1:
             raise ValueError(f"Config.waves must be >= 1, got {self.waves}")
+        if self.prefetch and not (self.group_major and self.stages == 1 and self.gemv):
+            raise ValueError("prefetch applies to the group-major GEMV (group_major, stages = 1, gemv)")
         if self.group_major and self.dot:
             raise ValueError("group_major applies to the FMA path (dot=False) only")
         if self.split < 0 or self.warps not in (1, 2, 4, 8, 16) or self.stages < 1:

@@ -248,6 +248,180 @@ def _linear_kernel(
 
 
 @triton.jit
+def _gm_planes(code_ptr, lo_ptr, code_off, lo_off, kb, lmask, BK: tl.constexpr, EVEN: tl.constexpr):
+    # One step's plane words (code, lo of the first and second half) as uint32 tiles.
+    kw = tl.multiple_of(kb // 8, BK // 8)
+    kl = tl.multiple_of(kb // 4, BK // 4)
+    if EVEN:
+        cw = tl.load(code_ptr + code_off + kw)
+        la = tl.load(lo_ptr + lo_off + kl)
+        lb = tl.load(lo_ptr + lo_off + (kl + 8))
+    else:
+        cw = tl.load(code_ptr + code_off + kw, mask=lmask, other=0)
+        la = tl.load(lo_ptr + lo_off + kl, mask=lmask, other=0)
+        lb = tl.load(lo_ptr + lo_off + (kl + 8), mask=lmask, other=0)
+    return (cw.to(tl.uint32, bitcast=True), la.to(tl.uint32, bitcast=True), lb.to(tl.uint32, bitcast=True))
+
+
+@triton.jit
+def _prmt(a, b, SEL: tl.constexpr):
+    # prmt.b32: each byte of the result picked from the 8 bytes of (b, a) by a nibble of SEL
+    return tl.inline_asm_elementwise(f"prmt.b32 $0, $1, $2, {SEL};", "=r,r,r", [a, b], dtype=tl.uint32,
+                                     is_pure=True, pack=1)
+
+
+@triton.jit
+def _f32_lane(h, lo, t: tl.constexpr, PRMT: tl.constexpr):
+    # fp32 of the weight in byte lane t (hi byte from h, low byte from lo): one prmt.b32 on the GPU
+    # from lo with every other byte cleared, which supplies the two zero bytes.
+    if PRMT:
+        if t == 0:
+            r = _prmt(lo & 0x00FF00FF, h, 0x4011)
+        elif t == 1:
+            r = _prmt(lo & 0xFF00FF00, h, 0x5100)
+        elif t == 2:
+            r = _prmt(lo & 0x00FF00FF, h, 0x6211)
+        else:
+            r = _prmt(lo & 0xFF00FF00, h, 0x7300)
+    else:
+        r = _f32_bits(h, lo, t)
+    return r.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _x_lane(x01, x23, t: tl.constexpr):
+    # fp32 of x at byte lane t from two uint32 words holding bf16 pairs (x[0], x[1]) and (x[2], x[3])
+    if t == 0:
+        r = x01 << 16
+    elif t == 1:
+        r = x01 & 0xFFFF0000
+    elif t == 2:
+        r = x23 << 16
+    else:
+        r = x23 & 0xFFFF0000
+    return r.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _gm_fma(acc, cw, la, lb, b4, x_ptr, x32_ptr, xoff, x32off, mmx, ka0, K, BM: tl.constexpr, EVEN: tl.constexpr,
+            PRMT: tl.constexpr):
+    # acc += decoded word tile * x, byte lane by byte lane. BM = 1: tiles [G, BN, 8], ka0 [G, 1, 8]
+    # (column of each word's byte 0), xoff / x32off the row's offsets (scalars). BM > 1: every
+    # tile carries a leading axis ([1, G, BN, 8], ka0 [1, G, 1, 8]), acc is [BM, G, BN, 8] and
+    # xoff / x32off are [BM, 1, 1, 1]. (Planes loaded as 3-D tiles and expanded afterwards compile
+    # to shared-memory round trips; a 4-D accumulator for one row does too: hence two shapes.)
+    ha = ((cw << 4) & 0x80808080) | ((cw & 0x07070707) + b4)
+    hb = (cw & 0x80808080) | (((cw >> 4) & 0x07070707) + b4)
+    kw = ka0
+    if EVEN:
+        # a word's 4 columns are contiguous in x: two bf16 pairs a word and half, each pair one
+        # 4-byte load (4 loads, where the byte lanes took 8 scalar loads with their own addresses)
+        xo = x32off + (kw >> 1)
+        xa01 = tl.load(x32_ptr + xo).to(tl.uint32, bitcast=True)
+        xa23 = tl.load(x32_ptr + xo + 1).to(tl.uint32, bitcast=True)
+        xb01 = tl.load(x32_ptr + xo + 16).to(tl.uint32, bitcast=True)
+        xb23 = tl.load(x32_ptr + xo + 17).to(tl.uint32, bitcast=True)
+    for t in tl.static_range(4):
+        wa = _f32_lane(ha, la, t, PRMT)
+        wb = _f32_lane(hb, lb, t, PRMT)
+        if EVEN:
+            xa = _x_lane(xa01, xa23, t)
+            xb = _x_lane(xb01, xb23, t)
+        else:
+            ka = kw + t
+            xa = tl.load(x_ptr + xoff + ka, mask=mmx & (ka < K), other=0.0).to(tl.float32)
+            xb = tl.load(x_ptr + xoff + ka + 32, mask=mmx & (ka + 32 < K), other=0.0).to(tl.float32)
+        acc += wa * xa
+        acc += wb * xb
+    return acc
+
+
+@triton.jit
+def _gemv_gm_kernel(
+    x_ptr, x32_ptr, code_ptr, lo_ptr, lo8_ptr, base_ptr, rowptr_ptr, eidx_ptr, ehi_ptr, bias_ptr, out_ptr, fin_ptr,
+    cnt_ptr, M, N, K, KP, stride_xm, K_SPLIT, stride_code, stride_lo,
+    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EVEN: tl.constexpr, PREFETCH: tl.constexpr,
+    PRMT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_EXC: tl.constexpr, PARTIAL: tl.constexpr, FIXUP: tl.constexpr,
+):
+    # The group-major word-tile GEMV: a [BN, BK] weight tile decoded once for BM x rows. Options for
+    # its memory path: EVEN (K == KP, whole steps, x rows 4-byte aligned): no load masks at all
+    # (rows past N or M read row N-1 / M-1 again, not stored) and x read as bf16 pairs through
+    # x32_ptr; PREFETCH: the next step's plane words are loaded into registers before this step's
+    # decode, so a program always has one step of loads in flight (shared-memory pipelining of
+    # the same loads measured slower: notes-kernels run 11).
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    pid_m = tl.program_id(2)
+    G: tl.constexpr = BK // 64
+    rn = pid_n * BN + tl.arange(0, BN)
+    nmask = rn < N
+    rm = pid_m * BM + tl.arange(0, BM)
+    mmask = rm < M
+    base = tl.load(base_ptr).to(tl.uint32)
+    b4 = base * 0x01010101
+    gi = tl.arange(0, G)[:, None, None]
+    wi = tl.arange(0, 8)[None, None, :]
+    if EVEN:
+        r3 = tl.minimum(rn, N - 1)[None, :, None]
+        rm4 = tl.minimum(rm, M - 1)[:, None, None, None]
+    else:
+        r3 = rn[None, :, None]
+        rm4 = rm[:, None, None, None]
+    m3 = nmask[None, :, None]
+    if BM > 1:
+        gi = gi[None, :, :, :]
+        wi = wi[None, :, :, :]
+        r3 = r3[None, :, :, :]
+        m3 = m3[None, :, :, :]
+    if BM == 1:
+        mmx = pid_m < M
+        xoff = pid_m * stride_xm
+        x32off = pid_m * (stride_xm // 2)
+    else:
+        mmx = mmask[:, None, None, None]
+        xoff = rm4 * stride_xm
+        x32off = rm4 * (stride_xm // 2)
+    code_off = r3 * stride_code + gi * 8 + wi
+    lo_off = r3 * stride_lo + gi * 16 + wi
+    kx = gi * 64 + wi * 4
+    k0 = pid_k * K_SPLIT
+    k1 = tl.minimum(k0 + K_SPLIT, KP)
+    if BM == 1:
+        acc4 = tl.zeros([G, BN, 8], dtype=tl.float32)
+    else:
+        acc4 = tl.zeros([BM, G, BN, 8], dtype=tl.float32)
+    if PREFETCH:
+        cw, la, lb = _gm_planes(code_ptr, lo_ptr, code_off, lo_off, k0, m3 & (k0 + gi * 64 < KP), BK, EVEN)
+        for kb in range(k0, k1, BK):
+            # the last step re-reads its own words (no mask, no branch): they are in L2
+            kn = tl.minimum(kb + BK, k1 - BK) if EVEN else kb + BK
+            cn, lan, lbn = _gm_planes(code_ptr, lo_ptr, code_off, lo_off, kn, m3 & (kn + gi * 64 < k1), BK, EVEN)
+            acc4 = _gm_fma(acc4, cw, la, lb, b4, x_ptr, x32_ptr, xoff, x32off, mmx, kb + kx, K, BM, EVEN, PRMT)
+            cw = cn
+            la = lan
+            lb = lbn
+    else:
+        for kb in range(k0, k1, BK):
+            cw, la, lb = _gm_planes(code_ptr, lo_ptr, code_off, lo_off, kb, m3 & (kb + gi * 64 < KP), BK, EVEN)
+            acc4 = _gm_fma(acc4, cw, la, lb, b4, x_ptr, x32_ptr, xoff, x32off, mmx, kb + kx, K, BM, EVEN, PRMT)
+    if BM == 1:
+        acc = tl.sum(tl.sum(acc4, axis=2), axis=0)[None, :]
+    else:
+        acc = tl.sum(tl.sum(acc4, axis=3), axis=1)  # [BM, BN]
+    if HAS_EXC:
+        if pid_k == 0:
+            if BM == 1:
+                acc += _exception_delta(rowptr_ptr, eidx_ptr, ehi_ptr, lo8_ptr, x_ptr + pid_m * stride_xm, rn, base,
+                                        pid_n, N, K, KP, BN)[None, :]
+            else:
+                acc += tl.trans(_exception_delta_tile(rowptr_ptr, eidx_ptr, ehi_ptr, lo8_ptr, x_ptr, rn, rm, mmask,
+                                                      stride_xm, base, pid_n, N, K, KP, BN, BM))
+    C.store_out(acc, out_ptr, fin_ptr, cnt_ptr, bias_ptr, rm[:, None] * N + rn[None, :],
+                mmask[:, None] & nmask[None, :], rn[None, :] + 0 * rm[:, None], pid_m * tl.num_programs(0) + pid_n,
+                pid_k, tl.num_programs(1), M * N, PARTIAL, FIXUP, HAS_BIAS)
+
+
+@triton.jit
 def _gemv_bytes_kernel(
     x_ptr, code_ptr, lo_ptr, base_ptr, rowptr_ptr, eidx_ptr, ehi_ptr, bias_ptr, out_ptr, fin_ptr, cnt_ptr,
     M, N, K, KP, stride_xm, K_SPLIT, stride_code, stride_lo,
@@ -441,16 +615,25 @@ def unpack(p: Packed, out: torch.Tensor | None = None) -> torch.Tensor:
 
 
 def default_config(m: int, n: int, k: int) -> C.Config:
-    """Block shapes per M bucket: the fastest of the configs timed on the H200 on 2026-11-30
-    (whole-model decode-step graphs; benchmarks/notes-kernels.md lists every variant)."""
-    if m == 1:  # group-major word tiles, plane loads straight to registers, K split to 8 programs an
-        # SM: 1.25x bf16's step (run 12; 1.33x at 2 programs an SM). Pipelining the plane loads
-        # through shared memory by async copy (stages 2-4) measured 2.0-2.1x (run 11).
-        return C.Config(bm=1, bn=32, bk=512, dot=False, warps=4, stages=1, group_major=True, waves=8)
+    """Block shapes per M bucket and matrix shape: the fastest of the configs timed on the H200 on
+    2026-11-30 (``benchmarks/sweep_shapes.py`` per shape, ``benchmarks/kernels.py`` per decode
+    step; benchmarks/notes-kernels.md lists every variant)."""
     if m >= LONG_M:
         return C.Config(long=True)
+    small = n * k <= 1 << 24  # q, k, v, o of a 7B model: too few tiles to fill the GPU
+    tall = k >= 8192 and k > n  # down projections
+    if m <= 2:
+        # group-major GEMV, one decoded tile for m x rows (sweep run 16: 0.77x bf16 on gate/up,
+        # 0.69x on the lm_head, 0.98x on down, 1.03-1.35x on q/o and k/v at M = 1; the mma
+        # kernel took 1.7-2.1x at M = 2)
+        if small:  # one K step a program: the most programs in flight
+            steps = max(1, -(-(-(-k // 64) * 64) // 256))
+            return C.Config(bm=m, bn=16, bk=256, dot=False, group_major=True, stages=1, split=steps)
+        return C.Config(bm=m, bn=16 if tall else 32, bk=256, dot=False, group_major=True, stages=1, waves=16)
+    if m <= 4 or (m <= 8 and small):  # four x rows a program: 1.32-1.59x against 1.73-2.09x (mma)
+        return C.Config(bm=4, bn=16, bk=128, dot=False, group_major=True, stages=1, waves=8)
     if m <= 16:  # mma tile, A operand decoded in registers: 2.06-2.26x against 2.25-2.85x (runs 11, 12)
-        return C.Config(bm=max(16, 1 << (m - 1).bit_length()), bn=32, mma=True, g=2, stages=4, waves=8)
+        return C.Config(bm=16, bn=32, mma=True, g=2, stages=4, waves=8)
     if m <= 32:  # 2.21x against 3.32x for the earlier tl.dot tile (runs 11, 12)
         return C.Config(bm=32, bn=64, mma=True, g=2, stages=3)
     if m <= 64:  # 2.96x against 3.78x (runs 11, 12)
@@ -488,13 +671,19 @@ def linear(x: torch.Tensor, p: Packed, bias: torch.Tensor | None = None, config:
     if cfg.long:
         w = unpack(p, C.scratch(x2.device, n * k).view(n, k))
         return torch.nn.functional.linear(x2, w, bias).reshape(*x.shape[:-1], n)
-    if not cfg.dot and not cfg.byte and (cfg.bm not in (1, 2, 4) or (cfg.bm > 1 and not cfg.group_major)):
+    gemv = cfg.group_major and cfg.stages == 1 and cfg.gemv
+    if gemv and cfg.bm > 16:
+        raise ValueError("the group-major GEMV takes up to bm = 16 activation rows a program")
+    if (not cfg.dot and not cfg.byte and not gemv
+            and (cfg.bm not in (1, 2, 4) or (cfg.bm > 1 and not cfg.group_major))):
         raise ValueError("the FMA path takes bm = 1, or bm = 2 or 4 activation rows a program with group_major")
     prep = prepare(p)
     if cfg.byte:
         return _launch_gemv_bytes(x2, p, bias, cfg, prep, out).reshape(*x.shape[:-1], n)
     if cfg.mma:
         return _launch_mma(x2, p, bias, cfg, prep, out).reshape(*x.shape[:-1], n)
+    if gemv:
+        return _launch_gemv_gm(x2, p, bias, cfg, prep, out).reshape(*x.shape[:-1], n)
     tiles = triton.cdiv(n, cfg.bn) * triton.cdiv(m, cfg.bm)
     split, per = C.choose_split(tiles, kp, cfg.bk, x2.device, cfg.split, cfg.waves)
     partial = split > 1
@@ -513,6 +702,33 @@ def linear(x: torch.Tensor, p: Packed, bias: torch.Tensor | None = None, config:
     if partial and not fixup:
         C.finalize(dst, bias, out)
     return out.reshape(*x.shape[:-1], n)
+
+
+# x: bf16 [M, K]; packed: fixed12 [N, K]; out: bf16 [M, N] (written) -> out
+def _launch_gemv_gm(x2: torch.Tensor, p: Packed, bias, cfg: C.Config, prep: Prepared, out: torch.Tensor):
+    m, k = x2.shape
+    n = p.shape[0]
+    a = p.arrays
+    kp = a["lo"].shape[1]
+    tiles = triton.cdiv(n, cfg.bn) * triton.cdiv(m, cfg.bm)
+    split, per = C.choose_split(tiles, kp, cfg.bk, x2.device, cfg.split, cfg.waves)
+    partial = split > 1
+    dst = torch.empty(split, m, n, dtype=torch.float32, device=x2.device) if partial else out
+    even = (k == kp and per % cfg.bk == 0 and kp % cfg.bk == 0 and x2.stride(0) % 2 == 0
+            and x2.data_ptr() % 4 == 0)
+    fixup = partial and cfg.fixup
+    cnt = C.counters(x2.device, tiles) if fixup else out
+    grid = (triton.cdiv(n, cfg.bn), split, triton.cdiv(m, cfg.bm))
+    _gemv_gm_kernel[grid](
+        x2, x2.view(torch.int32) if even else x2, a["code"].view(torch.int32), a["lo"].view(torch.int32), a["lo"], a["base"], prep.rowptr,
+        a["exc_idx"], a["exc_hi"], bias if bias is not None else out, dst, out, cnt,
+        m, n, k, kp, x2.stride(0), per, kp // 8, kp // 4,
+        BM=cfg.bm, BN=cfg.bn, BK=cfg.bk, EVEN=even, PREFETCH=cfg.prefetch, PRMT=not C.interpreting(), HAS_BIAS=bias is not None,
+        HAS_EXC=prep.nexc > 0, PARTIAL=partial, FIXUP=fixup, num_warps=cfg.warps, num_stages=1,
+    )
+    if partial and not fixup:
+        C.finalize(dst, bias, out)
+    return out
 
 
 # x: bf16 [M, K]; packed: fixed12 [N, K]; out: bf16 [M, N] (written) -> out

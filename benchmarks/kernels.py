@@ -164,6 +164,21 @@ def variants():
         "f12 fma gm bn32 bk512 s1 w8 wv8": lambda lay, m: V(bm=1, bn=32, bk=512, dot=False, group_major=True,
                                                              stages=1, warps=8, waves=8)
         if f12(lay, m) and m == 1 else None,
+        # the group-major GEMV kernel (x as bf16 pairs, prmt decode, unmasked on whole shapes):
+        # "f12 gv bmB bnN bkK wvW [pf]", B x rows a program on one decoded tile; pf = register prefetch
+        **{f"f12 gv bm{bm} bn{bn} bk{bk} wv{wv}{' pf' if pf else ''}": (
+            lambda lay, m, bm=bm, bn=bn, bk=bk, wv=wv, pf=pf, ms=ms: V(
+                bm=bm, bn=bn, bk=bk, dot=False, group_major=True, stages=1, waves=wv, prefetch=pf)
+            if f12(lay, m) and m in ms else None)
+           for bm, bn, bk, wv, pf, ms in [
+               (1, 32, 512, 4, False, (1,)), (1, 32, 256, 8, False, (1,)), (1, 32, 256, 16, False, (1,)),
+               (1, 32, 256, 8, True, (1,)), (1, 64, 256, 8, False, (1,)),
+               (2, 32, 256, 8, False, (2, 4)), (2, 32, 256, 8, True, (2,)), (2, 16, 256, 8, False, (2,)),
+               (4, 32, 128, 8, False, (4, 8)), (4, 16, 256, 8, False, (4,)),
+               (8, 32, 128, 8, False, (8, 16)), (8, 16, 128, 8, False, (8, 16)), (16, 16, 128, 8, False, (16,)),
+           ]},
+        "f12 gv old masked loop bm1": lambda lay, m: V(bm=1, bn=32, bk=512, dot=False, group_major=True, stages=1,
+                                                    waves=8, gemv=False) if f12(lay, m) and m == 1 else None,
         "f12 byte bn16 g4 s1 wv8": lambda lay, m: V(bm=1, bn=16, dot=False, byte=True, g=4, stages=1, waves=8)
         if f12(lay, m) and m <= 2 else None,
         # mma tile kernel (the default at M = 2-64): a few neighbours of the defaults

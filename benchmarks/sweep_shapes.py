@@ -1,0 +1,135 @@
+"""Per-shape tuning sweep for the fixed12 fused linear at decode sizes (M = 1-16) on one GPU.
+
+For each matrix shape of a Qwen2.5-7B-shaped model (q/o, k/v, gate/up, down, lm_head) and each M,
+times bf16 ``F.linear`` and a grid of fixed12 configs over enough distinct copies of the matrix
+that the packed bytes do not fit in L2 (one CUDA graph a measurement, median of its replays),
+after checking each config once against float64 ``F.linear`` (relative error < 5e-3). Prints one
+table a shape and M (us a matrix, ratio to bf16), best first, and writes JSON.
+
+    PYTHONPATH=src python benchmarks/sweep_shapes.py --ms 1,2,4,8,16 --out results/
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+import triton
+
+from glyd import kernels
+from glyd.kernels import _common as C
+from glyd.kernels import fixed12
+from glyd.timing import cuda_graph_ms
+
+log = logging.getLogger("sweep_shapes")
+
+# name: (N, K); copies are chosen so a graph reads >= ~300 MB of packed weights
+SHAPES = {"k/v": (512, 3584), "q/o": (3584, 3584), "gate/up": (18944, 3584), "down": (3584, 18944),
+          "lm_head": (152064, 3584)}
+
+
+def candidates(m: int, n: int, k: int) -> dict[str, C.Config | None]:
+    """The configs timed at this M (name -> Config; None = the current default)."""
+    V = C.Config
+    out: dict[str, C.Config | None] = {"default": None}
+    steps = lambda bk: (k + bk - 1) // bk  # noqa: E731
+
+    def gv(bm, bn, bk, wv=8, split=0, pf=False, fix=False, warps=4):
+        name = (f"gv bm{bm} bn{bn} bk{bk} " + (f"split{split}" if split else f"wv{wv}") + (" pf" if pf else "")
+                + (" fixup" if fix else "") + (f" w{warps}" if warps != 4 else ""))
+        out[name] = V(bm=bm, bn=bn, bk=bk, dot=False, group_major=True, stages=1, waves=wv, split=split,
+                      prefetch=pf, fixup=fix, warps=warps)
+
+    def mma(bn, g, st, wv=8):
+        out[f"mma bn{bn} g{g} s{st} wv{wv}"] = V(bm=max(16, 1 << (m - 1).bit_length()), bn=bn, mma=True, g=g,
+                                                 stages=st, waves=wv)
+
+    if os.environ.get("SWEEP_ROUND") == "2" and m <= 2:  # second round: around the new defaults
+        gv(m, 16, 256, split=steps(256), fix=True)
+        gv(m, 16, 256, 16, fix=True)
+        gv(m, 32, 256, 16, fix=True)
+        gv(m, 8, 512, 16)
+        gv(m, 16, 1024, 16)
+        gv(m, 16, 512, 32)
+        gv(m, 32, 256, 32)
+        gv(m, 32, 512, 16, warps=8)
+        gv(m, 16, 256, 16, pf=True)
+        return out
+    if m == 1:
+        for bn, bk in ((16, 256), (32, 256), (32, 512), (64, 256), (16, 512)):
+            for wv in (4, 8, 16):
+                gv(1, bn, bk, wv)
+        for bn, bk in ((16, 256), (32, 256), (16, 128)):
+            gv(1, bn, bk, split=steps(bk))  # one step a program: the most programs
+        gv(1, 32, 256, 8, pf=True)
+    elif m <= 4:
+        for bn, bk in ((16, 256), (32, 256), (32, 128)):
+            for wv in (8, 16):
+                gv(2, bn, bk, wv)
+        gv(2, 16, 256, split=steps(256))
+        if m == 4:
+            gv(4, 32, 128, 8)
+            gv(4, 16, 128, 8)
+        mma(32, 2, 4, 16)
+    else:
+        gv(4, 32, 128, 8)
+        gv(4, 16, 128, 8)
+        mma(32, 2, 4, 16)
+        mma(64, 2, 3, 8)
+        mma(64, 4, 3, 8)
+        mma(32, 4, 3, 8)
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--ms", default="1,2,4,8,16")
+    ap.add_argument("--shapes", default=",".join(SHAPES))
+    ap.add_argument("--out", default=None, help="folder for sweep.json")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    ms = [int(v) for v in args.ms.split(",")]
+    res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+           "rows": []}
+    for sname in args.shapes.split(","):
+        n, k = SHAPES[sname]
+        copies = max(2, min(28, -(-300_000_000 // (n * k * 3 // 2))))
+        ws = [(torch.randn(n, k, device="cuda") * 0.02).to(torch.bfloat16) for _ in range(copies)]
+        ps = [kernels.pack(w, "fixed12") for w in ws]
+        for m in ms:
+            x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+            t16 = cuda_graph_ms(lambda: [F.linear(x, w) for w in ws], 20) / copies * 1e3
+            ref = F.linear(x.double(), ws[0].double())
+            rows = []
+            for name, cfg in candidates(m, n, k).items():
+                try:
+                    err = ((kernels.linear(x, ps[0], None, cfg).double() - ref).norm() / ref.norm()).item()
+                    if not err < 5e-3:
+                        raise RuntimeError(f"relative error {err:.3g}")
+                    t = cuda_graph_ms(lambda cfg=cfg: [kernels.linear(x, p, None, cfg) for p in ps], 20)
+                    rows.append((name, t / copies * 1e3))
+                except Exception as exc:  # a config that fails is reported, not fatal
+                    log.warning("%s M=%d %s failed: %s", sname, m, name, str(exc)[:120])
+            rows.sort(key=lambda r: r[1])
+            dflt = fixed12.default_config(m, n, k)
+            res["rows"].append({"shape": sname, "n": n, "k": k, "m": m, "copies": copies, "bf16_us": t16,
+                                "default": str(dflt), "us": dict(rows)})
+            print(f"\n{sname} {n}x{k} M={m} ({copies} copies): bf16 {t16:.2f} us")
+            for name, t in rows[:6] + [r for r in rows[6:] if r[0] == "default"]:
+                print(f"  {name:28s} {t:8.2f} us  {t / t16:.3f}x")
+        del ws, ps
+        torch.cuda.empty_cache()
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "sweep.json"), "w") as f:
+            json.dump(res, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -4,36 +4,36 @@ GPU name -> {"date", "m", "shapes": {"NxK": {"bf16": us, "fixed12": us, "tiered"
 Times are medians of CUDA-graph replays at M = ``m`` (the decode step).
 """
 
-# benchmarks/kernels.py run 13, 2026-11-30, H200 (torch 2.11, triton 3.6); see benchmarks/RESULTS.md.
+# benchmarks/kernels.py run 17, 2026-11-30, H200 (torch 2.11, triton 3.6); see benchmarks/RESULTS.md.
 TIMES: dict = {
     "NVIDIA H200": {
         "date": "2026-11-30",
         "m": 1,
         "shapes": {
             "3584x3584": {
-                "bf16": 11.51,
-                "fixed12": 15.19,
-                "tiered": 74.51
+                "bf16": 11.37,
+                "fixed12": 12.26,
+                "tiered": 74.9
             },
             "512x3584": {
                 "bf16": 7.59,
-                "fixed12": 12.7,
-                "tiered": 33.86
+                "fixed12": 9.05,
+                "tiered": 34.08
             },
             "18944x3584": {
-                "bf16": 36.35,
-                "fixed12": 38.62,
-                "tiered": 319.97
+                "bf16": 36.31,
+                "fixed12": 30.45,
+                "tiered": 321.84
             },
             "3584x18944": {
-                "bf16": 38.38,
-                "fixed12": 48.99,
-                "tiered": 385.35
+                "bf16": 38.5,
+                "fixed12": 38.92,
+                "tiered": 387.12
             },
             "152064x3584": {
-                "bf16": 260.35,
-                "fixed12": 246.56,
-                "tiered": 2515.25
+                "bf16": 253.06,
+                "fixed12": 205.6,
+                "tiered": 2526.9
             }
         }
     }

@@ -85,6 +85,7 @@ def linear_depth(x, p, c, depth, fast, sparse=False):
     mb = min(1 << (m - 1).bit_length(), kt.GEMV_MB)
     kt._gemv_kernel[((n + kt.GEMV_BN - 1) // kt.GEMV_BN, (m + mb - 1) // mb)](
         x, *kt._args(p), out, out, m, n, k, kp, n * kp, (n * kp + 1023) // 1024, p.arrays["area"].numel(), kt.REG_AREA_BYTES, x.stride(0),
+        out, out, out,  # no sparse-deep list: the stage runs cut tiers off instead
         BN=kt.GEMV_BN, BB=kt.GEMV_BB, MB=mb, HAS_BIAS=False, DEPTH=depth, FAST5=fast, num_warps=kt.GEMV_WARPS)
     return out
 

@@ -49,6 +49,28 @@ def candidates(m: int, n: int, k: int) -> dict[str, C.Config | None]:
         out[f"mma bn{bn} g{g} s{st} wv{wv}"] = V(bm=max(16, 1 << (m - 1).bit_length()), bn=bn, mma=True, g=g,
                                                  stages=st, waves=wv)
 
+    def tc(bm, bn, bk, warps=4, wv=8):
+        out[f"tc bm{bm} bn{bn} bk{bk} w{warps} wv{wv}"] = V(bm=bm, bn=bn, bk=bk, tc=True, warps=warps, waves=wv)
+
+    if os.environ.get("SWEEP_ROUND") == "3":  # tensor cores fed from register loads
+        if m <= 16:
+            for bn, bk, w in ((32, 256, 4), (64, 256, 4), (64, 256, 8), (64, 512, 8), (128, 256, 8)):
+                tc(16, bn, bk, w)
+            tc(16, 64, 256, 8, 16)
+        elif m <= 32:
+            for bn, bk, w in ((64, 256, 4), (64, 256, 8), (128, 256, 8), (32, 256, 4)):
+                tc(32, bn, bk, w)
+            tc(16, 64, 256, 8)
+        elif m <= 64:
+            tc(64, 64, 256, 4)
+            tc(64, 128, 256, 8)
+            tc(32, 64, 256, 8)
+            tc(16, 64, 256, 8)
+        else:
+            tc(64, 128, 256, 8)
+            tc(128, 128, 128, 8)
+            tc(64, 64, 256, 4)
+        return out
     if os.environ.get("SWEEP_ROUND") == "2" and m <= 2:  # second round: around the new defaults
         gv(m, 16, 256, split=steps(256), fix=True)
         gv(m, 16, 256, 16, fix=True)

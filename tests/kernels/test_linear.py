@@ -89,11 +89,15 @@ def _cases():
         ("fixed12", 3, 20, 200, Config(bm=2, bn=16, bk=256, dot=False, group_major=True, stages=1, gemv=False)),
         ("fixed12", 4, 24, 640, None),  # the defaults of M = 3-4 and 5-8 (small matrix)
         ("fixed12", 7, 24, 640, None),
+        # tensor cores fed from register loads (decode to bf16 in registers): even, odd K, split-K
+        ("fixed12", 5, 40, 512, Config(bm=16, bn=32, bk=128, tc=True)),
+        ("fixed12", 17, 33, 1100, Config(bm=32, bn=16, bk=256, tc=True, split=2)),
+        ("fixed12", 16, 64, 1024, Config(bm=16, bn=64, bk=256, tc=True, split=2, fixup=True)),
     ]
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("case", range(39))
+@pytest.mark.parametrize("case", range(42))
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_linear_matches_reference(device, case, with_bias):
     from glyd import kernels

@@ -40,7 +40,8 @@ class Config:
     (one decoded tile for ``bm`` <= 16 x rows, unmasked loads on whole shapes, x read as bf16
     pairs, ``prmt`` decode on the GPU); False keeps the general masked FMA loop (``bm`` 1, 2, 4),
     for comparison. ``prefetch`` (that GEMV): load the next step's plane words into registers
-    before decoding this step's.
+    before decoding this step's. ``tc`` (fixed12, dot path): tensor cores fed from the GEMV's
+    register loads (plane words decoded to bf16 in registers, no async copy).
     """
 
     bm: int = 16
@@ -59,6 +60,7 @@ class Config:
     fixup: bool = False
     prefetch: bool = False
     gemv: bool = True
+    tc: bool = False
 
     def __post_init__(self) -> None:
         for name in ("bm", "bn", "bk"):
@@ -71,6 +73,8 @@ class Config:
             raise ValueError("byte is an FMA-path tile (dot=False, group_major=False) with a power-of-two g")
         if self.mma and (not self.dot or self.byte or self.group_major or self.g < 1 or self.g & (self.g - 1)):
             raise ValueError("mma is a tensor-core tile (dot=True, not byte or group_major) with a power-of-two g")
+        if self.tc and (not self.dot or self.mma or self.byte or self.group_major or self.bk < 64):
+            raise ValueError("tc is a tensor-core tile (dot=True, not mma, byte or group_major) with bk >= 64")
         if self.waves < 1:
             raise ValueError(f"Config.waves must be >= 1, got {self.waves}")
         if self.prefetch and not (self.group_major and self.stages == 1 and self.gemv):

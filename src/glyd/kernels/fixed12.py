@@ -422,6 +422,92 @@ def _gemv_gm_kernel(
 
 
 @triton.jit
+def _bf16_lane(lo, h, t: tl.constexpr, PRMT: tl.constexpr):
+    # bf16 of the weight in byte lane t: its hi byte (from h) over its lo byte (from lo); one
+    # prmt.b32 on the GPU (the pair's upper half is dropped by the narrowing).
+    if PRMT:
+        r = tl.inline_asm_elementwise(f"prmt.b32 $0, $1, $2, {0x40 + 0x11 * t};", "=r,r,r", [lo, h],
+                                      dtype=tl.uint32, is_pure=True, pack=1)
+    else:
+        r = (((h >> (8 * t)) & 0xFF) << 8) | ((lo >> (8 * t)) & 0xFF)
+    return r.to(tl.uint16).to(tl.bfloat16, bitcast=True)
+
+
+@triton.jit
+def _bf16x4(lo, h, PRMT: tl.constexpr):
+    # [..., 4] bf16: the 4 weights of each word (byte lane t = column 4w + t), lanes joined in
+    # order ([.., k, j] = lane 2k + j). (One packed asm call for all 4 lanes is wrong here: pack
+    # groups a thread's elements in register order, which need not be a word's 4 lanes.)
+    shp: tl.constexpr = (lo.shape[0], lo.shape[1], lo.shape[2], 4)
+    l0 = _bf16_lane(lo, h, 0, PRMT)
+    l1 = _bf16_lane(lo, h, 1, PRMT)
+    l2 = _bf16_lane(lo, h, 2, PRMT)
+    l3 = _bf16_lane(lo, h, 3, PRMT)
+    return tl.reshape(tl.join(tl.join(l0, l2), tl.join(l1, l3)), shp)
+
+
+@triton.jit
+def _tc_kernel(
+    x_ptr, code_ptr, lo_ptr, lo8_ptr, base_ptr, rowptr_ptr, eidx_ptr, ehi_ptr, bias_ptr, out_ptr, fin_ptr, cnt_ptr,
+    M, N, K, KP, stride_xm, K_SPLIT, stride_code, stride_lo,
+    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EVEN: tl.constexpr, PRMT: tl.constexpr,
+    HAS_BIAS: tl.constexpr, HAS_EXC: tl.constexpr, PARTIAL: tl.constexpr, F32DOT: tl.constexpr, FIXUP: tl.constexpr,
+):
+    # out tile [BM, BN] = x [BM, BK] @ W^T [BK, BN], the planes loaded as the GEMV loads them
+    # (group-major [G, BN, 8] word tiles, 16-byte loads straight to registers) and decoded to bf16
+    # there. The decoded tile is joined and reshaped into natural column order ([G, half, word,
+    # lane] = column 64g + 32h + 4w + t), so x loads stay contiguous; Triton then finds that this
+    # register layout is the MMA's B operand and moves the one layout change onto the raw words.
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    pid_m = tl.program_id(2)
+    G: tl.constexpr = BK // 64
+    rn = pid_n * BN + tl.arange(0, BN)
+    nmask = rn < N
+    rm = pid_m * BM + tl.arange(0, BM)
+    mmask = rm < M
+    base = tl.load(base_ptr).to(tl.uint32)
+    b4 = base * 0x01010101
+    gi = tl.arange(0, G)[:, None, None]
+    wi = tl.arange(0, 8)[None, None, :]
+    if EVEN:
+        r3 = tl.minimum(rn, N - 1)[None, :, None]
+        rml = tl.minimum(rm, M - 1)
+    else:
+        r3 = rn[None, :, None]
+        rml = rm
+    m3 = nmask[None, :, None]
+    code_off = r3 * stride_code + gi * 8 + wi
+    lo_off = r3 * stride_lo + gi * 16 + wi
+    kk = tl.arange(0, BK)
+    k0 = pid_k * K_SPLIT
+    k1 = tl.minimum(k0 + K_SPLIT, KP)
+    acc = tl.zeros([BM, BN], dtype=tl.float32)
+    for kb in range(k0, k1, BK):
+        cw, la, lb = _gm_planes(code_ptr, lo_ptr, code_off, lo_off, kb, m3 & (kb + gi * 64 < KP), BK, EVEN)
+        ha = ((cw << 4) & 0x80808080) | ((cw & 0x07070707) + b4)
+        hb = (cw & 0x80808080) | (((cw >> 4) & 0x07070707) + b4)
+        w = tl.join(_bf16x4(la, ha, PRMT), _bf16x4(lb, hb, PRMT))  # [G, BN, 8, 4, 2]
+        w = tl.reshape(tl.permute(w, (0, 4, 2, 3, 1)), (BK, BN))
+        if EVEN:
+            xt = tl.load(x_ptr + rml[:, None] * stride_xm + (kb + kk)[None, :])
+        else:  # padding columns: x is 0 there (the padded weights are finite)
+            xt = tl.load(x_ptr + rml[:, None] * stride_xm + (kb + kk)[None, :],
+                         mask=mmask[:, None] & (kb + kk < K)[None, :], other=0.0)
+        if F32DOT:  # the interpreter's tl.dot reads bf16 as raw integers
+            acc = tl.dot(xt.to(tl.float32), w.to(tl.float32), acc)
+        else:
+            acc = tl.dot(xt, w, acc)
+    if HAS_EXC:
+        if pid_k == 0:
+            acc += tl.trans(_exception_delta_tile(rowptr_ptr, eidx_ptr, ehi_ptr, lo8_ptr, x_ptr, rn, rm, mmask,
+                                                  stride_xm, base, pid_n, N, K, KP, BN, BM))
+    C.store_out(acc, out_ptr, fin_ptr, cnt_ptr, bias_ptr, rm[:, None] * N + rn[None, :],
+                mmask[:, None] & nmask[None, :], rn[None, :] + 0 * rm[:, None], pid_m * tl.num_programs(0) + pid_n,
+                pid_k, tl.num_programs(1), M * N, PARTIAL, FIXUP, HAS_BIAS)
+
+
+@triton.jit
 def _gemv_bytes_kernel(
     x_ptr, code_ptr, lo_ptr, base_ptr, rowptr_ptr, eidx_ptr, ehi_ptr, bias_ptr, out_ptr, fin_ptr, cnt_ptr,
     M, N, K, KP, stride_xm, K_SPLIT, stride_code, stride_lo,
@@ -630,14 +716,26 @@ def default_config(m: int, n: int, k: int) -> C.Config:
             steps = max(1, -(-(-(-k // 64) * 64) // 256))
             return C.Config(bm=m, bn=16, bk=256, dot=False, group_major=True, stages=1, split=steps)
         return C.Config(bm=m, bn=16 if tall else 32, bk=256, dot=False, group_major=True, stages=1, waves=16)
-    if m <= 4 or (m <= 8 and small):  # four x rows a program: 1.32-1.59x against 1.73-2.09x (mma)
+    tiny = n * k <= 1 << 22  # k and v projections
+    wide = n >= 65536  # lm_heads
+    if m <= 4 and not (small or tall):  # tensor cores fed from register loads: 1.20-1.29x (sweep run 18)
+        return C.Config(bm=16, bn=64, bk=256, tc=True, warps=4, waves=8)
+    if m <= 4 or (m <= 8 and tiny):  # four x rows a program: 1.32-1.59x against 1.73-2.09x (mma)
         return C.Config(bm=4, bn=16, bk=128, dot=False, group_major=True, stages=1, waves=8)
-    if m <= 16:  # mma tile, A operand decoded in registers: 2.06-2.26x against 2.25-2.85x (runs 11, 12)
-        return C.Config(bm=16, bn=32, mma=True, g=2, stages=4, waves=8)
-    if m <= 32:  # 2.21x against 3.32x for the earlier tl.dot tile (runs 11, 12)
-        return C.Config(bm=32, bn=64, mma=True, g=2, stages=3)
-    if m <= 64:  # 2.96x against 3.78x (runs 11, 12)
-        return C.Config(bm=64, bn=64, mma=True, g=1, stages=4, waves=8)
+    if m <= 16:
+        if tiny:  # the mma tile kernel: 1.75x at M = 16 against 1.91x (tc)
+            return C.Config(bm=16, bn=32, mma=True, g=2, stages=4, waves=8)
+        # tc: 1.35-1.43x on gate/up and the lm_head (bn 64), 1.81-1.85x on down and q/o (bn 32),
+        # against 1.96-2.31x for the mma tile kernel (sweep run 18)
+        return C.Config(bm=16, bn=32 if small or tall else 64, bk=256, tc=True, warps=4, waves=8)
+    if m <= 32:
+        if wide:  # 1.44x against 1.67x (tc)
+            return C.Config(bm=32, bn=64, mma=True, g=2, stages=3)
+        return C.Config(bm=32, bn=32 if small or tall else 64, bk=256, tc=True, warps=4, waves=8)
+    if m <= 64:
+        if small:  # 2.63-3.28x, as tc's best
+            return C.Config(bm=64, bn=64, mma=True, g=1, stages=4, waves=8)
+        return C.Config(bm=64, bn=64, bk=256, tc=True, warps=4, waves=8)  # 2.18-3.04x against 2.34-3.23x
     return C.Config(bm=128, bn=128, bk=128, warps=8, stages=3)
 
 
@@ -682,6 +780,8 @@ def linear(x: torch.Tensor, p: Packed, bias: torch.Tensor | None = None, config:
         return _launch_gemv_bytes(x2, p, bias, cfg, prep, out).reshape(*x.shape[:-1], n)
     if cfg.mma:
         return _launch_mma(x2, p, bias, cfg, prep, out).reshape(*x.shape[:-1], n)
+    if cfg.tc:
+        return _launch_tc(x2, p, bias, cfg, prep, out).reshape(*x.shape[:-1], n)
     if gemv:
         return _launch_gemv_gm(x2, p, bias, cfg, prep, out).reshape(*x.shape[:-1], n)
     tiles = triton.cdiv(n, cfg.bn) * triton.cdiv(m, cfg.bm)
@@ -725,6 +825,33 @@ def _launch_gemv_gm(x2: torch.Tensor, p: Packed, bias, cfg: C.Config, prep: Prep
         m, n, k, kp, x2.stride(0), per, kp // 8, kp // 4,
         BM=cfg.bm, BN=cfg.bn, BK=cfg.bk, EVEN=even, PREFETCH=cfg.prefetch, PRMT=not C.interpreting(), HAS_BIAS=bias is not None,
         HAS_EXC=prep.nexc > 0, PARTIAL=partial, FIXUP=fixup, num_warps=cfg.warps, num_stages=1,
+    )
+    if partial and not fixup:
+        C.finalize(dst, bias, out)
+    return out
+
+
+# x: bf16 [M, K]; packed: fixed12 [N, K]; out: bf16 [M, N] (written) -> out
+def _launch_tc(x2: torch.Tensor, p: Packed, bias, cfg: C.Config, prep: Prepared, out: torch.Tensor):
+    m, k = x2.shape
+    n = p.shape[0]
+    a = p.arrays
+    kp = a["lo"].shape[1]
+    tiles = triton.cdiv(n, cfg.bn) * triton.cdiv(m, cfg.bm)
+    split, per = C.choose_split(tiles, kp, cfg.bk, x2.device, cfg.split, cfg.waves)
+    partial = split > 1
+    dst = torch.empty(split, m, n, dtype=torch.float32, device=x2.device) if partial else out
+    even = k == kp and per % cfg.bk == 0 and kp % cfg.bk == 0
+    fixup = partial and cfg.fixup
+    cnt = C.counters(x2.device, tiles) if fixup else out
+    grid = (triton.cdiv(n, cfg.bn), split, triton.cdiv(m, cfg.bm))
+    _tc_kernel[grid](
+        x2, a["code"].view(torch.int32), a["lo"].view(torch.int32), a["lo"], a["base"], prep.rowptr,
+        a["exc_idx"], a["exc_hi"], bias if bias is not None else out, dst, out, cnt,
+        m, n, k, kp, x2.stride(0), per, kp // 8, kp // 4,
+        BM=cfg.bm, BN=cfg.bn, BK=cfg.bk, EVEN=even, PRMT=not C.interpreting(), HAS_BIAS=bias is not None,
+        HAS_EXC=prep.nexc > 0, PARTIAL=partial, F32DOT=C.interpreting(), FIXUP=fixup, num_warps=cfg.warps,
+        num_stages=1,
     )
     if partial and not fixup:
         C.finalize(dst, bias, out)

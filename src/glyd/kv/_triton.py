@@ -172,9 +172,17 @@ def _dot(a, b, F32: tl.constexpr):
 
 
 @triton.jit
-def _scores(q, k, valid, m_i, l_i, qk_scale, F32: tl.constexpr):
-    """Online-softmax step, first half: probabilities (bf16) of a key tile, rescale factor, new state."""
-    s = _dot(q, tl.trans(k), F32) * qk_scale  # [GP, P], log2 units
+def _scores(q, k, valid, m_i, l_i, qk_scale, QK_F32: tl.constexpr):
+    """Online-softmax step, first half: probabilities (bf16) of a key tile, rescale factor, new state.
+
+    ``QK_F32``: the scores as an exact fp32 product (``_dot``'s ``F32`` path). The launchers set it for
+    head dims under 32: Triton 3.6 lowers a bf16 ``tl.dot`` whose reduction dim is 16 wrongly on sm_90
+    when it gives both operands ``kWidth = 8`` (they come through shared memory): 4 lanes x 8 values
+    span 32 of the dim, and the compiled sm_90 code reads half of the 16 channels twice and the other
+    half not at all (0.58 relative error at head dim 16 on the H200, 2026-11-30;
+    ``tests/kv/test_kv_kernel_layout.py`` checks the compiled dots).
+    """
+    s = _dot(q, tl.trans(k), QK_F32) * qk_scale  # [GP, P], log2 units
     s = tl.where(valid[None, :], s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, 1))
     m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # a fully masked tile so far: no NaN
@@ -185,8 +193,8 @@ def _scores(q, k, valid, m_i, l_i, qk_scale, F32: tl.constexpr):
 
 
 @triton.jit
-def _softmax_step(q, k, v, valid, m_i, l_i, acc, qk_scale, F32: tl.constexpr):
-    p, alpha, m_i, l_i = _scores(q, k, valid, m_i, l_i, qk_scale, F32)
+def _softmax_step(q, k, v, valid, m_i, l_i, acc, qk_scale, QK_F32: tl.constexpr, F32: tl.constexpr):
+    p, alpha, m_i, l_i = _scores(q, k, valid, m_i, l_i, qk_scale, QK_F32)
     acc = acc * alpha[:, None] + _dot(p, v, F32)
     return m_i, l_i, acc
 
@@ -200,7 +208,7 @@ def _kv_decode_split_kernel(
     m_out, l_out, acc_out,
     qk_scale, H, K_CAP, V_CAP, PAGES_PER_SPLIT, S,
     G: tl.constexpr, GP: tl.constexpr, P: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
-    F32: tl.constexpr, TS: tl.constexpr,
+    F32: tl.constexpr, TS: tl.constexpr, QK_F32: tl.constexpr,
 ):
     pid_bh = tl.program_id(0)
     split = tl.program_id(1)
@@ -230,7 +238,7 @@ def _kv_decode_split_kernel(
             kb, kc2, kc3, kc4 = _decode_rows(k_sm, k_dig, k_tailw, k_tail, kblk, t0, ktop, ks2, ks3, ks4,
                                              kc2, kc3, kc4, P, TS, D, F32)
             # the key tile's scores first, then the value tile: fewer tiles live at once
-            pb, alpha, m_i, l_i = _scores(q, kb, (j * P + t0 + offs_ts) >= S0, m_i, l_i, qk_scale, F32)
+            pb, alpha, m_i, l_i = _scores(q, kb, (j * P + t0 + offs_ts) >= S0, m_i, l_i, qk_scale, QK_F32)
             vb, vc2, vc3, vc4 = _decode_rows(v_sm, v_dig, v_tailw, v_tail, vblk, t0, vtop, vs2, vs3, vs4,
                                              vc2, vc3, vc4, P, TS, DV, F32)
             acc = acc * alpha[:, None] + _dot(pb, vb, F32)
@@ -239,7 +247,7 @@ def _kv_decode_split_kernel(
         raw = (b * H + h).to(tl.int64) * P
         kb = tl.load(k_raw + (raw + offs_t[:, None]) * D + offs_d[None, :], mask=valid[:, None], other=0.0)
         vb = tl.load(v_raw + (raw + offs_t[:, None]) * DV + offs_v[None, :], mask=valid[:, None], other=0.0)
-        m_i, l_i, acc = _softmax_step(q, kb, vb, valid, m_i, l_i, acc, qk_scale, F32)
+        m_i, l_i, acc = _softmax_step(q, kb, vb, valid, m_i, l_i, acc, qk_scale, QK_F32, F32)
     o = pid_bh * S + split
     tl.store(m_out + o * GP + offs_g, m_i)
     tl.store(l_out + o * GP + offs_g, l_i)
@@ -302,14 +310,20 @@ def _planes(st, name: str):
     return st.sm.view(torch.int32), st.dig.view(torch.int32), st.top, st.meta, tail.view(torch.int32), tail, st.raw
 
 
+def qk_f32(d: int) -> bool:
+    """Whether the kernels take the scores ``q @ k^T`` as an exact fp32 product rather than a bf16
+    ``tl.dot``: under the interpreter (its bf16 dot is wrong) and for head dims under 32, where Triton
+    3.6 miscompiles the bf16 dot on sm_90 (see ``_scores``)."""
+    return _interpreting() or d < 32
+
+
 def kernel_warps(num_warps: int, d: int, dv: int) -> int:
     """Warps for the decode kernel: at most one per column of 16-value groups (``D / 16``).
 
-    Triton 3.6 lays the ``[sub-tile rows, D/16]`` group counts out with rows on the 32 lanes and
-    columns on the warps; with more warps than columns the rows are replicated over warps, and
-    ``tl.cumsum`` down the rows then adds the replicas' totals (seen on the H200, 2026-11-30: head
-    dim 16 with 4 warps, and 16-token sub-tiles, gave wrong outputs). Fewer warps avoid it.
-    ``tests/kv/test_kv_kernel_layout.py`` checks the compiled layouts.
+    With more warps than columns Triton 3.6 replicates the ``[sub-tile rows, D/16]`` group counts
+    over the warps; the cap keeps ``tl.cumsum`` off replicated rows (``tests/kv/test_kv_kernel_layout.py``
+    checks the compiled layouts). It was first blamed for the wrong outputs at head dim 16 on the
+    H200; those were the K=16 score dot (``_scores``): 1 and 4 warps gave the same error there.
     """
     return max(1, min(num_warps, min(d, dv) // 16))
 
@@ -341,8 +355,8 @@ def decode_attention_triton(q, k_store, v_store, lens, scale=None, num_splits=No
         raise FormatError(f"sub_tile {sub_tile} must be a power of two >= 16")
     ts = min(sub_tile, p)
     if ts < 32 and not _interpreting():
-        # Sub-tiles of 16 tokens gave wrong results on an H200 (Triton 3.6, 2026-11-30; the interpreter
-        # and 32-token sub-tiles were right; cause not found): refuse them on the GPU.
+        # A 16-token sub-tile makes the probabilities-times-values dot reduce over 16 tokens: the bf16
+        # tl.dot Triton 3.6 miscompiles on sm_90 (see _scores; wrong results on an H200, 2026-11-30).
         raise FormatError(f"the fused kernel needs sub-tiles (and pages) of >= 32 tokens on the GPU, got {ts}")
     g = hq // h
     gp = max(16, triton.next_power_of_2(g))
@@ -361,7 +375,7 @@ def decode_attention_triton(q, k_store, v_store, lens, scale=None, num_splits=No
         *_planes(k_store, "k_store"), *_planes(v_store, "v_store"),
         m, l_, acc,
         scale * 1.4426950408889634, h, k_store.cap, v_store.cap, pages_per_split, num_splits,
-        G=g, GP=gp, P=p, D=d, DV=dv, F32=_interpreting(), TS=ts, num_warps=num_warps,
+        G=g, GP=gp, P=p, D=d, DV=dv, F32=_interpreting(), TS=ts, QK_F32=qk_f32(d), num_warps=num_warps,
         **({} if maxnreg is None or _interpreting() else {"maxnreg": maxnreg}),
     )
     out = torch.empty(b, hq, dv, dtype=torch.bfloat16, device=dev)
@@ -372,7 +386,7 @@ def decode_attention_triton(q, k_store, v_store, lens, scale=None, num_splits=No
 @triton.jit
 def _bf16_pages_split_kernel(
     q_ptr, k_ptr, v_ptr, m_out, l_out, acc_out, qk_scale, H, T, PAGES_PER_SPLIT, S,
-    G: tl.constexpr, GP: tl.constexpr, P: tl.constexpr, D: tl.constexpr, F32: tl.constexpr,
+    G: tl.constexpr, GP: tl.constexpr, P: tl.constexpr, D: tl.constexpr, F32: tl.constexpr, QK_F32: tl.constexpr,
 ):
     """The split kernel's skeleton over plain bf16 [B, H, T, D] keys and values (a benchmark baseline)."""
     pid_bh = tl.program_id(0)
@@ -395,7 +409,7 @@ def _bf16_pages_split_kernel(
         valid = tok < T
         kb = tl.load(k_ptr + (base + tok)[:, None] * D + offs_d[None, :], mask=valid[:, None], other=0.0)
         vb = tl.load(v_ptr + (base + tok)[:, None] * D + offs_d[None, :], mask=valid[:, None], other=0.0)
-        m_i, l_i, acc = _softmax_step(q, kb, vb, valid, m_i, l_i, acc, qk_scale, F32)
+        m_i, l_i, acc = _softmax_step(q, kb, vb, valid, m_i, l_i, acc, qk_scale, QK_F32, F32)
     o = pid_bh * S + split
     tl.store(m_out + o * GP + offs_g, m_i)
     tl.store(l_out + o * GP + offs_g, l_i)
@@ -417,7 +431,7 @@ def decode_attention_bf16_pages(q, k, v, page=64, scale=None, num_splits=None, n
     scale = 1.0 / math.sqrt(d) if scale is None else scale
     _bf16_pages_split_kernel[(b * h, num_splits)](
         q.contiguous(), k, v, m, l_, acc, scale * 1.4426950408889634, h, t, pages_per_split, num_splits,
-        G=g, GP=gp, P=page, D=d, F32=_interpreting(), num_warps=num_warps,
+        G=g, GP=gp, P=page, D=d, F32=_interpreting(), QK_F32=qk_f32(d), num_warps=num_warps,
     )
     out = torch.empty(b, hq, d, dtype=torch.bfloat16, device=dev)
     _combine(m, l_, acc, out, b, h, num_splits, g, gp, d)

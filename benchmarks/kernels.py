@@ -217,6 +217,27 @@ def unpack_sweep(mats) -> dict:
             for trip in reps:
                 kernels.unpack(trip[which])
         out[lay] = graph_time(run, 20)
+    # fixed12: the byte-tile kernel and word-tile shapes (the default is the word-tile kernel)
+    for words, bn, g, w in ((False, 0, 0, 0), (True, 16, 4, 4), (True, 32, 2, 4), (True, 64, 4, 8)):
+        old = (fixed12.UNPACK_WORDS, fixed12.UNPACK_BN, fixed12.UNPACK_G, fixed12.UNPACK_WARPS)
+        fixed12.UNPACK_WORDS = words
+        if words:
+            fixed12.UNPACK_BN, fixed12.UNPACK_G, fixed12.UNPACK_WARPS = bn, g, w
+        try:
+            ref = kernels.unpack(reps[0][1]).view(torch.int16).clone()
+
+            def run():
+                for trip in reps:
+                    kernels.unpack(trip[1])
+            name = f"fixed12 words bn{bn} g{g} w{w}" if words else "fixed12 bytes"
+            t = graph_time(run, 20)
+            if torch.equal(kernels.unpack(reps[0][1]).view(torch.int16), ref) and torch.equal(
+                    ref, reps[0][0].view(torch.int16)):
+                out[name] = t
+            else:
+                log.warning("unpack %s is not bit-exact", name)
+        finally:
+            fixed12.UNPACK_WORDS, fixed12.UNPACK_BN, fixed12.UNPACK_G, fixed12.UNPACK_WARPS = old
     for bb, warps in ((1, 1), (2, 1), (4, 4), (8, 8)):
         def run(bb=bb, warps=warps):
             for trip in reps:

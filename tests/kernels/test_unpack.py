@@ -49,3 +49,18 @@ def test_unpack_bit_exact_large_gpu(layout, shape):
     w = random_weights(*shape, "normal", "cuda")
     p = kernels.pack(w, layout)
     assert torch.equal(kernels.unpack(p).view(torch.int16), w.view(torch.int16))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("shape", [(2, 2048), (33, 1024), (64, 512)])
+def test_fixed12_word_tile_unpack_bit_exact(device, shape, monkeypatch):
+    from glyd.kernels import fixed12 as kf
+
+    monkeypatch.setattr(kf, "UNPACK_WORDS", True)
+    monkeypatch.setattr(kf, "UNPACK_BN", 16)
+    monkeypatch.setattr(kf, "UNPACK_G", 2)
+    w = random_weights(*shape, "wide")  # exceptions too
+    out = _kunpack(glyd.pack(w, "fixed12"), device)
+    assert torch.equal(out.cpu().view(torch.int16), w.view(torch.int16))
+    w = torch.arange(65536, dtype=torch.int32).to(torch.int16).view(torch.bfloat16).reshape(64, 1024)
+    assert torch.equal(_kunpack(glyd.pack(w, "fixed12"), device).cpu().view(torch.int16), w.view(torch.int16))

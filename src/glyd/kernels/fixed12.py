@@ -649,6 +649,43 @@ def _unpack_kernel(code_ptr, lo_ptr, base_ptr, out_ptr, N, K, KP, BN: tl.constex
                  mask=nmask[:, None] & (ca + 32 < K)[None, :])
 
 
+@triton.jit
+def _bf16_pair(lo, h, HI: tl.constexpr, PRMT: tl.constexpr):
+    # uint32 holding the bf16 bits of byte lanes 0, 1 (HI False) or 2, 3 (HI True) of a word
+    # (lane 2j + HI * 2 in half j): lo byte under hi byte, twice; one prmt.b32 on the GPU.
+    if PRMT:
+        r = tl.inline_asm_elementwise("prmt.b32 $0, $1, $2, " + ("0x7362;" if HI else "0x5140;"), "=r,r,r", [lo, h],
+                                      dtype=tl.uint32, is_pure=True, pack=1)
+    else:
+        s = 16 if HI else 0
+        r = ((lo >> s) & 0xFF) | (((h >> s) & 0xFF) << 8) | (((lo >> (s + 8)) & 0xFF) << 16) | (((h >> (s + 8)) & 0xFF) << 24)
+    return r
+
+
+@triton.jit
+def _unpack_words_kernel(code_ptr, lo_ptr, base_ptr, out_ptr, N, KP, BN: tl.constexpr, G: tl.constexpr,
+                         PRMT: tl.constexpr):
+    # Whole rows (K == Kp): [BN, G, 8] word tiles in, bf16 pairs out (out_ptr: the bf16 output
+    # viewed as uint32). Each word gives 4 columns of each half: two pairs a half.
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    rn = tl.minimum(pid_n * BN + tl.arange(0, BN), N - 1)[:, None, None]  # rows past N: row N-1 again
+    gi = (pid_k * G + tl.arange(0, G))[None, :, None]
+    wi = tl.arange(0, 8)[None, None, :]
+    base = tl.load(base_ptr).to(tl.uint32)
+    b4 = base * 0x01010101
+    cw = tl.load(code_ptr + rn * (KP // 8) + gi * 8 + wi).to(tl.uint32, bitcast=True)
+    la = tl.load(lo_ptr + rn * (KP // 4) + gi * 16 + wi).to(tl.uint32, bitcast=True)
+    lb = tl.load(lo_ptr + rn * (KP // 4) + gi * 16 + 8 + wi).to(tl.uint32, bitcast=True)
+    ha = ((cw << 4) & 0x80808080) | ((cw & 0x07070707) + b4)
+    hb = (cw & 0x80808080) | (((cw >> 4) & 0x07070707) + b4)
+    pa = tl.join(_bf16_pair(la, ha, False, PRMT), _bf16_pair(la, ha, True, PRMT))  # [BN, G, 8, 2]
+    pb = tl.join(_bf16_pair(lb, hb, False, PRMT), _bf16_pair(lb, hb, True, PRMT))
+    o = (rn * (KP // 2) + gi * 32 + wi * 2)[:, :, :, None] + tl.arange(0, 2)[None, None, None, :]
+    tl.store(out_ptr + o, pa.to(tl.int32, bitcast=True))
+    tl.store(out_ptr + o + 16, pb.to(tl.int32, bitcast=True))
+
+
 class Prepared:
     """Per-matrix data derived once from the packed arrays (host syncs allowed here, never in linear)."""
 
@@ -680,6 +717,14 @@ def prepare(p: Packed) -> Prepared:
     return C.cached(p.arrays["exc_idx"], lambda: Prepared(p))
 
 
+#: Word-tile unpack for whole rows (16-byte plane loads, one prmt.b32 a bf16 pair, 8-byte stores)
+#: instead of the byte-tile kernel; its rows and 64-weight groups a program, and warps. Off until
+#: timed on a GPU (tested bit-exact under the interpreter, whose path has no prmt; static sm_90
+#: SASS: 5 instructions a weight, 16-byte loads, 8-byte stores). benchmarks/kernels.py times both.
+UNPACK_WORDS = False
+UNPACK_BN, UNPACK_G, UNPACK_WARPS = 32, 4, 4
+
+
 # packed: fixed12 [N, K] (lo uint8 [N, Kp], code uint8 [N, Kp/2], base uint8 [1]) -> bf16 [N, K]
 def unpack(p: Packed, out: torch.Tensor | None = None) -> torch.Tensor:
     n, k = p.shape
@@ -691,7 +736,15 @@ def unpack(p: Packed, out: torch.Tensor | None = None) -> torch.Tensor:
         out = torch.empty(n, k, dtype=torch.bfloat16, device=a["lo"].device)
     elif out.shape != (n, k) or out.dtype != torch.bfloat16 or not out.is_contiguous():
         raise ValueError(f"out must be a contiguous bf16 [{n}, {k}] tensor, got {out.dtype} {tuple(out.shape)}")
-    if n and k:
+    if UNPACK_WORDS and n and k and k == kp and kp % (64 * UNPACK_G) == 0:
+        # whole rows: word tiles in, bf16 pairs out (rows past N rewrite row N-1 with its own bits)
+        grid = (triton.cdiv(n, UNPACK_BN), kp // (64 * UNPACK_G))
+        _unpack_words_kernel[grid](a["code"].view(torch.int32), a["lo"].view(torch.int32), a["base"],
+                                   out.view(torch.int32), n, kp, BN=UNPACK_BN, G=UNPACK_G,
+                                   PRMT=not C.interpreting(), num_warps=UNPACK_WARPS)
+        if prep.nexc:
+            out.view(torch.int16).view(-1)[prep.pos] = prep.vals
+    elif n and k:
         bn, g = 32, 2
         grid = (triton.cdiv(n, bn), triton.cdiv(kp, 64 * g))
         _unpack_kernel[grid](a["code"], a["lo"], a["base"], out.view(torch.int16), n, k, kp, BN=bn, G=g)

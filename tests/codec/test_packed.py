@@ -127,7 +127,8 @@ def test_corrupt_fixed12_values():
 
 
 def test_corrupt_tiered_values():
-    w = (torch.randn(8, 600) * torch.logspace(-3, 3, 600)).to(torch.bfloat16)
+    g = torch.Generator().manual_seed(0)
+    w = (torch.randn(8, 600, generator=g) * torch.logspace(-3, 3, 600)).to(torch.bfloat16)
     p = glyd.pack(w, "tiered")
     assert p.arrays["area"].numel() > 0
     with pytest.raises(CorruptError):
@@ -139,7 +140,11 @@ def test_corrupt_tiered_values():
     with pytest.raises(FormatError, match="esc_base"):
         replace(p, esc_base=p.arrays["esc_base"][:-1].clone())
     d1 = p.arrays["d1"].clone()
-    d1[0, 0] ^= 0xFF  # more (or fewer) escapes than the area holds
+    # Far more escapes than the area holds: every digit of row 0 escapes. (Flipping one byte, as
+    # before, can leave the escapes inside the area's bytes; that decodes to other weights, which
+    # only the manifest's sha256 can catch, and made this test fail in some runs of unseeded
+    # weights: 45 of 300 seeds.)
+    d1[0, :] = 0xFF
     with pytest.raises(CorruptError):
         glyd.unpack(replace(p, d1=d1))
 

@@ -248,6 +248,27 @@ def _linear_kernel(
 
 
 @triton.jit
+def _hi_words(cw, b4):
+    # hi bytes of a code word's two halves: low nibbles (first half) and high nibbles (second half)
+    ha = ((cw << 4) & 0x80808080) | ((cw & 0x07070707) + b4)
+    hb = (cw & 0x80808080) | (((cw >> 4) & 0x07070707) + b4)
+    return ha, hb
+
+
+@triton.jit
+def _gm_offsets(rn, N, stride_code, stride_lo, G: tl.constexpr, EVEN: tl.constexpr):
+    # Offsets of a group-major [G, BN, 8] word tile in the code and lo planes (as int32 words),
+    # and its row mask. EVEN: rows past N read row N-1 again (no masks; never stored).
+    gi = tl.arange(0, G)[:, None, None]
+    wi = tl.arange(0, 8)[None, None, :]
+    if EVEN:
+        r3 = tl.minimum(rn, N - 1)[None, :, None]
+    else:
+        r3 = rn[None, :, None]
+    return r3 * stride_code + gi * 8 + wi, r3 * stride_lo + gi * 16 + wi, (rn < N)[None, :, None]
+
+
+@triton.jit
 def _gm_planes(code_ptr, lo_ptr, code_off, lo_off, kb, lmask, BK: tl.constexpr, EVEN: tl.constexpr):
     # One step's plane words (code, lo of the first and second half) as uint32 tiles.
     kw = tl.multiple_of(kb // 8, BK // 8)
@@ -310,8 +331,7 @@ def _gm_fma(acc, cw, la, lb, b4, x_ptr, x32_ptr, xoff, x32off, mmx, ka0, K, BM: 
     # tile carries a leading axis ([1, G, BN, 8], ka0 [1, G, 1, 8]), acc is [BM, G, BN, 8] and
     # xoff / x32off are [BM, 1, 1, 1]. (Planes loaded as 3-D tiles and expanded afterwards compile
     # to shared-memory round trips; a 4-D accumulator for one row does too: hence two shapes.)
-    ha = ((cw << 4) & 0x80808080) | ((cw & 0x07070707) + b4)
-    hb = (cw & 0x80808080) | (((cw >> 4) & 0x07070707) + b4)
+    ha, hb = _hi_words(cw, b4)
     kw = ka0
     if EVEN:
         # a word's 4 columns are contiguous in x: two bf16 pairs a word and half, each pair one
@@ -359,20 +379,16 @@ def _gemv_gm_kernel(
     mmask = rm < M
     base = tl.load(base_ptr).to(tl.uint32)
     b4 = base * 0x01010101
+    code_off, lo_off, m3 = _gm_offsets(rn, N, stride_code, stride_lo, G, EVEN)
     gi = tl.arange(0, G)[:, None, None]
-    wi = tl.arange(0, 8)[None, None, :]
-    if EVEN:
-        r3 = tl.minimum(rn, N - 1)[None, :, None]
-        rm4 = tl.minimum(rm, M - 1)[:, None, None, None]
-    else:
-        r3 = rn[None, :, None]
-        rm4 = rm[:, None, None, None]
-    m3 = nmask[None, :, None]
+    kx = gi * 64 + tl.arange(0, 8)[None, None, :] * 4
+    rm4 = (tl.minimum(rm, M - 1) if EVEN else rm)[:, None, None, None]
     if BM > 1:
-        gi = gi[None, :, :, :]
-        wi = wi[None, :, :, :]
-        r3 = r3[None, :, :, :]
+        code_off = code_off[None, :, :, :]
+        lo_off = lo_off[None, :, :, :]
         m3 = m3[None, :, :, :]
+        gi = gi[None, :, :, :]
+        kx = kx[None, :, :, :]
     if BM == 1:
         mmx = pid_m < M
         xoff = pid_m * stride_xm
@@ -381,9 +397,6 @@ def _gemv_gm_kernel(
         mmx = mmask[:, None, None, None]
         xoff = rm4 * stride_xm
         x32off = rm4 * (stride_xm // 2)
-    code_off = r3 * stride_code + gi * 8 + wi
-    lo_off = r3 * stride_lo + gi * 16 + wi
-    kx = gi * 64 + wi * 4
     k0 = pid_k * K_SPLIT
     k1 = tl.minimum(k0 + K_SPLIT, KP)
     if BM == 1:
@@ -468,25 +481,16 @@ def _tc_kernel(
     mmask = rm < M
     base = tl.load(base_ptr).to(tl.uint32)
     b4 = base * 0x01010101
+    code_off, lo_off, m3 = _gm_offsets(rn, N, stride_code, stride_lo, G, EVEN)
     gi = tl.arange(0, G)[:, None, None]
-    wi = tl.arange(0, 8)[None, None, :]
-    if EVEN:
-        r3 = tl.minimum(rn, N - 1)[None, :, None]
-        rml = tl.minimum(rm, M - 1)
-    else:
-        r3 = rn[None, :, None]
-        rml = rm
-    m3 = nmask[None, :, None]
-    code_off = r3 * stride_code + gi * 8 + wi
-    lo_off = r3 * stride_lo + gi * 16 + wi
+    rml = tl.minimum(rm, M - 1) if EVEN else rm
     kk = tl.arange(0, BK)
     k0 = pid_k * K_SPLIT
     k1 = tl.minimum(k0 + K_SPLIT, KP)
     acc = tl.zeros([BM, BN], dtype=tl.float32)
     for kb in range(k0, k1, BK):
         cw, la, lb = _gm_planes(code_ptr, lo_ptr, code_off, lo_off, kb, m3 & (kb + gi * 64 < KP), BK, EVEN)
-        ha = ((cw << 4) & 0x80808080) | ((cw & 0x07070707) + b4)
-        hb = (cw & 0x80808080) | (((cw >> 4) & 0x07070707) + b4)
+        ha, hb = _hi_words(cw, b4)
         w = tl.join(_bf16x4(la, ha, PRMT), _bf16x4(lb, hb, PRMT))  # [G, BN, 8, 4, 2]
         w = tl.reshape(tl.permute(w, (0, 4, 2, 3, 1)), (BK, BN))
         if EVEN:
@@ -677,8 +681,7 @@ def _unpack_words_kernel(code_ptr, lo_ptr, base_ptr, out_ptr, N, KP, BN: tl.cons
     cw = tl.load(code_ptr + rn * (KP // 8) + gi * 8 + wi).to(tl.uint32, bitcast=True)
     la = tl.load(lo_ptr + rn * (KP // 4) + gi * 16 + wi).to(tl.uint32, bitcast=True)
     lb = tl.load(lo_ptr + rn * (KP // 4) + gi * 16 + 8 + wi).to(tl.uint32, bitcast=True)
-    ha = ((cw << 4) & 0x80808080) | ((cw & 0x07070707) + b4)
-    hb = (cw & 0x80808080) | (((cw >> 4) & 0x07070707) + b4)
+    ha, hb = _hi_words(cw, b4)
     pa = tl.join(_bf16_pair(la, ha, False, PRMT), _bf16_pair(la, ha, True, PRMT))  # [BN, G, 8, 2]
     pb = tl.join(_bf16_pair(lb, hb, False, PRMT), _bf16_pair(lb, hb, True, PRMT))
     o = (rn * (KP // 2) + gi * 32 + wi * 2)[:, :, :, None] + tl.arange(0, 2)[None, None, None, :]
@@ -834,9 +837,9 @@ def linear(x: torch.Tensor, p: Packed, bias: torch.Tensor | None = None, config:
     if cfg.mma:
         return _launch_mma(x2, p, bias, cfg, prep, out).reshape(*x.shape[:-1], n)
     if cfg.tc:
-        return _launch_tc(x2, p, bias, cfg, prep, out).reshape(*x.shape[:-1], n)
+        return _launch_words(x2, p, bias, cfg, prep, out, tc=True).reshape(*x.shape[:-1], n)
     if gemv:
-        return _launch_gemv_gm(x2, p, bias, cfg, prep, out).reshape(*x.shape[:-1], n)
+        return _launch_words(x2, p, bias, cfg, prep, out, tc=False).reshape(*x.shape[:-1], n)
     tiles = triton.cdiv(n, cfg.bn) * triton.cdiv(m, cfg.bm)
     split, per = C.choose_split(tiles, kp, cfg.bk, x2.device, cfg.split, cfg.waves)
     partial = split > 1
@@ -858,34 +861,8 @@ def linear(x: torch.Tensor, p: Packed, bias: torch.Tensor | None = None, config:
 
 
 # x: bf16 [M, K]; packed: fixed12 [N, K]; out: bf16 [M, N] (written) -> out
-def _launch_gemv_gm(x2: torch.Tensor, p: Packed, bias, cfg: C.Config, prep: Prepared, out: torch.Tensor):
-    m, k = x2.shape
-    n = p.shape[0]
-    a = p.arrays
-    kp = a["lo"].shape[1]
-    tiles = triton.cdiv(n, cfg.bn) * triton.cdiv(m, cfg.bm)
-    split, per = C.choose_split(tiles, kp, cfg.bk, x2.device, cfg.split, cfg.waves)
-    partial = split > 1
-    dst = torch.empty(split, m, n, dtype=torch.float32, device=x2.device) if partial else out
-    even = (k == kp and per % cfg.bk == 0 and kp % cfg.bk == 0 and x2.stride(0) % 2 == 0
-            and x2.data_ptr() % 4 == 0)
-    fixup = partial and cfg.fixup
-    cnt = C.counters(x2.device, tiles) if fixup else out
-    grid = (triton.cdiv(n, cfg.bn), split, triton.cdiv(m, cfg.bm))
-    _gemv_gm_kernel[grid](
-        x2, x2.view(torch.int32) if even else x2, a["code"].view(torch.int32), a["lo"].view(torch.int32), a["lo"], a["base"], prep.rowptr,
-        a["exc_idx"], a["exc_hi"], bias if bias is not None else out, dst, out, cnt,
-        m, n, k, kp, x2.stride(0), per, kp // 8, kp // 4,
-        BM=cfg.bm, BN=cfg.bn, BK=cfg.bk, EVEN=even, PREFETCH=cfg.prefetch, PRMT=not C.interpreting(), HAS_BIAS=bias is not None,
-        HAS_EXC=prep.nexc > 0, PARTIAL=partial, FIXUP=fixup, num_warps=cfg.warps, num_stages=1,
-    )
-    if partial and not fixup:
-        C.finalize(dst, bias, out)
-    return out
-
-
-# x: bf16 [M, K]; packed: fixed12 [N, K]; out: bf16 [M, N] (written) -> out
-def _launch_tc(x2: torch.Tensor, p: Packed, bias, cfg: C.Config, prep: Prepared, out: torch.Tensor):
+def _launch_words(x2: torch.Tensor, p: Packed, bias, cfg: C.Config, prep: Prepared, out: torch.Tensor, tc: bool):
+    # The two kernels on group-major word tiles: the GEMV (tc False) and the tensor-core tile.
     m, k = x2.shape
     n = p.shape[0]
     a = p.arrays
@@ -895,17 +872,20 @@ def _launch_tc(x2: torch.Tensor, p: Packed, bias, cfg: C.Config, prep: Prepared,
     partial = split > 1
     dst = torch.empty(split, m, n, dtype=torch.float32, device=x2.device) if partial else out
     even = k == kp and per % cfg.bk == 0 and kp % cfg.bk == 0
+    if not tc:  # the GEMV also reads x as bf16 pairs: 4-byte aligned rows
+        even = even and x2.stride(0) % 2 == 0 and x2.data_ptr() % 4 == 0
     fixup = partial and cfg.fixup
     cnt = C.counters(x2.device, tiles) if fixup else out
     grid = (triton.cdiv(n, cfg.bn), split, triton.cdiv(m, cfg.bm))
-    _tc_kernel[grid](
-        x2, a["code"].view(torch.int32), a["lo"].view(torch.int32), a["lo"], a["base"], prep.rowptr,
-        a["exc_idx"], a["exc_hi"], bias if bias is not None else out, dst, out, cnt,
-        m, n, k, kp, x2.stride(0), per, kp // 8, kp // 4,
-        BM=cfg.bm, BN=cfg.bn, BK=cfg.bk, EVEN=even, PRMT=not C.interpreting(), HAS_BIAS=bias is not None,
-        HAS_EXC=prep.nexc > 0, PARTIAL=partial, F32DOT=C.interpreting(), FIXUP=fixup, num_warps=cfg.warps,
-        num_stages=1,
-    )
+    args = (a["code"].view(torch.int32), a["lo"].view(torch.int32), a["lo"], a["base"], prep.rowptr, a["exc_idx"],
+            a["exc_hi"], bias if bias is not None else out, dst, out, cnt,
+            m, n, k, kp, x2.stride(0), per, kp // 8, kp // 4)
+    meta = dict(BM=cfg.bm, BN=cfg.bn, BK=cfg.bk, EVEN=even, PRMT=not C.interpreting(), HAS_BIAS=bias is not None,
+                HAS_EXC=prep.nexc > 0, PARTIAL=partial, FIXUP=fixup, num_warps=cfg.warps, num_stages=1)
+    if tc:
+        _tc_kernel[grid](x2, *args, F32DOT=C.interpreting(), **meta)
+    else:
+        _gemv_gm_kernel[grid](x2, x2.view(torch.int32) if even else x2, *args, PREFETCH=cfg.prefetch, **meta)
     if partial and not fixup:
         C.finalize(dst, bias, out)
     return out

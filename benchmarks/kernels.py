@@ -321,7 +321,8 @@ def table(res: dict, bw: float) -> str:
                 floor = by[lay] / bw * 1e3
                 cells += [f"{row[lay]:.3f}", f"{row[lay] / row['bf16']:.3f}", f"{floor / row[lay]:.2f}"]
             lines.append("| " + " | ".join(cells) + " |")
-        lines.append(f"(bf16 floor frac at M=1: {by['bf16'] / bw * 1e3 / res[mode]['rows'][1]['bf16']:.2f})")
+        m0 = min(res[mode]["rows"], key=int)  # the smallest M timed (--ms may leave out M = 1)
+        lines.append(f"(bf16 floor frac at M={m0}: {by['bf16'] / bw * 1e3 / res[mode]['rows'][m0]['bf16']:.2f})")
     return "\n".join(lines)
 
 

@@ -49,9 +49,27 @@ def candidates(m: int, n: int, k: int) -> dict[str, C.Config | None]:
         out[f"mma bn{bn} g{g} s{st} wv{wv}"] = V(bm=max(16, 1 << (m - 1).bit_length()), bn=bn, mma=True, g=g,
                                                  stages=st, waves=wv)
 
-    def tc(bm, bn, bk, warps=4, wv=8):
-        out[f"tc bm{bm} bn{bn} bk{bk} w{warps} wv{wv}"] = V(bm=bm, bn=bn, bk=bk, tc=True, warps=warps, waves=wv)
+    def tc(bm, bn, bk, warps=4, wv=8, st=1, pf=False, fix=False):
+        name = (f"tc bm{bm} bn{bn} bk{bk} w{warps} wv{wv}" + (f" s{st}" if st > 1 else "") + (" pf" if pf else "")
+                + (" fixup" if fix else ""))
+        out[name] = V(bm=bm, bn=bn, bk=bk, tc=True, warps=warps, waves=wv, stages=st, prefetch=pf, fixup=fix)
 
+    if os.environ.get("SWEEP_ROUND") == "4":  # tc: register prefetch, pipelining, waves, bk 128, fixup
+        bm = min(64, max(16, 1 << (m - 1).bit_length()))
+        for bn in (32, 64):
+            tc(bm, bn, 256, pf=True)
+            tc(bm, bn, 256, st=2)
+            tc(bm, bn, 128, st=3)
+            tc(bm, bn, 128)
+        tc(bm, 32, 256, wv=4)
+        tc(bm, 32, 256, wv=16)
+        tc(bm, 16, 256, wv=8)
+        tc(bm, 32, 256, fix=True)
+        if bm == 64:
+            tc(64, 64, 128, 8)
+            tc(64, 64, 128, 8, st=2)
+            tc(32, 64, 256, pf=True)
+        return out
     if os.environ.get("SWEEP_ROUND") == "3":  # tensor cores fed from register loads
         if m <= 16:
             for bn, bk, w in ((32, 256, 4), (64, 256, 4), (64, 256, 8), (64, 512, 8), (128, 256, 8)):
@@ -146,10 +164,10 @@ def main(argv=None) -> int:
                 print(f"  {name:28s} {t:8.2f} us  {t / t16:.3f}x")
         del ws, ps
         torch.cuda.empty_cache()
-    if args.out:
-        os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, "sweep.json"), "w") as f:
-            json.dump(res, f, indent=1)
+        if args.out:  # after every shape: a run cut short by a time limit keeps what it measured
+            os.makedirs(args.out, exist_ok=True)
+            with open(os.path.join(args.out, "sweep.json"), "w") as f:
+                json.dump(res, f, indent=1)
     return 0
 
 

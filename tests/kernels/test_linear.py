@@ -36,6 +36,13 @@ def _check(y: torch.Tensor, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor
     assert worst <= 0, f"max excess over tolerance {worst:.3g} (max err {err.max().item():.3g})"
 
 
+N_CASES = 46  # len(_cases()), which imports Triton: kept equal by test_case_count
+
+
+def test_case_count():
+    assert len(_cases()) == N_CASES
+
+
 def _cases():
     from glyd.kernels._common import Config
 
@@ -93,11 +100,16 @@ def _cases():
         ("fixed12", 5, 40, 512, Config(bm=16, bn=32, bk=128, tc=True)),
         ("fixed12", 17, 33, 1100, Config(bm=32, bn=16, bk=256, tc=True, split=2)),
         ("fixed12", 16, 64, 1024, Config(bm=16, bn=64, bk=256, tc=True, split=2, fixup=True)),
+        # tc with register prefetch: even (the last step re-reads its words), odd K, split-K
+        ("fixed12", 9, 32, 1024, Config(bm=16, bn=32, bk=256, tc=True, stages=1, prefetch=True)),
+        ("fixed12", 33, 40, 1100, Config(bm=64, bn=16, bk=128, tc=True, stages=1, prefetch=True)),
+        ("fixed12", 16, 48, 2048, Config(bm=16, bn=16, bk=128, tc=True, stages=1, prefetch=True, split=4)),
+        ("fixed12", 20, 64, 1024, Config(bm=32, bn=32, bk=128, tc=True, stages=2)),
     ]
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("case", range(42))
+@pytest.mark.parametrize("case", range(N_CASES))
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_linear_matches_reference(device, case, with_bias):
     from glyd import kernels

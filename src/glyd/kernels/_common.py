@@ -77,8 +77,10 @@ class Config:
             raise ValueError("tc is a tensor-core tile (dot=True, not mma, byte or group_major) with bk >= 64")
         if self.waves < 1:
             raise ValueError(f"Config.waves must be >= 1, got {self.waves}")
-        if self.prefetch and not (self.group_major and self.stages == 1 and self.gemv):
-            raise ValueError("prefetch applies to the group-major GEMV (group_major, stages = 1, gemv)")
+        if self.prefetch and not (self.group_major and self.stages == 1 and self.gemv) and not self.tc:
+            raise ValueError("prefetch applies to the group-major GEMV (group_major, stages = 1, gemv) and tc")
+        if self.tc and self.prefetch and self.stages > 1:
+            raise ValueError("tc takes prefetch (register double buffer) or stages > 1 (pipelining), not both")
         if self.group_major and self.dot:
             raise ValueError("group_major applies to the FMA path (dot=False) only")
         if self.split < 0 or self.warps not in (1, 2, 4, 8, 16) or self.stages < 1:

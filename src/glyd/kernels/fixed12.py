@@ -460,11 +460,29 @@ def _bf16x4(lo, h, PRMT: tl.constexpr):
 
 
 @triton.jit
+def _tc_step(acc, cw, la, lb, b4, x_ptr, rml, mmask, kk, kb, K, stride_xm, BK: tl.constexpr, BN: tl.constexpr,
+             EVEN: tl.constexpr, PRMT: tl.constexpr, F32DOT: tl.constexpr):
+    # acc [BM, BN] += x [BM, BK] @ decoded word tile [BK, BN]
+    ha, hb = _hi_words(cw, b4)
+    w = tl.join(_bf16x4(la, ha, PRMT), _bf16x4(lb, hb, PRMT))  # [G, BN, 8, 4, 2]
+    w = tl.reshape(tl.permute(w, (0, 4, 2, 3, 1)), (BK, BN))
+    if EVEN:
+        xt = tl.load(x_ptr + rml[:, None] * stride_xm + (kb + kk)[None, :])
+    else:  # padding columns: x is 0 there (the padded weights are finite)
+        xt = tl.load(x_ptr + rml[:, None] * stride_xm + (kb + kk)[None, :],
+                     mask=mmask[:, None] & (kb + kk < K)[None, :], other=0.0)
+    if F32DOT:  # the interpreter's tl.dot reads bf16 as raw integers
+        return tl.dot(xt.to(tl.float32), w.to(tl.float32), acc)
+    return tl.dot(xt, w, acc)
+
+
+@triton.jit
 def _tc_kernel(
     x_ptr, code_ptr, lo_ptr, lo8_ptr, base_ptr, rowptr_ptr, eidx_ptr, ehi_ptr, bias_ptr, out_ptr, fin_ptr, cnt_ptr,
     M, N, K, KP, stride_xm, K_SPLIT, stride_code, stride_lo,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EVEN: tl.constexpr, PRMT: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_EXC: tl.constexpr, PARTIAL: tl.constexpr, F32DOT: tl.constexpr, FIXUP: tl.constexpr,
+    PREFETCH: tl.constexpr,
 ):
     # out tile [BM, BN] = x [BM, BK] @ W^T [BK, BN], the planes loaded as the GEMV loads them
     # (group-major [G, BN, 8] word tiles, 16-byte loads straight to registers) and decoded to bf16
@@ -488,20 +506,20 @@ def _tc_kernel(
     k0 = pid_k * K_SPLIT
     k1 = tl.minimum(k0 + K_SPLIT, KP)
     acc = tl.zeros([BM, BN], dtype=tl.float32)
-    for kb in range(k0, k1, BK):
-        cw, la, lb = _gm_planes(code_ptr, lo_ptr, code_off, lo_off, kb, m3 & (kb + gi * 64 < KP), BK, EVEN)
-        ha, hb = _hi_words(cw, b4)
-        w = tl.join(_bf16x4(la, ha, PRMT), _bf16x4(lb, hb, PRMT))  # [G, BN, 8, 4, 2]
-        w = tl.reshape(tl.permute(w, (0, 4, 2, 3, 1)), (BK, BN))
-        if EVEN:
-            xt = tl.load(x_ptr + rml[:, None] * stride_xm + (kb + kk)[None, :])
-        else:  # padding columns: x is 0 there (the padded weights are finite)
-            xt = tl.load(x_ptr + rml[:, None] * stride_xm + (kb + kk)[None, :],
-                         mask=mmask[:, None] & (kb + kk < K)[None, :], other=0.0)
-        if F32DOT:  # the interpreter's tl.dot reads bf16 as raw integers
-            acc = tl.dot(xt.to(tl.float32), w.to(tl.float32), acc)
-        else:
-            acc = tl.dot(xt, w, acc)
+    if PREFETCH:  # the next step's plane words in flight while this step decodes (as in the GEMV)
+        cw, la, lb = _gm_planes(code_ptr, lo_ptr, code_off, lo_off, k0, m3 & (k0 + gi * 64 < KP), BK, EVEN)
+        for kb in range(k0, k1, BK):
+            # the last step re-reads its own words (no mask, no branch): they are in L2
+            kn = tl.minimum(kb + BK, k1 - BK) if EVEN else kb + BK
+            cn, lan, lbn = _gm_planes(code_ptr, lo_ptr, code_off, lo_off, kn, m3 & (kn + gi * 64 < k1), BK, EVEN)
+            acc = _tc_step(acc, cw, la, lb, b4, x_ptr, rml, mmask, kk, kb, K, stride_xm, BK, BN, EVEN, PRMT, F32DOT)
+            cw = cn
+            la = lan
+            lb = lbn
+    else:
+        for kb in range(k0, k1, BK):
+            cw, la, lb = _gm_planes(code_ptr, lo_ptr, code_off, lo_off, kb, m3 & (kb + gi * 64 < KP), BK, EVEN)
+            acc = _tc_step(acc, cw, la, lb, b4, x_ptr, rml, mmask, kk, kb, K, stride_xm, BK, BN, EVEN, PRMT, F32DOT)
     if HAS_EXC:
         if pid_k == 0:
             acc += tl.trans(_exception_delta_tile(rowptr_ptr, eidx_ptr, ehi_ptr, lo8_ptr, x_ptr, rn, rm, mmask,
@@ -775,23 +793,31 @@ def default_config(m: int, n: int, k: int) -> C.Config:
     tiny = n * k <= 1 << 22  # k and v projections
     wide = n >= 65536  # lm_heads
     if m <= 4 and not (small or tall):  # tensor cores fed from register loads: 1.20-1.29x (sweep run 18)
-        return C.Config(bm=16, bn=64, bk=256, tc=True, warps=4, waves=8)
+        return C.Config(bm=16, bn=64, bk=256, tc=True, warps=4, waves=8, stages=1)
     if m <= 4 or (m <= 8 and tiny):  # four x rows a program: 1.32-1.59x against 1.73-2.09x (mma)
         return C.Config(bm=4, bn=16, bk=128, dot=False, group_major=True, stages=1, waves=8)
+    # tc from here to M = 64, per shape as sweep runs 18 and 21 measured it (ratios at M = 8-16 /
+    # 32 / 64): q/o and k/v want narrow tiles (bn 16, then bk 128 pipelined: the most programs),
+    # down the register prefetch, gate/up and the lm_head bn 64; at M = 64 bk 128 (bk 256 needs
+    # 255 registers at bm 64: two programs an SM).
     if m <= 16:
-        if tiny:  # the mma tile kernel: 1.75x at M = 16 against 1.91x (tc)
-            return C.Config(bm=16, bn=32, mma=True, g=2, stages=4, waves=8)
-        # tc: 1.35-1.43x on gate/up and the lm_head (bn 64), 1.81-1.85x on down and q/o (bn 32),
-        # against 1.96-2.31x for the mma tile kernel (sweep run 18)
-        return C.Config(bm=16, bn=32 if small or tall else 64, bk=256, tc=True, warps=4, waves=8)
+        if small:  # k/v 1.60x, q/o 1.73-1.75x
+            return C.Config(bm=16, bn=16, bk=256, tc=True, warps=4, waves=8, stages=1)
+        if tall:  # 1.70-1.72x
+            return C.Config(bm=16, bn=32, bk=256, tc=True, warps=4, waves=8, stages=1, prefetch=True)
+        return C.Config(bm=16, bn=64, bk=256, tc=True, warps=4, waves=8, stages=1)  # 1.37-1.42x
     if m <= 32:
-        if wide:  # 1.44x against 1.67x (tc)
+        if wide:  # 1.44x against 1.66x (tc)
             return C.Config(bm=32, bn=64, mma=True, g=2, stages=3)
-        return C.Config(bm=32, bn=32 if small or tall else 64, bk=256, tc=True, warps=4, waves=8)
+        if small:  # 1.76-1.86x
+            return C.Config(bm=32, bn=32, bk=128, tc=True, warps=4, waves=8, stages=3)
+        if tall:  # 1.85x
+            return C.Config(bm=32, bn=32, bk=256, tc=True, warps=4, waves=8, stages=1, prefetch=True)
+        return C.Config(bm=32, bn=64, bk=256, tc=True, warps=4, waves=8, stages=1)  # 1.68x
     if m <= 64:
-        if small:  # 2.63-3.28x, as tc's best
-            return C.Config(bm=64, bn=64, mma=True, g=1, stages=4, waves=8)
-        return C.Config(bm=64, bn=64, bk=256, tc=True, warps=4, waves=8)  # 2.18-3.04x against 2.34-3.23x
+        if small or tall:  # 1.79x k/v, 2.34x q/o, 1.97x down (from 2.55-3.29x)
+            return C.Config(bm=64, bn=32, bk=128, tc=True, warps=4, waves=8, stages=3)
+        return C.Config(bm=64, bn=64, bk=128, tc=True, warps=4, waves=8, stages=1)  # 1.53-1.83x (from 2.18-2.45x)
     return C.Config(bm=128, bn=128, bk=128, warps=8, stages=3)
 
 
@@ -881,11 +907,11 @@ def _launch_words(x2: torch.Tensor, p: Packed, bias, cfg: C.Config, prep: Prepar
             a["exc_hi"], bias if bias is not None else out, dst, out, cnt,
             m, n, k, kp, x2.stride(0), per, kp // 8, kp // 4)
     meta = dict(BM=cfg.bm, BN=cfg.bn, BK=cfg.bk, EVEN=even, PRMT=not C.interpreting(), HAS_BIAS=bias is not None,
-                HAS_EXC=prep.nexc > 0, PARTIAL=partial, FIXUP=fixup, num_warps=cfg.warps, num_stages=1)
-    if tc:
-        _tc_kernel[grid](x2, *args, F32DOT=C.interpreting(), **meta)
+                HAS_EXC=prep.nexc > 0, PARTIAL=partial, FIXUP=fixup, PREFETCH=cfg.prefetch, num_warps=cfg.warps)
+    if tc:  # stages > 1: Triton's software pipelining (async copies through shared memory)
+        _tc_kernel[grid](x2, *args, F32DOT=C.interpreting(), num_stages=cfg.stages, **meta)
     else:
-        _gemv_gm_kernel[grid](x2, x2.view(torch.int32) if even else x2, *args, PREFETCH=cfg.prefetch, **meta)
+        _gemv_gm_kernel[grid](x2, x2.view(torch.int32) if even else x2, *args, num_stages=1, **meta)
     if partial and not fixup:
         C.finalize(dst, bias, out)
     return out

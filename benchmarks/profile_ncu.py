@@ -8,11 +8,13 @@ those launches:
         --section LaunchStats --section WarpStateStats --section SchedulerStats \\
         python3 benchmarks/profile_ncu.py
 
-Without ncu it just checks each variant against float64 F.linear and prints its name.
+``--shape q/o --ms 16,64`` profiles bf16 and the default config at those M on another shape
+instead of the fixed variant list. Without ncu it just checks each variant against float64 F.linear and prints its name.
 """
 
 from __future__ import annotations
 
+import argparse
 import logging
 import sys
 
@@ -39,13 +41,28 @@ VARIANTS = {
 }
 
 
-def main() -> int:
+SHAPES = {"gate/up": (18944, 3584), "q/o": (3584, 3584), "k/v": (512, 3584), "down": (3584, 18944),
+          "lm_head": (152064, 3584)}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description="profile fixed12 kernels under ncu (see the module docstring)")
+    ap.add_argument("--shape", default="gate/up", choices=list(SHAPES))
+    ap.add_argument("--ms", default=None, help="comma-separated M: bf16 and the default config at each "
+                    "(instead of the fixed variant list)")
+    args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    n, k = 18944, 3584
+    n, k = SHAPES[args.shape]
     w = (torch.randn(n, k, device="cuda") * 0.02).to(torch.bfloat16)
     p = kernels.pack(w, "fixed12")
+    variants = VARIANTS
+    if args.ms:
+        variants = {}
+        for m in (int(v) for v in args.ms.split(",")):
+            variants[f"bf16 M={m}"] = (m, "bf16")
+            variants[f"f12 default M={m}"] = (m, None)
     runs = []
-    for name, (m, cfg) in VARIANTS.items():
+    for name, (m, cfg) in variants.items():
         x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
         if cfg == "bf16":
             fn = (lambda x=x: F.linear(x, w))

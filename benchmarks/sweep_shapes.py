@@ -54,6 +54,13 @@ def candidates(m: int, n: int, k: int) -> dict[str, C.Config | None]:
                 + (" fixup" if fix else ""))
         out[name] = V(bm=bm, bn=bn, bk=bk, tc=True, warps=warps, waves=wv, stages=st, prefetch=pf, fixup=fix)
 
+    if os.environ.get("SWEEP_ROUND") == "5":  # long prompts: unpack + cuBLAS in chunks of weight rows
+        out["long whole"] = V(long=True)
+        for mb in (4, 8, 16, 32):
+            rows = max(64, (mb << 20) // (2 * k) // 64 * 64)
+            if rows < n:
+                out[f"long chunk {mb}MB ({rows} rows)"] = V(long=True, chunk=rows)
+        return out
     if os.environ.get("SWEEP_ROUND") == "4":  # tc: register prefetch, pipelining, waves, bk 128, fixup
         bm = min(64, max(16, 1 << (m - 1).bit_length()))
         for bn in (32, 64):

@@ -142,6 +142,46 @@ def test_split_fixup_leaves_counters_zero(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_long_chunked_equals_whole_unpack(device, with_bias):
+    # Chunks of weight rows (exceptions in several chunks, a short last chunk, odd K): each chunk
+    # unpacks bit for bit, and the product matches the unchunked one (bit for bit on the CPU; on
+    # CUDA cuBLAS may pick another algorithm for a narrower N, so there within the tolerance).
+    from glyd import kernels
+    from glyd.kernels import fixed12
+    from glyd.kernels._common import Config
+
+    n, k = 200, 130
+    w = random_weights(n, k, "wide")
+    p = glyd.pack(w, "fixed12").to(device)
+    rows = (p.arrays["exc_idx"].cpu() // k).unique()
+    assert rows.numel() > 3 and int(rows.min()) < 64 <= int(rows.max())  # exceptions in more than one chunk
+    x = torch.randn(9, k).to(torch.bfloat16).to(device)
+    bias = torch.randn(n).to(torch.bfloat16).to(device) if with_bias else None
+    prep = fixed12.prepare(p)
+    for r0, r1 in ((0, 64), (64, 128), (128, 200), (37, 41)):
+        out = torch.full((r1 - r0, k), 7.0, dtype=torch.bfloat16, device=device)
+        fixed12._unpack_rows(p, prep, r0, r1, out)
+        assert torch.equal(out.view(torch.int16).cpu(), w[r0:r1].view(torch.int16)), (r0, r1)
+    whole = kernels.linear(x, p, bias, Config(long=True))
+    _check(whole, x, w, bias)
+    for chunk in (64, 128):
+        y = kernels.linear(x, p, bias, Config(long=True, chunk=chunk))
+        if device == "cpu":
+            assert torch.equal(y.view(torch.int16), whole.view(torch.int16)), chunk
+        _check(y, x, w, bias)
+
+
+def test_config_chunk_validation():
+    from glyd.kernels._common import Config
+
+    with pytest.raises(ValueError, match="chunk"):
+        Config(long=True, chunk=100)
+    with pytest.raises(ValueError, match="chunk"):
+        Config(long=True, chunk=-64)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_linear_leading_dims_and_strides(device):
     from glyd import kernels
 

@@ -25,7 +25,9 @@ class Config:
 
     ``dot``: tensor-core path (``tl.dot``, x padded to ``bm`` >= 16 rows); else the FMA path for
     one activation row per program (decode once, multiply on the CUDA cores). ``split``: K splits
-    (0 = choose from the SM count). ``long``: unpack to a scratch buffer then cuBLAS instead.
+    (0 = choose from the SM count). ``long``: unpack to a scratch buffer then cuBLAS instead;
+    ``chunk`` (with ``long``, fixed12): unpack and multiply that many weight rows at a time, so
+    the bf16 scratch is small enough to stay in L2 between the unpack and cuBLAS (0: whole).
     ``group_major`` (fixed12 FMA path): tile order [groups, rows, words] so x loads are shared by
     a thread's rows; with it, ``bm`` = 2 or 4 multiplies the decoded tile by that many x rows
     (one accumulator each; not yet timed on a GPU: see benchmarks/notes-kernels.md).
@@ -52,6 +54,7 @@ class Config:
     warps: int = 4
     stages: int = 3
     long: bool = False
+    chunk: int = 0
     group_major: bool = False
     byte: bool = False
     g: int = 4
@@ -75,6 +78,8 @@ class Config:
             raise ValueError("mma is a tensor-core tile (dot=True, not byte or group_major) with a power-of-two g")
         if self.tc and (not self.dot or self.mma or self.byte or self.group_major or self.bk < 64):
             raise ValueError("tc is a tensor-core tile (dot=True, not mma, byte or group_major) with bk >= 64")
+        if self.chunk < 0 or self.chunk % 64:
+            raise ValueError(f"Config.chunk must be a multiple of 64 rows (0: whole matrix), got {self.chunk}")
         if self.waves < 1:
             raise ValueError(f"Config.waves must be >= 1, got {self.waves}")
         if self.prefetch and not (self.group_major and self.stages == 1 and self.gemv) and not self.tc:

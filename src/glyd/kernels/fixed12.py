@@ -672,6 +672,25 @@ def _unpack_kernel(code_ptr, lo_ptr, base_ptr, out_ptr, N, K, KP, BN: tl.constex
 
 
 @triton.jit
+def _unpack_flat_kernel(code_ptr, lo_ptr, base_ptr, out_ptr, NG, BG: tl.constexpr):
+    # K == Kp: the planes and the output are one stream of 64-weight groups (code 32 bytes, lo 64,
+    # out 64 bf16 each, rows back to back), so a program takes BG whole groups with no row math.
+    g = tl.program_id(0).to(tl.int64) * BG + tl.arange(0, BG)[:, None]
+    j = tl.arange(0, 32)[None, :]
+    m = g < NG
+    base = tl.load(base_ptr).to(tl.int32)
+    c = tl.load(code_ptr + g * 32 + j, mask=m, other=0, eviction_policy="evict_first").to(tl.int32)
+    la = tl.load(lo_ptr + g * 64 + j, mask=m, other=0, eviction_policy="evict_first").to(tl.int32)
+    lb = tl.load(lo_ptr + g * 64 + 32 + j, mask=m, other=0, eviction_policy="evict_first").to(tl.int32)
+    na = c & 0xF
+    nb = c >> 4
+    va = (((na & 8) << 4) | ((na & 7) + base)) << 8 | la
+    vb = (((nb & 8) << 4) | ((nb & 7) + base)) << 8 | lb
+    tl.store(out_ptr + g * 64 + j, va.to(tl.int16), mask=m)
+    tl.store(out_ptr + g * 64 + 32 + j, vb.to(tl.int16), mask=m)
+
+
+@triton.jit
 def _bf16_pair(lo, h, HI: tl.constexpr, PRMT: tl.constexpr):
     # uint32 holding the bf16 bits of byte lanes 0, 1 (HI False) or 2, 3 (HI True) of a word
     # (lane 2j + HI * 2 in half j): lo byte under hi byte, twice; one prmt.b32 on the GPU.
@@ -730,6 +749,8 @@ class Prepared:
         else:
             self.rowptr = torch.zeros(n + 1, dtype=torch.int32, device=dev)
             self.pos = self.vals = None
+        # host copy for the chunked long-prompt path (which exceptions fall in a row range)
+        self.rowptr_host = self.rowptr.cpu().tolist() if self.nexc else None
 
 
 def prepare(p: Packed) -> Prepared:
@@ -744,6 +765,12 @@ def prepare(p: Packed) -> Prepared:
 #: SASS: 5 instructions a weight, 16-byte loads, 8-byte stores). benchmarks/kernels.py times both.
 UNPACK_WORDS = False
 UNPACK_BN, UNPACK_G, UNPACK_WARPS = 32, 4, 4
+#: The byte-tile unpack's rows and 64-weight groups a program, and warps (benchmarks/unpack_sweep.py).
+UNPACK_BYTES_BN, UNPACK_BYTES_G, UNPACK_BYTES_WARPS = 32, 2, 4
+#: Flat unpack (K == Kp: one stream of 64-weight groups) instead of the byte tiles: groups a
+#: program and warps; 0 groups = off. 16 groups, 2 warps: 66.1 us an 18944 x 3584 matrix on the
+#: H200 (3.6 TB/s, a bf16 copy_ of it 65.8 us) against 88.8 us for the byte tiles (run 24).
+UNPACK_FLAT_G, UNPACK_FLAT_WARPS = 16, 2
 
 
 # packed: fixed12 [N, K] (lo uint8 [N, Kp], code uint8 [N, Kp/2], base uint8 [1]) -> bf16 [N, K]
@@ -765,12 +792,56 @@ def unpack(p: Packed, out: torch.Tensor | None = None) -> torch.Tensor:
                                    PRMT=not C.interpreting(), num_warps=UNPACK_WARPS)
         if prep.nexc:
             out.view(torch.int16).view(-1)[prep.pos] = prep.vals
-    elif n and k:
-        bn, g = 32, 2
-        grid = (triton.cdiv(n, bn), triton.cdiv(kp, 64 * g))
-        _unpack_kernel[grid](a["code"], a["lo"], a["base"], out.view(torch.int16), n, k, kp, BN=bn, G=g)
+    elif UNPACK_FLAT_G and n and k and k == kp:
+        ng = n * kp // 64
+        _unpack_flat_kernel[(triton.cdiv(ng, UNPACK_FLAT_G),)](a["code"], a["lo"], a["base"], out.view(torch.int16),
+                                                               ng, BG=UNPACK_FLAT_G, num_warps=UNPACK_FLAT_WARPS)
         if prep.nexc:
             out.view(torch.int16).view(-1)[prep.pos] = prep.vals
+    elif n and k:
+        bn, g = UNPACK_BYTES_BN, UNPACK_BYTES_G
+        grid = (triton.cdiv(n, bn), triton.cdiv(kp, 64 * g))
+        _unpack_kernel[grid](a["code"], a["lo"], a["base"], out.view(torch.int16), n, k, kp, BN=bn, G=g,
+                             num_warps=UNPACK_BYTES_WARPS)
+        if prep.nexc:
+            out.view(torch.int16).view(-1)[prep.pos] = prep.vals
+    return out
+
+
+# packed: fixed12 [N, K], rows r0:r1 -> out bf16 [r1 - r0, K] (written, contiguous)
+def _unpack_rows(p: Packed, prep: Prepared, r0: int, r1: int, out: torch.Tensor) -> None:
+    n, k = p.shape
+    a = p.arrays
+    kp = a["lo"].shape[1]
+    rows = r1 - r0
+    if out.shape != (rows, k) or not out.is_contiguous():
+        raise ValueError(f"out must be a contiguous [{rows}, {k}] tensor, got {tuple(out.shape)}")
+    bn, g = UNPACK_BYTES_BN, UNPACK_BYTES_G
+    grid = (triton.cdiv(rows, bn), triton.cdiv(kp, 64 * g))
+    _unpack_kernel[grid](a["code"][r0:r1], a["lo"][r0:r1], a["base"], out.view(torch.int16), rows, k, kp, BN=bn,
+                         G=g, num_warps=UNPACK_BYTES_WARPS)
+    if prep.nexc:
+        e0, e1 = prep.rowptr_host[r0], prep.rowptr_host[r1]
+        if e1 > e0:
+            out.view(torch.int16).view(-1)[prep.pos[e0:e1] - r0 * k] = prep.vals[e0:e1]
+
+
+# x: bf16 [M, K]; packed: fixed12 [N, K]; bias: [N] or None; out: bf16 [M, N] (written) -> out
+def _linear_chunked(x2: torch.Tensor, p: Packed, bias, chunk: int, out: torch.Tensor) -> torch.Tensor:
+    # Long prompts, `chunk` weight rows at a time: the bf16 chunk is written by the unpack and
+    # read back by cuBLAS while it is still in L2. cuBLAS writes each chunk's columns of out in
+    # place (a row stride of N is a valid leading dimension), with the bias in its epilogue.
+    n, k = p.shape
+    prep = prepare(p)
+    buf = C.scratch(x2.device, min(chunk, n) * k)
+    for r0 in range(0, n, chunk):
+        r1 = min(n, r0 + chunk)
+        w = buf[:(r1 - r0) * k].view(r1 - r0, k)
+        _unpack_rows(p, prep, r0, r1, w)
+        if bias is None:
+            torch.mm(x2, w.t(), out=out[:, r0:r1])
+        else:
+            torch.addmm(bias[r0:r1].to(out.dtype), x2, w.t(), out=out[:, r0:r1])
     return out
 
 
@@ -848,6 +919,8 @@ def linear(x: torch.Tensor, p: Packed, bias: torch.Tensor | None = None, config:
             out += bias.to(out.dtype)
         return out.reshape(*x.shape[:-1], n)
     cfg = config or default_config(m, n, k)
+    if cfg.long and cfg.chunk and n > cfg.chunk:
+        return _linear_chunked(x2, p, bias, cfg.chunk, out).reshape(*x.shape[:-1], n)
     if cfg.long:
         w = unpack(p, C.scratch(x2.device, n * k).view(n, k))
         return torch.nn.functional.linear(x2, w, bias).reshape(*x.shape[:-1], n)

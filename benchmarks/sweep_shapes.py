@@ -12,6 +12,7 @@ table a shape and M (us a matrix, ratio to bf16), best first, and writes JSON.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
@@ -33,8 +34,9 @@ SHAPES = {"k/v": (512, 3584), "q/o": (3584, 3584), "gate/up": (18944, 3584), "do
           "lm_head": (152064, 3584)}
 
 
-def candidates(m: int, n: int, k: int) -> dict[str, C.Config | None]:
-    """The configs timed at this M (name -> Config; None = the current default)."""
+def candidates(m: int, n: int, k: int) -> dict:
+    """The configs timed at this M (name -> Config; None = the current default; or (Config,
+    reduce elements a program, reduce warps) to time another split-K reduce tile)."""
     V = C.Config
     out: dict[str, C.Config | None] = {"default": None}
     steps = lambda bk: (k + bk - 1) // bk  # noqa: E731
@@ -54,6 +56,15 @@ def candidates(m: int, n: int, k: int) -> dict[str, C.Config | None]:
                 + (" fixup" if fix else ""))
         out[name] = V(bm=bm, bn=bn, bk=bk, tc=True, warps=warps, waves=wv, stages=st, prefetch=pf, fixup=fix)
 
+    if os.environ.get("SWEEP_ROUND") == "6":  # the split-K reduce: in-kernel fixup, waves, reduce tiles
+        d = fixed12.default_config(m, n, k)
+        if not d.long:
+            out["default fixup"] = dataclasses.replace(d, fixup=True)
+            out["default wv4"] = dataclasses.replace(d, waves=4)
+            out["default wv16"] = dataclasses.replace(d, waves=16)
+            for block, warps in ((256, 2), (128, 1), (512, 4)):
+                out[f"default reduce {block} w{warps}"] = (d, block, warps)
+        return out
     if os.environ.get("SWEEP_ROUND") == "5":  # long prompts: unpack + cuBLAS in chunks of weight rows
         out["long whole"] = V(long=True)
         for mb in (4, 8, 16, 32):
@@ -154,6 +165,9 @@ def main(argv=None) -> int:
             ref = F.linear(x.double(), ws[0].double())
             rows = []
             for name, cfg in candidates(m, n, k).items():
+                reduce = (C.FINALIZE_BLOCK, C.FINALIZE_WARPS)
+                if isinstance(cfg, tuple):  # (config, split-K reduce elements a program, its warps)
+                    cfg, C.FINALIZE_BLOCK, C.FINALIZE_WARPS = cfg
                 try:
                     err = ((kernels.linear(x, ps[0], None, cfg).double() - ref).norm() / ref.norm()).item()
                     if not err < 5e-3:
@@ -162,6 +176,8 @@ def main(argv=None) -> int:
                     rows.append((name, t / copies * 1e3))
                 except Exception as exc:  # a config that fails is reported, not fatal
                     log.warning("%s M=%d %s failed: %s", sname, m, name, str(exc)[:120])
+                finally:
+                    C.FINALIZE_BLOCK, C.FINALIZE_WARPS = reduce
             rows.sort(key=lambda r: r[1])
             dflt = fixed12.default_config(m, n, k)
             res["rows"].append({"shape": sname, "n": n, "k": k, "m": m, "copies": copies, "bf16_us": t16,

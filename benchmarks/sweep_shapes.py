@@ -36,7 +36,7 @@ SHAPES = {"k/v": (512, 3584), "q/o": (3584, 3584), "gate/up": (18944, 3584), "do
 
 def candidates(m: int, n: int, k: int) -> dict:
     """The configs timed at this M (name -> Config; None = the current default; or (Config,
-    reduce elements a program, reduce warps) to time another split-K reduce tile)."""
+    {(module, attribute): value}) to time it with module settings changed, e.g. the reduce tile)."""
     V = C.Config
     out: dict[str, C.Config | None] = {"default": None}
     steps = lambda bk: (k + bk - 1) // bk  # noqa: E731
@@ -62,8 +62,13 @@ def candidates(m: int, n: int, k: int) -> dict:
             out["default fixup"] = dataclasses.replace(d, fixup=True)
             out["default wv4"] = dataclasses.replace(d, waves=4)
             out["default wv16"] = dataclasses.replace(d, waves=16)
-            for block, warps in ((256, 2), (128, 1), (512, 4)):
-                out[f"default reduce {block} w{warps}"] = (d, block, warps)
+            for block, warps in ((256, 2), (128, 1), (512, 4), (1024, 4)):
+                out[f"default reduce {block} w{warps}"] = (d, {(C, "FINALIZE_BLOCK"): block, (C, "FINALIZE_WARPS"): warps})
+        return out
+    if os.environ.get("SWEEP_ROUND") == "7":  # tc's pair decode (fixed12.TC_PAIRS) on the defaults
+        d = fixed12.default_config(m, n, k)
+        if d.tc:
+            out["default pairs"] = (d, {(fixed12, "TC_PAIRS"): True})
         return out
     if os.environ.get("SWEEP_ROUND") == "5":  # long prompts: unpack + cuBLAS in chunks of weight rows
         out["long whole"] = V(long=True)
@@ -165,9 +170,12 @@ def main(argv=None) -> int:
             ref = F.linear(x.double(), ws[0].double())
             rows = []
             for name, cfg in candidates(m, n, k).items():
-                reduce = (C.FINALIZE_BLOCK, C.FINALIZE_WARPS)
-                if isinstance(cfg, tuple):  # (config, split-K reduce elements a program, its warps)
-                    cfg, C.FINALIZE_BLOCK, C.FINALIZE_WARPS = cfg
+                saved = {}
+                if isinstance(cfg, tuple):  # (config, {(module, attribute): value} set while timed)
+                    cfg, over = cfg
+                    for (mod, attr), v in over.items():
+                        saved[(mod, attr)] = getattr(mod, attr)
+                        setattr(mod, attr, v)
                 try:
                     err = ((kernels.linear(x, ps[0], None, cfg).double() - ref).norm() / ref.norm()).item()
                     if not err < 5e-3:
@@ -177,7 +185,8 @@ def main(argv=None) -> int:
                 except Exception as exc:  # a config that fails is reported, not fatal
                     log.warning("%s M=%d %s failed: %s", sname, m, name, str(exc)[:120])
                 finally:
-                    C.FINALIZE_BLOCK, C.FINALIZE_WARPS = reduce
+                    for (mod, attr), v in saved.items():
+                        setattr(mod, attr, v)
             rows.sort(key=lambda r: r[1])
             dflt = fixed12.default_config(m, n, k)
             res["rows"].append({"shape": sname, "n": n, "k": k, "m": m, "copies": copies, "bf16_us": t16,

@@ -181,6 +181,31 @@ def test_config_chunk_validation():
         Config(long=True, chunk=-64)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("cfg", ["bm16 bn64 bk256", "bm64 bn32 bk128 s3", "bm32 bn32 bk256 pf", "bm16 bn16 bk256"])
+def test_tc_pairs_gpu_same_bits(cfg, monkeypatch):
+    # The pair decode (one prmt.b32 for two weights, GPU only) feeds the MMA the same bf16 weights
+    # in the same order: the output must equal the one-prmt-a-weight decode bit for bit.
+    from glyd import kernels
+    from glyd.kernels import fixed12
+    from glyd.kernels._common import Config
+
+    bm, bn, bk = (int(f[2:]) for f in cfg.split()[:3])
+    c = Config(bm=bm, bn=bn, bk=bk, tc=True, stages=3 if "s3" in cfg else 1, prefetch="pf" in cfg)
+    w = random_weights(1000, 3584, "normal", "cuda")
+    p = kernels.pack(w, "fixed12")
+    for m in (3, 16, 64):
+        x = torch.randn(m, 3584, device="cuda").to(torch.bfloat16)
+        bias = torch.randn(1000, device="cuda").to(torch.bfloat16)
+        monkeypatch.setattr(fixed12, "TC_PAIRS", False)
+        y0 = kernels.linear(x, p, bias, c)
+        monkeypatch.setattr(fixed12, "TC_PAIRS", True)
+        y1 = kernels.linear(x, p, bias, c)
+        assert torch.equal(y1.view(torch.int16), y0.view(torch.int16)), m
+        _check(y1, x, w, bias)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_linear_leading_dims_and_strides(device):
     from glyd import kernels

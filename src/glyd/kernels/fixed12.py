@@ -447,24 +447,39 @@ def _bf16_lane(lo, h, t: tl.constexpr, PRMT: tl.constexpr):
 
 
 @triton.jit
-def _bf16x4(lo, h, PRMT: tl.constexpr):
+def _bf16x4(lo, h, PRMT: tl.constexpr, PAIRS: tl.constexpr = False):
     # [..., 4] bf16: the 4 weights of each word (byte lane t = column 4w + t), lanes joined in
     # order ([.., k, j] = lane 2k + j). (One packed asm call for all 4 lanes is wrong here: pack
     # groups a thread's elements in register order, which need not be a word's 4 lanes.)
+    # PAIRS (GPU only): one prmt.b32 builds the bf16 pair of lanes 0-1 (2-3) and a register split
+    # hands out its halves, which ptxas can leave in place for the MMA operand (static sm_90 SASS
+    # of the tc loop at bm16 bn64 bk256: 566 instructions a step against 633).
     shp: tl.constexpr = (lo.shape[0], lo.shape[1], lo.shape[2], 4)
-    l0 = _bf16_lane(lo, h, 0, PRMT)
-    l1 = _bf16_lane(lo, h, 1, PRMT)
-    l2 = _bf16_lane(lo, h, 2, PRMT)
-    l3 = _bf16_lane(lo, h, 3, PRMT)
+    if PRMT and PAIRS:
+        l0, l1 = _split16(_bf16_pair(lo, h, False, PRMT))
+        l2, l3 = _split16(_bf16_pair(lo, h, True, PRMT))
+    else:
+        l0 = _bf16_lane(lo, h, 0, PRMT)
+        l1 = _bf16_lane(lo, h, 1, PRMT)
+        l2 = _bf16_lane(lo, h, 2, PRMT)
+        l3 = _bf16_lane(lo, h, 3, PRMT)
     return tl.reshape(tl.join(tl.join(l0, l2), tl.join(l1, l3)), shp)
 
 
 @triton.jit
+def _split16(p):
+    # the two bf16 halves of a 32-bit pair, low half first (PTX vector unpack)
+    a, b = tl.inline_asm_elementwise("mov.b32 {$0, $1}, $2;", "=h,=h,r", [p], dtype=(tl.uint16, tl.uint16),
+                                     is_pure=True, pack=1)
+    return a.to(tl.bfloat16, bitcast=True), b.to(tl.bfloat16, bitcast=True)
+
+
+@triton.jit
 def _tc_step(acc, cw, la, lb, b4, x_ptr, rml, mmask, kk, kb, K, stride_xm, BK: tl.constexpr, BN: tl.constexpr,
-             EVEN: tl.constexpr, PRMT: tl.constexpr, F32DOT: tl.constexpr):
+             EVEN: tl.constexpr, PRMT: tl.constexpr, F32DOT: tl.constexpr, PAIRS: tl.constexpr):
     # acc [BM, BN] += x [BM, BK] @ decoded word tile [BK, BN]
     ha, hb = _hi_words(cw, b4)
-    w = tl.join(_bf16x4(la, ha, PRMT), _bf16x4(lb, hb, PRMT))  # [G, BN, 8, 4, 2]
+    w = tl.join(_bf16x4(la, ha, PRMT, PAIRS), _bf16x4(lb, hb, PRMT, PAIRS))  # [G, BN, 8, 4, 2]
     w = tl.reshape(tl.permute(w, (0, 4, 2, 3, 1)), (BK, BN))
     if EVEN:
         xt = tl.load(x_ptr + rml[:, None] * stride_xm + (kb + kk)[None, :])
@@ -482,7 +497,7 @@ def _tc_kernel(
     M, N, K, KP, stride_xm, K_SPLIT, stride_code, stride_lo,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EVEN: tl.constexpr, PRMT: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_EXC: tl.constexpr, PARTIAL: tl.constexpr, F32DOT: tl.constexpr, FIXUP: tl.constexpr,
-    PREFETCH: tl.constexpr,
+    PREFETCH: tl.constexpr, PAIRS: tl.constexpr,
 ):
     # out tile [BM, BN] = x [BM, BK] @ W^T [BK, BN], the planes loaded as the GEMV loads them
     # (group-major [G, BN, 8] word tiles, 16-byte loads straight to registers) and decoded to bf16
@@ -512,14 +527,14 @@ def _tc_kernel(
             # the last step re-reads its own words (no mask, no branch): they are in L2
             kn = tl.minimum(kb + BK, k1 - BK) if EVEN else kb + BK
             cn, lan, lbn = _gm_planes(code_ptr, lo_ptr, code_off, lo_off, kn, m3 & (kn + gi * 64 < k1), BK, EVEN)
-            acc = _tc_step(acc, cw, la, lb, b4, x_ptr, rml, mmask, kk, kb, K, stride_xm, BK, BN, EVEN, PRMT, F32DOT)
+            acc = _tc_step(acc, cw, la, lb, b4, x_ptr, rml, mmask, kk, kb, K, stride_xm, BK, BN, EVEN, PRMT, F32DOT, PAIRS)
             cw = cn
             la = lan
             lb = lbn
     else:
         for kb in range(k0, k1, BK):
             cw, la, lb = _gm_planes(code_ptr, lo_ptr, code_off, lo_off, kb, m3 & (kb + gi * 64 < KP), BK, EVEN)
-            acc = _tc_step(acc, cw, la, lb, b4, x_ptr, rml, mmask, kk, kb, K, stride_xm, BK, BN, EVEN, PRMT, F32DOT)
+            acc = _tc_step(acc, cw, la, lb, b4, x_ptr, rml, mmask, kk, kb, K, stride_xm, BK, BN, EVEN, PRMT, F32DOT, PAIRS)
     if HAS_EXC:
         if pid_k == 0:
             acc += tl.trans(_exception_delta_tile(rowptr_ptr, eidx_ptr, ehi_ptr, lo8_ptr, x_ptr, rn, rm, mmask,
@@ -773,6 +788,13 @@ UNPACK_BYTES_BN, UNPACK_BYTES_G, UNPACK_BYTES_WARPS = 32, 2, 4
 UNPACK_FLAT_G, UNPACK_FLAT_WARPS = 16, 2
 
 
+#: tc builds bf16 pairs with one prmt.b32 each instead of one a weight (10% fewer instructions in
+#: the static loop). Off: written after the session's device time was spent, so neither checked
+#: on a GPU (the interpreter cannot run PTX) nor timed; tests/kernels/test_linear.py has the GPU
+#: test that turns it on (benchmarks/notes-kernels.md, "Next device call").
+TC_PAIRS = False
+
+
 # packed: fixed12 [N, K] (lo uint8 [N, Kp], code uint8 [N, Kp/2], base uint8 [1]) -> bf16 [N, K]
 def unpack(p: Packed, out: torch.Tensor | None = None) -> torch.Tensor:
     n, k = p.shape
@@ -982,7 +1004,7 @@ def _launch_words(x2: torch.Tensor, p: Packed, bias, cfg: C.Config, prep: Prepar
     meta = dict(BM=cfg.bm, BN=cfg.bn, BK=cfg.bk, EVEN=even, PRMT=not C.interpreting(), HAS_BIAS=bias is not None,
                 HAS_EXC=prep.nexc > 0, PARTIAL=partial, FIXUP=fixup, PREFETCH=cfg.prefetch, num_warps=cfg.warps)
     if tc:  # stages > 1: Triton's software pipelining (async copies through shared memory)
-        _tc_kernel[grid](x2, *args, F32DOT=C.interpreting(), num_stages=cfg.stages, **meta)
+        _tc_kernel[grid](x2, *args, F32DOT=C.interpreting(), PAIRS=TC_PAIRS, num_stages=cfg.stages, **meta)
     else:
         _gemv_gm_kernel[grid](x2, x2.view(torch.int32) if even else x2, *args, num_stages=1, **meta)
     if partial and not fixup:

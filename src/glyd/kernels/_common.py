@@ -42,8 +42,9 @@ class Config:
     (one decoded tile for ``bm`` <= 16 x rows, unmasked loads on whole shapes, x read as bf16
     pairs, ``prmt`` decode on the GPU); False keeps the general masked FMA loop (``bm`` 1, 2, 4),
     for comparison. ``prefetch`` (that GEMV): load the next step's plane words into registers
-    before decoding this step's. ``tc`` (fixed12, dot path): tensor cores fed from the GEMV's
-    register loads (plane words decoded to bf16 in registers, no async copy).
+    before decoding this step's (also ``tc``). ``tc`` (fixed12, dot path): tensor cores fed from
+    the GEMV's register loads (plane words decoded to bf16 in registers, then through shared
+    memory into the MMA operand); ``stages`` > 1 there pipelines the plane loads by async copy.
     """
 
     bm: int = 16

@@ -502,8 +502,9 @@ def _tc_kernel(
     # out tile [BM, BN] = x [BM, BK] @ W^T [BK, BN], the planes loaded as the GEMV loads them
     # (group-major [G, BN, 8] word tiles, 16-byte loads straight to registers) and decoded to bf16
     # there. The decoded tile is joined and reshaped into natural column order ([G, half, word,
-    # lane] = column 64g + 32h + 4w + t), so x loads stay contiguous; Triton then finds that this
-    # register layout is the MMA's B operand and moves the one layout change onto the raw words.
+    # lane] = column 64g + 32h + 4w + t), so x loads stay contiguous. Triton 3.6 then stores the
+    # decoded tile to shared memory and reads it back as the MMA's B operand (ttgir: local_alloc
+    # of the [BK, BN] bf16 tile; 32 KB at bk 256 bn 64), as it must for wgmma (bm 64).
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     pid_m = tl.program_id(2)

@@ -4,9 +4,10 @@ Compiles ``_tc_kernel`` for an H100/H200 target with Triton, disassembles it wit
 ``cuobjdump`` that ships with Triton, and prints registers, spill stack, shared memory, the
 instructions of the whole kernel and of its main loop (the largest backward branch), and the
 counts of global loads, async copies and MMA instructions. Each spec is
-``bm,bn,bk,warps,stages[,FLAG=0|1...]`` (flags: PREFETCH, PAIRS).
+``bm,bn,bk,warps,stages[,FLAG=0|1...]`` (flags: PREFETCH, PAIRS; GLUON=1: the explicit-layout
+kernel of ``fixed12_gluon`` instead, bm 16 and 4 warps).
 
-    .venv/bin/python benchmarks/sass_count.py 16,64,256,4,1 16,64,256,4,1,PAIRS=1
+    PYTHONPATH=src .venv/bin/python benchmarks/sass_count.py 16,64,256,4,1 16,64,256,4,1,PAIRS=1 16,64,256,4,1,GLUON=1
 """
 
 from __future__ import annotations
@@ -29,17 +30,28 @@ PTRS = {"x_ptr": "*bf16", "code_ptr": "*i32", "lo_ptr": "*i32", "lo8_ptr": "*u8"
 INSN = re.compile(r"/\*([0-9a-f]{4,})\*/\s+[A-Z@]")
 
 
-def compile_tc(bm: int, bn: int, bk: int, warps: int, stages: int, **flags) -> dict:
-    kern = fixed12._tc_kernel
+def compile_tc(bm: int, bn: int, bk: int, warps: int, stages: int, GLUON: bool = False, **flags) -> dict:
+    if GLUON:  # the explicit-layout kernel (bm 16, 4 warps)
+        from triton.experimental.gluon._runtime import GluonASTSource
+
+        from glyd.kernels import fixed12_gluon as g
+
+        kern, source = g._gl_kernel, GluonASTSource
+        words, xl, mma, a_op, b_op = g.layouts(bn, bk)
+        const = {"BN": bn, "BK": bk, "WL": words, "XL": xl, "ML": mma, "AL": a_op, "BL": b_op}
+        ptrs = {**PTRS, "lo_ptr": "*i32", "code_ptr": "*i32", "part_ptr": "*fp32"}
+    else:
+        kern, source = fixed12._tc_kernel, ASTSource
+        const = dict(BM=bm, BN=bn, BK=bk, EVEN=True, PRMT=True, HAS_BIAS=False, HAS_EXC=True, PARTIAL=True,
+                     F32DOT=False, FIXUP=False, PREFETCH=False, PAIRS=False)
+        const.update(flags)
+        ptrs = PTRS
     names = kern.arg_names
-    const = dict(BM=bm, BN=bn, BK=bk, EVEN=True, PRMT=True, HAS_BIAS=False, HAS_EXC=True, PARTIAL=True,
-                 F32DOT=False, FIXUP=False, PREFETCH=False, PAIRS=False)
-    const.update(flags)
-    sig = {n: "constexpr" if n in const else PTRS.get(n, "i32") for n in names}
+    sig = {n: "constexpr" if n in const else ptrs.get(n, "i32") for n in names}
     # pointers and row strides divisible by 16, as the launcher's tensors are
     attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in names
-             if n in PTRS or n.startswith("stride") or n in ("K_SPLIT", "KP")}
-    k = triton.compile(ASTSource(kern, sig, const, attrs), target=GPUTarget("cuda", 90, 32),
+             if n in ptrs or n.startswith("stride") or n in ("K_SPLIT", "KP")}
+    k = triton.compile(source(kern, sig, const, attrs), target=GPUTarget("cuda", 90, 32),
                        options=dict(num_warps=warps, num_stages=stages))
     tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:

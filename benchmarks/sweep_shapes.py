@@ -65,10 +65,14 @@ def candidates(m: int, n: int, k: int) -> dict:
             for block, warps in ((256, 2), (128, 1), (512, 4), (1024, 4)):
                 out[f"default reduce {block} w{warps}"] = (d, {(C, "FINALIZE_BLOCK"): block, (C, "FINALIZE_WARPS"): warps})
         return out
-    if os.environ.get("SWEEP_ROUND") == "7":  # tc's pair decode (fixed12.TC_PAIRS) on the defaults
+    if os.environ.get("SWEEP_ROUND") == "7":  # tc's pair decode (fixed12.TC_PAIRS); the Gluon kernel
         d = fixed12.default_config(m, n, k)
         if d.tc:
             out["default pairs"] = (d, {(fixed12, "TC_PAIRS"): True})
+        if 2 < m <= 64:
+            for bn, bk in ((32, 128), (32, 256), (64, 128), (64, 256)):
+                for wv in (8, 16):
+                    out[f"gluon bn{bn} bk{bk} wv{wv}"] = V(bm=16, bn=bn, bk=bk, gluon=True, waves=wv)
         return out
     if os.environ.get("SWEEP_ROUND") == "5":  # long prompts: unpack + cuBLAS in chunks of weight rows
         out["long whole"] = V(long=True)

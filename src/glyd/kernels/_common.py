@@ -45,6 +45,8 @@ class Config:
     before decoding this step's (also ``tc``). ``tc`` (fixed12, dot path): tensor cores fed from
     the GEMV's register loads (plane words decoded to bf16 in registers, then through shared
     memory into the MMA operand); ``stages`` > 1 there pipelines the plane loads by async copy.
+    ``gluon`` (fixed12, CUDA only): the same product with explicit layouts (``fixed12_gluon``):
+    the decoded tile is the MMA operand in registers; not yet timed, off by default.
     """
 
     bm: int = 16
@@ -65,6 +67,7 @@ class Config:
     prefetch: bool = False
     gemv: bool = True
     tc: bool = False
+    gluon: bool = False
 
     def __post_init__(self) -> None:
         for name in ("bm", "bn", "bk"):
@@ -79,6 +82,10 @@ class Config:
             raise ValueError("mma is a tensor-core tile (dot=True, not byte or group_major) with a power-of-two g")
         if self.tc and (not self.dot or self.mma or self.byte or self.group_major or self.bk < 64):
             raise ValueError("tc is a tensor-core tile (dot=True, not mma, byte or group_major) with bk >= 64")
+        if self.gluon and (not self.dot or self.mma or self.byte or self.group_major or self.tc or self.bm != 16
+                           or self.bn < 32 or self.bk < 64 or self.warps != 4 or self.prefetch):
+            raise ValueError("gluon is a tensor-core tile (dot=True, not tc, mma, byte or group_major) with bm = 16, "
+                             "bn >= 32, bk >= 64 and 4 warps")
         if self.chunk < 0 or self.chunk % 64:
             raise ValueError(f"Config.chunk must be a multiple of 64 rows (0: whole matrix), got {self.chunk}")
         if self.waves < 1:

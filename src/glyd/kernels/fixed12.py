@@ -958,6 +958,10 @@ def linear(x: torch.Tensor, p: Packed, bias: torch.Tensor | None = None, config:
         return _launch_gemv_bytes(x2, p, bias, cfg, prep, out).reshape(*x.shape[:-1], n)
     if cfg.mma:
         return _launch_mma(x2, p, bias, cfg, prep, out).reshape(*x.shape[:-1], n)
+    if cfg.gluon:
+        from glyd.kernels import fixed12_gluon  # Gluon: imported only when asked for
+
+        return fixed12_gluon.launch(x2, p, bias, cfg, prep, out).reshape(*x.shape[:-1], n)
     if cfg.tc:
         return _launch_words(x2, p, bias, cfg, prep, out, tc=True).reshape(*x.shape[:-1], n)
     if gemv:

@@ -1,0 +1,150 @@
+"""fixed12 decode-step product with explicit register layouts (Triton's Gluon; CUDA GPUs only).
+
+The `tc` kernel of ``fixed12.py`` lets Triton choose layouts, and Triton 3.6 moves its decoded
+weight tile through shared memory into the tensor cores' B operand. Here every layout is given:
+the plane words are loaded in exactly the layout whose decoded bf16 lanes *are* the MMA v2 B
+operand (``k_width`` 4: four consecutive k of one weight row a thread, which is one plane word's
+four lanes), so the tile never leaves registers. The MMA's k order is a fixed permutation of the
+columns (bits 2-3 and 4-5 of the column index swapped) chosen so that each thread's words and x
+values are 16 contiguous bytes; x is loaded with the same permutation, which leaves the product
+unchanged. Static sm_90 SASS at bn 64, bk 256: no shared memory, no barriers, 100 registers and
+442 instructions a loop step, against 128 registers, 40 KB and 633 for `tc`
+(``benchmarks/notes-kernels.md``). Not yet run on a GPU when written: opt-in through
+``Config(gluon=True)``; the twin for tests and the interpreter is `tc` (Gluon has no interpreter).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import mma_v2
+
+from glyd.kernels import _common as C
+from glyd.kernels.fixed12 import _exception_delta_tile
+
+BM = 16  # x rows a program: one MMA tile
+WARPS = 4  # the layouts below put the 4 warps side by side along N
+
+
+@gluon.jit
+def _prmt(a, b, SEL: gl.constexpr):
+    return gl.inline_asm_elementwise(f"prmt.b32 $0, $1, $2, {SEL};", "=r,r,r", [a, b], dtype=gl.uint32,
+                                     is_pure=True, pack=1)
+
+
+@gluon.jit
+def _split16(p):
+    # the two bf16 halves of a 32-bit pair, low half first (PTX vector unpack)
+    a, b = gl.inline_asm_elementwise("mov.b32 {$0, $1}, $2;", "=h,=h,r", [p], dtype=(gl.uint16, gl.uint16),
+                                     is_pure=True, pack=1)
+    return a.to(gl.bfloat16, bitcast=True), b.to(gl.bfloat16, bitcast=True)
+
+
+@gluon.jit
+def _gl_kernel(x_ptr, code_ptr, lo_ptr, base_ptr, part_ptr, M, N, KP, stride_xm, K_SPLIT, stride_code, stride_lo,
+               BN: gl.constexpr, BK: gl.constexpr, WL: gl.constexpr, XL: gl.constexpr, ML: gl.constexpr,
+               AL: gl.constexpr, BL: gl.constexpr):
+    # part[pid_k, 16 rows, BN cols] (fp32) = x rows @ W^T over this program's K range. Whole
+    # shapes only (K == KP, K_SPLIT a multiple of BK); rows past M or N read row M-1 / N-1 again
+    # and are not stored.
+    pid_n = gl.program_id(0)
+    pid_k = gl.program_id(1)
+    pid_m = gl.program_id(2)
+    Q: gl.constexpr = BK // 4  # plane words a row and step: word q holds columns 4q..4q+3
+    q = gl.arange(0, Q, layout=gl.SliceLayout(1, WL))[:, None]
+    n = gl.minimum(pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, WL)), N - 1)[None, :]
+    lo_off = n * stride_lo + q
+    # word q = 16g + 8h + w: code word 8g + w, its low nibbles for half h = 0, high for h = 1
+    code_off = n * stride_code + (q // 16) * 8 + (q % 8)
+    high = ((q // 8) % 2) == 1
+    b4 = gl.load(base_ptr).to(gl.uint32) * 0x01010101
+    xm = gl.minimum(pid_m * 16 + gl.arange(0, 16, layout=gl.SliceLayout(1, XL)), M - 1)[:, None]
+    xk = gl.arange(0, BK, layout=gl.SliceLayout(0, XL))[None, :]
+    acc = gl.zeros([16, BN], gl.float32, ML)
+    k0 = pid_k * K_SPLIT
+    k1 = gl.minimum(k0 + K_SPLIT, KP)
+    for kb in range(k0, k1, BK):
+        lw = gl.load(lo_ptr + lo_off + kb // 4).to(gl.uint32, bitcast=True)
+        cw = gl.load(code_ptr + code_off + kb // 8).to(gl.uint32, bitcast=True)
+        nib = gl.where(high, cw >> 4, cw)
+        h = ((nib << 4) & 0x80808080) | ((nib & 0x07070707) + b4)
+        l0, l1 = _split16(_prmt(lw, h, 0x5140))
+        l2, l3 = _split16(_prmt(lw, h, 0x7362))
+        w = gl.reshape(gl.join(gl.join(l0, l2), gl.join(l1, l3)), [Q, BN, 4])  # [word, row, lane]
+        w = gl.reshape(gl.permute(w, [0, 2, 1]), [BK // 64, 4, 4, 4, BN])  # column bits (76, 54, 32, 10)
+        w = gl.convert_layout(gl.reshape(gl.permute(w, [0, 2, 1, 3, 4]), [BK, BN]), BL)  # MMA k order
+        xt = gl.reshape(gl.load(x_ptr + xm * stride_xm + kb + xk), [16, BK // 64, 4, 4, 4])
+        xt = gl.convert_layout(gl.reshape(gl.permute(xt, [0, 1, 3, 2, 4]), [16, BK]), AL)
+        acc = mma_v2(xt, w, acc)
+    om = pid_m * 16 + gl.arange(0, 16, layout=gl.SliceLayout(1, ML))[:, None]
+    on = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, ML))[None, :]
+    gl.store(part_ptr + pid_k * M * N + om * N + on, acc, mask=(om < M) & (on < N))
+
+
+@triton.jit
+def _exception_kernel(part_ptr, x_ptr, rowptr_ptr, eidx_ptr, ehi_ptr, lo_ptr, base_ptr, M, N, K, KP, stride_xm,
+                      BM_: tl.constexpr, BN_: tl.constexpr):
+    # part[0] += (true - decoded weight) * x at each exception of this [BM_, BN_] output tile
+    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    rn = pid_n * BN_ + tl.arange(0, BN_)
+    rm = pid_m * BM_ + tl.arange(0, BM_)
+    mmask = rm < M
+    base = tl.load(base_ptr).to(tl.uint32)
+    d = tl.trans(_exception_delta_tile(rowptr_ptr, eidx_ptr, ehi_ptr, lo_ptr, x_ptr, rn, rm, mmask, stride_xm, base,
+                                       pid_n, N, K, KP, BN_, BM_))
+    ptr = part_ptr + rm[:, None] * N + rn[None, :]
+    omask = mmask[:, None] & (rn < N)[None, :]
+    tl.store(ptr, tl.load(ptr, mask=omask, other=0.0) + d, mask=omask)
+
+
+@functools.lru_cache(maxsize=None)
+def layouts(bn: int, bk: int):
+    """(word, x, accumulator, A operand, B operand) layouts for a [16, bn] tile and K steps of bk."""
+    mma = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, WARPS], instr_shape=[16, 8])
+    a_op = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=4)
+    b_op = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=4)
+    q = bk // 4
+    # B operand (k, n): registers k 1, 2, 16, 32, ...; lanes k 4, 8, n 1, 2, 4; warps n 8, 16;
+    # registers n 32, ... In words (k / 4) with MMA k bits 2-3 and 4-5 swapped back to columns:
+    # word bits 0, 1 and 4+ in registers (16-byte loads), 2, 3 across lanes.
+    wreg = ([[1, 0], [2, 0]] + [[1 << i, 0] for i in range(4, q.bit_length() - 1)]
+            + [[0, 1 << i] for i in range(5, bn.bit_length() - 1)])
+    words = gl.DistributedLinearLayout(reg_bases=wreg, lane_bases=[[4, 0], [8, 0], [0, 1], [0, 2], [0, 4]],
+                                       warp_bases=[[0, 8], [0, 16]], block_bases=[], shape=[q, bn])
+    # A operand (m, k) the same way: 16 contiguous columns of one row a thread
+    xreg = [[0, 1], [0, 2], [0, 4], [0, 8], [8, 0]] + [[0, 1 << i] for i in range(6, bk.bit_length() - 1)]
+    x = gl.DistributedLinearLayout(reg_bases=xreg, lane_bases=[[0, 16], [0, 32], [1, 0], [2, 0], [4, 0]],
+                                   warp_bases=[[0, 0], [0, 0]], block_bases=[], shape=[16, bk])
+    return words, x, mma, a_op, b_op
+
+
+# x: bf16 [M, K]; packed: fixed12 [N, K], K == Kp; bias: [N] or None; out: bf16 [M, N] (written) -> out
+def launch(x2: torch.Tensor, p, bias, cfg: C.Config, prep, out: torch.Tensor) -> torch.Tensor:
+    m, k = x2.shape
+    n = p.shape[0]
+    a = p.arrays
+    kp = a["lo"].shape[1]
+    if C.interpreting() or x2.device.type != "cuda":
+        raise RuntimeError("Config(gluon=True) runs only on a CUDA GPU (Gluon has no interpreter): use tc there")
+    if k != kp or kp % cfg.bk:
+        raise ValueError(f"Config(gluon=True) needs K a multiple of bk = {cfg.bk} (no padded columns), got K = {k}")
+    tiles = triton.cdiv(n, cfg.bn) * triton.cdiv(m, BM)
+    split, per = C.choose_split(tiles, kp, cfg.bk, x2.device, cfg.split, cfg.waves)
+    part = torch.empty(split, m, n, dtype=torch.float32, device=x2.device)
+    words, xl, mma, a_op, b_op = layouts(cfg.bn, cfg.bk)
+    grid = (triton.cdiv(n, cfg.bn), split, triton.cdiv(m, BM))
+    _gl_kernel[grid](x2, a["code"].view(torch.int32), a["lo"].view(torch.int32), a["base"], part,
+                     m, n, kp, x2.stride(0), per, kp // 8, kp // 4,
+                     BN=cfg.bn, BK=cfg.bk, WL=words, XL=xl, ML=mma, AL=a_op, BL=b_op, num_warps=WARPS)
+    if prep.nexc:
+        _exception_kernel[(triton.cdiv(n, 32), triton.cdiv(m, 16))](
+            part, x2, prep.rowptr, a["exc_idx"], a["exc_hi"], a["lo"], a["base"], m, n, k, kp, x2.stride(0),
+            BM_=16, BN_=32)
+    C.finalize(part, bias, out)
+    return out

@@ -1,0 +1,105 @@
+"""The fixed12 Gluon kernel (explicit layouts, CUDA only): static layout checks on any machine,
+products on the GPU (against float64 and against the `tc` kernel it can replace)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import glyd
+
+from .conftest import needs_triton, random_weights
+from .test_linear import _check
+
+pytestmark = needs_triton
+
+
+def _gluon():
+    try:
+        from glyd.kernels import fixed12_gluon
+    except ImportError as exc:  # a Triton without Gluon
+        pytest.skip(f"no Gluon in this Triton: {exc}")
+    return fixed12_gluon
+
+
+@pytest.mark.parametrize("bn,bk", [(64, 256), (32, 128), (32, 64)])
+def test_gluon_tile_stays_in_registers_sm90(bn, bk):
+    # Compiled for sm_90 on the CPU: the decoded tile and x reach the MMA without shared memory,
+    # i.e. the load layouts are the operand layouts (the point of the kernel).
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    g = _gluon()
+    words, xl, mma, a_op, b_op = g.layouts(bn, bk)
+    ptrs = {"x_ptr": "*bf16", "code_ptr": "*i32", "lo_ptr": "*i32", "base_ptr": "*u8", "part_ptr": "*fp32"}
+    const = {"BN": bn, "BK": bk, "WL": words, "XL": xl, "ML": mma, "AL": a_op, "BL": b_op}
+    names = g._gl_kernel.arg_names
+    sig = {a: "constexpr" if a in const else ptrs.get(a, "i32") for a in names}
+    attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in names
+             if a in ptrs or a.startswith("stride") or a in ("K_SPLIT", "KP")}
+    try:
+        k = triton.compile(GluonASTSource(g._gl_kernel, sig, const, attrs), target=GPUTarget("cuda", 90, 32),
+                           options=dict(num_warps=g.WARPS))
+    except Exception as exc:  # no ptxas for sm_90 in this Triton install
+        if "ptxas" in str(exc).lower():
+            pytest.skip(f"cannot compile for sm_90 here: {exc}")
+        raise
+    ttgir = k.asm["ttgir"]
+    assert "local_alloc" not in ttgir and "local_load" not in ttgir
+    assert k.metadata.shared == 0
+    assert "mma" in ttgir
+
+
+def test_gluon_config_validation():
+    from glyd.kernels._common import Config
+
+    Config(bm=16, bn=32, bk=128, gluon=True)
+    for bad in (dict(bm=32), dict(bn=16), dict(bk=32), dict(warps=8), dict(tc=True), dict(prefetch=True)):
+        with pytest.raises(ValueError, match="gluon"):
+            Config(**{**dict(bm=16, bn=32, bk=128, gluon=True), **bad})
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message given without a GPU")
+def test_gluon_needs_a_gpu():
+    from glyd import kernels
+    from glyd.kernels._common import Config
+
+    _gluon()
+    p = glyd.pack(random_weights(32, 128, "normal"), "fixed12")
+    with pytest.raises(RuntimeError, match="CUDA"):
+        kernels.linear(torch.randn(2, 128).to(torch.bfloat16), p, None, Config(bm=16, bn=32, bk=128, gluon=True))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("bn,bk", [(64, 256), (32, 128), (32, 256), (64, 64)])
+@pytest.mark.parametrize("m", [1, 5, 16, 33])
+def test_gluon_matches_reference_gpu(bn, bk, m):
+    from glyd import kernels
+    from glyd.kernels._common import Config
+
+    _gluon()
+    w = random_weights(1000, 3584, "normal", "cuda")  # with exceptions (values far below the window)
+    p = kernels.pack(w, "fixed12")
+    assert p.arrays["exc_idx"].numel() > 0
+    x = torch.randn(m, 3584, device="cuda").to(torch.bfloat16)
+    bias = torch.randn(1000, device="cuda").to(torch.bfloat16)
+    y = kernels.linear(x, p, bias, Config(bm=16, bn=bn, bk=bk, gluon=True))
+    _check(y, x, w, bias)
+    tc = kernels.linear(x, p, bias, Config(bm=16, bn=bn, bk=bk, tc=True, stages=1))
+    # same products, other summation order: within bf16 rounding of each other
+    assert ((y.float() - tc.float()).abs() <= 2**-7 * tc.float().abs() + 1e-3 * tc.float().abs().max()).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gluon_rejects_padded_columns_gpu():
+    from glyd import kernels
+    from glyd.kernels._common import Config
+
+    _gluon()
+    p = kernels.pack(random_weights(64, 1000, "normal", "cuda"), "fixed12")  # K = 1000: padded to 1024
+    with pytest.raises(ValueError, match="multiple of bk"):
+        kernels.linear(torch.randn(2, 1000, device="cuda").to(torch.bfloat16), p, None,
+                       Config(bm=16, bn=32, bk=128, gluon=True))

@@ -5,7 +5,7 @@ Compiles ``_tc_kernel`` for an H100/H200 target with Triton, disassembles it wit
 instructions of the whole kernel and of its main loop (the largest backward branch), and the
 counts of global loads, async copies and MMA instructions. Each spec is
 ``bm,bn,bk,warps,stages[,FLAG=0|1...]`` (flags: PREFETCH, PAIRS; GLUON=1: the explicit-layout
-kernel of ``fixed12_gluon`` instead, bm 16 and 4 warps).
+kernel of ``fixed12_gluon`` instead, bm 16, 32 or 64 and 4 warps).
 
     PYTHONPATH=src .venv/bin/python benchmarks/sass_count.py 16,64,256,4,1 16,64,256,4,1,PAIRS=1 16,64,256,4,1,GLUON=1
 """
@@ -31,14 +31,14 @@ INSN = re.compile(r"/\*([0-9a-f]{4,})\*/\s+[A-Z@]")
 
 
 def compile_tc(bm: int, bn: int, bk: int, warps: int, stages: int, GLUON: bool = False, **flags) -> dict:
-    if GLUON:  # the explicit-layout kernel (bm 16, 4 warps)
+    if GLUON:  # the explicit-layout kernel (bm 16, 32 or 64: one decoded tile for 1, 2 or 4 x tiles; 4 warps)
         from triton.experimental.gluon._runtime import GluonASTSource
 
         from glyd.kernels import fixed12_gluon as g
 
         kern, source = g._gl_kernel, GluonASTSource
         words, xl, mma, a_op, b_op = g.layouts(bn, bk)
-        const = {"BN": bn, "BK": bk, "WL": words, "XL": xl, "ML": mma, "AL": a_op, "BL": b_op}
+        const = {"BN": bn, "BK": bk, "WL": words, "XL": xl, "ML": mma, "AL": a_op, "BL": b_op, "MT": bm // 16}
         ptrs = {**PTRS, "lo_ptr": "*i32", "code_ptr": "*i32", "part_ptr": "*fp32"}
     else:
         kern, source = fixed12._tc_kernel, ASTSource

@@ -72,7 +72,11 @@ def candidates(m: int, n: int, k: int) -> dict:
         if 2 < m <= 64:
             for bn, bk in ((32, 128), (32, 256), (64, 128), (64, 256)):
                 for wv in (8, 16):
-                    out[f"gluon bn{bn} bk{bk} wv{wv}"] = V(bm=16, bn=bn, bk=bk, gluon=True, waves=wv)
+                    out[f"gluon bm16 bn{bn} bk{bk} wv{wv}"] = V(bm=16, bn=bn, bk=bk, gluon=True, waves=wv)
+        if m > 16:  # one decoded tile for 2 or 4 x tiles
+            bm = 32 if m <= 32 else 64
+            for bn in (32, 64):
+                out[f"gluon bm{bm} bn{bn} bk128 wv8"] = V(bm=bm, bn=bn, bk=128, gluon=True, waves=8)
         return out
     if os.environ.get("SWEEP_ROUND") == "5":  # long prompts: unpack + cuBLAS in chunks of weight rows
         out["long whole"] = V(long=True)

@@ -22,8 +22,8 @@ def _gluon():
     return fixed12_gluon
 
 
-@pytest.mark.parametrize("bn,bk", [(64, 256), (32, 128), (32, 64)])
-def test_gluon_tile_stays_in_registers_sm90(bn, bk):
+@pytest.mark.parametrize("bn,bk,mt", [(64, 256, 1), (32, 128, 1), (32, 64, 1), (64, 128, 4), (32, 256, 2)])
+def test_gluon_tile_stays_in_registers_sm90(bn, bk, mt):
     # Compiled for sm_90 on the CPU: the decoded tile and x reach the MMA without shared memory,
     # i.e. the load layouts are the operand layouts (the point of the kernel).
     import triton
@@ -33,7 +33,7 @@ def test_gluon_tile_stays_in_registers_sm90(bn, bk):
     g = _gluon()
     words, xl, mma, a_op, b_op = g.layouts(bn, bk)
     ptrs = {"x_ptr": "*bf16", "code_ptr": "*i32", "lo_ptr": "*i32", "base_ptr": "*u8", "part_ptr": "*fp32"}
-    const = {"BN": bn, "BK": bk, "WL": words, "XL": xl, "ML": mma, "AL": a_op, "BL": b_op}
+    const = {"BN": bn, "BK": bk, "WL": words, "XL": xl, "ML": mma, "AL": a_op, "BL": b_op, "MT": mt}
     names = g._gl_kernel.arg_names
     sig = {a: "constexpr" if a in const else ptrs.get(a, "i32") for a in names}
     attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in names
@@ -55,7 +55,8 @@ def test_gluon_config_validation():
     from glyd.kernels._common import Config
 
     Config(bm=16, bn=32, bk=128, gluon=True)
-    for bad in (dict(bm=32), dict(bn=16), dict(bk=32), dict(warps=8), dict(tc=True), dict(prefetch=True)):
+    Config(bm=64, bn=32, bk=128, gluon=True)
+    for bad in (dict(bm=128), dict(bn=16), dict(bk=32), dict(warps=8), dict(tc=True), dict(prefetch=True)):
         with pytest.raises(ValueError, match="gluon"):
             Config(**{**dict(bm=16, bn=32, bk=128, gluon=True), **bad})
 
@@ -73,9 +74,10 @@ def test_gluon_needs_a_gpu():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("bn,bk", [(64, 256), (32, 128), (32, 256), (64, 64)])
-@pytest.mark.parametrize("m", [1, 5, 16, 33])
-def test_gluon_matches_reference_gpu(bn, bk, m):
+@pytest.mark.parametrize("bm,bn,bk", [(16, 64, 256), (16, 32, 128), (16, 32, 256), (16, 64, 64), (32, 32, 128),
+                                      (64, 64, 128)])
+@pytest.mark.parametrize("m", [1, 5, 16, 33, 64])
+def test_gluon_matches_reference_gpu(bm, bn, bk, m):
     from glyd import kernels
     from glyd.kernels._common import Config
 
@@ -85,7 +87,7 @@ def test_gluon_matches_reference_gpu(bn, bk, m):
     assert p.arrays["exc_idx"].numel() > 0
     x = torch.randn(m, 3584, device="cuda").to(torch.bfloat16)
     bias = torch.randn(1000, device="cuda").to(torch.bfloat16)
-    y = kernels.linear(x, p, bias, Config(bm=16, bn=bn, bk=bk, gluon=True))
+    y = kernels.linear(x, p, bias, Config(bm=bm, bn=bn, bk=bk, gluon=True))
     _check(y, x, w, bias)
     tc = kernels.linear(x, p, bias, Config(bm=16, bn=bn, bk=bk, tc=True, stages=1))
     # same products, other summation order: within bf16 rounding of each other

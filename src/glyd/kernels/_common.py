@@ -82,10 +82,11 @@ class Config:
             raise ValueError("mma is a tensor-core tile (dot=True, not byte or group_major) with a power-of-two g")
         if self.tc and (not self.dot or self.mma or self.byte or self.group_major or self.bk < 64):
             raise ValueError("tc is a tensor-core tile (dot=True, not mma, byte or group_major) with bk >= 64")
-        if self.gluon and (not self.dot or self.mma or self.byte or self.group_major or self.tc or self.bm != 16
-                           or self.bn < 32 or self.bk < 64 or self.warps != 4 or self.prefetch):
-            raise ValueError("gluon is a tensor-core tile (dot=True, not tc, mma, byte or group_major) with bm = 16, "
-                             "bn >= 32, bk >= 64 and 4 warps")
+        if self.gluon and (not self.dot or self.mma or self.byte or self.group_major or self.tc
+                           or self.bm not in (16, 32, 64) or self.bn < 32 or self.bk < 64 or self.warps != 4
+                           or self.prefetch):
+            raise ValueError("gluon is a tensor-core tile (dot=True, not tc, mma, byte or group_major) with bm 16, "
+                             "32 or 64, bn >= 32, bk >= 64 and 4 warps")
         if self.chunk < 0 or self.chunk % 64:
             raise ValueError(f"Config.chunk must be a multiple of 64 rows (0: whole matrix), got {self.chunk}")
         if self.waves < 1:

@@ -7,9 +7,10 @@ operand (``k_width`` 4: four consecutive k of one weight row a thread, which is 
 four lanes), so the tile never leaves registers. The MMA's k order is a fixed permutation of the
 columns (bits 2-3 and 4-5 of the column index swapped) chosen so that each thread's words and x
 values are 16 contiguous bytes; x is loaded with the same permutation, which leaves the product
-unchanged. Static sm_90 SASS at bn 64, bk 256: no shared memory, no barriers, 100 registers and
-442 instructions a loop step, against 128 registers, 40 KB and 633 for `tc`
-(``benchmarks/notes-kernels.md``). Not yet run on a GPU when written: opt-in through
+unchanged. Static sm_90 SASS at bm 16, bn 64, bk 256: no shared memory, no barriers, 100
+registers and 440 instructions a loop step, against 128 registers, 40 KB and 633 for `tc`
+(``benchmarks/sass_count.py``). bm 32 and 64 share one decoded tile among 2 or 4 x tiles
+(bm 64, bn 64, bk 128: 178 registers, 439 a step, against `tc`'s wgmma at 168, 32 KB, 227). Not yet run on a GPU when written: opt-in through
 ``Config(gluon=True)``; the twin for tests and the interpreter is `tc` (Gluon has no interpreter).
 """
 
@@ -27,7 +28,7 @@ from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 from glyd.kernels import _common as C
 from glyd.kernels.fixed12 import _exception_delta_tile
 
-BM = 16  # x rows a program: one MMA tile
+BM = 16  # x rows of one MMA tile; a program takes 1, 2 or 4 of them (Config.bm 16, 32, 64)
 WARPS = 4  # the layouts below put the 4 warps side by side along N
 
 
@@ -48,10 +49,10 @@ def _split16(p):
 @gluon.jit
 def _gl_kernel(x_ptr, code_ptr, lo_ptr, base_ptr, part_ptr, M, N, KP, stride_xm, K_SPLIT, stride_code, stride_lo,
                BN: gl.constexpr, BK: gl.constexpr, WL: gl.constexpr, XL: gl.constexpr, ML: gl.constexpr,
-               AL: gl.constexpr, BL: gl.constexpr):
-    # part[pid_k, 16 rows, BN cols] (fp32) = x rows @ W^T over this program's K range. Whole
-    # shapes only (K == KP, K_SPLIT a multiple of BK); rows past M or N read row M-1 / N-1 again
-    # and are not stored.
+               AL: gl.constexpr, BL: gl.constexpr, MT: gl.constexpr):
+    # part[pid_k, 16 * MT rows, BN cols] (fp32) = x rows @ W^T over this program's K range, the
+    # decoded tile used for MT (1, 2 or 4) 16-row x tiles. Whole shapes only (K == KP, K_SPLIT a
+    # multiple of BK); rows past M or N read row M-1 / N-1 again and are not stored.
     pid_n = gl.program_id(0)
     pid_k = gl.program_id(1)
     pid_m = gl.program_id(2)
@@ -63,9 +64,17 @@ def _gl_kernel(x_ptr, code_ptr, lo_ptr, base_ptr, part_ptr, M, N, KP, stride_xm,
     code_off = n * stride_code + (q // 16) * 8 + (q % 8)
     high = ((q // 8) % 2) == 1
     b4 = gl.load(base_ptr).to(gl.uint32) * 0x01010101
-    xm = gl.minimum(pid_m * 16 + gl.arange(0, 16, layout=gl.SliceLayout(1, XL)), M - 1)[:, None]
-    xk = gl.arange(0, BK, layout=gl.SliceLayout(0, XL))[None, :]
+    m0 = pid_m * (16 * MT)
+    xp = _x_ptrs(x_ptr, m0, M, stride_xm, BK, XL)
+    if MT > 1:
+        xp1 = _x_ptrs(x_ptr, m0 + 16, M, stride_xm, BK, XL)
+    if MT > 2:
+        xp2 = _x_ptrs(x_ptr, m0 + 32, M, stride_xm, BK, XL)
+        xp3 = _x_ptrs(x_ptr, m0 + 48, M, stride_xm, BK, XL)
     acc = gl.zeros([16, BN], gl.float32, ML)
+    acc1 = gl.zeros([16, BN], gl.float32, ML)
+    acc2 = gl.zeros([16, BN], gl.float32, ML)
+    acc3 = gl.zeros([16, BN], gl.float32, ML)
     k0 = pid_k * K_SPLIT
     k1 = gl.minimum(k0 + K_SPLIT, KP)
     for kb in range(k0, k1, BK):
@@ -78,12 +87,35 @@ def _gl_kernel(x_ptr, code_ptr, lo_ptr, base_ptr, part_ptr, M, N, KP, stride_xm,
         w = gl.reshape(gl.join(gl.join(l0, l2), gl.join(l1, l3)), [Q, BN, 4])  # [word, row, lane]
         w = gl.reshape(gl.permute(w, [0, 2, 1]), [BK // 64, 4, 4, 4, BN])  # column bits (76, 54, 32, 10)
         w = gl.convert_layout(gl.reshape(gl.permute(w, [0, 2, 1, 3, 4]), [BK, BN]), BL)  # MMA k order
-        xt = gl.reshape(gl.load(x_ptr + xm * stride_xm + kb + xk), [16, BK // 64, 4, 4, 4])
-        xt = gl.convert_layout(gl.reshape(gl.permute(xt, [0, 1, 3, 2, 4]), [16, BK]), AL)
-        acc = mma_v2(xt, w, acc)
-    om = pid_m * 16 + gl.arange(0, 16, layout=gl.SliceLayout(1, ML))[:, None]
+        acc = mma_v2(_x_operand(xp + kb, BK, AL), w, acc)
+        if MT > 1:
+            acc1 = mma_v2(_x_operand(xp1 + kb, BK, AL), w, acc1)
+        if MT > 2:
+            acc2 = mma_v2(_x_operand(xp2 + kb, BK, AL), w, acc2)
+            acc3 = mma_v2(_x_operand(xp3 + kb, BK, AL), w, acc3)
+    om = m0 + gl.arange(0, 16, layout=gl.SliceLayout(1, ML))[:, None]
     on = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, ML))[None, :]
-    gl.store(part_ptr + pid_k * M * N + om * N + on, acc, mask=(om < M) & (on < N))
+    optr = part_ptr + pid_k * M * N + om * N + on
+    gl.store(optr, acc, mask=(om < M) & (on < N))
+    if MT > 1:
+        gl.store(optr + 16 * N, acc1, mask=(om + 16 < M) & (on < N))
+    if MT > 2:
+        gl.store(optr + 32 * N, acc2, mask=(om + 32 < M) & (on < N))
+        gl.store(optr + 48 * N, acc3, mask=(om + 48 < M) & (on < N))
+
+
+@gluon.jit
+def _x_ptrs(x_ptr, row0, M, stride_xm, BK: gl.constexpr, XL: gl.constexpr):
+    # [16, BK] pointers to x rows row0.. (rows past M read row M-1 again), step 0
+    rows = gl.minimum(row0 + gl.arange(0, 16, layout=gl.SliceLayout(1, XL)), M - 1)
+    return x_ptr + rows[:, None] * stride_xm + gl.arange(0, BK, layout=gl.SliceLayout(0, XL))[None, :]
+
+
+@gluon.jit
+def _x_operand(ptrs, BK: gl.constexpr, AL: gl.constexpr):
+    # a [16, BK] x tile as the MMA's A operand, its columns in the decoded tile's k order
+    xt = gl.reshape(gl.load(ptrs), [16, BK // 64, 4, 4, 4])
+    return gl.convert_layout(gl.reshape(gl.permute(xt, [0, 1, 3, 2, 4]), [16, BK]), AL)
 
 
 @triton.jit
@@ -134,14 +166,15 @@ def launch(x2: torch.Tensor, p, bias, cfg: C.Config, prep, out: torch.Tensor) ->
         raise RuntimeError("Config(gluon=True) runs only on a CUDA GPU (Gluon has no interpreter): use tc there")
     if k != kp or kp % cfg.bk:
         raise ValueError(f"Config(gluon=True) needs K a multiple of bk = {cfg.bk} (no padded columns), got K = {k}")
-    tiles = triton.cdiv(n, cfg.bn) * triton.cdiv(m, BM)
+    mt = cfg.bm // BM  # 16-row x tiles a program shares one decoded tile among
+    tiles = triton.cdiv(n, cfg.bn) * triton.cdiv(m, cfg.bm)
     split, per = C.choose_split(tiles, kp, cfg.bk, x2.device, cfg.split, cfg.waves)
     part = torch.empty(split, m, n, dtype=torch.float32, device=x2.device)
     words, xl, mma, a_op, b_op = layouts(cfg.bn, cfg.bk)
-    grid = (triton.cdiv(n, cfg.bn), split, triton.cdiv(m, BM))
+    grid = (triton.cdiv(n, cfg.bn), split, triton.cdiv(m, cfg.bm))
     _gl_kernel[grid](x2, a["code"].view(torch.int32), a["lo"].view(torch.int32), a["base"], part,
                      m, n, kp, x2.stride(0), per, kp // 8, kp // 4,
-                     BN=cfg.bn, BK=cfg.bk, WL=words, XL=xl, ML=mma, AL=a_op, BL=b_op, num_warps=WARPS)
+                     BN=cfg.bn, BK=cfg.bk, WL=words, XL=xl, ML=mma, AL=a_op, BL=b_op, MT=mt, num_warps=WARPS)
     if prep.nexc:
         _exception_kernel[(triton.cdiv(n, 32), triton.cdiv(m, 16))](
             part, x2, prep.rowptr, a["exc_idx"], a["exc_hi"], a["lo"], a["base"], m, n, k, kp, x2.stride(0),

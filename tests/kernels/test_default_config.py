@@ -1,0 +1,61 @@
+"""`default_config` picks the paths docs/kernels.md's table says it picks, for every M bucket and
+matrix kind of a 7B model (the table and the code must not drift apart)."""
+
+from __future__ import annotations
+
+import pytest
+
+from .conftest import needs_triton
+
+pytestmark = needs_triton
+
+# kind: (N, K) of Qwen2.5-7B's matrices ("k/v" is at most 2^22 weights, "small" at most 2^24,
+# "tall" K >= 8192 and K > N, "wide" N >= 65536)
+SHAPES = {"k/v": (512, 3584), "q/o": (3584, 3584), "gate/up": (18944, 3584), "down": (3584, 18944),
+          "lm_head": (152064, 3584)}
+
+
+def _path(cfg) -> str:
+    if cfg.long:
+        return "unpack+cuBLAS"
+    if cfg.gluon:
+        return "gluon"
+    if cfg.tc:
+        return "tc"
+    if cfg.mma:
+        return "mma"
+    if cfg.group_major and cfg.stages == 1 and cfg.gemv and not cfg.dot:
+        return "GEMV"
+    return "dot tile"
+
+
+def _expected(m: int, kind: str) -> str:
+    if m >= 256:
+        return "unpack+cuBLAS"
+    if m > 64:
+        return "dot tile"
+    if m <= 2:
+        return "GEMV"
+    if m <= 4:
+        return "GEMV" if kind in ("k/v", "q/o", "down") else "tc"
+    if m <= 8:
+        return "GEMV" if kind == "k/v" else "tc"
+    if m <= 16:
+        return "tc"
+    if m <= 32:
+        return "mma" if kind == "lm_head" else "tc"
+    return "tc"
+
+
+@pytest.mark.parametrize("kind", list(SHAPES))
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 8, 9, 16, 17, 32, 33, 64, 65, 255, 256, 2048])
+def test_default_config_paths_match_the_docs(kind, m):
+    from glyd.kernels import fixed12
+
+    n, k = SHAPES[kind]
+    cfg = fixed12.default_config(m, n, k)
+    assert _path(cfg) == _expected(m, kind), cfg
+    if cfg.tc:  # whole K steps on these shapes: the unmasked path
+        assert k % cfg.bk == 0
+    if _path(cfg) == "GEMV":  # one decoded tile for 1, 2 or 4 x rows (docs/kernels.md)
+        assert cfg.bm == (m if m <= 2 else 4)

@@ -37,8 +37,9 @@ def compile_tc(bm: int, bn: int, bk: int, warps: int, stages: int, GLUON: bool =
         from glyd.kernels import fixed12_gluon as g
 
         kern, source = g._gl_kernel, GluonASTSource
-        words, xl, mma, a_op, b_op = g.layouts(bn, bk)
-        const = {"BN": bn, "BK": bk, "WL": words, "XL": xl, "ML": mma, "AL": a_op, "BL": b_op, "MT": bm // 16}
+        words, xl, mma, a_op, b_op = g.layouts(bn, bk, warps)
+        const = {"BN": bn, "BK": bk, "WL": words, "XL": xl, "ML": mma, "AL": a_op, "BL": b_op, "MT": bm // 16,
+                 "PREFETCH": bool(flags.get("PREFETCH", False))}
         ptrs = {**PTRS, "lo_ptr": "*i32", "code_ptr": "*i32", "part_ptr": "*fp32"}
     else:
         kern, source = fixed12._tc_kernel, ASTSource

@@ -65,6 +65,18 @@ def candidates(m: int, n: int, k: int) -> dict:
             for block, warps in ((256, 2), (128, 1), (512, 4), (1024, 4)):
                 out[f"default reduce {block} w{warps}"] = (d, {(C, "FINALIZE_BLOCK"): block, (C, "FINALIZE_WARPS"): warps})
         return out
+    if os.environ.get("SWEEP_ROUND") == "8":  # Gluon: fewer warps (x read fewer times a weight), prefetch
+        if 2 < m <= 64:
+            for w, bn, bk, pf in ((4, 64, 256, False), (4, 32, 128, True), (1, 64, 64, False), (1, 64, 64, True),
+                                  (1, 32, 128, False), (1, 32, 64, True), (2, 64, 128, False), (2, 64, 128, True),
+                                  (2, 32, 64, True)):
+                out[f"gluon bm16 bn{bn} bk{bk} w{w}" + (" pf" if pf else "")] = V(
+                    bm=16, bn=bn, bk=bk, gluon=True, warps=w, prefetch=pf, waves=8)
+        if m > 16:  # one decoded tile for 2 or 4 x tiles
+            bm = 32 if m <= 32 else 64
+            for w, bn, bk in ((1, 64, 64), (2, 64, 128), (2, 64, 64), (4, 64, 128)):
+                out[f"gluon bm{bm} bn{bn} bk{bk} w{w}"] = V(bm=bm, bn=bn, bk=bk, gluon=True, warps=w, waves=8)
+        return out
     if os.environ.get("SWEEP_ROUND") == "7":  # tc's pair decode (fixed12.TC_PAIRS); the Gluon kernel
         d = fixed12.default_config(m, n, k)
         if d.tc:

@@ -22,8 +22,10 @@ def _gluon():
     return fixed12_gluon
 
 
-@pytest.mark.parametrize("bn,bk,mt", [(64, 256, 1), (32, 128, 1), (32, 64, 1), (64, 128, 4), (32, 256, 2)])
-def test_gluon_tile_stays_in_registers_sm90(bn, bk, mt):
+@pytest.mark.parametrize("bn,bk,mt,pf,warps", [(64, 256, 1, False, 4), (32, 128, 1, False, 4), (32, 64, 1, True, 4),
+                                               (64, 128, 4, True, 4), (32, 256, 2, False, 4), (64, 64, 1, True, 1),
+                                               (16, 128, 2, False, 1), (64, 128, 1, True, 2), (64, 64, 4, False, 2)])
+def test_gluon_tile_stays_in_registers_sm90(bn, bk, mt, pf, warps):
     # Compiled for sm_90 on the CPU: the decoded tile and x reach the MMA without shared memory,
     # i.e. the load layouts are the operand layouts (the point of the kernel).
     import triton
@@ -31,16 +33,16 @@ def test_gluon_tile_stays_in_registers_sm90(bn, bk, mt):
     from triton.experimental.gluon._runtime import GluonASTSource
 
     g = _gluon()
-    words, xl, mma, a_op, b_op = g.layouts(bn, bk)
+    words, xl, mma, a_op, b_op = g.layouts(bn, bk, warps)
     ptrs = {"x_ptr": "*bf16", "code_ptr": "*i32", "lo_ptr": "*i32", "base_ptr": "*u8", "part_ptr": "*fp32"}
-    const = {"BN": bn, "BK": bk, "WL": words, "XL": xl, "ML": mma, "AL": a_op, "BL": b_op, "MT": mt}
+    const = {"BN": bn, "BK": bk, "WL": words, "XL": xl, "ML": mma, "AL": a_op, "BL": b_op, "MT": mt, "PREFETCH": pf}
     names = g._gl_kernel.arg_names
     sig = {a: "constexpr" if a in const else ptrs.get(a, "i32") for a in names}
     attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in names
              if a in ptrs or a.startswith("stride") or a in ("K_SPLIT", "KP")}
     try:
         k = triton.compile(GluonASTSource(g._gl_kernel, sig, const, attrs), target=GPUTarget("cuda", 90, 32),
-                           options=dict(num_warps=g.WARPS))
+                           options=dict(num_warps=warps))
     except Exception as exc:  # no ptxas for sm_90 in this Triton install
         if "ptxas" in str(exc).lower():
             pytest.skip(f"cannot compile for sm_90 here: {exc}")
@@ -56,7 +58,9 @@ def test_gluon_config_validation():
 
     Config(bm=16, bn=32, bk=128, gluon=True)
     Config(bm=64, bn=32, bk=128, gluon=True)
-    for bad in (dict(bm=128), dict(bn=16), dict(bk=32), dict(warps=8), dict(tc=True), dict(prefetch=True)):
+    Config(bm=16, bn=64, bk=256, gluon=True, prefetch=True)
+    Config(bm=16, bn=16, bk=64, gluon=True, warps=1)
+    for bad in (dict(bm=128), dict(bn=16, warps=4), dict(bn=16, bm=64, warps=4), dict(bk=32), dict(warps=8), dict(tc=True)):
         with pytest.raises(ValueError, match="gluon"):
             Config(**{**dict(bm=16, bn=32, bk=128, gluon=True), **bad})
 
@@ -74,10 +78,12 @@ def test_gluon_needs_a_gpu():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("bm,bn,bk", [(16, 64, 256), (16, 32, 128), (16, 32, 256), (16, 64, 64), (32, 32, 128),
-                                      (64, 64, 128)])
+@pytest.mark.parametrize("bm,bn,bk,warps", [(16, 64, 256, 4), (16, 32, 128, 4), (16, 32, 256, 4), (16, 64, 64, 4),
+                                            (32, 32, 128, 4), (64, 64, 128, 4), (16, 64, 64, 1), (32, 16, 128, 1),
+                                            (16, 64, 128, 2), (64, 64, 64, 2)])
 @pytest.mark.parametrize("m", [1, 5, 16, 33, 64])
-def test_gluon_matches_reference_gpu(bm, bn, bk, m):
+@pytest.mark.parametrize("prefetch,split", [(False, 0), (True, 0), (True, 5)])
+def test_gluon_matches_reference_gpu(bm, bn, bk, warps, m, prefetch, split):
     from glyd import kernels
     from glyd.kernels._common import Config
 
@@ -87,9 +93,11 @@ def test_gluon_matches_reference_gpu(bm, bn, bk, m):
     assert p.arrays["exc_idx"].numel() > 0
     x = torch.randn(m, 3584, device="cuda").to(torch.bfloat16)
     bias = torch.randn(1000, device="cuda").to(torch.bfloat16)
-    y = kernels.linear(x, p, bias, Config(bm=bm, bn=bn, bk=bk, gluon=True))
+    # split 5 leaves the last program of each tile fewer steps than the others (and one, at bk 64)
+    y = kernels.linear(x, p, bias, Config(bm=bm, bn=bn, bk=bk, gluon=True, warps=warps, prefetch=prefetch,
+                                              split=split))
     _check(y, x, w, bias)
-    tc = kernels.linear(x, p, bias, Config(bm=16, bn=bn, bk=bk, tc=True, stages=1))
+    tc = kernels.linear(x, p, bias, Config(bm=16, bn=max(bn, 16), bk=bk, tc=True, stages=1))
     # same products, other summation order: within bf16 rounding of each other
     assert ((y.float() - tc.float()).abs() <= 2**-7 * tc.float().abs() + 1e-3 * tc.float().abs().max()).all()
 

@@ -83,16 +83,16 @@ class Config:
         if self.tc and (not self.dot or self.mma or self.byte or self.group_major or self.bk < 64):
             raise ValueError("tc is a tensor-core tile (dot=True, not mma, byte or group_major) with bk >= 64")
         if self.gluon and (not self.dot or self.mma or self.byte or self.group_major or self.tc
-                           or self.bm not in (16, 32, 64) or self.bn < 32 or self.bk < 64 or self.warps != 4
-                           or self.prefetch):
+                           or self.bm not in (16, 32, 64) or self.warps not in (1, 2, 4)
+                           or self.bn < max(16, 8 * self.warps) or self.bk < 64):
             raise ValueError("gluon is a tensor-core tile (dot=True, not tc, mma, byte or group_major) with bm 16, "
-                             "32 or 64, bn >= 32, bk >= 64 and 4 warps")
+                             "32 or 64, 1, 2 or 4 warps, bn >= 16 and >= 8 a warp, bk >= 64")
         if self.chunk < 0 or self.chunk % 64:
             raise ValueError(f"Config.chunk must be a multiple of 64 rows (0: whole matrix), got {self.chunk}")
         if self.waves < 1:
             raise ValueError(f"Config.waves must be >= 1, got {self.waves}")
-        if self.prefetch and not (self.group_major and self.stages == 1 and self.gemv) and not self.tc:
-            raise ValueError("prefetch applies to the group-major GEMV (group_major, stages = 1, gemv) and tc")
+        if self.prefetch and not (self.group_major and self.stages == 1 and self.gemv) and not (self.tc or self.gluon):
+            raise ValueError("prefetch applies to the group-major GEMV (group_major, stages = 1, gemv), tc and gluon")
         if self.tc and self.prefetch and self.stages > 1:
             raise ValueError("tc takes prefetch (register double buffer) or stages > 1 (pipelining), not both")
         if self.group_major and self.dot:

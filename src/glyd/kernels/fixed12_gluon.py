@@ -29,7 +29,7 @@ from glyd.kernels import _common as C
 from glyd.kernels.fixed12 import _exception_delta_tile
 
 BM = 16  # x rows of one MMA tile; a program takes 1, 2 or 4 of them (Config.bm 16, 32, 64)
-WARPS = 4  # the layouts below put the 4 warps side by side along N
+WARPS = 4  # default warps, side by side along N (Config.warps 1, 2 or 4)
 
 
 @gluon.jit
@@ -49,7 +49,7 @@ def _split16(p):
 @gluon.jit
 def _gl_kernel(x_ptr, code_ptr, lo_ptr, base_ptr, part_ptr, M, N, KP, stride_xm, K_SPLIT, stride_code, stride_lo,
                BN: gl.constexpr, BK: gl.constexpr, WL: gl.constexpr, XL: gl.constexpr, ML: gl.constexpr,
-               AL: gl.constexpr, BL: gl.constexpr, MT: gl.constexpr):
+               AL: gl.constexpr, BL: gl.constexpr, MT: gl.constexpr, PREFETCH: gl.constexpr):
     # part[pid_k, 16 * MT rows, BN cols] (fp32) = x rows @ W^T over this program's K range, the
     # decoded tile used for MT (1, 2 or 4) 16-row x tiles. Whole shapes only (K == KP, K_SPLIT a
     # multiple of BK); rows past M or N read row M-1 / N-1 again and are not stored.
@@ -75,11 +75,40 @@ def _gl_kernel(x_ptr, code_ptr, lo_ptr, base_ptr, part_ptr, M, N, KP, stride_xm,
     acc1 = gl.zeros([16, BN], gl.float32, ML)
     acc2 = gl.zeros([16, BN], gl.float32, ML)
     acc3 = gl.zeros([16, BN], gl.float32, ML)
-    k0 = pid_k * K_SPLIT
-    k1 = gl.minimum(k0 + K_SPLIT, KP)
-    for kb in range(k0, k1, BK):
-        lw = gl.load(lo_ptr + lo_off + kb // 4).to(gl.uint32, bitcast=True)
-        cw = gl.load(code_ptr + code_off + kb // 8).to(gl.uint32, bitcast=True)
+    # K steps as step indices so that every offset is a known multiple of BK (16-byte loads)
+    s0 = (pid_k * K_SPLIT) // BK
+    s1 = gl.minimum(pid_k * K_SPLIT + K_SPLIT, KP) // BK
+    if PREFETCH:
+        # register double buffer: the next step's words and x rows are in flight while this step
+        # decodes and multiplies (Gluon does not pipeline loops by itself); the last step
+        # reloads itself. Every program has at least one step (choose_split).
+        kc = s0 * BK
+        lw, cw = _words(lo_ptr, code_ptr, lo_off, code_off, kc)
+        xa = gl.load(xp + kc)
+        if MT > 1:
+            xa1 = gl.load(xp1 + kc)
+        if MT > 2:
+            xa2 = gl.load(xp2 + kc)
+            xa3 = gl.load(xp3 + kc)
+    for st in range(s0, s1):
+        kb = st * BK
+        if PREFETCH:
+            kn = gl.minimum(st + 1, s1 - 1) * BK
+            lw_n, cw_n = _words(lo_ptr, code_ptr, lo_off, code_off, kn)
+            xa_n = gl.load(xp + kn)
+            if MT > 1:
+                xa1_n = gl.load(xp1 + kn)
+            if MT > 2:
+                xa2_n = gl.load(xp2 + kn)
+                xa3_n = gl.load(xp3 + kn)
+        else:
+            lw, cw = _words(lo_ptr, code_ptr, lo_off, code_off, kb)
+            xa = gl.load(xp + kb)
+            if MT > 1:
+                xa1 = gl.load(xp1 + kb)
+            if MT > 2:
+                xa2 = gl.load(xp2 + kb)
+                xa3 = gl.load(xp3 + kb)
         nib = gl.where(high, cw >> 4, cw)
         h = ((nib << 4) & 0x80808080) | ((nib & 0x07070707) + b4)
         l0, l1 = _split16(_prmt(lw, h, 0x5140))
@@ -87,12 +116,21 @@ def _gl_kernel(x_ptr, code_ptr, lo_ptr, base_ptr, part_ptr, M, N, KP, stride_xm,
         w = gl.reshape(gl.join(gl.join(l0, l2), gl.join(l1, l3)), [Q, BN, 4])  # [word, row, lane]
         w = gl.reshape(gl.permute(w, [0, 2, 1]), [BK // 64, 4, 4, 4, BN])  # column bits (76, 54, 32, 10)
         w = gl.convert_layout(gl.reshape(gl.permute(w, [0, 2, 1, 3, 4]), [BK, BN]), BL)  # MMA k order
-        acc = mma_v2(_x_operand(xp + kb, BK, AL), w, acc)
+        acc = mma_v2(_x_operand(xa, BK, AL), w, acc)
         if MT > 1:
-            acc1 = mma_v2(_x_operand(xp1 + kb, BK, AL), w, acc1)
+            acc1 = mma_v2(_x_operand(xa1, BK, AL), w, acc1)
         if MT > 2:
-            acc2 = mma_v2(_x_operand(xp2 + kb, BK, AL), w, acc2)
-            acc3 = mma_v2(_x_operand(xp3 + kb, BK, AL), w, acc3)
+            acc2 = mma_v2(_x_operand(xa2, BK, AL), w, acc2)
+            acc3 = mma_v2(_x_operand(xa3, BK, AL), w, acc3)
+        if PREFETCH:
+            lw = lw_n
+            cw = cw_n
+            xa = xa_n
+            if MT > 1:
+                xa1 = xa1_n
+            if MT > 2:
+                xa2 = xa2_n
+                xa3 = xa3_n
     om = m0 + gl.arange(0, 16, layout=gl.SliceLayout(1, ML))[:, None]
     on = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, ML))[None, :]
     optr = part_ptr + pid_k * M * N + om * N + on
@@ -105,6 +143,14 @@ def _gl_kernel(x_ptr, code_ptr, lo_ptr, base_ptr, part_ptr, M, N, KP, stride_xm,
 
 
 @gluon.jit
+def _words(lo_ptr, code_ptr, lo_off, code_off, kb):
+    # the plane words of K step kb: low bytes and code nibbles, as uint32
+    lw = gl.load(lo_ptr + lo_off + kb // 4).to(gl.uint32, bitcast=True)
+    cw = gl.load(code_ptr + code_off + kb // 8).to(gl.uint32, bitcast=True)
+    return lw, cw
+
+
+@gluon.jit
 def _x_ptrs(x_ptr, row0, M, stride_xm, BK: gl.constexpr, XL: gl.constexpr):
     # [16, BK] pointers to x rows row0.. (rows past M read row M-1 again), step 0
     rows = gl.minimum(row0 + gl.arange(0, 16, layout=gl.SliceLayout(1, XL)), M - 1)
@@ -112,9 +158,9 @@ def _x_ptrs(x_ptr, row0, M, stride_xm, BK: gl.constexpr, XL: gl.constexpr):
 
 
 @gluon.jit
-def _x_operand(ptrs, BK: gl.constexpr, AL: gl.constexpr):
-    # a [16, BK] x tile as the MMA's A operand, its columns in the decoded tile's k order
-    xt = gl.reshape(gl.load(ptrs), [16, BK // 64, 4, 4, 4])
+def _x_operand(xt, BK: gl.constexpr, AL: gl.constexpr):
+    # a loaded [16, BK] x tile as the MMA's A operand, its columns in the decoded tile's k order
+    xt = gl.reshape(xt, [16, BK // 64, 4, 4, 4])
     return gl.convert_layout(gl.reshape(gl.permute(xt, [0, 1, 3, 2, 4]), [16, BK]), AL)
 
 
@@ -136,23 +182,26 @@ def _exception_kernel(part_ptr, x_ptr, rowptr_ptr, eidx_ptr, ehi_ptr, lo_ptr, ba
 
 
 @functools.lru_cache(maxsize=None)
-def layouts(bn: int, bk: int):
-    """(word, x, accumulator, A operand, B operand) layouts for a [16, bn] tile and K steps of bk."""
-    mma = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, WARPS], instr_shape=[16, 8])
+def layouts(bn: int, bk: int, warps: int = WARPS):
+    """(word, x, accumulator, A operand, B operand) layouts for a [16, bn] tile and K steps of bk,
+    the ``warps`` warps side by side along N (each needs the whole x tile: fewer warps with more
+    columns each read x fewer times per weight)."""
+    mma = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, warps], instr_shape=[16, 8])
     a_op = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=4)
     b_op = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=4)
     q = bk // 4
-    # B operand (k, n): registers k 1, 2, 16, 32, ...; lanes k 4, 8, n 1, 2, 4; warps n 8, 16;
-    # registers n 32, ... In words (k / 4) with MMA k bits 2-3 and 4-5 swapped back to columns:
-    # word bits 0, 1 and 4+ in registers (16-byte loads), 2, 3 across lanes.
+    wb = warps.bit_length() - 1  # n bits 8, 16, ... taken by warps
+    # B operand (k, n): registers k 1, 2, 16, 32, ...; lanes k 4, 8, n 1, 2, 4; warps n 8, ...;
+    # registers n 8 * warps, ... In words (k / 4) with MMA k bits 2-3 and 4-5 swapped back to
+    # columns: word bits 0, 1 and 4+ in registers (16-byte loads), 2, 3 across lanes.
     wreg = ([[1, 0], [2, 0]] + [[1 << i, 0] for i in range(4, q.bit_length() - 1)]
-            + [[0, 1 << i] for i in range(5, bn.bit_length() - 1)])
+            + [[0, 1 << i] for i in range(3 + wb, bn.bit_length() - 1)])
     words = gl.DistributedLinearLayout(reg_bases=wreg, lane_bases=[[4, 0], [8, 0], [0, 1], [0, 2], [0, 4]],
-                                       warp_bases=[[0, 8], [0, 16]], block_bases=[], shape=[q, bn])
-    # A operand (m, k) the same way: 16 contiguous columns of one row a thread
+                                       warp_bases=[[0, 8 << i] for i in range(wb)], block_bases=[], shape=[q, bn])
+    # A operand (m, k) the same way: 16 contiguous columns of one row a thread, every warp all of x
     xreg = [[0, 1], [0, 2], [0, 4], [0, 8], [8, 0]] + [[0, 1 << i] for i in range(6, bk.bit_length() - 1)]
     x = gl.DistributedLinearLayout(reg_bases=xreg, lane_bases=[[0, 16], [0, 32], [1, 0], [2, 0], [4, 0]],
-                                   warp_bases=[[0, 0], [0, 0]], block_bases=[], shape=[16, bk])
+                                   warp_bases=[[0, 0]] * wb, block_bases=[], shape=[16, bk])
     return words, x, mma, a_op, b_op
 
 
@@ -170,11 +219,12 @@ def launch(x2: torch.Tensor, p, bias, cfg: C.Config, prep, out: torch.Tensor) ->
     tiles = triton.cdiv(n, cfg.bn) * triton.cdiv(m, cfg.bm)
     split, per = C.choose_split(tiles, kp, cfg.bk, x2.device, cfg.split, cfg.waves)
     part = torch.empty(split, m, n, dtype=torch.float32, device=x2.device)
-    words, xl, mma, a_op, b_op = layouts(cfg.bn, cfg.bk)
+    words, xl, mma, a_op, b_op = layouts(cfg.bn, cfg.bk, cfg.warps)
     grid = (triton.cdiv(n, cfg.bn), split, triton.cdiv(m, cfg.bm))
     _gl_kernel[grid](x2, a["code"].view(torch.int32), a["lo"].view(torch.int32), a["base"], part,
                      m, n, kp, x2.stride(0), per, kp // 8, kp // 4,
-                     BN=cfg.bn, BK=cfg.bk, WL=words, XL=xl, ML=mma, AL=a_op, BL=b_op, MT=mt, num_warps=WARPS)
+                     BN=cfg.bn, BK=cfg.bk, WL=words, XL=xl, ML=mma, AL=a_op, BL=b_op, MT=mt,
+                     PREFETCH=cfg.prefetch, num_warps=cfg.warps)
     if prep.nexc:
         _exception_kernel[(triton.cdiv(n, 32), triton.cdiv(m, 16))](
             part, x2, prep.rowptr, a["exc_idx"], a["exc_hi"], a["lo"], a["base"], m, n, k, kp, x2.stride(0),

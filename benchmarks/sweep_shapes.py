@@ -65,6 +65,31 @@ def candidates(m: int, n: int, k: int) -> dict:
             for block, warps in ((256, 2), (128, 1), (512, 4), (1024, 4)):
                 out[f"default reduce {block} w{warps}"] = (d, {(C, "FINALIZE_BLOCK"): block, (C, "FINALIZE_WARPS"): warps})
         return out
+    if os.environ.get("SWEEP_ROUND") == "10":  # exceptions in a pass of their own (EXC_PASS): rows, warps
+        d = fixed12.default_config(m, n, k)
+        if d.long:
+            return out
+        for rows, warps in ((4, 4), (4, 1), (2, 1), (1, 1), (8, 2)):
+            out[f"default exc{rows} w{warps}"] = (d, {(fixed12, "EXC_PASS"): True, (fixed12, "EXC_ROWS"): rows,
+                                                     (fixed12, "EXC_WARPS"): warps})
+        if 2 < m <= 32:
+            for w, bn in ((4, 32), (2, 64)):
+                for rows, warps in ((4, 4), (2, 1)):
+                    out[f"gluon bn{bn} w{w} pf exc{rows} w{warps}"] = (
+                        V(bm=16, bn=bn, bk=128, gluon=True, warps=w, prefetch=True, waves=8),
+                        {(fixed12, "EXC_ROWS"): rows, (fixed12, "EXC_WARPS"): warps})
+        return out
+    if os.environ.get("SWEEP_ROUND") == "9":  # Gluon with prefetch: waves, the exception pass's rows
+        if 2 < m <= 32:
+            for w, bn in ((4, 32), (2, 64)):
+                for wv in (4, 8, 16):
+                    out[f"gluon bn{bn} w{w} pf wv{wv}"] = V(bm=16, bn=bn, bk=128, gluon=True, warps=w, prefetch=True,
+                                                            waves=wv)
+                for rows in (4, 64):
+                    out[f"gluon bn{bn} w{w} pf exc{rows}"] = (
+                        V(bm=16, bn=bn, bk=128, gluon=True, warps=w, prefetch=True, waves=8),
+                        {(fixed12, "EXC_ROWS"): rows})
+        return out
     if os.environ.get("SWEEP_ROUND") == "8":  # Gluon: fewer warps (x read fewer times a weight), prefetch
         if 2 < m <= 64:
             for w, bn, bk, pf in ((4, 64, 256, False), (4, 32, 128, True), (1, 64, 64, False), (1, 64, 64, True),

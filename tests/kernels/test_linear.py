@@ -281,3 +281,57 @@ def test_linear_cuda_graph_capture(layout):
     g.replay()
     torch.cuda.synchronize()
     _check(y, x, w, None)
+
+
+@pytest.mark.parametrize("n,k,m", [(40, 640, 3), (37, 1024, 20)])
+def test_exception_pass_adds_each_exceptions_correction(n, k, m):
+    # The separate exception pass (Gluon kernel, EXC_PASS) against the
+    # corrections computed one by one in float64: part[0] += x[:, c] * (true - window value).
+    import torch as t
+
+    from glyd import kernels
+    from glyd.kernels import fixed12 as f12
+
+    dev = "cuda" if t.cuda.is_available() else "cpu"
+    w = random_weights(n, k, "normal", dev)
+    p = kernels.pack(w, "fixed12")
+    a = p.arrays
+    assert a["exc_idx"].numel() > f12.EXC_CHUNK  # several chunks, some rows with more than one
+    x = t.randn(m, k, device=dev).to(t.bfloat16)
+    part = t.randn(2, m, n, device=dev)
+    before = part.clone()
+    f12.add_exceptions(part, x, p, f12.prepare(p))
+    idx = a["exc_idx"].long()
+    r, c = idx // k, idx % k
+    th = a["exc_hi"].long()
+    lo = a["lo"][r, c].long()
+    base = int(a["base"][0])
+    window = ((((th & 0x80) | base) << 24) | (lo << 16)).to(t.int32).view(t.float32).double()
+    true = w[r, c].double()
+    want = before[0].double()
+    want.index_add_(1, r, x.double()[:, c] * (true - window)[None, :])
+    assert t.equal(part[1], before[1])
+    assert ((part[0].double() - want).abs() <= 1e-5 * (1 + want.abs())).all()
+    with pytest.raises(ValueError, match="part must be float32"):
+        f12.add_exceptions(part[:, :, :-1], x, p, f12.prepare(p))
+
+
+@pytest.mark.parametrize("cfg", [dict(bm=2, bn=16, bk=128, dot=False, group_major=True, stages=1),
+                                 dict(bm=16, bn=32, bk=128, tc=True, stages=1, split=3),
+                                 dict(bm=16, bn=16, bk=64, tc=True, stages=1, prefetch=True, fixup=True)])
+def test_exception_pass_path(cfg, monkeypatch):
+    # GEMV and tc with exceptions in their own pass (fixed12.EXC_PASS): same checks as in-kernel
+    from glyd import kernels
+    from glyd.kernels import fixed12 as f12
+    from glyd.kernels._common import Config
+
+    cfg = Config(**cfg)
+
+    monkeypatch.setattr(f12, "EXC_PASS", True)
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    w = random_weights(45, 640, "normal", dev)
+    p = kernels.pack(w, "fixed12")
+    assert p.arrays["exc_idx"].numel() > 0
+    x = torch.randn(5, 640, device=dev).to(torch.bfloat16)
+    bias = torch.randn(45, device=dev).to(torch.bfloat16)
+    _check(kernels.linear(x, p, bias, cfg), x, w, bias)

@@ -794,6 +794,9 @@ UNPACK_FLAT_G, UNPACK_FLAT_WARPS = 16, 2
 #: on a GPU (the interpreter cannot run PTX) nor timed; tests/kernels/test_linear.py has the GPU
 #: test that turns it on (benchmarks/notes-kernels.md, "Next device call").
 TC_PAIRS = False
+# GEMV and tc: exceptions in a separate pass over fp32 partials (add_exceptions) instead of a serial
+# loop in each tile's first split program
+EXC_PASS = False
 
 
 # packed: fixed12 [N, K] (lo uint8 [N, Kp], code uint8 [N, Kp/2], base uint8 [1]) -> bf16 [N, K]
@@ -986,6 +989,60 @@ def linear(x: torch.Tensor, p: Packed, bias: torch.Tensor | None = None, config:
     return out.reshape(*x.shape[:-1], n)
 
 
+EXC_ROWS = 4  # weight rows an exception program corrects (swept: 4 against 16 and 64)
+EXC_WARPS = 4
+EXC_CHUNK = 16  # exceptions loaded at once (their loads overlap instead of queueing one by one)
+
+
+@triton.jit
+def _exception_kernel(part_ptr, x_ptr, rowptr_ptr, eidx_ptr, ehi_ptr, lo_ptr, base_ptr, M, N, K, stride_lo, stride_xm,
+                      BM_: tl.constexpr, BN_: tl.constexpr, E: tl.constexpr):
+    # part[0][rows, cols] += (true - decoded weight) * x summed over the exceptions of BN_ weight
+    # rows, E exceptions a step: a row of a long matrix (down: K 18944) holds ~1.4 of them in
+    # random weights, and one by one each costs two dependent memory round trips.
+    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    rn = pid_n * BN_ + tl.arange(0, BN_)
+    rm = pid_m * BM_ + tl.arange(0, BM_)
+    mmask = rm < M
+    base = tl.load(base_ptr).to(tl.uint32)
+    e0 = tl.load(rowptr_ptr + pid_n * BN_)
+    e1 = tl.load(rowptr_ptr + tl.minimum(pid_n * BN_ + BN_, N))
+    delta = tl.zeros([BN_, BM_], dtype=tl.float32)
+    for eb in range(e0, e1, E):
+        e = eb + tl.arange(0, E)
+        em = e < e1
+        idx = tl.load(eidx_ptr + e, mask=em, other=0).to(tl.int64)
+        r = idx // K
+        c = idx - r * K
+        th = tl.load(ehi_ptr + e, mask=em, other=0).to(tl.uint32)
+        lo = tl.load(lo_ptr + r * stride_lo + c, mask=em, other=0).to(tl.uint32)
+        tv = ((th << 24) | (lo << 16)).to(tl.float32, bitcast=True)
+        pv = ((((th & 0x80) | base) << 24) | (lo << 16)).to(tl.float32, bitcast=True)
+        xv = tl.load(x_ptr + rm[None, :] * stride_xm + c[:, None], mask=em[:, None] & mmask[None, :],
+                     other=0.0).to(tl.float32)  # [E, BM_]
+        d = xv * tv[:, None] - xv * pv[:, None]
+        hit = (rn.to(tl.int64)[:, None] == r[None, :]) & em[None, :]  # [BN_, E]
+        delta += tl.sum(tl.where(hit[:, :, None], d[None, :, :], 0.0), axis=1)
+    ptr = part_ptr + rm[None, :] * N + rn[:, None]
+    omask = mmask[None, :] & (rn < N)[:, None]
+    tl.store(ptr, tl.load(ptr, mask=omask, other=0.0) + delta, mask=omask)
+
+
+# part: fp32 [>= 1, M, N] (part[0] corrected in place); x: bf16 [M, K]; packed fixed12 [N, K]
+def add_exceptions(part: torch.Tensor, x2: torch.Tensor, p, prep) -> None:
+    m, k = x2.shape
+    n = p.shape[0]
+    a = p.arrays
+    if part.dtype != torch.float32 or part.dim() != 3 or tuple(part.shape[1:]) != (m, n):
+        raise ValueError(f"part must be float32 [splits, {m}, {n}], got {part.dtype} {tuple(part.shape)}")
+    if prep.nexc:
+        grid = (triton.cdiv(n, EXC_ROWS), triton.cdiv(m, 16))
+        _exception_kernel[grid](part, x2, prep.rowptr, a["exc_idx"], a["exc_hi"], a["lo"], a["base"], m, n, k,
+                                a["lo"].shape[1], x2.stride(0), BM_=16, BN_=EXC_ROWS, E=EXC_CHUNK,
+                                num_warps=EXC_WARPS)
+
+
 # x: bf16 [M, K]; packed: fixed12 [N, K]; out: bf16 [M, N] (written) -> out
 def _launch_words(x2: torch.Tensor, p: Packed, bias, cfg: C.Config, prep: Prepared, out: torch.Tensor, tc: bool):
     # The two kernels on group-major word tiles: the GEMV (tc False) and the tensor-core tile.
@@ -995,23 +1052,27 @@ def _launch_words(x2: torch.Tensor, p: Packed, bias, cfg: C.Config, prep: Prepar
     kp = a["lo"].shape[1]
     tiles = triton.cdiv(n, cfg.bn) * triton.cdiv(m, cfg.bm)
     split, per = C.choose_split(tiles, kp, cfg.bk, x2.device, cfg.split, cfg.waves)
-    partial = split > 1
+    exc_pass = EXC_PASS and prep.nexc > 0  # exceptions in a pass of their own, on fp32 partials
+    partial = split > 1 or exc_pass
     dst = torch.empty(split, m, n, dtype=torch.float32, device=x2.device) if partial else out
     even = k == kp and per % cfg.bk == 0 and kp % cfg.bk == 0
     if not tc:  # the GEMV also reads x as bf16 pairs: 4-byte aligned rows
         even = even and x2.stride(0) % 2 == 0 and x2.data_ptr() % 4 == 0
-    fixup = partial and cfg.fixup
+    fixup = partial and cfg.fixup and not exc_pass
     cnt = C.counters(x2.device, tiles) if fixup else out
     grid = (triton.cdiv(n, cfg.bn), split, triton.cdiv(m, cfg.bm))
     args = (a["code"].view(torch.int32), a["lo"].view(torch.int32), a["lo"], a["base"], prep.rowptr, a["exc_idx"],
             a["exc_hi"], bias if bias is not None else out, dst, out, cnt,
             m, n, k, kp, x2.stride(0), per, kp // 8, kp // 4)
     meta = dict(BM=cfg.bm, BN=cfg.bn, BK=cfg.bk, EVEN=even, PRMT=not C.interpreting(), HAS_BIAS=bias is not None,
-                HAS_EXC=prep.nexc > 0, PARTIAL=partial, FIXUP=fixup, PREFETCH=cfg.prefetch, num_warps=cfg.warps)
+                HAS_EXC=prep.nexc > 0 and not exc_pass, PARTIAL=partial, FIXUP=fixup, PREFETCH=cfg.prefetch,
+                num_warps=cfg.warps)
     if tc:  # stages > 1: Triton's software pipelining (async copies through shared memory)
         _tc_kernel[grid](x2, *args, F32DOT=C.interpreting(), PAIRS=TC_PAIRS, num_stages=cfg.stages, **meta)
     else:
         _gemv_gm_kernel[grid](x2, x2.view(torch.int32) if even else x2, *args, num_stages=1, **meta)
+    if exc_pass:
+        add_exceptions(dst, x2, p, prep)
     if partial and not fixup:
         C.finalize(dst, bias, out)
     return out

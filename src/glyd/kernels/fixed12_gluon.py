@@ -26,7 +26,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
 from glyd.kernels import _common as C
-from glyd.kernels.fixed12 import _exception_delta_tile
+from glyd.kernels.fixed12 import add_exceptions
 
 BM = 16  # x rows of one MMA tile; a program takes 1, 2 or 4 of them (Config.bm 16, 32, 64)
 WARPS = 4  # default warps, side by side along N (Config.warps 1, 2 or 4)
@@ -164,23 +164,6 @@ def _x_operand(xt, BK: gl.constexpr, AL: gl.constexpr):
     return gl.convert_layout(gl.reshape(gl.permute(xt, [0, 1, 3, 2, 4]), [16, BK]), AL)
 
 
-@triton.jit
-def _exception_kernel(part_ptr, x_ptr, rowptr_ptr, eidx_ptr, ehi_ptr, lo_ptr, base_ptr, M, N, K, KP, stride_xm,
-                      BM_: tl.constexpr, BN_: tl.constexpr):
-    # part[0] += (true - decoded weight) * x at each exception of this [BM_, BN_] output tile
-    pid_n = tl.program_id(0)
-    pid_m = tl.program_id(1)
-    rn = pid_n * BN_ + tl.arange(0, BN_)
-    rm = pid_m * BM_ + tl.arange(0, BM_)
-    mmask = rm < M
-    base = tl.load(base_ptr).to(tl.uint32)
-    d = tl.trans(_exception_delta_tile(rowptr_ptr, eidx_ptr, ehi_ptr, lo_ptr, x_ptr, rn, rm, mmask, stride_xm, base,
-                                       pid_n, N, K, KP, BN_, BM_))
-    ptr = part_ptr + rm[:, None] * N + rn[None, :]
-    omask = mmask[:, None] & (rn < N)[None, :]
-    tl.store(ptr, tl.load(ptr, mask=omask, other=0.0) + d, mask=omask)
-
-
 @functools.lru_cache(maxsize=None)
 def layouts(bn: int, bk: int, warps: int = WARPS):
     """(word, x, accumulator, A operand, B operand) layouts for a [16, bn] tile and K steps of bk,
@@ -225,9 +208,6 @@ def launch(x2: torch.Tensor, p, bias, cfg: C.Config, prep, out: torch.Tensor) ->
                      m, n, kp, x2.stride(0), per, kp // 8, kp // 4,
                      BN=cfg.bn, BK=cfg.bk, WL=words, XL=xl, ML=mma, AL=a_op, BL=b_op, MT=mt,
                      PREFETCH=cfg.prefetch, num_warps=cfg.warps)
-    if prep.nexc:
-        _exception_kernel[(triton.cdiv(n, 32), triton.cdiv(m, 16))](
-            part, x2, prep.rowptr, a["exc_idx"], a["exc_hi"], a["lo"], a["base"], m, n, k, kp, x2.stride(0),
-            BM_=16, BN_=32)
+    add_exceptions(part, x2, p, prep)
     C.finalize(part, bias, out)
     return out

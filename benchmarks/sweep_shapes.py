@@ -65,13 +65,13 @@ def candidates(m: int, n: int, k: int) -> dict:
             for block, warps in ((256, 2), (128, 1), (512, 4), (1024, 4)):
                 out[f"default reduce {block} w{warps}"] = (d, {(C, "FINALIZE_BLOCK"): block, (C, "FINALIZE_WARPS"): warps})
         return out
-    if os.environ.get("SWEEP_ROUND") == "10":  # exceptions in a pass of their own (EXC_PASS): rows, warps
+    if os.environ.get("SWEEP_ROUND") == "10":  # exceptions in a pass of their own (Config.exc_pass): rows, warps
         d = fixed12.default_config(m, n, k)
         if d.long:
             return out
         for rows, warps in ((4, 4), (4, 1), (2, 1), (1, 1), (8, 2)):
-            out[f"default exc{rows} w{warps}"] = (d, {(fixed12, "EXC_PASS"): True, (fixed12, "EXC_ROWS"): rows,
-                                                     (fixed12, "EXC_WARPS"): warps})
+            out[f"default exc{rows} w{warps}"] = (dataclasses.replace(d, exc_pass=d.tc or d.gemv and not d.dot),
+                                                  {(fixed12, "EXC_ROWS"): rows, (fixed12, "EXC_WARPS"): warps})
         if 2 < m <= 32:
             for w, bn in ((4, 32), (2, 64)):
                 for rows, warps in ((4, 4), (2, 1)):

@@ -29,7 +29,11 @@ def _path(cfg) -> str:
     return "dot tile"
 
 
-def _expected(m: int, kind: str) -> str:
+def _expected(m: int, kind: str, gluon: bool) -> str:
+    if gluon and 3 <= m <= 8 and (kind in ("down", "lm_head") or (kind == "q/o" and m > 4)):
+        return "gluon"
+    if gluon and 9 <= m <= 16 and kind in ("k/v", "q/o", "down"):
+        return "gluon"
     if m >= 256:
         return "unpack+cuBLAS"
     if m > 64:
@@ -47,15 +51,36 @@ def _expected(m: int, kind: str) -> str:
     return "tc"
 
 
+@pytest.mark.parametrize("gluon", [False, True])
 @pytest.mark.parametrize("kind", list(SHAPES))
 @pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 8, 9, 16, 17, 32, 33, 64, 65, 255, 256, 2048])
-def test_default_config_paths_match_the_docs(kind, m):
+def test_default_config_paths_match_the_docs(kind, m, gluon, monkeypatch):
     from glyd.kernels import fixed12
 
+    monkeypatch.setattr(fixed12, "gluon_available", lambda: gluon)  # as on a GPU with or without Gluon
     n, k = SHAPES[kind]
     cfg = fixed12.default_config(m, n, k)
-    assert _path(cfg) == _expected(m, kind), cfg
+    assert _path(cfg) == _expected(m, kind, gluon), cfg
+    # k/v from M = 17 on: exceptions in their own pass
+    assert cfg.exc_pass == (kind == "k/v" and 16 < m <= 64)
+    if cfg.gluon:  # whole K steps of 128 (the kernel takes no padded columns); never off a GPU
+        assert k % cfg.bk == 0 and cfg.prefetch
     if cfg.tc:  # whole K steps on these shapes: the unmasked path
         assert k % cfg.bk == 0
     if _path(cfg) == "GEMV":  # one decoded tile for 1, 2 or 4 x rows (docs/kernels.md)
         assert cfg.bm == (m if m <= 2 else 4)
+
+
+def test_default_config_without_gluon_where_k_is_not_whole_steps(monkeypatch):
+    from glyd.kernels import fixed12
+
+    monkeypatch.setattr(fixed12, "gluon_available", lambda: True)
+    assert fixed12.default_config(8, 3584, 3584 + 64).tc
+    assert fixed12.default_config(8, 3584, 3584).gluon
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the CPU answer")
+def test_gluon_not_available_off_a_gpu():
+    from glyd.kernels import fixed12
+
+    assert not fixed12.gluon_available()

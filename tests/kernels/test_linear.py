@@ -285,8 +285,8 @@ def test_linear_cuda_graph_capture(layout):
 
 @pytest.mark.parametrize("n,k,m", [(40, 640, 3), (37, 1024, 20)])
 def test_exception_pass_adds_each_exceptions_correction(n, k, m):
-    # The separate exception pass (Gluon kernel, EXC_PASS) against the
-    # corrections computed one by one in float64: part[0] += x[:, c] * (true - window value).
+    # The separate exception pass (the Gluon kernel's; Config.exc_pass) against the corrections computed
+    # one by one in float64: part[0] += x[:, c] * (true - window value).
     import torch as t
 
     from glyd import kernels
@@ -319,15 +319,14 @@ def test_exception_pass_adds_each_exceptions_correction(n, k, m):
 @pytest.mark.parametrize("cfg", [dict(bm=2, bn=16, bk=128, dot=False, group_major=True, stages=1),
                                  dict(bm=16, bn=32, bk=128, tc=True, stages=1, split=3),
                                  dict(bm=16, bn=16, bk=64, tc=True, stages=1, prefetch=True, fixup=True)])
-def test_exception_pass_path(cfg, monkeypatch):
-    # GEMV and tc with exceptions in their own pass (fixed12.EXC_PASS): same checks as in-kernel
+def test_exception_pass_path(cfg):
+    # GEMV and tc with exceptions in their own pass (Config.exc_pass): same checks as in-kernel
     from glyd import kernels
-    from glyd.kernels import fixed12 as f12
     from glyd.kernels._common import Config
 
-    cfg = Config(**cfg)
-
-    monkeypatch.setattr(f12, "EXC_PASS", True)
+    cfg = Config(**cfg, exc_pass=True)
+    with pytest.raises(ValueError, match="exc_pass"):
+        Config(bm=16, bn=32, bk=128, exc_pass=True)  # the dot tile has no separate pass
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     w = random_weights(45, 640, "normal", dev)
     p = kernels.pack(w, "fixed12")

@@ -46,7 +46,10 @@ class Config:
     the GEMV's register loads (plane words decoded to bf16 in registers, then through shared
     memory into the MMA operand); ``stages`` > 1 there pipelines the plane loads by async copy.
     ``gluon`` (fixed12, CUDA only): the same product with explicit layouts (``fixed12_gluon``):
-    the decoded tile is the MMA operand in registers; not yet timed, off by default.
+    the decoded tile is the MMA operand in registers, ``prefetch`` loads the next step's words and
+    x rows first, ``warps`` 1, 2 or 4 side by side along N; exceptions in a pass of their own.
+    ``exc_pass`` (GEMV, tc): exceptions in that separate pass over fp32 partials instead of a serial
+    loop in each tile's first split program (faster where the tiles are few, k/v at M > 16).
     """
 
     bm: int = 16
@@ -68,6 +71,7 @@ class Config:
     gemv: bool = True
     tc: bool = False
     gluon: bool = False
+    exc_pass: bool = False
 
     def __post_init__(self) -> None:
         for name in ("bm", "bn", "bk"):
@@ -87,6 +91,8 @@ class Config:
                            or self.bn < max(16, 8 * self.warps) or self.bk < 64):
             raise ValueError("gluon is a tensor-core tile (dot=True, not tc, mma, byte or group_major) with bm 16, "
                              "32 or 64, 1, 2 or 4 warps, bn >= 16 and >= 8 a warp, bk >= 64")
+        if self.exc_pass and not (self.tc or (self.group_major and self.stages == 1 and self.gemv)):
+            raise ValueError("exc_pass applies to the group-major GEMV and tc (gluon always runs its own pass)")
         if self.chunk < 0 or self.chunk % 64:
             raise ValueError(f"Config.chunk must be a multiple of 64 rows (0: whole matrix), got {self.chunk}")
         if self.waves < 1:

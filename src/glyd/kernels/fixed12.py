@@ -18,6 +18,9 @@ row range's exceptions, found through a per-row pointer array built once per mat
 
 from __future__ import annotations
 
+import functools
+import logging
+
 import torch
 import triton
 import triton.language as tl
@@ -25,6 +28,8 @@ import triton.language as tl
 from glyd.codec import fixed12 as _codec
 from glyd.codec.packed import Packed
 from glyd.kernels import _common as C
+
+log = logging.getLogger(__name__)
 
 GROUP = _codec.GROUP
 
@@ -794,9 +799,6 @@ UNPACK_FLAT_G, UNPACK_FLAT_WARPS = 16, 2
 #: on a GPU (the interpreter cannot run PTX) nor timed; tests/kernels/test_linear.py has the GPU
 #: test that turns it on (benchmarks/notes-kernels.md, "Next device call").
 TC_PAIRS = False
-# GEMV and tc: exceptions in a separate pass over fp32 partials (add_exceptions) instead of a serial
-# loop in each tile's first split program
-EXC_PASS = False
 
 
 # packed: fixed12 [N, K] (lo uint8 [N, Kp], code uint8 [N, Kp/2], base uint8 [1]) -> bf16 [N, K]
@@ -871,6 +873,19 @@ def _linear_chunked(x2: torch.Tensor, p: Packed, bias, chunk: int, out: torch.Te
     return out
 
 
+@functools.lru_cache(maxsize=1)
+def gluon_available() -> bool:
+    """True where the Gluon kernel can run: a CUDA GPU, not the interpreter, a Triton with Gluon."""
+    if C.interpreting() or not torch.cuda.is_available():
+        return False
+    try:
+        from glyd.kernels import fixed12_gluon  # noqa: F401
+    except ImportError as exc:
+        log.info("no Gluon kernel (%s): the tc kernel runs instead", exc)
+        return False
+    return True
+
+
 def default_config(m: int, n: int, k: int) -> C.Config:
     """Block shapes per M bucket and matrix shape: the fastest of the configs timed on the H200 on
     2026-11-30 (``benchmarks/sweep_shapes.py`` per shape, ``benchmarks/kernels.py`` per decode
@@ -889,6 +904,17 @@ def default_config(m: int, n: int, k: int) -> C.Config:
         return C.Config(bm=m, bn=16 if tall else 32, bk=256, dot=False, group_major=True, stages=1, waves=16)
     tiny = n * k <= 1 << 22  # k and v projections
     wide = n >= 65536  # lm_heads
+    # The Gluon kernel with register prefetch (sweep runs 30-33, 2026-12-01): at M = 3-8 on down
+    # 1.09-1.24x against 1.25-1.65x, q/o (M > 4) 1.30x against 1.69x, lm_heads 1.16-1.33x against
+    # 1.21-1.39x; at M = 9-16 on k/v 1.34-1.36x against 1.58x, q/o 1.39x against 1.71-1.73x, down
+    # 1.23-1.26x against 1.64-1.68x. Needs a CUDA GPU, Triton's Gluon and whole K steps.
+    gl_ok = k % 128 == 0 and gluon_available()
+    if gl_ok and m <= 8 and (tall or wide or (small and not tiny and m > 4)):
+        return C.Config(bm=16, bn=32, bk=128, gluon=True, warps=4, waves=8, prefetch=True)
+    if gl_ok and 8 < m <= 16 and (small or tall):
+        if tiny:
+            return C.Config(bm=16, bn=32, bk=128, gluon=True, warps=4, waves=8, prefetch=True)
+        return C.Config(bm=16, bn=64, bk=128, gluon=True, warps=2, waves=8, prefetch=True)
     if m <= 4 and not (small or tall):  # tensor cores fed from register loads: 1.20-1.29x (sweep run 18)
         return C.Config(bm=16, bn=64, bk=256, tc=True, warps=4, waves=8, stages=1)
     if m <= 4 or (m <= 8 and tiny):  # four x rows a program: 1.32-1.59x against 1.73-2.09x (mma)
@@ -906,14 +932,14 @@ def default_config(m: int, n: int, k: int) -> C.Config:
     if m <= 32:
         if wide:  # 1.44x against 1.66x (tc)
             return C.Config(bm=32, bn=64, mma=True, g=2, stages=3)
-        if small:  # 1.76-1.86x
-            return C.Config(bm=32, bn=32, bk=128, tc=True, warps=4, waves=8, stages=3)
+        if small:  # 1.76-1.86x; k/v with exceptions in their own pass 1.35x against 1.69x (run 33)
+            return C.Config(bm=32, bn=32, bk=128, tc=True, warps=4, waves=8, stages=3, exc_pass=tiny)
         if tall:  # 1.85x
             return C.Config(bm=32, bn=32, bk=256, tc=True, warps=4, waves=8, stages=1, prefetch=True)
         return C.Config(bm=32, bn=64, bk=256, tc=True, warps=4, waves=8, stages=1)  # 1.68x
     if m <= 64:
-        if small or tall:  # 1.79x k/v, 2.34x q/o, 1.97x down (from 2.55-3.29x)
-            return C.Config(bm=64, bn=32, bk=128, tc=True, warps=4, waves=8, stages=3)
+        if small or tall:  # 1.79x k/v (1.39x with exc_pass, run 33), 2.34x q/o, 1.97x down
+            return C.Config(bm=64, bn=32, bk=128, tc=True, warps=4, waves=8, stages=3, exc_pass=tiny)
         return C.Config(bm=64, bn=64, bk=128, tc=True, warps=4, waves=8, stages=1)  # 1.53-1.83x (from 2.18-2.45x)
     return C.Config(bm=128, bn=128, bk=128, warps=8, stages=3)
 
@@ -1052,7 +1078,7 @@ def _launch_words(x2: torch.Tensor, p: Packed, bias, cfg: C.Config, prep: Prepar
     kp = a["lo"].shape[1]
     tiles = triton.cdiv(n, cfg.bn) * triton.cdiv(m, cfg.bm)
     split, per = C.choose_split(tiles, kp, cfg.bk, x2.device, cfg.split, cfg.waves)
-    exc_pass = EXC_PASS and prep.nexc > 0  # exceptions in a pass of their own, on fp32 partials
+    exc_pass = cfg.exc_pass and prep.nexc > 0  # exceptions in a pass of their own, on fp32 partials
     partial = split > 1 or exc_pass
     dst = torch.empty(split, m, n, dtype=torch.float32, device=x2.device) if partial else out
     even = k == kp and per % cfg.bk == 0 and kp % cfg.bk == 0

@@ -4,7 +4,7 @@ Compiles ``_tc_kernel`` for an H100/H200 target with Triton, disassembles it wit
 ``cuobjdump`` that ships with Triton, and prints registers, spill stack, shared memory, the
 instructions of the whole kernel and of its main loop (the largest backward branch), and the
 counts of global loads, async copies and MMA instructions. Each spec is
-``bm,bn,bk,warps,stages[,FLAG=0|1...]`` (flags: PREFETCH, PAIRS; GLUON=1: the explicit-layout
+``bm,bn,bk,warps,stages[,FLAG=0|1...]`` (flags: PREFETCH (Gluon: 0, 1 or 2 steps ahead), PAIRS; GLUON=1: the explicit-layout
 kernel of ``fixed12_gluon`` instead, bm 16, 32 or 64 and 4 warps).
 
     PYTHONPATH=src .venv/bin/python benchmarks/sass_count.py 16,64,256,4,1 16,64,256,4,1,PAIRS=1 16,64,256,4,1,GLUON=1
@@ -39,7 +39,7 @@ def compile_tc(bm: int, bn: int, bk: int, warps: int, stages: int, GLUON: bool =
         kern, source = g._gl_kernel, GluonASTSource
         words, xl, mma, a_op, b_op = g.layouts(bn, bk, warps)
         const = {"BN": bn, "BK": bk, "WL": words, "XL": xl, "ML": mma, "AL": a_op, "BL": b_op, "MT": bm // 16,
-                 "PREFETCH": bool(flags.get("PREFETCH", False))}
+                 "PREFETCH": int(flags.get("PREFETCH", 0))}
         ptrs = {**PTRS, "lo_ptr": "*i32", "code_ptr": "*i32", "part_ptr": "*fp32"}
     else:
         kern, source = fixed12._tc_kernel, ASTSource
@@ -79,7 +79,7 @@ def main(argv=None) -> int:
     for spec in specs:
         parts = spec.split(",")
         bm, bn, bk, warps, stages = (int(v) for v in parts[:5])
-        flags = {p.split("=")[0]: bool(int(p.split("=")[1])) for p in parts[5:]}
+        flags = {p.split("=")[0]: int(p.split("=")[1]) for p in parts[5:]}
         r = compile_tc(bm, bn, bk, warps, stages, **flags)
         per = r["loop"] / (bn * bk / (32 * warps))
         print(f"bm{bm} bn{bn} bk{bk} w{warps} s{stages} {flags or ''}: " + ", ".join(f"{k} {v}" for k, v in r.items())

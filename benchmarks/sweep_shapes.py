@@ -65,6 +65,15 @@ def candidates(m: int, n: int, k: int) -> dict:
             for block, warps in ((256, 2), (128, 1), (512, 4), (1024, 4)):
                 out[f"default reduce {block} w{warps}"] = (d, {(C, "FINALIZE_BLOCK"): block, (C, "FINALIZE_WARPS"): warps})
         return out
+    if os.environ.get("SWEEP_ROUND") == "11":  # Gluon: prefetch depth, tile widths
+        from glyd.kernels import fixed12_gluon as fg
+
+        if 2 < m <= 16:
+            for bn, bk, w, depth in ((32, 128, 4, 1), (32, 128, 4, 2), (32, 64, 4, 2), (64, 128, 2, 1),
+                                     (64, 64, 2, 2), (32, 256, 4, 1), (16, 128, 2, 1), (16, 256, 2, 1)):
+                out[f"gluon bn{bn} bk{bk} w{w} pf{depth}"] = (
+                    V(bm=16, bn=bn, bk=bk, gluon=True, warps=w, prefetch=True, waves=8), {(fg, "PREFETCH_DEPTH"): depth})
+        return out
     if os.environ.get("SWEEP_ROUND") == "10":  # exceptions in a pass of their own (Config.exc_pass): rows, warps
         d = fixed12.default_config(m, n, k)
         if d.long:

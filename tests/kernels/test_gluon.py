@@ -24,7 +24,8 @@ def _gluon():
 
 @pytest.mark.parametrize("bn,bk,mt,pf,warps", [(64, 256, 1, False, 4), (32, 128, 1, False, 4), (32, 64, 1, True, 4),
                                                (64, 128, 4, True, 4), (32, 256, 2, False, 4), (64, 64, 1, True, 1),
-                                               (16, 128, 2, False, 1), (64, 128, 1, True, 2), (64, 64, 4, False, 2)])
+                                               (16, 128, 2, False, 1), (64, 128, 1, True, 2), (64, 64, 4, False, 2),
+                                               (32, 128, 1, 2, 4)])
 def test_gluon_tile_stays_in_registers_sm90(bn, bk, mt, pf, warps):
     # Compiled for sm_90 on the CPU: the decoded tile and x reach the MMA without shared memory,
     # i.e. the load layouts are the operand layouts (the point of the kernel).
@@ -82,19 +83,19 @@ def test_gluon_needs_a_gpu():
                                             (32, 32, 128, 4), (64, 64, 128, 4), (16, 64, 64, 1), (32, 16, 128, 1),
                                             (16, 64, 128, 2), (64, 64, 64, 2)])
 @pytest.mark.parametrize("m", [1, 5, 16, 33, 64])
-@pytest.mark.parametrize("prefetch,split", [(False, 0), (True, 0), (True, 5)])
-def test_gluon_matches_reference_gpu(bm, bn, bk, warps, m, prefetch, split):
+@pytest.mark.parametrize("prefetch,split", [(0, 0), (1, 0), (1, 5), (2, 0), (2, 5)])
+def test_gluon_matches_reference_gpu(bm, bn, bk, warps, m, prefetch, split, monkeypatch):
     from glyd import kernels
     from glyd.kernels._common import Config
 
-    _gluon()
+    monkeypatch.setattr(_gluon(), "PREFETCH_DEPTH", max(prefetch, 1))  # 2: two steps ahead (bm 16 only)
     w = random_weights(1000, 3584, "normal", "cuda")  # with exceptions (values far below the window)
     p = kernels.pack(w, "fixed12")
     assert p.arrays["exc_idx"].numel() > 0
     x = torch.randn(m, 3584, device="cuda").to(torch.bfloat16)
     bias = torch.randn(1000, device="cuda").to(torch.bfloat16)
     # split 5 leaves the last program of each tile fewer steps than the others (and one, at bk 64)
-    y = kernels.linear(x, p, bias, Config(bm=bm, bn=bn, bk=bk, gluon=True, warps=warps, prefetch=prefetch,
+    y = kernels.linear(x, p, bias, Config(bm=bm, bn=bn, bk=bk, gluon=True, warps=warps, prefetch=prefetch > 0,
                                               split=split))
     _check(y, x, w, bias)
     tc = kernels.linear(x, p, bias, Config(bm=16, bn=max(bn, 16), bk=bk, tc=True, stages=1))

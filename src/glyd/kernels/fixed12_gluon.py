@@ -29,6 +29,7 @@ from glyd.kernels import _common as C
 from glyd.kernels.fixed12 import add_exceptions
 
 BM = 16  # x rows of one MMA tile; a program takes 1, 2 or 4 of them (Config.bm 16, 32, 64)
+PREFETCH_DEPTH = 1  # K steps loaded ahead with Config.prefetch (2: only with one x tile, bm 16)
 WARPS = 4  # default warps, side by side along N (Config.warps 1, 2 or 4)
 
 
@@ -90,10 +91,14 @@ def _gl_kernel(x_ptr, code_ptr, lo_ptr, base_ptr, part_ptr, M, N, KP, stride_xm,
         if MT > 2:
             xa2 = gl.load(xp2 + kc)
             xa3 = gl.load(xp3 + kc)
+    if PREFETCH == 2:  # two steps ahead (one x tile only: MT == 1)
+        kc = gl.minimum(s0 + 1, s1 - 1) * BK
+        lw_b, cw_b = _words(lo_ptr, code_ptr, lo_off, code_off, kc)
+        xa_b = gl.load(xp + kc)
     for st in range(s0, s1):
         kb = st * BK
         if PREFETCH:
-            kn = gl.minimum(st + 1, s1 - 1) * BK
+            kn = gl.minimum(st + PREFETCH, s1 - 1) * BK
             lw_n, cw_n = _words(lo_ptr, code_ptr, lo_off, code_off, kn)
             xa_n = gl.load(xp + kn)
             if MT > 1:
@@ -122,7 +127,14 @@ def _gl_kernel(x_ptr, code_ptr, lo_ptr, base_ptr, part_ptr, M, N, KP, stride_xm,
         if MT > 2:
             acc2 = mma_v2(_x_operand(xa2, BK, AL), w, acc2)
             acc3 = mma_v2(_x_operand(xa3, BK, AL), w, acc3)
-        if PREFETCH:
+        if PREFETCH == 2:
+            lw = lw_b
+            cw = cw_b
+            xa = xa_b
+            lw_b = lw_n
+            cw_b = cw_n
+            xa_b = xa_n
+        elif PREFETCH:
             lw = lw_n
             cw = cw_n
             xa = xa_n
@@ -207,7 +219,7 @@ def launch(x2: torch.Tensor, p, bias, cfg: C.Config, prep, out: torch.Tensor) ->
     _gl_kernel[grid](x2, a["code"].view(torch.int32), a["lo"].view(torch.int32), a["base"], part,
                      m, n, kp, x2.stride(0), per, kp // 8, kp // 4,
                      BN=cfg.bn, BK=cfg.bk, WL=words, XL=xl, ML=mma, AL=a_op, BL=b_op, MT=mt,
-                     PREFETCH=cfg.prefetch, num_warps=cfg.warps)
+                     PREFETCH=(PREFETCH_DEPTH if mt == 1 else 1) if cfg.prefetch else 0, num_warps=cfg.warps)
     add_exceptions(part, x2, p, prep)
     C.finalize(part, bias, out)
     return out

@@ -65,6 +65,15 @@ def candidates(m: int, n: int, k: int) -> dict:
             for block, warps in ((256, 2), (128, 1), (512, 4), (1024, 4)):
                 out[f"default reduce {block} w{warps}"] = (d, {(C, "FINALIZE_BLOCK"): block, (C, "FINALIZE_WARPS"): warps})
         return out
+    if os.environ.get("SWEEP_ROUND") == "12":  # Gluon: the exception pass on a side stream
+        from glyd.kernels import fixed12_gluon as fg
+
+        d = fixed12.default_config(m, n, k)
+        if d.gluon:
+            out["default side-stream exc"] = (d, {(fg, "CONCURRENT_EXC"): True})
+            out["default exc rows 8"] = (d, {(fixed12, "EXC_ROWS"): 8})
+            out["default side-stream exc rows 8"] = (d, {(fg, "CONCURRENT_EXC"): True, (fixed12, "EXC_ROWS"): 8})
+        return out
     if os.environ.get("SWEEP_ROUND") == "11":  # Gluon: prefetch depth, tile widths
         from glyd.kernels import fixed12_gluon as fg
 

@@ -312,7 +312,12 @@ def test_exception_pass_adds_each_exceptions_correction(n, k, m):
     want.index_add_(1, r, x.double()[:, c] * (true - window)[None, :])
     assert t.equal(part[1], before[1])
     assert ((part[0].double() - want).abs() <= 1e-5 * (1 + want.abs())).all()
-    with pytest.raises(ValueError, match="part must be float32"):
+    own = t.randn(3, m, n, device=dev)  # add=False: the corrections alone, in a partial of their own
+    f12.add_exceptions(own[1:2], x, p, f12.prepare(p), add=False)
+    delta = want - before[0].double()
+    assert ((own[1].double() - delta).abs() <= 1e-5 * (1 + delta.abs())).all()
+    assert (own[1] != 0).sum() <= r.unique().numel() * m  # zeros where a row has no exception
+    with pytest.raises(ValueError, match="part must be contiguous float32"):
         f12.add_exceptions(part[:, :, :-1], x, p, f12.prepare(p))
 
 

@@ -1022,7 +1022,7 @@ EXC_CHUNK = 16  # exceptions loaded at once (their loads overlap instead of queu
 
 @triton.jit
 def _exception_kernel(part_ptr, x_ptr, rowptr_ptr, eidx_ptr, ehi_ptr, lo_ptr, base_ptr, M, N, K, stride_lo, stride_xm,
-                      BM_: tl.constexpr, BN_: tl.constexpr, E: tl.constexpr):
+                      BM_: tl.constexpr, BN_: tl.constexpr, E: tl.constexpr, ADD: tl.constexpr):
     # part[0][rows, cols] += (true - decoded weight) * x summed over the exceptions of BN_ weight
     # rows, E exceptions a step: a row of a long matrix (down: K 18944) holds ~1.4 of them in
     # random weights, and one by one each costs two dependent memory round trips.
@@ -1052,20 +1052,23 @@ def _exception_kernel(part_ptr, x_ptr, rowptr_ptr, eidx_ptr, ehi_ptr, lo_ptr, ba
         delta += tl.sum(tl.where(hit[:, :, None], d[None, :, :], 0.0), axis=1)
     ptr = part_ptr + rm[None, :] * N + rn[:, None]
     omask = mmask[None, :] & (rn < N)[:, None]
-    tl.store(ptr, tl.load(ptr, mask=omask, other=0.0) + delta, mask=omask)
+    if ADD:
+        delta += tl.load(ptr, mask=omask, other=0.0)
+    tl.store(ptr, delta, mask=omask)  # ADD False: a partial of its own (zeros where no exception)
 
 
-# part: fp32 [>= 1, M, N] (part[0] corrected in place); x: bf16 [M, K]; packed fixed12 [N, K]
-def add_exceptions(part: torch.Tensor, x2: torch.Tensor, p, prep) -> None:
+# part: fp32 [>= 1, M, N] (part[0] corrected in place, or written when add is False); x: bf16 [M, K];
+# packed fixed12 [N, K]
+def add_exceptions(part: torch.Tensor, x2: torch.Tensor, p, prep, add: bool = True) -> None:
     m, k = x2.shape
     n = p.shape[0]
     a = p.arrays
-    if part.dtype != torch.float32 or part.dim() != 3 or tuple(part.shape[1:]) != (m, n):
-        raise ValueError(f"part must be float32 [splits, {m}, {n}], got {part.dtype} {tuple(part.shape)}")
-    if prep.nexc:
+    if part.dtype != torch.float32 or part.dim() != 3 or tuple(part.shape[1:]) != (m, n) or not part.is_contiguous():
+        raise ValueError(f"part must be contiguous float32 [splits, {m}, {n}], got {part.dtype} {tuple(part.shape)}")
+    if prep.nexc or not add:
         grid = (triton.cdiv(n, EXC_ROWS), triton.cdiv(m, 16))
         _exception_kernel[grid](part, x2, prep.rowptr, a["exc_idx"], a["exc_hi"], a["lo"], a["base"], m, n, k,
-                                a["lo"].shape[1], x2.stride(0), BM_=16, BN_=EXC_ROWS, E=EXC_CHUNK,
+                                a["lo"].shape[1], x2.stride(0), BM_=16, BN_=EXC_ROWS, E=EXC_CHUNK, ADD=add,
                                 num_warps=EXC_WARPS)
 
 

@@ -65,14 +65,20 @@ def candidates(m: int, n: int, k: int) -> dict:
             for block, warps in ((256, 2), (128, 1), (512, 4), (1024, 4)):
                 out[f"default reduce {block} w{warps}"] = (d, {(C, "FINALIZE_BLOCK"): block, (C, "FINALIZE_WARPS"): warps})
         return out
+    if os.environ.get("SWEEP_ROUND") == "13":  # GEMV and tc: the exception pass beside the tile kernel
+        d = fixed12.default_config(m, n, k)
+        if not d.long and not d.gluon and (d.tc or (d.gemv and d.group_major and not d.dot)) and not d.exc_pass:
+            out["default exc side"] = dataclasses.replace(d, exc_pass=True)
+            out["default exc side rows 8"] = (dataclasses.replace(d, exc_pass=True), {(fixed12, "EXC_ROWS"): 8})
+        if d.exc_pass:
+            out["default exc after"] = (d, {(fixed12, "CONCURRENT_EXC"): False})
+        return out
     if os.environ.get("SWEEP_ROUND") == "12":  # Gluon: the exception pass on a side stream
-        from glyd.kernels import fixed12_gluon as fg
-
         d = fixed12.default_config(m, n, k)
         if d.gluon:
-            out["default side-stream exc"] = (d, {(fg, "CONCURRENT_EXC"): True})
-            out["default exc rows 8"] = (d, {(fixed12, "EXC_ROWS"): 8})
-            out["default side-stream exc rows 8"] = (d, {(fg, "CONCURRENT_EXC"): True, (fixed12, "EXC_ROWS"): 8})
+            out["default side-stream exc"] = (d, {(fixed12, "CONCURRENT_EXC"): True})
+            out["default exc rows 8"] = (d, {(fixed12, "EXC_ROWS"): 8, (fixed12, "CONCURRENT_EXC"): False})
+            out["default side-stream exc rows 8"] = (d, {(fixed12, "CONCURRENT_EXC"): True, (fixed12, "EXC_ROWS"): 8})
         return out
     if os.environ.get("SWEEP_ROUND") == "11":  # Gluon: prefetch depth, tile widths
         from glyd.kernels import fixed12_gluon as fg

@@ -119,7 +119,10 @@ def test_linear_matches_reference(device, case, with_bias):
     p = glyd.pack(w, layout).to(device)
     x = torch.randn(m, k).to(torch.bfloat16).to(device)
     bias = torch.randn(n).to(torch.bfloat16).to(device) if with_bias else None
-    _check(kernels.linear(x, p, bias, cfg), x, w, bias)
+    y = kernels.linear(x, p, bias, cfg)
+    if dev == "cuda":
+        torch.cuda.synchronize()
+    _check(y, x, w, bias)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -324,10 +327,15 @@ def test_exception_pass_adds_each_exceptions_correction(n, k, m):
 @pytest.mark.parametrize("cfg", [dict(bm=2, bn=16, bk=128, dot=False, group_major=True, stages=1),
                                  dict(bm=16, bn=32, bk=128, tc=True, stages=1, split=3),
                                  dict(bm=16, bn=16, bk=64, tc=True, stages=1, prefetch=True, fixup=True)])
-def test_exception_pass_path(cfg):
-    # GEMV and tc with exceptions in their own pass (Config.exc_pass): same checks as in-kernel
+@pytest.mark.parametrize("concurrent", [True, False])
+def test_exception_pass_path(cfg, concurrent, monkeypatch):
+    # GEMV and tc with exceptions in their own pass (Config.exc_pass), beside the tile kernel on a
+    # side stream (CUDA) or after it: same checks as in-kernel
     from glyd import kernels
+    from glyd.kernels import fixed12 as f12
     from glyd.kernels._common import Config
+
+    monkeypatch.setattr(f12, "CONCURRENT_EXC", concurrent)
 
     cfg = Config(**cfg, exc_pass=True)
     with pytest.raises(ValueError, match="exc_pass"):
@@ -338,4 +346,7 @@ def test_exception_pass_path(cfg):
     assert p.arrays["exc_idx"].numel() > 0
     x = torch.randn(5, 640, device=dev).to(torch.bfloat16)
     bias = torch.randn(45, device=dev).to(torch.bfloat16)
-    _check(kernels.linear(x, p, bias, cfg), x, w, bias)
+    y = kernels.linear(x, p, bias, cfg)
+    if dev == "cuda":
+        torch.cuda.synchronize()
+    _check(y, x, w, bias)

@@ -26,6 +26,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
 from glyd.kernels import _common as C
+from glyd.kernels import fixed12 as F12
 from glyd.kernels.fixed12 import add_exceptions
 
 BM = 16  # x rows of one MMA tile; a program takes 1, 2 or 4 of them (Config.bm 16, 32, 64)
@@ -176,14 +177,6 @@ def _x_operand(xt, BK: gl.constexpr, AL: gl.constexpr):
     return gl.convert_layout(gl.reshape(gl.permute(xt, [0, 1, 3, 2, 4]), [16, BK]), AL)
 
 
-CONCURRENT_EXC = False
-
-
-@functools.lru_cache(maxsize=None)
-def _side_stream(device: torch.device) -> torch.cuda.Stream:
-    return torch.cuda.Stream(device)
-
-
 @functools.lru_cache(maxsize=None)
 def layouts(bn: int, bk: int, warps: int = WARPS):
     """(word, x, accumulator, A operand, B operand) layouts for a [16, bn] tile and K steps of bk,
@@ -221,16 +214,10 @@ def launch(x2: torch.Tensor, p, bias, cfg: C.Config, prep, out: torch.Tensor) ->
     mt = cfg.bm // BM  # 16-row x tiles a program shares one decoded tile among
     tiles = triton.cdiv(n, cfg.bn) * triton.cdiv(m, cfg.bm)
     split, per = C.choose_split(tiles, kp, cfg.bk, x2.device, cfg.split, cfg.waves)
-    # CONCURRENT_EXC: the exception pass writes a partial of its own on a side stream while the
-    # tile kernel runs (in a CUDA graph: a parallel branch), so it fills the tile kernel's last wave
-    side = CONCURRENT_EXC and prep.nexc > 0
+    side = F12.CONCURRENT_EXC and prep.nexc > 0
     part = torch.empty(split + side, m, n, dtype=torch.float32, device=x2.device)
     if side:
-        cur = torch.cuda.current_stream(x2.device)
-        stream = _side_stream(x2.device)
-        stream.wait_stream(cur)  # x and the partials are ready
-        with torch.cuda.stream(stream):
-            add_exceptions(part[split:], x2, p, prep, add=False)
+        join = F12.exceptions_on_side_stream(part[split:], x2, p, prep)
     words, xl, mma, a_op, b_op = layouts(cfg.bn, cfg.bk, cfg.warps)
     grid = (triton.cdiv(n, cfg.bn), split, triton.cdiv(m, cfg.bm))
     _gl_kernel[grid](x2, a["code"].view(torch.int32), a["lo"].view(torch.int32), a["base"], part,
@@ -238,7 +225,7 @@ def launch(x2: torch.Tensor, p, bias, cfg: C.Config, prep, out: torch.Tensor) ->
                      BN=cfg.bn, BK=cfg.bk, WL=words, XL=xl, ML=mma, AL=a_op, BL=b_op, MT=mt,
                      PREFETCH=(PREFETCH_DEPTH if mt == 1 else 1) if cfg.prefetch else 0, num_warps=cfg.warps)
     if side:
-        cur.wait_stream(stream)  # later work on this stream (and any reuse of part) comes after
+        join()
     else:
         add_exceptions(part, x2, p, prep)
     C.finalize(part, bias, out)

@@ -61,8 +61,10 @@ def test_default_config_paths_match_the_docs(kind, m, gluon, monkeypatch):
     n, k = SHAPES[kind]
     cfg = fixed12.default_config(m, n, k)
     assert _path(cfg) == _expected(m, kind, gluon), cfg
-    # k/v from M = 17 on: exceptions in their own pass
-    assert cfg.exc_pass == (kind == "k/v" and 16 < m <= 64)
+    # exceptions in a pass of their own: k/v except where the Gluon kernel or tc at M = 9-16 runs
+    # (beside the tile kernel up to M = 8, after it from M = 17), down at M = 1
+    assert cfg.exc_pass == ((kind == "k/v" and (m <= 8 or 16 < m <= 64)) or (kind == "down" and m == 1)), cfg
+    assert cfg.exc_after == (kind == "k/v" and 16 < m <= 64), cfg
     if cfg.gluon:  # whole K steps of 128 (the kernel takes no padded columns); never off a GPU
         assert k % cfg.bk == 0 and cfg.prefetch
     if cfg.tc:  # whole K steps on these shapes: the unmasked path

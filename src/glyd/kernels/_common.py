@@ -49,7 +49,8 @@ class Config:
     the decoded tile is the MMA operand in registers, ``prefetch`` loads the next step's words and
     x rows first, ``warps`` 1, 2 or 4 side by side along N; exceptions in a pass of their own.
     ``exc_pass`` (GEMV, tc): exceptions in that separate pass over fp32 partials instead of a serial
-    loop in each tile's first split program (faster where the tiles are few, k/v at M > 16).
+    loop in each tile's first split program; on CUDA the pass runs beside the tile kernel on a side
+    stream (``fixed12.CONCURRENT_EXC``) unless ``exc_after`` puts it after (each measured per shape).
     """
 
     bm: int = 16
@@ -72,6 +73,7 @@ class Config:
     tc: bool = False
     gluon: bool = False
     exc_pass: bool = False
+    exc_after: bool = False
 
     def __post_init__(self) -> None:
         for name in ("bm", "bn", "bk"):
@@ -91,6 +93,8 @@ class Config:
                            or self.bn < max(16, 8 * self.warps) or self.bk < 64):
             raise ValueError("gluon is a tensor-core tile (dot=True, not tc, mma, byte or group_major) with bm 16, "
                              "32 or 64, 1, 2 or 4 warps, bn >= 16 and >= 8 a warp, bk >= 64")
+        if self.exc_after and not (self.exc_pass or self.gluon):
+            raise ValueError("exc_after applies to a separate exception pass (exc_pass or gluon)")
         if self.exc_pass and not (self.tc or (self.group_major and self.stages == 1 and self.gemv)):
             raise ValueError("exc_pass applies to the group-major GEMV and tc (gluon always runs its own pass)")
         if self.chunk < 0 or self.chunk % 64:

@@ -898,10 +898,14 @@ def default_config(m: int, n: int, k: int) -> C.Config:
         # group-major GEMV, one decoded tile for m x rows (sweep run 16: 0.77x bf16 on gate/up,
         # 0.69x on the lm_head, 0.98x on down, 1.03-1.35x on q/o and k/v at M = 1; the mma
         # kernel took 1.7-2.1x at M = 2)
+        # k/v, and down at M = 1: exceptions in a pass beside the tile kernel (sweep run 37: k/v
+        # 1.05-1.14x -> 0.83x, down 0.93x -> 0.84x; it costs 0.06-0.19 on the others)
+        tiny = n * k <= 1 << 22
         if small:  # one K step a program: the most programs in flight
             steps = max(1, -(-(-(-k // 64) * 64) // 256))
-            return C.Config(bm=m, bn=16, bk=256, dot=False, group_major=True, stages=1, split=steps)
-        return C.Config(bm=m, bn=16 if tall else 32, bk=256, dot=False, group_major=True, stages=1, waves=16)
+            return C.Config(bm=m, bn=16, bk=256, dot=False, group_major=True, stages=1, split=steps, exc_pass=tiny)
+        return C.Config(bm=m, bn=16 if tall else 32, bk=256, dot=False, group_major=True, stages=1, waves=16,
+                        exc_pass=tall and m == 1)
     tiny = n * k <= 1 << 22  # k and v projections
     wide = n >= 65536  # lm_heads
     # The Gluon kernel with register prefetch (sweep runs 30-33, 2026-12-01): at M = 3-8 on down
@@ -918,7 +922,8 @@ def default_config(m: int, n: int, k: int) -> C.Config:
     if m <= 4 and not (small or tall):  # tensor cores fed from register loads: 1.20-1.29x (sweep run 18)
         return C.Config(bm=16, bn=64, bk=256, tc=True, warps=4, waves=8, stages=1)
     if m <= 4 or (m <= 8 and tiny):  # four x rows a program: 1.32-1.59x against 1.73-2.09x (mma)
-        return C.Config(bm=4, bn=16, bk=128, dot=False, group_major=True, stages=1, waves=8)
+        # k/v with the exception pass beside: 0.92-0.96x against 1.24x (run 37)
+        return C.Config(bm=4, bn=16, bk=128, dot=False, group_major=True, stages=1, waves=8, exc_pass=tiny)
     # tc from here to M = 64, per shape as sweep runs 18 and 21 measured it (ratios at M = 8-16 /
     # 32 / 64): q/o and k/v want narrow tiles (bn 16, then bk 128 pipelined: the most programs),
     # down the register prefetch, gate/up and the lm_head bn 64; at M = 64 bk 128 (bk 256 needs
@@ -933,13 +938,15 @@ def default_config(m: int, n: int, k: int) -> C.Config:
         if wide:  # 1.44x against 1.66x (tc)
             return C.Config(bm=32, bn=64, mma=True, g=2, stages=3)
         if small:  # 1.76-1.86x; k/v with exceptions in their own pass 1.35x against 1.69x (run 33)
-            return C.Config(bm=32, bn=32, bk=128, tc=True, warps=4, waves=8, stages=3, exc_pass=tiny)
+            return C.Config(bm=32, bn=32, bk=128, tc=True, warps=4, waves=8, stages=3, exc_pass=tiny,
+                            exc_after=tiny)  # after, not beside: 1.36x against 2.00x (run 37)
         if tall:  # 1.85x
             return C.Config(bm=32, bn=32, bk=256, tc=True, warps=4, waves=8, stages=1, prefetch=True)
         return C.Config(bm=32, bn=64, bk=256, tc=True, warps=4, waves=8, stages=1)  # 1.68x
     if m <= 64:
         if small or tall:  # 1.79x k/v (1.39x with exc_pass, run 33), 2.34x q/o, 1.97x down
-            return C.Config(bm=64, bn=32, bk=128, tc=True, warps=4, waves=8, stages=3, exc_pass=tiny)
+            return C.Config(bm=64, bn=32, bk=128, tc=True, warps=4, waves=8, stages=3, exc_pass=tiny,
+                            exc_after=tiny)
         return C.Config(bm=64, bn=64, bk=128, tc=True, warps=4, waves=8, stages=1)  # 1.53-1.83x (from 2.18-2.45x)
     return C.Config(bm=128, bn=128, bk=128, warps=8, stages=3)
 
@@ -1109,7 +1116,7 @@ def _launch_words(x2: torch.Tensor, p: Packed, bias, cfg: C.Config, prep: Prepar
     tiles = triton.cdiv(n, cfg.bn) * triton.cdiv(m, cfg.bm)
     split, per = C.choose_split(tiles, kp, cfg.bk, x2.device, cfg.split, cfg.waves)
     exc_pass = cfg.exc_pass and prep.nexc > 0  # exceptions in a pass of their own, on fp32 partials
-    side = exc_pass and CONCURRENT_EXC and x2.is_cuda and not C.interpreting()
+    side = exc_pass and CONCURRENT_EXC and not cfg.exc_after and x2.is_cuda and not C.interpreting()
     partial = split > 1 or exc_pass
     dst = torch.empty(split + side, m, n, dtype=torch.float32, device=x2.device) if partial else out
     if side:

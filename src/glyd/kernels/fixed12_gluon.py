@@ -214,7 +214,7 @@ def launch(x2: torch.Tensor, p, bias, cfg: C.Config, prep, out: torch.Tensor) ->
     mt = cfg.bm // BM  # 16-row x tiles a program shares one decoded tile among
     tiles = triton.cdiv(n, cfg.bn) * triton.cdiv(m, cfg.bm)
     split, per = C.choose_split(tiles, kp, cfg.bk, x2.device, cfg.split, cfg.waves)
-    side = F12.CONCURRENT_EXC and prep.nexc > 0
+    side = F12.CONCURRENT_EXC and not cfg.exc_after and prep.nexc > 0
     part = torch.empty(split + side, m, n, dtype=torch.float32, device=x2.device)
     if side:
         join = F12.exceptions_on_side_stream(part[split:], x2, p, prep)

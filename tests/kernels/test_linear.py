@@ -268,22 +268,27 @@ def test_linear_gpu_model_shapes(layout, m, shape):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("layout", ["fixed12", "tiered"])
-def test_linear_cuda_graph_capture(layout):
+@pytest.mark.parametrize("layout,n,k,m", [("fixed12", 4608, 3584, 4), ("tiered", 4608, 3584, 4),
+                                          # the exception pass on a side stream (GEMV; Gluon) and after tc
+                                          ("fixed12", 512, 3584, 4), ("fixed12", 3584, 18944, 8),
+                                          ("fixed12", 512, 3584, 32)])
+def test_linear_cuda_graph_capture(layout, n, k, m):
+    # Captured with the default config, replayed on new x: the same bits as an eager call.
     from glyd import kernels
 
-    w = random_weights(4608, 3584, "normal", "cuda")
+    w = random_weights(n, k, "normal", "cuda")
     p = kernels.pack(w, layout)
-    x = torch.randn(4, 3584, device="cuda").to(torch.bfloat16)
+    x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
     kernels.linear(x, p)  # warm-up: compiles, builds the derived index
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         y = kernels.linear(x, p)
-    x.copy_(torch.randn(4, 3584, device="cuda").to(torch.bfloat16))
+    x.copy_(torch.randn(m, k, device="cuda").to(torch.bfloat16))
     g.replay()
     torch.cuda.synchronize()
     _check(y, x, w, None)
+    assert torch.equal(y.view(torch.int16), kernels.linear(x, p).view(torch.int16))
 
 
 @pytest.mark.parametrize("n,k,m", [(40, 640, 3), (37, 1024, 20)])

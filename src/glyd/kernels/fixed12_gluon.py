@@ -7,11 +7,14 @@ operand (``k_width`` 4: four consecutive k of one weight row a thread, which is 
 four lanes), so the tile never leaves registers. The MMA's k order is a fixed permutation of the
 columns (bits 2-3 and 4-5 of the column index swapped) chosen so that each thread's words and x
 values are 16 contiguous bytes; x is loaded with the same permutation, which leaves the product
-unchanged. Static sm_90 SASS at bm 16, bn 64, bk 256: no shared memory, no barriers, 100
-registers and 440 instructions a loop step, against 128 registers, 40 KB and 633 for `tc`
-(``benchmarks/sass_count.py``). bm 32 and 64 share one decoded tile among 2 or 4 x tiles
-(bm 64, bn 64, bk 128: 178 registers, 439 a step, against `tc`'s wgmma at 168, 32 KB, 227). Not yet run on a GPU when written: opt-in through
-``Config(gluon=True)``; the twin for tests and the interpreter is `tc` (Gluon has no interpreter).
+unchanged. Static sm_90 SASS at bm 16, bn 64, bk 256: no shared memory, no barriers, 78
+registers and 415 instructions a loop step, against 128 registers, 40 KB and 633 for `tc`
+(``benchmarks/sass_count.py``). Gluon does not pipeline loops, so ``Config.prefetch`` loads the
+next step's words and x rows before this step decodes: without it the kernel was 1.02-2.1x slower
+than `tc` on the H200, with it (and the exception pass beside it) it is `default_config`'s choice
+for split-K shapes at M = 3-16 (benchmarks/RESULTS.md runs 30-38). bm 32 and 64 share one decoded
+tile among 2 or 4 x tiles (measured slower: the x tiles take the registers). The twin for tests
+and the interpreter is `tc` (Gluon has no interpreter).
 """
 
 from __future__ import annotations

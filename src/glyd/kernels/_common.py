@@ -30,7 +30,7 @@ class Config:
     the bf16 scratch is small enough to stay in L2 between the unpack and cuBLAS (0: whole).
     ``group_major`` (fixed12 FMA path): tile order [groups, rows, words] so x loads are shared by
     a thread's rows; with it, ``bm`` = 2 or 4 multiplies the decoded tile by that many x rows
-    (one accumulator each; not yet timed on a GPU: see benchmarks/notes-kernels.md).
+    (one accumulator each; the GEMV default at M = 2-8, timed in benchmarks/RESULTS.md).
     ``byte`` (fixed12, any M): byte-tile GEMV, one activation row a program, ``g`` 64-weight
     groups a step on [bn, g, 32] tiles in column order (contiguous x shared by the rows).
     ``mma`` (fixed12, dot path): plane tiles go to shared memory by async copy, then straight into

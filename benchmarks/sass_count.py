@@ -4,7 +4,7 @@ Compiles ``_tc_kernel`` for an H100/H200 target with Triton, disassembles it wit
 ``cuobjdump`` that ships with Triton, and prints registers, spill stack, shared memory, the
 instructions of the whole kernel and of its main loop (the largest backward branch), and the
 counts of global loads, async copies and MMA instructions. Each spec is
-``bm,bn,bk,warps,stages[,FLAG=0|1...]`` (flags: PREFETCH (Gluon: 0, 1 or 2 steps ahead), PAIRS; GLUON=1: the explicit-layout
+``bm,bn,bk,warps,stages[,FLAG=0|1...]`` (flags: PREFETCH (Gluon: 0, 1 or 2 steps ahead), ASYNC (Gluon: async-copy ring stages), PAIRS; GLUON=1: the explicit-layout
 kernel of ``fixed12_gluon`` instead, bm 16, 32 or 64 and 4 warps).
 
     PYTHONPATH=src .venv/bin/python benchmarks/sass_count.py 16,64,256,4,1 16,64,256,4,1,PAIRS=1 16,64,256,4,1,GLUON=1
@@ -39,7 +39,8 @@ def compile_tc(bm: int, bn: int, bk: int, warps: int, stages: int, GLUON: bool =
         kern, source = g._gl_kernel, GluonASTSource
         words, xl, mma, a_op, b_op = g.layouts(bn, bk, warps)
         const = {"BN": bn, "BK": bk, "WL": words, "XL": xl, "ML": mma, "AL": a_op, "BL": b_op, "MT": bm // 16,
-                 "PREFETCH": int(flags.get("PREFETCH", 0))}
+                 "PREFETCH": int(flags.get("PREFETCH", 0)), "STAGES": int(flags.get("ASYNC", 1)),
+                 "SL": g.ring_layout(bn, bk, warps, int(flags["ASYNC"])) if int(flags.get("ASYNC", 1)) > 1 else None}
         ptrs = {**PTRS, "lo_ptr": "*i32", "code_ptr": "*i32", "part_ptr": "*fp32"}
     else:
         kern, source = fixed12._tc_kernel, ASTSource
@@ -71,7 +72,8 @@ def compile_tc(bm: int, bn: int, bk: int, warps: int, stages: int, GLUON: bool =
     return {"registers": int(re.search(r"REG:(\d+)", res).group(1)),
             "stack": int(re.search(r"STACK:(\d+)", res).group(1)), "shared": k.metadata.shared,
             "instructions": len(lines), "loop": loop, "LDG": sass.count("LDG"),
-            "async": len(re.findall(r"LDGSTS|UBLKCP|UTMALDG", sass)), "mma": len(re.findall(r"HMMA|HGMMA", sass))}
+            "async": len(re.findall(r"LDGSTS|UBLKCP|UTMALDG", sass)), "LDS": len(re.findall(r"LDS", sass)),
+            "BAR": len(re.findall(r"BAR\.SYNC|BAR\.ARV|BAR ", sass)), "mma": len(re.findall(r"HMMA|HGMMA", sass))}
 
 
 def main(argv=None) -> int:

@@ -65,6 +65,20 @@ def candidates(m: int, n: int, k: int) -> dict:
             for block, warps in ((256, 2), (128, 1), (512, 4), (1024, 4)):
                 out[f"default reduce {block} w{warps}"] = (d, {(C, "FINALIZE_BLOCK"): block, (C, "FINALIZE_WARPS"): warps})
         return out
+    if os.environ.get("SWEEP_ROUND") == "14":  # Gluon: plane words by async copy through a shared ring
+        from glyd.kernels import fixed12_gluon as fg
+
+        d = fixed12.default_config(m, n, k)
+        if 2 < m <= 16 and k % 128 == 0:
+            base = d if d.gluon else V(bm=16, bn=32, bk=128, gluon=True, warps=4, prefetch=True, waves=8)
+            if not d.gluon:
+                out["gluon bn32 w4 pf"] = base
+            for stages in (2, 3, 4, 6):
+                out[f"{'default' if d.gluon else 'gluon bn32 w4 pf'} async{stages}"] = (base, {(fg, "ASYNC_STAGES"): stages})
+            for bn, bk, w in ((32, 128, 4), (64, 128, 2), (32, 256, 4), (64, 64, 2)):
+                cfg = V(bm=16, bn=bn, bk=bk, gluon=True, warps=w, prefetch=True, waves=8)
+                out[f"gluon bn{bn} bk{bk} w{w} async4"] = (cfg, {(fg, "ASYNC_STAGES"): 4})
+        return out
     if os.environ.get("SWEEP_ROUND") == "13":  # GEMV and tc: the exception pass beside the tile kernel
         d = fixed12.default_config(m, n, k)
         if not d.long and not d.gluon and (d.tc or (d.gemv and d.group_major and not d.dot)) and not d.exc_pass:

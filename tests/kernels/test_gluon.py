@@ -26,7 +26,8 @@ def _gluon():
                                                (64, 128, 4, True, 4), (32, 256, 2, False, 4), (64, 64, 1, True, 1),
                                                (16, 128, 2, False, 1), (64, 128, 1, True, 2), (64, 64, 4, False, 2),
                                                (32, 128, 1, 2, 4)])
-def test_gluon_tile_stays_in_registers_sm90(bn, bk, mt, pf, warps):
+@pytest.mark.parametrize("stages", [1, 3])
+def test_gluon_tile_stays_in_registers_sm90(bn, bk, mt, pf, warps, stages):
     # Compiled for sm_90 on the CPU: the decoded tile and x reach the MMA without shared memory,
     # i.e. the load layouts are the operand layouts (the point of the kernel).
     import triton
@@ -34,9 +35,12 @@ def test_gluon_tile_stays_in_registers_sm90(bn, bk, mt, pf, warps):
     from triton.experimental.gluon._runtime import GluonASTSource
 
     g = _gluon()
+    if stages > 1 and pf != 1:
+        pytest.skip("the async ring comes with prefetch one step ahead (of x, in registers)")
     words, xl, mma, a_op, b_op = g.layouts(bn, bk, warps)
     ptrs = {"x_ptr": "*bf16", "code_ptr": "*i32", "lo_ptr": "*i32", "base_ptr": "*u8", "part_ptr": "*fp32"}
-    const = {"BN": bn, "BK": bk, "WL": words, "XL": xl, "ML": mma, "AL": a_op, "BL": b_op, "MT": mt, "PREFETCH": pf}
+    const = {"BN": bn, "BK": bk, "WL": words, "XL": xl, "ML": mma, "AL": a_op, "BL": b_op, "MT": mt, "PREFETCH": pf,
+             "STAGES": stages, "SL": g.ring_layout(bn, bk, warps, stages) if stages > 1 else None}
     names = g._gl_kernel.arg_names
     sig = {a: "constexpr" if a in const else ptrs.get(a, "i32") for a in names}
     attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in names
@@ -49,9 +53,28 @@ def test_gluon_tile_stays_in_registers_sm90(bn, bk, mt, pf, warps):
             pytest.skip(f"cannot compile for sm_90 here: {exc}")
         raise
     ttgir = k.asm["ttgir"]
-    assert "local_alloc" not in ttgir and "local_load" not in ttgir
-    assert k.metadata.shared == 0
     assert "mma" in ttgir
+    if stages == 1:
+        assert "local_alloc" not in ttgir and "local_load" not in ttgir
+        assert k.metadata.shared == 0
+    else:  # the plane words' ring is the only shared memory: two buffers of stages x bk/4 x bn words
+        assert "async_copy_global_to_local" in ttgir
+        assert k.metadata.shared == 2 * stages * (bk // 4) * bn * 4
+        assert "LDGSTS.E.BYPASS.128" in _sass(k)  # 16-byte async copies
+
+
+def _sass(k) -> str:
+    import os
+    import subprocess
+    import tempfile
+
+    import triton
+
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(k.asm["cubin"])
+        f.flush()
+        return subprocess.run([tool, "-sass", f.name], capture_output=True, text=True, check=True).stdout
 
 
 def test_gluon_config_validation():
@@ -83,12 +106,14 @@ def test_gluon_needs_a_gpu():
                                             (32, 32, 128, 4), (64, 64, 128, 4), (16, 64, 64, 1), (32, 16, 128, 1),
                                             (16, 64, 128, 2), (64, 64, 64, 2)])
 @pytest.mark.parametrize("m", [1, 5, 16, 33, 64])
-@pytest.mark.parametrize("prefetch,split", [(0, 0), (1, 0), (1, 5), (2, 0), (2, 5)])
+@pytest.mark.parametrize("prefetch,split", [(0, 0), (1, 0), (1, 5), (2, 0), (2, 5), (3, 0), (3, 5)])
 def test_gluon_matches_reference_gpu(bm, bn, bk, warps, m, prefetch, split, monkeypatch):
     from glyd import kernels
     from glyd.kernels._common import Config
 
-    monkeypatch.setattr(_gluon(), "PREFETCH_DEPTH", max(prefetch, 1))  # 2: two steps ahead (bm 16 only)
+    # prefetch 2: two steps ahead (bm 16 only); 3: the async-copy ring of 4 steps (ASYNC_STAGES)
+    monkeypatch.setattr(_gluon(), "PREFETCH_DEPTH", 2 if prefetch == 2 else 1)
+    monkeypatch.setattr(_gluon(), "ASYNC_STAGES", 4 if prefetch == 3 else 1)
     w = random_weights(1000, 3584, "normal", "cuda")  # with exceptions (values far below the window)
     p = kernels.pack(w, "fixed12")
     assert p.arrays["exc_idx"].numel() > 0

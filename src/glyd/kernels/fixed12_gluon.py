@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.ampere import mma_v2
+from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
 from glyd.kernels import _common as C
 from glyd.kernels import fixed12 as F12
@@ -34,6 +34,9 @@ from glyd.kernels.fixed12 import add_exceptions
 
 BM = 16  # x rows of one MMA tile; a program takes 1, 2 or 4 of them (Config.bm 16, 32, 64)
 PREFETCH_DEPTH = 1  # K steps loaded ahead with Config.prefetch (2: only with one x tile, bm 16)
+# > 1 (with Config.prefetch, which then loads x only): plane words by async copy through a ring of
+# this many K steps in shared memory. Not yet run on a GPU: off.
+ASYNC_STAGES = 1
 WARPS = 4  # default warps, side by side along N (Config.warps 1, 2 or 4)
 
 
@@ -54,7 +57,8 @@ def _split16(p):
 @gluon.jit
 def _gl_kernel(x_ptr, code_ptr, lo_ptr, base_ptr, part_ptr, M, N, KP, stride_xm, K_SPLIT, stride_code, stride_lo,
                BN: gl.constexpr, BK: gl.constexpr, WL: gl.constexpr, XL: gl.constexpr, ML: gl.constexpr,
-               AL: gl.constexpr, BL: gl.constexpr, MT: gl.constexpr, PREFETCH: gl.constexpr):
+               AL: gl.constexpr, BL: gl.constexpr, MT: gl.constexpr, PREFETCH: gl.constexpr,
+               STAGES: gl.constexpr = 1, SL: gl.constexpr = None):
     # part[pid_k, 16 * MT rows, BN cols] (fp32) = x rows @ W^T over this program's K range, the
     # decoded tile used for MT (1, 2 or 4) 16-row x tiles. Whole shapes only (K == KP, K_SPLIT a
     # multiple of BK); rows past M or N read row M-1 / N-1 again and are not stored.
@@ -83,12 +87,24 @@ def _gl_kernel(x_ptr, code_ptr, lo_ptr, base_ptr, part_ptr, M, N, KP, stride_xm,
     # K steps as step indices so that every offset is a known multiple of BK (16-byte loads)
     s0 = (pid_k * K_SPLIT) // BK
     s1 = gl.minimum(pid_k * K_SPLIT + K_SPLIT, KP) // BK
+    if STAGES > 1:
+        # plane words by async copy into a ring of STAGES steps in shared memory (STAGES - 1 in
+        # flight, no registers held). Each thread copies and later reads back only its own words,
+        # in the layout it decodes them in (SL: a warp's 16-byte vectors side by side).
+        lo_s = gl.allocate_shared_memory(gl.int32, [STAGES, Q, BN], SL)
+        co_s = gl.allocate_shared_memory(gl.int32, [STAGES, Q, BN], SL)
+        for i in gl.static_range(STAGES - 1):
+            kc = gl.minimum(s0 + i, s1 - 1) * BK
+            async_copy.async_copy_global_to_shared(lo_s.index(i), lo_ptr + lo_off + kc // 4)
+            async_copy.async_copy_global_to_shared(co_s.index(i), code_ptr + code_off + kc // 8)
+            async_copy.commit_group()
     if PREFETCH:
         # register double buffer: the next step's words and x rows are in flight while this step
         # decodes and multiplies (Gluon does not pipeline loops by itself); the last step
         # reloads itself. Every program has at least one step (choose_split).
         kc = s0 * BK
-        lw, cw = _words(lo_ptr, code_ptr, lo_off, code_off, kc)
+        if STAGES == 1:
+            lw, cw = _words(lo_ptr, code_ptr, lo_off, code_off, kc)
         xa = gl.load(xp + kc)
         if MT > 1:
             xa1 = gl.load(xp1 + kc)
@@ -103,7 +119,8 @@ def _gl_kernel(x_ptr, code_ptr, lo_ptr, base_ptr, part_ptr, M, N, KP, stride_xm,
         kb = st * BK
         if PREFETCH:
             kn = gl.minimum(st + PREFETCH, s1 - 1) * BK
-            lw_n, cw_n = _words(lo_ptr, code_ptr, lo_off, code_off, kn)
+            if STAGES == 1:
+                lw_n, cw_n = _words(lo_ptr, code_ptr, lo_off, code_off, kn)
             xa_n = gl.load(xp + kn)
             if MT > 1:
                 xa1_n = gl.load(xp1 + kn)
@@ -118,6 +135,17 @@ def _gl_kernel(x_ptr, code_ptr, lo_ptr, base_ptr, part_ptr, M, N, KP, stride_xm,
             if MT > 2:
                 xa2 = gl.load(xp2 + kb)
                 xa3 = gl.load(xp3 + kb)
+        if STAGES > 1:
+            # refill the slot read last step (its words are used up), then wait for this step's
+            kq = gl.minimum(st + STAGES - 1, s1 - 1) * BK
+            sq = (st - s0 + STAGES - 1) % STAGES
+            async_copy.async_copy_global_to_shared(lo_s.index(sq), lo_ptr + lo_off + kq // 4)
+            async_copy.async_copy_global_to_shared(co_s.index(sq), code_ptr + code_off + kq // 8)
+            async_copy.commit_group()
+            async_copy.wait_group(STAGES - 1)
+            sc = (st - s0) % STAGES
+            lw = lo_s.index(sc).load(WL).to(gl.uint32, bitcast=True)
+            cw = co_s.index(sc).load(WL).to(gl.uint32, bitcast=True)
         nib = gl.where(high, cw >> 4, cw)
         h = ((nib << 4) & 0x80808080) | ((nib & 0x07070707) + b4)
         l0, l1 = _split16(_prmt(lw, h, 0x5140))
@@ -139,8 +167,9 @@ def _gl_kernel(x_ptr, code_ptr, lo_ptr, base_ptr, part_ptr, M, N, KP, stride_xm,
             cw_b = cw_n
             xa_b = xa_n
         elif PREFETCH:
-            lw = lw_n
-            cw = cw_n
+            if STAGES == 1:
+                lw = lw_n
+                cw = cw_n
             xa = xa_n
             if MT > 1:
                 xa1 = xa1_n
@@ -204,6 +233,14 @@ def layouts(bn: int, bk: int, warps: int = WARPS):
     return words, x, mma, a_op, b_op
 
 
+@functools.lru_cache(maxsize=None)
+def ring_layout(bn: int, bk: int, warps: int, stages: int):
+    """Shared layout of a [stages, bk / 4, bn] ring of plane words: each weight row's words
+    contiguous (as in global memory), 16-byte vectors XOR-swizzled by row so that the 8 rows a
+    warp reads in one phase fall on different banks."""
+    return gl.SwizzledSharedLayout(vec=4, per_phase=1, max_phase=min(8, bk // 16), order=[0, 1])
+
+
 # x: bf16 [M, K]; packed: fixed12 [N, K], K == Kp; bias: [N] or None; out: bf16 [M, N] (written) -> out
 def launch(x2: torch.Tensor, p, bias, cfg: C.Config, prep, out: torch.Tensor) -> torch.Tensor:
     m, k = x2.shape
@@ -222,11 +259,14 @@ def launch(x2: torch.Tensor, p, bias, cfg: C.Config, prep, out: torch.Tensor) ->
     if side:
         join = F12.exceptions_on_side_stream(part[split:], x2, p, prep)
     words, xl, mma, a_op, b_op = layouts(cfg.bn, cfg.bk, cfg.warps)
+    stages = ASYNC_STAGES if cfg.prefetch else 1  # a power of two
     grid = (triton.cdiv(n, cfg.bn), split, triton.cdiv(m, cfg.bm))
     _gl_kernel[grid](x2, a["code"].view(torch.int32), a["lo"].view(torch.int32), a["base"], part,
                      m, n, kp, x2.stride(0), per, kp // 8, kp // 4,
                      BN=cfg.bn, BK=cfg.bk, WL=words, XL=xl, ML=mma, AL=a_op, BL=b_op, MT=mt,
-                     PREFETCH=(PREFETCH_DEPTH if mt == 1 else 1) if cfg.prefetch else 0, num_warps=cfg.warps)
+                     PREFETCH=(1 if stages > 1 else PREFETCH_DEPTH if mt == 1 else 1) if cfg.prefetch else 0,
+                     STAGES=stages, SL=ring_layout(cfg.bn, cfg.bk, cfg.warps, stages) if stages > 1 else None,
+                     num_warps=cfg.warps)
     if side:
         join()
     else:

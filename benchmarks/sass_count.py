@@ -40,7 +40,10 @@ def compile_tc(bm: int, bn: int, bk: int, warps: int, stages: int, GLUON: bool =
         words, xl, mma, a_op, b_op = g.layouts(bn, bk, warps)
         const = {"BN": bn, "BK": bk, "WL": words, "XL": xl, "ML": mma, "AL": a_op, "BL": b_op, "MT": bm // 16,
                  "PREFETCH": int(flags.get("PREFETCH", 0)), "STAGES": int(flags.get("ASYNC", 1)),
-                 "SL": g.ring_layout(bn, bk, warps, int(flags["ASYNC"])) if int(flags.get("ASYNC", 1)) > 1 else None}
+                 "SL": g.ring_layout(bn, bk, warps, int(flags["ASYNC"])) if int(flags.get("ASYNC", 1)) > 1 else None,
+                 "XASYNC": bool(flags.get("XASYNC", 0))}
+        if const["XASYNC"]:
+            const["XCL"], const["XSL"] = g.x_ring_layouts(bk, warps)
         ptrs = {**PTRS, "lo_ptr": "*i32", "code_ptr": "*i32", "part_ptr": "*fp32"}
     else:
         kern, source = fixed12._tc_kernel, ASTSource

@@ -26,8 +26,8 @@ def _gluon():
                                                (64, 128, 4, True, 4), (32, 256, 2, False, 4), (64, 64, 1, True, 1),
                                                (16, 128, 2, False, 1), (64, 128, 1, True, 2), (64, 64, 4, False, 2),
                                                (32, 128, 1, 2, 4)])
-@pytest.mark.parametrize("stages", [1, 3])
-def test_gluon_tile_stays_in_registers_sm90(bn, bk, mt, pf, warps, stages):
+@pytest.mark.parametrize("stages,xasync", [(1, False), (3, False), (4, True)])
+def test_gluon_tile_stays_in_registers_sm90(bn, bk, mt, pf, warps, stages, xasync):
     # Compiled for sm_90 on the CPU: the decoded tile and x reach the MMA without shared memory,
     # i.e. the load layouts are the operand layouts (the point of the kernel).
     import triton
@@ -37,10 +37,15 @@ def test_gluon_tile_stays_in_registers_sm90(bn, bk, mt, pf, warps, stages):
     g = _gluon()
     if stages > 1 and pf != 1:
         pytest.skip("the async ring comes with prefetch one step ahead (of x, in registers)")
+    if xasync and mt != 1:
+        pytest.skip("x goes through the ring with one x tile only")
     words, xl, mma, a_op, b_op = g.layouts(bn, bk, warps)
     ptrs = {"x_ptr": "*bf16", "code_ptr": "*i32", "lo_ptr": "*i32", "base_ptr": "*u8", "part_ptr": "*fp32"}
     const = {"BN": bn, "BK": bk, "WL": words, "XL": xl, "ML": mma, "AL": a_op, "BL": b_op, "MT": mt, "PREFETCH": pf,
-             "STAGES": stages, "SL": g.ring_layout(bn, bk, warps, stages) if stages > 1 else None}
+             "STAGES": stages, "SL": g.ring_layout(bn, bk, warps, stages) if stages > 1 else None,
+             "XASYNC": xasync}
+    if xasync:
+        const["XCL"], const["XSL"] = g.x_ring_layouts(bk, warps)
     names = g._gl_kernel.arg_names
     sig = {a: "constexpr" if a in const else ptrs.get(a, "i32") for a in names}
     attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in names
@@ -59,7 +64,7 @@ def test_gluon_tile_stays_in_registers_sm90(bn, bk, mt, pf, warps, stages):
         assert k.metadata.shared == 0
     else:  # the plane words' ring is the only shared memory: two buffers of stages x bk/4 x bn words
         assert "async_copy_global_to_local" in ttgir
-        assert k.metadata.shared == 2 * stages * (bk // 4) * bn * 4
+        assert k.metadata.shared == stages * (2 * (bk // 4) * bn * 4 + (16 * bk * 2 if xasync else 0))
         assert "LDGSTS.E.BYPASS.128" in _sass(k)  # 16-byte async copies
 
 
@@ -106,14 +111,16 @@ def test_gluon_needs_a_gpu():
                                             (32, 32, 128, 4), (64, 64, 128, 4), (16, 64, 64, 1), (32, 16, 128, 1),
                                             (16, 64, 128, 2), (64, 64, 64, 2)])
 @pytest.mark.parametrize("m", [1, 5, 16, 33, 64])
-@pytest.mark.parametrize("prefetch,split", [(0, 0), (1, 0), (1, 5), (2, 0), (2, 5), (3, 0), (3, 5)])
+@pytest.mark.parametrize("prefetch,split", [(0, 0), (1, 0), (1, 5), (2, 0), (2, 5), (3, 0), (3, 5), (4, 0), (4, 5)])
 def test_gluon_matches_reference_gpu(bm, bn, bk, warps, m, prefetch, split, monkeypatch):
     from glyd import kernels
     from glyd.kernels._common import Config
 
-    # prefetch 2: two steps ahead (bm 16 only); 3: the async-copy ring of 4 steps (ASYNC_STAGES)
+    # prefetch 2: two steps ahead (bm 16 only); 3: the async-copy ring of 4 steps (ASYNC_STAGES);
+    # 4: the same with x in the ring (ASYNC_X, bm 16 only; x prefetched in registers otherwise)
     monkeypatch.setattr(_gluon(), "PREFETCH_DEPTH", 2 if prefetch == 2 else 1)
-    monkeypatch.setattr(_gluon(), "ASYNC_STAGES", 4 if prefetch == 3 else 1)
+    monkeypatch.setattr(_gluon(), "ASYNC_STAGES", 4 if prefetch >= 3 else 1)
+    monkeypatch.setattr(_gluon(), "ASYNC_X", prefetch == 4)
     w = random_weights(1000, 3584, "normal", "cuda")  # with exceptions (values far below the window)
     p = kernels.pack(w, "fixed12")
     assert p.arrays["exc_idx"].numel() > 0

@@ -37,6 +37,7 @@ PREFETCH_DEPTH = 1  # K steps loaded ahead with Config.prefetch (2: only with on
 # > 1 (with Config.prefetch, which then loads x only): plane words by async copy through a ring of
 # this many K steps in shared memory. Not yet run on a GPU: off.
 ASYNC_STAGES = 1
+ASYNC_X = False  # with ASYNC_STAGES > 1 and bm 16: x rows through the ring too (off, never run)
 WARPS = 4  # default warps, side by side along N (Config.warps 1, 2 or 4)
 
 
@@ -58,7 +59,8 @@ def _split16(p):
 def _gl_kernel(x_ptr, code_ptr, lo_ptr, base_ptr, part_ptr, M, N, KP, stride_xm, K_SPLIT, stride_code, stride_lo,
                BN: gl.constexpr, BK: gl.constexpr, WL: gl.constexpr, XL: gl.constexpr, ML: gl.constexpr,
                AL: gl.constexpr, BL: gl.constexpr, MT: gl.constexpr, PREFETCH: gl.constexpr,
-               STAGES: gl.constexpr = 1, SL: gl.constexpr = None):
+               STAGES: gl.constexpr = 1, SL: gl.constexpr = None, XASYNC: gl.constexpr = False,
+               XCL: gl.constexpr = None, XSL: gl.constexpr = None):
     # part[pid_k, 16 * MT rows, BN cols] (fp32) = x rows @ W^T over this program's K range, the
     # decoded tile used for MT (1, 2 or 4) 16-row x tiles. Whole shapes only (K == KP, K_SPLIT a
     # multiple of BK); rows past M or N read row M-1 / N-1 again and are not stored.
@@ -93,10 +95,16 @@ def _gl_kernel(x_ptr, code_ptr, lo_ptr, base_ptr, part_ptr, M, N, KP, stride_xm,
         # in the layout it decodes them in (SL: a warp's 16-byte vectors side by side).
         lo_s = gl.allocate_shared_memory(gl.int32, [STAGES, Q, BN], SL)
         co_s = gl.allocate_shared_memory(gl.int32, [STAGES, Q, BN], SL)
+        if XASYNC:  # x rows too (one x tile): copied once a program, read by every warp
+            x_s = gl.allocate_shared_memory(gl.bfloat16, [STAGES, 16, BK], XSL)
+            xr = gl.minimum(m0 + gl.arange(0, 16, layout=gl.SliceLayout(1, XCL)), M - 1)
+            xcp = x_ptr + xr[:, None] * stride_xm + gl.arange(0, BK, layout=gl.SliceLayout(0, XCL))[None, :]
         for i in gl.static_range(STAGES - 1):
             kc = gl.minimum(s0 + i, s1 - 1) * BK
             async_copy.async_copy_global_to_shared(lo_s.index(i), lo_ptr + lo_off + kc // 4)
             async_copy.async_copy_global_to_shared(co_s.index(i), code_ptr + code_off + kc // 8)
+            if XASYNC:
+                async_copy.async_copy_global_to_shared(x_s.index(i), xcp + kc)
             async_copy.commit_group()
     if PREFETCH:
         # register double buffer: the next step's words and x rows are in flight while this step
@@ -105,7 +113,8 @@ def _gl_kernel(x_ptr, code_ptr, lo_ptr, base_ptr, part_ptr, M, N, KP, stride_xm,
         kc = s0 * BK
         if STAGES == 1:
             lw, cw = _words(lo_ptr, code_ptr, lo_off, code_off, kc)
-        xa = gl.load(xp + kc)
+        if not XASYNC:
+            xa = gl.load(xp + kc)
         if MT > 1:
             xa1 = gl.load(xp1 + kc)
         if MT > 2:
@@ -121,7 +130,8 @@ def _gl_kernel(x_ptr, code_ptr, lo_ptr, base_ptr, part_ptr, M, N, KP, stride_xm,
             kn = gl.minimum(st + PREFETCH, s1 - 1) * BK
             if STAGES == 1:
                 lw_n, cw_n = _words(lo_ptr, code_ptr, lo_off, code_off, kn)
-            xa_n = gl.load(xp + kn)
+            if not XASYNC:
+                xa_n = gl.load(xp + kn)
             if MT > 1:
                 xa1_n = gl.load(xp1 + kn)
             if MT > 2:
@@ -141,11 +151,15 @@ def _gl_kernel(x_ptr, code_ptr, lo_ptr, base_ptr, part_ptr, M, N, KP, stride_xm,
             sq = (st - s0 + STAGES - 1) % STAGES
             async_copy.async_copy_global_to_shared(lo_s.index(sq), lo_ptr + lo_off + kq // 4)
             async_copy.async_copy_global_to_shared(co_s.index(sq), code_ptr + code_off + kq // 8)
+            if XASYNC:
+                async_copy.async_copy_global_to_shared(x_s.index(sq), xcp + kq)
             async_copy.commit_group()
             async_copy.wait_group(STAGES - 1)
             sc = (st - s0) % STAGES
             lw = lo_s.index(sc).load(WL).to(gl.uint32, bitcast=True)
             cw = co_s.index(sc).load(WL).to(gl.uint32, bitcast=True)
+            if XASYNC:
+                xa = x_s.index(sc).load(XL)
         nib = gl.where(high, cw >> 4, cw)
         h = ((nib << 4) & 0x80808080) | ((nib & 0x07070707) + b4)
         l0, l1 = _split16(_prmt(lw, h, 0x5140))
@@ -170,7 +184,8 @@ def _gl_kernel(x_ptr, code_ptr, lo_ptr, base_ptr, part_ptr, M, N, KP, stride_xm,
             if STAGES == 1:
                 lw = lw_n
                 cw = cw_n
-            xa = xa_n
+            if not XASYNC:
+                xa = xa_n
             if MT > 1:
                 xa1 = xa1_n
             if MT > 2:
@@ -241,6 +256,16 @@ def ring_layout(bn: int, bk: int, warps: int, stages: int):
     return gl.SwizzledSharedLayout(vec=4, per_phase=1, max_phase=min(8, bk // 16), order=[0, 1])
 
 
+@functools.lru_cache(maxsize=None)
+def x_ring_layouts(bk: int, warps: int):
+    """(copy layout, shared layout) of a [16, bk] bf16 x tile in the async ring: 16-byte pieces a
+    thread to copy; rows swizzled by 16-byte vectors for the readers' 32-byte row pieces."""
+    tk = min(32, bk // 8)
+    copy = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[32 // tk, tk], warps_per_cta=[warps, 1],
+                            order=[1, 0])
+    return copy, gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=min(8, bk // 8), order=[1, 0])
+
+
 # x: bf16 [M, K]; packed: fixed12 [N, K], K == Kp; bias: [N] or None; out: bf16 [M, N] (written) -> out
 def launch(x2: torch.Tensor, p, bias, cfg: C.Config, prep, out: torch.Tensor) -> torch.Tensor:
     m, k = x2.shape
@@ -259,14 +284,16 @@ def launch(x2: torch.Tensor, p, bias, cfg: C.Config, prep, out: torch.Tensor) ->
     if side:
         join = F12.exceptions_on_side_stream(part[split:], x2, p, prep)
     words, xl, mma, a_op, b_op = layouts(cfg.bn, cfg.bk, cfg.warps)
-    stages = ASYNC_STAGES if cfg.prefetch else 1  # a power of two
+    stages = ASYNC_STAGES if cfg.prefetch else 1
+    xasync = ASYNC_X and stages > 1 and mt == 1
+    xcl, xsl = x_ring_layouts(cfg.bk, cfg.warps) if xasync else (None, None)
     grid = (triton.cdiv(n, cfg.bn), split, triton.cdiv(m, cfg.bm))
     _gl_kernel[grid](x2, a["code"].view(torch.int32), a["lo"].view(torch.int32), a["base"], part,
                      m, n, kp, x2.stride(0), per, kp // 8, kp // 4,
                      BN=cfg.bn, BK=cfg.bk, WL=words, XL=xl, ML=mma, AL=a_op, BL=b_op, MT=mt,
                      PREFETCH=(1 if stages > 1 else PREFETCH_DEPTH if mt == 1 else 1) if cfg.prefetch else 0,
                      STAGES=stages, SL=ring_layout(cfg.bn, cfg.bk, cfg.warps, stages) if stages > 1 else None,
-                     num_warps=cfg.warps)
+                     XASYNC=xasync, XCL=xcl, XSL=xsl, num_warps=cfg.warps)
     if side:
         join()
     else:

@@ -30,9 +30,7 @@ def _path(cfg) -> str:
 
 
 def _expected(m: int, kind: str, gluon: bool) -> str:
-    if gluon and 3 <= m <= 8 and (kind in ("down", "lm_head") or (kind == "q/o" and m > 4)):
-        return "gluon"
-    if gluon and 9 <= m <= 16 and kind in ("k/v", "q/o", "down"):
+    if gluon and 3 <= m <= 16:
         return "gluon"
     if m >= 256:
         return "unpack+cuBLAS"
@@ -61,9 +59,13 @@ def test_default_config_paths_match_the_docs(kind, m, gluon, monkeypatch):
     n, k = SHAPES[kind]
     cfg = fixed12.default_config(m, n, k)
     assert _path(cfg) == _expected(m, kind, gluon), cfg
-    # exceptions in a pass of their own: k/v except where the Gluon kernel or tc at M = 9-16 runs
-    # (beside the tile kernel up to M = 8, after it from M = 17), down at M = 1
-    assert cfg.exc_pass == ((kind == "k/v" and (m <= 8 or 16 < m <= 64)) or (kind == "down" and m == 1)), cfg
+    # exceptions in a pass of their own (the Gluon kernel always runs one): k/v except where the Gluon
+    # kernel or tc at M = 9-16 runs (beside the tile kernel up to M = 8, after it from M = 17), down at M = 1
+    kv_pass = m <= 2 or (m <= 8 and not gluon) or 16 < m <= 64
+    assert cfg.exc_pass == ((kind == "k/v" and kv_pass) or (kind == "down" and m == 1)), cfg
+    # the async-copy ring with x in it: gate/up and lm_heads at M = 9-16 (sweep round 14)
+    ring = gluon and 9 <= m <= 16 and kind in ("gate/up", "lm_head")
+    assert (cfg.ring, cfg.ring_x) == ((3, True) if ring else (1, False)), cfg
     assert cfg.exc_after == (kind == "k/v" and 16 < m <= 64), cfg
     if cfg.gluon:  # whole K steps of 128 (the kernel takes no padded columns); never off a GPU
         assert k % cfg.bk == 0 and cfg.prefetch

@@ -94,6 +94,24 @@ def test_gluon_config_validation():
             Config(**{**dict(bm=16, bn=32, bk=128, gluon=True), **bad})
 
 
+def test_ring_config_is_checked():
+    # the async-copy ring exists only in the Gluon kernel with prefetch; x in it only with one x tile
+    from glyd.kernels._common import Config
+
+    ok = Config(bm=16, bn=32, bk=128, gluon=True, prefetch=True, ring=3, ring_x=True)
+    assert (ok.ring, ok.ring_x) == (3, True)
+    with pytest.raises(ValueError, match="ring"):
+        Config(bm=16, bn=32, bk=128, gluon=True, ring=3)  # no prefetch
+    with pytest.raises(ValueError, match="ring"):
+        Config(bm=16, bn=32, bk=128, tc=True, prefetch=True, stages=1, ring=3)  # not gluon
+    with pytest.raises(ValueError, match="ring"):
+        Config(bm=16, bn=32, bk=128, gluon=True, prefetch=True, ring=0)
+    with pytest.raises(ValueError, match="ring_x"):
+        Config(bm=16, bn=32, bk=128, gluon=True, prefetch=True, ring_x=True)  # no ring
+    with pytest.raises(ValueError, match="ring_x"):
+        Config(bm=32, bn=32, bk=128, gluon=True, prefetch=True, ring=3, ring_x=True)  # two x tiles
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message given without a GPU")
 def test_gluon_needs_a_gpu():
     from glyd import kernels
@@ -116,11 +134,11 @@ def test_gluon_matches_reference_gpu(bm, bn, bk, warps, m, prefetch, split, monk
     from glyd import kernels
     from glyd.kernels._common import Config
 
-    # prefetch 2: two steps ahead (bm 16 only); 3: the async-copy ring of 4 steps (ASYNC_STAGES);
-    # 4: the same with x in the ring (ASYNC_X, bm 16 only; x prefetched in registers otherwise)
+    # prefetch 2: two steps ahead (bm 16 only); 3: the async-copy ring of 4 steps (Config.ring);
+    # 4: the same with x in the ring (Config.ring_x, bm 16 only)
+    if prefetch == 4 and bm != 16:
+        pytest.skip("x goes through the ring with one x tile only (Config.ring_x needs bm 16)")
     monkeypatch.setattr(_gluon(), "PREFETCH_DEPTH", 2 if prefetch == 2 else 1)
-    monkeypatch.setattr(_gluon(), "ASYNC_STAGES", 4 if prefetch >= 3 else 1)
-    monkeypatch.setattr(_gluon(), "ASYNC_X", prefetch == 4)
     w = random_weights(1000, 3584, "normal", "cuda")  # with exceptions (values far below the window)
     p = kernels.pack(w, "fixed12")
     assert p.arrays["exc_idx"].numel() > 0
@@ -128,7 +146,7 @@ def test_gluon_matches_reference_gpu(bm, bn, bk, warps, m, prefetch, split, monk
     bias = torch.randn(1000, device="cuda").to(torch.bfloat16)
     # split 5 leaves the last program of each tile fewer steps than the others (and one, at bk 64)
     y = kernels.linear(x, p, bias, Config(bm=bm, bn=bn, bk=bk, gluon=True, warps=warps, prefetch=prefetch > 0,
-                                              split=split))
+                                              split=split, ring=4 if prefetch >= 3 else 1, ring_x=prefetch == 4))
     _check(y, x, w, bias)
     if prefetch == 1 and split == 0:  # the exception pass after the tile kernel instead of beside it
         from glyd.kernels import fixed12 as f12

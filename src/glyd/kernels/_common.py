@@ -51,6 +51,9 @@ class Config:
     ``exc_pass`` (GEMV, tc): exceptions in that separate pass over fp32 partials instead of a serial
     loop in each tile's first split program; on CUDA the pass runs beside the tile kernel on a side
     stream (``fixed12.CONCURRENT_EXC``) unless ``exc_after`` puts it after (each measured per shape).
+    ``ring`` (gluon with prefetch): > 1 brings the plane words by 16-byte async copies through a
+    shared-memory ring of that many K steps instead of registers; ``ring_x`` (bm 16) puts the x
+    rows in the same ring (copied once a program instead of once a warp).
     """
 
     bm: int = 16
@@ -74,6 +77,8 @@ class Config:
     gluon: bool = False
     exc_pass: bool = False
     exc_after: bool = False
+    ring: int = 1
+    ring_x: bool = False
 
     def __post_init__(self) -> None:
         for name in ("bm", "bn", "bk"):
@@ -93,6 +98,10 @@ class Config:
                            or self.bn < max(16, 8 * self.warps) or self.bk < 64):
             raise ValueError("gluon is a tensor-core tile (dot=True, not tc, mma, byte or group_major) with bm 16, "
                              "32 or 64, 1, 2 or 4 warps, bn >= 16 and >= 8 a warp, bk >= 64")
+        if self.ring < 1 or (self.ring > 1 and not (self.gluon and self.prefetch)):
+            raise ValueError(f"Config.ring > 1 (async-copy ring) needs gluon with prefetch, got ring = {self.ring}")
+        if self.ring_x and (self.ring < 2 or self.bm != 16):
+            raise ValueError("Config.ring_x puts x rows in the async ring: it needs ring > 1 and bm 16")
         if self.exc_after and not (self.exc_pass or self.gluon):
             raise ValueError("exc_after applies to a separate exception pass (exc_pass or gluon)")
         if self.exc_pass and not (self.tc or (self.group_major and self.stages == 1 and self.gemv)):

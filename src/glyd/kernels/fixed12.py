@@ -912,12 +912,18 @@ def default_config(m: int, n: int, k: int) -> C.Config:
     # 1.09-1.24x against 1.25-1.65x, q/o (M > 4) 1.30x against 1.69x, lm_heads 1.16-1.33x against
     # 1.21-1.39x; at M = 9-16 on k/v 1.34-1.36x against 1.58x, q/o 1.39x against 1.71-1.73x, down
     # 1.23-1.26x against 1.64-1.68x. Needs a CUDA GPU, Triton's Gluon and whole K steps.
+    # Sweep round 14 (2026-12-01) moved every shape at M = 3-8 to it: k/v 0.88-0.99x against
+    # 0.95-1.02x (GEMV), q/o at M = 4 1.13x against 1.26x, gate/up 1.20-1.33x against 1.28-1.40x (tc);
+    # and at M = 9-16 gate/up and lm_heads to the async-copy ring with x in it (Config.ring 3,
+    # ring_x): 1.36x against 1.44x and 1.345x against 1.37x.
     gl_ok = k % 128 == 0 and gluon_available()
-    if gl_ok and m <= 8 and (tall or wide or (small and not tiny and m > 4)):
+    if gl_ok and m <= 8:
         return C.Config(bm=16, bn=32, bk=128, gluon=True, warps=4, waves=8, prefetch=True)
-    if gl_ok and 8 < m <= 16 and (small or tall):
-        if tiny:
-            return C.Config(bm=16, bn=32, bk=128, gluon=True, warps=4, waves=8, prefetch=True)
+    if gl_ok and 8 < m <= 16:
+        if tiny or not (small or tall):
+            ring = 1 if tiny else 3
+            return C.Config(bm=16, bn=32, bk=128, gluon=True, warps=4, waves=8, prefetch=True, ring=ring,
+                            ring_x=ring > 1)
         return C.Config(bm=16, bn=64, bk=128, gluon=True, warps=2, waves=8, prefetch=True)
     if m <= 4 and not (small or tall):  # tensor cores fed from register loads: 1.20-1.29x (sweep run 18)
         return C.Config(bm=16, bn=64, bk=256, tc=True, warps=4, waves=8, stages=1)

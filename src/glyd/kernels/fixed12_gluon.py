@@ -34,10 +34,6 @@ from glyd.kernels.fixed12 import add_exceptions
 
 BM = 16  # x rows of one MMA tile; a program takes 1, 2 or 4 of them (Config.bm 16, 32, 64)
 PREFETCH_DEPTH = 1  # K steps loaded ahead with Config.prefetch (2: only with one x tile, bm 16)
-# > 1 (with Config.prefetch, which then loads x only): plane words by async copy through a ring of
-# this many K steps in shared memory. Not yet run on a GPU: off.
-ASYNC_STAGES = 1
-ASYNC_X = False  # with ASYNC_STAGES > 1 and bm 16: x rows through the ring too (off, never run)
 WARPS = 4  # default warps, side by side along N (Config.warps 1, 2 or 4)
 
 
@@ -284,8 +280,8 @@ def launch(x2: torch.Tensor, p, bias, cfg: C.Config, prep, out: torch.Tensor) ->
     if side:
         join = F12.exceptions_on_side_stream(part[split:], x2, p, prep)
     words, xl, mma, a_op, b_op = layouts(cfg.bn, cfg.bk, cfg.warps)
-    stages = ASYNC_STAGES if cfg.prefetch else 1
-    xasync = ASYNC_X and stages > 1 and mt == 1
+    stages = cfg.ring  # Config checks ring > 1 comes with prefetch and ring_x with bm 16
+    xasync = cfg.ring_x
     xcl, xsl = x_ring_layouts(cfg.bk, cfg.warps) if xasync else (None, None)
     grid = (triton.cdiv(n, cfg.bn), split, triton.cdiv(m, cfg.bm))
     _gl_kernel[grid](x2, a["code"].view(torch.int32), a["lo"].view(torch.int32), a["base"], part,

@@ -65,6 +65,24 @@ def candidates(m: int, n: int, k: int) -> dict:
             for block, warps in ((256, 2), (128, 1), (512, 4), (1024, 4)):
                 out[f"default reduce {block} w{warps}"] = (d, {(C, "FINALIZE_BLOCK"): block, (C, "FINALIZE_WARPS"): warps})
         return out
+    if os.environ.get("SWEEP_ROUND") == "15":  # Gluon at M = 17-64: x tiles through the async ring
+        if 16 < m <= 64 and k % 128 == 0:
+            def gx(bm, bn, bk, w, ring, after=False):
+                name = f"gluon bm{bm} bn{bn} bk{bk} w{w} ring{ring} x" + (" after" if after else "")
+                out[name] = V(bm=bm, bn=bn, bk=bk, gluon=True, warps=w, prefetch=True, waves=8, ring=ring,
+                              ring_x=True, exc_after=after)
+
+            for ring in (2, 3, 4):
+                gx(32, 32, 128, 4, ring)
+                gx(64, 32, 128, 4, ring)
+            gx(64, 64, 64, 4, 4)
+            gx(64, 64, 128, 4, 2)
+            gx(32, 64, 128, 2, 3)
+            gx(64, 32, 64, 4, 4)
+            if n * k <= 1 << 22:  # k/v: the pass after the tile kernel, as tc's default there
+                gx(32, 32, 128, 4, 3, after=True)
+                gx(64, 32, 128, 4, 3, after=True)
+        return out
     if os.environ.get("SWEEP_ROUND") == "14":  # Gluon: plane words by async copy through a shared ring
         R = dataclasses.replace
         d = fixed12.default_config(m, n, k)

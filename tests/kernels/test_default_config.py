@@ -30,7 +30,8 @@ def _path(cfg) -> str:
 
 
 def _expected(m: int, kind: str, gluon: bool) -> str:
-    if gluon and 3 <= m <= 16:
+    if gluon and (3 <= m <= 16 or (17 <= m <= 32 and kind in ("k/v", "q/o", "down"))
+                  or (33 <= m <= 64 and kind == "down")):
         return "gluon"
     if m >= 256:
         return "unpack+cuBLAS"
@@ -61,11 +62,14 @@ def test_default_config_paths_match_the_docs(kind, m, gluon, monkeypatch):
     assert _path(cfg) == _expected(m, kind, gluon), cfg
     # exceptions in a pass of their own (the Gluon kernel always runs one): k/v except where the Gluon
     # kernel or tc at M = 9-16 runs (beside the tile kernel up to M = 8, after it from M = 17), down at M = 1
-    kv_pass = m <= 2 or (m <= 8 and not gluon) or 16 < m <= 64
+    kv_pass = m <= 2 or (m <= 8 and not gluon) or (16 < m <= 32 and not gluon) or 32 < m <= 64
     assert cfg.exc_pass == ((kind == "k/v" and kv_pass) or (kind == "down" and m == 1)), cfg
-    # the async-copy ring with x in it: gate/up and lm_heads at M = 9-16 (sweep round 14)
-    ring = gluon and 9 <= m <= 16 and kind in ("gate/up", "lm_head")
-    assert (cfg.ring, cfg.ring_x) == ((3, True) if ring else (1, False)), cfg
+    # the async-copy ring with x in it: gate/up and lm_heads at M = 9-16 (sweep round 14), every
+    # Gluon tile from M = 17 (round 15)
+    if _path(cfg) == "gluon" and (m > 16 or kind in ("gate/up", "lm_head")) and m > 8:
+        assert cfg.ring in (2, 3) and cfg.ring_x, cfg
+    else:
+        assert (cfg.ring, cfg.ring_x) == (1, False), cfg
     assert cfg.exc_after == (kind == "k/v" and 16 < m <= 64), cfg
     if cfg.gluon:  # whole K steps of 128 (the kernel takes no padded columns); never off a GPU
         assert k % cfg.bk == 0 and cfg.prefetch

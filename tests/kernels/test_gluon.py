@@ -37,8 +37,6 @@ def test_gluon_tile_stays_in_registers_sm90(bn, bk, mt, pf, warps, stages, xasyn
     g = _gluon()
     if stages > 1 and pf != 1:
         pytest.skip("the async ring comes with prefetch one step ahead (of x, in registers)")
-    if xasync and mt != 1:
-        pytest.skip("x goes through the ring with one x tile only")
     words, xl, mma, a_op, b_op = g.layouts(bn, bk, warps)
     ptrs = {"x_ptr": "*bf16", "code_ptr": "*i32", "lo_ptr": "*i32", "base_ptr": "*u8", "part_ptr": "*fp32"}
     const = {"BN": bn, "BK": bk, "WL": words, "XL": xl, "ML": mma, "AL": a_op, "BL": b_op, "MT": mt, "PREFETCH": pf,
@@ -64,7 +62,7 @@ def test_gluon_tile_stays_in_registers_sm90(bn, bk, mt, pf, warps, stages, xasyn
         assert k.metadata.shared == 0
     else:  # the plane words' ring is the only shared memory: two buffers of stages x bk/4 x bn words
         assert "async_copy_global_to_local" in ttgir
-        assert k.metadata.shared == stages * (2 * (bk // 4) * bn * 4 + (16 * bk * 2 if xasync else 0))
+        assert k.metadata.shared == stages * (2 * (bk // 4) * bn * 4 + (16 * mt * bk * 2 if xasync else 0))
         assert "LDGSTS.E.BYPASS.128" in _sass(k)  # 16-byte async copies
 
 
@@ -95,7 +93,7 @@ def test_gluon_config_validation():
 
 
 def test_ring_config_is_checked():
-    # the async-copy ring exists only in the Gluon kernel with prefetch; x in it only with one x tile
+    # the async-copy ring exists only in the Gluon kernel with prefetch
     from glyd.kernels._common import Config
 
     ok = Config(bm=16, bn=32, bk=128, gluon=True, prefetch=True, ring=3, ring_x=True)
@@ -108,8 +106,7 @@ def test_ring_config_is_checked():
         Config(bm=16, bn=32, bk=128, gluon=True, prefetch=True, ring=0)
     with pytest.raises(ValueError, match="ring_x"):
         Config(bm=16, bn=32, bk=128, gluon=True, prefetch=True, ring_x=True)  # no ring
-    with pytest.raises(ValueError, match="ring_x"):
-        Config(bm=32, bn=32, bk=128, gluon=True, prefetch=True, ring=3, ring_x=True)  # two x tiles
+    assert Config(bm=64, bn=32, bk=128, gluon=True, prefetch=True, ring=3, ring_x=True).ring_x  # four x tiles
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message given without a GPU")
@@ -135,9 +132,7 @@ def test_gluon_matches_reference_gpu(bm, bn, bk, warps, m, prefetch, split, monk
     from glyd.kernels._common import Config
 
     # prefetch 2: two steps ahead (bm 16 only); 3: the async-copy ring of 4 steps (Config.ring);
-    # 4: the same with x in the ring (Config.ring_x, bm 16 only)
-    if prefetch == 4 and bm != 16:
-        pytest.skip("x goes through the ring with one x tile only (Config.ring_x needs bm 16)")
+    # 4: the same with x in the ring (Config.ring_x: all 1, 2 or 4 x tiles)
     monkeypatch.setattr(_gluon(), "PREFETCH_DEPTH", 2 if prefetch == 2 else 1)
     w = random_weights(1000, 3584, "normal", "cuda")  # with exceptions (values far below the window)
     p = kernels.pack(w, "fixed12")

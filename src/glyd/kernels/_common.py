@@ -52,8 +52,9 @@ class Config:
     loop in each tile's first split program; on CUDA the pass runs beside the tile kernel on a side
     stream (``fixed12.CONCURRENT_EXC``) unless ``exc_after`` puts it after (each measured per shape).
     ``ring`` (gluon with prefetch): > 1 brings the plane words by 16-byte async copies through a
-    shared-memory ring of that many K steps instead of registers; ``ring_x`` (bm 16) puts the x
-    rows in the same ring (copied once a program instead of once a warp).
+    shared-memory ring of that many K steps instead of registers; ``ring_x`` puts the x rows in
+    the same ring (copied once a program instead of once a warp; at bm 32 and 64 it also keeps
+    the 2 or 4 x tiles out of registers).
     """
 
     bm: int = 16
@@ -100,8 +101,8 @@ class Config:
                              "32 or 64, 1, 2 or 4 warps, bn >= 16 and >= 8 a warp, bk >= 64")
         if self.ring < 1 or (self.ring > 1 and not (self.gluon and self.prefetch)):
             raise ValueError(f"Config.ring > 1 (async-copy ring) needs gluon with prefetch, got ring = {self.ring}")
-        if self.ring_x and (self.ring < 2 or self.bm != 16):
-            raise ValueError("Config.ring_x puts x rows in the async ring: it needs ring > 1 and bm 16")
+        if self.ring_x and self.ring < 2:
+            raise ValueError("Config.ring_x puts x rows in the async ring: it needs ring > 1")
         if self.exc_after and not (self.exc_pass or self.gluon):
             raise ValueError("exc_after applies to a separate exception pass (exc_pass or gluon)")
         if self.exc_pass and not (self.tc or (self.group_major and self.stages == 1 and self.gemv)):

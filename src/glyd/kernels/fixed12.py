@@ -940,6 +940,16 @@ def default_config(m: int, n: int, k: int) -> C.Config:
         if tall:  # 1.70-1.72x
             return C.Config(bm=16, bn=32, bk=256, tc=True, warps=4, waves=8, stages=1, prefetch=True)
         return C.Config(bm=16, bn=64, bk=256, tc=True, warps=4, waves=8, stages=1)  # 1.37-1.42x
+    if gl_ok and m <= 64 and (small or tall) and (m <= 32 or tall):
+        # Gluon with the x tiles in the async ring (sweep round 15, run 41): at M = 17-32 k/v 1.34x
+        # against 1.48x (pass after), q/o 1.55x against 1.79x, down 1.36x against 1.76x; at
+        # M = 33-64 down 1.81x against 1.94x (bm 64 lost on the others: 2.4-3.6x)
+        if m > 32:
+            return C.Config(bm=64, bn=64, bk=128, gluon=True, warps=4, waves=8, prefetch=True, ring=2, ring_x=True)
+        if tiny:
+            return C.Config(bm=32, bn=32, bk=128, gluon=True, warps=4, waves=8, prefetch=True, ring=3, ring_x=True,
+                            exc_after=True)
+        return C.Config(bm=32, bn=64, bk=128, gluon=True, warps=2, waves=8, prefetch=True, ring=3, ring_x=True)
     if m <= 32:
         if wide:  # 1.44x against 1.66x (tc)
             return C.Config(bm=32, bn=64, mma=True, g=2, stages=3)

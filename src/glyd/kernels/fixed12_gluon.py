@@ -91,9 +91,9 @@ def _gl_kernel(x_ptr, code_ptr, lo_ptr, base_ptr, part_ptr, M, N, KP, stride_xm,
         # in the layout it decodes them in (SL: a warp's 16-byte vectors side by side).
         lo_s = gl.allocate_shared_memory(gl.int32, [STAGES, Q, BN], SL)
         co_s = gl.allocate_shared_memory(gl.int32, [STAGES, Q, BN], SL)
-        if XASYNC:  # x rows too (one x tile): copied once a program, read by every warp
-            x_s = gl.allocate_shared_memory(gl.bfloat16, [STAGES, 16, BK], XSL)
-            xr = gl.minimum(m0 + gl.arange(0, 16, layout=gl.SliceLayout(1, XCL)), M - 1)
+        if XASYNC:  # x rows too (all MT x tiles): copied once a program, read by every warp
+            x_s = gl.allocate_shared_memory(gl.bfloat16, [STAGES, 16 * MT, BK], XSL)
+            xr = gl.minimum(m0 + gl.arange(0, 16 * MT, layout=gl.SliceLayout(1, XCL)), M - 1)
             xcp = x_ptr + xr[:, None] * stride_xm + gl.arange(0, BK, layout=gl.SliceLayout(0, XCL))[None, :]
         for i in gl.static_range(STAGES - 1):
             kc = gl.minimum(s0 + i, s1 - 1) * BK
@@ -111,11 +111,11 @@ def _gl_kernel(x_ptr, code_ptr, lo_ptr, base_ptr, part_ptr, M, N, KP, stride_xm,
             lw, cw = _words(lo_ptr, code_ptr, lo_off, code_off, kc)
         if not XASYNC:
             xa = gl.load(xp + kc)
-        if MT > 1:
-            xa1 = gl.load(xp1 + kc)
-        if MT > 2:
-            xa2 = gl.load(xp2 + kc)
-            xa3 = gl.load(xp3 + kc)
+            if MT > 1:
+                xa1 = gl.load(xp1 + kc)
+            if MT > 2:
+                xa2 = gl.load(xp2 + kc)
+                xa3 = gl.load(xp3 + kc)
     if PREFETCH == 2:  # two steps ahead (one x tile only: MT == 1)
         kc = gl.minimum(s0 + 1, s1 - 1) * BK
         lw_b, cw_b = _words(lo_ptr, code_ptr, lo_off, code_off, kc)
@@ -128,11 +128,11 @@ def _gl_kernel(x_ptr, code_ptr, lo_ptr, base_ptr, part_ptr, M, N, KP, stride_xm,
                 lw_n, cw_n = _words(lo_ptr, code_ptr, lo_off, code_off, kn)
             if not XASYNC:
                 xa_n = gl.load(xp + kn)
-            if MT > 1:
-                xa1_n = gl.load(xp1 + kn)
-            if MT > 2:
-                xa2_n = gl.load(xp2 + kn)
-                xa3_n = gl.load(xp3 + kn)
+                if MT > 1:
+                    xa1_n = gl.load(xp1 + kn)
+                if MT > 2:
+                    xa2_n = gl.load(xp2 + kn)
+                    xa3_n = gl.load(xp3 + kn)
         else:
             lw, cw = _words(lo_ptr, code_ptr, lo_off, code_off, kb)
             xa = gl.load(xp + kb)
@@ -155,7 +155,13 @@ def _gl_kernel(x_ptr, code_ptr, lo_ptr, base_ptr, part_ptr, M, N, KP, stride_xm,
             lw = lo_s.index(sc).load(WL).to(gl.uint32, bitcast=True)
             cw = co_s.index(sc).load(WL).to(gl.uint32, bitcast=True)
             if XASYNC:
-                xa = x_s.index(sc).load(XL)
+                xs = x_s.index(sc)
+                xa = xs.slice(0, 16).load(XL)
+                if MT > 1:
+                    xa1 = xs.slice(16, 16).load(XL)
+                if MT > 2:
+                    xa2 = xs.slice(32, 16).load(XL)
+                    xa3 = xs.slice(48, 16).load(XL)
         nib = gl.where(high, cw >> 4, cw)
         h = ((nib << 4) & 0x80808080) | ((nib & 0x07070707) + b4)
         l0, l1 = _split16(_prmt(lw, h, 0x5140))
@@ -182,11 +188,11 @@ def _gl_kernel(x_ptr, code_ptr, lo_ptr, base_ptr, part_ptr, M, N, KP, stride_xm,
                 cw = cw_n
             if not XASYNC:
                 xa = xa_n
-            if MT > 1:
-                xa1 = xa1_n
-            if MT > 2:
-                xa2 = xa2_n
-                xa3 = xa3_n
+                if MT > 1:
+                    xa1 = xa1_n
+                if MT > 2:
+                    xa2 = xa2_n
+                    xa3 = xa3_n
     om = m0 + gl.arange(0, 16, layout=gl.SliceLayout(1, ML))[:, None]
     on = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, ML))[None, :]
     optr = part_ptr + pid_k * M * N + om * N + on

@@ -65,6 +65,16 @@ def candidates(m: int, n: int, k: int) -> dict:
             for block, warps in ((256, 2), (128, 1), (512, 4), (1024, 4)):
                 out[f"default reduce {block} w{warps}"] = (d, {(C, "FINALIZE_BLOCK"): block, (C, "FINALIZE_WARPS"): warps})
         return out
+    if os.environ.get("SWEEP_ROUND") == "16":  # Gluon at M = 1-2 (14-15 padded MMA rows); chunks at M >= 32
+        if m <= 2 and k % 128 == 0:
+            for bn, w, ring in ((32, 4, 1), (64, 2, 1), (16, 2, 1), (32, 4, 3), (64, 4, 1)):
+                out[f"gluon bn{bn} w{w} pf" + (f" ring{ring} x" if ring > 1 else "")] = V(
+                    bm=16, bn=bn, bk=128, gluon=True, warps=w, prefetch=True, waves=8, ring=ring, ring_x=ring > 1)
+            out["gluon bn32 w4 pf wv16"] = V(bm=16, bn=32, bk=128, gluon=True, warps=4, prefetch=True, waves=16)
+        if m >= 32:  # unpack + cuBLAS in chunks of weight rows (the bf16 scratch stays in L2)
+            for chunk in (0, 2048, 4096, 8192):
+                out[f"unpack+cuBLAS chunk{chunk}"] = V(long=True, chunk=chunk)
+        return out
     if os.environ.get("SWEEP_ROUND") == "15":  # Gluon at M = 17-64: x tiles through the async ring
         if 16 < m <= 64 and k % 128 == 0:
             def gx(bm, bn, bk, w, ring, after=False):

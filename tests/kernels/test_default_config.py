@@ -30,7 +30,7 @@ def _path(cfg) -> str:
 
 
 def _expected(m: int, kind: str, gluon: bool) -> str:
-    if gluon and (3 <= m <= 16 or (17 <= m <= 32 and kind in ("k/v", "q/o", "down"))
+    if gluon and ((m == 2 and kind in ("q/o", "down")) or 3 <= m <= 16 or (17 <= m <= 32 and kind in ("k/v", "q/o", "down"))
                   or (33 <= m <= 64 and kind == "down")):
         return "gluon"
     if m >= 256:

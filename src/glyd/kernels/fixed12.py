@@ -901,6 +901,10 @@ def default_config(m: int, n: int, k: int) -> C.Config:
         # k/v, and down at M = 1: exceptions in a pass beside the tile kernel (sweep run 37: k/v
         # 1.05-1.14x -> 0.83x, down 0.93x -> 0.84x; it costs 0.06-0.19 on the others)
         tiny = n * k <= 1 << 22
+        if m == 2 and k % 128 == 0 and (tall or (small and not tiny)) and gluon_available():
+            # the Gluon tile with 14 padded MMA rows (sweep round 16, run 43): down 1.11x against
+            # 1.20x, q/o 1.07x against 1.15x; it loses at M = 1 and on the other shapes
+            return C.Config(bm=16, bn=64, bk=128, gluon=True, warps=2 if tall else 4, waves=8, prefetch=True)
         if small:  # one K step a program: the most programs in flight
             steps = max(1, -(-(-(-k // 64) * 64) // 256))
             return C.Config(bm=m, bn=16, bk=256, dot=False, group_major=True, stages=1, split=steps, exc_pass=tiny)

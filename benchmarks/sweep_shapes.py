@@ -65,6 +65,19 @@ def candidates(m: int, n: int, k: int) -> dict:
             for block, warps in ((256, 2), (128, 1), (512, 4), (1024, 4)):
                 out[f"default reduce {block} w{warps}"] = (d, {(C, "FINALIZE_BLOCK"): block, (C, "FINALIZE_WARPS"): warps})
         return out
+    if os.environ.get("SWEEP_ROUND") == "17":  # Gluon: exceptions inside the tile kernel (Config.exc_tile)
+        R = dataclasses.replace
+        d = fixed12.default_config(m, n, k)
+        if d.gluon:
+            out["default exc_tile"] = R(d, exc_tile=True, exc_after=False)
+        elif 2 < m <= 64 and k % 128 == 0:  # where Gluon lost with the separate pass (gate/up, lm_heads)
+            bm = 16 if m <= 16 else 32 if m <= 32 else 64
+            for bn, w in ((32, 4), (64, 2), (64, 4)):
+                for ring in ((1, 3) if bm == 16 else (2, 3)):
+                    out[f"gluon bm{bm} bn{bn} w{w} ring{ring} exc_tile"] = V(
+                        bm=bm, bn=bn, bk=128, gluon=True, warps=w, prefetch=True, waves=8, ring=ring,
+                        ring_x=ring > 1, exc_tile=True)
+        return out
     if os.environ.get("SWEEP_ROUND") == "16":  # Gluon at M = 1-2 (14-15 padded MMA rows); chunks at M >= 32
         if m <= 2 and k % 128 == 0:
             for bn, w, ring in ((32, 4, 1), (64, 2, 1), (16, 2, 1), (32, 4, 3), (64, 4, 1)):

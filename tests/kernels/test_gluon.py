@@ -30,31 +30,9 @@ def _gluon():
 def test_gluon_tile_stays_in_registers_sm90(bn, bk, mt, pf, warps, stages, xasync):
     # Compiled for sm_90 on the CPU: the decoded tile and x reach the MMA without shared memory,
     # i.e. the load layouts are the operand layouts (the point of the kernel).
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
-
-    g = _gluon()
     if stages > 1 and pf != 1:
         pytest.skip("the async ring comes with prefetch one step ahead (of x, in registers)")
-    words, xl, mma, a_op, b_op = g.layouts(bn, bk, warps)
-    ptrs = {"x_ptr": "*bf16", "code_ptr": "*i32", "lo_ptr": "*i32", "base_ptr": "*u8", "part_ptr": "*fp32"}
-    const = {"BN": bn, "BK": bk, "WL": words, "XL": xl, "ML": mma, "AL": a_op, "BL": b_op, "MT": mt, "PREFETCH": pf,
-             "STAGES": stages, "SL": g.ring_layout(bn, bk, warps, stages) if stages > 1 else None,
-             "XASYNC": xasync}
-    if xasync:
-        const["XCL"], const["XSL"] = g.x_ring_layouts(bk, warps)
-    names = g._gl_kernel.arg_names
-    sig = {a: "constexpr" if a in const else ptrs.get(a, "i32") for a in names}
-    attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in names
-             if a in ptrs or a.startswith("stride") or a in ("K_SPLIT", "KP")}
-    try:
-        k = triton.compile(GluonASTSource(g._gl_kernel, sig, const, attrs), target=GPUTarget("cuda", 90, 32),
-                           options=dict(num_warps=warps))
-    except Exception as exc:  # no ptxas for sm_90 in this Triton install
-        if "ptxas" in str(exc).lower():
-            pytest.skip(f"cannot compile for sm_90 here: {exc}")
-        raise
+    k = _compile_sm90(bn, bk, mt, pf, warps, stages, xasync)
     ttgir = k.asm["ttgir"]
     assert "mma" in ttgir
     if stages == 1:
@@ -64,6 +42,47 @@ def test_gluon_tile_stays_in_registers_sm90(bn, bk, mt, pf, warps, stages, xasyn
         assert "async_copy_global_to_local" in ttgir
         assert k.metadata.shared == stages * (2 * (bk // 4) * bn * 4 + (16 * mt * bk * 2 if xasync else 0))
         assert "LDGSTS.E.BYPASS.128" in _sass(k)  # 16-byte async copies
+
+
+def _compile_sm90(bn, bk, mt, pf, warps, stages=1, xasync=False, exc=False):
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    g = _gluon()
+    words, xl, mma, a_op, b_op = g.layouts(bn, bk, warps)
+    ptrs = {"x_ptr": "*bf16", "code_ptr": "*i32", "lo_ptr": "*i32", "base_ptr": "*u8", "part_ptr": "*fp32",
+            "rowptr_ptr": "*i32", "eidx_ptr": "*i32", "ehi_ptr": "*u8", "lo8_ptr": "*u8"}
+    const = {"BN": bn, "BK": bk, "WL": words, "XL": xl, "ML": mma, "AL": a_op, "BL": b_op, "MT": mt, "PREFETCH": pf,
+             "STAGES": stages, "SL": g.ring_layout(bn, bk, warps, stages) if stages > 1 else None,
+             "XASYNC": xasync, "EXC": exc, "EE": g.exc_chunk(bn), "EL": g.exc_layout(warps, g.exc_chunk(bn)) if exc else None}
+    if xasync:
+        const["XCL"], const["XSL"] = g.x_ring_layouts(bk, warps)
+    names = g._gl_kernel.arg_names
+    sig = {a: "constexpr" if a in const else ptrs.get(a, "i32") for a in names}
+    attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in names
+             if a in ptrs or a.startswith("stride") or a in ("K_SPLIT", "KP")}
+    try:
+        return triton.compile(GluonASTSource(g._gl_kernel, sig, const, attrs), target=GPUTarget("cuda", 90, 32),
+                              options=dict(num_warps=warps))
+    except Exception as exc:  # no ptxas for sm_90 in this Triton install
+        if "ptxas" in str(exc).lower():
+            pytest.skip(f"cannot compile for sm_90 here: {exc}")
+        raise
+
+
+@pytest.mark.parametrize("bn,bk,mt,warps,stages,xasync", [(32, 128, 1, 4, 1, False), (64, 128, 1, 2, 1, False),
+                                                          (32, 128, 2, 4, 3, True), (64, 128, 4, 4, 2, True),
+                                                          (16, 64, 1, 1, 1, False)])
+def test_gluon_in_tile_exceptions_compile_sm90(bn, bk, mt, warps, stages, xasync):
+    # Config.exc_tile: the first split program adds its rows' exceptions after the K loop; the
+    # K loop itself is unchanged (still no shared memory without the ring) and nothing spills
+    base = _compile_sm90(bn, bk, mt, 1, warps, stages, xasync)
+    k = _compile_sm90(bn, bk, mt, 1, warps, stages, xasync, exc=True)
+    sass = _sass(k)
+    assert "STL" not in sass  # no spill stores
+    assert k.metadata.shared >= base.metadata.shared
+    assert sass.count("HMMA") == _sass(base).count("HMMA")  # the exception step adds no MMA
 
 
 def _sass(k) -> str:
@@ -107,6 +126,10 @@ def test_ring_config_is_checked():
     with pytest.raises(ValueError, match="ring_x"):
         Config(bm=16, bn=32, bk=128, gluon=True, prefetch=True, ring_x=True)  # no ring
     assert Config(bm=64, bn=32, bk=128, gluon=True, prefetch=True, ring=3, ring_x=True).ring_x  # four x tiles
+    assert Config(bm=16, bn=32, bk=128, gluon=True, exc_tile=True).exc_tile
+    for bad in (dict(gluon=False, tc=True, stages=1), dict(exc_after=True)):
+        with pytest.raises(ValueError, match="exc_tile"):
+            Config(**{**dict(bm=16, bn=32, bk=128, gluon=True, exc_tile=True), **bad})
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message given without a GPU")
@@ -150,6 +173,10 @@ def test_gluon_matches_reference_gpu(bm, bn, bk, warps, m, prefetch, split, monk
         y2 = kernels.linear(x, p, bias, Config(bm=bm, bn=bn, bk=bk, gluon=True, warps=warps, prefetch=True))
         torch.cuda.synchronize()
         _check(y2, x, w, bias)
+    if prefetch in (1, 4):  # the exceptions inside the tile kernel (Config.exc_tile), split or not
+        y3 = kernels.linear(x, p, bias, Config(bm=bm, bn=bn, bk=bk, gluon=True, warps=warps, prefetch=True, split=split,
+                                               ring=4 if prefetch == 4 else 1, ring_x=prefetch == 4, exc_tile=True))
+        _check(y3, x, w, bias)
     tc = kernels.linear(x, p, bias, Config(bm=16, bn=max(bn, 16), bk=bk, tc=True, stages=1))
     # same products, other summation order: within bf16 rounding of each other
     assert ((y.float() - tc.float()).abs() <= 2**-7 * tc.float().abs() + 1e-3 * tc.float().abs().max()).all()

@@ -54,7 +54,8 @@ class Config:
     ``ring`` (gluon with prefetch): > 1 brings the plane words by 16-byte async copies through a
     shared-memory ring of that many K steps instead of registers; ``ring_x`` puts the x rows in
     the same ring (copied once a program instead of once a warp; at bm 32 and 64 it also keeps
-    the 2 or 4 x tiles out of registers).
+    the 2 or 4 x tiles out of registers). ``exc_tile`` (gluon): the exceptions of each tile's rows
+    are added by its first split program after the K loop, instead of in the separate pass.
     """
 
     bm: int = 16
@@ -80,6 +81,7 @@ class Config:
     exc_after: bool = False
     ring: int = 1
     ring_x: bool = False
+    exc_tile: bool = False
 
     def __post_init__(self) -> None:
         for name in ("bm", "bn", "bk"):
@@ -103,6 +105,8 @@ class Config:
             raise ValueError(f"Config.ring > 1 (async-copy ring) needs gluon with prefetch, got ring = {self.ring}")
         if self.ring_x and self.ring < 2:
             raise ValueError("Config.ring_x puts x rows in the async ring: it needs ring > 1")
+        if self.exc_tile and (not self.gluon or self.exc_pass or self.exc_after):
+            raise ValueError("exc_tile (exceptions inside the tile kernel) applies to gluon, without exc_pass or exc_after")
         if self.exc_after and not (self.exc_pass or self.gluon):
             raise ValueError("exc_after applies to a separate exception pass (exc_pass or gluon)")
         if self.exc_pass and not (self.tc or (self.group_major and self.stages == 1 and self.gemv)):

@@ -58,7 +58,8 @@ def _gl_kernel(x_ptr, code_ptr, lo_ptr, base_ptr, part_ptr, M, N, KP, stride_xm,
                BN: gl.constexpr, BK: gl.constexpr, WL: gl.constexpr, XL: gl.constexpr, ML: gl.constexpr,
                AL: gl.constexpr, BL: gl.constexpr, MT: gl.constexpr, PREFETCH: gl.constexpr,
                STAGES: gl.constexpr = 1, SL: gl.constexpr = None, XASYNC: gl.constexpr = False,
-               XCL: gl.constexpr = None, XSL: gl.constexpr = None):
+               XCL: gl.constexpr = None, XSL: gl.constexpr = None, rowptr_ptr=None, eidx_ptr=None, ehi_ptr=None,
+               lo8_ptr=None, K=0, EXC: gl.constexpr = False, EL: gl.constexpr = None, EE: gl.constexpr = 16):
     # part[pid_k, 16 * MT rows, BN cols] (fp32) = x rows @ W^T over this program's K range, the
     # decoded tile used for MT (1, 2 or 4) 16-row x tiles. Whole shapes only (K == KP, K_SPLIT a
     # multiple of BK); rows past M or N read row M-1 / N-1 again and are not stored.
@@ -195,6 +196,19 @@ def _gl_kernel(x_ptr, code_ptr, lo_ptr, base_ptr, part_ptr, M, N, KP, stride_xm,
                 if MT > 2:
                     xa2 = xa2_n
                     xa3 = xa3_n
+    if EXC:  # the exceptions of this tile's weight rows, added by the tile's first split program
+        if pid_k == 0:
+            b8 = gl.load(base_ptr).to(gl.uint32)
+            acc += _exc_delta(x_ptr, m0, M, stride_xm, rowptr_ptr, eidx_ptr, ehi_ptr, lo8_ptr, KP, b8, pid_n * BN, N,
+                              K, BN, EE, EL, ML)
+            if MT > 1:
+                acc1 += _exc_delta(x_ptr, m0 + 16, M, stride_xm, rowptr_ptr, eidx_ptr, ehi_ptr, lo8_ptr, KP, b8,
+                                   pid_n * BN, N, K, BN, EE, EL, ML)
+            if MT > 2:
+                acc2 += _exc_delta(x_ptr, m0 + 32, M, stride_xm, rowptr_ptr, eidx_ptr, ehi_ptr, lo8_ptr, KP, b8,
+                                   pid_n * BN, N, K, BN, EE, EL, ML)
+                acc3 += _exc_delta(x_ptr, m0 + 48, M, stride_xm, rowptr_ptr, eidx_ptr, ehi_ptr, lo8_ptr, KP, b8,
+                                   pid_n * BN, N, K, BN, EE, EL, ML)
     om = m0 + gl.arange(0, 16, layout=gl.SliceLayout(1, ML))[:, None]
     on = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, ML))[None, :]
     optr = part_ptr + pid_k * M * N + om * N + on
@@ -204,6 +218,63 @@ def _gl_kernel(x_ptr, code_ptr, lo_ptr, base_ptr, part_ptr, M, N, KP, stride_xm,
     if MT > 2:
         gl.store(optr + 32 * N, acc2, mask=(om + 32 < M) & (on < N))
         gl.store(optr + 48 * N, acc3, mask=(om + 48 < M) & (on < N))
+
+
+@gluon.jit
+def _exc_delta(x_ptr, m0, M, stride_xm, rowptr_ptr, eidx_ptr, ehi_ptr, lo8_ptr, stride_lo, base, n0, N, K,
+               BN: gl.constexpr, E: gl.constexpr, EL: gl.constexpr, ML: gl.constexpr):
+    # [16, BN] fp32 (layout ML): x rows m0.. times (true - decoded weight) over the exceptions of
+    # weight rows n0..n0+BN-1, E a step. A short row holds few (gate/up at bn 32: ~9 in random
+    # weights), so this costs one or two steps where a separate pass costs a kernel and an [M, N]
+    # partial.
+    LME: gl.constexpr = gl.SliceLayout(2, EL)  # [16 x rows, E exceptions]
+    LEN: gl.constexpr = gl.SliceLayout(0, EL)  # [E exceptions, BN weight rows]
+    e0 = gl.load(rowptr_ptr + n0)
+    e1 = gl.load(rowptr_ptr + gl.minimum(n0 + BN, N))
+    rm = m0 + gl.arange(0, 16, layout=gl.SliceLayout(1, LME))
+    ea = gl.arange(0, E, layout=gl.SliceLayout(0, LME))
+    eb = gl.arange(0, E, layout=gl.SliceLayout(1, LEN))
+    rn = (n0 + gl.arange(0, BN, layout=gl.SliceLayout(0, LEN))).to(gl.int64)
+    delta = gl.zeros([16, BN], gl.float32, gl.SliceLayout(1, EL))
+    for es in range(e0, e1, E):
+        e = es + ea
+        em = e < e1
+        idx = gl.load(eidx_ptr + e, mask=em, other=0).to(gl.int64)
+        r = idx // K
+        c = idx - r * K
+        th = gl.load(ehi_ptr + e, mask=em, other=0).to(gl.uint32)
+        lo = gl.load(lo8_ptr + r * stride_lo + c, mask=em, other=0).to(gl.uint32)
+        tv = ((th << 24) | (lo << 16)).to(gl.float32, bitcast=True)
+        pv = ((((th & 0x80) | base) << 24) | (lo << 16)).to(gl.float32, bitcast=True)
+        xv = gl.load(x_ptr + rm[:, None] * stride_xm + c[None, :], mask=(rm < M)[:, None] & em[None, :],
+                     other=0.0).to(gl.float32)
+        d = xv * tv[None, :] - xv * pv[None, :]
+        e2 = es + eb
+        r2 = gl.load(eidx_ptr + e2, mask=e2 < e1, other=0).to(gl.int64) // K
+        hit = (rn[None, :] == r2[:, None]) & (e2 < e1)[:, None]
+        delta += gl.reduce(gl.where(hit[None, :, :], d[:, :, None], 0.0), 1, _add)
+    return gl.convert_layout(delta, ML)
+
+
+@gluon.jit
+def _add(a, b):
+    # gl.sum's combine function is a plain @triton.jit one (an interpreter object when the tests
+    # run under TRITON_INTERPRET=1, which the static compile tests do): our own keeps it Gluon
+    return a + b
+
+
+def exc_chunk(bn: int) -> int:
+    """Exceptions a step of the in-tile exception sum: its [16, E, bn] products stay at 64 a thread
+    of 4 warps (bn 64 with 16 a step spilled at bm 64)."""
+    return 16 if bn <= 32 else 8
+
+
+@functools.lru_cache(maxsize=None)
+def exc_layout(warps: int, e: int = 16):
+    """Layout of the [16 x rows, e exceptions, bn weight rows] products the in-tile exception step
+    sums: the e exceptions of an x row and weight row in one thread (an in-thread sum)."""
+    return gl.BlockedLayout(size_per_thread=[1, e, 1], threads_per_warp=[4, 1, 8], warps_per_cta=[1, 1, warps],
+                            order=[2, 1, 0])
 
 
 @gluon.jit
@@ -283,7 +354,8 @@ def launch(x2: torch.Tensor, p, bias, cfg: C.Config, prep, out: torch.Tensor) ->
     mt = cfg.bm // BM  # 16-row x tiles a program shares one decoded tile among
     tiles = triton.cdiv(n, cfg.bn) * triton.cdiv(m, cfg.bm)
     split, per = C.choose_split(tiles, kp, cfg.bk, x2.device, cfg.split, cfg.waves)
-    side = F12.CONCURRENT_EXC and not cfg.exc_after and prep.nexc > 0
+    inline = cfg.exc_tile and prep.nexc > 0
+    side = F12.CONCURRENT_EXC and not cfg.exc_after and prep.nexc > 0 and not cfg.exc_tile
     part = torch.empty(split + side, m, n, dtype=torch.float32, device=x2.device)
     if side:
         join = F12.exceptions_on_side_stream(part[split:], x2, p, prep)
@@ -297,10 +369,13 @@ def launch(x2: torch.Tensor, p, bias, cfg: C.Config, prep, out: torch.Tensor) ->
                      BN=cfg.bn, BK=cfg.bk, WL=words, XL=xl, ML=mma, AL=a_op, BL=b_op, MT=mt,
                      PREFETCH=(1 if stages > 1 else PREFETCH_DEPTH if mt == 1 else 1) if cfg.prefetch else 0,
                      STAGES=stages, SL=ring_layout(cfg.bn, cfg.bk, cfg.warps, stages) if stages > 1 else None,
-                     XASYNC=xasync, XCL=xcl, XSL=xsl, num_warps=cfg.warps)
+                     XASYNC=xasync, XCL=xcl, XSL=xsl, rowptr_ptr=prep.rowptr, eidx_ptr=a["exc_idx"],
+                     ehi_ptr=a["exc_hi"], lo8_ptr=a["lo"], K=k, EXC=inline, EE=exc_chunk(cfg.bn),
+                     EL=exc_layout(cfg.warps, exc_chunk(cfg.bn)) if inline else None,
+                     num_warps=cfg.warps)
     if side:
         join()
-    else:
+    elif not cfg.exc_tile:
         add_exceptions(part, x2, p, prep)
     C.finalize(part, bias, out)
     return out

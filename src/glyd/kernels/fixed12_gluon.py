@@ -59,7 +59,8 @@ def _gl_kernel(x_ptr, code_ptr, lo_ptr, base_ptr, part_ptr, M, N, KP, stride_xm,
                AL: gl.constexpr, BL: gl.constexpr, MT: gl.constexpr, PREFETCH: gl.constexpr,
                STAGES: gl.constexpr = 1, SL: gl.constexpr = None, XASYNC: gl.constexpr = False,
                XCL: gl.constexpr = None, XSL: gl.constexpr = None, rowptr_ptr=None, eidx_ptr=None, ehi_ptr=None,
-               lo8_ptr=None, K=0, EXC: gl.constexpr = False, EL: gl.constexpr = None, EE: gl.constexpr = 16):
+               lo8_ptr=None, K=0, EXC: gl.constexpr = False, EL: gl.constexpr = None, EE: gl.constexpr = 16,
+               EXL: gl.constexpr = None):
     # part[pid_k, 16 * MT rows, BN cols] (fp32) = x rows @ W^T over this program's K range, the
     # decoded tile used for MT (1, 2 or 4) 16-row x tiles. Whole shapes only (K == KP, K_SPLIT a
     # multiple of BK); rows past M or N read row M-1 / N-1 again and are not stored.
@@ -105,6 +106,22 @@ def _gl_kernel(x_ptr, code_ptr, lo_ptr, base_ptr, part_ptr, M, N, KP, stride_xm,
             if XASYNC:
                 async_copy.async_copy_global_to_shared(x_s.index(i), xcp + kc)
             async_copy.commit_group()
+    if EXC:
+        # the first EE exceptions of the tile's rows (usually all of them) and their x values are
+        # loaded before the K loop, so that their chain of dependent loads (row pointers, indices,
+        # x gather) overlaps the loop instead of trailing it; other split programs load nothing
+        n0 = pid_n * BN
+        b8 = gl.load(base_ptr).to(gl.uint32)
+        e0 = gl.load(rowptr_ptr + n0)
+        e1 = gl.load(rowptr_ptr + gl.minimum(n0 + BN, N))
+        e1 = e0 + (e1 - e0) * (pid_k == 0).to(gl.int32)
+        ec, eem, etv, epv, er = _exc_meta(eidx_ptr, ehi_ptr, lo8_ptr, KP, b8, K, e0, e1, EE, EXL)
+        ed = _exc_x(x_ptr, m0, M, stride_xm, ec, eem, etv, epv, EXL)
+        if MT > 1:
+            ed1 = _exc_x(x_ptr, m0 + 16, M, stride_xm, ec, eem, etv, epv, EXL)
+        if MT > 2:
+            ed2 = _exc_x(x_ptr, m0 + 32, M, stride_xm, ec, eem, etv, epv, EXL)
+            ed3 = _exc_x(x_ptr, m0 + 48, M, stride_xm, ec, eem, etv, epv, EXL)
     if PREFETCH:
         # register double buffer: the next step's words and x rows are in flight while this step
         # decodes and multiplies (Gluon does not pipeline loops by itself); the last step
@@ -198,17 +215,16 @@ def _gl_kernel(x_ptr, code_ptr, lo_ptr, base_ptr, part_ptr, M, N, KP, stride_xm,
                     xa3 = xa3_n
     if EXC:  # the exceptions of this tile's weight rows, added by the tile's first split program
         if pid_k == 0:
-            b8 = gl.load(base_ptr).to(gl.uint32)
-            acc += _exc_delta(x_ptr, m0, M, stride_xm, rowptr_ptr, eidx_ptr, ehi_ptr, lo8_ptr, KP, b8, pid_n * BN, N,
-                              K, BN, EE, EL, ML)
+            acc = _exc_total(acc, ed, er, x_ptr, m0, M, stride_xm, eidx_ptr, ehi_ptr, lo8_ptr, KP, b8, n0, K,
+                              e0 + EE, e1, BN, EE, EL, EXL, ML)
             if MT > 1:
-                acc1 += _exc_delta(x_ptr, m0 + 16, M, stride_xm, rowptr_ptr, eidx_ptr, ehi_ptr, lo8_ptr, KP, b8,
-                                   pid_n * BN, N, K, BN, EE, EL, ML)
+                acc1 = _exc_total(acc1, ed1, er, x_ptr, m0 + 16, M, stride_xm, eidx_ptr, ehi_ptr, lo8_ptr, KP,
+                                   b8, n0, K, e0 + EE, e1, BN, EE, EL, EXL, ML)
             if MT > 2:
-                acc2 += _exc_delta(x_ptr, m0 + 32, M, stride_xm, rowptr_ptr, eidx_ptr, ehi_ptr, lo8_ptr, KP, b8,
-                                   pid_n * BN, N, K, BN, EE, EL, ML)
-                acc3 += _exc_delta(x_ptr, m0 + 48, M, stride_xm, rowptr_ptr, eidx_ptr, ehi_ptr, lo8_ptr, KP, b8,
-                                   pid_n * BN, N, K, BN, EE, EL, ML)
+                acc2 = _exc_total(acc2, ed2, er, x_ptr, m0 + 32, M, stride_xm, eidx_ptr, ehi_ptr, lo8_ptr, KP,
+                                   b8, n0, K, e0 + EE, e1, BN, EE, EL, EXL, ML)
+                acc3 = _exc_total(acc3, ed3, er, x_ptr, m0 + 48, M, stride_xm, eidx_ptr, ehi_ptr, lo8_ptr, KP,
+                                   b8, n0, K, e0 + EE, e1, BN, EE, EL, EXL, ML)
     om = m0 + gl.arange(0, 16, layout=gl.SliceLayout(1, ML))[:, None]
     on = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, ML))[None, :]
     optr = part_ptr + pid_k * M * N + om * N + on
@@ -221,60 +237,72 @@ def _gl_kernel(x_ptr, code_ptr, lo_ptr, base_ptr, part_ptr, M, N, KP, stride_xm,
 
 
 @gluon.jit
-def _exc_delta(x_ptr, m0, M, stride_xm, rowptr_ptr, eidx_ptr, ehi_ptr, lo8_ptr, stride_lo, base, n0, N, K,
-               BN: gl.constexpr, E: gl.constexpr, EL: gl.constexpr, ML: gl.constexpr):
-    # [16, BN] fp32 (layout ML): x rows m0.. times (true - decoded weight) over the exceptions of
-    # weight rows n0..n0+BN-1, E a step. A short row holds few (gate/up at bn 32: ~9 in random
-    # weights), so this costs one or two steps where a separate pass costs a kernel and an [M, N]
-    # partial.
-    LME: gl.constexpr = gl.SliceLayout(2, EL)  # [16 x rows, E exceptions]
-    LEN: gl.constexpr = gl.SliceLayout(0, EL)  # [E exceptions, BN weight rows]
-    e0 = gl.load(rowptr_ptr + n0)
-    e1 = gl.load(rowptr_ptr + gl.minimum(n0 + BN, N))
-    rm = m0 + gl.arange(0, 16, layout=gl.SliceLayout(1, LME))
-    ea = gl.arange(0, E, layout=gl.SliceLayout(0, LME))
-    eb = gl.arange(0, E, layout=gl.SliceLayout(1, LEN))
-    rn = (n0 + gl.arange(0, BN, layout=gl.SliceLayout(0, LEN))).to(gl.int64)
-    delta = gl.zeros([16, BN], gl.float32, gl.SliceLayout(1, EL))
-    for es in range(e0, e1, E):
-        e = es + ea
-        em = e < e1
-        idx = gl.load(eidx_ptr + e, mask=em, other=0).to(gl.int64)
-        r = idx // K
-        c = idx - r * K
-        th = gl.load(ehi_ptr + e, mask=em, other=0).to(gl.uint32)
-        lo = gl.load(lo8_ptr + r * stride_lo + c, mask=em, other=0).to(gl.uint32)
-        tv = ((th << 24) | (lo << 16)).to(gl.float32, bitcast=True)
-        pv = ((((th & 0x80) | base) << 24) | (lo << 16)).to(gl.float32, bitcast=True)
-        xv = gl.load(x_ptr + rm[:, None] * stride_xm + c[None, :], mask=(rm < M)[:, None] & em[None, :],
-                     other=0.0).to(gl.float32)
-        d = xv * tv[None, :] - xv * pv[None, :]
-        e2 = es + eb
-        r2 = gl.load(eidx_ptr + e2, mask=e2 < e1, other=0).to(gl.int64) // K
-        hit = (rn[None, :] == r2[:, None]) & (e2 < e1)[:, None]
-        delta += gl.reduce(gl.where(hit[None, :, :], d[:, :, None], 0.0), 1, _add)
-    return gl.convert_layout(delta, ML)
+def _exc_meta(eidx_ptr, ehi_ptr, lo8_ptr, stride_lo, base, K, es, e1, E: gl.constexpr, L2: gl.constexpr):
+    # exceptions es..min(es + E, e1): their columns, true and decoded (placeholder) fp32 values and
+    # weight rows (-1 past e1), in the compact [16, E] layout L2's column slice
+    e = es + gl.arange(0, E, layout=gl.SliceLayout(0, L2))
+    em = e < e1
+    idx = gl.load(eidx_ptr + e, mask=em, other=0).to(gl.int64)
+    r = idx // K
+    c = idx - r * K
+    th = gl.load(ehi_ptr + e, mask=em, other=0).to(gl.uint32)
+    lo = gl.load(lo8_ptr + r * stride_lo + c, mask=em, other=0).to(gl.uint32)
+    tv = ((th << 24) | (lo << 16)).to(gl.float32, bitcast=True)
+    pv = ((((th & 0x80) | base) << 24) | (lo << 16)).to(gl.float32, bitcast=True)
+    return c, em, tv, pv, gl.where(em, r, -1)
 
 
 @gluon.jit
-def _add(a, b):
-    # gl.sum's combine function is a plain @triton.jit one (an interpreter object when the tests
-    # run under TRITON_INTERPRET=1, which the static compile tests do): our own keeps it Gluon
-    return a + b
+def _exc_x(x_ptr, m0, M, stride_xm, c, em, tv, pv, L2: gl.constexpr):
+    # [16, E] (layout L2): x rows m0.. at the exceptions' columns times (true - decoded weight)
+    rm = m0 + gl.arange(0, 16, layout=gl.SliceLayout(1, L2))
+    xv = gl.load(x_ptr + rm[:, None] * stride_xm + c[None, :], mask=(rm < M)[:, None] & em[None, :],
+                 other=0.0).to(gl.float32)
+    return xv * tv[None, :] - xv * pv[None, :]
 
 
-def exc_chunk(bn: int) -> int:
-    """Exceptions a step of the in-tile exception sum: its [16, E, bn] products stay at 64 a thread
-    of 4 warps (bn 64 with 16 a step spilled at bm 64)."""
-    return 16 if bn <= 32 else 8
+@gluon.jit
+def _exc_mma(acc, d, r, n0, BN: gl.constexpr, OL: gl.constexpr, ML: gl.constexpr):
+    # acc [16, BN] (layout ML) += d [16, E] (x times (true - decoded weight) of E exceptions) summed
+    # onto each exception's weight row r - n0: an MMA with a one-hot [E, BN] operand, d split into
+    # two bf16 parts (hi + lo keeps 16 of fp32's 24 significand bits: error <= 2^-16 of each term)
+    AO: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=ML, k_width=2)
+    BO: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=ML, k_width=2)
+    r = gl.convert_layout(r, gl.SliceLayout(1, OL))
+    rn = (n0 + gl.arange(0, BN, layout=gl.SliceLayout(0, OL))).to(gl.int64)
+    oh = gl.convert_layout(gl.where(rn[None, :] == r[:, None], 1.0, 0.0).to(gl.bfloat16), BO)
+    hi = d.to(gl.bfloat16)
+    lo = (d - hi.to(gl.float32)).to(gl.bfloat16)
+    acc = mma_v2(gl.convert_layout(hi, AO), oh, acc)
+    return mma_v2(gl.convert_layout(lo, AO), oh, acc)
+
+
+@gluon.jit
+def _exc_total(acc, d, r, x_ptr, m0, M, stride_xm, eidx_ptr, ehi_ptr, lo8_ptr, stride_lo, base, n0, K, es0, e1,
+               BN: gl.constexpr, E: gl.constexpr, OL: gl.constexpr, L2: gl.constexpr, ML: gl.constexpr):
+    # acc plus the exceptions of weight rows n0..: the chunk loaded before the K loop (d, r), then
+    # any past it (es0..e1, E a step; rare). A short row holds few (gate/up at bn 32: ~9 in random
+    # weights), where a separate pass costs a kernel and an [M, N] partial.
+    acc = _exc_mma(acc, d, r, n0, BN, OL, ML)
+    for es in range(es0, e1, E):
+        c, em, tv, pv, rr = _exc_meta(eidx_ptr, ehi_ptr, lo8_ptr, stride_lo, base, K, es, e1, E, L2)
+        acc = _exc_mma(acc, _exc_x(x_ptr, m0, M, stride_xm, c, em, tv, pv, L2), rr, n0, BN, OL, ML)
+    return acc
+
+
+EXC_E = 16  # exceptions a step of the in-tile exception sum (the one-hot MMA's K)
 
 
 @functools.lru_cache(maxsize=None)
-def exc_layout(warps: int, e: int = 16):
-    """Layout of the [16 x rows, e exceptions, bn weight rows] products the in-tile exception step
-    sums: the e exceptions of an x row and weight row in one thread (an in-thread sum)."""
-    return gl.BlockedLayout(size_per_thread=[1, e, 1], threads_per_warp=[4, 1, 8], warps_per_cta=[1, 1, warps],
-                            order=[2, 1, 0])
+def exc_layouts(warps: int):
+    """(one-hot, compact) layouts of the in-tile exception step: the [16 exceptions, bn weight rows]
+    one-hot operand as built (then converted to the MMA's B operand), and the [16 x rows, 16
+    exceptions] layout its loaded values are held in across the K loop (one or two a thread)."""
+    onehot = gl.BlockedLayout(size_per_thread=[1, 1], threads_per_warp=[4, 8], warps_per_cta=[1, warps],
+                              order=[1, 0])
+    compact = gl.BlockedLayout(size_per_thread=[1, 1], threads_per_warp=[2, 16], warps_per_cta=[warps, 1],
+                               order=[1, 0])
+    return onehot, compact
 
 
 @gluon.jit
@@ -363,6 +391,8 @@ def launch(x2: torch.Tensor, p, bias, cfg: C.Config, prep, out: torch.Tensor) ->
     stages = cfg.ring  # Config checks ring > 1 comes with prefetch and ring_x with bm 16
     xasync = cfg.ring_x
     xcl, xsl = x_ring_layouts(cfg.bk, cfg.warps) if xasync else (None, None)
+    ee = EXC_E
+    el, exl = exc_layouts(cfg.warps) if inline else (None, None)
     grid = (triton.cdiv(n, cfg.bn), split, triton.cdiv(m, cfg.bm))
     _gl_kernel[grid](x2, a["code"].view(torch.int32), a["lo"].view(torch.int32), a["base"], part,
                      m, n, kp, x2.stride(0), per, kp // 8, kp // 4,
@@ -370,8 +400,7 @@ def launch(x2: torch.Tensor, p, bias, cfg: C.Config, prep, out: torch.Tensor) ->
                      PREFETCH=(1 if stages > 1 else PREFETCH_DEPTH if mt == 1 else 1) if cfg.prefetch else 0,
                      STAGES=stages, SL=ring_layout(cfg.bn, cfg.bk, cfg.warps, stages) if stages > 1 else None,
                      XASYNC=xasync, XCL=xcl, XSL=xsl, rowptr_ptr=prep.rowptr, eidx_ptr=a["exc_idx"],
-                     ehi_ptr=a["exc_hi"], lo8_ptr=a["lo"], K=k, EXC=inline, EE=exc_chunk(cfg.bn),
-                     EL=exc_layout(cfg.warps, exc_chunk(cfg.bn)) if inline else None,
+                     ehi_ptr=a["exc_hi"], lo8_ptr=a["lo"], K=k, EXC=inline, EE=ee, EL=el, EXL=exl,
                      num_warps=cfg.warps)
     if side:
         join()

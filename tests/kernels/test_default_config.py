@@ -30,8 +30,8 @@ def _path(cfg) -> str:
 
 
 def _expected(m: int, kind: str, gluon: bool) -> str:
-    if gluon and ((m == 2 and kind in ("q/o", "down")) or 3 <= m <= 16 or (17 <= m <= 32 and kind in ("k/v", "q/o", "down"))
-                  or (33 <= m <= 64 and kind == "down")):
+    if gluon and ((m == 2 and kind in ("q/o", "down")) or 3 <= m <= 32
+                  or (33 <= m <= 64 and kind in ("k/v", "q/o", "down"))):
         return "gluon"
     if m >= 256:
         return "unpack+cuBLAS"
@@ -60,17 +60,19 @@ def test_default_config_paths_match_the_docs(kind, m, gluon, monkeypatch):
     n, k = SHAPES[kind]
     cfg = fixed12.default_config(m, n, k)
     assert _path(cfg) == _expected(m, kind, gluon), cfg
-    # exceptions in a pass of their own (the Gluon kernel always runs one): k/v except where the Gluon
-    # kernel or tc at M = 9-16 runs (beside the tile kernel up to M = 8, after it from M = 17), down at M = 1
-    kv_pass = m <= 2 or (m <= 8 and not gluon) or (16 < m <= 32 and not gluon) or 32 < m <= 64
+    # exceptions in a pass of their own: k/v on the GEMV and tc (beside up to M = 8, after from
+    # M = 17), down at M = 1; the Gluon kernel runs one beside it unless exc_tile puts them inside
+    kv_pass = m <= 2 or (not gluon and (m <= 8 or 16 < m <= 64))
     assert cfg.exc_pass == ((kind == "k/v" and kv_pass) or (kind == "down" and m == 1)), cfg
+    assert cfg.exc_after == (kind == "k/v" and 16 < m <= 64 and not gluon), cfg
+    exc_tile = _path(cfg) == "gluon" and (m == 2 or m > 16 or kind == "lm_head" or (m > 8 and kind in ("q/o", "down")))
+    assert cfg.exc_tile == exc_tile, cfg
     # the async-copy ring with x in it: gate/up and lm_heads at M = 9-16 (sweep round 14), every
-    # Gluon tile from M = 17 (round 15)
-    if _path(cfg) == "gluon" and (m > 16 or kind in ("gate/up", "lm_head")) and m > 8:
+    # Gluon tile from M = 17 (rounds 15 and 17)
+    if _path(cfg) == "gluon" and (m > 16 or (m > 8 and kind in ("gate/up", "lm_head"))):
         assert cfg.ring in (2, 3) and cfg.ring_x, cfg
     else:
         assert (cfg.ring, cfg.ring_x) == (1, False), cfg
-    assert cfg.exc_after == (kind == "k/v" and 16 < m <= 64), cfg
     if cfg.gluon:  # whole K steps of 128 (the kernel takes no padded columns); never off a GPU
         assert k % cfg.bk == 0 and cfg.prefetch
     if cfg.tc:  # whole K steps on these shapes: the unmasked path

@@ -903,8 +903,10 @@ def default_config(m: int, n: int, k: int) -> C.Config:
         tiny = n * k <= 1 << 22
         if m == 2 and k % 128 == 0 and (tall or (small and not tiny)) and gluon_available():
             # the Gluon tile with 14 padded MMA rows (sweep round 16, run 43): down 1.11x against
-            # 1.20x, q/o 1.07x against 1.15x; it loses at M = 1 and on the other shapes
-            return C.Config(bm=16, bn=64, bk=128, gluon=True, warps=2 if tall else 4, waves=8, prefetch=True)
+            # 1.20x, q/o 1.07x against 1.15x; it loses at M = 1 and on the other shapes. With the
+            # exceptions inside it (exc_tile, run 45): q/o 0.91x, down 0.99x
+            return C.Config(bm=16, bn=64, bk=128, gluon=True, warps=2 if tall else 4, waves=8, prefetch=True,
+                            exc_tile=True)
         if small:  # one K step a program: the most programs in flight
             steps = max(1, -(-(-(-k // 64) * 64) // 256))
             return C.Config(bm=m, bn=16, bk=256, dot=False, group_major=True, stages=1, split=steps, exc_pass=tiny)
@@ -920,15 +922,35 @@ def default_config(m: int, n: int, k: int) -> C.Config:
     # 0.95-1.02x (GEMV), q/o at M = 4 1.13x against 1.26x, gate/up 1.20-1.33x against 1.28-1.40x (tc);
     # and at M = 9-16 gate/up and lm_heads to the async-copy ring with x in it (Config.ring 3,
     # ring_x): 1.36x against 1.44x and 1.345x against 1.37x.
+    # Sweep round 17 (run 45): the exceptions inside the tile kernel (Config.exc_tile: the first
+    # 16 of a tile's rows loaded before the K loop, summed by a one-hot MMA) instead of the pass
+    # beside it: lm_heads 1.07-1.11x against 1.28-1.35x at M = 4-16 and 1.18x against 1.44x at
+    # M = 32; k/v 0.90x / 1.03x against 1.22x / 1.40x at M = 32 / 64; q/o 0.98x, 1.42x, 1.97x
+    # against 1.14x, 1.54x, 2.34x at M = 16 / 32 / 64; gate/up 1.29x against 1.74x at M = 32;
+    # down 1.14x / 1.81x against 1.18x / 1.85x at M = 16 / 64. Where the pass beside measured
+    # faster (k/v and down at M = 3-16, by 0.03-0.05) it stays.
     gl_ok = k % 128 == 0 and gluon_available()
     if gl_ok and m <= 8:
-        return C.Config(bm=16, bn=32, bk=128, gluon=True, warps=4, waves=8, prefetch=True)
-    if gl_ok and 8 < m <= 16:
+        return C.Config(bm=16, bn=32, bk=128, gluon=True, warps=4, waves=8, prefetch=True, exc_tile=wide)
+    if gl_ok and m <= 16:
         if tiny or not (small or tall):
             ring = 1 if tiny else 3
             return C.Config(bm=16, bn=32, bk=128, gluon=True, warps=4, waves=8, prefetch=True, ring=ring,
-                            ring_x=ring > 1)
-        return C.Config(bm=16, bn=64, bk=128, gluon=True, warps=2, waves=8, prefetch=True)
+                            ring_x=ring > 1, exc_tile=wide)
+        return C.Config(bm=16, bn=64, bk=128, gluon=True, warps=2, waves=8, prefetch=True, exc_tile=True)
+    if gl_ok and m <= 32:
+        # x tiles in the async ring (sweep round 15, run 41), exceptions in the tile (round 17)
+        if tiny:
+            return C.Config(bm=32, bn=32, bk=128, gluon=True, warps=4, waves=8, prefetch=True, ring=3, ring_x=True,
+                            exc_tile=True)
+        if small or tall:
+            return C.Config(bm=32, bn=64, bk=128, gluon=True, warps=2, waves=8, prefetch=True, ring=3, ring_x=True,
+                            exc_tile=True)
+        return C.Config(bm=32, bn=64, bk=128, gluon=True, warps=4, waves=8, prefetch=True, ring=3 if wide else 2,
+                        ring_x=True, exc_tile=True)
+    if gl_ok and m <= 64 and (small or tall):  # gate/up and lm_heads keep tc (1.81-1.82x, 1.53-1.54x)
+        return C.Config(bm=64, bn=32 if tiny else 64, bk=128, gluon=True, warps=4, waves=8, prefetch=True, ring=2,
+                        ring_x=True, exc_tile=True)
     if m <= 4 and not (small or tall):  # tensor cores fed from register loads: 1.20-1.29x (sweep run 18)
         return C.Config(bm=16, bn=64, bk=256, tc=True, warps=4, waves=8, stages=1)
     if m <= 4 or (m <= 8 and tiny):  # four x rows a program: 1.32-1.59x against 1.73-2.09x (mma)
@@ -944,16 +966,6 @@ def default_config(m: int, n: int, k: int) -> C.Config:
         if tall:  # 1.70-1.72x
             return C.Config(bm=16, bn=32, bk=256, tc=True, warps=4, waves=8, stages=1, prefetch=True)
         return C.Config(bm=16, bn=64, bk=256, tc=True, warps=4, waves=8, stages=1)  # 1.37-1.42x
-    if gl_ok and m <= 64 and (small or tall) and (m <= 32 or tall):
-        # Gluon with the x tiles in the async ring (sweep round 15, run 41): at M = 17-32 k/v 1.34x
-        # against 1.48x (pass after), q/o 1.55x against 1.79x, down 1.36x against 1.76x; at
-        # M = 33-64 down 1.81x against 1.94x (bm 64 lost on the others: 2.4-3.6x)
-        if m > 32:
-            return C.Config(bm=64, bn=64, bk=128, gluon=True, warps=4, waves=8, prefetch=True, ring=2, ring_x=True)
-        if tiny:
-            return C.Config(bm=32, bn=32, bk=128, gluon=True, warps=4, waves=8, prefetch=True, ring=3, ring_x=True,
-                            exc_after=True)
-        return C.Config(bm=32, bn=64, bk=128, gluon=True, warps=2, waves=8, prefetch=True, ring=3, ring_x=True)
     if m <= 32:
         if wide:  # 1.44x against 1.66x (tc)
             return C.Config(bm=32, bn=64, mma=True, g=2, stages=3)

@@ -214,6 +214,12 @@ def _gl_kernel(x_ptr, code_ptr, lo_ptr, base_ptr, part_ptr, M, N, KP, stride_xm,
                     xa2 = xa2_n
                     xa3 = xa3_n
     if EXC:  # the exceptions of this tile's weight rows, added by the tile's first split program
+        if STAGES > 1:
+            # the ring's last copies (of clamped, unused steps) are still landing, and the layout
+            # changes below take shared scratch that may alias the ring: let them land first
+            # (without this the GPU gave NaN and 1e34 on some tiles, run 45)
+            async_copy.wait_group(0)
+            gl.thread_barrier()
         if pid_k == 0:
             acc = _exc_total(acc, ed, er, x_ptr, m0, M, stride_xm, eidx_ptr, ehi_ptr, lo8_ptr, KP, b8, n0, K,
                               e0 + EE, e1, BN, EE, EL, EXL, ML)

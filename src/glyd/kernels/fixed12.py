@@ -927,8 +927,8 @@ def default_config(m: int, n: int, k: int) -> C.Config:
     # beside it: lm_heads 1.07-1.11x against 1.28-1.35x at M = 4-16 and 1.18x against 1.44x at
     # M = 32; k/v 0.90x / 1.03x against 1.22x / 1.40x at M = 32 / 64; q/o 0.98x, 1.42x, 1.97x
     # against 1.14x, 1.54x, 2.34x at M = 16 / 32 / 64; gate/up 1.29x against 1.74x at M = 32;
-    # down 1.14x / 1.81x against 1.18x / 1.85x at M = 16 / 64. Where the pass beside measured
-    # faster (k/v and down at M = 3-16, by 0.03-0.05) it stays.
+    # down 1.14x / 1.81x against 1.18x / 1.85x at M = 16 / 64. Where the pass beside measured as
+    # fast or faster (M = 3-8, k/v at M = 9-16) it stays, and on gate/up at M = 9-16 (not timed).
     gl_ok = k % 128 == 0 and gluon_available()
     if gl_ok and m <= 8:
         return C.Config(bm=16, bn=32, bk=128, gluon=True, warps=4, waves=8, prefetch=True, exc_tile=wide)

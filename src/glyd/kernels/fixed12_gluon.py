@@ -394,7 +394,7 @@ def launch(x2: torch.Tensor, p, bias, cfg: C.Config, prep, out: torch.Tensor) ->
     if side:
         join = F12.exceptions_on_side_stream(part[split:], x2, p, prep)
     words, xl, mma, a_op, b_op = layouts(cfg.bn, cfg.bk, cfg.warps)
-    stages = cfg.ring  # Config checks ring > 1 comes with prefetch and ring_x with bm 16
+    stages = cfg.ring  # Config checks that ring > 1 comes with prefetch and ring_x with ring > 1
     xasync = cfg.ring_x
     xcl, xsl = x_ring_layouts(cfg.bk, cfg.warps) if xasync else (None, None)
     ee = EXC_E

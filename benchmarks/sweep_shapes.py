@@ -65,6 +65,16 @@ def candidates(m: int, n: int, k: int) -> dict:
             for block, warps in ((256, 2), (128, 1), (512, 4), (1024, 4)):
                 out[f"default reduce {block} w{warps}"] = (d, {(C, "FINALIZE_BLOCK"): block, (C, "FINALIZE_WARPS"): warps})
         return out
+    if os.environ.get("SWEEP_ROUND") == "18":  # exc_tile where run 45 did not time it (gate/up) or lost narrowly
+        R = dataclasses.replace
+        d = fixed12.default_config(m, n, k)
+        if d.gluon and not d.exc_tile:
+            out["default exc_tile"] = R(d, exc_tile=True, exc_after=False)
+            for bn, w, ring in ((64, 2, 1), (64, 4, 1), (32, 4, 2), (64, 4, 3)):
+                out[f"gluon bn{bn} w{w} ring{ring} exc_tile"] = V(bm=16, bn=bn, bk=128, gluon=True, warps=w,
+                                                                  prefetch=True, waves=8, ring=ring, ring_x=ring > 1,
+                                                                  exc_tile=True)
+        return out
     if os.environ.get("SWEEP_ROUND") == "17":  # Gluon: exceptions inside the tile kernel (Config.exc_tile)
         R = dataclasses.replace
         d = fixed12.default_config(m, n, k)

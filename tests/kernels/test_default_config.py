@@ -65,11 +65,12 @@ def test_default_config_paths_match_the_docs(kind, m, gluon, monkeypatch):
     kv_pass = m <= 2 or (not gluon and (m <= 8 or 16 < m <= 64))
     assert cfg.exc_pass == ((kind == "k/v" and kv_pass) or (kind == "down" and m == 1)), cfg
     assert cfg.exc_after == (kind == "k/v" and 16 < m <= 64 and not gluon), cfg
-    exc_tile = _path(cfg) == "gluon" and (m == 2 or m > 16 or kind == "lm_head" or (m > 8 and kind in ("q/o", "down")))
-    assert cfg.exc_tile == exc_tile, cfg
-    # the async-copy ring with x in it: gate/up and lm_heads at M = 9-16 (sweep round 14), every
-    # Gluon tile from M = 17 (rounds 15 and 17)
-    if _path(cfg) == "gluon" and (m > 16 or (m > 8 and kind in ("gate/up", "lm_head"))):
+    assert cfg.exc_tile == (_path(cfg) == "gluon"), cfg  # every Gluon default since sweep round 18
+    # the async-copy ring with x in it: k/v at M = 3-16, lm_heads at M = 9-16, down at M = 5-8
+    # (rounds 14 and 18), every Gluon tile from M = 17 (rounds 15 and 17)
+    ring = (m > 16 or (kind == "k/v" and m > 2) or (kind == "lm_head" and m > 8)
+            or (kind == "down" and 4 < m <= 8))
+    if _path(cfg) == "gluon" and ring:
         assert cfg.ring in (2, 3) and cfg.ring_x, cfg
     else:
         assert (cfg.ring, cfg.ring_x) == (1, False), cfg

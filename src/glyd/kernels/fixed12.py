@@ -929,15 +929,26 @@ def default_config(m: int, n: int, k: int) -> C.Config:
     # against 1.14x, 1.54x, 2.34x at M = 16 / 32 / 64; gate/up 1.29x against 1.74x at M = 32;
     # down 1.14x / 1.81x against 1.18x / 1.85x at M = 16 / 64. Where the pass beside measured as
     # fast or faster (M = 3-8, k/v at M = 9-16) it stays, and on gate/up at M = 9-16 (not timed).
+    # Sweep round 18 (run 47) then found exc_tile faster on the rest at M = 3-16 with other tiles:
+    # k/v bn 32 with the ring (0.80-0.93x against 0.90-1.01x), q/o and gate/up bn 64 4 warps
+    # (0.94-0.95x against 1.13-1.15x; gate/up 0.95x / 1.07x / 1.12x against 1.20x / 1.33x /
+    # 1.35x at M = 4 / 8 / 16), down bn 64 2 warps at M = 4 (0.95x against 1.00x) and bn 32 with
+    # the ring at M = 8 (1.07x against 1.13x).
     gl_ok = k % 128 == 0 and gluon_available()
-    if gl_ok and m <= 8:
-        return C.Config(bm=16, bn=32, bk=128, gluon=True, warps=4, waves=8, prefetch=True, exc_tile=wide)
     if gl_ok and m <= 16:
-        if tiny or not (small or tall):
-            ring = 1 if tiny else 3
+        if tiny:
+            return C.Config(bm=16, bn=32, bk=128, gluon=True, warps=4, waves=8, prefetch=True, ring=2, ring_x=True,
+                            exc_tile=True)
+        if wide:
+            ring = 1 if m <= 8 else 3
             return C.Config(bm=16, bn=32, bk=128, gluon=True, warps=4, waves=8, prefetch=True, ring=ring,
-                            ring_x=ring > 1, exc_tile=wide)
-        return C.Config(bm=16, bn=64, bk=128, gluon=True, warps=2, waves=8, prefetch=True, exc_tile=True)
+                            ring_x=ring > 1, exc_tile=True)
+        if tall and 4 < m <= 8:
+            return C.Config(bm=16, bn=32, bk=128, gluon=True, warps=4, waves=8, prefetch=True, ring=2, ring_x=True,
+                            exc_tile=True)
+        if (small and m > 8) or tall:
+            return C.Config(bm=16, bn=64, bk=128, gluon=True, warps=2, waves=8, prefetch=True, exc_tile=True)
+        return C.Config(bm=16, bn=64, bk=128, gluon=True, warps=4, waves=8, prefetch=True, exc_tile=True)
     if gl_ok and m <= 32:
         # x tiles in the async ring (sweep round 15, run 41), exceptions in the tile (round 17)
         if tiny:

@@ -927,8 +927,7 @@ def default_config(m: int, n: int, k: int) -> C.Config:
     # beside it: lm_heads 1.07-1.11x against 1.28-1.35x at M = 4-16 and 1.18x against 1.44x at
     # M = 32; k/v 0.90x / 1.03x against 1.22x / 1.40x at M = 32 / 64; q/o 0.98x, 1.42x, 1.97x
     # against 1.14x, 1.54x, 2.34x at M = 16 / 32 / 64; gate/up 1.29x against 1.74x at M = 32;
-    # down 1.14x / 1.81x against 1.18x / 1.85x at M = 16 / 64. Where the pass beside measured as
-    # fast or faster (M = 3-8, k/v at M = 9-16) it stays, and on gate/up at M = 9-16 (not timed).
+    # down 1.14x / 1.81x against 1.18x / 1.85x at M = 16 / 64.
     # Sweep round 18 (run 47) then found exc_tile faster on the rest at M = 3-16 with other tiles:
     # k/v bn 32 with the ring (0.80-0.93x against 0.90-1.01x), q/o and gate/up bn 64 4 warps
     # (0.94-0.95x against 1.13-1.15x; gate/up 0.95x / 1.07x / 1.12x against 1.20x / 1.33x /

@@ -147,6 +147,32 @@ def test_gluon_needs_a_gpu():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("bm,bn,warps,ring", [(16, 32, 4, 1), (16, 32, 4, 2), (16, 64, 2, 1), (16, 64, 4, 1),
+                                              (32, 64, 2, 3), (64, 32, 4, 2), (64, 64, 4, 2)])
+@pytest.mark.parametrize("m", [1, 7, 16, 40, 64])
+@pytest.mark.parametrize("split", [0, 5])
+def test_gluon_exc_tile_many_exceptions_gpu(bm, bn, warps, ring, m, split):
+    # rows with far more exceptions than the 16 loaded before the K loop: the step after the loop
+    # walks the rest, 16 at a time (every exc_tile default tile, and the ring's wait before it)
+    from glyd import kernels
+    from glyd.kernels._common import Config
+
+    w = random_weights(300, 1024, "normal", "cuda")
+    tiny = torch.full((1,), 1e-30, device="cuda").to(torch.bfloat16)
+    w[3, ::13] = tiny  # 79 exceptions in one row
+    w[40:44, 100:130] = -tiny  # 120 in four rows of one tile
+    w[299, :20] = tiny  # the last row, a partial tile at bn 64
+    p = kernels.pack(w, "fixed12")
+    assert p.arrays["exc_idx"].numel() > 200
+    x = torch.randn(m, 1024, device="cuda").to(torch.bfloat16)
+    bias = torch.randn(300, device="cuda").to(torch.bfloat16)
+    cfg = Config(bm=bm, bn=bn, bk=128, gluon=True, warps=warps, prefetch=True, split=split, ring=ring,
+                 ring_x=ring > 1, exc_tile=True)
+    _check(kernels.linear(x, p, bias, cfg), x, w, bias)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("bm,bn,bk,warps", [(16, 64, 256, 4), (16, 32, 128, 4), (16, 32, 256, 4), (16, 64, 64, 4),
                                             (32, 32, 128, 4), (64, 64, 128, 4), (16, 64, 64, 1), (32, 16, 128, 1),
                                             (16, 64, 128, 2), (64, 64, 64, 2)])

@@ -65,6 +65,25 @@ def candidates(m: int, n: int, k: int) -> dict:
             for block, warps in ((256, 2), (128, 1), (512, 4), (1024, 4)):
                 out[f"default reduce {block} w{warps}"] = (d, {(C, "FINALIZE_BLOCK"): block, (C, "FINALIZE_WARPS"): warps})
         return out
+    if os.environ.get("SWEEP_ROUND") == "19":  # exc_tile tiles where rounds 17-18 did not look (prepared, not run)
+        if k % 128 == 0 and m <= 64:
+            def g(name, bm, bn, w, ring=1):
+                out[name] = V(bm=bm, bn=bn, bk=128, gluon=True, warps=w, prefetch=True, waves=8, ring=ring,
+                              ring_x=ring > 1, exc_tile=True)
+
+            if m <= 16:  # M = 1-2 against the GEMV; lm_heads at bn 64 (round 18 left them out)
+                g("gluon bn64 w4 exc_tile", 16, 64, 4)
+                g("gluon bn64 w2 exc_tile", 16, 64, 2)
+                g("gluon bn32 w4 ring2 exc_tile", 16, 32, 4, 2)
+                g("gluon bn128 w4 exc_tile", 16, 128, 4)
+            elif m <= 32:
+                g("gluon bm32 bn128 w4 ring2 exc_tile", 32, 128, 4, 2)
+                g("gluon bm32 bn64 w4 ring2 exc_tile", 32, 64, 4, 2)
+            else:  # two 32-row tiles a matrix (decoded twice) against one 64-row tile
+                g("gluon bm32 bn64 w4 ring2 exc_tile", 32, 64, 4, 2)
+                g("gluon bm32 bn64 w2 ring3 exc_tile", 32, 64, 2, 3)
+                g("gluon bm64 bn128 w4 ring2 exc_tile", 64, 128, 4, 2)
+        return out
     if os.environ.get("SWEEP_ROUND") == "18":  # exc_tile where run 45 did not time it (gate/up) or lost narrowly
         R = dataclasses.replace
         d = fixed12.default_config(m, n, k)

@@ -40,6 +40,18 @@ VARIANTS = {
                                                   waves=8)),
 }
 
+# --set gluon: the Gluon tile against the GEMV at M = 1 (the same bytes; the GEMV is 0.78x bf16 on
+# gate/up, the tile 0.96x in sweep round 19) and the M = 8 default
+GLUON_VARIANTS = {
+    "bf16 M=1": (1, "bf16"),
+    "f12 default M=1": (1, None),
+    "f12 gluon bn64 w4 exc_tile M=1": (1, C.Config(bm=16, bn=64, bk=128, gluon=True, warps=4, waves=8, prefetch=True,
+                                                   exc_tile=True)),
+    "f12 gluon bn64 w4 ring3 exc_tile M=1": (1, C.Config(bm=16, bn=64, bk=128, gluon=True, warps=4, waves=8,
+                                                         prefetch=True, ring=3, ring_x=True, exc_tile=True)),
+    "bf16 M=8": (8, "bf16"),
+    "f12 default M=8": (8, None),
+}
 
 SHAPES = {"gate/up": (18944, 3584), "q/o": (3584, 3584), "k/v": (512, 3584), "down": (3584, 18944),
           "lm_head": (152064, 3584)}
@@ -50,12 +62,13 @@ def main(argv=None) -> int:
     ap.add_argument("--shape", default="gate/up", choices=list(SHAPES))
     ap.add_argument("--ms", default=None, help="comma-separated M: bf16 and the default config at each "
                     "(instead of the fixed variant list)")
+    ap.add_argument("--set", default="gemv", choices=("gemv", "gluon"), help="the fixed variant list")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     n, k = SHAPES[args.shape]
     w = (torch.randn(n, k, device="cuda") * 0.02).to(torch.bfloat16)
     p = kernels.pack(w, "fixed12")
-    variants = VARIANTS
+    variants = GLUON_VARIANTS if args.set == "gluon" else VARIANTS
     if args.ms:
         variants = {}
         for m in (int(v) for v in args.ms.split(",")):

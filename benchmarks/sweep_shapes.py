@@ -65,7 +65,17 @@ def candidates(m: int, n: int, k: int) -> dict:
             for block, warps in ((256, 2), (128, 1), (512, 4), (1024, 4)):
                 out[f"default reduce {block} w{warps}"] = (d, {(C, "FINALIZE_BLOCK"): block, (C, "FINALIZE_WARPS"): warps})
         return out
-    if os.environ.get("SWEEP_ROUND") == "19":  # exc_tile tiles where rounds 17-18 did not look (prepared, not run)
+    if os.environ.get("SWEEP_ROUND") == "20":  # the Gluon defaults' grid (waves) and deeper rings (prepared, not run)
+        R = dataclasses.replace
+        d = fixed12.default_config(m, n, k)
+        if d.gluon:
+            for wv in (4, 16, 32):
+                out[f"default wv{wv}"] = R(d, waves=wv)
+            for ring in (2, 3, 4):
+                if ring != d.ring:
+                    out[f"default ring{ring}"] = R(d, ring=ring, ring_x=True)
+        return out
+    if os.environ.get("SWEEP_ROUND") == "19":  # exc_tile tiles where rounds 17-18 did not look (run 50)
         if k % 128 == 0 and m <= 64:
             def g(name, bm, bn, w, ring=1):
                 out[name] = V(bm=bm, bn=bn, bk=128, gluon=True, warps=w, prefetch=True, waves=8, ring=ring,

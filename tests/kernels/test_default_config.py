@@ -30,7 +30,7 @@ def _path(cfg) -> str:
 
 
 def _expected(m: int, kind: str, gluon: bool) -> str:
-    if gluon and ((m == 2 and kind in ("q/o", "down")) or 3 <= m <= 32
+    if gluon and ((m == 2 and kind in ("q/o", "down")) or (m == 1 and kind == "q/o") or 3 <= m <= 32
                   or (33 <= m <= 64 and kind in ("k/v", "q/o", "down"))):
         return "gluon"
     if m >= 256:
@@ -66,10 +66,9 @@ def test_default_config_paths_match_the_docs(kind, m, gluon, monkeypatch):
     assert cfg.exc_pass == ((kind == "k/v" and kv_pass) or (kind == "down" and m == 1)), cfg
     assert cfg.exc_after == (kind == "k/v" and 16 < m <= 64 and not gluon), cfg
     assert cfg.exc_tile == (_path(cfg) == "gluon"), cfg  # every Gluon default since sweep round 18
-    # the async-copy ring with x in it: k/v at M = 3-16, lm_heads at M = 9-16, down at M = 5-8
-    # (rounds 14 and 18), every Gluon tile from M = 17 (rounds 15 and 17)
-    ring = (m > 16 or (kind == "k/v" and m > 2) or (kind == "lm_head" and m > 8)
-            or (kind == "down" and 4 < m <= 8))
+    # the async-copy ring with x in it: k/v at M = 3-16, down at M = 5-16 (rounds 14, 18 and 19),
+    # every Gluon tile from M = 17 (rounds 15 and 17)
+    ring = m > 16 or (kind == "k/v" and m > 2) or (kind == "down" and 4 < m <= 16)
     if _path(cfg) == "gluon" and ring:
         assert cfg.ring in (2, 3) and cfg.ring_x, cfg
     else:

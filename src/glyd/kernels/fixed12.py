@@ -901,10 +901,13 @@ def default_config(m: int, n: int, k: int) -> C.Config:
         # k/v, and down at M = 1: exceptions in a pass beside the tile kernel (sweep run 37: k/v
         # 1.05-1.14x -> 0.83x, down 0.93x -> 0.84x; it costs 0.06-0.19 on the others)
         tiny = n * k <= 1 << 22
-        if m == 2 and k % 128 == 0 and (tall or (small and not tiny)) and gluon_available():
+        qo = small and not tiny
+        if k % 128 == 0 and ((m == 2 and (tall or qo)) or (m == 1 and qo)) and gluon_available():
             # the Gluon tile with 14 padded MMA rows (sweep round 16, run 43): down 1.11x against
             # 1.20x, q/o 1.07x against 1.15x; it loses at M = 1 and on the other shapes. With the
-            # exceptions inside it (exc_tile, run 45): q/o 0.91x, down 0.99x
+            # exceptions inside it (exc_tile, run 45): q/o 0.91x, down 0.99x; at M = 1 (round 19,
+            # run 50) q/o 0.90x against the GEMV's 0.95x (the GEMV stays on k/v, gate/up, down,
+            # lm_heads: 0.78-0.82x against 0.87-0.99x)
             return C.Config(bm=16, bn=64, bk=128, gluon=True, warps=2 if tall else 4, waves=8, prefetch=True,
                             exc_tile=True)
         if small:  # one K step a program: the most programs in flight
@@ -938,11 +941,9 @@ def default_config(m: int, n: int, k: int) -> C.Config:
         if tiny:
             return C.Config(bm=16, bn=32, bk=128, gluon=True, warps=4, waves=8, prefetch=True, ring=2, ring_x=True,
                             exc_tile=True)
-        if wide:
-            ring = 1 if m <= 8 else 3
-            return C.Config(bm=16, bn=32, bk=128, gluon=True, warps=4, waves=8, prefetch=True, ring=ring,
-                            ring_x=ring > 1, exc_tile=True)
-        if tall and 4 < m <= 8:
+        if wide:  # bn 64 2 warps (round 19, run 50): 0.99-1.03x against 1.09-1.13x (bn 32)
+            return C.Config(bm=16, bn=64, bk=128, gluon=True, warps=2, waves=8, prefetch=True, exc_tile=True)
+        if tall and m > 4:  # at M = 9-16 too (round 19, run 50): 1.13x against 1.15x (bn 64 2 warps)
             return C.Config(bm=16, bn=32, bk=128, gluon=True, warps=4, waves=8, prefetch=True, ring=2, ring_x=True,
                             exc_tile=True)
         if (small and m > 8) or tall:
@@ -953,11 +954,10 @@ def default_config(m: int, n: int, k: int) -> C.Config:
         if tiny:
             return C.Config(bm=32, bn=32, bk=128, gluon=True, warps=4, waves=8, prefetch=True, ring=3, ring_x=True,
                             exc_tile=True)
-        if small or tall:
-            return C.Config(bm=32, bn=64, bk=128, gluon=True, warps=2, waves=8, prefetch=True, ring=3, ring_x=True,
-                            exc_tile=True)
-        return C.Config(bm=32, bn=64, bk=128, gluon=True, warps=4, waves=8, prefetch=True, ring=3 if wide else 2,
-                        ring_x=True, exc_tile=True)
+        # bn 64 4 warps ring 2 on the rest (round 19, run 50): q/o 1.18x against 1.42x, down 1.22x
+        # against 1.40x (2 warps ring 3), lm_heads 1.13x against 1.19x (ring 3)
+        return C.Config(bm=32, bn=64, bk=128, gluon=True, warps=4, waves=8, prefetch=True, ring=2, ring_x=True,
+                        exc_tile=True)
     if gl_ok and m <= 64 and (small or tall):  # gate/up and lm_heads keep tc (1.81-1.82x, 1.53-1.54x)
         return C.Config(bm=64, bn=32 if tiny else 64, bk=128, gluon=True, warps=4, waves=8, prefetch=True, ring=2,
                         ring_x=True, exc_tile=True)

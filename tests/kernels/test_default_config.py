@@ -75,6 +75,8 @@ def test_default_config_paths_match_the_docs(kind, m, gluon, monkeypatch):
         assert (cfg.ring, cfg.ring_x) == (1, False), cfg
     if cfg.gluon:  # whole K steps of 128 (the kernel takes no padded columns); never off a GPU
         assert k % cfg.bk == 0 and cfg.prefetch
+        # down's long K: half the split-K programs (sweep round 20)
+        assert cfg.waves == (4 if kind == "down" else 8), cfg
     if cfg.tc:  # whole K steps on these shapes: the unmasked path
         assert k % cfg.bk == 0
     if _path(cfg) == "GEMV":  # one decoded tile for 1, 2 or 4 x rows (docs/kernels.md)

@@ -908,8 +908,8 @@ def default_config(m: int, n: int, k: int) -> C.Config:
             # exceptions inside it (exc_tile, run 45): q/o 0.91x, down 0.99x; at M = 1 (round 19,
             # run 50) q/o 0.90x against the GEMV's 0.95x (the GEMV stays on k/v, gate/up, down,
             # lm_heads: 0.78-0.82x against 0.87-0.99x)
-            return C.Config(bm=16, bn=64, bk=128, gluon=True, warps=2 if tall else 4, waves=8, prefetch=True,
-                            exc_tile=True)
+            return C.Config(bm=16, bn=64, bk=128, gluon=True, warps=2 if tall else 4, waves=4 if tall else 8,
+                            prefetch=True, exc_tile=True)
         if small:  # one K step a program: the most programs in flight
             steps = max(1, -(-(-(-k // 64) * 64) // 256))
             return C.Config(bm=m, bn=16, bk=256, dot=False, group_major=True, stages=1, split=steps, exc_pass=tiny)
@@ -936,7 +936,11 @@ def default_config(m: int, n: int, k: int) -> C.Config:
     # (0.94-0.95x against 1.13-1.15x; gate/up 0.95x / 1.07x / 1.12x against 1.20x / 1.33x /
     # 1.35x at M = 4 / 8 / 16), down bn 64 2 warps at M = 4 (0.95x against 1.00x) and bn 32 with
     # the ring at M = 8 (1.07x against 1.13x).
+    # Round 20 (run 50): down with half the split-K programs (waves 4: longer K loops) at M = 2-64,
+    # 0.95x / 0.96x / 1.06x / 1.13x / 1.58x against 1.01x / 1.04x / 1.08x / 1.19x / 1.69x at M = 2 /
+    # 4 / 16 / 32 / 64; k/v ring 2 at M = 17-32 (0.87x against 0.93x with ring 3).
     gl_ok = k % 128 == 0 and gluon_available()
+    wv = 4 if tall else 8
     if gl_ok and m <= 16:
         if tiny:
             return C.Config(bm=16, bn=32, bk=128, gluon=True, warps=4, waves=8, prefetch=True, ring=2, ring_x=True,
@@ -944,22 +948,22 @@ def default_config(m: int, n: int, k: int) -> C.Config:
         if wide:  # bn 64 2 warps (round 19, run 50): 0.99-1.03x against 1.09-1.13x (bn 32)
             return C.Config(bm=16, bn=64, bk=128, gluon=True, warps=2, waves=8, prefetch=True, exc_tile=True)
         if tall and m > 4:  # at M = 9-16 too (round 19, run 50): 1.13x against 1.15x (bn 64 2 warps)
-            return C.Config(bm=16, bn=32, bk=128, gluon=True, warps=4, waves=8, prefetch=True, ring=2, ring_x=True,
+            return C.Config(bm=16, bn=32, bk=128, gluon=True, warps=4, waves=wv, prefetch=True, ring=2, ring_x=True,
                             exc_tile=True)
         if (small and m > 8) or tall:
-            return C.Config(bm=16, bn=64, bk=128, gluon=True, warps=2, waves=8, prefetch=True, exc_tile=True)
+            return C.Config(bm=16, bn=64, bk=128, gluon=True, warps=2, waves=wv, prefetch=True, exc_tile=True)
         return C.Config(bm=16, bn=64, bk=128, gluon=True, warps=4, waves=8, prefetch=True, exc_tile=True)
     if gl_ok and m <= 32:
         # x tiles in the async ring (sweep round 15, run 41), exceptions in the tile (round 17)
         if tiny:
-            return C.Config(bm=32, bn=32, bk=128, gluon=True, warps=4, waves=8, prefetch=True, ring=3, ring_x=True,
+            return C.Config(bm=32, bn=32, bk=128, gluon=True, warps=4, waves=8, prefetch=True, ring=2, ring_x=True,
                             exc_tile=True)
         # bn 64 4 warps ring 2 on the rest (round 19, run 50): q/o 1.18x against 1.42x, down 1.22x
         # against 1.40x (2 warps ring 3), lm_heads 1.13x against 1.19x (ring 3)
-        return C.Config(bm=32, bn=64, bk=128, gluon=True, warps=4, waves=8, prefetch=True, ring=2, ring_x=True,
+        return C.Config(bm=32, bn=64, bk=128, gluon=True, warps=4, waves=wv, prefetch=True, ring=2, ring_x=True,
                         exc_tile=True)
     if gl_ok and m <= 64 and (small or tall):  # gate/up and lm_heads keep tc (1.81-1.82x, 1.53-1.54x)
-        return C.Config(bm=64, bn=32 if tiny else 64, bk=128, gluon=True, warps=4, waves=8, prefetch=True, ring=2,
+        return C.Config(bm=64, bn=32 if tiny else 64, bk=128, gluon=True, warps=4, waves=wv, prefetch=True, ring=2,
                         ring_x=True, exc_tile=True)
     if m <= 4 and not (small or tall):  # tensor cores fed from register loads: 1.20-1.29x (sweep run 18)
         return C.Config(bm=16, bn=64, bk=256, tc=True, warps=4, waves=8, stages=1)

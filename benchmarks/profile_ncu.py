@@ -49,6 +49,11 @@ GLUON_VARIANTS = {
                                                    exc_tile=True)),
     "f12 gluon bn64 w4 ring3 exc_tile M=1": (1, C.Config(bm=16, bn=64, bk=128, gluon=True, warps=4, waves=8,
                                                          prefetch=True, ring=3, ring_x=True, exc_tile=True)),
+    "f12 gluon bn64 w4 step exc_tile M=1": (1, C.Config(bm=16, bn=64, bk=128, gluon=True, warps=4, waves=8,
+                                                        prefetch=True, exc_tile=True, x_ahead=False)),
+    "f12 gluon bn64 w4 step x8 r96 exc_tile M=1": (1, C.Config(bm=16, bn=64, bk=128, gluon=True, warps=4, waves=8,
+                                                               prefetch=True, exc_tile=True, x_ahead=False,
+                                                               x_rows8=True, maxnreg=96)),
     "bf16 M=8": (8, "bf16"),
     "f12 default M=8": (8, None),
 }

@@ -65,7 +65,24 @@ def candidates(m: int, n: int, k: int) -> dict:
             for block, warps in ((256, 2), (128, 1), (512, 4), (1024, 4)):
                 out[f"default reduce {block} w{warps}"] = (d, {(C, "FINALIZE_BLOCK"): block, (C, "FINALIZE_WARPS"): warps})
         return out
-    if os.environ.get("SWEEP_ROUND") == "20":  # the Gluon defaults' grid (waves) and deeper rings (prepared, not run)
+    if os.environ.get("SWEEP_ROUND") == "21":  # Gluon bm 16 with x loaded in the step, 8 x rows, register caps
+        if k % 128 == 0 and m <= 16:
+            def g(bn, w, x8=False, reg=0, ahead=False):
+                name = (f"gluon bn{bn} w{w}" + (" ahead" if ahead else " step") + (" x8" if x8 else "")
+                        + (f" r{reg}" if reg else ""))
+                out[name] = V(bm=16, bn=bn, bk=128, gluon=True, warps=w, prefetch=True, waves=4 if k > n else 8,
+                              exc_tile=True, x_ahead=ahead, x_rows8=x8, maxnreg=reg)
+
+            for x8 in ((False, True) if m <= 8 else (False,)):
+                g(64, 4, x8)
+                g(64, 4, x8, 96)
+                g(64, 2, x8)
+                g(64, 2, x8, 168)
+                g(32, 4, x8)
+            if m <= 8:
+                g(64, 4, True, ahead=True)
+        return out
+    if os.environ.get("SWEEP_ROUND") == "20":  # the Gluon defaults' grid (waves) and deeper rings (run 50)
         R = dataclasses.replace
         d = fixed12.default_config(m, n, k)
         if d.gluon:

@@ -44,7 +44,7 @@ def test_gluon_tile_stays_in_registers_sm90(bn, bk, mt, pf, warps, stages, xasyn
         assert "LDGSTS.E.BYPASS.128" in _sass(k)  # 16-byte async copies
 
 
-def _compile_sm90(bn, bk, mt, pf, warps, stages=1, xasync=False, exc=False):
+def _compile_sm90(bn, bk, mt, pf, warps, stages=1, xasync=False, exc=False, xahead=True, x8=False, maxnreg=None):
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -55,7 +55,8 @@ def _compile_sm90(bn, bk, mt, pf, warps, stages=1, xasync=False, exc=False):
             "rowptr_ptr": "*i32", "eidx_ptr": "*i32", "ehi_ptr": "*u8", "lo8_ptr": "*u8"}
     const = {"BN": bn, "BK": bk, "WL": words, "XL": xl, "ML": mma, "AL": a_op, "BL": b_op, "MT": mt, "PREFETCH": pf,
              "STAGES": stages, "SL": g.ring_layout(bn, bk, warps, stages) if stages > 1 else None,
-             "XASYNC": xasync, "EXC": exc, "EE": g.EXC_E}
+             "XASYNC": xasync, "EXC": exc, "EE": g.EXC_E, "XAHEAD": xahead, "X8": x8,
+             "X8L": g.x8_layout(bk, warps) if x8 else None}
     const["EL"], const["EXL"] = g.exc_layouts(warps) if exc else (None, None)
     if xasync:
         const["XCL"], const["XSL"] = g.x_ring_layouts(bk, warps)
@@ -65,7 +66,7 @@ def _compile_sm90(bn, bk, mt, pf, warps, stages=1, xasync=False, exc=False):
              if a in ptrs or a.startswith("stride") or a in ("K_SPLIT", "KP")}
     try:
         return triton.compile(GluonASTSource(g._gl_kernel, sig, const, attrs), target=GPUTarget("cuda", 90, 32),
-                              options=dict(num_warps=warps))
+                              options=dict(num_warps=warps, maxnreg=maxnreg))
     except Exception as exc:  # no ptxas for sm_90 in this Triton install
         if "ptxas" in str(exc).lower():
             pytest.skip(f"cannot compile for sm_90 here: {exc}")
@@ -85,6 +86,39 @@ def test_gluon_in_tile_exceptions_compile_sm90(bn, bk, mt, warps, stages, xasync
     assert k.metadata.shared >= base.metadata.shared
     # the exception step's one-hot product: two more MMAs (hi and lo parts) a 16-row x tile
     assert sass.count("HMMA") > _sass(base).count("HMMA")
+
+
+def _res_usage(k) -> dict:
+    import os
+    import re
+    import subprocess
+    import tempfile
+
+    import triton
+
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(k.asm["cubin"])
+        f.flush()
+        out = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True, check=True).stdout
+    return {key: int(v) for key, v in re.findall(r"(REG|STACK|SHARED|LOCAL):(\d+)", out)}
+
+
+@pytest.mark.parametrize("bn,warps", [(64, 4), (64, 2), (32, 4)])
+def test_gluon_x_in_step_frees_registers_sm90(bn, warps):
+    # Config.x_ahead=False: the next step's x tile is not held in registers while this step's
+    # decodes (ncu, run 50: bm 16 bn 64 4 warps took 136 registers, three programs an SM)
+    ahead = _res_usage(_compile_sm90(bn, 128, 1, 1, warps, exc=True))
+    step = _compile_sm90(bn, 128, 1, 1, warps, exc=True, xahead=False)
+    rows8 = _compile_sm90(bn, 128, 1, 1, warps, exc=True, xahead=False, x8=True)
+    assert _res_usage(step)["REG"] < ahead["REG"] - 24
+    assert _res_usage(step)["STACK"] == 0 and "STL" not in _sass(step)
+    # rows 8-15 not loaded: fewer global loads in the loop, and nothing spills
+    assert _sass(rows8).count("LDG") < _sass(step).count("LDG")
+    assert "STL" not in _sass(rows8)
+    # a register cap holds (bm 16 bn 64 4 warps at 96: five programs an SM)
+    capped = _compile_sm90(bn, 128, 1, 1, warps, exc=True, xahead=False, maxnreg=96 if warps == 4 else 168)
+    assert _res_usage(capped)["REG"] <= (96 if warps == 4 else 168)
 
 
 def _sass(k) -> str:
@@ -111,6 +145,22 @@ def test_gluon_config_validation():
     for bad in (dict(bm=128), dict(bn=16, warps=4), dict(bn=16, bm=64, warps=4), dict(bk=32), dict(warps=8), dict(tc=True)):
         with pytest.raises(ValueError, match="gluon"):
             Config(**{**dict(bm=16, bn=32, bk=128, gluon=True), **bad})
+
+
+def test_x_in_step_config_is_checked():
+    from glyd.kernels._common import Config
+
+    base = dict(bm=16, bn=64, bk=128, gluon=True, prefetch=True)
+    cfg = Config(**base, x_ahead=False, x_rows8=True, maxnreg=96)
+    assert (cfg.x_ahead, cfg.x_rows8, cfg.maxnreg) == (False, True, 96)
+    for bad in (dict(prefetch=False), dict(ring=2, ring_x=True)):  # x must be a prefetched register tile
+        with pytest.raises(ValueError, match="x_ahead"):
+            Config(**{**base, **bad, "x_ahead": False})
+    with pytest.raises(ValueError, match="x_rows8"):
+        Config(**{**base, "bm": 32, "x_rows8": True})
+    for bad in (dict(maxnreg=16), dict(maxnreg=300), dict(gluon=False, tc=True, stages=1, maxnreg=96)):
+        with pytest.raises(ValueError, match="maxnreg"):
+            Config(**{**base, **bad})
 
 
 def test_ring_config_is_checked():
@@ -208,6 +258,31 @@ def test_gluon_matches_reference_gpu(bm, bn, bk, warps, m, prefetch, split, monk
     tc = kernels.linear(x, p, bias, Config(bm=16, bn=max(bn, 16), bk=bk, tc=True, stages=1))
     # same products, other summation order: within bf16 rounding of each other
     assert ((y.float() - tc.float()).abs() <= 2**-7 * tc.float().abs() + 1e-3 * tc.float().abs().max()).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("bm,bn,warps", [(16, 64, 4), (16, 64, 2), (16, 32, 4), (16, 16, 1), (32, 64, 4),
+                                         (64, 32, 4)])
+@pytest.mark.parametrize("m", [1, 5, 8, 9, 33])
+@pytest.mark.parametrize("split", [0, 5])
+@pytest.mark.parametrize("xahead,x8,maxnreg", [(False, False, 0), (False, True, 0), (True, True, 0),
+                                               (False, True, 96)])
+def test_gluon_x_in_step_gpu(bm, bn, warps, m, split, xahead, x8, maxnreg):
+    # x rows loaded in their own step (x_ahead=False), only 8 of them at M <= 8 (x_rows8), a
+    # register cap: the same products as the reference, with the exceptions in the tile
+    from glyd import kernels
+    from glyd.kernels._common import Config
+
+    if x8 and bm != 16:
+        pytest.skip("x_rows8 needs bm 16")
+    w = random_weights(1000, 3584, "normal", "cuda")
+    p = kernels.pack(w, "fixed12")
+    x = torch.randn(m, 3584, device="cuda").to(torch.bfloat16)
+    bias = torch.randn(1000, device="cuda").to(torch.bfloat16)
+    cfg = Config(bm=bm, bn=bn, bk=128, gluon=True, warps=warps, prefetch=True, split=split, exc_tile=True,
+                 x_ahead=xahead, x_rows8=x8, maxnreg=maxnreg)
+    _check(kernels.linear(x, p, bias, cfg), x, w, bias)
 
 
 @pytest.mark.gpu

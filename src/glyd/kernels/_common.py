@@ -56,6 +56,11 @@ class Config:
     the same ring (copied once a program instead of once a warp; at bm 32 and 64 it also keeps
     the 2 or 4 x tiles out of registers). ``exc_tile`` (gluon): the exceptions of each tile's rows
     are added by its first split program after the K loop, instead of in the separate pass.
+    ``x_ahead`` (gluon with prefetch, x not in the ring): False loads each step's x rows in that
+    step (they hit L1/L2) instead of one step ahead, which frees the registers of a second x tile
+    (bm 16 bn 64 4 warps: 100 registers instead of 141). ``x_rows8`` (gluon, bm 16): at M <= 8
+    only x rows 0-7 are loaded, the MMA's rows 8-15 are zeros. ``maxnreg`` (gluon): a register
+    cap a thread (0: the compiler's choice), for more programs an SM.
     """
 
     bm: int = 16
@@ -82,6 +87,9 @@ class Config:
     ring: int = 1
     ring_x: bool = False
     exc_tile: bool = False
+    x_ahead: bool = True
+    x_rows8: bool = False
+    maxnreg: int = 0
 
     def __post_init__(self) -> None:
         for name in ("bm", "bn", "bk"):
@@ -107,6 +115,12 @@ class Config:
             raise ValueError("Config.ring_x puts x rows in the async ring: it needs ring > 1")
         if self.exc_tile and (not self.gluon or self.exc_pass or self.exc_after):
             raise ValueError("exc_tile (exceptions inside the tile kernel) applies to gluon, without exc_pass or exc_after")
+        if (not self.x_ahead or self.x_rows8) and not (self.gluon and self.prefetch and not self.ring_x):
+            raise ValueError("x_ahead=False and x_rows8 apply to gluon with prefetch and x outside the ring")
+        if self.x_rows8 and self.bm != 16:
+            raise ValueError("x_rows8 loads 8 of one 16-row x tile: it needs bm 16")
+        if self.maxnreg and not (self.gluon and 32 <= self.maxnreg <= 255):
+            raise ValueError(f"Config.maxnreg applies to gluon and must be 32-255 (0: none), got {self.maxnreg}")
         if self.exc_after and not (self.exc_pass or self.gluon):
             raise ValueError("exc_after applies to a separate exception pass (exc_pass or gluon)")
         if self.exc_pass and not (self.tc or (self.group_major and self.stages == 1 and self.gemv)):

@@ -60,7 +60,8 @@ def _gl_kernel(x_ptr, code_ptr, lo_ptr, base_ptr, part_ptr, M, N, KP, stride_xm,
                STAGES: gl.constexpr = 1, SL: gl.constexpr = None, XASYNC: gl.constexpr = False,
                XCL: gl.constexpr = None, XSL: gl.constexpr = None, rowptr_ptr=None, eidx_ptr=None, ehi_ptr=None,
                lo8_ptr=None, K=0, EXC: gl.constexpr = False, EL: gl.constexpr = None, EE: gl.constexpr = 16,
-               EXL: gl.constexpr = None):
+               EXL: gl.constexpr = None, XAHEAD: gl.constexpr = True, X8: gl.constexpr = False,
+               X8L: gl.constexpr = None):
     # part[pid_k, 16 * MT rows, BN cols] (fp32) = x rows @ W^T over this program's K range, the
     # decoded tile used for MT (1, 2 or 4) 16-row x tiles. Whole shapes only (K == KP, K_SPLIT a
     # multiple of BK); rows past M or N read row M-1 / N-1 again and are not stored.
@@ -76,7 +77,10 @@ def _gl_kernel(x_ptr, code_ptr, lo_ptr, base_ptr, part_ptr, M, N, KP, stride_xm,
     high = ((q // 8) % 2) == 1
     b4 = gl.load(base_ptr).to(gl.uint32) * 0x01010101
     m0 = pid_m * (16 * MT)
-    xp = _x_ptrs(x_ptr, m0, M, stride_xm, BK, XL)
+    if not X8:
+        xp = _x_ptrs(x_ptr, m0, M, stride_xm, BK, XL)
+    else:  # M <= 8: rows 8-15 of the MMA tile are zeros, not loaded (half the x registers)
+        xp = _x_ptrs(x_ptr, m0, M, stride_xm, BK, X8L, 8)
     if MT > 1:
         xp1 = _x_ptrs(x_ptr, m0 + 16, M, stride_xm, BK, XL)
     if MT > 2:
@@ -129,8 +133,8 @@ def _gl_kernel(x_ptr, code_ptr, lo_ptr, base_ptr, part_ptr, M, N, KP, stride_xm,
         kc = s0 * BK
         if STAGES == 1:
             lw, cw = _words(lo_ptr, code_ptr, lo_off, code_off, kc)
-        if not XASYNC:
-            xa = gl.load(xp + kc)
+        if not XASYNC and XAHEAD:
+            xa = _x_load(xp, kc, XL, X8)
             if MT > 1:
                 xa1 = gl.load(xp1 + kc)
             if MT > 2:
@@ -146,16 +150,23 @@ def _gl_kernel(x_ptr, code_ptr, lo_ptr, base_ptr, part_ptr, M, N, KP, stride_xm,
             kn = gl.minimum(st + PREFETCH, s1 - 1) * BK
             if STAGES == 1:
                 lw_n, cw_n = _words(lo_ptr, code_ptr, lo_off, code_off, kn)
-            if not XASYNC:
-                xa_n = gl.load(xp + kn)
+            if not XASYNC and XAHEAD:
+                xa_n = _x_load(xp, kn, XL, X8)
                 if MT > 1:
                     xa1_n = gl.load(xp1 + kn)
                 if MT > 2:
                     xa2_n = gl.load(xp2 + kn)
                     xa3_n = gl.load(xp3 + kn)
+            if not XASYNC and not XAHEAD:  # x rows loaded in the step (L1/L2 hits): fewer registers
+                xa = _x_load(xp, kb, XL, X8)
+                if MT > 1:
+                    xa1 = gl.load(xp1 + kb)
+                if MT > 2:
+                    xa2 = gl.load(xp2 + kb)
+                    xa3 = gl.load(xp3 + kb)
         else:
             lw, cw = _words(lo_ptr, code_ptr, lo_off, code_off, kb)
-            xa = gl.load(xp + kb)
+            xa = _x_load(xp, kb, XL, X8)
             if MT > 1:
                 xa1 = gl.load(xp1 + kb)
             if MT > 2:
@@ -206,7 +217,7 @@ def _gl_kernel(x_ptr, code_ptr, lo_ptr, base_ptr, part_ptr, M, N, KP, stride_xm,
             if STAGES == 1:
                 lw = lw_n
                 cw = cw_n
-            if not XASYNC:
+            if not XASYNC and XAHEAD:
                 xa = xa_n
                 if MT > 1:
                     xa1 = xa1_n
@@ -320,10 +331,21 @@ def _words(lo_ptr, code_ptr, lo_off, code_off, kb):
 
 
 @gluon.jit
-def _x_ptrs(x_ptr, row0, M, stride_xm, BK: gl.constexpr, XL: gl.constexpr):
-    # [16, BK] pointers to x rows row0.. (rows past M read row M-1 again), step 0
-    rows = gl.minimum(row0 + gl.arange(0, 16, layout=gl.SliceLayout(1, XL)), M - 1)
+def _x_ptrs(x_ptr, row0, M, stride_xm, BK: gl.constexpr, XL: gl.constexpr, R: gl.constexpr = 16):
+    # [R, BK] pointers to x rows row0.. (rows past M read row M-1 again), step 0
+    rows = gl.minimum(row0 + gl.arange(0, R, layout=gl.SliceLayout(1, XL)), M - 1)
     return x_ptr + rows[:, None] * stride_xm + gl.arange(0, BK, layout=gl.SliceLayout(0, XL))[None, :]
+
+
+@gluon.jit
+def _x_load(xp, kb, XL: gl.constexpr, X8: gl.constexpr):
+    # the [16, BK] x tile of step kb (layout XL); with X8 only rows 0-7 are loaded, rows 8-15
+    # (one register base of XL) are zeros
+    xt = gl.load(xp + kb)
+    if X8:
+        xt = gl.reshape(gl.permute(gl.join(xt, gl.zeros_like(xt)), [2, 0, 1]), [16, xt.shape[1]])
+        xt = gl.convert_layout(xt, XL)
+    return xt
 
 
 @gluon.jit
@@ -355,6 +377,15 @@ def layouts(bn: int, bk: int, warps: int = WARPS):
     x = gl.DistributedLinearLayout(reg_bases=xreg, lane_bases=[[0, 16], [0, 32], [1, 0], [2, 0], [4, 0]],
                                    warp_bases=[[0, 0]] * wb, block_bases=[], shape=[16, bk])
     return words, x, mma, a_op, b_op
+
+
+@functools.lru_cache(maxsize=None)
+def x8_layout(bk: int, warps: int = WARPS):
+    """The x layout of ``layouts`` for rows 0-7 only (its row-8 register base dropped)."""
+    wb = warps.bit_length() - 1
+    xreg = [[0, 1], [0, 2], [0, 4], [0, 8]] + [[0, 1 << i] for i in range(6, bk.bit_length() - 1)]
+    return gl.DistributedLinearLayout(reg_bases=xreg, lane_bases=[[0, 16], [0, 32], [1, 0], [2, 0], [4, 0]],
+                                      warp_bases=[[0, 0]] * wb, block_bases=[], shape=[8, bk])
 
 
 @functools.lru_cache(maxsize=None)
@@ -399,6 +430,7 @@ def launch(x2: torch.Tensor, p, bias, cfg: C.Config, prep, out: torch.Tensor) ->
     xcl, xsl = x_ring_layouts(cfg.bk, cfg.warps) if xasync else (None, None)
     ee = EXC_E
     el, exl = exc_layouts(cfg.warps) if inline else (None, None)
+    x8 = cfg.x_rows8 and m <= 8  # rows 8-15 of the one x tile are all padding
     grid = (triton.cdiv(n, cfg.bn), split, triton.cdiv(m, cfg.bm))
     _gl_kernel[grid](x2, a["code"].view(torch.int32), a["lo"].view(torch.int32), a["base"], part,
                      m, n, kp, x2.stride(0), per, kp // 8, kp // 4,
@@ -407,7 +439,8 @@ def launch(x2: torch.Tensor, p, bias, cfg: C.Config, prep, out: torch.Tensor) ->
                      STAGES=stages, SL=ring_layout(cfg.bn, cfg.bk, cfg.warps, stages) if stages > 1 else None,
                      XASYNC=xasync, XCL=xcl, XSL=xsl, rowptr_ptr=prep.rowptr, eidx_ptr=a["exc_idx"],
                      ehi_ptr=a["exc_hi"], lo8_ptr=a["lo"], K=k, EXC=inline, EE=ee, EL=el, EXL=exl,
-                     num_warps=cfg.warps)
+                     XAHEAD=cfg.x_ahead, X8=x8, X8L=x8_layout(cfg.bk, cfg.warps) if x8 else None,
+                     num_warps=cfg.warps, **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}))
     if side:
         join()
     elif not cfg.exc_tile:

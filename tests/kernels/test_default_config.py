@@ -30,7 +30,7 @@ def _path(cfg) -> str:
 
 
 def _expected(m: int, kind: str, gluon: bool) -> str:
-    if gluon and ((m == 2 and kind in ("q/o", "down")) or (m == 1 and kind == "q/o") or 3 <= m <= 32
+    if gluon and ((m == 2 and kind in ("q/o", "down", "gate/up")) or (m == 1 and kind == "q/o") or 3 <= m <= 32
                   or (33 <= m <= 64 and kind in ("k/v", "q/o", "down"))):
         return "gluon"
     if m >= 256:
@@ -68,7 +68,7 @@ def test_default_config_paths_match_the_docs(kind, m, gluon, monkeypatch):
     assert cfg.exc_tile == (_path(cfg) == "gluon"), cfg  # every Gluon default since sweep round 18
     # the async-copy ring with x in it: k/v at M = 3-16, down at M = 5-16 (rounds 14, 18 and 19),
     # every Gluon tile from M = 17 (rounds 15 and 17)
-    ring = m > 16 or (kind == "k/v" and m > 2) or (kind == "down" and 4 < m <= 16)
+    ring = m > 16 or (kind == "k/v" and m > 2) or (kind == "down" and 8 < m <= 16)
     if _path(cfg) == "gluon" and ring:
         assert cfg.ring in (2, 3) and cfg.ring_x, cfg
     else:
@@ -77,6 +77,11 @@ def test_default_config_paths_match_the_docs(kind, m, gluon, monkeypatch):
         assert k % cfg.bk == 0 and cfg.prefetch
         # down's long K: half the split-K programs (sweep round 20)
         assert cfg.waves == (4 if kind == "down" else 8), cfg
+        # x rows 0-7 only where M <= 8 and the x tile is in registers: gate/up at M = 2-8 (loaded in
+        # their step), down at M = 2 (in their step) and 5-8 (round 21)
+        rows8 = (kind == "gate/up" and 2 <= m <= 8) or (kind == "down" and (m == 2 or 4 < m <= 8))
+        assert cfg.x_rows8 == rows8, cfg
+        assert cfg.x_ahead == (not rows8 or (kind == "down" and m > 2)), cfg
     if cfg.tc:  # whole K steps on these shapes: the unmasked path
         assert k % cfg.bk == 0
     if _path(cfg) == "GEMV":  # one decoded tile for 1, 2 or 4 x rows (docs/kernels.md)

@@ -902,6 +902,11 @@ def default_config(m: int, n: int, k: int) -> C.Config:
         # 1.05-1.14x -> 0.83x, down 0.93x -> 0.84x; it costs 0.06-0.19 on the others)
         tiny = n * k <= 1 << 22
         qo = small and not tiny
+        if m == 2 and not small and n < 65536 and k % 128 == 0 and gluon_available():
+            # gate/up and down: bn 32 with x rows 0-7 loaded in their step (round 21, run 51):
+            # 0.96x against the GEMV's 1.03x and 0.98x
+            return C.Config(bm=16, bn=32, bk=128, gluon=True, warps=4, waves=4 if tall else 8, prefetch=True,
+                            exc_tile=True, x_ahead=False, x_rows8=True)
         if k % 128 == 0 and ((m == 2 and (tall or qo)) or (m == 1 and qo)) and gluon_available():
             # the Gluon tile with 14 padded MMA rows (sweep round 16, run 43): down 1.11x against
             # 1.20x, q/o 1.07x against 1.15x; it loses at M = 1 and on the other shapes. With the
@@ -947,11 +952,18 @@ def default_config(m: int, n: int, k: int) -> C.Config:
                             exc_tile=True)
         if wide:  # bn 64 2 warps (round 19, run 50): 0.99-1.03x against 1.09-1.13x (bn 32)
             return C.Config(bm=16, bn=64, bk=128, gluon=True, warps=2, waves=8, prefetch=True, exc_tile=True)
-        if tall and m > 4:  # at M = 9-16 too (round 19, run 50): 1.13x against 1.15x (bn 64 2 warps)
+        if tall and 4 < m <= 8:  # x rows 0-7 only (round 21, run 51): 0.99x against 1.05x (the ring)
+            return C.Config(bm=16, bn=64, bk=128, gluon=True, warps=4, waves=wv, prefetch=True, exc_tile=True,
+                            x_rows8=True)
+        if tall and m > 8:  # (round 19, run 50): 1.13x against 1.15x (bn 64 2 warps)
             return C.Config(bm=16, bn=32, bk=128, gluon=True, warps=4, waves=wv, prefetch=True, ring=2, ring_x=True,
                             exc_tile=True)
         if (small and m > 8) or tall:
             return C.Config(bm=16, bn=64, bk=128, gluon=True, warps=2, waves=wv, prefetch=True, exc_tile=True)
+        if not small and m <= 8:  # gate/up: bn 32, x rows 0-7 in their step (round 21, run 51):
+            # 0.96x / 1.00x against 1.06x / 1.09x at M = 4 / 8
+            return C.Config(bm=16, bn=32, bk=128, gluon=True, warps=4, waves=8, prefetch=True, exc_tile=True,
+                            x_ahead=False, x_rows8=True)
         return C.Config(bm=16, bn=64, bk=128, gluon=True, warps=4, waves=8, prefetch=True, exc_tile=True)
     if gl_ok and m <= 32:
         # x tiles in the async ring (sweep round 15, run 41), exceptions in the tile (round 17)

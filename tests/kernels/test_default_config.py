@@ -30,7 +30,7 @@ def _path(cfg) -> str:
 
 
 def _expected(m: int, kind: str, gluon: bool) -> str:
-    if gluon and ((m == 2 and kind in ("q/o", "down", "gate/up")) or (m == 1 and kind == "q/o") or 3 <= m <= 32
+    if gluon and ((m == 2 and kind != "lm_head") or (m == 1 and kind == "q/o") or 3 <= m <= 32
                   or (33 <= m <= 64 and kind in ("k/v", "q/o", "down"))):
         return "gluon"
     if m >= 256:
@@ -62,13 +62,13 @@ def test_default_config_paths_match_the_docs(kind, m, gluon, monkeypatch):
     assert _path(cfg) == _expected(m, kind, gluon), cfg
     # exceptions in a pass of their own: k/v on the GEMV and tc (beside up to M = 8, after from
     # M = 17), down at M = 1; the Gluon kernel runs one beside it unless exc_tile puts them inside
-    kv_pass = m <= 2 or (not gluon and (m <= 8 or 16 < m <= 64))
+    kv_pass = m == 1 or (not gluon and (m <= 8 or 16 < m <= 64))
     assert cfg.exc_pass == ((kind == "k/v" and kv_pass) or (kind == "down" and m == 1)), cfg
     assert cfg.exc_after == (kind == "k/v" and 16 < m <= 64 and not gluon), cfg
     assert cfg.exc_tile == (_path(cfg) == "gluon"), cfg  # every Gluon default since sweep round 18
-    # the async-copy ring with x in it: k/v at M = 3-16, down at M = 5-16 (rounds 14, 18 and 19),
-    # every Gluon tile from M = 17 (rounds 15 and 17)
-    ring = m > 16 or (kind == "k/v" and m > 2) or (kind == "down" and 8 < m <= 16)
+    # the async-copy ring with x in it: k/v at M = 2-16 (rounds 14, 18 and 22), every Gluon tile
+    # from M = 17 (rounds 15 and 17)
+    ring = m > 16 or (kind == "k/v" and m > 1)
     if _path(cfg) == "gluon" and ring:
         assert cfg.ring in (2, 3) and cfg.ring_x, cfg
     else:
@@ -79,7 +79,8 @@ def test_default_config_paths_match_the_docs(kind, m, gluon, monkeypatch):
         assert cfg.waves == (4 if kind == "down" else 8), cfg
         # x rows 0-7 only where M <= 8 and the x tile is in registers: gate/up at M = 2-8 (loaded in
         # their step), down at M = 2 (in their step) and 5-8 (round 21)
-        rows8 = (kind == "gate/up" and 2 <= m <= 8) or (kind == "down" and (m == 2 or 4 < m <= 8))
+        rows8 = (kind == "gate/up" and 2 <= m <= 8) or (kind in ("down", "q/o") and m == 2) or (
+            kind == "down" and 4 < m <= 8)
         assert cfg.x_rows8 == rows8, cfg
         assert cfg.x_ahead == (not rows8 or (kind == "down" and m > 2)), cfg
     if cfg.tc:  # whole K steps on these shapes: the unmasked path

@@ -902,19 +902,20 @@ def default_config(m: int, n: int, k: int) -> C.Config:
         # 1.05-1.14x -> 0.83x, down 0.93x -> 0.84x; it costs 0.06-0.19 on the others)
         tiny = n * k <= 1 << 22
         qo = small and not tiny
-        if m == 2 and not small and n < 65536 and k % 128 == 0 and gluon_available():
-            # gate/up and down: bn 32 with x rows 0-7 loaded in their step (round 21, run 51):
-            # 0.96x against the GEMV's 1.03x and 0.98x
+        # M = 2 on the Gluon tile but for lm_heads (the GEMV: 0.82x against 0.84-0.86x, round 22)
+        if m == 2 and (qo or not small) and n < 65536 and k % 128 == 0 and gluon_available():
+            # gate/up, down and q/o: bn 32 with x rows 0-7 loaded in their step (round 21, run 51):
+            # 0.96x against the GEMV's 1.03x and 0.98x; q/o 0.90x against 0.92x (rounds 21-22)
             return C.Config(bm=16, bn=32, bk=128, gluon=True, warps=4, waves=4 if tall else 8, prefetch=True,
                             exc_tile=True, x_ahead=False, x_rows8=True)
-        if k % 128 == 0 and ((m == 2 and (tall or qo)) or (m == 1 and qo)) and gluon_available():
-            # the Gluon tile with 14 padded MMA rows (sweep round 16, run 43): down 1.11x against
-            # 1.20x, q/o 1.07x against 1.15x; it loses at M = 1 and on the other shapes. With the
-            # exceptions inside it (exc_tile, run 45): q/o 0.91x, down 0.99x; at M = 1 (round 19,
-            # run 50) q/o 0.90x against the GEMV's 0.95x (the GEMV stays on k/v, gate/up, down,
-            # lm_heads: 0.78-0.82x against 0.87-0.99x)
-            return C.Config(bm=16, bn=64, bk=128, gluon=True, warps=2 if tall else 4, waves=4 if tall else 8,
-                            prefetch=True, exc_tile=True)
+        if m == 2 and tiny and k % 128 == 0 and gluon_available():
+            # k/v: the M = 3-16 tile (bn 32, the ring): 0.82-0.89x against 0.84-0.91x (rounds 19, 22)
+            return C.Config(bm=16, bn=32, bk=128, gluon=True, warps=4, waves=8, prefetch=True, ring=2, ring_x=True,
+                            exc_tile=True)
+        if m == 1 and qo and k % 128 == 0 and gluon_available():
+            # the Gluon tile with 15 padded MMA rows: 0.90x against the GEMV's 0.95x (round 19,
+            # run 50); the GEMV stays on k/v, gate/up, down and lm_heads (0.78-0.82x against 0.87-0.99x)
+            return C.Config(bm=16, bn=64, bk=128, gluon=True, warps=4, waves=8, prefetch=True, exc_tile=True)
         if small:  # one K step a program: the most programs in flight
             steps = max(1, -(-(-(-k // 64) * 64) // 256))
             return C.Config(bm=m, bn=16, bk=256, dot=False, group_major=True, stages=1, split=steps, exc_pass=tiny)
@@ -955,10 +956,7 @@ def default_config(m: int, n: int, k: int) -> C.Config:
         if tall and 4 < m <= 8:  # x rows 0-7 only (round 21, run 51): 0.99x against 1.05x (the ring)
             return C.Config(bm=16, bn=64, bk=128, gluon=True, warps=4, waves=wv, prefetch=True, exc_tile=True,
                             x_rows8=True)
-        if tall and m > 8:  # (round 19, run 50): 1.13x against 1.15x (bn 64 2 warps)
-            return C.Config(bm=16, bn=32, bk=128, gluon=True, warps=4, waves=wv, prefetch=True, ring=2, ring_x=True,
-                            exc_tile=True)
-        if (small and m > 8) or tall:
+        if tall:  # bn 64 2 warps; at M = 9-16 with waves 4 1.03x against 1.07x (bn 32 ring, round 22)
             return C.Config(bm=16, bn=64, bk=128, gluon=True, warps=2, waves=wv, prefetch=True, exc_tile=True)
         if not small and m <= 8:  # gate/up: bn 32, x rows 0-7 in their step (round 21, run 51):
             # 0.96x / 1.00x against 1.06x / 1.09x at M = 4 / 8

@@ -44,7 +44,8 @@ def test_gluon_tile_stays_in_registers_sm90(bn, bk, mt, pf, warps, stages, xasyn
         assert "LDGSTS.E.BYPASS.128" in _sass(k)  # 16-byte async copies
 
 
-def _compile_sm90(bn, bk, mt, pf, warps, stages=1, xasync=False, exc=False, xahead=True, x8=False, maxnreg=None):
+def _compile_sm90(bn, bk, mt, pf, warps, stages=1, xasync=False, exc=False, xahead=True, x8=False, maxnreg=None,
+                  pdl=False):
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -56,7 +57,7 @@ def _compile_sm90(bn, bk, mt, pf, warps, stages=1, xasync=False, exc=False, xahe
     const = {"BN": bn, "BK": bk, "WL": words, "XL": xl, "ML": mma, "AL": a_op, "BL": b_op, "MT": mt, "PREFETCH": pf,
              "STAGES": stages, "SL": g.ring_layout(bn, bk, warps, stages) if stages > 1 else None,
              "XASYNC": xasync, "EXC": exc, "EE": g.EXC_E, "XAHEAD": xahead, "X8": x8,
-             "X8L": g.x8_layout(bk, warps) if x8 else None}
+             "X8L": g.x8_layout(bk, warps) if x8 else None, "PDL": pdl}
     const["EL"], const["EXL"] = g.exc_layouts(warps) if exc else (None, None)
     if xasync:
         const["XCL"], const["XSL"] = g.x_ring_layouts(bk, warps)
@@ -102,6 +103,24 @@ def _res_usage(k) -> dict:
         f.flush()
         out = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True, check=True).stdout
     return {key: int(v) for key, v in re.findall(r"(REG|STACK|SHARED|LOCAL):(\d+)", out)}
+
+
+@pytest.mark.parametrize("stages,xasync", [(1, False), (2, True)])
+def test_gluon_pdl_loads_weights_before_waiting_sm90(stages, xasync):
+    # programmatic dependent launch (C.PDL): the kernel waits for the one before it
+    # (griddepcontrol.wait) before any x load or store; with the register prefetch the first
+    # step's plane words load before the wait
+    ptx = _compile_sm90(64, 128, 1, 1, 4, stages, xasync, exc=True, pdl=True).asm["ptx"]
+    plain = _compile_sm90(64, 128, 1, 1, 4, stages, xasync, exc=True).asm["ptx"]
+    assert "griddepcontrol.wait" not in plain
+    wait = ptx.index("griddepcontrol.wait")
+    assert ptx.index("griddepcontrol.launch_dependents") > wait
+    assert "st.global" not in ptx[:wait] and "cp.async" not in ptx[:wait]
+    before = ptx[:wait].count("ld.global")
+    if stages == 1:  # the two 16-byte plane-word loads a thread (lo and code), nothing else but the base
+        assert before >= 2 and ".v4" in ptx[:wait]
+    else:
+        assert before <= 1  # the window base only
 
 
 @pytest.mark.parametrize("bn,warps", [(64, 4), (64, 2), (32, 4)])

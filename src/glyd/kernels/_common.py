@@ -163,9 +163,39 @@ def choose_split(tiles: int, kp: int, bk: int, device: torch.device, split: int 
     return (kp + per - 1) // per, per
 
 
+#: Programmatic dependent launch (Hopper and later, CUDA): the fused kernels and the split-K reduce
+#: are launched so that they may start while the kernel before them ends; each waits
+#: (``griddepcontrol.wait``) before it reads anything that kernel may write (x, the partials), so
+#: a tile kernel's first plane words load, and a reduce's launch happens, under the previous
+#: kernel's tail. Off unless ``GLYD_PDL=1`` (not yet measured faster: benchmarks/notes-kernels.md).
+PDL = os.environ.get("GLYD_PDL", "0") == "1"
+
+
+def pdl(device: torch.device) -> bool:
+    """Whether to launch with programmatic dependent launch on ``device`` (see ``PDL``)."""
+    return (PDL and device.type == "cuda" and not interpreting()
+            and torch.cuda.get_device_capability(device)[0] >= 9)
+
+
+@triton.jit
+def gdc_wait():
+    # griddepcontrol.wait: the kernel before this one has finished and its writes are visible
+    # (a no-op without programmatic dependent launch)
+    tl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def gdc_launch_dependents():
+    # let the next kernel launch once every program of this one has started (a hint)
+    tl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=tl.int32, is_pure=False,
+                              pack=1)
+
+
 @triton.jit
 def _finalize_kernel(part_ptr, bias_ptr, out_ptr, MN, N, SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr,
-                     BLOCK: tl.constexpr):
+                     BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+    if PDL:  # launched early: wait for the tile kernel's partials
+        gdc_wait()
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < MN
     acc = tl.load(part_ptr + offs, mask=mask, other=0.0)
@@ -240,9 +270,10 @@ def finalize(part: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor) -
     small = mn <= 1 << 18
     block = FINALIZE_BLOCK or (128 if small else 512)
     warps = FINALIZE_WARPS or (1 if small else 4)
+    on = pdl(part.device)
     _finalize_kernel[(triton.cdiv(mn, block),)](
         part, bias if bias is not None else part, out, mn, n, SPLIT=split, HAS_BIAS=bias is not None, BLOCK=block,
-        num_warps=warps,
+        PDL=on, num_warps=warps, **({"launch_pdl": True} if on else {}),
     )
 
 

@@ -1,0 +1,86 @@
+"""Programmatic dependent launch (``glyd.kernels._common.PDL``): kernels launched while the one
+before them ends give the same bits as plain launches, eagerly and in a CUDA graph."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from .conftest import needs_triton, random_weights
+
+pytestmark = needs_triton
+
+
+def test_pdl_is_off_by_default_and_off_the_gpu(monkeypatch):
+    from glyd.kernels import _common as C
+
+    assert C.PDL is False or __import__("os").environ.get("GLYD_PDL") == "1"
+    monkeypatch.setattr(C, "PDL", True)
+    assert not C.pdl(torch.device("cpu"))  # the interpreter and the CPU never use it
+
+
+def _chain(ps, x, cfgs):
+    # each product feeds the next (so every kernel reads what the one before it wrote), with a
+    # bias on every other one
+    from glyd import kernels
+
+    y = x
+    for i, (p, bias) in enumerate(ps):
+        y = kernels.linear(y, p, bias, cfgs[i % len(cfgs)])
+        y = y / (y.float().abs().amax() + 1).to(y.dtype)  # a torch kernel between (keeps y in range)
+    return y
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("m", [1, 2, 5, 16, 33, 64])
+def test_pdl_gives_the_same_bits_gpu(m, monkeypatch):
+    from glyd import kernels
+    from glyd.kernels import _common as C
+
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("programmatic dependent launch needs sm_90 or later")
+    k = 1024
+    ps = []
+    for i, n in enumerate((k, k, 512 if m < 16 else k, k)):
+        w = random_weights(n if i < 3 else k, k if i != 3 else ps[-1][0].shape[0], "normal", "cuda")
+        ps.append((kernels.pack(w, "fixed12"), torch.randn(w.shape[0], device="cuda").to(torch.bfloat16)
+                   if i % 2 else None))
+    x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+    # the default path for this M, and a split-K Gluon tile and GEMV where they apply
+    cfgs = [None]
+    try:
+        from glyd.kernels import fixed12
+
+        if fixed12.gluon_available():
+            cfgs.append(C.Config(bm=16 if m <= 16 else 32, bn=32, bk=128, gluon=True, prefetch=True, split=4,
+                                 exc_tile=True))
+    except ImportError:
+        pass
+    if m <= 2:
+        cfgs.append(C.Config(bm=m, bn=32, bk=256, dot=False, group_major=True, stages=1, split=4))
+    monkeypatch.setattr(C, "PDL", False)
+    ref = _chain(ps, x, cfgs)
+    monkeypatch.setattr(C, "PDL", True)
+    assert C.pdl(x.device)
+    eager = _chain(ps, x, cfgs)
+    torch.cuda.synchronize()
+    assert torch.equal(eager.view(torch.int16), ref.view(torch.int16))
+    # captured: the programmatic edges live in the graph
+    static_x = x.clone()
+    _chain(ps, static_x, cfgs)  # warm-up (compiles) outside the capture
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = _chain(ps, static_x, cfgs)
+    for _ in range(3):
+        g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out.view(torch.int16), ref.view(torch.int16))
+    x2 = torch.randn(m, k, device="cuda").to(torch.bfloat16)  # fresh inputs through the same graph
+    static_x.copy_(x2)
+    g.replay()
+    monkeypatch.setattr(C, "PDL", False)
+    ref2 = _chain(ps, x2, cfgs)
+    torch.cuda.synchronize()
+    assert torch.equal(out.view(torch.int16), ref2.view(torch.int16))

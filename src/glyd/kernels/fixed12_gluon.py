@@ -81,6 +81,9 @@ def _gl_kernel(x_ptr, code_ptr, lo_ptr, base_ptr, part_ptr, M, N, KP, stride_xm,
         xp = _x_ptrs(x_ptr, m0, M, stride_xm, BK, XL)
     else:  # M <= 8: rows 8-15 of the MMA tile are zeros, not loaded (half the x registers)
         xp = _x_ptrs(x_ptr, m0, M, stride_xm, BK, X8L, 8)
+    xp1 = xp  # (unused below MT 2 and 4)
+    xp2 = xp
+    xp3 = xp
     if MT > 1:
         xp1 = _x_ptrs(x_ptr, m0 + 16, M, stride_xm, BK, XL)
     if MT > 2:
@@ -141,12 +144,7 @@ def _gl_kernel(x_ptr, code_ptr, lo_ptr, base_ptr, part_ptr, M, N, KP, stride_xm,
         if STAGES == 1 and not PDL:
             lw, cw = _words(lo_ptr, code_ptr, lo_off, code_off, kc)
         if not XASYNC and XAHEAD:
-            xa = _x_load(xp, kc, XL, X8)
-            if MT > 1:
-                xa1 = gl.load(xp1 + kc)
-            if MT > 2:
-                xa2 = gl.load(xp2 + kc)
-                xa3 = gl.load(xp3 + kc)
+            xa, xa1, xa2, xa3 = _x_tiles(xp, xp1, xp2, xp3, kc, XL, X8, MT)
     if PREFETCH == 2:  # two steps ahead (one x tile only: MT == 1)
         kc = gl.minimum(s0 + 1, s1 - 1) * BK
         lw_b, cw_b = _words(lo_ptr, code_ptr, lo_off, code_off, kc)
@@ -158,27 +156,12 @@ def _gl_kernel(x_ptr, code_ptr, lo_ptr, base_ptr, part_ptr, M, N, KP, stride_xm,
             if STAGES == 1:
                 lw_n, cw_n = _words(lo_ptr, code_ptr, lo_off, code_off, kn)
             if not XASYNC and XAHEAD:
-                xa_n = _x_load(xp, kn, XL, X8)
-                if MT > 1:
-                    xa1_n = gl.load(xp1 + kn)
-                if MT > 2:
-                    xa2_n = gl.load(xp2 + kn)
-                    xa3_n = gl.load(xp3 + kn)
+                xa_n, xa1_n, xa2_n, xa3_n = _x_tiles(xp, xp1, xp2, xp3, kn, XL, X8, MT)
             if not XASYNC and not XAHEAD:  # x rows loaded in the step (L1/L2 hits): fewer registers
-                xa = _x_load(xp, kb, XL, X8)
-                if MT > 1:
-                    xa1 = gl.load(xp1 + kb)
-                if MT > 2:
-                    xa2 = gl.load(xp2 + kb)
-                    xa3 = gl.load(xp3 + kb)
+                xa, xa1, xa2, xa3 = _x_tiles(xp, xp1, xp2, xp3, kb, XL, X8, MT)
         else:
             lw, cw = _words(lo_ptr, code_ptr, lo_off, code_off, kb)
-            xa = _x_load(xp, kb, XL, X8)
-            if MT > 1:
-                xa1 = gl.load(xp1 + kb)
-            if MT > 2:
-                xa2 = gl.load(xp2 + kb)
-                xa3 = gl.load(xp3 + kb)
+            xa, xa1, xa2, xa3 = _x_tiles(xp, xp1, xp2, xp3, kb, XL, X8, MT)
         if STAGES > 1:
             # refill the slot read last step (its words are used up), then wait for this step's
             kq = gl.minimum(st + STAGES - 1, s1 - 1) * BK
@@ -353,6 +336,21 @@ def _x_ptrs(x_ptr, row0, M, stride_xm, BK: gl.constexpr, XL: gl.constexpr, R: gl
     # [R, BK] pointers to x rows row0.. (rows past M read row M-1 again), step 0
     rows = gl.minimum(row0 + gl.arange(0, R, layout=gl.SliceLayout(1, XL)), M - 1)
     return x_ptr + rows[:, None] * stride_xm + gl.arange(0, BK, layout=gl.SliceLayout(0, XL))[None, :]
+
+
+@gluon.jit
+def _x_tiles(xp, xp1, xp2, xp3, kb, XL: gl.constexpr, X8: gl.constexpr, MT: gl.constexpr):
+    # the MT x tiles of step kb (the unused ones are the first again, never read)
+    xa = _x_load(xp, kb, XL, X8)
+    xa1 = xa
+    xa2 = xa
+    xa3 = xa
+    if MT > 1:
+        xa1 = gl.load(xp1 + kb)
+    if MT > 2:
+        xa2 = gl.load(xp2 + kb)
+        xa3 = gl.load(xp3 + kb)
+    return xa, xa1, xa2, xa3
 
 
 @gluon.jit

@@ -65,6 +65,12 @@ def candidates(m: int, n: int, k: int) -> dict:
             for block, warps in ((256, 2), (128, 1), (512, 4), (1024, 4)):
                 out[f"default reduce {block} w{warps}"] = (d, {(C, "FINALIZE_BLOCK"): block, (C, "FINALIZE_WARPS"): warps})
         return out
+    if os.environ.get("SWEEP_ROUND") == "23":  # programmatic dependent launch per shape (prepared, not run)
+        d = fixed12.default_config(m, n, k)
+        if not d.long:
+            for mode in ("all", "reduce", "tiles"):
+                out[f"default pdl {mode}"] = (d, {(C, "PDL"): mode})
+        return out
     if os.environ.get("SWEEP_ROUND") == "22":  # round 21's winners on every shape at M = 2-16, the default timed twice (run 52)
         if k % 128 == 0 and 2 <= m <= 16:
             wv = 4 if k > n else 8

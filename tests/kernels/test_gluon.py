@@ -45,7 +45,7 @@ def test_gluon_tile_stays_in_registers_sm90(bn, bk, mt, pf, warps, stages, xasyn
 
 
 def _compile_sm90(bn, bk, mt, pf, warps, stages=1, xasync=False, exc=False, xahead=True, x8=False, maxnreg=None,
-                  pdl=False):
+                  pdl=0):
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -110,9 +110,11 @@ def test_gluon_pdl_loads_weights_before_waiting_sm90(stages, xasync):
     # programmatic dependent launch (C.PDL): the kernel waits for the one before it
     # (griddepcontrol.wait) before any x load or store; with the register prefetch the first
     # step's plane words load before the wait
-    ptx = _compile_sm90(64, 128, 1, 1, 4, stages, xasync, exc=True, pdl=True).asm["ptx"]
+    ptx = _compile_sm90(64, 128, 1, 1, 4, stages, xasync, exc=True, pdl=3).asm["ptx"]
     plain = _compile_sm90(64, 128, 1, 1, 4, stages, xasync, exc=True).asm["ptx"]
-    assert "griddepcontrol.wait" not in plain
+    assert "griddepcontrol" not in plain
+    trigger = _compile_sm90(64, 128, 1, 1, 4, stages, xasync, exc=True, pdl=2).asm["ptx"]  # mode "reduce"
+    assert "griddepcontrol.launch_dependents" in trigger and "griddepcontrol.wait" not in trigger
     wait = ptx.index("griddepcontrol.wait")
     assert ptx.index("griddepcontrol.launch_dependents") > wait
     assert "st.global" not in ptx[:wait] and "cp.async" not in ptx[:wait]

@@ -12,11 +12,18 @@ pytestmark = needs_triton
 
 
 def test_pdl_is_off_by_default_and_off_the_gpu(monkeypatch):
+    import os
+
     from glyd.kernels import _common as C
 
-    assert C.PDL is False or __import__("os").environ.get("GLYD_PDL") == "1"
-    monkeypatch.setattr(C, "PDL", True)
-    assert not C.pdl(torch.device("cpu"))  # the interpreter and the CPU never use it
+    assert C.PDL == "" or os.environ.get("GLYD_PDL", "0") not in ("", "0")
+    for mode in ("all", "reduce", "tiles"):
+        monkeypatch.setattr(C, "PDL", mode)
+        assert C.pdl_flags(torch.device("cpu")) == 0  # the interpreter and the CPU never use it
+        assert C.pdl_flags(torch.device("cpu"), "reduce") == 0
+    monkeypatch.setattr(C, "PDL", "sometimes")
+    with pytest.raises(ValueError, match="GLYD_PDL"):
+        C.pdl_flags(torch.device("cpu"))
 
 
 def _chain(ps, x, cfgs):
@@ -34,7 +41,8 @@ def _chain(ps, x, cfgs):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("m", [1, 2, 5, 16, 33, 64])
-def test_pdl_gives_the_same_bits_gpu(m, monkeypatch):
+@pytest.mark.parametrize("mode", ["all", "reduce", "tiles"])
+def test_pdl_gives_the_same_bits_gpu(m, mode, monkeypatch):
     from glyd import kernels
     from glyd.kernels import _common as C
 
@@ -59,10 +67,10 @@ def test_pdl_gives_the_same_bits_gpu(m, monkeypatch):
         pass
     if m <= 2:
         cfgs.append(C.Config(bm=m, bn=32, bk=256, dot=False, group_major=True, stages=1, split=4))
-    monkeypatch.setattr(C, "PDL", False)
+    monkeypatch.setattr(C, "PDL", "")
     ref = _chain(ps, x, cfgs)
-    monkeypatch.setattr(C, "PDL", True)
-    assert C.pdl(x.device)
+    monkeypatch.setattr(C, "PDL", mode)
+    assert C.pdl_flags(x.device) == {"all": 3, "reduce": 2, "tiles": 1}[mode]
     eager = _chain(ps, x, cfgs)
     torch.cuda.synchronize()
     assert torch.equal(eager.view(torch.int16), ref.view(torch.int16))
@@ -80,7 +88,7 @@ def test_pdl_gives_the_same_bits_gpu(m, monkeypatch):
     x2 = torch.randn(m, k, device="cuda").to(torch.bfloat16)  # fresh inputs through the same graph
     static_x.copy_(x2)
     g.replay()
-    monkeypatch.setattr(C, "PDL", False)
+    monkeypatch.setattr(C, "PDL", "")
     ref2 = _chain(ps, x2, cfgs)
     torch.cuda.synchronize()
     assert torch.equal(out.view(torch.int16), ref2.view(torch.int16))

@@ -163,18 +163,27 @@ def choose_split(tiles: int, kp: int, bk: int, device: torch.device, split: int 
     return (kp + per - 1) // per, per
 
 
-#: Programmatic dependent launch (Hopper and later, CUDA): the fused kernels and the split-K reduce
-#: are launched so that they may start while the kernel before them ends; each waits
-#: (``griddepcontrol.wait``) before it reads anything that kernel may write (x, the partials), so
-#: a tile kernel's first plane words load, and a reduce's launch happens, under the previous
-#: kernel's tail. Off unless ``GLYD_PDL=1`` (not yet measured faster: benchmarks/notes-kernels.md).
-PDL = os.environ.get("GLYD_PDL", "0") == "1"
+#: Programmatic dependent launch (Hopper and later, CUDA), from ``GLYD_PDL`` at import: "all"
+#: (or "1") launches the fused kernels and the split-K reduce so that they may start while the
+#: kernel before them ends, each waiting (``griddepcontrol.wait``) before it reads anything that
+#: kernel may write (x, the partials), and has the fused kernels let the reduce launch as soon as
+#: all their programs run; "reduce" does that for the reduce only, "tiles" for the fused kernels
+#: only; "" or "0": off (the default: "all" measured slower at M = 2-8, benchmarks/RESULTS.md run 54).
+PDL = {"1": "all", "0": ""}.get(os.environ.get("GLYD_PDL", ""), os.environ.get("GLYD_PDL", ""))
+PDL_MODES = ("", "all", "reduce", "tiles")
 
 
-def pdl(device: torch.device) -> bool:
-    """Whether to launch with programmatic dependent launch on ``device`` (see ``PDL``)."""
-    return (PDL and device.type == "cuda" and not interpreting()
-            and torch.cuda.get_device_capability(device)[0] >= 9)
+def pdl_flags(device: torch.device, kernel: str = "tile") -> int:
+    """Programmatic-dependent-launch flags of a launch on ``device`` (see ``PDL``): bit 1, launched
+    early and waits for the previous kernel; bit 2 (fused kernels), lets the next kernel launch early."""
+    if PDL not in PDL_MODES:
+        raise ValueError(f"GLYD_PDL must be one of 0, 1, all, reduce, tiles; got {PDL!r}")
+    if (not PDL or device.type != "cuda" or interpreting()
+            or torch.cuda.get_device_capability(device)[0] < 9):
+        return 0
+    if kernel == "reduce":
+        return int(PDL in ("all", "reduce"))
+    return int(PDL in ("all", "tiles")) | 2 * (PDL in ("all", "reduce"))
 
 
 @triton.jit
@@ -193,8 +202,8 @@ def gdc_launch_dependents():
 
 @triton.jit
 def _finalize_kernel(part_ptr, bias_ptr, out_ptr, MN, N, SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr,
-                     BLOCK: tl.constexpr, PDL: tl.constexpr = False):
-    if PDL:  # launched early: wait for the tile kernel's partials
+                     BLOCK: tl.constexpr, PDL: tl.constexpr = 0):
+    if PDL & 1:  # launched early: wait for the tile kernel's partials
         gdc_wait()
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < MN
@@ -270,10 +279,10 @@ def finalize(part: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor) -
     small = mn <= 1 << 18
     block = FINALIZE_BLOCK or (128 if small else 512)
     warps = FINALIZE_WARPS or (1 if small else 4)
-    on = pdl(part.device)
+    flags = pdl_flags(part.device, "reduce")
     _finalize_kernel[(triton.cdiv(mn, block),)](
         part, bias if bias is not None else part, out, mn, n, SPLIT=split, HAS_BIAS=bias is not None, BLOCK=block,
-        PDL=on, num_warps=warps, **({"launch_pdl": True} if on else {}),
+        PDL=flags, num_warps=warps, **({"launch_pdl": True} if flags & 1 else {}),
     )
 
 

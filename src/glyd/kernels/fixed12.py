@@ -367,10 +367,11 @@ def _gemv_gm_kernel(
     cnt_ptr, M, N, K, KP, stride_xm, K_SPLIT, stride_code, stride_lo,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EVEN: tl.constexpr, PREFETCH: tl.constexpr,
     PRMT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_EXC: tl.constexpr, PARTIAL: tl.constexpr, FIXUP: tl.constexpr,
-    PDL: tl.constexpr = False,
+    PDL: tl.constexpr = 0,
 ):
-    if PDL:  # launched early (C.PDL): nothing read before the previous kernel is done
+    if PDL & 1:  # launched early (C.PDL): nothing read before the previous kernel is done
         C.gdc_wait()
+    if PDL & 2:
         C.gdc_launch_dependents()
     # The group-major word-tile GEMV: a [BN, BK] weight tile decoded once for BM x rows. Options for
     # its memory path: EVEN (K == KP, whole steps, x rows 4-byte aligned): no load masks at all
@@ -506,10 +507,11 @@ def _tc_kernel(
     M, N, K, KP, stride_xm, K_SPLIT, stride_code, stride_lo,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EVEN: tl.constexpr, PRMT: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_EXC: tl.constexpr, PARTIAL: tl.constexpr, F32DOT: tl.constexpr, FIXUP: tl.constexpr,
-    PREFETCH: tl.constexpr, PAIRS: tl.constexpr, PDL: tl.constexpr = False,
+    PREFETCH: tl.constexpr, PAIRS: tl.constexpr, PDL: tl.constexpr = 0,
 ):
-    if PDL:  # launched early (C.PDL): nothing read before the previous kernel is done
+    if PDL & 1:  # launched early (C.PDL): nothing read before the previous kernel is done
         C.gdc_wait()
+    if PDL & 2:
         C.gdc_launch_dependents()
     # out tile [BM, BN] = x [BM, BK] @ W^T [BK, BN], the planes loaded as the GEMV loads them
     # (group-major [G, BN, 8] word tiles, 16-byte loads straight to registers) and decoded to bf16
@@ -1196,8 +1198,9 @@ def _launch_words(x2: torch.Tensor, p: Packed, bias, cfg: C.Config, prep: Prepar
     meta = dict(BM=cfg.bm, BN=cfg.bn, BK=cfg.bk, EVEN=even, PRMT=not C.interpreting(), HAS_BIAS=bias is not None,
                 HAS_EXC=prep.nexc > 0 and not exc_pass, PARTIAL=partial, FIXUP=fixup, PREFETCH=cfg.prefetch,
                 num_warps=cfg.warps)
-    if C.pdl(x2.device) and not side:  # (a side-stream pass joins by events: plain launches there)
-        meta.update(PDL=True, launch_pdl=True)
+    flags = 0 if side else C.pdl_flags(x2.device)  # (a side-stream pass joins by events: plain launches)
+    if flags:
+        meta.update(PDL=flags, **({"launch_pdl": True} if flags & 1 else {}))
     if tc:  # stages > 1: Triton's software pipelining (async copies through shared memory)
         _tc_kernel[grid](x2, *args, F32DOT=C.interpreting(), PAIRS=TC_PAIRS, num_stages=cfg.stages, **meta)
     else:

@@ -61,7 +61,7 @@ def _gl_kernel(x_ptr, code_ptr, lo_ptr, base_ptr, part_ptr, M, N, KP, stride_xm,
                XCL: gl.constexpr = None, XSL: gl.constexpr = None, rowptr_ptr=None, eidx_ptr=None, ehi_ptr=None,
                lo8_ptr=None, K=0, EXC: gl.constexpr = False, EL: gl.constexpr = None, EE: gl.constexpr = 16,
                EXL: gl.constexpr = None, XAHEAD: gl.constexpr = True, X8: gl.constexpr = False,
-               X8L: gl.constexpr = None, PDL: gl.constexpr = False):
+               X8L: gl.constexpr = None, PDL: gl.constexpr = 0):
     # part[pid_k, 16 * MT rows, BN cols] (fp32) = x rows @ W^T over this program's K range, the
     # decoded tile used for MT (1, 2 or 4) 16-row x tiles. Whole shapes only (K == KP, K_SPLIT a
     # multiple of BK); rows past M or N read row M-1 / N-1 again and are not stored.
@@ -96,12 +96,13 @@ def _gl_kernel(x_ptr, code_ptr, lo_ptr, base_ptr, part_ptr, M, N, KP, stride_xm,
     # K steps as step indices so that every offset is a known multiple of BK (16-byte loads)
     s0 = (pid_k * K_SPLIT) // BK
     s1 = gl.minimum(pid_k * K_SPLIT + K_SPLIT, KP) // BK
-    if PDL:
+    if PDL & 1:
         # launched early (C.PDL): the first step's plane words do not depend on the kernel before
         # this one, so they load while it ends; x and every store wait for it
         if STAGES == 1 and PREFETCH:
             lw, cw = _words(lo_ptr, code_ptr, lo_off, code_off, s0 * BK)
         _gdc_wait()
+    if PDL & 2:
         _gdc_launch_dependents()
     if STAGES > 1:
         # plane words by async copy into a ring of STAGES steps in shared memory (STAGES - 1 in
@@ -141,7 +142,7 @@ def _gl_kernel(x_ptr, code_ptr, lo_ptr, base_ptr, part_ptr, M, N, KP, stride_xm,
         # decodes and multiplies (Gluon does not pipeline loops by itself); the last step
         # reloads itself. Every program has at least one step (choose_split).
         kc = s0 * BK
-        if STAGES == 1 and not PDL:
+        if STAGES == 1 and not PDL & 1:
             lw, cw = _words(lo_ptr, code_ptr, lo_off, code_off, kc)
         if not XASYNC and XAHEAD:
             xa, xa1, xa2, xa3 = _x_tiles(xp, xp1, xp2, xp3, kc, XL, X8, MT)
@@ -447,7 +448,7 @@ def launch(x2: torch.Tensor, p, bias, cfg: C.Config, prep, out: torch.Tensor) ->
     ee = EXC_E
     el, exl = exc_layouts(cfg.warps) if inline else (None, None)
     x8 = cfg.x_rows8 and m <= 8  # rows 8-15 of the one x tile are all padding
-    pdl = C.pdl(x2.device) and not side
+    pdl = 0 if side else C.pdl_flags(x2.device)
     grid = (triton.cdiv(n, cfg.bn), split, triton.cdiv(m, cfg.bm))
     _gl_kernel[grid](x2, a["code"].view(torch.int32), a["lo"].view(torch.int32), a["base"], part,
                      m, n, kp, x2.stride(0), per, kp // 8, kp // 4,
@@ -458,7 +459,7 @@ def launch(x2: torch.Tensor, p, bias, cfg: C.Config, prep, out: torch.Tensor) ->
                      ehi_ptr=a["exc_hi"], lo8_ptr=a["lo"], K=k, EXC=inline, EE=ee, EL=el, EXL=exl,
                      XAHEAD=cfg.x_ahead, X8=x8, X8L=x8_layout(cfg.bk, cfg.warps) if x8 else None, PDL=pdl,
                      num_warps=cfg.warps, **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}),
-                     **({"launch_pdl": True} if pdl else {}))
+                     **({"launch_pdl": True} if pdl & 1 else {}))
     if side:
         join()
     elif not cfg.exc_tile:

@@ -83,6 +83,8 @@ def test_default_config_paths_match_the_docs(kind, m, gluon, monkeypatch):
             kind == "down" and 4 < m <= 8)
         assert cfg.x_rows8 == rows8, cfg
         assert cfg.x_ahead == (not rows8 or (kind == "down" and m > 2)), cfg
+    # split-K summed in the kernel: only gate/up's Gluon tile at M = 9-16 (sweep rounds 24-26)
+    assert cfg.fixup == (cfg.gluon and kind == "gate/up" and 8 < m <= 16), cfg
     if cfg.tc:  # whole K steps on these shapes: the unmasked path
         assert k % cfg.bk == 0
     if _path(cfg) == "GEMV":  # one decoded tile for 1, 2 or 4 x rows (docs/kernels.md)

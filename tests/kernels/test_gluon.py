@@ -3,6 +3,8 @@ products on the GPU (against float64 and against the `tc` kernel it can replace)
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -45,7 +47,7 @@ def test_gluon_tile_stays_in_registers_sm90(bn, bk, mt, pf, warps, stages, xasyn
 
 
 def _compile_sm90(bn, bk, mt, pf, warps, stages=1, xasync=False, exc=False, xahead=True, x8=False, maxnreg=None,
-                  pdl=0):
+                  pdl=0, out=0, bias=False):
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -53,11 +55,13 @@ def _compile_sm90(bn, bk, mt, pf, warps, stages=1, xasync=False, exc=False, xahe
     g = _gluon()
     words, xl, mma, a_op, b_op = g.layouts(bn, bk, warps)
     ptrs = {"x_ptr": "*bf16", "code_ptr": "*i32", "lo_ptr": "*i32", "base_ptr": "*u8", "part_ptr": "*fp32",
-            "rowptr_ptr": "*i32", "eidx_ptr": "*i32", "ehi_ptr": "*u8", "lo8_ptr": "*u8"}
+            "rowptr_ptr": "*i32", "eidx_ptr": "*i32", "ehi_ptr": "*u8", "lo8_ptr": "*u8", "out_ptr": "*bf16",
+            "bias_ptr": "*bf16", "cnt_ptr": "*i32"}
     const = {"BN": bn, "BK": bk, "WL": words, "XL": xl, "ML": mma, "AL": a_op, "BL": b_op, "MT": mt, "PREFETCH": pf,
              "STAGES": stages, "SL": g.ring_layout(bn, bk, warps, stages) if stages > 1 else None,
              "XASYNC": xasync, "EXC": exc, "EE": g.EXC_E, "XAHEAD": xahead, "X8": x8,
-             "X8L": g.x8_layout(bk, warps) if x8 else None, "PDL": pdl}
+             "X8L": g.x8_layout(bk, warps) if x8 else None, "PDL": pdl, "OUT": out, "HAS_BIAS": bias,
+             "CS": 32}
     const["EL"], const["EXL"] = g.exc_layouts(warps) if exc else (None, None)
     if xasync:
         const["XCL"], const["XSL"] = g.x_ring_layouts(bk, warps)
@@ -154,6 +158,23 @@ def _sass(k) -> str:
         f.write(k.asm["cubin"])
         f.flush()
         return subprocess.run([tool, "-sass", f.name], capture_output=True, text=True, check=True).stdout
+
+
+@pytest.mark.parametrize("mt,stages,xasync,xahead,x8", [(1, 1, False, False, True), (1, 1, False, True, False),
+                                                        (2, 2, True, True, False)])
+def test_gluon_split_fixup_compile_sm90(mt, stages, xasync, xahead, x8):
+    # OUT 2 (Config.fixup): the partners count in with a releasing atomic; the last split program
+    # polls with relaxed loads, never an acquire (on sm_90 that invalidates the SM's whole L1,
+    # where the other programs read x), and reads the partials from L2; OUT 1 (one split) has
+    # no atomics at all. Nothing spills.
+    fix = _compile_sm90(32, 128, mt, 1, 4, stages, xasync, exc=True, xahead=xahead, x8=x8, out=2, bias=True)
+    one = _compile_sm90(32, 128, mt, 1, 4, stages, xasync, exc=True, xahead=xahead, x8=x8, out=1, bias=True)
+    ptx, ptx1 = fix.asm["ptx"], one.asm["ptx"]
+    assert "atom.global.gpu.release.add" in ptx and "ld.global.gpu.relaxed" in ptx
+    assert "acquire" not in ptx and "ld.global.cg" in ptx
+    assert not re.search(r"\b(atom|red)\.global", ptx1)
+    for k in (fix, one):
+        assert "STL" not in _sass(k)
 
 
 def test_gluon_config_validation():
@@ -304,6 +325,66 @@ def test_gluon_x_in_step_gpu(bm, bn, warps, m, split, xahead, x8, maxnreg):
     cfg = Config(bm=bm, bn=bn, bk=128, gluon=True, warps=warps, prefetch=True, split=split, exc_tile=True,
                  x_ahead=xahead, x_rows8=x8, maxnreg=maxnreg)
     _check(kernels.linear(x, p, bias, cfg), x, w, bias)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("cfg", [dict(bm=16, bn=32, warps=4, x_ahead=False, x_rows8=True),
+                                 dict(bm=16, bn=64, warps=4), dict(bm=16, bn=32, warps=4, ring=2),
+                                 dict(bm=32, bn=64, warps=4, ring=2, ring_x=True),
+                                 dict(bm=64, bn=32, warps=4, ring=2, ring_x=True), dict(bm=16, bn=16, warps=1)])
+@pytest.mark.parametrize("m", [1, 5, 16, 40])
+@pytest.mark.parametrize("split", [2, 3, 7])
+@pytest.mark.parametrize("weights", ["exceptions", "none"])
+def test_gluon_split_fixup_same_bits_gpu(cfg, m, split, weights):
+    # Config.fixup: the last split program of each tile sums the partials in the kernel, in
+    # finalize's order: the same bits as the two-kernel split-K, twice in a row (the counters are
+    # left at zero), with and without exceptions (in the tile, or none at all) and bias
+    from glyd import kernels
+    from glyd.kernels._common import Config, counters
+
+    n, k = 1000, 3584
+    if weights == "none":  # one binade: no exceptions, so no exception step either
+        w = (torch.rand(n, k, device="cuda") * 0.5 + 0.5).to(torch.bfloat16)
+    else:
+        w = random_weights(n, k, "normal", "cuda")
+    p = kernels.pack(w, "fixed12")
+    assert (p.arrays["exc_idx"].numel() == 0) == (weights == "none")
+    x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+    bias = torch.randn(n, device="cuda").to(torch.bfloat16)
+    base = Config(bk=128, gluon=True, prefetch=True, split=split, exc_tile=weights != "none", **cfg)
+    for b in (None, bias):
+        y0 = kernels.linear(x, p, b, base)
+        for _ in range(2):
+            y = kernels.linear(x, p, b, Config(**{**base.__dict__, "fixup": True}))
+            torch.cuda.synchronize()
+            assert int(counters(torch.device("cuda"), 1).abs().sum()) == 0
+            assert torch.equal(y.view(torch.int16), y0.view(torch.int16))
+    _check(y, x, w, bias)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("m", [1, 9, 64])
+def test_gluon_one_split_stores_bf16_gpu(m):
+    # one split (and no exception pass): the tile kernel writes the bf16 result itself
+    from glyd import kernels
+    from glyd.kernels import _common as C
+
+    w = random_weights(256, 1024, "normal", "cuda")
+    p = kernels.pack(w, "fixed12")
+    x = torch.randn(m, 1024, device="cuda").to(torch.bfloat16)
+    bias = torch.randn(256, device="cuda").to(torch.bfloat16)
+    calls = []
+    real = C.finalize
+    C.finalize = lambda *a: calls.append(a) or real(*a)
+    try:
+        y = kernels.linear(x, p, bias, C.Config(bm=16, bn=32, bk=128, gluon=True, prefetch=True, split=1,
+                                                exc_tile=True))
+    finally:
+        C.finalize = real
+    assert not calls
+    _check(y, x, w, bias)
 
 
 @pytest.mark.gpu

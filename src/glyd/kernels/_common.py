@@ -36,8 +36,10 @@ class Config:
     ``mma`` (fixed12, dot path): plane tiles go to shared memory by async copy, then straight into
     the tensor-core operand registers, decoded there (no decoded tile in shared memory); ``g``
     64-weight groups a step. ``waves``: split K until the grid has ``waves`` programs an SM.
-    ``fixup``: split-K partials are summed by the last program of each tile (``split_fixup``)
-    instead of a second kernel (``finalize``); fixed12 FMA, byte and mma kernels.
+    ``fixup``: split-K partials are summed in the kernel by the last split program of each tile
+    (``split_fixup``) instead of a second kernel (``finalize``); fixed12 FMA, GEMV, byte, mma,
+    tc and gluon kernels (gluon: with the exceptions in the tile or none; a launch with one split
+    always writes bf16 directly). Same bits as ``finalize``.
     ``gemv`` (fixed12, ``group_major`` with ``stages`` 1): the dedicated group-major GEMV kernel
     (one decoded tile for ``bm`` <= 16 x rows, unmasked loads on whole shapes, x read as bf16
     pairs, ``prmt`` decode on the GPU); False keeps the general masked FMA loop (``bm`` 1, 2, 4),
@@ -215,25 +217,49 @@ def _finalize_kernel(part_ptr, bias_ptr, out_ptr, MN, N, SPLIT: tl.constexpr, HA
     tl.store(out_ptr + offs, acc.to(tl.bfloat16), mask=mask)
 
 
+#: int32 slots between two tiles' split-K counters: one counter per 128-byte L2 line, so that
+#: the last split programs' polls of one tile do not queue behind the other tiles' atomics
+COUNTER_SLOTS = 32
+COUNTER_STRIDE = tl.constexpr(COUNTER_SLOTS)
+
+
+@triton.jit
+def wait_count(cnt_ptr, n):
+    # spin until the counter at cnt_ptr reaches n. Relaxed reads at L2, not acquire loads: on
+    # sm_90 an acquire at GPU scope invalidates the SM's whole L1, which the other programs on
+    # the SM read x from (with acquire spins the Gluon tiles ran 20-45% slower, sweep round 24).
+    # The partials are then read from L2 (.cg) after this loop: the branch on the count orders
+    # those reads after it, and each partner released its partial before counting in.
+    c = tl.atomic_add(cnt_ptr, 0, sem="relaxed", scope="gpu")
+    while c < n:
+        c = tl.atomic_add(cnt_ptr, 0, sem="relaxed", scope="gpu")
+
+
 @triton.jit
 def split_fixup(acc, part_ptr, fin_ptr, cnt_ptr, bias_ptr, optr, omask, boff, tile, pid_k, SPLIT, MN,
                 HAS_BIAS: tl.constexpr):
-    # Split-K without a second kernel: each program stores its fp32 partial; the last of a tile's
-    # SPLIT programs to arrive (a counter per tile) adds all partials in split order, so the sum
-    # is the same as ``finalize``'s whatever the arrival order, adds the bias, writes bf16 and
-    # resets the counter for the next launch. The barrier orders every thread's partial store
-    # before the releasing atomic; the sums read L2 (.cg), where the other SMs' partials are.
-    tl.store(part_ptr + pid_k * MN + optr, acc, mask=omask)
-    tl.debug_barrier()
-    arrived = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
-    if arrived == SPLIT - 1:
-        tot = tl.zeros_like(acc)
-        for s in range(0, SPLIT):
+    # Split-K without a second kernel. Split programs 0..SPLIT-2 of a tile store their fp32
+    # partials and count themselves in (the barrier orders every thread's stores before the
+    # releasing atomic) and exit without waiting. The tile's last split program keeps its partial
+    # in registers, waits for the count (its partners have lower block indices, so they were
+    # scheduled before it and never wait: no deadlock), adds their partials in split order and its
+    # own last, which is ``finalize``'s order (the same bits), adds the bias, writes bf16 and
+    # resets the counter for the next launch. The partials are read from L2 (.cg), where the
+    # other SMs wrote them.
+    if pid_k < SPLIT - 1:
+        tl.store(part_ptr + pid_k * MN + optr, acc, mask=omask)
+        tl.debug_barrier()
+        tl.atomic_add(cnt_ptr + tile * COUNTER_STRIDE, 1, sem="release", scope="gpu")
+    else:
+        wait_count(cnt_ptr + tile * COUNTER_STRIDE, SPLIT - 1)
+        tl.atomic_xchg(cnt_ptr + tile * COUNTER_STRIDE, 0, sem="relaxed", scope="gpu")
+        tot = tl.load(part_ptr + optr, mask=omask, other=0.0, cache_modifier=".cg")
+        for s in range(1, SPLIT - 1):
             tot += tl.load(part_ptr + s * MN + optr, mask=omask, other=0.0, cache_modifier=".cg")
+        tot += acc
         if HAS_BIAS:
             tot += tl.load(bias_ptr + boff, mask=omask, other=0.0).to(tl.float32)
         tl.store(fin_ptr + optr, tot.to(tl.bfloat16), mask=omask)
-        tl.atomic_xchg(cnt_ptr + tile, 0)
 
 
 @triton.jit
@@ -256,10 +282,11 @@ _COUNTERS: dict[tuple[str, int | None], list[torch.Tensor]] = {}
 
 
 def counters(device: torch.device, n: int) -> torch.Tensor:
-    """A zeroed int32 buffer of at least ``n`` per-tile counters on ``device`` for ``split_fixup``
-    (every launch leaves it zeroed again). Buffers are never freed, so CUDA graphs that captured
+    """A zeroed int32 buffer for ``n`` per-tile counters (``COUNTER_SLOTS`` apart) on ``device``
+    for ``split_fixup`` (every launch leaves it zeroed again). Buffers are never freed, so CUDA graphs that captured
     an older one stay valid; like ``scratch``, use one stream per device."""
     key = (device.type, device.index)
+    n = n * COUNTER_SLOTS
     bufs = _COUNTERS.setdefault(key, [])
     if not bufs or bufs[-1].numel() < n:
         bufs.append(torch.zeros(max(n, 1 << 16), dtype=torch.int32, device=device))

@@ -61,10 +61,14 @@ def _gl_kernel(x_ptr, code_ptr, lo_ptr, base_ptr, part_ptr, M, N, KP, stride_xm,
                XCL: gl.constexpr = None, XSL: gl.constexpr = None, rowptr_ptr=None, eidx_ptr=None, ehi_ptr=None,
                lo8_ptr=None, K=0, EXC: gl.constexpr = False, EL: gl.constexpr = None, EE: gl.constexpr = 16,
                EXL: gl.constexpr = None, XAHEAD: gl.constexpr = True, X8: gl.constexpr = False,
-               X8L: gl.constexpr = None, PDL: gl.constexpr = 0):
+               X8L: gl.constexpr = None, PDL: gl.constexpr = 0, OUT: gl.constexpr = 0, out_ptr=None, bias_ptr=None,
+               cnt_ptr=None, HAS_BIAS: gl.constexpr = False, CS: gl.constexpr = 1):
     # part[pid_k, 16 * MT rows, BN cols] (fp32) = x rows @ W^T over this program's K range, the
     # decoded tile used for MT (1, 2 or 4) 16-row x tiles. Whole shapes only (K == KP, K_SPLIT a
     # multiple of BK); rows past M or N read row M-1 / N-1 again and are not stored.
+    # OUT 0: store the fp32 partial (``finalize`` sums the splits); 1 (one split): store the bf16
+    # result (+ bias) to out; 2: the last split program of each tile sums the others' partials
+    # in the kernel (as ``_common.split_fixup``; counters CS int32 apart) and stores the bf16 result.
     pid_n = gl.program_id(0)
     pid_k = gl.program_id(1)
     pid_m = gl.program_id(2)
@@ -149,7 +153,8 @@ def _gl_kernel(x_ptr, code_ptr, lo_ptr, base_ptr, part_ptr, M, N, KP, stride_xm,
     if PREFETCH == 2:  # two steps ahead (one x tile only: MT == 1)
         kc = gl.minimum(s0 + 1, s1 - 1) * BK
         lw_b, cw_b = _words(lo_ptr, code_ptr, lo_off, code_off, kc)
-        xa_b = gl.load(xp + kc)
+        if XAHEAD:
+            xa_b = _x_load(xp, kc, XL, X8)
     for st in range(s0, s1):
         kb = st * BK
         if PREFETCH:
@@ -200,10 +205,11 @@ def _gl_kernel(x_ptr, code_ptr, lo_ptr, base_ptr, part_ptr, M, N, KP, stride_xm,
         if PREFETCH == 2:
             lw = lw_b
             cw = cw_b
-            xa = xa_b
             lw_b = lw_n
             cw_b = cw_n
-            xa_b = xa_n
+            if XAHEAD:
+                xa = xa_b
+                xa_b = xa_n
         elif PREFETCH:
             if STAGES == 1:
                 lw = lw_n
@@ -215,13 +221,14 @@ def _gl_kernel(x_ptr, code_ptr, lo_ptr, base_ptr, part_ptr, M, N, KP, stride_xm,
                 if MT > 2:
                     xa2 = xa2_n
                     xa3 = xa3_n
+    if STAGES > 1 and (EXC or OUT != 0):
+        # the ring's last copies (of clamped, unused steps) are still landing, and the layout
+        # changes of the exception step and the in-kernel split-K sum's counter broadcast take
+        # shared scratch that may alias the ring: let them land first (without this the GPU
+        # gave NaN and 1e34 on some tiles, run 45)
+        async_copy.wait_group(0)
+        gl.thread_barrier()
     if EXC:  # the exceptions of this tile's weight rows, added by the tile's first split program
-        if STAGES > 1:
-            # the ring's last copies (of clamped, unused steps) are still landing, and the layout
-            # changes below take shared scratch that may alias the ring: let them land first
-            # (without this the GPU gave NaN and 1e34 on some tiles, run 45)
-            async_copy.wait_group(0)
-            gl.thread_barrier()
         if pid_k == 0:
             acc = _exc_total(acc, ed, er, x_ptr, m0, M, stride_xm, eidx_ptr, ehi_ptr, lo8_ptr, KP, b8, n0, K,
                               e0 + EE, e1, BN, EE, EL, EXL, ML)
@@ -235,13 +242,81 @@ def _gl_kernel(x_ptr, code_ptr, lo_ptr, base_ptr, part_ptr, M, N, KP, stride_xm,
                                    b8, n0, K, e0 + EE, e1, BN, EE, EL, EXL, ML)
     om = m0 + gl.arange(0, 16, layout=gl.SliceLayout(1, ML))[:, None]
     on = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, ML))[None, :]
-    optr = part_ptr + pid_k * M * N + om * N + on
+    if OUT == 0:
+        _store_parts(acc, acc1, acc2, acc3, part_ptr + pid_k * M * N, om, on, M, N, MT)
+    elif OUT == 1:
+        _store_out(acc, acc1, acc2, acc3, out_ptr, bias_ptr, om, on, M, N, MT, HAS_BIAS)
+    else:
+        nsplit = gl.num_programs(1)
+        tile = pid_m * gl.num_programs(0) + pid_n
+        if pid_k == nsplit - 1:
+            _wait_count(cnt_ptr + tile * CS, nsplit - 1)
+            gl.atomic_xchg(cnt_ptr + tile * CS, 0, sem="relaxed", scope="gpu")
+            acc = _sum_parts(acc, part_ptr, om, on, M, N, nsplit)
+            if MT > 1:
+                acc1 = _sum_parts(acc1, part_ptr, om + 16, on, M, N, nsplit)
+            if MT > 2:
+                acc2 = _sum_parts(acc2, part_ptr, om + 32, on, M, N, nsplit)
+                acc3 = _sum_parts(acc3, part_ptr, om + 48, on, M, N, nsplit)
+            _store_out(acc, acc1, acc2, acc3, out_ptr, bias_ptr, om, on, M, N, MT, HAS_BIAS)
+        else:
+            # not the last split: store the partial, count in (the barrier orders every thread's
+            # stores before the releasing atomic) and exit without waiting; the last split
+            # program has a higher block index, so it is scheduled after this one
+            _store_parts(acc, acc1, acc2, acc3, part_ptr + pid_k * M * N, om, on, M, N, MT)
+            gl.thread_barrier()
+            gl.atomic_add(cnt_ptr + tile * CS, 1, sem="release", scope="gpu")
+
+
+@gluon.jit
+def _store_out(acc, acc1, acc2, acc3, out_ptr, bias_ptr, om, on, M, N, MT: gl.constexpr, HAS_BIAS: gl.constexpr):
+    # the bf16 results (+ bias) of the MT x tiles
+    _store_bf16(acc, out_ptr, bias_ptr, om, on, M, N, HAS_BIAS)
+    if MT > 1:
+        _store_bf16(acc1, out_ptr, bias_ptr, om + 16, on, M, N, HAS_BIAS)
+    if MT > 2:
+        _store_bf16(acc2, out_ptr, bias_ptr, om + 32, on, M, N, HAS_BIAS)
+        _store_bf16(acc3, out_ptr, bias_ptr, om + 48, on, M, N, HAS_BIAS)
+
+
+@gluon.jit
+def _store_parts(acc, acc1, acc2, acc3, pp, om, on, M, N, MT: gl.constexpr):
+    # the fp32 partials of the MT x tiles (rows om.., columns on) at pp (one split's [M, N] slab)
+    optr = pp + om * N + on
     gl.store(optr, acc, mask=(om < M) & (on < N))
     if MT > 1:
         gl.store(optr + 16 * N, acc1, mask=(om + 16 < M) & (on < N))
     if MT > 2:
         gl.store(optr + 32 * N, acc2, mask=(om + 32 < M) & (on < N))
         gl.store(optr + 48 * N, acc3, mask=(om + 48 < M) & (on < N))
+
+
+@gluon.jit
+def _wait_count(cnt_ptr, n):
+    # spin until the counter reaches n: relaxed reads at L2, as ``_common.wait_count`` (an
+    # acquire would invalidate the SM's L1, where the other programs read x from)
+    c = gl.atomic_add(cnt_ptr, 0, sem="relaxed", scope="gpu")
+    while c < n:
+        c = gl.atomic_add(cnt_ptr, 0, sem="relaxed", scope="gpu")
+
+
+@gluon.jit
+def _sum_parts(acc, part_ptr, om, on, M, N, nsplit):
+    # the other splits' partials in split order, then this program's (the last split) last:
+    # ``finalize``'s order, so the same bits. Read from L2 (.cg), where the other SMs wrote them.
+    mask = (om < M) & (on < N)
+    pp = part_ptr + om * N + on
+    tot = gl.load(pp, mask=mask, other=0.0, cache_modifier=".cg")
+    for s in range(1, nsplit - 1):
+        tot += gl.load(pp + s * M * N, mask=mask, other=0.0, cache_modifier=".cg")
+    return tot + acc
+
+
+@gluon.jit
+def _store_bf16(acc, out_ptr, bias_ptr, om, on, M, N, HAS_BIAS: gl.constexpr):
+    if HAS_BIAS:
+        acc += gl.load(bias_ptr + on, mask=on < N, other=0.0).to(gl.float32)
+    gl.store(out_ptr + om * N + on, acc.to(gl.bfloat16), mask=(om < M) & (on < N))
 
 
 @gluon.jit
@@ -438,7 +513,12 @@ def launch(x2: torch.Tensor, p, bias, cfg: C.Config, prep, out: torch.Tensor) ->
     split, per = C.choose_split(tiles, kp, cfg.bk, x2.device, cfg.split, cfg.waves)
     inline = cfg.exc_tile and prep.nexc > 0
     side = F12.CONCURRENT_EXC and not cfg.exc_after and prep.nexc > 0 and not cfg.exc_tile
-    part = torch.empty(split + side, m, n, dtype=torch.float32, device=x2.device)
+    # the bf16 result straight from the tile kernel when no exception pass adds to the partials:
+    # with one split always, with several when Config.fixup asks for the in-kernel split-K sum
+    direct = inline or prep.nexc == 0
+    out_mode = 1 if direct and split == 1 else 2 if direct and cfg.fixup else 0
+    part = (torch.empty(split + side, m, n, dtype=torch.float32, device=x2.device) if out_mode != 1 else out)
+    cnt = C.counters(x2.device, tiles) if out_mode == 2 else part
     if side:
         join = F12.exceptions_on_side_stream(part[split:], x2, p, prep)
     words, xl, mma, a_op, b_op = layouts(cfg.bn, cfg.bk, cfg.warps)
@@ -458,11 +538,14 @@ def launch(x2: torch.Tensor, p, bias, cfg: C.Config, prep, out: torch.Tensor) ->
                      XASYNC=xasync, XCL=xcl, XSL=xsl, rowptr_ptr=prep.rowptr, eidx_ptr=a["exc_idx"],
                      ehi_ptr=a["exc_hi"], lo8_ptr=a["lo"], K=k, EXC=inline, EE=ee, EL=el, EXL=exl,
                      XAHEAD=cfg.x_ahead, X8=x8, X8L=x8_layout(cfg.bk, cfg.warps) if x8 else None, PDL=pdl,
+                     OUT=out_mode, out_ptr=out, bias_ptr=bias if bias is not None else out, cnt_ptr=cnt,
+                     HAS_BIAS=bias is not None, CS=C.COUNTER_SLOTS,
                      num_warps=cfg.warps, **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}),
                      **({"launch_pdl": True} if pdl & 1 else {}))
     if side:
         join()
-    elif not cfg.exc_tile:
+    elif not direct:
         add_exceptions(part, x2, p, prep)
-    C.finalize(part, bias, out)
+    if out_mode == 0:
+        C.finalize(part, bias, out)
     return out

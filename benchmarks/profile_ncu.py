@@ -15,6 +15,7 @@ instead of the fixed variant list. Without ncu it just checks each variant again
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import sys
 
@@ -23,6 +24,7 @@ import torch.nn.functional as F
 
 from glyd import kernels
 from glyd.kernels import _common as C
+from glyd.kernels import fixed12
 
 log = logging.getLogger("profile_ncu")
 
@@ -68,6 +70,7 @@ def main(argv=None) -> int:
     ap.add_argument("--ms", default=None, help="comma-separated M: bf16 and the default config at each "
                     "(instead of the fixed variant list)")
     ap.add_argument("--set", default="gemv", choices=("gemv", "gluon"), help="the fixed variant list")
+    ap.add_argument("--fixup", action="store_true", help="with --ms: also the default with Config.fixup")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     n, k = SHAPES[args.shape]
@@ -79,6 +82,9 @@ def main(argv=None) -> int:
         for m in (int(v) for v in args.ms.split(",")):
             variants[f"bf16 M={m}"] = (m, "bf16")
             variants[f"f12 default M={m}"] = (m, None)
+            if args.fixup:
+                variants[f"f12 default fixup M={m}"] = (m, dataclasses.replace(fixed12.default_config(m, n, k),
+                                                                               fixup=True))
     runs = []
     for name, (m, cfg) in variants.items():
         x = torch.randn(m, k, device="cuda").to(torch.bfloat16)

@@ -65,7 +65,43 @@ def candidates(m: int, n: int, k: int) -> dict:
             for block, warps in ((256, 2), (128, 1), (512, 4), (1024, 4)):
                 out[f"default reduce {block} w{warps}"] = (d, {(C, "FINALIZE_BLOCK"): block, (C, "FINALIZE_WARPS"): warps})
         return out
-    if os.environ.get("SWEEP_ROUND") == "23":  # programmatic dependent launch per shape (prepared, not run)
+    if os.environ.get("SWEEP_ROUND") == "26":  # fixup again, with a register cap (run 58)
+        R = dataclasses.replace
+        d = fixed12.default_config(m, n, k)
+        if not d.long:
+            out["default fixup"] = R(d, fixup=True)
+            if d.gluon and d.bm == 16:
+                out["default fixup r56"] = R(d, fixup=True, maxnreg=56)
+        return out
+    if os.environ.get("SWEEP_ROUND") == "25":  # fixup with relaxed spins; more plane bytes in flight at M = 2-16 (run 57)
+        from glyd.kernels import fixed12_gluon as fg
+
+        R = dataclasses.replace
+        d = fixed12.default_config(m, n, k)
+        if not d.long:
+            out["default fixup"] = R(d, fixup=True)
+        if d.gluon and d.bm == 16 and d.ring == 1:
+            out["default pf2"] = (d, {(fg, "PREFETCH_DEPTH"): 2})
+            out["default pf2 r64"] = (R(d, maxnreg=64), {(fg, "PREFETCH_DEPTH"): 2})
+            out["default pf2 r72"] = (R(d, maxnreg=72), {(fg, "PREFETCH_DEPTH"): 2})
+            out["default bk256"] = R(d, bk=256)
+            out["default ring3"] = R(d, ring=3, x_ahead=False, x_rows8=d.x_rows8)
+            out["default ring4"] = R(d, ring=4, x_ahead=False, x_rows8=d.x_rows8)
+        return out
+    if os.environ.get("SWEEP_ROUND") == "24":  # split-K summed in the tile kernel by the last split program (run 56)
+        R = dataclasses.replace
+        d = fixed12.default_config(m, n, k)
+        if not d.long:
+            out["default fixup"] = R(d, fixup=True)
+            out["default fixup wv x2"] = R(d, fixup=True, waves=d.waves * 2)
+            if d.waves > 1:
+                out["default fixup wv /2"] = R(d, fixup=True, waves=d.waves // 2)
+            if d.gluon and n >= 16384:  # enough tiles for one split: no partials at all
+                out["default split1"] = R(d, split=1)
+                if d.bm == 16 and not d.ring_x:
+                    out["default split1 ring3"] = R(d, split=1, ring=3)
+        return out
+    if os.environ.get("SWEEP_ROUND") == "23":  # programmatic dependent launch per shape (not run: see step_parts)
         d = fixed12.default_config(m, n, k)
         if not d.long:
             for mode in ("all", "reduce", "tiles"):

@@ -11,7 +11,7 @@ plus the lm_head, one CUDA graph), fixed12 only. For each M it
    kernel's duration by kind (tile / GEMV kernels, the reduce, exception passes, other), and the
    idle time between kernels on the stream.
 
-    python benchmarks/step_parts.py --out DIR [--ms 1,2,4,8,16] [--layers 28]
+    python benchmarks/step_parts.py --out DIR [--ms 1,2,4,8,16] [--layers 28] [--fixup]
 
 Writes DIR/step_parts.json and prints a short table last. Timing-only: correctness is
 ``kernels.py``'s job (and the GPU tests').

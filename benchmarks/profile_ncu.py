@@ -71,6 +71,8 @@ def main(argv=None) -> int:
                     "(instead of the fixed variant list)")
     ap.add_argument("--set", default="gemv", choices=("gemv", "gluon"), help="the fixed variant list")
     ap.add_argument("--fixup", action="store_true", help="with --ms: also the default with Config.fixup")
+    ap.add_argument("--gluon64", action="store_true",
+                    help="with --ms: also the bm 64 Gluon tile (x tiles in the async ring, exceptions in the tile)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     n, k = SHAPES[args.shape]
@@ -82,6 +84,10 @@ def main(argv=None) -> int:
         for m in (int(v) for v in args.ms.split(",")):
             variants[f"bf16 M={m}"] = (m, "bf16")
             variants[f"f12 default M={m}"] = (m, None)
+            if args.gluon64:
+                variants[f"f12 gluon bm64 bn64 ring2 M={m}"] = (m, C.Config(
+                    bm=64, bn=64, bk=128, gluon=True, warps=4, waves=8, prefetch=True, ring=2, ring_x=True,
+                    exc_tile=True))
             if args.fixup:
                 variants[f"f12 default fixup M={m}"] = (m, dataclasses.replace(fixed12.default_config(m, n, k),
                                                                                fixup=True))

@@ -73,6 +73,8 @@ def main(argv=None) -> int:
     ap.add_argument("--fixup", action="store_true", help="with --ms: also the default with Config.fixup")
     ap.add_argument("--gluon64", action="store_true",
                     help="with --ms: also the bm 64 Gluon tile (x tiles in the async ring, exceptions in the tile)")
+    ap.add_argument("--wg", action="store_true",
+                    help="with --ms: also the wgmma tile (fixed12_wg: bn 64 4 warps, bn 128 8 warps; waves 4)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     n, k = SHAPES[args.shape]
@@ -88,6 +90,11 @@ def main(argv=None) -> int:
                 variants[f"f12 gluon bm64 bn64 ring2 M={m}"] = (m, C.Config(
                     bm=64, bn=64, bk=128, gluon=True, warps=4, waves=8, prefetch=True, ring=2, ring_x=True,
                     exc_tile=True))
+            if args.wg:
+                bt = 16 if m <= 16 else 32 if m <= 32 else 64
+                for bn, warps in ((64, 4), (128, 8)):
+                    variants[f"f12 wg bm{bt} bn{bn} w{warps} wv4 M={m}"] = (m, C.Config(
+                        bm=bt, bn=bn, bk=128, gluon=True, wg=True, warps=warps, waves=4))
             if args.fixup:
                 variants[f"f12 default fixup M={m}"] = (m, dataclasses.replace(fixed12.default_config(m, n, k),
                                                                                fixup=True))

@@ -48,7 +48,7 @@ def kind(name: str) -> str:
         return "reduce"
     if "_exception_kernel" in name:
         return "exceptions"
-    if "_gl_kernel" in name:
+    if "_gl_kernel" in name or "_wg_kernel" in name:
         return "gluon tile"
     if any(k in name for k in ("_gemv_gm_kernel", "_tc_kernel", "_mma_kernel", "_linear_kernel", "_gemv_bytes")):
         return "triton tile/gemv"

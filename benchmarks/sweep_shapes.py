@@ -65,6 +65,17 @@ def candidates(m: int, n: int, k: int) -> dict:
             for block, warps in ((256, 2), (128, 1), (512, 4), (1024, 4)):
                 out[f"default reduce {block} w{warps}"] = (d, {(C, "FINALIZE_BLOCK"): block, (C, "FINALIZE_WARPS"): warps})
         return out
+    if os.environ.get("SWEEP_ROUND") == "27":  # weights as wgmma's register operand (fixed12_wg), runs 62-66
+        # (runs 62-65 also timed the exceptions in the separate pass, an async-copy ring of the
+        # plane words and the first, not unrolled, loop: see benchmarks/RESULTS.md)
+        if k % 256 == 0 and m >= 2:
+            bt = 16 if m <= 16 else 32 if m <= 32 else 64
+            for bn, warps in ((64, 4), (128, 8)):
+                for wv in (1, 2, 4):
+                    for pipe in (False, True):
+                        out[f"wg bm{bt} bn{bn} w{warps} wv{wv} exc_tile" + (" pipe" if pipe else "")] = V(
+                            bm=bt, bn=bn, bk=128, gluon=True, wg=True, warps=warps, waves=wv, exc_tile=True, pipe=pipe)
+        return out
     if os.environ.get("SWEEP_ROUND") == "26":  # fixup again, with a register cap (run 58)
         R = dataclasses.replace
         d = fixed12.default_config(m, n, k)

@@ -18,6 +18,8 @@ SHAPES = {"k/v": (512, 3584), "q/o": (3584, 3584), "gate/up": (18944, 3584), "do
 def _path(cfg) -> str:
     if cfg.long:
         return "unpack+cuBLAS"
+    if cfg.wg:
+        return "wg"
     if cfg.gluon:
         return "gluon"
     if cfg.tc:
@@ -29,7 +31,11 @@ def _path(cfg) -> str:
     return "dot tile"
 
 
-def _expected(m: int, kind: str, gluon: bool) -> str:
+def _expected(m: int, kind: str, gluon: bool, wg: bool = False) -> str:
+    if gluon and wg and ((3 <= m <= 16 and kind in ("lm_head", "down")) or (4 <= m <= 16 and kind == "gate/up")
+                         or (16 < m <= 32 and kind in ("gate/up", "lm_head"))
+                         or (32 < m <= 64 and kind in ("lm_head", "down", "q/o"))):
+        return "wg"
     if gluon and ((m == 2 and kind != "lm_head") or (m == 1 and kind == "q/o") or 3 <= m <= 32
                   or (33 <= m <= 64 and kind in ("k/v", "q/o", "down"))):
         return "gluon"
@@ -50,22 +56,26 @@ def _expected(m: int, kind: str, gluon: bool) -> str:
     return "tc"
 
 
-@pytest.mark.parametrize("gluon", [False, True])
+@pytest.mark.parametrize("gluon,wg", [(False, False), (True, False), (True, True)])
 @pytest.mark.parametrize("kind", list(SHAPES))
 @pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 8, 9, 16, 17, 32, 33, 64, 65, 255, 256, 2048])
-def test_default_config_paths_match_the_docs(kind, m, gluon, monkeypatch):
+def test_default_config_paths_match_the_docs(kind, m, gluon, wg, monkeypatch):
     from glyd.kernels import fixed12
 
     monkeypatch.setattr(fixed12, "gluon_available", lambda: gluon)  # as on a GPU with or without Gluon
+    monkeypatch.setattr(fixed12, "wg_available", lambda: wg)  # ... and a Hopper GPU (wgmma) or not
     n, k = SHAPES[kind]
     cfg = fixed12.default_config(m, n, k)
-    assert _path(cfg) == _expected(m, kind, gluon), cfg
+    assert _path(cfg) == _expected(m, kind, gluon, wg), cfg
     # exceptions in a pass of their own: k/v on the GEMV and tc (beside up to M = 8, after from
     # M = 17), down at M = 1; the Gluon kernel runs one beside it unless exc_tile puts them inside
     kv_pass = m == 1 or (not gluon and (m <= 8 or 16 < m <= 64))
     assert cfg.exc_pass == ((kind == "k/v" and kv_pass) or (kind == "down" and m == 1)), cfg
     assert cfg.exc_after == (kind == "k/v" and 16 < m <= 64 and not gluon), cfg
-    assert cfg.exc_tile == (_path(cfg) == "gluon"), cfg  # every Gluon default since sweep round 18
+    assert cfg.exc_tile == (_path(cfg) in ("gluon", "wg")), cfg  # every Gluon default since sweep round 18
+    if cfg.wg:  # one MMA in flight but on gate/up and lm_heads at M <= 16 (sweep round 27)
+        assert cfg.pipe == (kind == "down" or m > 16) and cfg.bm == (16 if m <= 16 else 32 if m <= 32 else 64)
+        assert cfg.waves == (4 if kind in ("down", "gate/up") and m <= 16 else 2), cfg
     # the async-copy ring with x in it: k/v at M = 2-16 (rounds 14, 18 and 22), every Gluon tile
     # from M = 17 (rounds 15 and 17)
     ring = m > 16 or (kind == "k/v" and m > 1)
@@ -73,7 +83,7 @@ def test_default_config_paths_match_the_docs(kind, m, gluon, monkeypatch):
         assert cfg.ring in (2, 3) and cfg.ring_x, cfg
     else:
         assert (cfg.ring, cfg.ring_x) == (1, False), cfg
-    if cfg.gluon:  # whole K steps of 128 (the kernel takes no padded columns); never off a GPU
+    if cfg.gluon and not cfg.wg:  # whole K steps of 128 (no padded columns); never off a GPU
         assert k % cfg.bk == 0 and cfg.prefetch
         # down's long K: half the split-K programs (sweep round 20)
         assert cfg.waves == (4 if kind == "down" else 8), cfg
@@ -84,7 +94,7 @@ def test_default_config_paths_match_the_docs(kind, m, gluon, monkeypatch):
         assert cfg.x_rows8 == rows8, cfg
         assert cfg.x_ahead == (not rows8 or (kind == "down" and m > 2)), cfg
     # split-K summed in the kernel: only gate/up's Gluon tile at M = 9-16 (sweep rounds 24-26)
-    assert cfg.fixup == (cfg.gluon and kind == "gate/up" and 8 < m <= 16), cfg
+    assert cfg.fixup == (cfg.gluon and not cfg.wg and kind == "gate/up" and 8 < m <= 16), cfg
     if cfg.tc:  # whole K steps on these shapes: the unmasked path
         assert k % cfg.bk == 0
     if _path(cfg) == "GEMV":  # one decoded tile for 1, 2 or 4 x rows (docs/kernels.md)

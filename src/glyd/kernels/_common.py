@@ -62,7 +62,11 @@ class Config:
     step (they hit L1/L2) instead of one step ahead, which frees the registers of a second x tile
     (bm 16 bn 64 4 warps: 100 registers instead of 141). ``x_rows8`` (gluon, bm 16): at M <= 8
     only x rows 0-7 are loaded, the MMA's rows 8-15 are zeros. ``maxnreg`` (gluon): a register
-    cap a thread (0: the compiler's choice), for more programs an SM.
+    cap a thread (0: the compiler's choice), for more programs an SM. ``wg`` (gluon, Hopper): the
+    weights as the register A operand of warpgroup MMA and the x rows (``bm`` of them: wgmma's N)
+    from shared memory (``fixed12_wg``); ``bk`` 128, 4 or 8 warps, ``bn`` 16 or 32 rows a warp,
+    K a multiple of 256; ``exc_tile`` adds the exceptions in the tile there too. ``pipe`` (wg): keep
+    one MMA in flight across K steps instead of waiting for each at its step's end.
     """
 
     bm: int = 16
@@ -92,6 +96,8 @@ class Config:
     x_ahead: bool = True
     x_rows8: bool = False
     maxnreg: int = 0
+    wg: bool = False
+    pipe: bool = False
 
     def __post_init__(self) -> None:
         for name in ("bm", "bn", "bk"):
@@ -107,10 +113,16 @@ class Config:
         if self.tc and (not self.dot or self.mma or self.byte or self.group_major or self.bk < 64):
             raise ValueError("tc is a tensor-core tile (dot=True, not mma, byte or group_major) with bk >= 64")
         if self.gluon and (not self.dot or self.mma or self.byte or self.group_major or self.tc
-                           or self.bm not in (16, 32, 64) or self.warps not in (1, 2, 4)
+                           or self.bm not in (16, 32, 64) or self.warps not in ((4, 8) if self.wg else (1, 2, 4))
                            or self.bn < max(16, 8 * self.warps) or self.bk < 64):
             raise ValueError("gluon is a tensor-core tile (dot=True, not tc, mma, byte or group_major) with bm 16, "
                              "32 or 64, 1, 2 or 4 warps, bn >= 16 and >= 8 a warp, bk >= 64")
+        if self.wg and (not self.gluon or self.bk != 128 or self.bn not in (16 * self.warps, 32 * self.warps)
+                        or self.ring > 1 or self.fixup or self.x_rows8 or not self.x_ahead):
+            raise ValueError("wg is a gluon tile with bk 128 and bn 16 or 32 rows a warp, without ring, fixup or "
+                             "the x_ahead / x_rows8 settings")
+        if self.pipe and not self.wg:
+            raise ValueError("Config.pipe (an MMA in flight across K steps) applies to wg")
         if self.ring < 1 or (self.ring > 1 and not (self.gluon and self.prefetch)):
             raise ValueError(f"Config.ring > 1 (async-copy ring) needs gluon with prefetch, got ring = {self.ring}")
         if self.ring_x and self.ring < 2:

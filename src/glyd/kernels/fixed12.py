@@ -895,6 +895,19 @@ def gluon_available() -> bool:
     return True
 
 
+@functools.lru_cache(maxsize=1)
+def wg_available() -> bool:
+    """True where the wgmma kernel (``fixed12_wg``) can run: Gluon on a Hopper GPU (sm_90)."""
+    if not (gluon_available() and torch.cuda.is_available()) or torch.cuda.get_device_capability()[0] != 9:
+        return False
+    try:
+        from glyd.kernels import fixed12_wg  # noqa: F401
+    except ImportError as exc:
+        log.info("no wgmma kernel (%s)", exc)
+        return False
+    return True
+
+
 def default_config(m: int, n: int, k: int) -> C.Config:
     """Block shapes per M bucket and matrix shape: the fastest of the configs timed on the H200 on
     2026-11-30 (``benchmarks/sweep_shapes.py`` per shape, ``benchmarks/kernels.py`` per decode
@@ -956,6 +969,23 @@ def default_config(m: int, n: int, k: int) -> C.Config:
     # 4 / 16 / 32 / 64; k/v ring 2 at M = 17-32 (0.87x against 0.93x with ring 3).
     gl_ok = k % 128 == 0 and gluon_available()
     wv = 4 if tall else 8
+    # The wgmma tile (fixed12_wg: the decoded weights as the register operand, x from shared
+    # memory, exceptions in the tile), sweep round 27 (runs 66-69): lm_heads at M = 3-16 0.93x
+    # against 0.94-0.97x (no MMA in flight), gate/up at M = 4-16 0.92-0.95x against 0.94-1.10x
+    # (the same), down at M = 3-16 0.96-1.03x against 0.98-1.07x (one MMA in flight); at
+    # M = 17-32 gate/up 1.15x against 1.31x, lm_heads 1.04x against 1.07x; at M = 33-64 lm_heads
+    # 1.35x against 1.53x, down 1.53x against 1.67x, q/o 1.80x against 1.95x. It loses on k/v
+    # everywhere and on q/o up to M = 32; gate/up at M = 33-64 is a tie (tc stays).
+    wg_ok = gl_ok and k % 256 == 0 and wg_available()
+    gate = not (small or tall or wide)  # gate/up-like: large N, short K
+    if wg_ok and ((wide and 3 <= m <= 16) or (gate and 4 <= m <= 16)):
+        return C.Config(bm=16, bn=64, bk=128, gluon=True, wg=True, warps=4, waves=2 if wide else 4, exc_tile=True)
+    if wg_ok and tall and 3 <= m <= 16:
+        return C.Config(bm=16, bn=64, bk=128, gluon=True, wg=True, warps=4, waves=4, exc_tile=True, pipe=True)
+    if wg_ok and 16 < m <= 32 and not (small or tall):
+        return C.Config(bm=32, bn=64, bk=128, gluon=True, wg=True, warps=4, waves=2, exc_tile=True, pipe=True)
+    if wg_ok and 32 < m <= 64 and (wide or tall or (small and not tiny)):
+        return C.Config(bm=64, bn=64, bk=128, gluon=True, wg=True, warps=4, waves=2, exc_tile=True, pipe=True)
     if gl_ok and m <= 16:
         if tiny:
             return C.Config(bm=16, bn=32, bk=128, gluon=True, warps=4, waves=8, prefetch=True, ring=2, ring_x=True,
@@ -1062,6 +1092,10 @@ def linear(x: torch.Tensor, p: Packed, bias: torch.Tensor | None = None, config:
         return _launch_gemv_bytes(x2, p, bias, cfg, prep, out).reshape(*x.shape[:-1], n)
     if cfg.mma:
         return _launch_mma(x2, p, bias, cfg, prep, out).reshape(*x.shape[:-1], n)
+    if cfg.wg:
+        from glyd.kernels import fixed12_wg  # Gluon on Hopper: imported only when asked for
+
+        return fixed12_wg.launch(x2, p, bias, cfg, prep, out).reshape(*x.shape[:-1], n)
     if cfg.gluon:
         from glyd.kernels import fixed12_gluon  # Gluon: imported only when asked for
 

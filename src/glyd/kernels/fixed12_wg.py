@@ -1,0 +1,279 @@
+"""fixed12 decode-step product on Hopper's warpgroup MMA (wgmma), weights as the register operand.
+
+The Gluon tile of ``fixed12_gluon`` multiplies with ``mma.sync``: x is the A operand, so a program
+of bm x rows holds bm / 16 x tiles in registers (or reads them from shared memory for every MMA)
+and issues bm / 16 MMAs a decoded tile. Here the roles are swapped: the decoded weight tile is
+wgmma's A operand, straight from registers (64 weight rows a warpgroup), and x is its B operand,
+read by the tensor cores from shared memory; the x rows of a program are wgmma's N (16-64), so
+the per-weight cost does not grow with them.
+
+The A operand (``k_width`` 2) gives each thread, in each 16-wide k chunk, the k pairs 2c, 2c+1 and
+2c+8, 2c+9 of two rows (c = lane % 4). The plane words are loaded so that each thread reads 16
+contiguous bytes: the MMA's k order ("slots") is a fixed permutation of a K step's 128 columns
+(``DECODE_ORDER``), and x is stored in shared memory in the same order (``X_ORDER``), which
+leaves the product unchanged. A thread's words for one row and step: lo words 16g + 8hh + 4a + i
+(i = 0-3, hh = 0-1) and code words 8g + 4a + i (both nibble halves used), with (a, g) the lane's
+two low bits. x goes to shared memory through registers (16-byte loads, 4-byte stores): the slot
+order keeps only pairs of columns together, too fine for 16-byte async copies.
+
+The K loop is unrolled by two over two x buffers (two allocations, so that one step's MMA and the
+next step's x stores need no barrier between them); programs take whole pairs of steps, so K must
+be a multiple of 256. ``Config.pipe`` keeps one MMA in flight across steps. ``Config.exc_tile``
+adds the tile's exceptions after the K loop by a one-hot wgmma; without it the separate pass
+(``fixed12.add_exceptions``) adds them to fp32 partials. Measured on the H200 in sweep round 27
+(benchmarks/RESULTS.md runs 62-71): with the exceptions in the tile it beats the other kernels
+on gate/up (M = 4-32), lm_heads (M = 3-64), down (M = 3-64) and q/o (M = 33-64), and is what
+``default_config`` picks there. CUDA only, Hopper only (Gluon has no interpreter; the twin for
+tests is ``tc``).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, warpgroup_mma,
+                                                              warpgroup_mma_wait)
+
+from glyd.kernels import _common as C
+from glyd.kernels import fixed12 as F12
+from glyd.kernels.fixed12 import add_exceptions
+from glyd.kernels.fixed12_gluon import _exc_meta, _prmt, _split16
+
+BK = 128  # columns a K step (16 code words and 32 lo words a row)
+# The decoded [rows, 16 words, j, h, hh] tile, split as [row, g, a, i1, i0, j, h, hh] (column
+# 4 (16 g + 8 hh + 4 a + 2 i1 + i0) + 2 h + j), and the x tile, [x row, g, hh, a, i1, i0, h, j] (the
+# column's bits, high to low), are both permuted to slot order (hh i1 i0 h g a j): slot
+# 16 i + 2 c + j + 8 h of lane c = a + 2 g holds that column in both operands.
+DECODE_ORDER = gl.constexpr((0, 7, 3, 4, 6, 1, 2, 5))
+X_ORDER = gl.constexpr((0, 2, 4, 5, 6, 1, 3, 7))
+
+
+@gluon.jit
+def _wg_words(lo_ptr, code_ptr, lo_off, co_off, st):
+    # a K step's plane words: lo words of nibble half 0 and 1, code words ([BN, 16] each, uint32)
+    l0 = gl.load(lo_ptr + lo_off + st * 32).to(gl.uint32, bitcast=True)
+    l1 = gl.load(lo_ptr + lo_off + (st * 32 + 8)).to(gl.uint32, bitcast=True)
+    cw = gl.load(code_ptr + co_off + st * 16).to(gl.uint32, bitcast=True)
+    return l0, l1, cw
+
+
+@gluon.jit
+def _wg_pairs(lw, nib, b4):
+    # [BN, 16, 2 (j), 2 (h)] bf16: a lo word's four weights, decoded with their code nibbles
+    h = ((nib << 4) & 0x80808080) | ((nib & 0x07070707) + b4)
+    e0, e1 = _split16(_prmt(lw, h, 0x5140))
+    e2, e3 = _split16(_prmt(lw, h, 0x7362))
+    return gl.join(gl.join(e0, e1), gl.join(e2, e3))
+
+
+@gluon.jit
+def _wg_decode(l0, l1, cw, b4, BN: gl.constexpr, AL: gl.constexpr):
+    # the [BN, 128] decoded tile in MMA slot order, as wgmma's register A operand
+    w = gl.join(_wg_pairs(l0, cw, b4), _wg_pairs(l1, cw >> 4, b4))  # [BN, 16 (g a i1 i0), j, h, hh]
+    w = gl.reshape(w, [BN, 2, 2, 2, 2, 2, 2, 2])  # [row, g, a, i1, i0, j, h, hh]
+    w = gl.reshape(gl.permute(w, DECODE_ORDER.value), [BN, 128])  # slot = (hh i1 i0 h g a j)
+    return gl.convert_layout(w, AL)
+
+
+@gluon.jit
+def _wg_x(x_ptr, xoff, st):
+    # a K step's [BT, 128] x tile in column order (16-byte loads)
+    return gl.load(x_ptr + xoff + st * 128)
+
+
+@gluon.jit
+def _wg_x_store(xs, xr, BT: gl.constexpr):
+    # the x tile into shared memory in MMA slot order: column bits (g hh a i1 i0 h j), high to
+    # low, become slot bits (hh i1 i0 h g a j)
+    xr = gl.reshape(xr, [BT, 2, 2, 2, 2, 2, 2, 2])
+    xs.store(gl.reshape(gl.permute(xr, X_ORDER.value), [BT, 128]))
+
+
+@gluon.jit
+def _wg_step(acc, ap, xr, l0, l1, cw, x_cur, x_next, st, s1, x_ptr, xoff, lo_ptr, code_ptr, lo_off, co_off, b4,
+             BN: gl.constexpr, BT: gl.constexpr, AL: gl.constexpr, PIPE: gl.constexpr):
+    # one K step: its plane words are (l0, l1, cw), its x tile is in x_cur; loads the next step's
+    # words, stores the next step's x (held in xr) into x_next and loads the one after. PIPE 0:
+    # this step's MMA is waited for at its end; 1: the previous step's (one MMA in flight, whose
+    # A operand ap is kept alive until then)
+    nx = gl.minimum(st + 1, s1 - 1)
+    l0n, l1n, cwn = _wg_words(lo_ptr, code_ptr, lo_off, co_off, nx)
+    a = _wg_decode(l0, l1, cw, b4, BN, AL)
+    acc = warpgroup_mma(a, x_cur.permute((1, 0)), acc, is_async=True)
+    if PIPE:
+        # the previous step's MMA (which read x_next) is done once at most this one is in flight
+        acc, ap = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ap))
+        gl.thread_barrier()  # ... in every warpgroup, before any warp overwrites x_next
+    _wg_x_store(x_next, xr, BT)
+    fence_async_shared()
+    xr = _wg_x(x_ptr, xoff, gl.minimum(st + 2, s1 - 1))
+    if not PIPE:
+        # the A registers must stay untouched until the MMA has read them: keep them alive
+        acc, a = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a))
+    gl.thread_barrier()  # every warp's x stores are in before the next MMA reads them
+    return acc, a, xr, l0n, l1n, cwn
+
+
+EXC_E = 16  # exceptions a step of the in-tile exception sum (the one-hot MMA's K)
+
+
+@gluon.jit
+def _wg_exceptions(acc, x_ptr, m0, M, stride_xm, eidx_ptr, ehi_ptr, lo8_ptr, KP, base_ptr, n0, e0, e1,
+                   BN: gl.constexpr, BT: gl.constexpr, ML: gl.constexpr, EL: gl.constexpr):
+    # acc [BN weight rows, BT x rows] plus, for each exception (w, c) of rows n0.. (e0..e1),
+    # (true - decoded w) * x[:, c] on its row: 16 at a time as a wgmma of a one-hot [BN, 16]
+    # register operand and the [16, BT] products in shared memory, those split into two bf16
+    # parts (hi + lo keeps 16 of fp32's 24 significand bits: error <= 2^-16 of each term)
+    E: gl.constexpr = 16
+    AO: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=ML, k_width=2)
+    DL: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, E], gl.bfloat16)
+    dh_s = gl.allocate_shared_memory(gl.bfloat16, [BT, E], DL)
+    dl_s = gl.allocate_shared_memory(gl.bfloat16, [BT, E], DL)
+    b8 = gl.load(base_ptr).to(gl.uint32)
+    rm = m0 + gl.arange(0, BT, layout=gl.SliceLayout(1, EL))
+    rn = (n0 + gl.arange(0, BN, layout=gl.SliceLayout(1, AO))).to(gl.int64)
+    for es in range(e0, e1, E):
+        c, em, tv, pv, r = _exc_meta(eidx_ptr, ehi_ptr, lo8_ptr, KP, b8, KP, es, e1, E, EL)
+        xv = gl.load(x_ptr + rm[:, None] * stride_xm + c[None, :], mask=(rm < M)[:, None] & em[None, :],
+                     other=0.0).to(gl.float32)
+        d = xv * tv[None, :] - xv * pv[None, :]  # [BT, E]
+        hi = d.to(gl.bfloat16)
+        dh_s.store(hi)
+        dl_s.store((d - hi.to(gl.float32)).to(gl.bfloat16))
+        fence_async_shared()
+        gl.thread_barrier()
+        re = gl.convert_layout(r, gl.SliceLayout(0, AO))
+        oh = gl.where(rn[:, None] == re[None, :], 1.0, 0.0).to(gl.bfloat16)  # [BN, E] one-hot rows
+        acc = warpgroup_mma(oh, dh_s.permute((1, 0)), acc, is_async=True)
+        acc = warpgroup_mma(oh, dl_s.permute((1, 0)), acc, is_async=True)
+        acc, oh = warpgroup_mma_wait(num_outstanding=0, deps=(acc, oh))
+        gl.thread_barrier()  # both MMAs have read the products before the next chunk's stores
+    return acc
+
+
+@gluon.jit
+def _wg_kernel(x_ptr, code_ptr, lo_ptr, base_ptr, part_ptr, out_ptr, bias_ptr, M, N, KP, stride_xm, K_SPLIT,
+               stride_code, stride_lo, BN: gl.constexpr, BT: gl.constexpr, WL: gl.constexpr, XL: gl.constexpr,
+               ML: gl.constexpr, AL: gl.constexpr, XSL: gl.constexpr, OL: gl.constexpr, OUT: gl.constexpr,
+               HAS_BIAS: gl.constexpr, PIPE: gl.constexpr = 0, EXC: gl.constexpr = False, EL: gl.constexpr = None, rowptr_ptr=None, eidx_ptr=None, ehi_ptr=None,
+               lo8_ptr=None):
+    # part[pid_k, BT x rows, BN weight rows] (fp32, OUT 0) or out (bf16 + bias, OUT 1: one split)
+    # = x rows @ W^T over this program's K range; acc is [BN weight rows, BT x rows]. Whole shapes
+    # only (K == KP, K_SPLIT and KP multiples of 256); rows past M or N read row M-1 / N-1 again.
+    pid_n = gl.program_id(0)
+    pid_k = gl.program_id(1)
+    pid_m = gl.program_id(2)
+    cq = gl.arange(0, 16, layout=gl.SliceLayout(0, WL))[None, :]
+    n = gl.minimum(pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, WL)), N - 1)[:, None]
+    lo_off = n * stride_lo + (cq // 8) * 16 + (cq % 8)
+    co_off = n * stride_code + cq
+    b4 = gl.load(base_ptr).to(gl.uint32) * 0x01010101
+    m0 = pid_m * BT
+    t = gl.minimum(m0 + gl.arange(0, BT, layout=gl.SliceLayout(1, XL)), M - 1)
+    xoff = t[:, None] * stride_xm + gl.arange(0, 128, layout=gl.SliceLayout(0, XL))[None, :]
+    # two x buffers as two allocations, the loop unrolled by two: the MMA of one step and the x
+    # stores of the next touch different allocations, so no barrier is needed between them
+    xs0 = gl.allocate_shared_memory(gl.bfloat16, [BT, 128], XSL)
+    xs1 = gl.allocate_shared_memory(gl.bfloat16, [BT, 128], XSL)
+    s0 = (pid_k * K_SPLIT) // 128
+    s1 = gl.minimum(pid_k * K_SPLIT + K_SPLIT, KP) // 128
+    l0, l1, cw = _wg_words(lo_ptr, code_ptr, lo_off, co_off, s0)
+    _wg_x_store(xs0, _wg_x(x_ptr, xoff, s0), BT)
+    xr = _wg_x(x_ptr, xoff, gl.minimum(s0 + 1, s1 - 1))
+    fence_async_shared()
+    gl.thread_barrier()
+    acc = gl.zeros([BN, BT], gl.float32, ML)
+    ap = gl.zeros([BN, 128], gl.bfloat16, AL)  # the in-flight MMA's A operand (PIPE 1)
+    for st in range(s0, s1 - 1, 2):
+        acc, ap, xr, l0, l1, cw = _wg_step(acc, ap, xr, l0, l1, cw, xs0, xs1, st, s1, x_ptr, xoff, lo_ptr, code_ptr,
+                                           lo_off, co_off, b4, BN, BT, AL, PIPE)
+        acc, ap, xr, l0, l1, cw = _wg_step(acc, ap, xr, l0, l1, cw, xs1, xs0, st + 1, s1, x_ptr, xoff, lo_ptr,
+                                           code_ptr, lo_off, co_off, b4, BN, BT, AL, PIPE)
+    if PIPE:
+        acc, ap = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ap))
+    if EXC:  # the exceptions of this tile's weight rows, added by the tile's first split program
+        n0 = pid_n * BN
+        e0 = gl.load(rowptr_ptr + n0)
+        e1 = gl.load(rowptr_ptr + gl.minimum(n0 + BN, N))
+        e1 = e0 + (e1 - e0) * (pid_k == 0).to(gl.int32)
+        acc = _wg_exceptions(acc, x_ptr, m0, M, stride_xm, eidx_ptr, ehi_ptr, lo8_ptr, KP, base_ptr, n0, e0, e1, BN,
+                             BT, ML, EL)
+    acc = gl.convert_layout(acc, OL)
+    r = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, OL))[:, None]
+    m = m0 + gl.arange(0, BT, layout=gl.SliceLayout(0, OL))[None, :]
+    mask = (r < N) & (m < M)
+    if OUT == 0:
+        gl.store(part_ptr + pid_k * M * N + m * N + r, acc, mask=mask)
+    else:
+        if HAS_BIAS:
+            acc += gl.load(bias_ptr + r, mask=r < N, other=0.0).to(gl.float32)
+        gl.store(out_ptr + m * N + r, acc.to(gl.bfloat16), mask=mask)
+
+
+@functools.lru_cache(maxsize=None)
+def layouts(bn: int, bt: int, warps: int = 4):
+    """(word, x pairs, accumulator, A operand, x shared, output) layouts for bn weight rows and bt
+    x rows: words [bn, 16] (a thread: 4 contiguous words of two rows 8 apart, its lane's (a, g)),
+    x pairs [bt, 64] int32 (4 contiguous slot pairs a thread: 16-byte shared stores)."""
+    rb = bn // (16 * warps)  # 16-row blocks a warp in registers past the first
+    wreg = [[0, 1], [0, 2], [8, 0]] + [[16 * warps << i, 0] for i in range(rb.bit_length() - 1)]
+    words = gl.DistributedLinearLayout(reg_bases=wreg, lane_bases=[[0, 4], [0, 8], [1, 0], [2, 0], [4, 0]],
+                                       warp_bases=[[16 << i, 0] for i in range(warps.bit_length() - 1)],
+                                       block_bases=[], shape=[bn, 16])
+    xl = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[2, 16], warps_per_cta=[warps, 1], order=[1, 0])
+    mma = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[warps, 1], instr_shape=[16, bt, 16])
+    a_op = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
+    xs = gl.NVMMASharedLayout.get_default_for([bt, BK], gl.bfloat16)
+    out = gl.BlockedLayout(size_per_thread=[4, 1], threads_per_warp=[32, 1], warps_per_cta=[1, warps], order=[0, 1])
+    return words, xl, mma, a_op, xs, out
+
+
+@functools.lru_cache(maxsize=None)
+def exc_layout(warps: int = 4):
+    """Layout of the in-tile exception step's [bt x rows, 16 exceptions] products."""
+    return gl.BlockedLayout(size_per_thread=[1, 1], threads_per_warp=[2, 16], warps_per_cta=[warps, 1], order=[1, 0])
+
+
+# x: bf16 [M, K]; packed: fixed12 [N, K], K == Kp; bias: [N] or None; out: bf16 [M, N] (written) -> out
+def launch(x2: torch.Tensor, p, bias, cfg: C.Config, prep, out: torch.Tensor) -> torch.Tensor:
+    m, k = x2.shape
+    n = p.shape[0]
+    a = p.arrays
+    kp = a["lo"].shape[1]
+    if C.interpreting() or x2.device.type != "cuda":
+        raise RuntimeError("Config(wg=True) runs only on a CUDA GPU (Gluon has no interpreter): use tc there")
+    if torch.cuda.get_device_capability(x2.device)[0] != 9:
+        raise RuntimeError("Config(wg=True) needs a Hopper GPU (wgmma, sm_90)")
+    if k != kp or kp % (2 * BK):
+        raise ValueError(f"Config(wg=True) needs K a multiple of {2 * BK} (no padded columns), got K = {k}")
+    if x2.stride(1) != 1 or x2.stride(0) % 8 or x2.data_ptr() % 16:
+        x2 = x2.contiguous()  # x is read in 16-byte pieces
+    tiles = triton.cdiv(n, cfg.bn) * triton.cdiv(m, cfg.bm)
+    # K ranges of whole pairs of steps: the kernel's loop is unrolled by two (its x buffers)
+    split, per = C.choose_split(tiles, kp, 2 * BK, x2.device, cfg.split, cfg.waves)
+    inline = cfg.exc_tile and prep.nexc > 0
+    side = F12.CONCURRENT_EXC and not cfg.exc_after and prep.nexc > 0 and not inline
+    out_mode = 1 if (prep.nexc == 0 or inline) and split == 1 else 0
+    part = torch.empty(split + side, m, n, dtype=torch.float32, device=x2.device) if out_mode == 0 else out
+    if side:
+        join = F12.exceptions_on_side_stream(part[split:], x2, p, prep)
+    words, xl, mma, a_op, xsl, ol = layouts(cfg.bn, cfg.bm, cfg.warps)
+    grid = (triton.cdiv(n, cfg.bn), split, triton.cdiv(m, cfg.bm))
+    _wg_kernel[grid](x2, a["code"].view(torch.int32), a["lo"].view(torch.int32), a["base"], part,
+                     out, bias if bias is not None else out, m, n, kp, x2.stride(0), per, kp // 8, kp // 4,
+                     BN=cfg.bn, BT=cfg.bm, WL=words, XL=xl, ML=mma, AL=a_op, XSL=xsl, OL=ol, OUT=out_mode,
+                     HAS_BIAS=bias is not None, PIPE=int(cfg.pipe), EXC=inline,
+                     EL=exc_layout(cfg.warps) if inline else None, rowptr_ptr=prep.rowptr, eidx_ptr=a["exc_idx"],
+                     ehi_ptr=a["exc_hi"], lo8_ptr=a["lo"], num_warps=cfg.warps,
+                     **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}))
+    if side:
+        join()
+    elif out_mode == 0 and prep.nexc > 0 and not inline:
+        add_exceptions(part, x2, p, prep)
+    if out_mode == 0:
+        C.finalize(part, bias, out)
+    return out

@@ -1,0 +1,182 @@
+"""The fixed12 wgmma kernel (weights as warpgroup MMA's register operand; Hopper only): static
+checks compiled for sm_90 on any machine, products on the GPU against float64."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from .conftest import needs_triton, random_weights
+from .test_gluon import _res_usage, _sass
+from .test_linear import _check
+
+pytestmark = needs_triton
+
+
+def _wg():
+    try:
+        from glyd.kernels import fixed12_wg
+    except ImportError as exc:  # a Triton without Gluon's Hopper module
+        pytest.skip(f"no Gluon wgmma in this Triton: {exc}")
+    return fixed12_wg
+
+
+def _compile_sm90(bn, bt, warps, out=0, bias=False, pipe=0, exc=False):
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    w = _wg()
+    words, xl, mma, a_op, xsl, ol = w.layouts(bn, bt, warps)
+    ptrs = {"x_ptr": "*bf16", "code_ptr": "*i32", "lo_ptr": "*i32", "base_ptr": "*u8", "part_ptr": "*fp32",
+            "out_ptr": "*bf16", "bias_ptr": "*bf16", "rowptr_ptr": "*i32", "eidx_ptr": "*i32", "ehi_ptr": "*u8",
+            "lo8_ptr": "*u8"}
+    const = dict(BN=bn, BT=bt, WL=words, XL=xl, ML=mma, AL=a_op, XSL=xsl, OL=ol, OUT=out, HAS_BIAS=bias, PIPE=pipe,
+                 EXC=exc, EL=w.exc_layout(warps) if exc else None)
+    names = w._wg_kernel.arg_names
+    sig = {a: "constexpr" if a in const else ptrs.get(a, "i32") for a in names}
+    attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in names
+             if a in ptrs or a.startswith("stride") or a in ("K_SPLIT", "KP")}
+    try:
+        return triton.compile(GluonASTSource(w._wg_kernel, sig, const, attrs), target=GPUTarget("cuda", 90, 32),
+                              options=dict(num_warps=warps))
+    except Exception as exc:  # no ptxas for sm_90 in this Triton install
+        if "ptxas" in str(exc).lower():
+            pytest.skip(f"cannot compile for sm_90 here: {exc}")
+        raise
+
+
+@pytest.mark.parametrize("bn,bt,warps", [(64, 16, 4), (64, 64, 4), (128, 32, 8), (128, 64, 8)])
+@pytest.mark.parametrize("out,pipe,exc", [(0, 0, False), (1, 0, False), (0, 1, False), (1, 1, True)])
+def test_wg_decoded_tile_is_the_register_operand_sm90(bn, bt, warps, out, pipe, exc):
+    # the decoded tile reaches wgmma from registers: in the K loop (two steps, unrolled) the only
+    # shared-memory stores are the x tiles' (bt x 128 bf16 a step, split over the threads), there
+    # are no shared loads (wgmma reads x itself), one wgmma a 16-wide k chunk and warpgroup, one
+    # barrier a step (two with an MMA in flight), and nothing spills
+    import re
+
+    k = _compile_sm90(bn, bt, warps, out=out, bias=out == 1, pipe=pipe, exc=exc)
+    assert "warp_group_dot" in k.asm["ttgir"]
+    res = _res_usage(k)
+    assert res.get("STACK", 0) == 0 and res.get("LOCAL", 0) == 0
+    sass = _sass(k)
+    lines = [ln for ln in sass.splitlines() if re.match(r"\s+/\*[0-9a-f]{4}\*/", ln)]
+    addr = [int(re.match(r"\s+/\*([0-9a-f]+)\*/", ln).group(1), 16) for ln in lines]
+    # the K loop: the backward branch (cuobjdump prints branch targets as addresses)
+    loops = [(int(m.group(1), 16), a) for ln, a in zip(lines, addr)
+             if (m := re.search(r"BRA\s+0x([0-9a-f]+)", ln)) and int(m.group(1), 16) < a]
+    assert loops, "no K loop found"
+    lo, hi = loops[0]
+    body = [ln for ln, a in zip(lines, addr) if lo <= a <= hi and "@!PT" not in ln]  # not the never-run fillers
+    ops = [re.search(r"\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_]+)", ln).group(1) for ln in body]
+    assert ops.count("HGMMA") == 2 * 8 * (bn // 64 if warps == 4 else 1)
+    assert ops.count("LDS") == 0
+    assert ops.count("BAR") == 2 * (1 + pipe)
+    assert 0 < ops.count("STS") <= 2 * bt * 128 * 2 // (32 * warps * 4)  # at least 4-byte stores
+    assert ops.count("LDL") == 0 and ops.count("STL") == 0
+
+
+def test_wg_weights_and_x_share_one_k_order():
+    # the decoded tile and the x tile reach the MMA in the same permutation of a step's 128
+    # columns (so the product is unchanged), and both cover every column once
+    import numpy as np
+
+    w = _wg()
+    bits = np.indices([2] * 7)
+    g, a, i1, i0, j, h, hh = bits  # the decoded tile's dims after the row
+    col_w = 4 * (16 * g + 8 * hh + 4 * a + 2 * i1 + i0) + 2 * h + j
+    col_x = np.arange(128).reshape([2] * 7)  # x in column order: dims are the column's bits
+    order_w = [d - 1 for d in w.DECODE_ORDER.value[1:]]
+    order_x = [d - 1 for d in w.X_ORDER.value[1:]]
+    slots_w = col_w.transpose(order_w).reshape(-1)
+    slots_x = col_x.transpose(order_x).reshape(-1)
+    assert sorted(slots_w) == list(range(128))
+    assert (slots_w == slots_x).all()
+    # chunk 0, h = 0: lane c = a + 2 g holds columns 16 a + 64 g + (0, 1): a thread's 16 bytes
+    assert list(slots_w[:8]) == [0, 1, 16, 17, 64, 65, 80, 81]
+
+
+def test_wg_needs_a_gpu():
+    from glyd import kernels
+    from glyd.kernels._common import Config
+
+    p = kernels.pack(random_weights(64, 256, "normal"), "fixed12")
+    with pytest.raises(RuntimeError, match="GPU"):
+        kernels.linear(torch.randn(2, 256).to(torch.bfloat16), p, None,
+                       Config(bm=16, bn=64, bk=128, gluon=True, wg=True))
+
+
+def test_wg_config_checks():
+    from glyd.kernels._common import Config
+
+    for bad in (dict(bk=256), dict(bn=32), dict(ring=2, prefetch=True), dict(fixup=True), dict(wg=False, pipe=True)):
+        with pytest.raises(ValueError, match="wg"):
+            Config(**{**dict(bm=16, bn=64, bk=128, gluon=True, wg=True), **bad})
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
+                    reason="needs a Hopper GPU")
+@pytest.mark.parametrize("bm,bn,warps", [(16, 64, 4), (32, 64, 4), (64, 64, 4), (64, 128, 4), (64, 128, 8),
+                                         (32, 128, 8)])
+@pytest.mark.parametrize("m", [1, 17, 64, 100])
+@pytest.mark.parametrize("split", [1, 5])
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("pipe,exc", [(False, True), (True, True), (False, False), (True, False)])
+def test_wg_matches_reference_gpu(bm, bn, warps, m, split, bias, pipe, exc):
+    from glyd import kernels
+    from glyd.kernels._common import Config
+
+    w = random_weights(1000, 3584, "normal", "cuda")  # with exceptions (values far below the window)
+    p = kernels.pack(w, "fixed12")
+    assert p.arrays["exc_idx"].numel() > 0
+    x = torch.randn(m, 3584, device="cuda").to(torch.bfloat16)
+    b = torch.randn(1000, device="cuda").to(torch.bfloat16) if bias else None
+    # split 5 leaves the last program of each tile fewer K steps than the others
+    # exc: the exceptions inside the tile kernel (Config.exc_tile), else the separate pass; pipe:
+    # one MMA in flight across K steps
+    y = kernels.linear(x, p, b, Config(bm=bm, bn=bn, bk=128, gluon=True, wg=True, warps=warps, split=split,
+                                       exc_tile=exc, pipe=pipe))
+    _check(y, x, w, b)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
+                    reason="needs a Hopper GPU")
+@pytest.mark.parametrize("m", [4, 64])
+def test_wg_one_split_without_exceptions_stores_bf16_gpu(m):
+    # no exceptions and one split: the kernel writes the bf16 result (+ bias) itself
+    from glyd import kernels
+    from glyd.kernels import _common as C
+
+    w = torch.randn(256, 1024, device="cuda") * 0.02
+    w = torch.where(w.abs() < 1e-3, 1e-3, w).to(torch.bfloat16)  # every exponent in the window
+    p = kernels.pack(w, "fixed12")
+    assert p.arrays["exc_idx"].numel() == 0
+    x = torch.randn(m, 1024, device="cuda").to(torch.bfloat16)
+    bias = torch.randn(256, device="cuda").to(torch.bfloat16)
+    calls = []
+    real = C.finalize
+    C.finalize = lambda *a: calls.append(a) or real(*a)
+    try:
+        y = kernels.linear(x, p, bias, C.Config(bm=64, bn=64, bk=128, gluon=True, wg=True, split=1))
+    finally:
+        C.finalize = real
+    assert not calls
+    _check(y, x, w, bias)
+    # a strided x (a column slice) is read correctly too
+    xw = torch.randn(m, 1024 + 8, device="cuda").to(torch.bfloat16)[:, 8:]
+    _check(kernels.linear(xw, p, bias, C.Config(bm=64, bn=64, bk=128, gluon=True, wg=True)), xw, w, bias)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
+                    reason="needs a Hopper GPU")
+def test_wg_rejects_odd_k_steps_gpu():
+    from glyd import kernels
+    from glyd.kernels._common import Config
+
+    p = kernels.pack(random_weights(64, 1152, "normal", "cuda"), "fixed12")  # 9 steps of 128
+    with pytest.raises(ValueError, match="multiple of 256"):
+        kernels.linear(torch.randn(2, 1152, device="cuda").to(torch.bfloat16), p, None,
+                       Config(bm=16, bn=64, bk=128, gluon=True, wg=True))

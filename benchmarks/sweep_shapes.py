@@ -68,8 +68,13 @@ def candidates(m: int, n: int, k: int) -> dict:
     if os.environ.get("SWEEP_ROUND") == "27":  # weights as wgmma's register operand (fixed12_wg), runs 62-66
         # (runs 62-65 also timed the exceptions in the separate pass, an async-copy ring of the
         # plane words and the first, not unrolled, loop: see benchmarks/RESULTS.md)
-        if k % 256 == 0 and m >= 2:
+        if k % 256 == 0:
             bt = 16 if m <= 16 else 32 if m <= 32 else 64
+            if m <= 8:  # wgmma's N = 8: half the x tile (not yet run: add these to the next round)
+                for wv in (2, 4):
+                    for pipe in (False, True):
+                        out[f"wg bm8 bn64 w4 wv{wv} exc_tile" + (" pipe" if pipe else "")] = V(
+                            bm=8, bn=64, bk=128, gluon=True, wg=True, warps=4, waves=wv, exc_tile=True, pipe=pipe)
             for bn, warps in ((64, 4), (128, 8)):
                 for wv in (1, 2, 4):
                     for pipe in (False, True):

@@ -46,7 +46,7 @@ def _compile_sm90(bn, bt, warps, out=0, bias=False, pipe=0, exc=False):
         raise
 
 
-@pytest.mark.parametrize("bn,bt,warps", [(64, 16, 4), (64, 64, 4), (128, 32, 8), (128, 64, 8)])
+@pytest.mark.parametrize("bn,bt,warps", [(64, 8, 4), (64, 16, 4), (64, 64, 4), (128, 32, 8), (128, 64, 8)])
 @pytest.mark.parametrize("out,pipe,exc", [(0, 0, False), (1, 0, False), (0, 1, False), (1, 1, True)])
 def test_wg_decoded_tile_is_the_register_operand_sm90(bn, bt, warps, out, pipe, exc):
     # the decoded tile reaches wgmma from registers: in the K loop (two steps, unrolled) the only
@@ -117,8 +117,8 @@ def test_wg_config_checks():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
                     reason="needs a Hopper GPU")
-@pytest.mark.parametrize("bm,bn,warps", [(16, 64, 4), (32, 64, 4), (64, 64, 4), (64, 128, 4), (64, 128, 8),
-                                         (32, 128, 8)])
+@pytest.mark.parametrize("bm,bn,warps", [(8, 64, 4), (16, 64, 4), (32, 64, 4), (64, 64, 4), (64, 128, 4),
+                                         (64, 128, 8), (32, 128, 8)])
 @pytest.mark.parametrize("m", [1, 17, 64, 100])
 @pytest.mark.parametrize("split", [1, 5])
 @pytest.mark.parametrize("bias", [False, True])

@@ -64,8 +64,8 @@ class Config:
     only x rows 0-7 are loaded, the MMA's rows 8-15 are zeros. ``maxnreg`` (gluon): a register
     cap a thread (0: the compiler's choice), for more programs an SM. ``wg`` (gluon, Hopper): the
     weights as the register A operand of warpgroup MMA and the x rows (``bm`` of them: wgmma's N)
-    from shared memory (``fixed12_wg``); ``bk`` 128, 4 or 8 warps, ``bn`` 16 or 32 rows a warp,
-    K a multiple of 256; ``exc_tile`` adds the exceptions in the tile there too. ``pipe`` (wg): keep
+    from shared memory (``fixed12_wg``); ``bm`` 8-64, ``bk`` 128, 4 or 8 warps, ``bn`` 16 or 32
+    rows a warp, K a multiple of 256 (``bm`` 8: compiled for sm_90, not yet run on a GPU); ``exc_tile`` adds the exceptions in the tile there too. ``pipe`` (wg): keep
     one MMA in flight across K steps instead of waiting for each at its step's end.
     """
 
@@ -113,7 +113,8 @@ class Config:
         if self.tc and (not self.dot or self.mma or self.byte or self.group_major or self.bk < 64):
             raise ValueError("tc is a tensor-core tile (dot=True, not mma, byte or group_major) with bk >= 64")
         if self.gluon and (not self.dot or self.mma or self.byte or self.group_major or self.tc
-                           or self.bm not in (16, 32, 64) or self.warps not in ((4, 8) if self.wg else (1, 2, 4))
+                           or self.bm not in ((8, 16, 32, 64) if self.wg else (16, 32, 64))
+                           or self.warps not in ((4, 8) if self.wg else (1, 2, 4))
                            or self.bn < max(16, 8 * self.warps) or self.bk < 64):
             raise ValueError("gluon is a tensor-core tile (dot=True, not tc, mma, byte or group_major) with bm 16, "
                              "32 or 64, 1, 2 or 4 warps, bn >= 16 and >= 8 a warp, bk >= 64")

@@ -1,4 +1,4 @@
-"""Per-shape tuning sweep for the fixed12 fused linear at decode sizes (M = 1-16) on one GPU.
+"""Per-shape tuning sweep for the fixed12 fused linear at decode sizes (M = 1-64) on one GPU.
 
 For each matrix shape of a Qwen2.5-7B-shaped model (q/o, k/v, gate/up, down, lm_head) and each M,
 times bf16 ``F.linear`` and a grid of fixed12 configs over enough distinct copies of the matrix

@@ -75,6 +75,9 @@ def main(argv=None) -> int:
                     help="with --ms: also the bm 64 Gluon tile (x tiles in the async ring, exceptions in the tile)")
     ap.add_argument("--wg", action="store_true",
                     help="with --ms: also the wgmma tile (fixed12_wg: bn 64 4 warps, bn 128 8 warps; waves 4)")
+    ap.add_argument("--ws", action="store_true",
+                    help="with --ms: also the warp-specialized wgmma tile (fixed12_ws: ring 4 (3 at M > 32), "
+                    "2 programs an SM) and its TMA stream alone (fixed12_ws.PROBE_LOADS)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     n, k = SHAPES[args.shape]
@@ -95,6 +98,12 @@ def main(argv=None) -> int:
                 for bn, warps in ((64, 4), (128, 8)):
                     variants[f"f12 wg bm{bt} bn{bn} w{warps} wv4 M={m}"] = (m, C.Config(
                         bm=bt, bn=bn, bk=128, gluon=True, wg=True, warps=warps, waves=4))
+            if args.ws:
+                bt = 8 if m <= 8 else 16 if m <= 16 else 32 if m <= 32 else 64
+                cfg = C.Config(bm=bt, bn=64, bk=128, gluon=True, wg=True, ws=True, stages=3 if bt == 64 else 4,
+                               waves=2, exc_tile=True, maxnreg=128)
+                variants[f"f12 ws bm{bt} wv2 r128 M={m}"] = (m, cfg)
+                variants[f"f12 ws bm{bt} wv2 r128 loads M={m}"] = (m, (cfg, 1))
             if args.fixup:
                 variants[f"f12 default fixup M={m}"] = (m, dataclasses.replace(fixed12.default_config(m, n, k),
                                                                                fixup=True))
@@ -103,6 +112,15 @@ def main(argv=None) -> int:
         x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
         if cfg == "bf16":
             fn = (lambda x=x: F.linear(x, w))
+        elif isinstance(cfg, tuple):  # (ws config, fixed12_ws.PROBE_LOADS): a probe, its output unchecked
+            from glyd.kernels import fixed12_ws
+
+            def fn(x=x, cfg=cfg[0], probe=cfg[1]):
+                fixed12_ws.PROBE_LOADS = probe
+                try:
+                    return kernels.linear(x, p, None, cfg)
+                finally:
+                    fixed12_ws.PROBE_LOADS = 0
         else:
             fn = (lambda x=x, cfg=cfg: kernels.linear(x, p, None, cfg))
             ref = F.linear(x.double(), w.double())

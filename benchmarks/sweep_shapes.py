@@ -65,6 +65,17 @@ def candidates(m: int, n: int, k: int) -> dict:
             for block, warps in ((256, 2), (128, 1), (512, 4), (1024, 4)):
                 out[f"default reduce {block} w{warps}"] = (d, {(C, "FINALIZE_BLOCK"): block, (C, "FINALIZE_WARPS"): warps})
         return out
+    if os.environ.get("SWEEP_ROUND") == "28":  # the warp-specialized wgmma tile (fixed12_ws: a TMA ring)
+        # (runs 73-74 timed a first, not persistent, version and ring depths 3-8, programs an SM
+        # 1-3: see benchmarks/RESULTS.md)
+        if k % 128 == 0:
+            bt = 8 if m <= 8 else 16 if m <= 16 else 32 if m <= 32 else 64
+            for bn, st, wv, cap in ((64, 4 if bt <= 32 else 3, 2, 128), (64, 3, 2, 128), (64, 6, 1, 0),
+                                    (128, 3 if bt <= 32 else 2, 2, 128), (128, 4, 1, 0)):
+                name = f"ws bm{bt} bn{bn} s{st} wv{wv}" + (f" r{cap}" if cap else "")
+                out[name] = V(bm=bt, bn=bn, bk=128, gluon=True, wg=True, ws=True, stages=st, waves=wv,
+                              exc_tile=True, maxnreg=cap)
+        return out
     if os.environ.get("SWEEP_ROUND") == "27":  # weights as wgmma's register operand (fixed12_wg), runs 62-66
         # (runs 62-65 also timed the exceptions in the separate pass, an async-copy ring of the
         # plane words and the first, not unrolled, loop: see benchmarks/RESULTS.md)

@@ -18,6 +18,8 @@ SHAPES = {"k/v": (512, 3584), "q/o": (3584, 3584), "gate/up": (18944, 3584), "do
 def _path(cfg) -> str:
     if cfg.long:
         return "unpack+cuBLAS"
+    if cfg.ws:
+        return "ws"
     if cfg.wg:
         return "wg"
     if cfg.gluon:
@@ -31,7 +33,9 @@ def _path(cfg) -> str:
     return "dot tile"
 
 
-def _expected(m: int, kind: str, gluon: bool, wg: bool = False) -> str:
+def _expected(m: int, kind: str, gluon: bool, wg: bool = False, ws: bool = False) -> str:
+    if gluon and wg and ws and ((3 <= m <= 64 and kind == "lm_head") or (32 < m <= 64 and kind == "gate/up")):
+        return "ws"
     if gluon and wg and ((3 <= m <= 16 and kind in ("lm_head", "down")) or (4 <= m <= 16 and kind == "gate/up")
                          or (16 < m <= 32 and kind in ("gate/up", "lm_head"))
                          or (32 < m <= 64 and kind in ("lm_head", "down", "q/o"))):
@@ -56,25 +60,32 @@ def _expected(m: int, kind: str, gluon: bool, wg: bool = False) -> str:
     return "tc"
 
 
-@pytest.mark.parametrize("gluon,wg", [(False, False), (True, False), (True, True)])
+@pytest.mark.parametrize("gluon,wg,ws", [(False, False, False), (True, False, False), (True, True, False),
+                                         (True, True, True)])
 @pytest.mark.parametrize("kind", list(SHAPES))
 @pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 8, 9, 16, 17, 32, 33, 64, 65, 255, 256, 2048])
-def test_default_config_paths_match_the_docs(kind, m, gluon, wg, monkeypatch):
+def test_default_config_paths_match_the_docs(kind, m, gluon, wg, ws, monkeypatch):
     from glyd.kernels import fixed12
 
     monkeypatch.setattr(fixed12, "gluon_available", lambda: gluon)  # as on a GPU with or without Gluon
     monkeypatch.setattr(fixed12, "wg_available", lambda: wg)  # ... and a Hopper GPU (wgmma) or not
+    monkeypatch.setattr(fixed12, "ws_available", lambda: ws)  # ... with Gluon's TMA and warp specialization
     n, k = SHAPES[kind]
     cfg = fixed12.default_config(m, n, k)
-    assert _path(cfg) == _expected(m, kind, gluon, wg), cfg
+    assert _path(cfg) == _expected(m, kind, gluon, wg, ws), cfg
     # exceptions in a pass of their own: k/v on the GEMV and tc (beside up to M = 8, after from
     # M = 17), down at M = 1; the Gluon kernel runs one beside it unless exc_tile puts them inside
     kv_pass = m == 1 or (not gluon and (m <= 8 or 16 < m <= 64))
     assert cfg.exc_pass == ((kind == "k/v" and kv_pass) or (kind == "down" and m == 1)), cfg
     assert cfg.exc_after == (kind == "k/v" and 16 < m <= 64 and not gluon), cfg
-    assert cfg.exc_tile == (_path(cfg) in ("gluon", "wg")), cfg  # every Gluon default since sweep round 18
-    if cfg.wg:  # one MMA in flight but on gate/up and lm_heads at M <= 16 (sweep round 27)
-        assert cfg.pipe == (kind == "down" or m > 16) and cfg.bm == (16 if m <= 16 else 32 if m <= 32 else 64)
+    assert cfg.exc_tile == (_path(cfg) in ("gluon", "wg", "ws")), cfg  # every Gluon default since sweep round 18
+    if cfg.ws:  # ring 4 (3 with 64 x rows), two programs an SM under a 128-register cap (sweep round 28)
+        assert cfg.bm == (8 if m <= 8 else 16 if m <= 16 else 32 if m <= 32 else 64) and cfg.bn == 64, cfg
+        assert (cfg.stages, cfg.waves, cfg.maxnreg) == (3 if m > 32 else 4, 2, 128), cfg
+    elif cfg.wg:  # one MMA in flight but on gate/up and lm_heads at M <= 16 (sweep round 27)
+        # bm 8 on down at M <= 8 (round 27, run 79)
+        bm = 8 if kind == "down" and m <= 8 else 16 if m <= 16 else 32 if m <= 32 else 64
+        assert cfg.pipe == (kind == "down" or m > 16) and cfg.bm == bm, cfg
         assert cfg.waves == (4 if kind in ("down", "gate/up") and m <= 16 else 2), cfg
     # the async-copy ring with x in it: k/v at M = 2-16 (rounds 14, 18 and 22), every Gluon tile
     # from M = 17 (rounds 15 and 17)

@@ -65,8 +65,13 @@ class Config:
     cap a thread (0: the compiler's choice), for more programs an SM. ``wg`` (gluon, Hopper): the
     weights as the register A operand of warpgroup MMA and the x rows (``bm`` of them: wgmma's N)
     from shared memory (``fixed12_wg``); ``bm`` 8-64, ``bk`` 128, 4 or 8 warps, ``bn`` 16 or 32
-    rows a warp, K a multiple of 256 (``bm`` 8: compiled for sm_90, not yet run on a GPU); ``exc_tile`` adds the exceptions in the tile there too. ``pipe`` (wg): keep
-    one MMA in flight across K steps instead of waiting for each at its step's end.
+    rows a warp, K a multiple of 256; ``exc_tile`` adds the exceptions in the tile there too. ``pipe`` (wg): keep
+    one MMA in flight across K steps instead of waiting for each at its step's end. ``ws`` (wg): the
+    warp-specialized variant (``fixed12_ws``): one warp brings the plane words and x tiles of
+    ``stages`` K steps (2-8) by TMA into a shared-memory ring, the warpgroup decodes and multiplies;
+    x is permuted to the MMA's k order by a copy before the kernel; K a multiple of 128, 4 warps.
+    The grid is persistent (``waves`` programs an SM, or ``split`` programs in all) over equal
+    ranges of all tiles' K steps (stream-K); exceptions always in the tile (``exc_tile``).
     """
 
     bm: int = 16
@@ -98,13 +103,14 @@ class Config:
     maxnreg: int = 0
     wg: bool = False
     pipe: bool = False
+    ws: bool = False
 
     def __post_init__(self) -> None:
         for name in ("bm", "bn", "bk"):
             v = getattr(self, name)
             if v < 1 or v & (v - 1):
                 raise ValueError(f"Config.{name} must be a power of two, got {v}")
-        if self.dot and (self.bm < 16 or self.bn < 16):
+        if self.dot and (self.bm < (8 if self.wg else 16) or self.bn < 16):
             raise ValueError("the tl.dot path needs bm >= 16 and bn >= 16")
         if self.byte and (self.dot or self.group_major or self.g < 1 or self.g & (self.g - 1)):
             raise ValueError("byte is an FMA-path tile (dot=False, group_major=False) with a power-of-two g")
@@ -122,6 +128,8 @@ class Config:
                         or self.ring > 1 or self.fixup or self.x_rows8 or not self.x_ahead):
             raise ValueError("wg is a gluon tile with bk 128 and bn 16 or 32 rows a warp, without ring, fixup or "
                              "the x_ahead / x_rows8 settings")
+        if self.ws and not (self.wg and self.warps == 4 and 2 <= self.stages <= 8 and self.exc_tile and not self.pipe):
+            raise ValueError("ws is a wg tile with 4 warps, a ring of 2-8 stages and exc_tile (no pipe)")
         if self.pipe and not self.wg:
             raise ValueError("Config.pipe (an MMA in flight across K steps) applies to wg")
         if self.ring < 1 or (self.ring > 1 and not (self.gluon and self.prefetch)):

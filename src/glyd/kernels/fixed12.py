@@ -908,6 +908,19 @@ def wg_available() -> bool:
     return True
 
 
+@functools.lru_cache(maxsize=1)
+def ws_available() -> bool:
+    """True where the warp-specialized wgmma kernel (``fixed12_ws``: TMA, mbarriers) can run."""
+    if not wg_available():
+        return False
+    try:
+        from glyd.kernels import fixed12_ws  # noqa: F401
+    except ImportError as exc:
+        log.info("no warp-specialized wgmma kernel (%s)", exc)
+        return False
+    return True
+
+
 def default_config(m: int, n: int, k: int) -> C.Config:
     """Block shapes per M bucket and matrix shape: the fastest of the configs timed on the H200 on
     2026-11-30 (``benchmarks/sweep_shapes.py`` per shape, ``benchmarks/kernels.py`` per decode
@@ -978,10 +991,21 @@ def default_config(m: int, n: int, k: int) -> C.Config:
     # everywhere and on q/o up to M = 32; gate/up at M = 33-64 is a tie (tc stays).
     wg_ok = gl_ok and k % 256 == 0 and wg_available()
     gate = not (small or tall or wide)  # gate/up-like: large N, short K
+    # The warp-specialized wgmma tile (fixed12_ws: a TMA warp fills a ring, a persistent stream-K
+    # grid of two programs an SM), sweep round 28 (run 76): lm_heads at M = 4-8 0.82x against
+    # 0.94x, M = 16 0.86x against 0.95x, M = 32 0.92x against 1.04x, M = 64 1.00x against 1.36x;
+    # gate/up at M = 64 1.48x against 1.79x (tc). It loses on gate/up up to M = 32 (0.96-1.17x
+    # against 0.93-1.12x) and on q/o, down and k/v everywhere (their copy of x and too few steps).
+    if gl_ok and (wide and 3 <= m <= 64 or gate and 32 < m <= 64) and ws_available():
+        bt = 8 if m <= 8 else 16 if m <= 16 else 32 if m <= 32 else 64
+        return C.Config(bm=bt, bn=64, bk=128, gluon=True, wg=True, ws=True, warps=4, stages=3 if bt == 64 else 4,
+                        waves=2, exc_tile=True, maxnreg=128)
     if wg_ok and ((wide and 3 <= m <= 16) or (gate and 4 <= m <= 16)):
         return C.Config(bm=16, bn=64, bk=128, gluon=True, wg=True, warps=4, waves=2 if wide else 4, exc_tile=True)
     if wg_ok and tall and 3 <= m <= 16:
-        return C.Config(bm=16, bn=64, bk=128, gluon=True, wg=True, warps=4, waves=4, exc_tile=True, pipe=True)
+        # bm 8 (wgmma's N = 8) at M <= 8, round 27 (run 79): 0.875x against 0.90-0.93x
+        return C.Config(bm=8 if m <= 8 else 16, bn=64, bk=128, gluon=True, wg=True, warps=4, waves=4, exc_tile=True,
+                        pipe=True)
     if wg_ok and 16 < m <= 32 and not (small or tall):
         return C.Config(bm=32, bn=64, bk=128, gluon=True, wg=True, warps=4, waves=2, exc_tile=True, pipe=True)
     if wg_ok and 32 < m <= 64 and (wide or tall or (small and not tiny)):
@@ -1092,6 +1116,10 @@ def linear(x: torch.Tensor, p: Packed, bias: torch.Tensor | None = None, config:
         return _launch_gemv_bytes(x2, p, bias, cfg, prep, out).reshape(*x.shape[:-1], n)
     if cfg.mma:
         return _launch_mma(x2, p, bias, cfg, prep, out).reshape(*x.shape[:-1], n)
+    if cfg.ws:
+        from glyd.kernels import fixed12_ws  # Gluon on Hopper: imported only when asked for
+
+        return fixed12_ws.launch(x2, p, bias, cfg, prep, out).reshape(*x.shape[:-1], n)
     if cfg.wg:
         from glyd.kernels import fixed12_wg  # Gluon on Hopper: imported only when asked for
 

@@ -1,0 +1,191 @@
+"""The warp-specialized fixed12 wgmma kernel (a TMA warp fills a shared-memory ring; Hopper only):
+static checks compiled for sm_90 on any machine, x's permutation on the CPU, products on the GPU
+against float64."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+from .conftest import needs_triton, random_weights
+from .test_gluon import _res_usage, _sass
+from .test_linear import _check
+
+pytestmark = needs_triton
+
+
+def _ws():
+    try:
+        from glyd.kernels import fixed12_ws
+    except ImportError as exc:  # a Triton without Gluon's Hopper TMA module
+        pytest.skip(f"no Gluon TMA / warp specialization in this Triton: {exc}")
+    return fixed12_ws
+
+
+def _compile_sm90(bn, bt, stages, bias=False, exc=False, maxnreg=128):
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    w = _ws()
+    ll, cl, mma, a_op, ol, (lsl, csl, xsl) = w.layouts(bn, bt, 4)
+    descs = {"lo_desc": f"tensordesc<i32[{bn}, 32],{lsl!r}>", "co_desc": f"tensordesc<i32[{bn}, 16],{csl!r}>",
+             "x_desc": f"tensordesc<bf16[{bt}, 64],{xsl!r}>"}
+    ptrs = {"x_ptr": "*bf16", "base_ptr": "*u8", "out_ptr": "*bf16", "bias_ptr": "*bf16", "work_ptr": "*fp32",
+            "cnt_ptr": "*i32", "rowptr_ptr": "*i32", "eidx_ptr": "*i32", "ehi_ptr": "*u8", "lo8_ptr": "*u8"}
+    const = dict(BN=bn, BT=bt, NS=stages, LL=ll, CL=cl, ML=mma, AL=a_op, OL=ol, HAS_BIAS=bias, EXC=exc,
+                 EL=w.WG.exc_layout(4) if exc else None, CS=16, LOADER_REGS=24, LOADS=0)
+    names = w._ws_kernel.arg_names
+    sig = {a: "constexpr" if a in const else descs.get(a) or ptrs.get(a, "i32") for a in names}
+    attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in names
+             if a in ptrs or a.startswith("stride") or a == "KP"}
+    try:
+        return triton.compile(GluonASTSource(w._ws_kernel, sig, const, attrs), target=GPUTarget("cuda", 90, 32),
+                              options=dict(num_warps=4, maxnreg=maxnreg))
+    except Exception as exc:  # no ptxas for sm_90 in this Triton install
+        if "ptxas" in str(exc).lower():
+            pytest.skip(f"cannot compile for sm_90 here: {exc}")
+        raise
+
+
+def _loops(sass: str) -> list[list[str]]:
+    # the opcodes of each backward branch's body (cuobjdump prints branch targets as addresses)
+    lines = [ln for ln in sass.splitlines() if re.match(r"\s+/\*[0-9a-f]{4}\*/", ln)]
+    addr = [int(re.match(r"\s+/\*([0-9a-f]+)\*/", ln).group(1), 16) for ln in lines]
+    out = []
+    for ln, a in zip(lines, addr):
+        m = re.search(r"BRA\s+0x([0-9a-f]+)", ln)
+        if m and int(m.group(1), 16) < a:
+            lo = int(m.group(1), 16)
+            body = [b for b, x in zip(lines, addr) if lo <= x <= a and "@!PT" not in b]
+            out.append([re.search(r"\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_.]+)", b).group(1) for b in body])
+    return out
+
+
+@pytest.mark.parametrize("bn,bt,stages", [(64, 8, 4), (64, 16, 4), (64, 32, 4), (64, 64, 3), (128, 64, 2)])
+@pytest.mark.parametrize("bias,exc", [(False, False), (True, True)])
+def test_ws_loop_is_tma_and_shared_loads_sm90(bn, bt, stages, bias, exc):
+    # one warp's loop issues the four TMA copies of a step (lo, code, two x halves) and no other
+    # global loads; the warpgroup's loop reads the step's words with 16-byte shared loads (a
+    # thread: 8 lo and 4 code words a row pair), issues 8 wgmma a 64 weight rows, and loads
+    # nothing from global memory; nothing spills under the 128-register cap (2 programs an SM)
+    k = _compile_sm90(bn, bt, stages, bias=bias, exc=exc)
+    res = _res_usage(k)
+    assert res.get("STACK", 0) == 0 and res.get("LOCAL", 0) == 0
+    assert res["REG"] <= 128
+    assert k.metadata.shared <= 113 * 1024  # two programs an SM
+    loops = [[op.split(".")[0] for op in ops] for ops in _loops(_sass(k))]  # opcodes without modifiers
+    full = _loops(_sass(k))
+    # the innermost loops (the partitions' dispatch loops around them hold both): the TMA warp's,
+    # and the warpgroup's, up to the arrive that frees the step's ring slot (the tile's finish,
+    # past it, runs once a tile part; the exceptions' loop inside it has MMAs too)
+    tma_loop = min((ops for ops in loops if "UTMALDG" in ops), key=len)
+    i, wg_loop = min(((i, ops) for i, ops in enumerate(full) if "SYNCS.ARRIVE.TRANS64.A1T0" in ops),
+                     key=lambda t: len(t[1]))
+    body = loops[i][:wg_loop.index("SYNCS.ARRIVE.TRANS64.A1T0")]
+    assert tma_loop.count("UTMALDG") == 4 and "LDG" not in tma_loop and "HGMMA" not in tma_loop
+    assert body.count("HGMMA") == 8 * bn // 64
+    assert body.count("LDS") == 6 * bn // 64  # 4 lo, 2 code 16-byte loads a thread and 64 rows
+    assert "LDG" not in body and "STS" not in body
+    assert body.count("LDL") == 0 and body.count("STL") == 0
+
+
+def test_ws_x_permutation_is_the_wg_slot_order():
+    # x permuted by permute_x holds, at slot s of each 128-column step, the column that the
+    # decoded tile puts at slot s (fixed12_wg.DECODE_ORDER), for every step
+    import numpy as np
+
+    w = _ws()
+    k = 384
+    x = torch.arange(2 * k, dtype=torch.float32).reshape(2, k)
+    xp = w.permute_x(x)
+    bits = np.indices([2] * 7)
+    g, a, i1, i0, j, h, hh = bits
+    col_w = 4 * (16 * g + 8 * hh + 4 * a + 2 * i1 + i0) + 2 * h + j
+    slots = col_w.transpose([d - 1 for d in w.WG.DECODE_ORDER.value[1:]]).reshape(-1)
+    for step in range(k // 128):
+        for row in range(2):
+            assert xp[row, step * 128:(step + 1) * 128].tolist() == x[row, step * 128 + slots].tolist()
+    # the two 64-column halves are hh = 0 and 1: half 0 holds only lo words 16 g + 4 a + i
+    assert all((c // 4) % 16 < 8 for c in slots[:64]) and all((c // 4) % 16 >= 8 for c in slots[64:])
+    with pytest.raises(ValueError, match="multiple of 128"):
+        w.permute_x(torch.zeros(2, 200))
+    assert torch.equal(w.permute_x_torch(x), xp)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("m", [1, 16, 17, 64, 100])
+def test_ws_permute_kernel_matches_torch_gpu(m):
+    # the Triton permutation and its torch twin give the same bits (x also as a column slice)
+    w = _ws()
+    x = torch.randn(m, 3584 + 256, device="cuda").to(torch.bfloat16)
+    for xs in (x[:, :3584], x[:, 128:3712].contiguous()):
+        assert torch.equal(w.permute_x(xs).view(torch.int16), w.permute_x_torch(xs).view(torch.int16))
+
+
+def test_ws_config_checks():
+    from glyd.kernels._common import Config
+
+    base = dict(bm=16, bn=64, bk=128, gluon=True, wg=True, ws=True, stages=4, exc_tile=True)
+    Config(**base)
+    for bad in (dict(wg=False), dict(stages=1), dict(stages=9), dict(warps=8, bn=128), dict(exc_tile=False),
+                dict(pipe=True)):
+        with pytest.raises(ValueError, match="ws|wg"):
+            Config(**{**base, **bad})
+
+
+def test_ws_needs_a_gpu():
+    from glyd import kernels
+    from glyd.kernels._common import Config
+
+    p = kernels.pack(random_weights(64, 256, "normal"), "fixed12")
+    with pytest.raises(RuntimeError, match="GPU"):
+        kernels.linear(torch.randn(2, 256).to(torch.bfloat16), p, None,
+                       Config(bm=16, bn=64, bk=128, gluon=True, wg=True, ws=True, stages=4, exc_tile=True))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
+                    reason="needs a Hopper GPU")
+@pytest.mark.parametrize("bm,bn,stages", [(8, 64, 4), (16, 64, 4), (32, 64, 4), (64, 64, 3), (64, 128, 2)])
+@pytest.mark.parametrize("m", [1, 17, 64, 100])
+@pytest.mark.parametrize("progs", [0, 1, 5, 300])
+@pytest.mark.parametrize("bias", [False, True])
+def test_ws_matches_reference_gpu(bm, bn, stages, m, progs, bias):
+    from glyd import kernels
+    from glyd.kernels._common import Config
+
+    # N not a multiple of the tile (TMA's zero fill), K = 28 steps, exceptions present. progs:
+    # the persistent grid (0: two an SM); 5 gives programs several whole tiles and parts of
+    # others, 300 (more programs than some shapes' steps) parts of one or two steps
+    w = random_weights(1000, 3584, "normal", "cuda")
+    p = kernels.pack(w, "fixed12")
+    assert p.arrays["exc_idx"].numel() > 0
+    x = torch.randn(m, 3584, device="cuda").to(torch.bfloat16)
+    b = torch.randn(1000, device="cuda").to(torch.bfloat16) if bias else None
+    cfg = Config(bm=bm, bn=bn, bk=128, gluon=True, wg=True, ws=True, stages=stages, split=progs, exc_tile=True,
+                 maxnreg=128)
+    y = kernels.linear(x, p, b, cfg)
+    _check(y, x, w, b)
+    # the same bits on a second launch (the tile counters were left at zero; the parts are
+    # summed in program order whichever program finishes a tile)
+    assert torch.equal(kernels.linear(x, p, b, cfg).view(torch.int16), y.view(torch.int16))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
+                    reason="needs a Hopper GPU")
+def test_ws_strided_x_and_k_384_gpu():
+    # x as a column slice (not contiguous rows), K = 3 steps (not a multiple of 256)
+    from glyd import kernels
+    from glyd.kernels._common import Config
+
+    w = random_weights(200, 384, "normal", "cuda")
+    p = kernels.pack(w, "fixed12")
+    x = torch.randn(33, 512, device="cuda").to(torch.bfloat16)[:, 64:448]
+    y = kernels.linear(x, p, None, Config(bm=64, bn=64, bk=128, gluon=True, wg=True, ws=True, stages=3,
+                                          exc_tile=True))
+    _check(y, x, w, None)

@@ -66,7 +66,7 @@ def candidates(m: int, n: int, k: int) -> dict:
                 out[f"default reduce {block} w{warps}"] = (d, {(C, "FINALIZE_BLOCK"): block, (C, "FINALIZE_WARPS"): warps})
         return out
     if os.environ.get("SWEEP_ROUND") == "28":  # the warp-specialized wgmma tile (fixed12_ws: a TMA ring)
-        # (runs 73-74 timed a first, not persistent, version and ring depths 3-8, programs an SM
+        # (run 73 timed a first, not persistent, version; runs 74-75 ring depths 3-8, programs an SM
         # 1-3: see benchmarks/RESULTS.md)
         if k % 128 == 0:
             bt = 8 if m <= 8 else 16 if m <= 16 else 32 if m <= 32 else 64

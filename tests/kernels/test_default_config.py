@@ -83,7 +83,7 @@ def test_default_config_paths_match_the_docs(kind, m, gluon, wg, ws, monkeypatch
         assert cfg.bm == (8 if m <= 8 else 16 if m <= 16 else 32 if m <= 32 else 64) and cfg.bn == 64, cfg
         assert (cfg.stages, cfg.waves, cfg.maxnreg) == (3 if m > 32 else 4, 2, 128), cfg
     elif cfg.wg:  # one MMA in flight but on gate/up and lm_heads at M <= 16 (sweep round 27)
-        # bm 8 on down at M <= 8 (round 27, run 79)
+        # bm 8 on down at M <= 8 (round 27, run 80)
         bm = 8 if kind == "down" and m <= 8 else 16 if m <= 16 else 32 if m <= 32 else 64
         assert cfg.pipe == (kind == "down" or m > 16) and cfg.bm == bm, cfg
         assert cfg.waves == (4 if kind in ("down", "gate/up") and m <= 16 else 2), cfg

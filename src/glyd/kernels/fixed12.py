@@ -992,7 +992,7 @@ def default_config(m: int, n: int, k: int) -> C.Config:
     wg_ok = gl_ok and k % 256 == 0 and wg_available()
     gate = not (small or tall or wide)  # gate/up-like: large N, short K
     # The warp-specialized wgmma tile (fixed12_ws: a TMA warp fills a ring, a persistent stream-K
-    # grid of two programs an SM), sweep round 28 (run 76): lm_heads at M = 4-8 0.82x against
+    # grid of two programs an SM), sweep round 28 (run 78): lm_heads at M = 4-8 0.82x against
     # 0.94x, M = 16 0.86x against 0.95x, M = 32 0.92x against 1.04x, M = 64 1.00x against 1.36x;
     # gate/up at M = 64 1.48x against 1.79x (tc). It loses on gate/up up to M = 32 (0.96-1.17x
     # against 0.93-1.12x) and on q/o, down and k/v everywhere (their copy of x and too few steps).
@@ -1003,7 +1003,7 @@ def default_config(m: int, n: int, k: int) -> C.Config:
     if wg_ok and ((wide and 3 <= m <= 16) or (gate and 4 <= m <= 16)):
         return C.Config(bm=16, bn=64, bk=128, gluon=True, wg=True, warps=4, waves=2 if wide else 4, exc_tile=True)
     if wg_ok and tall and 3 <= m <= 16:
-        # bm 8 (wgmma's N = 8) at M <= 8, round 27 (run 79): 0.875x against 0.90-0.93x
+        # bm 8 (wgmma's N = 8) at M <= 8, round 27 (run 80): 0.875x against 0.90-0.93x
         return C.Config(bm=8 if m <= 8 else 16, bn=64, bk=128, gluon=True, wg=True, warps=4, waves=4, exc_tile=True,
                         pipe=True)
     if wg_ok and 16 < m <= 32 and not (small or tall):

@@ -11,11 +11,16 @@ memory, decodes them and issues the MMAs, so the loads of the next steps are alw
 Same product as ``fixed12_wg``: the decoded tile is wgmma's register A operand in the MMA's
 slot order (``fixed12_wg.DECODE_ORDER``), here in two 64-column halves a step (a TMA box of bf16
 x is at most 64 columns wide under 128-byte swizzling), and x is B from shared memory in the same
-slot order. A TMA copy cannot permute columns, so ``launch`` permutes x once (a copy of the
-[M, K] activations, ``permute_x``) before the kernel. Rows past M or N are TMA's zero fill.
-The exceptions are added in the tile after the K loop (``fixed12_wg._wg_exceptions``) or, without
-``exc_tile``, by the separate pass. CUDA only, Hopper only (Gluon has no interpreter; the twin
-for tests is ``tc``).
+slot order. A TMA copy cannot permute columns, so ``launch`` permutes x once (``permute_x``, a
+copy of the [M, K] activations) before the kernel. Rows past M or N are TMA's zero fill.
+
+The grid is persistent and stream-K: each program multiplies an equal range of all tiles' K
+steps, across tile boundaries; a tile shared by several programs is summed by the last of them
+to finish, in program order (``_ws_finish``), and the exceptions are added where a tile is
+finished. Measured on the H200 (benchmarks/RESULTS.md runs 73-81): the TMA stream alone reads
+DRAM at 73-79% of peak, the whole kernel at 50-59%; it is the default on lm_heads at M = 3-64
+and gate/up at M = 33-64. CUDA only, Hopper only (Gluon has no interpreter; the twin for tests
+is ``tc``).
 """
 
 from __future__ import annotations
@@ -252,7 +257,7 @@ def permute_x_torch(x2: torch.Tensor) -> torch.Tensor:
 # x: bf16 [M, K] (unit column stride), K a multiple of 128 -> bf16 [M, K], contiguous
 def permute_x(x2: torch.Tensor) -> torch.Tensor:
     """``permute_x_torch`` as one small Triton kernel (CUDA; the torch twin elsewhere): the torch
-    permutation takes 3.9-5.4 us at M = 16-64 on the H200 (benchmarks/RESULTS.md, run 77)."""
+    permutation takes 3.9-5.4 us at M = 16-64 on the H200 (benchmarks/RESULTS.md, run 75)."""
     m, k = x2.shape
     if k % BK:
         raise ValueError(f"permute_x needs K a multiple of {BK}, got {k}")

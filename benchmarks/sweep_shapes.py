@@ -65,6 +65,15 @@ def candidates(m: int, n: int, k: int) -> dict:
             for block, warps in ((256, 2), (128, 1), (512, 4), (1024, 4)):
                 out[f"default reduce {block} w{warps}"] = (d, {(C, "FINALIZE_BLOCK"): block, (C, "FINALIZE_WARPS"): warps})
         return out
+    if os.environ.get("SWEEP_ROUND") == "29":  # the ws tile with 3-4 programs an SM (register caps 80 / 64)
+        if k % 128 == 0:
+            bt = 8 if m <= 8 else 16 if m <= 16 else 32 if m <= 32 else 64
+            for st, wv, cap in ((4 if bt <= 32 else 3, 2, 128), (3, 3, 80), (2, 3, 80), (3, 4, 64), (2, 4, 64)):
+                if bt == 64 and (st, wv) == (3, 3) or bt == 64 and wv == 4:  # shared memory: 3 an SM at most
+                    continue
+                out[f"ws bm{bt} s{st} wv{wv} r{cap}"] = V(bm=bt, bn=64, bk=128, gluon=True, wg=True, ws=True,
+                                                          stages=st, waves=wv, exc_tile=True, maxnreg=cap)
+        return out
     if os.environ.get("SWEEP_ROUND") == "28":  # the warp-specialized wgmma tile (fixed12_ws: a TMA ring)
         # (run 73 timed a first, not persistent, version; runs 74-75 ring depths 3-8, programs an SM
         # 1-3: see benchmarks/RESULTS.md)

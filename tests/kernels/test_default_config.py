@@ -79,9 +79,9 @@ def test_default_config_paths_match_the_docs(kind, m, gluon, wg, ws, monkeypatch
     assert cfg.exc_pass == ((kind == "k/v" and kv_pass) or (kind == "down" and m == 1)), cfg
     assert cfg.exc_after == (kind == "k/v" and 16 < m <= 64 and not gluon), cfg
     assert cfg.exc_tile == (_path(cfg) in ("gluon", "wg", "ws")), cfg  # every Gluon default since sweep round 18
-    if cfg.ws:  # ring 4 (3 with 64 x rows), two programs an SM under a 128-register cap (sweep round 28)
+    if cfg.ws:  # ring 2, three programs an SM under an 80-register cap (sweep rounds 28-29)
         assert cfg.bm == (8 if m <= 8 else 16 if m <= 16 else 32 if m <= 32 else 64) and cfg.bn == 64, cfg
-        assert (cfg.stages, cfg.waves, cfg.maxnreg) == (3 if m > 32 else 4, 2, 128), cfg
+        assert (cfg.stages, cfg.waves, cfg.maxnreg) == (2, 3, 80), cfg
     elif cfg.wg:  # one MMA in flight but on gate/up and lm_heads at M <= 16 (sweep round 27)
         # bm 8 on down at M <= 8 (round 27, run 80)
         bm = 8 if kind == "down" and m <= 8 else 16 if m <= 16 else 32 if m <= 32 else 64

@@ -992,14 +992,17 @@ def default_config(m: int, n: int, k: int) -> C.Config:
     wg_ok = gl_ok and k % 256 == 0 and wg_available()
     gate = not (small or tall or wide)  # gate/up-like: large N, short K
     # The warp-specialized wgmma tile (fixed12_ws: a TMA warp fills a ring, a persistent stream-K
-    # grid of two programs an SM), sweep round 28 (run 78): lm_heads at M = 4-8 0.82x against
-    # 0.94x, M = 16 0.86x against 0.95x, M = 32 0.92x against 1.04x, M = 64 1.00x against 1.36x;
-    # gate/up at M = 64 1.48x against 1.79x (tc). It loses on gate/up up to M = 32 (0.96-1.17x
-    # against 0.93-1.12x) and on q/o, down and k/v everywhere (their copy of x and too few steps).
+    # grid), sweep round 28 (run 78): lm_heads at M = 4-8 0.82x against 0.94x, M = 16 0.86x
+    # against 0.95x, M = 32 0.92x against 1.04x, M = 64 1.00x against 1.36x; gate/up at M = 64
+    # 1.48x against 1.79x (tc). It loses on gate/up up to M = 32 (0.96-1.17x against
+    # 0.93-1.12x) and on q/o, down and k/v everywhere (their copy of x and too few steps).
+    # Round 29 (run 82): three programs an SM with a ring of 2 (80 registers) beat two with a
+    # ring of 3-4: lm_heads 0.815x / 0.826x / 0.884x / 0.951x at M = 4 / 16 / 32 / 64 against
+    # 0.819x / 0.868x / 0.932x / 0.997x, gate/up at M = 64 1.458x against 1.498x.
     if gl_ok and (wide and 3 <= m <= 64 or gate and 32 < m <= 64) and ws_available():
         bt = 8 if m <= 8 else 16 if m <= 16 else 32 if m <= 32 else 64
-        return C.Config(bm=bt, bn=64, bk=128, gluon=True, wg=True, ws=True, warps=4, stages=3 if bt == 64 else 4,
-                        waves=2, exc_tile=True, maxnreg=128)
+        return C.Config(bm=bt, bn=64, bk=128, gluon=True, wg=True, ws=True, warps=4, stages=2, waves=3,
+                        exc_tile=True, maxnreg=80)
     if wg_ok and ((wide and 3 <= m <= 16) or (gate and 4 <= m <= 16)):
         return C.Config(bm=16, bn=64, bk=128, gluon=True, wg=True, warps=4, waves=2 if wide else 4, exc_tile=True)
     if wg_ok and tall and 3 <= m <= 16:

@@ -17,7 +17,7 @@ copy of the [M, K] activations) before the kernel. Rows past M or N are TMA's ze
 The grid is persistent and stream-K: each program multiplies an equal range of all tiles' K
 steps, across tile boundaries; a tile shared by several programs is summed by the last of them
 to finish, in program order (``_ws_finish``), and the exceptions are added where a tile is
-finished. Measured on the H200 (benchmarks/RESULTS.md runs 73-81): the TMA stream alone reads
+finished. Measured on the H200 (benchmarks/RESULTS.md runs 73-84): the TMA stream alone reads
 DRAM at 73-79% of peak, the whole kernel at 50-59%; it is the default on lm_heads at M = 3-64
 and gate/up at M = 33-64. CUDA only, Hopper only (Gluon has no interpreter; the twin for tests
 is ``tc``).

@@ -172,6 +172,23 @@ def sm_count(device: torch.device) -> int:
     return 8  # interpreter: any small number keeps the split-K code paths exercised
 
 
+def gluon_launch_checks(x2: torch.Tensor, p, flag: str, k_step: int, k_name: str = "", hopper: str = ""):
+    """The checks every Gluon launcher makes before it runs: a CUDA GPU (Gluon has no interpreter),
+    a Hopper GPU where ``hopper`` names what it needs there, and K (= Kp, no padded columns) a
+    multiple of ``k_step`` (named ``k_name`` in the message, if given). Returns (M, K, N, arrays, Kp)."""
+    m, k = x2.shape
+    a = p.arrays
+    kp = a["lo"].shape[1]
+    if interpreting() or x2.device.type != "cuda":
+        raise RuntimeError(f"Config({flag}=True) runs only on a CUDA GPU (Gluon has no interpreter): use tc there")
+    if hopper and torch.cuda.get_device_capability(x2.device)[0] != 9:
+        raise RuntimeError(f"Config({flag}=True) needs a Hopper GPU ({hopper}, sm_90)")
+    if k != kp or kp % k_step:
+        what = f"{k_name} = {k_step}" if k_name else f"{k_step}"
+        raise ValueError(f"Config({flag}=True) needs K a multiple of {what} (no padded columns), got K = {k}")
+    return m, k, p.shape[0], a, kp
+
+
 def choose_split(tiles: int, kp: int, bk: int, device: torch.device, split: int = 0,
                  waves: int = 2) -> tuple[int, int]:
     """(splits, K per split) so that the grid covers about ``waves`` programs per SM."""

@@ -500,14 +500,7 @@ def x_ring_layouts(bk: int, warps: int):
 
 # x: bf16 [M, K]; packed: fixed12 [N, K], K == Kp; bias: [N] or None; out: bf16 [M, N] (written) -> out
 def launch(x2: torch.Tensor, p, bias, cfg: C.Config, prep, out: torch.Tensor) -> torch.Tensor:
-    m, k = x2.shape
-    n = p.shape[0]
-    a = p.arrays
-    kp = a["lo"].shape[1]
-    if C.interpreting() or x2.device.type != "cuda":
-        raise RuntimeError("Config(gluon=True) runs only on a CUDA GPU (Gluon has no interpreter): use tc there")
-    if k != kp or kp % cfg.bk:
-        raise ValueError(f"Config(gluon=True) needs K a multiple of bk = {cfg.bk} (no padded columns), got K = {k}")
+    m, k, n, a, kp = C.gluon_launch_checks(x2, p, "gluon", cfg.bk, k_name="bk")
     mt = cfg.bm // BM  # 16-row x tiles a program shares one decoded tile among
     tiles = triton.cdiv(n, cfg.bn) * triton.cdiv(m, cfg.bm)
     split, per = C.choose_split(tiles, kp, cfg.bk, x2.device, cfg.split, cfg.waves)

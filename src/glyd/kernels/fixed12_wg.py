@@ -240,16 +240,7 @@ def exc_layout(warps: int = 4):
 
 # x: bf16 [M, K]; packed: fixed12 [N, K], K == Kp; bias: [N] or None; out: bf16 [M, N] (written) -> out
 def launch(x2: torch.Tensor, p, bias, cfg: C.Config, prep, out: torch.Tensor) -> torch.Tensor:
-    m, k = x2.shape
-    n = p.shape[0]
-    a = p.arrays
-    kp = a["lo"].shape[1]
-    if C.interpreting() or x2.device.type != "cuda":
-        raise RuntimeError("Config(wg=True) runs only on a CUDA GPU (Gluon has no interpreter): use tc there")
-    if torch.cuda.get_device_capability(x2.device)[0] != 9:
-        raise RuntimeError("Config(wg=True) needs a Hopper GPU (wgmma, sm_90)")
-    if k != kp or kp % (2 * BK):
-        raise ValueError(f"Config(wg=True) needs K a multiple of {2 * BK} (no padded columns), got K = {k}")
+    m, k, n, a, kp = C.gluon_launch_checks(x2, p, "wg", 2 * BK, hopper="wgmma")
     if x2.stride(1) != 1 or x2.stride(0) % 8 or x2.data_ptr() % 16:
         x2 = x2.contiguous()  # x is read in 16-byte pieces
     tiles = triton.cdiv(n, cfg.bn) * triton.cdiv(m, cfg.bm)

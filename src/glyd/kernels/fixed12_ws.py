@@ -280,16 +280,7 @@ def _descs(p, bn: int, bt: int, warps: int, xp: torch.Tensor):
 
 # x: bf16 [M, K]; packed: fixed12 [N, K], K == Kp; bias: [N] or None; out: bf16 [M, N] (written) -> out
 def launch(x2: torch.Tensor, p, bias, cfg: C.Config, prep, out: torch.Tensor) -> torch.Tensor:
-    m, k = x2.shape
-    n = p.shape[0]
-    a = p.arrays
-    kp = a["lo"].shape[1]
-    if C.interpreting() or x2.device.type != "cuda":
-        raise RuntimeError("Config(ws=True) runs only on a CUDA GPU (Gluon has no interpreter): use tc there")
-    if torch.cuda.get_device_capability(x2.device)[0] != 9:
-        raise RuntimeError("Config(ws=True) needs a Hopper GPU (wgmma and TMA, sm_90)")
-    if k != kp or kp % BK:
-        raise ValueError(f"Config(ws=True) needs K a multiple of {BK} (no padded columns), got K = {k}")
+    m, k, n, a, kp = C.gluon_launch_checks(x2, p, "ws", BK, hopper="wgmma and TMA")
     for name in ("lo", "code"):
         if a[name].data_ptr() % 16 or a[name].stride(0) % 16:
             raise ValueError(f"Config(ws=True) needs the {name} plane 16-byte aligned for TMA")

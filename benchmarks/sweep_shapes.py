@@ -65,6 +65,13 @@ def candidates(m: int, n: int, k: int) -> dict:
             for block, warps in ((256, 2), (128, 1), (512, 4), (1024, 4)):
                 out[f"default reduce {block} w{warps}"] = (d, {(C, "FINALIZE_BLOCK"): block, (C, "FINALIZE_WARPS"): warps})
         return out
+    if os.environ.get("SWEEP_ROUND") == "30":  # the ws tile with two consumer warpgroups on one ring (8 warps)
+        if k % 128 == 0:
+            bt = 8 if m <= 8 else 16 if m <= 16 else 32 if m <= 32 else 64
+            for st in (2, 3):
+                out[f"ws bm{bt} bn128 w8 s{st} wv2 r80"] = V(bm=bt, bn=128, bk=128, gluon=True, wg=True, ws=True,
+                                                             warps=8, stages=st, waves=2, exc_tile=True, maxnreg=80)
+        return out
     if os.environ.get("SWEEP_ROUND") == "29":  # the ws tile with 3-4 programs an SM (register caps 80 / 64)
         if k % 128 == 0:
             bt = 8 if m <= 8 else 16 if m <= 16 else 32 if m <= 32 else 64

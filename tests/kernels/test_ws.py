@@ -24,26 +24,26 @@ def _ws():
     return fixed12_ws
 
 
-def _compile_sm90(bn, bt, stages, bias=False, exc=False, maxnreg=128):
+def _compile_sm90(bn, bt, stages, bias=False, exc=False, maxnreg=128, warps=4):
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
     w = _ws()
-    ll, cl, mma, a_op, ol, (lsl, csl, xsl) = w.layouts(bn, bt, 4)
+    ll, cl, mma, a_op, ol, (lsl, csl, xsl) = w.layouts(bn, bt, warps)
     descs = {"lo_desc": f"tensordesc<i32[{bn}, 32],{lsl!r}>", "co_desc": f"tensordesc<i32[{bn}, 16],{csl!r}>",
              "x_desc": f"tensordesc<bf16[{bt}, 64],{xsl!r}>"}
     ptrs = {"x_ptr": "*bf16", "base_ptr": "*u8", "out_ptr": "*bf16", "bias_ptr": "*bf16", "work_ptr": "*fp32",
             "cnt_ptr": "*i32", "rowptr_ptr": "*i32", "eidx_ptr": "*i32", "ehi_ptr": "*u8", "lo8_ptr": "*u8"}
     const = dict(BN=bn, BT=bt, NS=stages, LL=ll, CL=cl, ML=mma, AL=a_op, OL=ol, HAS_BIAS=bias, EXC=exc,
-                 EL=w.WG.exc_layout(4) if exc else None, CS=16, LOADER_REGS=24, LOADS=0)
+                 EL=w.WG.exc_layout(warps) if exc else None, CS=16, LOADER_REGS=24, LOADS=0)
     names = w._ws_kernel.arg_names
     sig = {a: "constexpr" if a in const else descs.get(a) or ptrs.get(a, "i32") for a in names}
     attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in names
              if a in ptrs or a.startswith("stride") or a == "KP"}
     try:
         return triton.compile(GluonASTSource(w._ws_kernel, sig, const, attrs), target=GPUTarget("cuda", 90, 32),
-                              options=dict(num_warps=4, maxnreg=maxnreg))
+                              options=dict(num_warps=warps, maxnreg=maxnreg))
     except Exception as exc:  # no ptxas for sm_90 in this Triton install
         if "ptxas" in str(exc).lower():
             pytest.skip(f"cannot compile for sm_90 here: {exc}")
@@ -64,21 +64,23 @@ def _loops(sass: str) -> list[list[str]]:
     return out
 
 
-@pytest.mark.parametrize("bn,bt,stages,cap", [(64, 8, 4, 128), (64, 16, 4, 128), (64, 32, 4, 128), (64, 64, 3, 128),
-                                          (128, 64, 2, 128), (64, 8, 2, 80), (64, 16, 2, 80), (64, 32, 2, 80),
-                                          (64, 64, 2, 80)])
+@pytest.mark.parametrize("bn,bt,stages,cap,warps", [(64, 8, 4, 128, 4), (64, 16, 4, 128, 4), (64, 32, 4, 128, 4),
+                                                (64, 64, 3, 128, 4), (128, 64, 2, 128, 4), (64, 8, 2, 80, 4),
+                                                (64, 16, 2, 80, 4), (64, 32, 2, 80, 4), (64, 64, 2, 80, 4),
+                                                (128, 16, 3, 80, 8), (128, 64, 2, 80, 8)])
 @pytest.mark.parametrize("bias,exc", [(False, False), (True, True)])
-def test_ws_loop_is_tma_and_shared_loads_sm90(bn, bt, stages, cap, bias, exc):
+def test_ws_loop_is_tma_and_shared_loads_sm90(bn, bt, stages, cap, warps, bias, exc):
     # one warp's loop issues the four TMA copies of a step (lo, code, two x halves) and no other
     # global loads; the warpgroup's loop reads the step's words with 16-byte shared loads (a
     # thread: 8 lo and 4 code words a row pair), issues 8 wgmma a 64 weight rows, and loads
     # nothing from global memory; nothing spills under the register cap (128: 2 programs an SM,
-    # 80: 3, the defaults), and the ring fits as many programs in shared memory
-    k = _compile_sm90(bn, bt, stages, bias=bias, exc=exc, maxnreg=cap)
+    # 80: 3, the defaults; 8 consumer warps at 80: 2), and the ring fits as many programs in
+    # shared memory
+    k = _compile_sm90(bn, bt, stages, bias=bias, exc=exc, maxnreg=cap, warps=warps)
     res = _res_usage(k)
     assert res.get("STACK", 0) == 0 and res.get("LOCAL", 0) == 0
     assert res["REG"] <= cap
-    assert k.metadata.shared <= (113 if cap == 128 else 75) * 1024
+    assert k.metadata.shared <= (113 if cap == 128 or warps == 8 else 75) * 1024
     loops = [[op.split(".")[0] for op in ops] for ops in _loops(_sass(k))]  # opcodes without modifiers
     full = _loops(_sass(k))
     # the innermost loops (the partitions' dispatch loops around them hold both): the TMA warp's,
@@ -89,8 +91,8 @@ def test_ws_loop_is_tma_and_shared_loads_sm90(bn, bt, stages, cap, bias, exc):
                      key=lambda t: len(t[1]))
     body = loops[i][:wg_loop.index("SYNCS.ARRIVE.TRANS64.A1T0")]
     assert tma_loop.count("UTMALDG") == 4 and "LDG" not in tma_loop and "HGMMA" not in tma_loop
-    assert body.count("HGMMA") == 8 * bn // 64
-    assert body.count("LDS") == 6 * bn // 64  # 4 lo, 2 code 16-byte loads a thread and 64 rows
+    assert body.count("HGMMA") == 8 * bn // (16 * warps)  # an instruction a warpgroup's 64 rows
+    assert body.count("LDS") == 6 * bn // (16 * warps)  # 4 lo, 2 code 16-byte loads a thread and 64 rows
     assert "LDG" not in body and "STS" not in body
     assert body.count("LDL") == 0 and body.count("STL") == 0
 
@@ -134,7 +136,8 @@ def test_ws_config_checks():
 
     base = dict(bm=16, bn=64, bk=128, gluon=True, wg=True, ws=True, stages=4, exc_tile=True)
     Config(**base)
-    for bad in (dict(wg=False), dict(stages=1), dict(stages=9), dict(warps=8, bn=128), dict(exc_tile=False),
+    Config(**{**base, "warps": 8, "bn": 128})  # two warpgroups on one ring slot
+    for bad in (dict(wg=False), dict(stages=1), dict(stages=9), dict(warps=8, bn=256), dict(exc_tile=False),
                 dict(pipe=True)):
         with pytest.raises(ValueError, match="ws|wg"):
             Config(**{**base, **bad})
@@ -154,7 +157,7 @@ def test_ws_needs_a_gpu():
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
                     reason="needs a Hopper GPU")
 @pytest.mark.parametrize("bm,bn,stages", [(8, 64, 4), (16, 64, 4), (32, 64, 4), (64, 64, 3), (64, 128, 2), (16, 64, 2),
-                                         (64, 64, 2)])
+                                         (64, 64, 2), (16, 128, 3)])
 @pytest.mark.parametrize("m", [1, 17, 64, 100])
 @pytest.mark.parametrize("progs", [0, 1, 5, 300])
 @pytest.mark.parametrize("bias", [False, True])
@@ -170,10 +173,12 @@ def test_ws_matches_reference_gpu(bm, bn, stages, m, progs, bias):
     assert p.arrays["exc_idx"].numel() > 0
     x = torch.randn(m, 3584, device="cuda").to(torch.bfloat16)
     b = torch.randn(1000, device="cuda").to(torch.bfloat16) if bias else None
-    # a ring of 2 with 64 weight rows: the defaults' 80-register cap (three programs an SM)
-    cap = 80 if (stages, bn) == (2, 64) else 128
+    # a ring of 2 with 64 weight rows: the defaults' 80-register cap (three programs an SM);
+    # bn 128 with a ring of 3: two consumer warpgroups (8 warps) on one ring
+    cap = 80 if (stages, bn) in ((2, 64), (3, 128)) else 128
+    warps = 8 if (stages, bn) == (3, 128) else 4
     cfg = Config(bm=bm, bn=bn, bk=128, gluon=True, wg=True, ws=True, stages=stages, split=progs, waves=3,
-                 exc_tile=True, maxnreg=cap)
+                 warps=warps, exc_tile=True, maxnreg=cap)
     y = kernels.linear(x, p, b, cfg)
     _check(y, x, w, b)
     # the same bits on a second launch (the tile counters were left at zero; the parts are

@@ -65,6 +65,12 @@ def candidates(m: int, n: int, k: int) -> dict:
             for block, warps in ((256, 2), (128, 1), (512, 4), (1024, 4)):
                 out[f"default reduce {block} w{warps}"] = (d, {(C, "FINALIZE_BLOCK"): block, (C, "FINALIZE_WARPS"): warps})
         return out
+    if os.environ.get("SWEEP_ROUND") == "31":  # long prompts: the ws tile with 128-256 x rows a program
+        if k % 128 == 0:
+            for bt, bn, warps, st in ((128, 64, 4, 2), (128, 128, 8, 2), (256, 128, 8, 2)):
+                out[f"ws bm{bt} bn{bn} w{warps} s{st} wv1"] = V(bm=bt, bn=bn, bk=128, gluon=True, wg=True, ws=True,
+                                                                warps=warps, stages=st, waves=1, exc_tile=True)
+        return out
     if os.environ.get("SWEEP_ROUND") == "30":  # the ws tile with two consumer warpgroups on one ring (8 warps)
         if k % 128 == 0:
             bt = 8 if m <= 8 else 16 if m <= 16 else 32 if m <= 32 else 64

@@ -67,7 +67,7 @@ def _loops(sass: str) -> list[list[str]]:
 @pytest.mark.parametrize("bn,bt,stages,cap,warps", [(64, 8, 4, 128, 4), (64, 16, 4, 128, 4), (64, 32, 4, 128, 4),
                                                 (64, 64, 3, 128, 4), (128, 64, 2, 128, 4), (64, 8, 2, 80, 4),
                                                 (64, 16, 2, 80, 4), (64, 32, 2, 80, 4), (64, 64, 2, 80, 4),
-                                                (128, 16, 3, 80, 8), (128, 64, 2, 80, 8)])
+                                                (128, 16, 3, 80, 8), (128, 64, 2, 80, 8), (128, 256, 2, 255, 8)])
 @pytest.mark.parametrize("bias,exc", [(False, False), (True, True)])
 def test_ws_loop_is_tma_and_shared_loads_sm90(bn, bt, stages, cap, warps, bias, exc):
     # one warp's loop issues the four TMA copies of a step (lo, code, two x halves) and no other
@@ -80,7 +80,7 @@ def test_ws_loop_is_tma_and_shared_loads_sm90(bn, bt, stages, cap, warps, bias, 
     res = _res_usage(k)
     assert res.get("STACK", 0) == 0 and res.get("LOCAL", 0) == 0
     assert res["REG"] <= cap
-    assert k.metadata.shared <= (113 if cap == 128 or warps == 8 else 75) * 1024
+    assert k.metadata.shared <= (227 if bt > 64 else 113 if cap == 128 or warps == 8 else 75) * 1024
     loops = [[op.split(".")[0] for op in ops] for ops in _loops(_sass(k))]  # opcodes without modifiers
     full = _loops(_sass(k))
     # the innermost loops (the partitions' dispatch loops around them hold both): the TMA warp's,

@@ -70,7 +70,8 @@ class Config:
     warp-specialized variant (``fixed12_ws``): one warp brings the plane words and x tiles of
     ``stages`` K steps (2-8) by TMA into a shared-memory ring, the warpgroup decodes and multiplies;
     x is permuted to the MMA's k order by a copy before the kernel; K a multiple of 128, 4 warps (or
-    8 with ``bn`` 128: two warpgroups decoding the same ring slot, 64 rows each).
+    8 with ``bn`` 128: two warpgroups decoding the same ring slot, 64 rows each); ``bm`` up to 256
+    (long prompts: measured slower than unpack + cuBLAS, benchmarks/RESULTS.md run 86).
     The grid is persistent (``waves`` programs an SM, or ``split`` programs in all) over equal
     ranges of all tiles' K steps (stream-K); exceptions always in the tile (``exc_tile``).
     """
@@ -120,7 +121,8 @@ class Config:
         if self.tc and (not self.dot or self.mma or self.byte or self.group_major or self.bk < 64):
             raise ValueError("tc is a tensor-core tile (dot=True, not mma, byte or group_major) with bk >= 64")
         if self.gluon and (not self.dot or self.mma or self.byte or self.group_major or self.tc
-                           or self.bm not in ((8, 16, 32, 64) if self.wg else (16, 32, 64))
+                           or self.bm not in ((8, 16, 32, 64, 128, 256) if self.ws else (8, 16, 32, 64) if self.wg
+                                              else (16, 32, 64))
                            or self.warps not in ((4, 8) if self.wg else (1, 2, 4))
                            or self.bn < max(16, 8 * self.warps) or self.bk < 64):
             raise ValueError("gluon is a tensor-core tile (dot=True, not tc, mma, byte or group_major) with bm 16, "

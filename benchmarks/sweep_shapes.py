@@ -65,6 +65,19 @@ def candidates(m: int, n: int, k: int) -> dict:
             for block, warps in ((256, 2), (128, 1), (512, 4), (1024, 4)):
                 out[f"default reduce {block} w{warps}"] = (d, {(C, "FINALIZE_BLOCK"): block, (C, "FINALIZE_WARPS"): warps})
         return out
+    if os.environ.get("SWEEP_ROUND") == "32":  # the ws tile with one step's MMAs in flight (Config.pipe; not yet run)
+        if k % 128 == 0:
+            if m >= 256:
+                for bt, bn, warps in ((256, 128, 8), (128, 128, 8)):
+                    out[f"ws bm{bt} bn{bn} w{warps} s2 wv1 pipe"] = V(bm=bt, bn=bn, bk=128, gluon=True, wg=True,
+                                                                      ws=True, warps=warps, stages=2, waves=1,
+                                                                      exc_tile=True, pipe=True)
+            else:
+                bt = 8 if m <= 8 else 16 if m <= 16 else 32 if m <= 32 else 64
+                for st in (2, 3):
+                    out[f"ws bm{bt} s{st} wv3 r80 pipe"] = V(bm=bt, bn=64, bk=128, gluon=True, wg=True, ws=True,
+                                                             stages=st, waves=3, exc_tile=True, maxnreg=80, pipe=True)
+        return out
     if os.environ.get("SWEEP_ROUND") == "31":  # long prompts: the ws tile with 128-256 x rows a program
         if k % 128 == 0:
             for bt, bn, warps, st in ((128, 64, 4, 2), (128, 128, 8, 2), (256, 128, 8, 2)):

@@ -24,7 +24,7 @@ def _ws():
     return fixed12_ws
 
 
-def _compile_sm90(bn, bt, stages, bias=False, exc=False, maxnreg=128, warps=4):
+def _compile_sm90(bn, bt, stages, bias=False, exc=False, maxnreg=128, warps=4, pipe=0):
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -36,7 +36,8 @@ def _compile_sm90(bn, bt, stages, bias=False, exc=False, maxnreg=128, warps=4):
     ptrs = {"x_ptr": "*bf16", "base_ptr": "*u8", "out_ptr": "*bf16", "bias_ptr": "*bf16", "work_ptr": "*fp32",
             "cnt_ptr": "*i32", "rowptr_ptr": "*i32", "eidx_ptr": "*i32", "ehi_ptr": "*u8", "lo8_ptr": "*u8"}
     const = dict(BN=bn, BT=bt, NS=stages, LL=ll, CL=cl, ML=mma, AL=a_op, OL=ol, HAS_BIAS=bias, EXC=exc,
-                 EL=w.WG.exc_layout(warps) if exc else None, CS=16, LOADER_REGS=24, LOADS=0)
+                 EL=w.WG.exc_layout(warps) if exc else None, CS=16, LOADER_REGS=24, LOADS=0, NBYTES=w.slot_bytes(bn, bt),
+                 PIPE=pipe)
     names = w._ws_kernel.arg_names
     sig = {a: "constexpr" if a in const else descs.get(a) or ptrs.get(a, "i32") for a in names}
     attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in names
@@ -97,6 +98,28 @@ def test_ws_loop_is_tma_and_shared_loads_sm90(bn, bt, stages, cap, warps, bias, 
     assert body.count("LDL") == 0 and body.count("STL") == 0
 
 
+@pytest.mark.parametrize("bn,bt,stages,cap,warps", [(64, 16, 2, 80, 4), (64, 64, 2, 80, 4), (128, 256, 2, 255, 8)])
+def test_ws_pipe_keeps_one_step_of_mmas_in_flight_sm90(bn, bt, stages, cap, warps):
+    # Config.pipe: each iteration of the warpgroup's inner loop issues one step's wgmma (8 a
+    # warpgroup), waits until at most that step's two groups are in flight (DEPBAR.LE 2), and
+    # frees the previous step's ring slot; no other wait in the loop (ptxas waiting after every
+    # wgmma, as it did with the wait inside a branch, would serialize them)
+    import re
+
+    k = _compile_sm90(bn, bt, stages, bias=True, exc=True, maxnreg=cap, warps=warps, pipe=1)
+    assert _res_usage(k).get("LOCAL", 0) == 0
+    full = _loops(_sass(k))
+    inner = min((ops for ops in full if "SYNCS.ARRIVE.TRANS64.A1T0" in ops and "WARPGROUP.DEPBAR.LE" in ops),
+                key=len)
+    sass = _sass(k)
+    waits = re.findall(r"WARPGROUP\.DEPBAR\.LE gsb0, (0x[0-9a-f]+)", sass)
+    assert "0x2" in waits  # the pipelined wait exists ...
+    assert sum(op.startswith("HGMMA") for op in inner) == 8 * bn // (16 * warps)
+    assert inner.count("SYNCS.ARRIVE.TRANS64.A1T0") == 1 and inner.count("WARPGROUP.DEPBAR.LE") == 1
+    # ... and is the inner loop's only one: every HGMMA group but the pipelined pair runs unwaited
+    assert len(waits) <= 4, waits
+
+
 def test_ws_x_permutation_is_the_wg_slot_order():
     # x permuted by permute_x holds, at slot s of each 128-column step, the column that the
     # decoded tile puts at slot s (fixed12_wg.DECODE_ORDER), for every step
@@ -137,8 +160,8 @@ def test_ws_config_checks():
     base = dict(bm=16, bn=64, bk=128, gluon=True, wg=True, ws=True, stages=4, exc_tile=True)
     Config(**base)
     Config(**{**base, "warps": 8, "bn": 128})  # two warpgroups on one ring slot
-    for bad in (dict(wg=False), dict(stages=1), dict(stages=9), dict(warps=8, bn=256), dict(exc_tile=False),
-                dict(pipe=True)):
+    Config(**{**base, "pipe": True})  # one step's MMAs in flight
+    for bad in (dict(wg=False), dict(stages=1), dict(stages=9), dict(warps=8, bn=256), dict(exc_tile=False)):
         with pytest.raises(ValueError, match="ws|wg"):
             Config(**{**base, **bad})
 
@@ -161,7 +184,8 @@ def test_ws_needs_a_gpu():
 @pytest.mark.parametrize("m", [1, 17, 64, 100])
 @pytest.mark.parametrize("progs", [0, 1, 5, 300])
 @pytest.mark.parametrize("bias", [False, True])
-def test_ws_matches_reference_gpu(bm, bn, stages, m, progs, bias):
+@pytest.mark.parametrize("pipe", [False, True])
+def test_ws_matches_reference_gpu(bm, bn, stages, m, progs, bias, pipe):
     from glyd import kernels
     from glyd.kernels._common import Config
 
@@ -177,8 +201,9 @@ def test_ws_matches_reference_gpu(bm, bn, stages, m, progs, bias):
     # bn 128 with a ring of 3: two consumer warpgroups (8 warps) on one ring
     cap = 80 if (stages, bn) in ((2, 64), (3, 128)) else 128
     warps = 8 if (stages, bn) == (3, 128) else 4
+    # pipe: one step's MMAs in flight while the next decodes (not yet run on a GPU when written)
     cfg = Config(bm=bm, bn=bn, bk=128, gluon=True, wg=True, ws=True, stages=stages, split=progs, waves=3,
-                 warps=warps, exc_tile=True, maxnreg=cap)
+                 warps=warps, exc_tile=True, maxnreg=cap, pipe=pipe)
     y = kernels.linear(x, p, b, cfg)
     _check(y, x, w, b)
     # the same bits on a second launch (the tile counters were left at zero; the parts are

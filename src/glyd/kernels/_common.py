@@ -71,7 +71,9 @@ class Config:
     ``stages`` K steps (2-8) by TMA into a shared-memory ring, the warpgroup decodes and multiplies;
     x is permuted to the MMA's k order by a copy before the kernel; K a multiple of 128, 4 warps (or
     8 with ``bn`` 128: two warpgroups decoding the same ring slot, 64 rows each); ``bm`` up to 256
-    (long prompts: measured slower than unpack + cuBLAS, benchmarks/RESULTS.md run 86).
+    (long prompts: measured slower than unpack + cuBLAS, benchmarks/RESULTS.md run 86); ``pipe``
+    there keeps one step's MMAs in flight while the next step decodes (compiled for sm_90, not yet
+    run on a GPU).
     The grid is persistent (``waves`` programs an SM, or ``split`` programs in all) over equal
     ranges of all tiles' K steps (stream-K); exceptions always in the tile (``exc_tile``).
     """
@@ -132,9 +134,8 @@ class Config:
             raise ValueError("wg is a gluon tile with bk 128 and bn 16 or 32 rows a warp, without ring, fixup or "
                              "the x_ahead / x_rows8 settings")
         if self.ws and not (self.wg and (self.warps == 4 or (self.warps, self.bn) == (8, 128))
-                            and 2 <= self.stages <= 8 and self.exc_tile and not self.pipe):
-            raise ValueError("ws is a wg tile with 4 warps (or 8 with bn 128), a ring of 2-8 stages and exc_tile "
-                             "(no pipe)")
+                            and 2 <= self.stages <= 8 and self.exc_tile):
+            raise ValueError("ws is a wg tile with 4 warps (or 8 with bn 128), a ring of 2-8 stages and exc_tile")
         if self.pipe and not self.wg:
             raise ValueError("Config.pipe (an MMA in flight across K steps) applies to wg")
         if self.ring < 1 or (self.ring > 1 and not (self.gluon and self.prefetch)):

@@ -55,13 +55,10 @@ def _ws_tile(g, S, MT, BN: gl.constexpr, BT: gl.constexpr):
 
 @gluon.jit
 def _ws_loader(lo_desc, co_desc, x_desc, lo_s, co_s, x_s, ready, empty, g0, g1, S, MT, BN: gl.constexpr,
-               BT: gl.constexpr, NS: gl.constexpr, LOADS: gl.constexpr):
+               BT: gl.constexpr, NS: gl.constexpr, LOADS: gl.constexpr, NBYTES: gl.constexpr):
     # the TMA warp: this program's K steps g0..g1 (across tiles) into the ring, each slot once the
-    # consumer freed it (LOADS 2, a probe: the plane words only)
-    if LOADS == 2:
-        nbytes: gl.constexpr = lo_desc.block_type.nbytes + co_desc.block_type.nbytes
-    else:
-        nbytes: gl.constexpr = lo_desc.block_type.nbytes + co_desc.block_type.nbytes + 2 * x_desc.block_type.nbytes
+    # consumer freed it (LOADS 2, a probe: the plane words only); NBYTES: the bytes a slot's copies
+    # bring (lo, code and, but for LOADS 2, two x boxes)
     for i in range(g1 - g0):
         b = i % NS
         # a fresh mbarrier counts as having completed the phase before its first: the first NS
@@ -69,7 +66,7 @@ def _ws_loader(lo_desc, co_desc, x_desc, lo_s, co_s, x_s, ready, empty, g0, g1, 
         mbarrier.wait(empty.index(b), ((i // NS) & 1) ^ 1)
         _, st, n0, m0 = _ws_tile(g0 + i, S, MT, BN, BT)
         bar = ready.index(b)
-        mbarrier.expect(bar, nbytes)
+        mbarrier.expect(bar, NBYTES)
         tma.async_copy_global_to_shared(lo_desc, [n0, st * 32], bar, lo_s.index(b))
         tma.async_copy_global_to_shared(co_desc, [n0, st * 16], bar, co_s.index(b))
         if LOADS != 2:
@@ -175,11 +172,70 @@ def _ws_consumer(lo_s, co_s, x_s, ready, empty, g0, g1, P, W, S, MT, b4, x_ptr, 
 
 
 @gluon.jit
+def _ws_step_mmas(lo_s, co_s, x_s, ready, b, ph, acc, b4, BN: gl.constexpr, LL: gl.constexpr, CL: gl.constexpr,
+                  AL: gl.constexpr):
+    # one K step from ring slot b: wait for it, read and decode its words, issue its two MMAs
+    mbarrier.wait(ready.index(b), ph)
+    lw = lo_s.index(b).load(LL)
+    cw = co_s.index(b).load(CL).to(gl.uint32, bitcast=True)
+    lw = gl.reshape(lw.to(gl.uint32, bitcast=True), [BN, 2, 2, 8])
+    l0, l1 = gl.split(gl.reshape(gl.permute(lw, (0, 1, 3, 2)), [BN, 16, 2]))
+    cw = gl.convert_layout(cw, l0.type.layout)
+    a0 = _ws_half(l0, cw, b4, BN, AL)
+    acc = warpgroup_mma(a0, x_s.index(2 * b).permute((1, 0)), acc, is_async=True)
+    a1 = _ws_half(l1, cw >> 4, b4, BN, AL)
+    acc = warpgroup_mma(a1, x_s.index(2 * b + 1).permute((1, 0)), acc, is_async=True)
+    return acc, a0, a1
+
+
+@gluon.jit
+def _ws_consumer_pipe(lo_s, co_s, x_s, ready, empty, g0, g1, P, W, S, MT, b4, x_ptr, out_ptr, bias_ptr, work_ptr,
+                      cnt_ptr, M, N, KP, stride_xm, rowptr_ptr, eidx_ptr, ehi_ptr, lo8_ptr, base_ptr,
+                      BN: gl.constexpr, BT: gl.constexpr, NS: gl.constexpr, LL: gl.constexpr, CL: gl.constexpr,
+                      ML: gl.constexpr, AL: gl.constexpr, OL: gl.constexpr, HAS_BIAS: gl.constexpr,
+                      EXC: gl.constexpr, EL: gl.constexpr, CS: gl.constexpr):
+    # _ws_consumer with one step's MMAs in flight while the next step decodes (Config.pipe): a
+    # loop over this program's tile parts, each an inner loop over its steps with no branch in it
+    # (a wait inside a branch made ptxas wait for every wgmma), then the part's last MMAs and
+    # its finish. A slot is freed one step after its MMAs were issued.
+    pid = gl.program_id(0)
+    i = g0 * 0  # steps done by this program (ring slot and phase)
+    g = g0
+    while g < g1:
+        t = g // S
+        ge = gl.minimum((t + 1) * S, g1)  # this part: steps g .. ge of tile t
+        acc = gl.zeros([BN, BT], gl.float32, ML)
+        b = i % NS
+        acc, p0, p1 = _ws_step_mmas(lo_s, co_s, x_s, ready, b, (i // NS) & 1, acc, b4, BN, LL, CL, AL)
+        # waits for nothing (two MMAs in flight are allowed): gives the loop its accumulator type
+        acc, p0, p1 = warpgroup_mma_wait(num_outstanding=2, deps=(acc, p0, p1))
+        for gg in range(g + 1, ge):
+            j = i + gg - g
+            acc, a0, a1 = _ws_step_mmas(lo_s, co_s, x_s, ready, j % NS, (j // NS) & 1, acc, b4, BN, LL, CL, AL)
+            # the previous step's two MMAs are done: its slot is free (see _ws_consumer)
+            acc, p0, p1 = warpgroup_mma_wait(num_outstanding=2, deps=(acc, p0, p1))
+            fence_async_shared()
+            mbarrier.arrive(empty.index((j + NS - 1) % NS))
+            p0 = a0
+            p1 = a1
+        acc, p0, p1 = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p0, p1))
+        i += ge - g
+        fence_async_shared()
+        mbarrier.arrive(empty.index((i + NS - 1) % NS))
+        _ws_finish(acc, t, (t // MT) * BN, (t % MT) * BT, g0, P, W, S, pid, x_ptr, out_ptr, bias_ptr, work_ptr,
+                   cnt_ptr, M, N, KP, stride_xm, rowptr_ptr, eidx_ptr, ehi_ptr, lo8_ptr, base_ptr, BN, BT, ML, OL,
+                   HAS_BIAS, EXC, EL, CS)
+        g = ge
+    return (gl.zeros([BN, BT], gl.float32, ML), )
+
+
+@gluon.jit
 def _ws_kernel(lo_desc, co_desc, x_desc, x_ptr, base_ptr, out_ptr, bias_ptr, work_ptr, cnt_ptr, M, N, KP, stride_xm,
                S, MT, W, BN: gl.constexpr, BT: gl.constexpr, NS: gl.constexpr, LL: gl.constexpr, CL: gl.constexpr,
                ML: gl.constexpr, AL: gl.constexpr, OL: gl.constexpr, HAS_BIAS: gl.constexpr,
                EXC: gl.constexpr = False, EL: gl.constexpr = None, rowptr_ptr=None, eidx_ptr=None, ehi_ptr=None,
-               lo8_ptr=None, CS: gl.constexpr = 1, LOADER_REGS: gl.constexpr = 24, LOADS: gl.constexpr = 0):
+               lo8_ptr=None, CS: gl.constexpr = 1, LOADER_REGS: gl.constexpr = 24, LOADS: gl.constexpr = 0,
+               PIPE: gl.constexpr = 0, NBYTES: gl.constexpr = 0):
     # out (bf16 [M, N], + bias) = x @ W^T, persistent over W = tiles x S K steps (stream-K):
     # program p multiplies global steps p W / P .. (p + 1) W / P (tile-major, x tiles inner), so
     # every program has the same number of steps; a tile shared by several programs is summed
@@ -199,12 +255,22 @@ def _ws_kernel(lo_desc, co_desc, x_desc, x_ptr, base_ptr, out_ptr, bias_ptr, wor
         mbarrier.init(ready.index(j), count=1)
         mbarrier.init(empty.index(j), count=1)
     fence_async_shared()
-    gl.warp_specialize([
-        (_ws_consumer, (lo_s, co_s, x_s, ready, empty, g0, g1, P, W, S, MT, b4, x_ptr, out_ptr, bias_ptr, work_ptr,
-                        cnt_ptr, M, N, KP, stride_xm, rowptr_ptr, eidx_ptr, ehi_ptr, lo8_ptr, base_ptr, BN, BT, NS,
-                        LL, CL, ML, AL, OL, HAS_BIAS, EXC, EL, CS, LOADS)),
-        (_ws_loader, (lo_desc, co_desc, x_desc, lo_s, co_s, x_s, ready, empty, g0, g1, S, MT, BN, BT, NS, LOADS)),
-    ], [1], [LOADER_REGS])
+    if PIPE:
+        gl.warp_specialize([
+            (_ws_consumer_pipe, (lo_s, co_s, x_s, ready, empty, g0, g1, P, W, S, MT, b4, x_ptr, out_ptr, bias_ptr,
+                                 work_ptr, cnt_ptr, M, N, KP, stride_xm, rowptr_ptr, eidx_ptr, ehi_ptr, lo8_ptr,
+                                 base_ptr, BN, BT, NS, LL, CL, ML, AL, OL, HAS_BIAS, EXC, EL, CS)),
+            (_ws_loader, (lo_desc, co_desc, x_desc, lo_s, co_s, x_s, ready, empty, g0, g1, S, MT, BN, BT, NS, LOADS,
+                          NBYTES)),
+        ], [1], [LOADER_REGS])
+    else:
+        gl.warp_specialize([
+            (_ws_consumer, (lo_s, co_s, x_s, ready, empty, g0, g1, P, W, S, MT, b4, x_ptr, out_ptr, bias_ptr, work_ptr,
+                            cnt_ptr, M, N, KP, stride_xm, rowptr_ptr, eidx_ptr, ehi_ptr, lo8_ptr, base_ptr, BN, BT, NS,
+                            LL, CL, ML, AL, OL, HAS_BIAS, EXC, EL, CS, LOADS)),
+            (_ws_loader, (lo_desc, co_desc, x_desc, lo_s, co_s, x_s, ready, empty, g0, g1, S, MT, BN, BT, NS, LOADS,
+                          NBYTES)),
+        ], [1], [LOADER_REGS])
 
 
 @functools.lru_cache(maxsize=None)
@@ -278,6 +344,12 @@ def _descs(p, bn: int, bt: int, warps: int, xp: torch.Tensor):
             TensorDescriptor.from_tensor(xp, [bt, 64], xsl))
 
 
+def slot_bytes(bn: int, bt: int, loads: int = 0) -> int:
+    """Bytes the TMA copies of one ring slot bring: [bn, 32] lo and [bn, 16] code words, and two
+    [bt, 64] bf16 x boxes (none for the words-only probe, ``loads`` 2)."""
+    return bn * 32 * 4 + bn * 16 * 4 + (0 if loads == 2 else 2 * bt * 64 * 2)
+
+
 # x: bf16 [M, K]; packed: fixed12 [N, K], K == Kp; bias: [N] or None; out: bf16 [M, N] (written) -> out
 def launch(x2: torch.Tensor, p, bias, cfg: C.Config, prep, out: torch.Tensor) -> torch.Tensor:
     m, k, n, a, kp = C.gluon_launch_checks(x2, p, "ws", BK, hopper="wgmma and TMA")
@@ -303,5 +375,6 @@ def launch(x2: torch.Tensor, p, bias, cfg: C.Config, prep, out: torch.Tensor) ->
                          AL=a_op, OL=ol, HAS_BIAS=bias is not None, EXC=inline,
                          EL=WG.exc_layout(cfg.warps) if inline else None, rowptr_ptr=prep.rowptr,
                          eidx_ptr=a["exc_idx"], ehi_ptr=a["exc_hi"], lo8_ptr=a["lo"], CS=C.COUNTER_SLOTS,
-                         LOADS=PROBE_LOADS, num_warps=cfg.warps, **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}))
+                         LOADS=PROBE_LOADS, PIPE=int(cfg.pipe), NBYTES=slot_bytes(cfg.bn, cfg.bm, PROBE_LOADS),
+                         num_warps=cfg.warps, **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}))
     return out

@@ -130,6 +130,23 @@ def _ws_finish(acc, t, n0, m0, g0, P, W, S, pid, x_ptr, out_ptr, bias_ptr, work_
 
 
 @gluon.jit
+def _ws_step_mmas(lo_s, co_s, x_s, ready, b, ph, acc, b4, BN: gl.constexpr, LL: gl.constexpr, CL: gl.constexpr,
+                  AL: gl.constexpr):
+    # one K step from ring slot b: wait for it, read and decode its words, issue its two MMAs
+    mbarrier.wait(ready.index(b), ph)
+    lw = lo_s.index(b).load(LL)  # [BN, 32]: words 16 g + 8 hh + 4 a + i of the lane's (a, g)
+    cw = co_s.index(b).load(CL).to(gl.uint32, bitcast=True)
+    lw = gl.reshape(lw.to(gl.uint32, bitcast=True), [BN, 2, 2, 8])  # [row, g, hh, (a i)]
+    l0, l1 = gl.split(gl.reshape(gl.permute(lw, (0, 1, 3, 2)), [BN, 16, 2]))
+    cw = gl.convert_layout(cw, l0.type.layout)
+    a0 = _ws_half(l0, cw, b4, BN, AL)
+    acc = warpgroup_mma(a0, x_s.index(2 * b).permute((1, 0)), acc, is_async=True)
+    a1 = _ws_half(l1, cw >> 4, b4, BN, AL)
+    acc = warpgroup_mma(a1, x_s.index(2 * b + 1).permute((1, 0)), acc, is_async=True)
+    return acc, a0, a1
+
+
+@gluon.jit
 def _ws_consumer(lo_s, co_s, x_s, ready, empty, g0, g1, P, W, S, MT, b4, x_ptr, out_ptr, bias_ptr, work_ptr, cnt_ptr,
                  M, N, KP, stride_xm, rowptr_ptr, eidx_ptr, ehi_ptr, lo8_ptr, base_ptr, BN: gl.constexpr,
                  BT: gl.constexpr, NS: gl.constexpr, LL: gl.constexpr, CL: gl.constexpr, ML: gl.constexpr,
@@ -142,19 +159,11 @@ def _ws_consumer(lo_s, co_s, x_s, ready, empty, g0, g1, P, W, S, MT, b4, x_ptr, 
     acc = gl.zeros([BN, BT], gl.float32, ML)
     for i in range(g1 - g0):
         b = i % NS
-        mbarrier.wait(ready.index(b), (i // NS) & 1)
         if LOADS:
+            mbarrier.wait(ready.index(b), (i // NS) & 1)
             mbarrier.arrive(empty.index(b))
         else:
-            lw = lo_s.index(b).load(LL)  # [BN, 32]: words 16 g + 8 hh + 4 a + i of the lane's (a, g)
-            cw = co_s.index(b).load(CL).to(gl.uint32, bitcast=True)  # [BN, 16]
-            lw = gl.reshape(lw.to(gl.uint32, bitcast=True), [BN, 2, 2, 8])  # [row, g, hh, (a i)]
-            l0, l1 = gl.split(gl.reshape(gl.permute(lw, (0, 1, 3, 2)), [BN, 16, 2]))
-            cw = gl.convert_layout(cw, l0.type.layout)
-            a0 = _ws_half(l0, cw, b4, BN, AL)
-            acc = warpgroup_mma(a0, x_s.index(2 * b).permute((1, 0)), acc, is_async=True)
-            a1 = _ws_half(l1, cw >> 4, b4, BN, AL)
-            acc = warpgroup_mma(a1, x_s.index(2 * b + 1).permute((1, 0)), acc, is_async=True)
+            acc, a0, a1 = _ws_step_mmas(lo_s, co_s, x_s, ready, b, (i // NS) & 1, acc, b4, BN, LL, CL, AL)
             acc, a0, a1 = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a0, a1))
             # every warp's words of this slot were read before its part of the MMAs was issued, so
             # the MMAs being done means the whole slot is free; the fence orders those generic-proxy
@@ -169,23 +178,6 @@ def _ws_consumer(lo_s, co_s, x_s, ready, empty, g0, g1, P, W, S, MT, b4, x_ptr, 
                            EL, CS)
                 acc = gl.zeros([BN, BT], gl.float32, ML)
     return (acc, )  # warp_specialize takes the default partition's results as a tuple
-
-
-@gluon.jit
-def _ws_step_mmas(lo_s, co_s, x_s, ready, b, ph, acc, b4, BN: gl.constexpr, LL: gl.constexpr, CL: gl.constexpr,
-                  AL: gl.constexpr):
-    # one K step from ring slot b: wait for it, read and decode its words, issue its two MMAs
-    mbarrier.wait(ready.index(b), ph)
-    lw = lo_s.index(b).load(LL)
-    cw = co_s.index(b).load(CL).to(gl.uint32, bitcast=True)
-    lw = gl.reshape(lw.to(gl.uint32, bitcast=True), [BN, 2, 2, 8])
-    l0, l1 = gl.split(gl.reshape(gl.permute(lw, (0, 1, 3, 2)), [BN, 16, 2]))
-    cw = gl.convert_layout(cw, l0.type.layout)
-    a0 = _ws_half(l0, cw, b4, BN, AL)
-    acc = warpgroup_mma(a0, x_s.index(2 * b).permute((1, 0)), acc, is_async=True)
-    a1 = _ws_half(l1, cw >> 4, b4, BN, AL)
-    acc = warpgroup_mma(a1, x_s.index(2 * b + 1).permute((1, 0)), acc, is_async=True)
-    return acc, a0, a1
 
 
 @gluon.jit

@@ -48,10 +48,6 @@ def test_gluon_tile_stays_in_registers_sm90(bn, bk, mt, pf, warps, stages, xasyn
 
 def _compile_sm90(bn, bk, mt, pf, warps, stages=1, xasync=False, exc=False, xahead=True, x8=False, maxnreg=None,
                   pdl=0, out=0, bias=False):
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
-
     g = _gluon()
     words, xl, mma, a_op, b_op = g.layouts(bn, bk, warps)
     ptrs = {"x_ptr": "*bf16", "code_ptr": "*i32", "lo_ptr": "*i32", "base_ptr": "*u8", "part_ptr": "*fp32",
@@ -65,13 +61,27 @@ def _compile_sm90(bn, bk, mt, pf, warps, stages=1, xasync=False, exc=False, xahe
     const["EL"], const["EXL"] = g.exc_layouts(warps) if exc else (None, None)
     if xasync:
         const["XCL"], const["XSL"] = g.x_ring_layouts(bk, warps)
-    names = g._gl_kernel.arg_names
-    sig = {a: "constexpr" if a in const else ptrs.get(a, "i32") for a in names}
+    return compile_gluon_sm90(g._gl_kernel, const, ptrs, num_warps=warps, maxnreg=maxnreg)
+
+
+def compile_gluon_sm90(kernel, const: dict, ptrs: dict, descs: dict | None = None, num_warps: int = 4,
+                       maxnreg: int | None = None):
+    """``kernel`` compiled for sm_90 with Triton's own ptxas (no GPU needed): ``const`` its
+    constexpr arguments, ``ptrs`` its pointer arguments' types, ``descs`` its TMA descriptors'
+    types; the rest are i32, pointers, strides and K_SPLIT / KP divisible by 16. Skips where
+    this Triton has no ptxas for sm_90."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    descs = descs or {}
+    names = kernel.arg_names
+    sig = {a: "constexpr" if a in const else descs.get(a) or ptrs.get(a, "i32") for a in names}
     attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in names
              if a in ptrs or a.startswith("stride") or a in ("K_SPLIT", "KP")}
     try:
-        return triton.compile(GluonASTSource(g._gl_kernel, sig, const, attrs), target=GPUTarget("cuda", 90, 32),
-                              options=dict(num_warps=warps, maxnreg=maxnreg))
+        return triton.compile(GluonASTSource(kernel, sig, const, attrs), target=GPUTarget("cuda", 90, 32),
+                              options=dict(num_warps=num_warps, maxnreg=maxnreg))
     except Exception as exc:  # no ptxas for sm_90 in this Triton install
         if "ptxas" in str(exc).lower():
             pytest.skip(f"cannot compile for sm_90 here: {exc}")

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from .conftest import needs_triton, random_weights
-from .test_gluon import _res_usage, _sass
+from .test_gluon import _res_usage, _sass, compile_gluon_sm90
 from .test_linear import _check
 
 pytestmark = needs_triton
@@ -22,10 +22,6 @@ def _wg():
 
 
 def _compile_sm90(bn, bt, warps, out=0, bias=False, pipe=0, exc=False):
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
-
     w = _wg()
     words, xl, mma, a_op, xsl, ol = w.layouts(bn, bt, warps)
     ptrs = {"x_ptr": "*bf16", "code_ptr": "*i32", "lo_ptr": "*i32", "base_ptr": "*u8", "part_ptr": "*fp32",
@@ -33,17 +29,7 @@ def _compile_sm90(bn, bt, warps, out=0, bias=False, pipe=0, exc=False):
             "lo8_ptr": "*u8"}
     const = dict(BN=bn, BT=bt, WL=words, XL=xl, ML=mma, AL=a_op, XSL=xsl, OL=ol, OUT=out, HAS_BIAS=bias, PIPE=pipe,
                  EXC=exc, EL=w.exc_layout(warps) if exc else None)
-    names = w._wg_kernel.arg_names
-    sig = {a: "constexpr" if a in const else ptrs.get(a, "i32") for a in names}
-    attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in names
-             if a in ptrs or a.startswith("stride") or a in ("K_SPLIT", "KP")}
-    try:
-        return triton.compile(GluonASTSource(w._wg_kernel, sig, const, attrs), target=GPUTarget("cuda", 90, 32),
-                              options=dict(num_warps=warps))
-    except Exception as exc:  # no ptxas for sm_90 in this Triton install
-        if "ptxas" in str(exc).lower():
-            pytest.skip(f"cannot compile for sm_90 here: {exc}")
-        raise
+    return compile_gluon_sm90(w._wg_kernel, const, ptrs, num_warps=warps)
 
 
 @pytest.mark.parametrize("bn,bt,warps", [(64, 8, 4), (64, 16, 4), (64, 64, 4), (128, 32, 8), (128, 64, 8)])

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from .conftest import needs_triton, random_weights
-from .test_gluon import _res_usage, _sass
+from .test_gluon import _res_usage, _sass, compile_gluon_sm90
 from .test_linear import _check
 
 pytestmark = needs_triton
@@ -25,10 +25,6 @@ def _ws():
 
 
 def _compile_sm90(bn, bt, stages, bias=False, exc=False, maxnreg=128, warps=4, pipe=0):
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
-
     w = _ws()
     ll, cl, mma, a_op, ol, (lsl, csl, xsl) = w.layouts(bn, bt, warps)
     descs = {"lo_desc": f"tensordesc<i32[{bn}, 32],{lsl!r}>", "co_desc": f"tensordesc<i32[{bn}, 16],{csl!r}>",
@@ -38,17 +34,7 @@ def _compile_sm90(bn, bt, stages, bias=False, exc=False, maxnreg=128, warps=4, p
     const = dict(BN=bn, BT=bt, NS=stages, LL=ll, CL=cl, ML=mma, AL=a_op, OL=ol, HAS_BIAS=bias, EXC=exc,
                  EL=w.WG.exc_layout(warps) if exc else None, CS=16, LOADER_REGS=24, LOADS=0, NBYTES=w.slot_bytes(bn, bt),
                  PIPE=pipe)
-    names = w._ws_kernel.arg_names
-    sig = {a: "constexpr" if a in const else descs.get(a) or ptrs.get(a, "i32") for a in names}
-    attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in names
-             if a in ptrs or a.startswith("stride") or a == "KP"}
-    try:
-        return triton.compile(GluonASTSource(w._ws_kernel, sig, const, attrs), target=GPUTarget("cuda", 90, 32),
-                              options=dict(num_warps=warps, maxnreg=maxnreg))
-    except Exception as exc:  # no ptxas for sm_90 in this Triton install
-        if "ptxas" in str(exc).lower():
-            pytest.skip(f"cannot compile for sm_90 here: {exc}")
-        raise
+    return compile_gluon_sm90(w._ws_kernel, const, ptrs, descs, num_warps=warps, maxnreg=maxnreg)
 
 
 def _loops(sass: str) -> list[list[str]]:

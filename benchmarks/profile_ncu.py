@@ -76,8 +76,8 @@ def main(argv=None) -> int:
     ap.add_argument("--wg", action="store_true",
                     help="with --ms: also the wgmma tile (fixed12_wg: bn 64 4 warps, bn 128 8 warps; waves 4)")
     ap.add_argument("--ws", action="store_true",
-                    help="with --ms: also the warp-specialized wgmma tile (fixed12_ws: ring 4 (3 at M > 32), "
-                    "2 programs an SM) and its TMA stream alone (fixed12_ws.PROBE_LOADS)")
+                    help="with --ms: also the warp-specialized wgmma tile (fixed12_ws: the defaults' ring 2, "
+                    "3 programs an SM) and its TMA stream alone (fixed12_ws.PROBE_LOADS)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     n, k = SHAPES[args.shape]
@@ -98,12 +98,12 @@ def main(argv=None) -> int:
                 for bn, warps in ((64, 4), (128, 8)):
                     variants[f"f12 wg bm{bt} bn{bn} w{warps} wv4 M={m}"] = (m, C.Config(
                         bm=bt, bn=bn, bk=128, gluon=True, wg=True, warps=warps, waves=4))
-            if args.ws:
+            if args.ws:  # runs 76-77 profiled ring 4 (3 at bm 64), 2 an SM, 128 registers
                 bt = 8 if m <= 8 else 16 if m <= 16 else 32 if m <= 32 else 64
-                cfg = C.Config(bm=bt, bn=64, bk=128, gluon=True, wg=True, ws=True, stages=3 if bt == 64 else 4,
-                               waves=2, exc_tile=True, maxnreg=128)
-                variants[f"f12 ws bm{bt} wv2 r128 M={m}"] = (m, cfg)
-                variants[f"f12 ws bm{bt} wv2 r128 loads M={m}"] = (m, (cfg, 1))
+                cfg = C.Config(bm=bt, bn=64, bk=128, gluon=True, wg=True, ws=True, stages=2, waves=3, exc_tile=True,
+                               maxnreg=80)  # the defaults' settings (round 29)
+                variants[f"f12 ws bm{bt} s2 wv3 r80 M={m}"] = (m, cfg)
+                variants[f"f12 ws bm{bt} s2 wv3 r80 loads M={m}"] = (m, (cfg, 1))
             if args.fixup:
                 variants[f"f12 default fixup M={m}"] = (m, dataclasses.replace(fixed12.default_config(m, n, k),
                                                                                fixup=True))

@@ -140,6 +140,42 @@ def test_ws_permute_kernel_matches_torch_gpu(m):
         assert torch.equal(w.permute_x(xs).view(torch.int16), w.permute_x_torch(xs).view(torch.int16))
 
 
+def test_ws_stream_k_parts_and_slots():
+    # the persistent grid's arithmetic, as _ws_kernel / _ws_finish do it, on the CPU for many
+    # shapes: program p has steps p W / P .. (p + 1) W / P; _ws_first(g) is the program holding
+    # step g; a tile's parts are programs q0..q1, each writes its partial to slot 2 q + (its
+    # range starts at or before the tile), and the last to count in reads exactly those slots
+    import random
+
+    first = lambda g, P, W: ((g + 1) * P - 1) // W  # noqa: E731  (_ws_first)
+    rng = random.Random(0)
+    cases = [(1, 1, 1), (3, 28, 264), (296, 28, 396), (16, 28, 300), (5, 3, 7)]
+    cases += [(rng.randint(1, 40), rng.randint(1, 30), 0) for _ in range(300)]
+    for tiles, S, P in cases:
+        W = tiles * S
+        P = min(W, P or rng.randint(1, 2 * W))  # launch: at most one program a step
+        ranges = [(p * W // P, (p + 1) * W // P) for p in range(P)]
+        assert all(a < b for a, b in ranges) and ranges[-1][1] == W
+        for g in range(W):
+            p = first(g, P, W)
+            assert ranges[p][0] <= g < ranges[p][1]
+        written = {}
+        for t in range(tiles):
+            ts = t * S
+            q0, q1 = first(ts, P, W), first(ts + S - 1, P, W)
+            covering = [p for p, (a, b) in enumerate(ranges) if a < ts + S and b > ts]
+            assert covering == list(range(q0, q1 + 1))
+            if q0 == q1:
+                continue  # one program: the whole tile, no partial
+            slots = [2 * q + int(ranges[q][0] <= ts) for q in covering]  # what each part writes
+            read = [2 * q + int((q * W) // P <= ts) for q in range(q0, q1 + 1)]  # what the last reads
+            assert slots == read
+            for q, sl in zip(covering, slots):
+                assert sl not in written, (tiles, S, P, t, q)  # no slot holds two parts
+                written[sl] = t
+        assert all(sl < 2 * P for sl in written)
+
+
 def test_ws_config_checks():
     from glyd.kernels._common import Config
 

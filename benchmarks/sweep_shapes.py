@@ -65,6 +65,20 @@ def candidates(m: int, n: int, k: int) -> dict:
             for block, warps in ((256, 2), (128, 1), (512, 4), (1024, 4)):
                 out[f"default reduce {block} w{warps}"] = (d, {(C, "FINALIZE_BLOCK"): block, (C, "FINALIZE_WARPS"): warps})
         return out
+    if os.environ.get("SWEEP_ROUND") == "33":  # the ws tile with two consumer warpgroups as partitions (consumers 2)
+        if k % 128 == 0:
+            if m >= 256:
+                for bt, st, wv, cap in ((256, 2, 1, 168), (128, 2, 1, 168), (128, 3, 1, 168)):
+                    out[f"ws2 bm{bt} s{st} wv{wv} r{cap}"] = V(bm=bt, bn=128, bk=128, gluon=True, wg=True, ws=True,
+                                                               stages=st, waves=wv, exc_tile=True, maxnreg=cap,
+                                                               consumers=2)
+            else:
+                bt = 8 if m <= 8 else 16 if m <= 16 else 32 if m <= 32 else 64
+                for st, wv in ((2, 2), (3, 2), (2, 1), (4, 1)):
+                    out[f"ws2 bm{bt} s{st} wv{wv} r80"] = V(bm=bt, bn=128, bk=128, gluon=True, wg=True, ws=True,
+                                                            stages=st, waves=wv, exc_tile=True, maxnreg=80,
+                                                            consumers=2)
+        return out
     if os.environ.get("SWEEP_ROUND") == "32":  # the ws tile with one step's MMAs in flight (Config.pipe; not yet run)
         if k % 128 == 0:
             if m >= 256:

@@ -24,16 +24,17 @@ def _ws():
     return fixed12_ws
 
 
-def _compile_sm90(bn, bt, stages, bias=False, exc=False, maxnreg=128, warps=4, pipe=0):
+def _compile_sm90(bn, bt, stages, bias=False, exc=False, maxnreg=128, warps=4, pipe=0, cons=1):
     w = _ws()
-    ll, cl, mma, a_op, ol, (lsl, csl, xsl) = w.layouts(bn, bt, warps)
+    *_, (lsl, csl, xsl) = w.layouts(bn, bt, warps)
+    ll, cl, mma, a_op, ol, _ = w.layouts(bn // cons, bt, warps)  # a consumer warpgroup's rows
     descs = {"lo_desc": f"tensordesc<i32[{bn}, 32],{lsl!r}>", "co_desc": f"tensordesc<i32[{bn}, 16],{csl!r}>",
              "x_desc": f"tensordesc<bf16[{bt}, 64],{xsl!r}>"}
     ptrs = {"x_ptr": "*bf16", "base_ptr": "*u8", "out_ptr": "*bf16", "bias_ptr": "*bf16", "work_ptr": "*fp32",
             "cnt_ptr": "*i32", "rowptr_ptr": "*i32", "eidx_ptr": "*i32", "ehi_ptr": "*u8", "lo8_ptr": "*u8"}
     const = dict(BN=bn, BT=bt, NS=stages, LL=ll, CL=cl, ML=mma, AL=a_op, OL=ol, HAS_BIAS=bias, EXC=exc,
                  EL=w.WG.exc_layout(warps) if exc else None, CS=16, LOADER_REGS=24, LOADS=0, NBYTES=w.slot_bytes(bn, bt),
-                 PIPE=pipe)
+                 PIPE=pipe, CONS=cons, CONS_REGS=w.consumer_regs(maxnreg) if cons > 1 else 0)
     return compile_gluon_sm90(w._ws_kernel, const, ptrs, descs, num_warps=warps, maxnreg=maxnreg)
 
 
@@ -104,6 +105,26 @@ def test_ws_pipe_keeps_one_step_of_mmas_in_flight_sm90(bn, bt, stages, cap, warp
     assert inner.count("SYNCS.ARRIVE.TRANS64.A1T0") == 1 and inner.count("WARPGROUP.DEPBAR.LE") == 1
     # ... and is the inner loop's only one: every HGMMA group but the pipelined pair runs unwaited
     assert len(waits) <= 4, waits
+
+
+@pytest.mark.parametrize("bt,cap", [(16, 80), (64, 80)])
+def test_ws_two_consumers_each_decode_their_rows_sm90(bt, cap):
+    # Config.consumers 2: two warpgroups, each a partition of its own, loop over the same ring;
+    # each one's loop reads its 64 rows' words (6 16-byte shared loads a thread), issues 8 wgmma
+    # and frees the slot (the slot's barrier counts two arrivals); nothing spills under the cap
+    # (80: two programs an SM), and two rings of 128-row slots fit two programs in shared memory
+    k = _compile_sm90(128, bt, 2, bias=True, exc=True, maxnreg=cap, cons=2)
+    res = _res_usage(k)
+    assert res.get("STACK", 0) == 0 and res.get("LOCAL", 0) == 0
+    assert k.metadata.shared <= 113 * 1024
+    full = _loops(_sass(k))
+    consumer_loops = [ops for ops in full if "SYNCS.ARRIVE.TRANS64.A1T0" in ops and any(o.startswith("HGMMA") for o in ops)]
+    inner = sorted(consumer_loops, key=len)[:2]
+    assert len(inner) == 2
+    for ops in inner:
+        body = [op.split(".")[0] for op in ops[:ops.index("SYNCS.ARRIVE.TRANS64.A1T0")]]
+        assert body.count("HGMMA") == 8 and body.count("LDS") == 6
+        assert "LDG" not in body and "STS" not in body and "LDL" not in body
 
 
 def test_ws_x_permutation_is_the_wg_slot_order():
@@ -186,6 +207,11 @@ def test_ws_config_checks():
     for bad in (dict(wg=False), dict(stages=1), dict(stages=9), dict(warps=8, bn=256), dict(exc_tile=False)):
         with pytest.raises(ValueError, match="ws|wg"):
             Config(**{**base, **bad})
+    two = {**base, "bn": 128, "consumers": 2, "maxnreg": 80}
+    Config(**two)  # two consumer warpgroups, each its own partition
+    for bad in (dict(bn=64), dict(maxnreg=0), dict(pipe=True), dict(ws=False), dict(consumers=3)):
+        with pytest.raises(ValueError, match="consumers"):
+            Config(**{**two, **bad})
 
 
 def test_ws_needs_a_gpu():
@@ -230,6 +256,30 @@ def test_ws_matches_reference_gpu(bm, bn, stages, m, progs, bias, pipe):
     _check(y, x, w, b)
     # the same bits on a second launch (the tile counters were left at zero; the parts are
     # summed in program order whichever program finishes a tile)
+    assert torch.equal(kernels.linear(x, p, b, cfg).view(torch.int16), y.view(torch.int16))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
+                    reason="needs a Hopper GPU")
+@pytest.mark.parametrize("bm,cap", [(16, 80), (64, 80), (256, 168)])
+@pytest.mark.parametrize("m", [1, 17, 100, 300])
+@pytest.mark.parametrize("progs", [0, 1, 5, 300])
+@pytest.mark.parametrize("bias", [False, True])
+def test_ws_two_consumers_match_reference_gpu(bm, cap, m, progs, bias):
+    from glyd import kernels
+    from glyd.kernels._common import Config
+
+    # as test_ws_matches_reference_gpu, with two consumer warpgroups (64 rows each of a 128-row
+    # tile): N = 1000 is 7 tiles and 104 rows, so the last tile's second consumer has only 40
+    w = random_weights(1000, 3584, "normal", "cuda")
+    p = kernels.pack(w, "fixed12")
+    x = torch.randn(m, 3584, device="cuda").to(torch.bfloat16)
+    b = torch.randn(1000, device="cuda").to(torch.bfloat16) if bias else None
+    cfg = Config(bm=bm, bn=128, bk=128, gluon=True, wg=True, ws=True, stages=2, split=progs,
+                 waves=1 if bm == 256 else 2, exc_tile=True, maxnreg=cap, consumers=2)
+    y = kernels.linear(x, p, b, cfg)
+    _check(y, x, w, b)
     assert torch.equal(kernels.linear(x, p, b, cfg).view(torch.int16), y.view(torch.int16))
 
 

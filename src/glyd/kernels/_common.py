@@ -72,8 +72,10 @@ class Config:
     x is permuted to the MMA's k order by a copy before the kernel; K a multiple of 128, 4 warps (or
     8 with ``bn`` 128: two warpgroups decoding the same ring slot, 64 rows each); ``bm`` up to 256
     (long prompts: measured slower than unpack + cuBLAS, benchmarks/RESULTS.md run 86); ``pipe``
-    there keeps one step's MMAs in flight while the next step decodes (compiled for sm_90, not yet
-    run on a GPU).
+    there keeps one step's MMAs in flight while the next step decodes (correct on the H200, slower
+    everywhere: run 87). ``consumers`` (ws) 2: two consumer warpgroups, each a partition of its
+    own with 64 rows of every 128-row tile (``bn`` 128, 4 warps, a ``maxnreg`` cap needed), so one
+    decodes while the other's MMAs run.
     The grid is persistent (``waves`` programs an SM, or ``split`` programs in all) over equal
     ranges of all tiles' K steps (stream-K); exceptions always in the tile (``exc_tile``).
     """
@@ -108,6 +110,7 @@ class Config:
     wg: bool = False
     pipe: bool = False
     ws: bool = False
+    consumers: int = 1
 
     def __post_init__(self) -> None:
         for name in ("bm", "bn", "bk"):
@@ -136,6 +139,9 @@ class Config:
         if self.ws and not (self.wg and (self.warps == 4 or (self.warps, self.bn) == (8, 128))
                             and 2 <= self.stages <= 8 and self.exc_tile):
             raise ValueError("ws is a wg tile with 4 warps (or 8 with bn 128), a ring of 2-8 stages and exc_tile")
+        if self.consumers != 1 and not (self.consumers == 2 and self.ws and self.warps == 4 and self.bn == 128
+                                        and not self.pipe and self.maxnreg >= 40):
+            raise ValueError("Config.consumers 2 is a ws tile with 4 warps, bn 128, no pipe and a maxnreg cap")
         if self.pipe and not self.wg:
             raise ValueError("Config.pipe (an MMA in flight across K steps) applies to wg")
         if self.ring < 1 or (self.ring > 1 and not (self.gluon and self.prefetch)):

@@ -92,11 +92,12 @@ def _ws_first(g, P, W):
 def _ws_finish(acc, t, n0, m0, g0, P, W, S, pid, x_ptr, out_ptr, bias_ptr, work_ptr, cnt_ptr, M, N, KP, stride_xm,
                rowptr_ptr, eidx_ptr, ehi_ptr, lo8_ptr, base_ptr, BN: gl.constexpr, BT: gl.constexpr,
                ML: gl.constexpr, OL: gl.constexpr, HAS_BIAS: gl.constexpr, EXC: gl.constexpr, EL: gl.constexpr,
-               CS: gl.constexpr):
-    # the end of this program's part of tile t. A whole tile: exceptions, bias, bf16 out. A part:
-    # store the fp32 partial in this program's work slot (2 pid if it began at the program's
-    # first step, else 2 pid + 1), count in; the last of the tile's programs to count in sums
-    # every part in program order (the same bits whoever is last), then finishes the tile.
+               CS: gl.constexpr, CI: gl.constexpr = 0, CONS: gl.constexpr = 1):
+    # the end of this program's part of tile t (for consumer CI of CONS: its BN rows from n0). A
+    # whole tile: exceptions, bias, bf16 out. A part: store the fp32 partial in this program's
+    # work slot (2 (CONS pid + CI) if it began at the program's first step, else that + 1),
+    # count in; the last of the tile's programs to count in sums every part in program order
+    # (the same bits whoever is last), then finishes the tile.
     ts = t * S
     q0 = _ws_first(ts, P, W)
     q1 = _ws_first(ts + S - 1, P, W)
@@ -104,16 +105,17 @@ def _ws_finish(acc, t, n0, m0, g0, P, W, S, pid, x_ptr, out_ptr, bias_ptr, work_
     c = gl.arange(0, BT, layout=gl.SliceLayout(0, ML))[None, :]
     done = q0 == q1
     if not done:
-        slot = 2 * pid + (g0 <= ts).to(gl.int32)
+        cnt = cnt_ptr + (CONS * t + CI) * CS
+        slot = 2 * (CONS * pid + CI) + (g0 <= ts).to(gl.int32)
         gl.store(work_ptr + slot * (BN * BT) + r * BT + c, acc)
         gl.thread_barrier()  # every thread's partial stores before the releasing count
-        old = gl.atomic_add(cnt_ptr + t * CS, 1, sem="acq_rel", scope="gpu")
+        old = gl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu")
         done = old == q1 - q0
         if done:
-            gl.atomic_xchg(cnt_ptr + t * CS, 0, sem="relaxed", scope="gpu")  # zero for the next launch
+            gl.atomic_xchg(cnt, 0, sem="relaxed", scope="gpu")  # zero for the next launch
             acc = gl.zeros([BN, BT], gl.float32, ML)
             for q in range(q0, q1 + 1):
-                qs = 2 * q + ((q * W) // P <= ts).to(gl.int32)
+                qs = 2 * (CONS * q + CI) + ((q * W) // P <= ts).to(gl.int32)
                 acc += gl.load(work_ptr + qs * (BN * BT) + r * BT + c, cache_modifier=".cg")
     if done:
         if EXC:
@@ -131,11 +133,17 @@ def _ws_finish(acc, t, n0, m0, g0, P, W, S, pid, x_ptr, out_ptr, bias_ptr, work_
 
 @gluon.jit
 def _ws_step_mmas(lo_s, co_s, x_s, ready, b, ph, acc, b4, BN: gl.constexpr, LL: gl.constexpr, CL: gl.constexpr,
-                  AL: gl.constexpr):
-    # one K step from ring slot b: wait for it, read and decode its words, issue its two MMAs
+                  AL: gl.constexpr, R0: gl.constexpr = 0, SPLIT: gl.constexpr = False):
+    # one K step from ring slot b: wait for it, read and decode its words (rows R0 .. R0 + BN of
+    # the slot where SPLIT, two consumers sharing it), issue its two MMAs
     mbarrier.wait(ready.index(b), ph)
-    lw = lo_s.index(b).load(LL)  # [BN, 32]: words 16 g + 8 hh + 4 a + i of the lane's (a, g)
-    cw = co_s.index(b).load(CL).to(gl.uint32, bitcast=True)
+    ls = lo_s.index(b)
+    cs = co_s.index(b)
+    if SPLIT:
+        ls = ls.slice(R0, BN)
+        cs = cs.slice(R0, BN)
+    lw = ls.load(LL)  # [BN, 32]: words 16 g + 8 hh + 4 a + i of the lane's (a, g)
+    cw = cs.load(CL).to(gl.uint32, bitcast=True)
     lw = gl.reshape(lw.to(gl.uint32, bitcast=True), [BN, 2, 2, 8])  # [row, g, hh, (a i)]
     l0, l1 = gl.split(gl.reshape(gl.permute(lw, (0, 1, 3, 2)), [BN, 16, 2]))
     cw = gl.convert_layout(cw, l0.type.layout)
@@ -151,19 +159,23 @@ def _ws_consumer(lo_s, co_s, x_s, ready, empty, g0, g1, P, W, S, MT, b4, x_ptr, 
                  M, N, KP, stride_xm, rowptr_ptr, eidx_ptr, ehi_ptr, lo8_ptr, base_ptr, BN: gl.constexpr,
                  BT: gl.constexpr, NS: gl.constexpr, LL: gl.constexpr, CL: gl.constexpr, ML: gl.constexpr,
                  AL: gl.constexpr, OL: gl.constexpr, HAS_BIAS: gl.constexpr, EXC: gl.constexpr, EL: gl.constexpr,
-                 CS: gl.constexpr, LOADS: gl.constexpr):
-    # the warpgroup: words from the ring, decode, MMA, free the slot; at the end of each tile's
-    # part, finish it (_ws_finish). LOADS > 0 (a probe of the TMA stream alone): free each slot
-    # as soon as it is filled, compute nothing
+                 CS: gl.constexpr, LOADS: gl.constexpr, CI: gl.constexpr = 0, CONS: gl.constexpr = 1):
+    # a warpgroup: words from the ring, decode, MMA, free the slot; at the end of each tile's
+    # part, finish it (_ws_finish). With CONS consumer warpgroups (each its own partition), this
+    # one (CI) takes rows CI BH .. (CI + 1) BH of every BN-row tile, and a slot is free once all
+    # of them arrived. LOADS > 0 (a probe of the TMA stream alone): free each slot as soon as it
+    # is filled, compute nothing
+    BH: gl.constexpr = BN // CONS
     pid = gl.program_id(0)
-    acc = gl.zeros([BN, BT], gl.float32, ML)
+    acc = gl.zeros([BH, BT], gl.float32, ML)
     for i in range(g1 - g0):
         b = i % NS
         if LOADS:
             mbarrier.wait(ready.index(b), (i // NS) & 1)
             mbarrier.arrive(empty.index(b))
         else:
-            acc, a0, a1 = _ws_step_mmas(lo_s, co_s, x_s, ready, b, (i // NS) & 1, acc, b4, BN, LL, CL, AL)
+            acc, a0, a1 = _ws_step_mmas(lo_s, co_s, x_s, ready, b, (i // NS) & 1, acc, b4, BH, LL, CL, AL, CI * BH,
+                                        CONS > 1)
             acc, a0, a1 = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a0, a1))
             # every warp's words of this slot were read before its part of the MMAs was issued, so
             # the MMAs being done means the whole slot is free; the fence orders those generic-proxy
@@ -173,11 +185,25 @@ def _ws_consumer(lo_s, co_s, x_s, ready, empty, g0, g1, P, W, S, MT, b4, x_ptr, 
             g = g0 + i
             t, st, n0, m0 = _ws_tile(g, S, MT, BN, BT)
             if (st == S - 1) | (g == g1 - 1):
-                _ws_finish(acc, t, n0, m0, g0, P, W, S, pid, x_ptr, out_ptr, bias_ptr, work_ptr, cnt_ptr, M, N, KP,
-                           stride_xm, rowptr_ptr, eidx_ptr, ehi_ptr, lo8_ptr, base_ptr, BN, BT, ML, OL, HAS_BIAS, EXC,
-                           EL, CS)
-                acc = gl.zeros([BN, BT], gl.float32, ML)
+                _ws_finish(acc, t, n0 + CI * BH, m0, g0, P, W, S, pid, x_ptr, out_ptr, bias_ptr, work_ptr, cnt_ptr, M,
+                           N, KP, stride_xm, rowptr_ptr, eidx_ptr, ehi_ptr, lo8_ptr, base_ptr, BH, BT, ML, OL,
+                           HAS_BIAS, EXC, EL, CS, CI, CONS)
+                acc = gl.zeros([BH, BT], gl.float32, ML)
     return (acc, )  # warp_specialize takes the default partition's results as a tuple
+
+
+@gluon.jit
+def _ws_consumer_worker(lo_s, co_s, x_s, ready, empty, g0, g1, P, W, S, MT, b4, x_ptr, out_ptr, bias_ptr, work_ptr,
+                        cnt_ptr, M, N, KP, stride_xm, rowptr_ptr, eidx_ptr, ehi_ptr, lo8_ptr, base_ptr,
+                        BN: gl.constexpr, BT: gl.constexpr, NS: gl.constexpr, LL: gl.constexpr, CL: gl.constexpr,
+                        ML: gl.constexpr, AL: gl.constexpr, OL: gl.constexpr, HAS_BIAS: gl.constexpr,
+                        EXC: gl.constexpr, EL: gl.constexpr, CS: gl.constexpr, LOADS: gl.constexpr, CI: gl.constexpr,
+                        CONS: gl.constexpr):
+    # a second consumer warpgroup as a worker partition (Config.consumers 2): a worker returns
+    # nothing
+    _ws_consumer(lo_s, co_s, x_s, ready, empty, g0, g1, P, W, S, MT, b4, x_ptr, out_ptr, bias_ptr, work_ptr, cnt_ptr,
+                 M, N, KP, stride_xm, rowptr_ptr, eidx_ptr, ehi_ptr, lo8_ptr, base_ptr, BN, BT, NS, LL, CL, ML, AL,
+                 OL, HAS_BIAS, EXC, EL, CS, LOADS, CI, CONS)
 
 
 @gluon.jit
@@ -227,7 +253,8 @@ def _ws_kernel(lo_desc, co_desc, x_desc, x_ptr, base_ptr, out_ptr, bias_ptr, wor
                ML: gl.constexpr, AL: gl.constexpr, OL: gl.constexpr, HAS_BIAS: gl.constexpr,
                EXC: gl.constexpr = False, EL: gl.constexpr = None, rowptr_ptr=None, eidx_ptr=None, ehi_ptr=None,
                lo8_ptr=None, CS: gl.constexpr = 1, LOADER_REGS: gl.constexpr = 24, LOADS: gl.constexpr = 0,
-               PIPE: gl.constexpr = 0, NBYTES: gl.constexpr = 0):
+               PIPE: gl.constexpr = 0, NBYTES: gl.constexpr = 0, CONS: gl.constexpr = 1,
+               CONS_REGS: gl.constexpr = 0):
     # out (bf16 [M, N], + bias) = x @ W^T, persistent over W = tiles x S K steps (stream-K):
     # program p multiplies global steps p W / P .. (p + 1) W / P (tile-major, x tiles inner), so
     # every program has the same number of steps; a tile shared by several programs is summed
@@ -245,9 +272,22 @@ def _ws_kernel(lo_desc, co_desc, x_desc, x_ptr, base_ptr, out_ptr, bias_ptr, wor
     empty = gl.allocate_shared_memory(gl.int64, [NS, 1], mbarrier.MBarrierLayout())
     for j in gl.static_range(NS):
         mbarrier.init(ready.index(j), count=1)
-        mbarrier.init(empty.index(j), count=1)
+        mbarrier.init(empty.index(j), count=CONS)  # every consumer warpgroup frees the slot
     fence_async_shared()
-    if PIPE:
+    if CONS == 2:
+        # two consumer warpgroups, each its own partition (so neither waits on the other's step),
+        # 64 rows each of every 128-row tile, sharing the ring's x boxes
+        gl.warp_specialize([
+            (_ws_consumer, (lo_s, co_s, x_s, ready, empty, g0, g1, P, W, S, MT, b4, x_ptr, out_ptr, bias_ptr, work_ptr,
+                            cnt_ptr, M, N, KP, stride_xm, rowptr_ptr, eidx_ptr, ehi_ptr, lo8_ptr, base_ptr, BN, BT, NS,
+                            LL, CL, ML, AL, OL, HAS_BIAS, EXC, EL, CS, LOADS, 0, CONS)),
+            (_ws_loader, (lo_desc, co_desc, x_desc, lo_s, co_s, x_s, ready, empty, g0, g1, S, MT, BN, BT, NS, LOADS,
+                          NBYTES)),
+            (_ws_consumer_worker, (lo_s, co_s, x_s, ready, empty, g0, g1, P, W, S, MT, b4, x_ptr, out_ptr, bias_ptr,
+                                   work_ptr, cnt_ptr, M, N, KP, stride_xm, rowptr_ptr, eidx_ptr, ehi_ptr, lo8_ptr,
+                                   base_ptr, BN, BT, NS, LL, CL, ML, AL, OL, HAS_BIAS, EXC, EL, CS, LOADS, 1, CONS)),
+        ], [1, 4], [LOADER_REGS, CONS_REGS])
+    elif PIPE:
         gl.warp_specialize([
             (_ws_consumer_pipe, (lo_s, co_s, x_s, ready, empty, g0, g1, P, W, S, MT, b4, x_ptr, out_ptr, bias_ptr,
                                  work_ptr, cnt_ptr, M, N, KP, stride_xm, rowptr_ptr, eidx_ptr, ehi_ptr, lo8_ptr,
@@ -336,6 +376,14 @@ def _descs(p, bn: int, bt: int, warps: int, xp: torch.Tensor):
             TensorDescriptor.from_tensor(xp, [bt, 64], xsl))
 
 
+def consumer_regs(maxnreg: int) -> int:
+    """Registers a thread of the second consumer warpgroup (``Config.consumers`` 2) under a kernel
+    cap of ``maxnreg``: the kernel's 12 warps (consumer, loader padded to a warpgroup, consumer)
+    get ``maxnreg`` each, the loader's warpgroup gives back all but 24, and the two consumers share
+    the rest (a multiple of 8, at most 256)."""
+    return min(256, (maxnreg * 12 * 32 - 24 * 128) // 256 // 8 * 8)
+
+
 def slot_bytes(bn: int, bt: int, loads: int = 0) -> int:
     """Bytes the TMA copies of one ring slot bring: [bn, 32] lo and [bn, 16] code words, and two
     [bt, 64] bf16 x boxes (none for the words-only probe, ``loads`` 2)."""
@@ -358,15 +406,18 @@ def launch(x2: torch.Tensor, p, bias, cfg: C.Config, prep, out: torch.Tensor) ->
     progs = min(work, cfg.split or cfg.waves * C.sm_count(x2.device))
     inline = prep.nexc > 0  # Config checks exc_tile: the exceptions are added where a tile is finished
     tiles = triton.cdiv(n, cfg.bn) * mt
-    slots = torch.empty(2 * progs, cfg.bn * cfg.bm, dtype=torch.float32, device=x2.device)
-    cnt = C.counters(x2.device, tiles)
+    cons = cfg.consumers
+    bh = cfg.bn // cons  # each consumer warpgroup's rows of a tile
+    slots = torch.empty(2 * progs * cons, bh * cfg.bm, dtype=torch.float32, device=x2.device)
+    cnt = C.counters(x2.device, tiles * cons)
     lo_d, co_d, x_d = _descs(p, cfg.bn, cfg.bm, cfg.warps, xp)
-    ll, cl, mma, a_op, ol, _ = layouts(cfg.bn, cfg.bm, cfg.warps)
+    ll, cl, mma, a_op, ol, _ = layouts(bh, cfg.bm, cfg.warps)
     _ws_kernel[(progs,)](lo_d, co_d, x_d, x2, a["base"], out, bias if bias is not None else out, slots, cnt, m, n, kp,
                          x2.stride(0), steps, mt, work, BN=cfg.bn, BT=cfg.bm, NS=cfg.stages, LL=ll, CL=cl, ML=mma,
                          AL=a_op, OL=ol, HAS_BIAS=bias is not None, EXC=inline,
                          EL=WG.exc_layout(cfg.warps) if inline else None, rowptr_ptr=prep.rowptr,
                          eidx_ptr=a["exc_idx"], ehi_ptr=a["exc_hi"], lo8_ptr=a["lo"], CS=C.COUNTER_SLOTS,
                          LOADS=PROBE_LOADS, PIPE=int(cfg.pipe), NBYTES=slot_bytes(cfg.bn, cfg.bm, PROBE_LOADS),
+                         CONS=cons, CONS_REGS=consumer_regs(cfg.maxnreg) if cons > 1 else 0,
                          num_warps=cfg.warps, **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}))
     return out

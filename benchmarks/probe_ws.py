@@ -1,5 +1,6 @@
 """Probe of the warp-specialized wgmma tile (``fixed12_ws``) on one matrix shape: the full kernel
-against its TMA stream alone (``fixed12_ws.PROBE_LOADS``: 1 with x, 2 plane words only), the x
+against its TMA stream alone (``fixed12_ws.PROBE_LOADS``: 1 with x, 2 plane words only) and its
+warpgroup alone (3: decode and MMAs on whatever the ring holds, no copies, no waits), the x
 permutation alone, bf16 ``F.linear`` and the current default, at a few M, ring depths and
 programs an SM. One CUDA graph over enough copies of the matrix to exceed L2, median of replays.
 
@@ -49,13 +50,14 @@ def main(argv=None) -> int:
                 continue
             cfg = C.Config(bm=bt, bn=64, bk=128, gluon=True, wg=True, ws=True, stages=st, waves=wv, exc_tile=True,
                            maxnreg=cap)
-            for probe in (0, 1, 2):
+            for probe in (0, 1, 2, 3):
                 fixed12_ws.PROBE_LOADS = probe
                 try:
                     t = cuda_graph_ms(lambda cfg=cfg: [kernels.linear(x, p, None, cfg) for p in ps], 20) / copies * 1e3
                 finally:
                     fixed12_ws.PROBE_LOADS = 0
-                name = f"ws bm{bt} s{st} wv{wv}" + (f" r{cap}" if cap else "") + ["", " loads", " words only"][probe]
+                name = (f"ws bm{bt} s{st} wv{wv}" + (f" r{cap}" if cap else "")
+                        + ["", " loads", " words only", " compute only"][probe])
                 rows.append((m, name, t, nbytes))
     print(f"\n{args.shape} {n}x{k}, {copies} copies, {torch.cuda.get_device_name()}, torch {torch.__version__}")
     print("| M | variant | us a matrix | ratio to bf16 | GB/s (weights) |")

@@ -65,17 +65,6 @@ def candidates(m: int, n: int, k: int) -> dict:
             for block, warps in ((256, 2), (128, 1), (512, 4), (1024, 4)):
                 out[f"default reduce {block} w{warps}"] = (d, {(C, "FINALIZE_BLOCK"): block, (C, "FINALIZE_WARPS"): warps})
         return out
-    if os.environ.get("SWEEP_ROUND") == "34":  # the ws tile with the words freed once read (free_words)
-        if k % 128 == 0 and m < 256:
-            bt = 8 if m <= 8 else 16 if m <= 16 else 32 if m <= 32 else 64
-            for st, wv, cap in ((2, 3, 80), (3, 3, 80), (4, 2, 128)):
-                for fw in (False, True):
-                    if bt == 64 and st == 3 and wv == 3:
-                        continue  # shared memory: two programs an SM
-                    out[f"ws bm{bt} s{st} wv{wv} r{cap}" + (" free_words" if fw else "")] = V(
-                        bm=bt, bn=64, bk=128, gluon=True, wg=True, ws=True, stages=st, waves=wv, exc_tile=True,
-                        maxnreg=cap, free_words=fw)
-        return out
     if os.environ.get("SWEEP_ROUND") == "33":  # the ws tile with two consumer warpgroups as partitions (consumers 2)
         if k % 128 == 0:
             if m >= 256:

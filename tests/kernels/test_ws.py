@@ -24,7 +24,7 @@ def _ws():
     return fixed12_ws
 
 
-def _compile_sm90(bn, bt, stages, bias=False, exc=False, maxnreg=128, warps=4, pipe=0, cons=1, early=False):
+def _compile_sm90(bn, bt, stages, bias=False, exc=False, maxnreg=128, warps=4, pipe=0, cons=1):
     w = _ws()
     *_, (lsl, csl, xsl) = w.layouts(bn, bt, warps)
     ll, cl, mma, a_op, ol, _ = w.layouts(bn // cons, bt, warps)  # a consumer warpgroup's rows
@@ -34,7 +34,7 @@ def _compile_sm90(bn, bt, stages, bias=False, exc=False, maxnreg=128, warps=4, p
             "cnt_ptr": "*i32", "rowptr_ptr": "*i32", "eidx_ptr": "*i32", "ehi_ptr": "*u8", "lo8_ptr": "*u8"}
     const = dict(BN=bn, BT=bt, NS=stages, LL=ll, CL=cl, ML=mma, AL=a_op, OL=ol, HAS_BIAS=bias, EXC=exc,
                  EL=w.WG.exc_layout(warps) if exc else None, CS=16, LOADER_REGS=24, LOADS=0, NBYTES=w.slot_bytes(bn, bt),
-                 PIPE=pipe, CONS=cons, CONS_REGS=w.consumer_regs(maxnreg) if cons > 1 else 0, EARLY=early)
+                 PIPE=pipe, CONS=cons, CONS_REGS=w.consumer_regs(maxnreg) if cons > 1 else 0)
     return compile_gluon_sm90(w._ws_kernel, const, ptrs, descs, num_warps=warps, maxnreg=maxnreg)
 
 
@@ -127,35 +127,6 @@ def test_ws_two_consumers_each_decode_their_rows_sm90(bt, cap):
         assert "LDG" not in body and "STS" not in body and "LDL" not in body
 
 
-@pytest.mark.parametrize("bt", [16, 64])
-def test_ws_free_words_sm90(bt):
-    # Config.free_words: the warpgroup's loop frees the slot's words right after reading them
-    # (an arrive before its first wgmma), waits for the x boxes on their own barrier, and frees
-    # them after the MMAs (a second arrive); the TMA warp's loop waits for both frees; the loop
-    # is otherwise the default one (8 wgmma, 6 shared loads, no spills at the 80-register cap)
-    k = _compile_sm90(64, bt, 2, bias=True, exc=True, maxnreg=80, early=True)
-    res = _res_usage(k)
-    assert res.get("STACK", 0) == 0 and res.get("LOCAL", 0) == 0
-    full = _loops(_sass(k))
-    tma_loop = min((ops for ops in full if any(o.startswith("UTMALDG") for o in ops)), key=len)
-    assert sum(o.startswith("UTMALDG") for o in tma_loop) == 4
-    assert sum(o.startswith("SYNCS.PHASECHK") for o in tma_loop) == 2  # both frees waited for
-    # the warpgroup's step (ptxas rotates its loop, so read it from the opcode stream): its six
-    # 16-byte word loads, then the words' free, then a wait (the x boxes), then its 8 wgmma, then
-    # the x boxes' free
-    ops = [re.search(r"\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_.]+)", ln).group(1) for ln in _sass(k).splitlines()
-           if re.match(r"\s+/\*[0-9a-f]{4}\*/", ln)]
-    arrives = [j for j, o in enumerate(ops) if o == "SYNCS.ARRIVE.TRANS64.A1T0"]
-    # the words' free: an arrive with the step's six word loads shortly before it
-    a0 = next(a for a in arrives if ops[max(0, a - 80):a].count("LDS.128") >= 6)
-    a1 = next(a for a in arrives if a > a0)
-    first_mma = next(j for j in range(a0, len(ops)) if ops[j].startswith("HGMMA"))
-    assert a0 < first_mma < a1
-    assert any(o.startswith("SYNCS.PHASECHK") for o in ops[a0:first_mma])
-    assert sum(o.startswith("HGMMA") for o in ops[first_mma:a1]) == 8
-    assert not any(o.startswith(("LDL", "STL", "LDG")) for o in ops[a0 - 80:a1])
-
-
 def test_ws_x_permutation_is_the_wg_slot_order():
     # x permuted by permute_x holds, at slot s of each 128-column step, the column that the
     # decoded tile puts at slot s (fixed12_wg.DECODE_ORDER), for every step
@@ -241,10 +212,6 @@ def test_ws_config_checks():
     for bad in (dict(bn=64), dict(maxnreg=0), dict(pipe=True), dict(ws=False), dict(consumers=3)):
         with pytest.raises(ValueError, match="consumers"):
             Config(**{**two, **bad})
-    Config(**{**base, "free_words": True})
-    for bad in (dict(pipe=True), {**two, "free_words": True}):
-        with pytest.raises(ValueError, match="free_words"):
-            Config(**{**base, "free_words": True, **bad})
 
 
 def test_ws_needs_a_gpu():
@@ -311,29 +278,6 @@ def test_ws_two_consumers_match_reference_gpu(bm, cap, m, progs, bias):
     b = torch.randn(1000, device="cuda").to(torch.bfloat16) if bias else None
     cfg = Config(bm=bm, bn=128, bk=128, gluon=True, wg=True, ws=True, stages=2, split=progs,
                  waves=1 if bm == 256 else 2, exc_tile=True, maxnreg=cap, consumers=2)
-    y = kernels.linear(x, p, b, cfg)
-    _check(y, x, w, b)
-    assert torch.equal(kernels.linear(x, p, b, cfg).view(torch.int16), y.view(torch.int16))
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
-                    reason="needs a Hopper GPU")
-@pytest.mark.parametrize("bm,stages", [(8, 2), (16, 2), (64, 2), (16, 4)])
-@pytest.mark.parametrize("m", [1, 17, 100])
-@pytest.mark.parametrize("progs", [0, 1, 5, 300])
-@pytest.mark.parametrize("bias", [False, True])
-def test_ws_free_words_matches_reference_gpu(bm, stages, m, progs, bias):
-    from glyd import kernels
-    from glyd.kernels._common import Config
-
-    # as test_ws_matches_reference_gpu, with the words freed as soon as they are read
-    w = random_weights(1000, 3584, "normal", "cuda")
-    p = kernels.pack(w, "fixed12")
-    x = torch.randn(m, 3584, device="cuda").to(torch.bfloat16)
-    b = torch.randn(1000, device="cuda").to(torch.bfloat16) if bias else None
-    cfg = Config(bm=bm, bn=64, bk=128, gluon=True, wg=True, ws=True, stages=stages, split=progs, waves=3,
-                 exc_tile=True, maxnreg=80 if stages == 2 else 128, free_words=True)
     y = kernels.linear(x, p, b, cfg)
     _check(y, x, w, b)
     assert torch.equal(kernels.linear(x, p, b, cfg).view(torch.int16), y.view(torch.int16))

@@ -75,9 +75,7 @@ class Config:
     there keeps one step's MMAs in flight while the next step decodes (correct on the H200, slower
     everywhere: run 87). ``consumers`` (ws) 2: two consumer warpgroups, each a partition of its
     own with 64 rows of every 128-row tile (``bn`` 128, 4 warps, a ``maxnreg`` cap needed), so one
-    decodes while the other's MMAs run. ``free_words`` (ws, one consumer, no pipe): a ring slot's
-    plane words and its x boxes get barriers of their own, and the words are freed as soon as the
-    warpgroup has read them (the x boxes after the MMAs), so the next copies start a step earlier.
+    decodes while the other's MMAs run.
     The grid is persistent (``waves`` programs an SM, or ``split`` programs in all) over equal
     ranges of all tiles' K steps (stream-K); exceptions always in the tile (``exc_tile``).
     """
@@ -113,7 +111,6 @@ class Config:
     pipe: bool = False
     ws: bool = False
     consumers: int = 1
-    free_words: bool = False
 
     def __post_init__(self) -> None:
         for name in ("bm", "bn", "bk"):
@@ -145,8 +142,6 @@ class Config:
         if self.consumers != 1 and not (self.consumers == 2 and self.ws and self.warps == 4 and self.bn == 128
                                         and not self.pipe and self.maxnreg >= 40):
             raise ValueError("Config.consumers 2 is a ws tile with 4 warps, bn 128, no pipe and a maxnreg cap")
-        if self.free_words and not (self.ws and self.consumers == 1 and not self.pipe):
-            raise ValueError("Config.free_words is a ws tile with one consumer warpgroup and no pipe")
         if self.pipe and not self.wg:
             raise ValueError("Config.pipe (an MMA in flight across K steps) applies to wg")
         if self.ring < 1 or (self.ring > 1 and not (self.gluon and self.prefetch)):

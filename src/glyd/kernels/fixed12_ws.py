@@ -57,8 +57,7 @@ def _ws_tile(g, S, MT, BN: gl.constexpr, BT: gl.constexpr):
 
 @gluon.jit
 def _ws_loader(lo_desc, co_desc, x_desc, lo_s, co_s, x_s, ready, empty, g0, g1, S, MT, BN: gl.constexpr,
-               BT: gl.constexpr, NS: gl.constexpr, LOADS: gl.constexpr, NBYTES: gl.constexpr, xready=None,
-               xempty=None, EARLY: gl.constexpr = False):
+               BT: gl.constexpr, NS: gl.constexpr, LOADS: gl.constexpr, NBYTES: gl.constexpr):
     # the TMA warp: this program's K steps g0..g1 (across tiles) into the ring, each slot once the
     # consumer freed it (LOADS 2, a probe: the plane words only; LOADS 3: nothing); NBYTES: the
     # bytes a slot's copies bring (lo, code and, but for LOADS 2, two x boxes)
@@ -72,23 +71,12 @@ def _ws_loader(lo_desc, co_desc, x_desc, lo_s, co_s, x_s, ready, empty, g0, g1, 
         mbarrier.wait(empty.index(b), ((i // NS) & 1) ^ 1)
         _, st, n0, m0 = _ws_tile(g0 + i, S, MT, BN, BT)
         bar = ready.index(b)
-        if EARLY:
-            # the words' own barriers (freed once the warpgroup has read them), then the x boxes'
-            mbarrier.expect(bar, BN * 48 * 4)
-            tma.async_copy_global_to_shared(lo_desc, [n0, st * 32], bar, lo_s.index(b))
-            tma.async_copy_global_to_shared(co_desc, [n0, st * 16], bar, co_s.index(b))
-            mbarrier.wait(xempty.index(b), ((i // NS) & 1) ^ 1)
-            xbar = xready.index(b)
-            mbarrier.expect(xbar, BT * 128 * 2)
-            tma.async_copy_global_to_shared(x_desc, [m0, st * 128], xbar, x_s.index(2 * b))
-            tma.async_copy_global_to_shared(x_desc, [m0, st * 128 + 64], xbar, x_s.index(2 * b + 1))
-        else:
-            mbarrier.expect(bar, NBYTES)
-            tma.async_copy_global_to_shared(lo_desc, [n0, st * 32], bar, lo_s.index(b))
-            tma.async_copy_global_to_shared(co_desc, [n0, st * 16], bar, co_s.index(b))
-            if LOADS != 2:
-                tma.async_copy_global_to_shared(x_desc, [m0, st * 128], bar, x_s.index(2 * b))
-                tma.async_copy_global_to_shared(x_desc, [m0, st * 128 + 64], bar, x_s.index(2 * b + 1))
+        mbarrier.expect(bar, NBYTES)
+        tma.async_copy_global_to_shared(lo_desc, [n0, st * 32], bar, lo_s.index(b))
+        tma.async_copy_global_to_shared(co_desc, [n0, st * 16], bar, co_s.index(b))
+        if LOADS != 2:
+            tma.async_copy_global_to_shared(x_desc, [m0, st * 128], bar, x_s.index(2 * b))
+            tma.async_copy_global_to_shared(x_desc, [m0, st * 128 + 64], bar, x_s.index(2 * b + 1))
 
 
 @gluon.jit
@@ -150,12 +138,10 @@ def _ws_finish(acc, t, n0, m0, g0, P, W, S, pid, x_ptr, out_ptr, bias_ptr, work_
 
 @gluon.jit
 def _ws_step_mmas(lo_s, co_s, x_s, ready, b, ph, acc, b4, BN: gl.constexpr, LL: gl.constexpr, CL: gl.constexpr,
-                  AL: gl.constexpr, R0: gl.constexpr = 0, SPLIT: gl.constexpr = False, NOWAIT: gl.constexpr = False,
-                  empty=None, xready=None, EARLY: gl.constexpr = False):
+                  AL: gl.constexpr, R0: gl.constexpr = 0, SPLIT: gl.constexpr = False, NOWAIT: gl.constexpr = False):
     # one K step from ring slot b: wait for it (not with NOWAIT: the compute-only probe), read and
     # decode its words (rows R0 .. R0 + BN of the slot where SPLIT, two consumers sharing it),
-    # issue its two MMAs. EARLY: the words' part of the slot is freed as soon as they are read,
-    # and the x boxes (their own barrier) are waited for just before the first MMA
+    # issue its two MMAs
     if not NOWAIT:
         mbarrier.wait(ready.index(b), ph)
     ls = lo_s.index(b)
@@ -168,12 +154,7 @@ def _ws_step_mmas(lo_s, co_s, x_s, ready, b, ph, acc, b4, BN: gl.constexpr, LL: 
     lw = gl.reshape(lw.to(gl.uint32, bitcast=True), [BN, 2, 2, 8])  # [row, g, hh, (a i)]
     l0, l1 = gl.split(gl.reshape(gl.permute(lw, (0, 1, 3, 2)), [BN, 16, 2]))
     cw = gl.convert_layout(cw, l0.type.layout)
-    if EARLY:
-        fence_async_shared()  # the words' generic-proxy reads before the TMA's next writes
-        mbarrier.arrive(empty.index(b))
     a0 = _ws_half(l0, cw, b4, BN, AL)
-    if EARLY:
-        mbarrier.wait(xready.index(b), ph)
     acc = warpgroup_mma(a0, x_s.index(2 * b).permute((1, 0)), acc, is_async=True)
     a1 = _ws_half(l1, cw >> 4, b4, BN, AL)
     acc = warpgroup_mma(a1, x_s.index(2 * b + 1).permute((1, 0)), acc, is_async=True)
@@ -185,8 +166,7 @@ def _ws_consumer(lo_s, co_s, x_s, ready, empty, g0, g1, P, W, S, MT, b4, x_ptr, 
                  M, N, KP, stride_xm, rowptr_ptr, eidx_ptr, ehi_ptr, lo8_ptr, base_ptr, BN: gl.constexpr,
                  BT: gl.constexpr, NS: gl.constexpr, LL: gl.constexpr, CL: gl.constexpr, ML: gl.constexpr,
                  AL: gl.constexpr, OL: gl.constexpr, HAS_BIAS: gl.constexpr, EXC: gl.constexpr, EL: gl.constexpr,
-                 CS: gl.constexpr, LOADS: gl.constexpr, CI: gl.constexpr = 0, CONS: gl.constexpr = 1, xready=None,
-                 xempty=None, EARLY: gl.constexpr = False):
+                 CS: gl.constexpr, LOADS: gl.constexpr, CI: gl.constexpr = 0, CONS: gl.constexpr = 1):
     # a warpgroup: words from the ring, decode, MMA, free the slot; at the end of each tile's
     # part, finish it (_ws_finish). With CONS consumer warpgroups (each its own partition), this
     # one (CI) takes rows CI BH .. (CI + 1) BH of every BN-row tile, and a slot is free once all
@@ -202,15 +182,13 @@ def _ws_consumer(lo_s, co_s, x_s, ready, empty, g0, g1, P, W, S, MT, b4, x_ptr, 
             mbarrier.arrive(empty.index(b))
         else:
             acc, a0, a1 = _ws_step_mmas(lo_s, co_s, x_s, ready, b, (i // NS) & 1, acc, b4, BH, LL, CL, AL, CI * BH,
-                                        CONS > 1, LOADS == 3, empty, xready, EARLY)
+                                        CONS > 1, LOADS == 3)
             acc, a0, a1 = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a0, a1))
             # every warp's words of this slot were read before its part of the MMAs was issued, so
             # the MMAs being done means the whole slot is free; the fence orders those generic-proxy
             # reads before the TMA's next writes
             fence_async_shared()
-            if EARLY:
-                mbarrier.arrive(xempty.index(b))  # the words were freed when read
-            elif LOADS != 3:
+            if LOADS != 3:
                 mbarrier.arrive(empty.index(b))
             g = g0 + i
             t, st, n0, m0 = _ws_tile(g, S, MT, BN, BT)
@@ -284,7 +262,7 @@ def _ws_kernel(lo_desc, co_desc, x_desc, x_ptr, base_ptr, out_ptr, bias_ptr, wor
                EXC: gl.constexpr = False, EL: gl.constexpr = None, rowptr_ptr=None, eidx_ptr=None, ehi_ptr=None,
                lo8_ptr=None, CS: gl.constexpr = 1, LOADER_REGS: gl.constexpr = 24, LOADS: gl.constexpr = 0,
                PIPE: gl.constexpr = 0, NBYTES: gl.constexpr = 0, CONS: gl.constexpr = 1,
-               CONS_REGS: gl.constexpr = 0, EARLY: gl.constexpr = False):
+               CONS_REGS: gl.constexpr = 0):
     # out (bf16 [M, N], + bias) = x @ W^T, persistent over W = tiles x S K steps (stream-K):
     # program p multiplies global steps p W / P .. (p + 1) W / P (tile-major, x tiles inner), so
     # every program has the same number of steps; a tile shared by several programs is summed
@@ -300,14 +278,9 @@ def _ws_kernel(lo_desc, co_desc, x_desc, x_ptr, base_ptr, out_ptr, bias_ptr, wor
     x_s = gl.allocate_shared_memory(gl.bfloat16, [2 * NS, BT, 64], x_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [NS, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [NS, 1], mbarrier.MBarrierLayout())
-    # EARLY: x boxes on barriers of their own (xready / xempty); ready / empty then guard the words
-    xready = gl.allocate_shared_memory(gl.int64, [NS, 1], mbarrier.MBarrierLayout())
-    xempty = gl.allocate_shared_memory(gl.int64, [NS, 1], mbarrier.MBarrierLayout())
     for j in gl.static_range(NS):
         mbarrier.init(ready.index(j), count=1)
         mbarrier.init(empty.index(j), count=CONS)  # every consumer warpgroup frees the slot
-        mbarrier.init(xready.index(j), count=1)
-        mbarrier.init(xempty.index(j), count=1)
     fence_async_shared()
     if CONS == 2:
         # two consumer warpgroups, each its own partition (so neither waits on the other's step),
@@ -334,9 +307,9 @@ def _ws_kernel(lo_desc, co_desc, x_desc, x_ptr, base_ptr, out_ptr, bias_ptr, wor
         gl.warp_specialize([
             (_ws_consumer, (lo_s, co_s, x_s, ready, empty, g0, g1, P, W, S, MT, b4, x_ptr, out_ptr, bias_ptr, work_ptr,
                             cnt_ptr, M, N, KP, stride_xm, rowptr_ptr, eidx_ptr, ehi_ptr, lo8_ptr, base_ptr, BN, BT, NS,
-                            LL, CL, ML, AL, OL, HAS_BIAS, EXC, EL, CS, LOADS, 0, 1, xready, xempty, EARLY)),
+                            LL, CL, ML, AL, OL, HAS_BIAS, EXC, EL, CS, LOADS)),
             (_ws_loader, (lo_desc, co_desc, x_desc, lo_s, co_s, x_s, ready, empty, g0, g1, S, MT, BN, BT, NS, LOADS,
-                          NBYTES, xready, xempty, EARLY)),
+                          NBYTES)),
         ], [1], [LOADER_REGS])
 
 
@@ -454,6 +427,5 @@ def launch(x2: torch.Tensor, p, bias, cfg: C.Config, prep, out: torch.Tensor) ->
                          eidx_ptr=a["exc_idx"], ehi_ptr=a["exc_hi"], lo8_ptr=a["lo"], CS=C.COUNTER_SLOTS,
                          LOADS=PROBE_LOADS, PIPE=int(cfg.pipe), NBYTES=slot_bytes(cfg.bn, cfg.bm, PROBE_LOADS),
                          CONS=cons, CONS_REGS=consumer_regs(cfg.maxnreg) if cons > 1 else 0,
-                         EARLY=cfg.free_words and not PROBE_LOADS,
                          num_warps=cfg.warps, **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}))
     return out

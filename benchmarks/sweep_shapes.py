@@ -31,7 +31,7 @@ log = logging.getLogger("sweep_shapes")
 
 # name: (N, K); copies are chosen so a graph reads >= ~300 MB of packed weights
 SHAPES = {"k/v": (512, 3584), "q/o": (3584, 3584), "gate/up": (18944, 3584), "down": (3584, 18944),
-          "lm_head": (152064, 3584)}
+          "lm_head": (152064, 3584), "qkv": (4608, 3584), "gate_up": (37888, 3584)}  # the last two: merged
 
 
 def candidates(m: int, n: int, k: int) -> dict:
@@ -64,6 +64,20 @@ def candidates(m: int, n: int, k: int) -> dict:
             out["default wv16"] = dataclasses.replace(d, waves=16)
             for block, warps in ((256, 2), (128, 1), (512, 4), (1024, 4)):
                 out[f"default reduce {block} w{warps}"] = (d, {(C, "FINALIZE_BLOCK"): block, (C, "FINALIZE_WARPS"): warps})
+        return out
+    if os.environ.get("SWEEP_ROUND") == "36":  # each shape class's default config on this shape (merged qkv, gate_up)
+        if m < 256:
+            for cls, n_cls in (("k/v", 512), ("q/o", 3584), ("gate/up", 18944), ("lm_head", 152064)):
+                out[f"as {cls}"] = fixed12.default_config(m, n_cls, k)
+        return out
+    if os.environ.get("SWEEP_ROUND") == "35":  # the ws tile (the lm_heads' settings) on the merged gate_up
+        if k % 128 == 0 and m < 256:
+            bt = 8 if m <= 8 else 16 if m <= 16 else 32 if m <= 32 else 64
+            for st, wv in ((2, 3), (3, 3)):
+                if bt == 64 and st == 3:
+                    continue  # shared memory: two programs an SM
+                out[f"ws bm{bt} s{st} wv{wv} r80"] = V(bm=bt, bn=64, bk=128, gluon=True, wg=True, ws=True, stages=st,
+                                                      waves=wv, exc_tile=True, maxnreg=80)
         return out
     if os.environ.get("SWEEP_ROUND") == "33":  # the ws tile with two consumer warpgroups as partitions (consumers 2)
         if k % 128 == 0:

@@ -10,9 +10,11 @@ from .conftest import needs_triton
 pytestmark = needs_triton
 
 # kind: (N, K) of Qwen2.5-7B's matrices ("k/v" is at most 2^22 weights, "small" at most 2^24,
-# "tall" K >= 8192 and K > N, "wide" N >= 65536)
+# "tall" K >= 8192 and K > N, "wide" N >= 65536, "big" at least 2^27 weights and not tall), and
+# its merged ones: qkv (q/o's class) and gate_up (gate/up's, but big)
 SHAPES = {"k/v": (512, 3584), "q/o": (3584, 3584), "gate/up": (18944, 3584), "down": (3584, 18944),
-          "lm_head": (152064, 3584)}
+          "lm_head": (152064, 3584), "qkv": (4608, 3584), "gate_up": (37888, 3584)}
+CLASS = {"qkv": "q/o", "gate_up": "gate/up"}  # the merged shapes' classes
 
 
 def _path(cfg) -> str:
@@ -34,8 +36,9 @@ def _path(cfg) -> str:
 
 
 def _expected(m: int, kind: str, gluon: bool, wg: bool = False, ws: bool = False) -> str:
-    if gluon and wg and ws and ((3 <= m <= 64 and kind == "lm_head") or (32 < m <= 64 and kind == "gate/up")):
+    if gluon and wg and ws and ((3 <= m <= 64 and kind in ("lm_head", "gate_up")) or (32 < m <= 64 and kind == "gate/up")):
         return "ws"
+    kind = CLASS.get(kind, kind)
     if gluon and wg and ((3 <= m <= 16 and kind in ("lm_head", "down")) or (4 <= m <= 16 and kind == "gate/up")
                          or (16 < m <= 32 and kind in ("gate/up", "lm_head"))
                          or (32 < m <= 64 and kind in ("lm_head", "down", "q/o"))):
@@ -73,6 +76,7 @@ def test_default_config_paths_match_the_docs(kind, m, gluon, wg, ws, monkeypatch
     n, k = SHAPES[kind]
     cfg = fixed12.default_config(m, n, k)
     assert _path(cfg) == _expected(m, kind, gluon, wg, ws), cfg
+    kind = CLASS.get(kind, kind)  # the rest as for the matrix of the same class
     # exceptions in a pass of their own: k/v on the GEMV and tc (beside up to M = 8, after from
     # M = 17), down at M = 1; the Gluon kernel runs one beside it unless exc_tile puts them inside
     kv_pass = m == 1 or (not gluon and (m <= 8 or 16 < m <= 64))

@@ -999,7 +999,11 @@ def default_config(m: int, n: int, k: int) -> C.Config:
     # Round 29 (run 82): three programs an SM with a ring of 2 (80 registers) beat two with a
     # ring of 3-4: lm_heads 0.815x / 0.826x / 0.884x / 0.951x at M = 4 / 16 / 32 / 64 against
     # 0.819x / 0.868x / 0.932x / 0.997x, gate/up at M = 64 1.458x against 1.498x.
-    if gl_ok and (wide and 3 <= m <= 64 or gate and 32 < m <= 64) and ws_available():
+    # Round 36 (run 93): on the merged gate_up (37888 x 3584) it beats the wgmma tile at M = 4-8 and
+    # 32 (0.858x / 0.869x / 0.975x against 0.895x / 0.897x / 1.112x) and ties at M = 16 (0.876x
+    # against 0.893x; round 35: 0.925x against 0.910x), so every "big" matrix takes it from M = 3.
+    big = n * k >= 1 << 27 and not tall
+    if gl_ok and ((wide or big) and 3 <= m <= 64 or gate and 32 < m <= 64) and ws_available():
         bt = 8 if m <= 8 else 16 if m <= 16 else 32 if m <= 32 else 64
         return C.Config(bm=bt, bn=64, bk=128, gluon=True, wg=True, ws=True, warps=4, stages=2, waves=3,
                         exc_tile=True, maxnreg=80)

@@ -265,6 +265,23 @@ def test_linear_gpu_model_shapes(layout, m, shape):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("m", [3, 8, 16, 32, 64])
+def test_linear_gpu_big_matrix_defaults(m):
+    # a merged gate_up of a 7B model (37888 x 3584: a "big" matrix, the ws tile from M = 3 on
+    # Hopper) through the default config, with bias, and the same bits on a second call
+    from glyd import kernels
+
+    w = random_weights(37888, 3584, "normal", "cuda")
+    p = kernels.pack(w, "fixed12")
+    x = torch.randn(m, 3584, device="cuda").to(torch.bfloat16)
+    bias = torch.randn(37888, device="cuda").to(torch.bfloat16)
+    y = kernels.linear(x, p, bias)
+    _check(y, x, w, bias)
+    assert torch.equal(kernels.linear(x, p, bias).view(torch.int16), y.view(torch.int16))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("layout,n,k,m", [("fixed12", 4608, 3584, 4), ("tiered", 4608, 3584, 4),
                                           # the exception pass on a side stream (GEMV; Gluon) and after tc
                                           ("fixed12", 512, 3584, 4), ("fixed12", 3584, 18944, 8),

@@ -65,6 +65,22 @@ def candidates(m: int, n: int, k: int) -> dict:
             for block, warps in ((256, 2), (128, 1), (512, 4), (1024, 4)):
                 out[f"default reduce {block} w{warps}"] = (d, {(C, "FINALIZE_BLOCK"): block, (C, "FINALIZE_WARPS"): warps})
         return out
+    if os.environ.get("SWEEP_ROUND") == "37":  # the merged qkv (1.05-1.65x, run 93): the grid and the split (not yet run)
+        d = fixed12.default_config(m, n, k)
+        if not d.long:
+            for wv in (2, 4, 16):
+                if wv != d.waves:
+                    out[f"default wv{wv}"] = dataclasses.replace(d, waves=wv)
+            if not d.wg and not d.ws and (d.gluon or d.tc or d.dot):
+                out["default fixup"] = dataclasses.replace(d, fixup=True)
+            if d.gluon and d.bn == 64 and not d.wg:
+                out["default bn32"] = dataclasses.replace(d, bn=32)
+            if k % 256 == 0 and 3 <= m <= 64 and fixed12.wg_available():
+                bt = 16 if m <= 16 else 32 if m <= 32 else 64
+                for wv in (2, 4):
+                    out[f"wg bm{bt} wv{wv}"] = V(bm=bt, bn=64, bk=128, gluon=True, wg=True, warps=4, waves=wv,
+                                                 exc_tile=True, pipe=m > 16)
+        return out
     if os.environ.get("SWEEP_ROUND") == "36":  # each shape class's default config on this shape (merged qkv, gate_up)
         if m < 256:
             for cls, n_cls in (("k/v", 512), ("q/o", 3584), ("gate/up", 18944), ("lm_head", 152064)):

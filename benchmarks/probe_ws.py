@@ -1,6 +1,7 @@
 """Probe of the warp-specialized wgmma tile (``fixed12_ws``) on one matrix shape: the full kernel
 against its TMA stream alone (``fixed12_ws.PROBE_LOADS``: 1 with x, 2 plane words only) and its
-warpgroup alone (3: decode and MMAs on whatever the ring holds, no copies, no waits), the x
+warpgroup alone (3: decode and MMAs on whatever the ring holds, no copies, no waits), both halves
+at once with no handoff between them (4), the full kernel without its per-step proxy fence (5), the x
 permutation alone, bf16 ``F.linear`` and the current default, at a few M, ring depths and
 programs an SM. One CUDA graph over enough copies of the matrix to exceed L2, median of replays.
 
@@ -28,6 +29,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", default="gate/up")
     ap.add_argument("--ms", default="16,64")
+    ap.add_argument("--rings", default="2.3.80,4.2.128,3.2.128,6.1.0,8.1.0",
+                    help="ring depth.programs an SM.register cap (0: none) of each ws variant")
+    ap.add_argument("--probes", default="0,1,2,3", help="fixed12_ws.PROBE_LOADS values to time")
     args = ap.parse_args(argv)
     n, k = SHAPES[args.shape]
     copies = max(2, min(28, -(-300_000_000 // (n * k * 3 // 2))))
@@ -45,19 +49,19 @@ def main(argv=None) -> int:
         rows.append((m, "permute_x alone", t, 0))
         bt = 8 if m <= 8 else 16 if m <= 16 else 32 if m <= 32 else 64
         # (2, 3, 80): the defaults (round 29); the rest as timed in run 75
-        for st, wv, cap in ((2, 3, 80), (4, 2, 128), (3, 2, 128), (6, 1, 0), (8, 1, 0)):
+        for st, wv, cap in (tuple(int(v) for v in r.split(".")) for r in args.rings.split(",")):
             if (bt == 64 and st > 3 and cap) or (bt == 64 and st > 6):  # shared memory: 2 or 1 an SM
                 continue
             cfg = C.Config(bm=bt, bn=64, bk=128, gluon=True, wg=True, ws=True, stages=st, waves=wv, exc_tile=True,
                            maxnreg=cap)
-            for probe in (0, 1, 2, 3):
+            for probe in (int(v) for v in args.probes.split(",")):
                 fixed12_ws.PROBE_LOADS = probe
                 try:
                     t = cuda_graph_ms(lambda cfg=cfg: [kernels.linear(x, p, None, cfg) for p in ps], 20) / copies * 1e3
                 finally:
                     fixed12_ws.PROBE_LOADS = 0
                 name = (f"ws bm{bt} s{st} wv{wv}" + (f" r{cap}" if cap else "")
-                        + ["", " loads", " words only", " compute only"][probe])
+                        + ["", " loads", " words only", " compute only", " both, no handoff", " no fence"][probe])
                 rows.append((m, name, t, nbytes))
     print(f"\n{args.shape} {n}x{k}, {copies} copies, {torch.cuda.get_device_name()}, torch {torch.__version__}")
     print("| M | variant | us a matrix | ratio to bf16 | GB/s (weights) |")

@@ -43,7 +43,9 @@ BK = 128  # columns a K step: 32 lo words and 16 code words a row, two 64-column
 #: A measurement knob (benchmarks/probe_ws.py), never set in use: 1 times the TMA stream alone
 #: (the warpgroup frees each slot once filled; the output is garbage), 2 the same without x, 3
 #: the warpgroup alone (it decodes and multiplies whatever the ring's slots hold, waiting for no
-#: copy; the TMA warp issues none; the output is garbage).
+#: copy; the TMA warp issues none; the output is garbage), 4 both halves at once with no handoff
+#: (the TMA warp refills a slot once its own last copy there landed; the warpgroup computes as in
+#: 3), 5 the full kernel without the warpgroup's per-step proxy fence (timing only).
 PROBE_LOADS = 0
 HALF_ORDER = gl.constexpr((0, 3, 4, 6, 1, 2, 5))  # [row, g, a, i1, i0, j, h] -> slots (i1 i0 h g a j)
 
@@ -66,9 +68,14 @@ def _ws_loader(lo_desc, co_desc, x_desc, lo_s, co_s, x_s, ready, empty, g0, g1, 
         n = 0
     for i in range(n):
         b = i % NS
-        # a fresh mbarrier counts as having completed the phase before its first: the first NS
-        # waits (parity 1) pass at once
-        mbarrier.wait(empty.index(b), ((i // NS) & 1) ^ 1)
+        if LOADS == 4:
+            # no handoff: reuse a slot once this warp's own previous copy into it landed
+            if i >= NS:
+                mbarrier.wait(ready.index(b), ((i // NS) - 1) & 1)
+        else:
+            # a fresh mbarrier counts as having completed the phase before its first: the first
+            # NS waits (parity 1) pass at once
+            mbarrier.wait(empty.index(b), ((i // NS) & 1) ^ 1)
         _, st, n0, m0 = _ws_tile(g0 + i, S, MT, BN, BT)
         bar = ready.index(b)
         mbarrier.expect(bar, NBYTES)
@@ -77,6 +84,10 @@ def _ws_loader(lo_desc, co_desc, x_desc, lo_s, co_s, x_s, ready, empty, g0, g1, 
         if LOADS != 2:
             tma.async_copy_global_to_shared(x_desc, [m0, st * 128], bar, x_s.index(2 * b))
             tma.async_copy_global_to_shared(x_desc, [m0, st * 128 + 64], bar, x_s.index(2 * b + 1))
+    if LOADS == 4:
+        # the last copies land before the program's shared memory goes away
+        for j in range(gl.maximum(n - NS, 0), n):
+            mbarrier.wait(ready.index(j % NS), (j // NS) & 1)
 
 
 @gluon.jit
@@ -177,18 +188,19 @@ def _ws_consumer(lo_s, co_s, x_s, ready, empty, g0, g1, P, W, S, MT, b4, x_ptr, 
     acc = gl.zeros([BH, BT], gl.float32, ML)
     for i in range(g1 - g0):
         b = i % NS
-        if (LOADS > 0) & (LOADS < 3):
+        if (LOADS == 1) | (LOADS == 2):
             mbarrier.wait(ready.index(b), (i // NS) & 1)
             mbarrier.arrive(empty.index(b))
         else:
             acc, a0, a1 = _ws_step_mmas(lo_s, co_s, x_s, ready, b, (i // NS) & 1, acc, b4, BH, LL, CL, AL, CI * BH,
-                                        CONS > 1, LOADS == 3)
+                                        CONS > 1, (LOADS == 3) | (LOADS == 4))
             acc, a0, a1 = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a0, a1))
             # every warp's words of this slot were read before its part of the MMAs was issued, so
             # the MMAs being done means the whole slot is free; the fence orders those generic-proxy
             # reads before the TMA's next writes
-            fence_async_shared()
-            if LOADS != 3:
+            if LOADS != 5:
+                fence_async_shared()
+            if (LOADS != 3) & (LOADS != 4):
                 mbarrier.arrive(empty.index(b))
             g = g0 + i
             t, st, n0, m0 = _ws_tile(g, S, MT, BN, BT)

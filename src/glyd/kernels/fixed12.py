@@ -937,6 +937,8 @@ def default_config(m: int, n: int, k: int) -> C.Config:
         # 1.05-1.14x -> 0.83x, down 0.93x -> 0.84x; it costs 0.06-0.19 on the others)
         tiny = n * k <= 1 << 22
         qo = small and not tiny
+        # a merged q|k|v (N a little over K): half the split-K programs, sweep round 37 (run 95)
+        qkv = qo and k < n <= 2 * k
         # M = 2 on the Gluon tile but for lm_heads (the GEMV: 0.82x against 0.84-0.86x, round 22)
         if m == 2 and (qo or not small) and n < 65536 and k % 128 == 0 and gluon_available():
             # gate/up, down and q/o: bn 32 with x rows 0-7 loaded in their step (round 21, run 51):
@@ -949,8 +951,10 @@ def default_config(m: int, n: int, k: int) -> C.Config:
                             exc_tile=True)
         if m == 1 and qo and k % 128 == 0 and gluon_available():
             # the Gluon tile with 15 padded MMA rows: 0.90x against the GEMV's 0.95x (round 19,
-            # run 50); the GEMV stays on k/v, gate/up, down and lm_heads (0.78-0.82x against 0.87-0.99x)
-            return C.Config(bm=16, bn=64, bk=128, gluon=True, warps=4, waves=8, prefetch=True, exc_tile=True)
+            # run 50); the GEMV stays on k/v, gate/up, down and lm_heads (0.78-0.82x against 0.87-0.99x);
+            # the merged qkv with 2 programs an SM: 1.185x against 1.254x (round 37)
+            return C.Config(bm=16, bn=64, bk=128, gluon=True, warps=4, waves=2 if qkv else 8, prefetch=True,
+                            exc_tile=True)
         if small:  # one K step a program: the most programs in flight
             steps = max(1, -(-(-(-k // 64) * 64) // 256))
             return C.Config(bm=m, bn=16, bk=256, dot=False, group_major=True, stages=1, split=steps, exc_pass=tiny)
@@ -958,6 +962,7 @@ def default_config(m: int, n: int, k: int) -> C.Config:
                         exc_pass=tall and m == 1)
     tiny = n * k <= 1 << 22  # k and v projections
     wide = n >= 65536  # lm_heads
+    qkv = small and not tiny and k < n <= 2 * k  # a merged q|k|v
     # The Gluon kernel with register prefetch (sweep runs 30-33, 2026-12-01): at M = 3-8 on down
     # 1.09-1.24x against 1.25-1.65x, q/o (M > 4) 1.30x against 1.69x, lm_heads 1.16-1.33x against
     # 1.21-1.39x; at M = 9-16 on k/v 1.34-1.36x against 1.58x, q/o 1.39x against 1.71-1.73x, down
@@ -1033,9 +1038,11 @@ def default_config(m: int, n: int, k: int) -> C.Config:
             return C.Config(bm=16, bn=32, bk=128, gluon=True, warps=4, waves=8, prefetch=True, exc_tile=True,
                             x_ahead=False, x_rows8=True)
         # gate/up at M = 9-16: split-K summed in the kernel (Config.fixup), 1.10x against 1.12x in
-        # sweep rounds 24-26 (runs 56-58); it lost on every other Gluon shape at M = 2-16
-        return C.Config(bm=16, bn=64, bk=128, gluon=True, warps=4, waves=8, prefetch=True, exc_tile=True,
-                        fixup=not small)
+        # sweep rounds 24-26 (runs 56-58); it lost on every other Gluon shape at M = 2-16. The
+        # merged qkv with 2 programs an SM (round 37, run 95): 1.230x / 1.252x / 1.284x against
+        # 1.295x / 1.316x / 1.408x at M = 4 / 8 / 16
+        return C.Config(bm=16, bn=64, bk=128, gluon=True, warps=4, waves=2 if qkv else 8, prefetch=True,
+                        exc_tile=True, fixup=not small)
     if gl_ok and m <= 32:
         # x tiles in the async ring (sweep round 15, run 41), exceptions in the tile (round 17)
         if tiny:

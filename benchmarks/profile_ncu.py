@@ -77,7 +77,8 @@ def main(argv=None) -> int:
                     help="with --ms: also the wgmma tile (fixed12_wg: bn 64 4 warps, bn 128 8 warps; waves 4)")
     ap.add_argument("--ws", action="store_true",
                     help="with --ms: also the warp-specialized wgmma tile (fixed12_ws: the defaults' ring 2, "
-                    "3 programs an SM) and its TMA stream alone (fixed12_ws.PROBE_LOADS)")
+                    "3 programs an SM), its TMA stream alone, its warpgroup alone and both with no handoff "
+                    "(fixed12_ws.PROBE_LOADS 1, 3, 4)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     n, k = SHAPES[args.shape]
@@ -104,6 +105,8 @@ def main(argv=None) -> int:
                                maxnreg=80)  # the defaults' settings (round 29)
                 variants[f"f12 ws bm{bt} s2 wv3 r80 M={m}"] = (m, cfg)
                 variants[f"f12 ws bm{bt} s2 wv3 r80 loads M={m}"] = (m, (cfg, 1))
+                variants[f"f12 ws bm{bt} s2 wv3 r80 compute only M={m}"] = (m, (cfg, 3))
+                variants[f"f12 ws bm{bt} s2 wv3 r80 both, no handoff M={m}"] = (m, (cfg, 4))
             if args.fixup:
                 variants[f"f12 default fixup M={m}"] = (m, dataclasses.replace(fixed12.default_config(m, n, k),
                                                                                fixup=True))

@@ -65,7 +65,17 @@ def candidates(m: int, n: int, k: int) -> dict:
             for block, warps in ((256, 2), (128, 1), (512, 4), (1024, 4)):
                 out[f"default reduce {block} w{warps}"] = (d, {(C, "FINALIZE_BLOCK"): block, (C, "FINALIZE_WARPS"): warps})
         return out
-    if os.environ.get("SWEEP_ROUND") == "37":  # the merged qkv (1.05-1.65x, run 93): the grid and the split (not yet run)
+    if os.environ.get("SWEEP_ROUND") == "38":  # the ws and wgmma tiles below M = 3, where the GEMV and Gluon tiles run
+        if k % 128 == 0 and m <= 3:
+            for st in (2, 3):
+                out[f"ws bm8 s{st} wv3 r80"] = V(bm=8, bn=64, bk=128, gluon=True, wg=True, ws=True, stages=st,
+                                                waves=3, exc_tile=True, maxnreg=80)
+            if k % 256 == 0 and fixed12.wg_available():
+                for wv in (2, 4):
+                    out[f"wg bm8 wv{wv}"] = V(bm=8, bn=64, bk=128, gluon=True, wg=True, warps=4, waves=wv,
+                                              exc_tile=True)
+        return out
+    if os.environ.get("SWEEP_ROUND") == "37":  # the merged qkv (1.05-1.65x, run 93): the grid and the split (run 95)
         d = fixed12.default_config(m, n, k)
         if not d.long:
             for wv in (2, 4, 16):

@@ -36,7 +36,8 @@ def _path(cfg) -> str:
 
 
 def _expected(m: int, kind: str, gluon: bool, wg: bool = False, ws: bool = False) -> str:
-    if gluon and wg and ws and ((3 <= m <= 64 and kind in ("lm_head", "gate_up")) or (32 < m <= 64 and kind == "gate/up")):
+    if gluon and wg and ws and ((3 <= m <= 64 and kind in ("lm_head", "gate_up")) or (32 < m <= 64 and kind == "gate/up")
+                                or (m == 2 and kind == "lm_head")):
         return "ws"
     kind = CLASS.get(kind, kind)
     if gluon and wg and ((3 <= m <= 16 and kind in ("lm_head", "down")) or (4 <= m <= 16 and kind == "gate/up")

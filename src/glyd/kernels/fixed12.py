@@ -945,6 +945,11 @@ def default_config(m: int, n: int, k: int) -> C.Config:
             # 0.96x against the GEMV's 1.03x and 0.98x; q/o 0.90x against 0.92x (rounds 21-22)
             return C.Config(bm=16, bn=32, bk=128, gluon=True, warps=4, waves=4 if tall else 8, prefetch=True,
                             exc_tile=True, x_ahead=False, x_rows8=True)
+        if m == 2 and n >= 65536 and k % 128 == 0 and gluon_available() and ws_available():
+            # lm_heads: the ws tile of M = 3-8 (below), round 38 (run 100): 0.815x against the GEMV's
+            # 0.94-0.97x in the same run (0.82x in round 22)
+            return C.Config(bm=8, bn=64, bk=128, gluon=True, wg=True, ws=True, warps=4, stages=2, waves=3,
+                            exc_tile=True, maxnreg=80)
         if m == 2 and tiny and k % 128 == 0 and gluon_available():
             # k/v: the M = 3-16 tile (bn 32, the ring): 0.82-0.89x against 0.84-0.91x (rounds 19, 22)
             return C.Config(bm=16, bn=32, bk=128, gluon=True, warps=4, waves=8, prefetch=True, ring=2, ring_x=True,

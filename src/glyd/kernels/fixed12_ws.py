@@ -382,8 +382,8 @@ def permute_x(x2: torch.Tensor) -> torch.Tensor:
     if x2.device.type != "cuda" or C.interpreting() or x2.stride(1) != 1:
         return permute_x_torch(x2)
     out = torch.empty(m, k, dtype=x2.dtype, device=x2.device)
-    bm = 16 if m <= 16 else 64
-    _permute_x_kernel[(triton.cdiv(m, bm), k // BK)](x2, out, m, x2.stride(0), K=k, BM=bm, num_warps=4)
+    # 16 rows a program at every M: 64 took 6.0 us at M = 64 against 2.0 at M = 16 (run 100)
+    _permute_x_kernel[(triton.cdiv(m, 16), k // BK)](x2, out, m, x2.stride(0), K=k, BM=16, num_warps=4)
     return out
 
 

@@ -65,6 +65,13 @@ def candidates(m: int, n: int, k: int) -> dict:
             for block, warps in ((256, 2), (128, 1), (512, 4), (1024, 4)):
                 out[f"default reduce {block} w{warps}"] = (d, {(C, "FINALIZE_BLOCK"): block, (C, "FINALIZE_WARPS"): warps})
         return out
+    if os.environ.get("SWEEP_ROUND") == "39":  # the wgmma tile with bm 8 (down's default at M = 3-8) at M = 1-2
+        if k % 256 == 0 and m <= 2 and fixed12.wg_available():
+            for wv in (2, 4, 8):
+                for pipe in (False, True):
+                    out[f"wg bm8 wv{wv}" + (" pipe" if pipe else "")] = V(bm=8, bn=64, bk=128, gluon=True, wg=True,
+                                                                          warps=4, waves=wv, exc_tile=True, pipe=pipe)
+        return out
     if os.environ.get("SWEEP_ROUND") == "38":  # the ws and wgmma tiles below M = 3, where the GEMV and Gluon tiles run
         if k % 128 == 0 and m <= 3:
             for st in (2, 3):

@@ -41,6 +41,7 @@ def _expected(m: int, kind: str, gluon: bool, wg: bool = False, ws: bool = False
         return "ws"
     kind = CLASS.get(kind, kind)
     if gluon and wg and ((3 <= m <= 16 and kind in ("lm_head", "down")) or (4 <= m <= 16 and kind == "gate/up")
+                         or (m == 2 and kind == "down")
                          or (16 < m <= 32 and kind in ("gate/up", "lm_head"))
                          or (32 < m <= 64 and kind in ("lm_head", "down", "q/o"))):
         return "wg"

@@ -939,6 +939,9 @@ def default_config(m: int, n: int, k: int) -> C.Config:
         qo = small and not tiny
         # a merged q|k|v (N a little over K): half the split-K programs, sweep round 37 (run 95)
         qkv = qo and k < n <= 2 * k
+        if m == 2 and tall and k % 256 == 0 and gluon_available() and wg_available():
+            # down: the wgmma tile of M = 3-8 (below), round 39 (run 102): 0.936x against 0.972x
+            return C.Config(bm=8, bn=64, bk=128, gluon=True, wg=True, warps=4, waves=4, exc_tile=True, pipe=True)
         # M = 2 on the Gluon tile but for lm_heads (the GEMV: 0.82x against 0.84-0.86x, round 22)
         if m == 2 and (qo or not small) and n < 65536 and k % 128 == 0 and gluon_available():
             # gate/up, down and q/o: bn 32 with x rows 0-7 loaded in their step (round 21, run 51):

@@ -21,9 +21,12 @@ head dim 128) at 4K and 16K tokens and 1 to 64 sequences, each captured in a CUD
 of the replays, against ``F.scaled_dot_product_attention`` on the bf16 cache (``enable_gqa``).
 Pages come from the pool of real SmolLM2-filled pages written by ``sizes`` or ``pool`` (the first
 4096 tokens of the text; pages drawn at random with replacement); without a pool, Gaussian values
-with per-channel scales. ``--variants w,s,p,r ...`` times kernel variants (warps, sub-tile tokens,
-programs per SM, maxnreg or 0), each checked against SDPA, and shows the fastest;
-``--no-baseline`` skips the same loop over plain bf16 pages (one compile less).
+with per-channel scales. The shipped path (``glyd.kv.decode_attention``) takes the Gluon kernel at this
+shape: ``--gluon p:r ...`` times its variants (programs per SM, maxnreg or 0), the first being the
+launcher's default; ``--variants w,s,p,r ...`` times variants of the Triton kernel (warps, sub-tile
+tokens, programs per SM, maxnreg or 0; ``--variants`` with no value skips it). Every variant is
+checked against SDPA; the table shows the fastest of each kernel. ``--no-baseline`` skips the same
+loop over plain bf16 pages (one compile less).
 """
 
 from __future__ import annotations
@@ -254,6 +257,11 @@ def parse_variant(s: str) -> tuple[int, int, int, int]:
     return w, ts, pps, mr
 
 
+def parse_gluon(s: str) -> tuple[int, int]:
+    pps, mr = (int(x) for x in s.split(":"))
+    return pps, mr
+
+
 def cuda_graph_time(fn, iters: int = 50) -> float:
     """Median microseconds of one call, captured in a CUDA graph (replays timed with events)."""
     if not torch.cuda.is_available():  # a CPU dry run (TRITON_INTERPRET=1) checks the script, times nothing
@@ -267,6 +275,7 @@ def cmd_speed(args) -> None:
     import triton
 
     from glyd.kv import _triton as kt
+    from glyd.kv._gluon import decode_attention_gluon
 
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     pool = None
@@ -300,11 +309,7 @@ def cmd_speed(args) -> None:
         sdpa = lambda: F.scaled_dot_product_attention(q4, k, v, attn_mask=mask, enable_gqa=True)  # noqa: E731
         ref = sdpa()[:, :, 0].float()
         t_sdpa = cuda_graph_time(sdpa)
-        best = None
-        for var in variants:
-            fn = lambda: kt.decode_attention_triton(q, ks, vs, lens, num_warps=var["warps"],  # noqa: E731
-                                                    sub_tile=var["ts"], programs_per_sm=var["pps"],
-                                                    maxnreg=var["mr"] or None)
+        def timed(kernel, var, fn):
             try:
                 out = fn().float()
                 err = float((out - ref).norm() / ref.norm())
@@ -312,36 +317,51 @@ def cmd_speed(args) -> None:
                     raise RuntimeError(f"relative error {err}")
                 us = cuda_graph_time(fn)
             except Exception as exc:  # keep timing the other variants; the log says what failed
-                log.append((t, b, var, float("nan"), repr(exc)[:200]))
-                print(f"variant {var} failed at T={t} B={b}: {exc!r}"[:400], file=sys.stderr, flush=True)
-                continue
-            log.append((t, b, var, us, err))
-            if best is None or us < best[0]:
-                best = (us, var, err)
+                log.append((t, b, kernel, var, float("nan"), repr(exc)[:200]))
+                print(f"{kernel} variant {var} failed at T={t} B={b}: {exc!r}"[:400], file=sys.stderr, flush=True)
+                return None
+            log.append((t, b, kernel, var, us, err))
+            return us, var, err
+
+        best = None
+        for var in variants:
+            r = timed("triton", vname(var), lambda: kt.decode_attention_triton(  # noqa: B023
+                q, ks, vs, lens, num_warps=var["warps"], sub_tile=var["ts"], programs_per_sm=var["pps"],  # noqa: B023
+                maxnreg=var["mr"] or None))
+            if r is not None and (best is None or r[0] < best[0]):
+                best = (r[0], var, r[2])
         if best is None:
             best = (float("nan"), {"warps": 4, "ts": 0, "pps": 0, "mr": 0}, float("nan"))
+        gbest = (float("nan"), "-", float("nan"))
+        for pps, mr in args.gluon:
+            r = timed("gluon", f"p{pps} r{mr or '-'}", lambda: decode_attention_gluon(  # noqa: B023
+                q, ks, vs, lens, programs_per_sm=pps, maxnreg=mr or None))  # noqa: B023
+            if r is not None and not r[0] >= gbest[0]:
+                gbest = r
         t_raw = float("nan")
         if not mixed and not args.no_baseline:  # the same kernel loop over plain bf16 pages: no decode
             t_raw = cuda_graph_time(lambda: kt.decode_attention_bf16_pages(q, k, v, page=PAGE,
                                                                           num_warps=best[1]["warps"],
                                                                           programs_per_sm=best[1]["pps"] or 8))
-        rows.append((t, b, mixed, t_sdpa, best[0], t_raw, best[1], ratio, best[2]))
-        print(f"T={t} B={b} mixed={mixed}: sdpa {t_sdpa:.1f} us, glyd {best[0]:.1f} us {best[1]}, "
-              f"bf16-pages {t_raw:.1f} us", file=sys.stderr, flush=True)
+        errs = [e for e in (gbest[2], best[2]) if e == e]  # the worst of the kernels' errors (NaN: none timed)
+        rows.append((t, b, mixed, t_sdpa, gbest, best[0], t_raw, best[1], ratio, max(errs) if errs else float("nan")))
+        print(f"T={t} B={b} mixed={mixed}: sdpa {t_sdpa:.1f} us, gluon {gbest[0]:.1f} us {gbest[1]}, triton "
+              f"{best[0]:.1f} us {best[1]}, bf16-pages {t_raw:.1f} us", file=sys.stderr, flush=True)
         del k, v, ks, vs
         torch.cuda.empty_cache()
     name = torch.cuda.get_device_name() if dev.type == "cuda" else "CPU dry run"
     print("\nall variants (w: warps; s: sub-tile tokens; p: programs per SM; r: maxnreg): " + "; ".join(
-        f"T={t} B={b} {vname(v)} {us:.1f}us" for t, b, v, us, _ in log))
+        f"T={t} B={b} {kern} {v} {us:.1f}us" for t, b, kern, v, us, _ in log))
     print(f"\n{name}; torch {torch.__version__}; triton {triton.__version__}; pages: "
           f"{'real SmolLM2-filled pool' if pool is not None else 'Gaussian'}; {datetime.date.today()}; one layer, "
           f"{hq} query heads, {h} KV heads, head dim {d}, page {PAGE}; CUDA graph, median of 50 replays\n")
-    print("| tokens | seqs | lengths | bf16 SDPA us | glyd fused us | glyd / SDPA | best variant | "
-          "same loop, bf16 pages us | cache / bf16 | rel. err |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
-    for t, b, mixed, ts, tg, tr, var, ratio, err in rows:
-        print(f"| {t} | {b} | {'T/2..T' if mixed else 'all T'} | {ts:.1f} | {tg:.1f} | {tg / ts:.2f} | "
-              f"{vname(var)} | {tr:.1f} | {'-' if mixed else f'{ratio:.3f}'} | {err:.1e} |")
+    print("| tokens | seqs | lengths | bf16 SDPA us | glyd (Gluon) us | / SDPA | best variant | Triton kernel us | "
+          "/ SDPA | best variant | same loop, bf16 pages us | cache / bf16 | rel. err |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for t, b, mixed, ts, (tg, gvar, _), tt, tr, var, ratio, err in rows:
+        print(f"| {t} | {b} | {'T/2..T' if mixed else 'all T'} | {ts:.1f} | {tg:.1f} | {tg / ts:.2f} | {gvar} | "
+              f"{tt:.1f} | {tt / ts:.2f} | {vname(var)} | {tr:.1f} | {'-' if mixed else f'{ratio:.3f}'} | "
+              f"{err:.1e} |")
 
 
 def main() -> None:
@@ -360,7 +380,9 @@ def main() -> None:
     s.add_argument("--tokens", type=int, nargs="+", default=[4096, 16384])
     s.add_argument("--batches", type=int, nargs="+", default=[1, 4, 16, 64])
     s.add_argument("--mixed", type=int, nargs="*", default=[64], help="batches of sequences of different lengths")
-    s.add_argument("--variants", type=parse_variant, nargs="+", default=[(4, 32, 16, 128)],
+    s.add_argument("--gluon", type=parse_gluon, nargs="*", default=[(32, 168), (16, 168), (16, 128)],
+                   help="Gluon kernel variants p:r (programs per SM, maxnreg or 0); the first is the default")
+    s.add_argument("--variants", type=parse_variant, nargs="*", default=[(4, 32, 16, 128)],
                    help="kernel variants to time, each 'warps,sub_tile,programs_per_sm,maxnreg' (0: none); best shown")
     s.add_argument("--no-baseline", action="store_true", help="skip the same-loop-over-bf16-pages timing")
     s.set_defaults(func=cmd_speed)

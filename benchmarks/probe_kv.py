@@ -28,6 +28,9 @@ PAGE = 64
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cases", default="4096x16,16384x16,16384x1", help="tokens x sequences, comma-separated")
+    ap.add_argument("--gluon", default="", help="also the Gluon kernel (glyd.kv._gluon): variants to time, "
+                    "comma-separated, each PROGRAMS_PER_SM[:MAXNREG] (e.g. 16,32:200); the first also with tier 1 only")
+    ap.add_argument("--no-triton-probes", action="store_true", help="time the Triton kernel as shipped only")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("probe_kv.py needs a CUDA GPU", file=sys.stderr)
@@ -52,12 +55,28 @@ def main(argv=None) -> int:
             raise RuntimeError(f"T={t} B={b}: the kernel's relative error {err}")
         times = {"bf16 SDPA": cuda_graph_ms(lambda: F.scaled_dot_product_attention(q4, k, v, enable_gqa=True), 50),
                  "same loop, bf16 pages": cuda_graph_ms(lambda: kt.decode_attention_bf16_pages(q, k, v, page=PAGE), 50)}
-        for probe, name in ((0, "fused (as shipped)"), (1, "no raw-exponent loads"), (2, "tier 1 only")):
+        probes = ((0, "fused (as shipped)"),) if args.no_triton_probes else (
+            (0, "fused (as shipped)"), (1, "no raw-exponent loads"), (2, "tier 1 only"))
+        for probe, name in probes:
             kt.PROBE = probe
             try:
                 times[name] = cuda_graph_ms(lambda: kt.decode_attention_triton(q, ks, vs, lens), 50)
             finally:
                 kt.PROBE = 0
+        for i, spec in enumerate(x for x in args.gluon.split(",") if x):
+            from glyd.kv._gluon import decode_attention_gluon
+
+            pps, mr = (int(v) for v in (spec + ":0").split(":")[:2])
+            kw = dict(programs_per_sm=pps, maxnreg=mr or None)
+            gerr = float((decode_attention_gluon(q, ks, vs, lens, **kw).float() - ref).norm() / ref.norm())
+            if not gerr <= 1e-2:
+                raise RuntimeError(f"T={t} B={b}: the Gluon kernel's relative error {gerr} ({spec})")
+            times[f"gluon {spec}"] = cuda_graph_ms(lambda: decode_attention_gluon(q, ks, vs, lens, **kw), 50)
+            if i == 0:
+                times[f"gluon {spec} tier 1 only"] = cuda_graph_ms(
+                    lambda: decode_attention_gluon(q, ks, vs, lens, probe=2, **kw), 50)
+                times[f"gluon {spec} no window loads"] = cuda_graph_ms(
+                    lambda: decode_attention_gluon(q, ks, vs, lens, probe=3, **kw), 50)
         rows.append((t, b, err, (ks.nbytes + vs.nbytes) / (2 * k.numel() * 2), times))
         del k, v, ks, vs
         torch.cuda.empty_cache()

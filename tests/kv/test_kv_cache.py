@@ -165,17 +165,18 @@ def _teacher_forced_logits(model, cache, ids, mask, steps, tokens):
     return out
 
 
-def run_fused_against_dynamic(device: str):
+def run_fused_against_dynamic(device: str, head_dim: int = 16, page: int | None = None):
     from glyd.kv import enable_fused
 
-    model = tiny_llama(seed=5, head_dim=16).to(device)
+    model = tiny_llama(seed=5, head_dim=head_dim).to(device)
     ids, mask = left_padded(batch=3, length=45, seed=5)
     ids, mask = ids.to(device), mask.to(device)
     tokens = torch.randint(3, 320, (3, 40), generator=torch.Generator().manual_seed(6)).to(device)
     dyn = DynamicCache()
     ref = _teacher_forced_logits(model, dyn, ids, mask, 40, tokens)
     enable_fused(model)
-    page = 16 if device == "cpu" else 32  # the GPU kernel needs pages of >= 32 tokens
+    if page is None:
+        page = 16 if device == "cpu" else 32  # the Triton kernel needs pages of >= 32 tokens on the GPU
     cache = GlydCache(model.config, page_size=page, fused=True)
     got = _teacher_forced_logits(model, cache, ids, mask, 40, tokens)
     model.set_attn_implementation("sdpa")
@@ -199,6 +200,19 @@ def test_fused_decode_cpu_twin():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_fused_decode_gpu_kernel():
     run_fused_against_dynamic("cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_fused_decode_gpu_gluon_kernel(monkeypatch):
+    # Head dim 128 and pages of 64: the shape "auto" gives the Gluon kernel (glyd.kv._gluon).
+    from glyd.kv import _gluon
+
+    calls = []
+    real = _gluon.decode_attention_gluon
+    monkeypatch.setattr(_gluon, "decode_attention_gluon", lambda *a, **k: calls.append(1) or real(*a, **k))
+    run_fused_against_dynamic("cuda", head_dim=128, page=64)
+    assert len(calls) == 2 * 40  # two layers, every one-token decode step
 
 
 def test_fused_needs_the_attention():

@@ -157,20 +157,46 @@ def decode_attention_torch(
     return (acc / l_[..., None]).reshape(b, hq, dv).to(torch.bfloat16)
 
 
+def _gluon_takes(q: torch.Tensor, k_store: PageStore, v_store: PageStore) -> bool:
+    """Whether ``"auto"`` picks the Gluon kernel: CUDA sm_80+ (its MMA v2), the one shape it is written
+    for (pages of 64, head dim 128, <= 16 query heads a KV head) and a Triton with Gluon."""
+    if not (q.is_cuda and k_store.page == 64 and k_store.head_dim == 128 and v_store.head_dim == 128
+            and q.shape[1] // k_store.heads <= 16 and torch.cuda.get_device_capability(q.device)[0] >= 8):
+        return False
+    try:
+        import triton.experimental.gluon  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def decode_attention(
     q: torch.Tensor, k_store: PageStore, v_store: PageStore, scale: float | None = None,
     num_splits: int | None = None, backend: str = "auto", starts: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Decode-step attention reading the packed pages directly.
 
-    ``backend``: ``"triton"`` (the fused kernel; CUDA tensors, or any under ``TRITON_INTERPRET=1``),
-    ``"torch"`` (the twin) or ``"auto"`` (Triton for CUDA tensors with pages of >= 32 tokens, else
-    the twin). ``starts[b]``:
-    sequence ``b`` ignores its tokens before that index (left padding).
+    ``backend``: ``"gluon"`` (the explicit-layout kernel, ``glyd.kv._gluon``: CUDA sm_80+, pages of 64
+    tokens, head dim 128, at most 16 query heads a KV head), ``"triton"`` (the Triton kernel; CUDA
+    tensors, or any under ``TRITON_INTERPRET=1``), ``"torch"`` (the twin) or ``"auto"`` (Gluon where it
+    takes the shapes, else Triton for CUDA tensors with pages of >= 32 tokens, else the twin).
+    ``starts[b]``: sequence ``b`` ignores its tokens before that index (left padding).
+
+    >>> import torch
+    >>> from glyd.kv import PageStore, decode_attention
+    >>> k, v = torch.randn(2, 3, 70, 16).bfloat16(), torch.randn(2, 3, 70, 16).bfloat16()
+    >>> out = decode_attention(torch.randn(2, 6, 16).bfloat16(), PageStore.from_dense(k), PageStore.from_dense(v))
+    >>> out.shape
+    torch.Size([2, 6, 16])
     """
     _check(q, k_store, v_store)
-    if backend not in ("auto", "triton", "torch"):
-        raise ValueError(f"backend must be 'auto', 'triton' or 'torch', got {backend!r}")
+    if backend not in ("auto", "gluon", "triton", "torch"):
+        raise ValueError(f"backend must be 'auto', 'gluon', 'triton' or 'torch', got {backend!r}")
+    if backend == "gluon" or (backend == "auto" and _gluon_takes(q, k_store, v_store)):
+        from glyd.kv._gluon import decode_attention_gluon
+
+        lens = _lens(k_store, q.device)
+        return decode_attention_gluon(q, k_store, v_store, lens, scale=scale, num_splits=num_splits, starts=starts)
     # The kernel needs pages of >= 32 tokens on the GPU (see glyd.kv._triton): smaller pages use the twin.
     if backend == "triton" or (backend == "auto" and q.is_cuda and k_store.page >= 32):
         from glyd.kv._triton import decode_attention_triton

@@ -1,4 +1,4 @@
-"""Decode-step attention over packed KV pages: fused (Triton), pure-torch twin, and reference.
+"""Decode-step attention over packed KV pages: fused (Gluon or Triton), pure-torch twin, and reference.
 
 All three take ``q [B, Hq, D]`` (bf16, one new token per sequence), a key and a value
 :class:`~glyd.kv.pages.PageStore` with ``B`` sequences and ``H`` KV heads (``Hq`` a multiple of
@@ -10,7 +10,8 @@ to every token of the store. They return ``[B, Hq, DV]`` bf16.
   inputs are the bf16 cache's bit for bit).
 * :func:`decode_attention_torch`: the fused kernel's algorithm in torch (page by page, online
   softmax in fp32, probabilities rounded to bf16 before the value product, as the kernel does).
-* :func:`decode_attention`: the Triton kernel for CUDA tensors, else the torch twin.
+* :func:`decode_attention`: the Gluon kernel (``glyd.kv._gluon``) for CUDA tensors at pages of 64 and head
+  dim 128, the Triton kernel (``glyd.kv._triton``) for other CUDA shapes, else the torch twin.
 
 >>> import torch
 >>> from glyd.kv import PageStore, decode_attention, decode_attention_reference

@@ -6,7 +6,7 @@ unchanged.
 
 Fused path (``fused=True``, after :func:`enable_fused`): on one-token decode steps ``update``
 returns only the new token's states, and the ``"glyd_kv"`` attention function reads the packed
-pages with :func:`glyd.kv.decode_attention` (the Triton kernel on CUDA, the torch twin elsewhere).
+pages with :func:`glyd.kv.decode_attention` (the Gluon or Triton kernel on CUDA, the torch twin elsewhere).
 Prefill and every other call go through SDPA as usual.
 """
 

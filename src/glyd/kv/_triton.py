@@ -266,35 +266,37 @@ def _kv_decode_split_kernel(
 
 @triton.jit(do_not_specialize=["S"])
 def _kv_combine_kernel(m_ptr, l_ptr, acc_ptr, out_ptr, S, G: tl.constexpr, GP: tl.constexpr, DV: tl.constexpr,
-                       SB: tl.constexpr):
-    """One program per (sequence x KV head, query head of the group): merge the splits' softmax states."""
+                       SB: tl.constexpr, DB: tl.constexpr):
+    """One program per (sequence x KV head, query head of the group, DB output channels): merge the
+    splits' softmax states in one pass (a running maximum over chunks of SB splits; usually one chunk)."""
     pid_bh = tl.program_id(0)
     g = tl.program_id(1)
+    offs_d = tl.program_id(2) * DB + tl.arange(0, DB)
     offs_s = tl.arange(0, SB)
-    offs_v = tl.arange(0, DV)
-    mx = tl.full([SB], float("-inf"), tl.float32)
-    for s0 in range(0, S, SB):
-        ss = s0 + offs_s
-        mx = tl.maximum(mx, tl.load(m_ptr + (pid_bh * S + ss) * GP + g, mask=ss < S, other=float("-inf")))
-    m_all = tl.max(mx, 0)
-    num = tl.zeros([DV], tl.float32)
-    den = tl.zeros([SB], tl.float32)
+    mx = tl.full([], float("-inf"), tl.float32)
+    num = tl.zeros([DB], tl.float32)
+    den = tl.zeros([], tl.float32)
     for s0 in range(0, S, SB):
         ss = s0 + offs_s
         o = pid_bh * S + ss
-        w = tl.exp2(tl.load(m_ptr + o * GP + g, mask=ss < S, other=float("-inf")) - m_all)
-        w = tl.where(ss < S, w, 0.0)
-        w = tl.where(m_all == float("-inf"), 0.0, w)
-        den += w * tl.load(l_ptr + o * GP + g, mask=ss < S, other=0.0)
-        a = tl.load(acc_ptr + (o * GP + g)[:, None] * DV + offs_v[None, :], mask=(ss < S)[:, None], other=0.0)
-        num += tl.sum(w[:, None] * a, 0)
-    out = num / tl.sum(den, 0)
-    tl.store(out_ptr + (pid_bh * G + g) * DV + offs_v, out.to(tl.bfloat16))
+        m = tl.load(m_ptr + o * GP + g, mask=ss < S, other=float("-inf"))
+        m_new = tl.maximum(mx, tl.max(m, 0))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # every split empty so far: no NaN
+        scale = tl.exp2(mx - m_use)
+        w = tl.where(ss < S, tl.exp2(m - m_use), 0.0)
+        a = tl.load(acc_ptr + (o * GP + g)[:, None] * DV + offs_d[None, :], mask=(ss < S)[:, None], other=0.0)
+        num = num * scale + tl.sum(w[:, None] * a, 0)
+        den = den * scale + tl.sum(w * tl.load(l_ptr + o * GP + g, mask=ss < S, other=0.0), 0)
+        mx = m_new
+    tl.store(out_ptr + (pid_bh * G + g) * DV + offs_d, (num / den).to(tl.bfloat16))
 
 
 def _combine(m, l_, acc, out, b, h, num_splits, g, gp, dv):
-    sb = max(2, min(triton.next_power_of_2(num_splits), max(2, 4096 // dv)))
-    _kv_combine_kernel[(b * h, g)](m, l_, acc, out, num_splits, G=g, GP=gp, DV=dv, SB=sb, num_warps=4)
+    # one pass over up to 256 splits at a time, 32 channels a program: enough programs to fill the GPU
+    # at one sequence (the earlier two-pass kernel, one program a query head, took 9-15 us there)
+    sb = max(2, min(triton.next_power_of_2(num_splits), 256))
+    db = min(32, dv)
+    _kv_combine_kernel[(b * h, g, dv // db)](m, l_, acc, out, num_splits, G=g, GP=gp, DV=dv, SB=sb, DB=db, num_warps=4)
 
 
 def _interpreting() -> bool:

@@ -45,6 +45,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
 from glyd.errors import FormatError
+from glyd.kernels.fixed12_gluon import _split16
 from glyd.kv import _triton as T
 
 #: the one shape this kernel takes (others use the Triton kernel)
@@ -91,14 +92,6 @@ def _prmt(a, b, sel):
     # bytes of (b:a) picked by the selector's 4 low nibbles (PTX prmt)
     return gl.inline_asm_elementwise("prmt.b32 $0, $1, $2, $3;", "=r,r,r,r", [a, b, sel], dtype=gl.uint32,
                                      is_pure=True, pack=1)
-
-
-@gluon.jit
-def _split16(p):
-    # the two bf16 halves of a 32-bit pair, low half first
-    a, b = gl.inline_asm_elementwise("mov.b32 {$0, $1}, $2;", "=h,=h,r", [p], dtype=(gl.uint16, gl.uint16),
-                                     is_pure=True, pack=1)
-    return a.to(gl.bfloat16, bitcast=True), b.to(gl.bfloat16, bitcast=True)
 
 
 @gluon.jit
@@ -501,13 +494,9 @@ def decode_attention_gluon(q, k_store, v_store, lens, scale=None, num_splits=Non
     if probe not in (0, 2, 3):
         raise ValueError(f"probe must be 0, 2 or 3, got {probe}")
     dev = q.device
-    lens = lens.to(device=dev, dtype=torch.int32).contiguous()
-    starts = (torch.zeros_like(lens) if starts is None else starts.to(device=dev, dtype=torch.int32)).contiguous()
-    max_pages = (k_store.max_len + PAGE - 1) // PAGE
+    max_pages = (k_store.max_len + PAGE - 1) // PAGE  # a host int: no sync, so CUDA graphs can capture this
     num_splits, pages_per_split = T._splits(max_pages, b * h, dev, num_splits, programs_per_sm)
-    m = torch.empty(b * h * num_splits * gp, dtype=torch.float32, device=dev)
-    l_ = torch.empty_like(m)
-    acc = torch.empty(b * h * num_splits * gp * HEAD_DIM, dtype=torch.float32, device=dev)
+    lens, starts, m, l_, acc = T._split_state(q, lens, starts, b, h, num_splits, gp, HEAD_DIM)
     scale = 1.0 / math.sqrt(d) if scale is None else scale
     _kv_gluon_kernel[(b * h, num_splits)](
         q.contiguous(), lens, starts,

@@ -340,6 +340,17 @@ def kernel_warps(num_warps: int, d: int, dv: int) -> int:
     return max(1, min(num_warps, min(d, dv) // 16))
 
 
+def _split_state(q: torch.Tensor, lens: torch.Tensor, starts, b: int, h: int, num_splits: int, gp: int, dv: int):
+    """The launchers' shared set-up: lens and starts as int32 on q's device, and the splits' softmax
+    states (m, l [B*H*splits*GP], acc [B*H*splits*GP*DV], fp32) that ``_combine`` merges."""
+    dev = q.device
+    lens = lens.to(device=dev, dtype=torch.int32).contiguous()
+    starts = (torch.zeros_like(lens) if starts is None else starts.to(device=dev, dtype=torch.int32)).contiguous()
+    m = torch.empty(b * h * num_splits * gp, dtype=torch.float32, device=dev)
+    acc = torch.empty(b * h * num_splits * gp * dv, dtype=torch.float32, device=dev)
+    return lens, starts, m, torch.empty_like(m), acc
+
+
 def _splits(max_pages: int, bh: int, device: torch.device, num_splits, programs_per_sm: int) -> tuple[int, int]:
     """(splits, pages per split): enough programs to fill the GPU ``programs_per_sm`` deep."""
     if num_splits is None:
@@ -373,14 +384,10 @@ def decode_attention_triton(q, k_store, v_store, lens, scale=None, num_splits=No
     g = hq // h
     gp = max(16, triton.next_power_of_2(g))
     num_warps = kernel_warps(num_warps, d, dv)
-    lens = lens.to(device=q.device, dtype=torch.int32).contiguous()
-    starts = (torch.zeros_like(lens) if starts is None else starts.to(device=q.device, dtype=torch.int32)).contiguous()
     dev = q.device
     max_pages = (k_store.max_len + p - 1) // p  # a host int: no sync, so CUDA graphs can capture this
     num_splits, pages_per_split = _splits(max_pages, b * h, dev, num_splits, programs_per_sm)
-    m = torch.empty(b * h * num_splits * gp, dtype=torch.float32, device=dev)
-    l_ = torch.empty_like(m)
-    acc = torch.empty(b * h * num_splits * gp * dv, dtype=torch.float32, device=dev)
+    lens, starts, m, l_, acc = _split_state(q, lens, starts, b, h, num_splits, gp, dv)
     scale = 1.0 / math.sqrt(d) if scale is None else scale
     _kv_decode_split_kernel[(b * h, num_splits)](
         q.contiguous(), lens, starts,

@@ -73,7 +73,7 @@ def _add(a, b):
 
 @gluon.jit
 def _excl_rows(n):
-    # exclusive prefix sum down each column of per-group counts [64, 8]
+    # exclusive prefix sum down each column of per-group counts [16 tokens, 8 groups]
     return gl.associative_scan(n, 0, _add) - n
 
 

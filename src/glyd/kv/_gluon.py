@@ -29,8 +29,10 @@ The decoded words are the MMA v2 A operands as they stand: no shared memory, no 
 One warp a program, one 16-token chunk of keys and values a loop step (a dynamic loop: small code),
 an online softmax a chunk; programs split the pages of a (sequence, KV head) and
 ``_triton._kv_combine_kernel`` merges the splits, as for the Triton kernel. Page 64, head dim 128.
-Gluon has no interpreter: the twin is ``glyd.kv.attention.decode_attention_torch`` (the same page
-code), and ``tests/kv/test_kv_gluon.py`` compares both with the reference on a GPU. Measured in
+Gluon has no interpreter. The group decode's twin is ``glyd.kv.pages.unpack_blocks_swar`` (the same
+steps in torch, checked bit for bit on the CPU, every bf16 pattern included); the attention's twin is
+``glyd.kv.attention.decode_attention_torch``, and ``tests/kv/test_kv_gluon.py`` compares the kernel with
+the reference on a GPU. Measured in
 ``benchmarks/RESULTS.md`` ("KV cache") and ``docs/kv.md``.
 """
 

@@ -298,6 +298,136 @@ def unpack_blocks_grouped(
     return u16_to_bf16(bits.to(torch.int32)).reshape(n, p, d)
 
 
+def _prmt(a: torch.Tensor, b: torch.Tensor, sel: torch.Tensor) -> torch.Tensor:
+    """PTX ``prmt.b32`` (default mode) on int64 tensors holding 32-bit words: result byte ``i`` is byte
+    ``sel``'s nibble ``i`` (bits 0-2) of ``b:a``, or that byte's sign replicated when the nibble's bit 3
+    is set."""
+    src = torch.stack([(a >> (8 * i)) & 0xFF for i in range(4)] + [(b >> (8 * i)) & 0xFF for i in range(4)], -1)
+    out = torch.zeros_like(a)
+    for i in range(4):
+        nib = (sel >> (4 * i)) & 0xF
+        byte = torch.gather(src, -1, (nib & 7)[..., None])[..., 0]
+        byte = torch.where((nib & 8) != 0, torch.where((byte & 0x80) != 0, 0xFF, 0), byte)
+        out |= byte << (8 * i)
+    return out
+
+
+def _popc32(x: torch.Tensor) -> torch.Tensor:
+    return sum((x >> i) & 1 for i in range(32))
+
+
+def unpack_blocks_swar(
+    sm: torch.Tensor, dig: torch.Tensor, top: torch.Tensor, meta: torch.Tensor, tail: torch.Tensor
+) -> torch.Tensor:
+    """:func:`unpack_blocks` computed the way the Gluon decode kernel (``glyd.kv._gluon``) does it,
+    step for step, in 32-bit words held in int64 tensors (``D`` a multiple of 16): the twin of its
+    group decode.
+
+    Per group of 16 values (one word ``w1`` of tier-1 digits, 2 bits a value): the escape flags ``m1``
+    (bit ``2j``), each tier's digits put back at their values one escape a step (``w2``, ``w3``), the
+    raw flags ``r``; the offsets ``top - exponent`` as nibble sums of the three digit words (even
+    values in ``se``, odd in ``so``; 9 marks a raw value); each value's rank among the group's raw
+    values as a nibble. Then 4 values at a time in byte lanes: the offsets gathered to bytes, the
+    exponent bytes ``top - offset`` without borrows between lanes, raw bytes picked by rank from the
+    group's 16-byte raw window and swapped in (``prmt``), and the bf16 words assembled.
+    """
+    n, p, d = sm.shape
+    if d % 16:
+        raise FormatError(f"group decoding needs a head dim that is a multiple of 16, got {d}")
+    if n == 0:
+        return torch.empty(0, p, d, dtype=torch.bfloat16, device=sm.device)
+    dev = sm.device
+    g = p * d // 16
+    cw = columns(d)
+    rows = g // cw
+
+    def words(x: torch.Tensor, k: int) -> torch.Tensor:  # little-endian 32-bit words of k bytes each
+        b = x.reshape(*x.shape[:-1], -1, 4).to(torch.int64)
+        return b[..., 0] | (b[..., 1] << 8) | (b[..., 2] << 16) | (b[..., 3] << 24)
+
+    w1 = words(dig.reshape(n, g * 4), 4)  # [n, g]
+    smw = words(sm.reshape(n, g, 16), 4)  # [n, g, 4]: values 4k..4k+3 in word k
+    tw = words(top.reshape(n, cw, 16), 4)[:, None].expand(n, rows, cw, 4).reshape(n, g, 4)
+    tailw = torch.cat([_tail_words(tail), torch.zeros(8, dtype=torch.int64, device=dev)])  # reads past the end
+    last = tailw.numel() - 1
+    tb = tail.to(torch.int64)
+    if tb.numel() < 2:
+        tb = torch.zeros(2, dtype=torch.int64, device=dev)
+    mt = meta.to(torch.int64)
+    di = (mt[:, :1] + torch.arange(3 * cw, device=dev) * 2).clamp_max(tb.numel() - 2)
+    direc = (tb[di] | (tb[di + 1] << 8)).reshape(n, 1, cw, 3)
+
+    def base(cnt: torch.Tensor, k: int) -> torch.Tensor:  # the column's start plus the groups above
+        c = cnt.reshape(n, rows, cw)
+        return (direc[..., k] + torch.cumsum(c, 1) - c).reshape(n, g)
+
+    def shr64(lo: torch.Tensor, hi: torch.Tensor, sh: torch.Tensor) -> torch.Tensor:
+        return ((lo | (hi << 32)) >> sh) & 0xFFFFFFFF
+
+    def window(sw: torch.Tensor, b: torch.Tensor) -> torch.Tensor:  # 16 digits of a tier from digit b on
+        i = (sw[:, None] + (b >> 4)).clamp(0, last - 1)
+        return shr64(tailw[i], tailw[i + 1], 2 * (b & 15))
+
+    def expand(win: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+        out = torch.zeros_like(m)
+        for _ in range(int(_popc32(m).max())):
+            low = m & ((-m) & 0xFFFFFFFF)
+            out = out + (win & 3) * low
+            win = win >> 2
+            m = m ^ low
+        return out
+
+    def part1by1(x: torch.Tensor) -> torch.Tensor:
+        x = (x | (x << 8)) & 0x00FF00FF
+        x = (x | (x << 4)) & 0x0F0F0F0F
+        x = (x | (x << 2)) & 0x33333333
+        return (x | (x << 1)) & 0x55555555
+
+    def excl_nibbles(x: torch.Tensor) -> torch.Tensor:
+        x = (x << 4) & 0xFFFFFFFF
+        x = (x + (x << 4)) & 0xFFFFFFFF
+        x = (x + (x << 8)) & 0xFFFFFFFF
+        return (x + (x << 16)) & 0xFFFFFFFF
+
+    m1 = w1 & (w1 >> 1) & 0x55555555
+    s2w = (mt[:, 0] + dir_bytes(d)) // 4
+    w2 = expand(window(s2w, base(_popc32(m1), 0)), m1)
+    m2 = w2 & (w2 >> 1) & 0x55555555
+    s3w = s2w + (mt[:, 1] + 15) // 16
+    w3 = expand(window(s3w, base(_popc32(m2), 1)), m2)
+    r = w3 & (w3 >> 1) & 0x55555555
+    s4 = 4 * (s3w + (mt[:, 2] + 15) // 16)
+    b4 = s4[:, None] + base(_popc32(r), 2)
+    mk = 0x33333333
+    se = (w1 & mk) + (w2 & mk) + (w3 & mk)
+    so = ((w1 >> 2) & mk) + ((w2 >> 2) & mk) + ((w3 >> 2) & mk)
+    plo, phi = part1by1(r & 0xFFFF), part1by1(r >> 16)
+    fsel = [(plo << 2) | 0x32103210, (phi << 2) | 0x32103210]
+    ranks = [excl_nibbles(plo), (excl_nibbles(phi) + _popc32(r & 0xFFFF) * 0x11111111) & 0xFFFFFFFF]
+    wi = (b4 >> 2).clamp(0, last - 4)
+    x = [tailw[wi + i] for i in range(5)]
+    w4 = [shr64(x[i], x[i + 1], (b4 & 3) * 8) for i in range(4)]  # the group's first 16 raw bytes
+    out = []
+    for k in range(4):
+        sel = ranks[k // 2] >> (16 * (k % 2))
+        hb = (sel >> 3) & 0x1111  # ranks 8-15 from the window's second half
+        hb = (hb & 0x11) | ((hb & 0x1100) << 8)
+        hb = ((hb | (hb << 4)) & 0x01010101) * 0xFF
+        s7 = sel & 0x7777
+        rq = (_prmt(w4[0], w4[1], s7) & ~hb) | (_prmt(w4[2], w4[3], s7) & hb)
+        a = _prmt(se, so, torch.full_like(se, k | ((4 + k) << 4) | (k << 8) | ((4 + k) << 12)))
+        off = (a & 0x00000F0F) | ((a >> 4) & 0x0F0F0000)
+        t = tw[..., k]
+        e = (((t | 0x80808080) - off) ^ (~t & 0x80808080)) & 0xFFFFFFFF  # bytewise t - off
+        e = _prmt(e, rq, fsel[k // 2] >> (16 * (k % 2)))
+        hi = (smw[..., k] & 0x80808080) | ((e >> 1) & 0x7F7F7F7F)
+        lo = (smw[..., k] & 0x7F7F7F7F) | ((e << 7) & 0x80808080)
+        for pair in (_prmt(lo, hi, torch.full_like(lo, 0x5140)), _prmt(lo, hi, torch.full_like(lo, 0x7362))):
+            out += [pair & 0xFFFF, pair >> 16]
+    bits = torch.stack(out, -1)  # [n, g, 16]
+    return u16_to_bf16(bits.to(torch.int32)).reshape(n, p, d)
+
+
 class PageStore:
     """One layer's keys (or values) for ``B`` sequences and ``H`` KV heads, in pages of ``page`` tokens.
 

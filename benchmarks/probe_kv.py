@@ -4,10 +4,14 @@ Times ``decode_attention_triton`` as it is and with parts of the decode taken ou
 (``glyd.kv._triton.PROBE``: 1 every raw exponent read as 0 without its load, 2 every value as its
 tier-1 digit: no tier windows, no raw loads; those outputs are wrong and not checked), the same
 loop over plain bf16 pages, and bf16 SDPA, one layer of a Qwen2.5-7B-shaped decode step (28
-query heads, 4 KV heads, head dim 128, pages of 64), Gaussian keys with per-channel scales. Each
-call is captured in a CUDA graph; median of the replays. Needs a CUDA GPU.
+query heads, 4 KV heads, head dim 128, pages of 64), Gaussian keys with per-channel scales or
+(``--pool``) real pages. ``--gluon`` adds the Gluon kernel (``glyd.kv._gluon``) and, for its first
+variant, its probes (2 tier 1 only, 3 no window loads, 4 one escape level: tiers 2 and 3 skipped,
+about 1 value in 60 sent down the raw path). Each call is captured in a CUDA graph; median of the
+replays. Needs a CUDA GPU.
 
     PYTHONPATH=src python3 benchmarks/probe_kv.py --cases 4096x16,16384x16,16384x1
+    PYTHONPATH=src python3 benchmarks/probe_kv.py --pool .carry/kv_pool.pt --gluon 32:168 --no-triton-probes
 """
 
 from __future__ import annotations
@@ -31,6 +35,8 @@ def main(argv=None) -> int:
     ap.add_argument("--gluon", default="", help="also the Gluon kernel (glyd.kv._gluon): variants to time, "
                     "comma-separated, each PROGRAMS_PER_SM[:MAXNREG] (e.g. 16,32:200); the first also with tier 1 only")
     ap.add_argument("--no-triton-probes", action="store_true", help="time the Triton kernel as shipped only")
+    ap.add_argument("--pool", default="", help="real pages: a pool written by `benchmarks/kv.py pool` (default: "
+                    "Gaussian pages)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("probe_kv.py needs a CUDA GPU", file=sys.stderr)
@@ -39,11 +45,17 @@ def main(argv=None) -> int:
     gen = torch.Generator(device=dev).manual_seed(0)
     hq, h, d = 28, 4, 128
     kscale = torch.exp(torch.randn(1, h, 1, d, device=dev, generator=gen))
+    pool = {n: x.to(dev) for n, x in torch.load(args.pool).items()} if args.pool else None
     rows = []
     for case in args.cases.split(","):
         t, b = (int(v) for v in case.split("x"))
-        k = (torch.randn(b, h, t, d, device=dev, generator=gen) * kscale).to(torch.bfloat16)
-        v = torch.randn(b, h, t, d, device=dev, generator=gen).to(torch.bfloat16)
+        if pool is not None:  # whole real pages drawn at random (benchmarks/kv.py)
+            from kv import fill
+
+            k, v = fill(b, t, pool["k"], gen, None), fill(b, t, pool["v"], gen, None)
+        else:
+            k = (torch.randn(b, h, t, d, device=dev, generator=gen) * kscale).to(torch.bfloat16)
+            v = torch.randn(b, h, t, d, device=dev, generator=gen).to(torch.bfloat16)
         q = torch.randn(b, hq, d, device=dev, generator=gen).to(torch.bfloat16)
         lens = torch.full((b,), t, device=dev)
         ks, vs = PageStore.from_dense(k, page=PAGE), PageStore.from_dense(v, page=PAGE)
@@ -77,6 +89,8 @@ def main(argv=None) -> int:
                     lambda: decode_attention_gluon(q, ks, vs, lens, probe=2, **kw), 50)
                 times[f"gluon {spec} no window loads"] = cuda_graph_ms(
                     lambda: decode_attention_gluon(q, ks, vs, lens, probe=3, **kw), 50)
+                times[f"gluon {spec} one escape level"] = cuda_graph_ms(
+                    lambda: decode_attention_gluon(q, ks, vs, lens, probe=4, **kw), 50)
         rows.append((t, b, err, (ks.nbytes + vs.nbytes) / (2 * k.numel() * 2), times))
         del k, v, ks, vs
         torch.cuda.empty_cache()

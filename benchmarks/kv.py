@@ -24,8 +24,8 @@ of the replays, against ``F.scaled_dot_product_attention`` on the bf16 cache (``
 Pages come from the pool of real SmolLM2-filled pages written by ``sizes`` or ``pool`` (the first
 4096 tokens of the text; pages drawn at random with replacement); without a pool, Gaussian values
 with per-channel scales. The shipped path (``glyd.kv.decode_attention``) takes the Gluon kernel at this
-shape: ``--gluon p:r ...`` times its variants (programs per SM, maxnreg or 0), the first being the
-launcher's default; ``--variants w,s,p,r ...`` times variants of the Triton kernel (warps, sub-tile
+shape: ``--gluon p:r ...`` times its variants (programs per SM or 0 for the launcher's choice by
+size, maxnreg or 0), the first being the launcher's default; ``--variants w,s,p,r ...`` times variants of the Triton kernel (warps, sub-tile
 tokens, programs per SM, maxnreg or 0; ``--variants`` with no value skips it). Every variant is
 checked against SDPA; the table shows the fastest of each kernel. ``--no-baseline`` skips the same
 loop over plain bf16 pages (one compile less).
@@ -339,7 +339,7 @@ def parse_variant(s: str) -> tuple[int, int, int, int]:
 
 
 def parse_gluon(s: str) -> tuple[int, int]:
-    pps, mr = (int(x) for x in s.split(":"))
+    pps, mr = (int(x) for x in s.split(":"))  # pps 0: the launcher's choice (default_programs_per_sm)
     return pps, mr
 
 
@@ -415,8 +415,8 @@ def cmd_speed(args) -> None:
             best = (float("nan"), {"warps": 4, "ts": 0, "pps": 0, "mr": 0}, float("nan"))
         gbest = (float("nan"), "-", float("nan"))
         for pps, mr in args.gluon:
-            r = timed("gluon", f"p{pps} r{mr or '-'}", lambda: decode_attention_gluon(  # noqa: B023
-                q, ks, vs, lens, programs_per_sm=pps, maxnreg=mr or None))  # noqa: B023
+            r = timed("gluon", f"p{pps or 'auto'} r{mr or '-'}", lambda: decode_attention_gluon(  # noqa: B023
+                q, ks, vs, lens, programs_per_sm=pps or None, maxnreg=mr or None))  # noqa: B023
             if r is not None and not r[0] >= gbest[0]:
                 gbest = r
         t_raw = float("nan")
@@ -464,8 +464,9 @@ def main() -> None:
     s.add_argument("--tokens", type=int, nargs="+", default=[4096, 16384])
     s.add_argument("--batches", type=int, nargs="+", default=[1, 4, 16, 64])
     s.add_argument("--mixed", type=int, nargs="*", default=[64], help="batches of sequences of different lengths")
-    s.add_argument("--gluon", type=parse_gluon, nargs="*", default=[(32, 168), (16, 168), (16, 128)],
-                   help="Gluon kernel variants p:r (programs per SM, maxnreg or 0); the first is the default")
+    s.add_argument("--gluon", type=parse_gluon, nargs="*", default=[(0, 168), (32, 168), (16, 128)],
+                   help="Gluon kernel variants p:r (programs per SM or 0: the launcher's choice, maxnreg or 0); "
+                   "the first is the default")
     s.add_argument("--variants", type=parse_variant, nargs="*", default=[(4, 32, 16, 128)],
                    help="kernel variants to time, each 'warps,sub_tile,programs_per_sm,maxnreg' (0: none); best shown")
     s.add_argument("--no-baseline", action="store_true", help="skip the same-loop-over-bf16-pages timing")

@@ -43,6 +43,14 @@ def test_shape_errors_before_launch():
         decode_attention_gluon(q, ks, vs, torch.tensor([70]), probe=1)
 
 
+def test_default_programs_per_sm():
+    # 8 programs an SM from 2,048 to 4,096 pages (sequences x KV heads x pages), 32 elsewhere (runs 118-119)
+    pytest.importorskip("triton.experimental.gluon")
+    from glyd.kv._gluon import default_programs_per_sm
+
+    assert [default_programs_per_sm(n) for n in (1, 1024, 1025, 2048, 4096, 4097, 65536)] == [32, 32, 8, 8, 8, 32, 32]
+
+
 def wide_exponents(x: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
     """Some values scaled far off their channel (raw tier-4 exponents, up to whole groups of them) and
     some zeroed: the decode's rare paths."""

@@ -492,15 +492,29 @@ def _planes(st, name: str):
     return sm, dig, top.view(torch.int32), meta, tailw, tail, raw
 
 
+def default_programs_per_sm(pages: int) -> int:
+    """Programs launched per SM for ``pages`` = sequences x KV heads x pages a sequence (the longest).
+
+    Measured on the H200, 132 SMs (runs 118-119, benchmarks/RESULTS.md): from 2,048 to 4,096 pages, 8
+    programs an SM (2-4 pages each, 1,024 programs: under one wave of 12 an SM) are 8-11% faster than
+    32 (one page each, 1.3-2.6 waves); elsewhere 32 is the fastest or within 1-4%.
+
+    >>> default_programs_per_sm(16 * 4 * 64), default_programs_per_sm(64 * 4 * 256)
+    (8, 32)
+    """
+    return 8 if 1024 < pages <= 4096 else 32
+
+
 # q [B, Hq, 128] bf16; k_store/v_store PageStores (page 64, head dim 128) with B sequences, H KV heads
 # (Hq = G*H, G <= 16); lens [B] int; starts [B] int or None -> out [B, Hq, 128] bf16.
-# Tuning (H200, benchmarks/RESULTS.md): programs_per_sm (programs launched per SM: splits of the pages),
-# maxnreg (register cap: 168 lets 12 one-warp programs share an SM). probe: a timing knob, never set in
-# use (benchmarks/probe_kv.py): 2 decodes every value as its tier-1 digit, 3 makes the tier windows and
-# raw bytes from the digit word instead of loading them, 4 skips tiers 2 and 3 and sends about 1 value
-# in 60 down the raw path (the cost of a code with one escape level); all give wrong outputs.
+# Tuning (H200, benchmarks/RESULTS.md): programs_per_sm (programs launched per SM: splits of the pages;
+# None: default_programs_per_sm), maxnreg (register cap: 168 lets 12 one-warp programs share an SM).
+# probe: a timing knob, never set in use (benchmarks/probe_kv.py): 2 decodes every value as its tier-1
+# digit, 3 makes the tier windows and raw bytes from the digit word instead of loading them, 4 skips
+# tiers 2 and 3 and sends about 1 value in 60 down the raw path (the cost of a code with one escape
+# level); all give wrong outputs.
 def decode_attention_gluon(q, k_store, v_store, lens, scale=None, num_splits=None, starts=None,
-                           programs_per_sm=32, maxnreg=168, probe=0):
+                           programs_per_sm=None, maxnreg=168, probe=0):
     b, hq, d = q.shape
     h = k_store.heads
     if q.dtype != torch.bfloat16:
@@ -518,6 +532,8 @@ def decode_attention_gluon(q, k_store, v_store, lens, scale=None, num_splits=Non
         raise ValueError(f"probe must be 0, 2, 3 or 4, got {probe}")
     dev = q.device
     max_pages = (k_store.max_len + PAGE - 1) // PAGE  # a host int: no sync, so CUDA graphs can capture this
+    if programs_per_sm is None:
+        programs_per_sm = default_programs_per_sm(b * h * max_pages)
     num_splits, pages_per_split = T._splits(max_pages, b * h, dev, num_splits, programs_per_sm)
     lens, starts, m, l_, acc = T._split_state(q, lens, starts, b, h, num_splits, gp, HEAD_DIM)
     scale = 1.0 / math.sqrt(d) if scale is None else scale

@@ -338,9 +338,11 @@ def parse_variant(s: str) -> tuple[int, int, int, int]:
     return w, ts, pps, mr
 
 
-def parse_gluon(s: str) -> tuple[int, int]:
-    pps, mr = (int(x) for x in s.split(":"))  # pps 0: the launcher's choice (default_programs_per_sm)
-    return pps, mr
+def parse_gluon(s: str) -> tuple[int, int, int | None]:
+    # p:r[:f]: programs per SM (0: the launcher's choice, default_programs_per_sm), maxnreg, L2 prefetch 0/1
+    # (left out: the launcher's choice)
+    v = [int(x) for x in s.split(":")]
+    return v[0], v[1], bool(v[2]) if len(v) > 2 else None
 
 
 def cuda_graph_time(fn, iters: int = 50) -> float:
@@ -414,9 +416,10 @@ def cmd_speed(args) -> None:
         if best is None:
             best = (float("nan"), {"warps": 4, "ts": 0, "pps": 0, "mr": 0}, float("nan"))
         gbest = (float("nan"), "-", float("nan"))
-        for pps, mr in args.gluon:
-            r = timed("gluon", f"p{pps or 'auto'} r{mr or '-'}", lambda: decode_attention_gluon(  # noqa: B023
-                q, ks, vs, lens, programs_per_sm=pps or None, maxnreg=mr or None))  # noqa: B023
+        for pps, mr, pf in args.gluon:
+            label = f"p{pps or 'auto'} r{mr or '-'}" + ("" if pf is None else f" f{int(pf)}")
+            r = timed("gluon", label, lambda: decode_attention_gluon(  # noqa: B023
+                q, ks, vs, lens, programs_per_sm=pps or None, maxnreg=mr or None, prefetch=pf))  # noqa: B023
             if r is not None and not r[0] >= gbest[0]:
                 gbest = r
         t_raw = float("nan")
@@ -464,8 +467,8 @@ def main() -> None:
     s.add_argument("--tokens", type=int, nargs="+", default=[4096, 16384])
     s.add_argument("--batches", type=int, nargs="+", default=[1, 4, 16, 64])
     s.add_argument("--mixed", type=int, nargs="*", default=[64], help="batches of sequences of different lengths")
-    s.add_argument("--gluon", type=parse_gluon, nargs="*", default=[(0, 168), (32, 168), (16, 128)],
-                   help="Gluon kernel variants p:r (programs per SM or 0: the launcher's choice, maxnreg or 0); "
+    s.add_argument("--gluon", type=parse_gluon, nargs="*", default=[(0, 168, None), (32, 168, None), (16, 128, None)],
+                   help="Gluon kernel variants p:r[:f] (programs per SM or 0: the launcher's choice, maxnreg or 0, L2 prefetch 0/1); "
                    "the first is the default")
     s.add_argument("--variants", type=parse_variant, nargs="*", default=[(4, 32, 16, 128)],
                    help="kernel variants to time, each 'warps,sub_tile,programs_per_sm,maxnreg' (0: none); best shown")

@@ -106,7 +106,7 @@ def kv_loop(probe: int) -> dict:
     from glyd.kv import _gluon as g
 
     kern = g._kv_gluon_kernel
-    const = dict(g.layouts(), G=7, GP=8, PROBE=probe)
+    const = dict(g.layouts(), G=7, GP=8, PROBE=probe, PREFETCH=True)
     ptrs = {"q_ptr": "*bf16", "lens_ptr": "*i32", "starts_ptr": "*i32", "m_out": "*fp32", "l_out": "*fp32",
             "acc_out": "*fp32"}
     for pre in ("k_", "v_"):

@@ -101,6 +101,7 @@ def test_wg_config_checks():
 
 
 @pytest.mark.gpu
+@pytest.mark.gpu_sample(every=8)
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
                     reason="needs a Hopper GPU")
 @pytest.mark.parametrize("bm,bn,warps", [(8, 64, 4), (16, 64, 4), (32, 64, 4), (64, 64, 4), (64, 128, 4),

@@ -225,6 +225,7 @@ def test_ws_needs_a_gpu():
 
 
 @pytest.mark.gpu
+@pytest.mark.gpu_sample(every=8)
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
                     reason="needs a Hopper GPU")
 @pytest.mark.parametrize("bm,bn,stages", [(8, 64, 4), (16, 64, 4), (32, 64, 4), (64, 64, 3), (64, 128, 2), (16, 64, 2),
@@ -260,6 +261,7 @@ def test_ws_matches_reference_gpu(bm, bn, stages, m, progs, bias, pipe):
 
 
 @pytest.mark.gpu
+@pytest.mark.gpu_sample(every=4)
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
                     reason="needs a Hopper GPU")
 @pytest.mark.parametrize("bm,cap", [(16, 80), (64, 80), (256, 168)])

@@ -17,6 +17,7 @@ import triton
 import triton.language as tl
 
 from glyd.errors import FormatError
+from glyd.kernels._interp import isolated
 
 
 @dataclasses.dataclass(frozen=True)
@@ -252,6 +253,7 @@ def gdc_launch_dependents():
                               pack=1)
 
 
+@isolated
 @triton.jit
 def _finalize_kernel(part_ptr, bias_ptr, out_ptr, MN, N, SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr,
                      BLOCK: tl.constexpr, PDL: tl.constexpr = 0):

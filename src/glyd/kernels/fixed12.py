@@ -28,6 +28,7 @@ import triton.language as tl
 from glyd.codec import fixed12 as _codec
 from glyd.codec.packed import Packed
 from glyd.kernels import _common as C
+from glyd.kernels._interp import isolated
 
 log = logging.getLogger(__name__)
 
@@ -115,6 +116,7 @@ def _exception_delta_tile(rowptr_ptr, eidx_ptr, ehi_ptr, lo_ptr, x_ptr, rn, rm, 
     return delta
 
 
+@isolated
 @triton.jit
 def _linear_kernel(
     x_ptr, code_ptr, lo_ptr, lo8_ptr, base_ptr, rowptr_ptr, eidx_ptr, ehi_ptr, bias_ptr, out_ptr, fin_ptr, cnt_ptr,
@@ -361,6 +363,7 @@ def _gm_fma(acc, cw, la, lb, b4, x_ptr, x32_ptr, xoff, x32off, mmx, ka0, K, BM: 
     return acc
 
 
+@isolated
 @triton.jit
 def _gemv_gm_kernel(
     x_ptr, x32_ptr, code_ptr, lo_ptr, lo8_ptr, base_ptr, rowptr_ptr, eidx_ptr, ehi_ptr, bias_ptr, out_ptr, fin_ptr,
@@ -501,6 +504,7 @@ def _tc_step(acc, cw, la, lb, b4, x_ptr, rml, mmask, kk, kb, K, stride_xm, BK: t
     return tl.dot(xt, w, acc)
 
 
+@isolated
 @triton.jit
 def _tc_kernel(
     x_ptr, code_ptr, lo_ptr, lo8_ptr, base_ptr, rowptr_ptr, eidx_ptr, ehi_ptr, bias_ptr, out_ptr, fin_ptr, cnt_ptr,
@@ -559,6 +563,7 @@ def _tc_kernel(
                 pid_k, tl.num_programs(1), M * N, PARTIAL, FIXUP, HAS_BIAS)
 
 
+@isolated
 @triton.jit
 def _gemv_bytes_kernel(
     x_ptr, code_ptr, lo_ptr, base_ptr, rowptr_ptr, eidx_ptr, ehi_ptr, bias_ptr, out_ptr, fin_ptr, cnt_ptr,
@@ -613,6 +618,7 @@ def _gemv_bytes_kernel(
                 pid_m * tl.num_programs(1) + pid_n, pid_k, tl.num_programs(2), M * N, PARTIAL, FIXUP, HAS_BIAS)
 
 
+@isolated
 @triton.jit
 def _mma_kernel(
     x_ptr, code_ptr, lo_ptr, rowptr_ptr, eidx_ptr, ehi_ptr, bias_ptr, out_ptr, fin_ptr, cnt_ptr,
@@ -676,6 +682,7 @@ def _mma_kernel(
                 PARTIAL, FIXUP, HAS_BIAS)
 
 
+@isolated
 @triton.jit
 def _unpack_kernel(code_ptr, lo_ptr, base_ptr, out_ptr, N, K, KP, BN: tl.constexpr, G: tl.constexpr):
     pid_n = tl.program_id(0)
@@ -701,6 +708,7 @@ def _unpack_kernel(code_ptr, lo_ptr, base_ptr, out_ptr, N, K, KP, BN: tl.constex
                  mask=nmask[:, None] & (ca + 32 < K)[None, :])
 
 
+@isolated
 @triton.jit
 def _unpack_flat_kernel(code_ptr, lo_ptr, base_ptr, out_ptr, NG, BG: tl.constexpr):
     # K == Kp: the planes and the output are one stream of 64-weight groups (code 32 bytes, lo 64,
@@ -733,6 +741,7 @@ def _bf16_pair(lo, h, HI: tl.constexpr, PRMT: tl.constexpr):
     return r
 
 
+@isolated
 @triton.jit
 def _unpack_words_kernel(code_ptr, lo_ptr, base_ptr, out_ptr, N, KP, BN: tl.constexpr, G: tl.constexpr,
                          PRMT: tl.constexpr):
@@ -1179,6 +1188,7 @@ EXC_WARPS = 4
 EXC_CHUNK = 16  # exceptions loaded at once (their loads overlap instead of queueing one by one)
 
 
+@isolated
 @triton.jit
 def _exception_kernel(part_ptr, x_ptr, rowptr_ptr, eidx_ptr, ehi_ptr, lo_ptr, base_ptr, M, N, K, stride_lo, stride_xm,
                       BM_: tl.constexpr, BN_: tl.constexpr, E: tl.constexpr, ADD: tl.constexpr):

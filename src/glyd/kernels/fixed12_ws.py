@@ -37,6 +37,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from glyd.kernels import _common as C
+from glyd.kernels._interp import isolated
 from glyd.kernels import fixed12_wg as WG
 
 BK = 128  # columns a K step: 32 lo words and 16 code words a row, two 64-column x boxes
@@ -348,6 +349,7 @@ def layouts(bn: int, bt: int, warps: int = 4):
     return lo, code, mma, a_op, out, shared
 
 
+@isolated
 @triton.jit
 def _permute_x_kernel(x_ptr, out_ptr, M, stride_xm, K: tl.constexpr, BM: tl.constexpr):
     # out[m, 128 s + slot] = x[m, 128 s + col(slot)]: slot bits (hh i1 i0 h g a j), high to low,

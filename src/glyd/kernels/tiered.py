@@ -27,6 +27,7 @@ import triton.language as tl
 from glyd.codec import tiered as _codec
 from glyd.codec.packed import Packed
 from glyd.kernels import _common as C
+from glyd.kernels._interp import isolated
 
 BLOCK = _codec.BLOCK
 SUPER = _codec.SUPER
@@ -182,6 +183,7 @@ def _area_start(ebase_ptr, eoff_ptr, b, bmask):
     return tl.load(ebase_ptr + b // 16, mask=bmask, other=0) + tl.load(eoff_ptr + b, mask=bmask, other=0).to(tl.int32)
 
 
+@isolated
 @triton.jit(do_not_specialize=["A", "FIT"])
 def _gemv_kernel(
     x_ptr, sm_ptr, d1_ptr, table_ptr, ebase_ptr, eoff_ptr, area_ptr, bias_ptr, out_ptr,
@@ -260,6 +262,7 @@ def _gemv_kernel(
     tl.store(out_ptr + mrow[:, None] * N + rn[None, :], acc.to(tl.bfloat16), mask=(mrow < M)[:, None] & nmask[None, :])
 
 
+@isolated
 @triton.jit(do_not_specialize=["A", "FIT"])
 def _unpack_kernel(sm_ptr, d1_ptr, table_ptr, ebase_ptr, eoff_ptr, area_ptr, out_ptr, K, KP, TOTAL, NBLK, A, FIT,
                    BB: tl.constexpr, DEPTH: tl.constexpr = 2, FAST5: tl.constexpr = False):

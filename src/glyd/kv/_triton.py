@@ -16,6 +16,7 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from glyd.errors import FormatError
+from glyd.kernels._interp import isolated
 
 #: A measurement knob (benchmarks/probe_kv.py), never set in use: 1 decodes every raw (tier-4)
 #: exponent as 0 without loading it, 2 also drops tiers 2-4 (every value as its tier-1 digit:
@@ -210,6 +211,7 @@ def _softmax_step(q, k, v, valid, m_i, l_i, acc, qk_scale, QK_F32: tl.constexpr,
 
 
 # Shape-dependent ints are not specialised (no recompile per batch size or length).
+@isolated
 @triton.jit(do_not_specialize=["H", "K_CAP", "V_CAP", "PAGES_PER_SPLIT", "S"])
 def _kv_decode_split_kernel(
     q_ptr, lens_ptr, starts_ptr,
@@ -264,6 +266,7 @@ def _kv_decode_split_kernel(
     tl.store(acc_out + (o * GP + offs_g)[:, None] * DV + offs_v[None, :], acc)
 
 
+@isolated
 @triton.jit(do_not_specialize=["S"])
 def _kv_combine_kernel(m_ptr, l_ptr, acc_ptr, out_ptr, S, G: tl.constexpr, GP: tl.constexpr, DV: tl.constexpr,
                        SB: tl.constexpr, DB: tl.constexpr):
@@ -402,6 +405,7 @@ def decode_attention_triton(q, k_store, v_store, lens, scale=None, num_splits=No
     return out
 
 
+@isolated
 @triton.jit
 def _bf16_pages_split_kernel(
     q_ptr, k_ptr, v_ptr, m_out, l_out, acc_out, qk_scale, H, T, PAGES_PER_SPLIT, S,

@@ -132,3 +132,32 @@ def test_tiered_sparse_deep(device, kind, monkeypatch):
     for m, cfg in ((1, None), (3, Config(bm=1, bn=4, bk=1024, dot=False, g=4)), (2, Config(bm=2, bn=2, bk=1024, dot=False, g=1))):
         x = torch.randn(m, 1100).to(torch.bfloat16).to(device)
         _check(kernels.linear(x, p, None, cfg), x, w, None)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("damage", ["area_longer", "area_shorter", "base_negative", "offsets_decrease"])
+def test_tiered_kernels_refuse_crafted_offsets(device, damage):
+    # The kernels read each block's escape area from esc_base/esc_off: offsets from a damaged or
+    # crafted file are refused before any kernel reads (they could lead the reads out of 'area').
+    from glyd.codec.packed import Packed
+    from glyd.errors import CorruptError
+
+    w = _tier_weights(64, 1024, "deep")
+    p = glyd.pack(w, "tiered")
+    a = {name: t.clone() for name, t in p.arrays.items()}
+    if damage == "area_longer":  # the last block claims bytes past the area's end
+        a["esc_base"][-1] += 4096
+    elif damage == "area_shorter":
+        a["esc_base"][-1] -= 1
+    elif damage == "base_negative":
+        a["esc_base"][0] = -(1 << 20)
+    else:
+        a["esc_off"][5] = int(a["esc_off"][6]) + 1000
+    q = Packed("tiered", p.shape, {name: t.to(device) for name, t in a.items()})
+    with pytest.raises(CorruptError, match="esc_base"):
+        glyd.kernels.unpack(q)
+    x = torch.randn(3, 1024).to(torch.bfloat16).to(device)
+    with pytest.raises(CorruptError, match="esc_base"):
+        glyd.kernels.linear(x, q)
+    with pytest.raises(CorruptError):  # and the CPU reference refuses it too
+        glyd.unpack(Packed("tiered", p.shape, a))

@@ -404,18 +404,21 @@ def check_size(what: str, numel: int) -> None:
         raise FormatError(f"{what} has {numel} elements; the kernels index with 32-bit offsets (< 2**31)")
 
 
-_CACHE: dict[int, tuple[weakref.ref, object]] = {}
+_CACHE: dict[int, tuple[weakref.ref, int, object]] = {}
 
 
 def cached(key_tensor: torch.Tensor, make):
-    """``make()``, computed once per live ``key_tensor`` (entries die with the tensor)."""
+    """``make()``, computed once per live ``key_tensor`` and made again after the tensor is changed
+    in place (``load_state_dict`` copies into existing buffers); entries die with the tensor."""
     k = id(key_tensor)
     hit = _CACHE.get(k)
-    if hit is not None and hit[0]() is key_tensor:
-        return hit[1]
+    if hit is not None and hit[0]() is key_tensor and hit[1] == key_tensor._version:
+        return hit[2]
     value = make()
-    _CACHE[k] = (weakref.ref(key_tensor), value)
-    weakref.finalize(key_tensor, _CACHE.pop, k, None)
+    fresh = hit is None or hit[0]() is not key_tensor
+    _CACHE[k] = (weakref.ref(key_tensor), key_tensor._version, value)
+    if fresh:
+        weakref.finalize(key_tensor, _CACHE.pop, k, None)
     return value
 
 

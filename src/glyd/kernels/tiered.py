@@ -26,6 +26,7 @@ import triton.language as tl
 
 from glyd.codec import tiered as _codec
 from glyd.codec.packed import Packed
+from glyd.errors import CorruptError
 from glyd.kernels import _common as C
 from glyd.kernels._interp import isolated
 
@@ -133,8 +134,8 @@ def _decode(sm, db, aw, ar, area_ptr, off, A, TL, TH, T8, T12, T16, T20, DEPTH: 
                 if tl.max(tl.max(tl.max(e5, axis=2), axis=1), axis=0) > 0:  # raw exponents: rare
                     s += (n4 + 1) >> 1
                     i5, c5, p5, n5 = _ranks(e5)
-                    raw = tl.load(area_ptr + (off + s)[:, None, None] + p5[:, :, None] + i5 - 1, mask=e5 == 1,
-                                  other=0).to(tl.int32)
+                    ra = (off + s)[:, None, None] + p5[:, :, None] + i5 - 1
+                    raw = tl.load(area_ptr + ra, mask=(e5 == 1) & (ra < A), other=0).to(tl.int32)
                     exp = tl.where(e5 == 1, raw, exp)
     return (sm + (sm & 0x80) * 255 + (exp << 7)) << 16  # bf16 (sign << 15 | exp << 7 | mantissa) << 16
 
@@ -290,6 +291,24 @@ def _check(p: Packed) -> None:
     C.check_size("tiered 'sm'", n * kp + BLOCK)
     if p.arrays["area"].numel() >= 2**31:
         raise C.FormatError("tiered 'area' is too large for 32-bit offsets")
+    C.cached(p.arrays["esc_off"], lambda: _check_offsets(p))
+
+
+def _check_offsets(p: Packed) -> bool:
+    # Every block's area must lie inside 'area' before a kernel reads it: the offsets come from a
+    # file (the CPU codec checks them as it decodes; the kernels could read out of bounds). Once a
+    # matrix (host sync), again if the arrays change in place.
+    a = p.arrays
+    nblk = _codec.num_blocks(*p.shape)
+    base = a["esc_base"].to(torch.int64)
+    blk = torch.arange(nblk, device=base.device)
+    start = torch.cat([base[blk // SUPER] + a["esc_off"].to(torch.int64), base[-1:]])
+    bad = (base[0] != 0) | (base[-1] != a["area"].numel()) | (start[1:] < start[:-1]).any()
+    bad |= (base[1:] < base[:-1]).any()
+    if bool(bad):
+        raise CorruptError("tiered 'esc_base'/'esc_off' are not an increasing table of offsets into 'area' "
+                           "(a damaged or crafted file)")
+    return True
 
 
 def _args(p: Packed):

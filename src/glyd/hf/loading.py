@@ -36,8 +36,10 @@ from glyd.codec.packed import FORMAT_VERSION
 from glyd.errors import CorruptError, FormatError, GlydError
 from glyd.nn import _ops
 from glyd.nn.modules import BUFFER_PREFIX, GlydEmbedding, GlydLinear, GlydLinearPart, GlydTiedLinear, set_exact
+from glyd.hf import hooks
+from glyd.hf.checks import check_complete, check_folder
 from glyd.store import MANIFEST, CheckpointReader, CheckpointWriter, sha256_tensor
-from glyd.store._safetensors import dtype_from_name, read_header
+from glyd.store._safetensors import dtype_from_name, read_header, sha256_file
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +74,15 @@ _SEP = "_glyd_"
 def _pick_device(device: str | torch.device | None) -> torch.device:
     if device is None:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(device)
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(f"device={device!r} is not a torch device ({exc})") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError(f"device={device!r}: this machine has no CUDA GPU that torch can use (device='cpu' runs "
+                           f"on the CPU)")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise RuntimeError(f"device={device!r}: there are only {torch.cuda.device_count()} CUDA device(s)")
     if dev.type == "cuda" and dev.index is None:
         dev = torch.device("cuda", torch.cuda.current_device())
     return dev
@@ -442,6 +452,7 @@ def _load_bf16(path: Path, *, layout: str, merge: bool, exact: bool, device: tor
     except (OSError, ValueError):
         pass
     _note_source(model, path, None)
+    hooks.wire(model)
     gb = packer.packed_bytes / 1e9
     log.info("packed %d matrices (%s): %.3f GB, %.2f bits a weight", sum(packer.layouts.values()),
              ", ".join(f"{k} x{v}" for k, v in sorted(packer.layouts.items())), gb,
@@ -522,14 +533,12 @@ def prepare_skeleton(model: nn.Module, folder: Path, *, merged: dict[str, list[s
     """Swap the modules of ``model`` (built on the meta device) for packed ones whose buffers have the
     shapes of the checkpoint in ``folder``, so that transformers' loader fills them as they are.
 
-    Returns the manifest (or None when the folder has no glyd.json: no hashes to verify against).
+    Returns the manifest (``finish_skeleton`` checks the loaded model against it).
     """
-    files = sorted(folder.glob("*.safetensors"))
-    if not files:
-        raise FormatError(f"{folder}: no *.safetensors weights in this glyd checkpoint")
-    manifest = None
-    if (folder / MANIFEST).is_file():
-        manifest = CheckpointReader(folder).manifest
+    # The reader checks the manifest, every shard header and the index first: a damaged folder gets
+    # glyd's error naming what is wrong, and the model is checked against the manifest after loading.
+    manifest = CheckpointReader(folder).manifest
+    files = sorted({folder / e["file"] for e in manifest["tensors"].values()})
     packed, _ = checkpoint_layout(files)
     groups = {attr: tuple(parts) for attr, parts in (merged or {}).items()}
     prefix = getattr(model, "base_model_prefix", "")
@@ -604,8 +613,9 @@ def _meta_packed(folder: Path, name: str, layout: str, entry: dict[str, Any], sh
         raise FormatError(f"{folder}: tensor {name!r}: {exc}") from exc
 
 
-def finish_skeleton(model: nn.Module, folder: Path | None, manifest: dict[str, Any] | None) -> None:
-    """After loading: every packed buffer must have been filled; remember where the model came from."""
+def finish_skeleton(model: nn.Module, folder: Path, manifest: dict[str, Any]) -> None:
+    """After loading: every packed buffer must have been filled, and the model must hold exactly the
+    checkpoint's tensors (``glyd.hf.checks.check_complete``); remember where the model came from."""
     missing = [f"{n}.{b}" for n, m in _packed_modules(model) for b, t in m._buffers.items()
                if b.startswith(BUFFER_PREFIX) and t is not None and t.is_meta]
     if missing:
@@ -618,15 +628,19 @@ def finish_skeleton(model: nn.Module, folder: Path | None, manifest: dict[str, A
         kept = m.__dict__.pop("_glyd_scale", None)
         if isinstance(m, GlydEmbedding) and kept is not None:
             m.embed_scale = torch.tensor(kept[0], dtype=kept[1], device=m.packed.device)
+    check_complete(model, manifest, folder)
     _note_source(model, folder, manifest)
+    hooks.wire(model)
 
 
-def _load_glyd(path: Path, *, device: torch.device, exact: bool, hf_kwargs: dict[str, Any]) -> nn.Module:
+def _load_glyd(path: Path, *, device: torch.device, exact: bool, verify: bool, hf_kwargs: dict[str, Any]) -> nn.Module:
     from glyd.hf._register import register
 
     if not register():
         raise ImportError("loading a glyd folder needs transformers (pip install 'glyd[models]')")
     from transformers import AutoModelForCausalLM
+
+    check_folder(path, verify=verify)  # before transformers reads the folder: glyd's errors, not its
 
     kw = dict(hf_kwargs)
     kw.setdefault("device_map", str(device))
@@ -722,9 +736,10 @@ def from_pretrained(
     hf_kwargs = dict(hf_kwargs)
     path = _resolve(name_or_path, hf_kwargs)
     if (path / MANIFEST).is_file():
-        model = _load_glyd(path, device=dev, exact=exact, hf_kwargs=hf_kwargs)
+        model = _load_glyd(path, device=dev, exact=exact, verify=verify, hf_kwargs=hf_kwargs)
         if verify:
             _verify_model(model, progress=progress)
+            _verify_files(path)
         if merge is True and not _is_merged(model):
             log.info("%s was saved unmerged: merging q|k|v and gate|up (repacks those matrices)", path)
             _merge_packed(model, exact)
@@ -788,7 +803,7 @@ def compress(model: nn.Module, *, layout: str = "auto", merge: bool | None = Non
         packer.close()
     packer.finish("model")
     _note_source(model, _source_of(model), None)
-    return model
+    return hooks.wire(model)
 
 
 def _source_of(model: nn.Module) -> Path | None:
@@ -878,9 +893,20 @@ def _config_dict(model: nn.Module, layout: str) -> dict[str, Any]:
     return json.loads(json.dumps({k: v for k, v in d.items() if not k.startswith("_")}, default=str))
 
 
+def _verify_files(folder: Path) -> None:
+    """Every file the manifest lists (config, tokenizer, ...) still has its recorded sha256."""
+    reader = CheckpointReader(folder)
+    for rel, digest in reader.files.items():
+        if sha256_file(folder / rel) != digest:
+            raise CorruptError(f"{folder / rel}: sha256 mismatch with {MANIFEST} (the file was changed or damaged)")
+
+
 def _verify_model(model: nn.Module, progress: bool = True) -> dict[str, int]:
     src = model.__dict__.get("_glyd_source")
     where = f"{src}: " if src else ""
+    if not any(True for _ in _packed_modules(model)):
+        raise FormatError(f"{where}the model has no glyd-packed weights: nothing to verify (pack it with "
+                          f"glyd.compress or load it with glyd.from_pretrained)")
     counts = {"packed": 0, "raw": 0, "weights": 0}
     for name, m in tqdm(list(_packed_modules(model)), desc="glyd: verify", unit="tensor", disable=not progress):
         wname = f"{name}.weight"

@@ -105,11 +105,13 @@ class GlydHfQuantizer(HfQuantizer):
 
     def _process_model_before_weight_loading(self, model: Any, checkpoint_files: list[str] | None = None,
                                              **kwargs: Any) -> Any:
+        from glyd.hf.checks import check_folder
         from glyd.hf.loading import prepare_skeleton
 
         if not checkpoint_files:
             raise FormatError("a glyd checkpoint needs safetensors files; transformers found none")
         self._folder = Path(checkpoint_files[0]).parent
+        check_folder(self._folder, verify=False)
         self._manifest = prepare_skeleton(model, self._folder, merged=self.quantization_config.merged,
                                           exact=self.quantization_config.exact)
         return model

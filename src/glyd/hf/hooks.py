@@ -1,0 +1,57 @@
+"""transformers' own calls on a packed model: ``model.save_pretrained(dir)`` writes a glyd folder.
+
+transformers' ``save_pretrained`` would write the packed buffers without ``glyd.json`` (and, for a
+freshly packed model, without glyd's ``quantization_config``): a folder that loads as a model with
+random weights. Every packed model glyd hands out carries :func:`save_pretrained` below in its
+place, so transformers' spelling and its ``push_to_hub`` (which saves through it) write a folder
+that loads bit for bit.
+
+>>> model = glyd.from_pretrained("bf16-folder")      # doctest: +SKIP
+>>> model.save_pretrained("model-glyd")              # the same folder as glyd.save_pretrained writes
+"""
+
+from __future__ import annotations
+
+import os
+import types
+from typing import Any
+
+from torch import nn
+
+__all__ = ["wire", "save_pretrained"]
+
+# Arguments of transformers' save_pretrained that change nothing for a glyd folder.
+_HARMLESS = {"safe_serialization": (True, None), "variant": (None,), "token": None, "save_peft_format": None,
+             "save_original_format": None, "distributed_checkpoint": (False,)}
+
+
+def save_pretrained(model: nn.Module, save_directory: str | os.PathLike, is_main_process: bool = True,
+                    state_dict: dict | None = None, push_to_hub: bool = False, max_shard_size: int | str = "2GB",
+                    **kwargs: Any) -> None:
+    """``model.save_pretrained(save_directory)`` of a packed model: :func:`glyd.save_pretrained` with
+    ``overwrite=True`` (it replaces an empty folder or a glyd folder, never anything else)."""
+    from glyd.hf.loading import save_pretrained as glyd_save
+
+    if state_dict is not None:
+        raise ValueError("save_pretrained(state_dict=...) is not supported for a glyd model: its packed arrays "
+                         "are saved as they are")
+    if push_to_hub:
+        raise NotImplementedError("save_pretrained(push_to_hub=True) on a glyd model: call model.push_to_hub(repo_id), "
+                                  "or save the folder and upload it with huggingface_hub.upload_folder")
+    for k, v in kwargs.items():
+        ok = _HARMLESS.get(k, ())
+        if k not in _HARMLESS or (ok is not None and v not in ok):
+            raise TypeError(f"save_pretrained({k}={v!r}) is not supported for a glyd model")
+    if not is_main_process:
+        return
+    from transformers.utils.hub import convert_file_size_to_int
+
+    glyd_save(model, save_directory, overwrite=True, max_shard_bytes=convert_file_size_to_int(max_shard_size),
+              progress=False)
+
+
+def wire(model: nn.Module) -> nn.Module:
+    """Give a packed transformers model glyd's ``save_pretrained`` (an attribute of the instance)."""
+    if hasattr(model, "save_pretrained"):
+        model.save_pretrained = types.MethodType(save_pretrained, model)
+    return model

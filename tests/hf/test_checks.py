@@ -1,0 +1,129 @@
+"""A packed folder that does not describe one complete model never loads (glyd.hf.checks).
+
+Before these checks, ``glyd.from_pretrained(P, verify=True)`` returned a model with random weights
+when config.json had lost its quantization_config, or when a tensor had been removed from both the
+manifest and the shard: it verified 0 tensors and ignored the config's hash in glyd.json."""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+import glyd
+from glyd.errors import CorruptError, FormatError
+from glyd.store import MANIFEST
+from glyd.store.checkpoint import SHARD_METADATA, dump_manifest, key_for
+
+transformers = pytest.importorskip("transformers")
+from transformers import AutoModelForCausalLM  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def packed_folder(tiny_model_folder, tmp_path_factory):
+    model = glyd.from_pretrained(tiny_model_folder("qwen2"), device="cpu", progress=False)
+    return glyd.save_pretrained(model, tmp_path_factory.mktemp("checks") / "glyd", progress=False)
+
+
+@pytest.fixture
+def folder(packed_folder, tmp_path):
+    dst = tmp_path / "copy"
+    shutil.copytree(packed_folder, dst)
+    return dst
+
+
+def _manifest(folder):
+    return json.loads((folder / MANIFEST).read_text())
+
+
+def _rewrite(folder, manifest, tensors):
+    """Write the single shard and glyd.json back (the hashes stay those of the tensors kept)."""
+    save_file(tensors, str(folder / "model.safetensors"), metadata=SHARD_METADATA)
+    (folder / MANIFEST).write_text(dump_manifest(manifest))
+
+
+def _loads(folder, verify):
+    return glyd.from_pretrained(folder, device="cpu", verify=verify, progress=False)
+
+
+@pytest.mark.parametrize("verify", [False, True])
+def test_config_without_quantization_config_is_refused(folder, verify):
+    cfg = json.loads((folder / "config.json").read_text())
+    del cfg["quantization_config"]
+    (folder / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(FormatError, match="quantization_config"):
+        _loads(folder, verify)
+
+
+def test_edited_config_warns_and_verify_refuses(folder, caplog):
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["max_position_embeddings"] = 512  # a legitimate edit: the model is unchanged
+    (folder / "config.json").write_text(json.dumps(cfg))
+    with caplog.at_level(logging.WARNING, logger="glyd"):
+        _loads(folder, verify=False)
+    assert any("sha256 mismatch" in r.getMessage() for r in caplog.records)
+    with pytest.raises(CorruptError, match="config.json"):
+        _loads(folder, verify=True)
+
+
+@pytest.mark.parametrize("which", ["packed", "raw"])
+@pytest.mark.parametrize("verify", [False, True])
+def test_tensor_removed_from_manifest_and_shard_is_refused(folder, which, verify):
+    m = _manifest(folder)
+    name = "model.layers.1.mlp.down_proj.weight" if which == "packed" else "model.layers.1.input_layernorm.weight"
+    e = m["tensors"].pop(name)
+    keys = [key_for(name, a) for a in e["arrays"]] if which == "packed" else [name]
+    tensors = {k: v for k, v in load_file(str(folder / "model.safetensors")).items() if k not in keys}
+    _rewrite(folder, m, tensors)
+    with pytest.raises(FormatError, match="lacks tensor"):
+        _loads(folder, verify)
+    with pytest.raises(FormatError, match="lacks tensor"):  # native loading too
+        AutoModelForCausalLM.from_pretrained(folder)
+
+
+def test_tensor_with_no_place_in_the_model_is_refused(folder):
+    m = _manifest(folder)
+    tensors = load_file(str(folder / "model.safetensors"))
+    extra = torch.ones(3)
+    tensors["model.layers.9.extra"] = extra
+    m["tensors"]["model.layers.9.extra"] = {"kind": "raw", "dtype": "float32", "shape": [3],
+                                            "sha256": glyd.store.sha256_tensor(extra), "file": "model.safetensors"}
+    _rewrite(folder, m, tensors)
+    with pytest.raises(FormatError, match="no place in the model"):
+        _loads(folder, verify=False)
+
+
+def test_raw_tensor_stored_in_another_dtype_is_refused(folder):
+    # a float32 norm would come back bf16: glyd never changes a dtype without saying so
+    m = _manifest(folder)
+    name = "model.norm.weight"
+    tensors = load_file(str(folder / "model.safetensors"))
+    tensors[name] = tensors[name].float()
+    m["tensors"][name].update(dtype="float32", sha256=glyd.store.sha256_tensor(tensors[name]))
+    _rewrite(folder, m, tensors)
+    with pytest.raises(FormatError, match="float32"):
+        _loads(folder, verify=False)
+
+
+def test_layout_of_config_and_manifest_must_agree(folder):
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["quantization_config"]["layout"] = "tiered" if cfg["quantization_config"]["layout"] != "tiered" else "fixed12"
+    (folder / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(FormatError, match="layout"):
+        _loads(folder, verify=False)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message of a machine without CUDA")
+def test_cuda_device_without_cuda_is_a_clear_error(packed_folder):
+    with pytest.raises(RuntimeError, match="no CUDA GPU"):
+        glyd.from_pretrained(packed_folder, device="cuda", progress=False)
+
+
+def test_verify_of_an_unpacked_model_is_an_error(tiny_model_folder):
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_folder("llama"), dtype=torch.bfloat16)
+    with pytest.raises(FormatError, match="no glyd-packed weights"):
+        glyd.verify(model, progress=False)

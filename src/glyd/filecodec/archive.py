@@ -658,7 +658,9 @@ def list_entries(archive: str | os.PathLike) -> list[Entry]:
 
 
 def _tmp_name(dest: Path) -> Path:
-    return dest.with_name(f".{dest.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
+    """A temporary name in ``dest``'s folder. It does not grow with ``dest``'s name: a file whose
+    name is as long as the file system allows must restore too."""
+    return dest.with_name(f".glyd-{os.urandom(6).hex()}.tmp")
 
 
 def _unlink(p: Path) -> None:

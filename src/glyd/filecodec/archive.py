@@ -33,6 +33,7 @@ import zstandard as zstd
 
 from glyd.errors import CorruptError, DestinationExistsError, FormatError, GlydError
 from glyd.filecodec import floats
+from glyd.filecodec.names import MAX_FILE_SIZE, MAX_FILES, check_table
 
 log = logging.getLogger(__name__)
 
@@ -48,8 +49,6 @@ CHUNK_BYTES = 8 << 20
 #: limits a reader enforces before allocating anything
 MAX_CHUNK_BYTES = 64 << 20
 MAX_TABLE_BYTES = 64 << 20
-MAX_FILES = 1 << 20
-MAX_FILE_SIZE = 1 << 50
 MAX_SAFETENSORS_HEADER = 100 << 20
 
 _HEAD = struct.Struct("<8sHHI")  # magic, version, flags, table length
@@ -263,10 +262,6 @@ def _collect(paths: Sequence[str | os.PathLike]) -> list[tuple[Path, str]]:
             out.append((p, p.name))
         else:
             raise GlydError(f"{p}: no such file or folder")
-    names = [n for _, n in out]
-    dup = {n for n in names if names.count(n) > 1}
-    if dup:
-        raise GlydError(f"two inputs would have the same name in the archive: {sorted(dup)[:3]}")
     return out
 
 
@@ -293,9 +288,23 @@ def _ordered_map(fn, items: Iterable, jobs: int) -> Iterator:
                 f.cancel()
 
 
-def _write(out, sources: list[_Source], jobs: int, progress: bool = False) -> int:
-    """Write an archive of ``sources`` to the binary file object ``out``; returns the chunk count."""
+def _table_bytes(sources: list[_Source], label: str) -> bytes:
+    """The file table of an archive of ``sources``, once the reader's rules accept it (whatever
+    compress writes, decompress must restore): a name it would refuse is a one-line error naming
+    the input file, before anything is written."""
+    check_table([(s.path, s.size) for s in sources], lambda i: sources[i].label)
     table = json.dumps({"files": [{"path": s.path, "size": s.size} for s in sources]}, separators=(",", ":")).encode()
+    if len(table) > MAX_TABLE_BYTES:
+        raise FormatError(
+            f"{label}: the file table would take {len(table):,} bytes, over the {MAX_TABLE_BYTES:,} an archive "
+            "may hold (too many files or too long names)"
+        )
+    return table
+
+
+def _write(out, sources: list[_Source], table: bytes, jobs: int, progress: bool = False) -> int:
+    """Write an archive of ``sources`` (``table``: from :func:`_table_bytes`) to the binary file
+    object ``out``; returns the chunk count."""
     out.write(_HEAD.pack(MAGIC, VERSION, 0, len(table)))
     out.write(table)
     out.write(struct.pack("<I", zlib.crc32(table)))
@@ -366,10 +375,11 @@ def compress_files(
             src, fd = _file_source(path, name)
             sources.append(src)
             fds.append(fd)
+        table = _table_bytes(sources, str(archive))
         tmp = _tmp_name(archive)
         try:
             with open(tmp, "xb") as f:
-                chunks = _write(f, sources, _default_jobs(jobs), progress)
+                chunks = _write(f, sources, table, _default_jobs(jobs), progress)
                 f.flush()
                 os.fsync(f.fileno())
             if archive.exists():
@@ -392,26 +402,17 @@ def compress_bytes(data: bytes, name: str = "data", *, jobs: int | None = 1) -> 
     True
     """
     mv = memoryview(data).cast("B") if not isinstance(data, bytes) else data
-    _check_name(name, "name")
 
     def read(off: int, n: int):
         return mv[off : off + n]
 
+    sources = [_Source(name, len(mv), read, f"name {name!r}")]
     buf = io.BytesIO()
-    _write(buf, [_Source(name, len(mv), read, name)], _default_jobs(jobs))
+    _write(buf, sources, _table_bytes(sources, "<bytes>"), _default_jobs(jobs))
     return buf.getvalue()
 
 
 # ----------------------------------------------------------------------------- reading
-
-
-def _check_name(path, where: str) -> str:
-    if not isinstance(path, str) or not path or "\x00" in path or "\\" in path:
-        raise FormatError(f"{where}: bad file name {path!r}")
-    pp = PurePosixPath(path)
-    if pp.is_absolute() or any(part in ("", ".", "..") for part in path.split("/")):
-        raise FormatError(f"{where}: unsafe file name {path!r} (absolute or with '..')")
-    return path
 
 
 class _Reader:
@@ -452,25 +453,16 @@ def _read_table(r: _Reader) -> list[Entry]:
         files = json.loads(table.decode("utf-8"))["files"]
         if not isinstance(files, list) or len(files) > MAX_FILES:
             raise ValueError("files")
-        entries = []
+        table = []
         for i, e in enumerate(files):
-            size = e["size"]
+            path, size = e["path"], e["size"]
             if not isinstance(size, int) or isinstance(size, bool) or not 0 <= size <= MAX_FILE_SIZE:
                 raise ValueError(f"size of file {i}")
-            entries.append(Entry(_check_name(e["path"], f"{r.label}: file {i}"), size))
+            table.append((path, size))
     except (ValueError, KeyError, TypeError, UnicodeDecodeError, RecursionError) as exc:
-        if isinstance(exc, FormatError):
-            raise
         raise CorruptError(f"{r.label}: bad file table ({exc})") from None
-    paths = {e.path for e in entries}
-    if len(paths) != len(entries):
-        raise CorruptError(f"{r.label}: the file table names a file twice")
-    for e in entries:
-        parts = e.path.split("/")
-        for k in range(1, len(parts)):
-            if "/".join(parts[:k]) in paths:
-                raise FormatError(f"{r.label}: {e.path!r} lies under {'/'.join(parts[:k])!r}, which is a file")
-    return entries
+    check_table(table, lambda i: f"{r.label}: file {i}")
+    return [Entry(path, size) for path, size in table]
 
 
 def _iter_archive(

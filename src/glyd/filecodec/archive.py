@@ -366,8 +366,7 @@ def compress_files(
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
     archive = Path(archive)
-    if archive.exists():
-        raise DestinationExistsError(f"{archive}: already exists")
+    _refuse_existing(archive, "already exists")
     inputs = _collect(paths)
     sources, fds = [], []
     try:
@@ -382,8 +381,7 @@ def compress_files(
                 chunks = _write(f, sources, table, _default_jobs(jobs), progress)
                 f.flush()
                 os.fsync(f.fileno())
-            if archive.exists():
-                raise DestinationExistsError(f"{archive}: appeared while compressing")
+            _refuse_existing(archive, "appeared while compressing")
             os.replace(tmp, archive)
         except BaseException:
             _unlink(tmp)
@@ -570,8 +568,7 @@ def decompress(
 
     def on_entry(fi: int, entry: Entry) -> None:
         dest = outdir.joinpath(*entry.path.split("/"))
-        if dest.exists() or dest.is_symlink():
-            raise DestinationExistsError(f"{dest}: already exists")
+        _refuse_existing(dest, "already exists")
         parent = dest.parent
         missing = []
         while not parent.exists():
@@ -593,8 +590,7 @@ def decompress(
         with open(archive, "rb") as f:
             report = _iter_archive(f, label, _default_jobs(jobs), on_entry, on_data, on_end, progress)
         for tmp, dest, _ in temps.values():
-            if dest.exists():
-                raise DestinationExistsError(f"{dest}: appeared while decompressing")
+            _refuse_existing(dest, "appeared while decompressing")
         for tmp, dest, _ in temps.values():
             os.replace(tmp, dest)
         return report
@@ -653,6 +649,13 @@ def _tmp_name(dest: Path) -> Path:
     """A temporary name in ``dest``'s folder. It does not grow with ``dest``'s name: a file whose
     name is as long as the file system allows must restore too."""
     return dest.with_name(f".glyd-{os.urandom(6).hex()}.tmp")
+
+
+def _refuse_existing(dest: Path, what: str) -> None:
+    """Nothing is ever overwritten: not a file, a folder, nor a symbolic link, even a dangling one
+    (``Path.exists`` follows links and would let the rename replace it)."""
+    if os.path.lexists(dest):
+        raise DestinationExistsError(f"{dest}: {what}")
 
 
 def _unlink(p: Path) -> None:

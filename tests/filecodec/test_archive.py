@@ -362,3 +362,27 @@ def test_fuzzed_payloads_with_valid_crc_are_corrupt_errors(tmp_path):
         struct.pack_into("<I", bad, head_at + arc._CHUNK.size - 4, crc)
         with pytest.raises(CorruptError, match=f"chunk {ci}|sha256 mismatch"):
             fc.decompress_bytes(bytes(bad))
+
+
+@pytest.mark.parametrize("cut", [1, 23, 30, 60])
+def test_truncated_with_braces_in_the_name(tmp_path, cut):
+    # the reader formats its "truncated" message only on error: a name like "{0}" must not break it
+    blob = fc.compress_bytes(b"abc" * 100, "w{0}{x}.txt")
+    assert_rejected(tmp_path, blob[: len(blob) - cut], CorruptError, r"truncated|end marker")
+
+
+def test_many_files_across_one_pool(tmp_path, monkeypatch):
+    # one thread pool serves the whole archive: files of 0, 1 and several chunks, in order
+    monkeypatch.setattr(arc, "CHUNK_BYTES", 256)
+    (tmp_path / "in").mkdir()
+    for i in range(40):
+        (tmp_path / "in" / f"f{i:02d}").write_bytes(os.urandom(i % 3) * (i * 20))
+    for jobs in (1, 2, 3):
+        archive = tmp_path / f"a{jobs}.glyd"
+        rep = fc.compress_files([tmp_path / "in"], archive, jobs=jobs)
+        assert rep.chunks > 40
+        assert fc.test(archive, jobs=jobs).original_bytes == sum(f.stat().st_size for f in (tmp_path / "in").iterdir())
+        out = tmp_path / f"out{jobs}"
+        fc.decompress(archive, out, jobs=jobs)
+        for f in (tmp_path / "in").iterdir():
+            assert (out / "in" / f.name).read_bytes() == f.read_bytes()

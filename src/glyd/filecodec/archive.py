@@ -50,6 +50,8 @@ CHUNK_BYTES = 8 << 20
 MAX_CHUNK_BYTES = 64 << 20
 MAX_TABLE_BYTES = 64 << 20
 MAX_SAFETENSORS_HEADER = 100 << 20
+#: progress bars are shown for work of this many bytes or more
+PROGRESS_MIN_BYTES = 64 << 20
 
 _HEAD = struct.Struct("<8sHHI")  # magic, version, flags, table length
 _CHUNK = struct.Struct("<cIIBIII")  # b"C", file, chunk, codec, raw length, payload length, crc32
@@ -268,24 +270,31 @@ def _collect(paths: Sequence[str | os.PathLike]) -> list[tuple[Path, str]]:
 # ----------------------------------------------------------------------------- writing
 
 
-def _ordered_map(fn, items: Iterable, jobs: int) -> Iterator:
-    """``map(fn, items)`` on ``jobs`` threads, in order, with at most ``2 * jobs`` in flight."""
+def _ordered_map(fn, items: Iterable[tuple], jobs: int) -> Iterator[tuple]:
+    """``fn(item)`` for the items tagged ``"chunk"`` (``item[0]``), on ``jobs`` threads with at
+    most ``2 * jobs`` items in flight; every other item passes through unchanged; all in order.
+
+    One pool serves a whole archive: a pool a file cost ~0.3 ms of thread starts and joins per
+    file, most of the time taken by an archive of many small files."""
     if jobs <= 1:
         for it in items:
-            yield fn(it)
+            yield fn(it) if it[0] == "chunk" else it
         return
     with cf.ThreadPoolExecutor(jobs, thread_name_prefix="glyd-fc") as ex:
-        pending: deque[cf.Future] = deque()
+        pending: deque = deque()  # Futures, and the pass-through items between them
         try:
             for it in items:
-                pending.append(ex.submit(fn, it))
+                pending.append(ex.submit(fn, it) if it[0] == "chunk" else it)
                 if len(pending) >= 2 * jobs:
-                    yield pending.popleft().result()
+                    done = pending.popleft()
+                    yield done.result() if isinstance(done, cf.Future) else done
             while pending:
-                yield pending.popleft().result()
+                done = pending.popleft()
+                yield done.result() if isinstance(done, cf.Future) else done
         finally:
             for f in pending:
-                f.cancel()
+                if isinstance(f, cf.Future):
+                    f.cancel()
 
 
 def _table_bytes(sources: list[_Source], label: str) -> bytes:
@@ -308,26 +317,38 @@ def _write(out, sources: list[_Source], table: bytes, jobs: int, progress: bool 
     out.write(_HEAD.pack(MAGIC, VERSION, 0, len(table)))
     out.write(table)
     out.write(struct.pack("<I", zlib.crc32(table)))
+
+    def jobs_of_sources() -> Iterator[tuple]:
+        for fi, src in enumerate(sources):
+            pieces = _plan(src.size, src.read)
+            log.debug("%s: %d chunks, %d of them float tensors", src.label, len(pieces), sum(1 for p in pieces if p.dtype))
+            yield ("file",)
+            for ci, piece in enumerate(pieces):
+                yield ("chunk", fi, ci, piece)
+            yield ("end", fi, len(pieces))
+
+    def work(item: tuple) -> tuple:
+        _, fi, ci, piece = item
+        data = sources[fi].read(piece.offset, piece.length)
+        codec, payload = _encode_piece(piece, data)
+        return ("data", data, _record(fi, ci, codec, piece.length, payload))
+
     total = 0
+    sha = hashlib.sha256()
     bar = _bar(sum(s.size for s in sources), "compress", progress)
-    for fi, src in enumerate(sources):
-        pieces = _plan(src.size, src.read)
-        log.debug("%s: %d chunks, %d of them float tensors", src.label, len(pieces), sum(1 for p in pieces if p.dtype))
-
-        def work(item, src=src, fi=fi):
-            ci, piece = item
-            data = src.read(piece.offset, piece.length)
-            codec, payload = _encode_piece(piece, data)
-            return data, _record(fi, ci, codec, piece.length, payload)
-
-        sha = hashlib.sha256()
-        for data, rec in _ordered_map(work, enumerate(pieces), jobs):
+    for item in _ordered_map(work, jobs_of_sources(), jobs):
+        if item[0] == "data":
+            _, data, rec = item
             sha.update(data)
             for part in rec:
                 out.write(part)
             bar.update(len(data))
-        out.write(_END.pack(b"E", fi, len(pieces), sha.digest()))
-        total += len(pieces)
+        elif item[0] == "file":
+            sha = hashlib.sha256()
+        else:
+            _, fi, n = item
+            out.write(_END.pack(b"E", fi, n, sha.digest()))
+            total += n
     out.write(_TAIL.pack(b"Z", len(sources), MAGIC))
     bar.close()
     return total
@@ -336,7 +357,7 @@ def _write(out, sources: list[_Source], table: bytes, jobs: int, progress: bool 
 def _bar(total: int, desc: str, enabled: bool):
     from tqdm import tqdm
 
-    return tqdm(total=total, unit="B", unit_scale=True, desc=desc, disable=not enabled or total < (64 << 20))
+    return tqdm(total=total, unit="B", unit_scale=True, desc=desc, disable=not enabled or total < PROGRESS_MIN_BYTES)
 
 
 def _default_jobs(jobs: int | None) -> int:
@@ -419,10 +440,12 @@ class _Reader:
         self.label = label
         self.pos = 0
 
-    def read(self, n: int, what: str) -> bytes:
+    def read(self, n: int, what: str, *args) -> bytes:
+        """``n`` bytes; ``what.format(*args)`` names them if the archive ends first (formatted
+        only then: this runs a few times for every file)."""
         b = self.f.read(n)
         if len(b) != n:
-            raise CorruptError(f"{self.label}: truncated archive ({what}, at byte {self.pos})")
+            raise CorruptError(f"{self.label}: truncated archive ({what.format(*args)}, at byte {self.pos})")
         self.pos += n
         return b
 
@@ -463,75 +486,81 @@ def _read_table(r: _Reader) -> list[Entry]:
     return [Entry(path, size) for path, size in table]
 
 
+def _records(r: _Reader, entries: list[Entry]) -> Iterator[tuple]:
+    """Every record of the archive, checked (tags, indices, bounds, CRC) but not decoded, in
+    order: ``("file", fi)``, ``("chunk", codec, payload, raw_len, what)`` for each chunk of file
+    ``fi``, ``("end", fi, sha256)``."""
+    label = r.label
+    for fi, entry in enumerate(entries):
+        yield ("file", fi)
+        got = ci = 0
+        while True:
+            tag = r.read(1, "file {!r} chunk {}", entry.path, ci)
+            if tag == b"E":
+                _, efi, n, sha = _END.unpack(tag + r.read(_END.size - 1, "end of file {!r}", entry.path))
+                if efi != fi or n != ci or got != entry.size:
+                    raise CorruptError(
+                        f"{label}: file {entry.path!r}: end record says file {efi}, {n} chunks; "
+                        f"read {ci} chunks, {got} of {entry.size} bytes"
+                    )
+                yield ("end", fi, sha)
+                break
+            what = f"{label}: file {entry.path!r} chunk {ci}"
+            if tag != b"C":
+                raise CorruptError(f"{what}: bad record tag {tag!r}")
+            head = tag + r.read(_CHUNK.size - 1, "{}", what)
+            _, cfi, cci, codec, raw_len, plen, crc = _CHUNK.unpack(head)
+            if cfi != fi or cci != ci:
+                raise CorruptError(f"{what}: record is labelled file {cfi} chunk {cci}")
+            if raw_len == 0 or raw_len > MAX_CHUNK_BYTES or plen > MAX_CHUNK_BYTES + (1 << 16):
+                raise CorruptError(f"{what}: chunk sizes {raw_len}/{plen} out of bounds")
+            if got + raw_len > entry.size:
+                raise CorruptError(f"{what}: chunks run past the file size {entry.size}")
+            payload = r.read(plen, "file {!r} chunk {}", entry.path, ci)
+            if zlib.crc32(payload, zlib.crc32(head[:-4])) != crc:
+                raise CorruptError(f"{what}: checksum mismatch")
+            got += raw_len
+            yield ("chunk", codec, payload, raw_len, what)
+            ci += 1
+
+
+def _decode_record(item: tuple) -> tuple:
+    """``("chunk", ...)`` of :func:`_records` -> ``("data", bytes)``."""
+    _, codec, payload, raw_len, what = item
+    try:
+        return ("data", _decode_chunk(codec, payload, raw_len, what))
+    except GlydError:
+        raise
+    except (ValueError, IndexError, TypeError, struct.error, zstd.ZstdError) as exc:
+        # a payload that passed its CRC yet does not decode: crafted, or a writer bug
+        raise CorruptError(f"{what}: undecodable payload ({type(exc).__name__}: {exc})") from None
+
+
 def _iter_archive(
     f, label: str, jobs: int, on_entry: Callable[[int, Entry], None], on_data, on_end, progress: bool = False
 ) -> Report:
-    """Read and check a whole archive, calling ``on_data(file_index, bytes)`` in order."""
+    """Read and check a whole archive, calling ``on_entry(file_index, entry)``, then
+    ``on_data(file_index, bytes)`` for each chunk, then ``on_end(file_index)``, file by file."""
     r = _Reader(f, label)
     entries = _read_table(r)
-    nchunks = 0
+    nchunks = fi = 0
+    sha = hashlib.sha256()
     bar = _bar(sum(e.size for e in entries), "decompress", progress)
-
-    for fi, entry in enumerate(entries):
-        on_entry(fi, entry)
-
-        def records(fi=fi, entry=entry):
-            got = 0
-            ci = 0
-            while True:
-                tag = r.read(1, f"file {entry.path!r} chunk {ci}")
-                if tag == b"E":
-                    rest = r.read(_END.size - 1, f"end of file {entry.path!r}")
-                    _, efi, n, sha = _END.unpack(tag + rest)
-                    if efi != fi or n != ci or got != entry.size:
-                        raise CorruptError(
-                            f"{label}: file {entry.path!r}: end record says file {efi}, {n} chunks; "
-                            f"read {ci} chunks, {got} of {entry.size} bytes"
-                        )
-                    yield ("end", sha)
-                    return
-                what = f"{label}: file {entry.path!r} chunk {ci}"
-                if tag != b"C":
-                    raise CorruptError(f"{what}: bad record tag {tag!r}")
-                head = tag + r.read(_CHUNK.size - 1, what)
-                _, cfi, cci, codec, raw_len, plen, crc = _CHUNK.unpack(head)
-                if cfi != fi or cci != ci:
-                    raise CorruptError(f"{what}: record is labelled file {cfi} chunk {cci}")
-                if raw_len == 0 or raw_len > MAX_CHUNK_BYTES or plen > MAX_CHUNK_BYTES + (1 << 16):
-                    raise CorruptError(f"{what}: chunk sizes {raw_len}/{plen} out of bounds")
-                if got + raw_len > entry.size:
-                    raise CorruptError(f"{what}: chunks run past the file size {entry.size}")
-                payload = r.read(plen, f"file {entry.path!r} chunk {ci}")
-                if zlib.crc32(payload, zlib.crc32(head[:-4])) != crc:
-                    raise CorruptError(f"{what}: checksum mismatch")
-                got += raw_len
-                yield ("chunk", (codec, payload, raw_len, what))
-                ci += 1
-
-        def work(rec):
-            kind, val = rec
-            if kind == "end":
-                return rec
-            codec, payload, raw_len, what = val
-            try:
-                return ("data", _decode_chunk(codec, payload, raw_len, what))
-            except GlydError:
-                raise
-            except (ValueError, IndexError, TypeError, struct.error, zstd.ZstdError) as exc:
-                # a payload that passed its CRC yet does not decode: crafted, or a writer bug
-                raise CorruptError(f"{what}: undecodable payload ({type(exc).__name__}: {exc})") from None
-
-        sha = hashlib.sha256()
-        for kind, val in _ordered_map(work, records(), jobs):
-            if kind == "data":
-                sha.update(val)
-                on_data(fi, val)
-                nchunks += 1
-                bar.update(len(memoryview(val).cast("B")))
-            else:
-                if sha.digest() != val:
-                    raise CorruptError(f"{label}: file {entry.path!r}: sha256 mismatch")
-                on_end(fi)
+    for item in _ordered_map(_decode_record, _records(r, entries), jobs):
+        if item[0] == "data":
+            data = item[1]
+            sha.update(data)
+            on_data(fi, data)
+            nchunks += 1
+            bar.update(len(memoryview(data).cast("B")))
+        elif item[0] == "file":
+            fi = item[1]
+            on_entry(fi, entries[fi])
+            sha = hashlib.sha256()
+        else:
+            if sha.digest() != item[2]:
+                raise CorruptError(f"{label}: file {entries[fi].path!r}: sha256 mismatch")
+            on_end(fi)
     tail = r.read(_TAIL.size, "end marker")
     if tail[:1] != b"Z" or _TAIL.unpack(tail)[1:] != (len(entries), MAGIC):
         raise CorruptError(f"{label}: bad end marker")

@@ -32,12 +32,14 @@ def name_problem(path: str) -> str | None:
         return f"bad file name {path!r} (empty or not a string)"
     if "\x00" in path or "\\" in path:
         return f"bad file name {path!r} (archive names are POSIX paths: no '\\' or NUL)"
-    if path[0] == "/" or any(part in ("", ".", "..") for part in path.split("/")):
+    wrapped = f"/{path}/"  # an empty, "." or ".." part, or a leading "/", shows as one of these
+    if "//" in wrapped or "/./" in wrapped or "/../" in wrapped:
         return f"unsafe file name {path!r} (absolute, or with an empty, '.' or '..' part)"
-    try:
-        os.fsencode(path)
-    except UnicodeError:
-        return f"bad file name {path!r} (not a name this system can write)"
+    if not path.isascii():
+        try:
+            os.fsencode(path)
+        except UnicodeError:
+            return f"bad file name {path!r} (not a name this system can write)"
     return None
 
 

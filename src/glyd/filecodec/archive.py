@@ -335,22 +335,22 @@ def _write(out, sources: list[_Source], table: bytes, jobs: int, progress: bool 
 
     total = 0
     sha = hashlib.sha256()
-    bar = _bar(sum(s.size for s in sources), "compress", progress)
-    for item in _ordered_map(work, jobs_of_sources(), jobs):
-        if item[0] == "data":
-            _, data, rec = item
-            sha.update(data)
-            for part in rec:
-                out.write(part)
-            bar.update(len(data))
-        elif item[0] == "file":
-            sha = hashlib.sha256()
-        else:
-            _, fi, n = item
-            out.write(_END.pack(b"E", fi, n, sha.digest()))
-            total += n
+    # closed on errors too, so that the CLI's error line is not glued to the bar
+    with _bar(sum(s.size for s in sources), "compress", progress) as bar:
+        for item in _ordered_map(work, jobs_of_sources(), jobs):
+            if item[0] == "data":
+                _, data, rec = item
+                sha.update(data)
+                for part in rec:
+                    out.write(part)
+                bar.update(len(data))
+            elif item[0] == "file":
+                sha = hashlib.sha256()
+            else:
+                _, fi, n = item
+                out.write(_END.pack(b"E", fi, n, sha.digest()))
+                total += n
     out.write(_TAIL.pack(b"Z", len(sources), MAGIC))
-    bar.close()
     return total
 
 
@@ -537,36 +537,43 @@ def _decode_record(item: tuple) -> tuple:
 
 
 def _iter_archive(
-    f, label: str, jobs: int, on_entry: Callable[[int, Entry], None], on_data, on_end, progress: bool = False
+    f,
+    label: str,
+    jobs: int,
+    on_entry: Callable[[int, Entry], None],
+    on_data,
+    on_end,
+    progress: bool = False,
+    desc: str = "decompress",
 ) -> Report:
     """Read and check a whole archive, calling ``on_entry(file_index, entry)``, then
-    ``on_data(file_index, bytes)`` for each chunk, then ``on_end(file_index)``, file by file."""
+    ``on_data(file_index, bytes)`` for each chunk, then ``on_end(file_index)``, file by file;
+    ``desc`` names the progress bar."""
     r = _Reader(f, label)
     entries = _read_table(r)
     nchunks = fi = 0
     sha = hashlib.sha256()
-    bar = _bar(sum(e.size for e in entries), "decompress", progress)
-    for item in _ordered_map(_decode_record, _records(r, entries), jobs):
-        if item[0] == "data":
-            data = item[1]
-            sha.update(data)
-            on_data(fi, data)
-            nchunks += 1
-            bar.update(len(memoryview(data).cast("B")))
-        elif item[0] == "file":
-            fi = item[1]
-            on_entry(fi, entries[fi])
-            sha = hashlib.sha256()
-        else:
-            if sha.digest() != item[2]:
-                raise CorruptError(f"{label}: file {entries[fi].path!r}: sha256 mismatch")
-            on_end(fi)
+    with _bar(sum(e.size for e in entries), desc, progress) as bar:  # closed on errors too
+        for item in _ordered_map(_decode_record, _records(r, entries), jobs):
+            if item[0] == "data":
+                data = item[1]
+                sha.update(data)
+                on_data(fi, data)
+                nchunks += 1
+                bar.update(len(memoryview(data).cast("B")))
+            elif item[0] == "file":
+                fi = item[1]
+                on_entry(fi, entries[fi])
+                sha = hashlib.sha256()
+            else:
+                if sha.digest() != item[2]:
+                    raise CorruptError(f"{label}: file {entries[fi].path!r}: sha256 mismatch")
+                on_end(fi)
     tail = r.read(_TAIL.size, "end marker")
     if tail[:1] != b"Z" or _TAIL.unpack(tail)[1:] != (len(entries), MAGIC):
         raise CorruptError(f"{label}: bad end marker")
     if f.read(1):
         raise CorruptError(f"{label}: data after the end marker")
-    bar.close()
     return Report(entries, r.pos, nchunks)
 
 
@@ -578,7 +585,7 @@ def test(archive: str | os.PathLike, *, jobs: int | None = None, progress: bool 
     """
     with open(archive, "rb") as f:
         return _iter_archive(
-            f, str(archive), _default_jobs(jobs), lambda *a: None, lambda *a: None, lambda *a: None, progress
+            f, str(archive), _default_jobs(jobs), lambda *a: None, lambda *a: None, lambda *a: None, progress, "test"
         )
 
 

@@ -32,7 +32,7 @@ from pathlib import Path, PurePosixPath
 import zstandard as zstd
 
 from glyd.errors import CorruptError, DestinationExistsError, FormatError, GlydError
-from glyd.filecodec import floats
+from glyd.filecodec import floats, zframe
 from glyd.filecodec.names import MAX_FILE_SIZE, MAX_FILES, check_table
 
 log = logging.getLogger(__name__)
@@ -201,15 +201,7 @@ def _decode_chunk(codec: int, payload: bytes, raw_len: int, what: str):
             raise CorruptError(f"{what}: stored chunk of {len(payload)} bytes, expected {raw_len}")
         return payload
     if codec == CODEC_ZSTD:
-        try:
-            if zstd.frame_content_size(payload) != raw_len:
-                raise CorruptError(f"{what}: zstd frame size is not {raw_len}")
-            out = zstd.ZstdDecompressor().decompress(payload, max_output_size=raw_len)
-        except zstd.ZstdError as exc:
-            raise CorruptError(f"{what}: zstd error ({exc})") from None
-        if len(out) != raw_len:
-            raise CorruptError(f"{what}: decoded {len(out)} bytes, expected {raw_len}")
-        return out
+        return zframe.decode(payload, raw_len, what)
     if codec == CODEC_FLOAT:
         return floats.decode(payload, raw_len, what)
     raise CorruptError(f"{what}: unknown chunk codec {codec}")

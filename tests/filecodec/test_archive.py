@@ -17,6 +17,7 @@ from safetensors.torch import save_file
 import glyd.filecodec as fc
 from glyd.errors import CorruptError, DestinationExistsError, FormatError
 from glyd.filecodec import archive as arc
+from glyd.filecodec import plan
 
 
 def sha(p: Path) -> str:
@@ -73,7 +74,7 @@ def test_safetensors_every_dtype(tmp_path):
 
 
 def test_safetensors_floats_are_coded_by_dtype(tmp_path):
-    pieces = arc._plan(*_src(write_st(tmp_path / "m.safetensors")))
+    pieces = plan.plan_file(*_src(write_st(tmp_path / "m.safetensors")))
     coded = {(p.dtype, p.cols) for p in pieces if p.dtype}
     from glyd.filecodec import floats as F
 
@@ -87,11 +88,11 @@ def _src(p: Path):
 
 
 def test_large_tensor_is_cut_into_row_chunks(tmp_path, monkeypatch):
-    monkeypatch.setattr(arc, "CHUNK_BYTES", 64 << 10)
+    monkeypatch.setattr(plan, "CHUNK_BYTES", 64 << 10)
     p = tmp_path / "big.safetensors"
     g = torch.Generator().manual_seed(1)
     save_file({"w": (torch.randn(1000, 300, generator=g) * 0.02).to(torch.bfloat16), "v": torch.randn(70000, generator=g).to(torch.float16)}, str(p))
-    pieces = arc._plan(*_src(p))
+    pieces = plan.plan_file(*_src(p))
     assert sum(1 for x in pieces if x.dtype) > 6 and max(x.length for x in pieces) <= 64 << 10
     r = fc.compress_files([p], tmp_path / "big.glyd", jobs=2)
     assert r.chunks == len(pieces)
@@ -301,7 +302,7 @@ def test_decompress_bytes_needs_one_file(tmp_path, two_file_archive):
 def test_memory_bounded_by_chunks_not_file(tmp_path, monkeypatch):
     import tracemalloc
 
-    monkeypatch.setattr(arc, "CHUNK_BYTES", 64 << 10)
+    monkeypatch.setattr(plan, "CHUNK_BYTES", 64 << 10)
     p = tmp_path / "big.safetensors"
     g = torch.Generator().manual_seed(7)
     save_file({"w": (torch.randn(4096, 512, generator=g) * 0.02).to(torch.bfloat16)}, str(p))  # 4 MiB
@@ -373,7 +374,7 @@ def test_truncated_with_braces_in_the_name(tmp_path, cut):
 
 def test_many_files_across_one_pool(tmp_path, monkeypatch):
     # one thread pool serves the whole archive: files of 0, 1 and several chunks, in order
-    monkeypatch.setattr(arc, "CHUNK_BYTES", 256)
+    monkeypatch.setattr(plan, "CHUNK_BYTES", 256)
     (tmp_path / "in").mkdir()
     for i in range(40):
         (tmp_path / "in" / f"f{i:02d}").write_bytes(os.urandom(i % 3) * (i * 20))

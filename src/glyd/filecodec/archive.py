@@ -21,7 +21,6 @@ import hashlib
 import io
 import json
 import logging
-import math
 import os
 import struct
 import zlib
@@ -33,6 +32,7 @@ import zstandard as zstd
 
 from glyd.errors import CorruptError, DestinationExistsError, FormatError, GlydError
 from glyd.filecodec import floats, zframe
+from glyd.filecodec.plan import Piece, plan_file
 from glyd.filecodec.names import MAX_FILE_SIZE, MAX_FILES, check_table
 
 log = logging.getLogger(__name__)
@@ -44,12 +44,9 @@ SUFFIX = ".glyd"
 CODEC_STORE, CODEC_ZSTD, CODEC_FLOAT = 0, 1, 2
 CODEC_NAMES = {CODEC_STORE: "store", CODEC_ZSTD: "zstd", CODEC_FLOAT: "float"}
 
-#: bytes of input in one chunk (float chunks: whole rows of at most this many bytes)
-CHUNK_BYTES = 8 << 20
 #: limits a reader enforces before allocating anything
 MAX_CHUNK_BYTES = 64 << 20
 MAX_TABLE_BYTES = 64 << 20
-MAX_SAFETENSORS_HEADER = 100 << 20
 #: progress bars are shown for work of this many bytes or more
 PROGRESS_MIN_BYTES = 64 << 20
 
@@ -85,105 +82,10 @@ class Report:
         return self.archive_bytes / max(self.original_bytes, 1)
 
 
-# ----------------------------------------------------------------------------- planning
-
-
-@dataclasses.dataclass(frozen=True)
-class _Piece:
-    """A byte range of a file and how it is coded."""
-
-    offset: int
-    length: int
-    dtype: int = 0  # floats.* code; 0 = generic bytes (zstd)
-    rows: int = 0
-    cols: int = 0
-
-
-def _safetensors_regions(head: bytes, size: int, read: Callable[[int, int], bytes]) -> list[tuple[int, int, int, int]] | None:
-    """(offset, length, dtype code, cols) of every float tensor of a safetensors file, sorted, or
-    None when the file is not a well-formed safetensors file (it is then coded as plain bytes).
-    The header is hostile input: every bound is checked before use."""
-    if size < 10 or len(head) < 9:
-        return None
-    (hlen,) = struct.unpack_from("<Q", head, 0)
-    if not 2 <= hlen <= min(MAX_SAFETENSORS_HEADER, size - 8) or head[8:9] != b"{":
-        return None
-    try:
-        meta = json.loads(bytes(read(8, hlen)).decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError):
-        return None
-    if not isinstance(meta, dict):
-        return None
-    data_start = 8 + hlen
-    data_len = size - data_start
-    regions = []
-    for name, info in meta.items():
-        if name == "__metadata__":
-            continue
-        if not isinstance(info, dict):
-            return None
-        dtype, shape, offs = info.get("dtype"), info.get("shape"), info.get("data_offsets")
-        if not (
-            isinstance(dtype, str)
-            and isinstance(shape, list)
-            and all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 1 << 40 for d in shape)
-            and isinstance(offs, list)
-            and len(offs) == 2
-            and all(isinstance(o, int) and not isinstance(o, bool) for o in offs)
-            and 0 <= offs[0] <= offs[1] <= data_len
-        ):
-            return None
-        code = floats.SAFETENSORS_DTYPES.get(dtype)
-        if code is None or offs[0] == offs[1]:
-            continue  # other dtypes (ints, bool, f64) and empty tensors: plain bytes
-        n = math.prod(shape)
-        if n * floats.ITEMSIZE[code] != offs[1] - offs[0]:
-            return None
-        cols = shape[-1] if shape else 1
-        regions.append((data_start + offs[0], offs[1] - offs[0], code, cols))
-    regions.sort()
-    for (a, la, _, _), (b, _, _, _) in zip(regions, regions[1:]):
-        if a + la > b:
-            return None  # overlapping tensors
-    return regions
-
-
-def _plan(size: int, read: Callable[[int, int], bytes]) -> list[_Piece]:
-    """Cut a file into chunks: float tensors of a safetensors file by rows, the rest by bytes."""
-    head = bytes(read(0, min(size, 9))) if size else b""
-    regions = _safetensors_regions(head, size, read) or []
-    pieces: list[_Piece] = []
-
-    def generic(a: int, b: int) -> None:
-        for off in range(a, b, CHUNK_BYTES):
-            pieces.append(_Piece(off, min(CHUNK_BYTES, b - off)))
-
-    pos = 0
-    for off, length, code, cols in regions:
-        generic(pos, off)
-        item = floats.ITEMSIZE[code]
-        n = length // item
-        line = cols * item
-        if cols >= 1 and line <= CHUNK_BYTES:
-            rows_per = max(1, CHUNK_BYTES // line)
-            total_rows = n // cols
-            for r in range(0, total_rows, rows_per):
-                rr = min(rows_per, total_rows - r)
-                pieces.append(_Piece(off + r * line, rr * line, code, rr, cols))
-        else:  # very long rows: 1-D slices
-            per = CHUNK_BYTES // item
-            for e in range(0, n, per):
-                k = min(per, n - e)
-                pieces.append(_Piece(off + e * item, k * item, code, 1, k))
-        pos = off + length
-    generic(pos, size)
-    return pieces
-
-
 # ----------------------------------------------------------------------------- chunk coding
 
 
-def _encode_piece(piece: _Piece, data) -> tuple[int, list]:
+def _encode_piece(piece: Piece, data) -> tuple[int, list]:
     """-> (codec, payload as a list of buffers)."""
     if piece.dtype:
         return CODEC_FLOAT, floats.encode_parts(piece.dtype, data, piece.rows, piece.cols)
@@ -312,7 +214,7 @@ def _write(out, sources: list[_Source], table: bytes, jobs: int, progress: bool 
 
     def jobs_of_sources() -> Iterator[tuple]:
         for fi, src in enumerate(sources):
-            pieces = _plan(src.size, src.read)
+            pieces = plan_file(src.size, src.read)
             log.debug("%s: %d chunks, %d of them float tensors", src.label, len(pieces), sum(1 for p in pieces if p.dtype))
             yield ("file",)
             for ci, piece in enumerate(pieces):

@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import save_file
 
 import glyd.filecodec as fc
-from glyd.errors import CorruptError, DestinationExistsError, FormatError
+from glyd.errors import CorruptError, DestinationExistsError, FormatError, GlydError
 from glyd.filecodec import archive as arc
 from glyd.filecodec import plan
 
@@ -387,3 +387,45 @@ def test_many_files_across_one_pool(tmp_path, monkeypatch):
         fc.decompress(archive, out, jobs=jobs)
         for f in (tmp_path / "in").iterdir():
             assert (out / "in" / f.name).read_bytes() == f.read_bytes()
+
+
+@pytest.fixture
+def few_fds():
+    """A soft limit of 40 file descriptors above those open now (restored after the test)."""
+    resource = pytest.importorskip("resource")
+    if not os.path.isdir("/proc/self/fd"):
+        pytest.skip("needs /proc/self/fd")
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 40, hard))
+    yield
+    resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_more_files_than_file_descriptors(tmp_path, few_fds, jobs):
+    # compress opens each input only while its chunks are read, not all of them at once
+    src = tmp_path / "many"
+    src.mkdir()
+    for i in range(300):
+        (src / f"f{i:03d}.txt").write_text(f"file {i} " * (i % 7))
+    archive = tmp_path / "many.glyd"
+    assert len(fc.compress_files([src], archive, jobs=jobs).entries) == 300
+    fc.decompress(archive, tmp_path / "out", jobs=jobs)
+    for f in src.iterdir():
+        assert (tmp_path / "out" / "many" / f.name).read_bytes() == f.read_bytes()
+
+
+def test_input_changed_between_listing_and_reading(tmp_path, monkeypatch):
+    (tmp_path / "a.txt").write_text("a" * 100)
+    (tmp_path / "b.txt").write_text("b" * 100)
+    plan_file = plan.plan_file
+
+    def grow_b(size, read):  # b.txt grows once a.txt is being read, after the table was made
+        with open(tmp_path / "b.txt", "a") as f:
+            f.write("more")
+        return plan_file(size, read)
+
+    monkeypatch.setattr(arc, "plan_file", grow_b)
+    with pytest.raises(GlydError, match=r"b\.txt: changed while being compressed"):
+        fc.compress_files([tmp_path / "a.txt", tmp_path / "b.txt"], tmp_path / "ab.glyd")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.txt", "b.txt"]

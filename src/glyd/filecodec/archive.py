@@ -16,6 +16,7 @@ been checked, so a failed run leaves nothing behind.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
 import dataclasses
 import hashlib
 import io
@@ -124,25 +125,38 @@ def _record(file_idx: int, chunk_idx: int, codec: int, raw_len: int, payload: li
 # ----------------------------------------------------------------------------- sources
 
 
+_Read = Callable[[int, int], bytes]
+
+
 @dataclasses.dataclass
 class _Source:
     path: str  # name inside the archive
     size: int
-    read: Callable[[int, int], bytes]
+    #: -> (read(offset, n), close): called when the file's turn comes, so that only the few
+    #: files in flight are open (a folder may hold more files than a process may open)
+    open: Callable[[], tuple[_Read, Callable[[], None]]]
     label: str  # for messages
 
 
-def _file_source(path: Path, name: str) -> tuple[_Source, int]:
-    fd = os.open(path, os.O_RDONLY)
-    size = os.fstat(fd).st_size
+def _file_source(path: Path, name: str) -> _Source:
+    size = os.stat(path).st_size
 
-    def read(off: int, n: int) -> bytes:
-        b = os.pread(fd, n, off)
-        if len(b) != n:
-            raise GlydError(f"{path}: changed while being compressed (short read at {off})")
-        return b
+    def open_file() -> tuple[_Read, Callable[[], None]]:
+        fd = os.open(path, os.O_RDONLY)
+        now = os.fstat(fd).st_size
+        if now != size:
+            os.close(fd)
+            raise GlydError(f"{path}: changed while being compressed ({size} bytes when listed, {now} now)")
 
-    return _Source(name, size, read, str(path)), fd
+        def read(off: int, n: int) -> bytes:
+            b = os.pread(fd, n, off)
+            if len(b) != n:
+                raise GlydError(f"{path}: changed while being compressed (short read at {off})")
+            return b
+
+        return read, lambda: os.close(fd)
+
+    return _Source(name, size, open_file, str(path))
 
 
 def _collect(paths: Sequence[str | os.PathLike]) -> list[tuple[Path, str]]:
@@ -212,38 +226,49 @@ def _write(out, sources: list[_Source], table: bytes, jobs: int, progress: bool 
     out.write(table)
     out.write(struct.pack("<I", zlib.crc32(table)))
 
+    closers: dict[int, Callable[[], None]] = {}  # the files open now
+
     def jobs_of_sources() -> Iterator[tuple]:
         for fi, src in enumerate(sources):
-            pieces = plan_file(src.size, src.read)
+            read, closers[fi] = src.open()
+            pieces = plan_file(src.size, read)
             log.debug("%s: %d chunks, %d of them float tensors", src.label, len(pieces), sum(1 for p in pieces if p.dtype))
             yield ("file",)
             for ci, piece in enumerate(pieces):
-                yield ("chunk", fi, ci, piece)
+                yield ("chunk", fi, ci, piece, read)
             yield ("end", fi, len(pieces))
 
     def work(item: tuple) -> tuple:
-        _, fi, ci, piece = item
-        data = sources[fi].read(piece.offset, piece.length)
+        _, fi, ci, piece, read = item
+        data = read(piece.offset, piece.length)
         codec, payload = _encode_piece(piece, data)
         return ("data", data, _record(fi, ci, codec, piece.length, payload))
 
     total = 0
     sha = hashlib.sha256()
-    # closed on errors too, so that the CLI's error line is not glued to the bar
-    with _bar(sum(s.size for s in sources), "compress", progress) as bar:
-        for item in _ordered_map(work, jobs_of_sources(), jobs):
-            if item[0] == "data":
-                _, data, rec = item
-                sha.update(data)
-                for part in rec:
-                    out.write(part)
-                bar.update(len(data))
-            elif item[0] == "file":
-                sha = hashlib.sha256()
-            else:
-                _, fi, n = item
-                out.write(_END.pack(b"E", fi, n, sha.digest()))
-                total += n
+    # the bar is closed on errors too, so that the CLI's error line is not glued to it; the
+    # files are closed only once the pool has stopped (closing the map joins its threads)
+    try:
+        with _bar(sum(s.size for s in sources), "compress", progress) as bar, contextlib.closing(
+            _ordered_map(work, jobs_of_sources(), jobs)
+        ) as results:
+            for item in results:
+                if item[0] == "data":
+                    _, data, rec = item
+                    sha.update(data)
+                    for part in rec:
+                        out.write(part)
+                    bar.update(len(data))
+                elif item[0] == "file":
+                    sha = hashlib.sha256()
+                else:
+                    _, fi, n = item
+                    closers.pop(fi)()
+                    out.write(_END.pack(b"E", fi, n, sha.digest()))
+                    total += n
+    finally:
+        for close in closers.values():
+            close()
     out.write(_TAIL.pack(b"Z", len(sources), MAGIC))
     return total
 
@@ -282,28 +307,19 @@ def compress_files(
         paths = [paths]
     archive = Path(archive)
     _refuse_existing(archive, "already exists")
-    inputs = _collect(paths)
-    sources, fds = [], []
+    sources = [_file_source(path, name) for path, name in _collect(paths)]
+    table = _table_bytes(sources, str(archive))
+    tmp = _tmp_name(archive)
     try:
-        for path, name in inputs:
-            src, fd = _file_source(path, name)
-            sources.append(src)
-            fds.append(fd)
-        table = _table_bytes(sources, str(archive))
-        tmp = _tmp_name(archive)
-        try:
-            with open(tmp, "xb") as f:
-                chunks = _write(f, sources, table, _default_jobs(jobs), progress)
-                f.flush()
-                os.fsync(f.fileno())
-            _refuse_existing(archive, "appeared while compressing")
-            os.replace(tmp, archive)
-        except BaseException:
-            _unlink(tmp)
-            raise
-    finally:
-        for fd in fds:
-            os.close(fd)
+        with open(tmp, "xb") as f:
+            chunks = _write(f, sources, table, _default_jobs(jobs), progress)
+            f.flush()
+            os.fsync(f.fileno())
+        _refuse_existing(archive, "appeared while compressing")
+        os.replace(tmp, archive)
+    except BaseException:
+        _unlink(tmp)
+        raise
     return Report([Entry(s.path, s.size) for s in sources], archive.stat().st_size, chunks)
 
 
@@ -319,7 +335,7 @@ def compress_bytes(data: bytes, name: str = "data", *, jobs: int | None = 1) -> 
     def read(off: int, n: int):
         return mv[off : off + n]
 
-    sources = [_Source(name, len(mv), read, f"name {name!r}")]
+    sources = [_Source(name, len(mv), lambda: (read, lambda: None), f"name {name!r}")]
     buf = io.BytesIO()
     _write(buf, sources, _table_bytes(sources, "<bytes>"), _default_jobs(jobs))
     return buf.getvalue()

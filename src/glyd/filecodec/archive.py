@@ -182,8 +182,8 @@ def _ordered_map(fn, items: Iterable[tuple], jobs: int) -> Iterator[tuple]:
     """``fn(item)`` for the items tagged ``"chunk"`` (``item[0]``), on ``jobs`` threads with at
     most ``2 * jobs`` items in flight; every other item passes through unchanged; all in order.
 
-    One pool serves a whole archive: a pool a file cost ~0.3 ms of thread starts and joins per
-    file, most of the time taken by an archive of many small files."""
+    One pool serves a whole archive: with a pool a file, thread starts and joins took most of
+    the time of an archive of many small files."""
     if jobs <= 1:
         for it in items:
             yield fn(it) if it[0] == "chunk" else it

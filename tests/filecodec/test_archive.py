@@ -15,8 +15,9 @@ import torch
 from safetensors.torch import save_file
 
 import glyd.filecodec as fc
-from glyd.errors import CorruptError, DestinationExistsError, FormatError
+from glyd.errors import CorruptError, DestinationExistsError, FormatError, GlydError
 from glyd.filecodec import archive as arc
+from glyd.filecodec import plan
 
 
 def sha(p: Path) -> str:
@@ -73,7 +74,7 @@ def test_safetensors_every_dtype(tmp_path):
 
 
 def test_safetensors_floats_are_coded_by_dtype(tmp_path):
-    pieces = arc._plan(*_src(write_st(tmp_path / "m.safetensors")))
+    pieces = plan.plan_file(*_src(write_st(tmp_path / "m.safetensors")))
     coded = {(p.dtype, p.cols) for p in pieces if p.dtype}
     from glyd.filecodec import floats as F
 
@@ -87,11 +88,11 @@ def _src(p: Path):
 
 
 def test_large_tensor_is_cut_into_row_chunks(tmp_path, monkeypatch):
-    monkeypatch.setattr(arc, "CHUNK_BYTES", 64 << 10)
+    monkeypatch.setattr(plan, "CHUNK_BYTES", 64 << 10)
     p = tmp_path / "big.safetensors"
     g = torch.Generator().manual_seed(1)
     save_file({"w": (torch.randn(1000, 300, generator=g) * 0.02).to(torch.bfloat16), "v": torch.randn(70000, generator=g).to(torch.float16)}, str(p))
-    pieces = arc._plan(*_src(p))
+    pieces = plan.plan_file(*_src(p))
     assert sum(1 for x in pieces if x.dtype) > 6 and max(x.length for x in pieces) <= 64 << 10
     r = fc.compress_files([p], tmp_path / "big.glyd", jobs=2)
     assert r.chunks == len(pieces)
@@ -301,7 +302,7 @@ def test_decompress_bytes_needs_one_file(tmp_path, two_file_archive):
 def test_memory_bounded_by_chunks_not_file(tmp_path, monkeypatch):
     import tracemalloc
 
-    monkeypatch.setattr(arc, "CHUNK_BYTES", 64 << 10)
+    monkeypatch.setattr(plan, "CHUNK_BYTES", 64 << 10)
     p = tmp_path / "big.safetensors"
     g = torch.Generator().manual_seed(7)
     save_file({"w": (torch.randn(4096, 512, generator=g) * 0.02).to(torch.bfloat16)}, str(p))  # 4 MiB
@@ -362,3 +363,69 @@ def test_fuzzed_payloads_with_valid_crc_are_corrupt_errors(tmp_path):
         struct.pack_into("<I", bad, head_at + arc._CHUNK.size - 4, crc)
         with pytest.raises(CorruptError, match=f"chunk {ci}|sha256 mismatch"):
             fc.decompress_bytes(bytes(bad))
+
+
+@pytest.mark.parametrize("cut", [1, 23, 30, 60])
+def test_truncated_with_braces_in_the_name(tmp_path, cut):
+    # the reader formats its "truncated" message only on error: a name like "{0}" must not break it
+    blob = fc.compress_bytes(b"abc" * 100, "w{0}{x}.txt")
+    assert_rejected(tmp_path, blob[: len(blob) - cut], CorruptError, r"truncated|end marker")
+
+
+def test_many_files_across_one_pool(tmp_path, monkeypatch):
+    # one thread pool serves the whole archive: files of 0, 1 and several chunks, in order
+    monkeypatch.setattr(plan, "CHUNK_BYTES", 256)
+    (tmp_path / "in").mkdir()
+    for i in range(40):
+        (tmp_path / "in" / f"f{i:02d}").write_bytes(os.urandom(i % 3) * (i * 20))
+    for jobs in (1, 2, 3):
+        archive = tmp_path / f"a{jobs}.glyd"
+        rep = fc.compress_files([tmp_path / "in"], archive, jobs=jobs)
+        assert rep.chunks > 40
+        assert fc.test(archive, jobs=jobs).original_bytes == sum(f.stat().st_size for f in (tmp_path / "in").iterdir())
+        out = tmp_path / f"out{jobs}"
+        fc.decompress(archive, out, jobs=jobs)
+        for f in (tmp_path / "in").iterdir():
+            assert (out / "in" / f.name).read_bytes() == f.read_bytes()
+
+
+@pytest.fixture
+def few_fds():
+    """A soft limit of 40 file descriptors above those open now (restored after the test)."""
+    resource = pytest.importorskip("resource")
+    if not os.path.isdir("/proc/self/fd"):
+        pytest.skip("needs /proc/self/fd")
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 40, hard))
+    yield
+    resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_more_files_than_file_descriptors(tmp_path, few_fds, jobs):
+    # compress opens each input only while its chunks are read, not all of them at once
+    src = tmp_path / "many"
+    src.mkdir()
+    for i in range(300):
+        (src / f"f{i:03d}.txt").write_text(f"file {i} " * (i % 7))
+    archive = tmp_path / "many.glyd"
+    assert len(fc.compress_files([src], archive, jobs=jobs).entries) == 300
+    fc.decompress(archive, tmp_path / "out", jobs=jobs)
+    for f in src.iterdir():
+        assert (tmp_path / "out" / "many" / f.name).read_bytes() == f.read_bytes()
+
+
+def test_input_changed_between_listing_and_reading(tmp_path, monkeypatch):
+    (tmp_path / "a.txt").write_text("a" * 100)
+    (tmp_path / "b.txt").write_text("b" * 100)
+    plan_file = plan.plan_file
+
+    def grow_b(size, read):  # b.txt grows once a.txt is being read, after the table was made
+        with open(tmp_path / "b.txt", "a") as f:
+            f.write("more")
+        return plan_file(size, read)
+
+    monkeypatch.setattr(arc, "plan_file", grow_b)
+    with pytest.raises(GlydError, match=r"b\.txt: changed while being compressed"):
+        fc.compress_files([tmp_path / "a.txt", tmp_path / "b.txt"], tmp_path / "ab.glyd")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.txt", "b.txt"]

@@ -16,12 +16,12 @@ been checked, so a failed run leaves nothing behind.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
 import dataclasses
 import hashlib
 import io
 import json
 import logging
-import math
 import os
 import struct
 import zlib
@@ -32,7 +32,9 @@ from pathlib import Path, PurePosixPath
 import zstandard as zstd
 
 from glyd.errors import CorruptError, DestinationExistsError, FormatError, GlydError
-from glyd.filecodec import floats
+from glyd.filecodec import floats, zframe
+from glyd.filecodec.plan import Piece, plan_file
+from glyd.filecodec.names import MAX_FILE_SIZE, MAX_FILES, check_table
 
 log = logging.getLogger(__name__)
 
@@ -43,14 +45,11 @@ SUFFIX = ".glyd"
 CODEC_STORE, CODEC_ZSTD, CODEC_FLOAT = 0, 1, 2
 CODEC_NAMES = {CODEC_STORE: "store", CODEC_ZSTD: "zstd", CODEC_FLOAT: "float"}
 
-#: bytes of input in one chunk (float chunks: whole rows of at most this many bytes)
-CHUNK_BYTES = 8 << 20
 #: limits a reader enforces before allocating anything
 MAX_CHUNK_BYTES = 64 << 20
 MAX_TABLE_BYTES = 64 << 20
-MAX_FILES = 1 << 20
-MAX_FILE_SIZE = 1 << 50
-MAX_SAFETENSORS_HEADER = 100 << 20
+#: progress bars are shown for work of this many bytes or more
+PROGRESS_MIN_BYTES = 64 << 20
 
 _HEAD = struct.Struct("<8sHHI")  # magic, version, flags, table length
 _CHUNK = struct.Struct("<cIIBIII")  # b"C", file, chunk, codec, raw length, payload length, crc32
@@ -84,105 +83,10 @@ class Report:
         return self.archive_bytes / max(self.original_bytes, 1)
 
 
-# ----------------------------------------------------------------------------- planning
-
-
-@dataclasses.dataclass(frozen=True)
-class _Piece:
-    """A byte range of a file and how it is coded."""
-
-    offset: int
-    length: int
-    dtype: int = 0  # floats.* code; 0 = generic bytes (zstd)
-    rows: int = 0
-    cols: int = 0
-
-
-def _safetensors_regions(head: bytes, size: int, read: Callable[[int, int], bytes]) -> list[tuple[int, int, int, int]] | None:
-    """(offset, length, dtype code, cols) of every float tensor of a safetensors file, sorted, or
-    None when the file is not a well-formed safetensors file (it is then coded as plain bytes).
-    The header is hostile input: every bound is checked before use."""
-    if size < 10 or len(head) < 9:
-        return None
-    (hlen,) = struct.unpack_from("<Q", head, 0)
-    if not 2 <= hlen <= min(MAX_SAFETENSORS_HEADER, size - 8) or head[8:9] != b"{":
-        return None
-    try:
-        meta = json.loads(bytes(read(8, hlen)).decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError):
-        return None
-    if not isinstance(meta, dict):
-        return None
-    data_start = 8 + hlen
-    data_len = size - data_start
-    regions = []
-    for name, info in meta.items():
-        if name == "__metadata__":
-            continue
-        if not isinstance(info, dict):
-            return None
-        dtype, shape, offs = info.get("dtype"), info.get("shape"), info.get("data_offsets")
-        if not (
-            isinstance(dtype, str)
-            and isinstance(shape, list)
-            and all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 1 << 40 for d in shape)
-            and isinstance(offs, list)
-            and len(offs) == 2
-            and all(isinstance(o, int) and not isinstance(o, bool) for o in offs)
-            and 0 <= offs[0] <= offs[1] <= data_len
-        ):
-            return None
-        code = floats.SAFETENSORS_DTYPES.get(dtype)
-        if code is None or offs[0] == offs[1]:
-            continue  # other dtypes (ints, bool, f64) and empty tensors: plain bytes
-        n = math.prod(shape)
-        if n * floats.ITEMSIZE[code] != offs[1] - offs[0]:
-            return None
-        cols = shape[-1] if shape else 1
-        regions.append((data_start + offs[0], offs[1] - offs[0], code, cols))
-    regions.sort()
-    for (a, la, _, _), (b, _, _, _) in zip(regions, regions[1:]):
-        if a + la > b:
-            return None  # overlapping tensors
-    return regions
-
-
-def _plan(size: int, read: Callable[[int, int], bytes]) -> list[_Piece]:
-    """Cut a file into chunks: float tensors of a safetensors file by rows, the rest by bytes."""
-    head = bytes(read(0, min(size, 9))) if size else b""
-    regions = _safetensors_regions(head, size, read) or []
-    pieces: list[_Piece] = []
-
-    def generic(a: int, b: int) -> None:
-        for off in range(a, b, CHUNK_BYTES):
-            pieces.append(_Piece(off, min(CHUNK_BYTES, b - off)))
-
-    pos = 0
-    for off, length, code, cols in regions:
-        generic(pos, off)
-        item = floats.ITEMSIZE[code]
-        n = length // item
-        line = cols * item
-        if cols >= 1 and line <= CHUNK_BYTES:
-            rows_per = max(1, CHUNK_BYTES // line)
-            total_rows = n // cols
-            for r in range(0, total_rows, rows_per):
-                rr = min(rows_per, total_rows - r)
-                pieces.append(_Piece(off + r * line, rr * line, code, rr, cols))
-        else:  # very long rows: 1-D slices
-            per = CHUNK_BYTES // item
-            for e in range(0, n, per):
-                k = min(per, n - e)
-                pieces.append(_Piece(off + e * item, k * item, code, 1, k))
-        pos = off + length
-    generic(pos, size)
-    return pieces
-
-
 # ----------------------------------------------------------------------------- chunk coding
 
 
-def _encode_piece(piece: _Piece, data) -> tuple[int, list]:
+def _encode_piece(piece: Piece, data) -> tuple[int, list]:
     """-> (codec, payload as a list of buffers)."""
     if piece.dtype:
         return CODEC_FLOAT, floats.encode_parts(piece.dtype, data, piece.rows, piece.cols)
@@ -200,15 +104,7 @@ def _decode_chunk(codec: int, payload: bytes, raw_len: int, what: str):
             raise CorruptError(f"{what}: stored chunk of {len(payload)} bytes, expected {raw_len}")
         return payload
     if codec == CODEC_ZSTD:
-        try:
-            if zstd.frame_content_size(payload) != raw_len:
-                raise CorruptError(f"{what}: zstd frame size is not {raw_len}")
-            out = zstd.ZstdDecompressor().decompress(payload, max_output_size=raw_len)
-        except zstd.ZstdError as exc:
-            raise CorruptError(f"{what}: zstd error ({exc})") from None
-        if len(out) != raw_len:
-            raise CorruptError(f"{what}: decoded {len(out)} bytes, expected {raw_len}")
-        return out
+        return zframe.decode(payload, raw_len, what)
     if codec == CODEC_FLOAT:
         return floats.decode(payload, raw_len, what)
     raise CorruptError(f"{what}: unknown chunk codec {codec}")
@@ -229,25 +125,38 @@ def _record(file_idx: int, chunk_idx: int, codec: int, raw_len: int, payload: li
 # ----------------------------------------------------------------------------- sources
 
 
+_Read = Callable[[int, int], bytes]
+
+
 @dataclasses.dataclass
 class _Source:
     path: str  # name inside the archive
     size: int
-    read: Callable[[int, int], bytes]
+    #: -> (read(offset, n), close): called when the file's turn comes, so that only the few
+    #: files in flight are open (a folder may hold more files than a process may open)
+    open: Callable[[], tuple[_Read, Callable[[], None]]]
     label: str  # for messages
 
 
-def _file_source(path: Path, name: str) -> tuple[_Source, int]:
-    fd = os.open(path, os.O_RDONLY)
-    size = os.fstat(fd).st_size
+def _file_source(path: Path, name: str) -> _Source:
+    size = os.stat(path).st_size
 
-    def read(off: int, n: int) -> bytes:
-        b = os.pread(fd, n, off)
-        if len(b) != n:
-            raise GlydError(f"{path}: changed while being compressed (short read at {off})")
-        return b
+    def open_file() -> tuple[_Read, Callable[[], None]]:
+        fd = os.open(path, os.O_RDONLY)
+        now = os.fstat(fd).st_size
+        if now != size:
+            os.close(fd)
+            raise GlydError(f"{path}: changed while being compressed ({size} bytes when listed, {now} now)")
 
-    return _Source(name, size, read, str(path)), fd
+        def read(off: int, n: int) -> bytes:
+            b = os.pread(fd, n, off)
+            if len(b) != n:
+                raise GlydError(f"{path}: changed while being compressed (short read at {off})")
+            return b
+
+        return read, lambda: os.close(fd)
+
+    return _Source(name, size, open_file, str(path))
 
 
 def _collect(paths: Sequence[str | os.PathLike]) -> list[tuple[Path, str]]:
@@ -263,71 +172,111 @@ def _collect(paths: Sequence[str | os.PathLike]) -> list[tuple[Path, str]]:
             out.append((p, p.name))
         else:
             raise GlydError(f"{p}: no such file or folder")
-    names = [n for _, n in out]
-    dup = {n for n in names if names.count(n) > 1}
-    if dup:
-        raise GlydError(f"two inputs would have the same name in the archive: {sorted(dup)[:3]}")
     return out
 
 
 # ----------------------------------------------------------------------------- writing
 
 
-def _ordered_map(fn, items: Iterable, jobs: int) -> Iterator:
-    """``map(fn, items)`` on ``jobs`` threads, in order, with at most ``2 * jobs`` in flight."""
+def _ordered_map(fn, items: Iterable[tuple], jobs: int) -> Iterator[tuple]:
+    """``fn(item)`` for the items tagged ``"chunk"`` (``item[0]``), on ``jobs`` threads with at
+    most ``2 * jobs`` items in flight; every other item passes through unchanged; all in order.
+
+    One pool serves a whole archive: with a pool a file, thread starts and joins took most of
+    the time of an archive of many small files."""
     if jobs <= 1:
         for it in items:
-            yield fn(it)
+            yield fn(it) if it[0] == "chunk" else it
         return
     with cf.ThreadPoolExecutor(jobs, thread_name_prefix="glyd-fc") as ex:
-        pending: deque[cf.Future] = deque()
+        pending: deque = deque()  # Futures, and the pass-through items between them
         try:
             for it in items:
-                pending.append(ex.submit(fn, it))
+                pending.append(ex.submit(fn, it) if it[0] == "chunk" else it)
                 if len(pending) >= 2 * jobs:
-                    yield pending.popleft().result()
+                    done = pending.popleft()
+                    yield done.result() if isinstance(done, cf.Future) else done
             while pending:
-                yield pending.popleft().result()
+                done = pending.popleft()
+                yield done.result() if isinstance(done, cf.Future) else done
         finally:
             for f in pending:
-                f.cancel()
+                if isinstance(f, cf.Future):
+                    f.cancel()
 
 
-def _write(out, sources: list[_Source], jobs: int, progress: bool = False) -> int:
-    """Write an archive of ``sources`` to the binary file object ``out``; returns the chunk count."""
+def _table_bytes(sources: list[_Source], label: str) -> bytes:
+    """The file table of an archive of ``sources``, once the reader's rules accept it (whatever
+    compress writes, decompress must restore): a name it would refuse is a one-line error naming
+    the input file, before anything is written."""
+    check_table([(s.path, s.size) for s in sources], lambda i: sources[i].label)
     table = json.dumps({"files": [{"path": s.path, "size": s.size} for s in sources]}, separators=(",", ":")).encode()
+    if len(table) > MAX_TABLE_BYTES:
+        raise FormatError(
+            f"{label}: the file table would take {len(table):,} bytes, over the {MAX_TABLE_BYTES:,} an archive "
+            "may hold (too many files or too long names)"
+        )
+    return table
+
+
+def _write(out, sources: list[_Source], table: bytes, jobs: int, progress: bool = False) -> int:
+    """Write an archive of ``sources`` (``table``: from :func:`_table_bytes`) to the binary file
+    object ``out``; returns the chunk count."""
     out.write(_HEAD.pack(MAGIC, VERSION, 0, len(table)))
     out.write(table)
     out.write(struct.pack("<I", zlib.crc32(table)))
+
+    closers: dict[int, Callable[[], None]] = {}  # the files open now
+
+    def jobs_of_sources() -> Iterator[tuple]:
+        for fi, src in enumerate(sources):
+            read, closers[fi] = src.open()
+            pieces = plan_file(src.size, read)
+            log.debug("%s: %d chunks, %d of them float tensors", src.label, len(pieces), sum(1 for p in pieces if p.dtype))
+            yield ("file",)
+            for ci, piece in enumerate(pieces):
+                yield ("chunk", fi, ci, piece, read)
+            yield ("end", fi, len(pieces))
+
+    def work(item: tuple) -> tuple:
+        _, fi, ci, piece, read = item
+        data = read(piece.offset, piece.length)
+        codec, payload = _encode_piece(piece, data)
+        return ("data", data, _record(fi, ci, codec, piece.length, payload))
+
     total = 0
-    bar = _bar(sum(s.size for s in sources), "compress", progress)
-    for fi, src in enumerate(sources):
-        pieces = _plan(src.size, src.read)
-        log.debug("%s: %d chunks, %d of them float tensors", src.label, len(pieces), sum(1 for p in pieces if p.dtype))
-
-        def work(item, src=src, fi=fi):
-            ci, piece = item
-            data = src.read(piece.offset, piece.length)
-            codec, payload = _encode_piece(piece, data)
-            return data, _record(fi, ci, codec, piece.length, payload)
-
-        sha = hashlib.sha256()
-        for data, rec in _ordered_map(work, enumerate(pieces), jobs):
-            sha.update(data)
-            for part in rec:
-                out.write(part)
-            bar.update(len(data))
-        out.write(_END.pack(b"E", fi, len(pieces), sha.digest()))
-        total += len(pieces)
+    sha = hashlib.sha256()
+    # the bar is closed on errors too, so that the CLI's error line is not glued to it; the
+    # files are closed only once the pool has stopped (closing the map joins its threads)
+    try:
+        with _bar(sum(s.size for s in sources), "compress", progress) as bar, contextlib.closing(
+            _ordered_map(work, jobs_of_sources(), jobs)
+        ) as results:
+            for item in results:
+                if item[0] == "data":
+                    _, data, rec = item
+                    sha.update(data)
+                    for part in rec:
+                        out.write(part)
+                    bar.update(len(data))
+                elif item[0] == "file":
+                    sha = hashlib.sha256()
+                else:
+                    _, fi, n = item
+                    closers.pop(fi)()
+                    out.write(_END.pack(b"E", fi, n, sha.digest()))
+                    total += n
+    finally:
+        for close in closers.values():
+            close()
     out.write(_TAIL.pack(b"Z", len(sources), MAGIC))
-    bar.close()
     return total
 
 
 def _bar(total: int, desc: str, enabled: bool):
     from tqdm import tqdm
 
-    return tqdm(total=total, unit="B", unit_scale=True, desc=desc, disable=not enabled or total < (64 << 20))
+    return tqdm(total=total, unit="B", unit_scale=True, desc=desc, disable=not enabled or total < PROGRESS_MIN_BYTES)
 
 
 def _default_jobs(jobs: int | None) -> int:
@@ -357,30 +306,20 @@ def compress_files(
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
     archive = Path(archive)
-    if archive.exists():
-        raise DestinationExistsError(f"{archive}: already exists")
-    inputs = _collect(paths)
-    sources, fds = [], []
+    _refuse_existing(archive, "already exists")
+    sources = [_file_source(path, name) for path, name in _collect(paths)]
+    table = _table_bytes(sources, str(archive))
+    tmp = _tmp_name(archive)
     try:
-        for path, name in inputs:
-            src, fd = _file_source(path, name)
-            sources.append(src)
-            fds.append(fd)
-        tmp = _tmp_name(archive)
-        try:
-            with open(tmp, "xb") as f:
-                chunks = _write(f, sources, _default_jobs(jobs), progress)
-                f.flush()
-                os.fsync(f.fileno())
-            if archive.exists():
-                raise DestinationExistsError(f"{archive}: appeared while compressing")
-            os.replace(tmp, archive)
-        except BaseException:
-            _unlink(tmp)
-            raise
-    finally:
-        for fd in fds:
-            os.close(fd)
+        with open(tmp, "xb") as f:
+            chunks = _write(f, sources, table, _default_jobs(jobs), progress)
+            f.flush()
+            os.fsync(f.fileno())
+        _refuse_existing(archive, "appeared while compressing")
+        os.replace(tmp, archive)
+    except BaseException:
+        _unlink(tmp)
+        raise
     return Report([Entry(s.path, s.size) for s in sources], archive.stat().st_size, chunks)
 
 
@@ -392,26 +331,17 @@ def compress_bytes(data: bytes, name: str = "data", *, jobs: int | None = 1) -> 
     True
     """
     mv = memoryview(data).cast("B") if not isinstance(data, bytes) else data
-    _check_name(name, "name")
 
     def read(off: int, n: int):
         return mv[off : off + n]
 
+    sources = [_Source(name, len(mv), lambda: (read, lambda: None), f"name {name!r}")]
     buf = io.BytesIO()
-    _write(buf, [_Source(name, len(mv), read, name)], _default_jobs(jobs))
+    _write(buf, sources, _table_bytes(sources, "<bytes>"), _default_jobs(jobs))
     return buf.getvalue()
 
 
 # ----------------------------------------------------------------------------- reading
-
-
-def _check_name(path, where: str) -> str:
-    if not isinstance(path, str) or not path or "\x00" in path or "\\" in path:
-        raise FormatError(f"{where}: bad file name {path!r}")
-    pp = PurePosixPath(path)
-    if pp.is_absolute() or any(part in ("", ".", "..") for part in path.split("/")):
-        raise FormatError(f"{where}: unsafe file name {path!r} (absolute or with '..')")
-    return path
 
 
 class _Reader:
@@ -420,10 +350,12 @@ class _Reader:
         self.label = label
         self.pos = 0
 
-    def read(self, n: int, what: str) -> bytes:
+    def read(self, n: int, what: str, *args) -> bytes:
+        """``n`` bytes; ``what.format(*args)`` names them if the archive ends first (formatted
+        only then: this runs a few times for every file)."""
         b = self.f.read(n)
         if len(b) != n:
-            raise CorruptError(f"{self.label}: truncated archive ({what}, at byte {self.pos})")
+            raise CorruptError(f"{self.label}: truncated archive ({what.format(*args)}, at byte {self.pos})")
         self.pos += n
         return b
 
@@ -452,102 +384,106 @@ def _read_table(r: _Reader) -> list[Entry]:
         files = json.loads(table.decode("utf-8"))["files"]
         if not isinstance(files, list) or len(files) > MAX_FILES:
             raise ValueError("files")
-        entries = []
+        table = []
         for i, e in enumerate(files):
-            size = e["size"]
+            path, size = e["path"], e["size"]
             if not isinstance(size, int) or isinstance(size, bool) or not 0 <= size <= MAX_FILE_SIZE:
                 raise ValueError(f"size of file {i}")
-            entries.append(Entry(_check_name(e["path"], f"{r.label}: file {i}"), size))
+            table.append((path, size))
     except (ValueError, KeyError, TypeError, UnicodeDecodeError, RecursionError) as exc:
-        if isinstance(exc, FormatError):
-            raise
         raise CorruptError(f"{r.label}: bad file table ({exc})") from None
-    paths = {e.path for e in entries}
-    if len(paths) != len(entries):
-        raise CorruptError(f"{r.label}: the file table names a file twice")
-    for e in entries:
-        parts = e.path.split("/")
-        for k in range(1, len(parts)):
-            if "/".join(parts[:k]) in paths:
-                raise FormatError(f"{r.label}: {e.path!r} lies under {'/'.join(parts[:k])!r}, which is a file")
-    return entries
+    check_table(table, lambda i: f"{r.label}: file {i}")
+    return [Entry(path, size) for path, size in table]
+
+
+def _records(r: _Reader, entries: list[Entry]) -> Iterator[tuple]:
+    """Every record of the archive, checked (tags, indices, bounds, CRC) but not decoded, in
+    order: ``("file", fi)``, ``("chunk", codec, payload, raw_len, what)`` for each chunk of file
+    ``fi``, ``("end", fi, sha256)``."""
+    label = r.label
+    for fi, entry in enumerate(entries):
+        yield ("file", fi)
+        got = ci = 0
+        while True:
+            tag = r.read(1, "file {!r} chunk {}", entry.path, ci)
+            if tag == b"E":
+                _, efi, n, sha = _END.unpack(tag + r.read(_END.size - 1, "end of file {!r}", entry.path))
+                if efi != fi or n != ci or got != entry.size:
+                    raise CorruptError(
+                        f"{label}: file {entry.path!r}: end record says file {efi}, {n} chunks; "
+                        f"read {ci} chunks, {got} of {entry.size} bytes"
+                    )
+                yield ("end", fi, sha)
+                break
+            what = f"{label}: file {entry.path!r} chunk {ci}"
+            if tag != b"C":
+                raise CorruptError(f"{what}: bad record tag {tag!r}")
+            head = tag + r.read(_CHUNK.size - 1, "{}", what)
+            _, cfi, cci, codec, raw_len, plen, crc = _CHUNK.unpack(head)
+            if cfi != fi or cci != ci:
+                raise CorruptError(f"{what}: record is labelled file {cfi} chunk {cci}")
+            if raw_len == 0 or raw_len > MAX_CHUNK_BYTES or plen > MAX_CHUNK_BYTES + (1 << 16):
+                raise CorruptError(f"{what}: chunk sizes {raw_len}/{plen} out of bounds")
+            if got + raw_len > entry.size:
+                raise CorruptError(f"{what}: chunks run past the file size {entry.size}")
+            payload = r.read(plen, "file {!r} chunk {}", entry.path, ci)
+            if zlib.crc32(payload, zlib.crc32(head[:-4])) != crc:
+                raise CorruptError(f"{what}: checksum mismatch")
+            got += raw_len
+            yield ("chunk", codec, payload, raw_len, what)
+            ci += 1
+
+
+def _decode_record(item: tuple) -> tuple:
+    """``("chunk", ...)`` of :func:`_records` -> ``("data", bytes)``."""
+    _, codec, payload, raw_len, what = item
+    try:
+        return ("data", _decode_chunk(codec, payload, raw_len, what))
+    except GlydError:
+        raise
+    except (ValueError, IndexError, TypeError, struct.error, zstd.ZstdError) as exc:
+        # a payload that passed its CRC yet does not decode: crafted, or a writer bug
+        raise CorruptError(f"{what}: undecodable payload ({type(exc).__name__}: {exc})") from None
 
 
 def _iter_archive(
-    f, label: str, jobs: int, on_entry: Callable[[int, Entry], None], on_data, on_end, progress: bool = False
+    f,
+    label: str,
+    jobs: int,
+    on_entry: Callable[[int, Entry], None],
+    on_data,
+    on_end,
+    progress: bool = False,
+    desc: str = "decompress",
 ) -> Report:
-    """Read and check a whole archive, calling ``on_data(file_index, bytes)`` in order."""
+    """Read and check a whole archive, calling ``on_entry(file_index, entry)``, then
+    ``on_data(file_index, bytes)`` for each chunk, then ``on_end(file_index)``, file by file;
+    ``desc`` names the progress bar."""
     r = _Reader(f, label)
     entries = _read_table(r)
-    nchunks = 0
-    bar = _bar(sum(e.size for e in entries), "decompress", progress)
-
-    for fi, entry in enumerate(entries):
-        on_entry(fi, entry)
-
-        def records(fi=fi, entry=entry):
-            got = 0
-            ci = 0
-            while True:
-                tag = r.read(1, f"file {entry.path!r} chunk {ci}")
-                if tag == b"E":
-                    rest = r.read(_END.size - 1, f"end of file {entry.path!r}")
-                    _, efi, n, sha = _END.unpack(tag + rest)
-                    if efi != fi or n != ci or got != entry.size:
-                        raise CorruptError(
-                            f"{label}: file {entry.path!r}: end record says file {efi}, {n} chunks; "
-                            f"read {ci} chunks, {got} of {entry.size} bytes"
-                        )
-                    yield ("end", sha)
-                    return
-                what = f"{label}: file {entry.path!r} chunk {ci}"
-                if tag != b"C":
-                    raise CorruptError(f"{what}: bad record tag {tag!r}")
-                head = tag + r.read(_CHUNK.size - 1, what)
-                _, cfi, cci, codec, raw_len, plen, crc = _CHUNK.unpack(head)
-                if cfi != fi or cci != ci:
-                    raise CorruptError(f"{what}: record is labelled file {cfi} chunk {cci}")
-                if raw_len == 0 or raw_len > MAX_CHUNK_BYTES or plen > MAX_CHUNK_BYTES + (1 << 16):
-                    raise CorruptError(f"{what}: chunk sizes {raw_len}/{plen} out of bounds")
-                if got + raw_len > entry.size:
-                    raise CorruptError(f"{what}: chunks run past the file size {entry.size}")
-                payload = r.read(plen, f"file {entry.path!r} chunk {ci}")
-                if zlib.crc32(payload, zlib.crc32(head[:-4])) != crc:
-                    raise CorruptError(f"{what}: checksum mismatch")
-                got += raw_len
-                yield ("chunk", (codec, payload, raw_len, what))
-                ci += 1
-
-        def work(rec):
-            kind, val = rec
-            if kind == "end":
-                return rec
-            codec, payload, raw_len, what = val
-            try:
-                return ("data", _decode_chunk(codec, payload, raw_len, what))
-            except GlydError:
-                raise
-            except (ValueError, IndexError, TypeError, struct.error, zstd.ZstdError) as exc:
-                # a payload that passed its CRC yet does not decode: crafted, or a writer bug
-                raise CorruptError(f"{what}: undecodable payload ({type(exc).__name__}: {exc})") from None
-
-        sha = hashlib.sha256()
-        for kind, val in _ordered_map(work, records(), jobs):
-            if kind == "data":
-                sha.update(val)
-                on_data(fi, val)
+    nchunks = fi = 0
+    sha = hashlib.sha256()
+    with _bar(sum(e.size for e in entries), desc, progress) as bar:  # closed on errors too
+        for item in _ordered_map(_decode_record, _records(r, entries), jobs):
+            if item[0] == "data":
+                data = item[1]
+                sha.update(data)
+                on_data(fi, data)
                 nchunks += 1
-                bar.update(len(memoryview(val).cast("B")))
+                bar.update(len(memoryview(data).cast("B")))
+            elif item[0] == "file":
+                fi = item[1]
+                on_entry(fi, entries[fi])
+                sha = hashlib.sha256()
             else:
-                if sha.digest() != val:
-                    raise CorruptError(f"{label}: file {entry.path!r}: sha256 mismatch")
+                if sha.digest() != item[2]:
+                    raise CorruptError(f"{label}: file {entries[fi].path!r}: sha256 mismatch")
                 on_end(fi)
     tail = r.read(_TAIL.size, "end marker")
     if tail[:1] != b"Z" or _TAIL.unpack(tail)[1:] != (len(entries), MAGIC):
         raise CorruptError(f"{label}: bad end marker")
     if f.read(1):
         raise CorruptError(f"{label}: data after the end marker")
-    bar.close()
     return Report(entries, r.pos, nchunks)
 
 
@@ -559,7 +495,7 @@ def test(archive: str | os.PathLike, *, jobs: int | None = None, progress: bool 
     """
     with open(archive, "rb") as f:
         return _iter_archive(
-            f, str(archive), _default_jobs(jobs), lambda *a: None, lambda *a: None, lambda *a: None, progress
+            f, str(archive), _default_jobs(jobs), lambda *a: None, lambda *a: None, lambda *a: None, progress, "test"
         )
 
 
@@ -578,8 +514,7 @@ def decompress(
 
     def on_entry(fi: int, entry: Entry) -> None:
         dest = outdir.joinpath(*entry.path.split("/"))
-        if dest.exists() or dest.is_symlink():
-            raise DestinationExistsError(f"{dest}: already exists")
+        _refuse_existing(dest, "already exists")
         parent = dest.parent
         missing = []
         while not parent.exists():
@@ -601,8 +536,7 @@ def decompress(
         with open(archive, "rb") as f:
             report = _iter_archive(f, label, _default_jobs(jobs), on_entry, on_data, on_end, progress)
         for tmp, dest, _ in temps.values():
-            if dest.exists():
-                raise DestinationExistsError(f"{dest}: appeared while decompressing")
+            _refuse_existing(dest, "appeared while decompressing")
         for tmp, dest, _ in temps.values():
             os.replace(tmp, dest)
         return report
@@ -658,7 +592,16 @@ def list_entries(archive: str | os.PathLike) -> list[Entry]:
 
 
 def _tmp_name(dest: Path) -> Path:
-    return dest.with_name(f".{dest.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
+    """A temporary name in ``dest``'s folder. It does not grow with ``dest``'s name: a file whose
+    name is as long as the file system allows must restore too."""
+    return dest.with_name(f".glyd-{os.urandom(6).hex()}.tmp")
+
+
+def _refuse_existing(dest: Path, what: str) -> None:
+    """Nothing is ever overwritten: not a file, a folder, nor a symbolic link, even a dangling one
+    (``Path.exists`` follows links and would let the rename replace it)."""
+    if os.path.lexists(dest):
+        raise DestinationExistsError(f"{dest}: {what}")
 
 
 def _unlink(p: Path) -> None:

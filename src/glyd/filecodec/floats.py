@@ -40,6 +40,7 @@ import numpy as np
 import zstandard as zstd
 
 from glyd.errors import CorruptError, FormatError
+from glyd.filecodec import zframe
 
 # dtype codes as stored in a chunk, with the safetensors names they come from.
 BF16, F16, F32, F8_E4M3, F8_E5M2 = 1, 2, 3, 4, 5
@@ -223,41 +224,12 @@ def _blob_zstd_if_smaller(a: np.ndarray, level: int = 1, keep: float = 0.97) -> 
 def _read_blob(codec: int, data: memoryview, raw_len: int, what: str, out: np.ndarray | None = None):
     """A blob's decoded bytes: a view of ``data`` (raw), or zstd-decoded into ``out`` (a uint8
     array of ``raw_len``) when given, else into new bytes."""
-    if codec == BLOB_ZSTD and out is not None:
-        try:
-            if zstd.frame_content_size(data) != raw_len:
-                raise CorruptError(f"{what}: zstd frame size is not {raw_len}")
-            reader = zstd.ZstdDecompressor().stream_reader(data, read_across_frames=False)
-            mv = memoryview(out)
-            got = 0
-            while got < raw_len:
-                k = reader.readinto(mv[got:])
-                if not k:
-                    break
-                got += k
-        except zstd.ZstdError as exc:
-            raise CorruptError(f"{what}: zstd error ({exc})") from None
-        if got != raw_len or reader.read(1):
-            raise CorruptError(f"{what}: zstd frame does not hold {raw_len} bytes")
-        return out
     if codec == BLOB_RAW:
         if len(data) != raw_len:
             raise CorruptError(f"{what}: stored {len(data)} bytes, expected {raw_len}")
         return data
     if codec == BLOB_ZSTD:
-        try:
-            size = zstd.frame_content_size(data)
-        except zstd.ZstdError as exc:
-            raise CorruptError(f"{what}: not a zstd frame ({exc})") from None
-        if size != raw_len:
-            raise CorruptError(f"{what}: zstd frame holds {size} bytes, expected {raw_len}")
-        try:
-            out = zstd.ZstdDecompressor().decompress(data, max_output_size=raw_len)
-        except zstd.ZstdError as exc:
-            raise CorruptError(f"{what}: zstd error ({exc})") from None
-        if len(out) != raw_len:
-            raise CorruptError(f"{what}: decoded {len(out)} bytes, expected {raw_len}")
-        return out
+        return zframe.decode(data, raw_len, what, out)
     raise CorruptError(f"{what}: unknown blob codec {codec}")
 
 

@@ -37,8 +37,8 @@ from glyd.store.checkpoint import (
     AtomicDir,
     CheckpointReader,
     CheckpointWriter,
-    _entry_bytes,
     copy_hashed,
+    entry_bytes,
     shard_name,
 )
 
@@ -444,7 +444,7 @@ def info(path: str | os.PathLike) -> tuple[list[dict[str, Any]], dict[str, Any]]
     for name in reader.names():
         e = reader.entry(name)
         numel = math.prod(e["shape"])
-        stored = _entry_bytes(e)
+        stored = entry_bytes(e)
         packed = e["kind"] == "packed"
         rows.append(
             {

@@ -16,7 +16,7 @@ from glyd._version import __version__
 from glyd.codec import LAYOUTS
 from glyd.codec.packed import FORMAT_VERSION as CODEC_FORMAT_VERSION
 from glyd.errors import FormatError
-from glyd.store._safetensors import dtype_from_name
+from glyd.store._safetensors import MAX_DIMS, dtype_from_name, shape_ok, short
 
 #: The manifest's ``format`` value: what identifies a glyd packed checkpoint.
 FORMAT = "glyd-checkpoint"
@@ -97,7 +97,6 @@ def entry_bytes(entry: dict[str, Any]) -> int:
     return sum(math.prod(s["shape"]) * dtype_from_name(s["dtype"]).itemsize for s in specs)
 
 
-
 # --------------------------------------------------------------------------------------------------
 # Reading
 
@@ -107,8 +106,9 @@ def _fail(manifest: Path, field: str, msg: str) -> FormatError:
 
 
 def _check_shape(manifest: Path, field: str, shape: object) -> list[int]:
-    if not isinstance(shape, list) or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in shape):
-        raise _fail(manifest, field, f"must be a list of non-negative ints, got {shape!r}")
+    if not shape_ok(shape):
+        raise _fail(manifest, field, f"must be a list of at most {MAX_DIMS} non-negative ints (at most "
+                                     f"2**60 elements), got {short(shape)}")
     return shape
 
 
@@ -117,60 +117,71 @@ def validate_manifest(m: object, where: Path) -> dict[str, Any]:
     if not isinstance(m, dict):
         raise FormatError(f"{where}: not a glyd manifest (a JSON object is expected)")
     if m.get("format") != FORMAT:
-        raise FormatError(f"{where}: not a glyd checkpoint manifest (format {m.get('format')!r}, expected {FORMAT!r})")
+        raise FormatError(f"{where}: not a glyd checkpoint manifest (format {short(m.get('format'))}, expected {FORMAT!r})")
     version = m.get("version")
     if not isinstance(version, int) or isinstance(version, bool):
-        raise _fail(where, "version", f"must be an int, got {version!r}")
+        raise _fail(where, "version", f"must be an int, got {short(version)}")
     if version != VERSION:
-        raise FormatError(
-            f"{where}: checkpoint format version {version} is not supported (this glyd {__version__} reads version {VERSION})"
-        )
+        raise FormatError(f"{where}: checkpoint format version {short(version)} is not supported "
+                          f"(this glyd {__version__} reads version {VERSION})")
     for field in ("glyd_version", "layout"):
         if not isinstance(m.get(field), str):
-            raise _fail(where, field, f"missing or not a string ({m.get(field)!r})")
+            raise _fail(where, field, f"missing or not a string ({short(m.get(field))})")
+    if m["layout"] not in (*LAYOUTS, "auto"):
+        raise _fail(where, "layout", f"unknown layout {short(m['layout'])} (known: {', '.join([*LAYOUTS, 'auto'])})")
     tensors = m.get("tensors")
     if not isinstance(tensors, dict):
         raise _fail(where, "tensors", "missing or not an object")
+    if not tensors:
+        raise _fail(where, "tensors", "is empty: a checkpoint holds at least one tensor")
     files = m.get("files")
     if not isinstance(files, dict):
         raise _fail(where, "files", "missing or not an object")
     for rel, digest in files.items():
         if safe_relpath(rel) is None or reserved(rel):
-            raise _fail(where, f"files[{rel!r}]", "must be a relative path inside the checkpoint (not a shard)")
+            raise _fail(where, f"files[{short(rel)}]", "must be a relative path inside the checkpoint, "
+                        "not one of its own files (glyd.json, the index, a shard)")
         if not is_sha(digest):
-            raise _fail(where, f"files[{rel!r}]", f"sha256 must be 64 lowercase hex digits, got {digest!r}")
+            raise _fail(where, f"files[{short(rel)}]", f"sha256 must be 64 lowercase hex digits, got {short(digest)}")
     for name, e in tensors.items():
-        f = f"tensors[{name!r}]"
-        if not isinstance(e, dict):
-            raise _fail(where, f, "must be an object")
-        kind = e.get("kind")
-        if kind not in ("packed", "raw"):
-            raise _fail(where, f"{f}.kind", f"must be 'packed' or 'raw', got {kind!r}")
-        if dtype_from_name(e.get("dtype")) is None:
-            raise _fail(where, f"{f}.dtype", f"unknown dtype {e.get('dtype')!r}")
-        _check_shape(where, f"{f}.shape", e.get("shape"))
-        if not is_sha(e.get("sha256")):
-            raise _fail(where, f"{f}.sha256", f"must be 64 lowercase hex digits, got {e.get('sha256')!r}")
-        file = e.get("file")
-        if not isinstance(file, str) or _SHARD_RE.fullmatch(file) is None:
-            raise _fail(where, f"{f}.file", f"must name a shard (model.safetensors or model-NNNNN-of-NNNNN.safetensors), got {file!r}")
-        if kind == "raw":
-            continue
-        layout = e.get("layout")
-        if layout not in LAYOUTS:
-            raise _fail(where, f"{f}.layout", f"unknown layout {layout!r} (known: {', '.join(LAYOUTS)})")
-        fv = e.get("format_version")
-        if fv != CODEC_FORMAT_VERSION or isinstance(fv, bool):
-            raise _fail(where, f"{f}.format_version", f"layout format version {fv!r} is not supported (this glyd reads {CODEC_FORMAT_VERSION})")
-        if e["dtype"] != "bfloat16" or len(e["shape"]) != 2:
-            raise _fail(where, f, f"a packed tensor is a 2-D bfloat16 matrix, got {e['dtype']}{e['shape']}")
-        arrays = e.get("arrays")
-        if not isinstance(arrays, dict) or not arrays:
-            raise _fail(where, f"{f}.arrays", "missing or not an object")
-        for a, spec in arrays.items():
-            if not isinstance(spec, dict) or dtype_from_name(spec.get("dtype")) is None:
-                raise _fail(where, f"{f}.arrays[{a!r}]", f"needs a known dtype, got {spec!r}")
-            _check_shape(where, f"{f}.arrays[{a!r}].shape", spec.get("shape"))
-            if not is_sha(spec.get("sha256")):
-                raise _fail(where, f"{f}.arrays[{a!r}].sha256", f"must be 64 lowercase hex digits, got {spec.get('sha256')!r}")
+        _check_entry(where, f"tensors[{short(name)}]", e)
     return m
+
+
+def _check_entry(where: Path, f: str, e: object) -> None:
+    """One tensor entry of glyd.json (``f`` names it in messages)."""
+    if not isinstance(e, dict):
+        raise _fail(where, f, "must be an object")
+    kind = e.get("kind")
+    if kind not in ("packed", "raw"):
+        raise _fail(where, f"{f}.kind", f"must be 'packed' or 'raw', got {short(kind)}")
+    if dtype_from_name(e.get("dtype")) is None:
+        raise _fail(where, f"{f}.dtype", f"unknown dtype {short(e.get('dtype'))}")
+    _check_shape(where, f"{f}.shape", e.get("shape"))
+    if not is_sha(e.get("sha256")):
+        raise _fail(where, f"{f}.sha256", f"must be 64 lowercase hex digits, got {short(e.get('sha256'))}")
+    file = e.get("file")
+    if not isinstance(file, str) or _SHARD_RE.fullmatch(file) is None:
+        raise _fail(where, f"{f}.file", "must name a shard (model.safetensors or model-NNNNN-of-NNNNN.safetensors), "
+                    f"got {short(file)}")
+    if kind == "raw":
+        return
+    layout = e.get("layout")
+    if layout not in LAYOUTS:
+        raise _fail(where, f"{f}.layout", f"unknown layout {short(layout)} (known: {', '.join(LAYOUTS)})")
+    fv = e.get("format_version")
+    if fv != CODEC_FORMAT_VERSION or isinstance(fv, bool):
+        raise _fail(where, f"{f}.format_version",
+                    f"layout format version {short(fv)} is not supported (this glyd reads {CODEC_FORMAT_VERSION})")
+    if e["dtype"] != "bfloat16" or len(e["shape"]) != 2:
+        raise _fail(where, f, f"a packed tensor is a 2-D bfloat16 matrix, got {e['dtype']}{short(e['shape'])}")
+    arrays = e.get("arrays")
+    if not isinstance(arrays, dict) or not arrays:
+        raise _fail(where, f"{f}.arrays", "missing or not an object")
+    for a, spec in arrays.items():
+        af = f"{f}.arrays[{short(a)}]"
+        if not isinstance(spec, dict) or dtype_from_name(spec.get("dtype")) is None:
+            raise _fail(where, af, f"needs a known dtype, got {short(spec)}")
+        _check_shape(where, f"{af}.shape", spec.get("shape"))
+        if not is_sha(spec.get("sha256")):
+            raise _fail(where, f"{af}.sha256", f"must be 64 lowercase hex digits, got {short(spec.get('sha256'))}")

@@ -61,9 +61,11 @@ from glyd.store._safetensors import (
     Header,
     dtype_from_name,
     dtype_name,
+    load_json,
     read_header,
     sha256_file,
     sha256_tensor,
+    short,
 )
 
 log = logging.getLogger(__name__)
@@ -270,6 +272,8 @@ class CheckpointWriter:
         if self._closed:
             return self.path
         try:
+            if not self._tensors:
+                raise ValueError(f"checkpoint {self.path}: no tensors were added (a checkpoint holds at least one)")
             if self._buf or not self._shards:
                 self.flush()
             n = len(self._shards)
@@ -335,10 +339,7 @@ class CheckpointReader:
         size = mpath.stat().st_size
         if size > MAX_MANIFEST_BYTES:
             raise FormatError(f"{mpath}: {size} bytes is larger than any manifest glyd writes")
-        try:
-            manifest = json.loads(mpath.read_bytes().decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise FormatError(f"{mpath}: not valid JSON ({exc})") from exc
+        manifest = load_json(mpath.read_bytes(), mpath)
         self._manifest = validate_manifest(manifest, mpath)
         self._tensors: dict[str, dict[str, Any]] = self._manifest["tensors"]
         self._headers: dict[str, Header] = {}
@@ -353,7 +354,12 @@ class CheckpointReader:
             p = self.path / file
             if not p.is_file():
                 raise CorruptError(f"{p}: shard listed in {MANIFEST} is missing")
-            self._headers[file] = read_header(p)
+            header = self._headers[file] = read_header(p)
+            if header.metadata != SHARD_METADATA:
+                raise FormatError(
+                    f"{p}: safetensors __metadata__ is {short(header.metadata)}, a glyd shard has exactly "
+                    f"{SHARD_METADATA!r} ('glyd' = checkpoint format version {VERSION})"
+                )
         claimed: dict[str, set[str]] = {file: set() for file in files}
         for name, e in self._tensors.items():
             header = self._headers[e["file"]]
@@ -390,12 +396,10 @@ class CheckpointReader:
                 raise FormatError(f"{header.path}: holds tensor(s) {MANIFEST} does not list: {', '.join(extra[:5])}")
         index = self.path / INDEX
         if index.is_file():
-            try:
-                wm = json.loads(index.read_bytes().decode("utf-8"))["weight_map"]
-                if not isinstance(wm, dict):
-                    raise TypeError
-            except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as exc:
-                raise FormatError(f"{index}: not a safetensors index (JSON with a weight_map)") from exc
+            wm = load_json(index.read_bytes(), index)
+            wm = wm.get("weight_map") if isinstance(wm, dict) else None
+            if not isinstance(wm, dict):
+                raise FormatError(f"{index}: not a safetensors index (JSON with a weight_map)")
             for file, keys in claimed.items():
                 for key in keys:
                     if wm.get(key) != file:
@@ -452,10 +456,7 @@ class CheckpointReader:
             p = self.path / CONFIG
             if not p.is_file():
                 return None
-            try:
-                cfg = json.loads(p.read_bytes().decode("utf-8"))
-            except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-                raise FormatError(f"{p}: not valid JSON ({exc})") from exc
+            cfg = load_json(p.read_bytes(), p)
             if not isinstance(cfg, dict):
                 raise FormatError(f"{p}: not a JSON object")
             self._config = cfg

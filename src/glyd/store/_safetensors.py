@@ -294,7 +294,8 @@ def write_streaming(path: str | os.PathLike, specs: dict[str, tuple[str, list[in
         n = math.prod(shape) * torch.empty(0, dtype=getattr(torch, dt)).element_size()
         header[name] = {"dtype": NAME_TO_ST[dt], "shape": list(shape), "data_offsets": [offset, offset + n]}
         offset += n
-    raw = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    # serde_json's spelling: compact, UTF-8 as is (\u escapes only for control characters).
+    raw = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
     raw += b" " * (-len(raw) % 8)
     with open(path, "wb") as f:
         f.write(struct.pack("<Q", len(raw)))

@@ -32,7 +32,6 @@ from typing import Any
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
 from glyd._version import __version__
@@ -67,6 +66,7 @@ from glyd.store._safetensors import (
     sha256_file,
     sha256_tensor,
     short,
+    write_streaming,
 )
 
 log = logging.getLogger(__name__)
@@ -222,7 +222,11 @@ class CheckpointWriter:
         if not self._buf and self._shards:
             return
         path = self._dir.tmp / f".shard-{len(self._shards) + 1:05d}.safetensors"
-        save_file(self._buf, str(path), metadata=SHARD_METADATA)
+        # The bytes safetensors' save_file writes (tests pin it), written from Python so that a full
+        # disk is an OSError (ENOSPC) like any other write, not a SafetensorError.
+        buf = self._buf
+        write_streaming(path, {k: (dtype_name(t.dtype), list(t.shape)) for k, t in buf.items()}, buf.__getitem__,
+                        metadata=SHARD_METADATA)
         self._shards.append((path, self._buf_names))
         self._buf, self._buf_names, self._buf_bytes = {}, [], 0
 

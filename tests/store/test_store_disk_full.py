@@ -1,5 +1,5 @@
 """A full disk (ENOSPC) while writing: one line naming the destination, nothing left behind; and the
-shards glyd writes itself keep the bytes safetensors' own writer gives."""
+shards glyd writes itself keep the layout safetensors' own writer gives."""
 
 from __future__ import annotations
 
@@ -106,4 +106,34 @@ def test_shards_have_the_bytes_of_safetensors_save_file(tmp_path, names):
     p = r.get(f"{names[0]}.w")
     expected = {**{f"{names[0]}.w_glyd_{a}": t for a, t in p.arrays.items()}, **tensors}
     save_file(expected, str(tmp_path / "ref.safetensors"), metadata=SHARD_METADATA)
-    assert (tmp_path / "c" / "model.safetensors").read_bytes() == (tmp_path / "ref.safetensors").read_bytes()
+    ours, ref = _parts(tmp_path / "c" / "model.safetensors"), _parts(tmp_path / "ref.safetensors")
+    assert ours == ref
+    # safetensors writes __metadata__ from a Rust HashMap, in a random order; glyd in a fixed one.
+    assert ours[1][0] == ("__metadata__", {"format": "pt", "glyd": "1"})
+
+
+def _parts(path):
+    """(header length, header items in file order with __metadata__ as a dict, data bytes)."""
+    import json
+    import struct
+
+    raw = path.read_bytes()
+    (n,) = struct.unpack("<Q", raw[:8])
+    items = json.loads(raw[8 : 8 + n], object_pairs_hook=lambda pairs: pairs)
+    items = [(k, dict(v) if k == "__metadata__" else v) for k, v in items]
+    return n, items, raw[8 + n :]
+
+
+def test_a_closed_stdout_is_not_blamed_on_the_destination(tmp_path, capsys, monkeypatch):
+    make_model_folder(tmp_path / "src")
+
+    def closed(*args, **kwargs):
+        raise BrokenPipeError(errno.EPIPE, os.strerror(errno.EPIPE))
+
+    import glyd.store.cli
+
+    monkeypatch.setattr(glyd.store.cli, "print", closed, raising=False)  # the summary, to a closed pipe
+    rc = main(["-q", "pack", str(tmp_path / "src"), str(tmp_path / "out")])
+    err = capsys.readouterr().err.strip()
+    assert rc == 1 and str(tmp_path / "out") not in err and "Broken pipe" in err
+    CheckpointReader(tmp_path / "out").verify(progress=False)  # the checkpoint itself was written

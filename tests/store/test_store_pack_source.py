@@ -134,3 +134,12 @@ def test_glyd_temporaries_in_the_source_are_never_copied(src, tmp_path):
     pack_folder(src, tmp_path / "out", progress=False)
     files = set(CheckpointReader(tmp_path / "out").files)
     assert files == {"config.json", "tokenizer.json", ".gitattributes"}
+
+
+def test_a_relative_source_path_with_sub_folders(src, tmp_path, monkeypatch):
+    (src / "1_Pooling").mkdir()
+    (src / "1_Pooling" / "config.json").write_text("{}")
+    os.symlink("1_Pooling", src / "pooling")
+    monkeypatch.chdir(src)
+    pack_folder(".", tmp_path / "out", progress=False)
+    assert {"1_Pooling/config.json", "pooling/config.json"} <= set(CheckpointReader(tmp_path / "out").files)

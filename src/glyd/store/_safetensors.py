@@ -276,7 +276,8 @@ def write_streaming(path: str | os.PathLike, specs: dict[str, tuple[str, list[in
     """Write a safetensors file one tensor at a time: ``specs`` maps each name to (dtype name,
     shape); ``produce(name)`` returns that tensor when its turn comes, so only one is in memory.
     The bytes are those ``safetensors.torch.save_file`` writes for the same tensors (same order,
-    header and padding). A produced tensor whose dtype or shape differs from its spec raises
+    header and padding; with two or more ``metadata`` keys save_file's order of them is random, a
+    Rust HashMap's, and here it is ``metadata``'s). A produced tensor whose dtype or shape differs from its spec raises
     FormatError (the header is already written: write to a temporary path, then rename)."""
     def rank(item):
         name, (dt, _) = item

@@ -122,7 +122,7 @@ def source_shards(src: Path) -> tuple[list[str], dict[str, Header], str | None]:
 def _walk(src: Path):
     """os.walk of ``src`` that follows links to folders inside it (refusing any other, and loops)
     and enters no hidden folder (.git, .cache: not model files) and no glyd temporary."""
-    chains = {str(src): (src.resolve(),)}  # real folders from src down to each folder walked
+    chains = {os.fspath(src): (src.resolve(),)}  # real folders from src down to each folder walked
     for root, dirs, names in os.walk(src, followlinks=True):
         chain = chains.pop(root)
         keep = []
@@ -136,7 +136,7 @@ def _walk(src: Path):
             real = p.resolve()
             if real in chain:
                 raise FormatError(f"{p}: a symbolic link to a folder that holds it (a loop): glyd will not copy it")
-            chains[str(p)] = (*chain, real)
+            chains[os.path.join(root, d)] = (*chain, real)  # the name os.walk will give it
             keep.append(d)
         dirs[:] = keep
         yield root, names

@@ -40,10 +40,10 @@ def _os_errors(handler):
         except OSError as exc:
             name, dst = exc.filename, getattr(args, "dst", None)
             inside_tmp = name is not None and any(is_glyd_temporary(part) for part in Path(os.fsdecode(name)).parts)
-            if dst is not None and (name is None or inside_tmp):
-                name = dst
+            if dst is not None and (inside_tmp or (name is None and not isinstance(exc, BrokenPipeError))):
+                name = dst  # a write into the destination's temporary (a broken pipe is stdout's)
             where = f"{name}: " if name else ""
-            after = "; nothing was written" if dst is not None and not Path(dst).exists() else ""
+            after = "; nothing was written" if dst is not None and name == dst and not Path(dst).exists() else ""
             raise GlydError(f"{where}{exc.strerror or exc}{after}") from exc
 
     return run

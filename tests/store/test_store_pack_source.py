@@ -143,3 +143,14 @@ def test_a_relative_source_path_with_sub_folders(src, tmp_path, monkeypatch):
     monkeypatch.chdir(src)
     pack_folder(".", tmp_path / "out", progress=False)
     assert {"1_Pooling/config.json", "pooling/config.json"} <= set(CheckpointReader(tmp_path / "out").files)
+
+
+@pytest.mark.parametrize("name", ["w_glyd_lo", "norm_glyd_x", ""])
+def test_source_tensor_names_that_a_checkpoint_reserves(tmp_path, capsys, name):
+    import torch
+    from safetensors.torch import save_file
+
+    src = tmp_path / "src"
+    src.mkdir()
+    save_file({"w": torch.ones(4, 4, dtype=torch.bfloat16), name: torch.ones(3)}, str(src / "model.safetensors"))
+    _refused(src, capsys, f"tensor {name!r}: an empty name or one with '_glyd_' in it cannot be stored")

@@ -35,7 +35,8 @@ MAX_MANIFEST_BYTES = 256 * 1024**2
 #: Marker in the names of temporary folders (``.DST.<random>.glyd-tmp``) next to a destination.
 TMP_SUFFIX = ".glyd-tmp"
 
-_KEY_SEP = "_glyd_"
+#: What joins a packed tensor's name and its array's in a safetensors key (:func:`key_for`).
+KEY_SEP = "_glyd_"
 _SHA_RE = re.compile(r"[0-9a-f]{64}")
 _SHARD_RE = re.compile(r"model(-\d{5}-of-\d{5})?\.safetensors")
 
@@ -46,7 +47,7 @@ def key_for(name: str, array: str) -> str:
     >>> key_for("model.layers.0.mlp.up_proj.weight", "lo")
     'model.layers.0.mlp.up_proj.weight_glyd_lo'
     """
-    return f"{name}{_KEY_SEP}{array}"
+    return f"{name}{KEY_SEP}{array}"
 
 
 def shard_name(i: int, n: int) -> str:

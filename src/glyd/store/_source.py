@@ -18,7 +18,7 @@ from typing import Any
 
 from glyd.errors import CorruptError, FormatError
 from glyd.store._atomic import is_glyd_temporary
-from glyd.store._manifest import CONFIG, INDEX, MANIFEST, SINGLE_SHARD, safe_relpath
+from glyd.store._manifest import CONFIG, INDEX, KEY_SEP, MANIFEST, SINGLE_SHARD, safe_relpath
 from glyd.store._safetensors import Header, load_json, read_header
 
 log = logging.getLogger(__name__)
@@ -115,6 +115,11 @@ def source_shards(src: Path) -> tuple[list[str], dict[str, Header], str | None]:
         for name in h.tensors:
             if name in seen:
                 raise FormatError(f"{src}: tensor {name!r} is in both {seen[name]} and {f}")
+            if not name or KEY_SEP in name:
+                # The packed checkpoint names a packed matrix's arrays NAME_glyd_ARRAY: a source tensor
+                # spelled like that would collide with one, or be taken for one when loading.
+                raise FormatError(f"{src / f}: tensor {name!r}: an empty name or one with {KEY_SEP!r} in it cannot "
+                                  f"be stored in a glyd checkpoint ({KEY_SEP!r} marks packed arrays)")
             seen[name] = f
     return files, headers, index_name
 

@@ -72,6 +72,7 @@ def test_hostile_manifest_json_is_one_line(packed, tmp_path, edit, match, capsys
         (lambda m: m.update(layout=7), r"layout: missing or not a string"),
         (lambda m: m.update(tensors={}), r"tensors: is empty"),
         (lambda m: m["tensors"]["scale"].update(shape=[0, 2**62, 2**62]), r"tensors\['scale'\]\.shape"),
+        (lambda m: m["tensors"]["embed.weight"].update(layout={}), r"tensors\['embed\.weight'\]\.layout: unknown layout \{\}"),
     ],
 )
 def test_manifest_fields_are_checked(packed, edit, match, capsys):
@@ -113,8 +114,9 @@ def test_shard_metadata_must_be_glyds(packed, capsys):
         (b'{"a": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1' + b"0" * 5000 + b"]}}", "digits"),
         (b'{"a": {"dtype": "U8", "shape": [0, 4611686018427387904, 4611686018427387904], "data_offsets": [0, 0]}}',
          "invalid shape"),
+        (b'{"a": {"dtype": ["U8"], "shape": [1], "data_offsets": [0, 1]}}', r"invalid dtype \['U8'\]"),
     ],
-    ids=["deep", "long-int", "huge-shape"],
+    ids=["deep", "long-int", "huge-shape", "unhashable-dtype"],
 )
 def test_hostile_shard_header_is_one_line(packed, raw, match, capsys):
     rewrite_header(_shard(packed), lambda h: raw)

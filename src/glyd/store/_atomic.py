@@ -198,10 +198,15 @@ def remove_stale(dst: Path) -> list[Path]:
             log.warning("%s holds the checkpoint an interrupted run was replacing at %s: rename it back to %s "
                         "(the folder inside it) or remove it", p, dst, dst.name)
             continue
-        if p.is_dir() and not p.is_symlink():
-            shutil.rmtree(p, ignore_errors=True)
-        else:
-            p.unlink(missing_ok=True)
+        try:
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p)
+            else:
+                p.unlink(missing_ok=True)
+        except OSError as exc:  # another user's, or removed meanwhile by another run
+            if p.exists() or p.is_symlink():
+                log.warning("cannot remove %s, left by an interrupted glyd run: %s", p, exc.strerror or exc)
+                continue
         log.info("removed %s, left by an interrupted glyd run", p)
         removed.append(p)
     return removed

@@ -170,7 +170,7 @@ def _check_entry(where: Path, f: str, e: object) -> None:
     if kind == "raw":
         return
     layout = e.get("layout")
-    if layout not in LAYOUTS:
+    if not isinstance(layout, str) or layout not in LAYOUTS:
         raise _fail(where, f"{f}.layout", f"unknown layout {short(layout)} (known: {', '.join(LAYOUTS)})")
     fv = e.get("format_version")
     if fv != CODEC_FORMAT_VERSION or isinstance(fv, bool):

@@ -172,7 +172,7 @@ def read_header(path: str | os.PathLike) -> Header:
         if not isinstance(entry, dict):
             raise FormatError(f"{where}: header entry is not an object")
         st_dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
-        if st_dtype not in ST_TO_NAME:
+        if not isinstance(st_dtype, str) or st_dtype not in ST_TO_NAME:
             raise FormatError(f"{where}: unsupported or invalid dtype {st_dtype!r}")
         if not shape_ok(shape):
             raise FormatError(f"{where}: invalid shape {short(shape)}")

@@ -144,7 +144,7 @@ def test_overlapping_and_gapped_byte_ranges(tmp_path):
         read_header(f)
     # a gap between two tensors: safetensors itself refuses such a file
     save_file({"a": torch.ones(4, dtype=torch.uint8), "b": torch.ones(4, dtype=torch.uint8)}, str(tmp_path / "gap.safetensors"))
-    rewrite_header(tmp_path / "gap.safetensors", lambda h: h.update(b={**h["b"], "dtype": "U8", "shape": [2], "data_offsets": [6, 8]}))
+    rewrite_header(tmp_path / "gap.safetensors", lambda h: h["b"].update(shape=[2], data_offsets=[6, 8]))
     with pytest.raises(FormatError, match=r"tensor 'b': 2 unused bytes after tensor 'a'"):
         read_header(tmp_path / "gap.safetensors")
 

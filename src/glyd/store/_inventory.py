@@ -124,5 +124,6 @@ def check_unlisted(path: Path, listed: set[str]) -> list[str]:
                 f"accounts for (remove it, or pack the model again)"
             )
     if ignored:
-        log.info("%s: not part of the checkpoint (documentation or hidden), not verified: %s", path, ", ".join(ignored[:8]))
+        log.info("%s: not part of the checkpoint (documentation or hidden), not verified: %s",
+                 path, ", ".join(ignored[:8]))
     return ignored

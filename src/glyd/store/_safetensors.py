@@ -168,12 +168,12 @@ def read_header(path: str | os.PathLike) -> Header:
         raise FormatError(f"{path}: safetensors __metadata__ must map strings to strings")
     tensors: dict[str, TensorInfo] = {}
     for name, entry in header.items():
-        where = f"{path}: tensor {name!r}"
+        where = f"{path}: tensor {short(name)}"
         if not isinstance(entry, dict):
             raise FormatError(f"{where}: header entry is not an object")
         st_dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
         if not isinstance(st_dtype, str) or st_dtype not in ST_TO_NAME:
-            raise FormatError(f"{where}: unsupported or invalid dtype {st_dtype!r}")
+            raise FormatError(f"{where}: unsupported or invalid dtype {short(st_dtype)}")
         if not shape_ok(shape):
             raise FormatError(f"{where}: invalid shape {short(shape)}")
         if (
@@ -210,7 +210,7 @@ def _check_tiling(path: Path, tensors: dict[str, TensorInfo]) -> int:
         info = tensors[name]
         if info.begin < end:
             raise FormatError(
-                f"{path}: tensor {name!r}: data_offsets [{info.begin}, {info.end}] overlap tensor {last!r} "
+                f"{path}: tensor {short(name)}: data_offsets [{info.begin}, {info.end}] overlap tensor {short(last)} "
                 f"(which ends at {end}): two tensors may not share bytes"
             )
         if info.end > end or last is None:
@@ -219,8 +219,10 @@ def _check_tiling(path: Path, tensors: dict[str, TensorInfo]) -> int:
     for name in order:
         info = tensors[name]
         if info.begin > end:
-            after = f"after tensor {last!r}" if last is not None else "at the start of the data"
-            raise FormatError(f"{path}: tensor {name!r}: {info.begin - end} unused bytes {after} (data_offsets must be contiguous)")
+            after = f"after tensor {short(last)}" if last is not None else "at the start of the data"
+            raise FormatError(
+                f"{path}: tensor {short(name)}: {info.begin - end} unused bytes {after} (data_offsets must be contiguous)"
+            )
         end, last = info.end, name
     return end
 
@@ -276,9 +278,10 @@ def write_streaming(path: str | os.PathLike, specs: dict[str, tuple[str, list[in
     """Write a safetensors file one tensor at a time: ``specs`` maps each name to (dtype name,
     shape); ``produce(name)`` returns that tensor when its turn comes, so only one is in memory.
     The bytes are those ``safetensors.torch.save_file`` writes for the same tensors (same order,
-    header and padding; with two or more ``metadata`` keys save_file's order of them is random, a
-    Rust HashMap's, and here it is ``metadata``'s). A produced tensor whose dtype or shape differs from its spec raises
-    FormatError (the header is already written: write to a temporary path, then rename)."""
+    header and padding; with two or more ``metadata`` keys save_file writes them in a random order,
+    a Rust HashMap's, and this in ``metadata``'s). A produced tensor whose dtype or shape differs
+    from its spec raises FormatError (the header is already written: write to a temporary path,
+    then rename)."""
     def rank(item):
         name, (dt, _) = item
         st = NAME_TO_ST.get(dt)

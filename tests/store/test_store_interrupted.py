@@ -111,7 +111,7 @@ def test_which_temporaries_are_stale(tmp_path, caplog):
         pack_folder(tmp_path / "src", tmp_path / "out", progress=False)
     assert [p.name for p in gone if p.exists()] == []
     assert [p.name for p in kept if not p.exists()] == []
-    assert old.exists() and "holds the checkpoint an interrupted run was replacing" in caplog.text
+    assert old.exists() and f"{old / 'old'} holds the checkpoint an interrupted run was replacing" in caplog.text
     assert f"removed {gone[0]}, left by an interrupted glyd run" in caplog.text
     # Once the destination exists again, the moved-aside copy is only a leftover.
     import torch

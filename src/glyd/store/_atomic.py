@@ -23,13 +23,13 @@ from glyd.store._manifest import MANIFEST, TMP_SUFFIX
 
 log = logging.getLogger(__name__)
 
-#: A temporary nothing has touched for this long is stale whoever owns it (a writer rewrites a shard
-#: file continuously; packing the largest model writes something every few seconds).
+#: A temporary nothing has touched for this long is stale whoever owns it (a live writer adds a file
+#: at least each time it has packed one shard, 2 GiB at most: far more often than this).
 STALE_AGE_S = 24 * 3600
 #: A temporary whose name gives a pid but no host (glyd.filecodec's) is stale once that pid is not
 #: running here and nothing has touched it for this long (its writer might be on another host).
 UNKNOWN_HOST_IDLE_S = 600
-#: Old-style temporaries of a destination moved aside while it is replaced.
+#: Suffix of the folder a destination is moved into while a writer replaces it (``overwrite=True``).
 OLD_SUFFIX = ".glyd-old"
 
 
@@ -195,8 +195,8 @@ def remove_stale(dst: Path) -> list[Path]:
         except OSError:  # vanished meanwhile: its owner finished
             continue
         if m.groupdict().get("kind") == "old" and not dst.exists():
-            log.warning("%s holds the checkpoint an interrupted run was replacing at %s: rename it back to %s "
-                        "(the folder inside it) or remove it", p, dst, dst.name)
+            log.warning("%s holds the checkpoint an interrupted run was replacing at %s: move it back "
+                        "(mv %s %s) or remove %s", p / "old", dst, p / "old", dst, p)
             continue
         try:
             if p.is_dir() and not p.is_symlink():

@@ -154,3 +154,25 @@ def test_a_top_level_safetensors_cannot_be_a_copied_file(tmp_path):
     _edit(tmp_path / "c", lambda m: m["files"].update({"consolidated.safetensors": "0" * 64}))
     with pytest.raises(FormatError, match=r"files\['consolidated\.safetensors'\]"):
         CheckpointReader(tmp_path / "c")
+
+
+def test_a_linked_folder_that_holds_listed_files_is_checked_too(tmp_path):
+    pool = tmp_path / "pool"
+    pool.mkdir()
+    (pool / "config.json").write_text("{}")
+    with CheckpointWriter(tmp_path / "c", layout="fixed12") as w:
+        w.add_tensor("a", torch.zeros(2))
+        w.add_file(pool / "config.json", "1_Pooling/config.json")
+    ckpt = tmp_path / "c"
+    for f in (ckpt / "1_Pooling").iterdir():
+        f.unlink()
+    (ckpt / "1_Pooling").rmdir()
+    os.symlink(pool, ckpt / "1_Pooling")
+    assert CheckpointReader(ckpt).verify(progress=False)["files"] == 1  # the listed file, through the link
+    (pool / "extra.bin").write_bytes(b"weights nobody listed")
+    with pytest.raises(FormatError, match=r"1_Pooling/extra\.bin: weights or an index that glyd\.json does not list"):
+        CheckpointReader(ckpt)
+    (pool / "extra.bin").unlink()
+    os.symlink(pool, pool / "loop")
+    with pytest.raises(FormatError, match=r"1_Pooling/loop: a link to a folder"):
+        CheckpointReader(ckpt)

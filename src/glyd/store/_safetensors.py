@@ -17,6 +17,7 @@ import struct
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -24,6 +25,11 @@ from glyd.errors import CorruptError, FormatError
 
 #: safetensors' own limit on the JSON header (``MAX_HEADER_SIZE`` in the Rust crate).
 MAX_HEADER_BYTES = 100_000_000
+#: Deepest JSON nesting glyd reads (its own files nest 4 deep; config.json files a few more).
+MAX_JSON_DEPTH = 64
+#: Bounds on a tensor's shape: dims, and elements (counting a 0 dim as 1, so strides fit in int64).
+MAX_DIMS = 64
+MAX_ELEMENTS = 2**60
 
 #: safetensors dtype code -> torch dtype name (the names glyd.json uses: ``str(dtype)`` minus "torch.").
 ST_TO_NAME = {
@@ -83,8 +89,49 @@ class Header:
         return sorted(self.tensors, key=lambda k: (self.tensors[k].begin, k))
 
 
-def _shape_ok(shape: object) -> bool:
-    return isinstance(shape, list) and all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in shape)
+def shape_ok(shape: object) -> bool:
+    """A list of at most MAX_DIMS non-negative ints whose product (a 0 counted as 1) is at most
+    MAX_ELEMENTS: bounded so that torch can build the tensor (or its meta twin) without overflow."""
+    if not isinstance(shape, list) or len(shape) > MAX_DIMS:
+        return False
+    if not all(isinstance(s, int) and not isinstance(s, bool) and 0 <= s <= MAX_ELEMENTS for s in shape):
+        return False
+    return math.prod(max(s, 1) for s in shape) <= MAX_ELEMENTS
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise ValueError(f"duplicate key {k[:80]!r}")
+        out[k] = v
+    return out
+
+
+def _too_deep(obj: object, limit: int) -> bool:
+    stack = [(obj, 1)]
+    while stack:
+        o, depth = stack.pop()
+        if isinstance(o, (dict, list)):
+            if depth > limit:
+                return True
+            stack.extend((v, depth + 1) for v in (o.values() if isinstance(o, dict) else o))
+    return False
+
+
+def load_json(raw: bytes, where: object, what: str = "not valid JSON") -> Any:
+    """Parse untrusted JSON bytes; any way they can be bad raises FormatError(f"{where}: {what}
+    (reason)"): not UTF-8, malformed, a duplicate key, a number past Python's int-string limit,
+    nesting deeper than MAX_JSON_DEPTH (which would also make deep copies recurse)."""
+    try:
+        obj = json.loads(raw.decode("utf-8"), object_pairs_hook=_no_duplicates)
+    except RecursionError:
+        raise FormatError(f"{where}: {what} (nested too deeply)") from None
+    except (UnicodeDecodeError, ValueError) as exc:  # JSONDecodeError, int-string limit, duplicate key
+        raise FormatError(f"{where}: {what} ({str(exc)[:200]})") from exc
+    if _too_deep(obj, MAX_JSON_DEPTH):
+        raise FormatError(f"{where}: {what} (nested more than {MAX_JSON_DEPTH} levels deep)")
+    return obj
 
 
 def read_header(path: str | os.PathLike) -> Header:
@@ -111,10 +158,7 @@ def read_header(path: str | os.PathLike) -> Header:
             raw = f.read(n)
     except OSError as exc:
         raise FormatError(f"{path}: cannot read: {exc.strerror or exc}") from exc
-    try:
-        header = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise FormatError(f"{path}: not a safetensors file (header is not JSON: {exc})") from exc
+    header = load_json(raw, path, "not a safetensors file: the header is not valid JSON")
     if not isinstance(header, dict):
         raise FormatError(f"{path}: not a safetensors file (header is not a JSON object)")
     data_start = 8 + n
@@ -123,39 +167,70 @@ def read_header(path: str | os.PathLike) -> Header:
     if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
         raise FormatError(f"{path}: safetensors __metadata__ must map strings to strings")
     tensors: dict[str, TensorInfo] = {}
-    end_max = 0
     for name, entry in header.items():
-        where = f"{path}: tensor {name!r}"
+        where = f"{path}: tensor {short(name)}"
         if not isinstance(entry, dict):
             raise FormatError(f"{where}: header entry is not an object")
         st_dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
-        if st_dtype not in ST_TO_NAME:
-            raise FormatError(f"{where}: unsupported or invalid dtype {st_dtype!r}")
-        if not _shape_ok(shape):
-            raise FormatError(f"{where}: invalid shape {shape!r}")
+        if not isinstance(st_dtype, str) or st_dtype not in ST_TO_NAME:
+            raise FormatError(f"{where}: unsupported or invalid dtype {short(st_dtype)}")
+        if not shape_ok(shape):
+            raise FormatError(f"{where}: invalid shape {short(shape)}")
         if (
             not isinstance(offsets, list)
             or len(offsets) != 2
             or not all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)
             or not 0 <= offsets[0] <= offsets[1]
         ):
-            raise FormatError(f"{where}: invalid data_offsets {offsets!r}")
+            raise FormatError(f"{where}: invalid data_offsets {short(offsets)}")
         itemsize = torch.empty((), dtype=getattr(torch, ST_TO_NAME[st_dtype])).element_size()
         want = math.prod(shape) * itemsize
         if offsets[1] - offsets[0] != want:
             raise FormatError(
-                f"{where}: data_offsets {offsets} span {offsets[1] - offsets[0]} bytes but "
+                f"{where}: data_offsets {short(offsets)} span {short(offsets[1] - offsets[0])} bytes but "
                 f"{ST_TO_NAME[st_dtype]}{list(shape)} needs {want}"
             )
         if offsets[1] > data_len:
             raise CorruptError(
-                f"{where}: truncated file (the tensor ends at byte {data_start + offsets[1]}, the file has {size})"
+                f"{where}: truncated file (the tensor ends at byte {short(data_start + offsets[1])}, the file has {size})"
             )
-        end_max = max(end_max, offsets[1])
         tensors[name] = TensorInfo(ST_TO_NAME[st_dtype], tuple(shape), offsets[0], offsets[1])
-    if end_max != data_len:
-        raise CorruptError(f"{path}: {data_len - end_max} bytes after the last tensor (damaged or appended file)")
+    end = _check_tiling(path, tensors)
+    if end != data_len:
+        raise CorruptError(f"{path}: {data_len - end} bytes after the last tensor (damaged or appended file)")
     return Header(path, tensors, {str(k): v for k, v in metadata.items()}, data_start, size)
+
+
+def _check_tiling(path: Path, tensors: dict[str, TensorInfo]) -> int:
+    """Byte ranges must tile the data from 0, in order, with no overlap and no gap (safetensors' own
+    rule): two tensors sharing bytes would alias each other. Returns where the last one ends."""
+    order = sorted(tensors, key=lambda k: (tensors[k].begin, tensors[k].end, k))
+    end, last = 0, None
+    for name in order:  # overlaps first: a shared range also leaves a gap somewhere
+        info = tensors[name]
+        if info.begin < end:
+            raise FormatError(
+                f"{path}: tensor {short(name)}: data_offsets [{info.begin}, {info.end}] overlap tensor {short(last)} "
+                f"(which ends at {end}): two tensors may not share bytes"
+            )
+        if info.end > end or last is None:
+            end, last = info.end, name
+    end, last = 0, None
+    for name in order:
+        info = tensors[name]
+        if info.begin > end:
+            after = f"after tensor {short(last)}" if last is not None else "at the start of the data"
+            raise FormatError(
+                f"{path}: tensor {short(name)}: {info.begin - end} unused bytes {after} (data_offsets must be contiguous)"
+            )
+        end, last = info.end, name
+    return end
+
+
+def short(value: object, limit: int = 80) -> str:
+    """repr of a value read from a file, cut to ``limit`` characters for a one-line message."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def tensor_bytes_view(t: torch.Tensor) -> memoryview:
@@ -203,8 +278,10 @@ def write_streaming(path: str | os.PathLike, specs: dict[str, tuple[str, list[in
     """Write a safetensors file one tensor at a time: ``specs`` maps each name to (dtype name,
     shape); ``produce(name)`` returns that tensor when its turn comes, so only one is in memory.
     The bytes are those ``safetensors.torch.save_file`` writes for the same tensors (same order,
-    header and padding). A produced tensor whose dtype or shape differs from its spec raises
-    FormatError (the header is already written: write to a temporary path, then rename)."""
+    header and padding; with two or more ``metadata`` keys save_file writes them in a random order,
+    a Rust HashMap's, and this in ``metadata``'s). A produced tensor whose dtype or shape differs
+    from its spec raises FormatError (the header is already written: write to a temporary path,
+    then rename)."""
     def rank(item):
         name, (dt, _) = item
         st = NAME_TO_ST.get(dt)
@@ -221,7 +298,8 @@ def write_streaming(path: str | os.PathLike, specs: dict[str, tuple[str, list[in
         n = math.prod(shape) * torch.empty(0, dtype=getattr(torch, dt)).element_size()
         header[name] = {"dtype": NAME_TO_ST[dt], "shape": list(shape), "data_offsets": [offset, offset + n]}
         offset += n
-    raw = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    # serde_json's spelling: compact, UTF-8 as is (\u escapes only for control characters).
+    raw = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
     raw += b" " * (-len(raw) % 8)
     with open(path, "wb") as f:
         f.write(struct.pack("<Q", len(raw)))

@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import argparse
 import functools
+import os
 import time
+from pathlib import Path
 
 from glyd.codec import LAYOUTS
 from glyd.errors import GlydError
 from glyd.store import folder
+from glyd.store._atomic import is_glyd_temporary
 from glyd.store.checkpoint import CheckpointReader
 
 
@@ -25,7 +28,8 @@ def _progress(args: argparse.Namespace) -> bool:
 
 
 def _os_errors(handler):
-    """Turn an OSError (disk full, permission denied) into glyd's one-line error."""
+    """Turn an OSError (disk full, permission denied) into glyd's one-line error, naming the
+    destination when the failing file was one of its temporaries (removed by then)."""
 
     @functools.wraps(handler)
     def run(args: argparse.Namespace) -> int:
@@ -34,8 +38,13 @@ def _os_errors(handler):
         except GlydError:
             raise
         except OSError as exc:
-            where = f"{exc.filename}: " if exc.filename else ""
-            raise GlydError(f"{where}{exc.strerror or exc}") from exc
+            name, dst = exc.filename, getattr(args, "dst", None)
+            inside_tmp = name is not None and any(is_glyd_temporary(part) for part in Path(os.fsdecode(name)).parts)
+            if dst is not None and (inside_tmp or (name is None and not isinstance(exc, BrokenPipeError))):
+                name = dst  # a write into the destination's temporary (a broken pipe is stdout's)
+            where = f"{name}: " if name else ""
+            after = "; nothing was written" if dst is not None and name == dst and not Path(dst).exists() else ""
+            raise GlydError(f"{where}{exc.strerror or exc}{after}") from exc
 
     return run
 

@@ -8,7 +8,6 @@
 
 from __future__ import annotations
 
-import fnmatch
 import json
 import logging
 import math
@@ -21,41 +20,27 @@ from typing import Any
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
 import glyd
 from glyd.codec import LAYOUTS
 from glyd.codec.packed import FORMAT_VERSION as CODEC_FORMAT_VERSION
 from glyd.errors import CorruptError, DestinationExistsError, FormatError
-from glyd.store._safetensors import Header, dtype_from_name, dtype_name, read_header, sha256_tensor, write_streaming
+from glyd.store._safetensors import Header, dtype_from_name, dtype_name, sha256_tensor, write_streaming
+from glyd.store._source import copy_list, read_config, source_shards
 from glyd.store.checkpoint import (
     CONFIG,
     INDEX,
     MANIFEST,
-    SINGLE_SHARD,
     AtomicDir,
     CheckpointReader,
     CheckpointWriter,
-    _entry_bytes,
     copy_hashed,
+    entry_bytes,
     shard_name,
 )
 
 log = logging.getLogger(__name__)
-
-#: Weight files of other formats (top level of a model folder): never copied, never read.
-OTHER_WEIGHTS = (
-    "pytorch_model*.bin",
-    "pytorch_model*.bin.index.json",
-    "tf_model*.h5",
-    "tf_model*.h5.index.json",
-    "flax_model*.msgpack",
-    "flax_model*.msgpack.index.json",
-    "model*.ckpt*",
-    "*.pt",
-    "*.pth",
-)
 
 __all__ = ["PackSummary", "pack_folder", "unpack_folder", "info"]
 
@@ -76,6 +61,7 @@ class PackSummary:
     kept_bytes: Counter = field(default_factory=Counter)  # dtype name -> their bytes
     kept_names: list[str] = field(default_factory=list)
     kept_2d: Counter = field(default_factory=Counter)  # dtype name -> 2-D float tensors kept (not bf16)
+    kept_float: Counter = field(default_factory=Counter)  # dtype name -> other float tensors kept (not bf16)
     files: list[str] = field(default_factory=list)  # copied verbatim (config.json is rewritten)
     skipped_files: list[str] = field(default_factory=list)
     src_bytes: int = 0  # safetensors files read
@@ -143,88 +129,6 @@ def format_table(columns: list[str], rows: list[tuple], header: bool = True) -> 
     return "\n".join(out)
 
 
-# --------------------------------------------------------------------------------------------------
-# Source folders
-
-
-def _source_shards(src: Path) -> tuple[list[str], dict[str, Header], str | None]:
-    """The safetensors files of a transformers folder, in shard order, with checked headers."""
-    if not src.exists():
-        raise FormatError(f"{src}: no such folder")
-    if not src.is_dir():
-        raise FormatError(f"{src}: not a folder (glyd pack reads a transformers model folder)")
-    if (src / MANIFEST).exists():
-        raise FormatError(f"{src}: already a glyd packed checkpoint (it has {MANIFEST}); use glyd unpack")
-    index = src / INDEX
-    if index.is_file():
-        try:
-            wm = json.loads(index.read_bytes().decode("utf-8")).get("weight_map")
-        except (UnicodeDecodeError, json.JSONDecodeError, AttributeError) as exc:
-            raise FormatError(f"{index}: not a valid safetensors index ({exc})") from exc
-        if not isinstance(wm, dict) or not wm or not all(isinstance(v, str) for v in wm.values()):
-            raise FormatError(f"{index}: weight_map is missing, empty or not a map of tensor -> file")
-        files = list(dict.fromkeys(sorted(wm.values())))
-        for f in files:
-            if "/" in f or "\\" in f or f in ("", ".", ".."):
-                raise FormatError(f"{index}: shard name {f!r} is not a file of the folder")
-            if not (src / f).is_file():
-                raise FormatError(f"{src / f}: shard listed in {INDEX} is missing")
-        index_name: str | None = INDEX
-    elif (src / SINGLE_SHARD).is_file():
-        files, wm, index_name = [SINGLE_SHARD], None, None
-    else:
-        other = sorted(p.name for p in src.iterdir() if any(fnmatch.fnmatch(p.name, pat) for pat in OTHER_WEIGHTS))
-        if other:
-            raise FormatError(
-                f"{src}: has {', '.join(other)} but no model.safetensors: glyd reads safetensors only "
-                f"(convert the model to safetensors first, e.g. save_pretrained(..., safe_serialization=True))"
-            )
-        raise FormatError(f"{src}: no {SINGLE_SHARD} or {INDEX}: not a transformers safetensors model folder")
-    headers = {f: read_header(src / f) for f in files}
-    if wm is not None:
-        for name, f in wm.items():
-            if name not in headers[f].tensors:
-                raise CorruptError(f"{src / f}: tensor {name!r} listed in {INDEX} is not in the file")
-    seen: dict[str, str] = {}
-    for f, h in headers.items():
-        for name in h.tensors:
-            if name in seen:
-                raise FormatError(f"{src}: tensor {name!r} is in both {seen[name]} and {f}")
-            seen[name] = f
-    return files, headers, index_name
-
-
-def _copy_list(src: Path, weight_files: set[str]) -> tuple[list[tuple[Path, str]], list[str]]:
-    """Every file of the folder that is not a weight file: (path, relative name); and skipped names."""
-    keep, skipped = [], []
-    for root, dirs, names in os.walk(src):
-        dirs[:] = sorted(d for d in dirs if not d.startswith("."))  # .git, .cache: not model files
-        for n in sorted(names):
-            p = Path(root) / n
-            rel = p.relative_to(src).as_posix()
-            if rel in weight_files or not p.is_file():
-                continue
-            if "/" not in rel and (n.endswith(".safetensors") or any(fnmatch.fnmatch(n, pat) for pat in OTHER_WEIGHTS)):
-                # Other formats, or safetensors the index does not use (consolidated copies): the
-                # packed folder holds the weights once.
-                skipped.append(rel)
-                continue
-            keep.append((p, rel))
-    return keep, skipped
-
-
-def _read_config(path: Path) -> dict[str, Any] | None:
-    if not path.is_file():
-        return None
-    try:
-        cfg = json.loads(path.read_bytes().decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise FormatError(f"{path}: not valid JSON ({exc})") from exc
-    if not isinstance(cfg, dict):
-        raise FormatError(f"{path}: not a JSON object")
-    return cfg
-
-
 def _auto_layout(name: str, w: torch.Tensor, state: dict[str, Any]) -> str:
     """The layout for one matrix when ``layout="auto"``: the team's one bridge to measured choices
     (``glyd.nn._ops.choose_layout``) on a CUDA GPU, else ``fixed12`` (logged once), since the
@@ -245,6 +149,23 @@ def _auto_layout(name: str, w: torch.Tensor, state: dict[str, Any]) -> str:
     return layout
 
 
+def _check_packable(src: Path, headers: dict[str, Header]) -> None:
+    """Refuse a model with no 2-D bf16 tensor, from the headers alone, before anything is written:
+    its "packed" checkpoint would load as a bf16 model, rounding every weight."""
+    found: Counter = Counter()
+    for h in headers.values():
+        for info in h.tensors.values():
+            if info.dtype == "bfloat16" and len(info.shape) == 2:
+                return
+            found[info.dtype] += 1
+    what = ", ".join(f"{n} {d}" for d, n in sorted(found.items(), key=lambda x: (-x[1], x[0])))
+    what = f"{what} tensors{' (the bfloat16 ones are not 2-D)' if 'bfloat16' in found else ''}" if found else "no tensors"
+    raise FormatError(
+        f"{src}: no bf16 2-D matrices to pack: {what}. glyd packs bf16 weights losslessly and never converts "
+        f"a dtype (convert the model to bf16 yourself if that is what you want; it is not lossless)"
+    )
+
+
 def pack_folder(
     src: str | os.PathLike,
     dst: str | os.PathLike,
@@ -256,60 +177,32 @@ def pack_folder(
     """Pack a transformers safetensors folder into a glyd checkpoint at ``dst``.
 
     Every 2-D bf16 tensor is packed with ``layout`` (``"fixed12"``, ``"tiered"`` or ``"auto"``);
-    every other tensor is kept as it is and listed in the summary (never converted). Shard
-    boundaries of the source are kept (a packed shard is also split at ``max_shard_bytes``), every
-    other file of the folder is copied, and config.json gets a ``quantization_config`` for glyd.
-    Host memory stays near one output shard plus one tensor.
+    every other tensor is kept as it is and listed in the summary (never converted); a model with
+    no 2-D bf16 tensor is refused (FormatError). Shard boundaries of the source are kept (a packed
+    shard is also split at ``max_shard_bytes``), every other file of the folder is copied, and
+    config.json gets a ``quantization_config`` for glyd. Host memory stays near one output shard
+    plus one tensor.
     """
     if layout not in LAYOUTS and layout != "auto":
         raise ValueError(f"unknown layout {layout!r}; choose one of {', '.join([*LAYOUTS, 'auto'])}")
     t0 = time.perf_counter()
     src, dst = Path(src), Path(dst)
-    files, headers, index_name = _source_shards(src)
+    files, headers, index_name = source_shards(src)
     if dst.exists() or dst.is_symlink():
         raise DestinationExistsError(f"{dst} already exists; glyd never overwrites (remove it or choose another name)")
-    config = _read_config(src / CONFIG)
+    _check_packable(src, headers)
+    config = read_config(src)
     if config is not None and config.get("quantization_config"):
         q = config["quantization_config"]
         method = q.get("quant_method") if isinstance(q, dict) else q
         raise FormatError(
             f"{src / CONFIG}: the model is already quantized (quant_method {method!r}); glyd packs bf16 models"
         )
-    copies, skipped = _copy_list(src, set(files) | ({index_name} if index_name else set()))
+    copies, skipped = copy_list(src, set(files) | ({index_name} if index_name else set()))
     summary = PackSummary(src=src, dst=dst, layout=layout, skipped_files=skipped)
     summary.src_bytes = sum(h.file_size for h in headers.values())
-    auto_state: dict[str, Any] = {}
-    total = sum(len(h.tensors) for h in headers.values())
     with CheckpointWriter(dst, layout=layout, max_shard_bytes=max_shard_bytes) as out:
-        with tqdm(total=total, desc="pack", unit="tensor", disable=not progress, leave=False) as bar:
-            for f in files:
-                header = headers[f]
-                handle = safe_open(str(src / f), framework="pt", device="cpu")
-                for name in header.keys_in_file_order():
-                    t = handle.get_tensor(name)
-                    if t.dtype == torch.bfloat16 and t.dim() == 2:
-                        lay = _auto_layout(name, t, auto_state) if layout == "auto" else layout
-                        p = glyd.pack(t, layout=lay)
-                        out.add_packed(name, p, sha256_tensor(t))
-                        summary.packed += 1
-                        summary.layouts[lay] += 1
-                        summary.packed_weights += t.numel()
-                        summary.packed_bytes_before += t.numel() * 2
-                        summary.packed_bytes_after += p.nbytes
-                    else:
-                        if t.dim() == 2 and t.is_floating_point():
-                            summary.kept_2d[dtype_name(t.dtype)] += 1
-                        out.add_tensor(name, t)
-                        d = dtype_name(t.dtype)
-                        why = "not 2-D" if t.dtype == torch.bfloat16 else "not bf16"
-                        log.debug("kept unpacked (%s): %s %s%s", why, name, d, list(t.shape))
-                        summary.kept[d] += 1
-                        summary.kept_bytes[d] += t.numel() * t.element_size()
-                        summary.kept_names.append(name)
-                    del t
-                    bar.update(1)
-                del handle
-                out.flush()  # keep the source's shard boundaries
+        _pack_shards(out, src, files, headers, summary, progress)
         for path, rel in copies:
             if rel == CONFIG and config is not None:
                 continue
@@ -323,9 +216,50 @@ def pack_folder(
         else:
             log.warning("%s has no config.json: the checkpoint will not load with transformers", src)
     reader = CheckpointReader(dst)
-    shards = {reader.entry(n)["file"] for n in reader.names()} or {SINGLE_SHARD}
+    shards = {reader.entry(n)["file"] for n in reader.names()}
     summary.shards = len(shards)
     summary.dst_bytes = sum((dst / s).stat().st_size for s in shards)
+    _log_kept(summary)
+    summary.seconds = time.perf_counter() - t0
+    return summary
+
+
+def _pack_shards(out: CheckpointWriter, src: Path, files: list[str], headers: dict[str, Header],
+                 summary: PackSummary, progress: bool) -> None:
+    """Pack or keep every tensor of the source shards, one tensor in memory at a time."""
+    layout, auto_state = summary.layout, {}
+    total = sum(len(h.tensors) for h in headers.values())
+    with tqdm(total=total, desc="pack", unit="tensor", disable=not progress, leave=False) as bar:
+        for f in files:
+            handle = safe_open(str(src / f), framework="pt", device="cpu")
+            for name in headers[f].keys_in_file_order():
+                t = handle.get_tensor(name)
+                d = dtype_name(t.dtype)
+                if t.dtype == torch.bfloat16 and t.dim() == 2:
+                    lay = _auto_layout(name, t, auto_state) if layout == "auto" else layout
+                    p = glyd.pack(t, layout=lay)
+                    out.add_packed(name, p, sha256_tensor(t))
+                    summary.packed += 1
+                    summary.layouts[lay] += 1
+                    summary.packed_weights += t.numel()
+                    summary.packed_bytes_before += t.numel() * 2
+                    summary.packed_bytes_after += p.nbytes
+                else:
+                    if t.is_floating_point() and t.dtype != torch.bfloat16:
+                        (summary.kept_2d if t.dim() == 2 else summary.kept_float)[d] += 1
+                    out.add_tensor(name, t)
+                    why = "not 2-D" if t.dtype == torch.bfloat16 else "not bf16"
+                    log.debug("kept unpacked (%s): %s %s%s", why, name, d, list(t.shape))
+                    summary.kept[d] += 1
+                    summary.kept_bytes[d] += t.numel() * t.element_size()
+                    summary.kept_names.append(name)
+                del t
+                bar.update(1)
+            del handle
+            out.flush()  # keep the source's shard boundaries
+
+
+def _log_kept(summary: PackSummary) -> None:
     if summary.kept_2d:
         log.warning(
             "%s 2-D float tensors are not bfloat16 (%s): kept as they are, unpacked. glyd packs bf16 weights only; "
@@ -334,13 +268,15 @@ def pack_folder(
             ", ".join(f"{n} {d}" for d, n in sorted(summary.kept_2d.items())),
             "/".join(sorted(summary.kept_2d)),
         )
-    if summary.kept:
-        log.info(
-            "kept unpacked: %s",
-            ", ".join(f"{n} {d}" for d, n in sorted(summary.kept.items())),
+    if summary.kept_float:
+        log.warning(
+            "%s other float tensors are not bfloat16 (%s): kept as they are in the checkpoint (glyd unpack gives "
+            "them back exactly), but transformers loads a glyd checkpoint in bfloat16",
+            sum(summary.kept_float.values()),
+            ", ".join(f"{n} {d}" for d, n in sorted(summary.kept_float.items())),
         )
-    summary.seconds = time.perf_counter() - t0
-    return summary
+    if summary.kept:
+        log.info("kept unpacked: %s", ", ".join(f"{n} {d}" for d, n in sorted(summary.kept.items())))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -387,8 +323,6 @@ def unpack_folder(src: str | os.PathLike, dst: str | os.PathLike, progress: bool
                     total += numel * torch.empty(0, dtype=getattr(torch, dt)).element_size()
                     params += numel
                 counts["tensors"] += len(specs)
-        if not by_file:
-            save_file({}, str(out.tmp / SINGLE_SHARD), metadata={"format": "pt"})
         if len(by_file) > 1:
             meta = {"total_parameters": params, "total_size": total}  # as transformers 5 writes it
             index = {"metadata": meta, "weight_map": dict(sorted(weight_map.items()))}
@@ -444,7 +378,7 @@ def info(path: str | os.PathLike) -> tuple[list[dict[str, Any]], dict[str, Any]]
     for name in reader.names():
         e = reader.entry(name)
         numel = math.prod(e["shape"])
-        stored = _entry_bytes(e)
+        stored = entry_bytes(e)
         packed = e["kind"] == "packed"
         rows.append(
             {

@@ -1,0 +1,132 @@
+"""What a checkpoint folder holds, checked against its manifest, in both directions.
+
+Every shard, every entry of the index and every file of the folder must be accounted for by
+glyd.json: a loader finds weights by file name (``*.safetensors``, the index) and reads config.json
+and tokenizer files by name, so a file the manifest does not list would be used without ever being
+checked. The only files a checkpoint may hold unlisted are documentation (README, LICENSE, NOTICE,
+COPYING, ``*.md``) and hidden entries (``.gitattributes``, ``.git/``, ``.cache/``) that no loader
+reads, and never when their names look like weights, an index or a config.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import logging
+import os
+import re
+from pathlib import Path
+
+from glyd.errors import CorruptError, FormatError
+from glyd.store._manifest import CONFIG, INDEX, MANIFEST, SINGLE_SHARD, shard_name
+from glyd.store._safetensors import Header, load_json, short
+
+log = logging.getLogger(__name__)
+
+#: Unlisted files a checkpoint may hold: documentation, matched on the lower-cased name.
+DOC_PATTERNS = ("readme*", "license*", "licence*", "notice*", "copying*", "*.md")
+#: Names that are never ignored: weights of any format, indexes, configs.
+STRICT_PATTERNS = (
+    "*.safetensors", "*.bin", "*.pt", "*.pth", "*.ckpt", "*.h5", "*.msgpack", "*.gguf", "*.onnx",
+    "*.npz", "*.npy", "*.pkl", "*.pickle", "*.index.json", CONFIG,
+)
+
+_SHARD_NUM_RE = re.compile(r"model-(\d{5})-of-(\d{5})\.safetensors")
+
+
+def check_shard_names(path: Path, shards: set[str]) -> bool:
+    """The shards glyd.json uses must be exactly those a writer makes: ``model.safetensors`` alone,
+    or ``model-00001-of-0000N`` ... ``model-0000N-of-0000N`` (N > 1), every one used. Returns
+    whether the checkpoint is sharded."""
+    if shards == {SINGLE_SHARD}:
+        return False
+    nums = [_SHARD_NUM_RE.fullmatch(s) for s in sorted(shards)]
+    counts = {int(m.group(2)) for m in nums if m}
+    if SINGLE_SHARD in shards or len(counts) != 1 or counts == {1}:
+        raise FormatError(f"{path / MANIFEST}: tensors name shards {', '.join(sorted(shards))}: not one set of "
+                          f"{SINGLE_SHARD} or model-0000i-of-0000N.safetensors (N > 1)")
+    (n,) = counts
+    missing = [shard_name(i, n) for i in range(1, n + 1) if shard_name(i, n) not in shards]
+    if missing:
+        raise FormatError(f"{path / MANIFEST}: no tensor is listed in shard(s) {', '.join(missing[:5])} of {n} "
+                          f"(a shard was dropped from the manifest, or the checkpoint is incomplete)")
+    return True
+
+
+def check_index(path: Path, claimed: dict[str, set[str]], headers: dict[str, Header], sharded: bool) -> None:
+    """The index must exist exactly when the checkpoint is sharded and map every key of every shard,
+    and nothing else, to its shard."""
+    index = path / INDEX
+    if not sharded:
+        if index.exists() or index.is_symlink():
+            raise FormatError(f"{index}: a single-shard checkpoint has no index; {MANIFEST} does not account for it")
+        return
+    if not index.is_file():
+        raise CorruptError(f"{index}: missing (a sharded checkpoint cannot load without it)")
+    doc = load_json(index.read_bytes(), index)
+    wm = doc.get("weight_map") if isinstance(doc, dict) else None
+    if not isinstance(wm, dict):
+        raise FormatError(f"{index}: not a safetensors index (JSON with a weight_map)")
+    where = {key: file for file, keys in claimed.items() for key in keys}
+    for key, file in wm.items():
+        if not isinstance(file, str) or file not in claimed:
+            raise FormatError(f"{index}: maps {short(key)} to {short(file)}, which is not a shard of this checkpoint")
+        if key not in where:
+            raise FormatError(f"{index}: lists key {short(key)}, which {MANIFEST} does not have")
+        if where[key] != file:
+            raise FormatError(f"{index}: maps {short(key)} to {file} but it is in {where[key]}")
+    absent = sorted(set(where) - set(wm))
+    if absent:
+        raise FormatError(f"{index}: has no entry for {', '.join(map(short, absent[:5]))} (in {where[absent[0]]})")
+    total = sum(h.file_size - h.data_start for h in headers.values())
+    meta = doc.get("metadata")
+    got = meta.get("total_size") if isinstance(meta, dict) else None
+    if got != total or isinstance(got, bool):
+        raise FormatError(f"{index}: metadata.total_size is {short(got)}, the shards hold {total} bytes of tensors")
+
+
+def _kind(rel: str) -> str:
+    """'strict' (never ignored), 'ignored' (documentation, hidden) or 'other'."""
+    name = rel.rsplit("/", 1)[-1].lower()
+    if any(fnmatch.fnmatchcase(name, p) for p in STRICT_PATTERNS):
+        return "strict"
+    if any(part.startswith(".") for part in rel.split("/")) or any(fnmatch.fnmatchcase(name, p) for p in DOC_PATTERNS):
+        return "ignored"
+    return "other"
+
+
+def check_unlisted(path: Path, listed: set[str]) -> list[str]:
+    """Raise FormatError for the first entry of the folder that ``listed`` does not account for
+    (hidden folders are not entered). Returns the unlisted files that are ignored."""
+    ignored: list[str] = []
+    under = {p.rsplit("/", 1)[0] for p in listed if "/" in p}
+    parents = {"/".join(d.split("/")[: i + 1]) for d in under for i in range(d.count("/") + 1)}
+    chains = {os.fspath(path): (path.resolve(),)}  # real folders from the top down, to stop loops
+    for root, dirs, names in os.walk(path, followlinks=True):
+        chain = chains.pop(root)
+        base = Path(root).relative_to(path).as_posix()
+        prefix = "" if base == "." else base + "/"
+        for d in list(dirs):
+            full = os.path.join(root, d)
+            if d.startswith("."):
+                dirs.remove(d)  # .git, .cache/huggingface: not part of any model
+            elif os.path.islink(full) and (prefix + d not in parents or Path(full).resolve() in chain):
+                raise FormatError(f"{path / (prefix + d)}: a link to a folder that {MANIFEST} does not account for")
+            else:
+                chains[full] = (*chain, Path(full).resolve())
+        for n in sorted(names):
+            rel = prefix + n
+            if rel in listed:
+                continue
+            kind = _kind(rel)
+            if kind == "ignored":
+                ignored.append(rel)
+                continue
+            what = "config.json" if rel == CONFIG else "weights or an index" if kind == "strict" else "a file"
+            raise FormatError(
+                f"{path / rel}: {what} that {MANIFEST} does not list: a checkpoint holds only what its manifest "
+                f"accounts for (remove it, or pack the model again)"
+            )
+    if ignored:
+        log.info("%s: not part of the checkpoint (documentation or hidden), not verified: %s",
+                 path, ", ".join(ignored[:8]))
+    return ignored

@@ -1,0 +1,174 @@
+"""Hostile JSON and headers (glyd.json, shard headers): one clear error each, never a traceback."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+from store_helpers import leftovers, make_packed, rewrite_header
+
+from glyd.cli import main
+from glyd.errors import FormatError
+from glyd.store import CheckpointReader, CheckpointWriter, pack_folder, unpack_folder
+from glyd.store._safetensors import read_header
+
+DEEP = 100_000  # far past Python's recursion limit
+
+
+def _cli(capsys, *argv: str) -> tuple[int, str]:
+    rc = main(["-q", *argv])
+    err = capsys.readouterr().err.strip()
+    return rc, err
+
+
+@pytest.fixture
+def packed(tmp_path) -> Path:
+    return make_packed(tmp_path, sharded=True)
+
+
+def _shard(packed: Path) -> Path:
+    return packed / "model-00001-of-00002.safetensors"
+
+
+def _set_manifest_text(packed: Path, edit) -> None:
+    """Rewrite glyd.json as text: ``edit(text) -> text``."""
+    p = packed / "glyd.json"
+    p.write_text(edit(p.read_text()))
+
+
+# -- glyd.json --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "edit, match",
+    [
+        # RecursionError inside json.loads
+        (lambda t: t.replace('"glyd_version": ', '"glyd_version": ' + "[" * DEEP + "]" * DEEP + ", \"x\": "), "nested too deeply"),
+        # ValueError: Python's int-string conversion limit
+        (lambda t: t.replace('"version": 1', '"version": 1' + "0" * 5000), "digits"),
+        # parses, but deep enough that copying an entry would recurse past the limit
+        (lambda t: t.replace('"kind": "raw"', '"extra": ' + "[" * 600 + "]" * 600 + ', "kind": "raw"', 1), "nested more than 64"),
+        (lambda t: t.replace('"version": 1', '"version": 1, "version": 1'), "duplicate key 'version'"),
+    ],
+    ids=["deep", "long-int", "deep-but-parsable", "duplicate"],
+)
+def test_hostile_manifest_json_is_one_line(packed, tmp_path, edit, match, capsys):
+    _set_manifest_text(packed, edit)
+    with pytest.raises(FormatError, match=match):
+        CheckpointReader(packed)
+    for argv in (["verify", str(packed)], ["info", str(packed)], ["unpack", str(packed), str(tmp_path / "out")]):
+        rc, err = _cli(capsys, *argv)
+        assert rc == 1 and "glyd.json" in err and match.split()[0] in err and len(err.splitlines()) == 1, (argv, err)
+    assert not (tmp_path / "out").exists() and leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize(
+    "edit, match",
+    [
+        (lambda m: m.update(layout="bogus"), r"layout: unknown layout 'bogus'"),
+        (lambda m: m.update(layout=7), r"layout: missing or not a string"),
+        (lambda m: m.update(tensors={}), r"tensors: is empty"),
+        (lambda m: m["tensors"]["scale"].update(shape=[0, 2**62, 2**62]), r"tensors\['scale'\]\.shape"),
+        (lambda m: m["tensors"]["embed.weight"].update(layout={}), r"tensors\['embed\.weight'\]\.layout: unknown layout \{\}"),
+    ],
+)
+def test_manifest_fields_are_checked(packed, edit, match, capsys):
+    m = json.loads((packed / "glyd.json").read_text())
+    edit(m)
+    (packed / "glyd.json").write_text(json.dumps(m))
+    with pytest.raises(FormatError, match=match):
+        CheckpointReader(packed).verify(progress=False)
+    rc, err = _cli(capsys, "verify", str(packed))
+    assert rc == 1 and "glyd.json" in err and len(err.splitlines()) == 1
+
+
+def test_a_checkpoint_without_tensors_is_never_written(tmp_path):
+    w = CheckpointWriter(tmp_path / "c", layout="fixed12")
+    w.add_file(Path(__file__), "notes.py")
+    with pytest.raises(ValueError, match="no tensors"):
+        w.close()
+    assert list(tmp_path.iterdir()) == []
+
+
+# -- shard headers ---------------------------------------------------------------------------------
+
+
+def test_shard_metadata_must_be_glyds(packed, capsys):
+    rewrite_header(_shard(packed), lambda h: h.update(__metadata__={"format": "pt", "glyd": "7"}))
+    with pytest.raises(FormatError, match=r"model-00001-of-00002\.safetensors: safetensors __metadata__ .*'glyd': '7'"):
+        CheckpointReader(packed)
+    rc, err = _cli(capsys, "verify", str(packed))
+    assert rc == 1 and "__metadata__" in err and len(err.splitlines()) == 1
+    rewrite_header(_shard(packed), lambda h: h.pop("__metadata__"))
+    with pytest.raises(FormatError, match=r"__metadata__ is \{\}"):
+        CheckpointReader(packed)
+
+
+@pytest.mark.parametrize(
+    "raw, match",
+    [
+        (b'{"a": ' + b"[" * DEEP + b"]" * DEEP + b"}", "nested too deeply"),
+        (b'{"a": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1' + b"0" * 5000 + b"]}}", "digits"),
+        (b'{"a": {"dtype": "U8", "shape": [0, 4611686018427387904, 4611686018427387904], "data_offsets": [0, 0]}}',
+         "invalid shape"),
+        (b'{"a": {"dtype": ["U8"], "shape": [1], "data_offsets": [0, 1]}}', r"invalid dtype \['U8'\]"),
+    ],
+    ids=["deep", "long-int", "huge-shape", "unhashable-dtype"],
+)
+def test_hostile_shard_header_is_one_line(packed, raw, match, capsys):
+    rewrite_header(_shard(packed), lambda h: raw)
+    with pytest.raises(FormatError, match=match):
+        read_header(_shard(packed))
+    rc, err = _cli(capsys, "verify", str(packed))
+    assert rc == 1 and "model-00001-of-00002.safetensors" in err and len(err.splitlines()) == 1, err
+
+
+def _two_tensors(path: Path, second_offsets) -> Path:
+    """A safetensors file of bf16 matrices 'a' and 'b' (4 x 4) where 'b' has ``second_offsets``."""
+    save_file({"a": torch.ones(4, 4, dtype=torch.bfloat16), "b": torch.zeros(4, 4, dtype=torch.bfloat16)},
+              str(path), metadata={"format": "pt"})
+    rewrite_header(path, lambda h: h["b"].update(data_offsets=second_offsets(h)))
+    return path
+
+
+def test_overlapping_and_gapped_byte_ranges(tmp_path):
+    f = _two_tensors(tmp_path / "overlap.safetensors", lambda h: h["a"]["data_offsets"])
+    with pytest.raises(FormatError, match=r"overlap.safetensors: tensor '[ab]': .*overlap tensor '[ab]'"):
+        read_header(f)
+    # b moved 2 bytes into a: overlap, and not the same range
+    f = _two_tensors(tmp_path / "shifted.safetensors", lambda h: [h["a"]["data_offsets"][1] - 2, h["a"]["data_offsets"][1] + 30])
+    with pytest.raises(FormatError, match="overlap"):
+        read_header(f)
+    # a gap between two tensors: safetensors itself refuses such a file
+    save_file({"a": torch.ones(4, dtype=torch.uint8), "b": torch.ones(4, dtype=torch.uint8)}, str(tmp_path / "gap.safetensors"))
+    rewrite_header(tmp_path / "gap.safetensors", lambda h: h["b"].update(shape=[2], data_offsets=[6, 8]))
+    with pytest.raises(FormatError, match=r"tensor 'b': 2 unused bytes after tensor 'a'"):
+        read_header(tmp_path / "gap.safetensors")
+
+
+def test_pack_refuses_tensors_that_share_bytes(tmp_path, capsys):
+    src = tmp_path / "src"
+    src.mkdir()
+    _two_tensors(src / "model.safetensors", lambda h: h["a"]["data_offsets"])
+    rc, err = _cli(capsys, "pack", str(src), str(tmp_path / "out"))
+    assert rc == 1 and "overlap" in err and "model.safetensors" in err and len(err.splitlines()) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]
+
+
+def test_readers_refuse_tensors_that_share_bytes(tmp_path, capsys):
+    two = tmp_path / "two"
+    with CheckpointWriter(two, layout="fixed12") as w:
+        w.add_tensor("pos_ids", torch.arange(8))
+        w.add_tensor("more_ids", torch.arange(8, 16))
+    rewrite_header(two / "model.safetensors", lambda h: h["more_ids"].update(data_offsets=h["pos_ids"]["data_offsets"]))
+    with pytest.raises(FormatError, match=r"model\.safetensors: tensor '\w+': .* overlap tensor"):
+        CheckpointReader(two)
+    for argv in (["verify", str(two)], ["info", str(two)], ["unpack", str(two), str(tmp_path / "out")]):
+        rc, err = _cli(capsys, *argv)
+        assert rc == 1 and "overlap" in err and len(err.splitlines()) == 1, (argv, err)
+    with pytest.raises(FormatError, match="overlap"):
+        unpack_folder(two, tmp_path / "out2", progress=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["two"]

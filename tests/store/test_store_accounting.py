@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 from pathlib import Path
@@ -117,13 +118,26 @@ def test_index_total_size_and_presence(eight, tmp_path, capsys):
 
 @pytest.mark.parametrize(
     "rel",
-    ["extra.safetensors", ".hidden.safetensors", "sub/model.safetensors", "pytorch_model.bin", "notes.txt",
-     "sub/config.json", "tf_model.h5.index.json"],
+    ["extra.safetensors", ".hidden.safetensors", "sub/model.safetensors", "pytorch_model.bin",
+     "sub/config.json", "tf_model.h5.index.json", "modeling_custom.py"],
 )
 def test_unlisted_files_are_refused(eight, tmp_path, capsys, rel):
     (eight / rel).parent.mkdir(parents=True, exist_ok=True)
     (eight / rel).write_bytes(b"something the manifest does not know")
     _refused_everywhere(eight, tmp_path, capsys, rf"{rel.replace('.', '[.]')}: .*that glyd\.json does not list")
+
+
+def test_files_added_after_packing_are_ignored_with_a_warning(eight, tmp_path, caplog):
+    # tokenizer.save_pretrained(folder) after model.save_pretrained(folder): a common workflow
+    for rel in ("special_tokens_map.json", "tokenizer_config.json", "chat_template.jinja", "notes.txt"):
+        (eight / rel).write_text("{}")
+    with caplog.at_level(logging.WARNING, logger="glyd"):
+        r = CheckpointReader(eight)
+    assert sorted(r.ignored) == ["chat_template.jinja", "notes.txt", "special_tokens_map.json", "tokenizer_config.json"]
+    assert any("added after packing" in rec.getMessage() for rec in caplog.records)
+    assert r.verify(progress=False)["tensors"] == 16
+    unpack_folder(eight, tmp_path / "out", progress=False)
+    assert not (tmp_path / "out" / "notes.txt").exists()  # not part of the checkpoint: not copied
 
 
 def test_unlisted_documentation_and_hidden_entries_are_ignored(eight, tmp_path):

@@ -39,6 +39,7 @@ from glyd.nn.modules import BUFFER_PREFIX, GlydEmbedding, GlydLinear, GlydLinear
 from glyd.hf import hooks
 from glyd.hf.checks import check_complete, check_folder
 from glyd.store import MANIFEST, CheckpointReader, CheckpointWriter, sha256_tensor
+from glyd.store._source import check_inside
 from glyd.store._safetensors import dtype_from_name, read_header, sha256_file
 
 log = logging.getLogger(__name__)
@@ -875,6 +876,7 @@ def save_pretrained(model: nn.Module, path: str | os.PathLike, *, tokenizer: Any
             if src is not None:
                 for fname in TOKENIZER_FILES:
                     if fname not in added and (src / fname).is_file():
+                        check_inside(src, src / fname)  # a link out of the source folder is not copied
                         out.add_file(src / fname, fname)
     return Path(path)
 

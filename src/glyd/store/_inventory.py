@@ -1,11 +1,11 @@
 """What a checkpoint folder holds, checked against its manifest, in both directions.
 
-Every shard, every entry of the index and every file of the folder must be accounted for by
-glyd.json: a loader finds weights by file name (``*.safetensors``, the index) and reads config.json
-and tokenizer files by name, so a file the manifest does not list would be used without ever being
-checked. The only files a checkpoint may hold unlisted are documentation (README, LICENSE, NOTICE,
-COPYING, ``*.md``) and hidden entries (``.gitattributes``, ``.git/``, ``.cache/``) that no loader
-reads, and never when their names look like weights, an index or a config.
+Every shard and every entry of the index must be accounted for by glyd.json, and so must every
+file that a loader finds by name and that changes the model: weights of any format (``*.safetensors``,
+``*.bin``, ...), indexes, ``config.json`` and code (``*.py``, run by ``trust_remote_code``). Other
+files may be added after packing (a tokenizer saved into the folder, a model card written by
+``push_to_hub``): they are not part of the checkpoint, so they are logged, never verified and never
+copied by ``glyd unpack``. Hidden entries (``.gitattributes``, ``.git/``, ``.cache/``) are skipped.
 """
 
 from __future__ import annotations
@@ -22,12 +22,12 @@ from glyd.store._safetensors import Header, load_json, short
 
 log = logging.getLogger(__name__)
 
-#: Unlisted files a checkpoint may hold: documentation, matched on the lower-cased name.
+#: Unlisted files that are only documentation (logged at INFO), matched on the lower-cased name.
 DOC_PATTERNS = ("readme*", "license*", "licence*", "notice*", "copying*", "*.md")
-#: Names that are never ignored: weights of any format, indexes, configs.
+#: Names that are never ignored: weights of any format, indexes, configs, code.
 STRICT_PATTERNS = (
     "*.safetensors", "*.bin", "*.pt", "*.pth", "*.ckpt", "*.h5", "*.msgpack", "*.gguf", "*.onnx",
-    "*.npz", "*.npy", "*.pkl", "*.pickle", "*.index.json", CONFIG,
+    "*.npz", "*.npy", "*.pkl", "*.pickle", "*.index.json", CONFIG, "*.py",
 )
 
 _SHARD_NUM_RE = re.compile(r"model-(\d{5})-of-(\d{5})\.safetensors")
@@ -85,7 +85,7 @@ def check_index(path: Path, claimed: dict[str, set[str]], headers: dict[str, Hea
 
 
 def _kind(rel: str) -> str:
-    """'strict' (never ignored), 'ignored' (documentation, hidden) or 'other'."""
+    """'strict' (never ignored), 'ignored' (documentation, hidden) or 'other' (ignored, with a warning)."""
     name = rel.rsplit("/", 1)[-1].lower()
     if any(fnmatch.fnmatchcase(name, p) for p in STRICT_PATTERNS):
         return "strict"
@@ -98,6 +98,7 @@ def check_unlisted(path: Path, listed: set[str]) -> list[str]:
     """Raise FormatError for the first entry of the folder that ``listed`` does not account for
     (hidden folders are not entered). Returns the unlisted files that are ignored."""
     ignored: list[str] = []
+    added: list[str] = []
     under = {p.rsplit("/", 1)[0] for p in listed if "/" in p}
     parents = {"/".join(d.split("/")[: i + 1]) for d in under for i in range(d.count("/") + 1)}
     chains = {os.fspath(path): (path.resolve(),)}  # real folders from the top down, to stop loops
@@ -118,10 +119,11 @@ def check_unlisted(path: Path, listed: set[str]) -> list[str]:
             if rel in listed:
                 continue
             kind = _kind(rel)
-            if kind == "ignored":
-                ignored.append(rel)
+            if kind != "strict":
+                (ignored if kind == "ignored" else added).append(rel)
                 continue
-            what = "config.json" if rel == CONFIG else "weights or an index" if kind == "strict" else "a file"
+            what = ("config.json" if rel == CONFIG else "code" if rel.lower().endswith(".py")
+                    else "weights or an index")
             raise FormatError(
                 f"{path / rel}: {what} that {MANIFEST} does not list: a checkpoint holds only what its manifest "
                 f"accounts for (remove it, or pack the model again)"
@@ -129,4 +131,7 @@ def check_unlisted(path: Path, listed: set[str]) -> list[str]:
     if ignored:
         log.info("%s: not part of the checkpoint (documentation or hidden), not verified: %s",
                  path, ", ".join(ignored[:8]))
-    return ignored
+    if added:
+        log.warning("%s: file(s) added after packing, not part of the checkpoint and not verified: %s",
+                    path, ", ".join(added[:8]) + (f" and {len(added) - 8} more" if len(added) > 8 else ""))
+    return ignored + added

@@ -73,6 +73,17 @@ def pytest_sessionfinish(session, exitstatus):
 
 
 @pytest.fixture(autouse=True)
+def _fresh_settings():
+    """glyd reads its environment variables once (glyd._env): read them again around every test,
+    so that a test's monkeypatched variables count and do not leak."""
+    from glyd import _env
+
+    _env.settings.cache_clear()
+    yield
+    _env.settings.cache_clear()
+
+
+@pytest.fixture(autouse=True)
 def _triton_language_untouched():
     """Fail a test that leaves ``triton.language`` patched (Triton's interpreter does, through a
     kernel not wrapped in ``glyd.kernels._interp.isolated``): later compiles in the process break."""

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 import glyd
 from glyd.errors import CorruptError, FormatError
 from glyd.nn import GlydEmbedding, GlydLinear, GlydLinearPart, GlydTiedLinear
-from glyd.nn import _ops
+from glyd import ops as _ops
 from glyd.store import MANIFEST, CheckpointReader, key_for
 from glyd.store._safetensors import read_header
 
@@ -39,7 +39,7 @@ def logits(model, ids):
 
 @pytest.fixture
 def count_packs(monkeypatch):
-    """Counts every matrix glyd packs (through glyd.nn._ops.pack, which every packing path uses)."""
+    """Counts every matrix glyd packs (through glyd.ops.pack, which every packing path uses)."""
     calls = []
     real = _ops.pack
 

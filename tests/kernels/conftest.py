@@ -1,22 +1,16 @@
 """Kernel tests run twice: on the CPU through Triton's interpreter (default run, CI) and on CUDA
-(marked ``gpu``). The interpreter must be chosen before the kernels are decorated, so this sets
-``TRITON_INTERPRET=1`` when there is no GPU and reloads kernel modules imported earlier."""
+(marked ``gpu``). The interpreter must be chosen before the kernels are decorated: the top-level
+``tests/conftest.py`` sets ``TRITON_INTERPRET=1`` without a GPU before anything imports them."""
 
 from __future__ import annotations
 
-import importlib
 import os
-import sys
 
 import pytest
 import torch
 
 HAS_CUDA = torch.cuda.is_available()
-if not HAS_CUDA:
-    os.environ["TRITON_INTERPRET"] = "1"
-    for name in ("glyd.kernels._common", "glyd.kernels.fixed12", "glyd.kernels.tiered"):
-        if name in sys.modules:
-            importlib.reload(sys.modules[name])
+assert HAS_CUDA or os.environ.get("TRITON_INTERPRET") == "1", "tests/conftest.py sets the interpreter first"
 
 try:
     import triton  # noqa: F401

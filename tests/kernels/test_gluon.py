@@ -92,7 +92,7 @@ def compile_gluon_sm90(kernel, const: dict, ptrs: dict, descs: dict | None = Non
                                                           (32, 128, 2, 4, 3, True), (64, 128, 4, 4, 2, True),
                                                           (16, 64, 1, 1, 1, False)])
 def test_gluon_in_tile_exceptions_compile_sm90(bn, bk, mt, warps, stages, xasync):
-    # Config.exc_tile: the first split program adds its rows' exceptions after the K loop; the
+    # GluonConfig.exc_tile: the first split program adds its rows' exceptions after the K loop; the
     # K loop itself is unchanged (still no shared memory without the ring) and nothing spills
     base = _compile_sm90(bn, bk, mt, 1, warps, stages, xasync)
     k = _compile_sm90(bn, bk, mt, 1, warps, stages, xasync, exc=True)
@@ -141,7 +141,7 @@ def test_gluon_pdl_loads_weights_before_waiting_sm90(stages, xasync):
 
 @pytest.mark.parametrize("bn,warps", [(64, 4), (64, 2), (32, 4)])
 def test_gluon_x_in_step_frees_registers_sm90(bn, warps):
-    # Config.x_ahead=False: the next step's x tile is not held in registers while this step's
+    # GluonConfig.x_ahead=False: the next step's x tile is not held in registers while this step's
     # decodes (ncu, run 50: bm 16 bn 64 4 warps took 136 registers, three programs an SM)
     ahead = _res_usage(_compile_sm90(bn, 128, 1, 1, warps, exc=True))
     step = _compile_sm90(bn, 128, 1, 1, warps, exc=True, xahead=False)
@@ -173,7 +173,7 @@ def _sass(k) -> str:
 @pytest.mark.parametrize("mt,stages,xasync,xahead,x8", [(1, 1, False, False, True), (1, 1, False, True, False),
                                                         (2, 2, True, True, False)])
 def test_gluon_split_fixup_compile_sm90(mt, stages, xasync, xahead, x8):
-    # OUT 2 (Config.fixup): the partners count in with a releasing atomic; the last split program
+    # OUT 2 (GluonConfig.fixup): the partners count in with a releasing atomic; the last split program
     # polls with relaxed loads, never an acquire (on sm_90 that invalidates the SM's whole L1,
     # where the other programs read x), and reads the partials from L2; OUT 1 (one split) has
     # no atomics at all. Nothing spills.
@@ -188,63 +188,64 @@ def test_gluon_split_fixup_compile_sm90(mt, stages, xasync, xahead, x8):
 
 
 def test_gluon_config_validation():
-    from glyd.kernels._common import Config
+    from glyd.kernels import GluonConfig, TcConfig  # noqa: F401
 
-    Config(bm=16, bn=32, bk=128, gluon=True)
-    Config(bm=64, bn=32, bk=128, gluon=True)
-    Config(bm=16, bn=64, bk=256, gluon=True, prefetch=True)
-    Config(bm=16, bn=16, bk=64, gluon=True, warps=1)
-    for bad in (dict(bm=128), dict(bn=16, warps=4), dict(bn=16, bm=64, warps=4), dict(bk=32), dict(warps=8), dict(tc=True)):
-        with pytest.raises(ValueError, match="gluon"):
-            Config(**{**dict(bm=16, bn=32, bk=128, gluon=True), **bad})
+    GluonConfig(bm=16, bn=32, bk=128)
+    GluonConfig(bm=64, bn=32, bk=128)
+    GluonConfig(bm=16, bn=64, bk=256, prefetch=True)
+    GluonConfig(bm=16, bn=16, bk=64, warps=1)
+    for bad in (dict(bm=128), dict(bn=16, warps=4), dict(bn=16, bm=64, warps=4), dict(bk=32), dict(warps=8)):
+        with pytest.raises(ValueError, match="GluonConfig"):
+            GluonConfig(**{**dict(bm=16, bn=32, bk=128), **bad})
 
 
 def test_x_in_step_config_is_checked():
-    from glyd.kernels._common import Config
+    from glyd.kernels import GluonConfig, TcConfig  # noqa: F401
 
-    base = dict(bm=16, bn=64, bk=128, gluon=True, prefetch=True)
-    cfg = Config(**base, x_ahead=False, x_rows8=True, maxnreg=96)
+    base = dict(bm=16, bn=64, bk=128, prefetch=True)
+    cfg = GluonConfig(**base, x_ahead=False, x_rows8=True, maxnreg=96)
     assert (cfg.x_ahead, cfg.x_rows8, cfg.maxnreg) == (False, True, 96)
     for bad in (dict(prefetch=False), dict(ring=2, ring_x=True)):  # x must be a prefetched register tile
         with pytest.raises(ValueError, match="x_ahead"):
-            Config(**{**base, **bad, "x_ahead": False})
+            GluonConfig(**{**base, **bad, "x_ahead": False})
     with pytest.raises(ValueError, match="x_rows8"):
-        Config(**{**base, "bm": 32, "x_rows8": True})
-    for bad in (dict(maxnreg=16), dict(maxnreg=300), dict(gluon=False, tc=True, stages=1, maxnreg=96)):
+        GluonConfig(**{**base, "bm": 32, "x_rows8": True})
+    for bad in (dict(maxnreg=16), dict(maxnreg=300)):
         with pytest.raises(ValueError, match="maxnreg"):
-            Config(**{**base, **bad})
+            GluonConfig(**{**base, **bad})
+    with pytest.raises(TypeError, match="maxnreg"):  # the tc kernel has no register cap
+        TcConfig(bm=16, bn=64, bk=128, stages=1, maxnreg=96)
 
 
 def test_ring_config_is_checked():
     # the async-copy ring exists only in the Gluon kernel with prefetch
-    from glyd.kernels._common import Config
+    from glyd.kernels import GluonConfig, TcConfig  # noqa: F401
 
-    ok = Config(bm=16, bn=32, bk=128, gluon=True, prefetch=True, ring=3, ring_x=True)
+    ok = GluonConfig(bm=16, bn=32, bk=128, prefetch=True, ring=3, ring_x=True)
     assert (ok.ring, ok.ring_x) == (3, True)
     with pytest.raises(ValueError, match="ring"):
-        Config(bm=16, bn=32, bk=128, gluon=True, ring=3)  # no prefetch
+        GluonConfig(bm=16, bn=32, bk=128, ring=3)  # no prefetch
+    with pytest.raises(TypeError, match="ring"):
+        TcConfig(bm=16, bn=32, bk=128, prefetch=True, stages=1, ring=3)  # not gluon
     with pytest.raises(ValueError, match="ring"):
-        Config(bm=16, bn=32, bk=128, tc=True, prefetch=True, stages=1, ring=3)  # not gluon
-    with pytest.raises(ValueError, match="ring"):
-        Config(bm=16, bn=32, bk=128, gluon=True, prefetch=True, ring=0)
+        GluonConfig(bm=16, bn=32, bk=128, prefetch=True, ring=0)
     with pytest.raises(ValueError, match="ring_x"):
-        Config(bm=16, bn=32, bk=128, gluon=True, prefetch=True, ring_x=True)  # no ring
-    assert Config(bm=64, bn=32, bk=128, gluon=True, prefetch=True, ring=3, ring_x=True).ring_x  # four x tiles
-    assert Config(bm=16, bn=32, bk=128, gluon=True, exc_tile=True).exc_tile
-    for bad in (dict(gluon=False, tc=True, stages=1), dict(exc_after=True)):
-        with pytest.raises(ValueError, match="exc_tile"):
-            Config(**{**dict(bm=16, bn=32, bk=128, gluon=True, exc_tile=True), **bad})
+        GluonConfig(bm=16, bn=32, bk=128, prefetch=True, ring_x=True)  # no ring
+    assert GluonConfig(bm=64, bn=32, bk=128, prefetch=True, ring=3, ring_x=True).ring_x  # four x tiles
+    assert GluonConfig(bm=16, bn=32, bk=128, exc_tile=True).exc_tile
+    with pytest.raises(ValueError, match="exc_tile"):
+        GluonConfig(bm=16, bn=32, bk=128, exc_tile=True, exc_after=True)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message given without a GPU")
 def test_gluon_needs_a_gpu():
     from glyd import kernels
-    from glyd.kernels._common import Config
+    from glyd.kernels import GluonConfig, TcConfig  # noqa: F401
 
     _gluon()
     p = glyd.pack(random_weights(32, 128, "normal"), "fixed12")
-    with pytest.raises(RuntimeError, match="CUDA"):
-        kernels.linear(torch.randn(2, 128).to(torch.bfloat16), p, None, Config(bm=16, bn=32, bk=128, gluon=True))
+    with pytest.raises(ValueError, match="Gluon on a CUDA GPU"):
+        kernels.linear(torch.randn(2, 128).to(torch.bfloat16), p, None, GluonConfig(bm=16, bn=32, bk=128))
 
 
 @pytest.mark.gpu
@@ -258,7 +259,7 @@ def test_gluon_exc_tile_many_exceptions_gpu(bm, bn, warps, ring, m, split):
     # rows with far more exceptions than the 16 loaded before the K loop: the step after the loop
     # walks the rest, 16 at a time (every exc_tile default tile, and the ring's wait before it)
     from glyd import kernels
-    from glyd.kernels._common import Config
+    from glyd.kernels import GluonConfig, TcConfig  # noqa: F401
 
     w = random_weights(300, 1024, "normal", "cuda")
     tiny = torch.full((1,), 1e-30, device="cuda").to(torch.bfloat16)
@@ -269,8 +270,7 @@ def test_gluon_exc_tile_many_exceptions_gpu(bm, bn, warps, ring, m, split):
     assert p.arrays["exc_idx"].numel() > 200
     x = torch.randn(m, 1024, device="cuda").to(torch.bfloat16)
     bias = torch.randn(300, device="cuda").to(torch.bfloat16)
-    cfg = Config(bm=bm, bn=bn, bk=128, gluon=True, warps=warps, prefetch=True, split=split, ring=ring,
-                 ring_x=ring > 1, exc_tile=True)
+    cfg = GluonConfig(bm=bm, bn=bn, bk=128, warps=warps, prefetch=True, split=split, ring=ring, ring_x=ring > 1, exc_tile=True)
     _check(kernels.linear(x, p, bias, cfg), x, w, bias)
 
 
@@ -282,34 +282,31 @@ def test_gluon_exc_tile_many_exceptions_gpu(bm, bn, warps, ring, m, split):
                                             (16, 64, 128, 2), (64, 64, 64, 2)])
 @pytest.mark.parametrize("m", [1, 5, 16, 33, 64])
 @pytest.mark.parametrize("prefetch,split", [(0, 0), (1, 0), (1, 5), (2, 0), (2, 5), (3, 0), (3, 5), (4, 0), (4, 5)])
-def test_gluon_matches_reference_gpu(bm, bn, bk, warps, m, prefetch, split, monkeypatch):
+def test_gluon_matches_reference_gpu(bm, bn, bk, warps, m, prefetch, split):
     from glyd import kernels
-    from glyd.kernels._common import Config
+    from glyd.kernels import GluonConfig, TcConfig  # noqa: F401
 
-    # prefetch 2: two steps ahead (bm 16 only); 3: the async-copy ring of 4 steps (Config.ring);
-    # 4: the same with x in the ring (Config.ring_x: all 1, 2 or 4 x tiles)
-    monkeypatch.setattr(_gluon(), "PREFETCH_DEPTH", 2 if prefetch == 2 else 1)
+    # prefetch 2: two steps ahead (bm 16 only); 3: the async-copy ring of 4 steps (ring);
+    # 4: the same with x in the ring (ring_x: all 1, 2 or 4 x tiles)
+    _gluon()
+    depth = 2 if prefetch == 2 else 1
     w = random_weights(1000, 3584, "normal", "cuda")  # with exceptions (values far below the window)
     p = kernels.pack(w, "fixed12")
     assert p.arrays["exc_idx"].numel() > 0
     x = torch.randn(m, 3584, device="cuda").to(torch.bfloat16)
     bias = torch.randn(1000, device="cuda").to(torch.bfloat16)
     # split 5 leaves the last program of each tile fewer steps than the others (and one, at bk 64)
-    y = kernels.linear(x, p, bias, Config(bm=bm, bn=bn, bk=bk, gluon=True, warps=warps, prefetch=prefetch > 0,
-                                              split=split, ring=4 if prefetch >= 3 else 1, ring_x=prefetch == 4))
+    y = kernels.linear(x, p, bias, GluonConfig(bm=bm, bn=bn, bk=bk, warps=warps, prefetch=prefetch > 0, prefetch_depth=depth,
+                                                split=split, ring=4 if prefetch >= 3 else 1, ring_x=prefetch == 4))
     _check(y, x, w, bias)
     if prefetch == 1 and split == 0:  # the exception pass after the tile kernel instead of beside it
-        from glyd.kernels import fixed12 as f12
-
-        monkeypatch.setattr(f12, "CONCURRENT_EXC", False)
-        y2 = kernels.linear(x, p, bias, Config(bm=bm, bn=bn, bk=bk, gluon=True, warps=warps, prefetch=True))
+        y2 = kernels.linear(x, p, bias, GluonConfig(bm=bm, bn=bn, bk=bk, warps=warps, prefetch=True, exc_after=True))
         torch.cuda.synchronize()
         _check(y2, x, w, bias)
-    if prefetch in (1, 4):  # the exceptions inside the tile kernel (Config.exc_tile), split or not
-        y3 = kernels.linear(x, p, bias, Config(bm=bm, bn=bn, bk=bk, gluon=True, warps=warps, prefetch=True, split=split,
-                                               ring=4 if prefetch == 4 else 1, ring_x=prefetch == 4, exc_tile=True))
+    if prefetch in (1, 4):  # the exceptions inside the tile kernel (exc_tile), split or not
+        y3 = kernels.linear(x, p, bias, GluonConfig(bm=bm, bn=bn, bk=bk, warps=warps, prefetch=True, split=split, ring=4 if prefetch == 4 else 1, ring_x=prefetch == 4, exc_tile=True))
         _check(y3, x, w, bias)
-    tc = kernels.linear(x, p, bias, Config(bm=16, bn=max(bn, 16), bk=bk, tc=True, stages=1))
+    tc = kernels.linear(x, p, bias, TcConfig(bm=16, bn=max(bn, 16), bk=bk, stages=1))
     # same products, other summation order: within bf16 rounding of each other
     assert ((y.float() - tc.float()).abs() <= 2**-7 * tc.float().abs() + 1e-3 * tc.float().abs().max()).all()
 
@@ -327,7 +324,7 @@ def test_gluon_x_in_step_gpu(bm, bn, warps, m, split, xahead, x8, maxnreg):
     # x rows loaded in their own step (x_ahead=False), only 8 of them at M <= 8 (x_rows8), a
     # register cap: the same products as the reference, with the exceptions in the tile
     from glyd import kernels
-    from glyd.kernels._common import Config
+    from glyd.kernels import GluonConfig, TcConfig  # noqa: F401
 
     if x8 and bm != 16:
         pytest.skip("x_rows8 needs bm 16")
@@ -335,8 +332,7 @@ def test_gluon_x_in_step_gpu(bm, bn, warps, m, split, xahead, x8, maxnreg):
     p = kernels.pack(w, "fixed12")
     x = torch.randn(m, 3584, device="cuda").to(torch.bfloat16)
     bias = torch.randn(1000, device="cuda").to(torch.bfloat16)
-    cfg = Config(bm=bm, bn=bn, bk=128, gluon=True, warps=warps, prefetch=True, split=split, exc_tile=True,
-                 x_ahead=xahead, x_rows8=x8, maxnreg=maxnreg)
+    cfg = GluonConfig(bm=bm, bn=bn, bk=128, warps=warps, prefetch=True, split=split, exc_tile=True, x_ahead=xahead, x_rows8=x8, maxnreg=maxnreg)
     _check(kernels.linear(x, p, bias, cfg), x, w, bias)
 
 
@@ -351,11 +347,12 @@ def test_gluon_x_in_step_gpu(bm, bn, warps, m, split, xahead, x8, maxnreg):
 @pytest.mark.parametrize("split", [2, 3, 7])
 @pytest.mark.parametrize("weights", ["exceptions", "none"])
 def test_gluon_split_fixup_same_bits_gpu(cfg, m, split, weights):
-    # Config.fixup: the last split program of each tile sums the partials in the kernel, in
+    # GluonConfig.fixup: the last split program of each tile sums the partials in the kernel, in
     # finalize's order: the same bits as the two-kernel split-K, twice in a row (the counters are
     # left at zero), with and without exceptions (in the tile, or none at all) and bias
     from glyd import kernels
-    from glyd.kernels._common import Config, counters
+    from glyd.kernels import GluonConfig
+    from glyd.kernels._common import counters
 
     n, k = 1000, 3584
     if weights == "none":  # one binade: no exceptions, so no exception step either
@@ -366,11 +363,11 @@ def test_gluon_split_fixup_same_bits_gpu(cfg, m, split, weights):
     assert (p.arrays["exc_idx"].numel() == 0) == (weights == "none")
     x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
     bias = torch.randn(n, device="cuda").to(torch.bfloat16)
-    base = Config(bk=128, gluon=True, prefetch=True, split=split, exc_tile=weights != "none", **cfg)
+    base = GluonConfig(bk=128, prefetch=True, split=split, exc_tile=weights != "none", **cfg)
     for b in (None, bias):
         y0 = kernels.linear(x, p, b, base)
         for _ in range(2):
-            y = kernels.linear(x, p, b, Config(**{**base.__dict__, "fixup": True}))
+            y = kernels.linear(x, p, b, base.replace(fixup=True))
             torch.cuda.synchronize()
             assert int(counters(torch.device("cuda"), 1).abs().sum()) == 0
             assert torch.equal(y.view(torch.int16), y0.view(torch.int16))
@@ -393,8 +390,7 @@ def test_gluon_one_split_stores_bf16_gpu(m):
     real = C.finalize
     C.finalize = lambda *a: calls.append(a) or real(*a)
     try:
-        y = kernels.linear(x, p, bias, C.Config(bm=16, bn=32, bk=128, gluon=True, prefetch=True, split=1,
-                                                exc_tile=True))
+        y = kernels.linear(x, p, bias, GluonConfig(bm=16, bn=32, bk=128, prefetch=True, split=1, exc_tile=True))
     finally:
         C.finalize = real
     assert not calls
@@ -405,10 +401,10 @@ def test_gluon_one_split_stores_bf16_gpu(m):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_gluon_rejects_padded_columns_gpu():
     from glyd import kernels
-    from glyd.kernels._common import Config
+    from glyd.kernels import GluonConfig, TcConfig  # noqa: F401
 
     _gluon()
     p = kernels.pack(random_weights(64, 1000, "normal", "cuda"), "fixed12")  # K = 1000: padded to 1024
     with pytest.raises(ValueError, match="multiple of bk"):
         kernels.linear(torch.randn(2, 1000, device="cuda").to(torch.bfloat16), p, None,
-                       Config(bm=16, bn=32, bk=128, gluon=True))
+                       GluonConfig(bm=16, bn=32, bk=128))

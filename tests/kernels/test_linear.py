@@ -36,7 +36,7 @@ def _check(y: torch.Tensor, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor
     assert worst <= 0, f"max excess over tolerance {worst:.3g} (max err {err.max().item():.3g})"
 
 
-N_CASES = 46  # len(_cases()), which imports Triton: kept equal by test_case_count
+N_CASES = 42  # len(_cases()), which imports Triton: kept equal by test_case_count
 
 
 def test_case_count():
@@ -44,67 +44,60 @@ def test_case_count():
 
 
 def _cases():
-    from glyd.kernels._common import Config
+    from glyd.kernels import (GemvConfig, LongConfig, MmaConfig, TcConfig, TieredGemvConfig,  # noqa: F401
+                              TileConfig)
 
-    # (layout, M, N, K, config or None for the default of the M bucket)
+    # (layout, M, N, K, config or None for the device table's choice)
     return [
-        ("fixed12", 1, 37, 200, None),  # FMA path, odd shape
-        ("fixed12", 1, 16, 1100, Config(bm=1, bn=16, bk=256, dot=False, split=3)),  # split-K + finalize
-        ("fixed12", 2, 20, 1100, Config(bm=1, bn=16, bk=512, dot=False, group_major=True)),
+        ("fixed12", 1, 37, 200, None),  # the GEMV, odd shape
+        ("fixed12", 1, 16, 1100, GemvConfig(bm=1, bn=16, bk=256, split=3)),  # split-K + finalize
+        ("fixed12", 2, 20, 1100, GemvConfig(bm=1, bn=16, bk=512)),
         ("fixed12", 2, 64, 128, None),
-        ("fixed12", 5, 19, 320, Config(bm=16, bn=16, bk=128, split=2)),
+        ("fixed12", 5, 19, 320, TileConfig(bm=16, bn=16, bk=128, split=2)),
         ("fixed12", 16, 40, 130, None),
         ("fixed12", 17, 33, 256, None),  # M bucket 32
         ("fixed12", 33, 16, 192, None),  # M bucket 64
-        ("fixed12", 70, 16, 128, Config(bm=128, bn=16, bk=128)),  # the tile path at long M
+        ("fixed12", 70, 16, 128, TileConfig(bm=128, bn=16, bk=128)),  # the tile path at long M
         ("fixed12", 300, 24, 100, None),  # long-prompt path: unpack + cuBLAS
-        ("tiered", 1, 9, 1100, Config(bm=4, bn=16, bk=1024, dot=False)),  # fused GEMV, blocks straddle rows
-        ("tiered", 3, 5, 1024, Config(bm=1, bn=8, bk=1024, dot=False, warps=1)),  # fused, one row a program
+        ("tiered", 1, 9, 1100, TieredGemvConfig(bn=16, bb=4, mb=4)),  # fused GEMV, blocks straddle rows
+        ("tiered", 3, 5, 1024, TieredGemvConfig(bn=8, bb=1, mb=4, warps=1)),  # fused, one row a program
         ("tiered", 2, 7, 300, None),  # unpack + F.linear (the default)
         ("tiered", 8, 6, 1280, None),  # above the fused M limit: unpack path
-        ("fixed12", 1, 37, 200, Config(bm=1, bn=16, dot=False, byte=True, g=2)),  # byte GEMV, masked K
-        ("fixed12", 3, 20, 1024, Config(bm=1, bn=16, dot=False, byte=True, g=4, split=2)),  # even K, split-K
-        ("fixed12", 2, 33, 1100, Config(bm=1, bn=32, dot=False, byte=True, g=1)),  # exceptions, odd K
         # mma tile kernel (A operand decoded in registers): odd K, split-K with g reduced to fit
-        ("fixed12", 1, 37, 200, Config(bm=16, bn=16, mma=True, g=1)),
-        ("fixed12", 5, 70, 1100, Config(bm=16, bn=32, mma=True, g=2, split=3)),
-        ("fixed12", 33, 20, 320, Config(bm=64, bn=16, mma=True, g=2)),
-        ("fixed12", 16, 64, 256, Config(bm=16, bn=64, mma=True, g=4, waves=8)),
+        ("fixed12", 1, 37, 200, MmaConfig(bm=16, bn=16, g=1)),
+        ("fixed12", 5, 70, 1100, MmaConfig(bm=16, bn=32, g=2, split=3)),
+        ("fixed12", 33, 20, 320, MmaConfig(bm=64, bn=16, g=2)),
+        ("fixed12", 16, 64, 256, MmaConfig(bm=16, bn=64, g=4, waves=8)),
         # split-K summed by the last program of each tile (no finalize kernel), every kernel
-        ("fixed12", 1, 37, 1100, Config(bm=1, bn=16, bk=256, dot=False, group_major=True, split=3, fixup=True)),
-        ("fixed12", 2, 20, 1024, Config(bm=1, bn=16, dot=False, byte=True, g=4, split=4, fixup=True)),
-        ("fixed12", 5, 70, 1100, Config(bm=16, bn=32, mma=True, g=2, split=3, fixup=True)),
-        ("fixed12", 3, 19, 320, Config(bm=16, bn=16, bk=128, split=2, fixup=True)),
-        # group-major FMA, 2 or 4 x rows a program on one decoded tile (M not a multiple of them)
-        ("fixed12", 3, 37, 1100, Config(bm=2, bn=16, bk=256, dot=False, group_major=True, split=2)),
-        ("fixed12", 5, 33, 1100, Config(bm=4, bn=32, bk=512, dot=False, group_major=True, split=3, fixup=True)),
-        ("fixed12", 3, 20, 200, Config(bm=2, bn=16, bk=256, dot=False, group_major=True)),
+        ("fixed12", 1, 37, 1100, GemvConfig(bm=1, bn=16, bk=256, split=3, fixup=True)),
+        ("fixed12", 5, 70, 1100, MmaConfig(bm=16, bn=32, g=2, split=3, fixup=True)),
+        ("fixed12", 3, 19, 320, TileConfig(bm=16, bn=16, bk=128, split=2, fixup=True)),
+        # the GEMV, 2 or 4 x rows a program on one decoded tile (M not a multiple of them)
+        ("fixed12", 3, 37, 1100, GemvConfig(bm=2, bn=16, bk=256, split=2)),
+        ("fixed12", 5, 33, 1100, GemvConfig(bm=4, bn=32, bk=512, split=3, fixup=True)),
+        ("fixed12", 3, 20, 200, GemvConfig(bm=2, bn=16, bk=256)),
         # the group-major GEMV kernel: EVEN (no masks, rows past N clamped) and register prefetch
-        ("fixed12", 1, 37, 1024, Config(bm=1, bn=16, bk=256, dot=False, group_major=True, split=2, stages=1,
-                                        prefetch=True)),
-        ("fixed12", 2, 33, 1100, Config(bm=1, bn=16, bk=256, dot=False, group_major=True, split=3, stages=1,
-                                        prefetch=True)),
-        ("fixed12", 3, 40, 1024, Config(bm=1, bn=32, bk=512, dot=False, group_major=True, stages=1)),
-        ("fixed12", 1, 37, 1024, Config(bm=1, bn=16, bk=128, dot=False, group_major=True, split=4, fixup=True,
-                                        stages=1, prefetch=True)),
+        ("fixed12", 1, 37, 1024, GemvConfig(bm=1, bn=16, bk=256, split=2, prefetch=True)),
+        ("fixed12", 2, 33, 1100, GemvConfig(bm=1, bn=16, bk=256, split=3, prefetch=True)),
+        ("fixed12", 3, 40, 1024, GemvConfig(bm=1, bn=32, bk=512)),
+        ("fixed12", 1, 37, 1024, GemvConfig(bm=1, bn=16, bk=128, split=4, fixup=True, prefetch=True)),
         # the same GEMV with several x rows a program (M not a multiple of bm; even and odd K)
-        ("fixed12", 3, 37, 1024, Config(bm=2, bn=16, bk=256, dot=False, group_major=True, split=2, stages=1)),
-        ("fixed12", 5, 33, 1100, Config(bm=4, bn=32, bk=128, dot=False, group_major=True, split=3, stages=1)),
-        ("fixed12", 11, 20, 512, Config(bm=8, bn=16, bk=128, dot=False, group_major=True, stages=1, prefetch=True)),
-        ("fixed12", 16, 40, 1024, Config(bm=16, bn=16, bk=128, dot=False, group_major=True, split=2, stages=1,
-                                         fixup=True)),
-        ("fixed12", 3, 20, 200, Config(bm=2, bn=16, bk=256, dot=False, group_major=True, stages=1, gemv=False)),
+        ("fixed12", 3, 37, 1024, GemvConfig(bm=2, bn=16, bk=256, split=2)),
+        ("fixed12", 5, 33, 1100, GemvConfig(bm=4, bn=32, bk=128, split=3)),
+        ("fixed12", 11, 20, 512, GemvConfig(bm=8, bn=16, bk=128, prefetch=True)),
+        ("fixed12", 16, 40, 1024, GemvConfig(bm=16, bn=16, bk=128, split=2, fixup=True)),
+        ("fixed12", 3, 20, 200, GemvConfig(bm=2, bn=16, bk=256)),
         ("fixed12", 4, 24, 640, None),  # the defaults of M = 3-4 and 5-8 (small matrix)
         ("fixed12", 7, 24, 640, None),
         # tensor cores fed from register loads (decode to bf16 in registers): even, odd K, split-K
-        ("fixed12", 5, 40, 512, Config(bm=16, bn=32, bk=128, tc=True)),
-        ("fixed12", 17, 33, 1100, Config(bm=32, bn=16, bk=256, tc=True, split=2)),
-        ("fixed12", 16, 64, 1024, Config(bm=16, bn=64, bk=256, tc=True, split=2, fixup=True)),
+        ("fixed12", 5, 40, 512, TcConfig(bm=16, bn=32, bk=128)),
+        ("fixed12", 17, 33, 1100, TcConfig(bm=32, bn=16, bk=256, split=2)),
+        ("fixed12", 16, 64, 1024, TcConfig(bm=16, bn=64, bk=256, split=2, fixup=True)),
         # tc with register prefetch: even (the last step re-reads its words), odd K, split-K
-        ("fixed12", 9, 32, 1024, Config(bm=16, bn=32, bk=256, tc=True, stages=1, prefetch=True)),
-        ("fixed12", 33, 40, 1100, Config(bm=64, bn=16, bk=128, tc=True, stages=1, prefetch=True)),
-        ("fixed12", 16, 48, 2048, Config(bm=16, bn=16, bk=128, tc=True, stages=1, prefetch=True, split=4)),
-        ("fixed12", 20, 64, 1024, Config(bm=32, bn=32, bk=128, tc=True, stages=2)),
+        ("fixed12", 9, 32, 1024, TcConfig(bm=16, bn=32, bk=256, stages=1, prefetch=True)),
+        ("fixed12", 33, 40, 1100, TcConfig(bm=64, bn=16, bk=128, stages=1, prefetch=True)),
+        ("fixed12", 16, 48, 2048, TcConfig(bm=16, bn=16, bk=128, stages=1, prefetch=True, split=4)),
+        ("fixed12", 20, 64, 1024, TcConfig(bm=32, bn=32, bk=128, stages=2)),
     ]
 
 
@@ -127,16 +120,17 @@ def test_split_fixup_leaves_counters_zero(device):
     # The last program of each tile resets its counter: the next launch starts from zero, and
     # the result equals the two-kernel split-K (same summation order) bit for bit.
     from glyd import kernels
-    from glyd.kernels._common import Config, counters
+    from glyd.kernels import GemvConfig
+    from glyd.kernels._common import counters
 
     w = random_weights(40, 1100, "normal")
     p = glyd.pack(w, "fixed12").to(device)
     x = torch.randn(3, 1100).to(torch.bfloat16).to(device)
     bias = torch.randn(40).to(torch.bfloat16).to(device)
-    cfg = Config(bm=1, bn=16, bk=256, dot=False, group_major=True, split=4)
+    cfg = GemvConfig(bm=1, bn=16, bk=256, split=4)
     y0 = kernels.linear(x, p, bias, cfg)
     for _ in range(2):
-        y = kernels.linear(x, p, bias, Config(**{**cfg.__dict__, "fixup": True}))
+        y = kernels.linear(x, p, bias, cfg.replace(fixup=True))
         assert int(counters(torch.device(device), 1).abs().sum()) == 0
         assert torch.equal(y.view(torch.int16), y0.view(torch.int16))
 
@@ -148,8 +142,9 @@ def test_long_chunked_equals_whole_unpack(device, with_bias):
     # unpacks bit for bit, and the product matches the unchunked one (bit for bit on the CPU; on
     # CUDA cuBLAS may pick another algorithm for a narrower N, so there within the tolerance).
     from glyd import kernels
-    from glyd.kernels import fixed12
-    from glyd.kernels._common import Config
+    from glyd.kernels import LongConfig
+    from glyd.kernels.fixed12_exc import prepare
+    from glyd.kernels.fixed12_unpack import unpack_rows
 
     n, k = 200, 130
     w = random_weights(n, k, "wide")
@@ -158,52 +153,27 @@ def test_long_chunked_equals_whole_unpack(device, with_bias):
     assert rows.numel() > 3 and int(rows.min()) < 64 <= int(rows.max())  # exceptions in more than one chunk
     x = torch.randn(9, k).to(torch.bfloat16).to(device)
     bias = torch.randn(n).to(torch.bfloat16).to(device) if with_bias else None
-    prep = fixed12.prepare(p)
+    prep = prepare(p)
     for r0, r1 in ((0, 64), (64, 128), (128, 200), (37, 41)):
         out = torch.full((r1 - r0, k), 7.0, dtype=torch.bfloat16, device=device)
-        fixed12._unpack_rows(p, prep, r0, r1, out)
+        unpack_rows(p, prep, r0, r1, out)
         assert torch.equal(out.view(torch.int16).cpu(), w[r0:r1].view(torch.int16)), (r0, r1)
-    whole = kernels.linear(x, p, bias, Config(long=True))
+    whole = kernels.linear(x, p, bias, LongConfig())
     _check(whole, x, w, bias)
     for chunk in (64, 128):
-        y = kernels.linear(x, p, bias, Config(long=True, chunk=chunk))
+        y = kernels.linear(x, p, bias, LongConfig(chunk=chunk))
         if device == "cpu":
             assert torch.equal(y.view(torch.int16), whole.view(torch.int16)), chunk
         _check(y, x, w, bias)
 
 
 def test_config_chunk_validation():
-    from glyd.kernels._common import Config
+    from glyd.kernels import LongConfig
 
     with pytest.raises(ValueError, match="chunk"):
-        Config(long=True, chunk=100)
+        LongConfig(chunk=100)
     with pytest.raises(ValueError, match="chunk"):
-        Config(long=True, chunk=-64)
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("cfg", ["bm16 bn64 bk256", "bm64 bn32 bk128 s3", "bm32 bn32 bk256 pf", "bm16 bn16 bk256"])
-def test_tc_pairs_gpu_same_bits(cfg, monkeypatch):
-    # The pair decode (one prmt.b32 for two weights, GPU only) feeds the MMA the same bf16 weights
-    # in the same order: the output must equal the one-prmt-a-weight decode bit for bit.
-    from glyd import kernels
-    from glyd.kernels import fixed12
-    from glyd.kernels._common import Config
-
-    bm, bn, bk = (int(f[2:]) for f in cfg.split()[:3])
-    c = Config(bm=bm, bn=bn, bk=bk, tc=True, stages=3 if "s3" in cfg else 1, prefetch="pf" in cfg)
-    w = random_weights(1000, 3584, "normal", "cuda")
-    p = kernels.pack(w, "fixed12")
-    for m in (3, 16, 64):
-        x = torch.randn(m, 3584, device="cuda").to(torch.bfloat16)
-        bias = torch.randn(1000, device="cuda").to(torch.bfloat16)
-        monkeypatch.setattr(fixed12, "TC_PAIRS", False)
-        y0 = kernels.linear(x, p, bias, c)
-        monkeypatch.setattr(fixed12, "TC_PAIRS", True)
-        y1 = kernels.linear(x, p, bias, c)
-        assert torch.equal(y1.view(torch.int16), y0.view(torch.int16)), m
-        _check(y1, x, w, bias)
+        LongConfig(chunk=-64)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -308,12 +278,12 @@ def test_linear_cuda_graph_capture(layout, n, k, m):
 
 @pytest.mark.parametrize("n,k,m", [(40, 640, 3), (37, 1024, 20)])
 def test_exception_pass_adds_each_exceptions_correction(n, k, m):
-    # The separate exception pass (the Gluon kernel's; Config.exc_pass) against the corrections computed
+    # The separate exception pass (GemvConfig.exc_pass and the Gluon kernels') against the corrections computed
     # one by one in float64: part[0] += x[:, c] * (true - window value).
     import torch as t
 
     from glyd import kernels
-    from glyd.kernels import fixed12 as f12
+    from glyd.kernels import fixed12_exc as f12
 
     dev = "cuda" if t.cuda.is_available() else "cpu"
     w = random_weights(n, k, "normal", dev)
@@ -344,22 +314,20 @@ def test_exception_pass_adds_each_exceptions_correction(n, k, m):
         f12.add_exceptions(part[:, :, :-1], x, p, f12.prepare(p))
 
 
-@pytest.mark.parametrize("cfg", [dict(bm=2, bn=16, bk=128, dot=False, group_major=True, stages=1),
-                                 dict(bm=16, bn=32, bk=128, tc=True, stages=1, split=3),
-                                 dict(bm=16, bn=16, bk=64, tc=True, stages=1, prefetch=True, fixup=True)])
-@pytest.mark.parametrize("concurrent", [True, False])
-def test_exception_pass_path(cfg, concurrent, monkeypatch):
-    # GEMV and tc with exceptions in their own pass (Config.exc_pass), beside the tile kernel on a
-    # side stream (CUDA) or after it: same checks as in-kernel
+@pytest.mark.parametrize("cfg", [dict(kind="gemv", bm=2, bn=16, bk=128),
+                                 dict(kind="tc", bm=16, bn=32, bk=128, stages=1, split=3),
+                                 dict(kind="tc", bm=16, bn=16, bk=64, stages=1, prefetch=True, fixup=True)])
+@pytest.mark.parametrize("after", [False, True])
+def test_exception_pass_path(cfg, after):
+    # GEMV and tc with exceptions in their own pass (exc_pass), beside the tile kernel on a side
+    # stream (CUDA) or after it (exc_after): same checks as in-kernel
     from glyd import kernels
-    from glyd.kernels import fixed12 as f12
-    from glyd.kernels._common import Config
+    from glyd.kernels import GemvConfig, TcConfig
 
-    monkeypatch.setattr(f12, "CONCURRENT_EXC", concurrent)
-
-    cfg = Config(**cfg, exc_pass=True)
+    cfg = dict(cfg)
+    cfg = {"gemv": GemvConfig, "tc": TcConfig}[cfg.pop("kind")](**cfg, exc_pass=True, exc_after=after)
     with pytest.raises(ValueError, match="exc_pass"):
-        Config(bm=16, bn=32, bk=128, exc_pass=True)  # the dot tile has no separate pass
+        GemvConfig(exc_after=True)  # exc_after orders a pass: without one it means nothing
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     w = random_weights(45, 640, "normal", dev)
     p = kernels.pack(w, "fixed12")

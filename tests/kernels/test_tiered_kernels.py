@@ -49,10 +49,10 @@ def test_tiered_unpack_dense_tiers(device, kind, shape):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("bb,warps", [(1, 1), (2, 2), (4, 4)])
 def test_tiered_unpack_tile_shapes(device, bb, warps):
-    from glyd.kernels import tiered as kt
+    from glyd.kernels import TieredUnpackConfig, tiered as kt
 
     w = random_weights(7, 1600, "wide")
-    out = kt.unpack(glyd.pack(w, "tiered").to(device), None, bb, warps)
+    out = kt.unpack(glyd.pack(w, "tiered").to(device), None, TieredUnpackConfig(blocks=bb, warps=warps))
     assert torch.equal(out.cpu().view(torch.int16), w.view(torch.int16))
 
 
@@ -61,77 +61,32 @@ def test_tiered_unpack_tile_shapes(device, bb, warps):
 @pytest.mark.parametrize("kind", ["normal", "deep"])
 def test_tiered_fused_gemv_every_m(device, m, kind):
     from glyd import kernels
-    from glyd.kernels._common import Config
+    from glyd.kernels import TieredGemvConfig, TieredLongConfig
 
     n, k = (11, 1100) if m % 2 else (6, 2048)
     w = random_weights(n, k, "normal") if kind == "normal" else _tier_weights(n, k, "deep")
     p = glyd.pack(w, "tiered").to(device)
     x = torch.randn(m, k).to(torch.bfloat16).to(device)
     bias = torch.randn(n).to(torch.bfloat16).to(device)
-    for cfg in (None, Config(bm=2, bn=4, bk=1024, dot=False, g=2, warps=2)):
+    for cfg in (None, TieredGemvConfig(bb=2, bn=4, mb=2, warps=2), TieredLongConfig()):
         _check(kernels.linear(x, p, bias, cfg), x, w, bias)
 
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("reg_bytes", [0, 252])
-def test_tiered_area_paths(device, reg_bytes, monkeypatch):
+def test_tiered_area_paths(device, reg_bytes):
     """Both ways of reading a block's escape digits: area words preloaded in registers (areas up to
-    REG_AREA_BYTES) and windows loaded from memory (larger areas; forced here with 0)."""
+    area_reg_bytes) and windows loaded from memory (larger areas; forced here with 0)."""
     from glyd import kernels
-    from glyd.kernels import tiered as kt
+    from glyd.kernels import TieredGemvConfig, TieredUnpackConfig
 
-    monkeypatch.setattr(kt, "REG_AREA_BYTES", reg_bytes)
     w = random_weights(6, 2048, "normal")
     w[3] = _tier_weights(1, 2048, "deep")[0]  # some blocks with large areas, some small
     p = glyd.pack(w, "tiered").to(device)
-    assert torch.equal(kernels.unpack(p).cpu().view(torch.int16), w.view(torch.int16))
+    got = kernels.unpack(p, None, TieredUnpackConfig(area_reg_bytes=reg_bytes))
+    assert torch.equal(got.cpu().view(torch.int16), w.view(torch.int16))
     x = torch.randn(3, 2048).to(torch.bfloat16).to(device)
-    _check(kernels.linear(x, p), x, w, None)
-
-
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("kind", ["plain", "normal", "runs", "deep"])
-def test_tiered_fast_deep_path(device, kind, monkeypatch):
-    """FAST_DEEP (tier-5 exponents placed once a unit when every unit holds at most two): taken on
-    normal weights, refused (general path) where units hold many tier-5 or raw escapes."""
-    from glyd import kernels
-    from glyd.kernels import tiered as kt
-
-    monkeypatch.setattr(kt, "FAST_DEEP", True)
-    if kind == "plain":  # no raw escapes: almost every block takes the fast path
-        w = (torch.randn(5, 2048) * 0.02).to(torch.bfloat16)
-    else:
-        w = random_weights(5, 2048, "normal") if kind == "normal" else _tier_weights(5, 2048, kind)
-    p = glyd.pack(w, "tiered").to(device)
-    assert torch.equal(kernels.unpack(p).cpu().view(torch.int16), w.view(torch.int16))
-    x = torch.randn(2, 2048).to(torch.bfloat16).to(device)
-    _check(kernels.linear(x, p), x, w, None)
-
-
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("kind", ["plain", "normal", "deep", "raw"])
-def test_tiered_sparse_deep(device, kind, monkeypatch):
-    """SPARSE_DEEP: ranks >= 8 decoded with a placeholder exponent, then corrected from the derived
-    list (unpack: scattered back, bit-exact; GEMV: a correction term)."""
-    from glyd import kernels
-    from glyd.kernels import tiered as kt
-    from glyd.kernels._common import Config
-
-    monkeypatch.setattr(kt, "SPARSE_DEEP", True)
-    if kind == "plain":
-        w = (torch.randn(7, 1100) * 0.02).to(torch.bfloat16)
-    else:
-        w = random_weights(7, 1100, "normal") if kind == "normal" else _tier_weights(7, 1100, kind)
-    p = glyd.pack(w, "tiered").to(device)
-    deep = kt.prepare(p)
-    assert deep is kt.prepare(p)  # cached
-    ranks8 = set(p.arrays["table"][:8].tolist())
-    exps = ((w.view(torch.int16).to(torch.int32) >> 7) & 0xFF).reshape(-1).tolist()
-    assert deep.flat.numel() == sum(e not in ranks8 for e in exps) > 0
-    assert torch.equal(kernels.unpack(p).cpu().view(torch.int16), w.view(torch.int16))
-    for m, cfg in ((1, None), (3, Config(bm=1, bn=4, bk=1024, dot=False, g=4)), (2, Config(bm=2, bn=2, bk=1024, dot=False, g=1))):
-        x = torch.randn(m, 1100).to(torch.bfloat16).to(device)
-        _check(kernels.linear(x, p, None, cfg), x, w, None)
+    _check(kernels.linear(x, p, None, TieredGemvConfig(area_reg_bytes=reg_bytes)), x, w, None)
 
 
 @pytest.mark.parametrize("device", DEVICES)

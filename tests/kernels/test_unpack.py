@@ -14,10 +14,10 @@ pytestmark = needs_triton
 LAYOUTS = ["fixed12", "tiered"]
 
 
-def _kunpack(p, device):
+def _kunpack(p, device, config=None):
     from glyd import kernels
 
-    return kernels.unpack(p.to(device))
+    return kernels.unpack(p.to(device), None, config)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -52,32 +52,17 @@ def test_unpack_bit_exact_large_gpu(layout, shape):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("shape", [(2, 2048), (33, 1024), (64, 512)])
-def test_fixed12_word_tile_unpack_bit_exact(device, shape, monkeypatch):
-    from glyd.kernels import fixed12 as kf
-
-    monkeypatch.setattr(kf, "UNPACK_WORDS", True)
-    monkeypatch.setattr(kf, "UNPACK_BN", 16)
-    monkeypatch.setattr(kf, "UNPACK_G", 2)
-    w = random_weights(*shape, "wide")  # exceptions too
-    out = _kunpack(glyd.pack(w, "fixed12"), device)
-    assert torch.equal(out.cpu().view(torch.int16), w.view(torch.int16))
-    w = torch.arange(65536, dtype=torch.int32).to(torch.int16).view(torch.bfloat16).reshape(64, 1024)
-    assert torch.equal(_kunpack(glyd.pack(w, "fixed12"), device).cpu().view(torch.int16), w.view(torch.int16))
-
-
-@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("flat", [(0, 4), (16, 2), (64, 4)])  # (groups a program, warps); 0: byte tiles
 @pytest.mark.parametrize("shape", [(2, 2048), (33, 1024), (5, 64), (64, 1024)])
-def test_fixed12_flat_and_byte_tile_unpack_bit_exact(device, flat, shape, monkeypatch):
+def test_fixed12_flat_and_byte_tile_unpack_bit_exact(device, flat, shape):
     # Whole rows (K == Kp) go to the flat kernel by default; the byte tiles stay for padded rows
     # and as its fallback. Group counts that do not divide the groups leave a masked last program.
-    from glyd.kernels import fixed12 as kf
+    from glyd.kernels import UnpackConfig
 
-    monkeypatch.setattr(kf, "UNPACK_FLAT_G", flat[0])
-    monkeypatch.setattr(kf, "UNPACK_FLAT_WARPS", flat[1])
+    cfg = UnpackConfig(flat_groups=flat[0], flat_warps=flat[1])
     w = random_weights(*shape, "wide")  # exceptions too
-    assert torch.equal(_kunpack(glyd.pack(w, "fixed12"), device).cpu().view(torch.int16), w.view(torch.int16))
+    assert torch.equal(_kunpack(glyd.pack(w, "fixed12"), device, cfg).cpu().view(torch.int16), w.view(torch.int16))
     if shape == (64, 1024):
         w = torch.arange(65536, dtype=torch.int32).to(torch.int16).view(torch.bfloat16).reshape(64, 1024)
-        assert torch.equal(_kunpack(glyd.pack(w, "fixed12"), device).cpu().view(torch.int16), w.view(torch.int16))
+        got = _kunpack(glyd.pack(w, "fixed12"), device, cfg)
+        assert torch.equal(got.cpu().view(torch.int16), w.view(torch.int16))

@@ -84,20 +84,25 @@ def test_wg_weights_and_x_share_one_k_order():
 
 def test_wg_needs_a_gpu():
     from glyd import kernels
-    from glyd.kernels._common import Config
+    from glyd.kernels import WgConfig
 
     p = kernels.pack(random_weights(64, 256, "normal"), "fixed12")
-    with pytest.raises(RuntimeError, match="GPU"):
+    if torch.cuda.is_available():
+        p = p.to("cuda")
+    with pytest.raises(ValueError, match="Hopper|Gluon"):
         kernels.linear(torch.randn(2, 256).to(torch.bfloat16), p, None,
-                       Config(bm=16, bn=64, bk=128, gluon=True, wg=True))
+                       WgConfig(bm=16, bn=64))
 
 
 def test_wg_config_checks():
-    from glyd.kernels._common import Config
+    from glyd.kernels import WgConfig
 
-    for bad in (dict(bk=256), dict(bn=32), dict(ring=2, prefetch=True), dict(fixup=True), dict(wg=False, pipe=True)):
-        with pytest.raises(ValueError, match="wg"):
-            Config(**{**dict(bm=16, bn=64, bk=128, gluon=True, wg=True), **bad})
+    for bad in (dict(bn=32), dict(bm=128), dict(warps=2), dict(maxnreg=16), dict(exc_tile=True, exc_after=True)):
+        with pytest.raises(ValueError, match="WgConfig|exc_tile"):
+            WgConfig(**{**dict(bm=16, bn=64), **bad})
+    for bad in (dict(bk=256), dict(ring=2), dict(fixup=True)):  # the wgmma tile has none of these
+        with pytest.raises(TypeError):
+            WgConfig(**{**dict(bm=16, bn=64), **bad})
 
 
 @pytest.mark.gpu
@@ -112,7 +117,7 @@ def test_wg_config_checks():
 @pytest.mark.parametrize("pipe,exc", [(False, True), (True, True), (False, False), (True, False)])
 def test_wg_matches_reference_gpu(bm, bn, warps, m, split, bias, pipe, exc):
     from glyd import kernels
-    from glyd.kernels._common import Config
+    from glyd.kernels import WgConfig
 
     w = random_weights(1000, 3584, "normal", "cuda")  # with exceptions (values far below the window)
     p = kernels.pack(w, "fixed12")
@@ -122,8 +127,7 @@ def test_wg_matches_reference_gpu(bm, bn, warps, m, split, bias, pipe, exc):
     # split 5 leaves the last program of each tile fewer K steps than the others
     # exc: the exceptions inside the tile kernel (Config.exc_tile), else the separate pass; pipe:
     # one MMA in flight across K steps
-    y = kernels.linear(x, p, b, Config(bm=bm, bn=bn, bk=128, gluon=True, wg=True, warps=warps, split=split,
-                                       exc_tile=exc, pipe=pipe))
+    y = kernels.linear(x, p, b, WgConfig(bm=bm, bn=bn, warps=warps, split=split, exc_tile=exc, pipe=pipe))
     _check(y, x, w, b)
 
 
@@ -146,14 +150,14 @@ def test_wg_one_split_without_exceptions_stores_bf16_gpu(m):
     real = C.finalize
     C.finalize = lambda *a: calls.append(a) or real(*a)
     try:
-        y = kernels.linear(x, p, bias, C.Config(bm=64, bn=64, bk=128, gluon=True, wg=True, split=1))
+        y = kernels.linear(x, p, bias, WgConfig(bm=64, bn=64, split=1))
     finally:
         C.finalize = real
     assert not calls
     _check(y, x, w, bias)
     # a strided x (a column slice) is read correctly too
     xw = torch.randn(m, 1024 + 8, device="cuda").to(torch.bfloat16)[:, 8:]
-    _check(kernels.linear(xw, p, bias, C.Config(bm=64, bn=64, bk=128, gluon=True, wg=True)), xw, w, bias)
+    _check(kernels.linear(xw, p, bias, WgConfig(bm=64, bn=64)), xw, w, bias)
 
 
 @pytest.mark.gpu
@@ -161,9 +165,9 @@ def test_wg_one_split_without_exceptions_stores_bf16_gpu(m):
                     reason="needs a Hopper GPU")
 def test_wg_rejects_odd_k_steps_gpu():
     from glyd import kernels
-    from glyd.kernels._common import Config
+    from glyd.kernels import WgConfig
 
     p = kernels.pack(random_weights(64, 1152, "normal", "cuda"), "fixed12")  # 9 steps of 128
     with pytest.raises(ValueError, match="multiple of 256"):
         kernels.linear(torch.randn(2, 1152, device="cuda").to(torch.bfloat16), p, None,
-                       Config(bm=16, bn=64, bk=128, gluon=True, wg=True))
+                       WgConfig(bm=16, bn=64))

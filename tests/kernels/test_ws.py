@@ -24,17 +24,18 @@ def _ws():
     return fixed12_ws
 
 
-def _compile_sm90(bn, bt, stages, bias=False, exc=False, maxnreg=128, warps=4, pipe=0, cons=1):
+def _compile_sm90(bn, bt, stages, bias=False, exc=False, maxnreg=128, warps=4):
+    from glyd.kernels import fixed12_wg
+
     w = _ws()
     *_, (lsl, csl, xsl) = w.layouts(bn, bt, warps)
-    ll, cl, mma, a_op, ol, _ = w.layouts(bn // cons, bt, warps)  # a consumer warpgroup's rows
+    ll, cl, mma, a_op, ol, _ = w.layouts(bn, bt, warps)
     descs = {"lo_desc": f"tensordesc<i32[{bn}, 32],{lsl!r}>", "co_desc": f"tensordesc<i32[{bn}, 16],{csl!r}>",
              "x_desc": f"tensordesc<bf16[{bt}, 64],{xsl!r}>"}
     ptrs = {"x_ptr": "*bf16", "base_ptr": "*u8", "out_ptr": "*bf16", "bias_ptr": "*bf16", "work_ptr": "*fp32",
             "cnt_ptr": "*i32", "rowptr_ptr": "*i32", "eidx_ptr": "*i32", "ehi_ptr": "*u8", "lo8_ptr": "*u8"}
     const = dict(BN=bn, BT=bt, NS=stages, LL=ll, CL=cl, ML=mma, AL=a_op, OL=ol, HAS_BIAS=bias, EXC=exc,
-                 EL=w.WG.exc_layout(warps) if exc else None, CS=16, LOADER_REGS=24, LOADS=0, NBYTES=w.slot_bytes(bn, bt),
-                 PIPE=pipe, CONS=cons, CONS_REGS=w.consumer_regs(maxnreg) if cons > 1 else 0)
+                 EL=fixed12_wg.exc_layout(warps) if exc else None, CS=16, LOADER_REGS=24, NBYTES=w.slot_bytes(bn, bt))
     return compile_gluon_sm90(w._ws_kernel, const, ptrs, descs, num_warps=warps, maxnreg=maxnreg)
 
 
@@ -85,48 +86,6 @@ def test_ws_loop_is_tma_and_shared_loads_sm90(bn, bt, stages, cap, warps, bias, 
     assert body.count("LDL") == 0 and body.count("STL") == 0
 
 
-@pytest.mark.parametrize("bn,bt,stages,cap,warps", [(64, 16, 2, 80, 4), (64, 64, 2, 80, 4), (128, 256, 2, 255, 8)])
-def test_ws_pipe_keeps_one_step_of_mmas_in_flight_sm90(bn, bt, stages, cap, warps):
-    # Config.pipe: each iteration of the warpgroup's inner loop issues one step's wgmma (8 a
-    # warpgroup), waits until at most that step's two groups are in flight (DEPBAR.LE 2), and
-    # frees the previous step's ring slot; no other wait in the loop (ptxas waiting after every
-    # wgmma, as it did with the wait inside a branch, would serialize them)
-    import re
-
-    k = _compile_sm90(bn, bt, stages, bias=True, exc=True, maxnreg=cap, warps=warps, pipe=1)
-    assert _res_usage(k).get("LOCAL", 0) == 0
-    full = _loops(_sass(k))
-    inner = min((ops for ops in full if "SYNCS.ARRIVE.TRANS64.A1T0" in ops and "WARPGROUP.DEPBAR.LE" in ops),
-                key=len)
-    sass = _sass(k)
-    waits = re.findall(r"WARPGROUP\.DEPBAR\.LE gsb0, (0x[0-9a-f]+)", sass)
-    assert "0x2" in waits  # the pipelined wait exists ...
-    assert sum(op.startswith("HGMMA") for op in inner) == 8 * bn // (16 * warps)
-    assert inner.count("SYNCS.ARRIVE.TRANS64.A1T0") == 1 and inner.count("WARPGROUP.DEPBAR.LE") == 1
-    # ... and is the inner loop's only one: every HGMMA group but the pipelined pair runs unwaited
-    assert len(waits) <= 4, waits
-
-
-@pytest.mark.parametrize("bt,cap", [(16, 80), (64, 80)])
-def test_ws_two_consumers_each_decode_their_rows_sm90(bt, cap):
-    # Config.consumers 2: two warpgroups, each a partition of its own, loop over the same ring;
-    # each one's loop reads its 64 rows' words (6 16-byte shared loads a thread), issues 8 wgmma
-    # and frees the slot (the slot's barrier counts two arrivals); nothing spills under the cap
-    # (80: two programs an SM), and two rings of 128-row slots fit two programs in shared memory
-    k = _compile_sm90(128, bt, 2, bias=True, exc=True, maxnreg=cap, cons=2)
-    res = _res_usage(k)
-    assert res.get("STACK", 0) == 0 and res.get("LOCAL", 0) == 0
-    assert k.metadata.shared <= 113 * 1024
-    full = _loops(_sass(k))
-    consumer_loops = [ops for ops in full if "SYNCS.ARRIVE.TRANS64.A1T0" in ops and any(o.startswith("HGMMA") for o in ops)]
-    inner = sorted(consumer_loops, key=len)[:2]
-    assert len(inner) == 2
-    for ops in inner:
-        body = [op.split(".")[0] for op in ops[:ops.index("SYNCS.ARRIVE.TRANS64.A1T0")]]
-        assert body.count("HGMMA") == 8 and body.count("LDS") == 6
-        assert "LDG" not in body and "STS" not in body and "LDL" not in body
-
-
 def test_ws_x_permutation_is_the_wg_slot_order():
     # x permuted by permute_x holds, at slot s of each 128-column step, the column that the
     # decoded tile puts at slot s (fixed12_wg.DECODE_ORDER), for every step
@@ -139,7 +98,9 @@ def test_ws_x_permutation_is_the_wg_slot_order():
     bits = np.indices([2] * 7)
     g, a, i1, i0, j, h, hh = bits
     col_w = 4 * (16 * g + 8 * hh + 4 * a + 2 * i1 + i0) + 2 * h + j
-    slots = col_w.transpose([d - 1 for d in w.WG.DECODE_ORDER.value[1:]]).reshape(-1)
+    from glyd.kernels.fixed12_wg import DECODE_ORDER
+
+    slots = col_w.transpose([d - 1 for d in DECODE_ORDER.value[1:]]).reshape(-1)
     for step in range(k // 128):
         for row in range(2):
             assert xp[row, step * 128:(step + 1) * 128].tolist() == x[row, step * 128 + slots].tolist()
@@ -198,30 +159,29 @@ def test_ws_stream_k_parts_and_slots():
 
 
 def test_ws_config_checks():
-    from glyd.kernels._common import Config
+    from glyd.kernels import WsConfig
 
-    base = dict(bm=16, bn=64, bk=128, gluon=True, wg=True, ws=True, stages=4, exc_tile=True)
-    Config(**base)
-    Config(**{**base, "warps": 8, "bn": 128})  # two warpgroups on one ring slot
-    Config(**{**base, "pipe": True})  # one step's MMAs in flight
-    for bad in (dict(wg=False), dict(stages=1), dict(stages=9), dict(warps=8, bn=256), dict(exc_tile=False)):
-        with pytest.raises(ValueError, match="ws|wg"):
-            Config(**{**base, **bad})
-    two = {**base, "bn": 128, "consumers": 2, "maxnreg": 80}
-    Config(**two)  # two consumer warpgroups, each its own partition
-    for bad in (dict(bn=64), dict(maxnreg=0), dict(pipe=True), dict(ws=False), dict(consumers=3)):
-        with pytest.raises(ValueError, match="consumers"):
-            Config(**{**two, **bad})
+    base = dict(bm=16, bn=64, stages=4)
+    WsConfig(**base)
+    WsConfig(**{**base, "warps": 8, "bn": 128})  # two warpgroups on one ring slot
+    for bad in (dict(stages=1), dict(stages=9), dict(warps=8, bn=256), dict(bm=512), dict(maxnreg=300)):
+        with pytest.raises(ValueError, match="WsConfig"):
+            WsConfig(**{**base, **bad})
+    for bad in (dict(pipe=True), dict(consumers=2), dict(bk=256)):  # removed variants, fixed K steps
+        with pytest.raises(TypeError):
+            WsConfig(**{**base, **bad})
 
 
 def test_ws_needs_a_gpu():
     from glyd import kernels
-    from glyd.kernels._common import Config
+    from glyd.kernels import WsConfig
 
     p = kernels.pack(random_weights(64, 256, "normal"), "fixed12")
-    with pytest.raises(RuntimeError, match="GPU"):
-        kernels.linear(torch.randn(2, 256).to(torch.bfloat16), p, None,
-                       Config(bm=16, bn=64, bk=128, gluon=True, wg=True, ws=True, stages=4, exc_tile=True))
+    if torch.cuda.is_available():
+        p = p.to("cuda")
+    with pytest.raises(ValueError, match="Hopper|Gluon"):
+        kernels.linear(torch.randn(2, 256).to(torch.bfloat16).to(p.device), p, None,
+                       WsConfig(bm=16, bn=64, stages=4))
 
 
 @pytest.mark.gpu
@@ -233,10 +193,9 @@ def test_ws_needs_a_gpu():
 @pytest.mark.parametrize("m", [1, 17, 64, 100])
 @pytest.mark.parametrize("progs", [0, 1, 5, 300])
 @pytest.mark.parametrize("bias", [False, True])
-@pytest.mark.parametrize("pipe", [False, True])
-def test_ws_matches_reference_gpu(bm, bn, stages, m, progs, bias, pipe):
+def test_ws_matches_reference_gpu(bm, bn, stages, m, progs, bias):
     from glyd import kernels
-    from glyd.kernels._common import Config
+    from glyd.kernels import WsConfig
 
     # N not a multiple of the tile (TMA's zero fill), K = 28 steps, exceptions present. progs:
     # the persistent grid (0: two an SM); 5 gives programs several whole tiles and parts of
@@ -250,38 +209,11 @@ def test_ws_matches_reference_gpu(bm, bn, stages, m, progs, bias, pipe):
     # bn 128 with a ring of 3: two consumer warpgroups (8 warps) on one ring
     cap = 80 if (stages, bn) in ((2, 64), (3, 128)) else 128
     warps = 8 if (stages, bn) == (3, 128) else 4
-    # pipe: one step's MMAs in flight while the next decodes (not yet run on a GPU when written)
-    cfg = Config(bm=bm, bn=bn, bk=128, gluon=True, wg=True, ws=True, stages=stages, split=progs, waves=3,
-                 warps=warps, exc_tile=True, maxnreg=cap, pipe=pipe)
+    cfg = WsConfig(bm=bm, bn=bn, stages=stages, split=progs, waves=3, warps=warps, maxnreg=cap)
     y = kernels.linear(x, p, b, cfg)
     _check(y, x, w, b)
     # the same bits on a second launch (the tile counters were left at zero; the parts are
     # summed in program order whichever program finishes a tile)
-    assert torch.equal(kernels.linear(x, p, b, cfg).view(torch.int16), y.view(torch.int16))
-
-
-@pytest.mark.gpu
-@pytest.mark.gpu_sample(every=4)
-@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
-                    reason="needs a Hopper GPU")
-@pytest.mark.parametrize("bm,cap", [(16, 80), (64, 80), (256, 168)])
-@pytest.mark.parametrize("m", [1, 17, 100, 300])
-@pytest.mark.parametrize("progs", [0, 1, 5, 300])
-@pytest.mark.parametrize("bias", [False, True])
-def test_ws_two_consumers_match_reference_gpu(bm, cap, m, progs, bias):
-    from glyd import kernels
-    from glyd.kernels._common import Config
-
-    # as test_ws_matches_reference_gpu, with two consumer warpgroups (64 rows each of a 128-row
-    # tile): N = 1000 is 7 tiles and 104 rows, so the last tile's second consumer has only 40
-    w = random_weights(1000, 3584, "normal", "cuda")
-    p = kernels.pack(w, "fixed12")
-    x = torch.randn(m, 3584, device="cuda").to(torch.bfloat16)
-    b = torch.randn(1000, device="cuda").to(torch.bfloat16) if bias else None
-    cfg = Config(bm=bm, bn=128, bk=128, gluon=True, wg=True, ws=True, stages=2, split=progs,
-                 waves=1 if bm == 256 else 2, exc_tile=True, maxnreg=cap, consumers=2)
-    y = kernels.linear(x, p, b, cfg)
-    _check(y, x, w, b)
     assert torch.equal(kernels.linear(x, p, b, cfg).view(torch.int16), y.view(torch.int16))
 
 
@@ -291,11 +223,10 @@ def test_ws_two_consumers_match_reference_gpu(bm, cap, m, progs, bias):
 def test_ws_strided_x_and_k_384_gpu():
     # x as a column slice (not contiguous rows), K = 3 steps (not a multiple of 256)
     from glyd import kernels
-    from glyd.kernels._common import Config
+    from glyd.kernels import WsConfig
 
     w = random_weights(200, 384, "normal", "cuda")
     p = kernels.pack(w, "fixed12")
     x = torch.randn(33, 512, device="cuda").to(torch.bfloat16)[:, 64:448]
-    y = kernels.linear(x, p, None, Config(bm=64, bn=64, bk=128, gluon=True, wg=True, ws=True, stages=3,
-                                          exc_tile=True))
+    y = kernels.linear(x, p, None, WsConfig(bm=64, bn=64, stages=3))
     _check(y, x, w, None)

@@ -15,7 +15,7 @@ from glyd.kv import _gluon
 
 def main() -> None:
     kern = _gluon._kv_gluon_kernel
-    const = dict(_gluon.layouts(), G=7, GP=8, PROBE=0, PREFETCH=True)
+    const = dict(_gluon.layouts(), G=7, GP=8, PREFETCH=True)
     ptrs = {"q_ptr": "*bf16", "lens_ptr": "*i32", "starts_ptr": "*i32", "m_out": "*fp32", "l_out": "*fp32",
             "acc_out": "*fp32"}
     for pre in ("k_", "v_"):

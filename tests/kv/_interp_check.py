@@ -58,14 +58,6 @@ def main() -> int:
     if rel > 1e-2:
         print("uniform store too far", rel)
         return 1
-    # The benchmark's baseline: the same loop over plain bf16 pages.
-    from glyd.kv._triton import decode_attention_bf16_pages
-
-    out = decode_attention_bf16_pages(q, k, v, page=16).float()
-    rel = float((out - ref).norm() / ref.norm())
-    if rel > 1e-2:
-        print("bf16-pages baseline too far", rel)
-        return 1
     # Left padding: tokens before starts[b] are masked (what the fused generate path passes).
     starts = torch.tensor([0, 21])
     ref = decode_attention_reference(q, ks, vs, upcast=True, starts=starts).float()

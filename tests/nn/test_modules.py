@@ -16,7 +16,6 @@ from glyd.nn import (
     set_exact,
     unpack_rows,
 )
-from glyd.nn import _ops
 from glyd.store import key_for
 
 LAYOUTS = ("fixed12", "tiered")
@@ -162,8 +161,8 @@ def test_packed_weight_metadata_does_not_unpack(monkeypatch):
     w = weights(12, 20)
     lin = GlydLinear(glyd.pack(w))
     calls = []
-    real = _ops.unpack
-    monkeypatch.setattr(_ops, "unpack", lambda p: calls.append(1) or real(p))
+    real = lin._unpack
+    monkeypatch.setattr(lin, "_unpack", lambda: calls.append(1) or real())
     pw = lin.weight
     assert isinstance(pw, PackedWeight)
     assert (pw.dtype, pw.device, tuple(pw.shape), pw.ndim, pw.size(0), pw.numel()) == (

@@ -137,15 +137,17 @@ def test_pack_destination_exists(tmp_path, capsys):
 def test_pack_failure_midway_leaves_nothing(tmp_path, monkeypatch):
     make_model_folder(tmp_path / "src", sharded=True)
     calls = []
-    real = glyd.pack
+    from glyd.store import folder
+
+    real = folder.codec_pack
 
     def flaky(w, layout="fixed12"):
         calls.append(1)
         if len(calls) == 3:  # after a shard was already written
             raise RuntimeError("disk on fire")
-        return real(w, layout=layout)
+        return real(w, layout)
 
-    monkeypatch.setattr(glyd, "pack", flaky)
+    monkeypatch.setattr(folder, "codec_pack", flaky)
     with pytest.raises(RuntimeError, match="disk on fire"):
         pack_folder(tmp_path / "src", tmp_path / "out", progress=False)
     assert len(calls) == 3
@@ -159,7 +161,7 @@ def test_pack_auto_without_gpu_falls_back_to_fixed12(tmp_path, caplog):
     with caplog.at_level("INFO", logger="glyd"):
         s = pack_folder(tmp_path / "src", tmp_path / "out", layout="auto", progress=False)
     assert s.layouts == {"fixed12": 3}
-    assert "no CUDA GPU" in caplog.text
+    assert "no measured choice" in caplog.text
     r = CheckpointReader(tmp_path / "out")
     assert r.layout == "auto" and r.config["quantization_config"]["layout"] == "auto"
     assert {r.entry(n)["layout"] for n in r.names() if r.is_packed(n)} == {"fixed12"}
@@ -338,9 +340,13 @@ def test_unused_weight_files_are_not_copied(tmp_path):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_pack_auto_on_gpu_uses_measured_choice(tmp_path):
+    from glyd.ops import choose_layout
+
     make_model_folder(tmp_path / "src")
-    s = pack_folder(tmp_path / "src", tmp_path / "out", layout="auto", progress=False)
-    assert sum(s.layouts.values()) == 3 and set(s.layouts) <= set(glyd.LAYOUTS)
+    asked = []
+    choose = lambda shape: asked.append(shape) or choose_layout(shape, torch.device("cuda"))  # noqa: E731
+    s = pack_folder(tmp_path / "src", tmp_path / "out", layout="auto", progress=False, choose=choose)
+    assert sum(s.layouts.values()) == 3 and set(s.layouts) <= set(glyd.LAYOUTS) and len(asked) == 3
     r = CheckpointReader(tmp_path / "out")
     assert r.layout == "auto"
     assert r.verify(progress=False)["packed"] == 3

@@ -138,15 +138,17 @@ def sigterm_guard():
 
 
 def _sigterm_on_second_matrix(monkeypatch):
-    real, calls = glyd.pack, []
+    from glyd.store import folder
+
+    real, calls = folder.codec_pack, []
 
     def pack(w, layout="fixed12"):
         calls.append(1)
         if len(calls) == 2:  # a shard is written, more to come
             os.kill(os.getpid(), signal.SIGTERM)
-        return real(w, layout=layout)
+        return real(w, layout)
 
-    monkeypatch.setattr(glyd, "pack", pack)
+    monkeypatch.setattr(folder, "codec_pack", pack)
     return calls
 
 
@@ -165,14 +167,15 @@ def test_sigterm_cleans_up_and_exits_143(tmp_path, capsys, monkeypatch, sigterm_
 def test_sigterm_from_another_process(tmp_path):
     make_model_folder(tmp_path / "src", sharded=True)
     child = _python("""
-        import sys, time, glyd, glyd.cli
-        real = glyd.pack
+        import sys, time, glyd.cli
+        from glyd.store import folder
+        real = folder.codec_pack
         def slow(w, layout="fixed12"):
-            p = real(w, layout=layout)
+            p = real(w, layout)
             print("ready", flush=True)
             time.sleep(60)
             return p
-        glyd.pack = slow
+        folder.codec_pack = slow
         sys.exit(glyd.cli.main(["-q", "pack", sys.argv[1], sys.argv[2]]))
     """, str(tmp_path / "src"), str(tmp_path / "out"))
     try:

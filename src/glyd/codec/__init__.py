@@ -11,11 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from glyd.codec import fixed12, tiered
-from glyd.codec.packed import FORMAT_VERSION, Packed
-
-#: Layout name -> module with ``pack``, ``unpack``, ``check_arrays``, ``ARRAYS``.
-LAYOUTS = {fixed12.NAME: fixed12, tiered.NAME: tiered}
+from glyd.codec import fixed12, tiered  # noqa: F401 - each registers its layout in LAYOUTS
+from glyd.codec.packed import FORMAT_VERSION, LAYOUTS, Packed
 
 __all__ = ["FORMAT_VERSION", "LAYOUTS", "Packed", "pack", "unpack"]
 

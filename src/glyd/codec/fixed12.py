@@ -10,10 +10,12 @@ correction, off the hot path. Byte-level layout: ``docs/format.md``.
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import torch
 
-from glyd.codec.packed import Packed, as_bf16_matrix, check_no_extra, expect_array, round_up
+from glyd.codec.packed import Packed, as_bf16_matrix, check_no_extra, expect_array, register, round_up
 from glyd.errors import CorruptError, FormatError
 
 NAME = "fixed12"
@@ -119,3 +121,6 @@ def unpack(p: Packed) -> torch.Tensor:
     if a["exc_idx"].numel():
         flat[a["exc_idx"].to(torch.int64), 1] = a["exc_hi"]
     return bits.view(torch.bfloat16).reshape(n, k)
+
+
+register(sys.modules[__name__])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from types import ModuleType
 
 import torch
 
@@ -10,6 +11,16 @@ from glyd.errors import FormatError
 
 #: Version of the array layouts below; bumped on any change to what the arrays mean.
 FORMAT_VERSION = 1
+
+
+#: Layout name -> its codec module (``pack``, ``unpack``, ``check_arrays``, ``ARRAYS``); each layout
+#: module adds itself (``register``) when ``glyd.codec`` imports it.
+LAYOUTS: dict[str, ModuleType] = {}
+
+
+def register(module: ModuleType) -> None:
+    """Make the layout codec ``module`` (its ``NAME``) known to ``Packed``."""
+    LAYOUTS[module.NAME] = module
 
 
 @dataclass(frozen=True)
@@ -31,8 +42,6 @@ class Packed:
     version: int = FORMAT_VERSION
 
     def __post_init__(self) -> None:
-        from glyd.codec import LAYOUTS  # late: layouts import this module
-
         if self.layout not in LAYOUTS:
             raise FormatError(f"unknown layout {self.layout!r} (known: {', '.join(LAYOUTS)})")
         if self.version != FORMAT_VERSION:
@@ -48,6 +57,15 @@ class Packed:
             raise FormatError(f"shape must be two non-negative ints, got {self.shape!r}")
         object.__setattr__(self, "shape", (int(self.shape[0]), int(self.shape[1])))
         LAYOUTS[self.layout].check_arrays(self.shape, self.arrays)
+
+    @classmethod
+    def trusted(cls, layout: str, shape: tuple[int, int], arrays: dict[str, torch.Tensor], version: int) -> Packed:
+        """A Packed over arrays the caller has validated before (as a ``Packed``), unchanged since:
+        no checks (they cost tens of microseconds a product)."""
+        p = object.__new__(cls)
+        for name, value in (("layout", layout), ("shape", shape), ("arrays", arrays), ("version", version)):
+            object.__setattr__(p, name, value)
+        return p
 
     @property
     def numel(self) -> int:

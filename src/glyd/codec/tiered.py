@@ -24,10 +24,12 @@ block decodes on its own: no sequential bit stream. Byte-level layout: ``docs/fo
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import torch
 
-from glyd.codec.packed import Packed, as_bf16_matrix, check_no_extra, expect_array, round_up
+from glyd.codec.packed import Packed, as_bf16_matrix, check_no_extra, expect_array, register, round_up
 from glyd.errors import CorruptError, FormatError
 
 NAME = "tiered"
@@ -208,3 +210,6 @@ def unpack(p: Packed) -> torch.Tensor:
     out[:, 1] = (sm & np.uint8(0x80)) | (exp >> 1)
     bits = torch.from_numpy(out.reshape(n, kp, 2)[:, :k].copy() if kp != k else out.reshape(n, kp, 2))
     return bits.view(torch.bfloat16).reshape(n, k)
+
+
+register(sys.modules[__name__])

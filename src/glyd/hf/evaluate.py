@@ -35,7 +35,6 @@ import gc
 import json
 import logging
 import math
-import os
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
@@ -46,6 +45,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from glyd import _env
 from glyd.errors import FormatError, GlydError
 
 log = logging.getLogger(__name__)
@@ -64,7 +64,7 @@ LETTERS = ("A", "B", "C", "D")
 
 def default_data_dir() -> Path | None:
     """``$GLYD_DATA``, else the first ``shared/data`` found beside the working folder or the source tree."""
-    env = os.environ.get("GLYD_DATA")
+    env = _env.settings().data
     if env:
         return Path(env)
     here = Path(__file__).resolve()

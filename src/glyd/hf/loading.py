@@ -34,7 +34,7 @@ from tqdm.auto import tqdm
 from glyd.codec import LAYOUTS, Packed
 from glyd.codec.packed import FORMAT_VERSION
 from glyd.errors import CorruptError, FormatError, GlydError
-from glyd.nn import _ops
+from glyd import ops as _ops
 from glyd.nn.modules import BUFFER_PREFIX, GlydEmbedding, GlydLinear, GlydLinearPart, GlydTiedLinear, set_exact
 from glyd.hf import hooks
 from glyd.hf.checks import check_complete, check_folder

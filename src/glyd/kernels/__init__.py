@@ -4,6 +4,10 @@
 Every function takes a ``glyd.Packed`` whose arrays sit on the GPU (or on the CPU under
 ``TRITON_INTERPRET=1``, how the tests run them without a GPU).
 
+Which kernel runs a product is chosen by ``glyd.kernels.registry`` from the GPU's table
+(``kernels/tables/<GPU>.json``); pass a kernel family's config (``GemvConfig``, ``TcConfig``,
+``GluonConfig``, ...) to run that kernel instead.
+
 Example (needs a CUDA GPU)::
 
     import torch, glyd, glyd.kernels
@@ -13,51 +17,107 @@ Example (needs a CUDA GPU)::
     assert torch.equal(glyd.kernels.unpack(p).view(torch.int16), w.view(torch.int16))
 
 ``linear`` never synchronises with the host, so it can run inside a CUDA graph; the first call on
-a matrix builds a small derived index (fixed12 exceptions) with host syncs, so call it once before
-capturing.
+a matrix builds a small derived index (fixed12 exceptions, tiered offset checks) with host syncs,
+so call ``prepare`` (or the product) once before capturing.
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 if TYPE_CHECKING:  # pragma: no cover
     from glyd.codec.packed import Packed
 
-__all__ = ["linear", "unpack", "pack", "prepare", "Config"]
+__all__ = ["linear", "unpack", "pack", "prepare", "choose"]
+
+#: Config classes, importable as ``glyd.kernels.<name>`` (each imports its kernel family's module).
+CONFIGS = {
+    "GemvConfig": "fixed12_gemv", "TcConfig": "fixed12_tc", "MmaConfig": "fixed12_mma", "TileConfig": "fixed12_tile",
+    "GluonConfig": "fixed12_gluon", "WgConfig": "fixed12_wg", "WsConfig": "fixed12_ws", "LongConfig": "fixed12_long",
+    "UnpackConfig": "fixed12_unpack", "TieredGemvConfig": "tiered", "TieredLongConfig": "tiered",
+    "TieredUnpackConfig": "tiered",
+}
 
 
-def _module(layout: str):
-    if layout == "fixed12":
-        return importlib.import_module("glyd.kernels.fixed12")
-    if layout == "tiered":
-        return importlib.import_module("glyd.kernels.tiered")
-    raise ValueError(f"no kernels for layout {layout!r}")
+def _packed(packed: Any) -> None:
+    from glyd.codec.packed import Packed
+
+    if not isinstance(packed, Packed):
+        raise TypeError(f"packed must be a glyd.Packed, got {type(packed).__name__}")
+    if packed.layout not in ("fixed12", "tiered"):
+        raise ValueError(f"no kernels for layout {packed.layout!r}")
 
 
-def linear(x: torch.Tensor, packed: "Packed", bias: torch.Tensor | None = None, config=None) -> torch.Tensor:
+def _kp(packed: "Packed") -> int:
+    return packed.arrays["lo" if packed.layout == "fixed12" else "sm"].shape[1]
+
+
+def _problem(x2: torch.Tensor, packed: "Packed"):
+    from glyd.kernels.registry import Problem
+
+    n, k = packed.shape
+    return Problem(packed.layout, x2.shape[0], n, k, _kp(packed))
+
+
+def choose(x: torch.Tensor, packed: "Packed"):
+    """(kernel class, config) that ``linear(x, packed)`` runs (from the device's table)."""
+    from glyd.kernels import _common as C
+    from glyd.kernels import registry
+
+    _packed(packed)
+    x2 = C.check_x(x, packed.shape[1])
+    return registry.choose(_problem(x2, packed), registry.Device.of(x2.device))
+
+
+# x: bf16 [..., K]; packed [N, K]; bias: [N] or None -> bf16 [..., N]
+def linear(x: torch.Tensor, packed: "Packed", bias: torch.Tensor | None = None, config: Any = None) -> torch.Tensor:
     """``x @ W.T (+ bias)`` straight from the packed ``W`` [N, K]; x bf16 [..., K] -> bf16 [..., N].
 
-    fp32 accumulation. ``config`` (a ``glyd.kernels.Config``) overrides the block shapes chosen
-    per M bucket; leave it ``None``.
+    fp32 accumulation. ``config`` (a kernel family's config, e.g. ``GemvConfig(bm=2)``) runs that
+    kernel; ``None`` lets the registry choose from the GPU's table.
     """
-    from glyd.codec.packed import Packed
+    from glyd.kernels import _common as C
+    from glyd.kernels import registry
 
-    if not isinstance(packed, Packed):
-        raise TypeError(f"packed must be a glyd.Packed, got {type(packed).__name__}")
-    return _module(packed.layout).linear(x, packed, bias, config)
+    _packed(packed)
+    n, k = packed.shape
+    x2 = C.check_x(x, k)
+    C.check_device(packed, x2)
+    bias = C.check_bias(bias, n, x2.device)
+    m = x2.shape[0]
+    C.check_size(f"{packed.layout} plane", n * _kp(packed))
+    C.check_size("output", m * n)
+    out = torch.empty(m, n, dtype=torch.bfloat16, device=x2.device)
+    if m == 0 or n == 0:
+        return out.reshape(*x.shape[:-1], n)
+    if k == 0:  # an empty sum: just the bias
+        out.zero_()
+        if bias is not None:
+            out += bias.to(out.dtype)
+        return out.reshape(*x.shape[:-1], n)
+    problem = _problem(x2, packed)
+    device = registry.Device.of(x2.device)
+    if config is None:
+        kernel, config = registry.choose(problem, device)
+    else:
+        kernel = registry.kernel_for(config)
+        ok, why = kernel.can_implement(problem, device, config)
+        if not ok:
+            raise ValueError(f"the {kernel.name} kernel cannot run this product ({problem}): {why}")
+    return kernel.launch(x2, packed, bias, config, out).reshape(*x.shape[:-1], n)
 
 
-def unpack(packed: "Packed", out: torch.Tensor | None = None) -> torch.Tensor:
+def unpack(packed: "Packed", out: torch.Tensor | None = None, config: Any = None) -> torch.Tensor:
     """The bf16 matrix of ``packed``, bit for bit, decoded on the GPU (into ``out`` if given)."""
-    from glyd.codec.packed import Packed
-
-    if not isinstance(packed, Packed):
-        raise TypeError(f"packed must be a glyd.Packed, got {type(packed).__name__}")
-    return _module(packed.layout).unpack(packed, out)
+    _packed(packed)
+    if packed.layout == "fixed12":
+        from glyd.kernels.fixed12_unpack import unpack as _unpack
+    else:
+        from glyd.kernels.tiered import unpack as _unpack
+    return _unpack(packed, out, config)
 
 
 def pack(w: torch.Tensor, layout: str = "fixed12") -> "Packed":
@@ -68,14 +128,16 @@ def pack(w: torch.Tensor, layout: str = "fixed12") -> "Packed":
 
 
 def prepare(packed: "Packed") -> None:
-    """Build the derived per-matrix index now (host syncs), e.g. before capturing a CUDA graph."""
+    """Build the derived per-matrix data now (host syncs), e.g. before capturing a CUDA graph."""
+    _packed(packed)
     if packed.layout == "fixed12":
-        _module("fixed12").prepare(packed)
-    elif packed.layout == "tiered" and _module("tiered").SPARSE_DEEP:  # the opt-in deep-weight list
-        _module("tiered").prepare(packed)
+        from glyd.kernels.fixed12_exc import prepare as _prepare
+    else:
+        from glyd.kernels.tiered import check as _prepare
+    _prepare(packed)
 
 
 def __getattr__(name: str):
-    if name == "Config":
-        return importlib.import_module("glyd.kernels._common").Config
+    if name in CONFIGS:
+        return getattr(importlib.import_module(f"glyd.kernels.{CONFIGS[name]}"), name)
     raise AttributeError(f"module 'glyd.kernels' has no attribute {name!r}")

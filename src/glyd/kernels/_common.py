@@ -1,4 +1,5 @@
-"""Shared launch helpers: block configs per M bucket, split-K, the split-K finalize kernel, caches.
+"""Shared launch helpers: split-K, the split-K finalize kernel and in-kernel fixup, argument checks,
+per-matrix caches, the kernel configs' common fields.
 
 Kernels never call ``.item()`` or copy to the host, so ``linear`` can be captured in a CUDA graph.
 Host-side work that needs the data (exception row pointers) happens once per packed matrix in
@@ -9,174 +10,64 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import weakref
 
 import torch
 import triton
 import triton.language as tl
 
+from glyd import _env
 from glyd.errors import FormatError
 from glyd.kernels._interp import isolated
 
 
+def _pdl_default() -> str:
+    return _env.settings().pdl
+
+
 @dataclasses.dataclass(frozen=True)
-class Config:
-    """Block shape of one fused-linear launch.
+class KernelConfig:
+    """Fields every fused-kernel config has. ``pdl``: programmatic dependent launch (Hopper and
+    later, CUDA): "all" launches the kernel and its split-K reduce so that each may start while
+    the kernel before it ends (waiting before it reads what that kernel writes), "reduce" the
+    reduce only, "tiles" the tile kernel only, "" off (the default, from ``GLYD_PDL``: "all"
+    measured slower at M = 2-8). ``split``: K splits (0: from ``waves`` programs an SM)."""
 
-    ``dot``: tensor-core path (``tl.dot``, x padded to ``bm`` >= 16 rows); else the FMA path for
-    one activation row per program (decode once, multiply on the CUDA cores). ``split``: K splits
-    (0 = choose from the SM count). ``long``: unpack to a scratch buffer then cuBLAS instead;
-    ``chunk`` (with ``long``, fixed12): unpack and multiply that many weight rows at a time, so
-    the bf16 scratch is small enough to stay in L2 between the unpack and cuBLAS (0: whole).
-    ``group_major`` (fixed12 FMA path): tile order [groups, rows, words] so x loads are shared by
-    a thread's rows; with it, ``bm`` = 2 or 4 multiplies the decoded tile by that many x rows
-    (one accumulator each; the GEMV default at M = 2-8, timed in benchmarks/RESULTS.md).
-    ``byte`` (fixed12, any M): byte-tile GEMV, one activation row a program, ``g`` 64-weight
-    groups a step on [bn, g, 32] tiles in column order (contiguous x shared by the rows).
-    ``mma`` (fixed12, dot path): plane tiles go to shared memory by async copy, then straight into
-    the tensor-core operand registers, decoded there (no decoded tile in shared memory); ``g``
-    64-weight groups a step. ``waves``: split K until the grid has ``waves`` programs an SM.
-    ``fixup``: split-K partials are summed in the kernel by the last split program of each tile
-    (``split_fixup``) instead of a second kernel (``finalize``); fixed12 FMA, GEMV, byte, mma,
-    tc and gluon kernels (gluon: with the exceptions in the tile or none; a launch with one split
-    always writes bf16 directly). Same bits as ``finalize``.
-    ``gemv`` (fixed12, ``group_major`` with ``stages`` 1): the dedicated group-major GEMV kernel
-    (one decoded tile for ``bm`` <= 16 x rows, unmasked loads on whole shapes, x read as bf16
-    pairs, ``prmt`` decode on the GPU); False keeps the general masked FMA loop (``bm`` 1, 2, 4),
-    for comparison. ``prefetch`` (that GEMV): load the next step's plane words into registers
-    before decoding this step's (also ``tc``). ``tc`` (fixed12, dot path): tensor cores fed from
-    the GEMV's register loads (plane words decoded to bf16 in registers, then through shared
-    memory into the MMA operand); ``stages`` > 1 there pipelines the plane loads by async copy.
-    ``gluon`` (fixed12, CUDA only): the same product with explicit layouts (``fixed12_gluon``):
-    the decoded tile is the MMA operand in registers, ``prefetch`` loads the next step's words and
-    x rows first, ``warps`` 1, 2 or 4 side by side along N; exceptions in a pass of their own.
-    ``exc_pass`` (GEMV, tc): exceptions in that separate pass over fp32 partials instead of a serial
-    loop in each tile's first split program; on CUDA the pass runs beside the tile kernel on a side
-    stream (``fixed12.CONCURRENT_EXC``) unless ``exc_after`` puts it after (each measured per shape).
-    ``ring`` (gluon with prefetch): > 1 brings the plane words by 16-byte async copies through a
-    shared-memory ring of that many K steps instead of registers; ``ring_x`` puts the x rows in
-    the same ring (copied once a program instead of once a warp; at bm 32 and 64 it also keeps
-    the 2 or 4 x tiles out of registers). ``exc_tile`` (gluon): the exceptions of each tile's rows
-    are added by its first split program after the K loop, instead of in the separate pass.
-    ``x_ahead`` (gluon with prefetch, x not in the ring): False loads each step's x rows in that
-    step (they hit L1/L2) instead of one step ahead, which frees the registers of a second x tile
-    (bm 16 bn 64 4 warps: 100 registers instead of 141). ``x_rows8`` (gluon, bm 16): at M <= 8
-    only x rows 0-7 are loaded, the MMA's rows 8-15 are zeros. ``maxnreg`` (gluon): a register
-    cap a thread (0: the compiler's choice), for more programs an SM. ``wg`` (gluon, Hopper): the
-    weights as the register A operand of warpgroup MMA and the x rows (``bm`` of them: wgmma's N)
-    from shared memory (``fixed12_wg``); ``bm`` 8-64, ``bk`` 128, 4 or 8 warps, ``bn`` 16 or 32
-    rows a warp, K a multiple of 256; ``exc_tile`` adds the exceptions in the tile there too. ``pipe`` (wg): keep
-    one MMA in flight across K steps instead of waiting for each at its step's end. ``ws`` (wg): the
-    warp-specialized variant (``fixed12_ws``): one warp brings the plane words and x tiles of
-    ``stages`` K steps (2-8) by TMA into a shared-memory ring, the warpgroup decodes and multiplies;
-    x is permuted to the MMA's k order by a copy before the kernel; K a multiple of 128, 4 warps (or
-    8 with ``bn`` 128: two warpgroups decoding the same ring slot, 64 rows each); ``bm`` up to 256
-    (long prompts: measured slower than unpack + cuBLAS, benchmarks/RESULTS.md run 86); ``pipe``
-    there keeps one step's MMAs in flight while the next step decodes (correct on the H200, slower
-    everywhere: run 87). ``consumers`` (ws) 2: two consumer warpgroups, each a partition of its
-    own with 64 rows of every 128-row tile (``bn`` 128, 4 warps, a ``maxnreg`` cap needed), so one
-    decodes while the other's MMAs run.
-    The grid is persistent (``waves`` programs an SM, or ``split`` programs in all) over equal
-    ranges of all tiles' K steps (stream-K); exceptions always in the tile (``exc_tile``).
-    """
-
-    bm: int = 16
-    bn: int = 64
-    bk: int = 256
-    dot: bool = True
     split: int = 0
-    warps: int = 4
-    stages: int = 3
-    long: bool = False
-    chunk: int = 0
-    group_major: bool = False
-    byte: bool = False
-    g: int = 4
-    mma: bool = False
     waves: int = 2
-    fixup: bool = False
-    prefetch: bool = False
-    gemv: bool = True
-    tc: bool = False
-    gluon: bool = False
-    exc_pass: bool = False
-    exc_after: bool = False
-    ring: int = 1
-    ring_x: bool = False
-    exc_tile: bool = False
-    x_ahead: bool = True
-    x_rows8: bool = False
-    maxnreg: int = 0
-    wg: bool = False
-    pipe: bool = False
-    ws: bool = False
-    consumers: int = 1
+    warps: int = 4
+    pdl: str = dataclasses.field(default_factory=_pdl_default)
 
     def __post_init__(self) -> None:
-        for name in ("bm", "bn", "bk"):
-            v = getattr(self, name)
-            if v < 1 or v & (v - 1):
-                raise ValueError(f"Config.{name} must be a power of two, got {v}")
-        if self.dot and (self.bm < (8 if self.wg else 16) or self.bn < 16):
-            raise ValueError("the tl.dot path needs bm >= 16 and bn >= 16")
-        if self.byte and (self.dot or self.group_major or self.g < 1 or self.g & (self.g - 1)):
-            raise ValueError("byte is an FMA-path tile (dot=False, group_major=False) with a power-of-two g")
-        if self.mma and (not self.dot or self.byte or self.group_major or self.g < 1 or self.g & (self.g - 1)):
-            raise ValueError("mma is a tensor-core tile (dot=True, not byte or group_major) with a power-of-two g")
-        if self.tc and (not self.dot or self.mma or self.byte or self.group_major or self.bk < 64):
-            raise ValueError("tc is a tensor-core tile (dot=True, not mma, byte or group_major) with bk >= 64")
-        if self.gluon and (not self.dot or self.mma or self.byte or self.group_major or self.tc
-                           or self.bm not in ((8, 16, 32, 64, 128, 256) if self.ws else (8, 16, 32, 64) if self.wg
-                                              else (16, 32, 64))
-                           or self.warps not in ((4, 8) if self.wg else (1, 2, 4))
-                           or self.bn < max(16, 8 * self.warps) or self.bk < 64):
-            raise ValueError("gluon is a tensor-core tile (dot=True, not tc, mma, byte or group_major) with bm 16, "
-                             "32 or 64, 1, 2 or 4 warps, bn >= 16 and >= 8 a warp, bk >= 64")
-        if self.wg and (not self.gluon or self.bk != 128 or self.bn not in (16 * self.warps, 32 * self.warps)
-                        or self.ring > 1 or self.fixup or self.x_rows8 or not self.x_ahead):
-            raise ValueError("wg is a gluon tile with bk 128 and bn 16 or 32 rows a warp, without ring, fixup or "
-                             "the x_ahead / x_rows8 settings")
-        if self.ws and not (self.wg and (self.warps == 4 or (self.warps, self.bn) == (8, 128))
-                            and 2 <= self.stages <= 8 and self.exc_tile):
-            raise ValueError("ws is a wg tile with 4 warps (or 8 with bn 128), a ring of 2-8 stages and exc_tile")
-        if self.consumers != 1 and not (self.consumers == 2 and self.ws and self.warps == 4 and self.bn == 128
-                                        and not self.pipe and self.maxnreg >= 40):
-            raise ValueError("Config.consumers 2 is a ws tile with 4 warps, bn 128, no pipe and a maxnreg cap")
-        if self.pipe and not self.wg:
-            raise ValueError("Config.pipe (an MMA in flight across K steps) applies to wg")
-        if self.ring < 1 or (self.ring > 1 and not (self.gluon and self.prefetch)):
-            raise ValueError(f"Config.ring > 1 (async-copy ring) needs gluon with prefetch, got ring = {self.ring}")
-        if self.ring_x and self.ring < 2:
-            raise ValueError("Config.ring_x puts x rows in the async ring: it needs ring > 1")
-        if self.exc_tile and (not self.gluon or self.exc_pass or self.exc_after):
-            raise ValueError("exc_tile (exceptions inside the tile kernel) applies to gluon, without exc_pass or exc_after")
-        if (not self.x_ahead or self.x_rows8) and not (self.gluon and self.prefetch and not self.ring_x):
-            raise ValueError("x_ahead=False and x_rows8 apply to gluon with prefetch and x outside the ring")
-        if self.x_rows8 and self.bm != 16:
-            raise ValueError("x_rows8 loads 8 of one 16-row x tile: it needs bm 16")
-        if self.maxnreg and not (self.gluon and 32 <= self.maxnreg <= 255):
-            raise ValueError(f"Config.maxnreg applies to gluon and must be 32-255 (0: none), got {self.maxnreg}")
-        if self.exc_after and not (self.exc_pass or self.gluon):
-            raise ValueError("exc_after applies to a separate exception pass (exc_pass or gluon)")
-        if self.exc_pass and not (self.tc or (self.group_major and self.stages == 1 and self.gemv)):
-            raise ValueError("exc_pass applies to the group-major GEMV and tc (gluon always runs its own pass)")
-        if self.chunk < 0 or self.chunk % 64:
-            raise ValueError(f"Config.chunk must be a multiple of 64 rows (0: whole matrix), got {self.chunk}")
+        if self.pdl not in _env.PDL_MODES:
+            raise ValueError(f"pdl must be one of {_env.PDL_MODES}, got {self.pdl!r}")
+        if not isinstance(self.split, int) or self.split < 0:
+            raise ValueError(f"split must be an int >= 0, got {self.split!r}")
         if self.waves < 1:
-            raise ValueError(f"Config.waves must be >= 1, got {self.waves}")
-        if self.prefetch and not (self.group_major and self.stages == 1 and self.gemv) and not (self.tc or self.gluon):
-            raise ValueError("prefetch applies to the group-major GEMV (group_major, stages = 1, gemv), tc and gluon")
-        if self.tc and self.prefetch and self.stages > 1:
-            raise ValueError("tc takes prefetch (register double buffer) or stages > 1 (pipelining), not both")
-        if self.group_major and self.dot:
-            raise ValueError("group_major applies to the FMA path (dot=False) only")
-        if self.split < 0 or self.warps not in (1, 2, 4, 8, 16) or self.stages < 1:
-            raise ValueError(f"bad split/warps/stages in {self}")
+            raise ValueError(f"waves must be >= 1, got {self.waves}")
+        if self.warps not in (1, 2, 4, 8, 16):
+            raise ValueError(f"warps must be 1, 2, 4, 8 or 16, got {self.warps}")
+        self.validate()
+
+    def validate(self) -> None:
+        """The family's own rules (subclasses)."""
+
+    def replace(self, **changes):
+        """A copy with ``changes`` (validated)."""
+        return dataclasses.replace(self, **changes)
+
+
+def pow2(cfg, *names: str) -> None:
+    """Raise ValueError unless every named field of ``cfg`` is a power of two."""
+    for name in names:
+        v = getattr(cfg, name)
+        if not isinstance(v, int) or v < 1 or v & (v - 1):
+            raise ValueError(f"{type(cfg).__name__}.{name} must be a power of two, got {v!r}")
 
 
 def interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    """True when Triton runs kernels through its interpreter."""
+    return _env.interpreting()
 
 
 def sm_count(device: torch.device) -> int:
@@ -185,20 +76,16 @@ def sm_count(device: torch.device) -> int:
     return 8  # interpreter: any small number keeps the split-K code paths exercised
 
 
-def gluon_launch_checks(x2: torch.Tensor, p, flag: str, k_step: int, k_name: str = "", hopper: str = ""):
-    """The checks every Gluon launcher makes before it runs: a CUDA GPU (Gluon has no interpreter),
-    a Hopper GPU where ``hopper`` names what it needs there, and K (= Kp, no padded columns) a
-    multiple of ``k_step`` (named ``k_name`` in the message, if given). Returns (M, K, N, arrays, Kp)."""
+def gluon_launch_checks(x2: torch.Tensor, p, kernel: str, k_step: int):
+    """The checks every Gluon launcher makes before it runs (``can_implement`` has checked the
+    device): K (= Kp, no padded columns) a multiple of ``k_step``. Returns (M, K, N, arrays, Kp)."""
     m, k = x2.shape
     a = p.arrays
     kp = a["lo"].shape[1]
-    if interpreting() or x2.device.type != "cuda":
-        raise RuntimeError(f"Config({flag}=True) runs only on a CUDA GPU (Gluon has no interpreter): use tc there")
-    if hopper and torch.cuda.get_device_capability(x2.device)[0] != 9:
-        raise RuntimeError(f"Config({flag}=True) needs a Hopper GPU ({hopper}, sm_90)")
+    if x2.device.type != "cuda" or interpreting():
+        raise RuntimeError(f"the {kernel} kernel runs only on a CUDA GPU (Gluon has no interpreter)")
     if k != kp or kp % k_step:
-        what = f"{k_name} = {k_step}" if k_name else f"{k_step}"
-        raise ValueError(f"Config({flag}=True) needs K a multiple of {what} (no padded columns), got K = {k}")
+        raise ValueError(f"the {kernel} kernel needs K a multiple of {k_step} (no padded columns), got K = {k}")
     return m, k, p.shape[0], a, kp
 
 
@@ -216,27 +103,18 @@ def choose_split(tiles: int, kp: int, bk: int, device: torch.device, split: int 
     return (kp + per - 1) // per, per
 
 
-#: Programmatic dependent launch (Hopper and later, CUDA), from ``GLYD_PDL`` at import: "all"
-#: (or "1") launches the fused kernels and the split-K reduce so that they may start while the
-#: kernel before them ends, each waiting (``griddepcontrol.wait``) before it reads anything that
-#: kernel may write (x, the partials), and has the fused kernels let the reduce launch as soon as
-#: all their programs run; "reduce" does that for the reduce only, "tiles" for the fused kernels
-#: only; "" or "0": off (the default: "all" measured slower at M = 2-8, benchmarks/RESULTS.md run 54).
-PDL = {"1": "all", "0": ""}.get(os.environ.get("GLYD_PDL", ""), os.environ.get("GLYD_PDL", ""))
-PDL_MODES = ("", "all", "reduce", "tiles")
-
-
-def pdl_flags(device: torch.device, kernel: str = "tile") -> int:
-    """Programmatic-dependent-launch flags of a launch on ``device`` (see ``PDL``): bit 1, launched
-    early and waits for the previous kernel; bit 2 (fused kernels), lets the next kernel launch early."""
-    if PDL not in PDL_MODES:
-        raise ValueError(f"GLYD_PDL must be one of 0, 1, all, reduce, tiles; got {PDL!r}")
-    if (not PDL or device.type != "cuda" or interpreting()
+def pdl_flags(device: torch.device, mode: str, kernel: str = "tile") -> int:
+    """Programmatic-dependent-launch flags of a launch on ``device`` for ``mode`` (a config's
+    ``pdl``): bit 1, launched early and waits for the previous kernel; bit 2 (fused kernels),
+    lets the next kernel launch early."""
+    if mode not in _env.PDL_MODES:
+        raise ValueError(f"pdl must be one of {_env.PDL_MODES}, got {mode!r}")
+    if (not mode or device.type != "cuda" or interpreting()
             or torch.cuda.get_device_capability(device)[0] < 9):
         return 0
     if kernel == "reduce":
-        return int(PDL in ("all", "reduce"))
-    return int(PDL in ("all", "tiles")) | 2 * (PDL in ("all", "reduce"))
+        return int(mode in ("all", "reduce"))
+    return int(mode in ("all", "tiles")) | 2 * (mode in ("all", "reduce"))
 
 
 @triton.jit
@@ -352,13 +230,14 @@ def counters(device: torch.device, n: int) -> torch.Tensor:
 FINALIZE_BLOCK, FINALIZE_WARPS = 0, 0
 
 
-def finalize(part: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor) -> None:
+def finalize(part: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor, pdl: str = "") -> None:
+    """out = bf16(sum of the split-K partials in split order + bias)."""
     split, m, n = part.shape
     mn = m * n
     small = mn <= 1 << 18
     block = FINALIZE_BLOCK or (128 if small else 512)
     warps = FINALIZE_WARPS or (1 if small else 4)
-    flags = pdl_flags(part.device, "reduce")
+    flags = pdl_flags(part.device, pdl, "reduce")
     _finalize_kernel[(triton.cdiv(mn, block),)](
         part, bias if bias is not None else part, out, mn, n, SPLIT=split, HAS_BIAS=bias is not None, BLOCK=block,
         PDL=flags, num_warps=warps, **({"launch_pdl": True} if flags & 1 else {}),

@@ -1,26 +1,21 @@
 """fixed12 decode-step product with explicit register layouts (Triton's Gluon; CUDA GPUs only).
 
-The `tc` kernel of ``fixed12.py`` lets Triton choose layouts, and Triton 3.6 moves its decoded
-weight tile through shared memory into the tensor cores' B operand. Here every layout is given:
-the plane words are loaded in exactly the layout whose decoded bf16 lanes *are* the MMA v2 B
-operand (``k_width`` 4: four consecutive k of one weight row a thread, which is one plane word's
-four lanes), so the tile never leaves registers. The MMA's k order is a fixed permutation of the
-columns (bits 2-3 and 4-5 of the column index swapped) chosen so that each thread's words and x
-values are 16 contiguous bytes; x is loaded with the same permutation, which leaves the product
-unchanged. Static sm_90 SASS at bm 16, bn 64, bk 256: no shared memory, no barriers, 78
-registers and 415 instructions a loop step, against 128 registers, 40 KB and 633 for `tc`
-(``benchmarks/sass_count.py``). Gluon does not pipeline loops, so ``Config.prefetch`` loads the
-next step's words and x rows before this step decodes: without it the kernel was 1.02-2.1x slower
-than `tc` on the H200, with it (and the exception pass beside it) it is `default_config`'s choice
-for every shape at M = 3-16 (benchmarks/RESULTS.md runs 30-40). bm 32 and 64 share one decoded
-tile among 2 or 4 x tiles; with the x tiles in registers they spilled and lost, with the x tiles
-in the async-copy ring (``Config.ring_x``) they win at M = 17-32 on k/v, q/o and down and at
-M = 33-64 on down (runs 41-42). The twin for tests and the interpreter is `tc` (Gluon has no
-interpreter).
+The ``tc`` kernel lets Triton choose layouts, and Triton 3.6 moves its decoded weight tile through
+shared memory into the tensor cores' B operand. Here every layout is given: the plane words are
+loaded in exactly the layout whose decoded bf16 lanes *are* the MMA v2 B operand (``k_width`` 4:
+four consecutive k of one weight row a thread, which is one plane word's four lanes), so the tile
+never leaves registers. The MMA's k order is a fixed permutation of the columns (bits 2-3 and 4-5 of
+the column index swapped) chosen so that each thread's words and x values are 16 contiguous bytes;
+x is loaded with the same permutation, which leaves the product unchanged. Gluon does not pipeline
+loops, so ``GluonConfig.prefetch`` loads the next step's words and x rows before this step decodes.
+bm 32 and 64 share one decoded tile among 2 or 4 x tiles, with the x tiles in the async-copy ring
+(``ring_x``). Its twin for tests and the interpreter is ``tc`` (Gluon has no interpreter);
+``benchmarks/sass_count.py`` counts its loop's instructions.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import torch
@@ -30,26 +25,61 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
 from glyd.kernels import _common as C
-from glyd.kernels import fixed12 as F12
-from glyd.kernels.fixed12 import add_exceptions
+from glyd.kernels._gluon_bits import exc_meta, gdc_launch_dependents, gdc_wait, prmt, split16, wait_count
+from glyd.kernels.fixed12_exc import add_exceptions, exceptions_on_side_stream, prepare
+from glyd.kernels.registry import Kernel
 
-BM = 16  # x rows of one MMA tile; a program takes 1, 2 or 4 of them (Config.bm 16, 32, 64)
-PREFETCH_DEPTH = 1  # K steps loaded ahead with Config.prefetch (2: only with one x tile, bm 16)
-WARPS = 4  # default warps, side by side along N (Config.warps 1, 2 or 4)
-
-
-@gluon.jit
-def _prmt(a, b, SEL: gl.constexpr):
-    return gl.inline_asm_elementwise(f"prmt.b32 $0, $1, $2, {SEL};", "=r,r,r", [a, b], dtype=gl.uint32,
-                                     is_pure=True, pack=1)
+BM = 16  # x rows of one MMA tile; a program takes 1, 2 or 4 of them (GluonConfig.bm 16, 32, 64)
+WARPS = 4  # default warps, side by side along N (GluonConfig.warps 1, 2 or 4)
 
 
-@gluon.jit
-def _split16(p):
-    # the two bf16 halves of a 32-bit pair, low half first (PTX vector unpack)
-    a, b = gl.inline_asm_elementwise("mov.b32 {$0, $1}, $2;", "=h,=h,r", [p], dtype=(gl.uint16, gl.uint16),
-                                     is_pure=True, pack=1)
-    return a.to(gl.bfloat16, bitcast=True), b.to(gl.bfloat16, bitcast=True)
+@dataclasses.dataclass(frozen=True)
+class GluonConfig(C.KernelConfig):
+    """``bm`` (16, 32, 64) x rows, ``bn`` weight rows a program, K steps of ``bk`` (K a multiple of
+    it), ``warps`` (1, 2, 4) side by side along N. ``prefetch``: the next step's plane words and x
+    rows loaded before this step decodes (``prefetch_depth`` steps ahead: 2 applies with one x tile);
+    ``ring`` > 1 brings the plane words by 16-byte async copies through a shared-memory ring of that
+    many K steps instead of registers, ``ring_x`` puts the x rows in it too. ``exc_tile``: each
+    tile's exceptions added by its first split program after the K loop (else a pass of its own,
+    beside the kernel on a second stream or after it with ``exc_after``). ``x_ahead`` False loads
+    each step's x rows in that step (frees the registers of a second x tile); ``x_rows8`` (bm 16):
+    at M <= 8 only x rows 0-7 are loaded. ``maxnreg``: a register cap a thread (0: the compiler's).
+    ``fixup``: split-K summed in the kernel."""
+
+    bm: int = 16
+    bn: int = 64
+    bk: int = 128
+    prefetch: bool = False
+    prefetch_depth: int = 1
+    ring: int = 1
+    ring_x: bool = False
+    exc_tile: bool = False
+    exc_after: bool = False
+    x_ahead: bool = True
+    x_rows8: bool = False
+    maxnreg: int = 0
+    fixup: bool = False
+
+    def validate(self) -> None:
+        C.pow2(self, "bm", "bn", "bk")
+        if self.bm not in (16, 32, 64) or self.warps not in (1, 2, 4) or self.bn < max(16, 8 * self.warps) \
+                or self.bk < 64:
+            raise ValueError("GluonConfig: bm 16, 32 or 64, 1, 2 or 4 warps, bn >= 16 and >= 8 a warp, bk >= 64; "
+                             f"got {self}")
+        if self.ring < 1 or (self.ring > 1 and not self.prefetch):
+            raise ValueError(f"GluonConfig.ring > 1 (async-copy ring) needs prefetch, got ring = {self.ring}")
+        if self.ring_x and self.ring < 2:
+            raise ValueError("GluonConfig.ring_x puts x rows in the async ring: it needs ring > 1")
+        if self.prefetch_depth not in (1, 2):
+            raise ValueError(f"GluonConfig.prefetch_depth is 1 or 2, got {self.prefetch_depth}")
+        if self.exc_tile and self.exc_after:
+            raise ValueError("exc_tile (exceptions inside the tile kernel) and exc_after exclude each other")
+        if (not self.x_ahead or self.x_rows8) and not (self.prefetch and not self.ring_x):
+            raise ValueError("x_ahead=False and x_rows8 apply with prefetch and x outside the ring")
+        if self.x_rows8 and self.bm != 16:
+            raise ValueError("x_rows8 loads 8 of one 16-row x tile: it needs bm 16")
+        if self.maxnreg and not 32 <= self.maxnreg <= 255:
+            raise ValueError(f"GluonConfig.maxnreg must be 32-255 (0: none), got {self.maxnreg}")
 
 
 @gluon.jit
@@ -100,13 +130,13 @@ def _gl_kernel(x_ptr, code_ptr, lo_ptr, base_ptr, part_ptr, M, N, KP, stride_xm,
     s0 = (pid_k * K_SPLIT) // BK
     s1 = gl.minimum(pid_k * K_SPLIT + K_SPLIT, KP) // BK
     if PDL & 1:
-        # launched early (C.PDL): the first step's plane words do not depend on the kernel before
+        # launched early (config.pdl): the first step's plane words do not depend on the kernel before
         # this one, so they load while it ends; x and every store wait for it
         if STAGES == 1 and PREFETCH:
             lw, cw = _words(lo_ptr, code_ptr, lo_off, code_off, s0 * BK)
-        _gdc_wait()
+        gdc_wait()
     if PDL & 2:
-        _gdc_launch_dependents()
+        gdc_launch_dependents()
     if STAGES > 1:
         # plane words by async copy into a ring of STAGES steps in shared memory (STAGES - 1 in
         # flight, no registers held). Each thread copies and later reads back only its own words,
@@ -133,7 +163,7 @@ def _gl_kernel(x_ptr, code_ptr, lo_ptr, base_ptr, part_ptr, M, N, KP, stride_xm,
         e0 = gl.load(rowptr_ptr + n0)
         e1 = gl.load(rowptr_ptr + gl.minimum(n0 + BN, N))
         e1 = e0 + (e1 - e0) * (pid_k == 0).to(gl.int32)
-        ec, eem, etv, epv, er = _exc_meta(eidx_ptr, ehi_ptr, lo8_ptr, KP, b8, K, e0, e1, EE, EXL)
+        ec, eem, etv, epv, er = exc_meta(eidx_ptr, ehi_ptr, lo8_ptr, KP, b8, K, e0, e1, EE, EXL)
         ed = _exc_x(x_ptr, m0, M, stride_xm, ec, eem, etv, epv, EXL)
         if MT > 1:
             ed1 = _exc_x(x_ptr, m0 + 16, M, stride_xm, ec, eem, etv, epv, EXL)
@@ -190,8 +220,8 @@ def _gl_kernel(x_ptr, code_ptr, lo_ptr, base_ptr, part_ptr, M, N, KP, stride_xm,
                     xa3 = xs.slice(48, 16).load(XL)
         nib = gl.where(high, cw >> 4, cw)
         h = ((nib << 4) & 0x80808080) | ((nib & 0x07070707) + b4)
-        l0, l1 = _split16(_prmt(lw, h, 0x5140))
-        l2, l3 = _split16(_prmt(lw, h, 0x7362))
+        l0, l1 = split16(prmt(lw, h, 0x5140))
+        l2, l3 = split16(prmt(lw, h, 0x7362))
         w = gl.reshape(gl.join(gl.join(l0, l2), gl.join(l1, l3)), [Q, BN, 4])  # [word, row, lane]
         w = gl.reshape(gl.permute(w, [0, 2, 1]), [BK // 64, 4, 4, 4, BN])  # column bits (76, 54, 32, 10)
         w = gl.convert_layout(gl.reshape(gl.permute(w, [0, 2, 1, 3, 4]), [BK, BN]), BL)  # MMA k order
@@ -249,7 +279,7 @@ def _gl_kernel(x_ptr, code_ptr, lo_ptr, base_ptr, part_ptr, M, N, KP, stride_xm,
         nsplit = gl.num_programs(1)
         tile = pid_m * gl.num_programs(0) + pid_n
         if pid_k == nsplit - 1:
-            _wait_count(cnt_ptr + tile * CS, nsplit - 1)
+            wait_count(cnt_ptr + tile * CS, nsplit - 1)
             gl.atomic_xchg(cnt_ptr + tile * CS, 0, sem="relaxed", scope="gpu")
             acc = _sum_parts(acc, part_ptr, om, on, M, N, nsplit)
             if MT > 1:
@@ -291,15 +321,6 @@ def _store_parts(acc, acc1, acc2, acc3, pp, om, on, M, N, MT: gl.constexpr):
 
 
 @gluon.jit
-def _wait_count(cnt_ptr, n):
-    # spin until the counter reaches n: relaxed reads at L2, as ``_common.wait_count`` (an
-    # acquire would invalidate the SM's L1, where the other programs read x from)
-    c = gl.atomic_add(cnt_ptr, 0, sem="relaxed", scope="gpu")
-    while c < n:
-        c = gl.atomic_add(cnt_ptr, 0, sem="relaxed", scope="gpu")
-
-
-@gluon.jit
 def _sum_parts(acc, part_ptr, om, on, M, N, nsplit):
     # the other splits' partials in split order, then this program's (the last split) last:
     # ``finalize``'s order, so the same bits. Read from L2 (.cg), where the other SMs wrote them.
@@ -316,33 +337,6 @@ def _store_bf16(acc, out_ptr, bias_ptr, om, on, M, N, HAS_BIAS: gl.constexpr):
     if HAS_BIAS:
         acc += gl.load(bias_ptr + on, mask=on < N, other=0.0).to(gl.float32)
     gl.store(out_ptr + om * N + on, acc.to(gl.bfloat16), mask=(om < M) & (on < N))
-
-
-@gluon.jit
-def _gdc_wait():
-    gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
-
-
-@gluon.jit
-def _gdc_launch_dependents():
-    gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32, is_pure=False,
-                              pack=1)
-
-
-@gluon.jit
-def _exc_meta(eidx_ptr, ehi_ptr, lo8_ptr, stride_lo, base, K, es, e1, E: gl.constexpr, L2: gl.constexpr):
-    # exceptions es..min(es + E, e1): their columns, true and decoded (placeholder) fp32 values and
-    # weight rows (-1 past e1), in the compact [16, E] layout L2's column slice
-    e = es + gl.arange(0, E, layout=gl.SliceLayout(0, L2))
-    em = e < e1
-    idx = gl.load(eidx_ptr + e, mask=em, other=0).to(gl.int64)
-    r = idx // K
-    c = idx - r * K
-    th = gl.load(ehi_ptr + e, mask=em, other=0).to(gl.uint32)
-    lo = gl.load(lo8_ptr + r * stride_lo + c, mask=em, other=0).to(gl.uint32)
-    tv = ((th << 24) | (lo << 16)).to(gl.float32, bitcast=True)
-    pv = ((((th & 0x80) | base) << 24) | (lo << 16)).to(gl.float32, bitcast=True)
-    return c, em, tv, pv, gl.where(em, r, -1)
 
 
 @gluon.jit
@@ -378,7 +372,7 @@ def _exc_total(acc, d, r, x_ptr, m0, M, stride_xm, eidx_ptr, ehi_ptr, lo8_ptr, s
     # weights), where a separate pass costs a kernel and an [M, N] partial.
     acc = _exc_mma(acc, d, r, n0, BN, OL, ML)
     for es in range(es0, e1, E):
-        c, em, tv, pv, rr = _exc_meta(eidx_ptr, ehi_ptr, lo8_ptr, stride_lo, base, K, es, e1, E, L2)
+        c, em, tv, pv, rr = exc_meta(eidx_ptr, ehi_ptr, lo8_ptr, stride_lo, base, K, es, e1, E, L2)
         acc = _exc_mma(acc, _exc_x(x_ptr, m0, M, stride_xm, c, em, tv, pv, L2), rr, n0, BN, OL, ML)
     return acc
 
@@ -498,34 +492,35 @@ def x_ring_layouts(bk: int, warps: int):
 
 
 # x: bf16 [M, K]; packed: fixed12 [N, K], K == Kp; bias: [N] or None; out: bf16 [M, N] (written) -> out
-def launch(x2: torch.Tensor, p, bias, cfg: C.Config, prep, out: torch.Tensor) -> torch.Tensor:
-    m, k, n, a, kp = C.gluon_launch_checks(x2, p, "gluon", cfg.bk, k_name="bk")
+def launch(x2: torch.Tensor, p, bias, cfg: GluonConfig, out: torch.Tensor) -> torch.Tensor:
+    m, k, n, a, kp = C.gluon_launch_checks(x2, p, "gluon", cfg.bk)
+    prep = prepare(p)
     mt = cfg.bm // BM  # 16-row x tiles a program shares one decoded tile among
     tiles = triton.cdiv(n, cfg.bn) * triton.cdiv(m, cfg.bm)
     split, per = C.choose_split(tiles, kp, cfg.bk, x2.device, cfg.split, cfg.waves)
     inline = cfg.exc_tile and prep.nexc > 0
-    side = F12.CONCURRENT_EXC and not cfg.exc_after and prep.nexc > 0 and not cfg.exc_tile
+    side = not cfg.exc_after and prep.nexc > 0 and not cfg.exc_tile
     # the bf16 result straight from the tile kernel when no exception pass adds to the partials:
-    # with one split always, with several when Config.fixup asks for the in-kernel split-K sum
+    # with one split always, with several when GluonConfig.fixup asks for the in-kernel split-K sum
     direct = inline or prep.nexc == 0
     out_mode = 1 if direct and split == 1 else 2 if direct and cfg.fixup else 0
     part = (torch.empty(split + side, m, n, dtype=torch.float32, device=x2.device) if out_mode != 1 else out)
     cnt = C.counters(x2.device, tiles) if out_mode == 2 else part
     if side:
-        join = F12.exceptions_on_side_stream(part[split:], x2, p, prep)
+        join = exceptions_on_side_stream(part[split:], x2, p, prep)
     words, xl, mma, a_op, b_op = layouts(cfg.bn, cfg.bk, cfg.warps)
-    stages = cfg.ring  # Config checks that ring > 1 comes with prefetch and ring_x with ring > 1
+    stages = cfg.ring  # GluonConfig checks that ring > 1 comes with prefetch and ring_x with ring > 1
     xasync = cfg.ring_x
     xcl, xsl = x_ring_layouts(cfg.bk, cfg.warps) if xasync else (None, None)
     ee = EXC_E
     el, exl = exc_layouts(cfg.warps) if inline else (None, None)
     x8 = cfg.x_rows8 and m <= 8  # rows 8-15 of the one x tile are all padding
-    pdl = 0 if side else C.pdl_flags(x2.device)
+    pdl = 0 if side else C.pdl_flags(x2.device, cfg.pdl)
     grid = (triton.cdiv(n, cfg.bn), split, triton.cdiv(m, cfg.bm))
     _gl_kernel[grid](x2, a["code"].view(torch.int32), a["lo"].view(torch.int32), a["base"], part,
                      m, n, kp, x2.stride(0), per, kp // 8, kp // 4,
                      BN=cfg.bn, BK=cfg.bk, WL=words, XL=xl, ML=mma, AL=a_op, BL=b_op, MT=mt,
-                     PREFETCH=(1 if stages > 1 else PREFETCH_DEPTH if mt == 1 else 1) if cfg.prefetch else 0,
+                     PREFETCH=(1 if stages > 1 else cfg.prefetch_depth if mt == 1 else 1) if cfg.prefetch else 0,
                      STAGES=stages, SL=ring_layout(cfg.bn, cfg.bk, cfg.warps, stages) if stages > 1 else None,
                      XASYNC=xasync, XCL=xcl, XSL=xsl, rowptr_ptr=prep.rowptr, eidx_ptr=a["exc_idx"],
                      ehi_ptr=a["exc_hi"], lo8_ptr=a["lo"], K=k, EXC=inline, EE=ee, EL=el, EXL=exl,
@@ -539,5 +534,28 @@ def launch(x2: torch.Tensor, p, bias, cfg: C.Config, prep, out: torch.Tensor) ->
     elif not direct:
         add_exceptions(part, x2, p, prep)
     if out_mode == 0:
-        C.finalize(part, bias, out)
+        C.finalize(part, bias, out, cfg.pdl)
     return out
+
+
+class GluonKernel(Kernel):
+    """The Gluon tile: a CUDA GPU with Triton's Gluon, K (no padded columns) a multiple of ``bk``."""
+
+    name = "gluon"
+    layout = "fixed12"
+    Config = GluonConfig
+
+    @classmethod
+    def can_implement(cls, problem, device, config):
+        ok, why = super().can_implement(problem, device, config)
+        if not ok:
+            return ok, why
+        if "gluon" not in device.features:
+            return False, "needs Triton's Gluon on a CUDA GPU (not the interpreter)"
+        if problem.k != problem.kp or problem.k % config.bk:
+            return False, f"needs K a multiple of bk = {config.bk} (no padded columns), got K = {problem.k}"
+        return True, ""
+
+    @classmethod
+    def launch(cls, x2, packed, bias, config, out):
+        return launch(x2, packed, bias, config, out)

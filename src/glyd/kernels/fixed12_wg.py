@@ -18,17 +18,16 @@ order keeps only pairs of columns together, too fine for 16-byte async copies.
 
 The K loop is unrolled by two over two x buffers (two allocations, so that one step's MMA and the
 next step's x stores need no barrier between them); programs take whole pairs of steps, so K must
-be a multiple of 256. ``Config.pipe`` keeps one MMA in flight across steps. ``Config.exc_tile``
+be a multiple of 256. ``WgConfig.pipe`` keeps one MMA in flight across steps. ``WgConfig.exc_tile``
 adds the tile's exceptions after the K loop by a one-hot wgmma; without it the separate pass
-(``fixed12.add_exceptions``) adds them to fp32 partials. Measured on the H200 in sweep round 27
-(benchmarks/RESULTS.md runs 62-71): with the exceptions in the tile it beats the other kernels
-on gate/up (M = 4-32), lm_heads (M = 3-64), down (M = 3-64) and q/o (M = 33-64), and is what
-``default_config`` picks there. CUDA only, Hopper only (Gluon has no interpreter; the twin for
-tests is ``tc``).
+(``fixed12_exc.add_exceptions``) adds them to fp32 partials. With the exceptions in the tile it
+is the H200 table's choice on gate/up (M = 4-32), lm_heads (M = 3-64), down (M = 3-64) and q/o
+(M = 33-64). CUDA only, Hopper only (Gluon has no interpreter; the twin for tests is ``tc``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import torch
@@ -39,11 +38,37 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_wait)
 
 from glyd.kernels import _common as C
-from glyd.kernels import fixed12 as F12
-from glyd.kernels.fixed12 import add_exceptions
-from glyd.kernels.fixed12_gluon import _exc_meta, _prmt, _split16
+from glyd.kernels._gluon_bits import exc_meta, prmt, split16
+from glyd.kernels.fixed12_exc import add_exceptions, exceptions_on_side_stream, prepare
+from glyd.kernels.registry import Kernel
 
 BK = 128  # columns a K step (16 code words and 32 lo words a row)
+
+
+@dataclasses.dataclass(frozen=True)
+class WgConfig(C.KernelConfig):
+    """``bm`` (8-64) x rows (wgmma's N) and ``bn`` weight rows a program (16 or 32 a warp), 4 or 8
+    warps, K steps of 128. ``pipe``: one MMA in flight across K steps instead of waiting for each
+    at its step's end. ``exc_tile``: the exceptions added in the tile (else a pass of their own,
+    beside it on a second stream or after it with ``exc_after``). ``maxnreg``: a register cap."""
+
+    bm: int = 16
+    bn: int = 64
+    warps: int = 4
+    exc_tile: bool = False
+    exc_after: bool = False
+    pipe: bool = False
+    maxnreg: int = 0
+
+    def validate(self) -> None:
+        C.pow2(self, "bm", "bn")
+        if self.bm not in (8, 16, 32, 64) or self.warps not in (4, 8) or self.bn not in (16 * self.warps,
+                                                                                         32 * self.warps):
+            raise ValueError(f"WgConfig: bm 8-64, 4 or 8 warps, bn 16 or 32 rows a warp; got {self}")
+        if self.exc_tile and self.exc_after:
+            raise ValueError("exc_tile (exceptions inside the tile kernel) and exc_after exclude each other")
+        if self.maxnreg and not 32 <= self.maxnreg <= 255:
+            raise ValueError(f"WgConfig.maxnreg must be 32-255 (0: none), got {self.maxnreg}")
 # The decoded [rows, 16 words, j, h, hh] tile, split as [row, g, a, i1, i0, j, h, hh] (column
 # 4 (16 g + 8 hh + 4 a + 2 i1 + i0) + 2 h + j), and the x tile, [x row, g, hh, a, i1, i0, h, j] (the
 # column's bits, high to low), are both permuted to slot order (hh i1 i0 h g a j): slot
@@ -62,18 +87,18 @@ def _wg_words(lo_ptr, code_ptr, lo_off, co_off, st):
 
 
 @gluon.jit
-def _wg_pairs(lw, nib, b4):
+def wg_pairs(lw, nib, b4):
     # [BN, 16, 2 (j), 2 (h)] bf16: a lo word's four weights, decoded with their code nibbles
     h = ((nib << 4) & 0x80808080) | ((nib & 0x07070707) + b4)
-    e0, e1 = _split16(_prmt(lw, h, 0x5140))
-    e2, e3 = _split16(_prmt(lw, h, 0x7362))
+    e0, e1 = split16(prmt(lw, h, 0x5140))
+    e2, e3 = split16(prmt(lw, h, 0x7362))
     return gl.join(gl.join(e0, e1), gl.join(e2, e3))
 
 
 @gluon.jit
 def _wg_decode(l0, l1, cw, b4, BN: gl.constexpr, AL: gl.constexpr):
     # the [BN, 128] decoded tile in MMA slot order, as wgmma's register A operand
-    w = gl.join(_wg_pairs(l0, cw, b4), _wg_pairs(l1, cw >> 4, b4))  # [BN, 16 (g a i1 i0), j, h, hh]
+    w = gl.join(wg_pairs(l0, cw, b4), wg_pairs(l1, cw >> 4, b4))  # [BN, 16 (g a i1 i0), j, h, hh]
     w = gl.reshape(w, [BN, 2, 2, 2, 2, 2, 2, 2])  # [row, g, a, i1, i0, j, h, hh]
     w = gl.reshape(gl.permute(w, DECODE_ORDER.value), [BN, 128])  # slot = (hh i1 i0 h g a j)
     return gl.convert_layout(w, AL)
@@ -122,7 +147,7 @@ EXC_E = 16  # exceptions a step of the in-tile exception sum (the one-hot MMA's 
 
 
 @gluon.jit
-def _wg_exceptions(acc, x_ptr, m0, M, stride_xm, eidx_ptr, ehi_ptr, lo8_ptr, KP, base_ptr, n0, e0, e1,
+def wg_exceptions(acc, x_ptr, m0, M, stride_xm, eidx_ptr, ehi_ptr, lo8_ptr, KP, base_ptr, n0, e0, e1,
                    BN: gl.constexpr, BT: gl.constexpr, ML: gl.constexpr, EL: gl.constexpr):
     # acc [BN weight rows, BT x rows] plus, for each exception (w, c) of rows n0.. (e0..e1),
     # (true - decoded w) * x[:, c] on its row: 16 at a time as a wgmma of a one-hot [BN, 16]
@@ -137,7 +162,7 @@ def _wg_exceptions(acc, x_ptr, m0, M, stride_xm, eidx_ptr, ehi_ptr, lo8_ptr, KP,
     rm = m0 + gl.arange(0, BT, layout=gl.SliceLayout(1, EL))
     rn = (n0 + gl.arange(0, BN, layout=gl.SliceLayout(1, AO))).to(gl.int64)
     for es in range(e0, e1, E):
-        c, em, tv, pv, r = _exc_meta(eidx_ptr, ehi_ptr, lo8_ptr, KP, b8, KP, es, e1, E, EL)
+        c, em, tv, pv, r = exc_meta(eidx_ptr, ehi_ptr, lo8_ptr, KP, b8, KP, es, e1, E, EL)
         xv = gl.load(x_ptr + rm[:, None] * stride_xm + c[None, :], mask=(rm < M)[:, None] & em[None, :],
                      other=0.0).to(gl.float32)
         d = xv * tv[None, :] - xv * pv[None, :]  # [BT, E]
@@ -200,7 +225,7 @@ def _wg_kernel(x_ptr, code_ptr, lo_ptr, base_ptr, part_ptr, out_ptr, bias_ptr, M
         e0 = gl.load(rowptr_ptr + n0)
         e1 = gl.load(rowptr_ptr + gl.minimum(n0 + BN, N))
         e1 = e0 + (e1 - e0) * (pid_k == 0).to(gl.int32)
-        acc = _wg_exceptions(acc, x_ptr, m0, M, stride_xm, eidx_ptr, ehi_ptr, lo8_ptr, KP, base_ptr, n0, e0, e1, BN,
+        acc = wg_exceptions(acc, x_ptr, m0, M, stride_xm, eidx_ptr, ehi_ptr, lo8_ptr, KP, base_ptr, n0, e0, e1, BN,
                              BT, ML, EL)
     acc = gl.convert_layout(acc, OL)
     r = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, OL))[:, None]
@@ -239,19 +264,20 @@ def exc_layout(warps: int = 4):
 
 
 # x: bf16 [M, K]; packed: fixed12 [N, K], K == Kp; bias: [N] or None; out: bf16 [M, N] (written) -> out
-def launch(x2: torch.Tensor, p, bias, cfg: C.Config, prep, out: torch.Tensor) -> torch.Tensor:
-    m, k, n, a, kp = C.gluon_launch_checks(x2, p, "wg", 2 * BK, hopper="wgmma")
+def launch(x2: torch.Tensor, p, bias, cfg: WgConfig, out: torch.Tensor) -> torch.Tensor:
+    m, k, n, a, kp = C.gluon_launch_checks(x2, p, "wg", 2 * BK)
+    prep = prepare(p)
     if x2.stride(1) != 1 or x2.stride(0) % 8 or x2.data_ptr() % 16:
         x2 = x2.contiguous()  # x is read in 16-byte pieces
     tiles = triton.cdiv(n, cfg.bn) * triton.cdiv(m, cfg.bm)
     # K ranges of whole pairs of steps: the kernel's loop is unrolled by two (its x buffers)
     split, per = C.choose_split(tiles, kp, 2 * BK, x2.device, cfg.split, cfg.waves)
     inline = cfg.exc_tile and prep.nexc > 0
-    side = F12.CONCURRENT_EXC and not cfg.exc_after and prep.nexc > 0 and not inline
+    side = not cfg.exc_after and prep.nexc > 0 and not inline
     out_mode = 1 if (prep.nexc == 0 or inline) and split == 1 else 0
     part = torch.empty(split + side, m, n, dtype=torch.float32, device=x2.device) if out_mode == 0 else out
     if side:
-        join = F12.exceptions_on_side_stream(part[split:], x2, p, prep)
+        join = exceptions_on_side_stream(part[split:], x2, p, prep)
     words, xl, mma, a_op, xsl, ol = layouts(cfg.bn, cfg.bm, cfg.warps)
     grid = (triton.cdiv(n, cfg.bn), split, triton.cdiv(m, cfg.bm))
     _wg_kernel[grid](x2, a["code"].view(torch.int32), a["lo"].view(torch.int32), a["base"], part,
@@ -266,5 +292,29 @@ def launch(x2: torch.Tensor, p, bias, cfg: C.Config, prep, out: torch.Tensor) ->
     elif out_mode == 0 and prep.nexc > 0 and not inline:
         add_exceptions(part, x2, p, prep)
     if out_mode == 0:
-        C.finalize(part, bias, out)
+        C.finalize(part, bias, out, cfg.pdl)
     return out
+
+
+class WgKernel(Kernel):
+    """The wgmma tile: a Hopper GPU (sm_90) with Gluon's Hopper MMA, K (no padded columns) a
+    multiple of 256 (two steps of 128)."""
+
+    name = "wg"
+    layout = "fixed12"
+    Config = WgConfig
+
+    @classmethod
+    def can_implement(cls, problem, device, config):
+        ok, why = super().can_implement(problem, device, config)
+        if not ok:
+            return ok, why
+        if "wgmma" not in device.features:
+            return False, "needs Gluon's warpgroup MMA on a Hopper GPU (sm_90)"
+        if problem.k != problem.kp or problem.k % (2 * BK):
+            return False, f"needs K a multiple of {2 * BK} (no padded columns), got K = {problem.k}"
+        return True, ""
+
+    @classmethod
+    def launch(cls, x2, packed, bias, config, out):
+        return launch(x2, packed, bias, config, out)

@@ -2,11 +2,10 @@
 
 The wgmma tile of ``fixed12_wg`` loads each K step's plane words into registers and its x tile
 through registers into shared memory, in the same warps that decode and multiply: one warpgroup
-waits on every load in turn, and measured on the H200 it reads DRAM at 34-40% of peak at M = 64
-(benchmarks/RESULTS.md, run 67), where cuBLAS's warp-specialized kernel reaches 81%. Here one
-extra warp only issues TMA copies (the plane words of ``stages`` K steps and their x tiles) into
-a shared-memory ring guarded by mbarriers, and the warpgroup only reads words from shared
-memory, decodes them and issues the MMAs, so the loads of the next steps are always in flight.
+waits on every load in turn. Here one extra warp only issues TMA copies (the plane words of
+``stages`` K steps and their x tiles) into a shared-memory ring guarded by mbarriers, and the
+warpgroup only reads words from shared memory, decodes them and issues the MMAs, so the loads of
+the next steps are always in flight.
 
 Same product as ``fixed12_wg``: the decoded tile is wgmma's register A operand in the MMA's
 slot order (``fixed12_wg.DECODE_ORDER``), here in two 64-column halves a step (a TMA box of bf16
@@ -17,14 +16,13 @@ copy of the [M, K] activations) before the kernel. Rows past M or N are TMA's ze
 The grid is persistent and stream-K: each program multiplies an equal range of all tiles' K
 steps, across tile boundaries; a tile shared by several programs is summed by the last of them
 to finish, in program order (``_ws_finish``), and the exceptions are added where a tile is
-finished. Measured on the H200 (benchmarks/RESULTS.md runs 73-84): the TMA stream alone reads
-DRAM at 73-79% of peak, the whole kernel at 50-59%; it is the default on lm_heads at M = 3-64
-and gate/up at M = 33-64. CUDA only, Hopper only (Gluon has no interpreter; the twin for tests
-is ``tc``).
+finished. The H200 table's choice on lm_heads at M = 3-64 and gate/up at M = 33-64. CUDA only,
+Hopper only (Gluon has no interpreter; the twin for tests is ``tc``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import torch
@@ -38,17 +36,34 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from glyd.kernels import _common as C
 from glyd.kernels._interp import isolated
-from glyd.kernels import fixed12_wg as WG
+from glyd.kernels.fixed12_exc import prepare
+from glyd.kernels.fixed12_wg import X_ORDER, exc_layout, wg_exceptions, wg_pairs
+from glyd.kernels.registry import Kernel
 
 BK = 128  # columns a K step: 32 lo words and 16 code words a row, two 64-column x boxes
-#: A measurement knob (benchmarks/probe_ws.py), never set in use: 1 times the TMA stream alone
-#: (the warpgroup frees each slot once filled; the output is garbage), 2 the same without x, 3
-#: the warpgroup alone (it decodes and multiplies whatever the ring's slots hold, waiting for no
-#: copy; the TMA warp issues none; the output is garbage), 4 both halves at once with no handoff
-#: (the TMA warp refills a slot once its own last copy there landed; the warpgroup computes as in
-#: 3), 5 the full kernel without the warpgroup's per-step proxy fence (timing only).
-PROBE_LOADS = 0
 HALF_ORDER = gl.constexpr((0, 3, 4, 6, 1, 2, 5))  # [row, g, a, i1, i0, j, h] -> slots (i1 i0 h g a j)
+
+
+@dataclasses.dataclass(frozen=True)
+class WsConfig(C.KernelConfig):
+    """``bm`` (8-256) x rows and ``bn`` weight rows a tile, 4 warps (or 8 with ``bn`` 128: two
+    warpgroups decoding the same ring slot, 64 rows each), a ring of ``stages`` (2-8) K steps; the
+    grid is persistent: ``waves`` programs an SM, or ``split`` programs in all. ``maxnreg``: a
+    register cap (80 gives three programs an SM)."""
+
+    bm: int = 16
+    bn: int = 64
+    stages: int = 2
+    maxnreg: int = 0
+
+    def validate(self) -> None:
+        C.pow2(self, "bm", "bn")
+        if self.bm not in (8, 16, 32, 64, 128, 256) or not (self.warps == 4 or (self.warps, self.bn) == (8, 128)):
+            raise ValueError(f"WsConfig: bm 8-256, 4 warps (or 8 with bn 128); got {self}")
+        if self.bn not in (16 * self.warps, 32 * self.warps) or not 2 <= self.stages <= 8:
+            raise ValueError(f"WsConfig: bn 16 or 32 rows a warp, a ring of 2-8 stages; got {self}")
+        if self.maxnreg and not 32 <= self.maxnreg <= 255:
+            raise ValueError(f"WsConfig.maxnreg must be 32-255 (0: none), got {self.maxnreg}")
 
 
 @gluon.jit
@@ -60,41 +75,27 @@ def _ws_tile(g, S, MT, BN: gl.constexpr, BT: gl.constexpr):
 
 @gluon.jit
 def _ws_loader(lo_desc, co_desc, x_desc, lo_s, co_s, x_s, ready, empty, g0, g1, S, MT, BN: gl.constexpr,
-               BT: gl.constexpr, NS: gl.constexpr, LOADS: gl.constexpr, NBYTES: gl.constexpr):
+               BT: gl.constexpr, NS: gl.constexpr, NBYTES: gl.constexpr):
     # the TMA warp: this program's K steps g0..g1 (across tiles) into the ring, each slot once the
-    # consumer freed it (LOADS 2, a probe: the plane words only; LOADS 3: nothing); NBYTES: the
-    # bytes a slot's copies bring (lo, code and, but for LOADS 2, two x boxes)
-    n = g1 - g0
-    if LOADS == 3:
-        n = 0
-    for i in range(n):
+    # consumer freed it; NBYTES: the bytes a slot's copies bring (lo, code, two x boxes)
+    for i in range(g1 - g0):
         b = i % NS
-        if LOADS == 4:
-            # no handoff: reuse a slot once this warp's own previous copy into it landed
-            if i >= NS:
-                mbarrier.wait(ready.index(b), ((i // NS) - 1) & 1)
-        else:
-            # a fresh mbarrier counts as having completed the phase before its first: the first
-            # NS waits (parity 1) pass at once
-            mbarrier.wait(empty.index(b), ((i // NS) & 1) ^ 1)
+        # a fresh mbarrier counts as having completed the phase before its first: the first
+        # NS waits (parity 1) pass at once
+        mbarrier.wait(empty.index(b), ((i // NS) & 1) ^ 1)
         _, st, n0, m0 = _ws_tile(g0 + i, S, MT, BN, BT)
         bar = ready.index(b)
         mbarrier.expect(bar, NBYTES)
         tma.async_copy_global_to_shared(lo_desc, [n0, st * 32], bar, lo_s.index(b))
         tma.async_copy_global_to_shared(co_desc, [n0, st * 16], bar, co_s.index(b))
-        if LOADS != 2:
-            tma.async_copy_global_to_shared(x_desc, [m0, st * 128], bar, x_s.index(2 * b))
-            tma.async_copy_global_to_shared(x_desc, [m0, st * 128 + 64], bar, x_s.index(2 * b + 1))
-    if LOADS == 4:
-        # the last copies land before the program's shared memory goes away
-        for j in range(gl.maximum(n - NS, 0), n):
-            mbarrier.wait(ready.index(j % NS), (j // NS) & 1)
+        tma.async_copy_global_to_shared(x_desc, [m0, st * 128], bar, x_s.index(2 * b))
+        tma.async_copy_global_to_shared(x_desc, [m0, st * 128 + 64], bar, x_s.index(2 * b + 1))
 
 
 @gluon.jit
 def _ws_half(lw, nib, b4, BN: gl.constexpr, AL: gl.constexpr):
     # one 64-column half of a step's decoded tile ([BN, 64] bf16, slot order) as the A operand
-    w = WG._wg_pairs(lw, nib, b4)  # [BN, 16 (g a i1 i0), 2 (j), 2 (h)]
+    w = wg_pairs(lw, nib, b4)  # [BN, 16 (g a i1 i0), 2 (j), 2 (h)]
     w = gl.reshape(w, [BN, 2, 2, 2, 2, 2, 2])
     return gl.convert_layout(gl.reshape(gl.permute(w, HALF_ORDER.value), [BN, 64]), AL)
 
@@ -109,11 +110,10 @@ def _ws_first(g, P, W):
 def _ws_finish(acc, t, n0, m0, g0, P, W, S, pid, x_ptr, out_ptr, bias_ptr, work_ptr, cnt_ptr, M, N, KP, stride_xm,
                rowptr_ptr, eidx_ptr, ehi_ptr, lo8_ptr, base_ptr, BN: gl.constexpr, BT: gl.constexpr,
                ML: gl.constexpr, OL: gl.constexpr, HAS_BIAS: gl.constexpr, EXC: gl.constexpr, EL: gl.constexpr,
-               CS: gl.constexpr, CI: gl.constexpr = 0, CONS: gl.constexpr = 1):
-    # the end of this program's part of tile t (for consumer CI of CONS: its BN rows from n0). A
-    # whole tile: exceptions, bias, bf16 out. A part: store the fp32 partial in this program's
-    # work slot (2 (CONS pid + CI) if it began at the program's first step, else that + 1),
-    # count in; the last of the tile's programs to count in sums every part in program order
+               CS: gl.constexpr):
+    # the end of this program's part of tile t (its BN rows from n0). A whole tile: exceptions,
+    # bias, bf16 out. A part: store the fp32 partial in this program's work slot (2 pid if it
+    # began at the program's first step, else 2 pid + 1), count in; the last of the tile's programs to count in sums every part in program order
     # (the same bits whoever is last), then finishes the tile.
     ts = t * S
     q0 = _ws_first(ts, P, W)
@@ -122,8 +122,8 @@ def _ws_finish(acc, t, n0, m0, g0, P, W, S, pid, x_ptr, out_ptr, bias_ptr, work_
     c = gl.arange(0, BT, layout=gl.SliceLayout(0, ML))[None, :]
     done = q0 == q1
     if not done:
-        cnt = cnt_ptr + (CONS * t + CI) * CS
-        slot = 2 * (CONS * pid + CI) + (g0 <= ts).to(gl.int32)
+        cnt = cnt_ptr + t * CS
+        slot = 2 * pid + (g0 <= ts).to(gl.int32)
         gl.store(work_ptr + slot * (BN * BT) + r * BT + c, acc)
         gl.thread_barrier()  # every thread's partial stores before the releasing count
         old = gl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu")
@@ -132,14 +132,14 @@ def _ws_finish(acc, t, n0, m0, g0, P, W, S, pid, x_ptr, out_ptr, bias_ptr, work_
             gl.atomic_xchg(cnt, 0, sem="relaxed", scope="gpu")  # zero for the next launch
             acc = gl.zeros([BN, BT], gl.float32, ML)
             for q in range(q0, q1 + 1):
-                qs = 2 * (CONS * q + CI) + ((q * W) // P <= ts).to(gl.int32)
+                qs = 2 * q + ((q * W) // P <= ts).to(gl.int32)
                 acc += gl.load(work_ptr + qs * (BN * BT) + r * BT + c, cache_modifier=".cg")
     if done:
         if EXC:
             e0 = gl.load(rowptr_ptr + n0)
             e1 = gl.load(rowptr_ptr + gl.minimum(n0 + BN, N))
-            acc = WG._wg_exceptions(acc, x_ptr, m0, M, stride_xm, eidx_ptr, ehi_ptr, lo8_ptr, KP, base_ptr, n0, e0,
-                                    e1, BN, BT, ML, EL)
+            acc = wg_exceptions(acc, x_ptr, m0, M, stride_xm, eidx_ptr, ehi_ptr, lo8_ptr, KP, base_ptr, n0, e0,
+                                e1, BN, BT, ML, EL)
         o = gl.convert_layout(acc, OL)
         rr = n0 + gl.arange(0, BN, layout=gl.SliceLayout(1, OL))[:, None]
         mm = m0 + gl.arange(0, BT, layout=gl.SliceLayout(0, OL))[None, :]
@@ -150,17 +150,11 @@ def _ws_finish(acc, t, n0, m0, g0, P, W, S, pid, x_ptr, out_ptr, bias_ptr, work_
 
 @gluon.jit
 def _ws_step_mmas(lo_s, co_s, x_s, ready, b, ph, acc, b4, BN: gl.constexpr, LL: gl.constexpr, CL: gl.constexpr,
-                  AL: gl.constexpr, R0: gl.constexpr = 0, SPLIT: gl.constexpr = False, NOWAIT: gl.constexpr = False):
-    # one K step from ring slot b: wait for it (not with NOWAIT: the compute-only probe), read and
-    # decode its words (rows R0 .. R0 + BN of the slot where SPLIT, two consumers sharing it),
-    # issue its two MMAs
-    if not NOWAIT:
-        mbarrier.wait(ready.index(b), ph)
+                  AL: gl.constexpr):
+    # one K step from ring slot b: wait for it, read and decode its words, issue its two MMAs
+    mbarrier.wait(ready.index(b), ph)
     ls = lo_s.index(b)
     cs = co_s.index(b)
-    if SPLIT:
-        ls = ls.slice(R0, BN)
-        cs = cs.slice(R0, BN)
     lw = ls.load(LL)  # [BN, 32]: words 16 g + 8 hh + 4 a + i of the lane's (a, g)
     cw = cs.load(CL).to(gl.uint32, bitcast=True)
     lw = gl.reshape(lw.to(gl.uint32, bitcast=True), [BN, 2, 2, 8])  # [row, g, hh, (a i)]
@@ -178,94 +172,28 @@ def _ws_consumer(lo_s, co_s, x_s, ready, empty, g0, g1, P, W, S, MT, b4, x_ptr, 
                  M, N, KP, stride_xm, rowptr_ptr, eidx_ptr, ehi_ptr, lo8_ptr, base_ptr, BN: gl.constexpr,
                  BT: gl.constexpr, NS: gl.constexpr, LL: gl.constexpr, CL: gl.constexpr, ML: gl.constexpr,
                  AL: gl.constexpr, OL: gl.constexpr, HAS_BIAS: gl.constexpr, EXC: gl.constexpr, EL: gl.constexpr,
-                 CS: gl.constexpr, LOADS: gl.constexpr, CI: gl.constexpr = 0, CONS: gl.constexpr = 1):
-    # a warpgroup: words from the ring, decode, MMA, free the slot; at the end of each tile's
-    # part, finish it (_ws_finish). With CONS consumer warpgroups (each its own partition), this
-    # one (CI) takes rows CI BH .. (CI + 1) BH of every BN-row tile, and a slot is free once all
-    # of them arrived. LOADS > 0 (a probe of the TMA stream alone): free each slot as soon as it
-    # is filled, compute nothing
-    BH: gl.constexpr = BN // CONS
+                 CS: gl.constexpr):
+    # the warpgroup: words from the ring, decode, MMA, free the slot; at the end of each tile's
+    # part, finish it (_ws_finish)
     pid = gl.program_id(0)
-    acc = gl.zeros([BH, BT], gl.float32, ML)
+    acc = gl.zeros([BN, BT], gl.float32, ML)
     for i in range(g1 - g0):
         b = i % NS
-        if (LOADS == 1) | (LOADS == 2):
-            mbarrier.wait(ready.index(b), (i // NS) & 1)
-            mbarrier.arrive(empty.index(b))
-        else:
-            acc, a0, a1 = _ws_step_mmas(lo_s, co_s, x_s, ready, b, (i // NS) & 1, acc, b4, BH, LL, CL, AL, CI * BH,
-                                        CONS > 1, (LOADS == 3) | (LOADS == 4))
-            acc, a0, a1 = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a0, a1))
-            # every warp's words of this slot were read before its part of the MMAs was issued, so
-            # the MMAs being done means the whole slot is free; the fence orders those generic-proxy
-            # reads before the TMA's next writes
-            if LOADS != 5:
-                fence_async_shared()
-            if (LOADS != 3) & (LOADS != 4):
-                mbarrier.arrive(empty.index(b))
-            g = g0 + i
-            t, st, n0, m0 = _ws_tile(g, S, MT, BN, BT)
-            if (st == S - 1) | (g == g1 - 1):
-                _ws_finish(acc, t, n0 + CI * BH, m0, g0, P, W, S, pid, x_ptr, out_ptr, bias_ptr, work_ptr, cnt_ptr, M,
-                           N, KP, stride_xm, rowptr_ptr, eidx_ptr, ehi_ptr, lo8_ptr, base_ptr, BH, BT, ML, OL,
-                           HAS_BIAS, EXC, EL, CS, CI, CONS)
-                acc = gl.zeros([BH, BT], gl.float32, ML)
-    return (acc, )  # warp_specialize takes the default partition's results as a tuple
-
-
-@gluon.jit
-def _ws_consumer_worker(lo_s, co_s, x_s, ready, empty, g0, g1, P, W, S, MT, b4, x_ptr, out_ptr, bias_ptr, work_ptr,
-                        cnt_ptr, M, N, KP, stride_xm, rowptr_ptr, eidx_ptr, ehi_ptr, lo8_ptr, base_ptr,
-                        BN: gl.constexpr, BT: gl.constexpr, NS: gl.constexpr, LL: gl.constexpr, CL: gl.constexpr,
-                        ML: gl.constexpr, AL: gl.constexpr, OL: gl.constexpr, HAS_BIAS: gl.constexpr,
-                        EXC: gl.constexpr, EL: gl.constexpr, CS: gl.constexpr, LOADS: gl.constexpr, CI: gl.constexpr,
-                        CONS: gl.constexpr):
-    # a second consumer warpgroup as a worker partition (Config.consumers 2): a worker returns
-    # nothing
-    _ws_consumer(lo_s, co_s, x_s, ready, empty, g0, g1, P, W, S, MT, b4, x_ptr, out_ptr, bias_ptr, work_ptr, cnt_ptr,
-                 M, N, KP, stride_xm, rowptr_ptr, eidx_ptr, ehi_ptr, lo8_ptr, base_ptr, BN, BT, NS, LL, CL, ML, AL,
-                 OL, HAS_BIAS, EXC, EL, CS, LOADS, CI, CONS)
-
-
-@gluon.jit
-def _ws_consumer_pipe(lo_s, co_s, x_s, ready, empty, g0, g1, P, W, S, MT, b4, x_ptr, out_ptr, bias_ptr, work_ptr,
-                      cnt_ptr, M, N, KP, stride_xm, rowptr_ptr, eidx_ptr, ehi_ptr, lo8_ptr, base_ptr,
-                      BN: gl.constexpr, BT: gl.constexpr, NS: gl.constexpr, LL: gl.constexpr, CL: gl.constexpr,
-                      ML: gl.constexpr, AL: gl.constexpr, OL: gl.constexpr, HAS_BIAS: gl.constexpr,
-                      EXC: gl.constexpr, EL: gl.constexpr, CS: gl.constexpr):
-    # _ws_consumer with one step's MMAs in flight while the next step decodes (Config.pipe): a
-    # loop over this program's tile parts, each an inner loop over its steps with no branch in it
-    # (a wait inside a branch made ptxas wait for every wgmma), then the part's last MMAs and
-    # its finish. A slot is freed one step after its MMAs were issued.
-    pid = gl.program_id(0)
-    i = g0 * 0  # steps done by this program (ring slot and phase)
-    g = g0
-    while g < g1:
-        t = g // S
-        ge = gl.minimum((t + 1) * S, g1)  # this part: steps g .. ge of tile t
-        acc = gl.zeros([BN, BT], gl.float32, ML)
-        b = i % NS
-        acc, p0, p1 = _ws_step_mmas(lo_s, co_s, x_s, ready, b, (i // NS) & 1, acc, b4, BN, LL, CL, AL)
-        # waits for nothing (two MMAs in flight are allowed): gives the loop its accumulator type
-        acc, p0, p1 = warpgroup_mma_wait(num_outstanding=2, deps=(acc, p0, p1))
-        for gg in range(g + 1, ge):
-            j = i + gg - g
-            acc, a0, a1 = _ws_step_mmas(lo_s, co_s, x_s, ready, j % NS, (j // NS) & 1, acc, b4, BN, LL, CL, AL)
-            # the previous step's two MMAs are done: its slot is free (see _ws_consumer)
-            acc, p0, p1 = warpgroup_mma_wait(num_outstanding=2, deps=(acc, p0, p1))
-            fence_async_shared()
-            mbarrier.arrive(empty.index((j + NS - 1) % NS))
-            p0 = a0
-            p1 = a1
-        acc, p0, p1 = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p0, p1))
-        i += ge - g
+        acc, a0, a1 = _ws_step_mmas(lo_s, co_s, x_s, ready, b, (i // NS) & 1, acc, b4, BN, LL, CL, AL)
+        acc, a0, a1 = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a0, a1))
+        # every warp's words of this slot were read before its part of the MMAs was issued, so
+        # the MMAs being done means the whole slot is free; the fence orders those generic-proxy
+        # reads before the TMA's next writes
         fence_async_shared()
-        mbarrier.arrive(empty.index((i + NS - 1) % NS))
-        _ws_finish(acc, t, (t // MT) * BN, (t % MT) * BT, g0, P, W, S, pid, x_ptr, out_ptr, bias_ptr, work_ptr,
-                   cnt_ptr, M, N, KP, stride_xm, rowptr_ptr, eidx_ptr, ehi_ptr, lo8_ptr, base_ptr, BN, BT, ML, OL,
-                   HAS_BIAS, EXC, EL, CS)
-        g = ge
-    return (gl.zeros([BN, BT], gl.float32, ML), )
+        mbarrier.arrive(empty.index(b))
+        g = g0 + i
+        t, st, n0, m0 = _ws_tile(g, S, MT, BN, BT)
+        if (st == S - 1) | (g == g1 - 1):
+            _ws_finish(acc, t, n0, m0, g0, P, W, S, pid, x_ptr, out_ptr, bias_ptr, work_ptr, cnt_ptr, M, N, KP,
+                       stride_xm, rowptr_ptr, eidx_ptr, ehi_ptr, lo8_ptr, base_ptr, BN, BT, ML, OL, HAS_BIAS, EXC,
+                       EL, CS)
+            acc = gl.zeros([BN, BT], gl.float32, ML)
+    return (acc, )  # warp_specialize takes the default partition's results as a tuple
 
 
 @gluon.jit
@@ -273,9 +201,7 @@ def _ws_kernel(lo_desc, co_desc, x_desc, x_ptr, base_ptr, out_ptr, bias_ptr, wor
                S, MT, W, BN: gl.constexpr, BT: gl.constexpr, NS: gl.constexpr, LL: gl.constexpr, CL: gl.constexpr,
                ML: gl.constexpr, AL: gl.constexpr, OL: gl.constexpr, HAS_BIAS: gl.constexpr,
                EXC: gl.constexpr = False, EL: gl.constexpr = None, rowptr_ptr=None, eidx_ptr=None, ehi_ptr=None,
-               lo8_ptr=None, CS: gl.constexpr = 1, LOADER_REGS: gl.constexpr = 24, LOADS: gl.constexpr = 0,
-               PIPE: gl.constexpr = 0, NBYTES: gl.constexpr = 0, CONS: gl.constexpr = 1,
-               CONS_REGS: gl.constexpr = 0):
+               lo8_ptr=None, CS: gl.constexpr = 1, LOADER_REGS: gl.constexpr = 24, NBYTES: gl.constexpr = 0):
     # out (bf16 [M, N], + bias) = x @ W^T, persistent over W = tiles x S K steps (stream-K):
     # program p multiplies global steps p W / P .. (p + 1) W / P (tile-major, x tiles inner), so
     # every program has the same number of steps; a tile shared by several programs is summed
@@ -293,37 +219,14 @@ def _ws_kernel(lo_desc, co_desc, x_desc, x_ptr, base_ptr, out_ptr, bias_ptr, wor
     empty = gl.allocate_shared_memory(gl.int64, [NS, 1], mbarrier.MBarrierLayout())
     for j in gl.static_range(NS):
         mbarrier.init(ready.index(j), count=1)
-        mbarrier.init(empty.index(j), count=CONS)  # every consumer warpgroup frees the slot
+        mbarrier.init(empty.index(j), count=1)
     fence_async_shared()
-    if CONS == 2:
-        # two consumer warpgroups, each its own partition (so neither waits on the other's step),
-        # 64 rows each of every 128-row tile, sharing the ring's x boxes
-        gl.warp_specialize([
-            (_ws_consumer, (lo_s, co_s, x_s, ready, empty, g0, g1, P, W, S, MT, b4, x_ptr, out_ptr, bias_ptr, work_ptr,
-                            cnt_ptr, M, N, KP, stride_xm, rowptr_ptr, eidx_ptr, ehi_ptr, lo8_ptr, base_ptr, BN, BT, NS,
-                            LL, CL, ML, AL, OL, HAS_BIAS, EXC, EL, CS, LOADS, 0, CONS)),
-            (_ws_loader, (lo_desc, co_desc, x_desc, lo_s, co_s, x_s, ready, empty, g0, g1, S, MT, BN, BT, NS, LOADS,
-                          NBYTES)),
-            (_ws_consumer_worker, (lo_s, co_s, x_s, ready, empty, g0, g1, P, W, S, MT, b4, x_ptr, out_ptr, bias_ptr,
-                                   work_ptr, cnt_ptr, M, N, KP, stride_xm, rowptr_ptr, eidx_ptr, ehi_ptr, lo8_ptr,
-                                   base_ptr, BN, BT, NS, LL, CL, ML, AL, OL, HAS_BIAS, EXC, EL, CS, LOADS, 1, CONS)),
-        ], [1, 4], [LOADER_REGS, CONS_REGS])
-    elif PIPE:
-        gl.warp_specialize([
-            (_ws_consumer_pipe, (lo_s, co_s, x_s, ready, empty, g0, g1, P, W, S, MT, b4, x_ptr, out_ptr, bias_ptr,
-                                 work_ptr, cnt_ptr, M, N, KP, stride_xm, rowptr_ptr, eidx_ptr, ehi_ptr, lo8_ptr,
-                                 base_ptr, BN, BT, NS, LL, CL, ML, AL, OL, HAS_BIAS, EXC, EL, CS)),
-            (_ws_loader, (lo_desc, co_desc, x_desc, lo_s, co_s, x_s, ready, empty, g0, g1, S, MT, BN, BT, NS, LOADS,
-                          NBYTES)),
-        ], [1], [LOADER_REGS])
-    else:
-        gl.warp_specialize([
-            (_ws_consumer, (lo_s, co_s, x_s, ready, empty, g0, g1, P, W, S, MT, b4, x_ptr, out_ptr, bias_ptr, work_ptr,
-                            cnt_ptr, M, N, KP, stride_xm, rowptr_ptr, eidx_ptr, ehi_ptr, lo8_ptr, base_ptr, BN, BT, NS,
-                            LL, CL, ML, AL, OL, HAS_BIAS, EXC, EL, CS, LOADS)),
-            (_ws_loader, (lo_desc, co_desc, x_desc, lo_s, co_s, x_s, ready, empty, g0, g1, S, MT, BN, BT, NS, LOADS,
-                          NBYTES)),
-        ], [1], [LOADER_REGS])
+    gl.warp_specialize([
+        (_ws_consumer, (lo_s, co_s, x_s, ready, empty, g0, g1, P, W, S, MT, b4, x_ptr, out_ptr, bias_ptr, work_ptr,
+                        cnt_ptr, M, N, KP, stride_xm, rowptr_ptr, eidx_ptr, ehi_ptr, lo8_ptr, base_ptr, BN, BT, NS,
+                        LL, CL, ML, AL, OL, HAS_BIAS, EXC, EL, CS)),
+        (_ws_loader, (lo_desc, co_desc, x_desc, lo_s, co_s, x_s, ready, empty, g0, g1, S, MT, BN, BT, NS, NBYTES)),
+    ], [1], [LOADER_REGS])
 
 
 @functools.lru_cache(maxsize=None)
@@ -370,21 +273,21 @@ def permute_x_torch(x2: torch.Tensor) -> torch.Tensor:
     m, k = x2.shape
     if k % BK:
         raise ValueError(f"permute_x needs K a multiple of {BK}, got {k}")
-    order = [0, 1] + [d + 1 for d in WG.X_ORDER.value[1:]]
+    order = [0, 1] + [d + 1 for d in X_ORDER.value[1:]]
     return x2.reshape(m, k // BK, 2, 2, 2, 2, 2, 2, 2).permute(order).reshape(m, k)
 
 
 # x: bf16 [M, K] (unit column stride), K a multiple of 128 -> bf16 [M, K], contiguous
 def permute_x(x2: torch.Tensor) -> torch.Tensor:
-    """``permute_x_torch`` as one small Triton kernel (CUDA; the torch twin elsewhere): the torch
-    permutation takes 3.9-5.4 us at M = 16-64 on the H200 (benchmarks/RESULTS.md, run 75)."""
+    """``permute_x_torch`` as one small Triton kernel (CUDA; the torch twin elsewhere, which took
+    3.9-5.4 us at M = 16-64 on the H200)."""
     m, k = x2.shape
     if k % BK:
         raise ValueError(f"permute_x needs K a multiple of {BK}, got {k}")
     if x2.device.type != "cuda" or C.interpreting() or x2.stride(1) != 1:
         return permute_x_torch(x2)
     out = torch.empty(m, k, dtype=x2.dtype, device=x2.device)
-    # 16 rows a program at every M: 64 took 6.0 us at M = 64 against 2.0 at M = 16 (run 100)
+    # 16 rows a program at every M (64 rows took 3x as long at M = 64)
     _permute_x_kernel[(triton.cdiv(m, 16), k // BK)](x2, out, m, x2.stride(0), K=k, BM=16, num_warps=4)
     return out
 
@@ -398,26 +301,19 @@ def _descs(p, bn: int, bt: int, warps: int, xp: torch.Tensor):
             TensorDescriptor.from_tensor(xp, [bt, 64], xsl))
 
 
-def consumer_regs(maxnreg: int) -> int:
-    """Registers a thread of the second consumer warpgroup (``Config.consumers`` 2) under a kernel
-    cap of ``maxnreg``: the kernel's 12 warps (consumer, loader padded to a warpgroup, consumer)
-    get ``maxnreg`` each, the loader's warpgroup gives back all but 24, and the two consumers share
-    the rest (a multiple of 8, at most 256)."""
-    return min(256, (maxnreg * 12 * 32 - 24 * 128) // 256 // 8 * 8)
-
-
-def slot_bytes(bn: int, bt: int, loads: int = 0) -> int:
+def slot_bytes(bn: int, bt: int) -> int:
     """Bytes the TMA copies of one ring slot bring: [bn, 32] lo and [bn, 16] code words, and two
-    [bt, 64] bf16 x boxes (none for the words-only probe, ``loads`` 2)."""
-    return bn * 32 * 4 + bn * 16 * 4 + (0 if loads == 2 else 2 * bt * 64 * 2)
+    [bt, 64] bf16 x boxes."""
+    return bn * 32 * 4 + bn * 16 * 4 + 2 * bt * 64 * 2
 
 
 # x: bf16 [M, K]; packed: fixed12 [N, K], K == Kp; bias: [N] or None; out: bf16 [M, N] (written) -> out
-def launch(x2: torch.Tensor, p, bias, cfg: C.Config, prep, out: torch.Tensor) -> torch.Tensor:
-    m, k, n, a, kp = C.gluon_launch_checks(x2, p, "ws", BK, hopper="wgmma and TMA")
+def launch(x2: torch.Tensor, p, bias, cfg: WsConfig, out: torch.Tensor) -> torch.Tensor:
+    m, k, n, a, kp = C.gluon_launch_checks(x2, p, "ws", BK)
+    prep = prepare(p)
     for name in ("lo", "code"):
         if a[name].data_ptr() % 16 or a[name].stride(0) % 16:
-            raise ValueError(f"Config(ws=True) needs the {name} plane 16-byte aligned for TMA")
+            raise ValueError(f"the ws kernel needs the {name} plane 16-byte aligned for TMA")
     if x2.stride(1) != 1 or x2.stride(0) % 8 or x2.data_ptr() % 16:
         x2 = x2.contiguous()
     xp = permute_x(x2)
@@ -426,20 +322,41 @@ def launch(x2: torch.Tensor, p, bias, cfg: C.Config, prep, out: torch.Tensor) ->
     work = triton.cdiv(n, cfg.bn) * mt * steps  # K steps in all
     # programs: ``split`` if given (tests), else ``waves`` an SM; at most one a step
     progs = min(work, cfg.split or cfg.waves * C.sm_count(x2.device))
-    inline = prep.nexc > 0  # Config checks exc_tile: the exceptions are added where a tile is finished
+    inline = prep.nexc > 0  # the exceptions are always added where a tile is finished
     tiles = triton.cdiv(n, cfg.bn) * mt
-    cons = cfg.consumers
-    bh = cfg.bn // cons  # each consumer warpgroup's rows of a tile
-    slots = torch.empty(2 * progs * cons, bh * cfg.bm, dtype=torch.float32, device=x2.device)
-    cnt = C.counters(x2.device, tiles * cons)
+    slots = torch.empty(2 * progs, cfg.bn * cfg.bm, dtype=torch.float32, device=x2.device)
+    cnt = C.counters(x2.device, tiles)
     lo_d, co_d, x_d = _descs(p, cfg.bn, cfg.bm, cfg.warps, xp)
-    ll, cl, mma, a_op, ol, _ = layouts(bh, cfg.bm, cfg.warps)
+    ll, cl, mma, a_op, ol, _ = layouts(cfg.bn, cfg.bm, cfg.warps)
     _ws_kernel[(progs,)](lo_d, co_d, x_d, x2, a["base"], out, bias if bias is not None else out, slots, cnt, m, n, kp,
                          x2.stride(0), steps, mt, work, BN=cfg.bn, BT=cfg.bm, NS=cfg.stages, LL=ll, CL=cl, ML=mma,
                          AL=a_op, OL=ol, HAS_BIAS=bias is not None, EXC=inline,
-                         EL=WG.exc_layout(cfg.warps) if inline else None, rowptr_ptr=prep.rowptr,
+                         EL=exc_layout(cfg.warps) if inline else None, rowptr_ptr=prep.rowptr,
                          eidx_ptr=a["exc_idx"], ehi_ptr=a["exc_hi"], lo8_ptr=a["lo"], CS=C.COUNTER_SLOTS,
-                         LOADS=PROBE_LOADS, PIPE=int(cfg.pipe), NBYTES=slot_bytes(cfg.bn, cfg.bm, PROBE_LOADS),
-                         CONS=cons, CONS_REGS=consumer_regs(cfg.maxnreg) if cons > 1 else 0,
-                         num_warps=cfg.warps, **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}))
+                         NBYTES=slot_bytes(cfg.bn, cfg.bm), num_warps=cfg.warps,
+                         **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}))
     return out
+
+
+class WsKernel(Kernel):
+    """The warp-specialized wgmma tile: a Hopper GPU with Gluon's TMA and mbarriers, K (no padded
+    columns) a multiple of 128."""
+
+    name = "ws"
+    layout = "fixed12"
+    Config = WsConfig
+
+    @classmethod
+    def can_implement(cls, problem, device, config):
+        ok, why = super().can_implement(problem, device, config)
+        if not ok:
+            return ok, why
+        if not {"wgmma", "tma"} <= device.features:
+            return False, "needs Gluon's warpgroup MMA and TMA on a Hopper GPU (sm_90)"
+        if problem.k != problem.kp or problem.k % BK:
+            return False, f"needs K a multiple of {BK} (no padded columns), got K = {problem.k}"
+        return True, ""
+
+    @classmethod
+    def launch(cls, x2, packed, bias, config, out):
+        return launch(x2, packed, bias, config, out)

@@ -47,7 +47,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
 from glyd.errors import FormatError
-from glyd.kernels.fixed12_gluon import _split16
+from glyd.kernels._gluon_bits import split16
 from glyd.kv import _triton as T
 
 #: the one shape this kernel takes (others use the Triton kernel)
@@ -169,14 +169,14 @@ def _group_values(se, so, tw0, tw1, tw2, tw3, sm0, sm1, sm2, sm3, rq0, rq1, rq2,
     p2, p3 = _quad(1, se, so, tw1, sm1, rq1, flo >> 16)
     p4, p5 = _quad(2, se, so, tw2, sm2, rq2, fhi)
     p6, p7 = _quad(3, se, so, tw3, sm3, rq3, fhi >> 16)
-    v0, v1 = _split16(p0)
-    v2, v3 = _split16(p1)
-    v4, v5 = _split16(p2)
-    v6, v7 = _split16(p3)
-    v8, v9 = _split16(p4)
-    v10, v11 = _split16(p5)
-    v12, v13 = _split16(p6)
-    v14, v15 = _split16(p7)
+    v0, v1 = split16(p0)
+    v2, v3 = split16(p1)
+    v4, v5 = split16(p2)
+    v6, v7 = split16(p3)
+    v8, v9 = split16(p4)
+    v10, v11 = split16(p5)
+    v12, v13 = split16(p6)
+    v14, v15 = split16(p7)
     # the innermost join pairs values j and j + 8, the outermost j and j + 1: dims (j3, j2, j1, j0)
     return gl.join(gl.join(gl.join(gl.join(v0, v8), gl.join(v4, v12)), gl.join(gl.join(v2, v10), gl.join(v6, v14))),
                    gl.join(gl.join(gl.join(v1, v9), gl.join(v5, v13)), gl.join(gl.join(v3, v11), gl.join(v7, v15))))
@@ -189,7 +189,7 @@ def _group_values(se, so, tw0, tw1, tw2, tw3, sm0, sm1, sm2, sm3, rq0, rq1, rq2,
 
 
 @gluon.jit
-def _stage1(sm_ptr, dig_ptr, tailw_ptr, blk, c, s2w, c2, GL: gl.constexpr, G3: gl.constexpr, PROBE: gl.constexpr):
+def _stage1(sm_ptr, dig_ptr, tailw_ptr, blk, c, s2w, c2, GL: gl.constexpr, G3: gl.constexpr):
     # tier-1 digit words, the sign/mantissa words (loaded first: needed last), escape flags, and the
     # tier-2 windows
     t = 16 * c + gl.arange(0, 16, layout=gl.SliceLayout(1, GL))[:, None]
@@ -200,31 +200,23 @@ def _stage1(sm_ptr, dig_ptr, tailw_ptr, blk, c, s2w, c2, GL: gl.constexpr, G3: g
     q3 = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, G3)))[None, None, :]
     smv = gl.load(sm_ptr + blk * 2048 + (t3 * 8 + g3) * 4 + q3)  # the group's 16 sign/mantissa bytes
     m1 = w1 & (w1 >> 1) & 0x55555555  # bit 2j: value j escaped tier 1
-    if PROBE == 2:
-        m1 = m1 & 0
     n1 = _popc(m1)
-    if PROBE >= 3:  # timing only: tier windows made from the digit word, no loads
-        win2 = w1 ^ 0x5A5A5A5A
-    else:
-        win2 = _window(tailw_ptr, s2w, _excl_rows(n1) + c2, n1 > 0).to(gl.uint32, bitcast=True)
+    win2 = _window(tailw_ptr, s2w, _excl_rows(n1) + c2, n1 > 0).to(gl.uint32, bitcast=True)
     return w1, smv, m1, win2, c2 + gl.sum(n1, 0)[None, :], gl.max(gl.max(n1, 1), 0)
 
 
 @gluon.jit
-def _stage2(w1, m1, win2, n1max, tailw_ptr, s3w, c3, PROBE: gl.constexpr):
+def _stage2(w1, m1, win2, n1max, tailw_ptr, s3w, c3):
     # tier-2 digits at their values, tier-2 escape flags, and the tier-3 windows
     w2 = _expand(win2, m1, n1max)
     m2 = w2 & (w2 >> 1) & 0x55555555
     n2 = _popc(m2)
-    if PROBE == 3:
-        win3 = w1 ^ 0x6C6C6C6C
-    else:
-        win3 = _window(tailw_ptr, s3w, _excl_rows(n2) + c3, n2 > 0).to(gl.uint32, bitcast=True)
+    win3 = _window(tailw_ptr, s3w, _excl_rows(n2) + c3, n2 > 0).to(gl.uint32, bitcast=True)
     return w2, m2, win3, c3 + gl.sum(n2, 0)[None, :], gl.max(gl.max(n2, 1), 0)
 
 
 @gluon.jit
-def _stage3(w1, m2, win3, n2max, tailw_ptr, s4, c4, PROBE: gl.constexpr):
+def _stage3(m2, win3, n2max, tailw_ptr, s4, c4):
     # tier-3 digits at their values, raw flags, and the raw windows (8 bytes from each group's first raw
     # exponent)
     w3 = _expand(win3, m2, n2max)
@@ -232,29 +224,12 @@ def _stage3(w1, m2, win3, n2max, tailw_ptr, s4, c4, PROBE: gl.constexpr):
     n3 = _popc(r)
     b4 = s4 + _excl_rows(n3) + c4  # the group's first raw exponent: a byte of the tail
     ww = tailw_ptr + (b4 >> 2)
-    if PROBE == 3:
-        x0 = w1.to(gl.int32, bitcast=True)
-        x1 = x0 + 1
-        x2 = x0 + 2
-    else:
-        x0 = gl.load(ww, mask=n3 > 0, other=0)
-        x1 = gl.load(ww + 1, mask=n3 > 0, other=0)
-        x2 = gl.load(ww + 2, mask=n3 > 4, other=0)
+    x0 = gl.load(ww, mask=n3 > 0, other=0)
+    x1 = gl.load(ww + 1, mask=n3 > 0, other=0)
+    x2 = gl.load(ww + 2, mask=n3 > 4, other=0)
     return w3, r, n3, b4, x0, x1, x2, c4 + gl.sum(n3, 0)[None, :]
 
 
-@gluon.jit
-def _raw_probe(m1, tailw_ptr, meta_ptr, blk, s4, c4):
-    # timing only (PROBE 4): a code with one escape level, tier-1 digits then raw bytes, modelled by
-    # no tier 2 or 3 and the raw path taken by value 0 of each group where it escapes tier 1 (about 1
-    # value in 60 on real pages); the raw windows stay inside the block's raw bytes and slack
-    r = m1 & 1
-    n3 = _popc(r)
-    b4 = s4 + gl.minimum(_excl_rows(n3) + c4, gl.load(meta_ptr + blk * 4 + 3))
-    ww = tailw_ptr + (b4 >> 2)
-    x0 = gl.load(ww, mask=n3 > 0, other=0)
-    x1 = gl.load(ww + 1, mask=n3 > 0, other=0)
-    return r, n3, b4, x0, x1, gl.zeros_like(x0), c4 + gl.sum(n3, 0)[None, :]
 
 
 @gluon.jit
@@ -303,19 +278,13 @@ def _stage4(w1, w2, w3, r, n3, b4, x0, x1, x2, smv, tailw_ptr, tw0, tw1, tw2, tw
 
 @gluon.jit
 def _chunk(sm_ptr, dig_ptr, tailw_ptr, tail_ptr, meta_ptr, top_ptr, blk, c, r2, r3, r4, GL: gl.constexpr,
-           G3: gl.constexpr, PROBE: gl.constexpr):
+           G3: gl.constexpr):
     # rows 16c .. 16c+15 of one packed block -> bf16 (11 dims of 2, _stage4); r2, r3, r4 [1, 8]: each
     # column's escapes to tiers 2, 3, 4 in the chunks above this one (updated)
     s2w, s3w, s4, c2, c3, c4, tw0, tw1, tw2, tw3 = _dir(meta_ptr, tail_ptr, top_ptr, blk, GL)
-    w1, smv, m1, win2, d2, n1max = _stage1(sm_ptr, dig_ptr, tailw_ptr, blk, c, s2w, c2 + r2, GL, G3, PROBE)
-    if PROBE == 4:
-        w2 = gl.zeros_like(w1)
-        w3 = w2
-        d3 = c3 + r3
-        r, n3, b4, x0, x1, x2, d4 = _raw_probe(m1, tailw_ptr, meta_ptr, blk, s4, c4 + r4)
-    else:
-        w2, m2, win3, d3, n2max = _stage2(w1, m1, win2, n1max, tailw_ptr, s3w, c3 + r3, PROBE)
-        w3, r, n3, b4, x0, x1, x2, d4 = _stage3(w1, m2, win3, n2max, tailw_ptr, s4, c4 + r4, PROBE)
+    w1, smv, m1, win2, d2, n1max = _stage1(sm_ptr, dig_ptr, tailw_ptr, blk, c, s2w, c2 + r2, GL, G3)
+    w2, m2, win3, d3, n2max = _stage2(w1, m1, win2, n1max, tailw_ptr, s3w, c3 + r3)
+    w3, r, n3, b4, x0, x1, x2, d4 = _stage3(m2, win3, n2max, tailw_ptr, s4, c4 + r4)
     x = _stage4(w1, w2, w3, r, n3, b4, x0, x1, x2, smv, tailw_ptr, tw0, tw1, tw2, tw3, GL)
     return x, d2 - c2, d3 - c3, d4 - c4
 
@@ -414,7 +383,7 @@ def _kv_gluon_kernel(
     qk_scale, H, K_CAP, V_CAP, PAGES_PER_SPLIT, S,
     G: gl.constexpr, GP: gl.constexpr, GK: gl.constexpr, GK3: gl.constexpr, GV: gl.constexpr,
     GV3: gl.constexpr, ML: gl.constexpr, AL: gl.constexpr, BL: gl.constexpr, QL: gl.constexpr,
-    PROBE: gl.constexpr = 0, PREFETCH: gl.constexpr = False,
+    PREFETCH: gl.constexpr = False,
 ):
     # S^T [64 tokens, GP heads] = K [64, 128] @ q^T and O^T [128, GP] += V^T [128, 64] @ P^T, 16 tokens a
     # chunk; the query heads are the MMA's N (GP = 8 or 16), keys and values its A operand
@@ -464,10 +433,10 @@ def _kv_gluon_kernel(
         vr2 = gl.where(first, 0, vr2)
         vr3 = gl.where(first, 0, vr3)
         vr4 = gl.where(first, 0, vr4)
-        x, kr2, kr3, kr4 = _chunk(k_sm, k_dig, k_tailw, k_tail, k_meta, k_top, kblk, c, kr2, kr3, kr4, GK, GK3, PROBE)
+        x, kr2, kr3, kr4 = _chunk(k_sm, k_dig, k_tailw, k_tail, k_meta, k_top, kblk, c, kr2, kr3, kr4, GK, GK3)
         s = mma_v2(_k_operand(x, AL), qb, zs)
         p, alpha, m_i, l_i = _softmax(s, j * 64 + 16 * c, S0, 64, m_i, l_i, qk_scale, ML, BL)
-        x, vr2, vr3, vr4 = _chunk(v_sm, v_dig, v_tailw, v_tail, v_meta, v_top, vblk, c, vr2, vr3, vr4, GV, GV3, PROBE)
+        x, vr2, vr3, vr4 = _chunk(v_sm, v_dig, v_tailw, v_tail, v_meta, v_top, vblk, c, vr2, vr3, vr4, GV, GV3)
         acc = mma_v2(_v_operand(x, AL), p, acc * alpha[None, :])
     if (n_full >= j0) & (n_full < j1):  # this split holds the raw, unfilled page
         raw = (b * H + h).to(gl.int64) * 64
@@ -526,16 +495,12 @@ def default_programs_per_sm(pages: int) -> int:
 
 # q [B, Hq, 128] bf16; k_store/v_store PageStores (page 64, head dim 128) with B sequences, H KV heads
 # (Hq = G*H, G <= 16); lens [B] int; starts [B] int or None -> out [B, Hq, 128] bf16.
-# Tuning (H200, benchmarks/RESULTS.md): programs_per_sm (programs launched per SM: splits of the pages;
-# None: default_programs_per_sm), maxnreg (register cap: 168 lets 12 one-warp programs share an SM),
-# prefetch (each loop step asks L2 for the next chunk's sign/mantissa and digit rows with a bulk prefetch:
-# 3-5% faster from 16 sequences on, run 121; None: on where the GPU has it, sm_90+).
-# probe: a timing knob, never set in use (benchmarks/probe_kv.py): 2 decodes every value as its tier-1
-# digit, 3 makes the tier windows and raw bytes from the digit word instead of loading them, 4 skips
-# tiers 2 and 3 and sends about 1 value in 60 down the raw path (the cost of a code with one escape
-# level); all give wrong outputs.
+# Tuning (H200): programs_per_sm (programs launched per SM: splits of the pages; None:
+# default_programs_per_sm), maxnreg (register cap: 168 lets 12 one-warp programs share an SM), prefetch
+# (each loop step asks L2 for the next chunk's sign/mantissa and digit rows with a bulk prefetch: 3-5%
+# faster from 16 sequences on; None: on where the GPU has it, sm_90+).
 def decode_attention_gluon(q, k_store, v_store, lens, scale=None, num_splits=None, starts=None,
-                           programs_per_sm=None, maxnreg=168, probe=0, prefetch=None):
+                           programs_per_sm=None, maxnreg=168, prefetch=None):
     b, hq, d = q.shape
     h = k_store.heads
     if q.dtype != torch.bfloat16:
@@ -549,8 +514,6 @@ def decode_attention_gluon(q, k_store, v_store, lens, scale=None, num_splits=Non
     gp = 8 if g <= 8 else 16
     if g > 16:
         raise FormatError(f"the Gluon kernel takes at most {GP} query heads a KV head, got {g}")
-    if probe not in (0, 2, 3, 4):
-        raise ValueError(f"probe must be 0, 2, 3 or 4, got {probe}")
     bulk = q.is_cuda and torch.cuda.get_device_capability(q.device)[0] >= 9  # cp.async.bulk.prefetch: sm_90+
     if prefetch is None:
         prefetch = bulk
@@ -568,7 +531,7 @@ def decode_attention_gluon(q, k_store, v_store, lens, scale=None, num_splits=Non
         *_planes(k_store, "k_store"), *_planes(v_store, "v_store"),
         m, l_, acc,
         scale * 1.4426950408889634, h, k_store.cap, v_store.cap, pages_per_split, num_splits,
-        G=g, GP=gp, PROBE=probe, PREFETCH=bool(prefetch), num_warps=1, **layouts(), **({} if maxnreg is None else {"maxnreg": maxnreg}),
+        G=g, GP=gp, PREFETCH=bool(prefetch), num_warps=1, **layouts(), **({} if maxnreg is None else {"maxnreg": maxnreg}),
     )
     out = torch.empty(b, hq, HEAD_DIM, dtype=torch.bfloat16, device=dev)
     T._combine(m, l_, acc, out, b, h, num_splits, g, gp, HEAD_DIM)

@@ -8,20 +8,15 @@ and ``import glyd.kv`` never import Triton. The page code is documented in ``gly
 from __future__ import annotations
 
 import math
-import os
 
 import torch
 import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
+from glyd import _env
 from glyd.errors import FormatError
 from glyd.kernels._interp import isolated
-
-#: A measurement knob (benchmarks/probe_kv.py), never set in use: 1 decodes every raw (tier-4)
-#: exponent as 0 without loading it, 2 also drops tiers 2-4 (every value as its tier-1 digit:
-#: no window loads). The output is wrong; the time says what those parts cost.
-PROBE = 0
 
 
 @triton.jit
@@ -54,7 +49,7 @@ def _window(tailw_ptr, sw, base, has):
 
 
 @triton.jit
-def _value(j: tl.constexpr, wd, m1, win2, m2, win3, m3, raw4, smw, top_j, k2, k3, k4, PROBE: tl.constexpr = 0):
+def _value(j: tl.constexpr, wd, m1, win2, m2, win3, m3, raw4, smw, top_j, k2, k3, k4):
     """Value ``j`` of every group: its bf16 word and the running escape counts (``k2, k3``: bit offsets
     in the tier-2/3 windows; ``k4``: raw exponents so far, read from ``raw4 + k4``)."""
     d1 = (wd >> (2 * j)) & 3
@@ -65,10 +60,7 @@ def _value(j: tl.constexpr, wd, m1, win2, m2, win3, m3, raw4, smw, top_j, k2, k3
     d3 = (win3 >> k3) & 3
     f3 = (m3 >> k3) & f2
     k3 += 2 * f2
-    if PROBE == 0:
-        e4 = tl.load(raw4 + k4, mask=f3 != 0, other=0).to(tl.int32)
-    else:
-        e4 = tl.zeros_like(k4)
+    e4 = tl.load(raw4 + k4, mask=f3 != 0, other=0).to(tl.int32)
     k4 += f3
     off = d1 + tl.where(f1 != 0, d2 + tl.where(f2 != 0, d3, 0), 0)
     e = tl.where(f3 != 0, e4, top_j - off)
@@ -78,28 +70,28 @@ def _value(j: tl.constexpr, wd, m1, win2, m2, win3, m3, raw4, smw, top_j, k2, k3
 
 
 @triton.jit
-def _group_values(wd, m1, win2, m2, win3, m3, raw4, sm0, sm1, sm2, sm3, tops, PROBE: tl.constexpr = 0):
+def _group_values(wd, m1, win2, m2, win3, m3, raw4, sm0, sm1, sm2, sm3, tops):
     """The 16 values of every group, joined to ``[R, W, 2, 2, 2, 2]`` in channel order."""
     k2 = tl.zeros_like(wd)
     k3 = tl.zeros_like(wd)
     k4 = tl.zeros_like(wd)
     t0_, t1_, t2_, t3_, t4_, t5_, t6_, t7_, t8_, t9_, t10_, t11_, t12_, t13_, t14_, t15_ = tops
-    v0, k2, k3, k4 = _value(0, wd, m1, win2, m2, win3, m3, raw4, sm0, t0_, k2, k3, k4, PROBE)
-    v1, k2, k3, k4 = _value(1, wd, m1, win2, m2, win3, m3, raw4, sm0, t1_, k2, k3, k4, PROBE)
-    v2, k2, k3, k4 = _value(2, wd, m1, win2, m2, win3, m3, raw4, sm0, t2_, k2, k3, k4, PROBE)
-    v3, k2, k3, k4 = _value(3, wd, m1, win2, m2, win3, m3, raw4, sm0, t3_, k2, k3, k4, PROBE)
-    v4, k2, k3, k4 = _value(4, wd, m1, win2, m2, win3, m3, raw4, sm1, t4_, k2, k3, k4, PROBE)
-    v5, k2, k3, k4 = _value(5, wd, m1, win2, m2, win3, m3, raw4, sm1, t5_, k2, k3, k4, PROBE)
-    v6, k2, k3, k4 = _value(6, wd, m1, win2, m2, win3, m3, raw4, sm1, t6_, k2, k3, k4, PROBE)
-    v7, k2, k3, k4 = _value(7, wd, m1, win2, m2, win3, m3, raw4, sm1, t7_, k2, k3, k4, PROBE)
-    v8, k2, k3, k4 = _value(8, wd, m1, win2, m2, win3, m3, raw4, sm2, t8_, k2, k3, k4, PROBE)
-    v9, k2, k3, k4 = _value(9, wd, m1, win2, m2, win3, m3, raw4, sm2, t9_, k2, k3, k4, PROBE)
-    v10, k2, k3, k4 = _value(10, wd, m1, win2, m2, win3, m3, raw4, sm2, t10_, k2, k3, k4, PROBE)
-    v11, k2, k3, k4 = _value(11, wd, m1, win2, m2, win3, m3, raw4, sm2, t11_, k2, k3, k4, PROBE)
-    v12, k2, k3, k4 = _value(12, wd, m1, win2, m2, win3, m3, raw4, sm3, t12_, k2, k3, k4, PROBE)
-    v13, k2, k3, k4 = _value(13, wd, m1, win2, m2, win3, m3, raw4, sm3, t13_, k2, k3, k4, PROBE)
-    v14, k2, k3, k4 = _value(14, wd, m1, win2, m2, win3, m3, raw4, sm3, t14_, k2, k3, k4, PROBE)
-    v15, k2, k3, k4 = _value(15, wd, m1, win2, m2, win3, m3, raw4, sm3, t15_, k2, k3, k4, PROBE)
+    v0, k2, k3, k4 = _value(0, wd, m1, win2, m2, win3, m3, raw4, sm0, t0_, k2, k3, k4)
+    v1, k2, k3, k4 = _value(1, wd, m1, win2, m2, win3, m3, raw4, sm0, t1_, k2, k3, k4)
+    v2, k2, k3, k4 = _value(2, wd, m1, win2, m2, win3, m3, raw4, sm0, t2_, k2, k3, k4)
+    v3, k2, k3, k4 = _value(3, wd, m1, win2, m2, win3, m3, raw4, sm0, t3_, k2, k3, k4)
+    v4, k2, k3, k4 = _value(4, wd, m1, win2, m2, win3, m3, raw4, sm1, t4_, k2, k3, k4)
+    v5, k2, k3, k4 = _value(5, wd, m1, win2, m2, win3, m3, raw4, sm1, t5_, k2, k3, k4)
+    v6, k2, k3, k4 = _value(6, wd, m1, win2, m2, win3, m3, raw4, sm1, t6_, k2, k3, k4)
+    v7, k2, k3, k4 = _value(7, wd, m1, win2, m2, win3, m3, raw4, sm1, t7_, k2, k3, k4)
+    v8, k2, k3, k4 = _value(8, wd, m1, win2, m2, win3, m3, raw4, sm2, t8_, k2, k3, k4)
+    v9, k2, k3, k4 = _value(9, wd, m1, win2, m2, win3, m3, raw4, sm2, t9_, k2, k3, k4)
+    v10, k2, k3, k4 = _value(10, wd, m1, win2, m2, win3, m3, raw4, sm2, t10_, k2, k3, k4)
+    v11, k2, k3, k4 = _value(11, wd, m1, win2, m2, win3, m3, raw4, sm2, t11_, k2, k3, k4)
+    v12, k2, k3, k4 = _value(12, wd, m1, win2, m2, win3, m3, raw4, sm3, t12_, k2, k3, k4)
+    v13, k2, k3, k4 = _value(13, wd, m1, win2, m2, win3, m3, raw4, sm3, t13_, k2, k3, k4)
+    v14, k2, k3, k4 = _value(14, wd, m1, win2, m2, win3, m3, raw4, sm3, t14_, k2, k3, k4)
+    v15, k2, k3, k4 = _value(15, wd, m1, win2, m2, win3, m3, raw4, sm3, t15_, k2, k3, k4)
     # value j at index (j>>3, (j>>2)&1, (j>>1)&1, j&1): row-major order is channel order
     return tl.join(tl.join(tl.join(tl.join(v0, v8), tl.join(v4, v12)), tl.join(tl.join(v2, v10), tl.join(v6, v14))),
                    tl.join(tl.join(tl.join(v1, v9), tl.join(v5, v13)), tl.join(tl.join(v3, v11), tl.join(v7, v15))))
@@ -107,7 +99,7 @@ def _group_values(wd, m1, win2, m2, win3, m3, raw4, sm0, sm1, sm2, sm3, tops, PR
 
 @triton.jit
 def _decode_rows(sm_ptr, dig_ptr, tailw_ptr, tailb_ptr, blk, t0, tops, s2w, s3w, s4, c2, c3, c4,
-                 P: tl.constexpr, R: tl.constexpr, D: tl.constexpr, INTERP: tl.constexpr, PROBE: tl.constexpr = 0):
+                 P: tl.constexpr, R: tl.constexpr, D: tl.constexpr, INTERP: tl.constexpr):
     """Rows ``t0 .. t0+R`` of one packed block (page x head) -> bf16 [R, D], in registers.
 
     Works on groups of 16 values (one 32-bit word of tier-1 digits) as ``[R, W]`` tensors, ``W = D/16``,
@@ -128,8 +120,6 @@ def _decode_rows(sm_ptr, dig_ptr, tailw_ptr, tailb_ptr, blk, t0, tops, s2w, s3w,
     sm2 = tl.load(smp + 2)
     sm3 = tl.load(smp + 3)
     m1 = wd & (wd >> 1) & 0x55555555  # bit 2j: value j escaped tier 1
-    if PROBE == 2:
-        m1 = m1 & 0
     n1 = _popc(m1, INTERP)
     b2 = _excl_rows(n1) + c2[None, :]
     c2 += tl.sum(n1, 0)
@@ -145,7 +135,7 @@ def _decode_rows(sm_ptr, dig_ptr, tailw_ptr, tailb_ptr, blk, t0, tops, s2w, s3w,
     n3 = _popc(m3, INTERP)
     b4 = _excl_rows(n3) + c4[None, :]
     c4 += tl.sum(n3, 0)
-    x = _group_values(wd, m1, win2, m2, win3, m3, tailb_ptr + (s4 + b4), sm0, sm1, sm2, sm3, tops, PROBE)
+    x = _group_values(wd, m1, win2, m2, win3, m3, tailb_ptr + (s4 + b4), sm0, sm1, sm2, sm3, tops)
     return tl.reshape(x, [R, D]), c2, c3, c4
 
 
@@ -220,7 +210,7 @@ def _kv_decode_split_kernel(
     m_out, l_out, acc_out,
     qk_scale, H, K_CAP, V_CAP, PAGES_PER_SPLIT, S,
     G: tl.constexpr, GP: tl.constexpr, P: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
-    F32: tl.constexpr, TS: tl.constexpr, QK_F32: tl.constexpr, PROBE: tl.constexpr = 0,
+    F32: tl.constexpr, TS: tl.constexpr, QK_F32: tl.constexpr,
 ):
     pid_bh = tl.program_id(0)
     split = tl.program_id(1)
@@ -248,11 +238,11 @@ def _kv_decode_split_kernel(
         vtop, vs2, vs3, vs4, vc2, vc3, vc4 = _block_starts(v_top, v_meta, v_tail, vblk, DV)
         for t0 in range(0, P, TS):  # sub-tiles of TS tokens keep the decode in registers
             kb, kc2, kc3, kc4 = _decode_rows(k_sm, k_dig, k_tailw, k_tail, kblk, t0, ktop, ks2, ks3, ks4,
-                                             kc2, kc3, kc4, P, TS, D, F32, PROBE)
+                                             kc2, kc3, kc4, P, TS, D, F32)
             # the key tile's scores first, then the value tile: fewer tiles live at once
             pb, alpha, m_i, l_i = _scores(q, kb, (j * P + t0 + offs_ts) >= S0, m_i, l_i, qk_scale, QK_F32)
             vb, vc2, vc3, vc4 = _decode_rows(v_sm, v_dig, v_tailw, v_tail, vblk, t0, vtop, vs2, vs3, vs4,
-                                             vc2, vc3, vc4, P, TS, DV, F32, PROBE)
+                                             vc2, vc3, vc4, P, TS, DV, F32)
             acc = acc * alpha[:, None] + _dot(pb, vb, F32)
     if (n_full >= j0) & (n_full < j1):  # this split holds the raw, unfilled page
         valid = (offs_t < (L - n_full * P)) & ((n_full * P + offs_t) >= S0)
@@ -303,7 +293,7 @@ def _combine(m, l_, acc, out, b, h, num_splits, g, gp, dv):
 
 
 def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    return _env.interpreting()
 
 
 def _sm_count(device: torch.device) -> int:
@@ -397,65 +387,9 @@ def decode_attention_triton(q, k_store, v_store, lens, scale=None, num_splits=No
         *_planes(k_store, "k_store"), *_planes(v_store, "v_store"),
         m, l_, acc,
         scale * 1.4426950408889634, h, k_store.cap, v_store.cap, pages_per_split, num_splits,
-        G=g, GP=gp, P=p, D=d, DV=dv, F32=_interpreting(), TS=ts, QK_F32=qk_f32(d), PROBE=PROBE, num_warps=num_warps,
+        G=g, GP=gp, P=p, D=d, DV=dv, F32=_interpreting(), TS=ts, QK_F32=qk_f32(d), num_warps=num_warps,
         **({} if maxnreg is None or _interpreting() else {"maxnreg": maxnreg}),
     )
     out = torch.empty(b, hq, dv, dtype=torch.bfloat16, device=dev)
     _combine(m, l_, acc, out, b, h, num_splits, g, gp, dv)
-    return out
-
-
-@isolated
-@triton.jit
-def _bf16_pages_split_kernel(
-    q_ptr, k_ptr, v_ptr, m_out, l_out, acc_out, qk_scale, H, T, PAGES_PER_SPLIT, S,
-    G: tl.constexpr, GP: tl.constexpr, P: tl.constexpr, D: tl.constexpr, F32: tl.constexpr, QK_F32: tl.constexpr,
-):
-    """The split kernel's skeleton over plain bf16 [B, H, T, D] keys and values (a benchmark baseline)."""
-    pid_bh = tl.program_id(0)
-    split = tl.program_id(1)
-    b = pid_bh // H
-    h = pid_bh % H
-    n_total = tl.cdiv(T, P)
-    j0 = split * PAGES_PER_SPLIT
-    j1 = tl.minimum(j0 + PAGES_PER_SPLIT, n_total)
-    offs_g = tl.arange(0, GP)
-    offs_d = tl.arange(0, D)
-    offs_t = tl.arange(0, P)
-    q = tl.load(q_ptr + ((b * H + h) * G + offs_g)[:, None] * D + offs_d[None, :], mask=offs_g[:, None] < G, other=0.0)
-    m_i = tl.full([GP], float("-inf"), tl.float32)
-    l_i = tl.zeros([GP], tl.float32)
-    acc = tl.zeros([GP, D], tl.float32)
-    base = (b * H + h).to(tl.int64) * T
-    for j in range(j0, j1):
-        tok = j * P + offs_t
-        valid = tok < T
-        kb = tl.load(k_ptr + (base + tok)[:, None] * D + offs_d[None, :], mask=valid[:, None], other=0.0)
-        vb = tl.load(v_ptr + (base + tok)[:, None] * D + offs_d[None, :], mask=valid[:, None], other=0.0)
-        m_i, l_i, acc = _softmax_step(q, kb, vb, valid, m_i, l_i, acc, qk_scale, QK_F32, F32)
-    o = pid_bh * S + split
-    tl.store(m_out + o * GP + offs_g, m_i)
-    tl.store(l_out + o * GP + offs_g, l_i)
-    tl.store(acc_out + (o * GP + offs_g)[:, None] * D + offs_d[None, :], acc)
-
-
-# q [B, Hq, D] bf16; k, v [B, H, T, D] bf16 contiguous -> [B, Hq, D] bf16 (benchmark baseline only)
-def decode_attention_bf16_pages(q, k, v, page=64, scale=None, num_splits=None, num_warps=4, programs_per_sm=8):
-    b, hq, d = q.shape
-    _, h, t, _ = k.shape
-    g = hq // h
-    gp = max(16, triton.next_power_of_2(g))
-    dev = q.device
-    max_pages = triton.cdiv(t, page)
-    num_splits, pages_per_split = _splits(max_pages, b * h, dev, num_splits, programs_per_sm)
-    m = torch.empty(b * h * num_splits * gp, dtype=torch.float32, device=dev)
-    l_ = torch.empty_like(m)
-    acc = torch.empty(b * h * num_splits * gp * d, dtype=torch.float32, device=dev)
-    scale = 1.0 / math.sqrt(d) if scale is None else scale
-    _bf16_pages_split_kernel[(b * h, num_splits)](
-        q.contiguous(), k, v, m, l_, acc, scale * 1.4426950408889634, h, t, pages_per_split, num_splits,
-        G=g, GP=gp, P=page, D=d, F32=_interpreting(), QK_F32=qk_f32(d), num_warps=num_warps,
-    )
-    out = torch.empty(b, hq, d, dtype=torch.bfloat16, device=dev)
-    _combine(m, l_, acc, out, b, h, num_splits, g, gp, d)
     return out

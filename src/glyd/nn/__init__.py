@@ -16,7 +16,7 @@ from glyd.nn.modules import (
     PackedWeight,
     set_exact,
 )
-from glyd.nn.rows import unpack_rows
+from glyd.ops.rows import unpack_rows
 
 __all__ = [
     "BUFFER_PREFIX",

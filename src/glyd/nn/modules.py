@@ -4,8 +4,9 @@ A packed weight lives in buffers named ``weight_glyd_<array>`` (one a packed arr
 module's state_dict keys are the keys of the packed checkpoint format
 (``glyd.store.key_for(name, array)``): saving and loading move the arrays as they are.
 
-The product picks its path by device through ``glyd.ops``: fused Triton kernels on the GPU,
-the pure-torch reference (unpack, then ``F.linear``) on the CPU. ``exact=True`` always unpacks
+Every product, unpack and row lookup is one call of a ``glyd::`` op (``torch.ops.glyd.linear``,
+``.unpack``, ``.rows``; ``glyd.ops``) on the module's buffers: fused Triton kernels for CUDA
+tensors, the pure-torch twin (unpack, then ``F.linear``) elsewhere. ``exact=True`` always unpacks
 and calls ``F.linear`` with the bf16 weight itself, so the output is the bf16 layer's bit for bit.
 """
 
@@ -17,9 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from glyd.codec import Packed
-from glyd.nn import _ops
-from glyd.nn.rows import unpack_rows
+from glyd import ops as _ops  # noqa: F401 - defines the glyd:: ops
+from glyd.codec import LAYOUTS, Packed
 
 #: Prefix of a packed array's buffer: ``<module>.weight_glyd_<array>``.
 BUFFER_PREFIX = "weight_glyd_"
@@ -107,10 +107,19 @@ class _PackedModule(nn.Module):
         self.packed_version = packed.version
         #: sha256 of the original bf16 matrix (computed when it was packed), for save and verify.
         self.sha256 = sha256
-        self._array_names = tuple(packed.arrays)
+        # the layout's own order: how the glyd:: ops take the arrays
+        self._array_names = tuple(a for a in LAYOUTS[packed.layout].ARRAYS if a in packed.arrays)
         for name, array in packed.arrays.items():
             self.register_buffer(BUFFER_PREFIX + name, array, persistent=True)
         self._packed_cache: tuple[tuple[int, ...], Packed] | None = None
+
+    def _op_args(self) -> tuple:
+        # (layout, shape, arrays, version): how the glyd:: ops take the packed matrix
+        return (self.layout, list(self.packed_shape), [self._buffers[BUFFER_PREFIX + n] for n in self._array_names],
+                self.packed_version)
+
+    def _unpack(self) -> torch.Tensor:
+        return torch.ops.glyd.unpack(*self._op_args())
 
     @property
     def packed(self) -> Packed:
@@ -174,22 +183,26 @@ class GlydLinear(_PackedModule):
 
     @property
     def weight(self) -> PackedWeight:
-        return PackedWeight(lambda: _ops.unpack(self.packed), self.packed_shape, self._device)
+        return PackedWeight(self._unpack, self.packed_shape, self._device)
+
+    def _linear(self, x: torch.Tensor) -> torch.Tensor:
+        layout, shape, arrays, version = self._op_args()
+        return torch.ops.glyd.linear(x, layout, shape, arrays, self.bias, version)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.exact:
-            return F.linear(x, _ops.unpack(self.packed), self.bias)
-        return _ops.linear(x, self.packed, self.bias)
+            return F.linear(x, self._unpack(), self.bias)
+        return self._linear(x)
 
     def _products(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         assert self.splits is not None
         if self.exact:
             # bf16's own products: one F.linear a part with that part's rows, exactly as unmerged.
-            w = _ops.unpack(self.packed)
+            w = self._unpack()
             ws = w.split(self.splits, dim=0)
             bs = self.bias.split(self.splits) if self.bias is not None else (None,) * len(ws)
             return tuple(F.linear(x, wi, bi) for wi, bi in zip(ws, bs))
-        return tuple(_ops.linear(x, self.packed, self.bias).split(self.splits, dim=-1))
+        return tuple(self._linear(x).split(self.splits, dim=-1))
 
     def part_forward(self, x: torch.Tensor, index: int) -> torch.Tensor:
         """Part ``index`` of the merged product of ``x``; the product runs once for all parts."""
@@ -232,7 +245,7 @@ class GlydLinearPart(nn.Module):
     def weight(self) -> PackedWeight:
         m = self.merged
         return PackedWeight(
-            lambda: _ops.unpack(m.packed)[self.start : self.start + self.out_features],
+            lambda: m._unpack()[self.start : self.start + self.out_features],
             (self.out_features, self.in_features),
             m._device,
         )
@@ -263,12 +276,13 @@ class GlydTiedLinear(nn.Module):
     @property
     def weight(self) -> PackedWeight:
         src = self.source
-        return PackedWeight(lambda: _ops.unpack(src.packed), src.packed_shape, src._device)
+        return PackedWeight(src._unpack, src.packed_shape, src._device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.exact:
-            return F.linear(x, _ops.unpack(self.source.packed))
-        return _ops.linear(x, self.source.packed)
+            return F.linear(x, self.source._unpack())
+        layout, shape, arrays, version = self.source._op_args()
+        return torch.ops.glyd.linear(x, layout, shape, arrays, None, version)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, tied, exact={self.exact}"
@@ -308,10 +322,10 @@ class GlydEmbedding(_PackedModule):
 
     @property
     def weight(self) -> PackedWeight:
-        return PackedWeight(lambda: _ops.unpack(self.packed), self.packed_shape, self._device)
+        return PackedWeight(self._unpack, self.packed_shape, self._device)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        out = unpack_rows(self.packed, ids)
+        out = torch.ops.glyd.rows(*self._op_args(), ids)
         if self.embed_scale is not None:
             out = out * self.embed_scale.to(out.dtype)
         return out

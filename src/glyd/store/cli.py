@@ -49,8 +49,20 @@ def _os_errors(handler):
     return run
 
 
+def _choose():
+    # layout "auto" from the measurements of the GPU this runs on (none without one)
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    from glyd.ops import choose_layout
+
+    return lambda shape: choose_layout(shape, torch.device("cuda"))
+
+
 def _pack(args: argparse.Namespace) -> int:
-    summary = folder.pack_folder(args.src, args.dst, layout=args.layout, progress=_progress(args))
+    summary = folder.pack_folder(args.src, args.dst, layout=args.layout, progress=_progress(args),
+                                 choose=_choose() if args.layout == "auto" else None)
     print(summary)
     if summary.kept_names and len(summary.kept_names) <= 8:
         print("kept unpacked: " + ", ".join(summary.kept_names))

@@ -16,14 +16,14 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from safetensors import safe_open
 from tqdm.auto import tqdm
 
-import glyd
 from glyd.codec import LAYOUTS
+from glyd.codec import pack as codec_pack
 from glyd.codec.packed import FORMAT_VERSION as CODEC_FORMAT_VERSION
 from glyd.errors import CorruptError, DestinationExistsError, FormatError
 from glyd.store._safetensors import Header, dtype_from_name, dtype_name, sha256_tensor, write_streaming
@@ -129,21 +129,16 @@ def format_table(columns: list[str], rows: list[tuple], header: bool = True) -> 
     return "\n".join(out)
 
 
-def _auto_layout(name: str, w: torch.Tensor, state: dict[str, Any]) -> str:
-    """The layout for one matrix when ``layout="auto"``: the team's one bridge to measured choices
-    (``glyd.nn._ops.choose_layout``) on a CUDA GPU, else ``fixed12`` (logged once), since the
-    choice is made from measurements on the GPU that will run the model."""
-    if "choose" not in state:
-        state["choose"] = None
-        if torch.cuda.is_available():
-            from glyd.nn._ops import choose_layout
-
-            state["choose"] = choose_layout
-        else:
-            log.info("layout auto: no CUDA GPU to measure on; packing every matrix with fixed12")
-    if state["choose"] is None:
+def _auto_layout(name: str, w: torch.Tensor, choose: Callable | None, state: dict[str, Any]) -> str:
+    """The layout for one matrix when ``layout="auto"``: ``choose(shape)`` (the caller's measured
+    choice, ``glyd.ops.choose_layout`` for the GPU that will run the model), else ``fixed12``
+    (logged once)."""
+    if choose is None:
+        if not state.get("told"):
+            log.info("layout auto: no measured choice for this machine; packing every matrix with fixed12")
+            state["told"] = True
         return "fixed12"
-    layout = state["choose"](tuple(w.shape), torch.device("cuda"))
+    layout = choose(tuple(w.shape))
     if layout not in LAYOUTS:
         raise ValueError(f"choose_layout returned {layout!r} for {name!r}; expected one of {', '.join(LAYOUTS)}")
     return layout
@@ -173,6 +168,7 @@ def pack_folder(
     layout: str = "fixed12",
     progress: bool = True,
     max_shard_bytes: int = 2 * 1024**3,
+    choose: Callable[[tuple[int, int]], str] | None = None,
 ) -> PackSummary:
     """Pack a transformers safetensors folder into a glyd checkpoint at ``dst``.
 
@@ -181,7 +177,8 @@ def pack_folder(
     no 2-D bf16 tensor is refused (FormatError). Shard boundaries of the source are kept (a packed
     shard is also split at ``max_shard_bytes``), every other file of the folder is copied, and
     config.json gets a ``quantization_config`` for glyd. Host memory stays near one output shard
-    plus one tensor.
+    plus one tensor. ``choose``: the layout of a matrix of a shape for ``layout="auto"`` (``None``:
+    fixed12; ``glyd pack`` passes ``glyd.ops.choose_layout`` for the GPU it runs on).
     """
     if layout not in LAYOUTS and layout != "auto":
         raise ValueError(f"unknown layout {layout!r}; choose one of {', '.join([*LAYOUTS, 'auto'])}")
@@ -202,7 +199,7 @@ def pack_folder(
     summary = PackSummary(src=src, dst=dst, layout=layout, skipped_files=skipped)
     summary.src_bytes = sum(h.file_size for h in headers.values())
     with CheckpointWriter(dst, layout=layout, max_shard_bytes=max_shard_bytes) as out:
-        _pack_shards(out, src, files, headers, summary, progress)
+        _pack_shards(out, src, files, headers, summary, progress, choose)
         for path, rel in copies:
             if rel == CONFIG and config is not None:
                 continue
@@ -225,7 +222,7 @@ def pack_folder(
 
 
 def _pack_shards(out: CheckpointWriter, src: Path, files: list[str], headers: dict[str, Header],
-                 summary: PackSummary, progress: bool) -> None:
+                 summary: PackSummary, progress: bool, choose: Callable | None) -> None:
     """Pack or keep every tensor of the source shards, one tensor in memory at a time."""
     layout, auto_state = summary.layout, {}
     total = sum(len(h.tensors) for h in headers.values())
@@ -236,8 +233,8 @@ def _pack_shards(out: CheckpointWriter, src: Path, files: list[str], headers: di
                 t = handle.get_tensor(name)
                 d = dtype_name(t.dtype)
                 if t.dtype == torch.bfloat16 and t.dim() == 2:
-                    lay = _auto_layout(name, t, auto_state) if layout == "auto" else layout
-                    p = glyd.pack(t, layout=lay)
+                    lay = _auto_layout(name, t, choose, auto_state) if layout == "auto" else layout
+                    p = codec_pack(t, lay)
                     out.add_packed(name, p, sha256_tensor(t))
                     summary.packed += 1
                     summary.layouts[lay] += 1

@@ -1,8 +1,9 @@
-"""Products and unpacking on any device: the Triton kernels on CUDA, the pure-torch twin elsewhere.
+"""The op face: products, unpacking and row lookups of packed matrices on any device.
 
-``import glyd.ops`` imports no Triton. ``linear`` runs the fused kernel when ``x`` is a CUDA bf16
-tensor and Triton imports; otherwise its twin ``F.linear(x, glyd.unpack(p).to(x.dtype), bias)``,
-which the tests compare the kernels against.
+Every call goes through one ``torch.library`` op (``glyd::linear``, ``glyd::unpack``, ``glyd::rows``;
+``glyd.ops._library``): the Triton kernels for CUDA tensors, the pure-torch twin elsewhere (which
+the tests compare the kernels against), a fake implementation for ``torch.compile``.
+``import glyd.ops`` imports no Triton.
 
 >>> import torch, glyd, glyd.ops
 >>> w = (torch.randn(16, 64) * 0.02).to(torch.bfloat16)
@@ -14,63 +15,47 @@ which the tests compare the kernels against.
 
 from __future__ import annotations
 
-import functools
-import importlib
 import logging
 import math
 
 import torch
-import torch.nn.functional as F
 
 from glyd.codec import LAYOUTS, Packed
 from glyd.codec import pack as _codec_pack
-from glyd.codec import unpack as _codec_unpack
+from glyd.ops import _library  # noqa: F401 - defines the glyd:: ops
+from glyd.ops.backends.cuda import triton_available
 
 log = logging.getLogger(__name__)
 
-__all__ = ["linear", "unpack", "pack", "choose_layout", "triton_available"]
+__all__ = ["linear", "unpack", "rows", "pack", "choose_layout", "triton_available"]
 
 
-@functools.lru_cache(maxsize=1)
-def triton_available() -> bool:
-    """True when ``triton`` imports (checked once)."""
-    try:
-        importlib.import_module("triton")
-        return True
-    except Exception as exc:  # ImportError, or a broken install raising anything else
-        log.info("Triton is not available (%s); glyd.ops uses the pure-torch twin", exc)
-        return False
-
-
-def _kernels():
-    return importlib.import_module("glyd.kernels")
-
-
-def _use_gpu(t: torch.Tensor) -> bool:
-    return t.is_cuda and triton_available()
+def _args(p: Packed) -> tuple:
+    if not isinstance(p, Packed):
+        raise TypeError(f"expected a glyd.Packed, got {type(p).__name__}")
+    return p.layout, list(p.shape), [p.arrays[a] for a in LAYOUTS[p.layout].ARRAYS], p.version
 
 
 def linear(x: torch.Tensor, p: Packed, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``x @ W.T (+ bias)`` for the packed ``W`` [N, K]: bf16 output, any leading dims of ``x``.
+    """``x @ W.T (+ bias)`` for the packed ``W`` [N, K], any leading dims of ``x``.
 
-    Fused Triton kernel for CUDA bf16 ``x``; else ``F.linear(x, glyd.unpack(p).to(x.dtype), bias)``.
+    The fused Triton kernels for CUDA bf16 ``x`` (bf16 output); else the twin
+    ``F.linear(x, glyd.unpack(p).to(x.dtype), bias)``. Differentiable in ``x`` and ``bias``.
     """
-    if not isinstance(p, Packed):
-        raise TypeError(f"p must be a glyd.Packed, got {type(p).__name__}")
-    if _use_gpu(x) and x.dtype == torch.bfloat16 and p.device == x.device:
-        return _kernels().linear(x, p, bias)
-    w = unpack(p).to(device=x.device, dtype=x.dtype)
-    return F.linear(x, w, bias)
+    layout, shape, arrays, version = _args(p)
+    return torch.ops.glyd.linear(x, layout, shape, arrays, bias, version)
 
 
 def unpack(p: Packed) -> torch.Tensor:
-    """The bf16 matrix of ``p`` on ``p``'s device, bit for bit (GPU kernel on CUDA)."""
-    if not isinstance(p, Packed):
-        raise TypeError(f"p must be a glyd.Packed, got {type(p).__name__}")
-    dev = p.device
-    if dev.type == "cuda" and triton_available():
-        return _kernels().unpack(p)
-    return _codec_unpack(p).to(dev)
+    """The bf16 matrix of ``p`` on ``p``'s device, bit for bit (the GPU kernel on CUDA)."""
+    return torch.ops.glyd.unpack(*_args(p))
+
+
+def rows(p: Packed, index: torch.Tensor) -> torch.Tensor:
+    """Rows ``index`` (any shape of int indices) of ``p`` as bf16 ``(*index.shape, K)``, bit for bit:
+    only those rows are decoded (an embedding lookup)."""
+    layout, shape, arrays, version = _args(p)
+    return torch.ops.glyd.rows(layout, shape, arrays, version, index)
 
 
 def pack(w: torch.Tensor, layout: str = "fixed12") -> Packed:
@@ -98,17 +83,18 @@ TIERED_SLACK = 0.03
 def choose_layout(shape: tuple[int, ...], device: torch.device | str | None = None) -> str:
     """``"fixed12"`` or ``"tiered"`` for a matrix of ``shape`` on ``device``, from measurements.
 
-    Reads ``glyd.kernels.measured.TIMES`` (kernel times at the decode step on each GPU measured by
-    ``benchmarks/kernels.py``), takes the measured shape nearest in log(N), log(K), and picks the
-    faster layout, ``"tiered"`` when it is within ``TIERED_SLACK`` of ``"fixed12"`` (it is ~10%
-    smaller). ``"fixed12"`` where nothing was measured (CPU, unknown GPU).
+    Reads the ``layout`` times of the GPU's own table (``glyd/kernels/tables/<GPU>.json``: kernel
+    times at the decode step measured by ``benchmarks/kernels.py``), takes the measured shape
+    nearest in log(N), log(K), and picks the faster layout, ``"tiered"`` when it is within
+    ``TIERED_SLACK`` of ``"fixed12"`` (it is ~10% smaller). ``"fixed12"`` where nothing was
+    measured (CPU, a GPU without a table).
     """
     dev = torch.device(device) if device is not None else torch.device("cpu")
     if dev.type != "cuda" or not torch.cuda.is_available() or len(shape) != 2 or min(shape) <= 0:
         return "fixed12"
-    from glyd.kernels.measured import TIMES
+    from glyd.kernels.registry import layout_times
 
-    entry = TIMES.get(torch.cuda.get_device_name(dev))
+    entry = layout_times(torch.cuda.get_device_name(dev))
     if not entry or not entry.get("shapes"):
         return "fixed12"
     return _pick(entry["shapes"], shape)

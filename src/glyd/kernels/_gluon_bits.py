@@ -1,0 +1,61 @@
+"""Gluon helpers shared by the Gluon kernels of the weights (``fixed12_gluon``, ``fixed12_wg``,
+``fixed12_ws``) and of the KV cache (``glyd.kv._gluon``): byte permutes, the bf16 pair split,
+exception metadata, programmatic-dependent-launch waits, split-K counters."""
+
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+
+
+@gluon.jit
+def prmt(a, b, SEL: gl.constexpr):
+    # prmt.b32: each byte of the result picked from the 8 bytes of (b, a) by a nibble of SEL
+    return gl.inline_asm_elementwise(f"prmt.b32 $0, $1, $2, {SEL};", "=r,r,r", [a, b], dtype=gl.uint32,
+                                     is_pure=True, pack=1)
+
+
+@gluon.jit
+def split16(p):
+    # the two bf16 halves of a 32-bit pair, low half first (PTX vector unpack)
+    a, b = gl.inline_asm_elementwise("mov.b32 {$0, $1}, $2;", "=h,=h,r", [p], dtype=(gl.uint16, gl.uint16),
+                                     is_pure=True, pack=1)
+    return a.to(gl.bfloat16, bitcast=True), b.to(gl.bfloat16, bitcast=True)
+
+
+@gluon.jit
+def gdc_wait():
+    # griddepcontrol.wait: the kernel before this one has finished and its writes are visible
+    gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def gdc_launch_dependents():
+    # let the next kernel launch once every program of this one has started (a hint)
+    gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32, is_pure=False,
+                              pack=1)
+
+
+@gluon.jit
+def wait_count(cnt_ptr, n):
+    # spin until the counter reaches n: relaxed reads at L2, as ``_common.wait_count`` (an
+    # acquire would invalidate the SM's L1, where the other programs read x from)
+    c = gl.atomic_add(cnt_ptr, 0, sem="relaxed", scope="gpu")
+    while c < n:
+        c = gl.atomic_add(cnt_ptr, 0, sem="relaxed", scope="gpu")
+
+
+@gluon.jit
+def exc_meta(eidx_ptr, ehi_ptr, lo8_ptr, stride_lo, base, K, es, e1, E: gl.constexpr, L2: gl.constexpr):
+    # exceptions es..min(es + E, e1): their columns, true and decoded (placeholder) fp32 values and
+    # weight rows (-1 past e1), in the compact [16, E] layout L2's column slice
+    e = es + gl.arange(0, E, layout=gl.SliceLayout(0, L2))
+    em = e < e1
+    idx = gl.load(eidx_ptr + e, mask=em, other=0).to(gl.int64)
+    r = idx // K
+    c = idx - r * K
+    th = gl.load(ehi_ptr + e, mask=em, other=0).to(gl.uint32)
+    lo = gl.load(lo8_ptr + r * stride_lo + c, mask=em, other=0).to(gl.uint32)
+    tv = ((th << 24) | (lo << 16)).to(gl.float32, bitcast=True)
+    pv = ((((th & 0x80) | base) << 24) | (lo << 16)).to(gl.float32, bitcast=True)
+    return c, em, tv, pv, gl.where(em, r, -1)

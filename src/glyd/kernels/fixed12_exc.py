@@ -1,0 +1,132 @@
+"""The exceptions of a ``fixed12`` matrix (weights outside its 16-exponent window): the per-matrix
+index built once (``prepare``) and the pass that adds their corrections to fp32 partials.
+
+A kernel whose exceptions are not added inside its tiles writes fp32 partials; ``add_exceptions``
+adds ``x[col] * (true - placeholder)`` for every exception (``exceptions_on_side_stream`` runs that
+pass on a second CUDA stream beside the tile kernel, a parallel branch in a CUDA graph).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+from glyd.codec import fixed12 as _codec
+from glyd.codec.packed import Packed
+from glyd.kernels import _common as C
+from glyd.kernels._interp import isolated
+
+
+class Prepared:
+    """Per-matrix data derived once from the packed arrays (host syncs allowed here, never in linear)."""
+
+    def __init__(self, p: Packed) -> None:
+        n, k = p.shape
+        a = p.arrays
+        idx = a["exc_idx"]
+        self.nexc = int(idx.numel())
+        dev = idx.device
+        self.base = int(a["base"].reshape(-1)[0])  # the mma kernel compiles it in (one sync, here)
+        if self.nexc:
+            idx64 = idx.to(torch.int64)
+            if int(idx64.min()) < 0 or int(idx64.max()) >= n * k:
+                raise C.FormatError("fixed12 'exc_idx' holds indices outside the matrix")
+            bounds = torch.arange(n + 1, device=dev, dtype=torch.int64) * k
+            self.rowptr = torch.searchsorted(idx64, bounds).to(torch.int32)
+            kp = a["lo"].shape[1]
+            lo = a["lo"].reshape(-1)[(idx64 // k) * kp + idx64 % k].to(torch.int32)
+            self.pos = idx64
+            self.vals = ((a["exc_hi"].to(torch.int32) << 8) | lo).to(torch.int16)
+        else:
+            self.rowptr = torch.zeros(n + 1, dtype=torch.int32, device=dev)
+            self.pos = self.vals = None
+        # host copy for the chunked long-prompt path (which exceptions fall in a row range)
+        self.rowptr_host = self.rowptr.cpu().tolist() if self.nexc else None
+
+
+def prepare(p: Packed) -> Prepared:
+    """The exception index of ``p`` (built once a matrix, with host syncs; again after an in-place change)."""
+    if p.layout != _codec.NAME:
+        raise ValueError(f"expected a fixed12 packed matrix, got layout {p.layout!r}")
+    return C.cached(p.arrays["exc_idx"], lambda: Prepared(p))
+
+
+EXC_ROWS = 4  # weight rows an exception program corrects (swept: 4 against 16 and 64)
+EXC_WARPS = 4
+EXC_CHUNK = 16  # exceptions loaded at once (their loads overlap instead of queueing one by one)
+
+
+@isolated
+@triton.jit
+def _exception_kernel(part_ptr, x_ptr, rowptr_ptr, eidx_ptr, ehi_ptr, lo_ptr, base_ptr, M, N, K, stride_lo, stride_xm,
+                      BM_: tl.constexpr, BN_: tl.constexpr, E: tl.constexpr, ADD: tl.constexpr):
+    # part[0][rows, cols] += (true - decoded weight) * x summed over the exceptions of BN_ weight
+    # rows, E exceptions a step: a row of a long matrix (down: K 18944) holds ~1.4 of them in
+    # random weights, and one by one each costs two dependent memory round trips.
+    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    rn = pid_n * BN_ + tl.arange(0, BN_)
+    rm = pid_m * BM_ + tl.arange(0, BM_)
+    mmask = rm < M
+    base = tl.load(base_ptr).to(tl.uint32)
+    e0 = tl.load(rowptr_ptr + pid_n * BN_)
+    e1 = tl.load(rowptr_ptr + tl.minimum(pid_n * BN_ + BN_, N))
+    delta = tl.zeros([BN_, BM_], dtype=tl.float32)
+    for eb in range(e0, e1, E):
+        e = eb + tl.arange(0, E)
+        em = e < e1
+        idx = tl.load(eidx_ptr + e, mask=em, other=0).to(tl.int64)
+        r = idx // K
+        c = idx - r * K
+        th = tl.load(ehi_ptr + e, mask=em, other=0).to(tl.uint32)
+        lo = tl.load(lo_ptr + r * stride_lo + c, mask=em, other=0).to(tl.uint32)
+        tv = ((th << 24) | (lo << 16)).to(tl.float32, bitcast=True)
+        pv = ((((th & 0x80) | base) << 24) | (lo << 16)).to(tl.float32, bitcast=True)
+        xv = tl.load(x_ptr + rm[None, :] * stride_xm + c[:, None], mask=em[:, None] & mmask[None, :],
+                     other=0.0).to(tl.float32)  # [E, BM_]
+        d = xv * tv[:, None] - xv * pv[:, None]
+        hit = (rn.to(tl.int64)[:, None] == r[None, :]) & em[None, :]  # [BN_, E]
+        delta += tl.sum(tl.where(hit[:, :, None], d[None, :, :], 0.0), axis=1)
+    ptr = part_ptr + rm[None, :] * N + rn[:, None]
+    omask = mmask[None, :] & (rn < N)[:, None]
+    if ADD:
+        delta += tl.load(ptr, mask=omask, other=0.0)
+    tl.store(ptr, delta, mask=omask)  # ADD False: a partial of its own (zeros where no exception)
+
+
+# part: fp32 [>= 1, M, N] (part[0] corrected in place, or written when add is False); x: bf16 [M, K];
+# packed fixed12 [N, K]
+def add_exceptions(part: torch.Tensor, x2: torch.Tensor, p, prep, add: bool = True) -> None:
+    m, k = x2.shape
+    n = p.shape[0]
+    a = p.arrays
+    if part.dtype != torch.float32 or part.dim() != 3 or tuple(part.shape[1:]) != (m, n) or not part.is_contiguous():
+        raise ValueError(f"part must be contiguous float32 [splits, {m}, {n}], got {part.dtype} {tuple(part.shape)}")
+    if prep.nexc or not add:
+        grid = (triton.cdiv(n, EXC_ROWS), triton.cdiv(m, 16))
+        _exception_kernel[grid](part, x2, prep.rowptr, a["exc_idx"], a["exc_hi"], a["lo"], a["base"], m, n, k,
+                                a["lo"].shape[1], x2.stride(0), BM_=16, BN_=EXC_ROWS, E=EXC_CHUNK, ADD=add,
+                                num_warps=EXC_WARPS)
+
+
+@functools.lru_cache(maxsize=None)
+def _side_stream(device: torch.device) -> "torch.cuda.Stream":
+    return torch.cuda.Stream(device)
+
+
+# own: fp32 [1, M, N] (written: the corrections alone) -> join(), to call after the tile kernel
+def exceptions_on_side_stream(own: torch.Tensor, x2: torch.Tensor, p, prep):
+    cur = torch.cuda.current_stream(x2.device)
+    side = _side_stream(x2.device)
+    side.wait_stream(cur)  # x and the partial buffer are ready
+    with torch.cuda.stream(side):
+        add_exceptions(own, x2, p, prep, add=False)
+
+    def join() -> None:
+        # everything after on this stream, and any reuse of the buffers it frees, waits for the pass
+        cur.wait_stream(side)
+
+    return join

@@ -1,0 +1,58 @@
+"""The pure-torch twins of the ``glyd::`` ops: the default implementation on every device.
+
+``unpack`` is the CPU reference codec (``glyd.codec``, the source of truth) for CPU arrays and the
+GPU torch decode elsewhere; ``linear`` is ``F.linear(x, unpack(W), bias)``; ``rows`` decodes only
+the rows asked for, with torch ops of fixed shapes (``glyd.ops.rows``).
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import torch
+import torch.nn.functional as F
+
+from glyd.codec import LAYOUTS, Packed
+from glyd.codec import unpack as _codec_unpack
+from glyd.ops.rows import unpack_rows
+
+__all__ = ["packed", "linear", "unpack", "rows"]
+
+
+#: id(first array) -> the key of the arrays validated last (no references held: the entry dies
+#: with its array, see ``packed``).
+_VALID: dict[int, tuple] = {}
+
+
+def packed(layout: str, shape, arrays, version: int) -> Packed:
+    """The ``Packed`` an op's arguments describe: validated the first time, then (the same tensors,
+    not changed in place since) built without checks: a module passes its buffers on every call."""
+    names = LAYOUTS[layout].ARRAYS
+    if len(arrays) != len(names):
+        raise ValueError(f"{layout} has {len(names)} arrays ({', '.join(names)}), got {len(arrays)}")
+    shape = (int(shape[0]), int(shape[1]))
+    key = (layout, shape, version, tuple(map(id, arrays)), tuple(a._version for a in arrays))
+    first = id(arrays[0])
+    if _VALID.get(first) == key:
+        return Packed.trusted(layout, shape, dict(zip(names, arrays)), version)
+    p = Packed(layout, shape, dict(zip(names, arrays)), version)
+    if first not in _VALID:
+        weakref.finalize(arrays[0], _VALID.pop, first, None)
+    _VALID[first] = key
+    return p
+
+
+def unpack(layout: str, shape, arrays, version: int) -> torch.Tensor:
+    p = packed(layout, shape, arrays, version)
+    if p.device.type == "cpu":
+        return _codec_unpack(p)
+    return _codec_unpack(p.to("cpu")).to(p.device)
+
+
+def linear(x: torch.Tensor, layout: str, shape, arrays, bias, version: int) -> torch.Tensor:
+    w = unpack(layout, shape, arrays, version).to(device=x.device, dtype=x.dtype)
+    return F.linear(x, w, bias)
+
+
+def rows(layout: str, shape, arrays, version: int, index: torch.Tensor) -> torch.Tensor:
+    return unpack_rows(packed(layout, shape, arrays, version), index)

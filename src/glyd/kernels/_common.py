@@ -31,7 +31,8 @@ class Config:
     the bf16 scratch is small enough to stay in L2 between the unpack and cuBLAS (0: whole).
     ``group_major`` (fixed12 FMA path): tile order [groups, rows, words] so x loads are shared by
     a thread's rows; with it, ``bm`` = 2 or 4 multiplies the decoded tile by that many x rows
-    (one accumulator each; the GEMV default at M = 2-8, timed in benchmarks/RESULTS.md).
+    (one accumulator each; the GEMV default at M = 2-8, timed in
+    benchmarks/history/2026-11-30-kernels-h200.md).
     ``byte`` (fixed12, any M): byte-tile GEMV, one activation row a program, ``g`` 64-weight
     groups a step on [bn, g, 32] tiles in column order (contiguous x shared by the rows).
     ``mma`` (fixed12, dot path): plane tiles go to shared memory by async copy, then straight into
@@ -72,7 +73,8 @@ class Config:
     ``stages`` K steps (2-8) by TMA into a shared-memory ring, the warpgroup decodes and multiplies;
     x is permuted to the MMA's k order by a copy before the kernel; K a multiple of 128, 4 warps (or
     8 with ``bn`` 128: two warpgroups decoding the same ring slot, 64 rows each); ``bm`` up to 256
-    (long prompts: measured slower than unpack + cuBLAS, benchmarks/RESULTS.md run 86); ``pipe``
+    (long prompts: measured slower than unpack + cuBLAS,
+    benchmarks/history/2026-12-01-kernels-h200.md, run 86); ``pipe``
     there keeps one step's MMAs in flight while the next step decodes (correct on the H200, slower
     everywhere: run 87). ``consumers`` (ws) 2: two consumer warpgroups, each a partition of its
     own with 64 rows of every 128-row tile (``bn`` 128, 4 warps, a ``maxnreg`` cap needed), so one
@@ -221,7 +223,8 @@ def choose_split(tiles: int, kp: int, bk: int, device: torch.device, split: int 
 #: kernel before them ends, each waiting (``griddepcontrol.wait``) before it reads anything that
 #: kernel may write (x, the partials), and has the fused kernels let the reduce launch as soon as
 #: all their programs run; "reduce" does that for the reduce only, "tiles" for the fused kernels
-#: only; "" or "0": off (the default: "all" measured slower at M = 2-8, benchmarks/RESULTS.md run 54).
+#: only; "" or "0": off (the default: "all" measured slower at M = 2-8,
+#: benchmarks/history/2026-12-01-kernels-h200.md, run 54).
 PDL = {"1": "all", "0": ""}.get(os.environ.get("GLYD_PDL", ""), os.environ.get("GLYD_PDL", ""))
 PDL_MODES = ("", "all", "reduce", "tiles")
 

@@ -12,7 +12,8 @@ registers and 415 instructions a loop step, against 128 registers, 40 KB and 633
 (``benchmarks/sass_count.py``). Gluon does not pipeline loops, so ``Config.prefetch`` loads the
 next step's words and x rows before this step decodes: without it the kernel was 1.02-2.1x slower
 than `tc` on the H200, with it (and the exception pass beside it) it is `default_config`'s choice
-for every shape at M = 3-16 (benchmarks/RESULTS.md runs 30-40). bm 32 and 64 share one decoded
+for every shape at M = 3-16 (benchmarks/history/2026-12-01-kernels-h200.md, runs 30-40). bm 32
+and 64 share one decoded
 tile among 2 or 4 x tiles; with the x tiles in registers they spilled and lost, with the x tiles
 in the async-copy ring (``Config.ring_x``) they win at M = 17-32 on k/v, q/o and down and at
 M = 33-64 on down (runs 41-42). The twin for tests and the interpreter is `tc` (Gluon has no

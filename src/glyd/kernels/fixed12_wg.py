@@ -21,7 +21,8 @@ next step's x stores need no barrier between them); programs take whole pairs of
 be a multiple of 256. ``Config.pipe`` keeps one MMA in flight across steps. ``Config.exc_tile``
 adds the tile's exceptions after the K loop by a one-hot wgmma; without it the separate pass
 (``fixed12.add_exceptions``) adds them to fp32 partials. Measured on the H200 in sweep round 27
-(benchmarks/RESULTS.md runs 62-71): with the exceptions in the tile it beats the other kernels
+(benchmarks/history/2026-12-01-kernels-h200.md, runs 62-71): with the exceptions in the tile it
+beats the other kernels
 on gate/up (M = 4-32), lm_heads (M = 3-64), down (M = 3-64) and q/o (M = 33-64), and is what
 ``default_config`` picks there. CUDA only, Hopper only (Gluon has no interpreter; the twin for
 tests is ``tc``).

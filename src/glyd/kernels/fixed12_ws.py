@@ -3,7 +3,8 @@
 The wgmma tile of ``fixed12_wg`` loads each K step's plane words into registers and its x tile
 through registers into shared memory, in the same warps that decode and multiply: one warpgroup
 waits on every load in turn, and measured on the H200 it reads DRAM at 34-40% of peak at M = 64
-(benchmarks/RESULTS.md, run 67), where cuBLAS's warp-specialized kernel reaches 81%. Here one
+(benchmarks/history/2026-12-01-kernels-h200.md, run 67), where cuBLAS's warp-specialized kernel
+reaches 81%. Here one
 extra warp only issues TMA copies (the plane words of ``stages`` K steps and their x tiles) into
 a shared-memory ring guarded by mbarriers, and the warpgroup only reads words from shared
 memory, decodes them and issues the MMAs, so the loads of the next steps are always in flight.
@@ -17,7 +18,8 @@ copy of the [M, K] activations) before the kernel. Rows past M or N are TMA's ze
 The grid is persistent and stream-K: each program multiplies an equal range of all tiles' K
 steps, across tile boundaries; a tile shared by several programs is summed by the last of them
 to finish, in program order (``_ws_finish``), and the exceptions are added where a tile is
-finished. Measured on the H200 (benchmarks/RESULTS.md runs 73-84): the TMA stream alone reads
+finished. Measured on the H200 (benchmarks/history/2026-12-01-kernels-h200.md, runs 73-84): the TMA
+stream alone reads
 DRAM at 73-79% of peak, the whole kernel at 50-59%; it is the default on lm_heads at M = 3-64
 and gate/up at M = 33-64. CUDA only, Hopper only (Gluon has no interpreter; the twin for tests
 is ``tc``).
@@ -377,7 +379,8 @@ def permute_x_torch(x2: torch.Tensor) -> torch.Tensor:
 # x: bf16 [M, K] (unit column stride), K a multiple of 128 -> bf16 [M, K], contiguous
 def permute_x(x2: torch.Tensor) -> torch.Tensor:
     """``permute_x_torch`` as one small Triton kernel (CUDA; the torch twin elsewhere): the torch
-    permutation takes 3.9-5.4 us at M = 16-64 on the H200 (benchmarks/RESULTS.md, run 75)."""
+    permutation takes 3.9-5.4 us at M = 16-64 on the H200
+    (benchmarks/history/2026-12-01-kernels-h200.md, run 75)."""
     m, k = x2.shape
     if k % BK:
         raise ValueError(f"permute_x needs K a multiple of {BK}, got {k}")

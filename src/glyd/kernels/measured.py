@@ -4,7 +4,8 @@ GPU name -> {"date", "m", "shapes": {"NxK": {"bf16": us, "fixed12": us, "tiered"
 Times are medians of CUDA-graph replays at M = ``m`` (the decode step).
 """
 
-# benchmarks/kernels.py run 17, 2026-11-30, H200 (torch 2.11, triton 3.6); see benchmarks/RESULTS.md.
+# benchmarks/kernels.py run 17, 2026-11-30, H200 (torch 2.11, triton 3.6); see
+# benchmarks/history/2026-11-30-kernels-h200.md, run 17.
 TIMES: dict = {
     "NVIDIA H200": {
         "date": "2026-11-30",

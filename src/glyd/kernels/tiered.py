@@ -354,8 +354,9 @@ FAST_DEEP = False
 #: Opt-in: take tier 5 and raw (ranks >= 8, ~2% of normal weights) off the per-weight path.
 #: ``prepare`` lists those weights once a matrix (flat index int32 + true bf16 bits, 6 bytes each:
 #: ~1 bit a weight more memory); kernels decode them with the rank-4 exponent and correct: the GEMV
-#: adds (true - decoded) * x, unpack scatters the true bits. Measured on the H200 (RESULTS.md run
-#: 14): 7B step at M = 1 25.8 ms against 37.3 (fused), unpack 23.2 against 33.3 ms. It stays off:
+#: adds (true - decoded) * x, unpack scatters the true bits. Measured on the H200
+#: (benchmarks/history/2026-11-30-kernels-h200.md, run 14): 7B step at M = 1 25.8 ms against
+#: 37.3 (fused), unpack 23.2 against 33.3 ms. It stays off:
 #: the extra bit a weight takes tiered (10.7 bits) close to fixed12 (12), which is 6x faster.
 SPARSE_DEEP = False
 

@@ -514,7 +514,8 @@ def _planes(st, name: str):
 def default_programs_per_sm(pages: int) -> int:
     """Programs launched per SM for ``pages`` = sequences x KV heads x pages a sequence (the longest).
 
-    Measured on the H200, 132 SMs (runs 118-119, benchmarks/RESULTS.md): from 2,048 to 4,096 pages, 8
+    Measured on the H200, 132 SMs (runs 118-119,
+    benchmarks/history/2026-11-30-to-12-01-kv-cache.md): from 2,048 to 4,096 pages, 8
     programs an SM (2-4 pages each, 1,024 programs: under one wave of 12 an SM) are 8-11% faster than
     32 (one page each, 1.3-2.6 waves); elsewhere 32 is the fastest or within 1-4%.
 
@@ -526,7 +527,8 @@ def default_programs_per_sm(pages: int) -> int:
 
 # q [B, Hq, 128] bf16; k_store/v_store PageStores (page 64, head dim 128) with B sequences, H KV heads
 # (Hq = G*H, G <= 16); lens [B] int; starts [B] int or None -> out [B, Hq, 128] bf16.
-# Tuning (H200, benchmarks/RESULTS.md): programs_per_sm (programs launched per SM: splits of the pages;
+# Tuning (H200, runs 104-122 in benchmarks/history/2026-11-30-to-12-01-kv-cache.md):
+# programs_per_sm (programs launched per SM: splits of the pages;
 # None: default_programs_per_sm), maxnreg (register cap: 168 lets 12 one-warp programs share an SM),
 # prefetch (each loop step asks L2 for the next chunk's sign/mantissa and digit rows with a bulk prefetch:
 # 3-5% faster from 16 sequences on, run 121; None: on where the GPU has it, sm_90+).

@@ -163,7 +163,7 @@ def candidates(m: int, n: int, k: int) -> dict:
         return out
     if os.environ.get("SWEEP_ROUND") == "28":  # the warp-specialized wgmma tile (fixed12_ws: a TMA ring)
         # (run 73 timed a first, not persistent, version; runs 74-75 ring depths 3-8, programs an SM
-        # 1-3: see benchmarks/RESULTS.md)
+        # 1-3: see benchmarks/history/2026-12-01-kernels-h200.md)
         if k % 128 == 0:
             bt = 8 if m <= 8 else 16 if m <= 16 else 32 if m <= 32 else 64
             for bn, st, wv, cap in ((64, 4 if bt <= 32 else 3, 2, 128), (64, 3, 2, 128), (64, 6, 1, 0),
@@ -174,7 +174,8 @@ def candidates(m: int, n: int, k: int) -> dict:
         return out
     if os.environ.get("SWEEP_ROUND") == "27":  # weights as wgmma's register operand (fixed12_wg), runs 62-66
         # (runs 62-65 also timed the exceptions in the separate pass, an async-copy ring of the
-        # plane words and the first, not unrolled, loop: see benchmarks/RESULTS.md)
+        # plane words and the first, not unrolled, loop: see
+        # benchmarks/history/2026-12-01-kernels-h200.md)
         if k % 256 == 0:
             bt = 16 if m <= 16 else 32 if m <= 32 else 64
             if m <= 8:  # wgmma's N = 8: half the x tile (not yet run: add these to the next round)

@@ -157,7 +157,7 @@ COUNTER_STRIDE = tl.constexpr(COUNTER_SLOTS)
 def wait_count(cnt_ptr, n):
     # spin until the counter at cnt_ptr reaches n. Relaxed reads at L2, not acquire loads: on
     # sm_90 an acquire at GPU scope invalidates the SM's whole L1, which the other programs on
-    # the SM read x from (with acquire spins the Gluon tiles ran 20-45% slower, sweep round 24).
+    # the SM read x from (with acquire spins the Gluon tiles ran 20-45% slower on the H200).
     # The partials are then read from L2 (.cg) after this loop: the branch on the count orders
     # those reads after it, and each partner released its partial before counting in.
     c = tl.atomic_add(cnt_ptr, 0, sem="relaxed", scope="gpu")
@@ -224,9 +224,9 @@ def counters(device: torch.device, n: int) -> torch.Tensor:
 
 
 # part: fp32 [split, M, N]; bias: [N] or None; out: bf16 [M, N]
-#: The split-K reduce's elements a program and warps; 0 = by output size (sweep round 6 on the
-#: H200: one-warp programs of 128 outputs up to 2^18 outputs, e.g. q/o at M = 1 1.145x -> 1.005x
-#: bf16, k/v 1.22x -> 1.05x; 512 outputs and 4 warps above, where small programs lost 1-2%).
+#: The split-K reduce's elements a program and warps; 0 = by output size (on the H200: one-warp
+#: programs of 128 outputs up to 2^18 outputs, where they cut q/o at M = 1 from 1.145x to 1.005x
+#: bf16; 512 outputs and 4 warps above, where small programs lost 1-2%).
 FINALIZE_BLOCK, FINALIZE_WARPS = 0, 0
 
 

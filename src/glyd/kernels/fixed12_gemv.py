@@ -109,7 +109,7 @@ def _gemv_gm_kernel(
     # (rows past N or M read row N-1 / M-1 again, not stored) and x read as bf16 pairs through
     # x32_ptr; PREFETCH: the next step's plane words are loaded into registers before this step's
     # decode, so a program always has one step of loads in flight (shared-memory pipelining of
-    # the same loads measured slower: notes-kernels run 11).
+    # the same loads measured slower).
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     pid_m = tl.program_id(2)

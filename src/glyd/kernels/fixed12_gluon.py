@@ -25,7 +25,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
 from glyd.kernels import _common as C
-from glyd.kernels._gluon_bits import exc_meta, gdc_launch_dependents, gdc_wait, prmt, split16, wait_count
+from glyd.kernels._gluon_bits import gdc_launch_dependents, gdc_wait, prmt, split16
+from glyd.kernels.fixed12_gluon_parts import EXC_E, epilogue, exc_layouts, exc_preload, exc_tiles
 from glyd.kernels.fixed12_exc import add_exceptions, exceptions_on_side_stream, prepare
 from glyd.kernels.registry import Kernel
 
@@ -102,28 +103,12 @@ def _gl_kernel(x_ptr, code_ptr, lo_ptr, base_ptr, part_ptr, M, N, KP, stride_xm,
     pid_k = gl.program_id(1)
     pid_m = gl.program_id(2)
     Q: gl.constexpr = BK // 4  # plane words a row and step: word q holds columns 4q..4q+3
-    q = gl.arange(0, Q, layout=gl.SliceLayout(1, WL))[:, None]
-    n = gl.minimum(pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, WL)), N - 1)[None, :]
-    lo_off = n * stride_lo + q
-    # word q = 16g + 8h + w: code word 8g + w, its low nibbles for half h = 0, high for h = 1
-    code_off = n * stride_code + (q // 16) * 8 + (q % 8)
-    high = ((q // 8) % 2) == 1
+    lo_off, code_off, high = _word_offsets(pid_n, N, stride_lo, stride_code, BK, BN, WL)
     b4 = gl.load(base_ptr).to(gl.uint32) * 0x01010101
     m0 = pid_m * (16 * MT)
-    if not X8:
-        xp = _x_ptrs(x_ptr, m0, M, stride_xm, BK, XL)
-    else:  # M <= 8: rows 8-15 of the MMA tile are zeros, not loaded (half the x registers)
-        xp = _x_ptrs(x_ptr, m0, M, stride_xm, BK, X8L, 8)
-    xp1 = xp  # (unused below MT 2 and 4)
-    xp2 = xp
-    xp3 = xp
-    if MT > 1:
-        xp1 = _x_ptrs(x_ptr, m0 + 16, M, stride_xm, BK, XL)
-    if MT > 2:
-        xp2 = _x_ptrs(x_ptr, m0 + 32, M, stride_xm, BK, XL)
-        xp3 = _x_ptrs(x_ptr, m0 + 48, M, stride_xm, BK, XL)
+    xp, xp1, xp2, xp3 = _x_tile_ptrs(x_ptr, m0, M, stride_xm, BK, XL, X8, X8L, MT)
     acc = gl.zeros([16, BN], gl.float32, ML)
-    acc1 = gl.zeros([16, BN], gl.float32, ML)
+    acc1 = gl.zeros([16, BN], gl.float32, ML)  # (unused below MT 2 and 4)
     acc2 = gl.zeros([16, BN], gl.float32, ML)
     acc3 = gl.zeros([16, BN], gl.float32, ML)
     # K steps as step indices so that every offset is a known multiple of BK (16-byte loads)
@@ -158,18 +143,8 @@ def _gl_kernel(x_ptr, code_ptr, lo_ptr, base_ptr, part_ptr, M, N, KP, stride_xm,
         # the first EE exceptions of the tile's rows (usually all of them) and their x values are
         # loaded before the K loop, so that their chain of dependent loads (row pointers, indices,
         # x gather) overlaps the loop instead of trailing it; other split programs load nothing
-        n0 = pid_n * BN
-        b8 = gl.load(base_ptr).to(gl.uint32)
-        e0 = gl.load(rowptr_ptr + n0)
-        e1 = gl.load(rowptr_ptr + gl.minimum(n0 + BN, N))
-        e1 = e0 + (e1 - e0) * (pid_k == 0).to(gl.int32)
-        ec, eem, etv, epv, er = exc_meta(eidx_ptr, ehi_ptr, lo8_ptr, KP, b8, K, e0, e1, EE, EXL)
-        ed = _exc_x(x_ptr, m0, M, stride_xm, ec, eem, etv, epv, EXL)
-        if MT > 1:
-            ed1 = _exc_x(x_ptr, m0 + 16, M, stride_xm, ec, eem, etv, epv, EXL)
-        if MT > 2:
-            ed2 = _exc_x(x_ptr, m0 + 32, M, stride_xm, ec, eem, etv, epv, EXL)
-            ed3 = _exc_x(x_ptr, m0 + 48, M, stride_xm, ec, eem, etv, epv, EXL)
+        n0, b8, e0, e1, er, ed, ed1, ed2, ed3 = exc_preload(x_ptr, base_ptr, rowptr_ptr, eidx_ptr, ehi_ptr, lo8_ptr,
+                                                            pid_n, pid_k, m0, M, N, KP, K, stride_xm, BN, EE, EXL, MT)
     if PREFETCH:
         # register double buffer: the next step's words and x rows are in flight while this step
         # decodes and multiplies (Gluon does not pipeline loops by itself); the last step
@@ -211,26 +186,9 @@ def _gl_kernel(x_ptr, code_ptr, lo_ptr, base_ptr, part_ptr, M, N, KP, stride_xm,
             lw = lo_s.index(sc).load(WL).to(gl.uint32, bitcast=True)
             cw = co_s.index(sc).load(WL).to(gl.uint32, bitcast=True)
             if XASYNC:
-                xs = x_s.index(sc)
-                xa = xs.slice(0, 16).load(XL)
-                if MT > 1:
-                    xa1 = xs.slice(16, 16).load(XL)
-                if MT > 2:
-                    xa2 = xs.slice(32, 16).load(XL)
-                    xa3 = xs.slice(48, 16).load(XL)
-        nib = gl.where(high, cw >> 4, cw)
-        h = ((nib << 4) & 0x80808080) | ((nib & 0x07070707) + b4)
-        l0, l1 = split16(prmt(lw, h, 0x5140))
-        l2, l3 = split16(prmt(lw, h, 0x7362))
-        w = gl.reshape(gl.join(gl.join(l0, l2), gl.join(l1, l3)), [Q, BN, 4])  # [word, row, lane]
-        w = gl.reshape(gl.permute(w, [0, 2, 1]), [BK // 64, 4, 4, 4, BN])  # column bits (76, 54, 32, 10)
-        w = gl.convert_layout(gl.reshape(gl.permute(w, [0, 2, 1, 3, 4]), [BK, BN]), BL)  # MMA k order
-        acc = mma_v2(_x_operand(xa, BK, AL), w, acc)
-        if MT > 1:
-            acc1 = mma_v2(_x_operand(xa1, BK, AL), w, acc1)
-        if MT > 2:
-            acc2 = mma_v2(_x_operand(xa2, BK, AL), w, acc2)
-            acc3 = mma_v2(_x_operand(xa3, BK, AL), w, acc3)
+                xa, xa1, xa2, xa3 = _ring_x(x_s.index(sc), XL, MT)
+        w = _decode(lw, cw, high, b4, BK, BN, BL)
+        acc, acc1, acc2, acc3 = _mma_tiles(w, xa, xa1, xa2, xa3, acc, acc1, acc2, acc3, BK, AL, MT)
         if PREFETCH == 2:
             lw = lw_b
             cw = cw_b
@@ -254,142 +212,85 @@ def _gl_kernel(x_ptr, code_ptr, lo_ptr, base_ptr, part_ptr, M, N, KP, stride_xm,
         # the ring's last copies (of clamped, unused steps) are still landing, and the layout
         # changes of the exception step and the in-kernel split-K sum's counter broadcast take
         # shared scratch that may alias the ring: let them land first (without this the GPU
-        # gave NaN and 1e34 on some tiles, run 45)
+        # gave NaN and 1e34 on some tiles)
         async_copy.wait_group(0)
         gl.thread_barrier()
     if EXC:  # the exceptions of this tile's weight rows, added by the tile's first split program
         if pid_k == 0:
-            acc = _exc_total(acc, ed, er, x_ptr, m0, M, stride_xm, eidx_ptr, ehi_ptr, lo8_ptr, KP, b8, n0, K,
-                              e0 + EE, e1, BN, EE, EL, EXL, ML)
-            if MT > 1:
-                acc1 = _exc_total(acc1, ed1, er, x_ptr, m0 + 16, M, stride_xm, eidx_ptr, ehi_ptr, lo8_ptr, KP,
-                                   b8, n0, K, e0 + EE, e1, BN, EE, EL, EXL, ML)
-            if MT > 2:
-                acc2 = _exc_total(acc2, ed2, er, x_ptr, m0 + 32, M, stride_xm, eidx_ptr, ehi_ptr, lo8_ptr, KP,
-                                   b8, n0, K, e0 + EE, e1, BN, EE, EL, EXL, ML)
-                acc3 = _exc_total(acc3, ed3, er, x_ptr, m0 + 48, M, stride_xm, eidx_ptr, ehi_ptr, lo8_ptr, KP,
-                                   b8, n0, K, e0 + EE, e1, BN, EE, EL, EXL, ML)
-    om = m0 + gl.arange(0, 16, layout=gl.SliceLayout(1, ML))[:, None]
-    on = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, ML))[None, :]
-    if OUT == 0:
-        _store_parts(acc, acc1, acc2, acc3, part_ptr + pid_k * M * N, om, on, M, N, MT)
-    elif OUT == 1:
-        _store_out(acc, acc1, acc2, acc3, out_ptr, bias_ptr, om, on, M, N, MT, HAS_BIAS)
+            acc, acc1, acc2, acc3 = exc_tiles(acc, acc1, acc2, acc3, ed, ed1, ed2, ed3, er, x_ptr, m0, M, stride_xm,
+                                               eidx_ptr, ehi_ptr, lo8_ptr, KP, b8, n0, K, e0 + EE, e1, BN, EE, EL,
+                                               EXL, ML, MT)
+    epilogue(acc, acc1, acc2, acc3, part_ptr, out_ptr, bias_ptr, cnt_ptr, pid_n, pid_k, pid_m, m0, M, N, BN, ML,
+              MT, OUT, HAS_BIAS, CS)
+
+
+@gluon.jit
+def _word_offsets(pid_n, N, stride_lo, stride_code, BK: gl.constexpr, BN: gl.constexpr, WL: gl.constexpr):
+    # the [BK / 4, BN] word tile's offsets in the lo and code planes, and which words take their
+    # code's high nibbles. Word q = 16g + 8h + w: code word 8g + w, low nibbles for h = 0, high for 1
+    q = gl.arange(0, BK // 4, layout=gl.SliceLayout(1, WL))[:, None]
+    n = gl.minimum(pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, WL)), N - 1)[None, :]
+    return n * stride_lo + q, n * stride_code + (q // 16) * 8 + (q % 8), ((q // 8) % 2) == 1
+
+
+@gluon.jit
+def _x_tile_ptrs(x_ptr, m0, M, stride_xm, BK: gl.constexpr, XL: gl.constexpr, X8: gl.constexpr,
+                 X8L: gl.constexpr, MT: gl.constexpr):
+    # pointers of the program's MT 16-row x tiles (X8, M <= 8: rows 8-15 of the MMA tile are
+    # zeros, not loaded: half the x registers)
+    if not X8:
+        xp = _x_ptrs(x_ptr, m0, M, stride_xm, BK, XL)
     else:
-        nsplit = gl.num_programs(1)
-        tile = pid_m * gl.num_programs(0) + pid_n
-        if pid_k == nsplit - 1:
-            wait_count(cnt_ptr + tile * CS, nsplit - 1)
-            gl.atomic_xchg(cnt_ptr + tile * CS, 0, sem="relaxed", scope="gpu")
-            acc = _sum_parts(acc, part_ptr, om, on, M, N, nsplit)
-            if MT > 1:
-                acc1 = _sum_parts(acc1, part_ptr, om + 16, on, M, N, nsplit)
-            if MT > 2:
-                acc2 = _sum_parts(acc2, part_ptr, om + 32, on, M, N, nsplit)
-                acc3 = _sum_parts(acc3, part_ptr, om + 48, on, M, N, nsplit)
-            _store_out(acc, acc1, acc2, acc3, out_ptr, bias_ptr, om, on, M, N, MT, HAS_BIAS)
-        else:
-            # not the last split: store the partial, count in (the barrier orders every thread's
-            # stores before the releasing atomic) and exit without waiting; the last split
-            # program has a higher block index, so it is scheduled after this one
-            _store_parts(acc, acc1, acc2, acc3, part_ptr + pid_k * M * N, om, on, M, N, MT)
-            gl.thread_barrier()
-            gl.atomic_add(cnt_ptr + tile * CS, 1, sem="release", scope="gpu")
-
-
-@gluon.jit
-def _store_out(acc, acc1, acc2, acc3, out_ptr, bias_ptr, om, on, M, N, MT: gl.constexpr, HAS_BIAS: gl.constexpr):
-    # the bf16 results (+ bias) of the MT x tiles
-    _store_bf16(acc, out_ptr, bias_ptr, om, on, M, N, HAS_BIAS)
+        xp = _x_ptrs(x_ptr, m0, M, stride_xm, BK, X8L, 8)
+    xp1 = xp  # (unused below MT 2 and 4)
+    xp2 = xp
+    xp3 = xp
     if MT > 1:
-        _store_bf16(acc1, out_ptr, bias_ptr, om + 16, on, M, N, HAS_BIAS)
+        xp1 = _x_ptrs(x_ptr, m0 + 16, M, stride_xm, BK, XL)
     if MT > 2:
-        _store_bf16(acc2, out_ptr, bias_ptr, om + 32, on, M, N, HAS_BIAS)
-        _store_bf16(acc3, out_ptr, bias_ptr, om + 48, on, M, N, HAS_BIAS)
+        xp2 = _x_ptrs(x_ptr, m0 + 32, M, stride_xm, BK, XL)
+        xp3 = _x_ptrs(x_ptr, m0 + 48, M, stride_xm, BK, XL)
+    return xp, xp1, xp2, xp3
 
 
 @gluon.jit
-def _store_parts(acc, acc1, acc2, acc3, pp, om, on, M, N, MT: gl.constexpr):
-    # the fp32 partials of the MT x tiles (rows om.., columns on) at pp (one split's [M, N] slab)
-    optr = pp + om * N + on
-    gl.store(optr, acc, mask=(om < M) & (on < N))
+def _ring_x(xs, XL: gl.constexpr, MT: gl.constexpr):
+    # a ring slot's MT x tiles, in registers
+    xa = xs.slice(0, 16).load(XL)
+    xa1 = xa  # (unused below MT 2 and 4)
+    xa2 = xa
+    xa3 = xa
     if MT > 1:
-        gl.store(optr + 16 * N, acc1, mask=(om + 16 < M) & (on < N))
+        xa1 = xs.slice(16, 16).load(XL)
     if MT > 2:
-        gl.store(optr + 32 * N, acc2, mask=(om + 32 < M) & (on < N))
-        gl.store(optr + 48 * N, acc3, mask=(om + 48 < M) & (on < N))
+        xa2 = xs.slice(32, 16).load(XL)
+        xa3 = xs.slice(48, 16).load(XL)
+    return xa, xa1, xa2, xa3
 
 
 @gluon.jit
-def _sum_parts(acc, part_ptr, om, on, M, N, nsplit):
-    # the other splits' partials in split order, then this program's (the last split) last:
-    # ``finalize``'s order, so the same bits. Read from L2 (.cg), where the other SMs wrote them.
-    mask = (om < M) & (on < N)
-    pp = part_ptr + om * N + on
-    tot = gl.load(pp, mask=mask, other=0.0, cache_modifier=".cg")
-    for s in range(1, nsplit - 1):
-        tot += gl.load(pp + s * M * N, mask=mask, other=0.0, cache_modifier=".cg")
-    return tot + acc
+def _decode(lw, cw, high, b4, BK: gl.constexpr, BN: gl.constexpr, BL: gl.constexpr):
+    # a step's plane words -> the decoded [BK, BN] bf16 tile, already the MMA's B operand (BL)
+    Q: gl.constexpr = BK // 4
+    nib = gl.where(high, cw >> 4, cw)
+    h = ((nib << 4) & 0x80808080) | ((nib & 0x07070707) + b4)
+    l0, l1 = split16(prmt(lw, h, 0x5140))
+    l2, l3 = split16(prmt(lw, h, 0x7362))
+    w = gl.reshape(gl.join(gl.join(l0, l2), gl.join(l1, l3)), [Q, BN, 4])  # [word, row, lane]
+    w = gl.reshape(gl.permute(w, [0, 2, 1]), [BK // 64, 4, 4, 4, BN])  # column bits (76, 54, 32, 10)
+    return gl.convert_layout(gl.reshape(gl.permute(w, [0, 2, 1, 3, 4]), [BK, BN]), BL)  # MMA k order
 
 
 @gluon.jit
-def _store_bf16(acc, out_ptr, bias_ptr, om, on, M, N, HAS_BIAS: gl.constexpr):
-    if HAS_BIAS:
-        acc += gl.load(bias_ptr + on, mask=on < N, other=0.0).to(gl.float32)
-    gl.store(out_ptr + om * N + on, acc.to(gl.bfloat16), mask=(om < M) & (on < N))
-
-
-@gluon.jit
-def _exc_x(x_ptr, m0, M, stride_xm, c, em, tv, pv, L2: gl.constexpr):
-    # [16, E] (layout L2): x rows m0.. at the exceptions' columns times (true - decoded weight)
-    rm = m0 + gl.arange(0, 16, layout=gl.SliceLayout(1, L2))
-    xv = gl.load(x_ptr + rm[:, None] * stride_xm + c[None, :], mask=(rm < M)[:, None] & em[None, :],
-                 other=0.0).to(gl.float32)
-    return xv * tv[None, :] - xv * pv[None, :]
-
-
-@gluon.jit
-def _exc_mma(acc, d, r, n0, BN: gl.constexpr, OL: gl.constexpr, ML: gl.constexpr):
-    # acc [16, BN] (layout ML) += d [16, E] (x times (true - decoded weight) of E exceptions) summed
-    # onto each exception's weight row r - n0: an MMA with a one-hot [E, BN] operand, d split into
-    # two bf16 parts (hi + lo keeps 16 of fp32's 24 significand bits: error <= 2^-16 of each term)
-    AO: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=ML, k_width=2)
-    BO: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=ML, k_width=2)
-    r = gl.convert_layout(r, gl.SliceLayout(1, OL))
-    rn = (n0 + gl.arange(0, BN, layout=gl.SliceLayout(0, OL))).to(gl.int64)
-    oh = gl.convert_layout(gl.where(rn[None, :] == r[:, None], 1.0, 0.0).to(gl.bfloat16), BO)
-    hi = d.to(gl.bfloat16)
-    lo = (d - hi.to(gl.float32)).to(gl.bfloat16)
-    acc = mma_v2(gl.convert_layout(hi, AO), oh, acc)
-    return mma_v2(gl.convert_layout(lo, AO), oh, acc)
-
-
-@gluon.jit
-def _exc_total(acc, d, r, x_ptr, m0, M, stride_xm, eidx_ptr, ehi_ptr, lo8_ptr, stride_lo, base, n0, K, es0, e1,
-               BN: gl.constexpr, E: gl.constexpr, OL: gl.constexpr, L2: gl.constexpr, ML: gl.constexpr):
-    # acc plus the exceptions of weight rows n0..: the chunk loaded before the K loop (d, r), then
-    # any past it (es0..e1, E a step; rare). A short row holds few (gate/up at bn 32: ~9 in random
-    # weights), where a separate pass costs a kernel and an [M, N] partial.
-    acc = _exc_mma(acc, d, r, n0, BN, OL, ML)
-    for es in range(es0, e1, E):
-        c, em, tv, pv, rr = exc_meta(eidx_ptr, ehi_ptr, lo8_ptr, stride_lo, base, K, es, e1, E, L2)
-        acc = _exc_mma(acc, _exc_x(x_ptr, m0, M, stride_xm, c, em, tv, pv, L2), rr, n0, BN, OL, ML)
-    return acc
-
-
-EXC_E = 16  # exceptions a step of the in-tile exception sum (the one-hot MMA's K)
-
-
-@functools.lru_cache(maxsize=None)
-def exc_layouts(warps: int):
-    """(one-hot, compact) layouts of the in-tile exception step: the [16 exceptions, bn weight rows]
-    one-hot operand as built (then converted to the MMA's B operand), and the [16 x rows, 16
-    exceptions] layout its loaded values are held in across the K loop (one or two a thread)."""
-    onehot = gl.BlockedLayout(size_per_thread=[1, 1], threads_per_warp=[4, 8], warps_per_cta=[1, warps],
-                              order=[1, 0])
-    compact = gl.BlockedLayout(size_per_thread=[1, 1], threads_per_warp=[2, 16], warps_per_cta=[warps, 1],
-                               order=[1, 0])
-    return onehot, compact
+def _mma_tiles(w, xa, xa1, xa2, xa3, acc, acc1, acc2, acc3, BK: gl.constexpr, AL: gl.constexpr, MT: gl.constexpr):
+    # the decoded tile times each of the program's MT 16-row x tiles
+    acc = mma_v2(_x_operand(xa, BK, AL), w, acc)
+    if MT > 1:
+        acc1 = mma_v2(_x_operand(xa1, BK, AL), w, acc1)
+    if MT > 2:
+        acc2 = mma_v2(_x_operand(xa2, BK, AL), w, acc2)
+        acc3 = mma_v2(_x_operand(xa3, BK, AL), w, acc3)
+    return acc, acc1, acc2, acc3
 
 
 @gluon.jit

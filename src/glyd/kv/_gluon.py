@@ -483,7 +483,7 @@ def _planes(st, name: str):
 def default_programs_per_sm(pages: int) -> int:
     """Programs launched per SM for ``pages`` = sequences x KV heads x pages a sequence (the longest).
 
-    Measured on the H200, 132 SMs (runs 118-119, benchmarks/RESULTS.md): from 2,048 to 4,096 pages, 8
+    Measured on the H200, 132 SMs (benchmarks/RESULTS.md): from 2,048 to 4,096 pages, 8
     programs an SM (2-4 pages each, 1,024 programs: under one wave of 12 an SM) are 8-11% faster than
     32 (one page each, 1.3-2.6 waves); elsewhere 32 is the fastest or within 1-4%.
 

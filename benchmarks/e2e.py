@@ -20,7 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from glyd.errors import GlydError  # noqa: E402
-from glyd.hf import cli  # noqa: E402
+from glyd.apps import cli_models as cli  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -21,10 +21,10 @@ from glyd.errors import GlydError
 
 # Modules that add sub-commands; imported only when the CLI runs.
 _COMMAND_MODULES = (
-    "glyd.store.cli",  # pack, unpack, verify, info
-    "glyd.hf.cli",  # demo, fit, eval
-    "glyd.filecodec.cli",  # compress, decompress, test
-    "glyd.kernels.cli",  # bench
+    "glyd.apps.cli_store",  # pack, unpack, verify, info
+    "glyd.apps.cli_models",  # demo, fit, eval
+    "glyd.apps.cli_archive",  # compress, decompress, test
+    "glyd.apps.cli_bench",  # bench
 )
 
 

@@ -289,7 +289,7 @@ def test_kv_lossless_is_wired_or_says_why(tiny_model_folder, input_ids):
 
 @pytest.mark.slow
 def test_smollm2_roundtrip(tmp_path):
-    smollm2 = pytest.importorskip("glyd.hf.smollm2")
+    smollm2 = pytest.importorskip("glyd.apps.smollm2")
     try:
         src = smollm2.bf16_folder()
     except glyd.GlydError as exc:

@@ -130,9 +130,9 @@ def test_a_closed_stdout_is_not_blamed_on_the_destination(tmp_path, capsys, monk
     def closed(*args, **kwargs):
         raise BrokenPipeError(errno.EPIPE, os.strerror(errno.EPIPE))
 
-    import glyd.store.cli
+    import glyd.apps.cli_store
 
-    monkeypatch.setattr(glyd.store.cli, "print", closed, raising=False)  # the summary, to a closed pipe
+    monkeypatch.setattr(glyd.apps.cli_store, "print", closed, raising=False)  # the summary, to a closed pipe
     rc = main(["-q", "pack", str(tmp_path / "src"), str(tmp_path / "out")])
     err = capsys.readouterr().err.strip()
     assert rc == 1 and str(tmp_path / "out") not in err and "Broken pipe" in err

@@ -13,7 +13,7 @@ import torch
 
 from glyd.cli import main
 from glyd.errors import FormatError, GlydError
-from glyd.hf import evaluate as ev
+from glyd.apps import evaluate as ev
 
 TEXT = (
     "First Citizen: Before we proceed any further, hear me speak. All: Speak, speak. "

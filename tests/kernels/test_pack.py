@@ -28,6 +28,7 @@ def _all_patterns() -> torch.Tensor:
     return torch.arange(65536, dtype=torch.int32).to(torch.int16).view(torch.bfloat16).reshape(256, 256)
 
 
+@pytest.mark.gpu_sample(every=2)
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("shape", [(1, 1), (3, 5), (17, 300), (64, 1024), (5, 2111), (0, 7), (4, 0)])

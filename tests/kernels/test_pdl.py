@@ -59,6 +59,7 @@ def _chain(ps, x, cfgs, pdl):
     return y
 
 
+@pytest.mark.gpu_sample(every=3)
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("m", [1, 2, 5, 16, 33, 64])

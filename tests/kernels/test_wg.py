@@ -106,7 +106,7 @@ def test_wg_config_checks():
 
 
 @pytest.mark.gpu
-@pytest.mark.gpu_sample(every=8)
+@pytest.mark.gpu_sample(every=24)
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
                     reason="needs a Hopper GPU")
 @pytest.mark.parametrize("bm,bn,warps", [(8, 64, 4), (16, 64, 4), (32, 64, 4), (64, 64, 4), (64, 128, 4),
@@ -138,6 +138,7 @@ def test_wg_matches_reference_gpu(bm, bn, warps, m, split, bias, pipe, exc):
 def test_wg_one_split_without_exceptions_stores_bf16_gpu(m):
     # no exceptions and one split: the kernel writes the bf16 result (+ bias) itself
     from glyd import kernels
+    from glyd.kernels import WgConfig
     from glyd.kernels import _common as C
 
     w = torch.randn(256, 1024, device="cuda") * 0.02

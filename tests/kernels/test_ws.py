@@ -185,7 +185,7 @@ def test_ws_needs_a_gpu():
 
 
 @pytest.mark.gpu
-@pytest.mark.gpu_sample(every=8)
+@pytest.mark.gpu_sample(every=24)
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
                     reason="needs a Hopper GPU")
 @pytest.mark.parametrize("bm,bn,stages", [(8, 64, 4), (16, 64, 4), (32, 64, 4), (64, 64, 3), (64, 128, 2), (16, 64, 2),

@@ -109,6 +109,27 @@ def test_raw_tensor_stored_in_another_dtype_is_refused(folder):
         _loads(folder, verify=False)
 
 
+def test_weights_swapped_in_the_shard_header_are_refused(folder):
+    # Two arrays of one size with their byte ranges swapped: a valid safetensors file whose dtypes
+    # and shapes all match glyd.json. verify=False and native loading returned the model with
+    # gate_proj and up_proj exchanged; only the hashes (verify=True) saw it.
+    import struct
+
+    shard = folder / "model.safetensors"
+    data = shard.read_bytes()
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8 : 8 + n])
+    a, b = (key_for(f"model.layers.0.mlp.{p}.weight", "lo") for p in ("gate_proj", "up_proj"))
+    header[a]["data_offsets"], header[b]["data_offsets"] = header[b]["data_offsets"], header[a]["data_offsets"]
+    raw = json.dumps(header).encode()
+    shard.write_bytes(struct.pack("<Q", len(raw)) + raw + data[8 + n :])
+    for verify in (False, True):
+        with pytest.raises(FormatError, match=r"model\.safetensors: tensor '.*_proj\.weight_glyd_lo': data_offsets .* not where"):
+            _loads(folder, verify)
+    with pytest.raises(FormatError, match="not where a glyd shard holds it"):
+        AutoModelForCausalLM.from_pretrained(folder)
+
+
 def test_layout_of_config_and_manifest_must_agree(folder):
     cfg = json.loads((folder / "config.json").read_text())
     cfg["quantization_config"]["layout"] = "tiered" if cfg["quantization_config"]["layout"] != "tiered" else "fixed12"

@@ -927,6 +927,8 @@ def _verify_model(model: nn.Module, progress: bool = True) -> dict[str, int]:
     manifest = model.__dict__.get("_glyd_manifest")
     if manifest:
         tensors = manifest.get("tensors", {})
+        for name, m in _packed_modules(model):
+            _check_arrays(m, tensors.get(f"{name}.weight"), f"{where}tensor {name + '.weight'!r}")
         for name, t in model.state_dict().items():
             e = tensors.get(name)
             if e is None or e.get("kind") != "raw":
@@ -935,6 +937,18 @@ def _verify_model(model: nn.Module, progress: bool = True) -> dict[str, int]:
                 raise CorruptError(f"{where}tensor {name!r}: sha256 mismatch with {MANIFEST}")
             counts["raw"] += 1
     return counts
+
+
+def _check_arrays(m: GlydLinear | GlydEmbedding, entry: dict[str, Any] | None, what: str) -> None:
+    """The module's packed arrays hash to those glyd.json records (for a module loaded from a glyd
+    folder): bytes that unpacking ignores (padding, the code of an exception weight) included,
+    since a fused kernel may still read them."""
+    if not entry or entry.get("kind") != "packed":
+        return
+    arrays = m.packed.arrays
+    for a, spec in entry["arrays"].items():
+        if a not in arrays or sha256_tensor(arrays[a].cpu()) != spec["sha256"]:
+            raise CorruptError(f"{what}: stored array {a!r} does not match its sha256 in {MANIFEST} (damaged file)")
 
 
 def verify(model_or_path: nn.Module | str | os.PathLike, *, progress: bool = True) -> dict[str, int]:

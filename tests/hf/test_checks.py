@@ -130,6 +130,20 @@ def test_weights_swapped_in_the_shard_header_are_refused(folder):
         AutoModelForCausalLM.from_pretrained(folder)
 
 
+@pytest.mark.parametrize("field, value", [("format_version", 2), ("format_version", "1"), ("layout", ["fixed12"]),
+                                          ("merged", {"qkv_proj": "q_proj"})])
+def test_unreadable_quantization_config_is_one_line(folder, field, value):
+    # glyd.from_pretrained names the file (its messages named only the field, or were a TypeError);
+    # natively transformers builds glyd's config before glyd knows the folder: the field is named.
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["quantization_config"][field] = value
+    (folder / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(FormatError, match=rf"/config\.json: quantization_config\.{field}"):
+        _loads(folder, verify=False)
+    with pytest.raises(FormatError, match=rf"quantization_config\.{field}"):
+        AutoModelForCausalLM.from_pretrained(folder)
+
+
 def test_layout_of_config_and_manifest_must_agree(folder):
     cfg = json.loads((folder / "config.json").read_text())
     cfg["quantization_config"]["layout"] = "tiered" if cfg["quantization_config"]["layout"] != "tiered" else "fixed12"

@@ -51,25 +51,16 @@ class GlydConfig(QuantizationConfigMixin):
         self.quant_method = QUANT_METHOD
         self.layout = layout
         self.format_version = format_version
-        self.merged = dict(merged or {})
+        self.merged = dict(merged) if isinstance(merged, dict) else merged or {}  # checked by post_init
         self.exact = bool(exact)
         self.post_init()
 
     def post_init(self) -> None:
-        from glyd.codec import LAYOUTS
+        # Natively, transformers builds this from config.json before glyd knows the folder: the
+        # message names the field (glyd.from_pretrained checks the file first, naming it).
+        from glyd.hf.checks import check_quantization_config
 
-        if self.layout != "auto" and self.layout not in LAYOUTS:
-            raise FormatError(f"quantization_config.layout: unknown layout {self.layout!r}")
-        if self.format_version != FORMAT_VERSION:
-            raise FormatError(
-                f"quantization_config.format_version: {self.format_version!r} is not supported "
-                f"(this glyd reads {FORMAT_VERSION})"
-            )
-        if not isinstance(self.merged, dict) or not all(
-            isinstance(k, str) and isinstance(v, (list, tuple)) and all(isinstance(p, str) for p in v)
-            for k, v in self.merged.items()
-        ):
-            raise FormatError(f"quantization_config.merged: must map a name to a list of module names, got {self.merged!r}")
+        check_quantization_config({"layout": self.layout, "format_version": self.format_version, "merged": self.merged})
 
     def get_loading_attributes(self) -> dict[str, Any]:
         # What transformers copies from a config passed to from_pretrained onto the checkpoint's

@@ -1,0 +1,203 @@
+"""Hostile packed model folders through every loader: glyd.from_pretrained (verify=False and
+True), native transformers loading, and the store's readers (tests/store/fuzz_readers.py).
+
+A loader must raise one clear glyd error, or return the packed model bit for bit (every tensor
+of its state_dict, and its config). Documented exceptions, and only these: without verify
+(``verify=False``, native loading) a change of bytes inside the stored arrays' data loads
+silently (docs/models.md, "What only verify=True detects"), and an edited config.json loads
+with a warning; natively, transformers parses config.json and the index before glyd runs, so a
+file it cannot parse gets transformers' own error (docs/models.md, "What loading checks").
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+import traceback
+from pathlib import Path
+
+import pytest
+import torch
+
+import glyd
+
+transformers = pytest.importorskip("transformers")
+from transformers import AutoModelForCausalLM  # noqa: E402
+
+# The mutations and the store readers' rules are shared with tests/store/test_store_fuzz.py.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "store"))
+import fuzz_cases as fc  # noqa: E402
+from fuzz_readers import Judge, Outcome, judge_error, pristine, report, run_cases, signature, tally  # noqa: E402
+
+GLYD_SRC = Path(glyd.__file__).resolve().parent
+CONFIG = "config.json"
+LOADERS = ("load", "load verify", "native")
+
+
+def _load(loader: str, folder: Path):
+    if loader == "native":
+        return AutoModelForCausalLM.from_pretrained(folder)
+    return glyd.from_pretrained(folder, device="cpu", verify=loader == "load verify", progress=False)
+
+
+def model_bits(model) -> tuple[dict, dict, dict]:
+    """(state_dict signatures, config, generation config) of a loaded model."""
+    tensors = {k: signature(v) for k, v in model.state_dict().items()}
+    cfg = {k: v for k, v in model.config.to_dict().items() if not k.startswith("_")}
+    gen = model.generation_config.to_dict() if model.generation_config is not None else {}
+    return tensors, cfg, {k: v for k, v in gen.items() if not k.startswith("_")}
+
+
+def _transformers_own(exc: BaseException) -> bool:
+    """Raised by transformers before any glyd code ran (no frame of glyd in the traceback)."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    return not any(Path(f.filename).resolve().is_relative_to(GLYD_SRC) for f in frames)
+
+
+def judge_loaders(judge: Judge, base: tuple[dict, dict, dict]) -> None:
+    case = judge.case
+    for loader in LOADERS:
+        seen = len(judge.warnings)
+        try:
+            model = _load(loader, judge.folder)
+        except Exception as exc:
+            kind, detail = judge_error(exc, judge.folder)
+            if kind == "defect" and loader == "native" and case.touches in (CONFIG, fc.INDEX) and _transformers_own(exc):
+                kind, detail = "error", f"transformers' own ({type(exc).__name__}: {str(exc)[:200]})"
+            judge.add(loader, kind, detail)
+            continue
+        tensors, cfg, gen = model_bits(model)
+        del model
+        verified = loader == "load verify"
+        warned = any("differs from the config.json recorded" in w for w in judge.warnings[seen:])
+        if tensors != base[0]:
+            bad = sorted(k for k in tensors.keys() | base[0].keys() if tensors.get(k) != base[0].get(k))
+            ok = case.data_only and not verified
+            judge.add(loader, "silent" if ok else "defect", f"other tensors: {bad[:4]}")
+        elif cfg != base[1]:
+            bad = sorted(k for k in cfg.keys() | base[1].keys() if cfg.get(k) != base[1].get(k))
+            ok = warned and not verified
+            judge.add(loader, "warned" if ok else "defect", f"other config (warned: {warned}): {bad[:4]}")
+        elif verified and gen != base[2]:
+            judge.add(loader, "defect", "verify=True loaded another generation config")
+        else:
+            judge.add(loader, "same")
+
+
+@pytest.fixture(scope="module")
+def model_folder(tiny_model_folder, tmp_path_factory) -> Path:
+    """A tiny Llama (tied embeddings) packed with fixed12, saved in 4 shards with an index."""
+    model = glyd.from_pretrained(tiny_model_folder("llama"), layout="fixed12", device="cpu", progress=False)
+    out = glyd.save_pretrained(model, tmp_path_factory.mktemp("fuzz-model") / "glyd", max_shard_bytes=40_000,
+                               progress=False)
+    assert (out / fc.INDEX).is_file() and (out / "tokenizer_config.json").is_file()
+    return out
+
+
+@pytest.fixture(scope="module")
+def model_pristine(model_folder, tmp_path_factory):
+    base = model_bits(_load("load verify", model_folder))
+    for loader in LOADERS:
+        assert model_bits(_load(loader, model_folder)) == base, loader
+    return pristine(model_folder, tmp_path_factory.mktemp("fuzz-pristine")), base
+
+
+def config_cases(cfg: dict) -> list[fc.Case]:
+    """config.json edits a model notices (an architecture it cannot fill) or may not (an epsilon)."""
+    q = ("quantization_config",)
+    edits = {
+        "quantization_config removed": fc.set_at(q, fc.MISSING),
+        "quant_method gptq": fc.set_at((*q, "quant_method"), "gptq"),
+        "quant_method removed": fc.set_at((*q, "quant_method"), fc.MISSING),
+        "layout tiered": fc.set_at((*q, "layout"), "tiered"),
+        "layout removed": fc.set_at((*q, "layout"), fc.MISSING),
+        "layout a list": fc.set_at((*q, "layout"), ["fixed12"]),
+        "format_version 2": fc.set_at((*q, "format_version"), 2),
+        "format_version '1'": fc.set_at((*q, "format_version"), "1"),
+        "merged claimed": fc.set_at((*q, "merged"), {"qkv_proj": ["q_proj", "k_proj", "v_proj"]}),
+        "merged garbage": fc.set_at((*q, "merged"), {"qkv_proj": "q_proj"}),
+        "exact true": fc.set_at((*q, "exact"), True),
+        "quantization_config a string": fc.set_at(q, "glyd"),
+        "num_hidden_layers +1": fc.set_at(("num_hidden_layers",), cfg["num_hidden_layers"] + 1),
+        "num_hidden_layers -1": fc.set_at(("num_hidden_layers",), cfg["num_hidden_layers"] - 1),
+        "vocab_size +1": fc.set_at(("vocab_size",), cfg["vocab_size"] + 1),
+        "intermediate_size x2": fc.set_at(("intermediate_size",), cfg["intermediate_size"] * 2),
+        "tie_word_embeddings false": fc.set_at(("tie_word_embeddings",), False),
+        "model_type mistral": fc.set_at(("model_type",), "mistral"),
+        "model_type unknown": fc.set_at(("model_type",), "no-such-model"),
+        "architectures Mistral": fc.set_at(("architectures",), ["MistralForCausalLM"]),
+        "dtype float32": fc.set_at(("dtype",), "float32"),
+        "rms_norm_eps 1e-3": fc.set_at(("rms_norm_eps",), 1e-3),
+        "max_position_embeddings 512": fc.set_at(("max_position_embeddings",), 512),
+        "hidden_act gelu": fc.set_at(("hidden_act",), "gelu"),
+    }
+    return [fc.Case(f"config.json: {what}", fc.json_edit(CONFIG, e), CONFIG, family="config") for what, e in edits.items()]
+
+
+#: How many cases of each family the default run takes (seeded samples); the slow sweep takes all.
+SAMPLE = {"manifest": 40, "header": 24, "link": 12, "added": 8}
+
+
+def model_cases(folder: Path, seed: int, full: bool) -> dict[str, list[fc.Case]]:
+    rng = random.Random(seed)
+    m = json.loads((folder / fc.MANIFEST).read_text())
+    fam = {
+        "bytes": fc.byte_cases(folder, seed, flips=12 if full else 3, truncations=6 if full else 2,
+                               appends=fc.APPENDS if full else (b" ",)),
+        "manifest": fc.manifest_cases(m, seed, full=full) + fc.text_cases(fc.MANIFEST),
+        "header": fc.header_cases(folder, seed, full=full),
+        "config": config_cases(json.loads((folder / CONFIG).read_text())) + fc.text_cases(CONFIG),
+        "link": fc.link_cases(folder),
+        "added": fc.added_file_cases(folder),
+    }
+    if not full:
+        for k, n in SAMPLE.items():
+            keep = [c for c in fam[k] if c.family == "swap"]  # every offset swap: the silent-swap candidates
+            fam[k] = keep + rng.sample([c for c in fam[k] if c not in keep], n - len(keep))
+    return fam
+
+
+def _run(model_folder, model_pristine, tmp_path, full: bool) -> tuple[dict[str, list[fc.Case]], list[Outcome]]:
+    store_base, model_base = model_pristine
+    fam = model_cases(model_folder, seed=11, full=full)
+    cases = [c for f in fam.values() for c in f]
+    outcomes = run_cases(cases, model_folder, store_base, tmp_path, extra=lambda j: judge_loaders(j, model_base))
+    return fam, outcomes
+
+
+def _check(fam: dict[str, list[fc.Case]], outcomes: list[Outcome]) -> dict[str, int]:
+    cases = [c for f in fam.values() for c in f]
+    assert len({c.id for c in cases}) == len(cases), "two cases with one name"
+    readers = {o.reader for o in outcomes}
+    assert set(LOADERS) <= readers and {"verify", "unpack", "cli verify"} <= readers
+    per_case = {}
+    for o in outcomes:
+        per_case.setdefault(o.case, set()).add(o.reader)
+    assert len(per_case) == len(cases) and all(r == readers for r in per_case.values()), "a reader did not run"
+    counts = tally(outcomes)
+    defects = report(outcomes)
+    assert counts["defect"] == 0, f"{counts['defect']} defect(s) of {len(outcomes)} outcomes:\n{defects}"
+    return counts
+
+
+def test_hostile_model_folders(model_folder, model_pristine, tmp_path):
+    fam, outcomes = _run(model_folder, model_pristine, tmp_path, full=False)
+    shards = [f for f in fc.folder_files(model_folder) if f.endswith(".safetensors")]
+    others = len(fc.folder_files(model_folder)) - len(shards)
+    assert len(fam["bytes"]) == len(shards) * (3 * 3 + 2 + 1) + others * (3 + 2 + 1)
+    assert {k: len(fam[k]) for k in SAMPLE} == SAMPLE
+    assert len(fam["config"]) == 24 + 12 and any(c.family == "swap" for c in fam["header"])
+    counts = _check(fam, outcomes)
+    # The documented silences happened, and only on data flips: every data flip reached a model.
+    data = [c.id for c in fam["bytes"] if c.data_only]
+    silent = {o.case for o in outcomes if o.kind == "silent"}
+    assert silent and silent <= set(data) and counts["error"] and counts["same"]
+    loads = {o.case: o.kind for o in outcomes if o.reader == "load verify"}
+    assert all(loads[c] == "error" for c in silent), "verify=True must refuse what verify=False loads silently"
+
+
+@pytest.mark.slow
+def test_hostile_model_folders_sweep(model_folder, model_pristine, tmp_path):
+    fam, outcomes = _run(model_folder, model_pristine, tmp_path, full=True)
+    _check(fam, outcomes)

@@ -144,6 +144,19 @@ def test_unreadable_quantization_config_is_one_line(folder, field, value):
         AutoModelForCausalLM.from_pretrained(folder)
 
 
+@pytest.mark.parametrize("field, value", [("model_type", "no-such-model"), ("hidden_act", "no-such-act"),
+                                          ("rope_scaling", {"rope_type": "no-such-rope"}), ("vocab_size", -1)])
+def test_edited_config_transformers_cannot_use_is_one_line(folder, field, value):
+    # Before, transformers' own ValueError, KeyError or RuntimeError came out of glyd.from_pretrained.
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg[field] = value
+    (folder / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(FormatError, match=r"/config\.json: differs from the config\.json recorded in glyd\.json and "
+                                          r"transformers cannot load the model from it \(\w+: ") as got:
+        _loads(folder, verify=False)
+    assert "\n" not in str(got.value)
+
+
 def test_layout_of_config_and_manifest_must_agree(folder):
     cfg = json.loads((folder / "config.json").read_text())
     cfg["quantization_config"]["layout"] = "tiered" if cfg["quantization_config"]["layout"] != "tiered" else "fixed12"

@@ -40,6 +40,7 @@ from glyd.hf import hooks
 from glyd.hf.checks import check_complete, check_folder
 from glyd.store import MANIFEST, CheckpointReader, CheckpointWriter, sha256_tensor
 from glyd.store._source import check_inside
+from glyd.store.checkpoint import CONFIG
 from glyd.store._safetensors import dtype_from_name, read_header, sha256_file
 
 log = logging.getLogger(__name__)
@@ -641,11 +642,25 @@ def _load_glyd(path: Path, *, device: torch.device, exact: bool, verify: bool, h
         raise ImportError("loading a glyd folder needs transformers (pip install 'glyd[models]')")
     from transformers import AutoModelForCausalLM
 
-    check_folder(path, verify=verify)  # before transformers reads the folder: glyd's errors, not its
+    reader = check_folder(path, verify=verify)  # before transformers reads the folder: glyd's errors, not its
+    cpath = path / CONFIG
+    edited = reader.files.get(CONFIG) not in (None, sha256_file(cpath))
 
     kw = dict(hf_kwargs)
     kw.setdefault("device_map", str(device))
-    model = AutoModelForCausalLM.from_pretrained(str(path), **kw)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(str(path), **kw)
+    except GlydError:
+        raise
+    except Exception as exc:
+        if not edited:
+            raise
+        # The config is not the one packed with the weights (check_folder warned): what transformers
+        # cannot build from it is that file's fault, said on one line.
+        why = " ".join(str(exc).split())
+        why = why if len(why) <= 300 else why[:297] + "..."
+        raise FormatError(f"{cpath}: differs from the config.json recorded in {MANIFEST} and transformers cannot "
+                          f"load the model from it ({type(exc).__name__}: {why})") from exc
     set_exact(model, exact)
     return model
 

@@ -157,6 +157,23 @@ def test_edited_config_transformers_cannot_use_is_one_line(folder, field, value)
     assert "\n" not in str(got.value)
 
 
+@pytest.mark.parametrize("edit", [lambda wm: wm.update(dict.fromkeys(list(wm)[:1], "")),
+                                  lambda wm: wm.update(dict.fromkeys(list(wm)[:1], "../model.safetensors")),
+                                  lambda wm: wm.clear()], ids=["empty-name", "parent", "no-entries"])
+def test_native_loading_checks_the_folder_asked_for(packed_folder, tmp_path, edit):
+    # Natively, glyd took the folder to check from the first shard transformers resolved through
+    # the index: '' or '../x' made it the parent folder ("not a glyd packed checkpoint"), and an
+    # empty weight_map gave no folder at all. It is the folder asked for, and its index is wrong.
+    model = glyd.from_pretrained(packed_folder, device="cpu", progress=False)
+    sharded = glyd.save_pretrained(model, tmp_path / "sharded", max_shard_bytes=60_000, progress=False)
+    index = sharded / "model.safetensors.index.json"
+    doc = json.loads(index.read_text())
+    edit(doc["weight_map"])
+    index.write_text(json.dumps(doc))
+    with pytest.raises(FormatError, match=r"sharded/model\.safetensors\.index\.json: (maps|has no entry)"):
+        AutoModelForCausalLM.from_pretrained(sharded)
+
+
 def test_layout_of_config_and_manifest_must_agree(folder):
     cfg = json.loads((folder / "config.json").read_text())
     cfg["quantization_config"]["layout"] = "tiered" if cfg["quantization_config"]["layout"] != "tiered" else "fixed12"

@@ -6,7 +6,9 @@ of its state_dict, and its config). Documented exceptions, and only these: witho
 (``verify=False``, native loading) a change of bytes inside the stored arrays' data loads
 silently (docs/models.md, "What only verify=True detects"), and an edited config.json loads
 with a warning; natively, transformers parses config.json and the index before glyd runs, so a
-file it cannot parse gets transformers' own error (docs/models.md, "What loading checks").
+file it cannot parse gets transformers' own error, and a config.json that no longer names glyd's
+quantizer is loaded by transformers alone, without glyd (``foreign``: its load report lists the
+packed arrays as unexpected and the weights as missing; docs/models.md, "What loading checks").
 """
 
 from __future__ import annotations
@@ -28,7 +30,9 @@ from transformers import AutoModelForCausalLM  # noqa: E402
 # The mutations and the store readers' rules are shared with tests/store/test_store_fuzz.py.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "store"))
 import fuzz_cases as fc  # noqa: E402
-from fuzz_readers import Judge, Outcome, judge_error, pristine, report, run_cases, signature, tally  # noqa: E402
+from fuzz_readers import (  # noqa: E402
+    STORE_READERS, Judge, Outcome, check_campaign, judge_error, pristine, run_cases, signature,
+)
 
 GLYD_SRC = Path(glyd.__file__).resolve().parent
 CONFIG = "config.json"
@@ -55,6 +59,29 @@ def _transformers_own(exc: BaseException) -> bool:
     return not any(Path(f.filename).resolve().is_relative_to(GLYD_SRC) for f in frames)
 
 
+def _not_glyds(folder: Path) -> bool:
+    """Whether config.json no longer names glyd's quantizer (transformers then never calls glyd)."""
+    try:
+        q = json.loads((folder / CONFIG).read_text()).get("quantization_config")
+    except (OSError, ValueError, AttributeError):
+        return False
+    return not (isinstance(q, dict) and q.get("quant_method") == "glyd")
+
+
+def _native_error(case: fc.Case, exc: Exception, kind: str, detail: str) -> tuple[str, str]:
+    """Natively, transformers reads config.json and the index before glyd runs: its own error
+    for a file it cannot parse, and glyd's config checks, which cannot know the folder, name
+    the field."""
+    if kind != "defect" or case.touches not in (CONFIG, fc.INDEX):
+        return kind, detail
+    if _transformers_own(exc):
+        return "error", f"transformers' own ({type(exc).__name__}: {str(exc)[:200]})"
+    msg = str(exc)
+    if isinstance(exc, glyd.GlydError) and "\n" not in msg and msg.startswith("quantization_config."):
+        return "error", f"{type(exc).__name__}: {msg[:200]}"
+    return kind, detail
+
+
 def judge_loaders(judge: Judge, base: tuple[dict, dict, dict]) -> None:
     case = judge.case
     for loader in LOADERS:
@@ -63,8 +90,8 @@ def judge_loaders(judge: Judge, base: tuple[dict, dict, dict]) -> None:
             model = _load(loader, judge.folder)
         except Exception as exc:
             kind, detail = judge_error(exc, judge.folder)
-            if kind == "defect" and loader == "native" and case.touches in (CONFIG, fc.INDEX) and _transformers_own(exc):
-                kind, detail = "error", f"transformers' own ({type(exc).__name__}: {str(exc)[:200]})"
+            if loader == "native":
+                kind, detail = _native_error(case, exc, kind, detail)
             judge.add(loader, kind, detail)
             continue
         tensors, cfg, gen = model_bits(model)
@@ -73,6 +100,9 @@ def judge_loaders(judge: Judge, base: tuple[dict, dict, dict]) -> None:
         warned = any("differs from the config.json recorded" in w for w in judge.warnings[seen:])
         if tensors != base[0]:
             bad = sorted(k for k in tensors.keys() | base[0].keys() if tensors.get(k) != base[0].get(k))
+            if loader == "native" and _not_glyds(judge.folder):
+                judge.add(loader, "foreign", f"transformers loaded it without glyd (its own load report): {bad[:4]}")
+                continue
             ok = case.data_only and not verified
             judge.add(loader, "silent" if ok else "defect", f"other tensors: {bad[:4]}")
         elif cfg != base[1]:
@@ -131,6 +161,16 @@ def config_cases(cfg: dict) -> list[fc.Case]:
         "rms_norm_eps 1e-3": fc.set_at(("rms_norm_eps",), 1e-3),
         "max_position_embeddings 512": fc.set_at(("max_position_embeddings",), 512),
         "hidden_act gelu": fc.set_at(("hidden_act",), "gelu"),
+        "hidden_act unknown": fc.set_at(("hidden_act",), "no-such-act"),
+        "num_attention_heads 3": fc.set_at(("num_attention_heads",), 3),
+        "num_key_value_heads 3": fc.set_at(("num_key_value_heads",), 3),
+        "head_dim 7": fc.set_at(("head_dim",), 7),
+        "hidden_size 0": fc.set_at(("hidden_size",), 0),
+        "vocab_size -1": fc.set_at(("vocab_size",), -1),
+        "rope_scaling bogus": fc.set_at(("rope_scaling",), {"rope_type": "no-such-rope"}),
+        "dtype int7": fc.set_at(("dtype",), "int7"),
+        "architectures unknown": fc.set_at(("architectures",), ["NoSuchModelForCausalLM"]),
+        "model_type null": fc.set_at(("model_type",), None),
     }
     return [fc.Case(f"config.json: {what}", fc.json_edit(CONFIG, e), CONFIG, family="config") for what, e in edits.items()]
 
@@ -145,7 +185,8 @@ def model_cases(folder: Path, seed: int, full: bool) -> dict[str, list[fc.Case]]
     fam = {
         "bytes": fc.byte_cases(folder, seed, flips=12 if full else 3, truncations=6 if full else 2,
                                appends=fc.APPENDS if full else (b" ",)),
-        "manifest": fc.manifest_cases(m, seed, full=full) + fc.text_cases(fc.MANIFEST),
+        "manifest": fc.manifest_cases(m, seed) + fc.text_cases(fc.MANIFEST)
+        + fc.index_cases(json.loads((folder / fc.INDEX).read_text()), seed),
         "header": fc.header_cases(folder, seed, full=full),
         "config": config_cases(json.loads((folder / CONFIG).read_text())) + fc.text_cases(CONFIG),
         "link": fc.link_cases(folder),
@@ -167,18 +208,7 @@ def _run(model_folder, model_pristine, tmp_path, full: bool) -> tuple[dict[str, 
 
 
 def _check(fam: dict[str, list[fc.Case]], outcomes: list[Outcome]) -> dict[str, int]:
-    cases = [c for f in fam.values() for c in f]
-    assert len({c.id for c in cases}) == len(cases), "two cases with one name"
-    readers = {o.reader for o in outcomes}
-    assert set(LOADERS) <= readers and {"verify", "unpack", "cli verify"} <= readers
-    per_case = {}
-    for o in outcomes:
-        per_case.setdefault(o.case, set()).add(o.reader)
-    assert len(per_case) == len(cases) and all(r == readers for r in per_case.values()), "a reader did not run"
-    counts = tally(outcomes)
-    defects = report(outcomes)
-    assert counts["defect"] == 0, f"{counts['defect']} defect(s) of {len(outcomes)} outcomes:\n{defects}"
-    return counts
+    return check_campaign([c for f in fam.values() for c in f], outcomes, STORE_READERS | set(LOADERS))
 
 
 def test_hostile_model_folders(model_folder, model_pristine, tmp_path):
@@ -187,7 +217,7 @@ def test_hostile_model_folders(model_folder, model_pristine, tmp_path):
     others = len(fc.folder_files(model_folder)) - len(shards)
     assert len(fam["bytes"]) == len(shards) * (3 * 3 + 2 + 1) + others * (3 + 2 + 1)
     assert {k: len(fam[k]) for k in SAMPLE} == SAMPLE
-    assert len(fam["config"]) == 24 + 12 and any(c.family == "swap" for c in fam["header"])
+    assert len(fam["config"]) == 34 + 12 and any(c.family == "swap" for c in fam["header"])
     counts = _check(fam, outcomes)
     # The documented silences happened, and only on data flips: every data flip reached a model.
     data = [c.id for c in fam["bytes"] if c.data_only]

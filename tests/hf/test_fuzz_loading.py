@@ -115,22 +115,30 @@ def judge_loaders(judge: Judge, base: tuple[dict, dict, dict]) -> None:
             judge.add(loader, "same")
 
 
-@pytest.fixture(scope="module")
-def model_folder(tiny_model_folder, tmp_path_factory) -> Path:
-    """A tiny Llama (tied embeddings) packed with fixed12, saved in 4 shards with an index."""
-    model = glyd.from_pretrained(tiny_model_folder("llama"), layout="fixed12", device="cpu", progress=False)
-    out = glyd.save_pretrained(model, tmp_path_factory.mktemp("fuzz-model") / "glyd", max_shard_bytes=40_000,
-                               progress=False)
-    assert (out / fc.INDEX).is_file() and (out / "tokenizer_config.json").is_file()
-    return out
+#: Packed tiny models: name -> (family, layout, shard size): a tied Llama in 4 shards with an
+#: index (the default run), an untied Qwen2 with biases in one tiered shard (the slow sweep).
+MODELS = {"llama-fixed12": ("llama", "fixed12", 40_000), "qwen2-tiered": ("qwen2", "tiered", 2**30)}
 
 
 @pytest.fixture(scope="module")
-def model_pristine(model_folder, tmp_path_factory):
-    base = model_bits(_load("load verify", model_folder))
-    for loader in LOADERS:
-        assert model_bits(_load(loader, model_folder)) == base, loader
-    return pristine(model_folder, tmp_path_factory.mktemp("fuzz-pristine")), base
+def packed_model(tiny_model_folder, tmp_path_factory):
+    """``packed_model(name)`` -> (folder, what the store readers give, what every loader gives)."""
+    cache: dict[str, tuple] = {}
+
+    def get(name: str):
+        if name not in cache:
+            family, layout, shard = MODELS[name]
+            model = glyd.from_pretrained(tiny_model_folder(family), layout=layout, device="cpu", progress=False)
+            root = tmp_path_factory.mktemp(f"fuzz-{name}")
+            out = glyd.save_pretrained(model, root / "glyd", max_shard_bytes=shard, progress=False)
+            assert (out / "tokenizer_config.json").is_file() and (out / fc.INDEX).is_file() == (shard < 2**30)
+            base = model_bits(_load("load verify", out))
+            for loader in LOADERS:
+                assert model_bits(_load(loader, out)) == base, loader
+            cache[name] = out, pristine(out, root), base
+        return cache[name]
+
+    return get
 
 
 def config_cases(cfg: dict) -> list[fc.Case]:
@@ -186,7 +194,7 @@ def model_cases(folder: Path, seed: int, full: bool) -> dict[str, list[fc.Case]]
         "bytes": fc.byte_cases(folder, seed, flips=12 if full else 3, truncations=6 if full else 2,
                                appends=fc.APPENDS if full else (b" ",)),
         "manifest": fc.manifest_cases(m, seed) + fc.text_cases(fc.MANIFEST)
-        + fc.index_cases(json.loads((folder / fc.INDEX).read_text()), seed),
+        + (fc.index_cases(json.loads((folder / fc.INDEX).read_text()), seed) if (folder / fc.INDEX).exists() else []),
         "header": fc.header_cases(folder, seed, full=full),
         "config": config_cases(json.loads((folder / CONFIG).read_text())) + fc.text_cases(CONFIG),
         "link": fc.link_cases(folder),
@@ -199,22 +207,22 @@ def model_cases(folder: Path, seed: int, full: bool) -> dict[str, list[fc.Case]]
     return fam
 
 
-def _run(model_folder, model_pristine, tmp_path, full: bool) -> tuple[dict[str, list[fc.Case]], list[Outcome]]:
-    store_base, model_base = model_pristine
-    fam = model_cases(model_folder, seed=11, full=full)
+def _run(packed_model, name: str, tmp_path, full: bool) -> tuple[Path, dict[str, list[fc.Case]], list[Outcome]]:
+    folder, store_base, model_base = packed_model(name)
+    fam = model_cases(folder, seed=11, full=full)
     cases = [c for f in fam.values() for c in f]
-    outcomes = run_cases(cases, model_folder, store_base, tmp_path, extra=lambda j: judge_loaders(j, model_base))
-    return fam, outcomes
+    outcomes = run_cases(cases, folder, store_base, tmp_path, extra=lambda j: judge_loaders(j, model_base))
+    return folder, fam, outcomes
 
 
 def _check(fam: dict[str, list[fc.Case]], outcomes: list[Outcome]) -> dict[str, int]:
     return check_campaign([c for f in fam.values() for c in f], outcomes, STORE_READERS | set(LOADERS))
 
 
-def test_hostile_model_folders(model_folder, model_pristine, tmp_path):
-    fam, outcomes = _run(model_folder, model_pristine, tmp_path, full=False)
-    shards = [f for f in fc.folder_files(model_folder) if f.endswith(".safetensors")]
-    others = len(fc.folder_files(model_folder)) - len(shards)
+def test_hostile_model_folders(packed_model, tmp_path):
+    folder, fam, outcomes = _run(packed_model, "llama-fixed12", tmp_path, full=False)
+    shards = [f for f in fc.folder_files(folder) if f.endswith(".safetensors")]
+    others = len(fc.folder_files(folder)) - len(shards)
     assert len(fam["bytes"]) == len(shards) * (3 * 3 + 2 + 1) + others * (3 + 2 + 1)
     assert {k: len(fam[k]) for k in SAMPLE} == SAMPLE
     assert len(fam["config"]) == 34 + 12 and any(c.family == "swap" for c in fam["header"])
@@ -225,9 +233,11 @@ def test_hostile_model_folders(model_folder, model_pristine, tmp_path):
     assert silent and silent <= set(data) and counts["error"] and counts["same"]
     loads = {o.case: o.kind for o in outcomes if o.reader == "load verify"}
     assert all(loads[c] == "error" for c in silent), "verify=True must refuse what verify=False loads silently"
+    assert counts["foreign"] == sum(c.id.startswith("config.json: quantization_config removed") for c in fam["config"])
 
 
 @pytest.mark.slow
-def test_hostile_model_folders_sweep(model_folder, model_pristine, tmp_path):
-    fam, outcomes = _run(model_folder, model_pristine, tmp_path, full=True)
+@pytest.mark.parametrize("name, full", [("llama-fixed12", True), ("qwen2-tiered", False)])
+def test_hostile_model_folders_sweep(packed_model, tmp_path, name, full):
+    _, fam, outcomes = _run(packed_model, name, tmp_path, full=full)
     _check(fam, outcomes)

@@ -642,7 +642,8 @@ def _load_glyd(path: Path, *, device: torch.device, exact: bool, verify: bool, h
         raise ImportError("loading a glyd folder needs transformers (pip install 'glyd[models]')")
     from transformers import AutoModelForCausalLM
 
-    reader = check_folder(path, verify=verify)  # before transformers reads the folder: glyd's errors, not its
+    # Before transformers reads the folder: glyd's errors, not its.
+    reader = check_folder(path, verify=verify)
     cpath = path / CONFIG
     edited = reader.files.get(CONFIG) not in (None, sha256_file(cpath))
 

@@ -133,6 +133,7 @@ def packed_model(tiny_model_folder, tmp_path_factory):
             out = glyd.save_pretrained(model, root / "glyd", max_shard_bytes=shard, progress=False)
             assert (out / "tokenizer_config.json").is_file() and (out / fc.INDEX).is_file() == (shard < 2**30)
             base = model_bits(_load("load verify", out))
+            assert base[0] == model_bits(model)[0], "the folder does not load the model that was saved"
             for loader in LOADERS:
                 assert model_bits(_load(loader, out)) == base, loader
             cache[name] = out, pristine(out, root), base

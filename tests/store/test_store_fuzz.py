@@ -20,11 +20,11 @@ from fuzz_cases import (
     APPENDS, GENERIC, INDEX, MANIFEST, added_file_cases, byte_cases, folder_files, header_cases, index_cases, link_cases,
     manifest_cases, text_cases,
 )
-from fuzz_readers import check_campaign, pristine, run_cases
+from fuzz_readers import check_campaign, pristine, read_tree, run_cases
 from safetensors.torch import save_file
-from store_helpers import special_matrix
+from store_helpers import assert_bits_equal, load_folder, special_matrix
 
-from glyd.store import pack_folder
+from glyd.store import pack_folder, unpack_folder
 
 #: name -> (layout, sharded). The tiered folder is one shard; the fixed12 one has two and an index.
 BASES = {"fixed12": ("fixed12", True), "tiered": ("tiered", False)}
@@ -66,8 +66,24 @@ def bases(tmp_path_factory):
         root = tmp_path_factory.mktemp(f"fuzz-{name}")
         make_source(root / "src", sharded)
         pack_folder(root / "src", root / "packed", layout=layout, progress=False)
-        out[name] = root / "packed", pristine(root / "packed", root)
+        base = pristine(root / "packed", root)
+        _unpacks_to_the_source(root, base)
+        out[name] = root / "packed", base
     return out
+
+
+def _unpacks_to_the_source(root: Path, base) -> None:
+    """The pristine folder, unpacked, is the source: every tensor bit for bit, every copied file
+    byte for byte (config.json less glyd's quantization_config), so "the pristine folder's bits"
+    are the original model's."""
+    unpack_folder(root / "packed", root / "unpacked", progress=False)
+    assert read_tree(root / "unpacked") == base.unpacked
+    assert_bits_equal(load_folder(root / "src"), load_folder(root / "unpacked"))
+    for rel in folder_files(root / "src"):
+        if rel.endswith(".safetensors") or rel == INDEX:
+            continue
+        got, want = (root / "unpacked" / rel).read_bytes(), (root / "src" / rel).read_bytes()
+        assert json.loads(got) == json.loads(want) if rel == "config.json" else got == want, rel
 
 
 def _run(bases, name: str, cases, tmp_path: Path) -> dict[str, int]:

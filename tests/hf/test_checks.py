@@ -109,6 +109,71 @@ def test_raw_tensor_stored_in_another_dtype_is_refused(folder):
         _loads(folder, verify=False)
 
 
+def test_weights_swapped_in_the_shard_header_are_refused(folder):
+    # Two arrays of one size with their byte ranges swapped: a valid safetensors file whose dtypes
+    # and shapes all match glyd.json. verify=False and native loading returned the model with
+    # gate_proj and up_proj exchanged; only the hashes (verify=True) saw it.
+    import struct
+
+    shard = folder / "model.safetensors"
+    data = shard.read_bytes()
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8 : 8 + n])
+    a, b = (key_for(f"model.layers.0.mlp.{p}.weight", "lo") for p in ("gate_proj", "up_proj"))
+    header[a]["data_offsets"], header[b]["data_offsets"] = header[b]["data_offsets"], header[a]["data_offsets"]
+    raw = json.dumps(header).encode()
+    shard.write_bytes(struct.pack("<Q", len(raw)) + raw + data[8 + n :])
+    for verify in (False, True):
+        with pytest.raises(FormatError, match=r"model\.safetensors: tensor '.*_proj\.weight_glyd_lo': data_offsets .* not where"):
+            _loads(folder, verify)
+    with pytest.raises(FormatError, match="not where a glyd shard holds it"):
+        AutoModelForCausalLM.from_pretrained(folder)
+
+
+@pytest.mark.parametrize("field, value", [("format_version", 2), ("format_version", "1"), ("layout", ["fixed12"]),
+                                          ("merged", {"qkv_proj": "q_proj"})])
+def test_unreadable_quantization_config_is_one_line(folder, field, value):
+    # glyd.from_pretrained names the file (its messages named only the field, or were a TypeError);
+    # natively transformers builds glyd's config before glyd knows the folder: the field is named.
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["quantization_config"][field] = value
+    (folder / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(FormatError, match=rf"/config\.json: quantization_config\.{field}"):
+        _loads(folder, verify=False)
+    with pytest.raises(FormatError, match=rf"quantization_config\.{field}"):
+        AutoModelForCausalLM.from_pretrained(folder)
+
+
+@pytest.mark.parametrize("field, value", [("model_type", "no-such-model"), ("hidden_act", "no-such-act"),
+                                          ("rope_scaling", {"rope_type": "no-such-rope"}), ("vocab_size", -1)])
+def test_edited_config_transformers_cannot_use_is_one_line(folder, field, value):
+    # Before, transformers' own ValueError, KeyError or RuntimeError came out of glyd.from_pretrained.
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg[field] = value
+    (folder / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(FormatError, match=r"/config\.json: differs from the config\.json recorded in glyd\.json and "
+                                          r"transformers cannot load the model from it \(\w+: ") as got:
+        _loads(folder, verify=False)
+    assert "\n" not in str(got.value)
+
+
+@pytest.mark.parametrize("edit", [lambda wm: wm.update(dict.fromkeys(list(wm)[:1], "")),
+                                  lambda wm: wm.update(dict.fromkeys(list(wm)[:1], "../model.safetensors")),
+                                  lambda wm: wm.clear()], ids=["empty-name", "parent", "no-entries"])
+def test_native_loading_checks_the_folder_asked_for(packed_folder, tmp_path, edit):
+    # Natively, glyd took the folder to check from the first shard transformers resolved through
+    # the index: '' or '../x' made it the parent folder ("not a glyd packed checkpoint"), and an
+    # empty weight_map gave no folder at all. It is the folder asked for, and its index is wrong.
+    model = glyd.from_pretrained(packed_folder, device="cpu", progress=False)
+    sharded = glyd.save_pretrained(model, tmp_path / "sharded", max_shard_bytes=60_000, progress=False)
+    index = sharded / "model.safetensors.index.json"
+    doc = json.loads(index.read_text())
+    edit(doc["weight_map"])
+    index.write_text(json.dumps(doc))
+    with pytest.raises(FormatError, match=r"sharded/model\.safetensors\.index\.json: (maps|has no entry)"):
+        AutoModelForCausalLM.from_pretrained(sharded)
+
+
 def test_layout_of_config_and_manifest_must_agree(folder):
     cfg = json.loads((folder / "config.json").read_text())
     cfg["quantization_config"]["layout"] = "tiered" if cfg["quantization_config"]["layout"] != "tiered" else "fixed12"

@@ -47,6 +47,13 @@ def test_config_round_trip_and_validation():
         GlydConfig(format_version=99)
     with pytest.raises(FormatError, match="merged"):
         GlydConfig(merged={"qkv_proj": "q_proj"})
+    # Values of the wrong type (read from a config.json) are the same one-line error, not a
+    # TypeError or ValueError from inside the check; True is not format version 1.
+    for kw, field in [({"layout": ["fixed12"]}, "layout"), ({"format_version": True}, "format_version"),
+                      ({"format_version": "1"}, "format_version"), ({"merged": "qkv"}, "merged"),
+                      ({"merged": 5}, "merged")]:
+        with pytest.raises(FormatError, match=rf"^quantization_config\.{field}: "):
+            GlydConfig(**kw)
 
 
 def test_registration_is_idempotent():

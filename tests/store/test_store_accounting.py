@@ -187,6 +187,11 @@ def test_a_linked_folder_that_holds_listed_files_is_checked_too(tmp_path):
     with pytest.raises(FormatError, match=r"1_Pooling/extra\.bin: weights or an index that glyd\.json does not list"):
         CheckpointReader(ckpt)
     (pool / "extra.bin").unlink()
+    (pool / "sub").mkdir()
+    (pool / "sub" / "config.json").write_text("{}")  # a config.json, not "weights or an index" as it was called
+    with pytest.raises(FormatError, match=r"1_Pooling/sub/config\.json: config\.json that glyd\.json does not list"):
+        CheckpointReader(ckpt)
+    (pool / "sub" / "config.json").unlink()
     os.symlink(pool, pool / "loop")
     with pytest.raises(FormatError, match=r"1_Pooling/loop: a link to a folder"):
         CheckpointReader(ckpt)

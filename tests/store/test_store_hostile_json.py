@@ -172,3 +172,24 @@ def test_readers_refuse_tensors_that_share_bytes(tmp_path, capsys):
     with pytest.raises(FormatError, match="overlap"):
         unpack_folder(two, tmp_path / "out2", progress=False)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["two"]
+
+
+def test_readers_refuse_byte_ranges_moved_between_tensors(tmp_path, capsys):
+    # Swapped (or reordered) ranges of tensors of one size tile the data like the real ones, so only
+    # glyd's own order tells them apart; before, CheckpointReader.get returned each tensor the
+    # other's bytes, and verify=False loading a model with two weights swapped, without an error.
+    two = tmp_path / "two"
+    with CheckpointWriter(two, layout="fixed12") as w:
+        w.add_tensor("a_ids", torch.arange(8))
+        w.add_tensor("b_ids", torch.arange(8, 16))
+    shard = two / "model.safetensors"
+    rewrite_header(shard, lambda h: h.update(a_ids={**h["a_ids"], "data_offsets": h["b_ids"]["data_offsets"]},
+                                             b_ids={**h["b_ids"], "data_offsets": h["a_ids"]["data_offsets"]}))
+    assert read_header(shard).tensors["a_ids"].begin == 64  # a valid safetensors file all the same
+    with pytest.raises(FormatError, match=r"model\.safetensors: tensor 'a_ids': data_offsets \[64, 128\] are not "
+                                          r"where a glyd shard holds it \(\[0, 64\]"):
+        CheckpointReader(two)
+    for argv in (["verify", str(two)], ["info", str(two)], ["unpack", str(two), str(tmp_path / "out")]):
+        rc, err = _cli(capsys, *argv)
+        assert rc == 1 and "not where a glyd shard holds it" in err and len(err.splitlines()) == 1, (argv, err)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["two"]

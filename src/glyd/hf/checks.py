@@ -23,14 +23,36 @@ from typing import Any
 
 from torch import nn
 
+from glyd.codec import LAYOUTS
+from glyd.codec.packed import FORMAT_VERSION
 from glyd.errors import CorruptError, FormatError
 from glyd.store import MANIFEST, CheckpointReader
-from glyd.store._safetensors import dtype_name, sha256_file
+from glyd.store._safetensors import dtype_name, sha256_file, short
 from glyd.store.checkpoint import CONFIG, key_for
 
 log = logging.getLogger(__name__)
 
-__all__ = ["check_folder", "check_complete"]
+__all__ = ["check_folder", "check_complete", "check_quantization_config"]
+
+
+def check_quantization_config(q: dict[str, Any], where: str = "") -> None:
+    """Raise FormatError naming the field (after ``where``) unless glyd can read the fields of its
+    ``quantization_config`` ``q``: a known ``layout`` (or ``"auto"``), this glyd's ``format_version``,
+    ``merged`` mapping names to lists of module names. Missing fields take GlydConfig's defaults."""
+    layout = q.get("layout", "auto")
+    if not isinstance(layout, str) or (layout != "auto" and layout not in LAYOUTS):
+        raise FormatError(f"{where}quantization_config.layout: unknown layout {short(layout)}")
+    fv = q.get("format_version", FORMAT_VERSION)
+    if type(fv) is not int or fv != FORMAT_VERSION:
+        raise FormatError(f"{where}quantization_config.format_version: {short(fv)} is not supported "
+                          f"(this glyd reads {FORMAT_VERSION})")
+    merged = q.get("merged") or {}
+    if not isinstance(merged, dict) or not all(
+        isinstance(k, str) and isinstance(v, (list, tuple)) and all(isinstance(p, str) for p in v)
+        for k, v in merged.items()
+    ):
+        raise FormatError(f"{where}quantization_config.merged: must map a name to a list of module names, "
+                          f"got {short(merged)}")
 
 
 def check_folder(folder: Path, *, verify: bool) -> CheckpointReader:
@@ -47,6 +69,7 @@ def check_folder(folder: Path, *, verify: bool) -> CheckpointReader:
             f"transformers would build a bf16 model and fill it at random. Restore the config.json written "
             f"with the folder (its sha256 is in {MANIFEST}) or pack the model again"
         )
+    check_quantization_config(q, f"{cpath}: ")
     layout = q.get("layout")
     if layout != reader.layout:
         raise FormatError(f"{cpath}: quantization_config.layout is {layout!r} but {MANIFEST} says {reader.layout!r}")

@@ -40,6 +40,7 @@ from glyd.hf import hooks
 from glyd.hf.checks import check_complete, check_folder
 from glyd.store import MANIFEST, CheckpointReader, CheckpointWriter, sha256_tensor
 from glyd.store._source import check_inside
+from glyd.store.checkpoint import CONFIG
 from glyd.store._safetensors import dtype_from_name, read_header, sha256_file
 
 log = logging.getLogger(__name__)
@@ -641,11 +642,26 @@ def _load_glyd(path: Path, *, device: torch.device, exact: bool, verify: bool, h
         raise ImportError("loading a glyd folder needs transformers (pip install 'glyd[models]')")
     from transformers import AutoModelForCausalLM
 
-    check_folder(path, verify=verify)  # before transformers reads the folder: glyd's errors, not its
+    # Before transformers reads the folder: glyd's errors, not its.
+    reader = check_folder(path, verify=verify)
+    cpath = path / CONFIG
+    edited = reader.files.get(CONFIG) not in (None, sha256_file(cpath))
 
     kw = dict(hf_kwargs)
     kw.setdefault("device_map", str(device))
-    model = AutoModelForCausalLM.from_pretrained(str(path), **kw)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(str(path), **kw)
+    except GlydError:
+        raise
+    except Exception as exc:
+        if not edited:
+            raise
+        # The config is not the one packed with the weights (check_folder warned): what transformers
+        # cannot build from it is that file's fault, said on one line.
+        why = " ".join(str(exc).split())
+        why = why if len(why) <= 300 else why[:297] + "..."
+        raise FormatError(f"{cpath}: differs from the config.json recorded in {MANIFEST} and transformers cannot "
+                          f"load the model from it ({type(exc).__name__}: {why})") from exc
     set_exact(model, exact)
     return model
 
@@ -927,6 +943,8 @@ def _verify_model(model: nn.Module, progress: bool = True) -> dict[str, int]:
     manifest = model.__dict__.get("_glyd_manifest")
     if manifest:
         tensors = manifest.get("tensors", {})
+        for name, m in _packed_modules(model):
+            _check_arrays(m, tensors.get(f"{name}.weight"), f"{where}tensor {name + '.weight'!r}")
         for name, t in model.state_dict().items():
             e = tensors.get(name)
             if e is None or e.get("kind") != "raw":
@@ -935,6 +953,18 @@ def _verify_model(model: nn.Module, progress: bool = True) -> dict[str, int]:
                 raise CorruptError(f"{where}tensor {name!r}: sha256 mismatch with {MANIFEST}")
             counts["raw"] += 1
     return counts
+
+
+def _check_arrays(m: GlydLinear | GlydEmbedding, entry: dict[str, Any] | None, what: str) -> None:
+    """The module's packed arrays hash to those glyd.json records (for a module loaded from a glyd
+    folder): bytes that unpacking ignores (padding, the code of an exception weight) included,
+    since a fused kernel may still read them."""
+    if not entry or entry.get("kind") != "packed":
+        return
+    arrays = m.packed.arrays
+    for a, spec in entry["arrays"].items():
+        if a not in arrays or sha256_tensor(arrays[a].cpu()) != spec["sha256"]:
+            raise CorruptError(f"{what}: stored array {a!r} does not match its sha256 in {MANIFEST} (damaged file)")
 
 
 def verify(model_or_path: nn.Module | str | os.PathLike, *, progress: bool = True) -> dict[str, int]:

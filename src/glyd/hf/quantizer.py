@@ -51,25 +51,16 @@ class GlydConfig(QuantizationConfigMixin):
         self.quant_method = QUANT_METHOD
         self.layout = layout
         self.format_version = format_version
-        self.merged = dict(merged or {})
+        self.merged = dict(merged) if isinstance(merged, dict) else merged or {}  # checked by post_init
         self.exact = bool(exact)
         self.post_init()
 
     def post_init(self) -> None:
-        from glyd.codec import LAYOUTS
+        # Natively, transformers builds this from config.json before glyd knows the folder: the
+        # message names the field (glyd.from_pretrained checks the file first, naming it).
+        from glyd.hf.checks import check_quantization_config
 
-        if self.layout != "auto" and self.layout not in LAYOUTS:
-            raise FormatError(f"quantization_config.layout: unknown layout {self.layout!r}")
-        if self.format_version != FORMAT_VERSION:
-            raise FormatError(
-                f"quantization_config.format_version: {self.format_version!r} is not supported "
-                f"(this glyd reads {FORMAT_VERSION})"
-            )
-        if not isinstance(self.merged, dict) or not all(
-            isinstance(k, str) and isinstance(v, (list, tuple)) and all(isinstance(p, str) for p in v)
-            for k, v in self.merged.items()
-        ):
-            raise FormatError(f"quantization_config.merged: must map a name to a list of module names, got {self.merged!r}")
+        check_quantization_config({"layout": self.layout, "format_version": self.format_version, "merged": self.merged})
 
     def get_loading_attributes(self) -> dict[str, Any]:
         # What transformers copies from a config passed to from_pretrained onto the checkpoint's
@@ -108,10 +99,13 @@ class GlydHfQuantizer(HfQuantizer):
         from glyd.hf.checks import check_folder
         from glyd.hf.loading import prepare_skeleton
 
-        if not checkpoint_files:
-            raise FormatError("a glyd checkpoint needs safetensors files; transformers found none")
-        self._folder = Path(checkpoint_files[0]).parent
-        check_folder(self._folder, verify=False)
+        self._folder = _checkpoint_folder(model, checkpoint_files or [])
+        reader = check_folder(self._folder, verify=False)
+        shards = sorted({reader.entry(n)["file"] for n in reader.names()})
+        files = sorted(str(f) for f in checkpoint_files or [])
+        if sorted(Path(f).resolve() for f in files) != sorted((self._folder / s).resolve() for s in shards):
+            raise FormatError(f"{self._folder}: transformers would read {', '.join(files[:4]) or 'no file'}, not the "
+                              f"checkpoint's shards ({', '.join(shards[:4])})")
         self._manifest = prepare_skeleton(model, self._folder, merged=self.quantization_config.merged,
                                           exact=self.quantization_config.exact)
         return model
@@ -134,6 +128,24 @@ class GlydHfQuantizer(HfQuantizer):
     @property
     def is_compileable(self) -> bool:
         return True
+
+
+def _checkpoint_folder(model: Any, checkpoint_files: list[str]) -> Path:
+    """The glyd folder being loaded: where transformers found the shards when that is the folder
+    asked for or inside it (a sub-folder, a Hub snapshot), else the folder asked for. The shards'
+    folder alone would follow a hostile index: a value ``''`` or ``'../model.safetensors'`` makes
+    it the parent, a folder that is not the one being loaded (no weight_map at all: none)."""
+    asked = getattr(getattr(model, "config", None), "name_or_path", None)
+    asked = Path(asked) if asked and Path(asked).is_dir() else None
+    parents = {Path(f).parent for f in checkpoint_files}
+    if len(parents) == 1:
+        found = parents.pop()
+        if asked is None or found.resolve() == asked.resolve() or found.resolve().is_relative_to(asked.resolve()):
+            return found
+    if asked is None:
+        raise FormatError(f"a glyd checkpoint is one folder of safetensors shards; transformers found "
+                          f"{', '.join(map(str, checkpoint_files[:4])) or 'none'}")
+    return asked
 
 
 def register_with_transformers() -> None:

@@ -122,8 +122,8 @@ def check_unlisted(path: Path, listed: set[str]) -> list[str]:
             if kind != "strict":
                 (ignored if kind == "ignored" else added).append(rel)
                 continue
-            what = ("config.json" if rel == CONFIG else "code" if rel.lower().endswith(".py")
-                    else "weights or an index")
+            base = rel.rsplit("/", 1)[-1].lower()
+            what = "config.json" if base == CONFIG else "code" if base.endswith(".py") else "weights or an index"
             raise FormatError(
                 f"{path / rel}: {what} that {MANIFEST} does not list: a checkpoint holds only what its manifest "
                 f"accounts for (remove it, or pack the model again)"

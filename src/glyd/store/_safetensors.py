@@ -273,6 +273,38 @@ _ST_ORDER = ["BOOL", "U8", "I8", "F8_E5M2", "F8_E4M3", "F8_E8M0", "I16", "U16", 
 NAME_TO_ST = {v: k for k, v in ST_TO_NAME.items()}
 
 
+def write_order(specs: dict[str, tuple[str, list[int]]], where: object = "safetensors file") -> list[str]:
+    """The names of ``specs`` (name -> (dtype name, shape)) in the order safetensors' save_file
+    lays the tensors out: by dtype, last of ``_ST_ORDER`` first, then by name."""
+    def rank(name: str) -> tuple[int, str]:
+        dt = specs[name][0]
+        st = NAME_TO_ST.get(dt)
+        if st is None:
+            raise FormatError(f"{where}: tensor {name!r}: dtype {dt!r} cannot be stored in safetensors")
+        return (-(_ST_ORDER.index(st) if st in _ST_ORDER else -1), name)
+
+    return sorted(specs, key=rank)
+
+
+def check_write_order(header: Header) -> None:
+    """Raise FormatError unless the tensors of ``header`` lie where :func:`write_streaming` (and
+    save_file) put them: one after another in :func:`write_order`. The header then holds no choice
+    of its own: byte ranges moved or swapped between tensors of one size (a valid tiling, so
+    read_header accepts it) would hand each tensor another's bytes without any hash being read."""
+    specs = {k: (i.dtype, list(i.shape)) for k, i in header.tensors.items()}
+    pos = 0
+    for name in write_order(specs, header.path):
+        info = header.tensors[name]
+        n = info.end - info.begin
+        if info.begin != pos:
+            raise FormatError(
+                f"{header.path}: tensor {short(name)}: data_offsets [{info.begin}, {info.end}] are not where a glyd "
+                f"shard holds it ([{pos}, {pos + n}]: tensors in safetensors' order, by dtype then name): "
+                f"byte ranges moved between tensors"
+            )
+        pos += n
+
+
 def write_streaming(path: str | os.PathLike, specs: dict[str, tuple[str, list[int]]], produce,
                     metadata: dict[str, str] | None = None) -> None:
     """Write a safetensors file one tensor at a time: ``specs`` maps each name to (dtype name,
@@ -282,14 +314,7 @@ def write_streaming(path: str | os.PathLike, specs: dict[str, tuple[str, list[in
     a Rust HashMap's, and this in ``metadata``'s). A produced tensor whose dtype or shape differs
     from its spec raises FormatError (the header is already written: write to a temporary path,
     then rename)."""
-    def rank(item):
-        name, (dt, _) = item
-        st = NAME_TO_ST.get(dt)
-        if st is None:
-            raise FormatError(f"{path}: tensor {name!r}: dtype {dt!r} cannot be stored in safetensors")
-        return (-(_ST_ORDER.index(st) if st in _ST_ORDER else -1), name)
-
-    order = sorted(specs.items(), key=rank)
+    order = [(name, specs[name]) for name in write_order(specs, path)]
     header: dict[str, object] = {}
     if metadata is not None:
         header["__metadata__"] = metadata

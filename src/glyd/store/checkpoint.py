@@ -59,6 +59,7 @@ from glyd.store._manifest import (  # noqa: F401 - the names are part of this mo
 )
 from glyd.store._safetensors import (
     Header,
+    check_write_order,
     dtype_from_name,
     dtype_name,
     load_json,
@@ -372,6 +373,7 @@ class CheckpointReader:
                     f"{p}: safetensors __metadata__ is {short(header.metadata)}, a glyd shard has exactly "
                     f"{SHARD_METADATA!r} ('glyd' = checkpoint format version {VERSION})"
                 )
+            check_write_order(header)
         claimed: dict[str, set[str]] = {file: set() for file in files}
         for name, e in self._tensors.items():
             header = self._headers[e["file"]]

@@ -379,6 +379,30 @@ def decode(payload, expected_len: int, what: str = "float chunk") -> np.ndarray:
     """Inverse of :func:`encode`: the chunk's bytes as a uint8 array. ``expected_len`` (bytes)
     comes from the archive's chunk record; every length inside the payload is checked against it
     before anything is allocated."""
+    kind, mode, nclass, symmode, rows, cols, table, blobs = _read_header(payload, expected_len, what)
+    raw_bits = _raw_bits(kind, symmode, table, what)
+    want = (1 if mode == MODE_NONE else 1 + nclass) + (raw_bits > 0) + (kind == F32)
+    if len(blobs) != want or (mode != MODE_NONE and nclass != NCLASSES) or (mode == MODE_NONE and nclass != 1):
+        raise CorruptError(f"{what}: {len(blobs)} blobs, expected {want}")
+
+    it = iter(blobs)
+    sym = _decode_symbols(it, mode, nclass, rows, cols, what)
+    if kind in (F8_E4M3, F8_E5M2):
+        return sym.copy()
+    raw = _read_raw_plane(next(it), rows * cols, raw_bits, what)
+    if raw_bits == 8:
+        w = _words_from_exponents(sym, raw)
+    else:
+        w = _words_from_slots(sym, raw, symmode, table, what)
+    if kind != F32:
+        return w.view(np.uint8)
+    return _join_low_halves(w, next(it), what)
+
+
+def _read_header(payload, expected_len: int, what: str) -> tuple:
+    """-> (kind, mode, nclass, symmode, rows, cols, exponent table, blobs): the header, its size
+    checked against ``expected_len``, and every blob as (codec, stored bytes, raw length), each
+    inside the payload, which they fill exactly."""
     mv = memoryview(payload)
     try:
         kind, mode, nclass, symmode, rows, cols = _HEADER.unpack_from(mv, 0)
@@ -408,6 +432,12 @@ def decode(payload, expected_len: int, what: str = "float chunk") -> np.ndarray:
         off += stored
     if off != len(mv):
         raise CorruptError(f"{what}: {len(mv) - off} trailing bytes")
+    return kind, mode, nclass, symmode, rows, cols, table, blobs
+
+
+def _raw_bits(kind: int, symmode: int, table: np.ndarray, what: str) -> int:
+    """Bits of a value's raw field (8, 6 or 0), once the symbol mode and its table fit the dtype."""
+    ntab = table.size
     if kind in (BF16, F32):
         if symmode == SYM_WINDOW:
             if ntab != 2 or not 1 <= table[0] or table[1] > 1:
@@ -417,38 +447,28 @@ def decode(payload, expected_len: int, what: str = "float chunk") -> np.ndarray:
                 raise CorruptError(f"{what}: bad exponent table of {ntab}")
         elif symmode != SYM_EXP or ntab:
             raise CorruptError(f"{what}: bad symbol mode {symmode}")
-        raw_bits = 8 if symmode == SYM_EXP else 6
-    else:
-        if symmode or ntab:
-            raise CorruptError(f"{what}: {DTYPE_NAMES[kind]} has no symbol table")
-        raw_bits = 8 if kind == F16 else 0
-    want = (1 if mode == MODE_NONE else 1 + nclass) + (raw_bits > 0) + (kind == F32)
-    if len(blobs) != want or (mode != MODE_NONE and nclass != NCLASSES) or (mode == MODE_NONE and nclass != 1):
-        raise CorruptError(f"{what}: {len(blobs)} blobs, expected {want}")
+        return 8 if symmode == SYM_EXP else 6
+    if symmode or ntab:
+        raise CorruptError(f"{what}: {DTYPE_NAMES[kind]} has no symbol table")
+    return 8 if kind == F16 else 0
 
-    it = iter(blobs)
-    sym = _decode_symbols(it, mode, nclass, rows, cols, what)
-    if kind in (F8_E4M3, F8_E5M2):
-        return sym.copy()
-    codec, b, raw_len = next(it)
+
+def _read_raw_plane(blob: tuple, n: int, raw_bits: int, what: str) -> np.ndarray:
+    """The raw field of each of the ``n`` values (uint8; 6-bit fields unpacked)."""
+    codec, b, raw_len = blob
     want_len = packed6_len(n) if raw_bits == 6 else n
     if raw_len != want_len:
         raise CorruptError(f"{what}: raw plane of {raw_len} bytes, expected {want_len}")
     raw = np.frombuffer(_read_blob(codec, b, raw_len, what), np.uint8)
     if raw_bits == 6:
         raw = unpack6(raw, n, out=_scratch("draw", n, np.uint8))
-        slot_max = int(sym.max()) >> 2 if n else 0
-        base, has_zero = (int(table[0]), int(table[1])) if symmode == SYM_WINDOW else (0, 0)
-        if symmode == SYM_TABLE:
-            if slot_max >= ntab:
-                raise CorruptError(f"{what}: symbol beyond the exponent table")
-            expo_of = np.zeros(64, np.uint8)
-            expo_of[:ntab] = table
-        expo_tr = (expo_of.tobytes() * 4) if symmode == SYM_TABLE else b""
-        zero_fix = symmode == SYM_WINDOW and has_zero and base > 1
-        e8 = np.empty(BLOCK, np.uint8)
-        m8 = np.empty(BLOCK, np.uint8)
-        nz = np.empty(BLOCK, np.bool_)
+    return raw
+
+
+def _words_from_exponents(sym: np.ndarray, raw: np.ndarray) -> np.ndarray:
+    """16-bit words from symbols that are the exponent (bf16) or the exponent + 3 mantissa bits
+    (fp16), and raw bytes ``sign<<7 | 7 mantissa bits``."""
+    n = sym.size
     w = np.empty(n, _U16)
     t = np.empty(BLOCK, _U16)
     u = np.empty(BLOCK, _U16)
@@ -456,37 +476,66 @@ def decode(payload, expected_len: int, what: str = "float chunk") -> np.ndarray:
         s, r, o = sym[i : i + BLOCK], raw[i : i + BLOCK], w[i : i + BLOCK]
         m = s.size
         np.copyto(u[:m], r)
-        if raw_bits == 8:
-            # sym = exponent (bf16) or exponent + 3 mantissa bits (fp16); raw = sign<<7 | 7 mantissa bits
-            np.copyto(t[:m], s)
-            np.left_shift(t[:m], 7, out=t[:m])
-            np.bitwise_and(u[:m], 0x80, out=o)
-            np.left_shift(o, 8, out=o)
-            np.bitwise_and(u[:m], 0x7F, out=u[:m])
-        else:
-            e, mm = e8[:m], m8[:m]
-            np.right_shift(s, 2, out=e)  # slot
-            if symmode == SYM_WINDOW:
-                if zero_fix:
-                    np.not_equal(e, 0, out=nz[:m])
-                np.add(e, np.uint8(base - 1), out=e)
-                if zero_fix:
-                    np.multiply(e, nz[:m], out=e)
-            else:
-                e[:] = np.frombuffer(e.tobytes().translate(expo_tr), np.uint8)
-            np.copyto(t[:m], e)
-            np.left_shift(t[:m], 2, out=t[:m])
-            np.bitwise_and(s, 3, out=mm)
-            np.bitwise_or(t[:m], mm, out=t[:m])
-            np.left_shift(t[:m], 5, out=t[:m])  # exponent<<7 | top 2 mantissa bits<<5
-            np.bitwise_and(u[:m], 0x20, out=o)
-            np.left_shift(o, 10, out=o)
-            np.bitwise_and(u[:m], 0x1F, out=u[:m])
+        np.copyto(t[:m], s)
+        np.left_shift(t[:m], 7, out=t[:m])
+        np.bitwise_and(u[:m], 0x80, out=o)
+        np.left_shift(o, 8, out=o)
+        np.bitwise_and(u[:m], 0x7F, out=u[:m])
         np.bitwise_or(o, t[:m], out=o)
         np.bitwise_or(o, u[:m], out=o)
-    if kind != F32:
-        return w.view(np.uint8)
-    codec, b, raw_len = next(it)
+    return w
+
+
+def _words_from_slots(sym: np.ndarray, raw: np.ndarray, symmode: int, table: np.ndarray, what: str) -> np.ndarray:
+    """bf16 words from symbols ``slot<<2 | top 2 mantissa bits`` (the slot read through the
+    exponent window or table) and raw fields ``sign<<5 | 5 mantissa bits``."""
+    n = sym.size
+    base, has_zero = (int(table[0]), int(table[1])) if symmode == SYM_WINDOW else (0, 0)
+    if symmode == SYM_TABLE:
+        if (int(sym.max()) >> 2 if n else 0) >= table.size:
+            raise CorruptError(f"{what}: symbol beyond the exponent table")
+        expo_of = np.zeros(64, np.uint8)
+        expo_of[: table.size] = table
+    # a slot is < 64, so 4 copies of the table make the 256-byte map bytes.translate takes
+    expo_tr = (expo_of.tobytes() * 4) if symmode == SYM_TABLE else b""
+    zero_fix = symmode == SYM_WINDOW and has_zero and base > 1
+    e8 = np.empty(BLOCK, np.uint8)
+    m8 = np.empty(BLOCK, np.uint8)
+    nz = np.empty(BLOCK, np.bool_)
+    w = np.empty(n, _U16)
+    t = np.empty(BLOCK, _U16)
+    u = np.empty(BLOCK, _U16)
+    for i in range(0, n, BLOCK):
+        s, r, o = sym[i : i + BLOCK], raw[i : i + BLOCK], w[i : i + BLOCK]
+        m = s.size
+        np.copyto(u[:m], r)
+        e, mm = e8[:m], m8[:m]
+        np.right_shift(s, 2, out=e)  # slot
+        if symmode == SYM_WINDOW:
+            if zero_fix:
+                np.not_equal(e, 0, out=nz[:m])
+            np.add(e, np.uint8(base - 1), out=e)
+            if zero_fix:
+                np.multiply(e, nz[:m], out=e)
+        else:
+            e[:] = np.frombuffer(e.tobytes().translate(expo_tr), np.uint8)
+        np.copyto(t[:m], e)
+        np.left_shift(t[:m], 2, out=t[:m])
+        np.bitwise_and(s, 3, out=mm)
+        np.bitwise_or(t[:m], mm, out=t[:m])
+        np.left_shift(t[:m], 5, out=t[:m])  # exponent<<7 | top 2 mantissa bits<<5
+        np.bitwise_and(u[:m], 0x20, out=o)
+        np.left_shift(o, 10, out=o)
+        np.bitwise_and(u[:m], 0x1F, out=u[:m])
+        np.bitwise_or(o, t[:m], out=o)
+        np.bitwise_or(o, u[:m], out=o)
+    return w
+
+
+def _join_low_halves(w: np.ndarray, blob: tuple, what: str) -> np.ndarray:
+    """fp32's bytes: the decoded high halves ``w`` joined with the low halves in ``blob``."""
+    n = w.size
+    codec, b, raw_len = blob
     if raw_len != 2 * n:
         raise CorruptError(f"{what}: low plane of {raw_len} bytes, expected {2 * n}")
     low = np.frombuffer(_read_blob(codec, b, raw_len, what), "<u2")

@@ -43,6 +43,7 @@ import torch
 
 from glyd.codec.packed import u16_to_bf16
 from glyd.errors import FormatError
+from glyd.kv import _swar as swar
 
 #: Tier-1..3 digits cover ``off`` in [0, 3), [3, 6), [6, 9); the rest is a raw exponent byte.
 TIER = 3
@@ -114,10 +115,27 @@ def pack_blocks(x: torch.Tensor) -> dict[str, torch.Tensor]:
         raise FormatError(f"KV head dim {d} must be a multiple of 4")
     if p * d > 65535:
         raise FormatError(f"a KV page holds at most 65,535 values (page {p} x head dim {d} is more)")
-    dev = x.device
     bits = _bf16_bits(x)
     e = (bits >> 7) & 0xFF
     sm = (((bits >> 8) & 0x80) | (bits & 0x7F)).to(torch.uint8)
+    top = _choose_top(e)
+    off = top[:, None, :] - e  # [N, P, D]
+    d1, d2, d3 = _tier_digits(off), _tier_digits(off - TIER), _tier_digits(off - 2 * TIER)
+    tail, meta = _pack_tails(d1, d2, d3, e)
+    d1f = d1.reshape(n, p * d // 4, 4)
+    dig = d1f[..., 0] | (d1f[..., 1] << 2) | (d1f[..., 2] << 4) | (d1f[..., 3] << 6)
+    return {
+        "sm": sm,
+        "dig": dig.to(torch.uint8),
+        "top": top.to(torch.uint8),
+        "meta": meta,
+        "tail": tail,
+    }
+
+
+def _choose_top(e: torch.Tensor) -> torch.Tensor:
+    """``top [N, D]`` for exponents ``e [N, P, D]``: per channel, the one of ``max - s`` (s in
+    ``range(TOP_SEARCH)``, clamped at 0) that codes the channel in the fewest bits (ties: the larger)."""
     mx = e.amax(dim=1)  # [N, D]
     best_cost = None
     top = mx
@@ -130,12 +148,21 @@ def pack_blocks(x: torch.Tensor) -> dict[str, torch.Tensor]:
             better = cost < best_cost
             best_cost = torch.where(better, cost, best_cost)
             top = torch.where(better, cand, top)
-    off = top[:, None, :] - e  # [N, P, D]
-    d1 = torch.where((off >= 0) & (off < TIER), off, ESC)
-    o2 = off - TIER
-    d2 = torch.where((o2 >= 0) & (o2 < TIER), o2, ESC)
-    o3 = off - 2 * TIER
-    d3 = torch.where((o3 >= 0) & (o3 < TIER), o3, ESC)
+    return top
+
+
+def _tier_digits(o: torch.Tensor) -> torch.Tensor:
+    """A tier's digit of each value from its offset ``o`` into that tier: ``o`` in [0, TIER), else ESC."""
+    return torch.where((o >= 0) & (o < TIER), o, ESC)
+
+
+def _pack_tails(
+    d1: torch.Tensor, d2: torch.Tensor, d3: torch.Tensor, e: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every block's tail (column directory, tiers 2-4), one after the other, from the digits of
+    tiers 1-3 and the exponents ``e [N, P, D]``. Returns the tail stream (uint8) and ``meta``."""
+    n, p, d = e.shape
+    dev = e.device
     # The tiers list their values in stream order (column by column, see stream_order).
     order = stream_order(p, d, dev)
     w = columns(d)
@@ -157,29 +184,24 @@ def pack_blocks(x: torch.Tensor) -> dict[str, torch.Tensor]:
     sink = torch.full_like(start, total)
     dir_b = torch.stack([direc & 0xFF, direc >> 8], dim=-1).reshape(n, 6 * w)  # uint16 little-endian
     acc.index_add_(0, (start[:, None] + torch.arange(6 * w, device=dev)).reshape(-1), dir_b.reshape(-1).to(torch.int32))
-
-    def put_digits(mask: torch.Tensor, digits: torch.Tensor, base: torch.Tensor) -> None:
-        r = torch.cumsum(mask.to(torch.int32), 1) - 1
-        idx = torch.where(mask, base[:, None] + (r >> 2), sink[:, None])
-        val = torch.where(mask, digits << ((r & 3) * 2), 0)
-        acc.index_add_(0, idx.reshape(-1), val.reshape(-1).to(torch.int32))
-
-    put_digits(m1, d2s, start + db)
-    put_digits(m2, d3s, start + db + b2)
+    _put_digits(acc, sink, m1, d2s, start + db)
+    _put_digits(acc, sink, m2, d3s, start + db + b2)
     r = torch.cumsum(m3.to(torch.int32), 1) - 1
     idx = torch.where(m3, (start + db + b2 + b3)[:, None] + r, sink[:, None])
     acc.index_add_(0, idx.reshape(-1), torch.where(m3, es, 0).reshape(-1).to(torch.int32))
-
-    d1f = d1.reshape(n, p * d // 4, 4)
-    dig = d1f[..., 0] | (d1f[..., 1] << 2) | (d1f[..., 2] << 4) | (d1f[..., 3] << 6)
     meta = torch.stack([start, n2, n3, n4], dim=1).to(torch.int32)
-    return {
-        "sm": sm,
-        "dig": dig.to(torch.uint8),
-        "top": top.to(torch.uint8),
-        "meta": meta,
-        "tail": acc[:total].to(torch.uint8),
-    }
+    return acc[:total].to(torch.uint8), meta
+
+
+def _put_digits(
+    acc: torch.Tensor, sink: torch.Tensor, mask: torch.Tensor, digits: torch.Tensor, base: torch.Tensor
+) -> None:
+    """Add the 2-bit ``digits`` of the values in ``mask`` to ``acc``, 4 a byte from byte ``base`` on
+    (every other value's write goes to the ``sink`` slot)."""
+    r = torch.cumsum(mask.to(torch.int32), 1) - 1
+    idx = torch.where(mask, base[:, None] + (r >> 2), sink[:, None])
+    val = torch.where(mask, digits << ((r & 3) * 2), 0)
+    acc.index_add_(0, idx.reshape(-1), val.reshape(-1).to(torch.int32))
 
 
 def unpack_blocks(
@@ -298,24 +320,6 @@ def unpack_blocks_grouped(
     return u16_to_bf16(bits.to(torch.int32)).reshape(n, p, d)
 
 
-def _prmt(a: torch.Tensor, b: torch.Tensor, sel: torch.Tensor) -> torch.Tensor:
-    """PTX ``prmt.b32`` (default mode) on int64 tensors holding 32-bit words: result byte ``i`` is byte
-    ``sel``'s nibble ``i`` (bits 0-2) of ``b:a``, or that byte's sign replicated when the nibble's bit 3
-    is set."""
-    src = torch.stack([(a >> (8 * i)) & 0xFF for i in range(4)] + [(b >> (8 * i)) & 0xFF for i in range(4)], -1)
-    out = torch.zeros_like(a)
-    for i in range(4):
-        nib = (sel >> (4 * i)) & 0xF
-        byte = torch.gather(src, -1, (nib & 7)[..., None])[..., 0]
-        byte = torch.where((nib & 8) != 0, torch.where((byte & 0x80) != 0, 0xFF, 0), byte)
-        out |= byte << (8 * i)
-    return out
-
-
-def _popc32(x: torch.Tensor) -> torch.Tensor:
-    return sum((x >> i) & 1 for i in range(32))
-
-
 def unpack_blocks_swar(
     sm: torch.Tensor, dig: torch.Tensor, top: torch.Tensor, meta: torch.Tensor, tail: torch.Tensor
 ) -> torch.Tensor:
@@ -330,6 +334,10 @@ def unpack_blocks_swar(
     values as a nibble. Then 4 values at a time in byte lanes: the offsets gathered to bytes, the
     exponent bytes ``top - offset`` without borrows between lanes, raw bytes picked by rank from the
     group's 16-byte raw window and swapped in (``prmt``), and the bf16 words assembled.
+
+    The steps are in ``glyd.kv._swar``, named after the kernel's: ``_dir`` is ``column_bases``,
+    ``_stage1`` to ``_stage3`` are ``escape_tiers``, ``_stage4`` (with ``_raw_wide``, ``_quad``) is
+    ``group_values``; the word helpers keep the kernel's names without the underscore.
     """
     n, p, d = sm.shape
     if d % 16:
@@ -340,91 +348,14 @@ def unpack_blocks_swar(
     g = p * d // 16
     cw = columns(d)
     rows = g // cw
-
-    def words(x: torch.Tensor, k: int) -> torch.Tensor:  # little-endian 32-bit words of k bytes each
-        b = x.reshape(*x.shape[:-1], -1, 4).to(torch.int64)
-        return b[..., 0] | (b[..., 1] << 8) | (b[..., 2] << 16) | (b[..., 3] << 24)
-
-    w1 = words(dig.reshape(n, g * 4), 4)  # [n, g]
-    smw = words(sm.reshape(n, g, 16), 4)  # [n, g, 4]: values 4k..4k+3 in word k
-    tw = words(top.reshape(n, cw, 16), 4)[:, None].expand(n, rows, cw, 4).reshape(n, g, 4)
+    w1 = swar.words(dig.reshape(n, g * 4))  # [n, g]
+    smw = swar.words(sm.reshape(n, g, 16))  # [n, g, 4]: values 4k..4k+3 in word k
+    tw = swar.words(top.reshape(n, cw, 16))[:, None].expand(n, rows, cw, 4).reshape(n, g, 4)
     tailw = torch.cat([_tail_words(tail), torch.zeros(8, dtype=torch.int64, device=dev)])  # reads past the end
-    last = tailw.numel() - 1
-    tb = tail.to(torch.int64)
-    if tb.numel() < 2:
-        tb = torch.zeros(2, dtype=torch.int64, device=dev)
     mt = meta.to(torch.int64)
-    di = (mt[:, :1] + torch.arange(3 * cw, device=dev) * 2).clamp_max(tb.numel() - 2)
-    direc = (tb[di] | (tb[di + 1] << 8)).reshape(n, 1, cw, 3)
-
-    def base(cnt: torch.Tensor, k: int) -> torch.Tensor:  # the column's start plus the groups above
-        c = cnt.reshape(n, rows, cw)
-        return (direc[..., k] + torch.cumsum(c, 1) - c).reshape(n, g)
-
-    def shr64(lo: torch.Tensor, hi: torch.Tensor, sh: torch.Tensor) -> torch.Tensor:
-        return ((lo | (hi << 32)) >> sh) & 0xFFFFFFFF
-
-    def window(sw: torch.Tensor, b: torch.Tensor) -> torch.Tensor:  # 16 digits of a tier from digit b on
-        i = (sw[:, None] + (b >> 4)).clamp(0, last - 1)
-        return shr64(tailw[i], tailw[i + 1], 2 * (b & 15))
-
-    def expand(win: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
-        out = torch.zeros_like(m)
-        for _ in range(int(_popc32(m).max())):
-            low = m & ((-m) & 0xFFFFFFFF)
-            out = out + (win & 3) * low
-            win = win >> 2
-            m = m ^ low
-        return out
-
-    def part1by1(x: torch.Tensor) -> torch.Tensor:
-        x = (x | (x << 8)) & 0x00FF00FF
-        x = (x | (x << 4)) & 0x0F0F0F0F
-        x = (x | (x << 2)) & 0x33333333
-        return (x | (x << 1)) & 0x55555555
-
-    def excl_nibbles(x: torch.Tensor) -> torch.Tensor:
-        x = (x << 4) & 0xFFFFFFFF
-        x = (x + (x << 4)) & 0xFFFFFFFF
-        x = (x + (x << 8)) & 0xFFFFFFFF
-        return (x + (x << 16)) & 0xFFFFFFFF
-
-    m1 = w1 & (w1 >> 1) & 0x55555555
-    s2w = (mt[:, 0] + dir_bytes(d)) // 4
-    w2 = expand(window(s2w, base(_popc32(m1), 0)), m1)
-    m2 = w2 & (w2 >> 1) & 0x55555555
-    s3w = s2w + (mt[:, 1] + 15) // 16
-    w3 = expand(window(s3w, base(_popc32(m2), 1)), m2)
-    r = w3 & (w3 >> 1) & 0x55555555
-    s4 = 4 * (s3w + (mt[:, 2] + 15) // 16)
-    b4 = s4[:, None] + base(_popc32(r), 2)
-    mk = 0x33333333
-    se = (w1 & mk) + (w2 & mk) + (w3 & mk)
-    so = ((w1 >> 2) & mk) + ((w2 >> 2) & mk) + ((w3 >> 2) & mk)
-    plo, phi = part1by1(r & 0xFFFF), part1by1(r >> 16)
-    fsel = [(plo << 2) | 0x32103210, (phi << 2) | 0x32103210]
-    ranks = [excl_nibbles(plo), (excl_nibbles(phi) + _popc32(r & 0xFFFF) * 0x11111111) & 0xFFFFFFFF]
-    wi = (b4 >> 2).clamp(0, last - 4)
-    x = [tailw[wi + i] for i in range(5)]
-    w4 = [shr64(x[i], x[i + 1], (b4 & 3) * 8) for i in range(4)]  # the group's first 16 raw bytes
-    out = []
-    for k in range(4):
-        sel = ranks[k // 2] >> (16 * (k % 2))
-        hb = (sel >> 3) & 0x1111  # ranks 8-15 from the window's second half
-        hb = (hb & 0x11) | ((hb & 0x1100) << 8)
-        hb = ((hb | (hb << 4)) & 0x01010101) * 0xFF
-        s7 = sel & 0x7777
-        rq = (_prmt(w4[0], w4[1], s7) & ~hb) | (_prmt(w4[2], w4[3], s7) & hb)
-        a = _prmt(se, so, torch.full_like(se, k | ((4 + k) << 4) | (k << 8) | ((4 + k) << 12)))
-        off = (a & 0x00000F0F) | ((a >> 4) & 0x0F0F0000)
-        t = tw[..., k]
-        e = (((t | 0x80808080) - off) ^ (~t & 0x80808080)) & 0xFFFFFFFF  # bytewise t - off
-        e = _prmt(e, rq, fsel[k // 2] >> (16 * (k % 2)))
-        hi = (smw[..., k] & 0x80808080) | ((e >> 1) & 0x7F7F7F7F)
-        lo = (smw[..., k] & 0x7F7F7F7F) | ((e << 7) & 0x80808080)
-        for pair in (_prmt(lo, hi, torch.full_like(lo, 0x5140)), _prmt(lo, hi, torch.full_like(lo, 0x7362))):
-            out += [pair & 0xFFFF, pair >> 16]
-    bits = torch.stack(out, -1)  # [n, g, 16]
+    base = swar.column_bases(tail, mt, rows, cw, dev)
+    w2, w3, r, b4 = swar.escape_tiers(w1, tailw, mt, base, dir_bytes(d))
+    bits = swar.group_values(w1, w2, w3, r, b4, tailw, smw, tw)  # [n, g, 16]
     return u16_to_bf16(bits.to(torch.int32)).reshape(n, p, d)
 
 

@@ -214,6 +214,7 @@ def test_benchmark_script_help():
 
 
 @pytest.mark.gpu
+@pytest.mark.slow  # 23 s on the H200: outside the one-call default GPU set
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_evaluate_on_the_gpu(tiny_folder, data_dir):
     report = ev.evaluate(_cfg(tiny_folder, data_dir, device="cuda", modes=("fixed12", "tiered", "exact"), score_chunk=8))

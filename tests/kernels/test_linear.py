@@ -101,7 +101,7 @@ def _cases():
     ]
 
 
-@pytest.mark.gpu_sample(every=3)
+@pytest.mark.gpu_sample(every=5)
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("case", range(N_CASES))
 @pytest.mark.parametrize("with_bias", [False, True])
@@ -220,7 +220,7 @@ def test_linear_rejects_bad_input(device):
 
 
 @pytest.mark.gpu
-@pytest.mark.gpu_sample(every=4)
+@pytest.mark.gpu_sample(every=8)
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("layout", ["fixed12", "tiered"])
 @pytest.mark.parametrize("m", [1, 2, 4, 8, 16, 32, 64, 512])

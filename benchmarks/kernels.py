@@ -10,7 +10,13 @@ prints a short table last. Packing uses the GPU pack (torch ops).
     python benchmarks/kernels.py --out DIR [--quick] [--layers 28]
 
 Writes DIR/kernels.json (every number), DIR/table.md and DIR/measured_times.json (per-shape M=1
-times for glyd.ops.choose_layout: copy into src/glyd/kernels/measured.py).
+times for glyd.ops.choose_layout: paste its "layout" value as the "layout" section of the GPU's
+table, src/glyd/kernels/tables/<GPU>.json, e.g. NVIDIA_H200.json).
+
+The variants name their kernel family's config (``glyd.kernels.GemvConfig``, ``MmaConfig``, ...);
+"default" is what ``glyd.kernels.registry`` chooses from the GPU's table. Without a CUDA GPU it
+runs as a dry run under ``TRITON_INTERPRET=1``: tiny shapes, every check, nothing timed (times
+are NaN).
 """
 
 from __future__ import annotations
@@ -29,20 +35,25 @@ import torch.nn.functional as F
 
 import glyd
 from glyd import kernels
-from glyd.kernels import _common as C
-from glyd.kernels import fixed12
+from glyd.kernels import registry
 from glyd.timing import cuda_graph_ms
 
 log = logging.getLogger("bench")
 
 H, I, KV, VOCAB, LAYERS = 3584, 18944, 512, 152064, 28
+MS = [1, 2, 4, 8, 16, 32, 64, 512, 2048]
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+if DEV == "cpu":  # a dry run of this script on the CPU (TRITON_INTERPRET=1): tiny shapes, nothing timed
+    H, I, KV, VOCAB, LAYERS = 128, 256, 64, 256, 1
+    MS = [1, 2, 16, 64, 512]
 UNMERGED = [("q", H, H), ("k", KV, H), ("v", KV, H), ("o", H, H), ("gate", I, H), ("up", I, H), ("down", H, I)]
 MERGED = [("qkv", H + 2 * KV, H), ("o", H, H), ("gate_up", 2 * I, H), ("down", H, I)]
-MS = [1, 2, 4, 8, 16, 32, 64, 512, 2048]
 
 
 def read_bandwidth() -> float:
     """Streaming-read bandwidth (bytes/s): fp32 sum over a 4 GiB buffer, median of 20."""
+    if DEV != "cuda":
+        return float("nan")
     x = torch.randn(1 << 30, device="cuda")  # 4 GiB
     for _ in range(3):
         x.sum()
@@ -61,8 +72,17 @@ def read_bandwidth() -> float:
 
 
 def graph_time(fn, replays: int = 30) -> float:
-    """Median ms of replaying a CUDA graph of ``fn`` (after eager warm-up)."""
+    """Median ms of replaying a CUDA graph of ``fn`` (after eager warm-up); NaN in a CPU dry run
+    (``fn`` runs once)."""
+    if DEV != "cuda":
+        fn()
+        return float("nan")
     return cuda_graph_ms(fn, replays)
+
+
+def sync() -> None:
+    if DEV == "cuda":
+        torch.cuda.synchronize()
 
 
 def build(shapes, layers: int):
@@ -73,9 +93,9 @@ def build(shapes, layers: int):
         reps = 1 if name == "lm_head" else layers
         mats[name] = []
         for _ in range(reps):
-            w = (torch.randn(n, k, device="cuda") * 0.02).to(torch.bfloat16)
+            w = (torch.randn(n, k, device=DEV) * 0.02).to(torch.bfloat16)
             mats[name].append((w, kernels.pack(w, "fixed12"), kernels.pack(w, "tiered")))
-    torch.cuda.synchronize()
+    sync()
     weights = sum(n * k * (1 if name == "lm_head" else layers) for name, n, k in shapes + [("lm_head", VOCAB, H)])
     log.info("built %d weights in %.1f s (GPU pack, both layouts)", weights, time.time() - t0)
     return mats
@@ -106,24 +126,29 @@ def check(mats, fails: list, ms=None) -> None:
             if not torch.equal(kernels.unpack(p).view(torch.int16), w.view(torch.int16)):
                 fails.append(f"unpack {lay} {name} is not bit-exact")
             for m in ms or MS:
-                x = torch.randn(m, w.shape[1], device="cuda").to(torch.bfloat16)
-                b = torch.randn(w.shape[0], device="cuda").to(torch.bfloat16)
+                x = torch.randn(m, w.shape[1], device=DEV).to(torch.bfloat16)
+                b = torch.randn(w.shape[0], device=DEV).to(torch.bfloat16)
                 ref = F.linear(x.double(), w.double(), b.double())
                 y = kernels.linear(x, p, b)
                 err = ((y.double() - ref).norm() / ref.norm()).item()
                 if not err < 5e-3 or not torch.isfinite(y).all():
                     fails.append(f"linear {lay} {name} M={m}: rel err {err:.3g}")
-    torch.cuda.synchronize()
+    sync()
+
+
+def config_for(f, p, x):
+    """The config variant ``f`` runs ``p`` with at ``x`` (None: the registry's choice)."""
+    c = f(p.layout, x.shape[0])
+    return c(p, x) if callable(c) else c
 
 
 def check_variant(mats, which: int, f, m: int, vname: str, fails: list) -> None:
     """A timed variant against float64 F.linear on fresh inputs, on each shape's first matrix."""
-    lay = ("bf16", "fixed12", "tiered")[which]
     for name, reps in mats.items():
         w, p = reps[0][0], reps[0][which]
-        x = torch.randn(m, w.shape[1], device="cuda").to(torch.bfloat16)
+        x = torch.randn(m, w.shape[1], device=DEV).to(torch.bfloat16)
         ref = F.linear(x.double(), w.double())
-        y = kernels.linear(x, p, None, f(lay, m))
+        y = kernels.linear(x, p, None, config_for(f, p, x))
         err = ((y.double() - ref).norm() / ref.norm()).item()
         if not err < 5e-3 or not torch.isfinite(y).all():
             fails.append(f"variant {vname} {name} M={m}: rel err {err:.3g}")
@@ -142,33 +167,41 @@ def step_fn(mats, xs, which: int, cfg=None):
                 if which == 0:
                     outs.append(F.linear(x, obj))
                 else:
-                    outs.append(kernels.linear(x, obj, None, cfg(obj.layout, x.shape[0]) if cfg else None))
+                    outs.append(kernels.linear(x, obj, None, config_for(cfg, obj, x) if cfg else None))
 
     return run
 
 
-# Variants timed besides the defaults (layout, M) -> Config, or None for the default.
+def with_fixup(p, x):
+    """The registry's config for ``p`` at ``x`` with split-K summed in the kernel (``fixup``); a
+    config without that field (wg, ws, long) as chosen."""
+    _, cfg = kernels.choose(x, p)
+    return dataclasses.replace(cfg, fixup=True) if hasattr(cfg, "fixup") else cfg
+
+
+# Variants timed besides the defaults: (layout, M) -> a kernel family's config, a function
+# (packed, x) -> config for a per-matrix choice, or None (not timed at this M).
 def variants():
-    V = C.Config
+    from glyd.kernels import GemvConfig, MmaConfig
+
+    Gv, Mma = GemvConfig, MmaConfig
     f12 = lambda lay, m: lay == "fixed12"  # noqa: E731
     f12s = lambda lay, m: f12(lay, m) and m <= 64  # noqa: E731
     bmm = lambda m: max(16, 1 << (m - 1).bit_length())  # noqa: E731
     return {
-        # M = 1: group-major FMA tiles (the default: bn32 bk512, plane loads not pipelined, wv8)
-        "f12 fma gm bn32 bk512 s3": lambda lay, m: V(bm=1, bn=32, bk=512, dot=False, group_major=True, stages=3,
-                                                      waves=8) if f12(lay, m) and m == 1 else None,
-        "f12 fma gm bn32 bk512 s1 wv16": lambda lay, m: V(bm=1, bn=32, bk=512, dot=False, group_major=True,
-                                                           stages=1, waves=16) if f12(lay, m) and m == 1 else None,
-        "f12 fma gm bn64 bk256 s1 wv8": lambda lay, m: V(bm=1, bn=64, bk=256, dot=False, group_major=True,
-                                                          stages=1, waves=8) if f12(lay, m) and m == 1 else None,
-        "f12 fma gm bn32 bk512 s1 w8 wv8": lambda lay, m: V(bm=1, bn=32, bk=512, dot=False, group_major=True,
-                                                             stages=1, warps=8, waves=8)
+        # M = 1: the group-major GEMV under the "fma gm ... s1" names of earlier runs (the FMA loops
+        # they were timed against, "f12 fma gm bn32 bk512 s3" and "f12 gv old masked loop bm1", and
+        # the byte-tile GEMV "f12 byte bn16 g4 s1 wv8" are gone: their last version is in 497582d)
+        "f12 fma gm bn32 bk512 s1 wv16": lambda lay, m: Gv(bm=1, bn=32, bk=512, waves=16)
+        if f12(lay, m) and m == 1 else None,
+        "f12 fma gm bn64 bk256 s1 wv8": lambda lay, m: Gv(bm=1, bn=64, bk=256, waves=8)
+        if f12(lay, m) and m == 1 else None,
+        "f12 fma gm bn32 bk512 s1 w8 wv8": lambda lay, m: Gv(bm=1, bn=32, bk=512, warps=8, waves=8)
         if f12(lay, m) and m == 1 else None,
         # the group-major GEMV kernel (x as bf16 pairs, prmt decode, unmasked on whole shapes):
         # "f12 gv bmB bnN bkK wvW [pf]", B x rows a program on one decoded tile; pf = register prefetch
         **{f"f12 gv bm{bm} bn{bn} bk{bk} wv{wv}{' pf' if pf else ''}": (
-            lambda lay, m, bm=bm, bn=bn, bk=bk, wv=wv, pf=pf, ms=ms: V(
-                bm=bm, bn=bn, bk=bk, dot=False, group_major=True, stages=1, waves=wv, prefetch=pf)
+            lambda lay, m, bm=bm, bn=bn, bk=bk, wv=wv, pf=pf, ms=ms: Gv(bm=bm, bn=bn, bk=bk, waves=wv, prefetch=pf)
             if f12(lay, m) and m in ms else None)
            for bm, bn, bk, wv, pf, ms in [
                (1, 32, 512, 4, False, (1,)), (1, 32, 256, 8, False, (1,)), (1, 32, 256, 16, False, (1,)),
@@ -177,38 +210,33 @@ def variants():
                (4, 32, 128, 8, False, (4, 8)), (4, 16, 256, 8, False, (4,)),
                (8, 32, 128, 8, False, (8, 16)), (8, 16, 128, 8, False, (8, 16)), (16, 16, 128, 8, False, (16,)),
            ]},
-        "f12 gv old masked loop bm1": lambda lay, m: V(bm=1, bn=32, bk=512, dot=False, group_major=True, stages=1,
-                                                    waves=8, gemv=False) if f12(lay, m) and m == 1 else None,
-        "f12 byte bn16 g4 s1 wv8": lambda lay, m: V(bm=1, bn=16, dot=False, byte=True, g=4, stages=1, waves=8)
-        if f12(lay, m) and m <= 2 else None,
-        # mma tile kernel (the default at M = 2-64): a few neighbours of the defaults
-        "f12 mma bn32 g2 s4 wv16": lambda lay, m: V(bm=bmm(m), bn=32, mma=True, g=2, stages=4, waves=16)
+        # mma tile kernel: a few neighbours of its old defaults at M = 2-64
+        "f12 mma bn32 g2 s4 wv16": lambda lay, m: Mma(bm=bmm(m), bn=32, g=2, stages=4, waves=16)
         if f12s(lay, m) and 1 < m <= 16 else None,
-        "f12 mma bn32 g2 s3 wv8": lambda lay, m: V(bm=bmm(m), bn=32, mma=True, g=2, stages=3, waves=8)
+        "f12 mma bn32 g2 s3 wv8": lambda lay, m: Mma(bm=bmm(m), bn=32, g=2, stages=3, waves=8)
         if f12s(lay, m) and 1 < m <= 16 else None,
-        "f12 mma bn64 g2 s3 wv8": lambda lay, m: V(bm=bmm(m), bn=64, mma=True, g=2, stages=3, waves=8)
+        "f12 mma bn64 g2 s3 wv8": lambda lay, m: Mma(bm=bmm(m), bn=64, g=2, stages=3, waves=8)
         if f12s(lay, m) and m > 16 else None,
-        # group-major FMA with 2 or 4 x rows a program on one decoded tile (not timed yet; static
-        # SASS: 9.4 instructions a weight at bm 2 against 7.3 at bm 1; bm 4 spills at bn 32)
-        "f12 fma gm bm2 bn32 bk512 wv8": lambda lay, m: V(bm=2, bn=32, bk=512, dot=False, group_major=True,
-                                                           stages=1, waves=8) if f12(lay, m) and 2 <= m <= 4 else None,
-        "f12 fma gm bm4 bn16 bk512 wv8": lambda lay, m: V(bm=4, bn=16, bk=512, dot=False, group_major=True,
-                                                           stages=1, waves=8) if f12(lay, m) and m == 4 else None,
-        # the defaults with split-K summed by each tile's last program (no finalize kernel)
-        "f12 fix default": lambda lay, m: dataclasses.replace(fixed12.default_config(m, 0, 0), fixup=True)
-        if f12(lay, m) and m <= 64 else None,
-        "f12 fix gm bn32 bk512 s1 wv16": lambda lay, m: V(bm=1, bn=32, bk=512, dot=False, group_major=True,
-                                                           stages=1, waves=16, fixup=True)
+        # the GEMV with 2 or 4 x rows a program on one decoded tile (static SASS: 9.4 instructions
+        # a weight at bm 2 against 7.3 at bm 1; bm 4 spills at bn 32)
+        "f12 fma gm bm2 bn32 bk512 wv8": lambda lay, m: Gv(bm=2, bn=32, bk=512, waves=8)
+        if f12(lay, m) and 2 <= m <= 4 else None,
+        "f12 fma gm bm4 bn16 bk512 wv8": lambda lay, m: Gv(bm=4, bn=16, bk=512, waves=8)
+        if f12(lay, m) and m == 4 else None,
+        # each matrix's default with split-K summed by each tile's last program (no finalize kernel)
+        "f12 fix default": lambda lay, m: with_fixup if f12(lay, m) and m <= 64 else None,
+        "f12 fix gm bn32 bk512 s1 wv16": lambda lay, m: Gv(bm=1, bn=32, bk=512, waves=16, fixup=True)
         if f12(lay, m) and m == 1 else None,
         # long prompts (the default unpacks then calls cuBLAS)
-        "f12 mma long bn64 bm128 w4": lambda lay, m: V(bm=128, bn=64, mma=True, g=1, stages=3, warps=4)
+        "f12 mma long bn64 bm128 w4": lambda lay, m: Mma(bm=128, bn=64, g=1, stages=3, warps=4)
         if f12(lay, m) and m >= 512 else None,
     }
 
 
 def unpack_sweep(mats) -> dict:
-    """ms to unpack the 28 gate matrices (18944 x 3584) per layout and tiered (blocks, warps)."""
-    from glyd.kernels import tiered as kt
+    """us to unpack one of the 28 gate matrices (18944 x 3584) per layout, fixed12 unpack configs
+    and tiered (blocks, warps)."""
+    from glyd.kernels import TieredUnpackConfig, UnpackConfig
 
     reps = mats["gate"]
     out = {}
@@ -217,31 +245,27 @@ def unpack_sweep(mats) -> dict:
             for trip in reps:
                 kernels.unpack(trip[which])
         out[lay] = graph_time(run, 20)
-    # fixed12: the byte-tile kernel and word-tile shapes (the default is the word-tile kernel)
-    for words, bn, g, w in ((False, 0, 0, 0), (True, 16, 4, 4), (True, 32, 2, 4), (True, 64, 4, 8)):
-        old = (fixed12.UNPACK_WORDS, fixed12.UNPACK_BN, fixed12.UNPACK_G, fixed12.UNPACK_WARPS)
-        fixed12.UNPACK_WORDS = words
-        if words:
-            fixed12.UNPACK_BN, fixed12.UNPACK_G, fixed12.UNPACK_WARPS = bn, g, w
+    # fixed12: the byte tiles (what padded rows and the chunked long-prompt path use) and a wider
+    # flat kernel; the default ("fixed12") is the flat kernel (whole rows as one stream of groups)
+    for name, cfg in (("fixed12 bytes", UnpackConfig(flat_groups=0)),
+                      ("fixed12 bytes r16 g4 w4", UnpackConfig(flat_groups=0, rows=16, groups=4, warps=4)),
+                      ("fixed12 flat 32 groups w4", UnpackConfig(flat_groups=32, flat_warps=4))):
         try:
-            ref = kernels.unpack(reps[0][1]).view(torch.int16).clone()
-
-            def run():
-                for trip in reps:
-                    kernels.unpack(trip[1])
-            name = f"fixed12 words bn{bn} g{g} w{w}" if words else "fixed12 bytes"
-            t = graph_time(run, 20)
-            if torch.equal(kernels.unpack(reps[0][1]).view(torch.int16), ref) and torch.equal(
-                    ref, reps[0][0].view(torch.int16)):
-                out[name] = t
-            else:
+            ref = reps[0][0].view(torch.int16)
+            if not torch.equal(kernels.unpack(reps[0][1], None, cfg).view(torch.int16), ref):
                 log.warning("unpack %s is not bit-exact", name)
-        finally:
-            fixed12.UNPACK_WORDS, fixed12.UNPACK_BN, fixed12.UNPACK_G, fixed12.UNPACK_WARPS = old
+                continue
+
+            def run(cfg=cfg):
+                for trip in reps:
+                    kernels.unpack(trip[1], None, cfg)
+            out[name] = graph_time(run, 20)
+        except Exception as exc:
+            log.warning("unpack %s failed: %s", name, exc)
     for bb, warps in ((1, 1), (2, 1), (4, 4), (8, 8)):
         def run(bb=bb, warps=warps):
             for trip in reps:
-                kt.unpack(trip[2], None, bb, warps)
+                kernels.unpack(trip[2], None, TieredUnpackConfig(blocks=bb, warps=warps))
         try:
             out[f"tiered bb{bb} w{warps}"] = graph_time(run, 20)
         except Exception as exc:
@@ -260,7 +284,7 @@ def bench_mode(mode: str, shapes, layers: int, bw: float, quick: bool, res: dict
     log.info("%s: checks done, %d failures so far", mode, len(fails))
     var = {k: v for k, v in variants().items() if not only or any(o in k for o in only)}
     for m in ms or MS:
-        xs = {k: torch.randn(m, k, device="cuda").to(torch.bfloat16) for k in (H, I)}
+        xs = {k: torch.randn(m, k, device=DEV).to(torch.bfloat16) for k in (H, I)}
         row = {"bf16": graph_time(step_fn(mats, xs, 0))}
         row["fixed12"] = graph_time(step_fn(mats, xs, 1))
         row["tiered"] = graph_time(step_fn(mats, xs, 2)) if tiered else float("nan")
@@ -287,7 +311,7 @@ def bench_mode(mode: str, shapes, layers: int, bw: float, quick: bool, res: dict
 def per_shape(mats) -> dict:
     """M=1 time (us) of each distinct matrix shape, over its layers' copies (no L2 reuse)."""
     out = {}
-    x = {k: torch.randn(1, k, device="cuda").to(torch.bfloat16) for k in (H, I)}
+    x = {k: torch.randn(1, k, device=DEV).to(torch.bfloat16) for k in (H, I)}
     for name, reps in mats.items():
         n, k = reps[0][0].shape
         t = {}
@@ -343,7 +367,7 @@ def main(argv=None) -> int:
     os.makedirs(args.out, exist_ok=True)
     import triton
 
-    dev = torch.cuda.get_device_name()
+    dev = torch.cuda.get_device_name() if DEV == "cuda" else "cpu (interpreter dry run)"
     res = {"device": dev, "torch": torch.__version__, "triton": triton.__version__,
            "date": time.strftime("%Y-%m-%d"), "layers": args.layers}
     bw = read_bandwidth()
@@ -359,9 +383,13 @@ def main(argv=None) -> int:
     res["failures"] = fails
     with open(os.path.join(args.out, "kernels.json"), "w") as f:
         json.dump(res, f, indent=1)
+    table_path = f"src/glyd/kernels/tables/{registry.table_file(dev).name}"
     if "per_shape" in res:
         with open(os.path.join(args.out, "measured_times.json"), "w") as f:
-            json.dump({dev: {"date": res["date"], "m": 1, "shapes": res["per_shape"]}}, f, indent=1)
+            json.dump({"about": f"paste the value of 'layout' as the 'layout' section of {table_path} (the table "
+                                "of this GPU; glyd.ops.choose_layout reads it for layout='auto')",
+                       "table": table_path, "layout": {"date": res["date"], "m": 1, "shapes": res["per_shape"]}},
+                      f, indent=1)
     # Variant sweep (unmerged), then the per-shape times, then the main table last.
     if "unmerged" in res:
         for m, row in res["unmerged"]["rows"].items():
@@ -371,6 +399,9 @@ def main(argv=None) -> int:
         print("unpack, us a 18944x3584 matrix:", res.get("unpack_us"))
         for shape, t in res.get("per_shape", {}).items():
             print(f"per-matrix M=1 {shape}: " + ", ".join(f"{k} {v} us" for k, v in t.items()))
+        if "per_shape" in res:
+            print(f"per-matrix M=1 times: paste the 'layout' of {os.path.join(args.out, 'measured_times.json')} "
+                  f"as the 'layout' section of {table_path}")
     tab = table(res, bw)
     with open(os.path.join(args.out, "table.md"), "w") as f:
         f.write(tab + "\n")

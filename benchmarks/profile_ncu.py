@@ -10,6 +10,10 @@ those launches:
 
 ``--shape q/o --ms 16,64`` profiles bf16 and the default config at those M on another shape
 instead of the fixed variant list. Without ncu it just checks each variant against float64 F.linear and prints its name.
+The variants are kernel family configs (``glyd.kernels.GemvConfig``, ``GluonConfig``, ``WgConfig``,
+``WsConfig``); the default is the registry's choice. ``--ws`` no longer runs the ws kernel's probes
+(``fixed12_ws.PROBE_LOADS``: its TMA stream alone, its warpgroup alone, both with no handoff): they
+are gone, and this script's 497582d version has them.
 """
 
 from __future__ import annotations
@@ -23,8 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from glyd import kernels
-from glyd.kernels import _common as C
-from glyd.kernels import fixed12
+from glyd.kernels import GemvConfig, GluonConfig, WgConfig, WsConfig
 
 log = logging.getLogger("profile_ncu")
 
@@ -32,14 +35,11 @@ VARIANTS = {
     # name: (M, Config or None for the default, or "bf16")
     "bf16 M=1": (1, "bf16"),
     "f12 default M=1": (1, None),
-    "f12 gv bm1 bn32 bk256 wv8 M=1": (1, C.Config(bm=1, bn=32, bk=256, dot=False, group_major=True, stages=1,
-                                                  waves=8)),
+    "f12 gv bm1 bn32 bk256 wv8 M=1": (1, GemvConfig(bm=1, bn=32, bk=256, waves=8)),
     "bf16 M=2": (2, "bf16"),
-    "f12 gv bm2 bn32 bk256 wv8 M=2": (2, C.Config(bm=2, bn=32, bk=256, dot=False, group_major=True, stages=1,
-                                                  waves=8)),
+    "f12 gv bm2 bn32 bk256 wv8 M=2": (2, GemvConfig(bm=2, bn=32, bk=256, waves=8)),
     "bf16 M=8": (8, "bf16"),
-    "f12 gv bm8 bn32 bk128 wv8 M=8": (8, C.Config(bm=8, bn=32, bk=128, dot=False, group_major=True, stages=1,
-                                                  waves=8)),
+    "f12 gv bm8 bn32 bk128 wv8 M=8": (8, GemvConfig(bm=8, bn=32, bk=128, waves=8)),
 }
 
 # --set gluon: the Gluon tile against the GEMV at M = 1 (the same bytes; the GEMV is 0.78x bf16 on
@@ -47,15 +47,15 @@ VARIANTS = {
 GLUON_VARIANTS = {
     "bf16 M=1": (1, "bf16"),
     "f12 default M=1": (1, None),
-    "f12 gluon bn64 w4 exc_tile M=1": (1, C.Config(bm=16, bn=64, bk=128, gluon=True, warps=4, waves=8, prefetch=True,
-                                                   exc_tile=True)),
-    "f12 gluon bn64 w4 ring3 exc_tile M=1": (1, C.Config(bm=16, bn=64, bk=128, gluon=True, warps=4, waves=8,
-                                                         prefetch=True, ring=3, ring_x=True, exc_tile=True)),
-    "f12 gluon bn64 w4 step exc_tile M=1": (1, C.Config(bm=16, bn=64, bk=128, gluon=True, warps=4, waves=8,
-                                                        prefetch=True, exc_tile=True, x_ahead=False)),
-    "f12 gluon bn64 w4 step x8 r96 exc_tile M=1": (1, C.Config(bm=16, bn=64, bk=128, gluon=True, warps=4, waves=8,
-                                                               prefetch=True, exc_tile=True, x_ahead=False,
-                                                               x_rows8=True, maxnreg=96)),
+    "f12 gluon bn64 w4 exc_tile M=1": (1, GluonConfig(bm=16, bn=64, bk=128, warps=4, waves=8, prefetch=True,
+                                                      exc_tile=True)),
+    "f12 gluon bn64 w4 ring3 exc_tile M=1": (1, GluonConfig(bm=16, bn=64, bk=128, warps=4, waves=8, prefetch=True,
+                                                            ring=3, ring_x=True, exc_tile=True)),
+    "f12 gluon bn64 w4 step exc_tile M=1": (1, GluonConfig(bm=16, bn=64, bk=128, warps=4, waves=8, prefetch=True,
+                                                           exc_tile=True, x_ahead=False)),
+    "f12 gluon bn64 w4 step x8 r96 exc_tile M=1": (1, GluonConfig(bm=16, bn=64, bk=128, warps=4, waves=8,
+                                                                  prefetch=True, exc_tile=True, x_ahead=False,
+                                                                  x_rows8=True, maxnreg=96)),
     "bf16 M=8": (8, "bf16"),
     "f12 default M=8": (8, None),
 }
@@ -70,15 +70,15 @@ def main(argv=None) -> int:
     ap.add_argument("--ms", default=None, help="comma-separated M: bf16 and the default config at each "
                     "(instead of the fixed variant list)")
     ap.add_argument("--set", default="gemv", choices=("gemv", "gluon"), help="the fixed variant list")
-    ap.add_argument("--fixup", action="store_true", help="with --ms: also the default with Config.fixup")
+    ap.add_argument("--fixup", action="store_true", help="with --ms: also the default with fixup=True (where "
+                    "its config has the field: not wg, ws or long)")
     ap.add_argument("--gluon64", action="store_true",
                     help="with --ms: also the bm 64 Gluon tile (x tiles in the async ring, exceptions in the tile)")
     ap.add_argument("--wg", action="store_true",
                     help="with --ms: also the wgmma tile (fixed12_wg: bn 64 4 warps, bn 128 8 warps; waves 4)")
     ap.add_argument("--ws", action="store_true",
                     help="with --ms: also the warp-specialized wgmma tile (fixed12_ws: the defaults' ring 2, "
-                    "3 programs an SM), its TMA stream alone, its warpgroup alone and both with no handoff "
-                    "(fixed12_ws.PROBE_LOADS 1, 3, 4)")
+                    "3 programs an SM)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     n, k = SHAPES[args.shape]
@@ -91,39 +91,28 @@ def main(argv=None) -> int:
             variants[f"bf16 M={m}"] = (m, "bf16")
             variants[f"f12 default M={m}"] = (m, None)
             if args.gluon64:
-                variants[f"f12 gluon bm64 bn64 ring2 M={m}"] = (m, C.Config(
-                    bm=64, bn=64, bk=128, gluon=True, warps=4, waves=8, prefetch=True, ring=2, ring_x=True,
-                    exc_tile=True))
+                variants[f"f12 gluon bm64 bn64 ring2 M={m}"] = (m, GluonConfig(
+                    bm=64, bn=64, bk=128, warps=4, waves=8, prefetch=True, ring=2, ring_x=True, exc_tile=True))
             if args.wg:
                 bt = 16 if m <= 16 else 32 if m <= 32 else 64
                 for bn, warps in ((64, 4), (128, 8)):
-                    variants[f"f12 wg bm{bt} bn{bn} w{warps} wv4 M={m}"] = (m, C.Config(
-                        bm=bt, bn=bn, bk=128, gluon=True, wg=True, warps=warps, waves=4))
+                    variants[f"f12 wg bm{bt} bn{bn} w{warps} wv4 M={m}"] = (m, WgConfig(
+                        bm=bt, bn=bn, warps=warps, waves=4))
             if args.ws:  # runs 76-77 profiled ring 4 (3 at bm 64), 2 an SM, 128 registers
                 bt = 8 if m <= 8 else 16 if m <= 16 else 32 if m <= 32 else 64
-                cfg = C.Config(bm=bt, bn=64, bk=128, gluon=True, wg=True, ws=True, stages=2, waves=3, exc_tile=True,
-                               maxnreg=80)  # the defaults' settings (round 29)
+                cfg = WsConfig(bm=bt, bn=64, stages=2, waves=3, maxnreg=80)  # the defaults' settings (round 29)
                 variants[f"f12 ws bm{bt} s2 wv3 r80 M={m}"] = (m, cfg)
-                variants[f"f12 ws bm{bt} s2 wv3 r80 loads M={m}"] = (m, (cfg, 1))
-                variants[f"f12 ws bm{bt} s2 wv3 r80 compute only M={m}"] = (m, (cfg, 3))
-                variants[f"f12 ws bm{bt} s2 wv3 r80 both, no handoff M={m}"] = (m, (cfg, 4))
             if args.fixup:
-                variants[f"f12 default fixup M={m}"] = (m, dataclasses.replace(fixed12.default_config(m, n, k),
-                                                                               fixup=True))
+                _, d = kernels.choose(torch.empty(m, k, device="cuda", dtype=torch.bfloat16), p)
+                if hasattr(d, "fixup"):
+                    variants[f"f12 default fixup M={m}"] = (m, dataclasses.replace(d, fixup=True))
+                else:
+                    log.info("M=%d: the default (%s) has no fixup setting", m, type(d).__name__)
     runs = []
     for name, (m, cfg) in variants.items():
         x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
         if cfg == "bf16":
             fn = (lambda x=x: F.linear(x, w))
-        elif isinstance(cfg, tuple):  # (ws config, fixed12_ws.PROBE_LOADS): a probe, its output unchecked
-            from glyd.kernels import fixed12_ws
-
-            def fn(x=x, cfg=cfg[0], probe=cfg[1]):
-                fixed12_ws.PROBE_LOADS = probe
-                try:
-                    return kernels.linear(x, p, None, cfg)
-                finally:
-                    fixed12_ws.PROBE_LOADS = 0
         else:
             fn = (lambda x=x, cfg=cfg: kernels.linear(x, p, None, cfg))
             ref = F.linear(x.double(), w.double())

@@ -1,23 +1,24 @@
 """Static sm_90 SASS of the fixed12 `tc` kernel, compiled on any machine (no GPU needed).
 
-Compiles ``_tc_kernel`` for an H100/H200 target with Triton, disassembles it with the
-``cuobjdump`` that ships with Triton, and prints registers, spill stack, shared memory, the
-instructions of the whole kernel and of its main loop (the largest backward branch), and the
-counts of global loads, async copies and MMA instructions. Each spec is
-``bm,bn,bk,warps,stages[,FLAG=0|1...]`` (flags: PREFETCH (Gluon: 0, 1 or 2 steps ahead), ASYNC (Gluon: async-copy ring stages), PAIRS; GLUON=1: the explicit-layout
-kernel of ``fixed12_gluon`` instead, bm 16, 32 or 64 and 4 warps).
+Compiles ``_tc_kernel`` (``glyd.kernels.fixed12_tc``) for an H100/H200 target with Triton,
+disassembles it with the ``cuobjdump`` that ships with Triton, and prints registers, spill stack,
+shared memory, the instructions of the whole kernel and of its main loop (the largest backward
+branch), and the counts of global loads, async copies and MMA instructions. Each spec is
+``bm,bn,bk,warps,stages[,FLAG=0|1...]`` (flags: PREFETCH (Gluon: 0, 1 or 2 steps ahead), ASYNC (Gluon: async-copy
+ring stages), XASYNC (Gluon: x rows in the ring); GLUON=1: the explicit-layout kernel of ``fixed12_gluon`` instead,
+bm 16, 32 or 64 and 4 warps). tc's pair decode (``PAIRS``, ``TC_PAIRS``) is gone (497582d has it).
 
-    PYTHONPATH=src .venv/bin/python benchmarks/sass_count.py 16,64,256,4,1 16,64,256,4,1,PAIRS=1 16,64,256,4,1,GLUON=1
+    PYTHONPATH=src .venv/bin/python benchmarks/sass_count.py 16,64,256,4,1 16,64,256,4,1,PREFETCH=1 16,64,256,4,1,GLUON=1
 
-``--kv PROBES`` does the same for the KV decode-attention kernel of ``glyd.kv._gluon`` (as the
-launcher compiles it: one warp, maxnreg 168, 7 query heads a KV head) at each of its timing probes
-(0 as shipped, 2 tier 1 only, 3 no window loads, 4 one escape level), and splits the instructions of
+``--kv`` does the same for the KV decode-attention kernel of ``glyd.kv._gluon`` (as the
+launcher compiles it: one warp, maxnreg 168, 7 query heads a KV head; its timing probes, ``PROBE``,
+are gone: this script's 497582d version compiles them), and splits the instructions of
 its chunk loop by pipe (a static guess from the opcode: ``alu`` integer and logic, ``fma`` multiply-add
 and float, ``lsu`` loads and stores, ``shfl``, ``other``) and by the kernel function they come from
 (``nvdisasm`` line info; a function inlined into another counts as itself). The expansion loops run
 as many times as a chunk's busiest group has escapes; a static count takes each once.
 
-    PYTHONPATH=src .venv/bin/python benchmarks/sass_count.py --kv 0,2,4
+    PYTHONPATH=src .venv/bin/python benchmarks/sass_count.py --kv
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from glyd.kernels import fixed12
+from glyd.kernels import fixed12_tc
 
 PTRS = {"x_ptr": "*bf16", "code_ptr": "*i32", "lo_ptr": "*i32", "lo8_ptr": "*u8", "base_ptr": "*u8",
         "rowptr_ptr": "*i32", "eidx_ptr": "*i64", "ehi_ptr": "*u8", "bias_ptr": "*bf16", "out_ptr": "*bf16",
@@ -54,11 +55,15 @@ def compile_tc(bm: int, bn: int, bk: int, warps: int, stages: int, GLUON: bool =
                  "XASYNC": bool(flags.get("XASYNC", 0))}
         if const["XASYNC"]:
             const["XCL"], const["XSL"] = g.x_ring_layouts(bk, warps)
+        # every other constexpr at its default (exceptions in a pass of their own, fp32 partials out): the
+        # kernel's signature would otherwise give them an i32 type (GLUON=1 failed so in 497582d too)
+        const.update({q.name: q.default for q in kern.params
+                      if q.is_constexpr and q.has_default and q.name not in const})
         ptrs = {**PTRS, "lo_ptr": "*i32", "code_ptr": "*i32", "part_ptr": "*fp32"}
     else:
-        kern, source = fixed12._tc_kernel, ASTSource
+        kern, source = fixed12_tc._tc_kernel, ASTSource
         const = dict(BM=bm, BN=bn, BK=bk, EVEN=True, PRMT=True, HAS_BIAS=False, HAS_EXC=True, PARTIAL=True,
-                     F32DOT=False, FIXUP=False, PREFETCH=False, PAIRS=False)
+                     F32DOT=False, FIXUP=False, PREFETCH=False)
         const.update(flags)
         ptrs = PTRS
     names = kern.arg_names
@@ -95,9 +100,8 @@ FMA = {"IMAD", "FMUL", "FADD", "FFMA", "VIADD", "HMMA", "F2FP", "MUFU"}
 LSU = {"LDG", "STG", "LDS", "STS", "LDL", "STL", "LDC"}
 
 
-def kv_loop(probe: int) -> dict:
-    """Registers and the chunk loop's instructions of the Gluon KV kernel at a timing probe, by pipe and
-    by source function."""
+def kv_loop() -> dict:
+    """Registers and the chunk loop's instructions of the Gluon KV kernel, by pipe and by source function."""
     import ast
     import collections
 
@@ -106,7 +110,7 @@ def kv_loop(probe: int) -> dict:
     from glyd.kv import _gluon as g
 
     kern = g._kv_gluon_kernel
-    const = dict(g.layouts(), G=7, GP=8, PROBE=probe, PREFETCH=True)
+    const = dict(g.layouts(), G=7, GP=8, PREFETCH=True)
     ptrs = {"q_ptr": "*bf16", "lens_ptr": "*i32", "starts_ptr": "*i32", "m_out": "*fp32", "l_out": "*fp32",
             "acc_out": "*fp32"}
     for pre in ("k_", "v_"):
@@ -165,14 +169,19 @@ def kv_loop(probe: int) -> dict:
 
 def main(argv=None) -> int:
     argv = list(argv if argv is not None else sys.argv[1:])
-    if argv[:1] == ["--kv"]:
-        for probe in (int(p) for p in (argv[1] if len(argv) > 1 else "0,2,4").split(",")):
-            r = kv_loop(probe)
-            print(f"KV Gluon kernel, probe {probe}: registers {r['registers']}, stack {r['stack']}, chunk loop "
-                  f"{r['loop']} instructions ({', '.join(f'{k} {v}' for k, v in sorted(r['pipes'].items()))})")
-            print("  by function: " + ", ".join(f"{n} {c}" for n, c in r["functions"]))
+    if argv[:1] in (["-h"], ["--help"]):
+        print(__doc__)
         return 0
-    specs = argv or ["16,64,256,4,1", "16,64,256,4,1,PAIRS=1"]
+    if argv[:1] == ["--kv"]:
+        if argv[1:] not in ([], ["0"]):  # the probes of 497582d (0 was the kernel as shipped)
+            raise SystemExit(f"sass_count.py --kv takes no probes any more (got {argv[1]!r}): they are gone with "
+                             "glyd.kv's PROBE; check out 497582d for them")
+        r = kv_loop()
+        print(f"KV Gluon kernel: registers {r['registers']}, stack {r['stack']}, chunk loop "
+              f"{r['loop']} instructions ({', '.join(f'{k} {v}' for k, v in sorted(r['pipes'].items()))})")
+        print("  by function: " + ", ".join(f"{n} {c}" for n, c in r["functions"]))
+        return 0
+    specs = argv or ["16,64,256,4,1", "16,64,256,4,1,PREFETCH=1"]
     for spec in specs:
         parts = spec.split(",")
         bm, bn, bk, warps, stages = (int(v) for v in parts[:5])

@@ -14,7 +14,9 @@ plus the lm_head, one CUDA graph), fixed12 only. For each M it
     python benchmarks/step_parts.py --out DIR [--ms 1,2,4,8,16] [--layers 28] [--fixup]
 
 Writes DIR/step_parts.json and prints a short table last. Timing-only: correctness is
-``kernels.py``'s job (and the GPU tests').
+``kernels.py``'s job (and the GPU tests'). The configs are the registry's choices (``--fixup``:
+with ``fixup=True`` where the config has it; the wg, ws and long configs have not); the table's
+header gives their ``pdl`` settings (the default comes from ``GLYD_PDL``).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ import torch.nn.functional as F
 
 from glyd import kernels
 from glyd.kernels import _common as C
-from glyd.kernels import fixed12
+from glyd.kernels import registry
 from glyd.timing import cuda_graph_ms
 
 log = logging.getLogger("step_parts")
@@ -48,9 +50,9 @@ def kind(name: str) -> str:
         return "reduce"
     if "_exception_kernel" in name:
         return "exceptions"
-    if "_gl_kernel" in name or "_wg_kernel" in name:
+    if "_gl_kernel" in name or "_wg_kernel" in name or "_ws_kernel" in name:
         return "gluon tile"
-    if any(k in name for k in ("_gemv_gm_kernel", "_tc_kernel", "_mma_kernel", "_linear_kernel", "_gemv_bytes")):
+    if any(k in name for k in ("_gemv_gm_kernel", "_tc_kernel", "_mma_kernel", "_tile_kernel")):
         return "triton tile/gemv"
     return "other: " + name[:40]
 
@@ -72,6 +74,19 @@ def step(mats, xs, which: int):
             x = xs[obj.shape[1]]
             F.linear(x, obj) if which == 0 else kernels.linear(x, obj)
     return run
+
+
+def step_pdl(mats, xs) -> list[str]:
+    """The ``pdl`` settings of the configs the step's fixed12 products run with."""
+    return sorted({getattr(kernels.choose(xs[p.shape[1]], p)[1], "pdl", "") for _, p in mats})
+
+
+def with_fixup(choose):
+    """``registry.choose`` with ``fixup=True`` in every config that has the field."""
+    def pick(problem, device):
+        kc, cfg = choose(problem, device)
+        return kc, (dataclasses.replace(cfg, fixup=True) if hasattr(cfg, "fixup") else cfg)
+    return pick
 
 
 def profile(fn, graph: bool = True) -> dict:
@@ -134,24 +149,26 @@ def main(argv=None) -> int:
     mats = build(args.layers)
     log.info("built in %.1f s", time.time() - t0)
     res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-           "date": time.strftime("%Y-%m-%d"), "pdl": C.PDL, "rows": {}}
+           "date": time.strftime("%Y-%m-%d"), "pdl": [], "rows": {}}
     real_finalize = C.finalize
     for m in [int(v) for v in args.ms.split(",")]:
         xs = {k: torch.randn(m, k, device="cuda").to(torch.bfloat16) for k in (H, I)}
-        row = {"bf16_ms": cuda_graph_ms(step(mats, xs, 0)), "fixed12_ms": cuda_graph_ms(step(mats, xs, 1))}
-        C.finalize = lambda part, bias, out: None
+        row = {"bf16_ms": cuda_graph_ms(step(mats, xs, 0)), "fixed12_ms": cuda_graph_ms(step(mats, xs, 1)),
+               "pdl": step_pdl(mats, xs)}
+        res["pdl"] = sorted(set(res["pdl"]) | set(row["pdl"]))
+        C.finalize = lambda part, bias, out, pdl="": None
         try:
             row["no_reduce_ms"] = cuda_graph_ms(step(mats, xs, 1))
         finally:
             C.finalize = real_finalize
         if args.fixup:
-            real_default = fixed12.default_config
-            fixed12.default_config = lambda m_, n_, k_: dataclasses.replace(real_default(m_, n_, k_), fixup=True)
+            real_choose = registry.choose
+            registry.choose = with_fixup(real_choose)  # kernels.linear asks registry.choose each call
             try:
                 row["fixup_ms"] = cuda_graph_ms(step(mats, xs, 1))
                 row["profile_fixup"] = profile(step(mats, xs, 1))
             finally:
-                fixed12.default_config = real_default
+                registry.choose = real_choose
         row["fixed12_again_ms"] = cuda_graph_ms(step(mats, xs, 1))
         row["bf16_again_ms"] = cuda_graph_ms(step(mats, xs, 0))
         row["profile"] = profile(step(mats, xs, 1))
@@ -161,7 +178,7 @@ def main(argv=None) -> int:
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "step_parts.json"), "w") as f:
         json.dump(res, f, indent=1)
-    print(f"{res['device']}  torch {res['torch']}  triton {res['triton']}  {res['date']}  GLYD_PDL={C.PDL!r}")
+    print(f"{res['device']}  torch {res['torch']}  triton {res['triton']}  {res['date']}  pdl={res['pdl']!r}")
     print("| M | bf16 ms | fixed12 ms | no reduce ms | fixup ms | kernels | tile us | reduce us (n) | exc us "
           "| other us | idle us | bf16 idle us | fixup: kernels, tile us, idle us |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")

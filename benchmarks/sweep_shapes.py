@@ -7,16 +7,48 @@ after checking each config once against float64 ``F.linear`` (relative error < 5
 table a shape and M (us a matrix, ratio to bf16), best first, and writes JSON.
 
     PYTHONPATH=src python benchmarks/sweep_shapes.py --ms 1,2,4,8,16 --out results/
+
+The candidates are kernel family configs (``glyd.kernels.GemvConfig``, ``GluonConfig``, ...);
+"default" is what ``glyd.kernels.registry`` chooses from the GPU's table (from the H200's on a
+GPU without one). ``SWEEP_ROUND=N`` times round N's candidates instead of the default grid
+(rounds 2-39 as they ran, ported to the configs; rounds 32 and 33, the ws ``pipe`` and
+``consumers`` settings, are gone with those settings: their last version is in 497582d).
+``SWEEP_ROUND=table`` times, at each M, every candidate that the fallback table (the H200's)
+lists for that M bucket in any shape class.
+
+Making the kernel table of a new GPU: run the sweep there over the shapes and M buckets the table
+should cover, with ``--table OUT.json``, e.g.
+
+    SWEEP_ROUND=table PYTHONPATH=src python benchmarks/sweep_shapes.py \\
+        --ms 1,2,3,4,8,16,32,64,128,256 --out results/ --table results/table.json
+
+and copy OUT.json to ``src/glyd/kernels/tables/<GPU name>.json`` (the name as
+``glyd.kernels.registry.table_file`` spells it: characters other than letters and digits as
+``_``, e.g. ``NVIDIA_H200.json``). OUT.json has the format of the H200's table: per layout, shape
+class (``registry.shape_class``) and M bucket (``registry.m_bucket``) the candidates in order of
+preference. For each class and bucket the sweep covered, they are the configs that ran there,
+fastest first by their mean time relative to bf16 over the cell's shapes and M (only configs
+timed at all of them; ``--table-keep`` of them, then the fastest that needs no Gluon if none of
+those is such, so that the table also serves a GPU without Gluon). Configs timed with module
+settings changed (``_common.FINALIZE_BLOCK``, ``fixed12_exc.EXC_ROWS``) are not configs and are
+left out. Every other cell, and the tiered layout, is copied from the fallback table (a table
+with a missing cell could run nothing there); its ``about`` says which cells were measured.
+The ``layout`` section (the times ``layout="auto"`` reads) comes from ``benchmarks/kernels.py``'s
+measured_times.json. Without a CUDA GPU the sweep is a dry run under ``TRITON_INTERPRET=1`` on
+tiny shapes, timing one interpreted call (numbers that mean nothing; the Gluon kernels cannot run).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import logging
+import math
 import os
 import sys
+import time
 
 import torch
 import torch.nn.functional as F
@@ -24,155 +56,225 @@ import triton
 
 from glyd import kernels
 from glyd.kernels import _common as C
-from glyd.kernels import fixed12
+from glyd.kernels import fixed12_exc, registry
 from glyd.timing import cuda_graph_ms
 
 log = logging.getLogger("sweep_shapes")
 
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
 # name: (N, K); copies are chosen so a graph reads >= ~300 MB of packed weights
 SHAPES = {"k/v": (512, 3584), "q/o": (3584, 3584), "gate/up": (18944, 3584), "down": (3584, 18944),
           "lm_head": (152064, 3584), "qkv": (4608, 3584), "gate_up": (37888, 3584)}  # the last two: merged
+if DEV == "cpu":  # a dry run on the CPU (TRITON_INTERPRET=1): tiny shapes (classes kv and tall_tiny)
+    SHAPES = {"k/v": (64, 256), "q/o": (128, 256), "down": (32, 8192)}
+
+
+def timed_ms(fn, replays: int = 20) -> float:
+    """Median ms of CUDA-graph replays of ``fn``; in a CPU dry run the wall time of one call."""
+    if DEV == "cuda":
+        return cuda_graph_ms(fn, replays)
+    t = time.perf_counter()
+    fn()
+    return (time.perf_counter() - t) * 1e3
+
+
+@functools.lru_cache(maxsize=None)
+def device() -> registry.Device:
+    return registry.Device.of(torch.device(DEV))
+
+
+def kp_of(k: int) -> int:
+    """fixed12's padded K (whole 64-weight groups)."""
+    return -(-k // 64) * 64
+
+
+def default(m: int, n: int, k: int):
+    """(kernel class, config) that the registry chooses for an M x K @ (N x K)^T fixed12 product here."""
+    return registry.choose(registry.Problem("fixed12", m, n, k, kp_of(k)), device())
+
+
+def has(*features: str) -> bool:
+    """True where this device has the Gluon features (``registry.Device.features``) named."""
+    return set(features) <= device().features
+
+
+def x_tile(m: int) -> int:
+    """x rows of the wgmma / ws tiles at M: 8 (wgmma's N = 8) up to M = 8, then 16, 32, 64."""
+    return 8 if m <= 8 else 16 if m <= 16 else 32 if m <= 32 else 64
+
+
+def table_round(m: int, n: int, k: int) -> dict:
+    """``SWEEP_ROUND=table``: every fixed12 candidate the fallback table lists for M's bucket, in
+    any shape class (the configs tuned for this M somewhere), resolved for this shape ("k_steps":
+    one K step a program), named by kernel, order in the table and the class that lists it first."""
+    with open(registry.table_file(registry.FALLBACK), encoding="utf-8") as f:
+        table = json.load(f)["linear"]["fixed12"]
+    out, seen = {}, set()
+    bucket = registry.m_bucket(m)
+    problem = registry.Problem("fixed12", m, n, k, kp_of(k))
+    for cls, buckets in table.items():
+        for cand in buckets.get(bucket, ()):
+            key = json.dumps(cand, sort_keys=True)
+            if key in seen:
+                continue
+            seen.add(key)
+            try:
+                cfg = registry.kernel_class(cand["kernel"]).make_config(dict(cand["config"]), problem)
+            except (TypeError, ValueError) as exc:
+                log.warning("table candidate %s: %s", key, exc)
+                continue
+            out[f"{cand['kernel']} #{len(seen)} (as {cls})"] = cfg
+    return out
+
+
+class Invalid:
+    """A candidate whose settings make no valid config (e.g. a round's change to a default that
+    does not apply to it): logged, not timed."""
+
+    def __init__(self, why: str) -> None:
+        self.why = why
+
+
+def replace(cfg, **changes):
+    """``dataclasses.replace(cfg, **changes)``, or an ``Invalid`` where the config's checks refuse it."""
+    try:
+        return dataclasses.replace(cfg, **changes)
+    except ValueError as exc:
+        return Invalid(str(exc))
 
 
 def candidates(m: int, n: int, k: int) -> dict:
-    """The configs timed at this M (name -> Config; None = the current default; or (Config,
-    {(module, attribute): value}) to time it with module settings changed, e.g. the reduce tile)."""
-    V = C.Config
-    out: dict[str, C.Config | None] = {"default": None}
+    """The configs timed at this M (name -> a kernel family's config; None = the registry's
+    choice; or (config, {(module, attribute): value}) to time it with module settings changed,
+    e.g. the split-K reduce's tile)."""
+    out = {}
+    for name, cfg in _candidates(m, n, k).items():
+        bad = cfg[0] if isinstance(cfg, tuple) else cfg
+        if isinstance(bad, Invalid):
+            log.info("M=%d %dx%d: %s is no valid config (%s): not timed", m, n, k, name, bad.why)
+        else:
+            out[name] = cfg
+    return out
+
+
+def _candidates(m: int, n: int, k: int) -> dict:
+    from glyd.kernels import (GemvConfig, GluonConfig, LongConfig, MmaConfig, TcConfig, TileConfig, WgConfig,
+                              WsConfig)
+
+    out: dict = {"default": None}
     steps = lambda bk: (k + bk - 1) // bk  # noqa: E731
+    R = replace
+    rnd = os.environ.get("SWEEP_ROUND")
 
     def gv(bm, bn, bk, wv=8, split=0, pf=False, fix=False, warps=4):
         name = (f"gv bm{bm} bn{bn} bk{bk} " + (f"split{split}" if split else f"wv{wv}") + (" pf" if pf else "")
                 + (" fixup" if fix else "") + (f" w{warps}" if warps != 4 else ""))
-        out[name] = V(bm=bm, bn=bn, bk=bk, dot=False, group_major=True, stages=1, waves=wv, split=split,
-                      prefetch=pf, fixup=fix, warps=warps)
+        out[name] = GemvConfig(bm=bm, bn=bn, bk=bk, waves=wv, split=split, prefetch=pf, fixup=fix, warps=warps)
 
     def mma(bn, g, st, wv=8):
-        out[f"mma bn{bn} g{g} s{st} wv{wv}"] = V(bm=max(16, 1 << (m - 1).bit_length()), bn=bn, mma=True, g=g,
-                                                 stages=st, waves=wv)
+        out[f"mma bn{bn} g{g} s{st} wv{wv}"] = MmaConfig(bm=max(16, 1 << (m - 1).bit_length()), bn=bn, g=g,
+                                                         stages=st, waves=wv)
 
     def tc(bm, bn, bk, warps=4, wv=8, st=1, pf=False, fix=False):
         name = (f"tc bm{bm} bn{bn} bk{bk} w{warps} wv{wv}" + (f" s{st}" if st > 1 else "") + (" pf" if pf else "")
                 + (" fixup" if fix else ""))
-        out[name] = V(bm=bm, bn=bn, bk=bk, tc=True, warps=warps, waves=wv, stages=st, prefetch=pf, fixup=fix)
+        out[name] = TcConfig(bm=bm, bn=bn, bk=bk, warps=warps, waves=wv, stages=st, prefetch=pf, fixup=fix)
 
-    if os.environ.get("SWEEP_ROUND") == "6":  # the split-K reduce: in-kernel fixup, waves, reduce tiles
-        d = fixed12.default_config(m, n, k)
-        if not d.long:
-            out["default fixup"] = dataclasses.replace(d, fixup=True)
-            out["default wv4"] = dataclasses.replace(d, waves=4)
-            out["default wv16"] = dataclasses.replace(d, waves=16)
+    def gl(**kw):  # the Gluon tile (bk 128 unless given)
+        return GluonConfig(**{"bk": 128, **kw})
+
+    def dflt():
+        return default(m, n, k)[1]
+
+    if rnd == "table":
+        return {"default": None, **table_round(m, n, k)}
+    if rnd == "6":  # the split-K reduce: in-kernel fixup, waves, reduce tiles
+        d = dflt()
+        if not isinstance(d, LongConfig):
+            if hasattr(d, "fixup"):
+                out["default fixup"] = R(d, fixup=True)
+            out["default wv4"] = R(d, waves=4)
+            out["default wv16"] = R(d, waves=16)
             for block, warps in ((256, 2), (128, 1), (512, 4), (1024, 4)):
                 out[f"default reduce {block} w{warps}"] = (d, {(C, "FINALIZE_BLOCK"): block, (C, "FINALIZE_WARPS"): warps})
         return out
-    if os.environ.get("SWEEP_ROUND") == "39":  # the wgmma tile with bm 8 (down's default at M = 3-8) at M = 1-2
-        if k % 256 == 0 and m <= 2 and fixed12.wg_available():
+    if rnd == "39":  # the wgmma tile with bm 8 (down's default at M = 3-8) at M = 1-2
+        if k % 256 == 0 and m <= 2 and has("wgmma"):
             for wv in (2, 4, 8):
                 for pipe in (False, True):
-                    out[f"wg bm8 wv{wv}" + (" pipe" if pipe else "")] = V(bm=8, bn=64, bk=128, gluon=True, wg=True,
-                                                                          warps=4, waves=wv, exc_tile=True, pipe=pipe)
+                    out[f"wg bm8 wv{wv}" + (" pipe" if pipe else "")] = WgConfig(bm=8, bn=64, warps=4, waves=wv,
+                                                                                 exc_tile=True, pipe=pipe)
         return out
-    if os.environ.get("SWEEP_ROUND") == "38":  # the ws and wgmma tiles below M = 3, where the GEMV and Gluon tiles run
+    if rnd == "38":  # the ws and wgmma tiles below M = 3, where the GEMV and Gluon tiles run
         if k % 128 == 0 and m <= 3:
             for st in (2, 3):
-                out[f"ws bm8 s{st} wv3 r80"] = V(bm=8, bn=64, bk=128, gluon=True, wg=True, ws=True, stages=st,
-                                                waves=3, exc_tile=True, maxnreg=80)
-            if k % 256 == 0 and fixed12.wg_available():
+                out[f"ws bm8 s{st} wv3 r80"] = WsConfig(bm=8, bn=64, stages=st, waves=3, maxnreg=80)
+            if k % 256 == 0 and has("wgmma"):
                 for wv in (2, 4):
-                    out[f"wg bm8 wv{wv}"] = V(bm=8, bn=64, bk=128, gluon=True, wg=True, warps=4, waves=wv,
-                                              exc_tile=True)
+                    out[f"wg bm8 wv{wv}"] = WgConfig(bm=8, bn=64, warps=4, waves=wv, exc_tile=True)
         return out
-    if os.environ.get("SWEEP_ROUND") == "37":  # the merged qkv (1.05-1.65x, run 93): the grid and the split (run 95)
-        d = fixed12.default_config(m, n, k)
-        if not d.long:
+    if rnd == "37":  # the merged qkv (1.05-1.65x, run 93): the grid and the split (run 95)
+        d = dflt()
+        if not isinstance(d, LongConfig):
             for wv in (2, 4, 16):
                 if wv != d.waves:
-                    out[f"default wv{wv}"] = dataclasses.replace(d, waves=wv)
-            if not d.wg and not d.ws and (d.gluon or d.tc or d.dot):
-                out["default fixup"] = dataclasses.replace(d, fixup=True)
-            if d.gluon and d.bn == 64 and not d.wg:
-                out["default bn32"] = dataclasses.replace(d, bn=32)
-            if k % 256 == 0 and 3 <= m <= 64 and fixed12.wg_available():
+                    out[f"default wv{wv}"] = R(d, waves=wv)
+            if isinstance(d, (GluonConfig, TcConfig, TileConfig, MmaConfig)):
+                out["default fixup"] = R(d, fixup=True)
+            if isinstance(d, GluonConfig) and d.bn == 64:
+                out["default bn32"] = R(d, bn=32)
+            if k % 256 == 0 and 3 <= m <= 64 and has("wgmma"):
                 bt = 16 if m <= 16 else 32 if m <= 32 else 64
                 for wv in (2, 4):
-                    out[f"wg bm{bt} wv{wv}"] = V(bm=bt, bn=64, bk=128, gluon=True, wg=True, warps=4, waves=wv,
-                                                 exc_tile=True, pipe=m > 16)
+                    out[f"wg bm{bt} wv{wv}"] = WgConfig(bm=bt, bn=64, warps=4, waves=wv, exc_tile=True, pipe=m > 16)
         return out
-    if os.environ.get("SWEEP_ROUND") == "36":  # each shape class's default config on this shape (merged qkv, gate_up)
+    if rnd == "36":  # each shape class's default config on this shape (merged qkv, gate_up)
         if m < 256:
             for cls, n_cls in (("k/v", 512), ("q/o", 3584), ("gate/up", 18944), ("lm_head", 152064)):
-                out[f"as {cls}"] = fixed12.default_config(m, n_cls, k)
+                out[f"as {cls}"] = default(m, n_cls, k)[1]
         return out
-    if os.environ.get("SWEEP_ROUND") == "35":  # the ws tile (the lm_heads' settings) on the merged gate_up
+    if rnd == "35":  # the ws tile (the lm_heads' settings) on the merged gate_up
         if k % 128 == 0 and m < 256:
-            bt = 8 if m <= 8 else 16 if m <= 16 else 32 if m <= 32 else 64
+            bt = x_tile(m)
             for st, wv in ((2, 3), (3, 3)):
                 if bt == 64 and st == 3:
                     continue  # shared memory: two programs an SM
-                out[f"ws bm{bt} s{st} wv{wv} r80"] = V(bm=bt, bn=64, bk=128, gluon=True, wg=True, ws=True, stages=st,
-                                                      waves=wv, exc_tile=True, maxnreg=80)
+                out[f"ws bm{bt} s{st} wv{wv} r80"] = WsConfig(bm=bt, bn=64, stages=st, waves=wv, maxnreg=80)
         return out
-    if os.environ.get("SWEEP_ROUND") == "33":  # the ws tile with two consumer warpgroups as partitions (consumers 2)
-        if k % 128 == 0:
-            if m >= 256:
-                for bt, st, wv, cap in ((256, 2, 1, 168), (128, 2, 1, 168), (128, 3, 1, 168)):
-                    out[f"ws2 bm{bt} s{st} wv{wv} r{cap}"] = V(bm=bt, bn=128, bk=128, gluon=True, wg=True, ws=True,
-                                                               stages=st, waves=wv, exc_tile=True, maxnreg=cap,
-                                                               consumers=2)
-            else:
-                bt = 8 if m <= 8 else 16 if m <= 16 else 32 if m <= 32 else 64
-                for st, wv in ((2, 2), (3, 2), (2, 1), (4, 1)):
-                    out[f"ws2 bm{bt} s{st} wv{wv} r80"] = V(bm=bt, bn=128, bk=128, gluon=True, wg=True, ws=True,
-                                                            stages=st, waves=wv, exc_tile=True, maxnreg=80,
-                                                            consumers=2)
-        return out
-    if os.environ.get("SWEEP_ROUND") == "32":  # the ws tile with one step's MMAs in flight (Config.pipe; not yet run)
-        if k % 128 == 0:
-            if m >= 256:
-                for bt, bn, warps in ((256, 128, 8), (128, 128, 8)):
-                    out[f"ws bm{bt} bn{bn} w{warps} s2 wv1 pipe"] = V(bm=bt, bn=bn, bk=128, gluon=True, wg=True,
-                                                                      ws=True, warps=warps, stages=2, waves=1,
-                                                                      exc_tile=True, pipe=True)
-            else:
-                bt = 8 if m <= 8 else 16 if m <= 16 else 32 if m <= 32 else 64
-                for st in (2, 3):
-                    out[f"ws bm{bt} s{st} wv3 r80 pipe"] = V(bm=bt, bn=64, bk=128, gluon=True, wg=True, ws=True,
-                                                             stages=st, waves=3, exc_tile=True, maxnreg=80, pipe=True)
-        return out
-    if os.environ.get("SWEEP_ROUND") == "31":  # long prompts: the ws tile with 128-256 x rows a program
+    if rnd in ("32", "33"):  # the ws tile's pipe and consumers settings: gone (497582d has these rounds)
+        raise SystemExit(f"sweep round {rnd} timed ws settings that were removed (pipe, consumers): "
+                         "check out 497582d to run it")
+    if rnd == "31":  # long prompts: the ws tile with 128-256 x rows a program
         if k % 128 == 0:
             for bt, bn, warps, st in ((128, 64, 4, 2), (128, 128, 8, 2), (256, 128, 8, 2)):
-                out[f"ws bm{bt} bn{bn} w{warps} s{st} wv1"] = V(bm=bt, bn=bn, bk=128, gluon=True, wg=True, ws=True,
-                                                                warps=warps, stages=st, waves=1, exc_tile=True)
+                out[f"ws bm{bt} bn{bn} w{warps} s{st} wv1"] = WsConfig(bm=bt, bn=bn, warps=warps, stages=st, waves=1)
         return out
-    if os.environ.get("SWEEP_ROUND") == "30":  # the ws tile with two consumer warpgroups on one ring (8 warps)
+    if rnd == "30":  # the ws tile with two consumer warpgroups on one ring (8 warps)
         if k % 128 == 0:
-            bt = 8 if m <= 8 else 16 if m <= 16 else 32 if m <= 32 else 64
+            bt = x_tile(m)
             for st in (2, 3):
-                out[f"ws bm{bt} bn128 w8 s{st} wv2 r80"] = V(bm=bt, bn=128, bk=128, gluon=True, wg=True, ws=True,
-                                                             warps=8, stages=st, waves=2, exc_tile=True, maxnreg=80)
+                out[f"ws bm{bt} bn128 w8 s{st} wv2 r80"] = WsConfig(bm=bt, bn=128, warps=8, stages=st, waves=2,
+                                                                    maxnreg=80)
         return out
-    if os.environ.get("SWEEP_ROUND") == "29":  # the ws tile with 3-4 programs an SM (register caps 80 / 64)
+    if rnd == "29":  # the ws tile with 3-4 programs an SM (register caps 80 / 64)
         if k % 128 == 0:
-            bt = 8 if m <= 8 else 16 if m <= 16 else 32 if m <= 32 else 64
+            bt = x_tile(m)
             for st, wv, cap in ((4 if bt <= 32 else 3, 2, 128), (3, 3, 80), (2, 3, 80), (3, 4, 64), (2, 4, 64)):
                 if bt == 64 and (st, wv) == (3, 3) or bt == 64 and wv == 4:  # shared memory: 3 an SM at most
                     continue
-                out[f"ws bm{bt} s{st} wv{wv} r{cap}"] = V(bm=bt, bn=64, bk=128, gluon=True, wg=True, ws=True,
-                                                          stages=st, waves=wv, exc_tile=True, maxnreg=cap)
+                out[f"ws bm{bt} s{st} wv{wv} r{cap}"] = WsConfig(bm=bt, bn=64, stages=st, waves=wv, maxnreg=cap)
         return out
-    if os.environ.get("SWEEP_ROUND") == "28":  # the warp-specialized wgmma tile (fixed12_ws: a TMA ring)
+    if rnd == "28":  # the warp-specialized wgmma tile (fixed12_ws: a TMA ring)
         # (run 73 timed a first, not persistent, version; runs 74-75 ring depths 3-8, programs an SM
         # 1-3: see benchmarks/history/2026-12-01-kernels-h200.md)
         if k % 128 == 0:
-            bt = 8 if m <= 8 else 16 if m <= 16 else 32 if m <= 32 else 64
+            bt = x_tile(m)
             for bn, st, wv, cap in ((64, 4 if bt <= 32 else 3, 2, 128), (64, 3, 2, 128), (64, 6, 1, 0),
                                     (128, 3 if bt <= 32 else 2, 2, 128), (128, 4, 1, 0)):
                 name = f"ws bm{bt} bn{bn} s{st} wv{wv}" + (f" r{cap}" if cap else "")
-                out[name] = V(bm=bt, bn=bn, bk=128, gluon=True, wg=True, ws=True, stages=st, waves=wv,
-                              exc_tile=True, maxnreg=cap)
+                out[name] = WsConfig(bm=bt, bn=bn, stages=st, waves=wv, maxnreg=cap)
         return out
-    if os.environ.get("SWEEP_ROUND") == "27":  # weights as wgmma's register operand (fixed12_wg), runs 62-66
+    if rnd == "27":  # weights as wgmma's register operand (fixed12_wg), runs 62-66
         # (runs 62-65 also timed the exceptions in the separate pass, an async-copy ring of the
         # plane words and the first, not unrolled, loop: see
         # benchmarks/history/2026-12-01-kernels-h200.md)
@@ -181,62 +283,57 @@ def candidates(m: int, n: int, k: int) -> dict:
             if m <= 8:  # wgmma's N = 8: half the x tile (not yet run: add these to the next round)
                 for wv in (2, 4):
                     for pipe in (False, True):
-                        out[f"wg bm8 bn64 w4 wv{wv} exc_tile" + (" pipe" if pipe else "")] = V(
-                            bm=8, bn=64, bk=128, gluon=True, wg=True, warps=4, waves=wv, exc_tile=True, pipe=pipe)
+                        out[f"wg bm8 bn64 w4 wv{wv} exc_tile" + (" pipe" if pipe else "")] = WgConfig(
+                            bm=8, bn=64, warps=4, waves=wv, exc_tile=True, pipe=pipe)
             for bn, warps in ((64, 4), (128, 8)):
                 for wv in (1, 2, 4):
                     for pipe in (False, True):
-                        out[f"wg bm{bt} bn{bn} w{warps} wv{wv} exc_tile" + (" pipe" if pipe else "")] = V(
-                            bm=bt, bn=bn, bk=128, gluon=True, wg=True, warps=warps, waves=wv, exc_tile=True, pipe=pipe)
+                        out[f"wg bm{bt} bn{bn} w{warps} wv{wv} exc_tile" + (" pipe" if pipe else "")] = WgConfig(
+                            bm=bt, bn=bn, warps=warps, waves=wv, exc_tile=True, pipe=pipe)
         return out
-    if os.environ.get("SWEEP_ROUND") == "26":  # fixup again, with a register cap (run 58)
-        R = dataclasses.replace
-        d = fixed12.default_config(m, n, k)
-        if not d.long:
+    if rnd == "26":  # fixup again, with a register cap (run 58)
+        d = dflt()
+        if hasattr(d, "fixup"):
             out["default fixup"] = R(d, fixup=True)
-            if d.gluon and d.bm == 16:
+            if isinstance(d, GluonConfig) and d.bm == 16:
                 out["default fixup r56"] = R(d, fixup=True, maxnreg=56)
         return out
-    if os.environ.get("SWEEP_ROUND") == "25":  # fixup with relaxed spins; more plane bytes in flight at M = 2-16 (run 57)
-        from glyd.kernels import fixed12_gluon as fg
-
-        R = dataclasses.replace
-        d = fixed12.default_config(m, n, k)
-        if not d.long:
+    if rnd == "25":  # fixup with relaxed spins; more plane bytes in flight at M = 2-16 (run 57)
+        d = dflt()
+        if hasattr(d, "fixup"):
             out["default fixup"] = R(d, fixup=True)
-        if d.gluon and d.bm == 16 and d.ring == 1:
-            out["default pf2"] = (d, {(fg, "PREFETCH_DEPTH"): 2})
-            out["default pf2 r64"] = (R(d, maxnreg=64), {(fg, "PREFETCH_DEPTH"): 2})
-            out["default pf2 r72"] = (R(d, maxnreg=72), {(fg, "PREFETCH_DEPTH"): 2})
+        if isinstance(d, GluonConfig) and d.bm == 16 and d.ring == 1:
+            out["default pf2"] = R(d, prefetch_depth=2)
+            out["default pf2 r64"] = R(d, maxnreg=64, prefetch_depth=2)
+            out["default pf2 r72"] = R(d, maxnreg=72, prefetch_depth=2)
             out["default bk256"] = R(d, bk=256)
             out["default ring3"] = R(d, ring=3, x_ahead=False, x_rows8=d.x_rows8)
             out["default ring4"] = R(d, ring=4, x_ahead=False, x_rows8=d.x_rows8)
         return out
-    if os.environ.get("SWEEP_ROUND") == "24":  # split-K summed in the tile kernel by the last split program (run 56)
-        R = dataclasses.replace
-        d = fixed12.default_config(m, n, k)
-        if not d.long:
+    if rnd == "24":  # split-K summed in the tile kernel by the last split program (run 56)
+        d = dflt()
+        if hasattr(d, "fixup"):
             out["default fixup"] = R(d, fixup=True)
             out["default fixup wv x2"] = R(d, fixup=True, waves=d.waves * 2)
             if d.waves > 1:
                 out["default fixup wv /2"] = R(d, fixup=True, waves=d.waves // 2)
-            if d.gluon and n >= 16384:  # enough tiles for one split: no partials at all
-                out["default split1"] = R(d, split=1)
-                if d.bm == 16 and not d.ring_x:
-                    out["default split1 ring3"] = R(d, split=1, ring=3)
+        if isinstance(d, GluonConfig) and n >= 16384:  # enough tiles for one split: no partials at all
+            out["default split1"] = R(d, split=1)
+            if d.bm == 16 and not d.ring_x:
+                out["default split1 ring3"] = R(d, split=1, ring=3)
         return out
-    if os.environ.get("SWEEP_ROUND") == "23":  # programmatic dependent launch per shape (not run: see step_parts)
-        d = fixed12.default_config(m, n, k)
-        if not d.long:
+    if rnd == "23":  # programmatic dependent launch per shape (not run: see step_parts)
+        d = dflt()
+        if hasattr(d, "pdl"):
             for mode in ("all", "reduce", "tiles"):
-                out[f"default pdl {mode}"] = (d, {(C, "PDL"): mode})
+                out[f"default pdl {mode}"] = R(d, pdl=mode)
         return out
-    if os.environ.get("SWEEP_ROUND") == "22":  # round 21's winners on every shape at M = 2-16, the default timed twice (run 52)
+    if rnd == "22":  # round 21's winners on every shape at M = 2-16, the default timed twice (run 52)
         if k % 128 == 0 and 2 <= m <= 16:
             wv = 4 if k > n else 8
 
             def g(name, bn, w, **kw):
-                out[name] = V(bm=16, bn=bn, bk=128, gluon=True, warps=w, prefetch=True, waves=wv, exc_tile=True, **kw)
+                out[name] = gl(bm=16, bn=bn, warps=w, prefetch=True, waves=wv, exc_tile=True, **kw)
 
             if m <= 8:
                 g("gluon bn64 w4 ahead x8", 64, 4, x_rows8=True)
@@ -246,13 +343,13 @@ def candidates(m: int, n: int, k: int) -> dict:
             g("gluon bn64 w4", 64, 4)
             g("gluon bn32 w4 ring2", 32, 4, ring=2, ring_x=True)
         return out
-    if os.environ.get("SWEEP_ROUND") == "21":  # Gluon bm 16 with x loaded in the step, 8 x rows, register caps (run 51)
+    if rnd == "21":  # Gluon bm 16 with x loaded in the step, 8 x rows, register caps (run 51)
         if k % 128 == 0 and m <= 16:
             def g(bn, w, x8=False, reg=0, ahead=False):
                 name = (f"gluon bn{bn} w{w}" + (" ahead" if ahead else " step") + (" x8" if x8 else "")
                         + (f" r{reg}" if reg else ""))
-                out[name] = V(bm=16, bn=bn, bk=128, gluon=True, warps=w, prefetch=True, waves=4 if k > n else 8,
-                              exc_tile=True, x_ahead=ahead, x_rows8=x8, maxnreg=reg)
+                out[name] = gl(bm=16, bn=bn, warps=w, prefetch=True, waves=4 if k > n else 8, exc_tile=True,
+                               x_ahead=ahead, x_rows8=x8, maxnreg=reg)
 
             for x8 in ((False, True) if m <= 8 else (False,)):
                 g(64, 4, x8)
@@ -263,21 +360,20 @@ def candidates(m: int, n: int, k: int) -> dict:
             if m <= 8:
                 g(64, 4, True, ahead=True)
         return out
-    if os.environ.get("SWEEP_ROUND") == "20":  # the Gluon defaults' grid (waves) and deeper rings (run 50)
-        R = dataclasses.replace
-        d = fixed12.default_config(m, n, k)
-        if d.gluon:
+    if rnd == "20":  # the Gluon defaults' grid (waves) and deeper rings (run 50)
+        d = dflt()
+        if isinstance(d, GluonConfig):
             for wv in (4, 16, 32):
                 out[f"default wv{wv}"] = R(d, waves=wv)
             for ring in (2, 3, 4):
                 if ring != d.ring:
                     out[f"default ring{ring}"] = R(d, ring=ring, ring_x=True)
         return out
-    if os.environ.get("SWEEP_ROUND") == "19":  # exc_tile tiles where rounds 17-18 did not look (run 50)
+    if rnd == "19":  # exc_tile tiles where rounds 17-18 did not look (run 50)
         if k % 128 == 0 and m <= 64:
             def g(name, bm, bn, w, ring=1):
-                out[name] = V(bm=bm, bn=bn, bk=128, gluon=True, warps=w, prefetch=True, waves=8, ring=ring,
-                              ring_x=ring > 1, exc_tile=True)
+                out[name] = gl(bm=bm, bn=bn, warps=w, prefetch=True, waves=8, ring=ring, ring_x=ring > 1,
+                               exc_tile=True)
 
             if m <= 16:  # M = 1-2 against the GEMV; lm_heads at bn 64 (round 18 left them out)
                 g("gluon bn64 w4 exc_tile", 16, 64, 4)
@@ -292,45 +388,41 @@ def candidates(m: int, n: int, k: int) -> dict:
                 g("gluon bm32 bn64 w2 ring3 exc_tile", 32, 64, 2, 3)
                 g("gluon bm64 bn128 w4 ring2 exc_tile", 64, 128, 4, 2)
         return out
-    if os.environ.get("SWEEP_ROUND") == "18":  # exc_tile where run 45 did not time it (gate/up) or lost narrowly
-        R = dataclasses.replace
-        d = fixed12.default_config(m, n, k)
-        if d.gluon and not d.exc_tile:
+    if rnd == "18":  # exc_tile where run 45 did not time it (gate/up) or lost narrowly
+        d = dflt()
+        if isinstance(d, GluonConfig) and not d.exc_tile:
             out["default exc_tile"] = R(d, exc_tile=True, exc_after=False)
             for bn, w, ring in ((64, 2, 1), (64, 4, 1), (32, 4, 2), (64, 4, 3)):
-                out[f"gluon bn{bn} w{w} ring{ring} exc_tile"] = V(bm=16, bn=bn, bk=128, gluon=True, warps=w,
-                                                                  prefetch=True, waves=8, ring=ring, ring_x=ring > 1,
-                                                                  exc_tile=True)
+                out[f"gluon bn{bn} w{w} ring{ring} exc_tile"] = gl(bm=16, bn=bn, warps=w, prefetch=True, waves=8,
+                                                                   ring=ring, ring_x=ring > 1, exc_tile=True)
         return out
-    if os.environ.get("SWEEP_ROUND") == "17":  # Gluon: exceptions inside the tile kernel (Config.exc_tile)
-        R = dataclasses.replace
-        d = fixed12.default_config(m, n, k)
-        if d.gluon:
+    if rnd == "17":  # Gluon: exceptions inside the tile kernel (GluonConfig.exc_tile)
+        d = dflt()
+        if isinstance(d, GluonConfig):
             out["default exc_tile"] = R(d, exc_tile=True, exc_after=False)
         elif 2 < m <= 64 and k % 128 == 0:  # where Gluon lost with the separate pass (gate/up, lm_heads)
             bm = 16 if m <= 16 else 32 if m <= 32 else 64
             for bn, w in ((32, 4), (64, 2), (64, 4)):
                 for ring in ((1, 3) if bm == 16 else (2, 3)):
-                    out[f"gluon bm{bm} bn{bn} w{w} ring{ring} exc_tile"] = V(
-                        bm=bm, bn=bn, bk=128, gluon=True, warps=w, prefetch=True, waves=8, ring=ring,
-                        ring_x=ring > 1, exc_tile=True)
+                    out[f"gluon bm{bm} bn{bn} w{w} ring{ring} exc_tile"] = gl(
+                        bm=bm, bn=bn, warps=w, prefetch=True, waves=8, ring=ring, ring_x=ring > 1, exc_tile=True)
         return out
-    if os.environ.get("SWEEP_ROUND") == "16":  # Gluon at M = 1-2 (14-15 padded MMA rows); chunks at M >= 32
+    if rnd == "16":  # Gluon at M = 1-2 (14-15 padded MMA rows); chunks at M >= 32
         if m <= 2 and k % 128 == 0:
             for bn, w, ring in ((32, 4, 1), (64, 2, 1), (16, 2, 1), (32, 4, 3), (64, 4, 1)):
-                out[f"gluon bn{bn} w{w} pf" + (f" ring{ring} x" if ring > 1 else "")] = V(
-                    bm=16, bn=bn, bk=128, gluon=True, warps=w, prefetch=True, waves=8, ring=ring, ring_x=ring > 1)
-            out["gluon bn32 w4 pf wv16"] = V(bm=16, bn=32, bk=128, gluon=True, warps=4, prefetch=True, waves=16)
+                out[f"gluon bn{bn} w{w} pf" + (f" ring{ring} x" if ring > 1 else "")] = gl(
+                    bm=16, bn=bn, warps=w, prefetch=True, waves=8, ring=ring, ring_x=ring > 1)
+            out["gluon bn32 w4 pf wv16"] = gl(bm=16, bn=32, warps=4, prefetch=True, waves=16)
         if m >= 32:  # unpack + cuBLAS in chunks of weight rows (the bf16 scratch stays in L2)
             for chunk in (0, 2048, 4096, 8192):
-                out[f"unpack+cuBLAS chunk{chunk}"] = V(long=True, chunk=chunk)
+                out[f"unpack+cuBLAS chunk{chunk}"] = LongConfig(chunk=chunk)
         return out
-    if os.environ.get("SWEEP_ROUND") == "15":  # Gluon at M = 17-64: x tiles through the async ring
+    if rnd == "15":  # Gluon at M = 17-64: x tiles through the async ring
         if 16 < m <= 64 and k % 128 == 0:
             def gx(bm, bn, bk, w, ring, after=False):
                 name = f"gluon bm{bm} bn{bn} bk{bk} w{w} ring{ring} x" + (" after" if after else "")
-                out[name] = V(bm=bm, bn=bn, bk=bk, gluon=True, warps=w, prefetch=True, waves=8, ring=ring,
-                              ring_x=True, exc_after=after)
+                out[name] = gl(bm=bm, bn=bn, bk=bk, warps=w, prefetch=True, waves=8, ring=ring, ring_x=True,
+                               exc_after=after)
 
             for ring in (2, 3, 4):
                 gx(32, 32, 128, 4, ring)
@@ -343,104 +435,98 @@ def candidates(m: int, n: int, k: int) -> dict:
                 gx(32, 32, 128, 4, 3, after=True)
                 gx(64, 32, 128, 4, 3, after=True)
         return out
-    if os.environ.get("SWEEP_ROUND") == "14":  # Gluon: plane words by async copy through a shared ring
-        R = dataclasses.replace
-        d = fixed12.default_config(m, n, k)
+    if rnd == "14":  # Gluon: plane words by async copy through a shared ring
+        d = dflt()
         if 2 < m <= 16 and k % 128 == 0:
-            base = d if d.gluon else V(bm=16, bn=32, bk=128, gluon=True, warps=4, prefetch=True, waves=8)
-            if not d.gluon:
+            gd = isinstance(d, GluonConfig)
+            base = d if gd else gl(bm=16, bn=32, warps=4, prefetch=True, waves=8)
+            if not gd:
                 out["gluon bn32 w4 pf"] = base
             for stages in (2, 3, 4, 6):
-                out[f"{'default' if d.gluon else 'gluon bn32 w4 pf'} async{stages}"] = R(base, ring=stages)
+                out[f"{'default' if gd else 'gluon bn32 w4 pf'} async{stages}"] = R(base, ring=stages)
             for stages in (2, 3, 4):  # x rows through the ring as well
-                out[f"{'default' if d.gluon else 'gluon bn32 w4 pf'} async{stages} x"] = R(base, ring=stages, ring_x=True)
+                out[f"{'default' if gd else 'gluon bn32 w4 pf'} async{stages} x"] = R(base, ring=stages, ring_x=True)
             for bn, bk, w in ((32, 128, 4), (64, 128, 2), (32, 256, 4), (64, 64, 2)):
-                cfg = V(bm=16, bn=bn, bk=bk, gluon=True, warps=w, prefetch=True, waves=8)
+                cfg = gl(bm=16, bn=bn, bk=bk, warps=w, prefetch=True, waves=8)
                 out[f"gluon bn{bn} bk{bk} w{w} async4"] = R(cfg, ring=4)
                 out[f"gluon bn{bn} bk{bk} w{w} async3 x"] = R(cfg, ring=3, ring_x=True)
         return out
-    if os.environ.get("SWEEP_ROUND") == "13":  # GEMV and tc: the exception pass beside the tile kernel
-        d = fixed12.default_config(m, n, k)
-        if not d.long and not d.gluon and (d.tc or (d.gemv and d.group_major and not d.dot)) and not d.exc_pass:
-            out["default exc side"] = dataclasses.replace(d, exc_pass=True)
-            out["default exc side rows 8"] = (dataclasses.replace(d, exc_pass=True), {(fixed12, "EXC_ROWS"): 8})
-        if d.exc_pass:
-            out["default exc after"] = (d, {(fixed12, "CONCURRENT_EXC"): False})
+    if rnd == "13":  # GEMV and tc: the exception pass beside the tile kernel
+        d = dflt()
+        if isinstance(d, (GemvConfig, TcConfig)) and not d.exc_pass:
+            out["default exc side"] = R(d, exc_pass=True)
+            out["default exc side rows 8"] = (R(d, exc_pass=True), {(fixed12_exc, "EXC_ROWS"): 8})
+        if getattr(d, "exc_pass", False) and not d.exc_after:
+            out["default exc after"] = R(d, exc_after=True)  # the old CONCURRENT_EXC = False
         return out
-    if os.environ.get("SWEEP_ROUND") == "12":  # Gluon: the exception pass on a side stream
-        d = fixed12.default_config(m, n, k)
-        if d.gluon:
-            out["default side-stream exc"] = (d, {(fixed12, "CONCURRENT_EXC"): True})
-            out["default exc rows 8"] = (d, {(fixed12, "EXC_ROWS"): 8, (fixed12, "CONCURRENT_EXC"): False})
-            out["default side-stream exc rows 8"] = (d, {(fixed12, "CONCURRENT_EXC"): True, (fixed12, "EXC_ROWS"): 8})
+    if rnd == "12":  # Gluon: the exception pass on a side stream (exc_after False) or after the tile kernel
+        d = dflt()
+        if isinstance(d, GluonConfig) and not d.exc_tile:  # (with exc_tile there is no pass)
+            out["default side-stream exc"] = R(d, exc_after=False)
+            out["default exc rows 8"] = (R(d, exc_after=True), {(fixed12_exc, "EXC_ROWS"): 8})
+            out["default side-stream exc rows 8"] = (R(d, exc_after=False), {(fixed12_exc, "EXC_ROWS"): 8})
         return out
-    if os.environ.get("SWEEP_ROUND") == "11":  # Gluon: prefetch depth, tile widths
-        from glyd.kernels import fixed12_gluon as fg
-
+    if rnd == "11":  # Gluon: prefetch depth, tile widths
         if 2 < m <= 16:
             for bn, bk, w, depth in ((32, 128, 4, 1), (32, 128, 4, 2), (32, 64, 4, 2), (64, 128, 2, 1),
                                      (64, 64, 2, 2), (32, 256, 4, 1), (16, 128, 2, 1), (16, 256, 2, 1)):
-                out[f"gluon bn{bn} bk{bk} w{w} pf{depth}"] = (
-                    V(bm=16, bn=bn, bk=bk, gluon=True, warps=w, prefetch=True, waves=8), {(fg, "PREFETCH_DEPTH"): depth})
+                out[f"gluon bn{bn} bk{bk} w{w} pf{depth}"] = gl(bm=16, bn=bn, bk=bk, warps=w, prefetch=True, waves=8,
+                                                               prefetch_depth=depth)
         return out
-    if os.environ.get("SWEEP_ROUND") == "10":  # exceptions in a pass of their own (Config.exc_pass): rows, warps
-        d = fixed12.default_config(m, n, k)
-        if d.long:
+    if rnd == "10":  # exceptions in a pass of their own (exc_pass): rows, warps
+        d = dflt()
+        if isinstance(d, LongConfig):
             return out
         for rows, warps in ((4, 4), (4, 1), (2, 1), (1, 1), (8, 2)):
-            out[f"default exc{rows} w{warps}"] = (dataclasses.replace(d, exc_pass=d.tc or d.gemv and not d.dot),
-                                                  {(fixed12, "EXC_ROWS"): rows, (fixed12, "EXC_WARPS"): warps})
+            dd = R(d, exc_pass=True) if isinstance(d, (GemvConfig, TcConfig)) else d
+            out[f"default exc{rows} w{warps}"] = (dd, {(fixed12_exc, "EXC_ROWS"): rows,
+                                                       (fixed12_exc, "EXC_WARPS"): warps})
         if 2 < m <= 32:
             for w, bn in ((4, 32), (2, 64)):
                 for rows, warps in ((4, 4), (2, 1)):
                     out[f"gluon bn{bn} w{w} pf exc{rows} w{warps}"] = (
-                        V(bm=16, bn=bn, bk=128, gluon=True, warps=w, prefetch=True, waves=8),
-                        {(fixed12, "EXC_ROWS"): rows, (fixed12, "EXC_WARPS"): warps})
+                        gl(bm=16, bn=bn, warps=w, prefetch=True, waves=8),
+                        {(fixed12_exc, "EXC_ROWS"): rows, (fixed12_exc, "EXC_WARPS"): warps})
         return out
-    if os.environ.get("SWEEP_ROUND") == "9":  # Gluon with prefetch: waves, the exception pass's rows
+    if rnd == "9":  # Gluon with prefetch: waves, the exception pass's rows
         if 2 < m <= 32:
             for w, bn in ((4, 32), (2, 64)):
                 for wv in (4, 8, 16):
-                    out[f"gluon bn{bn} w{w} pf wv{wv}"] = V(bm=16, bn=bn, bk=128, gluon=True, warps=w, prefetch=True,
-                                                            waves=wv)
+                    out[f"gluon bn{bn} w{w} pf wv{wv}"] = gl(bm=16, bn=bn, warps=w, prefetch=True, waves=wv)
                 for rows in (4, 64):
-                    out[f"gluon bn{bn} w{w} pf exc{rows}"] = (
-                        V(bm=16, bn=bn, bk=128, gluon=True, warps=w, prefetch=True, waves=8),
-                        {(fixed12, "EXC_ROWS"): rows})
+                    out[f"gluon bn{bn} w{w} pf exc{rows}"] = (gl(bm=16, bn=bn, warps=w, prefetch=True, waves=8),
+                                                              {(fixed12_exc, "EXC_ROWS"): rows})
         return out
-    if os.environ.get("SWEEP_ROUND") == "8":  # Gluon: fewer warps (x read fewer times a weight), prefetch
+    if rnd == "8":  # Gluon: fewer warps (x read fewer times a weight), prefetch
         if 2 < m <= 64:
             for w, bn, bk, pf in ((4, 64, 256, False), (4, 32, 128, True), (1, 64, 64, False), (1, 64, 64, True),
                                   (1, 32, 128, False), (1, 32, 64, True), (2, 64, 128, False), (2, 64, 128, True),
                                   (2, 32, 64, True)):
-                out[f"gluon bm16 bn{bn} bk{bk} w{w}" + (" pf" if pf else "")] = V(
-                    bm=16, bn=bn, bk=bk, gluon=True, warps=w, prefetch=pf, waves=8)
+                out[f"gluon bm16 bn{bn} bk{bk} w{w}" + (" pf" if pf else "")] = gl(
+                    bm=16, bn=bn, bk=bk, warps=w, prefetch=pf, waves=8)
         if m > 16:  # one decoded tile for 2 or 4 x tiles
             bm = 32 if m <= 32 else 64
             for w, bn, bk in ((1, 64, 64), (2, 64, 128), (2, 64, 64), (4, 64, 128)):
-                out[f"gluon bm{bm} bn{bn} bk{bk} w{w}"] = V(bm=bm, bn=bn, bk=bk, gluon=True, warps=w, waves=8)
+                out[f"gluon bm{bm} bn{bn} bk{bk} w{w}"] = gl(bm=bm, bn=bn, bk=bk, warps=w, waves=8)
         return out
-    if os.environ.get("SWEEP_ROUND") == "7":  # tc's pair decode (fixed12.TC_PAIRS); the Gluon kernel
-        d = fixed12.default_config(m, n, k)
-        if d.tc:
-            out["default pairs"] = (d, {(fixed12, "TC_PAIRS"): True})
+    if rnd == "7":  # the Gluon kernel (tc's pair decode, TC_PAIRS, is gone: 497582d has it)
         if 2 < m <= 64:
             for bn, bk in ((32, 128), (32, 256), (64, 128), (64, 256)):
                 for wv in (8, 16):
-                    out[f"gluon bm16 bn{bn} bk{bk} wv{wv}"] = V(bm=16, bn=bn, bk=bk, gluon=True, waves=wv)
+                    out[f"gluon bm16 bn{bn} bk{bk} wv{wv}"] = gl(bm=16, bn=bn, bk=bk, waves=wv)
         if m > 16:  # one decoded tile for 2 or 4 x tiles
             bm = 32 if m <= 32 else 64
             for bn in (32, 64):
-                out[f"gluon bm{bm} bn{bn} bk128 wv8"] = V(bm=bm, bn=bn, bk=128, gluon=True, waves=8)
+                out[f"gluon bm{bm} bn{bn} bk128 wv8"] = gl(bm=bm, bn=bn, waves=8)
         return out
-    if os.environ.get("SWEEP_ROUND") == "5":  # long prompts: unpack + cuBLAS in chunks of weight rows
-        out["long whole"] = V(long=True)
+    if rnd == "5":  # long prompts: unpack + cuBLAS in chunks of weight rows
+        out["long whole"] = LongConfig()
         for mb in (4, 8, 16, 32):
             rows = max(64, (mb << 20) // (2 * k) // 64 * 64)
             if rows < n:
-                out[f"long chunk {mb}MB ({rows} rows)"] = V(long=True, chunk=rows)
+                out[f"long chunk {mb}MB ({rows} rows)"] = LongConfig(chunk=rows)
         return out
-    if os.environ.get("SWEEP_ROUND") == "4":  # tc: register prefetch, pipelining, waves, bk 128, fixup
+    if rnd == "4":  # tc: register prefetch, pipelining, waves, bk 128, fixup
         bm = min(64, max(16, 1 << (m - 1).bit_length()))
         for bn in (32, 64):
             tc(bm, bn, 256, pf=True)
@@ -456,7 +542,7 @@ def candidates(m: int, n: int, k: int) -> dict:
             tc(64, 64, 128, 8, st=2)
             tc(32, 64, 256, pf=True)
         return out
-    if os.environ.get("SWEEP_ROUND") == "3":  # tensor cores fed from register loads
+    if rnd == "3":  # tensor cores fed from register loads
         if m <= 16:
             for bn, bk, w in ((32, 256, 4), (64, 256, 4), (64, 256, 8), (64, 512, 8), (128, 256, 8)):
                 tc(16, bn, bk, w)
@@ -475,7 +561,7 @@ def candidates(m: int, n: int, k: int) -> dict:
             tc(128, 128, 128, 8)
             tc(64, 64, 256, 4)
         return out
-    if os.environ.get("SWEEP_ROUND") == "2" and m <= 2:  # second round: around the new defaults
+    if rnd == "2" and m <= 2:  # second round: around the new defaults
         gv(m, 16, 256, split=steps(256), fix=True)
         gv(m, 16, 256, 16, fix=True)
         gv(m, 32, 256, 16, fix=True)
@@ -512,26 +598,159 @@ def candidates(m: int, n: int, k: int) -> dict:
     return out
 
 
+def entry(cfg, problem: registry.Problem) -> dict:
+    """``cfg`` as a table candidate, ``{"kernel": name, "config": {field: value}}``: ``pdl`` only
+    when set (else GLYD_PDL gives it), a GEMV split of one K step a program as "k_steps"."""
+    spec = registry.config_dict(cfg)
+    if spec.get("pdl") == "":
+        del spec["pdl"]
+    kc = registry.kernel_for(cfg)
+    if kc.name == "gemv" and spec["split"] == max(1, -(-problem.kp // spec["bk"])):
+        spec["split"] = "k_steps"
+    return {"kernel": kc.name, "config": spec}
+
+
+#: A CUDA GPU without Triton's Gluon: the table's cells keep a candidate that runs there.
+GENERIC = registry.Device("cuda", "a CUDA GPU without Gluon", (8, 0))
+
+
+def _runs(cand: dict, problem: registry.Problem, dev: registry.Device) -> bool:
+    kc = registry.kernel_class(cand["kernel"])
+    return kc.can_implement(problem, dev, kc.make_config(dict(cand["config"]), problem))[0]
+
+
+def build_table(res: dict, keep: int, ms: list[int]) -> dict:
+    """A kernel table (the format of ``kernels/tables/NVIDIA_H200.json``) from the sweep's rows:
+    per measured shape class and M bucket the configs that ran at every measured (shape, M) of the
+    cell, by mean time relative to bf16, fastest first (``keep`` of them, then the fastest that
+    runs on a GPU without Gluon if none of those does); every other cell from the fallback table."""
+    with open(registry.table_file(registry.FALLBACK), encoding="utf-8") as f:
+        base = json.load(f)
+    linear = base["linear"]
+    cells: dict[tuple[str, str], list[dict]] = {}
+    for r in res["rows"]:
+        cells.setdefault((registry.shape_class(r["n"], r["k"]), registry.m_bucket(r["m"])), []).append(r)
+    measured = []
+    for (cls, bucket), rows in cells.items():
+        points = {(r["shape"], r["m"]) for r in rows}
+        ratios: dict[str, tuple[dict, dict]] = {}  # candidate (JSON) -> (candidate, {(shape, M): t / bf16})
+        for r in rows:
+            for name, us in r["us"].items():
+                cand = r["configs"].get(name)
+                if cand is None or not math.isfinite(us) or not r["bf16_us"] > 0:
+                    continue
+                seen = ratios.setdefault(json.dumps(cand, sort_keys=True), (cand, {}))[1]
+                p = (r["shape"], r["m"])
+                seen[p] = min(seen.get(p, math.inf), us / r["bf16_us"])  # the same config under two names
+        ranked = sorted(((sum(v.values()) / len(v), c) for c, v in ratios.values() if set(v) == points),
+                        key=lambda t: t[0])
+        if not ranked:
+            log.warning("table: no config ran at every measured shape and M of %s %s: the fallback's kept", cls, bucket)
+            continue
+        problem = registry.Problem("fixed12", rows[0]["m"], rows[0]["n"], rows[0]["k"], kp_of(rows[0]["k"]))
+        chosen = [c for _, c in ranked[:keep]]
+        if not any(_runs(c, problem, GENERIC) for c in chosen):
+            chosen += [c for _, c in ranked[keep:] if _runs(c, problem, GENERIC)][:1]
+        buckets = linear["fixed12"].setdefault(cls, {})
+        buckets[bucket] = chosen
+        # bucket order as in registry.M_BUCKETS
+        linear["fixed12"][cls] = {b: buckets[b] for b, _, _ in registry.M_BUCKETS if b in buckets}
+        measured.append(f"{cls} {bucket} ({', '.join(sorted({r['shape'] for r in rows}))})")
+    gpu = res["device"]
+    about = [
+        f"What benchmarks/sweep_shapes.py measured fastest on {gpu} ({res['date']}; torch {res['torch']}, triton "
+        f"{res['triton']}; candidates: SWEEP_ROUND={res['round'] or '(the default grid)'}) at M = "
+        f"{', '.join(map(str, ms))}: in each measured cell the configs that ran at all of the cell's shapes and M, "
+        f"by mean time relative to bf16 F.linear, fastest first (up to {keep}, then the fastest that needs no Gluon "
+        "if none of those is such).",
+        f"Measured cells of linear.fixed12: {'; '.join(measured) or 'none'}. Every other cell, and linear.tiered, "
+        f"is the {registry.FALLBACK} table's.",
+        "linear.<layout>.<shape class>.<M bucket>: candidates in order of preference; the first whose kernel can run "
+        "on the device is taken (glyd.kernels.registry).",
+        "Config values: 'k_steps' (gemv split) is one K step of bk a program.",
+        "layout: not measured by the sweep; paste the 'layout' of benchmarks/kernels.py's measured_times.json here "
+        "for layout='auto'.",
+    ]
+    table = {"gpu": gpu, "about": about, "linear": linear}
+    check_table(table)
+    return table
+
+
+def check_table(table: dict) -> None:
+    """Raise ValueError unless every candidate of ``table`` names a kernel whose config it makes
+    (on one problem of its cell), in a known shape class and M bucket."""
+    buckets = {b: lo for b, lo, _ in registry.M_BUCKETS}
+    examples = {"kv": (512, 3584), "qo": (3584, 3584), "qkv": (4608, 3584), "gate": (18944, 3584),
+                "big": (37888, 3584), "tall": (3584, 18944), "wide": (65536, 1024), "wide_big": (152064, 3584),
+                "tall_small": (1024, 8192), "tall_tiny": (256, 8192), "wide_small": (65536, 256),
+                "wide_tiny": (65536, 64), "tall_wide": (65536, 131072)}
+    for layout, classes in table["linear"].items():
+        for cls, cells in classes.items():
+            if cls not in registry.SHAPE_CLASSES or registry.shape_class(*examples[cls]) != cls:
+                raise ValueError(f"table: unknown shape class {cls!r}")
+            for bucket, cands in cells.items():
+                if bucket not in buckets or not cands:
+                    raise ValueError(f"table: {layout}.{cls}: bad M bucket {bucket!r} or no candidates")
+                n, k = examples[cls]
+                problem = registry.Problem(layout, buckets[bucket], n, k, kp_of(k))
+                for c in cands:
+                    if c.get("kernel") not in registry.KERNELS or not isinstance(c.get("config"), dict):
+                        raise ValueError(f"table: {layout}.{cls}.{bucket}: bad candidate {c!r}")
+                    registry.kernel_class(c["kernel"]).make_config(dict(c["config"]), problem)
+
+
+def dump_table(table: dict) -> str:
+    """``table`` as JSON laid out as the tables in ``kernels/tables`` are: one candidate a line."""
+    def comma(i, seq):
+        return "," if i < len(seq) - 1 else ""
+
+    out = ["{", f'  "gpu": {json.dumps(table["gpu"])},', f'  "about": {json.dumps(table["about"])},', '  "linear": {']
+    layouts = list(table["linear"].items())
+    for i, (layout, classes) in enumerate(layouts):
+        out.append(f"    {json.dumps(layout)}: {{")
+        items = list(classes.items())
+        for j, (cls, cells) in enumerate(items):
+            out.append(f"      {json.dumps(cls)}: {{")
+            rows = list(cells.items())
+            for b, (bucket, cands) in enumerate(rows):
+                out.append(f"        {json.dumps(bucket)}: [")
+                out += [f"          {json.dumps(c)}{comma(ci, cands)}" for ci, c in enumerate(cands)]
+                out.append(f"        ]{comma(b, rows)}")
+            out.append(f"      }}{comma(j, items)}")
+        out.append(f"    }}{comma(i, layouts)}")
+    out.append("  }," if "layout" in table else "  }")
+    if "layout" in table:
+        out.append(f'  "layout": {json.dumps(table["layout"])}')
+    out.append("}")
+    return "\n".join(out) + "\n"
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ms", default="1,2,4,8,16")
     ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--out", default=None, help="folder for sweep.json")
+    ap.add_argument("--table", default=None, metavar="OUT.json",
+                    help="also write a kernel table of what was measured (see the module docstring)")
+    ap.add_argument("--table-keep", type=int, default=3, help="candidates kept a measured cell of the table")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     ms = [int(v) for v in args.ms.split(",")]
-    res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-           "rows": []}
+    res = {"device": torch.cuda.get_device_name() if DEV == "cuda" else "cpu (interpreter dry run)",
+           "torch": torch.__version__, "triton": triton.__version__, "date": time.strftime("%Y-%m-%d"),
+           "round": os.environ.get("SWEEP_ROUND", ""), "rows": []}
     for sname in args.shapes.split(","):
         n, k = SHAPES[sname]
-        copies = max(2, min(28, -(-300_000_000 // (n * k * 3 // 2))))
-        ws = [(torch.randn(n, k, device="cuda") * 0.02).to(torch.bfloat16) for _ in range(copies)]
+        copies = max(2, min(28, -(-300_000_000 // (n * k * 3 // 2)))) if DEV == "cuda" else 2
+        ws = [(torch.randn(n, k, device=DEV) * 0.02).to(torch.bfloat16) for _ in range(copies)]
         ps = [kernels.pack(w, "fixed12") for w in ws]
         for m in ms:
-            x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
-            t16 = cuda_graph_ms(lambda: [F.linear(x, w) for w in ws], 20) / copies * 1e3
+            x = torch.randn(m, k, device=DEV).to(torch.bfloat16)
+            t16 = timed_ms(lambda: [F.linear(x, w) for w in ws]) / copies * 1e3
             ref = F.linear(x.double(), ws[0].double())
-            rows = []
+            problem = registry.Problem("fixed12", m, n, k, ps[0].arrays["lo"].shape[1])
+            dkernel, dcfg = default(m, n, k)
+            rows, configs = [], {}
             for name, cfg in candidates(m, n, k).items():
                 saved = {}
                 if isinstance(cfg, tuple):  # (config, {(module, attribute): value} set while timed)
@@ -543,23 +762,25 @@ def main(argv=None) -> int:
                     err = ((kernels.linear(x, ps[0], None, cfg).double() - ref).norm() / ref.norm()).item()
                     if not err < 5e-3:
                         raise RuntimeError(f"relative error {err:.3g}")
-                    t = cuda_graph_ms(lambda cfg=cfg: [kernels.linear(x, p, None, cfg) for p in ps], 20)
+                    t = timed_ms(lambda cfg=cfg: [kernels.linear(x, p, None, cfg) for p in ps])
                     rows.append((name, t / copies * 1e3))
+                    if not saved:  # a config of its own (module settings are not table entries)
+                        configs[name] = entry(dcfg if cfg is None else cfg, problem)
                 except Exception as exc:  # a config that fails is reported, not fatal
                     log.warning("%s M=%d %s failed: %s", sname, m, name, str(exc)[:120])
                 finally:
                     for (mod, attr), v in saved.items():
                         setattr(mod, attr, v)
             if len(rows) > 1 and rows[0][0] == "default":  # timed first, right after bf16: time it last too
-                t = cuda_graph_ms(lambda: [kernels.linear(x, p, None, None) for p in ps], 20)
+                t = timed_ms(lambda: [kernels.linear(x, p, None, None) for p in ps])
                 rows.append(("default again", t / copies * 1e3))
+                configs["default again"] = configs["default"]
             # bf16 timed again last: the first graph timed at a new M ran up to 12% slow on the
             # lm_head (round 22); the faster of the two is the reference
-            t16 = min(t16, cuda_graph_ms(lambda: [F.linear(x, w) for w in ws], 20) / copies * 1e3)
+            t16 = min(t16, timed_ms(lambda: [F.linear(x, w) for w in ws]) / copies * 1e3)
             rows.sort(key=lambda r: r[1])
-            dflt = fixed12.default_config(m, n, k)
             res["rows"].append({"shape": sname, "n": n, "k": k, "m": m, "copies": copies, "bf16_us": t16,
-                                "default": str(dflt), "us": dict(rows)})
+                                "default": f"{dkernel.name} {dcfg}", "us": dict(rows), "configs": configs})
             print(f"\n{sname} {n}x{k} M={m} ({copies} copies): bf16 {t16:.2f} us")
             for name, t in rows[:6] + [r for r in rows[6:] if r[0].startswith("default")]:
                 print(f"  {name:28s} {t:8.2f} us  {t / t16:.3f}x")
@@ -569,6 +790,13 @@ def main(argv=None) -> int:
             os.makedirs(args.out, exist_ok=True)
             with open(os.path.join(args.out, "sweep.json"), "w") as f:
                 json.dump(res, f, indent=1)
+        if args.table:  # the same
+            os.makedirs(os.path.dirname(os.path.abspath(args.table)), exist_ok=True)
+            with open(args.table, "w", encoding="utf-8") as f:
+                f.write(dump_table(build_table(res, args.table_keep, ms)))
+    if args.table:
+        print(f"\nwrote {args.table}: copy it to src/glyd/kernels/tables/{registry.table_file(res['device']).name} "
+              "to use it on this GPU")
     return 0
 
 

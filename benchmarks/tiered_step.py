@@ -9,6 +9,11 @@ float64 F.linear (relative Frobenius error < 5e-3, as benchmarks/kernels.py), th
 a table last.
 
     PYTHONPATH=src python3 benchmarks/tiered_step.py [--out DIR] [--distinct 4] [--quick]
+
+Variants are ``glyd.kernels.TieredGemvConfig`` (the fused GEMV) and ``TieredLongConfig`` (unpack +
+cuBLAS); "fused default" is the registry's choice. The variants of removed code (``FAST_DEEP``,
+``SPARSE_DEEP``, the stage timings with tiers cut off) are in this script's 497582d version.
+Without a CUDA GPU it is a smoke run under ``TRITON_INTERPRET=1`` on tiny shapes.
 """
 
 from __future__ import annotations
@@ -24,8 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from glyd import kernels
-from glyd.kernels import tiered as kt
-from glyd.kernels._common import Config
+from glyd.kernels.tiered import AREA_REG_BYTES, TieredGemvConfig, TieredLongConfig, TieredUnpackConfig
 from glyd.timing import cuda_graph_ms
 
 log = logging.getLogger("tiered_step")
@@ -48,46 +52,21 @@ def timer(fn, replays):
 
 
 def cfg(bn=4, bb=1, warps=1, mb=16, long=False):
-    return Config(bm=bb, bn=bn, bk=1024, dot=False, warps=warps, g=mb, long=long)
+    return TieredLongConfig() if long else TieredGemvConfig(bn=bn, bb=bb, mb=mb, warps=warps)
 
 
 def variants(m: int, quick: bool):
-    """name -> (Config or None, DEPTH, FAST_DEEP, SPARSE_DEEP); DEPTH < 2 gives wrong results
-    (stage timing only)."""
-    v = {"fused default": (None, 2, kt.FAST_DEEP), "unpack+cuBLAS": (cfg(long=True), 2, kt.FAST_DEEP),
-         "fused bn2 w1 sparse-deep": (cfg(2, 1, 1), 2, False, True),
-         "unpack+cuBLAS sparse-deep": (cfg(long=True), 2, False, True)}
+    """name -> config (None: the registry's choice)."""
+    v = {"fused default": None, "unpack+cuBLAS": cfg(long=True)}
     if quick:
         return v
     if m == 1:
-        v["fused bn4 w1 fast5"] = (cfg(4, 1, 1), 2, True)
-        v["fused bn2 w1"] = (cfg(2, 1, 1), 2, False)
+        v["fused bn2 w1"] = cfg(2, 1, 1)
         for bn in (2, 4, 8):
-            v[f"fused bn{bn} w2"] = (cfg(bn, 1, 2), 2, False)
-        v["fused bn4 w2 fast5"] = (cfg(4, 1, 2), 2, True)
-        v["stage: no tier 5 (wrong)"] = (None, 1, False)
-        v["stage: d1 only (wrong)"] = (None, 0, False)
+            v[f"fused bn{bn} w2"] = cfg(bn, 1, 2)
     else:
-        v["fused bn4 w2"] = (cfg(4, 1, 2), 2, False)
+        v["fused bn4 w2"] = cfg(4, 1, 2)
     return v
-
-
-def linear_depth(x, p, c, depth, fast, sparse=False):
-    kt.FAST_DEEP = fast
-    kt.SPARSE_DEEP = sparse
-    if depth == 2:
-        return kt.linear(x, p, None, c)
-    # stage timing: the default launch with tiers cut off
-    n, k = p.shape
-    kp = p.arrays["sm"].shape[1]
-    m = x.shape[0]
-    out = torch.empty(m, n, dtype=torch.bfloat16, device=x.device)
-    mb = min(1 << (m - 1).bit_length(), kt.GEMV_MB)
-    kt._gemv_kernel[((n + kt.GEMV_BN - 1) // kt.GEMV_BN, (m + mb - 1) // mb)](
-        x, *kt._args(p), out, out, m, n, k, kp, n * kp, (n * kp + 1023) // 1024, p.arrays["area"].numel(), kt.REG_AREA_BYTES, x.stride(0),
-        out, out, out,  # no sparse-deep list: the stage runs cut tiers off instead
-        BN=kt.GEMV_BN, BB=kt.GEMV_BB, MB=mb, HAS_BIAS=False, DEPTH=depth, FAST5=fast, num_warps=kt.GEMV_WARPS)
-    return out
 
 
 def main(argv=None) -> int:
@@ -120,56 +99,42 @@ def main(argv=None) -> int:
     log.info("step: bf16 %.2f GB, tiered %.2f GB (%.2f bits)", wbytes / 1e9, tbytes / 1e9, 16 * tbytes / wbytes)
 
     ms = [int(v) for v in args.ms.split(",")]
-    fast0 = kt.FAST_DEEP
     fails = []
     # correctness: unpack bit-exact on the first copy of every shape; every variant at every M
     for name, reps in mats.items():
         w, p = reps[0]
-        if not torch.equal(kt.unpack(p).view(torch.int16), w.view(torch.int16)):
+        if not torch.equal(kernels.unpack(p).view(torch.int16), w.view(torch.int16)):
             fails.append(f"unpack {name} not bit-exact")
-        for bb, warps, fast, sparse in ((1, 1, False, False), (1, 1, False, True), (1, 2, False, False),
-                                        (1, 1, True, False)):
-            kt.FAST_DEEP, kt.SPARSE_DEEP = fast, sparse
-            if not torch.equal(kt.unpack(p, None, bb, warps).view(torch.int16), w.view(torch.int16)):
-                fails.append(f"unpack bb{bb} w{warps} fast5={fast} sparse={sparse} {name} not bit-exact")
-        kt.FAST_DEEP, kt.SPARSE_DEEP = fast0, False
+        for bb, warps, reg in ((1, 1, AREA_REG_BYTES), (1, 1, 0), (1, 2, AREA_REG_BYTES)):
+            ucfg = TieredUnpackConfig(blocks=bb, warps=warps, area_reg_bytes=reg)
+            if not torch.equal(kernels.unpack(p, None, ucfg).view(torch.int16), w.view(torch.int16)):
+                fails.append(f"unpack bb{bb} w{warps} area_reg_bytes={reg} {name} not bit-exact")
     for m in ms:
-        for vname, (c, depth, fast, *sp) in variants(m, args.quick).items():
-            if depth < 2:
-                continue
-            kt.FAST_DEEP = fast
-            kt.SPARSE_DEEP = bool(sp and sp[0])
+        for vname, c in variants(m, args.quick).items():
             for name in [nm for nm in ("q", "k", "down", "lm_head") if nm in mats]:
                 w, p = mats[name][0]
                 x = torch.randn(m, w.shape[1], device=DEV).to(torch.bfloat16)
                 # a bias only on the default (each HAS_BIAS value is one more compile)
                 b = torch.randn(w.shape[0], device=DEV).to(torch.bfloat16) if c is None and m == 1 else None
                 ref = F.linear(x.double(), w.double(), None if b is None else b.double())
-                y = kt.linear(x, p, b, c)
+                y = kernels.linear(x, p, b, c)
                 err = ((y.double() - ref).norm() / ref.norm()).item()
                 if not err < 5e-3 or not torch.isfinite(y).all():
                     fails.append(f"{vname} {name} M={m}: rel err {err:.3g}")
     if DEV == "cuda":
         torch.cuda.synchronize()
-    kt.FAST_DEEP, kt.SPARSE_DEEP = fast0, False
     log.info("checks done: %d failures", len(fails))
 
     res = {"device": torch.cuda.get_device_name() if DEV == "cuda" else "cpu (interpreter smoke run)", "torch": torch.__version__, "triton": triton.__version__,
            "date": time.strftime("%Y-%m-%d %H:%M"), "bytes": {"bf16": wbytes, "tiered": tbytes}, "rows": {}}
     # unpack of the whole step (every matrix), per (blocks, warps)
-    reg0 = kt.REG_AREA_BYTES
-    for bb, warps, fast, sparse, reg in ((1, 1, False, False, reg0), (1, 1, False, True, reg0),
-                                         (1, 1, False, False, 0), (1, 1, False, True, 0),
-                                         (1, 2, False, False, reg0), (1, 1, True, False, reg0)):
-        def run(bb=bb, warps=warps, fast=fast, sparse=sparse, reg=reg):
-            kt.FAST_DEEP, kt.SPARSE_DEEP, kt.REG_AREA_BYTES = fast, sparse, reg
+    for bb, warps, reg in ((1, 1, AREA_REG_BYTES), (1, 1, 0), (1, 2, AREA_REG_BYTES)):
+        def run(ucfg=TieredUnpackConfig(blocks=bb, warps=warps, area_reg_bytes=reg)):
             for nm, i in order:
-                kt.unpack(mats[nm][i][1], None, bb, warps)
-        key = f"bb{bb} w{warps}" + (" fast5" if fast else "") + (" sparse-deep" if sparse else "") + \
-            ("" if reg else " memory-windows")
+                kernels.unpack(mats[nm][i][1], None, ucfg)
+        key = f"bb{bb} w{warps}" + ("" if reg else " memory-windows")
         res.setdefault("unpack_step_ms", {})[key] = timer(run, 20)
         log.info("unpack step %s: %.3f ms", key, res["unpack_step_ms"][key])
-    kt.FAST_DEEP, kt.SPARSE_DEEP, kt.REG_AREA_BYTES = fast0, False, reg0
     for m in ms:
         xs = {k: torch.randn(m, k, device=DEV).to(torch.bfloat16) for k in (H, I)}
 
@@ -179,17 +144,16 @@ def main(argv=None) -> int:
                 F.linear(xs[w.shape[1]], w)
 
         row = {"bf16": timer(bf16, 30)}
-        for vname, (c, depth, fast, *sp) in variants(m, args.quick or time.time() - t0 > args.budget).items():
-            def run(c=c, depth=depth, fast=fast, sparse=bool(sp and sp[0])):
+        for vname, c in variants(m, args.quick or time.time() - t0 > args.budget).items():
+            def run(c=c):
                 for nm, i in order:
                     p = mats[nm][i][1]
-                    linear_depth(xs[p.shape[1]], p, c, depth, fast, sparse)
+                    kernels.linear(xs[p.shape[1]], p, None, c)
             try:
                 row[vname] = timer(run, 20)
             except Exception as exc:  # a variant that fails is reported, not fatal
                 log.warning("%s M=%d failed: %s", vname, m, exc)
                 row[vname] = None
-        kt.FAST_DEEP, kt.SPARSE_DEEP = fast0, False
         res["rows"][m] = row
         log.info("M=%d %s", m, {k: (round(v, 3) if v else v) for k, v in row.items()})
         with open(os.path.join(args.out, "tiered_step.json"), "w") as f:

@@ -7,6 +7,10 @@ bf16 writes. The reference rows are ``copy_`` of the same bf16 matrices (2 + 2 b
 of their packed planes (1.5 + 1.5 bytes a weight): what a plain copy reaches on this GPU.
 
     PYTHONPATH=src python3 benchmarks/unpack_sweep.py --out $OUT
+
+Each variant is a ``glyd.kernels.UnpackConfig``: "bytes" the byte tiles (``flat_groups=0``; rows,
+64-weight groups and warps a program), "flat" the flat kernel (groups a program, warps). The
+word-tile unpack (``UNPACK_WORDS``) is gone; its last version is in 497582d.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import torch
 import triton
 
 from glyd import kernels
-from glyd.kernels import fixed12
+from glyd.kernels import UnpackConfig
 from glyd.timing import cuda_graph_ms
 
 log = logging.getLogger("unpack_sweep")
@@ -29,7 +33,13 @@ log = logging.getLogger("unpack_sweep")
 # (kind, bn, g, warps): bn = groups a program for "flat"
 VARIANTS = [("bytes", 32, 2, 4), ("bytes", 32, 4, 4), ("bytes", 64, 2, 4), ("bytes", 16, 4, 4),
             ("flat", 32, 0, 4), ("flat", 64, 0, 4), ("flat", 128, 0, 4), ("flat", 128, 0, 8), ("flat", 256, 0, 8),
-            ("flat", 16, 0, 2), ("words", 16, 4, 4)]
+            ("flat", 16, 0, 2)]
+
+
+def config(kind: str, bn: int, g: int, warps: int) -> UnpackConfig:
+    if kind == "flat":
+        return UnpackConfig(flat_groups=bn, flat_warps=warps)
+    return UnpackConfig(flat_groups=0, rows=bn, groups=g, warps=warps)
 
 
 def main(argv=None) -> int:
@@ -56,31 +66,19 @@ def main(argv=None) -> int:
     record("bf16 copy_ (reference)", cuda_graph_ms(lambda: [o.copy_(w) for o, w in zip(outs, ws)], 20), n * k * 4)
     record("packed planes copy_ (reference)",
            cuda_graph_ms(lambda: [d.copy_(t) for d, t in zip(pdst, planes)], 20), n * k * 3)
-    names = ("UNPACK_WORDS", "UNPACK_BN", "UNPACK_G", "UNPACK_WARPS", "UNPACK_BYTES_BN", "UNPACK_BYTES_G",
-             "UNPACK_BYTES_WARPS", "UNPACK_FLAT_G", "UNPACK_FLAT_WARPS")
-    old = {a: getattr(fixed12, a) for a in names}
     for kind, bn, g, w in VARIANTS:
         name = f"{kind} bn{bn} g{g} w{w}" if kind != "flat" else f"flat {bn} groups w{w}"
-        fixed12.UNPACK_WORDS = kind == "words"
-        fixed12.UNPACK_FLAT_G = bn if kind == "flat" else 0
-        if kind == "words":
-            fixed12.UNPACK_BN, fixed12.UNPACK_G, fixed12.UNPACK_WARPS = bn, g, w
-        elif kind == "flat":
-            fixed12.UNPACK_FLAT_WARPS = w
-        else:
-            fixed12.UNPACK_BYTES_BN, fixed12.UNPACK_BYTES_G, fixed12.UNPACK_BYTES_WARPS = bn, g, w
+        cfg = config(kind, bn, g, w)
         try:
             for i in (0, len(ps) - 1):  # bit for bit, fresh output
                 outs[i].fill_(0)
-                kernels.unpack(ps[i], outs[i])
+                kernels.unpack(ps[i], outs[i], cfg)
                 if not torch.equal(outs[i].view(torch.int16), ws[i].view(torch.int16)):
                     raise RuntimeError("not bit-exact")
-            record(name, cuda_graph_ms(lambda: [kernels.unpack(p, o) for p, o in zip(ps, outs)], 20), moved)
+            record(name, cuda_graph_ms(lambda cfg=cfg: [kernels.unpack(p, o, cfg) for p, o in zip(ps, outs)], 20),
+                   moved)
         except Exception as exc:  # a variant that fails is reported, not fatal
             log.warning("%s failed: %s", name, str(exc)[:200])
-        finally:
-            for a, v in old.items():
-                setattr(fixed12, a, v)
     print(f"\nunpack, {n} x {k}, {args.copies} copies, one CUDA graph, median:")
     print("| variant | us a matrix | GB/s |\n|---|---|---|")
     for name, us in sorted(res["us"].items(), key=lambda kv: kv[1]):

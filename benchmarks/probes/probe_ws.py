@@ -1,4 +1,5 @@
-"""Probe of the warp-specialized wgmma tile (``fixed12_ws``) on one matrix shape: the full kernel
+"""Ran against commit 497582d (check that commit out to run it).
+Probe of the warp-specialized wgmma tile (``fixed12_ws``) on one matrix shape: the full kernel
 against its TMA stream alone (``fixed12_ws.PROBE_LOADS``: 1 with x, 2 plane words only) and its
 warpgroup alone (3: decode and MMAs on whatever the ring holds, no copies, no waits), both halves
 at once with no handoff between them (4), the full kernel without its per-step proxy fence (5), the x

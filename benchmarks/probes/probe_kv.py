@@ -1,4 +1,5 @@
-"""Probe of the fused KV decode-attention kernel: what each part of the page decode costs.
+"""Ran against commit 497582d (check that commit out to run it).
+Probe of the fused KV decode-attention kernel: what each part of the page decode costs.
 
 Times ``decode_attention_triton`` as it is and with parts of the decode taken out
 (``glyd.kv._triton.PROBE``: 1 every raw exponent read as 0 without its load, 2 every value as its

@@ -1,4 +1,5 @@
-"""Probe: long prompts with the unpack of the next linear overlapped with the current GEMM.
+"""Ran against commit 497582d (check that commit out to run it).
+Probe: long prompts with the unpack of the next linear overlapped with the current GEMM.
 
 Unpack + cuBLAS (the long-prompt path) runs the unpack and the GEMM one after the other, so a
 step pays both. The GEMM at M >= 512 is compute-bound and the unpack memory-bound; this probe

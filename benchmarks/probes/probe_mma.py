@@ -1,4 +1,5 @@
-"""Probe: where the fixed12 tensor-core (mma) tile kernel loses time, on one GPU.
+"""Ran against commit 497582d (check that commit out to run it).
+Probe: where the fixed12 tensor-core (mma) tile kernel loses time, on one GPU.
 
 Times 28 distinct 18944 x 3584 matrices (one CUDA graph, no L2 reuse) at M = 1 and 16 for a grid
 of tile shapes, each in two modes: the real decode (glyd.kernels.fixed12's mma kernel) and

@@ -1,4 +1,5 @@
-"""Time the ws tile's x permutation (``fixed12_ws.permute_x``) a launch, against ``x.clone()`` and
+"""Ran against commit 497582d (check that commit out to run it).
+Time the ws tile's x permutation (``fixed12_ws.permute_x``) a launch, against ``x.clone()`` and
 a one-element Triton kernel (the cost of any launch), each as a CUDA graph of 28 launches on a bf16
 [M, 3584] x (a Qwen2.5-7B step runs one before each of its 28 gate_up and its lm_head matrices),
 median of 50 replays. Needs a CUDA GPU.

@@ -20,8 +20,8 @@ from glyd.hf._register import install, register
 _LAZY = {
     "from_pretrained": "glyd.hf.loading",
     "compress": "glyd.hf.loading",
-    "save_pretrained": "glyd.hf.loading",
-    "verify": "glyd.hf.loading",
+    "save_pretrained": "glyd.hf.save",
+    "verify": "glyd.hf.integrity",
     "GlydConfig": "glyd.hf.quantizer",
     "GlydHfQuantizer": "glyd.hf.quantizer",
 }

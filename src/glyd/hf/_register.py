@@ -29,6 +29,7 @@ def register() -> bool:
 
     Returns False (and logs why) when transformers cannot be imported.
     """
+    global _registered
     with _lock:
         if _registered:
             return True
@@ -43,13 +44,8 @@ def register() -> bool:
             log.debug("transformers integration unavailable: %s", exc)
             return False
         quantizer.register_with_transformers()
+        _registered = True
         return True
-
-
-def mark_registered() -> None:
-    """Called by ``glyd.hf.quantizer.register_with_transformers`` once the registries hold glyd."""
-    global _registered
-    _registered = True
 
 
 class _Loader(importlib.abc.Loader):

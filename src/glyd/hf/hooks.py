@@ -18,6 +18,8 @@ from typing import Any
 
 from torch import nn
 
+from glyd.hf.save import save_pretrained as glyd_save
+
 __all__ = ["wire", "save_pretrained"]
 
 # Arguments of transformers' save_pretrained that change nothing for a glyd folder.
@@ -30,8 +32,6 @@ def save_pretrained(model: nn.Module, save_directory: str | os.PathLike, is_main
                     **kwargs: Any) -> None:
     """``model.save_pretrained(save_directory)`` of a packed model: :func:`glyd.save_pretrained` with
     ``overwrite=True`` (it replaces an empty folder or a glyd folder, never anything else)."""
-    from glyd.hf.loading import save_pretrained as glyd_save
-
     if state_dict is not None:
         raise ValueError("save_pretrained(state_dict=...) is not supported for a glyd model: its packed arrays "
                          "are saved as they are")

@@ -97,7 +97,7 @@ class GlydHfQuantizer(HfQuantizer):
     def _process_model_before_weight_loading(self, model: Any, checkpoint_files: list[str] | None = None,
                                              **kwargs: Any) -> Any:
         from glyd.hf.checks import check_folder
-        from glyd.hf.loading import prepare_skeleton
+        from glyd.hf.skeleton import prepare_skeleton
 
         self._folder = _checkpoint_folder(model, checkpoint_files or [])
         reader = check_folder(self._folder, verify=False)
@@ -111,7 +111,7 @@ class GlydHfQuantizer(HfQuantizer):
         return model
 
     def _process_model_after_weight_loading(self, model: Any, **kwargs: Any) -> Any:
-        from glyd.hf.loading import finish_skeleton
+        from glyd.hf.skeleton import finish_skeleton
 
         finish_skeleton(model, self._folder, self._manifest)
         return model
@@ -164,9 +164,6 @@ def register_with_transformers() -> None:
     types = getattr(_auto, "LOADING_ATTRIBUTES_CONFIG_TYPES", None)
     if isinstance(types, tuple) and GlydConfig not in types:
         _auto.LOADING_ATTRIBUTES_CONFIG_TYPES = (*types, GlydConfig)
-    from glyd.hf import _register
-
-    _register.mark_registered()
 
 
 # Importing this module is enough to make transformers know glyd (whoever imports it first).

@@ -1,0 +1,162 @@
+"""Reading a bf16 transformers folder: every weight packed as it streams in, one tensor at a time."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from glyd.errors import CorruptError, FormatError
+from glyd.hf import hooks
+from glyd.hf._model import note_source
+from glyd.hf.packer import Packer
+from glyd.store._safetensors import dtype_from_name, read_header
+
+log = logging.getLogger(__name__)
+
+
+def resolve(name_or_path: str | os.PathLike, hf_kwargs: dict[str, Any]) -> Path:
+    p = Path(name_or_path)
+    if p.is_dir():
+        return p
+    if p.exists():
+        raise FormatError(f"{p}: not a folder (glyd.from_pretrained takes a model folder or a Hub model id)")
+    s = str(name_or_path)
+    if s.count("/") == 1 and not s.startswith((".", "/", "~")):
+        try:
+            from huggingface_hub import snapshot_download
+        except ImportError:
+            raise FormatError(f"{s}: no such folder (and huggingface_hub is not installed to fetch it)") from None
+        kw = {k: hf_kwargs[k] for k in ("revision", "token", "cache_dir") if k in hf_kwargs}
+        try:
+            return Path(snapshot_download(s, allow_patterns=["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja"], **kw))
+        except Exception as exc:
+            raise FormatError(f"{s}: not a local folder and it could not be fetched from the Hub ({exc})") from exc
+    raise FormatError(f"{s}: no such model folder")
+
+
+def _weight_files(path: Path) -> list[Path]:
+    """The model's safetensors shards: those of the index, else model.safetensors, else every one."""
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+            names = sorted(set(weight_map.values()))
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise FormatError(f"{index}: not a safetensors index (JSON with a weight_map): {exc}") from exc
+        files = []
+        for n in names:
+            f = path / n
+            if not isinstance(n, str) or f.parent != path or not f.is_file():
+                raise FormatError(f"{index}: names shard {n!r}, which is not a file of the folder")
+            files.append(f)
+        return files
+    if (path / "model.safetensors").is_file():
+        return [path / "model.safetensors"]
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        if (path / "pytorch_model.bin").exists() or list(path.glob("pytorch_model-*.bin")):
+            raise FormatError(
+                f"{path}: holds only pickle (.bin) weights; glyd reads safetensors only (it never unpickles). "
+                f"Convert with transformers: model.save_pretrained(dst, safe_serialization=True)"
+            )
+        raise FormatError(f"{path}: no *.safetensors weights: not a model folder")
+    return files
+
+
+def _check_bf16(path: Path, files: list[Path]) -> dict[Path, list[str]]:
+    """Read every shard header; raise a clear error for a model that is not bf16."""
+    keys: dict[Path, list[str]] = {}
+    for f in files:
+        h = read_header(f)
+        keys[f] = h.keys_in_file_order()
+        bad = Counter(info.dtype for info in h.tensors.values() if dtype_from_name(info.dtype) is not None
+                      and dtype_from_name(info.dtype).is_floating_point and info.dtype != "bfloat16")
+        if bad:
+            dtype, n = bad.most_common(1)[0]
+            example = next(k for k, i in h.tensors.items() if i.dtype == dtype)
+            raise FormatError(
+                f"{f}: the model is {dtype}, not bfloat16 ({n} {dtype} tensors, e.g. {example!r}): glyd packs bf16 "
+                f"models only. Convert it first (AutoModelForCausalLM.from_pretrained(..., dtype=torch.bfloat16)"
+                f".save_pretrained(dst)); rounding {dtype} to bf16 is lossy, so glyd does not do it silently"
+            )
+    return keys
+
+
+def load_bf16(path: Path, *, layout: str, merge: bool, exact: bool, device: torch.device, progress: bool,
+               hf_kwargs: dict[str, Any]) -> nn.Module:
+    from accelerate import init_empty_weights
+    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
+
+    if not (path / "config.json").is_file():
+        raise FormatError(f"{path}: no config.json: not a transformers model folder")
+    files = _weight_files(path)
+    cfg_kw = {k: hf_kwargs.pop(k) for k in ("trust_remote_code",) if k in hf_kwargs}
+    try:
+        config = AutoConfig.from_pretrained(path, **cfg_kw)
+    except (ValueError, OSError, KeyError) as exc:
+        raise FormatError(f"{path / 'config.json'}: not a config transformers can read ({exc})") from exc
+    if getattr(config, "quantization_config", None) is not None:
+        q = config.quantization_config
+        method = q.get("quant_method") if isinstance(q, dict) else getattr(q, "quant_method", q)
+        raise FormatError(f"{path}: the model is already quantized (quant_method {method!r}); glyd packs bf16 models")
+    keys = _check_bf16(path, files)
+    hf_kwargs.pop("device_map", None)  # glyd places every tensor itself (``device``)
+    for k in ("dtype", "torch_dtype"):
+        want = hf_kwargs.pop(k, None)
+        if want not in (None, "auto", torch.bfloat16, "bfloat16"):
+            raise ValueError(f"{k}={want!r}: a glyd model runs in bfloat16 (its weights are bf16, bit for bit)")
+    with init_empty_weights(include_buffers=False):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16, **cfg_kw, **hf_kwargs)
+    packer = Packer(model, layout=layout, merge=merge, exact=exact, device=device)
+    try:
+        _stream(path, keys, model, packer, progress)
+    finally:
+        packer.close()
+    packer.finish(str(path))
+    left = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
+    if left:
+        raise FormatError(f"{path}: the checkpoint lacks tensor(s) the model needs: {', '.join(left[:5])}")
+    model.to(device)
+    model.eval()
+    try:
+        model.generation_config = GenerationConfig.from_pretrained(path)
+    except (OSError, ValueError):
+        pass
+    note_source(model, path, None)
+    hooks.wire(model)
+    gb = packer.packed_bytes / 1e9
+    log.info("packed %d matrices (%s): %.3f GB, %.2f bits a weight", sum(packer.layouts.values()),
+             ", ".join(f"{k} x{v}" for k, v in sorted(packer.layouts.items())), gb,
+             8 * packer.packed_bytes / max(packer.weights, 1))
+    return model
+
+
+def _stream(path: Path, keys: dict[Path, list[str]], model: nn.Module, packer: Packer, progress: bool) -> None:
+    """Read the shards one tensor at a time and hand each to the packer."""
+    from safetensors import safe_open
+
+    sd_names = set(model.state_dict(keep_vars=True).keys())
+    prefix = getattr(model, "base_model_prefix", "")
+    total = sum(len(v) for v in keys.values())
+    with tqdm(total=total, desc="glyd: loading and packing", unit="tensor", disable=not progress) as bar:
+        for f, names in keys.items():
+            with safe_open(str(f), framework="pt", device="cpu") as st:
+                for key in names:
+                    name = key if key in sd_names or not prefix else f"{prefix}.{key}"
+                    if name not in sd_names:
+                        name = key
+                    try:
+                        t = st.get_tensor(key)
+                    except Exception as exc:  # safetensors' own error types
+                        raise CorruptError(f"{f}: tensor {key!r}: cannot read: {exc}") from exc
+                    packer.feed(name, t)
+                    del t
+                    bar.update(1)

@@ -1,0 +1,188 @@
+"""The packer: replaces modules as their weights arrive (a stream from disk, or a loaded model)."""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter, deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from glyd import ops as _ops
+from glyd.codec import Packed
+from glyd.errors import FormatError
+from glyd.hf._model import (MERGE_GROUPS, check_layout, embed_scale_of, is_packable_embedding, is_packable_linear,
+                            set_module, set_tensor, tied_pair, untie_packed)
+from glyd.nn.modules import GlydEmbedding, GlydLinear, GlydTiedLinear
+from glyd.store import sha256_tensor
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Group:
+    parent: str
+    attr: str
+    parts: tuple[str, ...]
+    has_bias: bool
+    got: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    def needed(self) -> list[str]:
+        names = [f"{self.parent}.{p}.weight" if self.parent else f"{p}.weight" for p in self.parts]
+        if self.has_bias:
+            names += [n[: -len("weight")] + "bias" for n in names]
+        return names
+
+
+class Packer:
+    """Decides which tensors are packed, packs them one at a time and swaps the modules in."""
+
+    def __init__(self, model: nn.Module, *, layout: str, merge: bool, exact: bool, device: torch.device | None):
+        self.model = model
+        self.layout = check_layout(layout)
+        self.exact = exact
+        self.device = device  # None: pack where each tensor already is
+        self.layouts: Counter[str] = Counter()
+        self.packed_bytes = 0
+        self.weights = 0
+        self.linears: dict[str, str] = {}  # weight name -> module name
+        self.embeds: dict[str, str] = {}
+        self.groups: dict[str, Group] = {}  # tensor name -> its group
+        self.tied = tied_pair(model)
+        self.skip: set[str] = set()
+        self._hasher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="glyd-sha256")
+        self._hashes: deque[tuple[nn.Module, Future]] = deque()
+        for name, m in model.named_modules():
+            w = f"{name}.weight" if name else "weight"
+            if is_packable_linear(m):
+                self.linears[w] = name
+            elif is_packable_embedding(m):
+                self.embeds[w] = name
+        if self.tied is not None:
+            out_name, in_name = self.tied
+            if f"{in_name}.weight" in self.embeds:
+                self.linears.pop(f"{out_name}.weight", None)
+                self.skip.add(f"{out_name}.weight")
+            else:
+                self.tied = None
+        if merge:
+            self._plan_merges()
+
+    def _plan_merges(self) -> None:
+        for pname, parent in self.model.named_modules():
+            for attr, parts in MERGE_GROUPS.items():
+                mods = [parent._modules.get(p) for p in parts]
+                if any(m is None or not is_packable_linear(m) for m in mods) or hasattr(parent, attr):
+                    continue
+                if len({m.in_features for m in mods}) != 1 or len({m.bias is None for m in mods}) != 1:
+                    continue
+                g = Group(pname, attr, parts, mods[0].bias is not None)
+                for n in g.needed():
+                    self.groups[n] = g
+                    self.linears.pop(n, None)
+
+    def wants(self, name: str) -> bool:
+        return name in self.linears or name in self.embeds or name in self.groups or name in self.skip
+
+    def _pack(self, name: str, t: torch.Tensor) -> tuple[Packed, Future]:
+        if t.dtype != torch.bfloat16:
+            raise FormatError(
+                f"tensor {name!r} is {t.dtype}: glyd packs bf16 weights only (convert the model to bf16 "
+                f"first; rounding fp32 or fp16 to bf16 is lossy, so glyd does not do it for you)"
+            )
+        # sha256 of the original bf16 bytes (saving and verify need no unpack), on a worker thread
+        # while the matrix packs: hashlib releases the GIL.
+        sha = self._hasher.submit(sha256_tensor, t)
+        dev = self.device if self.device is not None else t.device
+        w = t.to(dev)
+        layout = _ops.choose_layout(tuple(w.shape), w.device) if self.layout == "auto" else self.layout
+        p = _ops.pack(w, layout)
+        self.layouts[p.layout] += 1
+        self.packed_bytes += p.nbytes
+        self.weights += p.numel
+        return p, sha
+
+    def _track(self, module: nn.Module, sha: Future) -> nn.Module:
+        """Give ``module`` its hash when ready; at most two tensors wait for hashing (bounded memory)."""
+        self._hashes.append((module, sha))
+        while len(self._hashes) > 2:
+            self._settle()
+        return module
+
+    def _settle(self) -> None:
+        module, fut = self._hashes.popleft()
+        module.sha256 = fut.result()
+
+    def close(self) -> None:
+        """Wait for every hash and stop the hashing thread."""
+        try:
+            while self._hashes:
+                self._settle()
+        finally:
+            self._hasher.shutdown(wait=True, cancel_futures=True)
+
+    def _to_device(self, t: torch.Tensor) -> torch.Tensor:
+        return t if self.device is None else t.to(self.device)
+
+    def feed(self, name: str, t: torch.Tensor) -> None:
+        """Take tensor ``name`` of the model (a weight to pack, or any other tensor to put in place)."""
+        if name in self.skip:
+            log.debug("%s: tied to the input embedding, not packed twice", name)
+        elif name in self.linears:
+            mname = self.linears.pop(name)
+            old = self.model.get_submodule(mname)
+            p, sha = self._pack(name, t)
+            bias = old.bias
+            if bias is not None and not bias.is_meta:
+                bias = self._to_device(bias.detach())
+            set_module(self.model, mname, self._track(GlydLinear(p, bias, exact=self.exact), sha))
+        elif name in self.embeds:
+            mname = self.embeds.pop(name)
+            old = self.model.get_submodule(mname)
+            p, sha = self._pack(name, t)
+            scale = embed_scale_of(old)
+            if isinstance(scale, torch.Tensor):
+                scale = scale.to(p.device)
+            set_module(self.model, mname, self._track(GlydEmbedding(p, old.padding_idx, scale=scale), sha))
+        elif name in self.groups:
+            g = self.groups[name]
+            g.got[name] = t
+            if len(g.got) == len(g.needed()):
+                self._merge(g)
+        elif not set_tensor(self.model, name, self._to_device(t)):
+            log.warning("tensor %r of the checkpoint has no place in the model; ignored", name)
+
+    def _merge(self, g: Group) -> None:
+        names = g.needed()
+        k = len(g.parts)
+        ws = [g.got[n] for n in names[:k]]
+        w = torch.cat([x.to(ws[0].device) for x in ws], dim=0)
+        merged_name = f"{g.parent}.{g.attr}" if g.parent else g.attr
+        p, sha = self._pack(f"{merged_name}.weight", w)
+        del w
+        bias = None
+        if g.has_bias:
+            bias = self._to_device(torch.cat([g.got[n].to(ws[0].device) for n in names[k:]]))
+        merged = self._track(GlydLinear(p, bias, exact=self.exact, splits=[x.shape[0] for x in ws]), sha)
+        parent = self.model.get_submodule(g.parent) if g.parent else self.model
+        setattr(parent, g.attr, merged)
+        for part, mod in zip(g.parts, merged.parts()):
+            setattr(parent, part, mod)
+        for n in names:
+            self.groups.pop(n, None)
+        g.got.clear()
+
+    def finish(self, where: str) -> None:
+        self.close()
+        missing = sorted(set(self.linears) | set(self.embeds) | set(self.groups))
+        if missing:
+            more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+            raise FormatError(f"{where}: tensor(s) {', '.join(missing[:5])}{more} are missing from the checkpoint")
+        if self.tied is not None:
+            out_name, in_name = self.tied
+            emb = self.model.get_submodule(in_name)
+            if isinstance(emb, GlydEmbedding):
+                set_module(self.model, out_name, GlydTiedLinear(emb, exact=self.exact))
+        untie_packed(self.model)

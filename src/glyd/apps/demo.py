@@ -100,6 +100,43 @@ def _prompt_ids(tokenizer, prompt: str) -> torch.Tensor:
     return ids
 
 
+def _generate(loaded: Any, folder: Path, text_prompt: str, max_new_tokens: int, device: str,
+              summary: dict[str, Any], echo: Callable[[str], Any]) -> None:
+    """Greedy generation from the reloaded model; the text and its time go into ``summary``."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    ids = _prompt_ids(tokenizer, text_prompt).to(device)
+    t = time.perf_counter()
+    with torch.no_grad():
+        gen = loaded.generate(
+            ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False,
+            pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id,
+        )
+    new = gen[0, ids.shape[1]:]
+    summary["generate_s"] = time.perf_counter() - t
+    summary["text"] = tokenizer.decode(new, skip_special_tokens=True, clean_up_tokenization_spaces=False).strip()
+    echo(f"prompt: {text_prompt}")
+    echo(f"generated ({new.numel()} tokens, greedy, {summary['generate_s']:.1f} s): {summary['text']}")
+
+
+def _sizes(loaded: Any, folder: Path, dest: Path, summary: dict[str, Any], echo: Callable[[str], Any]) -> None:
+    """Bytes on disk (bf16 folder, glyd folder), in memory, and bits a packed weight, into ``summary``."""
+    from glyd.apps.eval_models import weight_bytes
+
+    bf16_bytes = _folder_bytes(folder)
+    mem_bytes = weight_bytes(loaded)
+    disk_bytes = _folder_bytes(dest)
+    numel, pbytes = packed_stats(loaded)
+    summary.update(bf16_file_bytes=bf16_bytes, glyd_file_bytes=disk_bytes, glyd_memory_bytes=mem_bytes,
+                   packed_weights=numel, packed_bytes=pbytes)
+    bits = 8 * pbytes / numel if numel else float("nan")
+    summary["bits_per_weight"] = bits
+    echo(f"sizes: bf16 files {bf16_bytes / 1e6:.1f} MB; Glyd files {disk_bytes / 1e6:.1f} MB "
+         f"({disk_bytes / bf16_bytes:.3f} of bf16); Glyd weights in memory {mem_bytes / 1e6:.1f} MB")
+    echo(f"packed weights: {numel:,} at {bits:.2f} bits a weight (bf16: 16)")
+
+
 def run_demo(
     model: str | None = None,
     *,
@@ -112,9 +149,6 @@ def run_demo(
 ) -> dict[str, Any]:
     """Pack, save, reload, verify and generate; returns a summary dict (also ``echo``-ed line by line)."""
     import glyd
-    from transformers import AutoTokenizer
-
-    from glyd.apps.evaluate import weight_bytes
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     if model is None:
@@ -159,32 +193,8 @@ def run_demo(
         summary.update(tensors_checked=tensors, weights_checked=weights, verify_s=time.perf_counter() - t)
         echo(f"bit-exact: all {tensors} tensors ({weights:,} weights) equal the bf16 checkpoint's, bit for bit")
 
-        tokenizer = AutoTokenizer.from_pretrained(folder)
-        text_prompt = prompt or DEFAULT_PROMPT
-        ids = _prompt_ids(tokenizer, text_prompt).to(device)
-        t = time.perf_counter()
-        with torch.no_grad():
-            gen = loaded.generate(
-                ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False,
-                pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id,
-            )
-        new = gen[0, ids.shape[1]:]
-        summary["generate_s"] = time.perf_counter() - t
-        summary["text"] = tokenizer.decode(new, skip_special_tokens=True, clean_up_tokenization_spaces=False).strip()
-        echo(f"prompt: {text_prompt}")
-        echo(f"generated ({new.numel()} tokens, greedy, {summary['generate_s']:.1f} s): {summary['text']}")
-
-        bf16_bytes = _folder_bytes(folder)
-        mem_bytes = weight_bytes(loaded)
-        disk_bytes = _folder_bytes(dest)
-        numel, pbytes = packed_stats(loaded)
-        summary.update(bf16_file_bytes=bf16_bytes, glyd_file_bytes=disk_bytes, glyd_memory_bytes=mem_bytes,
-                       packed_weights=numel, packed_bytes=pbytes)
-        bits = 8 * pbytes / numel if numel else float("nan")
-        summary["bits_per_weight"] = bits
-        echo(f"sizes: bf16 files {bf16_bytes / 1e6:.1f} MB; Glyd files {disk_bytes / 1e6:.1f} MB "
-             f"({disk_bytes / bf16_bytes:.3f} of bf16); Glyd weights in memory {mem_bytes / 1e6:.1f} MB")
-        echo(f"packed weights: {numel:,} at {bits:.2f} bits a weight (bf16: 16)")
+        _generate(loaded, folder, prompt or DEFAULT_PROMPT, max_new_tokens, device, summary, echo)
+        _sizes(loaded, folder, dest, summary, echo)
     finally:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)

@@ -35,17 +35,17 @@ import gc
 import json
 import logging
 import math
-import statistics
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from glyd import _env
+from glyd.apps.eval_models import check_model_folder, build_random, merge_bf16, weight_bytes
+from glyd.apps.eval_timing import time_decode
 from glyd.errors import FormatError, GlydError
 
 log = logging.getLogger(__name__)
@@ -219,47 +219,13 @@ def _pct(x: float | None) -> str:
 # --------------------------------------------------------------------------- models
 
 
-def _resolve_dtype_check(folder: Path) -> None:
-    cfg_path = folder / "config.json"
-    if not folder.is_dir() or not cfg_path.is_file():
-        raise FormatError(f"{folder}: not a model folder (no config.json); pass a folder, or --random with a config")
-
-
-def _random_config(spec: str):
-    from transformers import AutoConfig
-
-    from glyd.apps.fit import KNOWN_CONFIGS, load_config
-
-    cfg = load_config(spec)
-    if "model_type" not in cfg:
-        raise FormatError(f"{spec}: config has no model_type")
-    params = {k: v for k, v in cfg.items() if not k.startswith("_") and k not in ("architectures", "quantization_config")}
-    if spec.lower() in KNOWN_CONFIGS:
-        params.setdefault("initializer_range", 0.02)
-    config = AutoConfig.for_model(params.pop("model_type"), **params)
-    return config
-
-
-def build_random(spec: str, device: str, seed: int) -> nn.Module:
-    """A bf16 causal LM with random weights from a config (same ``seed`` and device: same weights)."""
-    from transformers import AutoModelForCausalLM
-
-    config = _random_config(spec)
-    torch.manual_seed(seed)
-    if device.startswith("cuda"):
-        torch.cuda.manual_seed_all(seed)
-    with torch.device(device):
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
-    return model.eval()
-
-
 def load_bf16(cfg: EvalConfig) -> nn.Module:
     if cfg.random:
         return build_random(cfg.model, cfg.device, cfg.seed)
     from transformers import AutoModelForCausalLM
 
     folder = Path(cfg.model)
-    _resolve_dtype_check(folder)
+    check_model_folder(folder)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16, device_map=cfg.device)
     return model.eval()
 
@@ -280,83 +246,6 @@ def load_tokenizer(cfg: EvalConfig):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(cfg.model)
-
-
-def weight_bytes(model: nn.Module) -> int:
-    """Bytes of the parameters and persistent buffers of ``model``; a tensor shared by several
-    modules (tied embeddings) is counted once."""
-    seen: set[tuple[int, int]] = set()
-    total = 0
-    for module in model.modules():
-        tensors = list(module._parameters.values())
-        tensors += [b for n, b in module._buffers.items() if n not in module._non_persistent_buffers_set]
-        for t in tensors:
-            if t is None:
-                continue
-            key = (t.data_ptr(), t.nbytes)
-            if key in seen:
-                continue
-            seen.add(key)
-            total += t.nbytes
-    return total
-
-
-class _MergedLinear(nn.Module):
-    """bf16 q|k|v (or gate|up) as one ``F.linear``; the first part's call runs the product and the
-    other parts return their slices of it (the model calls them in order with the same input)."""
-
-    def __init__(self, linears: list[nn.Linear]) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.cat([lin.weight.detach() for lin in linears]), requires_grad=False)
-        biases = [lin.bias for lin in linears]
-        if any(b is not None for b in biases):
-            self.bias = nn.Parameter(
-                torch.cat([b.detach() if b is not None else torch.zeros(lin.out_features, dtype=lin.weight.dtype, device=lin.weight.device) for b, lin in zip(biases, linears)]),
-                requires_grad=False,
-            )
-        else:
-            self.bias = None
-        self.splits = [lin.out_features for lin in linears]
-        self._pending: tuple[torch.Tensor, tuple[torch.Tensor, ...]] | None = None
-
-    def part(self, x: torch.Tensor, index: int) -> torch.Tensor:
-        if index == 0 or self._pending is None or self._pending[0] is not x:
-            self._pending = (x, F.linear(x, self.weight, self.bias).split(self.splits, dim=-1))
-        out = self._pending[1][index]
-        if index == len(self.splits) - 1:
-            self._pending = None
-        return out
-
-
-class _Part(nn.Module):
-    def __init__(self, merged: _MergedLinear, index: int) -> None:
-        super().__init__()
-        self.__dict__["merged"] = merged  # registered once, on the parent
-        self.index = index
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.merged.part(x, self.index)
-
-
-_GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
-
-
-def merge_bf16(model: nn.Module) -> int:
-    """Merge q|k|v and gate|up of a bf16 model into one product each, in place; returns how many."""
-    count = 0
-    for module in list(model.modules()):
-        for group in _GROUPS:
-            lins = [getattr(module, n, None) for n in group]
-            if not all(type(lin) is nn.Linear for lin in lins):
-                continue
-            if len({lin.in_features for lin in lins}) != 1:
-                continue
-            merged = _MergedLinear(lins)
-            module.add_module("_merged_" + "_".join(n.split("_")[0] for n in group), merged)
-            for i, name in enumerate(group):
-                setattr(module, name, _Part(merged, i))
-            count += 1
-    return count
 
 
 # --------------------------------------------------------------------------- measurements
@@ -515,133 +404,6 @@ def mmlu_logits(
             logits = head(hidden[torch.arange(len(idx), device=device), last])
         out[idx] = logits.index_select(-1, letter_index).float().cpu()
     return out
-
-
-class _StepRunner:
-    """One decode step of ``model`` at batch ``b`` against a static cache of ``context`` positions."""
-
-    def __init__(self, model: nn.Module, b: int, context: int, device: str) -> None:
-        from transformers import StaticCache
-
-        self.model = model
-        self.cache = StaticCache(config=model.config, max_cache_len=context)
-        self.position = context // 2
-        vocab = model.config.get_text_config().vocab_size
-        gen = torch.Generator(device="cpu").manual_seed(1234 + b)
-        self.ids = torch.randint(0, vocab, (b, 1), generator=gen).to(device)
-        self.pos = torch.full((b, 1), self.position, dtype=torch.long, device=device)
-        mask = torch.zeros((b, 1, 1, context), dtype=torch.bfloat16, device=device)
-        mask[..., self.position + 1 :] = torch.finfo(torch.bfloat16).min
-        self.mask = mask
-        self.out: torch.Tensor | None = None
-
-    def reset(self) -> None:
-        # transformers' static layers advance a position counter on each update: rewind it so every
-        # replay writes the same slot.
-        for layer in self.cache.layers:
-            if getattr(layer, "is_initialized", False):
-                layer.cumulative_length.fill_(self.position)
-
-    def step(self) -> torch.Tensor:
-        out = self.model(
-            input_ids=self.ids, attention_mask=self.mask, position_ids=self.pos, past_key_values=self.cache, use_cache=True
-        )
-        return out.logits
-
-    def fill_cache(self) -> None:
-        gen = torch.Generator(device=self.ids.device).manual_seed(7)
-        for layer in self.cache.layers:
-            if getattr(layer, "is_initialized", False):
-                for t in (layer.keys, layer.values):
-                    t.copy_(torch.randn(t.shape, generator=gen, device=t.device, dtype=torch.float32).to(t.dtype))
-
-
-@torch.no_grad()
-def time_decode(model: nn.Module, batches: tuple[int, ...], context: int, replays: int, device: str, graphs: bool) -> tuple[dict[int, float], str]:
-    """Median time (ms) of one decode step at each batch size, and how it was measured."""
-    times: dict[int, float] = {}
-    methods = set()
-    for b in batches:
-        runner = _StepRunner(model, b, context, device)
-        runner.reset()
-        runner.step()  # allocates the cache
-        runner.fill_cache()
-        if device.startswith("cuda"):
-            ms, method = _time_cuda(runner, replays, graphs)
-        else:
-            ms, method = _time_cpu(runner, replays)
-        times[b] = ms
-        methods.add(method)
-        del runner
-        gc.collect()
-        if device.startswith("cuda"):
-            torch.cuda.empty_cache()
-    return times, ", ".join(sorted(methods))
-
-
-def _time_cpu(runner: _StepRunner, replays: int) -> tuple[float, str]:
-    samples = []
-    for _ in range(max(3, min(replays, 10))):
-        runner.reset()
-        t = time.perf_counter()
-        runner.step()
-        samples.append(1e3 * (time.perf_counter() - t))
-    return statistics.median(samples), "CPU wall time of eager steps (static cache)"
-
-
-def _time_cuda(runner: _StepRunner, replays: int, graphs: bool) -> tuple[float, str]:
-    run: Callable[[], Any]
-    method = "CUDA graph of one step (static cache), median GPU time of replays"
-    graph = None
-    if graphs:
-        try:
-            stream = torch.cuda.Stream()
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):
-                for _ in range(3):
-                    runner.reset()
-                    runner.step()
-            torch.cuda.current_stream().wait_stream(stream)
-            torch.cuda.synchronize()
-            runner.reset()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                runner.out = runner.step()
-            torch.cuda.synchronize()
-        except Exception as exc:  # noqa: BLE001 -- any capture failure falls back to eager timing
-            log.warning("CUDA graph capture failed (%s: %s); timing eager steps", type(exc).__name__, exc)
-            graph = None
-            torch.cuda.synchronize()
-    if graph is not None:
-        run = graph.replay
-        # The replayed graph must compute what an eager step computes (same inputs, same slot).
-        runner.reset()
-        graph.replay()
-        replayed = runner.out.float().clone()
-        runner.reset()
-        eager = runner.step().float()
-        diff = float((replayed - eager).abs().max())
-        if not torch.isfinite(replayed).all() or diff > 1e-2 * max(float(eager.abs().max()), 1.0):
-            log.warning("CUDA graph replay differs from an eager step by %.4g (max |logit| %.4g)", diff, float(eager.abs().max()))
-        else:
-            log.debug("CUDA graph replay matches an eager step (max diff %.3g)", diff)
-    else:
-        run = runner.step
-        method = "eager steps (CUDA graph capture failed), median GPU time (events)"
-    for _ in range(3):
-        runner.reset()
-        run()
-    samples = []
-    for _ in range(replays):
-        runner.reset()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        run()
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end))
-    del graph
-    return statistics.median(samples), method
 
 
 # --------------------------------------------------------------------------- the run

@@ -1,0 +1,122 @@
+"""The models ``glyd eval`` compares: random-weight models from a config, and bf16 with merged products."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from glyd.errors import FormatError
+
+
+def check_model_folder(folder: Path) -> None:
+    cfg_path = folder / "config.json"
+    if not folder.is_dir() or not cfg_path.is_file():
+        raise FormatError(f"{folder}: not a model folder (no config.json); pass a folder, or --random with a config")
+
+
+def _random_config(spec: str):
+    from transformers import AutoConfig
+
+    from glyd.apps.fit import KNOWN_CONFIGS, load_config
+
+    cfg = load_config(spec)
+    if "model_type" not in cfg:
+        raise FormatError(f"{spec}: config has no model_type")
+    params = {k: v for k, v in cfg.items() if not k.startswith("_") and k not in ("architectures", "quantization_config")}
+    if spec.lower() in KNOWN_CONFIGS:
+        params.setdefault("initializer_range", 0.02)
+    config = AutoConfig.for_model(params.pop("model_type"), **params)
+    return config
+
+
+def build_random(spec: str, device: str, seed: int) -> nn.Module:
+    """A bf16 causal LM with random weights from a config (same ``seed`` and device: same weights)."""
+    from transformers import AutoModelForCausalLM
+
+    config = _random_config(spec)
+    torch.manual_seed(seed)
+    if device.startswith("cuda"):
+        torch.cuda.manual_seed_all(seed)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    return model.eval()
+
+
+def weight_bytes(model: nn.Module) -> int:
+    """Bytes of the parameters and persistent buffers of ``model``; a tensor shared by several
+    modules (tied embeddings) is counted once."""
+    seen: set[tuple[int, int]] = set()
+    total = 0
+    for module in model.modules():
+        tensors = list(module._parameters.values())
+        tensors += [b for n, b in module._buffers.items() if n not in module._non_persistent_buffers_set]
+        for t in tensors:
+            if t is None:
+                continue
+            key = (t.data_ptr(), t.nbytes)
+            if key in seen:
+                continue
+            seen.add(key)
+            total += t.nbytes
+    return total
+
+
+class _MergedLinear(nn.Module):
+    """bf16 q|k|v (or gate|up) as one ``F.linear``; the first part's call runs the product and the
+    other parts return their slices of it (the model calls them in order with the same input)."""
+
+    def __init__(self, linears: list[nn.Linear]) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.cat([lin.weight.detach() for lin in linears]), requires_grad=False)
+        biases = [lin.bias for lin in linears]
+        if any(b is not None for b in biases):
+            self.bias = nn.Parameter(
+                torch.cat([b.detach() if b is not None else torch.zeros(lin.out_features, dtype=lin.weight.dtype, device=lin.weight.device) for b, lin in zip(biases, linears)]),
+                requires_grad=False,
+            )
+        else:
+            self.bias = None
+        self.splits = [lin.out_features for lin in linears]
+        self._pending: tuple[torch.Tensor, tuple[torch.Tensor, ...]] | None = None
+
+    def part(self, x: torch.Tensor, index: int) -> torch.Tensor:
+        if index == 0 or self._pending is None or self._pending[0] is not x:
+            self._pending = (x, F.linear(x, self.weight, self.bias).split(self.splits, dim=-1))
+        out = self._pending[1][index]
+        if index == len(self.splits) - 1:
+            self._pending = None
+        return out
+
+
+class _Part(nn.Module):
+    def __init__(self, merged: _MergedLinear, index: int) -> None:
+        super().__init__()
+        self.__dict__["merged"] = merged  # registered once, on the parent
+        self.index = index
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.merged.part(x, self.index)
+
+
+_GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+
+
+def merge_bf16(model: nn.Module) -> int:
+    """Merge q|k|v and gate|up of a bf16 model into one product each, in place; returns how many."""
+    count = 0
+    for module in list(model.modules()):
+        for group in _GROUPS:
+            lins = [getattr(module, n, None) for n in group]
+            if not all(type(lin) is nn.Linear for lin in lins):
+                continue
+            if len({lin.in_features for lin in lins}) != 1:
+                continue
+            merged = _MergedLinear(lins)
+            module.add_module("_merged_" + "_".join(n.split("_")[0] for n in group), merged)
+            for i, name in enumerate(group):
+                setattr(module, name, _Part(merged, i))
+            count += 1
+    return count

@@ -1,0 +1,141 @@
+"""Timing one decode step of a whole model (``glyd eval``): a CUDA graph replayed, or eager steps."""
+
+from __future__ import annotations
+
+import gc
+import logging
+import statistics
+import time
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+log = logging.getLogger(__name__)
+
+
+class _StepRunner:
+    """One decode step of ``model`` at batch ``b`` against a static cache of ``context`` positions."""
+
+    def __init__(self, model: nn.Module, b: int, context: int, device: str) -> None:
+        from transformers import StaticCache
+
+        self.model = model
+        self.cache = StaticCache(config=model.config, max_cache_len=context)
+        self.position = context // 2
+        vocab = model.config.get_text_config().vocab_size
+        gen = torch.Generator(device="cpu").manual_seed(1234 + b)
+        self.ids = torch.randint(0, vocab, (b, 1), generator=gen).to(device)
+        self.pos = torch.full((b, 1), self.position, dtype=torch.long, device=device)
+        mask = torch.zeros((b, 1, 1, context), dtype=torch.bfloat16, device=device)
+        mask[..., self.position + 1 :] = torch.finfo(torch.bfloat16).min
+        self.mask = mask
+        self.out: torch.Tensor | None = None
+
+    def reset(self) -> None:
+        # transformers' static layers advance a position counter on each update: rewind it so every
+        # replay writes the same slot.
+        for layer in self.cache.layers:
+            if getattr(layer, "is_initialized", False):
+                layer.cumulative_length.fill_(self.position)
+
+    def step(self) -> torch.Tensor:
+        out = self.model(
+            input_ids=self.ids, attention_mask=self.mask, position_ids=self.pos, past_key_values=self.cache, use_cache=True
+        )
+        return out.logits
+
+    def fill_cache(self) -> None:
+        gen = torch.Generator(device=self.ids.device).manual_seed(7)
+        for layer in self.cache.layers:
+            if getattr(layer, "is_initialized", False):
+                for t in (layer.keys, layer.values):
+                    t.copy_(torch.randn(t.shape, generator=gen, device=t.device, dtype=torch.float32).to(t.dtype))
+
+
+@torch.no_grad()
+def time_decode(model: nn.Module, batches: tuple[int, ...], context: int, replays: int, device: str, graphs: bool) -> tuple[dict[int, float], str]:
+    """Median time (ms) of one decode step at each batch size, and how it was measured."""
+    times: dict[int, float] = {}
+    methods = set()
+    for b in batches:
+        runner = _StepRunner(model, b, context, device)
+        runner.reset()
+        runner.step()  # allocates the cache
+        runner.fill_cache()
+        if device.startswith("cuda"):
+            ms, method = _time_cuda(runner, replays, graphs)
+        else:
+            ms, method = _time_cpu(runner, replays)
+        times[b] = ms
+        methods.add(method)
+        del runner
+        gc.collect()
+        if device.startswith("cuda"):
+            torch.cuda.empty_cache()
+    return times, ", ".join(sorted(methods))
+
+
+def _time_cpu(runner: _StepRunner, replays: int) -> tuple[float, str]:
+    samples = []
+    for _ in range(max(3, min(replays, 10))):
+        runner.reset()
+        t = time.perf_counter()
+        runner.step()
+        samples.append(1e3 * (time.perf_counter() - t))
+    return statistics.median(samples), "CPU wall time of eager steps (static cache)"
+
+
+def _time_cuda(runner: _StepRunner, replays: int, graphs: bool) -> tuple[float, str]:
+    run: Callable[[], Any]
+    method = "CUDA graph of one step (static cache), median GPU time of replays"
+    graph = None
+    if graphs:
+        try:
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                for _ in range(3):
+                    runner.reset()
+                    runner.step()
+            torch.cuda.current_stream().wait_stream(stream)
+            torch.cuda.synchronize()
+            runner.reset()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                runner.out = runner.step()
+            torch.cuda.synchronize()
+        except Exception as exc:  # noqa: BLE001 -- any capture failure falls back to eager timing
+            log.warning("CUDA graph capture failed (%s: %s); timing eager steps", type(exc).__name__, exc)
+            graph = None
+            torch.cuda.synchronize()
+    if graph is not None:
+        run = graph.replay
+        # The replayed graph must compute what an eager step computes (same inputs, same slot).
+        runner.reset()
+        graph.replay()
+        replayed = runner.out.float().clone()
+        runner.reset()
+        eager = runner.step().float()
+        diff = float((replayed - eager).abs().max())
+        if not torch.isfinite(replayed).all() or diff > 1e-2 * max(float(eager.abs().max()), 1.0):
+            log.warning("CUDA graph replay differs from an eager step by %.4g (max |logit| %.4g)", diff, float(eager.abs().max()))
+        else:
+            log.debug("CUDA graph replay matches an eager step (max diff %.3g)", diff)
+    else:
+        run = runner.step
+        method = "eager steps (CUDA graph capture failed), median GPU time (events)"
+    for _ in range(3):
+        runner.reset()
+        run()
+    samples = []
+    for _ in range(replays):
+        runner.reset()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        run()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end))
+    del graph
+    return statistics.median(samples), method

@@ -2,7 +2,9 @@
 """End-to-end harness: bf16 and Glyd on the same model in one run (the code of ``glyd eval``).
 
 Perplexity, next-token agreement, MMLU accuracy and agreement with bf16, decode step time at several
-batch sizes (static cache, one CUDA graph a step) and weight memory; see glyd/hf/evaluate.py.
+batch sizes (static cache, one CUDA graph a step) and weight memory; see glyd/apps/evaluate.py.
+
+    python benchmarks/e2e.py qwen2.5-7b --random --modes fixed12 --no-merge --compile   # + torch.compile step
 
     python benchmarks/e2e.py MODEL_FOLDER --modes fixed12,tiered,exact
     python benchmarks/e2e.py qwen2.5-7b --random --modes fixed12,tiered --decode-batches 1,8,32,64

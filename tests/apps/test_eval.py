@@ -224,3 +224,16 @@ def test_evaluate_on_the_gpu(tiny_folder, data_dir):
         assert r.next_token_agree >= 0.9 and abs(r.ppl / ref.ppl - 1) < 0.01
         assert r.weight_bytes < ref.weight_bytes
     assert all("CUDA graph" in r.decode_method for r in report.results), [r.decode_method for r in report.results]
+
+
+def test_decode_step_under_torch_compile(tiny_folder, data_dir, caplog):
+    """--compile: the step is also timed as torch.compile(mode="reduce-overhead") compiles it."""
+    torch._dynamo.reset()
+    report = ev.evaluate(_cfg(tiny_folder, data_dir, modes=("fixed12",), ppl=False, mmlu=False,
+                              decode_batches=(2,), decode_compile=True))
+    ref, fixed = report.results
+    for r in (ref, fixed):
+        assert set(r.compiled_ms) == {2} and r.compiled_ms[2] > 0
+        assert "reduce-overhead" in r.compiled_method
+    assert "differs from an eager step" not in caplog.text
+    assert "compiled ms @2" in report.table()

@@ -76,6 +76,61 @@ def time_decode(model: nn.Module, batches: tuple[int, ...], context: int, replay
     return times, ", ".join(sorted(methods))
 
 
+@torch.no_grad()
+def time_decode_compiled(model: nn.Module, batches: tuple[int, ...], context: int, replays: int,
+                         device: str) -> tuple[dict[int, float], str]:
+    """Median time (ms) of one decode step of ``torch.compile(model, mode="reduce-overhead")`` (CUDA
+    graphs made by torch's compiler on a GPU; on the CPU the same mode compiles without graphs)."""
+    compiled = torch.compile(model, mode="reduce-overhead")
+    cuda = device.startswith("cuda")
+    times: dict[int, float] = {}
+    for b in batches:
+        runner = _StepRunner(compiled, b, context, device)
+        for i in range(4):  # compiles (and on a GPU records its graphs), then warm replays
+            runner.reset()
+            torch.compiler.cudagraph_mark_step_begin()
+            runner.step()
+            if i == 0:
+                runner.fill_cache()
+        _check_compiled(runner, model)
+        samples = []
+        for _ in range(replays if cuda else max(3, min(replays, 10))):
+            runner.reset()
+            torch.compiler.cudagraph_mark_step_begin()
+            if cuda:
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                runner.step()
+                end.record()
+                end.synchronize()
+                samples.append(start.elapsed_time(end))
+            else:
+                t = time.perf_counter()
+                runner.step()
+                samples.append(1e3 * (time.perf_counter() - t))
+        times[b] = statistics.median(samples)
+        del runner
+        gc.collect()
+    where = "median GPU time (events)" if cuda else "CPU wall time"
+    return times, f"torch.compile(mode='reduce-overhead') of the model, static cache, {where}"
+
+
+def _check_compiled(runner: _StepRunner, model: nn.Module) -> None:
+    """The compiled step must compute what an eager step computes (inductor may round differently)."""
+    compiled = runner.model
+    runner.reset()
+    torch.compiler.cudagraph_mark_step_begin()
+    got = runner.step().float().clone()
+    runner.model = model
+    runner.reset()
+    want = runner.step().float()
+    runner.model = compiled
+    diff = float((got - want).abs().max())
+    if not torch.isfinite(got).all() or diff > 1e-2 * max(float(want.abs().max()), 1.0):
+        log.warning("the compiled step differs from an eager step by %.4g (max |logit| %.4g)", diff,
+                    float(want.abs().max()))
+
+
 def _time_cpu(runner: _StepRunner, replays: int) -> tuple[float, str]:
     samples = []
     for _ in range(max(3, min(replays, 10))):

@@ -45,7 +45,7 @@ from torch import nn
 
 from glyd import _env
 from glyd.apps.eval_models import check_model_folder, build_random, merge_bf16, weight_bytes
-from glyd.apps.eval_timing import time_decode
+from glyd.apps.eval_timing import time_decode, time_decode_compiled
 from glyd.errors import FormatError, GlydError
 
 log = logging.getLogger(__name__)
@@ -106,6 +106,8 @@ class EvalConfig:
     decode_context: int = 512
     decode_replays: int = 30
     cuda_graphs: bool = True
+    #: also time the step under ``torch.compile(mode="reduce-overhead")`` (compiles the model: slow)
+    decode_compile: bool = False
 
     def __post_init__(self) -> None:
         self.modes = tuple(m for m in self.modes if m != "bf16")
@@ -152,6 +154,8 @@ class ModeResult:
     mmlu_max_logit_diff: float | None = None
     decode_ms: dict[int, float] = field(default_factory=dict)
     decode_method: str = ""
+    compiled_ms: dict[int, float] = field(default_factory=dict)
+    compiled_method: str = ""
 
 
 @dataclass
@@ -179,6 +183,8 @@ class Report:
         if ref.mmlu_acc is not None:
             head += ["MMLU acc", "MMLU agree"]
         head += [f"step ms @{b}" for b in batches]
+        compiled = sorted({b for r in self.results for b in r.compiled_ms})
+        head += [f"compiled ms @{b}" for b in compiled]
         rows = []
         for r in self.results:
             row = [r.mode, f"{r.weight_bytes / 1e6:.1f}", f"{r.weight_bytes / ref.weight_bytes:.3f}"]
@@ -187,14 +193,8 @@ class Report:
                 row += [f"{r.ppl:.4f}" if r.ppl is not None else "-", diff or "-", _pct(r.next_token_agree)]
             if ref.mmlu_acc is not None:
                 row += [_pct(r.mmlu_acc), _pct(r.mmlu_agree)]
-            for b in batches:
-                ms = r.decode_ms.get(b)
-                if ms is None:
-                    row.append("-")
-                elif r is ref or b not in ref.decode_ms:
-                    row.append(f"{ms:.3f}")
-                else:
-                    row.append(f"{ms:.3f} ({ms / ref.decode_ms[b]:.2f}x)")
+            row += _times(r.decode_ms, ref.decode_ms if r is not ref else {}, batches)
+            row += _times(r.compiled_ms, ref.compiled_ms if r is not ref else {}, compiled)
             rows.append(row)
         lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         lines += ["| " + " | ".join(r) + " |" for r in rows]
@@ -206,10 +206,22 @@ class Report:
         if ref.mmlu_acc is not None:
             how = "answer position as a decode step of the batch" if chunk else "prompts in one forward"
             notes.append(f"MMLU: {ref.mmlu_questions} questions, 0-shot, answer-letter logits ({how}); agreement with bf16's answer")
-        methods = sorted({r.decode_method for r in self.results if r.decode_method})
+        methods = sorted({m for r in self.results for m in (r.decode_method, r.compiled_method) if m})
         if methods:
             notes.append("decode step: " + "; ".join(methods))
         return "\n".join(lines + [""] + notes)
+
+
+def _times(ms: dict[int, float], ref: dict[int, float], batches: list[int]) -> list[str]:
+    """Table cells: each batch size's time, with its ratio to bf16's where there is one."""
+    cells = []
+    for b in batches:
+        t = ms.get(b)
+        if t is None:
+            cells.append("-")
+        else:
+            cells.append(f"{t:.3f} ({t / ref[b]:.2f}x)" if b in ref else f"{t:.3f}")
+    return cells
 
 
 def _pct(x: float | None) -> str:
@@ -498,6 +510,11 @@ def evaluate(cfg: EvalConfig, on_result: Callable[[Report], Any] | None = None) 
             res.decode_ms, res.decode_method = time_decode(
                 model, tuple(cfg.decode_batches), cfg.decode_context, cfg.decode_replays, cfg.device, cfg.cuda_graphs
             )
+            if cfg.decode_compile:
+                log.info("mode %s: decode step under torch.compile(mode='reduce-overhead')", mode)
+                torch._dynamo.reset()  # every mode compiles its own model
+                res.compiled_ms, res.compiled_method = time_decode_compiled(
+                    model, tuple(cfg.decode_batches), cfg.decode_context, cfg.decode_replays, cfg.device)
         results.append(res)
         log.info("mode %s: %s", mode, res)
         if on_result is not None:

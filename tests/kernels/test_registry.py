@@ -119,6 +119,24 @@ def test_a_gpu_without_a_table_uses_the_fallback():
     assert R.layout_times("Some Future GPU") is None and R.layout_times("NVIDIA H200")["shapes"]
 
 
+def test_a_table_of_some_cells_falls_back_to_the_h200_table_for_the_rest(tmp_path, monkeypatch):
+    h200_table = R.table_file("NVIDIA H200")
+    own = {"linear": {"fixed12": {"kv": {"1": [{"kernel": "tc", "config": {}}]}}}}
+    (tmp_path / "Partial_GPU.json").write_text(json.dumps(own))
+    (tmp_path / h200_table.name).write_text(h200_table.read_text())
+    monkeypatch.setattr(R, "TABLES", tmp_path)
+    R._load_table.cache_clear()
+    try:
+        gpu = R.Device("cuda", "Partial GPU", (9, 0), 132, False, frozenset({"gluon", "wgmma", "tma"}))
+        kv = R.Problem("fixed12", 1, 512, 3584, 3584)
+        assert R.candidates(kv, gpu)[0] == {"kernel": "tc", "config": {}}  # its own cell first
+        assert R.candidates(kv, gpu)[1:] == R.candidates(kv, h200(True, True, True))
+        big = R.Problem("fixed12", 4, 152064, 3584, 3584)  # a cell the table lacks
+        assert R.choose(big, gpu)[0].name == R.choose(big, h200(True, True, True))[0].name
+    finally:
+        R._load_table.cache_clear()
+
+
 def test_tables_are_validated(tmp_path, monkeypatch):
     bad = json.loads(R.table_file("NVIDIA H200").read_text())
     bad["linear"]["fixed12"]["kv"]["1"][0]["kernel"] = "warp_drive"

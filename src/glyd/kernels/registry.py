@@ -253,10 +253,16 @@ def layout_times(gpu: str) -> dict[str, Any] | None:
 
 
 def candidates(problem: Problem, device: Device) -> list[dict[str, Any]]:
-    """The table's candidates for ``problem``, in order of preference."""
-    table = table_for(device)["linear"].get(problem.layout, {})
-    by_bucket = table.get(shape_class(problem.n, problem.k), {})
-    return list(by_bucket.get(m_bucket(problem.m), ()))
+    """The table's candidates for ``problem``, in order of preference; a GPU's own table is followed by
+    the fallback table's candidates, so a table that covers some cells only still runs every problem."""
+    tables = [table_for(device)]
+    if tables[0] is not _load_table(FALLBACK):
+        tables.append(_load_table(FALLBACK))
+    out: list[dict[str, Any]] = []
+    for table in tables:
+        by_bucket = table["linear"].get(problem.layout, {}).get(shape_class(problem.n, problem.k), {})
+        out += [c for c in by_bucket.get(m_bucket(problem.m), ()) if c not in out]
+    return out
 
 
 def choose(problem: Problem, device: Device) -> tuple[type[Kernel], Any]:

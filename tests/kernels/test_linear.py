@@ -161,6 +161,12 @@ def test_long_chunked_equals_whole_unpack(device, with_bias):
         assert torch.equal(out.view(torch.int16).cpu(), w[r0:r1].view(torch.int16)), (r0, r1)
     whole = kernels.linear(x, p, bias, LongConfig())
     _check(whole, x, w, bias)
+    if device == "cpu":  # the same call as F.linear, written into the output linear allocated
+        assert torch.equal(whole.view(torch.int16), F.linear(x, w, bias).view(torch.int16))
+    from glyd.kernels.fixed12_long import LongKernel
+
+    out = torch.empty(9, n, dtype=torch.bfloat16, device=device)
+    assert LongKernel.launch(x, p, bias, LongConfig(), out).data_ptr() == out.data_ptr()
     for chunk in (64, 128):
         y = kernels.linear(x, p, bias, LongConfig(chunk=chunk))
         if device == "cpu":

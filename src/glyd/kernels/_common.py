@@ -304,6 +304,15 @@ def cached(key_tensor: torch.Tensor, make):
 _SCRATCH: dict[tuple[str, int | None], torch.Tensor] = {}
 
 
+# x2: bf16 [M, K]; w: bf16 [N, K]; bias: [N] or None; out: bf16 [M, N] -> out
+def mm_into(x2: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor) -> torch.Tensor:
+    """``F.linear(x2, w, bias)`` written into ``out`` (the same cuBLAS call, bias in its epilogue):
+    the long-prompt path needs no second [M, N] output."""
+    if bias is None:
+        return torch.mm(x2, w.t(), out=out)
+    return torch.addmm(bias.to(out.dtype), x2, w.t(), out=out)
+
+
 def scratch(device: torch.device, numel: int) -> torch.Tensor:
     """A reused bf16 buffer of at least ``numel`` elements on ``device`` (one per device: the
     long-prompt path unpacks into it then calls cuBLAS; use one stream per device)."""

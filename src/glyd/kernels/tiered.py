@@ -388,4 +388,4 @@ class TieredLongKernel(Kernel):
     def launch(cls, x2, packed, bias, config, out):
         n, k = packed.shape
         w = unpack(packed, C.scratch(x2.device, n * k).view(n, k))
-        return torch.nn.functional.linear(x2, w, bias)
+        return C.mm_into(x2, w, bias, out)

@@ -171,3 +171,14 @@ def test_function_sizes():
     assert long == {}
     for rel, _ in LONG_FUNCTIONS:  # an exception for a file that is gone is stale
         assert (PKG / rel).is_file(), rel
+
+
+def test_test_modules_have_unique_names():
+    # pytest imports a test file outside a package by its bare name: two test_cli.py stop collection
+    tests = Path(__file__).resolve().parent
+    seen: dict[str, Path] = {}
+    for path in sorted(tests.rglob("test_*.py")):
+        if (path.parent / "__init__.py").exists():
+            continue
+        assert path.name not in seen, f"{path} and {seen[path.name]} share a module name"
+        seen[path.name] = path

@@ -54,9 +54,11 @@ def model_bits(model) -> tuple[dict, dict, dict]:
 
 
 def _transformers_own(exc: BaseException) -> bool:
-    """Raised by transformers before any glyd code ran (no frame of glyd in the traceback)."""
+    """Raised by transformers before any glyd code ran (no frame of glyd in the traceback but
+    glyd's config type ``glyd``, which hands the dict on to transformers' own config class)."""
     frames = traceback.extract_tb(exc.__traceback__)
-    return not any(Path(f.filename).resolve().is_relative_to(GLYD_SRC) for f in frames)
+    return not any(Path(f.filename).resolve().is_relative_to(GLYD_SRC) and Path(f.filename).name != "packed_config.py"
+                   for f in frames)
 
 
 def _not_glyds(folder: Path) -> bool:
@@ -142,11 +144,25 @@ def packed_model(tiny_model_folder, tmp_path_factory):
     return get
 
 
+def _both(*edits):
+    def edit(doc):
+        for e in edits:
+            e(doc)
+    return edit
+
+
+def _own_type(cfg: dict) -> str:
+    return cfg["quantization_config"]["original_model_type"]
+
+
 def config_cases(cfg: dict) -> list[fc.Case]:
     """config.json edits a model notices (an architecture it cannot fill) or may not (an epsilon)."""
     q = ("quantization_config",)
     edits = {
         "quantization_config removed": fc.set_at(q, fc.MISSING),
+        # A folder of the earlier convention (the model's own model_type) that lost its quantization_config.
+        "quantization_config removed, own model_type": _both(fc.set_at(q, fc.MISSING),
+                                                             fc.set_at(("model_type",), _own_type(cfg))),
         "quant_method gptq": fc.set_at((*q, "quant_method"), "gptq"),
         "quant_method removed": fc.set_at((*q, "quant_method"), fc.MISSING),
         "layout tiered": fc.set_at((*q, "layout"), "tiered"),
@@ -226,7 +242,7 @@ def test_hostile_model_folders(packed_model, tmp_path):
     others = len(fc.folder_files(folder)) - len(shards)
     assert len(fam["bytes"]) == len(shards) * (3 * 3 + 2 + 1) + others * (3 + 2 + 1)
     assert {k: len(fam[k]) for k in SAMPLE} == SAMPLE
-    assert len(fam["config"]) == 34 + 12 and any(c.family == "swap" for c in fam["header"])
+    assert len(fam["config"]) == 35 + 12 and any(c.family == "swap" for c in fam["header"])
     counts = _check(fam, outcomes)
     # The documented silences happened, and only on data flips: every data flip reached a model.
     data = [c.id for c in fam["bytes"] if c.data_only]
@@ -234,7 +250,10 @@ def test_hostile_model_folders(packed_model, tmp_path):
     assert silent and silent <= set(data) and counts["error"] and counts["same"]
     loads = {o.case: o.kind for o in outcomes if o.reader == "load verify"}
     assert all(loads[c] == "error" for c in silent), "verify=True must refuse what verify=False loads silently"
-    assert counts["foreign"] == sum(c.id.startswith("config.json: quantization_config removed") for c in fam["config"])
+    # Only a config.json that lost both model_type "glyd" and quantization_config is transformers'
+    # alone; with model_type "glyd" and no quantization_config, every loader refuses it.
+    assert counts["foreign"] == sum(c.id == "config.json: quantization_config removed, own model_type"
+                                    for c in fam["config"]) == 1
 
 
 @pytest.mark.slow

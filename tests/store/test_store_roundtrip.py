@@ -45,7 +45,9 @@ def test_cli_round_trip(model, layout, request, tmp_path, capsys):
         if e["kind"] == "packed":
             assert e["layout"] == layout and e["format_version"] == 1
     q = reader.config["quantization_config"]
-    assert q == {"quant_method": "glyd", "layout": layout, "format_version": 1}
+    own = json.loads((src / "config.json").read_text())["model_type"]
+    assert reader.config["model_type"] == "glyd"
+    assert q == {"quant_method": "glyd", "layout": layout, "format_version": 1, "original_model_type": own}
 
     rc, stdout, _ = _run(capsys, "verify", str(packed))
     assert rc == 0 and stdout.startswith("OK ")

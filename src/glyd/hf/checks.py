@@ -27,6 +27,7 @@ from glyd.codec import LAYOUTS
 from glyd.codec.packed import FORMAT_VERSION
 from glyd.errors import CorruptError, FormatError
 from glyd.store import MANIFEST, CheckpointReader
+from glyd.store._config import PACKED_MODEL_TYPE, own_model_type
 from glyd.store._safetensors import dtype_name, sha256_file, short
 from glyd.store.checkpoint import CONFIG, key_for
 
@@ -70,6 +71,10 @@ def check_folder(folder: Path, *, verify: bool) -> CheckpointReader:
             f"with the folder (its sha256 is in {MANIFEST}) or pack the model again"
         )
     check_quantization_config(q, f"{cpath}: ")
+    own = own_model_type(cfg)
+    if cfg.get("model_type") == PACKED_MODEL_TYPE and (not isinstance(own, str) or not own or own == PACKED_MODEL_TYPE):
+        raise FormatError(f"{cpath}: model_type is {PACKED_MODEL_TYPE!r} but quantization_config.original_model_type "
+                          f"({short(own)}) does not name the model's own type")
     layout = q.get("layout")
     if layout != reader.layout:
         raise FormatError(f"{cpath}: quantization_config.layout is {layout!r} but {MANIFEST} says {reader.layout!r}")

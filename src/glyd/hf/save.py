@@ -17,6 +17,7 @@ from glyd.codec.packed import FORMAT_VERSION
 from glyd.hf._model import merged_groups, packed_modules, source_of
 from glyd.nn.modules import BUFFER_PREFIX
 from glyd.store import CheckpointWriter, sha256_tensor
+from glyd.store._config import QUANT_METHOD, packed_config
 from glyd.store._source import check_inside
 
 log = logging.getLogger(__name__)
@@ -98,10 +99,10 @@ def _config_dict(model: nn.Module, layout: str) -> dict[str, Any]:
     d = cfg.to_dict()
     d.pop("quantization_config", None)
     d["dtype"] = "bfloat16"
-    q: dict[str, Any] = {"quant_method": "glyd", "layout": layout, "format_version": FORMAT_VERSION}
+    q: dict[str, Any] = {"quant_method": QUANT_METHOD, "layout": layout, "format_version": FORMAT_VERSION}
     merged = merged_groups(model)
     if merged:
         q["merged"] = merged
-    d["quantization_config"] = q
     # Drop private and non-JSON values transformers keeps on the config object.
-    return json.loads(json.dumps({k: v for k, v in d.items() if not k.startswith("_")}, default=str))
+    d = json.loads(json.dumps({k: v for k, v in d.items() if not k.startswith("_")}, default=str))
+    return packed_config(d, q)

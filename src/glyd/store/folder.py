@@ -26,6 +26,7 @@ from glyd.codec import LAYOUTS
 from glyd.codec import pack as codec_pack
 from glyd.codec.packed import FORMAT_VERSION as CODEC_FORMAT_VERSION
 from glyd.errors import CorruptError, DestinationExistsError, FormatError
+from glyd.store._config import QUANT_METHOD, packed_config, plain_config
 from glyd.store._safetensors import Header, dtype_from_name, dtype_name, sha256_tensor, write_streaming
 from glyd.store._source import copy_list, read_config, source_shards
 from glyd.store.checkpoint import (
@@ -206,9 +207,8 @@ def pack_folder(
             out.add_file(path, rel)
             summary.files.append(rel)
         if config is not None:
-            config = dict(config)
-            config["quantization_config"] = {"quant_method": "glyd", "layout": layout, "format_version": CODEC_FORMAT_VERSION}
-            out.set_config(config)
+            out.set_config(packed_config(config, {"quant_method": QUANT_METHOD, "layout": layout,
+                                                  "format_version": CODEC_FORMAT_VERSION}))
             summary.files.append(CONFIG)
         else:
             log.warning("%s has no config.json: the checkpoint will not load with transformers", src)
@@ -335,9 +335,7 @@ def unpack_folder(src: str | os.PathLike, dst: str | os.PathLike, progress: bool
             cfg = reader.config
             if copy_hashed(reader.path / CONFIG, out.tmp / CONFIG) != reader.files[CONFIG]:
                 raise CorruptError(f"{reader.path / CONFIG}: sha256 mismatch with {MANIFEST}")
-            q = cfg.get("quantization_config")
-            if isinstance(q, dict) and q.get("quant_method") == "glyd":
-                del cfg["quantization_config"]
+            cfg = plain_config(cfg)
             (out.tmp / CONFIG).write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n", encoding="utf-8")
             counts["files"] += 1
         out.commit()

@@ -327,7 +327,7 @@ _SCALE = {"k": 1, "m": 2, "g": 3, "t": 4}
 def parse_size(text: str) -> int:
     """GPU memory in bytes: ``"16GB"`` is 16e9 bytes, ``"16GiB"`` 16 x 2^30, a bare ``"16"`` GiB.
 
-    (An "80 GB" H100 reports 79.6 GiB = 85.5e9 bytes: ``80GB`` errs low, ``80GiB`` is close.)
+    (``nvidia-smi`` reports MiB: ``--gpu 24576MiB`` takes a card's memory as it reports it.)
 
     >>> parse_size("16GB"), parse_size("16GiB") == parse_size("16") == 16 * 2**30
     (16000000000, True)

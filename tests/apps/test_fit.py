@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import struct
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -11,37 +12,154 @@ from safetensors.torch import save_file
 
 from glyd.cli import main
 from glyd.errors import FormatError, GlydError
-from glyd.apps import fit
+from glyd.apps import fit, fit_meta
 
 GiB = 2**30
 
 
+def _shape(name):
+    return fit.model_shape(fit.load_config(name))
+
+
+def _reference_params(name):
+    """Parameters of the model accelerate builds on the meta device from the embedded config."""
+    from accelerate import init_empty_weights
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    params = {k: v for k, v in fit.KNOWN_CONFIGS[name].items() if k != "model_type"}
+    config = AutoConfig.for_model(fit.KNOWN_CONFIGS[name]["model_type"], **params)
+    with init_empty_weights():
+        model = AutoModelForCausalLM.from_config(config)
+    # transformers skips tying under accelerate's init_empty_weights (it ties on torch's meta
+    # device and in from_pretrained); tie as a loaded model is tied, so a tied weight counts once.
+    model.tie_weights()
+    return sum(p.numel() for p in model.parameters())
+
+
+# The published parameter counts (model cards / safetensors metadata): Qwen2.5-7B 7.62 B,
+# Llama-3.1-8B 8.03 B, Mistral-7B-v0.3 7.25 B, Mixtral-8x7B 46.7 B, Gemma-2-9B 9.24 B (its
+# embedding tied to the output), Qwen3-30B-A3B 30.5 B (3.3 B active).
+PUBLISHED = {
+    "qwen2.5-7b": 7_615_616_512,
+    "llama-3.1-8b": 8_030_261_248,
+    "mistral-7b": 7_248_023_552,
+    "mixtral-8x7b": 46_702_792_704,
+    "gemma-2-9b": 9_241_705_984,
+    "qwen3-30b-a3b": 30_532_122_624,
+}
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_param_count_matches_the_meta_model(name):
+    shape = _shape(name)
+    assert abs(shape.params - _reference_params(name)) <= 0.01 * shape.params
+    assert abs(shape.params - PUBLISHED[name]) <= 0.01 * PUBLISHED[name]
+    assert 0 < shape.packable < shape.params
+
+
+def test_moe_experts_counted_and_kept_bf16():
+    """Mixtral's 8 experts a layer are counted; they are fused 3-D tensors, which Glyd does not pack."""
+    shape = _shape("mixtral-8x7b")
+    h, inter, layers, vocab = 4096, 14336, 32, 32000
+    attention = h * h * 2 + 2 * h * 1024  # q, o and k, v (8 kv heads x 128)
+    assert shape.packable == layers * attention + 2 * vocab * h
+    experts, router = layers * 8 * 3 * h * inter, layers * 8 * h
+    assert sum(shape.unpacked_matrices.values()) == experts + router
+    e, table = fit.run_fit("mixtral-8x7b", "80GB", 8192)
+    assert e.weights_bf16 > 86 * GiB and e.weights_glyd > 85 * GiB  # the old count said 13.49 GiB
+    assert not e.fits_glyd and not e.fits_bf16
+    assert "stay bf16" in table and "fits in 80GB = 74.51 GiB" in table
+
+
+def test_gemma2_ties_embeddings_as_its_class_does():
+    shape = _shape("gemma-2-9b")
+    # untied, the 256000 x 3584 embedding would count twice (10.16 B)
+    assert shape.params == PUBLISHED["gemma-2-9b"]
+    e, _ = fit.run_fit("gemma-2-9b", "24GB", 8192)
+    assert e.weights_bf16 == 2 * PUBLISHED["gemma-2-9b"]
+
+
 def test_qwen25_7b_counts_by_hand():
-    cfg = fit.load_config("qwen2.5-7b")
-    count = fit.count_from_config(cfg)
+    shape = _shape("qwen2.5-7b")
+    count = fit.count_from_shape(shape)
     h, inter, vocab, layers = 3584, 18944, 152064, 28
     per_layer = h * h + 2 * 512 * h + h * h + 3 * h * inter  # q, k+v (4 kv heads x 128), o, mlp
     assert count.packable == layers * per_layer + 2 * vocab * h == 7_615_283_200
     # norms (2 a layer + final) and q/k/v biases, in bf16
     assert count.other_bytes == 2 * (layers * (2 * h + h + 2 * 512) + h)
-    # the published parameter count of Qwen2.5-7B: 7.62 B
-    assert count.packable + count.other_bytes // 2 == 7_615_616_512
+    assert count.packable + count.other_bytes // 2 == PUBLISHED["qwen2.5-7b"]
 
 
 def test_llama31_8b_counts_and_kv_by_hand():
-    cfg = fit.load_config("llama-3.1-8b")
-    count = fit.count_from_config(cfg)
-    assert count.packable + count.other_bytes // 2 == 8_030_261_248  # published: 8.03 B
+    shape = _shape("llama-3.1-8b")
+    assert shape.params == PUBLISHED["llama-3.1-8b"]
     # 32 layers x 8 kv heads x 128 x (K, V) x 2 bytes x 8192 tokens = exactly 1 GiB
-    assert fit.kv_cache_bytes(cfg, 8192, 1) == 32 * 8 * 128 * 2 * 2 * 8192 == GiB
-    assert fit.kv_cache_bytes(cfg, 8192, 4) == 4 * GiB
+    assert fit.kv_cache_bytes(shape, 8192, 1) == 32 * 8 * 128 * 2 * 2 * 8192 == GiB
+    assert fit.kv_cache_bytes(shape, 8192, 4) == 4 * GiB
+
+
+def test_gemma2_sliding_window_kv():
+    shape = _shape("gemma-2-9b")
+    per_token_layer = 8 * 256 * 2 * 2  # kv heads x head_dim x (K, V) x bf16
+    full = 42 * per_token_layer * 16384  # the full-attention formula
+    kv = fit.kv_cache_bytes(shape, 16384)
+    assert kv < full
+    assert kv == 21 * per_token_layer * 16384 + 21 * per_token_layer * 4096  # every other layer: 4096 tokens
+    assert fit.kv_cache_bytes(shape, 4096) == 42 * per_token_layer * 4096  # within the window: all alike
+    _, table = fit.run_fit("gemma-2-9b", "24GB", 16384)
+    assert "21 of 42 layers hold at most 4096 tokens" in table
+
+
+def test_mistral_v03_has_no_sliding_window():
+    # MistralConfig's class default is a 4096-token window; v0.3's config says none.
+    shape = _shape("mistral-7b")
+    assert all(a.window is None for a in shape.attention)
+    assert fit.kv_cache_bytes(shape, 32768) == 32 * 8 * 128 * 2 * 2 * 32768
 
 
 def test_tied_embeddings_counted_once():
-    cfg = fit.load_config("smollm2-135m")
-    count = fit.count_from_config(cfg)
+    shape = _shape("smollm2-135m")
     per_layer = 576 * 576 * 2 + 2 * 192 * 576 + 3 * 576 * 1536
-    assert count.packable == 30 * per_layer + 49152 * 576
+    assert shape.packable == 30 * per_layer + 49152 * 576
+
+
+def test_refuses_what_it_cannot_count(tmp_path):
+    cases = {
+        "unknown": ({"model_type": "no-such-arch", "hidden_size": 8}, "does not know model_type 'no-such-arch'"),
+        "untyped": ({"hidden_size": 8, "num_hidden_layers": 2}, "no model_type"),
+        "invalid": ({"model_type": "llama", "hidden_size": 64, "num_attention_heads": 5, "num_hidden_layers": 2},
+                    "cannot read this llama config"),
+        "not-causal": ({"model_type": "t5"}, "cannot build a causal LM"),
+        "too-deep": ({"model_type": "llama", "num_hidden_layers": 10**6}, "num_hidden_layers"),
+    }
+    for key, (cfg, message) in cases.items():
+        path = tmp_path / f"{key}.json"
+        path.write_text(json.dumps(cfg))
+        with pytest.raises(FormatError, match=message) as info:
+            fit.run_fit(str(path), "24GB", 1024)
+        assert "\n" not in str(info.value) and len(str(info.value)) < 400
+
+
+def test_refuses_a_layer_type_without_a_sized_cache():
+    text = SimpleNamespace(num_hidden_layers=2, num_attention_heads=4, hidden_size=64,
+                           layer_types=["full_attention", "linear_attention"])
+    with pytest.raises(FormatError, match="linear_attention"):
+        fit_meta.attention_layers(text)
+    text.layer_types = ["full_attention", "sliding_attention"]
+    text.sliding_window = 128
+    assert [a.window for a in fit_meta.attention_layers(text)] == [None, 128]
+
+
+def test_sizes_say_their_unit():
+    assert fit.parse_size("16GB") == 16 * 10**9
+    assert fit.parse_size("16 GiB") == fit.parse_size("16") == 16 * GiB  # a bare number is GiB
+    assert fit.parse_size("16000MB") == 16 * 10**9
+    assert fit.parse_size("16000MiB") == 16000 * 2**20
+    assert fit.parse_size("1.5TB") == 15 * 10**11
+    assert fit.parse_size("0.5tib") == 2**39
+    for bad in ("lots", "-3GB", "0", "16G", "16 gigs", "GB"):
+        with pytest.raises(GlydError, match="--gpu"):
+            fit.parse_size(bad)
 
 
 @pytest.mark.parametrize(
@@ -50,6 +168,7 @@ def test_tied_embeddings_counted_once():
 )
 def test_llama31_8b_fit_decisions(gpu, fits_bf16, fits_glyd):
     e, _ = fit.run_fit("llama-3.1-8b", gpu, 8192)
+    assert e.gpu_bytes == int(gpu[:-2]) * 10**9
     assert (e.fits_bf16, e.fits_glyd) == (fits_bf16, fits_glyd)
     # the totals are the three stated terms
     assert e.total_bf16 == e.weights_bf16 + e.kv_cache + e.margin
@@ -66,12 +185,13 @@ def test_tiered_is_smaller_and_batch_scales_kv():
 
 
 def test_max_context_is_the_largest_that_fits():
-    cfg = fit.load_config("llama-3.1-8b")
-    e = fit.estimate(cfg, gpu_bytes=20 * GiB, context=8192)
-    n = fit.max_context(e, cfg, e.weights_glyd)
-    per_tok = fit.kv_cache_bytes(cfg, 1)
-    assert e.weights_glyd + n * per_tok + fit.runtime_margin(cfg, n) <= 20 * GiB
-    assert e.weights_glyd + (n + 1) * per_tok + fit.runtime_margin(cfg, n + 1) > 20 * GiB
+    for name in ("llama-3.1-8b", "gemma-2-9b"):
+        shape = _shape(name)
+        e = fit.estimate(shape, gpu_bytes=20 * GiB, context=8192)
+        n = fit.max_context(e, shape, e.weights_glyd)
+        total = lambda t: e.weights_glyd + fit.kv_cache_bytes(shape, t) + fit.runtime_margin(shape, t)  # noqa: E731
+        assert total(n) <= 20 * GiB
+        assert n == shape.max_positions or total(n + 1) > 20 * GiB
 
 
 def _tiny_folder(tmp_path, glyd_folder=False):
@@ -103,6 +223,23 @@ def test_counts_from_safetensors_headers(tmp_path):
     assert "safetensors headers" in table
 
 
+def test_folder_headers_size_and_the_models_packing(tmp_path):
+    """A folder saved from the config's model: bf16 bytes from its headers, packed part by the packer's rule."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg = dict(model_type="qwen2", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+               num_attention_heads=4, num_key_value_heads=2, vocab_size=100, tie_word_embeddings=False)
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**cfg), dtype=torch.bfloat16)
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(tmp_path / "model.safetensors"))
+    params = sum(p.numel() for p in model.parameters())
+    linears = sum(m.weight.numel() for m in model.modules() if type(m) in (torch.nn.Linear, torch.nn.Embedding))
+    e, table = fit.run_fit(str(tmp_path), "1GB", 16)
+    assert e.params == params and e.weights_bf16 == 2 * params
+    assert e.weights_glyd == round(linears * fit.LAYOUT_BITS["fixed12"] / 8) + 2 * (params - linears)
+    assert "safetensors headers" in table and "the folder holds" not in table
+
+
 def test_glyd_folder_counts_packed_bytes_as_stored(tmp_path):
     folder = _tiny_folder(tmp_path, glyd_folder=True)
     count = fit.count_from_files(folder)
@@ -132,26 +269,25 @@ def test_bad_inputs(tmp_path):
     with pytest.raises(FormatError, match="config.json"):
         fit.load_config(str(tmp_path))
     (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 8}))
-    with pytest.raises(FormatError, match="num_hidden_layers"):
+    with pytest.raises(FormatError, match="no model_type"):
         fit.run_fit(str(tmp_path), "1GB", 16)
     # a safetensors header whose length points past the end of the file
     (tmp_path / "config.json").write_text(json.dumps(fit.KNOWN_CONFIGS["smollm2-135m"]))
     (tmp_path / "model.safetensors").write_bytes(struct.pack("<Q", 10**9) + b"{}")
     with pytest.raises(FormatError, match="model.safetensors"):
         fit.run_fit(str(tmp_path), "1GB", 16)
-    for bad in ("lots", "-3GB", "0"):
-        with pytest.raises(GlydError):
-            fit.parse_size(bad)
-    assert fit.parse_size("80GiB") == 80 * GiB
-    assert fit.parse_size("16000MB") == 16000 * 2**20
 
 
 def test_cli_fit(capsys):
     assert main(["fit", "qwen2.5-7b", "--gpu", "24GB", "--context", "8192"]) == 0
     out = capsys.readouterr().out
-    assert "fits in 24.0 GiB" in out and "KV cache (8192 tok x 1)" in out
+    assert "sizes in GiB (2^30 bytes)" in out and "fits in 24GB = 22.35 GiB" in out
+    assert "KV cache (8192 tok x 1)" in out and "parameters: 7.62 B" in out
     assert main(["fit", "llama-3.1-8b", "--gpu", "16GB", "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert d["fits_bf16"] is False and d["fits_glyd"] is True
+    assert d["gpu"] == "16GB" and d["gpu_bytes"] == 16 * 10**9
     assert main(["fit", "no-such-model", "--gpu", "24GB"]) == 1
     assert "not a model folder" in capsys.readouterr().err
+    assert main(["fit", "qwen2.5-7b", "--gpu", "24G"]) == 1
+    assert "24GB (10^9 bytes), 80GiB (2^30 bytes)" in capsys.readouterr().err

@@ -44,11 +44,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "fit",
         help="does a model fit on a GPU, in bf16 and with Glyd?",
-        description="Estimate the GPU memory a model needs in bf16 and with Glyd: weights (from the folder's "
-        "safetensors headers, else the config), KV cache for the context, and a runtime margin.",
+        description="Estimate the GPU memory a model needs in bf16 and with Glyd: weights (the model transformers "
+        "builds from the config on the meta device; a folder's safetensors headers give the exact bf16 size), "
+        "KV cache for the context (sliding-window layers hold at most their window), and a runtime margin. "
+        "Sizes print in GiB (2^30 bytes).",
     )
-    p.add_argument("model", help="a model folder, a config.json, or a known name (e.g. qwen2.5-7b, llama-3.1-8b)")
-    p.add_argument("--gpu", required=True, help="GPU memory, e.g. 24GB, 80GiB, 16000MB")
+    p.add_argument("model", help="a model folder, a config.json, or a known name (e.g. qwen2.5-7b, mixtral-8x7b, gemma-2-9b)")
+    p.add_argument("--gpu", required=True,
+                   help="GPU memory with its unit: 24GB = 24e9 bytes, 80GiB = 80 x 2^30 bytes, 16000MB, 16000MiB; "
+                   "a bare number is GiB")
     p.add_argument("--context", type=int, default=8192, help="tokens a sequence (default 8192)")
     p.add_argument("--batch", type=int, default=1, help="sequences at once (default 1)")
     p.add_argument("--layout", default="fixed12", choices=("fixed12", "tiered"), help="Glyd layout (default fixed12)")
@@ -145,7 +149,7 @@ def _fit(args: argparse.Namespace) -> int:
                  fits_bf16=estimate.fits_bf16, fits_glyd=estimate.fits_glyd)
         print(json.dumps(d, indent=2))
     else:
-        print(f"{args.model}: context {args.context}, batch {args.batch}")
+        print(f"{args.model}: context {args.context}, batch {args.batch}; sizes in GiB (2^30 bytes)")
         print(table)
     return 0
 

@@ -2,19 +2,26 @@
 
 The estimate is three terms, each printed:
 
-* **weights**: from the model folder's safetensors headers when there are any (exact tensor sizes,
-  read without loading a byte of weights; a folder saved by Glyd is counted as stored), else from
-  the config's parameter count. With Glyd, every 2-D weight (linears, embedding, lm_head) is held
-  packed at the layout's bits a weight; 1-D weights (norms, biases) stay bf16.
-* **KV cache** for the context: ``layers x kv_heads x head_dim x 2 (K and V) x 2 bytes (bf16) x
-  tokens x batch``. Glyd does not shrink it here (the compressed KV cache is a separate option).
+* **weights**: the model transformers builds from the config on the meta device
+  (:mod:`glyd.apps.fit_meta`: every parameter really there, MoE experts and tied embeddings as the
+  class resolves them); for a folder with safetensors files, their headers give the exact bf16
+  size (read without loading a byte of weights; a folder saved by Glyd is counted as stored).
+  With Glyd, the weights the packer packs (exact ``nn.Linear`` and ``nn.Embedding`` weights) are
+  held at the layout's bits a weight; everything else (norms, biases, fused 3-D experts, routers)
+  stays bf16.
+* **KV cache** for the context, summed over the layers: ``kv_heads x head_dim x 2 (K and V) x
+  2 bytes (bf16) x tokens x batch``, where a sliding-window (or chunked) layer holds at most its
+  window of tokens. Glyd does not shrink it here (the compressed KV cache is a separate option).
 * **runtime margin**: a fixed 1 GiB (CUDA context, cuBLAS/Triton workspaces, allocator slack) plus
   the activations of one prefill chunk of ``min(context, 2048)`` tokens a sequence:
   ``chunk x batch x (4 x hidden + 2 x intermediate) x 2 bytes``, plus fp32 logits of the last token
   (``batch x vocab x 4``).
 
->>> from glyd.apps.fit import estimate, load_config
->>> e = estimate(load_config("llama-3.1-8b"), gpu_bytes=16 * 2**30, context=8192)
+Sizes are bytes; the table prints GiB (2^30 bytes). ``--gpu`` says its unit: ``16GB`` is 16e9
+bytes, ``16GiB`` 16 x 2^30; a bare number is GiB.
+
+>>> from glyd.apps.fit import estimate, load_config, model_shape
+>>> e = estimate(model_shape(load_config("llama-3.1-8b")), gpu_bytes=16 * 2**30, context=8192)
 >>> round(e.weights_bf16 / 1e9, 2), e.fits_bf16, e.fits_glyd
 (16.06, False, True)
 """
@@ -29,7 +36,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from glyd.apps.fit_configs import KNOWN_CONFIGS
+from glyd.apps.fit_meta import ModelShape, model_shape
 from glyd.errors import FormatError, GlydError
+
+__all__ = ["KNOWN_CONFIGS", "ModelShape", "estimate", "load_config", "model_shape", "parse_size", "run_fit"]
 
 log = logging.getLogger(__name__)
 
@@ -42,51 +53,12 @@ MARGIN_FIXED = 1 * GiB
 PREFILL_CHUNK = 2048
 _BF16 = 2
 
-# Real hyperparameters of a few public models, so ``glyd fit`` works offline.
-KNOWN_CONFIGS: dict[str, dict[str, Any]] = {
-    "smollm2-135m": dict(
-        model_type="llama", hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
-        num_attention_heads=9, num_key_value_heads=3, head_dim=64, vocab_size=49152,
-        tie_word_embeddings=True, max_position_embeddings=8192,
-    ),
-    "qwen2.5-0.5b": dict(
-        model_type="qwen2", hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
-        num_attention_heads=14, num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True,
-        max_position_embeddings=32768,
-    ),
-    "qwen2.5-7b": dict(
-        model_type="qwen2", hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
-        num_attention_heads=28, num_key_value_heads=4, vocab_size=152064, tie_word_embeddings=False,
-        max_position_embeddings=32768, rms_norm_eps=1e-6, rope_theta=1000000.0,
-    ),
-    "qwen2.5-14b": dict(
-        model_type="qwen2", hidden_size=5120, intermediate_size=13824, num_hidden_layers=48,
-        num_attention_heads=40, num_key_value_heads=8, vocab_size=152064, tie_word_embeddings=False,
-        max_position_embeddings=32768,
-    ),
-    "llama-3.2-1b": dict(
-        model_type="llama", hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
-        num_attention_heads=32, num_key_value_heads=8, head_dim=64, vocab_size=128256,
-        tie_word_embeddings=True, max_position_embeddings=131072,
-    ),
-    "llama-3.1-8b": dict(
-        model_type="llama", hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
-        num_attention_heads=32, num_key_value_heads=8, head_dim=128, vocab_size=128256,
-        tie_word_embeddings=False, max_position_embeddings=131072,
-    ),
-    "mistral-7b": dict(
-        model_type="mistral", hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
-        num_attention_heads=32, num_key_value_heads=8, head_dim=128, vocab_size=32768,
-        tie_word_embeddings=False, max_position_embeddings=32768,
-    ),
-}
-
 
 @dataclass
 class WeightCount:
-    """Weights split by what Glyd does with them: ``packable`` 2-D tensors and the rest (bytes as stored)."""
+    """Weights split by what Glyd does with them: ``packable`` elements and the rest (bytes as bf16)."""
 
-    packable: int = 0  # elements of 2-D floating tensors that Glyd packs
+    packable: int = 0  # elements Glyd packs (a folder's headers alone: its 2-D floating tensors)
     other_bytes: int = 0  # 1-D tensors (norms, biases) and anything not packed, in bytes as bf16
     packed_bytes: int | None = None  # a Glyd folder: the packed arrays' bytes as stored
     source: str = "config"
@@ -102,7 +74,7 @@ class WeightCount:
 
 @dataclass
 class FitEstimate:
-    """Memory needed on one GPU, in bytes, and whether it fits."""
+    """Memory needed on one GPU, in bytes (``gpu`` keeps ``--gpu`` as typed), and whether it fits."""
 
     gpu_bytes: int
     context: int
@@ -113,7 +85,9 @@ class FitEstimate:
     kv_cache: int
     margin: int
     source: str
+    params: int = 0  # parameters of the config's model, a tied one once
     notes: list[str] = field(default_factory=list)
+    gpu: str = ""  # --gpu as typed
 
     @property
     def total_bf16(self) -> int:
@@ -132,19 +106,14 @@ class FitEstimate:
         return self.total_glyd <= self.gpu_bytes
 
 
-def _config_get(cfg: dict[str, Any], *names: str, default: Any = None) -> Any:
-    for name in names:
-        if cfg.get(name) is not None:
-            return cfg[name]
-    return default
-
-
 def _text_config(cfg: dict[str, Any]) -> dict[str, Any]:
-    # Multimodal configs (Gemma 3, Llama 4, ...) keep the language model's numbers in text_config.
+    # Multimodal configs (Gemma 3, Llama 4, ...) keep the language model's config in text_config;
+    # fit counts that model (the note says so), as glyd eval --random builds it.
     sub = cfg.get("text_config")
-    if isinstance(sub, dict) and "hidden_size" in sub:
-        merged = dict(sub)
-        merged.setdefault("tie_word_embeddings", cfg.get("tie_word_embeddings"))
+    if isinstance(sub, dict) and "hidden_size" in sub and isinstance(sub.get("model_type"), str):
+        merged = dict(sub, _text_only=True)
+        if cfg.get("tie_word_embeddings") is not None:
+            merged.setdefault("tie_word_embeddings", cfg["tie_word_embeddings"])
         return merged
     return cfg
 
@@ -170,36 +139,9 @@ def load_config(model: str | Path) -> dict[str, Any]:
     return cfg
 
 
-def _dims(cfg: dict[str, Any]) -> dict[str, int]:
-    where = cfg.get("_name", "config")
-    try:
-        hidden = int(cfg["hidden_size"])
-        layers = int(_config_get(cfg, "num_hidden_layers", "n_layer", "num_layers"))
-        heads = int(_config_get(cfg, "num_attention_heads", "n_head"))
-    except (KeyError, TypeError, ValueError) as exc:
-        raise FormatError(f"{where}: config lacks hidden_size, num_hidden_layers or num_attention_heads") from exc
-    kv_heads = int(_config_get(cfg, "num_key_value_heads", default=heads))
-    head_dim = int(_config_get(cfg, "head_dim", default=hidden // heads))
-    inter = int(_config_get(cfg, "intermediate_size", "ffn_dim", default=4 * hidden))
-    vocab = int(_config_get(cfg, "vocab_size", default=0))
-    if min(hidden, layers, heads, kv_heads, head_dim, inter) <= 0 or vocab < 0:
-        raise FormatError(f"{where}: config has a non-positive size")
-    return dict(hidden=hidden, layers=layers, heads=heads, kv_heads=kv_heads, head_dim=head_dim, inter=inter, vocab=vocab)
-
-
-def count_from_config(cfg: dict[str, Any]) -> WeightCount:
-    """Weights of a decoder-only transformer (Llama/Qwen2/Mistral/Gemma layout) from its config."""
-    d = _dims(cfg)
-    h, hd = d["hidden"], d["head_dim"]
-    q, kv = d["heads"] * hd, d["kv_heads"] * hd
-    per_layer_2d = h * q + 2 * h * kv + q * h + 3 * h * d["inter"]
-    per_layer_1d = 2 * h
-    if cfg.get("attention_bias") or cfg.get("model_type") == "qwen2":  # Qwen2 has q, k, v biases
-        per_layer_1d += q + 2 * kv
-    tied = bool(cfg.get("tie_word_embeddings", False))
-    packable = d["layers"] * per_layer_2d + d["vocab"] * h * (1 if tied else 2)
-    other = (d["layers"] * per_layer_1d + h) * _BF16
-    return WeightCount(packable=packable, other_bytes=other, source="config")
+def count_from_shape(shape: ModelShape) -> WeightCount:
+    """The weights of the model built on the meta device: packed ones and the rest in bf16."""
+    return WeightCount(packable=shape.packable, other_bytes=shape.other * _BF16, source="config (built on the meta device)")
 
 
 _MAX_HEADER = 100 * 2**20
@@ -286,40 +228,70 @@ def count_from_files(folder: Path) -> WeightCount | None:
     return count
 
 
-def kv_cache_bytes(cfg: dict[str, Any], context: int, batch: int = 1, bytes_per_value: int = _BF16) -> int:
-    """``layers x kv_heads x head_dim x 2 x bytes x tokens x batch``."""
-    d = _dims(cfg)
-    return d["layers"] * d["kv_heads"] * d["head_dim"] * 2 * bytes_per_value * context * batch
+def kv_cache_bytes(shape: ModelShape, context: int, batch: int = 1, bytes_per_value: int = _BF16) -> int:
+    """Sum over layers of ``kv_heads x head_dim x 2 x bytes x min(context, window) x batch``."""
+    total = 0
+    for layer in shape.attention:
+        tokens = context if layer.window is None else min(context, layer.window)
+        total += layer.kv_heads * layer.head_dim * 2 * bytes_per_value * tokens * batch
+    return total
 
 
-def runtime_margin(cfg: dict[str, Any], context: int, batch: int = 1) -> int:
-    d = _dims(cfg)
+def runtime_margin(shape: ModelShape, context: int, batch: int = 1) -> int:
     chunk = min(context, PREFILL_CHUNK)
-    activations = chunk * batch * (4 * d["hidden"] + 2 * d["inter"]) * _BF16
-    return MARGIN_FIXED + activations + batch * d["vocab"] * 4
+    activations = chunk * batch * (4 * shape.hidden + 2 * shape.intermediate) * _BF16
+    return MARGIN_FIXED + activations + batch * shape.vocab * 4
+
+
+def _weights(shape: ModelShape, folder: Path | None, layout: str) -> tuple[WeightCount, int, list[str]]:
+    """(the count, bf16 bytes, notes): the folder's headers when it has safetensors files, else the shape."""
+    files = count_from_files(folder) if folder is not None else None
+    notes: list[str] = []
+    if files is None:
+        count = count_from_shape(shape)
+    elif files.packed_bytes is not None:
+        notes.append("bf16 weights of a Glyd folder: 2 bytes for every weight of the config's model")
+        return files, shape.params * _BF16, notes
+    else:
+        # The headers give the exact size; the config's model says which of it Glyd packs (a
+        # checkpoint's per-expert matrices, say, become fused 3-D experts that stay bf16).
+        total = files.bf16_bytes()
+        packable = min(shape.packable, total // _BF16)
+        count = WeightCount(packable=packable, other_bytes=total - packable * _BF16,
+                            source=f"{files.source}; packed weights from the config's model")
+        stored = files.packable + files.other_bytes // _BF16
+        if abs(stored - shape.params) > 0.01 * shape.params:
+            notes.append(f"the folder holds {stored:,} weights, the config's model {shape.params:,}")
+    notes.append(f"Glyd weights at {LAYOUT_BITS[layout]} bits a packed weight ({layout})")
+    return count, count.bf16_bytes(), notes
+
+
+def _shape_notes(shape: ModelShape, context: int) -> list[str]:
+    notes = []
+    if shape.unpacked_matrices:
+        kinds = ", ".join(sorted(shape.unpacked_matrices))
+        n = sum(shape.unpacked_matrices.values())
+        notes.append(f"{n / 1e9:.2f} B weights outside nn.Linear/nn.Embedding ({kinds}) stay bf16: Glyd does not pack them")
+    windows = sorted({a.window for a in shape.attention if a.window is not None})
+    if windows:
+        n = sum(a.window is not None for a in shape.attention)
+        notes.append(f"KV cache: {n} of {len(shape.attention)} layers hold at most {'/'.join(map(str, windows))} tokens (sliding window)")
+    if shape.text_only:
+        notes.append("counted: the language model of a multimodal config (its text_config)")
+    if shape.max_positions is not None and context > shape.max_positions:
+        notes.append(f"context {context} exceeds the model's max_position_embeddings {shape.max_positions}")
+    return notes
 
 
 def estimate(
-    cfg: dict[str, Any], *, gpu_bytes: int, context: int, batch: int = 1, layout: str = "fixed12", folder: Path | None = None
+    shape: ModelShape, *, gpu_bytes: int, context: int, batch: int = 1, layout: str = "fixed12", folder: Path | None = None
 ) -> FitEstimate:
     """Memory a model needs on one GPU in bf16 and with Glyd (see the module docstring)."""
     if layout not in LAYOUT_BITS:
         raise GlydError(f"unknown layout {layout!r}; choose one of {', '.join(LAYOUT_BITS)}")
     if context <= 0 or batch <= 0 or gpu_bytes <= 0:
         raise GlydError("context, batch and GPU memory must be positive")
-    count = count_from_files(folder) if folder is not None else None
-    if count is None:
-        count = count_from_config(cfg)
-    notes = []
-    if count.packed_bytes is not None:
-        notes.append("bf16 weights of a Glyd folder: 2 bytes for every packed weight (from the config)")
-        bf16 = count_from_config(cfg).bf16_bytes()
-    else:
-        bf16 = count.bf16_bytes()
-        notes.append(f"Glyd weights at {LAYOUT_BITS[layout]} bits a packed weight ({layout})")
-    max_pos = cfg.get("max_position_embeddings")
-    if isinstance(max_pos, int) and context > max_pos:
-        notes.append(f"context {context} exceeds the model's max_position_embeddings {max_pos}")
+    count, bf16, notes = _weights(shape, folder, layout)
     return FitEstimate(
         gpu_bytes=gpu_bytes,
         context=context,
@@ -327,66 +299,70 @@ def estimate(
         layout=layout,
         weights_bf16=bf16,
         weights_glyd=count.glyd_bytes(layout),
-        kv_cache=kv_cache_bytes(cfg, context, batch),
-        margin=runtime_margin(cfg, context, batch),
+        kv_cache=kv_cache_bytes(shape, context, batch),
+        margin=runtime_margin(shape, context, batch),
         source=count.source,
-        notes=notes,
+        params=shape.params,
+        notes=notes + _shape_notes(shape, context),
     )
 
 
-def max_context(e: FitEstimate, cfg: dict[str, Any], weights: int) -> int:
+def max_context(e: FitEstimate, shape: ModelShape, weights: int) -> int:
     """Largest context (tokens a sequence, at ``e.batch``) whose total fits, 0 if none; at most the
     model's ``max_position_embeddings``."""
-    per_token = kv_cache_bytes(cfg, 1, e.batch)
-    lo, hi = 0, 1 << 24
-    max_pos = cfg.get("max_position_embeddings")
-    if isinstance(max_pos, int) and max_pos > 0:
-        hi = max_pos
-    while lo < hi:  # margin grows with the context up to the prefill chunk, so search
+    lo, hi = 0, shape.max_positions or 1 << 24
+    while lo < hi:  # KV and margin grow with the context (sliding layers stop growing), so search
         mid = (lo + hi + 1) // 2
-        if weights + per_token * mid + runtime_margin(cfg, mid, e.batch) <= e.gpu_bytes:
+        if weights + kv_cache_bytes(shape, mid, e.batch) + runtime_margin(shape, mid, e.batch) <= e.gpu_bytes:
             lo = mid
         else:
             hi = mid - 1
     return lo
 
 
-_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(gib|gb|g|mib|mb|m|tib|tb|t)?\s*$", re.IGNORECASE)
+_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([kmgt]i?b)?\s*$", re.IGNORECASE)
+_SCALE = {"k": 1, "m": 2, "g": 3, "t": 4}
 
 
 def parse_size(text: str) -> int:
-    """GPU memory in bytes from ``"24GB"``, ``"80GiB"``, ``"24"`` (GiB) or ``"16000MB"``.
+    """GPU memory in bytes: ``"16GB"`` is 16e9 bytes, ``"16GiB"`` 16 x 2^30, a bare ``"16"`` GiB.
 
-    GPU makers' "GB" are GiB (a "24 GB" card has 24 GiB), so GB and GiB mean the same here.
+    (``nvidia-smi`` reports MiB: ``--gpu 24576MiB`` takes a card's memory as it reports it.)
 
-    >>> parse_size("24GB") == 24 * 2**30
-    True
+    >>> parse_size("16GB"), parse_size("16GiB") == parse_size("16") == 16 * 2**30
+    (16000000000, True)
     """
     m = _SIZE.match(str(text))
     if not m:
-        raise GlydError(f"--gpu {text!r}: give a memory size such as 24GB, 80GiB or 16000MB")
-    value, unit = float(m.group(1)), (m.group(2) or "g").lower()[0]
-    scale = {"m": 2**20, "g": GiB, "t": 2**40}[unit]
-    size = int(value * scale)
+        raise GlydError(f"--gpu {text!r}: give a memory size with its unit, e.g. 24GB (10^9 bytes), 80GiB (2^30 bytes) "
+                        "or 24 (GiB)")
+    unit = (m.group(2) or "gib").lower()
+    power = _SCALE[unit[0]]
+    scale = 1024**power if unit.endswith("ib") else 1000**power
+    size = int(float(m.group(1)) * scale)
     if size <= 0:
         raise GlydError(f"--gpu {text!r}: must be positive")
     return size
 
 
-def format_table(e: FitEstimate, cfg: dict[str, Any]) -> str:
-    """The small table ``glyd fit`` prints."""
-    g = lambda b: f"{b / GiB:8.2f} GiB"  # noqa: E731
+def _gib(b: int) -> str:
+    return f"{b / GiB:8.2f} GiB"
+
+
+def format_table(e: FitEstimate, shape: ModelShape) -> str:
+    """The small table ``glyd fit`` prints (sizes in GiB, 2^30 bytes)."""
+    gpu = f"{e.gpu} = {e.gpu_bytes / GiB:.2f} GiB" if e.gpu else f"{e.gpu_bytes / GiB:.2f} GiB"
     rows = [
         ("", "bf16", f"Glyd ({e.layout})"),
-        ("weights", g(e.weights_bf16), g(e.weights_glyd)),
-        (f"KV cache ({e.context} tok x {e.batch})", g(e.kv_cache), g(e.kv_cache)),
-        ("runtime margin", g(e.margin), g(e.margin)),
-        ("total", g(e.total_bf16), g(e.total_glyd)),
-        (f"fits in {e.gpu_bytes / GiB:.1f} GiB", "yes" if e.fits_bf16 else "no", "yes" if e.fits_glyd else "no"),
+        ("weights", _gib(e.weights_bf16), _gib(e.weights_glyd)),
+        (f"KV cache ({e.context} tok x {e.batch})", _gib(e.kv_cache), _gib(e.kv_cache)),
+        ("runtime margin", _gib(e.margin), _gib(e.margin)),
+        ("total", _gib(e.total_bf16), _gib(e.total_glyd)),
+        (f"fits in {gpu}", "yes" if e.fits_bf16 else "no", "yes" if e.fits_glyd else "no"),
         (
             f"max context (batch {e.batch})",
-            str(max_context(e, cfg, e.weights_bf16)),
-            str(max_context(e, cfg, e.weights_glyd)),
+            str(max_context(e, shape, e.weights_bf16)),
+            str(max_context(e, shape, e.weights_glyd)),
         ),
     ]
     w0 = max(len(r[0]) for r in rows)
@@ -394,10 +370,10 @@ def format_table(e: FitEstimate, cfg: dict[str, Any]) -> str:
     w2 = max(len(r[2]) for r in rows)
     lines = [f"{a:<{w0}}  {b:>{w1}}  {c:>{w2}}" for a, b, c in rows]
     lines.insert(1, "-" * len(lines[0]))
-    lines.append(f"weights from: {e.source}")
+    lines.append(f"parameters: {e.params / 1e9:.2f} B; weights from: {e.source}")
     lines.append(
-        "KV cache: layers x kv_heads x head_dim x 2 x 2 bytes (bf16) x tokens x batch; "
-        f"margin: 1 GiB + one {min(e.context, PREFILL_CHUNK)}-token prefill chunk's activations + last-token logits"
+        "KV cache: sum over layers of kv_heads x head_dim x 2 x 2 bytes (bf16) x tokens (at most the layer's window) "
+        f"x batch; margin: 1 GiB + one {min(e.context, PREFILL_CHUNK)}-token prefill chunk's activations + last-token logits"
     )
     lines.extend(f"note: {n}" for n in e.notes)
     return "\n".join(lines)
@@ -405,10 +381,12 @@ def format_table(e: FitEstimate, cfg: dict[str, Any]) -> str:
 
 def run_fit(model: str, gpu: str, context: int, batch: int = 1, layout: str = "fixed12") -> tuple[FitEstimate, str]:
     cfg = load_config(model)
+    shape = model_shape(cfg)
     path = Path(model)
     folder = path if path.is_dir() else (path.parent if path.is_file() else None)
-    e = estimate(cfg, gpu_bytes=parse_size(gpu), context=context, batch=batch, layout=layout, folder=folder)
+    e = estimate(shape, gpu_bytes=parse_size(gpu), context=context, batch=batch, layout=layout, folder=folder)
+    e.gpu = str(gpu).strip()
     stored = (cfg.get("quantization_config") or {}) if isinstance(cfg.get("quantization_config"), dict) else {}
     if stored.get("quant_method") == "glyd" and e.source.endswith("as stored"):
         e.layout = f"{stored.get('layout', 'packed')}, as stored"
-    return e, format_table(e, cfg)
+    return e, format_table(e, shape)

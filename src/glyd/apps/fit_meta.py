@@ -1,0 +1,199 @@
+"""What ``glyd fit`` counts: the model transformers builds from a config, on the meta device.
+
+The model is built by ``AutoModelForCausalLM.from_config`` under ``torch.device("meta")`` (no
+memory, a 70B model in about a second), so the count is what the class really holds: MoE experts,
+embeddings tied (or not) as the config and the class resolve them, GQA projections, biases. Which
+weights Glyd packs is decided by the packer's own rule (``glyd.hf._model``: exact ``nn.Linear``
+and plain ``nn.Embedding`` weights); every other parameter, fused 3-D experts and routers
+included, stays bf16. The KV cache is counted per layer from the config's ``layer_types``, as
+transformers' caches do: a sliding-window or chunked layer holds at most its window of tokens.
+
+>>> from glyd.apps.fit_meta import model_shape
+>>> s = model_shape({"model_type": "mixtral", "hidden_size": 64, "intermediate_size": 128,
+...                  "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 100, "num_local_experts": 4})
+>>> s.params, s.packable, sorted(s.unpacked_matrices.items())
+(259392, 61952, [('MixtralExperts', 196608), ('MixtralTopKRouter', 512)])
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from glyd.errors import FormatError
+
+log = logging.getLogger(__name__)
+
+#: Cache layer types whose KV cache ``glyd fit`` can size, and the config field of their window.
+KV_LAYER_WINDOW = {"full_attention": None, "sliding_attention": "sliding_window", "chunked_attention": "attention_chunk_size"}
+#: Refuse configs that would take long to build even on the meta device.
+MAX_LAYERS = 4096
+#: Config keys that are not the model's shape (a Glyd folder's quantization_config is ours).
+_DROP = ("architectures", "quantization_config", "auto_map", "transformers_version", "torch_dtype", "dtype")
+
+
+@dataclass
+class AttentionLayer:
+    """One layer's KV cache shape: ``window`` tokens at most (None: every token)."""
+
+    kv_heads: int
+    head_dim: int
+    window: int | None = None
+
+
+@dataclass
+class ModelShape:
+    """What ``glyd fit`` needs to know about a model, counted on the meta device."""
+
+    name: str
+    model_type: str
+    params: int  # every parameter, a tied one once
+    packable: int  # elements of the weights Glyd packs
+    hidden: int
+    intermediate: int
+    vocab: int
+    max_positions: int | None
+    attention: list[AttentionLayer]
+    unpacked_matrices: Counter[str] = field(default_factory=Counter)  # module type -> elements of >= 2-D weights kept bf16
+    text_only: bool = False  # a multimodal config: the language model only
+
+    @property
+    def other(self) -> int:
+        """Elements kept in bf16 (norms, biases, and any weight outside an nn.Linear/nn.Embedding)."""
+        return self.params - self.packable
+
+
+def _first_line(exc: BaseException) -> str:
+    """``exc`` as one line of at most 200 characters (transformers' messages span several)."""
+    line = " ".join(str(exc).split()) or type(exc).__name__
+    return line if len(line) <= 200 else line[:197] + "..."
+
+
+def build_config(cfg: dict[str, Any]) -> Any:
+    """The transformers config of ``cfg`` (a config.json's dict); FormatError if transformers cannot build it."""
+    name = cfg.get("_name", "config")
+    try:
+        import transformers
+        from transformers import AutoConfig
+    except ImportError as exc:
+        raise FormatError(f"{name}: glyd fit needs transformers to read a config ({exc})") from exc
+    model_type = cfg.get("model_type")
+    if not isinstance(model_type, str) or not model_type:
+        raise FormatError(f"{name}: config has no model_type")
+    params = {k: v for k, v in cfg.items() if not k.startswith("_") and k not in _DROP and k != "model_type"}
+    try:
+        config = AutoConfig.for_model(model_type, **params)
+    except ValueError as exc:
+        if "nrecognized" in str(exc) or "model_type" in str(exc):
+            raise FormatError(f"{name}: transformers {transformers.__version__} does not know "
+                              f"model_type {model_type!r}") from exc
+        raise FormatError(f"{name}: transformers cannot read this {model_type} config ({_first_line(exc)})") from exc
+    except Exception as exc:  # any failure inside a config class means this config cannot be counted
+        raise FormatError(f"{name}: transformers cannot read this {model_type} config ({_first_line(exc)})") from exc
+    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    layers = getattr(text, "num_hidden_layers", None)
+    if not isinstance(layers, int) or not 0 < layers <= MAX_LAYERS:
+        raise FormatError(f"{name}: num_hidden_layers {layers!r} is not between 1 and {MAX_LAYERS}")
+    return config
+
+
+def meta_model(config: Any, name: str = "config") -> Any:
+    """``AutoModelForCausalLM.from_config(config)`` on the meta device (no memory)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    try:
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config)
+    except Exception as exc:  # any failure inside transformers' constructors: this model cannot be counted
+        raise FormatError(f"{name}: transformers cannot build a causal LM from this "
+                          f"{getattr(config, 'model_type', '?')} config ({_first_line(exc)})") from exc
+    return model
+
+
+def count_weights(model: Any) -> tuple[int, int, Counter[str]]:
+    """(parameters, packable elements, elements of unpacked >= 2-D weights by module type) of ``model``.
+
+    A parameter shared by two modules (tied embeddings) counts once, as ``model.parameters()``
+    yields it once; packable is what the packer packs (its own predicates).
+    """
+    from glyd.hf._model import is_packable_embedding, is_packable_linear
+
+    packable_ids = set()
+    owner: dict[int, str] = {}
+    for m in model.modules():
+        if is_packable_linear(m) or is_packable_embedding(m):
+            packable_ids.add(id(m.weight))
+        for p in m._parameters.values():
+            if p is not None:
+                owner.setdefault(id(p), type(m).__name__)
+    params = packable = 0
+    unpacked: Counter[str] = Counter()
+    for p in model.parameters():
+        n = p.numel()
+        params += n
+        if id(p) in packable_ids:
+            packable += n
+        elif p.dim() >= 2:
+            unpacked[owner.get(id(p), "?")] += n
+    return params, packable, unpacked
+
+
+def attention_layers(text: Any, name: str = "config") -> list[AttentionLayer]:
+    """The KV cache shape of each layer of a (text) config, as transformers' caches size them."""
+    n = text.num_hidden_layers
+    heads = getattr(text, "num_attention_heads", None)
+    hidden = getattr(text, "hidden_size", None)
+    if not isinstance(heads, int) or not isinstance(hidden, int) or heads <= 0 or hidden <= 0:
+        raise FormatError(f"{name}: config lacks a positive hidden_size or num_attention_heads")
+    kv_heads = getattr(text, "num_key_value_heads", None) or heads
+    head_dim = getattr(text, "head_dim", None) or hidden // heads
+    types = getattr(text, "layer_types", None)
+    if types is None:  # transformers' own inference (cache_utils.get_layer_types_and_kwargs)
+        if getattr(text, "sliding_window", None) is not None:
+            types = ["sliding_attention"] * n
+        elif getattr(text, "attention_chunk_size", None) is not None:
+            types = ["chunked_attention"] * n
+        else:
+            types = ["full_attention"] * n
+    shared = getattr(text, "num_kv_shared_layers", None)
+    if isinstance(shared, int) and shared > 0:  # layers that reuse another layer's cache
+        types = list(types)[:-shared]
+    out = []
+    for t in types:
+        if t not in KV_LAYER_WINDOW:
+            raise FormatError(f"{name}: glyd fit cannot size the cache of a {t!r} layer")
+        key = KV_LAYER_WINDOW[t]
+        window = getattr(text, key, None) if key else None
+        if key and not (isinstance(window, int) and window > 0):
+            raise FormatError(f"{name}: a {t!r} layer needs a positive {key}, the config has {window!r}")
+        out.append(AttentionLayer(int(kv_heads), int(head_dim), window))
+    return out
+
+
+def model_shape(cfg: dict[str, Any]) -> ModelShape:
+    """Count ``cfg`` (a config.json's dict) on the meta device; FormatError names what cannot be counted."""
+    name = str(cfg.get("_name", "config"))
+    config = build_config(cfg)
+    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    attention = attention_layers(text, name)
+    params, packable, unpacked = count_weights(meta_model(config, name))
+    hidden = int(text.hidden_size)
+    max_pos = getattr(text, "max_position_embeddings", None)
+    if unpacked:
+        log.debug("%s: weights Glyd does not pack: %s", name, dict(unpacked))
+    return ModelShape(
+        name=name,
+        model_type=str(config.model_type),
+        params=params,
+        packable=packable,
+        hidden=hidden,
+        intermediate=int(getattr(text, "intermediate_size", None) or 4 * hidden),
+        vocab=int(getattr(text, "vocab_size", None) or 0),
+        max_positions=max_pos if isinstance(max_pos, int) and max_pos > 0 else None,
+        attention=attention,
+        unpacked_matrices=unpacked,
+        text_only=bool(cfg.get("_text_only")),
+    )

@@ -39,13 +39,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-q", "--quiet", action="store_true", help="only warnings and errors")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in _COMMAND_MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            # An area not built yet, or an optional dependency missing: its commands are absent.
-            logging.getLogger("glyd").debug("commands of %s unavailable: %s", name, exc)
-            continue
-        module.register(sub)
+        # Every command module is part of the package and imports without any optional dependency
+        # (those are imported inside the handlers): a failing import is a bug, so it is raised, not
+        # turned into a missing command.
+        importlib.import_module(name).register(sub)
     return parser
 
 

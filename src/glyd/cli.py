@@ -18,6 +18,7 @@ import sys
 import threading
 
 from glyd import __version__
+from glyd.apps._deps import EXTRAS, missing
 from glyd.errors import GlydError
 
 # Modules that add sub-commands; imported only when the CLI runs.
@@ -89,6 +90,13 @@ def main(argv: list[str] | None = None) -> int:
         return rc
     except GlydError as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 1
+    except ModuleNotFoundError as exc:
+        # An optional package a command reached for is not installed: say which, and the extra.
+        name = (exc.name or "").split(".")[0]
+        if name not in EXTRAS:
+            raise
+        print(f"{prog}: error: {missing(name)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)

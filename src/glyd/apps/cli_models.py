@@ -7,6 +7,7 @@ import json
 import logging
 from pathlib import Path
 
+from glyd.apps._deps import require
 from glyd.errors import DestinationExistsError, GlydError
 
 log = logging.getLogger(__name__)
@@ -113,6 +114,7 @@ def eval_config_from_args(args: argparse.Namespace):
 
 
 def _eval(args: argparse.Namespace) -> int:
+    require("transformers")  # every mode loads a transformers model: say so before anything runs
     from glyd.apps.evaluate import evaluate
 
     cfg = eval_config_from_args(args)
@@ -151,6 +153,7 @@ def _fit(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
+    require("transformers")
     from glyd.apps.demo import run_demo
 
     if args.max_new_tokens <= 0:

@@ -191,6 +191,27 @@ def test_config_validation(tmp_path):
         ev.evaluate(ev.EvalConfig(model=str(tmp_path), ppl=False, mmlu=False, modes=(), device="cpu"))
 
 
+def test_a_packed_folder_is_refused(tiny_folder, tmp_path, capsys):
+    # a packed folder gives no bf16 to compare with: every row would be the same packed model
+    packed = tmp_path / "packed"
+    assert main(["pack", str(tiny_folder), str(packed), "--layout", "fixed12"]) == 0
+    capsys.readouterr()
+    argv = ["eval", str(packed), "--modes", "fixed12", "--device", "cpu", "--no-ppl", "--no-mmlu", "--no-decode"]
+    assert main(argv) == 1
+    out = capsys.readouterr()
+    assert out.out == ""
+    lines = out.err.strip().splitlines()
+    assert len(lines) == 1 and "packed Glyd folder" in lines[0] and "bf16 source" in lines[0], out.err
+    # a config that says quant_method "glyd" is enough, with or without glyd.json
+    config_only = tmp_path / "config-only"
+    config_only.mkdir()
+    cfg = json.loads((tiny_folder / "config.json").read_text())
+    cfg["quantization_config"] = {"quant_method": "glyd", "layout": "fixed12"}
+    (config_only / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(FormatError, match="packed Glyd folder"):
+        ev.evaluate(ev.EvalConfig(model=str(config_only), ppl=False, mmlu=False, decode=False, modes=(), device="cpu"))
+
+
 def test_random_model_from_config_cli(tmp_path, capsys):
     cfg = dict(model_type="qwen2", hidden_size=64, intermediate_size=96, num_hidden_layers=1,
                num_attention_heads=4, num_key_value_heads=2, vocab_size=128, tie_word_embeddings=False)

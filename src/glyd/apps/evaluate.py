@@ -236,8 +236,7 @@ def load_bf16(cfg: EvalConfig) -> nn.Module:
         return build_random(cfg.model, cfg.device, cfg.seed)
     from transformers import AutoModelForCausalLM
 
-    folder = Path(cfg.model)
-    check_model_folder(folder)
+    folder = Path(cfg.model)  # checked by evaluate(): a bf16 model folder
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16, device_map=cfg.device)
     return model.eval()
 
@@ -454,6 +453,8 @@ def evaluate(cfg: EvalConfig, on_result: Callable[[Report], Any] | None = None) 
         from glyd.apps import smollm2
 
         cfg.model = str(smollm2.bf16_folder())  # the embedded default model, converted once
+    if not cfg.random:
+        check_model_folder(Path(cfg.model))  # before the tokenizer: a packed folder is refused at once
     tokens = encoded = letters = answers = None
     tokenizer = None
     if cfg.ppl or cfg.mmlu:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import io
 import json
+import logging
 import math
 import subprocess
 import sys
@@ -227,6 +229,39 @@ def test_random_model_from_config_cli(tmp_path, capsys):
     assert rep["results"][1]["weight_bytes"] < rep["results"][0]["weight_bytes"]
     # never overwrites
     assert main(["eval", str(tmp_path / "config.json"), "--random", "--json-out", str(out)]) == 1
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def _random_eval_argv(tmp_path) -> list[str]:
+    cfg = dict(model_type="qwen2", hidden_size=64, intermediate_size=96, num_hidden_layers=1,
+               num_attention_heads=4, num_key_value_heads=2, vocab_size=128, tie_word_embeddings=False)
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    return ["eval", str(tmp_path / "config.json"), "--random", "--modes", "fixed12", "--device", "cpu",
+            "--decode-batches", "1", "--decode-context", "8", "--decode-replays", "2"]
+
+
+def test_eval_progress_and_log(tmp_path, monkeypatch, capsys, caplog):
+    # a bar over the modes' steps on a terminal; one log line a mode, never a dataclass repr
+    argv = _random_eval_argv(tmp_path)
+    terminal = _Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    with caplog.at_level(logging.INFO, logger="glyd"):
+        assert main(argv) == 0
+    bar = terminal.getvalue()
+    assert "glyd eval" in bar and "4/4" in bar and "fixed12: decode step" in bar, bar
+    logged = [r.getMessage() for r in caplog.records if r.name == "glyd.apps.evaluate"]
+    assert [m.split(":")[0] for m in logged] == ["mode bf16", "mode fixed12"], logged
+    assert not any("ModeResult(" in m for m in logged) and "step ms" in logged[1]
+    assert capsys.readouterr().out.count("| mode |") == 1  # one table, at the end
+    # -q, or a stderr that is not a terminal: no bar
+    for quiet, stream in ((True, _Terminal()), (False, io.StringIO())):
+        monkeypatch.setattr(sys, "stderr", stream)
+        assert main((["-q"] if quiet else []) + argv) == 0
+        assert "glyd eval" not in stream.getvalue(), stream.getvalue()
 
 
 def test_benchmark_script_help():

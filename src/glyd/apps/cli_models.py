@@ -128,7 +128,10 @@ def _eval(args: argparse.Namespace) -> int:
             tmp.write_text(report.to_json())
             tmp.replace(out)
 
-    report = evaluate(cfg, on_result=save)
+    from tqdm.contrib.logging import logging_redirect_tqdm
+
+    with logging_redirect_tqdm():  # log lines above the bar, not through it
+        report = evaluate(cfg, on_result=save, progress=not getattr(args, "quiet", False))
     env = ", ".join(f"{k} {v}" for k, v in report.environment.items())
     print(f"model: {cfg.model}{' (random weights)' if cfg.random else ''}; device: {cfg.device}; {env}")
     print(report.table())

@@ -43,7 +43,7 @@ import torch
 from torch import nn
 
 from glyd import _env
-from glyd.apps.eval_mmlu import LETTERS, letter_ids, mmlu_logits, mmlu_prompt, read_mmlu  # noqa: F401
+from glyd.apps.eval_mmlu import letter_ids, mmlu_logits, mmlu_prompt, read_mmlu
 from glyd.apps.eval_models import check_model_folder, build_random, merge_bf16, weight_bytes
 from glyd.apps.eval_timing import time_decode, time_decode_compiled
 from glyd.errors import FormatError, GlydError

@@ -18,6 +18,7 @@ import sys
 import threading
 
 from glyd import __version__
+from glyd.apps._deps import EXTRAS, missing
 from glyd.errors import GlydError
 
 # Modules that add sub-commands; imported only when the CLI runs.
@@ -39,13 +40,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-q", "--quiet", action="store_true", help="only warnings and errors")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in _COMMAND_MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            # An area not built yet, or an optional dependency missing: its commands are absent.
-            logging.getLogger("glyd").debug("commands of %s unavailable: %s", name, exc)
-            continue
-        module.register(sub)
+        # Every command module is part of the package and imports without any optional dependency
+        # (those are imported inside the handlers): a failing import is a bug, so it is raised, not
+        # turned into a missing command.
+        importlib.import_module(name).register(sub)
     return parser
 
 
@@ -92,6 +90,13 @@ def main(argv: list[str] | None = None) -> int:
         return rc
     except GlydError as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 1
+    except ModuleNotFoundError as exc:
+        # An optional package a command reached for is not installed: say which, and the extra.
+        name = (exc.name or "").split(".")[0]
+        if name not in EXTRAS:
+            raise
+        print(f"{prog}: error: {missing(name)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)

@@ -15,3 +15,8 @@ class CorruptError(GlydError):
 
 class DestinationExistsError(GlydError, FileExistsError):
     """An output path already exists; glyd never overwrites."""
+
+
+class MissingDependencyError(GlydError, ImportError):
+    """An optional package that a command or function needs is not installed; the message names it
+    and the extra of glyd that installs it."""

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import io
 import json
+import logging
 import math
 import subprocess
 import sys
@@ -191,6 +193,27 @@ def test_config_validation(tmp_path):
         ev.evaluate(ev.EvalConfig(model=str(tmp_path), ppl=False, mmlu=False, modes=(), device="cpu"))
 
 
+def test_a_packed_folder_is_refused(tiny_folder, tmp_path, capsys):
+    # a packed folder gives no bf16 to compare with: every row would be the same packed model
+    packed = tmp_path / "packed"
+    assert main(["pack", str(tiny_folder), str(packed), "--layout", "fixed12"]) == 0
+    capsys.readouterr()
+    argv = ["eval", str(packed), "--modes", "fixed12", "--device", "cpu", "--no-ppl", "--no-mmlu", "--no-decode"]
+    assert main(argv) == 1
+    out = capsys.readouterr()
+    assert out.out == ""
+    lines = out.err.strip().splitlines()
+    assert len(lines) == 1 and "packed Glyd folder" in lines[0] and "bf16 source" in lines[0], out.err
+    # a config that says quant_method "glyd" is enough, with or without glyd.json
+    config_only = tmp_path / "config-only"
+    config_only.mkdir()
+    cfg = json.loads((tiny_folder / "config.json").read_text())
+    cfg["quantization_config"] = {"quant_method": "glyd", "layout": "fixed12"}
+    (config_only / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(FormatError, match="packed Glyd folder"):
+        ev.evaluate(ev.EvalConfig(model=str(config_only), ppl=False, mmlu=False, decode=False, modes=(), device="cpu"))
+
+
 def test_random_model_from_config_cli(tmp_path, capsys):
     cfg = dict(model_type="qwen2", hidden_size=64, intermediate_size=96, num_hidden_layers=1,
                num_attention_heads=4, num_key_value_heads=2, vocab_size=128, tie_word_embeddings=False)
@@ -206,6 +229,39 @@ def test_random_model_from_config_cli(tmp_path, capsys):
     assert rep["results"][1]["weight_bytes"] < rep["results"][0]["weight_bytes"]
     # never overwrites
     assert main(["eval", str(tmp_path / "config.json"), "--random", "--json-out", str(out)]) == 1
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def _random_eval_argv(tmp_path) -> list[str]:
+    cfg = dict(model_type="qwen2", hidden_size=64, intermediate_size=96, num_hidden_layers=1,
+               num_attention_heads=4, num_key_value_heads=2, vocab_size=128, tie_word_embeddings=False)
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    return ["eval", str(tmp_path / "config.json"), "--random", "--modes", "fixed12", "--device", "cpu",
+            "--decode-batches", "1", "--decode-context", "8", "--decode-replays", "2"]
+
+
+def test_eval_progress_and_log(tmp_path, monkeypatch, capsys, caplog):
+    # a bar over the modes' steps on a terminal; one log line a mode, never a dataclass repr
+    argv = _random_eval_argv(tmp_path)
+    terminal = _Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    with caplog.at_level(logging.INFO, logger="glyd"):
+        assert main(argv) == 0
+    bar = terminal.getvalue()
+    assert "glyd eval" in bar and "4/4" in bar and "fixed12: decode step" in bar, bar
+    logged = [r.getMessage() for r in caplog.records if r.name == "glyd.apps.evaluate"]
+    assert [m.split(":")[0] for m in logged] == ["mode bf16", "mode fixed12"], logged
+    assert not any("ModeResult(" in m for m in logged) and "step ms" in logged[1]
+    assert capsys.readouterr().out.count("| mode |") == 1  # one table, at the end
+    # -q, or a stderr that is not a terminal: no bar
+    for quiet, stream in ((True, _Terminal()), (False, io.StringIO())):
+        monkeypatch.setattr(sys, "stderr", stream)
+        assert main((["-q"] if quiet else []) + argv) == 0
+        assert "glyd eval" not in stream.getvalue(), stream.getvalue()
 
 
 def test_benchmark_script_help():

@@ -47,3 +47,56 @@ def test_cli_missing_inputs(tmp_path, capsys):
     assert main(["test", str(tmp_path / "missing.glyd")]) == 1
     assert "missing.glyd" in capsys.readouterr().err
     assert main(["decompress", str(tmp_path / "missing.glyd"), "-o", str(tmp_path)]) == 1
+
+
+def test_compress_defaults_to_path_dot_glyd_beside_it(tmp_path, monkeypatch, capsys):
+    # as gzip, xz and zstd: ``glyd compress FILE`` writes FILE.glyd next to FILE (not into the cwd)
+    where, elsewhere = tmp_path / "where", tmp_path / "elsewhere"
+    where.mkdir()
+    elsewhere.mkdir()
+    src = where / "weights.bin"
+    src.write_bytes(bytes(range(256)) * 64)
+    monkeypatch.chdir(elsewhere)
+    assert main(["compress", str(src)]) == 0
+    archive = where / "weights.bin.glyd"
+    assert str(archive) in capsys.readouterr().out
+    assert sorted(p.name for p in where.iterdir()) == ["weights.bin", "weights.bin.glyd"]
+    assert list(elsewhere.iterdir()) == []
+    # decompress without -o restores beside the archive: weights.bin.glyd -> weights.bin
+    original = src.read_bytes()
+    src.unlink()
+    assert main(["decompress", str(archive)]) == 0
+    assert src.read_bytes() == original and list(elsewhere.iterdir()) == []
+    capsys.readouterr()
+    # and refuses to overwrite what is there
+    assert main(["decompress", str(archive)]) == 1
+    assert "already exists" in capsys.readouterr().err
+
+
+def test_compress_default_for_a_folder(tmp_path, capsys):
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text('{"a": 1}')
+    assert main(["compress", str(folder) + "/"]) == 0
+    assert (tmp_path / "model.glyd").is_file()
+
+
+def test_compress_default_never_overwrites(tmp_path, capsys):
+    src = tmp_path / "a.txt"
+    src.write_text("hello " * 100)
+    existing = tmp_path / "a.txt.glyd"
+    existing.write_bytes(b"keep me")
+    assert main(["compress", str(src)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("glyd compress: error:") and "already exists" in err[0], err
+    assert existing.read_bytes() == b"keep me"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.txt", "a.txt.glyd"]  # no temporary left
+
+
+def test_compress_several_paths_needs_o(tmp_path, capsys):
+    for name in ("a.txt", "b.txt"):
+        (tmp_path / name).write_text(name * 10)
+    assert main(["compress", str(tmp_path / "a.txt"), str(tmp_path / "b.txt")]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "pass -o" in err[0], err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.txt", "b.txt"]

@@ -22,13 +22,15 @@ def register(subparsers) -> None:
         "tensors in bf16, fp16, fp32 and fp8 are entropy coded by dtype; everything else goes through zstd.",
     )
     p.add_argument("paths", nargs="+", metavar="PATH", help="files or folders")
-    p.add_argument("-o", "--output", required=True, metavar="OUT.glyd", help="archive to create (never overwritten)")
+    p.add_argument("-o", "--output", metavar="OUT.glyd",
+                   help="archive to create, never overwritten (default for one PATH: PATH.glyd beside it)")
     _jobs(p)
     p.set_defaults(func=_compress)
 
     p = subparsers.add_parser("decompress", help="restore the files of a .glyd archive byte for byte")
     p.add_argument("archive", metavar="ARCHIVE")
-    p.add_argument("-o", "--output", default=".", metavar="DIR", help="folder to restore into (default: .)")
+    p.add_argument("-o", "--output", metavar="DIR",
+                   help="folder to restore into (default: the archive's folder, so X.glyd gives back X beside it)")
     _jobs(p)
     p.set_defaults(func=_decompress)
 
@@ -60,19 +62,31 @@ def _os_errors(fn):
     return wrapped
 
 
+def default_archive(paths: list[str]) -> Path:
+    """``PATH.glyd`` beside the one ``PATH`` (as gzip, xz and zstd name theirs); several paths, or
+    one without a name of its own (``.``, ``/``), need ``-o``."""
+    src = Path(paths[0])
+    if len(paths) != 1 or src.name in ("", ".", ".."):
+        what = "several paths" if len(paths) != 1 else repr(paths[0])
+        raise GlydError(f"no default archive name for {what}: pass -o OUT.glyd")
+    return src.with_name(src.name + ".glyd")
+
+
 @_os_errors
 def _compress(args) -> int:
+    out = Path(args.output) if args.output else default_archive(args.paths)
     t = time.perf_counter()
-    rep = arc.compress_files(args.paths, args.output, jobs=args.jobs, progress=True)
-    print(_summary(f"compressed into {args.output}:", rep, time.perf_counter() - t))
+    rep = arc.compress_files(args.paths, out, jobs=args.jobs, progress=True)  # refuses an existing out
+    print(_summary(f"compressed into {out}:", rep, time.perf_counter() - t))
     return 0
 
 
 @_os_errors
 def _decompress(args) -> int:
+    out = Path(args.output) if args.output else Path(args.archive).parent
     t = time.perf_counter()
-    rep = arc.decompress(args.archive, Path(args.output), jobs=args.jobs, progress=True)
-    print(_summary(f"restored into {args.output}:", rep, time.perf_counter() - t))
+    rep = arc.decompress(args.archive, out, jobs=args.jobs, progress=True)
+    print(_summary(f"restored into {out}:", rep, time.perf_counter() - t))
     return 0
 
 

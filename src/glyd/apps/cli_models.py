@@ -7,6 +7,7 @@ import json
 import logging
 from pathlib import Path
 
+from glyd.apps._deps import require
 from glyd.errors import DestinationExistsError, GlydError
 
 log = logging.getLogger(__name__)
@@ -117,6 +118,7 @@ def eval_config_from_args(args: argparse.Namespace):
 
 
 def _eval(args: argparse.Namespace) -> int:
+    require("transformers")  # every mode loads a transformers model: say so before anything runs
     from glyd.apps.evaluate import evaluate
 
     cfg = eval_config_from_args(args)
@@ -130,7 +132,10 @@ def _eval(args: argparse.Namespace) -> int:
             tmp.write_text(report.to_json())
             tmp.replace(out)
 
-    report = evaluate(cfg, on_result=save)
+    from tqdm.contrib.logging import logging_redirect_tqdm
+
+    with logging_redirect_tqdm():  # log lines above the bar, not through it
+        report = evaluate(cfg, on_result=save, progress=not getattr(args, "quiet", False))
     env = ", ".join(f"{k} {v}" for k, v in report.environment.items())
     print(f"model: {cfg.model}{' (random weights)' if cfg.random else ''}; device: {cfg.device}; {env}")
     print(report.table())
@@ -155,6 +160,7 @@ def _fit(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
+    require("transformers")
     from glyd.apps.demo import run_demo
 
     if args.max_new_tokens <= 0:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
@@ -9,12 +10,23 @@ import torch.nn.functional as F
 from torch import nn
 
 from glyd.errors import FormatError
+from glyd.store import MANIFEST
 
 
 def check_model_folder(folder: Path) -> None:
+    """Refuse what ``glyd eval`` cannot compare: not a model folder, or a folder Glyd already packed
+    (its bf16, fixed12 and tiered rows would all be that one packed model)."""
     cfg_path = folder / "config.json"
     if not folder.is_dir() or not cfg_path.is_file():
         raise FormatError(f"{folder}: not a model folder (no config.json); pass a folder, or --random with a config")
+    try:
+        q = json.loads(cfg_path.read_text(encoding="utf-8")).get("quantization_config")
+    except (OSError, ValueError, AttributeError):
+        q = None  # transformers reports an unreadable config when it loads the folder
+    if (folder / MANIFEST).is_file() or (isinstance(q, dict) and q.get("quant_method") == "glyd"):
+        raise FormatError(
+            f"{folder}: a packed Glyd folder; glyd eval needs the bf16 source model (it packs each mode itself)"
+        )
 
 
 def _random_config(spec: str):

@@ -30,7 +30,6 @@ gate|up merged into one product each when ``merge`` is on, as Glyd does, so the 
 
 from __future__ import annotations
 
-import csv
 import gc
 import json
 import logging
@@ -44,6 +43,7 @@ import torch
 from torch import nn
 
 from glyd import _env
+from glyd.apps.eval_mmlu import letter_ids, mmlu_logits, mmlu_prompt, read_mmlu
 from glyd.apps.eval_models import check_model_folder, build_random, merge_bf16, weight_bytes
 from glyd.apps.eval_timing import time_decode, time_decode_compiled
 from glyd.errors import FormatError, GlydError
@@ -59,7 +59,6 @@ MODES: dict[str, tuple[str | None, bool]] = {
     "exact": ("fixed12", True),
     "exact-tiered": ("tiered", True),
 }
-LETTERS = ("A", "B", "C", "D")
 
 
 def default_data_dir() -> Path | None:
@@ -157,6 +156,18 @@ class ModeResult:
     compiled_ms: dict[int, float] = field(default_factory=dict)
     compiled_method: str = ""
 
+    def summary(self) -> str:
+        """One line of what was measured (for the log; the table has everything)."""
+        parts = [f"weights {self.weight_bytes / 1e6:.1f} MB", f"loaded in {self.load_s:.1f} s"]
+        if self.ppl is not None:
+            parts.append(f"perplexity {self.ppl:.4f}, next-token agreement {_pct(self.next_token_agree)}")
+        if self.mmlu_acc is not None:
+            parts.append(f"MMLU {_pct(self.mmlu_acc)}, agreement {_pct(self.mmlu_agree)}")
+        for what, ms in (("step", self.decode_ms), ("compiled step", self.compiled_ms)):
+            if ms:
+                parts.append(f"{what} ms " + ", ".join(f"{t:.3f} @{b}" for b, t in sorted(ms.items())))
+        return f"mode {self.mode}: " + "; ".join(parts)
+
 
 @dataclass
 class Report:
@@ -236,8 +247,7 @@ def load_bf16(cfg: EvalConfig) -> nn.Module:
         return build_random(cfg.model, cfg.device, cfg.seed)
     from transformers import AutoModelForCausalLM
 
-    folder = Path(cfg.model)
-    check_model_folder(folder)
+    folder = Path(cfg.model)  # checked by evaluate(): a bf16 model folder
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16, device_map=cfg.device)
     return model.eval()
 
@@ -321,103 +331,6 @@ def perplexity(
     return math.exp(nll / max(count, 1)), count, preds
 
 
-def read_mmlu(folder: Path, subjects: tuple[str, ...] | None, per_subject: int) -> list[dict[str, Any]]:
-    """Questions of ``folder/test/<subject>_test.csv`` (columns question, choice0..3, answer)."""
-    test = folder / "test"
-    if not test.is_dir():
-        raise FormatError(f"{folder}: no test/ folder of MMLU csv files")
-    available = sorted(p.name[: -len("_test.csv")] for p in test.glob("*_test.csv"))
-    chosen = available if not subjects else list(subjects)
-    missing = [s for s in chosen if s not in available]
-    if missing:
-        raise FormatError(f"{test}: no MMLU subject(s) {', '.join(missing)}")
-    out = []
-    for subject in chosen:
-        path = test / f"{subject}_test.csv"
-        with open(path, newline="", encoding="utf-8") as f:
-            for i, row in enumerate(csv.DictReader(f)):
-                if i >= per_subject:
-                    break
-                try:
-                    q = {
-                        "subject": subject,
-                        "question": row["question"],
-                        "choices": [row[f"choice{j}"] for j in range(4)],
-                        "answer": int(row["answer"]),
-                    }
-                except (KeyError, ValueError, TypeError) as exc:
-                    raise FormatError(f"{path}: row {i + 1} lacks question, choice0..3 or an integer answer") from exc
-                if not 0 <= q["answer"] < 4:
-                    raise FormatError(f"{path}: row {i + 1} has answer {q['answer']} (expected 0..3)")
-                out.append(q)
-    if not out:
-        raise FormatError(f"{test}: no MMLU questions selected")
-    return out
-
-
-def mmlu_prompt(q: dict[str, Any]) -> str:
-    subject = q["subject"].replace("_", " ")
-    lines = [f"The following is a multiple choice question about {subject}.", "", q["question"].strip()]
-    lines += [f"{letter}. {str(c).strip()}" for letter, c in zip(LETTERS, q["choices"])]
-    lines.append("Answer:")
-    return "\n".join(lines)
-
-
-def letter_ids(tokenizer) -> list[int]:
-    ids = []
-    for letter in LETTERS:
-        enc = tokenizer.encode(" " + letter, add_special_tokens=False)
-        if not enc:
-            raise FormatError(f"tokenizer gives no token for ' {letter}'")
-        ids.append(enc[-1])
-    if len(set(ids)) != 4:
-        raise FormatError(f"tokenizer maps the answer letters to {ids}: not four distinct tokens")
-    return ids
-
-
-@torch.no_grad()
-def mmlu_logits(
-    model: nn.Module, encoded: list[list[int]], letters: list[int], batch: int, device: str, pad_id: int,
-    decode_step: bool = False,
-) -> torch.Tensor:
-    """The four answer-letter logits (fp32) after each prompt, prompts batched by similar length.
-
-    Default: right-padded prompts in one forward each batch, only the last real position through the
-    output projection. ``decode_step``: left-padded, every token but the last as a prefill, the last
-    one as a decode step of the whole batch (M = batch rows, as serving computes an answer).
-    """
-    order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))
-    out = torch.empty(len(encoded), 4)
-    decoder = model.get_decoder()
-    head = model.get_output_embeddings()
-    letter_index = torch.tensor(letters, device=device)
-    for s in range(0, len(order), batch):
-        idx = order[s : s + batch]
-        width = max(len(encoded[i]) for i in idx)
-        ids = torch.full((len(idx), width), pad_id, dtype=torch.long)
-        mask = torch.zeros((len(idx), width), dtype=torch.long)
-        for r, i in enumerate(idx):
-            row = torch.tensor(encoded[i])
-            if decode_step:
-                ids[r, width - len(row) :], mask[r, width - len(row) :] = row, 1
-            else:
-                ids[r, : len(row)], mask[r, : len(row)] = row, 1
-        ids, mask = ids.to(device), mask.to(device)
-        if decode_step:
-            pos = (mask.cumsum(dim=1) - 1).clamp(min=0)
-            pre = model(input_ids=ids[:, :-1], attention_mask=mask[:, :-1], position_ids=pos[:, :-1],
-                        use_cache=True, logits_to_keep=1)
-            step = model(input_ids=ids[:, -1:], attention_mask=mask, position_ids=pos[:, -1:],
-                         past_key_values=pre.past_key_values, use_cache=True)
-            logits = step.logits[:, -1]
-        else:
-            hidden = decoder(input_ids=ids, attention_mask=mask, use_cache=False).last_hidden_state
-            last = mask.sum(dim=1) - 1
-            logits = head(hidden[torch.arange(len(idx), device=device), last])
-        out[idx] = logits.index_select(-1, letter_index).float().cpu()
-    return out
-
-
 # --------------------------------------------------------------------------- the run
 
 
@@ -446,18 +359,22 @@ def _environment(device: str) -> dict[str, Any]:
     return env
 
 
-def evaluate(cfg: EvalConfig, on_result: Callable[[Report], Any] | None = None) -> Report:
-    """Run every measurement of ``cfg`` for bf16 and each Glyd mode; see the module docstring.
+@dataclass
+class _Inputs:
+    """What every mode is scored on, prepared once: perplexity tokens and encoded MMLU prompts."""
 
-    ``on_result`` is called with the report so far after each mode (to save partial results)."""
-    if not cfg.random and cfg.model.lower() in ("smollm2", "smollm2-135m") and not Path(cfg.model).exists():
-        from glyd.apps import smollm2
+    tokens: torch.Tensor | None = None
+    encoded: list[list[int]] | None = None
+    letters: list[int] | None = None
+    answers: torch.Tensor | None = None
+    pad_id: int = 0
 
-        cfg.model = str(smollm2.bf16_folder())  # the embedded default model, converted once
-    tokens = encoded = letters = answers = None
-    tokenizer = None
-    if cfg.ppl or cfg.mmlu:
-        tokenizer = load_tokenizer(cfg)
+
+def _inputs(cfg: EvalConfig) -> _Inputs:
+    inp = _Inputs()
+    if not (cfg.ppl or cfg.mmlu):
+        return inp
+    tokenizer = load_tokenizer(cfg)
     if cfg.ppl:
         path = Path(cfg.text)
         if not path.is_file():
@@ -465,62 +382,117 @@ def evaluate(cfg: EvalConfig, on_result: Callable[[Report], Any] | None = None) 
         text = path.read_text(encoding="utf-8", errors="replace")
         # Tokenize a prefix long enough for the tokens asked for (about 4 characters a token).
         ids = tokenizer(text[: 8 * cfg.ppl_tokens + 1024], add_special_tokens=False)["input_ids"]
-        tokens = torch.tensor(ids[: cfg.ppl_tokens], dtype=torch.long)
-        if tokens.numel() < 2:
+        inp.tokens = torch.tensor(ids[: cfg.ppl_tokens], dtype=torch.long)
+        if inp.tokens.numel() < 2:
             raise FormatError(f"{path}: too little text for perplexity")
     if cfg.mmlu:
         questions = read_mmlu(Path(cfg.mmlu_dir), cfg.subjects, cfg.mmlu_per_subject)
-        encoded = [tokenizer.encode(mmlu_prompt(q), add_special_tokens=True) for q in questions]
-        letters = letter_ids(tokenizer)
-        answers = torch.tensor([q["answer"] for q in questions])
-        pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        inp.encoded = [tokenizer.encode(mmlu_prompt(q), add_special_tokens=True) for q in questions]
+        inp.letters = letter_ids(tokenizer)
+        inp.answers = torch.tensor([q["answer"] for q in questions])
+        inp.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    return inp
 
+
+def _steps(cfg: EvalConfig, inp: _Inputs) -> list[str]:
+    """The steps of one mode, in order (the progress bar counts them)."""
+    steps = ["load"]
+    steps += ["perplexity"] if inp.tokens is not None else []
+    steps += ["MMLU"] if inp.encoded is not None else []
+    steps += ["decode step"] if cfg.decode and cfg.decode_batches else []
+    steps += ["compiled step"] if cfg.decode and cfg.decode_batches and cfg.decode_compile else []
+    return steps
+
+
+class _Progress:
+    """Moves the bar on by one step as the next step (or the mode's end) comes."""
+
+    def __init__(self, bar) -> None:
+        self.bar, self.running = bar, False
+
+    def begin(self, mode: str, name: str) -> None:
+        self.end()
+        self.running = True
+        self.bar.set_postfix_str(f"{mode}: {name}")
+        log.debug("mode %s: %s", mode, name)
+
+    def end(self) -> None:
+        if self.running:
+            self.bar.update(1)
+        self.running = False
+
+
+def _run_mode(cfg: EvalConfig, mode: str, inp: _Inputs, ref: dict[str, Any], step: Callable[[str], None]) -> ModeResult:
+    """Load and measure one mode; ``ref`` holds bf16's predictions (filled by the first mode);
+    ``step(name)`` is called as each step begins."""
+    step("load")
+    t = time.perf_counter()
+    model = load_bf16(cfg) if mode == "bf16" else load_glyd(cfg, mode)
+    _sync(cfg.device)
+    res = ModeResult(mode=mode, weight_bytes=weight_bytes(model), load_s=time.perf_counter() - t)
+    if inp.tokens is not None:
+        step("perplexity")
+        res.ppl, res.ppl_tokens, preds = perplexity(model, inp.tokens, cfg.window, cfg.stride, cfg.device, cfg.score_chunk)
+        ref.setdefault("preds", preds)
+        same = sum(int((a == b).sum()) for a, b in zip(preds, ref["preds"]))
+        res.next_token_agree = same / max(res.ppl_tokens, 1)
+    if inp.encoded is not None:
+        step("MMLU")
+        logits = mmlu_logits(model, inp.encoded, inp.letters, cfg.mmlu_batch, cfg.device, inp.pad_id,
+                             decode_step=cfg.score_chunk > 0)
+        choice = logits.argmax(dim=-1)
+        ref.setdefault("letters", choice)
+        ref.setdefault("logits", logits)
+        res.mmlu_questions = len(inp.encoded)
+        res.mmlu_acc = float((choice == inp.answers).float().mean())
+        res.mmlu_agree = float((choice == ref["letters"]).float().mean())
+        res.mmlu_max_logit_diff = float((logits - ref["logits"]).abs().max())
+    if cfg.decode and cfg.decode_batches:
+        if mode == "bf16" and cfg.merge:
+            # Quality is compared with the model as transformers runs it (exact mode reproduces
+            # that bit for bit); speed with bf16 merged as Glyd is, so the products match.
+            merge_bf16(model)
+        step("decode step")
+        res.decode_ms, res.decode_method = time_decode(
+            model, tuple(cfg.decode_batches), cfg.decode_context, cfg.decode_replays, cfg.device, cfg.cuda_graphs
+        )
+        if cfg.decode_compile:
+            step("compiled step")
+            torch._dynamo.reset()  # every mode compiles its own model
+            res.compiled_ms, res.compiled_method = time_decode_compiled(
+                model, tuple(cfg.decode_batches), cfg.decode_context, cfg.decode_replays, cfg.device)
+    return res
+
+
+def evaluate(cfg: EvalConfig, on_result: Callable[[Report], Any] | None = None, progress: bool = False) -> Report:
+    """Run every measurement of ``cfg`` for bf16 and each Glyd mode; see the module docstring.
+
+    ``on_result`` is called with the report so far after each mode (to save partial results).
+    ``progress``: a tqdm bar over the modes' steps (shown only on a terminal); each finished mode is
+    also logged as one line."""
+    from tqdm.auto import tqdm
+
+    if not cfg.random and cfg.model.lower() in ("smollm2", "smollm2-135m") and not Path(cfg.model).exists():
+        from glyd.apps import smollm2
+
+        cfg.model = str(smollm2.bf16_folder())  # the embedded default model, converted once
+    if not cfg.random:
+        check_model_folder(Path(cfg.model))  # before the tokenizer: a packed folder is refused at once
+    inp = _inputs(cfg)
+    modes = ("bf16", *cfg.modes)
     results: list[ModeResult] = []
-    ref_preds: list[torch.Tensor] | None = None
-    ref_letters: torch.Tensor | None = None
-    for mode in ("bf16", *cfg.modes):
-        log.info("mode %s: loading", mode)
-        t = time.perf_counter()
-        model = load_bf16(cfg) if mode == "bf16" else load_glyd(cfg, mode)
-        _sync(cfg.device)
-        res = ModeResult(mode=mode, weight_bytes=weight_bytes(model), load_s=time.perf_counter() - t)
-        if tokens is not None:
-            log.info("mode %s: perplexity over %d tokens", mode, tokens.numel())
-            res.ppl, res.ppl_tokens, preds = perplexity(model, tokens, cfg.window, cfg.stride, cfg.device, cfg.score_chunk)
-            if ref_preds is None:
-                ref_preds = preds
-            same = sum(int((a == b).sum()) for a, b in zip(preds, ref_preds))
-            res.next_token_agree = same / max(res.ppl_tokens, 1)
-        if encoded is not None:
-            log.info("mode %s: MMLU, %d questions", mode, len(encoded))
-            logits = mmlu_logits(model, encoded, letters, cfg.mmlu_batch, cfg.device, pad_id, decode_step=cfg.score_chunk > 0)
-            choice = logits.argmax(dim=-1)
-            if ref_letters is None:
-                ref_letters, ref_logits = choice, logits
-            res.mmlu_questions = len(encoded)
-            res.mmlu_acc = float((choice == answers).float().mean())
-            res.mmlu_agree = float((choice == ref_letters).float().mean())
-            res.mmlu_max_logit_diff = float((logits - ref_logits).abs().max())
-        if cfg.decode and cfg.decode_batches:
-            if mode == "bf16" and cfg.merge:
-                # Quality is compared with the model as transformers runs it (exact mode reproduces
-                # that bit for bit); speed with bf16 merged as Glyd is, so the products match.
-                merge_bf16(model)
-            log.info("mode %s: decode step at batch %s", mode, ", ".join(map(str, cfg.decode_batches)))
-            res.decode_ms, res.decode_method = time_decode(
-                model, tuple(cfg.decode_batches), cfg.decode_context, cfg.decode_replays, cfg.device, cfg.cuda_graphs
-            )
-            if cfg.decode_compile:
-                log.info("mode %s: decode step under torch.compile(mode='reduce-overhead')", mode)
-                torch._dynamo.reset()  # every mode compiles its own model
-                res.compiled_ms, res.compiled_method = time_decode_compiled(
-                    model, tuple(cfg.decode_batches), cfg.decode_context, cfg.decode_replays, cfg.device)
-        results.append(res)
-        log.info("mode %s: %s", mode, res)
-        if on_result is not None:
-            on_result(Report(config=asdict(cfg), environment=_environment(cfg.device), results=list(results)))
-        del model
-        gc.collect()
-        if cfg.device.startswith("cuda"):
-            torch.cuda.empty_cache()
+    ref: dict[str, Any] = {}
+    total = len(modes) * len(_steps(cfg, inp))
+    with tqdm(total=total, desc="glyd eval", unit="step", disable=None if progress else True) as bar:
+        steps = _Progress(bar)
+        for mode in modes:
+            res = _run_mode(cfg, mode, inp, ref, lambda name, mode=mode: steps.begin(mode, name))
+            steps.end()
+            results.append(res)
+            log.info("%s", res.summary())
+            if on_result is not None:
+                on_result(Report(config=asdict(cfg), environment=_environment(cfg.device), results=list(results)))
+            gc.collect()
+            if cfg.device.startswith("cuda"):
+                torch.cuda.empty_cache()
     return Report(config=asdict(cfg), environment=_environment(cfg.device), results=results)

@@ -17,7 +17,7 @@ from typing import Any
 
 from glyd._version import __version__
 from glyd.codec import LAYOUTS, Packed, pack, unpack
-from glyd.errors import CorruptError, DestinationExistsError, FormatError, GlydError
+from glyd.errors import CorruptError, DestinationExistsError, FormatError, GlydError, UnsupportedError
 
 # ``quant_method: "glyd"`` for transformers, registered when (and only if) transformers is imported.
 from glyd.hf._register import install as _install_hf_hook
@@ -45,6 +45,7 @@ __all__ = [
     "FormatError",
     "CorruptError",
     "DestinationExistsError",
+    "UnsupportedError",
     *_LAZY,
 ]
 

@@ -15,3 +15,8 @@ class CorruptError(GlydError):
 
 class DestinationExistsError(GlydError, FileExistsError):
     """An output path already exists; glyd never overwrites."""
+
+
+class UnsupportedError(GlydError, ValueError):
+    """A request glyd cannot honour for a packed model (an option, a placement, a dtype); it is
+    refused before anything is loaded or changed, never dropped silently."""

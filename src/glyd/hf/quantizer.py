@@ -5,7 +5,8 @@ Registered by ``import glyd`` (lazily, see ``glyd.hf._register``), so
 ``glyd.save_pretrained`` or ``glyd pack``: before the weights load, every packed module is
 swapped for a ``GlydLinear`` / ``GlydEmbedding`` whose ``weight_glyd_<array>`` buffers have the
 checkpoint's shapes (from the shard headers), and transformers' own loader fills them with the
-packed arrays as they are. Nothing is packed or unpacked while loading.
+packed arrays as they are. Nothing is packed or unpacked while loading. ``model.dequantize()``
+unpacks every module into the plain bf16 model (``glyd.hf.dequantize``).
 
 This importing module imports transformers; ``import glyd`` does not import it.
 """
@@ -115,6 +116,12 @@ class GlydHfQuantizer(HfQuantizer):
 
         finish_skeleton(model, self._folder, self._manifest)
         return model
+
+    def _dequantize(self, model: Any, dtype: torch.dtype | None = None) -> Any:
+        # transformers' dequantize() calls this, then drops hf_quantizer and quantization_config.
+        from glyd.hf.dequantize import dequantize
+
+        return dequantize(model, dtype)
 
     def is_serializable(self) -> bool:
         # transformers' save_pretrained would write the buffers without glyd.json and its hashes.

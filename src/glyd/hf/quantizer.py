@@ -87,8 +87,12 @@ class GlydHfQuantizer(HfQuantizer):
         self._folder: Path | None = None
         self._manifest: dict[str, Any] | None = None
 
-    def validate_environment(self, *args: Any, **kwargs: Any) -> None:
-        return None
+    def validate_environment(self, *args: Any, device_map: Any = None, **kwargs: Any) -> None:
+        # Called with the map passed to from_pretrained and again with the one computed for "auto".
+        if device_map is not None:
+            from glyd.hf.placement import normalize_map
+
+            normalize_map(device_map)
 
     def update_dtype(self, dtype: torch.dtype | None) -> torch.dtype:
         if dtype is not None and dtype != torch.bfloat16:

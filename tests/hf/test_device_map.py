@@ -1,8 +1,10 @@
-"""``device_map`` when loading packed models: honoured, or refused on one line."""
+"""``device_map`` and ``dtype`` when loading packed models: honoured, or refused on one line."""
 
 from __future__ import annotations
 
 import json
+import logging
+import shutil
 
 import pytest
 import torch
@@ -131,3 +133,31 @@ def test_tied_weights_split_over_devices_are_refused():
     with pytest.raises(UnsupportedError, match="lm_head and model.embed_tokens on different devices"):
         Packer(model, layout="auto", merge=False, exact=False, device=lambda n: where.get(n, CPU))
     Packer(model, layout="auto", merge=False, exact=False, device=lambda n: CPU).close()
+
+
+# -- dtype -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_a_dtype_other_than_bf16_is_refused_for_a_packed_folder(packed_folder, dtype):
+    src, out = packed_folder
+    for load in (lambda: AutoModelForCausalLM.from_pretrained(out, dtype=dtype),
+                 lambda: glyd.from_pretrained(out, dtype=dtype, device="cpu", progress=False),
+                 lambda: glyd.from_pretrained(src, dtype=dtype, device="cpu", progress=False)):
+        with pytest.raises(UnsupportedError, match=f"dtype={dtype}"):
+            load()
+    assert AutoModelForCausalLM.from_pretrained(out, dtype=torch.bfloat16).dtype == torch.bfloat16
+
+
+def test_a_config_dtype_of_float32_loads_bf16_and_says_so(packed_folder, tmp_path, input_ids, caplog):
+    src, out = packed_folder
+    edited = tmp_path / "f32"
+    shutil.copytree(out, edited)
+    cfg = json.loads((edited / "config.json").read_text())
+    cfg["dtype"] = "float32"  # dtype="auto" (transformers' default) reads it
+    (edited / "config.json").write_text(json.dumps(cfg))
+    with caplog.at_level(logging.WARNING, logger="glyd"):
+        model = AutoModelForCausalLM.from_pretrained(edited)
+    assert "config.json gives dtype float32; a glyd model loads in bfloat16" in caplog.text
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+    _same(model, AutoModelForCausalLM.from_pretrained(out), input_ids)

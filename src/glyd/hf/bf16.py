@@ -115,7 +115,7 @@ def load_bf16(path: Path, *, layout: str, merge: bool | None, exact: bool, devic
     for k in ("dtype", "torch_dtype"):
         want = hf_kwargs.pop(k, None)
         if want not in (None, "auto", torch.bfloat16, "bfloat16"):
-            raise ValueError(f"{k}={want!r}: a glyd model runs in bfloat16 (its weights are bf16, bit for bit)")
+            raise UnsupportedError(f"{k}={want!r}: a glyd model runs in bfloat16 (its weights are bf16, bit for bit)")
     with init_empty_weights(include_buffers=False):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16, **cfg_kw, **hf_kwargs)
     placement = _placement(model, device_map, max_memory)

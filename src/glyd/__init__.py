@@ -20,7 +20,7 @@ import torch
 from glyd import codec as _codec
 from glyd._version import __version__
 from glyd.codec import LAYOUTS, Packed, unpack
-from glyd.errors import CorruptError, DestinationExistsError, FormatError, GlydError
+from glyd.errors import CorruptError, DestinationExistsError, FormatError, GlydError, UnsupportedError
 
 # ``quant_method: "glyd"`` for transformers, registered when (and only if) transformers is imported.
 from glyd.hf._register import install as _install_hf_hook
@@ -48,6 +48,7 @@ __all__ = [
     "FormatError",
     "CorruptError",
     "DestinationExistsError",
+    "UnsupportedError",
     *_LAZY,
 ]
 

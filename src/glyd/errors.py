@@ -20,3 +20,8 @@ class DestinationExistsError(GlydError, FileExistsError):
 class MissingDependencyError(GlydError, ImportError):
     """An optional package that a command or function needs is not installed; the message names it
     and the extra of glyd that installs it."""
+
+
+class UnsupportedError(GlydError, ValueError):
+    """A request glyd cannot honour for a packed model (an option, a placement, a dtype); it is
+    refused before anything is loaded or changed, never dropped silently."""

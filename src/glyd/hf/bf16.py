@@ -13,10 +13,11 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from glyd.errors import CorruptError, FormatError
+from glyd.errors import CorruptError, FormatError, UnsupportedError
 from glyd.hf import hooks
 from glyd.hf._model import note_source
 from glyd.hf.packer import Packer
+from glyd.hf.placement import AUTO_MAPS, check_covers, device_of, infer_map, normalize_map
 from glyd.store._safetensors import dtype_from_name, read_header
 
 log = logging.getLogger(__name__)
@@ -90,8 +91,10 @@ def _check_bf16(path: Path, files: list[Path]) -> dict[Path, list[str]]:
     return keys
 
 
-def load_bf16(path: Path, *, layout: str, merge: bool, exact: bool, device: torch.device, progress: bool,
-               hf_kwargs: dict[str, Any]) -> nn.Module:
+def load_bf16(path: Path, *, layout: str, merge: bool | None, exact: bool, device: torch.device, progress: bool,
+              hf_kwargs: dict[str, Any], device_map: Any = None) -> nn.Module:
+    """The bf16 model in ``path``, packed as it streams in, on ``device`` or as ``device_map`` says
+    (``merge=None``: merged when the model goes to a GPU)."""
     from accelerate import init_empty_weights
     from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
@@ -108,14 +111,21 @@ def load_bf16(path: Path, *, layout: str, merge: bool, exact: bool, device: torc
         method = q.get("quant_method") if isinstance(q, dict) else getattr(q, "quant_method", q)
         raise FormatError(f"{path}: the model is already quantized (quant_method {method!r}); glyd packs bf16 models")
     keys = _check_bf16(path, files)
-    hf_kwargs.pop("device_map", None)  # glyd places every tensor itself (``device``)
+    max_memory = _placement_kwargs(hf_kwargs)
     for k in ("dtype", "torch_dtype"):
         want = hf_kwargs.pop(k, None)
         if want not in (None, "auto", torch.bfloat16, "bfloat16"):
-            raise ValueError(f"{k}={want!r}: a glyd model runs in bfloat16 (its weights are bf16, bit for bit)")
+            raise UnsupportedError(f"{k}={want!r}: a glyd model runs in bfloat16 (its weights are bf16, bit for bit)")
     with init_empty_weights(include_buffers=False):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16, **cfg_kw, **hf_kwargs)
-    packer = Packer(model, layout=layout, merge=merge, exact=exact, device=device)
+    placement = _placement(model, device_map, max_memory)
+    devices = {device} if placement is None else set(placement.values())
+    if len(devices) == 1:
+        device = next(iter(devices))
+    if merge is None:
+        merge = any(d.type == "cuda" for d in devices)
+    where = device if len(devices) == 1 else (lambda name: device_of(placement, name))
+    packer = Packer(model, layout=layout, merge=merge, exact=exact, device=where)
     try:
         _stream(path, keys, model, packer, progress)
     finally:
@@ -124,7 +134,14 @@ def load_bf16(path: Path, *, layout: str, merge: bool, exact: bool, device: torc
     left = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
     if left:
         raise FormatError(f"{path}: the checkpoint lacks tensor(s) the model needs: {', '.join(left[:5])}")
-    model.to(device)
+    if len(devices) == 1:
+        model.to(device)
+    else:
+        from accelerate import dispatch_model
+
+        dispatch_model(model, device_map={k: str(v) for k, v in placement.items()})
+    if placement is not None:
+        model.hf_device_map = {k: str(v) for k, v in placement.items()}
     model.eval()
     try:
         model.generation_config = GenerationConfig.from_pretrained(path)
@@ -137,6 +154,30 @@ def load_bf16(path: Path, *, layout: str, merge: bool, exact: bool, device: torc
              ", ".join(f"{k} x{v}" for k, v in sorted(packer.layouts.items())), gb,
              8 * packer.packed_bytes / max(packer.weights, 1))
     return model
+
+
+def _placement_kwargs(hf_kwargs: dict[str, Any]) -> dict | None:
+    """Take transformers' placement arguments out of ``hf_kwargs``: ``max_memory`` (returned, for
+    ``device_map="auto"``); the offloading ones are refused."""
+    for k in ("offload_folder", "offload_buffers", "offload_state_dict"):
+        if hf_kwargs.pop(k, None):
+            raise UnsupportedError(f"{k}=...: glyd does not offload packed layers to the CPU or disk")
+    return hf_kwargs.pop("max_memory", None)
+
+
+def _placement(model: nn.Module, device_map: Any, max_memory: dict | None) -> dict[str, torch.device] | None:
+    """``device_map`` resolved against the (meta) model: ``{module prefix: device}``, or None."""
+    if device_map is None:
+        if max_memory is not None:
+            raise UnsupportedError("max_memory=... is used with device_map='auto' (or another computed map) only")
+        return None
+    placement = normalize_map(device_map)
+    if isinstance(placement, str) and placement in AUTO_MAPS:
+        placement = infer_map(model, placement, max_memory)
+    elif max_memory is not None:
+        raise UnsupportedError("max_memory=... is used with device_map='auto' (or another computed map) only")
+    check_covers(placement, [n for n, _ in [*model.named_parameters(), *model.named_buffers()]])
+    return placement
 
 
 def _stream(path: Path, keys: dict[Path, list[str]], model: nn.Module, packer: Packer, progress: bool) -> None:

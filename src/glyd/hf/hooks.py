@@ -1,4 +1,5 @@
-"""transformers' own calls on a packed model: ``model.save_pretrained(dir)`` writes a glyd folder.
+"""transformers' own calls on a packed model: ``model.save_pretrained(dir)`` writes a glyd folder,
+``model.dequantize()`` gives back the plain bf16 model.
 
 transformers' ``save_pretrained`` would write the packed buffers without ``glyd.json`` (and, for a
 freshly packed model, without glyd's ``quantization_config``): a folder that loads as a model with
@@ -6,8 +7,13 @@ random weights. Every packed model glyd hands out carries :func:`save_pretrained
 place, so transformers' spelling and its ``push_to_hub`` (which saves through it) write a folder
 that loads bit for bit.
 
+A model loaded natively (``AutoModelForCausalLM.from_pretrained(glyd_folder)``) dequantizes
+through transformers' own path (its ``hf_quantizer``); one packed by ``glyd.from_pretrained`` or
+``glyd.compress`` has no quantizer, and :func:`dequantize` below does the same work for it.
+
 >>> model = glyd.from_pretrained("bf16-folder")      # doctest: +SKIP
 >>> model.save_pretrained("model-glyd")              # the same folder as glyd.save_pretrained writes
+>>> model = model.dequantize()                       # plain bf16 modules, every weight bit for bit
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ from torch import nn
 
 from glyd.hf.save import save_pretrained as glyd_save
 
-__all__ = ["wire", "save_pretrained"]
+__all__ = ["wire", "save_pretrained", "dequantize"]
 
 # Arguments of transformers' save_pretrained that change nothing for a glyd folder.
 _HARMLESS = {"safe_serialization": (True, None), "variant": (None,), "token": None, "save_peft_format": None,
@@ -50,8 +56,26 @@ def save_pretrained(model: nn.Module, save_directory: str | os.PathLike, is_main
               progress=False)
 
 
+def dequantize(model: nn.Module, dtype: Any = None) -> nn.Module:
+    """``model.dequantize()`` of a packed model: in place, the plain bf16 model (``glyd.hf.dequantize``);
+    transformers' own ``dequantize`` when the model has glyd's quantizer (it also drops the
+    ``quantization_config``)."""
+    from glyd.hf.dequantize import dequantize as unpack_model
+
+    quantizer = getattr(model, "hf_quantizer", None)
+    if quantizer is not None:
+        return type(model).dequantize(model, dtype=dtype)
+    unpack_model(model, dtype)
+    if getattr(getattr(model, "config", None), "quantization_config", None) is not None:
+        del model.config.quantization_config
+    return model
+
+
 def wire(model: nn.Module) -> nn.Module:
-    """Give a packed transformers model glyd's ``save_pretrained`` (an attribute of the instance)."""
+    """Give a packed transformers model glyd's ``save_pretrained`` and ``dequantize`` (attributes of
+    the instance, dropped again by ``dequantize``)."""
     if hasattr(model, "save_pretrained"):
         model.save_pretrained = types.MethodType(save_pretrained, model)
+    if hasattr(model, "dequantize"):
+        model.dequantize = types.MethodType(dequantize, model)
     return model

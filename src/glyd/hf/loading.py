@@ -21,7 +21,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from glyd.errors import FormatError, GlydError
+from glyd.errors import FormatError, GlydError, UnsupportedError
 from glyd.hf import hooks
 from glyd.hf._model import check_layout, is_merged, note_source, pick_device, source_of
 from glyd.hf._register import register
@@ -66,6 +66,11 @@ def from_pretrained(
     recorded when it was packed. ``kv="lossless"`` uses glyd's compressed KV cache. Other keyword
     arguments go to transformers (``attn_implementation=...``, ``trust_remote_code=...``).
 
+    ``device_map`` (instead of ``device``) places the model as transformers' does: ``"cpu"``,
+    ``{"": "cuda:0"}``, ``"auto"`` or a dict of module names to devices; each packed layer's
+    buffers go with their module. Offloading packed layers to the CPU or disk is refused
+    (``glyd.UnsupportedError``), and so is a ``dtype`` other than bfloat16.
+
     >>> import glyd                                                       # doctest: +SKIP
     >>> model = glyd.from_pretrained("HuggingFaceTB/SmolLM2-135M-Instruct")  # doctest: +SKIP
     >>> model.generate(**tok("Hello", return_tensors="pt").to(model.device))  # doctest: +SKIP
@@ -73,11 +78,14 @@ def from_pretrained(
     check_layout(layout)
     if kv not in (None, "lossless"):
         raise ValueError(f"kv must be None or 'lossless', got {kv!r}")
-    dev = pick_device(device)
     hf_kwargs = dict(hf_kwargs)
+    device_map = hf_kwargs.pop("device_map", None)
+    if device is not None and device_map is not None:
+        raise UnsupportedError(f"device={device!r} and device_map={device_map!r}: pass one of them")
+    dev = pick_device(device)
     path = resolve(name_or_path, hf_kwargs)
     if (path / MANIFEST).is_file():
-        model = _load_glyd(path, device=dev, exact=exact, verify=verify, hf_kwargs=hf_kwargs)
+        model = _load_glyd(path, device=dev, device_map=device_map, exact=exact, verify=verify, hf_kwargs=hf_kwargs)
         if verify:
             verify_model(model, progress=progress)
             verify_files(path)
@@ -90,9 +98,8 @@ def from_pretrained(
     else:
         for k in ("revision", "token", "cache_dir"):  # used to fetch the folder; not model options
             hf_kwargs.pop(k, None)
-        do_merge = (dev.type == "cuda") if merge is None else bool(merge)
-        model = load_bf16(path, layout=layout, merge=do_merge, exact=exact, device=dev, progress=progress,
-                           hf_kwargs=hf_kwargs)
+        model = load_bf16(path, layout=layout, merge=None if merge is None else bool(merge), exact=exact, device=dev,
+                          progress=progress, hf_kwargs=hf_kwargs, device_map=device_map)
         if verify:
             verify_model(model, progress=progress)
     if kv == "lossless":
@@ -100,7 +107,8 @@ def from_pretrained(
     return model
 
 
-def _load_glyd(path: Path, *, device: torch.device, exact: bool, verify: bool, hf_kwargs: dict[str, Any]) -> nn.Module:
+def _load_glyd(path: Path, *, device: torch.device, device_map: Any, exact: bool, verify: bool,
+               hf_kwargs: dict[str, Any]) -> nn.Module:
     if not register():
         raise ImportError("loading a glyd folder needs transformers (pip install 'glyd[models]')")
     from transformers import AutoModelForCausalLM
@@ -111,7 +119,8 @@ def _load_glyd(path: Path, *, device: torch.device, exact: bool, verify: bool, h
     edited = reader.files.get(CONFIG) not in (None, sha256_file(cpath))
 
     kw = dict(hf_kwargs)
-    kw.setdefault("device_map", str(device))
+    # A device_map is transformers' to apply; the quantizer refuses what glyd cannot run (validate_environment).
+    kw["device_map"] = str(device) if device_map is None else device_map
     try:
         model = AutoModelForCausalLM.from_pretrained(str(path), **kw)
     except GlydError:

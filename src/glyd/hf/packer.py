@@ -6,13 +6,14 @@ import logging
 from collections import Counter, deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 from torch import nn
 
 from glyd import ops as _ops
 from glyd.codec import Packed
-from glyd.errors import FormatError
+from glyd.errors import FormatError, UnsupportedError
 from glyd.hf._model import (MERGE_GROUPS, check_layout, embed_scale_of, is_packable_embedding, is_packable_linear,
                             set_module, set_tensor, tied_pair, untie_packed)
 from glyd.nn.modules import GlydEmbedding, GlydLinear, GlydTiedLinear
@@ -39,11 +40,13 @@ class Group:
 class Packer:
     """Decides which tensors are packed, packs them one at a time and swaps the modules in."""
 
-    def __init__(self, model: nn.Module, *, layout: str, merge: bool, exact: bool, device: torch.device | None):
+    def __init__(self, model: nn.Module, *, layout: str, merge: bool, exact: bool,
+                 device: torch.device | Callable[[str], torch.device] | None):
         self.model = model
         self.layout = check_layout(layout)
         self.exact = exact
-        self.device = device  # None: pack where each tensor already is
+        # None: pack where each tensor already is; a function: the device of each tensor (a device_map)
+        self.device = device
         self.layouts: Counter[str] = Counter()
         self.packed_bytes = 0
         self.weights = 0
@@ -63,6 +66,9 @@ class Packer:
         if self.tied is not None:
             out_name, in_name = self.tied
             if f"{in_name}.weight" in self.embeds:
+                if self._device_for(f"{out_name}.weight") != self._device_for(f"{in_name}.weight"):
+                    raise UnsupportedError(f"device_map puts {out_name} and {in_name} on different devices: they "
+                                           f"share one packed weight (tied embeddings)")
                 self.linears.pop(f"{out_name}.weight", None)
                 self.skip.add(f"{out_name}.weight")
             else:
@@ -78,6 +84,9 @@ class Packer:
                     continue
                 if len({m.in_features for m in mods}) != 1 or len({m.bias is None for m in mods}) != 1:
                     continue
+                if len({self._device_for(f"{pname}.{p}.weight" if pname else f"{p}.weight") for p in parts}) != 1:
+                    log.info("%s: %s are placed on different devices; not merged", pname, ", ".join(parts))
+                    continue
                 g = Group(pname, attr, parts, mods[0].bias is not None)
                 for n in g.needed():
                     self.groups[n] = g
@@ -86,7 +95,7 @@ class Packer:
     def wants(self, name: str) -> bool:
         return name in self.linears or name in self.embeds or name in self.groups or name in self.skip
 
-    def _pack(self, name: str, t: torch.Tensor) -> tuple[Packed, Future]:
+    def _pack(self, name: str, t: torch.Tensor, device_of: str | None = None) -> tuple[Packed, Future]:
         if t.dtype != torch.bfloat16:
             raise FormatError(
                 f"tensor {name!r} is {t.dtype}: glyd packs bf16 weights only (convert the model to bf16 "
@@ -95,8 +104,8 @@ class Packer:
         # sha256 of the original bf16 bytes (saving and verify need no unpack), on a worker thread
         # while the matrix packs: hashlib releases the GIL.
         sha = self._hasher.submit(sha256_tensor, t)
-        dev = self.device if self.device is not None else t.device
-        w = t.to(dev)
+        dev = self._device_for(device_of or name)
+        w = t.to(t.device if dev is None else dev)
         layout = _ops.choose_layout(tuple(w.shape), w.device) if self.layout == "auto" else self.layout
         p = _ops.pack(w, layout)
         self.layouts[p.layout] += 1
@@ -123,8 +132,12 @@ class Packer:
         finally:
             self._hasher.shutdown(wait=True, cancel_futures=True)
 
-    def _to_device(self, t: torch.Tensor) -> torch.Tensor:
-        return t if self.device is None else t.to(self.device)
+    def _device_for(self, name: str) -> torch.device | None:
+        return self.device(name) if callable(self.device) else self.device
+
+    def _to_device(self, t: torch.Tensor, name: str) -> torch.Tensor:
+        dev = self._device_for(name)
+        return t if dev is None else t.to(dev)
 
     def feed(self, name: str, t: torch.Tensor) -> None:
         """Take tensor ``name`` of the model (a weight to pack, or any other tensor to put in place)."""
@@ -136,7 +149,7 @@ class Packer:
             p, sha = self._pack(name, t)
             bias = old.bias
             if bias is not None and not bias.is_meta:
-                bias = self._to_device(bias.detach())
+                bias = self._to_device(bias.detach(), name)
             set_module(self.model, mname, self._track(GlydLinear(p, bias, exact=self.exact), sha))
         elif name in self.embeds:
             mname = self.embeds.pop(name)
@@ -151,7 +164,7 @@ class Packer:
             g.got[name] = t
             if len(g.got) == len(g.needed()):
                 self._merge(g)
-        elif not set_tensor(self.model, name, self._to_device(t)):
+        elif not set_tensor(self.model, name, self._to_device(t, name)):
             log.warning("tensor %r of the checkpoint has no place in the model; ignored", name)
 
     def _merge(self, g: Group) -> None:
@@ -160,11 +173,11 @@ class Packer:
         ws = [g.got[n] for n in names[:k]]
         w = torch.cat([x.to(ws[0].device) for x in ws], dim=0)
         merged_name = f"{g.parent}.{g.attr}" if g.parent else g.attr
-        p, sha = self._pack(f"{merged_name}.weight", w)
+        p, sha = self._pack(f"{merged_name}.weight", w, device_of=names[0])
         del w
         bias = None
         if g.has_bias:
-            bias = self._to_device(torch.cat([g.got[n].to(ws[0].device) for n in names[k:]]))
+            bias = self._to_device(torch.cat([g.got[n].to(ws[0].device) for n in names[k:]]), names[0])
         merged = self._track(GlydLinear(p, bias, exact=self.exact, splits=[x.shape[0] for x in ws]), sha)
         parent = self.model.get_submodule(g.parent) if g.parent else self.model
         setattr(parent, g.attr, merged)

@@ -5,7 +5,8 @@ Registered by ``import glyd`` (lazily, see ``glyd.hf._register``), so
 ``glyd.save_pretrained`` or ``glyd pack``: before the weights load, every packed module is
 swapped for a ``GlydLinear`` / ``GlydEmbedding`` whose ``weight_glyd_<array>`` buffers have the
 checkpoint's shapes (from the shard headers), and transformers' own loader fills them with the
-packed arrays as they are. Nothing is packed or unpacked while loading.
+packed arrays as they are. Nothing is packed or unpacked while loading. ``model.dequantize()``
+unpacks every module into the plain bf16 model (``glyd.hf.dequantize``).
 
 This importing module imports transformers; ``import glyd`` does not import it.
 """
@@ -27,7 +28,7 @@ from transformers.quantizers.base import HfQuantizer
 from transformers.utils.quantization_config import QuantizationConfigMixin
 
 from glyd.codec.packed import FORMAT_VERSION
-from glyd.errors import FormatError
+from glyd.errors import FormatError, UnsupportedError
 
 log = logging.getLogger(__name__)
 
@@ -85,13 +86,17 @@ class GlydHfQuantizer(HfQuantizer):
         super().__init__(quantization_config, **kwargs)
         self._folder: Path | None = None
         self._manifest: dict[str, Any] | None = None
+        self._dtype: torch.dtype | None = None  # the dtype transformers asked for (checked with the folder)
 
-    def validate_environment(self, *args: Any, **kwargs: Any) -> None:
-        return None
+    def validate_environment(self, *args: Any, device_map: Any = None, **kwargs: Any) -> None:
+        # Called with the map passed to from_pretrained and again with the one computed for "auto".
+        if device_map is not None:
+            from glyd.hf.placement import normalize_map
+
+            normalize_map(device_map)
 
     def update_dtype(self, dtype: torch.dtype | None) -> torch.dtype:
-        if dtype is not None and dtype != torch.bfloat16:
-            log.info("a glyd model runs in bfloat16 (its weights are bf16); dtype=%s is not used", dtype)
+        self._dtype = dtype
         return torch.bfloat16
 
     def _process_model_before_weight_loading(self, model: Any, checkpoint_files: list[str] | None = None,
@@ -100,6 +105,7 @@ class GlydHfQuantizer(HfQuantizer):
         from glyd.hf.skeleton import prepare_skeleton
 
         self._folder = _checkpoint_folder(model, checkpoint_files or [])
+        _check_dtype(self._dtype, self._folder)
         reader = check_folder(self._folder, verify=False)
         shards = sorted({reader.entry(n)["file"] for n in reader.names()})
         files = sorted(str(f) for f in checkpoint_files or [])
@@ -116,6 +122,12 @@ class GlydHfQuantizer(HfQuantizer):
         finish_skeleton(model, self._folder, self._manifest)
         return model
 
+    def _dequantize(self, model: Any, dtype: torch.dtype | None = None) -> Any:
+        # transformers' dequantize() calls this, then drops hf_quantizer and quantization_config.
+        from glyd.hf.dequantize import dequantize
+
+        return dequantize(model, dtype)
+
     def is_serializable(self) -> bool:
         # transformers' save_pretrained would write the buffers without glyd.json and its hashes.
         log.warning("save a glyd model with glyd.save_pretrained(model, path), not model.save_pretrained")
@@ -128,6 +140,26 @@ class GlydHfQuantizer(HfQuantizer):
     @property
     def is_compileable(self) -> bool:
         return True
+
+
+def _check_dtype(dtype: torch.dtype | None, folder: Path) -> None:
+    """A glyd model loads in bfloat16: another dtype asked for is refused, unless it is the one the
+    folder's config.json names (transformers' ``dtype="auto"``), which is said and not used."""
+    if dtype is None or dtype == torch.bfloat16:
+        return
+    import json
+
+    try:
+        cfg = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+        named = cfg.get("dtype", cfg.get("torch_dtype")) if isinstance(cfg, dict) else None
+    except (OSError, ValueError):
+        named = None
+    if isinstance(named, str) and getattr(torch, named, None) == dtype:
+        log.warning("%s: config.json gives dtype %s; a glyd model loads in bfloat16 (its packed weights are bf16)",
+                    folder, named)
+        return
+    raise UnsupportedError(f"dtype={dtype}: a glyd model loads in bfloat16 (its packed weights are bf16, bit for bit); "
+                           f"leave dtype out, or load it and call model.dequantize(dtype={dtype}) for a {dtype} model")
 
 
 def _checkpoint_folder(model: Any, checkpoint_files: list[str]) -> Path:

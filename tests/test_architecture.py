@@ -16,7 +16,7 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 PKG = SRC / "glyd"
 
 #: The base modules every layer may use.
-BASE = {"errors", "_env", "_version", "timing"}
+BASE = {"errors", "_env", "_version", "_dist", "timing"}
 #: Top-level part of glyd -> the parts it may import (besides BASE and itself).
 ALLOWED: dict[str, set[str]] = {
     "codec": set(),

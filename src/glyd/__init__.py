@@ -27,6 +27,11 @@ from glyd.hf._register import install as _install_hf_hook
 
 _install_hf_hook()
 
+# The registry's ``glyd`` is another product with this import name: say so if it is installed here.
+from glyd._dist import warn_conflicts as _warn_conflicts
+
+_warn_conflicts()
+
 # Public names that live in modules with heavy dependencies (transformers, triton).
 _LAZY = {
     "from_pretrained": "glyd.hf",

@@ -1,5 +1,5 @@
 """Commands whose optional packages are not installed end with one line naming the package and the
-extra to install, not a traceback (what a ``pip install glyd`` user without ``[models]`` meets)."""
+extra to install, not a traceback (what a ``pip install glyd-lossless`` user without ``[models]`` meets)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ def _one_line_naming_the_extra(err: str, command: str) -> None:
     lines = err.strip().splitlines()
     assert len(lines) == 1, err
     assert lines[0].startswith(f"glyd {command}: error:") and "transformers" in lines[0], err
-    assert 'pip install "glyd[models]"' in lines[0], err
+    assert 'pip install "glyd-lossless[models]"' in lines[0], err
 
 
 @pytest.mark.parametrize("argv", [
@@ -64,6 +64,6 @@ def test_a_missing_module_of_another_kind_is_not_hidden(monkeypatch):
 def test_require_names_the_extra(no_transformers):
     from glyd.apps._deps import require
 
-    with pytest.raises(MissingDependencyError, match=r'pip install "glyd\[models\]"'):
+    with pytest.raises(MissingDependencyError, match=r'pip install "glyd-lossless\[models\]"'):
         require("transformers")
     require("torch")  # installed: nothing raised

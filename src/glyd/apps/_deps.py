@@ -2,13 +2,14 @@
 
 >>> from glyd.apps._deps import missing
 >>> str(missing("transformers"))
-'the package transformers is not installed; install it with: pip install "glyd[models]"'
+'the package transformers is not installed; install it with: pip install "glyd-lossless[models]"'
 """
 
 from __future__ import annotations
 
 import importlib
 
+from glyd._dist import DIST_NAME
 from glyd.errors import MissingDependencyError
 
 #: top-level module -> the extra of ``pyproject.toml``'s ``[project.optional-dependencies]`` that has it
@@ -18,14 +19,13 @@ EXTRAS = {
     "gguf": "models",
     "huggingface_hub": "models",
     "triton": "gpu",
-    "constriction": "filecodec",
 }
 
 
 def missing(module: str) -> MissingDependencyError:
     """The error for an optional ``module`` that cannot be imported (naming the extra to install)."""
     extra = EXTRAS.get(module)
-    how = f'pip install "glyd[{extra}]"' if extra else f"pip install {module}"
+    how = f'pip install "{DIST_NAME}[{extra}]"' if extra else f"pip install {module}"
     return MissingDependencyError(f"the package {module} is not installed; install it with: {how}")
 
 

@@ -110,7 +110,7 @@ def from_pretrained(
 def _load_glyd(path: Path, *, device: torch.device, device_map: Any, exact: bool, verify: bool,
                hf_kwargs: dict[str, Any]) -> nn.Module:
     if not register():
-        raise ImportError("loading a glyd folder needs transformers (pip install 'glyd[models]')")
+        raise ImportError("loading a glyd folder needs transformers (pip install 'glyd-lossless[models]')")
     from transformers import AutoModelForCausalLM
 
     # Before transformers reads the folder: glyd's errors, not its.

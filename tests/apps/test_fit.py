@@ -274,7 +274,13 @@ def test_bad_inputs(tmp_path):
     # a safetensors header whose length points past the end of the file
     (tmp_path / "config.json").write_text(json.dumps(fit.KNOWN_CONFIGS["smollm2-135m"]))
     (tmp_path / "model.safetensors").write_bytes(struct.pack("<Q", 10**9) + b"{}")
-    with pytest.raises(FormatError, match="model.safetensors"):
+    with pytest.raises(GlydError, match=r"model\.safetensors: truncated or not a safetensors file"):
+        fit.run_fit(str(tmp_path), "1GB", 16)
+    # the store's checks apply: two tensors sharing bytes
+    head = json.dumps({"a": {"dtype": "BF16", "shape": [2, 2], "data_offsets": [0, 8]},
+                       "b": {"dtype": "BF16", "shape": [2, 2], "data_offsets": [0, 8]}}).encode()
+    (tmp_path / "model.safetensors").write_bytes(struct.pack("<Q", len(head)) + head + bytes(8))
+    with pytest.raises(FormatError, match=r"model\.safetensors: tensor .*overlap"):
         fit.run_fit(str(tmp_path), "1GB", 16)
 
 

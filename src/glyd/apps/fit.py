@@ -30,8 +30,8 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import re
-import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,6 +39,7 @@ from typing import Any
 from glyd.apps.fit_configs import KNOWN_CONFIGS
 from glyd.apps.fit_meta import ModelShape, model_shape
 from glyd.errors import FormatError, GlydError
+from glyd.store._safetensors import read_header
 
 __all__ = ["KNOWN_CONFIGS", "ModelShape", "estimate", "load_config", "model_shape", "parse_size", "run_fit"]
 
@@ -144,29 +145,8 @@ def count_from_shape(shape: ModelShape) -> WeightCount:
     return WeightCount(packable=shape.packable, other_bytes=shape.other * _BF16, source="config (built on the meta device)")
 
 
-_MAX_HEADER = 100 * 2**20
-
-
-def _read_safetensors_header(path: Path) -> dict[str, Any]:
-    """The JSON header of a safetensors file, read with its length bound-checked first."""
-    with open(path, "rb") as f:
-        raw = f.read(8)
-        if len(raw) != 8:
-            raise FormatError(f"{path}: truncated safetensors file (no header length)")
-        (n,) = struct.unpack("<Q", raw)
-        size = path.stat().st_size
-        if n == 0 or n > min(_MAX_HEADER, size - 8):
-            raise FormatError(f"{path}: safetensors header length {n} is out of bounds for a {size}-byte file")
-        try:
-            header = json.loads(f.read(n))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise FormatError(f"{path}: safetensors header is not JSON ({exc})") from exc
-    if not isinstance(header, dict):
-        raise FormatError(f"{path}: safetensors header is not a JSON object")
-    return header
-
-
-_ITEMSIZE = {"BF16": 2, "F16": 2, "F32": 4, "F64": 8, "I8": 1, "U8": 1, "I16": 2, "U16": 2, "I32": 4, "U32": 4, "I64": 8, "U64": 8, "BOOL": 1}
+#: Float dtypes of a safetensors header (store's names); the 2-D ones are what Glyd packs.
+_FLOATS = ("bfloat16", "float16", "float32", "float64")
 
 
 def count_from_files(folder: Path) -> WeightCount | None:
@@ -197,31 +177,22 @@ def count_from_files(folder: Path) -> WeightCount | None:
     count = WeightCount(source=f"safetensors headers ({len(files)} file{'s' * (len(files) > 1)})")
     packed = 0
     for path in files:
-        for name, info in _read_safetensors_header(path).items():
-            if name == "__metadata__":
-                continue
-            try:
-                dtype, shape = info["dtype"], [int(s) for s in info["shape"]]
-            except (KeyError, TypeError, ValueError) as exc:
-                raise FormatError(f"{path}: tensor {name!r} has no valid dtype/shape") from exc
-            numel = 1
-            for s in shape:
-                numel *= s
-            itemsize = _ITEMSIZE.get(dtype)
-            if itemsize is None:
-                raise FormatError(f"{path}: tensor {name!r} has unsupported dtype {dtype!r}")
+        # The store's reader: the length prefix and every entry bound-checked before use.
+        for info in read_header(path).tensors.values():
+            dtype, shape, nbytes = info.dtype, info.shape, info.end - info.begin
+            numel = math.prod(shape)
             if glyd_folder:
                 # A Glyd folder: packed arrays are integer planes; float tensors are kept as is.
-                if dtype in ("BF16", "F16", "F32", "F64"):
-                    count.other_bytes += numel * itemsize
+                if dtype in _FLOATS:
+                    count.other_bytes += nbytes
                 else:
-                    packed += numel * itemsize
-            elif dtype in ("BF16", "F16", "F32") and len(shape) == 2:
+                    packed += nbytes
+            elif dtype in _FLOATS[:3] and len(shape) == 2:
                 count.packable += numel
-            elif dtype in ("BF16", "F16", "F32", "F64"):
+            elif dtype in _FLOATS:
                 count.other_bytes += numel * _BF16
             else:
-                count.other_bytes += numel * itemsize
+                count.other_bytes += nbytes
     if glyd_folder:
         count.packed_bytes = packed
         count.source += ", Glyd folder: sizes as stored"

@@ -1,4 +1,5 @@
-"""transformers' own ``model.save_pretrained`` on a packed model writes a glyd folder (glyd.hf.hooks).
+"""transformers' own ``model.save_pretrained`` on a packed model writes a glyd folder (glyd.hf.hooks),
+and so does its ``model.push_to_hub(repo)``, which saves through it (the hub calls mocked here).
 
 It once wrote the packed buffers with no glyd.json and no quantization_config: a folder that
 ``AutoModelForCausalLM.from_pretrained`` loaded as a model with random weights."""
@@ -6,6 +7,7 @@ It once wrote the packed buffers with no glyd.json and no quantization_config: a
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -82,3 +84,51 @@ def test_hf_save_pretrained_refuses_what_it_cannot_honour(tiny_model_folder, tmp
     assert not any(tmp_path.iterdir())
     model.save_pretrained(tmp_path / "d", max_shard_size="20KB", safe_serialization=True)
     assert len({e["file"] for e in CheckpointReader(tmp_path / "d").manifest["tensors"].values()}) > 1
+
+
+def _capture_uploads(monkeypatch, into):
+    """Mock the hub calls of transformers' ``push_to_hub`` (``HfApi.create_repo``, ``ModelCard.load``,
+    ``HfApi.create_commit``): the files it would commit are copied to ``into``. Returns the calls."""
+    import huggingface_hub
+    from huggingface_hub.errors import EntryNotFoundError
+
+    calls = []
+
+    def create_repo(self, repo_id, **kwargs):
+        calls.append(("create_repo", repo_id))
+        return huggingface_hub.RepoUrl(f"https://huggingface.co/{repo_id}")
+
+    def create_commit(self, repo_id, operations, **kwargs):
+        calls.append(("create_commit", repo_id))
+        for op in operations:  # copied now: push_to_hub removes its temporary folder when it returns
+            dst = into / op.path_in_repo
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(op.path_or_fileobj, dst)
+        return f"https://huggingface.co/{repo_id}/commit/0"
+
+    def no_card(cls, *args, **kwargs):
+        raise EntryNotFoundError("no model card in the repo yet")
+
+    monkeypatch.setattr(huggingface_hub.HfApi, "create_repo", create_repo)
+    monkeypatch.setattr(huggingface_hub.HfApi, "create_commit", create_commit)
+    monkeypatch.setattr(huggingface_hub.HfApi, "upload_folder", None)  # not the path taken: fail loudly if it is
+    monkeypatch.setattr(huggingface_hub.ModelCard, "load", classmethod(no_card))
+    return calls
+
+
+@pytest.mark.parametrize("how", ["from_pretrained", "compress", "native"])
+def test_push_to_hub_uploads_a_glyd_folder_that_reloads_bit_for_bit(tiny_model_folder, tmp_path, monkeypatch, how):
+    src = tiny_model_folder("qwen2")
+    up = tmp_path / "uploaded"
+    calls = _capture_uploads(monkeypatch, up)
+    model = _packed(how, src, tmp_path)
+    model.push_to_hub("someone/tiny-glyd")
+    assert calls == [("create_repo", "someone/tiny-glyd"), ("create_commit", "someone/tiny-glyd")]
+    assert (up / MANIFEST).is_file()
+    cfg = json.loads((up / "config.json").read_text())
+    assert cfg["model_type"] == "glyd" and cfg["quantization_config"]["quant_method"] == "glyd"
+    assert glyd.verify(up, progress=False)["packed"] > 0
+    again = glyd.from_pretrained(up, device="cpu", progress=False)
+    _same_model(model, again)
+    ref = AutoModelForCausalLM.from_pretrained(src, dtype=torch.bfloat16)
+    _same_model(again.dequantize(), ref)  # every weight is the bf16 source's, bit for bit

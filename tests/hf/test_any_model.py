@@ -6,6 +6,7 @@ outputs equal bf16's bit for bit, and a saved folder loads back (glyd and native
 
 from __future__ import annotations
 
+import logging
 import shutil
 from pathlib import Path
 
@@ -68,17 +69,19 @@ def case(request, tmp_path):
     return request.param, CLASSES[request.param], ref, folder
 
 
-def test_compress_packs_every_matrix_bit_for_bit(case):
+def test_compress_packs_every_matrix_bit_for_bit(case, caplog):
     name, _, ref, _ = case
     model = tiny_bert(name)
     want = packable(model)
     assert len(want) >= 15  # 3 embeddings, 6 products a layer, the pooler (and the classifier)
-    glyd.compress(model, progress=False)
+    with caplog.at_level(logging.INFO, logger="glyd"):
+        glyd.compress(model, progress=False)
     for mname, w in want.items():
         m = model.get_submodule(mname)
         assert isinstance(m, (GlydLinear, GlydEmbedding)), mname
         assert torch.equal(_bits(glyd.unpack(m.packed)), _bits(w)), mname
     assert not [n for n, p in model.named_parameters() if p.dim() == 2]
+    assert any("left unpacked:" in r.getMessage() and "2-D" not in r.getMessage() for r in caplog.records)
 
 
 def test_exact_outputs_equal_bf16_bit_for_bit(case, ids):
@@ -130,6 +133,14 @@ def test_model_class_must_be_a_transformers_class(case):
         glyd.from_pretrained(folder, model_class="NoSuchModel", device="cpu", progress=False)
     with pytest.raises(TypeError, match="model_class"):
         glyd.from_pretrained(folder, model_class=nn.Linear, device="cpu", progress=False)
+
+
+def test_unpacked_2d_weights_are_reported(caplog):
+    model = nn.Sequential(nn.Linear(8, 8).to(torch.bfloat16), nn.Conv1d(2, 2, 1).to(torch.bfloat16))
+    with caplog.at_level(logging.INFO, logger="glyd"):
+        glyd.compress(model, progress=False)
+    assert isinstance(model[0], GlydLinear)
+    assert any("2-D or larger weights of Conv1d: 1.weight" in r.getMessage() for r in caplog.records)
 
 
 @pytest.fixture(scope="module")

@@ -174,7 +174,7 @@ def compress(model: nn.Module, *, layout: str = "auto", merge: bool | None = Non
     """Pack a loaded bf16 model in place (each weight packed where it lives); returns the model.
 
     Any transformers model (or ``nn.Module``): every ``nn.Linear`` and ``nn.Embedding`` with a 2-D
-    weight is packed (``glyd.hf._model``).
+    weight is packed (``glyd.hf._model``); what is left as it is gets one log line (INFO).
 
     >>> import torch, glyd                                                # doctest: +SKIP
     >>> model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16)  # doctest: +SKIP

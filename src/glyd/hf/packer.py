@@ -15,7 +15,7 @@ from glyd import ops as _ops
 from glyd.codec import Packed
 from glyd.errors import FormatError, UnsupportedError
 from glyd.hf._model import (MERGE_GROUPS, check_layout, embed_scale_of, is_packable_embedding, is_packable_linear,
-                            set_module, set_tensor, tied_pair, untie_packed)
+                            set_module, set_tensor, tied_pair, unpacked_report, untie_packed)
 from glyd.nn.modules import GlydEmbedding, GlydLinear, GlydTiedLinear
 from glyd.store import sha256_tensor
 
@@ -199,3 +199,4 @@ class Packer:
             if isinstance(emb, GlydEmbedding):
                 set_module(self.model, out_name, GlydTiedLinear(emb, exact=self.exact))
         untie_packed(self.model)
+        log.info("%s: %s", where, unpacked_report(self.model))

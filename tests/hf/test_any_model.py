@@ -180,3 +180,17 @@ def test_minilm_sentence_embeddings_equal_bf16_bit_for_bit(minilm_bf16, tmp_path
     native = transformers.AutoModel.from_pretrained(out, quantization_config=glyd.hf.GlydConfig(exact=True))
     assert torch.equal(_bits(_mean_pooled(native, batch)), want)
 
+
+def test_a_tied_output_projection_with_its_own_bias_is_refused(tmp_path):
+    # BertForMaskedLM's decoder shares the word embeddings and adds a bias that GlydTiedLinear
+    # would drop: refused before anything is packed, in memory and from a folder.
+    torch.manual_seed(0)
+    cfg = transformers.BertConfig(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=1, num_attention_heads=4,
+                                  intermediate_size=96, max_position_embeddings=64)
+    model = transformers.BertForMaskedLM(cfg).to(torch.bfloat16).eval()
+    model.save_pretrained(tmp_path / "mlm")
+    with pytest.raises(UnsupportedError, match="cls.predictions.decoder shares its weight .* own bias"):
+        glyd.compress(model, progress=False)
+    assert not any(isinstance(m, (GlydLinear, GlydEmbedding)) for m in model.modules())
+    with pytest.raises(UnsupportedError, match="own bias"):
+        glyd.from_pretrained(tmp_path / "mlm", device="cpu", progress=False)

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from glyd.codec import LAYOUTS
-from glyd.errors import FormatError
+from glyd.errors import FormatError, UnsupportedError
 from glyd.nn.modules import GlydEmbedding, GlydLinear, GlydLinearPart
 
 
@@ -135,6 +135,14 @@ def unpacked_report(model: nn.Module) -> str:
                  for k, v in sorted(by_type.items())]
         line += "; 2-D or larger weights of " + "; ".join(parts)
     return line
+
+
+def refuse_tied_bias(model: nn.Module, out_name: str, in_name: str) -> None:
+    """A tied output projection runs packed as ``GlydTiedLinear``, which has no bias: refuse one with
+    its own bias (``BertForMaskedLM``'s decoder) rather than drop it."""
+    if getattr(model.get_submodule(out_name), "bias", None) is not None:
+        raise UnsupportedError(f"{out_name} shares its weight with {in_name} (tied embeddings) and adds its own bias: "
+                               f"glyd cannot run it packed yet ({type(model).__name__})")
 
 
 def packed_modules(model: nn.Module) -> Iterable[tuple[str, GlydLinear | GlydEmbedding]]:

@@ -1,4 +1,5 @@
-"""The transformers integration: load, pack, save and verify causal LMs with packed weights.
+"""The transformers integration: load, pack, save and verify transformers models (causal LMs,
+encoders, ...) with packed weights.
 
 >>> import glyd                                                   # doctest: +SKIP
 >>> model = glyd.from_pretrained("path/to/bf16-model")           # doctest: +SKIP

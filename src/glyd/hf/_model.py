@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from glyd.codec import LAYOUTS
-from glyd.errors import FormatError
+from glyd.errors import FormatError, UnsupportedError
 from glyd.nn.modules import GlydEmbedding, GlydLinear, GlydLinearPart
 
 
@@ -111,6 +111,38 @@ def tied_pair(model: nn.Module) -> tuple[str, str] | None:
     if id(out) not in names or id(inp) not in names:
         return None
     return names[id(out)], names[id(inp)]
+
+
+def unpacked_report(model: nn.Module) -> str:
+    """One line on the floating-point tensors left as they are: how many, and the 2-D ones by the
+    type of their module (not ``nn.Linear`` / ``nn.Embedding``, so not packed), a few named.
+
+    >>> unpacked_report(nn.Sequential(nn.LayerNorm(4), nn.Conv1d(2, 2, 1)))
+    'left unpacked: 4 tensors (14 values); 2-D or larger weights of Conv1d: 1.weight'
+    """
+    count, values = 0, 0
+    by_type: dict[str, list[str]] = {}
+    for mname, m in model.named_modules():
+        for pname, t in m.named_parameters(recurse=False):
+            if not t.is_floating_point():
+                continue
+            count, values = count + 1, values + t.numel()
+            if t.dim() >= 2:
+                by_type.setdefault(type(m).__name__, []).append(f"{mname}.{pname}" if mname else pname)
+    line = f"left unpacked: {count} tensors ({values} values)"
+    if by_type:
+        parts = [f"{k}: {', '.join(v[:3])}{f' and {len(v) - 3} more' if len(v) > 3 else ''}"
+                 for k, v in sorted(by_type.items())]
+        line += "; 2-D or larger weights of " + "; ".join(parts)
+    return line
+
+
+def refuse_tied_bias(model: nn.Module, out_name: str, in_name: str) -> None:
+    """A tied output projection runs packed as ``GlydTiedLinear``, which has no bias: refuse one with
+    its own bias (``BertForMaskedLM``'s decoder) rather than drop it."""
+    if getattr(model.get_submodule(out_name), "bias", None) is not None:
+        raise UnsupportedError(f"{out_name} shares its weight with {in_name} (tied embeddings) and adds its own bias: "
+                               f"glyd cannot run it packed yet ({type(model).__name__})")
 
 
 def packed_modules(model: nn.Module) -> Iterable[tuple[str, GlydLinear | GlydEmbedding]]:

@@ -16,6 +16,7 @@ from tqdm.auto import tqdm
 from glyd.errors import CorruptError, FormatError, UnsupportedError
 from glyd.hf import hooks
 from glyd.hf._model import note_source
+from glyd.hf.classes import build_empty
 from glyd.hf.packer import Packer
 from glyd.hf.placement import AUTO_MAPS, check_covers, device_of, infer_map, normalize_map
 from glyd.store._safetensors import dtype_from_name, read_header
@@ -91,12 +92,12 @@ def _check_bf16(path: Path, files: list[Path]) -> dict[Path, list[str]]:
     return keys
 
 
-def load_bf16(path: Path, *, layout: str, merge: bool | None, exact: bool, device: torch.device, progress: bool,
+def load_bf16(path: Path, cls: type, *, layout: str, merge: bool | None, exact: bool, device: torch.device, progress: bool,
               hf_kwargs: dict[str, Any], device_map: Any = None) -> nn.Module:
-    """The bf16 model in ``path``, packed as it streams in, on ``device`` or as ``device_map`` says
-    (``merge=None``: merged when the model goes to a GPU)."""
+    """The bf16 model in ``path`` built as transformers class ``cls``, packed as it streams in, on
+    ``device`` or as ``device_map`` says (``merge=None``: merged when the model goes to a GPU)."""
     from accelerate import init_empty_weights
-    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
+    from transformers import AutoConfig, GenerationConfig
 
     if not (path / "config.json").is_file():
         raise FormatError(f"{path}: no config.json: not a transformers model folder")
@@ -117,7 +118,7 @@ def load_bf16(path: Path, *, layout: str, merge: bool | None, exact: bool, devic
         if want not in (None, "auto", torch.bfloat16, "bfloat16"):
             raise UnsupportedError(f"{k}={want!r}: a glyd model runs in bfloat16 (its weights are bf16, bit for bit)")
     with init_empty_weights(include_buffers=False):
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16, **cfg_kw, **hf_kwargs)
+        model = build_empty(cls, config, **cfg_kw, **hf_kwargs)
     placement = _placement(model, device_map, max_memory)
     devices = {device} if placement is None else set(placement.values())
     if len(devices) == 1:

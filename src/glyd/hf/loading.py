@@ -1,8 +1,9 @@
-"""Load and pack transformers causal LMs with glyd-packed weights.
+"""Load and pack transformers models (causal LMs, encoders, ...) with glyd-packed weights.
 
 * :func:`from_pretrained` reads a bf16 model folder (packing each weight as it streams in, one
   tensor at a time, ``glyd.hf.bf16``) or a folder written by glyd (nothing is packed again;
-  transformers loads it through glyd's quantizer, ``glyd.hf.skeleton``).
+  transformers loads it through glyd's quantizer, ``glyd.hf.skeleton``). The transformers class
+  is ``model_class=`` or the one config.json names (``glyd.hf.classes``).
 * :func:`compress` packs a model already in memory, in place.
 
 Saving is ``glyd.hf.save``, re-hashing ``glyd.hf.integrity``; which modules are packed is said in
@@ -26,6 +27,7 @@ from glyd.hf import hooks
 from glyd.hf._model import check_layout, is_merged, note_source, pick_device, source_of
 from glyd.hf._register import register
 from glyd.hf.bf16 import load_bf16, resolve
+from glyd.hf.classes import pick_class, read_config
 from glyd.hf.checks import check_folder
 from glyd.hf.integrity import verify_files, verify_model
 from glyd.hf.merge import merge_packed, unmerge_packed
@@ -50,9 +52,11 @@ def from_pretrained(
     merge: bool | None = None,
     kv: str | None = None,
     progress: bool = True,
+    model_class: Any = None,
     **hf_kwargs: Any,
 ) -> nn.Module:
-    """Load a causal LM with packed weights, ready for ``generate()``.
+    """Load a transformers model with packed weights: a causal LM ready for ``generate()``, an
+    encoder, a classifier, ...
 
     ``name_or_path`` is a bf16 transformers folder (or Hub id) with safetensors weights, or a folder
     written by :func:`save_pretrained` / ``glyd pack`` (loaded as it is: nothing is packed again).
@@ -66,6 +70,10 @@ def from_pretrained(
     recorded when it was packed. ``kv="lossless"`` uses glyd's compressed KV cache. Other keyword
     arguments go to transformers (``attn_implementation=...``, ``trust_remote_code=...``).
 
+    ``model_class``: the transformers class to build, or its name (``AutoModel``,
+    ``"AutoModelForSequenceClassification"``, ``BertModel``, ...). Left out: the class config.json's
+    ``architectures`` names (the one the checkpoint was saved from), else ``AutoModelForCausalLM``.
+
     ``device_map`` (instead of ``device``) places the model as transformers' does: ``"cpu"``,
     ``{"": "cuda:0"}``, ``"auto"`` or a dict of module names to devices; each packed layer's
     buffers go with their module. Offloading packed layers to the CPU or disk is refused
@@ -74,6 +82,7 @@ def from_pretrained(
     >>> import glyd                                                       # doctest: +SKIP
     >>> model = glyd.from_pretrained("HuggingFaceTB/SmolLM2-135M-Instruct")  # doctest: +SKIP
     >>> model.generate(**tok("Hello", return_tensors="pt").to(model.device))  # doctest: +SKIP
+    >>> encoder = glyd.from_pretrained("path/to/minilm", model_class="AutoModel", exact=True)  # doctest: +SKIP
     """
     check_layout(layout)
     if kv not in (None, "lossless"):
@@ -85,7 +94,8 @@ def from_pretrained(
     dev = pick_device(device)
     path = resolve(name_or_path, hf_kwargs)
     if (path / MANIFEST).is_file():
-        model = _load_glyd(path, device=dev, device_map=device_map, exact=exact, verify=verify, hf_kwargs=hf_kwargs)
+        model = _load_glyd(path, model_class, device=dev, device_map=device_map, exact=exact, verify=verify,
+                           hf_kwargs=hf_kwargs)
         if verify:
             verify_model(model, progress=progress)
             verify_files(path)
@@ -98,8 +108,9 @@ def from_pretrained(
     else:
         for k in ("revision", "token", "cache_dir"):  # used to fetch the folder; not model options
             hf_kwargs.pop(k, None)
-        model = load_bf16(path, layout=layout, merge=None if merge is None else bool(merge), exact=exact, device=dev,
-                          progress=progress, hf_kwargs=hf_kwargs, device_map=device_map)
+        cls = pick_class(model_class, read_config(path))
+        model = load_bf16(path, cls, layout=layout, merge=None if merge is None else bool(merge), exact=exact,
+                          device=dev, progress=progress, hf_kwargs=hf_kwargs, device_map=device_map)
         if verify:
             verify_model(model, progress=progress)
     if kv == "lossless":
@@ -107,14 +118,14 @@ def from_pretrained(
     return model
 
 
-def _load_glyd(path: Path, *, device: torch.device, device_map: Any, exact: bool, verify: bool,
+def _load_glyd(path: Path, model_class: Any, *, device: torch.device, device_map: Any, exact: bool, verify: bool,
                hf_kwargs: dict[str, Any]) -> nn.Module:
     if not register():
         raise ImportError("loading a glyd folder needs transformers (pip install 'glyd-lossless[models]')")
-    from transformers import AutoModelForCausalLM
 
     # Before transformers reads the folder: glyd's errors, not its.
     reader = check_folder(path, verify=verify)
+    cls = pick_class(model_class, read_config(path))
     cpath = path / CONFIG
     edited = reader.files.get(CONFIG) not in (None, sha256_file(cpath))
 
@@ -122,7 +133,7 @@ def _load_glyd(path: Path, *, device: torch.device, device_map: Any, exact: bool
     # A device_map is transformers' to apply; the quantizer refuses what glyd cannot run (validate_environment).
     kw["device_map"] = str(device) if device_map is None else device_map
     try:
-        model = AutoModelForCausalLM.from_pretrained(str(path), **kw)
+        model = cls.from_pretrained(str(path), **kw)
     except GlydError:
         raise
     except Exception as exc:
@@ -168,9 +179,13 @@ def compress(model: nn.Module, *, layout: str = "auto", merge: bool | None = Non
              progress: bool = True) -> nn.Module:
     """Pack a loaded bf16 model in place (each weight packed where it lives); returns the model.
 
+    Any transformers model (or ``nn.Module``): every ``nn.Linear`` and ``nn.Embedding`` with a 2-D
+    weight is packed (``glyd.hf._model``); what is left as it is gets one log line (INFO).
+
     >>> import torch, glyd                                                # doctest: +SKIP
     >>> model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16)  # doctest: +SKIP
     >>> glyd.compress(model, layout="fixed12")                            # doctest: +SKIP
+    >>> encoder = glyd.compress(AutoModel.from_pretrained(path, dtype=torch.bfloat16), exact=True)  # doctest: +SKIP
     """
     check_layout(layout)
     if any(isinstance(m, (GlydLinear, GlydEmbedding)) for m in model.modules()):

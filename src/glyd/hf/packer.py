@@ -15,7 +15,8 @@ from glyd import ops as _ops
 from glyd.codec import Packed
 from glyd.errors import FormatError, UnsupportedError
 from glyd.hf._model import (MERGE_GROUPS, check_layout, embed_scale_of, is_packable_embedding, is_packable_linear,
-                            set_module, set_tensor, tied_pair, untie_packed)
+                            refuse_tied_bias, set_module, set_tensor, tied_pair, unpacked_report,
+                            untie_packed)
 from glyd.nn.modules import GlydEmbedding, GlydLinear, GlydTiedLinear
 from glyd.store import sha256_tensor
 
@@ -66,6 +67,7 @@ class Packer:
         if self.tied is not None:
             out_name, in_name = self.tied
             if f"{in_name}.weight" in self.embeds:
+                refuse_tied_bias(model, out_name, in_name)
                 if self._device_for(f"{out_name}.weight") != self._device_for(f"{in_name}.weight"):
                     raise UnsupportedError(f"device_map puts {out_name} and {in_name} on different devices: they "
                                            f"share one packed weight (tied embeddings)")
@@ -199,3 +201,4 @@ class Packer:
             if isinstance(emb, GlydEmbedding):
                 set_module(self.model, out_name, GlydTiedLinear(emb, exact=self.exact))
         untie_packed(self.model)
+        log.info("%s: %s", where, unpacked_report(self.model))

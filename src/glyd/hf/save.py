@@ -94,11 +94,22 @@ def save_pretrained(model: nn.Module, path: str | os.PathLike, *, tokenizer: Any
     return Path(path)
 
 
+def _is_transformers_model(model: nn.Module) -> bool:
+    try:
+        from transformers import PreTrainedModel
+    except ImportError:
+        return False
+    return isinstance(model, PreTrainedModel)
+
+
 def _config_dict(model: nn.Module, layout: str) -> dict[str, Any]:
     cfg = model.config
     d = cfg.to_dict()
     d.pop("quantization_config", None)
     d["dtype"] = "bfloat16"
+    if _is_transformers_model(model):
+        # As transformers' save_pretrained: the class saved, which glyd.from_pretrained builds by default.
+        d["architectures"] = [type(model).__name__]
     q: dict[str, Any] = {"quant_method": QUANT_METHOD, "layout": layout, "format_version": FORMAT_VERSION}
     merged = merged_groups(model)
     if merged:

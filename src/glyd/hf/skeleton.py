@@ -17,7 +17,7 @@ from glyd.codec.packed import FORMAT_VERSION
 from glyd.errors import FormatError
 from glyd.hf import hooks
 from glyd.hf._model import (SEP, is_packable_embedding, is_packable_linear, note_source, packed_modules, set_module,
-                            tied_pair, untie_packed)
+                            refuse_tied_bias, tied_pair, untie_packed)
 from glyd.hf.checks import check_complete
 from glyd.nn.modules import BUFFER_PREFIX, GlydEmbedding, GlydLinear, GlydTiedLinear
 from glyd.store import MANIFEST, CheckpointReader
@@ -127,6 +127,7 @@ def prepare_skeleton(model: nn.Module, folder: Path, *, merged: dict[str, list[s
         out_name, in_name = tied
         emb = model.get_submodule(in_name)
         if isinstance(emb, GlydEmbedding) and f"{out_name}.weight" not in packed:
+            refuse_tied_bias(model, out_name, in_name)
             set_module(model, out_name, GlydTiedLinear(emb, exact=exact))
     untie_packed(model)
     return manifest

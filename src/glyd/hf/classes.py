@@ -1,0 +1,156 @@
+"""Which transformers class glyd builds a model with: the caller's choice, else what config.json says.
+
+``glyd.from_pretrained(path, model_class=...)`` takes a transformers class (``AutoModel``,
+``AutoModelForSequenceClassification``, ``BertModel``, ...) or its name. Left out, the class is the
+one config.json's ``architectures`` names (the class the checkpoint was saved from), else
+``AutoModelForCausalLM`` as before. A concrete class is used through the ``Auto*`` class that maps
+the config to it, when one does, so that a packed folder (``model_type: "glyd"``) is read through
+``AutoConfig`` as transformers' own ``Auto*.from_pretrained`` reads it.
+
+>>> from glyd.hf.classes import pick_class
+>>> pick_class("AutoModel", {"model_type": "bert"}).__name__
+'AutoModel'
+>>> pick_class(None, {"model_type": "bert", "architectures": ["BertForSequenceClassification"]}).__name__
+'AutoModelForSequenceClassification'
+>>> pick_class(None, {"model_type": "llama"}).__name__
+'AutoModelForCausalLM'
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from glyd.errors import FormatError, UnsupportedError
+from glyd.store._config import own_model_type
+
+log = logging.getLogger(__name__)
+
+#: The class used when neither the caller nor config.json's ``architectures`` names one.
+DEFAULT_CLASS = "AutoModelForCausalLM"
+
+#: transformers' task classes tried (in this order) for the one that maps a config to a named class.
+#: Task classes, not architectures: which model types each one covers is transformers' own table.
+AUTO_CLASSES = (
+    "AutoModelForCausalLM",
+    "AutoModel",
+    "AutoModelForSequenceClassification",
+    "AutoModelForTokenClassification",
+    "AutoModelForQuestionAnswering",
+    "AutoModelForMaskedLM",
+    "AutoModelForMultipleChoice",
+    "AutoModelForNextSentencePrediction",
+    "AutoModelForPreTraining",
+)
+
+
+def read_config(path: Path) -> dict[str, Any]:
+    """config.json of a model folder as a dict ({} when it is missing or not a JSON object: the
+    loaders say what is wrong with it)."""
+    try:
+        d = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return d if isinstance(d, dict) else {}
+
+
+def _is_auto(cls: Any) -> bool:
+    from transformers.models.auto.auto_factory import _BaseAutoModelClass
+
+    return isinstance(cls, type) and issubclass(cls, _BaseAutoModelClass)
+
+
+def _is_model(cls: Any) -> bool:
+    from transformers import PreTrainedModel
+
+    return isinstance(cls, type) and issubclass(cls, PreTrainedModel)
+
+
+def _named(name: str) -> Any:
+    import transformers
+
+    try:
+        return getattr(transformers, name)
+    except (AttributeError, ImportError, RuntimeError):
+        return None
+
+
+def _auto_for(cls: type, model_type: Any) -> type:
+    """The ``Auto*`` class that maps configs of ``model_type`` to ``cls`` (``cls`` itself when none does)."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    try:
+        config_class = CONFIG_MAPPING[model_type]
+    except (KeyError, TypeError):
+        return cls
+    for name in AUTO_CLASSES:
+        auto = _named(name)
+        mapping = getattr(auto, "_model_mapping", None)
+        try:
+            if mapping is not None and mapping[config_class] is cls:
+                return auto
+        except (KeyError, ValueError, ImportError, AttributeError):
+            continue
+    return cls
+
+
+def _fits(cls: type, model_type: Any) -> bool:
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    try:
+        return issubclass(CONFIG_MAPPING[model_type], cls.config_class)
+    except (KeyError, TypeError):
+        return False
+
+
+def pick_class(choice: Any, config: dict[str, Any]) -> type:
+    """The transformers class to build the model of ``config`` (config.json's dict) with.
+
+    ``choice``: a transformers model class or ``Auto*`` class, its name, or None (config.json's
+    ``architectures``, else :data:`DEFAULT_CLASS`).
+    """
+    model_type = own_model_type(config)
+    if choice is None:
+        archs = config.get("architectures")
+        name = archs[0] if isinstance(archs, list) and archs and isinstance(archs[0], str) else None
+        cls = _named(name) if name else None
+        if not _is_model(cls):
+            if name:
+                log.info("config.json's architectures names %r, not a transformers class: loading with %s",
+                         name, DEFAULT_CLASS)
+            return _named(DEFAULT_CLASS)
+        picked = _auto_for(cls, model_type)
+        if picked is cls and not _fits(cls, model_type):
+            log.info("config.json's architectures names %s, which does not build a %r model: loading with %s",
+                     name, model_type, DEFAULT_CLASS)
+            return _named(DEFAULT_CLASS)
+        return picked
+    if isinstance(choice, str):
+        cls = _named(choice)
+        if not (_is_auto(cls) or _is_model(cls)):
+            raise UnsupportedError(f"model_class={choice!r}: not a transformers model class (e.g. 'AutoModel', "
+                                   f"'AutoModelForSequenceClassification', 'BertModel')")
+        choice = cls
+    if _is_auto(choice):
+        return choice
+    if _is_model(choice):
+        return _auto_for(choice, model_type)
+    raise TypeError(f"model_class must be a transformers model class or its name, got {choice!r}")
+
+
+def build_empty(cls: type, config: Any, **kwargs: Any) -> Any:
+    """``cls`` built from ``config`` (under the caller's ``init_empty_weights``), in bfloat16."""
+    import torch
+
+    if _is_auto(cls):
+        try:
+            return cls.from_config(config, dtype=torch.bfloat16, **kwargs)
+        except ValueError as exc:
+            if "Unrecognized configuration class" not in str(exc):
+                raise
+            raise FormatError(f"{cls.__name__} has no model for config type {config.model_type!r}; choose the class "
+                              f"with model_class=... (e.g. AutoModel)") from None
+    kwargs.pop("trust_remote_code", None)
+    return cls._from_config(config, dtype=torch.bfloat16, **kwargs)

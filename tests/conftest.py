@@ -30,10 +30,13 @@ def pytest_addoption(parser):
 def _gpu_sample(items):
     """``@pytest.mark.gpu_sample(every=N)`` on a large GPU grid: one case in N (chosen by a hash of
     its id, so spread over every parameter) stays in the default GPU set (``-m "gpu and not slow"``,
-    one device call); the others are marked slow (``-m "gpu and slow"`` runs them)."""
+    one device call); the others are marked slow (``-m "gpu and slow"`` runs them).
+    ``cpu_sample(every=N)`` does the same for the cases that are not GPU ones (Triton's
+    interpreter on the CPU), so the default CPU run stays within CI's time."""
     for item in items:
-        mark = item.get_closest_marker("gpu_sample")
-        if mark is None or "gpu" not in item.keywords:
+        gpu = "gpu" in item.keywords
+        mark = item.get_closest_marker("gpu_sample" if gpu else "cpu_sample")
+        if mark is None:
             continue
         every = mark.kwargs.get("every", mark.args[0] if mark.args else 1)
         if zlib.crc32(item.nodeid.encode()) % every:

@@ -120,3 +120,15 @@ def test_glyd_type_without_the_models_own_is_refused(packed, tmp_path, own):
         check_folder(bad, verify=False)
     with pytest.raises(FormatError, match="original_model_type"):
         AutoConfig.from_pretrained(bad)
+
+
+def test_without_transformers_loading_a_folder_is_one_glyd_error(packed, monkeypatch):
+    # Before, a plain ImportError: a library caller's except GlydError missed it.
+    from glyd.errors import GlydError, MissingDependencyError
+    from glyd.hf import loading
+
+    monkeypatch.setattr(loading, "register", lambda: False)
+    with pytest.raises(MissingDependencyError, match=r"glyd: loading a glyd folder needs transformers \(pip install "
+                                                     r"'glyd-lossless\[models\]'\)") as got:
+        glyd.from_pretrained(packed, device="cpu", progress=False)
+    assert isinstance(got.value, GlydError) and isinstance(got.value, ImportError)

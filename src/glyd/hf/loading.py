@@ -22,7 +22,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from glyd.errors import FormatError, GlydError, UnsupportedError
+from glyd.errors import FormatError, GlydError, MissingDependencyError, UnsupportedError
 from glyd.hf import hooks
 from glyd.hf._model import check_layout, is_merged, note_source, pick_device, source_of
 from glyd.hf._register import register
@@ -121,7 +121,8 @@ def from_pretrained(
 def _load_glyd(path: Path, model_class: Any, *, device: torch.device, device_map: Any, exact: bool, verify: bool,
                hf_kwargs: dict[str, Any]) -> nn.Module:
     if not register():
-        raise ImportError("loading a glyd folder needs transformers (pip install 'glyd-lossless[models]')")
+        raise MissingDependencyError(f"{path}: loading a glyd folder needs transformers "
+                                     f"(pip install 'glyd-lossless[models]')")
 
     # Before transformers reads the folder: glyd's errors, not its.
     reader = check_folder(path, verify=verify)

@@ -1,7 +1,7 @@
 """Time one decode step's linears (Qwen2.5-7B shapes, merged q|k|v and gate|up, 28 layers and the
 lm_head) through ``glyd.kernels.linear``'s default choice and bf16 ``F.linear``, each step one CUDA
 graph, median of 20 replays. Run it once under each glyd source tree to compare two versions on
-one GPU in one session:
+one GPU in one session (``--mode unmerged``: q, k, v, gate and up as separate matrices):
 
     PYTHONPATH=old/src python3 benchmarks/compare_step.py --out old.json
     PYTHONPATH=src     python3 benchmarks/compare_step.py --out new.json
@@ -18,7 +18,10 @@ import sys
 import torch
 import torch.nn.functional as F
 
-SHAPES = [(4608, 3584), (3584, 3584), (37888, 3584), (3584, 18944)]  # qkv, o, gate_up, down
+SHAPES = {
+    "merged": [(4608, 3584), (3584, 3584), (37888, 3584), (3584, 18944)],  # qkv, o, gate_up, down
+    "unmerged": [(3584, 3584), (512, 3584), (512, 3584), (3584, 3584), (18944, 3584), (18944, 3584), (3584, 18944)],
+}
 LM_HEAD = (152064, 3584)
 MS = [1, 2, 4, 8, 16, 32, 64, 512, 2048]
 
@@ -42,15 +45,15 @@ def _graph_ms(fn, replays: int = 20) -> float:
     return statistics.median(times)
 
 
-def run(layers: int, out: str) -> None:
+def run(layers: int, out: str, mode: str = "merged") -> None:
     import glyd
     from glyd import kernels
 
     gen = torch.Generator(device="cuda").manual_seed(0)
-    mats = [s for _ in range(layers) for s in SHAPES] + [LM_HEAD]
+    mats = [s for _ in range(layers) for s in SHAPES[mode]] + [LM_HEAD]
     ws = [(torch.randn(n, k, device="cuda", generator=gen) * 0.02).to(torch.bfloat16) for n, k in mats]
     ps = [kernels.pack(w, "fixed12") for w in ws]
-    res = {"glyd": glyd.__file__, "torch": torch.__version__, "gpu": torch.cuda.get_device_name(), "rows": {}}
+    res = {"glyd": glyd.__file__, "torch": torch.__version__, "gpu": torch.cuda.get_device_name(), "mode": mode, "rows": {}}
     for m in MS:
         xs = {k: torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16) for k in {k for _, k in mats}}
         for p in ps:  # first calls outside the graph: compiles, per-matrix indexes
@@ -81,9 +84,11 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--layers", type=int, default=28)
     ap.add_argument("--out", default="step.json")
+    ap.add_argument("--mode", choices=sorted(SHAPES), default="merged",
+                    help="merged: q|k|v and gate|up as one matrix each (as glyd.from_pretrained loads on a GPU)")
     ap.add_argument("--compare", nargs=2, metavar=("OLD", "NEW"))
     args = ap.parse_args()
     if args.compare:
         compare(*args.compare)
         sys.exit(0)
-    run(args.layers, args.out)
+    run(args.layers, args.out, args.mode)

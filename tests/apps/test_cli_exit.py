@@ -49,3 +49,17 @@ def test_every_command_is_there_without_optional_packages():
     assert r.stdout.split() == sorted(
         ["pack", "unpack", "verify", "info", "demo", "fit", "eval", "compress", "decompress", "test", "bench"]
     )
+
+
+def test_commands_other_than_the_archive_run_without_zstandard(monkeypatch, capsys):
+    # the lent GPU machine has no zstandard: only compress/decompress/test may need it, and they
+    # say so in one line
+    from glyd import cli
+
+    monkeypatch.setitem(sys.modules, "zstandard", None)
+    for name in [m for m in sys.modules if m.startswith("glyd.filecodec")]:
+        monkeypatch.delitem(sys.modules, name)
+    assert cli.main(["fit", "qwen2.5-0.5b", "--gpu", "80GB"]) == 0
+    capsys.readouterr()
+    assert cli.main(["test", "missing.glyd"]) == 1
+    assert "zstandard" in capsys.readouterr().err

@@ -12,13 +12,14 @@ import importlib
 from glyd._dist import DIST_NAME
 from glyd.errors import MissingDependencyError
 
-#: top-level module -> the extra of ``pyproject.toml``'s ``[project.optional-dependencies]`` that has it
+#: top-level module -> the extra of ``pyproject.toml``'s ``[project.optional-dependencies]`` that has it (None: a core dependency)
 EXTRAS = {
     "transformers": "models",
     "accelerate": "models",
     "gguf": "models",
     "huggingface_hub": "models",
     "triton": "gpu",
+    "zstandard": None,  # a core dependency: the .glyd archive commands need it
 }
 
 

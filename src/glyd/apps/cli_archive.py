@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import argparse
 import time
+from typing import TYPE_CHECKING
 from pathlib import Path
 
 from glyd.errors import GlydError
-from glyd.filecodec import archive as arc
+
+if TYPE_CHECKING:
+    from glyd.filecodec import archive as arc
 
 
 def _jobs(p: argparse.ArgumentParser) -> None:
@@ -40,7 +43,7 @@ def register(subparsers) -> None:
     p.set_defaults(func=_test)
 
 
-def _summary(verb: str, rep: arc.Report, seconds: float) -> str:
+def _summary(verb: str, rep: "arc.Report", seconds: float) -> str:
     mb = rep.original_bytes / 1e6
     return (
         f"{verb} {len(rep.entries)} file(s), {rep.chunks} chunk(s): {rep.original_bytes:,} bytes "
@@ -74,6 +77,8 @@ def default_archive(paths: list[str]) -> Path:
 
 @_os_errors
 def _compress(args) -> int:
+    from glyd.filecodec import archive as arc  # zstandard: only when a .glyd archive is made or read
+
     out = Path(args.output) if args.output else default_archive(args.paths)
     t = time.perf_counter()
     rep = arc.compress_files(args.paths, out, jobs=args.jobs, progress=True)  # refuses an existing out
@@ -83,6 +88,8 @@ def _compress(args) -> int:
 
 @_os_errors
 def _decompress(args) -> int:
+    from glyd.filecodec import archive as arc  # zstandard: only when a .glyd archive is made or read
+
     out = Path(args.output) if args.output else Path(args.archive).parent
     t = time.perf_counter()
     rep = arc.decompress(args.archive, out, jobs=args.jobs, progress=True)
@@ -92,6 +99,8 @@ def _decompress(args) -> int:
 
 @_os_errors
 def _test(args) -> int:
+    from glyd.filecodec import archive as arc  # zstandard: only when a .glyd archive is made or read
+
     t = time.perf_counter()
     rep = arc.test(args.archive, jobs=args.jobs, progress=True)
     print(_summary(f"{args.archive}: OK,", rep, time.perf_counter() - t))

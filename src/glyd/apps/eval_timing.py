@@ -85,13 +85,18 @@ def time_decode_compiled(model: nn.Module, batches: tuple[int, ...], context: in
     cuda = device.startswith("cuda")
     times: dict[int, float] = {}
     for b in batches:
-        runner = _StepRunner(compiled, b, context, device)
-        for i in range(4):  # compiles (and on a GPU records its graphs), then warm replays
+        # An eager step allocates the cache first: transformers marks its tensors as static addresses
+        # only outside torch.compile, and a cache made inside the compiled graph is a graph output that
+        # the next replay overwrites (the H200 run of 2026-12-02 failed so).
+        runner = _StepRunner(model, b, context, device)
+        runner.reset()
+        runner.step()
+        runner.fill_cache()
+        runner.model = compiled
+        for _ in range(4):  # compiles (and on a GPU records its graphs), then warm replays
             runner.reset()
             torch.compiler.cudagraph_mark_step_begin()
             runner.step()
-            if i == 0:
-                runner.fill_cache()
         _check_compiled(runner, model)
         samples = []
         for _ in range(replays if cuda else max(3, min(replays, 10))):

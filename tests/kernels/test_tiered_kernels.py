@@ -34,6 +34,7 @@ def _tier_weights(n: int, k: int, kind: str) -> torch.Tensor:
     return (sign * mant * torch.exp2(e.float())).to(torch.bfloat16)
 
 
+@pytest.mark.gpu_sample(every=3)
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("kind", ["deep", "runs", "raw"])
 @pytest.mark.parametrize("shape", [(5, 1100), (3, 1024), (9, 200), (2, 3000)])
@@ -56,6 +57,7 @@ def test_tiered_unpack_tile_shapes(device, bb, warps):
     assert torch.equal(out.cpu().view(torch.int16), w.view(torch.int16))
 
 
+@pytest.mark.gpu_sample(every=3)
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("m", [1, 2, 3, 5, 8, 16])
 @pytest.mark.parametrize("kind", ["normal", "deep"])

@@ -20,7 +20,7 @@ def _kunpack(p, device, config=None):
     return kernels.unpack(p.to(device), None, config)
 
 
-@pytest.mark.gpu_sample(every=2)
+@pytest.mark.gpu_sample(every=3)
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("shape", [(1, 1), (3, 70), (33, 1100), (2, 2048), (7, 64)])

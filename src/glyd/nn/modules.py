@@ -12,6 +12,7 @@ and calls ``F.linear`` with the bf16 weight itself, so the output is the bf16 la
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, Sequence
 
 import torch
@@ -178,8 +179,8 @@ class GlydLinear(_PackedModule):
             if sum(splits) != self.out_features or min(splits) <= 0:
                 raise ValueError(f"splits {splits} do not add up to the {self.out_features} rows of the weight")
         self.splits = splits
-        # (input, outputs, taken flags) of the last merged product, until every part has read it.
-        self._pending: tuple[torch.Tensor, tuple[torch.Tensor, ...], list[bool]] | None = None
+        # (input, each part's output (a thunk), taken flags) of the last merged product, until every part has read it.
+        self._pending: tuple[torch.Tensor, tuple[Callable[[], torch.Tensor], ...], list[bool]] | None = None
 
     @property
     def weight(self) -> PackedWeight:
@@ -194,29 +195,31 @@ class GlydLinear(_PackedModule):
             return F.linear(x, self._unpack(), self.bias)
         return self._linear(x)
 
-    def _products(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def _products(self, x: torch.Tensor) -> tuple[Callable[[], torch.Tensor], ...]:
         assert self.splits is not None
         if self.exact:
-            # bf16's own products: one F.linear a part with that part's rows, exactly as unmerged.
+            # bf16's own products: one F.linear a part with that part's rows, run when that part is
+            # called, exactly as unmerged (so that in training x's gradients add up in bf16's order).
             w = self._unpack()
             ws = w.split(self.splits, dim=0)
             bs = self.bias.split(self.splits) if self.bias is not None else (None,) * len(ws)
-            return tuple(F.linear(x, wi, bi) for wi, bi in zip(ws, bs))
-        return tuple(self._linear(x).split(self.splits, dim=-1))
+            return tuple(functools.partial(F.linear, x, wi, bi) for wi, bi in zip(ws, bs))
+        return tuple((lambda y=y: y) for y in self._linear(x).split(self.splits, dim=-1))
 
     def part_forward(self, x: torch.Tensor, index: int) -> torch.Tensor:
-        """Part ``index`` of the merged product of ``x``; the product runs once for all parts."""
+        """Part ``index`` of the merged product of ``x``; the product (the unpack with ``exact=True``)
+        runs once for all parts."""
         pend = self._pending
         if pend is not None and pend[0] is x and not pend[2][index]:
             pend[2][index] = True
             if all(pend[2]):
                 self._pending = None
-            return pend[1][index]
+            return pend[1][index]()
         outs = self._products(x)
         taken = [False] * len(outs)
         taken[index] = True
         self._pending = (x, outs, taken) if len(outs) > 1 else None
-        return outs[index]
+        return outs[index]()
 
     def parts(self) -> list[GlydLinearPart]:
         if self.splits is None:

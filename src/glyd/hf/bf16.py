@@ -17,6 +17,7 @@ from glyd.errors import CorruptError, FormatError, UnsupportedError
 from glyd.hf import hooks
 from glyd.hf._model import note_source
 from glyd.hf.classes import build_empty
+from glyd.hf.keys import checkpoint_namer
 from glyd.hf.packer import Packer
 from glyd.hf.placement import AUTO_MAPS, check_covers, device_of, infer_map, normalize_map
 from glyd.store._safetensors import dtype_from_name, read_header
@@ -185,16 +186,13 @@ def _stream(path: Path, keys: dict[Path, list[str]], model: nn.Module, packer: P
     """Read the shards one tensor at a time and hand each to the packer."""
     from safetensors import safe_open
 
-    sd_names = set(model.state_dict(keep_vars=True).keys())
-    prefix = getattr(model, "base_model_prefix", "")
+    name_of = checkpoint_namer(model, set(model.state_dict(keep_vars=True).keys()), str(path))
     total = sum(len(v) for v in keys.values())
     with tqdm(total=total, desc="glyd: loading and packing", unit="tensor", disable=not progress) as bar:
         for f, names in keys.items():
             with safe_open(str(f), framework="pt", device="cpu") as st:
                 for key in names:
-                    name = key if key in sd_names or not prefix else f"{prefix}.{key}"
-                    if name not in sd_names:
-                        name = key
+                    name = name_of(key)
                     try:
                         t = st.get_tensor(key)
                     except Exception as exc:  # safetensors' own error types

@@ -31,8 +31,10 @@ log = logging.getLogger(__name__)
 #: The class used when neither the caller nor config.json's ``architectures`` names one.
 DEFAULT_CLASS = "AutoModelForCausalLM"
 
-#: transformers' task classes tried (in this order) for the one that maps a config to a named class.
-#: Task classes, not architectures: which model types each one covers is transformers' own table.
+#: transformers' task classes tried first (in this order) for the one that maps a config to a named
+#: class; every other ``Auto*`` class of ``transformers.models.auto.modeling_auto`` follows
+#: (:func:`auto_classes`). Task classes, not architectures: which model types each one covers is
+#: transformers' own table.
 AUTO_CLASSES = (
     "AutoModelForCausalLM",
     "AutoModel",
@@ -77,6 +79,16 @@ def _named(name: str) -> Any:
         return None
 
 
+def auto_classes() -> list[str]:
+    """Names of the ``Auto*`` model classes :func:`pick_class` looks through: :data:`AUTO_CLASSES`,
+    then the others this transformers has (image classification, speech seq2seq, ...)."""
+    from transformers.models.auto import modeling_auto
+
+    rest = sorted(n for n in dir(modeling_auto) if n.startswith("Auto") and n not in AUTO_CLASSES
+                  and _is_auto(getattr(modeling_auto, n, None)))
+    return [*AUTO_CLASSES, *rest]
+
+
 def _auto_for(cls: type, model_type: Any) -> type:
     """The ``Auto*`` class that maps configs of ``model_type`` to ``cls`` (``cls`` itself when none does)."""
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
@@ -85,7 +97,7 @@ def _auto_for(cls: type, model_type: Any) -> type:
         config_class = CONFIG_MAPPING[model_type]
     except (KeyError, TypeError):
         return cls
-    for name in AUTO_CLASSES:
+    for name in auto_classes():
         auto = _named(name)
         mapping = getattr(auto, "_model_mapping", None)
         try:

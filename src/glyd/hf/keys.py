@@ -1,0 +1,79 @@
+"""Checkpoint key -> model tensor name, as transformers' own loader maps them.
+
+transformers 5 renames some modules (ViT's ``encoder.layer.N.attention.attention.query`` is now
+``layers.N.attention.q_proj``) and keeps reading the old checkpoints through its conversion mapping;
+its ``save_pretrained`` even writes the old names back. glyd's streaming loader reads the shards one
+tensor at a time, so it asks transformers for the same mapping (``get_model_conversion_mapping``)
+and applies its renamings: the table is transformers', kept by transformers, not glyd's.
+
+A checkpoint key that needs a *conversion* (several tensors fused or one split, for example MoE
+experts stacked into one tensor) is refused with :class:`glyd.errors.UnsupportedError`: packing
+happens one tensor at a time, before such an operation could run.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Callable
+
+from torch import nn
+
+from glyd.errors import UnsupportedError
+
+log = logging.getLogger(__name__)
+
+
+def _conversions(model: nn.Module) -> tuple[list, list] | None:
+    """(renamings, converters) transformers applies when it loads ``model``'s checkpoints (None if this
+    transformers has no conversion mapping)."""
+    try:
+        from transformers.conversion_mapping import get_model_conversion_mapping
+        from transformers.core_model_loading import WeightConverter, WeightRenaming
+    except ImportError:
+        return None
+    try:
+        mapping = get_model_conversion_mapping(model)
+    except (AttributeError, TypeError):  # not a PreTrainedModel, or an API this glyd does not know
+        return None
+    return ([t for t in mapping if isinstance(t, WeightRenaming)],
+            [t for t in mapping if isinstance(t, WeightConverter)])
+
+
+def checkpoint_namer(model: nn.Module, names: set[str], where: str) -> Callable[[str], str]:
+    """A function from a checkpoint key to the name of the model's tensor that it fills.
+
+    ``names`` are the model's state-dict names; ``where`` (the folder) goes into error messages. A
+    key that already names a tensor, with or without the model's ``base_model_prefix``, is used as
+    it is; any other goes through transformers' renamings.
+
+    >>> namer = checkpoint_namer(nn.Linear(2, 2), {"weight", "bias"}, "folder")
+    >>> namer("weight")
+    'weight'
+    """
+    prefix = getattr(model, "base_model_prefix", "") or ""
+    conv = None
+    looked = False
+
+    def name_of(key: str) -> str:
+        nonlocal conv, looked
+        if key in names:
+            return key
+        if prefix and f"{prefix}.{key}" in names:
+            return f"{prefix}.{key}"
+        if not looked:
+            conv, looked = _conversions(model), True
+        if conv is None:
+            return key
+        from transformers.core_model_loading import rename_source_key
+
+        renamings, converters = conv
+        renamed, converter = rename_source_key(key, renamings, converters, prefix or None, dict.fromkeys(names, True))
+        if converter is not None:
+            raise UnsupportedError(f"{where}: tensor {key!r} is stored in an older layout that transformers converts "
+                                   f"while loading ({converter!r} -> {renamed!r}); glyd packs tensors one at a time "
+                                   f"and cannot convert it: load the model with transformers, then glyd.compress(model)")
+        if renamed != key:
+            log.debug("%s: checkpoint key %s is %s in this transformers", where, key, renamed)
+        return renamed
+
+    return name_of

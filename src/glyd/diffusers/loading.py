@@ -86,6 +86,7 @@ def from_pretrained(name_or_path: str | os.PathLike, *, subfolder: str | None = 
     >>> transformer = glyd.from_pretrained("flux-glyd", subfolder="transformer", exact=True)  # doctest: +SKIP
     >>> pipe = diffusers.FluxPipeline.from_pretrained("FLUX.1-dev", transformer=transformer)  # doctest: +SKIP
     """
+    _diffusers()
     check_layout(layout)
     bad = sorted(set(hub_kwargs) - set(HUB_KWARGS))
     if bad:

@@ -185,9 +185,14 @@ def test_flux_pipeline_image_equals_bf16_bit_for_bit(tmp_path):
     pipe = _pipeline(tiny_flux())
     glyd.compress(pipe.transformer, exact=True, progress=False)
     assert torch.equal(_bits(_image(pipe)), _bits(want))
-    glyd.save_pretrained(pipe.transformer, tmp_path / "transformer", progress=False)
-    loaded = glyd.from_pretrained(tmp_path / "transformer", exact=True, device="cpu", progress=False)
-    assert torch.equal(_bits(_image(_pipeline(loaded))), _bits(want))
+    pipe.save_pretrained(tmp_path / "pipe")  # diffusers' pipeline save: transformer/ through glyd's hook
+    assert (tmp_path / "pipe" / "transformer" / "glyd.json").is_file()
+    assert (tmp_path / "pipe" / "model_index.json").is_file()
+    loaded = glyd.from_pretrained(tmp_path / "pipe", subfolder="transformer", exact=True, device="cpu", progress=False)
+    none = dict(text_encoder=None, tokenizer=None, text_encoder_2=None, tokenizer_2=None)
+    again = diffusers.FluxPipeline.from_pretrained(tmp_path / "pipe", transformer=loaded, dtype=torch.bfloat16, **none)
+    assert again.transformer is loaded
+    assert torch.equal(_bits(_image(again)), _bits(want))
 
 
 def test_bad_inputs_get_clear_errors(tmp_path):

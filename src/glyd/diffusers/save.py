@@ -67,7 +67,7 @@ def config_dict(model: nn.Module, layout: str) -> dict[str, Any]:
 
 
 def _save_hook(model: nn.Module, save_directory: str | os.PathLike, is_main_process: bool = True,
-               max_shard_size: int | str = "10GB", push_to_hub: bool = False, **kwargs: Any) -> None:
+               max_shard_size: int | str | None = "10GB", push_to_hub: bool = False, **kwargs: Any) -> None:
     """``model.save_pretrained(save_directory)`` of a packed diffusers model: :func:`save_pretrained`
     with ``overwrite=True`` (it replaces an empty folder or a glyd folder, never anything else)."""
     if push_to_hub:
@@ -80,7 +80,8 @@ def _save_hook(model: nn.Module, save_directory: str | os.PathLike, is_main_proc
         return
     from huggingface_hub.serialization._base import parse_size_to_int
 
-    size = max_shard_size if isinstance(max_shard_size, int) else parse_size_to_int(max_shard_size)
+    # DiffusionPipeline.save_pretrained passes max_shard_size=None for its default
+    size = max_shard_size if isinstance(max_shard_size, int) else parse_size_to_int(max_shard_size or "10GB")
     save_pretrained(model, save_directory, overwrite=True, max_shard_bytes=size, progress=False)
 
 

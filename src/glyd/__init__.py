@@ -34,9 +34,6 @@ _warn_conflicts()
 
 # Public names that live in modules with heavy dependencies (transformers, triton).
 _LAZY = {
-    "from_pretrained": "glyd.hf",
-    "save_pretrained": "glyd.hf",
-    "compress": "glyd.hf",
     "verify": "glyd.hf",
     "GlydLinear": "glyd.nn",
     "GlydEmbedding": "glyd.nn",
@@ -54,6 +51,9 @@ __all__ = [
     "CorruptError",
     "DestinationExistsError",
     "UnsupportedError",
+    "from_pretrained",
+    "save_pretrained",
+    "compress",
     *_LAZY,
 ]
 
@@ -81,6 +81,50 @@ def pack(matrix: torch.Tensor, layout: str = "fixed12") -> Packed:
     elif layout not in LAYOUTS:
         raise ValueError(f"unknown layout {layout!r}; choose one of auto, {', '.join(LAYOUTS)}")
     return _codec.pack(matrix, layout)
+
+
+def _models(diffusers: bool) -> Any:
+    # transformers models are glyd.hf's, diffusers models glyd.diffusers' (each imports its library lazily)
+    return importlib.import_module("glyd.diffusers" if diffusers else "glyd.hf")
+
+
+def from_pretrained(name_or_path: Any, **kwargs: Any) -> Any:
+    """Load a model with packed weights: a transformers model (``glyd.hf.from_pretrained``: causal
+    LMs, encoders, ...) or a diffusers model (``glyd.diffusers.from_pretrained``: a folder whose
+    config.json diffusers wrote, or ``model_class=`` a diffusers class), from a bf16 folder (packed
+    as it loads) or a glyd folder (loaded as it is). The keyword arguments are those of the one used.
+
+    >>> model = glyd.from_pretrained("path/to/bf16-model", exact=True)                 # doctest: +SKIP
+    >>> flux = glyd.from_pretrained("flux-glyd", subfolder="transformer", exact=True)  # doctest: +SKIP
+    """
+    from glyd.diffusers._detect import wants_diffusers
+
+    diffusers = wants_diffusers(name_or_path, kwargs.get("model_class"), kwargs.get("subfolder"))
+    return _models(diffusers).from_pretrained(name_or_path, **kwargs)
+
+
+def save_pretrained(model: Any, path: Any, **kwargs: Any) -> Any:
+    """Write a packed model as a glyd folder: transformers' layout (``glyd.hf.save_pretrained``) or,
+    for a diffusers model, diffusers' (``glyd.diffusers.save_pretrained``).
+
+    >>> glyd.save_pretrained(model, "model-glyd")                                      # doctest: +SKIP
+    """
+    from glyd.diffusers._detect import is_diffusers_model
+
+    return _models(is_diffusers_model(model)).save_pretrained(model, path, **kwargs)
+
+
+def compress(model: Any, **kwargs: Any) -> Any:
+    """Pack a loaded bf16 model in place and return it: a transformers model or any ``nn.Module``
+    (``glyd.hf.compress``), or a diffusers model (``glyd.diffusers.compress``). ``exact=True`` makes
+    its outputs equal bf16's bit for bit.
+
+    >>> glyd.compress(model, layout="fixed12")                                         # doctest: +SKIP
+    >>> glyd.compress(pipe.transformer, exact=True)                                    # doctest: +SKIP
+    """
+    from glyd.diffusers._detect import is_diffusers_model
+
+    return _models(is_diffusers_model(model)).compress(model, **kwargs)
 
 
 def __getattr__(name: str) -> Any:

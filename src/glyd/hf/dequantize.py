@@ -93,7 +93,7 @@ def dequantize(model: nn.Module, dtype: Any = None) -> nn.Module:
     if dtype != torch.bfloat16:
         model.to(dtype)
     cfg = getattr(model, "config", None)
-    if cfg is not None:
+    if cfg is not None and not isinstance(cfg, dict):  # a diffusers config is a frozen dict holding no dtype
         cfg.dtype = dtype
     log.info("dequantized %d packed module(s) into bf16 modules", len(jobs))
     return model

@@ -48,28 +48,9 @@ def save_pretrained(model: nn.Module, path: str | os.PathLike, *, tokenizer: Any
 
     >>> glyd.save_pretrained(model, "smollm2-glyd")                       # doctest: +SKIP
     """
-    packed = list(packed_modules(model))
-    if not packed:
-        raise ValueError("the model has no glyd-packed weights: call glyd.compress(model) or use glyd.from_pretrained")
-    layouts = {m.layout for _, m in packed}
-    layout = layouts.pop() if len(layouts) == 1 else "auto"
-    packed_keys = set()
+    layout = model_layout(model)
     with CheckpointWriter(path, layout=layout, overwrite=overwrite, max_shard_bytes=max_shard_bytes) as out:
-        for name, m in tqdm(packed, desc="glyd: saving", unit="tensor", disable=not progress):
-            wname = f"{name}.weight"
-            sha = m.sha256
-            if sha is None:  # no record from packing time: the only honest hash is of what we hold
-                sha = sha256_tensor(_ops.unpack(m.packed).cpu())
-            out.add_packed(wname, m.packed, sha)
-            packed_keys.update(f"{name}.{b}" for b in m._buffers if b.startswith(BUFFER_PREFIX))
-        seen: set[int] = set()
-        for name, t in model.state_dict().items():
-            if name in packed_keys:
-                continue
-            if t.data_ptr() in seen and t.numel():  # a tied tensor other than the packed ones
-                continue
-            seen.add(t.data_ptr())
-            out.add_tensor(name, t)
+        write_tensors(out, model, progress)
         out.set_config(_config_dict(model, layout))
         src = source_of(model)
         with tempfile.TemporaryDirectory() as tmp:
@@ -92,6 +73,34 @@ def save_pretrained(model: nn.Module, path: str | os.PathLike, *, tokenizer: Any
                         check_inside(src, src / fname)  # a link out of the source folder is not copied
                         out.add_file(src / fname, fname)
     return Path(path)
+
+
+def model_layout(model: nn.Module) -> str:
+    """The layout a packed model's folder records: its packed modules' one layout, else ``"auto"``."""
+    layouts = {m.layout for _, m in packed_modules(model)}
+    if not layouts:
+        raise ValueError("the model has no glyd-packed weights: call glyd.compress(model) or use glyd.from_pretrained")
+    return layouts.pop() if len(layouts) == 1 else "auto"
+
+
+def write_tensors(out: CheckpointWriter, model: nn.Module, progress: bool) -> None:
+    """Every tensor of ``model`` into ``out``: packed arrays as they are (with the sha256 of the
+    original bf16 weight), every other tensor as it is, a tied one once."""
+    packed_keys = set()
+    for name, m in tqdm(list(packed_modules(model)), desc="glyd: saving", unit="tensor", disable=not progress):
+        sha = m.sha256
+        if sha is None:  # no record from packing time: the only honest hash is of what we hold
+            sha = sha256_tensor(_ops.unpack(m.packed).cpu())
+        out.add_packed(f"{name}.weight", m.packed, sha)
+        packed_keys.update(f"{name}.{b}" for b in m._buffers if b.startswith(BUFFER_PREFIX))
+    seen: set[int] = set()
+    for name, t in model.state_dict().items():
+        if name in packed_keys:
+            continue
+        if t.data_ptr() in seen and t.numel():  # a tied tensor other than the packed ones
+            continue
+        seen.add(t.data_ptr())
+        out.add_tensor(name, t)
 
 
 def _is_transformers_model(model: nn.Module) -> bool:

@@ -17,7 +17,7 @@ import re
 from pathlib import Path
 
 from glyd.errors import CorruptError, FormatError
-from glyd.store._manifest import CONFIG, INDEX, MANIFEST, SINGLE_SHARD, shard_name
+from glyd.store._manifest import CONFIG, MANIFEST, index_name, shard_base, shard_name
 from glyd.store._safetensors import Header, load_json, short
 
 log = logging.getLogger(__name__)
@@ -30,32 +30,40 @@ STRICT_PATTERNS = (
     "*.npz", "*.npy", "*.pkl", "*.pickle", "*.index.json", CONFIG, "*.py",
 )
 
-_SHARD_NUM_RE = re.compile(r"model-(\d{5})-of-(\d{5})\.safetensors")
+_SHARD_NUM_RE = re.compile(r"(?:model|diffusion_pytorch_model)-(\d{5})-of-(\d{5})\.safetensors")
 
 
-def check_shard_names(path: Path, shards: set[str]) -> bool:
+def check_shard_names(path: Path, shards: set[str]) -> tuple[bool, str]:
     """The shards glyd.json uses must be exactly those a writer makes: ``model.safetensors`` alone,
-    or ``model-00001-of-0000N`` ... ``model-0000N-of-0000N`` (N > 1), every one used. Returns
-    whether the checkpoint is sharded."""
-    if shards == {SINGLE_SHARD}:
-        return False
+    or ``model-00001-of-0000N`` ... ``model-0000N-of-0000N`` (N > 1), every one used; or the same
+    named after ``diffusion_pytorch_model`` (diffusers' name), never a mix. Returns whether the
+    checkpoint is sharded, and the base name of its shards."""
+    bases = {shard_base(s) for s in shards}
+    base = bases.pop() if len(bases) == 1 else None
+    if base is None:
+        raise FormatError(f"{path / MANIFEST}: tensors name shards {', '.join(sorted(shards))}: not one set of "
+                          f"model*.safetensors or diffusion_pytorch_model*.safetensors")
+    single = shard_name(1, 1, base)
+    if shards == {single}:
+        return False, base
     nums = [_SHARD_NUM_RE.fullmatch(s) for s in sorted(shards)]
     counts = {int(m.group(2)) for m in nums if m}
-    if SINGLE_SHARD in shards or len(counts) != 1 or counts == {1}:
+    if single in shards or len(counts) != 1 or counts == {1}:
         raise FormatError(f"{path / MANIFEST}: tensors name shards {', '.join(sorted(shards))}: not one set of "
-                          f"{SINGLE_SHARD} or model-0000i-of-0000N.safetensors (N > 1)")
+                          f"{single} or {base}-0000i-of-0000N.safetensors (N > 1)")
     (n,) = counts
-    missing = [shard_name(i, n) for i in range(1, n + 1) if shard_name(i, n) not in shards]
+    missing = [shard_name(i, n, base) for i in range(1, n + 1) if shard_name(i, n, base) not in shards]
     if missing:
         raise FormatError(f"{path / MANIFEST}: no tensor is listed in shard(s) {', '.join(missing[:5])} of {n} "
                           f"(a shard was dropped from the manifest, or the checkpoint is incomplete)")
-    return True
+    return True, base
 
 
-def check_index(path: Path, claimed: dict[str, set[str]], headers: dict[str, Header], sharded: bool) -> None:
-    """The index must exist exactly when the checkpoint is sharded and map every key of every shard,
-    and nothing else, to its shard."""
-    index = path / INDEX
+def check_index(path: Path, claimed: dict[str, set[str]], headers: dict[str, Header], sharded: bool,
+                base: str = "model") -> None:
+    """The index (named after the shards' ``base``) must exist exactly when the checkpoint is sharded
+    and map every key of every shard, and nothing else, to its shard."""
+    index = path / index_name(base)
     if not sharded:
         if index.exists() or index.is_symlink():
             raise FormatError(f"{index}: a single-shard checkpoint has no index; {MANIFEST} does not account for it")

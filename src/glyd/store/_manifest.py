@@ -24,7 +24,10 @@ FORMAT = "glyd-checkpoint"
 VERSION = 1
 #: File name of the manifest inside a checkpoint folder.
 MANIFEST = "glyd.json"
-#: safetensors file names of a checkpoint (one shard, or several plus the index).
+#: Base names of a checkpoint's safetensors files: transformers' ``model``, diffusers'
+#: ``diffusion_pytorch_model`` (the name each library looks for); one checkpoint uses one of them.
+WEIGHT_BASES = ("model", "diffusion_pytorch_model")
+#: safetensors file names of a transformers checkpoint (one shard, or several plus the index).
 SINGLE_SHARD = "model.safetensors"
 INDEX = "model.safetensors.index.json"
 CONFIG = "config.json"
@@ -38,7 +41,7 @@ TMP_SUFFIX = ".glyd-tmp"
 #: What joins a packed tensor's name and its array's in a safetensors key (:func:`key_for`).
 KEY_SEP = "_glyd_"
 _SHA_RE = re.compile(r"[0-9a-f]{64}")
-_SHARD_RE = re.compile(r"model(-\d{5}-of-\d{5})?\.safetensors")
+_SHARD_RE = re.compile(r"(model|diffusion_pytorch_model)(-\d{5}-of-\d{5})?\.safetensors")
 
 
 def key_for(name: str, array: str) -> str:
@@ -50,9 +53,28 @@ def key_for(name: str, array: str) -> str:
     return f"{name}{KEY_SEP}{array}"
 
 
-def shard_name(i: int, n: int) -> str:
-    """File name of shard ``i`` (1-based) of ``n``: ``model.safetensors`` when ``n == 1``."""
-    return SINGLE_SHARD if n == 1 else f"model-{i:05d}-of-{n:05d}.safetensors"
+def shard_name(i: int, n: int, base: str = "model") -> str:
+    """File name of shard ``i`` (1-based) of ``n``: ``model.safetensors`` when ``n == 1``.
+
+    >>> shard_name(2, 3), shard_name(1, 1, "diffusion_pytorch_model")
+    ('model-00002-of-00003.safetensors', 'diffusion_pytorch_model.safetensors')
+    """
+    return f"{base}.safetensors" if n == 1 else f"{base}-{i:05d}-of-{n:05d}.safetensors"
+
+
+def index_name(base: str = "model") -> str:
+    """File name of the index of a sharded checkpoint whose shards are named after ``base``."""
+    return f"{base}.safetensors.index.json"
+
+
+def shard_base(file: str) -> str | None:
+    """The base name (one of :data:`WEIGHT_BASES`) of shard file name ``file``; None if it is not one.
+
+    >>> shard_base("diffusion_pytorch_model-00001-of-00002.safetensors"), shard_base("x.safetensors")
+    ('diffusion_pytorch_model', None)
+    """
+    m = _SHARD_RE.fullmatch(file) if isinstance(file, str) else None
+    return None if m is None else m.group(1)
 
 
 def is_sha(s: object) -> bool:
@@ -72,7 +94,7 @@ def safe_relpath(name: object) -> str | None:
 def reserved(arcname: str) -> bool:
     """Names a copied file may not have: glyd.json, the index and any top-level ``*.safetensors``
     (loaders take every such file for weights)."""
-    return arcname in (MANIFEST, INDEX) or ("/" not in arcname and arcname.lower().endswith(".safetensors"))
+    return arcname in (MANIFEST, *map(index_name, WEIGHT_BASES)) or ("/" not in arcname and arcname.lower().endswith(".safetensors"))
 
 
 def dump_manifest(manifest: dict[str, Any]) -> str:
@@ -165,7 +187,8 @@ def _check_entry(where: Path, f: str, e: object) -> None:
         raise _fail(where, f"{f}.sha256", f"must be 64 lowercase hex digits, got {short(e.get('sha256'))}")
     file = e.get("file")
     if not isinstance(file, str) or _SHARD_RE.fullmatch(file) is None:
-        raise _fail(where, f"{f}.file", "must name a shard (model.safetensors or model-NNNNN-of-NNNNN.safetensors), "
+        raise _fail(where, f"{f}.file", "must name a shard (model.safetensors, model-NNNNN-of-NNNNN.safetensors or "
+                    "the same with diffusion_pytorch_model), "
                     f"got {short(file)}")
     if kind == "raw":
         return

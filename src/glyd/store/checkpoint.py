@@ -48,8 +48,10 @@ from glyd.store._manifest import (  # noqa: F401 - the names are part of this mo
     SHARD_METADATA,
     SINGLE_SHARD,
     VERSION,
+    WEIGHT_BASES,
     dump_manifest,
     entry_bytes,
+    index_name,
     is_sha,
     key_for,
     reserved,
@@ -116,9 +118,13 @@ class CheckpointWriter:
         layout: str,
         max_shard_bytes: int = 2 * 1024**3,
         overwrite: bool = False,
+        weights_name: str = "model",
     ):
         if layout not in LAYOUTS and layout != "auto":
             raise ValueError(f"unknown layout {layout!r}; choose one of {', '.join([*LAYOUTS, 'auto'])}")
+        if weights_name not in WEIGHT_BASES:
+            raise ValueError(f"weights_name must be one of {', '.join(WEIGHT_BASES)}, got {weights_name!r}")
+        self.weights_name = weights_name
         if not isinstance(max_shard_bytes, int) or isinstance(max_shard_bytes, bool) or max_shard_bytes <= 0:
             raise ValueError(f"max_shard_bytes must be a positive int, got {max_shard_bytes!r}")
         self.layout = layout
@@ -286,7 +292,7 @@ class CheckpointWriter:
             weight_map: dict[str, str] = {}
             total = 0
             for i, (tmp_path, names) in enumerate(self._shards, 1):
-                final = shard_name(i, n)
+                final = shard_name(i, n, self.weights_name)
                 os.rename(tmp_path, self._dir.tmp / final)
                 for name in names:
                     entry = self._tensors[name]
@@ -297,7 +303,8 @@ class CheckpointWriter:
                     total += entry_bytes(entry)
             if n > 1:
                 index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
-                (self._dir.tmp / INDEX).write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
+                (self._dir.tmp / index_name(self.weights_name)).write_text(json.dumps(index, indent=2) + "\n",
+                                                                           encoding="utf-8")
             manifest = self.manifest()
             (self._dir.tmp / MANIFEST).write_text(dump_manifest(manifest), encoding="utf-8")
             path = self._dir.commit()
@@ -354,11 +361,11 @@ class CheckpointReader:
         self._handles: dict[tuple[str, str], Any] = {}
         self._config: dict[str, Any] | None = None
         files = sorted({e["file"] for e in self._tensors.values()})
-        sharded = check_shard_names(self.path, set(files))
+        sharded, self.weights_name = check_shard_names(self.path, set(files))
         claimed = self._check_shards(mpath, files)
-        check_index(self.path, claimed, self._headers, sharded)
+        check_index(self.path, claimed, self._headers, sharded, self.weights_name)
         self._check_files(mpath)
-        listed = {MANIFEST, *files, *self._manifest["files"], *([INDEX] if sharded else [])}
+        listed = {MANIFEST, *files, *self._manifest["files"], *([index_name(self.weights_name)] if sharded else [])}
         self.ignored = check_unlisted(self.path, listed)
 
     def _check_shards(self, mpath: Path, files: list[str]) -> dict[str, set[str]]:

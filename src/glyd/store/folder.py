@@ -31,7 +31,6 @@ from glyd.store._safetensors import Header, dtype_from_name, dtype_name, sha256_
 from glyd.store._source import copy_list, read_config, source_shards
 from glyd.store.checkpoint import (
     CONFIG,
-    INDEX,
     MANIFEST,
     AtomicDir,
     CheckpointReader,
@@ -40,6 +39,7 @@ from glyd.store.checkpoint import (
     entry_bytes,
     shard_name,
 )
+from glyd.store.checkpoint import index_name as index_file
 
 log = logging.getLogger(__name__)
 
@@ -323,7 +323,8 @@ def unpack_folder(src: str | os.PathLike, dst: str | os.PathLike, progress: bool
         if len(by_file) > 1:
             meta = {"total_parameters": params, "total_size": total}  # as transformers 5 writes it
             index = {"metadata": meta, "weight_map": dict(sorted(weight_map.items()))}
-            (out.tmp / INDEX).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+            (out.tmp / index_file(reader.weights_name)).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n",
+                                                                  encoding="utf-8")
         counts["bytes"] = total
         for rel, digest in reader.files.items():
             if rel == CONFIG:

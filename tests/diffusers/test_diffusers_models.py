@@ -1,0 +1,243 @@
+"""diffusers models: a tiny FLUX-style ``FluxTransformer2DModel`` and a tiny SD3-style
+``SD3Transformer2DModel`` built from configs with random bf16 weights. Packed in place with
+``glyd.compress``, every weight unpacks bit for bit and ``exact=True`` outputs equal bf16's; a glyd
+folder in diffusers' layout saves, verifies and loads back (also as a pipeline's ``transformer/``
+subfolder, and from a bf16 diffusers folder, packed while loading); inside ``FluxPipeline`` the
+image from ``exact=True`` equals bf16's bit for bit for a fixed seed.
+
+The pipeline is FLUX's own, offline: ``FluxPipeline`` takes ``prompt_embeds`` and
+``pooled_prompt_embeds`` directly, so it needs no tokenizer or text encoder (their files are not
+on this machine); a tiny ``AutoencoderKL`` decodes the latents.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from torch import nn
+
+import glyd
+from glyd.errors import FormatError, MissingDependencyError, UnsupportedError
+from glyd.nn.modules import GlydLinear
+
+diffusers = pytest.importorskip("diffusers")
+
+TXT, IMG = 8, 16  # text and image tokens of the forward tests
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    assert t.dtype == torch.bfloat16
+    return t.view(torch.int16)
+
+
+def _init(model: nn.Module, seed: int) -> nn.Module:
+    """Random weights (normal, std 0.02; norms around 1), then bf16, eval."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() >= 2 or name.endswith("bias"):
+                p.copy_(torch.randn(p.shape, generator=g) * 0.02)
+            else:
+                p.copy_(1.0 + 0.05 * torch.randn(p.shape, generator=g))
+    return model.to(torch.bfloat16).eval()
+
+
+def tiny_flux(seed: int = 0) -> nn.Module:
+    return _init(diffusers.FluxTransformer2DModel(
+        patch_size=1, in_channels=16, num_layers=1, num_single_layers=1, attention_head_dim=16, num_attention_heads=2,
+        joint_attention_dim=32, pooled_projection_dim=24, axes_dims_rope=(4, 6, 6)), seed)
+
+
+def tiny_sd3(seed: int = 0) -> nn.Module:
+    return _init(diffusers.SD3Transformer2DModel(
+        sample_size=8, patch_size=2, in_channels=4, num_layers=1, attention_head_dim=8, num_attention_heads=2,
+        joint_attention_dim=32, caption_projection_dim=16, pooled_projection_dim=24, out_channels=4,
+        pos_embed_max_size=8), seed)
+
+
+MODELS = {"flux": tiny_flux, "sd3": tiny_sd3}
+
+
+def _inputs(kind: str) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(1)
+
+    def r(*shape):
+        return torch.randn(*shape, generator=g).to(torch.bfloat16)
+
+    common = dict(encoder_hidden_states=r(1, TXT, 32), pooled_projections=r(1, 24),
+                  timestep=torch.tensor([0.5], dtype=torch.bfloat16))
+    if kind == "flux":
+        return dict(hidden_states=r(1, IMG, 16), img_ids=torch.zeros(IMG, 3), txt_ids=torch.zeros(TXT, 3), **common)
+    return dict(hidden_states=r(1, 4, 8, 8), **common)
+
+
+def run(model: nn.Module, kind: str) -> torch.Tensor:
+    with torch.no_grad():
+        return model(**_inputs(kind), return_dict=False)[0]
+
+
+def linears(model: nn.Module) -> dict[str, torch.Tensor]:
+    return {n: m.weight.detach().clone() for n, m in model.named_modules() if type(m) is nn.Linear}
+
+
+@pytest.fixture(params=list(MODELS))
+def kind(request) -> str:
+    return request.param
+
+
+def test_compress_packs_every_linear_bit_for_bit(kind, caplog):
+    model = MODELS[kind]()
+    want = linears(model)
+    assert len(want) >= 15
+    with caplog.at_level(logging.INFO, logger="glyd"):
+        assert glyd.compress(model, progress=False) is model
+    for name, w in want.items():
+        m = model.get_submodule(name)
+        assert isinstance(m, GlydLinear), name
+        assert torch.equal(_bits(glyd.unpack(m.packed)), _bits(w)), name
+    lines = [r.getMessage() for r in caplog.records if "left unpacked:" in r.getMessage()]
+    assert lines and (kind != "sd3" or "Conv2d: pos_embed.proj.weight" in lines[0])  # SD3's patch embedding
+
+
+def test_exact_outputs_equal_bf16_bit_for_bit(kind):
+    ref = MODELS[kind]()
+    want = _bits(run(ref, kind))
+    model = glyd.compress(MODELS[kind](), exact=True, progress=False)
+    assert torch.equal(_bits(run(model, kind)), want)
+    default = glyd.compress(MODELS[kind](), progress=False)
+    torch.testing.assert_close(run(default, kind).float(), run(ref, kind).float(), atol=5e-2, rtol=5e-2)
+
+
+def test_save_then_load_in_diffusers_layout(kind, tmp_path):
+    ref = MODELS[kind]()
+    want = _bits(run(ref, kind))
+    model = glyd.compress(MODELS[kind](), exact=True, progress=False)
+    folder = tmp_path / "pipe" / "transformer"
+    glyd.save_pretrained(model, folder, progress=False)
+    assert sorted(os.listdir(folder)) == ["config.json", "diffusion_pytorch_model.safetensors", "glyd.json"]
+    cfg = json.loads((folder / "config.json").read_text())
+    assert cfg["_class_name"] == type(ref).__name__ and cfg["_diffusers_version"] == diffusers.__version__
+    assert cfg["quantization_config"]["quant_method"] == "glyd"
+    assert glyd.verify(folder, progress=False)["packed"] == len(linears(ref))
+    for choice in (None, type(ref), type(ref).__name__):
+        again = glyd.from_pretrained(tmp_path / "pipe", subfolder="transformer", model_class=choice, exact=True,
+                                     verify=True, device="cpu", progress=False)
+        assert type(again) is type(ref), choice
+        assert torch.equal(_bits(run(again, kind)), want), choice
+    # diffusers without glyd refuses the folder rather than build a model with random weights
+    with pytest.raises(ValueError, match="glyd"):
+        type(ref).from_pretrained(folder)
+
+
+def test_bf16_folder_is_packed_while_loading(tmp_path):
+    ref = tiny_flux()
+    ref.save_pretrained(tmp_path / "bf16")  # diffusers' own folder
+    model = glyd.from_pretrained(tmp_path / "bf16", exact=True, layout="fixed12", device="cpu", progress=False)
+    assert type(model) is type(ref)
+    assert all(isinstance(model.get_submodule(n), GlydLinear) for n in linears(ref))
+    assert torch.equal(_bits(run(model, "flux")), _bits(run(ref, "flux")))
+
+
+def test_model_save_pretrained_and_dequantize(tmp_path):
+    ref = tiny_flux()
+    model = glyd.compress(tiny_flux(), exact=True, progress=False)
+    model.save_pretrained(tmp_path / "t")  # diffusers' spelling writes the glyd folder
+    assert (tmp_path / "t" / "glyd.json").is_file()
+    again = glyd.from_pretrained(tmp_path / "t", exact=True, device="cpu", progress=False)
+    again.save_pretrained(tmp_path / "t")  # replaces its own glyd folder
+    plain = again.dequantize()
+    assert not any(isinstance(m, GlydLinear) for m in plain.modules())
+    for name, w in linears(ref).items():
+        assert torch.equal(_bits(plain.get_submodule(name).weight), _bits(w)), name
+    plain.save_pretrained(tmp_path / "bf16")  # diffusers' own save again: a bf16 folder diffusers loads
+    back = diffusers.FluxTransformer2DModel.from_pretrained(tmp_path / "bf16", torch_dtype=torch.bfloat16)
+    assert torch.equal(_bits(run(back, "flux")), _bits(run(ref, "flux")))
+
+
+def _pipeline(transformer: nn.Module) -> object:
+    torch.manual_seed(0)
+    vae = diffusers.AutoencoderKL(
+        in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * 2,
+        up_block_types=("UpDecoderBlock2D",) * 2, block_out_channels=(8, 8), layers_per_block=1, latent_channels=4,
+        norm_num_groups=4, sample_size=32, shift_factor=0.1159, scaling_factor=0.3611).to(torch.bfloat16).eval()
+    return diffusers.FluxPipeline(scheduler=diffusers.FlowMatchEulerDiscreteScheduler(), vae=vae, text_encoder=None,
+                                  tokenizer=None, text_encoder_2=None, tokenizer_2=None, transformer=transformer)
+
+
+def _image(pipe) -> torch.Tensor:
+    g = torch.Generator().manual_seed(2)
+    embeds = torch.randn(1, TXT, 32, generator=g).to(torch.bfloat16)
+    pooled = torch.randn(1, 24, generator=g).to(torch.bfloat16)
+    pipe.set_progress_bar_config(disable=True)
+    out = pipe(prompt_embeds=embeds, pooled_prompt_embeds=pooled, height=32, width=32, num_inference_steps=2,
+               generator=torch.Generator().manual_seed(0), output_type="pt")
+    return out.images
+
+
+def test_flux_pipeline_image_equals_bf16_bit_for_bit(tmp_path):
+    want = _image(_pipeline(tiny_flux()))
+    pipe = _pipeline(tiny_flux())
+    glyd.compress(pipe.transformer, exact=True, progress=False)
+    assert torch.equal(_bits(_image(pipe)), _bits(want))
+    pipe.save_pretrained(tmp_path / "pipe")  # diffusers' pipeline save: transformer/ through glyd's hook
+    assert (tmp_path / "pipe" / "transformer" / "glyd.json").is_file()
+    assert (tmp_path / "pipe" / "model_index.json").is_file()
+    loaded = glyd.from_pretrained(tmp_path / "pipe", subfolder="transformer", exact=True, device="cpu", progress=False)
+    none = dict(text_encoder=None, tokenizer=None, text_encoder_2=None, tokenizer_2=None)
+    again = diffusers.FluxPipeline.from_pretrained(tmp_path / "pipe", transformer=loaded, dtype=torch.bfloat16, **none)
+    assert again.transformer is loaded
+    assert torch.equal(_bits(_image(again)), _bits(want))
+
+
+def test_bad_inputs_get_clear_errors(tmp_path):
+    with pytest.raises(TypeError, match="takes a diffusers model"):
+        glyd.diffusers.compress(nn.Linear(4, 4))
+    with pytest.raises(FormatError, match="glyd packs bf16 weights only"):
+        glyd.compress(tiny_flux().float(), progress=False)
+    model = glyd.compress(tiny_flux(), progress=False)
+    glyd.save_pretrained(model, tmp_path / "t", progress=False)
+    with pytest.raises(UnsupportedError, match="'NoSuchModel': not a diffusers model class"):
+        glyd.from_pretrained(tmp_path / "t", model_class="NoSuchModel", device="cpu")
+    with pytest.raises(TypeError, match="unexpected keyword argument.*attn_implementation"):
+        glyd.diffusers.from_pretrained(tmp_path / "t", attn_implementation="sdpa", device="cpu")
+    with pytest.raises(FormatError, match="subfolder='nope'"):
+        glyd.diffusers.from_pretrained(tmp_path, subfolder="nope", device="cpu")
+    cfg = json.loads((tmp_path / "t" / "config.json").read_text())
+    del cfg["quantization_config"]
+    (tmp_path / "t" / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(FormatError, match="no glyd quantization_config"):
+        glyd.from_pretrained(tmp_path / "t", device="cpu", progress=False)
+
+
+def test_without_diffusers_plain_modules_still_pack(monkeypatch):
+    monkeypatch.setitem(sys.modules, "diffusers", None)  # import diffusers now raises ImportError
+    m = glyd.compress(nn.Sequential(nn.Linear(8, 8).to(torch.bfloat16)), progress=False)
+    assert isinstance(m[0], GlydLinear) and not glyd.diffusers.is_diffusers_model(m)
+    with pytest.raises(MissingDependencyError, match=r"pip install 'glyd-lossless\[diffusion\]'"):
+        glyd.diffusers.from_pretrained(".", model_class="FluxTransformer2DModel", device="cpu")
+
+
+@pytest.mark.slow
+def test_import_glyd_needs_no_diffusers():
+    # diffusers made unimportable in a fresh interpreter: glyd, glyd.diffusers and compress still work
+    code = (
+        "import sys; sys.modules['diffusers'] = None\n"
+        "import torch, glyd, glyd.diffusers\n"
+        "m = glyd.compress(torch.nn.Sequential(torch.nn.Linear(8, 8).to(torch.bfloat16)), progress=False)\n"
+        "assert type(m[0]).__name__ == 'GlydLinear' and not glyd.diffusers.is_diffusers_model(m)\n"
+        "try:\n"
+        "    glyd.diffusers.from_pretrained('.', model_class='FluxTransformer2DModel', device='cpu')\n"
+        "except glyd.errors.MissingDependencyError as e:\n"
+        "    print('refused:', e)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "refused: diffusers models need diffusers (pip install 'glyd-lossless[diffusion]')" in out.stdout
+    assert issubclass(MissingDependencyError, ImportError)

@@ -22,6 +22,10 @@ from glyd.store import sha256_tensor
 
 log = logging.getLogger(__name__)
 
+#: The hash of a tensor not hashed (``hash_weights=False``): none.
+_NO_HASH: Future = Future()
+_NO_HASH.set_result(None)
+
 
 @dataclass
 class Group:
@@ -42,8 +46,10 @@ class Packer:
     """Decides which tensors are packed, packs them one at a time and swaps the modules in."""
 
     def __init__(self, model: nn.Module, *, layout: str, merge: bool, exact: bool,
-                 device: torch.device | Callable[[str], torch.device] | None):
+                 device: torch.device | Callable[[str], torch.device] | None, hash_weights: bool = True):
         self.model = model
+        # False: no sha256 (random weights made for timing); a saved model hashes its weights then
+        self.hash_weights = hash_weights
         self.layout = check_layout(layout)
         self.exact = exact
         # None: pack where each tensor already is; a function: the device of each tensor (a device_map)
@@ -105,7 +111,7 @@ class Packer:
             )
         # sha256 of the original bf16 bytes (saving and verify need no unpack), on a worker thread
         # while the matrix packs: hashlib releases the GIL.
-        sha = self._hasher.submit(sha256_tensor, t)
+        sha = self._hasher.submit(sha256_tensor, t) if self.hash_weights else _NO_HASH
         dev = self._device_for(device_of or name)
         w = t.to(t.device if dev is None else dev)
         layout = _ops.choose_layout(tuple(w.shape), w.device) if self.layout == "auto" else self.layout

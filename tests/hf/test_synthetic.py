@@ -1,0 +1,78 @@
+"""Random-weight models made a tensor at a time (``glyd.hf.synthetic``): packed bit for bit."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from glyd import ops
+from glyd.hf.synthetic import build_order, random_model, random_tensor
+from glyd.nn.modules import GlydEmbedding, GlydLinear, GlydTiedLinear
+
+
+def _config(tied: bool):
+    from transformers import Qwen2Config
+
+    return Qwen2Config(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                       num_key_value_heads=2, vocab_size=160, tie_word_embeddings=tied)
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().view(torch.int16)
+
+
+def _parts(model, name: str, m: GlydLinear) -> list[str]:
+    """The weight names a packed module holds (a merged one: its parts, in order)."""
+    if not m.splits:
+        return [f"{name}.weight"]
+    parent = name.rpartition(".")[0]
+    parts = ("q_proj", "k_proj", "v_proj") if name.endswith("qkv_proj") else ("gate_proj", "up_proj")
+    return [f"{parent}.{p}.weight" for p in parts]
+
+
+@pytest.mark.parametrize("layout,merge,tied", [("fixed12", True, True), ("tiered", True, False),
+                                               ("fixed12", False, False)])
+def test_packed_weights_are_the_seeded_bf16_bit_for_bit(layout, merge, tied):
+    cfg = _config(tied)
+    model = random_model(cfg, layout=layout, device="cpu", merge=merge, seed=3, progress=False)
+    bf16 = random_model(cfg, layout=None, device="cpu", seed=3, progress=False)
+    ref = dict(bf16.named_parameters())
+    checked = 0
+    for name, m in model.named_modules():
+        if not isinstance(m, (GlydLinear, GlydEmbedding)) or isinstance(m, GlydTiedLinear):
+            continue
+        names = _parts(model, name, m) if isinstance(m, GlydLinear) else [f"{name}.weight"]
+        want = torch.cat([random_tensor(n, tuple(ref[n].shape), device="cpu", std=0.02, seed=3) for n in names])
+        assert torch.equal(_bits(ops.unpack(m.packed)), _bits(want)), name
+        assert torch.equal(_bits(torch.cat([ref[n] for n in names])), _bits(want)), name
+        assert m.packed.layout == layout and m.sha256 is None  # not hashed: made for timing
+        checked += len(names)
+    assert checked == 7 * 2 + 1 + (not tied)  # every matrix of both layers, the embedding, an untied head
+    for name, p in model.named_parameters():  # norms and biases as made for the bf16 model
+        parent, _, attr = name.rpartition(".")
+        m = model.get_submodule(parent)
+        names = [n.replace(".weight", ".bias") for n in _parts(model, parent, m)] if getattr(m, "splits", None) else [name]
+        assert torch.equal(_bits(p), _bits(torch.cat([ref[n] for n in names]))), name
+    assert (bf16.lm_head.weight is bf16.model.embed_tokens.weight) == tied
+    assert isinstance(model.lm_head, GlydTiedLinear) == tied
+
+
+def test_values_depend_on_seed_and_name():
+    a = random_tensor("x.weight", (8, 16), device="cpu", seed=0)
+    assert a.dtype == torch.bfloat16 and 0.01 < float(a.float().std()) < 0.03
+    assert not torch.equal(a, random_tensor("x.weight", (8, 16), device="cpu", seed=1))
+    assert not torch.equal(a, random_tensor("y.weight", (8, 16), device="cpu", seed=0))
+    assert torch.equal(random_tensor("n.weight", (4,), device="cpu"), torch.ones(4, dtype=torch.bfloat16))
+    assert torch.equal(random_tensor("n.bias", (4,), device="cpu"), torch.zeros(4, dtype=torch.bfloat16))
+
+
+def test_largest_tensors_made_first_then_model_order():
+    from accelerate import init_empty_weights
+    from transformers import AutoModelForCausalLM
+
+    with init_empty_weights():
+        model = AutoModelForCausalLM.from_config(_config(False))
+    names = [n for n, _ in build_order(model)]
+    assert names[:2] == ["model.embed_tokens.weight", "lm_head.weight"]
+    rest = [n for n, _ in model.named_parameters() if n not in names[:2]]
+    assert names[2:] == rest

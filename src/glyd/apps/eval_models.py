@@ -44,17 +44,15 @@ def _random_config(spec: str):
     return config
 
 
-def build_random(spec: str, device: str, seed: int) -> nn.Module:
-    """A bf16 causal LM with random weights from a config (same ``seed`` and device: same weights)."""
-    from transformers import AutoModelForCausalLM
+def build_random(spec: str, device: str, seed: int, *, layout: str | None = None, exact: bool = False,
+                 merge: bool | None = None, progress: bool = False) -> nn.Module:
+    """A causal LM with random weights from a config (same ``seed`` and device: same weights), made a
+    tensor at a time on ``device`` (``glyd.hf.synthetic``): packed as ``layout`` as each weight is
+    made, or plain bf16 (``layout=None``). The whole bf16 model is never held, on the host or the GPU."""
+    from glyd.hf.synthetic import random_model
 
-    config = _random_config(spec)
-    torch.manual_seed(seed)
-    if device.startswith("cuda"):
-        torch.cuda.manual_seed_all(seed)
-    with torch.device(device):
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
-    return model.eval()
+    return random_model(_random_config(spec), layout=layout, device=device, merge=merge, exact=exact, seed=seed,
+                        progress=progress)
 
 
 def weight_bytes(model: nn.Module) -> int:

@@ -256,10 +256,8 @@ def load_glyd(cfg: EvalConfig, mode: str) -> nn.Module:
     import glyd
 
     layout, exact = MODES[mode]
-    if cfg.random:
-        model = build_random(cfg.model, cfg.device, cfg.seed)
-        model = glyd.compress(model, layout=layout, exact=exact, merge=cfg.merge, progress=False)
-        return model.eval()
+    if cfg.random:  # packed as each random weight is made: the bf16 model is never held whole
+        return build_random(cfg.model, cfg.device, cfg.seed, layout=layout, exact=exact, merge=cfg.merge)
     model = glyd.from_pretrained(cfg.model, layout=layout, exact=exact, device=cfg.device, merge=cfg.merge, progress=False)
     return model.eval()
 

@@ -38,8 +38,12 @@ def _reference_params(name):
 
 # The published parameter counts (model cards / safetensors metadata): Qwen2.5-7B 7.62 B,
 # Llama-3.1-8B 8.03 B, Mistral-7B-v0.3 7.25 B, Mixtral-8x7B 46.7 B, Gemma-2-9B 9.24 B (its
-# embedding tied to the output), Qwen3-30B-A3B 30.5 B (3.3 B active).
+# embedding tied to the output), Qwen3-30B-A3B 30.5 B (3.3 B active), Qwen2.5-0.5B 0.49 B,
+# Qwen2.5-32B 32.8 B, Llama-3.1-70B 70.6 B.
 PUBLISHED = {
+    "qwen2.5-0.5b": 494_032_768,
+    "qwen2.5-32b": 32_763_876_352,
+    "llama-3.1-70b": 70_553_706_496,
     "qwen2.5-7b": 7_615_616_512,
     "llama-3.1-8b": 8_030_261_248,
     "mistral-7b": 7_248_023_552,

@@ -39,6 +39,13 @@ KNOWN_CONFIGS: dict[str, dict[str, Any]] = {
         max_position_embeddings=32768, rms_norm_eps=1e-6, rope_theta=1000000.0,
         use_sliding_window=False,
     ),
+    # Qwen/Qwen2.5-32B-Instruct
+    "qwen2.5-32b": dict(
+        model_type="qwen2", hidden_size=5120, intermediate_size=27648, num_hidden_layers=64,
+        num_attention_heads=40, num_key_value_heads=8, vocab_size=152064, tie_word_embeddings=False,
+        max_position_embeddings=32768, rms_norm_eps=1e-6, rope_theta=1000000.0,
+        use_sliding_window=False,
+    ),
     # meta-llama/Llama-3.2-1B
     "llama-3.2-1b": dict(
         model_type="llama", hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
@@ -49,6 +56,12 @@ KNOWN_CONFIGS: dict[str, dict[str, Any]] = {
     "llama-3.1-8b": dict(
         model_type="llama", hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
         num_attention_heads=32, num_key_value_heads=8, head_dim=128, vocab_size=128256,
+        tie_word_embeddings=False, max_position_embeddings=131072, rms_norm_eps=1e-5, rope_theta=500000.0,
+    ),
+    # meta-llama/Llama-3.1-70B (its rope_scaling changes no shape and is left out)
+    "llama-3.1-70b": dict(
+        model_type="llama", hidden_size=8192, intermediate_size=28672, num_hidden_layers=80,
+        num_attention_heads=64, num_key_value_heads=8, head_dim=128, vocab_size=128256,
         tie_word_embeddings=False, max_position_embeddings=131072, rms_norm_eps=1e-5, rope_theta=500000.0,
     ),
     # mistralai/Mistral-7B-Instruct-v0.3 (v0.3: vocabulary 32768, no sliding window)

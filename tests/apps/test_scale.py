@@ -1,0 +1,79 @@
+"""``benchmarks/scale.py --tiny``: the whole scale pipeline (random model made and packed a tensor at a
+time, decode step, first token, fit's predictions, JSON and table) on the CPU."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+def _module(name: str):
+    sys.path.insert(0, str(BENCH))
+    try:
+        spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        return mod
+    finally:
+        sys.path.remove(str(BENCH))
+
+
+def test_largest_bisects_to_the_step():
+    parts = _module("scale_parts")
+    calls = []
+
+    def fits(n: int) -> bool:
+        calls.append(n)
+        return n <= 5000
+
+    assert parts.largest(fits, 65536, 256) == 4864
+    assert len(calls) <= 9 and all(n % 256 == 0 for n in calls)
+    assert parts.largest(lambda n: False, 4096, 64) == 0
+    assert parts.largest(lambda n: True, 4096, 64) == 4096
+
+
+def _run_tiny(out: Path, *extra: str) -> dict:
+    import torch
+
+    threads = torch.get_num_threads()
+    try:
+        assert _module("scale").main(["--tiny", "--out", str(out), *extra]) == 0
+    finally:
+        torch.set_num_threads(threads)  # --tiny runs on one thread
+    report = json.loads((out / "scale.json").read_text())
+    return {r["variant"]: r for r in report["results"]}
+
+
+def test_tiny_bf16_and_lossless_kv(tmp_path):
+    """The default run's share: bf16 and fixed12 over the lossless KV cache (the other variants: below)."""
+    rows = _run_tiny(tmp_path, "--variants", "bf16,fixed12+kv")
+    assert list(rows) == ["bf16", "fixed12+kv"] and all(r["status"] == "ok" for r in rows.values()), rows
+    assert rows["fixed12+kv"]["weight_bytes"] < 0.76 * rows["bf16"]["weight_bytes"]
+    assert 0.5 < rows["fixed12+kv"]["kv_ratio"] < 1  # one packed page of random keys and values
+    assert all(v > 0 for r in rows.values() for v in [*r["decode_ms"].values(), *r["ttft_ms"].values()])
+    assert (tmp_path / "scale.md").read_text().count("| tiny |") == 2
+
+
+@pytest.mark.slow  # 16 s on the 2-core CI machine
+def test_tiny_pipeline_on_the_cpu(tmp_path, capsys):
+    rows = _run_tiny(tmp_path)
+    assert list(rows) == ["bf16", "fixed12", "tiered", "fixed12+kv"]
+    assert all(r["status"] == "ok" for r in rows.values()), rows
+    bf16 = rows["bf16"]["weight_bytes"]
+    assert rows["tiered"]["weight_bytes"] < rows["fixed12"]["weight_bytes"] < 0.76 * bf16
+    for r in rows.values():
+        assert set(r["decode_ms"]) == {"1", "2"} and all(v > 0 for v in r["decode_ms"].values())
+        assert set(r["ttft_ms"]) == {"16", "32"} and all(v > 0 for v in r["ttft_ms"].values())
+    # fit's arithmetic beside the measured weights: exact for bf16, within 1% for fixed12
+    assert rows["bf16"]["weight_bytes"] == rows["bf16"]["fit"]["weight_bytes"]
+    assert abs(rows["fixed12"]["weight_bytes"] / rows["fixed12"]["fit"]["weight_bytes"] - 1) < 0.01
+    assert 0.5 < rows["fixed12+kv"]["kv_ratio"] < 1  # one packed page of random keys and values
+    table = (tmp_path / "scale.md").read_text()
+    assert table.count("| tiny |") == 4 and "measured / fit" in table
+    assert "| tiny | 0.00 | fixed12 |" in capsys.readouterr().out

@@ -9,6 +9,9 @@ batch sizes (static cache, one CUDA graph a step) and weight memory; see glyd/ap
     python benchmarks/e2e.py MODEL_FOLDER --modes fixed12,tiered,exact
     python benchmarks/e2e.py qwen2.5-7b --random --modes fixed12,tiered --decode-batches 1,8,32,64
 
+How time and memory grow with model size (0.5B to 70B, bf16 against each layout and KV code):
+``benchmarks/scale.py``, which builds its random models the same way (``glyd.hf.synthetic``).
+
 Runs from a checkout without installing glyd (it puts ../src on the path).
 """
 

@@ -118,4 +118,7 @@ def write_outputs(report: dict, out: Path, plot: bool = False) -> None:
     _atomic(out / "scale.json", json.dumps(report, indent=2))
     _atomic(out / "scale.md", table(report) + "\n")
     if plot:
-        draw(report, out / "scale.png")
+        try:
+            draw(report, out / "scale.png")
+        except Exception as exc:  # noqa: BLE001 -- a plot must never cost the measurements
+            log.warning("no plot: %s: %s", type(exc).__name__, exc)

@@ -282,6 +282,7 @@ def test_evaluate_on_the_gpu(tiny_folder, data_dir):
     assert all("CUDA graph" in r.decode_method for r in report.results), [r.decode_method for r in report.results]
 
 
+@pytest.mark.slow  # about a minute on two cores (inductor compiles the model twice); ran on the H200 2026-12-02
 def test_decode_step_under_torch_compile(tiny_folder, data_dir, caplog):
     """--compile: the step is also timed as torch.compile(mode="reduce-overhead") compiles it."""
     torch._dynamo.reset()

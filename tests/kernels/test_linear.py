@@ -102,7 +102,7 @@ def _cases():
 
 
 @pytest.mark.gpu_sample(every=5)
-@pytest.mark.cpu_sample(every=2)
+@pytest.mark.cpu_sample(every=3)
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("case", range(N_CASES))
 @pytest.mark.parametrize("with_bias", [False, True])

@@ -57,6 +57,7 @@ def test_tiered_unpack_tile_shapes(device, bb, warps):
     assert torch.equal(out.cpu().view(torch.int16), w.view(torch.int16))
 
 
+@pytest.mark.cpu_sample(every=3)
 @pytest.mark.gpu_sample(every=3)
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("m", [1, 2, 3, 5, 8, 16])

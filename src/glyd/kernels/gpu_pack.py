@@ -139,7 +139,16 @@ def pack_tiered(w: torch.Tensor) -> Packed:
     return Packed(_tr.NAME, (n, k), arrays)
 
 
-PACKERS = {"fixed12": pack_fixed12, "tiered": pack_tiered}
+def pack_dense11(w: torch.Tensor) -> Packed:
+    """``dense11`` arrays of ``w`` on ``w.device``: packed by the CPU codec and moved back (no GPU
+    pack of its own yet: the matrix makes a round trip through host memory)."""
+    from glyd.codec import dense11 as _d11
+
+    w = _check(w)
+    return _d11.pack(w).to(w.device)
+
+
+PACKERS = {"fixed12": pack_fixed12, "tiered": pack_tiered, "dense11": pack_dense11}
 
 
 def pack(w: torch.Tensor, layout: str = "fixed12") -> Packed:
@@ -155,4 +164,4 @@ def pack(w: torch.Tensor, layout: str = "fixed12") -> Packed:
     return PACKERS[layout](w)
 
 
-__all__ = ["pack", "pack_fixed12", "pack_tiered", "round_up"]
+__all__ = ["pack", "pack_fixed12", "pack_tiered", "pack_dense11", "round_up"]

@@ -63,7 +63,8 @@ def pack(matrix: torch.Tensor, layout: str = "fixed12") -> Packed:
     the GPU, bit-identically); the result is on the CPU and ``glyd.unpack`` gives every bit back.
 
     ``layout``: ``"fixed12"`` (12 bits a weight plus rare exceptions; fastest to decode),
-    ``"tiered"`` (about 10.5-10.8 bits a weight), or ``"auto"``: the layout
+    ``"tiered"`` (about 10.5-10.8 bits a weight), ``"dense11"`` (about 11.1-11.2 bits a weight, fixed
+    rate with popcount-ranked escapes; its GPU kernels are not timed yet), or ``"auto"``: the layout
     ``glyd.ops.choose_layout`` picks for the matrix's shape on the matrix's device, from the kernel
     times measured on that GPU, as ``glyd.from_pretrained(layout="auto")`` and ``glyd pack --layout
     auto`` choose it; ``"fixed12"`` for a CPU tensor or a GPU without measurements. Any shape;

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from glyd.codec import fixed12, tiered  # noqa: F401 - each registers its layout in LAYOUTS
+from glyd.codec import dense11, fixed12, tiered  # noqa: F401 - each registers its layout in LAYOUTS
 from glyd.codec.packed import FORMAT_VERSION, LAYOUTS, Packed
 
 __all__ = ["FORMAT_VERSION", "LAYOUTS", "Packed", "pack", "unpack"]
@@ -21,7 +21,8 @@ def pack(matrix: torch.Tensor, layout: str = "fixed12") -> Packed:
     """Pack a 2-D bf16 matrix losslessly.
 
     ``layout`` is ``"fixed12"`` (12 bits a weight plus rare exceptions; fastest to decode) or
-    ``"tiered"`` (about 10.5-10.8 bits a weight). Any shape; padding is internal.
+    ``"tiered"`` (about 10.5-10.8 bits a weight) or ``"dense11"`` (about 11.1-11.2 bits a weight,
+    fixed rate with popcount-ranked escapes). Any shape; padding is internal.
 
     >>> import torch, glyd
     >>> p = glyd.pack(torch.zeros(2, 3, dtype=torch.bfloat16), layout="fixed12")

@@ -38,8 +38,12 @@ CONFIGS = {
     "GemvConfig": "fixed12_gemv", "TcConfig": "fixed12_tc", "MmaConfig": "fixed12_mma", "TileConfig": "fixed12_tile",
     "GluonConfig": "fixed12_gluon", "WgConfig": "fixed12_wg", "WsConfig": "fixed12_ws", "LongConfig": "fixed12_long",
     "UnpackConfig": "fixed12_unpack", "TieredGemvConfig": "tiered", "TieredLongConfig": "tiered",
-    "TieredUnpackConfig": "tiered",
+    "TieredUnpackConfig": "tiered", "Dense11GemvConfig": "dense11", "Dense11LongConfig": "dense11",
+    "Dense11UnpackConfig": "dense11",
 }
+
+#: The plane whose second dimension is a layout's padded K.
+_KP_ARRAY = {"fixed12": "lo", "tiered": "sm", "dense11": "sm"}
 
 
 def _packed(packed: Any) -> None:
@@ -47,12 +51,12 @@ def _packed(packed: Any) -> None:
 
     if not isinstance(packed, Packed):
         raise TypeError(f"packed must be a glyd.Packed, got {type(packed).__name__}")
-    if packed.layout not in ("fixed12", "tiered"):
+    if packed.layout not in _KP_ARRAY:
         raise ValueError(f"no kernels for layout {packed.layout!r}")
 
 
 def _kp(packed: "Packed") -> int:
-    return packed.arrays["lo" if packed.layout == "fixed12" else "sm"].shape[1]
+    return packed.arrays[_KP_ARRAY[packed.layout]].shape[1]
 
 
 def _problem(x2: torch.Tensor, packed: "Packed"):
@@ -115,6 +119,8 @@ def unpack(packed: "Packed", out: torch.Tensor | None = None, config: Any = None
     _packed(packed)
     if packed.layout == "fixed12":
         from glyd.kernels.fixed12_unpack import unpack as _unpack
+    elif packed.layout == "dense11":
+        from glyd.kernels.dense11 import unpack as _unpack
     else:
         from glyd.kernels.tiered import unpack as _unpack
     return _unpack(packed, out, config)
@@ -132,6 +138,8 @@ def prepare(packed: "Packed") -> None:
     _packed(packed)
     if packed.layout == "fixed12":
         from glyd.kernels.fixed12_exc import prepare as _prepare
+    elif packed.layout == "dense11":
+        from glyd.kernels.dense11 import prepare as _prepare
     else:
         from glyd.kernels.tiered import check as _prepare
     _prepare(packed)

@@ -139,7 +139,66 @@ def pack_tiered(w: torch.Tensor) -> Packed:
     return Packed(_tr.NAME, (n, k), arrays)
 
 
-PACKERS = {"fixed12": pack_fixed12, "tiered": pack_tiered}
+def _wrap32(x: torch.Tensor) -> torch.Tensor:
+    """int64 values 0 .. 2**32 - 1 as the int32 words of the same bits."""
+    return torch.where(x >= 2**31, x - 2**32, x).to(torch.int32)
+
+
+def pack_dense11(w: torch.Tensor) -> Packed:
+    """``dense11`` arrays of ``w`` computed on ``w.device``; equal to ``glyd.codec.pack(w, "dense11")``."""
+    from glyd.codec import dense11 as _d
+
+    w = _check(w)
+    n, k = w.shape
+    dev = w.device
+    kp = _d.padded_cols(k)
+    u = w.view(torch.int16).to(torch.int32) & 0xFFFF
+    exp = (u >> 7) & 0xFF
+    hist = torch.bincount(exp.reshape(-1), minlength=256)
+    base = int(torch.argmax(hist.unfold(0, _d.WINDOW, 1).sum(dim=1)))  # first maximum, as the codec
+    h = hist.to(torch.int64)
+    h[base : base + _d.WINDOW] = -1
+    etab = torch.argsort(-h, stable=True)[: _d.ETAB]
+    off = exp - base
+    inside = (off >= 0) & (off < _d.WINDOW)
+    codes = torch.zeros(n, kp, dtype=torch.int64, device=dev)
+    codes[:, :k] = torch.where(inside, off, _d.ESCAPE)
+    sm = torch.zeros(n, kp, dtype=torch.uint8, device=dev)
+    sm[:, :k] = (((u >> 8) & 0x80) | (u & 0x7F)).to(torch.uint8)
+    c = codes.view(n, kp // _d.WORD, _d.WORD)
+    shifts = torch.arange(_d.WORD, device=dev)
+    planes = torch.stack([(((c >> p) & 1) << shifts).sum(-1) for p in range(3)], dim=-1)  # [N, W, 3]
+    flat = torch.nonzero(~inside.reshape(-1)).reshape(-1)  # row-major, as the codec's stream
+    e = exp.reshape(-1)[flat].to(torch.int64)
+    slot = torch.full((256,), _d.RAW, dtype=torch.int64, device=dev)
+    slot[etab] = torch.arange(_d.ETAB, device=dev)
+    digit = slot[e]
+    i = torch.arange(flat.numel(), device=dev)
+    words = torch.zeros((flat.numel() + 7) // 8, dtype=torch.int64, device=dev)
+    words.index_add_(0, i // 8, digit << (4 * (i % 8)))  # disjoint nibbles: the sum is their OR
+    nbr = _d.blocks_per_row(k)
+    esc = torch.zeros(n, nbr * _d.BLOCK, dtype=torch.int64, device=dev)
+    esc[:, :kp] = codes == _d.ESCAPE
+    offs = torch.zeros(n * nbr + 1, dtype=torch.int64, device=dev)
+    offs[1:] = esc.view(n * nbr, _d.BLOCK).sum(1).cumsum(0)
+    ebase = torch.cat([offs[:-1][:: _d.SUPER], offs[-1:]])
+    rel = offs[:-1] - ebase[torch.arange(n * nbr, device=dev) // _d.SUPER]
+    raw = digit == _d.RAW
+    arrays = {
+        "sm": sm,
+        "code": _wrap32(planes).view(n, 3 * (kp // _d.WORD)),
+        "base": torch.tensor([base], dtype=torch.uint8, device=dev),
+        "etab": etab.to(torch.uint8),
+        "esc": _wrap32(words),
+        "esc_base": ebase.to(torch.int32 if flat.numel() < 2**31 else torch.int64),
+        "esc_off": rel.to(torch.int32).to(torch.int16).view(torch.uint16),  # < 2**16; int16 wraps
+        "exc_idx": flat[raw].to(torch.int32 if n * k < 2**31 else torch.int64),
+        "exc_exp": e[raw].to(torch.uint8),
+    }
+    return Packed(_d.NAME, (n, k), arrays)
+
+
+PACKERS = {"fixed12": pack_fixed12, "tiered": pack_tiered, "dense11": pack_dense11}
 
 
 def pack(w: torch.Tensor, layout: str = "fixed12") -> Packed:
@@ -155,4 +214,4 @@ def pack(w: torch.Tensor, layout: str = "fixed12") -> Packed:
     return PACKERS[layout](w)
 
 
-__all__ = ["pack", "pack_fixed12", "pack_tiered", "round_up"]
+__all__ = ["pack", "pack_fixed12", "pack_tiered", "pack_dense11", "round_up"]

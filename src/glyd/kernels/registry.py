@@ -51,6 +51,8 @@ KERNELS: dict[str, str] = {
     "long": "glyd.kernels.fixed12_long:LongKernel",
     "tiered_gemv": "glyd.kernels.tiered:TieredGemvKernel",
     "tiered_long": "glyd.kernels.tiered:TieredLongKernel",
+    "dense11_gemv": "glyd.kernels.dense11:Dense11GemvKernel",
+    "dense11_long": "glyd.kernels.dense11:Dense11LongKernel",
 }
 
 #: M buckets of the tables: (name, first M, last M) (None: no end).

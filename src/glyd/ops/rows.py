@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from glyd.codec import fixed12, tiered
+from glyd.codec import dense11, fixed12, tiered
 from glyd.codec.packed import Packed
 
 
@@ -30,6 +30,8 @@ def unpack_rows(packed: Packed, rows: torch.Tensor) -> torch.Tensor:
         out = _rows_fixed12(packed, flat)
     elif packed.layout == tiered.NAME:
         out = _rows_tiered(packed, flat)
+    elif packed.layout == dense11.NAME:
+        out = _rows_dense11(packed, flat)
     else:  # pragma: no cover - Packed validates the layout
         raise ValueError(f"unknown layout {packed.layout!r}")
     return out.reshape(*rows.shape, packed.shape[1])
@@ -47,21 +49,61 @@ def _rows_fixed12(p: Packed, rows: torch.Tensor) -> torch.Tensor:
     bits = (hi << 8) | a["lo"][rows, :k].to(torch.int32)
     idx = a["exc_idx"]
     if idx.numel() and b:
-        # Apply every exception whose row was looked up. A row asked for twice is patched at one
-        # canonical position (the last write of pos[]) and then gathered for all its positions.
-        # Clamped: damaged indices give wrong values (verify names them), never an out-of-bounds read.
-        idx = idx.to(torch.int64).clamp(0, n * k - 1)
-        er, ec = idx // k, idx % k
-        pos = torch.full((n,), -1, dtype=torch.int64, device=rows.device)
-        pos[rows] = torch.arange(b, device=rows.device)
-        canon = pos[rows]
-        p_of = pos[er]
-        dummy = b * k
-        target = torch.where(p_of >= 0, p_of * k + ec, torch.full_like(p_of, dummy))
-        value = a["lo"][er, ec].to(torch.int32) | (a["exc_hi"].to(torch.int32) << 8)
-        flat = torch.cat([bits.reshape(-1), bits.new_zeros(1)])
-        flat.scatter_(0, target, value)
-        bits = flat[:dummy].view(b, k)[canon]
+        safe = idx.to(torch.int64).clamp(0, n * k - 1)
+        value = a["lo"][safe // k, safe % k].to(torch.int32) | (a["exc_hi"].to(torch.int32) << 8)
+        bits = _patch(bits, rows, n, k, safe, value)
+    return bits.to(torch.int16).view(torch.bfloat16)
+
+
+def _patch(bits: torch.Tensor, rows: torch.Tensor, n: int, k: int, idx: torch.Tensor,
+           value: torch.Tensor) -> torch.Tensor:
+    """``bits`` (b, k) of rows ``rows`` with the words at flat indices ``idx`` (clamped to the
+    matrix) set to ``value``, wherever their row was looked up."""
+    b = rows.numel()
+    # A row asked for twice is patched at one canonical position (the last write of pos[]) and then
+    # gathered for all its positions. Clamped indices: damaged ones give wrong values (verify names
+    # them), never an out-of-bounds read.
+    er, ec = idx // k, idx % k
+    pos = torch.full((n,), -1, dtype=torch.int64, device=rows.device)
+    pos[rows] = torch.arange(b, device=rows.device)
+    canon = pos[rows]
+    p_of = pos[er]
+    dummy = b * k
+    target = torch.where(p_of >= 0, p_of * k + ec, torch.full_like(p_of, dummy))
+    flat = torch.cat([bits.reshape(-1), bits.new_zeros(1)])
+    flat.scatter_(0, target, value.to(flat.dtype))
+    return flat[:dummy].view(b, k)[canon]
+
+
+def _rows_dense11(p: Packed, rows: torch.Tensor) -> torch.Tensor:
+    # Follows glyd.codec.dense11: a row's escapes are consecutive in the digit stream (blocks and the
+    # stream are both row-major), from its first block's offset; ranks are a cumulative sum along it.
+    n, k = p.shape
+    a = p.arrays
+    b = rows.numel()
+    kp = a["sm"].shape[1]
+    dev = rows.device
+    planes = a["code"].view(n, kp // dense11.WORD, 3)[rows].to(torch.int64) & 0xFFFFFFFF
+    bit = (planes[..., None] >> torch.arange(dense11.WORD, device=dev)) & 1  # (b, W, 3, 32)
+    code = (bit[:, :, 0] | (bit[:, :, 1] << 1) | (bit[:, :, 2] << 2)).reshape(b, kp)[:, :k]
+    esc = code == dense11.ESCAPE
+    blk = (rows * dense11.blocks_per_row(k)).clamp(max=max(a["esc_off"].numel() - 1, 0))
+    if a["esc"].numel() and b:
+        start = a["esc_base"].to(torch.int64)[blk // dense11.SUPER] + a["esc_off"].to(torch.int32)[blk].to(torch.int64)
+        rank = torch.where(esc, start[:, None] + _rank(esc), torch.zeros_like(code)).clamp(0, a["esc"].numel() * 8 - 1)
+        digit = (a["esc"].to(torch.int64)[rank >> 3] >> (4 * (rank & 7))) & 15
+    else:
+        digit = torch.zeros_like(code)
+    etab = torch.cat([a["etab"], a["etab"].new_zeros(1)]).to(torch.int64)
+    exp = torch.where(esc, etab[digit], code + a["base"].to(torch.int64))
+    sm = a["sm"][rows, :k].to(torch.int64)
+    bits = ((sm & 0x80) << 8) | (exp << 7) | (sm & 0x7F)
+    idx = a["exc_idx"]
+    if idx.numel() and b:
+        safe = idx.to(torch.int64).clamp(0, n * k - 1)
+        sme = a["sm"][safe // k, safe % k].to(torch.int64)
+        value = ((sme & 0x80) << 8) | (a["exc_exp"].to(torch.int64) << 7) | (sme & 0x7F)
+        bits = _patch(bits, rows, n, k, safe, value)
     return bits.to(torch.int16).view(torch.bfloat16)
 
 

@@ -1,0 +1,136 @@
+"""dense11 beside bf16 and fixed12: the merged decode step of a Qwen2.5-7B-shaped model, one GPU.
+
+All linears of 28 layers with q|k|v and gate|up merged (qkv 4608 x 3584, o 3584 x 3584, gate_up
+37888 x 3584, down 3584 x 18944; distinct random weights per layer, std 0.02) plus the 152064 x 3584
+lm_head; one CUDA graph a step, median of 30 replays (``glyd.timing.cuda_graph_ms``), at M = 1, 16,
+32, 64; bf16 ``F.linear`` (cuBLAS) in the same run with the same shapes. ``dense11`` runs what the
+registry picks from the GPU's table (the fused GEMV up to M = 16, unpack + cuBLAS above) and, as
+``dense11 gemv``, the fused GEMV at every M. Before timing: the GPU pack equals the CPU codec on the
+first qkv, o and down matrix, the unpack is bit-exact, every product is within 5e-3 (relative norm)
+of float64 ``F.linear``.
+
+    python benchmarks/dense11_step.py [--out DIR] [--layers 28] [--ms 1,16,32,64]
+
+Without a CUDA GPU it is a dry run under ``TRITON_INTERPRET=1``: tiny shapes, every check, times
+NaN (about 3.5 minutes on 2 CPU cores with ``--ms 1,32``). Prints a markdown table; ``--out`` also
+gets dense11_step.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+import glyd
+from glyd import kernels
+from glyd.kernels import Dense11GemvConfig
+from glyd.timing import cuda_graph_ms
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+H, I, KV, VOCAB, LAYERS = 3584, 18944, 512, 152064, 28
+if DEV == "cpu":  # the dry run: tiny shapes (K > 1024 somewhere: K splits and several blocks a row)
+    H, I, KV, VOCAB, LAYERS = 64, 1056, 32, 128, 1
+SHAPES = [("qkv", H + 2 * KV, H), ("o", H, H), ("gate_up", 2 * I, H), ("down", H, I)]
+VARIANTS = ("bf16", "fixed12", "dense11", "dense11 gemv")
+
+
+def build(layers: int) -> dict:
+    """{name: [(bf16 W, fixed12, dense11) per layer]} with the lm_head, packed on the device."""
+    mats = {}
+    for name, n, k in SHAPES + [("lm_head", VOCAB, H)]:
+        mats[name] = []
+        for _ in range(1 if name == "lm_head" else layers):
+            w = (torch.randn(n, k, device=DEV) * 0.02).to(torch.bfloat16)
+            mats[name].append((w, kernels.pack(w, "fixed12"), kernels.pack(w, "dense11")))
+    return mats
+
+
+def check(mats: dict, ms: list[int]) -> list[str]:
+    fails = []
+    for name, reps in mats.items():
+        w, p12, p11 = reps[0]
+        if name in ("qkv", "o", "down"):  # the CPU codec is slow on the largest matrices
+            ref = glyd.pack(w.cpu(), "dense11")
+            for a, t in ref.arrays.items():
+                if t.numpy().tobytes() != p11.arrays[a].cpu().numpy().tobytes():
+                    fails.append(f"GPU pack dense11 {name} array {a} differs from the CPU codec")
+        if not torch.equal(kernels.unpack(p11).view(torch.int16), w.view(torch.int16)):
+            fails.append(f"unpack dense11 {name} is not bit-exact")
+        for m in ms:
+            x = torch.randn(m, w.shape[1], device=DEV).to(torch.bfloat16)
+            want = F.linear(x.double(), w.double())
+            for label, p, cfg in (("fixed12", p12, None), ("dense11", p11, None), ("dense11 gemv", p11, Dense11GemvConfig())):
+                y = kernels.linear(x, p, None, cfg)
+                err = ((y.double() - want).norm() / want.norm()).item()
+                if not err < 5e-3 or not torch.isfinite(y).all():
+                    fails.append(f"{label} {name} M={m}: rel err {err:.3g}")
+    return fails
+
+
+def step(mats: dict, xs: dict, variant: str):
+    which = {"bf16": 0, "fixed12": 1}.get(variant, 2)
+    cfg = Dense11GemvConfig() if variant == "dense11 gemv" else None
+
+    def run():
+        for reps in mats.values():
+            for trip in reps:
+                obj = trip[which]
+                x = xs[obj.shape[1]]
+                F.linear(x, obj) if which == 0 else kernels.linear(x, obj, None, cfg)
+
+    return run
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--layers", type=int, default=LAYERS)
+    ap.add_argument("--ms", default="1,16,32,64")
+    args = ap.parse_args(argv)
+    ms = [int(m) for m in args.ms.split(",")]
+    t0 = time.time()
+    mats = build(args.layers)
+    for reps in mats.values():  # the derived per-matrix data (host syncs) before any graph capture
+        for _, p12, p11 in reps:
+            kernels.prepare(p12)
+            kernels.prepare(p11)
+    built = time.time() - t0
+    fails = check(mats, ms)
+    if fails:
+        print("\n".join(f"FAIL {f}" for f in fails))
+        return 1
+    sizes = {v: sum((t[0].numel() * 2 if v == "bf16" else t[{"fixed12": 1}.get(v, 2)].nbytes) for r in mats.values()
+                    for t in r) for v in ("bf16", "fixed12", "dense11")}
+    res = {"device": torch.cuda.get_device_name() if DEV == "cuda" else "cpu (dry run)", "torch": torch.__version__,
+           "glyd": glyd.__version__, "layers": args.layers, "build_s": round(built, 1), "bytes": sizes, "ms": {}}
+    for m in ms:
+        xs = {k: torch.randn(m, k, device=DEV).to(torch.bfloat16) for k in {k for _, _, k in SHAPES} | {H}}
+        for v in VARIANTS:
+            fn = step(mats, xs, v)
+            if DEV == "cuda":
+                res["ms"].setdefault(str(m), {})[v] = cuda_graph_ms(fn, 30)
+            else:
+                fn()
+                res["ms"].setdefault(str(m), {})[v] = float("nan")
+    print(f"{res['device']}, torch {res['torch']}, glyd {res['glyd']}, {args.layers} layers (merged), built in {built:.0f} s")
+    print("weight bytes vs bf16: " + ", ".join(f"{v} {sizes[v] / sizes['bf16']:.3f}" for v in ("fixed12", "dense11")))
+    print("\n| M | " + " | ".join(f"{v} ms" for v in VARIANTS) + " | " + " | ".join(f"{v} / bf16" for v in VARIANTS[1:]) + " |")
+    print("|---" * (2 * len(VARIANTS)) + "|")
+    for m, row in res["ms"].items():
+        print(f"| {m} | " + " | ".join(f"{row[v]:.3f}" for v in VARIANTS) + " | "
+              + " | ".join(f"{row[v] / row['bf16']:.3f}x" for v in VARIANTS[1:]) + " |")
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "dense11_step.json"), "w") as f:
+            json.dump(res, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

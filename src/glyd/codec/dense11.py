@@ -1,0 +1,237 @@
+"""``dense11``: about 11.1-11.2 bits a weight, fixed rate on the hot path, escapes ranked by popcount.
+
+Sign and mantissa are kept raw in one byte a weight (``sm = sign<<7 | mantissa``, as in
+``tiered``). The exponent becomes a 3-bit code held as three bit planes (32 weights a 32-bit word
+a plane): codes 0-6 are the exponents ``base .. base+6``, the 7-exponent window that covers the
+most weights of the matrix; code 7 is an escape (3-4.4% of real weights). A 32-weight run's
+escapes are the AND of its three plane words, so an escape finds its rank with a popcount; no other
+weight does any rank work.
+
+Each escape has a 4-bit digit in one stream (``esc``, 8 a 32-bit word) in row-major order: 0-14
+pick the exponent from a 15-entry table (the next most frequent exponents), 15 says the exponent
+is in a sorted exception list (``exc_idx``, ``exc_exp``: about 0.0005% of real weights). Where a
+block's digits start (a block = 1024 columns of one row) is in an offset table: a 32-bit base a
+16 blocks, a 16-bit offset a block. Byte-level layout and the measurements behind these choices:
+``docs/format.md`` and ``benchmarks/history/2026-12-02-dense-layout-cpu.md``.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import torch
+
+from glyd.codec.packed import Packed, as_bf16_matrix, check_no_extra, expect_array, register, round_up
+from glyd.errors import CorruptError, FormatError
+
+NAME = "dense11"
+#: K is padded to a multiple of GROUP (two 32-weight plane words a plane).
+GROUP = 64
+#: Weights of one plane word.
+WORD = 32
+#: Exponents of the window (codes 0..6); code 7 escapes.
+WINDOW = 7
+ESCAPE = 7
+MAX_BASE = 255 - (WINDOW - 1)
+#: Entries of the escape table (digits 0..14); digit 15 sends the weight to the exception list.
+ETAB = 15
+RAW = 15
+#: Columns of one row that an escape block covers, and blocks a superblock (one 32-bit base).
+#: A superblock holds at most 16 * 1024 escapes: its 16-bit offsets never overflow.
+BLOCK = 1024
+SUPER = 16
+ARRAYS = ("sm", "code", "base", "etab", "esc", "esc_base", "esc_off", "exc_idx", "exc_exp")
+
+
+def padded_cols(k: int) -> int:
+    return round_up(k, GROUP)
+
+
+def blocks_per_row(k: int) -> int:
+    return (padded_cols(k) + BLOCK - 1) // BLOCK
+
+
+def num_blocks(n: int, k: int) -> int:
+    return n * blocks_per_row(k)
+
+
+def histogram(exp: np.ndarray) -> np.ndarray:
+    """int64[256]: how many weights have each exponent."""
+    return torch.bincount(torch.from_numpy(exp.reshape(-1)), minlength=256).numpy()
+
+
+def choose_base(hist: np.ndarray) -> int:
+    """The window start ``b`` that maximises the weights with ``b <= exponent < b+7`` (lowest on ties)."""
+    return int(np.argmax(np.convolve(hist, np.ones(WINDOW, dtype=np.int64), "valid")))  # first maximum
+
+
+def escape_table(hist: np.ndarray, base: int) -> np.ndarray:
+    """The 15 most frequent exponents outside the window (ties: lower exponent first), uint8[15]."""
+    hist = hist.astype(np.int64)  # a copy
+    hist[base : base + WINDOW] = -1  # never in the table
+    return np.argsort(-hist, kind="stable")[:ETAB].astype(np.uint8)
+
+
+def planes_of(codes: np.ndarray) -> np.ndarray:
+    """int32 [N, 3 * Kp/32] plane words of uint8 codes [N, Kp] (word 3w + p: bit p of weights 32w..32w+31)."""
+    n, kp = codes.shape
+    c = codes.reshape(n, kp // WORD, WORD)
+    words = np.empty((n, kp // WORD, 3, 4), dtype=np.uint8)  # 4 bytes = one little-endian word
+    for p in range(3):
+        words[:, :, p] = np.packbits((c & np.uint8(1 << p)) != 0, axis=-1, bitorder="little")
+    return words.view(np.int32).reshape(n, 3 * (kp // WORD))
+
+
+def codes_of(planes: np.ndarray, n: int, kp: int) -> np.ndarray:
+    """uint8 codes [N, Kp] of plane words (the inverse of ``planes_of``)."""
+    b = np.ascontiguousarray(planes).view(np.uint8).reshape(n, kp // WORD, 3, 4)
+    bits = np.unpackbits(b, axis=-1, bitorder="little")  # [N, W, 3, 32]
+    return (bits[:, :, 0] | (bits[:, :, 1] << 1) | (bits[:, :, 2] << 2)).reshape(n, kp)
+
+
+def _offsets(esc_mask: np.ndarray, n: int, k: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """(esc_base int64, esc_off int64, total) of the escapes of each block (row-major block order)."""
+    kp = esc_mask.shape[1]
+    nbr = blocks_per_row(k)
+    padded = np.zeros((n, nbr * BLOCK), dtype=bool)
+    padded[:, :kp] = esc_mask
+    counts = padded.reshape(n * nbr, BLOCK).sum(axis=1, dtype=np.int64)
+    off = np.zeros(n * nbr + 1, dtype=np.int64)
+    np.cumsum(counts, out=off[1:])
+    base = np.concatenate([off[:-1][::SUPER], off[-1:]])
+    rel = off[:-1] - base[np.arange(n * nbr) // SUPER]
+    return base, rel, int(off[-1])
+
+
+def pack(w: torch.Tensor) -> Packed:
+    w = as_bf16_matrix(w)
+    n, k = w.shape
+    kp = padded_cols(k)
+    u = w.view(torch.int16).numpy().view(np.uint16)
+    exp = (u >> 7).astype(np.uint8)  # the cast drops the sign bit
+    hist = histogram(exp)
+    base = choose_base(hist)
+    etab = escape_table(hist, base)
+    off = exp - np.uint8(base)  # wraps below base: one unsigned compare tests the window
+    inside = off < WINDOW
+    codes = np.zeros((n, kp), dtype=np.uint8)  # padding: code 0, sm 0, never escapes
+    codes[:, :k] = np.where(inside, off, np.uint8(ESCAPE))
+    sm = np.zeros((n, kp), dtype=np.uint8)
+    sm[:, :k] = (((u >> 8) & 0x80) | (u & 0x7F)).astype(np.uint8)
+
+    flat = np.flatnonzero(~inside)  # row-major: the stream order (blocks are row-major too)
+    e = exp.reshape(-1)[flat]
+    slot = np.full(256, RAW, dtype=np.uint8)
+    slot[etab[::-1]] = np.arange(ETAB - 1, -1, -1, dtype=np.uint8)  # first entry wins on repeats
+    digit = slot[e]
+    total = flat.size
+    i = np.arange(total)
+    # digits of one word come from distinct escapes, so summing their disjoint nibbles ORs them
+    # (bincount's float64 sums of values < 2**32 are exact, and far faster than np.add.at)
+    nib = digit.astype(np.float64) * np.exp2(4 * (i % 8))
+    words = np.bincount(i // 8, weights=nib, minlength=(total + 7) // 8).astype(np.uint32)
+    ebase, rel, _ = _offsets(codes == ESCAPE, n, k)
+    raw = digit == RAW
+    idx_dtype = np.int32 if n * k < 2**31 else np.int64
+    arrays = {
+        "sm": torch.from_numpy(sm),
+        "code": torch.from_numpy(planes_of(codes)),
+        "base": torch.tensor([base], dtype=torch.uint8),
+        "etab": torch.from_numpy(etab),
+        "esc": torch.from_numpy(words.view(np.int32)),
+        "esc_base": torch.from_numpy(ebase.astype(np.int32 if total < 2**31 else np.int64)),
+        "esc_off": torch.from_numpy(rel.astype(np.int64)).to(torch.int32).to(torch.int16).view(torch.uint16),
+        "exc_idx": torch.from_numpy(flat[raw].astype(idx_dtype)),
+        "exc_exp": torch.from_numpy(e[raw].astype(np.uint8)),
+    }
+    return Packed(NAME, (n, k), arrays)
+
+
+def check_arrays(shape: tuple[int, int], arrays: dict[str, torch.Tensor]) -> None:
+    n, k = shape
+    kp = padded_cols(k)
+    nblk = num_blocks(n, k)
+    check_no_extra(arrays, ARRAYS, NAME)
+    expect_array(arrays, "sm", torch.uint8, (n, kp))
+    expect_array(arrays, "code", torch.int32, (n, 3 * (kp // WORD)))
+    expect_array(arrays, "base", torch.uint8, (1,))
+    expect_array(arrays, "etab", torch.uint8, (ETAB,))
+    esc = expect_array(arrays, "esc", torch.int32, None)
+    if esc.dim() != 1 or esc.numel() > (n * kp + 7) // 8:
+        raise FormatError(f"packed array 'esc' must be 1-D of at most {(n * kp + 7) // 8} words, got {tuple(esc.shape)}")
+    expect_array(arrays, "esc_base", (torch.int32, torch.int64), ((nblk + SUPER - 1) // SUPER + 1,))
+    expect_array(arrays, "esc_off", torch.uint16, (nblk,))
+    idx = expect_array(arrays, "exc_idx", (torch.int32, torch.int64), None)
+    ee = expect_array(arrays, "exc_exp", torch.uint8, None)
+    if idx.dim() != 1 or ee.dim() != 1 or idx.numel() != ee.numel():
+        raise FormatError(f"exc_idx {tuple(idx.shape)} and exc_exp {tuple(ee.shape)} must be 1-D of one length")
+    if idx.numel() > n * k:
+        raise FormatError(f"{idx.numel()} exceptions for a {n}x{k} matrix")
+
+
+def block_offsets(p: Packed) -> np.ndarray:
+    """int64 [B + 1]: index in ``esc`` of each block's first digit, then the total (checked)."""
+    n, k = p.shape
+    a = p.arrays
+    nblk = num_blocks(n, k)
+    base = a["esc_base"].numpy().astype(np.int64)
+    rel = a["esc_off"].to(torch.int32).numpy().astype(np.int64)
+    off = np.concatenate([base[np.arange(nblk) // SUPER] + rel, base[-1:]])
+    if int(base[0]) != 0 or bool((off[1:] < off[:-1]).any()) or bool((base[1:] < base[:-1]).any()):
+        raise CorruptError("dense11 'esc_base'/'esc_off' are not an increasing table of escape offsets")
+    return off
+
+
+def _check_values(p: Packed, codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    # Value checks need the data, so they run on unpack (as for the other layouts); returns the
+    # escapes' flat positions (in the padded matrix) and their digits.
+    n, k = p.shape
+    a = p.arrays
+    kp = codes.shape[1]
+    if int(a["base"][0]) > MAX_BASE:
+        raise CorruptError(f"dense11 base {int(a['base'][0])} is out of range 0..{MAX_BASE}")
+    esc_mask = codes == ESCAPE
+    if k < kp and bool(esc_mask[:, k:].any()):
+        raise CorruptError("dense11 padding columns hold escape codes")
+    off = block_offsets(p)
+    ebase, rel, total = _offsets(esc_mask, n, k)
+    want = np.concatenate([ebase[np.arange(num_blocks(n, k)) // SUPER] + rel, [total]])
+    if not np.array_equal(off, want):
+        raise CorruptError("dense11 escape offsets do not match the escape codes of their blocks (corrupt 'esc_off')")
+    esc = a["esc"].numpy().view(np.uint32)
+    if esc.size != (total + 7) // 8:
+        raise CorruptError(f"dense11 'esc' has {esc.size} words for {total} escapes (needs {(total + 7) // 8})")
+    i = np.arange(total)
+    digit = ((esc[i // 8] >> (4 * (i % 8)).astype(np.uint32)) & np.uint32(15)).astype(np.uint8)
+    pos = np.flatnonzero(esc_mask)  # row-major in the padded matrix
+    idx = a["exc_idx"].to(torch.int64).numpy()
+    raw_pos = pos[digit == RAW]
+    if idx.size != raw_pos.size or not np.array_equal(idx, (raw_pos // kp) * k + raw_pos % kp):
+        raise CorruptError("dense11 'exc_idx' does not list exactly the escapes whose digit is 15")
+    return pos, digit
+
+
+def unpack(p: Packed) -> torch.Tensor:
+    n, k = p.shape
+    a = p.arrays
+    kp = a["sm"].shape[1]
+    codes = codes_of(a["code"].numpy(), n, kp)
+    pos, digit = _check_values(p, codes)
+    base = int(a["base"][0])
+    lut = ((np.arange(8) + base) & 0xFF).astype(np.uint8)  # code 7's entry is replaced below
+    exp = lut[codes].reshape(-1)
+    etab = np.concatenate([a["etab"].numpy(), np.zeros(1, dtype=np.uint8)])
+    exp[pos] = etab[digit]
+    if a["exc_idx"].numel():
+        raw_pos = pos[digit == RAW]
+        exp[raw_pos] = a["exc_exp"].numpy()
+    sm = a["sm"].numpy().reshape(-1)
+    out = np.empty((n * kp, 2), dtype=np.uint8)
+    out[:, 0] = ((exp & np.uint8(1)) << 7) | (sm & np.uint8(0x7F))
+    out[:, 1] = (sm & np.uint8(0x80)) | (exp >> 1)
+    bits = torch.from_numpy(out.reshape(n, kp, 2)[:, :k].copy() if kp != k else out.reshape(n, kp, 2))
+    return bits.view(torch.bfloat16).reshape(n, k)
+
+
+register(sys.modules[__name__])

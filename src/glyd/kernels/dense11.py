@@ -1,0 +1,368 @@
+"""Triton kernels for the ``dense11`` layout: bit-exact unpack and the fused GEMV for 1-16 x rows.
+
+A step decodes a [BN, BK] tile (BK columns of BN rows, BK dividing the 1024-column escape block) as
+[BN, BK/32, 32]: a weight in the window is its ``sm`` byte, three plane bits and an add
+(``exponent = base + code``). Escapes (code 7, 3-4% of real weights) are found with the AND of a
+run's three plane words; an escape's place in the digit stream is its block's offset, plus the
+escapes of the block's earlier steps (a running count a row, one popcount a plane word), plus the
+popcounts of the tile's earlier words and of its own word below it: no prefix sum over weights.
+Digits 0-14 pick an exponent from the table, packed four a word (a select and a shift); digit 15
+decodes with the placeholder exponent 0 and its exception is added afterwards as
+``x[col] * (true - placeholder)`` (unpack: scattered in), as fixed12's exceptions are.
+
+On the GPU the popcounts are ``popc`` (libdevice); Triton's interpreter cannot run libdevice, so
+there they are SWAR bit counts (``HW_POPC=False``). Nothing here is timed yet.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import triton
+import triton.language as tl
+from triton.language.extra import libdevice
+
+from glyd.codec import dense11 as _codec
+from glyd.codec.packed import Packed
+from glyd.errors import CorruptError
+from glyd.kernels import _common as C
+from glyd.kernels._interp import isolated
+from glyd.kernels.registry import Kernel
+
+BLOCK = _codec.BLOCK
+SUPER = _codec.SUPER
+
+
+@triton.jit
+def _popc(x, HW_POPC: tl.constexpr):
+    # bits set in each 32-bit word (x: uint32)
+    if HW_POPC:
+        return libdevice.popc(x.to(tl.int32, bitcast=True))
+    x = x - ((x >> 1) & 0x55555555)
+    x = (x & 0x33333333) + ((x >> 2) & 0x33333333)
+    x = (x + (x >> 4)) & 0x0F0F0F0F
+    return ((x * 0x01010101) >> 24).to(tl.int32)
+
+
+@triton.jit
+def _etab_word(etab_ptr, r: tl.constexpr):
+    # etab[r .. r + 3] as one little-endian word (entry 15, past the table: the placeholder 0)
+    w = tl.load(etab_ptr + r).to(tl.int32)
+    for i in tl.static_range(1, 4):
+        if r + i < 15:
+            w |= tl.load(etab_ptr + r + i).to(tl.int32) << (8 * i)
+    return w
+
+
+@triton.jit
+def _block_start(ebase_ptr, eoff_ptr, b, mask):
+    # index in the digit stream of block b's first escape
+    return tl.load(ebase_ptr + b // 16, mask=mask, other=0) + tl.load(eoff_ptr + b, mask=mask, other=0).to(tl.int32)
+
+
+@triton.jit
+def _decode(sm_ptr, code_ptr, esc_ptr, rn, nmask, kb, KP, run, base, T0, T1, T2, T3, NESC,
+            BN: tl.constexpr, BK: tl.constexpr, HW_POPC: tl.constexpr):
+    # fp32 bits [BN, BK] of columns kb .. kb + BK of rows rn, and each row's escapes in the tile.
+    # run [BN]: the stream index of the first escape at or after column kb in each row.
+    W: tl.constexpr = BK // 32
+    wi = tl.arange(0, W)
+    j = tl.arange(0, 32)
+    cw = (rn * (3 * (KP // 32)))[:, None] + 3 * (kb // 32 + wi)[None, :]  # [BN, W] first plane word
+    m2 = nmask[:, None] & (kb // 32 + wi < KP // 32)[None, :]
+    p0 = tl.load(code_ptr + cw, mask=m2, other=0).to(tl.uint32, bitcast=True)
+    p1 = tl.load(code_ptr + cw + 1, mask=m2, other=0).to(tl.uint32, bitcast=True)
+    p2 = tl.load(code_ptr + cw + 2, mask=m2, other=0).to(tl.uint32, bitcast=True)
+    col = kb + wi[:, None] * 32 + j[None, :]  # [W, 32]
+    sm = tl.load(sm_ptr + (rn * KP)[:, None, None] + col[None, :, :], mask=nmask[:, None, None] & (col < KP)[None, :, :],
+                 other=0).to(tl.int32)
+    j3 = j[None, None, :].to(tl.uint32)
+    code = (((p0[:, :, None] >> j3) & 1) | (((p1[:, :, None] >> j3) & 1) << 1)
+            | (((p2[:, :, None] >> j3) & 1) << 2)).to(tl.int32)
+    # escapes: the run's mask, then the popcounts below each one
+    em = p0 & p1 & p2
+    cnt = _popc(em, HW_POPC)  # [BN, W]
+    pre = tl.cumsum(cnt, axis=1) - cnt + run[:, None]
+    below = _popc(em[:, :, None] & ((tl.full([1, 1, 32], 1, tl.uint32) << j3) - 1), HW_POPC)
+    rank = pre[:, :, None] + below
+    esc = (code == 7) & (rank < NESC)
+    dw = tl.load(esc_ptr + (rank >> 3), mask=esc, other=0)
+    d = (dw >> ((rank & 7) * 4)) & 15
+    t = tl.where(d < 8, tl.where(d < 4, T0, T1), tl.where(d < 12, T2, T3))
+    exp = tl.where(code == 7, (t >> ((d & 3) * 8)) & 0xFF, base + code)
+    bits = ((sm & 0x80) << 24) | (exp << 23) | ((sm & 0x7F) << 16)
+    return tl.reshape(bits, [BN, BK]), tl.sum(cnt, axis=1)
+
+
+@triton.jit
+def _tables(etab_ptr):
+    return _etab_word(etab_ptr, 0), _etab_word(etab_ptr, 4), _etab_word(etab_ptr, 8), _etab_word(etab_ptr, 12)
+
+
+@isolated
+@triton.jit
+def _gemv_kernel(
+    x_ptr, sm_ptr, code_ptr, base_ptr, etab_ptr, esc_ptr, ebase_ptr, eoff_ptr, rowptr_ptr, eidx_ptr, eexp_ptr,
+    bias_ptr, out_ptr, M, N, K, KP, NBR, NESC, K_SPLIT, stride_xm,
+    BN: tl.constexpr, BK: tl.constexpr, MB: tl.constexpr, HW_POPC: tl.constexpr, HAS_BIAS: tl.constexpr,
+    HAS_EXC: tl.constexpr, PARTIAL: tl.constexpr,
+):
+    # Rows [pid_n * BN, +BN) x columns [pid_k * K_SPLIT, +K_SPLIT) (K_SPLIT a multiple of 1024: a
+    # split starts on a block) for x rows [pid_m * MB, +MB): each tile decoded once for MB rows.
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    pid_m = tl.program_id(2)
+    rn = pid_n * BN + tl.arange(0, BN)
+    nmask = rn < N
+    rm = pid_m * MB + tl.arange(0, MB)
+    mmask = rm < M
+    base = tl.load(base_ptr).to(tl.int32)
+    T0, T1, T2, T3 = _tables(etab_ptr)
+    k0 = pid_k * K_SPLIT
+    k1 = tl.minimum(k0 + K_SPLIT, KP)
+    kk = tl.arange(0, BK)
+    acc = tl.zeros([MB, BN], dtype=tl.float32)
+    run = tl.zeros([BN], dtype=tl.int32)
+    for kb in range(k0, k1, BK):
+        new = kb % 1024 == 0
+        start = _block_start(ebase_ptr, eoff_ptr, rn * NBR + kb // 1024, nmask & new)
+        run = tl.where(new, start, run)
+        bits, n_esc = _decode(sm_ptr, code_ptr, esc_ptr, rn, nmask, kb, KP, run, base, T0, T1, T2, T3, NESC,
+                              BN, BK, HW_POPC)
+        run += n_esc
+        wv = bits.to(tl.float32, bitcast=True)
+        xc = kb + kk
+        xv = tl.load(x_ptr + rm[:, None] * stride_xm + xc[None, :], mask=mmask[:, None] & (xc < K)[None, :],
+                     other=0.0).to(tl.float32)
+        acc += tl.sum(wv[None, :, :] * xv[:, None, :], axis=2)
+    if HAS_EXC:
+        if pid_k == 0:  # exceptions: x[col] * (true - placeholder), placeholder exponent 0
+            e0 = tl.load(rowptr_ptr + pid_n * BN)
+            e1 = tl.load(rowptr_ptr + tl.minimum(pid_n * BN + BN, N))
+            for e in range(e0, e1):
+                idx = tl.load(eidx_ptr + e).to(tl.int64)
+                r = idx // K
+                c = idx - r * K
+                sm = tl.load(sm_ptr + r * KP + c).to(tl.int32)
+                pv = (((sm & 0x80) << 24) | ((sm & 0x7F) << 16)).to(tl.float32, bitcast=True)
+                tv = (((sm & 0x80) << 24) | (tl.load(eexp_ptr + e).to(tl.int32) << 23)
+                      | ((sm & 0x7F) << 16)).to(tl.float32, bitcast=True)
+                xv = tl.load(x_ptr + rm * stride_xm + c, mask=mmask, other=0.0).to(tl.float32)
+                acc += tl.where((rn.to(tl.int64) == r)[None, :], (xv * tv - xv * pv)[:, None], 0.0)
+    optr = rm[:, None] * N + rn[None, :]
+    omask = mmask[:, None] & nmask[None, :]
+    if PARTIAL:
+        tl.store(out_ptr + pid_k * M * N + optr, acc, mask=omask)
+    else:
+        if HAS_BIAS:
+            acc += tl.load(bias_ptr + rn, mask=nmask, other=0.0).to(tl.float32)[None, :]
+        tl.store(out_ptr + optr, acc.to(tl.bfloat16), mask=omask)
+
+
+@isolated
+@triton.jit
+def _unpack_kernel(sm_ptr, code_ptr, base_ptr, etab_ptr, esc_ptr, ebase_ptr, eoff_ptr, out_ptr, N, K, KP, NBR, NESC,
+                   BN: tl.constexpr, BK: tl.constexpr, HW_POPC: tl.constexpr):
+    # rows [pid_n * BN, +BN) of block column pid_b (columns 1024 pid_b .. +1024), BK a step
+    pid_n = tl.program_id(0)
+    pid_b = tl.program_id(1)
+    rn = pid_n * BN + tl.arange(0, BN)
+    nmask = rn < N
+    base = tl.load(base_ptr).to(tl.int32)
+    T0, T1, T2, T3 = _tables(etab_ptr)
+    run = _block_start(ebase_ptr, eoff_ptr, rn * NBR + pid_b, nmask)
+    k1 = tl.minimum(pid_b * 1024 + 1024, KP)
+    kk = tl.arange(0, BK)
+    for kb in range(pid_b * 1024, k1, BK):
+        bits, n_esc = _decode(sm_ptr, code_ptr, esc_ptr, rn, nmask, kb, KP, run, base, T0, T1, T2, T3, NESC,
+                              BN, BK, HW_POPC)
+        run += n_esc
+        c = kb + kk
+        tl.store(out_ptr + (rn * K)[:, None] + c[None, :], (bits >> 16).to(tl.int16),
+                 mask=nmask[:, None] & (c < K)[None, :])
+
+
+class Prepared:
+    """Per-matrix data checked and derived once (host syncs allowed here, never in ``linear``):
+    the escape offsets checked against the codes (every digit read lies inside ``esc``), the
+    exceptions' row pointers and their true bf16 words."""
+
+    def __init__(self, p: Packed) -> None:
+        n, k = p.shape
+        a = p.arrays
+        kp = a["sm"].shape[1]
+        C.check_size("dense11 'sm'", n * kp)
+        if a["esc"].numel() * 8 >= 2**31 or n * _codec.blocks_per_row(k) >= 2**31:
+            raise C.FormatError("dense11 escape stream is too large for 32-bit offsets")
+        self.nesc = _check_offsets(p) if n * kp else 0
+        idx = a["exc_idx"].to(torch.int64)
+        self.nexc = int(idx.numel())
+        if self.nexc:
+            if int(idx.min()) < 0 or int(idx.max()) >= n * k or bool((idx[1:] <= idx[:-1]).any()):
+                raise CorruptError("dense11 'exc_idx' is not strictly increasing inside the matrix")
+            bounds = torch.arange(n + 1, device=idx.device, dtype=torch.int64) * k
+            self.rowptr = torch.searchsorted(idx, bounds).to(torch.int32)
+            sm = a["sm"].reshape(-1)[(idx // k) * kp + idx % k].to(torch.int32)
+            self.pos = idx
+            self.vals = (((sm & 0x80) << 8) | (a["exc_exp"].to(torch.int32) << 7) | (sm & 0x7F)).to(torch.int16)
+        else:
+            self.rowptr = torch.zeros(n + 1, dtype=torch.int32, device=idx.device)
+            self.pos = self.vals = None
+
+
+def _popcount32(x: torch.Tensor) -> torch.Tensor:
+    x = x.to(torch.int64) & 0xFFFFFFFF
+    x = x - ((x >> 1) & 0x55555555)
+    x = (x & 0x33333333) + ((x >> 2) & 0x33333333)
+    x = (x + (x >> 4)) & 0x0F0F0F0F
+    return ((x * 0x01010101) & 0xFFFFFFFF) >> 24
+
+
+def _check_offsets(p: Packed) -> int:
+    # Every block's offset must equal the escapes before it and 'esc' must hold exactly their
+    # digits before a kernel reads a digit: the offsets come from a file. Torch ops on the
+    # arrays' device, once a matrix. Returns the number of escapes.
+    n, k = p.shape
+    a = p.arrays
+    nbr = _codec.blocks_per_row(k)
+    planes = a["code"].view(n, -1, 3).to(torch.int64)
+    cnt = _popcount32(planes[..., 0] & planes[..., 1] & planes[..., 2])  # [N, Kp/32]
+    pad = torch.zeros(n, nbr * 32, dtype=torch.int64, device=cnt.device)
+    pad[:, : cnt.shape[1]] = cnt
+    per_block = pad.view(n * nbr, 32).sum(1)
+    want = torch.cat([per_block.new_zeros(1), per_block.cumsum(0)])
+    base = a["esc_base"].to(torch.int64)
+    blk = torch.arange(n * nbr, device=base.device)
+    got = torch.cat([base[blk // SUPER] + a["esc_off"].to(torch.int32).to(torch.int64), base[-1:]])
+    total = int(want[-1])
+    bad = (got.shape != want.shape) or bool((got != want).any()) or a["esc"].numel() != (total + 7) // 8
+    if bad or bool((base[1:] < base[:-1]).any()):
+        raise CorruptError("dense11 'esc_base'/'esc_off'/'esc' do not match the escape codes (a damaged or crafted file)")
+    return total
+
+
+def prepare(p: Packed) -> Prepared:
+    """The checked per-matrix data of ``p`` (built once a matrix; again after an in-place change)."""
+    if not isinstance(p, Packed) or p.layout != _codec.NAME:
+        raise TypeError("packed must be a dense11 glyd.Packed")
+    return C.cached(p.arrays["code"], lambda: Prepared(p))
+
+
+def _args(p: Packed):
+    a = p.arrays
+    return a["sm"], a["code"], a["base"], a["etab"], a["esc"], a["esc_base"], a["esc_off"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Dense11UnpackConfig:
+    """``rows`` rows a program (one 1024-column block each), ``bk`` columns a step, ``warps``."""
+
+    rows: int = 8
+    bk: int = 256
+    warps: int = 4
+
+    def __post_init__(self) -> None:
+        C.pow2(self, "rows", "bk", "warps")
+        if not 64 <= self.bk <= BLOCK:
+            raise ValueError(f"bk must be 64-{BLOCK}, got {self.bk}")
+
+
+# packed: dense11 [N, K] (sm [N, Kp], code int32 [N, 3 Kp/32], esc, offsets, exceptions) -> bf16 [N, K]
+def unpack(p: Packed, out: torch.Tensor | None = None, config: Dense11UnpackConfig | None = None) -> torch.Tensor:
+    cfg = config or Dense11UnpackConfig()
+    prep = prepare(p)
+    n, k = p.shape
+    kp = p.arrays["sm"].shape[1]
+    if out is None:
+        out = torch.empty(n, k, dtype=torch.bfloat16, device=p.device)
+    elif out.shape != (n, k) or out.dtype != torch.bfloat16 or not out.is_contiguous():
+        raise ValueError(f"out must be a contiguous bf16 [{n}, {k}] tensor, got {out.dtype} {tuple(out.shape)}")
+    if not (n and k):
+        return out
+    nbr = _codec.blocks_per_row(k)
+    _unpack_kernel[(triton.cdiv(n, cfg.rows), nbr)](*_args(p), out.view(torch.int16), n, k, kp, nbr, prep.nesc,
+                                                    BN=cfg.rows, BK=min(cfg.bk, triton.next_power_of_2(kp)), HW_POPC=not C.interpreting(),
+                                                    num_warps=cfg.warps)
+    if prep.nexc:
+        out.view(torch.int16).view(-1)[prep.pos] = prep.vals
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Dense11GemvConfig:
+    """``bn`` weight rows a program, ``bk`` columns a step (dividing 1024), up to ``mb`` x rows
+    decoded once (more: another program), ``split`` K splits of whole 1024-column blocks (0: one
+    split a block when the row tiles alone would leave the GPU's SMs idle), ``warps``."""
+
+    bn: int = 16
+    bk: int = 256
+    mb: int = 16
+    split: int = 0
+    warps: int = 4
+
+    def __post_init__(self) -> None:
+        C.pow2(self, "bn", "bk", "mb", "warps")
+        if not 64 <= self.bk <= BLOCK or self.mb > 16:
+            raise ValueError(f"bk must be 64-{BLOCK} and mb at most 16, got bk={self.bk}, mb={self.mb}")
+        if not isinstance(self.split, int) or self.split < 0:
+            raise ValueError(f"split must be an int >= 0, got {self.split!r}")
+
+
+class Dense11GemvKernel(Kernel):
+    """The fused dense11 GEMV: any shape, 1-16 x rows a program (any M: more programs)."""
+
+    name = "dense11_gemv"
+    layout = "dense11"
+    Config = Dense11GemvConfig
+
+    # x: bf16 [M, K]; packed: dense11 [N, K]; bias: [N] or None; out: bf16 [M, N] (written) -> out
+    @classmethod
+    def launch(cls, x2, packed, bias, config, out):
+        p = packed
+        prep = prepare(p)
+        m, k = x2.shape
+        n = p.shape[0]
+        kp = p.arrays["sm"].shape[1]
+        if x2.dtype != torch.bfloat16 or x2.stride(1) != 1:
+            raise ValueError(f"x must be bf16 with unit stride along K, got {x2.dtype}, strides {x2.stride()}")
+        if out.shape != (m, n) or out.dtype != torch.bfloat16:
+            raise ValueError(f"out must be bf16 [{m}, {n}], got {out.dtype} {tuple(out.shape)}")
+        nbr = _codec.blocks_per_row(k)
+        mb = min(triton.next_power_of_2(m), config.mb)
+        tiles = triton.cdiv(n, config.bn) * triton.cdiv(m, mb)
+        split = config.split or (nbr if tiles < 2 * C.sm_count(x2.device) else 1)
+        split = max(1, min(split, nbr))
+        per = triton.cdiv(nbr, split) * BLOCK
+        split = triton.cdiv(kp, per)
+        dst = torch.empty(split, m, n, dtype=torch.float32, device=x2.device) if split > 1 else out
+        a = p.arrays
+        _gemv_kernel[(triton.cdiv(n, config.bn), split, triton.cdiv(m, mb))](
+            x2, *_args(p), prep.rowptr, a["exc_idx"], a["exc_exp"], bias if bias is not None else out, dst,
+            m, n, k, kp, nbr, prep.nesc, per, x2.stride(0),
+            BN=config.bn, BK=min(config.bk, triton.next_power_of_2(kp)), MB=mb, HW_POPC=not C.interpreting(), HAS_BIAS=bias is not None,
+            HAS_EXC=prep.nexc > 0, PARTIAL=split > 1, num_warps=config.warps,
+        )
+        if split > 1:
+            C.finalize(dst, bias, out)
+        return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Dense11LongConfig:
+    """Unpack + cuBLAS (no settings)."""
+
+
+class Dense11LongKernel(Kernel):
+    """Unpack into a reused bf16 scratch buffer, then cuBLAS: any dense11 matrix, any M."""
+
+    name = "dense11_long"
+    layout = "dense11"
+    Config = Dense11LongConfig
+
+    # x: bf16 [M, K]; packed: dense11 [N, K]; bias: [N] or None; out: bf16 [M, N] (written) -> out
+    @classmethod
+    def launch(cls, x2, packed, bias, config, out):
+        n, k = packed.shape
+        w = unpack(packed, C.scratch(x2.device, n * k).view(n, k))
+        return C.mm_into(x2, w, bias, out)

@@ -1,0 +1,63 @@
+"""dense11 through the glyd:: ops on the CPU: the pure-torch twins (unpack, linear, rows) and opcheck."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import glyd
+import glyd.ops as ops
+from glyd.ops.rows import unpack_rows
+
+
+def _weights(n: int, k: int, seed: int) -> torch.Tensor:
+    # spread exponents: many escapes, table digits and exceptions
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(n, k, generator=g) * torch.exp2(torch.randn(n, k, generator=g) * 6)).to(torch.bfloat16)
+
+
+def test_twins_are_bit_exact():
+    w = _weights(12, 100, 0)
+    p = ops.pack(w, "dense11")
+    assert p.layout == "dense11" and p.arrays["exc_idx"].numel() > 0
+    assert torch.equal(ops.unpack(p).view(torch.int16), w.view(torch.int16))
+    x = torch.randn(3, 5, 100).to(torch.bfloat16)
+    b = torch.randn(12).to(torch.bfloat16)
+    assert torch.equal(ops.linear(x, p, b).view(torch.int16), F.linear(x, w, b).view(torch.int16))
+
+
+@pytest.mark.parametrize("shape", [(9, 70), (5, 2100), (40, 64), (3, 1)])
+def test_rows_match_the_codec(shape):
+    w = _weights(*shape, sum(shape))
+    p = glyd.pack(w, "dense11")
+    n = shape[0]
+    idx = torch.tensor([[n - 1, 0], [n // 2, n - 1], [0, 0]])
+    assert torch.equal(unpack_rows(p, idx).view(torch.int16), w[idx].view(torch.int16))
+    every = torch.arange(n).flip(0)
+    assert torch.equal(ops.rows(p, every).view(torch.int16), w[every].view(torch.int16))
+
+
+def test_rows_of_every_pattern():
+    w = torch.arange(65536, dtype=torch.int32).to(torch.int16).view(torch.bfloat16).reshape(256, 256)
+    p = glyd.pack(w, "dense11")
+    r = torch.tensor([255, 3, 128, 3])
+    assert torch.equal(unpack_rows(p, r).view(torch.int16), w[r].view(torch.int16))
+
+
+@pytest.mark.slow  # about 10 s on the CPU
+def test_opcheck():
+    p = glyd.pack(_weights(12, 96, 1), "dense11")
+    layout, shape, arrays, version = ops._args(p)
+    x = torch.randn(3, 96).to(torch.bfloat16)
+    bias = torch.randn(12).to(torch.bfloat16)
+    torch.library.opcheck(torch.ops.glyd.linear.default, (x, layout, shape, arrays, bias, version))
+    torch.library.opcheck(torch.ops.glyd.unpack.default, (layout, shape, arrays, version))
+    torch.library.opcheck(torch.ops.glyd.rows.default, (layout, shape, arrays, version, torch.tensor([[3, 0], [11, 3]])))
+
+
+def test_modules_take_dense11():
+    w = _weights(10, 70, 2)
+    emb = glyd.GlydEmbedding(glyd.pack(w, "dense11"))
+    ids = torch.tensor([[9, 0, 4]])
+    assert torch.equal(emb(ids).view(torch.int16), w[ids].view(torch.int16))

@@ -66,6 +66,29 @@ def test_torch_twin_and_errors():
         decode_attention(q, ks, vs, backend="gluon")
 
 
+@pytest.mark.slow
+def test_kernel_compiles_for_sm90_with_safe_dots():
+    # Compiled ahead of time (no GPU): every bf16 tensor-core dot reduces over >= 4 * kWidth values
+    # (Triton 3.6 miscompiles K = 16 dots on sm_90: glyd.kv._triton._scores).
+    import os
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    pytest.importorskip("triton")
+    helper = Path(__file__).resolve().parent / "_fixed_compile_check.py"
+    r = subprocess.run([sys.executable, str(helper), "64,3,64", "128,7,32"], env=dict(os.environ, TRITON_INTERPRET="0"),
+                       capture_output=True, text=True, timeout=600)
+    if r.returncode != 0 and "ptxas" in r.stderr:
+        pytest.skip("no sm_90 compiler tools in this triton build")
+    assert r.returncode == 0, r.stderr[-2000:]
+    dots = re.findall(r"DOT d=(\d+) sub_tile=\d+ M=\d+ K=(\d+) kWidth=(\d+)", r.stdout)
+    assert {int(d) for d, *_ in dots} == {64, 128} and len(re.findall("CUBIN", r.stdout)) == 2
+    for d, k, kw in dots:
+        assert int(k) >= 4 * int(kw), (d, k, kw)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("b", [1, 4, 16, 64])

@@ -31,18 +31,22 @@ def _half(code, lo, bshift):
 
 @triton.jit
 def _patch(wa, wb, exc_ptr, e0, ne, t0, TS: tl.constexpr, D: tl.constexpr):
-    """Put the block's exceptions that fall in rows ``t0 .. t0+TS`` into the two half tiles (int32 words)."""
+    """Put the block's exceptions that fall in rows ``t0 .. t0+TS`` into the two half tiles (int32
+    words): one ``where`` over the one half tile an exception is in, none for the block's other rows."""
     H: tl.constexpr = D // 2
     rows = tl.arange(0, TS)[:, None]
     cols = tl.arange(0, H)[None, :]
     for e in range(e0, e0 + ne):
         ent = tl.load(exc_ptr + e)
         idx = ent & 0xFFFF
-        word = (ent >> 16) & 0xFFFF
         r = idx // D - t0
         c = idx % D
-        wa = tl.where((rows == r) & (cols == c), word, wa)
-        wb = tl.where((rows == r) & (cols == c - H), word, wb)
+        if (r >= 0) & (r < TS):
+            word = (ent >> 16) & 0xFFFF
+            if c < H:
+                wa = tl.where((rows == r) & (cols == c), word, wa)
+            else:
+                wb = tl.where((rows == r) & (cols == c - H), word, wb)
     return wa, wb
 
 

@@ -27,7 +27,9 @@ with per-channel scales. The shipped path (``glyd.kv.decode_attention``) takes t
 shape: ``--gluon p:r ...`` times its variants (programs per SM or 0 for the launcher's choice by
 size, maxnreg or 0), the first being the launcher's default; ``--variants w,s,p,r ...`` times variants of the Triton kernel (warps, sub-tile
 tokens, programs per SM, maxnreg or 0; ``--variants`` with no value skips it). Every variant is
-checked against SDPA; the table shows the fastest of each kernel. (The column of the same loop over
+checked against SDPA; the table shows the fastest of each kernel. The fixed-rate code (``kvf12``,
+``GlydCache``'s default) has its own column: ``FixedPageStore`` pages of the same keys and values read by
+``glyd.kv._triton_fixed`` (``--fixed w,s,p ...``: warps, sub-tile tokens, programs per SM). (The column of the same loop over
 plain bf16 pages, ``decode_attention_bf16_pages``, and ``--no-baseline`` are gone with that kernel:
 this script's 497582d version has them.) Without a CUDA GPU, ``speed`` is a dry run under
 ``TRITON_INTERPRET=1`` (nothing timed; the Gluon kernel cannot run there).
@@ -340,6 +342,11 @@ def parse_variant(s: str) -> tuple[int, int, int, int]:
     return w, ts, pps, mr
 
 
+def parse_fixed(s: str) -> tuple[int, int, int]:
+    w, ts, pps = (int(x) for x in s.split(","))
+    return w, ts, pps
+
+
 def parse_gluon(s: str) -> tuple[int, int, int | None]:
     # p:r[:f]: programs per SM (0: the launcher's choice, default_programs_per_sm), maxnreg, L2 prefetch 0/1
     # (left out: the launcher's choice)
@@ -361,6 +368,8 @@ def cmd_speed(args) -> None:
 
     from glyd.kv import _triton as kt
     from glyd.kv._gluon import decode_attention_gluon
+    from glyd.kv._triton_fixed import decode_attention_fixed_triton
+    from glyd.kv.fixed import FixedPageStore
 
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     pool = None
@@ -424,11 +433,22 @@ def cmd_speed(args) -> None:
                 q, ks, vs, lens, programs_per_sm=pps or None, maxnreg=mr or None, prefetch=pf))  # noqa: B023
             if r is not None and not r[0] >= gbest[0]:
                 gbest = r
-        errs = [e for e in (gbest[2], best[2]) if e == e]  # the worst of the kernels' errors (NaN: none timed)
-        rows.append((t, b, mixed, t_sdpa, gbest, best[0], best[1], ratio, max(errs) if errs else float("nan")))
+        # the fixed-rate code (kvf12): its Triton kernel, variants warps,sub_tile,programs_per_sm
+        fks = FixedPageStore.from_dense(k, lens if mixed else None, page=PAGE)
+        fvs = FixedPageStore.from_dense(v, lens if mixed else None, page=PAGE)
+        fratio = (fks.nbytes + fvs.nbytes) / (2 * k.numel() * 2)
+        fbest = (float("nan"), "-", float("nan"))
+        for w, ts, pps in args.fixed:
+            r = timed("kvf12", f"w{w} s{ts} p{pps}", lambda: decode_attention_fixed_triton(  # noqa: B023
+                q, fks, fvs, lens, num_warps=w, sub_tile=ts, programs_per_sm=pps))  # noqa: B023
+            if r is not None and not r[0] >= fbest[0]:
+                fbest = r
+        errs = [e for e in (gbest[2], best[2], fbest[2]) if e == e]  # the worst of the kernels' errors (NaN: none)
+        rows.append((t, b, mixed, t_sdpa, gbest, best[0], best[1], ratio, max(errs) if errs else float("nan"),
+                     fbest, fratio))
         print(f"T={t} B={b} mixed={mixed}: sdpa {t_sdpa:.1f} us, gluon {gbest[0]:.1f} us {gbest[1]}, triton "
-              f"{best[0]:.1f} us {best[1]}", file=sys.stderr, flush=True)
-        del k, v, ks, vs
+              f"{best[0]:.1f} us {best[1]}, kvf12 {fbest[0]:.1f} us {fbest[1]}", file=sys.stderr, flush=True)
+        del k, v, ks, vs, fks, fvs
         torch.cuda.empty_cache()
     name = torch.cuda.get_device_name() if dev.type == "cuda" else "CPU dry run"
     print("\nall variants (w: warps; s: sub-tile tokens; p: programs per SM; r: maxnreg): " + "; ".join(
@@ -436,11 +456,13 @@ def cmd_speed(args) -> None:
     print(f"\n{name}; torch {torch.__version__}; triton {triton.__version__}; pages: "
           f"{'real SmolLM2-filled pool' if pool is not None else 'Gaussian'}; {datetime.date.today()}; one layer, "
           f"{hq} query heads, {h} KV heads, head dim {d}, page {PAGE}; CUDA graph, median of 50 replays\n")
-    print("| tokens | seqs | lengths | bf16 SDPA us | glyd (Gluon) us | / SDPA | best variant | Triton kernel us | "
-          "/ SDPA | best variant | cache / bf16 | rel. err |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for t, b, mixed, ts, (tg, gvar, _), tt, var, ratio, err in rows:
-        print(f"| {t} | {b} | {'T/2..T' if mixed else 'all T'} | {ts:.1f} | {tg:.1f} | {tg / ts:.2f} | {gvar} | "
+    print("| tokens | seqs | lengths | bf16 SDPA us | kvf12 (Triton) us | / SDPA | best variant | kvf12 / bf16 | "
+          "dense: Gluon us | / SDPA | best variant | Triton kernel us | / SDPA | best variant | dense / bf16 | "
+          "rel. err |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for t, b, mixed, ts, (tg, gvar, _), tt, var, ratio, err, (tf, fvar, _), fratio in rows:
+        print(f"| {t} | {b} | {'T/2..T' if mixed else 'all T'} | {ts:.1f} | {tf:.1f} | {tf / ts:.2f} | {fvar} | "
+              f"{'-' if mixed else f'{fratio:.3f}'} | {tg:.1f} | {tg / ts:.2f} | {gvar} | "
               f"{tt:.1f} | {tt / ts:.2f} | {vname(var)} | {'-' if mixed else f'{ratio:.3f}'} | {err:.1e} |")
 
 
@@ -468,6 +490,8 @@ def main() -> None:
                    "the first is the default")
     s.add_argument("--variants", type=parse_variant, nargs="*", default=[(4, 32, 16, 128)],
                    help="kernel variants to time, each 'warps,sub_tile,programs_per_sm,maxnreg' (0: none); best shown")
+    s.add_argument("--fixed", type=parse_fixed, nargs="*", default=[(4, 32, 16), (4, 64, 16), (8, 64, 16), (4, 32, 8)],
+                   help="kvf12 Triton kernel variants 'warps,sub_tile,programs_per_sm'; the fastest shown")
     s.set_defaults(func=cmd_speed)
     args = ap.parse_args()
     print(f"# {platform.node()} {platform.machine()} python {platform.python_version()} torch {torch.__version__}",

@@ -310,6 +310,15 @@ def test_kv_lossless_is_wired_or_says_why(tiny_model_folder, input_ids):
     assert torch.equal(out.sequences, ref.generate(input_ids[:, :5], **kw))
 
 
+def test_kv_codes(tiny_model_folder):
+    # kv="lossless": the fixed-rate page code (kvf12); kv="lossless-dense": the dense one.
+    pytest.importorskip("glyd.kv.cache")
+    src = tiny_model_folder("llama")
+    for kv, code in (("lossless", "kvf12"), ("lossless-dense", "dense")):
+        model = glyd.from_pretrained(src, kv=kv, exact=True, device="cpu", progress=False)
+        assert model.glyd_make_cache().code == code
+
+
 # -- a real model ----------------------------------------------------------------------------------
 
 

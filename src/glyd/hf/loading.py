@@ -39,6 +39,9 @@ from glyd.store.checkpoint import CONFIG
 
 log = logging.getLogger(__name__)
 
+#: ``from_pretrained(kv=...)``: the page code of glyd's KV cache (``glyd.kv.make_cache(code=...)``) for each.
+KV_CODES = {None: None, "lossless": "kvf12", "lossless-dense": "dense"}
+
 __all__ = ["from_pretrained", "compress"]
 
 
@@ -67,7 +70,8 @@ def from_pretrained(
     ``exact=True`` computes every product as bf16 does (unpack, then ``F.linear``): logits equal
     the bf16 model's bit for bit. ``merge`` runs q|k|v and gate|up as one product each (default:
     on for a GPU, off on the CPU). ``verify=True`` re-hashes every weight against the sha256
-    recorded when it was packed. ``kv="lossless"`` uses glyd's compressed KV cache. Other keyword
+    recorded when it was packed. ``kv="lossless"`` uses glyd's compressed KV cache (the fixed-rate
+    ``kvf12`` page code), ``kv="lossless-dense"`` the same cache with the denser page code. Other keyword
     arguments go to transformers (``attn_implementation=...``, ``trust_remote_code=...``).
 
     ``model_class``: the transformers class to build, or its name (``AutoModel``,
@@ -85,8 +89,8 @@ def from_pretrained(
     >>> encoder = glyd.from_pretrained("path/to/minilm", model_class="AutoModel", exact=True)  # doctest: +SKIP
     """
     check_layout(layout)
-    if kv not in (None, "lossless"):
-        raise ValueError(f"kv must be None or 'lossless', got {kv!r}")
+    if kv not in KV_CODES:
+        raise ValueError(f"kv must be one of {list(KV_CODES)}, got {kv!r}")
     hf_kwargs = dict(hf_kwargs)
     device_map = hf_kwargs.pop("device_map", None)
     if device is not None and device_map is not None:
@@ -113,8 +117,8 @@ def from_pretrained(
                           device=dev, progress=progress, hf_kwargs=hf_kwargs, device_map=device_map)
         if verify:
             verify_model(model, progress=progress)
-    if kv == "lossless":
-        _wire_kv(model)
+    if kv is not None:
+        _wire_kv(model, KV_CODES[kv])
     return model
 
 
@@ -150,7 +154,7 @@ def _load_glyd(path: Path, model_class: Any, *, device: torch.device, device_map
     return model
 
 
-def _wire_kv(model: nn.Module) -> None:
+def _wire_kv(model: nn.Module, code: str) -> None:
     try:
         from glyd import kv as kv_module
     except ImportError:
@@ -169,11 +173,11 @@ def _wire_kv(model: nn.Module) -> None:
         if kwargs.get("past_key_values") is None and kwargs.get("cache") is None:
             kwargs.pop("past_key_values", None)
             kwargs.pop("cache", None)
-            kwargs[GENERATE_CACHE_KW] = make_cache(model.config)
+            kwargs[GENERATE_CACHE_KW] = make_cache(model.config, code=code)
         return generate(*args, **kwargs)
 
     model.generate = generate_with_glyd_cache
-    model.__dict__["glyd_make_cache"] = functools.partial(make_cache, model.config)
+    model.__dict__["glyd_make_cache"] = functools.partial(make_cache, model.config, code=code)
 
 
 def compress(model: nn.Module, *, layout: str = "auto", merge: bool | None = None, exact: bool = False,

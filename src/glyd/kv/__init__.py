@@ -7,6 +7,14 @@
 >>> torch.equal(st.dense().view(torch.int16), x.view(torch.int16))
 True
 
+Two page codes: :class:`FixedPageStore` (``glyd.kv.fixed``, ``kvf12``: 12 bits a value plus rare
+exceptions, the cheapest decode; ``GlydCache``'s default) and :class:`PageStore` (``glyd.kv.pages``:
+the dense code with escape tiers, ``GlydCache(code="dense")``).
+
+>>> st = FixedPageStore.from_dense(x, page=64)
+>>> torch.equal(st.dense().view(torch.int16), x.view(torch.int16))
+True
+
 ``GlydCache`` / ``make_cache`` need transformers; ``decode_attention`` uses Triton on CUDA
 tensors. Both are imported on first use, so ``import glyd.kv`` needs only torch.
 """
@@ -16,6 +24,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from glyd.kv.fixed import FixedPageStore
 from glyd.kv.pages import PageStore, pack_blocks, unpack_blocks
 
 _LAZY = {
@@ -28,7 +37,7 @@ _LAZY = {
     "decode_attention_torch": "glyd.kv.attention",
 }
 
-__all__ = ["PageStore", "pack_blocks", "unpack_blocks", *_LAZY]
+__all__ = ["FixedPageStore", "PageStore", "pack_blocks", "unpack_blocks", *_LAZY]
 
 
 def __getattr__(name: str) -> Any:

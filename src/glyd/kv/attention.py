@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from glyd.errors import FormatError
+from glyd.kv.fixed import FixedPageStore
 from glyd.kv.pages import PageStore, unpack_blocks, unpack_blocks_grouped
 
 
@@ -51,7 +52,9 @@ def padded_dense(store: PageStore, lens: torch.Tensor) -> torch.Tensor:
         return store.dense()
     n = store.n_pages
     out = torch.zeros(b, h, (n + 1) * p, d, dtype=torch.bfloat16, device=store.device)
-    if n:
+    if n and isinstance(store, FixedPageStore):
+        out[:, :, : n * p] = store.pages()
+    elif n:
         out[:, :, : n * p] = unpack_blocks(
             store.sm[:, :, :n].reshape(b * h * n, p, d),
             store.dig[:, :, :n].reshape(b * h * n, -1),
@@ -131,6 +134,8 @@ def decode_attention_torch(
     t_idx = torch.arange(p, device=q.device)
 
     def page(st: PageStore, j: int) -> torch.Tensor:
+        if isinstance(st, FixedPageStore):
+            return st.pages(j, j + 1)
         # the kernel's group-wise decode where it applies (head dim a multiple of 16); same bits either way
         unpack = unpack_blocks_grouped if st.head_dim % 16 == 0 else unpack_blocks
         return unpack(st.sm[:, :, j].reshape(b * h, p, st.head_dim), st.dig[:, :, j].reshape(b * h, -1),
@@ -193,6 +198,20 @@ def decode_attention(
     _check(q, k_store, v_store)
     if backend not in ("auto", "gluon", "triton", "torch"):
         raise ValueError(f"backend must be 'auto', 'gluon', 'triton' or 'torch', got {backend!r}")
+    fixed = isinstance(k_store, FixedPageStore)
+    if fixed != isinstance(v_store, FixedPageStore):
+        raise FormatError("k_store and v_store must hold the same page code (both kvf12 or both dense)")
+    if fixed:
+        if backend == "gluon":
+            raise FormatError("the Gluon kernel reads dense pages only; kvf12 pages take backend='triton' or 'torch'")
+        if backend == "triton" or (backend == "auto" and q.is_cuda and k_store.page >= 32 and k_store.head_dim >= 32
+                                   and v_store.head_dim >= 32):
+            from glyd.kv._triton_fixed import decode_attention_fixed_triton
+
+            lens = _lens(k_store, q.device)
+            return decode_attention_fixed_triton(q, k_store, v_store, lens, scale=scale, num_splits=num_splits,
+                                                 starts=starts)
+        return decode_attention_torch(q, k_store, v_store, scale=scale, starts=starts)
     if backend == "gluon" or (backend == "auto" and _gluon_takes(q, k_store, v_store)):
         from glyd.kv._gluon import decode_attention_gluon
 

@@ -1,5 +1,9 @@
 """``GlydCache``: a transformers ``Cache`` whose layers hold keys and values in lossless pages.
 
+Two page codes (``code=``): ``"kvf12"`` (the default; ``glyd.kv.fixed``: 12 bits a value plus rare
+exceptions, about 0.75 of bf16, chosen for decode speed) and ``"dense"`` (``glyd.kv.pages``: escape
+tiers, about 0.68 of bf16, chosen for memory).
+
 Reference path (default): ``update`` returns the whole cache unpacked to bf16, bit for bit the
 tensors a ``DynamicCache`` would return, so the model's own attention (SDPA, eager, ...) runs
 unchanged.
@@ -20,9 +24,13 @@ from packaging.version import Version
 from transformers.cache_utils import Cache, DynamicLayer
 
 from glyd.errors import FormatError
+from glyd.kv.fixed import FixedPageStore
 from glyd.kv.pages import PageStore
 
 DEFAULT_PAGE = 64
+#: The page codes a cache can hold, by name: the store class of each.
+CODES = {"kvf12": FixedPageStore, "dense": PageStore}
+DEFAULT_CODE = "kvf12"
 #: The attention implementation name :func:`enable_fused` registers with transformers.
 ATTN_NAME = "glyd_kv"
 # id(key tensor handed to attention) -> (that tensor, its layer), for the fused decode step.
@@ -42,18 +50,20 @@ class GlydLayer(DynamicLayer):
     is_compileable = False
     is_croppable = True
 
-    def __init__(self, page_size: int = DEFAULT_PAGE, fused: bool = False, **kwargs):
+    def __init__(self, page_size: int = DEFAULT_PAGE, fused: bool = False, code: str = DEFAULT_CODE, **kwargs):
         super().__init__()
         if page_size <= 0 or page_size % 4:
             raise FormatError(f"page_size {page_size} must be a positive multiple of 4")
         self.page_size = page_size
         self.fused = fused
+        self.code = _check_code(code)
+        self._store = CODES[code]
         self._pending_id: int | None = None
         self.k_store: PageStore | None = None
         self.v_store: PageStore | None = None
 
     def __repr__(self) -> str:
-        return f"GlydLayer(page_size={self.page_size}, tokens={self.get_seq_length()})"
+        return f"GlydLayer(page_size={self.page_size}, code={self.code!r}, tokens={self.get_seq_length()})"
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         for name, t in (("key_states", key_states), ("value_states", value_states)):
@@ -63,8 +73,8 @@ class GlydLayer(DynamicLayer):
                 raise FormatError(f"{name} must be [batch, heads, tokens, head_dim], got {tuple(t.shape)}")
         self.dtype, self.device = key_states.dtype, key_states.device
         b, h, _, d = key_states.shape
-        self.k_store = PageStore(b, h, d, self.page_size, key_states.device)
-        self.v_store = PageStore(b, value_states.shape[1], value_states.shape[3], self.page_size, key_states.device)
+        self.k_store = self._store(b, h, d, self.page_size, key_states.device)
+        self.v_store = self._store(b, value_states.shape[1], value_states.shape[3], self.page_size, key_states.device)
         self.is_initialized = True
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
@@ -131,8 +141,8 @@ class GlydLayer(DynamicLayer):
     def reset(self) -> None:
         if self.is_initialized:
             b, h, d = self.k_store.batch, self.k_store.heads, self.k_store.head_dim
-            self.k_store = PageStore(b, h, d, self.page_size, self.device)
-            self.v_store = PageStore(b, self.v_store.heads, self.v_store.head_dim, self.page_size, self.device)
+            self.k_store = self._store(b, h, d, self.page_size, self.device)
+            self.v_store = self._store(b, self.v_store.heads, self.v_store.head_dim, self.page_size, self.device)
 
     def offload(self):  # the packed planes stay where they are
         return None
@@ -153,8 +163,15 @@ class GlydLayer(DynamicLayer):
         return 2 * n * (k.batch * k.heads * k.head_dim + v.batch * v.heads * v.head_dim)
 
 
+def _check_code(code: str) -> str:
+    if code not in CODES:
+        raise ValueError(f"code must be one of {sorted(CODES)}, got {code!r}")
+    return code
+
+
 class GlydCache(Cache):
-    """A KV cache held losslessly compressed (about 0.67-0.69 of bf16 on real keys and values).
+    """A KV cache held losslessly compressed: ``code="kvf12"`` (default, about 0.75 of bf16 on real
+    keys and values, the cheapest decode) or ``code="dense"`` (about 0.68, escape tiers).
 
     Keys and values are packed in pages of ``page_size`` tokens; the newest tokens stay raw bf16
     until their page fills. Attention sees exactly the bf16 tensors a ``DynamicCache`` holds.
@@ -162,13 +179,15 @@ class GlydCache(Cache):
     >>> from glyd.kv import GlydCache                                        # doctest: +SKIP
     >>> out = model.generate(ids, max_new_tokens=32, past_key_values=GlydCache(model.config))
     ...                                                                       # doctest: +SKIP
+    >>> dense = GlydCache(model.config, code="dense")                         # doctest: +SKIP
     """
 
-    def __init__(self, config=None, page_size: int = DEFAULT_PAGE, fused: bool = False):
+    def __init__(self, config=None, page_size: int = DEFAULT_PAGE, fused: bool = False, code: str = DEFAULT_CODE):
         if page_size <= 0 or page_size % 4:
             raise FormatError(f"page_size {page_size} must be a positive multiple of 4")
         self.page_size = page_size
         self.fused = fused
+        self.code = _check_code(code)
         if fused:
             impl = getattr(config, "_attn_implementation", None) if config is not None else None
             if impl != ATTN_NAME:
@@ -177,14 +196,14 @@ class GlydCache(Cache):
                     f"(model)) and its config passed; config._attn_implementation is {impl!r}"
                 )
         if config is None:
-            super().__init__(layer_class_to_replicate=functools.partial(GlydLayer, page_size))
+            super().__init__(layer_class_to_replicate=functools.partial(GlydLayer, page_size, code=code))
             return
         text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
         types = getattr(text, "layer_types", None) or ["full_attention"] * text.num_hidden_layers
         bad = sorted(set(types) - {"full_attention"})
         if bad:
             raise FormatError(f"GlydCache supports full-attention layers only; config.layer_types has {bad}")
-        super().__init__(layers=[GlydLayer(page_size, fused) for _ in range(text.num_hidden_layers)])
+        super().__init__(layers=[GlydLayer(page_size, fused, code) for _ in range(text.num_hidden_layers)])
 
     @property
     def nbytes(self) -> int:
@@ -197,8 +216,10 @@ class GlydCache(Cache):
         return sum(layer.bf16_nbytes for layer in self.layers)
 
 
-def make_cache(config=None, *, page_size: int = DEFAULT_PAGE, fused: bool = False) -> GlydCache:
-    """The cache ``glyd.from_pretrained(..., kv="lossless")`` hands to ``generate``.
+def make_cache(config=None, *, page_size: int = DEFAULT_PAGE, fused: bool = False,
+               code: str = DEFAULT_CODE) -> GlydCache:
+    """The cache ``glyd.from_pretrained(..., kv="lossless")`` (``code="kvf12"``) or
+    ``kv="lossless-dense"`` (``code="dense"``) hands to ``generate``.
 
     ``config`` is the model's ``PretrainedConfig`` (or None: layers are made on first use).
     ``fused=True`` needs :func:`enable_fused` on the model first.
@@ -206,7 +227,7 @@ def make_cache(config=None, *, page_size: int = DEFAULT_PAGE, fused: bool = Fals
     >>> cache = make_cache(model.config)                                     # doctest: +SKIP
     >>> model.generate(ids, past_key_values=cache, max_new_tokens=16)        # doctest: +SKIP
     """
-    return GlydCache(config, page_size=page_size, fused=fused)
+    return GlydCache(config, page_size=page_size, fused=fused, code=code)
 
 
 def glyd_kv_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):

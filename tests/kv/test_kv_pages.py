@@ -133,6 +133,17 @@ def test_from_dense_lens_and_errors():
         PageStore(1, 1, 1024, page=64)
 
 
+def test_from_dense_lens_keeps_nan_payloads_in_the_raw_tails():
+    # torch.gather on bf16 (CPU) rewrote NaN payloads (0x7fc0 -> 0xffff): the tails are gathered as bits
+    x = torch.randn(2, 1, 40, 8).to(torch.bfloat16)
+    bits = x.view(torch.int16)
+    bits[0, 0, 33, :4] = torch.tensor([0x7FC0, 0x7F81, -0x0040, 0x7F80], dtype=torch.int16)  # NaNs, -NaN, inf
+    bits[1, 0, 5, 0] = 0x7FC1
+    st = PageStore.from_dense(x, torch.tensor([40, 9]), page=32)
+    assert bits_equal(st.raw[0, :, : 40 - 32], x[0, :, 32:40])
+    assert bits_equal(st.raw[1, :, :9], x[1, :, :9])
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_gpu_pack_matches_cpu():

@@ -531,7 +531,8 @@ class PageStore:
         # Raw tail of each sequence: its tokens from (lens // page) * page on.
         first = (lens // page) * page
         idx = (first[:, None] + torch.arange(page, device=x.device)[None, :]).clamp_max(t - 1)
-        st.raw = torch.gather(x, 2, idx[:, None, :, None].expand(b, h, page, d)).contiguous()
+        # gathered as int16: torch.gather on bf16 (CPU) rewrites NaN payloads (0x7fc0 -> 0xffff)
+        st.raw = torch.gather(x.view(torch.int16), 2, idx[:, None, :, None].expand(b, h, page, d)).contiguous().view(x.dtype)
         st.n_raw = page  # raw[b] holds lens[b] % page real tokens; the per-sequence counts live in lens
         st.lens = lens
         return st

@@ -301,3 +301,9 @@ def test_cli_fit(capsys):
     assert "not a model folder" in capsys.readouterr().err
     assert main(["fit", "qwen2.5-7b", "--gpu", "24G"]) == 1
     assert "24GB (10^9 bytes), 80GiB (2^30 bytes)" in capsys.readouterr().err
+
+
+def test_dense11_sits_between_tiered_and_fixed12():
+    sizes = {lay: fit.run_fit("qwen2.5-7b", "80GB", 4096, layout=lay)[0].weights_glyd
+             for lay in ("tiered", "dense11", "fixed12")}
+    assert sizes["tiered"] < sizes["dense11"] < sizes["fixed12"]

@@ -56,7 +56,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    "a bare number is GiB")
     p.add_argument("--context", type=int, default=8192, help="tokens a sequence (default 8192)")
     p.add_argument("--batch", type=int, default=1, help="sequences at once (default 1)")
-    p.add_argument("--layout", default="fixed12", choices=("fixed12", "tiered"), help="Glyd layout (default fixed12)")
+    p.add_argument("--layout", default="fixed12", choices=("fixed12", "dense11", "tiered"), help="Glyd layout (default fixed12)")
     p.add_argument("--json", action="store_true", help="print the estimate as JSON")
     p.set_defaults(func=_fit)
 

@@ -48,8 +48,9 @@ log = logging.getLogger(__name__)
 GiB = 2**30
 #: Bits a weight assumed for a layout when no packed file says otherwise. fixed12 is 12 bits plus
 #: its exceptions (about 0.1% of weights at 40 bits each on real weights); tiered is the codec's
-#: measured 10.81 on MiniLM + wordllama (benchmarks/RESULTS.md), rounded up.
-LAYOUT_BITS = {"fixed12": 12.05, "tiered": 10.85}
+#: measured 10.81 on MiniLM + wordllama (benchmarks/RESULTS.md), rounded up; dense11 measured
+#: 11.165-11.220 on MiniLM, wordllama and Whisper tiny.en (benchmarks/history/2026-12-02-dense-layout-cpu.md).
+LAYOUT_BITS = {"fixed12": 12.05, "dense11": 11.25, "tiered": 10.85}
 MARGIN_FIXED = 1 * GiB
 PREFILL_CHUNK = 2048
 _BF16 = 2

@@ -43,8 +43,9 @@ def test_auto_follows_choose_layout(monkeypatch):
 
 
 def test_unknown_layouts_name_auto_among_the_choices():
-    with pytest.raises(ValueError, match="auto, fixed12, tiered"):
+    with pytest.raises(ValueError, match="choose one of auto, ") as err:
         glyd.pack(_matrix(), layout="fixed13")
+    assert all(name in str(err.value) for name in glyd.LAYOUTS)
     with pytest.raises(TypeError):
         glyd.pack([[1.0]], layout="auto")
 

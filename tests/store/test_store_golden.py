@@ -24,14 +24,16 @@ PACKED_FIELDS = RAW_FIELDS | {"layout", "format_version", "arrays"}
 ARRAYS = {
     "fixed12": ("lo", "code", "base", "exc_idx", "exc_hi"),
     "tiered": ("sm", "d1", "table", "esc_base", "esc_off", "area"),
+    "dense11": ("sm", "code", "base", "etab", "esc", "esc_base", "esc_off", "exc_idx", "exc_exp"),
 }
 SHARDS = {
     "fixed12": ["model.safetensors"],
     "tiered": ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"],
+    "dense11": ["model.safetensors"],
 }
 
 
-@pytest.mark.parametrize("layout", ["fixed12", "tiered"])
+@pytest.mark.parametrize("layout", ["fixed12", "tiered", "dense11"])
 def test_golden_v1_loads_and_verifies(layout, tmp_path):
     path = GOLDEN / layout
     reader = CheckpointReader(path)
@@ -41,7 +43,12 @@ def test_golden_v1_loads_and_verifies(layout, tmp_path):
     expected = golden_tensors()
     got = {n: reader.get_original(n) for n in reader.names()}
     assert_bits_equal(expected, got)
-    assert reader.config == {**GOLDEN_CONFIG, "quantization_config": {"quant_method": "glyd", "layout": layout, "format_version": 1}}
+    q = {"quant_method": "glyd", "layout": layout, "format_version": 1}
+    if layout == "dense11":  # written after configs began to say model_type "glyd" (the model's own kept in q)
+        want = {**GOLDEN_CONFIG, "model_type": "glyd", "quantization_config": {**q, "original_model_type": "glyd-golden"}}
+    else:
+        want = {**GOLDEN_CONFIG, "quantization_config": q}
+    assert reader.config == want
 
     unpack_folder(path, tmp_path / "out", progress=False)
     assert_bits_equal(expected, load_folder(tmp_path / "out"))
@@ -50,7 +57,7 @@ def test_golden_v1_loads_and_verifies(layout, tmp_path):
     assert sorted(r["name"] for r in rows) == sorted(expected) and totals["packed"] == 3
 
 
-@pytest.mark.parametrize("layout", ["fixed12", "tiered"])
+@pytest.mark.parametrize("layout", ["fixed12", "tiered", "dense11"])
 def test_golden_v1_names_are_pinned(layout):
     path = GOLDEN / layout
     files = sorted(p.name for p in path.iterdir())
@@ -100,6 +107,8 @@ def test_golden_special_values_survive():
 def test_golden_generator_refuses_to_rewrite(capsys):
     from make_store_golden import main
 
-    assert Path(GOLDEN / "fixed12").is_dir()
-    assert main() == 1
-    assert "never rewritten" in capsys.readouterr().err
+    assert all(Path(GOLDEN / lay).is_dir() for lay in ("fixed12", "tiered", "dense11"))
+    before = {p: p.read_bytes() for p in GOLDEN.rglob("*") if p.is_file()}
+    assert main() == 0
+    assert capsys.readouterr().err.count("never rewritten") == 3
+    assert {p: p.read_bytes() for p in GOLDEN.rglob("*") if p.is_file()} == before

@@ -144,7 +144,12 @@ def test_generate_on_gpu_same_tokens():
     ref = model.generate(ids, past_key_values=DynamicCache(), **kw)
     cache = GlydCache(model.config, page_size=32)
     assert torch.equal(model.generate(ids, past_key_values=cache, **kw), ref)
-    assert cache.layers[0].k_store.sm.is_cuda
+    st = cache.layers[0].k_store
+    assert type(st).__name__ == "FixedPageStore"  # kvf12, the default code
+    assert st.n_pages > 0 and st.lo.is_cuda and st.code.is_cuda  # the pages really live on the GPU
+    dense = GlydCache(model.config, page_size=32, code="dense")
+    assert torch.equal(model.generate(ids, past_key_values=dense, **kw), ref)
+    assert dense.layers[0].k_store.n_pages > 0 and dense.layers[0].k_store.sm.is_cuda
 
 
 def test_unwritten_raw_slots_never_reach_the_output():

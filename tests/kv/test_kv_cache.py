@@ -170,7 +170,7 @@ def _teacher_forced_logits(model, cache, ids, mask, steps, tokens):
     return out
 
 
-def run_fused_against_dynamic(device: str, head_dim: int = 16, page: int | None = None):
+def run_fused_against_dynamic(device: str, head_dim: int = 16, page: int | None = None, code: str = "kvf12"):
     from glyd.kv import enable_fused
 
     model = tiny_llama(seed=5, head_dim=head_dim).to(device)
@@ -182,7 +182,7 @@ def run_fused_against_dynamic(device: str, head_dim: int = 16, page: int | None 
     enable_fused(model)
     if page is None:
         page = 16 if device == "cpu" else 32  # the Triton kernel needs pages of >= 32 tokens on the GPU
-    cache = GlydCache(model.config, page_size=page, fused=True)
+    cache = GlydCache(model.config, page_size=page, fused=True, code=code)
     got = _teacher_forced_logits(model, cache, ids, mask, 40, tokens)
     model.set_attn_implementation("sdpa")
     assert bits_equal(got[0].to(torch.bfloat16), ref[0].to(torch.bfloat16))  # prefill: SDPA, same bits
@@ -203,20 +203,28 @@ def test_fused_decode_cpu_twin():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_fused_decode_gpu_kernel():
-    run_fused_against_dynamic("cuda")
+def test_fused_decode_gpu_kernel(monkeypatch):
+    # kvf12 (the default code) on CUDA: every one-token decode step runs its Triton kernel.
+    # (Before 2026-12-03 this test ran head dim 16, which silently took the torch twin.)
+    from glyd.kv import _triton_fixed
+
+    calls = []
+    real = _triton_fixed.decode_attention_fixed_triton
+    monkeypatch.setattr(_triton_fixed, "decode_attention_fixed_triton", lambda *a, **k: calls.append(1) or real(*a, **k))
+    run_fused_against_dynamic("cuda", head_dim=64)  # the kvf12 kernel takes head dims of >= 32
+    assert len(calls) == 2 * 40  # two layers, every one-token decode step
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_fused_decode_gpu_gluon_kernel(monkeypatch):
-    # Head dim 128 and pages of 64: the shape "auto" gives the Gluon kernel (glyd.kv._gluon).
+    # The dense code at head dim 128 and pages of 64: the shape that gets the Gluon kernel (glyd.kv._gluon).
     from glyd.kv import _gluon
 
     calls = []
     real = _gluon.decode_attention_gluon
     monkeypatch.setattr(_gluon, "decode_attention_gluon", lambda *a, **k: calls.append(1) or real(*a, **k))
-    run_fused_against_dynamic("cuda", head_dim=128, page=64)
+    run_fused_against_dynamic("cuda", head_dim=128, page=64, code="dense")
     assert len(calls) == 2 * 40  # two layers, every one-token decode step
 
 

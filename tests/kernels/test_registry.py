@@ -2,7 +2,9 @@
 
 The H200 table replaced a decision tree in code; ``tests/data/kernels/h200_choices.json`` holds
 that tree's choice for 42,320 (M, N, K, availability) cases, recorded before it was removed. The
-table must choose the same kernel with the same settings in every one of them."""
+table must choose the same kernel with the same settings in every one of them, except where a later
+measurement changed a cell: fixed12 at M = 65-255 takes unpack + cuBLAS since 2026-12-03 (the tile
+kernel measured 4.5-7.5x bf16 there, unpack + cuBLAS 2.1-2.6x)."""
 
 from __future__ import annotations
 
@@ -60,6 +62,8 @@ def test_the_table_chooses_what_the_measured_tree_chose():
                     want = g["configs"][g["choice"][((a * len(ms) + im) * len(ns) + i_n) * len(ks) + ik]]
                     kc, cfg = R.choose(R.Problem("fixed12", m, nn, k, padded_cols(k)), dev)
                     n += 1
+                    if R.m_bucket(m) == "65-255":
+                        want = as_old("long", R.kernel_class("long").Config())
                     if as_old(kc.name, cfg) != want:
                         wrong.append((m, nn, k, (gluon, wg, ws), kc.name))
     assert n == 42320

@@ -34,10 +34,8 @@ def _expected(m: int, kind: str, gluon: bool, wg: bool = False, ws: bool = False
     if gluon and ((m == 2 and kind != "lm_head") or (m == 1 and kind == "q/o") or 3 <= m <= 32
                   or (33 <= m <= 64 and kind in ("k/v", "q/o", "down"))):
         return "gluon"
-    if m >= 256:
-        return "unpack+cuBLAS"
     if m > 64:
-        return "dot tile"
+        return "unpack+cuBLAS"
     if m <= 2:
         return "GEMV"
     if m <= 4:

@@ -268,7 +268,16 @@ def candidates(problem: Problem, device: Device) -> list[dict[str, Any]]:
 
 
 def choose(problem: Problem, device: Device) -> tuple[type[Kernel], Any]:
-    """(kernel class, config) of the first candidate that can run ``problem`` on ``device``."""
+    """(kernel class, config) of the first candidate that can run ``problem`` on ``device``.
+
+    Cached per problem and device: the choice is data (the tables are read once a process), and
+    making it took 75-120 us of Python a call on the development machine, which an eager prefill
+    of a small model (one product a linear) paid hundreds of times."""
+    return _choose(problem, device)
+
+
+@functools.lru_cache(maxsize=8192)
+def _choose(problem: Problem, device: Device) -> tuple[type[Kernel], Any]:
     why = []
     for cand in candidates(problem, device):
         kc = kernel_class(cand["kernel"])

@@ -22,6 +22,7 @@ text is irrelevant to timing). The JSON and the markdown table are rewritten aft
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import logging
 import platform
@@ -132,9 +133,6 @@ def serve_and_measure(args: argparse.Namespace, weights: str) -> dict:
     with Server(cfg, model=model, tokenizer=word_tokenizer(vocab)) as server:
         info = dict(server.info)
         rows = measure(server.url, vocab, args.concurrency, args.prompt, args.new, args.reps, args.seed)
-    del model
-    if args.device.startswith("cuda"):
-        torch.cuda.empty_cache()
     return {"weights": weights, "info": info, "rows": rows}
 
 
@@ -197,6 +195,9 @@ def main(argv: list[str] | None = None) -> int:
               "results": []}
     for weights in args.weights:
         report["results"].append(serve_and_measure(args, weights))
+        gc.collect()  # the model, its server and its paged KV cache, before the next variant is built
+        if args.device.startswith("cuda"):
+            torch.cuda.empty_cache()
         (args.out / "serve.json").write_text(json.dumps(report, indent=2) + "\n")
         (args.out / "serve.md").write_text(table(report["results"]))
     print(table(report["results"]))

@@ -108,3 +108,12 @@ def test_bad_option_is_one_line(capsys):
     assert main(["serve", "m", "--kv", "lossless", "--num-blocks", "4"]) == 1
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "glyd serve: error:" in err and "one at a time" in err
+
+
+def test_missing_serving_package_names_the_extra(monkeypatch, capsys):
+    from glyd.cli import main
+
+    monkeypatch.setitem(sys.modules, "fastapi", None)  # "import fastapi" now fails
+    assert main(["serve", "no-such-folder"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err == 'glyd serve: error: the package fastapi is not installed; install it with: pip install "glyd-lossless[serve]"'

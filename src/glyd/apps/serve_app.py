@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import uuid
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
@@ -223,6 +224,19 @@ def _errors(app: FastAPI) -> None:
         return _error(400, f"the request body must be a JSON object ({why})")
 
 
+def _unique_ids(app: FastAPI) -> None:
+    """A client's ``x-request-id`` gets a unique suffix. transformers' batching keys each request by
+    that id: two requests in flight with one id (a client that sends a fixed one) would share a
+    result handler, and one of them would never end."""
+
+    @app.middleware("http")
+    async def _suffix(request: Request, call_next: Any) -> Any:
+        suffix = b"-" + uuid.uuid4().hex[:12].encode()
+        request.scope["headers"] = [(k, v + suffix if k.lower() == b"x-request-id" else v)
+                                    for k, v in request.scope["headers"]]
+        return await call_next(request)
+
+
 def build_app(cfg: Any, model: Any = None, tokenizer: Any = None) -> tuple[FastAPI, ServeState]:
     """Load the model (unless given) and build the app (transformers' routes that glyd serve keeps,
     and its own)."""
@@ -246,6 +260,7 @@ def build_app(cfg: Any, model: Any = None, tokenizer: Any = None) -> tuple[FastA
                        response_handler=None, transcription_handler=None, generation_state=generation)
     app.router.routes = [r for r in app.router.routes if not isinstance(r, APIRoute) or r.path in KEPT_ROUTES]
     _errors(app)
+    _unique_ids(app)
     state = ServeState(models=models, generation=generation, policy=policy, info=model_info(model, cfg, policy))
 
     @app.get("/", response_class=HTMLResponse)

@@ -133,6 +133,9 @@ def test_concurrent_requests_answer_as_generate_alone(client, reference):
 @pytest.mark.parametrize("kwargs, status, words", [
     (dict(messages=[]), 400, "messages must be a non-empty list"),
     (dict(messages=[{"role": "robot", "content": "hi"}]), 400, "messages[0].role must be one of"),
+    (dict(messages=[{"role": "user", "content": "hi", "name": "bob"}]), 400, "messages[0]: field 'name' is not"),
+    (dict(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]), 400,
+     "messages[0].content must be a string or a list of text parts"),
     (dict(messages=_chat("hi"), max_tokens=0), 400, "max_tokens must be a whole number >= 1"),
     (dict(messages=_chat("hi"), max_tokens=10_000), 400, "more than this server's context of 256 tokens"),
     (dict(messages=_chat("hi"), temperature=0.7), 400, "temperature 0.7 differs from this server's 0"),

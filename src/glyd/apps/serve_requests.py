@@ -162,7 +162,7 @@ def check_chat(body: Any, policy: Policy, prompt_tokens: Callable[[dict[str, Any
         if not isinstance(m, dict) or m.get("role") not in ROLES:
             role = m.get("role") if isinstance(m, dict) else None
             raise RequestError(f"{where}.role must be one of {', '.join(sorted(ROLES))}, got {role!r}", param=where)
-        extra = sorted(set(m) - {"role", "content", "name"})
+        extra = sorted(set(m) - {"role", "content"})  # "name" too: the chat templates would drop it
         if extra:
             raise RequestError(f"{where}: field {extra[0]!r} is not supported by glyd serve", param=where)
         content = m.get("content")

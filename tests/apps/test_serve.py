@@ -232,3 +232,31 @@ def test_config_refuses_bad_values(kwargs, words):
     with pytest.raises(ValueError, match=None) as info:
         ServeConfig("model", **kwargs)
     assert words in str(info.value)
+
+
+@pytest.mark.gpu
+def test_on_the_gpu_one_request_answers_as_generate_and_a_batch_completes(folders):
+    # On the GPU glyd's kernels run; the product of a batch of tokens may take another kernel (and
+    # another summation order) than generate()'s one-token steps, so only a lone request is compared
+    # token for token; a concurrent batch must complete with every token asked for.
+    tok = transformers.AutoTokenizer.from_pretrained(folders[1])
+    model = glyd.from_pretrained(folders[1], device="cuda", progress=False)
+    ids = tok.apply_chat_template(_chat("Hi there"), add_generation_prompt=True, return_dict=True)["input_ids"]
+    out = model.generate(torch.tensor([ids], device="cuda"), max_new_tokens=MAX, do_sample=False)[0, len(ids):]
+    with Server(ServeConfig(str(folders[1]), name="tiny", device="cuda", port=0, max_tokens=MAX,
+                            progress=False)) as srv:
+        c = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+        assert c.chat.completions.create(model="tiny", messages=_chat("Hi there")).choices[0].message.content == \
+            tok.decode(out, skip_special_tokens=True)
+        done: list = []
+
+        def ask(i: int) -> None:
+            r = c.completions.create(model="tiny", prompt=f"prompt {i}", max_tokens=MAX)
+            done.append((r.usage.completion_tokens, r.choices[0].finish_reason))
+
+        threads = [threading.Thread(target=ask, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+    assert len(done) == 8 and all((n, why) == (MAX, "length") or (why == "stop" and n < MAX) for n, why in done)

@@ -27,6 +27,7 @@ _COMMAND_MODULES = (
     "glyd.apps.cli_models",  # demo, fit, eval
     "glyd.apps.cli_archive",  # compress, decompress, test
     "glyd.apps.cli_bench",  # bench
+    "glyd.apps.cli_serve",  # serve
 )
 
 

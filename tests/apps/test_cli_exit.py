@@ -37,7 +37,8 @@ def test_every_command_is_there_without_optional_packages():
     # command is still listed (and build_parser does not raise)
     code = (
         "import sys\n"
-        "for m in ('transformers', 'accelerate', 'gguf', 'huggingface_hub', 'triton', 'constriction'):\n"
+        "for m in ('transformers', 'accelerate', 'gguf', 'huggingface_hub', 'triton', 'constriction', 'fastapi',\n"
+        "          'uvicorn', 'openai'):\n"
         "    sys.modules[m] = None\n"
         "from glyd.cli import build_parser\n"
         "sub = next(a for a in build_parser()._actions if a.dest == 'command')\n"
@@ -47,7 +48,7 @@ def test_every_command_is_there_without_optional_packages():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == sorted(
-        ["pack", "unpack", "verify", "info", "demo", "fit", "eval", "compress", "decompress", "test", "bench"]
+        ["pack", "unpack", "verify", "info", "demo", "fit", "eval", "compress", "decompress", "test", "bench", "serve"]
     )
 
 

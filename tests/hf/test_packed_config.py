@@ -21,7 +21,7 @@ import glyd
 from glyd.errors import FormatError
 from glyd.hf.checks import check_folder
 from glyd.store import MANIFEST
-from glyd.store._config import ORIGINAL_KEY, PACKED_MODEL_TYPE, plain_config
+from glyd.store._config import LOADER_CLASS, LOADER_FILE, LOADER_SOURCE, ORIGINAL_KEY, PACKED_MODEL_TYPE, plain_config
 from glyd.store.folder import pack_folder, unpack_folder
 
 transformers = pytest.importorskip("transformers")
@@ -51,18 +51,23 @@ def test_every_writer_says_glyd(packed, tiny_model_folder, tmp_path):
         cfg = _config(folder)
         assert cfg["model_type"] == PACKED_MODEL_TYPE
         assert cfg["quantization_config"][ORIGINAL_KEY] == "qwen2"
+        assert cfg["auto_map"] == {"AutoConfig": LOADER_CLASS} and (folder / LOADER_FILE).read_text() == LOADER_SOURCE
 
 
 def test_plain_transformers_refuses_a_packed_folder(packed):
-    # A child without glyd on its path: transformers alone.
+    # A child that never imports glyd: transformers alone. It does not run the folder's loader
+    # (glyd_loader.py, its auto_map) unless trusted; trusted with glyd missing, the loader names the package.
     code = ("import sys; from transformers import AutoModelForCausalLM\n"
-            "try:\n    AutoModelForCausalLM.from_pretrained(sys.argv[1])\n"
-            "except ValueError as e:\n    print('REFUSED', e)\nelse:\n    print('LOADED')\n")
+            "if sys.argv[2] == 'trust':\n    sys.modules['glyd'] = None\n"
+            "try:\n    AutoModelForCausalLM.from_pretrained(sys.argv[1], trust_remote_code=sys.argv[2] == 'trust')\n"
+            "except (ValueError, ImportError) as e:\n    print('REFUSED', e)\nelse:\n    print('LOADED')\n")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    out = subprocess.run([sys.executable, "-c", code, str(packed)], capture_output=True, text=True, env=env,
-                         timeout=300, cwd=str(packed))
-    assert out.stdout.startswith("REFUSED"), out.stdout + out.stderr[-2000:]
-    assert "model type `glyd`" in out.stdout
+    env["HF_MODULES_CACHE"] = str(packed.parent / "hf-modules")
+    for trust, words in (("no", "trust_remote_code=True"), ("trust", "pip install 'glyd-lossless[models]'")):
+        out = subprocess.run([sys.executable, "-c", code, str(packed), trust], capture_output=True, text=True,
+                             env=env, timeout=300, cwd=str(packed), stdin=subprocess.DEVNULL)
+        assert "REFUSED" in out.stdout and "LOADED" not in out.stdout, out.stdout + out.stderr[-2000:]
+        assert words in out.stdout.partition("REFUSED")[2]
 
 
 def test_glyd_loads_it_every_way(packed, tiny_model_folder, input_ids):

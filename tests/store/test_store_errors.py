@@ -334,7 +334,7 @@ def test_unused_weight_files_are_not_copied(tmp_path):
     out = tmp_path / "out"
     assert not (out / "consolidated.safetensors").exists() and not (out / "pytorch_model.bin").exists()
     assert (out / "sub" / "model.safetensors").read_bytes() == b"a sub-module's own weights"
-    assert set(CheckpointReader(out).files) == {"config.json", "tokenizer.json", "sub/model.safetensors"}
+    assert set(CheckpointReader(out).files) == {"config.json", "glyd_loader.py", "tokenizer.json", "sub/model.safetensors"}
 
 
 @pytest.mark.gpu

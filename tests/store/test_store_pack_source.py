@@ -97,7 +97,7 @@ def test_a_hugging_face_cache_snapshot_packs(tmp_path):
         blob.write_bytes(f.read_bytes())
         os.symlink(f"../../blobs/{blob.name}", snap / f.name)
     s = pack_folder(snap, tmp_path / "out", progress=False)
-    assert s.packed == 3 and CheckpointReader(tmp_path / "out").verify(progress=False)["files"] == 2
+    assert s.packed == 3 and CheckpointReader(tmp_path / "out").verify(progress=False)["files"] == 3  # config, tokenizer, glyd_loader.py
     # Outside the snapshot's own blobs folder, the same links are refused.
     other = tmp_path / "other" / "model"
     other.mkdir(parents=True)
@@ -133,7 +133,7 @@ def test_glyd_temporaries_in_the_source_are_never_copied(src, tmp_path):
     (src / ".gitattributes").write_text("*.safetensors filter=lfs\n")
     pack_folder(src, tmp_path / "out", progress=False)
     files = set(CheckpointReader(tmp_path / "out").files)
-    assert files == {"config.json", "tokenizer.json", ".gitattributes"}
+    assert files == {"config.json", "glyd_loader.py", "tokenizer.json", ".gitattributes"}
 
 
 def test_a_relative_source_path_with_sub_folders(src, tmp_path, monkeypatch):

@@ -19,6 +19,9 @@ EXTRAS = {
     "gguf": "models",
     "huggingface_hub": "models",
     "triton": "gpu",
+    "fastapi": "serve",
+    "uvicorn": "serve",
+    "openai": "serve",
     "zstandard": None,  # a core dependency: the .glyd archive commands need it
 }
 

@@ -7,9 +7,16 @@ nested dict with their own ``model_type`` for the whole config). Plain transform
 with glyd imported, ``glyd.hf`` registers the type and hands transformers the model's own config.
 Folders written before this (the model's own ``model_type`` at the top) keep loading.
 
+A packed folder also carries :data:`LOADER_FILE`, named in config.json's ``auto_map`` (the one hook
+transformers honours for a config type it does not know; it runs it only with
+``trust_remote_code=True``): a process that never imported glyd, such as ``transformers serve
+--trust-remote-code PACKED``, imports glyd through it. transformers 5.17 reads no entry point.
+
 >>> cfg = packed_config({"model_type": "qwen2", "hidden_size": 8}, {"quant_method": "glyd"})
 >>> cfg["model_type"], cfg["quantization_config"]["original_model_type"]
 ('glyd', 'qwen2')
+>>> cfg["auto_map"]
+{'AutoConfig': 'glyd_loader.GlydPackedConfig'}
 >>> plain_config(cfg)
 {'model_type': 'qwen2', 'hidden_size': 8}
 """
@@ -24,6 +31,30 @@ PACKED_MODEL_TYPE = "glyd"
 ORIGINAL_KEY = "original_model_type"
 #: ``quant_method`` of glyd's ``quantization_config``.
 QUANT_METHOD = "glyd"
+#: The module a packed folder carries for transformers' ``auto_map`` (written beside config.json).
+LOADER_FILE = "glyd_loader.py"
+#: config.json's ``auto_map["AutoConfig"]`` of a packed folder: the class of :data:`LOADER_FILE`.
+LOADER_CLASS = "glyd_loader.GlydPackedConfig"
+#: The text of :data:`LOADER_FILE`. It only imports glyd (which registers the config type and the
+#: quantizer); transformers' import check skips what is inside try/except, so a missing glyd gets
+#: this message, naming the right distribution, instead of "pip install glyd" (another project).
+LOADER_SOURCE = '''"""A model packed losslessly by Glyd; transformers loads it through the glyd-lossless package.
+
+transformers runs this file only when asked to trust the folder's code (trust_remote_code=True, or
+`transformers serve --trust-remote-code`). It reads no weights: it imports glyd, which registers
+the config type "glyd" and glyd's quantizer with transformers.
+"""
+
+try:
+    from glyd.hf.packed_config import GlydPackedConfig
+except ImportError as exc:
+    raise ImportError(
+        "this folder holds a model packed by Glyd: install glyd-lossless to load it "
+        "(pip install 'glyd-lossless[models]')"
+    ) from exc
+
+__all__ = ["GlydPackedConfig"]
+'''
 
 
 def packed_config(config: dict[str, Any], quantization: dict[str, Any]) -> dict[str, Any]:
@@ -34,6 +65,9 @@ def packed_config(config: dict[str, Any], quantization: dict[str, Any]) -> dict[
     if isinstance(own, str) and own and own != PACKED_MODEL_TYPE:
         q[ORIGINAL_KEY] = own
         out["model_type"] = PACKED_MODEL_TYPE
+        auto = out.get("auto_map")
+        if auto is None or (isinstance(auto, dict) and "AutoConfig" not in auto):
+            out["auto_map"] = {**(auto or {}), "AutoConfig": LOADER_CLASS}
     out["quantization_config"] = q
     return out
 
@@ -53,6 +87,13 @@ def plain_config(config: dict[str, Any]) -> dict[str, Any]:
     if isinstance(q, dict) and q.get("quant_method") == QUANT_METHOD:
         out["model_type"] = own_model_type(out)
         del out["quantization_config"]
+        auto = out.get("auto_map")
+        if isinstance(auto, dict) and auto.get("AutoConfig") == LOADER_CLASS:
+            auto = {k: v for k, v in auto.items() if k != "AutoConfig"}
+            if auto:
+                out["auto_map"] = auto
+            else:
+                del out["auto_map"]
         if out["model_type"] is None:
             del out["model_type"]
     return out

@@ -37,6 +37,7 @@ from tqdm.auto import tqdm
 from glyd._version import __version__
 from glyd.codec import LAYOUTS, Packed, unpack
 from glyd.errors import CorruptError, FormatError
+from glyd.store._config import LOADER_CLASS, LOADER_FILE, LOADER_SOURCE
 from glyd.store._atomic import AtomicDir, check_destination, copy_hashed  # noqa: F401 - re-exported
 from glyd.store._inventory import check_index, check_shard_names, check_unlisted
 from glyd.store._manifest import (  # noqa: F401 - the names are part of this module's interface
@@ -258,12 +259,19 @@ class CheckpointWriter:
         self._files[rel] = copy_hashed(src, self._dir.tmp / rel)
 
     def set_config(self, config: dict[str, Any]) -> None:
-        """Write ``config`` as the checkpoint's config.json (transformers' spelling: indent 2, sorted keys)."""
+        """Write ``config`` as the checkpoint's config.json (transformers' spelling: indent 2, sorted keys),
+        and glyd's loader module when its ``auto_map`` names it (``glyd.store._config.LOADER_FILE``)."""
         self._check_open()
         if not isinstance(config, dict):
             raise TypeError(f"config must be a dict, got {type(config).__name__}")
         rel = self._arcname(CONFIG)
-        data = (json.dumps(config, indent=2, sort_keys=True) + "\n").encode("utf-8")
+        self._write(rel, (json.dumps(config, indent=2, sort_keys=True) + "\n").encode("utf-8"))
+        auto = config.get("auto_map")
+        if isinstance(auto, dict) and auto.get("AutoConfig") == LOADER_CLASS:
+            self._files.pop(LOADER_FILE, None)  # a copy from the source folder is replaced by this version's
+            self._write(LOADER_FILE, LOADER_SOURCE.encode("utf-8"))
+
+    def _write(self, rel: str, data: bytes) -> None:
         (self._dir.tmp / rel).write_bytes(data)
         self._files[rel] = hashlib.sha256(data).hexdigest()
 

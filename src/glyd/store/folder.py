@@ -26,7 +26,7 @@ from glyd.codec import LAYOUTS
 from glyd.codec import pack as codec_pack
 from glyd.codec.packed import FORMAT_VERSION as CODEC_FORMAT_VERSION
 from glyd.errors import CorruptError, DestinationExistsError, FormatError
-from glyd.store._config import QUANT_METHOD, packed_config, plain_config
+from glyd.store._config import LOADER_FILE, QUANT_METHOD, packed_config, plain_config
 from glyd.store._safetensors import Header, dtype_from_name, dtype_name, sha256_tensor, write_streaming
 from glyd.store._source import copy_list, read_config, source_shards
 from glyd.store.checkpoint import (
@@ -327,7 +327,7 @@ def unpack_folder(src: str | os.PathLike, dst: str | os.PathLike, progress: bool
                                                                   encoding="utf-8")
         counts["bytes"] = total
         for rel, digest in reader.files.items():
-            if rel == CONFIG:
+            if rel in (CONFIG, LOADER_FILE):  # the loader only serves a packed folder's config
                 continue
             if copy_hashed(reader.path / rel, out.tmp / rel) != digest:
                 raise CorruptError(f"{reader.path / rel}: sha256 mismatch with {MANIFEST} (the file was changed or damaged)")

@@ -56,7 +56,8 @@ import triton
 
 from glyd import kernels
 from glyd.kernels import _common as C
-from glyd.kernels import fixed12_exc, registry
+from glyd.kernels import registry
+from glyd.kernels.fixed12 import exceptions as fixed12_exc
 from glyd.timing import cuda_graph_ms
 
 log = logging.getLogger("sweep_shapes")

@@ -29,7 +29,8 @@ import torch
 import torch.nn.functional as F
 
 from glyd import kernels
-from glyd.kernels.tiered import AREA_REG_BYTES, TieredGemvConfig, TieredLongConfig, TieredUnpackConfig
+from glyd.kernels import TieredGemvConfig, TieredLongConfig, TieredUnpackConfig
+from glyd.kernels.tiered.unpack import AREA_REG_BYTES
 from glyd.timing import cuda_graph_ms
 
 log = logging.getLogger("tiered_step")

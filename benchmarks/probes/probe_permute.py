@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from glyd.kernels import fixed12_ws
+from glyd.kernels.fixed12 import wgmma_warpspec as fixed12_ws
 from glyd.timing import cuda_graph_ms
 
 

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from glyd import kernels
 from glyd.kernels import _common as C
-from glyd.kernels import fixed12_ws
+from glyd.kernels.fixed12 import wgmma_warpspec as fixed12_ws
 from glyd.timing import cuda_graph_ms
 
 SHAPES = {"k/v": (512, 3584), "q/o": (3584, 3584), "gate/up": (18944, 3584), "down": (3584, 18944),

@@ -54,7 +54,7 @@ def test_unpack_shapes(device, shape, exc):
 @pytest.mark.parametrize("device", DEVICES)
 def test_unpack_configs_and_out(device):
     from glyd.kernels import Dense11UnpackConfig
-    from glyd.kernels import dense11 as kd
+    from glyd.kernels.dense11 import unpack as kd
 
     w = _weights(9, 1030, seed=1, exceptions=2)
     p = glyd.pack(w, "dense11").to(device)

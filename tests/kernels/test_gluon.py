@@ -18,7 +18,7 @@ pytestmark = needs_triton
 
 def _gluon():
     try:
-        from glyd.kernels import fixed12_gluon
+        from glyd.kernels.fixed12 import mma_v2 as fixed12_gluon
     except ImportError as exc:  # a Triton without Gluon
         pytest.skip(f"no Gluon in this Triton: {exc}")
     return fixed12_gluon

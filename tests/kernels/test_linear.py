@@ -145,8 +145,8 @@ def test_long_chunked_equals_whole_unpack(device, with_bias):
     # CUDA cuBLAS may pick another algorithm for a narrower N, so there within the tolerance).
     from glyd import kernels
     from glyd.kernels import LongConfig
-    from glyd.kernels.fixed12_exc import prepare
-    from glyd.kernels.fixed12_unpack import unpack_rows
+    from glyd.kernels.fixed12.exceptions import prepare
+    from glyd.kernels.fixed12.unpack import unpack_rows
 
     n, k = 200, 130
     w = random_weights(n, k, "wide")
@@ -164,7 +164,7 @@ def test_long_chunked_equals_whole_unpack(device, with_bias):
     _check(whole, x, w, bias)
     if device == "cpu":  # the same call as F.linear, written into the output linear allocated
         assert torch.equal(whole.view(torch.int16), F.linear(x, w, bias).view(torch.int16))
-    from glyd.kernels.fixed12_long import LongKernel
+    from glyd.kernels.fixed12.unpack_cublas import LongKernel
 
     out = torch.empty(9, n, dtype=torch.bfloat16, device=device)
     assert LongKernel.launch(x, p, bias, LongConfig(), out).data_ptr() == out.data_ptr()
@@ -291,7 +291,7 @@ def test_exception_pass_adds_each_exceptions_correction(n, k, m):
     import torch as t
 
     from glyd import kernels
-    from glyd.kernels import fixed12_exc as f12
+    from glyd.kernels.fixed12 import exceptions as f12
 
     dev = "cuda" if t.cuda.is_available() else "cpu"
     w = random_weights(n, k, "normal", dev)

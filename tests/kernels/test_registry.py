@@ -100,8 +100,8 @@ def test_every_class_and_bucket_has_a_candidate_that_runs_anywhere():
 
 
 def test_kernels_say_why_they_cannot_run():
-    from glyd.kernels.fixed12_gluon import GluonConfig, GluonKernel
-    from glyd.kernels.fixed12_wg import WgConfig, WgKernel
+    from glyd.kernels.fixed12.mma_v2 import GluonConfig, GluonKernel
+    from glyd.kernels.fixed12.wgmma import WgConfig, WgKernel
 
     p = R.Problem("fixed12", 4, 4096, 4096, 4096)
     ok, why = GluonKernel.can_implement(p, R.Device("cpu", "cpu", interpreting=True), GluonConfig())

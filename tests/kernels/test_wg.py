@@ -15,7 +15,7 @@ pytestmark = needs_triton
 
 def _wg():
     try:
-        from glyd.kernels import fixed12_wg
+        from glyd.kernels.fixed12 import wgmma as fixed12_wg
     except ImportError as exc:  # a Triton without Gluon's Hopper module
         pytest.skip(f"no Gluon wgmma in this Triton: {exc}")
     return fixed12_wg

@@ -18,14 +18,14 @@ pytestmark = needs_triton
 
 def _ws():
     try:
-        from glyd.kernels import fixed12_ws
+        from glyd.kernels.fixed12 import wgmma_warpspec as fixed12_ws
     except ImportError as exc:  # a Triton without Gluon's Hopper TMA module
         pytest.skip(f"no Gluon TMA / warp specialization in this Triton: {exc}")
     return fixed12_ws
 
 
 def _compile_sm90(bn, bt, stages, bias=False, exc=False, maxnreg=128, warps=4):
-    from glyd.kernels import fixed12_wg
+    from glyd.kernels.fixed12 import wgmma as fixed12_wg
 
     w = _ws()
     *_, (lsl, csl, xsl) = w.layouts(bn, bt, warps)
@@ -98,7 +98,7 @@ def test_ws_x_permutation_is_the_wg_slot_order():
     bits = np.indices([2] * 7)
     g, a, i1, i0, j, h, hh = bits
     col_w = 4 * (16 * g + 8 * hh + 4 * a + 2 * i1 + i0) + 2 * h + j
-    from glyd.kernels.fixed12_wg import DECODE_ORDER
+    from glyd.kernels.fixed12.wgmma import DECODE_ORDER
 
     slots = col_w.transpose([d - 1 for d in DECODE_ORDER.value[1:]]).reshape(-1)
     for step in range(k // 128):

@@ -35,11 +35,12 @@ __all__ = ["linear", "unpack", "pack", "prepare", "choose"]
 
 #: Config classes, importable as ``glyd.kernels.<name>`` (each imports its kernel family's module).
 CONFIGS = {
-    "GemvConfig": "fixed12_gemv", "TcConfig": "fixed12_tc", "MmaConfig": "fixed12_mma", "TileConfig": "fixed12_tile",
-    "GluonConfig": "fixed12_gluon", "WgConfig": "fixed12_wg", "WsConfig": "fixed12_ws", "LongConfig": "fixed12_long",
-    "UnpackConfig": "fixed12_unpack", "TieredGemvConfig": "tiered", "TieredLongConfig": "tiered",
-    "TieredUnpackConfig": "tiered", "Dense11GemvConfig": "dense11", "Dense11LongConfig": "dense11",
-    "Dense11UnpackConfig": "dense11",
+    "GemvConfig": "fixed12.gemv", "TcConfig": "fixed12.word_dot", "MmaConfig": "fixed12.operand_dot",
+    "TileConfig": "fixed12.byte_dot", "GluonConfig": "fixed12.mma_v2", "WgConfig": "fixed12.wgmma",
+    "WsConfig": "fixed12.wgmma_warpspec", "LongConfig": "fixed12.unpack_cublas", "UnpackConfig": "fixed12.unpack",
+    "TieredGemvConfig": "tiered.gemv", "TieredLongConfig": "tiered.unpack_cublas", "TieredUnpackConfig": "tiered.unpack",
+    "Dense11GemvConfig": "dense11.gemv", "Dense11LongConfig": "dense11.unpack_cublas",
+    "Dense11UnpackConfig": "dense11.unpack",
 }
 
 #: The plane whose second dimension is a layout's padded K.
@@ -118,11 +119,11 @@ def unpack(packed: "Packed", out: torch.Tensor | None = None, config: Any = None
     """The bf16 matrix of ``packed``, bit for bit, decoded on the GPU (into ``out`` if given)."""
     _packed(packed)
     if packed.layout == "fixed12":
-        from glyd.kernels.fixed12_unpack import unpack as _unpack
+        from glyd.kernels.fixed12.unpack import unpack as _unpack
     elif packed.layout == "dense11":
-        from glyd.kernels.dense11 import unpack as _unpack
+        from glyd.kernels.dense11.unpack import unpack as _unpack
     else:
-        from glyd.kernels.tiered import unpack as _unpack
+        from glyd.kernels.tiered.unpack import unpack as _unpack
     return _unpack(packed, out, config)
 
 
@@ -137,11 +138,11 @@ def prepare(packed: "Packed") -> None:
     """Build the derived per-matrix data now (host syncs), e.g. before capturing a CUDA graph."""
     _packed(packed)
     if packed.layout == "fixed12":
-        from glyd.kernels.fixed12_exc import prepare as _prepare
+        from glyd.kernels.fixed12.exceptions import prepare as _prepare
     elif packed.layout == "dense11":
-        from glyd.kernels.dense11 import prepare as _prepare
+        from glyd.kernels.dense11.unpack import prepare as _prepare
     else:
-        from glyd.kernels.tiered import check as _prepare
+        from glyd.kernels.tiered.unpack import check as _prepare
     _prepare(packed)
 
 

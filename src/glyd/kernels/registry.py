@@ -41,18 +41,18 @@ FALLBACK = "NVIDIA H200"
 
 #: Kernel families: name -> "module:class" (imported when first asked for: most import Triton).
 KERNELS: dict[str, str] = {
-    "gemv": "glyd.kernels.fixed12_gemv:GemvKernel",
-    "tc": "glyd.kernels.fixed12_tc:TcKernel",
-    "mma": "glyd.kernels.fixed12_mma:MmaKernel",
-    "tile": "glyd.kernels.fixed12_tile:TileKernel",
-    "gluon": "glyd.kernels.fixed12_gluon:GluonKernel",
-    "wg": "glyd.kernels.fixed12_wg:WgKernel",
-    "ws": "glyd.kernels.fixed12_ws:WsKernel",
-    "long": "glyd.kernels.fixed12_long:LongKernel",
-    "tiered_gemv": "glyd.kernels.tiered:TieredGemvKernel",
-    "tiered_long": "glyd.kernels.tiered:TieredLongKernel",
-    "dense11_gemv": "glyd.kernels.dense11:Dense11GemvKernel",
-    "dense11_long": "glyd.kernels.dense11:Dense11LongKernel",
+    "gemv": "glyd.kernels.fixed12.gemv:GemvKernel",
+    "tc": "glyd.kernels.fixed12.word_dot:TcKernel",
+    "mma": "glyd.kernels.fixed12.operand_dot:MmaKernel",
+    "tile": "glyd.kernels.fixed12.byte_dot:TileKernel",
+    "gluon": "glyd.kernels.fixed12.mma_v2:GluonKernel",
+    "wg": "glyd.kernels.fixed12.wgmma:WgKernel",
+    "ws": "glyd.kernels.fixed12.wgmma_warpspec:WsKernel",
+    "long": "glyd.kernels.fixed12.unpack_cublas:LongKernel",
+    "tiered_gemv": "glyd.kernels.tiered.gemv:TieredGemvKernel",
+    "tiered_long": "glyd.kernels.tiered.unpack_cublas:TieredLongKernel",
+    "dense11_gemv": "glyd.kernels.dense11.gemv:Dense11GemvKernel",
+    "dense11_long": "glyd.kernels.dense11.unpack_cublas:Dense11LongKernel",
 }
 
 #: M buckets of the tables: (name, first M, last M) (None: no end).

@@ -26,8 +26,8 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
 from glyd.kernels import _common as C
 from glyd.kernels._gluon_bits import gdc_launch_dependents, gdc_wait, prmt, split16
-from glyd.kernels.fixed12_gluon_parts import EXC_E, epilogue, exc_layouts, exc_preload, exc_tiles
-from glyd.kernels.fixed12_exc import add_exceptions, exceptions_on_side_stream, prepare
+from glyd.kernels.fixed12.exceptions import add_exceptions, exceptions_on_side_stream, prepare
+from glyd.kernels.fixed12.mma_v2_parts import EXC_E, epilogue, exc_layouts, exc_preload, exc_tiles
 from glyd.kernels.registry import Kernel
 
 BM = 16  # x rows of one MMA tile; a program takes 1, 2 or 4 of them (GluonConfig.bm 16, 32, 64)

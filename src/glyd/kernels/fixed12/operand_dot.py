@@ -12,8 +12,8 @@ import triton.language as tl
 
 from glyd.kernels import _common as C
 from glyd.kernels._interp import isolated
-from glyd.kernels._words import exception_delta_tile
-from glyd.kernels.fixed12_exc import prepare
+from glyd.kernels.fixed12.exceptions import prepare
+from glyd.kernels.fixed12.words import exception_delta_tile
 from glyd.kernels.registry import Kernel
 
 

@@ -13,8 +13,8 @@ import torch
 
 from glyd.codec.packed import Packed
 from glyd.kernels import _common as C
-from glyd.kernels.fixed12_exc import prepare
-from glyd.kernels.fixed12_unpack import unpack, unpack_rows
+from glyd.kernels.fixed12.exceptions import prepare
+from glyd.kernels.fixed12.unpack import unpack, unpack_rows
 from glyd.kernels.registry import Kernel
 
 

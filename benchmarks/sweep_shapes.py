@@ -606,7 +606,7 @@ def entry(cfg, problem: registry.Problem) -> dict:
     if spec.get("pdl") == "":
         del spec["pdl"]
     kc = registry.kernel_for(cfg)
-    if kc.name == "gemv" and spec["split"] == max(1, -(-problem.kp // spec["bk"])):
+    if kc.name == "fixed12_gemv" and spec["split"] == max(1, -(-problem.kp // spec["bk"])):
         spec["split"] = "k_steps"
     return {"kernel": kc.name, "config": spec}
 

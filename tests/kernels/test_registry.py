@@ -27,9 +27,11 @@ OLD_DEFAULTS = dict(bm=16, bn=64, bk=256, dot=True, split=0, warps=4, stages=3, 
                     byte=False, g=4, mma=False, waves=2, fixup=False, prefetch=False, gemv=True, tc=False, gluon=False,
                     exc_pass=False, exc_after=False, ring=1, ring_x=False, exc_tile=False, x_ahead=True, x_rows8=False,
                     maxnreg=0, wg=False, pipe=False, ws=False, consumers=1)
-FAMILY_FLAGS = {"gemv": dict(dot=False, group_major=True, stages=1), "tc": dict(tc=True), "mma": dict(mma=True),
-                "tile": {}, "gluon": dict(gluon=True), "wg": dict(gluon=True, wg=True, bk=128),
-                "ws": dict(gluon=True, wg=True, ws=True, bk=128, exc_tile=True), "long": dict(long=True)}
+FAMILY_FLAGS = {"fixed12_gemv": dict(dot=False, group_major=True, stages=1), "fixed12_word_dot": dict(tc=True),
+                "fixed12_operand_dot": dict(mma=True), "fixed12_byte_dot": {}, "fixed12_mma_v2": dict(gluon=True),
+                "fixed12_wgmma": dict(gluon=True, wg=True, bk=128),
+                "fixed12_wgmma_warpspec": dict(gluon=True, wg=True, ws=True, bk=128, exc_tile=True),
+                "fixed12_unpack_cublas": dict(long=True)}
 NEW_ONLY = {"pdl": "", "prefetch_depth": 1}  # fields the old Config did not have (their values then)
 
 
@@ -63,7 +65,7 @@ def test_the_table_chooses_what_the_measured_tree_chose():
                     kc, cfg = R.choose(R.Problem("fixed12", m, nn, k, padded_cols(k)), dev)
                     n += 1
                     if R.m_bucket(m) == "65-255":
-                        want = as_old("long", R.kernel_class("long").Config())
+                        want = as_old("fixed12_unpack_cublas", R.kernel_class("fixed12_unpack_cublas").Config())
                     if as_old(kc.name, cfg) != want:
                         wrong.append((m, nn, k, (gluon, wg, ws), kc.name))
     assert n == 42320
@@ -119,13 +121,13 @@ def test_a_gpu_without_a_table_uses_the_fallback():
     other = R.Device("cuda", "Some Future GPU", (10, 0), 100, False, frozenset({"gluon"}))
     assert R.table_for(other) is R.table_for(h200(True, True, True))
     kc, _ = R.choose(R.Problem("fixed12", 4, 152064, 3584, 3584), other)
-    assert kc.name == "gluon"  # the H200's ws and wg choices step aside off Hopper
+    assert kc.name == "fixed12_mma_v2"  # the H200's wgmma choices step aside off Hopper
     assert R.layout_times("Some Future GPU") is None and R.layout_times("NVIDIA H200")["shapes"]
 
 
 def test_a_table_of_some_cells_falls_back_to_the_h200_table_for_the_rest(tmp_path, monkeypatch):
     h200_table = R.table_file("NVIDIA H200")
-    own = {"linear": {"fixed12": {"kv": {"1": [{"kernel": "tc", "config": {}}]}}}}
+    own = {"linear": {"fixed12": {"kv": {"1": [{"kernel": "fixed12_word_dot", "config": {}}]}}}}
     (tmp_path / "Partial_GPU.json").write_text(json.dumps(own))
     (tmp_path / h200_table.name).write_text(h200_table.read_text())
     monkeypatch.setattr(R, "TABLES", tmp_path)
@@ -133,7 +135,7 @@ def test_a_table_of_some_cells_falls_back_to_the_h200_table_for_the_rest(tmp_pat
     try:
         gpu = R.Device("cuda", "Partial GPU", (9, 0), 132, False, frozenset({"gluon", "wgmma", "tma"}))
         kv = R.Problem("fixed12", 1, 512, 3584, 3584)
-        assert R.candidates(kv, gpu)[0] == {"kernel": "tc", "config": {}}  # its own cell first
+        assert R.candidates(kv, gpu)[0] == {"kernel": "fixed12_word_dot", "config": {}}  # its own cell first
         assert R.candidates(kv, gpu)[1:] == R.candidates(kv, h200(True, True, True))
         big = R.Problem("fixed12", 4, 152064, 3584, 3584)  # a cell the table lacks
         assert R.choose(big, gpu)[0].name == R.choose(big, h200(True, True, True))[0].name

@@ -41,18 +41,18 @@ FALLBACK = "NVIDIA H200"
 
 #: Kernel families: name -> "module:class" (imported when first asked for: most import Triton).
 KERNELS: dict[str, str] = {
-    "gemv": "glyd.kernels.fixed12.gemv:GemvKernel",
-    "tc": "glyd.kernels.fixed12.word_dot:TcKernel",
-    "mma": "glyd.kernels.fixed12.operand_dot:MmaKernel",
-    "tile": "glyd.kernels.fixed12.byte_dot:TileKernel",
-    "gluon": "glyd.kernels.fixed12.mma_v2:GluonKernel",
-    "wg": "glyd.kernels.fixed12.wgmma:WgKernel",
-    "ws": "glyd.kernels.fixed12.wgmma_warpspec:WsKernel",
-    "long": "glyd.kernels.fixed12.unpack_cublas:LongKernel",
+    "fixed12_gemv": "glyd.kernels.fixed12.gemv:GemvKernel",
+    "fixed12_word_dot": "glyd.kernels.fixed12.word_dot:TcKernel",
+    "fixed12_operand_dot": "glyd.kernels.fixed12.operand_dot:MmaKernel",
+    "fixed12_byte_dot": "glyd.kernels.fixed12.byte_dot:TileKernel",
+    "fixed12_mma_v2": "glyd.kernels.fixed12.mma_v2:GluonKernel",
+    "fixed12_wgmma": "glyd.kernels.fixed12.wgmma:WgKernel",
+    "fixed12_wgmma_warpspec": "glyd.kernels.fixed12.wgmma_warpspec:WsKernel",
+    "fixed12_unpack_cublas": "glyd.kernels.fixed12.unpack_cublas:LongKernel",
     "tiered_gemv": "glyd.kernels.tiered.gemv:TieredGemvKernel",
-    "tiered_long": "glyd.kernels.tiered.unpack_cublas:TieredLongKernel",
+    "tiered_unpack_cublas": "glyd.kernels.tiered.unpack_cublas:TieredLongKernel",
     "dense11_gemv": "glyd.kernels.dense11.gemv:Dense11GemvKernel",
-    "dense11_long": "glyd.kernels.dense11.unpack_cublas:Dense11LongKernel",
+    "dense11_unpack_cublas": "glyd.kernels.dense11.unpack_cublas:Dense11LongKernel",
 }
 
 #: M buckets of the tables: (name, first M, last M) (None: no end).

@@ -17,7 +17,7 @@ class Dense11LongConfig:
 class Dense11LongKernel(Kernel):
     """Unpack into a reused bf16 scratch buffer, then cuBLAS: any dense11 matrix, any M."""
 
-    name = "dense11_long"
+    name = "dense11_unpack_cublas"
     layout = "dense11"
     Config = Dense11LongConfig
 

@@ -108,7 +108,7 @@ def _tile_kernel(
 class TileKernel(Kernel):
     """The general tensor-core tile: any shape, any CUDA GPU (and the interpreter)."""
 
-    name = "tile"
+    name = "fixed12_byte_dot"
     layout = "fixed12"
     Config = TileConfig
 

@@ -223,7 +223,7 @@ def launch_word_tiles(x2: torch.Tensor, p, bias, cfg: WordTileConfig, out: torch
 class GemvKernel(Kernel):
     """The group-major GEMV: any shape, any CUDA GPU (and the interpreter)."""
 
-    name = "gemv"
+    name = "fixed12_gemv"
     layout = "fixed12"
     Config = GemvConfig
 

@@ -394,7 +394,7 @@ def x_ring_layouts(bk: int, warps: int):
 
 # x: bf16 [M, K]; packed: fixed12 [N, K], K == Kp; bias: [N] or None; out: bf16 [M, N] (written) -> out
 def launch(x2: torch.Tensor, p, bias, cfg: GluonConfig, out: torch.Tensor) -> torch.Tensor:
-    m, k, n, a, kp = C.gluon_launch_checks(x2, p, "gluon", cfg.bk)
+    m, k, n, a, kp = C.gluon_launch_checks(x2, p, "fixed12_mma_v2", cfg.bk)
     prep = prepare(p)
     mt = cfg.bm // BM  # 16-row x tiles a program shares one decoded tile among
     tiles = triton.cdiv(n, cfg.bn) * triton.cdiv(m, cfg.bm)
@@ -442,7 +442,7 @@ def launch(x2: torch.Tensor, p, bias, cfg: GluonConfig, out: torch.Tensor) -> to
 class GluonKernel(Kernel):
     """The Gluon tile: a CUDA GPU with Triton's Gluon, K (no padded columns) a multiple of ``bk``."""
 
-    name = "gluon"
+    name = "fixed12_mma_v2"
     layout = "fixed12"
     Config = GluonConfig
 

@@ -101,7 +101,7 @@ def _mma_kernel(
 class MmaKernel(Kernel):
     """The byte-tile tensor-core kernel: any shape, any CUDA GPU (and the interpreter)."""
 
-    name = "mma"
+    name = "fixed12_operand_dot"
     layout = "fixed12"
     Config = MmaConfig
 

@@ -50,7 +50,7 @@ def _linear_chunked(x2: torch.Tensor, p: Packed, bias, chunk: int, out: torch.Te
 class LongKernel(Kernel):
     """Unpack + cuBLAS: any shape, any CUDA GPU (and the interpreter)."""
 
-    name = "long"
+    name = "fixed12_unpack_cublas"
     layout = "fixed12"
     Config = LongConfig
 

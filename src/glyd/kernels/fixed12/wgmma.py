@@ -265,7 +265,7 @@ def exc_layout(warps: int = 4):
 
 # x: bf16 [M, K]; packed: fixed12 [N, K], K == Kp; bias: [N] or None; out: bf16 [M, N] (written) -> out
 def launch(x2: torch.Tensor, p, bias, cfg: WgConfig, out: torch.Tensor) -> torch.Tensor:
-    m, k, n, a, kp = C.gluon_launch_checks(x2, p, "wg", 2 * BK)
+    m, k, n, a, kp = C.gluon_launch_checks(x2, p, "fixed12_wgmma", 2 * BK)
     prep = prepare(p)
     if x2.stride(1) != 1 or x2.stride(0) % 8 or x2.data_ptr() % 16:
         x2 = x2.contiguous()  # x is read in 16-byte pieces
@@ -300,7 +300,7 @@ class WgKernel(Kernel):
     """The wgmma tile: a Hopper GPU (sm_90) with Gluon's Hopper MMA, K (no padded columns) a
     multiple of 256 (two steps of 128)."""
 
-    name = "wg"
+    name = "fixed12_wgmma"
     layout = "fixed12"
     Config = WgConfig
 

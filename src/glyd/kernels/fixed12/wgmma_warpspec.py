@@ -309,7 +309,7 @@ def slot_bytes(bn: int, bt: int) -> int:
 
 # x: bf16 [M, K]; packed: fixed12 [N, K], K == Kp; bias: [N] or None; out: bf16 [M, N] (written) -> out
 def launch(x2: torch.Tensor, p, bias, cfg: WsConfig, out: torch.Tensor) -> torch.Tensor:
-    m, k, n, a, kp = C.gluon_launch_checks(x2, p, "ws", BK)
+    m, k, n, a, kp = C.gluon_launch_checks(x2, p, "fixed12_wgmma_warpspec", BK)
     prep = prepare(p)
     for name in ("lo", "code"):
         if a[name].data_ptr() % 16 or a[name].stride(0) % 16:
@@ -342,7 +342,7 @@ class WsKernel(Kernel):
     """The warp-specialized wgmma tile: a Hopper GPU with Gluon's TMA and mbarriers, K (no padded
     columns) a multiple of 128."""
 
-    name = "ws"
+    name = "fixed12_wgmma_warpspec"
     layout = "fixed12"
     Config = WsConfig
 

@@ -109,7 +109,7 @@ def _tc_kernel(
 class TcKernel(Kernel):
     """The tensor-core tile on word tiles: any shape, any CUDA GPU (and the interpreter)."""
 
-    name = "tc"
+    name = "fixed12_word_dot"
     layout = "fixed12"
     Config = TcConfig
 

@@ -17,7 +17,7 @@ class TieredLongConfig:
 class TieredLongKernel(Kernel):
     """Unpack into a reused bf16 scratch buffer, then cuBLAS: any tiered matrix."""
 
-    name = "tiered_long"
+    name = "tiered_unpack_cublas"
     layout = "tiered"
     Config = TieredLongConfig
 

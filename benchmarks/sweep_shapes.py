@@ -54,6 +54,7 @@ import torch
 import torch.nn.functional as F
 import triton
 
+import glyd
 from glyd import kernels
 from glyd.kernels import _common as C
 from glyd.kernels import registry
@@ -744,7 +745,7 @@ def main(argv=None) -> int:
         n, k = SHAPES[sname]
         copies = max(2, min(28, -(-300_000_000 // (n * k * 3 // 2)))) if DEV == "cuda" else 2
         ws = [(torch.randn(n, k, device=DEV) * 0.02).to(torch.bfloat16) for _ in range(copies)]
-        ps = [kernels.pack(w, "fixed12") for w in ws]
+        ps = [glyd.pack(w, "fixed12") for w in ws]
         for m in ms:
             x = torch.randn(m, k, device=DEV).to(torch.bfloat16)
             t16 = timed_ms(lambda: [F.linear(x, w) for w in ws]) / copies * 1e3

@@ -17,6 +17,7 @@ import sys
 import torch
 import torch.nn.functional as F
 
+import glyd
 from glyd import kernels
 from glyd.kernels import _common as C
 from glyd.kernels.fixed12 import wgmma_warpspec as fixed12_ws
@@ -37,7 +38,7 @@ def main(argv=None) -> int:
     n, k = SHAPES[args.shape]
     copies = max(2, min(28, -(-300_000_000 // (n * k * 3 // 2))))
     ws = [(torch.randn(n, k, device="cuda") * 0.02).to(torch.bfloat16) for _ in range(copies)]
-    ps = [kernels.pack(w, "fixed12") for w in ws]
+    ps = [glyd.pack(w, "fixed12") for w in ws]
     nbytes = sum(p.arrays["lo"].numel() + p.arrays["code"].numel() for p in ps) / copies
     rows = []
     for m in (int(v) for v in args.ms.split(",")):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import warnings
@@ -41,15 +42,15 @@ def logits(model, ids):
 
 @pytest.fixture
 def count_packs(monkeypatch):
-    """Counts every matrix glyd packs (through glyd.ops.pack, which every packing path uses)."""
+    """Counts every matrix glyd packs (through glyd.ops._pack, which every packing path uses)."""
     calls = []
-    real = _ops.pack
+    real = _ops._pack
 
     def spy(w, layout):
         calls.append(tuple(w.shape))
         return real(w, layout)
 
-    monkeypatch.setattr(_ops, "pack", spy)
+    monkeypatch.setattr(_ops, "_pack", spy)
     return calls
 
 
@@ -119,9 +120,9 @@ def test_save_then_load_packs_nothing_again(tiny_model_folder, input_ids, tmp_pa
     def no_pack(*a, **k):
         raise AssertionError("a glyd folder must load without packing")
 
-    monkeypatch.setattr(_ops, "pack", no_pack)
-    for name, mod in glyd.codec.LAYOUTS.items():
-        monkeypatch.setattr(mod, "pack", no_pack)
+    monkeypatch.setattr(_ops, "_pack", no_pack)
+    for name, lay in list(glyd.codec.LAYOUTS.items()):
+        monkeypatch.setitem(glyd.codec.LAYOUTS, name, dataclasses.replace(lay, pack=no_pack))
     again = glyd.from_pretrained(out, exact=True, device="cpu", verify=True, progress=False)
     assert torch.equal(bits(logits(again, input_ids)), bits(before))
     # Every packed module holds exactly the arrays of the file.

@@ -236,7 +236,7 @@ def test_linear_gpu_model_shapes(layout, m, shape):
     from glyd import kernels
 
     w = random_weights(*shape, "normal", "cuda")
-    p = kernels.pack(w, layout)
+    p = glyd.pack(w, layout)
     x = torch.randn(m, shape[1], device="cuda").to(torch.bfloat16)
     bias = torch.randn(shape[0], device="cuda").to(torch.bfloat16)
     _check(kernels.linear(x, p, bias), x, w, bias)
@@ -251,7 +251,7 @@ def test_linear_gpu_big_matrix_defaults(m):
     from glyd import kernels
 
     w = random_weights(37888, 3584, "normal", "cuda")
-    p = kernels.pack(w, "fixed12")
+    p = glyd.pack(w, "fixed12")
     x = torch.randn(m, 3584, device="cuda").to(torch.bfloat16)
     bias = torch.randn(37888, device="cuda").to(torch.bfloat16)
     y = kernels.linear(x, p, bias)
@@ -270,7 +270,7 @@ def test_linear_cuda_graph_capture(layout, n, k, m):
     from glyd import kernels
 
     w = random_weights(n, k, "normal", "cuda")
-    p = kernels.pack(w, layout)
+    p = glyd.pack(w, layout)
     x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
     kernels.linear(x, p)  # warm-up: compiles, builds the derived index
     torch.cuda.synchronize()
@@ -295,7 +295,7 @@ def test_exception_pass_adds_each_exceptions_correction(n, k, m):
 
     dev = "cuda" if t.cuda.is_available() else "cpu"
     w = random_weights(n, k, "normal", dev)
-    p = kernels.pack(w, "fixed12")
+    p = glyd.pack(w, "fixed12")
     a = p.arrays
     assert a["exc_idx"].numel() > f12.EXC_CHUNK  # several chunks, some rows with more than one
     x = t.randn(m, k, device=dev).to(t.bfloat16)
@@ -338,7 +338,7 @@ def test_exception_pass_path(cfg, after):
         GemvConfig(exc_after=True)  # exc_after orders a pass: without one it means nothing
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     w = random_weights(45, 640, "normal", dev)
-    p = kernels.pack(w, "fixed12")
+    p = glyd.pack(w, "fixed12")
     assert p.arrays["exc_idx"].numel() > 0
     x = torch.randn(5, 640, device=dev).to(torch.bfloat16)
     bias = torch.randn(45, device=dev).to(torch.bfloat16)

@@ -9,6 +9,8 @@ import re
 import pytest
 import torch
 
+import glyd
+
 from .conftest import needs_triton, random_weights
 from .test_gluon import _res_usage, _sass, compile_gluon_sm90
 from .test_linear import _check
@@ -176,7 +178,7 @@ def test_ws_needs_a_gpu():
     from glyd import kernels
     from glyd.kernels import WsConfig
 
-    p = kernels.pack(random_weights(64, 256, "normal"), "fixed12")
+    p = glyd.pack(random_weights(64, 256, "normal"), "fixed12")
     if torch.cuda.is_available():
         p = p.to("cuda")
     with pytest.raises(ValueError, match="Hopper|Gluon"):
@@ -201,7 +203,7 @@ def test_ws_matches_reference_gpu(bm, bn, stages, m, progs, bias):
     # the persistent grid (0: two an SM); 5 gives programs several whole tiles and parts of
     # others, 300 (more programs than some shapes' steps) parts of one or two steps
     w = random_weights(1000, 3584, "normal", "cuda")
-    p = kernels.pack(w, "fixed12")
+    p = glyd.pack(w, "fixed12")
     assert p.arrays["exc_idx"].numel() > 0
     x = torch.randn(m, 3584, device="cuda").to(torch.bfloat16)
     b = torch.randn(1000, device="cuda").to(torch.bfloat16) if bias else None
@@ -226,7 +228,7 @@ def test_ws_strided_x_and_k_384_gpu():
     from glyd.kernels import WsConfig
 
     w = random_weights(200, 384, "normal", "cuda")
-    p = kernels.pack(w, "fixed12")
+    p = glyd.pack(w, "fixed12")
     x = torch.randn(33, 512, device="cuda").to(torch.bfloat16)[:, 64:448]
     y = kernels.linear(x, p, None, WsConfig(bm=64, bn=64, stages=3))
     _check(y, x, w, None)

@@ -43,6 +43,7 @@ def _bench(args: argparse.Namespace) -> int:
 
     if not torch.cuda.is_available():
         raise GlydError("glyd bench needs a CUDA GPU")
+    import glyd
     from glyd import kernels
 
     shapes = [_parse_shape(s) for s in (args.shape or ["4608x3584", "512x3584", "3584x3584", "18944x3584",
@@ -62,7 +63,7 @@ def _bench(args: argparse.Namespace) -> int:
     print("|---|---|---|" + "---|---|" * len(layouts))
     for n, k in shapes:
         ws = [(torch.randn(n, k, device="cuda") * 0.02).to(torch.bfloat16) for _ in range(args.copies)]
-        packed = {lay: [kernels.pack(w, lay) for w in ws] for lay in layouts}
+        packed = {lay: [glyd.pack(w, lay) for w in ws] for lay in layouts}
         for m in ms:
             x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
             ref = F.linear(x.double(), ws[0].double())

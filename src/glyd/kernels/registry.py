@@ -22,6 +22,7 @@ import functools
 import importlib
 import json
 import logging
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -29,6 +30,7 @@ from typing import Any, ClassVar
 import torch
 
 from glyd import _env
+from glyd.codec.layout import LAYOUTS
 
 log = logging.getLogger(__name__)
 
@@ -39,21 +41,25 @@ TABLES = Path(__file__).with_name("tables")
 #: The table of a GPU that has none of its own (its kernels are skipped where they cannot run).
 FALLBACK = "NVIDIA H200"
 
+class _Families(Mapping):
+    """Every kernel family, key -> ``"module:Class"``: the ``kernels`` of every layout's entry in
+    ``glyd.codec.LAYOUTS`` (the one list; read live, so a layout registered later is in it)."""
+
+    def _all(self) -> dict[str, str]:
+        return {key: ref for lay in LAYOUTS.values() for key, ref in lay.kernels.items()}
+
+    def __getitem__(self, key: str) -> str:
+        return self._all()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._all())
+
+    def __len__(self) -> int:
+        return len(self._all())
+
+
 #: Kernel families: name -> "module:class" (imported when first asked for: most import Triton).
-KERNELS: dict[str, str] = {
-    "fixed12_gemv": "glyd.kernels.fixed12.gemv:GemvKernel",
-    "fixed12_word_dot": "glyd.kernels.fixed12.word_dot:TcKernel",
-    "fixed12_operand_dot": "glyd.kernels.fixed12.operand_dot:MmaKernel",
-    "fixed12_byte_dot": "glyd.kernels.fixed12.byte_dot:TileKernel",
-    "fixed12_mma_v2": "glyd.kernels.fixed12.mma_v2:GluonKernel",
-    "fixed12_wgmma": "glyd.kernels.fixed12.wgmma:WgKernel",
-    "fixed12_wgmma_warpspec": "glyd.kernels.fixed12.wgmma_warpspec:WsKernel",
-    "fixed12_unpack_cublas": "glyd.kernels.fixed12.unpack_cublas:LongKernel",
-    "tiered_gemv": "glyd.kernels.tiered.gemv:TieredGemvKernel",
-    "tiered_unpack_cublas": "glyd.kernels.tiered.unpack_cublas:TieredLongKernel",
-    "dense11_gemv": "glyd.kernels.dense11.gemv:Dense11GemvKernel",
-    "dense11_unpack_cublas": "glyd.kernels.dense11.unpack_cublas:Dense11LongKernel",
-}
+KERNELS: Mapping[str, str] = _Families()
 
 #: M buckets of the tables: (name, first M, last M) (None: no end).
 M_BUCKETS: tuple[tuple[str, int, int | None], ...] = (

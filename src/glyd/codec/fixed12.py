@@ -124,7 +124,7 @@ def unpack(p: Packed) -> torch.Tensor:
 
 LAYOUT = register(Layout(
     name=NAME, arrays=ARRAYS, pack=pack, unpack=unpack, check_arrays=check_arrays, padded_cols=padded_cols,
-    padded_array="lo", about="12 bits a weight plus rare exceptions; the fastest to decode",
+    padded_array="lo", about="12 bits a weight plus rare exceptions, the fastest to decode",
     # 12 bits plus the exceptions (about 0.1% of real weights, at 40 bits each): what glyd fit plans with
     bits=12.05,
     rows="glyd.ops.rows:rows_fixed12",

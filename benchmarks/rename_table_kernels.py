@@ -4,6 +4,9 @@ before 2026-12-03 (``gemv``, ``tc``, ``mma``, ``tile``, ``gluon``, ``wg``, ``ws`
 ``fixed12_word_dot``, ...). Nothing else changes: the rewrite replaces the ``"kernel"`` values in
 place (the file's formatting kept) and checks that the result parses to the same table with only
 those values renamed. Keys already new are left as they are, so running it twice changes nothing.
+The rewrite of the H200 table was proved to choose as before in every (layout, shape class, M
+bucket) on six device kinds by tests/kernels/test_table_rename.py, a one-time proof removed with the
+old table after it passed (``git log -- tests/kernels/test_table_rename.py`` finds the commit).
 
     python benchmarks/rename_table_kernels.py src/glyd/kernels/tables/NVIDIA_H200.json [more tables]
 """

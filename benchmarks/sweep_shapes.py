@@ -669,7 +669,7 @@ def build_table(res: dict, keep: int, ms: list[int]) -> dict:
         f"is the {registry.FALLBACK} table's.",
         "linear.<layout>.<shape class>.<M bucket>: candidates in order of preference; the first whose kernel can run "
         "on the device is taken (glyd.kernels.registry).",
-        "Config values: 'k_steps' (gemv split) is one K step of bk a program.",
+        "Config values: 'k_steps' (fixed12_gemv split) is one K step of bk a program.",
         "layout: not measured by the sweep; paste the 'layout' of benchmarks/kernels.py's measured_times.json here "
         "for layout='auto'.",
     ]
@@ -797,8 +797,9 @@ def main(argv=None) -> int:
             with open(args.table, "w", encoding="utf-8") as f:
                 f.write(dump_table(build_table(res, args.table_keep, ms)))
     if args.table:
-        print(f"\nwrote {args.table}: copy it to src/glyd/kernels/tables/{registry.table_file(res['device']).name} "
-              "to use it on this GPU")
+        name = registry.table_file(res["device"]).name
+        print(f"\nwrote {args.table}: copy it to a folder named by GLYD_TABLES, or to src/glyd/kernels/tables/, as "
+              f"{name} to use it on this GPU (src/glyd/kernels/tables/README.md)")
     return 0
 
 

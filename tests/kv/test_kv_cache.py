@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import math
 import time
 from pathlib import Path
@@ -135,7 +134,19 @@ try:
 except Exception:  # pragma: no cover - the package is optional
     SMOL_DIR = None
 SMOL_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-TEXT = Path(os.environ.get("GLYD_TEXT", "/work/shared/data/text/tinyshakespeare.txt"))
+
+
+def _text_file() -> Path:
+    """``GLYD_TEXT`` (read by glyd._env), else the evaluation data folder's tinyshakespeare."""
+    from glyd import _env
+    from glyd.apps.evaluate import default_data_dir
+
+    if _env.settings().text:
+        return Path(_env.settings().text)
+    return (default_data_dir() or Path("/nonexistent")) / "text" / "tinyshakespeare.txt"
+
+
+TEXT = _text_file()
 
 
 @pytest.mark.slow

@@ -312,12 +312,15 @@ def test_kv_lossless_is_wired_or_says_why(tiny_model_folder, input_ids):
 
 
 def test_kv_codes(tiny_model_folder):
-    # kv="lossless": the fixed-rate page code (kvf12); kv="lossless-dense": the dense one.
+    # kv="lossless": the fixed-rate page code (kvf12); kv="lossless-tiered": the tiered one (kvtiered).
     pytest.importorskip("glyd.kv.cache")
     src = tiny_model_folder("llama")
-    for kv, code in (("lossless", "kvf12"), ("lossless-dense", "dense")):
+    for kv, code in (("lossless", "kvf12"), ("lossless-tiered", "kvtiered")):
         model = glyd.from_pretrained(src, kv=kv, exact=True, device="cpu", progress=False)
         assert model.glyd_make_cache().code == code
+    with pytest.warns(DeprecationWarning, match="lossless-tiered"):  # the name before 2026-12-03
+        model = glyd.from_pretrained(src, kv="lossless-dense", exact=True, device="cpu", progress=False)
+    assert model.glyd_make_cache().code == "kvtiered"
 
 
 # -- a real model ----------------------------------------------------------------------------------

@@ -1,5 +1,5 @@
 """Every command takes every layout, from the one list (``glyd.LAYOUTS``): ``glyd pack``, ``demo``,
-``fit``, ``eval --modes``, ``bench`` and ``benchmarks/scale.py`` (a layout registered later
+``fit``, ``serve``, ``eval --modes``, ``bench`` and ``benchmarks/scale.py`` (a layout registered later
 included), and the README's command-line section names them all."""
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ def toy_layout():
 def test_each_command_takes_each_layout(layout):
     assert _parse("pack", "src", "dst", "--layout", layout).layout == layout
     assert _parse("demo", "--layout", layout).layout == layout
+    assert _parse("serve", "m", "--layout", layout).layout == layout
     assert _parse("fit", "qwen2.5-7b", "--gpu", "80GB", "--layout", layout).layout == layout
     modes = eval_modes()
     assert modes[layout] == (layout, False) and modes["exact" if layout == "fixed12" else f"exact-{layout}"] == (

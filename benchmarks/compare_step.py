@@ -52,7 +52,7 @@ def run(layers: int, out: str, mode: str = "merged") -> None:
     gen = torch.Generator(device="cuda").manual_seed(0)
     mats = [s for _ in range(layers) for s in SHAPES[mode]] + [LM_HEAD]
     ws = [(torch.randn(n, k, device="cuda", generator=gen) * 0.02).to(torch.bfloat16) for n, k in mats]
-    ps = [kernels.pack(w, "fixed12") for w in ws]
+    ps = [glyd.pack(w, "fixed12").to(w.device) for w in ws]  # on any glyd version
     res = {"glyd": glyd.__file__, "torch": torch.__version__, "gpu": torch.cuda.get_device_name(), "mode": mode, "rows": {}}
     for m in MS:
         xs = {k: torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16) for k in {k for _, k in mats}}

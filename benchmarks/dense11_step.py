@@ -47,7 +47,7 @@ def build(layers: int) -> dict:
         mats[name] = []
         for _ in range(1 if name == "lm_head" else layers):
             w = (torch.randn(n, k, device=DEV) * 0.02).to(torch.bfloat16)
-            mats[name].append((w, kernels.pack(w, "fixed12"), kernels.pack(w, "dense11")))
+            mats[name].append((w, glyd.pack(w, "fixed12"), glyd.pack(w, "dense11")))
     return mats
 
 

@@ -94,7 +94,7 @@ def build(shapes, layers: int):
         mats[name] = []
         for _ in range(reps):
             w = (torch.randn(n, k, device=DEV) * 0.02).to(torch.bfloat16)
-            mats[name].append((w, kernels.pack(w, "fixed12"), kernels.pack(w, "tiered")))
+            mats[name].append((w, glyd.pack(w, "fixed12"), glyd.pack(w, "tiered")))
     sync()
     weights = sum(n * k * (1 if name == "lm_head" else layers) for name, n, k in shapes + [("lm_head", VOCAB, H)])
     log.info("built %d weights in %.1f s (GPU pack, both layouts)", weights, time.time() - t0)

@@ -96,7 +96,7 @@ def packed_ratio(x: torch.Tensor) -> tuple[int, int]:
     for layer in x:
         st = PageStore(1, layer.shape[0], layer.shape[2], page=PAGE)
         st.append(layer[None])
-        if not bits_equal(st.dense()[0], layer):
+        if not bits_equal(st.to_bf16()[0], layer):
             raise SystemExit("KV page round trip failed")
         total += st.nbytes
     return total, x.numel() * 2
@@ -390,14 +390,14 @@ def cmd_speed(args) -> None:
         if mixed:
             lens = torch.randint(t // 2, t + 1, (b,), device=dev, generator=gen)
             lens[0] = t
-            ks, vs = PageStore.from_dense(k, lens, page=PAGE), PageStore.from_dense(v, lens, page=PAGE)
+            ks, vs = PageStore.from_bf16(k, lens, page=PAGE), PageStore.from_bf16(v, lens, page=PAGE)
             mask = (torch.arange(t, device=dev)[None, :] < lens[:, None])[:, None, None, :]
         else:
             lens = torch.full((b,), t, device=dev)
-            ks, vs = PageStore.from_dense(k, page=PAGE), PageStore.from_dense(v, page=PAGE)
+            ks, vs = PageStore.from_bf16(k, page=PAGE), PageStore.from_bf16(v, page=PAGE)
             mask = None
         if t == args.tokens[0] and b == args.batches[min(2, len(args.batches) - 1)] and not mixed:
-            assert bits_equal(ks.dense(), k) and bits_equal(vs.dense(), v), "GPU-packed pages differ"
+            assert bits_equal(ks.to_bf16(), k) and bits_equal(vs.to_bf16(), v), "GPU-packed pages differ"
         ratio = (ks.nbytes + vs.nbytes) / (2 * k.numel() * 2)
         q4 = q[:, :, None, :]
         sdpa = lambda: F.scaled_dot_product_attention(q4, k, v, attn_mask=mask, enable_gqa=True)  # noqa: E731
@@ -434,8 +434,8 @@ def cmd_speed(args) -> None:
             if r is not None and not r[0] >= gbest[0]:
                 gbest = r
         # the fixed-rate code (kvf12): its Triton kernel, variants warps,sub_tile,programs_per_sm
-        fks = FixedPageStore.from_dense(k, lens if mixed else None, page=PAGE)
-        fvs = FixedPageStore.from_dense(v, lens if mixed else None, page=PAGE)
+        fks = FixedPageStore.from_bf16(k, lens if mixed else None, page=PAGE)
+        fvs = FixedPageStore.from_bf16(v, lens if mixed else None, page=PAGE)
         fratio = (fks.nbytes + fvs.nbytes) / (2 * k.numel() * 2)
         fbest = (float("nan"), "-", float("nan"))
         for w, ts, pps in args.fixed:
@@ -457,7 +457,7 @@ def cmd_speed(args) -> None:
           f"{'real SmolLM2-filled pool' if pool is not None else 'Gaussian'}; {datetime.date.today()}; one layer, "
           f"{hq} query heads, {h} KV heads, head dim {d}, page {PAGE}; CUDA graph, median of 50 replays\n")
     print("| tokens | seqs | lengths | bf16 SDPA us | kvf12 (Triton) us | / SDPA | best variant | kvf12 / bf16 | "
-          "dense: Gluon us | / SDPA | best variant | Triton kernel us | / SDPA | best variant | dense / bf16 | "
+          "kvtiered: Gluon us | / SDPA | best variant | Triton kernel us | / SDPA | best variant | kvtiered / bf16 | "
           "rel. err |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for t, b, mixed, ts, (tg, gvar, _), tt, var, ratio, err, (tf, fvar, _), fratio in rows:

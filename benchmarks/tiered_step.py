@@ -28,8 +28,10 @@ import time
 import torch
 import torch.nn.functional as F
 
+import glyd
 from glyd import kernels
-from glyd.kernels.tiered import AREA_REG_BYTES, TieredGemvConfig, TieredLongConfig, TieredUnpackConfig
+from glyd.kernels import TieredGemvConfig, TieredLongConfig, TieredUnpackConfig
+from glyd.kernels.tiered.unpack import AREA_REG_BYTES
 from glyd.timing import cuda_graph_ms
 
 log = logging.getLogger("tiered_step")
@@ -88,7 +90,7 @@ def main(argv=None) -> int:
         mats[name] = []
         for _ in range(1 if name == "lm_head" else args.distinct):
             w = (torch.randn(n, k, device=DEV) * 0.02).to(torch.bfloat16)
-            mats[name].append((w, kernels.pack(w, "tiered")))
+            mats[name].append((w, glyd.pack(w, "tiered")))
     if DEV == "cuda":
         torch.cuda.synchronize()
     log.info("packed in %.1f s", time.time() - t0)

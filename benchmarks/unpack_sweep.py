@@ -24,6 +24,7 @@ import sys
 import torch
 import triton
 
+import glyd
 from glyd import kernels
 from glyd.kernels import UnpackConfig
 from glyd.timing import cuda_graph_ms
@@ -50,7 +51,7 @@ def main(argv=None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     n, k = 18944, 3584
     ws = [(torch.randn(n, k, device="cuda") * 0.02).to(torch.bfloat16) for _ in range(args.copies)]
-    ps = [kernels.pack(w, "fixed12") for w in ws]
+    ps = [glyd.pack(w, "fixed12") for w in ws]
     outs = [torch.empty_like(w) for w in ws]
     planes = [torch.cat([p.arrays["lo"].reshape(-1), p.arrays["code"].reshape(-1)]) for p in ps]
     pdst = [torch.empty_like(t) for t in planes]

@@ -43,8 +43,8 @@ MAX_FUNCTION_LINES = 80
 #: (file relative to src/glyd, function) -> why it is longer.
 LONG_FUNCTIONS = {
     # One Gluon kernel body: its tile loop, the decode and the MMA share registers and layouts that
-    # the compiler must see in one function (its helpers are in fixed12_gluon_parts.py).
-    ("kernels/fixed12_gluon.py", "_gl_kernel"): "one Gluon kernel",
+    # the compiler must see in one function (its helpers are in fixed12/mma_v2_parts.py).
+    ("kernels/fixed12/mma_v2.py", "_gl_kernel"): "one Gluon kernel",
 }
 
 

@@ -57,3 +57,25 @@ def test_auto_on_a_gpu_tensor():
     p = glyd.pack(w, "auto")
     assert p.layout == glyd.ops.choose_layout(tuple(w.shape), w.device)
     assert _same_bits(glyd.unpack(p), w.cpu())
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("layout", list(glyd.LAYOUTS))
+def test_pack_keeps_the_gpu_and_equals_the_cpu_pack(layout):
+    # one public pack: a CUDA matrix packs on the GPU (bit-identical arrays), a CPU one on the CPU
+    w = _matrix(64, 300)
+    on_gpu, on_cpu = glyd.pack(w.cuda(), layout), glyd.pack(w, layout)
+    assert on_gpu.device.type == "cuda" and on_cpu.device.type == "cpu"
+    for name, a in on_cpu.arrays.items():
+        assert a.numpy().tobytes() == on_gpu.arrays[name].cpu().numpy().tobytes(), name
+
+
+def test_the_old_pack_functions_are_deprecated_aliases():
+    import glyd.kernels
+
+    w = _matrix(8, 70)
+    for old in (glyd.ops.pack, glyd.kernels.pack):
+        with pytest.warns(DeprecationWarning, match="glyd.pack"):
+            p = old(w, "tiered")
+        assert p.layout == "tiered" and _same_bits(glyd.unpack(p), w)

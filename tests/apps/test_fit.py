@@ -176,7 +176,7 @@ def test_llama31_8b_fit_decisions(gpu, fits_bf16, fits_glyd):
     assert (e.fits_bf16, e.fits_glyd) == (fits_bf16, fits_glyd)
     # the totals are the three stated terms
     assert e.total_bf16 == e.weights_bf16 + e.kv_cache + e.margin
-    assert e.weights_glyd == round(8_029_995_008 * fit.LAYOUT_BITS["fixed12"] / 8) + 266_240 * 2
+    assert e.weights_glyd == round(8_029_995_008 * fit.layout_bits("fixed12") / 8) + 266_240 * 2
     margin = GiB + 2048 * (4 * 4096 + 2 * 14336) * 2 + 128256 * 4
     assert e.margin == margin
 
@@ -240,7 +240,7 @@ def test_folder_headers_size_and_the_models_packing(tmp_path):
     linears = sum(m.weight.numel() for m in model.modules() if type(m) in (torch.nn.Linear, torch.nn.Embedding))
     e, table = fit.run_fit(str(tmp_path), "1GB", 16)
     assert e.params == params and e.weights_bf16 == 2 * params
-    assert e.weights_glyd == round(linears * fit.LAYOUT_BITS["fixed12"] / 8) + 2 * (params - linears)
+    assert e.weights_glyd == round(linears * fit.layout_bits("fixed12") / 8) + 2 * (params - linears)
     assert "safetensors headers" in table and "the folder holds" not in table
 
 

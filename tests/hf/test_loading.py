@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import warnings
@@ -41,15 +42,15 @@ def logits(model, ids):
 
 @pytest.fixture
 def count_packs(monkeypatch):
-    """Counts every matrix glyd packs (through glyd.ops.pack, which every packing path uses)."""
+    """Counts every matrix glyd packs (through glyd.ops._pack, which every packing path uses)."""
     calls = []
-    real = _ops.pack
+    real = _ops._pack
 
     def spy(w, layout):
         calls.append(tuple(w.shape))
         return real(w, layout)
 
-    monkeypatch.setattr(_ops, "pack", spy)
+    monkeypatch.setattr(_ops, "_pack", spy)
     return calls
 
 
@@ -119,9 +120,9 @@ def test_save_then_load_packs_nothing_again(tiny_model_folder, input_ids, tmp_pa
     def no_pack(*a, **k):
         raise AssertionError("a glyd folder must load without packing")
 
-    monkeypatch.setattr(_ops, "pack", no_pack)
-    for name, mod in glyd.codec.LAYOUTS.items():
-        monkeypatch.setattr(mod, "pack", no_pack)
+    monkeypatch.setattr(_ops, "_pack", no_pack)
+    for name, lay in list(glyd.codec.LAYOUTS.items()):
+        monkeypatch.setitem(glyd.codec.LAYOUTS, name, dataclasses.replace(lay, pack=no_pack))
     again = glyd.from_pretrained(out, exact=True, device="cpu", verify=True, progress=False)
     assert torch.equal(bits(logits(again, input_ids)), bits(before))
     # Every packed module holds exactly the arrays of the file.
@@ -311,12 +312,15 @@ def test_kv_lossless_is_wired_or_says_why(tiny_model_folder, input_ids):
 
 
 def test_kv_codes(tiny_model_folder):
-    # kv="lossless": the fixed-rate page code (kvf12); kv="lossless-dense": the dense one.
+    # kv="lossless": the fixed-rate page code (kvf12); kv="lossless-tiered": the tiered one (kvtiered).
     pytest.importorskip("glyd.kv.cache")
     src = tiny_model_folder("llama")
-    for kv, code in (("lossless", "kvf12"), ("lossless-dense", "dense")):
+    for kv, code in (("lossless", "kvf12"), ("lossless-tiered", "kvtiered")):
         model = glyd.from_pretrained(src, kv=kv, exact=True, device="cpu", progress=False)
         assert model.glyd_make_cache().code == code
+    with pytest.warns(DeprecationWarning, match="lossless-tiered"):  # the name before 2026-12-03
+        model = glyd.from_pretrained(src, kv="lossless-dense", exact=True, device="cpu", progress=False)
+    assert model.glyd_make_cache().code == "kvtiered"
 
 
 # -- a real model ----------------------------------------------------------------------------------

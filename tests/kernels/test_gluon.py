@@ -18,7 +18,7 @@ pytestmark = needs_triton
 
 def _gluon():
     try:
-        from glyd.kernels import fixed12_gluon
+        from glyd.kernels.fixed12 import mma_v2 as fixed12_gluon
     except ImportError as exc:  # a Triton without Gluon
         pytest.skip(f"no Gluon in this Triton: {exc}")
     return fixed12_gluon
@@ -266,7 +266,7 @@ def test_gluon_exc_tile_many_exceptions_gpu(bm, bn, warps, ring, m, split):
     w[3, ::13] = tiny  # 79 exceptions in one row
     w[40:44, 100:130] = -tiny  # 120 in four rows of one tile
     w[299, :20] = tiny  # the last row, a partial tile at bn 64
-    p = kernels.pack(w, "fixed12")
+    p = glyd.pack(w, "fixed12")
     assert p.arrays["exc_idx"].numel() > 200
     x = torch.randn(m, 1024, device="cuda").to(torch.bfloat16)
     bias = torch.randn(300, device="cuda").to(torch.bfloat16)
@@ -291,7 +291,7 @@ def test_gluon_matches_reference_gpu(bm, bn, bk, warps, m, prefetch, split):
     _gluon()
     depth = 2 if prefetch == 2 else 1
     w = random_weights(1000, 3584, "normal", "cuda")  # with exceptions (values far below the window)
-    p = kernels.pack(w, "fixed12")
+    p = glyd.pack(w, "fixed12")
     assert p.arrays["exc_idx"].numel() > 0
     x = torch.randn(m, 3584, device="cuda").to(torch.bfloat16)
     bias = torch.randn(1000, device="cuda").to(torch.bfloat16)
@@ -329,7 +329,7 @@ def test_gluon_x_in_step_gpu(bm, bn, warps, m, split, xahead, x8, maxnreg):
     if x8 and bm != 16:
         pytest.skip("x_rows8 needs bm 16")
     w = random_weights(1000, 3584, "normal", "cuda")
-    p = kernels.pack(w, "fixed12")
+    p = glyd.pack(w, "fixed12")
     x = torch.randn(m, 3584, device="cuda").to(torch.bfloat16)
     bias = torch.randn(1000, device="cuda").to(torch.bfloat16)
     cfg = GluonConfig(bm=bm, bn=bn, bk=128, warps=warps, prefetch=True, split=split, exc_tile=True, x_ahead=xahead, x_rows8=x8, maxnreg=maxnreg)
@@ -359,7 +359,7 @@ def test_gluon_split_fixup_same_bits_gpu(cfg, m, split, weights):
         w = (torch.rand(n, k, device="cuda") * 0.5 + 0.5).to(torch.bfloat16)
     else:
         w = random_weights(n, k, "normal", "cuda")
-    p = kernels.pack(w, "fixed12")
+    p = glyd.pack(w, "fixed12")
     assert (p.arrays["exc_idx"].numel() == 0) == (weights == "none")
     x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
     bias = torch.randn(n, device="cuda").to(torch.bfloat16)
@@ -384,7 +384,7 @@ def test_gluon_one_split_stores_bf16_gpu(m):
     from glyd.kernels import _common as C
 
     w = random_weights(256, 1024, "normal", "cuda")
-    p = kernels.pack(w, "fixed12")
+    p = glyd.pack(w, "fixed12")
     x = torch.randn(m, 1024, device="cuda").to(torch.bfloat16)
     bias = torch.randn(256, device="cuda").to(torch.bfloat16)
     calls = []
@@ -405,7 +405,7 @@ def test_gluon_rejects_padded_columns_gpu():
     from glyd.kernels import GluonConfig, TcConfig  # noqa: F401
 
     _gluon()
-    p = kernels.pack(random_weights(64, 1000, "normal", "cuda"), "fixed12")  # K = 1000: padded to 1024
+    p = glyd.pack(random_weights(64, 1000, "normal", "cuda"), "fixed12")  # K = 1000: padded to 1024
     with pytest.raises(ValueError, match="multiple of bk"):
         kernels.linear(torch.randn(2, 1000, device="cuda").to(torch.bfloat16), p, None,
                        GluonConfig(bm=16, bn=32, bk=128))

@@ -145,8 +145,8 @@ def test_long_chunked_equals_whole_unpack(device, with_bias):
     # CUDA cuBLAS may pick another algorithm for a narrower N, so there within the tolerance).
     from glyd import kernels
     from glyd.kernels import LongConfig
-    from glyd.kernels.fixed12_exc import prepare
-    from glyd.kernels.fixed12_unpack import unpack_rows
+    from glyd.kernels.fixed12.exceptions import prepare
+    from glyd.kernels.fixed12.unpack import unpack_rows
 
     n, k = 200, 130
     w = random_weights(n, k, "wide")
@@ -164,7 +164,7 @@ def test_long_chunked_equals_whole_unpack(device, with_bias):
     _check(whole, x, w, bias)
     if device == "cpu":  # the same call as F.linear, written into the output linear allocated
         assert torch.equal(whole.view(torch.int16), F.linear(x, w, bias).view(torch.int16))
-    from glyd.kernels.fixed12_long import LongKernel
+    from glyd.kernels.fixed12.unpack_cublas import LongKernel
 
     out = torch.empty(9, n, dtype=torch.bfloat16, device=device)
     assert LongKernel.launch(x, p, bias, LongConfig(), out).data_ptr() == out.data_ptr()
@@ -236,7 +236,7 @@ def test_linear_gpu_model_shapes(layout, m, shape):
     from glyd import kernels
 
     w = random_weights(*shape, "normal", "cuda")
-    p = kernels.pack(w, layout)
+    p = glyd.pack(w, layout)
     x = torch.randn(m, shape[1], device="cuda").to(torch.bfloat16)
     bias = torch.randn(shape[0], device="cuda").to(torch.bfloat16)
     _check(kernels.linear(x, p, bias), x, w, bias)
@@ -251,7 +251,7 @@ def test_linear_gpu_big_matrix_defaults(m):
     from glyd import kernels
 
     w = random_weights(37888, 3584, "normal", "cuda")
-    p = kernels.pack(w, "fixed12")
+    p = glyd.pack(w, "fixed12")
     x = torch.randn(m, 3584, device="cuda").to(torch.bfloat16)
     bias = torch.randn(37888, device="cuda").to(torch.bfloat16)
     y = kernels.linear(x, p, bias)
@@ -270,7 +270,7 @@ def test_linear_cuda_graph_capture(layout, n, k, m):
     from glyd import kernels
 
     w = random_weights(n, k, "normal", "cuda")
-    p = kernels.pack(w, layout)
+    p = glyd.pack(w, layout)
     x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
     kernels.linear(x, p)  # warm-up: compiles, builds the derived index
     torch.cuda.synchronize()
@@ -291,11 +291,11 @@ def test_exception_pass_adds_each_exceptions_correction(n, k, m):
     import torch as t
 
     from glyd import kernels
-    from glyd.kernels import fixed12_exc as f12
+    from glyd.kernels.fixed12 import exceptions as f12
 
     dev = "cuda" if t.cuda.is_available() else "cpu"
     w = random_weights(n, k, "normal", dev)
-    p = kernels.pack(w, "fixed12")
+    p = glyd.pack(w, "fixed12")
     a = p.arrays
     assert a["exc_idx"].numel() > f12.EXC_CHUNK  # several chunks, some rows with more than one
     x = t.randn(m, k, device=dev).to(t.bfloat16)
@@ -338,7 +338,7 @@ def test_exception_pass_path(cfg, after):
         GemvConfig(exc_after=True)  # exc_after orders a pass: without one it means nothing
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     w = random_weights(45, 640, "normal", dev)
-    p = kernels.pack(w, "fixed12")
+    p = glyd.pack(w, "fixed12")
     assert p.arrays["exc_idx"].numel() > 0
     x = torch.randn(5, 640, device=dev).to(torch.bfloat16)
     bias = torch.randn(45, device=dev).to(torch.bfloat16)

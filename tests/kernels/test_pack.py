@@ -6,11 +6,17 @@ import pytest
 import torch
 
 import glyd
-from glyd.kernels.gpu_pack import pack
+from glyd.codec.layout import resolve
 
 from .conftest import DEVICES, random_weights
 
-LAYOUTS = ["fixed12", "tiered"]
+#: Every layout with a torch-op pack of its own (glyd.pack uses it for CUDA matrices).
+LAYOUTS = [name for name, lay in glyd.LAYOUTS.items() if lay.device_pack is not None]
+
+
+def pack(w: torch.Tensor, layout: str) -> glyd.Packed:
+    """The layout's pack with torch ops on ``w``'s device (here also on the CPU)."""
+    return resolve(glyd.LAYOUTS[layout].device_pack)(w)
 
 
 def _same(a: glyd.Packed, b: glyd.Packed) -> None:
@@ -48,12 +54,17 @@ def test_pack_all_bit_patterns(device, layout):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_pack_keeps_device_and_rejects_bad_input(device):
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_pack_keeps_device_and_rejects_bad_input(device, layout):
     w = random_weights(4, 8, "normal", device)
-    assert pack(w, "fixed12").device.type == device
+    assert pack(w, layout).device.type == device
     with pytest.raises(TypeError, match="bfloat16"):
-        pack(w.float(), "fixed12")
+        pack(w.float(), layout)
     with pytest.raises(ValueError, match="2-D"):
-        pack(w.reshape(-1), "tiered")
+        pack(w.reshape(-1), layout)
     with pytest.raises(ValueError, match="unknown layout"):
-        pack(w, "nope")
+        glyd.pack(w, "nope")
+
+
+def test_every_builtin_layout_has_a_device_pack():
+    assert {"fixed12", "tiered", "dense11"} <= set(LAYOUTS)

@@ -6,6 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+import glyd
+
 from .conftest import needs_triton, random_weights
 
 pytestmark = needs_triton
@@ -76,7 +78,7 @@ def test_pdl_gives_the_same_bits_gpu(m, mode):
     ps = []
     for i, n in enumerate((k, k, 512 if m < 16 else k, k)):
         w = random_weights(n if i < 3 else k, k if i != 3 else ps[-1][0].shape[0], "normal", "cuda")
-        ps.append((kernels.pack(w, "fixed12"), torch.randn(w.shape[0], device="cuda").to(torch.bfloat16)
+        ps.append((glyd.pack(w, "fixed12"), torch.randn(w.shape[0], device="cuda").to(torch.bfloat16)
                    if i % 2 else None))
     x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
     # the table's path for this M, and a split-K Gluon tile and GEMV where they apply

@@ -1,36 +1,20 @@
-"""The kernel registry and its tables (glyd.kernels.registry).
-
-The H200 table replaced a decision tree in code; ``tests/data/kernels/h200_choices.json`` holds
-that tree's choice for 42,320 (M, N, K, availability) cases, recorded before it was removed. The
-table must choose the same kernel with the same settings in every one of them, except where a later
-measurement changed a cell: fixed12 at M = 65-255 takes unpack + cuBLAS since 2026-12-03 (the tile
-kernel measured 4.5-7.5x bf16 there, unpack + cuBLAS 2.1-2.6x)."""
+"""The kernel registry (glyd.kernels.registry): how a table is found, read and chosen from, and what
+GLYD_TABLES and GLYD_DISABLED_KERNELS change. What the tables hold is checked in test_tables.py
+(their schema and coverage, not their values: a re-tune changes the values)."""
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
-from glyd.codec.fixed12 import padded_cols
+from glyd import _env
+from glyd.codec import LAYOUTS
 from glyd.kernels import registry as R
 
 from .conftest import needs_triton
 
 pytestmark = needs_triton
-
-GOLDEN = Path(__file__).resolve().parents[1] / "data" / "kernels" / "h200_choices.json"
-
-# The removed Config's defaults, and what each kernel family set on it.
-OLD_DEFAULTS = dict(bm=16, bn=64, bk=256, dot=True, split=0, warps=4, stages=3, long=False, chunk=0, group_major=False,
-                    byte=False, g=4, mma=False, waves=2, fixup=False, prefetch=False, gemv=True, tc=False, gluon=False,
-                    exc_pass=False, exc_after=False, ring=1, ring_x=False, exc_tile=False, x_ahead=True, x_rows8=False,
-                    maxnreg=0, wg=False, pipe=False, ws=False, consumers=1)
-FAMILY_FLAGS = {"gemv": dict(dot=False, group_major=True, stages=1), "tc": dict(tc=True), "mma": dict(mma=True),
-                "tile": {}, "gluon": dict(gluon=True), "wg": dict(gluon=True, wg=True, bk=128),
-                "ws": dict(gluon=True, wg=True, ws=True, bk=128, exc_tile=True), "long": dict(long=True)}
-NEW_ONLY = {"pdl": "", "prefetch_depth": 1}  # fields the old Config did not have (their values then)
 
 
 def h200(gluon: bool, wg: bool, ws: bool) -> R.Device:
@@ -38,36 +22,20 @@ def h200(gluon: bool, wg: bool, ws: bool) -> R.Device:
     return R.Device("cuda", "NVIDIA H200", (9, 0) if wg else (8, 0), 132, False, frozenset(feats))
 
 
-def as_old(kernel: str, cfg) -> dict:
-    d = dict(OLD_DEFAULTS)
-    d.update(FAMILY_FLAGS[kernel])
-    for name, value in R.config_dict(cfg).items():
-        if name in NEW_ONLY:
-            assert value == NEW_ONLY[name], (kernel, cfg)
-            continue
-        assert name in d, f"{kernel}: field {name} has no counterpart"
-        d[name] = value
-    return d
+@pytest.fixture
+def environ(monkeypatch):
+    """Set glyd's environment variables for one test (settings and the registry's caches read anew)."""
 
+    def set_env(**values):
+        for name, value in values.items():
+            monkeypatch.setenv(name, value)
+        _env.settings.cache_clear()
+        R.reset()
 
-def test_the_table_chooses_what_the_measured_tree_chose():
-    g = json.loads(GOLDEN.read_text())
-    ms, ns, ks = g["ms"], g["ns"], g["ks"]
-    wrong, n = [], 0
-    for a, (gluon, wg, ws) in enumerate(g["avail"]):
-        dev = h200(gluon, wg, ws)
-        for im, m in enumerate(ms):
-            for i_n, nn in enumerate(ns):
-                for ik, k in enumerate(ks):
-                    want = g["configs"][g["choice"][((a * len(ms) + im) * len(ns) + i_n) * len(ks) + ik]]
-                    kc, cfg = R.choose(R.Problem("fixed12", m, nn, k, padded_cols(k)), dev)
-                    n += 1
-                    if R.m_bucket(m) == "65-255":
-                        want = as_old("long", R.kernel_class("long").Config())
-                    if as_old(kc.name, cfg) != want:
-                        wrong.append((m, nn, k, (gluon, wg, ws), kc.name))
-    assert n == 42320
-    assert wrong == [], f"{len(wrong)} differ, e.g. {wrong[:5]}"
+    yield set_env
+    monkeypatch.undo()
+    _env.settings.cache_clear()
+    R.reset()
 
 
 def test_shape_classes_and_buckets():
@@ -81,27 +49,30 @@ def test_shape_classes_and_buckets():
         R.m_bucket(0)
 
 
-def test_every_class_and_bucket_has_a_candidate_that_runs_anywhere():
-    # the last resort of every entry runs on any device (interpreter included): no product is left
-    # without a kernel
-    cpu = R.Device("cpu", "cpu", interpreting=True)
-    for layout in ("fixed12", "tiered"):
-        for cls in R.SHAPE_CLASSES:
-            for bucket, lo, _ in R.M_BUCKETS:
-                n, k = {"kv": (512, 3584), "tall_tiny": (256, 16384), "wide_tiny": (65536, 64)}.get(cls, (None, None))
-                table = R.table_for(cpu)["linear"][layout]
-                assert table[cls][bucket], (layout, cls, bucket)
-                last = table[cls][bucket][-1]
-                kc = R.kernel_class(last["kernel"])
-                assert kc.layout == layout
-                ok, why = kc.can_implement(R.Problem(layout, lo, 4096, 1024, 1024), cpu,
-                                           kc.make_config(dict(last["config"]), R.Problem(layout, lo, 4096, 1024, 1024)))
-                assert ok, (layout, cls, bucket, why)
+def test_the_families_are_the_layouts():
+    # one list: registry.KERNELS is read from the layouts' entries, each family under its layout's name
+    assert dict(R.KERNELS) == {k: ref for lay in LAYOUTS.values() for k, ref in lay.kernels.items()}
+    for key in R.KERNELS:
+        kc = R.kernel_class(key)
+        assert kc.name == key and key.startswith(f"{kc.layout}_") and kc.layout in LAYOUTS
+    with pytest.raises(ValueError, match="unknown kernel"):
+        R.kernel_class("gemv")
+
+
+def test_config_classes_come_from_the_layouts_modules():
+    import glyd.kernels as K
+    from glyd.kernels.dense11.unpack import Dense11UnpackConfig
+    from glyd.kernels.fixed12.gemv import GemvConfig
+
+    assert K.GemvConfig is GemvConfig and K.Dense11UnpackConfig is Dense11UnpackConfig
+    assert R.kernel_for(GemvConfig()).name == "fixed12_gemv"
+    with pytest.raises(AttributeError):
+        K.WarpDriveConfig  # noqa: B018
 
 
 def test_kernels_say_why_they_cannot_run():
-    from glyd.kernels.fixed12_gluon import GluonConfig, GluonKernel
-    from glyd.kernels.fixed12_wg import WgConfig, WgKernel
+    from glyd.kernels.fixed12.mma_v2 import GluonConfig, GluonKernel
+    from glyd.kernels.fixed12.wgmma import WgConfig, WgKernel
 
     p = R.Problem("fixed12", 4, 4096, 4096, 4096)
     ok, why = GluonKernel.can_implement(p, R.Device("cpu", "cpu", interpreting=True), GluonConfig())
@@ -119,36 +90,89 @@ def test_a_gpu_without_a_table_uses_the_fallback():
     other = R.Device("cuda", "Some Future GPU", (10, 0), 100, False, frozenset({"gluon"}))
     assert R.table_for(other) is R.table_for(h200(True, True, True))
     kc, _ = R.choose(R.Problem("fixed12", 4, 152064, 3584, 3584), other)
-    assert kc.name == "gluon"  # the H200's ws and wg choices step aside off Hopper
+    assert kc.layout == "fixed12" and "wgmma" not in kc.name  # the H200's wgmma choices step aside off Hopper
     assert R.layout_times("Some Future GPU") is None and R.layout_times("NVIDIA H200")["shapes"]
 
 
-def test_a_table_of_some_cells_falls_back_to_the_h200_table_for_the_rest(tmp_path, monkeypatch):
-    h200_table = R.table_file("NVIDIA H200")
-    own = {"linear": {"fixed12": {"kv": {"1": [{"kernel": "tc", "config": {}}]}}}}
+@pytest.mark.parametrize("shape", [(512, 3584), (3584, 3584), (18944, 3584), (3584, 18944), (152064, 3584),
+                                   (1000, 1100), (65536, 64)])
+def test_the_choice_is_cached_per_m_bucket(shape):
+    # choose() caches per bucket: every M of a bucket must get what choose_uncached makes for it
+    n, k = shape
+    for layout, lay in LAYOUTS.items():
+        if not lay.kernels:
+            continue
+        kp = lay.padded_cols(k)
+        for dev in (h200(True, True, True), h200(True, False, False), R.Device("cpu", "cpu", interpreting=True)):
+            for _, lo, hi in R.M_BUCKETS:
+                for m in sorted({lo, hi or 4 * lo, (lo + (hi or 4 * lo)) // 2}):
+                    p = R.Problem(layout, m, n, k, kp)
+                    assert R.choose(p, dev) == R.choose_uncached(p, dev), (layout, p, dev.features)
+
+
+def test_glyd_tables_is_read_before_the_package(tmp_path, environ):
+    h200_dev = h200(True, True, True)
+    kv = R.Problem("fixed12", 1, 512, 3584, 3584)
+    shipped = R.candidates(kv, h200_dev)
+    own = {"linear": {"fixed12": {"kv": {"1": [{"kernel": "fixed12_word_dot", "config": {"bm": 16}}]}}}}
+    (tmp_path / "NVIDIA_H200.json").write_text(json.dumps(own))
+    environ(GLYD_TABLES=str(tmp_path))
+    assert R.table_file("NVIDIA H200") == tmp_path / "NVIDIA_H200.json"
+    assert R.candidates(kv, h200_dev) == own["linear"]["fixed12"]["kv"]["1"]
+    assert R.choose(kv, h200_dev)[0].name == "fixed12_word_dot"
+    assert R.table_file("Some Future GPU").parent == R.TABLES  # a GPU it has no table for: the package's path
+    environ(GLYD_TABLES=str(tmp_path / "missing"))
+    with pytest.raises(ValueError, match="GLYD_TABLES"):
+        R.choose(kv, h200_dev)
+    environ(GLYD_TABLES="")
+    assert R.candidates(kv, h200_dev) == shipped
+
+
+def test_a_table_of_some_cells_falls_back_to_the_h200_table_for_the_rest(tmp_path, environ):
+    own = {"linear": {"fixed12": {"kv": {"1": [{"kernel": "fixed12_word_dot", "config": {}}]}}}}
     (tmp_path / "Partial_GPU.json").write_text(json.dumps(own))
-    (tmp_path / h200_table.name).write_text(h200_table.read_text())
-    monkeypatch.setattr(R, "TABLES", tmp_path)
-    R._load_table.cache_clear()
-    try:
-        gpu = R.Device("cuda", "Partial GPU", (9, 0), 132, False, frozenset({"gluon", "wgmma", "tma"}))
-        kv = R.Problem("fixed12", 1, 512, 3584, 3584)
-        assert R.candidates(kv, gpu)[0] == {"kernel": "tc", "config": {}}  # its own cell first
-        assert R.candidates(kv, gpu)[1:] == R.candidates(kv, h200(True, True, True))
-        big = R.Problem("fixed12", 4, 152064, 3584, 3584)  # a cell the table lacks
-        assert R.choose(big, gpu)[0].name == R.choose(big, h200(True, True, True))[0].name
-    finally:
-        R._load_table.cache_clear()
+    environ(GLYD_TABLES=str(tmp_path))
+    gpu = R.Device("cuda", "Partial GPU", (9, 0), 132, False, frozenset({"gluon", "wgmma", "tma"}))
+    kv = R.Problem("fixed12", 1, 512, 3584, 3584)
+    assert R.candidates(kv, gpu)[0] == {"kernel": "fixed12_word_dot", "config": {}}  # its own cell first
+    assert R.candidates(kv, gpu)[1:] == R.candidates(kv, h200(True, True, True))
+    big = R.Problem("fixed12", 4, 152064, 3584, 3584)  # a cell the table lacks
+    assert R.choose(big, gpu)[0].name == R.choose(big, h200(True, True, True))[0].name
 
 
-def test_tables_are_validated(tmp_path, monkeypatch):
-    bad = json.loads(R.table_file("NVIDIA H200").read_text())
-    bad["linear"]["fixed12"]["kv"]["1"][0]["kernel"] = "warp_drive"
-    (tmp_path / "Bad_GPU.json").write_text(json.dumps(bad))
-    monkeypatch.setattr(R, "TABLES", tmp_path)
-    R._load_table.cache_clear()
-    try:
-        with pytest.raises(ValueError, match="bad candidate"):
-            R.table_for(R.Device("cuda", "Bad GPU"))
-    finally:
-        R._load_table.cache_clear()
+def test_disabled_kernels_are_never_chosen(environ):
+    h200_dev = h200(True, True, True)
+    big = R.Problem("fixed12", 4, 152064, 3584, 3584)
+    first = R.choose(big, h200_dev)[0].name
+    environ(GLYD_DISABLED_KERNELS=f" {first}, fixed12_mma_v2 ")
+    assert R.disabled() == {first, "fixed12_mma_v2"}
+    kc, _ = R.choose(big, h200_dev)
+    assert kc.name not in (first, "fixed12_mma_v2")
+    cands = [c["kernel"] for c in R.candidates(big, h200_dev)]
+    assert kc.name == next(c for c in cands if c not in (first, "fixed12_mma_v2"))
+    environ(GLYD_DISABLED_KERNELS=",".join(LAYOUTS["tiered"].kernels))
+    with pytest.raises(RuntimeError, match="disabled by GLYD_DISABLED_KERNELS"):
+        R.choose(R.Problem("tiered", 1, 4096, 4096, 4096), h200_dev)
+    environ(GLYD_DISABLED_KERNELS="gemv")  # a key from before the rename
+    with pytest.raises(ValueError, match="unknown kernel families gemv"):
+        R.choose(big, h200_dev)
+
+
+def test_tables_are_validated(tmp_path, environ):
+    good = json.loads(R.table_file("NVIDIA H200").read_text())
+    cases = {
+        "warp_drive": ("bad candidate", lambda t: t["linear"]["fixed12"]["kv"]["1"][0].update(kernel="warp_drive")),
+        "wrong layout": ("bad candidate", lambda t: t["linear"]["fixed12"]["kv"]["1"][0].update(kernel="tiered_gemv")),
+        "class": ("unknown shape class", lambda t: t["linear"]["fixed12"].update(huge={})),
+        "bucket": ("unknown M bucket", lambda t: t["linear"]["fixed12"]["kv"].update({"0": []})),
+        "layout": ("unknown layout", lambda t: t["linear"].update(fixed13={})),
+        "times": ("'layout' must be", lambda t: t["layout"]["shapes"].update({"1x1": "fast"})),
+    }
+    for i, (match, spoil) in enumerate(cases.values()):
+        bad = json.loads(json.dumps(good))
+        spoil(bad)
+        (tmp_path / f"Bad_GPU_{i}.json").write_text(json.dumps(bad))
+    environ(GLYD_TABLES=str(tmp_path))
+    for i, (match, _) in enumerate(cases.values()):
+        with pytest.raises(ValueError, match=match):
+            R.table_for(R.Device("cuda", f"Bad GPU {i}"))

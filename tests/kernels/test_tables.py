@@ -1,122 +1,140 @@
-"""The H200 table picks the paths docs/kernels.md's table says it picks, for every M bucket and
-matrix kind of a 7B model (the docs and the table must not drift apart)."""
+"""The kernel tables (``src/glyd/kernels/tables/*.json``, ``tables/README.md``): their schema and
+coverage, not their values, so that a re-tune changes the tables (and the docs' table of what they
+choose, checked here against them) without breaking a test."""
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 
+from glyd.codec import LAYOUTS
+from glyd.kernels import registry as R
+
 from .conftest import needs_triton
+from .test_registry import h200
 
 pytestmark = needs_triton
 
-# kind: (N, K) of Qwen2.5-7B's matrices ("k/v" is at most 2^22 weights, "small" at most 2^24,
-# "tall" K >= 8192 and K > N, "wide" N >= 65536, "big" at least 2^27 weights and not tall), and
-# its merged ones: qkv (q/o's class) and gate_up (gate/up's, but big)
-SHAPES = {"k/v": (512, 3584), "q/o": (3584, 3584), "gate/up": (18944, 3584), "down": (3584, 18944),
-          "lm_head": (152064, 3584), "qkv": (4608, 3584), "gate_up": (37888, 3584)}
-CLASS = {"qkv": "q/o", "gate_up": "gate/up"}  # the merged shapes' classes
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "kernels.md"
+TABLES = sorted(Path(R.__file__).with_name("tables").glob("*.json"))
+
+#: (N, K) examples of every shape class (K not a multiple of 128 too, where the class allows it).
+SHAPES = {
+    "kv": [(512, 3584), (512, 3648), (1000, 1000), (16, 64)],
+    "qo": [(3584, 3584), (3584, 3648), (2048, 4096), (4096, 1100)],
+    "qkv": [(4608, 3584), (4600, 3520), (3072, 2048)],
+    "gate": [(18944, 3584), (18944, 3648), (14336, 4096)],
+    "big": [(37888, 3584), (37888, 3648), (28672, 8192)],
+    "tall": [(3584, 18944), (3584, 18880), (4096, 14336)],
+    "wide": [(65536, 1024), (65536, 1100), (128256, 512)],
+    "wide_big": [(152064, 3584), (152064, 3648), (128256, 4096)],
+    "tall_small": [(1024, 8192), (1000, 8256)],
+    "tall_tiny": [(256, 8192), (200, 8256)],
+    "wide_small": [(65536, 256), (65536, 200)],
+    "wide_tiny": [(65536, 64), (65536, 48)],
+    "tall_wide": [(65536, 131072), (65536, 131008)],
+}
+KERNEL_LAYOUTS = [name for name, lay in LAYOUTS.items() if lay.kernels]
+CPU = R.Device("cpu", "cpu", interpreting=True)
 
 
-def _path(kernel) -> str:
-    return {"long": "unpack+cuBLAS", "gemv": "GEMV", "tile": "dot tile"}.get(kernel.name, kernel.name)
+def test_the_examples_cover_every_shape_class():
+    assert set(SHAPES) == set(R.SHAPE_CLASSES)
+    assert all(R.shape_class(n, k) == cls for cls, shapes in SHAPES.items() for n, k in shapes)
 
 
-def _expected(m: int, kind: str, gluon: bool, wg: bool = False, ws: bool = False) -> str:
-    if gluon and wg and ws and ((3 <= m <= 64 and kind in ("lm_head", "gate_up")) or (32 < m <= 64 and kind == "gate/up")
-                                or (m == 2 and kind == "lm_head")):
-        return "ws"
-    kind = CLASS.get(kind, kind)
-    if gluon and wg and ((3 <= m <= 16 and kind in ("lm_head", "down")) or (4 <= m <= 16 and kind == "gate/up")
-                         or (m == 2 and kind == "down")
-                         or (16 < m <= 32 and kind in ("gate/up", "lm_head"))
-                         or (32 < m <= 64 and kind in ("lm_head", "down", "q/o"))):
-        return "wg"
-    if gluon and ((m == 2 and kind != "lm_head") or (m == 1 and kind == "q/o") or 3 <= m <= 32
-                  or (33 <= m <= 64 and kind in ("k/v", "q/o", "down"))):
-        return "gluon"
-    if m > 64:
-        return "unpack+cuBLAS"
-    if m <= 2:
-        return "GEMV"
-    if m <= 4:
-        return "GEMV" if kind in ("k/v", "q/o", "down") else "tc"
-    if m <= 8:
-        return "GEMV" if kind == "k/v" else "tc"
-    if m <= 16:
-        return "tc"
-    if m <= 32:
-        return "mma" if kind == "lm_head" else "tc"
-    return "tc"
+@pytest.mark.parametrize("path", TABLES, ids=lambda p: p.name)
+def test_every_table_has_the_schema_and_its_configs_make(path):
+    table = R._load_table(path)  # checks the schema (registry.check_table)
+    assert isinstance(table.get("gpu"), str) and R.table_file(table["gpu"]).name == path.name
+    assert isinstance(table.get("about"), list) and all(isinstance(a, str) for a in table["about"])
+    for layout, classes in table["linear"].items():
+        for cls, cells in classes.items():
+            for bucket, cands in cells.items():
+                lo = next(lo for b, lo, _ in R.M_BUCKETS if b == bucket)
+                for n, k in SHAPES[cls]:
+                    problem = R.Problem(layout, lo, n, k, LAYOUTS[layout].padded_cols(k))
+                    for c in cands:
+                        R.kernel_class(c["kernel"]).make_config(dict(c["config"]), problem)  # raises if bad
 
 
-def _choose(m, n, k, gluon, wg, ws):
-    from glyd.kernels import registry as R
-
-    from .test_registry import h200
-
-    return R.choose(R.Problem("fixed12", m, n, k, k), h200(gluon, wg, ws))
-
-
-@pytest.mark.parametrize("gluon,wg,ws", [(False, False, False), (True, False, False), (True, True, False),
-                                         (True, True, True)])
-@pytest.mark.parametrize("kind", list(SHAPES))
-@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 8, 9, 16, 17, 32, 33, 64, 65, 255, 256, 2048])
-def test_table_paths_match_the_docs(kind, m, gluon, wg, ws):
-    n, k = SHAPES[kind]
-    kernel, cfg = _choose(m, n, k, gluon, wg, ws)
-    path = _path(kernel)
-    assert path == _expected(m, kind, gluon, wg, ws), cfg
-    merged = kind
-    kind = CLASS.get(kind, kind)  # the rest as for the matrix of the same class
-    get = lambda name, default=False: getattr(cfg, name, default)  # noqa: E731
-    # exceptions in a pass of their own: k/v on the GEMV and tc (beside up to M = 8, after from
-    # M = 17), down at M = 1; the Gluon kernel runs one beside it unless exc_tile puts them inside
-    kv_pass = m == 1 or (not gluon and (m <= 8 or 16 < m <= 64))
-    assert get("exc_pass") == ((kind == "k/v" and kv_pass) or (kind == "down" and m == 1)), cfg
-    assert get("exc_after") == (kind == "k/v" and 16 < m <= 64 and not gluon), cfg
-    assert (get("exc_tile") or path == "ws") == (path in ("gluon", "wg", "ws")), cfg  # every Gluon entry
-    if path == "ws":  # ring 2, three programs an SM under an 80-register cap
-        assert cfg.bm == (8 if m <= 8 else 16 if m <= 16 else 32 if m <= 32 else 64) and cfg.bn == 64, cfg
-        assert (cfg.stages, cfg.waves, cfg.maxnreg) == (2, 3, 80), cfg
-    elif path == "wg":  # one MMA in flight but on gate/up and lm_heads at M <= 16; bm 8 on down at M <= 8
-        bm = 8 if kind == "down" and m <= 8 else 16 if m <= 16 else 32 if m <= 32 else 64
-        assert cfg.pipe == (kind == "down" or m > 16) and cfg.bm == bm, cfg
-        assert cfg.waves == (4 if kind in ("down", "gate/up") and m <= 16 else 2), cfg
-    # the async-copy ring with x in it: k/v at M = 2-16, every Gluon tile from M = 17
-    ring = m > 16 or (kind == "k/v" and m > 1)
-    if path == "gluon" and ring:
-        assert cfg.ring in (2, 3) and cfg.ring_x, cfg
-    else:
-        assert (get("ring", 1), get("ring_x")) == (1, False), cfg
-    if path == "gluon":  # whole K steps of 128 (no padded columns); never off a GPU
-        assert k % cfg.bk == 0 and cfg.prefetch
-        # down's long K: half the split-K programs; the merged qkv a quarter where it takes the
-        # bn 64 tile (M = 1, 3-16)
-        qkv = merged == "qkv" and (m == 1 or 3 <= m <= 16)
-        assert cfg.waves == (4 if kind == "down" else 2 if qkv else 8), cfg
-        # x rows 0-7 only where M <= 8 and the x tile is in registers: gate/up at M = 2-8 (loaded in
-        # their step), down at M = 2 (in their step) and 5-8
-        rows8 = (kind == "gate/up" and 2 <= m <= 8) or (kind in ("down", "q/o") and m == 2) or (
-            kind == "down" and 4 < m <= 8)
-        assert cfg.x_rows8 == rows8, cfg
-        assert cfg.x_ahead == (not rows8 or (kind == "down" and m > 2)), cfg
-    # split-K summed in the kernel: only gate/up's Gluon tile at M = 9-16
-    assert get("fixup") == (path == "gluon" and kind == "gate/up" and 8 < m <= 16), cfg
-    if path == "tc":  # whole K steps on these shapes: the unmasked path
-        assert k % cfg.bk == 0
-    if path == "GEMV":  # one decoded tile for 1, 2 or 4 x rows (docs/kernels.md)
-        assert cfg.bm == (m if m <= 2 else 4)
+@pytest.mark.parametrize("layout", KERNEL_LAYOUTS)
+def test_the_fallback_table_covers_every_cell_and_ends_in_a_kernel_that_runs_anywhere(layout):
+    # a GPU without a table of its own, and the interpreter, still get a kernel for every product
+    table = R.table_for(R.Device("cuda", "Some Future GPU"))["linear"][layout]
+    for cls in R.SHAPE_CLASSES:
+        for bucket, lo, _ in R.M_BUCKETS:
+            cands = table.get(cls, {}).get(bucket)
+            assert cands, (layout, cls, bucket)
+            last = R.kernel_class(cands[-1]["kernel"])
+            for n, k in SHAPES[cls]:
+                problem = R.Problem(layout, lo, n, k, LAYOUTS[layout].padded_cols(k))
+                ok, why = last.can_implement(problem, CPU, last.make_config(dict(cands[-1]["config"]), problem))
+                assert ok, (layout, cls, bucket, n, k, why)
+                assert R.choose(problem, CPU)[0].layout == layout
 
 
-def test_table_without_gluon_where_k_is_not_whole_steps():
-    assert _choose(8, 3584, 3584 + 64, True, False, False)[0].name == "tc"
-    assert _choose(8, 3584, 3584, True, False, False)[0].name == "gluon"
+def test_the_layout_times_name_shapes_and_layouts():
+    for path in TABLES:
+        times = R._load_table(path).get("layout", {}).get("shapes", {})
+        for shape, row in times.items():
+            assert re.fullmatch(r"[1-9][0-9]*x[1-9][0-9]*", shape), (path.name, shape)
+            assert set(row) <= {"bf16", *LAYOUTS} and all(v > 0 for v in row.values()), (path.name, shape)
+
+
+# The docs' table of the H200 table's choices for a Qwen2.5-7B model (docs/kernels.md): each column
+# and the shapes it stands for; a cell is the choice on the H200 and, in brackets where it differs,
+# where no Gluon kernel runs. Family keys lose their layout's prefix there.
+COLUMNS = {"k, v": [(512, 3584)], "q, o, merged qkv": [(3584, 3584), (4608, 3584)], "gate, up": [(18944, 3584)],
+           "merged gate_up": [(37888, 3584)], "down": [(3584, 18944)], "lm_head": [(152064, 3584)]}
+
+
+def _name(layout: str, problem: R.Problem, device: R.Device) -> str:
+    return R.choose(problem, device)[0].name.removeprefix(f"{layout}_")
+
+
+def _cell(layout: str, shapes: list[tuple[int, int]], m: int) -> str:
+    names = set()
+    for n, k in shapes:
+        p = R.Problem(layout, m, n, k, LAYOUTS[layout].padded_cols(k))
+        best, plain = _name(layout, p, h200(True, True, True)), _name(layout, p, h200(False, False, False))
+        names.add(best if best == plain else f"{best} ({plain})")
+    assert len(names) == 1, f"the docs' column of {shapes} holds shapes the table treats apart: {names}"
+    return names.pop()
+
+
+def _docs_rows(first: str) -> list[str]:
+    lines = DOCS.read_text(encoding="utf-8").splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(first))
+    rows = []
+    for line in lines[start:]:
+        if not line.startswith("|"):
+            break
+        rows.append(line)
+    return rows
+
+
+def test_the_docs_table_is_what_the_h200_table_chooses():
+    want = ["| M | " + " | ".join(COLUMNS) + " |", "|---" * (len(COLUMNS) + 1) + "|"]
+    for bucket, lo, _ in R.M_BUCKETS:
+        want.append(f"| {bucket} | " + " | ".join(_cell("fixed12", s, lo) for s in COLUMNS.values()) + " |")
+    assert _docs_rows("| M | k, v |") == want, "docs/kernels.md's table, as the table now chooses:\n" + "\n".join(want)
+
+
+def test_the_docs_table_of_the_other_layouts_is_what_the_h200_table_chooses():
+    others = [lay for lay in KERNEL_LAYOUTS if lay != "fixed12"]
+    every = [s for shapes in COLUMNS.values() for s in shapes]
+    want = ["| M | " + " | ".join(others) + " |", "|---" * (len(others) + 1) + "|"]
+    for bucket, lo, _ in R.M_BUCKETS:
+        want.append(f"| {bucket} | " + " | ".join(_cell(lay, every, lo) for lay in others) + " |")
+    assert _docs_rows("| M | " + others[0]) == want, "docs/kernels.md's table, as the table now chooses:\n" + \
+        "\n".join(want)
 
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the CPU answer")
 def test_gluon_not_available_off_a_gpu():
     import torch
-
-    from glyd.kernels import registry as R
 
     assert "gluon" not in R.Device.of(torch.device("cpu")).features

@@ -50,7 +50,8 @@ def test_tiered_unpack_dense_tiers(device, kind, shape):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("bb,warps", [(1, 1), (2, 2), (4, 4)])
 def test_tiered_unpack_tile_shapes(device, bb, warps):
-    from glyd.kernels import TieredUnpackConfig, tiered as kt
+    from glyd.kernels import TieredUnpackConfig
+    from glyd.kernels.tiered import unpack as kt
 
     w = random_weights(7, 1600, "wide")
     out = kt.unpack(glyd.pack(w, "tiered").to(device), None, TieredUnpackConfig(blocks=bb, warps=warps))

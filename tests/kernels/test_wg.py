@@ -6,6 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+import glyd
+
 from .conftest import needs_triton, random_weights
 from .test_gluon import _res_usage, _sass, compile_gluon_sm90
 from .test_linear import _check
@@ -15,7 +17,7 @@ pytestmark = needs_triton
 
 def _wg():
     try:
-        from glyd.kernels import fixed12_wg
+        from glyd.kernels.fixed12 import wgmma as fixed12_wg
     except ImportError as exc:  # a Triton without Gluon's Hopper module
         pytest.skip(f"no Gluon wgmma in this Triton: {exc}")
     return fixed12_wg
@@ -86,7 +88,7 @@ def test_wg_needs_a_gpu():
     from glyd import kernels
     from glyd.kernels import WgConfig
 
-    p = kernels.pack(random_weights(64, 256, "normal"), "fixed12")
+    p = glyd.pack(random_weights(64, 256, "normal"), "fixed12")
     if torch.cuda.is_available():
         p = p.to("cuda")
     with pytest.raises(ValueError, match="Hopper|Gluon"):
@@ -120,7 +122,7 @@ def test_wg_matches_reference_gpu(bm, bn, warps, m, split, bias, pipe, exc):
     from glyd.kernels import WgConfig
 
     w = random_weights(1000, 3584, "normal", "cuda")  # with exceptions (values far below the window)
-    p = kernels.pack(w, "fixed12")
+    p = glyd.pack(w, "fixed12")
     assert p.arrays["exc_idx"].numel() > 0
     x = torch.randn(m, 3584, device="cuda").to(torch.bfloat16)
     b = torch.randn(1000, device="cuda").to(torch.bfloat16) if bias else None
@@ -143,7 +145,7 @@ def test_wg_one_split_without_exceptions_stores_bf16_gpu(m):
 
     w = torch.randn(256, 1024, device="cuda") * 0.02
     w = torch.where(w.abs() < 1e-3, 1e-3, w).to(torch.bfloat16)  # every exponent in the window
-    p = kernels.pack(w, "fixed12")
+    p = glyd.pack(w, "fixed12")
     assert p.arrays["exc_idx"].numel() == 0
     x = torch.randn(m, 1024, device="cuda").to(torch.bfloat16)
     bias = torch.randn(256, device="cuda").to(torch.bfloat16)
@@ -168,7 +170,7 @@ def test_wg_rejects_odd_k_steps_gpu():
     from glyd import kernels
     from glyd.kernels import WgConfig
 
-    p = kernels.pack(random_weights(64, 1152, "normal", "cuda"), "fixed12")  # 9 steps of 128
+    p = glyd.pack(random_weights(64, 1152, "normal", "cuda"), "fixed12")  # 9 steps of 128
     with pytest.raises(ValueError, match="multiple of 256"):
         kernels.linear(torch.randn(2, 1152, device="cuda").to(torch.bfloat16), p, None,
                        WgConfig(bm=16, bn=64))

@@ -9,6 +9,8 @@ import re
 import pytest
 import torch
 
+import glyd
+
 from .conftest import needs_triton, random_weights
 from .test_gluon import _res_usage, _sass, compile_gluon_sm90
 from .test_linear import _check
@@ -18,14 +20,14 @@ pytestmark = needs_triton
 
 def _ws():
     try:
-        from glyd.kernels import fixed12_ws
+        from glyd.kernels.fixed12 import wgmma_warpspec as fixed12_ws
     except ImportError as exc:  # a Triton without Gluon's Hopper TMA module
         pytest.skip(f"no Gluon TMA / warp specialization in this Triton: {exc}")
     return fixed12_ws
 
 
 def _compile_sm90(bn, bt, stages, bias=False, exc=False, maxnreg=128, warps=4):
-    from glyd.kernels import fixed12_wg
+    from glyd.kernels.fixed12 import wgmma as fixed12_wg
 
     w = _ws()
     *_, (lsl, csl, xsl) = w.layouts(bn, bt, warps)
@@ -98,7 +100,7 @@ def test_ws_x_permutation_is_the_wg_slot_order():
     bits = np.indices([2] * 7)
     g, a, i1, i0, j, h, hh = bits
     col_w = 4 * (16 * g + 8 * hh + 4 * a + 2 * i1 + i0) + 2 * h + j
-    from glyd.kernels.fixed12_wg import DECODE_ORDER
+    from glyd.kernels.fixed12.wgmma import DECODE_ORDER
 
     slots = col_w.transpose([d - 1 for d in DECODE_ORDER.value[1:]]).reshape(-1)
     for step in range(k // 128):
@@ -176,7 +178,7 @@ def test_ws_needs_a_gpu():
     from glyd import kernels
     from glyd.kernels import WsConfig
 
-    p = kernels.pack(random_weights(64, 256, "normal"), "fixed12")
+    p = glyd.pack(random_weights(64, 256, "normal"), "fixed12")
     if torch.cuda.is_available():
         p = p.to("cuda")
     with pytest.raises(ValueError, match="Hopper|Gluon"):
@@ -201,7 +203,7 @@ def test_ws_matches_reference_gpu(bm, bn, stages, m, progs, bias):
     # the persistent grid (0: two an SM); 5 gives programs several whole tiles and parts of
     # others, 300 (more programs than some shapes' steps) parts of one or two steps
     w = random_weights(1000, 3584, "normal", "cuda")
-    p = kernels.pack(w, "fixed12")
+    p = glyd.pack(w, "fixed12")
     assert p.arrays["exc_idx"].numel() > 0
     x = torch.randn(m, 3584, device="cuda").to(torch.bfloat16)
     b = torch.randn(1000, device="cuda").to(torch.bfloat16) if bias else None
@@ -226,7 +228,7 @@ def test_ws_strided_x_and_k_384_gpu():
     from glyd.kernels import WsConfig
 
     w = random_weights(200, 384, "normal", "cuda")
-    p = kernels.pack(w, "fixed12")
+    p = glyd.pack(w, "fixed12")
     x = torch.randn(33, 512, device="cuda").to(torch.bfloat16)[:, 64:448]
     y = kernels.linear(x, p, None, WsConfig(bm=64, bn=64, stages=3))
     _check(y, x, w, None)

@@ -48,7 +48,7 @@ def isolated(d, g, p, ts, variants, lens=(85, 64, 20, 33), starts=(0, 10, 17, 32
     q = torch.randn(b, h * g, d, generator=gen).to(torch.bfloat16).to(DEV)
     lens_t = torch.tensor(lens, device=DEV)
     st = torch.tensor(starts, device=DEV)
-    ks, vs = PageStore.from_dense(k, lens_t, page=p), PageStore.from_dense(v, lens_t, page=p)
+    ks, vs = PageStore.from_bf16(k, lens_t, page=p), PageStore.from_bf16(v, lens_t, page=p)
     ref = decode_attention_reference(q, ks, vs, upcast=True, starts=st)
     parts = [f"twin {rel(decode_attention_torch(q, ks, vs, starts=st), ref):.1e}"]
     for name, kw in variants:

@@ -36,7 +36,7 @@ def main() -> int:
         k, v = kv_like(gen, b, h, t, d), kv_like(gen, b, h, t, d)
         q = torch.randn(b, h * g, d, generator=gen).to(torch.bfloat16)
         lens_t = torch.tensor(lens)
-        ks, vs = PageStore.from_dense(k, lens_t, page=p), PageStore.from_dense(v, lens_t, page=p)
+        ks, vs = PageStore.from_bf16(k, lens_t, page=p), PageStore.from_bf16(v, lens_t, page=p)
         ref = decode_attention_reference(q, ks, vs, upcast=True).float()
         # two variants a case, in turn, so that every variant meets several shapes (the interpreter
         # is slow: all four on every case took most of a minute of CI)

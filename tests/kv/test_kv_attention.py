@@ -34,8 +34,8 @@ def make(gen, b, h, g, d, p, lens, device="cpu"):
     v = torch.randn(b, h, t, d, generator=gen).to(torch.bfloat16)
     q = torch.randn(b, h * g, d, generator=gen).to(torch.bfloat16)
     lens_t = torch.tensor(lens)
-    ks = PageStore.from_dense(k.to(device), lens_t.to(device), page=p)
-    vs = PageStore.from_dense(v.to(device), lens_t.to(device), page=p)
+    ks = PageStore.from_bf16(k.to(device), lens_t.to(device), page=p)
+    vs = PageStore.from_bf16(v.to(device), lens_t.to(device), page=p)
     return q.to(device), ks, vs, k, v
 
 
@@ -48,10 +48,10 @@ def test_twin_matches_reference(b, h, g, d, p, lens):
     q, ks, vs, k, v = make(gen, b, h, g, d, p, lens)
     ref = decode_attention_reference(q, ks, vs, upcast=True)
     # the reference's inputs are the original keys and values, bit for bit
-    from glyd.kv.attention import padded_dense
+    from glyd.kv.attention import padded_bf16
 
     lens_t = torch.tensor(lens)
-    kd = padded_dense(ks, lens_t)
+    kd = padded_bf16(ks, lens_t)
     for i, n in enumerate(lens):
         assert bits_equal(kd[i, :, :n], k[i, :, :n])
     assert rel_err(decode_attention_torch(q, ks, vs), ref) <= TOL
@@ -147,9 +147,9 @@ def test_generate_on_gpu_same_tokens():
     st = cache.layers[0].k_store
     assert type(st).__name__ == "FixedPageStore"  # kvf12, the default code
     assert st.n_pages > 0 and st.lo.is_cuda and st.code.is_cuda  # the pages really live on the GPU
-    dense = GlydCache(model.config, page_size=32, code="dense")
-    assert torch.equal(model.generate(ids, past_key_values=dense, **kw), ref)
-    assert dense.layers[0].k_store.n_pages > 0 and dense.layers[0].k_store.sm.is_cuda
+    tiered = GlydCache(model.config, page_size=32, code="kvtiered")
+    assert torch.equal(model.generate(ids, past_key_values=tiered, **kw), ref)
+    assert tiered.layers[0].k_store.n_pages > 0 and tiered.layers[0].k_store.sm.is_cuda
 
 
 def test_unwritten_raw_slots_never_reach_the_output():
@@ -159,7 +159,7 @@ def test_unwritten_raw_slots_never_reach_the_output():
     k = torch.randn(2, 2, 21, 16, generator=gen).to(torch.bfloat16)
     v = torch.randn(2, 2, 21, 16, generator=gen).to(torch.bfloat16)
     q = torch.randn(2, 4, 16, generator=gen).to(torch.bfloat16)
-    ks, vs = PageStore.from_dense(k, page=16), PageStore.from_dense(v, page=16)
+    ks, vs = PageStore.from_bf16(k, page=16), PageStore.from_bf16(v, page=16)
     assert ks.n_raw == 5  # one packed page, 5 of the raw page's 16 slots held
     ref = decode_attention_reference(q, ks, vs, upcast=True)
     for st in (ks, vs):

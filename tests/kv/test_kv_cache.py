@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import math
 import time
 from pathlib import Path
@@ -24,7 +23,7 @@ def assert_same_cache(glyd_cache, dyn):
     assert len(glyd_cache.layers) == len(dyn.layers)
     for i, (g, d) in enumerate(zip(glyd_cache.layers, dyn.layers)):
         assert g.get_seq_length() == d.get_seq_length(), i
-        k, v = g.k_store.dense(), g.v_store.dense()
+        k, v = g.k_store.to_bf16(), g.v_store.to_bf16()
         assert bits_equal(k, d.keys), f"layer {i} keys"
         assert bits_equal(v, d.values), f"layer {i} values"
 
@@ -135,7 +134,19 @@ try:
 except Exception:  # pragma: no cover - the package is optional
     SMOL_DIR = None
 SMOL_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-TEXT = Path(os.environ.get("GLYD_TEXT", "/work/shared/data/text/tinyshakespeare.txt"))
+
+
+def _text_file() -> Path:
+    """``GLYD_TEXT`` (read by glyd._env), else the evaluation data folder's tinyshakespeare."""
+    from glyd import _env
+    from glyd.apps.evaluate import default_data_dir
+
+    if _env.settings().text:
+        return Path(_env.settings().text)
+    return (default_data_dir() or Path("/nonexistent")) / "text" / "tinyshakespeare.txt"
+
+
+TEXT = _text_file()
 
 
 @pytest.mark.slow
@@ -193,7 +204,7 @@ def run_fused_against_dynamic(device: str, head_dim: int = 16, page: int | None 
     # Layer 0's keys and values depend only on the tokens: bit for bit the DynamicCache's. (Later
     # layers' inputs carry the fused attention's rounding, so they differ slightly.)
     g, d = cache.layers[0], dyn.layers[0]
-    assert bits_equal(g.k_store.dense(), d.keys) and bits_equal(g.v_store.dense(), d.values)
+    assert bits_equal(g.k_store.to_bf16(), d.keys) and bits_equal(g.v_store.to_bf16(), d.values)
     assert g.k_store.n_pages == (45 + 40) // page
 
 
@@ -218,13 +229,13 @@ def test_fused_decode_gpu_kernel(monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_fused_decode_gpu_gluon_kernel(monkeypatch):
-    # The dense code at head dim 128 and pages of 64: the shape that gets the Gluon kernel (glyd.kv._gluon).
+    # The kvtiered code at head dim 128 and pages of 64: the shape that gets the Gluon kernel (glyd.kv._gluon).
     from glyd.kv import _gluon
 
     calls = []
     real = _gluon.decode_attention_gluon
     monkeypatch.setattr(_gluon, "decode_attention_gluon", lambda *a, **k: calls.append(1) or real(*a, **k))
-    run_fused_against_dynamic("cuda", head_dim=128, page=64, code="dense")
+    run_fused_against_dynamic("cuda", head_dim=128, page=64, code="kvtiered")
     assert len(calls) == 2 * 40  # two layers, every one-token decode step
 
 
@@ -234,3 +245,15 @@ def test_fused_needs_the_attention():
         GlydCache(model.config, fused=True)
     with pytest.raises(FormatError, match="glyd_kv"):
         GlydCache(fused=True)
+
+
+def test_code_dense_is_the_old_name_of_kvtiered():
+    from glyd.kv import GlydCache, make_cache
+
+    with pytest.warns(DeprecationWarning, match="kvtiered"):
+        cache = GlydCache(code="dense")
+    assert cache.code == "kvtiered"
+    with pytest.warns(DeprecationWarning, match="kvtiered"):
+        assert make_cache(code="dense").code == "kvtiered"
+    with pytest.raises(ValueError, match="kvtiered"):
+        GlydCache(code="denser")

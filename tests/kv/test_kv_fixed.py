@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from glyd.errors import CorruptError, FormatError
-from glyd.kv.attention import padded_dense
+from glyd.kv.attention import padded_bf16
 from glyd.kv.fixed import NAME, VERSION, FixedPageStore, block_bytes, pack_blocks, unpack_blocks
 
 from .conftest import all_bf16_patterns, bits_equal
@@ -165,16 +165,16 @@ def test_store_across_pages_and_unequal_lengths():
     st = FixedPageStore(2, 3, 32, page=16)
     for a, z in ((0, 1), (1, 17), (17, 40), (40, 41), (41, 150)):  # steps that end on, before and past a page
         st.append(x[:, :, a:z])
-        assert bits_equal(st.dense(), x[:, :, :z])
+        assert bits_equal(st.to_bf16(), x[:, :, :z])
     assert st.n_pages == 9 and st.n_raw == 6
     assert st.nbytes == 2 * 3 * 9 * block_bytes(16, 32) + 4 * st.exc_len + 2 * 3 * 6 * 32 * 2
     lens = torch.tensor([150, 37])
-    sl = FixedPageStore.from_dense(x, lens, page=16)
-    pd = padded_dense(sl, lens)
+    sl = FixedPageStore.from_bf16(x, lens, page=16)
+    pd = padded_bf16(sl, lens)
     for b, n in enumerate(lens.tolist()):
         assert bits_equal(pd[b, :, :n], x[b, :, :n])
     with pytest.raises(FormatError, match="different lengths"):
-        sl.dense()
+        sl.to_bf16()
     with pytest.raises(FormatError, match="multiple of 4"):
         FixedPageStore(1, 1, 10)
     with pytest.raises(FormatError, match="65,536"):

@@ -33,8 +33,8 @@ def case(b, h, g, t, d, seed, exceptions=True, device="cpu"):
     lens = torch.randint(max(1, t // 3), t + 1, (b,), generator=gen)
     lens[0] = t
     q = torch.randn(b, h * g, d, generator=gen).to(torch.bfloat16)
-    ks = FixedPageStore.from_dense(k.to(device), lens.to(device))
-    vs = FixedPageStore.from_dense(v.to(device), lens.to(device))
+    ks = FixedPageStore.from_bf16(k.to(device), lens.to(device))
+    vs = FixedPageStore.from_bf16(v.to(device), lens.to(device))
     return q.to(device), ks, vs, lens
 
 
@@ -59,9 +59,9 @@ def test_triton_kernel_under_the_interpreter(b, h, g, t, d, seed):
 def test_torch_twin_and_errors():
     q, ks, vs, _ = case(2, 2, 3, 90, 32, 3)
     assert rel_err(decode_attention(q, ks, vs), decode_attention_reference(q, ks, vs, upcast=True)) <= TOL
-    dense = PageStore.from_dense(ks.pages()[:, :, :64], page=64)
+    tiered = PageStore.from_bf16(ks.pages()[:, :, :64], page=64)
     with pytest.raises(FormatError, match="same page code"):
-        decode_attention(q, ks, dense)
+        decode_attention(q, ks, tiered)
     with pytest.raises(FormatError, match="Gluon"):
         decode_attention(q, ks, vs, backend="gluon")
 
@@ -98,7 +98,7 @@ def test_triton_kernel_on_gpu(b, d):
     assert rel_err(decode_attention(q, ks, vs), decode_attention_reference(q, ks, vs, upcast=True)) <= TOL
 
 
-@pytest.mark.parametrize("code", ["kvf12", "dense"])
+@pytest.mark.parametrize("code", ["kvf12", "kvtiered"])
 def test_generate_same_tokens_either_code(code):
     transformers = pytest.importorskip("transformers")
     from glyd.kv import GlydCache

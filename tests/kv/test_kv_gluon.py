@@ -80,7 +80,7 @@ def test_gluon_kernel_on_gpu(b, g, wide):
         k, v = wide_exponents(k, gen), wide_exponents(v, gen)
     lens_t = torch.tensor(lens, device="cuda")
     q = q.cuda()
-    ks, vs = PageStore.from_dense(k.cuda(), lens_t, page=p), PageStore.from_dense(v.cuda(), lens_t, page=p)
+    ks, vs = PageStore.from_bf16(k.cuda(), lens_t, page=p), PageStore.from_bf16(v.cuda(), lens_t, page=p)
     ref = decode_attention_reference(q, ks, vs, upcast=True)
     for splits in (None, 1, 3):
         out = decode_attention_gluon(q, ks, vs, lens_t, num_splits=splits)

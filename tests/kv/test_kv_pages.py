@@ -86,7 +86,7 @@ def test_real_like_ratio():
     x = (torch.randn(32, 64, 64, generator=gen) * scales).to(torch.bfloat16)
     st = PageStore(1, 1, 64, page=64)
     st.append(x.reshape(1, 1, 32 * 64, 64))
-    assert bits_equal(st.dense(), x.reshape(1, 1, -1, 64))
+    assert bits_equal(st.to_bf16(), x.reshape(1, 1, -1, 64))
     assert st.nbytes * 8 / x.numel() < 11.3
 
 
@@ -100,25 +100,25 @@ def test_store_append_chunks(chunks):
         st.append(x[:, :, pos : pos + c])
         pos += c
         assert st.n_tokens == pos
-        assert bits_equal(st.dense(), x[:, :, :pos])
+        assert bits_equal(st.to_bf16(), x[:, :, :pos])
     assert st.n_pages == pos // 64 and st.n_raw == pos % 64
 
 
 def test_nbytes_counts_arrays():
     x = torch.randn(1, 2, 200, 32).to(torch.bfloat16)
-    st = PageStore.from_dense(x, page=64)
+    st = PageStore.from_bf16(x, page=64)
     held = sum(t[:, :, : st.n_pages].numel() * t.element_size() for t in (st.sm, st.dig, st.top, st.meta))
     assert st.nbytes == held + st.tail_len + 2 * 2 * st.n_raw * 32
 
 
-def test_from_dense_lens_and_errors():
+def test_from_bf16_lens_and_errors():
     x = torch.randn(3, 2, 100, 8).to(torch.bfloat16)
-    st = PageStore.from_dense(x, torch.tensor([100, 1, 64]), page=32)
+    st = PageStore.from_bf16(x, torch.tensor([100, 1, 64]), page=32)
     assert st.max_len == 100 and st.n_pages == 3
     with pytest.raises(FormatError, match="different lengths"):
-        st.dense()
+        st.to_bf16()
     with pytest.raises(FormatError):
-        PageStore.from_dense(x, torch.tensor([0, 1, 2]))
+        PageStore.from_bf16(x, torch.tensor([0, 1, 2]))
     with pytest.raises(FormatError, match="bf16"):
         PageStore(1, 1, 8).append(torch.randn(1, 1, 4, 8))
     with pytest.raises(FormatError, match="do not match"):
@@ -133,13 +133,13 @@ def test_from_dense_lens_and_errors():
         PageStore(1, 1, 1024, page=64)
 
 
-def test_from_dense_lens_keeps_nan_payloads_in_the_raw_tails():
+def test_from_bf16_lens_keeps_nan_payloads_in_the_raw_tails():
     # torch.gather on bf16 (CPU) rewrote NaN payloads (0x7fc0 -> 0xffff): the tails are gathered as bits
     x = torch.randn(2, 1, 40, 8).to(torch.bfloat16)
     bits = x.view(torch.int16)
     bits[0, 0, 33, :4] = torch.tensor([0x7FC0, 0x7F81, -0x0040, 0x7F80], dtype=torch.int16)  # NaNs, -NaN, inf
     bits[1, 0, 5, 0] = 0x7FC1
-    st = PageStore.from_dense(x, torch.tensor([40, 9]), page=32)
+    st = PageStore.from_bf16(x, torch.tensor([40, 9]), page=32)
     assert bits_equal(st.raw[0, :, : 40 - 32], x[0, :, 32:40])
     assert bits_equal(st.raw[1, :, :9], x[1, :, :9])
 
@@ -162,4 +162,21 @@ def test_gpu_pack_matches_cpu():
     xs = x[:64].reshape(2, 4, 8 * 64, 64).cuda()
     for i in range(0, xs.shape[2], 37):
         st.append(xs[:, :, i : i + 37])
-    assert bits_equal(st.dense().cpu(), xs.cpu())
+    assert bits_equal(st.to_bf16().cpu(), xs.cpu())
+
+
+def test_the_old_names_still_work_with_a_warning():
+    # "dense" named three things; the KV names of before 2026-12-03 stay as deprecated aliases
+    from glyd.kv import FixedPageStore
+    from glyd.kv.attention import padded_bf16, padded_dense
+
+    x = torch.randn(2, 1, 70, 16).to(torch.bfloat16)
+    for cls in (PageStore, FixedPageStore):
+        with pytest.warns(DeprecationWarning, match="from_bf16"):
+            st = cls.from_dense(x, page=32)
+        with pytest.warns(DeprecationWarning, match="to_bf16"):
+            assert bits_equal(st.dense(), x)
+        lens = torch.tensor([70, 33])
+        st = cls.from_bf16(x, lens, page=32)
+        with pytest.warns(DeprecationWarning, match="padded_bf16"):
+            assert bits_equal(padded_dense(st, lens), padded_bf16(st, lens))

@@ -19,7 +19,7 @@ def _weights(n: int, k: int, seed: int) -> torch.Tensor:
 
 def test_twins_are_bit_exact():
     w = _weights(12, 100, 0)
-    p = ops.pack(w, "dense11")
+    p = glyd.pack(w, "dense11")
     assert p.layout == "dense11" and p.arrays["exc_idx"].numel() > 0
     assert torch.equal(ops.unpack(p).view(torch.int16), w.view(torch.int16))
     x = torch.randn(3, 5, 100).to(torch.bfloat16)

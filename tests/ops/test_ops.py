@@ -23,7 +23,7 @@ def test_import_does_not_import_triton():
 @pytest.mark.parametrize("layout", ["fixed12", "tiered"])
 def test_cpu_twin(layout):
     w = random_weights(12, 100, "normal")
-    p = ops.pack(w, layout)
+    p = glyd.pack(w, layout)
     assert torch.equal(ops.unpack(p).view(torch.int16), w.view(torch.int16))
     x = torch.randn(3, 5, 100).to(torch.bfloat16)
     b = torch.randn(12).to(torch.bfloat16)
@@ -32,12 +32,12 @@ def test_cpu_twin(layout):
 
 def test_choose_layout_defaults_and_table():
     assert ops.choose_layout((4096, 4096), "cpu") == "fixed12"
-    assert ops.pack(random_weights(4, 64, "normal"), "auto").layout == "fixed12"
+    assert glyd.pack(random_weights(4, 64, "normal"), "auto").layout == "fixed12"
     shapes = {"4096x4096": {"fixed12": 10.0, "tiered": 10.2}, "512x4096": {"fixed12": 5.0, "tiered": 7.0}}
     assert ops._pick(shapes, (4000, 4000)) == "tiered"  # within the slack: the smaller layout
     assert ops._pick(shapes, (600, 4096)) == "fixed12"
     with pytest.raises(ValueError, match="unknown layout"):
-        ops.pack(random_weights(4, 64, "normal"), "zip")
+        glyd.pack(random_weights(4, 64, "normal"), "zip")
 
 
 @pytest.mark.gpu
@@ -45,7 +45,7 @@ def test_choose_layout_defaults_and_table():
 @pytest.mark.parametrize("layout", ["fixed12", "tiered", "auto"])
 def test_gpu_dispatch(layout):
     w = random_weights(300, 1000, "normal", "cuda")
-    p = ops.pack(w, layout)
+    p = glyd.pack(w, layout)
     assert p.device.type == "cuda"
     assert torch.equal(ops.unpack(p).view(torch.int16), w.view(torch.int16))
     x = torch.randn(2, 1000, device="cuda").to(torch.bfloat16)

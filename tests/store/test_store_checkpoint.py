@@ -68,7 +68,7 @@ def test_write_read_every_kind(tmp_path):
         assert torch.equal(glyd.unpack(p).view(torch.int16), m.view(torch.int16))
         e = r.entry(name)
         assert e["sha256"] == sha256_tensor(m) and e["file"] == "model.safetensors"
-        assert set(e["arrays"]) == set(glyd.LAYOUTS[lay].ARRAYS)
+        assert set(e["arrays"]) == set(glyd.LAYOUTS[lay].arrays)
     for name, t in raws.items():
         assert not r.is_packed(name)
         got = r.get(name)

@@ -22,6 +22,6 @@ def test_dense11_checkpoint_round_trip(tmp_path):
     assert r.verify(progress=False)["packed"] == 2
     for name, w in mats.items():
         p = r.get(name)
-        assert p.layout == "dense11" and set(p.arrays) == set(glyd.LAYOUTS["dense11"].ARRAYS)
+        assert p.layout == "dense11" and set(p.arrays) == set(glyd.LAYOUTS["dense11"].arrays)
         assert torch.equal(glyd.unpack(p).view(torch.int16), w.view(torch.int16))
         assert r.entry(name)["arrays"]["exc_idx"]["dtype"] == "int32"

@@ -183,7 +183,7 @@ def test_pack_reports_what_it_kept(tmp_path):
 @pytest.mark.parametrize("array", [None, "first"])
 def test_flipped_byte_names_the_tensor(packed, array, capsys):
     layout = CheckpointReader(packed).entry("layer.1.weight")["layout"]
-    arr = glyd.LAYOUTS[layout].ARRAYS[0] if array else None
+    arr = glyd.LAYOUTS[layout].arrays[0] if array else None
     name = "layer.1.weight" if array else "scale"
     _flip(packed, name, arr)
     rc, err = _cli(capsys, "verify", str(packed))

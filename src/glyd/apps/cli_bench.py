@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 
+from glyd.apps.layouts import kernel_layouts
 from glyd.errors import GlydError
 from glyd.timing import cuda_graph_ms
 
@@ -21,7 +22,8 @@ def register(subparsers) -> None:
     p.add_argument("--shape", action="append", default=None, metavar="NxK",
                    help="matrix shape, repeatable (default: the Qwen2.5-7B linears)")
     p.add_argument("--m", default="1,16", help="comma-separated activation rows (default 1,16)")
-    p.add_argument("--layout", default="fixed12,tiered", help="comma-separated layouts")
+    p.add_argument("--layout", default="fixed12,tiered",
+                   help=f"comma-separated layouts, of {', '.join(kernel_layouts())} (default fixed12,tiered)")
     p.add_argument("--copies", type=int, default=8, help="distinct weight copies a shape (default 8)")
     p.add_argument("--replays", type=int, default=30, help="graph replays; the median is reported")
     p.set_defaults(func=_bench)
@@ -37,32 +39,39 @@ def _parse_shape(text: str) -> tuple[int, int]:
     return n, k
 
 
+def _check_layouts(text: str) -> list[str]:
+    """The layouts of ``--layout`` (comma-separated), each one with kernels to time."""
+    layouts = [v.strip() for v in text.split(",") if v.strip()]
+    for lay in layouts:
+        if lay not in kernel_layouts():
+            raise GlydError(f"--layout {lay!r}: choose among {', '.join(kernel_layouts())}")
+    return layouts
+
+
 def _bench(args: argparse.Namespace) -> int:
     import torch
     import torch.nn.functional as F
 
     if not torch.cuda.is_available():
         raise GlydError("glyd bench needs a CUDA GPU")
+    import glyd
     from glyd import kernels
 
     shapes = [_parse_shape(s) for s in (args.shape or ["4608x3584", "512x3584", "3584x3584", "18944x3584",
                                                        "3584x18944"])]
     try:
         ms = [int(v) for v in args.m.split(",")]
-        layouts = [v.strip() for v in args.layout.split(",")]
     except ValueError:
         raise GlydError(f"--m {args.m!r}: expected comma-separated integers") from None
+    layouts = _check_layouts(args.layout)
     if any(m <= 0 for m in ms) or args.copies <= 0 or args.replays <= 0:
         raise GlydError("--m, --copies and --replays must be positive")
-    for lay in layouts:
-        if lay not in ("fixed12", "tiered"):
-            raise GlydError(f"--layout {lay!r}: choose fixed12 and/or tiered")
     print(f"{torch.cuda.get_device_name()}; median of {args.replays} CUDA-graph replays over {args.copies} copies")
     print("| N x K | M | bf16 us | " + " | ".join(f"{lay} us | ratio" for lay in layouts) + " |")
     print("|---|---|---|" + "---|---|" * len(layouts))
     for n, k in shapes:
         ws = [(torch.randn(n, k, device="cuda") * 0.02).to(torch.bfloat16) for _ in range(args.copies)]
-        packed = {lay: [kernels.pack(w, lay) for w in ws] for lay in layouts}
+        packed = {lay: [glyd.pack(w, lay) for w in ws] for lay in layouts}
         for m in ms:
             x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
             ref = F.linear(x.double(), ws[0].double())

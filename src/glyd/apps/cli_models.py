@@ -8,6 +8,7 @@ import logging
 from pathlib import Path
 
 from glyd.apps._deps import require
+from glyd.apps.layouts import eval_modes, layout_help, layout_names
 from glyd.errors import DestinationExistsError, GlydError
 
 log = logging.getLogger(__name__)
@@ -35,7 +36,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "$GLYD_CACHE (default ~/.cache/glyd).",
     )
     p.add_argument("--model", help="a bf16 transformers model folder (default: the embedded SmolLM2-135M)")
-    p.add_argument("--layout", default="auto", choices=("auto", "fixed12", "tiered"), help="packed layout (default auto)")
+    p.add_argument("--layout", default="auto", choices=layout_names(auto=True), help=layout_help(auto=True, default="auto"))
     p.add_argument("--out", help="folder to save the packed model into (must not exist; default: a temporary folder)")
     p.add_argument("--prompt", default=None, help="prompt to generate from")
     p.add_argument("--max-new-tokens", type=int, default=32, help="tokens to generate (default 32)")
@@ -56,7 +57,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    "a bare number is GiB")
     p.add_argument("--context", type=int, default=8192, help="tokens a sequence (default 8192)")
     p.add_argument("--batch", type=int, default=1, help="sequences at once (default 1)")
-    p.add_argument("--layout", default="fixed12", choices=("fixed12", "dense11", "tiered"), help="Glyd layout (default fixed12)")
+    p.add_argument("--layout", default="fixed12", choices=layout_names(), help=layout_help(default="fixed12"))
     p.add_argument("--json", action="store_true", help="print the estimate as JSON")
     p.set_defaults(func=_fit)
 
@@ -73,7 +74,8 @@ def add_eval_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", help="a bf16 model folder, or with --random a config.json or known name (e.g. qwen2.5-7b)")
     p.add_argument("--random", action="store_true", help="random weights from the config (timing and memory only)")
     p.add_argument("--modes", type=_str_list, default=("fixed12", "tiered", "exact"),
-                   help="Glyd modes besides bf16: fixed12, tiered, auto, exact, exact-tiered (default fixed12,tiered,exact)")
+                   help=f"Glyd modes besides bf16: {', '.join(m for m in eval_modes() if m != 'bf16')} (a layout's name, "
+                   "or exact-<layout>: its products bit-exact as bf16's; exact is fixed12's; default fixed12,tiered,exact)")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     p.add_argument("--no-merge", dest="merge", action="store_false", help="keep q, k, v and gate, up as separate products")
     p.add_argument("--seed", type=int, default=0, help="seed of --random weights")

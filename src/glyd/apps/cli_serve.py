@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from glyd.codec import LAYOUTS
+from glyd.apps.layouts import layout_names
 from glyd.errors import GlydError
 
 
@@ -19,10 +19,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("model", help="a packed folder (glyd pack / save_pretrained) or a bf16 transformers folder")
     p.add_argument("--name", help="the model name clients send and /v1/models lists (default: MODEL as given)")
-    p.add_argument("--layout", default="auto", choices=("auto", *LAYOUTS),
+    p.add_argument("--layout", default="auto", choices=layout_names(auto=True),
                    help="layout a bf16 folder is packed with as it loads (default auto; a packed folder keeps its own)")
-    p.add_argument("--kv", choices=("lossless", "lossless-dense"), default=None,
-                   help="keep the KV cache in glyd's lossless page code (requests then run one at a time)")
+    p.add_argument("--kv", choices=("lossless", "lossless-tiered", "lossless-dense"), default=None,
+                   help="keep the KV cache in glyd's lossless page code: kvf12, or kvtiered with lossless-tiered "
+                   "(lossless-dense: its old name); requests then run one at a time")
     p.add_argument("--device", default=None, help="cpu or cuda[:N] (default: cuda when available)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000; 0 takes a free one)")

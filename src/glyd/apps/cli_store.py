@@ -16,7 +16,7 @@ import os
 import time
 from pathlib import Path
 
-from glyd.codec import LAYOUTS
+from glyd.apps.layouts import layout_help, layout_names
 from glyd.errors import GlydError
 from glyd.store import folder
 from glyd.store._atomic import is_glyd_temporary
@@ -138,9 +138,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("dst", help="new folder for the packed checkpoint (must not exist)")
     p.add_argument(
         "--layout",
-        choices=[*LAYOUTS, "auto"],
+        choices=layout_names(auto=True),
         default="fixed12",
-        help="fixed12: 12 bits a weight, fastest; tiered: densest; auto: per matrix on the GPU (fixed12 without one)",
+        help=layout_help(auto=True, default="fixed12"),
     )
     p.set_defaults(func=_os_errors(_pack))
 

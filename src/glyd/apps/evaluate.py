@@ -46,20 +46,10 @@ from glyd import _env
 from glyd.apps.eval_mmlu import letter_ids, mmlu_logits, mmlu_prompt, read_mmlu
 from glyd.apps.eval_models import check_model_folder, build_random, merge_bf16, weight_bytes
 from glyd.apps.eval_timing import time_decode, time_decode_compiled
+from glyd.apps.layouts import eval_modes
 from glyd.errors import FormatError, GlydError
 
 log = logging.getLogger(__name__)
-
-#: mode -> (layout, exact); ``bf16`` is the reference every other mode is compared with.
-MODES: dict[str, tuple[str | None, bool]] = {
-    "bf16": (None, False),
-    "fixed12": ("fixed12", False),
-    "tiered": ("tiered", False),
-    "auto": ("auto", False),
-    "exact": ("fixed12", True),
-    "exact-tiered": ("tiered", True),
-}
-
 
 def default_data_dir() -> Path | None:
     """``$GLYD_DATA``, else the first ``shared/data`` found beside the working folder or the source tree."""
@@ -110,9 +100,10 @@ class EvalConfig:
 
     def __post_init__(self) -> None:
         self.modes = tuple(m for m in self.modes if m != "bf16")
-        bad = [m for m in self.modes if m not in MODES]
+        modes = eval_modes()
+        bad = [m for m in self.modes if m not in modes]
         if bad:
-            raise GlydError(f"unknown mode(s) {', '.join(bad)}; choose from {', '.join(MODES)}")
+            raise GlydError(f"unknown mode(s) {', '.join(bad)}; choose from {', '.join(modes)}")
         for name in ("ppl_tokens", "window", "stride", "mmlu_per_subject", "mmlu_batch", "decode_context", "decode_replays"):
             if int(getattr(self, name)) <= 0:
                 raise GlydError(f"{name} must be positive, got {getattr(self, name)}")
@@ -255,7 +246,7 @@ def load_bf16(cfg: EvalConfig) -> nn.Module:
 def load_glyd(cfg: EvalConfig, mode: str) -> nn.Module:
     import glyd
 
-    layout, exact = MODES[mode]
+    layout, exact = eval_modes()[mode]
     if cfg.random:  # packed as each random weight is made: the bf16 model is never held whole
         return build_random(cfg.model, cfg.device, cfg.seed, layout=layout, exact=exact, merge=cfg.merge)
     model = glyd.from_pretrained(cfg.model, layout=layout, exact=exact, device=cfg.device, merge=cfg.merge, progress=False)

@@ -38,6 +38,7 @@ from typing import Any
 
 from glyd.apps.fit_configs import KNOWN_CONFIGS
 from glyd.apps.fit_meta import ModelShape, model_shape
+from glyd.codec import LAYOUTS
 from glyd.errors import FormatError, GlydError
 from glyd.store._safetensors import read_header
 
@@ -46,14 +47,20 @@ __all__ = ["KNOWN_CONFIGS", "ModelShape", "estimate", "load_config", "model_shap
 log = logging.getLogger(__name__)
 
 GiB = 2**30
-#: Bits a weight assumed for a layout when no packed file says otherwise. fixed12 is 12 bits plus
-#: its exceptions (about 0.1% of weights at 40 bits each on real weights); tiered is the codec's
-#: measured 10.81 on MiniLM + wordllama (benchmarks/RESULTS.md), rounded up; dense11 measured
-#: 11.165-11.220 on MiniLM, wordllama and Whisper tiny.en (benchmarks/history/2026-12-02-dense-layout-cpu.md).
-LAYOUT_BITS = {"fixed12": 12.05, "dense11": 11.25, "tiered": 10.85}
+
 MARGIN_FIXED = 1 * GiB
 PREFILL_CHUNK = 2048
 _BF16 = 2
+
+
+def layout_bits(layout: str) -> float:
+    """Bits a weight assumed for ``layout`` when no packed file says otherwise: the ``bits`` of its
+    entry in ``glyd.LAYOUTS`` (where the measurements behind each figure are named)."""
+    lay = LAYOUTS.get(layout)
+    if lay is None or lay.bits is None:
+        known = [name for name, lay in LAYOUTS.items() if lay.bits is not None]
+        raise GlydError(f"unknown layout {layout!r}; choose one of {', '.join(known)}")
+    return lay.bits
 
 
 @dataclass
@@ -71,7 +78,7 @@ class WeightCount:
     def glyd_bytes(self, layout: str) -> int:
         if self.packed_bytes is not None:
             return self.packed_bytes + self.other_bytes
-        return int(round(self.packable * LAYOUT_BITS[layout] / 8)) + self.other_bytes
+        return int(round(self.packable * layout_bits(layout) / 8)) + self.other_bytes
 
 
 @dataclass
@@ -234,7 +241,7 @@ def _weights(shape: ModelShape, folder: Path | None, layout: str) -> tuple[Weigh
         stored = files.packable + files.other_bytes // _BF16
         if abs(stored - shape.params) > 0.01 * shape.params:
             notes.append(f"the folder holds {stored:,} weights, the config's model {shape.params:,}")
-    notes.append(f"Glyd weights at {LAYOUT_BITS[layout]} bits a packed weight ({layout})")
+    notes.append(f"Glyd weights at {layout_bits(layout)} bits a packed weight ({layout})")
     return count, count.bf16_bytes(), notes
 
 
@@ -259,8 +266,7 @@ def estimate(
     shape: ModelShape, *, gpu_bytes: int, context: int, batch: int = 1, layout: str = "fixed12", folder: Path | None = None
 ) -> FitEstimate:
     """Memory a model needs on one GPU in bf16 and with Glyd (see the module docstring)."""
-    if layout not in LAYOUT_BITS:
-        raise GlydError(f"unknown layout {layout!r}; choose one of {', '.join(LAYOUT_BITS)}")
+    layout_bits(layout)  # an unknown layout: the error names the known ones
     if context <= 0 or batch <= 0 or gpu_bytes <= 0:
         raise GlydError("context, batch and GPU memory must be positive")
     count, bf16, notes = _weights(shape, folder, layout)

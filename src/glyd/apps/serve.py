@@ -42,7 +42,8 @@ MIN_TRANSFORMERS = (5, 17)
 #: The fields that size continuous batching's KV cache.
 CACHE_FIELDS = ("block_size", "num_blocks", "max_batch_tokens")
 #: ``--kv`` values (glyd.from_pretrained's ``kv``).
-KV_CHOICES = ("lossless", "lossless-dense")
+#: ``from_pretrained(kv=...)``'s values (``"lossless-dense"``: the old name of ``"lossless-tiered"``, deprecated).
+KV_CHOICES = ("lossless", "lossless-tiered", "lossless-dense")
 
 
 @dataclass(frozen=True)

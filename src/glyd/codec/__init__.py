@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import torch
 
-from glyd.codec import dense11, fixed12, tiered  # noqa: F401 - each registers its layout in LAYOUTS
-from glyd.codec.packed import FORMAT_VERSION, LAYOUTS, Packed
+from glyd.codec import fixed12, tiered, dense11  # noqa: F401, I001 - each registers its layout, in this order
+from glyd.codec.layout import LAYOUTS, Layout, register
+from glyd.codec.packed import FORMAT_VERSION, Packed
 
-__all__ = ["FORMAT_VERSION", "LAYOUTS", "Packed", "pack", "unpack"]
+__all__ = ["FORMAT_VERSION", "LAYOUTS", "Layout", "Packed", "register", "pack", "unpack"]
 
 
 def pack(matrix: torch.Tensor, layout: str = "fixed12") -> Packed:

@@ -17,12 +17,11 @@ block's digits start (a block = 1024 columns of one row) is in an offset table: 
 
 from __future__ import annotations
 
-import sys
-
 import numpy as np
 import torch
 
-from glyd.codec.packed import Packed, as_bf16_matrix, check_no_extra, expect_array, register, round_up
+from glyd.codec.layout import Layout, register
+from glyd.codec.packed import Packed, as_bf16_matrix, check_no_extra, expect_array, round_up
 from glyd.errors import CorruptError, FormatError
 
 NAME = "dense11"
@@ -234,4 +233,18 @@ def unpack(p: Packed) -> torch.Tensor:
     return bits.view(torch.bfloat16).reshape(n, k)
 
 
-register(sys.modules[__name__])
+LAYOUT = register(Layout(
+    name=NAME, arrays=ARRAYS, pack=pack, unpack=unpack, check_arrays=check_arrays, padded_cols=padded_cols,
+    padded_array="sm", about="fixed rate with popcount-ranked escapes, between the two in size",
+    # measured 11.165-11.220 bits a weight on MiniLM, wordllama and Whisper tiny.en
+    # (benchmarks/history/2026-12-02-dense-layout-cpu.md), rounded up
+    bits=11.25,
+    rows="glyd.ops.rows:rows_dense11",
+    device_pack="glyd.kernels.gpu_pack:pack_dense11",
+    unpack_kernel="glyd.kernels.dense11.unpack:unpack",
+    prepare_kernel="glyd.kernels.dense11.unpack:prepare",
+    kernels={
+        "dense11_gemv": "glyd.kernels.dense11.gemv:Dense11GemvKernel",
+        "dense11_unpack_cublas": "glyd.kernels.dense11.unpack_cublas:Dense11LongKernel",
+    },
+))

@@ -3,24 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from types import ModuleType
 
 import torch
 
+from glyd.codec.layout import LAYOUTS
 from glyd.errors import FormatError
 
 #: Version of the array layouts below; bumped on any change to what the arrays mean.
 FORMAT_VERSION = 1
-
-
-#: Layout name -> its codec module (``pack``, ``unpack``, ``check_arrays``, ``ARRAYS``); each layout
-#: module adds itself (``register``) when ``glyd.codec`` imports it.
-LAYOUTS: dict[str, ModuleType] = {}
-
-
-def register(module: ModuleType) -> None:
-    """Make the layout codec ``module`` (its ``NAME``) known to ``Packed``."""
-    LAYOUTS[module.NAME] = module
 
 
 @dataclass(frozen=True)

@@ -24,12 +24,11 @@ block decodes on its own: no sequential bit stream. Byte-level layout: ``docs/fo
 
 from __future__ import annotations
 
-import sys
-
 import numpy as np
 import torch
 
-from glyd.codec.packed import Packed, as_bf16_matrix, check_no_extra, expect_array, register, round_up
+from glyd.codec.layout import Layout, register
+from glyd.codec.packed import Packed, as_bf16_matrix, check_no_extra, expect_array, round_up
 from glyd.errors import CorruptError, FormatError
 
 NAME = "tiered"
@@ -212,4 +211,17 @@ def unpack(p: Packed) -> torch.Tensor:
     return bits.view(torch.bfloat16).reshape(n, k)
 
 
-register(sys.modules[__name__])
+LAYOUT = register(Layout(
+    name=NAME, arrays=ARRAYS, pack=pack, unpack=unpack, check_arrays=check_arrays, padded_cols=padded_cols,
+    padded_array="sm", about="the densest layout that multiplies on the GPU (slower kernels)",
+    # the codec's measured 10.81 bits a weight on MiniLM + wordllama (benchmarks/RESULTS.md), rounded up
+    bits=10.85,
+    rows="glyd.ops.rows:rows_tiered",
+    device_pack="glyd.kernels.gpu_pack:pack_tiered",
+    unpack_kernel="glyd.kernels.tiered.unpack:unpack",
+    prepare_kernel="glyd.kernels.tiered.unpack:check",
+    kernels={
+        "tiered_gemv": "glyd.kernels.tiered.gemv:TieredGemvKernel",
+        "tiered_unpack_cublas": "glyd.kernels.tiered.unpack_cublas:TieredLongKernel",
+    },
+))

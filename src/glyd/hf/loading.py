@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +41,9 @@ from glyd.store.checkpoint import CONFIG
 log = logging.getLogger(__name__)
 
 #: ``from_pretrained(kv=...)``: the page code of glyd's KV cache (``glyd.kv.make_cache(code=...)``) for each.
-KV_CODES = {None: None, "lossless": "kvf12", "lossless-dense": "dense"}
+KV_CODES = {None: None, "lossless": "kvf12", "lossless-tiered": "kvtiered"}
+#: Old names, still taken (with a DeprecationWarning).
+OLD_KV = {"lossless-dense": "lossless-tiered"}
 
 __all__ = ["from_pretrained", "compress"]
 
@@ -71,7 +74,8 @@ def from_pretrained(
     the bf16 model's bit for bit. ``merge`` runs q|k|v and gate|up as one product each (default:
     on for a GPU, off on the CPU). ``verify=True`` re-hashes every weight against the sha256
     recorded when it was packed. ``kv="lossless"`` uses glyd's compressed KV cache (the fixed-rate
-    ``kvf12`` page code), ``kv="lossless-dense"`` the same cache with the denser page code. Other keyword
+    ``kvf12`` page code), ``kv="lossless-tiered"`` the same cache with the denser ``kvtiered`` page code
+    (``"lossless-dense"``, its old name, still works). Other keyword
     arguments go to transformers (``attn_implementation=...``, ``trust_remote_code=...``).
 
     ``model_class``: the transformers class to build, or its name (``AutoModel``,
@@ -89,6 +93,9 @@ def from_pretrained(
     >>> encoder = glyd.from_pretrained("path/to/minilm", model_class="AutoModel", exact=True)  # doctest: +SKIP
     """
     check_layout(layout)
+    if kv in OLD_KV:
+        warnings.warn(f"kv={kv!r} is deprecated: kv={OLD_KV[kv]!r}", DeprecationWarning, stacklevel=2)
+        kv = OLD_KV[kv]
     if kv not in KV_CODES:
         raise ValueError(f"kv must be one of {list(KV_CODES)}, got {kv!r}")
     hf_kwargs = dict(hf_kwargs)

@@ -22,7 +22,7 @@ def merge_packed(model: nn.Module, exact: bool) -> int:
                 continue
             w = torch.cat([_ops.unpack(m.packed) for m in mods])
             layout = mods[0].layout
-            p = _ops.pack(w, layout)
+            p = _ops._pack(w, layout)
             bias = None if mods[0].bias is None else torch.cat([m.bias for m in mods])
             merged = GlydLinear(p, bias, exact=exact, splits=[m.out_features for m in mods], sha256=sha256_tensor(w.cpu()))
             setattr(parent, attr, merged)
@@ -43,7 +43,7 @@ def unmerge_packed(model: nn.Module, exact: bool) -> int:
             biases = merged.bias.split(merged.splits) if merged.bias is not None else [None] * len(parts)
             for part, wi, bi in zip(parts, w.split(merged.splits), biases):
                 wi = wi.contiguous()
-                setattr(parent, part, GlydLinear(_ops.pack(wi, merged.layout), bi, exact=exact, sha256=sha256_tensor(wi.cpu())))
+                setattr(parent, part, GlydLinear(_ops._pack(wi, merged.layout), bi, exact=exact, sha256=sha256_tensor(wi.cpu())))
             del parent._modules[attr]
             n += 1
     return n

@@ -115,7 +115,7 @@ class Packer:
         dev = self._device_for(device_of or name)
         w = t.to(t.device if dev is None else dev)
         layout = _ops.choose_layout(tuple(w.shape), w.device) if self.layout == "auto" else self.layout
-        p = _ops.pack(w, layout)
+        p = _ops._pack(w, layout)
         self.layouts[p.layout] += 1
         self.packed_bytes += p.nbytes
         self.weights += p.numel

@@ -34,7 +34,7 @@ def _st_dtype(name: str) -> torch.dtype:
 def _layout_of(arrays: Iterable[str]) -> str | None:
     got = set(arrays)
     for name, mod in LAYOUTS.items():
-        if got == set(mod.ARRAYS):
+        if got == set(mod.arrays):
             return name
     return None
 

@@ -1,4 +1,4 @@
-"""Triton GPU kernels: bit-exact unpack, fused linear, and GPU pack for every layout.
+"""Triton GPU kernels: bit-exact unpack and fused linear for every layout that has kernels.
 
 ``import glyd.kernels`` imports no Triton; the first call of ``linear`` or ``unpack`` does.
 Every function takes a ``glyd.Packed`` whose arrays sit on the GPU (or on the CPU under
@@ -6,13 +6,14 @@ Every function takes a ``glyd.Packed`` whose arrays sit on the GPU (or on the CP
 
 Which kernel runs a product is chosen by ``glyd.kernels.registry`` from the GPU's table
 (``kernels/tables/<GPU>.json``); pass a kernel family's config (``GemvConfig``, ``TcConfig``,
-``GluonConfig``, ...) to run that kernel instead.
+``GluonConfig``, ...) to run that kernel instead. Which kernels a layout has, and its unpack and
+prepare, its entry in ``glyd.codec.LAYOUTS`` says: nothing here names a layout.
 
 Example (needs a CUDA GPU)::
 
     import torch, glyd, glyd.kernels
     w = (torch.randn(4096, 4096, device="cuda") * 0.02).to(torch.bfloat16)
-    p = glyd.kernels.pack(w, "fixed12")      # on the GPU, bit-identical to glyd.pack
+    p = glyd.pack(w, "fixed12")              # packed on the GPU, where w is
     y = glyd.kernels.linear(torch.randn(8, 4096, device="cuda", dtype=torch.bfloat16), p)
     assert torch.equal(glyd.kernels.unpack(p).view(torch.int16), w.view(torch.int16))
 
@@ -24,46 +25,35 @@ so call ``prepare`` (or the product) once before capturing.
 from __future__ import annotations
 
 import importlib
+import warnings
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from glyd.codec.layout import LAYOUTS, Layout, resolve
+
 if TYPE_CHECKING:  # pragma: no cover
     from glyd.codec.packed import Packed
 
-__all__ = ["linear", "unpack", "pack", "prepare", "choose"]
-
-#: Config classes, importable as ``glyd.kernels.<name>`` (each imports its kernel family's module).
-CONFIGS = {
-    "GemvConfig": "fixed12_gemv", "TcConfig": "fixed12_tc", "MmaConfig": "fixed12_mma", "TileConfig": "fixed12_tile",
-    "GluonConfig": "fixed12_gluon", "WgConfig": "fixed12_wg", "WsConfig": "fixed12_ws", "LongConfig": "fixed12_long",
-    "UnpackConfig": "fixed12_unpack", "TieredGemvConfig": "tiered", "TieredLongConfig": "tiered",
-    "TieredUnpackConfig": "tiered", "Dense11GemvConfig": "dense11", "Dense11LongConfig": "dense11",
-    "Dense11UnpackConfig": "dense11",
-}
-
-#: The plane whose second dimension is a layout's padded K.
-_KP_ARRAY = {"fixed12": "lo", "tiered": "sm", "dense11": "sm"}
+__all__ = ["linear", "unpack", "prepare", "choose"]
 
 
-def _packed(packed: Any) -> None:
+def _layout(packed: Any, what: str = "kernels") -> Layout:
     from glyd.codec.packed import Packed
 
     if not isinstance(packed, Packed):
         raise TypeError(f"packed must be a glyd.Packed, got {type(packed).__name__}")
-    if packed.layout not in _KP_ARRAY:
-        raise ValueError(f"no kernels for layout {packed.layout!r}")
-
-
-def _kp(packed: "Packed") -> int:
-    return packed.arrays[_KP_ARRAY[packed.layout]].shape[1]
+    lay = LAYOUTS[packed.layout]
+    if not (lay.kernels if what == "kernels" else getattr(lay, what)):
+        raise ValueError(f"layout {packed.layout!r} has no {what.replace('_kernel', '')} kernel")
+    return lay
 
 
 def _problem(x2: torch.Tensor, packed: "Packed"):
     from glyd.kernels.registry import Problem
 
     n, k = packed.shape
-    return Problem(packed.layout, x2.shape[0], n, k, _kp(packed))
+    return Problem(packed.layout, x2.shape[0], n, k, LAYOUTS[packed.layout].padded_k(packed.arrays))
 
 
 def choose(x: torch.Tensor, packed: "Packed"):
@@ -71,7 +61,7 @@ def choose(x: torch.Tensor, packed: "Packed"):
     from glyd.kernels import _common as C
     from glyd.kernels import registry
 
-    _packed(packed)
+    _layout(packed)
     x2 = C.check_x(x, packed.shape[1])
     return registry.choose(_problem(x2, packed), registry.Device.of(x2.device))
 
@@ -86,13 +76,13 @@ def linear(x: torch.Tensor, packed: "Packed", bias: torch.Tensor | None = None, 
     from glyd.kernels import _common as C
     from glyd.kernels import registry
 
-    _packed(packed)
+    lay = _layout(packed)
     n, k = packed.shape
     x2 = C.check_x(x, k)
     C.check_device(packed, x2)
     bias = C.check_bias(bias, n, x2.device)
     m = x2.shape[0]
-    C.check_size(f"{packed.layout} plane", n * _kp(packed))
+    C.check_size(f"{packed.layout} plane", n * lay.padded_k(packed.arrays))
     C.check_size("output", m * n)
     out = torch.empty(m, n, dtype=torch.bfloat16, device=x2.device)
     if m == 0 or n == 0:
@@ -116,36 +106,43 @@ def linear(x: torch.Tensor, packed: "Packed", bias: torch.Tensor | None = None, 
 
 def unpack(packed: "Packed", out: torch.Tensor | None = None, config: Any = None) -> torch.Tensor:
     """The bf16 matrix of ``packed``, bit for bit, decoded on the GPU (into ``out`` if given)."""
-    _packed(packed)
-    if packed.layout == "fixed12":
-        from glyd.kernels.fixed12_unpack import unpack as _unpack
-    elif packed.layout == "dense11":
-        from glyd.kernels.dense11 import unpack as _unpack
-    else:
-        from glyd.kernels.tiered import unpack as _unpack
-    return _unpack(packed, out, config)
-
-
-def pack(w: torch.Tensor, layout: str = "fixed12") -> "Packed":
-    """Pack ``w`` on its own device with torch ops (bit-identical to ``glyd.pack``); no Triton."""
-    from glyd.kernels.gpu_pack import pack as _pack
-
-    return _pack(w, layout)
+    return resolve(_layout(packed, "unpack_kernel").unpack_kernel)(packed, out, config)
 
 
 def prepare(packed: "Packed") -> None:
     """Build the derived per-matrix data now (host syncs), e.g. before capturing a CUDA graph."""
-    _packed(packed)
-    if packed.layout == "fixed12":
-        from glyd.kernels.fixed12_exc import prepare as _prepare
-    elif packed.layout == "dense11":
-        from glyd.kernels.dense11 import prepare as _prepare
-    else:
-        from glyd.kernels.tiered import check as _prepare
-    _prepare(packed)
+    resolve(_layout(packed, "prepare_kernel").prepare_kernel)(packed)
+
+
+def pack(w: torch.Tensor, layout: str = "fixed12") -> "Packed":
+    """Deprecated: ``glyd.pack(w, layout)`` packs on ``w``'s device, bit-identical to this."""
+    warnings.warn("glyd.kernels.pack is deprecated: glyd.pack keeps the matrix's device", DeprecationWarning,
+                  stacklevel=2)
+    if layout not in LAYOUTS or LAYOUTS[layout].device_pack is None:
+        raise ValueError(f"unknown layout {layout!r}; choose one of "
+                         f"{', '.join(n for n, lay in LAYOUTS.items() if lay.device_pack)}")
+    return resolve(LAYOUTS[layout].device_pack)(w)
+
+
+def _config_modules() -> list[str]:
+    """The modules of every layout's kernel families and unpack (where their config classes live)."""
+    refs = [ref for lay in LAYOUTS.values() for ref in (*lay.kernels.values(), lay.unpack_kernel)]
+    return list(dict.fromkeys(r.partition(":")[0] for r in refs if isinstance(r, str)))
 
 
 def __getattr__(name: str):
-    if name in CONFIGS:
-        return getattr(importlib.import_module(f"glyd.kernels.{CONFIGS[name]}"), name)
+    # A kernel family's config class (``GemvConfig``, ``TieredUnpackConfig``, ...), found in the
+    # modules the layouts name: importing them imports Triton.
+    failed: list[ImportError] = []
+    modules = _config_modules() if name.endswith("Config") and not name.startswith("_") else []
+    for module in modules:
+        try:
+            mod = importlib.import_module(module)
+        except ImportError as exc:  # a Gluon family on a Triton without Gluon, or no Triton
+            failed.append(exc)
+            continue
+        if isinstance(getattr(mod, name, None), type):
+            return getattr(mod, name)
+    if failed and len(failed) == len(modules):  # none imports (no Triton): say why
+        raise failed[0]
     raise AttributeError(f"module 'glyd.kernels' has no attribute {name!r}")

@@ -1,5 +1,5 @@
-"""Gluon helpers shared by the Gluon kernels of the weights (``fixed12_gluon``, ``fixed12_wg``,
-``fixed12_ws``) and of the KV cache (``glyd.kv._gluon``): byte permutes, the bf16 pair split,
+"""Gluon helpers shared by the Gluon kernels of the weights (``fixed12.mma_v2``, ``fixed12.wgmma``,
+``fixed12.wgmma_warpspec``) and of the KV cache (``glyd.kv._gluon``): byte permutes, the bf16 pair split,
 exception metadata, programmatic-dependent-launch waits, split-K counters."""
 
 from __future__ import annotations

@@ -1,8 +1,14 @@
 """Packing with torch ops on any device (the GPU pack): bit-identical to ``glyd.codec``.
 
 The CPU codec moves its input to the CPU; these functions keep every step on the tensor's own
-device, so a CUDA matrix packs on the GPU. They are plain torch (no Triton) and the tests compare
-their arrays byte for byte with ``glyd.codec.pack`` on the CPU and on the GPU.
+device, so a CUDA matrix packs on the GPU (``glyd.pack`` calls them through each layout's
+``device_pack``). They are plain torch (no Triton) and the tests compare their arrays byte for byte
+with the CPU codec's on the CPU and on the GPU.
+
+>>> import torch
+>>> from glyd.kernels.gpu_pack import pack_tiered
+>>> pack_tiered(torch.ones(2, 3, dtype=torch.bfloat16)).shape
+(2, 3)
 """
 
 from __future__ import annotations
@@ -11,7 +17,7 @@ import torch
 
 from glyd.codec import fixed12 as _f12
 from glyd.codec import tiered as _tr
-from glyd.codec.packed import Packed, round_up
+from glyd.codec.packed import Packed
 
 
 def _check(w: torch.Tensor) -> torch.Tensor:
@@ -198,20 +204,4 @@ def pack_dense11(w: torch.Tensor) -> Packed:
     return Packed(_d.NAME, (n, k), arrays)
 
 
-PACKERS = {"fixed12": pack_fixed12, "tiered": pack_tiered, "dense11": pack_dense11}
-
-
-def pack(w: torch.Tensor, layout: str = "fixed12") -> Packed:
-    """Pack ``w`` on its own device (bit-identical to the CPU codec).
-
-    >>> import torch
-    >>> from glyd.kernels.gpu_pack import pack
-    >>> pack(torch.ones(2, 3, dtype=torch.bfloat16), "tiered").shape
-    (2, 3)
-    """
-    if layout not in PACKERS:
-        raise ValueError(f"unknown layout {layout!r}; choose one of {', '.join(PACKERS)}")
-    return PACKERS[layout](w)
-
-
-__all__ = ["pack", "pack_fixed12", "pack_tiered", "pack_dense11", "round_up"]
+__all__ = ["pack_fixed12", "pack_tiered", "pack_dense11"]

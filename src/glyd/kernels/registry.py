@@ -3,9 +3,12 @@ not), and per GPU a table of what a sweep measured fastest.
 
 A kernel family is a class with a ``name``, the ``layout`` it multiplies, its own ``Config``
 dataclass, ``can_implement(problem, device, config) -> (ok, why)`` and ``launch``. The choice for
-a product is data: ``kernels/tables/<GPU name>.json`` lists, per layout, shape class and M bucket,
-candidates ``{"kernel": name, "config": {...}}`` in order of preference; the first that can run
-on the device is taken. A GPU with no table of its own uses the ``fallback`` table (the H200's,
+a product is data: ``kernels/tables/<GPU name>.json`` (or the same file in the folder
+``GLYD_TABLES`` names, read first) lists, per layout, shape class and M bucket, candidates
+``{"kernel": name, "config": {...}}`` in order of preference; the first that can run on the device
+and that ``GLYD_DISABLED_KERNELS`` does not name is taken (``kernels/tables/README.md``). The
+families are those of the layouts' entries (``glyd.codec.LAYOUTS``). A GPU with no table of its
+own uses the ``fallback`` table (the H200's,
 the GPU these kernels were tuned on): its Hopper-only kernels say they cannot run on
 other GPUs, so the next candidate runs there, and on the CPU (Triton's interpreter) every Gluon
 candidate steps aside the same way.
@@ -22,6 +25,7 @@ import functools
 import importlib
 import json
 import logging
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -29,31 +33,37 @@ from typing import Any, ClassVar
 import torch
 
 from glyd import _env
+from glyd.codec.layout import LAYOUTS
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Problem", "Device", "Kernel", "KERNELS", "kernel_class", "kernel_for", "choose", "candidates",
-           "table_for", "layout_times", "shape_class", "m_bucket", "M_BUCKETS", "SHAPE_CLASSES"]
+__all__ = ["Problem", "Device", "Kernel", "KERNELS", "kernel_class", "kernel_for", "choose", "choose_uncached",
+           "candidates", "check_table", "disabled", "reset", "table_file", "table_for", "layout_times", "shape_class",
+           "m_bucket", "M_BUCKETS", "SHAPE_CLASSES"]
 
 TABLES = Path(__file__).with_name("tables")
 #: The table of a GPU that has none of its own (its kernels are skipped where they cannot run).
 FALLBACK = "NVIDIA H200"
 
+class _Families(Mapping):
+    """Every kernel family, key -> ``"module:Class"``: the ``kernels`` of every layout's entry in
+    ``glyd.codec.LAYOUTS`` (the one list; read live, so a layout registered later is in it)."""
+
+    def _all(self) -> dict[str, str]:
+        return {key: ref for lay in LAYOUTS.values() for key, ref in lay.kernels.items()}
+
+    def __getitem__(self, key: str) -> str:
+        return self._all()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._all())
+
+    def __len__(self) -> int:
+        return len(self._all())
+
+
 #: Kernel families: name -> "module:class" (imported when first asked for: most import Triton).
-KERNELS: dict[str, str] = {
-    "gemv": "glyd.kernels.fixed12_gemv:GemvKernel",
-    "tc": "glyd.kernels.fixed12_tc:TcKernel",
-    "mma": "glyd.kernels.fixed12_mma:MmaKernel",
-    "tile": "glyd.kernels.fixed12_tile:TileKernel",
-    "gluon": "glyd.kernels.fixed12_gluon:GluonKernel",
-    "wg": "glyd.kernels.fixed12_wg:WgKernel",
-    "ws": "glyd.kernels.fixed12_ws:WsKernel",
-    "long": "glyd.kernels.fixed12_long:LongKernel",
-    "tiered_gemv": "glyd.kernels.tiered:TieredGemvKernel",
-    "tiered_long": "glyd.kernels.tiered:TieredLongKernel",
-    "dense11_gemv": "glyd.kernels.dense11:Dense11GemvKernel",
-    "dense11_long": "glyd.kernels.dense11:Dense11LongKernel",
-}
+KERNELS: Mapping[str, str] = _Families()
 
 #: M buckets of the tables: (name, first M, last M) (None: no end).
 M_BUCKETS: tuple[tuple[str, int, int | None], ...] = (
@@ -162,7 +172,9 @@ def _describe(kind: str, index: int | None) -> Device:
 
 
 class Kernel:
-    """A kernel family (subclasses live in the family's file, beside its kernels)."""
+    """A kernel family (subclasses live in the family's file, beside its kernels; the layout's entry
+    in ``glyd.codec.LAYOUTS`` names them). ``can_implement`` and ``make_config`` may look at N, K,
+    padded K and the device, not at M: ``choose`` caches its answer per M bucket."""
 
     name: ClassVar[str]
     layout: ClassVar[str]
@@ -222,44 +234,77 @@ def kernel_for(config: Any) -> type[Kernel]:
     raise TypeError(f"{type(config).__name__} is not the config of any kernel ({', '.join(KERNELS)})")
 
 
-@functools.lru_cache(maxsize=None)
-def _load_table(gpu: str) -> dict[str, Any]:
-    path = table_file(gpu)
-    table = json.loads(path.read_text(encoding="utf-8"))
-    for layout, classes in table["linear"].items():
-        for cls, buckets in classes.items():
-            if cls not in SHAPE_CLASSES:
-                raise ValueError(f"{path}: linear.{layout}: unknown shape class {cls!r}")
-            for bucket, cands in buckets.items():
-                if bucket not in {b for b, _, _ in M_BUCKETS}:
-                    raise ValueError(f"{path}: linear.{layout}.{cls}: unknown M bucket {bucket!r}")
-                for c in cands:
-                    if c.get("kernel") not in KERNELS or not isinstance(c.get("config"), dict):
-                        raise ValueError(f"{path}: linear.{layout}.{cls}.{bucket}: bad candidate {c!r}")
-    return table
+def _table_dirs() -> list[Path]:
+    """Where tables are looked for, in order: ``GLYD_TABLES`` (when set), then the package's own."""
+    extra = _env.settings().tables
+    if extra is None:
+        return [TABLES]
+    if not Path(extra).is_dir():
+        raise ValueError(f"GLYD_TABLES={extra!r} is not a folder (it names a folder of <GPU name>.json tables)")
+    return [Path(extra), TABLES]
 
 
 def table_file(gpu: str) -> Path:
-    """``kernels/tables/<gpu>.json``, the name's characters other than letters and digits as ``_``."""
-    return TABLES / ("".join(c if c.isalnum() else "_" for c in gpu) + ".json")
+    """The table of ``gpu``: ``<gpu>.json`` (characters other than letters and digits as ``_``) in
+    ``GLYD_TABLES``, else in ``kernels/tables/`` (that path also when neither has one)."""
+    name = "".join(c if c.isalnum() else "_" for c in gpu) + ".json"
+    return next((d / name for d in _table_dirs() if (d / name).is_file()), TABLES / name)
+
+
+@functools.lru_cache(maxsize=None)
+def _load_table(path: Path) -> dict[str, Any]:
+    table = json.loads(path.read_text(encoding="utf-8"))
+    check_table(table, str(path))
+    return table
+
+
+def check_table(table: Any, where: str = "table") -> None:
+    """Raise ValueError naming the place unless ``table`` has the tables' schema (``tables/README.md``):
+    ``linear.<layout>.<shape class>.<M bucket>`` lists of ``{"kernel": a family of that layout,
+    "config": {...}}``; an optional ``layout`` section of times per ``"NxK"`` shape."""
+    if not isinstance(table, dict) or not isinstance(table.get("linear"), dict):
+        raise ValueError(f"{where}: a table is a JSON object with a 'linear' object")
+    buckets = {b for b, _, _ in M_BUCKETS}
+    for layout, classes in table["linear"].items():
+        if layout not in LAYOUTS or not isinstance(classes, dict):
+            raise ValueError(f"{where}: linear.{layout}: unknown layout (known: {', '.join(LAYOUTS)})")
+        for cls, cells in classes.items():
+            if cls not in SHAPE_CLASSES or not isinstance(cells, dict):
+                raise ValueError(f"{where}: linear.{layout}: unknown shape class {cls!r}")
+            for bucket, cands in cells.items():
+                if bucket not in buckets or not isinstance(cands, list) or not cands:
+                    raise ValueError(f"{where}: linear.{layout}.{cls}: unknown M bucket {bucket!r} or no candidates")
+                for c in cands:
+                    if (not isinstance(c, dict) or c.get("kernel") not in LAYOUTS[layout].kernels
+                            or not isinstance(c.get("config"), dict)):
+                        raise ValueError(f"{where}: linear.{layout}.{cls}.{bucket}: bad candidate {c!r} (its kernel "
+                                         f"must be one of {', '.join(LAYOUTS[layout].kernels)})")
+    section = table.get("layout", {})
+    shapes = section.get("shapes", {}) if isinstance(section, dict) else None
+    if not isinstance(shapes, dict) or not all(
+            isinstance(times, dict) and all(isinstance(v, (int, float)) for v in times.values())
+            for times in shapes.values()):
+        raise ValueError(f"{where}: 'layout' must be {{'shapes': {{'NxK': {{layout or bf16: us}}}}}}")
 
 
 def table_for(device: Device) -> dict[str, Any]:
     """The table of ``device``'s GPU, or the fallback table."""
-    return _load_table(device.name if table_file(device.name).is_file() else FALLBACK)
+    own = table_file(device.name)
+    return _load_table(own if own.is_file() else table_file(FALLBACK))
 
 
 def layout_times(gpu: str) -> dict[str, Any] | None:
     """The kernel times per shape measured on ``gpu`` (its own table only), for layout="auto"."""
-    return _load_table(gpu).get("layout") if table_file(gpu).is_file() else None
+    path = table_file(gpu)
+    return _load_table(path).get("layout") if path.is_file() else None
 
 
 def candidates(problem: Problem, device: Device) -> list[dict[str, Any]]:
     """The table's candidates for ``problem``, in order of preference; a GPU's own table is followed by
     the fallback table's candidates, so a table that covers some cells only still runs every problem."""
     tables = [table_for(device)]
-    if tables[0] is not _load_table(FALLBACK):
-        tables.append(_load_table(FALLBACK))
+    if tables[0] is not _load_table(table_file(FALLBACK)):
+        tables.append(_load_table(table_file(FALLBACK)))
     out: list[dict[str, Any]] = []
     for table in tables:
         by_bucket = table["linear"].get(problem.layout, {}).get(shape_class(problem.n, problem.k), {})
@@ -267,19 +312,41 @@ def candidates(problem: Problem, device: Device) -> list[dict[str, Any]]:
     return out
 
 
+def disabled() -> frozenset[str]:
+    """The kernel families ``GLYD_DISABLED_KERNELS`` names (never chosen from a table)."""
+    names = _env.settings().disabled_kernels
+    unknown = [n for n in names if n not in KERNELS]
+    if unknown:
+        raise ValueError(f"GLYD_DISABLED_KERNELS names unknown kernel families {', '.join(unknown)} "
+                         f"(known: {', '.join(KERNELS)})")
+    return frozenset(names)
+
+
 def choose(problem: Problem, device: Device) -> tuple[type[Kernel], Any]:
     """(kernel class, config) of the first candidate that can run ``problem`` on ``device``.
 
-    Cached per problem and device: the choice is data (the tables are read once a process), and
-    making it took 75-120 us of Python a call on the development machine, which an eager prefill
-    of a small model (one product a linear) paid hundreds of times."""
-    return _choose(problem, device)
+    Cached per layout, N, K, padded K, M bucket and device: the tables choose per M bucket, and no
+    family's ``can_implement`` or config depends on M inside a bucket (a test holds every family to
+    it). Making the choice took 75-120 us of Python a call on the development machine, which an
+    eager prefill of a small model (one product a linear) paid hundreds of times. ``reset()``
+    forgets the choices (after changing ``GLYD_TABLES`` or ``GLYD_DISABLED_KERNELS``)."""
+    return _choose_cell(problem.layout, m_bucket(problem.m), problem.n, problem.k, problem.kp, device)
 
 
 @functools.lru_cache(maxsize=8192)
-def _choose(problem: Problem, device: Device) -> tuple[type[Kernel], Any]:
+def _choose_cell(layout: str, bucket: str, n: int, k: int, kp: int, device: Device) -> tuple[type[Kernel], Any]:
+    first = next(lo for b, lo, _ in M_BUCKETS if b == bucket)
+    return choose_uncached(Problem(layout, first, n, k, kp), device)
+
+
+def choose_uncached(problem: Problem, device: Device) -> tuple[type[Kernel], Any]:
+    """``choose`` made anew for this exact problem (no cache)."""
     why = []
+    off = disabled()
     for cand in candidates(problem, device):
+        if cand["kernel"] in off:
+            why.append(f"{cand['kernel']}: disabled by GLYD_DISABLED_KERNELS")
+            continue
         kc = kernel_class(cand["kernel"])
         try:
             cfg = kc.make_config(dict(cand["config"]), problem)
@@ -291,6 +358,12 @@ def _choose(problem: Problem, device: Device) -> tuple[type[Kernel], Any]:
             return kc, cfg
         why.append(f"{cand['kernel']}: {reason}")
     raise RuntimeError(f"no kernel can run {problem} on {device.name}: " + ("; ".join(why) or "no candidates"))
+
+
+def reset() -> None:
+    """Forget the tables read and the choices made (they are read again at the next product)."""
+    _load_table.cache_clear()
+    _choose_cell.cache_clear()
 
 
 def config_dict(config: Any) -> dict[str, Any]:

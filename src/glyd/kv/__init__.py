@@ -3,16 +3,16 @@
 >>> import torch
 >>> from glyd.kv import PageStore
 >>> x = torch.randn(2, 4, 100, 64).to(torch.bfloat16)   # [batch, kv heads, tokens, head dim]
->>> st = PageStore.from_dense(x, page=64)
->>> torch.equal(st.dense().view(torch.int16), x.view(torch.int16))
+>>> st = PageStore.from_bf16(x, page=64)
+>>> torch.equal(st.to_bf16().view(torch.int16), x.view(torch.int16))
 True
 
 Two page codes: :class:`FixedPageStore` (``glyd.kv.fixed``, ``kvf12``: 12 bits a value plus rare
 exceptions, the cheapest decode; ``GlydCache``'s default) and :class:`PageStore` (``glyd.kv.pages``:
-the dense code with escape tiers, ``GlydCache(code="dense")``).
+the ``kvtiered`` code with escape tiers, ``GlydCache(code="kvtiered")``).
 
->>> st = FixedPageStore.from_dense(x, page=64)
->>> torch.equal(st.dense().view(torch.int16), x.view(torch.int16))
+>>> st = FixedPageStore.from_bf16(x, page=64)
+>>> torch.equal(st.to_bf16().view(torch.int16), x.view(torch.int16))
 True
 
 ``GlydCache`` / ``make_cache`` need transformers; ``decode_attention`` uses Triton on CUDA

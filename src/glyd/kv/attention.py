@@ -3,7 +3,7 @@
 All three take ``q [B, Hq, D]`` (bf16, one new token per sequence), a key and a value
 :class:`~glyd.kv.pages.PageStore` with ``B`` sequences and ``H`` KV heads (``Hq`` a multiple of
 ``H``: grouped-query attention, query head ``h * Hq/H + g`` reads KV head ``h``). Sequence ``b``
-attends to its ``k_store.lens[b]`` tokens (stores built by ``PageStore.from_dense(x, lens)``), or
+attends to its ``k_store.lens[b]`` tokens (stores built by ``PageStore.from_bf16(x, lens)``), or
 to every token of the store. They return ``[B, Hq, DV]`` bf16.
 
 * :func:`decode_attention_reference`: unpack to bf16, ``scaled_dot_product_attention`` (the
@@ -17,7 +17,7 @@ to every token of the store. They return ``[B, Hq, DV]`` bf16.
 >>> from glyd.kv import PageStore, decode_attention, decode_attention_reference
 >>> k = torch.randn(2, 2, 100, 64).to(torch.bfloat16); v = torch.randn(2, 2, 100, 64).to(torch.bfloat16)
 >>> q = torch.randn(2, 4, 64).to(torch.bfloat16)
->>> ks, vs = PageStore.from_dense(k), PageStore.from_dense(v)
+>>> ks, vs = PageStore.from_bf16(k), PageStore.from_bf16(v)
 >>> out = decode_attention(q, ks, vs)
 >>> ref = decode_attention_reference(q, ks, vs)
 >>> bool((out.float() - ref.float()).abs().max() < 0.05)
@@ -27,6 +27,7 @@ True
 from __future__ import annotations
 
 import math
+import warnings
 
 import torch
 import torch.nn.functional as F
@@ -37,7 +38,7 @@ from glyd.kv.pages import PageStore, unpack_blocks, unpack_blocks_grouped
 
 
 def _lens(store: PageStore, device: torch.device) -> torch.Tensor:
-    # A cache's store holds one length for every sequence; PageStore.from_dense(x, lens) per-sequence ones.
+    # A cache's store holds one length for every sequence; PageStore.from_bf16(x, lens) per-sequence ones.
     if store.n_tokens == 0:
         raise FormatError("decode attention over an empty KV store")
     if store.lens is not None:
@@ -45,11 +46,11 @@ def _lens(store: PageStore, device: torch.device) -> torch.Tensor:
     return torch.full((store.batch,), store.n_tokens, dtype=torch.int64, device=device)
 
 
-def padded_dense(store: PageStore, lens: torch.Tensor) -> torch.Tensor:
+def padded_bf16(store: PageStore, lens: torch.Tensor) -> torch.Tensor:
     """``[B, H, Tmax, D]`` bf16 where row ``b`` holds its ``lens[b]`` tokens first (the rest is junk)."""
     b, h, p, d = store.batch, store.heads, store.page, store.head_dim
     if store.lens is None:
-        return store.dense()
+        return store.to_bf16()
     n = store.n_pages
     out = torch.zeros(b, h, (n + 1) * p, d, dtype=torch.bfloat16, device=store.device)
     if n and isinstance(store, FixedPageStore):
@@ -65,6 +66,12 @@ def padded_dense(store: PageStore, lens: torch.Tensor) -> torch.Tensor:
     for i, first in enumerate(((store.lens // p) * p).tolist()):
         out[i, :, first : first + p] = store.raw[i]
     return out
+
+
+def padded_dense(store: PageStore, lens: torch.Tensor) -> torch.Tensor:
+    """Deprecated name of :func:`padded_bf16`."""
+    warnings.warn("glyd.kv.attention.padded_dense is deprecated: use padded_bf16", DeprecationWarning, stacklevel=2)
+    return padded_bf16(store, lens)
 
 
 def _check(q: torch.Tensor, ks: PageStore, vs: PageStore) -> tuple[int, int, int]:
@@ -86,8 +93,8 @@ def decode_attention_reference(
     """Unpack to bf16 and run ``F.scaled_dot_product_attention`` (in fp32 when ``upcast``)."""
     b, hq, d = _check(q, k_store, v_store)
     lens = _lens(k_store, q.device)
-    k = padded_dense(k_store, lens).to(q.device)
-    v = padded_dense(v_store, lens).to(q.device)
+    k = padded_bf16(k_store, lens).to(q.device)
+    v = padded_bf16(v_store, lens).to(q.device)
     g = hq // k_store.heads
     k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
     t = k.shape[2]
@@ -191,7 +198,7 @@ def decode_attention(
     >>> import torch
     >>> from glyd.kv import PageStore, decode_attention
     >>> k, v = torch.randn(2, 3, 70, 16).bfloat16(), torch.randn(2, 3, 70, 16).bfloat16()
-    >>> out = decode_attention(torch.randn(2, 6, 16).bfloat16(), PageStore.from_dense(k), PageStore.from_dense(v))
+    >>> out = decode_attention(torch.randn(2, 6, 16).bfloat16(), PageStore.from_bf16(k), PageStore.from_bf16(v))
     >>> out.shape
     torch.Size([2, 6, 16])
     """
@@ -200,10 +207,10 @@ def decode_attention(
         raise ValueError(f"backend must be 'auto', 'gluon', 'triton' or 'torch', got {backend!r}")
     fixed = isinstance(k_store, FixedPageStore)
     if fixed != isinstance(v_store, FixedPageStore):
-        raise FormatError("k_store and v_store must hold the same page code (both kvf12 or both dense)")
+        raise FormatError("k_store and v_store must hold the same page code (both kvf12 or both kvtiered)")
     if fixed:
         if backend == "gluon":
-            raise FormatError("the Gluon kernel reads dense pages only; kvf12 pages take backend='triton' or 'torch'")
+            raise FormatError("the Gluon kernel reads kvtiered pages only; kvf12 pages take backend='triton' or 'torch'")
         if backend == "triton" or (backend == "auto" and q.is_cuda and k_store.page >= 32 and k_store.head_dim >= 32
                                    and v_store.head_dim >= 32):
             from glyd.kv._triton_fixed import decode_attention_fixed_triton

@@ -1,7 +1,7 @@
 """``GlydCache``: a transformers ``Cache`` whose layers hold keys and values in lossless pages.
 
 Two page codes (``code=``): ``"kvf12"`` (the default; ``glyd.kv.fixed``: 12 bits a value plus rare
-exceptions, about 0.75 of bf16, chosen for decode speed) and ``"dense"`` (``glyd.kv.pages``: escape
+exceptions, about 0.75 of bf16, chosen for decode speed) and ``"kvtiered"`` (``glyd.kv.pages``: escape
 tiers, about 0.68 of bf16, chosen for memory).
 
 Reference path (default): ``update`` returns the whole cache unpacked to bf16, bit for bit the
@@ -17,6 +17,7 @@ Prefill and every other call go through SDPA as usual.
 from __future__ import annotations
 
 import functools
+import warnings
 
 import torch
 import transformers
@@ -29,7 +30,9 @@ from glyd.kv.pages import PageStore
 
 DEFAULT_PAGE = 64
 #: The page codes a cache can hold, by name: the store class of each.
-CODES = {"kvf12": FixedPageStore, "dense": PageStore}
+CODES = {"kvf12": FixedPageStore, "kvtiered": PageStore}
+#: Old names of the codes, still taken (with a DeprecationWarning).
+OLD_CODES = {"dense": "kvtiered"}
 DEFAULT_CODE = "kvf12"
 #: The attention implementation name :func:`enable_fused` registers with transformers.
 ATTN_NAME = "glyd_kv"
@@ -57,7 +60,7 @@ class GlydLayer(DynamicLayer):
         self.page_size = page_size
         self.fused = fused
         self.code = _check_code(code)
-        self._store = CODES[code]
+        self._store = CODES[self.code]
         self._pending_id: int | None = None
         self.k_store: PageStore | None = None
         self.v_store: PageStore | None = None
@@ -92,7 +95,7 @@ class GlydLayer(DynamicLayer):
             self._pending_id = id(key_states)
             _PENDING[self._pending_id] = (key_states, self)
             return key_states, value_states
-        return self.k_store.dense(), self.v_store.dense()
+        return self.k_store.to_bf16(), self.v_store.to_bf16()
 
     def get_seq_length(self) -> int:
         return self.k_store.n_tokens if self.is_initialized else 0
@@ -104,8 +107,8 @@ class GlydLayer(DynamicLayer):
         self.k_store.append(keys)
         self.v_store.append(values)
 
-    def _dense(self) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.k_store.dense(), self.v_store.dense()
+    def _to_bf16(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.k_store.to_bf16(), self.v_store.to_bf16()
 
     def crop(self, tokens_to_remove: int) -> None:
         n = self.get_seq_length()
@@ -118,24 +121,24 @@ class GlydLayer(DynamicLayer):
             tokens_to_remove = n - tokens_to_remove
         if tokens_to_remove == 0 or n == 0:
             return
-        k, v = self._dense()
+        k, v = self._to_bf16()
         keep = max(n - abs(tokens_to_remove), 0)
         self._rebuild(k[:, :, :keep], v[:, :, :keep])
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         if self.get_seq_length() > 0:
-            k, v = self._dense()
+            k, v = self._to_bf16()
             idx = beam_idx.to(k.device)
             self._rebuild(k.index_select(0, idx), v.index_select(0, idx))
 
     def batch_repeat_interleave(self, repeats: int) -> None:
         if self.get_seq_length() > 0:
-            k, v = self._dense()
+            k, v = self._to_bf16()
             self._rebuild(k.repeat_interleave(repeats, dim=0), v.repeat_interleave(repeats, dim=0))
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
         if self.get_seq_length() > 0:
-            k, v = self._dense()
+            k, v = self._to_bf16()
             self._rebuild(k[indices, ...], v[indices, ...])
 
     def reset(self) -> None:
@@ -164,6 +167,9 @@ class GlydLayer(DynamicLayer):
 
 
 def _check_code(code: str) -> str:
+    if code in OLD_CODES:
+        warnings.warn(f"GlydCache(code={code!r}) is deprecated: code={OLD_CODES[code]!r}", DeprecationWarning, stacklevel=3)
+        return OLD_CODES[code]
     if code not in CODES:
         raise ValueError(f"code must be one of {sorted(CODES)}, got {code!r}")
     return code
@@ -171,7 +177,7 @@ def _check_code(code: str) -> str:
 
 class GlydCache(Cache):
     """A KV cache held losslessly compressed: ``code="kvf12"`` (default, about 0.75 of bf16 on real
-    keys and values, the cheapest decode) or ``code="dense"`` (about 0.68, escape tiers).
+    keys and values, the cheapest decode) or ``code="kvtiered"`` (about 0.68, escape tiers).
 
     Keys and values are packed in pages of ``page_size`` tokens; the newest tokens stay raw bf16
     until their page fills. Attention sees exactly the bf16 tensors a ``DynamicCache`` holds.
@@ -179,7 +185,7 @@ class GlydCache(Cache):
     >>> from glyd.kv import GlydCache                                        # doctest: +SKIP
     >>> out = model.generate(ids, max_new_tokens=32, past_key_values=GlydCache(model.config))
     ...                                                                       # doctest: +SKIP
-    >>> dense = GlydCache(model.config, code="dense")                         # doctest: +SKIP
+    >>> tiered = GlydCache(model.config, code="kvtiered")                      # doctest: +SKIP
     """
 
     def __init__(self, config=None, page_size: int = DEFAULT_PAGE, fused: bool = False, code: str = DEFAULT_CODE):
@@ -187,7 +193,7 @@ class GlydCache(Cache):
             raise FormatError(f"page_size {page_size} must be a positive multiple of 4")
         self.page_size = page_size
         self.fused = fused
-        self.code = _check_code(code)
+        self.code = code = _check_code(code)
         if fused:
             impl = getattr(config, "_attn_implementation", None) if config is not None else None
             if impl != ATTN_NAME:
@@ -219,7 +225,7 @@ class GlydCache(Cache):
 def make_cache(config=None, *, page_size: int = DEFAULT_PAGE, fused: bool = False,
                code: str = DEFAULT_CODE) -> GlydCache:
     """The cache ``glyd.from_pretrained(..., kv="lossless")`` (``code="kvf12"``) or
-    ``kv="lossless-dense"`` (``code="dense"``) hands to ``generate``.
+    ``kv="lossless-tiered"`` (``code="kvtiered"``) hands to ``generate``.
 
     ``config`` is the model's ``PretrainedConfig`` (or None: layers are made on first use).
     ``fused=True`` needs :func:`enable_fused` on the model first.

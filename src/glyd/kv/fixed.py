@@ -27,6 +27,8 @@ Byte for byte: ``docs/format.md`` ("KV cache pages, fixed-rate code").
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 from glyd.codec.packed import u16_to_bf16
@@ -182,7 +184,7 @@ def unpack_blocks(lo: torch.Tensor, code: torch.Tensor, base: torch.Tensor, meta
 class FixedPageStore:
     """One layer's keys (or values) for ``B`` sequences and ``H`` KV heads in ``kvf12`` pages of ``page`` tokens.
 
-    The same interface as :class:`glyd.kv.pages.PageStore` (``append``, ``dense``, ``from_dense``,
+    The same interface as :class:`glyd.kv.pages.PageStore` (``append``, ``to_bf16``, ``from_bf16``,
     ``nbytes``, ``n_tokens``, ``lens``): full pages are packed (``lo``, ``code``, ``base``, ``meta``
     indexed ``[b, h, page]``, plus the ``exc`` stream); the newest ``n_raw`` tokens stay raw bf16 in
     ``raw`` until their page fills.
@@ -190,7 +192,7 @@ class FixedPageStore:
     >>> st = FixedPageStore(batch=1, heads=2, head_dim=16, page=16, device="cpu")
     >>> x = torch.randn(1, 2, 40, 16).to(torch.bfloat16)
     >>> st.append(x)
-    >>> torch.equal(st.dense().view(torch.int16), x.view(torch.int16))
+    >>> torch.equal(st.to_bf16().view(torch.int16), x.view(torch.int16))
     True
     """
 
@@ -212,7 +214,7 @@ class FixedPageStore:
         # zeros, not empty: readers mask the unwritten slots, but garbage there could be NaN patterns
         self.raw = torch.zeros(b, h, p, d, dtype=torch.bfloat16, device=self.device)
         self.n_raw = 0
-        #: per-sequence valid token counts when they differ (from_dense with lens); None: all equal.
+        #: per-sequence valid token counts when they differ (from_bf16 with lens); None: all equal.
         self.lens: torch.Tensor | None = None
         self._max_len = 0
 
@@ -283,7 +285,7 @@ class FixedPageStore:
             raise FormatError(f"KV states of shape {tuple(x.shape)} do not match the cache's "
                               f"[{self.batch}, {self.heads}, T, {self.head_dim}]")
         if self.lens is not None:
-            raise FormatError("this store holds sequences of different lengths (from_dense with lens): it is read-only")
+            raise FormatError("this store holds sequences of different lengths (from_bf16 with lens): it is read-only")
         x = x.to(self.device)
         t = x.shape[2]
         if t == 0:
@@ -310,19 +312,30 @@ class FixedPageStore:
                           self.exc[: self.exc_len])
         return x.reshape(b, h, n * p, d)
 
-    def dense(self) -> torch.Tensor:
+    def to_bf16(self) -> torch.Tensor:
         """Every token, bf16 ``[B, H, T, D]``, bit for bit what was appended."""
         if self.lens is not None:
-            raise FormatError("this store holds sequences of different lengths: use glyd.kv.attention.padded_dense")
+            raise FormatError("this store holds sequences of different lengths: use glyd.kv.attention.padded_bf16")
         raw = self.raw[:, :, : self.n_raw]
         if not self.n_pages:
             return raw.clone()
         return torch.cat([self.pages(), raw], dim=2) if self.n_raw else self.pages()
 
+    def dense(self) -> torch.Tensor:
+        """Deprecated name of :meth:`to_bf16` (glyd's "dense" was three things)."""
+        warnings.warn("FixedPageStore.dense() is deprecated: use to_bf16()", DeprecationWarning, stacklevel=2)
+        return self.to_bf16()
+
     @classmethod
     def from_dense(cls, x: torch.Tensor, lens: torch.Tensor | None = None, page: int = 64) -> FixedPageStore:
+        """Deprecated name of :meth:`from_bf16`."""
+        warnings.warn("FixedPageStore.from_dense() is deprecated: use from_bf16()", DeprecationWarning, stacklevel=2)
+        return cls.from_bf16(x, lens, page)
+
+    @classmethod
+    def from_bf16(cls, x: torch.Tensor, lens: torch.Tensor | None = None, page: int = 64) -> FixedPageStore:
         """A store for ``x[B, H, T, D]`` where sequence ``b`` holds its first ``lens[b]`` tokens
-        (as :meth:`glyd.kv.pages.PageStore.from_dense`: full pages, then each sequence's raw page)."""
+        (as :meth:`glyd.kv.pages.PageStore.from_bf16`: full pages, then each sequence's raw page)."""
         b, h, t, d = x.shape
         st = cls(b, h, d, page=page, device=x.device)
         if lens is None:

@@ -39,6 +39,8 @@ grow the stream.
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 from glyd.codec.packed import u16_to_bf16
@@ -365,12 +367,12 @@ class PageStore:
     Full pages are packed (``sm``, ``dig``, ``top``, ``meta`` planes indexed ``[b, h, page]`` plus the
     ``tail`` byte stream); the newest ``n_raw`` tokens stay raw bf16 in ``raw`` until a page fills.
     Every sequence holds the same number of tokens (padding included, as in transformers' caches),
-    except when built with :meth:`from_dense` and per-sequence ``lens`` for the decode kernel.
+    except when built with :meth:`from_bf16` and per-sequence ``lens`` for the decode kernel.
 
     >>> st = PageStore(batch=1, heads=2, head_dim=8, page=16, device="cpu")
     >>> x = torch.randn(1, 2, 40, 8).to(torch.bfloat16)
     >>> st.append(x)
-    >>> torch.equal(st.dense().view(torch.int16), x.view(torch.int16))
+    >>> torch.equal(st.to_bf16().view(torch.int16), x.view(torch.int16))
     True
     """
 
@@ -395,7 +397,7 @@ class PageStore:
         # zeros, not empty: readers mask the unwritten slots, but garbage there could be NaN patterns
         self.raw = torch.zeros(b, h, p, d, dtype=torch.bfloat16, device=self.device)
         self.n_raw = 0
-        #: per-sequence valid token counts when they differ (from_dense with lens); None: all equal.
+        #: per-sequence valid token counts when they differ (from_bf16 with lens); None: all equal.
         self.lens: torch.Tensor | None = None
         self._max_len = 0
 
@@ -489,10 +491,10 @@ class PageStore:
         self.n_raw = rest
 
     # -- reading -----------------------------------------------------------------------------------
-    def dense(self) -> torch.Tensor:
+    def to_bf16(self) -> torch.Tensor:
         """Every token, bf16 ``[B, H, T, D]``, bit for bit what was appended."""
         if self.lens is not None:
-            raise FormatError("this store holds sequences of different lengths: use glyd.kv.attention.padded_dense")
+            raise FormatError("this store holds sequences of different lengths: use glyd.kv.attention.padded_bf16")
         b, h, p, d = self.batch, self.heads, self.page, self.head_dim
         n = self.n_pages
         parts = []
@@ -509,8 +511,19 @@ class PageStore:
         parts.append(self.raw[:, :, : self.n_raw])
         return torch.cat(parts, dim=2) if len(parts) > 1 else parts[0].clone()
 
+    def dense(self) -> torch.Tensor:
+        """Deprecated name of :meth:`to_bf16` (glyd's "dense" was three things)."""
+        warnings.warn("PageStore.dense() is deprecated: use to_bf16()", DeprecationWarning, stacklevel=2)
+        return self.to_bf16()
+
     @classmethod
     def from_dense(cls, x: torch.Tensor, lens: torch.Tensor | None = None, page: int = 64) -> PageStore:
+        """Deprecated name of :meth:`from_bf16`."""
+        warnings.warn("PageStore.from_dense() is deprecated: use from_bf16()", DeprecationWarning, stacklevel=2)
+        return cls.from_bf16(x, lens, page)
+
+    @classmethod
+    def from_bf16(cls, x: torch.Tensor, lens: torch.Tensor | None = None, page: int = 64) -> PageStore:
         """A store for ``x[B, H, T, D]`` where sequence ``b`` holds its first ``lens[b]`` tokens.
 
         With ``lens``, each sequence keeps its own ``lens[b] // page`` full pages and a raw tail of

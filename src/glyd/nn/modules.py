@@ -109,7 +109,7 @@ class _PackedModule(nn.Module):
         #: sha256 of the original bf16 matrix (computed when it was packed), for save and verify.
         self.sha256 = sha256
         # the layout's own order: how the glyd:: ops take the arrays
-        self._array_names = tuple(a for a in LAYOUTS[packed.layout].ARRAYS if a in packed.arrays)
+        self._array_names = tuple(a for a in LAYOUTS[packed.layout].arrays if a in packed.arrays)
         for name, array in packed.arrays.items():
             self.register_buffer(BUFFER_PREFIX + name, array, persistent=True)
         self._packed_cache: tuple[tuple[int, ...], Packed] | None = None

@@ -7,7 +7,7 @@ the tests compare the kernels against), a fake implementation for ``torch.compil
 
 >>> import torch, glyd, glyd.ops
 >>> w = (torch.randn(16, 64) * 0.02).to(torch.bfloat16)
->>> p = glyd.ops.pack(w, "auto")          # "fixed12" on the CPU: no measurements for it
+>>> p = glyd.pack(w, "auto")              # "fixed12" on the CPU: no measurements for it
 >>> y = glyd.ops.linear(torch.randn(2, 64, dtype=torch.bfloat16), p)
 >>> y.shape, y.dtype
 (torch.Size([2, 16]), torch.bfloat16)
@@ -17,23 +17,25 @@ from __future__ import annotations
 
 import logging
 import math
+import warnings
 
 import torch
 
 from glyd.codec import LAYOUTS, Packed
 from glyd.codec import pack as _codec_pack
+from glyd.codec.layout import resolve
 from glyd.ops import _library  # noqa: F401 - defines the glyd:: ops
 from glyd.ops.backends.cuda import triton_available
 
 log = logging.getLogger(__name__)
 
-__all__ = ["linear", "unpack", "rows", "pack", "choose_layout", "triton_available"]
+__all__ = ["linear", "unpack", "rows", "choose_layout", "triton_available"]
 
 
 def _args(p: Packed) -> tuple:
     if not isinstance(p, Packed):
         raise TypeError(f"expected a glyd.Packed, got {type(p).__name__}")
-    return p.layout, list(p.shape), [p.arrays[a] for a in LAYOUTS[p.layout].ARRAYS], p.version
+    return p.layout, list(p.shape), [p.arrays[a] for a in LAYOUTS[p.layout].arrays], p.version
 
 
 def linear(x: torch.Tensor, p: Packed, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -58,22 +60,28 @@ def rows(p: Packed, index: torch.Tensor) -> torch.Tensor:
     return torch.ops.glyd.rows(layout, shape, arrays, version, index)
 
 
-def pack(w: torch.Tensor, layout: str = "fixed12") -> Packed:
-    """Pack a 2-D bf16 matrix; on CUDA with torch ops on the GPU (bit-identical to the CPU codec).
-
-    ``layout="auto"`` asks ``choose_layout``. The result stays on ``w``'s device.
-    """
-    if not isinstance(w, torch.Tensor):
-        raise TypeError(f"w must be a torch.Tensor, got {type(w).__name__}")
+def _pack(matrix: torch.Tensor, layout: str = "fixed12") -> Packed:
+    """``glyd.pack``: a CUDA matrix packs on the GPU with torch ops (its layout's ``device_pack``,
+    bit-identical to the CPU codec) and stays there; any other matrix packs with the CPU codec.
+    ``layout="auto"`` asks ``choose_layout``."""
+    if not isinstance(matrix, torch.Tensor):
+        raise TypeError(f"matrix must be a torch.Tensor, got {type(matrix).__name__}")
     if layout == "auto":
-        layout = choose_layout(tuple(w.shape), w.device)
+        layout = choose_layout(tuple(matrix.shape), matrix.device)
     if layout not in LAYOUTS:
         raise ValueError(f"unknown layout {layout!r}; choose one of auto, {', '.join(LAYOUTS)}")
-    if w.is_cuda:
-        from glyd.kernels.gpu_pack import pack as gpu_pack
+    device_pack = LAYOUTS[layout].device_pack
+    if not matrix.is_cuda:
+        return _codec_pack(matrix, layout)
+    if device_pack is None:  # a layout without a torch-op pack: the CPU codec, then back
+        return _codec_pack(matrix, layout).to(matrix.device)
+    return resolve(device_pack)(matrix)
 
-        return gpu_pack(w, layout)
-    return _codec_pack(w, layout)
+
+def pack(w: torch.Tensor, layout: str = "fixed12") -> Packed:
+    """Deprecated: ``glyd.pack`` (the same result: it keeps a CUDA matrix's device)."""
+    warnings.warn("glyd.ops.pack is deprecated: use glyd.pack (the same result)", DeprecationWarning, stacklevel=2)
+    return _pack(w, layout)
 
 
 #: Tiered is chosen when its measured time is at most this much above fixed12's (it is smaller).

@@ -4,14 +4,15 @@ implementation of ``glyd::rows`` on every device.
 Every operation here has a fixed output shape that depends only on tensor shapes, never on
 values, so it runs on the CPU and the GPU alike with no host synchronization (safe under CUDA
 graphs). The full-matrix reference in ``glyd.codec`` stays the source of truth: tests compare
-these rows against it.
+these rows against it. Each layout's entry (``glyd.codec.LAYOUTS``) names its row decode here.
 """
 
 from __future__ import annotations
 
 import torch
 
-from glyd.codec import dense11, fixed12, tiered
+from glyd.codec import dense11, fixed12, tiered, unpack
+from glyd.codec.layout import LAYOUTS, resolve
 from glyd.codec.packed import Packed
 
 
@@ -26,18 +27,18 @@ def unpack_rows(packed: Packed, rows: torch.Tensor) -> torch.Tensor:
     True
     """
     flat = rows.reshape(-1).to(device=packed.device, dtype=torch.int64)
-    if packed.layout == fixed12.NAME:
-        out = _rows_fixed12(packed, flat)
-    elif packed.layout == tiered.NAME:
-        out = _rows_tiered(packed, flat)
-    elif packed.layout == dense11.NAME:
-        out = _rows_dense11(packed, flat)
-    else:  # pragma: no cover - Packed validates the layout
-        raise ValueError(f"unknown layout {packed.layout!r}")
+    decode = LAYOUTS[packed.layout].rows
+    out = resolve(decode)(packed, flat) if decode is not None else _rows_of_whole(packed, flat)
     return out.reshape(*rows.shape, packed.shape[1])
 
 
-def _rows_fixed12(p: Packed, rows: torch.Tensor) -> torch.Tensor:
+def _rows_of_whole(p: Packed, rows: torch.Tensor) -> torch.Tensor:
+    # A layout with no row decode of its own: the codec's whole matrix, then the rows.
+    return unpack(p).to(rows.device)[rows]
+
+
+def rows_fixed12(p: Packed, rows: torch.Tensor) -> torch.Tensor:
+    """Rows ``rows`` (int64, 1-D, on the arrays' device) of the fixed12 matrix ``p`` as bf16 (b, k)."""
     n, k = p.shape
     a = p.arrays
     b = rows.numel()
@@ -75,7 +76,8 @@ def _patch(bits: torch.Tensor, rows: torch.Tensor, n: int, k: int, idx: torch.Te
     return flat[:dummy].view(b, k)[canon]
 
 
-def _rows_dense11(p: Packed, rows: torch.Tensor) -> torch.Tensor:
+def rows_dense11(p: Packed, rows: torch.Tensor) -> torch.Tensor:
+    """Rows ``rows`` (int64, 1-D, on the arrays' device) of the dense11 matrix ``p`` as bf16 (b, k)."""
     # Follows glyd.codec.dense11: a row's escapes are consecutive in the digit stream (blocks and the
     # stream are both row-major), from its first block's offset; ranks are a cumulative sum along it.
     n, k = p.shape
@@ -118,7 +120,8 @@ def _gather(area: torch.Tensor, idx: torch.Tensor, mask: torch.Tensor) -> torch.
     return area[safe].to(torch.int64)
 
 
-def _rows_tiered(p: Packed, rows: torch.Tensor) -> torch.Tensor:
+def rows_tiered(p: Packed, rows: torch.Tensor) -> torch.Tensor:
+    """Rows ``rows`` (int64, 1-D, on the arrays' device) of the tiered matrix ``p`` as bf16 (b, k)."""
     # Follows glyd.codec.tiered (GROUP, BLOCK, SUPER, TIERS): escape blocks cover BLOCK consecutive
     # weights of the row-major padded matrix, so a row touches at most kp // BLOCK + 2 of them. Those
     # blocks are decoded whole (escapes ranked by a cumulative sum inside each block), then the

@@ -178,7 +178,7 @@ class CheckpointWriter:
             raise TypeError(f"tensor {name!r}: add_packed expects a glyd.Packed, got {type(packed).__name__}")
         if not is_sha(sha256):
             raise ValueError(f"tensor {name!r}: sha256 must be 64 lowercase hex digits, got {sha256!r}")
-        order = [a for a in LAYOUTS[packed.layout].ARRAYS if a in packed.arrays]
+        order = [a for a in LAYOUTS[packed.layout].arrays if a in packed.arrays]
         arrays = {a: _cpu_tensor(packed.arrays[a]) for a in order}
         keys = [key_for(name, a) for a in order]
         self._claim(name, keys)

@@ -1,5 +1,10 @@
 """The CUDA implementations of the ``glyd::`` ops: the Triton kernels (``glyd.kernels``, imported at
-the first call), the twin where Triton does not import or ``x`` is not bf16."""
+the first call), or the twin where Triton does not import, ``x`` is on another device, or the
+layout has no kernels (its entry in ``glyd.codec.LAYOUTS`` names none).
+
+``x`` of another dtype than bf16 (the fused kernels take bf16): the weight is unpacked on the GPU,
+bit for bit, cast to ``x``'s dtype and multiplied by ``F.linear`` in that dtype, as the twin does
+(the same bits; the twin would decode on the CPU and copy the matrix over)."""
 
 from __future__ import annotations
 
@@ -8,7 +13,9 @@ import importlib
 import logging
 
 import torch
+import torch.nn.functional as F
 
+from glyd.codec.layout import LAYOUTS
 from glyd.ops.backends import torch as twin
 
 log = logging.getLogger(__name__)
@@ -29,15 +36,20 @@ def triton_available() -> bool:
 
 def linear(x: torch.Tensor, layout: str, shape, arrays, bias, version: int) -> torch.Tensor:
     p = twin.packed(layout, shape, arrays, version)
-    if x.dtype != torch.bfloat16 or not triton_available() or p.device != x.device:
+    lay = LAYOUTS[layout]
+    if not triton_available() or p.device != x.device or not lay.kernels:
         return twin.linear(x, layout, shape, arrays, bias, version)
     from glyd import kernels
 
+    if x.dtype != torch.bfloat16:  # the documented cast (module docstring)
+        if lay.unpack_kernel is None:
+            return twin.linear(x, layout, shape, arrays, bias, version)
+        return F.linear(x, kernels.unpack(p).to(x.dtype), bias)
     return kernels.linear(x, p, bias)
 
 
 def unpack(layout: str, shape, arrays, version: int) -> torch.Tensor:
-    if not triton_available():
+    if not triton_available() or LAYOUTS[layout].unpack_kernel is None:
         return twin.unpack(layout, shape, arrays, version)
     from glyd import kernels
 

@@ -1,8 +1,10 @@
 """The pure-torch twins of the ``glyd::`` ops: the default implementation on every device.
 
-``unpack`` is the CPU reference codec (``glyd.codec``, the source of truth) for CPU arrays and the
-GPU torch decode elsewhere; ``linear`` is ``F.linear(x, unpack(W), bias)``; ``rows`` decodes only
-the rows asked for, with torch ops of fixed shapes (``glyd.ops.rows``).
+``unpack`` is the CPU reference codec (``glyd.codec``, the source of truth); arrays on another
+device are decoded on the CPU and the matrix copied back (on CUDA the kernels decode in place,
+``backends/cuda.py``: this path is taken there only without Triton or for a layout without
+kernels); ``linear`` is ``F.linear(x, unpack(W).to(x.dtype), bias)``; ``rows`` decodes only the
+rows asked for, with torch ops of fixed shapes on the arrays' device (``glyd.ops.rows``).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ _VALID: dict[int, tuple] = {}
 def packed(layout: str, shape, arrays, version: int) -> Packed:
     """The ``Packed`` an op's arguments describe: validated the first time, then (the same tensors,
     not changed in place since) built without checks: a module passes its buffers on every call."""
-    names = LAYOUTS[layout].ARRAYS
+    names = LAYOUTS[layout].arrays
     if len(arrays) != len(names):
         raise ValueError(f"{layout} has {len(names)} arrays ({', '.join(names)}), got {len(arrays)}")
     shape = (int(shape[0]), int(shape[1]))

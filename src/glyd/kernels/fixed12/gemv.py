@@ -1,7 +1,7 @@
 """The ``fixed12`` group-major GEMV for 1 to 16 activation rows: a [BN, BK] weight tile decoded once
 (SWAR words, ``prmt.b32`` on the GPU) for BM x rows, on the CUDA cores.
 
-``launch_word_tiles`` is the launch it shares with the tensor-core tile (``fixed12_tc``), which
+``launch_word_tiles`` is the launch it shares with the tensor-core tile (``fixed12.word_dot``), which
 loads the same group-major word tiles: split-K, the exception pass (in the tile, or a pass of its
 own beside or after it) and the epilogue.
 """
@@ -16,8 +16,8 @@ import triton.language as tl
 
 from glyd.kernels import _common as C
 from glyd.kernels._interp import isolated
-from glyd.kernels._words import exception_delta, exception_delta_tile, f32_lane, gm_offsets, gm_planes, hi_words, x_lane
-from glyd.kernels.fixed12_exc import add_exceptions, exceptions_on_side_stream, prepare
+from glyd.kernels.fixed12.exceptions import add_exceptions, exceptions_on_side_stream, prepare
+from glyd.kernels.fixed12.words import exception_delta, exception_delta_tile, f32_lane, gm_offsets, gm_planes, hi_words, x_lane
 from glyd.kernels.registry import Kernel
 
 
@@ -223,7 +223,7 @@ def launch_word_tiles(x2: torch.Tensor, p, bias, cfg: WordTileConfig, out: torch
 class GemvKernel(Kernel):
     """The group-major GEMV: any shape, any CUDA GPU (and the interpreter)."""
 
-    name = "gemv"
+    name = "fixed12_gemv"
     layout = "fixed12"
     Config = GemvConfig
 

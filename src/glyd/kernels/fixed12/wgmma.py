@@ -1,6 +1,6 @@
 """fixed12 decode-step product on Hopper's warpgroup MMA (wgmma), weights as the register operand.
 
-The Gluon tile of ``fixed12_gluon`` multiplies with ``mma.sync``: x is the A operand, so a program
+The Gluon tile of ``fixed12.mma_v2`` multiplies with ``mma.sync``: x is the A operand, so a program
 of bm x rows holds bm / 16 x tiles in registers (or reads them from shared memory for every MMA)
 and issues bm / 16 MMAs a decoded tile. Here the roles are swapped: the decoded weight tile is
 wgmma's A operand, straight from registers (64 weight rows a warpgroup), and x is its B operand,
@@ -20,7 +20,7 @@ The K loop is unrolled by two over two x buffers (two allocations, so that one s
 next step's x stores need no barrier between them); programs take whole pairs of steps, so K must
 be a multiple of 256. ``WgConfig.pipe`` keeps one MMA in flight across steps. ``WgConfig.exc_tile``
 adds the tile's exceptions after the K loop by a one-hot wgmma; without it the separate pass
-(``fixed12_exc.add_exceptions``) adds them to fp32 partials. With the exceptions in the tile it
+(``fixed12.exceptions.add_exceptions``) adds them to fp32 partials. With the exceptions in the tile it
 is the H200 table's choice on gate/up (M = 4-32), lm_heads (M = 3-64), down (M = 3-64) and q/o
 (M = 33-64). CUDA only, Hopper only (Gluon has no interpreter; the twin for tests is ``tc``).
 """
@@ -39,7 +39,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 
 from glyd.kernels import _common as C
 from glyd.kernels._gluon_bits import exc_meta, prmt, split16
-from glyd.kernels.fixed12_exc import add_exceptions, exceptions_on_side_stream, prepare
+from glyd.kernels.fixed12.exceptions import add_exceptions, exceptions_on_side_stream, prepare
 from glyd.kernels.registry import Kernel
 
 BK = 128  # columns a K step (16 code words and 32 lo words a row)
@@ -265,7 +265,7 @@ def exc_layout(warps: int = 4):
 
 # x: bf16 [M, K]; packed: fixed12 [N, K], K == Kp; bias: [N] or None; out: bf16 [M, N] (written) -> out
 def launch(x2: torch.Tensor, p, bias, cfg: WgConfig, out: torch.Tensor) -> torch.Tensor:
-    m, k, n, a, kp = C.gluon_launch_checks(x2, p, "wg", 2 * BK)
+    m, k, n, a, kp = C.gluon_launch_checks(x2, p, "fixed12_wgmma", 2 * BK)
     prep = prepare(p)
     if x2.stride(1) != 1 or x2.stride(0) % 8 or x2.data_ptr() % 16:
         x2 = x2.contiguous()  # x is read in 16-byte pieces
@@ -300,7 +300,7 @@ class WgKernel(Kernel):
     """The wgmma tile: a Hopper GPU (sm_90) with Gluon's Hopper MMA, K (no padded columns) a
     multiple of 256 (two steps of 128)."""
 
-    name = "wg"
+    name = "fixed12_wgmma"
     layout = "fixed12"
     Config = WgConfig
 

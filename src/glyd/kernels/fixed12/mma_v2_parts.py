@@ -1,4 +1,4 @@
-"""The Gluon tile's exception step and epilogue (``fixed12_gluon``): the exceptions of a tile's rows
+"""The Gluon tile's exception step and epilogue (``fixed12.mma_v2``): the exceptions of a tile's rows
 loaded before the K loop and added after it by a one-hot MMA, and the stores of the result (fp32
 partials, bf16 with bias, or the in-kernel split-K sum)."""
 

@@ -1,14 +1,14 @@
 """fixed12 decode-step product on wgmma with a warp-specialized TMA ring (Hopper only).
 
-The wgmma tile of ``fixed12_wg`` loads each K step's plane words into registers and its x tile
+The wgmma tile of ``fixed12.wgmma`` loads each K step's plane words into registers and its x tile
 through registers into shared memory, in the same warps that decode and multiply: one warpgroup
 waits on every load in turn. Here one extra warp only issues TMA copies (the plane words of
 ``stages`` K steps and their x tiles) into a shared-memory ring guarded by mbarriers, and the
 warpgroup only reads words from shared memory, decodes them and issues the MMAs, so the loads of
 the next steps are always in flight.
 
-Same product as ``fixed12_wg``: the decoded tile is wgmma's register A operand in the MMA's
-slot order (``fixed12_wg.DECODE_ORDER``), here in two 64-column halves a step (a TMA box of bf16
+Same product as ``fixed12.wgmma``: the decoded tile is wgmma's register A operand in the MMA's
+slot order (``fixed12.wgmma.DECODE_ORDER``), here in two 64-column halves a step (a TMA box of bf16
 x is at most 64 columns wide under 128-byte swizzling), and x is B from shared memory in the same
 slot order. A TMA copy cannot permute columns, so ``launch`` permutes x once (``permute_x``, a
 copy of the [M, K] activations) before the kernel. Rows past M or N are TMA's zero fill.
@@ -36,8 +36,8 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from glyd.kernels import _common as C
 from glyd.kernels._interp import isolated
-from glyd.kernels.fixed12_exc import prepare
-from glyd.kernels.fixed12_wg import X_ORDER, exc_layout, wg_exceptions, wg_pairs
+from glyd.kernels.fixed12.exceptions import prepare
+from glyd.kernels.fixed12.wgmma import X_ORDER, exc_layout, wg_exceptions, wg_pairs
 from glyd.kernels.registry import Kernel
 
 BK = 128  # columns a K step: 32 lo words and 16 code words a row, two 64-column x boxes
@@ -234,7 +234,7 @@ def layouts(bn: int, bt: int, warps: int = 4):
     """(lo words, code words, accumulator, A operand, output) register layouts and (lo, code, x)
     shared layouts for bn weight rows and bt x rows. Lo words [bn, 32]: a thread holds words
     16 g + 8 hh + 4 a + i (i = 0-3, hh = 0-1) of two rows 8 apart, (a, g) its lane's two low
-    bits, as ``fixed12_wg`` loads them; code words [bn, 16]: 8 g + 4 a + i."""
+    bits, as ``fixed12.wgmma`` loads them; code words [bn, 16]: 8 g + 4 a + i."""
     rb = bn // (16 * warps)  # 16-row blocks a warp in registers past the first
     rows = [[8, 0]] + [[16 * warps << i, 0] for i in range(rb.bit_length() - 1)]
     lanes = [[1, 0], [2, 0], [4, 0]]
@@ -268,7 +268,7 @@ def _permute_x_kernel(x_ptr, out_ptr, M, stride_xm, K: tl.constexpr, BM: tl.cons
 
 # x: bf16 [M, K] -> bf16 [M, K], each 128-column step's columns in wgmma slot order
 def permute_x_torch(x2: torch.Tensor) -> torch.Tensor:
-    """x with each 128-column K step in the MMA's slot order (``fixed12_wg.X_ORDER``), contiguous
+    """x with each 128-column K step in the MMA's slot order (``fixed12.wgmma.X_ORDER``), contiguous
     (the torch twin of ``permute_x``)."""
     m, k = x2.shape
     if k % BK:
@@ -309,7 +309,7 @@ def slot_bytes(bn: int, bt: int) -> int:
 
 # x: bf16 [M, K]; packed: fixed12 [N, K], K == Kp; bias: [N] or None; out: bf16 [M, N] (written) -> out
 def launch(x2: torch.Tensor, p, bias, cfg: WsConfig, out: torch.Tensor) -> torch.Tensor:
-    m, k, n, a, kp = C.gluon_launch_checks(x2, p, "ws", BK)
+    m, k, n, a, kp = C.gluon_launch_checks(x2, p, "fixed12_wgmma_warpspec", BK)
     prep = prepare(p)
     for name in ("lo", "code"):
         if a[name].data_ptr() % 16 or a[name].stride(0) % 16:
@@ -342,7 +342,7 @@ class WsKernel(Kernel):
     """The warp-specialized wgmma tile: a Hopper GPU with Gluon's TMA and mbarriers, K (no padded
     columns) a multiple of 128."""
 
-    name = "ws"
+    name = "fixed12_wgmma_warpspec"
     layout = "fixed12"
     Config = WsConfig
 

@@ -26,8 +26,8 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
 from glyd.kernels import _common as C
 from glyd.kernels._gluon_bits import gdc_launch_dependents, gdc_wait, prmt, split16
-from glyd.kernels.fixed12_gluon_parts import EXC_E, epilogue, exc_layouts, exc_preload, exc_tiles
-from glyd.kernels.fixed12_exc import add_exceptions, exceptions_on_side_stream, prepare
+from glyd.kernels.fixed12.exceptions import add_exceptions, exceptions_on_side_stream, prepare
+from glyd.kernels.fixed12.mma_v2_parts import EXC_E, epilogue, exc_layouts, exc_preload, exc_tiles
 from glyd.kernels.registry import Kernel
 
 BM = 16  # x rows of one MMA tile; a program takes 1, 2 or 4 of them (GluonConfig.bm 16, 32, 64)
@@ -394,7 +394,7 @@ def x_ring_layouts(bk: int, warps: int):
 
 # x: bf16 [M, K]; packed: fixed12 [N, K], K == Kp; bias: [N] or None; out: bf16 [M, N] (written) -> out
 def launch(x2: torch.Tensor, p, bias, cfg: GluonConfig, out: torch.Tensor) -> torch.Tensor:
-    m, k, n, a, kp = C.gluon_launch_checks(x2, p, "gluon", cfg.bk)
+    m, k, n, a, kp = C.gluon_launch_checks(x2, p, "fixed12_mma_v2", cfg.bk)
     prep = prepare(p)
     mt = cfg.bm // BM  # 16-row x tiles a program shares one decoded tile among
     tiles = triton.cdiv(n, cfg.bn) * triton.cdiv(m, cfg.bm)
@@ -442,7 +442,7 @@ def launch(x2: torch.Tensor, p, bias, cfg: GluonConfig, out: torch.Tensor) -> to
 class GluonKernel(Kernel):
     """The Gluon tile: a CUDA GPU with Triton's Gluon, K (no padded columns) a multiple of ``bk``."""
 
-    name = "gluon"
+    name = "fixed12_mma_v2"
     layout = "fixed12"
     Config = GluonConfig
 

@@ -12,8 +12,8 @@ import triton.language as tl
 
 from glyd.kernels import _common as C
 from glyd.kernels._interp import isolated
-from glyd.kernels._words import exception_delta_tile
-from glyd.kernels.fixed12_exc import prepare
+from glyd.kernels.fixed12.exceptions import prepare
+from glyd.kernels.fixed12.words import exception_delta_tile
 from glyd.kernels.registry import Kernel
 
 
@@ -101,7 +101,7 @@ def _mma_kernel(
 class MmaKernel(Kernel):
     """The byte-tile tensor-core kernel: any shape, any CUDA GPU (and the interpreter)."""
 
-    name = "mma"
+    name = "fixed12_operand_dot"
     layout = "fixed12"
     Config = MmaConfig
 

@@ -11,8 +11,8 @@ import triton.language as tl
 
 from glyd.kernels import _common as C
 from glyd.kernels._interp import isolated
-from glyd.kernels._words import bf16x4, exception_delta_tile, gm_offsets, gm_planes, hi_words
-from glyd.kernels.fixed12_gemv import WordTileConfig, launch_word_tiles
+from glyd.kernels.fixed12.gemv import WordTileConfig, launch_word_tiles
+from glyd.kernels.fixed12.words import bf16x4, exception_delta_tile, gm_offsets, gm_planes, hi_words
 from glyd.kernels.registry import Kernel
 
 
@@ -109,7 +109,7 @@ def _tc_kernel(
 class TcKernel(Kernel):
     """The tensor-core tile on word tiles: any shape, any CUDA GPU (and the interpreter)."""
 
-    name = "tc"
+    name = "fixed12_word_dot"
     layout = "fixed12"
     Config = TcConfig
 

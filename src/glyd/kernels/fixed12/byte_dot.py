@@ -11,8 +11,8 @@ import triton.language as tl
 
 from glyd.kernels import _common as C
 from glyd.kernels._interp import isolated
-from glyd.kernels._words import exception_delta_tile, f32_bits, hi_bytes
-from glyd.kernels.fixed12_exc import prepare
+from glyd.kernels.fixed12.exceptions import prepare
+from glyd.kernels.fixed12.words import exception_delta_tile, f32_bits, hi_bytes
 from glyd.kernels.registry import Kernel
 
 
@@ -108,7 +108,7 @@ def _tile_kernel(
 class TileKernel(Kernel):
     """The general tensor-core tile: any shape, any CUDA GPU (and the interpreter)."""
 
-    name = "tile"
+    name = "fixed12_byte_dot"
     layout = "fixed12"
     Config = TileConfig
 

@@ -9,7 +9,7 @@ the interpreter (which cannot run inline PTX).
 
 Exceptions (weights outside the 16-exponent window) are a sparse correction: the program that owns
 a row adds ``x[col] * (true - placeholder)`` for each of its rows' exceptions, found through a
-per-row pointer array built once a matrix (``fixed12_exc.prepare``).
+per-row pointer array built once a matrix (``fixed12.exceptions.prepare``).
 """
 
 from __future__ import annotations

@@ -13,8 +13,8 @@ import torch
 
 from glyd.codec.packed import Packed
 from glyd.kernels import _common as C
-from glyd.kernels.fixed12_exc import prepare
-from glyd.kernels.fixed12_unpack import unpack, unpack_rows
+from glyd.kernels.fixed12.exceptions import prepare
+from glyd.kernels.fixed12.unpack import unpack, unpack_rows
 from glyd.kernels.registry import Kernel
 
 
@@ -50,7 +50,7 @@ def _linear_chunked(x2: torch.Tensor, p: Packed, bias, chunk: int, out: torch.Te
 class LongKernel(Kernel):
     """Unpack + cuBLAS: any shape, any CUDA GPU (and the interpreter)."""
 
-    name = "long"
+    name = "fixed12_unpack_cublas"
     layout = "fixed12"
     Config = LongConfig
 

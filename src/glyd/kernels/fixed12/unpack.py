@@ -15,7 +15,7 @@ import triton.language as tl
 from glyd.codec.packed import Packed
 from glyd.kernels import _common as C
 from glyd.kernels._interp import isolated
-from glyd.kernels.fixed12_exc import Prepared, prepare
+from glyd.kernels.fixed12.exceptions import Prepared, prepare
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,0 +1,2 @@
+"""The ``dense11`` layout's kernels: ``unpack`` (the decode and the bit-exact unpack), ``gemv`` (the
+fused GEMV) and ``unpack_cublas``. Importing this package imports no Triton."""

@@ -52,16 +52,8 @@ def padded_dense(store: PageStore, lens: torch.Tensor) -> torch.Tensor:
         return store.dense()
     n = store.n_pages
     out = torch.zeros(b, h, (n + 1) * p, d, dtype=torch.bfloat16, device=store.device)
-    if n and isinstance(store, FixedPageStore):
+    if n:
         out[:, :, : n * p] = store.pages()
-    elif n:
-        out[:, :, : n * p] = unpack_blocks(
-            store.sm[:, :, :n].reshape(b * h * n, p, d),
-            store.dig[:, :, :n].reshape(b * h * n, -1),
-            store.top[:, :, :n].reshape(b * h * n, d),
-            store.meta[:, :, :n].reshape(b * h * n, 4),
-            store.tail[: store.tail_len],
-        ).reshape(b, h, n * p, d)
     for i, first in enumerate(((store.lens // p) * p).tolist()):
         out[i, :, first : first + p] = store.raw[i]
     return out

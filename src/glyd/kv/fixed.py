@@ -227,3 +227,21 @@ class FixedPageStore(PageStoreBase):
     @property
     def exc_len(self) -> int:
         return self._stream_len
+
+
+def store_view(k_store: FixedPageStore, v_store: FixedPageStore) -> tuple[torch.Tensor, list, list]:
+    """Two stores as the pool's kernels read pages: ``block_index [B, H, n_pages]`` (int32) and each
+    side's ``[lo, code, base, meta, exc, raw]`` with the planes block-major (views, no copy)."""
+    cap = max(k_store.cap, v_store.cap, 1)
+    k_store._reserve_pages(cap)  # the same capacity: one block index serves both
+    v_store._reserve_pages(cap)
+    b, h, n = k_store.batch, k_store.heads, k_store.n_pages
+    dev = k_store.device
+    bh = torch.arange(b * h, dtype=torch.int32, device=dev).reshape(b, h, 1)
+    bidx = (bh * cap + torch.arange(n, dtype=torch.int32, device=dev)).contiguous()
+
+    def side(st: FixedPageStore) -> list:
+        planes = [getattr(st, name).reshape(b * h * cap, *getattr(st, name).shape[3:]) for name in st.PLANES]
+        return [*planes, st.exc, st.raw]
+
+    return bidx, side(k_store), side(v_store)

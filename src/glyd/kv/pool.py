@@ -67,25 +67,35 @@ def pool_bytes(layers: int, heads: int, head_dim: int, v_head_dim: int, page: in
 
 
 class _Side:
-    """The keys' (or values') planes of every layer: ``[L, NB, ...]`` block-major, the arenas, the raw pages."""
+    """The keys' (or values') planes, one set a layer: ``[NB, ...]`` block-major, the arena, the raw pages.
+
+    Separate tensors a layer (not views of one): the ops mutate whole tensors, which ``torch.compile``
+    updates in place, and each is marked as a static address for CUDA graphs."""
 
     def __init__(self, layers: int, blocks: int, batch: int, heads: int, page: int, d: int, arena: int, device):
         fixed.check_shape(page, d)
         z = dict(device=device)
-        self.lo = torch.zeros(layers, blocks, page, d, dtype=torch.uint8, **z)
-        self.code = torch.zeros(layers, blocks, page, d // 2, dtype=torch.uint8, **z)
-        self.base = torch.zeros(layers, blocks, fixed.groups(d), dtype=torch.uint8, **z)
-        self.meta = torch.zeros(layers, blocks, 2, dtype=torch.int32, **z)
-        self.exc = torch.zeros(layers, arena + 1, dtype=torch.int32, **z)
-        self.used = torch.zeros(layers, 1, dtype=torch.int32, **z)
-        self.raw = torch.zeros(layers, batch, heads, page, d, dtype=torch.bfloat16, **z)
+        u8 = dict(dtype=torch.uint8, **z)
+        i32 = dict(dtype=torch.int32, **z)
+        self.lo = [torch.zeros(blocks, page, d, **u8) for _ in range(layers)]
+        self.code = [torch.zeros(blocks, page, d // 2, **u8) for _ in range(layers)]
+        self.base = [torch.zeros(blocks, fixed.groups(d), **u8) for _ in range(layers)]
+        self.meta = [torch.zeros(blocks, 2, **i32) for _ in range(layers)]
+        self.exc = [torch.zeros(arena + 1, **i32) for _ in range(layers)]
+        self.used = [torch.zeros(1, **i32) for _ in range(layers)]
+        self.raw = [torch.zeros(batch, heads, page, d, dtype=torch.bfloat16, **z) for _ in range(layers)]
+        self.arena = arena
 
     def layer(self, i: int) -> list[torch.Tensor]:
-        """Layer ``i``'s tensors in the ops' order: lo, code, base, meta, exc, raw (views, fixed addresses)."""
+        """Layer ``i``'s tensors in the ops' order: lo, code, base, meta, exc, raw (fixed addresses)."""
         return [self.lo[i], self.code[i], self.base[i], self.meta[i], self.exc[i], self.raw[i]]
 
     def tensors(self) -> list[torch.Tensor]:
-        return [self.lo, self.code, self.base, self.meta, self.exc, self.used, self.raw]
+        return [t for ts in (self.lo, self.code, self.base, self.meta, self.exc, self.used, self.raw) for t in ts]
+
+    def used_counts(self) -> list[int]:
+        """Exception entries each layer's writes asked for (host sync)."""
+        return torch.cat(self.used).tolist()
 
 
 class FixedPagePool:
@@ -126,6 +136,9 @@ class FixedPagePool:
         va = _arena(self.n_pages * heads * page * v_head_dim, exc_fraction)
         self.k = _Side(layers, blocks, batch, heads, page, head_dim, ka, self.device)
         self.v = _Side(layers, blocks, batch, heads, page, v_head_dim, va, self.device)
+        if not torch.compiler.is_compiling():  # fixed addresses: CUDA graphs (and torch.compile's) replay them
+            for t in (self.block_table, self.block_index, self.lens, *self.k.tensors(), *self.v.tensors()):
+                torch._dynamo.mark_static_address(t)
 
     @classmethod
     def from_memory(cls, layers: int, batch: int, heads: int, head_dim: int, *, fraction: float = 0.9,
@@ -175,7 +188,7 @@ class FixedPagePool:
         """Bytes that ``tokens`` tokens a sequence take in the pool (host int; no sync): full pages, the
         exception entries written, raw pages. Reads the arenas' counters (one host sync)."""
         full = tokens // self.page
-        used = sum(int(s.used[:, 0].clamp_max(s.exc.shape[1] - 1).sum()) for s in (self.k, self.v))
+        used = sum(min(u, s.arena) for s in (self.k, self.v) for u in s.used_counts())
         per_page = self.heads * (fixed.block_bytes(self.page, self.head_dim) + fixed.block_bytes(self.page, self.v_head_dim))
         raw = (tokens % self.page) * self.heads * (self.head_dim + self.v_head_dim) * 2
         return self.layers * self.batch * (full * per_page + raw) + 4 * used
@@ -262,8 +275,8 @@ class FixedPagePool:
         if max(n) > self.context:
             raise KVCapacityError(f"a sequence holds {max(n)} tokens, more than the pool's context of {self.context}")
         for name, side in (("key", self.k), ("value", self.v)):
-            cap = side.exc.shape[1] - 1
-            used = side.used[:, 0].tolist()
+            cap = side.arena
+            used = side.used_counts()
             bad = [i for i, u in enumerate(used) if u > cap]
             if bad:
                 raise KVCapacityError(f"layer {bad[0]}'s {name} exceptions ({used[bad[0]]}) overflowed the "
@@ -273,5 +286,5 @@ class FixedPagePool:
     def reset(self) -> None:
         """Empty every sequence (the reserved memory stays)."""
         self.lens.zero_()
-        self.k.used.zero_()
-        self.v.used.zero_()
+        for u in (*self.k.used, *self.v.used):
+            u.zero_()

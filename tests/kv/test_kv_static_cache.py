@@ -228,3 +228,52 @@ def test_tokens_and_bits_of_a_bf16_cache_gpu(graph):
         check_against_reference("cuda", graph=graph, steps=60, head_dim=64)
     finally:
         PAGE = old
+
+
+def test_a_model_switched_back_to_sdpa_is_refused():
+    # fused decode steps hand the model's attention the new token only: any attention but "glyd_kv"
+    # would attend to that token alone, so the cache refuses the step
+    model = tiny_llama(seed=1)
+    enable_fused(model)
+    cache = GlydStaticCache(model.config, max_cache_len=48, page_size=16)
+    ids, mask = prompt(batch=1, length=9)
+    with torch.no_grad():
+        model(ids, past_key_values=cache, use_cache=True)
+        model.set_attn_implementation("sdpa")
+        with pytest.raises(FormatError, match="glyd_kv"):
+            model(ids[:, :1], past_key_values=cache, use_cache=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_eager_steps_raise_on_overflow_gpu():
+    # past the pool's context, eager decode steps raise within a few steps (no host wait a step)
+    from glyd.kv import KVCapacityError
+
+    model = tiny_llama(seed=1, head_dim=64).cuda()
+    enable_fused(model)
+    cache = GlydStaticCache(model.config, max_cache_len=64, page_size=32)
+    ids = torch.randint(3, 320, (1, 60), generator=torch.Generator().manual_seed(1)).cuda()
+    with pytest.raises(KVCapacityError, match="context"):
+        model.generate(ids, past_key_values=cache, max_new_tokens=20, do_sample=False, pad_token_id=0,
+                       disable_compile=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.slow  # inductor compiles the model
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_generate_compiles_the_decode_step_gpu():
+    # the cache is compileable, so generate on CUDA runs its decode steps under torch.compile
+    # (mode="reduce-overhead": CUDA graphs); inductor may round the other ops differently from eager
+    model = tiny_llama(seed=3, head_dim=64).cuda()
+    enable_fused(model)
+    ids, mask = prompt("cuda")
+    kw = dict(attention_mask=mask, max_new_tokens=40, do_sample=False, pad_token_id=0)
+    runs = []
+    for compiled in (False, True):
+        cache = GlydStaticCache(model.config, max_cache_len=128, page_size=32)
+        runs.append(model.generate(ids, past_key_values=cache, disable_compile=not compiled, **kw)[:, ids.shape[1]:])
+        cache.check()
+        assert cache.pool.lens.tolist() == [ids.shape[1] + 39] * 3
+    assert hasattr(model, "_compiled_call")  # generate did compile
+    assert float((runs[0] == runs[1]).float().mean()) >= 0.9, runs

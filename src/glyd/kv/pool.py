@@ -136,6 +136,7 @@ class FixedPagePool:
         va = _arena(self.n_pages * heads * page * v_head_dim, exc_fraction)
         self.k = _Side(layers, blocks, batch, heads, page, head_dim, ka, self.device)
         self.v = _Side(layers, blocks, batch, heads, page, v_head_dim, va, self.device)
+        self._poll: tuple[torch.Tensor, torch.cuda.Event] | None = None
         if not torch.compiler.is_compiling():  # fixed addresses: CUDA graphs (and torch.compile's) replay them
             for t in (self.block_table, self.block_index, self.lens, *self.k.tensors(), *self.v.tensors()):
                 torch._dynamo.mark_static_address(t)
@@ -282,6 +283,29 @@ class FixedPagePool:
                 raise KVCapacityError(f"layer {bad[0]}'s {name} exceptions ({used[bad[0]]}) overflowed the "
                                       f"{cap} reserved (exc_fraction={self.exc_fraction}); pages written since are "
                                       f"lost: reserve more")
+
+    def poll(self) -> None:
+        """The check of :meth:`check` without waiting: on CUDA, read the counters copied to the host at the
+        previous call if that copy is done (raise if they overflowed), and start a new copy. For eager
+        decode steps (``GlydStaticCache`` calls it once a step): an overflow raises a step or two later,
+        before ``generate`` returns. Not under CUDA-graph capture (the caller checks) or on the CPU (the
+        twins raise when they read what overflowed)."""
+        if self.device.type != "cuda" or torch.cuda.is_current_stream_capturing():
+            return
+        if self._poll is not None:
+            host, done = self._poll
+            if not done.query():
+                return
+            self._poll = None
+            n = host.tolist()
+            if n[0] > self.context or max(n[1 : 1 + self.layers]) > self.k.arena or max(n[1 + self.layers :]) > self.v.arena:
+                self.check()
+        flags = torch.stack([self.lens.max(), *(u[0] for u in self.k.used), *(u[0] for u in self.v.used)])
+        host = torch.empty(flags.shape, dtype=flags.dtype, pin_memory=True)
+        host.copy_(flags, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record()
+        self._poll = (host, done)
 
     def reset(self) -> None:
         """Empty every sequence (the reserved memory stays)."""

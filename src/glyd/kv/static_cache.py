@@ -48,10 +48,16 @@ class GlydStaticLayer(CacheLayerMixin):
             self.lazy_initialization(key_states, value_states)
         pool = self._cache.pool
         t = key_states.shape[2]
+        fused = t == 1 and self._cache.fused
+        if fused and getattr(self._cache._attn_config, "_attn_implementation", None) != hf_attention.ATTN_NAME:
+            # the model's own attention would see this token's states only: refuse rather than attend wrongly
+            hf_attention.check_fused(self._cache._attn_config, "GlydStaticCache")
         if self.index == 0:  # once a forward, before any layer writes: every layer reads the new lengths
+            if t == 1 and not torch.compiler.is_compiling():
+                pool.poll()  # an eager step: raise on an overflow seen since (no host wait)
             pool.advance(t)
         first = pool.write(self.index, key_states, value_states)
-        if t == 1 and self._cache.fused:
+        if fused:
             hf_attention._LIVE[self.index] = self  # the "glyd_kv" attention reads the pool for this step
             return key_states, value_states
         if first == 0:  # a prompt into an empty cache: the cache holds exactly these states
@@ -127,6 +133,7 @@ class GlydStaticCache(Cache):
         self.context = max_cache_len  # tokens a sequence (the pool's whole pages once it is made)
         self.pool: FixedPagePool | None = None
         self._config = text
+        self._attn_config = config
         super().__init__(layers=[GlydStaticLayer(self, i) for i in range(text.num_hidden_layers)])
         if memory_fraction is not None:
             heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads

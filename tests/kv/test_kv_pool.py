@@ -9,7 +9,7 @@ import torch
 
 from glyd.errors import FormatError
 from glyd.kv import pool_twin
-from glyd.kv.pool import FixedPagePool, KVCapacityError, pool_bytes
+from glyd.kv.pool import FixedPagePool, KVCapacityError, pages_that_fit, pool_bytes
 
 from .conftest import all_bf16_patterns, bits_equal
 
@@ -88,6 +88,11 @@ def test_sizes_and_memory():
         FixedPagePool.from_memory(3, 2, 4, 32, page=32, device="cpu", free_bytes=1000)
     with pytest.raises(FormatError, match="free_bytes"):
         FixedPagePool.from_memory(3, 2, 4, 32, device="cpu")
+    # a huge budget: capped where the planes' int32 block offsets end (the constructor refuses beyond)
+    cap = pages_that_fit(10**15, 1, 2, 8, 128, 128, 64)
+    assert (2 * cap + 1) * 8 * 64 * 128 < 2**31 <= (2 * (cap + 1) + 1) * 8 * 64 * 128
+    with pytest.raises(FormatError, match="int32"):
+        FixedPagePool(1, 2, 8, 128, (cap + 1) * 64, page=64)
 
 
 @pytest.mark.parametrize("kw", [dict(layers=0), dict(batch=-1), dict(heads=1.0), dict(max_len=0), dict(page=6),

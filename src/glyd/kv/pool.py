@@ -18,7 +18,8 @@ The same check covers a sequence that grows past the pool's context.
 >>> import torch
 >>> pool = FixedPagePool(layers=1, batch=2, heads=2, head_dim=32, max_len=128, page=32)
 >>> k = torch.randn(2, 2, 40, 32).to(torch.bfloat16); v = torch.randn(2, 2, 40, 32).to(torch.bfloat16)
->>> pool.advance(40); pool.write(0, k, v)
+>>> pool.advance(40); pool.write(0, k, v)   # a prompt: returns its first position
+0
 >>> kd, vd = pool.dense(0)
 >>> torch.equal(kd.view(torch.int16), k.view(torch.int16))
 True
@@ -35,7 +36,7 @@ from glyd.kv import fixed
 from glyd.kv import pool_ops
 from glyd.kv.pool_twin import KVCapacityError
 
-__all__ = ["FixedPagePool", "KVCapacityError", "EXC_FRACTION", "pool_bytes"]
+__all__ = ["FixedPagePool", "KVCapacityError", "EXC_FRACTION", "pool_bytes", "pages_that_fit"]
 
 #: Exception entries reserved a value (1/512: about 4x the rate measured on real SmolLM2 keys, 0.048%,
 #: and 2.2x that of Gaussian keys with per-channel scales, 0.087%).
@@ -64,6 +65,25 @@ def pool_bytes(layers: int, heads: int, head_dim: int, v_head_dim: int, page: in
         total += batch * heads * page * d * 2  # the raw pages
     per_seq = math.ceil(pages / batch)  # block table, block index and lens: int32
     return layers * total + 4 * batch * (1 + per_seq + heads * per_seq)
+
+
+def pages_that_fit(budget: int, layers: int, batch: int, heads: int, head_dim: int, v_head_dim: int, page: int,
+                   exc_fraction: float = EXC_FRACTION) -> int:
+    """The most pages a sequence that a pool of ``budget`` bytes holds (:func:`pool_bytes`), below the
+    planes' int32 offsets (a kernel's block offsets) whatever the budget.
+
+    >>> pages_that_fit(10**15, 24, 1, 2, 64, 64, 64)   # a 0.5B model's cache in a petabyte: the int32 limit
+    262142
+    """
+    cap = (2**31 // (heads * page * max(head_dim, v_head_dim)) - 2) // batch
+    lo, hi = 0, min(max(1, budget // (page * heads)), cap)
+    while lo < hi:  # bisection on the exact size
+        mid = (lo + hi + 1) // 2
+        if pool_bytes(layers, heads, head_dim, v_head_dim, page, mid * batch, batch, exc_fraction) <= budget:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 class _Side:
@@ -149,7 +169,7 @@ class FixedPagePool:
         that many bytes instead, e.g. on the CPU): its context is whole pages a sequence.
 
         >>> FixedPagePool.from_memory(2, 1, 1, 32, page=32, device="cpu", free_bytes=2**20).context
-        9984
+        4768
         """
         if not 0 < fraction <= 1:
             raise FormatError(f"fraction must be in (0, 1], got {fraction!r}")
@@ -160,17 +180,11 @@ class FixedPagePool:
                 raise FormatError("from_memory measures free GPU memory; pass free_bytes= for another device")
             free, _ = torch.cuda.mem_get_info(dev)
             free_bytes = free + torch.cuda.memory_reserved(dev) - torch.cuda.memory_allocated(dev)
-        budget = int(free_bytes * fraction)
-        lo, hi = 0, max(1, budget // (page * heads))  # pages a sequence: bisection on the exact size
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if pool_bytes(layers, heads, head_dim, v_head_dim, page, mid * batch, batch, exc_fraction) <= budget:
-                lo = mid
-            else:
-                hi = mid - 1
-        if lo == 0:
-            raise KVCapacityError(f"{budget} bytes hold no KV page for {batch} sequence(s)")
-        return cls(layers, batch, heads, head_dim, lo * page, page=page, v_head_dim=v_head_dim, device=device,
+        pages = pages_that_fit(int(free_bytes * fraction), layers, batch, heads, head_dim, v_head_dim, page,
+                               exc_fraction)
+        if pages == 0:
+            raise KVCapacityError(f"{int(free_bytes * fraction)} bytes hold no KV page for {batch} sequence(s)")
+        return cls(layers, batch, heads, head_dim, pages * page, page=page, v_head_dim=v_head_dim, device=device,
                    exc_fraction=exc_fraction)
 
     # -- sizes --------------------------------------------------------------------------------------

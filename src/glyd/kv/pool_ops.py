@@ -11,7 +11,7 @@ decode step through both as opaque calls with static shapes.
 >>> x = torch.randn(1, 1, 3, 32).to(torch.bfloat16)
 >>> pool.advance(3)
 >>> torch.ops.glyd.kvf12_write(x, pool.lens, pool.block_index, *pool.k.layer(0)[:5], pool.k.used[0], pool.k.raw[0])
->>> int(pool.k.raw[0, 0, 0, 2, 5].view(torch.int16)) == int(x[0, 0, 2, 5].view(torch.int16))
+>>> int(pool.k.raw[0][0, 0, 2, 5].view(torch.int16)) == int(x[0, 0, 2, 5].view(torch.int16))
 True
 """
 

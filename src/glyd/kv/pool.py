@@ -141,6 +141,8 @@ class FixedPagePool:
         self.layers, self.batch, self.heads, self.page = layers, batch, heads, page
         self.head_dim, self.v_head_dim = head_dim, v_head_dim
         self.device = torch.device(device)
+        if self.device.type == "cuda" and self.device.index is None:  # "cuda" is the current GPU: name it, as
+            self.device = torch.device("cuda", torch.cuda.current_device())  # tensors there are named
         self.exc_fraction = exc_fraction
         self.pages_per_seq = math.ceil(max_len / page)
         self.n_pages = batch * self.pages_per_seq

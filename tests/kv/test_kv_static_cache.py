@@ -22,7 +22,7 @@ REF = "glyd_kv_bf16_reference"
 PAGE, CONTEXT = 16, 96
 
 
-def bf16_pool_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+def bf16_pool_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, page=PAGE, **kwargs):
     """The reference: a bf16 cache's keys and values (a DynamicCache's), packed afresh into a pool each
     decode step and read by the same attention as GlydStaticCache's (same pages, same splits)."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
@@ -31,18 +31,20 @@ def bf16_pool_attention(module, query, key, value, attention_mask, dropout=0.0, 
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)
     b, h, t, d = key.shape
-    pool = FixedPagePool(1, b, h, d, CONTEXT, page=PAGE, v_head_dim=value.shape[3], device=key.device,
+    pool = FixedPagePool(1, b, h, d, CONTEXT, page=page, v_head_dim=value.shape[3], device=key.device,
                          exc_fraction=1 / 64)
     pool.advance(t)
     pool.write(0, key.contiguous(), value.contiguous())
     return pool.attend(0, query[:, :, 0], scale=scaling, starts=_starts(attention_mask))[:, None], None
 
 
-def use_reference(model) -> None:
+def use_reference(model, page: int = PAGE) -> None:
+    import functools
+
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-    AttentionInterface.register(REF, bf16_pool_attention)
+    AttentionInterface.register(REF, functools.partial(bf16_pool_attention, page=page))
     AttentionMaskInterface.register(REF, sdpa_mask)
     model.set_attn_implementation(REF)
 
@@ -57,9 +59,9 @@ def prompt(device="cpu", batch=3, length=29):
     return ids.to(device), mask.to(device)
 
 
-def reference_run(model, ids, mask, steps):
+def reference_run(model, ids, mask, steps, page=PAGE):
     """Greedy tokens and logits through a bf16 DynamicCache (every layer's keys and values kept)."""
-    use_reference(model)
+    use_reference(model, page)
     dyn = DynamicCache()
     out = model.generate(ids, attention_mask=mask, past_key_values=dyn, max_new_tokens=steps, do_sample=False,
                          pad_token_id=0, return_dict_in_generate=True, output_logits=True)
@@ -112,12 +114,12 @@ def pool_run(model, cache, ids, mask, steps, graph=False):
     return torch.cat(toks, 1), torch.stack(logits, 1)
 
 
-def check_against_reference(device, graph, steps=24, head_dim=16):
+def check_against_reference(device, graph, steps=24, head_dim=16, page=PAGE):
     model = tiny_llama(seed=3, head_dim=head_dim).to(device)
     ids, mask = prompt(device)
-    ref_toks, ref_logits, dyn = reference_run(model, ids, mask, steps)
+    ref_toks, ref_logits, dyn = reference_run(model, ids, mask, steps, page)
     enable_fused(model)
-    cache = GlydStaticCache(model.config, max_cache_len=CONTEXT, page_size=PAGE)
+    cache = GlydStaticCache(model.config, max_cache_len=CONTEXT, page_size=page, exc_fraction=1 / 64)
     toks, logits = pool_run(model, cache, ids, mask, steps, graph=graph)
     assert torch.equal(toks, ref_toks)  # the tokens, bit for bit
     assert bits_equal(logits.to(torch.bfloat16), ref_logits.float().to(torch.bfloat16))
@@ -220,14 +222,8 @@ def test_decode_step_compiles_to_one_graph():
 @pytest.mark.parametrize("graph", [False, True])
 def test_tokens_and_bits_of_a_bf16_cache_gpu(graph):
     # the Triton page writer and decode kernel (head dim 64: the kernels take head dims >= 32), the decode
-    # steps replayed from one CUDA graph; pages of 16 run only under the interpreter, so the GPU pool
-    # uses pages of 32
-    global PAGE
-    old, PAGE = PAGE, 32
-    try:
-        check_against_reference("cuda", graph=graph, steps=60, head_dim=64)
-    finally:
-        PAGE = old
+    # steps replayed from one CUDA graph; pages of 16 run only under the interpreter: pages of 32 here
+    check_against_reference("cuda", graph=graph, steps=60, head_dim=64, page=32)
 
 
 def test_a_model_switched_back_to_sdpa_is_refused():
@@ -242,6 +238,20 @@ def test_a_model_switched_back_to_sdpa_is_refused():
         model.set_attn_implementation("sdpa")
         with pytest.raises(FormatError, match="glyd_kv"):
             model(ids[:, :1], past_key_values=cache, use_cache=True)
+
+
+def test_generate_past_the_context_raises():
+    from glyd.kv import KVCapacityError
+
+    model = tiny_llama(seed=1)
+    enable_fused(model)
+    cache = GlydStaticCache(model.config, max_cache_len=32, page_size=16)
+    ids = torch.randint(3, 320, (1, 28), generator=torch.Generator().manual_seed(1))
+    with pytest.raises(KVCapacityError, match="context"):
+        model.generate(ids, past_key_values=cache, max_new_tokens=10, do_sample=False, pad_token_id=0)
+    with pytest.raises(KVCapacityError, match="context"):  # a prompt that does not fit: refused before writing
+        model.generate(ids, past_key_values=GlydStaticCache(model.config, max_cache_len=16, page_size=16),
+                       max_new_tokens=2, do_sample=False, pad_token_id=0)
 
 
 @pytest.mark.gpu

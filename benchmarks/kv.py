@@ -29,7 +29,10 @@ size, maxnreg or 0), the first being the launcher's default; ``--variants w,s,p,
 tokens, programs per SM, maxnreg or 0; ``--variants`` with no value skips it). Every variant is
 checked against SDPA; the table shows the fastest of each kernel. The fixed-rate code (``kvf12``,
 ``GlydCache``'s default) has its own column: ``FixedPageStore`` pages of the same keys and values read by
-``glyd.kv._triton_fixed`` (``--fixed w,s,p ...``: warps, sub-tile tokens, programs per SM). (The column of the same loop over
+``glyd.kv._triton_fixed`` (``--fixed w,s,p ...``: warps, sub-tile tokens, programs per SM). The static pool
+(``GlydStaticCache``'s ``FixedPagePool``, the same pages read through its block table, the kernel and config
+``glyd.kv.registry`` picks) has the first column, beside the time of the decode step's write of one token
+(a raw row, and a row that fills its page, which the same kernel then packs). (The column of the same loop over
 plain bf16 pages, ``decode_attention_bf16_pages``, and ``--no-baseline`` are gone with that kernel:
 this script's 497582d version has them.) Without a CUDA GPU, ``speed`` is a dry run under
 ``TRITON_INTERPRET=1`` (nothing timed; the Gluon kernel cannot run there).
@@ -362,6 +365,39 @@ def cuda_graph_time(fn, iters: int = 50) -> float:
     return 1000 * cuda_graph_ms(fn, iters, slow_ms=None)
 
 
+def static_pool(k: torch.Tensor, v: torch.Tensor, lens: torch.Tensor | None):
+    """A one-layer ``FixedPagePool`` holding ``k, v [B, H, T, D]`` (one prompt write; with ``lens``,
+    sequence ``b`` then holds its first ``lens[b]`` tokens: its partial page goes back to the raw page)."""
+    from glyd.kv.pool import FixedPagePool
+
+    b, h, t, d = k.shape
+    pool = FixedPagePool(1, b, h, d, t + PAGE, page=PAGE, device=k.device)
+    pool.advance(t)
+    pool.write(0, k, v)
+    if lens is not None:
+        first = (lens // PAGE) * PAGE
+        idx = (first[:, None] + torch.arange(PAGE, device=k.device)).clamp_max(t - 1)[:, None, :, None]
+        for x, raw in ((k, pool.k.raw[0]), (v, pool.v.raw[0])):
+            raw.copy_(torch.gather(x.view(torch.int16), 2, idx.expand(b, h, PAGE, d)).view(torch.bfloat16))
+        pool.lens.copy_(lens)
+    pool.check()
+    return pool
+
+
+def pool_write_times(pool, t: int) -> tuple[float, float]:
+    """Microseconds of the decode step's write of one token into the pool (both sides): into a raw row,
+    and into the last row of a page (which packs the page); each replay writes the same slot."""
+    out = []
+    gen = torch.Generator(device=pool.device).manual_seed(1)
+    saved = pool.lens.clone()
+    for length in (t + 1, t):  # the token at position t (a fresh page's first row), at t - 1 (a page's last)
+        x = torch.randn(pool.batch, pool.heads, 1, pool.head_dim, device=pool.device, generator=gen).to(torch.bfloat16)
+        pool.lens.fill_(length)
+        out.append(cuda_graph_time(lambda: pool.write(0, x, x)))  # noqa: B023
+    pool.lens.copy_(saved)
+    return out[0], out[1]
+
+
 def cmd_speed(args) -> None:
     import torch.nn.functional as F
     import triton
@@ -443,12 +479,19 @@ def cmd_speed(args) -> None:
                 q, fks, fvs, lens, num_warps=w, sub_tile=ts, programs_per_sm=pps))  # noqa: B023
             if r is not None and not r[0] >= fbest[0]:
                 fbest = r
-        errs = [e for e in (gbest[2], best[2], fbest[2]) if e == e]  # the worst of the kernels' errors (NaN: none)
+        # the static pool (GlydStaticCache's): the same kvf12 pages read through its block table, and the
+        # decode step's write of one token (a raw row; a row that fills its page, which is then packed)
+        spool = static_pool(k, v, lens if mixed else None)
+        r = timed("kvf12 pool", "registry", lambda: spool.attend(0, q))  # noqa: B023
+        pbest = r if r is not None else (float("nan"), "-", float("nan"))
+        w_raw, w_pack = pool_write_times(spool, t)
+        errs = [e for e in (gbest[2], best[2], fbest[2], pbest[2]) if e == e]  # the worst error (NaN: none)
         rows.append((t, b, mixed, t_sdpa, gbest, best[0], best[1], ratio, max(errs) if errs else float("nan"),
-                     fbest, fratio))
+                     fbest, fratio, pbest, w_raw, w_pack))
         print(f"T={t} B={b} mixed={mixed}: sdpa {t_sdpa:.1f} us, gluon {gbest[0]:.1f} us {gbest[1]}, triton "
-              f"{best[0]:.1f} us {best[1]}, kvf12 {fbest[0]:.1f} us {fbest[1]}", file=sys.stderr, flush=True)
-        del k, v, ks, vs, fks, fvs
+              f"{best[0]:.1f} us {best[1]}, kvf12 {fbest[0]:.1f} us {fbest[1]}, kvf12 pool {pbest[0]:.1f} us "
+              f"(write {w_raw:.1f} / {w_pack:.1f} us)", file=sys.stderr, flush=True)
+        del k, v, ks, vs, fks, fvs, spool
         torch.cuda.empty_cache()
     name = torch.cuda.get_device_name() if dev.type == "cuda" else "CPU dry run"
     print("\nall variants (w: warps; s: sub-tile tokens; p: programs per SM; r: maxnreg): " + "; ".join(
@@ -456,12 +499,14 @@ def cmd_speed(args) -> None:
     print(f"\n{name}; torch {torch.__version__}; triton {triton.__version__}; pages: "
           f"{'real SmolLM2-filled pool' if pool is not None else 'Gaussian'}; {datetime.date.today()}; one layer, "
           f"{hq} query heads, {h} KV heads, head dim {d}, page {PAGE}; CUDA graph, median of 50 replays\n")
-    print("| tokens | seqs | lengths | bf16 SDPA us | kvf12 (Triton) us | / SDPA | best variant | kvf12 / bf16 | "
+    print("| tokens | seqs | lengths | bf16 SDPA us | kvf12 pool us | / SDPA | write: row us | row + pack us | "
+          "kvf12 (Triton) us | / SDPA | best variant | kvf12 / bf16 | "
           "kvtiered: Gluon us | / SDPA | best variant | Triton kernel us | / SDPA | best variant | kvtiered / bf16 | "
           "rel. err |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for t, b, mixed, ts, (tg, gvar, _), tt, var, ratio, err, (tf, fvar, _), fratio in rows:
-        print(f"| {t} | {b} | {'T/2..T' if mixed else 'all T'} | {ts:.1f} | {tf:.1f} | {tf / ts:.2f} | {fvar} | "
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for t, b, mixed, ts, (tg, gvar, _), tt, var, ratio, err, (tf, fvar, _), fratio, (tp, _, _), wr, wp in rows:
+        print(f"| {t} | {b} | {'T/2..T' if mixed else 'all T'} | {ts:.1f} | {tp:.1f} | {tp / ts:.2f} | {wr:.1f} | "
+              f"{wp:.1f} | {tf:.1f} | {tf / ts:.2f} | {fvar} | "
               f"{'-' if mixed else f'{fratio:.3f}'} | {tg:.1f} | {tg / ts:.2f} | {gvar} | "
               f"{tt:.1f} | {tt / ts:.2f} | {vname(var)} | {'-' if mixed else f'{ratio:.3f}'} | {err:.1e} |")
 

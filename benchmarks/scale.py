@@ -8,10 +8,12 @@ each variant (weights ``bf16``, ``fixed12``, ``tiered``; ``+kv``: glyd's lossles
   (``glyd.hf.synthetic``: the bf16 model is never held whole), q|k|v and gate|up merged (bf16 too);
 * **weight memory** (bytes of parameters and buffers) beside ``glyd fit``'s prediction;
 * **decode step** at 1, 8, 32, 64 sequences: ``glyd eval``'s step (static cache of ``--context``
-  positions, one CUDA graph, median GPU time of replays); ``+kv``: eager steps over ``GlydCache``;
+  positions, one CUDA graph, median GPU time of replays); ``+kv``: the same step over
+  ``GlydStaticCache`` (a static pool of kvf12 pages, the fused decode attention, one CUDA graph);
 * **time to first token** at 512 and 2048 prompt tokens (one sequence, eager prefill, median);
 * **largest context** at ``--capacity-batch`` sequences: bisection over static caches that fit with
-  one decode step at their last position (``+kv``: a GlydCache filled until the GPU is full), beside
+  one decode step at their last position (``+kv``: the largest GlydStaticCache pool that the free memory
+  holds, filled to its last position, and one decode step there), beside
   ``glyd fit``'s largest context for the same weights (its margin included, the model's
   max_position_embeddings not applied, so both are memory bounds).
 
@@ -108,9 +110,10 @@ def _capacity(model, rec: dict, args, device: str, lossless: bool) -> None:
     step = max(64, (guess // 2048) // 64 * 64)
     t = time.perf_counter()
     if lossless:
-        chunk = max(64, guess // 48 // 64 * 64)  # about 2% of the capacity a fill: 48 rounds, not thousands
-        rec["capacity_tokens"] = sp.lossless_capacity(model, b, device, chunk=chunk, limit=guess)
-        rec["capacity_note"] = "GlydCache filled with random bf16 until full, then one fused decode step"
+        chunk = max(64, guess // 48 // 64 * 64)  # about 2% of the capacity a write: 48 rounds, not thousands
+        rec["capacity_tokens"] = sp.lossless_capacity(model, b, device, chunk=chunk)
+        rec["capacity_note"] = ("the largest GlydStaticCache pool in the free memory, filled with random bf16 to "
+                                "its last position, then one fused decode step there")
     else:
         rec["capacity_tokens"] = sp.largest(lambda n: sp.static_fits(model, b, n, device), guess, step)
         rec["capacity_note"] = f"static cache + one decode step at its last position, bisection to {step} tokens"
@@ -153,11 +156,10 @@ def run_variant(name: str, cfg: dict, variant: str, args, device: str) -> dict:
 def _measure(model, rec: dict, args, device: str, lossless: bool) -> None:
     batches = tuple(args.batches)
     t = time.perf_counter()
+    ms, rec["decode_method"] = sp.decode_static(model, batches, args.context, args.replays, device,
+                                                kv="lossless" if lossless else "bf16")
     if lossless:
-        ms, rec["decode_method"], rec["kv_ratio"] = sp.decode_lossless(model, batches, args.context, args.replays,
-                                                                       device)
-    else:
-        ms, rec["decode_method"] = sp.decode_static(model, batches, args.context, args.replays, device)
+        rec["kv_ratio"] = sp.lossless_ratio(model, batches[0], args.context - 1, device)
     rec["decode_ms"] = {str(b): v for b, v in ms.items()}
     rec["ttft_ms"] = {str(p): sp.ttft(model, p, device, args.ttft_reps, lossless) for p in args.prompts}
     rec["measure_s"] = time.perf_counter() - t

@@ -58,13 +58,14 @@ def _timed(run: Callable[[], object], device: str, reps: int, warmup: int) -> fl
 
 
 def decode_static(model: nn.Module, batches: tuple[int, ...], context: int, replays: int, device: str,
-                  graphs: bool = True) -> tuple[dict[int, float | None], str]:
+                  graphs: bool = True, kv: str = "bf16") -> tuple[dict[int, float | None], str]:
     """``glyd eval``'s decode step (static cache of ``context``, one CUDA graph a step) at each batch
-    size, one at a time so that a batch that runs out of memory leaves the others measured."""
+    size, one at a time so that a batch that runs out of memory leaves the others measured.
+    ``kv="lossless"``: against ``GlydStaticCache`` (the static pool of kvf12 pages, fused attention)."""
     out: dict[int, float | None] = {}
     methods = set()
     for b in batches:
-        got = oom_safe(lambda b=b: time_decode(model, (b,), context, replays, device, graphs), device,
+        got = oom_safe(lambda b=b: time_decode(model, (b,), context, replays, device, graphs, kv=kv), device,
                        f"decode step at {b} sequences")
         out[b] = None if got is None else got[0][b]
         if got is not None:
@@ -73,77 +74,71 @@ def decode_static(model: nn.Module, batches: tuple[int, ...], context: int, repl
     return out, "; ".join(sorted(methods))
 
 
-def _fill_glyd_cache(cache, config, batch: int, tokens: int, device: str, chunk: int) -> None:
-    """Append ``tokens`` random bf16 keys and values (normal, as projected states roughly are) to
-    every layer of a ``GlydCache``, ``chunk`` tokens at a time, straight into its page stores."""
-    text = config.get_text_config(decoder=True)
-    kv = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
-    hd = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+def _fill_pool(cache, tokens: int, device: str, chunk: int) -> None:
+    """Write ``tokens`` random bf16 keys and values (normal, as projected states roughly are) to every
+    layer of a ``GlydStaticCache``'s pool, ``chunk`` tokens a call (each a prompt: one kernel a side)."""
+    pool = cache.pool
     g = torch.Generator(device=device).manual_seed(11)
     done = 0
     while done < tokens:
         n = min(chunk, tokens - done)
-        for layer in cache.layers:
-            k = torch.randn(batch, kv, n, hd, generator=g, device=device).to(torch.bfloat16)
-            v = torch.randn(batch, kv, n, hd, generator=g, device=device).to(torch.bfloat16)
-            if not layer.is_initialized:
-                layer.lazy_initialization(k, v)
-            layer.k_store.append(k)  # not layer.update: that also unpacks the whole layer
-            layer.v_store.append(v)
+        pool.advance(n)
+        for i in range(pool.layers):
+            k = torch.randn(pool.batch, pool.heads, n, pool.head_dim, generator=g, device=device).to(torch.bfloat16)
+            v = torch.randn(pool.batch, pool.heads, n, pool.v_head_dim, generator=g, device=device).to(torch.bfloat16)
+            pool.write(i, k, v)
             del k, v
         done += n
 
 
-def _kv_step(model: nn.Module, cache, batch: int, position: int, device: str) -> Callable[[], object]:
+def _pool_step(model: nn.Module, cache, batch: int, position: int, device: str) -> Callable[[], object]:
     vocab = model.config.get_text_config().vocab_size
     ids = torch.randint(0, vocab, (batch, 1), generator=torch.Generator().manual_seed(5)).to(device)
     pos = torch.full((batch, 1), position, dtype=torch.long, device=device)
+    mask = torch.zeros((batch, 1, 1, cache.context), dtype=torch.bfloat16, device=device)
+    mask[..., position + 1 :] = torch.finfo(torch.bfloat16).min
 
     def step():
-        return model(input_ids=ids, position_ids=pos, past_key_values=cache, use_cache=True).logits
+        return model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True).logits
 
     return step
 
 
-@torch.no_grad()
-def decode_lossless(model: nn.Module, batches: tuple[int, ...], context: int, replays: int,
-                    device: str) -> tuple[dict[int, float | None], str, float | None]:
-    """Decode step over glyd's lossless KV cache (``GlydCache(fused=True)``, the fused decode
-    attention), eager steps: the cache holds ``context - 1`` random tokens first and grows by one
-    token a step. Returns (ms by batch, method, the cache's bytes / bf16's at the first batch)."""
-    from glyd.kv import GlydCache
-    from glyd.kv.cache import enable_fused
+def _glyd_cache(model: nn.Module, **kw):
+    from glyd.kv import GlydStaticCache, enable_fused
 
     enable_fused(model)
-    out: dict[int, float | None] = {}
-    ratio = None
+    return GlydStaticCache(model.config, **kw)
 
-    def one(b: int) -> float:
-        nonlocal ratio
-        cache = GlydCache(model.config, fused=True)
-        _fill_glyd_cache(cache, model.config, b, context - 1, device, chunk=context)
-        ratio = ratio if ratio is not None else cache.nbytes / max(cache.bf16_nbytes, 1)
-        return _timed(_kv_step(model, cache, b, context - 1, device), device, replays, warmup=3)
 
-    for b in batches:
-        out[b] = oom_safe(lambda b=b: one(b), device, f"lossless-KV decode step at {b} sequences")
+@torch.no_grad()
+def lossless_ratio(model: nn.Module, batch: int, tokens: int, device: str) -> float | None:
+    """Bytes that ``tokens`` random tokens take in ``GlydStaticCache``'s pool against a bf16 cache's."""
+    try:
+        cache = _glyd_cache(model, max_cache_len=tokens)
+        _pool_step(model, cache, batch, 0, device)()  # makes the pool
+        cache.reset()
+        _fill_pool(cache, tokens, device, chunk=max(64, tokens))
+        return cache.nbytes / max(cache.bf16_nbytes, 1)
+    except torch.OutOfMemoryError:
         free_memory(device)
-    return out, f"eager steps over GlydCache(fused=True) from {context - 1} tokens, one more a step", ratio
+        return None
 
 
 @torch.no_grad()
 def ttft(model: nn.Module, prompt: int, device: str, reps: int, lossless: bool = False) -> float | None:
     """Time to first token: one prefill forward of ``prompt`` random tokens, one sequence, logits of
-    the last position only (a fresh cache each time: DynamicCache, or GlydCache with ``lossless``)."""
+    the last position only (a fresh DynamicCache each time, or with ``lossless`` a GlydStaticCache of
+    ``prompt`` tokens made once and emptied before each prefill: its pages are packed by the prefill)."""
     vocab = model.config.get_text_config().vocab_size
     ids = torch.randint(0, vocab, (1, prompt), generator=torch.Generator().manual_seed(3)).to(device)
+    cache = _glyd_cache(model, max_cache_len=prompt) if lossless else None
 
     def run():
         kw = {}
-        if lossless:
-            from glyd.kv import GlydCache
-
-            kw["past_key_values"] = GlydCache(model.config, fused=True)
+        if cache is not None:
+            cache.reset()
+            kw["past_key_values"] = cache
         return model(input_ids=ids, use_cache=True, logits_to_keep=1, **kw).logits
 
     return oom_safe(lambda: _timed(run, device, reps, warmup=1), device, f"prefill of {prompt} tokens")
@@ -187,35 +182,25 @@ def static_fits(model: nn.Module, batch: int, context: int, device: str) -> bool
 
 
 @torch.no_grad()
-def lossless_capacity(model: nn.Module, batch: int, device: str, chunk: int, limit: int) -> int:
-    """Tokens a sequence that glyd's lossless KV cache holds with one fused decode step still running:
-    a ``GlydCache`` is filled with random keys and values ``chunk`` tokens at a time until the GPU runs
-    out of memory (or ``limit``); then a fresh cache is filled to one chunk less and a decode step
-    run, one chunk less again until the step runs. 0 if none."""
-    from glyd.kv import GlydCache
+def lossless_capacity(model: nn.Module, batch: int, device: str, chunk: int) -> int:
+    """Tokens a sequence that ``GlydStaticCache`` holds with one fused decode step still running: the
+    largest pool that a share of the free memory holds (``memory_fraction`` from 0.97 down until the
+    rest leaves room for the step), filled with random keys and values to its last position, then one
+    decode step there. 0 if none."""
+    for fraction in (0.97, 0.95, 0.92, 0.88, 0.84, 0.8, 0.75, 0.7, 0.6, 0.5):
+        def filled_and_stepped(fraction=fraction) -> int:
+            cache = _glyd_cache(model, batch_size=batch, device=device, memory_fraction=fraction)
+            n = cache.context - 1
+            _fill_pool(cache, n, device, chunk)
+            _pool_step(model, cache, batch, n, device)()
+            if device.startswith("cuda"):
+                torch.cuda.synchronize()
+            cache.check()
+            return cache.context
 
-    cache = GlydCache(model.config, fused=True)
-    top = 0
-    while top + chunk <= limit:
-        ok = oom_safe(lambda: _fill_glyd_cache(cache, model.config, batch, chunk, device, chunk) or True, device,
-                      f"lossless cache past {top} tokens")
-        if not ok:
-            break
-        top += chunk
-    del cache
-    free_memory(device)
-    n = top - chunk if top + chunk <= limit else top
-
-    def filled_and_stepped(n: int) -> bool:
-        c = GlydCache(model.config, fused=True)
-        _fill_glyd_cache(c, model.config, batch, n, device, chunk)
-        _kv_step(model, c, batch, n, device)()
-        return True
-
-    while n > 0:
-        ok = oom_safe(lambda: filled_and_stepped(n), device, f"decode step over {n} lossless tokens")
+        got = oom_safe(filled_and_stepped, device, f"GlydStaticCache of {fraction:.2f} of free memory")
         free_memory(device)
-        if ok:
-            return n
-        n -= chunk
+        if got:
+            log.info("GlydStaticCache: %d tokens at %.2f of free memory", got, fraction)
+            return got
     return 0

@@ -294,3 +294,41 @@ def test_decode_step_under_torch_compile(tiny_folder, data_dir, caplog):
         assert "reduce-overhead" in r.compiled_method
     assert "differs from an eager step" not in caplog.text
     assert "compiled ms @2" in report.table()
+
+
+def test_decode_step_over_the_lossless_cache(tmp_path):
+    """--decode-kv lossless: the timed step runs against GlydStaticCache; every replay writes the same
+    slot, and the step computes what a bf16 StaticCache holding the same tokens gives (within rounding)."""
+    from glyd.apps.eval_timing import _StepRunner
+    from glyd.apps.eval_models import build_random
+
+    cfg = dict(model_type="llama", hidden_size=128, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+               num_key_value_heads=2, vocab_size=128, tie_word_embeddings=False, max_position_embeddings=256)
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    report = ev.evaluate(ev.EvalConfig(model=str(tmp_path / "config.json"), random=True, modes=(), device="cpu",
+                                       decode_batches=(2,), decode_context=80, decode_replays=2, decode_kv="lossless"))
+    assert "GlydStaticCache" in report.results[0].decode_method and report.results[0].decode_ms[2] > 0
+    with pytest.raises(GlydError, match="decode_kv"):
+        ev.EvalConfig(model="m", random=True, decode_kv="fp8")
+    model = build_random(str(tmp_path / "config.json"), "cpu", 0)
+    runner = _StepRunner(model, 2, 80, "cpu", kv="lossless")
+    runner.reset()
+    runner.step()
+    runner.fill_cache()
+    runner.reset()
+    with torch.no_grad():
+        a = runner.step().float()
+        runner.reset()
+        b = runner.step().float()
+    pool = runner.cache.pool
+    assert torch.equal(a, b) and pool.lens.tolist() == [41, 41]
+    ref = _StepRunner(model, 2, 80, "cpu")  # the same tokens in a bf16 StaticCache
+    with torch.no_grad():
+        ref.reset()
+        ref.step()
+        for i, layer in enumerate(ref.cache.layers):
+            k, v = pool.to_bf16(i)
+            layer.keys[:, :, :40], layer.values[:, :, :40] = k[:, :, :40], v[:, :, :40]
+        ref.reset()
+        want = ref.step().float()
+    assert float((a - want).norm() / want.norm()) < 2e-2

@@ -220,8 +220,8 @@ def test_fused_decode_gpu_kernel(monkeypatch):
     from glyd.kv import _triton_fixed
 
     calls = []
-    real = _triton_fixed.decode_attention_fixed_triton
-    monkeypatch.setattr(_triton_fixed, "decode_attention_fixed_triton", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = _triton_fixed.attention_triton
+    monkeypatch.setattr(_triton_fixed, "attention_triton", lambda *a, **k: calls.append(1) or real(*a, **k))
     run_fused_against_dynamic("cuda", head_dim=64)  # the kvf12 kernel takes head dims of >= 32
     assert len(calls) == 2 * 40  # two layers, every one-token decode step
 

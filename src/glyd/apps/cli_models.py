@@ -100,6 +100,9 @@ def add_eval_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--decode-context", type=int, default=512, help="static cache positions (default 512)")
     g.add_argument("--decode-replays", type=int, default=30, help="timed steps a batch size (default 30)")
     g.add_argument("--no-cuda-graphs", dest="cuda_graphs", action="store_false", help="time eager steps on the GPU")
+    g.add_argument("--decode-kv", choices=("bf16", "lossless"), default="bf16",
+                   help="the step's static cache: bf16 (transformers' StaticCache, default) or lossless "
+                   "(glyd.kv.GlydStaticCache: kvf12 pages, fused attention)")
     g.add_argument("--compile", dest="decode_compile", action="store_true",
                    help="also time the step under torch.compile(mode='reduce-overhead') (compiles every model: slow)")
     g = p.add_argument_group("output")
@@ -116,6 +119,7 @@ def eval_config_from_args(args: argparse.Namespace):
         mmlu_per_subject=args.mmlu_per_subject, mmlu_batch=args.mmlu_batch, decode=args.decode,
         decode_batches=tuple(args.decode_batches), decode_context=args.decode_context,
         decode_replays=args.decode_replays, cuda_graphs=args.cuda_graphs, decode_compile=args.decode_compile,
+        decode_kv=args.decode_kv,
     )
 
 

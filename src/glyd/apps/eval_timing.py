@@ -14,14 +14,29 @@ from torch import nn
 log = logging.getLogger(__name__)
 
 
+#: ``kv=`` of the decode step: the static cache it runs against.
+KV_CACHES = ("bf16", "lossless")
+
+
 class _StepRunner:
-    """One decode step of ``model`` at batch ``b`` against a static cache of ``context`` positions."""
+    """One decode step of ``model`` at batch ``b`` against a static cache of ``context`` positions:
+    transformers' ``StaticCache`` (``kv="bf16"``) or glyd's ``GlydStaticCache`` (``kv="lossless"``: the
+    static pool of kvf12 pages, read by the fused attention)."""
 
-    def __init__(self, model: nn.Module, b: int, context: int, device: str) -> None:
-        from transformers import StaticCache
-
+    def __init__(self, model: nn.Module, b: int, context: int, device: str, kv: str = "bf16") -> None:
+        if kv not in KV_CACHES:
+            raise ValueError(f"kv must be one of {KV_CACHES}, got {kv!r}")
         self.model = model
-        self.cache = StaticCache(config=model.config, max_cache_len=context)
+        self.kv = kv
+        if kv == "lossless":
+            from glyd.kv import GlydStaticCache, enable_fused
+
+            enable_fused(model)
+            self.cache = GlydStaticCache(model.config, max_cache_len=context)
+        else:
+            from transformers import StaticCache
+
+            self.cache = StaticCache(config=model.config, max_cache_len=context)
         self.position = context // 2
         vocab = model.config.get_text_config().vocab_size
         gen = torch.Generator(device="cpu").manual_seed(1234 + b)
@@ -31,10 +46,18 @@ class _StepRunner:
         mask[..., self.position + 1 :] = torch.finfo(torch.bfloat16).min
         self.mask = mask
         self.out: torch.Tensor | None = None
+        self._counters: list[tuple[torch.Tensor, torch.Tensor]] = []
 
     def reset(self) -> None:
-        # transformers' static layers advance a position counter on each update: rewind it so every
-        # replay writes the same slot.
+        # Every replay must write the same slot: rewind transformers' static layers' position counters,
+        # or the pool's lengths and exception counters to where fill_cache left them.
+        if self.kv == "lossless":
+            pool = self.cache.pool
+            if pool is not None and not self._counters:
+                pool.lens.fill_(self.position)
+            for t, saved in self._counters:
+                t.copy_(saved)
+            return
         for layer in self.cache.layers:
             if getattr(layer, "is_initialized", False):
                 layer.cumulative_length.fill_(self.position)
@@ -47,19 +70,37 @@ class _StepRunner:
 
     def fill_cache(self) -> None:
         gen = torch.Generator(device=self.ids.device).manual_seed(7)
+        if self.kv == "lossless":  # the pool holds `position` random tokens, packed as a prompt would be
+            pool = self.cache.pool
+            pool.reset()
+            pool.advance(self.position)
+            for i in range(pool.layers):
+                k, v = (torch.randn(pool.batch, pool.heads, self.position, d, generator=gen, device=self.ids.device)
+                        .to(torch.bfloat16) for d in (pool.head_dim, pool.v_head_dim))
+                pool.write(i, k, v)
+            self._counters = [(t, t.clone()) for t in (pool.lens, *pool.k.used, *pool.v.used)]
+            return
         for layer in self.cache.layers:
             if getattr(layer, "is_initialized", False):
                 for t in (layer.keys, layer.values):
                     t.copy_(torch.randn(t.shape, generator=gen, device=t.device, dtype=torch.float32).to(t.dtype))
 
+    def check(self) -> None:
+        """Raise if the lossless cache overflowed while timing (host sync)."""
+        if self.kv == "lossless":
+            self.cache.check()
+
 
 @torch.no_grad()
-def time_decode(model: nn.Module, batches: tuple[int, ...], context: int, replays: int, device: str, graphs: bool) -> tuple[dict[int, float], str]:
-    """Median time (ms) of one decode step at each batch size, and how it was measured."""
+def time_decode(model: nn.Module, batches: tuple[int, ...], context: int, replays: int, device: str, graphs: bool,
+                kv: str = "bf16") -> tuple[dict[int, float], str]:
+    """Median time (ms) of one decode step at each batch size against a static ``kv`` cache
+    (``KV_CACHES``), and how it was measured."""
     times: dict[int, float] = {}
     methods = set()
+    attn = getattr(model.config, "_attn_implementation", None)
     for b in batches:
-        runner = _StepRunner(model, b, context, device)
+        runner = _StepRunner(model, b, context, device, kv)
         runner.reset()
         runner.step()  # allocates the cache
         runner.fill_cache()
@@ -67,18 +108,21 @@ def time_decode(model: nn.Module, batches: tuple[int, ...], context: int, replay
             ms, method = _time_cuda(runner, replays, graphs)
         else:
             ms, method = _time_cpu(runner, replays)
+        runner.check()
         times[b] = ms
-        methods.add(method)
+        methods.add(method + (", GlydStaticCache (kvf12 pool, fused attention)" if kv == "lossless" else ""))
         del runner
         gc.collect()
         if device.startswith("cuda"):
             torch.cuda.empty_cache()
+    if kv == "lossless" and attn is not None:
+        model.set_attn_implementation(attn)  # the fused attention was switched on for the lossless cache
     return times, ", ".join(sorted(methods))
 
 
 @torch.no_grad()
 def time_decode_compiled(model: nn.Module, batches: tuple[int, ...], context: int, replays: int,
-                         device: str) -> tuple[dict[int, float], str]:
+                         device: str, kv: str = "bf16") -> tuple[dict[int, float], str]:
     """Median time (ms) of one decode step of ``torch.compile(model, mode="reduce-overhead")`` (CUDA
     graphs made by torch's compiler on a GPU; on the CPU the same mode compiles without graphs)."""
     compiled = torch.compile(model, mode="reduce-overhead")
@@ -88,7 +132,7 @@ def time_decode_compiled(model: nn.Module, batches: tuple[int, ...], context: in
         # An eager step allocates the cache first: transformers marks its tensors as static addresses
         # only outside torch.compile, and a cache made inside the compiled graph is a graph output that
         # the next replay overwrites (the H200 run of 2026-12-02 failed so).
-        runner = _StepRunner(model, b, context, device)
+        runner = _StepRunner(model, b, context, device, kv)
         runner.reset()
         runner.step()
         runner.fill_cache()

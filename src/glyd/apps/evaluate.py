@@ -95,6 +95,9 @@ class EvalConfig:
     decode_context: int = 512
     decode_replays: int = 30
     cuda_graphs: bool = True
+    #: the static cache of the decode step: ``bf16`` (transformers' StaticCache) or ``lossless``
+    #: (``glyd.kv.GlydStaticCache``: a static pool of kvf12 pages, the fused attention)
+    decode_kv: str = "bf16"
     #: also time the step under ``torch.compile(mode="reduce-overhead")`` (compiles the model: slow)
     decode_compile: bool = False
 
@@ -115,6 +118,8 @@ class EvalConfig:
             raise GlydError(f"decode batch sizes must be positive, got {self.decode_batches}")
         if self.decode_context < 2:
             raise GlydError("decode_context must be at least 2")
+        if self.decode_kv not in ("bf16", "lossless"):
+            raise GlydError(f"decode_kv must be bf16 or lossless, got {self.decode_kv!r}")
         if self.device is None:
             self.device = "cuda" if torch.cuda.is_available() else "cpu"
         if self.random:  # no tokenizer: nothing to read or answer
@@ -443,13 +448,14 @@ def _run_mode(cfg: EvalConfig, mode: str, inp: _Inputs, ref: dict[str, Any], ste
             merge_bf16(model)
         step("decode step")
         res.decode_ms, res.decode_method = time_decode(
-            model, tuple(cfg.decode_batches), cfg.decode_context, cfg.decode_replays, cfg.device, cfg.cuda_graphs
+            model, tuple(cfg.decode_batches), cfg.decode_context, cfg.decode_replays, cfg.device, cfg.cuda_graphs,
+            kv=cfg.decode_kv,
         )
         if cfg.decode_compile:
             step("compiled step")
             torch._dynamo.reset()  # every mode compiles its own model
             res.compiled_ms, res.compiled_method = time_decode_compiled(
-                model, tuple(cfg.decode_batches), cfg.decode_context, cfg.decode_replays, cfg.device)
+                model, tuple(cfg.decode_batches), cfg.decode_context, cfg.decode_replays, cfg.device, kv=cfg.decode_kv)
     return res
 
 

@@ -15,7 +15,10 @@ the ``kvtiered`` code with escape tiers, ``GlydCache(code="kvtiered")``).
 >>> torch.equal(st.to_bf16().view(torch.int16), x.view(torch.int16))
 True
 
-``GlydCache`` / ``make_cache`` need transformers; ``decode_attention`` uses Triton on CUDA
+``GlydStaticCache`` holds them in a static pool of kvf12 pages (``FixedPagePool``: reserved once, CUDA
+graphs and ``torch.compile`` see the same shapes every step).
+
+``GlydCache`` / ``GlydStaticCache`` / ``make_cache`` need transformers; ``decode_attention`` uses Triton on CUDA
 tensors. Both are imported on first use, so ``import glyd.kv`` needs only torch.
 """
 
@@ -31,7 +34,10 @@ _LAZY = {
     "GlydCache": "glyd.kv.cache",
     "GlydLayer": "glyd.kv.cache",
     "make_cache": "glyd.kv.cache",
-    "enable_fused": "glyd.kv.cache",
+    "enable_fused": "glyd.kv.hf_attention",
+    "GlydStaticCache": "glyd.kv.static_cache",
+    "FixedPagePool": "glyd.kv.pool",
+    "KVCapacityError": "glyd.kv.pool_twin",
     "decode_attention": "glyd.kv.attention",
     "decode_attention_reference": "glyd.kv.attention",
     "decode_attention_torch": "glyd.kv.attention",

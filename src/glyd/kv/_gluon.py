@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import functools
 import math
+from dataclasses import dataclass
 
 import torch
 from triton.experimental import gluon
@@ -49,6 +50,7 @@ from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 from glyd.errors import FormatError
 from glyd.kernels._gluon_bits import split16
 from glyd.kv import _triton as T
+from glyd.kv.registry import KVKernel
 
 #: the one shape this kernel takes (others use the Triton kernel)
 PAGE = 64
@@ -536,3 +538,45 @@ def decode_attention_gluon(q, k_store, v_store, lens, scale=None, num_splits=Non
     out = torch.empty(b, hq, HEAD_DIM, dtype=torch.bfloat16, device=dev)
     T._combine(m, l_, acc, out, b, h, num_splits, g, gp, HEAD_DIM)
     return out
+
+
+@dataclass(frozen=True)
+class GluonConfig:
+    """``programs_per_sm``: programs an SM (0: ``default_programs_per_sm``); ``maxnreg``: register cap
+    (0: none); ``prefetch``: the sm_90 bulk L2 prefetch (None: where the GPU has it)."""
+
+    programs_per_sm: int = 0
+    maxnreg: int = 168
+    prefetch: bool | None = None
+
+    def __post_init__(self) -> None:
+        if self.programs_per_sm < 0 or self.maxnreg < 0:
+            raise ValueError(f"programs_per_sm and maxnreg must be >= 0, got {self.programs_per_sm}, {self.maxnreg}")
+
+
+class TieredGluonKernel(KVKernel):
+    """The kvtiered code's Gluon decode kernel: CUDA sm_80+, pages of 64, head dim 128, <= 16 query heads a KV head."""
+
+    name = "kvtiered_attention_gluon"
+    code = "kvtiered"
+    op = "attention"
+    Config = GluonConfig
+
+    @classmethod
+    def can_implement(cls, problem, device, config):
+        ok, why = super().can_implement(problem, device, config)
+        if not ok:
+            return ok, why
+        if "gluon" not in device.features or (device.capability or (0, 0))[0] < 8:
+            return False, "needs Gluon on a CUDA GPU of compute capability 8.0 or newer (no interpreter)"
+        if (problem.page, problem.head_dim, problem.v_head_dim) != (PAGE, HEAD_DIM, HEAD_DIM) or problem.group > GP:
+            return False, f"takes pages of {PAGE}, head dim {HEAD_DIM} and <= {GP} query heads a KV head"
+        if problem.where != "store":
+            return False, "reads PageStores only"
+        return True, ""
+
+    @classmethod
+    def launch(cls, q, k_store, v_store, lens, scale, starts, num_splits, *, config):
+        return decode_attention_gluon(q, k_store, v_store, lens, scale=scale, num_splits=num_splits, starts=starts,
+                                      programs_per_sm=config.programs_per_sm or None, maxnreg=config.maxnreg or None,
+                                      prefetch=config.prefetch)

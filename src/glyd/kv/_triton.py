@@ -8,6 +8,7 @@ and ``import glyd.kv`` never import Triton. The page code is documented in ``gly
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -17,6 +18,7 @@ from triton.language.extra import libdevice
 from glyd import _env
 from glyd.errors import FormatError
 from glyd.kernels._interp import isolated
+from glyd.kv.registry import KVKernel
 
 
 @triton.jit
@@ -393,3 +395,52 @@ def decode_attention_triton(q, k_store, v_store, lens, scale=None, num_splits=No
     out = torch.empty(b, hq, dv, dtype=torch.bfloat16, device=dev)
     _combine(m, l_, acc, out, b, h, num_splits, g, gp, dv)
     return out
+
+
+@dataclass(frozen=True)
+class TieredTritonConfig:
+    """Tuning of ``decode_attention_triton`` (measured on an H200, docs/kv.md); ``maxnreg`` 0: no cap."""
+
+    num_warps: int = 4
+    sub_tile: int = 32
+    programs_per_sm: int = 16
+    maxnreg: int = 128
+
+    def __post_init__(self) -> None:
+        if self.num_warps not in (1, 2, 4, 8, 16) or self.sub_tile < 16 or self.sub_tile & (self.sub_tile - 1):
+            raise ValueError(f"num_warps {self.num_warps} (1-16, a power of two) or sub_tile {self.sub_tile} "
+                             f"(a power of two >= 16) out of range")
+        if self.programs_per_sm <= 0 or self.maxnreg < 0:
+            raise ValueError(f"programs_per_sm must be positive and maxnreg >= 0, got {self.programs_per_sm}, "
+                             f"{self.maxnreg}")
+
+
+class TieredTritonKernel(KVKernel):
+    """The kvtiered code's Triton decode kernel: pages and head dims powers of two >= 16 (pages >= 32 on the GPU)."""
+
+    name = "kvtiered_attention_triton"
+    code = "kvtiered"
+    op = "attention"
+    Config = TieredTritonConfig
+
+    @classmethod
+    def can_implement(cls, problem, device, config):
+        ok, why = super().can_implement(problem, device, config)
+        if not ok:
+            return ok, why
+        if device.type != "cuda" and not device.interpreting:
+            return False, "needs a CUDA GPU (or Triton's interpreter)"
+        p, d, dv = problem.page, problem.head_dim, problem.v_head_dim
+        if p & (p - 1) or d & (d - 1) or dv & (dv - 1) or min(p, d, dv) < 16:
+            return False, f"page {p} and head dims {d}/{dv} must be powers of two >= 16"
+        if min(config.sub_tile, p) < 32 and not device.interpreting:
+            return False, "sub-tiles (and pages) of >= 32 tokens on the GPU (Triton 3.6's K=16 dot on sm_90)"
+        if problem.where != "store":
+            return False, "reads PageStores only"
+        return True, ""
+
+    @classmethod
+    def launch(cls, q, k_store, v_store, lens, scale, starts, num_splits, *, config):
+        return decode_attention_triton(q, k_store, v_store, lens, scale=scale, num_splits=num_splits, starts=starts,
+                                       num_warps=config.num_warps, sub_tile=config.sub_tile,
+                                       programs_per_sm=config.programs_per_sm, maxnreg=config.maxnreg or None)

@@ -12,6 +12,7 @@ The softmax, the split of the pages and the combine are those of ``glyd.kv._trit
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -20,6 +21,7 @@ import triton.language as tl
 from glyd.errors import FormatError
 from glyd.kernels._interp import isolated
 from glyd.kv._triton import _combine, _dot, _interpreting, _split_state, _splits, qk_f32
+from glyd.kv.registry import KVKernel
 
 
 @triton.jit
@@ -90,23 +92,22 @@ def _probs(qa, qb, ka, kb, valid, m_i, l_i, qk_scale, QK_F32: tl.constexpr):
 
 # Shape-dependent ints are not specialised (no recompile per batch size or length).
 @isolated
-@triton.jit(do_not_specialize=["H", "K_CAP", "V_CAP", "PAGES_PER_SPLIT", "S"])
+@triton.jit(do_not_specialize=["H", "J", "CAP", "PAGES_PER_SPLIT", "S"])
 def _kvf_decode_split_kernel(
-    q_ptr, lens_ptr, starts_ptr,
+    q_ptr, lens_ptr, starts_ptr, bidx_ptr,
     k_lo, k_code, k_base, k_meta, k_exc, k_raw,
     v_lo, v_code, v_base, v_meta, v_exc, v_raw,
     m_out, l_out, acc_out,
-    qk_scale, H, K_CAP, V_CAP, PAGES_PER_SPLIT, S,
+    qk_scale, H, J, CAP, PAGES_PER_SPLIT, S,
     G: tl.constexpr, GP: tl.constexpr, P: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
     F32: tl.constexpr, TS: tl.constexpr, QK_F32: tl.constexpr,
 ):
     pid_bh = tl.program_id(0)
     split = tl.program_id(1)
     b = pid_bh // H
-    h = pid_bh % H
     L = tl.load(lens_ptr + b)
     S0 = tl.load(starts_ptr + b)  # tokens before S0 are masked (left padding)
-    n_full = L // P
+    n_full = tl.minimum(L // P, J)
     j0 = split * PAGES_PER_SPLIT
     j1 = tl.minimum(j0 + PAGES_PER_SPLIT, (L + P - 1) // P)
     HD: tl.constexpr = D // 2
@@ -115,27 +116,28 @@ def _kvf_decode_split_kernel(
     offs_hd = tl.arange(0, HD)
     offs_hv = tl.arange(0, HV)
     offs_ts = tl.arange(0, TS)
-    qp = q_ptr + ((b * H + h) * G + offs_g)[:, None] * D + offs_hd[None, :]
+    qp = q_ptr + (pid_bh * G + offs_g)[:, None] * D + offs_hd[None, :]
     qa = tl.load(qp, mask=offs_g[:, None] < G, other=0.0)
     qb = tl.load(qp + HD, mask=offs_g[:, None] < G, other=0.0)
     m_i = tl.full([GP], float("-inf"), tl.float32)
     l_i = tl.zeros([GP], tl.float32)
     acc_a = tl.zeros([GP, HV], tl.float32)
     acc_b = tl.zeros([GP, HV], tl.float32)
+    lost = L > CAP  # more tokens than the pool holds: no page of it is trusted
     for j in range(j0, tl.minimum(j1, n_full)):
-        kblk = ((b * H + h) * K_CAP + j).to(tl.int64)
-        vblk = ((b * H + h) * V_CAP + j).to(tl.int64)
-        kba, kbb, ke0, kne = _bases(k_base, k_meta, kblk, D)
-        vba, vbb, ve0, vne = _bases(v_base, v_meta, vblk, DV)
+        blk = tl.load(bidx_ptr + pid_bh.to(tl.int64) * J + j).to(tl.int64)  # the block of page j, this head
+        kba, kbb, ke0, kne = _bases(k_base, k_meta, blk, D)
+        vba, vbb, ve0, vne = _bases(v_base, v_meta, blk, DV)
+        lost = lost | (kne < 0) | (vne < 0)  # a page whose exceptions did not fit the arena
         for t0 in range(0, P, TS):
-            ka, kb = _decode(k_lo, k_code, k_exc, kblk, t0, kba, kbb, ke0, kne, P, TS, D)
+            ka, kb = _decode(k_lo, k_code, k_exc, blk, t0, kba, kbb, ke0, kne, P, TS, D)
             valid = (j * P + t0 + offs_ts) >= S0
             p, alpha, m_i, l_i = _probs(qa, qb, ka, kb, valid, m_i, l_i, qk_scale, QK_F32)
-            va, vb = _decode(v_lo, v_code, v_exc, vblk, t0, vba, vbb, ve0, vne, P, TS, DV)
+            va, vb = _decode(v_lo, v_code, v_exc, blk, t0, vba, vbb, ve0, vne, P, TS, DV)
             acc_a = acc_a * alpha[:, None] + _dot(p, va, F32)
             acc_b = acc_b * alpha[:, None] + _dot(p, vb, F32)
     if (n_full >= j0) & (n_full < j1):  # this split holds the raw, unfilled page
-        raw = (b * H + h).to(tl.int64) * P
+        raw = pid_bh.to(tl.int64) * P
         for t0 in range(0, P, TS):
             offs_t = t0 + offs_ts
             valid = (offs_t < (L - n_full * P)) & ((n_full * P + offs_t) >= S0)
@@ -148,6 +150,8 @@ def _kvf_decode_split_kernel(
             vb = tl.load(vp + HV, mask=valid[:, None], other=0.0)
             acc_a = acc_a * alpha[:, None] + _dot(p, va, F32)
             acc_b = acc_b * alpha[:, None] + _dot(p, vb, F32)
+    if lost:  # never a plausible wrong value: the output is NaN, and FixedPagePool.check() says why
+        l_i = tl.full([GP], float("nan"), tl.float32)
     o = pid_bh * S + split
     tl.store(m_out + o * GP + offs_g, m_i)
     tl.store(l_out + o * GP + offs_g, l_i)
@@ -156,28 +160,90 @@ def _kvf_decode_split_kernel(
     tl.store(ap + HV, acc_b)
 
 
-def _planes(st, name: str):
-    for a in ("lo", "code", "base", "meta", "raw"):
-        if not getattr(st, a).is_contiguous():
-            raise FormatError(f"{name}.{a} must be contiguous")
-    exc = st.exc if st.exc.numel() else torch.zeros(1, dtype=torch.int32, device=st.device)
-    return st.lo, st.code, st.base, st.meta, exc, st.raw
+@dataclass(frozen=True)
+class AttentionConfig:
+    """``num_warps`` a program; ``sub_tile``: tokens decoded at a time (>= 32 on the GPU: see
+    ``glyd.kv._triton._scores``); ``programs_per_sm``: programs launched an SM (splits of the pages)."""
+
+    num_warps: int = 4
+    sub_tile: int = 32
+    programs_per_sm: int = 16
+
+    def __post_init__(self) -> None:
+        if self.num_warps not in (1, 2, 4, 8, 16):
+            raise ValueError(f"num_warps must be 1, 2, 4, 8 or 16, got {self.num_warps}")
+        if self.sub_tile < 16 or self.sub_tile & (self.sub_tile - 1):
+            raise ValueError(f"sub_tile must be a power of two >= 16, got {self.sub_tile}")
+        if self.programs_per_sm <= 0:
+            raise ValueError(f"programs_per_sm must be positive, got {self.programs_per_sm}")
 
 
-# q [B, Hq, D] bf16; k_store/v_store FixedPageStores with B sequences, H KV heads (Hq = G*H); lens [B] int
-# (tokens per sequence); starts [B] int or None (tokens before it are masked) -> out [B, Hq, DV] bf16.
-# num_warps, sub_tile (tokens decoded at a time; >= 32 on the GPU: see glyd.kv._triton._scores),
-# programs_per_sm (programs launched per SM) are tuning knobs, not measured yet on a GPU.
-def decode_attention_fixed_triton(q, k_store, v_store, lens, scale=None, num_splits=None, num_warps=4,
-                                  sub_tile=32, starts=None, programs_per_sm=16):
+class Kvf12AttentionKernel(KVKernel):
+    """Flash-decoding over kvf12 pages read through a block table (a static pool or a growing store)."""
+
+    name = "kvf12_attention_triton"
+    code = "kvf12"
+    op = "attention"
+    Config = AttentionConfig
+
+    @classmethod
+    def can_implement(cls, problem, device, config):
+        ok, why = super().can_implement(problem, device, config)
+        if not ok:
+            return ok, why
+        if device.type != "cuda" and not device.interpreting:
+            return False, "needs a CUDA GPU (or Triton's interpreter)"
+        p, d, dv = problem.page, problem.head_dim, problem.v_head_dim
+        if p & (p - 1) or d & (d - 1) or dv & (dv - 1) or p < 16 or d < 32 or dv < 32:
+            return False, f"page {p} (>= 16), head dims {d}/{dv} (>= 32) must be powers of two"
+        if min(config.sub_tile, p) < 32 and not device.interpreting:
+            return False, f"sub-tiles (and pages) of >= 32 tokens on the GPU, got {min(config.sub_tile, p)}"
+        return True, ""
+
+    @classmethod
+    def launch(cls, q, lens, starts, block_index, k_side, v_side, scale, *, config, capped=True, num_splits=None):
+        return attention_triton(q, lens, starts, block_index, k_side, v_side, scale, capped=capped, num_splits=num_splits,
+                                num_warps=config.num_warps, sub_tile=config.sub_tile,
+                                programs_per_sm=config.programs_per_sm)
+
+
+def _side(side, name: str, dev: torch.device):
+    lo, code, base, meta, exc, raw = side
+    for a, t in zip(("lo", "code", "base", "meta", "exc", "raw"), side):
+        if not t.is_contiguous() or t.device != dev:
+            raise FormatError(f"{name}.{a} must be contiguous on {dev}")
+    want = ((lo, torch.uint8), (code, torch.uint8), (base, torch.uint8), (meta, torch.int32), (exc, torch.int32),
+            (raw, torch.bfloat16))
+    for a, (t, dt) in zip(("lo", "code", "base", "meta", "exc", "raw"), want):
+        if t.dtype != dt:
+            raise FormatError(f"{name}.{a} must be {dt}, got {t.dtype}")
+    if exc.numel() == 0:
+        exc = torch.zeros(1, dtype=torch.int32, device=dev)
+    return lo, code, base, meta, exc, raw
+
+
+# q [B, Hq, D] bf16; lens [B] int32 (tokens a sequence); starts [B] int32 or None (tokens before it are masked);
+# block_index [B, H, J] int32 (page j of sequence b, head h -> block); k_side/v_side [lo [NB, P, D] uint8,
+# code [NB, P, D/2] uint8, base [NB, D/16] uint8, meta [NB, 2] int32, exc [E] int32, raw [B, H, P, D] bf16]
+# -> out [B, Hq, DV] bf16. capped: a sequence holds at most J pages (a pool); else its raw page follows them.
+def attention_triton(q, lens, starts, block_index, k_side, v_side, scale, capped=True, num_splits=None, num_warps=4,
+                     sub_tile=32, programs_per_sm=16):
     b, hq, d = q.shape
-    h, p, dv = k_store.heads, k_store.page, v_store.head_dim
-    if q.dtype != torch.bfloat16:
-        raise FormatError(f"q must be bf16, got {q.dtype}")
-    if k_store.head_dim != d or hq % h or k_store.batch != b or v_store.batch != b or v_store.heads != h:
-        raise FormatError(f"q {tuple(q.shape)} does not match the KV stores (B={k_store.batch}, H={h}, D={k_store.head_dim})")
-    if v_store.page != p or d & (d - 1) or dv & (dv - 1) or p & (p - 1) or p < 16 or d < 32 or dv < 32:
-        raise FormatError(f"page {p} (>= 16), head dims {d}/{dv} (>= 32) must be powers of two, pages equal")
+    dev = q.device
+    if q.dtype != torch.bfloat16 or not q.is_contiguous():
+        raise FormatError(f"q must be contiguous bf16 [B, Hq, D], got {q.dtype}")
+    if block_index.dim() != 3 or block_index.shape[0] != b or hq % block_index.shape[1] \
+            or block_index.dtype != torch.int32 or not block_index.is_contiguous():
+        raise FormatError(f"block_index must be contiguous int32 [{b}, H, J] with Hq={hq} a multiple of H, got "
+                          f"{block_index.dtype} {tuple(block_index.shape)}")
+    h, jcap = block_index.shape[1], block_index.shape[2]
+    k_side, v_side = _side(k_side, "k", dev), _side(v_side, "v", dev)
+    p, dv = k_side[0].shape[1], v_side[0].shape[2]
+    if k_side[0].shape[2] != d or v_side[0].shape[1] != p or tuple(k_side[5].shape) != (b, h, p, d) \
+            or tuple(v_side[5].shape) != (b, h, p, dv):
+        raise FormatError(f"the KV planes do not match q {tuple(q.shape)} (pages of {p}, raw {tuple(k_side[5].shape)})")
+    if d & (d - 1) or dv & (dv - 1) or p & (p - 1) or p < 16 or d < 32 or dv < 32:
+        raise FormatError(f"page {p} (>= 16), head dims {d}/{dv} (>= 32) must be powers of two")
     if sub_tile < 16 or sub_tile & (sub_tile - 1):
         raise FormatError(f"sub_tile {sub_tile} must be a power of two >= 16")
     ts = min(sub_tile, p)
@@ -185,19 +251,31 @@ def decode_attention_fixed_triton(q, k_store, v_store, lens, scale=None, num_spl
         raise FormatError(f"the fused kernel needs sub-tiles (and pages) of >= 32 tokens on the GPU, got {ts}")
     g = hq // h
     gp = max(16, triton.next_power_of_2(g))
-    dev = q.device
-    max_pages = (k_store.max_len + p - 1) // p  # a host int: no sync, so CUDA graphs can capture this
-    num_splits, pages_per_split = _splits(max_pages, b * h, dev, num_splits, programs_per_sm)
+    max_pages = jcap if capped else jcap + 1  # host ints only: no sync, so CUDA graphs can capture this
+    num_splits, pages_per_split = _splits(max(max_pages, 1), b * h, dev, num_splits, programs_per_sm)
     lens, starts, m, l_, acc = _split_state(q, lens, starts, b, h, num_splits, gp, dv)
-    scale = 1.0 / math.sqrt(d) if scale is None else scale
     _kvf_decode_split_kernel[(b * h, num_splits)](
-        q.contiguous(), lens, starts,
-        *_planes(k_store, "k_store"), *_planes(v_store, "v_store"),
-        m, l_, acc,
-        scale * 1.4426950408889634, h, k_store.cap, v_store.cap, pages_per_split, num_splits,
+        q, lens, starts, block_index, *k_side, *v_side, m, l_, acc,
+        scale * 1.4426950408889634, h, jcap, jcap * p if capped else jcap * p + p, pages_per_split, num_splits,
         G=g, GP=gp, P=p, D=d, DV=dv, F32=_interpreting(), TS=ts, QK_F32=qk_f32(d // 2), num_warps=num_warps,
     )
     out = torch.empty(b, hq, dv, dtype=torch.bfloat16, device=dev)
     _combine(m, l_, acc, out, b, h, num_splits, g, gp, dv)
     return out
 
+
+def decode_attention_fixed_triton(q, k_store, v_store, lens, scale=None, num_splits=None, num_warps=4,
+                                  sub_tile=32, starts=None, programs_per_sm=16):
+    """The kernel over two ``FixedPageStore``s (their planes read through a block table of their pages)."""
+    from glyd.kv.fixed import store_view
+
+    b, hq, d = q.shape
+    if k_store.batch != b or v_store.batch != b or v_store.heads != k_store.heads or k_store.head_dim != d \
+            or v_store.page != k_store.page or hq % k_store.heads:
+        raise FormatError(f"q {tuple(q.shape)} does not match the KV stores (B={k_store.batch}, H={k_store.heads}, "
+                          f"D={k_store.head_dim})")
+    bidx, ks, vs = store_view(k_store, v_store)
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    return attention_triton(q.contiguous(), lens.to(torch.int32), starts, bidx, ks, vs, scale, capped=False,
+                            num_splits=num_splits, num_warps=num_warps, sub_tile=sub_tile,
+                            programs_per_sm=programs_per_sm)

@@ -33,8 +33,12 @@ import torch
 import torch.nn.functional as F
 
 from glyd.errors import FormatError
-from glyd.kv.fixed import FixedPageStore
+from glyd.kernels.registry import Device
+from glyd.kv.fixed import FixedPageStore, store_view
 from glyd.kv.pages import PageStore, unpack_blocks, unpack_blocks_grouped
+from glyd.kv.pool_ops import TwinConfig
+from glyd.kv.pool_twin import attention_torch, softmax_step
+from glyd.kv.registry import KVKernel, KVProblem, by_name, choose
 
 
 def _lens(store: PageStore, device: torch.device) -> torch.Tensor:
@@ -53,16 +57,8 @@ def padded_bf16(store: PageStore, lens: torch.Tensor) -> torch.Tensor:
         return store.to_bf16()
     n = store.n_pages
     out = torch.zeros(b, h, (n + 1) * p, d, dtype=torch.bfloat16, device=store.device)
-    if n and isinstance(store, FixedPageStore):
+    if n:
         out[:, :, : n * p] = store.pages()
-    elif n:
-        out[:, :, : n * p] = unpack_blocks(
-            store.sm[:, :, :n].reshape(b * h * n, p, d),
-            store.dig[:, :, :n].reshape(b * h * n, -1),
-            store.top[:, :, :n].reshape(b * h * n, d),
-            store.meta[:, :, :n].reshape(b * h * n, 4),
-            store.tail[: store.tail_len],
-        ).reshape(b, h, n * p, d)
     for i, first in enumerate(((store.lens // p) * p).tolist()):
         out[i, :, first : first + p] = store.raw[i]
     return out
@@ -114,12 +110,16 @@ def decode_attention_torch(
     q: torch.Tensor, k_store: PageStore, v_store: PageStore,
     scale: float | None = None, starts: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """The fused kernel's algorithm in torch: decode a page, online softmax, next page."""
+    """The fused kernels' algorithm in torch: decode a page, online softmax, next page (kvf12 pages:
+    :func:`glyd.kv.pool_twin.attention_torch` through the stores' block table)."""
     b, hq, d = _check(q, k_store, v_store)
     h, p, dv = k_store.heads, k_store.page, v_store.head_dim
     g = hq // h
     lens = _lens(k_store, q.device)
     scale = 1.0 / math.sqrt(d) if scale is None else scale
+    if isinstance(k_store, FixedPageStore) and isinstance(v_store, FixedPageStore):
+        bidx, ks, vs = store_view(k_store, v_store)
+        return attention_torch(q, lens, starts, bidx, ks, vs, scale, capped=False)
     qf = q.reshape(b, h, g, d).to(torch.bfloat16).float()
     m = torch.full((b, h, g), float("-inf"), device=q.device)
     l_ = torch.zeros(b, h, g, device=q.device)
@@ -127,22 +127,9 @@ def decode_attention_torch(
     n_full = lens // p
     max_pages = int(((lens + p - 1) // p).max())
 
-    def step(kb, vb, valid, m, l_, acc):
-        s = torch.einsum("bhgd,bhtd->bhgt", qf, kb.float()) * (scale * 1.4426950408889634)
-        s = torch.where(valid[:, None, None, :], s, float("-inf"))
-        m_new = torch.maximum(m, s.amax(-1))  # -inf while every token so far is masked
-        m_safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
-        alpha = torch.exp2(m - m_safe)
-        pr = torch.exp2(s - m_safe[..., None])
-        l_ = l_ * alpha + pr.sum(-1)
-        acc = acc * alpha[..., None] + torch.einsum("bhgt,bhtd->bhgd", pr.to(torch.bfloat16).float(), vb.float())
-        return m_new, l_, acc
-
     t_idx = torch.arange(p, device=q.device)
 
     def page(st: PageStore, j: int) -> torch.Tensor:
-        if isinstance(st, FixedPageStore):
-            return st.pages(j, j + 1)
         # the kernel's group-wise decode where it applies (head dim a multiple of 16); same bits either way
         unpack = unpack_blocks_grouped if st.head_dim % 16 == 0 else unpack_blocks
         return unpack(st.sm[:, :, j].reshape(b * h, p, st.head_dim), st.dig[:, :, j].reshape(b * h, -1),
@@ -166,21 +153,29 @@ def decode_attention_torch(
         # Slots past a sequence's length hold whatever the buffer had (an unwritten raw slot may be
         # a NaN pattern): zero them, since 0 * NaN would poison the sum even at weight 0.
         vb = torch.where(valid[:, None, :, None], vb, torch.zeros((), dtype=vb.dtype, device=vb.device))
-        m, l_, acc = step(kb, vb, valid, m, l_, acc)
+        m, l_, acc = softmax_step(qf, kb, vb, valid, m, l_, acc, scale)
     return (acc / l_[..., None]).reshape(b, hq, dv).to(torch.bfloat16)
 
 
-def _gluon_takes(q: torch.Tensor, k_store: PageStore, v_store: PageStore) -> bool:
-    """Whether ``"auto"`` picks the Gluon kernel: CUDA sm_80+ (its MMA v2), the one shape it is written
-    for (pages of 64, head dim 128, <= 16 query heads a KV head) and a Triton with Gluon."""
-    if not (q.is_cuda and k_store.page == 64 and k_store.head_dim == 128 and v_store.head_dim == 128
-            and q.shape[1] // k_store.heads <= 16 and torch.cuda.get_device_capability(q.device)[0] >= 8):
-        return False
-    try:
-        import triton.experimental.gluon  # noqa: F401
-    except ImportError:
-        return False
-    return True
+class TieredAttentionTorch(KVKernel):
+    """The twin of the kvtiered code's decode kernels (:func:`decode_attention_torch`): every device."""
+
+    name = "kvtiered_attention_torch"
+    code = "kvtiered"
+    op = "attention"
+    Config = TwinConfig
+
+    @classmethod
+    def launch(cls, q, k_store, v_store, lens, scale, starts, num_splits, *, config):
+        return decode_attention_torch(q, k_store, v_store, scale=scale, starts=starts)
+
+
+#: ``decode_attention(backend=...)``: the kernel each backend names, by page code.
+BACKENDS = {
+    "gluon": {"kvtiered": "kvtiered_attention_gluon"},
+    "triton": {"kvtiered": "kvtiered_attention_triton", "kvf12": "kvf12_attention_triton"},
+    "torch": {"kvtiered": "kvtiered_attention_torch", "kvf12": "kvf12_attention_torch"},
+}
 
 
 def decode_attention(
@@ -189,11 +184,12 @@ def decode_attention(
 ) -> torch.Tensor:
     """Decode-step attention reading the packed pages directly.
 
-    ``backend``: ``"gluon"`` (the explicit-layout kernel, ``glyd.kv._gluon``: CUDA sm_80+, pages of 64
-    tokens, head dim 128, at most 16 query heads a KV head), ``"triton"`` (the Triton kernel; CUDA
-    tensors, or any under ``TRITON_INTERPRET=1``), ``"torch"`` (the twin) or ``"auto"`` (Gluon where it
-    takes the shapes, else Triton for CUDA tensors with pages of >= 32 tokens, else the twin).
-    ``starts[b]``: sequence ``b`` ignores its tokens before that index (left padding).
+    ``backend="auto"`` takes the kernel ``glyd.kv.registry`` chooses from the GPU's table for CUDA
+    tensors (kvtiered pages: the Gluon kernel, CUDA sm_80+, pages of 64 tokens, head dim 128, at most 16
+    query heads a KV head; else the Triton kernel, pages of >= 32 tokens; kvf12 pages: the Triton kernel,
+    pages of >= 32 tokens and head dims powers of two >= 32) and the torch twin elsewhere or where no
+    kernel takes the shapes. ``"gluon"``, ``"triton"`` (also under ``TRITON_INTERPRET=1``) and ``"torch"``
+    force one. ``starts[b]``: sequence ``b`` ignores its tokens before that index (left padding).
 
     >>> import torch
     >>> from glyd.kv import PageStore, decode_attention
@@ -202,32 +198,28 @@ def decode_attention(
     >>> out.shape
     torch.Size([2, 6, 16])
     """
-    _check(q, k_store, v_store)
-    if backend not in ("auto", "gluon", "triton", "torch"):
+    b, hq, d = _check(q, k_store, v_store)
+    if backend not in ("auto", *BACKENDS):
         raise ValueError(f"backend must be 'auto', 'gluon', 'triton' or 'torch', got {backend!r}")
     fixed = isinstance(k_store, FixedPageStore)
     if fixed != isinstance(v_store, FixedPageStore):
         raise FormatError("k_store and v_store must hold the same page code (both kvf12 or both kvtiered)")
+    code = "kvf12" if fixed else "kvtiered"
+    if backend == "gluon" and fixed:
+        raise FormatError("the Gluon kernel reads kvtiered pages only; kvf12 pages take backend='triton' or 'torch'")
+    problem = KVProblem(code, "attention", k_store.page, d, v_store.head_dim, hq // k_store.heads, "store")
+    device = Device.of(q.device)
+    if backend == "auto" and q.is_cuda:
+        kc, cfg = choose(problem, device)
+    else:
+        try:
+            kc, cfg = by_name(BACKENDS["torch" if backend == "auto" else backend][code], problem, device)
+        except RuntimeError as exc:
+            raise FormatError(str(exc)) from None
+    lens = _lens(k_store, q.device)
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
     if fixed:
-        if backend == "gluon":
-            raise FormatError("the Gluon kernel reads kvtiered pages only; kvf12 pages take backend='triton' or 'torch'")
-        if backend == "triton" or (backend == "auto" and q.is_cuda and k_store.page >= 32 and k_store.head_dim >= 32
-                                   and v_store.head_dim >= 32):
-            from glyd.kv._triton_fixed import decode_attention_fixed_triton
-
-            lens = _lens(k_store, q.device)
-            return decode_attention_fixed_triton(q, k_store, v_store, lens, scale=scale, num_splits=num_splits,
-                                                 starts=starts)
-        return decode_attention_torch(q, k_store, v_store, scale=scale, starts=starts)
-    if backend == "gluon" or (backend == "auto" and _gluon_takes(q, k_store, v_store)):
-        from glyd.kv._gluon import decode_attention_gluon
-
-        lens = _lens(k_store, q.device)
-        return decode_attention_gluon(q, k_store, v_store, lens, scale=scale, num_splits=num_splits, starts=starts)
-    # The kernel needs pages of >= 32 tokens on the GPU (see glyd.kv._triton): smaller pages use the twin.
-    if backend == "triton" or (backend == "auto" and q.is_cuda and k_store.page >= 32):
-        from glyd.kv._triton import decode_attention_triton
-
-        lens = _lens(k_store, q.device)
-        return decode_attention_triton(q, k_store, v_store, lens, scale=scale, num_splits=num_splits, starts=starts)
-    return decode_attention_torch(q, k_store, v_store, scale=scale, starts=starts)
+        bidx, ks, vs = store_view(k_store, v_store)
+        return kc.launch(q.contiguous(), lens.to(torch.int32), starts, bidx, ks, vs, scale, config=cfg, capped=False,
+                         num_splits=num_splits)
+    return kc.launch(q, k_store, v_store, lens, scale, starts, num_splits, config=cfg)

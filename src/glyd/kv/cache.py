@@ -26,6 +26,7 @@ from transformers.cache_utils import Cache, DynamicLayer
 
 from glyd.errors import FormatError
 from glyd.kv.fixed import FixedPageStore
+from glyd.kv.hf_attention import _PENDING, ATTN_NAME, check_fused, enable_fused, glyd_kv_attention  # noqa: F401
 from glyd.kv.pages import PageStore
 
 DEFAULT_PAGE = 64
@@ -34,10 +35,6 @@ CODES = {"kvf12": FixedPageStore, "kvtiered": PageStore}
 #: Old names of the codes, still taken (with a DeprecationWarning).
 OLD_CODES = {"dense": "kvtiered"}
 DEFAULT_CODE = "kvf12"
-#: The attention implementation name :func:`enable_fused` registers with transformers.
-ATTN_NAME = "glyd_kv"
-# id(key tensor handed to attention) -> (that tensor, its layer), for the fused decode step.
-_PENDING: dict[int, tuple[torch.Tensor, "GlydLayer"]] = {}
 
 _TRANSFORMERS = Version(transformers.__version__).release
 #: The keyword ``generate()`` takes a cache by: transformers 5.24 renamed ``past_key_values`` to
@@ -195,12 +192,7 @@ class GlydCache(Cache):
         self.fused = fused
         self.code = code = _check_code(code)
         if fused:
-            impl = getattr(config, "_attn_implementation", None) if config is not None else None
-            if impl != ATTN_NAME:
-                raise FormatError(
-                    f"GlydCache(fused=True) needs the model's attention set to {ATTN_NAME!r} (glyd.kv.enable_fused"
-                    f"(model)) and its config passed; config._attn_implementation is {impl!r}"
-                )
+            check_fused(config, "GlydCache")
         if config is None:
             super().__init__(layer_class_to_replicate=functools.partial(GlydLayer, page_size, code=code))
             return
@@ -234,38 +226,3 @@ def make_cache(config=None, *, page_size: int = DEFAULT_PAGE, fused: bool = Fals
     >>> model.generate(ids, past_key_values=cache, max_new_tokens=16)        # doctest: +SKIP
     """
     return GlydCache(config, page_size=page_size, fused=fused, code=code)
-
-
-def glyd_kv_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
-    """transformers attention function: fused decode over packed pages, SDPA for everything else."""
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
-    entry = _PENDING.pop(id(key), None)
-    if entry is None or entry[0] is not key:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                      **kwargs)
-    from glyd.kv.attention import decode_attention
-
-    layer = entry[1]
-    layer._pending_id = None
-    starts = None
-    if attention_mask is not None:  # left padding: each row's first attended position
-        row = attention_mask[:, 0, -1, :]
-        valid = row if row.dtype == torch.bool else row == 0
-        starts = valid.to(torch.int32).argmax(dim=-1)
-    out = decode_attention(query[:, :, 0].contiguous(), layer.k_store, layer.v_store, scale=scaling, starts=starts)
-    return out[:, None], None  # [B, 1, Hq, D], as sdpa_attention_forward returns
-
-
-def enable_fused(model) -> None:
-    """Register the ``"glyd_kv"`` attention with transformers and switch ``model`` to it.
-
-    >>> enable_fused(model)                                                  # doctest: +SKIP
-    >>> model.generate(ids, past_key_values=GlydCache(model.config, fused=True))  # doctest: +SKIP
-    """
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
-
-    AttentionInterface.register(ATTN_NAME, glyd_kv_attention)
-    AttentionMaskInterface.register(ATTN_NAME, sdpa_mask)
-    model.set_attn_implementation(ATTN_NAME)

@@ -27,12 +27,11 @@ Byte for byte: ``docs/format.md`` ("KV cache pages, fixed-rate code").
 
 from __future__ import annotations
 
-import warnings
-
 import torch
 
 from glyd.codec.packed import u16_to_bf16
 from glyd.errors import CorruptError, FormatError
+from glyd.kv.store import PageStoreBase
 
 #: The code's name and version (``docs/format.md``); pages are in memory only, never written to disk.
 NAME = "kvf12"
@@ -181,13 +180,13 @@ def unpack_blocks(lo: torch.Tensor, code: torch.Tensor, base: torch.Tensor, meta
     return u16_to_bf16(w).reshape(n, p, d)
 
 
-class FixedPageStore:
+class FixedPageStore(PageStoreBase):
     """One layer's keys (or values) for ``B`` sequences and ``H`` KV heads in ``kvf12`` pages of ``page`` tokens.
 
-    The same interface as :class:`glyd.kv.pages.PageStore` (``append``, ``to_bf16``, ``from_bf16``,
-    ``nbytes``, ``n_tokens``, ``lens``): full pages are packed (``lo``, ``code``, ``base``, ``meta``
-    indexed ``[b, h, page]``, plus the ``exc`` stream); the newest ``n_raw`` tokens stay raw bf16 in
-    ``raw`` until their page fills.
+    The interface of :class:`glyd.kv.store.PageStoreBase` (``append``, ``to_bf16``, ``pages``,
+    ``from_bf16``, ``nbytes``, ``n_tokens``, ``lens``): full pages are packed (``lo``, ``code``, ``base``,
+    ``meta`` indexed ``[b, h, page]``, plus the ``exc`` stream); the newest ``n_raw`` tokens stay raw
+    bf16 in ``raw`` until their page fills.
 
     >>> st = FixedPageStore(batch=1, heads=2, head_dim=16, page=16, device="cpu")
     >>> x = torch.randn(1, 2, 40, 16).to(torch.bfloat16)
@@ -197,160 +196,52 @@ class FixedPageStore:
     """
 
     code_name = NAME
+    PLANES = ("lo", "code", "base", "meta")
+    STREAM_DTYPE = torch.int32
 
-    def __init__(self, batch: int, heads: int, head_dim: int, page: int = 64, device: torch.device | str = "cpu"):
+    @classmethod
+    def check_shape(cls, page: int, head_dim: int) -> None:
         check_shape(page, head_dim)
-        self.batch, self.heads, self.head_dim, self.page = batch, heads, head_dim, page
-        self.device = torch.device(device)
-        self.n_pages = 0
-        self.cap = 0
-        b, h, p, d = batch, heads, page, head_dim
-        self.lo = torch.empty(b, h, 0, p, d, dtype=torch.uint8, device=self.device)
-        self.code = torch.empty(b, h, 0, p, d // 2, dtype=torch.uint8, device=self.device)
-        self.base = torch.empty(b, h, 0, groups(d), dtype=torch.uint8, device=self.device)
-        self.meta = torch.empty(b, h, 0, 2, dtype=torch.int32, device=self.device)
-        self.exc = torch.empty(0, dtype=torch.int32, device=self.device)
-        self.exc_len = 0
-        # zeros, not empty: readers mask the unwritten slots, but garbage there could be NaN patterns
-        self.raw = torch.zeros(b, h, p, d, dtype=torch.bfloat16, device=self.device)
-        self.n_raw = 0
-        #: per-sequence valid token counts when they differ (from_bf16 with lens); None: all equal.
-        self.lens: torch.Tensor | None = None
-        self._max_len = 0
-
-    @property
-    def n_tokens(self) -> int:
-        return self.n_pages * self.page + self.n_raw
-
-    @property
-    def max_len(self) -> int:
-        """The longest sequence's token count (a host int, known without a device sync)."""
-        return self._max_len if self.lens is not None else self.n_tokens
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes held: the filled pages' planes and exceptions, plus the raw tokens actually held."""
-        b, h = self.batch, self.heads
-        return (b * h * self.n_pages * block_bytes(self.page, self.head_dim) + 4 * self.exc_len
-                + b * h * self.n_raw * self.head_dim * 2)
-
-    def _reserve_pages(self, need: int) -> None:
-        if need <= self.cap:
-            return
-        cap = max(need, 2 * self.cap, 4)
-
-        def grow(t: torch.Tensor) -> torch.Tensor:
-            out = torch.empty(t.shape[0], t.shape[1], cap, *t.shape[3:], dtype=t.dtype, device=t.device)
-            out[:, :, : self.n_pages] = t[:, :, : self.n_pages]
-            return out
-
-        self.lo, self.code, self.base, self.meta = (grow(t) for t in (self.lo, self.code, self.base, self.meta))
-        self.cap = cap
-
-    def _append_exc(self, extra: torch.Tensor) -> int:
-        start = self.exc_len
-        need = start + extra.numel()
-        if need > self.exc.numel():
-            grown = torch.zeros(max(need, 2 * self.exc.numel(), 256), dtype=torch.int32, device=self.device)
-            grown[:start] = self.exc[:start]
-            self.exc = grown
-        self.exc[start:need] = extra
-        self.exc_len = need
-        if need >= 2**31:
-            raise FormatError(f"KV exception stream of {need} entries exceeds int32 offsets; use fewer tokens per layer")
-        return start
-
-    def _pack_full(self, x: torch.Tensor) -> None:
-        """Append pages ``x[B, H, n*P, D]`` (whole pages only)."""
-        b, h, t, d = x.shape
-        n = t // self.page
-        if n == 0:
-            return
-        pk = pack_blocks(x.reshape(b * h * n, self.page, d))
-        meta = pk["meta"].clone()
-        meta[:, 0] += self._append_exc(pk["exc"])
-        self._reserve_pages(self.n_pages + n)
-        sl = slice(self.n_pages, self.n_pages + n)
-        self.lo[:, :, sl] = pk["lo"].reshape(b, h, n, self.page, d)
-        self.code[:, :, sl] = pk["code"].reshape(b, h, n, self.page, d // 2)
-        self.base[:, :, sl] = pk["base"].reshape(b, h, n, groups(d))
-        self.meta[:, :, sl] = meta.reshape(b, h, n, 2)
-        self.n_pages += n
-
-    def append(self, x: torch.Tensor) -> None:
-        """Append tokens ``x[B, H, T, D]`` (bf16): fill the raw page, pack every page that fills."""
-        if x.dtype != torch.bfloat16:
-            raise FormatError(f"GlydCache holds bf16 keys and values only, got {x.dtype}")
-        if x.dim() != 4 or tuple(x.shape[:2]) != (self.batch, self.heads) or x.shape[3] != self.head_dim:
-            raise FormatError(f"KV states of shape {tuple(x.shape)} do not match the cache's "
-                              f"[{self.batch}, {self.heads}, T, {self.head_dim}]")
-        if self.lens is not None:
-            raise FormatError("this store holds sequences of different lengths (from_bf16 with lens): it is read-only")
-        x = x.to(self.device)
-        t = x.shape[2]
-        if t == 0:
-            return
-        if self.n_raw + t < self.page:
-            self.raw[:, :, self.n_raw : self.n_raw + t] = x
-            self.n_raw += t
-            return
-        allx = torch.cat([self.raw[:, :, : self.n_raw], x], dim=2) if self.n_raw else x
-        full = (allx.shape[2] // self.page) * self.page
-        self._pack_full(allx[:, :, :full])
-        rest = allx.shape[2] - full
-        self.raw[:, :, :rest] = allx[:, :, full:]
-        self.n_raw = rest
-
-    def pages(self, first: int = 0, last: int | None = None) -> torch.Tensor:
-        """Full pages ``first .. last-1`` of every sequence and head, bf16 ``[B, H, (last-first)*P, D]``."""
-        last = self.n_pages if last is None else last
-        b, h, p, d = self.batch, self.heads, self.page, self.head_dim
-        n = last - first
-        sl = slice(first, last)
-        x = unpack_blocks(self.lo[:, :, sl].reshape(b * h * n, p, d), self.code[:, :, sl].reshape(b * h * n, p, d // 2),
-                          self.base[:, :, sl].reshape(b * h * n, groups(d)), self.meta[:, :, sl].reshape(b * h * n, 2),
-                          self.exc[: self.exc_len])
-        return x.reshape(b, h, n * p, d)
-
-    def to_bf16(self) -> torch.Tensor:
-        """Every token, bf16 ``[B, H, T, D]``, bit for bit what was appended."""
-        if self.lens is not None:
-            raise FormatError("this store holds sequences of different lengths: use glyd.kv.attention.padded_bf16")
-        raw = self.raw[:, :, : self.n_raw]
-        if not self.n_pages:
-            return raw.clone()
-        return torch.cat([self.pages(), raw], dim=2) if self.n_raw else self.pages()
-
-    def dense(self) -> torch.Tensor:
-        """Deprecated name of :meth:`to_bf16` (glyd's "dense" was three things)."""
-        warnings.warn("FixedPageStore.dense() is deprecated: use to_bf16()", DeprecationWarning, stacklevel=2)
-        return self.to_bf16()
 
     @classmethod
-    def from_dense(cls, x: torch.Tensor, lens: torch.Tensor | None = None, page: int = 64) -> FixedPageStore:
-        """Deprecated name of :meth:`from_bf16`."""
-        warnings.warn("FixedPageStore.from_dense() is deprecated: use from_bf16()", DeprecationWarning, stacklevel=2)
-        return cls.from_bf16(x, lens, page)
+    def plane_specs(cls, head_dim: int, page: int):
+        return [("lo", torch.uint8, (page, head_dim)), ("code", torch.uint8, (page, head_dim // 2)),
+                ("base", torch.uint8, (groups(head_dim),)), ("meta", torch.int32, (2,))]
 
-    @classmethod
-    def from_bf16(cls, x: torch.Tensor, lens: torch.Tensor | None = None, page: int = 64) -> FixedPageStore:
-        """A store for ``x[B, H, T, D]`` where sequence ``b`` holds its first ``lens[b]`` tokens
-        (as :meth:`glyd.kv.pages.PageStore.from_bf16`: full pages, then each sequence's raw page)."""
-        b, h, t, d = x.shape
-        st = cls(b, h, d, page=page, device=x.device)
-        if lens is None:
-            st.append(x)
-            return st
-        lens = lens.to(device=x.device, dtype=torch.int64)
-        if lens.shape != (b,) or int(lens.min()) < 1 or int(lens.max()) > t:
-            raise FormatError(f"lens {lens.tolist()} must be {b} lengths in 1..{t}")
-        st._max_len = int(lens.max())
-        st._pack_full(x[:, :, : (st._max_len // page) * page])
-        first = (lens // page) * page
-        idx = (first[:, None] + torch.arange(page, device=x.device)[None, :]).clamp_max(t - 1)
-        # gathered as int16: torch's bf16 gather on the CPU does not keep NaN payloads (0x7fc0 came back 0xffff)
-        xi = x.view(torch.int16)
-        st.raw = torch.gather(xi, 2, idx[:, None, :, None].expand(b, h, page, d)).contiguous().view(torch.bfloat16)
-        st.n_raw = page  # raw[b] holds lens[b] % page real tokens; the per-sequence counts live in lens
-        st.lens = lens
-        return st
+    def block_nbytes(self) -> int:
+        return block_bytes(self.page, self.head_dim)
+
+    def _pack(self, blocks: torch.Tensor) -> dict[str, torch.Tensor]:
+        pk = pack_blocks(blocks)
+        pk["stream"] = pk.pop("exc")
+        return pk
+
+    def _unpack(self, planes: list[torch.Tensor], stream: torch.Tensor) -> torch.Tensor:
+        return unpack_blocks(*planes, stream)
+
+    @property
+    def exc(self) -> torch.Tensor:
+        """The layer's exception stream (int32; its first ``exc_len`` entries are used)."""
+        return self._stream
+
+    @property
+    def exc_len(self) -> int:
+        return self._stream_len
+
+
+def store_view(k_store: FixedPageStore, v_store: FixedPageStore) -> tuple[torch.Tensor, list, list]:
+    """Two stores as the pool's kernels read pages: ``block_index [B, H, n_pages]`` (int32) and each
+    side's ``[lo, code, base, meta, exc, raw]`` with the planes block-major (views, no copy)."""
+    cap = max(k_store.cap, v_store.cap, 1)
+    k_store._reserve_pages(cap)  # the same capacity: one block index serves both
+    v_store._reserve_pages(cap)
+    b, h, n = k_store.batch, k_store.heads, k_store.n_pages
+    dev = k_store.device
+    bh = torch.arange(b * h, dtype=torch.int32, device=dev).reshape(b, h, 1)
+    bidx = (bh * cap + torch.arange(n, dtype=torch.int32, device=dev)).contiguous()
+
+    def side(st: FixedPageStore) -> list:
+        planes = [getattr(st, name).reshape(b * h * cap, *getattr(st, name).shape[3:]) for name in st.PLANES]
+        return [*planes, st.exc, st.raw]
+
+    return bidx, side(k_store), side(v_store)

@@ -39,13 +39,12 @@ grow the stream.
 
 from __future__ import annotations
 
-import warnings
-
 import torch
 
 from glyd.codec.packed import u16_to_bf16
 from glyd.errors import FormatError
 from glyd.kv import _swar as swar
+from glyd.kv.store import PageStoreBase
 
 #: Tier-1..3 digits cover ``off`` in [0, 3), [3, 6), [6, 9); the rest is a raw exponent byte.
 TIER = 3
@@ -361,13 +360,14 @@ def unpack_blocks_swar(
     return u16_to_bf16(bits.to(torch.int32)).reshape(n, p, d)
 
 
-class PageStore:
+class PageStore(PageStoreBase):
     """One layer's keys (or values) for ``B`` sequences and ``H`` KV heads, in pages of ``page`` tokens.
 
     Full pages are packed (``sm``, ``dig``, ``top``, ``meta`` planes indexed ``[b, h, page]`` plus the
     ``tail`` byte stream); the newest ``n_raw`` tokens stay raw bf16 in ``raw`` until a page fills.
     Every sequence holds the same number of tokens (padding included, as in transformers' caches),
     except when built with :meth:`from_bf16` and per-sequence ``lens`` for the decode kernel.
+    The rest of the interface is :class:`glyd.kv.store.PageStoreBase`'s.
 
     >>> st = PageStore(batch=1, heads=2, head_dim=8, page=16, device="cpu")
     >>> x = torch.randn(1, 2, 40, 8).to(torch.bfloat16)
@@ -376,176 +376,44 @@ class PageStore:
     True
     """
 
-    def __init__(self, batch: int, heads: int, head_dim: int, page: int = 64, device: torch.device | str = "cpu"):
-        if page <= 0 or page % 4:
+    code_name = "kvtiered"
+    PLANES = ("sm", "dig", "top", "meta")
+    STREAM_DTYPE = torch.uint8
+    STREAM_SLACK = TAIL_SLACK
+    STREAM_MIN = 1024
+    STREAM_UNIT = "bytes"
+
+    @classmethod
+    def check_shape(cls, page: int, head_dim: int) -> None:
+        if not isinstance(page, int) or page <= 0 or page % 4:
             raise FormatError(f"page size {page} must be a positive multiple of 4")
-        if head_dim % 4:
-            raise FormatError(f"head_dim {head_dim} must be a multiple of 4")
+        if not isinstance(head_dim, int) or head_dim <= 0 or head_dim % 4:
+            raise FormatError(f"head_dim {head_dim} must be a positive multiple of 4")
         if page * head_dim > 65535:  # the column directory counts in uint16 (docs/format.md)
             raise FormatError(f"a KV page holds at most 65,535 values (page {page} x head dim {head_dim} is more)")
-        self.batch, self.heads, self.head_dim, self.page = batch, heads, head_dim, page
-        self.device = torch.device(device)
-        self.n_pages = 0
-        self.cap = 0
-        b, h, p, d = batch, heads, page, head_dim
-        self.sm = torch.empty(b, h, 0, p, d, dtype=torch.uint8, device=self.device)
-        self.dig = torch.empty(b, h, 0, p * d // 4, dtype=torch.uint8, device=self.device)
-        self.top = torch.empty(b, h, 0, d, dtype=torch.uint8, device=self.device)
-        self.meta = torch.empty(b, h, 0, 4, dtype=torch.int32, device=self.device)
-        self.tail = torch.empty(0, dtype=torch.uint8, device=self.device)
-        self.tail_len = 0
-        # zeros, not empty: readers mask the unwritten slots, but garbage there could be NaN patterns
-        self.raw = torch.zeros(b, h, p, d, dtype=torch.bfloat16, device=self.device)
-        self.n_raw = 0
-        #: per-sequence valid token counts when they differ (from_bf16 with lens); None: all equal.
-        self.lens: torch.Tensor | None = None
-        self._max_len = 0
 
-    # -- sizes -------------------------------------------------------------------------------------
-    @property
-    def n_tokens(self) -> int:
-        return self.n_pages * self.page + self.n_raw
+    @classmethod
+    def plane_specs(cls, head_dim: int, page: int):
+        return [("sm", torch.uint8, (page, head_dim)), ("dig", torch.uint8, (page * head_dim // 4,)),
+                ("top", torch.uint8, (head_dim,)), ("meta", torch.int32, (4,))]
 
-    @property
-    def max_len(self) -> int:
-        """The longest sequence's token count (a host int, known without a device sync)."""
-        return self._max_len if self.lens is not None else self.n_tokens
+    def block_nbytes(self) -> int:
+        p, d = self.page, self.head_dim
+        return p * d + p * d // 4 + d + 16
 
-    @property
-    def nbytes(self) -> int:
-        """Bytes held: packed planes and tail of the filled pages, plus the raw tokens actually held."""
-        b, h, p, d = self.batch, self.heads, self.page, self.head_dim
-        per_page = p * d + p * d // 4 + d + 16
-        return b * h * self.n_pages * per_page + self.tail_len + b * h * self.n_raw * d * 2
-
-    # -- growth ------------------------------------------------------------------------------------
-    def _reserve_pages(self, need: int) -> None:
-        if need <= self.cap:
-            return
-        cap = max(need, 2 * self.cap, 4)
-
-        def grow(t: torch.Tensor) -> torch.Tensor:
-            out = torch.empty(t.shape[0], t.shape[1], cap, *t.shape[3:], dtype=t.dtype, device=t.device)
-            out[:, :, : self.n_pages] = t[:, :, : self.n_pages]
-            return out
-
-        self.sm, self.dig, self.top, self.meta = (grow(t) for t in (self.sm, self.dig, self.top, self.meta))
-        self.cap = cap
-
-    def _append_tail(self, extra: torch.Tensor) -> int:
-        base = self.tail_len
-        need = base + extra.numel()
-        if need + TAIL_SLACK > self.tail.numel():
-            # zeros: the kernel's window loads may read up to TAIL_SLACK bytes past the used length
-            size = max(need + TAIL_SLACK, 2 * self.tail.numel(), 1024)
-            grown = torch.zeros((size + 3) // 4 * 4, dtype=torch.uint8, device=self.device)
-            grown[:base] = self.tail[:base]
-            self.tail = grown
-        self.tail[base:need] = extra
-        self.tail_len = need
-        if need >= 2**31:
-            raise FormatError(f"KV tail stream of {need} bytes exceeds int32 offsets; use fewer tokens per layer")
-        return base
-
-    def _pack_full(self, x: torch.Tensor) -> None:
-        """Append pages ``x[B, H, n*P, D]`` (whole pages only)."""
-        b, h, t, d = x.shape
-        n = t // self.page
-        if n == 0:
-            return
-        blocks = x.reshape(b, h, n, self.page, d).reshape(b * h * n, self.page, d)
+    def _pack(self, blocks: torch.Tensor) -> dict[str, torch.Tensor]:
         pk = pack_blocks(blocks)
-        base = self._append_tail(pk["tail"])
-        meta = pk["meta"].clone()
-        meta[:, 0] += base
-        self._reserve_pages(self.n_pages + n)
-        sl = slice(self.n_pages, self.n_pages + n)
-        self.sm[:, :, sl] = pk["sm"].reshape(b, h, n, self.page, d)
-        self.dig[:, :, sl] = pk["dig"].reshape(b, h, n, -1)
-        self.top[:, :, sl] = pk["top"].reshape(b, h, n, d)
-        self.meta[:, :, sl] = meta.reshape(b, h, n, 4)
-        self.n_pages += n
+        pk["stream"] = pk.pop("tail")
+        return pk
 
-    def append(self, x: torch.Tensor) -> None:
-        """Append tokens ``x[B, H, T, D]`` (bf16): fill the raw page, pack every page that fills."""
-        if x.dtype != torch.bfloat16:
-            raise FormatError(f"GlydCache holds bf16 keys and values only, got {x.dtype}")
-        if x.dim() != 4 or tuple(x.shape[:2]) != (self.batch, self.heads) or x.shape[3] != self.head_dim:
-            raise FormatError(
-                f"KV states of shape {tuple(x.shape)} do not match the cache's "
-                f"[{self.batch}, {self.heads}, T, {self.head_dim}]"
-            )
-        x = x.to(self.device)
-        t = x.shape[2]
-        if t == 0:
-            return
-        if self.n_raw + t < self.page:
-            self.raw[:, :, self.n_raw : self.n_raw + t] = x
-            self.n_raw += t
-            return
-        allx = torch.cat([self.raw[:, :, : self.n_raw], x], dim=2) if self.n_raw else x
-        full = (allx.shape[2] // self.page) * self.page
-        self._pack_full(allx[:, :, :full])
-        rest = allx.shape[2] - full
-        self.raw[:, :, :rest] = allx[:, :, full:]
-        self.n_raw = rest
+    def _unpack(self, planes: list[torch.Tensor], stream: torch.Tensor) -> torch.Tensor:
+        return unpack_blocks(*planes, stream)
 
-    # -- reading -----------------------------------------------------------------------------------
-    def to_bf16(self) -> torch.Tensor:
-        """Every token, bf16 ``[B, H, T, D]``, bit for bit what was appended."""
-        if self.lens is not None:
-            raise FormatError("this store holds sequences of different lengths: use glyd.kv.attention.padded_bf16")
-        b, h, p, d = self.batch, self.heads, self.page, self.head_dim
-        n = self.n_pages
-        parts = []
-        if n:
-            sl = slice(0, n)
-            x = unpack_blocks(
-                self.sm[:, :, sl].reshape(b * h * n, p, d),
-                self.dig[:, :, sl].reshape(b * h * n, -1),
-                self.top[:, :, sl].reshape(b * h * n, d),
-                self.meta[:, :, sl].reshape(b * h * n, 4),
-                self.tail[: self.tail_len],
-            )
-            parts.append(x.reshape(b, h, n * p, d))
-        parts.append(self.raw[:, :, : self.n_raw])
-        return torch.cat(parts, dim=2) if len(parts) > 1 else parts[0].clone()
+    @property
+    def tail(self) -> torch.Tensor:
+        """The layer's tail byte stream (its first ``tail_len`` bytes are used, ``TAIL_SLACK`` zeros follow)."""
+        return self._stream
 
-    def dense(self) -> torch.Tensor:
-        """Deprecated name of :meth:`to_bf16` (glyd's "dense" was three things)."""
-        warnings.warn("PageStore.dense() is deprecated: use to_bf16()", DeprecationWarning, stacklevel=2)
-        return self.to_bf16()
-
-    @classmethod
-    def from_dense(cls, x: torch.Tensor, lens: torch.Tensor | None = None, page: int = 64) -> PageStore:
-        """Deprecated name of :meth:`from_bf16`."""
-        warnings.warn("PageStore.from_dense() is deprecated: use from_bf16()", DeprecationWarning, stacklevel=2)
-        return cls.from_bf16(x, lens, page)
-
-    @classmethod
-    def from_bf16(cls, x: torch.Tensor, lens: torch.Tensor | None = None, page: int = 64) -> PageStore:
-        """A store for ``x[B, H, T, D]`` where sequence ``b`` holds its first ``lens[b]`` tokens.
-
-        With ``lens``, each sequence keeps its own ``lens[b] // page`` full pages and a raw tail of
-        ``lens[b] % page`` tokens (the decode kernel reads ``lens``); pages past a sequence's end are
-        packed too (so planes stay rectangular) but never read.
-        """
-        b, h, t, d = x.shape
-        st = cls(b, h, d, page=page, device=x.device)
-        if lens is None:
-            st.append(x)
-            return st
-        lens = lens.to(device=x.device, dtype=torch.int64)
-        if lens.shape != (b,) or int(lens.min()) < 1 or int(lens.max()) > t:
-            raise FormatError(f"lens {lens.tolist()} must be {b} lengths in 1..{t}")
-        st._max_len = int(lens.max())
-        n_full = st._max_len // page
-        st._pack_full(x[:, :, : n_full * page])
-        # Raw tail of each sequence: its tokens from (lens // page) * page on.
-        first = (lens // page) * page
-        idx = (first[:, None] + torch.arange(page, device=x.device)[None, :]).clamp_max(t - 1)
-        # gathered as int16: torch.gather on bf16 (CPU) rewrites NaN payloads (0x7fc0 -> 0xffff)
-        st.raw = torch.gather(x.view(torch.int16), 2, idx[:, None, :, None].expand(b, h, page, d)).contiguous().view(x.dtype)
-        st.n_raw = page  # raw[b] holds lens[b] % page real tokens; the per-sequence counts live in lens
-        st.lens = lens
-        return st
+    @property
+    def tail_len(self) -> int:
+        return self._stream_len

@@ -1,0 +1,81 @@
+"""The ``"glyd_kv"`` attention function that transformers calls for glyd's KV caches (:func:`enable_fused`).
+
+On a one-token decode step the cache's ``update`` returns only the new token's keys and values and
+leaves word for this function, which reads the packed pages instead: ``GlydCache`` (growing stores)
+through :func:`glyd.kv.decode_attention`, ``GlydStaticCache`` (the static pool) through
+``glyd::kvf12_attention``. Every other call (a prompt, another cache) goes to transformers' SDPA.
+
+How the word is left: ``GlydCache`` keys it by the identity of the key tensor it returned (a host
+dict, for eager steps); the static pool by the layer index (``_LIVE``: set in ``update``, taken here),
+which ``torch.compile`` traces (a dict of Python objects, no tensor identity) and CUDA graphs replay
+without Python at all.
+"""
+
+from __future__ import annotations
+
+import torch
+
+#: The attention implementation name :func:`enable_fused` registers with transformers.
+ATTN_NAME = "glyd_kv"
+# id(key tensor handed to attention) -> (that tensor, its GlydLayer): GlydCache's fused decode step.
+_PENDING: dict[int, tuple[torch.Tensor, object]] = {}
+# layer index -> the GlydStaticLayer whose pool holds this step's token: GlydStaticCache's fused step.
+_LIVE: dict[int, object] = {}
+
+
+def _starts(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
+    """Each row's first attended position (left padding) from a 4-D mask: a device op, no sync."""
+    if attention_mask is None:
+        return None
+    row = attention_mask[:, 0, -1, :]
+    valid = row if row.dtype == torch.bool else row == 0
+    return valid.to(torch.int32).argmax(dim=-1).to(torch.int32)
+
+
+def glyd_kv_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+    """transformers attention function: fused decode over packed pages, SDPA for everything else."""
+    layer_idx = getattr(module, "layer_idx", None)
+    live = _LIVE.pop(layer_idx, None) if layer_idx is not None else None
+    if live is not None and query.shape[2] == 1:
+        out = live.attend(query[:, :, 0], scale=scaling, starts=_starts(attention_mask))
+        return out[:, None], None  # [B, 1, Hq, D], as sdpa_attention_forward returns
+    entry = _PENDING.pop(id(key), None)
+    if entry is None or entry[0] is not key:
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        if attention_mask is not None and attention_mask.shape[-1] > key.shape[-2]:
+            # a static cache's mask spans its whole context; a prompt's keys are its first positions
+            attention_mask = attention_mask[..., : key.shape[-2]]
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      **kwargs)
+    from glyd.kv.attention import decode_attention
+
+    layer = entry[1]
+    layer._pending_id = None
+    out = decode_attention(query[:, :, 0].contiguous(), layer.k_store, layer.v_store, scale=scaling,
+                           starts=_starts(attention_mask))
+    return out[:, None], None
+
+
+def enable_fused(model) -> None:
+    """Register the ``"glyd_kv"`` attention with transformers and switch ``model`` to it.
+
+    >>> enable_fused(model)                                                  # doctest: +SKIP
+    >>> model.generate(ids, past_key_values=GlydCache(model.config, fused=True))  # doctest: +SKIP
+    """
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(ATTN_NAME, glyd_kv_attention)
+    AttentionMaskInterface.register(ATTN_NAME, sdpa_mask)
+    model.set_attn_implementation(ATTN_NAME)
+
+
+def check_fused(config, what: str) -> None:
+    """Raise unless ``config`` runs the ``"glyd_kv"`` attention (a fused cache needs it)."""
+    from glyd.errors import FormatError
+
+    impl = getattr(config, "_attn_implementation", None) if config is not None else None
+    if impl != ATTN_NAME:
+        raise FormatError(f"{what}(fused=True) needs the model's attention set to {ATTN_NAME!r} (glyd.kv.enable_fused"
+                          f"(model)) and its config passed; config._attn_implementation is {impl!r}")

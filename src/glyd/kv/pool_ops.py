@@ -1,0 +1,116 @@
+"""The static pool's ops as ``torch.library`` ops: ``glyd::kvf12_write`` and ``glyd::kvf12_attention``.
+
+Their default implementation is the pure-torch twin (``glyd.kv.pool_twin``: the CPU, the tests);
+CUDA tensors take the kernel ``glyd.kv.registry`` chooses from the GPU's table (the Triton kernels,
+or the twin where none can run). Each op has a fake implementation, so ``torch.compile`` traces a
+decode step through both as opaque calls with static shapes.
+
+>>> import torch
+>>> from glyd.kv.pool import FixedPagePool
+>>> pool = FixedPagePool(layers=1, batch=1, heads=1, head_dim=32, max_len=64, page=32)
+>>> x = torch.randn(1, 1, 3, 32).to(torch.bfloat16)
+>>> pool.advance(3)
+>>> torch.ops.glyd.kvf12_write(x, pool.lens, pool.block_index, *pool.k.layer(0)[:5], pool.k.used[0], pool.k.raw[0])
+>>> int(pool.k.raw[0][0, 0, 2, 5].view(torch.int16)) == int(x[0, 0, 2, 5].view(torch.int16))
+True
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from glyd.kernels.registry import Device
+from glyd.kv import pool_twin
+from glyd.kv.registry import KVKernel, KVProblem, choose
+
+__all__ = ["write", "attention", "Kvf12AttentionTorch", "Kvf12WriteTorch", "TwinConfig"]
+
+_T = torch.Tensor
+
+
+@dataclass(frozen=True)
+class TwinConfig:
+    """The twins vary nothing."""
+
+
+class Kvf12AttentionTorch(KVKernel):
+    """The twin of the kvf12 decode attention (``glyd.kv.pool_twin.attention_torch``): every device."""
+
+    name = "kvf12_attention_torch"
+    code = "kvf12"
+    op = "attention"
+    Config = TwinConfig
+
+    @classmethod
+    def launch(cls, q, lens, starts, block_index, k_side, v_side, scale, *, config, capped=True, num_splits=None):
+        return pool_twin.attention_torch(q, lens, starts, block_index, k_side, v_side, scale, capped=capped)
+
+
+class Kvf12WriteTorch(KVKernel):
+    """The twin of the pool's page writer (``glyd.kv.pool_twin.write_torch``): every device."""
+
+    name = "kvf12_write_torch"
+    code = "kvf12"
+    op = "write"
+    Config = TwinConfig
+
+    @classmethod
+    def launch(cls, x, lens, block_index, lo, code, base, meta, exc, used, raw, *, config):
+        pool_twin.write_torch(x, lens, block_index, lo, code, base, meta, exc, used, raw)
+
+
+def _problem(op: str, page: int, d: int, dv: int, group: int) -> KVProblem:
+    return KVProblem("kvf12", op, page, d, dv, group, "pool")
+
+
+@torch.library.custom_op("glyd::kvf12_write", mutates_args=("lo", "code", "base", "meta", "exc", "used", "raw"))
+def _write(x: _T, lens: _T, block_index: _T, lo: _T, code: _T, base: _T, meta: _T, exc: _T, used: _T,
+           raw: _T) -> None:
+    pool_twin.write_torch(x, lens, block_index, lo, code, base, meta, exc, used, raw)
+
+
+@_write.register_kernel("cuda")
+def _write_cuda(x, lens, block_index, lo, code, base, meta, exc, used, raw) -> None:
+    kc, cfg = choose(_problem("write", lo.shape[1], x.shape[3], x.shape[3], 1), Device.of(x.device))
+    kc.launch(x, lens, block_index, lo, code, base, meta, exc, used, raw, config=cfg)
+
+
+@_write.register_fake
+def _write_fake(x, lens, block_index, lo, code, base, meta, exc, used, raw) -> None:
+    return None
+
+
+@torch.library.custom_op("glyd::kvf12_attention", mutates_args=())
+def _attention(q: _T, lens: _T, starts: _T | None, block_index: _T, k_side: list[_T], v_side: list[_T],
+               scale: float) -> _T:
+    return pool_twin.attention_torch(q, lens, starts, block_index, k_side, v_side, scale)
+
+
+@_attention.register_kernel("cuda")
+def _attention_cuda(q, lens, starts, block_index, k_side, v_side, scale):
+    problem = _problem("attention", k_side[0].shape[1], q.shape[2], v_side[0].shape[2], q.shape[1] // block_index.shape[1])
+    kc, cfg = choose(problem, Device.of(q.device))
+    return kc.launch(q, lens, starts, block_index, k_side, v_side, scale, config=cfg)
+
+
+@_attention.register_fake
+def _attention_fake(q, lens, starts, block_index, k_side, v_side, scale):
+    return q.new_empty((q.shape[0], q.shape[1], v_side[0].shape[2]))
+
+
+# x [B, H, T, D] bf16; lens [B] int32 (tokens after the write); block_index [B, H, J] int32; lo/code/base/meta
+# [NB, ...]; exc [E + 1] int32; used [1] int32; raw [B, H, P, D] bf16 (see glyd.kv.pool_twin).
+def write(x, lens, block_index, lo, code, base, meta, exc, used, raw) -> None:
+    """``torch.ops.glyd.kvf12_write``: write ``x`` into a pool side (one kernel)."""
+    torch.ops.glyd.kvf12_write(x, lens, block_index, lo, code, base, meta, exc, used, raw)
+
+
+# q [B, Hq, D] bf16; lens [B] int32; starts [B] int32 or None; block_index [B, H, J] int32;
+# k_side/v_side [lo, code, base, meta, exc, raw] -> [B, Hq, DV] bf16.
+def attention(q, lens, starts, block_index, k_side, v_side, scale: float) -> torch.Tensor:
+    """``torch.ops.glyd.kvf12_attention``: decode attention over a pool's layer (one kernel and a combine)."""
+    if starts is not None:
+        starts = starts.to(device=q.device, dtype=torch.int32)
+    return torch.ops.glyd.kvf12_attention(q, lens, starts, block_index, list(k_side), list(v_side), float(scale))

@@ -1,0 +1,100 @@
+"""The KV kernel registry (glyd.kv.registry): kernels chosen from the GPU table's kv section as weight
+kernels are, each refusing what it cannot run, the twins where no kernel can; configs validated."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from glyd.kernels.registry import Device, table_for
+from glyd.kv import registry
+from glyd.kv.registry import KV_KERNELS, KVProblem, by_name, candidates, choose, kernel_class
+
+H200 = Device("cuda", "NVIDIA H200", (9, 0), 132, False, frozenset({"gluon", "wgmma", "tma"}))
+A100 = Device("cuda", "NVIDIA A100-SXM4-80GB", (8, 0), 108, False, frozenset({"gluon"}))
+CPU = Device("cpu", "cpu")
+INTERP = Device("cpu", "cpu", interpreting=True)
+
+
+def problem(code="kvf12", op="attention", page=64, d=128, dv=128, group=7, where="pool"):
+    return KVProblem(code, op, page, d, dv, group, where)
+
+
+@pytest.mark.parametrize("prob,device,want", [
+    (problem(), H200, "kvf12_attention_triton"),
+    (problem(op="write", group=1), H200, "kvf12_write_triton"),
+    (problem(where="store"), A100, "kvf12_attention_triton"),  # a GPU with no table of its own: the H200's
+    (problem(d=16, dv=16), H200, "kvf12_attention_torch"),  # head dims under 32: the twin
+    (problem(page=16), H200, "kvf12_attention_torch"),  # 16-token sub-tiles are refused on the GPU
+    (problem(code="kvtiered", where="store"), H200, "kvtiered_attention_gluon"),
+    (problem(code="kvtiered", where="store", group=17), H200, "kvtiered_attention_triton"),
+    (problem(code="kvtiered", where="store", d=64, dv=64), H200, "kvtiered_attention_triton"),
+    (problem(code="kvtiered", where="store", d=12, dv=12), H200, "kvtiered_attention_torch"),
+    (problem(), CPU, "kvf12_attention_torch"),
+    (problem(op="write", group=1), INTERP, "kvf12_write_torch"),  # kernels run on the CPU only when named
+])
+def test_choice(prob, device, want):
+    kc, cfg = choose(prob, device)
+    assert kc.name == want and isinstance(cfg, kc.Config)
+    assert kc.can_implement(prob, device, cfg) == (True, "")
+
+
+def test_table_entries_are_configs_the_kernels_take():
+    table = json.loads(Path(registry.__file__).resolve().parents[1].joinpath(
+        "kernels", "tables", "NVIDIA_H200.json").read_text())
+    assert table_for(H200)["kv"] == table["kv"]
+    seen = set()
+    for code, ops in table["kv"].items():
+        for op, cands in ops.items():
+            assert cands[-1]["kernel"].endswith("_torch")  # a twin last: every problem runs somewhere
+            for c in cands:
+                kc = kernel_class(c["kernel"])
+                assert (kc.code, kc.op) == (code, op) and kc.Config(**c["config"]) is not None
+                seen.add(c["kernel"])
+    assert seen == set(KV_KERNELS)
+
+
+def test_refusals_say_why():
+    kc = kernel_class("kvf12_attention_triton")
+    ok, why = kc.can_implement(problem(d=48, dv=48), H200, kc.Config())
+    assert not ok and "powers of two" in why
+    ok, why = kc.can_implement(problem(code="kvtiered"), H200, kc.Config())
+    assert not ok and "kvf12 attention" in why
+    gluon = kernel_class("kvtiered_attention_gluon")
+    turing = Device("cuda", "Tesla T4", (7, 5), 40, False, frozenset({"gluon"}))
+    ok, why = gluon.can_implement(problem(code="kvtiered", where="store"), turing, gluon.Config())
+    assert not ok and "8.0" in why
+    with pytest.raises(RuntimeError, match="cannot run"):
+        by_name("kvf12_write_triton", problem(op="write", group=1), CPU)
+    with pytest.raises(ValueError, match="unknown KV kernel"):
+        kernel_class("kvf12_attention_cuda")
+    with pytest.raises(ValueError, match="unknown KV problem"):
+        problem(code="fp8")
+
+
+@pytest.mark.parametrize("name,kw", [("kvf12_attention_triton", dict(num_warps=3)),
+                                     ("kvf12_attention_triton", dict(sub_tile=24)),
+                                     ("kvf12_write_triton", dict(num_warps=0)),
+                                     ("kvtiered_attention_triton", dict(programs_per_sm=0)),
+                                     ("kvtiered_attention_gluon", dict(maxnreg=-1))])
+def test_configs_are_validated(name, kw):
+    with pytest.raises(ValueError):
+        kernel_class(name).Config(**kw)
+
+
+def test_cpu_ops_take_the_twins(monkeypatch):
+    # CPU tensors never reach a kernel on their own (the interpreter runs only what a test names)
+    from glyd.kv import decode_attention
+    from glyd.kv.fixed import FixedPageStore
+    from glyd.kv import pool_twin
+
+    calls = []
+    real = pool_twin.attention_torch
+    monkeypatch.setattr(pool_twin, "attention_torch", lambda *a, **k: calls.append(1) or real(*a, **k))
+    x = torch.randn(1, 1, 40, 32).to(torch.bfloat16)
+    st = FixedPageStore.from_bf16(x, page=16)
+    decode_attention(torch.ones(1, 2, 32, dtype=torch.bfloat16), st, st)
+    assert calls == [1]

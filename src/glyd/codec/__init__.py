@@ -12,9 +12,10 @@ from __future__ import annotations
 import torch
 
 from glyd.codec import dense11, fixed12, tiered  # noqa: F401 - each registers its layout in LAYOUTS
+from glyd.codec.experts import PackedExperts, pack_experts, unpack_experts
 from glyd.codec.packed import FORMAT_VERSION, LAYOUTS, Packed
 
-__all__ = ["FORMAT_VERSION", "LAYOUTS", "Packed", "pack", "unpack"]
+__all__ = ["FORMAT_VERSION", "LAYOUTS", "Packed", "PackedExperts", "pack", "unpack", "pack_experts", "unpack_experts"]
 
 
 def pack(matrix: torch.Tensor, layout: str = "fixed12") -> Packed:

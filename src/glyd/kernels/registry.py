@@ -53,6 +53,9 @@ KERNELS: dict[str, str] = {
     "tiered_long": "glyd.kernels.tiered:TieredLongKernel",
     "dense11_gemv": "glyd.kernels.dense11:Dense11GemvKernel",
     "dense11_long": "glyd.kernels.dense11:Dense11LongKernel",
+    # products of packed experts (glyd.kernels.experts chooses among them)
+    "experts_gemv": "glyd.kernels.fixed12_experts:ExpertsGemvKernel",
+    "experts_loop": "glyd.kernels.experts:ExpertsLoopKernel",
 }
 
 #: M buckets of the tables: (name, first M, last M) (None: no end).

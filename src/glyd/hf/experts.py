@@ -26,7 +26,8 @@ from glyd.nn.modules import GlydEmbedding, GlydLinear
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ExpertsPlan", "packed_tensors", "place_experts"]
+__all__ = ["ExpertsPlan", "PACKED_KINDS", "experts_entries", "module_tensors", "packed_tensors", "place_experts",
+           "unpack_tensor"]
 
 
 class ExpertsPlan:
@@ -139,8 +140,3 @@ def place_experts(model: nn.Module, folder: Path, entries: dict[str, dict[str, A
         parent, _, child = mname.rpartition(".")
         setattr(model.get_submodule(parent) if parent else model, child,
                 GlydExperts(source, packed, exact=exact, sha256=shas))
-
-
-def dequantized(module: GlydExperts) -> nn.Module:
-    """The plain experts module of ``module`` (its weights unpacked back into bf16 parameters)."""
-    return module.dequantized()

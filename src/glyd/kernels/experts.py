@@ -21,6 +21,7 @@ Example (needs a CUDA GPU)::
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import torch
@@ -97,12 +98,21 @@ class ExpertsLoopKernel(ExpertsKernel):
 
 
 def choose(problem: Problem, device: registry.Device, capturing: bool = False) -> tuple[type[ExpertsKernel], Any]:
-    """(kernel class, config) for ``problem`` (M rows, one expert's N x K) on ``device``."""
+    """(kernel class, config) for ``problem`` (M rows, one expert's N x K) on ``device``; cached, as
+    ``registry.choose`` is (the choice is data)."""
+    return _choose(problem, device, capturing)
+
+
+@functools.lru_cache(maxsize=8192)
+def _choose(problem: Problem, device: registry.Device, capturing: bool) -> tuple[type[ExpertsKernel], Any]:
     table = registry.table_for(device).get("experts", {})
     cands = table.get(problem.layout, {}).get(registry.m_bucket(problem.m)) or \
         DEFAULTS.get(problem.layout, {}).get(registry.m_bucket(problem.m), [])
     why = []
     for cand in cands:
+        if not isinstance(cand, dict) or cand.get("kernel") not in registry.KERNELS or \
+                not isinstance(cand.get("config"), dict):
+            raise ValueError(f"experts.{problem.layout}.{registry.m_bucket(problem.m)}: bad candidate {cand!r}")
         kc = registry.kernel_class(cand["kernel"])
         if capturing and getattr(kc, "syncs", True):
             why.append(f"{cand['kernel']}: synchronises with the host (a CUDA graph is being captured)")

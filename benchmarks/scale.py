@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """How time and memory grow with model size, bf16 against Glyd (issue 28): 0.5B to 70B on one GPU.
 
-For each model shape (Qwen2.5-0.5B, -7B, -32B, Llama-3.1-70B; ``glyd fit``'s configs, no hub) and
+For each model shape (Qwen2.5-0.5B, -7B, -32B, Llama-3.1-70B; the mixture-of-experts shapes
+Qwen3-30B-A3B and Mixtral-8x7B with ``--sizes``; ``glyd fit``'s configs, no hub) and
 each variant (weights ``bf16``, ``fixed12``, ``tiered``; ``+kv``: glyd's lossless KV cache):
 
 * the model with random weights made a tensor at a time on the GPU and packed as each is made
@@ -25,7 +26,13 @@ what it measured); the PNG plot (matplotlib, imported lazily) at the end and aft
     python3 benchmarks/scale.py --sizes qwen2.5-0.5b,qwen2.5-7b,qwen2.5-32b --out $OUT/a
     python3 benchmarks/scale.py --sizes llama-3.1-70b --out $OUT/b
     python3 benchmarks/scale.py --combine $OUT/a/scale.json $OUT/b/scale.json --out $OUT  # one table, one plot
+    python3 benchmarks/scale.py --sizes qwen3-30b-a3b --variants bf16,fixed12 --out $OUT/moe   # an MoE shape
     python3 benchmarks/scale.py --tiny --out /tmp/scale                    # the whole pipeline on the CPU
+    python3 benchmarks/scale.py --tiny --sizes tiny-moe --out /tmp/scale   # its MoE path on the CPU
+
+MoE models (``MOE_SIZES``): every expert packed (``glyd.nn.GlydExperts``); a decode step runs the
+grouped fixed12 GEMV over the chosen experts (CUDA graphs), a prompt each chosen expert's fused
+product; bf16 runs transformers' own experts implementation (``grouped_mm``).
 """
 
 from __future__ import annotations
@@ -51,17 +58,25 @@ from scale_report import table, write_outputs  # noqa: E402
 log = logging.getLogger("scale")
 GiB = 2**30
 SIZES = ("qwen2.5-0.5b", "qwen2.5-7b", "qwen2.5-32b", "llama-3.1-70b")
+#: Mixture-of-experts shapes (``--sizes``): 128 experts of width 768 (8 a token), 8 of 14336 (2 a token).
+MOE_SIZES = ("qwen3-30b-a3b", "mixtral-8x7b")
 VARIANTS = ("bf16", "fixed12", "tiered", "fixed12+kv")
 #: A two-layer Llama for ``--tiny`` (the whole pipeline on the CPU in seconds).
 TINY = dict(model_type="llama", hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, head_dim=16, vocab_size=256, max_position_embeddings=4096,
             tie_word_embeddings=False, _name="tiny")
+#: A two-layer Qwen3-MoE (8 experts, 2 a token) for ``--tiny``: the MoE path of the pipeline on the CPU.
+TINY_MOE = dict(model_type="qwen3_moe", hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
+                num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=256,
+                num_experts=8, num_experts_per_tok=2, norm_topk_prob=True, max_position_embeddings=4096,
+                tie_word_embeddings=False, _name="tiny-moe")
+TINY_CONFIGS = {"tiny": TINY, "tiny-moe": TINY_MOE}
 
 
 def _config(name: str) -> dict:
     from glyd.apps.fit import load_config
 
-    return dict(TINY) if name == "tiny" else load_config(name)
+    return dict(TINY_CONFIGS[name]) if name in TINY_CONFIGS else load_config(name)
 
 
 def _hf_config(cfg: dict):
@@ -206,14 +221,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--capacity-batch", type=int, default=1, help="sequences of the largest-context search (default 1)")
     ap.add_argument("--no-capacity", action="store_true", help="skip the largest-context search")
     ap.add_argument("--device", default=None, help="default: cuda when available")
-    ap.add_argument("--tiny", action="store_true", help="a two-layer model on the CPU, small batches and prompts")
+    ap.add_argument("--tiny", action="store_true",
+                    help=f"a two-layer model on the CPU, small batches and prompts (--sizes: {', '.join(TINY_CONFIGS)})")
     ap.add_argument("--combine", nargs="+", metavar="JSON", help="only merge these runs' JSON into one table and plot")
     ap.add_argument("--out", required=True, help="folder for scale.json, scale.md and scale.png")
     ap.add_argument("-v", "--verbose", action="store_true")
     args = ap.parse_args(argv)
     if args.tiny:
         # context 72: one packed page of the lossless cache (64 tokens) and a raw tail
-        args.sizes, args.batches, args.context, args.prompts = ("tiny",), (1, 2), 72, (16, 32)
+        sizes = ("tiny",) if args.sizes == SIZES else args.sizes
+        if any(s not in TINY_CONFIGS for s in sizes):
+            ap.error(f"--tiny runs {', '.join(TINY_CONFIGS)} only")
+        args.sizes, args.batches, args.context, args.prompts = sizes, (1, 2), 72, (16, 32)
         args.replays, args.ttft_reps, args.device = 3, 2, args.device or "cpu"
         torch.set_num_threads(1)  # tiny products: threads only wait on each other (15 ms against 0.1 ms here)
     bad = [v for v in args.variants if v.partition("+")[0] not in ("bf16", *LAYOUTS)

@@ -190,15 +190,21 @@ def test_whisper_generate_exact_gives_bf16_tokens():
     assert torch.equal(model.generate(input_features=feats, **kw), want)
 
 
-def test_a_checkpoint_key_that_needs_conversion_is_refused(tmp_path):
+def test_a_checkpoint_key_that_needs_conversion_is_converted_by_transformers_mapping(tmp_path):
     # Mixtral's experts are stacked into one tensor when transformers loads per-expert checkpoints:
-    # a fusion that glyd's one-tensor-at-a-time packer cannot do (clear error, not "missing").
+    # glyd gathers them, runs transformers' own conversion and packs the result (tests/hf/test_moe.py).
+    from glyd.hf.keys import checkpoint_namer
+    from glyd.nn import GlydExperts
+
     torch.manual_seed(0)
     cfg = transformers.MixtralConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=1,
                                      num_attention_heads=4, num_key_value_heads=2, num_local_experts=2)
     transformers.MixtralForCausalLM(cfg).to(torch.bfloat16).save_pretrained(tmp_path / "moe")
+    model = glyd.from_pretrained(tmp_path / "moe", device="cpu", progress=False)
+    assert isinstance(model.model.layers[0].mlp.experts, GlydExperts)
+    namer = checkpoint_namer(model, set(model.state_dict()), "moe")  # names only: a conversion is refused
     with pytest.raises(UnsupportedError, match=r"experts.*converts while loading"):
-        glyd.from_pretrained(tmp_path / "moe", device="cpu", progress=False)
+        namer("model.layers.0.block_sparse_moe.experts.1.w1.weight")
 
 
 @pytest.fixture(scope="module")

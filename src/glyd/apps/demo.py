@@ -80,13 +80,12 @@ def verify_against_folder(model: nn.Module, folder: Path) -> tuple[int, int]:
 
 def packed_stats(model: nn.Module) -> tuple[int, int]:
     """(weights held packed, their packed bytes) over the Glyd modules of ``model``."""
-    from glyd.nn import GlydEmbedding, GlydLinear
+    from glyd.hf.experts import packed_tensors
 
     numel = nbytes = 0
-    for m in model.modules():
-        if isinstance(m, (GlydLinear, GlydEmbedding)):
-            numel += m.packed_shape[0] * m.packed_shape[1]
-            nbytes += m.packed_nbytes
+    for _, _, p, _ in packed_tensors(model):  # a model's linears, embeddings and MoE experts
+        numel += p.numel
+        nbytes += p.nbytes
     return numel, nbytes
 
 

@@ -6,9 +6,9 @@ The estimate is three terms, each printed:
   (:mod:`glyd.apps.fit_meta`: every parameter really there, MoE experts and tied embeddings as the
   class resolves them); for a folder with safetensors files, their headers give the exact bf16
   size (read without loading a byte of weights; a folder saved by Glyd is counted as stored).
-  With Glyd, the weights the packer packs (exact ``nn.Linear`` and ``nn.Embedding`` weights) are
-  held at the layout's bits a weight; everything else (norms, biases, fused 3-D experts, routers)
-  stays bf16.
+  With Glyd, the weights the packer packs (exact ``nn.Linear`` and ``nn.Embedding`` weights, the
+  fused 3-D weights of MoE experts) are held at the layout's bits a weight; everything else
+  (norms, biases, routers) stays bf16.
 * **KV cache** for the context, summed over the layers: ``kv_heads x head_dim x 2 (K and V) x
   2 bytes (bf16) x tokens x batch``, where a sliding-window (or chunked) layer holds at most its
   window of tokens. Glyd does not shrink it here (the compressed KV cache is a separate option).
@@ -233,7 +233,7 @@ def _weights(shape: ModelShape, folder: Path | None, layout: str) -> tuple[Weigh
         return files, shape.params * _BF16, notes
     else:
         # The headers give the exact size; the config's model says which of it Glyd packs (a
-        # checkpoint's per-expert matrices, say, become fused 3-D experts that stay bf16).
+        # checkpoint's per-expert matrices become fused 3-D experts, packed as well).
         total = files.bf16_bytes()
         packable = min(shape.packable, total // _BF16)
         count = WeightCount(packable=packable, other_bytes=total - packable * _BF16,

@@ -3,16 +3,17 @@
 The model is built by ``AutoModelForCausalLM.from_config`` under ``torch.device("meta")`` (no
 memory, a 70B model in about a second), so the count is what the class really holds: MoE experts,
 embeddings tied (or not) as the config and the class resolve them, GQA projections, biases. Which
-weights Glyd packs is decided by the packer's own rule (``glyd.hf._model``: exact ``nn.Linear``
-and plain ``nn.Embedding`` weights); every other parameter, fused 3-D experts and routers
-included, stays bf16. The KV cache is counted per layer from the config's ``layer_types``, as
+weights Glyd packs is decided by the packer's own rules (``glyd.hf._model``: exact ``nn.Linear``
+and plain ``nn.Embedding`` weights; ``glyd.nn.experts.is_packable``: the fused 3-D weights of an
+MoE block's experts, packed expert by expert); every other parameter, routers included, stays
+bf16. The KV cache is counted per layer from the config's ``layer_types``, as
 transformers' caches do: a sliding-window or chunked layer holds at most its window of tokens.
 
 >>> from glyd.apps.fit_meta import model_shape
 >>> s = model_shape({"model_type": "mixtral", "hidden_size": 64, "intermediate_size": 128,
 ...                  "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 100, "num_local_experts": 4})
 >>> s.params, s.packable, sorted(s.unpacked_matrices.items())
-(259392, 61952, [('MixtralExperts', 196608), ('MixtralTopKRouter', 512)])
+(259392, 258560, [('MixtralTopKRouter', 512)])
 """
 
 from __future__ import annotations
@@ -120,12 +121,14 @@ def count_weights(model: Any) -> tuple[int, int, Counter[str]]:
     yields it once; packable is what the packer packs (its own predicates).
     """
     from glyd.hf._model import is_packable_embedding, is_packable_linear
+    from glyd.nn.experts import is_packable as packable_experts
 
     packable_ids = set()
     owner: dict[int, str] = {}
     for m in model.modules():
         if is_packable_linear(m) or is_packable_embedding(m):
             packable_ids.add(id(m.weight))
+        packable_ids.update(id(m._parameters[n]) for n in packable_experts(m))
         for p in m._parameters.values():
             if p is not None:
                 owner.setdefault(id(p), type(m).__name__)

@@ -12,10 +12,12 @@ from __future__ import annotations
 import torch
 
 from glyd.codec import fixed12, tiered, dense11  # noqa: F401, I001 - each registers its layout, in this order
+from glyd.codec.experts import PackedExperts, pack_experts, unpack_experts
 from glyd.codec.layout import LAYOUTS, Layout, register
 from glyd.codec.packed import FORMAT_VERSION, Packed
 
-__all__ = ["FORMAT_VERSION", "LAYOUTS", "Layout", "Packed", "register", "pack", "unpack"]
+__all__ = ["FORMAT_VERSION", "LAYOUTS", "Layout", "Packed", "PackedExperts", "register", "pack", "unpack",
+           "pack_experts", "unpack_experts"]
 
 
 def pack(matrix: torch.Tensor, layout: str = "fixed12") -> Packed:

@@ -17,7 +17,7 @@ from glyd.errors import CorruptError, FormatError, UnsupportedError
 from glyd.hf import hooks
 from glyd.hf._model import note_source
 from glyd.hf.classes import build_empty
-from glyd.hf.keys import checkpoint_namer
+from glyd.hf.convert import Conversions
 from glyd.hf.packer import Packer
 from glyd.hf.placement import AUTO_MAPS, check_covers, device_of, infer_map, normalize_map
 from glyd.store._safetensors import dtype_from_name, read_header
@@ -186,17 +186,20 @@ def _stream(path: Path, keys: dict[Path, list[str]], model: nn.Module, packer: P
     """Read the shards one tensor at a time and hand each to the packer."""
     from safetensors import safe_open
 
-    name_of = checkpoint_namer(model, set(model.state_dict(keep_vars=True).keys()), str(path))
+    conversions = Conversions(model, [k for names in keys.values() for k in names], str(path))
     total = sum(len(v) for v in keys.values())
     with tqdm(total=total, desc="glyd: loading and packing", unit="tensor", disable=not progress) as bar:
         for f, names in keys.items():
             with safe_open(str(f), framework="pt", device="cpu") as st:
                 for key in names:
-                    name = name_of(key)
                     try:
                         t = st.get_tensor(key)
                     except Exception as exc:  # safetensors' own error types
                         raise CorruptError(f"{f}: tensor {key!r}: cannot read: {exc}") from exc
-                    packer.feed(name, t)
+                    # a tensor, or (MoE experts stored one matrix per expert) nothing until its target's
+                    # last source arrives, then the target that transformers' conversion makes
+                    for name, ready in conversions.take(key, t):
+                        packer.feed(name, ready)
                     del t
                     bar.update(1)
+    conversions.check_done()

@@ -3,7 +3,8 @@
 Every packed module is replaced by the module it was packed from: ``GlydLinear`` (and each part
 of a merged one) by ``nn.Linear``, ``GlydEmbedding`` by ``nn.Embedding`` (or the model's own
 embedding class, e.g. a scaled one), a tied ``GlydTiedLinear`` by an ``nn.Linear`` that shares
-the embedding's weight. Each weight is unpacked where its module lives, one matrix at a time.
+the embedding's weight, a ``GlydExperts`` by the experts module it was (its 3-D weights unpacked).
+Each weight is unpacked where its module lives, one matrix at a time.
 transformers' ``model.dequantize()`` reaches it through ``GlydHfQuantizer._dequantize``; a model
 packed by ``glyd.from_pretrained`` or ``glyd.compress`` carries it as ``model.dequantize``
 (``glyd.hf.hooks``).
@@ -23,6 +24,7 @@ import torch
 from torch import nn
 
 from glyd.errors import UnsupportedError
+from glyd.nn.experts import GlydExperts
 from glyd.nn.modules import GlydEmbedding, GlydLinear, GlydLinearPart, GlydTiedLinear
 
 log = logging.getLogger(__name__)
@@ -53,7 +55,7 @@ def dequantize(model: nn.Module, dtype: Any = None) -> nn.Module:
     """
     dtype = check_dtype(dtype)
     jobs = [(parent, attr, child) for _, parent in model.named_modules() for attr, child in parent._modules.items()
-            if isinstance(child, (GlydLinear, GlydLinearPart, GlydEmbedding, GlydTiedLinear))]
+            if isinstance(child, (GlydLinear, GlydLinearPart, GlydEmbedding, GlydTiedLinear, GlydExperts))]
     if not jobs:
         raise UnsupportedError("dequantize: the model has no glyd-packed module")
     names = {id(m): n for n, m in model.named_modules(remove_duplicate=False)}
@@ -76,6 +78,8 @@ def dequantize(model: nn.Module, dtype: Any = None) -> nn.Module:
             new = None  # its parts become the modules; the merged module goes
         elif isinstance(child, GlydLinear):
             new = _linear(child._unpack(), None if child.bias is None else child.bias.detach(), child)
+        elif isinstance(child, GlydExperts):  # the experts module it was, its 3-D weights unpacked
+            new = child.dequantized().train(child.training)
         else:
             continue
         _replace(parent, attr, new)

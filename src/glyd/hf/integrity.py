@@ -9,10 +9,8 @@ from typing import Any
 from torch import nn
 from tqdm.auto import tqdm
 
-from glyd import ops as _ops
 from glyd.errors import CorruptError, FormatError
-from glyd.hf._model import packed_modules
-from glyd.nn.modules import GlydEmbedding, GlydLinear
+from glyd.hf.experts import packed_tensors, unpack_tensor
 from glyd.store import MANIFEST, CheckpointReader, sha256_tensor
 from glyd.store._safetensors import sha256_file
 
@@ -30,19 +28,19 @@ def verify_files(folder: Path) -> None:
 def verify_model(model: nn.Module, progress: bool = True) -> dict[str, int]:
     src = model.__dict__.get("_glyd_source")
     where = f"{src}: " if src else ""
-    if not any(True for _ in packed_modules(model)):
+    if not any(True for _ in packed_tensors(model)):
         raise FormatError(f"{where}the model has no glyd-packed weights: nothing to verify (pack it with "
                           f"glyd.compress or load it with glyd.from_pretrained)")
     counts = {"packed": 0, "raw": 0, "weights": 0}
-    for name, m in tqdm(list(packed_modules(model)), desc="glyd: verify", unit="tensor", disable=not progress):
-        wname = f"{name}.weight"
-        if m.sha256 is None:
+    for wname, _, p, sha in tqdm(list(packed_tensors(model)), desc="glyd: verify", unit="tensor",
+                                 disable=not progress):
+        if sha is None:
             raise CorruptError(f"{where}tensor {wname!r}: no sha256 was recorded for it, nothing to verify against")
         try:
-            w = _ops.unpack(m.packed).cpu()
+            w = unpack_tensor(p).cpu()
         except (CorruptError, FormatError, RuntimeError, IndexError, ValueError) as exc:
             raise CorruptError(f"{where}tensor {wname!r}: damaged packed arrays ({exc})") from exc
-        if sha256_tensor(w) != m.sha256:
+        if sha256_tensor(w) != sha:
             raise CorruptError(
                 f"{where}tensor {wname!r}: sha256 mismatch: the packed arrays do not give back the original bf16 weights"
             )
@@ -51,8 +49,8 @@ def verify_model(model: nn.Module, progress: bool = True) -> dict[str, int]:
     manifest = model.__dict__.get("_glyd_manifest")
     if manifest:
         tensors = manifest.get("tensors", {})
-        for name, m in packed_modules(model):
-            _check_arrays(m, tensors.get(f"{name}.weight"), f"{where}tensor {name + '.weight'!r}")
+        for wname, _, p, _ in packed_tensors(model):
+            _check_arrays(p, tensors.get(wname), f"{where}tensor {wname!r}")
         for name, t in model.state_dict().items():
             e = tensors.get(name)
             if e is None or e.get("kind") != "raw":
@@ -63,13 +61,13 @@ def verify_model(model: nn.Module, progress: bool = True) -> dict[str, int]:
     return counts
 
 
-def _check_arrays(m: GlydLinear | GlydEmbedding, entry: dict[str, Any] | None, what: str) -> None:
+def _check_arrays(p: Any, entry: dict[str, Any] | None, what: str) -> None:
     """The module's packed arrays hash to those glyd.json records (for a module loaded from a glyd
     folder): bytes that unpacking ignores (padding, the code of an exception weight) included,
     since a fused kernel may still read them."""
     if not entry or entry.get("kind") != "packed":
         return
-    arrays = m.packed.arrays
+    arrays = p.arrays
     for a, spec in entry["arrays"].items():
         if a not in arrays or sha256_tensor(arrays[a].cpu()) != spec["sha256"]:
             raise CorruptError(f"{what}: stored array {a!r} does not match its sha256 in {MANIFEST} (damaged file)")

@@ -33,6 +33,7 @@ from glyd.hf.checks import check_folder
 from glyd.hf.integrity import verify_files, verify_model
 from glyd.hf.merge import merge_packed, unmerge_packed
 from glyd.hf.packer import Packer
+from glyd.nn.experts import GlydExperts
 from glyd.nn.modules import GlydEmbedding, GlydLinear, set_exact
 from glyd.store import MANIFEST
 from glyd.store._safetensors import sha256_file
@@ -200,7 +201,7 @@ def compress(model: nn.Module, *, layout: str = "auto", merge: bool | None = Non
     >>> encoder = glyd.compress(AutoModel.from_pretrained(path, dtype=torch.bfloat16), exact=True)  # doctest: +SKIP
     """
     check_layout(layout)
-    if any(isinstance(m, (GlydLinear, GlydEmbedding)) for m in model.modules()):
+    if any(isinstance(m, (GlydLinear, GlydEmbedding, GlydExperts)) for m in model.modules()):
         raise ValueError("this model is already packed by glyd")
     if merge is None:
         merge = any(p.is_cuda for p in model.parameters())

@@ -17,7 +17,9 @@ from glyd.errors import FormatError, UnsupportedError
 from glyd.hf._model import (MERGE_GROUPS, check_layout, embed_scale_of, is_packable_embedding, is_packable_linear,
                             refuse_tied_bias, set_module, set_tensor, tied_pair, unpacked_report,
                             untie_packed)
+from glyd.hf.experts import ExpertsPlan
 from glyd.nn.modules import GlydEmbedding, GlydLinear, GlydTiedLinear
+from glyd.ops import experts as _experts_ops
 from glyd.store import sha256_tensor
 
 log = logging.getLogger(__name__)
@@ -63,7 +65,9 @@ class Packer:
         self.tied = tied_pair(model)
         self.skip: set[str] = set()
         self._hasher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="glyd-sha256")
-        self._hashes: deque[tuple[nn.Module, Future]] = deque()
+        self._hashes: deque[tuple[nn.Module, str | None, Future]] = deque()
+        self.experts = ExpertsPlan(model, exact)  # fused 3-D experts weights, packed expert by expert
+        self._pending: dict[str, Future] = {}  # experts weights packed, their module not complete yet
         for name, m in model.named_modules():
             w = f"{name}.weight" if name else "weight"
             if is_packable_linear(m):
@@ -101,9 +105,13 @@ class Packer:
                     self.linears.pop(n, None)
 
     def wants(self, name: str) -> bool:
-        return name in self.linears or name in self.embeds or name in self.groups or name in self.skip
+        return (name in self.linears or name in self.embeds or name in self.groups or name in self.skip
+                or self.experts.wants(name))
 
     def _pack(self, name: str, t: torch.Tensor, device_of: str | None = None) -> tuple[Packed, Future]:
+        return self._pack_with(_ops._pack, name, t, device_of)
+
+    def _pack_with(self, pack, name: str, t: torch.Tensor, device_of: str | None = None):
         if t.dtype != torch.bfloat16:
             raise FormatError(
                 f"tensor {name!r} is {t.dtype}: glyd packs bf16 weights only (convert the model to bf16 "
@@ -114,23 +122,27 @@ class Packer:
         sha = self._hasher.submit(sha256_tensor, t) if self.hash_weights else _NO_HASH
         dev = self._device_for(device_of or name)
         w = t.to(t.device if dev is None else dev)
-        layout = _ops.choose_layout(tuple(w.shape), w.device) if self.layout == "auto" else self.layout
-        p = _ops._pack(w, layout)
+        layout = _ops.choose_layout(tuple(w.shape[-2:]), w.device) if self.layout == "auto" else self.layout
+        p = pack(w, layout)
         self.layouts[p.layout] += 1
         self.packed_bytes += p.nbytes
         self.weights += p.numel
         return p, sha
 
-    def _track(self, module: nn.Module, sha: Future) -> nn.Module:
-        """Give ``module`` its hash when ready; at most two tensors wait for hashing (bounded memory)."""
-        self._hashes.append((module, sha))
+    def _track(self, module: nn.Module, sha: Future, weight: str | None = None) -> nn.Module:
+        """Give ``module`` its hash when ready (of its ``weight`` for experts); at most two tensors wait
+        for hashing (bounded memory)."""
+        self._hashes.append((module, weight, sha))
         while len(self._hashes) > 2:
             self._settle()
         return module
 
     def _settle(self) -> None:
-        module, fut = self._hashes.popleft()
-        module.sha256 = fut.result()
+        module, weight, fut = self._hashes.popleft()
+        if weight is None:
+            module.sha256 = fut.result()
+        else:
+            module.sha256[weight] = fut.result()
 
     def close(self) -> None:
         """Wait for every hash and stop the hashing thread."""
@@ -167,6 +179,8 @@ class Packer:
             if isinstance(scale, torch.Tensor):
                 scale = scale.to(p.device)
             set_module(self.model, mname, self._track(GlydEmbedding(p, old.padding_idx, scale=scale), sha))
+        elif self.experts.wants(name):
+            self._feed_experts(name, t)
         elif name in self.groups:
             g = self.groups[name]
             g.got[name] = t
@@ -174,6 +188,18 @@ class Packer:
                 self._merge(g)
         elif not set_tensor(self.model, name, self._to_device(t, name)):
             log.warning("tensor %r of the checkpoint has no place in the model; ignored", name)
+
+    def _feed_experts(self, name: str, t: torch.Tensor) -> None:
+        want = list(self.experts.shape_of(name))
+        if list(t.shape) != want:
+            raise FormatError(f"tensor {name!r} has shape {list(t.shape)}, the model's experts weight {want}")
+        p, sha = self._pack_with(_experts_ops.pack_experts, name, t)
+        self._pending[name] = sha
+        module = self.experts.take(name, p, sha)
+        if module is not None:
+            mname = name.rpartition(".")[0]
+            for w in module.weights:
+                self._track(module, self._pending.pop(f"{mname}.{w}" if mname else w), w)
 
     def _merge(self, g: Group) -> None:
         names = g.needed()
@@ -197,7 +223,7 @@ class Packer:
 
     def finish(self, where: str) -> None:
         self.close()
-        missing = sorted(set(self.linears) | set(self.embeds) | set(self.groups))
+        missing = sorted(set(self.linears) | set(self.embeds) | set(self.groups) | set(self.experts.missing()))
         if missing:
             more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
             raise FormatError(f"{where}: tensor(s) {', '.join(missing[:5])}{more} are missing from the checkpoint")

@@ -12,11 +12,10 @@ from typing import Any
 from torch import nn
 from tqdm.auto import tqdm
 
-from glyd import ops as _ops
 from glyd.codec.packed import FORMAT_VERSION
-from glyd.hf._model import merged_groups, packed_modules, source_of
-from glyd.nn.modules import BUFFER_PREFIX
-from glyd.store import CheckpointWriter, sha256_tensor
+from glyd.hf._model import merged_groups, source_of
+from glyd.hf.experts import packed_tensors, unpack_tensor
+from glyd.store import CheckpointWriter, key_for, sha256_tensor
 from glyd.store._config import QUANT_METHOD, packed_config
 from glyd.store._source import check_inside
 
@@ -77,7 +76,7 @@ def save_pretrained(model: nn.Module, path: str | os.PathLike, *, tokenizer: Any
 
 def model_layout(model: nn.Module) -> str:
     """The layout a packed model's folder records: its packed modules' one layout, else ``"auto"``."""
-    layouts = {m.layout for _, m in packed_modules(model)}
+    layouts = {p.layout for _, _, p, _ in packed_tensors(model)}
     if not layouts:
         raise ValueError("the model has no glyd-packed weights: call glyd.compress(model) or use glyd.from_pretrained")
     return layouts.pop() if len(layouts) == 1 else "auto"
@@ -87,12 +86,11 @@ def write_tensors(out: CheckpointWriter, model: nn.Module, progress: bool) -> No
     """Every tensor of ``model`` into ``out``: packed arrays as they are (with the sha256 of the
     original bf16 weight), every other tensor as it is, a tied one once."""
     packed_keys = set()
-    for name, m in tqdm(list(packed_modules(model)), desc="glyd: saving", unit="tensor", disable=not progress):
-        sha = m.sha256
+    for name, _, p, sha in tqdm(list(packed_tensors(model)), desc="glyd: saving", unit="tensor", disable=not progress):
         if sha is None:  # no record from packing time: the only honest hash is of what we hold
-            sha = sha256_tensor(_ops.unpack(m.packed).cpu())
-        out.add_packed(f"{name}.weight", m.packed, sha)
-        packed_keys.update(f"{name}.{b}" for b in m._buffers if b.startswith(BUFFER_PREFIX))
+            sha = sha256_tensor(unpack_tensor(p).cpu())
+        out.add_packed(name, p, sha)
+        packed_keys.update(key_for(name, a) for a in p.arrays)
     seen: set[int] = set()
     for name, t in model.state_dict().items():
         if name in packed_keys:

@@ -13,13 +13,15 @@ import torch
 from torch import nn
 
 from glyd.codec import LAYOUTS, Packed
+from glyd.codec.experts import LENS
 from glyd.codec.packed import FORMAT_VERSION
-from glyd.errors import FormatError
+from glyd.errors import CorruptError, FormatError
 from glyd.hf import hooks
-from glyd.hf._model import (SEP, is_packable_embedding, is_packable_linear, note_source, packed_modules, set_module,
-                            refuse_tied_bias, tied_pair, untie_packed)
+from glyd.hf._model import (SEP, is_packable_embedding, is_packable_linear, note_source, set_module, refuse_tied_bias,
+                            tied_pair, untie_packed)
 from glyd.hf.checks import check_complete
-from glyd.nn.modules import BUFFER_PREFIX, GlydEmbedding, GlydLinear, GlydTiedLinear
+from glyd.hf.experts import PACKED_KINDS, experts_entries, module_tensors, place_experts
+from glyd.nn.modules import GlydEmbedding, GlydLinear, GlydTiedLinear
 from glyd.store import MANIFEST, CheckpointReader
 from glyd.store._safetensors import dtype_from_name, read_header
 
@@ -32,7 +34,7 @@ def _st_dtype(name: str) -> torch.dtype:
 
 
 def _layout_of(arrays: Iterable[str]) -> str | None:
-    got = set(arrays)
+    got = set(arrays) - {LENS}  # packed experts: a layout's arrays and their lengths
     for name, mod in LAYOUTS.items():
         if got == set(mod.arrays):
             return name
@@ -73,7 +75,11 @@ def prepare_skeleton(model: nn.Module, folder: Path, *, merged: dict[str, list[s
     packed, _ = checkpoint_layout(files)
     groups = {attr: tuple(parts) for attr, parts in (merged or {}).items()}
     prefix = getattr(model, "base_model_prefix", "")
+    experts = experts_entries(packed)
+    place_experts(model, folder, experts, manifest, exact)
     for name, e in packed.items():
+        if name in experts:
+            continue
         if not name.endswith(".weight"):
             raise FormatError(f"{folder}: packed tensor {name!r} is not a module's weight")
         mname = name[: -len(".weight")]
@@ -148,15 +154,16 @@ def _meta_packed(folder: Path, name: str, layout: str, entry: dict[str, Any], sh
 def finish_skeleton(model: nn.Module, folder: Path, manifest: dict[str, Any]) -> None:
     """After loading: every packed buffer must have been filled, and the model must hold exactly the
     checkpoint's tensors (``glyd.hf.checks.check_complete``); remember where the model came from."""
-    missing = [f"{n}.{b}" for n, m in packed_modules(model) for b, t in m._buffers.items()
-               if b.startswith(BUFFER_PREFIX) and t is not None and t.is_meta]
+    mods = [(n, m) for n, m in model.named_modules() if isinstance(m, PACKED_KINDS)]
+    missing = [f"{n}.{b}" for n, m in mods for b, t in m._buffers.items() if SEP in b and t is not None and t.is_meta]
     if missing:
         raise FormatError(f"{folder}: packed array(s) missing from the checkpoint: {', '.join(missing[:5])}")
-    for name, m in packed_modules(model):
+    for name, m in mods:
         try:
-            m.packed  # noqa: B018 - builds the Packed over the loaded buffers: checks their shapes
-        except FormatError as exc:
-            raise FormatError(f"{folder}: tensor {name + '.weight'!r}: {exc}") from exc
+            list(module_tensors(name, m))  # builds each Packed over the loaded buffers: checks them
+        except (FormatError, CorruptError) as exc:
+            what = f"tensor {name + '.weight'!r}" if isinstance(m, (GlydLinear, GlydEmbedding)) else name
+            raise FormatError(f"{folder}: {what}: {exc}") from exc
         kept = m.__dict__.pop("_glyd_scale", None)
         if isinstance(m, GlydEmbedding) and kept is not None:
             m.embed_scale = torch.tensor(kept[0], dtype=kept[1], device=m.packed.device)

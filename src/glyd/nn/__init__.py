@@ -7,6 +7,7 @@
 torch.Size([3, 6])
 """
 
+from glyd.nn.experts import GlydExperts
 from glyd.nn.modules import (
     BUFFER_PREFIX,
     GlydEmbedding,
@@ -21,6 +22,7 @@ from glyd.ops.rows import unpack_rows
 __all__ = [
     "BUFFER_PREFIX",
     "GlydEmbedding",
+    "GlydExperts",
     "GlydLinear",
     "GlydLinearPart",
     "GlydTiedLinear",

@@ -337,9 +337,14 @@ class GlydEmbedding(_PackedModule):
         return f"{self.num_embeddings}, {self.embedding_dim}, layout={self.layout}, padding_idx={self.padding_idx}"
 
 
+#: Module classes with an ``exact`` switch (``glyd.nn.experts`` adds ``GlydExperts``).
+EXACT_MODULES: list[type] = [GlydLinear, GlydTiedLinear]
+
+
 def set_exact(model: nn.Module, exact: bool = True) -> nn.Module:
     """Switch every packed product of ``model`` between bf16's own (``exact=True``) and the fused path."""
+    kinds = tuple(EXACT_MODULES)
     for m in model.modules():
-        if isinstance(m, (GlydLinear, GlydTiedLinear)):
+        if isinstance(m, kinds):
             m.exact = bool(exact)
     return model

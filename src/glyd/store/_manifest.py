@@ -14,6 +14,7 @@ from typing import Any
 
 from glyd._version import __version__
 from glyd.codec import LAYOUTS
+from glyd.codec.experts import LENS as EXPERTS_LENS
 from glyd.codec.packed import FORMAT_VERSION as CODEC_FORMAT_VERSION
 from glyd.errors import FormatError
 from glyd.store._safetensors import MAX_DIMS, dtype_from_name, shape_ok, short
@@ -199,11 +200,14 @@ def _check_entry(where: Path, f: str, e: object) -> None:
     if fv != CODEC_FORMAT_VERSION or isinstance(fv, bool):
         raise _fail(where, f"{f}.format_version",
                     f"layout format version {short(fv)} is not supported (this glyd reads {CODEC_FORMAT_VERSION})")
-    if e["dtype"] != "bfloat16" or len(e["shape"]) != 2:
-        raise _fail(where, f, f"a packed tensor is a 2-D bfloat16 matrix, got {e['dtype']}{short(e['shape'])}")
     arrays = e.get("arrays")
     if not isinstance(arrays, dict) or not arrays:
         raise _fail(where, f"{f}.arrays", "missing or not an object")
+    # A 3-D packed tensor holds experts packed one by one (glyd.codec.experts: its arrays include LENS).
+    dims = 3 if EXPERTS_LENS in arrays else 2
+    if e["dtype"] != "bfloat16" or len(e["shape"]) != dims:
+        what = "3-D bfloat16 experts tensor (it has a 'lens' array)" if dims == 3 else "2-D bfloat16 matrix"
+        raise _fail(where, f, f"a packed tensor here is a {what}, got {e['dtype']}{short(e['shape'])}")
     for a, spec in arrays.items():
         af = f"{f}.arrays[{short(a)}]"
         if not isinstance(spec, dict) or dtype_from_name(spec.get("dtype")) is None:

@@ -35,7 +35,8 @@ from safetensors import safe_open
 from tqdm.auto import tqdm
 
 from glyd._version import __version__
-from glyd.codec import LAYOUTS, Packed, unpack
+from glyd.codec import LAYOUTS, Packed, PackedExperts, unpack, unpack_experts
+from glyd.codec.experts import LENS, array_names
 from glyd.errors import CorruptError, FormatError
 from glyd.store._config import LOADER_CLASS, LOADER_FILE, LOADER_SOURCE
 from glyd.store._atomic import AtomicDir, check_destination, copy_hashed  # noqa: F401 - re-exported
@@ -170,15 +171,17 @@ class CheckpointWriter:
             self._keys[k] = name
 
     # -- tensors -----------------------------------------------------------------------------------
-    def add_packed(self, name: str, packed: Packed, sha256: str) -> None:
-        """Add a packed matrix; ``sha256`` is :func:`sha256_tensor` of the original bf16 matrix."""
+    def add_packed(self, name: str, packed: Packed | PackedExperts, sha256: str) -> None:
+        """Add a packed matrix (or a 3-D experts tensor packed expert by expert, ``PackedExperts``);
+        ``sha256`` is :func:`sha256_tensor` of the original bf16 tensor."""
         self._check_open()
         self._check_name(name)
-        if not isinstance(packed, Packed):
+        if not isinstance(packed, (Packed, PackedExperts)):
             raise TypeError(f"tensor {name!r}: add_packed expects a glyd.Packed, got {type(packed).__name__}")
         if not is_sha(sha256):
             raise ValueError(f"tensor {name!r}: sha256 must be 64 lowercase hex digits, got {sha256!r}")
-        order = [a for a in LAYOUTS[packed.layout].arrays if a in packed.arrays]
+        names = LAYOUTS[packed.layout].arrays if isinstance(packed, Packed) else array_names(packed.layout)
+        order = [a for a in names if a in packed.arrays]
         arrays = {a: _cpu_tensor(packed.arrays[a]) for a in order}
         keys = [key_for(name, a) for a in order]
         self._claim(name, keys)
@@ -416,7 +419,8 @@ class CheckpointReader:
                     for a, s in e["arrays"].items()
                 }
                 try:
-                    Packed(e["layout"], tuple(e["shape"]), meta, e["format_version"])
+                    kind = PackedExperts if LENS in meta else Packed
+                    kind(e["layout"], tuple(e["shape"]), meta, e["format_version"])
                 except (FormatError, ValueError, TypeError, KeyError, IndexError, RuntimeError) as exc:
                     raise FormatError(f"{mpath}: tensor {name!r} ({e['file']}): {exc}") from exc
         for file, header in self._headers.items():
@@ -490,8 +494,9 @@ class CheckpointReader:
             self._handles[(file, device)] = h
         return h
 
-    def get(self, name: str, device: str | torch.device = "cpu") -> Packed | torch.Tensor:
-        """Tensor ``name``: a :class:`glyd.Packed` if it is packed, else the tensor as stored.
+    def get(self, name: str, device: str | torch.device = "cpu") -> Packed | PackedExperts | torch.Tensor:
+        """Tensor ``name``: a :class:`glyd.Packed` if it is packed (a ``PackedExperts`` for a 3-D
+        experts tensor), else the tensor as stored.
 
         Only that tensor's arrays are read (memory-mapped through ``safetensors.safe_open``).
         """
@@ -504,17 +509,22 @@ class CheckpointReader:
             arrays = {a: f.get_tensor(key_for(name, a)) for a in e["arrays"]}
         except Exception as exc:  # safetensors raises its own error types for damaged files
             raise CorruptError(f"{self.path / e['file']}: tensor {name!r}: cannot read: {exc}") from exc
+        if LENS in arrays:
+            try:
+                return PackedExperts(e["layout"], tuple(e["shape"]), arrays, e["format_version"])
+            except (FormatError, CorruptError) as exc:  # the lengths (values, read now) do not fit the arrays
+                raise CorruptError(f"{self.path / e['file']}: tensor {name!r}: {exc}") from exc
         return Packed(e["layout"], tuple(e["shape"]), arrays, e["format_version"])
 
     def get_original(self, name: str) -> torch.Tensor:
         """Tensor ``name`` as it was before packing (bf16 for packed tensors), on the CPU, unverified."""
         t = self.get(name)
-        return self._unpack(name, t) if isinstance(t, Packed) else t
+        return self._unpack(name, t) if isinstance(t, (Packed, PackedExperts)) else t
 
-    def _unpack(self, name: str, t: Packed) -> torch.Tensor:
+    def _unpack(self, name: str, t: Packed | PackedExperts) -> torch.Tensor:
         where = f"{self.path / self._entry(name)['file']}: tensor {name!r}"
         try:
-            return unpack(t)
+            return unpack_experts(t) if isinstance(t, PackedExperts) else unpack(t)
         except (CorruptError, FormatError) as exc:
             raise CorruptError(f"{where}: {exc}") from exc
         except (RuntimeError, IndexError, ValueError) as exc:  # damaged arrays the codec did not foresee
@@ -534,7 +544,7 @@ class CheckpointReader:
                 f"the original tensor (damaged file or wrong manifest)"
             )
 
-    def check_arrays(self, name: str, packed: Packed) -> None:
+    def check_arrays(self, name: str, packed: Packed | PackedExperts) -> None:
         """Raise CorruptError unless every stored array of packed tensor ``name`` hashes to the manifest."""
         e = self._entry(name)
         for a, spec in e["arrays"].items():
@@ -551,7 +561,7 @@ class CheckpointReader:
         counts = {"tensors": 0, "packed": 0, "raw": 0, "weights": 0, "files": 0}
         for name in tqdm(self.names(), desc="verify", unit="tensor", disable=not progress, leave=False):
             t = self.get(name)
-            if isinstance(t, Packed):
+            if isinstance(t, (Packed, PackedExperts)):
                 self.check_arrays(name, t)
                 t = self._unpack(name, t)
             self.check_tensor(name, t)

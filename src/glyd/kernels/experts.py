@@ -1,0 +1,173 @@
+"""Products of packed experts on the GPU: the CUDA implementation of ``glyd::experts_linear`` (row
+``s`` of x times expert ``ids[s]``'s matrix transposed; ``glyd.codec.experts`` for the arrays).
+
+The kernel is chosen as a linear's is (``registry``): the GPU table's ``experts`` section when it
+has one (layout -> M bucket -> candidates), else :data:`DEFAULTS`; the first candidate that can run
+is taken, and inside a CUDA graph capture only the kernels that never synchronise with the host.
+
+* ``fixed12_experts_gemv`` (``fixed12/experts.py``, a family of fixed12's layout entry): one program a row and a tile of its expert, reading only
+  the chosen experts' packed planes; no host sync (decode steps, CUDA graphs). Up to 64 rows first.
+* ``experts_loop`` (here; no layout's family: it runs every layout through the linear families): each chosen expert's rows through ``glyd.kernels.linear``, the fused
+  product the registry picks for that expert's matrix and its number of rows (the prompt path,
+  every layout). Finding the rows of each expert costs one host sync.
+
+Example (needs a CUDA GPU)::
+
+    from glyd.ops.experts import pack_experts
+    p = pack_experts((torch.randn(8, 1024, 512, device="cuda") * 0.02).to(torch.bfloat16))
+    y = glyd.kernels.experts.linear(x, ids, p)    # x bf16 [S, 512], ids [S] -> [S, 1024]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import torch
+
+from glyd.kernels import _common as C
+from glyd.kernels import registry
+from glyd.kernels.registry import M_BUCKETS, Kernel, Problem
+
+__all__ = ["linear", "choose", "DEFAULTS", "ExpertsKernel", "ExpertsLoopKernel", "ExpertsLoopConfig"]
+
+_GEMV = {"kernel": "fixed12_experts_gemv", "config": {}}
+_LOOP = {"kernel": "experts_loop", "config": {}}
+_SMALL = {"1", "2", "3", "4", "5-8", "9-16", "17-32", "33-64"}
+#: The candidates where the GPU's table has no ``experts`` section (nothing measured yet): layout ->
+#: M bucket -> candidates. fixed12: the grouped GEMV up to 64 rows, above that the loop (the GEMV
+#: stays as the capture-safe fallback); the other layouts: the loop.
+DEFAULTS: dict[str, dict[str, list[dict[str, Any]]]] = {
+    "fixed12": {b: [_GEMV, _LOOP] if b in _SMALL else [_LOOP, _GEMV] for b, _, _ in M_BUCKETS},
+    "tiered": {b: [_LOOP] for b, _, _ in M_BUCKETS},
+    "dense11": {b: [_LOOP] for b, _, _ in M_BUCKETS},
+}
+
+
+class ExpertsKernel(Kernel):
+    """A kernel family of expert products. ``syncs``: it synchronises with the host (not in a CUDA
+    graph capture)."""
+
+    syncs = False
+
+    @classmethod
+    def launch(cls, x2: torch.Tensor, ids: torch.Tensor, packed: Any, config: Any,  # type: ignore[override]
+               out: torch.Tensor) -> torch.Tensor:
+        """Write row ``s`` of ``x2`` times expert ``ids[s]``'s matrix transposed into ``out`` (bf16 [S, N])."""
+        raise NotImplementedError
+
+
+@dataclasses.dataclass(frozen=True)
+class ExpertsLoopConfig:
+    """The loop has nothing to tune: each expert's product is the registry's choice."""
+
+
+class ExpertsLoopKernel(ExpertsKernel):
+    """Each chosen expert's rows through ``glyd.kernels.linear`` (any layout with kernels)."""
+
+    name = "experts_loop"
+    layout = ""
+    Config = ExpertsLoopConfig
+    syncs = True
+
+    @classmethod
+    def can_implement(cls, problem, device, config):
+        if problem.layout not in DEFAULTS:
+            return False, f"no kernels for layout {problem.layout!r}"
+        return True, ""
+
+    @classmethod
+    def launch(cls, x2, ids, packed, config, out):
+        from glyd import kernels
+
+        e = packed.shape[0]
+        flat = ids.to(torch.int64)
+        counts = torch.bincount(flat.clamp(min=-1) + 1, minlength=e + 1).tolist()  # the host sync
+        if counts[0] or len(counts) > e + 1:
+            raise IndexError(f"ids hold an expert outside the {e} experts")
+        order = torch.argsort(flat, stable=True)
+        experts = C.cached(packed.arrays["lens"], lambda: [packed.expert(i) for i in range(e)])
+        start = 0
+        for i, c in enumerate(counts[1:]):
+            if c:
+                rows = order[start:start + c]
+                out[rows] = kernels.linear(x2[rows], experts[i])
+                start += c
+        return out
+
+
+def choose(problem: Problem, device: registry.Device, capturing: bool = False) -> tuple[type[ExpertsKernel], Any]:
+    """(kernel class, config) for ``problem`` (M rows, one expert's N x K) on ``device``; cached, as
+    ``registry.choose`` is (the choice is data)."""
+    return _choose(problem, device, capturing)
+
+
+@functools.lru_cache(maxsize=8192)
+def _choose(problem: Problem, device: registry.Device, capturing: bool) -> tuple[type[ExpertsKernel], Any]:
+    table = registry.table_for(device).get("experts", {})
+    cands = table.get(problem.layout, {}).get(registry.m_bucket(problem.m)) or \
+        DEFAULTS.get(problem.layout, {}).get(registry.m_bucket(problem.m), [])
+    why = []
+    for cand in cands:
+        name = cand.get("kernel") if isinstance(cand, dict) else None
+        if (name != ExpertsLoopKernel.name and name not in registry.KERNELS) or not isinstance(cand.get("config"), dict):
+            raise ValueError(f"experts.{problem.layout}.{registry.m_bucket(problem.m)}: bad candidate {cand!r}")
+        kc = ExpertsLoopKernel if name == ExpertsLoopKernel.name else registry.kernel_class(name)
+        if capturing and getattr(kc, "syncs", True):
+            why.append(f"{cand['kernel']}: synchronises with the host (a CUDA graph is being captured)")
+            continue
+        try:
+            cfg = kc.make_config(dict(cand["config"]), problem)
+        except (TypeError, ValueError) as exc:
+            why.append(f"{cand['kernel']}: bad config ({exc})")
+            continue
+        ok, reason = kc.can_implement(problem, device, cfg)
+        if ok:
+            return kc, cfg
+        why.append(f"{cand['kernel']}: {reason}")
+    raise RuntimeError(f"no kernel can run the experts product {problem} on {device.name}: "
+                       + ("; ".join(why) or "no candidates"))
+
+
+# x: bf16 [..., K]; ids: int [...] (x's leading shape); packed: experts [E, N, K] -> bf16 [..., N]
+def linear(x: torch.Tensor, ids: torch.Tensor, packed: Any, config: Any = None) -> torch.Tensor:
+    """Row ``s`` of ``x`` times expert ``ids[s]``'s matrix transposed, straight from the packed
+    experts (fp32 accumulation). ``config``: a kernel family's config (``ExpertsGemvConfig(bn=32)``,
+    ``ExpertsLoopConfig()``) runs that kernel; ``None`` lets the table choose."""
+    from glyd.codec.experts import PackedExperts
+
+    if not isinstance(packed, PackedExperts):
+        raise TypeError(f"packed must be a glyd PackedExperts, got {type(packed).__name__}")
+    e, n, k = packed.shape
+    x2 = C.check_x(x, k)
+    if not isinstance(ids, torch.Tensor) or ids.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"ids must be an int32 or int64 tensor, got {getattr(ids, 'dtype', type(ids).__name__)}")
+    flat = ids.reshape(-1)
+    if flat.shape[0] != x2.shape[0] or tuple(ids.shape) != tuple(x.shape[:-1]):
+        raise ValueError(f"ids has shape {tuple(ids.shape)}: one expert a row of x {tuple(x.shape[:-1])} is needed")
+    C.check_device(packed, x2)
+    if flat.device != x2.device:
+        raise ValueError(f"ids are on {flat.device}, x on {x2.device}")
+    s = x2.shape[0]
+    out = torch.empty(s, n, dtype=torch.bfloat16, device=x2.device)
+    if s == 0 or n == 0:
+        return out.reshape(*x.shape[:-1], n)
+    if k == 0:
+        return out.zero_().reshape(*x.shape[:-1], n)
+    capturing = x2.is_cuda and torch.cuda.is_current_stream_capturing()
+    if not capturing:  # inside a captured graph the kernels clamp ids to a valid expert instead
+        torch._assert_async(((flat >= 0) & (flat < e)).all(), "glyd experts_linear: ids outside the experts")
+    problem = Problem(packed.layout, s, n, k, packed.arrays[_KP_ARRAY[packed.layout]].shape[1])
+    device = registry.Device.of(x2.device)
+    if config is None:
+        kernel, config = choose(problem, device, capturing)
+    else:
+        kernel = ExpertsLoopKernel if isinstance(config, ExpertsLoopConfig) else registry.kernel_for(config)
+        ok, why = kernel.can_implement(problem, device, config)
+        if not ok:
+            raise ValueError(f"the {kernel.name} kernel cannot run this experts product ({problem}): {why}")
+    return kernel.launch(x2, flat, packed, config, out).reshape(*x.shape[:-1], n)
+
+
+_KP_ARRAY = {"fixed12": "lo", "tiered": "sm", "dense11": "sm"}

@@ -1,0 +1,140 @@
+"""Expert products (glyd.kernels.experts): the grouped GEMV over packed fixed12 experts and the
+loop of fused products, against float64 on the same bf16 inputs; the choice between them.
+
+Tolerance as tests/kernels/test_linear.py: one bf16 rounding of the exact result (relative 2**-7
+under the interpreter, which truncates) plus fp32 accumulation noise (1e-3 of the largest output).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from .conftest import DEVICES, needs_triton
+
+pytestmark = needs_triton
+
+RTOL = 2.0**-7
+ATOL_FRAC = 1e-3
+
+
+def _experts(e: int, n: int, k: int, device: str) -> torch.Tensor:
+    w = torch.randn(e, n, k) * 0.02
+    flat = w.view(-1)
+    pick = torch.randint(0, flat.numel(), (max(2, flat.numel() // 300),))
+    flat[pick] = torch.where(torch.rand(pick.numel()) < 0.5, 4.0, -3.0)  # exceptions that matter if dropped
+    return w.to(torch.bfloat16).to(device)
+
+
+def _check(y: torch.Tensor, x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor) -> None:
+    ref = torch.einsum("sk,snk->sn", x.double().cpu(), w.double().cpu()[ids.cpu().long()])
+    y = y.cpu()
+    assert y.dtype == torch.bfloat16 and y.shape == ref.shape and torch.isfinite(y).all()
+    err = (y.double() - ref).abs()
+    bound = RTOL * ref.abs() + ATOL_FRAC * ref.abs().max()
+    worst = (err - bound).max().item()
+    assert worst <= 0, f"max excess over tolerance {worst:.3g} (max err {err.max().item():.3g})"
+
+
+def _cases():
+    from glyd.kernels.experts import ExpertsLoopConfig
+    from glyd.kernels.fixed12.experts import ExpertsGemvConfig
+
+    # (layout, experts, N, K, rows, config or None: the default choice)
+    return [
+        ("fixed12", 3, 40, 200, 5, ExpertsGemvConfig()),  # K padded to 256: masked loads
+        ("fixed12", 4, 37, 256, 6, ExpertsGemvConfig(bn=32, bk=256)),  # EVEN: whole steps, rows past N clamped
+        ("fixed12", 2, 16, 130, 3, ExpertsGemvConfig(bn=16, bk=64, warps=1)),
+        ("fixed12", 3, 24, 128, 70, None),  # 70 rows: the loop of fused products
+        ("fixed12", 3, 24, 128, 4, None),  # 4 rows: the grouped GEMV
+        ("fixed12", 3, 20, 96, 5, ExpertsLoopConfig()),
+        ("tiered", 3, 9, 200, 4, None),  # other layouts: the loop
+    ]
+
+
+N_CASES = 7
+
+
+def test_case_count():
+    assert len(_cases()) == N_CASES
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", range(N_CASES))
+def test_experts_product_against_float64(device, case):
+    from glyd.kernels import experts as kernels
+    from glyd.ops.experts import pack_experts
+
+    layout, e, n, k, s, cfg = _cases()[case]
+    torch.manual_seed(case)
+    w = _experts(e, n, k, device)
+    p = pack_experts(w, layout)
+    x = torch.randn(s, k).to(torch.bfloat16).to(device)
+    ids = torch.randint(0, e, (s,), device=device)
+    ids[0] = e - 1  # the last expert's rows too
+    y = kernels.linear(x, ids, p, cfg)
+    _check(y, x, ids, w)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_int32_ids_and_leading_dims(device):
+    from glyd.kernels import experts as kernels
+    from glyd.kernels.fixed12.experts import ExpertsGemvConfig
+    from glyd.ops.experts import pack_experts
+
+    torch.manual_seed(7)
+    w = _experts(3, 20, 128, device)
+    p = pack_experts(w, "fixed12")
+    x = torch.randn(2, 3, 128).to(torch.bfloat16).to(device)
+    ids = torch.tensor([[2, 0, 2], [1, 1, 0]], dtype=torch.int32, device=device)
+    y = kernels.linear(x, ids, p, ExpertsGemvConfig())
+    assert y.shape == (2, 3, 20)
+    _check(y.reshape(6, 20), x.reshape(6, 128), ids.reshape(6), w)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_op_takes_the_kernels_on_their_device(device, monkeypatch):
+    # glyd::experts_linear runs the kernels for tensors on a GPU (the interpreter: called directly here)
+    from glyd.kernels import experts as kernels
+    from glyd.ops import experts as ops
+
+    if device == "cpu":
+        pytest.skip("the CUDA implementation of the op needs CUDA tensors")
+    calls = []
+    real = kernels.linear
+    monkeypatch.setattr(kernels, "linear", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    w = _experts(3, 20, 128, device)
+    p = ops.pack_experts(w, "fixed12")
+    x = torch.randn(4, 128).to(torch.bfloat16).to(device)
+    ids = torch.tensor([0, 2, 2, 1], device=device)
+    _check(ops.experts_linear(x, ids, p), x, ids, w)
+    assert calls
+
+
+def test_the_choice_by_rows_and_capture():
+    from glyd.kernels import experts as kernels
+    from glyd.kernels.registry import Device, Problem
+
+    dev = Device("cuda", "NVIDIA H200", (9, 0), 132)
+    name = lambda m, layout="fixed12", cap=False: kernels.choose(Problem(layout, m, 64, 128, 128), dev, cap)[0].name  # noqa: E731
+    assert name(1) == name(64) == "fixed12_experts_gemv"
+    assert name(65) == name(4096) == "experts_loop"
+    assert name(4096, cap=True) == "fixed12_experts_gemv"  # a CUDA graph capture: no host sync
+    assert name(8, "tiered") == "experts_loop"
+    with pytest.raises(RuntimeError, match="synchronises with the host"):
+        kernels.choose(Problem("tiered", 8, 64, 128, 128), dev, True)
+
+
+def test_ids_outside_the_experts_are_refused():
+    from glyd.kernels import experts as kernels
+    from glyd.kernels.experts import ExpertsLoopConfig
+    from glyd.ops.experts import pack_experts
+
+    p = pack_experts(_experts(2, 8, 64, "cpu"), "fixed12")
+    x = torch.randn(2, 64).to(torch.bfloat16)
+    with pytest.raises(RuntimeError, match="ids outside the experts"):
+        kernels.linear(x, torch.tensor([0, 2]), p)
+    with pytest.raises(ValueError, match="one expert a row"):
+        kernels.linear(x, torch.tensor([0]), p)
+    with pytest.raises(TypeError, match="int32 or int64"):
+        kernels.linear(x, torch.tensor([0.0, 1.0]), p, ExpertsLoopConfig())

@@ -1,0 +1,163 @@
+"""GlydExperts: transformers' experts modules with packed 3-D weights; exact mode gives bf16's
+result bit for bit under each of transformers' experts implementations."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from glyd.codec import pack_experts
+from glyd.nn import GlydExperts, set_exact
+from glyd.nn.experts import PackedExpertsWeight, is_packable
+
+transformers = pytest.importorskip("transformers")
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.int16)
+
+
+def _mixtral_experts(experts: int = 6):
+    cfg = transformers.MixtralConfig(hidden_size=32, intermediate_size=48, num_local_experts=experts,
+                                     num_experts_per_tok=2, num_attention_heads=4, num_key_value_heads=2)
+    cfg._experts_implementation_internal = "grouped_mm"
+    from transformers.models.mixtral.modeling_mixtral import MixtralExperts
+
+    torch.manual_seed(0)
+    m = MixtralExperts(cfg).to(torch.bfloat16)
+    with torch.no_grad():
+        for p in m.parameters():
+            p.normal_(0, 0.02)
+    return cfg, m
+
+
+def _packed(m, layout="fixed12"):
+    return {n: pack_experts(getattr(m, n).detach(), layout) for n in is_packable(m)}
+
+
+def _route(tokens: int, experts: int, top_k: int = 2, seed: int = 1):
+    g = torch.Generator().manual_seed(seed)
+    h = torch.randn(tokens, 32, generator=g).to(torch.bfloat16)
+    idx = torch.stack([torch.randperm(experts, generator=g)[:top_k] for _ in range(tokens)])
+    w = torch.softmax(torch.randn(tokens, top_k, generator=g), dim=-1)
+    return h, idx, w
+
+
+@pytest.mark.parametrize("impl", ["grouped_mm", "eager", "batched_mm"])
+def test_exact_is_bf16_bit_for_bit_under_each_implementation(impl):
+    cfg, ref = _mixtral_experts()
+    mod = GlydExperts(copy.deepcopy(ref), _packed(ref), exact=True)
+    mod.source.config = ref.config = cfg  # one config: the implementation switch reaches both
+    cfg._experts_implementation_internal = impl
+    for tokens in (1, 5, 19):
+        h, idx, w = _route(tokens, 6, seed=tokens)
+        want = ref(h, idx, w)
+        assert torch.equal(bits(mod(h, idx, w)), bits(want)), (impl, tokens)
+
+
+def test_fused_is_close_to_float64():
+    _, ref = _mixtral_experts()
+    mod = GlydExperts(copy.deepcopy(ref), _packed(ref))
+    h, idx, w = _route(7, 6)
+    x = h.double()
+    want = torch.zeros(7, 32, dtype=torch.float64)
+    for t in range(7):
+        for j in range(2):
+            e = int(idx[t, j])
+            gate, up = (x[t] @ ref.gate_up_proj[e].double().T).chunk(2)
+            want[t] += (torch.nn.functional.silu(gate) * up) @ ref.down_proj[e].double().T * float(w[t, j])
+    got = mod(h, idx, w)
+    assert got.dtype == torch.bfloat16
+    err = (got.double() - want).abs().max().item()
+    assert err <= 2.0**-6 * want.abs().max().item(), err
+
+
+def test_the_module_holds_the_checkpoints_keys_and_gives_the_weights_back():
+    _, ref = _mixtral_experts()
+    want = {n: getattr(ref, n).detach().clone() for n in ("gate_up_proj", "down_proj")}
+    mod = GlydExperts(ref, _packed(ref, "tiered"))
+    keys = set(mod.state_dict())
+    assert "gate_up_proj_glyd_sm" in keys and "down_proj_glyd_lens" in keys and "gate_up_proj" not in keys
+    assert "gate_up_proj" not in ref._parameters  # taken off the source: one copy, packed
+    w = mod.gate_up_proj
+    assert isinstance(w, PackedExpertsWeight) and tuple(w.shape) == (6, 96, 32) and w.dim() == 3
+    assert torch.equal(bits(w.materialize()), bits(want["gate_up_proj"]))
+    assert torch.equal(bits(mod.unpack("down_proj", torch.tensor([4, 1]))), bits(want["down_proj"][[4, 1]]))
+    plain = mod.dequantized()
+    assert type(plain).__name__ == "MixtralExperts"
+    for n, t in want.items():
+        assert isinstance(plain._parameters[n], torch.nn.Parameter) and torch.equal(bits(plain._parameters[n]), bits(t))
+
+
+def test_set_exact_switches_experts_too():
+    _, ref = _mixtral_experts()
+    root = torch.nn.Sequential(GlydExperts(ref, _packed(ref)))
+    set_exact(root, True)
+    assert root[0].exact
+    set_exact(root, False)
+    assert not root[0].exact
+
+
+def test_what_is_packable():
+    _, ref = _mixtral_experts()
+    assert is_packable(ref) == ("gate_up_proj", "down_proj")
+    assert is_packable(torch.nn.Linear(2, 2)) == ()
+    cfg = transformers.GptOssConfig(hidden_size=32, intermediate_size=48, num_local_experts=4, num_attention_heads=4,
+                                    num_key_value_heads=2, head_dim=8)
+    from transformers.models.gpt_oss.modeling_gpt_oss import GptOssExperts
+
+    assert is_packable(GptOssExperts(cfg)) == ()  # stored transposed [E, K, N]: left as it is
+
+
+def test_bad_arguments_are_named():
+    _, ref = _mixtral_experts()
+    packed = _packed(ref)
+    with pytest.raises(ValueError, match="packs gate_up_proj, down_proj, got packed down_proj"):
+        GlydExperts(copy.deepcopy(ref), {"down_proj": packed["down_proj"]})
+    with pytest.raises(ValueError, match=r"down_proj: packed experts are \[6, 32, 40\]"):
+        GlydExperts(copy.deepcopy(ref), {**packed, "down_proj": pack_experts(torch.zeros(6, 32, 40, dtype=torch.bfloat16))})
+    with pytest.raises(ValueError, match="GlydExperts packs no weights of it"):
+        GlydExperts(torch.nn.Linear(2, 2), {})
+
+
+class _BiasedExperts(torch.nn.Module):
+    """An experts module in transformers' convention without a gate, with biases and a buffer."""
+
+    num_experts, has_gate, has_bias, is_transposed = 3, False, True, False
+
+    def __init__(self):
+        super().__init__()
+        g = torch.Generator().manual_seed(2)
+        self.up_proj = torch.nn.Parameter((torch.randn(3, 40, 32, generator=g) * 0.05).to(torch.bfloat16))
+        self.up_proj_bias = torch.nn.Parameter((torch.randn(3, 40, generator=g) * 0.05).to(torch.bfloat16))
+        self.down_proj = torch.nn.Parameter((torch.randn(3, 32, 40, generator=g) * 0.05).to(torch.bfloat16))
+        self.down_proj_bias = torch.nn.Parameter((torch.randn(3, 32, generator=g) * 0.05).to(torch.bfloat16))
+        self.register_buffer("scale", torch.tensor(2.0, dtype=torch.bfloat16))
+        self.act_fn = torch.nn.ReLU()
+
+    def _apply_gate(self, h):  # pragma: no cover - has_gate is False
+        raise AssertionError
+
+    def forward(self, h, idx, w):
+        out = torch.zeros(h.shape[0], 32, dtype=torch.float32)
+        for j in range(idx.shape[1]):
+            e = idx[:, j]
+            up = torch.einsum("tk,tnk->tn", h, self.up_proj[e]) + self.up_proj_bias[e]
+            y = torch.einsum("tk,tnk->tn", self.act_fn(up), self.down_proj[e]) + self.down_proj_bias[e]
+            out += y.float() * w[:, j:j + 1] * self.scale.float()
+        return out.to(h.dtype)
+
+
+def test_an_experts_module_with_biases_and_no_gate():
+    ref = _BiasedExperts()
+    src = copy.deepcopy(ref)
+    mod = GlydExperts(src, _packed(src, "dense11"), exact=True)
+    assert {"up_proj_bias", "down_proj_bias", "scale"} <= set(mod.state_dict())
+    assert not src._parameters and not src._buffers  # moved, not shared: .to() moves one copy
+    h, idx, w = _route(5, 3)
+    assert torch.equal(bits(mod(h, idx, w)), bits(ref(h, idx, w)))  # the source's forward: its buffer too
+    plain = mod.dequantized()
+    assert torch.equal(bits(plain.up_proj_bias), bits(ref.up_proj_bias)) and float(plain.scale) == 2.0
+    assert torch.equal(bits(plain.up_proj), bits(ref.up_proj))

@@ -1,0 +1,104 @@
+"""The experts ops (glyd::experts_linear, glyd::unpack_experts): schema and fakes, the twin (the
+chosen experts unpacked, then F.linear on their rows), errors that name the problem."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from glyd.codec import pack_experts as codec_pack_experts
+from glyd.ops import experts as ops
+
+
+def _experts(e=4, n=12, k=96, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(e, n, k, generator=g) * 0.02
+    w.view(-1)[::53] = 3.0  # far above the window: exceptions
+    return w.to(torch.bfloat16)
+
+
+#: opcheck without its AOT-dispatch check (tens of seconds on 2 cores; the fakes are checked here
+#: and by test_fake_shapes_follow_the_inputs).
+CHECKS = ("test_schema", "test_autograd_registration", "test_faketensor")
+
+
+def test_ops_pass_opcheck():
+    p = ops.pack_experts(_experts(), "tiered")
+    args = ops.experts_args(p)
+    x = torch.randn(5, 96).to(torch.bfloat16)
+    ids = torch.tensor([3, 0, 3, 1, 2])
+    torch.library.opcheck(torch.ops.glyd.experts_linear.default, (x, ids, *args), test_utils=CHECKS)
+    torch.library.opcheck(torch.ops.glyd.unpack_experts.default, (*args, torch.tensor([2, 0])), test_utils=CHECKS)
+
+
+def test_fake_shapes_follow_the_inputs():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    args = ops.experts_args(ops.pack_experts(_experts(), "fixed12"))
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        x = mode.from_tensor(torch.randn(2, 3, 96).to(torch.bfloat16))
+        ids = mode.from_tensor(torch.zeros(2, 3, dtype=torch.int64))
+        assert torch.ops.glyd.experts_linear(x, ids, *args).shape == (2, 3, 12)
+        index = mode.from_tensor(torch.zeros(5, dtype=torch.int64))
+        assert torch.ops.glyd.unpack_experts(*args, index).shape == (5, 12, 96)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_twin_is_each_chosen_experts_f_linear(dtype):
+    w = _experts()
+    p = ops.pack_experts(w, "fixed12")
+    x = torch.randn(2, 4, 96).to(dtype)
+    ids = torch.tensor([[1, 3, 1, 1], [0, 3, 1, 0]])
+    y = ops.experts_linear(x, ids, p)
+    assert y.shape == (2, 4, 12) and y.dtype == dtype
+    x2, flat = x.reshape(-1, 96), ids.reshape(-1)
+    want = torch.empty(8, 12, dtype=dtype)
+    for e in flat.unique().tolist():
+        rows = (flat == e).nonzero().reshape(-1)
+        want[rows] = F.linear(x2[rows], w[e].to(dtype))  # bf16's own product on the same rows
+    assert torch.equal(y.reshape(8, 12).view(torch.int16 if dtype == torch.bfloat16 else torch.int32),
+                       want.view(torch.int16 if dtype == torch.bfloat16 else torch.int32))
+
+
+def test_unpack_experts_gives_the_chosen_experts_bit_for_bit():
+    w = _experts()
+    p = ops.pack_experts(w, "dense11")
+    assert torch.equal(ops.unpack_experts(p, [3, 1, 3]).view(torch.int16), w[[3, 1, 3]].view(torch.int16))
+    assert torch.equal(ops.unpack_experts(p).view(torch.int16), w.view(torch.int16))
+
+
+def test_pack_experts_auto_on_the_cpu_is_the_codecs_fixed12():
+    w = _experts()
+    a, b = ops.pack_experts(w, "auto"), codec_pack_experts(w, "fixed12")
+    assert a.layout == "fixed12"
+    assert all(torch.equal(a.arrays[k], b.arrays[k]) for k in b.arrays)
+
+
+def test_bad_arguments_are_named():
+    p = ops.pack_experts(_experts(), "fixed12")
+    x = torch.randn(3, 96).to(torch.bfloat16)
+    with pytest.raises(IndexError, match="expert 4, outside the 4 experts"):
+        ops.experts_linear(x, torch.tensor([0, 4, 1]), p)
+    with pytest.raises(IndexError, match="expert -1"):
+        ops.experts_linear(x, torch.tensor([0, -1, 1]), p)
+    with pytest.raises(TypeError, match="ids must be int32 or int64"):
+        ops.experts_linear(x, torch.tensor([0.0, 1.0, 1.0]), p)
+    with pytest.raises(ValueError, match="one expert a row"):
+        ops.experts_linear(x, torch.tensor([0, 1]), p)
+    with pytest.raises(ValueError, match="K = 96"):
+        ops.experts_linear(torch.randn(3, 95).to(torch.bfloat16), torch.tensor([0, 1, 1]), p)
+    with pytest.raises(IndexError, match="expert 7"):
+        ops.unpack_experts(p, [7])
+    with pytest.raises(TypeError, match="PackedExperts"):
+        ops.experts_linear(x, torch.tensor([0, 1, 1]), p.expert(0))
+
+
+def test_arrays_changed_in_place_are_checked_again():
+    p = ops.pack_experts(_experts(), "fixed12")
+    args = ops.experts_args(p)
+    x, ids = torch.randn(2, 96).to(torch.bfloat16), torch.tensor([0, 1])
+    torch.ops.glyd.experts_linear(x, ids, *args)  # validated and remembered
+    args[2][-1][0, 0] += 1  # lens: expert 0 claims a row of 'lo' more
+    with pytest.raises(ValueError, match="lens gives 49 entries of array 'lo'"):
+        torch.ops.glyd.experts_linear(x, ids, *args)

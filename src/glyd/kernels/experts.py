@@ -5,11 +5,13 @@ The kernel is chosen as a linear's is (``registry``): the GPU table's ``experts`
 has one (layout -> M bucket -> candidates), else :data:`DEFAULTS`; the first candidate that can run
 is taken, and inside a CUDA graph capture only the kernels that never synchronise with the host.
 
-* ``fixed12_experts_gemv`` (``fixed12/experts.py``, a family of fixed12's layout entry): one program a row and a tile of its expert, reading only
-  the chosen experts' packed planes; no host sync (decode steps, CUDA graphs). Up to 64 rows first.
-* ``experts_loop`` (here; no layout's family: it runs every layout through the linear families): each chosen expert's rows through ``glyd.kernels.linear``, the fused
-  product the registry picks for that expert's matrix and its number of rows (the prompt path,
-  every layout). Finding the rows of each expert costs one host sync.
+* ``fixed12_experts_gemv`` (``fixed12/experts.py``, a family of fixed12's layout entry): one
+  program a row and a tile of its expert, reading only the chosen experts' packed planes; no host
+  sync (decode steps, CUDA graphs). Up to 64 rows first.
+* ``experts_loop`` (here; no layout's family: it runs every layout through the linear families):
+  each chosen expert's rows through ``glyd.kernels.linear``, the fused product the registry picks
+  for that expert's matrix and its number of rows (the prompt path, every layout). Finding the rows
+  of each expert costs one host sync.
 
 Example (needs a CUDA GPU)::
 

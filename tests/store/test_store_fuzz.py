@@ -26,6 +26,9 @@ from store_helpers import assert_bits_equal, load_folder, special_matrix
 
 from glyd.store import pack_folder, unpack_folder
 
+#: The file that keeps the source's config.json bytes (docs/format.md): a format name, pinned.
+SOURCE_CONFIG = "glyd.source_config.json"
+
 #: name -> (layout, sharded). The tiered folder is one shard; the fixed12 one has two and an index.
 BASES = {"fixed12": ("fixed12", True), "tiered": ("tiered", False)}
 SEED = 20240607
@@ -73,17 +76,17 @@ def bases(tmp_path_factory):
 
 
 def _unpacks_to_the_source(root: Path, base) -> None:
-    """The pristine folder, unpacked, is the source: every tensor bit for bit, every copied file
-    byte for byte (config.json less glyd's quantization_config), so "the pristine folder's bits"
-    are the original model's."""
+    """The pristine folder, unpacked, is the source: every tensor bit for bit, every other file
+    byte for byte (config.json too: the source's own spelling, not glyd's), so "the pristine
+    folder's bits" are the original model's."""
     unpack_folder(root / "packed", root / "unpacked", progress=False)
     assert read_tree(root / "unpacked") == base.unpacked
     assert_bits_equal(load_folder(root / "src"), load_folder(root / "unpacked"))
     for rel in folder_files(root / "src"):
         if rel.endswith(".safetensors") or rel == INDEX:
             continue
-        got, want = (root / "unpacked" / rel).read_bytes(), (root / "src" / rel).read_bytes()
-        assert json.loads(got) == json.loads(want) if rel == "config.json" else got == want, rel
+        assert (root / "unpacked" / rel).read_bytes() == (root / "src" / rel).read_bytes(), rel
+    assert sorted(folder_files(root / "unpacked")) == sorted(folder_files(root / "src"))
 
 
 def _run(bases, name: str, cases, tmp_path: Path) -> dict[str, int]:
@@ -157,7 +160,7 @@ def test_crafted_shard_headers(bases, name, tmp_path):
 @pytest.mark.parametrize("name", BASES)
 def test_whole_text_of_the_json_files(bases, name, tmp_path):
     folder = _one(bases, name)
-    names = [MANIFEST, "config.json", "tokenizer.json", *([INDEX] if (folder / INDEX).exists() else [])]
+    names = [MANIFEST, "config.json", SOURCE_CONFIG, "tokenizer.json", *([INDEX] if (folder / INDEX).exists() else [])]
     cases = [c for n in names for c in text_cases(n)]
     assert len(cases) == 12 * len(names)
     counts = _run(bases, name, cases, tmp_path)

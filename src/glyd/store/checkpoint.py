@@ -264,15 +264,20 @@ class CheckpointWriter:
     def set_config(self, config: dict[str, Any]) -> None:
         """Write ``config`` as the checkpoint's config.json (transformers' spelling: indent 2, sorted keys),
         and glyd's loader module when its ``auto_map`` names it (``glyd.store._config.LOADER_FILE``)."""
-        self._check_open()
         if not isinstance(config, dict):
             raise TypeError(f"config must be a dict, got {type(config).__name__}")
-        rel = self._arcname(CONFIG)
-        self._write(rel, (json.dumps(config, indent=2, sort_keys=True) + "\n").encode("utf-8"))
+        self.add_bytes((json.dumps(config, indent=2, sort_keys=True) + "\n").encode("utf-8"), CONFIG)
         auto = config.get("auto_map")
         if isinstance(auto, dict) and auto.get("AutoConfig") == LOADER_CLASS:
             self._files.pop(LOADER_FILE, None)  # a copy from the source folder is replaced by this version's
             self._write(LOADER_FILE, LOADER_SOURCE.encode("utf-8"))
+
+    def add_bytes(self, data: bytes, arcname: str) -> None:
+        """Write ``data`` into the checkpoint as the file ``arcname`` (listed with its sha256, as a copied file)."""
+        self._check_open()
+        rel = self._arcname(arcname)
+        (self._dir.tmp / rel).parent.mkdir(parents=True, exist_ok=True)
+        self._write(rel, bytes(data))
 
     def _write(self, rel: str, data: bytes) -> None:
         (self._dir.tmp / rel).write_bytes(data)

@@ -23,5 +23,6 @@ class MissingDependencyError(GlydError, ImportError):
 
 
 class UnsupportedError(GlydError, ValueError):
-    """A request glyd cannot honour for a packed model (an option, a placement, a dtype); it is
-    refused before anything is loaded or changed, never dropped silently."""
+    """A request glyd cannot honour (for a packed model: an option, a placement, a dtype; a
+    destination inside the folder being read); it is refused before anything is loaded, written or
+    changed, never dropped silently."""

@@ -297,6 +297,18 @@ def test_unpack_destination_exists(packed, tmp_path):
         unpack_folder(packed, tmp_path / "out", progress=False)
 
 
+@pytest.mark.parametrize("inside", ["out", "sub/out", "link/out"])
+def test_unpack_into_the_checkpoint_is_refused(packed, tmp_path, capsys, inside):
+    # It used to succeed, and the checkpoint then failed glyd verify (an unlisted config.json and shards).
+    (packed.parent / "link").symlink_to(packed)
+    dst = packed / inside if not inside.startswith("link") else packed.parent / inside
+    rc, err = _cli(capsys, "unpack", str(packed), str(dst))
+    assert rc == 1 and f"{dst} is inside {packed}: glyd does not write into the folder it reads" in err, err
+    assert len(err.splitlines()) == 1 and not dst.exists() and not (packed / "sub").exists()
+    assert not leftovers(packed) and not leftovers(packed.parent)
+    assert CheckpointReader(packed).verify(progress=False)["tensors"] == 6
+
+
 def _rewrite(path: Path, rel: str, data: bytes) -> None:
     """Replace the listed file ``rel`` and its sha256 in glyd.json (a crafted, self-consistent edit)."""
     import hashlib

@@ -198,3 +198,14 @@ def test_the_name_of_the_kept_source_config_is_glyds(src, capsys):
     (src / SOURCE_CONFIG).write_text("{}")
     _refused(src, capsys, f"{src / SOURCE_CONFIG}: the name is glyd's own")
 
+
+@pytest.mark.parametrize("inside", ["packed", "sub/packed", "link/packed"])
+def test_packing_into_the_source_is_refused(src, capsys, inside):
+    # It used to succeed, and the source folder then held a packed checkpoint among its own files.
+    (src / "sub").mkdir()
+    (src.parent / "link").symlink_to(src)
+    dst = src / inside if not inside.startswith("link") else src.parent / inside
+    rc, err = _cli(capsys, "pack", str(src), str(dst))
+    assert rc == 1 and len(err.splitlines()) == 1, err
+    assert f"{dst} is inside {src}: glyd does not write into the folder it reads" in err, err
+    assert not dst.exists() and not [p for p in src.rglob("*") if ".glyd-" in p.name]

@@ -37,6 +37,7 @@ from glyd.store._config import (
     plain_config,
 )
 from glyd.store._safetensors import Header, dtype_from_name, dtype_name, load_json, sha256_tensor, write_streaming
+from glyd.store._atomic import check_outside
 from glyd.store._source import copy_list, read_config, source_shards
 from glyd.store.checkpoint import (
     CONFIG,
@@ -198,6 +199,7 @@ def pack_folder(
     files, headers, index_name = source_shards(src)
     if dst.exists() or dst.is_symlink():
         raise DestinationExistsError(f"{dst} already exists; glyd never overwrites (remove it or choose another name)")
+    check_outside(src, dst)
     _check_packable(src, headers)
     config, config_bytes = read_config(src) or (None, b"")
     if config is not None and config.get("quantization_config"):
@@ -309,6 +311,7 @@ def unpack_folder(src: str | os.PathLike, dst: str | os.PathLike, progress: bool
     dst = Path(dst)
     if dst.exists() or dst.is_symlink():
         raise DestinationExistsError(f"{dst} already exists; glyd never overwrites (remove it or choose another name)")
+    check_outside(reader.path, dst)
     by_file: dict[str, list[str]] = {}
     for name in reader.names():
         by_file.setdefault(reader.entry(name)["file"], []).append(name)

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 from fuzz_cases import (
-    APPENDS, GENERIC, INDEX, MANIFEST, added_file_cases, byte_cases, folder_files, header_cases, index_cases, link_cases,
-    manifest_cases, text_cases,
+    APPENDS, GENERIC, INDEX, MANIFEST, SPECIAL_SAYS, added_file_cases, byte_cases, folder_files, header_cases, index_cases,
+    link_cases, manifest_cases, special_file_cases, text_cases,
 )
 from fuzz_readers import check_campaign, pristine, read_tree, run_cases
 from safetensors.torch import save_file
@@ -187,6 +187,28 @@ def test_links_and_added_files(bases, name, tmp_path):
     assert len(links) == 5 * len(files) + 1 + 3 * len(subdirs) + 6 and len(added) == 18
     counts = _run(bases, name, links + added, tmp_path)
     assert counts["same"] and counts["error"] and counts["silent"] == 0
+
+
+@pytest.mark.parametrize("name", BASES)
+def test_pipes_devices_and_folders_in_place_of_files(bases, name, tmp_path):
+    # A shard that was a FIFO or a link to /dev/zero was "missing", glyd.json "no glyd.json"; a
+    # reader that opened a FIFO would hang (the alarm turns a hang into a failure).
+    import signal
+
+    folder = _one(bases, name)
+    cases = special_file_cases(folder)
+    assert len(cases) == 3 * len(folder_files(folder))
+    signal.signal(signal.SIGALRM, lambda *a: pytest.fail("a reader blocked on a FIFO or read a device without end"))
+    signal.alarm(600)
+    try:
+        outcomes = run_cases(cases, folder, bases[name][1], tmp_path)
+    finally:
+        signal.alarm(0)
+    counts = check_campaign(cases, outcomes)
+    assert counts["error"] == len(outcomes), counts  # every reader refuses every case: none silent, none "same"
+    for o in outcomes:
+        case = next(c for c in cases if c.id == o.case)
+        assert SPECIAL_SAYS[case.field[0]] in o.detail, o
 
 
 @pytest.mark.slow

@@ -17,7 +17,7 @@ import os
 import re
 from pathlib import Path
 
-from glyd.errors import CorruptError, FormatError
+from glyd.errors import CorruptError, FormatError, not_a_file
 from glyd.store._config import SOURCE_CONFIG
 from glyd.store._manifest import CONFIG, MANIFEST, index_name, shard_base, shard_name
 from glyd.store._safetensors import Header, load_json, short
@@ -70,8 +70,10 @@ def check_index(path: Path, claimed: dict[str, set[str]], headers: dict[str, Hea
         if index.exists() or index.is_symlink():
             raise FormatError(f"{index}: a single-shard checkpoint has no index; {MANIFEST} does not account for it")
         return
-    if not index.is_file():
-        raise CorruptError(f"{index}: missing (a sharded checkpoint cannot load without it)")
+    what = not_a_file(index)
+    if what is not None:
+        raise CorruptError(f"{index}: {what}{'' if what == 'missing' else ', not a regular file'} (a sharded "
+                           f"checkpoint cannot load without its index)")
     doc = load_json(index.read_bytes(), index)
     wm = doc.get("weight_map") if isinstance(doc, dict) else None
     if not isinstance(wm, dict):

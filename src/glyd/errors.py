@@ -1,5 +1,8 @@
 """Exceptions raised by glyd. Every one names the file, tensor or field at fault."""
 
+import os
+import stat
+
 
 class GlydError(Exception):
     """Base class of glyd's errors."""
@@ -23,5 +26,30 @@ class MissingDependencyError(GlydError, ImportError):
 
 
 class UnsupportedError(GlydError, ValueError):
-    """A request glyd cannot honour for a packed model (an option, a placement, a dtype); it is
-    refused before anything is loaded or changed, never dropped silently."""
+    """A request glyd cannot honour (for a packed model: an option, a placement, a dtype; a
+    destination inside the folder being read); it is refused before anything is loaded, written or
+    changed, never dropped silently."""
+
+
+def not_a_file(path: object) -> str | None:
+    """What ``path`` is when it is not a regular file (after links), for a message that says why it
+    is refused (``"missing"``, ``"a folder"``, ``"a symbolic link to /dev/zero, a character device"``);
+    None for a regular file. Reading a FIFO would block and a device never ends: check first.
+
+    >>> not_a_file("/dev/null"), not_a_file(__file__)
+    ('a character device', None)
+    """
+    p = os.fspath(path)
+    link = os.path.islink(p)
+    try:
+        mode = os.stat(p).st_mode
+    except FileNotFoundError:
+        return "a broken symbolic link" if link else "missing"
+    except OSError as exc:  # a loop of links, a name too long, no permission
+        return f"unreadable ({exc.strerror or exc})"
+    if stat.S_ISREG(mode):
+        return None
+    kinds = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
+             (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+    kind = next((what for test, what in kinds if test(mode)), "not a regular file")
+    return f"a symbolic link to {os.path.realpath(p)}, {kind}" if link else kind

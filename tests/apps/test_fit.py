@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import struct
 from types import SimpleNamespace
 
@@ -316,3 +317,44 @@ def test_dense11_sits_between_tiered_and_fixed12():
     sizes = {lay: fit.run_fit("qwen2.5-7b", "80GB", 4096, layout=lay)[0].weights_glyd
              for lay in ("tiered", "dense11", "fixed12")}
     assert sizes["tiered"] < sizes["dense11"] < sizes["fixed12"]
+
+
+def test_sizes_past_any_gpu_and_nested_configs_are_one_line_errors(tmp_path, capsys):
+    # --gpu with 400 digits raised OverflowError (float('9' * 400) is inf); a config.json nested
+    # deeper than Python's recursion limit raised RecursionError from json.loads.
+    huge = "9" * 400 + "GB"
+    with pytest.raises(GlydError, match=r"--gpu '9{37}\.\.\.': more than any GPU holds"):
+        fit.parse_size(huge)
+    assert fit.parse_size(f"{2**30}GiB") == 2**60 == fit.MAX_GPU_BYTES  # the bound itself is taken
+    with pytest.raises(GlydError, match="more than any GPU holds"):
+        fit.parse_size(f"{2**30 + 1}GiB")
+    assert main(["fit", "qwen2.5-7b", "--gpu", huge]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "more than any GPU holds" in err and len(err) < 300
+    (tmp_path / "config.json").write_text("[" * 100_000 + "]" * 100_000)
+    assert main(["fit", str(tmp_path), "--gpu", "24GB"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "config.json: not a readable JSON config (nested too deeply)" in err
+    (tmp_path / "config.json").write_text('{"a": ' * 70 + "1" + "}" * 70)
+    with pytest.raises(FormatError, match="nested more than 64 levels deep"):
+        fit.load_config(str(tmp_path))
+
+
+@pytest.mark.parametrize("field, value", [("num_hidden_layers", 10**30), ("num_hidden_layers", 10**7),
+                                          ("num_experts", 10**12), ("num_labels", 10**30)])
+def test_counts_are_bounded_before_transformers_reads_the_config(tmp_path, field, value):
+    # Qwen2's config class builds a list a layer (layer_types), and every config a table of
+    # num_labels entries: glyd fit ran until killed on 10^7 layers or 10^30 labels.
+    cfg = {"model_type": "qwen2", "hidden_size": 64, "intermediate_size": 96, "num_attention_heads": 4,
+           "num_key_value_heads": 2, "vocab_size": 320, "num_hidden_layers": 2, field: value}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    signal.signal(signal.SIGALRM, lambda *a: pytest.fail("glyd fit ran on and on"))
+    signal.alarm(120)
+    try:
+        if field == "num_labels":  # sizes no causal LM: left out of what fit builds
+            assert fit.run_fit(str(tmp_path), "24GB", 64)[0].params > 0
+            return
+        with pytest.raises(FormatError, match=rf"test_counts_are_bounded\w*: {field} \d+ is not between 0 and 4096"):
+            fit.run_fit(str(tmp_path), "24GB", 64)
+    finally:
+        signal.alarm(0)

@@ -154,3 +154,40 @@ def test_packed_to_and_sizes():
     assert p.to("cpu").shape == p.shape
     assert p.nbytes == sum(a.numel() * a.element_size() for a in p.arrays.values())
     assert p.bits_per_weight == pytest.approx(8 * p.nbytes / 280)
+
+
+@pytest.mark.parametrize("layout", ["fixed12", "tiered", "dense11"])
+def test_arrays_cannot_change_after_the_checks(layout):
+    # Packed checks its arrays once: an array put in afterwards reached the decoders unchecked
+    # (numpy IndexError from glyd.unpack). The mapping is read-only and a copy of the caller's.
+    w = tiny()
+    given = dict(glyd.pack(w, layout).arrays)
+    p = glyd.Packed(layout, (3, 70), given)
+    huge = torch.tensor([2**30], dtype=torch.int64)
+    with pytest.raises(TypeError, match="does not support item assignment"):
+        p.arrays[next(iter(given))] = huge
+    with pytest.raises((TypeError, AttributeError)):
+        del p.arrays[next(iter(given))]
+    given[next(iter(given))] = huge  # the caller's dict is not the Packed's
+    assert torch.equal(glyd.unpack(p).view(torch.int16), w.view(torch.int16))
+    assert sorted(p.arrays) == sorted(glyd.codec.LAYOUTS[layout].ARRAYS) and len(p.arrays) == len(given)
+    import copy
+    import io
+
+    for q in (copy.deepcopy(p), glyd.Packed.trusted(layout, p.shape, p.arrays, p.version)):
+        assert torch.equal(glyd.unpack(q).view(torch.int16), w.view(torch.int16))
+    buf = io.BytesIO()
+    torch.save(p, buf)
+    buf.seek(0)
+    assert torch.equal(glyd.unpack(torch.load(buf, weights_only=False)).view(torch.int16), w.view(torch.int16))
+    with pytest.raises(FormatError, match="arrays must map"):
+        glyd.Packed(layout, (3, 70), list(given.values()))
+
+
+def test_pack_refuses_a_meta_tensor():
+    # It raised torch's NotImplementedError ("Cannot copy out of meta tensor") from inside.
+    from glyd.errors import UnsupportedError
+
+    for layout in ("fixed12", "tiered", "dense11"):
+        with pytest.raises(UnsupportedError, match="matrix is on the meta device"):
+            glyd.pack(torch.empty(4, 8, dtype=torch.bfloat16, device="meta"), layout)

@@ -100,3 +100,22 @@ def test_compress_several_paths_needs_o(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "pass -o" in err[0], err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.txt", "b.txt"]
+
+
+def test_an_archive_path_that_is_not_a_file_says_what_it_is(tmp_path, capsys):
+    # `glyd decompress nonexist.glyd` printed a raw "[Errno 2] No such file or directory: ...", a
+    # folder "[Errno 21] ...", and a FIFO blocked the command forever.
+    import os
+
+    os.mkfifo(tmp_path / "pipe.glyd")
+    (tmp_path / "dir.glyd").mkdir()
+    os.symlink("/dev/zero", tmp_path / "zero.glyd")
+    says = {"nonexist.glyd": "no such file", "pipe.glyd": "a FIFO (named pipe), not a .glyd archive file",
+            "dir.glyd": "a folder, not a .glyd archive file",
+            "zero.glyd": "a symbolic link to /dev/zero, a character device, not a .glyd archive file"}
+    for name, want in says.items():
+        for cmd in ("decompress", "test"):
+            assert main([cmd, str(tmp_path / name), *(["-o", str(tmp_path / "out")] if cmd == "decompress" else [])]) == 1
+            err = capsys.readouterr().err.strip()
+            assert err == f"glyd {cmd}: error: {tmp_path / name}: {want}", err
+    assert not (tmp_path / "out").exists()

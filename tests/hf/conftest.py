@@ -36,3 +36,21 @@ def tiny_model_folder(tmp_path_factory):
 def input_ids():
     g = torch.Generator().manual_seed(1)
     return torch.randint(3, VOCAB, (2, 12), generator=g)
+
+
+@pytest.fixture
+def module_budget():
+    """The transformers model modules built while the test runs (a list of class names); fails
+    (instead of running out of memory) past 5,000: before the counts were checked, a config claiming
+    10^30 layers built layers until memory ran out."""
+    built: list[str] = []
+
+    def hook(module, name, sub):
+        if type(sub).__module__.startswith("transformers.models."):
+            built.append(type(sub).__name__)
+            if len(built) > 5000:
+                raise RuntimeError("more than 5,000 modules built")
+
+    handle = torch.nn.modules.module.register_module_module_registration_hook(hook)
+    yield built
+    handle.remove()

@@ -192,3 +192,62 @@ def test_verify_of_an_unpacked_model_is_an_error(tiny_model_folder):
     model = AutoModelForCausalLM.from_pretrained(tiny_model_folder("llama"), dtype=torch.bfloat16)
     with pytest.raises(FormatError, match="no glyd-packed weights"):
         glyd.verify(model, progress=False)
+
+
+COUNTS = [("num_hidden_layers", 10**30), ("num_hidden_layers", 10**5), ("num_hidden_layers", -1),
+          ("num_labels", 10**6), ("num_local_experts", 10**9)]
+
+
+@pytest.mark.parametrize("field, value", COUNTS)
+@pytest.mark.parametrize("loader", ["glyd", "native"])
+def test_counts_past_what_the_checkpoint_holds_are_refused_before_building(folder, module_budget, loader, field, value):
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg[field] = value
+    (folder / "config.json").write_text(json.dumps(cfg))
+    n = len(_manifest(folder)["tensors"])
+    module_budget.clear()
+    most = n if field.endswith("layers") else 320  # the tiny model's vocabulary: its widest tensor
+    with pytest.raises(FormatError, match=rf"/config\.json: {field} is -?\d+, not a count from 0 to {most} \(the "
+                                          rf"checkpoint holds"):
+        _loads(folder, verify=False) if loader == "glyd" else AutoModelForCausalLM.from_pretrained(folder)
+    assert module_budget == []  # refused before transformers built anything
+
+
+def test_counts_are_checked_at_any_depth_and_bound_by_the_weights():
+    from glyd.hf.checks import check_counts
+
+    shapes = [[320, 64], [64], [96, 64]]
+    check_counts({"num_hidden_layers": 3, "text_config": {"num_hidden_layers": 2, "num_experts": 96},
+                  "num_labels": 320, "max_position_embeddings": 10**9}, shapes, "c")
+    check_counts({"num_labels": 1000, "id2label": {str(i): str(i) for i in range(1000)}}, shapes, "c")
+    for bad, path in [({"num_hidden_layers": 4}, "num_hidden_layers"),
+                      ({"text_config": {"n_layer": 2**64}}, "text_config.n_layer"),
+                      ({"sub": [{"num_experts": 321}]}, r"sub\.0\.num_experts"), ({"num_labels": 321}, "num_labels")]:
+        with pytest.raises(FormatError, match=rf"^c: {path} is \d+, not a count"):
+            check_counts(bad, shapes, "c")
+
+
+@pytest.mark.parametrize("own", [None, 5, ["llama"], ""])
+def test_a_source_config_without_a_model_type_is_a_clear_error(tiny_model_folder, tmp_path, own):
+    # glyd pack keeps such a config (it gives it back byte for byte); loading it raised
+    # transformers' ValueError of several lines (AutoModelForCausalLM cannot pick a model).
+    from glyd.store import pack_folder
+
+    src = tmp_path / "src"
+    shutil.copytree(tiny_model_folder("llama"), src)
+    cfg = json.loads((src / "config.json").read_text())
+    if own is None:
+        del cfg["model_type"]
+    else:
+        cfg["model_type"] = own
+    (src / "config.json").write_text(json.dumps(cfg))
+    pack_folder(src, tmp_path / "packed", progress=False)
+    what = "has no model_type" if own is None else "model_type is .*, not the name of a model type"
+    with pytest.raises(FormatError, match=rf"packed/config\.json: {what}: AutoModelForCausalLM cannot tell"):
+        _loads(tmp_path / "packed", verify=False)
+    if own is None or own == "":  # a concrete class needs no model_type; one that is not a string never loads
+        model = glyd.from_pretrained(tmp_path / "packed", model_class="LlamaForCausalLM", device="cpu", progress=False)
+        assert type(model).__name__ == "LlamaForCausalLM"
+    else:
+        with pytest.raises(FormatError, match="not the name of a model type"):
+            glyd.from_pretrained(tmp_path / "packed", model_class="LlamaForCausalLM", device="cpu", progress=False)

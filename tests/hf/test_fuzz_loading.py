@@ -196,6 +196,16 @@ def config_cases(cfg: dict) -> list[fc.Case]:
         "dtype int7": fc.set_at(("dtype",), "int7"),
         "architectures unknown": fc.set_at(("architectures",), ["NoSuchModelForCausalLM"]),
         "model_type null": fc.set_at(("model_type",), None),
+        # Counts transformers builds modules or tables from, past what the checkpoint holds: built
+        # until memory ran out (10 GB and growing), before any check (issue 33).
+        "num_hidden_layers 10**30": fc.set_at(("num_hidden_layers",), 10**30),
+        "num_hidden_layers 10**5": fc.set_at(("num_hidden_layers",), 10**5),
+        "num_labels 10**30": fc.set_at(("num_labels",), 10**30),
+        "text_config claims 10**30 layers": fc.set_at(("text_config",), {"num_hidden_layers": 10**30}),
+        "original_model_type removed": fc.set_at((*q, "original_model_type"), fc.MISSING),
+        "original_model_type 5": fc.set_at((*q, "original_model_type"), 5),
+        "a field 70 lists deep": fc.set_at(("deep",), fc.Raw("[" * 70 + "]" * 70)),
+        "a field 100,000 lists deep": fc.set_at(("deep",), fc.Raw("[" * 100_000 + "]" * 100_000)),
     }
     return [fc.Case(f"config.json: {what}", fc.json_edit(CONFIG, e), CONFIG, family="config") for what, e in edits.items()]
 
@@ -242,7 +252,7 @@ def test_hostile_model_folders(packed_model, tmp_path):
     others = len(fc.folder_files(folder)) - len(shards)
     assert len(fam["bytes"]) == len(shards) * (3 * 3 + 2 + 1) + others * (3 + 2 + 1)
     assert {k: len(fam[k]) for k in SAMPLE} == SAMPLE
-    assert len(fam["config"]) == 35 + 12 and any(c.family == "swap" for c in fam["header"])
+    assert len(fam["config"]) == 35 + 8 + 12 and any(c.family == "swap" for c in fam["header"])
     counts = _check(fam, outcomes)
     # The documented silences happened, and only on data flips: every data flip reached a model.
     data = [c.id for c in fam["bytes"] if c.data_only]
@@ -254,6 +264,11 @@ def test_hostile_model_folders(packed_model, tmp_path):
     # alone; with model_type "glyd" and no quantization_config, every loader refuses it.
     assert counts["foreign"] == sum(c.id == "config.json: quantization_config removed, own model_type"
                                     for c in fam["config"]) == 1
+    # Issue 33's configs: every loader refuses each (none loads, none silently, none runs away).
+    late = [c.id for c in fam["config"][35:43]]
+    assert len(late) == 8 and all("10**" in c or "original_model_type" in c or "deep" in c for c in late)
+    kinds = {(o.case, o.reader): o.kind for o in outcomes if o.case in late and o.reader in LOADERS}
+    assert len(kinds) == 8 * len(LOADERS) and set(kinds.values()) == {"error"}, kinds
 
 
 @pytest.mark.slow

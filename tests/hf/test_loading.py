@@ -427,3 +427,59 @@ def test_weights_stream_one_tensor_at_a_time(tiny_model_folder, monkeypatch, mer
     # Unmerged: the tensor being packed plus at most two waiting for their hash. Merged: one layer's
     # q, k, v weights and biases wait for each other.
     assert most[0] <= (8 if merge else 4) < n_tensors
+
+
+@pytest.mark.parametrize("edit, match", [
+    (lambda c: c.update(num_hidden_layers=10**30), r"config\.json: num_hidden_layers is 10{30}, not a count from 0 to"),
+    (lambda c: c.update(num_labels=10**30), r"config\.json: num_labels is 10{30}, not a count from 0 to 320"),
+])
+def test_a_bf16_config_with_counts_past_its_weights(tiny_model_folder, tmp_path, module_budget, edit, match):
+    # transformers built layers (or a label table) until memory ran out, before glyd read a weight.
+    src = tmp_path / "m"
+    shutil.copytree(tiny_model_folder("llama"), src)
+    cfg = json.loads((src / "config.json").read_text())
+    edit(cfg)
+    (src / "config.json").write_text(json.dumps(cfg))
+    module_budget.clear()  # (the fixture's tiny model may have been built just now)
+    with pytest.raises(FormatError, match=match):
+        glyd.from_pretrained(src, device="cpu", progress=False)
+    assert module_budget == []
+
+
+def test_a_config_nested_too_deeply_is_one_line(tiny_model_folder, tmp_path):
+    # json.loads raised RecursionError out of glyd.from_pretrained (config.json 100,000 lists deep).
+    src = tmp_path / "m"
+    shutil.copytree(tiny_model_folder("llama"), src)
+    (src / "config.json").write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(FormatError, match=r"m/config\.json: not valid JSON \(nested too deeply\)"):
+        glyd.from_pretrained(src, device="cpu", progress=False)
+    (src / "config.json").write_text('{"model_type": "llama", "x": ' + "[" * 70 + "]" * 70 + "}")
+    with pytest.raises(FormatError, match="nested more than 64 levels deep"):
+        glyd.from_pretrained(src, device="cpu", progress=False)
+
+
+def test_a_fifo_or_a_folder_in_place_of_a_json_file(tiny_model_folder, tmp_path):
+    # glyd.json a FIFO made a packed folder load as a bf16 one; config.json a FIFO blocked the
+    # loader forever (json read it); both now say what the path is.
+    import os
+    import signal
+
+    packed = glyd.save_pretrained(glyd.from_pretrained(tiny_model_folder("llama"), device="cpu", progress=False),
+                                  tmp_path / "p", progress=False)
+    src = tmp_path / "m"
+    shutil.copytree(tiny_model_folder("llama"), src)
+    (src / "config.json").unlink()
+    os.mkfifo(src / "config.json")
+    signal.signal(signal.SIGALRM, lambda *a: pytest.fail("the loader blocked reading a FIFO"))
+    signal.alarm(120)
+    try:
+        with pytest.raises(FormatError, match=r"m/config\.json: a FIFO \(named pipe\), not a regular file"):
+            glyd.from_pretrained(src, device="cpu", progress=False)
+        manifest = packed / MANIFEST
+        for make in (os.mkfifo, os.mkdir):
+            manifest.rmdir() if manifest.is_dir() else manifest.unlink()
+            make(manifest)
+            with pytest.raises(FormatError, match=r"p/glyd\.json: a (FIFO \(named pipe\)|folder), not a regular file"):
+                glyd.from_pretrained(packed, device="cpu", progress=False)
+    finally:
+        signal.alarm(0)

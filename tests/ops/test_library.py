@@ -75,3 +75,20 @@ def test_a_step_of_a_packed_model_compiles_with_fullgraph():
         got = torch.compile(model, fullgraph=True)(ids).logits.float()
     # the graph around the ops is inductor's (its fusions may round differently)
     assert (got - eager).abs().max() <= 2e-2 * eager.abs().max()
+
+
+@pytest.mark.parametrize("shape, match", [([9], r"shape must be the matrix's \[rows, cols\], got \[9\]"),
+                                          ([9, 70, 1], "shape must be the matrix's"),
+                                          ([-9, 70], "shape must be two non-negative ints")])
+def test_ops_refuse_a_shape_that_is_not_rows_cols(shape, match):
+    # torch.ops.glyd.unpack("dense11", [9], ...) raised a raw IndexError (shape[1]).
+    p = glyd.pack(random_weights(9, 70), "dense11")
+    layout, _, arrays, version = _args(p)
+    x = torch.randn(2, 70).to(torch.bfloat16)
+    for call in (lambda: torch.ops.glyd.unpack(layout, shape, arrays, version),
+                 lambda: torch.ops.glyd.rows(layout, shape, arrays, version, torch.tensor([1])),
+                 lambda: torch.ops.glyd.linear(x, layout, shape, arrays, None, version)):
+        with pytest.raises(glyd.FormatError, match=match):
+            call()
+    with pytest.raises(glyd.FormatError, match="unknown layout 'zip'"):
+        torch.ops.glyd.unpack("zip", [9, 70], arrays, version)

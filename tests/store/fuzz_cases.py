@@ -596,3 +596,39 @@ def added_file_cases(folder: Path) -> list[Case]:
     cases = [Case(f"added {rel}", _add(rel, c), rel, family="added") for rel, c in adds.items()]
     cases.append(Case("added empty folder", lambda f, o: _mkdir(f / "empty"), "empty", family="added"))
     return cases
+
+
+# --------------------------------------------------------------------------------------------------
+# Pipes, devices and folders in place of files
+
+
+def _fifo(rel: str):
+    def mutate(folder: Path, outside: Path) -> None:
+        (folder / rel).unlink()
+        os.mkfifo(folder / rel)
+
+    return mutate
+
+
+def _folder_for(rel: str):
+    def mutate(folder: Path, outside: Path) -> None:
+        (folder / rel).unlink()
+        (folder / rel).mkdir()
+        (folder / rel / "inside.txt").write_text("a folder where a file was\n")
+
+    return mutate
+
+
+#: What each special case's error must say the path is (issue 33: all of them read "missing" or "no glyd.json").
+SPECIAL_SAYS = {"FIFO": "a FIFO (named pipe)", "/dev/zero": "a symbolic link to /dev/zero, a character device",
+                "folder": "a folder"}
+
+
+def special_file_cases(folder: Path) -> list[Case]:
+    """Every file of the folder replaced by a FIFO, a link to /dev/zero and a folder: a reader that
+    opened the first would block forever, the second never end."""
+    cases: list[Case] = []
+    for rel in folder_files(folder):
+        for what, mutate in (("FIFO", _fifo(rel)), ("/dev/zero", _link(rel, "/dev/zero")), ("folder", _folder_for(rel))):
+            cases.append(Case(f"special: {rel} is {SPECIAL_SAYS[what]}", mutate, rel, family="special", field=(what,)))
+    return cases

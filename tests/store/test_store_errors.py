@@ -297,6 +297,44 @@ def test_unpack_destination_exists(packed, tmp_path):
         unpack_folder(packed, tmp_path / "out", progress=False)
 
 
+@pytest.mark.parametrize("inside", ["out", "sub/out", "link/out"])
+def test_unpack_into_the_checkpoint_is_refused(packed, tmp_path, capsys, inside):
+    # It used to succeed, and the checkpoint then failed glyd verify (an unlisted config.json and shards).
+    (packed.parent / "link").symlink_to(packed)
+    dst = packed / inside if not inside.startswith("link") else packed.parent / inside
+    rc, err = _cli(capsys, "unpack", str(packed), str(dst))
+    assert rc == 1 and f"{dst} is inside {packed}: glyd does not write into the folder it reads" in err, err
+    assert len(err.splitlines()) == 1 and not dst.exists() and not (packed / "sub").exists()
+    assert not leftovers(packed) and not leftovers(packed.parent)
+    assert CheckpointReader(packed).verify(progress=False)["tensors"] == 6
+
+
+def _rewrite(path: Path, rel: str, data: bytes) -> None:
+    """Replace the listed file ``rel`` and its sha256 in glyd.json (a crafted, self-consistent edit)."""
+    import hashlib
+
+    (path / rel).write_bytes(data)
+    _edit_manifest(path, lambda m: m["files"].__setitem__(rel, hashlib.sha256(data).hexdigest()))
+
+
+def test_unpack_checks_the_kept_source_config(packed, tmp_path):
+    source = "glyd.source_config.json"
+    assert json.loads((packed / source).read_bytes()) == {"model_type": "toy", "hidden_size": 40}
+    _rewrite(packed, source, b'{"model_type": "toy", "hidden_size": 41}')  # no longer what config.json says
+    with pytest.raises(CorruptError, match=f"{source}: is not the config .*config.json describes"):
+        unpack_folder(packed, tmp_path / "a", progress=False)
+    _rewrite(packed, source, b'{"model_type": "toy",\n "hidden_size": 40}')  # the same config, spelled otherwise
+    unpack_folder(packed, tmp_path / "b", progress=False)
+    assert (tmp_path / "b" / "config.json").read_bytes() == b'{"model_type": "toy",\n "hidden_size": 40}'
+    _edit_manifest(packed, lambda m: m["files"].pop(source))  # unlisted: glyd's own file, never ignored
+    with pytest.raises(FormatError, match=f"{source}: {source} that glyd.json does not list"):
+        CheckpointReader(packed)
+    (packed / source).unlink()  # a folder written before glyd kept the source's config: as before
+    unpack_folder(packed, tmp_path / "c", progress=False)
+    assert json.loads((tmp_path / "c" / "config.json").read_bytes()) == {"model_type": "toy", "hidden_size": 40}
+    assert not leftovers(tmp_path)
+
+
 def test_verify_not_a_checkpoint(tmp_path, capsys):
     rc, err = _cli(capsys, "verify", str(tmp_path))
     assert rc == 1 and "no glyd.json" in err
@@ -334,7 +372,8 @@ def test_unused_weight_files_are_not_copied(tmp_path):
     out = tmp_path / "out"
     assert not (out / "consolidated.safetensors").exists() and not (out / "pytorch_model.bin").exists()
     assert (out / "sub" / "model.safetensors").read_bytes() == b"a sub-module's own weights"
-    assert set(CheckpointReader(out).files) == {"config.json", "glyd_loader.py", "tokenizer.json", "sub/model.safetensors"}
+    assert set(CheckpointReader(out).files) == {"config.json", "glyd_loader.py", "glyd.source_config.json",
+                                                "tokenizer.json", "sub/model.safetensors"}
 
 
 @pytest.mark.gpu

@@ -17,14 +17,17 @@ from pathlib import Path
 import pytest
 import torch
 from fuzz_cases import (
-    APPENDS, GENERIC, INDEX, MANIFEST, added_file_cases, byte_cases, folder_files, header_cases, index_cases, link_cases,
-    manifest_cases, text_cases,
+    APPENDS, GENERIC, INDEX, MANIFEST, SPECIAL_SAYS, added_file_cases, byte_cases, folder_files, header_cases, index_cases,
+    link_cases, manifest_cases, special_file_cases, text_cases,
 )
 from fuzz_readers import check_campaign, pristine, read_tree, run_cases
 from safetensors.torch import save_file
 from store_helpers import assert_bits_equal, load_folder, special_matrix
 
 from glyd.store import pack_folder, unpack_folder
+
+#: The file that keeps the source's config.json bytes (docs/format.md): a format name, pinned.
+SOURCE_CONFIG = "glyd.source_config.json"
 
 #: name -> (layout, sharded). The tiered folder is one shard; the fixed12 one has two and an index.
 BASES = {"fixed12": ("fixed12", True), "tiered": ("tiered", False)}
@@ -73,17 +76,17 @@ def bases(tmp_path_factory):
 
 
 def _unpacks_to_the_source(root: Path, base) -> None:
-    """The pristine folder, unpacked, is the source: every tensor bit for bit, every copied file
-    byte for byte (config.json less glyd's quantization_config), so "the pristine folder's bits"
-    are the original model's."""
+    """The pristine folder, unpacked, is the source: every tensor bit for bit, every other file
+    byte for byte (config.json too: the source's own spelling, not glyd's), so "the pristine
+    folder's bits" are the original model's."""
     unpack_folder(root / "packed", root / "unpacked", progress=False)
     assert read_tree(root / "unpacked") == base.unpacked
     assert_bits_equal(load_folder(root / "src"), load_folder(root / "unpacked"))
     for rel in folder_files(root / "src"):
         if rel.endswith(".safetensors") or rel == INDEX:
             continue
-        got, want = (root / "unpacked" / rel).read_bytes(), (root / "src" / rel).read_bytes()
-        assert json.loads(got) == json.loads(want) if rel == "config.json" else got == want, rel
+        assert (root / "unpacked" / rel).read_bytes() == (root / "src" / rel).read_bytes(), rel
+    assert sorted(folder_files(root / "unpacked")) == sorted(folder_files(root / "src"))
 
 
 def _run(bases, name: str, cases, tmp_path: Path) -> dict[str, int]:
@@ -157,7 +160,7 @@ def test_crafted_shard_headers(bases, name, tmp_path):
 @pytest.mark.parametrize("name", BASES)
 def test_whole_text_of_the_json_files(bases, name, tmp_path):
     folder = _one(bases, name)
-    names = [MANIFEST, "config.json", "tokenizer.json", *([INDEX] if (folder / INDEX).exists() else [])]
+    names = [MANIFEST, "config.json", SOURCE_CONFIG, "tokenizer.json", *([INDEX] if (folder / INDEX).exists() else [])]
     cases = [c for n in names for c in text_cases(n)]
     assert len(cases) == 12 * len(names)
     counts = _run(bases, name, cases, tmp_path)
@@ -184,6 +187,28 @@ def test_links_and_added_files(bases, name, tmp_path):
     assert len(links) == 5 * len(files) + 1 + 3 * len(subdirs) + 6 and len(added) == 18
     counts = _run(bases, name, links + added, tmp_path)
     assert counts["same"] and counts["error"] and counts["silent"] == 0
+
+
+@pytest.mark.parametrize("name", BASES)
+def test_pipes_devices_and_folders_in_place_of_files(bases, name, tmp_path):
+    # A shard that was a FIFO or a link to /dev/zero was "missing", glyd.json "no glyd.json"; a
+    # reader that opened a FIFO would hang (the alarm turns a hang into a failure).
+    import signal
+
+    folder = _one(bases, name)
+    cases = special_file_cases(folder)
+    assert len(cases) == 3 * len(folder_files(folder))
+    signal.signal(signal.SIGALRM, lambda *a: pytest.fail("a reader blocked on a FIFO or read a device without end"))
+    signal.alarm(600)
+    try:
+        outcomes = run_cases(cases, folder, bases[name][1], tmp_path)
+    finally:
+        signal.alarm(0)
+    counts = check_campaign(cases, outcomes)
+    assert counts["error"] == len(outcomes), counts  # every reader refuses every case: none silent, none "same"
+    for o in outcomes:
+        case = next(c for c in cases if c.id == o.case)
+        assert SPECIAL_SAYS[case.field[0]] in o.detail, o
 
 
 @pytest.mark.slow

@@ -52,6 +52,9 @@ def test_golden_v1_loads_and_verifies(layout, tmp_path):
 
     unpack_folder(path, tmp_path / "out", progress=False)
     assert_bits_equal(expected, load_folder(tmp_path / "out"))
+    # Written before glyd kept the source's config.json bytes: its config comes back as it always did.
+    plain = (json.dumps(GOLDEN_CONFIG, indent=2, sort_keys=True) + "\n").encode()
+    assert (tmp_path / "out" / "config.json").read_bytes() == plain
     assert (tmp_path / "out" / "tokenizer.json").read_text() == GOLDEN_TOKENIZER
     rows, totals = info(path)
     assert sorted(r["name"] for r in rows) == sorted(expected) and totals["packed"] == 3

@@ -78,7 +78,8 @@ def test_sigkill_leftovers_go_and_a_live_writers_stay(tmp_path):
         pack_folder(tmp_path / "src", dst, progress=False)
         assert not dead_tmp.exists()  # its owner is gone: removed
         assert live_tmp.is_dir() and (live_tmp / ".shard-00001.safetensors").is_file()  # still being written
-        assert set(CheckpointReader(dst).files) == {"config.json", "glyd_loader.py", "tokenizer.json"}
+        assert set(CheckpointReader(dst).files) == {"config.json", "glyd_loader.py", "glyd.source_config.json",
+                                                    "tokenizer.json"}
     finally:
         live.stdin.close()
         assert live.wait(timeout=60) == 0

@@ -11,7 +11,10 @@ from store_helpers import make_model_folder
 
 from glyd.cli import main
 from glyd.errors import FormatError
-from glyd.store import CheckpointReader, pack_folder
+from glyd.store import CheckpointReader, pack_folder, unpack_folder
+
+#: The file that keeps the source's config.json bytes (docs/format.md): a format name, pinned.
+SOURCE_CONFIG = "glyd.source_config.json"
 
 SECRET = b"-----BEGIN OPENSSH PRIVATE KEY-----\nnot for sharing\n"
 
@@ -97,7 +100,8 @@ def test_a_hugging_face_cache_snapshot_packs(tmp_path):
         blob.write_bytes(f.read_bytes())
         os.symlink(f"../../blobs/{blob.name}", snap / f.name)
     s = pack_folder(snap, tmp_path / "out", progress=False)
-    assert s.packed == 3 and CheckpointReader(tmp_path / "out").verify(progress=False)["files"] == 3  # config, tokenizer, glyd_loader.py
+    # config, tokenizer, glyd_loader.py and the source's config.json
+    assert s.packed == 3 and CheckpointReader(tmp_path / "out").verify(progress=False)["files"] == 4
     # Outside the snapshot's own blobs folder, the same links are refused.
     other = tmp_path / "other" / "model"
     other.mkdir(parents=True)
@@ -133,7 +137,7 @@ def test_glyd_temporaries_in_the_source_are_never_copied(src, tmp_path):
     (src / ".gitattributes").write_text("*.safetensors filter=lfs\n")
     pack_folder(src, tmp_path / "out", progress=False)
     files = set(CheckpointReader(tmp_path / "out").files)
-    assert files == {"config.json", "glyd_loader.py", "tokenizer.json", ".gitattributes"}
+    assert files == {"config.json", "glyd_loader.py", SOURCE_CONFIG, "tokenizer.json", ".gitattributes"}
 
 
 def test_a_relative_source_path_with_sub_folders(src, tmp_path, monkeypatch):
@@ -154,3 +158,54 @@ def test_source_tensor_names_that_a_checkpoint_reserves(tmp_path, capsys, name):
     src.mkdir()
     save_file({"w": torch.ones(4, 4, dtype=torch.bfloat16), name: torch.ones(3)}, str(src / "model.safetensors"))
     _refused(src, capsys, f"tensor {name!r}: an empty name or one with '_glyd_' in it cannot be stored")
+
+
+@pytest.mark.parametrize("config, match", [
+    ({"model_type": "glyd", "hidden_size": 40}, "model_type 'glyd' is the type of a packed folder's config"),
+    ({"model_type": "glyd"}, "model_type 'glyd' is the type of a packed folder's config"),
+    ({"model_type": None, "hidden_size": 40}, "glyd could not give this config back as it is (field(s) model_type"),
+])
+def test_a_config_glyd_could_not_give_back_is_refused(src, capsys, config, match):
+    # It used to pack, and unpack gave config.json back as {} (exit 0).
+    (src / "config.json").write_text(json.dumps(config))
+    _refused(src, capsys, f"{src / 'config.json'}: {match}")
+
+
+CONFIGS = {
+    "compact": b'{"model_type":"toy","hidden_size":40,"b":[1,2],"a":{"z":1,"y":2}}',
+    "indent 4, no newline": json.dumps({"model_type": "toy", "rms_norm_eps": 1e-06, "b": 1}, indent=4).encode(),
+    "spelled numbers": b'{\n "model_type": "toy", "eps": 0.000001, "big": 1E+3, "x": -0.0, "n": NaN\n}\r\n',
+    "unicode": '{"model_type": "toy", "name": "caf\u00e9 \\u00e9\\ud83d\\ude00"}\n'.encode(),
+    "null quantization_config": b'{"model_type": "toy", "quantization_config": null}',
+    "no model_type": b'{"hidden_size": 40}',
+}
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_unpack_gives_back_the_source_config_byte_for_byte(src, tmp_path, name):
+    # It used to come back as json.dumps(indent=2, sort_keys=True) of the parsed config.
+    (src / "config.json").write_bytes(CONFIGS[name])
+    pack_folder(src, tmp_path / "packed", progress=False)
+    cfg = CheckpointReader(tmp_path / "packed").config
+    assert cfg["quantization_config"]["quant_method"] == "glyd"  # the packed folder's own config
+    unpack_folder(tmp_path / "packed", tmp_path / "back", progress=False)
+    for f in sorted(p.relative_to(src) for p in src.rglob("*") if p.is_file() and ".safetensors" not in p.name):
+        assert (tmp_path / "back" / f).read_bytes() == (src / f).read_bytes(), f  # shards and index: rewritten
+    assert sorted(p.name for p in (tmp_path / "back").iterdir()) == sorted(p.name for p in src.iterdir())
+
+
+def test_the_name_of_the_kept_source_config_is_glyds(src, capsys):
+    (src / SOURCE_CONFIG).write_text("{}")
+    _refused(src, capsys, f"{src / SOURCE_CONFIG}: the name is glyd's own")
+
+
+@pytest.mark.parametrize("inside", ["packed", "sub/packed", "link/packed"])
+def test_packing_into_the_source_is_refused(src, capsys, inside):
+    # It used to succeed, and the source folder then held a packed checkpoint among its own files.
+    (src / "sub").mkdir()
+    (src.parent / "link").symlink_to(src)
+    dst = src / inside if not inside.startswith("link") else src.parent / inside
+    rc, err = _cli(capsys, "pack", str(src), str(dst))
+    assert rc == 1 and len(err.splitlines()) == 1, err
+    assert f"{dst} is inside {src}: glyd does not write into the folder it reads" in err, err
+    assert not dst.exists() and not [p for p in src.rglob("*") if ".glyd-" in p.name]

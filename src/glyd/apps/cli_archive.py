@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from typing import TYPE_CHECKING
 from pathlib import Path
@@ -59,8 +60,9 @@ def _os_errors(fn):
             return fn(args)
         except GlydError:
             raise
-        except OSError as exc:
-            raise GlydError(str(exc)) from None
+        except OSError as exc:  # "[Errno 2] No such file or directory: 'x'" becomes "x: No such file or directory"
+            where = f"{os.fsdecode(exc.filename)}: " if exc.filename is not None else ""
+            raise GlydError(f"{where}{exc.strerror or exc}") from None
 
     return wrapped
 

@@ -28,11 +28,11 @@ bytes, ``16GiB`` 16 x 2^30; a bare number is GiB.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import re
 from dataclasses import dataclass, field
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +40,7 @@ from glyd.apps.fit_configs import KNOWN_CONFIGS
 from glyd.apps.fit_meta import ModelShape, model_shape
 from glyd.codec import LAYOUTS
 from glyd.errors import FormatError, GlydError
-from glyd.store._safetensors import read_header
+from glyd.store._safetensors import load_json, read_header
 
 __all__ = ["KNOWN_CONFIGS", "ModelShape", "estimate", "load_config", "model_shape", "parse_size", "run_fit"]
 
@@ -138,9 +138,10 @@ def load_config(model: str | Path) -> dict[str, Any]:
         known = ", ".join(KNOWN_CONFIGS)
         raise FormatError(f"{model}: not a model folder, a config.json or a known model ({known})")
     try:
-        cfg = json.loads(cfg_path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise FormatError(f"{cfg_path}: not a readable JSON config ({exc})") from exc
+        raw = cfg_path.read_bytes()
+    except OSError as exc:
+        raise FormatError(f"{cfg_path}: cannot read it ({exc.strerror or exc})") from exc
+    cfg = load_json(raw, cfg_path, "not a readable JSON config")  # nesting, duplicate keys, huge numbers bounded
     if not isinstance(cfg, dict):
         raise FormatError(f"{cfg_path}: a config must be a JSON object")
     cfg = _text_config(cfg)
@@ -162,9 +163,9 @@ def count_from_files(folder: Path) -> WeightCount | None:
     index = folder / "model.safetensors.index.json"
     if index.is_file():  # a sharded checkpoint: only the shards its index names
         try:
-            weight_map = json.loads(index.read_text())["weight_map"]
+            weight_map = load_json(index.read_bytes(), index, "not a valid safetensors index")["weight_map"]
             files = sorted({folder / str(f) for f in weight_map.values()})
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        except (OSError, KeyError, TypeError, AttributeError) as exc:
             raise FormatError(f"{index}: not a valid safetensors index ({exc})") from exc
         missing = [f.name for f in files if not f.is_file()]
         if missing:
@@ -177,9 +178,9 @@ def count_from_files(folder: Path) -> WeightCount | None:
     cfg_path = folder / "config.json"
     if cfg_path.is_file():
         try:
-            qc = json.loads(cfg_path.read_text()).get("quantization_config") or {}
+            qc = load_json(cfg_path.read_bytes(), cfg_path).get("quantization_config") or {}
             glyd_folder = isinstance(qc, dict) and qc.get("quant_method") == "glyd"
-        except (OSError, ValueError, AttributeError):
+        except (OSError, FormatError, AttributeError):
             pass
     glyd_folder = glyd_folder or (folder / "glyd.json").is_file()
     count = WeightCount(source=f"safetensors headers ({len(files)} file{'s' * (len(files) > 1)})")
@@ -298,6 +299,8 @@ def max_context(e: FitEstimate, shape: ModelShape, weights: int) -> int:
     return lo
 
 
+#: The largest --gpu glyd fit takes (1 EiB): a bound, not a GPU.
+MAX_GPU_BYTES = 2**60
 _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([kmgt]i?b)?\s*$", re.IGNORECASE)
 _SCALE = {"k": 1, "m": 2, "g": 3, "t": 4}
 
@@ -312,15 +315,21 @@ def parse_size(text: str) -> int:
     """
     m = _SIZE.match(str(text))
     if not m:
-        raise GlydError(f"--gpu {text!r}: give a memory size with its unit, e.g. 24GB (10^9 bytes), 80GiB (2^30 bytes) "
-                        "or 24 (GiB)")
+        raise GlydError(f"--gpu {_short(str(text))}: give a memory size with its unit, e.g. 24GB (10^9 bytes), "
+                        "80GiB (2^30 bytes) or 24 (GiB)")
     unit = (m.group(2) or "gib").lower()
     power = _SCALE[unit[0]]
     scale = 1024**power if unit.endswith("ib") else 1000**power
-    size = int(float(m.group(1)) * scale)
+    size = int(Fraction(m.group(1)) * scale)  # exact: a float of 400 digits is inf
     if size <= 0:
-        raise GlydError(f"--gpu {text!r}: must be positive")
+        raise GlydError(f"--gpu {_short(text)}: must be positive")
+    if size > MAX_GPU_BYTES:
+        raise GlydError(f"--gpu {_short(text)}: more than any GPU holds (at most 2^60 bytes)")
     return size
+
+
+def _short(text: str) -> str:
+    return repr(text) if len(text) <= 40 else repr(text[:37] + "...")
 
 
 def _gib(b: int) -> str:

@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from glyd.errors import FormatError
+from glyd.hf.checks import count_fields
+from glyd.store._safetensors import short
 
 log = logging.getLogger(__name__)
 
@@ -31,8 +33,10 @@ log = logging.getLogger(__name__)
 KV_LAYER_WINDOW = {"full_attention": None, "sliding_attention": "sliding_window", "chunked_attention": "attention_chunk_size"}
 #: Refuse configs that would take long to build even on the meta device.
 MAX_LAYERS = 4096
-#: Config keys that are not the model's shape (a Glyd folder's quantization_config is ours).
-_DROP = ("architectures", "quantization_config", "auto_map", "transformers_version", "torch_dtype", "dtype")
+#: Config keys that are not the model's shape (a Glyd folder's quantization_config is ours; labels
+#: size no causal LM, and transformers builds a table of num_labels entries).
+_DROP = ("architectures", "quantization_config", "auto_map", "transformers_version", "torch_dtype", "dtype",
+         "num_labels", "id2label", "label2id")
 
 
 @dataclass
@@ -84,6 +88,9 @@ def build_config(cfg: dict[str, Any]) -> Any:
     if not isinstance(model_type, str) or not model_type:
         raise FormatError(f"{name}: config has no model_type")
     params = {k: v for k, v in cfg.items() if not k.startswith("_") and k not in _DROP and k != "model_type"}
+    for path, _, value in count_fields(params):  # before the config class builds a list a layer
+        if not 0 <= value <= MAX_LAYERS:
+            raise FormatError(f"{name}: {path} {short(value)} is not between 0 and {MAX_LAYERS}")
     try:
         config = AutoConfig.for_model(model_type, **params)
     except ValueError as exc:

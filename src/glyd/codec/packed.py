@@ -2,23 +2,62 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 import torch
 
 from glyd.codec.layout import LAYOUTS
-from glyd.errors import FormatError
+from glyd.errors import FormatError, UnsupportedError
 
 #: Version of the array layouts below; bumped on any change to what the arrays mean.
 FORMAT_VERSION = 1
+
+
+class Arrays(Mapping):
+    """A packed matrix's arrays by name: a read-only mapping (an array put in after ``Packed``
+    checked them would reach the decoders unchecked). Its tensors themselves are not frozen: the
+    decoders that cache checks key them on the tensor and its version counter.
+
+    >>> import torch, glyd
+    >>> p = glyd.pack(torch.ones(2, 3, dtype=torch.bfloat16))
+    >>> p.arrays["base"] = torch.zeros(1, dtype=torch.uint8)
+    Traceback (most recent call last):
+    ...
+    TypeError: 'Arrays' object does not support item assignment
+    """
+
+    __slots__ = ("_arrays",)
+
+    def __init__(self, arrays: Mapping[str, torch.Tensor]) -> None:
+        object.__setattr__(self, "_arrays", dict(arrays))
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        return self._arrays[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._arrays)
+
+    def __len__(self) -> int:
+        return len(self._arrays)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"{type(self).__name__} is read-only")
+
+    def __reduce__(self):  # pickle and deepcopy (a module caching a Packed is copied with it)
+        return (Arrays, (self._arrays,))
+
+    def __repr__(self) -> str:
+        return f"Arrays({', '.join(self._arrays)})"
 
 
 @dataclass(frozen=True)
 class Packed:
     """A bf16 matrix in a lossless packed layout.
 
-    ``arrays`` holds plain tensors (the layout's planes and tables, see ``docs/format.md``);
-    ``shape`` is the true ``(rows, cols)`` of the matrix, before any internal padding.
+    ``arrays`` holds plain tensors (the layout's planes and tables, see ``docs/format.md``), kept as
+    a read-only :class:`Arrays` mapping; ``shape`` is the true ``(rows, cols)`` of the matrix,
+    before any internal padding.
 
     >>> import torch, glyd
     >>> p = glyd.pack(torch.ones(3, 5, dtype=torch.bfloat16), layout="tiered")
@@ -28,10 +67,13 @@ class Packed:
 
     layout: str
     shape: tuple[int, int]
-    arrays: dict[str, torch.Tensor] = field(repr=False)
+    arrays: Mapping[str, torch.Tensor] = field(repr=False)
     version: int = FORMAT_VERSION
 
     def __post_init__(self) -> None:
+        if not isinstance(self.arrays, Mapping):
+            raise FormatError(f"arrays must map array names to tensors, got {type(self.arrays).__name__}")
+        object.__setattr__(self, "arrays", Arrays(self.arrays))  # a copy: the caller's dict may change later
         if self.layout not in LAYOUTS:
             raise FormatError(f"unknown layout {self.layout!r} (known: {', '.join(LAYOUTS)})")
         if self.version != FORMAT_VERSION:
@@ -49,11 +91,11 @@ class Packed:
         LAYOUTS[self.layout].check_arrays(self.shape, self.arrays)
 
     @classmethod
-    def trusted(cls, layout: str, shape: tuple[int, int], arrays: dict[str, torch.Tensor], version: int) -> Packed:
+    def trusted(cls, layout: str, shape: tuple[int, int], arrays: Mapping[str, torch.Tensor], version: int) -> Packed:
         """A Packed over arrays the caller has validated before (as a ``Packed``), unchanged since:
         no checks (they cost tens of microseconds a product)."""
         p = object.__new__(cls)
-        for name, value in (("layout", layout), ("shape", shape), ("arrays", arrays), ("version", version)):
+        for name, value in (("layout", layout), ("shape", shape), ("arrays", Arrays(arrays)), ("version", version)):
             object.__setattr__(p, name, value)
         return p
 
@@ -80,7 +122,7 @@ class Packed:
 
 
 def expect_array(
-    arrays: dict[str, torch.Tensor], name: str, dtype: torch.dtype | tuple[torch.dtype, ...], shape: tuple[int, ...] | None
+    arrays: Mapping[str, torch.Tensor], name: str, dtype: torch.dtype | tuple[torch.dtype, ...], shape: tuple[int, ...] | None
 ) -> torch.Tensor:
     """Return ``arrays[name]`` after checking its dtype and shape; raise FormatError naming it."""
     if name not in arrays:
@@ -96,7 +138,7 @@ def expect_array(
     return a
 
 
-def check_no_extra(arrays: dict[str, torch.Tensor], names: tuple[str, ...], layout: str) -> None:
+def check_no_extra(arrays: Mapping[str, torch.Tensor], names: tuple[str, ...], layout: str) -> None:
     extra = sorted(set(arrays) - set(names))
     if extra:
         raise FormatError(f"unexpected arrays for layout {layout!r}: {', '.join(extra)}")
@@ -110,6 +152,8 @@ def as_bf16_matrix(w: torch.Tensor, what: str = "matrix") -> torch.Tensor:
         raise TypeError(f"{what} must be bfloat16, got {w.dtype} (glyd packs bf16 weights only; convert explicitly)")
     if w.dim() != 2:
         raise ValueError(f"{what} must be 2-D, got shape {tuple(w.shape)}")
+    if w.is_meta:
+        raise UnsupportedError(f"{what} is on the meta device (a shape with no values): load its weights first")
     return w.detach().to("cpu").contiguous()
 
 

@@ -45,9 +45,11 @@ def is_diffusers_model(model: Any) -> bool:
 def folder_config(path: str | os.PathLike, subfolder: str | None = None) -> dict[str, Any]:
     """config.json of a local folder (``subfolder`` inside it) as a dict; {} when there is none."""
     p = Path(path) / (subfolder or "") / "config.json"
+    if not p.is_file():  # (a FIFO would block the read: the loader says what the path is)
+        return {}
     try:
         d = json.loads(p.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # not diffusers'; the loader says what is wrong with it
         return {}
     return d if isinstance(d, dict) else {}
 

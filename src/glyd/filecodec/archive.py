@@ -30,7 +30,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path, PurePosixPath
 
-from glyd.errors import CorruptError, DestinationExistsError, FormatError, GlydError
+from glyd.errors import CorruptError, DestinationExistsError, FormatError, GlydError, not_a_file
 from glyd.filecodec.names import check_table
 from glyd.filecodec.plan import plan_file
 
@@ -352,7 +352,7 @@ def test(archive: str | os.PathLike, *, jobs: int | None = None, progress: bool 
     Raises :class:`glyd.errors.CorruptError` (naming the file and chunk) or
     :class:`glyd.errors.FormatError` (not an archive, unknown version).
     """
-    with open(archive, "rb") as f:
+    with _open_archive(archive) as f:
         return _iter_archive(
             f, str(archive), _default_jobs(jobs), lambda *a: None, lambda *a: None, lambda *a: None, progress, "test"
         )
@@ -392,7 +392,7 @@ def decompress(
         temps[fi][2].close()
 
     try:
-        with open(archive, "rb") as f:
+        with _open_archive(archive) as f:
             report = _iter_archive(f, label, _default_jobs(jobs), on_entry, on_data, on_end, progress)
         for tmp, dest, _ in temps.values():
             _refuse_existing(dest, "appeared while decompressing")
@@ -443,11 +443,22 @@ def decompress_bytes(blob: bytes, *, jobs: int | None = 1) -> bytearray:
 
 def list_entries(archive: str | os.PathLike) -> list[Entry]:
     """The file table of ``archive`` (reads only the header)."""
-    with open(archive, "rb") as f:
+    with _open_archive(archive) as f:
         return _read_table(_Reader(f, str(archive)))
 
 
 # ----------------------------------------------------------------------------- helpers
+
+
+def _open_archive(archive: str | os.PathLike) -> io.BufferedReader:
+    """``archive`` opened for reading, once it is a regular file: a FIFO would block the read and
+    a device never end; FormatError says what the path is instead."""
+    what = not_a_file(archive)
+    if what == "missing":
+        raise FormatError(f"{archive}: no such file")
+    if what is not None:
+        raise FormatError(f"{archive}: {what}, not a .glyd archive file")
+    return open(archive, "rb")
 
 
 def _tmp_name(dest: Path) -> Path:

@@ -16,7 +16,8 @@ from tqdm.auto import tqdm
 from glyd.errors import CorruptError, FormatError, UnsupportedError
 from glyd.hf import hooks
 from glyd.hf._model import note_source
-from glyd.hf.classes import build_empty
+from glyd.hf.checks import check_counts
+from glyd.hf.classes import build_empty, read_config
 from glyd.hf.convert import Conversions
 from glyd.hf.packer import Packer
 from glyd.hf.placement import AUTO_MAPS, check_covers, device_of, infer_map, normalize_map
@@ -103,6 +104,9 @@ def load_bf16(path: Path, cls: type, *, layout: str, merge: bool | None, exact: 
     if not (path / "config.json").is_file():
         raise FormatError(f"{path}: no config.json: not a transformers model folder")
     files = _weight_files(path)
+    # Before transformers reads the config: a count it builds modules from, bounded by the weights.
+    check_counts(read_config(path), [list(i.shape) for f in files for i in read_header(f).tensors.values()],
+                 path / "config.json")
     cfg_kw = {k: hf_kwargs.pop(k) for k in ("trust_remote_code",) if k in hf_kwargs}
     try:
         config = AutoConfig.from_pretrained(path, **cfg_kw)

@@ -6,6 +6,9 @@ Always (``verify=False`` too; reads only ``glyd.json``, the shard headers and ``
   index), before transformers reads any of it;
 * ``config.json`` carries glyd's ``quantization_config`` (without it transformers builds a bf16
   model and fills it at random) and names the manifest's layout;
+* no count in ``config.json`` that transformers builds modules or tables from (layers, experts,
+  labels) is more than the checkpoint can hold (:func:`check_counts`): a config claiming 10^30
+  layers is refused before anything is built;
 * after loading, the model and the checkpoint hold the same tensors: every tensor of the model was
   loaded from the checkpoint (none initialised at random), every tensor of the checkpoint found its
   place in the model, in its stored dtype and shape.
@@ -25,15 +28,24 @@ from torch import nn
 
 from glyd.codec import LAYOUTS
 from glyd.codec.packed import FORMAT_VERSION
-from glyd.errors import CorruptError, FormatError
+from glyd.errors import CorruptError, FormatError, not_a_file
 from glyd.store import MANIFEST, CheckpointReader
 from glyd.store._config import PACKED_MODEL_TYPE, own_model_type
-from glyd.store._safetensors import dtype_name, sha256_file, short
+from glyd.store._manifest import MAX_MANIFEST_BYTES, validate_manifest
+from glyd.store._safetensors import dtype_name, load_json, sha256_file, short
 from glyd.store.checkpoint import CONFIG, key_for
 
 log = logging.getLogger(__name__)
 
-__all__ = ["check_folder", "check_complete", "check_quantization_config"]
+__all__ = ["check_folder", "check_complete", "check_quantization_config", "check_counts", "count_fields"]
+
+#: config.json keys (at any depth: text_config, vision_config, ...) that transformers and diffusers
+#: build one module each of: a model cannot have more than its checkpoint has tensors.
+LAYER_KEYS = frozenset({"num_hidden_layers", "num_layers", "n_layer", "n_layers", "encoder_layers", "decoder_layers",
+                        "num_encoder_layers", "num_decoder_layers", "num_single_layers"})
+#: Keys that size one dimension of a stored tensor (experts: a router's rows, or fused experts'
+#: first dimension; labels: a classifier's rows, and a table transformers builds from the count).
+WIDTH_KEYS = frozenset({"num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts", "num_labels"})
 
 
 def check_quantization_config(q: dict[str, Any], where: str = "") -> None:
@@ -56,6 +68,51 @@ def check_quantization_config(q: dict[str, Any], where: str = "") -> None:
                           f"got {short(merged)}")
 
 
+def count_fields(config: Any, path: str = ""):
+    """(dotted path, key, value) of every int under a counted key of ``config`` (nested dicts and
+    lists; JSON read by glyd is at most 64 levels deep)."""
+    items = config.items() if isinstance(config, dict) else enumerate(config) if isinstance(config, list) else ()
+    for k, v in items:
+        key = f"{path}.{k}" if path else str(k)
+        if isinstance(v, (dict, list)):
+            yield from count_fields(v, key)
+        elif k in LAYER_KEYS | WIDTH_KEYS and isinstance(v, int) and not isinstance(v, bool):
+            yield key, k, v
+
+
+def check_counts(config: dict[str, Any], shapes: list[list[int]], where: object) -> None:
+    """Raise FormatError (naming ``where`` and the field) unless every layer count of ``config`` is
+    at most the number of stored tensors (``shapes``), and every expert or label count at most
+    their largest dimension (or the labels ``id2label`` names): transformers builds a module, or a
+    table entry, for each before any weight is read, so a count read from a file is bounded first."""
+    tensors = len(shapes)
+    widest = max((max(s) for s in shapes if s), default=0)
+    for key, name, value in count_fields(config):
+        labels = config.get("id2label") if name == "num_labels" else None
+        most = tensors if name in LAYER_KEYS else max(widest, len(labels) if isinstance(labels, dict) else 0)
+        if not 0 <= value <= most:
+            what = f"{most} tensors" if name in LAYER_KEYS else f"tensors at most {most} wide"
+            raise FormatError(f"{where}: {key} is {short(value)}, not a count from 0 to {most} (the checkpoint holds "
+                              f"{what}): a damaged or edited config; transformers would build a module or an entry "
+                              f"for each before reading a weight")
+
+
+def stored_shapes(folder: Path) -> list[list[int]] | None:
+    """The true shapes of the tensors ``folder``'s glyd.json lists (the manifest alone, checked; no
+    shard is read), or None when the folder has no glyd.json: for :func:`check_counts` where
+    transformers reads a packed folder's config before glyd sees the folder (native loading)."""
+    mpath = folder / MANIFEST
+    what = not_a_file(mpath)
+    if what == "missing":
+        return None
+    if what is not None:
+        raise FormatError(f"{mpath}: {what}, not a regular file: not a glyd manifest")
+    if mpath.stat().st_size > MAX_MANIFEST_BYTES:
+        raise FormatError(f"{mpath}: {mpath.stat().st_size} bytes is larger than any manifest glyd writes")
+    m = validate_manifest(load_json(mpath.read_bytes(), mpath), mpath)
+    return [e["shape"] for e in m["tensors"].values()]
+
+
 def check_folder(folder: Path, *, verify: bool) -> CheckpointReader:
     """Open ``folder`` as a checkpoint and check its config against its manifest."""
     reader = CheckpointReader(folder)
@@ -75,6 +132,7 @@ def check_folder(folder: Path, *, verify: bool) -> CheckpointReader:
     if cfg.get("model_type") == PACKED_MODEL_TYPE and (not isinstance(own, str) or not own or own == PACKED_MODEL_TYPE):
         raise FormatError(f"{cpath}: model_type is {PACKED_MODEL_TYPE!r} but quantization_config.original_model_type "
                           f"({short(own)}) does not name the model's own type")
+    check_counts(cfg, [reader.entry(n)["shape"] for n in reader.names()], cpath)
     layout = q.get("layout")
     if layout != reader.layout:
         raise FormatError(f"{cpath}: quantization_config.layout is {layout!r} but {MANIFEST} says {reader.layout!r}")

@@ -18,13 +18,13 @@ the config to it, when one does, so that a packed folder (``model_type: "glyd"``
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 from typing import Any
 
-from glyd.errors import FormatError, UnsupportedError
+from glyd.errors import FormatError, UnsupportedError, not_a_file
 from glyd.store._config import own_model_type
+from glyd.store._safetensors import load_json, short
 
 log = logging.getLogger(__name__)
 
@@ -49,13 +49,31 @@ AUTO_CLASSES = (
 
 
 def read_config(path: Path) -> dict[str, Any]:
-    """config.json of a model folder as a dict ({} when it is missing or not a JSON object: the
-    loaders say what is wrong with it)."""
-    try:
-        d = json.loads((path / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    """config.json of a model folder as a dict ({} when it is missing: the loaders say so);
+    FormatError naming it when it is not a JSON object glyd can read (malformed, nested too deeply,
+    a duplicate key: transformers' own parser would raise RecursionError on some)."""
+    p = path / "config.json"
+    what = not_a_file(p)
+    if what == "missing":
         return {}
-    return d if isinstance(d, dict) else {}
+    if what is not None:
+        raise FormatError(f"{p}: {what}, not a regular file (glyd reads no pipe or device: it could block or never end)")
+    d = load_json(p.read_bytes(), p)
+    if not isinstance(d, dict):
+        raise FormatError(f"{p}: not a JSON object")
+    return d
+
+
+def check_model_type(cls: Any, config: dict[str, Any], where: object) -> None:
+    """Raise FormatError unless ``config``'s own model type is a string, and (where ``cls`` is an
+    ``Auto*`` class, which picks the model by it) a non-empty one: transformers' own errors are a
+    ValueError of several lines, or a TypeError from deep inside."""
+    own = own_model_type(config)
+    if (own is not None and not isinstance(own, str)) or (_is_auto(cls) and not own):
+        field = "quantization_config.original_model_type" if config.get("model_type") == "glyd" else "model_type"
+        what = f"has no {field}" if own is None else f"{field} is {short(own)}, not the name of a model type"
+        raise FormatError(f"{where}: {what}: {cls.__name__} cannot tell which model to build (pass model_class= a "
+                          f"concrete transformers class)")
 
 
 def _is_auto(cls: Any) -> bool:

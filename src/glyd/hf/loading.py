@@ -28,7 +28,7 @@ from glyd.hf import hooks
 from glyd.hf._model import check_layout, is_merged, note_source, pick_device, source_of
 from glyd.hf._register import register
 from glyd.hf.bf16 import load_bf16, resolve
-from glyd.hf.classes import pick_class, read_config
+from glyd.hf.classes import check_model_type, pick_class, read_config
 from glyd.hf.checks import check_folder
 from glyd.hf.integrity import verify_files, verify_model
 from glyd.hf.merge import merge_packed, unmerge_packed
@@ -105,7 +105,7 @@ def from_pretrained(
         raise UnsupportedError(f"device={device!r} and device_map={device_map!r}: pass one of them")
     dev = pick_device(device)
     path = resolve(name_or_path, hf_kwargs)
-    if (path / MANIFEST).is_file():
+    if os.path.lexists(path / MANIFEST):  # a glyd folder (CheckpointReader says if glyd.json is not a file)
         model = _load_glyd(path, model_class, device=dev, device_map=device_map, exact=exact, verify=verify,
                            hf_kwargs=hf_kwargs)
         if verify:
@@ -138,7 +138,9 @@ def _load_glyd(path: Path, model_class: Any, *, device: torch.device, device_map
 
     # Before transformers reads the folder: glyd's errors, not its.
     reader = check_folder(path, verify=verify)
-    cls = pick_class(model_class, read_config(path))
+    config = read_config(path)
+    cls = pick_class(model_class, config)
+    check_model_type(cls, config, path / CONFIG)
     cpath = path / CONFIG
     edited = reader.files.get(CONFIG) not in (None, sha256_file(cpath))
 

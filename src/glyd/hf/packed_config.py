@@ -18,6 +18,7 @@ from transformers.configuration_utils import PretrainedConfig
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING, AutoConfig
 
 from glyd.errors import FormatError
+from glyd.hf.checks import check_counts, stored_shapes
 from glyd.store._config import PACKED_MODEL_TYPE, QUANT_METHOD, own_model_type
 from glyd.store._safetensors import short
 
@@ -45,6 +46,10 @@ class GlydPackedConfig(PretrainedConfig):
         if not isinstance(own, str) or not own or own == PACKED_MODEL_TYPE:
             raise FormatError(f"{where}: model_type is {PACKED_MODEL_TYPE!r} but quantization_config.original_model_type "
                               f"({short(own)}) does not name the model's own type")
+        folder = Path(kwargs["name_or_path"]) if kwargs.get("name_or_path") else None
+        shapes = stored_shapes(folder) if folder is not None and folder.is_dir() else None
+        if shapes is not None:  # before transformers builds a table or a module from a count
+            check_counts(config_dict, shapes, where)
         try:
             real = CONFIG_MAPPING[own]
         except KeyError:

@@ -3,8 +3,10 @@ implementation of ``glyd::rows`` on every device.
 
 Every operation here has a fixed output shape that depends only on tensor shapes, never on
 values, so it runs on the CPU and the GPU alike with no host synchronization (safe under CUDA
-graphs). The full-matrix reference in ``glyd.codec`` stays the source of truth: tests compare
-these rows against it. Each layout's entry (``glyd.codec.LAYOUTS``) names its row decode here.
+graphs) once a matrix's first lookup has checked its arrays (``glyd.ops._checks``: the ids every
+call, the offsets and exception indices read from a file once a matrix). The full-matrix reference
+in ``glyd.codec`` stays the source of truth: tests compare these rows against it. Each layout's
+entry (``glyd.codec.LAYOUTS``) names its row decode here.
 """
 
 from __future__ import annotations
@@ -14,10 +16,14 @@ import torch
 from glyd.codec import dense11, fixed12, tiered, unpack
 from glyd.codec.layout import LAYOUTS, resolve
 from glyd.codec.packed import Packed
+from glyd.ops._checks import check_arrays_once, check_ids
 
 
 def unpack_rows(packed: Packed, rows: torch.Tensor) -> torch.Tensor:
     """Rows ``rows`` (any shape of int indices) of ``packed`` as bf16, shape ``(*rows.shape, k)``.
+
+    An id outside ``[0, n)`` raises IndexError (a device-side assert on CUDA, as ``nn.Embedding``);
+    damaged offsets or exception indices raise CorruptError (checked once a matrix).
 
     >>> import torch, glyd
     >>> from glyd.ops.rows import unpack_rows
@@ -26,6 +32,8 @@ def unpack_rows(packed: Packed, rows: torch.Tensor) -> torch.Tensor:
     >>> torch.equal(r.view(torch.int16), w[[3, 3, 9]].view(torch.int16))
     True
     """
+    check_ids(rows, packed.shape[0])
+    check_arrays_once(packed)
     flat = rows.reshape(-1).to(device=packed.device, dtype=torch.int64)
     decode = LAYOUTS[packed.layout].rows
     out = resolve(decode)(packed, flat) if decode is not None else _rows_of_whole(packed, flat)
@@ -58,12 +66,12 @@ def rows_fixed12(p: Packed, rows: torch.Tensor) -> torch.Tensor:
 
 def _patch(bits: torch.Tensor, rows: torch.Tensor, n: int, k: int, idx: torch.Tensor,
            value: torch.Tensor) -> torch.Tensor:
-    """``bits`` (b, k) of rows ``rows`` with the words at flat indices ``idx`` (clamped to the
-    matrix) set to ``value``, wherever their row was looked up."""
+    """``bits`` (b, k) of rows ``rows`` with the words at flat indices ``idx`` (inside the matrix) set
+    to ``value``, wherever their row was looked up."""
     b = rows.numel()
     # A row asked for twice is patched at one canonical position (the last write of pos[]) and then
-    # gathered for all its positions. Clamped indices: damaged ones give wrong values (verify names
-    # them), never an out-of-bounds read.
+    # gathered for all its positions. The indices were checked once a matrix (glyd.ops._checks); the
+    # clamp only keeps a read in bounds should a tensor change behind torch's version counter.
     er, ec = idx // k, idx % k
     pos = torch.full((n,), -1, dtype=torch.int64, device=rows.device)
     pos[rows] = torch.arange(b, device=rows.device)

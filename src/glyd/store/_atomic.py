@@ -18,7 +18,7 @@ import time
 import weakref
 from pathlib import Path
 
-from glyd.errors import DestinationExistsError
+from glyd.errors import DestinationExistsError, UnsupportedError
 from glyd.store._manifest import MANIFEST, TMP_SUFFIX
 
 log = logging.getLogger(__name__)
@@ -42,6 +42,15 @@ def check_destination(dst: Path, overwrite: bool) -> None:
         raise DestinationExistsError(f"{dst} already exists; glyd never overwrites (remove it or choose another name)")
     if dst.is_symlink() or not dst.is_dir() or not ((dst / MANIFEST).is_file() or not any(dst.iterdir())):
         raise DestinationExistsError(f"{dst} exists and is not a glyd checkpoint or an empty folder: refusing to replace it")
+
+
+def check_outside(src: Path, dst: Path) -> None:
+    """Raise UnsupportedError unless ``dst`` lies outside the folder ``src`` (links resolved): an
+    output written into its input would change the folder being read, and end up part of it."""
+    inner, outer = dst.absolute().resolve(), src.resolve()
+    if inner == outer or inner.is_relative_to(outer):
+        raise UnsupportedError(f"{dst} is inside {src}: glyd does not write into the folder it reads "
+                               f"(choose a destination outside {src})")
 
 
 def _umask() -> int:

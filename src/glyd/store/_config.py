@@ -12,6 +12,10 @@ transformers honours for a config type it does not know; it runs it only with
 ``trust_remote_code=True``): a process that never imported glyd, such as ``transformers serve
 --trust-remote-code PACKED``, imports glyd through it. transformers 5.17 reads no entry point.
 
+``glyd pack`` also keeps the source's config.json bytes as they were (``SOURCE_CONFIG``), so that
+``glyd unpack`` gives them back byte for byte; it refuses a config whose model it could not give
+back (:func:`check_restorable`: a ``model_type`` of ``"glyd"`` or null).
+
 >>> cfg = packed_config({"model_type": "qwen2", "hidden_size": 8}, {"quant_method": "glyd"})
 >>> cfg["model_type"], cfg["quantization_config"]["original_model_type"]
 ('glyd', 'qwen2')
@@ -24,6 +28,8 @@ transformers honours for a config type it does not know; it runs it only with
 from __future__ import annotations
 
 from typing import Any
+
+from glyd.errors import FormatError
 
 #: The ``model_type`` of a packed folder's config.json.
 PACKED_MODEL_TYPE = "glyd"
@@ -55,6 +61,8 @@ except ImportError as exc:
 
 __all__ = ["GlydPackedConfig"]
 '''
+#: The file of a packed folder that holds its source's config.json bytes as they were (``glyd pack``).
+SOURCE_CONFIG = "glyd.source_config.json"
 
 
 def packed_config(config: dict[str, Any], quantization: dict[str, Any]) -> dict[str, Any]:
@@ -97,3 +105,34 @@ def plain_config(config: dict[str, Any]) -> dict[str, Any]:
         if out["model_type"] is None:
             del out["model_type"]
     return out
+
+
+def describes(config: dict[str, Any], source: dict[str, Any]) -> bool:
+    """Whether ``config`` (a packed folder's, or a plain one) describes the model of the source
+    config ``source``: equal once plain, a null or empty ``quantization_config`` of the source aside
+    (not quantized: glyd's takes its place)."""
+    if source.get("quantization_config", 0) in (None, {}):
+        source = {k: v for k, v in source.items() if k != "quantization_config"}
+    return plain_config(config) == source
+
+
+def check_restorable(config: dict[str, Any], where: object) -> None:
+    """Raise FormatError (naming ``where``) unless the packed folder's config of ``config`` gives
+    ``config`` back (:func:`plain_config`), as the loaders read it (a null or empty
+    ``quantization_config`` aside: glyd's takes its place).
+
+    >>> check_restorable({"model_type": "glyd"}, "config.json")
+    Traceback (most recent call last):
+    ...
+    glyd.errors.FormatError: config.json: model_type 'glyd' is the type of a packed folder's config: glyd cannot pack a model that claims it (it would come back without a model_type)
+    """
+    back = plain_config(packed_config(config, {"quant_method": QUANT_METHOD}))
+    if describes(back, config):
+        return
+    own = config.get("model_type")
+    if own == PACKED_MODEL_TYPE:
+        raise FormatError(f"{where}: model_type {own!r} is the type of a packed folder's config: glyd cannot pack a "
+                          f"model that claims it (it would come back without a model_type)")
+    keys = sorted(k for k in config.keys() | back.keys() if config.get(k, ...) != back.get(k, ...))
+    raise FormatError(f"{where}: glyd could not give this config back as it is (field(s) {', '.join(keys)}, e.g. "
+                      f"model_type {own!r}): refusing to pack it")

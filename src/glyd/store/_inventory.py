@@ -2,10 +2,11 @@
 
 Every shard and every entry of the index must be accounted for by glyd.json, and so must every
 file that a loader finds by name and that changes the model: weights of any format (``*.safetensors``,
-``*.bin``, ...), indexes, ``config.json`` and code (``*.py``, run by ``trust_remote_code``). Other
-files may be added after packing (a tokenizer saved into the folder, a model card written by
-``push_to_hub``): they are not part of the checkpoint, so they are logged, never verified and never
-copied by ``glyd unpack``. Hidden entries (``.gitattributes``, ``.git/``, ``.cache/``) are skipped.
+``*.bin``, ...), indexes, ``config.json`` (and ``glyd.source_config.json``, the one ``glyd unpack``
+gives back) and code (``*.py``, run by ``trust_remote_code``). Other files may be added after
+packing (a tokenizer saved into the folder, a model card written by ``push_to_hub``): they are not
+part of the checkpoint, so they are logged, never verified and never copied by ``glyd unpack``.
+Hidden entries (``.gitattributes``, ``.git/``, ``.cache/``) are skipped.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ import os
 import re
 from pathlib import Path
 
-from glyd.errors import CorruptError, FormatError
+from glyd.errors import CorruptError, FormatError, not_a_file
+from glyd.store._config import SOURCE_CONFIG
 from glyd.store._manifest import CONFIG, MANIFEST, index_name, shard_base, shard_name
 from glyd.store._safetensors import Header, load_json, short
 
@@ -27,7 +29,7 @@ DOC_PATTERNS = ("readme*", "license*", "licence*", "notice*", "copying*", "*.md"
 #: Names that are never ignored: weights of any format, indexes, configs, code.
 STRICT_PATTERNS = (
     "*.safetensors", "*.bin", "*.pt", "*.pth", "*.ckpt", "*.h5", "*.msgpack", "*.gguf", "*.onnx",
-    "*.npz", "*.npy", "*.pkl", "*.pickle", "*.index.json", CONFIG, "*.py",
+    "*.npz", "*.npy", "*.pkl", "*.pickle", "*.index.json", CONFIG, SOURCE_CONFIG, "*.py",
 )
 
 _SHARD_NUM_RE = re.compile(r"(?:model|diffusion_pytorch_model)-(\d{5})-of-(\d{5})\.safetensors")
@@ -68,8 +70,10 @@ def check_index(path: Path, claimed: dict[str, set[str]], headers: dict[str, Hea
         if index.exists() or index.is_symlink():
             raise FormatError(f"{index}: a single-shard checkpoint has no index; {MANIFEST} does not account for it")
         return
-    if not index.is_file():
-        raise CorruptError(f"{index}: missing (a sharded checkpoint cannot load without it)")
+    what = not_a_file(index)
+    if what is not None:
+        raise CorruptError(f"{index}: {what}{'' if what == 'missing' else ', not a regular file'} (a sharded "
+                           f"checkpoint cannot load without its index)")
     doc = load_json(index.read_bytes(), index)
     wm = doc.get("weight_map") if isinstance(doc, dict) else None
     if not isinstance(wm, dict):
@@ -131,7 +135,7 @@ def check_unlisted(path: Path, listed: set[str]) -> list[str]:
                 (ignored if kind == "ignored" else added).append(rel)
                 continue
             base = rel.rsplit("/", 1)[-1].lower()
-            what = "config.json" if base == CONFIG else "code" if base.endswith(".py") else "weights or an index"
+            what = base if base in (CONFIG, SOURCE_CONFIG) else "code" if base.endswith(".py") else "weights or an index"
             raise FormatError(
                 f"{path / rel}: {what} that {MANIFEST} does not list: a checkpoint holds only what its manifest "
                 f"accounts for (remove it, or pack the model again)"

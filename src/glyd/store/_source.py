@@ -171,13 +171,15 @@ def copy_list(src: Path, weight_files: set[str]) -> tuple[list[tuple[Path, str]]
     return keep, skipped
 
 
-def read_config(src: Path) -> dict[str, Any] | None:
-    """config.json of the source, or None; a link must stay inside the folder like any file."""
+def read_config(src: Path) -> tuple[dict[str, Any], bytes] | None:
+    """config.json of the source (parsed, and its bytes as they are), or None; a link must stay
+    inside the folder like any file."""
     path = src / CONFIG
     if not (path.is_file() or path.is_symlink()):
         return None
     check_inside(src, path)
-    cfg = load_json(path.read_bytes(), path)
+    raw = path.read_bytes()
+    cfg = load_json(raw, path)
     if not isinstance(cfg, dict):
         raise FormatError(f"{path}: not a JSON object")
-    return cfg
+    return cfg, raw

@@ -37,7 +37,7 @@ from tqdm.auto import tqdm
 from glyd._version import __version__
 from glyd.codec import LAYOUTS, Packed, PackedExperts, unpack, unpack_experts
 from glyd.codec.experts import LENS, array_names
-from glyd.errors import CorruptError, FormatError
+from glyd.errors import CorruptError, FormatError, not_a_file
 from glyd.store._config import LOADER_CLASS, LOADER_FILE, LOADER_SOURCE
 from glyd.store._atomic import AtomicDir, check_destination, copy_hashed  # noqa: F401 - re-exported
 from glyd.store._inventory import check_index, check_shard_names, check_unlisted
@@ -86,6 +86,9 @@ __all__ = [
     "key_for",
     "sha256_tensor",
 ]
+
+
+_NOT_A_FILE = ", not a regular file (glyd reads no pipe or device: it could block or never end)"
 
 
 def _cpu_tensor(t: torch.Tensor) -> torch.Tensor:
@@ -264,15 +267,20 @@ class CheckpointWriter:
     def set_config(self, config: dict[str, Any]) -> None:
         """Write ``config`` as the checkpoint's config.json (transformers' spelling: indent 2, sorted keys),
         and glyd's loader module when its ``auto_map`` names it (``glyd.store._config.LOADER_FILE``)."""
-        self._check_open()
         if not isinstance(config, dict):
             raise TypeError(f"config must be a dict, got {type(config).__name__}")
-        rel = self._arcname(CONFIG)
-        self._write(rel, (json.dumps(config, indent=2, sort_keys=True) + "\n").encode("utf-8"))
+        self.add_bytes((json.dumps(config, indent=2, sort_keys=True) + "\n").encode("utf-8"), CONFIG)
         auto = config.get("auto_map")
         if isinstance(auto, dict) and auto.get("AutoConfig") == LOADER_CLASS:
             self._files.pop(LOADER_FILE, None)  # a copy from the source folder is replaced by this version's
             self._write(LOADER_FILE, LOADER_SOURCE.encode("utf-8"))
+
+    def add_bytes(self, data: bytes, arcname: str) -> None:
+        """Write ``data`` into the checkpoint as the file ``arcname`` (listed with its sha256, as a copied file)."""
+        self._check_open()
+        rel = self._arcname(arcname)
+        (self._dir.tmp / rel).parent.mkdir(parents=True, exist_ok=True)
+        self._write(rel, bytes(data))
 
     def _write(self, rel: str, data: bytes) -> None:
         (self._dir.tmp / rel).write_bytes(data)
@@ -360,8 +368,10 @@ class CheckpointReader:
         if not self.path.is_dir():
             raise FormatError(f"{self.path}: not a folder (a glyd checkpoint is a folder with {MANIFEST})")
         mpath = self.path / MANIFEST
-        if not mpath.is_file():
-            raise FormatError(f"{self.path}: not a glyd packed checkpoint (no {MANIFEST})")
+        what = not_a_file(mpath)
+        if what is not None:
+            raise FormatError(f"{self.path}: not a glyd packed checkpoint (no {MANIFEST})" if what == "missing"
+                              else f"{mpath}: {what}, not a regular file: not a glyd manifest")
         size = mpath.stat().st_size
         if size > MAX_MANIFEST_BYTES:
             raise FormatError(f"{mpath}: {size} bytes is larger than any manifest glyd writes")
@@ -383,8 +393,9 @@ class CheckpointReader:
         """Read and check every shard's header against the manifest; returns each shard's keys."""
         for file in files:
             p = self.path / file
-            if not p.is_file():
-                raise CorruptError(f"{p}: shard listed in {MANIFEST} is missing")
+            what = not_a_file(p)
+            if what is not None:
+                raise CorruptError(f"{p}: shard listed in {MANIFEST} is {what}{_NOT_A_FILE * (what != 'missing')}")
             header = self._headers[file] = read_header(p)
             if header.metadata != SHARD_METADATA:
                 raise FormatError(
@@ -431,8 +442,10 @@ class CheckpointReader:
 
     def _check_files(self, mpath: Path) -> None:
         for rel in self._manifest["files"]:
-            if not (self.path / rel).is_file():
-                raise CorruptError(f"{self.path / rel}: file listed in {MANIFEST} is missing")
+            what = not_a_file(self.path / rel)
+            if what is not None:
+                raise CorruptError(f"{self.path / rel}: file listed in {MANIFEST} is {what}"
+                                   f"{_NOT_A_FILE * (what != 'missing')}")
 
     # -- manifest ----------------------------------------------------------------------------------
     @property

@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
@@ -26,12 +27,22 @@ from glyd.codec import LAYOUTS
 from glyd.codec import pack as codec_pack
 from glyd.codec.packed import FORMAT_VERSION as CODEC_FORMAT_VERSION
 from glyd.errors import CorruptError, DestinationExistsError, FormatError
-from glyd.store._config import LOADER_FILE, QUANT_METHOD, packed_config, plain_config
-from glyd.store._safetensors import Header, dtype_from_name, dtype_name, sha256_tensor, write_streaming
+from glyd.store._config import (
+    LOADER_FILE,
+    QUANT_METHOD,
+    SOURCE_CONFIG,
+    check_restorable,
+    describes,
+    packed_config,
+    plain_config,
+)
+from glyd.store._safetensors import Header, dtype_from_name, dtype_name, load_json, sha256_tensor, write_streaming
+from glyd.store._atomic import check_outside
 from glyd.store._source import copy_list, read_config, source_shards
 from glyd.store.checkpoint import (
     CONFIG,
     MANIFEST,
+    MAX_MANIFEST_BYTES,
     AtomicDir,
     CheckpointReader,
     CheckpointWriter,
@@ -188,15 +199,21 @@ def pack_folder(
     files, headers, index_name = source_shards(src)
     if dst.exists() or dst.is_symlink():
         raise DestinationExistsError(f"{dst} already exists; glyd never overwrites (remove it or choose another name)")
+    check_outside(src, dst)
     _check_packable(src, headers)
-    config = read_config(src)
+    config, config_bytes = read_config(src) or (None, b"")
     if config is not None and config.get("quantization_config"):
         q = config["quantization_config"]
         method = q.get("quant_method") if isinstance(q, dict) else q
         raise FormatError(
             f"{src / CONFIG}: the model is already quantized (quant_method {method!r}); glyd packs bf16 models"
         )
+    if config is not None:
+        check_restorable(config, src / CONFIG)
     copies, skipped = copy_list(src, set(files) | ({index_name} if index_name else set()))
+    if any(rel == SOURCE_CONFIG for _, rel in copies):
+        raise FormatError(f"{src / SOURCE_CONFIG}: the name is glyd's own (a packed folder keeps its source's "
+                          f"config.json there): rename or remove the file")
     summary = PackSummary(src=src, dst=dst, layout=layout, skipped_files=skipped)
     summary.src_bytes = sum(h.file_size for h in headers.values())
     with CheckpointWriter(dst, layout=layout, max_shard_bytes=max_shard_bytes) as out:
@@ -209,6 +226,7 @@ def pack_folder(
         if config is not None:
             out.set_config(packed_config(config, {"quant_method": QUANT_METHOD, "layout": layout,
                                                   "format_version": CODEC_FORMAT_VERSION}))
+            out.add_bytes(config_bytes, SOURCE_CONFIG)  # what unpack gives back, byte for byte
             summary.files.append(CONFIG)
         else:
             log.warning("%s has no config.json: the checkpoint will not load with transformers", src)
@@ -293,6 +311,7 @@ def unpack_folder(src: str | os.PathLike, dst: str | os.PathLike, progress: bool
     dst = Path(dst)
     if dst.exists() or dst.is_symlink():
         raise DestinationExistsError(f"{dst} already exists; glyd never overwrites (remove it or choose another name)")
+    check_outside(reader.path, dst)
     by_file: dict[str, list[str]] = {}
     for name in reader.names():
         by_file.setdefault(reader.entry(name)["file"], []).append(name)
@@ -327,23 +346,51 @@ def unpack_folder(src: str | os.PathLike, dst: str | os.PathLike, progress: bool
                                                                   encoding="utf-8")
         counts["bytes"] = total
         for rel, digest in reader.files.items():
-            if rel in (CONFIG, LOADER_FILE):  # the loader only serves a packed folder's config
+            if rel in (CONFIG, LOADER_FILE, SOURCE_CONFIG):  # the loader only serves a packed folder's config
                 continue
             if copy_hashed(reader.path / rel, out.tmp / rel) != digest:
                 raise CorruptError(f"{reader.path / rel}: sha256 mismatch with {MANIFEST} (the file was changed or damaged)")
             counts["files"] += 1
         if CONFIG in reader.files:
-            cfg = reader.config
-            if copy_hashed(reader.path / CONFIG, out.tmp / CONFIG) != reader.files[CONFIG]:
-                raise CorruptError(f"{reader.path / CONFIG}: sha256 mismatch with {MANIFEST}")
-            cfg = plain_config(cfg)
-            (out.tmp / CONFIG).write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+            (out.tmp / CONFIG).write_bytes(_source_config(reader))
             counts["files"] += 1
+        elif SOURCE_CONFIG in reader.files:
+            raise CorruptError(f"{reader.path / MANIFEST}: lists {SOURCE_CONFIG} but no {CONFIG}")
         out.commit()
     except BaseException:
         out.abort()
         raise
     return counts
+
+
+def _read_listed(reader: CheckpointReader, rel: str) -> bytes:
+    """The bytes of ``rel``, a JSON file the manifest lists, checked against its sha256."""
+    path = reader.path / rel
+    if path.stat().st_size > MAX_MANIFEST_BYTES:
+        raise FormatError(f"{path}: {path.stat().st_size} bytes is larger than any config glyd writes")
+    data = path.read_bytes()
+    if hashlib.sha256(data).hexdigest() != reader.files[rel]:
+        raise CorruptError(f"{path}: sha256 mismatch with {MANIFEST} (the file was changed or damaged)")
+    return data
+
+
+def _source_config(reader: CheckpointReader) -> bytes:
+    """config.json as the source had it: its bytes as ``glyd pack`` kept them (``SOURCE_CONFIG``),
+    which must say what the packed config.json says, or (a folder written without them)
+    config.json without glyd's quantization_config, in transformers' spelling."""
+    cfg = load_json(_read_listed(reader, CONFIG), reader.path / CONFIG)
+    if not isinstance(cfg, dict):
+        raise FormatError(f"{reader.path / CONFIG}: not a JSON object")
+    if SOURCE_CONFIG not in reader.files:
+        return (json.dumps(plain_config(cfg), indent=2, sort_keys=True) + "\n").encode("utf-8")
+    data = _read_listed(reader, SOURCE_CONFIG)
+    source = load_json(data, reader.path / SOURCE_CONFIG)
+    if not isinstance(source, dict):
+        raise FormatError(f"{reader.path / SOURCE_CONFIG}: not a JSON object")
+    if not describes(cfg, source):
+        raise CorruptError(f"{reader.path / SOURCE_CONFIG}: is not the config {reader.path / CONFIG} describes "
+                           f"(the two were edited apart)")
+    return data
 
 
 # --------------------------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from glyd.codec import LAYOUTS, Packed
+from glyd.errors import FormatError
 from glyd.codec import unpack as _codec_unpack
 from glyd.ops.rows import unpack_rows
 
@@ -29,9 +30,13 @@ _VALID: dict[int, tuple] = {}
 def packed(layout: str, shape, arrays, version: int) -> Packed:
     """The ``Packed`` an op's arguments describe: validated the first time, then (the same tensors,
     not changed in place since) built without checks: a module passes its buffers on every call."""
+    if layout not in LAYOUTS:
+        raise FormatError(f"unknown layout {layout!r} (known: {', '.join(LAYOUTS)})")
     names = LAYOUTS[layout].arrays
     if len(arrays) != len(names):
         raise ValueError(f"{layout} has {len(names)} arrays ({', '.join(names)}), got {len(arrays)}")
+    if len(shape) != 2:
+        raise FormatError(f"shape must be the matrix's [rows, cols], got {list(shape)}")
     shape = (int(shape[0]), int(shape[1]))
     key = (layout, shape, version, tuple(map(id, arrays)), tuple(a._version for a in arrays))
     first = id(arrays[0])

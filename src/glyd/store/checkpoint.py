@@ -40,6 +40,7 @@ from glyd.codec.experts import LENS, array_names
 from glyd.errors import CorruptError, FormatError
 from glyd.store._config import LOADER_CLASS, LOADER_FILE, LOADER_SOURCE
 from glyd.store._atomic import AtomicDir, check_destination, copy_hashed  # noqa: F401 - re-exported
+from glyd.store._card import card_name, card_text
 from glyd.store._inventory import check_index, check_shard_names, check_unlisted
 from glyd.store._manifest import (  # noqa: F401 - the names are part of this module's interface
     CONFIG,
@@ -104,7 +105,9 @@ class CheckpointWriter:
 
     Use it as a context manager: on an exception the temporary folder is removed and nothing is
     left at ``dst``. Tensors are buffered until a shard reaches ``max_shard_bytes`` (a tensor's
-    arrays never straddle two shards), so memory holds at most one shard.
+    arrays never straddle two shards), so memory holds at most one shard. The folder gets a model
+    card (``README.md``, ``glyd.store._card``: documentation the manifest does not list) named
+    after ``title`` (default: the config's ``_name_or_path``, else the folder's name).
 
     >>> import tempfile, torch, glyd
     >>> w = torch.ones(4, 4, dtype=torch.bfloat16)
@@ -121,6 +124,7 @@ class CheckpointWriter:
         max_shard_bytes: int = 2 * 1024**3,
         overwrite: bool = False,
         weights_name: str = "model",
+        title: str | None = None,
     ):
         if layout not in LAYOUTS and layout != "auto":
             raise ValueError(f"unknown layout {layout!r}; choose one of {', '.join([*LAYOUTS, 'auto'])}")
@@ -141,6 +145,8 @@ class CheckpointWriter:
         self._buf_bytes = 0
         self._shards: list[tuple[Path, list[str]]] = []  # (temporary path, tensor names)
         self._closed = False
+        self.title = title
+        self._config: dict[str, Any] = {}
 
     # -- context manager ---------------------------------------------------------------------------
     def __enter__(self) -> CheckpointWriter:
@@ -276,6 +282,7 @@ class CheckpointWriter:
 
     def _write(self, rel: str, data: bytes) -> None:
         (self._dir.tmp / rel).write_bytes(data)
+        self._config = config
         self._files[rel] = hashlib.sha256(data).hexdigest()
 
     # -- finishing ---------------------------------------------------------------------------------
@@ -317,6 +324,7 @@ class CheckpointWriter:
                 (self._dir.tmp / index_name(self.weights_name)).write_text(json.dumps(index, indent=2) + "\n",
                                                                            encoding="utf-8")
             manifest = self.manifest()
+            self._write_card(manifest)
             (self._dir.tmp / MANIFEST).write_text(dump_manifest(manifest), encoding="utf-8")
             path = self._dir.commit()
         except BaseException:
@@ -325,6 +333,17 @@ class CheckpointWriter:
         self._closed = True
         log.debug("wrote %s: %d tensors in %d shard(s)", path, len(self._tensors), n)
         return path
+
+    def _write_card(self, manifest: dict[str, Any]) -> None:
+        name = card_name(self._files)
+        if name in self._files:  # the source had both README.md and README.glyd.md: keep them, no card
+            return
+        title = self.title or self._config.get("_name_or_path") or self.path.name
+        arch = self._config.get("architectures")
+        cls = arch[0] if isinstance(arch, list) and arch and isinstance(arch[0], str) else self._config.get("_class_name")
+        library = "diffusers" if self.weights_name != "model" else "transformers"
+        text = card_text(manifest, str(title), cls if isinstance(cls, str) else None, library)
+        (self._dir.tmp / name).write_text(text, encoding="utf-8")
 
     def abort(self) -> None:
         """Discard everything written so far; nothing is left on disk."""

@@ -17,8 +17,11 @@ def check_model_folder(folder: Path) -> None:
     """Refuse what ``glyd eval`` cannot compare: not a model folder, or a folder Glyd already packed
     (its bf16, fixed12 and tiered rows would all be that one packed model)."""
     cfg_path = folder / "config.json"
+    if not folder.exists():
+        raise FormatError(f"model {folder}: no such folder; glyd eval takes a bf16 transformers folder, a hub id, "
+                          "smollm2 (the demo's model), or --random with a known name or a config.json")
     if not folder.is_dir() or not cfg_path.is_file():
-        raise FormatError(f"{folder}: not a model folder (no config.json); pass a folder, or --random with a config")
+        raise FormatError(f"model {folder}: not a model folder (no config.json); pass a folder, or --random with a config")
     try:
         q = json.loads(cfg_path.read_text(encoding="utf-8")).get("quantization_config")
     except (OSError, ValueError, AttributeError):

@@ -275,6 +275,7 @@ class CheckpointWriter:
             raise TypeError(f"config must be a dict, got {type(config).__name__}")
         rel = self._arcname(CONFIG)
         self._write(rel, (json.dumps(config, indent=2, sort_keys=True) + "\n").encode("utf-8"))
+        self._config = config
         auto = config.get("auto_map")
         if isinstance(auto, dict) and auto.get("AutoConfig") == LOADER_CLASS:
             self._files.pop(LOADER_FILE, None)  # a copy from the source folder is replaced by this version's
@@ -282,7 +283,6 @@ class CheckpointWriter:
 
     def _write(self, rel: str, data: bytes) -> None:
         (self._dir.tmp / rel).write_bytes(data)
-        self._config = config
         self._files[rel] = hashlib.sha256(data).hexdigest()
 
     # -- finishing ---------------------------------------------------------------------------------

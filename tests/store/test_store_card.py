@@ -25,6 +25,7 @@ def test_a_packed_folder_has_a_card_that_says_what_it_is(tmp_path, caplog):
     assert f"| packed matrices | {weights:,} weights" in card and f"({summary.bits_per_weight:.3f} bits a weight)" in card
     assert "| layout | `tiered` (3 matrices) |" in card and "| other tensors | 3, kept as they are" in card
     assert 'glyd.from_pretrained("path/to/this/folder", exact=True)' in card and "glyd unpack" in card
+    assert ("trust_remote_code=True" in card) == (tmp_path / "packed" / "glyd_loader.py").is_file()
     with caplog.at_level(logging.INFO, logger="glyd"):
         reader = CheckpointReader(tmp_path / "packed")
     assert "README.md" in reader.ignored and not any("README" in r.getMessage() for r in caplog.records)

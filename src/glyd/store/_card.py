@@ -62,14 +62,18 @@ def _sizes(manifest: dict[str, Any]) -> dict[str, Any]:
     return s
 
 
-def card_text(manifest: dict[str, Any], title: str, cls: str | None = None, library: str = "transformers") -> str:
+def card_text(manifest: dict[str, Any], title: str, cls: str | None = None, library: str = "transformers",
+              loader: str | None = None) -> str:
     """The card of a checkpoint whose manifest is ``manifest`` (as ``CheckpointWriter`` writes it);
     ``cls``: the model's class (config.json's ``architectures[0]`` or diffusers' ``_class_name``),
-    ``library``: ``"transformers"`` or ``"diffusers"``."""
+    ``library``: ``"transformers"`` or ``"diffusers"``; ``loader``: the loader module config.json's
+    ``auto_map`` names, if any."""
     s = _sizes(manifest)
     lay = ", ".join(f"`{k}` ({n} matrices)" for k, n in sorted(s["layouts"].items())) or "none"
     bits = 8 * s["packed"] / s["weights"] if s["weights"] else 0.0
     cls = cls or ("AutoModelForCausalLM" if library == "transformers" else "the model's class")
+    how = (f", and so does a process that never imports it, with `trust_remote_code=True` (config.json's "
+           f"`auto_map` names `{loader}`)") if loader else ""
     original = 2 * s["weights"] + s["raw_bytes"]
     stored = s["packed"] + s["raw_bytes"]
     return f"""---
@@ -106,8 +110,8 @@ model = glyd.from_pretrained("path/to/this/folder")              # products stra
 model = glyd.from_pretrained("path/to/this/folder", exact=True)  # bf16's own products: logits equal bf16's bit for bit
 ```
 
-Once `glyd` is imported, {library} loads the folder too (`{cls}.from_pretrained(...)`); without
-glyd it does not load the packed weights.
+Once `glyd` is imported, {library} loads the folder too (`{cls}.from_pretrained(...)`){how}; without
+glyd installed it does not load the packed weights.
 
 ## The bf16 model back
 

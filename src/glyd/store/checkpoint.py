@@ -342,7 +342,8 @@ class CheckpointWriter:
         arch = self._config.get("architectures")
         cls = arch[0] if isinstance(arch, list) and arch and isinstance(arch[0], str) else self._config.get("_class_name")
         library = "diffusers" if self.weights_name != "model" else "transformers"
-        text = card_text(manifest, str(title), cls if isinstance(cls, str) else None, library)
+        text = card_text(manifest, str(title), cls if isinstance(cls, str) else None, library,
+                         LOADER_FILE if LOADER_FILE in self._files else None)
         (self._dir.tmp / name).write_text(text, encoding="utf-8")
 
     def abort(self) -> None:

@@ -1,8 +1,8 @@
-"""The one compiled part of glyd: the fixed12 CPU kernels (``glyd.kernels._cpu``, plain C).
+"""The one compiled part of glyd: the fixed12 CPU kernels (``glyd.kernels.fixed12._cpu``, plain C).
 
 Everything else is in pyproject.toml. The extension is optional: where it cannot be built (no C
 compiler), the install goes on without it and glyd's CPU products use the pure-torch twin
-(``glyd.kernels.cpu_fixed12.available()`` says which; ``docs/kernels.md``).
+(``glyd.kernels.fixed12.cpu.available()`` says which; ``docs/kernels.md``).
 """
 
 from setuptools import Extension, setup
@@ -10,8 +10,8 @@ from setuptools import Extension, setup
 setup(
     ext_modules=[
         Extension(
-            "glyd.kernels._cpu",
-            sources=["src/glyd/kernels/_cpu.c"],
+            "glyd.kernels.fixed12._cpu",
+            sources=["src/glyd/kernels/fixed12/_cpu.c"],
             extra_compile_args=["-O3", "-std=c99"],
             py_limited_api=True,
             optional=True,

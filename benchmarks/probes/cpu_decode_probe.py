@@ -4,7 +4,7 @@
 ``twin``: the op's pure-torch twin (numpy unpack, then ``F.linear``); ``compiled-i16`` and
 ``compiled-i32``: the decode and the sum written in torch and compiled by ``torch.compile`` (Inductor's
 C++; the bf16 word built in int16, or the fp32 bits in int32); ``c``: glyd's C kernel
-(``glyd.kernels.cpu_fixed12``). Median ms of ``--reps`` calls per shape of SmolLM2-135M's linears, one
+(``glyd.kernels.fixed12.cpu``). Median ms of ``--reps`` calls per shape of SmolLM2-135M's linears, one
 thread unless ``--threads``. Not used by glyd: it is how the C kernel was chosen
 (benchmarks/history/2026-12-03-cpu-generation.md).
 
@@ -25,7 +25,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import glyd  # noqa: E402
-from glyd.kernels import cpu_fixed12  # noqa: E402
+from glyd.kernels.fixed12 import cpu as cpu_fixed12  # noqa: E402
 from glyd.ops.backends import torch as twin  # noqa: E402
 
 SHAPES = [(576, 576), (192, 576), (1536, 576), (576, 1536), (49152, 576)]

@@ -116,7 +116,7 @@ def test_demo_on_smollm2(tmp_path, capsys):
 
 def test_the_demo_says_what_ran_the_cpu_products(monkeypatch):
     from glyd.apps.demo import cpu_path
-    from glyd.kernels import cpu_fixed12
+    from glyd.kernels.fixed12 import cpu as cpu_fixed12
 
     monkeypatch.setattr(cpu_fixed12, "available", lambda: True)
     monkeypatch.setattr(cpu_fixed12, "simd", lambda: "avx2")

@@ -78,10 +78,12 @@ def test_moe_experts_counted_and_packed():
 
 
 def test_qwen3_30b_a3b_fits_a_48gb_gpu_only_packed():
-    e, table = fit.run_fit("qwen3-30b-a3b", "48GB", 8192)
+    e, table = fit.run_fit("qwen3-30b-a3b", "rtx-a6000", 8192)  # 49,140 MiB
     assert e.weights_glyd <= 0.76 * e.weights_bf16
     assert e.fits_glyd and not e.fits_bf16
-    assert "fits in 48GB = 44.99 GiB" in table  # the L40S's 46,068 MiB
+    assert "fits in rtx-a6000 = 47.99 GiB" in table
+    e, table = fit.run_fit("qwen3-30b-a3b", "48GB", 2048)  # read as the smallest card sold as 48 GB: the L40S's
+    assert not e.fits_glyd and "fits in 48GB = 44.99 GiB" in table  # 46,068 MiB: 0.4 GiB short
 
 
 def test_gemma2_ties_embeddings_as_its_class_does():

@@ -123,7 +123,7 @@ def _generate(loaded: Any, folder: Path, text_prompt: str, max_new_tokens: int, 
 
 def cpu_path() -> str:
     """What ran the packed products on the CPU, and what that costs (benchmarks/RESULTS.md)."""
-    from glyd.kernels import cpu_fixed12
+    from glyd.kernels.fixed12 import cpu as cpu_fixed12
 
     if cpu_fixed12.available():
         return (f"CPU products: glyd's C kernels ({cpu_fixed12.simd()}) for fixed12 (measured on this model: "

@@ -1,5 +1,5 @@
-/* CPU kernels of the fixed12 layout (glyd.kernels._cpu): a one-pass unpack of a row range and a
- * decode-and-multiply for a few rows of x. Launcher, checks and docs: glyd/kernels/cpu_fixed12.py.
+/* CPU kernels of the fixed12 layout (glyd.kernels.fixed12._cpu): a one-pass unpack of a row range and a
+ * decode-and-multiply for a few rows of x. Launcher, checks and docs: glyd/kernels/fixed12/cpu.py.
  *
  * fixed12 (docs/format.md): lo [N, Kp] uint8 (the bf16 low bytes, raw); code [N, Kp/2] uint8, byte j
  * of 64-weight group g holds weight g*64+j in its low nibble and g*64+32+j in its high nibble; a
@@ -468,6 +468,6 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_cpu", "glyd's fixed12 CPU kernels", -1, methods};
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "glyd.kernels.fixed12._cpu", "glyd's fixed12 CPU kernels", -1, methods};
 
 PyMODINIT_FUNC PyInit__cpu(void) { return PyModule_Create(&module); }

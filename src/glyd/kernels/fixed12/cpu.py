@@ -1,4 +1,4 @@
-"""The fixed12 CPU kernels (C, ``glyd/kernels/_cpu.c``) and their thin launchers.
+"""The fixed12 CPU kernels (C, ``glyd/kernels/fixed12/_cpu.c``) and their thin launchers.
 
 The pure-torch twin multiplies by unpacking the whole matrix in several numpy passes, then calling
 ``F.linear``: on a CPU that cost 3-10x bf16's token time. These kernels read the packed planes once:
@@ -16,7 +16,7 @@ The extension is optional (built by ``setup.py`` where a C compiler is found); `
 whether it is here, and the callers (``glyd.ops.backends.cpu``) fall back to the twin when not.
 
 >>> import torch, glyd
->>> from glyd.kernels import cpu_fixed12
+>>> from glyd.kernels.fixed12 import cpu as cpu_fixed12
 >>> w = (torch.randn(64, 96) * 0.02).to(torch.bfloat16)
 >>> p = glyd.pack(w, "fixed12")
 >>> if cpu_fixed12.available():
@@ -55,7 +55,7 @@ _ERR_INDEX = 5
 @functools.lru_cache(maxsize=1)
 def _ext():
     try:
-        return importlib.import_module("glyd.kernels._cpu")
+        return importlib.import_module("glyd.kernels.fixed12._cpu")
     except ImportError as exc:
         log.info("glyd's C kernels are not built (%s): fixed12 products on the CPU use the pure-torch twin", exc)
         return None
@@ -125,7 +125,7 @@ def unpack(p: Packed, r0: int = 0, r1: int | None = None, out: torch.Tensor | No
     at least that many weights) or a new tensor."""
     ext = _ext()
     if ext is None:
-        raise RuntimeError("glyd's C kernels are not built (see glyd.kernels.cpu_fixed12.available())")
+        raise RuntimeError("glyd's C kernels are not built (see glyd.kernels.fixed12.cpu.available())")
     m = _matrix(p)
     n, k = p.shape
     r1 = n if r1 is None else r1
@@ -146,7 +146,7 @@ def rows(p: Packed, index: torch.Tensor) -> torch.Tensor:
     indexing does), decoded one row each, bit for bit."""
     ext = _ext()
     if ext is None:
-        raise RuntimeError("glyd's C kernels are not built (see glyd.kernels.cpu_fixed12.available())")
+        raise RuntimeError("glyd's C kernels are not built (see glyd.kernels.fixed12.cpu.available())")
     if index.dtype.is_floating_point or index.dtype.is_complex or index.dtype == torch.bool:
         raise IndexError(f"row indices must be integers, got {index.dtype}")
     n, k = p.shape
@@ -165,7 +165,7 @@ def linear(x: torch.Tensor, p: Packed, bias: torch.Tensor | None = None) -> torc
     """``x @ W.T (+ bias)`` from the packed weights (see the module's docstring for the two paths)."""
     ext = _ext()
     if ext is None:
-        raise RuntimeError("glyd's C kernels are not built (see glyd.kernels.cpu_fixed12.available())")
+        raise RuntimeError("glyd's C kernels are not built (see glyd.kernels.fixed12.cpu.available())")
     n, k = p.shape
     if x.dtype not in (torch.bfloat16, torch.float32) or x.device.type != "cpu":
         raise TypeError(f"x must be a bf16 or fp32 CPU tensor, got {x.dtype} on {x.device}")

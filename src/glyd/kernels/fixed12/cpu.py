@@ -1,12 +1,14 @@
 """The fixed12 CPU kernels (C, ``glyd/kernels/fixed12/_cpu.c``) and their thin launchers.
 
 The pure-torch twin multiplies by unpacking the whole matrix in several numpy passes, then calling
-``F.linear``: on a CPU that cost 3-10x bf16's token time. These kernels read the packed planes once:
+``F.linear``: generating on a CPU took 2.87x bf16's time (benchmarks/RESULTS.md, CPU generation).
+These kernels read the packed planes once:
 
 * ``unpack``: rows of the matrix as bf16, bit for bit (one pass, AVX2 where the CPU has it);
 * ``linear``: ``x @ W.T (+ bias)`` for a few rows of ``x`` (a decode step): each weight row decoded
-  into a buffer of one row (in L1), patched with its exceptions, dotted with every row of ``x`` in
-  fp32, rounded once to ``x``'s dtype. Sums run in another order than bf16's ``F.linear`` (as the
+  once (AVX2: 64 weights at a time into registers, the row's exceptions added after as corrections;
+  the portable loops: into a one-row buffer, patched), multiplied with every row of ``x`` in fp32,
+  rounded once to ``x``'s dtype. Sums run in another order than bf16's ``F.linear`` (as the
   GPU kernels' do): use ``exact=True`` modules for bf16's bits.
 * more rows of ``x`` (a prompt): row blocks of the matrix unpacked into one reused bf16 buffer of
   ``CHUNK_WEIGHTS`` weights, each multiplied by ``F.linear`` (torch's own GEMM): nothing is cached,
@@ -42,7 +44,9 @@ log = logging.getLogger(__name__)
 __all__ = ["available", "simd", "unpack", "rows", "linear", "MAX_FUSED_ROWS", "CHUNK_WEIGHTS"]
 
 #: Rows of ``x`` up to which ``linear`` decodes each weight row once and dots it with every row
-#: (above: row blocks through torch's GEMM). Measured on the development CPU (benchmarks/RESULTS.md).
+#: (above: row blocks through torch's GEMM). On the development CPU (AVX2, no bf16 instructions) the
+#: fused product was faster than torch's bf16 GEMM at every M tried up to a 38-token prompt; a CPU
+#: with bf16 matrix instructions makes torch's GEMM the faster one sooner (not measured here).
 MAX_FUSED_ROWS = 64
 #: Weights of the bf16 buffer a prompt's product unpacks into, a block of rows at a time (2 MiB).
 CHUNK_WEIGHTS = 1 << 20

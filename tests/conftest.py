@@ -121,3 +121,36 @@ def _triton_language_untouched():
         _restore(before)
         pytest.fail(f"the test left triton.language patched: {', '.join(sorted(changed)[:6])}"
                     f"{f' and {len(changed) - 6} more' if len(changed) > 6 else ''}")
+
+
+@pytest.fixture(scope="session")
+def cpu_kernels(tmp_path_factory):
+    """``glyd.kernels.fixed12.cpu`` with its C extension: the installed one (``pip install`` builds
+    it), else built from ``setup.py`` into a temporary folder. Skips only where no C compiler is:
+    a build that fails on a machine with one fails the test."""
+    import importlib.util
+    import shlex
+    import subprocess
+    import sysconfig
+    from pathlib import Path
+
+    from glyd.kernels.fixed12 import cpu as cpu_fixed12
+
+    if cpu_fixed12.available():
+        return cpu_fixed12
+    cc = shlex.split(sysconfig.get_config_var("CC") or "cc")[0]
+    if shutil.which(cc) is None:
+        pytest.skip(f"no C compiler ({cc}) to build glyd's CPU kernels")
+    root = Path(__file__).resolve().parents[1]
+    out = tmp_path_factory.mktemp("glyd-cpu-ext")
+    r = subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--build-lib", str(out), "--build-temp",
+                        str(out / "tmp")], cwd=root, capture_output=True, text=True, timeout=600)
+    built = sorted((out / "glyd" / "kernels" / "fixed12").glob("_cpu*.so"))
+    assert r.returncode == 0 and built, f"building glyd's CPU kernels failed:\n{r.stdout[-2000:]}\n{r.stderr[-4000:]}"
+    spec = importlib.util.spec_from_file_location("glyd.kernels.fixed12._cpu", built[0])
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    sys.modules["glyd.kernels.fixed12._cpu"] = module
+    cpu_fixed12._ext.cache_clear()
+    assert cpu_fixed12.available()
+    return cpu_fixed12

@@ -6,21 +6,23 @@
 >>> torch.equal(glyd.unpack(p).view(torch.int16), w.view(torch.int16))
 True
 
-``import glyd`` needs only torch and numpy: Triton kernels and the transformers integration are
-imported on first use.
+``import glyd`` imports nothing heavy (so that ``glyd --version`` answers at once): torch and numpy
+are imported with the first name that needs them (``glyd.pack``, ``glyd.Packed``, ...), Triton
+kernels and the transformers integration on first use.
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-
-from glyd import codec as _codec
 from glyd._version import __version__
-from glyd.codec import LAYOUTS, Packed, unpack
 from glyd.errors import CorruptError, DestinationExistsError, FormatError, GlydError, UnsupportedError
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+    from glyd.codec import LAYOUTS, Packed, unpack  # noqa: F401
 
 # ``quant_method: "glyd"`` for transformers, registered when (and only if) transformers is imported.
 from glyd.hf._register import install as _install_hf_hook
@@ -32,13 +34,19 @@ from glyd._dist import warn_conflicts as _warn_conflicts
 
 _warn_conflicts()
 
-# Public names that live in modules with heavy dependencies (transformers, triton).
+# Public names imported on first use: the codec's (torch, numpy) and those of modules with heavy
+# dependencies (transformers, triton).
 _LAZY = {
+    "LAYOUTS": "glyd.codec",
+    "Packed": "glyd.codec",
+    "unpack": "glyd.codec",
     "verify": "glyd.hf",
     "GlydLinear": "glyd.nn",
     "GlydEmbedding": "glyd.nn",
     "GlydCache": "glyd.kv",
 }
+#: Sub-packages reachable as attributes (``glyd.codec``, ``glyd.ops``, ...) without importing them first.
+_SUBPACKAGES = ("codec", "ops", "kernels", "nn", "store", "kv", "filecodec", "hf", "diffusers", "apps")
 
 __all__ = [
     "__version__",
@@ -76,13 +84,17 @@ def pack(matrix: torch.Tensor, layout: str = "fixed12") -> Packed:
     >>> p.layout, p.shape, p.device.type
     ('fixed12', (2, 3), 'cpu')
     """
+    import torch
+
+    from glyd import codec
+
     if layout == "auto" or (isinstance(matrix, torch.Tensor) and matrix.is_cuda):
         from glyd import ops
 
         return ops._pack(matrix, layout)
-    if layout not in LAYOUTS:
-        raise ValueError(f"unknown layout {layout!r}; choose one of auto, {', '.join(LAYOUTS)}")
-    return _codec.pack(matrix, layout)
+    if layout not in codec.LAYOUTS:
+        raise ValueError(f"unknown layout {layout!r}; choose one of auto, {', '.join(codec.LAYOUTS)}")
+    return codec.pack(matrix, layout)
 
 
 def _models(diffusers: bool) -> Any:
@@ -132,4 +144,6 @@ def compress(model: Any, **kwargs: Any) -> Any:
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
         return getattr(importlib.import_module(_LAZY[name]), name)
+    if name in _SUBPACKAGES:
+        return importlib.import_module(f"glyd.{name}")
     raise AttributeError(f"module 'glyd' has no attribute {name!r}")

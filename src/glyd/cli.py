@@ -72,7 +72,21 @@ def _install_sigterm() -> object:
 _NOT_INSTALLED = object()
 
 
+def _only_version(argv: list[str]) -> bool:
+    """``glyd --version`` (before any command word): answered before the commands' modules (and
+    torch) are imported, so that it takes well under a second."""
+    for token in argv:
+        if token == "--version":
+            return True
+        if not token.startswith("-"):
+            return False
+    return False
+
+
 def main(argv: list[str] | None = None) -> int:
+    if _only_version(sys.argv[1:] if argv is None else list(argv)):
+        print(f"glyd {__version__}")
+        return 0
     previous = _install_sigterm()
     prog = "glyd"
     try:

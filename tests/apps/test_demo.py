@@ -112,3 +112,14 @@ def test_demo_on_smollm2(tmp_path, capsys):
     folder = smollm2.bf16_folder()
     cfg = json.loads((folder / "config.json").read_text())
     assert cfg["model_type"] == "llama" and "quantization_config" not in cfg
+
+
+def test_the_demo_says_what_ran_the_cpu_products(monkeypatch):
+    from glyd.apps.demo import cpu_path
+    from glyd.kernels.fixed12 import cpu as cpu_fixed12
+
+    monkeypatch.setattr(cpu_fixed12, "available", lambda: True)
+    monkeypatch.setattr(cpu_fixed12, "simd", lambda: "avx2")
+    assert cpu_path().startswith("CPU products: glyd's C kernels (avx2)") and "0.75x" in cpu_path()
+    monkeypatch.setattr(cpu_fixed12, "available", lambda: False)
+    assert cpu_path().startswith("CPU products: the pure-torch twin") and "2.87x" in cpu_path()

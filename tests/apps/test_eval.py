@@ -332,3 +332,47 @@ def test_decode_step_over_the_lossless_cache(tmp_path):
         ref.reset()
         want = ref.step().float()
     assert float((a - want).norm() / want.norm()) < 2e-2
+
+
+def _no_shared_data(monkeypatch, tmp_path):
+    """As on a pip install: no $GLYD_DATA and no shared/data beside the working folder or the package."""
+    monkeypatch.delenv("GLYD_DATA", raising=False)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(ev, "__file__", str(tmp_path / "site-packages" / "glyd" / "apps" / "evaluate.py"))
+
+
+def test_a_pip_install_scores_the_packaged_sample(monkeypatch, tmp_path):
+    _no_shared_data(monkeypatch, tmp_path)
+    assert ev.default_data_dir() == ev.PACKAGED_DATA
+    cfg = ev.EvalConfig(model="m", modes=())
+    assert Path(cfg.text) == ev.PACKAGED_DATA / "text" / "tinyshakespeare-128k.txt" and Path(cfg.text).is_file()
+    questions = ev.read_mmlu(Path(cfg.mmlu_dir), None, 20)
+    assert len(questions) == 285 and len({q["subject"] for q in questions}) == 57
+    assert len(Path(cfg.text).read_text(encoding="utf-8")) > 100_000
+
+
+def test_the_sample_is_package_data():
+    # every file under eval_data matches a package-data glob, so a wheel carries it
+    import fnmatch
+    import tomllib
+
+    root = Path(__file__).resolve().parents[2]
+    globs = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["glyd"]
+    pkg = root / "src" / "glyd"
+    files = [p.relative_to(pkg).as_posix() for p in (pkg / "apps" / "eval_data").rglob("*") if p.is_file()]
+    assert len(files) == 59 and all(any(fnmatch.fnmatch(f, g) for g in globs) for f in files)
+
+
+def test_eval_from_a_pip_install_runs_and_says_its_data(tiny_folder, monkeypatch, tmp_path, capsys):
+    _no_shared_data(monkeypatch, tmp_path)
+    assert main(["eval", str(tiny_folder), "--modes", "fixed12", "--device", "cpu", "--no-decode",
+                 "--ppl-tokens", "512", "--window", "128", "--stride", "64", "--mmlu-per-subject", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "| fixed12 |" in out and "tinyshakespeare-128k.txt" in out and "57 questions of" in out
+
+
+def test_a_missing_model_is_named_first(monkeypatch, tmp_path, capsys):
+    _no_shared_data(monkeypatch, tmp_path)
+    assert main(["eval", "no-such-model", "--device", "cpu"]) == 1
+    err = capsys.readouterr().err
+    assert "model no-such-model: no such folder" in err and "text" not in err.split("no such folder")[0]

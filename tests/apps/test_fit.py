@@ -75,14 +75,16 @@ def test_moe_experts_counted_and_packed():
     assert e.weights_bf16 > 86 * GiB
     assert e.weights_glyd <= 0.76 * e.weights_bf16  # fixed12: 12.05 bits a packed weight
     assert e.fits_glyd and not e.fits_bf16
-    assert "fits in 80GB = 74.51 GiB" in table
+    assert "fits in 80GB = 79.65 GiB" in table  # a card sold as 80 GB: the H100 80GB's 81,559 MiB
 
 
 def test_qwen3_30b_a3b_fits_a_48gb_gpu_only_packed():
-    e, table = fit.run_fit("qwen3-30b-a3b", "48GB", 8192)
+    e, table = fit.run_fit("qwen3-30b-a3b", "rtx-a6000", 8192)  # 49,140 MiB
     assert e.weights_glyd <= 0.76 * e.weights_bf16
     assert e.fits_glyd and not e.fits_bf16
-    assert "fits in 48GB = 44.70 GiB" in table
+    assert "fits in rtx-a6000 = 47.99 GiB" in table
+    e, table = fit.run_fit("qwen3-30b-a3b", "48GB", 2048)  # read as the smallest card sold as 48 GB: the L40S's
+    assert not e.fits_glyd and "fits in 48GB = 44.99 GiB" in table  # 46,068 MiB: 0.4 GiB short
 
 
 def test_gemma2_ties_embeddings_as_its_class_does():
@@ -177,18 +179,28 @@ def test_sizes_say_their_unit():
 
 
 @pytest.mark.parametrize(
-    ("gpu", "fits_bf16", "fits_glyd"),
-    [("12GB", False, False), ("16GB", False, True), ("24GB", True, True)],
+    ("gpu", "gpu_bytes", "fits_bf16", "fits_glyd"),
+    [("12GB", 12 * 10**9, False, False), ("t4", 15_360 * 2**20, False, True), ("16GB", 15_360 * 2**20, False, True),
+     ("l4", 23_034 * 2**20, True, True), ("80GiB", 80 * GiB, True, True)],
 )
-def test_llama31_8b_fit_decisions(gpu, fits_bf16, fits_glyd):
+def test_llama31_8b_fit_decisions(gpu, gpu_bytes, fits_bf16, fits_glyd):
     e, _ = fit.run_fit("llama-3.1-8b", gpu, 8192)
-    assert e.gpu_bytes == int(gpu[:-2]) * 10**9
+    assert e.gpu_bytes == gpu_bytes  # 16GB: the size a T4 is sold as, read as its memory
     assert (e.fits_bf16, e.fits_glyd) == (fits_bf16, fits_glyd)
     # the totals are the three stated terms
     assert e.total_bf16 == e.weights_bf16 + e.kv_cache + e.margin
     assert e.weights_glyd == round(8_029_995_008 * fit.layout_bits("fixed12") / 8) + 266_240 * 2
-    margin = GiB + 2048 * (4 * 4096 + 2 * 14336) * 2 + 128256 * 4
-    assert e.margin == margin
+    reserve = max(GiB, int(0.05 * gpu_bytes))
+    repeat = 32 * 128 * 2 * 2 * 8192  # one layer's keys and values for all 32 query heads (8 KV heads)
+    assert e.margin == reserve + 2048 * (4 * 4096 + 2 * 14336) * 2 + 128256 * 4 + repeat
+
+
+def test_no_repeat_without_grouped_query_attention():
+    shape = fit_meta.ModelShape("m", "llama", 10, 5, 64, 128, 100, None,
+                                [fit_meta.AttentionLayer(4, 16), fit_meta.AttentionLayer(2, 16, 100, heads=8)])
+    assert fit.attention_temporaries(shape, 1000) == 8 * 16 * 2 * 2 * 100  # the GQA layer, at its window
+    shape.attention = shape.attention[:1]
+    assert fit.attention_temporaries(shape, 1000) == 0
 
 
 def test_tiered_is_smaller_and_batch_scales_kv():
@@ -203,7 +215,7 @@ def test_max_context_is_the_largest_that_fits():
         shape = _shape(name)
         e = fit.estimate(shape, gpu_bytes=20 * GiB, context=8192)
         n = fit.max_context(e, shape, e.weights_glyd)
-        total = lambda t: e.weights_glyd + fit.kv_cache_bytes(shape, t) + fit.runtime_margin(shape, t)  # noqa: E731
+        total = lambda t: e.weights_glyd + fit.kv_cache_bytes(shape, t) + fit.runtime_margin(shape, t, 1, 20 * GiB)  # noqa: E731
         assert total(n) <= 20 * GiB
         assert n == shape.max_positions or total(n + 1) > 20 * GiB
 
@@ -301,16 +313,17 @@ def test_bad_inputs(tmp_path):
 def test_cli_fit(capsys):
     assert main(["fit", "qwen2.5-7b", "--gpu", "24GB", "--context", "8192"]) == 0
     out = capsys.readouterr().out
-    assert "sizes in GiB (2^30 bytes)" in out and "fits in 24GB = 22.35 GiB" in out
+    assert "sizes in GiB (2^30 bytes)" in out and "fits in 24GB = 22.49 GiB" in out
+    assert "GPU: 24GB read as the memory of a card sold as 24 GB: 23,034 MiB" in out
     assert "KV cache (8192 tok x 1)" in out and "parameters: 7.62 B" in out
     assert main(["fit", "llama-3.1-8b", "--gpu", "16GB", "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert d["fits_bf16"] is False and d["fits_glyd"] is True
-    assert d["gpu"] == "16GB" and d["gpu_bytes"] == 16 * 10**9
+    assert d["gpu"] == "16GB" and d["gpu_bytes"] == 15_360 * 2**20
     assert main(["fit", "no-such-model", "--gpu", "24GB"]) == 1
     assert "not a model folder" in capsys.readouterr().err
     assert main(["fit", "qwen2.5-7b", "--gpu", "24G"]) == 1
-    assert "24GB (10^9 bytes), 80GiB (2^30 bytes)" in capsys.readouterr().err
+    assert "give a card (h200, h100-80gb" in capsys.readouterr().err
 
 
 def test_dense11_sits_between_tiered_and_fixed12():
@@ -358,3 +371,55 @@ def test_counts_are_bounded_before_transformers_reads_the_config(tmp_path, field
             fit.run_fit(str(tmp_path), "24GB", 64)
     finally:
         signal.alarm(0)
+
+
+def test_a_packed_folder_is_read_as_its_model(tmp_path):
+    import glyd
+    from glyd.store import CheckpointWriter, sha256_tensor
+    from glyd.store._config import packed_config
+
+    cfg = dict(fit.KNOWN_CONFIGS["qwen2.5-7b"])
+    w = torch.ones(64, 64, dtype=torch.bfloat16)
+    with CheckpointWriter(tmp_path / "packed", layout="tiered") as out:  # one matrix: sizes "as stored"
+        out.add_packed("w", glyd.pack(w, "tiered"), sha256_tensor(w))
+        out.set_config(packed_config(cfg, {"quant_method": "glyd", "layout": "tiered"}))
+    e, table = fit.run_fit(str(tmp_path / "packed"), "h200", 4096)
+    ref, _ = fit.run_fit("qwen2.5-7b", "h200", 4096)
+    assert e.params == ref.params and e.kv_cache == ref.kv_cache  # the model's own config, not type "glyd"
+    assert e.layout == "tiered, as stored"
+
+
+def test_a_hub_id_whose_config_is_cached(tmp_path, monkeypatch):
+    import huggingface_hub.constants as hf_constants
+
+    snap = tmp_path / "models--org--tiny" / "snapshots" / "abc123"
+    snap.mkdir(parents=True)
+    (tmp_path / "models--org--tiny" / "refs").mkdir()
+    (tmp_path / "models--org--tiny" / "refs" / "main").write_text("abc123")
+    (snap / "config.json").write_text(json.dumps(fit.KNOWN_CONFIGS["qwen2.5-0.5b"]))
+    monkeypatch.setattr(hf_constants, "HF_HUB_CACHE", str(tmp_path))
+    e, _ = fit.run_fit("org/tiny", "24GB", 2048)
+    assert e.params == fit.run_fit("qwen2.5-0.5b", "24GB", 2048)[0].params
+    with pytest.raises(FormatError, match=r"org/other: not a local folder, and the Hugging Face cache has no "
+                                          r"config.json for it \(glyd fit downloads nothing"):
+        fit.run_fit("org/other", "24GB", 2048)
+
+
+@pytest.mark.parametrize("name, weights_gib, measured", [
+    ("llama-3.1-70b", 98.59, 101_888),  # fixed12
+    ("qwen2.5-0.5b", 0.92, 8_868_608),  # bf16: without the repeated keys and values fit said 1.36x this
+])
+def test_largest_context_agrees_with_the_h200(name, weights_gib, measured):
+    # benchmarks/fit_check.py: the largest contexts the H200 held (2026-12-03), weights as measured
+    import dataclasses
+
+    shape = dataclasses.replace(_shape(name), max_positions=None)
+    e = fit.estimate(shape, gpu_bytes=143_771 * 2**20, context=512)
+    assert abs(fit.max_context(e, shape, int(weights_gib * GiB)) / measured - 1) < 0.05
+
+
+def test_bf16_llama_70b_on_an_h200_fits_only_a_short_context():
+    e, table = fit.run_fit("llama-3.1-70b", "h200", 4096)
+    assert e.fits_bf16 and e.fits_glyd
+    bf16_max = fit.max_context(e, _shape("llama-3.1-70b"), e.weights_bf16)
+    assert 3000 < bf16_max < 8192 and not fit.run_fit("llama-3.1-70b", "h200", 8192)[0].fits_bf16

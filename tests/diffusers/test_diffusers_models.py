@@ -120,7 +120,7 @@ def test_save_then_load_in_diffusers_layout(kind, tmp_path):
     model = glyd.compress(MODELS[kind](), exact=True, progress=False)
     folder = tmp_path / "pipe" / "transformer"
     glyd.save_pretrained(model, folder, progress=False)
-    assert sorted(os.listdir(folder)) == ["config.json", "diffusion_pytorch_model.safetensors", "glyd.json"]
+    assert sorted(os.listdir(folder)) == ["README.md", "config.json", "diffusion_pytorch_model.safetensors", "glyd.json"]
     cfg = json.loads((folder / "config.json").read_text())
     assert cfg["_class_name"] == type(ref).__name__ and cfg["_diffusers_version"] == diffusers.__version__
     assert cfg["quantization_config"]["quant_method"] == "glyd"

@@ -55,7 +55,7 @@ def test_write_read_every_kind(tmp_path):
             w.add_tensor(name, t)
         w.set_config({"model_type": "demo", "hidden_size": 4})
     assert leftovers(tmp_path) == []
-    assert sorted(p.name for p in dst.iterdir()) == ["config.json", "glyd.json", "model.safetensors"]
+    assert sorted(p.name for p in dst.iterdir()) == ["README.md", "config.json", "glyd.json", "model.safetensors"]
 
     r = CheckpointReader(dst)
     assert r.names() == [*mats, *raws]

@@ -30,7 +30,7 @@ def _write(dst, *, shard_bytes: int = 2 * 1024**3, weights_name: str = BASE):
 
 def test_single_shard_is_diffusers_named(tmp_path):
     ws = _write(tmp_path / "c")
-    assert sorted(os.listdir(tmp_path / "c")) == ["config.json", f"{BASE}.safetensors", "glyd.json"]
+    assert sorted(os.listdir(tmp_path / "c")) == ["README.md", "config.json", f"{BASE}.safetensors", "glyd.json"]
     r = CheckpointReader(tmp_path / "c")
     assert r.weights_name == BASE
     for name, w in ws.items():

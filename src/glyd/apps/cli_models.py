@@ -51,10 +51,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "KV cache for the context (sliding-window layers hold at most their window), and a runtime margin. "
         "Sizes print in GiB (2^30 bytes).",
     )
-    p.add_argument("model", help="a model folder, a config.json, or a known name (e.g. qwen2.5-7b, mixtral-8x7b, gemma-2-9b)")
+    p.add_argument("model", help="a model folder (a packed one too), a config.json, a hub id whose config is in the "
+                   "local Hugging Face cache, or a known name (e.g. qwen2.5-7b, mixtral-8x7b, gemma-2-9b)")
     p.add_argument("--gpu", required=True,
-                   help="GPU memory with its unit: 24GB = 24e9 bytes, 80GiB = 80 x 2^30 bytes, 16000MB, 16000MiB; "
-                   "a bare number is GiB")
+                   help="a card (h200, h100-80gb, a100-80gb, a100-40gb, l40s, rtx-a6000, 4090, 3090, l4, t4, ...: its "
+                   "nvidia-smi total) or its memory: 141GB, the size an H200 is sold as, is read as that card's "
+                   "143771MiB (the table says which reading it took); other sizes: 24GB = 24e9 bytes, 80GiB = 80 x 2^30, "
+                   "143771MiB as nvidia-smi shows; a bare number is GiB")
     p.add_argument("--context", type=int, default=8192, help="tokens a sequence (default 8192)")
     p.add_argument("--batch", type=int, default=1, help="sequences at once (default 1)")
     p.add_argument("--layout", default="fixed12", choices=layout_names(), help=layout_help(default="fixed12"))

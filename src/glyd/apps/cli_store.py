@@ -63,9 +63,7 @@ def _choose():
 def _pack(args: argparse.Namespace) -> int:
     summary = folder.pack_folder(args.src, args.dst, layout=args.layout, progress=_progress(args),
                                  choose=_choose() if args.layout == "auto" else None)
-    print(summary)
-    if summary.kept_names and len(summary.kept_names) <= 8:
-        print("kept unpacked: " + ", ".join(summary.kept_names))
+    print(summary)  # its "kept unpacked" rows list the tensors left as they are, once
     return 0
 
 

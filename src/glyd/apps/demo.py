@@ -117,6 +117,20 @@ def _generate(loaded: Any, folder: Path, text_prompt: str, max_new_tokens: int, 
     summary["text"] = tokenizer.decode(new, skip_special_tokens=True, clean_up_tokenization_spaces=False).strip()
     echo(f"prompt: {text_prompt}")
     echo(f"generated ({new.numel()} tokens, greedy, {summary['generate_s']:.1f} s): {summary['text']}")
+    if torch.device(device).type == "cpu":
+        echo(cpu_path())
+
+
+def cpu_path() -> str:
+    """What ran the packed products on the CPU, and what that costs (benchmarks/RESULTS.md)."""
+    from glyd.kernels.fixed12 import cpu as cpu_fixed12
+
+    if cpu_fixed12.available():
+        return (f"CPU products: glyd's C kernels ({cpu_fixed12.simd()}) for fixed12 (measured on this model: "
+                "0.75x bf16's whole run; tiered and dense11 take the pure-torch twin, several times slower)")
+    return ("CPU products: the pure-torch twin (glyd's C kernels are not built here: no C compiler when glyd was "
+            "installed); measured on this model at 2.87x bf16's time; a wheel, or pip install with a C compiler, "
+            "brings the kernels")
 
 
 def _sizes(loaded: Any, folder: Path, dest: Path, summary: dict[str, Any], echo: Callable[[str], Any]) -> None:

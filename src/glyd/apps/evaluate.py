@@ -51,8 +51,14 @@ from glyd.errors import FormatError, GlydError
 
 log = logging.getLogger(__name__)
 
-def default_data_dir() -> Path | None:
-    """``$GLYD_DATA``, else the first ``shared/data`` found beside the working folder or the source tree."""
+#: The small text and MMLU sample shipped in the package (``eval_data/README.md`` says what they are).
+PACKAGED_DATA = Path(__file__).resolve().parent / "eval_data"
+PACKAGED_TEXT = "tinyshakespeare-128k.txt"
+
+
+def default_data_dir() -> Path:
+    """``$GLYD_DATA``, else the first ``shared/data`` found beside the working folder or the source
+    tree, else the package's own small sample (what a pip install has)."""
     env = _env.settings().data
     if env:
         return Path(env)
@@ -61,7 +67,11 @@ def default_data_dir() -> Path | None:
         cand = base / "shared" / "data"
         if (cand / "mmlu").is_dir() or (cand / "text").is_dir():
             return cand
-    return None
+    return PACKAGED_DATA
+
+
+def _default_text(data: Path) -> Path:
+    return data / "text" / (PACKAGED_TEXT if data == PACKAGED_DATA else "tinyshakespeare.txt")
 
 
 @dataclass
@@ -126,12 +136,8 @@ class EvalConfig:
             self.ppl = self.mmlu = False
         data = default_data_dir()
         if self.ppl and self.text is None:
-            if data is None:
-                raise GlydError("no text file for perplexity: pass --text PATH (or --no-ppl)")
-            self.text = str(data / "text" / "tinyshakespeare.txt")
+            self.text = str(_default_text(data))
         if self.mmlu and self.mmlu_dir is None:
-            if data is None:
-                raise GlydError("no MMLU folder: pass --mmlu-dir PATH (or --no-mmlu)")
             self.mmlu_dir = str(data / "mmlu")
 
 
@@ -209,10 +215,12 @@ class Report:
         chunk = int(self.config.get("score_chunk") or 0)
         if ref.ppl is not None:
             how = f"{chunk} tokens a forward after a prefill" if chunk else "one forward a window"
-            notes.append(f"perplexity over {ref.ppl_tokens} scored tokens ({how}); next-token agreement with bf16's argmax")
+            notes.append(f"perplexity over {ref.ppl_tokens} scored tokens of {self.config.get('text')} ({how}); "
+                         "next-token agreement with bf16's argmax")
         if ref.mmlu_acc is not None:
             how = "answer position as a decode step of the batch" if chunk else "prompts in one forward"
-            notes.append(f"MMLU: {ref.mmlu_questions} questions, 0-shot, answer-letter logits ({how}); agreement with bf16's answer")
+            notes.append(f"MMLU: {ref.mmlu_questions} questions of {self.config.get('mmlu_dir')}, 0-shot, answer-letter "
+                         f"logits ({how}); agreement with bf16's answer")
         methods = sorted({m for r in self.results for m in (r.decode_method, r.compiled_method) if m})
         if methods:
             notes.append("decode step: " + "; ".join(methods))
@@ -459,6 +467,17 @@ def _run_mode(cfg: EvalConfig, mode: str, inp: _Inputs, ref: dict[str, Any], ste
     return res
 
 
+def _local_model(model: str) -> Path:
+    """A model folder for ``model``: as given, or a hub id fetched (or found in the cache) as
+    ``glyd.from_pretrained`` does; errors name the model."""
+    path = Path(model)
+    if path.exists() or model.count("/") != 1 or model.startswith((".", "/", "~")):
+        return path
+    from glyd.hf.bf16 import resolve
+
+    return resolve(model, {})
+
+
 def evaluate(cfg: EvalConfig, on_result: Callable[[Report], Any] | None = None, progress: bool = False) -> Report:
     """Run every measurement of ``cfg`` for bf16 and each Glyd mode; see the module docstring.
 
@@ -472,6 +491,7 @@ def evaluate(cfg: EvalConfig, on_result: Callable[[Report], Any] | None = None, 
 
         cfg.model = str(smollm2.bf16_folder())  # the embedded default model, converted once
     if not cfg.random:
+        cfg.model = str(_local_model(cfg.model))
         check_model_folder(Path(cfg.model))  # before the tokenizer: a packed folder is refused at once
     inp = _inputs(cfg)
     modes = ("bf16", *cfg.modes)

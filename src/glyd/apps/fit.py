@@ -12,13 +12,23 @@ The estimate is three terms, each printed:
 * **KV cache** for the context, summed over the layers: ``kv_heads x head_dim x 2 (K and V) x
   2 bytes (bf16) x tokens x batch``, where a sliding-window (or chunked) layer holds at most its
   window of tokens. Glyd does not shrink it here (the compressed KV cache is a separate option).
-* **runtime margin**: a fixed 1 GiB (CUDA context, cuBLAS/Triton workspaces, allocator slack) plus
-  the activations of one prefill chunk of ``min(context, 2048)`` tokens a sequence:
-  ``chunk x batch x (4 x hidden + 2 x intermediate) x 2 bytes``, plus fp32 logits of the last token
-  (``batch x vocab x 4``).
+* **runtime margin**: the CUDA context, workspaces and the allocator's reserve, 5% of the GPU's
+  memory (at least 1 GiB: measured on the H200, below); the activations of one prefill chunk of
+  ``min(context, 2048)`` tokens a sequence: ``chunk x batch x (4 x hidden + 2 x intermediate) x 2
+  bytes``; fp32 logits of the last token (``batch x vocab x 4``); and a decode step's attention
+  temporaries: with grouped-query attention and a mask, transformers' SDPA path repeats one layer's
+  keys and values to every query head (``heads x head_dim x 2 x 2 bytes x tokens x batch``).
 
-Sizes are bytes; the table prints GiB (2^30 bytes). ``--gpu`` says its unit: ``16GB`` is 16e9
-bytes, ``16GiB`` 16 x 2^30; a bare number is GiB.
+On the H200 (2026-12-03, ``benchmarks/scale.py``: the largest static-cache context that still ran a
+decode step, Qwen2.5-0.5B to Llama-3.1-70B in bf16, fixed12 and tiered) the memory beside weights,
+KV cache and those repeated keys and values was 6.1-10.1 GiB (4.3-7.2% of the card's 140.4 GiB):
+the 5% reserve is that, and without the repeat term fit's largest context was 13-26% too high. A
+context near the largest is within a few percent of what the GPU holds, not exact
+(``benchmarks/RESULTS.md``, fit section).
+
+Sizes are bytes; the table prints GiB (2^30 bytes). ``--gpu`` takes a card (``h200``, ``a100-80gb``,
+``4090``, ...: its nvidia-smi total) or a size, read as ``glyd.apps.fit_gpus`` says (``141GB``, the
+size an H200 is sold as, is that card's 143,771 MiB; the table says which reading it took).
 
 >>> from glyd.apps.fit import estimate, load_config, model_shape
 >>> e = estimate(model_shape(load_config("llama-3.1-8b")), gpu_bytes=16 * 2**30, context=8192)
@@ -30,16 +40,16 @@ from __future__ import annotations
 
 import logging
 import math
-import re
 from dataclasses import dataclass, field
-from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
 from glyd.apps.fit_configs import KNOWN_CONFIGS
+from glyd.apps.fit_gpus import MAX_GPU_BYTES, parse_gpu, parse_size  # noqa: F401 (MAX_GPU_BYTES: fit.MAX_GPU_BYTES)
 from glyd.apps.fit_meta import ModelShape, model_shape
 from glyd.codec import LAYOUTS
 from glyd.errors import FormatError, GlydError
+from glyd.store._config import QUANT_METHOD, plain_config
 from glyd.store._safetensors import load_json, read_header
 
 __all__ = ["KNOWN_CONFIGS", "ModelShape", "estimate", "load_config", "model_shape", "parse_size", "run_fit"]
@@ -49,6 +59,9 @@ log = logging.getLogger(__name__)
 GiB = 2**30
 
 MARGIN_FIXED = 1 * GiB
+#: Share of the GPU's memory beside weights, KV cache and activations (CUDA context, workspaces,
+#: the allocator's reserve): 6.1-10.1 GiB of the H200's 140.4 measured (module docstring).
+RESERVE_FRACTION = 0.05
 PREFILL_CHUNK = 2048
 _BF16 = 2
 
@@ -97,6 +110,7 @@ class FitEstimate:
     params: int = 0  # parameters of the config's model, a tied one once
     notes: list[str] = field(default_factory=list)
     gpu: str = ""  # --gpu as typed
+    gpu_reading: str = ""  # how --gpu was read (a card, a sold size, a size)
 
     @property
     def total_bf16(self) -> int:
@@ -128,15 +142,20 @@ def _text_config(cfg: dict[str, Any]) -> dict[str, Any]:
 
 
 def load_config(model: str | Path) -> dict[str, Any]:
-    """The config dict of ``model``: a known name (see ``KNOWN_CONFIGS``), a folder or a config.json."""
+    """The config dict of ``model``: a known name (see ``KNOWN_CONFIGS``), a folder (a packed one
+    too: the model's own config), a config.json, or a hub id whose config.json is in the local
+    Hugging Face cache (nothing is downloaded)."""
     key = str(model).lower()
     if key in KNOWN_CONFIGS and not Path(model).exists():
         return dict(KNOWN_CONFIGS[key], _name=key)
     path = Path(model)
     cfg_path = path / "config.json" if path.is_dir() else path
+    if not cfg_path.is_file() and not path.exists():
+        cfg_path = _cached_hub_config(str(model))
     if not cfg_path.is_file():
         known = ", ".join(KNOWN_CONFIGS)
-        raise FormatError(f"{model}: not a model folder, a config.json or a known model ({known})")
+        raise FormatError(f"{model}: not a model folder, a config.json, a hub id in the local Hugging Face cache "
+                          f"or a known model ({known})")
     try:
         raw = cfg_path.read_bytes()
     except OSError as exc:
@@ -144,9 +163,39 @@ def load_config(model: str | Path) -> dict[str, Any]:
     cfg = load_json(raw, cfg_path, "not a readable JSON config")  # nesting, duplicate keys, huge numbers bounded
     if not isinstance(cfg, dict):
         raise FormatError(f"{cfg_path}: a config must be a JSON object")
+    q = cfg.get("quantization_config")
+    packed = isinstance(q, dict) and q.get("quant_method") == QUANT_METHOD
+    if packed:  # a packed folder: the model's own config (its type is kept in quantization_config)
+        cfg = plain_config(cfg)
     cfg = _text_config(cfg)
-    cfg["_name"] = str(path)
+    cfg["_name"] = str(model)
+    cfg["_folder"] = str(cfg_path.parent)
+    if packed:
+        cfg["_packed_layout"] = q.get("layout") if isinstance(q.get("layout"), str) else ""
+    if not path.exists():
+        cfg["_hub"] = True
     return cfg
+
+
+def _cached_hub_config(repo_id: str) -> Path:
+    """config.json of ``repo_id`` in the local Hugging Face cache; a path that does not exist when it
+    is not there (a FormatError names the model when ``repo_id`` looks like a hub id)."""
+    missing = Path(repo_id) / "config.json"
+    if repo_id.count("/") != 1 or repo_id.startswith((".", "/", "~")):
+        return missing
+    try:
+        from huggingface_hub import try_to_load_from_cache
+        from huggingface_hub.errors import HFValidationError
+    except ImportError:
+        return missing
+    try:
+        found = try_to_load_from_cache(repo_id, "config.json")
+    except HFValidationError:
+        return missing
+    if isinstance(found, str):
+        return Path(found)
+    raise FormatError(f"{repo_id}: not a local folder, and the Hugging Face cache has no config.json for it "
+                      f"(glyd fit downloads nothing: `hf download {repo_id} config.json` fetches it, or pass a folder)")
 
 
 def count_from_shape(shape: ModelShape) -> WeightCount:
@@ -217,10 +266,24 @@ def kv_cache_bytes(shape: ModelShape, context: int, batch: int = 1, bytes_per_va
     return total
 
 
-def runtime_margin(shape: ModelShape, context: int, batch: int = 1) -> int:
+def attention_temporaries(shape: ModelShape, context: int, batch: int = 1) -> int:
+    """A decode step's largest attention temporary: one layer's keys and values repeated to every
+    query head (transformers' SDPA path with a mask and grouped-query attention); 0 without GQA."""
+    worst = 0
+    for layer in shape.attention:
+        if layer.heads > layer.kv_heads:
+            tokens = context if layer.window is None else min(context, layer.window)
+            worst = max(worst, layer.heads * layer.head_dim * 2 * _BF16 * tokens * batch)
+    return worst
+
+
+def runtime_margin(shape: ModelShape, context: int, batch: int = 1, gpu_bytes: int = 0) -> int:
+    """Memory beside weights and KV cache (module docstring): reserve, prefill activations, last-token
+    logits, a decode step's repeated keys and values."""
     chunk = min(context, PREFILL_CHUNK)
     activations = chunk * batch * (4 * shape.hidden + 2 * shape.intermediate) * _BF16
-    return MARGIN_FIXED + activations + batch * shape.vocab * 4
+    reserve = max(MARGIN_FIXED, int(RESERVE_FRACTION * gpu_bytes))
+    return reserve + activations + batch * shape.vocab * 4 + attention_temporaries(shape, context, batch)
 
 
 def _weights(shape: ModelShape, folder: Path | None, layout: str) -> tuple[WeightCount, int, list[str]]:
@@ -279,7 +342,7 @@ def estimate(
         weights_bf16=bf16,
         weights_glyd=count.glyd_bytes(layout),
         kv_cache=kv_cache_bytes(shape, context, batch),
-        margin=runtime_margin(shape, context, batch),
+        margin=runtime_margin(shape, context, batch, gpu_bytes),
         source=count.source,
         params=shape.params,
         notes=notes + _shape_notes(shape, context),
@@ -292,44 +355,11 @@ def max_context(e: FitEstimate, shape: ModelShape, weights: int) -> int:
     lo, hi = 0, shape.max_positions or 1 << 24
     while lo < hi:  # KV and margin grow with the context (sliding layers stop growing), so search
         mid = (lo + hi + 1) // 2
-        if weights + kv_cache_bytes(shape, mid, e.batch) + runtime_margin(shape, mid, e.batch) <= e.gpu_bytes:
+        if weights + kv_cache_bytes(shape, mid, e.batch) + runtime_margin(shape, mid, e.batch, e.gpu_bytes) <= e.gpu_bytes:
             lo = mid
         else:
             hi = mid - 1
     return lo
-
-
-#: The largest --gpu glyd fit takes (1 EiB): a bound, not a GPU.
-MAX_GPU_BYTES = 2**60
-_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([kmgt]i?b)?\s*$", re.IGNORECASE)
-_SCALE = {"k": 1, "m": 2, "g": 3, "t": 4}
-
-
-def parse_size(text: str) -> int:
-    """GPU memory in bytes: ``"16GB"`` is 16e9 bytes, ``"16GiB"`` 16 x 2^30, a bare ``"16"`` GiB.
-
-    (``nvidia-smi`` reports MiB: ``--gpu 24576MiB`` takes a card's memory as it reports it.)
-
-    >>> parse_size("16GB"), parse_size("16GiB") == parse_size("16") == 16 * 2**30
-    (16000000000, True)
-    """
-    m = _SIZE.match(str(text))
-    if not m:
-        raise GlydError(f"--gpu {_short(str(text))}: give a memory size with its unit, e.g. 24GB (10^9 bytes), "
-                        "80GiB (2^30 bytes) or 24 (GiB)")
-    unit = (m.group(2) or "gib").lower()
-    power = _SCALE[unit[0]]
-    scale = 1024**power if unit.endswith("ib") else 1000**power
-    size = int(Fraction(m.group(1)) * scale)  # exact: a float of 400 digits is inf
-    if size <= 0:
-        raise GlydError(f"--gpu {_short(text)}: must be positive")
-    if size > MAX_GPU_BYTES:
-        raise GlydError(f"--gpu {_short(text)}: more than any GPU holds (at most 2^60 bytes)")
-    return size
-
-
-def _short(text: str) -> str:
-    return repr(text) if len(text) <= 40 else repr(text[:37] + "...")
 
 
 def _gib(b: int) -> str:
@@ -339,6 +369,7 @@ def _gib(b: int) -> str:
 def format_table(e: FitEstimate, shape: ModelShape) -> str:
     """The small table ``glyd fit`` prints (sizes in GiB, 2^30 bytes)."""
     gpu = f"{e.gpu} = {e.gpu_bytes / GiB:.2f} GiB" if e.gpu else f"{e.gpu_bytes / GiB:.2f} GiB"
+    reserve = max(MARGIN_FIXED, int(RESERVE_FRACTION * e.gpu_bytes))
     rows = [
         ("", "bf16", f"Glyd ({e.layout})"),
         ("weights", _gib(e.weights_bf16), _gib(e.weights_glyd)),
@@ -357,23 +388,35 @@ def format_table(e: FitEstimate, shape: ModelShape) -> str:
     w2 = max(len(r[2]) for r in rows)
     lines = [f"{a:<{w0}}  {b:>{w1}}  {c:>{w2}}" for a, b, c in rows]
     lines.insert(1, "-" * len(lines[0]))
+    if e.gpu_reading:
+        lines.append(f"GPU: {e.gpu_reading}")
     lines.append(f"parameters: {e.params / 1e9:.2f} B; weights from: {e.source}")
     lines.append(
         "KV cache: sum over layers of kv_heads x head_dim x 2 x 2 bytes (bf16) x tokens (at most the layer's window) "
-        f"x batch; margin: 1 GiB + one {min(e.context, PREFILL_CHUNK)}-token prefill chunk's activations + last-token logits"
+        f"x batch; margin: {reserve / GiB:.2f} GiB reserve (5% of the GPU, at least 1 GiB) + one "
+        f"{min(e.context, PREFILL_CHUNK)}-token prefill chunk's activations + last-token logits + a decode step's "
+        "keys and values of one layer repeated to every query head"
     )
     lines.extend(f"note: {n}" for n in e.notes)
     return "\n".join(lines)
 
 
 def run_fit(model: str, gpu: str, context: int, batch: int = 1, layout: str = "fixed12") -> tuple[FitEstimate, str]:
+    """``glyd fit``: the estimate for ``model`` (a known name, a folder, a config.json, a packed folder or
+    a hub id whose config is in the local Hugging Face cache) on ``gpu``, and its table."""
+    card = parse_gpu(gpu)  # a wrong --gpu is said before the model is built
     cfg = load_config(model)
     shape = model_shape(cfg)
-    path = Path(model)
+    path = Path(cfg.get("_folder") or model)
     folder = path if path.is_dir() else (path.parent if path.is_file() else None)
-    e = estimate(shape, gpu_bytes=parse_size(gpu), context=context, batch=batch, layout=layout, folder=folder)
-    e.gpu = str(gpu).strip()
-    stored = (cfg.get("quantization_config") or {}) if isinstance(cfg.get("quantization_config"), dict) else {}
-    if stored.get("quant_method") == "glyd" and e.source.endswith("as stored"):
-        e.layout = f"{stored.get('layout', 'packed')}, as stored"
+    if folder is not None and cfg.get("_hub"):
+        try:  # a hub snapshot may hold the config and only some of the weights: then the config counts
+            count_from_files(folder)
+        except FormatError:
+            folder = None
+    e = estimate(shape, gpu_bytes=card.bytes, context=context, batch=batch, layout=layout, folder=folder)
+    e.gpu, e.gpu_reading = str(gpu).strip(), card.reading
+    stored = cfg.get("_packed_layout")
+    if stored is not None and e.source.endswith("as stored"):
+        e.layout = f"{stored or 'packed'}, as stored"
     return e, format_table(e, shape)

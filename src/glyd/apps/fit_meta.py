@@ -41,11 +41,17 @@ _DROP = ("architectures", "quantization_config", "auto_map", "transformers_versi
 
 @dataclass
 class AttentionLayer:
-    """One layer's KV cache shape: ``window`` tokens at most (None: every token)."""
+    """One layer's KV cache shape: ``window`` tokens at most (None: every token); ``heads``: its
+    query heads (``kv_heads`` unless grouped-query attention shares each KV head among several)."""
 
     kv_heads: int
     head_dim: int
     window: int | None = None
+    heads: int = 0
+
+    def __post_init__(self) -> None:
+        if self.heads <= 0:
+            self.heads = self.kv_heads
 
 
 @dataclass
@@ -179,7 +185,7 @@ def attention_layers(text: Any, name: str = "config") -> list[AttentionLayer]:
         window = getattr(text, key, None) if key else None
         if key and not (isinstance(window, int) and window > 0):
             raise FormatError(f"{name}: a {t!r} layer needs a positive {key}, the config has {window!r}")
-        out.append(AttentionLayer(int(kv_heads), int(head_dim), window))
+        out.append(AttentionLayer(int(kv_heads), int(head_dim), window, int(heads)))
     return out
 
 

@@ -3,8 +3,9 @@
 A packed matrix travels as its layout, true shape, format version and arrays (in the layout's
 ``ARRAYS`` order). Each op has a fake (meta) implementation, so ``torch.compile`` traces through it,
 and an autograd formula for ``x`` (the packed weights are constants). Its default implementation is
-the pure-torch twin (``backends/torch.py``: any device, the CPU and the tests); CUDA tensors take the
-kernels (``backends/cuda.py``), which fall back to the twin where Triton is missing.
+the pure-torch twin (``backends/torch.py``: any device, and the reference of the tests); CUDA tensors
+take the Triton kernels (``backends/cuda.py``), CPU tensors glyd's C kernels for ``fixed12``
+(``backends/cpu.py``); both fall back to the twin where their kernels are missing.
 
 >>> import torch, glyd
 >>> p = glyd.pack((torch.randn(8, 16) * 0.02).to(torch.bfloat16))
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import torch
 
+from glyd.ops.backends import cpu as _cpu
 from glyd.ops.backends import cuda as _cuda
 from glyd.ops.backends import torch as _twin
 
@@ -32,6 +34,9 @@ LIB.define("rows(str layout, SymInt[] shape, Tensor[] arrays, int version, Tenso
 LIB.impl("linear", _twin.linear, "CompositeExplicitAutograd")
 LIB.impl("unpack", _twin.unpack, "CompositeExplicitAutograd")
 LIB.impl("rows", _twin.rows, "CompositeExplicitAutograd")
+LIB.impl("linear", _cpu.linear, "CPU")
+LIB.impl("unpack", _cpu.unpack, "CPU")
+LIB.impl("rows", _cpu.rows, "CPU")
 LIB.impl("linear", _cuda.linear, "CUDA")
 LIB.impl("unpack", _cuda.unpack, "CUDA")
 

@@ -18,6 +18,7 @@ import re
 from pathlib import Path
 
 from glyd.errors import CorruptError, FormatError, not_a_file
+from glyd.store._card import CARD, CARD_BESIDE
 from glyd.store._config import SOURCE_CONFIG
 from glyd.store._manifest import CONFIG, MANIFEST, index_name, shard_base, shard_name
 from glyd.store._safetensors import Header, load_json, short
@@ -140,9 +141,10 @@ def check_unlisted(path: Path, listed: set[str]) -> list[str]:
                 f"{path / rel}: {what} that {MANIFEST} does not list: a checkpoint holds only what its manifest "
                 f"accounts for (remove it, or pack the model again)"
             )
-    if ignored:
+    said = [rel for rel in ignored if rel not in (CARD, CARD_BESIDE)]  # glyd's own model card goes unsaid
+    if said:
         log.info("%s: not part of the checkpoint (documentation or hidden), not verified: %s",
-                 path, ", ".join(ignored[:8]))
+                 path, ", ".join(said[:8]))
     if added:
         log.warning("%s: file(s) added after packing, not part of the checkpoint and not verified: %s",
                     path, ", ".join(added[:8]) + (f" and {len(added) - 8} more" if len(added) > 8 else ""))

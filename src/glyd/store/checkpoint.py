@@ -40,6 +40,7 @@ from glyd.codec.experts import LENS, array_names
 from glyd.errors import CorruptError, FormatError, not_a_file
 from glyd.store._config import LOADER_CLASS, LOADER_FILE, LOADER_SOURCE
 from glyd.store._atomic import AtomicDir, check_destination, copy_hashed  # noqa: F401 - re-exported
+from glyd.store._card import card_name, card_text
 from glyd.store._inventory import check_index, check_shard_names, check_unlisted
 from glyd.store._manifest import (  # noqa: F401 - the names are part of this module's interface
     CONFIG,
@@ -107,7 +108,9 @@ class CheckpointWriter:
 
     Use it as a context manager: on an exception the temporary folder is removed and nothing is
     left at ``dst``. Tensors are buffered until a shard reaches ``max_shard_bytes`` (a tensor's
-    arrays never straddle two shards), so memory holds at most one shard.
+    arrays never straddle two shards), so memory holds at most one shard. The folder gets a model
+    card (``README.md``, ``glyd.store._card``: documentation the manifest does not list) named
+    after ``title`` (default: the config's ``_name_or_path``, else the folder's name).
 
     >>> import tempfile, torch, glyd
     >>> w = torch.ones(4, 4, dtype=torch.bfloat16)
@@ -124,6 +127,7 @@ class CheckpointWriter:
         max_shard_bytes: int = 2 * 1024**3,
         overwrite: bool = False,
         weights_name: str = "model",
+        title: str | None = None,
     ):
         if layout not in LAYOUTS and layout != "auto":
             raise ValueError(f"unknown layout {layout!r}; choose one of {', '.join([*LAYOUTS, 'auto'])}")
@@ -144,6 +148,8 @@ class CheckpointWriter:
         self._buf_bytes = 0
         self._shards: list[tuple[Path, list[str]]] = []  # (temporary path, tensor names)
         self._closed = False
+        self.title = title
+        self._config: dict[str, Any] = {}
 
     # -- context manager ---------------------------------------------------------------------------
     def __enter__(self) -> CheckpointWriter:
@@ -270,6 +276,7 @@ class CheckpointWriter:
         if not isinstance(config, dict):
             raise TypeError(f"config must be a dict, got {type(config).__name__}")
         self.add_bytes((json.dumps(config, indent=2, sort_keys=True) + "\n").encode("utf-8"), CONFIG)
+        self._config = config
         auto = config.get("auto_map")
         if isinstance(auto, dict) and auto.get("AutoConfig") == LOADER_CLASS:
             self._files.pop(LOADER_FILE, None)  # a copy from the source folder is replaced by this version's
@@ -325,6 +332,7 @@ class CheckpointWriter:
                 (self._dir.tmp / index_name(self.weights_name)).write_text(json.dumps(index, indent=2) + "\n",
                                                                            encoding="utf-8")
             manifest = self.manifest()
+            self._write_card(manifest)
             (self._dir.tmp / MANIFEST).write_text(dump_manifest(manifest), encoding="utf-8")
             path = self._dir.commit()
         except BaseException:
@@ -333,6 +341,18 @@ class CheckpointWriter:
         self._closed = True
         log.debug("wrote %s: %d tensors in %d shard(s)", path, len(self._tensors), n)
         return path
+
+    def _write_card(self, manifest: dict[str, Any]) -> None:
+        name = card_name(self._files)
+        if name in self._files:  # the source had both README.md and README.glyd.md: keep them, no card
+            return
+        title = self.title or self._config.get("_name_or_path") or self.path.name
+        arch = self._config.get("architectures")
+        cls = arch[0] if isinstance(arch, list) and arch and isinstance(arch[0], str) else self._config.get("_class_name")
+        library = "diffusers" if self.weights_name != "model" else "transformers"
+        text = card_text(manifest, str(title), cls if isinstance(cls, str) else None, library,
+                         LOADER_FILE if LOADER_FILE in self._files else None)
+        (self._dir.tmp / name).write_text(text, encoding="utf-8")
 
     def abort(self) -> None:
         """Discard everything written so far; nothing is left on disk."""

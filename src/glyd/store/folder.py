@@ -13,6 +13,7 @@ import json
 import logging
 import math
 import os
+import re
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -38,6 +39,7 @@ from glyd.store._config import (
 )
 from glyd.store._safetensors import Header, dtype_from_name, dtype_name, load_json, sha256_tensor, write_streaming
 from glyd.store._atomic import check_outside
+from glyd.store._card import human_bytes
 from glyd.store._source import copy_list, read_config, source_shards
 from glyd.store.checkpoint import (
     CONFIG,
@@ -103,6 +105,7 @@ class PackSummary:
                 f"{self.bits_per_weight:.3f} bits a weight",
             ),
             ("kept unpacked", kept),
+            *([("  tensors", ", ".join(kept_patterns(self.kept_names)))] if self.kept_names else []),
             ("files copied", f"{len(self.files)} + config.json" if CONFIG in self.files else str(len(self.files))),
             ("safetensors on disk", f"{_human(self.src_bytes)} -> {_human(self.dst_bytes)} ({ratio}), {self.shards} shard(s)"),
         ]
@@ -115,12 +118,24 @@ class PackSummary:
         return format_table(["", ""], self.rows(), header=False)
 
 
-def _human(n: float) -> str:
-    for unit in ("B", "kB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
-        n /= 1000
-    raise AssertionError  # unreachable
+_human = human_bytes
+
+
+def _title(src: Path) -> str:
+    """The model's name for the card: ``org/name`` for a Hugging Face cache snapshot, else the folder's name."""
+    src = src.resolve()
+    repo = src.parent.parent.name
+    if src.parent.name == "snapshots" and repo.startswith("models--"):
+        return repo[len("models--"):].replace("--", "/")
+    return src.name
+
+
+def kept_patterns(names: list[str]) -> list[str]:
+    """Tensor names with their layer numbers folded: ``model.layers.*.input_layernorm.weight (30)``."""
+    groups: dict[str, list[str]] = {}
+    for name in names:
+        groups.setdefault(re.sub(r"\.\d+\.", ".*.", name), []).append(name)
+    return [f"{p} ({len(g)})" if len(g) > 1 else g[0] for p, g in groups.items()]
 
 
 def format_table(columns: list[str], rows: list[tuple], header: bool = True) -> str:
@@ -216,7 +231,7 @@ def pack_folder(
                           f"config.json there): rename or remove the file")
     summary = PackSummary(src=src, dst=dst, layout=layout, skipped_files=skipped)
     summary.src_bytes = sum(h.file_size for h in headers.values())
-    with CheckpointWriter(dst, layout=layout, max_shard_bytes=max_shard_bytes) as out:
+    with CheckpointWriter(dst, layout=layout, max_shard_bytes=max_shard_bytes, title=_title(src)) as out:
         _pack_shards(out, src, files, headers, summary, progress, choose)
         for path, rel in copies:
             if rel == CONFIG and config is not None:
@@ -290,8 +305,6 @@ def _log_kept(summary: PackSummary) -> None:
             sum(summary.kept_float.values()),
             ", ".join(f"{n} {d}" for d, n in sorted(summary.kept_float.items())),
         )
-    if summary.kept:
-        log.info("kept unpacked: %s", ", ".join(f"{n} {d}" for d, n in sorted(summary.kept.items())))
 
 
 # --------------------------------------------------------------------------------------------------

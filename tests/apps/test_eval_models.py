@@ -1,0 +1,48 @@
+"""``glyd.apps.eval_models.merge_bf16``: merged products equal the separate ones, and each group's
+separate weights are freed as it is merged (the peak is one group's copy, not every group's)."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+
+import pytest
+import torch
+
+from glyd.apps import eval_models
+
+
+def _tiny_llama(layers: int = 3):
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=layers,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32)
+    torch.manual_seed(0)
+    return transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).eval()
+
+
+def test_merged_products_equal_the_separate_ones():
+    model = _tiny_llama()
+    ids = torch.randint(0, 64, (2, 7))
+    with torch.no_grad():
+        ref = model(ids).logits
+        assert eval_models.merge_bf16(model) == 6  # q|k|v and gate|up in each of 3 layers
+        got = model(ids).logits
+    assert torch.equal(got.float(), ref.float()) or (got.float() - ref.float()).abs().max() < 2e-2
+
+
+def test_each_groups_weights_are_freed_as_it_is_merged(monkeypatch):
+    model = _tiny_llama()
+    alive: list[weakref.ref] = []
+    seen_alive = []
+    real = eval_models._MergedLinear.__init__
+
+    def init(self, linears):
+        gc.collect()
+        seen_alive.append(sum(r() is not None for r in alive))  # earlier groups' originals still alive
+        alive.extend(weakref.ref(lin.weight) for lin in linears)
+        real(self, linears)
+
+    monkeypatch.setattr(eval_models._MergedLinear, "__init__", init)
+    eval_models.merge_bf16(model)
+    # before the fix every original stayed alive until merge_bf16 returned: [0, 3, 5, 8, 10, 13]
+    assert len(seen_alive) == 6 and max(seen_alive) <= 3, seen_alive

@@ -65,6 +65,17 @@ class ExpertsLoopConfig:
     """The loop has nothing to tune: each expert's product is the registry's choice."""
 
 
+def _aligned(p):
+    """``p`` with every array that does not start on a 16-byte boundary copied to one that does: an
+    expert's arrays are views into the concatenated ones, and the linear kernels load 16-byte
+    vectors (a tiered expert's views measured "misaligned address" on the H200, 2026-12-03). The
+    copies cost memory on the prompt path until the format aligns each expert's arrays."""
+    from glyd.codec import Packed
+
+    arrays = {k: (v if v.data_ptr() % 16 == 0 else v.clone()) for k, v in p.arrays.items()}
+    return Packed.trusted(p.layout, p.shape, arrays, p.version)
+
+
 class ExpertsLoopKernel(ExpertsKernel):
     """Each chosen expert's rows through ``glyd.kernels.linear`` (any layout with kernels)."""
 
@@ -89,7 +100,7 @@ class ExpertsLoopKernel(ExpertsKernel):
         if counts[0] or len(counts) > e + 1:
             raise IndexError(f"ids hold an expert outside the {e} experts")
         order = torch.argsort(flat, stable=True)
-        experts = C.cached(packed.arrays["lens"], lambda: [packed.expert(i) for i in range(e)])
+        experts = C.cached(packed.arrays["lens"], lambda: [_aligned(packed.expert(i)) for i in range(e)])
         start = 0
         for i, c in enumerate(counts[1:]):
             if c:

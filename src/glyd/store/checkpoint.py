@@ -41,6 +41,7 @@ from glyd.errors import CorruptError, FormatError, not_a_file
 from glyd.store._config import LOADER_CLASS, LOADER_FILE, LOADER_SOURCE
 from glyd.store._atomic import AtomicDir, check_destination, copy_hashed  # noqa: F401 - re-exported
 from glyd.store._card import card_name, card_text
+from glyd.store._claims import check_claims
 from glyd.store._inventory import check_index, check_shard_names, check_unlisted
 from glyd.store._manifest import (  # noqa: F401 - the names are part of this module's interface
     CONFIG,
@@ -423,42 +424,7 @@ class CheckpointReader:
                     f"{SHARD_METADATA!r} ('glyd' = checkpoint format version {VERSION})"
                 )
             check_write_order(header)
-        claimed: dict[str, set[str]] = {file: set() for file in files}
-        for name, e in self._tensors.items():
-            header = self._headers[e["file"]]
-            if e["kind"] == "packed":
-                specs = {key_for(name, a): s for a, s in e["arrays"].items()}
-            else:
-                specs = {name: e}
-            for key, spec in specs.items():
-                what = f"{header.path}: tensor {name!r}" + (f" (key {key!r})" if key != name else "")
-                info = header.tensors.get(key)
-                if info is None:
-                    raise FormatError(f"{what}: listed in {MANIFEST} but absent from the shard")
-                if key in claimed[e["file"]]:
-                    raise FormatError(f"{what}: key claimed by two manifest entries")
-                claimed[e["file"]].add(key)
-                if info.dtype != spec["dtype"] or list(info.shape) != spec["shape"]:
-                    raise FormatError(
-                        f"{what}: the shard holds {info.dtype}{list(info.shape)} but {MANIFEST} says "
-                        f"{spec['dtype']}{spec['shape']}"
-                    )
-            if e["kind"] == "packed":
-                # The layout's own shape rules, checked on shape-only tensors: no data is read.
-                meta = {
-                    a: torch.empty(s["shape"], dtype=dtype_from_name(s["dtype"]), device="meta")
-                    for a, s in e["arrays"].items()
-                }
-                try:
-                    kind = PackedExperts if LENS in meta else Packed
-                    kind(e["layout"], tuple(e["shape"]), meta, e["format_version"])
-                except (FormatError, ValueError, TypeError, KeyError, IndexError, RuntimeError) as exc:
-                    raise FormatError(f"{mpath}: tensor {name!r} ({e['file']}): {exc}") from exc
-        for file, header in self._headers.items():
-            extra = sorted(set(header.tensors) - claimed[file])
-            if extra:
-                raise FormatError(f"{header.path}: holds tensor(s) {MANIFEST} does not list: {', '.join(extra[:5])}")
-        return claimed
+        return check_claims(self._tensors, self._headers, files, mpath)
 
     def _check_files(self, mpath: Path) -> None:
         for rel in self._manifest["files"]:

@@ -45,5 +45,11 @@ def rows(layout: str, shape, arrays, version: int, index: torch.Tensor) -> torch
     if layout != "fixed12" or index.device.type != "cpu" or not kernels_available():
         return twin.rows(layout, shape, arrays, version, index)
     from glyd.kernels.fixed12 import cpu as cpu_fixed12
+    from glyd.ops._checks import check_arrays_once, check_ids
 
-    return cpu_fixed12.rows(twin.packed(layout, shape, arrays, version), index)
+    p = twin.packed(layout, shape, arrays, version)
+    # the same checks as every other path (glyd.ops.rows): ids in [0, rows) (whole-number float ids
+    # too, as a checkpoint may store them), the arrays once a matrix; then int64 ids for the C kernel
+    check_ids(index, p.shape[0])
+    check_arrays_once(p)
+    return cpu_fixed12.rows(p, index.to(torch.int64) if index.dtype != torch.int64 else index)

@@ -129,7 +129,8 @@ def serve_and_measure(args: argparse.Namespace, weights: str) -> dict:
     vocab = model.config.get_text_config().vocab_size
     cfg = ServeConfig(f"random {args.model} ({weights})", name="bench", device=args.device, port=0,
                       max_tokens=args.new, block_size=args.block_size, num_blocks=args.num_blocks,
-                      max_batch_tokens=args.max_batch_tokens, progress=False)
+                      max_batch_tokens=args.max_batch_tokens, progress=False,
+                      cuda_graphs={"auto": None, "on": True, "off": False}[args.cuda_graphs])
     with Server(cfg, model=model, tokenizer=word_tokenizer(vocab)) as server:
         info = dict(server.info)
         rows = measure(server.url, vocab, args.concurrency, args.prompt, args.new, args.reps, args.seed)
@@ -173,6 +174,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--block-size", type=int, default=None)
     p.add_argument("--num-blocks", type=int, default=None)
     p.add_argument("--max-batch-tokens", type=int, default=None)
+    p.add_argument("--cuda-graphs", choices=("auto", "on", "off"), default="auto",
+                   help="continuous batching's CUDA graphs (default auto: transformers' choice)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--tiny", action="store_true", help="a two-layer model on the CPU, 1 and 2 requests, 4 tokens")
     p.add_argument("--out", type=Path, required=True, help="folder for serve.json and serve.md")

@@ -227,11 +227,24 @@ def test_bf16_folder_packed_as_it_loads_with_lossless_kv(folders, reference):
     (dict(temperature=-1.0), "temperature must be >= 0"),
     (dict(kv="lossless", num_blocks=8), "with kv (glyd's lossless cache) requests run one at a time"),
     (dict(block_size=2), "block_size must be >= 4"),
+    (dict(cuda_graphs="yes"), "cuda_graphs must be True, False or None"),
+    (dict(kv="lossless", cuda_graphs=True), "cuda_graphs is continuous batching's"),
 ])
 def test_config_refuses_bad_values(kwargs, words):
     with pytest.raises(ValueError, match=None) as info:
         ServeConfig("model", **kwargs)
     assert words in str(info.value)
+
+
+@pytest.mark.parametrize("graphs", [None, True, False])
+def test_cuda_graphs_reach_continuous_batching(graphs):
+    from glyd.apps.serve_app import cb_config
+
+    cfg = cb_config(ServeConfig("model", cuda_graphs=graphs), torch.device("cuda"))
+    if graphs is None:  # transformers' own choice: nothing given
+        assert cfg is None
+    else:
+        assert cfg.use_cuda_graph == graphs
 
 
 @pytest.mark.gpu

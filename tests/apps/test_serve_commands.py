@@ -100,6 +100,10 @@ def test_command_line_becomes_a_config():
     cfg = config_from_args(args)
     assert (cfg.model, cfg.layout, cfg.kv, cfg.port, cfg.temperature, cfg.top_p, cfg.max_tokens, cfg.batching) == \
         ("m", "tiered", "lossless", 0, 0.5, 0.9, 64, False)
+    assert cfg.cuda_graphs is None
+    graphs = [config_from_args(build_parser().parse_args(["serve", "m", "--cuda-graphs", v])).cuda_graphs
+              for v in ("on", "off", "auto")]
+    assert graphs == [True, False, None]
 
 
 def test_bad_option_is_one_line(capsys):

@@ -38,6 +38,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    "64 on a CPU)")
     p.add_argument("--max-batch-tokens", type=int, help="tokens one batching step may hold (default: transformers'; "
                    "256 on a CPU)")
+    p.add_argument("--cuda-graphs", choices=("auto", "on", "off"), default="auto",
+                   help="replay continuous batching's steps from CUDA graphs (default auto: transformers' choice, "
+                   "graphs only where the attention needs no mask)")
     p.set_defaults(func=_serve)
 
 
@@ -49,7 +52,8 @@ def config_from_args(args: argparse.Namespace):
         return ServeConfig(model=args.model, name=args.name, layout=args.layout, kv=args.kv, device=args.device,
                            host=args.host, port=args.port, temperature=args.temperature, top_p=args.top_p,
                            max_tokens=args.max_tokens, block_size=args.block_size, num_blocks=args.num_blocks,
-                           max_batch_tokens=args.max_batch_tokens)
+                           max_batch_tokens=args.max_batch_tokens,
+                           cuda_graphs={"auto": None, "on": True, "off": False}[args.cuda_graphs])
     except ValueError as exc:
         raise GlydError(f"{exc}") from None
 

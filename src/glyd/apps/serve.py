@@ -54,7 +54,9 @@ class ServeConfig:
     model name clients send (default: ``model`` as given); ``temperature`` 0 decodes greedily;
     ``max_tokens``: the default of a request that gives none; ``block_size``, ``num_blocks``,
     ``max_batch_tokens``: continuous batching's KV cache (None: transformers' choice on a GPU,
-    :data:`glyd.apps.serve_app.CPU_CACHE` on a CPU). ``port`` 0 takes a free port (``Server.url`` says which).
+    :data:`glyd.apps.serve_app.CPU_CACHE` on a CPU); ``cuda_graphs``: continuous batching's steps
+    replayed from CUDA graphs (True), run eagerly (False) or transformers' choice (None: graphs only
+    for attention that needs no mask). ``port`` 0 takes a free port (``Server.url`` says which).
     """
 
     model: str
@@ -70,6 +72,7 @@ class ServeConfig:
     block_size: int | None = None
     num_blocks: int | None = None
     max_batch_tokens: int | None = None
+    cuda_graphs: bool | None = None
     progress: bool = True
 
     def __post_init__(self) -> None:
@@ -89,6 +92,11 @@ class ServeConfig:
                 raise ValueError(f"{key} must be a whole number >= 1, got {v!r}")
         if self.block_size is not None and self.block_size < 4:
             raise ValueError(f"block_size must be >= 4 (transformers' paged cache), got {self.block_size}")
+        if self.cuda_graphs is not None and not isinstance(self.cuda_graphs, bool):
+            raise ValueError(f"cuda_graphs must be True, False or None, got {self.cuda_graphs!r}")
+        if self.kv is not None and self.cuda_graphs is not None:
+            raise ValueError("cuda_graphs is continuous batching's; with kv (glyd's lossless cache) requests run "
+                             "one at a time without it")
         if self.kv is not None and any(getattr(self, k) is not None for k in CACHE_FIELDS):
             raise ValueError("block_size, num_blocks and max_batch_tokens size continuous batching's cache; "
                              "with kv (glyd's lossless cache) requests run one at a time and have none")

@@ -44,6 +44,8 @@ def cb_config(cfg: Any, device: Any) -> Any:
     given = {k: getattr(cfg, k) for k in CPU_CACHE if getattr(cfg, k) is not None}
     if getattr(device, "type", str(device)) == "cpu":
         given = {**CPU_CACHE, **given}
+    if getattr(cfg, "cuda_graphs", None) is not None:
+        given["use_cuda_graph"] = cfg.cuda_graphs
     return ContinuousBatchingConfig(**given) if given else None
 
 

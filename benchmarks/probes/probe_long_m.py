@@ -256,7 +256,7 @@ def sweep_m(mat: Mat, m: int, args, sched: Sched, t_end: float) -> list:
             if cuda and row["ok"]:
                 row["us"] = graph_us(lambda: [fn(i) for i in range(copies)], copies, args.replays)
                 row["host_us"] = host_us(lambda: fn(0), cuda)
-                if m in args.kernels_at and (name in ("bf16", "whole") or name.endswith((".s1", ".p2"))):
+                if m in args.kernels_at and (name in ("bf16", "whole") or name.endswith(".s1")):
                     row["kernels"] = breakdown(lambda: fn(0))
         except Exception as exc:  # a variant that cannot run here is a finding, not the end of the sweep
             row.update(ok=False, error=f"{type(exc).__name__}: {str(exc)[:200]}")
@@ -269,6 +269,9 @@ def sweep_m(mat: Mat, m: int, args, sched: Sched, t_end: float) -> list:
               f"bits={'=' if row.get('bits_eq_whole') else row.get('max_diff_whole', '-')} "
               f"{row.get('us', math.nan):9.1f} us {row['ratio']:.3f}x host {row.get('host_us', math.nan):7.0f} us"
               + (f"  {row['error']}" if "error" in row else ""), flush=True)
+        if "kernels" in row:
+            print("    kernels: " + "; ".join(f"{kd} {d['us']:.1f} us / {d['calls']} ({', '.join(d['names'][:2])})"
+                                           for kd, d in row["kernels"].items()), flush=True)
     return rows
 
 
@@ -381,7 +384,8 @@ def main() -> int:
     ap.add_argument("--chunks-mb", default="2,4,8,16", help="N-chunk (and K-chunk) sizes of bf16 in MB")
     ap.add_argument("--modes", default=",".join(MODES))
     ap.add_argument("--kchunk-max-m", type=int, default=512, help="K-chunk variants up to this M (0: none)")
-    ap.add_argument("--kernels-at", default="128,512,2048", help="M values with a torch.profiler kernel breakdown")
+    ap.add_argument("--kernels-at", default="128,2048",
+                    help="M values with a torch.profiler kernel breakdown of bf16, whole and the s1 variants")
     ap.add_argument("--replays", type=int, default=20)
     ap.add_argument("--budget-s", type=float, default=400.0, help="stop timing after this many seconds")
     ap.add_argument("--tiny", action="store_true", help="CPU check of the logic (TRITON_INTERPRET=1, tiny shapes)")

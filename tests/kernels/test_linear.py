@@ -37,10 +37,16 @@ def _check(y: torch.Tensor, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor
 
 
 N_CASES = 42  # len(_cases()), which imports Triton: kept equal by test_case_count
+#: The fixed12 cases drawn with "wide" weights (even cases; 10 and 12 are tiered): exceptions on about
+#: 5% of the weights, thousands of scalar steps of the interpreter's exception loop (8-50 s a case on
+#: 2 cores), so one in nine of them runs by default on the CPU, one in three of the others (-m slow: all).
+WIDE_FIXED12 = frozenset(range(0, N_CASES, 2)) - {10, 12}
 
 
 def test_case_count():
-    assert len(_cases()) == N_CASES
+    cases = _cases()
+    assert len(cases) == N_CASES
+    assert WIDE_FIXED12 == {i for i, c in enumerate(cases) if c[0] == "fixed12" and i % 2 == 0}
 
 
 def _cases():
@@ -102,9 +108,9 @@ def _cases():
 
 
 @pytest.mark.gpu_sample(every=5)
-@pytest.mark.cpu_sample(every=3)
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("case", range(N_CASES))
+@pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.cpu_sample(every=9 if c in WIDE_FIXED12 else 3))
+                                  for c in range(N_CASES)])
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_linear_matches_reference(device, case, with_bias):
     from glyd import kernels
@@ -120,14 +126,15 @@ def test_linear_matches_reference(device, case, with_bias):
 @pytest.mark.parametrize("device", DEVICES)
 def test_split_fixup_leaves_counters_zero(device):
     # The last program of each tile resets its counter: the next launch starts from zero, and
-    # the result equals the two-kernel split-K (same summation order) bit for bit.
+    # the result equals the two-kernel split-K (same summation order) bit for bit. Two x rows (bm 1: two
+    # tiles a column of weight tiles), three weight tiles (the last ragged), K 1100 in four parts.
     from glyd import kernels
     from glyd.kernels import GemvConfig
     from glyd.kernels._common import counters
 
     w = random_weights(40, 1100, "normal")
     p = glyd.pack(w, "fixed12").to(device)
-    x = torch.randn(3, 1100).to(torch.bfloat16).to(device)
+    x = torch.randn(2, 1100).to(torch.bfloat16).to(device)
     bias = torch.randn(40).to(torch.bfloat16).to(device)
     cfg = GemvConfig(bm=1, bn=16, bk=256, split=4)
     y0 = kernels.linear(x, p, bias, cfg)

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 import glyd
 
-from .conftest import DEVICES, needs_triton, random_weights
+from .conftest import DEVICES, needs_triton, on_devices, random_weights
 
 pytestmark = needs_triton
 
@@ -110,20 +110,9 @@ def _cases():
     ]
 
 
-def _case_device_params():
-    out = []
-    for case in range(N_CASES):
-        for dev in DEVICES:
-            (device,) = dev.values
-            marks = list(dev.marks)
-            if device == "cpu":
-                marks.append(pytest.mark.slow if case in WIDE_LARGE else pytest.mark.cpu_sample(every=3))
-            out.append(pytest.param(case, device, marks=marks, id=f"{case}-{device}"))
-    return out
-
-
 @pytest.mark.gpu_sample(every=5)
-@pytest.mark.parametrize("case,device", _case_device_params())
+@pytest.mark.parametrize("case,device", on_devices([(c,) for c in range(N_CASES)], [str(c) for c in range(N_CASES)],
+                                                   cpu_slow=WIDE_LARGE, cpu_marks=[pytest.mark.cpu_sample(every=3)]))
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_linear_matches_reference(case, device, with_bias):
     from glyd import kernels

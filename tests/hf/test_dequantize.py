@@ -63,31 +63,38 @@ def test_dequantize_gives_back_the_bf16_model_bit_for_bit(tiny_model_folder, inp
         assert torch.equal(model(input_ids).logits.view(torch.int16), ref(input_ids).logits.view(torch.int16))
 
 
-@pytest.mark.parametrize("how", ["from_pretrained", "native"])
-def test_a_dequantized_model_saves_a_plain_bf16_folder(tiny_model_folder, tmp_path, how):
+def test_a_dequantized_model_saves_a_plain_bf16_folder(tiny_model_folder, tmp_path):
     src = tiny_model_folder("llama")
-    model = _packed(how, src, tmp_path, False)
-    model.dequantize()
-    out = tmp_path / "plain"
-    model.save_pretrained(out)  # transformers' own save_pretrained again
-    assert not (out / "glyd.json").exists()
-    assert "quantization_config" not in json.loads((out / "config.json").read_text())
-    saved, orig = load_file(out / "model.safetensors"), load_file(src / "model.safetensors")
-    assert saved.keys() == orig.keys()
-    assert all(torch.equal(saved[k].view(torch.int16), orig[k].view(torch.int16)) for k in orig)
+    orig = load_file(src / "model.safetensors")
+    outs = []
+    for how in ("from_pretrained", "native"):
+        (tmp_path / how).mkdir()
+        model = _packed(how, src, tmp_path / how, False)
+        model.dequantize()
+        out = tmp_path / how / "plain"
+        model.save_pretrained(out)  # transformers' own save_pretrained again
+        assert not (out / "glyd.json").exists(), how
+        assert "quantization_config" not in json.loads((out / "config.json").read_text()), how
+        saved = load_file(out / "model.safetensors")
+        assert saved.keys() == orig.keys(), how
+        assert all(torch.equal(saved[k].view(torch.int16), orig[k].view(torch.int16)) for k in orig), how
+        outs.append(str(out))
+    # transformers alone (glyd never imported) loads each saved folder: bf16, the source's logits bit for
+    # bit (one child for both folders: starting one takes seconds)
     code = f"""
 import sys, torch
 from transformers import AutoModelForCausalLM
-a = AutoModelForCausalLM.from_pretrained({str(out)!r})
 b = AutoModelForCausalLM.from_pretrained({str(src)!r}, dtype=torch.bfloat16)
-assert 'glyd' not in sys.modules and not getattr(a, 'is_quantized', False)
 ids = torch.arange(3, 15).view(1, -1)
-with torch.no_grad():
-    print(a.dtype, torch.equal(a(ids).logits.view(torch.int16), b(ids).logits.view(torch.int16)))
+for out in sys.argv[1:]:
+    a = AutoModelForCausalLM.from_pretrained(out)
+    assert 'glyd' not in sys.modules and not getattr(a, 'is_quantized', False)
+    with torch.no_grad():
+        print(a.dtype, torch.equal(a(ids).logits.view(torch.int16), b(ids).logits.view(torch.int16)))
 """
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    r = subprocess.run([sys.executable, "-c", code, *outs], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert r.stdout.split()[-2:] == ["torch.bfloat16", "True"]
+    assert r.stdout.split()[-4:] == ["torch.bfloat16", "True"] * 2, r.stdout
 
 
 def test_dequantize_to_float32_is_exact_and_float16_is_refused(tiny_model_folder, tmp_path):

@@ -28,6 +28,21 @@ DEVICES = [
 ]
 
 
+def on_devices(cases: list[tuple], ids: list[str], cpu_slow=frozenset(), cpu_marks=()) -> list:
+    """Params ``(*case, device)`` for each case and each of DEVICES, with ids ``"{id}-{device}"``. The
+    CPU params (Triton's interpreter) of the cases at the indices in ``cpu_slow`` are marked slow (their
+    CUDA ones stay in the default GPU set); the other CPU params get ``cpu_marks``."""
+    out = []
+    for i, (case, name) in enumerate(zip(cases, ids, strict=True)):
+        for dev in DEVICES:
+            (device,) = dev.values
+            marks = list(dev.marks)
+            if device == "cpu":
+                marks += [pytest.mark.slow] if i in cpu_slow else list(cpu_marks)
+            out.append(pytest.param(*case, device, marks=marks, id=f"{name}-{device}"))
+    return out
+
+
 def random_weights(n: int, k: int, kind: str, device: str = "cpu") -> torch.Tensor:
     """Fresh random bf16 weights. ``normal``: std 0.02 plus a few exceptions (fixed12 window misses,
     deep tiered tiers); ``wide``: exponents spread over ~40 values (every tier, many exceptions)."""

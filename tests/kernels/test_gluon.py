@@ -3,6 +3,7 @@ products on the GPU (against float64 and against the `tc` kernel it can replace)
 
 from __future__ import annotations
 
+import functools
 import re
 
 import pytest
@@ -24,6 +25,7 @@ def _gluon():
     return fixed12_gluon
 
 
+@pytest.mark.cpu_sample(every=2)  # compiles for sm_90: half the configs in the default run
 @pytest.mark.parametrize("bn,bk,mt,pf,warps", [(64, 256, 1, False, 4), (32, 128, 1, False, 4), (32, 64, 1, True, 4),
                                                (64, 128, 4, True, 4), (32, 256, 2, False, 4), (64, 64, 1, True, 1),
                                                (16, 128, 2, False, 1), (64, 128, 1, True, 2), (64, 64, 4, False, 2),
@@ -157,6 +159,13 @@ def test_gluon_x_in_step_frees_registers_sm90(bn, warps):
 
 
 def _sass(k) -> str:
+    return _sass_of(bytes(k.asm["cubin"]))
+
+
+@functools.lru_cache(maxsize=16)
+def _sass_of(cubin: bytes) -> str:
+    # cuobjdump takes over a second a kernel and tests read a kernel's SASS more than once: the
+    # same cubin disassembles to the same text
     import os
     import subprocess
     import tempfile
@@ -165,7 +174,7 @@ def _sass(k) -> str:
 
     tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(k.asm["cubin"])
+        f.write(cubin)
         f.flush()
         return subprocess.run([tool, "-sass", f.name], capture_output=True, text=True, check=True).stdout
 

@@ -72,7 +72,10 @@ def test_tiered_fused_gemv_every_m(device, m, kind):
     p = glyd.pack(w, "tiered").to(device)
     x = torch.randn(m, k).to(torch.bfloat16).to(device)
     bias = torch.randn(n).to(torch.bfloat16).to(device)
+    chosen = kernels.choose(x, p)[1]
     for cfg in (None, TieredGemvConfig(bb=2, bn=4, mb=2, warps=2), TieredLongConfig()):
+        if cfg is not None and cfg == chosen:
+            continue  # the default (None) just ran this kernel with this config on the same inputs
         _check(kernels.linear(x, p, bias, cfg), x, w, bias)
 
 

@@ -7,7 +7,7 @@ import torch
 
 import glyd
 
-from .conftest import DEVICES, needs_triton, random_weights
+from .conftest import DEVICES, needs_triton, on_devices, random_weights
 
 pytestmark = needs_triton
 
@@ -20,10 +20,16 @@ def _kunpack(p, device, config=None):
     return kernels.unpack(p.to(device), None, config)
 
 
+SHAPES = [(1, 1), (3, 70), (33, 1100), (2, 2048), (7, 64)]
+#: tiered at 33 x 1100 takes Triton's interpreter 7-9 s (the others well under 1 s): on the CPU it runs
+#: with -m slow; test_tiered_kernels unpacks 5 x 1100 with every tier dense, and 64 x 1024 all bit patterns below
+_CASES = [(shape, layout) for shape in SHAPES for layout in LAYOUTS]
+
+
 @pytest.mark.gpu_sample(every=3)
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("layout", LAYOUTS)
-@pytest.mark.parametrize("shape", [(1, 1), (3, 70), (33, 1100), (2, 2048), (7, 64)])
+@pytest.mark.parametrize("shape,layout,device", on_devices(
+    _CASES, [f"shape{SHAPES.index(s)}-{lay}" for s, lay in _CASES],
+    cpu_slow={_CASES.index(((33, 1100), "tiered"))}))
 @pytest.mark.parametrize("kind", ["normal", "wide"])
 def test_unpack_bit_exact(device, layout, shape, kind):
     w = random_weights(*shape, kind)

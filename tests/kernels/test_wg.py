@@ -34,6 +34,7 @@ def _compile_sm90(bn, bt, warps, out=0, bias=False, pipe=0, exc=False):
     return compile_gluon_sm90(w._wg_kernel, const, ptrs, num_warps=warps)
 
 
+@pytest.mark.cpu_sample(every=2)  # compiles for sm_90: half the configs in the default run
 @pytest.mark.parametrize("bn,bt,warps", [(64, 8, 4), (64, 16, 4), (64, 64, 4), (128, 32, 8), (128, 64, 8)])
 @pytest.mark.parametrize("out,pipe,exc", [(0, 0, False), (1, 0, False), (0, 1, False), (1, 1, True)])
 def test_wg_decoded_tile_is_the_register_operand_sm90(bn, bt, warps, out, pipe, exc):

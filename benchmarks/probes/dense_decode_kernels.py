@@ -302,6 +302,10 @@ LARGE = {UNPACK: Cfg(16, 512, 4), HOT: Cfg(16, 512, 4), FOLD: Cfg(16, 512, 4), G
          GEMV_HOT: Cfg(32, 256, 4)}
 
 
+#: the config of every launch, in order (the probe checks a variant ran with the tile its name says)
+LAUNCHED: list[Cfg] = []
+
+
 def _i32(v: int) -> int:
     v &= 0xFFFFFFFF
     return v - 2**32 if v >= 2**31 else v
@@ -339,6 +343,7 @@ class Prepared:
 def launch(prep: Prepared, mode: int, out: torch.Tensor, x: torch.Tensor | None = None, cfg: Cfg | None = None,
            hw: bool | None = None) -> torch.Tensor:
     cfg = cfg or DEFAULTS[mode]
+    LAUNCHED.append(cfg)
     n, k = prep.shape
     a = prep.a
     if n % cfg.bn or prep.kp % cfg.bk or 1024 % cfg.bk:

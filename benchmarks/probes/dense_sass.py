@@ -1,0 +1,174 @@
+"""Static sm_90 SASS of the dense-decode probe kernels (``dense_decode_kernels.py``) and of
+dense11's own unpack and GEMV kernels, compiled on any machine (``probe_dense_decode.py --sass``).
+
+For each kernel: registers, the instructions of a K step (the smallest loop holding the step's
+16-byte ``sm`` loads, without the escape rounds nested in it) and of one escape round (the loop
+nested in the step that loads a digit), their shared-memory traffic (LDS, STS, BAR: layout
+conversions), and the step's instructions a weight a thread. A static count: the escape rounds
+run as often as the tile's busiest run has escapes (3-5 times a step at 3-4% escapes).
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import re
+import subprocess
+import tempfile
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+import dense_decode_kernels as K
+
+INSN = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)")
+BRA = re.compile(r"BRA\s+(?:`\()?(?:0x)?([0-9a-f]+)")
+
+PTRS = dict(code_ptr="*i32", sm_ptr="*i32", sm8_ptr="*u8", esc_ptr="*i32", ebase_ptr="*i32", eoff_ptr="*u16",
+            etab_ptr="*i32", x_ptr="*i32", xh_ptr="*bf16", rowptr_ptr="*i32", eidx_ptr="*i64", eexp_ptr="*u8")
+
+
+def _sass(fn, sig: dict, const: dict, warps: int, divisible: tuple[str, ...]) -> tuple[list, str]:
+    names = fn.arg_names
+    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in divisible if n in names}
+    k = triton.compile(ASTSource(fn, sig, const, attrs), target=GPUTarget("cuda", 90, 32),
+                       options=dict(num_warps=warps, num_stages=1))
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(k.asm["cubin"])
+        f.flush()
+        sass = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True, check=True).stdout
+        res = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True, check=True).stdout
+    rows = []
+    for ln in sass.splitlines():
+        m = INSN.search(ln)
+        if m:
+            rows.append((int(m.group(1), 16), m.group(3), ln))
+    return rows, res
+
+
+def _loops(rows: list) -> list[tuple[int, int]]:
+    out = []
+    for a, op, ln in rows:
+        m = BRA.search(ln) if op.startswith("BRA") else None
+        if m and int(m.group(1), 16) < a:
+            out.append((int(m.group(1), 16), a))
+    return out
+
+
+def _within(rows, lo, hi):
+    return [r for r in rows if lo <= r[0] <= hi]
+
+
+def analyse(rows: list, res: str, weights_per_thread: float) -> dict:
+    loops = _loops(rows)
+    step = [lp for lp in loops if any(op.startswith("LDG.E.128") for _, op, _ in _within(rows, *lp))]
+    step = min(step, key=lambda lp: lp[1] - lp[0]) if step else (max(loops, key=lambda lp: lp[1] - lp[0]) if loops
+                                                                 else (rows[0][0], rows[-1][0]))
+    inner = [lp for lp in loops if step[0] <= lp[0] and lp[1] <= step[1] and lp != step]
+    # the escape rounds: ptxas unrolls them (4 a trip) with a remainder loop of one round, the smallest
+    rounds = [lp for lp in inner if any(op.startswith("LDG") for _, op, _ in _within(rows, *lp))]
+    rnd = min(rounds, key=lambda lp: lp[1] - lp[0]) if rounds else None
+    body = _within(rows, *step)
+    hot = [r for r in body if not any(lo <= r[0] <= hi for lo, hi in inner)]
+    ops = collections.Counter(op.split(".")[0] for _, op, _ in hot)
+
+    def count(rs, *pfx):
+        return sum(1 for _, op, _ in rs if op.startswith(pfx))
+    return {"regs": int(re.search(r"REG:(\d+)", res).group(1)), "stack": int(re.search(r"STACK:(\d+)", res).group(1)),
+            "total": len(rows), "step": len(hot), "per_weight": len(hot) / weights_per_thread,
+            "round": len(_within(rows, *rnd)) if rnd else 0, "LDS": count(hot, "LDS"), "STS": count(hot, "STS"),
+            "BAR": count(hot, "BAR"), "LDG": count(hot, "LDG"), "top": ops.most_common(8)}
+
+
+def candidate(layout: str, mode: int, cfg: K.Cfg | None = None) -> dict:
+    cfg = cfg or K.DEFAULTS[mode]
+    const = dict(BN=cfg.bn, BK=cfg.bk, LAYOUT=K.LAYOUT_IDS[layout], MODE=mode, HW=True)
+    ptrs = dict(PTRS, out_ptr="*bf16" if mode >= K.GEMV else "*i32", out16_ptr="*i16" if mode == K.UNPACK else "*i32")
+    sig = {n: "constexpr" if n in const else ptrs.get(n, "i32") for n in K._dense_kernel.arg_names}
+    rows, res = _sass(K._dense_kernel, sig, const, cfg.warps, (*ptrs, "KP"))
+    return analyse(rows, res, cfg.bn * cfg.bk / (32 * cfg.warps))
+
+
+def _largest_loop(rows: list, res: str, weights_per_thread: float) -> dict:
+    # kernels without the candidates' structure: the step is their largest loop (the whole kernel
+    # when it has none, as the flat fold kernels)
+    loops = _loops(rows)
+    step = max(loops, key=lambda lp: lp[1] - lp[0]) if loops else (rows[0][0], rows[-1][0])
+    body = _within(rows, *step)
+    ops = collections.Counter(op.split(".")[0] for _, op, _ in body)
+
+    def count(*pfx):
+        return sum(1 for _, op, _ in body if op.startswith(pfx))
+    return {"regs": int(re.search(r"REG:(\d+)", res).group(1)), "stack": int(re.search(r"STACK:(\d+)", res).group(1)),
+            "total": len(rows), "step": len(body), "per_weight": len(body) / weights_per_thread, "round": 0,
+            "LDS": count("LDS"), "STS": count("STS"), "BAR": count("BAR"), "LDG": count("LDG"), "top": ops.most_common(8)}
+
+
+def dense11(kind: str) -> dict:
+    """dense11's kernels on main with their default configs (unpack: 8 rows, bk 256, 4 warps;
+    GEMV: bn 16, bk 256, 1 or 16 x rows, 4 warps). Their escape work is per weight, inside the step."""
+    from glyd.kernels.dense11 import gemv as G
+    from glyd.kernels.dense11 import unpack as U
+
+    ptrs = dict(x_ptr="*bf16", sm_ptr="*u8", code_ptr="*i32", base_ptr="*u8", etab_ptr="*u8", esc_ptr="*i32",
+                ebase_ptr="*i32", eoff_ptr="*u16", rowptr_ptr="*i32", eidx_ptr="*i32", eexp_ptr="*u8",
+                bias_ptr="*bf16", out_ptr="*i16" if kind == "unpack" else "*bf16")
+    if kind == "unpack":
+        fn, const, bn, bk, warps = U._unpack_kernel, dict(BN=8, BK=256, HW_POPC=True), 8, 256, 4
+    else:
+        fn, bn, bk, warps = G._gemv_kernel, 16, 256, 4
+        const = dict(BN=bn, BK=bk, MB=1 if kind == "gemv1" else 16, HW_POPC=True, HAS_BIAS=False, HAS_EXC=True,
+                     PARTIAL=False)
+    sig = {n: "constexpr" if n in const else ptrs.get(n, "i32") for n in fn.arg_names}
+    rows, res = _sass(fn, sig, const, warps, (*ptrs, "KP"))
+    return _largest_loop(rows, res, bn * bk / (32 * warps))  # unpack: its block loop, gemv: its K loop
+
+
+def fixed12(kind: str) -> dict:
+    """fixed12's GEMV as the H200 table runs it at M = 1 on gate/up (bm 1, bn 16, bk 256, 4 warps,
+    whole K steps, prmt), and the fold kernel of this probe (16 groups of 64 weights, 2 warps)."""
+    if kind == "fold":
+        const = dict(BG=K.FIXED12_BG)
+        fn = K._fixed12_fold_kernel
+        ptrs = dict(code_ptr="*u8", lo_ptr="*u8", base_ptr="*u8", out_ptr="*i32")
+        sig = {n: "constexpr" if n in const else ptrs[n] for n in fn.arg_names}
+        rows, res = _sass(fn, sig, const, 2, tuple(ptrs))
+        return _largest_loop(rows, res, K.FIXED12_BG * 64 / 64)
+    from glyd.kernels.fixed12 import gemv as G
+
+    fn = G._gemv_gm_kernel
+    const = dict(BM=1, BN=16, BK=256, EVEN=True, PREFETCH=False, PRMT=True, HAS_BIAS=False, HAS_EXC=False,
+                 PARTIAL=False, FIXUP=False, PDL=0)
+    ptrs = dict(x_ptr="*bf16", x32_ptr="*i32", code_ptr="*i32", lo_ptr="*i32", lo8_ptr="*u8", base_ptr="*u8",
+                rowptr_ptr="*i32", eidx_ptr="*i64", ehi_ptr="*u8", bias_ptr="*bf16", out_ptr="*bf16",
+                fin_ptr="*bf16", cnt_ptr="*i32")
+    sig = {n: "constexpr" if n in const else ptrs.get(n, "i32") for n in fn.arg_names}
+    div = (*ptrs, "KP", "K", "K_SPLIT", "stride_xm", "stride_code", "stride_lo")
+    rows, res = _sass(fn, sig, const, 4, div)
+    return _largest_loop(rows, res, 16 * 256 / 128)
+
+
+def report() -> int:
+    print("static sm_90 SASS (Triton " + triton.__version__ + "): step = a K step's instructions without the escape "
+          "rounds; /w = step instructions a weight a thread; round = one escape round of a thread (its runs of the "
+          "tile: 1 or 2)")
+    print(f"{'kernel':18s} {'regs':>4s} {'stack':>5s} {'total':>6s} {'step':>5s} {'/w':>6s} {'round':>5s} "
+          f"{'LDG':>4s} {'LDS':>4s} {'STS':>4s} {'BAR':>4s}  top opcodes of the step")
+    items = [(f"fixed12/{k}", lambda k=k: fixed12(k)) for k in ("fold", "gemv1")]
+    items += [(f"dense11/{k}", lambda k=k: dense11(k)) for k in ("unpack", "gemv1", "gemv16")]
+    for lay in K.LAYOUT_IDS:
+        for mode, m in K.MODES.items():
+            for cfg in (K.DEFAULTS[m], K.LARGE[m]):
+                items.append((f"{lay}/{mode}@{cfg.bn}x{cfg.bk}", lambda lay=lay, m=m, cfg=cfg: candidate(lay, m, cfg)))
+    for name, fn in items:
+        try:
+            r = fn()
+        except Exception as exc:  # a kernel that does not compile is a finding
+            print(f"{name:18s} failed: {type(exc).__name__}: {str(exc)[:300]}")
+            continue
+        top = ", ".join(f"{op} {c}" for op, c in r["top"])
+        print(f"{name:18s} {r['regs']:4d} {r['stack']:5d} {r['total']:6d} {r['step']:5d} {r['per_weight']:6.2f} "
+              f"{r['round']:5d} {r['LDG']:4d} {r['LDS']:4d} {r['STS']:4d} {r['BAR']:4d}  {top}", flush=True)
+    return 0

@@ -283,19 +283,21 @@ def check_size(what: str, numel: int) -> None:
         raise FormatError(f"{what} has {numel} elements; the kernels index with 32-bit offsets (< 2**31)")
 
 
-_CACHE: dict[int, tuple[weakref.ref, int, object]] = {}
+_CACHE: dict[int, tuple[weakref.ref, tuple, object]] = {}
 
 
-def cached(key_tensor: torch.Tensor, make):
-    """``make()``, computed once per live ``key_tensor`` and made again after the tensor is changed
-    in place (``load_state_dict`` copies into existing buffers); entries die with the tensor."""
+def cached(key_tensor: torch.Tensor, make, sources=()):
+    """``make()``, computed once per live ``key_tensor`` and made again after it or any tensor of
+    ``sources`` (what ``make`` reads) is replaced or changed in place (``load_state_dict`` copies into
+    existing buffers, one array at a time); entries die with ``key_tensor``."""
     k = id(key_tensor)
+    stamp = (key_tensor._version, *((id(t), t._version) for t in sources))
     hit = _CACHE.get(k)
-    if hit is not None and hit[0]() is key_tensor and hit[1] == key_tensor._version:
+    if hit is not None and hit[0]() is key_tensor and hit[1] == stamp:
         return hit[2]
     value = make()
     fresh = hit is None or hit[0]() is not key_tensor
-    _CACHE[k] = (weakref.ref(key_tensor), key_tensor._version, value)
+    _CACHE[k] = (weakref.ref(key_tensor), stamp, value)
     if fresh:
         weakref.finalize(key_tensor, _CACHE.pop, k, None)
     return value

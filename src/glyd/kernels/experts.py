@@ -100,7 +100,8 @@ class ExpertsLoopKernel(ExpertsKernel):
         if counts[0] or len(counts) > e + 1:
             raise IndexError(f"ids hold an expert outside the {e} experts")
         order = torch.argsort(flat, stable=True)
-        experts = C.cached(packed.arrays["lens"], lambda: [_aligned(packed.expert(i)) for i in range(e)])
+        experts = C.cached(packed.arrays["lens"], lambda: [_aligned(packed.expert(i)) for i in range(e)],
+                           packed.arrays.values())
         start = 0
         for i, c in enumerate(counts[1:]):
             if c:

@@ -186,7 +186,7 @@ def prepare(p: Packed) -> Prepared:
     """The checked per-matrix data of ``p`` (built once a matrix; again after an in-place change)."""
     if not isinstance(p, Packed) or p.layout != _codec.NAME:
         raise TypeError("packed must be a dense11 glyd.Packed")
-    return C.cached(p.arrays["code"], lambda: Prepared(p))
+    return C.cached(p.arrays["code"], lambda: Prepared(p), p.arrays.values())
 
 
 def _args(p: Packed):

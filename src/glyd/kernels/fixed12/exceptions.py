@@ -51,7 +51,7 @@ def prepare(p: Packed) -> Prepared:
     """The exception index of ``p`` (built once a matrix, with host syncs; again after an in-place change)."""
     if p.layout != _codec.NAME:
         raise ValueError(f"expected a fixed12 packed matrix, got layout {p.layout!r}")
-    return C.cached(p.arrays["exc_idx"], lambda: Prepared(p))
+    return C.cached(p.arrays["exc_idx"], lambda: Prepared(p), p.arrays.values())
 
 
 EXC_ROWS = 4  # weight rows an exception program corrects (swept: 4 against 16 and 64)

@@ -76,7 +76,7 @@ def prepare(p: PackedExperts) -> Prepared:
     """The exception row pointer of ``p`` (once a packed experts tensor; again after an in-place change)."""
     if p.layout != "fixed12":
         raise ValueError(f"expected fixed12 experts, got layout {p.layout!r}")
-    return C.cached(p.arrays["exc_idx"], lambda: Prepared(p))
+    return C.cached(p.arrays["exc_idx"], lambda: Prepared(p), p.arrays.values())
 
 
 @isolated

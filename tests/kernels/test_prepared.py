@@ -1,0 +1,54 @@
+"""Per-matrix data derived once (exception values, checked offsets) is made again when any array it
+was derived from changes in place: ``load_state_dict`` copies one buffer at a time, so a matrix whose
+``exc_hi`` or ``lo`` alone changed must not decode with the old exception values."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import glyd
+from glyd.kernels import _common as C
+
+from .conftest import DEVICES, needs_triton, random_weights
+
+pytestmark = needs_triton
+
+
+def test_cached_is_made_again_when_a_source_changes():
+    key, src = torch.zeros(3), torch.zeros(2)
+    made = []
+    get = lambda: C.cached(key, lambda: made.append(1) or len(made), (key, src))  # noqa: E731
+    assert get() == 1 and get() == 1
+    src.add_(1)  # only a source changed
+    assert get() == 2 and get() == 2
+    key.add_(1)
+    assert get() == 3
+    other = torch.zeros(2)  # a source replaced by another tensor: its id differs
+    assert C.cached(key, lambda: made.append(1) or len(made), (key, other)) == 4
+
+
+def _mutate(p, layout):
+    # A change of one exception's true bits in one array only (the key arrays keep their versions).
+    a = p.arrays
+    if layout == "fixed12":
+        a["exc_hi"][0] ^= 1  # sign/exponent byte of the first exception
+    else:
+        a["exc_exp"][0] ^= 1
+    return p
+
+
+@pytest.mark.parametrize("layout", ["fixed12", "dense11"])
+@pytest.mark.parametrize("device", DEVICES)
+def test_unpack_sees_an_exception_changed_in_place(layout, device):
+    from glyd import kernels
+
+    w = random_weights(6, 130, "wide")
+    p = glyd.pack(w, layout).to(device)
+    key = "exc_hi" if layout == "fixed12" else "exc_exp"
+    assert p.arrays[key].numel() > 0, "wide weights have exceptions"
+    assert torch.equal(kernels.unpack(p).cpu().view(torch.int16), w.view(torch.int16))  # caches the data
+    _mutate(p, layout)
+    want = glyd.unpack(p.to("cpu"))  # the CPU codec reads the arrays as they are now
+    assert not torch.equal(want.view(torch.int16), w.view(torch.int16))
+    assert torch.equal(kernels.unpack(p).cpu().view(torch.int16), want.view(torch.int16))

@@ -1,0 +1,378 @@
+"""Launch plans (``glyd.kernels._plan``): the same bits as the uncached path for every family and
+layout, a new plan (or a recheck) whenever anything in the key changes, no matrix kept alive, and a
+fast launch passes the compiled kernel exactly the arguments Triton's own launch binds."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+
+import pytest
+import torch
+
+import glyd
+
+from .conftest import DEVICES, HAS_CUDA, needs_triton, random_weights
+
+pytestmark = needs_triton
+
+
+@pytest.fixture(autouse=True)
+def _plans_on():
+    from glyd.kernels import _plan
+
+    _plan.set_enabled(True)
+    yield
+    _plan.set_enabled(None)
+
+
+def _bits(y: torch.Tensor) -> torch.Tensor:
+    return y.view(torch.int16).cpu()
+
+
+def _forced(monkeypatch, name: str, cfg):
+    """The registry chooses family ``name`` with ``cfg`` for every product; the calls are counted."""
+    from glyd.kernels import registry
+
+    kc = registry.kernel_class(name)
+    calls = []
+    monkeypatch.setattr(registry, "choose", lambda problem, device: calls.append(problem) or (kc, cfg))
+    return calls
+
+
+def _family_cases():
+    from glyd.kernels import (Dense11GemvConfig, Dense11LongConfig, GemvConfig, LongConfig, MmaConfig, TcConfig,
+                              TieredGemvConfig, TieredLongConfig, TileConfig)
+
+    # (family, config, layout, N, K, M)
+    return [
+        ("fixed12_gemv", GemvConfig(bm=2, bn=16, bk=128), "fixed12", 24, 256, 3),  # exceptions in the tile
+        ("fixed12_gemv", GemvConfig(bm=1, bn=16, bk=128, split=2), "fixed12", 20, 300, 1),  # split-K, finalize
+        ("fixed12_gemv", GemvConfig(bm=2, bn=16, bk=128, exc_pass=True), "fixed12", 24, 256, 2),  # a pass after
+        ("fixed12_gemv", GemvConfig(bm=1, bn=16, bk=128, split=2, fixup=True), "fixed12", 16, 256, 1),  # counters
+        ("fixed12_word_dot", TcConfig(bm=16, bn=16, bk=128, stages=1, split=2), "fixed12", 24, 256, 3),
+        ("fixed12_byte_dot", TileConfig(bm=16, bn=16, bk=128, stages=1), "fixed12", 24, 256, 3),
+        ("fixed12_operand_dot", MmaConfig(bm=16, bn=16, g=2, stages=1), "fixed12", 24, 256, 3),
+        ("fixed12_unpack_cublas", LongConfig(), "fixed12", 24, 200, 3),
+        ("tiered_gemv", TieredGemvConfig(), "tiered", 6, 1024, 2),
+        ("tiered_unpack_cublas", TieredLongConfig(), "tiered", 12, 100, 3),
+        ("dense11_gemv", Dense11GemvConfig(bn=16, bk=256), "dense11", 12, 1100, 2),
+        ("dense11_unpack_cublas", Dense11LongConfig(), "dense11", 12, 100, 3),
+    ]
+
+
+@pytest.mark.parametrize("case", range(12))
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_plan_gives_the_uncached_bits_for_every_family(monkeypatch, device, case):
+    # The first call makes the plan (the uncached path's work, kept); the next ones run it: the
+    # same bits as the uncached path (plans off), and the kernel is chosen once.
+    from glyd import kernels
+    from glyd.kernels import _plan
+
+    cases = _family_cases()
+    assert len(cases) == 12
+    name, cfg, layout, n, k, m = cases[case]
+    calls = _forced(monkeypatch, name, cfg)
+    p = glyd.pack(random_weights(n, k, "normal"), layout).to(device)
+    x = torch.randn(m, k).to(torch.bfloat16).to(device)
+    bias = torch.randn(n).to(torch.bfloat16).to(device)
+    _plan.set_enabled(False)
+    want = _bits(kernels.linear(x, p, bias))
+    _plan.set_enabled(True)
+    calls.clear()
+    for _ in range(2):  # made, then run (a third call would do what the second did: no fast launch here)
+        assert torch.equal(_bits(kernels.linear(x, p, bias)), want)
+    assert len(calls) == 1 and _plan.count() == 1
+
+
+def _gemv(monkeypatch):
+    from glyd.kernels import GemvConfig
+
+    return _forced(monkeypatch, "fixed12_gemv", GemvConfig(bm=2, bn=16, bk=128))
+
+
+def _uncached(x, p, bias=None):
+    from glyd import kernels
+    from glyd.kernels import GemvConfig
+
+    return _bits(kernels.linear(x, p, bias, GemvConfig(bm=2, bn=16, bk=128)))  # an explicit config: no plan
+
+
+def test_each_change_of_the_key_makes_a_new_plan(monkeypatch):
+    from glyd import kernels
+    from glyd.kernels import _plan
+
+    calls = _gemv(monkeypatch)
+    w = random_weights(16, 128, "normal")
+    p = glyd.pack(w)
+    x = torch.randn(2, 128).to(torch.bfloat16)
+    assert torch.equal(_bits(kernels.linear(x, p)), _uncached(x, p))
+    kernels.linear(x, p)
+    assert (len(calls), _plan.count()) == (1, 1)
+    # another matrix of the same shape
+    q = glyd.pack(random_weights(16, 128, "normal"))
+    assert torch.equal(_bits(kernels.linear(x, q)), _uncached(x, q))
+    assert len(calls) == 2
+    # x with another row stride, another address modulo 16, another M, more leading dims
+    wide = torch.randn(2, 136).to(torch.bfloat16)[:, :128]
+    buf = torch.randn(2 * 128 + 1).to(torch.bfloat16)
+    odd = buf[1:].view(2, 128)
+    assert odd.data_ptr() % 16 != x.data_ptr() % 16
+    for xx in (wide, odd, torch.randn(3, 128).to(torch.bfloat16), torch.randn(2, 1, 128).to(torch.bfloat16)):
+        before = len(calls)
+        assert torch.equal(_bits(kernels.linear(xx, p)).reshape(-1, 16), _uncached(xx, p).reshape(-1, 16))
+        assert len(calls) == before + 1
+        kernels.linear(xx, p)
+        assert len(calls) == before + 1  # and kept
+    # a bias added
+    bias = torch.randn(16).to(torch.bfloat16)
+    before = len(calls)
+    assert torch.equal(_bits(kernels.linear(x, p, bias)), _uncached(x, p, bias))
+    assert len(calls) == before + 1
+
+
+def test_a_plan_is_not_used_after_the_arrays_change_in_place(monkeypatch):
+    # load_state_dict copies into the buffers (their version counter moves); ``.data =`` swaps the
+    # storage (its address moves): either way the next call works out a new plan on the new arrays.
+    from glyd import kernels
+
+    calls = _gemv(monkeypatch)
+    p = glyd.pack(random_weights(16, 128, "normal"))
+    x = torch.randn(2, 128).to(torch.bfloat16)
+    first = _bits(kernels.linear(x, p))
+    kernels.linear(x, p)
+    assert len(calls) == 1
+    p.arrays["lo"].add_(3)  # other weights (any low byte is a weight)
+    got = _bits(kernels.linear(x, p))
+    assert len(calls) == 2 and torch.equal(got, _uncached(x, p)) and not torch.equal(got, first)
+    code = p.arrays["code"]
+    code.data = code.clone() ^ 0x11  # same tensor object, same version, another storage
+    got = _bits(kernels.linear(x, p))
+    assert len(calls) == 3 and torch.equal(got, _uncached(x, p))
+
+
+def test_the_op_and_the_module_use_the_plans(monkeypatch):
+    from glyd.kernels import _plan
+
+    calls = _gemv(monkeypatch)
+    lin = glyd.GlydLinear(glyd.pack(random_weights(16, 128, "normal")), torch.randn(16).to(torch.bfloat16))
+    x = torch.randn(2, 128).to(torch.bfloat16)
+    layout, shape, arrays, version = lin._op_args()
+    from glyd.ops.backends import cuda
+
+    y = cuda.linear(x, layout, shape, arrays, lin.bias, version)  # the op's CUDA implementation
+    assert len(calls) == 1 and _plan.count() == 1
+    assert _plan.run(x, layout, shape, arrays, lin.bias, version) is not None
+    assert torch.equal(_bits(cuda.linear(x, layout, shape, arrays, lin.bias, version)), _bits(y))
+    assert len(calls) == 1
+    assert _plan.run(x, layout, shape, arrays, None, version) is None  # no bias: another key
+    assert _plan.run(x.to(torch.float16), layout, shape, arrays, lin.bias, version) is None
+
+
+def test_plans_hold_no_matrix_and_go_with_it(monkeypatch):
+    from glyd import kernels
+    from glyd.kernels import _plan
+
+    _gemv(monkeypatch)
+    p = glyd.pack(random_weights(16, 128, "normal"))
+    x = torch.randn(2, 128).to(torch.bfloat16)
+    kernels.linear(x, p)
+    kernels.linear(x, p)
+    assert _plan.count() == 1
+    refs = [weakref.ref(a) for a in p.arrays.values()]
+    del p
+    gc.collect()
+    assert all(r() is None for r in refs), "a plan kept the packed arrays alive"
+    assert _plan.count() == 0
+
+
+def test_plans_off_keep_nothing_and_reset_forgets(monkeypatch):
+    from glyd import kernels
+    from glyd.kernels import _plan, registry
+
+    calls = _gemv(monkeypatch)
+    p = glyd.pack(random_weights(16, 128, "normal"))
+    x = torch.randn(1, 128).to(torch.bfloat16)
+    monkeypatch.setenv("GLYD_PLANS", "0")
+    _plan.set_enabled(None)
+    from glyd import _env
+
+    _env.settings.cache_clear()
+    kernels.linear(x, p)
+    kernels.linear(x, p)
+    assert len(calls) == 2 and _plan.count() == 0
+    _plan.set_enabled(True)
+    kernels.linear(x, p)
+    assert _plan.count() == 1
+    registry.reset()
+    assert _plan.count() == 0
+
+
+def test_plans_a_matrix_are_bounded(monkeypatch):
+    from glyd import kernels
+    from glyd.kernels import _plan
+
+    _gemv(monkeypatch)
+    monkeypatch.setattr(_plan, "MAX_PLANS", 3)
+    p = glyd.pack(random_weights(16, 128, "normal"))
+    for m in range(1, 6):
+        kernels.linear(torch.randn(m, 128).to(torch.bfloat16), p)
+    assert _plan.count() == 3
+
+
+# -- the fast launch, against Triton's own binding of the arguments (no GPU: a stand-in compiled kernel)
+
+
+def _kern_src():
+    import triton.language as tl
+
+    def _kern(x_ptr, c_ptr, n, y_ptr, BLOCK: tl.constexpr, FLAG: tl.constexpr = 0):
+        pass
+
+    return _kern
+
+
+class _Compiled:
+    def __init__(self, spec):
+        self.spec = spec
+        self.function = object()
+        self.packed_metadata = (4, 1, 0)
+        self.launched = []
+
+    def run(self, *args):
+        self.launched.append(args)
+
+
+@pytest.fixture
+def fake_kernel(monkeypatch):
+    """A real ``JITFunction`` whose launch compiles nothing: Triton's binder and cache key pick a
+    stand-in compiled kernel per specialization, as ``JITFunction.run`` does."""
+    from triton import knobs
+    from triton.backends.compiler import BaseBackend
+    from triton.runtime.jit import JITFunction, compute_cache_key, create_function_from_signature
+
+    from glyd.kernels import _plan
+
+    jf = JITFunction(_kern_src())
+    binder = create_function_from_signature(jf.signature, jf.params, BaseBackend)
+    cache, key_cache = {}, {}
+    jf.device_caches[0] = (cache, key_cache, None, None, binder)
+    jf.triton_calls = []
+
+    def run(*args, grid, warmup, **kwargs):
+        kwargs["debug"] = kwargs.get("debug", jf.debug) or knobs.runtime.debug
+        kwargs["instrumentation_mode"] = knobs.compilation.instrumentation_mode
+        bound, spec, options = binder(*args, **kwargs)
+        compiled = cache.setdefault(compute_cache_key(key_cache, spec, options), _Compiled(spec))
+        jf.triton_calls.append((grid, [a.data_ptr() if isinstance(a, torch.Tensor) else a for a in bound.values()]))
+        return compiled
+
+    jf.run = run
+    monkeypatch.setattr(_plan, "_device", lambda: 0)
+    monkeypatch.setattr(_plan, "_raw_stream", lambda device: 1234)
+    return jf
+
+
+def test_the_fast_launch_passes_what_triton_binds(fake_kernel):
+    from glyd.kernels import _plan
+
+    x, y = _plan.slots(2)
+    const = torch.zeros(8)
+    launch = _plan.Launch(fake_kernel, (3, 2), (x, const, 7, y.view(torch.int32)), dict(BLOCK=16, num_warps=4))
+    xs = [torch.zeros(64, dtype=torch.bfloat16) for _ in range(3)]
+    ys = [torch.zeros(64, dtype=torch.bfloat16) for _ in range(3)]
+    launch(xs[0], ys[0])
+    launch(xs[1], ys[1])
+    assert len(fake_kernel.triton_calls) == 2 and launch.fast is not None  # recorded at the second
+    launch(xs[2], ys[2])
+    assert len(fake_kernel.triton_calls) == 2
+    (compiled,) = {id(c): c for c in fake_kernel.device_caches[0][0].values()}.values()
+    (args,) = compiled.launched
+    assert args[:9] == (3, 2, 1, 1234, compiled.function, compiled.packed_metadata, None, None, None)
+    assert list(args[9:]) == [xs[2].data_ptr(), const.data_ptr(), 7, ys[2].data_ptr(), 16, 0]
+    assert list(args[9:]) != fake_kernel.triton_calls[1][1]
+    assert fake_kernel.triton_calls[1][1] == [xs[1].data_ptr(), const.data_ptr(), 7, ys[1].data_ptr(), 16, 0]
+
+
+def test_the_fast_launch_steps_aside(fake_kernel):
+    # a slot at another 16-byte alignment (Triton specializes on it), a launch hook, plans off,
+    # another current device: Triton's own launch
+    from triton import knobs
+
+    from glyd.kernels import _plan
+
+    x, = _plan.slots(1)
+    launch = _plan.Launch(fake_kernel, (1,), (x, torch.zeros(4), 5, x), dict(BLOCK=8))
+    t = torch.zeros(64, dtype=torch.bfloat16)
+    launch(t)
+    launch(t)
+    launch(t)
+    assert len(fake_kernel.triton_calls) == 2
+    odd = t[1:]
+    launch(odd)
+    assert len(fake_kernel.triton_calls) == 3
+    assert len(fake_kernel.device_caches[0][0]) == 2  # Triton compiled the other specialization
+
+    def hook(meta):
+        pass
+
+    knobs.runtime.launch_enter_hook.add(hook)
+    try:
+        launch(t)
+    finally:
+        knobs.runtime.launch_enter_hook.remove(hook)
+    assert len(fake_kernel.triton_calls) == 4
+    _plan.set_enabled(False)
+    launch(t)
+    assert len(fake_kernel.triton_calls) == 5
+    _plan.set_enabled(True)
+    _plan._device = lambda: 1  # monkeypatched back by the fixture
+    launch(t)
+    assert len(fake_kernel.triton_calls) == 6
+    _plan._device = lambda: 0
+    launch(t)
+    assert len(fake_kernel.triton_calls) == 6
+
+
+def test_no_fast_launch_without_a_compiled_kernel():
+    # Triton's interpreter (what the CPU tests run) returns no compiled kernel: every launch stays Triton's
+    from glyd.kernels import _plan
+
+    class Interp:
+        def __getitem__(self, grid):
+            return lambda *a, **k: None
+
+    launch = _plan.Launch(Interp(), (1,), (_plan.Slot(0),), {})
+    for _ in range(3):
+        launch(torch.zeros(4))
+    assert launch.fast is None and launch.calls == 3
+
+
+# -- on a GPU: the fast launches themselves
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("layout,n,k", [("fixed12", 4608, 3584), ("fixed12", 3584, 18944), ("fixed12", 37888, 3584),
+                                        ("tiered", 3584, 3584), ("dense11", 3584, 3584)])
+@pytest.mark.parametrize("m", [1, 8, 64])
+def test_fast_launches_give_the_uncached_bits_on_the_gpu(layout, n, k, m):
+    # The table's choice on the 7B's merged shapes, with 0.1% exceptions (the side-stream pass):
+    # plans off, then the plan's first, second (recorded) and fast calls, with and without a bias.
+    from glyd import kernels
+    from glyd.kernels import _plan
+
+    w = (torch.randn(n, k, device="cuda") * 0.02).to(torch.bfloat16)
+    w.view(-1)[torch.randint(0, n * k, (n * k // 1000,), device="cuda")] = torch.tensor(1e-30).to(w)
+    p = glyd.pack(w, layout)
+    x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+    for bias in (None, torch.randn(n, device="cuda").to(torch.bfloat16)):
+        _plan.set_enabled(False)
+        want = kernels.linear(x, p, bias)
+        _plan.set_enabled(True)
+        before = _plan.LAUNCHES[0]
+        for _ in range(4):
+            y = kernels.linear(x, p, bias)
+            assert torch.equal(y.view(torch.int16), want.view(torch.int16))
+        if layout == "fixed12":  # its families at M <= 64 launch through plans (the others call launch)
+            assert _plan.LAUNCHES[0] > before  # the last calls went through the compiled kernels

@@ -232,21 +232,34 @@ def _kern_src():
     return _kern
 
 
-class _Compiled:
-    def __init__(self, spec):
-        self.spec = spec
-        self.function = object()
-        self.packed_metadata = (4, 1, 0)
+class _Launcher:
+    """CUDA's launcher (``CudaLauncher``) for a kernel without scratch: ``__call__`` adds the launch
+    flags and passes everything to the C ``launch``, which records here."""
+
+    global_scratch_size = profile_scratch_size = 0
+    launch_cooperative_grid, launch_pdl = False, True
+
+    def __init__(self):
         self.launched = []
 
-    def run(self, *args):
-        self.launched.append(args)
+    def __call__(self, gx, gy, gz, stream, function, *args):
+        self.launch(gx, gy, gz, stream, function, self.launch_cooperative_grid, self.launch_pdl, None, None, *args)
+
+    def launch(self, *args):
+        self.launched.append(tuple(a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args))
+
+
+class _Compiled:
+    def __init__(self):
+        self.function = 77
+        self.packed_metadata = (4, 1, 0)
+        self.run = _Launcher()
 
 
 @pytest.fixture
 def fake_kernel(monkeypatch):
     """A real ``JITFunction`` whose launch compiles nothing: Triton's binder and cache key pick a
-    stand-in compiled kernel per specialization, as ``JITFunction.run`` does."""
+    stand-in compiled kernel per specialization, which is launched as ``JITFunction.run`` does."""
     from triton import knobs
     from triton.backends.compiler import BaseBackend
     from triton.runtime.jit import JITFunction, compute_cache_key, create_function_from_signature
@@ -257,14 +270,17 @@ def fake_kernel(monkeypatch):
     binder = create_function_from_signature(jf.signature, jf.params, BaseBackend)
     cache, key_cache = {}, {}
     jf.device_caches[0] = (cache, key_cache, None, None, binder)
-    jf.triton_calls = []
+    jf.triton_calls = 0
 
     def run(*args, grid, warmup, **kwargs):
         kwargs["debug"] = kwargs.get("debug", jf.debug) or knobs.runtime.debug
         kwargs["instrumentation_mode"] = knobs.compilation.instrumentation_mode
         bound, spec, options = binder(*args, **kwargs)
-        compiled = cache.setdefault(compute_cache_key(key_cache, spec, options), _Compiled(spec))
-        jf.triton_calls.append((grid, [a.data_ptr() if isinstance(a, torch.Tensor) else a for a in bound.values()]))
+        compiled = cache.setdefault(compute_cache_key(key_cache, spec, options), _Compiled())
+        g = tuple(grid) + (1, 1)
+        compiled.run(g[0], g[1], g[2], 1234, compiled.function, compiled.packed_metadata, None, None, None,
+                     *bound.values())
+        jf.triton_calls += 1
         return compiled
 
     jf.run = run
@@ -273,44 +289,45 @@ def fake_kernel(monkeypatch):
     return jf
 
 
-def test_the_fast_launch_passes_what_triton_binds(fake_kernel):
+def test_the_fast_launch_passes_what_triton_passes(fake_kernel):
+    # the same call of CUDA's C launch as Triton's own launch makes for the same tensors (a matrix
+    # array, ``fixed``, taken once: a kept plan's key holds these arrays)
     from glyd.kernels import _plan
 
     x, y = _plan.slots(2)
+    (arr,) = _plan.slots(1, 2, fixed=True)
     const = torch.zeros(8)
-    launch = _plan.Launch(fake_kernel, (3, 2), (x, const, 7, y.view(torch.int32)), dict(BLOCK=16, num_warps=4))
-    xs = [torch.zeros(64, dtype=torch.bfloat16) for _ in range(3)]
-    ys = [torch.zeros(64, dtype=torch.bfloat16) for _ in range(3)]
-    launch(xs[0], ys[0])
-    launch(xs[1], ys[1])
-    assert len(fake_kernel.triton_calls) == 2 and launch.fast is not None  # recorded at the second
-    launch(xs[2], ys[2])
-    assert len(fake_kernel.triton_calls) == 2
+    launch = _plan.Launch(fake_kernel, (3, 2), (x, const, 7, y.view(torch.int32)), dict(BLOCK=16, FLAG=arr, num_warps=4))
+    xs = [torch.zeros(64, dtype=torch.bfloat16) for _ in range(2)]
+    ys = [torch.zeros(64, dtype=torch.bfloat16) for _ in range(2)]
+    matrix = torch.zeros(4, dtype=torch.uint8)
+    launch(xs[0], ys[0], matrix)
+    launch(xs[1], ys[1], matrix)
+    assert fake_kernel.triton_calls == 2 and launch.fast is not None  # recorded at the second
+    launch(xs[1], ys[1], matrix)
+    assert fake_kernel.triton_calls == 2
     (compiled,) = {id(c): c for c in fake_kernel.device_caches[0][0].values()}.values()
-    (args,) = compiled.launched
-    assert args[:9] == (3, 2, 1, 1234, compiled.function, compiled.packed_metadata, None, None, None)
-    assert list(args[9:]) == [xs[2].data_ptr(), const.data_ptr(), 7, ys[2].data_ptr(), 16, 0]
-    assert list(args[9:]) != fake_kernel.triton_calls[1][1]
-    assert fake_kernel.triton_calls[1][1] == [xs[1].data_ptr(), const.data_ptr(), 7, ys[1].data_ptr(), 16, 0]
+    first, triton, fast = compiled.run.launched
+    assert fast == triton and first != triton
+    assert fast[:13] == (3, 2, 1, 1234, 77, False, True, None, None, (4, 1, 0), None, None, None)
+    assert list(fast[13:]) == [xs[1].data_ptr(), const.data_ptr(), 7, ys[1].data_ptr(), 16, matrix.data_ptr()]
 
 
 def test_the_fast_launch_steps_aside(fake_kernel):
-    # a slot at another 16-byte alignment (Triton specializes on it), a launch hook, plans off,
-    # another current device: Triton's own launch
+    # a slot at another 16-byte alignment (Triton specializes on it), a launch hook, FAST off:
+    # Triton's own launch (another current device finds another plan: the key holds the device)
     from triton import knobs
 
     from glyd.kernels import _plan
 
-    x, = _plan.slots(1)
+    (x,) = _plan.slots(1)
     launch = _plan.Launch(fake_kernel, (1,), (x, torch.zeros(4), 5, x), dict(BLOCK=8))
     t = torch.zeros(64, dtype=torch.bfloat16)
-    launch(t)
-    launch(t)
-    launch(t)
-    assert len(fake_kernel.triton_calls) == 2
-    odd = t[1:]
-    launch(odd)
-    assert len(fake_kernel.triton_calls) == 3
+    for _ in range(3):
+        launch(t)
+    assert fake_kernel.triton_calls == 2
+    launch(t[1:])
+    assert fake_kernel.triton_calls == 3
     assert len(fake_kernel.device_caches[0][0]) == 2  # Triton compiled the other specialization
 
     def hook(meta):
@@ -321,17 +338,37 @@ def test_the_fast_launch_steps_aside(fake_kernel):
         launch(t)
     finally:
         knobs.runtime.launch_enter_hook.remove(hook)
-    assert len(fake_kernel.triton_calls) == 4
-    _plan.set_enabled(False)
+    assert fake_kernel.triton_calls == 4
+    _plan.FAST[0] = False
+    try:
+        launch(t)
+    finally:
+        _plan.FAST[0] = True
+    assert fake_kernel.triton_calls == 5
     launch(t)
-    assert len(fake_kernel.triton_calls) == 5
-    _plan.set_enabled(True)
-    _plan._device = lambda: 1  # monkeypatched back by the fixture
-    launch(t)
-    assert len(fake_kernel.triton_calls) == 6
-    _plan._device = lambda: 0
-    launch(t)
-    assert len(fake_kernel.triton_calls) == 6
+    assert fake_kernel.triton_calls == 5
+
+
+def test_the_triton_internals_the_fast_launch_follows():
+    # _plan._record and _Fast.launch follow Triton 3.6's JITFunction.run and CudaLauncher.__call__;
+    # another Triton must be read again before this passes
+    import inspect
+
+    import triton
+    from triton.backends.nvidia.driver import CudaLauncher
+    from triton.runtime.jit import JITFunction
+
+    run = inspect.getsource(JITFunction.run)
+    for line in ('kwargs["debug"] = kwargs.get("debug", self.debug) or knobs.runtime.debug',
+                 'kwargs["instrumentation_mode"] = knobs.compilation.instrumentation_mode',
+                 "bound_args, specialization, options = binder(*args, **kwargs)",
+                 "key = compute_cache_key(kernel_key_cache, specialization, options)",
+                 "kernel.run(grid_0, grid_1, grid_2, stream, kernel.function, kernel.packed_metadata, launch_metadata,"):
+        assert line in run, (triton.__version__, line)
+    call = inspect.getsource(CudaLauncher.__call__)
+    assert ("self.launch(gridX, gridY, gridZ, stream, function, self.launch_cooperative_grid, self.launch_pdl,\n"
+            "                    global_scratch, profile_scratch, *args)") in call
+    assert "if size > 0:" in call
 
 
 def test_no_fast_launch_without_a_compiled_kernel():

@@ -47,6 +47,8 @@ _FORCED: list[bool | None] = [None]
 
 #: Launches so far: [through the compiled kernel's launcher, through Triton's ``kernel[grid]``].
 LAUNCHES = [0, 0]
+#: [False]: kept plans launch through Triton's ``kernel[grid]`` too (for comparisons).
+FAST = [True]
 
 
 def enabled() -> bool:
@@ -62,28 +64,31 @@ def set_enabled(flag: bool | None) -> None:
 
 
 class Slot:
-    """Per-call tensor ``index`` of a :class:`Launch` call, seen by the kernel as ``dtype`` (a view)."""
+    """Per-call argument ``index`` of a :class:`Launch` call, seen by the kernel as ``dtype`` (a view).
+    ``fixed``: the same tensor on every call of a kept plan (the packed matrix's arrays, which the
+    plan's key pins down: these tensors, at these addresses), so a fast launch takes its address once."""
 
-    __slots__ = ("index", "dtype")
+    __slots__ = ("index", "dtype", "fixed")
 
-    def __init__(self, index: int, dtype: torch.dtype | None = None) -> None:
+    def __init__(self, index: int, dtype: torch.dtype | None = None, fixed: bool = False) -> None:
         self.index = index
         self.dtype = dtype
+        self.fixed = fixed
 
     def view(self, dtype: torch.dtype) -> Slot:
-        return Slot(self.index, dtype)
+        return Slot(self.index, dtype, self.fixed)
 
     def value(self, vals: tuple) -> Any:
         v = vals[self.index]
         return v if self.dtype is None else v.view(self.dtype)
 
     def __repr__(self) -> str:
-        return f"Slot({self.index}{'' if self.dtype is None else f', {self.dtype}'})"
+        return f"Slot({self.index}{'' if self.dtype is None else f', {self.dtype}'}{', fixed' if self.fixed else ''})"
 
 
-def slots(n: int) -> tuple[Slot, ...]:
-    """``Slot(0) ... Slot(n - 1)``."""
-    return tuple(Slot(i) for i in range(n))
+def slots(n: int, start: int = 0, fixed: bool = False) -> tuple[Slot, ...]:
+    """``Slot(start) ... Slot(start + n - 1)``."""
+    return tuple(Slot(i, fixed=fixed) for i in range(start, start + n))
 
 
 class Launch:
@@ -136,6 +141,12 @@ def _device() -> int:
     return torch.cuda.current_device()
 
 
+def _current_device() -> int:
+    """The current CUDA device's index (a plan's key; torch's private call, else the public one)."""
+    get = getattr(torch._C, "_cuda_getDevice", None)
+    return get() if get is not None else torch.cuda.current_device()
+
+
 def _raw_stream(device: int) -> int:
     return torch._C._cuda_getCurrentRawStream(device)
 
@@ -156,6 +167,11 @@ def _record(launch: Launch, compiled: Any, args: list, meta: dict) -> _Fast | No
             return None
         run, function, packed = compiled.run, compiled.function, compiled.packed_metadata
         names = list(kernel.arg_names)
+        # CUDA's launcher (CudaLauncher.__call__) allocates no scratch when the kernel needs none and
+        # then calls its C launch with the launch flags: call that directly
+        direct = None
+        if getattr(run, "global_scratch_size", 1) == 0 and getattr(run, "profile_scratch_size", 1) == 0:
+            direct = (run.launch, bool(run.launch_cooperative_grid), bool(run.launch_pdl))
     except Exception as exc:  # the interpreter, another Triton, a kernel without a compiled form
         log.debug("no fast launch for %r: %s", kernel, exc)
         return None
@@ -167,7 +183,9 @@ def _record(launch: Launch, compiled: Any, args: list, meta: dict) -> _Fast | No
     keep: list[Any] = []
     for pos, (name, value) in enumerate(bound.items()):
         slot = slot_of.get(name)
-        if slot is not None and isinstance(value, torch.Tensor):
+        if slot is not None and slot.fixed and isinstance(value, torch.Tensor):
+            template.append(value.data_ptr())  # a matrix array: the plan's key holds its address
+        elif slot is not None and isinstance(value, torch.Tensor):
             ptr_slots.append((pos, slot.index, value.data_ptr() % 16 == 0))
             template.append(None)
         elif slot is not None:  # a tensor descriptor: its specialization is its dtype, block and layout
@@ -178,33 +196,33 @@ def _record(launch: Launch, compiled: Any, args: list, meta: dict) -> _Fast | No
             template.append(value.data_ptr())
         else:
             template.append(value)
-    return _Fast(kernel, launch.grid, run, function, packed, template, ptr_slots, obj_slots, keep, device,
+    return _Fast(kernel, launch.grid, run, direct, function, packed, template, ptr_slots, obj_slots, keep, device,
                  knobs.runtime.debug, kwargs["instrumentation_mode"], knobs)
 
 
 class _Fast:
     """A recorded launch: the compiled kernel's launcher called with the arguments Triton would bind."""
 
-    __slots__ = ("kernel", "grid", "run", "function", "packed", "template", "ptr_slots", "obj_slots", "keep",
+    __slots__ = ("kernel", "grid", "run", "direct", "function", "packed", "template", "ptr_slots", "obj_slots", "keep",
                  "device", "debug", "mode", "knobs")
 
-    def __init__(self, kernel, grid, run, function, packed, template, ptr_slots, obj_slots, keep, device, debug, mode,
-                 knobs) -> None:
+    def __init__(self, kernel, grid, run, direct, function, packed, template, ptr_slots, obj_slots, keep, device, debug,
+                 mode, knobs) -> None:
         g = tuple(grid) + (1, 1)
-        self.kernel, self.grid, self.run, self.function, self.packed = kernel, g[:3], run, function, packed
+        self.kernel, self.grid, self.run, self.direct = kernel, g[:3], run, direct
+        self.function, self.packed = function, packed
         self.template, self.ptr_slots, self.obj_slots, self.keep = template, ptr_slots, obj_slots, keep
         self.device, self.debug, self.mode, self.knobs = device, debug, mode, knobs
 
-    def usable(self) -> bool:
-        """Nothing Triton's own launch would do differently: no hooks, the same options, this device."""
-        rt = self.knobs.runtime
-        enter, leave = rt.launch_enter_hook, rt.launch_exit_hook
-        return ((enter is None or not getattr(enter, "calls", True)) and (leave is None or not getattr(leave, "calls", True))
-                and not self.kernel.pre_run_hooks and rt.debug == self.debug
-                and self.knobs.compilation.instrumentation_mode == self.mode and _device() == self.device)
-
     def launch(self, vals: tuple, stream: Any) -> bool:
-        if not (enabled() and self.usable()):
+        # Not checked here: the current device, which the kept plan's key holds (it is the one
+        # this launch was recorded on).
+        knobs = self.knobs
+        rt = knobs.runtime
+        enter, leave = rt.launch_enter_hook, rt.launch_exit_hook
+        if not (FAST[0] and (enter is None or not getattr(enter, "calls", True))
+                and (leave is None or not getattr(leave, "calls", True)) and not self.kernel.pre_run_hooks
+                and rt.debug == self.debug and knobs.compilation.instrumentation_mode == self.mode):
             return False
         args = list(self.template)  # a copy: two threads may launch one plan
         for pos, i, aligned in self.ptr_slots:
@@ -216,7 +234,11 @@ class _Fast:
             args[pos] = vals[i]
         raw = stream.cuda_stream if stream is not None else _raw_stream(self.device)
         g = self.grid
-        self.run(g[0], g[1], g[2], raw, self.function, self.packed, None, None, None, *args)
+        if self.direct is not None:  # no launch metadata and no hooks: Triton passes them for its hooks only
+            c_launch, coop, pdl = self.direct
+            c_launch(g[0], g[1], g[2], raw, self.function, coop, pdl, None, None, self.packed, None, None, None, *args)
+        else:
+            self.run(g[0], g[1], g[2], raw, self.function, self.packed, None, None, None, *args)
         LAUNCHES[0] += 1
         return True
 
@@ -293,7 +315,7 @@ def _key(x: torch.Tensor, bias: Any) -> tuple | None:
         return None
     dev = x.get_device()
     b = None if bias is None else (bias.shape, bias.stride(), bias.dtype, bias.get_device(), bias.data_ptr() % 16)
-    return (x.shape, x.stride(), x.dtype, dev, x.data_ptr() % 16, _device() if dev >= 0 else -1, b)
+    return (x.shape, x.stride(), x.dtype, dev, x.data_ptr() % 16, _current_device() if dev >= 0 else -1, b)
 
 
 def _op(layout: str, shape, version: int) -> tuple:

@@ -119,7 +119,8 @@ def exceptions_launch(x2: torch.Tensor, p, prep, add: bool = True):
     n = p.shape[0]
     if not (prep.nexc or not add):
         return None
-    part, x, lo, _code, base, eidx, ehi = _plan.slots(7)
+    part, x = _plan.slots(2)
+    lo, _code, base, eidx, ehi = _plan.slots(5, 2, fixed=True)
     grid = (triton.cdiv(n, EXC_ROWS), triton.cdiv(m, 16))
     return _plan.Launch(_exception_kernel, grid, (part, x, prep.rowptr, eidx, ehi, lo, base, m, n, k,
                                                   p.arrays["lo"].shape[1], x2.stride(0)),

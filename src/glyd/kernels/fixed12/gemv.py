@@ -201,7 +201,8 @@ def plan_word_tiles(x2: torch.Tensor, p, bias, cfg: WordTileConfig, kernel):
         even = even and x2.stride(0) % 2 == 0 and x2.data_ptr() % 4 == 0
     fixup = partial and cfg.fixup and not exc_pass
     # per call: x2, bias (or out), dst (the partials, or out), out, then fixed12's arrays
-    x, b, dst, o, lo, code, base, eidx, ehi = _plan.slots(9)
+    x, b, dst, o = _plan.slots(4)
+    lo, code, base, eidx, ehi = _plan.slots(5, 4, fixed=True)
     cnt = C.counters(x2.device, tiles) if fixup else o
     grid = (triton.cdiv(n, cfg.bn), split, triton.cdiv(m, cfg.bm))
     args = (code.view(torch.int32), lo.view(torch.int32), lo, base, prep.rowptr, eidx, ehi, b, dst, o, cnt,

@@ -413,7 +413,8 @@ def plan(x2: torch.Tensor, p, bias, cfg: GluonConfig):
     direct = inline or prep.nexc == 0
     out_mode = 1 if direct and split == 1 else 2 if direct and cfg.fixup else 0
     # per call: x2, bias (or out), part (the partials, or out), out, then fixed12's arrays
-    x, b, part, o, lo, code, base, eidx, ehi = _plan.slots(9)
+    x, b, part, o = _plan.slots(4)
+    lo, code, base, eidx, ehi = _plan.slots(5, 4, fixed=True)
     part = o if out_mode == 1 else part
     cnt = C.counters(x2.device, tiles) if out_mode == 2 else part
     words, xl, mma, a_op, b_op = layouts(cfg.bn, cfg.bk, cfg.warps)

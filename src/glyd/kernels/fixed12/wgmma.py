@@ -283,7 +283,8 @@ def plan(x2: torch.Tensor, p, bias, cfg: WgConfig):
     side = not cfg.exc_after and prep.nexc > 0 and not inline
     out_mode = 1 if (prep.nexc == 0 or inline) and split == 1 else 0
     # per call: x2, bias (or out), part (the partials, or out), out, then fixed12's arrays
-    x, b, part, o, lo, code, base, eidx, ehi = _plan.slots(9)
+    x, b, part, o = _plan.slots(4)
+    lo, code, base, eidx, ehi = _plan.slots(5, 4, fixed=True)
     part = part if out_mode == 0 else o
     words, xl, mma, a_op, xsl, ol = layouts(cfg.bn, cfg.bm, cfg.warps)
     grid = (triton.cdiv(n, cfg.bn), split, triton.cdiv(m, cfg.bm))

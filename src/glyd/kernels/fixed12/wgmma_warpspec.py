@@ -334,7 +334,9 @@ def plan(x2: torch.Tensor, p, bias, cfg: WsConfig):
     lo_d = TensorDescriptor.from_tensor(a["lo"].view(torch.int32), [cfg.bn, 32], lsl)
     co_d = TensorDescriptor.from_tensor(a["code"].view(torch.int32), [cfg.bn, 16], csl)
     # per call: x2, bias (or out), the ring's fp32 slots, out, then fixed12's arrays, then x's descriptor
-    x, b, ring, o, lo, _code, base, eidx, ehi, x_d = _plan.slots(10)
+    x, b, ring, o = _plan.slots(4)
+    lo, _code, base, eidx, ehi = _plan.slots(5, 4, fixed=True)
+    x_d = _plan.Slot(9)
     tile = _plan.Launch(_ws_kernel, (progs,), (lo_d, co_d, x_d, x, base, o, b, ring, cnt, m, n, kp, stride, steps, mt,
                                                work), dict(
         BN=cfg.bn, BT=cfg.bm, NS=cfg.stages, LL=ll, CL=cl, ML=mma, AL=a_op, OL=ol, HAS_BIAS=bias is not None, EXC=inline,

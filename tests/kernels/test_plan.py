@@ -217,7 +217,15 @@ def test_plans_a_matrix_are_bounded(monkeypatch):
     p = glyd.pack(random_weights(16, 128, "normal"))
     for m in range(1, 6):
         kernels.linear(torch.randn(m, 128).to(torch.bfloat16), p)
-    assert _plan.count() == 3
+    assert _plan.count() == 3  # M = 3, 4, 5: the oldest went first
+    assert _plan.run(torch.randn(1, 128).to(torch.bfloat16), *glyd.ops._args(p)[:3], None, p.version) is None
+    # and in all: past MAX_TOTAL every plan is forgotten
+    monkeypatch.setattr(_plan, "MAX_TOTAL", 4)
+    q = glyd.pack(random_weights(16, 128, "normal"))
+    kernels.linear(torch.randn(1, 128).to(torch.bfloat16), q)
+    assert _plan.count() == 4
+    kernels.linear(torch.randn(2, 128).to(torch.bfloat16), q)
+    assert _plan.count() == 1
 
 
 # -- the fast launch, against Triton's own binding of the arguments (no GPU: a stand-in compiled kernel)

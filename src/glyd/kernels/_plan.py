@@ -42,6 +42,8 @@ __all__ = ["Slot", "slots", "Launch", "Plan", "enabled", "set_enabled", "run", "
 
 #: Plans kept a matrix (x shapes seen; the oldest goes first): decode steps of 1-64 sequences fit.
 MAX_PLANS = 64
+#: Plans kept in all (about 5 KB each); past it every plan is forgotten and made again as needed.
+MAX_TOTAL = 8192
 
 _FORCED: list[bool | None] = [None]
 
@@ -304,10 +306,19 @@ class _Entry:
 _ENTRIES: dict[int, _Entry] = {}
 
 
+_TOTAL = [0]  # plans in _ENTRIES
+
+
+def _drop(entry: _Entry) -> None:
+    _TOTAL[0] -= len(entry.plans)
+    entry.plans.clear()
+
+
 def _forget(first: int, ref: weakref.ref) -> None:
     entry = ref()
     if entry is not None and _ENTRIES.get(first) is entry:
         del _ENTRIES[first]
+        _drop(entry)
 
 
 def _key(x: torch.Tensor, bias: Any) -> tuple | None:
@@ -343,26 +354,34 @@ def store(x: torch.Tensor, layout: str, shape, arrays, bias: torch.Tensor | None
     entry = _ENTRIES.get(first)
     if entry is None or not entry.holds(arrays, op):
         new = _Entry(arrays, op)
+        if entry is not None:
+            _drop(entry)
         if entry is not None and entry.ids == new.ids:  # changed in place: the same tensors, watched already
             entry.ids, entry.versions, entry.ptrs, entry.op = new.ids, new.versions, new.ptrs, op
-            entry.plans.clear()
         else:
-            if entry is not None:
-                entry.plans.clear()
             entry = new
             ref = weakref.ref(entry)
             for a in arrays:
                 weakref.finalize(a, _forget, first, ref)
             _ENTRIES[first] = entry
     plans = entry.plans
-    if key not in plans and len(plans) >= MAX_PLANS:
-        del plans[next(iter(plans))]
+    if key not in plans:
+        if _TOTAL[0] >= MAX_TOTAL:
+            clear()
+            _ENTRIES[first] = entry
+        if len(plans) >= MAX_PLANS:
+            del plans[next(iter(plans))]
+            _TOTAL[0] -= 1
+        _TOTAL[0] += 1
     plans[key] = plan
 
 
 def clear() -> None:
     """Forget every plan (``registry.reset()`` calls it: the kernel choices may change)."""
+    for entry in list(_ENTRIES.values()):
+        entry.plans.clear()
     _ENTRIES.clear()
+    _TOTAL[0] = 0
 
 
 def count() -> int:

@@ -80,7 +80,8 @@ def test_a_plan_gives_the_uncached_bits_for_every_family(monkeypatch, device, ca
     want = _bits(kernels.linear(x, p, bias))
     _plan.set_enabled(True)
     calls.clear()
-    for _ in range(2):  # made, then run (a third call would do what the second did: no fast launch here)
+    # made, run (its launches recorded), run again (through the compiled kernels: CUDA only)
+    for _ in range(3 if device == "cuda" else 2):
         assert torch.equal(_bits(kernels.linear(x, p, bias)), want)
     assert len(calls) == 1 and _plan.count() == 1
 
@@ -421,3 +422,52 @@ def test_fast_launches_give_the_uncached_bits_on_the_gpu(layout, n, k, m):
             assert torch.equal(y.view(torch.int16), want.view(torch.int16))
         if layout == "fixed12":  # its families at M <= 64 launch through plans (the others call launch)
             assert _plan.LAUNCHES[0] > before  # the last calls went through the compiled kernels
+
+
+def _gpu_configs():
+    from glyd.kernels import GluonConfig, TcConfig, WgConfig, WsConfig
+
+    return [
+        GluonConfig(bm=16, bn=64, bk=128, prefetch=True),  # the exceptions' pass on a side stream
+        GluonConfig(bm=16, bn=64, bk=128, prefetch=True, exc_after=True, split=4),  # after, then finalize
+        GluonConfig(bm=16, bn=64, bk=128, prefetch=True, exc_tile=True, split=4, fixup=True),  # counters
+        GluonConfig(bm=64, bn=64, bk=128, prefetch=True, ring=2, ring_x=True, exc_tile=True),
+        WgConfig(bm=64, bn=64, exc_tile=False),  # side stream
+        WgConfig(bm=16, bn=64, exc_tile=False, exc_after=True, split=4),  # after, finalize
+        WgConfig(bm=64, bn=64, exc_tile=True, pipe=True),
+        WsConfig(bm=16, bn=64, stages=2),
+        WsConfig(bm=64, bn=64, stages=3, maxnreg=80),
+        TcConfig(bm=16, bn=32, bk=128, stages=3, exc_pass=True),
+    ]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("case", range(10))
+@pytest.mark.parametrize("m", [3, 64])
+def test_every_launch_path_of_the_planned_families_on_the_gpu(monkeypatch, case, m):
+    # Each branch of the planned launchers (side-stream or after pass, finalize, in-kernel split-K,
+    # the TMA ring's descriptors, x permuted, an x that must be copied) through plans and fast launches
+    from glyd import kernels
+    from glyd.kernels import _plan, registry
+
+    cfg = _gpu_configs()[case]
+    kc = registry.kernel_for(cfg)
+    calls = _forced(monkeypatch, kc.name, cfg)
+    w = random_weights(4608, 3584, "normal", "cuda")
+    p = glyd.pack(w)
+    assert p.arrays["exc_idx"].numel() > 0
+    xs = [torch.randn(m, 3584, device="cuda").to(torch.bfloat16),
+          torch.randn(m, 3584 + 8, device="cuda").to(torch.bfloat16)[:, 8:]]  # a row stride
+    if kc.name in ("fixed12_wgmma", "fixed12_wgmma_warpspec"):  # rows at 8 bytes: a copy of x first
+        xs.append(torch.randn(m, 3584 + 4, device="cuda").to(torch.bfloat16)[:, :3584])
+    for x in xs:
+        for bias in (None, torch.randn(4608, device="cuda").to(torch.bfloat16)):
+            _plan.set_enabled(False)
+            want = kernels.linear(x, p, bias)
+            _plan.set_enabled(True)
+            calls.clear()
+            fast = _plan.LAUNCHES[0]
+            for _ in range(4):
+                assert torch.equal(kernels.linear(x, p, bias).view(torch.int16), want.view(torch.int16))
+            assert len(calls) == 1 and _plan.LAUNCHES[0] > fast

@@ -191,7 +191,8 @@ def profile(c: Case, calls: int, tiny: bool, out: Path | None) -> None:
         text = f"== cProfile {c.name}, plans {'on' if on else 'off'}, {calls} calls\n{s.getvalue()}"
         print(text[:9000], flush=True)
         if out:
-            (out / f"cprofile_{c.name.replace(' ', '_')}_{'on' if on else 'off'}.txt").write_text(text)
+            name = "".join(ch if ch.isalnum() else "_" for ch in c.name)
+            (out / f"cprofile_{name}_{'on' if on else 'off'}.txt").write_text(text)
 
 
 def shared_layers(n: int, reps: int) -> dict:

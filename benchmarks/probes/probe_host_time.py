@@ -341,10 +341,22 @@ def main() -> int:
                     if f"{sname}:{m}{':exc' if exc else ''}" in wanted:
                         profile(c, 5 if a.tiny else 1000, a.tiny, out)
                     del c
-        layers = shared_layers(20 if a.tiny else 2000, 3 if a.tiny else 5)
+        layers = shared_layers(20 if a.tiny else 500, 3 if a.tiny else 5)
     print(json.dumps({k: round(v, 2) if isinstance(v, float) else v for k, v in layers.items()}), flush=True)
     if out:
         (out / "host_time.json").write_text(json.dumps(dict(rows=rows, shared_layers=layers), indent=1))
+    print(f"\n{'case':22s} {'dispatch':>8s} {'packed':>7s} {'checks':>7s} {'launch':>8s} | {'direct':>6s} "
+          f"{'lookup':>6s} {'plan':>6s} {'+triton':>7s}")
+    for r in rows:
+        d = r.get("off: op", float("nan")) - r["off: CUDA impl"]
+        extra = r["on: plan call, Triton's launch"] - r["on: plan call"]
+        print(f"{r['case']:22s} {d:8.1f} {r['off: CUDA impl'] - r['off: kernels.linear']:7.1f} "
+              f"{r['off: kernels.linear'] - r['off: family launch']:7.1f} {r['off: family launch']:8.1f} | "
+              f"{r['on: direct checks']:6.1f} {r['on: plan lookup']:6.1f} {r['on: plan call']:6.1f} "
+              f"{extra:7.1f}")
+    print("plans off: dispatch = op - CUDA impl; packed = CUDA impl - kernels.linear; checks = kernels.linear - "
+          "the family's launch (checks, choice, output); launch = the family's launch. Plans on: the direct "
+          "call's checks, the plan lookup, the plan's call, and what Triton's own launch adds to it")
     key = "off: CUDA impl" if a.tiny else "off: module"
     key_on = "on: CUDA impl" if a.tiny else "on: module"
     print(f"\n{'case':22s} {'kernel':24s} {'nexc':>7s} {'bf16':>7s} {'off':>8s} {'on':>8s} {'on/bf16':>8s} "

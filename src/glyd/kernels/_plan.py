@@ -20,7 +20,9 @@ until it has been called twice, then (``_Fast``) straight through the compiled k
 with every constant tensor already a device address: the same compiled kernel Triton would pick,
 because every argument is the same except the slot tensors, whose dtype the plan fixes and whose
 16-byte alignment (all Triton specializes a pointer on) is checked every call; a mismatch, a launch
-hook, another current device or Triton's interpreter take Triton's own path.
+hook, ``TRITON_DEBUG`` changed or Triton's interpreter take Triton's own path. (Not repeated: Triton's
+check that the globals a kernel read did not change since it was compiled; glyd's kernels read
+module constants only.)
 
 Plans are on by default; ``GLYD_PLANS=0`` (or ``set_enabled(False)``, for comparisons) turns them off.
 Nothing here imports Triton until a launch is recorded.

@@ -243,7 +243,8 @@ def _stand_in(x, layout, shape, arrays, version, h) -> dict:
     _plan.store(x, layout, shape, arrays, None, version, _plan.Plan(body, x, x, 64))
     r["stand-in: plan hit (run), 3 launches"] = h(lambda: _plan.run(x, layout, shape, arrays, None, version))
     r["stand-in: one fast launch"] = h(lambda: launches[0](x, x, x, x, *arrays))
-    r["stand-in: plan lookup"] = h(lambda: _plan._ENTRIES[id(arrays[0])].holds(arrays, _plan._op(layout, shape, version)))
+    entry = _plan._ENTRIES[id(arrays[0])]
+    r["stand-in: plan lookup"] = h(lambda: entry.holds(arrays, _plan._op(layout, shape, version)))
     r["stand-in: key"] = h(lambda: _plan._key(x, None))
     r["stand-in: torch.empty 1x64"] = h(lambda: torch.empty(1, 64, dtype=torch.bfloat16))
     return r

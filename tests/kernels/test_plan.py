@@ -306,7 +306,8 @@ def test_the_fast_launch_passes_what_triton_passes(fake_kernel):
     x, y = _plan.slots(2)
     (arr,) = _plan.slots(1, 2, fixed=True)
     const = torch.zeros(8)
-    launch = _plan.Launch(fake_kernel, (3, 2), (x, const, 7, y.view(torch.int32)), dict(BLOCK=16, FLAG=arr, num_warps=4))
+    launch = _plan.Launch(fake_kernel, (3, 2), (x, const, 7, y.view(torch.int32)),
+                          dict(BLOCK=16, FLAG=arr, num_warps=4))
     xs = [torch.zeros(64, dtype=torch.bfloat16) for _ in range(2)]
     ys = [torch.zeros(64, dtype=torch.bfloat16) for _ in range(2)]
     matrix = torch.zeros(4, dtype=torch.uint8)
@@ -471,3 +472,7 @@ def test_every_launch_path_of_the_planned_families_on_the_gpu(monkeypatch, case,
             for _ in range(4):
                 assert torch.equal(kernels.linear(x, p, bias).view(torch.int16), want.view(torch.int16))
             assert len(calls) == 1 and _plan.LAUNCHES[0] > fast
+    refs = [weakref.ref(a) for a in p.arrays.values()]  # no plan keeps the matrix (TMA descriptors included)
+    del p, w
+    gc.collect()
+    assert all(r() is None for r in refs) and _plan.count() == 0

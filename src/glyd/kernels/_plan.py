@@ -98,9 +98,10 @@ def slots(n: int, start: int = 0, fixed: bool = False) -> tuple[Slot, ...]:
 class Launch:
     """``kernel[grid](*args, **meta)`` with everything but the :class:`Slot` entries fixed.
 
-    ``launch(*vals, stream=None)`` fills slot ``i`` with ``vals[i]`` and launches on the current
-    stream (or on ``stream``, a ``torch.cuda.Stream``). Constant tensors in ``args``/``meta`` are
-    held (and must not be a packed matrix's arrays: a plan must not keep a matrix alive).
+    Calling it with ``*vals`` (and ``stream=``, a ``torch.cuda.Stream``, else the current one)
+    fills slot ``i`` with ``vals[i]`` and launches. Constant tensors in ``args``/``meta`` are held:
+    never a packed matrix's arrays or shape views of them (a plan must not keep a matrix alive;
+    pass them as fixed slots).
     """
 
     __slots__ = ("kernel", "grid", "args", "meta", "calls", "fast", "_tried")

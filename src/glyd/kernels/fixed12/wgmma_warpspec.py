@@ -313,7 +313,8 @@ def launch(x2: torch.Tensor, p, bias, cfg: WsConfig, out: torch.Tensor) -> torch
 
 
 # x: bf16 [M, K]; packed: fixed12 [N, K], K == Kp -> run(x2, bias, out, arrays) (Kernel.plan; it holds the
-# TMA descriptors of the lo and code planes: views of them, never the arrays themselves)
+# TMA descriptors of the lo and code planes over dtype views of them, which share their storage but,
+# unlike shape views, do not keep the arrays themselves alive)
 def plan(x2: torch.Tensor, p, bias, cfg: WsConfig):
     m, k, n, a, kp = C.gluon_launch_checks(x2, p, "fixed12_wgmma_warpspec", BK)
     prep = prepare(p)
@@ -339,9 +340,9 @@ def plan(x2: torch.Tensor, p, bias, cfg: WsConfig):
     x_d = _plan.Slot(9)
     tile = _plan.Launch(_ws_kernel, (progs,), (lo_d, co_d, x_d, x, base, o, b, ring, cnt, m, n, kp, stride, steps, mt,
                                                work), dict(
-        BN=cfg.bn, BT=cfg.bm, NS=cfg.stages, LL=ll, CL=cl, ML=mma, AL=a_op, OL=ol, HAS_BIAS=bias is not None, EXC=inline,
-        EL=exc_layout(cfg.warps) if inline else None, rowptr_ptr=prep.rowptr, eidx_ptr=eidx, ehi_ptr=ehi, lo8_ptr=lo,
-        CS=C.COUNTER_SLOTS, NBYTES=slot_bytes(cfg.bn, cfg.bm), num_warps=cfg.warps,
+        BN=cfg.bn, BT=cfg.bm, NS=cfg.stages, LL=ll, CL=cl, ML=mma, AL=a_op, OL=ol, HAS_BIAS=bias is not None,
+        EXC=inline, EL=exc_layout(cfg.warps) if inline else None, rowptr_ptr=prep.rowptr, eidx_ptr=eidx, ehi_ptr=ehi,
+        lo8_ptr=lo, CS=C.COUNTER_SLOTS, NBYTES=slot_bytes(cfg.bn, cfg.bm), num_warps=cfg.warps,
         **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {})))
     permute = _permute_launch(m, k, stride)
     shape, dev, bt = (2 * progs, cfg.bn * cfg.bm), x2.device, cfg.bm

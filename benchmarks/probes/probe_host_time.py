@@ -210,7 +210,10 @@ def shared_layers(n: int, reps: int) -> dict:
     torch.set_num_threads(1)  # one core a product, as the C kernels at M = 1
     with torch.no_grad():
         r["cpu: F.linear 64x256"] = h(lambda: F.linear(x, w))
-        r["cpu: module"] = h(lambda: lin(x))
+        _plan.set_enabled(False)
+        r["cpu: module, through the op"] = h(lambda: lin(x))
+        _plan.set_enabled(True)
+        r["cpu: module, direct"] = h(lambda: lin(x))
         r["cpu: op"] = h(lambda: torch.ops.glyd.linear(x, layout, shape, arrays, None, version))
         r["cpu: CPU impl called directly"] = h(lambda: cpu_impl.linear(x, layout, shape, arrays, None, version))
         r["cpu: twin.packed"] = h(lambda: twin.packed(layout, shape, arrays, version))

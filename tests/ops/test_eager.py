@@ -1,5 +1,6 @@
-"""``glyd.ops._eager``: an eager product on CUDA skips the dispatcher only where it would pass the
-call straight through; gradients, modes, transforms, the profiler and torch.compile take the op."""
+"""``glyd.ops._eager``: an eager product skips the dispatcher only where it would pass the call
+straight through to the CUDA or CPU implementation; gradients, modes, transforms, the profiler,
+traces and torch.compile take the op."""
 
 from __future__ import annotations
 
@@ -36,7 +37,10 @@ def test_plain_calls_pass_through_and_the_rest_do_not():
     x, bias, arrays = _inputs()
     assert _eager.USABLE  # the torch here has every probe
     assert _eager.passes_through(x, bias, arrays) and _eager.passes_through(x, None, arrays)
-    assert not _eager.direct(x, bias, arrays)  # a CPU tensor: the op (glyd's C kernels)
+    from glyd.ops.backends import cpu
+
+    assert _eager.backend(x, bias, arrays) is cpu.linear
+    assert _eager.backend(x.to("meta"), None, arrays) is None  # a meta x: the op (its fake)
     xg = x.clone().requires_grad_()
     assert not _eager.passes_through(xg, bias, arrays)
     assert not _eager.passes_through(x, torch.nn.Parameter(bias.clone()), arrays)  # a bias that wants a gradient
@@ -58,6 +62,9 @@ def test_plain_calls_pass_through_and_the_rest_do_not():
         fake = mode.from_tensor(x)
     assert not _eager.passes_through(fake, bias, arrays)
     assert not _eager.passes_through(x, bias, [*arrays[:-1], fake])
+    traced = []
+    torch.jit.trace(lambda r: traced.append(_eager.passes_through(r, bias, arrays)) or r * 1, (x,), check_trace=False)
+    assert traced == [False]
 
 
 def test_plans_off_take_the_op(monkeypatch):
@@ -77,13 +84,31 @@ def test_torch_compile_traces_the_op():
     seen = []
 
     def step(x):
-        seen.append(_eager.direct(x, None, arrays))
+        seen.append(_eager.backend(x, None, arrays))
         return lin(x)
 
     torch._dynamo.reset()
     with torch.no_grad():
         got = torch.compile(step, backend="eager", fullgraph=True)(x)
-    assert seen == [False] and torch.equal(got.view(torch.int16), lin(x).view(torch.int16))
+    assert seen == [None] and torch.equal(got.view(torch.int16), lin(x).view(torch.int16))
+
+
+def test_module_on_the_cpu_goes_direct_with_the_ops_bits(monkeypatch):
+    from glyd.ops.backends import cpu
+
+    lin = glyd.GlydLinear(glyd.pack(random_weights(16, 64)), torch.randn(16).to(torch.bfloat16))
+    x = torch.randn(3, 64).to(torch.bfloat16)
+    layout, shape, arrays, version = lin._op_args()
+    want = torch.ops.glyd.linear(x, layout, shape, arrays, lin.bias, version)
+    calls = []
+    real = cpu.linear
+    monkeypatch.setattr(_eager._cpu, "linear", lambda *a: calls.append(1) or real(*a))
+    with torch.no_grad():
+        assert torch.equal(lin(x).view(torch.int16), want.view(torch.int16))
+    assert calls == [1]
+    y = lin(x.clone().requires_grad_())  # a gradient wanted: the op, with its autograd formula
+    assert y.grad_fn is not None and calls == [1]
+    assert torch.equal(y.detach().view(torch.int16), want.view(torch.int16))
 
 
 @pytest.mark.gpu

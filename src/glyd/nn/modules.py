@@ -6,9 +6,9 @@ module's state_dict keys are the keys of the packed checkpoint format
 
 Every product, unpack and row lookup is one call of a ``glyd::`` op (``torch.ops.glyd.linear``,
 ``.unpack``, ``.rows``; ``glyd.ops``) on the module's buffers: fused Triton kernels for CUDA
-tensors, the pure-torch twin (unpack, then ``F.linear``) elsewhere. An eager product on CUDA that
-wants no gradient calls the op's CUDA implementation itself (``glyd.ops._eager``: the dispatcher
-would only pass it through). ``exact=True`` always unpacks and calls ``F.linear`` with the bf16
+tensors, the pure-torch twin (unpack, then ``F.linear``) elsewhere. An eager product that wants no
+gradient calls the op's CUDA or CPU implementation itself (``glyd.ops._eager``: the dispatcher would
+only pass it through). ``exact=True`` always unpacks and calls ``F.linear`` with the bf16
 weight itself, so the output is the bf16 layer's bit for bit.
 """
 

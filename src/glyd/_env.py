@@ -17,9 +17,10 @@ Triton's own switch: Triton reads it when a kernel is defined, so ``interpreting
                        own (``glyd/kernels/tables/README.md``)
 ``GLYD_DISABLED_KERNELS``  comma-separated kernel family keys the registry never chooses from a
                        table (e.g. ``fixed12_wgmma,fixed12_wgmma_warpspec``)
-``GLYD_PLANS``         ``0``: no launch plans (``glyd.kernels._plan``): every CUDA product takes the
-                       whole host path (the checks, the kernel choice, Triton's own launch) and
-                       goes through the ``torch.library`` dispatcher; default on
+``GLYD_PLANS``         ``0``: no launch plans (``glyd.kernels._plan``: every CUDA product takes the
+                       whole host path, the checks, the kernel choice, Triton's own launch) and
+                       every module product goes through the ``torch.library`` dispatcher
+                       (``glyd.ops._eager``); default on
 =====================  =======================================================================
 """
 

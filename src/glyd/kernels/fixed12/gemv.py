@@ -219,7 +219,7 @@ def plan_word_tiles(x2: torch.Tensor, p, bias, cfg: WordTileConfig, kernel):
         tile = _plan.Launch(kernel, grid, (x, x.view(torch.int32) if even else x, *args), dict(meta, num_stages=1))
     pass_ = SidePass(x2, p, prep) if side else None
     after = exceptions_launch(x2, p, prep) if exc_pass and not side else None
-    fin = C.finalize_launch(split, m, n, bias is not None, x2.device, cfg.pdl) if partial and not fixup else None
+    fin = C.finalize_launch(split + side, m, n, bias is not None, x2.device, cfg.pdl) if partial and not fixup else None
     shape, dev = (split + side, m, n), x2.device
 
     def run(x2, bias, out, arrays):

@@ -419,7 +419,8 @@ def plan(x2: torch.Tensor, p, bias, cfg: GluonConfig):
     cnt = C.counters(x2.device, tiles) if out_mode == 2 else part
     words, xl, mma, a_op, b_op = layouts(cfg.bn, cfg.bk, cfg.warps)
     stages = cfg.ring  # GluonConfig checks that ring > 1 comes with prefetch and ring_x with ring > 1
-    xasync = cfg.ring_x
+    # x by async copy reads 16-byte pieces: Triton must know the row stride is a multiple of 16 elements
+    xasync = cfg.ring_x and x2.stride(0) % 16 == 0 and x2.data_ptr() % 16 == 0
     xcl, xsl = x_ring_layouts(cfg.bk, cfg.warps) if xasync else (None, None)
     ee = EXC_E
     el, exl = exc_layouts(cfg.warps) if inline else (None, None)
@@ -438,7 +439,7 @@ def plan(x2: torch.Tensor, p, bias, cfg: GluonConfig):
         **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}), **({"launch_pdl": True} if pdl & 1 else {})))
     pass_ = SidePass(x2, p, prep) if side else None
     after = exceptions_launch(x2, p, prep) if not side and not direct else None
-    fin = C.finalize_launch(split, m, n, bias is not None, x2.device, cfg.pdl) if out_mode == 0 else None
+    fin = C.finalize_launch(split + side, m, n, bias is not None, x2.device, cfg.pdl) if out_mode == 0 else None
     shape, dev = (split + side, m, n), x2.device
 
     def run(x2, bias, out, arrays):

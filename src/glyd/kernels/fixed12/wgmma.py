@@ -297,7 +297,7 @@ def plan(x2: torch.Tensor, p, bias, cfg: WgConfig):
     xc = x2.contiguous() if copy else x2
     pass_ = SidePass(xc, p, prep) if side else None
     after = exceptions_launch(xc, p, prep) if out_mode == 0 and prep.nexc > 0 and not inline and not side else None
-    fin = C.finalize_launch(split, m, n, bias is not None, x2.device, cfg.pdl) if out_mode == 0 else None
+    fin = C.finalize_launch(split + side, m, n, bias is not None, x2.device, cfg.pdl) if out_mode == 0 else None
     shape, dev = (split + side, m, n), x2.device
 
     def run(x2, bias, out, arrays):

@@ -17,6 +17,10 @@ Triton's own switch: Triton reads it when a kernel is defined, so ``interpreting
                        own (``glyd/kernels/tables/README.md``)
 ``GLYD_DISABLED_KERNELS``  comma-separated kernel family keys the registry never chooses from a
                        table (e.g. ``fixed12_wgmma,fixed12_wgmma_warpspec``)
+``GLYD_PLANS``         ``0``: no launch plans (``glyd.kernels._plan``: every CUDA product takes the
+                       whole host path, the checks, the kernel choice, Triton's own launch) and
+                       every module product goes through the ``torch.library`` dispatcher
+                       (``glyd.ops._eager``); default on
 =====================  =======================================================================
 """
 
@@ -43,6 +47,7 @@ class Settings:
     text: str | None = None
     tables: str | None = None
     disabled_kernels: tuple[str, ...] = ()
+    plans: bool = True
 
     def __post_init__(self) -> None:
         if self.pdl not in PDL_MODES:
@@ -61,7 +66,17 @@ def settings() -> Settings:
         text=os.environ.get("GLYD_TEXT") or None,
         tables=os.environ.get("GLYD_TABLES") or None,
         disabled_kernels=tuple(k.strip() for k in os.environ.get("GLYD_DISABLED_KERNELS", "").split(",") if k.strip()),
+        plans=_flag("GLYD_PLANS", True),
     )
+
+
+def _flag(name: str, default: bool) -> bool:
+    value = os.environ.get(name, "").strip().lower()
+    if not value:
+        return default
+    if value not in ("0", "1", "false", "true", "off", "on"):
+        raise ValueError(f"{name} must be 0 or 1, got {value!r}")
+    return value in ("1", "true", "on")
 
 
 def interpreting() -> bool:

@@ -18,6 +18,7 @@ import triton.language as tl
 
 from glyd import _env
 from glyd.errors import FormatError
+from glyd.kernels import _plan
 from glyd.kernels._interp import isolated
 
 
@@ -233,15 +234,21 @@ FINALIZE_BLOCK, FINALIZE_WARPS = 0, 0
 def finalize(part: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor, pdl: str = "") -> None:
     """out = bf16(sum of the split-K partials in split order + bias)."""
     split, m, n = part.shape
+    finalize_launch(split, m, n, bias is not None, part.device, pdl)(part, bias if bias is not None else part, out)
+
+
+# -> launch(part, bias or part, out): finalize of fp32 [split, M, N] partials into bf16 [M, N]
+def finalize_launch(split: int, m: int, n: int, has_bias: bool, device: torch.device, pdl: str = ""):
+    """``finalize`` as a ``glyd.kernels._plan.Launch`` (for a plan)."""
     mn = m * n
     small = mn <= 1 << 18
     block = FINALIZE_BLOCK or (128 if small else 512)
     warps = FINALIZE_WARPS or (1 if small else 4)
-    flags = pdl_flags(part.device, pdl, "reduce")
-    _finalize_kernel[(triton.cdiv(mn, block),)](
-        part, bias if bias is not None else part, out, mn, n, SPLIT=split, HAS_BIAS=bias is not None, BLOCK=block,
-        PDL=flags, num_warps=warps, **({"launch_pdl": True} if flags & 1 else {}),
-    )
+    flags = pdl_flags(device, pdl, "reduce")
+    part, bias, out = _plan.slots(3)
+    return _plan.Launch(_finalize_kernel, (triton.cdiv(mn, block),), (part, bias, out, mn, n),
+                        dict(SPLIT=split, HAS_BIAS=has_bias, BLOCK=block, PDL=flags, num_warps=warps,
+                             **({"launch_pdl": True} if flags & 1 else {})))
 
 
 def check_x(x: torch.Tensor, k: int) -> torch.Tensor:

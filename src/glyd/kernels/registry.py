@@ -25,7 +25,7 @@ import functools
 import importlib
 import json
 import logging
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -34,6 +34,8 @@ import torch
 
 from glyd import _env
 from glyd.codec.layout import LAYOUTS
+from glyd.codec.packed import Packed
+from glyd.kernels import _plan
 
 log = logging.getLogger(__name__)
 
@@ -192,6 +194,21 @@ class Kernel:
                out: torch.Tensor) -> torch.Tensor:
         """Write ``x2 @ W^T (+ bias)`` into ``out`` (bf16 [M, N]) and return it."""
         raise NotImplementedError
+
+    @classmethod
+    def plan(cls, x2: torch.Tensor, packed: Any, bias: torch.Tensor | None, config: Any) -> Callable:
+        """``launch`` for every x like ``x2`` (shape, strides, address modulo 16), this matrix and a
+        bias like ``bias`` (or none), as ``run(x2, bias, out, arrays) -> out`` (``arrays``: the
+        matrix's arrays in its layout's order), kept by ``glyd.kernels._plan``. It must hold none
+        of the arrays. This one calls ``launch``; a family whose launch does host work worth
+        keeping does that work here and launches through ``glyd.kernels._plan.Launch``."""
+        layout, shape, version = packed.layout, tuple(packed.shape), packed.version
+        names = LAYOUTS[layout].arrays
+
+        def run(x2, bias, out, arrays):
+            return cls.launch(x2, Packed.trusted(layout, shape, dict(zip(names, arrays)), version), bias, config, out)
+
+        return run
 
     @classmethod
     def make_config(cls, spec: dict[str, Any], problem: Problem) -> Any:
@@ -364,6 +381,7 @@ def reset() -> None:
     """Forget the tables read and the choices made (they are read again at the next product)."""
     _load_table.cache_clear()
     _choose_cell.cache_clear()
+    _plan.clear()
 
 
 def config_dict(config: Any) -> dict[str, Any]:

@@ -6,8 +6,10 @@ module's state_dict keys are the keys of the packed checkpoint format
 
 Every product, unpack and row lookup is one call of a ``glyd::`` op (``torch.ops.glyd.linear``,
 ``.unpack``, ``.rows``; ``glyd.ops``) on the module's buffers: fused Triton kernels for CUDA
-tensors, the pure-torch twin (unpack, then ``F.linear``) elsewhere. ``exact=True`` always unpacks
-and calls ``F.linear`` with the bf16 weight itself, so the output is the bf16 layer's bit for bit.
+tensors, the pure-torch twin (unpack, then ``F.linear``) elsewhere. An eager product that wants no
+gradient calls the op's CUDA or CPU implementation itself (``glyd.ops._eager``: the dispatcher would
+only pass it through). ``exact=True`` always unpacks and calls ``F.linear`` with the bf16
+weight itself, so the output is the bf16 layer's bit for bit.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from glyd import ops as _ops  # noqa: F401 - defines the glyd:: ops
+from glyd.ops import _eager
 from glyd.codec import LAYOUTS, Packed
 
 #: Prefix of a packed array's buffer: ``<module>.weight_glyd_<array>``.
@@ -188,7 +191,7 @@ class GlydLinear(_PackedModule):
 
     def _linear(self, x: torch.Tensor) -> torch.Tensor:
         layout, shape, arrays, version = self._op_args()
-        return torch.ops.glyd.linear(x, layout, shape, arrays, self.bias, version)
+        return _eager.linear(x, layout, shape, arrays, self.bias, version)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.exact:
@@ -285,7 +288,7 @@ class GlydTiedLinear(nn.Module):
         if self.exact:
             return F.linear(x, self.source._unpack())
         layout, shape, arrays, version = self.source._op_args()
-        return torch.ops.glyd.linear(x, layout, shape, arrays, None, version)
+        return _eager.linear(x, layout, shape, arrays, None, version)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, tied, exact={self.exact}"

@@ -24,6 +24,7 @@ import torch
 from glyd.codec import LAYOUTS, Packed
 from glyd.codec import pack as _codec_pack
 from glyd.codec.layout import resolve
+from glyd.ops import _eager
 from glyd.ops import _library  # noqa: F401 - defines the glyd:: ops
 from glyd.ops.backends.cuda import triton_available
 
@@ -45,7 +46,7 @@ def linear(x: torch.Tensor, p: Packed, bias: torch.Tensor | None = None) -> torc
     ``F.linear(x, glyd.unpack(p).to(x.dtype), bias)``. Differentiable in ``x`` and ``bias``.
     """
     layout, shape, arrays, version = _args(p)
-    return torch.ops.glyd.linear(x, layout, shape, arrays, bias, version)
+    return _eager.linear(x, layout, shape, arrays, bias, version)
 
 
 def unpack(p: Packed) -> torch.Tensor:

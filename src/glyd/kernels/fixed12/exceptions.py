@@ -17,6 +17,7 @@ import triton.language as tl
 from glyd.codec import fixed12 as _codec
 from glyd.codec.packed import Packed
 from glyd.kernels import _common as C
+from glyd.kernels import _plan
 from glyd.kernels._interp import isolated
 
 
@@ -100,16 +101,30 @@ def _exception_kernel(part_ptr, x_ptr, rowptr_ptr, eidx_ptr, ehi_ptr, lo_ptr, ba
 # part: fp32 [>= 1, M, N] (part[0] corrected in place, or written when add is False); x: bf16 [M, K];
 # packed fixed12 [N, K]
 def add_exceptions(part: torch.Tensor, x2: torch.Tensor, p, prep, add: bool = True) -> None:
-    m, k = x2.shape
-    n = p.shape[0]
-    a = p.arrays
+    check_part(part, *x2.shape[:1], p.shape[0])
+    launch = exceptions_launch(x2, p, prep, add)
+    if launch is not None:
+        launch(part, x2, *(p.arrays[a] for a in _codec.ARRAYS))
+
+
+def check_part(part: torch.Tensor, m: int, n: int) -> None:
     if part.dtype != torch.float32 or part.dim() != 3 or tuple(part.shape[1:]) != (m, n) or not part.is_contiguous():
         raise ValueError(f"part must be contiguous float32 [splits, {m}, {n}], got {part.dtype} {tuple(part.shape)}")
-    if prep.nexc or not add:
-        grid = (triton.cdiv(n, EXC_ROWS), triton.cdiv(m, 16))
-        _exception_kernel[grid](part, x2, prep.rowptr, a["exc_idx"], a["exc_hi"], a["lo"], a["base"], m, n, k,
-                                a["lo"].shape[1], x2.stride(0), BM_=16, BN_=EXC_ROWS, E=EXC_CHUNK, ADD=add,
-                                num_warps=EXC_WARPS)
+
+
+# x: bf16 [M, K] (its shape and strides); packed fixed12 [N, K] -> launch(part, x2, *arrays) or None (nothing to add)
+def exceptions_launch(x2: torch.Tensor, p, prep, add: bool = True):
+    """``add_exceptions`` as a ``glyd.kernels._plan.Launch`` (``arrays``: fixed12's, in its order)."""
+    m, k = x2.shape
+    n = p.shape[0]
+    if not (prep.nexc or not add):
+        return None
+    part, x = _plan.slots(2)
+    lo, _code, base, eidx, ehi = _plan.slots(5, 2, fixed=True)
+    grid = (triton.cdiv(n, EXC_ROWS), triton.cdiv(m, 16))
+    return _plan.Launch(_exception_kernel, grid, (part, x, prep.rowptr, eidx, ehi, lo, base, m, n, k,
+                                                  p.arrays["lo"].shape[1], x2.stride(0)),
+                        dict(BM_=16, BN_=EXC_ROWS, E=EXC_CHUNK, ADD=add, num_warps=EXC_WARPS))
 
 
 @functools.lru_cache(maxsize=None)
@@ -119,14 +134,27 @@ def _side_stream(device: torch.device) -> "torch.cuda.Stream":
 
 # own: fp32 [1, M, N] (written: the corrections alone) -> join(), to call after the tile kernel
 def exceptions_on_side_stream(own: torch.Tensor, x2: torch.Tensor, p, prep):
-    cur = torch.cuda.current_stream(x2.device)
-    side = _side_stream(x2.device)
-    side.wait_stream(cur)  # x and the partial buffer are ready
-    with torch.cuda.stream(side):
-        add_exceptions(own, x2, p, prep, add=False)
+    check_part(own, x2.shape[0], p.shape[0])
+    side = SidePass(x2, p, prep)
+    cur = side.begin(own, x2, *(p.arrays[a] for a in _codec.ARRAYS))
+    return lambda: side.join(cur)
 
-    def join() -> None:
+
+class SidePass:
+    """The exceptions' pass (written to a partial of its own) on a second CUDA stream beside the
+    tile kernel: ``cur = begin(own, x2, *arrays)`` before the tile kernel, ``join(cur)`` after it."""
+
+    def __init__(self, x2: torch.Tensor, p, prep) -> None:
+        self.device = x2.device
+        self.side = _side_stream(x2.device)
+        self.launch = exceptions_launch(x2, p, prep, add=False)
+
+    def begin(self, *vals):
+        cur = torch.cuda.current_stream(self.device)
+        self.side.wait_stream(cur)  # x and the partial buffer are ready
+        self.launch(*vals, stream=self.side)
+        return cur
+
+    def join(self, cur) -> None:
         # everything after on this stream, and any reuse of the buffers it frees, waits for the pass
-        cur.wait_stream(side)
-
-    return join
+        cur.wait_stream(self.side)

@@ -16,7 +16,9 @@ import triton.language as tl
 
 from glyd.kernels import _common as C
 from glyd.kernels._interp import isolated
-from glyd.kernels.fixed12.exceptions import add_exceptions, exceptions_on_side_stream, prepare
+from glyd.codec.fixed12 import ARRAYS
+from glyd.kernels import _plan
+from glyd.kernels.fixed12.exceptions import SidePass, exceptions_launch, prepare
 from glyd.kernels.fixed12.words import exception_delta, exception_delta_tile, f32_lane, gm_offsets, gm_planes, hi_words, x_lane
 from glyd.kernels.registry import Kernel
 
@@ -178,10 +180,15 @@ def _gemv_gm_kernel(
 # x: bf16 [M, K]; packed: fixed12 [N, K]; out: bf16 [M, N] (written) -> out
 def launch_word_tiles(x2: torch.Tensor, p, bias, cfg: WordTileConfig, out: torch.Tensor, kernel) -> torch.Tensor:
     """Launch ``kernel`` (the GEMV's or the tensor-core tile's) over group-major word tiles."""
+    return plan_word_tiles(x2, p, bias, cfg, kernel)(x2, bias, out, tuple(p.arrays[a] for a in ARRAYS))
+
+
+# x: bf16 [M, K]; packed: fixed12 [N, K] -> run(x2, bias, out, arrays) (Kernel.plan)
+def plan_word_tiles(x2: torch.Tensor, p, bias, cfg: WordTileConfig, kernel):
+    """``launch_word_tiles`` worked out once for x like ``x2`` and a bias like ``bias``."""
     m, k = x2.shape
     n = p.shape[0]
-    a = p.arrays
-    kp = a["lo"].shape[1]
+    kp = p.arrays["lo"].shape[1]
     prep = prepare(p)
     tc = kernel is not _gemv_gm_kernel
     tiles = triton.cdiv(n, cfg.bn) * triton.cdiv(m, cfg.bm)
@@ -189,17 +196,16 @@ def launch_word_tiles(x2: torch.Tensor, p, bias, cfg: WordTileConfig, out: torch
     exc_pass = cfg.exc_pass and prep.nexc > 0  # exceptions in a pass of their own, on fp32 partials
     side = exc_pass and not cfg.exc_after and x2.is_cuda and not C.interpreting()
     partial = split > 1 or exc_pass
-    dst = torch.empty(split + side, m, n, dtype=torch.float32, device=x2.device) if partial else out
-    if side:
-        join = exceptions_on_side_stream(dst[split:], x2, p, prep)
     even = k == kp and per % cfg.bk == 0 and kp % cfg.bk == 0
     if not tc:  # the GEMV also reads x as bf16 pairs: 4-byte aligned rows
         even = even and x2.stride(0) % 2 == 0 and x2.data_ptr() % 4 == 0
     fixup = partial and cfg.fixup and not exc_pass
-    cnt = C.counters(x2.device, tiles) if fixup else out
+    # per call: x2, bias (or out), dst (the partials, or out), out, then fixed12's arrays
+    x, b, dst, o = _plan.slots(4)
+    lo, code, base, eidx, ehi = _plan.slots(5, 4, fixed=True)
+    cnt = C.counters(x2.device, tiles) if fixup else o
     grid = (triton.cdiv(n, cfg.bn), split, triton.cdiv(m, cfg.bm))
-    args = (a["code"].view(torch.int32), a["lo"].view(torch.int32), a["lo"], a["base"], prep.rowptr, a["exc_idx"],
-            a["exc_hi"], bias if bias is not None else out, dst, out, cnt,
+    args = (code.view(torch.int32), lo.view(torch.int32), lo, base, prep.rowptr, eidx, ehi, b, dst, o, cnt,
             m, n, k, kp, x2.stride(0), per, kp // 8, kp // 4)
     meta = dict(BM=cfg.bm, BN=cfg.bn, BK=cfg.bk, EVEN=even, PRMT=not C.interpreting(), HAS_BIAS=bias is not None,
                 HAS_EXC=prep.nexc > 0 and not exc_pass, PARTIAL=partial, FIXUP=fixup, PREFETCH=cfg.prefetch,
@@ -208,16 +214,28 @@ def launch_word_tiles(x2: torch.Tensor, p, bias, cfg: WordTileConfig, out: torch
     if flags:
         meta.update(PDL=flags, **({"launch_pdl": True} if flags & 1 else {}))
     if tc:  # stages > 1: Triton's software pipelining (async copies through shared memory)
-        kernel[grid](x2, *args, F32DOT=C.interpreting(), num_stages=cfg.stages, **meta)
+        tile = _plan.Launch(kernel, grid, (x, *args), dict(meta, F32DOT=C.interpreting(), num_stages=cfg.stages))
     else:
-        kernel[grid](x2, x2.view(torch.int32) if even else x2, *args, num_stages=1, **meta)
-    if side:
-        join()
-    elif exc_pass:
-        add_exceptions(dst, x2, p, prep)
-    if partial and not fixup:
-        C.finalize(dst, bias, out, cfg.pdl)
-    return out
+        tile = _plan.Launch(kernel, grid, (x, x.view(torch.int32) if even else x, *args), dict(meta, num_stages=1))
+    pass_ = SidePass(x2, p, prep) if side else None
+    after = exceptions_launch(x2, p, prep) if exc_pass and not side else None
+    fin = C.finalize_launch(split + side, m, n, bias is not None, x2.device, cfg.pdl) if partial and not fixup else None
+    shape, dev = (split + side, m, n), x2.device
+
+    def run(x2, bias, out, arrays):
+        d = torch.empty(shape, dtype=torch.float32, device=dev) if partial else out
+        if pass_ is not None:
+            cur = pass_.begin(d[split:], x2, *arrays)
+        tile(x2, bias if bias is not None else out, d, out, *arrays)
+        if pass_ is not None:
+            pass_.join(cur)
+        elif after is not None:
+            after(d, x2, *arrays)
+        if fin is not None:
+            fin(d, bias if bias is not None else d, out)
+        return out
+
+    return run
 
 
 class GemvKernel(Kernel):
@@ -236,3 +254,7 @@ class GemvKernel(Kernel):
     @classmethod
     def launch(cls, x2, packed, bias, config, out):
         return launch_word_tiles(x2, packed, bias, config, out, _gemv_gm_kernel)
+
+    @classmethod
+    def plan(cls, x2, packed, bias, config):
+        return plan_word_tiles(x2, packed, bias, config, _gemv_gm_kernel)

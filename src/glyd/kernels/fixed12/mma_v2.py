@@ -24,9 +24,11 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
+from glyd.codec.fixed12 import ARRAYS
 from glyd.kernels import _common as C
+from glyd.kernels import _plan
 from glyd.kernels._gluon_bits import gdc_launch_dependents, gdc_wait, prmt, split16
-from glyd.kernels.fixed12.exceptions import add_exceptions, exceptions_on_side_stream, prepare
+from glyd.kernels.fixed12.exceptions import SidePass, exceptions_launch, prepare
 from glyd.kernels.fixed12.mma_v2_parts import EXC_E, epilogue, exc_layouts, exc_preload, exc_tiles
 from glyd.kernels.registry import Kernel
 
@@ -394,6 +396,11 @@ def x_ring_layouts(bk: int, warps: int):
 
 # x: bf16 [M, K]; packed: fixed12 [N, K], K == Kp; bias: [N] or None; out: bf16 [M, N] (written) -> out
 def launch(x2: torch.Tensor, p, bias, cfg: GluonConfig, out: torch.Tensor) -> torch.Tensor:
+    return plan(x2, p, bias, cfg)(x2, bias, out, tuple(p.arrays[a] for a in ARRAYS))
+
+
+# x: bf16 [M, K]; packed: fixed12 [N, K], K == Kp -> run(x2, bias, out, arrays) (Kernel.plan)
+def plan(x2: torch.Tensor, p, bias, cfg: GluonConfig):
     m, k, n, a, kp = C.gluon_launch_checks(x2, p, "fixed12_mma_v2", cfg.bk)
     prep = prepare(p)
     mt = cfg.bm // BM  # 16-row x tiles a program shares one decoded tile among
@@ -405,38 +412,50 @@ def launch(x2: torch.Tensor, p, bias, cfg: GluonConfig, out: torch.Tensor) -> to
     # with one split always, with several when GluonConfig.fixup asks for the in-kernel split-K sum
     direct = inline or prep.nexc == 0
     out_mode = 1 if direct and split == 1 else 2 if direct and cfg.fixup else 0
-    part = (torch.empty(split + side, m, n, dtype=torch.float32, device=x2.device) if out_mode != 1 else out)
+    # per call: x2, bias (or out), part (the partials, or out), out, then fixed12's arrays
+    x, b, part, o = _plan.slots(4)
+    lo, code, base, eidx, ehi = _plan.slots(5, 4, fixed=True)
+    part = o if out_mode == 1 else part
     cnt = C.counters(x2.device, tiles) if out_mode == 2 else part
-    if side:
-        join = exceptions_on_side_stream(part[split:], x2, p, prep)
     words, xl, mma, a_op, b_op = layouts(cfg.bn, cfg.bk, cfg.warps)
     stages = cfg.ring  # GluonConfig checks that ring > 1 comes with prefetch and ring_x with ring > 1
-    xasync = cfg.ring_x
+    # x by async copy reads 16-byte pieces: Triton must know the row stride is a multiple of 16 elements
+    xasync = cfg.ring_x and x2.stride(0) % 16 == 0 and x2.data_ptr() % 16 == 0
     xcl, xsl = x_ring_layouts(cfg.bk, cfg.warps) if xasync else (None, None)
     ee = EXC_E
     el, exl = exc_layouts(cfg.warps) if inline else (None, None)
     x8 = cfg.x_rows8 and m <= 8  # rows 8-15 of the one x tile are all padding
     pdl = 0 if side else C.pdl_flags(x2.device, cfg.pdl)
     grid = (triton.cdiv(n, cfg.bn), split, triton.cdiv(m, cfg.bm))
-    _gl_kernel[grid](x2, a["code"].view(torch.int32), a["lo"].view(torch.int32), a["base"], part,
-                     m, n, kp, x2.stride(0), per, kp // 8, kp // 4,
-                     BN=cfg.bn, BK=cfg.bk, WL=words, XL=xl, ML=mma, AL=a_op, BL=b_op, MT=mt,
-                     PREFETCH=(1 if stages > 1 else cfg.prefetch_depth if mt == 1 else 1) if cfg.prefetch else 0,
-                     STAGES=stages, SL=ring_layout(cfg.bn, cfg.bk, cfg.warps, stages) if stages > 1 else None,
-                     XASYNC=xasync, XCL=xcl, XSL=xsl, rowptr_ptr=prep.rowptr, eidx_ptr=a["exc_idx"],
-                     ehi_ptr=a["exc_hi"], lo8_ptr=a["lo"], K=k, EXC=inline, EE=ee, EL=el, EXL=exl,
-                     XAHEAD=cfg.x_ahead, X8=x8, X8L=x8_layout(cfg.bk, cfg.warps) if x8 else None, PDL=pdl,
-                     OUT=out_mode, out_ptr=out, bias_ptr=bias if bias is not None else out, cnt_ptr=cnt,
-                     HAS_BIAS=bias is not None, CS=C.COUNTER_SLOTS,
-                     num_warps=cfg.warps, **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}),
-                     **({"launch_pdl": True} if pdl & 1 else {}))
-    if side:
-        join()
-    elif not direct:
-        add_exceptions(part, x2, p, prep)
-    if out_mode == 0:
-        C.finalize(part, bias, out, cfg.pdl)
-    return out
+    tile = _plan.Launch(_gl_kernel, grid, (x, code.view(torch.int32), lo.view(torch.int32), base, part,
+                                           m, n, kp, x2.stride(0), per, kp // 8, kp // 4), dict(
+        BN=cfg.bn, BK=cfg.bk, WL=words, XL=xl, ML=mma, AL=a_op, BL=b_op, MT=mt,
+        PREFETCH=(1 if stages > 1 else cfg.prefetch_depth if mt == 1 else 1) if cfg.prefetch else 0,
+        STAGES=stages, SL=ring_layout(cfg.bn, cfg.bk, cfg.warps, stages) if stages > 1 else None,
+        XASYNC=xasync, XCL=xcl, XSL=xsl, rowptr_ptr=prep.rowptr, eidx_ptr=eidx, ehi_ptr=ehi, lo8_ptr=lo, K=k,
+        EXC=inline, EE=ee, EL=el, EXL=exl, XAHEAD=cfg.x_ahead, X8=x8,
+        X8L=x8_layout(cfg.bk, cfg.warps) if x8 else None, PDL=pdl, OUT=out_mode, out_ptr=o, bias_ptr=b,
+        cnt_ptr=cnt, HAS_BIAS=bias is not None, CS=C.COUNTER_SLOTS, num_warps=cfg.warps,
+        **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}), **({"launch_pdl": True} if pdl & 1 else {})))
+    pass_ = SidePass(x2, p, prep) if side else None
+    after = exceptions_launch(x2, p, prep) if not side and not direct else None
+    fin = C.finalize_launch(split + side, m, n, bias is not None, x2.device, cfg.pdl) if out_mode == 0 else None
+    shape, dev = (split + side, m, n), x2.device
+
+    def run(x2, bias, out, arrays):
+        pt = torch.empty(shape, dtype=torch.float32, device=dev) if out_mode != 1 else out
+        if pass_ is not None:
+            cur = pass_.begin(pt[split:], x2, *arrays)
+        tile(x2, bias if bias is not None else out, pt, out, *arrays)
+        if pass_ is not None:
+            pass_.join(cur)
+        elif after is not None:
+            after(pt, x2, *arrays)
+        if fin is not None:
+            fin(pt, bias if bias is not None else pt, out)
+        return out
+
+    return run
 
 
 class GluonKernel(Kernel):
@@ -460,3 +479,7 @@ class GluonKernel(Kernel):
     @classmethod
     def launch(cls, x2, packed, bias, config, out):
         return launch(x2, packed, bias, config, out)
+
+    @classmethod
+    def plan(cls, x2, packed, bias, config):
+        return plan(x2, packed, bias, config)

@@ -37,9 +37,11 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
+from glyd.codec.fixed12 import ARRAYS
 from glyd.kernels import _common as C
+from glyd.kernels import _plan
 from glyd.kernels._gluon_bits import exc_meta, prmt, split16
-from glyd.kernels.fixed12.exceptions import add_exceptions, exceptions_on_side_stream, prepare
+from glyd.kernels.fixed12.exceptions import SidePass, exceptions_launch, prepare
 from glyd.kernels.registry import Kernel
 
 BK = 128  # columns a K step (16 code words and 32 lo words a row)
@@ -265,35 +267,55 @@ def exc_layout(warps: int = 4):
 
 # x: bf16 [M, K]; packed: fixed12 [N, K], K == Kp; bias: [N] or None; out: bf16 [M, N] (written) -> out
 def launch(x2: torch.Tensor, p, bias, cfg: WgConfig, out: torch.Tensor) -> torch.Tensor:
+    return plan(x2, p, bias, cfg)(x2, bias, out, tuple(p.arrays[a] for a in ARRAYS))
+
+
+# x: bf16 [M, K]; packed: fixed12 [N, K], K == Kp -> run(x2, bias, out, arrays) (Kernel.plan)
+def plan(x2: torch.Tensor, p, bias, cfg: WgConfig):
     m, k, n, a, kp = C.gluon_launch_checks(x2, p, "fixed12_wgmma", 2 * BK)
     prep = prepare(p)
-    if x2.stride(1) != 1 or x2.stride(0) % 8 or x2.data_ptr() % 16:
-        x2 = x2.contiguous()  # x is read in 16-byte pieces
+    copy = x2.stride(1) != 1 or x2.stride(0) % 8 or x2.data_ptr() % 16  # x is read in 16-byte pieces
+    stride = x2.shape[1] if copy else x2.stride(0)
     tiles = triton.cdiv(n, cfg.bn) * triton.cdiv(m, cfg.bm)
     # K ranges of whole pairs of steps: the kernel's loop is unrolled by two (its x buffers)
     split, per = C.choose_split(tiles, kp, 2 * BK, x2.device, cfg.split, cfg.waves)
     inline = cfg.exc_tile and prep.nexc > 0
     side = not cfg.exc_after and prep.nexc > 0 and not inline
     out_mode = 1 if (prep.nexc == 0 or inline) and split == 1 else 0
-    part = torch.empty(split + side, m, n, dtype=torch.float32, device=x2.device) if out_mode == 0 else out
-    if side:
-        join = exceptions_on_side_stream(part[split:], x2, p, prep)
+    # per call: x2, bias (or out), part (the partials, or out), out, then fixed12's arrays
+    x, b, part, o = _plan.slots(4)
+    lo, code, base, eidx, ehi = _plan.slots(5, 4, fixed=True)
+    part = part if out_mode == 0 else o
     words, xl, mma, a_op, xsl, ol = layouts(cfg.bn, cfg.bm, cfg.warps)
     grid = (triton.cdiv(n, cfg.bn), split, triton.cdiv(m, cfg.bm))
-    _wg_kernel[grid](x2, a["code"].view(torch.int32), a["lo"].view(torch.int32), a["base"], part,
-                     out, bias if bias is not None else out, m, n, kp, x2.stride(0), per, kp // 8, kp // 4,
-                     BN=cfg.bn, BT=cfg.bm, WL=words, XL=xl, ML=mma, AL=a_op, XSL=xsl, OL=ol, OUT=out_mode,
-                     HAS_BIAS=bias is not None, PIPE=int(cfg.pipe), EXC=inline,
-                     EL=exc_layout(cfg.warps) if inline else None, rowptr_ptr=prep.rowptr, eidx_ptr=a["exc_idx"],
-                     ehi_ptr=a["exc_hi"], lo8_ptr=a["lo"], num_warps=cfg.warps,
-                     **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}))
-    if side:
-        join()
-    elif out_mode == 0 and prep.nexc > 0 and not inline:
-        add_exceptions(part, x2, p, prep)
-    if out_mode == 0:
-        C.finalize(part, bias, out, cfg.pdl)
-    return out
+    tile = _plan.Launch(_wg_kernel, grid, (x, code.view(torch.int32), lo.view(torch.int32), base, part, o, b,
+                                           m, n, kp, stride, per, kp // 8, kp // 4), dict(
+        BN=cfg.bn, BT=cfg.bm, WL=words, XL=xl, ML=mma, AL=a_op, XSL=xsl, OL=ol, OUT=out_mode,
+        HAS_BIAS=bias is not None, PIPE=int(cfg.pipe), EXC=inline, EL=exc_layout(cfg.warps) if inline else None,
+        rowptr_ptr=prep.rowptr, eidx_ptr=eidx, ehi_ptr=ehi, lo8_ptr=lo, num_warps=cfg.warps,
+        **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {})))
+    xc = x2.contiguous() if copy else x2
+    pass_ = SidePass(xc, p, prep) if side else None
+    after = exceptions_launch(xc, p, prep) if out_mode == 0 and prep.nexc > 0 and not inline and not side else None
+    fin = C.finalize_launch(split + side, m, n, bias is not None, x2.device, cfg.pdl) if out_mode == 0 else None
+    shape, dev = (split + side, m, n), x2.device
+
+    def run(x2, bias, out, arrays):
+        if copy:
+            x2 = x2.contiguous()
+        pt = torch.empty(shape, dtype=torch.float32, device=dev) if out_mode == 0 else out
+        if pass_ is not None:
+            cur = pass_.begin(pt[split:], x2, *arrays)
+        tile(x2, bias if bias is not None else out, pt, out, *arrays)
+        if pass_ is not None:
+            pass_.join(cur)
+        elif after is not None:
+            after(pt, x2, *arrays)
+        if fin is not None:
+            fin(pt, bias if bias is not None else pt, out)
+        return out
+
+    return run
 
 
 class WgKernel(Kernel):
@@ -318,3 +340,7 @@ class WgKernel(Kernel):
     @classmethod
     def launch(cls, x2, packed, bias, config, out):
         return launch(x2, packed, bias, config, out)
+
+    @classmethod
+    def plan(cls, x2, packed, bias, config):
+        return plan(x2, packed, bias, config)

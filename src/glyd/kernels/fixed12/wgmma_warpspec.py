@@ -34,7 +34,9 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_wait)
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+from glyd.codec.fixed12 import ARRAYS
 from glyd.kernels import _common as C
+from glyd.kernels import _plan
 from glyd.kernels._interp import isolated
 from glyd.kernels.fixed12.exceptions import prepare
 from glyd.kernels.fixed12.wgmma import X_ORDER, exc_layout, wg_exceptions, wg_pairs
@@ -287,18 +289,16 @@ def permute_x(x2: torch.Tensor) -> torch.Tensor:
     if x2.device.type != "cuda" or C.interpreting() or x2.stride(1) != 1:
         return permute_x_torch(x2)
     out = torch.empty(m, k, dtype=x2.dtype, device=x2.device)
-    # 16 rows a program at every M (64 rows took 3x as long at M = 64)
-    _permute_x_kernel[(triton.cdiv(m, 16), k // BK)](x2, out, m, x2.stride(0), K=k, BM=16, num_warps=4)
+    _permute_launch(m, k, x2.stride(0))(x2, out)
     return out
 
 
-def _descs(p, bn: int, bt: int, warps: int, xp: torch.Tensor):
-    a = p.arrays
-    *_, (lsl, csl, xsl) = layouts(bn, bt, warps)
-    lo = a["lo"].view(torch.int32)
-    co = a["code"].view(torch.int32)
-    return (TensorDescriptor.from_tensor(lo, [bn, 32], lsl), TensorDescriptor.from_tensor(co, [bn, 16], csl),
-            TensorDescriptor.from_tensor(xp, [bt, 64], xsl))
+# x: bf16 [M, K] (these strides) -> launch(x2, out)
+def _permute_launch(m: int, k: int, stride: int):
+    # 16 rows a program at every M (64 rows took 3x as long at M = 64)
+    x, out = _plan.slots(2)
+    return _plan.Launch(_permute_x_kernel, (triton.cdiv(m, 16), k // BK), (x, out, m, stride),
+                        dict(K=k, BM=16, num_warps=4))
 
 
 def slot_bytes(bn: int, bt: int) -> int:
@@ -309,14 +309,20 @@ def slot_bytes(bn: int, bt: int) -> int:
 
 # x: bf16 [M, K]; packed: fixed12 [N, K], K == Kp; bias: [N] or None; out: bf16 [M, N] (written) -> out
 def launch(x2: torch.Tensor, p, bias, cfg: WsConfig, out: torch.Tensor) -> torch.Tensor:
+    return plan(x2, p, bias, cfg)(x2, bias, out, tuple(p.arrays[a] for a in ARRAYS))
+
+
+# x: bf16 [M, K]; packed: fixed12 [N, K], K == Kp -> run(x2, bias, out, arrays) (Kernel.plan; it holds the
+# TMA descriptors of the lo and code planes over dtype views of them, which share their storage but,
+# unlike shape views, do not keep the arrays themselves alive)
+def plan(x2: torch.Tensor, p, bias, cfg: WsConfig):
     m, k, n, a, kp = C.gluon_launch_checks(x2, p, "fixed12_wgmma_warpspec", BK)
     prep = prepare(p)
     for name in ("lo", "code"):
         if a[name].data_ptr() % 16 or a[name].stride(0) % 16:
             raise ValueError(f"the ws kernel needs the {name} plane 16-byte aligned for TMA")
-    if x2.stride(1) != 1 or x2.stride(0) % 8 or x2.data_ptr() % 16:
-        x2 = x2.contiguous()
-    xp = permute_x(x2)
+    copy = x2.stride(1) != 1 or x2.stride(0) % 8 or x2.data_ptr() % 16
+    stride = x2.shape[1] if copy else x2.stride(0)
     steps = kp // BK
     mt = triton.cdiv(m, cfg.bm)
     work = triton.cdiv(n, cfg.bn) * mt * steps  # K steps in all
@@ -324,18 +330,34 @@ def launch(x2: torch.Tensor, p, bias, cfg: WsConfig, out: torch.Tensor) -> torch
     progs = min(work, cfg.split or cfg.waves * C.sm_count(x2.device))
     inline = prep.nexc > 0  # the exceptions are always added where a tile is finished
     tiles = triton.cdiv(n, cfg.bn) * mt
-    slots = torch.empty(2 * progs, cfg.bn * cfg.bm, dtype=torch.float32, device=x2.device)
     cnt = C.counters(x2.device, tiles)
-    lo_d, co_d, x_d = _descs(p, cfg.bn, cfg.bm, cfg.warps, xp)
-    ll, cl, mma, a_op, ol, _ = layouts(cfg.bn, cfg.bm, cfg.warps)
-    _ws_kernel[(progs,)](lo_d, co_d, x_d, x2, a["base"], out, bias if bias is not None else out, slots, cnt, m, n, kp,
-                         x2.stride(0), steps, mt, work, BN=cfg.bn, BT=cfg.bm, NS=cfg.stages, LL=ll, CL=cl, ML=mma,
-                         AL=a_op, OL=ol, HAS_BIAS=bias is not None, EXC=inline,
-                         EL=exc_layout(cfg.warps) if inline else None, rowptr_ptr=prep.rowptr,
-                         eidx_ptr=a["exc_idx"], ehi_ptr=a["exc_hi"], lo8_ptr=a["lo"], CS=C.COUNTER_SLOTS,
-                         NBYTES=slot_bytes(cfg.bn, cfg.bm), num_warps=cfg.warps,
-                         **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}))
-    return out
+    ll, cl, mma, a_op, ol, (lsl, csl, xsl) = layouts(cfg.bn, cfg.bm, cfg.warps)
+    lo_d = TensorDescriptor.from_tensor(a["lo"].view(torch.int32), [cfg.bn, 32], lsl)
+    co_d = TensorDescriptor.from_tensor(a["code"].view(torch.int32), [cfg.bn, 16], csl)
+    # per call: x2, bias (or out), the ring's fp32 slots, out, then fixed12's arrays, then x's descriptor
+    x, b, ring, o = _plan.slots(4)
+    lo, _code, base, eidx, ehi = _plan.slots(5, 4, fixed=True)
+    x_d = _plan.Slot(9)
+    tile = _plan.Launch(_ws_kernel, (progs,), (lo_d, co_d, x_d, x, base, o, b, ring, cnt, m, n, kp, stride, steps, mt,
+                                               work), dict(
+        BN=cfg.bn, BT=cfg.bm, NS=cfg.stages, LL=ll, CL=cl, ML=mma, AL=a_op, OL=ol, HAS_BIAS=bias is not None,
+        EXC=inline, EL=exc_layout(cfg.warps) if inline else None, rowptr_ptr=prep.rowptr, eidx_ptr=eidx, ehi_ptr=ehi,
+        lo8_ptr=lo, CS=C.COUNTER_SLOTS, NBYTES=slot_bytes(cfg.bn, cfg.bm), num_warps=cfg.warps,
+        **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {})))
+    permute = _permute_launch(m, k, stride)
+    shape, dev, bt = (2 * progs, cfg.bn * cfg.bm), x2.device, cfg.bm
+
+    def run(x2, bias, out, arrays):
+        if copy:
+            x2 = x2.contiguous()
+        xp = torch.empty(m, k, dtype=x2.dtype, device=dev)
+        permute(x2, xp)
+        ring_slots = torch.empty(shape, dtype=torch.float32, device=dev)
+        x_d = TensorDescriptor.from_tensor(xp, [bt, 64], xsl)
+        tile(x2, bias if bias is not None else out, ring_slots, out, *arrays, x_d)
+        return out
+
+    return run
 
 
 class WsKernel(Kernel):
@@ -360,3 +382,7 @@ class WsKernel(Kernel):
     @classmethod
     def launch(cls, x2, packed, bias, config, out):
         return launch(x2, packed, bias, config, out)
+
+    @classmethod
+    def plan(cls, x2, packed, bias, config):
+        return plan(x2, packed, bias, config)

@@ -11,7 +11,7 @@ import triton.language as tl
 
 from glyd.kernels import _common as C
 from glyd.kernels._interp import isolated
-from glyd.kernels.fixed12.gemv import WordTileConfig, launch_word_tiles
+from glyd.kernels.fixed12.gemv import WordTileConfig, launch_word_tiles, plan_word_tiles
 from glyd.kernels.fixed12.words import bf16x4, exception_delta_tile, gm_offsets, gm_planes, hi_words
 from glyd.kernels.registry import Kernel
 
@@ -116,3 +116,7 @@ class TcKernel(Kernel):
     @classmethod
     def launch(cls, x2, packed, bias, config, out):
         return launch_word_tiles(x2, packed, bias, config, out, _tc_kernel)
+
+    @classmethod
+    def plan(cls, x2, packed, bias, config):
+        return plan_word_tiles(x2, packed, bias, config, _tc_kernel)

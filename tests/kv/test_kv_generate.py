@@ -231,6 +231,27 @@ def test_other_attention_is_refused(folder):
     assert load(folder, kv="lossless-tiered", attn_implementation="eager").config._attn_implementation == "eager"
 
 
+def test_a_model_whose_attention_cannot_be_swapped_is_refused(folder, monkeypatch):
+    # such a model would never call the "glyd_kv" attention: its one-token steps would attend to themselves
+    monkeypatch.setattr(transformers.LlamaForCausalLM, "_supports_attention_backend", False)
+    with pytest.raises(UnsupportedError, match="LlamaForCausalLM does not take"):
+        load(folder, kv="lossless")
+
+
+def test_soft_capping_and_sinks_are_refused_in_a_fused_step():
+    # Gemma 2's soft-capping and gpt-oss's sinks come to the attention as arguments the fused decode has not
+    from glyd.kv import hf_attention
+
+    module = torch.nn.Module()
+    module.layer_idx = 0
+    q = torch.zeros(1, 2, 1, 16, dtype=torch.bfloat16)
+    for name, value in (("softcap", 50.0), ("s_aux", torch.zeros(2))):
+        hf_attention._LIVE[0] = object()  # a fused step's layer: never reached
+        with pytest.raises(UnsupportedError, match=f"layer 0\\) has no {name}; this model passes one"):
+            hf_attention.glyd_kv_attention(module, q, q, q, None, **{name: value})
+    assert hf_attention._LIVE == {}
+
+
 def test_a_model_on_several_devices_is_refused(folder):
     model = load(folder, kv="lossless")
     model.hf_device_map = {"model.layers.0": 0, "model.layers.1": 1}  # as device_map="auto" over two GPUs says

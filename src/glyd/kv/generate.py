@@ -81,6 +81,10 @@ def wire(model: Any, code: str) -> None:
                                f"({', '.join(_ARGUMENTS)}); transformers {transformers.__version__} names no "
                                f"{', '.join(missing)}: load without kv= and {_INSTEAD}")
     if code == POOL_CODE:
+        if not getattr(type(model), "_supports_attention_backend", False):
+            raise UnsupportedError(f"kv='lossless' switches the model's attention to {ATTN_NAME!r}, which transformers' "
+                                   f"{type(model).__name__} does not take (_supports_attention_backend is False): load "
+                                   f"without kv= and {_INSTEAD}")
         impl = getattr(model.config, "_attn_implementation", None)
         if impl not in REPLACEABLE_ATTENTION:
             raise UnsupportedError(f"kv='lossless' runs the {ATTN_NAME!r} attention (SDPA for prompts, the static "

@@ -288,36 +288,60 @@ def test_bad_arguments(tiny_model_folder):
         glyd.save_pretrained(torch.nn.Linear(2, 2), "unused")
 
 
-def test_kv_lossless_is_wired_or_says_why(tiny_model_folder, input_ids):
-    src = tiny_model_folder("llama")
+@pytest.fixture
+def one_thread():
+    # the KV pool's torch twins run many small ops: on the 2-core CI machine torch's thread pool makes
+    # them ~10x slower than one thread (as tests/kv/conftest.py); restored after the test
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.mark.usefixtures("one_thread")
+@pytest.mark.parametrize("family", TINY_FAMILIES)
+def test_kv_lossless_is_wired_or_says_why(tiny_model_folder, family):
+    # kv="lossless": generate gets glyd's static pool (kvf12 pages, the fused attention), whose tokens equal
+    # the bf16 model's through a bf16 DynamicCache read by the same attention (tests/kv_reference.py)
+    src = tiny_model_folder(family)
     try:
-        from glyd.kv import make_cache  # noqa: F401
+        from glyd.kv import generate  # noqa: F401
     except ImportError:
-        with pytest.raises(NotImplementedError, match="make_cache"):
+        with pytest.raises(NotImplementedError, match="glyd.kv.generate"):
             glyd.from_pretrained(src, kv="lossless", device="cpu", progress=False)
         return
+    from kv_reference import use_reference
+    from transformers import DynamicCache
+
     model = glyd.from_pretrained(src, kv="lossless", exact=True, device="cpu", progress=False)
-    ref = AutoModelForCausalLM.from_pretrained(src, dtype=torch.bfloat16)
-    kw = dict(max_new_tokens=6, do_sample=False, pad_token_id=0)
+    ids = torch.randint(3, 320, (2, 20), generator=torch.Generator().manual_seed(2))
+    mask = torch.ones_like(ids)
+    mask[1, :6] = 0  # left padding
+    kw = dict(attention_mask=mask, max_new_tokens=8, do_sample=False, pad_token_id=0, return_dict_in_generate=True)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        out = model.generate(input_ids[:, :5], return_dict_in_generate=True, **kw)
-    # The cache goes in under the keyword this transformers takes (5.24 deprecates past_key_values).
+        out = model.generate(ids, **kw)
     here = str(Path(glyd.__file__).parent)
     ours = [f"{w.filename}:{w.lineno}: {w.message}" for w in caught
             if issubclass(w.category, (FutureWarning, DeprecationWarning)) and w.filename.startswith(here)]
     assert not ours
-    assert type(out.past_key_values).__name__ == "GlydCache"
-    assert torch.equal(out.sequences, ref.generate(input_ids[:, :5], **kw))
+    assert type(out.past_key_values).__name__ == "GlydStaticCache" and out.past_key_values.context == 64
+    ref = AutoModelForCausalLM.from_pretrained(src, dtype=torch.bfloat16)
+    use_reference(ref, 64, 64)
+    assert torch.equal(out.sequences, ref.generate(ids, past_key_values=DynamicCache(), **kw).sequences)
 
 
 def test_kv_codes(tiny_model_folder):
-    # kv="lossless": the fixed-rate page code (kvf12); kv="lossless-tiered": the tiered one (kvtiered).
-    pytest.importorskip("glyd.kv.cache")
+    # kv="lossless": a static pool of fixed-rate pages (kvf12); kv="lossless-tiered": the growing cache of
+    # tiered pages (kvtiered); glyd_make_growing_cache is the growing cache of either code
+    pytest.importorskip("glyd.kv.generate")
     src = tiny_model_folder("llama")
-    for kv, code in (("lossless", "kvf12"), ("lossless-tiered", "kvtiered")):
-        model = glyd.from_pretrained(src, kv=kv, exact=True, device="cpu", progress=False)
-        assert model.glyd_make_cache().code == code
+    model = glyd.from_pretrained(src, kv="lossless", exact=True, device="cpu", progress=False)
+    cache = model.glyd_make_cache(max_cache_len=64)
+    assert type(cache).__name__ == "GlydStaticCache" and cache.code == "kvf12"
+    assert type(model.glyd_make_growing_cache()).__name__ == "GlydCache" and model.glyd_make_growing_cache().code == "kvf12"
+    model = glyd.from_pretrained(src, kv="lossless-tiered", exact=True, device="cpu", progress=False)
+    assert type(model.glyd_make_cache()).__name__ == "GlydCache" and model.glyd_make_cache().code == "kvtiered"
     with pytest.warns(DeprecationWarning, match="lossless-tiered"):  # the name before 2026-12-03
         model = glyd.from_pretrained(src, kv="lossless-dense", exact=True, device="cpu", progress=False)
     assert model.glyd_make_cache().code == "kvtiered"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from kv_reference import bf16_pool_attention, use_reference  # noqa: F401 (shared with tests/hf)
 
 
 @pytest.fixture(autouse=True)
@@ -40,3 +41,4 @@ def tiny_llama(seed: int = 0, layers: int = 2, heads: int = 4, kv_heads: int = 2
             if p.dim() == 2:
                 p.normal_(0.0, 0.05)
     return model.to(torch.bfloat16).eval()
+

@@ -9,44 +9,14 @@ import torch
 
 from glyd.errors import FormatError, UnsupportedError
 
-from .conftest import bits_equal, tiny_llama
+from .conftest import bits_equal, tiny_llama, use_reference
 
 transformers = pytest.importorskip("transformers")
 from transformers import DynamicCache  # noqa: E402
 
 from glyd.kv import GlydStaticCache, enable_fused  # noqa: E402
-from glyd.kv.hf_attention import _starts  # noqa: E402
-from glyd.kv.pool import FixedPagePool  # noqa: E402
 
-REF = "glyd_kv_bf16_reference"
 PAGE, CONTEXT = 16, 96
-
-
-def bf16_pool_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, page=PAGE, **kwargs):
-    """The reference: a bf16 cache's keys and values (a DynamicCache's), packed afresh into a pool each
-    decode step and read by the same attention as GlydStaticCache's (same pages, same splits)."""
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
-    if query.shape[2] != 1:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                      **kwargs)
-    b, h, t, d = key.shape
-    pool = FixedPagePool(1, b, h, d, CONTEXT, page=page, v_head_dim=value.shape[3], device=key.device,
-                         exc_fraction=1 / 64)
-    pool.advance(t)
-    pool.write(0, key.contiguous(), value.contiguous())
-    return pool.attend(0, query[:, :, 0], scale=scaling, starts=_starts(attention_mask))[:, None], None
-
-
-def use_reference(model, page: int = PAGE) -> None:
-    import functools
-
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
-
-    AttentionInterface.register(REF, functools.partial(bf16_pool_attention, page=page))
-    AttentionMaskInterface.register(REF, sdpa_mask)
-    model.set_attn_implementation(REF)
 
 
 def prompt(device="cpu", batch=3, length=29):
@@ -61,7 +31,7 @@ def prompt(device="cpu", batch=3, length=29):
 
 def reference_run(model, ids, mask, steps, page=PAGE):
     """Greedy tokens and logits through a bf16 DynamicCache (every layer's keys and values kept)."""
-    use_reference(model, page)
+    use_reference(model, page, CONTEXT)
     dyn = DynamicCache()
     out = model.generate(ids, attention_mask=mask, past_key_values=dyn, max_new_tokens=steps, do_sample=False,
                          pad_token_id=0, return_dict_in_generate=True, output_logits=True)
@@ -164,8 +134,10 @@ def test_reference_path_is_sdpa_bit_for_bit():
     assert bits_equal(cache.pool.to_bf16(1)[0], dyn.layers[1].keys[:, :, :-5])
     cache.reorder_cache(torch.tensor([2, 0, 1]))
     assert bits_equal(cache.pool.to_bf16(0)[1], dyn.layers[0].values[[2, 0, 1], :, :-5])
-    with pytest.raises(UnsupportedError):
+    with pytest.raises(UnsupportedError, match=r"batch_select_indices: .*past_key_values=glyd\.kv\.make_cache"):
         cache.batch_select_indices(torch.tensor([0]))
+    with pytest.raises(UnsupportedError, match=r"batch_repeat_interleave\(2\): .*the growing cache"):
+        cache.batch_repeat_interleave(2)
 
 
 def test_refusals():
@@ -176,6 +148,11 @@ def test_refusals():
         GlydStaticCache(model.config, fused=False)
     with pytest.raises(FormatError, match="batch_size and device"):
         GlydStaticCache(model.config, fused=False, memory_fraction=0.5)
+    with pytest.raises(FormatError, match="batch_size must be a positive int"):
+        GlydStaticCache(model.config, max_cache_len=32, fused=False, batch_size=0)
+    cache = GlydStaticCache(model.config, max_cache_len=32, page_size=16, fused=False, batch_size=2)
+    with torch.no_grad(), pytest.raises(FormatError, match="made for 2 sequences; key_states hold 1"):
+        model(torch.ones(1, 4, dtype=torch.long), past_key_values=cache, use_cache=True)  # not silently a pool of 1
     cache = GlydStaticCache(model.config, max_cache_len=32, page_size=16, fused=False)
     with torch.no_grad(), pytest.raises(FormatError, match="bf16"):
         model.float()(torch.ones(1, 4, dtype=torch.long), past_key_values=cache, use_cache=True)

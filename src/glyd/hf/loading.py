@@ -12,7 +12,6 @@ Saving is ``glyd.hf.save``, re-hashing ``glyd.hf.integrity``; which modules are 
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import warnings
@@ -41,7 +40,7 @@ from glyd.store.checkpoint import CONFIG
 
 log = logging.getLogger(__name__)
 
-#: ``from_pretrained(kv=...)``: the page code of glyd's KV cache (``glyd.kv.make_cache(code=...)``) for each.
+#: ``from_pretrained(kv=...)``: the page code of glyd's KV cache for each (``glyd.kv.generate.wire``).
 KV_CODES = {None: None, "lossless": "kvf12", "lossless-tiered": "kvtiered"}
 #: Old names, still taken (with a DeprecationWarning).
 OLD_KV = {"lossless-dense": "lossless-tiered"}
@@ -74,9 +73,10 @@ def from_pretrained(
     ``exact=True`` computes every product as bf16 does (unpack, then ``F.linear``): logits equal
     the bf16 model's bit for bit. ``merge`` runs q|k|v and gate|up as one product each (default:
     on for a GPU, off on the CPU). ``verify=True`` re-hashes every weight against the sha256
-    recorded when it was packed. ``kv="lossless"`` uses glyd's compressed KV cache (the fixed-rate
-    ``kvf12`` page code), ``kv="lossless-tiered"`` the same cache with the denser ``kvtiered`` page code
-    (``"lossless-dense"``, its old name, still works). Other keyword
+    recorded when it was packed. ``kv="lossless"`` gives each ``generate`` call glyd's compressed KV cache,
+    a static pool of ``kvf12`` pages sized for the call and read by the fused attention (``glyd.kv.generate``);
+    ``kv="lossless-tiered"`` a growing cache of the denser ``kvtiered`` pages (``"lossless-dense"``, its old
+    name, still works). Other keyword
     arguments go to transformers (``attn_implementation=...``, ``trust_remote_code=...``).
 
     ``model_class``: the transformers class to build, or its name (``AutoModel``,
@@ -166,28 +166,12 @@ def _load_glyd(path: Path, model_class: Any, *, device: torch.device, device_map
 
 def _wire_kv(model: nn.Module, code: str) -> None:
     try:
-        from glyd import kv as kv_module
+        from glyd.kv import generate as kv_generate
     except ImportError:
-        kv_module = None
-    make_cache = getattr(kv_module, "make_cache", None)
-    if make_cache is None:
-        raise NotImplementedError("kv='lossless' needs glyd.kv.make_cache, which this build of glyd does not have yet")
-    from glyd.kv.cache import GENERATE_CACHE_KW
-
-    generate = model.generate
-
-    @functools.wraps(generate)
-    def generate_with_glyd_cache(*args: Any, **kwargs: Any) -> Any:
-        # Under the keyword this transformers wants (the other one warns or is unknown); a cache
-        # the caller passed, under either name, is theirs.
-        if kwargs.get("past_key_values") is None and kwargs.get("cache") is None:
-            kwargs.pop("past_key_values", None)
-            kwargs.pop("cache", None)
-            kwargs[GENERATE_CACHE_KW] = make_cache(model.config, code=code)
-        return generate(*args, **kwargs)
-
-    model.generate = generate_with_glyd_cache
-    model.__dict__["glyd_make_cache"] = functools.partial(make_cache, model.config, code=code)
+        kv_generate = None
+    if kv_generate is None:
+        raise NotImplementedError("kv='lossless' needs glyd.kv.generate, which this build of glyd does not have yet")
+    kv_generate.wire(model, code)
 
 
 def compress(model: nn.Module, *, layout: str = "auto", merge: bool | None = None, exact: bool = False,

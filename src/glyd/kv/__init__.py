@@ -16,7 +16,8 @@ the ``kvtiered`` code with escape tiers, ``GlydCache(code="kvtiered")``).
 True
 
 ``GlydStaticCache`` holds them in a static pool of kvf12 pages (``FixedPagePool``: reserved once, CUDA
-graphs and ``torch.compile`` see the same shapes every step).
+graphs and ``torch.compile`` see the same shapes every step); ``glyd.kv.generate`` hands ``generate`` one
+for ``glyd.from_pretrained(..., kv="lossless")``.
 
 ``GlydCache`` / ``GlydStaticCache`` / ``make_cache`` need transformers; ``decode_attention`` uses Triton on CUDA
 tensors. Both are imported on first use, so ``import glyd.kv`` needs only torch.

@@ -216,8 +216,9 @@ class GlydCache(Cache):
 
 def make_cache(config=None, *, page_size: int = DEFAULT_PAGE, fused: bool = False,
                code: str = DEFAULT_CODE) -> GlydCache:
-    """The cache ``glyd.from_pretrained(..., kv="lossless")`` (``code="kvf12"``) or
-    ``kv="lossless-tiered"`` (``code="kvtiered"``) hands to ``generate``.
+    """The growing cache: what ``glyd.from_pretrained(..., kv="lossless-tiered")`` hands to ``generate``
+    (``code="kvtiered"``), and what to pass where ``kv="lossless"``'s static pool (``GlydStaticCache``,
+    ``glyd.kv.generate``) refuses a generation method (``code="kvf12"``, the same pages).
 
     ``config`` is the model's ``PretrainedConfig`` (or None: layers are made on first use).
     ``fused=True`` needs :func:`enable_fused` on the model first.

@@ -37,6 +37,7 @@ def glyd_kv_attention(module, query, key, value, attention_mask, dropout=0.0, sc
     layer_idx = getattr(module, "layer_idx", None)
     live = _LIVE.pop(layer_idx, None) if layer_idx is not None else None
     if live is not None and query.shape[2] == 1:
+        _check_plain(kwargs, layer_idx)
         out = live.attend(query[:, :, 0], scale=scaling, starts=_starts(attention_mask))
         return out[:, None], None  # [B, 1, Hq, D], as sdpa_attention_forward returns
     entry = _PENDING.pop(id(key), None)
@@ -52,9 +53,21 @@ def glyd_kv_attention(module, query, key, value, attention_mask, dropout=0.0, sc
 
     layer = entry[1]
     layer._pending_id = None
+    _check_plain(kwargs, layer_idx)
     out = decode_attention(query[:, :, 0].contiguous(), layer.k_store, layer.v_store, scale=scaling,
                            starts=_starts(attention_mask))
     return out[:, None], None
+
+
+def _check_plain(kwargs: dict, layer_idx) -> None:
+    """The fused decode is plain scaled softmax attention: refuse what would change it (never a silent
+    wrong output). Gemma 2's logit soft-capping and gpt-oss's attention sinks come as these arguments."""
+    from glyd.errors import UnsupportedError
+
+    for name in ("softcap", "s_aux"):
+        if kwargs.get(name) is not None:
+            raise UnsupportedError(f"the fused {ATTN_NAME!r} decode attention (layer {layer_idx}) has no {name}; "
+                                   f"this model passes one: use a GlydCache with fused=False")
 
 
 def enable_fused(model) -> None:

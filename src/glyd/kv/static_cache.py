@@ -102,14 +102,19 @@ class GlydStaticCache(Cache):
 
     ``max_cache_len``: tokens a sequence (rounded up to whole pages); or ``memory_fraction`` with
     ``batch_size`` and ``device``: the largest pool that fits in that share of the free GPU memory
-    (made at once). ``fused=True`` (default) needs :func:`glyd.kv.enable_fused` on the model first.
-    Full-attention layers with bf16 keys and values only.
+    (made at once). With ``max_cache_len``, ``batch_size`` (optional) is checked against the first
+    prompt's sequences. ``fused=True`` (default) needs :func:`glyd.kv.enable_fused` on the model first.
+    Full-attention layers with bf16 keys and values only. ``glyd.from_pretrained(..., kv="lossless")``
+    hands ``generate`` one sized for the call (``glyd.kv.generate``).
 
     >>> from glyd.kv import GlydStaticCache, enable_fused                    # doctest: +SKIP
     >>> enable_fused(model)                                                   # doctest: +SKIP
     >>> cache = GlydStaticCache(model.config, max_cache_len=1024)             # doctest: +SKIP
     >>> out = model.generate(ids, max_new_tokens=64, past_key_values=cache)   # doctest: +SKIP
     """
+
+    #: The page code the pool holds (``GlydCache.code``'s counterpart).
+    code = "kvf12"
 
     def __init__(self, config, max_cache_len: int | None = None, *, page_size: int = DEFAULT_PAGE,
                  fused: bool = True, batch_size: int | None = None, device: torch.device | str | None = None,
@@ -127,9 +132,12 @@ class GlydStaticCache(Cache):
             raise FormatError("GlydStaticCache takes max_cache_len or memory_fraction (with batch_size and device)")
         if memory_fraction is not None and (batch_size is None or device is None):
             raise FormatError("memory_fraction needs batch_size and device: the pool is sized and made at once")
+        if batch_size is not None and (type(batch_size) is not int or batch_size <= 0):
+            raise FormatError(f"GlydStaticCache batch_size must be a positive int, got {batch_size!r}")
         self.fused = fused
         self.page_size = page_size
         self.exc_fraction = exc_fraction
+        self.batch = batch_size  # sequences the pool holds (None: the first prompt's)
         self.context = max_cache_len  # tokens a sequence (the pool's whole pages once it is made)
         self.pool: FixedPagePool | None = None
         self._config = text
@@ -154,6 +162,8 @@ class GlydStaticCache(Cache):
             if t.dim() != 4:
                 raise FormatError(f"{name} must be [batch, heads, tokens, head_dim], got {tuple(t.shape)}")
         b, h, _, d = keys.shape
+        if self.batch is not None and b != self.batch:
+            raise FormatError(f"GlydStaticCache was made for {self.batch} sequences; key_states hold {b}")
         self.pool = FixedPagePool(len(self.layers), b, h, d, self.context, page=self.page_size,
                                   v_head_dim=values.shape[3], device=keys.device, exc_fraction=self.exc_fraction)
         self.context = self.pool.context
@@ -209,7 +219,14 @@ class GlydStaticCache(Cache):
             self._rebuild(lambda k, v: (k.index_select(0, idx), v.index_select(0, idx)))
 
     def batch_repeat_interleave(self, repeats: int) -> None:
-        raise UnsupportedError("GlydStaticCache holds a fixed number of sequences; make it for the expanded batch")
+        raise UnsupportedError(f"GlydStaticCache.batch_repeat_interleave({repeats}): {_FIXED_BATCH}")
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
-        raise UnsupportedError("GlydStaticCache holds a fixed number of sequences; make it for the batch you need")
+        raise UnsupportedError(f"GlydStaticCache.batch_select_indices: {_FIXED_BATCH}")
+
+
+# What a static pool says when asked to change its number of sequences (contrastive search and some
+# custom_generate or assisted-decoding methods do).
+_FIXED_BATCH = ("the static pool holds a fixed number of sequences, which this generation method (contrastive search, "
+                "some custom_generate or assisted decoding) changes: pass past_key_values=glyd.kv.make_cache("
+                "model.config) (the growing cache) instead")

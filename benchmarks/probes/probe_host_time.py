@@ -142,7 +142,7 @@ def stages(c: Case, n: int, reps: int, tiny: bool) -> dict:
         r["on: module"] = h(lambda: c.lin(c.x))
         r["on: op"] = h(c.op)
     r["on: CUDA impl"] = h(c.impl)
-    r["on: direct checks"] = h(lambda: _eager.direct(c.x, c.bias, arrays))
+    r["on: direct checks"] = h(lambda: _eager.backend(c.x, c.bias, arrays))
     r["on: plan lookup"] = h(lambda: (entry.holds(arrays, op), _plan._key(c.x, c.bias)))
     before = list(_plan.LAUNCHES)
     r["on: plan call"] = h(lambda: plan(c.x, c.bias, arrays))

@@ -166,7 +166,8 @@ def test_malformed_bodies_get_400(server):
 def _active(server) -> int:
     manager = server.state.generation._cb_manager
     sched = manager.scheduler
-    return len(sched.active_requests) + len(sched.waiting_requests)
+    # a request the server took but the scheduler's loop has not picked up yet sits in the input queue
+    return len(sched.active_requests) + len(sched.waiting_requests) + manager._cb.input_queue.qsize()
 
 
 def test_client_that_disconnects_cancels_its_request(server, client, reference, monkeypatch):
@@ -176,16 +177,36 @@ def test_client_that_disconnects_cancels_its_request(server, client, reference, 
     cancelled: list[str] = []
     cancel = manager.cancel_request
     monkeypatch.setattr(manager, "cancel_request", lambda rid: (cancelled.append(rid), cancel(rid)))
+    # the generation steps after the first wait until the client has gone: on a slow runner the tiny model
+    # could otherwise write all 200 tokens before the client reads its first line
+    from transformers.generation.continuous_batching.continuous_api import ContinuousBatchProcessor
+
+    release, calls, step = threading.Event(), [], ContinuousBatchProcessor._generation_step
+
+    def gated(self, model):
+        calls.append(1)
+        if len(calls) > 1:
+            release.wait(30)
+        return step(self, model)
+
+    monkeypatch.setattr(ContinuousBatchProcessor, "_generation_step", gated)
     body = {"model": "tiny", "messages": _chat("a long answer please"), "stream": True, "max_tokens": 200}
-    with httpx.Client(timeout=60) as http:
-        with http.stream("POST", server.url + "/v1/chat/completions", json=body,
-                         headers={"x-request-id": "goes-away"}) as resp:
-            assert resp.status_code == 200
-            lines = resp.iter_lines()
-            while not next(lines).startswith('data: {"id"'):
-                pass
-            assert _active(server) == 1  # generating
-        # the connection is closed with most of 200 tokens still to come
+    try:
+        with httpx.Client(timeout=60) as http:
+            with http.stream("POST", server.url + "/v1/chat/completions", json=body,
+                             headers={"x-request-id": "goes-away"}) as resp:
+                assert resp.status_code == 200
+                lines = resp.iter_lines()
+                while not next(lines).startswith('data: {"id"'):
+                    pass
+                # generating: its second step waits for the release, so it stays in the scheduler
+                end = time.monotonic() + 10
+                while _active(server) != 1 and time.monotonic() < end:
+                    time.sleep(0.01)
+                assert _active(server) == 1
+            # the connection is closed with most of 200 tokens still to come
+    finally:
+        release.set()
     end = time.monotonic() + 30
     while _active(server) and time.monotonic() < end:
         time.sleep(0.05)

@@ -1,0 +1,314 @@
+"""Issue 38 probe kernel: a warp-specialized fixed12 GEMM for long M that decodes into shared memory.
+
+Unpack + cuBLAS (today's long-M path) writes 16 bits a weight to HBM and reads them back; the wgmma
+tiles of ``src/glyd/kernels/fixed12`` decode the weights into registers, in the warps that issue
+the MMAs, and lost at long M (notes-kernels items 22-24: the tensor cores idle while a warpgroup
+decodes). Here the work is split by partition, so decode and MMA overlap by construction:
+
+- a loader warp: TMA copies of each K step's x boxes ([128, 64] bf16, one a MMA warpgroup) and
+  packed words (lo [BN, 16] and code [BN, 8] int32: one 64-column code group) into two rings;
+- ``DW`` decoder warps: packed words from shared memory -> the bf16 [BN, 64] weight tile in natural
+  column order (``wg_pairs``' byte permutes), stored into a swizzled ring for wgmma's B operand;
+- one or two MMA warpgroups (``XB``): x as wgmma's A and the decoded tile as B, both from shared
+  memory, one MMA in flight; each owns 128 x rows of the program's ``128 XB`` and the same BN
+  weight rows, so every weight decoded in the program feeds ``128 XB`` rows.
+
+Exceptions (about 0.01% of real weights) are added after the K loop by each MMA warpgroup: 16 at a
+time as a wgmma of their (true - decoded) x x products (registers, split into two bf16 parts)
+and a one-hot [16, BN] operand in shared memory. ``DEC=False`` is the same kernel multiplying a
+bf16 W loaded by TMA (no decoder work): the pipeline's own speed against cuBLAS.
+
+Research code (benchmarks/probes): ``probe_long_fused.py`` checks and times it.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                              warpgroup_mma_wait)
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+from glyd.kernels._gluon_bits import exc_meta
+from glyd.kernels.fixed12.exceptions import prepare
+from glyd.kernels.fixed12.wgmma import wg_pairs
+
+BK = gl.constexpr(64)  # columns a K step: one code group (16 lo words, 8 code words a row)
+BMW = gl.constexpr(128)  # x rows a MMA warpgroup
+EXC_E = gl.constexpr(16)  # exceptions a one-hot MMA
+
+
+@gluon.jit
+def _lf_loader(x_desc, lo_desc, co_desc, w_desc, x_s, lo_s, co_s, w_s, x_ready, x_empty, p_ready, p_empty,
+               w_ready, w_empty, n0, m0, steps, XB: gl.constexpr, NS: gl.constexpr, NP: gl.constexpr,
+               DEC: gl.constexpr):
+    # one warp: a step's packed words (or bf16 W tile) and x boxes, each slot once freed. A fresh
+    # mbarrier counts as having completed the phase before its first, so first waits pass.
+    for i in range(steps):
+        if DEC:
+            bp = i % NP
+            mbarrier.wait(p_empty.index(bp), ((i // NP) & 1) ^ 1)
+            bar = p_ready.index(bp)
+            mbarrier.expect(bar, lo_desc.block_type.nbytes + co_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(lo_desc, [n0, i * 16], bar, lo_s.index(bp))
+            tma.async_copy_global_to_shared(co_desc, [n0, i * 8], bar, co_s.index(bp))
+        b = i % NS
+        ph = ((i // NS) & 1) ^ 1
+        if not DEC:
+            mbarrier.wait(w_empty.index(b), ph)
+            bar = w_ready.index(b)
+            mbarrier.expect(bar, w_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(w_desc, [n0, i * BK], bar, w_s.index(b))
+        mbarrier.wait(x_empty.index(b), ph)
+        bar = x_ready.index(b)
+        mbarrier.expect(bar, XB * x_desc.block_type.nbytes)
+        for h in gl.static_range(XB):
+            tma.async_copy_global_to_shared(x_desc, [m0 + h * BMW, i * BK], bar, x_s.index(b * XB + h))
+
+
+@gluon.jit
+def _lf_decoder(lo_s, co_s, w_s, p_ready, p_empty, w_ready, w_empty, base_ptr, steps, BN: gl.constexpr,
+                NS: gl.constexpr, NP: gl.constexpr, DW: gl.constexpr, DEC: gl.constexpr):
+    # DW warps: a slot's words -> the [BN, 64] bf16 tile (column 32 t + 4 w + 2 h + j from lo word
+    # 8 t + w, its code nibble t of code word w) -> the weight ring
+    if DEC:
+        L8: gl.constexpr = gl.BlockedLayout([1, 2], [8, 4], [DW, 1], [1, 0])
+        b4 = gl.load(base_ptr).to(gl.uint32) * 0x01010101
+        for i in range(steps):
+            bp = i % NP
+            mbarrier.wait(p_ready.index(bp), (i // NP) & 1)
+            ls = lo_s.index(bp)
+            l0 = ls.slice(0, 8, dim=1).load(L8).to(gl.uint32, bitcast=True)
+            l1 = ls.slice(8, 8, dim=1).load(L8).to(gl.uint32, bitcast=True)
+            cw = co_s.index(bp).load(L8).to(gl.uint32, bitcast=True)
+            fence_async_shared()  # these reads before the TMA's next writes into the slot
+            mbarrier.arrive(p_empty.index(bp), count=1)
+            d0 = wg_pairs(l0, cw, b4)  # [BN, 8 (w), 2 (j), 2 (h)]
+            d1 = wg_pairs(l1, cw >> 4, b4)
+            w = gl.reshape(gl.permute(gl.join(d0, d1), (0, 4, 1, 3, 2)), [BN, BK])  # [row, t, w, h, j]
+            b = i % NS
+            mbarrier.wait(w_empty.index(b), ((i // NS) & 1) ^ 1)
+            w_s.index(b).store(w)
+            fence_async_shared()  # the generic stores before wgmma (async proxy) reads them
+            mbarrier.arrive(w_ready.index(b), count=1)
+
+
+@gluon.jit
+def _lf_exceptions(acc, oh_s, x_ptr, m0, M, stride_xm, rowptr_ptr, eidx_ptr, ehi_ptr, lo8_ptr, base_ptr, n0, N, K,
+                   KP, BN: gl.constexpr, ML: gl.constexpr, EL: gl.constexpr, OHL: gl.constexpr):
+    # acc [128 x rows, BN weight rows] plus (true - decoded) * x for each exception of rows n0..:
+    # 16 a step as [128, 16] products (A, registers, hi + lo bf16 parts) times a one-hot [16, BN]
+    AO: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=ML, k_width=2)
+    e0 = gl.load(rowptr_ptr + n0)
+    e1 = gl.load(rowptr_ptr + gl.minimum(n0 + BN, N))
+    b8 = gl.load(base_ptr).to(gl.uint32)
+    rm = m0 + gl.arange(0, BMW, layout=gl.SliceLayout(1, EL))
+    rn = n0 + gl.arange(0, BN, layout=gl.SliceLayout(1, OHL))
+    for es in range(e0, e1, EXC_E):
+        c, em, tv, pv, r = exc_meta(eidx_ptr, ehi_ptr, lo8_ptr, KP, b8, K, es, e1, EXC_E, EL)
+        xv = gl.load(x_ptr + rm[:, None].to(gl.int64) * stride_xm + c[None, :],
+                     mask=(rm < M)[:, None] & em[None, :], other=0.0).to(gl.float32)
+        d = xv * tv[None, :] - xv * pv[None, :]  # [128, 16]
+        hi = d.to(gl.bfloat16)
+        lo = (d - hi.to(gl.float32)).to(gl.bfloat16)
+        re = gl.convert_layout(r, gl.SliceLayout(0, OHL))
+        oh = gl.where(rn[:, None] == re[None, :], 1.0, 0.0).to(gl.bfloat16)  # [BN, 16]
+        gl.thread_barrier()  # the previous step's MMAs were waited for by every warp
+        oh_s.store(oh)
+        fence_async_shared()
+        gl.thread_barrier()
+        acc = warpgroup_mma(gl.convert_layout(hi, AO), oh_s.permute((1, 0)), acc, is_async=True)
+        acc = warpgroup_mma(gl.convert_layout(lo, AO), oh_s.permute((1, 0)), acc, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+    return acc
+
+
+@gluon.jit
+def _lf_mma(x_s, w_s, oh_s, x_ready, x_empty, w_ready, w_empty, x_ptr, out_ptr, bias_ptr, rowptr_ptr, eidx_ptr,
+            ehi_ptr, lo8_ptr, base_ptr, n0, m0, M, N, K, KP, stride_xm, steps, H: gl.constexpr, XB: gl.constexpr,
+            BN: gl.constexpr, NS: gl.constexpr, ML: gl.constexpr, EL: gl.constexpr, OHL: gl.constexpr,
+            EXC: gl.constexpr, HAS_BIAS: gl.constexpr):
+    # MMA warpgroup H: x rows m0 + 128 H .. of the program, one MMA in flight; a slot is freed
+    # once the MMA after it was issued and the one reading it is done
+    acc = gl.zeros([BMW, BN], gl.float32, ML)
+    for i in range(steps):
+        b = i % NS
+        ph = (i // NS) & 1
+        mbarrier.wait(x_ready.index(b), ph)
+        mbarrier.wait(w_ready.index(b), ph)
+        acc = warpgroup_mma(x_s.index(b * XB + H), w_s.index(b).permute((1, 0)), acc, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
+        bp = (i + NS - 1) % NS
+        mbarrier.arrive(x_empty.index(bp), count=1, pred=i > 0)
+        mbarrier.arrive(w_empty.index(bp), count=1, pred=i > 0)
+    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+    mr = m0 + H * BMW
+    if EXC:
+        acc = _lf_exceptions(acc, oh_s.index(H), x_ptr, mr, M, stride_xm, rowptr_ptr, eidx_ptr, ehi_ptr, lo8_ptr,
+                             base_ptr, n0, N, K, KP, BN, ML, EL, OHL)
+    rows = mr + gl.arange(0, BMW, layout=gl.SliceLayout(1, ML))
+    cols = n0 + gl.arange(0, BN, layout=gl.SliceLayout(0, ML))
+    if HAS_BIAS:
+        acc += gl.load(bias_ptr + cols, mask=cols < N, other=0.0).to(gl.float32)[None, :]
+    gl.store(out_ptr + rows[:, None].to(gl.int64) * N + cols[None, :], acc.to(gl.bfloat16),
+             mask=(rows < M)[:, None] & (cols < N)[None, :])
+
+
+@gluon.jit
+def _lf_kernel(x_desc, lo_desc, co_desc, w_desc, x_ptr, out_ptr, bias_ptr, rowptr_ptr, eidx_ptr, ehi_ptr, lo8_ptr,
+               base_ptr, M, N, K, KP, stride_xm, MT, BN: gl.constexpr, XB: gl.constexpr, NS: gl.constexpr,
+               NP: gl.constexpr, DW: gl.constexpr, ML: gl.constexpr, WSL: gl.constexpr, OHSL: gl.constexpr,
+               EL: gl.constexpr, OHL: gl.constexpr, EXC: gl.constexpr, HAS_BIAS: gl.constexpr, DEC: gl.constexpr,
+               REGS: gl.constexpr):
+    # out [M, N] bf16 (+ bias) = x @ W^T; a program: BN weight rows x 128 XB x rows (x tiles inner,
+    # so the programs that share a packed tile run together and find it in L2)
+    pid = gl.program_id(0)
+    n0 = (pid // MT) * BN
+    m0 = (pid % MT) * (BMW * XB)
+    steps = KP // BK
+    x_s = gl.allocate_shared_memory(gl.bfloat16, [NS * XB, BMW, BK], x_desc.layout)
+    w_s = gl.allocate_shared_memory(gl.bfloat16, [NS, BN, BK], WSL)
+    lo_s = gl.allocate_shared_memory(gl.int32, [NP, BN, 16], lo_desc.layout)
+    co_s = gl.allocate_shared_memory(gl.int32, [NP, BN, 8], co_desc.layout)
+    oh_s = gl.allocate_shared_memory(gl.bfloat16, [XB, BN, EXC_E], OHSL)
+    x_ready = gl.allocate_shared_memory(gl.int64, [NS, 1], mbarrier.MBarrierLayout())
+    x_empty = gl.allocate_shared_memory(gl.int64, [NS, 1], mbarrier.MBarrierLayout())
+    w_ready = gl.allocate_shared_memory(gl.int64, [NS, 1], mbarrier.MBarrierLayout())
+    w_empty = gl.allocate_shared_memory(gl.int64, [NS, 1], mbarrier.MBarrierLayout())
+    p_ready = gl.allocate_shared_memory(gl.int64, [NP, 1], mbarrier.MBarrierLayout())
+    p_empty = gl.allocate_shared_memory(gl.int64, [NP, 1], mbarrier.MBarrierLayout())
+    for j in gl.static_range(NS):
+        mbarrier.init(x_ready.index(j), count=1)
+        mbarrier.init(x_empty.index(j), count=XB)
+        mbarrier.init(w_ready.index(j), count=1)
+        mbarrier.init(w_empty.index(j), count=XB)
+    for j in gl.static_range(NP):
+        mbarrier.init(p_ready.index(j), count=1)
+        mbarrier.init(p_empty.index(j), count=1)
+    fence_async_shared()
+    if XB == 2:
+        gl.warp_specialize([
+            (_lf_mma, (x_s, w_s, oh_s, x_ready, x_empty, w_ready, w_empty, x_ptr, out_ptr, bias_ptr, rowptr_ptr,
+                       eidx_ptr, ehi_ptr, lo8_ptr, base_ptr, n0, m0, M, N, K, KP, stride_xm, steps, 0, XB, BN, NS, ML,
+                       EL, OHL, EXC, HAS_BIAS)),
+            (_lf_mma, (x_s, w_s, oh_s, x_ready, x_empty, w_ready, w_empty, x_ptr, out_ptr, bias_ptr, rowptr_ptr,
+                       eidx_ptr, ehi_ptr, lo8_ptr, base_ptr, n0, m0, M, N, K, KP, stride_xm, steps, 1, XB, BN, NS, ML,
+                       EL, OHL, EXC, HAS_BIAS)),
+            (_lf_decoder, (lo_s, co_s, w_s, p_ready, p_empty, w_ready, w_empty, base_ptr, steps, BN, NS, NP, DW, DEC)),
+            (_lf_loader, (x_desc, lo_desc, co_desc, w_desc, x_s, lo_s, co_s, w_s, x_ready, x_empty, p_ready, p_empty,
+                          w_ready, w_empty, n0, m0, steps, XB, NS, NP, DEC)),
+        ], [4, DW, 1], [REGS[0], REGS[1], REGS[2]])
+    else:
+        gl.warp_specialize([
+            (_lf_mma, (x_s, w_s, oh_s, x_ready, x_empty, w_ready, w_empty, x_ptr, out_ptr, bias_ptr, rowptr_ptr,
+                       eidx_ptr, ehi_ptr, lo8_ptr, base_ptr, n0, m0, M, N, K, KP, stride_xm, steps, 0, XB, BN, NS, ML,
+                       EL, OHL, EXC, HAS_BIAS)),
+            (_lf_decoder, (lo_s, co_s, w_s, p_ready, p_empty, w_ready, w_empty, base_ptr, steps, BN, NS, NP, DW, DEC)),
+            (_lf_loader, (x_desc, lo_desc, co_desc, w_desc, x_s, lo_s, co_s, w_s, x_ready, x_empty, p_ready, p_empty,
+                          w_ready, w_empty, n0, m0, steps, XB, NS, NP, DEC)),
+        ], [DW, 1], [REGS[1], REGS[2]])
+
+
+@functools.lru_cache(maxsize=None)
+def layouts(bn: int):
+    """(accumulator, weight ring, one-hot, exception products, one-hot registers) layouts, and the
+    (x, lo, code, bf16 W) TMA shared layouts, for BN weight rows and 4-warp MMA warpgroups."""
+    ml = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, bn, 16])
+    wsl = gl.NVMMASharedLayout.get_default_for([bn, BK.value], gl.bfloat16)
+    ohsl = gl.NVMMASharedLayout.get_default_for([bn, EXC_E.value], gl.bfloat16)
+    el = gl.BlockedLayout([1, 4], [8, 4], [4, 1], [1, 0])  # [128, 16] products, and their column slices
+    ohl = gl.BlockedLayout([1, 4], [8, 4], [4, 1], [1, 0])  # [BN, 16] one-hot
+    shared = (gl.NVMMASharedLayout.get_default_for([BMW.value, BK.value], gl.bfloat16),
+              gl.NVMMASharedLayout.get_default_for([bn, 16], gl.int32),
+              gl.NVMMASharedLayout.get_default_for([bn, 8], gl.int32), wsl)
+    return ml, wsl, ohsl, el, ohl, shared
+
+
+def regs(xb: int, dw: int) -> tuple:
+    """(kernel maxnreg, [MMA warpgroup 1, decoder, loader] registers): 16 warps (4 warpgroups) share
+    the 64 K registers an SM; the default partition (MMA warpgroup 0) gets what the workers leave."""
+    if xb == 2:
+        return 128, (200, 88, 24)  # default: 4 x 128 - 200 - 88 - 24 = 200 (192 for both spilled)
+    return 168, (192, 152, 24)
+
+
+# x [M, K] bf16 (K % 8 == 0, rows 16-byte aligned), packed fixed12 W [N, K] -> out [M, N] bf16
+def launch(x: torch.Tensor, p, bias=None, bn: int = 128, xb: int = 2, ns: int = 3, np_: int = 3, dw: int = 4,
+           w_bf16: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``x @ W.T (+ bias)`` by the fused kernel; ``w_bf16`` (the unpacked W) runs its DEC=False twin."""
+    n, k = p.shape
+    kp = p.arrays["lo"].shape[1]
+    m = x.shape[0]
+    if x.dtype != torch.bfloat16 or x.dim() != 2 or x.shape[1] != k:
+        raise ValueError(f"x must be bf16 [M, {k}], got {tuple(x.shape)} {x.dtype}")
+    if k % 8 or x.stride(1) != 1 or x.stride(0) % 8 or x.data_ptr() % 16:
+        raise ValueError("x rows must be 16-byte aligned and K a multiple of 8 (TMA)")
+    if bias is not None and (bias.dtype != torch.bfloat16 or bias.shape != (n, )):
+        raise ValueError(f"bias must be bf16 [{n}], got {tuple(bias.shape)} {bias.dtype}")
+    dec = w_bf16 is None
+    ml, wsl, ohsl, el, ohl, (xsl, lsl, csl, wtl) = layouts(bn)
+    lo_i, co_i = p.arrays["lo"].view(torch.int32), p.arrays["code"].view(torch.int32)
+    x_d = TensorDescriptor.from_tensor(x, [BMW.value, BK.value], xsl)
+    lo_d = TensorDescriptor.from_tensor(lo_i, [bn, 16], lsl)
+    co_d = TensorDescriptor.from_tensor(co_i, [bn, 8], csl)
+    w_d = TensorDescriptor.from_tensor(w_bf16 if not dec else x, [bn, BK.value] if not dec else [BMW.value, BK.value],
+                                       wtl if not dec else xsl)
+    prep = prepare(p)
+    exc = dec and prep.nexc > 0
+    out = torch.empty(m, n, dtype=torch.bfloat16, device=x.device) if out is None else out
+    mt = triton.cdiv(m, BMW.value * xb)
+    maxnreg, rr = regs(xb, dw)
+    a = p.arrays
+    _lf_kernel[(triton.cdiv(n, bn) * mt, )](
+        x_d, lo_d, co_d, w_d, x, out, bias if bias is not None else out, prep.rowptr if exc else a["exc_idx"],
+        a["exc_idx"], a["exc_hi"], a["lo"], a["base"], m, n, k, kp, x.stride(0), mt,
+        BN=bn, XB=xb, NS=ns, NP=np_, DW=dw, ML=ml, WSL=wsl, OHSL=ohsl, EL=el, OHL=ohl, EXC=exc,
+        HAS_BIAS=bias is not None, DEC=dec, REGS=rr, num_warps=4, maxnreg=maxnreg)
+    return out
+
+
+def compile_sm90(bn: int = 128, xb: int = 2, ns: int = 3, np_: int = 3, dw: int = 4, exc: bool = True,
+                 dec: bool = True, bias: bool = False):
+    """The kernel compiled for sm_90 on any machine (Triton's ptxas; no GPU): its CompiledKernel."""
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    ml, wsl, ohsl, el, ohl, (xsl, lsl, csl, wtl) = layouts(bn)
+    maxnreg, rr = regs(xb, dw)
+    const = dict(BN=bn, XB=xb, NS=ns, NP=np_, DW=dw, ML=ml, WSL=wsl, OHSL=ohsl, EL=el, OHL=ohl, EXC=exc,
+                 HAS_BIAS=bias, DEC=dec, REGS=rr)
+    descs = {"x_desc": f"tensordesc<bf16[{BMW.value}, {BK.value}],{xsl!r}>", "lo_desc": f"tensordesc<i32[{bn}, 16],{lsl!r}>",
+             "co_desc": f"tensordesc<i32[{bn}, 8],{csl!r}>",
+             "w_desc": f"tensordesc<bf16[{bn}, {BK.value}],{wtl!r}>" if not dec else f"tensordesc<bf16[{BMW.value}, {BK.value}],{xsl!r}>"}
+    ptrs = {"x_ptr": "*bf16", "out_ptr": "*bf16", "bias_ptr": "*bf16", "rowptr_ptr": "*i32", "eidx_ptr": "*i32",
+            "ehi_ptr": "*u8", "lo8_ptr": "*u8", "base_ptr": "*u8"}
+    kern = _lf_kernel
+    names = kern.arg_names
+    sig = {a: "constexpr" if a in const else descs.get(a) or ptrs.get(a, "i32") for a in names}
+    attrs = {(names.index(a), ): [["tt.divisibility", 16]] for a in names if a in ptrs or a in ("KP", "stride_xm")}
+    return triton.compile(GluonASTSource(kern, sig, const, attrs), target=GPUTarget("cuda", 90, 32),
+                          options=dict(num_warps=4, maxnreg=maxnreg))
+
+
+def resources(k) -> dict:
+    """Registers, stack, shared and local bytes of a compiled kernel (cuobjdump -res-usage), and the
+    SASS counts that say whether the design holds: spill stores, wgmma, TMA copies, byte permutes."""
+    import os
+    import re
+    import subprocess
+    import tempfile
+
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(k.asm["cubin"])
+        f.flush()
+        usage = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True, check=True).stdout
+        sass = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True, check=True).stdout
+    res = {key: int(v) for key, v in re.findall(r"(REG|STACK|SHARED|LOCAL):(\d+)", usage)}
+    res.update(STL=sass.count("STL"), HGMMA=sass.count("HGMMA"), UTMALDG=sass.count("UTMALDG"),
+               PRMT=sass.count("PRMT"), SETMAXNREG=sass.count("USETMAXREG"))
+    return res

@@ -45,17 +45,13 @@ EXC_E = gl.constexpr(16)  # exceptions a one-hot MMA
 @gluon.jit
 def _lf_loader(x_desc, lo_desc, co_desc, w_desc, x_s, lo_s, co_s, w_s, x_ready, x_empty, p_ready, p_empty,
                w_ready, w_empty, n0, m0, steps, XB: gl.constexpr, NS: gl.constexpr, NP: gl.constexpr,
-               DEC: gl.constexpr):
-    # one warp: a step's packed words (or bf16 W tile) and x boxes, each slot once freed. A fresh
-    # mbarrier counts as having completed the phase before its first, so first waits pass.
+               DEC: gl.constexpr, SPLIT: gl.constexpr):
+    # one warp: a step's x boxes (and the bf16 W tile without DEC; the packed words too unless SPLIT
+    # gives them a warp of their own), each slot once freed. A fresh mbarrier counts as having
+    # completed the phase before its first, so the first waits pass.
     for i in range(steps):
-        if DEC:
-            bp = i % NP
-            mbarrier.wait(p_empty.index(bp), ((i // NP) & 1) ^ 1)
-            bar = p_ready.index(bp)
-            mbarrier.expect(bar, lo_desc.block_type.nbytes + co_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(lo_desc, [n0, i * 16], bar, lo_s.index(bp))
-            tma.async_copy_global_to_shared(co_desc, [n0, i * 8], bar, co_s.index(bp))
+        if DEC and not SPLIT:
+            _lf_load_words(lo_desc, co_desc, lo_s, co_s, p_ready, p_empty, n0, i, NP)
         b = i % NS
         ph = ((i // NS) & 1) ^ 1
         if not DEC:
@@ -71,30 +67,77 @@ def _lf_loader(x_desc, lo_desc, co_desc, w_desc, x_s, lo_s, co_s, w_s, x_ready, 
 
 
 @gluon.jit
+def _lf_load_words(lo_desc, co_desc, lo_s, co_s, p_ready, p_empty, n0, i, NP: gl.constexpr):
+    # step i's lo and code words into packed slot i % NP, once the decoder freed it
+    bp = i % NP
+    mbarrier.wait(p_empty.index(bp), ((i // NP) & 1) ^ 1)
+    bar = p_ready.index(bp)
+    mbarrier.expect(bar, lo_desc.block_type.nbytes + co_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(lo_desc, [n0, i * 16], bar, lo_s.index(bp))
+    tma.async_copy_global_to_shared(co_desc, [n0, i * 8], bar, co_s.index(bp))
+
+
+@gluon.jit
+def _lf_word_loader(x_desc, lo_desc, co_desc, w_desc, x_s, lo_s, co_s, w_s, x_ready, x_empty, p_ready, p_empty,
+                    w_ready, w_empty, n0, m0, steps, XB: gl.constexpr, NS: gl.constexpr, NP: gl.constexpr,
+                    DEC: gl.constexpr, SPLIT: gl.constexpr):
+    # SPLIT: one warp for the packed words alone, so they run NP steps ahead of the decoder whatever
+    # the MMAs wait on (with one loader, step i's words waited for step i - 1's x slot)
+    if DEC:
+        for i in range(steps):
+            _lf_load_words(lo_desc, co_desc, lo_s, co_s, p_ready, p_empty, n0, i, NP)
+
+
+@gluon.jit
+def _lf_words(lo_s, co_s, p_ready, p_empty, i, NP: gl.constexpr, L8: gl.constexpr):
+    # step i's lo words (halves t = 0, 1) and code words into registers; the slot is freed at once
+    bp = i % NP
+    mbarrier.wait(p_ready.index(bp), (i // NP) & 1)
+    ls = lo_s.index(bp)
+    l0 = ls.slice(0, 8, dim=1).load(L8).to(gl.uint32, bitcast=True)
+    l1 = ls.slice(8, 8, dim=1).load(L8).to(gl.uint32, bitcast=True)
+    cw = co_s.index(bp).load(L8).to(gl.uint32, bitcast=True)
+    fence_async_shared()  # these reads before the TMA's next writes into the slot
+    mbarrier.arrive(p_empty.index(bp), count=1)
+    return l0, l1, cw
+
+
+@gluon.jit
+def _lf_tile(l0, l1, cw, b4, BN: gl.constexpr):
+    # the [BN, 64] bf16 tile: column 32 t + 4 w + 2 h + j from lo word 8 t + w, code nibble t of word w
+    d0 = wg_pairs(l0, cw, b4)  # [BN, 8 (w), 2 (j), 2 (h)]
+    d1 = wg_pairs(l1, cw >> 4, b4)
+    return gl.reshape(gl.permute(gl.join(d0, d1), (0, 4, 1, 3, 2)), [BN, BK])  # [row, t, w, h, j]
+
+
+@gluon.jit
+def _lf_put(w, w_s, w_ready, w_empty, i, NS: gl.constexpr):
+    # the decoded tile of step i into weight slot i % NS once the MMAs freed it
+    b = i % NS
+    mbarrier.wait(w_empty.index(b), ((i // NS) & 1) ^ 1)
+    w_s.index(b).store(w)
+    fence_async_shared()  # the generic stores before wgmma (async proxy) reads them
+    mbarrier.arrive(w_ready.index(b), count=1)
+
+
+@gluon.jit
 def _lf_decoder(lo_s, co_s, w_s, p_ready, p_empty, w_ready, w_empty, base_ptr, steps, BN: gl.constexpr,
-                NS: gl.constexpr, NP: gl.constexpr, DW: gl.constexpr, DEC: gl.constexpr):
-    # DW warps: a slot's words -> the [BN, 64] bf16 tile (column 32 t + 4 w + 2 h + j from lo word
-    # 8 t + w, its code nibble t of code word w) -> the weight ring
+                NS: gl.constexpr, NP: gl.constexpr, DW: gl.constexpr, DEC: gl.constexpr, DU: gl.constexpr):
+    # DW warps: a slot's words -> the bf16 tile -> the weight ring; DU 2: two steps at a time (both
+    # steps' words loaded before either is decoded: more independent work in flight; steps even)
     if DEC:
         L8: gl.constexpr = gl.BlockedLayout([1, 2], [8, 4], [DW, 1], [1, 0])
         b4 = gl.load(base_ptr).to(gl.uint32) * 0x01010101
-        for i in range(steps):
-            bp = i % NP
-            mbarrier.wait(p_ready.index(bp), (i // NP) & 1)
-            ls = lo_s.index(bp)
-            l0 = ls.slice(0, 8, dim=1).load(L8).to(gl.uint32, bitcast=True)
-            l1 = ls.slice(8, 8, dim=1).load(L8).to(gl.uint32, bitcast=True)
-            cw = co_s.index(bp).load(L8).to(gl.uint32, bitcast=True)
-            fence_async_shared()  # these reads before the TMA's next writes into the slot
-            mbarrier.arrive(p_empty.index(bp), count=1)
-            d0 = wg_pairs(l0, cw, b4)  # [BN, 8 (w), 2 (j), 2 (h)]
-            d1 = wg_pairs(l1, cw >> 4, b4)
-            w = gl.reshape(gl.permute(gl.join(d0, d1), (0, 4, 1, 3, 2)), [BN, BK])  # [row, t, w, h, j]
-            b = i % NS
-            mbarrier.wait(w_empty.index(b), ((i // NS) & 1) ^ 1)
-            w_s.index(b).store(w)
-            fence_async_shared()  # the generic stores before wgmma (async proxy) reads them
-            mbarrier.arrive(w_ready.index(b), count=1)
+        if DU == 2:
+            for i in range(0, steps, 2):
+                a0, a1, ac = _lf_words(lo_s, co_s, p_ready, p_empty, i, NP, L8)
+                c0, c1, cc = _lf_words(lo_s, co_s, p_ready, p_empty, i + 1, NP, L8)
+                _lf_put(_lf_tile(a0, a1, ac, b4, BN), w_s, w_ready, w_empty, i, NS)
+                _lf_put(_lf_tile(c0, c1, cc, b4, BN), w_s, w_ready, w_empty, i + 1, NS)
+        else:
+            for i in range(steps):
+                l0, l1, cw = _lf_words(lo_s, co_s, p_ready, p_empty, i, NP, L8)
+                _lf_put(_lf_tile(l0, l1, cw, b4, BN), w_s, w_ready, w_empty, i, NS)
 
 
 @gluon.jit
@@ -163,7 +206,7 @@ def _lf_kernel(x_desc, lo_desc, co_desc, w_desc, x_ptr, out_ptr, bias_ptr, rowpt
                base_ptr, M, N, K, KP, stride_xm, MT, BN: gl.constexpr, XB: gl.constexpr, NS: gl.constexpr,
                NP: gl.constexpr, DW: gl.constexpr, ML: gl.constexpr, WSL: gl.constexpr, OHSL: gl.constexpr,
                EL: gl.constexpr, OHL: gl.constexpr, EXC: gl.constexpr, HAS_BIAS: gl.constexpr, DEC: gl.constexpr,
-               REGS: gl.constexpr):
+               REGS: gl.constexpr, SPLIT: gl.constexpr = True, DU: gl.constexpr = 1):
     # out [M, N] bf16 (+ bias) = x @ W^T; a program: BN weight rows x 128 XB x rows (x tiles inner,
     # so the programs that share a packed tile run together and find it in L2)
     pid = gl.program_id(0)
@@ -198,19 +241,25 @@ def _lf_kernel(x_desc, lo_desc, co_desc, w_desc, x_ptr, out_ptr, bias_ptr, rowpt
             (_lf_mma, (x_s, w_s, oh_s, x_ready, x_empty, w_ready, w_empty, x_ptr, out_ptr, bias_ptr, rowptr_ptr,
                        eidx_ptr, ehi_ptr, lo8_ptr, base_ptr, n0, m0, M, N, K, KP, stride_xm, steps, 1, XB, BN, NS, ML,
                        EL, OHL, EXC, HAS_BIAS)),
-            (_lf_decoder, (lo_s, co_s, w_s, p_ready, p_empty, w_ready, w_empty, base_ptr, steps, BN, NS, NP, DW, DEC)),
+            (_lf_decoder, (lo_s, co_s, w_s, p_ready, p_empty, w_ready, w_empty, base_ptr, steps, BN, NS, NP, DW, DEC,
+                            DU)),
             (_lf_loader, (x_desc, lo_desc, co_desc, w_desc, x_s, lo_s, co_s, w_s, x_ready, x_empty, p_ready, p_empty,
-                          w_ready, w_empty, n0, m0, steps, XB, NS, NP, DEC)),
-        ], [4, DW, 1], [REGS[0], REGS[1], REGS[2]])
+                          w_ready, w_empty, n0, m0, steps, XB, NS, NP, DEC, SPLIT)),
+            (_lf_word_loader, (x_desc, lo_desc, co_desc, w_desc, x_s, lo_s, co_s, w_s, x_ready, x_empty, p_ready,
+                               p_empty, w_ready, w_empty, n0, m0, steps, XB, NS, NP, DEC, SPLIT)),
+        ], [4, DW, 1, 1], [REGS[0], REGS[1], REGS[2], REGS[2]])
     else:
         gl.warp_specialize([
             (_lf_mma, (x_s, w_s, oh_s, x_ready, x_empty, w_ready, w_empty, x_ptr, out_ptr, bias_ptr, rowptr_ptr,
                        eidx_ptr, ehi_ptr, lo8_ptr, base_ptr, n0, m0, M, N, K, KP, stride_xm, steps, 0, XB, BN, NS, ML,
                        EL, OHL, EXC, HAS_BIAS)),
-            (_lf_decoder, (lo_s, co_s, w_s, p_ready, p_empty, w_ready, w_empty, base_ptr, steps, BN, NS, NP, DW, DEC)),
+            (_lf_decoder, (lo_s, co_s, w_s, p_ready, p_empty, w_ready, w_empty, base_ptr, steps, BN, NS, NP, DW, DEC,
+                            DU)),
             (_lf_loader, (x_desc, lo_desc, co_desc, w_desc, x_s, lo_s, co_s, w_s, x_ready, x_empty, p_ready, p_empty,
-                          w_ready, w_empty, n0, m0, steps, XB, NS, NP, DEC)),
-        ], [DW, 1], [REGS[1], REGS[2]])
+                          w_ready, w_empty, n0, m0, steps, XB, NS, NP, DEC, SPLIT)),
+            (_lf_word_loader, (x_desc, lo_desc, co_desc, w_desc, x_s, lo_s, co_s, w_s, x_ready, x_empty, p_ready,
+                               p_empty, w_ready, w_empty, n0, m0, steps, XB, NS, NP, DEC, SPLIT)),
+        ], [DW, 1, 1], [REGS[1], REGS[2], REGS[2]])
 
 
 @functools.lru_cache(maxsize=None)
@@ -237,8 +286,8 @@ def regs(xb: int, dw: int) -> tuple:
 
 
 # x [M, K] bf16 (K % 8 == 0, rows 16-byte aligned), packed fixed12 W [N, K] -> out [M, N] bf16
-def launch(x: torch.Tensor, p, bias=None, bn: int = 128, xb: int = 2, ns: int = 3, np_: int = 3, dw: int = 4,
-           w_bf16: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+def launch(x: torch.Tensor, p, bias=None, bn: int = 128, xb: int = 2, ns: int = 3, np_: int = 4, dw: int = 4,
+           split: bool = True, du: int = 1, w_bf16: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
     """``x @ W.T (+ bias)`` by the fused kernel; ``w_bf16`` (the unpacked W) runs its DEC=False twin."""
     n, k = p.shape
     kp = p.arrays["lo"].shape[1]
@@ -267,12 +316,12 @@ def launch(x: torch.Tensor, p, bias=None, bn: int = 128, xb: int = 2, ns: int = 
         x_d, lo_d, co_d, w_d, x, out, bias if bias is not None else out, prep.rowptr if exc else a["exc_idx"],
         a["exc_idx"], a["exc_hi"], a["lo"], a["base"], m, n, k, kp, x.stride(0), mt,
         BN=bn, XB=xb, NS=ns, NP=np_, DW=dw, ML=ml, WSL=wsl, OHSL=ohsl, EL=el, OHL=ohl, EXC=exc,
-        HAS_BIAS=bias is not None, DEC=dec, REGS=rr, num_warps=4, maxnreg=maxnreg)
+        HAS_BIAS=bias is not None, DEC=dec, REGS=rr, SPLIT=split, DU=du if (kp // BK.value) % du == 0 else 1, num_warps=4, maxnreg=maxnreg)
     return out
 
 
-def compile_sm90(bn: int = 128, xb: int = 2, ns: int = 3, np_: int = 3, dw: int = 4, exc: bool = True,
-                 dec: bool = True, bias: bool = False):
+def compile_sm90(bn: int = 128, xb: int = 2, ns: int = 3, np_: int = 4, dw: int = 4, exc: bool = True,
+                 dec: bool = True, bias: bool = False, split: bool = True, du: int = 1):
     """The kernel compiled for sm_90 on any machine (Triton's ptxas; no GPU): its CompiledKernel."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -280,7 +329,7 @@ def compile_sm90(bn: int = 128, xb: int = 2, ns: int = 3, np_: int = 3, dw: int 
     ml, wsl, ohsl, el, ohl, (xsl, lsl, csl, wtl) = layouts(bn)
     maxnreg, rr = regs(xb, dw)
     const = dict(BN=bn, XB=xb, NS=ns, NP=np_, DW=dw, ML=ml, WSL=wsl, OHSL=ohsl, EL=el, OHL=ohl, EXC=exc,
-                 HAS_BIAS=bias, DEC=dec, REGS=rr)
+                 HAS_BIAS=bias, DEC=dec, REGS=rr, SPLIT=split, DU=du)
     descs = {"x_desc": f"tensordesc<bf16[{BMW.value}, {BK.value}],{xsl!r}>", "lo_desc": f"tensordesc<i32[{bn}, 16],{lsl!r}>",
              "co_desc": f"tensordesc<i32[{bn}, 8],{csl!r}>",
              "w_desc": f"tensordesc<bf16[{bn}, {BK.value}],{wtl!r}>" if not dec else f"tensordesc<bf16[{BMW.value}, {BK.value}],{xsl!r}>"}

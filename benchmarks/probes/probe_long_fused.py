@@ -37,7 +37,8 @@ from glyd import kernels  # noqa: E402
 SHAPES = {"qkv": (4608, 3584), "o": (3584, 3584), "gate_up": (37888, 3584), "down": (3584, 18944)}
 MS = (128, 512, 2048, 4608)
 RTOL, ATOL_FRAC = 2.0**-7, 1e-3  # tests/kernels/test_linear.py's bound (plus bf16 F.linear's own error)
-CONFIGS = {"fused": dict(), "fused.ns2": dict(ns=2, np_=4), "fused.xb1": dict(xb=1)}
+CONFIGS = {"fused.run1": dict(split=False, np_=3), "fused": dict(), "fused.du2": dict(du=2),
+           "fused.du2.np5": dict(du=2, np_=5), "fused.xb1.du2": dict(xb=1, du=2)}
 
 
 def check(y, ref, twin) -> dict:
@@ -65,8 +66,8 @@ def make_weights(n, k, dev, gen):
 def compile_report() -> int:
     import long_fused as L
 
-    for name, kw in [("fused", {}), ("fused.noexc", dict(exc=False)), ("pipe", dict(dec=False, exc=False)),
-                     ("fused.xb1", dict(xb=1)), ("fused.bias", dict(bias=True)), ("fused.ns2", dict(ns=2, np_=4))]:
+    for name, kw in [("fused.noexc", dict(exc=False)), ("pipe", dict(dec=False, exc=False)),
+                     ("fused.bias", dict(bias=True))] + list(CONFIGS.items()):
         k = L.compile_sm90(**kw)
         print(f"{name:12s} shared {k.metadata.shared:7d} B  {L.resources(k)}")
     return 0
@@ -110,6 +111,29 @@ def run_shape(name, n, k, ms, args, gen, t_end) -> list:
     return rows
 
 
+def profile(spec: str) -> int:
+    """One launch of ``VARIANT`` on ``SHAPE`` at ``M`` inside the profiler range (for ncu
+    --profile-from-start off), after a warm-up outside it."""
+    import long_fused as L
+
+    name, m, v = spec.split(":")
+    n, k = SHAPES[name]
+    dev = torch.device("cuda")
+    gen = torch.Generator(device="cuda").manual_seed(38)
+    w = make_weights(n, k, dev, gen)
+    p = glyd.pack(w, "fixed12")
+    x = (torch.randn(int(m), k, device=dev, generator=gen) * 0.5).to(torch.bfloat16)
+    kw = dict(w_bf16=w) if v == "pipe" else CONFIGS[v]
+    fn = (lambda: torch.matmul(x, w.T)) if v == "bf16" else (lambda: L.launch(x, p, **kw))
+    fn()
+    torch.cuda.synchronize()
+    torch.cuda.profiler.start()
+    fn()
+    torch.cuda.synchronize()
+    torch.cuda.profiler.stop()
+    return 0
+
+
 def table(rows) -> str:
     vs = ["table", "pipe"] + list(CONFIGS)
     lines = ["| shape | M | bf16 ms | " + " | ".join(vs) + " |", "|---" * (3 + len(vs)) + "|"]
@@ -139,9 +163,12 @@ def main() -> int:
     ap.add_argument("--replays", type=int, default=20)
     ap.add_argument("--budget-s", type=float, default=150.0)
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--profile", default=None, help="SHAPE:M:VARIANT: one launch in the profiler range (ncu)")
     args = ap.parse_args()
     if args.compile:
         return compile_report()
+    if args.profile:
+        return profile(args.profile)
     if not torch.cuda.is_available():
         print("needs a CUDA GPU (Hopper); --compile checks the kernel builds here", file=sys.stderr)
         return 2

@@ -122,10 +122,17 @@ def _lf_put(w, w_s, w_ready, w_empty, i, NS: gl.constexpr):
 
 @gluon.jit
 def _lf_decoder(lo_s, co_s, w_s, p_ready, p_empty, w_ready, w_empty, base_ptr, steps, BN: gl.constexpr,
-                NS: gl.constexpr, NP: gl.constexpr, DW: gl.constexpr, DEC: gl.constexpr, DU: gl.constexpr):
+                NS: gl.constexpr, NP: gl.constexpr, DW: gl.constexpr, DEC: gl.constexpr, DU: gl.constexpr,
+                PROBE: gl.constexpr):
     # DW warps: a slot's words -> the bf16 tile -> the weight ring; DU 2: two steps at a time (both
     # steps' words loaded before either is decoded: more independent work in flight; steps even)
-    if DEC:
+    if DEC and (PROBE & 2) != 0:  # timing probe: the handoffs alone, no loads, decode or stores
+        for i in range(steps):
+            mbarrier.wait(p_ready.index(i % NP), (i // NP) & 1)
+            mbarrier.arrive(p_empty.index(i % NP), count=1)
+            mbarrier.wait(w_empty.index(i % NS), ((i // NS) & 1) ^ 1)
+            mbarrier.arrive(w_ready.index(i % NS), count=1)
+    elif DEC:
         L8: gl.constexpr = gl.BlockedLayout([1, 2], [8, 4], [DW, 1], [1, 0])
         b4 = gl.load(base_ptr).to(gl.uint32) * 0x01010101
         if DU == 2:
@@ -174,17 +181,18 @@ def _lf_exceptions(acc, oh_s, x_ptr, m0, M, stride_xm, rowptr_ptr, eidx_ptr, ehi
 def _lf_mma(x_s, w_s, oh_s, x_ready, x_empty, w_ready, w_empty, x_ptr, out_ptr, bias_ptr, rowptr_ptr, eidx_ptr,
             ehi_ptr, lo8_ptr, base_ptr, n0, m0, M, N, K, KP, stride_xm, steps, H: gl.constexpr, XB: gl.constexpr,
             BN: gl.constexpr, NS: gl.constexpr, ML: gl.constexpr, EL: gl.constexpr, OHL: gl.constexpr,
-            EXC: gl.constexpr, HAS_BIAS: gl.constexpr):
+            EXC: gl.constexpr, HAS_BIAS: gl.constexpr, PROBE: gl.constexpr):
     # MMA warpgroup H: x rows m0 + 128 H .. of the program, one MMA in flight; a slot is freed
-    # once the MMA after it was issued and the one reading it is done
+    # once the MMA after it was issued and the one reading it is done (PROBE bit 0: no MMAs)
     acc = gl.zeros([BMW, BN], gl.float32, ML)
     for i in range(steps):
         b = i % NS
         ph = (i // NS) & 1
         mbarrier.wait(x_ready.index(b), ph)
         mbarrier.wait(w_ready.index(b), ph)
-        acc = warpgroup_mma(x_s.index(b * XB + H), w_s.index(b).permute((1, 0)), acc, is_async=True)
-        acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
+        if (PROBE & 1) == 0:
+            acc = warpgroup_mma(x_s.index(b * XB + H), w_s.index(b).permute((1, 0)), acc, is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
         bp = (i + NS - 1) % NS
         mbarrier.arrive(x_empty.index(bp), count=1, pred=i > 0)
         mbarrier.arrive(w_empty.index(bp), count=1, pred=i > 0)
@@ -206,7 +214,8 @@ def _lf_kernel(x_desc, lo_desc, co_desc, w_desc, x_ptr, out_ptr, bias_ptr, rowpt
                base_ptr, M, N, K, KP, stride_xm, MT, BN: gl.constexpr, XB: gl.constexpr, NS: gl.constexpr,
                NP: gl.constexpr, DW: gl.constexpr, ML: gl.constexpr, WSL: gl.constexpr, OHSL: gl.constexpr,
                EL: gl.constexpr, OHL: gl.constexpr, EXC: gl.constexpr, HAS_BIAS: gl.constexpr, DEC: gl.constexpr,
-               REGS: gl.constexpr, SPLIT: gl.constexpr = True, DU: gl.constexpr = 1):
+               REGS: gl.constexpr, SPLIT: gl.constexpr = True, DU: gl.constexpr = 1,
+               PROBE: gl.constexpr = 0):
     # out [M, N] bf16 (+ bias) = x @ W^T; a program: BN weight rows x 128 XB x rows (x tiles inner,
     # so the programs that share a packed tile run together and find it in L2)
     pid = gl.program_id(0)
@@ -237,12 +246,12 @@ def _lf_kernel(x_desc, lo_desc, co_desc, w_desc, x_ptr, out_ptr, bias_ptr, rowpt
         gl.warp_specialize([
             (_lf_mma, (x_s, w_s, oh_s, x_ready, x_empty, w_ready, w_empty, x_ptr, out_ptr, bias_ptr, rowptr_ptr,
                        eidx_ptr, ehi_ptr, lo8_ptr, base_ptr, n0, m0, M, N, K, KP, stride_xm, steps, 0, XB, BN, NS, ML,
-                       EL, OHL, EXC, HAS_BIAS)),
+                       EL, OHL, EXC, HAS_BIAS, PROBE)),
             (_lf_mma, (x_s, w_s, oh_s, x_ready, x_empty, w_ready, w_empty, x_ptr, out_ptr, bias_ptr, rowptr_ptr,
                        eidx_ptr, ehi_ptr, lo8_ptr, base_ptr, n0, m0, M, N, K, KP, stride_xm, steps, 1, XB, BN, NS, ML,
-                       EL, OHL, EXC, HAS_BIAS)),
+                       EL, OHL, EXC, HAS_BIAS, PROBE)),
             (_lf_decoder, (lo_s, co_s, w_s, p_ready, p_empty, w_ready, w_empty, base_ptr, steps, BN, NS, NP, DW, DEC,
-                            DU)),
+                            DU, PROBE)),
             (_lf_loader, (x_desc, lo_desc, co_desc, w_desc, x_s, lo_s, co_s, w_s, x_ready, x_empty, p_ready, p_empty,
                           w_ready, w_empty, n0, m0, steps, XB, NS, NP, DEC, SPLIT)),
             (_lf_word_loader, (x_desc, lo_desc, co_desc, w_desc, x_s, lo_s, co_s, w_s, x_ready, x_empty, p_ready,
@@ -252,9 +261,9 @@ def _lf_kernel(x_desc, lo_desc, co_desc, w_desc, x_ptr, out_ptr, bias_ptr, rowpt
         gl.warp_specialize([
             (_lf_mma, (x_s, w_s, oh_s, x_ready, x_empty, w_ready, w_empty, x_ptr, out_ptr, bias_ptr, rowptr_ptr,
                        eidx_ptr, ehi_ptr, lo8_ptr, base_ptr, n0, m0, M, N, K, KP, stride_xm, steps, 0, XB, BN, NS, ML,
-                       EL, OHL, EXC, HAS_BIAS)),
+                       EL, OHL, EXC, HAS_BIAS, PROBE)),
             (_lf_decoder, (lo_s, co_s, w_s, p_ready, p_empty, w_ready, w_empty, base_ptr, steps, BN, NS, NP, DW, DEC,
-                            DU)),
+                            DU, PROBE)),
             (_lf_loader, (x_desc, lo_desc, co_desc, w_desc, x_s, lo_s, co_s, w_s, x_ready, x_empty, p_ready, p_empty,
                           w_ready, w_empty, n0, m0, steps, XB, NS, NP, DEC, SPLIT)),
             (_lf_word_loader, (x_desc, lo_desc, co_desc, w_desc, x_s, lo_s, co_s, w_s, x_ready, x_empty, p_ready,
@@ -287,7 +296,7 @@ def regs(xb: int, dw: int) -> tuple:
 
 # x [M, K] bf16 (K % 8 == 0, rows 16-byte aligned), packed fixed12 W [N, K] -> out [M, N] bf16
 def launch(x: torch.Tensor, p, bias=None, bn: int = 128, xb: int = 2, ns: int = 3, np_: int = 4, dw: int = 4,
-           split: bool = True, du: int = 1, w_bf16: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+           split: bool = True, du: int = 1, probe: int = 0, w_bf16: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
     """``x @ W.T (+ bias)`` by the fused kernel; ``w_bf16`` (the unpacked W) runs its DEC=False twin."""
     n, k = p.shape
     kp = p.arrays["lo"].shape[1]
@@ -316,12 +325,13 @@ def launch(x: torch.Tensor, p, bias=None, bn: int = 128, xb: int = 2, ns: int = 
         x_d, lo_d, co_d, w_d, x, out, bias if bias is not None else out, prep.rowptr if exc else a["exc_idx"],
         a["exc_idx"], a["exc_hi"], a["lo"], a["base"], m, n, k, kp, x.stride(0), mt,
         BN=bn, XB=xb, NS=ns, NP=np_, DW=dw, ML=ml, WSL=wsl, OHSL=ohsl, EL=el, OHL=ohl, EXC=exc,
-        HAS_BIAS=bias is not None, DEC=dec, REGS=rr, SPLIT=split, DU=du if (kp // BK.value) % du == 0 else 1, num_warps=4, maxnreg=maxnreg)
+        HAS_BIAS=bias is not None, DEC=dec, REGS=rr, SPLIT=split, DU=du if (kp // BK.value) % du == 0 else 1, PROBE=probe,
+        num_warps=4, maxnreg=maxnreg)
     return out
 
 
 def compile_sm90(bn: int = 128, xb: int = 2, ns: int = 3, np_: int = 4, dw: int = 4, exc: bool = True,
-                 dec: bool = True, bias: bool = False, split: bool = True, du: int = 1):
+                 dec: bool = True, bias: bool = False, split: bool = True, du: int = 1, probe: int = 0):
     """The kernel compiled for sm_90 on any machine (Triton's ptxas; no GPU): its CompiledKernel."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -329,7 +339,7 @@ def compile_sm90(bn: int = 128, xb: int = 2, ns: int = 3, np_: int = 4, dw: int 
     ml, wsl, ohsl, el, ohl, (xsl, lsl, csl, wtl) = layouts(bn)
     maxnreg, rr = regs(xb, dw)
     const = dict(BN=bn, XB=xb, NS=ns, NP=np_, DW=dw, ML=ml, WSL=wsl, OHSL=ohsl, EL=el, OHL=ohl, EXC=exc,
-                 HAS_BIAS=bias, DEC=dec, REGS=rr, SPLIT=split, DU=du)
+                 HAS_BIAS=bias, DEC=dec, REGS=rr, SPLIT=split, DU=du, PROBE=probe)
     descs = {"x_desc": f"tensordesc<bf16[{BMW.value}, {BK.value}],{xsl!r}>", "lo_desc": f"tensordesc<i32[{bn}, 16],{lsl!r}>",
              "co_desc": f"tensordesc<i32[{bn}, 8],{csl!r}>",
              "w_desc": f"tensordesc<bf16[{bn}, {BK.value}],{wtl!r}>" if not dec else f"tensordesc<bf16[{BMW.value}, {BK.value}],{xsl!r}>"}

@@ -5,7 +5,8 @@ today's unpack + cuBLAS, on the merged Qwen2.5-7B matrices (H200).
 Variants a (shape, M): ``bf16`` (``F.linear``, the reference time), ``table`` (``glyd.kernels.linear``:
 the H200 table's choice, unpack + cuBLAS from M = 65), ``fused`` (the kernel: decoder warps write the
 bf16 tile into shared memory, wgmma reads it) and ``pipe`` (the same kernel fed a bf16 W by TMA, no
-decode: what its pipeline alone reaches against cuBLAS). Checks first: every output (buffer filled
+decode: what its pipeline alone reaches against cuBLAS), and timing-only probes of the du2 kernel
+(``t.nomma``: no MMAs; ``t.nodec``: no decode, the handoffs kept; ``t.loads``: neither). Checks first: every output (buffer filled
 with NaN first) within tests/kernels/test_linear.py's float64 bound; weights carry 0.01% exceptions
 (far below the exponent window) so the in-tile exception step runs. Timing: CUDA graph replays
 (``glyd.timing.cuda_graph_ms``), ratio to bf16 in the same run. ``--budget-s`` stops timing in time
@@ -39,6 +40,9 @@ MS = (128, 512, 2048, 4608)
 RTOL, ATOL_FRAC = 2.0**-7, 1e-3  # tests/kernels/test_linear.py's bound (plus bf16 F.linear's own error)
 CONFIGS = {"fused.run1": dict(split=False, np_=3), "fused": dict(), "fused.du2": dict(du=2),
            "fused.du2.np5": dict(du=2, np_=5), "fused.xb1.du2": dict(xb=1, du=2)}
+# timing only (wrong products by design): the du2 kernel without its MMAs, without its decode
+# (the handoffs kept), and with neither (the TMA streams and handoffs alone)
+PROBES = {"t.nomma": dict(du=2, probe=1), "t.nodec": dict(du=2, probe=2), "t.loads": dict(du=2, probe=3)}
 
 
 def check(y, ref, twin) -> dict:
@@ -67,7 +71,7 @@ def compile_report() -> int:
     import long_fused as L
 
     for name, kw in [("fused.noexc", dict(exc=False)), ("pipe", dict(dec=False, exc=False)),
-                     ("fused.bias", dict(bias=True))] + list(CONFIGS.items()):
+                     ("fused.bias", dict(bias=True))] + list(CONFIGS.items()) + list(PROBES.items()):
         k = L.compile_sm90(**kw)
         print(f"{name:12s} shared {k.metadata.shared:7d} B  {L.resources(k)}")
     return 0
@@ -91,7 +95,7 @@ def run_shape(name, n, k, ms, args, gen, t_end) -> list:
         fns = {"bf16": lambda out: torch.matmul(x, w.T, out=out),
                "table": lambda out: out.copy_(kernels.linear(x, p)),
                "pipe": lambda out: L.launch(x, p, w_bf16=w, out=out)}
-        for cname, kw in CONFIGS.items():
+        for cname, kw in {**CONFIGS, **PROBES}.items():
             fns[cname] = (lambda kw: lambda out: L.launch(x, p, out=out, **kw))(kw)
         res = dict(shape=name, m=m)
         for v, fn in fns.items():
@@ -99,7 +103,7 @@ def run_shape(name, n, k, ms, args, gen, t_end) -> list:
             try:
                 fn(out)
                 torch.cuda.synchronize()
-                c = check(out, ref, twin)
+                c = dict(ok=True, timing_only=True) if v in PROBES else check(out, ref, twin)
                 ms_ = cuda_graph_ms(lambda: fn(out), args.replays) if c["ok"] or v == "pipe" else math.nan
                 res[v] = dict(ms=ms_, **c)
             except Exception as exc:  # a variant that fails to build or run is reported, the rest go on
@@ -135,7 +139,7 @@ def profile(spec: str) -> int:
 
 
 def table(rows) -> str:
-    vs = ["table", "pipe"] + list(CONFIGS)
+    vs = ["table", "pipe"] + list(CONFIGS) + list(PROBES)
     lines = ["| shape | M | bf16 ms | " + " | ".join(vs) + " |", "|---" * (3 + len(vs)) + "|"]
     for r in rows:
         if "skipped" in r:

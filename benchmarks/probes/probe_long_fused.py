@@ -71,6 +71,7 @@ def compile_report() -> int:
     import long_fused as L
 
     for name, kw in [("fused.noexc", dict(exc=False)), ("pipe", dict(dec=False, exc=False)),
+                     ("pipe.ns4", dict(dec=False, exc=False, ns=4, np_=2)),
                      ("fused.bias", dict(bias=True))] + list(CONFIGS.items()) + list(PROBES.items()):
         k = L.compile_sm90(**kw)
         print(f"{name:12s} shared {k.metadata.shared:7d} B  {L.resources(k)}")
@@ -94,7 +95,8 @@ def run_shape(name, n, k, ms, args, gen, t_end) -> list:
         twin = F.linear(x, w)
         fns = {"bf16": lambda out: torch.matmul(x, w.T, out=out),
                "table": lambda out: out.copy_(kernels.linear(x, p)),
-               "pipe": lambda out: L.launch(x, p, w_bf16=w, out=out)}
+               "pipe": lambda out: L.launch(x, p, w_bf16=w, out=out),
+               "pipe.ns4": lambda out: L.launch(x, p, w_bf16=w, out=out, ns=4, np_=2)}
         for cname, kw in {**CONFIGS, **PROBES}.items():
             fns[cname] = (lambda kw: lambda out: L.launch(x, p, out=out, **kw))(kw)
         res = dict(shape=name, m=m)
@@ -104,7 +106,7 @@ def run_shape(name, n, k, ms, args, gen, t_end) -> list:
                 fn(out)
                 torch.cuda.synchronize()
                 c = dict(ok=True, timing_only=True) if v in PROBES else check(out, ref, twin)
-                ms_ = cuda_graph_ms(lambda: fn(out), args.replays) if c["ok"] or v == "pipe" else math.nan
+                ms_ = cuda_graph_ms(lambda: fn(out), args.replays) if c["ok"] or v.startswith("pipe") else math.nan
                 res[v] = dict(ms=ms_, **c)
             except Exception as exc:  # a variant that fails to build or run is reported, the rest go on
                 res[v] = dict(error=f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}")
@@ -139,7 +141,7 @@ def profile(spec: str) -> int:
 
 
 def table(rows) -> str:
-    vs = ["table", "pipe"] + list(CONFIGS) + list(PROBES)
+    vs = ["table", "pipe", "pipe.ns4"] + list(CONFIGS) + list(PROBES)
     lines = ["| shape | M | bf16 ms | " + " | ".join(vs) + " |", "|---" * (3 + len(vs)) + "|"]
     for r in rows:
         if "skipped" in r:

@@ -111,23 +111,132 @@ def _pip(python: Path | str, *args: str, cwd: Path, timeout: int = 1800) -> None
     assert r.returncode == 0, f"pip {' '.join(args)} failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
 
 
-@pytest.mark.slow
-def test_readme_python_api_from_a_wheel_in_a_fresh_venv(tmp_path):
-    """The pip user's path: wheel, fresh venv, ``pip install <wheel>[models]``, the snippet outside the repo."""
-    wheels, venv, work = tmp_path / "wheels", tmp_path / "venv", tmp_path / "work"
-    work.mkdir()
-    t0 = time.monotonic()
-    _pip(sys.executable, "wheel", "--no-deps", "--no-build-isolation", "-w", str(wheels), str(ROOT), cwd=tmp_path)
+@pytest.fixture(scope="module")
+def wheel_venv(tmp_path_factory) -> Path:
+    """A wheel of this checkout installed with ``[models,serve]`` in a fresh venv (``torch==2.13.0``
+    first); the venv's python. Built once for the slow tests of this module."""
+    root = tmp_path_factory.mktemp("wheel")
+    wheels, venv = root / "wheels", root / "venv"
+    _pip(sys.executable, "wheel", "--no-deps", "--no-build-isolation", "-w", str(wheels), str(ROOT), cwd=root)
     (wheel,) = wheels.glob("glyd_lossless-*.whl")
     subprocess.run(["python3", "-m", "venv", str(venv)], check=True, timeout=300)
     py = venv / "bin" / "python"
-    _pip(py, "install", TORCH_PIN, cwd=tmp_path)
-    _pip(py, "install", f"{wheel}[models]", cwd=tmp_path)
+    _pip(py, "install", TORCH_PIN, cwd=root)
+    _pip(py, "install", f"{wheel}[models,serve]", cwd=root)
     where = subprocess.run([str(py), "-c", "import glyd, torch; print(glyd.__file__); print(torch.__version__)"],
-                           cwd=work, env=_env_without_python_paths(), capture_output=True, text=True, check=True)
+                           cwd=root, env=_env_without_python_paths(), capture_output=True, text=True, check=True)
     glyd_file, torch_version = where.stdout.split()
     assert Path(glyd_file).is_relative_to(venv) and torch_version.split("+")[0] == TORCH_PIN.split("==")[1]
-    write_tiny_model(work)
-    installed = time.monotonic() - t0
-    took = run_snippet(str(py), work, _env_without_python_paths(), timeout=900)
-    print(f"wheel, venv and installs: {installed:.0f} s; the README snippet: {took:.0f} s")
+    return py
+
+
+@pytest.mark.slow
+def test_readme_python_api_from_a_wheel_in_a_fresh_venv(wheel_venv, tmp_path):
+    """The pip user's path: wheel, fresh venv, ``pip install <wheel>[models]``, the snippet outside the repo."""
+    write_tiny_model(tmp_path)
+    took = run_snippet(str(wheel_venv), tmp_path, _env_without_python_paths(), timeout=900)
+    print(f"the README snippet from the wheel: {took:.0f} s")
+
+
+def command_names(text: str) -> set[str]:
+    """The ``glyd`` subcommands of the README's "Command line" block."""
+    start = text.index("\n## Command line\n")
+    block = text[text.index("```bash", start):text.index("```\n", text.index("```bash", start) + 7)]
+    return {ln.split()[1] for ln in block.splitlines() if ln.startswith("glyd ")}
+
+
+def _glyd(py: Path, *args: str, cwd: Path, ok: bool = True, timeout: int = 600) -> subprocess.CompletedProcess:
+    env = {**_env_without_python_paths(), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+           "CUDA_VISIBLE_DEVICES": ""}
+    r = subprocess.run([str(py.parent / "glyd"), *args], cwd=cwd, env=env, capture_output=True, text=True,
+                       timeout=timeout)
+    if ok:
+        assert r.returncode == 0, f"glyd {' '.join(args)} failed ({r.returncode}):\n{r.stdout[-2000:]}\n{r.stderr[-4000:]}"
+    return r
+
+
+def _tensors(folder: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    out: dict[str, torch.Tensor] = {}
+    for f in sorted(folder.glob("*.safetensors")):
+        out.update(load_file(f))
+    return out
+
+
+def _serve_once(py: Path, packed: Path, cwd: Path) -> str:
+    """``glyd serve`` on a free loopback port, one /v1/completions request by the venv's openai client, stopped."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**_env_without_python_paths(), "HF_HUB_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": "", "HF_HOME": str(cwd / "hf")}
+    log = open(cwd / "serve.log", "wb")
+    srv = subprocess.Popen([str(py.parent / "glyd"), "serve", str(packed), "--port", str(port), "--device", "cpu",
+                            "--max-tokens", "8"], cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT)
+    client = (f"import openai, time\nc = openai.OpenAI(base_url='http://127.0.0.1:{port}/v1', api_key='x')\n"
+              "for _ in range(600):\n    try:\n        c.models.list(); break\n    except Exception:\n"
+              "        time.sleep(0.5)\n"
+              "r = c.completions.create(model=c.models.list().data[0].id, prompt='the cat', max_tokens=4)\n"
+              "print(repr(r.choices[0].text))\n")
+    try:
+        r = subprocess.run([str(py), "-c", client], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+    finally:
+        srv.terminate()
+        srv.wait(timeout=60)
+        log.close()
+    assert r.returncode == 0, f"the client failed:\n{r.stderr[-3000:]}\nserver:\n{(cwd / 'serve.log').read_text()[-3000:]}"
+    return r.stdout.strip()
+
+
+@pytest.mark.slow
+def test_readme_command_lines_from_a_wheel_in_a_fresh_venv(wheel_venv, tmp_path):
+    """Every README "Command line" subcommand, as a pip user runs it: the installed ``glyd`` on a tiny model."""
+    import glyd
+
+    py, cwd = wheel_venv, tmp_path
+    src = write_tiny_model(cwd)
+    ran = set()
+    for layout in (*glyd.LAYOUTS, "auto"):
+        _glyd(py, "pack", str(src), f"packed-{layout}", "--layout", layout, cwd=cwd)
+    ran.add("pack")
+    packed = cwd / "packed-fixed12"
+    _glyd(py, "unpack", str(packed), "unpacked", cwd=cwd)
+    orig, back = _tensors(src), _tensors(cwd / "unpacked")
+    assert orig.keys() == back.keys() and all(
+        torch.equal(orig[k].view(torch.int16), back[k].view(torch.int16)) for k in orig if orig[k].dtype == torch.bfloat16)
+    _glyd(py, "verify", str(packed), cwd=cwd)
+    assert "bits" in _glyd(py, "info", str(packed), cwd=cwd).stdout
+    ran |= {"unpack", "verify", "info"}
+    out = _glyd(py, "demo", "--model", str(src), "--layout", "fixed12", "--max-new-tokens", "4", "--device", "cpu",
+                cwd=cwd).stdout
+    assert out.strip()
+    ran.add("demo")
+    assert "GiB" in _glyd(py, "fit", str(src), "--gpu", "h200", "--context", "8192", cwd=cwd).stdout
+    assert "GiB" in _glyd(py, "fit", str(packed), "--gpu", "24GB", cwd=cwd).stdout
+    ran.add("fit")
+    # eval with the text and MMLU sample the package ships (no repository beside it)
+    _glyd(py, "eval", str(src), "--modes", "fixed12,exact", "--device", "cpu", "--ppl-tokens", "256", "--window",
+          "128", "--stride", "64", "--mmlu-per-subject", "2", "--subjects", "abstract_algebra", "--no-decode",
+          cwd=cwd)
+    ran.add("eval")
+    assert _serve_once(py, packed, cwd).startswith("'")
+    ran.add("serve")
+    _glyd(py, "compress", str(packed), "-o", "p.glyd", cwd=cwd)
+    _glyd(py, "test", "p.glyd", cwd=cwd)
+    _glyd(py, "decompress", "p.glyd", "-o", "restored", cwd=cwd)
+    assert _files(cwd / "restored" / packed.name) == _files(packed)
+    ran |= {"compress", "test", "decompress"}
+    r = _glyd(py, "bench", "--shape", "64x64", "--m", "1", cwd=cwd, ok=False)  # CUDA only: a clear refusal here
+    assert r.returncode != 0 and "CUDA" in r.stderr and len(r.stderr.strip().splitlines()) <= 3
+    ran.add("bench")
+    assert ran == command_names(README.read_text(encoding="utf-8"))
+
+
+def test_readme_command_block_names_every_subcommand():
+    from glyd.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if a.__class__.__name__ == "_SubParsersAction")
+    # the README's block shows every subcommand, and the slow wheel test above runs each one it shows
+    assert command_names(README.read_text(encoding="utf-8")) == set(sub.choices)

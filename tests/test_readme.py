@@ -54,7 +54,9 @@ def _tokenizer():
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    words = ["<pad>", "<s>", "</s>", "<unk>", "Hello"] + [f"w{i}" for i in range(VOCAB - 5)]
+    # the answer letters too: glyd eval scores MMLU by the tokens of " A" .. " D"
+    named = ["<pad>", "<s>", "</s>", "<unk>", "Hello", "A", "B", "C", "D"]
+    words = named + [f"w{i}" for i in range(VOCAB - len(named))]
     tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>",

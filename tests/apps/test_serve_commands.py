@@ -121,3 +121,15 @@ def test_missing_serving_package_names_the_extra(monkeypatch, capsys):
     assert main(["serve", "no-such-folder"]) == 1
     err = capsys.readouterr().err.strip()
     assert err == 'glyd serve: error: the package fastapi is not installed; install it with: pip install "glyd-lossless[serve]"'
+
+
+@pytest.mark.parametrize("version", ["5.16.1", "5.18.0", "5.25.0"])
+def test_transformers_outside_the_tested_serving_api_is_refused(monkeypatch, capsys, version):
+    # a fresh `pip install transformers` gave 5.25.0, whose model manager takes no device=: glyd serve
+    # died in a TypeError traceback before this check had an upper bound
+    from glyd.cli import main
+
+    monkeypatch.setattr(transformers, "__version__", version)
+    assert main(["serve", "no-such-folder"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and f"this is transformers {version}" in err and "<5.18" in err

@@ -129,7 +129,8 @@ def test_transformers_outside_the_tested_serving_api_is_refused(monkeypatch, cap
     # died in a TypeError traceback before this check had an upper bound
     from glyd.cli import main
 
-    monkeypatch.setattr(transformers, "__version__", version)
+    # the module glyd serve will import now (another test may have put a fresh one in sys.modules)
+    monkeypatch.setattr(sys.modules["transformers"], "__version__", version)
     assert main(["serve", "no-such-folder"]) == 1
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and f"this is transformers {version}" in err and "<5.18" in err

@@ -114,9 +114,10 @@ def dense11(kind: str) -> dict:
 
     ptrs = dict(x_ptr="*bf16", sm_ptr="*u8", code_ptr="*i32", base_ptr="*u8", etab_ptr="*u8", esc_ptr="*i32",
                 ebase_ptr="*i32", eoff_ptr="*u16", rowptr_ptr="*i32", eidx_ptr="*i32", eexp_ptr="*u8",
-                bias_ptr="*bf16", out_ptr="*i16" if kind == "unpack" else "*bf16")
+                bias_ptr="*bf16", out_ptr="*i16" if kind == "unpack" else "*bf16", tile_ptr="*i32", epos_ptr="*i32",
+                eval_ptr="*i16")
     if kind == "unpack":
-        fn, const, bn, bk, warps = U._unpack_kernel, dict(BN=8, BK=256, HW_POPC=True), 8, 256, 4
+        fn, const, bn, bk, warps = U._unpack_kernel, dict(BN=8, BK=256, HW_POPC=True, HAS_EXC=False, E=16), 8, 256, 4
     else:
         fn, bn, bk, warps = G._gemv_kernel, 16, 256, 4
         const = dict(BN=bn, BK=bk, MB=1 if kind == "gemv1" else 16, HW_POPC=True, HAS_BIAS=False, HAS_EXC=True,

@@ -310,6 +310,47 @@ def cached(key_tensor: torch.Tensor, make, sources=()):
     return value
 
 
+#: Exceptions a step of ``patch_exceptions`` writes (their loads overlap).
+PATCH_CHUNK = 16
+
+
+@triton.jit
+def patch_exceptions(out_ptr, tile_ptr, pos_ptr, val_ptr, tile, pos0, lim, E: tl.constexpr):
+    # The exceptions of one program's output tile written over the placeholders it has just stored
+    # (an unpack's exceptions inside its own launch: no second scatter kernel). ``tile_ptr`` is a
+    # CSR over output tiles (``exception_tiles``): their true 16-bit words at flat offsets
+    # pos - pos0 of out, below ``lim`` (a row range's last tile may reach past it). Other threads of the program stored the placeholders: the barrier orders
+    # their stores before these (a CTA barrier makes a thread's global writes visible to the CTA).
+    e0 = tl.load(tile_ptr + tile)
+    e1 = tl.load(tile_ptr + tile + 1)
+    if e1 > e0:
+        tl.debug_barrier()
+        for eb in range(e0, e1, E):
+            e = eb + tl.arange(0, E)
+            m = e < e1
+            pos = tl.load(pos_ptr + e, mask=m, other=0).to(tl.int64) - pos0
+            v = tl.load(val_ptr + e, mask=m, other=0)
+            tl.store(out_ptr + pos, v, mask=m & (pos < lim))
+
+
+def exception_tiles(owner, key, pos: torch.Tensor, vals: torch.Tensor, tile: torch.Tensor, ntiles: int):
+    """The exceptions grouped by the output tile that writes them, for ``patch_exceptions``: (tile
+    pointers int32 [ntiles + 1], flat positions int32, true words int16), kept on ``owner`` (a
+    per-matrix prepared object, made again when the matrix changes) under ``key`` (the tiling).
+    ``tile``: each exception's tile (int64, as ``pos``); built once a matrix and tiling (host work)."""
+    kept = owner.__dict__.setdefault("_exception_tiles", {})
+    hit = kept.get(key)
+    if hit is None:
+        order = torch.sort(tile, stable=True).indices  # positions ascend: already in tile order for a flat tiling
+        counts = torch.bincount(tile, minlength=ntiles)
+        ptr = torch.zeros(ntiles + 1, dtype=torch.int64, device=pos.device)
+        ptr[1:] = torch.cumsum(counts, 0)
+        check_size("exceptions", int(pos.numel()))
+        hit = (ptr.to(torch.int32), pos[order].to(torch.int32), vals[order].contiguous())
+        kept[key] = hit
+    return hit
+
+
 _SCRATCH: dict[tuple[str, int | None], torch.Tensor] = {}
 
 
@@ -320,6 +361,28 @@ def mm_into(x2: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, out: t
     if bias is None:
         return torch.mm(x2, w.t(), out=out)
     return torch.addmm(bias.to(out.dtype), x2, w.t(), out=out)
+
+
+# parts: [(r0, r1, launch(w, *arrays) writing rows r0:r1 of W into w bf16 [r1 - r0, K])] covering N
+def unpack_mm_plan(device: torch.device, k: int, parts: list) -> object:
+    """``run(x2, bias, out, arrays)`` of an unpack + cuBLAS family's plan (``Kernel.plan``): per call,
+    each part's unpack launch into the device's scratch buffer, then cuBLAS writing that part's
+    columns of ``out`` in place (a row stride of N is a valid leading dimension), bias in its epilogue."""
+    size = max(r1 - r0 for r0, r1, _ in parts) * k
+    whole = len(parts) == 1
+
+    def run(x2, bias, out, arrays):
+        buf = scratch(device, size)  # looked up each call: another matrix may have grown it
+        for r0, r1, launch in parts:
+            w = buf[:(r1 - r0) * k].view(r1 - r0, k)
+            launch(w, *arrays)
+            if whole:
+                mm_into(x2, w, bias, out)
+            else:
+                mm_into(x2, w, None if bias is None else bias[r0:r1], out[:, r0:r1])
+        return out
+
+    return run
 
 
 def scratch(device: torch.device, numel: int) -> torch.Tensor:

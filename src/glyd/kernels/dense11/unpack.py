@@ -9,7 +9,7 @@ escapes of the block's earlier steps (a running count a row, one popcount a plan
 popcounts of the tile's earlier words and of its own word below it: no prefix sum over weights.
 Digits 0-14 pick an exponent from the table, packed four a word (a select and a shift); digit 15
 decodes with the placeholder exponent 0 and its exception is added afterwards as
-``x[col] * (true - placeholder)`` (unpack: scattered in), as fixed12's exceptions are.
+``x[col] * (true - placeholder)`` (unpack: patched in by each tile, as fixed12's exceptions are).
 
 On the GPU the popcounts are ``popc`` (libdevice); Triton's interpreter cannot run libdevice, so
 there they are SWAR bit counts (``HW_POPC=False``). Nothing here is timed yet.
@@ -28,6 +28,7 @@ from glyd.codec import dense11 as _codec
 from glyd.codec.packed import Packed
 from glyd.errors import CorruptError
 from glyd.kernels import _common as C
+from glyd.kernels import _plan
 from glyd.kernels._interp import isolated
 
 BLOCK = _codec.BLOCK
@@ -102,8 +103,9 @@ def _tables(etab_ptr):
 
 @isolated
 @triton.jit
-def _unpack_kernel(sm_ptr, code_ptr, base_ptr, etab_ptr, esc_ptr, ebase_ptr, eoff_ptr, out_ptr, N, K, KP, NBR, NESC,
-                   BN: tl.constexpr, BK: tl.constexpr, HW_POPC: tl.constexpr):
+def _unpack_kernel(sm_ptr, code_ptr, base_ptr, etab_ptr, esc_ptr, ebase_ptr, eoff_ptr, out_ptr, tile_ptr, epos_ptr,
+                   eval_ptr, N, K, KP, NBR, NESC, BN: tl.constexpr, BK: tl.constexpr, HW_POPC: tl.constexpr,
+                   HAS_EXC: tl.constexpr, E: tl.constexpr):
     # rows [pid_n * BN, +BN) of block column pid_b (columns 1024 pid_b .. +1024), BK a step
     pid_n = tl.program_id(0)
     pid_b = tl.program_id(1)
@@ -121,6 +123,8 @@ def _unpack_kernel(sm_ptr, code_ptr, base_ptr, etab_ptr, esc_ptr, ebase_ptr, eof
         c = kb + kk
         tl.store(out_ptr + (rn * K)[:, None] + c[None, :], (bits >> 16).to(tl.int16),
                  mask=nmask[:, None] & (c < K)[None, :])
+    if HAS_EXC:  # this tile's exceptions over their placeholders (exponent 0)
+        C.patch_exceptions(out_ptr, tile_ptr, epos_ptr, eval_ptr, pid_n * NBR + pid_b, 0, N * K, E)
 
 
 class Prepared:
@@ -208,22 +212,37 @@ class Dense11UnpackConfig:
             raise ValueError(f"bk must be 64-{BLOCK}, got {self.bk}")
 
 
-# packed: dense11 [N, K] (sm [N, Kp], code int32 [N, 3 Kp/32], esc, offsets, exceptions) -> bf16 [N, K]
-def unpack(p: Packed, out: torch.Tensor | None = None, config: Dense11UnpackConfig | None = None) -> torch.Tensor:
+# packed: dense11 [N, K] -> launch(out, *arrays): out bf16 [N, K] (written, contiguous)
+def unpack_launch(p: Packed, config: Dense11UnpackConfig | None = None) -> _plan.Launch:
+    """The unpack of ``p`` as one ``glyd.kernels._plan.Launch``, its exceptions patched in by the same
+    launch (``arrays``: dense11's, in its order)."""
     cfg = config or Dense11UnpackConfig()
     prep = prepare(p)
     n, k = p.shape
     kp = p.arrays["sm"].shape[1]
+    nbr = _codec.blocks_per_row(k)
+    out = _plan.Slot(0).view(torch.int16)
+    has_exc = prep.nexc > 0
+    if has_exc:
+        pos, bn = prep.pos, cfg.rows
+        tiles = C.exception_tiles(prep, ("rows", bn), pos, prep.vals, (pos // k // bn) * nbr + pos % k // BLOCK,
+                                  triton.cdiv(n, bn) * nbr)
+    else:
+        tiles = (out,) * 3
+    return _plan.Launch(_unpack_kernel, (triton.cdiv(n, cfg.rows), nbr),
+                        (*_plan.slots(7, 1, fixed=True), out, *tiles, n, k, kp, nbr, prep.nesc),
+                        dict(BN=cfg.rows, BK=min(cfg.bk, triton.next_power_of_2(kp)), HW_POPC=not C.interpreting(),
+                             HAS_EXC=has_exc, E=C.PATCH_CHUNK, num_warps=cfg.warps))
+
+
+# packed: dense11 [N, K] (sm [N, Kp], code int32 [N, 3 Kp/32], esc, offsets, exceptions) -> bf16 [N, K]
+def unpack(p: Packed, out: torch.Tensor | None = None, config: Dense11UnpackConfig | None = None) -> torch.Tensor:
+    launch = unpack_launch(p, config)
+    n, k = p.shape
     if out is None:
         out = torch.empty(n, k, dtype=torch.bfloat16, device=p.device)
     elif out.shape != (n, k) or out.dtype != torch.bfloat16 or not out.is_contiguous():
         raise ValueError(f"out must be a contiguous bf16 [{n}, {k}] tensor, got {out.dtype} {tuple(out.shape)}")
-    if not (n and k):
-        return out
-    nbr = _codec.blocks_per_row(k)
-    _unpack_kernel[(triton.cdiv(n, cfg.rows), nbr)](*_args(p), out.view(torch.int16), n, k, kp, nbr, prep.nesc,
-                                                    BN=cfg.rows, BK=min(cfg.bk, triton.next_power_of_2(kp)), HW_POPC=not C.interpreting(),
-                                                    num_warps=cfg.warps)
-    if prep.nexc:
-        out.view(torch.int16).view(-1)[prep.pos] = prep.vals
+    if n and k:
+        launch(out, *(p.arrays[a] for a in _codec.ARRAYS))
     return out

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 
+from glyd.codec import dense11 as _codec
 from glyd.kernels import _common as C
-from glyd.kernels.dense11.unpack import unpack
+from glyd.kernels.dense11.unpack import unpack_launch
 from glyd.kernels.registry import Kernel
 
 
@@ -24,6 +25,11 @@ class Dense11LongKernel(Kernel):
     # x: bf16 [M, K]; packed: dense11 [N, K]; bias: [N] or None; out: bf16 [M, N] (written) -> out
     @classmethod
     def launch(cls, x2, packed, bias, config, out):
+        return cls.plan(x2, packed, bias, config)(x2, bias, out, tuple(packed.arrays[a] for a in _codec.ARRAYS))
+
+    @classmethod
+    def plan(cls, x2, packed, bias, config):
+        # the offsets' check and the launch worked out once: per call, one unpack launch (exceptions
+        # inside it) and cuBLAS
         n, k = packed.shape
-        w = unpack(packed, C.scratch(x2.device, n * k).view(n, k))
-        return C.mm_into(x2, w, bias, out)
+        return C.unpack_mm_plan(x2.device, k, [(0, n, unpack_launch(packed))])

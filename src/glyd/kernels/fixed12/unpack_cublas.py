@@ -3,6 +3,10 @@
 From M = 256 on this beats every fused kernel (at M = 512 and 2048 it measured 5x and 7x faster than
 the fused tile kernel on the H200). ``chunk`` rows at a time keeps the bf16 chunk in L2 between the
 unpack that writes it and the cuBLAS call that reads it.
+
+A launch plan (``Kernel.plan``, kept by ``glyd.kernels._plan``) leaves a repeated call two things to
+do: the unpack launch (exceptions inside it, through the compiled kernel's launcher once kept) and
+cuBLAS into the output the plan allocated.
 """
 
 from __future__ import annotations
@@ -11,10 +15,10 @@ import dataclasses
 
 import torch
 
+from glyd.codec import fixed12 as _codec
 from glyd.codec.packed import Packed
 from glyd.kernels import _common as C
-from glyd.kernels.fixed12.exceptions import prepare
-from glyd.kernels.fixed12.unpack import unpack, unpack_rows
+from glyd.kernels.fixed12.unpack import unpack_launch
 from glyd.kernels.registry import Kernel
 
 
@@ -29,22 +33,14 @@ class LongConfig:
             raise ValueError(f"LongConfig.chunk must be a multiple of 64 rows (0: whole matrix), got {self.chunk!r}")
 
 
-# x: bf16 [M, K]; packed: fixed12 [N, K]; bias: [N] or None; out: bf16 [M, N] (written) -> out
-def _linear_chunked(x2: torch.Tensor, p: Packed, bias, chunk: int, out: torch.Tensor) -> torch.Tensor:
-    # cuBLAS writes each chunk's columns of out in place (a row stride of N is a valid leading
-    # dimension), with the bias in its epilogue.
+# x: bf16 [M, K] (its shape); packed: fixed12 [N, K] -> run(x2, bias, out, arrays) (Kernel.plan)
+def plan_long(x2: torch.Tensor, p: Packed, config: LongConfig):
+    """Unpack + cuBLAS worked out once for a matrix: per call, one unpack launch a chunk (its exceptions
+    inside it) and one cuBLAS call (``_common.unpack_mm_plan``)."""
     n, k = p.shape
-    prep = prepare(p)
-    buf = C.scratch(x2.device, min(chunk, n) * k)
-    for r0 in range(0, n, chunk):
-        r1 = min(n, r0 + chunk)
-        w = buf[:(r1 - r0) * k].view(r1 - r0, k)
-        unpack_rows(p, prep, r0, r1, w)
-        if bias is None:
-            torch.mm(x2, w.t(), out=out[:, r0:r1])
-        else:
-            torch.addmm(bias[r0:r1].to(out.dtype), x2, w.t(), out=out[:, r0:r1])
-    return out
+    chunk = config.chunk if config.chunk and n > config.chunk else n
+    rows = [(r0, min(n, r0 + chunk)) for r0 in range(0, n, chunk)]
+    return C.unpack_mm_plan(x2.device, k, [(r0, r1, unpack_launch(p, r0, r1)) for r0, r1 in rows])
 
 
 class LongKernel(Kernel):
@@ -54,10 +50,11 @@ class LongKernel(Kernel):
     layout = "fixed12"
     Config = LongConfig
 
+    # x: bf16 [M, K]; packed: fixed12 [N, K]; bias: [N] or None; out: bf16 [M, N] (written) -> out
     @classmethod
     def launch(cls, x2, packed, bias, config, out):
-        n, k = packed.shape
-        if config.chunk and n > config.chunk:
-            return _linear_chunked(x2, packed, bias, config.chunk, out)
-        w = unpack(packed, C.scratch(x2.device, n * k).view(n, k))
-        return C.mm_into(x2, w, bias, out)
+        return cls.plan(x2, packed, bias, config)(x2, bias, out, tuple(packed.arrays[a] for a in _codec.ARRAYS))
+
+    @classmethod
+    def plan(cls, x2, packed, bias, config):
+        return plan_long(x2, packed, config)

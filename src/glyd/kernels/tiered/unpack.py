@@ -30,6 +30,7 @@ from glyd.codec import tiered as _codec
 from glyd.codec.packed import Packed
 from glyd.errors import CorruptError
 from glyd.kernels import _common as C
+from glyd.kernels import _plan
 from glyd.kernels._interp import isolated
 
 BLOCK = _codec.BLOCK
@@ -245,19 +246,28 @@ class TieredUnpackConfig:
             raise ValueError(f"area_reg_bytes must be 0-{AREA_REG_BYTES}, got {self.area_reg_bytes}")
 
 
-# packed: tiered [N, K] (sm [N, Kp], d1 [N, Kp/4], table [23], esc_base, esc_off, area) -> bf16 [N, K]
-def unpack(p: Packed, out: torch.Tensor | None = None, config: TieredUnpackConfig | None = None) -> torch.Tensor:
+# packed: tiered [N, K] -> launch(out, *arrays): out bf16 [N, K] (written, contiguous)
+def unpack_launch(p: Packed, config: TieredUnpackConfig | None = None) -> _plan.Launch:
+    """The unpack of ``p`` as one ``glyd.kernels._plan.Launch`` (``arrays``: tiered's, in its order)."""
     cfg = config or TieredUnpackConfig()
     check(p)
     n, k = p.shape
     kp = p.arrays["sm"].shape[1]
     nblk = _codec.num_blocks(n, k)
+    out = _plan.Slot(0).view(torch.int16)
+    return _plan.Launch(_unpack_kernel, (triton.cdiv(nblk, cfg.blocks),),
+                        (*_plan.slots(len(_codec.ARRAYS), 1, fixed=True), out, k, kp, n * kp, nblk,
+                         p.arrays["area"].numel(), cfg.area_reg_bytes), dict(BB=cfg.blocks, num_warps=cfg.warps))
+
+
+# packed: tiered [N, K] (sm [N, Kp], d1 [N, Kp/4], table [23], esc_base, esc_off, area) -> bf16 [N, K]
+def unpack(p: Packed, out: torch.Tensor | None = None, config: TieredUnpackConfig | None = None) -> torch.Tensor:
+    launch = unpack_launch(p, config)
+    n, k = p.shape
     if out is None:
         out = torch.empty(n, k, dtype=torch.bfloat16, device=p.device)
     elif out.shape != (n, k) or out.dtype != torch.bfloat16 or not out.is_contiguous():
         raise ValueError(f"out must be a contiguous bf16 [{n}, {k}] tensor, got {out.dtype} {tuple(out.shape)}")
     if n and k:
-        _unpack_kernel[(triton.cdiv(nblk, cfg.blocks),)](*_args(p), out.view(torch.int16), k, kp, n * kp, nblk,
-                                                         p.arrays["area"].numel(), cfg.area_reg_bytes, BB=cfg.blocks,
-                                                         num_warps=cfg.warps)
+        launch(out, *(p.arrays[a] for a in _codec.ARRAYS))
     return out

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 
+from glyd.codec import tiered as _codec
 from glyd.kernels import _common as C
 from glyd.kernels.registry import Kernel
-from glyd.kernels.tiered.unpack import unpack
+from glyd.kernels.tiered.unpack import unpack_launch
 
 
 @dataclasses.dataclass(frozen=True)
@@ -21,8 +22,13 @@ class TieredLongKernel(Kernel):
     layout = "tiered"
     Config = TieredLongConfig
 
+    # x: bf16 [M, K]; packed: tiered [N, K]; bias: [N] or None; out: bf16 [M, N] (written) -> out
     @classmethod
     def launch(cls, x2, packed, bias, config, out):
+        return cls.plan(x2, packed, bias, config)(x2, bias, out, tuple(packed.arrays[a] for a in _codec.ARRAYS))
+
+    @classmethod
+    def plan(cls, x2, packed, bias, config):
+        # the offsets' check and the launch worked out once: per call, one unpack launch and cuBLAS
         n, k = packed.shape
-        w = unpack(packed, C.scratch(x2.device, n * k).view(n, k))
-        return C.mm_into(x2, w, bias, out)
+        return C.unpack_mm_plan(x2.device, k, [(0, n, unpack_launch(packed))])

@@ -20,7 +20,15 @@ calls (top 25 by tottime) for the cases in ``--profile``; the short table last.
 
 ``--tiny`` runs tiny shapes through Triton's interpreter (the CUDA implementation called on CPU
 tensors: plans on and off, bits compared), times the op on CPU tensors (glyd's C kernels: the shared
-layers above a backend) and the plans' own Python (a stand-in for the compiled launcher).
+layers above a backend) and the plans' own Python (a stand-in for the compiled launcher). Its M = 80
+rows take the table's long-prompt family (``fixed12_unpack_cublas``). ``--tiny --stub-kernels``
+replaces a kernel launch (the interpreter's, which snapshots Triton's namespaces and runs the kernel
+in numpy) by a call that does nothing (bits not checked): what is left is the host work of glyd's
+layers and the torch ops on CPU tensors (cuBLAS's stand-in: CPU ``mm``; the scatter: CPU
+``index_put``), so two commits' numbers compare the Python a call makes and the ops it issues, not
+the GPU's launch costs (Triton's binder or the compiled launcher, the CUDA driver) nor GPU time.
+
+    PYTHONPATH=src python3 benchmarks/probes/probe_host_time.py --tiny --stub-kernels --ms 80 --profile none
 """
 
 from __future__ import annotations
@@ -165,6 +173,22 @@ def check_bits(c: Case, tiny: bool) -> tuple[bool, float]:
     return same, float((want.double() - ref).norm() / ref.norm())
 
 
+def stub_extras(c: Case, n: int, reps: int) -> dict:
+    """--stub-kernels: the product's torch matmul alone (CPU ``mm``, the part that stands in for
+    cuBLAS) and the Python function calls a call of the CUDA implementation makes, plans on."""
+    _plan.set_enabled(True)
+    w = torch.empty(c.packed.shape, dtype=torch.bfloat16)
+    r = {"stub: CPU mm alone": host_us(lambda: torch.mm(c.x2, w.t(), out=c.out), "cpu", n, reps)}
+    pr = cProfile.Profile()
+    pr.enable()
+    for _ in range(100):
+        c.impl()
+    pr.disable()
+    r["stub: python calls a product"] = sum(v[1] for v in pstats.Stats(pr).stats.values()) / 100
+    r["stub: on - mm"] = r.get("on: CUDA impl", 0.0)
+    return r
+
+
 def gpu_us(fn) -> float:
     from glyd.timing import cuda_graph_ms
 
@@ -307,12 +331,13 @@ class _StubCompiled:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", default=",".join(SHAPES))
-    ap.add_argument("--ms", default="1,8,64")
+    ap.add_argument("--ms", default=None, help="x rows (default 1,8,64; --tiny: 1,2,80)")
     ap.add_argument("--calls", type=int, default=100, help="calls a batch (no sync inside)")
     ap.add_argument("--reps", type=int, default=5, help="batches (median)")
     ap.add_argument("--profile", default="gate_up:1:exc,down:1:exc,qkv:8:exc,o:64:exc",
                     help="shape:M[:exc] cases to cProfile (1000 calls, plans off and on), or none")
     ap.add_argument("--tiny", action="store_true", help="CPU check under TRITON_INTERPRET=1 on tiny shapes")
+    ap.add_argument("--stub-kernels", action="store_true", help="--tiny: kernels execute nothing (host time only)")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     out = Path(a.out) if a.out else None
@@ -320,10 +345,21 @@ def main() -> int:
         out.mkdir(parents=True, exist_ok=True)
     dev = "cpu" if a.tiny else "cuda"
     shapes = TINY if a.tiny else {s: SHAPES[s] for s in a.shapes.split(",")}
-    ms = [1, 2] if a.tiny else [int(v) for v in a.ms.split(",")]
+    ms = [int(v) for v in (a.ms or ("1,2,80" if a.tiny else "1,8,64")).split(",")]
     n, reps = (3, 1) if a.tiny else (a.calls, a.reps)
+    if a.stub_kernels:
+        if not a.tiny:
+            ap.error("--stub-kernels needs --tiny")
+        from triton.runtime.interpreter import InterpretedFunction
+
+        from glyd.kernels import _interp
+
+        InterpretedFunction.run = lambda self, *args, grid, warmup, **kw: None  # noqa: ARG005
+        # and the interpreter's launch path (namespace snapshots a launch): a launch costs ~nothing
+        _interp._Isolated.__getitem__ = lambda self, grid: (lambda *args, **kw: None)  # noqa: ARG005
+        n, reps = a.calls, a.reps
     wanted = set() if a.profile == "none" else set(a.profile.split(","))
-    if a.tiny:
+    if a.tiny and a.profile != "none":
         wanted = {"qkv:1:exc"}
     torch.manual_seed(0)
     rows, ok = [], True
@@ -332,10 +368,13 @@ def main() -> int:
             for m in ms:
                 for exc in (False, True):
                     c = Case(sname, rows_n, k, m, exc, dev)
-                    same, err = check_bits(c, a.tiny)
-                    ok &= same and err < 1e-2
+                    same, err = (True, float("nan")) if a.stub_kernels else check_bits(c, a.tiny)
+                    ok &= same and (a.stub_kernels or err < 1e-2)
                     r = dict(case=c.name, kernel=c.kernel.name, nexc=c.nexc, bits_equal=same, rel_err=err,
                              **stages(c, n, reps, a.tiny))
+                    if a.stub_kernels:
+                        r.update(stub_extras(c, n, reps))
+                        r["stub: on - mm"] = r["on: CUDA impl"] - r["stub: CPU mm alone"]
                     if not a.tiny:
                         r["gpu us: bf16"] = gpu_us(lambda: F.linear(c.x, c.w, c.bias))
                         r["gpu us: fixed12"] = gpu_us(lambda: c.lin(c.x))

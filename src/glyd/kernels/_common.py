@@ -319,8 +319,9 @@ def patch_exceptions(out_ptr, tile_ptr, pos_ptr, val_ptr, tile, pos0, lim, E: tl
     # The exceptions of one program's output tile written over the placeholders it has just stored
     # (an unpack's exceptions inside its own launch: no second scatter kernel). ``tile_ptr`` is a
     # CSR over output tiles (``exception_tiles``): their true 16-bit words at flat offsets
-    # pos - pos0 of out, below ``lim`` (a row range's last tile may reach past it). Other threads of the program stored the placeholders: the barrier orders
-    # their stores before these (a CTA barrier makes a thread's global writes visible to the CTA).
+    # pos - pos0 of out, below ``lim`` (a row range's last tile may reach past it). Other threads
+    # of the program stored the placeholders: the barrier orders their stores before these (a CTA
+    # barrier makes a thread's global writes visible to the whole CTA).
     e0 = tl.load(tile_ptr + tile)
     e1 = tl.load(tile_ptr + tile + 1)
     if e1 > e0:
@@ -345,7 +346,7 @@ def exception_tiles(owner, key, pos: torch.Tensor, vals: torch.Tensor, tile: tor
         counts = torch.bincount(tile, minlength=ntiles)
         ptr = torch.zeros(ntiles + 1, dtype=torch.int64, device=pos.device)
         ptr[1:] = torch.cumsum(counts, 0)
-        check_size("exceptions", int(pos.numel()))
+        # int32 positions: the kernels index a matrix of < 2**31 weights (check_size on its planes)
         hit = (ptr.to(torch.int32), pos[order].to(torch.int32), vals[order].contiguous())
         kept[key] = hit
     return hit

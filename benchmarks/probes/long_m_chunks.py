@@ -150,7 +150,8 @@ def unpack_chunk(p, plan: Plan, c: Chunk, buf: torch.Tensor) -> torch.Tensor:
         cols = c.a1 - c.a0
         w = buf[:n * cols].view(n, cols)
         _unpack_kernel[(triton.cdiv(n, 32), cols // 64)](a["code"][:, c.a0 // 2:], a["lo"][:, c.a0:], a["base"],
-                                                         w.view(torch.int16), *(w,) * 3, n, cols, kp, 0, 0, 0, BN=32, G=1,
+                                                         w.view(torch.int16), *(w,) * 3, n, cols, kp, 0, 0, 0,
+                                                         BN=32, G=1,
                                                          HAS_EXC=False, E=16, num_warps=4)
     if c.pos is not None:  # (the library's unpack patches them inside its launch: this probe keeps its scatter)
         w.view(torch.int16).view(-1)[c.pos] = c.vals

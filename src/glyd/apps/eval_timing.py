@@ -57,6 +57,8 @@ class _StepRunner:
                 pool.lens.fill_(self.position)
             for t, saved in self._counters:
                 t.copy_(saved)
+            if pool is not None:
+                pool.forget()  # lens was rewound (and replays advance it without the pool's host count)
             return
         for layer in self.cache.layers:
             if getattr(layer, "is_initialized", False):

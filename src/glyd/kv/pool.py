@@ -154,6 +154,9 @@ class FixedPagePool:
         self.block_table = torch.arange(self.n_pages, **z).reshape(batch, self.pages_per_seq)
         self.block_index = (self.block_table[:, None, :] * heads + torch.arange(heads, **z)[None, :, None]).contiguous()
         self.lens = torch.zeros(batch, **z)
+        # the host's copy of lens.max() while every change went through advance/reset/seek (None: unknown,
+        # read it from the device): a prompt's write then never waits on the GPU
+        self._host_len: int | None = 0
         ka = _arena(self.n_pages * heads * page * head_dim, exc_fraction)
         va = _arena(self.n_pages * heads * page * v_head_dim, exc_fraction)
         self.k = _Side(layers, blocks, batch, heads, page, head_dim, ka, self.device)
@@ -214,6 +217,20 @@ class FixedPagePool:
     def advance(self, tokens: int) -> None:
         """Count ``tokens`` more tokens a sequence (once a forward, before its layers write)."""
         self.lens.add_(tokens)
+        if torch.compiler.is_compiling() or (self.device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+            self._host_len = None  # replays of a compiled or captured step advance lens without this line
+        elif self._host_len is not None:  # (read only when eager: a guard on it would recompile the step)
+            self._host_len += tokens
+
+    def forget(self) -> None:
+        """Say ``lens`` was changed outside this class (a graph replayed, a rewind): :meth:`held` reads it."""
+        self._host_len = None
+
+    def held(self) -> int:
+        """The longest sequence's tokens: the host's count (no sync) when known, else read from the device."""
+        if self._host_len is None:
+            self._host_len = int(self.lens.max())
+        return self._host_len
 
     def _check_states(self, name: str, x: torch.Tensor, d: int) -> None:
         if x.dtype != torch.bfloat16:
@@ -226,8 +243,8 @@ class FixedPagePool:
 
     def write(self, layer: int, keys: torch.Tensor, values: torch.Tensor) -> int | None:
         """Write layer ``layer``'s new tokens ``keys``/``values [B, H, T, D]`` at positions ``lens - T ..``
-        (one kernel a side; pages that fill are packed). A prompt (``T > 1``) reads the position on the
-        host (one sync: a prompt that starts inside a page and fills it is written in two calls, the
+        (one kernel a side; pages that fill are packed). A prompt (``T > 1``) takes the position from the
+        host's count (:meth:`held`; no sync unless ``lens`` was changed outside this class: a prompt that starts inside a page and fills it is written in two calls, the
         page then the rest) and returns it; a decode step (``T == 1``) returns None and never syncs."""
         self._check_states("keys", keys, self.head_dim)
         self._check_states("values", values, self.v_head_dim)
@@ -236,7 +253,7 @@ class FixedPagePool:
             raise FormatError(f"keys hold {t} tokens, values {values.shape[2]}")
         first = None
         if t > 1:
-            first = int(self.lens.max()) - t  # a prompt: the host may wait
+            first = self.held() - t  # a prompt: the host's count (no wait unless lens was changed elsewhere)
             if first + t > self.context:
                 raise KVCapacityError(f"{first + t} tokens do not fit the pool's context of {self.context}")
             head = (-first) % self.page
@@ -326,5 +343,6 @@ class FixedPagePool:
     def reset(self) -> None:
         """Empty every sequence (the reserved memory stays)."""
         self.lens.zero_()
+        self._host_len = 0
         for u in (*self.k.used, *self.v.used):
             u.zero_()

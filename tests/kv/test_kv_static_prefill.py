@@ -1,0 +1,131 @@
+"""GlydStaticCache's prefill (issue 34): a prompt is attended over its own bf16 keys and values by SDPA (as a
+bf16 cache's would be), its pages written by one op a side, and its position taken from the pool's host count
+(no wait on the device). Tokens bit for bit a bf16 cache's (``kv_reference``) for chunked prompts, a second
+prompt after decode steps, left padding and lengths that are not whole pages."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from .conftest import bits_equal, tiny_llama, use_reference
+
+transformers = pytest.importorskip("transformers")
+from transformers import DynamicCache  # noqa: E402
+
+from glyd.kv import GlydStaticCache, enable_fused  # noqa: E402
+from glyd.kv.pool import FixedPagePool  # noqa: E402
+
+PAGE, CONTEXT = 16, 128
+
+
+def ids_and_mask(batch: int, length: int, pad: bool, seed: int):
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, 320, (batch, length), generator=gen)
+    mask = torch.ones_like(ids)
+    if pad:
+        for i in range(1, batch):
+            mask[i, : 3 * i + 2] = 0
+            ids[i, : 3 * i + 2] = 0
+    return ids, mask
+
+
+def greedy(model, cache, ids, mask, steps):
+    out = model.generate(ids, attention_mask=mask, past_key_values=cache, max_new_tokens=steps, do_sample=False,
+                         pad_token_id=0)
+    return out
+
+
+def turns(model, make_cache, prompts, steps):
+    """Greedy generate turn after turn on one cache: each turn's input is the sequence so far plus a new
+    prompt (generate prefills only the tokens the cache does not hold: a prompt after decode steps)."""
+    cache = make_cache()
+    seq, mask, outs = None, None, []
+    for p_ids, p_mask in prompts:
+        seq = p_ids if seq is None else torch.cat([seq, p_ids], 1)
+        mask = p_mask if mask is None else torch.cat([mask, p_mask], 1)
+        out = greedy(model, cache, seq, mask, steps)
+        outs.append(out[:, seq.shape[1]:])
+        mask = torch.cat([mask, torch.ones_like(out[:, seq.shape[1]:])], 1)
+        seq = out
+    return outs, cache
+
+
+@pytest.mark.parametrize("length", [16, 29, 47, 64])
+@pytest.mark.parametrize("pad", [False, True])
+def test_prompt_tokens_bit_for_bit(length, pad):
+    model = tiny_llama(seed=5)
+    prompts = [ids_and_mask(3, length, pad, seed=length)]
+    use_reference(model, PAGE, CONTEXT)
+    ref, _ = turns(model, DynamicCache, prompts, 12)
+    enable_fused(model)
+    got, cache = turns(model, lambda: GlydStaticCache(model.config, max_cache_len=CONTEXT, page_size=PAGE,
+                                                      exc_fraction=1 / 64), prompts, 12)
+    assert torch.equal(got[0], ref[0])
+    cache.check()
+
+
+@pytest.mark.parametrize("pad", [False, True])
+def test_second_prompt_after_decode_steps(pad):
+    model = tiny_llama(seed=6)
+    first = ids_and_mask(2, 21, pad, seed=1)
+    second = (torch.randint(3, 320, (2, 13), generator=torch.Generator().manual_seed(2)), torch.ones(2, 13, dtype=torch.long))
+    use_reference(model, PAGE, CONTEXT)
+    ref, dyn = turns(model, DynamicCache, [first, second], 7)
+    enable_fused(model)
+    got, cache = turns(model, lambda: GlydStaticCache(model.config, max_cache_len=CONTEXT, page_size=PAGE,
+                                                      exc_fraction=1 / 64), [first, second], 7)
+    for a, b in zip(got, ref):
+        assert torch.equal(a, b)
+    for i, layer in enumerate(dyn.layers):  # every cached bit, the second prompt's pages included
+        k, v = cache.pool.to_bf16(i)
+        assert bits_equal(k, layer.keys[:, :, : k.shape[2]]) and bits_equal(v, layer.values[:, :, : v.shape[2]]), i
+
+
+@torch.no_grad()
+def test_chunked_prefill_bit_for_bit():
+    # a prompt in chunks that start inside a page (7 + 20 + 18 tokens), then decode steps
+    model = tiny_llama(seed=7)
+    ids, mask = ids_and_mask(2, 45, False, seed=3)
+    use_reference(model, PAGE, CONTEXT)
+    ref = greedy(model, DynamicCache(), ids, mask, 9)[:, 45:]
+    enable_fused(model)
+    cache = GlydStaticCache(model.config, max_cache_len=CONTEXT, page_size=PAGE, exc_fraction=1 / 64)
+    for a, b in ((0, 7), (7, 27), (27, 44)):
+        pos = torch.arange(a, b)[None].expand(2, -1)
+        model(ids[:, a:b], position_ids=pos, past_key_values=cache, use_cache=True)
+    assert cache.pool.held() == 44 and cache.pool.lens.tolist() == [44, 44]
+    got = greedy(model, cache, ids, mask, 9)[:, 45:]
+    assert torch.equal(got, ref)
+
+
+def test_a_prompt_write_reads_no_device_value(monkeypatch):
+    # the position of a prompt comes from the pool's host count: no .item()/int()/tolist() of a tensor
+    pool = FixedPagePool(layers=1, batch=2, heads=2, head_dim=32, max_len=128, page=16)
+    k = torch.randn(2, 2, 37, 32).to(torch.bfloat16)
+    v = torch.randn(2, 2, 37, 32).to(torch.bfloat16)
+    pool.advance(37)
+    pool.write(0, k[:, :, :37], v[:, :, :37])
+
+    def boom(*a, **kw):
+        raise AssertionError("a host sync in a prompt's write")
+
+    k2, v2 = torch.randn(2, 2, 21, 32).to(torch.bfloat16), torch.randn(2, 2, 21, 32).to(torch.bfloat16)
+    with monkeypatch.context() as m:
+        for name in ("item", "tolist", "__int__", "__index__", "__bool__"):
+            m.setattr(torch.Tensor, name, boom)
+        pool.advance(21)
+        assert pool.write(0, k2, v2) == 37  # starts inside page 2 and fills it: two writes, still no sync
+    kd, vd = pool.to_bf16(0)
+    assert bits_equal(kd, torch.cat([k, k2], 2)) and bits_equal(vd, torch.cat([v, v2], 2))
+
+
+def test_the_host_count_is_forgotten_when_lens_changes_elsewhere():
+    pool = FixedPagePool(layers=1, batch=1, heads=1, head_dim=32, max_len=64, page=16)
+    pool.advance(5)
+    assert pool.held() == 5
+    pool.lens.fill_(9)  # a replayed graph or a rewind
+    pool.forget()
+    assert pool.held() == 9
+    pool.reset()
+    assert pool.held() == 0

@@ -26,3 +26,32 @@ for prompt in (512, 2048):
                 out = model(input_ids=ids, use_cache=True, logits_to_keep=1, past_key_values=c).logits
             best = min(best, time.perf_counter() - t)
         print(f"prompt {prompt} {name:12s} {best*1e3:8.1f} ms")
+
+# host reads of device values (each one a wait for the GPU there) in one 512-token prefill, and glyd op calls
+counts = {}
+orig = {n: getattr(torch.Tensor, n) for n in ("item", "tolist", "__int__", "__bool__")}
+
+
+def counting(name):
+    def f(self, *a, **kw):
+        counts[name] = counts.get(name, 0) + 1
+        return orig[name](self, *a, **kw)
+    return f
+
+
+ids = torch.randint(0, model.config.vocab_size, (1, 512))
+for name, make in (("static_bf16", lambda: StaticCache(model.config, max_cache_len=512)),
+                   ("glyd_pool", lambda: GlydStaticCache(model.config, max_cache_len=512))):
+    c = make()
+    with torch.no_grad():
+        model(input_ids=ids, use_cache=True, logits_to_keep=1, past_key_values=c)  # makes the pool
+        c.reset()
+        counts.clear()
+        for n in orig:
+            setattr(torch.Tensor, n, counting(n))
+        with torch.profiler.profile() as prof:
+            model(input_ids=ids, use_cache=True, logits_to_keep=1, past_key_values=c)
+        for n, f in orig.items():
+            setattr(torch.Tensor, n, f)
+    ops = sum(e.count for e in prof.key_averages() if e.key.startswith("glyd::"))
+    print(f"{name:12s} host reads of tensors {dict(counts)}; glyd op calls {ops}")

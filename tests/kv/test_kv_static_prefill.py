@@ -17,6 +17,8 @@ from glyd.kv import GlydStaticCache, enable_fused  # noqa: E402
 from glyd.kv.pool import FixedPagePool  # noqa: E402
 
 PAGE, CONTEXT = 16, 128
+DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
+                                                                                  reason="needs CUDA")])]
 
 
 def ids_and_mask(batch: int, length: int, pad: bool, seed: int):
@@ -65,11 +67,13 @@ def test_prompt_tokens_bit_for_bit(length, pad):
     cache.check()
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("pad", [False, True])
-def test_second_prompt_after_decode_steps(pad):
-    model = tiny_llama(seed=6)
-    first = ids_and_mask(2, 21, pad, seed=1)
-    second = (torch.randint(3, 320, (2, 13), generator=torch.Generator().manual_seed(2)), torch.ones(2, 13, dtype=torch.long))
+def test_second_prompt_after_decode_steps(pad, device):
+    model = tiny_llama(seed=6).to(device)
+    first = tuple(x.to(device) for x in ids_and_mask(2, 21, pad, seed=1))
+    second = (torch.randint(3, 320, (2, 13), generator=torch.Generator().manual_seed(2)).to(device),
+              torch.ones(2, 13, dtype=torch.long, device=device))
     use_reference(model, PAGE, CONTEXT)
     ref, dyn = turns(model, DynamicCache, [first, second], 7)
     enable_fused(model)
@@ -82,17 +86,18 @@ def test_second_prompt_after_decode_steps(pad):
         assert bits_equal(k, layer.keys[:, :, : k.shape[2]]) and bits_equal(v, layer.values[:, :, : v.shape[2]]), i
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @torch.no_grad()
-def test_chunked_prefill_bit_for_bit():
+def test_chunked_prefill_bit_for_bit(device):
     # a prompt in chunks that start inside a page (7 + 20 + 18 tokens), then decode steps
-    model = tiny_llama(seed=7)
-    ids, mask = ids_and_mask(2, 45, False, seed=3)
+    model = tiny_llama(seed=7).to(device)
+    ids, mask = (x.to(device) for x in ids_and_mask(2, 45, False, seed=3))
     use_reference(model, PAGE, CONTEXT)
     ref = greedy(model, DynamicCache(), ids, mask, 9)[:, 45:]
     enable_fused(model)
     cache = GlydStaticCache(model.config, max_cache_len=CONTEXT, page_size=PAGE, exc_fraction=1 / 64)
     for a, b in ((0, 7), (7, 27), (27, 44)):
-        pos = torch.arange(a, b)[None].expand(2, -1)
+        pos = torch.arange(a, b, device=device)[None].expand(2, -1)
         model(ids[:, a:b], position_ids=pos, past_key_values=cache, use_cache=True)
     assert cache.pool.held() == 44 and cache.pool.lens.tolist() == [44, 44]
     got = greedy(model, cache, ids, mask, 9)[:, 45:]

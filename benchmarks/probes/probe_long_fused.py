@@ -100,7 +100,8 @@ def run_shape(name, n, k, ms, args, gen, t_end) -> list:
         for cname, kw in {**CONFIGS, **PROBES}.items():
             fns[cname] = (lambda kw: lambda out: L.launch(x, p, out=out, **kw))(kw)
         res = dict(shape=name, m=m)
-        for v, fn in fns.items():
+        keep = set(args.variants.split(",")) | {"bf16"} if args.variants else set(fns)
+        for v, fn in ((v, fn) for v, fn in fns.items() if v in keep):
             out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device=dev)
             try:
                 fn(out)
@@ -150,8 +151,10 @@ def table(rows) -> str:
         b = r.get("bf16", {}).get("ms", math.nan)
         cells = []
         for v in vs:
-            d = r.get(v, {})
-            if "error" in d:
+            d = r.get(v)
+            if d is None:
+                cells.append("-")
+            elif "error" in d:
                 cells.append("error")
             elif not d.get("ok", False):
                 cells.append(f"WRONG (excess {d.get('excess', math.nan):.3g}) {d.get('ms', math.nan) / b:.2f}x")
@@ -167,6 +170,7 @@ def main() -> int:
     ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--ms", default=",".join(map(str, MS)))
     ap.add_argument("--replays", type=int, default=20)
+    ap.add_argument("--variants", default=None, help="comma list (bf16 always): one per process finds a crash")
     ap.add_argument("--budget-s", type=float, default=150.0)
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--profile", default=None, help="SHAPE:M:VARIANT: one launch in the profiler range (ncu)")

@@ -208,7 +208,8 @@ def test_unpack_cublas_plan_survives_a_grown_scratch_buffer(monkeypatch, device)
         small, large = random_weights(8, 64, "wide"), random_weights(64, 256, "wide")
         ps, pl = glyd.pack(small).to(device), glyd.pack(large).to(device)
         xs, xl = (torch.randn(3, kk).to(torch.bfloat16).to(device) for kk in (64, 256))
-        monkeypatch.setitem(_common._SCRATCH, (torch.device(device).type, torch.device(device).index),
+        dev = xs.device  # "cuda:0" on CUDA: the key the product's own tensors give
+        monkeypatch.setitem(_common._SCRATCH, (dev.type, dev.index),
                             torch.empty(1, dtype=torch.bfloat16, device=device))
         first = _bits(kernels.linear(xs, ps))
         kernels.linear(xl, pl)

@@ -272,3 +272,21 @@ def test_pool_kernels_on_gpu(d):
     ref = sdpa64(q, k, v, d ** -0.5, starts)
     out = gpu.attend(0, q.cuda(), starts=starts.cuda()).cpu()
     assert rel_err(out, ref) <= TOL
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_twin_inside_a_cuda_graph_says_why():
+    # pages of 16 and head dim 16 have no CUDA kernel: the twin (host reads) refuses a capture in one line
+    from glyd.errors import UnsupportedError
+
+    pool = FixedPagePool(layers=1, batch=2, heads=2, head_dim=16, max_len=64, page=16, device="cuda")
+    k, v = states(torch.Generator().manual_seed(0), 2, 2, 20, 16)
+    pool.advance(20)
+    pool.write(0, k.cuda(), v.cuda())
+    q = torch.randn(2, 2, 16, device="cuda").to(torch.bfloat16)
+    pool.attend(0, q)  # eager: the twin answers
+    graph = torch.cuda.CUDAGraph()
+    with pytest.raises(UnsupportedError, match="cannot run in a CUDA graph"):
+        with torch.cuda.graph(graph):
+            pool.attend(0, q)

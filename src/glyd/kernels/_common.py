@@ -389,7 +389,10 @@ def unpack_mm_plan(device: torch.device, k: int, parts: list) -> object:
 def scratch(device: torch.device, numel: int) -> torch.Tensor:
     """A reused bf16 buffer of at least ``numel`` elements on ``device`` (one per device: the
     long-prompt path unpacks into it then calls cuBLAS; use one stream per device)."""
-    key = (device.type, device.index)
+    index = device.index
+    if index is None and device.type == "cuda":  # "cuda" and "cuda:0" are one device: one buffer
+        index = torch.cuda.current_device()
+    key = (device.type, index)
     buf = _SCRATCH.get(key)
     if buf is None or buf.numel() < numel:
         buf = torch.empty(max(numel, 1), dtype=torch.bfloat16, device=device)

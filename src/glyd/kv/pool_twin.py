@@ -20,7 +20,7 @@ import math
 
 import torch
 
-from glyd.errors import GlydError
+from glyd.errors import GlydError, UnsupportedError
 from glyd.kv.fixed import WINDOW, channel_base, choose_base, unpack_blocks
 
 __all__ = ["KVCapacityError", "write_torch", "attention_torch", "pack_tiles", "softmax_step"]
@@ -161,6 +161,10 @@ def attention_torch(q, lens, starts, block_index, k_side, v_side, scale: float, 
     b, hq, d = q.shape
     h, jcap = block_index.shape[1], block_index.shape[2]
     p, dv = k_side[0].shape[1], v_side[0].shape[2]
+    if q.is_cuda and torch.cuda.is_current_stream_capturing():  # its host reads would break the capture
+        raise UnsupportedError(f"no CUDA kernel reads a pool of {p}-token pages and head dims {d}/{dv}, and the "
+                               "torch twin cannot run in a CUDA graph: use pages of >= 32 tokens, or "
+                               "generate(..., disable_compile=True)")
     g = hq // h
     n = _pool_lens(lens, p, jcap, capped)
     qf = q.reshape(b, h, g, d).float()

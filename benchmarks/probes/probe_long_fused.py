@@ -130,7 +130,7 @@ def profile(spec: str) -> int:
     w = make_weights(n, k, dev, gen)
     p = glyd.pack(w, "fixed12")
     x = (torch.randn(int(m), k, device=dev, generator=gen) * 0.5).to(torch.bfloat16)
-    kw = dict(w_bf16=w) if v == "pipe" else CONFIGS[v]
+    kw = dict(w_bf16=w) if v == "pipe" else {**CONFIGS, **PROBES}[v]
     fn = (lambda: torch.matmul(x, w.T)) if v == "bf16" else (lambda: L.launch(x, p, **kw))
     fn()
     torch.cuda.synchronize()

@@ -45,13 +45,13 @@ EXC_E = gl.constexpr(16)  # exceptions a one-hot MMA
 @gluon.jit
 def _lf_loader(x_desc, lo_desc, co_desc, w_desc, x_s, lo_s, co_s, w_s, x_ready, x_empty, p_ready, p_empty,
                w_ready, w_empty, n0, m0, steps, XB: gl.constexpr, NS: gl.constexpr, NP: gl.constexpr,
-               DEC: gl.constexpr, SPLIT: gl.constexpr):
+               DEC: gl.constexpr, SPLIT: gl.constexpr, BN: gl.constexpr, TILED: gl.constexpr, PROBE: gl.constexpr):
     # one warp: a step's x boxes (and the bf16 W tile without DEC; the packed words too unless SPLIT
     # gives them a warp of their own), each slot once freed. A fresh mbarrier counts as having
     # completed the phase before its first, so the first waits pass.
     for i in range(steps):
         if DEC and not SPLIT:
-            _lf_load_words(lo_desc, co_desc, lo_s, co_s, p_ready, p_empty, n0, i, NP)
+            _lf_load_words(lo_desc, co_desc, lo_s, co_s, p_ready, p_empty, n0, i, steps, NP, BN, TILED, PROBE)
         b = i % NS
         ph = ((i // NS) & 1) ^ 1
         if not DEC:
@@ -61,42 +61,63 @@ def _lf_loader(x_desc, lo_desc, co_desc, w_desc, x_s, lo_s, co_s, w_s, x_ready, 
             tma.async_copy_global_to_shared(w_desc, [n0, i * BK], bar, w_s.index(b))
         mbarrier.wait(x_empty.index(b), ph)
         bar = x_ready.index(b)
-        mbarrier.expect(bar, XB * x_desc.block_type.nbytes)
-        for h in gl.static_range(XB):
-            tma.async_copy_global_to_shared(x_desc, [m0 + h * BMW, i * BK], bar, x_s.index(b * XB + h))
+        if (PROBE & 8) != 0:  # timing probe: the handoff without the copy
+            mbarrier.arrive(bar, count=1)
+        else:
+            mbarrier.expect(bar, XB * x_desc.block_type.nbytes)
+            for h in gl.static_range(XB):
+                tma.async_copy_global_to_shared(x_desc, [m0 + h * BMW, i * BK], bar, x_s.index(b * XB + h))
 
 
 @gluon.jit
-def _lf_load_words(lo_desc, co_desc, lo_s, co_s, p_ready, p_empty, n0, i, NP: gl.constexpr):
-    # step i's lo and code words into packed slot i % NP, once the decoder freed it
+def _lf_load_words(lo_desc, co_desc, lo_s, co_s, p_ready, p_empty, n0, i, steps, NP: gl.constexpr,
+                   BN: gl.constexpr, TILED: gl.constexpr, PROBE: gl.constexpr):
+    # step i's lo and code words into packed slot i % NP, once the decoder freed it; TILED: the
+    # words of a (BN rows, step) tile lie contiguous (tiled_words): boxes of 512-byte rows
     bp = i % NP
     mbarrier.wait(p_empty.index(bp), ((i // NP) & 1) ^ 1)
     bar = p_ready.index(bp)
-    mbarrier.expect(bar, lo_desc.block_type.nbytes + co_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(lo_desc, [n0, i * 16], bar, lo_s.index(bp))
-    tma.async_copy_global_to_shared(co_desc, [n0, i * 8], bar, co_s.index(bp))
+    if (PROBE & 4) != 0:  # timing probe: the handoff without the copy
+        mbarrier.arrive(bar, count=1)
+    elif TILED:  # three boxes (a plane each: box rows must be a power of two)
+        mbarrier.expect(bar, 3 * lo_desc.block_type.nbytes)
+        r0 = ((n0 // BN) * steps + i) * (3 * BN // 16)
+        for j in gl.static_range(3):
+            tma.async_copy_global_to_shared(lo_desc, [r0 + j * (BN // 16), 0], bar, lo_s.index(3 * bp + j))
+    else:
+        mbarrier.expect(bar, lo_desc.block_type.nbytes + co_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(lo_desc, [n0, i * 16], bar, lo_s.index(bp))
+        tma.async_copy_global_to_shared(co_desc, [n0, i * 8], bar, co_s.index(bp))
 
 
 @gluon.jit
 def _lf_word_loader(x_desc, lo_desc, co_desc, w_desc, x_s, lo_s, co_s, w_s, x_ready, x_empty, p_ready, p_empty,
                     w_ready, w_empty, n0, m0, steps, XB: gl.constexpr, NS: gl.constexpr, NP: gl.constexpr,
-                    DEC: gl.constexpr, SPLIT: gl.constexpr):
+                    DEC: gl.constexpr, SPLIT: gl.constexpr, BN: gl.constexpr, TILED: gl.constexpr,
+                    PROBE: gl.constexpr):
     # SPLIT: one warp for the packed words alone, so they run NP steps ahead of the decoder whatever
     # the MMAs wait on (with one loader, step i's words waited for step i - 1's x slot)
     if DEC:
         for i in range(steps):
-            _lf_load_words(lo_desc, co_desc, lo_s, co_s, p_ready, p_empty, n0, i, NP)
+            _lf_load_words(lo_desc, co_desc, lo_s, co_s, p_ready, p_empty, n0, i, steps, NP, BN, TILED, PROBE)
 
 
 @gluon.jit
-def _lf_words(lo_s, co_s, p_ready, p_empty, i, NP: gl.constexpr, L8: gl.constexpr):
+def _lf_words(lo_s, co_s, p_ready, p_empty, i, NP: gl.constexpr, L8: gl.constexpr, BN: gl.constexpr,
+              TILED: gl.constexpr):
     # step i's lo words (halves t = 0, 1) and code words into registers; the slot is freed at once
     bp = i % NP
     mbarrier.wait(p_ready.index(bp), (i // NP) & 1)
-    ls = lo_s.index(bp)
-    l0 = ls.slice(0, 8, dim=1).load(L8).to(gl.uint32, bitcast=True)
-    l1 = ls.slice(8, 8, dim=1).load(L8).to(gl.uint32, bitcast=True)
-    cw = co_s.index(bp).load(L8).to(gl.uint32, bitcast=True)
+    if TILED:  # the slot: planes [lo words 0-7, lo words 8-15, code words] of [BN, 8] each, row-major
+        rm: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+        l0 = lo_s.index(3 * bp)._reinterpret(gl.int32, [BN, 8], rm).load(L8).to(gl.uint32, bitcast=True)
+        l1 = lo_s.index(3 * bp + 1)._reinterpret(gl.int32, [BN, 8], rm).load(L8).to(gl.uint32, bitcast=True)
+        cw = lo_s.index(3 * bp + 2)._reinterpret(gl.int32, [BN, 8], rm).load(L8).to(gl.uint32, bitcast=True)
+    else:
+        ls = lo_s.index(bp)
+        l0 = ls.slice(0, 8, dim=1).load(L8).to(gl.uint32, bitcast=True)
+        l1 = ls.slice(8, 8, dim=1).load(L8).to(gl.uint32, bitcast=True)
+        cw = co_s.index(bp).load(L8).to(gl.uint32, bitcast=True)
     fence_async_shared()  # these reads before the TMA's next writes into the slot
     mbarrier.arrive(p_empty.index(bp), count=1)
     return l0, l1, cw
@@ -123,7 +144,7 @@ def _lf_put(w, w_s, w_ready, w_empty, i, NS: gl.constexpr):
 @gluon.jit
 def _lf_decoder(lo_s, co_s, w_s, p_ready, p_empty, w_ready, w_empty, base_ptr, steps, BN: gl.constexpr,
                 NS: gl.constexpr, NP: gl.constexpr, DW: gl.constexpr, DEC: gl.constexpr, DU: gl.constexpr,
-                PROBE: gl.constexpr):
+                PROBE: gl.constexpr, TILED: gl.constexpr):
     # DW warps: a slot's words -> the bf16 tile -> the weight ring; DU 2: two steps at a time (both
     # steps' words loaded before either is decoded: more independent work in flight; steps even)
     if DEC and (PROBE & 2) != 0:  # timing probe: the handoffs alone, no loads, decode or stores
@@ -137,13 +158,13 @@ def _lf_decoder(lo_s, co_s, w_s, p_ready, p_empty, w_ready, w_empty, base_ptr, s
         b4 = gl.load(base_ptr).to(gl.uint32) * 0x01010101
         if DU == 2:
             for i in range(0, steps, 2):
-                a0, a1, ac = _lf_words(lo_s, co_s, p_ready, p_empty, i, NP, L8)
-                c0, c1, cc = _lf_words(lo_s, co_s, p_ready, p_empty, i + 1, NP, L8)
+                a0, a1, ac = _lf_words(lo_s, co_s, p_ready, p_empty, i, NP, L8, BN, TILED)
+                c0, c1, cc = _lf_words(lo_s, co_s, p_ready, p_empty, i + 1, NP, L8, BN, TILED)
                 _lf_put(_lf_tile(a0, a1, ac, b4, BN), w_s, w_ready, w_empty, i, NS)
                 _lf_put(_lf_tile(c0, c1, cc, b4, BN), w_s, w_ready, w_empty, i + 1, NS)
         else:
             for i in range(steps):
-                l0, l1, cw = _lf_words(lo_s, co_s, p_ready, p_empty, i, NP, L8)
+                l0, l1, cw = _lf_words(lo_s, co_s, p_ready, p_empty, i, NP, L8, BN, TILED)
                 _lf_put(_lf_tile(l0, l1, cw, b4, BN), w_s, w_ready, w_empty, i, NS)
 
 
@@ -198,15 +219,18 @@ def _lf_mma(x_s, w_s, oh_s, x_ready, x_empty, w_ready, w_empty, x_ptr, out_ptr, 
         mbarrier.arrive(w_empty.index(bp), count=1, pred=i > 0)
     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
     mr = m0 + H * BMW
-    if EXC:
+    if EXC and (PROBE & 16) == 0:
         acc = _lf_exceptions(acc, oh_s.index(H), x_ptr, mr, M, stride_xm, rowptr_ptr, eidx_ptr, ehi_ptr, lo8_ptr,
                              base_ptr, n0, N, K, KP, BN, ML, EL, OHL)
     rows = mr + gl.arange(0, BMW, layout=gl.SliceLayout(1, ML))
     cols = n0 + gl.arange(0, BN, layout=gl.SliceLayout(0, ML))
     if HAS_BIAS:
         acc += gl.load(bias_ptr + cols, mask=cols < N, other=0.0).to(gl.float32)[None, :]
+    keep = rows < M
+    if (PROBE & 16) != 0:  # timing probe: no exceptions, and a store mask false at run time (the MMAs stay live)
+        keep = rows == -1 - stride_xm
     gl.store(out_ptr + rows[:, None].to(gl.int64) * N + cols[None, :], acc.to(gl.bfloat16),
-             mask=(rows < M)[:, None] & (cols < N)[None, :])
+             mask=keep[:, None] & (cols < N)[None, :])
 
 
 @gluon.jit
@@ -215,7 +239,7 @@ def _lf_kernel(x_desc, lo_desc, co_desc, w_desc, x_ptr, out_ptr, bias_ptr, rowpt
                NP: gl.constexpr, DW: gl.constexpr, ML: gl.constexpr, WSL: gl.constexpr, OHSL: gl.constexpr,
                EL: gl.constexpr, OHL: gl.constexpr, EXC: gl.constexpr, HAS_BIAS: gl.constexpr, DEC: gl.constexpr,
                REGS: gl.constexpr, SPLIT: gl.constexpr = True, DU: gl.constexpr = 1,
-               PROBE: gl.constexpr = 0):
+               PROBE: gl.constexpr = 0, TILED: gl.constexpr = False):
     # out [M, N] bf16 (+ bias) = x @ W^T; a program: BN weight rows x 128 XB x rows (x tiles inner,
     # so the programs that share a packed tile run together and find it in L2)
     pid = gl.program_id(0)
@@ -224,8 +248,12 @@ def _lf_kernel(x_desc, lo_desc, co_desc, w_desc, x_ptr, out_ptr, bias_ptr, rowpt
     steps = KP // BK
     x_s = gl.allocate_shared_memory(gl.bfloat16, [NS * XB, BMW, BK], x_desc.layout)
     w_s = gl.allocate_shared_memory(gl.bfloat16, [NS, BN, BK], WSL)
-    lo_s = gl.allocate_shared_memory(gl.int32, [NP, BN, 16], lo_desc.layout)
-    co_s = gl.allocate_shared_memory(gl.int32, [NP, BN, 8], co_desc.layout)
+    if TILED:  # one box a step holds every word (co_s unused)
+        lo_s = gl.allocate_shared_memory(gl.int32, [3 * NP, BN // 16, 128], lo_desc.layout)
+        co_s = gl.allocate_shared_memory(gl.int32, [1, 8, 8], gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0]))
+    else:
+        lo_s = gl.allocate_shared_memory(gl.int32, [NP, BN, 16], lo_desc.layout)
+        co_s = gl.allocate_shared_memory(gl.int32, [NP, BN, 8], co_desc.layout)
     oh_s = gl.allocate_shared_memory(gl.bfloat16, [XB, BN, EXC_E], OHSL)
     x_ready = gl.allocate_shared_memory(gl.int64, [NS, 1], mbarrier.MBarrierLayout())
     x_empty = gl.allocate_shared_memory(gl.int64, [NS, 1], mbarrier.MBarrierLayout())
@@ -251,11 +279,11 @@ def _lf_kernel(x_desc, lo_desc, co_desc, w_desc, x_ptr, out_ptr, bias_ptr, rowpt
                        eidx_ptr, ehi_ptr, lo8_ptr, base_ptr, n0, m0, M, N, K, KP, stride_xm, steps, 1, XB, BN, NS, ML,
                        EL, OHL, EXC, HAS_BIAS, PROBE)),
             (_lf_decoder, (lo_s, co_s, w_s, p_ready, p_empty, w_ready, w_empty, base_ptr, steps, BN, NS, NP, DW, DEC,
-                            DU, PROBE)),
+                            DU, PROBE, TILED)),
             (_lf_loader, (x_desc, lo_desc, co_desc, w_desc, x_s, lo_s, co_s, w_s, x_ready, x_empty, p_ready, p_empty,
-                          w_ready, w_empty, n0, m0, steps, XB, NS, NP, DEC, SPLIT)),
+                          w_ready, w_empty, n0, m0, steps, XB, NS, NP, DEC, SPLIT, BN, TILED, PROBE)),
             (_lf_word_loader, (x_desc, lo_desc, co_desc, w_desc, x_s, lo_s, co_s, w_s, x_ready, x_empty, p_ready,
-                               p_empty, w_ready, w_empty, n0, m0, steps, XB, NS, NP, DEC, SPLIT)),
+                               p_empty, w_ready, w_empty, n0, m0, steps, XB, NS, NP, DEC, SPLIT, BN, TILED, PROBE)),
         ], [4, DW, 1, 1], [REGS[0], REGS[1], REGS[2], REGS[2]])
     else:
         gl.warp_specialize([
@@ -263,11 +291,11 @@ def _lf_kernel(x_desc, lo_desc, co_desc, w_desc, x_ptr, out_ptr, bias_ptr, rowpt
                        eidx_ptr, ehi_ptr, lo8_ptr, base_ptr, n0, m0, M, N, K, KP, stride_xm, steps, 0, XB, BN, NS, ML,
                        EL, OHL, EXC, HAS_BIAS, PROBE)),
             (_lf_decoder, (lo_s, co_s, w_s, p_ready, p_empty, w_ready, w_empty, base_ptr, steps, BN, NS, NP, DW, DEC,
-                            DU, PROBE)),
+                            DU, PROBE, TILED)),
             (_lf_loader, (x_desc, lo_desc, co_desc, w_desc, x_s, lo_s, co_s, w_s, x_ready, x_empty, p_ready, p_empty,
-                          w_ready, w_empty, n0, m0, steps, XB, NS, NP, DEC, SPLIT)),
+                          w_ready, w_empty, n0, m0, steps, XB, NS, NP, DEC, SPLIT, BN, TILED, PROBE)),
             (_lf_word_loader, (x_desc, lo_desc, co_desc, w_desc, x_s, lo_s, co_s, w_s, x_ready, x_empty, p_ready,
-                               p_empty, w_ready, w_empty, n0, m0, steps, XB, NS, NP, DEC, SPLIT)),
+                               p_empty, w_ready, w_empty, n0, m0, steps, XB, NS, NP, DEC, SPLIT, BN, TILED, PROBE)),
         ], [DW, 1, 1], [REGS[1], REGS[2], REGS[2]])
 
 
@@ -286,6 +314,28 @@ def layouts(bn: int):
     return ml, wsl, ohsl, el, ohl, shared
 
 
+TILED_SL = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)  # row-major, as TMA writes
+_TILED: dict = {}
+
+
+# lo [N, KP] uint8, code [N, KP / 2] uint8 -> int32 [N / bn * KP / 64 * 3 * bn / 16, 128]
+def tiled_words(p, bn: int) -> torch.Tensor:
+    """The packed words re-laid so a (bn weight rows, 64-column step) tile is 3 * bn * 8 contiguous int32:
+    planes [lo words 0-7, lo words 8-15, code words], each [bn, 8] row-major (one TMA box of
+    512-byte rows a step, and bank-conflict-free reads of 8 words a row). Cached by the lo array."""
+    lo, co = p.arrays["lo"], p.arrays["code"]
+    key = (lo.data_ptr(), bn)
+    if key not in _TILED:
+        n, kp = lo.shape
+        if n % bn or kp % 64:
+            raise ValueError(f"tiled words need N % {bn} == 0 and KP % 64 == 0, got {n} x {kp}")
+        nt, st = n // bn, kp // 64
+        lo_t = lo.view(torch.int32).view(nt, bn, st, 2, 8).permute(0, 2, 3, 1, 4)
+        co_t = co.view(torch.int32).view(nt, bn, st, 1, 8).permute(0, 2, 3, 1, 4)
+        _TILED[key] = torch.cat([lo_t, co_t], 2).contiguous().view(-1, 128)
+    return _TILED[key]
+
+
 def regs(xb: int, dw: int) -> tuple:
     """(kernel maxnreg, [MMA warpgroup 1, decoder, loader] registers): 16 warps (4 warpgroups) share
     the 64 K registers an SM; the default partition (MMA warpgroup 0) gets what the workers leave."""
@@ -296,7 +346,8 @@ def regs(xb: int, dw: int) -> tuple:
 
 # x [M, K] bf16 (K % 8 == 0, rows 16-byte aligned), packed fixed12 W [N, K] -> out [M, N] bf16
 def launch(x: torch.Tensor, p, bias=None, bn: int = 128, xb: int = 2, ns: int = 3, np_: int = 4, dw: int = 4,
-           split: bool = True, du: int = 1, probe: int = 0, w_bf16: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+           split: bool = True, du: int = 1, probe: int = 0, w_bf16: torch.Tensor | None = None, out: torch.Tensor | None = None,
+           tiled: bool = False) -> torch.Tensor:
     """``x @ W.T (+ bias)`` by the fused kernel; ``w_bf16`` (the unpacked W) runs its DEC=False twin."""
     n, k = p.shape
     kp = p.arrays["lo"].shape[1]
@@ -311,8 +362,13 @@ def launch(x: torch.Tensor, p, bias=None, bn: int = 128, xb: int = 2, ns: int = 
     ml, wsl, ohsl, el, ohl, (xsl, lsl, csl, wtl) = layouts(bn)
     lo_i, co_i = p.arrays["lo"].view(torch.int32), p.arrays["code"].view(torch.int32)
     x_d = TensorDescriptor.from_tensor(x, [BMW.value, BK.value], xsl)
-    lo_d = TensorDescriptor.from_tensor(lo_i, [bn, 16], lsl)
-    co_d = TensorDescriptor.from_tensor(co_i, [bn, 8], csl)
+    tiled = tiled and dec
+    if tiled:
+        lo_d = TensorDescriptor.from_tensor(tiled_words(p, bn), [bn // 16, 128], TILED_SL)
+        co_d = lo_d
+    else:
+        lo_d = TensorDescriptor.from_tensor(lo_i, [bn, 16], lsl)
+        co_d = TensorDescriptor.from_tensor(co_i, [bn, 8], csl)
     w_d = TensorDescriptor.from_tensor(w_bf16 if not dec else x, [bn, BK.value] if not dec else [BMW.value, BK.value],
                                        wtl if not dec else xsl)
     prep = prepare(p)
@@ -326,12 +382,13 @@ def launch(x: torch.Tensor, p, bias=None, bn: int = 128, xb: int = 2, ns: int = 
         a["exc_idx"], a["exc_hi"], a["lo"], a["base"], m, n, k, kp, x.stride(0), mt,
         BN=bn, XB=xb, NS=ns, NP=np_, DW=dw, ML=ml, WSL=wsl, OHSL=ohsl, EL=el, OHL=ohl, EXC=exc,
         HAS_BIAS=bias is not None, DEC=dec, REGS=rr, SPLIT=split, DU=du if (kp // BK.value) % du == 0 else 1, PROBE=probe,
-        num_warps=4, maxnreg=maxnreg)
+        TILED=tiled, num_warps=4, maxnreg=maxnreg)
     return out
 
 
 def compile_sm90(bn: int = 128, xb: int = 2, ns: int = 3, np_: int = 4, dw: int = 4, exc: bool = True,
-                 dec: bool = True, bias: bool = False, split: bool = True, du: int = 1, probe: int = 0):
+                 dec: bool = True, bias: bool = False, split: bool = True, du: int = 1, probe: int = 0,
+                 tiled: bool = False):
     """The kernel compiled for sm_90 on any machine (Triton's ptxas; no GPU): its CompiledKernel."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -339,9 +396,11 @@ def compile_sm90(bn: int = 128, xb: int = 2, ns: int = 3, np_: int = 4, dw: int 
     ml, wsl, ohsl, el, ohl, (xsl, lsl, csl, wtl) = layouts(bn)
     maxnreg, rr = regs(xb, dw)
     const = dict(BN=bn, XB=xb, NS=ns, NP=np_, DW=dw, ML=ml, WSL=wsl, OHSL=ohsl, EL=el, OHL=ohl, EXC=exc,
-                 HAS_BIAS=bias, DEC=dec, REGS=rr, SPLIT=split, DU=du, PROBE=probe)
-    descs = {"x_desc": f"tensordesc<bf16[{BMW.value}, {BK.value}],{xsl!r}>", "lo_desc": f"tensordesc<i32[{bn}, 16],{lsl!r}>",
-             "co_desc": f"tensordesc<i32[{bn}, 8],{csl!r}>",
+                 HAS_BIAS=bias, DEC=dec, REGS=rr, SPLIT=split, DU=du, PROBE=probe, TILED=tiled)
+    lo_t = f"tensordesc<i32[{bn // 16}, 128],{TILED_SL!r}>"
+    descs = {"x_desc": f"tensordesc<bf16[{BMW.value}, {BK.value}],{xsl!r}>",
+             "lo_desc": lo_t if tiled else f"tensordesc<i32[{bn}, 16],{lsl!r}>",
+             "co_desc": lo_t if tiled else f"tensordesc<i32[{bn}, 8],{csl!r}>",
              "w_desc": f"tensordesc<bf16[{bn}, {BK.value}],{wtl!r}>" if not dec else f"tensordesc<bf16[{BMW.value}, {BK.value}],{xsl!r}>"}
     ptrs = {"x_ptr": "*bf16", "out_ptr": "*bf16", "bias_ptr": "*bf16", "rowptr_ptr": "*i32", "eidx_ptr": "*i32",
             "ehi_ptr": "*u8", "lo8_ptr": "*u8", "base_ptr": "*u8"}

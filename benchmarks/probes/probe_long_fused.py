@@ -39,10 +39,16 @@ SHAPES = {"qkv": (4608, 3584), "o": (3584, 3584), "gate_up": (37888, 3584), "dow
 MS = (128, 512, 2048, 4608)
 RTOL, ATOL_FRAC = 2.0**-7, 1e-3  # tests/kernels/test_linear.py's bound (plus bf16 F.linear's own error)
 CONFIGS = {"fused.run1": dict(split=False, np_=3), "fused": dict(), "fused.du2": dict(du=2),
-           "fused.du2.np5": dict(du=2, np_=5), "fused.xb1.du2": dict(xb=1, du=2)}
+           "fused.du2.np5": dict(du=2, np_=5), "fused.xb1.du2": dict(xb=1, du=2),
+           "tiled": dict(tiled=True), "tiled.du2": dict(du=2, tiled=True)}
 # timing only (wrong products by design): the du2 kernel without its MMAs, without its decode
-# (the handoffs kept), and with neither (the TMA streams and handoffs alone)
-PROBES = {"t.nomma": dict(du=2, probe=1), "t.nodec": dict(du=2, probe=2), "t.loads": dict(du=2, probe=3)}
+# (the handoffs kept), and with neither (the TMA streams and handoffs alone); then without the word
+# copies (x only), without the x copies (words only), and without either (the handoff chain alone);
+# the chain without the epilogue, and the whole kernel without its epilogue (exceptions and stores)
+PROBES = {"t.nomma": dict(du=2, probe=1), "t.nodec": dict(du=2, probe=2), "t.loads": dict(du=2, probe=3),
+          "tt.loads": dict(du=2, probe=3, tiled=True), "t.xonly": dict(du=2, probe=7),
+          "t.wonly": dict(du=2, probe=11), "t.chain": dict(du=2, probe=15), "t.bare": dict(du=2, probe=31),
+          "t.noepi": dict(du=2, probe=16)}
 
 
 def check(y, ref, twin) -> dict:

@@ -142,9 +142,40 @@ def _lf_put(w, w_s, w_ready, w_empty, i, NS: gl.constexpr):
 
 
 @gluon.jit
-def _lf_decoder(lo_s, co_s, w_s, p_ready, p_empty, w_ready, w_empty, base_ptr, steps, BN: gl.constexpr,
-                NS: gl.constexpr, NP: gl.constexpr, DW: gl.constexpr, DEC: gl.constexpr, DU: gl.constexpr,
-                PROBE: gl.constexpr, TILED: gl.constexpr):
+def _lf_patch(w, e_lo, e_hi, epos_ptr, ev_ptr, BN: gl.constexpr, DW: gl.constexpr):
+    # the step's exceptions e_lo..e_hi (position r * 64 + c in the [BN, 64] tile, true bf16) written
+    # over their placeholders in the decoded tile, in registers (rare: 0.8 a step at 0.01%)
+    if e_hi > e_lo:
+        rows = gl.arange(0, BN, layout=gl.SliceLayout(1, w.type.layout))
+        cols = gl.arange(0, BK, layout=gl.SliceLayout(0, w.type.layout))
+        for e in range(e_lo, e_hi):
+            q = gl.load(epos_ptr + e)
+            w = gl.where((rows[:, None] == q // BK) & (cols[None, :] == q % BK), gl.load(ev_ptr + e), w)
+    return w
+
+
+@gluon.jit
+def _lf_patch_v(w, vp, vb, jv, n_e, e_lo, epos_ptr, ev_ptr, BN: gl.constexpr, EV: gl.constexpr):
+    # as _lf_patch, the step's first EV exceptions from registers loaded a step ahead (vp: positions,
+    # vb: true bf16 bits as int32; every thread holds all EV), any further ones by scalar loads
+    if n_e > 0:
+        rows = gl.arange(0, BN, layout=gl.SliceLayout(1, w.type.layout))
+        cols = gl.arange(0, BK, layout=gl.SliceLayout(0, w.type.layout))
+        for j in gl.static_range(EV):
+            if j < n_e:
+                q = gl.sum(gl.where(jv == j, vp, 0), axis=0)
+                v = gl.sum(gl.where(jv == j, vb, 0), axis=0).to(gl.int16).to(gl.bfloat16, bitcast=True)
+                w = gl.where((rows[:, None] == q // BK) & (cols[None, :] == q % BK), v, w)
+        for e in range(e_lo + EV, e_lo + n_e):
+            q = gl.load(epos_ptr + e)
+            w = gl.where((rows[:, None] == q // BK) & (cols[None, :] == q % BK), gl.load(ev_ptr + e), w)
+    return w
+
+
+@gluon.jit
+def _lf_decoder(lo_s, co_s, w_s, p_ready, p_empty, w_ready, w_empty, base_ptr, eoff_ptr, epos_ptr, ev_ptr, n0,
+                steps, BN: gl.constexpr, NS: gl.constexpr, NP: gl.constexpr, DW: gl.constexpr, DEC: gl.constexpr,
+                DU: gl.constexpr, PROBE: gl.constexpr, TILED: gl.constexpr, PATCH: gl.constexpr):
     # DW warps: a slot's words -> the bf16 tile -> the weight ring; DU 2: two steps at a time (both
     # steps' words loaded before either is decoded: more independent work in flight; steps even)
     if DEC and (PROBE & 2) != 0:  # timing probe: the handoffs alone, no loads, decode or stores
@@ -156,16 +187,59 @@ def _lf_decoder(lo_s, co_s, w_s, p_ready, p_empty, w_ready, w_empty, base_ptr, s
     elif DEC:
         L8: gl.constexpr = gl.BlockedLayout([1, 2], [8, 4], [DW, 1], [1, 0])
         b4 = gl.load(base_ptr).to(gl.uint32) * 0x01010101
-        if DU == 2:
+        tb = (n0 // BN) * steps  # PATCH: this tile's exception list of step i is eoff[tb + i] .. eoff[tb + i + 1]
+        e_lo = 0
+        if PATCH:
+            e_lo = gl.load(eoff_ptr + tb)
+        if PATCH == 2:  # the step's exception entries loaded a step ahead, EV at a time
+            EV: gl.constexpr = 8
+            LV: gl.constexpr = gl.BlockedLayout([EV], [32], [DW], [0])
+            jv = gl.arange(0, EV, layout=LV)
+            e_hi = gl.load(eoff_ptr + tb + 1)
+            n_e = e_hi - e_lo
+            vp = gl.load(epos_ptr + e_lo + jv, mask=jv < n_e, other=0)
+            vb = gl.load(ev_ptr.to(gl.pointer_type(gl.int16)) + e_lo + jv, mask=jv < n_e, other=0).to(gl.int32)
+            for i in range(steps):
+                e_nx = gl.load(eoff_ptr + tb + gl.minimum(i + 2, steps))
+                n_nx = e_nx - e_hi
+                vp_nx = gl.load(epos_ptr + e_hi + jv, mask=jv < n_nx, other=0)
+                vb_nx = gl.load(ev_ptr.to(gl.pointer_type(gl.int16)) + e_hi + jv, mask=jv < n_nx, other=0).to(gl.int32)
+                l0, l1, cw = _lf_words(lo_s, co_s, p_ready, p_empty, i, NP, L8, BN, TILED)
+                w = _lf_patch_v(_lf_tile(l0, l1, cw, b4, BN), vp, vb, jv, n_e, e_lo, epos_ptr, ev_ptr, BN, EV)
+                _lf_put(w, w_s, w_ready, w_empty, i, NS)
+                e_lo = e_hi
+                e_hi = e_nx
+                n_e = n_nx
+                vp = vp_nx
+                vb = vb_nx
+        elif DU == 2:
             for i in range(0, steps, 2):
+                e_mid = e_lo
+                e_hi = e_lo
+                if PATCH:  # issued before the words' waits: their latency hides behind them
+                    e_mid = gl.load(eoff_ptr + tb + i + 1)
+                    e_hi = gl.load(eoff_ptr + tb + i + 2)
                 a0, a1, ac = _lf_words(lo_s, co_s, p_ready, p_empty, i, NP, L8, BN, TILED)
                 c0, c1, cc = _lf_words(lo_s, co_s, p_ready, p_empty, i + 1, NP, L8, BN, TILED)
-                _lf_put(_lf_tile(a0, a1, ac, b4, BN), w_s, w_ready, w_empty, i, NS)
-                _lf_put(_lf_tile(c0, c1, cc, b4, BN), w_s, w_ready, w_empty, i + 1, NS)
+                wa = _lf_tile(a0, a1, ac, b4, BN)
+                wc = _lf_tile(c0, c1, cc, b4, BN)
+                if PATCH:
+                    wa = _lf_patch(wa, e_lo, e_mid, epos_ptr, ev_ptr, BN, DW)
+                    wc = _lf_patch(wc, e_mid, e_hi, epos_ptr, ev_ptr, BN, DW)
+                _lf_put(wa, w_s, w_ready, w_empty, i, NS)
+                _lf_put(wc, w_s, w_ready, w_empty, i + 1, NS)
+                e_lo = e_hi
         else:
             for i in range(steps):
+                e_hi = e_lo
+                if PATCH:
+                    e_hi = gl.load(eoff_ptr + tb + i + 1)
                 l0, l1, cw = _lf_words(lo_s, co_s, p_ready, p_empty, i, NP, L8, BN, TILED)
-                _lf_put(_lf_tile(l0, l1, cw, b4, BN), w_s, w_ready, w_empty, i, NS)
+                w = _lf_tile(l0, l1, cw, b4, BN)
+                if PATCH:
+                    w = _lf_patch(w, e_lo, e_hi, epos_ptr, ev_ptr, BN, DW)
+                _lf_put(w, w_s, w_ready, w_empty, i, NS)
+                e_lo = e_hi
 
 
 @gluon.jit
@@ -235,11 +309,12 @@ def _lf_mma(x_s, w_s, oh_s, x_ready, x_empty, w_ready, w_empty, x_ptr, out_ptr, 
 
 @gluon.jit
 def _lf_kernel(x_desc, lo_desc, co_desc, w_desc, x_ptr, out_ptr, bias_ptr, rowptr_ptr, eidx_ptr, ehi_ptr, lo8_ptr,
-               base_ptr, M, N, K, KP, stride_xm, MT, BN: gl.constexpr, XB: gl.constexpr, NS: gl.constexpr,
+               base_ptr, eoff_ptr, epos_ptr, ev_ptr, M, N, K, KP, stride_xm, MT, BN: gl.constexpr, XB: gl.constexpr,
+               NS: gl.constexpr,
                NP: gl.constexpr, DW: gl.constexpr, ML: gl.constexpr, WSL: gl.constexpr, OHSL: gl.constexpr,
                EL: gl.constexpr, OHL: gl.constexpr, EXC: gl.constexpr, HAS_BIAS: gl.constexpr, DEC: gl.constexpr,
                REGS: gl.constexpr, SPLIT: gl.constexpr = True, DU: gl.constexpr = 1,
-               PROBE: gl.constexpr = 0, TILED: gl.constexpr = False):
+               PROBE: gl.constexpr = 0, TILED: gl.constexpr = False, PATCH: gl.constexpr = 0):
     # out [M, N] bf16 (+ bias) = x @ W^T; a program: BN weight rows x 128 XB x rows (x tiles inner,
     # so the programs that share a packed tile run together and find it in L2)
     pid = gl.program_id(0)
@@ -278,8 +353,8 @@ def _lf_kernel(x_desc, lo_desc, co_desc, w_desc, x_ptr, out_ptr, bias_ptr, rowpt
             (_lf_mma, (x_s, w_s, oh_s, x_ready, x_empty, w_ready, w_empty, x_ptr, out_ptr, bias_ptr, rowptr_ptr,
                        eidx_ptr, ehi_ptr, lo8_ptr, base_ptr, n0, m0, M, N, K, KP, stride_xm, steps, 1, XB, BN, NS, ML,
                        EL, OHL, EXC, HAS_BIAS, PROBE)),
-            (_lf_decoder, (lo_s, co_s, w_s, p_ready, p_empty, w_ready, w_empty, base_ptr, steps, BN, NS, NP, DW, DEC,
-                            DU, PROBE, TILED)),
+            (_lf_decoder, (lo_s, co_s, w_s, p_ready, p_empty, w_ready, w_empty, base_ptr, eoff_ptr, epos_ptr, ev_ptr,
+                            n0, steps, BN, NS, NP, DW, DEC, DU, PROBE, TILED, PATCH)),
             (_lf_loader, (x_desc, lo_desc, co_desc, w_desc, x_s, lo_s, co_s, w_s, x_ready, x_empty, p_ready, p_empty,
                           w_ready, w_empty, n0, m0, steps, XB, NS, NP, DEC, SPLIT, BN, TILED, PROBE)),
             (_lf_word_loader, (x_desc, lo_desc, co_desc, w_desc, x_s, lo_s, co_s, w_s, x_ready, x_empty, p_ready,
@@ -290,8 +365,8 @@ def _lf_kernel(x_desc, lo_desc, co_desc, w_desc, x_ptr, out_ptr, bias_ptr, rowpt
             (_lf_mma, (x_s, w_s, oh_s, x_ready, x_empty, w_ready, w_empty, x_ptr, out_ptr, bias_ptr, rowptr_ptr,
                        eidx_ptr, ehi_ptr, lo8_ptr, base_ptr, n0, m0, M, N, K, KP, stride_xm, steps, 0, XB, BN, NS, ML,
                        EL, OHL, EXC, HAS_BIAS, PROBE)),
-            (_lf_decoder, (lo_s, co_s, w_s, p_ready, p_empty, w_ready, w_empty, base_ptr, steps, BN, NS, NP, DW, DEC,
-                            DU, PROBE, TILED)),
+            (_lf_decoder, (lo_s, co_s, w_s, p_ready, p_empty, w_ready, w_empty, base_ptr, eoff_ptr, epos_ptr, ev_ptr,
+                            n0, steps, BN, NS, NP, DW, DEC, DU, PROBE, TILED, PATCH)),
             (_lf_loader, (x_desc, lo_desc, co_desc, w_desc, x_s, lo_s, co_s, w_s, x_ready, x_empty, p_ready, p_empty,
                           w_ready, w_empty, n0, m0, steps, XB, NS, NP, DEC, SPLIT, BN, TILED, PROBE)),
             (_lf_word_loader, (x_desc, lo_desc, co_desc, w_desc, x_s, lo_s, co_s, w_s, x_ready, x_empty, p_ready,
@@ -336,6 +411,35 @@ def tiled_words(p, bn: int) -> torch.Tensor:
     return _TILED[key]
 
 
+_PATCH: dict = {}
+
+
+# -> (eoff int32 [N / bn * KP / 64 + 1], epos int32 [E], ev bf16 [E])
+def patch_lists(p, bn: int):
+    """Each (bn-row tile, 64-column step)'s exceptions for the decoder's in-tile patch: CSR offsets over
+    tile * steps + step, the position r * 64 + c inside the [bn, 64] tile, and the true bf16 value."""
+    key = (p.arrays["lo"].data_ptr(), bn)
+    if key not in _PATCH:
+        n, k = p.shape
+        kp = p.arrays["lo"].shape[1]
+        st = kp // 64
+        prep = prepare(p)
+        dev = p.arrays["lo"].device
+        if prep.nexc:
+            r, c = prep.pos // k, prep.pos % k
+            cell = (r // bn) * st + c // 64
+            order = torch.argsort(cell, stable=True)
+            epos = ((r % bn) * 64 + c % 64)[order].to(torch.int32)
+            ev = prep.vals[order].view(torch.bfloat16)
+            eoff = torch.searchsorted(cell[order], torch.arange(n // bn * st + 1, device=dev)).to(torch.int32)
+        else:
+            epos = torch.zeros(1, dtype=torch.int32, device=dev)
+            ev = torch.zeros(1, dtype=torch.bfloat16, device=dev)
+            eoff = torch.zeros(n // bn * st + 1, dtype=torch.int32, device=dev)
+        _PATCH[key] = (eoff, epos, ev)
+    return _PATCH[key]
+
+
 def regs(xb: int, dw: int) -> tuple:
     """(kernel maxnreg, [MMA warpgroup 1, decoder, loader] registers): 16 warps (4 warpgroups) share
     the 64 K registers an SM; the default partition (MMA warpgroup 0) gets what the workers leave."""
@@ -347,7 +451,7 @@ def regs(xb: int, dw: int) -> tuple:
 # x [M, K] bf16 (K % 8 == 0, rows 16-byte aligned), packed fixed12 W [N, K] -> out [M, N] bf16
 def launch(x: torch.Tensor, p, bias=None, bn: int = 128, xb: int = 2, ns: int = 3, np_: int = 4, dw: int = 4,
            split: bool = True, du: int = 1, probe: int = 0, w_bf16: torch.Tensor | None = None, out: torch.Tensor | None = None,
-           tiled: bool = False) -> torch.Tensor:
+           tiled: bool = False, patch: int = 0) -> torch.Tensor:
     """``x @ W.T (+ bias)`` by the fused kernel; ``w_bf16`` (the unpacked W) runs its DEC=False twin."""
     n, k = p.shape
     kp = p.arrays["lo"].shape[1]
@@ -372,23 +476,27 @@ def launch(x: torch.Tensor, p, bias=None, bn: int = 128, xb: int = 2, ns: int = 
     w_d = TensorDescriptor.from_tensor(w_bf16 if not dec else x, [bn, BK.value] if not dec else [BMW.value, BK.value],
                                        wtl if not dec else xsl)
     prep = prepare(p)
-    exc = dec and prep.nexc > 0
+    patch = int(patch) if dec else 0  # 1: scalar loads in the decoder; 2: entries loaded a step ahead
+    if patch and n % bn:
+        raise ValueError(f"the in-tile patch needs N % {bn} == 0, got {n}")
+    exc = dec and prep.nexc > 0 and not patch
+    eoff, epos, ev = patch_lists(p, bn) if patch else (prep.rowptr, prep.rowptr, x)
     out = torch.empty(m, n, dtype=torch.bfloat16, device=x.device) if out is None else out
     mt = triton.cdiv(m, BMW.value * xb)
     maxnreg, rr = regs(xb, dw)
     a = p.arrays
     _lf_kernel[(triton.cdiv(n, bn) * mt, )](
         x_d, lo_d, co_d, w_d, x, out, bias if bias is not None else out, prep.rowptr if exc else a["exc_idx"],
-        a["exc_idx"], a["exc_hi"], a["lo"], a["base"], m, n, k, kp, x.stride(0), mt,
+        a["exc_idx"], a["exc_hi"], a["lo"], a["base"], eoff, epos, ev, m, n, k, kp, x.stride(0), mt,
         BN=bn, XB=xb, NS=ns, NP=np_, DW=dw, ML=ml, WSL=wsl, OHSL=ohsl, EL=el, OHL=ohl, EXC=exc,
         HAS_BIAS=bias is not None, DEC=dec, REGS=rr, SPLIT=split, DU=du if (kp // BK.value) % du == 0 else 1, PROBE=probe,
-        TILED=tiled, num_warps=4, maxnreg=maxnreg)
+        TILED=tiled, PATCH=patch, num_warps=4, maxnreg=maxnreg)
     return out
 
 
 def compile_sm90(bn: int = 128, xb: int = 2, ns: int = 3, np_: int = 4, dw: int = 4, exc: bool = True,
                  dec: bool = True, bias: bool = False, split: bool = True, du: int = 1, probe: int = 0,
-                 tiled: bool = False):
+                 tiled: bool = False, patch: int = 0):
     """The kernel compiled for sm_90 on any machine (Triton's ptxas; no GPU): its CompiledKernel."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -396,14 +504,16 @@ def compile_sm90(bn: int = 128, xb: int = 2, ns: int = 3, np_: int = 4, dw: int 
     ml, wsl, ohsl, el, ohl, (xsl, lsl, csl, wtl) = layouts(bn)
     maxnreg, rr = regs(xb, dw)
     const = dict(BN=bn, XB=xb, NS=ns, NP=np_, DW=dw, ML=ml, WSL=wsl, OHSL=ohsl, EL=el, OHL=ohl, EXC=exc,
-                 HAS_BIAS=bias, DEC=dec, REGS=rr, SPLIT=split, DU=du, PROBE=probe, TILED=tiled)
+                 HAS_BIAS=bias, DEC=dec, REGS=rr, SPLIT=split, DU=du, PROBE=probe, TILED=tiled,
+                 PATCH=patch)
     lo_t = f"tensordesc<i32[{bn // 16}, 128],{TILED_SL!r}>"
     descs = {"x_desc": f"tensordesc<bf16[{BMW.value}, {BK.value}],{xsl!r}>",
              "lo_desc": lo_t if tiled else f"tensordesc<i32[{bn}, 16],{lsl!r}>",
              "co_desc": lo_t if tiled else f"tensordesc<i32[{bn}, 8],{csl!r}>",
              "w_desc": f"tensordesc<bf16[{bn}, {BK.value}],{wtl!r}>" if not dec else f"tensordesc<bf16[{BMW.value}, {BK.value}],{xsl!r}>"}
     ptrs = {"x_ptr": "*bf16", "out_ptr": "*bf16", "bias_ptr": "*bf16", "rowptr_ptr": "*i32", "eidx_ptr": "*i32",
-            "ehi_ptr": "*u8", "lo8_ptr": "*u8", "base_ptr": "*u8"}
+            "ehi_ptr": "*u8", "lo8_ptr": "*u8", "base_ptr": "*u8", "eoff_ptr": "*i32", "epos_ptr": "*i32",
+            "ev_ptr": "*bf16"}
     kern = _lf_kernel
     names = kern.arg_names
     sig = {a: "constexpr" if a in const else descs.get(a) or ptrs.get(a, "i32") for a in names}

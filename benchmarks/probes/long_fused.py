@@ -155,6 +155,39 @@ def _lf_patch(w, e_lo, e_hi, epos_ptr, ev_ptr, BN: gl.constexpr, DW: gl.constexp
 
 
 @gluon.jit
+def _lf_put_patch(w, w_s, w_ready, w_empty, i, e_lo, e_hi, q0, v0, epos_ptr, ev_ptr, NS: gl.constexpr,
+                  DW: gl.constexpr):
+    # _lf_put, then the step's exceptions written over their placeholders in shared memory: the slot's
+    # 16-byte chunk of each (128B swizzle: chunk c // 8 of row r sits at r * 8 + (c // 8 ^ r % 8)) read,
+    # one lane of it replaced, written back; a barrier of the decoder warps around each. q0, v0: the
+    # first exception's entry, loaded at the step's start (its latency behind the words' wait)
+    b = i % NS
+    mbarrier.wait(w_empty.index(b), ((i // NS) & 1) ^ 1)
+    w_s.index(b).store(w)
+    if e_hi > e_lo:
+        LV8: gl.constexpr = gl.BlockedLayout([8], [32], [DW], [0])
+        j8 = gl.arange(0, 8, layout=LV8)
+        # 16-byte chunks, indexed at run time (a layout of the inner rank: the leading dim is the index)
+        flat = w_s.index(b)._reinterpret(gl.bfloat16, [w_s.shape[1] * 8, 8], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+        for e in range(e_lo, e_hi):
+            q = q0
+            v = v0
+            if e > e_lo:
+                q = gl.load(epos_ptr + e)
+                v = gl.load(ev_ptr + e)
+            r = q // BK
+            c = q % BK
+            chunk = flat.index(r * 8 + ((c // 8) ^ (r % 8)))
+            gl.thread_barrier()  # the tile's (or the last patch's) stores before this read
+            vals = gl.where(j8 == c % 8, v, chunk.load(LV8))
+            gl.thread_barrier()  # every warp's read before any write
+            chunk.store(vals)
+        gl.thread_barrier()
+    fence_async_shared()  # the generic stores before wgmma (async proxy) reads them
+    mbarrier.arrive(w_ready.index(b), count=1)
+
+
+@gluon.jit
 def _lf_patch_v(w, vp, vb, jv, n_e, e_lo, epos_ptr, ev_ptr, BN: gl.constexpr, EV: gl.constexpr):
     # as _lf_patch, the step's first EV exceptions from registers loaded a step ahead (vp: positions,
     # vb: true bf16 bits as int32; every thread holds all EV), any further ones by scalar loads
@@ -232,13 +265,21 @@ def _lf_decoder(lo_s, co_s, w_s, p_ready, p_empty, w_ready, w_empty, base_ptr, e
         else:
             for i in range(steps):
                 e_hi = e_lo
+                q0 = 0
+                v0 = gl.zeros((), gl.bfloat16)
                 if PATCH:
                     e_hi = gl.load(eoff_ptr + tb + i + 1)
+                if PATCH == 3:  # the lists end with one spare entry: e_lo may be their length
+                    q0 = gl.load(epos_ptr + e_lo)
+                    v0 = gl.load(ev_ptr + e_lo)
                 l0, l1, cw = _lf_words(lo_s, co_s, p_ready, p_empty, i, NP, L8, BN, TILED)
                 w = _lf_tile(l0, l1, cw, b4, BN)
-                if PATCH:
-                    w = _lf_patch(w, e_lo, e_hi, epos_ptr, ev_ptr, BN, DW)
-                _lf_put(w, w_s, w_ready, w_empty, i, NS)
+                if PATCH == 3:
+                    _lf_put_patch(w, w_s, w_ready, w_empty, i, e_lo, e_hi, q0, v0, epos_ptr, ev_ptr, NS, DW)
+                else:
+                    if PATCH == 1:
+                        w = _lf_patch(w, e_lo, e_hi, epos_ptr, ev_ptr, BN, DW)
+                    _lf_put(w, w_s, w_ready, w_empty, i, NS)
                 e_lo = e_hi
 
 
@@ -417,7 +458,8 @@ _PATCH: dict = {}
 # -> (eoff int32 [N / bn * KP / 64 + 1], epos int32 [E], ev bf16 [E])
 def patch_lists(p, bn: int):
     """Each (bn-row tile, 64-column step)'s exceptions for the decoder's in-tile patch: CSR offsets over
-    tile * steps + step, the position r * 64 + c inside the [bn, 64] tile, and the true bf16 value."""
+    tile * steps + step, the position r * 64 + c inside the [bn, 64] tile, and the true bf16 value (one
+    spare entry at the end: the decoder loads a step's first entry before it knows the step has one)."""
     key = (p.arrays["lo"].data_ptr(), bn)
     if key not in _PATCH:
         n, k = p.shape
@@ -429,8 +471,9 @@ def patch_lists(p, bn: int):
             r, c = prep.pos // k, prep.pos % k
             cell = (r // bn) * st + c // 64
             order = torch.argsort(cell, stable=True)
-            epos = ((r % bn) * 64 + c % 64)[order].to(torch.int32)
-            ev = prep.vals[order].view(torch.bfloat16)
+            zero = torch.zeros(1, dtype=torch.int32, device=dev)
+            epos = torch.cat([((r % bn) * 64 + c % 64)[order].to(torch.int32), zero])  # + a spare entry
+            ev = torch.cat([prep.vals[order], zero.to(torch.int16)]).view(torch.bfloat16)
             eoff = torch.searchsorted(cell[order], torch.arange(n // bn * st + 1, device=dev)).to(torch.int32)
         else:
             epos = torch.zeros(1, dtype=torch.int32, device=dev)
@@ -476,7 +519,7 @@ def launch(x: torch.Tensor, p, bias=None, bn: int = 128, xb: int = 2, ns: int = 
     w_d = TensorDescriptor.from_tensor(w_bf16 if not dec else x, [bn, BK.value] if not dec else [BMW.value, BK.value],
                                        wtl if not dec else xsl)
     prep = prepare(p)
-    patch = int(patch) if dec else 0  # 1: scalar loads in the decoder; 2: entries loaded a step ahead
+    patch = int(patch) if dec else 0  # 1: in registers; 2: entries loaded a step ahead; 3: in shared memory
     if patch and n % bn:
         raise ValueError(f"the in-tile patch needs N % {bn} == 0, got {n}")
     exc = dec and prep.nexc > 0 and not patch

@@ -41,7 +41,8 @@ RTOL, ATOL_FRAC = 2.0**-7, 1e-3  # tests/kernels/test_linear.py's bound (plus bf
 CONFIGS = {"fused.run1": dict(split=False, np_=3), "fused": dict(), "fused.du2": dict(du=2),
            "fused.du2.np5": dict(du=2, np_=5), "fused.xb1.du2": dict(xb=1, du=2),
            "tiled": dict(tiled=True), "tiled.du2": dict(du=2, tiled=True), "patch": dict(patch=True),
-           "patch.du2": dict(du=2, patch=True), "patch.v": dict(patch=2)}
+           "patch.du2": dict(du=2, patch=True), "patch.v": dict(patch=2),
+           "patch.s": dict(patch=3)}
 # timing only (wrong products by design): the du2 kernel without its MMAs, without its decode
 # (the handoffs kept), and with neither (the TMA streams and handoffs alone); then without the word
 # copies (x only), without the x copies (words only), and without either (the handoff chain alone);

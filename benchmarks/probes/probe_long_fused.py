@@ -38,7 +38,9 @@ from glyd import kernels  # noqa: E402
 SHAPES = {"qkv": (4608, 3584), "o": (3584, 3584), "gate_up": (37888, 3584), "down": (3584, 18944)}
 MS = (128, 512, 2048, 4608)
 RTOL, ATOL_FRAC = 2.0**-7, 1e-3  # tests/kernels/test_linear.py's bound (plus bf16 F.linear's own error)
-CONFIGS = {"fused.run1": dict(split=False, np_=3), "fused": dict(), "fused.du2": dict(du=2),
+# (split=False, one loader warp for x and the words, faults on the H200 with an unspecified launch failure:
+# not run by default; --variants cannot name it)
+CONFIGS = {"fused": dict(), "fused.du2": dict(du=2),
            "fused.du2.np5": dict(du=2, np_=5), "fused.xb1.du2": dict(xb=1, du=2),
            "tiled": dict(tiled=True), "tiled.du2": dict(du=2, tiled=True), "patch": dict(patch=True),
            "patch.du2": dict(du=2, patch=True), "patch.v": dict(patch=2),

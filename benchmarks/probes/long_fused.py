@@ -104,8 +104,10 @@ def _lf_word_loader(x_desc, lo_desc, co_desc, w_desc, x_s, lo_s, co_s, w_s, x_re
 
 @gluon.jit
 def _lf_words(lo_s, co_s, p_ready, p_empty, i, NP: gl.constexpr, L8: gl.constexpr, BN: gl.constexpr,
-              TILED: gl.constexpr):
+              TILED: gl.constexpr, LEAN: gl.constexpr = False):
     # step i's lo words (halves t = 0, 1) and code words into registers; the slot is freed at once
+    # (LEAN: by the caller after the step's tile is handed on: no proxy fence, one partition barrier
+    # fewer; a TMA write after generic reads needs only the mbarrier's order)
     bp = i % NP
     mbarrier.wait(p_ready.index(bp), (i // NP) & 1)
     if TILED:  # the slot: planes [lo words 0-7, lo words 8-15, code words] of [BN, 8] each, row-major
@@ -118,8 +120,9 @@ def _lf_words(lo_s, co_s, p_ready, p_empty, i, NP: gl.constexpr, L8: gl.constexp
         l0 = ls.slice(0, 8, dim=1).load(L8).to(gl.uint32, bitcast=True)
         l1 = ls.slice(8, 8, dim=1).load(L8).to(gl.uint32, bitcast=True)
         cw = co_s.index(bp).load(L8).to(gl.uint32, bitcast=True)
-    fence_async_shared()  # these reads before the TMA's next writes into the slot
-    mbarrier.arrive(p_empty.index(bp), count=1)
+    if not LEAN:
+        fence_async_shared()  # these reads before the TMA's next writes into the slot
+        mbarrier.arrive(p_empty.index(bp), count=1)
     return l0, l1, cw
 
 
@@ -208,7 +211,8 @@ def _lf_patch_v(w, vp, vb, jv, n_e, e_lo, epos_ptr, ev_ptr, BN: gl.constexpr, EV
 @gluon.jit
 def _lf_decoder(lo_s, co_s, w_s, p_ready, p_empty, w_ready, w_empty, base_ptr, eoff_ptr, epos_ptr, ev_ptr, n0,
                 steps, BN: gl.constexpr, NS: gl.constexpr, NP: gl.constexpr, DW: gl.constexpr, DEC: gl.constexpr,
-                DU: gl.constexpr, PROBE: gl.constexpr, TILED: gl.constexpr, PATCH: gl.constexpr):
+                DU: gl.constexpr, PROBE: gl.constexpr, TILED: gl.constexpr, PATCH: gl.constexpr,
+                LEAN: gl.constexpr):
     # DW warps: a slot's words -> the bf16 tile -> the weight ring; DU 2: two steps at a time (both
     # steps' words loaded before either is decoded: more independent work in flight; steps even)
     if DEC and (PROBE & 2) != 0:  # timing probe: the handoffs alone, no loads, decode or stores
@@ -272,7 +276,7 @@ def _lf_decoder(lo_s, co_s, w_s, p_ready, p_empty, w_ready, w_empty, base_ptr, e
                 if PATCH == 3:  # the lists end with one spare entry: e_lo may be their length
                     q0 = gl.load(epos_ptr + e_lo)
                     v0 = gl.load(ev_ptr + e_lo)
-                l0, l1, cw = _lf_words(lo_s, co_s, p_ready, p_empty, i, NP, L8, BN, TILED)
+                l0, l1, cw = _lf_words(lo_s, co_s, p_ready, p_empty, i, NP, L8, BN, TILED, LEAN)
                 w = _lf_tile(l0, l1, cw, b4, BN)
                 if PATCH == 3:
                     _lf_put_patch(w, w_s, w_ready, w_empty, i, e_lo, e_hi, q0, v0, epos_ptr, ev_ptr, NS, DW)
@@ -280,6 +284,8 @@ def _lf_decoder(lo_s, co_s, w_s, p_ready, p_empty, w_ready, w_empty, base_ptr, e
                     if PATCH == 1:
                         w = _lf_patch(w, e_lo, e_hi, epos_ptr, ev_ptr, BN, DW)
                     _lf_put(w, w_s, w_ready, w_empty, i, NS)
+                if LEAN:
+                    mbarrier.arrive(p_empty.index(i % NP), count=1)
                 e_lo = e_hi
 
 
@@ -355,7 +361,8 @@ def _lf_kernel(x_desc, lo_desc, co_desc, w_desc, x_ptr, out_ptr, bias_ptr, rowpt
                NP: gl.constexpr, DW: gl.constexpr, ML: gl.constexpr, WSL: gl.constexpr, OHSL: gl.constexpr,
                EL: gl.constexpr, OHL: gl.constexpr, EXC: gl.constexpr, HAS_BIAS: gl.constexpr, DEC: gl.constexpr,
                REGS: gl.constexpr, SPLIT: gl.constexpr = True, DU: gl.constexpr = 1,
-               PROBE: gl.constexpr = 0, TILED: gl.constexpr = False, PATCH: gl.constexpr = 0):
+               PROBE: gl.constexpr = 0, TILED: gl.constexpr = False, PATCH: gl.constexpr = 0,
+               LEAN: gl.constexpr = False):
     # out [M, N] bf16 (+ bias) = x @ W^T; a program: BN weight rows x 128 XB x rows (x tiles inner,
     # so the programs that share a packed tile run together and find it in L2)
     pid = gl.program_id(0)
@@ -395,7 +402,7 @@ def _lf_kernel(x_desc, lo_desc, co_desc, w_desc, x_ptr, out_ptr, bias_ptr, rowpt
                        eidx_ptr, ehi_ptr, lo8_ptr, base_ptr, n0, m0, M, N, K, KP, stride_xm, steps, 1, XB, BN, NS, ML,
                        EL, OHL, EXC, HAS_BIAS, PROBE)),
             (_lf_decoder, (lo_s, co_s, w_s, p_ready, p_empty, w_ready, w_empty, base_ptr, eoff_ptr, epos_ptr, ev_ptr,
-                            n0, steps, BN, NS, NP, DW, DEC, DU, PROBE, TILED, PATCH)),
+                            n0, steps, BN, NS, NP, DW, DEC, DU, PROBE, TILED, PATCH, LEAN)),
             (_lf_loader, (x_desc, lo_desc, co_desc, w_desc, x_s, lo_s, co_s, w_s, x_ready, x_empty, p_ready, p_empty,
                           w_ready, w_empty, n0, m0, steps, XB, NS, NP, DEC, SPLIT, BN, TILED, PROBE)),
             (_lf_word_loader, (x_desc, lo_desc, co_desc, w_desc, x_s, lo_s, co_s, w_s, x_ready, x_empty, p_ready,
@@ -407,7 +414,7 @@ def _lf_kernel(x_desc, lo_desc, co_desc, w_desc, x_ptr, out_ptr, bias_ptr, rowpt
                        eidx_ptr, ehi_ptr, lo8_ptr, base_ptr, n0, m0, M, N, K, KP, stride_xm, steps, 0, XB, BN, NS, ML,
                        EL, OHL, EXC, HAS_BIAS, PROBE)),
             (_lf_decoder, (lo_s, co_s, w_s, p_ready, p_empty, w_ready, w_empty, base_ptr, eoff_ptr, epos_ptr, ev_ptr,
-                            n0, steps, BN, NS, NP, DW, DEC, DU, PROBE, TILED, PATCH)),
+                            n0, steps, BN, NS, NP, DW, DEC, DU, PROBE, TILED, PATCH, LEAN)),
             (_lf_loader, (x_desc, lo_desc, co_desc, w_desc, x_s, lo_s, co_s, w_s, x_ready, x_empty, p_ready, p_empty,
                           w_ready, w_empty, n0, m0, steps, XB, NS, NP, DEC, SPLIT, BN, TILED, PROBE)),
             (_lf_word_loader, (x_desc, lo_desc, co_desc, w_desc, x_s, lo_s, co_s, w_s, x_ready, x_empty, p_ready,
@@ -494,7 +501,7 @@ def regs(xb: int, dw: int) -> tuple:
 # x [M, K] bf16 (K % 8 == 0, rows 16-byte aligned), packed fixed12 W [N, K] -> out [M, N] bf16
 def launch(x: torch.Tensor, p, bias=None, bn: int = 128, xb: int = 2, ns: int = 3, np_: int = 4, dw: int = 4,
            split: bool = True, du: int = 1, probe: int = 0, w_bf16: torch.Tensor | None = None, out: torch.Tensor | None = None,
-           tiled: bool = False, patch: int = 0) -> torch.Tensor:
+           tiled: bool = False, patch: int = 0, lean: bool = False) -> torch.Tensor:
     """``x @ W.T (+ bias)`` by the fused kernel; ``w_bf16`` (the unpacked W) runs its DEC=False twin."""
     n, k = p.shape
     kp = p.arrays["lo"].shape[1]
@@ -533,13 +540,13 @@ def launch(x: torch.Tensor, p, bias=None, bn: int = 128, xb: int = 2, ns: int = 
         a["exc_idx"], a["exc_hi"], a["lo"], a["base"], eoff, epos, ev, m, n, k, kp, x.stride(0), mt,
         BN=bn, XB=xb, NS=ns, NP=np_, DW=dw, ML=ml, WSL=wsl, OHSL=ohsl, EL=el, OHL=ohl, EXC=exc,
         HAS_BIAS=bias is not None, DEC=dec, REGS=rr, SPLIT=split, DU=du if (kp // BK.value) % du == 0 else 1, PROBE=probe,
-        TILED=tiled, PATCH=patch, num_warps=4, maxnreg=maxnreg)
+        TILED=tiled, PATCH=patch, LEAN=lean and du == 1, num_warps=4, maxnreg=maxnreg)
     return out
 
 
 def compile_sm90(bn: int = 128, xb: int = 2, ns: int = 3, np_: int = 4, dw: int = 4, exc: bool = True,
                  dec: bool = True, bias: bool = False, split: bool = True, du: int = 1, probe: int = 0,
-                 tiled: bool = False, patch: int = 0):
+                 tiled: bool = False, patch: int = 0, lean: bool = False):
     """The kernel compiled for sm_90 on any machine (Triton's ptxas; no GPU): its CompiledKernel."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -548,7 +555,7 @@ def compile_sm90(bn: int = 128, xb: int = 2, ns: int = 3, np_: int = 4, dw: int 
     maxnreg, rr = regs(xb, dw)
     const = dict(BN=bn, XB=xb, NS=ns, NP=np_, DW=dw, ML=ml, WSL=wsl, OHSL=ohsl, EL=el, OHL=ohl, EXC=exc,
                  HAS_BIAS=bias, DEC=dec, REGS=rr, SPLIT=split, DU=du, PROBE=probe, TILED=tiled,
-                 PATCH=patch)
+                 PATCH=patch, LEAN=lean)
     lo_t = f"tensordesc<i32[{bn // 16}, 128],{TILED_SL!r}>"
     descs = {"x_desc": f"tensordesc<bf16[{BMW.value}, {BK.value}],{xsl!r}>",
              "lo_desc": lo_t if tiled else f"tensordesc<i32[{bn}, 16],{lsl!r}>",

@@ -44,7 +44,7 @@ CONFIGS = {"fused": dict(), "fused.du2": dict(du=2),
            "fused.du2.np5": dict(du=2, np_=5), "fused.xb1.du2": dict(xb=1, du=2),
            "tiled": dict(tiled=True), "tiled.du2": dict(du=2, tiled=True), "patch": dict(patch=True),
            "patch.du2": dict(du=2, patch=True), "patch.v": dict(patch=2),
-           "patch.s": dict(patch=3)}
+           "patch.s": dict(patch=3), "lean.s": dict(patch=3, lean=True)}
 # timing only (wrong products by design): the du2 kernel without its MMAs, without its decode
 # (the handoffs kept), and with neither (the TMA streams and handoffs alone); then without the word
 # copies (x only), without the x copies (words only), and without either (the handoff chain alone);
@@ -52,7 +52,7 @@ CONFIGS = {"fused": dict(), "fused.du2": dict(du=2),
 PROBES = {"t.nomma": dict(du=2, probe=1), "t.nodec": dict(du=2, probe=2), "t.loads": dict(du=2, probe=3),
           "tt.loads": dict(du=2, probe=3, tiled=True), "t.xonly": dict(du=2, probe=7),
           "t.wonly": dict(du=2, probe=11), "t.chain": dict(du=2, probe=15), "t.bare": dict(du=2, probe=31),
-          "t.noepi": dict(du=2, probe=16)}
+          "t.noepi": dict(du=2, probe=16), "t.noepi1": dict(probe=16), "t.lean": dict(probe=16, lean=True)}
 
 
 def check(y, ref, twin) -> dict:

@@ -2,8 +2,8 @@
 
 All linears of a Qwen2.5-7B-shaped model (28 layers, distinct random weights per layer, std 0.02,
 plus the 152064 x 3584 lm_head), one CUDA graph per decode step, median of >= 20 replays, at
-M = 1, 2, 4, 8, 16, 32, 64, 512, 2048, unmerged (q, k, v, o, gate, up, down) and merged (qkv,
-o, gate_up, down) shapes; bf16 F.linear (cuBLAS) in the same run with the same shapes. It first
+M = 1, 2, 4, 8, 16, 32, 64 (decode) and 65, 128, 256, 512, 1024, 2048, 4608 (prompts), unmerged
+(q, k, v, o, gate, up, down) and merged (qkv, o, gate_up, down) shapes; bf16 F.linear (cuBLAS) in the same run with the same shapes. It first
 checks bit-exact GPU pack/unpack and the fused linear on fresh random inputs, then times, then
 prints a short table last. Packing uses the GPU pack (torch ops).
 
@@ -41,7 +41,7 @@ from glyd.timing import cuda_graph_ms
 log = logging.getLogger("bench")
 
 H, I, KV, VOCAB, LAYERS = 3584, 18944, 512, 152064, 28
-MS = [1, 2, 4, 8, 16, 32, 64, 512, 2048]
+MS = [1, 2, 4, 8, 16, 32, 64, 65, 128, 256, 512, 1024, 2048, 4608]  # decode sizes, then prompts (issue 38)
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 if DEV == "cpu":  # a dry run of this script on the CPU (TRITON_INTERPRET=1): tiny shapes, nothing timed
     H, I, KV, VOCAB, LAYERS = 128, 256, 64, 256, 1

@@ -3,9 +3,9 @@
 All linears of a Qwen2.5-7B-shaped model (28 layers, distinct random weights per layer, std 0.02,
 plus the 152064 x 3584 lm_head), one CUDA graph per decode step, median of >= 20 replays, at
 M = 1, 2, 4, 8, 16, 32, 64 (decode) and 65, 128, 256, 512, 1024, 2048, 4608 (prompts), unmerged
-(q, k, v, o, gate, up, down) and merged (qkv, o, gate_up, down) shapes; bf16 F.linear (cuBLAS) in the same run with the same shapes. It first
-checks bit-exact GPU pack/unpack and the fused linear on fresh random inputs, then times, then
-prints a short table last. Packing uses the GPU pack (torch ops).
+(q, k, v, o, gate, up, down) and merged (qkv, o, gate_up, down) shapes; bf16 F.linear (cuBLAS) in
+the same run with the same shapes. It first checks bit-exact GPU pack/unpack and the fused linear on
+fresh random inputs, then times, then prints a short table last. Packing uses the GPU pack (torch ops).
 
     python benchmarks/kernels.py --out DIR [--quick] [--layers 28]
 

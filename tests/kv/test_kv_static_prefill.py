@@ -150,3 +150,26 @@ def test_the_host_count_is_forgotten_when_lens_changes_elsewhere():
     assert pool.held() == 9
     pool.reset()
     assert pool.held() == 0
+
+
+def test_a_refused_prompt_leaves_the_cache_as_it_was():
+    # a prompt the pool refuses (too long for its context, or another number of sequences) must not count
+    # its tokens: the next prompt on the same cache then runs as on a fresh one
+    from glyd.errors import FormatError
+    from glyd.kv import KVCapacityError
+
+    model = tiny_llama(seed=8)
+    short = ids_and_mask(2, 10, False, seed=9)
+    use_reference(model, PAGE, 32)
+    ref = greedy(model, DynamicCache(), *short, 5)
+    enable_fused(model)
+    cache = GlydStaticCache(model.config, max_cache_len=32, page_size=PAGE, exc_fraction=1 / 64)
+    with pytest.raises(KVCapacityError, match="do not fit the pool's context of 32"):
+        greedy(model, cache, *ids_and_mask(2, 40, False, seed=10), 2)
+    assert cache.pool.lens.tolist() == [0, 0] and cache.pool.held() == 0
+    assert torch.equal(greedy(model, cache, *short, 5), ref)
+    cache.reset()
+    with pytest.raises(FormatError, match="does not match the pool's"):
+        greedy(model, cache, *ids_and_mask(3, 10, False, seed=9), 2)
+    assert cache.pool.lens.tolist() == [0, 0] and cache.pool.held() == 0
+    assert torch.equal(greedy(model, cache, *short, 5), ref)

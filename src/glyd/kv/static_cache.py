@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-from glyd.errors import FormatError, UnsupportedError
+from glyd.errors import FormatError, GlydError, UnsupportedError
 from glyd.kv import hf_attention
 from glyd.kv.pool import EXC_FRACTION, FixedPagePool
 
@@ -56,7 +56,12 @@ class GlydStaticLayer(CacheLayerMixin):
             if t == 1 and not torch.compiler.is_compiling():
                 pool.poll()  # an eager step: raise on an overflow seen since (no host wait)
             pool.advance(t)
-        first = pool.write(self.index, key_states, value_states)
+        try:
+            first = pool.write(self.index, key_states, value_states)
+        except GlydError:
+            if self.index == 0:  # refused before any layer wrote: the cache stays as it was
+                pool.advance(-t)
+            raise
         if fused:
             hf_attention._LIVE[self.index] = self  # the "glyd_kv" attention reads the pool for this step
             return key_states, value_states

@@ -280,3 +280,18 @@ def greedy_gaps(model, out, mask, start):
     finally:
         enable_fused(model)
     return logits.max(-1).values - logits.gather(-1, out[:, start:, None])[..., 0]
+
+
+@pytest.mark.parametrize("bad", [0, -5, 40.0, True])
+def test_a_bad_max_cache_len_is_refused_by_name_when_the_cache_is_made(bad):
+    # it was taken and refused only at the first prompt, as the pool's "max_len"
+    model = tiny_llama(seed=1)
+    with pytest.raises(FormatError, match=rf"GlydStaticCache max_cache_len must be a positive int, got {bad!r}"):
+        GlydStaticCache(model.config, max_cache_len=bad, fused=False)
+
+
+def test_memory_fraction_off_cuda_says_what_to_pass():
+    # it said "pass free_bytes=", which GlydStaticCache does not take
+    model = tiny_llama(seed=1)
+    with pytest.raises(FormatError, match="memory_fraction measures free GPU memory.*max_cache_len"):
+        GlydStaticCache(model.config, memory_fraction=0.5, batch_size=1, device="cpu", fused=False)

@@ -137,6 +137,10 @@ class GlydStaticCache(Cache):
             raise FormatError("GlydStaticCache takes max_cache_len or memory_fraction (with batch_size and device)")
         if memory_fraction is not None and (batch_size is None or device is None):
             raise FormatError("memory_fraction needs batch_size and device: the pool is sized and made at once")
+        if max_cache_len is not None and (type(max_cache_len) is not int or max_cache_len <= 0):
+            raise FormatError(f"GlydStaticCache max_cache_len must be a positive int, got {max_cache_len!r}")
+        if memory_fraction is not None and torch.device(device).type != "cuda":
+            raise FormatError(f"memory_fraction measures free GPU memory; on {device!r} pass max_cache_len instead")
         if batch_size is not None and (type(batch_size) is not int or batch_size <= 0):
             raise FormatError(f"GlydStaticCache batch_size must be a positive int, got {batch_size!r}")
         self.fused = fused

@@ -295,3 +295,21 @@ def test_memory_fraction_off_cuda_says_what_to_pass():
     model = tiny_llama(seed=1)
     with pytest.raises(FormatError, match="memory_fraction measures free GPU memory.*max_cache_len"):
         GlydStaticCache(model.config, memory_fraction=0.5, batch_size=1, device="cpu", fused=False)
+
+
+def test_a_reorder_to_another_batch_is_refused_and_keeps_the_cache():
+    # index_select with fewer (or more) indices than sequences would change the pool's batch: it emptied the
+    # pool and then failed on the write (lens and the exception counters no longer said what the pages held)
+    model = tiny_llama(seed=2)
+    cache = GlydStaticCache(model.config, max_cache_len=CONTEXT, page_size=PAGE, fused=False)
+    ids, mask = prompt(batch=3, length=37)
+    with torch.no_grad():
+        model(ids, attention_mask=mask, past_key_values=cache, use_cache=True)
+    before = [cache.pool.to_bf16(i) for i in range(2)]
+    nbytes = cache.nbytes
+    with pytest.raises(UnsupportedError, match=r"reorder_cache: 2 indices for 3 sequences.*fixed number of sequences"):
+        cache.reorder_cache(torch.tensor([0, 1]))
+    assert cache.pool.lens.tolist() == [37, 37, 37] and cache.nbytes == nbytes
+    for i, (k, v) in enumerate(before):
+        kd, vd = cache.pool.to_bf16(i)
+        assert bits_equal(kd, k) and bits_equal(vd, v), i

@@ -224,6 +224,9 @@ class GlydStaticCache(Cache):
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         if self.pool is not None:
+            if beam_idx.dim() != 1 or beam_idx.shape[0] != self.pool.batch:
+                raise UnsupportedError(f"GlydStaticCache.reorder_cache: {beam_idx.numel()} indices for "
+                                       f"{self.pool.batch} sequences; {_FIXED_BATCH}")
             idx = beam_idx.to(self.pool.device)
             self._rebuild(lambda k, v: (k.index_select(0, idx), v.index_select(0, idx)))
 

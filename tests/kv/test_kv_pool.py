@@ -115,6 +115,24 @@ def test_bad_states():
         pool.attend(0, torch.zeros(2, 3, 32, dtype=torch.bfloat16))
 
 
+
+def test_a_bad_layer_or_an_empty_write_is_refused_by_name():
+    # a layer past the pool's gave "list index out of range", -1 wrote the last layer, and a write of no
+    # tokens failed inside the twin ("index -1 is out of bounds")
+    pool = FixedPagePool(layers=2, batch=1, heads=1, head_dim=32, max_len=64, page=16)
+    one = torch.zeros(1, 1, 1, 32, dtype=torch.bfloat16)
+    for layer in (2, -1, 1.0):
+        with pytest.raises(FormatError, match=rf"layer {layer!r} is not one of the pool's 2"):
+            pool.write(layer, one, one)
+        with pytest.raises(FormatError, match=rf"layer {layer!r} is not one of the pool's 2"):
+            pool.attend(layer, torch.zeros(1, 1, 32, dtype=torch.bfloat16))
+        with pytest.raises(FormatError, match=rf"layer {layer!r} is not one of the pool's 2"):
+            pool.to_bf16(layer)
+    empty = torch.zeros(1, 1, 0, 32, dtype=torch.bfloat16)
+    with pytest.raises(FormatError, match="keys and values hold no tokens"):
+        pool.write(0, empty, empty)
+    assert pool.lens.tolist() == [0]
+
 def test_context_overflow_is_never_silent():
     pool = FixedPagePool(layers=1, batch=1, heads=1, head_dim=32, max_len=32, page=16)
     gen = torch.Generator().manual_seed(1)

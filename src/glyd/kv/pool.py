@@ -232,6 +232,10 @@ class FixedPagePool:
             self._host_len = int(self.lens.max())
         return self._host_len
 
+    def _check_layer(self, layer) -> None:
+        if type(layer) is not int or not 0 <= layer < self.layers:
+            raise FormatError(f"layer {layer!r} is not one of the pool's {self.layers} (0 .. {self.layers - 1})")
+
     def _check_states(self, name: str, x: torch.Tensor, d: int) -> None:
         if x.dtype != torch.bfloat16:
             raise FormatError(f"the KV pool holds bf16 only; {name} is {x.dtype} (load the model in bfloat16)")
@@ -246,11 +250,14 @@ class FixedPagePool:
         (one kernel a side; pages that fill are packed). A prompt (``T > 1``) takes the position from the
         host's count (:meth:`held`; no sync unless ``lens`` was changed outside this class: a prompt that starts inside a page and fills it is written in two calls, the
         page then the rest) and returns it; a decode step (``T == 1``) returns None and never syncs."""
+        self._check_layer(layer)
         self._check_states("keys", keys, self.head_dim)
         self._check_states("values", values, self.v_head_dim)
         t = keys.shape[2]
         if values.shape[2] != t:
             raise FormatError(f"keys hold {t} tokens, values {values.shape[2]}")
+        if t == 0:
+            raise FormatError("keys and values hold no tokens: nothing to write")
         first = None
         if t > 1:
             first = self.held() - t  # a prompt: the host's count (no wait unless lens was changed elsewhere)
@@ -276,6 +283,7 @@ class FixedPagePool:
         """Decode attention of ``q [B, Hq, D]`` (bf16) over layer ``layer``'s tokens -> ``[B, Hq, DV]``;
         ``starts [B]``: each sequence ignores its tokens before that position (left padding)."""
 
+        self._check_layer(layer)
         if q.dim() != 3 or q.dtype != torch.bfloat16 or q.shape[0] != self.batch or q.shape[2] != self.head_dim \
                 or q.shape[1] % self.heads:
             raise FormatError(f"q must be bf16 [{self.batch}, a multiple of {self.heads}, {self.head_dim}], got "
@@ -287,6 +295,7 @@ class FixedPagePool:
     def to_bf16(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Layer ``layer``'s keys and values, bf16 ``[B, H, T, D]``, bit for bit what was written (every
         sequence must hold the same number of tokens, as in a transformers cache; host syncs)."""
+        self._check_layer(layer)
         self.check()
         n = self.lens.tolist()
         if len(set(n)) != 1:

@@ -202,3 +202,16 @@ def test_masked_positions_inside_the_sequence_do_not_reach_a_fused_step():
     enable_fused(model)
     make = lambda: GlydStaticCache(model.config, max_cache_len=CONTEXT, page_size=PAGE, exc_fraction=1 / 64)  # noqa: E731
     assert bits_equal(step_logits(make, 0), step_logits(make, 5))
+
+
+def test_max_cache_len_is_whole_pages_from_the_start():
+    # max_cache_len=53 holds 64 tokens (pages of 16), but until the first prompt made the pool the cache
+    # said 53: a fused prompt of 54..64 tokens got a 53-wide mask and failed inside SDPA
+    model = tiny_llama(seed=12)
+    ids, mask = ids_and_mask(2, 60, True, seed=12)
+    use_reference(model, PAGE, 64)
+    ref = greedy(model, DynamicCache(), ids, mask, 4)
+    enable_fused(model)
+    cache = GlydStaticCache(model.config, max_cache_len=53, page_size=PAGE, exc_fraction=1 / 64)
+    assert cache.get_max_length() == 64
+    assert torch.equal(greedy(model, cache, ids, mask, 4), ref)

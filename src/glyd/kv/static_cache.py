@@ -147,7 +147,10 @@ class GlydStaticCache(Cache):
         self.page_size = page_size
         self.exc_fraction = exc_fraction
         self.batch = batch_size  # sequences the pool holds (None: the first prompt's)
-        self.context = max_cache_len  # tokens a sequence (the pool's whole pages once it is made)
+        if max_cache_len is not None and type(page_size) is int and page_size > 0:  # (a bad page: the pool refuses it)
+            # whole pages, as the pool will hold: the first prompt's mask is sized from this before the pool is made
+            max_cache_len = -(-max_cache_len // page_size) * page_size
+        self.context = max_cache_len  # tokens a sequence
         self.pool: FixedPagePool | None = None
         self._config = text
         self._attn_config = config

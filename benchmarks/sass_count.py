@@ -111,8 +111,8 @@ def kv_loop() -> dict:
 
     kern = g._kv_gluon_kernel
     const = dict(g.layouts(), G=7, GP=8, PREFETCH=True)
-    ptrs = {"q_ptr": "*bf16", "lens_ptr": "*i32", "starts_ptr": "*i32", "m_out": "*fp32", "l_out": "*fp32",
-            "acc_out": "*fp32"}
+    ptrs = {"q_ptr": "*bf16", "lens_ptr": "*i32", "starts_ptr": "*i32", "valid_ptr": "*u8", "m_out": "*fp32",
+            "l_out": "*fp32", "acc_out": "*fp32"}
     for pre in ("k_", "v_"):
         ptrs.update({pre + n: t for n, t in (("sm", "*i32"), ("dig", "*i32"), ("top", "*i32"), ("meta", "*i32"),
                                              ("tailw", "*i32"), ("tail", "*u8"), ("raw", "*bf16"))})

@@ -16,7 +16,8 @@ from glyd.kv._triton import qk_f32
 
 
 def main() -> int:
-    sig = {"q_ptr": "*bf16", "lens_ptr": "*i32", "starts_ptr": "*i32", "bidx_ptr": "*i32"}
+    sig = {"q_ptr": "*bf16", "lens_ptr": "*i32", "starts_ptr": "*i32", "valid_ptr": "*u8", "VS": "i32",
+           "bidx_ptr": "*i32"}
     for pre in "kv":
         sig.update({f"{pre}_lo": "*u8", f"{pre}_code": "*u8", f"{pre}_base": "*u8", f"{pre}_meta": "*i32",
                     f"{pre}_exc": "*i32", f"{pre}_raw": "*bf16"})
@@ -24,7 +25,8 @@ def main() -> int:
                 "J": "i32", "CAP": "i32", "PAGES_PER_SPLIT": "i32", "S": "i32"})
     for arg in sys.argv[1:]:
         d, g, ts = (int(v) for v in arg.split(","))
-        const = dict(G=g, GP=16, P=64, D=d, DV=d, F32=False, TS=ts, QK_F32=qk_f32(d // 2))
+        # with the attention mask's row read (GlydStaticCache's decode steps always read it)
+        const = dict(G=g, GP=16, P=64, D=d, DV=d, F32=False, TS=ts, QK_F32=qk_f32(d // 2), HAS_VALID=True)
         s = dict(sig)
         s.update({k: "constexpr" for k in const})
         k = triton.compile(ASTSource(fn=kf._kvf_decode_split_kernel, signature=s, constexprs=const),

@@ -32,7 +32,7 @@ def blocked(ttgir: str) -> dict[str, list[list[int]]]:
 
 
 def main() -> int:
-    sig = {"q_ptr": "*bf16", "lens_ptr": "*i32", "starts_ptr": "*i32"}
+    sig = {"q_ptr": "*bf16", "lens_ptr": "*i32", "starts_ptr": "*i32", "valid_ptr": "*u8", "VS": "i32"}
     for pre in "kv":
         sig.update({f"{pre}_sm": "*i32", f"{pre}_dig": "*i32", f"{pre}_top": "*u8", f"{pre}_meta": "*i32",
                     f"{pre}_tailw": "*i32", f"{pre}_tail": "*u8", f"{pre}_raw": "*bf16"})
@@ -41,7 +41,8 @@ def main() -> int:
     for arg in sys.argv[1:]:
         vals = [int(v) for v in arg.split(",")]
         d, g, p, ts = (vals + [64, 32][len(vals) - 2:])[:4]
-        const = dict(G=g, GP=16, P=p, D=d, DV=d, F32=False, TS=min(ts, p), QK_F32=kt.qk_f32(d))
+        # with the attention mask's row read (a static cache's decode steps always read it)
+        const = dict(G=g, GP=16, P=p, D=d, DV=d, F32=False, TS=min(ts, p), QK_F32=kt.qk_f32(d), HAS_VALID=True)
         s = dict(sig)
         s.update({k: "constexpr" for k in const})
         # the launcher's options: kernel_warps, Triton's default num_stages, maxnreg 128

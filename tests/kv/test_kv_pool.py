@@ -43,12 +43,14 @@ def fill(pool, runs, gen, layer=0):
     return torch.cat(ks, 2), torch.cat(vs, 2)
 
 
-def sdpa64(q, k, v, scale, starts=None):
+def sdpa64(q, k, v, scale, starts=None, mask=None):
+    """SDPA in float64; ``mask [B, T]`` (bool: attended) or ``starts [B]`` (left padding)."""
     g = q.shape[1] // k.shape[1]
     kk, vv = k.double().repeat_interleave(g, 1), v.double().repeat_interleave(g, 1)
-    mask = None
     if starts is not None:
-        mask = (torch.arange(k.shape[2])[None, :] >= starts[:, None])[:, None, None, :]
+        mask = torch.arange(k.shape[2])[None, :] >= starts[:, None]
+    if mask is not None:
+        mask = mask[:, None, None, :]
     return torch.nn.functional.scaled_dot_product_attention(q[:, :, None].double(), kk, vv, attn_mask=mask,
                                                             scale=scale)[:, :, 0]
 
@@ -185,6 +187,43 @@ def test_attention_twin_and_kernel(b, h, g, d, p, runs):
     kern = attention_triton(q, pool.lens, starts, pool.block_index, pool.k.layer(0), pool.v.layer(0), 0.125,
                             num_splits=1)
     assert torch.isnan(kern[b - 1, :g]).all() and not torch.isnan(kern[: b - 1]).any()
+
+
+@pytest.mark.parametrize("b,h,g,d,p,runs", [
+    pytest.param(2, 1, 4, 32, 16, [36, 1]),
+    pytest.param(3, 2, 4, 32, 16, [37, 1, 1, 1], marks=pytest.mark.slow),
+])
+def test_attention_drops_masked_positions_inside_the_sequence(b, h, g, d, p, runs):
+    # the attention mask's row (bool or uint8, a static cache's: the whole context wide) with masked positions
+    # after a row's first attended one (a second prompt's left padding), in packed pages, across a page
+    # boundary and in the raw page: the twin and the kernel drop exactly those positions, as SDPA does
+    from glyd.kv._triton_fixed import attention_triton
+
+    gen = torch.Generator().manual_seed(b * 100 + d + 1)
+    pool = FixedPagePool(layers=1, batch=b, heads=h, head_dim=d, max_len=6 * p, page=p, exc_fraction=1 / 8)
+    k, v = fill(pool, runs, gen)
+    n = k.shape[2]
+    q = torch.randn(b, h * g, d, generator=gen).to(torch.bfloat16)
+    valid = torch.ones(b, 6 * p, dtype=torch.bool)
+    valid[0, 3:9] = False  # inside a packed page
+    valid[0, n - 4: n - 2] = False  # inside the raw page
+    valid[-1, :5] = False  # left padding
+    valid[-1, p + 1: 2 * p + 3] = False  # a second prompt's padding, across a page boundary into the raw page
+    short = valid[:, : n - 6].to(torch.uint8)  # a row shorter than the sequence: the positions past it are masked
+    for m in (valid, short):
+        mask = torch.zeros(b, n, dtype=torch.bool)
+        mask[:, : min(m.shape[1], n)] = m[:, :n] != 0
+        ref = sdpa64(q, k, v, 0.125, mask=mask)
+        twin = pool.attend(0, q, scale=0.125, valid=m)
+        kern = attention_triton(q, pool.lens, None, pool.block_index, pool.k.layer(0), pool.v.layer(0), 0.125,
+                                num_splits=2, valid=m)
+        assert rel_err(twin, ref) <= TOL and rel_err(kern, ref) <= TOL
+        # the positions dropped matter: reading each row's first attended position only would fail here
+        first = mask.to(torch.int32).argmax(1)
+        assert rel_err(pool.attend(0, q, scale=0.125, starts=first), ref) > 10 * TOL
+    with pytest.raises(FormatError, match="valid must be"):
+        attention_triton(q, pool.lens, None, pool.block_index, pool.k.layer(0), pool.v.layer(0), 0.125,
+                         valid=valid[:1])
 
 
 @pytest.mark.parametrize("runs", [[21, 1, 1, 9, 1, 30], [1, 1, 14, 16, 1]])

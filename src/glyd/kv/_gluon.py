@@ -362,12 +362,17 @@ def _raw_v(v_raw, raw, c, valid_n, AL: gl.constexpr):
 
 
 @gluon.jit
-def _softmax(s, tok0, S0, n_valid, m_i, l_i, qk_scale, ML: gl.constexpr, BL: gl.constexpr):
-    # online softmax over one chunk's scores S^T [16 tokens, GP]; tok0: the page's first token, n_valid:
-    # the page's tokens held. Returns the probabilities (bf16, the value product's B operand), the
-    # rescale factor and the new state.
+def _softmax(s, tok0, S0, n_valid, vrow, VS, m_i, l_i, qk_scale, ML: gl.constexpr, BL: gl.constexpr,
+             HAS_VALID: gl.constexpr):
+    # online softmax over one chunk's scores S^T [16 tokens, GP]; tok0: the chunk's first token, n_valid:
+    # the chunk's tokens held; vrow: the sequence's row of the attention mask (VS bytes, read when
+    # HAS_VALID). Returns the probabilities (bf16, the value product's B operand), the rescale factor
+    # and the new state.
     r = _tok(gl.arange(0, 16, layout=gl.SliceLayout(1, ML)))
-    s = gl.where(((tok0 + r >= S0) & (r < n_valid))[:, None], s * qk_scale, float("-inf"))
+    keep = (tok0 + r >= S0) & (r < n_valid)
+    if HAS_VALID:
+        keep = keep & (gl.load(vrow + tok0 + r, mask=keep & (tok0 + r < VS), other=0) != 0)
+    s = gl.where(keep[:, None], s * qk_scale, float("-inf"))
     m_new = gl.maximum(m_i, gl.max(s, 0))
     m_use = gl.where(m_new == float("-inf"), 0.0, m_new)  # everything masked so far: no NaN
     alpha = gl.exp2(m_i - m_use)
@@ -376,16 +381,16 @@ def _softmax(s, tok0, S0, n_valid, m_i, l_i, qk_scale, ML: gl.constexpr, BL: gl.
     return gl.convert_layout(p.to(gl.bfloat16), BL), alpha, m_new, l_i
 
 
-@gluon.jit(do_not_specialize=["H", "K_CAP", "V_CAP", "PAGES_PER_SPLIT", "S"])
+@gluon.jit(do_not_specialize=["H", "K_CAP", "V_CAP", "PAGES_PER_SPLIT", "S", "VS"])
 def _kv_gluon_kernel(
-    q_ptr, lens_ptr, starts_ptr,
+    q_ptr, lens_ptr, starts_ptr, valid_ptr, VS,
     k_sm, k_dig, k_top, k_meta, k_tailw, k_tail, k_raw,
     v_sm, v_dig, v_top, v_meta, v_tailw, v_tail, v_raw,
     m_out, l_out, acc_out,
     qk_scale, H, K_CAP, V_CAP, PAGES_PER_SPLIT, S,
     G: gl.constexpr, GP: gl.constexpr, GK: gl.constexpr, GK3: gl.constexpr, GV: gl.constexpr,
     GV3: gl.constexpr, ML: gl.constexpr, AL: gl.constexpr, BL: gl.constexpr, QL: gl.constexpr,
-    PREFETCH: gl.constexpr = False,
+    PREFETCH: gl.constexpr = False, HAS_VALID: gl.constexpr = False,
 ):
     # S^T [64 tokens, GP heads] = K [64, 128] @ q^T and O^T [128, GP] += V^T [128, 64] @ P^T, 16 tokens a
     # chunk; the query heads are the MMA's N (GP = 8 or 16), keys and values its A operand
@@ -395,6 +400,7 @@ def _kv_gluon_kernel(
     h = pid_bh % H
     L = gl.load(lens_ptr + b)
     S0 = gl.load(starts_ptr + b)  # tokens before S0 are masked (left padding)
+    vrow = valid_ptr + b.to(gl.int64) * VS  # the attention mask's row (masked positions anywhere)
     n_full = L // 64
     n_total = (L + 63) // 64
     j0 = split * PAGES_PER_SPLIT
@@ -437,7 +443,7 @@ def _kv_gluon_kernel(
         vr4 = gl.where(first, 0, vr4)
         x, kr2, kr3, kr4 = _chunk(k_sm, k_dig, k_tailw, k_tail, k_meta, k_top, kblk, c, kr2, kr3, kr4, GK, GK3)
         s = mma_v2(_k_operand(x, AL), qb, zs)
-        p, alpha, m_i, l_i = _softmax(s, j * 64 + 16 * c, S0, 64, m_i, l_i, qk_scale, ML, BL)
+        p, alpha, m_i, l_i = _softmax(s, j * 64 + 16 * c, S0, 64, vrow, VS, m_i, l_i, qk_scale, ML, BL, HAS_VALID)
         x, vr2, vr3, vr4 = _chunk(v_sm, v_dig, v_tailw, v_tail, v_meta, v_top, vblk, c, vr2, vr3, vr4, GV, GV3)
         acc = mma_v2(_v_operand(x, AL), p, acc * alpha[None, :])
     if (n_full >= j0) & (n_full < j1):  # this split holds the raw, unfilled page
@@ -445,7 +451,8 @@ def _kv_gluon_kernel(
         nv = L - n_full * 64
         for c in range(0, (nv + 15) // 16):
             s = mma_v2(_raw_k(k_raw, raw, c, nv, AL), qb, zs)
-            p, alpha, m_i, l_i = _softmax(s, n_full * 64 + 16 * c, S0, nv - 16 * c, m_i, l_i, qk_scale, ML, BL)
+            p, alpha, m_i, l_i = _softmax(s, n_full * 64 + 16 * c, S0, nv - 16 * c, vrow, VS, m_i, l_i, qk_scale,
+                                          ML, BL, HAS_VALID)
             acc = mma_v2(_raw_v(v_raw, raw, c, nv, AL), p, acc * alpha[None, :])
     o = pid_bh * S + split
     hh = gl.arange(0, GP, layout=gl.SliceLayout(0, ML))
@@ -496,13 +503,14 @@ def default_programs_per_sm(pages: int) -> int:
 
 
 # q [B, Hq, 128] bf16; k_store/v_store PageStores (page 64, head dim 128) with B sequences, H KV heads
-# (Hq = G*H, G <= 16); lens [B] int; starts [B] int or None -> out [B, Hq, 128] bf16.
+# (Hq = G*H, G <= 16); lens [B] int; starts [B] int or None; valid [B, S] bool/uint8 or None (the attention
+# mask's row: position t attended only where t < S and valid[b, t]) -> out [B, Hq, 128] bf16.
 # Tuning (H200): programs_per_sm (programs launched per SM: splits of the pages; None:
 # default_programs_per_sm), maxnreg (register cap: 168 lets 12 one-warp programs share an SM), prefetch
 # (each loop step asks L2 for the next chunk's sign/mantissa and digit rows with a bulk prefetch: 3-5%
 # faster from 16 sequences on; None: on where the GPU has it, sm_90+).
 def decode_attention_gluon(q, k_store, v_store, lens, scale=None, num_splits=None, starts=None,
-                           programs_per_sm=None, maxnreg=168, prefetch=None):
+                           programs_per_sm=None, maxnreg=168, prefetch=None, valid=None):
     b, hq, d = q.shape
     h = k_store.heads
     if q.dtype != torch.bfloat16:
@@ -528,12 +536,15 @@ def decode_attention_gluon(q, k_store, v_store, lens, scale=None, num_splits=Non
     num_splits, pages_per_split = T._splits(max_pages, b * h, dev, num_splits, programs_per_sm)
     lens, starts, m, l_, acc = T._split_state(q, lens, starts, b, h, num_splits, gp, HEAD_DIM)
     scale = 1.0 / math.sqrt(d) if scale is None else scale
+    q = q.contiguous()
+    vbytes, vs, has_valid = T._valid_arg(valid, b, q)
     _kv_gluon_kernel[(b * h, num_splits)](
-        q.contiguous(), lens, starts,
+        q, lens, starts, vbytes, vs,
         *_planes(k_store, "k_store"), *_planes(v_store, "v_store"),
         m, l_, acc,
         scale * 1.4426950408889634, h, k_store.cap, v_store.cap, pages_per_split, num_splits,
-        G=g, GP=gp, PREFETCH=bool(prefetch), num_warps=1, **layouts(), **({} if maxnreg is None else {"maxnreg": maxnreg}),
+        G=g, GP=gp, PREFETCH=bool(prefetch), HAS_VALID=has_valid, num_warps=1, **layouts(),
+        **({} if maxnreg is None else {"maxnreg": maxnreg}),
     )
     out = torch.empty(b, hq, HEAD_DIM, dtype=torch.bfloat16, device=dev)
     T._combine(m, l_, acc, out, b, h, num_splits, g, gp, HEAD_DIM)
@@ -576,7 +587,8 @@ class TieredGluonKernel(KVKernel):
         return True, ""
 
     @classmethod
-    def launch(cls, q, k_store, v_store, lens, scale, starts, num_splits, *, config):
+    def launch(cls, q, k_store, v_store, lens, scale, starts, num_splits, *, config, valid=None):
         return decode_attention_gluon(q, k_store, v_store, lens, scale=scale, num_splits=num_splits, starts=starts,
+                                      valid=valid,
                                       programs_per_sm=config.programs_per_sm or None, maxnreg=config.maxnreg or None,
                                       prefetch=config.prefetch)

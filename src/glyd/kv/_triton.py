@@ -202,17 +202,27 @@ def _softmax_step(q, k, v, valid, m_i, l_i, acc, qk_scale, QK_F32: tl.constexpr,
     return m_i, l_i, acc
 
 
+@triton.jit
+def _kept(valid_ptr, b, VS, pos, HAS_VALID: tl.constexpr):
+    # the attention mask's verdict on positions pos of sequence b (a byte a position; past its row of VS:
+    # masked); without a mask every position is kept (lens and starts still apply)
+    keep = pos >= 0
+    if HAS_VALID:
+        keep = tl.load(valid_ptr + b.to(tl.int64) * VS + pos, mask=pos < VS, other=0) != 0
+    return keep
+
+
 # Shape-dependent ints are not specialised (no recompile per batch size or length).
 @isolated
-@triton.jit(do_not_specialize=["H", "K_CAP", "V_CAP", "PAGES_PER_SPLIT", "S"])
+@triton.jit(do_not_specialize=["H", "K_CAP", "V_CAP", "PAGES_PER_SPLIT", "S", "VS"])
 def _kv_decode_split_kernel(
-    q_ptr, lens_ptr, starts_ptr,
+    q_ptr, lens_ptr, starts_ptr, valid_ptr, VS,
     k_sm, k_dig, k_top, k_meta, k_tailw, k_tail, k_raw,
     v_sm, v_dig, v_top, v_meta, v_tailw, v_tail, v_raw,
     m_out, l_out, acc_out,
     qk_scale, H, K_CAP, V_CAP, PAGES_PER_SPLIT, S,
     G: tl.constexpr, GP: tl.constexpr, P: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
-    F32: tl.constexpr, TS: tl.constexpr, QK_F32: tl.constexpr,
+    F32: tl.constexpr, TS: tl.constexpr, QK_F32: tl.constexpr, HAS_VALID: tl.constexpr,
 ):
     pid_bh = tl.program_id(0)
     split = tl.program_id(1)
@@ -242,12 +252,15 @@ def _kv_decode_split_kernel(
             kb, kc2, kc3, kc4 = _decode_rows(k_sm, k_dig, k_tailw, k_tail, kblk, t0, ktop, ks2, ks3, ks4,
                                              kc2, kc3, kc4, P, TS, D, F32)
             # the key tile's scores first, then the value tile: fewer tiles live at once
-            pb, alpha, m_i, l_i = _scores(q, kb, (j * P + t0 + offs_ts) >= S0, m_i, l_i, qk_scale, QK_F32)
+            pos = j * P + t0 + offs_ts
+            keep = (pos >= S0) & _kept(valid_ptr, b, VS, pos, HAS_VALID)
+            pb, alpha, m_i, l_i = _scores(q, kb, keep, m_i, l_i, qk_scale, QK_F32)
             vb, vc2, vc3, vc4 = _decode_rows(v_sm, v_dig, v_tailw, v_tail, vblk, t0, vtop, vs2, vs3, vs4,
                                              vc2, vc3, vc4, P, TS, DV, F32)
             acc = acc * alpha[:, None] + _dot(pb, vb, F32)
     if (n_full >= j0) & (n_full < j1):  # this split holds the raw, unfilled page
-        valid = (offs_t < (L - n_full * P)) & ((n_full * P + offs_t) >= S0)
+        pos = n_full * P + offs_t
+        valid = (offs_t < (L - n_full * P)) & (pos >= S0) & _kept(valid_ptr, b, VS, pos, HAS_VALID)
         raw = (b * H + h).to(tl.int64) * P
         kb = tl.load(k_raw + (raw + offs_t[:, None]) * D + offs_d[None, :], mask=valid[:, None], other=0.0)
         vb = tl.load(v_raw + (raw + offs_t[:, None]) * DV + offs_v[None, :], mask=valid[:, None], other=0.0)
@@ -346,6 +359,17 @@ def _split_state(q: torch.Tensor, lens: torch.Tensor, starts, b: int, h: int, nu
     return lens, starts, m, torch.empty_like(m), acc
 
 
+def _valid_arg(valid, b: int, q: torch.Tensor) -> tuple[torch.Tensor, int, bool]:
+    """``valid [B, S]`` (bool or uint8, one a position: 0 masks it) as the kernels read it: (its bytes, S,
+    whether there is one). Without one, q's bytes stand in (never read). No host sync."""
+    if valid is None:
+        return q.view(torch.uint8), 0, False
+    if valid.dim() != 2 or valid.shape[0] != b or valid.dtype not in (torch.bool, torch.uint8):
+        raise FormatError(f"valid must be bool or uint8 [{b}, positions], got {valid.dtype} {tuple(valid.shape)}")
+    v = valid.to(device=q.device).contiguous()
+    return v.view(torch.uint8), v.shape[1], True
+
+
 def _splits(max_pages: int, bh: int, device: torch.device, num_splits, programs_per_sm: int) -> tuple[int, int]:
     """(splits, pages per split): enough programs to fill the GPU ``programs_per_sm`` deep."""
     if num_splits is None:
@@ -355,12 +379,13 @@ def _splits(max_pages: int, bh: int, device: torch.device, num_splits, programs_
 
 
 # q [B, Hq, D] bf16; k_store/v_store PageStores with B sequences, H KV heads (Hq = G*H); lens [B] int (tokens per
-# sequence); starts [B] int or None (tokens before it are masked) -> out [B, Hq, DV] bf16.
+# sequence); starts [B] int or None (tokens before it are masked); valid [B, S] bool/uint8 or None (position t of
+# sequence b is attended only where t < S and valid[b, t]: the attention mask's row) -> out [B, Hq, DV] bf16.
 # Tuning (measured on an H200, docs/kv.md): num_warps (capped by kernel_warps), sub_tile (tokens decoded at a
 # time, >= 32 on the GPU), programs_per_sm (programs launched per SM), maxnreg (register cap: 128 lets four
 # 4-warp programs share an SM; fastest in 9 of 10 measured shapes).
 def decode_attention_triton(q, k_store, v_store, lens, scale=None, num_splits=None, num_warps=4,
-                            sub_tile=32, starts=None, programs_per_sm=16, maxnreg=128):
+                            sub_tile=32, starts=None, programs_per_sm=16, maxnreg=128, valid=None):
     b, hq, d = q.shape
     h, p, dv = k_store.heads, k_store.page, v_store.head_dim
     if q.dtype != torch.bfloat16:
@@ -384,12 +409,15 @@ def decode_attention_triton(q, k_store, v_store, lens, scale=None, num_splits=No
     num_splits, pages_per_split = _splits(max_pages, b * h, dev, num_splits, programs_per_sm)
     lens, starts, m, l_, acc = _split_state(q, lens, starts, b, h, num_splits, gp, dv)
     scale = 1.0 / math.sqrt(d) if scale is None else scale
+    q = q.contiguous()
+    vbytes, vs, has_valid = _valid_arg(valid, b, q)
     _kv_decode_split_kernel[(b * h, num_splits)](
-        q.contiguous(), lens, starts,
+        q, lens, starts, vbytes, vs,
         *_planes(k_store, "k_store"), *_planes(v_store, "v_store"),
         m, l_, acc,
         scale * 1.4426950408889634, h, k_store.cap, v_store.cap, pages_per_split, num_splits,
-        G=g, GP=gp, P=p, D=d, DV=dv, F32=_interpreting(), TS=ts, QK_F32=qk_f32(d), num_warps=num_warps,
+        G=g, GP=gp, P=p, D=d, DV=dv, F32=_interpreting(), TS=ts, QK_F32=qk_f32(d), HAS_VALID=has_valid,
+        num_warps=num_warps,
         **({} if maxnreg is None or _interpreting() else {"maxnreg": maxnreg}),
     )
     out = torch.empty(b, hq, dv, dtype=torch.bfloat16, device=dev)
@@ -440,7 +468,8 @@ class TieredTritonKernel(KVKernel):
         return True, ""
 
     @classmethod
-    def launch(cls, q, k_store, v_store, lens, scale, starts, num_splits, *, config):
+    def launch(cls, q, k_store, v_store, lens, scale, starts, num_splits, *, config, valid=None):
         return decode_attention_triton(q, k_store, v_store, lens, scale=scale, num_splits=num_splits, starts=starts,
+                                       valid=valid,
                                        num_warps=config.num_warps, sub_tile=config.sub_tile,
                                        programs_per_sm=config.programs_per_sm, maxnreg=config.maxnreg or None)

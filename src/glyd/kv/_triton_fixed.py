@@ -20,7 +20,7 @@ import triton.language as tl
 
 from glyd.errors import FormatError
 from glyd.kernels._interp import isolated
-from glyd.kv._triton import _combine, _dot, _interpreting, _split_state, _splits, qk_f32
+from glyd.kv._triton import _combine, _dot, _interpreting, _kept, _split_state, _splits, _valid_arg, qk_f32
 from glyd.kv.registry import KVKernel
 
 
@@ -92,15 +92,15 @@ def _probs(qa, qb, ka, kb, valid, m_i, l_i, qk_scale, QK_F32: tl.constexpr):
 
 # Shape-dependent ints are not specialised (no recompile per batch size or length).
 @isolated
-@triton.jit(do_not_specialize=["H", "J", "CAP", "PAGES_PER_SPLIT", "S"])
+@triton.jit(do_not_specialize=["H", "J", "CAP", "PAGES_PER_SPLIT", "S", "VS"])
 def _kvf_decode_split_kernel(
-    q_ptr, lens_ptr, starts_ptr, bidx_ptr,
+    q_ptr, lens_ptr, starts_ptr, valid_ptr, VS, bidx_ptr,
     k_lo, k_code, k_base, k_meta, k_exc, k_raw,
     v_lo, v_code, v_base, v_meta, v_exc, v_raw,
     m_out, l_out, acc_out,
     qk_scale, H, J, CAP, PAGES_PER_SPLIT, S,
     G: tl.constexpr, GP: tl.constexpr, P: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
-    F32: tl.constexpr, TS: tl.constexpr, QK_F32: tl.constexpr,
+    F32: tl.constexpr, TS: tl.constexpr, QK_F32: tl.constexpr, HAS_VALID: tl.constexpr,
 ):
     pid_bh = tl.program_id(0)
     split = tl.program_id(1)
@@ -131,7 +131,8 @@ def _kvf_decode_split_kernel(
         lost = lost | (kne < 0) | (vne < 0)  # a page whose exceptions did not fit the arena
         for t0 in range(0, P, TS):
             ka, kb = _decode(k_lo, k_code, k_exc, blk, t0, kba, kbb, ke0, kne, P, TS, D)
-            valid = (j * P + t0 + offs_ts) >= S0
+            pos = j * P + t0 + offs_ts
+            valid = (pos >= S0) & _kept(valid_ptr, b, VS, pos, HAS_VALID)
             p, alpha, m_i, l_i = _probs(qa, qb, ka, kb, valid, m_i, l_i, qk_scale, QK_F32)
             va, vb = _decode(v_lo, v_code, v_exc, blk, t0, vba, vbb, ve0, vne, P, TS, DV)
             acc_a = acc_a * alpha[:, None] + _dot(p, va, F32)
@@ -140,7 +141,8 @@ def _kvf_decode_split_kernel(
         raw = pid_bh.to(tl.int64) * P
         for t0 in range(0, P, TS):
             offs_t = t0 + offs_ts
-            valid = (offs_t < (L - n_full * P)) & ((n_full * P + offs_t) >= S0)
+            pos = n_full * P + offs_t
+            valid = (offs_t < (L - n_full * P)) & (pos >= S0) & _kept(valid_ptr, b, VS, pos, HAS_VALID)
             kp = k_raw + (raw + offs_t[:, None]) * D + offs_hd[None, :]
             ka = tl.load(kp, mask=valid[:, None], other=0.0)
             kb = tl.load(kp + HD, mask=valid[:, None], other=0.0)
@@ -201,8 +203,10 @@ class Kvf12AttentionKernel(KVKernel):
         return True, ""
 
     @classmethod
-    def launch(cls, q, lens, starts, block_index, k_side, v_side, scale, *, config, capped=True, num_splits=None):
+    def launch(cls, q, lens, starts, block_index, k_side, v_side, scale, *, config, capped=True, num_splits=None,
+               valid=None):
         return attention_triton(q, lens, starts, block_index, k_side, v_side, scale, capped=capped, num_splits=num_splits,
+                                valid=valid,
                                 num_warps=config.num_warps, sub_tile=config.sub_tile,
                                 programs_per_sm=config.programs_per_sm)
 
@@ -223,11 +227,12 @@ def _side(side, name: str, dev: torch.device):
 
 
 # q [B, Hq, D] bf16; lens [B] int32 (tokens a sequence); starts [B] int32 or None (tokens before it are masked);
+# valid [B, S] bool/uint8 or None (the attention mask's row: position t is attended only where t < S and valid[b, t]);
 # block_index [B, H, J] int32 (page j of sequence b, head h -> block); k_side/v_side [lo [NB, P, D] uint8,
 # code [NB, P, D/2] uint8, base [NB, D/16] uint8, meta [NB, 2] int32, exc [E] int32, raw [B, H, P, D] bf16]
 # -> out [B, Hq, DV] bf16. capped: a sequence holds at most J pages (a pool); else its raw page follows them.
 def attention_triton(q, lens, starts, block_index, k_side, v_side, scale, capped=True, num_splits=None, num_warps=4,
-                     sub_tile=32, programs_per_sm=16):
+                     sub_tile=32, programs_per_sm=16, valid=None):
     b, hq, d = q.shape
     dev = q.device
     if q.dtype != torch.bfloat16 or not q.is_contiguous():
@@ -254,10 +259,12 @@ def attention_triton(q, lens, starts, block_index, k_side, v_side, scale, capped
     max_pages = jcap if capped else jcap + 1  # host ints only: no sync, so CUDA graphs can capture this
     num_splits, pages_per_split = _splits(max(max_pages, 1), b * h, dev, num_splits, programs_per_sm)
     lens, starts, m, l_, acc = _split_state(q, lens, starts, b, h, num_splits, gp, dv)
+    vbytes, vs, has_valid = _valid_arg(valid, b, q)
     _kvf_decode_split_kernel[(b * h, num_splits)](
-        q, lens, starts, block_index, *k_side, *v_side, m, l_, acc,
+        q, lens, starts, vbytes, vs, block_index, *k_side, *v_side, m, l_, acc,
         scale * 1.4426950408889634, h, jcap, jcap * p if capped else jcap * p + p, pages_per_split, num_splits,
-        G=g, GP=gp, P=p, D=d, DV=dv, F32=_interpreting(), TS=ts, QK_F32=qk_f32(d // 2), num_warps=num_warps,
+        G=g, GP=gp, P=p, D=d, DV=dv, F32=_interpreting(), TS=ts, QK_F32=qk_f32(d // 2), HAS_VALID=has_valid,
+        num_warps=num_warps,
     )
     out = torch.empty(b, hq, dv, dtype=torch.bfloat16, device=dev)
     _combine(m, l_, acc, out, b, h, num_splits, g, gp, dv)
@@ -265,7 +272,7 @@ def attention_triton(q, lens, starts, block_index, k_side, v_side, scale, capped
 
 
 def decode_attention_fixed_triton(q, k_store, v_store, lens, scale=None, num_splits=None, num_warps=4,
-                                  sub_tile=32, starts=None, programs_per_sm=16):
+                                  sub_tile=32, starts=None, programs_per_sm=16, valid=None):
     """The kernel over two ``FixedPageStore``s (their planes read through a block table of their pages)."""
     from glyd.kv.fixed import store_view
 
@@ -278,4 +285,4 @@ def decode_attention_fixed_triton(q, k_store, v_store, lens, scale=None, num_spl
     scale = 1.0 / math.sqrt(d) if scale is None else scale
     return attention_triton(q.contiguous(), lens.to(torch.int32), starts, bidx, ks, vs, scale, capped=False,
                             num_splits=num_splits, num_warps=num_warps, sub_tile=sub_tile,
-                            programs_per_sm=programs_per_sm)
+                            programs_per_sm=programs_per_sm, valid=valid)

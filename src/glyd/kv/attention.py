@@ -37,7 +37,7 @@ from glyd.kernels.registry import Device
 from glyd.kv.fixed import FixedPageStore, store_view
 from glyd.kv.pages import PageStore, unpack_blocks, unpack_blocks_grouped
 from glyd.kv.pool_ops import TwinConfig
-from glyd.kv.pool_twin import attention_torch, softmax_step
+from glyd.kv.pool_twin import attention_torch, kept, softmax_step
 from glyd.kv.registry import KVKernel, KVProblem, by_name, choose
 
 
@@ -85,8 +85,10 @@ def _check(q: torch.Tensor, ks: PageStore, vs: PageStore) -> tuple[int, int, int
 def decode_attention_reference(
     q: torch.Tensor, k_store: PageStore, v_store: PageStore,
     scale: float | None = None, upcast: bool = False, starts: torch.Tensor | None = None,
+    valid: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Unpack to bf16 and run ``F.scaled_dot_product_attention`` (in fp32 when ``upcast``)."""
+    """Unpack to bf16 and run ``F.scaled_dot_product_attention`` (in fp32 when ``upcast``); ``starts`` and
+    ``valid`` mask as in :func:`decode_attention`."""
     b, hq, d = _check(q, k_store, v_store)
     lens = _lens(k_store, q.device)
     k = padded_bf16(k_store, lens).to(q.device)
@@ -95,10 +97,7 @@ def decode_attention_reference(
     k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
     t = k.shape[2]
     pos = torch.arange(t, device=q.device)[None, :]
-    mask = pos < lens[:, None]
-    if starts is not None:
-        mask = mask & (pos >= starts.to(q.device)[:, None])
-    mask = mask[:, None, None, :]
+    mask = ((pos < lens[:, None]) & kept(pos, starts, valid))[:, None, None, :]
     qq = q[:, :, None, :]
     if upcast:
         qq, k, v = qq.float(), k.float(), v.float()
@@ -108,7 +107,7 @@ def decode_attention_reference(
 
 def decode_attention_torch(
     q: torch.Tensor, k_store: PageStore, v_store: PageStore,
-    scale: float | None = None, starts: torch.Tensor | None = None,
+    scale: float | None = None, starts: torch.Tensor | None = None, valid: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The fused kernels' algorithm in torch: decode a page, online softmax, next page (kvf12 pages:
     :func:`glyd.kv.pool_twin.attention_torch` through the stores' block table)."""
@@ -119,7 +118,7 @@ def decode_attention_torch(
     scale = 1.0 / math.sqrt(d) if scale is None else scale
     if isinstance(k_store, FixedPageStore) and isinstance(v_store, FixedPageStore):
         bidx, ks, vs = store_view(k_store, v_store)
-        return attention_torch(q, lens, starts, bidx, ks, vs, scale, capped=False)
+        return attention_torch(q, lens, starts, bidx, ks, vs, scale, capped=False, valid=valid)
     qf = q.reshape(b, h, g, d).to(torch.bfloat16).float()
     m = torch.full((b, h, g), float("-inf"), device=q.device)
     l_ = torch.zeros(b, h, g, device=q.device)
@@ -147,13 +146,12 @@ def decode_attention_torch(
         else:
             kb = torch.where(is_raw, k_store.raw, kb)
             vb = torch.where(is_raw, v_store.raw, vb)
-        valid = (j * p + t_idx)[None, :] < lens[:, None]
-        if starts is not None:
-            valid = valid & ((j * p + t_idx)[None, :] >= starts.to(q.device)[:, None])
+        pos = (j * p + t_idx)[None, :]
+        keep = (pos < lens[:, None]) & kept(pos, starts, valid)
         # Slots past a sequence's length hold whatever the buffer had (an unwritten raw slot may be
         # a NaN pattern): zero them, since 0 * NaN would poison the sum even at weight 0.
-        vb = torch.where(valid[:, None, :, None], vb, torch.zeros((), dtype=vb.dtype, device=vb.device))
-        m, l_, acc = softmax_step(qf, kb, vb, valid, m, l_, acc, scale)
+        vb = torch.where(keep[:, None, :, None], vb, torch.zeros((), dtype=vb.dtype, device=vb.device))
+        m, l_, acc = softmax_step(qf, kb, vb, keep, m, l_, acc, scale)
     return (acc / l_[..., None]).reshape(b, hq, dv).to(torch.bfloat16)
 
 
@@ -166,8 +164,8 @@ class TieredAttentionTorch(KVKernel):
     Config = TwinConfig
 
     @classmethod
-    def launch(cls, q, k_store, v_store, lens, scale, starts, num_splits, *, config):
-        return decode_attention_torch(q, k_store, v_store, scale=scale, starts=starts)
+    def launch(cls, q, k_store, v_store, lens, scale, starts, num_splits, *, config, valid=None):
+        return decode_attention_torch(q, k_store, v_store, scale=scale, starts=starts, valid=valid)
 
 
 #: ``decode_attention(backend=...)``: the kernel each backend names, by page code.
@@ -181,6 +179,7 @@ BACKENDS = {
 def decode_attention(
     q: torch.Tensor, k_store: PageStore, v_store: PageStore, scale: float | None = None,
     num_splits: int | None = None, backend: str = "auto", starts: torch.Tensor | None = None,
+    valid: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Decode-step attention reading the packed pages directly.
 
@@ -190,6 +189,9 @@ def decode_attention(
     pages of >= 32 tokens and head dims powers of two >= 32) and the torch twin elsewhere or where no
     kernel takes the shapes. ``"gluon"``, ``"triton"`` (also under ``TRITON_INTERPRET=1``) and ``"torch"``
     force one. ``starts[b]``: sequence ``b`` ignores its tokens before that index (left padding).
+    ``valid [B, S]`` (bool or uint8: the attention mask's row for the query, as transformers builds it):
+    sequence ``b`` attends position ``t`` only where ``t < S`` and ``valid[b, t]`` (masked positions anywhere,
+    e.g. a second prompt's left padding); it subsumes ``starts``, and both may be given.
 
     >>> import torch
     >>> from glyd.kv import PageStore, decode_attention
@@ -221,5 +223,5 @@ def decode_attention(
     if fixed:
         bidx, ks, vs = store_view(k_store, v_store)
         return kc.launch(q.contiguous(), lens.to(torch.int32), starts, bidx, ks, vs, scale, config=cfg, capped=False,
-                         num_splits=num_splits)
-    return kc.launch(q, k_store, v_store, lens, scale, starts, num_splits, config=cfg)
+                         num_splits=num_splits, valid=valid)
+    return kc.launch(q, k_store, v_store, lens, scale, starts, num_splits, config=cfg, valid=valid)

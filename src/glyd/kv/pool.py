@@ -279,9 +279,11 @@ class FixedPagePool:
 
     # -- reading ------------------------------------------------------------------------------------
     def attend(self, layer: int, q: torch.Tensor, scale: float | None = None,
-               starts: torch.Tensor | None = None) -> torch.Tensor:
+               starts: torch.Tensor | None = None, valid: torch.Tensor | None = None) -> torch.Tensor:
         """Decode attention of ``q [B, Hq, D]`` (bf16) over layer ``layer``'s tokens -> ``[B, Hq, DV]``;
-        ``starts [B]``: each sequence ignores its tokens before that position (left padding)."""
+        ``starts [B]``: each sequence ignores its tokens before that position (left padding); ``valid [B, S]``
+        (bool or uint8, the attention mask's row): sequence ``b`` attends position ``t`` only where ``t < S``
+        and ``valid[b, t]``."""
 
         self._check_layer(layer)
         if q.dim() != 3 or q.dtype != torch.bfloat16 or q.shape[0] != self.batch or q.shape[2] != self.head_dim \
@@ -290,7 +292,7 @@ class FixedPagePool:
                               f"{q.dtype} {tuple(q.shape)}")
         scale = 1.0 / math.sqrt(self.head_dim) if scale is None else float(scale)
         return pool_ops.attention(q.contiguous(), self.lens, starts, self.block_index, self.k.layer(layer),
-                                  self.v.layer(layer), scale)
+                                  self.v.layer(layer), scale, valid)
 
     def to_bf16(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Layer ``layer``'s keys and values, bf16 ``[B, H, T, D]``, bit for bit what was written (every

@@ -44,8 +44,10 @@ class Kvf12AttentionTorch(KVKernel):
     Config = TwinConfig
 
     @classmethod
-    def launch(cls, q, lens, starts, block_index, k_side, v_side, scale, *, config, capped=True, num_splits=None):
-        return pool_twin.attention_torch(q, lens, starts, block_index, k_side, v_side, scale, capped=capped)
+    def launch(cls, q, lens, starts, block_index, k_side, v_side, scale, *, config, capped=True, num_splits=None,
+               valid=None):
+        return pool_twin.attention_torch(q, lens, starts, block_index, k_side, v_side, scale, capped=capped,
+                                         valid=valid)
 
 
 class Kvf12WriteTorch(KVKernel):
@@ -84,19 +86,19 @@ def _write_fake(x, lens, block_index, lo, code, base, meta, exc, used, raw) -> N
 
 @torch.library.custom_op("glyd::kvf12_attention", mutates_args=())
 def _attention(q: _T, lens: _T, starts: _T | None, block_index: _T, k_side: list[_T], v_side: list[_T],
-               scale: float) -> _T:
-    return pool_twin.attention_torch(q, lens, starts, block_index, k_side, v_side, scale)
+               scale: float, valid: _T | None = None) -> _T:
+    return pool_twin.attention_torch(q, lens, starts, block_index, k_side, v_side, scale, valid=valid)
 
 
 @_attention.register_kernel("cuda")
-def _attention_cuda(q, lens, starts, block_index, k_side, v_side, scale):
+def _attention_cuda(q, lens, starts, block_index, k_side, v_side, scale, valid=None):
     problem = _problem("attention", k_side[0].shape[1], q.shape[2], v_side[0].shape[2], q.shape[1] // block_index.shape[1])
     kc, cfg = choose(problem, Device.of(q.device))
-    return kc.launch(q, lens, starts, block_index, k_side, v_side, scale, config=cfg)
+    return kc.launch(q, lens, starts, block_index, k_side, v_side, scale, config=cfg, valid=valid)
 
 
 @_attention.register_fake
-def _attention_fake(q, lens, starts, block_index, k_side, v_side, scale):
+def _attention_fake(q, lens, starts, block_index, k_side, v_side, scale, valid=None):
     return q.new_empty((q.shape[0], q.shape[1], v_side[0].shape[2]))
 
 
@@ -108,9 +110,13 @@ def write(x, lens, block_index, lo, code, base, meta, exc, used, raw) -> None:
 
 
 # q [B, Hq, D] bf16; lens [B] int32; starts [B] int32 or None; block_index [B, H, J] int32;
-# k_side/v_side [lo, code, base, meta, exc, raw] -> [B, Hq, DV] bf16.
-def attention(q, lens, starts, block_index, k_side, v_side, scale: float) -> torch.Tensor:
-    """``torch.ops.glyd.kvf12_attention``: decode attention over a pool's layer (one kernel and a combine)."""
+# k_side/v_side [lo, code, base, meta, exc, raw]; valid [B, S] bool/uint8 or None -> [B, Hq, DV] bf16.
+def attention(q, lens, starts, block_index, k_side, v_side, scale: float, valid=None) -> torch.Tensor:
+    """``torch.ops.glyd.kvf12_attention``: decode attention over a pool's layer (one kernel and a combine).
+    ``valid [B, S]``: position ``t`` of sequence ``b`` is attended only where ``t < S`` and ``valid[b, t]``."""
     if starts is not None:
         starts = starts.to(device=q.device, dtype=torch.int32)
-    return torch.ops.glyd.kvf12_attention(q, lens, starts, block_index, list(k_side), list(v_side), float(scale))
+    if valid is not None:
+        valid = valid.to(device=q.device)
+    return torch.ops.glyd.kvf12_attention(q, lens, starts, block_index, list(k_side), list(v_side), float(scale),
+                                          valid)

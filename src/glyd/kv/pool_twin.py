@@ -20,10 +20,10 @@ import math
 
 import torch
 
-from glyd.errors import GlydError, UnsupportedError
+from glyd.errors import FormatError, GlydError, UnsupportedError
 from glyd.kv.fixed import WINDOW, channel_base, choose_base, unpack_blocks
 
-__all__ = ["KVCapacityError", "write_torch", "attention_torch", "pack_tiles", "softmax_step"]
+__all__ = ["KVCapacityError", "write_torch", "attention_torch", "pack_tiles", "softmax_step", "kept"]
 
 
 class KVCapacityError(GlydError, RuntimeError):
@@ -126,6 +126,21 @@ def write_torch(x, lens, block_index, lo, code, base, meta, exc, used, raw) -> N
     raw.copy_(torch.where(partial, new_raw.view(torch.int16), raw.view(torch.int16)).view(torch.bfloat16))
 
 
+def kept(pos: torch.Tensor, starts: torch.Tensor | None, valid: torch.Tensor | None) -> torch.Tensor:
+    """Which positions ``pos [B or 1, T]`` the masks keep, ``[B, T]`` (or ``[1, T]`` with neither): at or after
+    ``starts [B]``, and where ``valid [B, S]`` holds a nonzero entry (positions past ``S``: masked)."""
+    keep = torch.ones_like(pos, dtype=torch.bool)
+    if starts is not None:
+        keep = keep & (pos >= starts.to(pos.device)[:, None])
+    if valid is not None:
+        if valid.dim() != 2 or valid.dtype not in (torch.bool, torch.uint8):
+            raise FormatError(f"valid must be bool or uint8 [B, positions], got {valid.dtype} {tuple(valid.shape)}")
+        v = valid.to(pos.device) != 0
+        v = torch.cat([v, v.new_zeros(v.shape[0], 1)], 1)  # a False column for the positions past the row
+        keep = keep & torch.gather(v, 1, pos.clamp(0, v.shape[1] - 1).expand(v.shape[0], -1))
+    return keep
+
+
 def _pool_lens(lens: torch.Tensor, p: int, jcap: int, capped: bool) -> torch.Tensor:
     n = lens.to(torch.int64)
     if bool((n < 1).any()) or (capped and bool((n > jcap * p).any())):
@@ -152,12 +167,12 @@ def _page(side: list[torch.Tensor], blk: torch.Tensor, packed: torch.Tensor) -> 
 
 # q [B, Hq, D] bf16; lens [B] int32; starts [B] int or None; block_index [B, H, J] int32; k_side/v_side:
 # [lo, code, base, meta, exc, raw] as write_torch takes them (exc: any arena meta points into) -> [B, Hq, DV] bf16.
-def attention_torch(q, lens, starts, block_index, k_side, v_side, scale: float, capped: bool = True) -> torch.Tensor:
+def attention_torch(q, lens, starts, block_index, k_side, v_side, scale: float, capped: bool = True,
+                    valid: torch.Tensor | None = None) -> torch.Tensor:
     """Decode attention over the pool, page by page through ``block_index`` (the kernel's algorithm).
     ``capped``: ``block_index`` lists every page a sequence may have (a pool; a store lists its full
-    pages only, and its raw page comes after them)."""
-
-
+    pages only, and its raw page comes after them). ``valid [B, S]`` (bool or uint8, or None): position
+    ``t`` of sequence ``b`` is attended only where ``t < S`` and ``valid[b, t]`` (the attention mask's row)."""
     b, hq, d = q.shape
     h, jcap = block_index.shape[1], block_index.shape[2]
     p, dv = k_side[0].shape[1], v_side[0].shape[2]
@@ -180,9 +195,7 @@ def attention_torch(q, lens, starts, block_index, k_side, v_side, scale: float, 
         kb = torch.where(is_raw, k_side[5], _page(k_side, blk, packed))
         vb = torch.where(is_raw, v_side[5], _page(v_side, blk, packed))
         pos = j * p + t_idx[None, :]
-        valid = pos < n[:, None]
-        if starts is not None:
-            valid = valid & (pos >= starts.to(q.device)[:, None])
-        vb = torch.where(valid[:, None, :, None], vb, torch.zeros((), dtype=vb.dtype, device=vb.device))
-        m, l_, acc = softmax_step(qf, kb, vb, valid, m, l_, acc, scale)
+        keep = (pos < n[:, None]) & kept(pos, starts, valid)
+        vb = torch.where(keep[:, None, :, None], vb, torch.zeros((), dtype=vb.dtype, device=vb.device))
+        m, l_, acc = softmax_step(qf, kb, vb, keep, m, l_, acc, scale)
     return (acc / l_[..., None]).reshape(b, hq, dv).to(torch.bfloat16)

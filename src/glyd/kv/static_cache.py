@@ -69,12 +69,14 @@ class GlydStaticLayer(CacheLayerMixin):
             return key_states, value_states
         return pool.to_bf16(self.index)
 
-    def attend(self, q: torch.Tensor, scale: float | None = None, starts: torch.Tensor | None = None) -> torch.Tensor:
-        """Decode attention of ``q [B, Hq, D]`` over this layer's tokens (the ``"glyd_kv"`` attention calls it)."""
-        return self._cache.pool.attend(self.index, q, scale=scale, starts=starts)
+    def attend(self, q: torch.Tensor, scale: float | None = None, starts: torch.Tensor | None = None,
+               valid: torch.Tensor | None = None) -> torch.Tensor:
+        """Decode attention of ``q [B, Hq, D]`` over this layer's tokens (the ``"glyd_kv"`` attention calls it;
+        ``valid [B, S]``: the attention mask's row, see :meth:`glyd.kv.pool.FixedPagePool.attend`)."""
+        return self._cache.pool.attend(self.index, q, scale=scale, starts=starts, valid=valid)
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        if self._cache.fused:  # the fused attention reads only each row's first position from the mask
+        if self._cache.fused:  # the fused attention reads the mask's row for the step's query, a byte a position
             return self._cache.context, 0
         # the reference path hands the model's attention the held keys: a mask of their length (host sync)
         held = int(self._cache.pool.lens.max()) if self.is_initialized else 0

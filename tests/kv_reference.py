@@ -16,7 +16,7 @@ def bf16_pool_attention(module, query, key, value, attention_mask, dropout=0.0, 
     GlydStaticCache's (same pages, same splits: on a GPU the splits depend on the pool's context)."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    from glyd.kv.hf_attention import _starts
+    from glyd.kv.hf_attention import _valid
     from glyd.kv.pool import FixedPagePool
 
     if query.shape[2] != 1:
@@ -27,7 +27,7 @@ def bf16_pool_attention(module, query, key, value, attention_mask, dropout=0.0, 
                          exc_fraction=1 / 64)
     pool.advance(t)
     pool.write(0, key.contiguous(), value.contiguous())
-    return pool.attend(0, query[:, :, 0], scale=scaling, starts=_starts(attention_mask))[:, None], None
+    return pool.attend(0, query[:, :, 0], scale=scaling, valid=_valid(attention_mask))[:, None], None
 
 
 def use_reference(model, page: int, context: int) -> None:

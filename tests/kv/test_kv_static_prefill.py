@@ -175,9 +175,6 @@ def test_a_refused_prompt_leaves_the_cache_as_it_was():
     assert torch.equal(greedy(model, cache, *short, 5), ref)
 
 
-@pytest.mark.xfail(strict=True, reason="open: the fused decode attention reads each row's first attended position "
-                   "only (hf_attention._starts), so positions masked after it (a second prompt's left padding) are "
-                   "attended silently; needs a refusal or a per-token mask (see the h51 report)")
 @torch.no_grad()
 def test_masked_positions_inside_the_sequence_do_not_reach_a_fused_step():
     # a second prompt left-padded on row 1 puts masked positions after real ones; what those positions hold

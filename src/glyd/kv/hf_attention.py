@@ -23,13 +23,16 @@ _PENDING: dict[int, tuple[torch.Tensor, object]] = {}
 _LIVE: dict[int, object] = {}
 
 
-def _starts(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
-    """Each row's first attended position (left padding) from a 4-D mask: a device op, no sync."""
+def _valid(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
+    """The decode step's row of a 4-D mask, bool ``[B, S]`` (True: attended), a device op, no sync. In
+    transformers 5.17 the ``"glyd_kv"`` attention (``sdpa_mask``) gets a bool ``[B, 1, 1, S]`` mask on a decode
+    step (S: a static cache's whole context, or the tokens so far), or None (a growing cache, no padding);
+    an additive float mask (0 where attended) is read too. Every masked position counts, not only the
+    left padding: a second prompt's padding sits after a row's first attended position."""
     if attention_mask is None:
         return None
     row = attention_mask[:, 0, -1, :]
-    valid = row if row.dtype == torch.bool else row == 0
-    return valid.to(torch.int32).argmax(dim=-1).to(torch.int32)
+    return row if row.dtype == torch.bool else row == 0
 
 
 def glyd_kv_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
@@ -38,7 +41,7 @@ def glyd_kv_attention(module, query, key, value, attention_mask, dropout=0.0, sc
     live = _LIVE.pop(layer_idx, None) if layer_idx is not None else None
     if live is not None and query.shape[2] == 1:
         _check_plain(kwargs, layer_idx)
-        out = live.attend(query[:, :, 0], scale=scaling, starts=_starts(attention_mask))
+        out = live.attend(query[:, :, 0], scale=scaling, valid=_valid(attention_mask))
         return out[:, None], None  # [B, 1, Hq, D], as sdpa_attention_forward returns
     entry = _PENDING.pop(id(key), None)
     if entry is None or entry[0] is not key:
@@ -55,7 +58,7 @@ def glyd_kv_attention(module, query, key, value, attention_mask, dropout=0.0, sc
     layer._pending_id = None
     _check_plain(kwargs, layer_idx)
     out = decode_attention(query[:, :, 0].contiguous(), layer.k_store, layer.v_store, scale=scaling,
-                           starts=_starts(attention_mask))
+                           valid=_valid(attention_mask))
     return out[:, None], None
 
 

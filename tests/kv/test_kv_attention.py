@@ -200,3 +200,33 @@ def test_kernel_small_head_dims_page_32_on_gpu(d, g):
         out = decode_attention_triton(q, ks, vs, lens_t, starts=st)
         assert torch.isfinite(out.float()).all()
         assert rel_err(out, ref) <= TOL, st
+
+
+@pytest.mark.parametrize("code", ["kvtiered", "kvf12"])
+def test_masked_positions_inside_the_sequence_are_dropped(code):
+    # GlydCache's fused step hands decode_attention the mask's row (valid [B, S], S: the tokens so far): masked
+    # positions after a row's first attended one (a second prompt's left padding), in packed pages and the raw
+    # page; twin and Triton kernel (TRITON_INTERPRET=1 here) within TOL of float64 SDPA with the same mask
+    from glyd.kv.fixed import FixedPageStore
+
+    gen = torch.Generator().manual_seed(21)
+    b, h, g, d, p, t = 2, 2, 3, 32, 16, 45
+    k = (torch.randn(b, h, t, d, generator=gen) * torch.exp(torch.randn(1, h, 1, d, generator=gen))).to(torch.bfloat16)
+    v = torch.randn(b, h, t, d, generator=gen).to(torch.bfloat16)
+    q = torch.randn(b, h * g, d, generator=gen).to(torch.bfloat16)
+    make = FixedPageStore.from_bf16 if code == "kvf12" else PageStore.from_bf16
+    ks, vs = make(k, page=p), make(v, page=p)
+    valid = torch.ones(b, t, dtype=torch.bool)
+    valid[0, 2:7] = False  # inside the first packed page
+    valid[1, :4] = False  # left padding
+    valid[1, p - 3: 2 * p + 2] = False  # a second prompt's padding, across two page boundaries
+    valid[1, t - 3] = False  # inside the raw page
+    kk, vv = k.double().repeat_interleave(g, 1), v.double().repeat_interleave(g, 1)
+    ref = torch.nn.functional.scaled_dot_product_attention(q[:, :, None].double(), kk, vv,
+                                                           attn_mask=valid[:, None, None, :])[:, :, 0]
+    for backend in ("torch", "triton"):
+        for m in (valid, valid.to(torch.uint8)):
+            assert rel_err(decode_attention(q, ks, vs, backend=backend, valid=m), ref) <= TOL, (backend, m.dtype)
+    assert rel_err(decode_attention_reference(q, ks, vs, upcast=True, valid=valid), ref) <= TOL
+    # the holes matter: each row's first attended position alone (the old reading of the mask) fails here
+    assert rel_err(decode_attention(q, ks, vs, starts=valid.to(torch.int32).argmax(1)), ref) > 10 * TOL

@@ -108,3 +108,35 @@ def test_compiled_for_sm90_keeps_the_decoded_tiles_in_registers():
     assert int(counts["barriers"]) == 0
     assert int(counts["mma"]) >= 8
     assert 0 < int(counts["shared_stores"]) <= 8, "decoded tiles must not go through shared memory"
+
+
+@pytest.mark.gpu
+@gpu
+def test_kernels_drop_masked_positions_inside_the_sequence_on_gpu():
+    # the Gluon kernel reads the mask's row only on a GPU (no interpreter); the two Triton kernels with it, at
+    # the shapes they run there: masked positions anywhere (a second prompt's left padding, scattered holes)
+    from glyd.kv._gluon import decode_attention_gluon
+    from glyd.kv._triton import decode_attention_triton
+    from glyd.kv.attention import decode_attention
+    from glyd.kv.fixed import FixedPageStore
+
+    gen = torch.Generator().manual_seed(5)
+    lens = [700, 64 * 5, 333]
+    q, ks, vs, k, v = make(gen, 3, 4, 7, 128, 64, lens, device="cuda")
+    valid = torch.rand(3, 800, generator=gen) > 0.3
+    valid[1, 10:200] = False  # a long run of padding after attended positions, over whole pages
+    for i, n in enumerate(lens):
+        valid[i, n - 1] = True  # the step's own token
+    valid = valid.cuda()
+    lens_t = torch.tensor(lens, device="cuda")
+    ref = decode_attention_reference(q, ks, vs, upcast=True, valid=valid)
+    assert rel_err(decode_attention_reference(q, ks, vs, upcast=True), ref) > 10 * TOL  # the holes matter
+    assert rel_err(decode_attention_gluon(q, ks, vs, lens_t, valid=valid), ref) <= TOL
+    assert rel_err(decode_attention_gluon(q, ks, vs, lens_t, valid=valid.to(torch.uint8)[:, :500]),
+                   decode_attention_reference(q, ks, vs, upcast=True, valid=valid[:, :500])) <= TOL
+    assert rel_err(decode_attention_triton(q, ks, vs, lens_t, valid=valid), ref) <= TOL
+    assert rel_err(decode_attention_torch(q, ks, vs, valid=valid), ref) <= TOL
+    lens_c = torch.tensor(lens)
+    fk = FixedPageStore.from_bf16(k.cuda(), lens_c.cuda(), page=64)
+    fv = FixedPageStore.from_bf16(v.cuda(), lens_c.cuda(), page=64)
+    assert rel_err(decode_attention(q, fk, fv, backend="triton", valid=valid), ref) <= TOL

@@ -329,6 +329,13 @@ def test_pool_kernels_on_gpu(d):
     ref = sdpa64(q, k, v, d ** -0.5, starts)
     out = gpu.attend(0, q.cuda(), starts=starts.cuda()).cpu()
     assert rel_err(out, ref) <= TOL
+    # the attention mask's row, the pool's whole context wide: holes after each row's first attended position
+    valid = torch.rand(4, 512, generator=gen) > 0.3
+    valid[2, 64:200] = False  # a second prompt's padding over whole pages
+    valid[:, n - 1] = True
+    ref = sdpa64(q, k, v, d ** -0.5, mask=valid[:, :n])
+    assert rel_err(gpu.attend(0, q.cuda(), valid=valid.cuda()).cpu(), ref) <= TOL
+    assert rel_err(twin.attend(0, q, valid=valid), ref) <= TOL
 
 
 @pytest.mark.gpu

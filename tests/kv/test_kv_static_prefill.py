@@ -13,7 +13,7 @@ from .conftest import bits_equal, tiny_llama, use_reference
 transformers = pytest.importorskip("transformers")
 from transformers import DynamicCache  # noqa: E402
 
-from glyd.kv import GlydStaticCache, enable_fused  # noqa: E402
+from glyd.kv import GlydCache, GlydStaticCache, enable_fused  # noqa: E402
 from glyd.kv.pool import FixedPagePool  # noqa: E402
 
 PAGE, CONTEXT = 16, 128
@@ -199,6 +199,9 @@ def test_masked_positions_inside_the_sequence_do_not_reach_a_fused_step():
     enable_fused(model)
     make = lambda: GlydStaticCache(model.config, max_cache_len=CONTEXT, page_size=PAGE, exc_fraction=1 / 64)  # noqa: E731
     assert bits_equal(step_logits(make, 0), step_logits(make, 5))
+    for code in ("kvtiered", "kvf12"):  # GlydCache's fused step reads the same row of the mask
+        make = lambda: GlydCache(model.config, page_size=PAGE, fused=True, code=code)  # noqa: E731
+        assert bits_equal(step_logits(make, 0), step_logits(make, 5)), code
 
 
 def test_max_cache_len_is_whole_pages_from_the_start():

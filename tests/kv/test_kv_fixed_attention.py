@@ -114,3 +114,18 @@ def test_generate_same_tokens_either_code(code):
     assert GlydCache().code == "kvf12"  # the default
     with pytest.raises(ValueError, match="code"):
         GlydCache(code="zip")
+
+
+def test_stores_of_no_full_page_yet():
+    # GlydCache(fused=True) on kvf12 pages after a prompt shorter than a page: the stores hold no page, and
+    # reading them through a block table failed ("shape '[4, 16, 16]' is invalid for input of size 4096")
+    gen = torch.Generator().manual_seed(3)
+    k, v = torch.randn(2, 2, 7, 32, generator=gen).to(torch.bfloat16), torch.randn(2, 2, 7, 32, generator=gen).to(
+        torch.bfloat16)
+    q = torch.randn(2, 4, 32, generator=gen).to(torch.bfloat16)
+    ks, vs = FixedPageStore.from_bf16(k, page=16), FixedPageStore.from_bf16(v, page=16)
+    assert ks.n_pages == 0
+    ref = torch.nn.functional.scaled_dot_product_attention(q[:, :, None].double(), k.double().repeat_interleave(2, 1),
+                                                           v.double().repeat_interleave(2, 1))[:, :, 0]
+    for backend in ("torch", "triton"):
+        assert rel_err(decode_attention(q, ks, vs, backend=backend), ref) <= TOL, backend

@@ -235,6 +235,10 @@ def store_view(k_store: FixedPageStore, v_store: FixedPageStore) -> tuple[torch.
     cap = max(k_store.cap, v_store.cap, 1)
     k_store._reserve_pages(cap)  # the same capacity: one block index serves both
     v_store._reserve_pages(cap)
+    if k_store.cap != v_store.cap:
+        raise FormatError(f"k_store and v_store have room for {k_store.cap} and {v_store.cap} pages: they must "
+                          "grow together")
+    cap = k_store.cap  # a store of no page yet grows to more than one: its planes' stride
     b, h, n = k_store.batch, k_store.heads, k_store.n_pages
     dev = k_store.device
     bh = torch.arange(b * h, dtype=torch.int32, device=dev).reshape(b, h, 1)

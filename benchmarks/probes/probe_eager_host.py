@@ -8,6 +8,9 @@ one product call (issue 39's serve table: fixed12 10.5 tokens/s against bf16's 2
 from __future__ import annotations
 
 import argparse
+import cProfile
+import io
+import pstats
 import sys
 import time
 
@@ -62,6 +65,16 @@ def prefill(a) -> None:
         print(f"{weights}: prefill {a.prefill} tokens: wall {med(walls):.2f} ms, host issue {med(hosts):.2f} ms, "
               f"GPU kernels {gpu_ms:.2f} ms (profiled run)")
         print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=14, max_name_column_width=60))
+        # cProfile (not torch's profiler, which sends glyd::linear through the dispatcher): where the host goes
+        pr = cProfile.Profile()
+        with torch.no_grad():
+            pr.enable()
+            fwd()
+            pr.disable()
+            sync()
+        buf = io.StringIO()
+        pstats.Stats(pr, stream=buf).sort_stats("tottime").print_stats(30)
+        print(f"{weights}: cProfile of one prefill (top 30 by own time)\n" + buf.getvalue()[-6000:])
         del model
 
 

@@ -138,3 +138,75 @@ def test_ids_outside_the_experts_are_refused():
         kernels.linear(x, torch.tensor([0]), p)
     with pytest.raises(TypeError, match="int32 or int64"):
         kernels.linear(x, torch.tensor([0.0, 1.0]), p, ExpertsLoopConfig())
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("s", [8, 256])
+def test_a_captured_experts_product_follows_new_ids_on_gpu(s):
+    # A CUDA graph of the product must route every replay by the ids it finds then (no routing frozen
+    # at capture), and equal the eager product: bit for bit where both take the grouped GEMV (8 rows),
+    # within tolerance where the eager call takes the loop of fused products (256 rows)
+    from glyd.kernels import experts as kernels
+    from glyd.ops.experts import pack_experts
+
+    torch.manual_seed(s)
+    e, n, k = 6, 96, 256
+    w = _experts(e, n, k, "cuda")
+    p = pack_experts(w, "fixed12")
+    x = torch.randn(s, k).to(torch.bfloat16).cuda()
+    ids = torch.randint(0, e, (s,), device="cuda")
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        kernels.linear(x, ids, p)  # warm: compiled, prepared
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = kernels.linear(x, ids, p)
+    for seed in (1, 2):
+        g = torch.Generator().manual_seed(seed)
+        ids.copy_(torch.randint(0, e, (s,), generator=g))
+        x.copy_(torch.randn(s, k, generator=g).to(torch.bfloat16))
+        graph.replay()
+        torch.cuda.synchronize()
+        _check(y, x, ids, w)
+        eager = kernels.linear(x, ids, p)
+        if s <= 64:
+            assert torch.equal(y.view(torch.int16), eager.view(torch.int16))
+        else:
+            _check(eager, x, ids, w)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_an_eager_loop_call_builds_what_a_captured_gemv_needs(device):
+    # the warm-up step before a capture may take the loop (over 64 rows), the capture the GEMV: the
+    # GEMV's exception index (built on the host) must exist by then
+    from glyd.kernels import _common as C
+    from glyd.kernels import experts as kernels
+    from glyd.ops.experts import pack_experts
+
+    torch.manual_seed(3)
+    w = _experts(3, 24, 128, device)
+    p = pack_experts(w, "fixed12")
+    assert id(p.arrays["exc_idx"]) not in C._CACHE
+    x = torch.randn(70, 128).to(torch.bfloat16).to(device)
+    ids = torch.randint(0, 3, (70,), device=device)
+    _check(kernels.linear(x, ids, p), x, ids, w)  # 70 rows: the loop
+    assert id(p.arrays["exc_idx"]) in C._CACHE
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_capture_before_any_eager_call_is_refused_by_name_on_gpu():
+    from glyd.errors import UnsupportedError
+    from glyd.kernels import experts as kernels
+    from glyd.ops.experts import pack_experts
+
+    p = pack_experts(_experts(3, 24, 128, "cuda"), "fixed12")
+    x = torch.randn(4, 128).to(torch.bfloat16).cuda()
+    ids = torch.zeros(4, dtype=torch.int64, device="cuda")
+    graph = torch.cuda.CUDAGraph()
+    with pytest.raises(UnsupportedError, match="warm-up step"):
+        with torch.cuda.graph(graph):
+            kernels.linear(x, ids, p)

@@ -59,6 +59,10 @@ class ExpertsKernel(Kernel):
         """Write row ``s`` of ``x2`` times expert ``ids[s]``'s matrix transposed into ``out`` (bf16 [S, N])."""
         raise NotImplementedError
 
+    @classmethod
+    def prepare(cls, packed: Any) -> None:
+        """Build (once, outside a CUDA graph capture) what ``launch`` needs of ``packed`` beyond its arrays."""
+
 
 @dataclasses.dataclass(frozen=True)
 class ExpertsLoopConfig:
@@ -174,6 +178,8 @@ def linear(x: torch.Tensor, ids: torch.Tensor, packed: Any, config: Any = None) 
         torch._assert_async(((flat >= 0) & (flat < e)).all(), "glyd experts_linear: ids outside the experts")
     problem = Problem(packed.layout, s, n, k, packed.arrays[_KP_ARRAY[packed.layout]].shape[1])
     device = registry.Device.of(x2.device)
+    if not capturing:
+        _prepare_for_capture(problem, device, packed)
     if config is None:
         kernel, config = choose(problem, device, capturing)
     else:
@@ -182,6 +188,16 @@ def linear(x: torch.Tensor, ids: torch.Tensor, packed: Any, config: Any = None) 
         if not ok:
             raise ValueError(f"the {kernel.name} kernel cannot run this experts product ({problem}): {why}")
     return kernel.launch(x2, flat, packed, config, out).reshape(*x.shape[:-1], n)
+
+
+def _prepare_for_capture(problem: Problem, device: registry.Device, packed: Any) -> None:
+    # An eager call (a warm-up step) builds what the kernel a capture of the same product would take
+    # needs, whichever kernel runs now: a capture cannot synchronise with the host to build it.
+    try:
+        kernel, _ = choose(problem, device, True)
+    except RuntimeError:  # no capture-safe kernel for this product: a capture refuses it by name
+        return
+    kernel.prepare(packed)
 
 
 _KP_ARRAY = {"fixed12": "lo", "tiered": "sm", "dense11": "sm"}

@@ -21,6 +21,7 @@ import triton.language as tl
 
 from glyd.codec import fixed12 as _codec
 from glyd.codec.experts import PackedExperts
+from glyd.errors import UnsupportedError
 from glyd.kernels import _common as C
 from glyd.kernels._interp import isolated
 from glyd.kernels.fixed12.words import exception_delta, gm_offsets, gm_planes
@@ -76,7 +77,15 @@ def prepare(p: PackedExperts) -> Prepared:
     """The exception row pointer of ``p`` (once a packed experts tensor; again after an in-place change)."""
     if p.layout != "fixed12":
         raise ValueError(f"expected fixed12 experts, got layout {p.layout!r}")
-    return C.cached(p.arrays["exc_idx"], lambda: Prepared(p), p.arrays.values())
+    return C.cached(p.arrays["exc_idx"], lambda: _outside_a_capture(p) and Prepared(p), p.arrays.values())
+
+
+def _outside_a_capture(p: PackedExperts) -> bool:
+    # Prepared reads exception indices on the host: impossible while a CUDA graph is being captured
+    if p.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        raise UnsupportedError(f"the experts GEMV's exception index of these {list(p.shape)} experts is built on the host: "
+                               "run the product once outside the CUDA graph capture (a warm-up step) first")
+    return True
 
 
 @isolated
@@ -155,3 +164,7 @@ class ExpertsGemvKernel(ExpertsKernel):
     @classmethod
     def launch(cls, x2, ids, packed, config, out):
         return launch(x2, ids, packed, config, out)
+
+    @classmethod
+    def prepare(cls, packed):
+        prepare(packed)

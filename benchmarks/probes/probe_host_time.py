@@ -29,6 +29,7 @@ layers and the torch ops on CPU tensors (cuBLAS's stand-in: CPU ``mm``; the scat
 the GPU's launch costs (Triton's binder or the compiled launcher, the CUDA driver) nor GPU time.
 
     PYTHONPATH=src python3 benchmarks/probes/probe_host_time.py --tiny --stub-kernels --ms 80 --profile none
+    PYTHONPATH=src python3 benchmarks/probes/probe_host_time.py --model qwen2.5-0.5b --ms 512 --profile gate_up:512:exc --out $OUT   # H200
 """
 
 from __future__ import annotations
@@ -61,6 +62,8 @@ from glyd.ops.backends import cuda as cuda_impl  # noqa: E402
 from glyd.ops.backends import torch as twin  # noqa: E402
 
 SHAPES = {"qkv": (4608, 3584), "o": (3584, 3584), "gate_up": (37888, 3584), "down": (3584, 18944)}
+#: --model qwen2.5-0.5b: its merged shapes (issue 38: its first token is host-bound, 2026-12-04)
+SHAPES_05B = {"qkv": (1152, 896), "o": (896, 896), "gate_up": (9728, 896), "down": (896, 4864)}
 BIASED = {"qkv"}
 TINY = {"qkv": (48, 256), "down": (24, 512)}
 
@@ -331,6 +334,8 @@ class _StubCompiled:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", default=",".join(SHAPES))
+    ap.add_argument("--model", choices=("qwen2.5-7b", "qwen2.5-0.5b"), default="qwen2.5-7b",
+                    help="whose merged shapes (--shapes picks among them)")
     ap.add_argument("--ms", default=None, help="x rows (default 1,8,64; --tiny: 1,2,80)")
     ap.add_argument("--calls", type=int, default=100, help="calls a batch (no sync inside)")
     ap.add_argument("--reps", type=int, default=5, help="batches (median)")
@@ -344,7 +349,8 @@ def main() -> int:
     if out:
         out.mkdir(parents=True, exist_ok=True)
     dev = "cpu" if a.tiny else "cuda"
-    shapes = TINY if a.tiny else {s: SHAPES[s] for s in a.shapes.split(",")}
+    table = SHAPES_05B if a.model == "qwen2.5-0.5b" else SHAPES
+    shapes = TINY if a.tiny else {s: table[s] for s in a.shapes.split(",")}
     ms = [int(v) for v in (a.ms or ("1,2,80" if a.tiny else "1,8,64")).split(",")]
     n, reps = (3, 1) if a.tiny else (a.calls, a.reps)
     if a.stub_kernels:

@@ -6,6 +6,7 @@ verify, unpack and dequantize bit for bit."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -254,3 +255,32 @@ def test_gpu_fused_is_close_exact_is_equal_and_a_decode_step_captures(folders, f
         out = mod(h, idx, w)
     graph.replay()
     assert torch.equal(bits(out), bits(eager))
+
+
+def _two_shards(src: Path, dst: Path, extra: str) -> None:
+    """``src``'s tensors in two shards (layer 1 in the second), ``extra`` written into the first as well."""
+    dst.mkdir()
+    with safe_open(str(src / "model.safetensors"), "pt") as f:
+        state = {k: f.get_tensor(k) for k in f.keys()}
+    first = {k: v for k, v in state.items() if ".layers.1." not in k}
+    first[extra] = state[extra].clone()
+    second = {k: v for k, v in state.items() if ".layers.1." in k}
+    weight_map = {}
+    for i, part in enumerate((first, second)):
+        name = f"model-{i + 1:05d}-of-00002.safetensors"
+        save_file(part, str(dst / name), metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(part, name))
+    (dst / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    (dst / "config.json").write_text((src / "config.json").read_text())
+
+
+@pytest.mark.parametrize("key", ["model.layers.1.block_sparse_moe.experts.2.w1.weight",
+                                 "model.layers.1.self_attn.q_proj.weight"])
+def test_a_tensor_in_two_shards_is_named(folders, tmp_path, key):
+    # an expert's matrix in two shards was gathered twice and failed in transformers' conversion
+    # ("Sizes of tensors must match"); a plain tensor's first copy was packed, the second ignored
+    # with a warning (transformers takes the one the index names)
+    _two_shards(folders["mixtral"], tmp_path / "m", key)
+    with pytest.raises(FormatError, match=rf"tensor '{re.escape(key)}' is in two shards: model-00001-of-00002\.safetensors "
+                                          rf"and model-00002-of-00002\.safetensors"):
+        glyd.from_pretrained(tmp_path / "m", device="cpu", progress=False)

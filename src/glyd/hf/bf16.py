@@ -78,9 +78,13 @@ def _weight_files(path: Path) -> list[Path]:
 def _check_bf16(path: Path, files: list[Path]) -> dict[Path, list[str]]:
     """Read every shard header; raise a clear error for a model that is not bf16."""
     keys: dict[Path, list[str]] = {}
+    shard_of: dict[str, Path] = {}
     for f in files:
         h = read_header(f)
         keys[f] = h.keys_in_file_order()
+        for k in keys[f]:  # read twice, a copy would be packed and the other dropped (or fused twice)
+            if shard_of.setdefault(k, f) != f:
+                raise FormatError(f"{path}: tensor {k!r} is in two shards: {shard_of[k].name} and {f.name}")
         bad = Counter(info.dtype for info in h.tensors.values() if dtype_from_name(info.dtype) is not None
                       and dtype_from_name(info.dtype).is_floating_point and info.dtype != "bfloat16")
         if bad:

@@ -284,3 +284,14 @@ def test_a_tensor_in_two_shards_is_named(folders, tmp_path, key):
     with pytest.raises(FormatError, match=rf"tensor '{re.escape(key)}' is in two shards: model-00001-of-00002\.safetensors "
                                           rf"and model-00002-of-00002\.safetensors"):
         glyd.from_pretrained(tmp_path / "m", device="cpu", progress=False)
+
+
+def test_saving_a_damaged_experts_module_names_it_and_writes_nothing(folders, tmp_path):
+    # the error named the weight alone ("gate_up_proj: lens gives 769 entries ..."), not its module
+    model = glyd.from_pretrained(folders["mixtral"], device="cpu", progress=False)
+    _experts(model)[1].gate_up_proj_glyd_lens[0, 0] += 1
+    with pytest.raises(FormatError, match=r"model\.layers\.1\.mlp\.experts: gate_up_proj: lens gives 769 entries"):
+        glyd.save_pretrained(model, tmp_path / "glyd", progress=False)
+    with pytest.raises(FormatError, match=r"model\.layers\.1\.mlp\.experts: gate_up_proj: lens gives 769 entries"):
+        glyd.verify(model, progress=False)
+    assert not (tmp_path / "glyd").exists() and not list(tmp_path.iterdir())

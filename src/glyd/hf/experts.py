@@ -20,7 +20,7 @@ from torch import nn
 
 from glyd.codec import PackedExperts
 from glyd.codec.experts import LENS
-from glyd.errors import FormatError
+from glyd.errors import CorruptError, FormatError
 from glyd.nn.experts import GlydExperts, is_packable
 from glyd.nn.modules import GlydEmbedding, GlydLinear
 
@@ -75,7 +75,13 @@ def packed_tensors(model: nn.Module) -> Iterator[tuple[str, nn.Module, Any, str 
     """Every packed tensor of ``model``: (its name in the checkpoint, its module, the ``Packed`` or
     ``PackedExperts``, the sha256 of the original recorded at packing time or None)."""
     for name, m in model.named_modules():
-        yield from module_tensors(name, m)
+        try:
+            tensors = list(module_tensors(name, m))
+        except (FormatError, CorruptError) as exc:
+            if not isinstance(m, GlydExperts) or not name:
+                raise
+            raise type(exc)(f"{name}: {exc}") from exc  # a GlydExperts names its weight, not itself
+        yield from tensors
 
 
 #: The module classes that hold packed tensors.

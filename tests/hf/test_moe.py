@@ -295,3 +295,19 @@ def test_saving_a_damaged_experts_module_names_it_and_writes_nothing(folders, tm
     with pytest.raises(FormatError, match=r"model\.layers\.1\.mlp\.experts: gate_up_proj: lens gives 769 entries"):
         glyd.verify(model, progress=False)
     assert not (tmp_path / "glyd").exists() and not list(tmp_path.iterdir())
+
+
+def test_a_checkpoint_giving_an_experts_tensor_twice_is_refused(folders, refs, tmp_path):
+    # per-expert matrices and the fused tensor they make, both stored: the per-expert copy was packed
+    # and the fused one dropped with a warning ("has no place in the model"), whichever differed
+    dst = tmp_path / "m"
+    dst.mkdir()
+    with safe_open(str(folders["mixtral"] / "model.safetensors"), "pt") as f:
+        state = {k: f.get_tensor(k) for k in f.keys()}
+    name = "model.layers.1.mlp.experts.gate_up_proj"
+    state[name] = torch.zeros_like(refs["mixtral"].state_dict()[name])
+    save_file(state, str(dst / "model.safetensors"), metadata={"format": "pt"})
+    (dst / "config.json").write_text((folders["mixtral"] / "config.json").read_text())
+    with pytest.raises(FormatError, match=rf"model tensor '{re.escape(name)}' is given twice: by '{re.escape(name)}' "
+                                          r"and by transformers' conversion of 8 checkpoint tensors"):
+        glyd.from_pretrained(dst, device="cpu", progress=False)

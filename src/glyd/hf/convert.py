@@ -56,9 +56,23 @@ class Conversions:
         self._plan = {k: resolve(k) for k in keys}
         self._expected = Counter(name for name, conv, _ in self._plan.values() if conv is not None)
         self._got: dict[str, list[tuple[str, str, torch.Tensor]]] = {}
+        self._check_given_once()
         if self._expected:
             log.info("%s: %d tensors are converted by transformers' conversion mapping into %d", where,
                      sum(self._expected.values()), len(self._expected))
+
+    def _check_given_once(self) -> None:
+        # two sources for one model tensor: one would be used and the other dropped, whichever differed
+        plain: dict[str, str] = {}
+        for key, (name, conv, _) in self._plan.items():
+            if conv is not None:
+                continue
+            if name in plain:
+                raise FormatError(f"{self.where}: model tensor {name!r} is given twice: by {plain[name]!r} and by {key!r}")
+            if name in self._expected:
+                raise FormatError(f"{self.where}: model tensor {name!r} is given twice: by {key!r} and by "
+                                  f"transformers' conversion of {self._expected[name]} checkpoint tensors")
+            plain[name] = key
 
     def name_of(self, key: str) -> str:
         """The model tensor that ``key`` fills (or helps make)."""

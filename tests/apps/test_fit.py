@@ -288,6 +288,20 @@ def test_sharded_folder_reads_only_indexed_shards(tmp_path):
         fit.count_from_files(folder)
 
 
+def test_a_tensor_in_two_shards_is_refused(tmp_path):
+    # counted twice (an MoE expert's matrix in two shards made the weights 3% larger), while loading
+    # the same folder refuses it
+    folder = _tiny_folder(tmp_path)
+    (folder / "model.safetensors").rename(folder / "model-00001-of-00002.safetensors")
+    save_file({"q.weight": torch.zeros(64, 64, dtype=torch.bfloat16)}, str(folder / "model-00002-of-00002.safetensors"))
+    index = {"weight_map": {"embed.weight": "model-00001-of-00002.safetensors",
+                            "q.weight": "model-00002-of-00002.safetensors"}}
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(FormatError, match=r"tensor 'q\.weight' is in two shards: model-00001-of-00002\.safetensors "
+                                          r"and model-00002-of-00002\.safetensors"):
+        fit.count_from_files(folder)
+
+
 def test_bad_inputs(tmp_path):
     with pytest.raises(FormatError, match="not a model folder"):
         fit.load_config(str(tmp_path / "nope"))

@@ -234,9 +234,12 @@ def count_from_files(folder: Path) -> WeightCount | None:
     glyd_folder = glyd_folder or (folder / "glyd.json").is_file()
     count = WeightCount(source=f"safetensors headers ({len(files)} file{'s' * (len(files) > 1)})")
     packed = 0
+    shard_of: dict[str, Path] = {}
     for path in files:
         # The store's reader: the length prefix and every entry bound-checked before use.
-        for info in read_header(path).tensors.values():
+        for key, info in read_header(path).tensors.items():
+            if shard_of.setdefault(key, path) != path:  # counted twice, and refused by the loader
+                raise FormatError(f"{folder}: tensor {key!r} is in two shards: {shard_of[key].name} and {path.name}")
             dtype, shape, nbytes = info.dtype, info.shape, info.end - info.begin
             numel = math.prod(shape)
             if glyd_folder:

@@ -21,6 +21,8 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 import dense_decode_kernels as K
+import dense_escape_kernels as EK
+import dense_escapes as DE
 
 INSN = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)")
 BRA = re.compile(r"BRA\s+(?:`\()?(?:0x)?([0-9a-f]+)")
@@ -88,6 +90,20 @@ def candidate(layout: str, mode: int, cfg: K.Cfg | None = None) -> dict:
     ptrs = dict(PTRS, out_ptr="*bf16" if mode >= K.GEMV else "*i32", out16_ptr="*i16" if mode == K.UNPACK else "*i32")
     sig = {n: "constexpr" if n in const else ptrs.get(n, "i32") for n in K._dense_kernel.arg_names}
     rows, res = _sass(K._dense_kernel, sig, const, cfg.warps, (*ptrs, "KP"))
+    return analyse(rows, res, cfg.bn * cfg.bk / (32 * cfg.warps))
+
+
+def win_candidate(name: str, mode: int, cfg: K.Cfg | None = None, rare: bool = True) -> dict:
+    """An escape-scheme kernel (``dense_escape_kernels``); ``rare=False``: without the flagged blocks'
+    rounds (straight-line code inside the step that unflagged blocks branch over)."""
+    lay, scheme = DE.split(name)
+    cfg = cfg or EK.DEFAULTS[mode]
+    const = dict(BN=cfg.bn, BK=cfg.bk, LAYOUT=K.LAYOUT_IDS[lay], SCHEME=EK.SCHEME_IDS[scheme], MODE=mode, HW=True,
+                 RARE=rare)
+    ptrs = dict(PTRS, esub_ptr="*i32", out_ptr="*bf16" if mode >= K.GEMV else "*i32",
+                out16_ptr="*i16" if mode == K.UNPACK else "*i32")
+    sig = {n: "constexpr" if n in const else ptrs.get(n, "i32") for n in EK._win_kernel.arg_names}
+    rows, res = _sass(EK._win_kernel, sig, const, cfg.warps, (*ptrs, "KP"))
     return analyse(rows, res, cfg.bn * cfg.bk / (32 * cfg.warps))
 
 
@@ -163,6 +179,14 @@ def report() -> int:
         for mode, m in K.MODES.items():
             for cfg in (K.DEFAULTS[m], K.LARGE[m]):
                 items.append((f"{lay}/{mode}@{cfg.bn}x{cfg.bk}", lambda lay=lay, m=m, cfg=cfg: candidate(lay, m, cfg)))
+    for lay in DE.LAYOUTS:  # the escape schemes; "-rare": without the flagged blocks' rounds
+        for mode, m in K.MODES.items():
+            for cfg in (EK.DEFAULTS[m], EK.LARGE[m]):
+                for rare in (True, False) if m in (K.FOLD, K.GEMV, K.UNPACK) else (True,):
+                    items.append((f"{lay}/{mode}@{cfg.bn}x{cfg.bk}" + ("" if rare else "-rare"),
+                                  lambda lay=lay, m=m, cfg=cfg, rare=rare: win_candidate(lay, m, cfg, rare)))
+    only = os.environ.get("DENSE_SASS_ONLY")  # a substring: report only the kernels whose name has it
+    items = [it for it in items if not only or only in it[0]]
     for name, fn in items:
         try:
             r = fn()

@@ -12,6 +12,9 @@ larger one (``@BNxBK``). References: ``bf16/copy`` (``copy_``), ``bf16/fold`` (a
 XOR-folded), ``bf16/gemv1`` (``F.linear``), ``fixed12/unpack`` (``glyd.kernels.unpack``),
 ``fixed12/fold`` (its unpack's decode, folded), ``fixed12/gemv1`` and ``dense11/gemv1``
 (``glyd.kernels.linear``, the registry's choice), ``dense11/unpack`` (``glyd.kernels.unpack``).
+The escape schemes of ``dense_escapes.py`` (step 3: no escape rounds) are variants too:
+``niblut+win``, ``nibswar+win``, ``niblut+winc`` with the same modes and tiles (``--variants escapes``:
+those, the references and the rounds scheme they replace).
 
 Every variant is checked first on each timed matrix, every candidate also on adversarial ones (all
 65,536 bf16 patterns, a NaN/inf matrix whose window base is 249, a normal matrix with exceptions, a
@@ -58,6 +61,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import glyd  # noqa: E402
 import dense_candidates as DC  # noqa: E402
 import dense_decode_kernels as K  # noqa: E402
+import dense_escape_kernels as EK  # noqa: E402
+import dense_escapes as DE  # noqa: E402
 
 MODES = ("unpack", "hot", "fold", "gemv1", "gemv1hot")
 REFS = ("bf16/copy", "bf16/fold", "bf16/gemv1", "fixed12/unpack", "fixed12/fold", "fixed12/gemv1", "dense11/unpack",
@@ -65,14 +70,20 @@ REFS = ("bf16/copy", "bf16/fold", "bf16/gemv1", "fixed12/unpack", "fixed12/fold"
 # each candidate variant in two tile shapes: the default (``K.DEFAULTS``) and a larger step ("@BNxBK",
 # 4 warps: ``K.LARGE``)
 LARGE = {mode: f"{K.LARGE[m].bn}x{K.LARGE[m].bk}" for mode, m in K.MODES.items()}
-VARIANTS = (*REFS, *(f"{lay}/{mode}{sfx}" for lay in DC.LAYOUTS for mode in MODES for sfx in ("", "@" + LARGE[mode])))
+# the escape schemes of dense_escapes.py (issue 35, step 3): "arrangement+scheme/mode[@BNxBK]", the same tiles
+CANDS = (*DC.LAYOUTS, *DE.LAYOUTS)
+VARIANTS = (*REFS, *(f"{lay}/{mode}{sfx}" for lay in CANDS for mode in MODES for sfx in ("", "@" + LARGE[mode])))
+#: ``--variants escapes``: the escape schemes in both tiles, the references, and the rounds scheme they replace
+SETS = {"escapes": ("bf16/copy", "bf16/fold", "bf16/gemv1", "fixed12/fold", "fixed12/gemv1", "niblut/hot", "niblut/fold",
+                    "niblut/gemv1", "niblut/gemv1hot", "nibswar/gemv1hot",
+                    *(v for v in VARIANTS if v.split("/")[0] in DE.LAYOUTS))}
 
 
 def parse(name: str) -> tuple[str, str, K.Cfg | None]:
     """(layout, mode, tile config or None) of a variant name ``layout/mode[@BNxBK]``."""
     lay, rest = name.split("/")
     mode, _, tile = rest.partition("@")
-    if lay not in DC.LAYOUTS:
+    if lay not in CANDS:
         return lay, mode, None
     if not tile:
         return lay, mode, K.DEFAULTS[K.MODES[mode]]
@@ -187,6 +198,10 @@ class Suite:
             a = DC.pack(w, lay)
             self.preps[lay] = [K.Prepared(a, self.shape, lay)] + [
                 K.Prepared({x: t.clone() for x, t in a.items()}, self.shape, lay) for _ in range(copies - 1)]
+        for lay in lays & set(DE.LAYOUTS):
+            a = DE.pack(w, lay)
+            self.preps[lay] = [EK.Prepared(a, self.shape, lay)] + [
+                EK.Prepared({x: t.clone() for x, t in a.items()}, self.shape, lay) for _ in range(copies - 1)]
         self.nbytes = {lay: DC.nbytes(ps[0].a) for lay, ps in self.preps.items()}
         self.nbytes.update({lay: ps[0].nbytes for lay, ps in self.packed.items()})
         self.nbytes["bf16"] = 2 * n * k
@@ -222,14 +237,15 @@ class Suite:
             ps = self.preps[lay]
             m = K.MODES[mode]
             cfg = parse(name)[2]
+            go = EK.launch if lay in DE.LAYOUTS else K.launch
             if mode == "unpack":
-                one = lambda i: K.launch(ps[i], m, self.out[i], cfg=cfg)  # noqa: E731
+                one = lambda i: go(ps[i], m, self.out[i], cfg=cfg)  # noqa: E731
             elif mode.startswith("gemv1"):
                 bufs = [torch.empty(n, dtype=torch.bfloat16, device=dev) for _ in ps]
-                one = lambda i: K.launch(ps[i], m, bufs[i], self.x[0], cfg)  # noqa: E731
+                one = lambda i: go(ps[i], m, bufs[i], self.x[0], cfg)  # noqa: E731
             else:
                 bufs = [torch.empty(n // cfg.bn, ps[0].nbr, dtype=torch.int32, device=dev) for _ in ps]
-                one = lambda i: K.launch(ps[i], m, bufs[i], cfg=cfg)  # noqa: E731
+                one = lambda i: go(ps[i], m, bufs[i], cfg=cfg)  # noqa: E731
 
         def run_all():
             for i in range(self.copies):
@@ -246,7 +262,7 @@ def check_output(name: str, y: torch.Tensor, w: torch.Tensor, x: torch.Tensor, s
         return f"{bad} weights differ" if bad else ""
     if mode.startswith("gemv1"):
         if mode == "gemv1hot":  # the matrix the kernel multiplies: escapes at their placeholder
-            w = DC.bits(suite.preps[lay][0].a, shape, lay, escapes=False).view(torch.bfloat16)
+            w = _bits(suite.preps[lay][0].a, shape, lay, escapes=False).view(torch.bfloat16)
         ref = x.double() @ w.double().T
         err = float((y.reshape(ref.shape).double() - ref).norm() / ref.norm())
         return "" if math.isfinite(err) and err < 1e-2 else f"relative error {err:.3g}"
@@ -257,9 +273,14 @@ def check_output(name: str, y: torch.Tensor, w: torch.Tensor, x: torch.Tensor, s
     else:
         a = suite.preps[lay][0].a
         opts = dict(escapes=False) if mode == "hot" else dict(exceptions=False)
-        want = fold_ref(DC.bits(a, shape, lay, **opts), parse(name)[2].bn)
+        want = fold_ref(_bits(a, shape, lay, **opts), parse(name)[2].bn)
     bad = int((y.view(-1) != want.view(-1)).sum())
     return f"{bad} of {want.numel()} program folds differ" if bad else ""
+
+
+def _bits(a: dict[str, torch.Tensor], shape: tuple[int, int], lay: str, **opts) -> torch.Tensor:
+    # the reference decode of candidate arrays (an arrangement, or an arrangement with an escape scheme)
+    return (DE.bits if lay in DE.LAYOUTS else DC.bits)(a, shape, lay, **opts)
 
 
 def check(names: list[str], w: torch.Tensor, label: str, finite: bool = True) -> dict[str, str]:
@@ -272,11 +293,13 @@ def check(names: list[str], w: torch.Tensor, label: str, finite: bool = True) ->
         try:
             _, one = s.fn(name)
             K.LAUNCHED.clear()
+            EK.LAUNCHED.clear()
             y = one()
             res[name] = check_output(name, y, w, s.x, s)
             cfg = parse(name)[2]
-            if cfg is not None and K.LAUNCHED != [cfg]:
-                res[name] = f"launched with {K.LAUNCHED}, not the {cfg} its name says"
+            launched = EK.LAUNCHED if parse(name)[0] in DE.LAYOUTS else K.LAUNCHED
+            if cfg is not None and launched != [cfg]:
+                res[name] = f"launched with {launched}, not the {cfg} its name says"
         except Exception as exc:  # a variant that fails to compile or run is a finding, reported
             res[name] = f"{type(exc).__name__}: {str(exc)[:200]}"
         print(f"check {label:24s} {name:16s} {'ok' if not res[name] else 'FAIL: ' + res[name]}", flush=True)
@@ -356,7 +379,7 @@ def checks(names: list[str], dev: str, shape: tuple[int, int], kinds: list[str],
     for kind in kinds:
         w = make_matrix(*shape, dev, kind)
         fails.update({f"timed {kind}: {k}": v for k, v in check(names, w, f"{kind} {shape[0]}x{shape[1]}").items() if v})
-    cands = [v for v in names if v.split("/")[0] in DC.LAYOUTS]
+    cands = [v for v in names if v.split("/")[0] in CANDS]
     mats = adversarial(dev)
     if tiny:
         real = real_slice()
@@ -380,7 +403,7 @@ def main() -> int:
     ap.add_argument("--matrices", default=",".join(MATRICES), help="timed matrices: whisper, normal or both")
     ap.add_argument("--copies", type=int, default=16)
     ap.add_argument("--replays", type=int, default=20)
-    ap.add_argument("--variants", default="all", help="comma list of layout/mode (or all)")
+    ap.add_argument("--variants", default="all", help="comma list of layout/mode, all, or " + ", ".join(SETS))
     ap.add_argument("--tiny", action="store_true", help="CPU check under TRITON_INTERPRET=1 (no timing)")
     ap.add_argument("--sass", action="store_true", help="static sm_90 SASS of each candidate kernel (CPU)")
     ap.add_argument("--ncu-one", default=None, metavar="NAME", help="one launch of NAME for Nsight Compute")
@@ -388,7 +411,7 @@ def main() -> int:
     a = ap.parse_args()
     shape = tuple(int(v) for v in a.shape.split("x"))
     kinds = a.matrices.split(",")
-    names = list(VARIANTS) if a.variants == "all" else a.variants.split(",")
+    names = list(VARIANTS) if a.variants == "all" else list(SETS.get(a.variants, a.variants.split(",")))
     unknown = [v for v in names + ([a.ncu_one] if a.ncu_one else []) if v not in VARIANTS]
     if unknown or set(kinds) - set(MATRICES):
         raise SystemExit(f"unknown variants {unknown} or matrices {kinds}; known: {', '.join(VARIANTS)}; "
@@ -404,9 +427,11 @@ def main() -> int:
           f"device {torch.cuda.get_device_name() if dev == 'cuda' else 'cpu (TRITON_INTERPRET=1)'}", flush=True)
     t0 = time.perf_counter()
     if a.tiny:  # the candidates' kernels and the fold references; glyd's own kernels have their tests
-        names = [v for v in names if v.split("/")[0] in DC.LAYOUTS or v in ("bf16/fold", "fixed12/fold")]
+        names = [v for v in names if v.split("/")[0] in CANDS or v in ("bf16/fold", "fixed12/fold")]
         shape = (32, 1536)
-        kinds = kinds[-1:]  # one timed matrix (whisper: the most escapes); the adversarial set has a normal one
+        # one timed matrix, whisper where asked (the most escapes; before 2026-12-04 this took the last
+        # kind, normal, so the whisper-like matrix went unchecked); the adversarial set has a normal one
+        kinds = ["whisper"] if "whisper" in kinds else kinds[:1]
     fails = checks(names, dev, shape, kinds, a.tiny)
     print(f"checks: {len(fails)} failures in {time.perf_counter() - t0:.0f} s" + "".join(
         f"\n  {k}: {v}" for k, v in fails.items()), flush=True)

@@ -1,4 +1,4 @@
-"""Issue 35, step 3: Triton kernels for the escape schemes of ``dense_escapes.py`` (``win``, ``winc``)
+"""Issue 35, step 3: Triton kernels for the escape schemes of ``dense_escapes.py`` (``win``, ``winc``, ``wincx``)
 on the ``nibswar`` and ``niblut`` arrangements, with the modes of ``dense_decode_kernels.py``
 (``UNPACK``, ``HOT``, ``FOLD``, ``GEMV``, ``GEMV_HOT``). Research code: not in ``src/``.
 
@@ -16,8 +16,10 @@ constants of its register) and patches the escapes inside the lane words:
    escapes' bytes, 2 ``prmt`` to put them in place: about 10 operations for 4 weights.
 
 Ranks 8 and up of a run (a block with such a run has bit 15 of its ``esc_off`` set) take a pass of
-rounds after the patch, in flagged blocks only: a uniform branch that real weights almost never
-take (``dense_escapes.py`` counts them).
+rounds after the patch, in flagged blocks only: a uniform branch that real weights seldom take
+(``dense_escapes.py`` counts them). ``wincx`` has no rounds: its packer makes those escapes
+exceptions (digit 15), the patch gives them exponent 0, and the exception pass (GEMV) or the
+launcher's scatter (unpack) patches them as any exception.
 
 Assumes the probe's shapes (N % BN == 0, K == Kp, Kp % BK == 0, BK in 256, 512, 1024); the launcher
 checks it. Under ``TRITON_INTERPRET=1`` ``prmt``, ``popc`` and the funnel shift have twins.
@@ -37,7 +39,7 @@ from glyd.kernels._interp import isolated
 from glyd.kernels.fixed12.words import f32_lane, x_lane
 
 _UNPACK, _HOT, _FOLD, _GEMV, _GEMV_HOT = K._UNPACK, K._HOT, K._FOLD, K._GEMV, K._GEMV_HOT
-SCHEME_IDS = {"win": 0, "winc": 1}
+SCHEME_IDS = {"win": 0, "winc": 1, "wincx": 2}
 _CAP = tl.constexpr(DE.CAP)  # what a jit function may read of a global
 
 
@@ -96,8 +98,10 @@ def _colmask(f0, f1, f2, f3, LAYOUT: tl.constexpr):
 
 
 @triton.jit
-def _window_tables(rank, tot, esc_ptr, NESCW, HA0, HA1, HB0, HB1, LA0, LA1, LB0, LB1, HW: tl.constexpr):
-    # the hi bytes and low bits (as 0x80) of the exponents of a run's first 8 escapes: 4 words [BN, W]
+def _window_tables(rank, tot, esc_ptr, NESCW, HA0, HA1, HB0, HB1, LA0, LA1, LB0, LB1, LOW: tl.constexpr,
+                   HW: tl.constexpr):
+    # the hi bytes and low bits (as 0x80, or as 0x01 where LOW: wincx shifts them after the lane's
+    # lookup, whose sign-replicated bytes must stay 0) of a run's first 8 escapes: 4 words [BN, W]
     wi = rank >> 3
     sh = (4 * (rank & 7)).to(tl.uint32)
     w0 = tl.load(esc_ptr + wi, mask=(tot > 0) & (wi < NESCW), other=0).to(tl.uint32, bitcast=True)
@@ -110,14 +114,17 @@ def _window_tables(rank, tot, esc_ptr, NESCW, HA0, HA1, HB0, HB1, LA0, LA1, LB0,
     # gives 0 (every table byte is below 0x80)
     eh0 = _lookup_sr(HA0, HA1, d0, HW) | _lookup_sr(HB0, HB1, d0 ^ 0x8888, HW)
     eh1 = _lookup_sr(HA0, HA1, d1, HW) | _lookup_sr(HB0, HB1, d1 ^ 0x8888, HW)
-    el0 = (_lookup_sr(LA0, LA1, d0, HW) | _lookup_sr(LB0, LB1, d0 ^ 0x8888, HW)) << 7
-    el1 = (_lookup_sr(LA0, LA1, d1, HW) | _lookup_sr(LB0, LB1, d1 ^ 0x8888, HW)) << 7
+    el0 = _lookup_sr(LA0, LA1, d0, HW) | _lookup_sr(LB0, LB1, d0 ^ 0x8888, HW)
+    el1 = _lookup_sr(LA0, LA1, d1, HW) | _lookup_sr(LB0, LB1, d1 ^ 0x8888, HW)
+    if not LOW:
+        el0 = el0 << 7
+        el1 = el1 << 7
     return eh0, eh1, el0, el1
 
 
 @triton.jit
 def _half(Xa, Xb, s4, Fa, Fb, Pa, Pb, Pc, Pd, eh0, eh1, el0, el1, BL, BH, TH0, TH1, TL0, TL1, LAYOUT: tl.constexpr,
-          ESC: tl.constexpr, HW: tl.constexpr):
+          ESC: tl.constexpr, XOVF: tl.constexpr, HW: tl.constexpr):
     # (hi, lo) byte lanes [BN, W, 4] of one half of each run (words Xa, Xb: lanes (x, h) = (a, 0), (a, 1),
     # (b, 0), (b, 1)), escapes patched when ESC. Fa, Fb: the words' escape flags (bit 4i: nibble i)
     # times 4 (niblut); P*: niblut: Pa, Pb the words' exclusive nibble prefixes, Pc, Pd their first
@@ -148,10 +155,14 @@ def _half(Xa, Xb, s4, Fa, Fb, Pa, Pb, Pc, Pd, eh0, eh1, el0, el1, BL, BH, TH0, T
             B = tl.where(qq == 0, Pa[:, :, None], tl.where(qq == 1, Pb[:, :, None],
                                                            tl.where(qq == 2, Pc[:, :, None], Pd[:, :, None])))
             k = g * 0x1110 + B
-        # byte t from the escapes' word (4 + t) where an escape of rank < 8 is (bit 3 of k clear): one lop3
-        sel2 = (g4 & ((k >> 1) ^ 0xFFFFFFFF)) | 0x3210
+        if XOVF:  # every escape takes its byte; ranks 8 and up (bit 3 of k: sign-replicated 0) get exponent 0
+            sel2 = g4 | 0x3210
+            esc_lo = _lookup_sr(el0[:, :, None], el1[:, :, None], k, HW) << 7
+        else:  # byte t from the escapes' word (4 + t) where an escape of rank < 8 is (bit 3 of k clear)
+            sel2 = (g4 & ((k >> 1) ^ 0xFFFFFFFF)) | 0x3210
+            esc_lo = _lookup_sr(el0[:, :, None], el1[:, :, None], k, HW)
         hot_hi = _lookup(hot_hi, _lookup_sr(eh0[:, :, None], eh1[:, :, None], k, HW), sel2, HW)
-        hot_lo = _lookup(hot_lo, _lookup_sr(el0[:, :, None], el1[:, :, None], k, HW), sel2, HW)
+        hot_lo = _lookup(hot_lo, esc_lo, sel2, HW)
     return hot_hi | (s4 & 0x80808080), hot_lo | (s4 & 0x7F7F7F7F)
 
 
@@ -229,6 +240,7 @@ def _win_kernel(code_ptr, sm_ptr, sm8_ptr, esc_ptr, ebase_ptr, eoff_ptr, esub_pt
     # rounds for ranks 8 and up (wrong on flagged blocks: only for counting the step's SASS without them).
     W: tl.constexpr = BK // 32
     ESC: tl.constexpr = (MODE != _HOT) and (MODE != _GEMV_HOT)
+    XOVF: tl.constexpr = SCHEME == 2  # wincx: ranks 8 and up are exceptions (the launcher's / GEMV's pass)
     IS_GEMV: tl.constexpr = MODE >= _GEMV
     pid_n = tl.program_id(0)
     rn = pid_n * BN + tl.arange(0, BN)
@@ -305,7 +317,7 @@ def _win_kernel(code_ptr, sm_ptr, sm8_ptr, esc_ptr, ebase_ptr, eoff_ptr, esub_pt
                     first = rbase + tl.where(j > 0, (esub >> (10 * tl.maximum(j - 1, 0))) & 0x3FF, 0)
                     run = first[:, None]
                 rk = run + tl.cumsum(tot, axis=1) - tot
-                eh0, eh1, el0, el1 = _window_tables(rk, tot, esc_ptr, NESCW, A0, A1, B0, B1, C0, C1, D0, D1, HW)
+                eh0, eh1, el0, el1 = _window_tables(rk, tot, esc_ptr, NESCW, A0, A1, B0, B1, C0, C1, D0, D1, XOVF, HW)
                 if LAYOUT == 3:  # the words' flags (times 4), exclusive nibble prefixes and first ranks
                     F0 = f0 << 2
                     F1 = f1 << 2
@@ -326,12 +338,12 @@ def _win_kernel(code_ptr, sm_ptr, sm8_ptr, esc_ptr, ebase_ptr, eoff_ptr, esub_pt
                     Pb1 = _clamp8(b2 + _popc(f2 & 0x01010101, HW))
                     Pc1 = _clamp8(b3)
                     Pd1 = _clamp8(b3 + _popc(f3 & 0x01010101, HW))
-                if SCHEME == 1:
+                if SCHEME != 0:
                     run = run + tl.sum(tot, axis=1, keep_dims=True)  # the next step's first ranks
             hia, loa = _half(c0, c1, s4a, F0, F1, Pa0, Pb0, Pc0, Pd0, eh0, eh1, el0, el1, BLu, BHu, T0, T1, U0, U1, LAYOUT,
-                             ESC, HW)
+                             ESC, XOVF, HW)
             hib, lob = _half(c2, d, s4b, F2, F3, Pa1, Pb1, Pc1, Pd1, eh0, eh1, el0, el1, BLu, BHu, T0, T1, U0, U1, LAYOUT,
-                             ESC, HW)
+                             ESC, XOVF, HW)
             xa0 = z
             xb0 = z
             xa1 = z
@@ -345,7 +357,7 @@ def _win_kernel(code_ptr, sm_ptr, sm8_ptr, esc_ptr, ebase_ptr, eoff_ptr, esub_pt
             po = rn3 * (KP // 2) + kb // 2 + 16 * wi3 + 2 * q3
             acc, fold = _lanes_out(hia, loa, xa0, xb0, acc, fold, out_ptr, po, MODE, HW)
             acc, fold = _lanes_out(hib, lob, xa1, xb1, acc, fold, out_ptr, po + 8, MODE, HW)
-            if ESC and RARE:
+            if ESC and RARE and not XOVF:
                 if big != 0:
                     cm = _colmask(f0, f1, f2, f3, LAYOUT)
                     fold_e, acc_e = _rounds(cm, rk, kb, rn2, wi2, esc_ptr, etab_ptr, sm8_ptr, xh_ptr, out16_ptr,

@@ -20,11 +20,14 @@ digits lie and what a kernel reads to find them:
   a pass of rounds for ranks 8 and up.
 - ``winc``: ``win`` without ``esc_sub`` (dense11's size to the bit): a step's first ranks are
   carried from the step before inside each 1024-column block (four steps of 256).
+- ``wincx``: ``winc`` with no rounds at all: an escape of rank 8 or more in its run keeps its place
+  in the stream with digit 15 and joins the exception list (flat index and exponent, 40 bits; the
+  kernels leave it at exponent 0 and the exception pass patches it, as any digit-15 weight). No flag.
 
     PYTHONPATH=src python benchmarks/probes/dense_escapes.py          # bits a weight, round trips
 
 The kernels: ``dense_escape_kernels.py``; the timing: ``probe_dense_decode.py`` (variants
-``niblut+win/...``, ``nibswar+win/...``, ``niblut+winc/...``).
+``niblut+win/...``, ``nibswar+win/...``, ``niblut+winc/...``, ``niblut+wincx/...``).
 """
 
 from __future__ import annotations
@@ -38,8 +41,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import dense_candidates as DC  # noqa: E402
 
-SCHEMES = ("win", "winc")
-LAYOUTS = ("nibswar+win", "niblut+win", "niblut+winc")
+SCHEMES = ("win", "winc", "wincx")
+LAYOUTS = ("nibswar+win", "niblut+win", "niblut+winc", "niblut+wincx")
 SUB = 256  # columns a sub-block: the GEMV's step, whose first ranks ``esc_sub`` gives
 CAP = 8  # escapes a run's window patches; a run with more flags its block (bit 15 of esc_off)
 BIG = 0x8000
@@ -73,11 +76,44 @@ def pack(w: torch.Tensor, name: str) -> dict[str, torch.Tensor]:
     if off.numel() and int(off.max()) >= BIG:
         raise ValueError("esc_off needs bit 15 (a super block of more than 32767 escapes)")
     off = off | torch.where(big, BIG, 0)
+    if scheme == "wincx":  # ranks 8 and up: digit 15 and an exception each; no flag, no rounds
+        return _overflow_as_exceptions(a, cols, w)
     a["esc_off"] = torch.where(off >= BIG, off - 2**16, off).to(torch.int16).view(torch.uint16)
     if scheme == "win":
         sub = per_run.view(n * nbr, DC.BLOCK // SUB, SUB // DC.RUN).sum(-1).cumsum(-1)[:, :-1]  # [nblk, 3] <= 768
         word = sub[:, 0] | (sub[:, 1] << 10) | (sub[:, 2] << 20)
         a["esc_sub"] = word.to(torch.int32)
+    return a
+
+
+def _overflow_as_exceptions(a: dict[str, torch.Tensor], cols: torch.Tensor, w: torch.Tensor) -> dict[str, torch.Tensor]:
+    # the escapes of rank 8 and up in their run get digit 15 in the stream (which keeps every rank)
+    # and join the exception list (flat index, true exponent)
+    n, k = w.shape
+    esc = cols == DC.D.ESCAPE  # [N, R, 32], column order = the stream's
+    over = (esc & (esc.cumsum(-1) > CAP)).reshape(-1)[esc.reshape(-1)]  # a flag a digit, stream order
+    dev = w.device
+    nd = int(esc.sum())
+    i = torch.arange(nd, device=dev)
+    words = a["esc"].to(torch.int64) & 0xFFFFFFFF
+    dig = (words[i // 8] >> (4 * (i % 8))) & 15
+    over = over & (dig != DC.D.RAW)  # one that is an exception already stays listed once
+    dig = torch.where(over, torch.full_like(dig, DC.D.RAW), dig)
+    pad = torch.zeros(words.numel() * 8, dtype=torch.int64, device=dev)
+    pad[:nd] = dig
+    a["esc"] = DC._to_i32((pad.view(-1, 8) << (4 * torch.arange(8, device=dev))).sum(1))
+    flat = torch.nonzero(esc.reshape(-1)).squeeze(1)[over]  # index in [N, Kp]
+    kp = a["sm"].shape[1]
+    row, col = flat // kp, flat % kp
+    new = row * k + col
+    idx = torch.cat([a["exc_idx"].to(torch.int64), new])
+    order = torch.argsort(idx)
+    exp = (w.view(torch.int16).to(torch.int64) >> 7) & 0xFF
+    vals = torch.cat([a["exc_exp"].to(torch.int64), exp[row, col]])
+    if torch.unique(idx).numel() != idx.numel():
+        raise AssertionError("an exception listed twice: the GEMV's exception pass would add it twice")
+    a["exc_idx"] = idx[order].to(a["exc_idx"].dtype)
+    a["exc_exp"] = vals[order].to(torch.uint8)
     return a
 
 
@@ -116,24 +152,27 @@ def main() -> int:
     srcs.update(sources())
     print(f"glyd {glyd.__version__}, torch {torch.__version__}, numpy {np.__version__}, "
           f"python {platform.python_version()}, {platform.machine()}")
-    print("\n| weights | weights (M) | dense11 | " + " | ".join(LAYOUTS) + " | blocks flagged (> 8 a run) | round trips |")
-    print("|---" * (5 + len(LAYOUTS)) + "|")
+    print("\n| weights | weights (M) | dense11 | " + " | ".join(LAYOUTS) + " | blocks flagged (> 8 a run) | escapes made exceptions (wincx) | round trips |")
+    print("|---" * (6 + len(LAYOUTS)) + "|")
     for src, mats in srcs.items():
         numel = sum(m.numel() for m in mats.values())
         tot = dict.fromkeys(("dense11", *LAYOUTS), 0)
-        checked = flagged = blocks = 0
+        checked = flagged = blocks = moved = 0
         for w in mats.values():
             tot["dense11"] += 8 * glyd.pack(w, "dense11").nbytes
             for name in LAYOUTS:
                 a = pack(w, name)
+                if name == "niblut+win":
+                    flagged += int(((a["esc_off"].view(torch.int16).to(torch.int32) & 0xFFFF) >= BIG).sum())
+                    blocks += a["esc_off"].numel()
+                if name == "niblut+wincx":
+                    moved += a["exc_idx"].numel() - glyd.pack(w, "dense11").arrays["exc_idx"].numel()
                 if not torch.equal(bits(a, tuple(w.shape), name), w.view(torch.int16)):
                     raise SystemExit(f"{name}: round trip of a {tuple(w.shape)} matrix of {src} failed")
                 tot[name] += 8 * DC.nbytes(a)
                 checked += 1
-            flagged += int(((a["esc_off"].view(torch.int16).to(torch.int32) & 0xFFFF) >= BIG).sum())
-            blocks += a["esc_off"].numel()
         cells = " | ".join(f"{tot[x] / numel:.3f}" for x in ("dense11", *LAYOUTS))
-        print(f"| {src} | {numel / 1e6:.2f} | {cells} | {flagged} of {blocks} | {checked} bit-exact |")
+        print(f"| {src} | {numel / 1e6:.2f} | {cells} | {flagged} of {blocks} | {moved} | {checked} bit-exact |")
     return 0
 
 

@@ -13,8 +13,9 @@ XOR-folded), ``bf16/gemv1`` (``F.linear``), ``fixed12/unpack`` (``glyd.kernels.u
 ``fixed12/fold`` (its unpack's decode, folded), ``fixed12/gemv1`` and ``dense11/gemv1``
 (``glyd.kernels.linear``, the registry's choice), ``dense11/unpack`` (``glyd.kernels.unpack``).
 The escape schemes of ``dense_escapes.py`` (step 3: no escape rounds) are variants too:
-``niblut+win``, ``nibswar+win``, ``niblut+winc`` with the same modes and tiles (``--variants escapes``:
-those, the references and the rounds scheme they replace).
+``niblut+win``, ``nibswar+win``, ``niblut+winc``, ``niblut+wincx`` with the same modes and tiles
+(``--variants escapes``: most of those, the references and the rounds scheme they replace), checked
+also on a matrix with runs of 12, 20 and 32 escapes (``crowded runs``).
 
 Every variant is checked first on each timed matrix, every candidate also on adversarial ones (all
 65,536 bf16 patterns, a NaN/inf matrix whose window base is 249, a normal matrix with exceptions, a
@@ -73,10 +74,14 @@ LARGE = {mode: f"{K.LARGE[m].bn}x{K.LARGE[m].bk}" for mode, m in K.MODES.items()
 # the escape schemes of dense_escapes.py (issue 35, step 3): "arrangement+scheme/mode[@BNxBK]", the same tiles
 CANDS = (*DC.LAYOUTS, *DE.LAYOUTS)
 VARIANTS = (*REFS, *(f"{lay}/{mode}{sfx}" for lay in CANDS for mode in MODES for sfx in ("", "@" + LARGE[mode])))
-#: ``--variants escapes``: the escape schemes in both tiles, the references, and the rounds scheme they replace
+#: ``--variants escapes``: the references, the rounds scheme the escape schemes replace, and the escape schemes:
+#: ``niblut+win`` in every mode and tile; ``hot`` and ``gemv1hot`` are the same code in every niblut scheme, so
+#: ``niblut+winc`` and ``niblut+wincx`` without them; ``nibswar+win`` in the default tiles
 SETS = {"escapes": ("bf16/copy", "bf16/fold", "bf16/gemv1", "fixed12/fold", "fixed12/gemv1", "niblut/hot", "niblut/fold",
                     "niblut/gemv1", "niblut/gemv1hot", "nibswar/gemv1hot",
-                    *(v for v in VARIANTS if v.split("/")[0] in DE.LAYOUTS))}
+                    *(v for v in VARIANTS if v.startswith("niblut+win/")),
+                    *(v for v in VARIANTS if v.startswith(("niblut+winc/", "niblut+wincx/")) and "hot" not in v),
+                    *(v for v in VARIANTS if v.startswith("nibswar+win/") and "@" not in v))}
 
 
 def parse(name: str) -> tuple[str, str, K.Cfg | None]:
@@ -135,7 +140,19 @@ def adversarial(dev: str) -> dict[str, torch.Tensor]:
     nan[2, ::3] = -1e-38
     return {"all 65536 patterns": pats.to(dev), "NaN/inf (base 249)": nan.to(dev),
             "normal + exceptions": with_exceptions(make_matrix(32, 1536, dev, "normal", 1)),
-            "whisper-like": make_matrix(32, 1536, dev, "whisper", 1)}
+            "whisper-like": make_matrix(32, 1536, dev, "whisper", 1),
+            "crowded runs": with_crowded_runs(make_matrix(32, 1536, dev, "normal", 2))}
+
+
+def with_crowded_runs(w: torch.Tensor) -> torch.Tensor:
+    """A copy of ``w`` in which 3 runs of 32 weights hold 12, 20 and 32 escapes (finite, outside the
+    window: 2^-20 to 2^10): the escape schemes' ranks 8 and up (rounds or exceptions) in a GEMV."""
+    w = w.clone()
+    n, k = w.shape
+    for i, (r, c, cnt) in enumerate(((1, 64, 12), (n // 2, k - 32, 20), (n - 1, 320, 32))):
+        e = torch.tensor([107 + 30 * (j % 2) + (j % 5) for j in range(cnt)], dtype=torch.int32, device=w.device)
+        w.view(torch.int16)[r, c:c + cnt] = ((e << 7) | 0x2A | ((torch.arange(cnt, device=w.device) % 3 == 0) << 15)).to(torch.int16)
+    return w
 
 
 def with_exceptions(w: torch.Tensor) -> torch.Tensor:

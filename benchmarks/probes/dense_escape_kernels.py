@@ -340,10 +340,10 @@ def _win_kernel(code_ptr, sm_ptr, sm8_ptr, esc_ptr, ebase_ptr, eoff_ptr, esub_pt
                     Pd1 = _clamp8(b3 + _popc(f3 & 0x01010101, HW))
                 if SCHEME != 0:
                     run = run + tl.sum(tot, axis=1, keep_dims=True)  # the next step's first ranks
-            hia, loa = _half(c0, c1, s4a, F0, F1, Pa0, Pb0, Pc0, Pd0, eh0, eh1, el0, el1, BLu, BHu, T0, T1, U0, U1, LAYOUT,
-                             ESC, XOVF, HW)
-            hib, lob = _half(c2, d, s4b, F2, F3, Pa1, Pb1, Pc1, Pd1, eh0, eh1, el0, el1, BLu, BHu, T0, T1, U0, U1, LAYOUT,
-                             ESC, XOVF, HW)
+            hia, loa = _half(c0, c1, s4a, F0, F1, Pa0, Pb0, Pc0, Pd0, eh0, eh1, el0, el1, BLu, BHu, T0, T1, U0, U1,
+                             LAYOUT, ESC, XOVF, HW)
+            hib, lob = _half(c2, d, s4b, F2, F3, Pa1, Pb1, Pc1, Pd1, eh0, eh1, el0, el1, BLu, BHu, T0, T1, U0, U1,
+                             LAYOUT, ESC, XOVF, HW)
             xa0 = z
             xb0 = z
             xa1 = z

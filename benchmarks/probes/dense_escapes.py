@@ -152,7 +152,8 @@ def main() -> int:
     srcs.update(sources())
     print(f"glyd {glyd.__version__}, torch {torch.__version__}, numpy {np.__version__}, "
           f"python {platform.python_version()}, {platform.machine()}")
-    print("\n| weights | weights (M) | dense11 | " + " | ".join(LAYOUTS) + " | blocks flagged (> 8 a run) | escapes made exceptions (wincx) | round trips |")
+    print("\n| weights | weights (M) | dense11 | " + " | ".join(LAYOUTS)
+          + " | blocks flagged (> 8 a run) | escapes made exceptions (wincx) | round trips |")
     print("|---" * (6 + len(LAYOUTS)) + "|")
     for src, mats in srcs.items():
         numel = sum(m.numel() for m in mats.values())

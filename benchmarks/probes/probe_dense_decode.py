@@ -77,8 +77,8 @@ VARIANTS = (*REFS, *(f"{lay}/{mode}{sfx}" for lay in CANDS for mode in MODES for
 #: ``--variants escapes``: the references, the rounds scheme the escape schemes replace, and the escape schemes:
 #: ``niblut+win`` in every mode and tile; ``hot`` and ``gemv1hot`` are the same code in every niblut scheme, so
 #: ``niblut+winc`` and ``niblut+wincx`` without them; ``nibswar+win`` in the default tiles
-SETS = {"escapes": ("bf16/copy", "bf16/fold", "bf16/gemv1", "fixed12/fold", "fixed12/gemv1", "niblut/hot", "niblut/fold",
-                    "niblut/gemv1", "niblut/gemv1hot", "nibswar/gemv1hot",
+SETS = {"escapes": ("bf16/copy", "bf16/fold", "bf16/gemv1", "fixed12/fold", "fixed12/gemv1", "niblut/hot",
+                    "niblut/fold", "niblut/gemv1", "niblut/gemv1hot", "nibswar/gemv1hot",
                     *(v for v in VARIANTS if v.startswith("niblut+win/")),
                     *(v for v in VARIANTS if v.startswith(("niblut+winc/", "niblut+wincx/")) and "hot" not in v),
                     *(v for v in VARIANTS if v.startswith("nibswar+win/") and "@" not in v))}
@@ -149,9 +149,10 @@ def with_crowded_runs(w: torch.Tensor) -> torch.Tensor:
     window: 2^-20 to 2^10): the escape schemes' ranks 8 and up (rounds or exceptions) in a GEMV."""
     w = w.clone()
     n, k = w.shape
-    for i, (r, c, cnt) in enumerate(((1, 64, 12), (n // 2, k - 32, 20), (n - 1, 320, 32))):
+    for r, c, cnt in ((1, 64, 12), (n // 2, k - 32, 20), (n - 1, 320, 32)):
         e = torch.tensor([107 + 30 * (j % 2) + (j % 5) for j in range(cnt)], dtype=torch.int32, device=w.device)
-        w.view(torch.int16)[r, c:c + cnt] = ((e << 7) | 0x2A | ((torch.arange(cnt, device=w.device) % 3 == 0) << 15)).to(torch.int16)
+        sign = (torch.arange(cnt, device=w.device) % 3 == 0).to(torch.int32) << 15
+        w.view(torch.int16)[r, c:c + cnt] = ((e << 7) | 0x2A | sign).to(torch.int16)
     return w
 
 

@@ -146,7 +146,8 @@ def adversarial(dev: str) -> dict[str, torch.Tensor]:
 
 def with_crowded_runs(w: torch.Tensor) -> torch.Tensor:
     """A copy of ``w`` in which 3 runs of 32 weights hold 12, 20 and 32 escapes (finite, outside the
-    window: 2^-20 to 2^10): the escape schemes' ranks 8 and up (rounds or exceptions) in a GEMV."""
+    window: 2^-20 to 2^-16 and 2^10 to 2^14): the escape schemes' ranks 8 and up (rounds or
+    exceptions) in a GEMV."""
     w = w.clone()
     n, k = w.shape
     for r, c, cnt in ((1, 64, 12), (n // 2, k - 32, 20), (n - 1, 320, 32)):

@@ -101,14 +101,32 @@ def _common(body: Any, allowed: frozenset[str], policy: Policy) -> dict[str, Any
     if "stream" in body and not isinstance(body["stream"], bool):
         raise RequestError(f"stream must be true or false, got {body['stream']!r}", param="stream")
     n = body.pop("n", None)
-    if n is not None and n != 1:
+    if n is not None and (isinstance(n, bool) or n != 1):  # True == 1 in Python, not in JSON
         raise RequestError(f"n must be 1 (glyd serve returns one choice a request), got {n!r}", param="n")
-    body.pop("user", None)
-    opts = body.get("stream_options")
-    if opts is not None and not isinstance(opts, dict):
-        raise RequestError(f"stream_options must be an object, got {opts!r}", param="stream_options")
+    user = body.pop("user", None)
+    if user is not None and not isinstance(user, str):
+        raise RequestError(f"user must be a string, got {user!r}", param="user")
+    _check_stream_options(body)
     _check_sampling(body, policy)
     return body
+
+
+def _check_stream_options(body: dict[str, Any]) -> None:
+    """OpenAI's rule: ``stream_options`` (only ``include_usage``, a boolean) goes with ``stream: true``."""
+    opts = body.get("stream_options")
+    if opts is None:
+        return
+    if not isinstance(opts, dict):
+        raise RequestError(f"stream_options must be an object, got {opts!r}", param="stream_options")
+    if body.get("stream") is not True:
+        raise RequestError("stream_options is allowed only with stream: true", param="stream_options")
+    extra = sorted(set(opts) - {"include_usage"})
+    if extra:
+        raise RequestError(f"stream_options: field {extra[0]!r} is not supported by glyd serve (supported: "
+                           f"include_usage)", param="stream_options")
+    if not isinstance(opts.get("include_usage", False), bool):
+        raise RequestError(f"stream_options.include_usage must be true or false, got {opts['include_usage']!r}",
+                           param="stream_options")
 
 
 def _check_sampling(body: dict[str, Any], policy: Policy) -> None:

@@ -1,0 +1,39 @@
+"""What ``glyd serve`` accepts in a request body (:mod:`glyd.apps.serve_requests`), without a server."""
+
+from __future__ import annotations
+
+import pytest
+
+from glyd.apps.serve_requests import Policy, RequestError, check_chat, check_completion
+
+POLICY = Policy(served="m", temperature=0.0, top_p=1.0, max_tokens=16, context=64)
+MSGS = [{"role": "user", "content": "hi"}]
+
+
+def _chat(prompt_len: int = 5, **fields):
+    return check_chat({"model": "m", "messages": MSGS, **fields}, POLICY, prompt_tokens=lambda b: prompt_len)
+
+
+def _refused(call, *args, **kwargs) -> RequestError:
+    with pytest.raises(RequestError) as info:
+        call(*args, **kwargs)
+    assert info.value.status == 400
+    return info.value
+
+
+@pytest.mark.parametrize("fields, param, words", [
+    (dict(n=True), "n", "n must be 1"),
+    (dict(user=5), "user", "user must be a string"),
+    (dict(stream_options={"include_usage": True}), "stream_options", "only with stream"),
+    (dict(stream=False, stream_options={"include_usage": True}), "stream_options", "only with stream"),
+    (dict(stream=True, stream_options={"include_usage": "yes"}), "stream_options", "include_usage must be"),
+    (dict(stream=True, stream_options={"bogus": 1}), "stream_options", "'bogus' is not supported"),
+])
+def test_wrongly_typed_fields_are_refused_not_taken(fields, param, words):
+    err = _refused(_chat, **fields)
+    assert err.param == param and words in str(err)
+
+
+def test_well_typed_fields_pass():
+    body = _chat(n=1, user="alice", stream=True, stream_options={"include_usage": True})
+    assert body["max_tokens"] == 16 and "n" not in body and "user" not in body

@@ -37,3 +37,10 @@ def test_wrongly_typed_fields_are_refused_not_taken(fields, param, words):
 def test_well_typed_fields_pass():
     body = _chat(n=1, user="alice", stream=True, stream_options={"include_usage": True})
     assert body["max_tokens"] == 16 and "n" not in body and "user" not in body
+
+
+def test_max_tokens_with_a_null_max_completion_tokens_is_taken():
+    assert _chat(max_tokens=3, max_completion_tokens=None)["max_tokens"] == 3
+    assert _chat(max_tokens=None, max_completion_tokens=4)["max_tokens"] == 4
+    assert "both" in str(_refused(_chat, max_tokens=3, max_completion_tokens=4))
+

@@ -189,11 +189,12 @@ def check_chat(body: Any, policy: Policy, prompt_tokens: Callable[[dict[str, Any
             isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in parts))
         if not ok:
             raise RequestError(f"{where}.content must be a string or a list of text parts", param=where)
-    if "max_completion_tokens" in body:
+    if body.get("max_completion_tokens") is not None:
         if body.get("max_tokens") is not None:
             raise RequestError("give max_tokens or max_completion_tokens, not both", param="max_completion_tokens")
         _max_tokens(body, policy, prompt_tokens(body), key="max_completion_tokens")
-    else:
+    else:  # a null max_completion_tokens is an absent one (OpenAI's clients send it so)
+        body.pop("max_completion_tokens", None)
         _max_tokens(body, policy, prompt_tokens(body))
     return body
 

@@ -44,3 +44,13 @@ def test_max_tokens_with_a_null_max_completion_tokens_is_taken():
     assert _chat(max_tokens=None, max_completion_tokens=4)["max_tokens"] == 4
     assert "both" in str(_refused(_chat, max_tokens=3, max_completion_tokens=4))
 
+
+def test_a_prompt_longer_than_the_context_is_blamed_on_the_prompt_not_a_max_tokens_never_sent():
+    err = _refused(_chat, prompt_len=80)
+    assert err.param == "messages" and err.code == "context_length_exceeded"
+    assert "the prompt (80 tokens) does not fit this server's context of 64 tokens" in str(err)
+    assert "max_tokens" not in str(err)
+    err = _refused(check_completion, {"prompt": "x"}, POLICY, prompt_tokens=lambda b: 64)
+    assert err.param == "prompt" and "does not fit" in str(err)
+    err = _refused(_chat, prompt_len=60, max_tokens=10)  # an explicit max_tokens that does not fit: its fault
+    assert err.param == "max_tokens" and "plus max_tokens (10)" in str(err)

@@ -148,16 +148,20 @@ def _check_sampling(body: dict[str, Any], policy: Policy) -> None:
     body.pop("top_p", None)
 
 
-def _max_tokens(body: dict[str, Any], policy: Policy, prompt_len: int, key: str = "max_tokens") -> None:
+def _max_tokens(body: dict[str, Any], policy: Policy, prompt_len: int, key: str = "max_tokens",
+                prompt_key: str = "prompt") -> None:
     if prompt_len < 1:
         raise RequestError("the prompt is empty: give at least one token to continue", param="prompt")
+    if prompt_len >= policy.context:  # the prompt's fault whatever max_tokens says (or when none was sent)
+        raise RequestError(f"the prompt ({prompt_len} tokens) does not fit this server's context of {policy.context} "
+                           f"tokens with at least one new token", param=prompt_key, code="context_length_exceeded")
     v = body.get(key)
     if v is None:
         v = policy.max_tokens
     elif isinstance(v, bool) or not isinstance(v, int) or v < 1:
         raise RequestError(f"{key} must be a whole number >= 1, got {v!r}", param=key)
     if prompt_len + v > policy.context:
-        if body.get(key) is None and prompt_len < policy.context:
+        if body.get(key) is None:
             v = policy.context - prompt_len  # the default shrinks to what fits; an explicit value is refused
         else:
             raise RequestError(f"the prompt ({prompt_len} tokens) plus {key} ({v}) is {prompt_len + v} tokens, more "
@@ -192,10 +196,10 @@ def check_chat(body: Any, policy: Policy, prompt_tokens: Callable[[dict[str, Any
     if body.get("max_completion_tokens") is not None:
         if body.get("max_tokens") is not None:
             raise RequestError("give max_tokens or max_completion_tokens, not both", param="max_completion_tokens")
-        _max_tokens(body, policy, prompt_tokens(body), key="max_completion_tokens")
+        _max_tokens(body, policy, prompt_tokens(body), key="max_completion_tokens", prompt_key="messages")
     else:  # a null max_completion_tokens is an absent one (OpenAI's clients send it so)
         body.pop("max_completion_tokens", None)
-        _max_tokens(body, policy, prompt_tokens(body))
+        _max_tokens(body, policy, prompt_tokens(body), prompt_key="messages")
     return body
 
 

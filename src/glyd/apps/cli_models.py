@@ -26,6 +26,21 @@ def _str_list(text: str) -> tuple[str, ...]:
     return tuple(v.strip() for v in text.split(",") if v.strip())
 
 
+def device_arg(text: str) -> str:
+    """``--device``: a device torch can use here, checked while parsing (not by the loader, minutes later).
+
+    >>> device_arg("cpu")
+    'cpu'
+    """
+    from glyd.hf._model import pick_device
+
+    try:
+        pick_device(text)
+    except (ValueError, RuntimeError) as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "demo",
@@ -40,7 +55,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--out", help="folder to save the packed model into (must not exist; default: a temporary folder)")
     p.add_argument("--prompt", default=None, help="prompt to generate from")
     p.add_argument("--max-new-tokens", type=int, default=32, help="tokens to generate (default 32)")
-    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    p.add_argument("--device", default=None, type=device_arg, help="cpu or cuda (default: cuda when available)")
     p.set_defaults(func=_demo)
 
     p = subparsers.add_parser(
@@ -79,7 +94,7 @@ def add_eval_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--modes", type=_str_list, default=("fixed12", "tiered", "exact"),
                    help=f"Glyd modes besides bf16: {', '.join(m for m in eval_modes() if m != 'bf16')} (a layout's name, "
                    "or exact-<layout>: its products bit-exact as bf16's; exact is fixed12's; default fixed12,tiered,exact)")
-    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    p.add_argument("--device", default=None, type=device_arg, help="cpu or cuda (default: cuda when available)")
     p.add_argument("--no-merge", dest="merge", action="store_false", help="keep q, k, v and gate, up as separate products")
     p.add_argument("--seed", type=int, default=0, help="seed of --random weights")
     g = p.add_argument_group("perplexity")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from glyd.apps.cli_models import device_arg
 from glyd.apps.layouts import layout_names
 from glyd.errors import GlydError
 
@@ -24,7 +25,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--kv", choices=("lossless", "lossless-tiered", "lossless-dense"), default=None,
                    help="keep the KV cache in glyd's lossless page code: kvf12, or kvtiered with lossless-tiered "
                    "(lossless-dense: its old name); requests then run one at a time")
-    p.add_argument("--device", default=None, help="cpu or cuda[:N] (default: cuda when available)")
+    p.add_argument("--device", default=None, type=device_arg, help="cpu or cuda[:N] (default: cuda when available)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000; 0 takes a free one)")
     p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature of every request (default 0: "

@@ -134,3 +134,21 @@ def test_transformers_outside_the_tested_serving_api_is_refused(monkeypatch, cap
     assert main(["serve", "no-such-folder"]) == 1
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and f"this is transformers {version}" in err and "<5.18" in err
+
+
+@pytest.mark.parametrize("kind, words", [("missing", "no such model folder"), ("file", "not a folder"),
+                                         ("empty", "no config.json"), ("no-tokenizer", "tokenizer could not be loaded")])
+def test_a_model_argument_that_is_not_a_model_folder_is_one_line(tmp_path, capsys, kind, words):
+    # each was a traceback from transformers' tokenizer loader (OSError, ValueError)
+    from glyd.cli import main
+
+    path = tmp_path / "model"
+    if kind == "file":
+        path.write_text("")
+    elif kind != "missing":
+        path.mkdir()
+        if kind == "no-tokenizer":
+            (path / "config.json").write_text('{"model_type": "mistral"}')
+    assert main(["serve", str(path), "--device", "cpu"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and err.startswith(f"glyd serve: error: {path}") and words in err

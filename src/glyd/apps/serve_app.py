@@ -25,7 +25,7 @@ from transformers.cli.serving.server import build_server
 from transformers.cli.serving.utils import GenerationState
 
 from glyd.apps.serve_requests import Policy, RequestError, check_chat, check_completion
-from glyd.errors import GlydError
+from glyd.errors import FormatError, GlydError
 
 log = logging.getLogger(__name__)
 
@@ -112,6 +112,23 @@ class ServeState:
     info: dict[str, Any]
 
 
+def _tokenizer(model: str) -> Any:
+    """The tokenizer of the folder (or Hub id) ``model``, with glyd's one-line errors for anything that is not a
+    model folder (transformers' loader raises OSError or ValueError tracebacks)."""
+    from transformers import AutoTokenizer
+
+    from glyd.hf.bf16 import resolve
+
+    path = resolve(model, {})
+    if not (path / "config.json").is_file():
+        raise FormatError(f"{model}: no config.json: not a transformers model folder")
+    try:
+        return AutoTokenizer.from_pretrained(str(path))
+    except (OSError, ValueError) as exc:
+        why = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise FormatError(f"{model}: its tokenizer could not be loaded ({why})") from None
+
+
 class GlydModels(ModelManager):
     """transformers' model manager holding the one model glyd serve was started with, loaded by
     :func:`glyd.from_pretrained` (and never unloaded for idleness)."""
@@ -122,9 +139,7 @@ class GlydModels(ModelManager):
         super().__init__(device=str(cfg.device or "auto"), dtype="auto", force_model=cfg.served, model_timeout=-1)
 
     def _load_processor(self, model_id_and_revision: str, gguf_file: str | None = None) -> Any:
-        from transformers import AutoTokenizer
-
-        tok = self.given[1] or AutoTokenizer.from_pretrained(str(self.cfg.model))
+        tok = self.given[1] or _tokenizer(self.cfg.model)
         if not hasattr(tok, "_tokenizer"):  # the streamers decode through the Rust tokenizer
             raise GlydError(f"{self.cfg.model}: glyd serve needs a fast (tokenizers) tokenizer; this folder's is "
                             f"{type(tok).__name__}")

@@ -148,13 +148,19 @@ def _eval(args: argparse.Namespace) -> int:
     cfg = eval_config_from_args(args)
     if args.json_out and Path(args.json_out).exists():
         raise DestinationExistsError(f"{args.json_out} exists; glyd never overwrites")
+    if args.json_out and not Path(args.json_out).parent.is_dir():  # known now, not after the first mode's work
+        raise GlydError(f"{args.json_out}: {Path(args.json_out).parent} is not a folder")
 
     def save(report) -> None:  # after every mode, so a run cut short keeps what it measured
         if args.json_out:
             out = Path(args.json_out)
             tmp = out.with_name(out.name + ".tmp")
-            tmp.write_text(report.to_json())
-            tmp.replace(out)
+            try:
+                tmp.write_text(report.to_json())
+                tmp.replace(out)
+            except OSError as exc:
+                tmp.unlink(missing_ok=True)
+                raise GlydError(f"{out}: {exc.strerror or exc}") from exc
 
     from tqdm.contrib.logging import logging_redirect_tqdm
 

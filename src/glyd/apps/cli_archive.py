@@ -14,8 +14,19 @@ if TYPE_CHECKING:
     from glyd.filecodec import archive as arc
 
 
+def _positive(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:  # the archive code reads 0 as "the default" and a negative count as 1: say so instead
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
+    return n
+
+
 def _jobs(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--jobs", "-j", type=int, default=None, metavar="N", help="threads (default: all cores, at most 8)")
+    p.add_argument("--jobs", "-j", type=_positive, default=None, metavar="N",
+                   help="threads (default: all cores, at most 8)")
 
 
 def register(subparsers) -> None:

@@ -152,3 +152,16 @@ def test_a_model_argument_that_is_not_a_model_folder_is_one_line(tmp_path, capsy
     assert main(["serve", str(path), "--device", "cpu"]) == 1
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and err.startswith(f"glyd serve: error: {path}") and words in err
+
+
+def test_a_port_in_use_is_a_glyd_error(packed, capsys):
+    # uvicorn logged its bind error and ended the command with SystemExit(3), not glyd's one line and status 1
+    from glyd.cli import main
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert main(["serve", str(packed), "--device", "cpu", "--port", str(port)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith(f"glyd serve: error: could not listen on 127.0.0.1:{port}")

@@ -167,6 +167,10 @@ class Server:
         self._server = self._uvicorn()
         try:
             self._server.run()
+        except SystemExit as exc:  # uvicorn's exit when it cannot bind (its log line says why)
+            cfg = self.config
+            raise GlydError(f"could not listen on {cfg.host}:{cfg.port} (uvicorn's error above says why; exit "
+                            f"{exc.code})") from None
         finally:
             self.close()
 

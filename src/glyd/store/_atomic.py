@@ -59,6 +59,16 @@ def _umask() -> int:
     return mask
 
 
+def _check_parents(given: Path, dst: Path) -> None:
+    """The nearest existing folder above ``dst`` must be a folder: mkdir's own error for a file there
+    ("File exists", "Not a directory") does not say which part of the path is at fault."""
+    for parent in dst.parents:
+        if os.path.lexists(parent):
+            if not parent.is_dir():
+                raise UnsupportedError(f"{given}: {parent} is a file, not a folder")
+            return
+
+
 class AtomicDir:
     """A temporary sibling folder of ``dst`` that is renamed to ``dst`` by :meth:`commit` and
     removed by :meth:`abort` (or when the object is garbage-collected without a commit)."""
@@ -67,6 +77,7 @@ class AtomicDir:
         self.dst = Path(dst).absolute()
         self.overwrite = overwrite
         check_destination(self.dst, overwrite)
+        _check_parents(Path(dst), self.dst)
         self.dst.parent.mkdir(parents=True, exist_ok=True)
         remove_stale(self.dst)
         self.tmp = Path(tempfile.mkdtemp(prefix=_prefix(self.dst), suffix=TMP_SUFFIX, dir=self.dst.parent))

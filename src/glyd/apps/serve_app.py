@@ -169,6 +169,18 @@ def _text(content: Any) -> str:
     return content if isinstance(content, str) else " ".join(p["text"] for p in content)
 
 
+def _check_rendered(msgs: list[dict[str, str]], text: str) -> None:
+    """Refuse a message the chat template leaves out (Qwen2.5's renders no "developer" message, for one):
+    the answer would ignore it without a word. Assistant turns are not checked (templates may rewrite
+    them, e.g. drop their reasoning); contents are compared trimmed (templates may trim them)."""
+    for i, m in enumerate(msgs):
+        content = m["content"].strip()
+        if m["role"] != "assistant" and content and content not in text:
+            hint = " (send it as role system)" if m["role"] == "developer" else ""
+            raise RequestError(f"messages[{i}] ({m['role']}) is left out of the prompt by this model's chat "
+                               f"template{hint}", param=f"messages[{i}]")
+
+
 def _counters(tokenizer: Any) -> tuple[Any, Any]:
     """Functions that count a checked body's prompt tokens (chat, text)."""
 
@@ -178,9 +190,11 @@ def _counters(tokenizer: Any) -> tuple[Any, Any]:
                                param="messages")
         msgs = [{"role": m["role"], "content": _text(m["content"])} for m in body["messages"]]
         try:
+            text = tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
             out = tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True, return_dict=True)
         except Exception as exc:  # the template's own refusal (jinja's raise_exception), whatever its type
             raise RequestError(f"the model's chat template refused the messages: {exc}", param="messages") from None
+        _check_rendered(msgs, text)
         return len(out["input_ids"])
 
     def text(body: dict[str, Any]) -> int:

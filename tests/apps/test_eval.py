@@ -193,6 +193,12 @@ def test_config_validation(tmp_path):
         ev.evaluate(ev.EvalConfig(model=str(tmp_path), ppl=False, mmlu=False, modes=(), device="cpu"))
 
 
+def test_a_mode_given_twice_is_refused():
+    # --modes fixed12,fixed12 loaded, scored and printed fixed12 twice
+    with pytest.raises(GlydError, match="mode fixed12 is given twice"):
+        ev.EvalConfig(model="m", modes=("fixed12", "tiered", "fixed12"), ppl=False, mmlu=False)
+
+
 def test_a_packed_folder_is_refused(tiny_folder, tmp_path, capsys):
     # a packed folder gives no bf16 to compare with: every row would be the same packed model
     packed = tmp_path / "packed"

@@ -117,6 +117,9 @@ class EvalConfig:
         bad = [m for m in self.modes if m not in modes]
         if bad:
             raise GlydError(f"unknown mode(s) {', '.join(bad)}; choose from {', '.join(modes)}")
+        twice = [m for i, m in enumerate(self.modes) if m in self.modes[:i]]
+        if twice:
+            raise GlydError(f"mode {twice[0]} is given twice")
         for name in ("ppl_tokens", "window", "stride", "mmlu_per_subject", "mmlu_batch", "decode_context", "decode_replays"):
             if int(getattr(self, name)) <= 0:
                 raise GlydError(f"{name} must be positive, got {getattr(self, name)}")

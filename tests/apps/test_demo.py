@@ -85,6 +85,16 @@ def test_bad_inputs(tmp_path, tiny_folder):
         demo.run_demo(str(tiny_folder), out=str(tmp_path / "taken"), device="cpu")
 
 
+def test_an_out_inside_the_model_folder_is_refused_before_any_work(tiny_folder):
+    # it packed and saved into the bf16 folder it read (glyd pack refuses the same destination)
+    from glyd.errors import UnsupportedError
+
+    before = sorted(p.name for p in tiny_folder.iterdir())
+    with pytest.raises(UnsupportedError, match="glyd does not write into the folder it reads"):
+        demo.run_demo(str(tiny_folder), out=str(tiny_folder / "packed"), device="cpu")
+    assert sorted(p.name for p in tiny_folder.iterdir()) == before
+
+
 def test_missing_smollm2_package_says_how_to_install(monkeypatch):
     monkeypatch.delenv("GLYD_SMOLLM2_GGUF", raising=False)
     monkeypatch.setattr(smollm2.importlib.util, "find_spec", lambda name: None)

@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from glyd.errors import CorruptError, DestinationExistsError, FormatError
+from glyd.store._atomic import check_outside
 
 log = logging.getLogger(__name__)
 
@@ -176,6 +177,8 @@ def run_demo(
         raise FormatError(f"{folder}: not a model folder (no config.json)")
     if out is not None and Path(out).exists():
         raise DestinationExistsError(f"{out} exists; glyd never overwrites (choose a new --out)")
+    if out is not None:
+        check_outside(folder, Path(out))
 
     tmp = None
     if out is None:

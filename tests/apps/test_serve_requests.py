@@ -54,3 +54,34 @@ def test_a_prompt_longer_than_the_context_is_blamed_on_the_prompt_not_a_max_toke
     assert err.param == "prompt" and "does not fit" in str(err)
     err = _refused(_chat, prompt_len=60, max_tokens=10)  # an explicit max_tokens that does not fit: its fault
     assert err.param == "max_tokens" and "plus max_tokens (10)" in str(err)
+
+
+@pytest.mark.parametrize("fields", [
+    dict(stop=None), dict(stop=[]), dict(logprobs=False), dict(logprobs=None), dict(top_logprobs=None),
+    dict(frequency_penalty=0), dict(presence_penalty=0.0), dict(logit_bias={}), dict(seed=None),
+    dict(tools=[]), dict(tool_choice="none"), dict(response_format={"type": "text"}),
+    dict(stop=None, logprobs=False, frequency_penalty=0, presence_penalty=0, logit_bias=None),
+])
+def test_neutral_values_of_unhonoured_fields_are_taken_and_dropped(fields):
+    # clients send such defaults (null, false, 0, an empty list): the answer is the one they asked for
+    body = _chat(**fields)
+    assert not set(fields) & set(body) and body["max_tokens"] == 16
+
+
+@pytest.mark.parametrize("fields, param", [
+    (dict(stop=["\n"]), "stop"), (dict(stop=""), "stop"), (dict(logprobs=True), "logprobs"),
+    (dict(frequency_penalty=0.5), "frequency_penalty"), (dict(presence_penalty=False), "presence_penalty"),
+    (dict(logit_bias={"1": 5}), "logit_bias"), (dict(seed=3), "seed"), (dict(top_logprobs=2), "top_logprobs"),
+    (dict(tools=[{"type": "function"}]), "tools"), (dict(response_format={"type": "json_object"}), "response_format"),
+])
+def test_values_that_would_change_the_answer_stay_refused(fields, param):
+    err = _refused(_chat, **fields)
+    assert err.param == param and "not supported" in str(err)
+
+
+def test_completions_take_neutral_echo_and_best_of():
+    body = check_completion({"model": "m", "prompt": "hi", "echo": False, "best_of": 1, "suffix": None},
+                            POLICY, prompt_tokens=lambda b: 2)
+    assert not {"echo", "best_of", "suffix"} & set(body)
+    with pytest.raises(RequestError, match="'best_of' is not supported"):
+        check_completion({"model": "m", "prompt": "hi", "best_of": 2}, POLICY, prompt_tokens=lambda b: 2)

@@ -32,6 +32,28 @@ CHAT_FIELDS = frozenset({"model", "messages", "stream", "max_tokens", "max_compl
 #: Fields of a /v1/completions body that glyd serve honours.
 COMPLETION_FIELDS = frozenset({"model", "prompt", "stream", "max_tokens", "temperature", "top_p", "n",
                                "stream_options", "user"})
+def _is_zero(v: Any) -> bool:
+    return v is None or (isinstance(v, (int, float)) and not isinstance(v, bool) and v == 0)
+
+
+#: Fields glyd serve does not honour, with the values that ask for nothing (clients send them as
+#: defaults: null, false, 0, empty): such a value is taken and dropped, any other refused by name.
+NEUTRAL: dict[str, Callable[[Any], bool]] = {
+    "stop": lambda v: v is None or v == [],
+    "logprobs": lambda v: v is None or v is False,
+    "top_logprobs": _is_zero,
+    "frequency_penalty": _is_zero,
+    "presence_penalty": _is_zero,
+    "logit_bias": lambda v: v is None or v == {},
+    "seed": lambda v: v is None,
+    "tools": lambda v: v is None or v == [],
+    "tool_choice": lambda v: v is None or v == "none",
+    "response_format": lambda v: v is None or v == {"type": "text"},
+    "echo": lambda v: v is None or v is False,
+    "best_of": lambda v: v is None or (type(v) is int and v == 1),
+    "suffix": lambda v: v is None,
+}
+
 #: Roles a chat message may have.
 ROLES = frozenset({"system", "developer", "user", "assistant"})
 
@@ -88,11 +110,11 @@ def _number(body: dict[str, Any], key: str) -> float | None:
 def _common(body: Any, allowed: frozenset[str], policy: Policy) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise RequestError(f"the request body must be a JSON object, got {type(body).__name__}")
-    extra = sorted(set(body) - allowed)
+    extra = sorted(k for k in set(body) - allowed if not (k in NEUTRAL and NEUTRAL[k](body[k])))
     if extra:
         raise RequestError(f"field {extra[0]!r} is not supported by glyd serve (supported: "
                            f"{', '.join(sorted(allowed - {'max_completion_tokens'}))})", param=extra[0])
-    body = dict(body)
+    body = {k: v for k, v in body.items() if k in allowed}  # the neutral values dropped
     model = body.get("model")
     if model is not None and model != policy.served:
         raise RequestError(f"model {model!r} is not served here; this server serves {policy.served!r}",

@@ -207,3 +207,18 @@ def test_without_peft_the_module_says_what_to_install(monkeypatch):
     finally:
         monkeypatch.undo()
     assert importlib.import_module("glyd.hf.peft") is glyd_peft
+
+
+def test_unmerge_with_lora_bias_gives_back_the_packed_bias_bit_for_bit(tiny_model_folder):
+    # lora_bias=True: PEFT's merge adds B's bias to the base bias in place and its unmerge subtracts
+    # it again, which in bf16 does not round back; the packed layer's own bias must stay untouched.
+    model = glyd.from_pretrained(tiny_model_folder("qwen2"), exact=True, device="cpu", progress=False)
+    pm = glyd_peft.get_peft_model(model, peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"], lora_bias=True))
+    lora = pm.base_model.model.model.layers[0].self_attn.q_proj
+    with torch.no_grad():
+        lora.lora_B["default"].bias.normal_(0.0, 0.3, generator=torch.Generator().manual_seed(0))
+    before = lora.base_layer.bias.detach().clone()
+    pm.merge_adapter()
+    assert not _same(lora.base_layer.bias, before)  # the merged bf16 layer carries the adapter's bias
+    pm.unmerge_adapter()
+    assert isinstance(lora.base_layer, GlydLinear) and _same(lora.base_layer.bias, before)

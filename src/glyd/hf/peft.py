@@ -60,11 +60,11 @@ def _base_of(target: nn.Module) -> nn.Module:
 
 def _bf16_linear(base: GlydLinear | GlydLinearPart) -> nn.Linear:
     """The plain ``nn.Linear`` a packed layer was packed from, on its device, frozen as PEFT's base."""
-    if isinstance(base, GlydLinearPart):
-        w, b = base.weight.materialize().clone(), base.bias  # a part's rows: its own storage
-        bias = None if b is None else nn.Parameter(b.detach().clone(), requires_grad=b.requires_grad)
-    else:
-        w, bias = base._unpack(), base.bias  # the same bias Parameter (an optimizer may hold it)
+    # The bias is a copy: PEFT's merge of a lora_bias adds to it in place, and its unmerge's
+    # subtraction does not round back in bf16; the packed layer kept for unmerge keeps its own.
+    w = base.weight.materialize().clone() if isinstance(base, GlydLinearPart) else base._unpack()
+    b = base.bias
+    bias = None if b is None else nn.Parameter(b.detach().clone(), requires_grad=b.requires_grad)
     lin = nn.Linear(w.shape[1], w.shape[0], bias=bias is not None, device="meta", dtype=torch.bfloat16)
     lin.weight = nn.Parameter(w, requires_grad=False)
     if bias is not None:

@@ -222,3 +222,34 @@ def test_unmerge_with_lora_bias_gives_back_the_packed_bias_bit_for_bit(tiny_mode
     assert not _same(lora.base_layer.bias, before)  # the merged bf16 layer carries the adapter's bias
     pm.unmerge_adapter()
     assert isinstance(lora.base_layer, GlydLinear) and _same(lora.base_layer.bias, before)
+
+
+@pytest.mark.parametrize("config, match", [
+    (dict(modules_to_save=["embed_tokens"]), r"modules_to_save.*'model\.embed_tokens'"),
+    (dict(modules_to_save=["lm_head"]), r"modules_to_save.*'lm_head'"),
+    (dict(modules_to_save=["down_proj"]), r"modules_to_save.*'model\.layers\.0\.mlp\.down_proj'"),
+    (dict(modules_to_save=["mlp"]), r"modules_to_save.*'model\.layers\.0\.mlp'"),
+    (dict(task_type="SEQ_CLS"), r"modules_to_save.*'score'"),
+    (dict(trainable_token_indices=[5, 6]), r"trainable_token_indices.*'model\.embed_tokens'"),
+    (dict(trainable_token_indices={"embed_tokens": [5]}), r"trainable_token_indices.*'model\.embed_tokens'"),
+])
+def test_packed_modules_to_save_or_trainable_tokens_are_refused(tiny_model_folder, config, match):
+    # A packed module holds its weight in buffers: as PEFT's trainable copy it trained nothing, silently,
+    # and the saved adapter carried the whole packed weight; trainable tokens raised a TypeError.
+    if config.get("task_type") == "SEQ_CLS":
+        model = glyd.compress(transformers.AutoModelForSequenceClassification.from_pretrained(
+            tiny_model_folder("llama"), dtype=torch.bfloat16, num_labels=2), progress=False)
+    else:
+        model = glyd.from_pretrained(tiny_model_folder("llama"), device="cpu", progress=False)
+    with pytest.raises(UnsupportedError, match=match):
+        glyd_peft.get_peft_model(model, peft.LoraConfig(r=2, target_modules=["q_proj"], **config))
+    assert not any(type(m).__name__ == "GlydLoraLinear" for m in model.modules())  # refused before any change
+
+
+def test_adapter_with_packed_modules_to_save_is_refused_on_load(tiny_model_folder, tmp_path):
+    bf16 = transformers.AutoModelForCausalLM.from_pretrained(tiny_model_folder("llama"), dtype=torch.bfloat16)
+    peft.get_peft_model(bf16, peft.LoraConfig(r=2, target_modules=["q_proj"], modules_to_save=["down_proj"])
+                        ).save_pretrained(tmp_path / "adapter")
+    model = glyd.from_pretrained(tiny_model_folder("llama"), device="cpu", progress=False)
+    with pytest.raises(UnsupportedError, match=r"modules_to_save.*down_proj"):
+        glyd_peft.from_pretrained(model, tmp_path / "adapter")

@@ -16,8 +16,10 @@ bit; layers without an adapter stay packed, and :func:`merge_and_unload` also un
 whole bf16 model). Unmerging puts the packed layer back as it was.
 
 Refused, with a :class:`glyd.UnsupportedError` naming the module: LoRA on a packed embedding or a
-tied output projection, on a merged product as a whole (target its parts), and LoRA variants
-(DoRA, ...: PEFT's code for them reads the base weight as an ``nn.Parameter``).
+tied output projection, on a merged product as a whole (target its parts), LoRA variants
+(DoRA, ...: PEFT's code for them reads the base weight as an ``nn.Parameter``), and a packed module
+in ``modules_to_save`` (or the task's head) or ``trainable_token_indices`` (its weight is a buffer:
+nothing would train).
 
 >>> import glyd, peft                                                        # doctest: +SKIP
 >>> from glyd.hf import peft as glyd_peft                                    # doctest: +SKIP
@@ -208,6 +210,44 @@ def _all_linear(model: nn.Module, config: LoraConfig) -> set[str]:
     return names - skip
 
 
+PACKED = (GlydLinear, GlydLinearPart, GlydEmbedding, GlydTiedLinear)
+
+#: The heads PEFT adds to ``modules_to_save`` by task type (its ``PeftModelFor...`` classes).
+TASK_HEADS = {"SEQ_CLS": ("classifier", "score"), "TOKEN_CLS": ("classifier", "score"),
+              "QUESTION_ANS": ("qa_outputs",)}
+
+
+def _holds_packed(module: nn.Module) -> bool:
+    return any(isinstance(m, PACKED) for m in module.modules())
+
+
+def _matches(name: str, wanted: Any) -> bool:
+    return any(name == w or name.endswith("." + w) for w in wanted)  # PEFT's suffix match of module names
+
+
+def _check_config(model: nn.Module, config: LoraConfig) -> None:
+    """Refuse, before PEFT changes the model, a whole-module copy (``modules_to_save``, the task's head)
+    or trainable token rows of a packed module: its weight is a buffer, so nothing would train and the
+    adapter would carry the packed weight."""
+    save = set(config.modules_to_save or ()) | set(TASK_HEADS.get(str(getattr(config.task_type, "value",
+                                                                               config.task_type)), ()))
+    for name, m in model.named_modules():
+        if name and _matches(name, save) and _holds_packed(m):
+            raise UnsupportedError(f"modules_to_save: {name!r} holds packed weights, which do not train (a packed "
+                                   f"weight is a buffer); leave it out, or train the bf16 model")
+    tokens = config.trainable_token_indices
+    if not tokens:
+        return
+    if isinstance(tokens, dict):
+        hits = [(n, m) for n, m in model.named_modules() if n and _matches(n, tokens)]
+    else:
+        emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+        hits = [(n, m) for n, m in model.named_modules() if m is emb]
+    for name, m in hits:
+        if _holds_packed(m):
+            raise UnsupportedError(f"trainable_token_indices: {name!r} is a packed embedding; its rows do not train")
+
+
 def get_peft_model(model: nn.Module, config: LoraConfig, *args: Any, **kwargs: Any) -> Any:
     """``peft.get_peft_model`` for a glyd model: :func:`register` first, and ``target_modules="all-linear"``
     finds the packed linears too (PEFT's own search sees only ``nn.Linear``).
@@ -216,6 +256,7 @@ def get_peft_model(model: nn.Module, config: LoraConfig, *args: Any, **kwargs: A
     >>> model = get_peft_model(glyd_model, peft.LoraConfig(r=8, target_modules="all-linear"))  # doctest: +SKIP
     """
     register(config)
+    _check_config(model, config)
     if isinstance(config.target_modules, str) and config.target_modules.lower() == "all-linear":
         config.target_modules = _all_linear(model, config)
     with _quiet():
@@ -232,8 +273,9 @@ def from_pretrained(model: nn.Module, adapter: str | os.PathLike, **kwargs: Any)
     else:
         hub = {k: kwargs[k] for k in ("subfolder", "revision", "cache_dir", "token") if k in kwargs}
         config = _peft.PeftConfig.from_pretrained(str(adapter), **hub)
+    _check_config(model, register(config))
     with _quiet():
-        return _peft.PeftModel.from_pretrained(model, str(adapter), config=register(config), **kwargs)
+        return _peft.PeftModel.from_pretrained(model, str(adapter), config=config, **kwargs)
 
 
 def merge_and_unload(peft_model: Any, **kwargs: Any) -> nn.Module:

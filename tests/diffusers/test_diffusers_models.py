@@ -241,3 +241,17 @@ def test_import_glyd_needs_no_diffusers():
     assert out.returncode == 0, out.stderr
     assert "refused: diffusers models need diffusers (pip install 'glyd-lossless[diffusion]')" in out.stdout
     assert issubclass(MissingDependencyError, ImportError)
+
+
+def test_model_dequantize_to_float32_is_exact(tmp_path):
+    # model.dequantize(dtype=...) as a transformers model takes it; the hook's signature refused it (TypeError)
+    ref = tiny_flux()
+    model = glyd.compress(tiny_flux(), progress=False)
+    assert model.dequantize(dtype=torch.float32) is model
+    want = {n: t for n, t in ref.state_dict().items()}
+    got = model.state_dict()
+    assert sorted(got) == sorted(want)
+    for k, t in got.items():
+        assert t.dtype == torch.float32 and torch.equal(t, want[k].float()), k
+    with pytest.raises(UnsupportedError, match=r"^dequantize\(dtype=torch\.float16\)"):
+        glyd.compress(tiny_flux(), progress=False).dequantize(dtype=torch.float16)

@@ -85,11 +85,12 @@ def _save_hook(model: nn.Module, save_directory: str | os.PathLike, is_main_proc
     save_pretrained(model, save_directory, overwrite=True, max_shard_bytes=size, progress=False)
 
 
-def _dequantize_hook(model: nn.Module) -> nn.Module:
-    """``model.dequantize()`` of a packed diffusers model: in place, the plain bf16 model, bit for bit."""
+def _dequantize_hook(model: nn.Module, dtype: Any = None) -> nn.Module:
+    """``model.dequantize()`` of a packed diffusers model: in place, the plain bf16 model, bit for bit
+    (``dtype=torch.float32``: every weight exactly, in float32)."""
     from glyd.hf.dequantize import dequantize
 
-    return dequantize(model)
+    return dequantize(model, dtype=dtype)
 
 
 def wire(model: nn.Module) -> nn.Module:

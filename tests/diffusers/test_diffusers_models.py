@@ -255,3 +255,10 @@ def test_model_dequantize_to_float32_is_exact(tmp_path):
         assert t.dtype == torch.float32 and torch.equal(t, want[k].float()), k
     with pytest.raises(UnsupportedError, match=r"^dequantize\(dtype=torch\.float16\)"):
         glyd.compress(tiny_flux(), progress=False).dequantize(dtype=torch.float16)
+
+
+def test_a_glyd_folder_without_its_glyd_json_is_named_so(tmp_path):
+    glyd.save_pretrained(glyd.compress(tiny_flux(), progress=False), tmp_path / "t", progress=False)
+    (tmp_path / "t" / "glyd.json").unlink()
+    with pytest.raises(FormatError, match=r"quant_method 'glyd'\) but glyd\.json is missing"):
+        glyd.from_pretrained(tmp_path / "t", device="cpu", progress=False)

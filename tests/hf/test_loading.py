@@ -507,3 +507,12 @@ def test_a_fifo_or_a_folder_in_place_of_a_json_file(tiny_model_folder, tmp_path)
                 glyd.from_pretrained(packed, device="cpu", progress=False)
     finally:
         signal.alarm(0)
+
+
+def test_a_glyd_folder_without_its_glyd_json_is_named_so(tiny_model_folder, tmp_path):
+    # It used to read "the model is already quantized (quant_method 'glyd'); glyd packs bf16 models".
+    folder = glyd.save_pretrained(glyd.from_pretrained(tiny_model_folder("llama"), device="cpu", progress=False),
+                                  tmp_path / "packed", progress=False)
+    (folder / MANIFEST).unlink()
+    with pytest.raises(FormatError, match=r"quant_method 'glyd'\) but glyd\.json is missing"):
+        glyd.from_pretrained(folder, device="cpu", progress=False)

@@ -31,7 +31,7 @@ from glyd.hf.packer import Packer
 from glyd.hf.skeleton import finish_skeleton, prepare_skeleton
 from glyd.nn.modules import set_exact
 from glyd.store import MANIFEST
-from glyd.store._config import plain_config
+from glyd.store._config import already_quantized, plain_config
 from glyd.store._safetensors import read_header
 
 log = logging.getLogger(__name__)
@@ -201,7 +201,7 @@ def _load_bf16(path: Path, cls: type, config: dict[str, Any], device: torch.devi
     q = config.get("quantization_config")
     if q is not None:
         method = q.get("quant_method") if isinstance(q, dict) else q
-        raise FormatError(f"{path}: the model is already quantized (quant_method {method!r}); glyd packs bf16 models")
+        raise already_quantized(path, method)
     files = _bf16_files(path)
     keys = {f: read_header(f).keys_in_file_order() for f in files}
     model = _build_empty(cls, config, path)

@@ -21,6 +21,7 @@ from glyd.hf.classes import build_empty, read_config
 from glyd.hf.convert import Conversions
 from glyd.hf.packer import Packer
 from glyd.hf.placement import AUTO_MAPS, check_covers, device_of, infer_map, normalize_map
+from glyd.store._config import already_quantized
 from glyd.store._safetensors import dtype_from_name, read_header
 
 log = logging.getLogger(__name__)
@@ -119,7 +120,7 @@ def load_bf16(path: Path, cls: type, *, layout: str, merge: bool | None, exact: 
     if getattr(config, "quantization_config", None) is not None:
         q = config.quantization_config
         method = q.get("quant_method") if isinstance(q, dict) else getattr(q, "quant_method", q)
-        raise FormatError(f"{path}: the model is already quantized (quant_method {method!r}); glyd packs bf16 models")
+        raise already_quantized(path, method)
     keys = _check_bf16(path, files)
     max_memory = _placement_kwargs(hf_kwargs)
     for k in ("dtype", "torch_dtype"):

@@ -136,3 +136,12 @@ def check_restorable(config: dict[str, Any], where: object) -> None:
     keys = sorted(k for k in config.keys() | back.keys() if config.get(k, ...) != back.get(k, ...))
     raise FormatError(f"{where}: glyd could not give this config back as it is (field(s) {', '.join(keys)}, e.g. "
                       f"model_type {own!r}): refusing to pack it")
+
+
+def already_quantized(where: Any, method: Any) -> FormatError:
+    """The error for a bf16 load of a folder whose config.json names a quantization: glyd's own one
+    without its glyd.json is an incomplete glyd folder, not a model to pack."""
+    if method == QUANT_METHOD:
+        return FormatError(f"{where}: config.json names glyd's quantization (quant_method 'glyd') but glyd.json is "
+                           f"missing: an incomplete glyd folder")
+    return FormatError(f"{where}: the model is already quantized (quant_method {method!r}); glyd packs bf16 models")

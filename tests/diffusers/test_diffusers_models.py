@@ -262,3 +262,12 @@ def test_a_glyd_folder_without_its_glyd_json_is_named_so(tmp_path):
     (tmp_path / "t" / "glyd.json").unlink()
     with pytest.raises(FormatError, match=r"quant_method 'glyd'\) but glyd\.json is missing"):
         glyd.from_pretrained(tmp_path / "t", device="cpu", progress=False)
+
+
+def test_subfolder_outside_the_folder_is_refused(tmp_path):
+    # An absolute subfolder replaced the folder (Path(p) / "/abs" is "/abs"): a model from elsewhere loaded.
+    glyd.save_pretrained(glyd.compress(tiny_flux(), progress=False), tmp_path / "other" / "t", progress=False)
+    (tmp_path / "pipe").mkdir()
+    for sub in (str(tmp_path / "other" / "t"), "../other/t"):
+        with pytest.raises(ValueError, match="must name a folder inside the model folder"):
+            glyd.diffusers.from_pretrained(tmp_path / "pipe", subfolder=sub, device="cpu", progress=False)

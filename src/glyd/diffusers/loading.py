@@ -109,7 +109,8 @@ def from_pretrained(name_or_path: str | os.PathLike, *, subfolder: str | None = 
 
 
 def _resolve(name_or_path: str | os.PathLike, subfolder: str | None, hub_kwargs: dict[str, Any]) -> Path:
-    if subfolder is not None and (not isinstance(subfolder, str) or not subfolder or ".." in Path(subfolder).parts):
+    if subfolder is not None and (not isinstance(subfolder, str) or not subfolder or ".." in Path(subfolder).parts
+                                  or Path(subfolder).is_absolute()):  # p / "/abs" would be "/abs"
         raise ValueError(f"subfolder={subfolder!r} must name a folder inside the model folder")
     p = Path(name_or_path)
     if not p.is_dir():

@@ -516,3 +516,17 @@ def test_a_glyd_folder_without_its_glyd_json_is_named_so(tiny_model_folder, tmp_
     (folder / MANIFEST).unlink()
     with pytest.raises(FormatError, match=r"quant_method 'glyd'\) but glyd\.json is missing"):
         glyd.from_pretrained(folder, device="cpu", progress=False)
+
+
+def test_subfolder_of_a_transformers_model(tiny_model_folder, tmp_path):
+    # subfolder= reached the model class as a keyword: TypeError: LlamaForCausalLM.__init__() got an
+    # unexpected keyword argument 'subfolder' (a pipeline's text_encoder/ is such a folder).
+    shutil.copytree(tiny_model_folder("llama"), tmp_path / "pipe")
+    shutil.copytree(tiny_model_folder("qwen2"), tmp_path / "pipe" / "text_encoder")
+    model = glyd.from_pretrained(tmp_path / "pipe", subfolder="text_encoder", device="cpu", progress=False)
+    assert type(model).__name__ == "Qwen2ForCausalLM"
+    for sub in ("../pipe", str(tmp_path / "pipe"), ""):
+        with pytest.raises(ValueError, match="must name a folder inside the model folder"):
+            glyd.from_pretrained(tmp_path / "pipe", subfolder=sub, device="cpu", progress=False)
+    with pytest.raises(FormatError, match=r"no such folder \(subfolder='nope'\)"):
+        glyd.from_pretrained(tmp_path / "pipe", subfolder="nope", device="cpu", progress=False)

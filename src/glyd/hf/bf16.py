@@ -47,6 +47,17 @@ def resolve(name_or_path: str | os.PathLike, hf_kwargs: dict[str, Any]) -> Path:
     raise FormatError(f"{s}: no such model folder")
 
 
+def subfolder_of(path: Path, subfolder: Any) -> Path:
+    """``path / subfolder``, a folder inside ``path`` (``..`` and an absolute path are refused)."""
+    if not isinstance(subfolder, str) or not subfolder or ".." in Path(subfolder).parts or \
+            Path(subfolder).is_absolute():  # path / "/abs" would be "/abs"
+        raise ValueError(f"subfolder={subfolder!r} must name a folder inside the model folder")
+    p = path / subfolder
+    if not p.is_dir():
+        raise FormatError(f"{p}: no such folder (subfolder={subfolder!r})")
+    return p
+
+
 def _weight_files(path: Path) -> list[Path]:
     """The model's safetensors shards: those of the index, else model.safetensors, else every one."""
     index = path / "model.safetensors.index.json"

@@ -26,7 +26,7 @@ from glyd.errors import FormatError, GlydError, MissingDependencyError, Unsuppor
 from glyd.hf import hooks
 from glyd.hf._model import check_layout, is_merged, note_source, pick_device, source_of
 from glyd.hf._register import register
-from glyd.hf.bf16 import load_bf16, resolve
+from glyd.hf.bf16 import load_bf16, resolve, subfolder_of
 from glyd.hf.classes import check_model_type, pick_class, read_config
 from glyd.hf.checks import check_folder
 from glyd.hf.integrity import verify_files, verify_model
@@ -77,7 +77,8 @@ def from_pretrained(
     a static pool of ``kvf12`` pages sized for the call and read by the fused attention (``glyd.kv.generate``);
     ``kv="lossless-tiered"`` a growing cache of the denser ``kvtiered`` pages (``"lossless-dense"``, its old
     name, still works). Other keyword
-    arguments go to transformers (``attn_implementation=...``, ``trust_remote_code=...``).
+    arguments go to transformers (``attn_implementation=...``, ``trust_remote_code=...``);
+    ``subfolder=`` loads the model in a folder inside ``name_or_path`` (a pipeline's ``text_encoder``).
 
     ``model_class``: the transformers class to build, or its name (``AutoModel``,
     ``"AutoModelForSequenceClassification"``, ``BertModel``, ...). Left out: the class config.json's
@@ -104,7 +105,10 @@ def from_pretrained(
     if device is not None and device_map is not None:
         raise UnsupportedError(f"device={device!r} and device_map={device_map!r}: pass one of them")
     dev = pick_device(device)
+    sub = hf_kwargs.pop("subfolder", None)  # a model inside a folder (a pipeline's text_encoder/)
     path = resolve(name_or_path, hf_kwargs)
+    if sub is not None:
+        path = subfolder_of(path, sub)
     if os.path.lexists(path / MANIFEST):  # a glyd folder (CheckpointReader says if glyd.json is not a file)
         model = _load_glyd(path, model_class, device=dev, device_map=device_map, exact=exact, verify=verify,
                            hf_kwargs=hf_kwargs)

@@ -271,3 +271,13 @@ def test_subfolder_outside_the_folder_is_refused(tmp_path):
     for sub in (str(tmp_path / "other" / "t"), "../other/t"):
         with pytest.raises(ValueError, match="must name a folder inside the model folder"):
             glyd.diffusers.from_pretrained(tmp_path / "pipe", subfolder=sub, device="cpu", progress=False)
+
+
+def test_a_pipeline_folder_without_subfolder_says_to_pass_one(tmp_path):
+    # It read "no config.json: not a transformers model folder" (glyd.from_pretrained) or "not a
+    # diffusers model folder" (glyd.diffusers.from_pretrained), with no word of subfolder=.
+    _pipeline(tiny_flux()).save_pretrained(tmp_path / "pipe")
+    for load in (glyd.from_pretrained, glyd.diffusers.from_pretrained):
+        with pytest.raises(FormatError, match=r"a diffusers pipeline folder \(model_index\.json\): pass "
+                                              r"subfolder= \(transformer, vae\)"):
+            load(tmp_path / "pipe", device="cpu", progress=False)

@@ -20,7 +20,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from glyd.diffusers._detect import folder_config, is_diffusers_class, is_diffusers_config, is_diffusers_model
+from glyd.diffusers._detect import (folder_config, is_diffusers_class, is_diffusers_config, is_diffusers_model,
+                                    pipeline_hint)
 from glyd.diffusers.save import WEIGHTS_NAME, wire
 from glyd.errors import FormatError, MissingDependencyError, UnsupportedError
 from glyd.hf._model import check_layout, note_source, pick_device, set_tensor
@@ -95,7 +96,7 @@ def from_pretrained(name_or_path: str | os.PathLike, *, subfolder: str | None = 
     path = _resolve(name_or_path, subfolder, hub_kwargs)
     config = folder_config(path)
     if not config:
-        raise FormatError(f"{path}: no readable config.json: not a diffusers model folder")
+        raise FormatError(f"{path}: no readable config.json: not a diffusers model folder{pipeline_hint(path)}")
     cls = pick_class(model_class, config, path)
     if (path / MANIFEST).is_file():
         model = _load_glyd(path, cls, dev, exact=exact, verify=verify)

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from glyd.diffusers._detect import pipeline_hint
 from glyd.errors import CorruptError, FormatError, UnsupportedError
 from glyd.hf import hooks
 from glyd.hf._model import note_source
@@ -118,7 +119,7 @@ def load_bf16(path: Path, cls: type, *, layout: str, merge: bool | None, exact: 
     from transformers import AutoConfig, GenerationConfig
 
     if not (path / "config.json").is_file():
-        raise FormatError(f"{path}: no config.json: not a transformers model folder")
+        raise FormatError(f"{path}: no config.json: not a transformers model folder{pipeline_hint(path)}")
     files = _weight_files(path)
     # Before transformers reads the config: a count it builds modules from, bounded by the weights.
     check_counts(read_config(path), [list(i.shape) for f in files for i in read_header(f).tensors.values()],

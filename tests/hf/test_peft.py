@@ -253,3 +253,17 @@ def test_adapter_with_packed_modules_to_save_is_refused_on_load(tiny_model_folde
     model = glyd.from_pretrained(tiny_model_folder("llama"), device="cpu", progress=False)
     with pytest.raises(UnsupportedError, match=r"modules_to_save.*down_proj"):
         glyd_peft.from_pretrained(model, tmp_path / "adapter")
+
+
+def test_a_failed_merge_leaves_the_packed_layer_in_place(tiny_model_folder):
+    # safe_merge=True refuses a broken adapter; the packed base had already been swapped for its bf16
+    # copy and stayed swapped (the layer reported merged=False over an unpacked base).
+    model = glyd.from_pretrained(tiny_model_folder("llama"), exact=True, device="cpu", progress=False)
+    pm = glyd_peft.get_peft_model(model, peft.LoraConfig(r=2, target_modules=["q_proj"]))
+    lora = pm.base_model.model.model.layers[0].self_attn.q_proj
+    packed = lora.base_layer
+    with torch.no_grad():
+        lora.lora_B["default"].weight.fill_(float("inf"))
+    with pytest.raises(ValueError, match="NaNs detected"):
+        lora.merge(safe_merge=True)
+    assert lora.base_layer is packed and not lora.merged and "_glyd_packed" not in lora.__dict__

@@ -125,10 +125,16 @@ class GlydLoraLinear(_LoraLinear):
             return
         holder = self._holder()
         base = holder.base_layer
-        if isinstance(base, (GlydLinear, GlydLinearPart)):
+        swapped = isinstance(base, (GlydLinear, GlydLinearPart))
+        if swapped:
             self.__dict__["_glyd_packed"] = base  # not a submodule: off the state_dict, back on unmerge
             holder.base_layer = _bf16_linear(base)
-        super().merge(safe_merge=safe_merge, adapter_names=adapter_names)
+        try:
+            super().merge(safe_merge=safe_merge, adapter_names=adapter_names)
+        except Exception:  # PEFT refused (safe_merge's NaN check, ...): the packed layer goes back
+            if swapped and not self.merged:
+                holder.base_layer = self.__dict__.pop("_glyd_packed")
+            raise
 
     def unmerge(self) -> None:
         """PEFT's unmerge; once no adapter is merged, the packed base comes back, every bit as before."""

@@ -110,3 +110,15 @@ def test_dequantize_to_float32_is_exact_and_float16_is_refused(tiny_model_folder
     for k, t in model.state_dict().items():
         assert torch.equal(t.to(torch.bfloat16).view(torch.int16), want[k].view(torch.int16)), k
         assert torch.equal(t, want[k].float()), k
+
+
+def test_a_refused_dequantize_changes_nothing(tiny_model_folder):
+    # A tied head whose embedding is outside the module given was refused only after every other
+    # packed module had been replaced: the error left the (shared) layers dequantized.
+    model = glyd.from_pretrained(tiny_model_folder("llama"), device="cpu", progress=False)
+    part = torch.nn.ModuleDict({"layer": model.model.layers[0], "head": model.lm_head})
+    from glyd.hf.dequantize import dequantize
+
+    with pytest.raises(UnsupportedError, match="head is tied to an embedding that is not part of the model"):
+        dequantize(part)
+    assert type(model.model.layers[0].self_attn.q_proj).__name__ == "GlydLinear"

@@ -59,6 +59,11 @@ def dequantize(model: nn.Module, dtype: Any = None) -> nn.Module:
     if not jobs:
         raise UnsupportedError("dequantize: the model has no glyd-packed module")
     names = {id(m): n for n, m in model.named_modules(remove_duplicate=False)}
+    packed_embeddings = {id(c) for _, _, c in jobs if isinstance(c, GlydEmbedding)}
+    for _, attr, c in jobs:  # before anything changes: a refusal leaves the model as it was
+        if isinstance(c, GlydTiedLinear) and id(c.source) not in packed_embeddings:
+            raise UnsupportedError(f"dequantize: {names.get(id(c), attr)} is tied to an embedding that is not part "
+                                   f"of the model")
     scaled = [(names.get(id(c), a), c) for _, a, c in jobs if isinstance(c, GlydEmbedding) and c.embed_scale is not None]
     reference = _reference(model) if scaled else None
     for name, c in scaled:  # before anything changes: the model's own class of every scaled embedding
@@ -85,11 +90,7 @@ def dequantize(model: nn.Module, dtype: Any = None) -> nn.Module:
         _replace(parent, attr, new)
     for parent, attr, child in jobs:
         if isinstance(child, GlydTiedLinear):
-            emb = embeddings.get(id(child.source))
-            if emb is None:
-                raise UnsupportedError(f"dequantize: {names.get(id(child), attr)} is tied to an embedding that is not "
-                                       f"part of the model")
-            _replace(parent, attr, _tied(emb, child))
+            _replace(parent, attr, _tied(embeddings[id(child.source)], child))
     del parts, reference
     _retie(model)
     for a in GLYD_ATTRIBUTES:

@@ -51,7 +51,8 @@ def check_dtype(dtype: Any) -> torch.dtype:
 def dequantize(model: nn.Module, dtype: Any = None) -> nn.Module:
     """Unpack every packed module of ``model`` in place into the plain module it was; returns the model.
 
-    >>> model = glyd.dequantize(glyd.from_pretrained("bf16-folder"))  # doctest: +SKIP
+    >>> from glyd.hf.dequantize import dequantize                     # doctest: +SKIP
+    >>> model = dequantize(glyd.from_pretrained("bf16-folder"))        # doctest: +SKIP
     """
     dtype = check_dtype(dtype)
     jobs = [(parent, attr, child) for _, parent in model.named_modules() for attr, child in parent._modules.items()

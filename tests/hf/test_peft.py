@@ -267,3 +267,18 @@ def test_a_failed_merge_leaves_the_packed_layer_in_place(tiny_model_folder):
     with pytest.raises(ValueError, match="NaNs detected"):
         lora.merge(safe_merge=True)
     assert lora.base_layer is packed and not lora.merged and "_glyd_packed" not in lora.__dict__
+
+
+def test_dequantize_while_merged_then_unmerge_stays_plain(tiny_model_folder):
+    # The packed layer parked by merge came back on unmerge, into a model dequantize had made plain.
+    from glyd.hf.dequantize import dequantize
+
+    model = glyd.from_pretrained(tiny_model_folder("llama"), exact=True, device="cpu", progress=False)
+    want = model.model.layers[0].self_attn.q_proj._unpack()
+    pm = glyd_peft.get_peft_model(model, peft.LoraConfig(r=2, target_modules=["q_proj"], init_lora_weights=False))
+    pm.merge_adapter()
+    dequantize(pm.base_model.model)
+    pm.unmerge_adapter()
+    assert not any(isinstance(m, PACKED) for m in pm.modules())
+    base = pm.base_model.model.model.layers[0].self_attn.q_proj.base_layer
+    assert type(base) is torch.nn.Linear and _same(base.weight, want)

@@ -93,6 +93,11 @@ def dequantize(model: nn.Module, dtype: Any = None) -> nn.Module:
         if isinstance(child, GlydTiedLinear):
             _replace(parent, attr, _tied(embeddings[id(child.source)], child))
     del parts, reference
+    for m in model.modules():  # a packed layer a merged LoRA parked for unmerge (glyd.hf.peft): plain too
+        parked = m.__dict__.get("_glyd_packed")
+        if parked is not None:
+            w = parked.weight.materialize().clone() if isinstance(parked, GlydLinearPart) else parked._unpack()
+            m.__dict__["_glyd_packed"] = _linear(w, None if parked.bias is None else parked.bias.detach().clone(), parked)
     _retie(model)
     for a in GLYD_ATTRIBUTES:
         model.__dict__.pop(a, None)

@@ -66,12 +66,3 @@ def wants_diffusers(name_or_path: Any, model_class: Any = None, subfolder: str |
     if not isinstance(name_or_path, (str, os.PathLike)):
         return False
     return is_diffusers_config(folder_config(name_or_path, subfolder))
-
-
-def pipeline_hint(path: str | os.PathLike) -> str:
-    """For a folder without config.json: if it is a diffusers pipeline, which subfolder= to pass."""
-    p = Path(path)
-    if not (p / "model_index.json").is_file():
-        return ""
-    subs = sorted(d.name for d in p.iterdir() if (d / "config.json").is_file())
-    return f": a diffusers pipeline folder (model_index.json): pass subfolder= ({', '.join(subs) or 'a component'})"

@@ -20,8 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from glyd.diffusers._detect import (folder_config, is_diffusers_class, is_diffusers_config, is_diffusers_model,
-                                    pipeline_hint)
+from glyd.diffusers._detect import folder_config, is_diffusers_class, is_diffusers_config, is_diffusers_model
 from glyd.diffusers.save import WEIGHTS_NAME, wire
 from glyd.errors import FormatError, MissingDependencyError, UnsupportedError
 from glyd.hf._model import check_layout, note_source, pick_device, set_tensor
@@ -32,7 +31,7 @@ from glyd.hf.packer import Packer
 from glyd.hf.skeleton import finish_skeleton, prepare_skeleton
 from glyd.nn.modules import set_exact
 from glyd.store import MANIFEST
-from glyd.store._config import already_quantized, plain_config
+from glyd.store._config import already_quantized, plain_config, pipeline_hint
 from glyd.store._safetensors import read_header
 
 log = logging.getLogger(__name__)

@@ -13,7 +13,6 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from glyd.diffusers._detect import pipeline_hint
 from glyd.errors import CorruptError, FormatError, UnsupportedError
 from glyd.hf import hooks
 from glyd.hf._model import note_source
@@ -22,7 +21,7 @@ from glyd.hf.classes import build_empty, read_config
 from glyd.hf.convert import Conversions
 from glyd.hf.packer import Packer
 from glyd.hf.placement import AUTO_MAPS, check_covers, device_of, infer_map, normalize_map
-from glyd.store._config import already_quantized
+from glyd.store._config import already_quantized, pipeline_hint
 from glyd.store._safetensors import dtype_from_name, read_header
 
 log = logging.getLogger(__name__)

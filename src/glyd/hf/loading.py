@@ -95,11 +95,7 @@ def from_pretrained(
     >>> encoder = glyd.from_pretrained("path/to/minilm", model_class="AutoModel", exact=True)  # doctest: +SKIP
     """
     check_layout(layout)
-    if kv in OLD_KV:
-        warnings.warn(f"kv={kv!r} is deprecated: kv={OLD_KV[kv]!r}", DeprecationWarning, stacklevel=2)
-        kv = OLD_KV[kv]
-    if kv not in KV_CODES:
-        raise ValueError(f"kv must be one of {list(KV_CODES)}, got {kv!r}")
+    kv = _kv_arg(kv)
     hf_kwargs = dict(hf_kwargs)
     device_map = hf_kwargs.pop("device_map", None)
     if device is not None and device_map is not None:
@@ -115,12 +111,7 @@ def from_pretrained(
         if verify:
             verify_model(model, progress=progress)
             verify_files(path)
-        if merge is True and not is_merged(model):
-            log.info("%s was saved unmerged: merging q|k|v and gate|up (repacks those matrices)", path)
-            merge_packed(model, exact)
-        elif merge is False and is_merged(model):
-            log.info("%s was saved merged: splitting q|k|v and gate|up (repacks those matrices)", path)
-            unmerge_packed(model, exact)
+        _match_merge(model, merge, exact, path)
     else:
         for k in ("revision", "token", "cache_dir"):  # used to fetch the folder; not model options
             hf_kwargs.pop(k, None)
@@ -132,6 +123,25 @@ def from_pretrained(
     if kv is not None:
         _wire_kv(model, KV_CODES[kv])
     return model
+
+
+def _kv_arg(kv: Any) -> Any:
+    if kv in OLD_KV:
+        warnings.warn(f"kv={kv!r} is deprecated: kv={OLD_KV[kv]!r}", DeprecationWarning, stacklevel=3)
+        kv = OLD_KV[kv]
+    if kv not in KV_CODES:
+        raise ValueError(f"kv must be one of {list(KV_CODES)}, got {kv!r}")
+    return kv
+
+
+def _match_merge(model: nn.Module, merge: Any, exact: bool, path: Path) -> None:
+    # a glyd folder keeps the merging it was saved with unless merge= asks otherwise
+    if merge is True and not is_merged(model):
+        log.info("%s was saved unmerged: merging q|k|v and gate|up (repacks those matrices)", path)
+        merge_packed(model, exact)
+    elif merge is False and is_merged(model):
+        log.info("%s was saved merged: splitting q|k|v and gate|up (repacks those matrices)", path)
+        unmerge_packed(model, exact)
 
 
 def _load_glyd(path: Path, model_class: Any, *, device: torch.device, device_map: Any, exact: bool, verify: bool,

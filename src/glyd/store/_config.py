@@ -27,6 +27,8 @@ back (:func:`check_restorable`: a ``model_type`` of ``"glyd"`` or null).
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any
 
 from glyd.errors import FormatError
@@ -145,3 +147,12 @@ def already_quantized(where: Any, method: Any) -> FormatError:
         return FormatError(f"{where}: config.json names glyd's quantization (quant_method 'glyd') but glyd.json is "
                            f"missing: an incomplete glyd folder")
     return FormatError(f"{where}: the model is already quantized (quant_method {method!r}); glyd packs bf16 models")
+
+
+def pipeline_hint(path: str | os.PathLike) -> str:
+    """For a folder without config.json: if it is a diffusers pipeline, which subfolder= to pass."""
+    p = Path(path)
+    if not (p / "model_index.json").is_file():
+        return ""
+    subs = sorted(d.name for d in p.iterdir() if (d / "config.json").is_file())
+    return f": a diffusers pipeline folder (model_index.json): pass subfolder= ({', '.join(subs) or 'a component'})"

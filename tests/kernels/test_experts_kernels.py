@@ -1,5 +1,6 @@
-"""Expert products (glyd.kernels.experts): the grouped GEMV over packed fixed12 experts and the
-loop of fused products, against float64 on the same bf16 inputs; the choice between them.
+"""Expert products (glyd.kernels.experts): the grouped GEMV and the grouped tensor-core product over
+packed fixed12 experts and the loop of fused products, against float64 on the same bf16 inputs; the
+choice between them.
 
 Tolerance as tests/kernels/test_linear.py: one bf16 rounding of the exact result (relative 2**-7
 under the interpreter, which truncates) plus fp32 accumulation noise (1e-3 of the largest output).
@@ -39,20 +40,26 @@ def _check(y: torch.Tensor, x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor)
 def _cases():
     from glyd.kernels.experts import ExpertsLoopConfig
     from glyd.kernels.fixed12.experts import ExpertsGemvConfig
+    from glyd.kernels.fixed12.experts_mma import ExpertsMmaConfig as Mma
 
     # (layout, experts, N, K, rows, config or None: the default choice)
     return [
         ("fixed12", 3, 40, 200, 5, ExpertsGemvConfig()),  # K padded to 256: masked loads
         ("fixed12", 4, 37, 256, 6, ExpertsGemvConfig(bn=32, bk=256)),  # EVEN: whole steps, rows past N clamped
         ("fixed12", 2, 16, 130, 3, ExpertsGemvConfig(bn=16, bk=64, warps=1)),
-        ("fixed12", 3, 24, 128, 70, None),  # 70 rows: the loop of fused products
+        ("fixed12", 3, 24, 128, 70, None),  # 70 rows: the grouped tensor-core product
         ("fixed12", 3, 24, 128, 4, None),  # 4 rows: the grouped GEMV
         ("fixed12", 3, 20, 96, 5, ExpertsLoopConfig()),
         ("tiered", 3, 9, 200, 4, None),  # other layouts: the loop
+        ("fixed12", 3, 40, 200, 37, Mma()),  # K padded to 256 (masked x), N tail (rows past N clamped)
+        ("fixed12", 8, 96, 256, 300, Mma(block_m=32, block_n=32, block_k=256)),  # blocks of 32 rows
+        ("fixed12", 5, 16, 64, 20, Mma(block_n=16, block_k=64, warps=1, stages=1)),  # one 64-weight group
+        ("fixed12", 4, 48, 192, 24, Mma(block_k=128)),  # padded K 192: steps of one group
+        ("fixed12", 6, 80, 128, 40, None),  # 40 rows: the grouped tensor-core product
     ]
 
 
-N_CASES = 7
+N_CASES = 12
 
 
 def test_case_count():
@@ -74,6 +81,57 @@ def test_experts_product_against_float64(device, case):
     ids[0] = e - 1  # the last expert's rows too
     y = kernels.linear(x, ids, p, cfg)
     _check(y, x, ids, w)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("routing", ["subset", "one", "bases", "int32"])
+def test_the_grouped_mma_on_uneven_routings(device, routing):
+    # experts without rows (blocks of -1), one expert with every row (a run of several blocks), experts
+    # with different exponent windows (the base loaded at run time), int32 ids
+    from glyd.kernels import experts as kernels
+    from glyd.kernels.fixed12.experts_mma import ExpertsMmaConfig, prepare
+    from glyd.ops.experts import pack_experts
+
+    torch.manual_seed(11)
+    e, n, k, s = 6, 48, 128, 120 if routing == "one" else 50
+    w = _experts(e, n, k, "cpu")
+    if routing == "bases":
+        w[1] = w[1] * 4096.0  # a power of two: exact in bf16, its window 6 steps higher
+    p = pack_experts(w.to(device), "fixed12")
+    assert (prepare(p).base is None) == (routing == "bases")
+    x = torch.randn(s, k).to(torch.bfloat16).to(device)
+    if routing == "subset":
+        ids = torch.tensor([1, 4])[torch.randint(0, 2, (s,))]
+    elif routing == "one":
+        ids = torch.full((s,), 2)
+    else:
+        ids = torch.randint(0, e, (s,))
+    ids = ids.to(torch.int32 if routing == "int32" else torch.int64).to(device)
+    y = kernels.linear(x, ids, p, ExpertsMmaConfig())
+    _check(y, x, ids, w)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("s,e,bm", [(1, 4, 16), (37, 5, 16), (300, 8, 32), (64, 128, 16)])
+def test_the_alignment_sorts_rows_by_expert_in_padded_blocks(device, s, e, bm):
+    from glyd.kernels.fixed12.experts_mma import align, max_blocks
+
+    torch.manual_seed(s)
+    ids = torch.randint(0, max(1, e // 2), (s,)).to(device)  # the upper half of the experts gets no row
+    rows, bexp = (t.cpu() for t in align(ids, e, bm))
+    ids = ids.cpu()
+    nb = max_blocks(s, e, bm)
+    assert rows.shape == (nb * bm,) and bexp.shape == (nb,)
+    counts = torch.bincount(ids, minlength=e)
+    used = int(((counts + bm - 1) // bm).sum())
+    assert (bexp[used:] == -1).all() and (bexp[:used] >= 0).all()
+    assert torch.equal(bexp[:used], torch.sort(bexp[:used]).values)  # runs in expert order
+    blocks = rows[:used * bm].reshape(used, bm)
+    real = blocks[blocks < s]
+    assert torch.equal(real.long(), torch.argsort(ids, stable=True))  # every row once, stable
+    for b in range(used):
+        assert (ids[blocks[b][blocks[b] < s].long()] == bexp[b]).all()
+        assert (blocks[b][blocks[b] >= s] == s).all()  # padding: the sentinel S
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -117,9 +175,11 @@ def test_the_choice_by_rows_and_capture():
 
     dev = Device("cuda", "NVIDIA H200", (9, 0), 132)
     name = lambda m, layout="fixed12", cap=False: kernels.choose(Problem(layout, m, 64, 128, 128), dev, cap)[0].name  # noqa: E731
-    assert name(1) == name(64) == "fixed12_experts_gemv"
-    assert name(65) == name(4096) == "experts_loop"
-    assert name(4096, cap=True) == "fixed12_experts_gemv"  # a CUDA graph capture: no host sync
+    assert name(1) == name(16) == "fixed12_experts_gemv"
+    assert name(17) == name(64) == name(65) == name(4096) == "fixed12_experts_mma"
+    assert name(256, cap=True) == name(512, cap=True) == "fixed12_experts_mma"  # a decode step's capture
+    assert name(4097) == "experts_loop"  # past the grouped product's rows: the loop
+    assert name(4097, cap=True) == "fixed12_experts_gemv"  # a CUDA graph capture: no host sync
     assert name(8, "tiered") == "experts_loop"
     with pytest.raises(RuntimeError, match="synchronises with the host"):
         kernels.choose(Problem("tiered", 8, 64, 128, 128), dev, True)
@@ -146,7 +206,7 @@ def test_ids_outside_the_experts_are_refused():
 def test_a_captured_experts_product_follows_new_ids_on_gpu(s):
     # A CUDA graph of the product must route every replay by the ids it finds then (no routing frozen
     # at capture), and equal the eager product: bit for bit where both take the grouped GEMV (8 rows),
-    # within tolerance where the eager call takes the loop of fused products (256 rows)
+    # within tolerance where they may differ (256 rows: the grouped MMA now; a GPU table may choose others)
     from glyd.kernels import experts as kernels
     from glyd.ops.experts import pack_experts
 
@@ -180,20 +240,21 @@ def test_a_captured_experts_product_follows_new_ids_on_gpu(s):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_an_eager_loop_call_builds_what_a_captured_gemv_needs(device):
-    # the warm-up step before a capture may take the loop (over 64 rows), the capture the GEMV: the
-    # GEMV's exception index (built on the host) must exist by then
+    # the warm-up step before a capture may take the loop, the capture the GEMV or the grouped MMA:
+    # their exception index and shared base (built on the host) must exist by then
     from glyd.kernels import _common as C
     from glyd.kernels import experts as kernels
+    from glyd.kernels.experts import ExpertsLoopConfig
     from glyd.ops.experts import pack_experts
 
     torch.manual_seed(3)
     w = _experts(3, 24, 128, device)
     p = pack_experts(w, "fixed12")
-    assert id(p.arrays["exc_idx"]) not in C._CACHE
+    assert id(p.arrays["exc_idx"]) not in C._CACHE and id(p.arrays["base"]) not in C._CACHE
     x = torch.randn(70, 128).to(torch.bfloat16).to(device)
     ids = torch.randint(0, 3, (70,), device=device)
-    _check(kernels.linear(x, ids, p), x, ids, w)  # 70 rows: the loop
-    assert id(p.arrays["exc_idx"]) in C._CACHE
+    _check(kernels.linear(x, ids, p, ExpertsLoopConfig()), x, ids, w)
+    assert id(p.arrays["exc_idx"]) in C._CACHE and id(p.arrays["base"]) in C._CACHE  # a 70-row capture: the MMA
 
 
 @pytest.mark.gpu

@@ -141,5 +141,6 @@ LAYOUT = register(Layout(
         "fixed12_wgmma_warpspec": "glyd.kernels.fixed12.wgmma_warpspec:WsKernel",
         "fixed12_unpack_cublas": "glyd.kernels.fixed12.unpack_cublas:LongKernel",
         "fixed12_experts_gemv": "glyd.kernels.fixed12.experts:ExpertsGemvKernel",
+        "fixed12_experts_mma": "glyd.kernels.fixed12.experts_mma:ExpertsMmaKernel",
     },
 ))

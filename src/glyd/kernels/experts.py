@@ -7,7 +7,8 @@ is taken, and inside a CUDA graph capture only the kernels that never synchronis
 
 * ``fixed12_experts_gemv`` (``fixed12/experts.py``, a family of fixed12's layout entry): one
   program a row and a tile of its expert, reading only the chosen experts' packed planes; no host
-  sync (decode steps, CUDA graphs). Up to 64 rows first.
+  sync (decode steps, CUDA graphs). Up to 16 rows first (``fixed12_experts_mma``, the grouped
+  tensor-core product in ``fixed12/experts_mma.py``, above).
 * ``experts_loop`` (here; no layout's family: it runs every layout through the linear families):
   each chosen expert's rows through ``glyd.kernels.linear``, the fused product the registry picks
   for that expert's matrix and its number of rows (the prompt path, every layout). Finding the rows
@@ -36,12 +37,16 @@ __all__ = ["linear", "choose", "DEFAULTS", "ExpertsKernel", "ExpertsLoopKernel",
 
 _GEMV = {"kernel": "fixed12_experts_gemv", "config": {}}
 _LOOP = {"kernel": "experts_loop", "config": {}}
+_MMA = {"kernel": "fixed12_experts_mma", "config": {}}
 _SMALL = {"1", "2", "3", "4", "5-8", "9-16", "17-32", "33-64"}
+_TINY = {"1", "2", "3", "4", "5-8", "9-16"}
 #: The candidates where the GPU's table has no ``experts`` section (nothing measured yet): layout ->
-#: M bucket -> candidates. fixed12: the grouped GEMV up to 64 rows, above that the loop (the GEMV
-#: stays as the capture-safe fallback); the other layouts: the loop.
+#: M bucket -> candidates. fixed12: the grouped GEMV up to 16 rows, above that the grouped MMA
+#: (``fixed12/experts_mma.py``, sync-free) up to its row limit, then the GEMV up to 64 rows and the
+#: loop (the GEMV stays as the capture-safe fallback); the other layouts: the loop.
 DEFAULTS: dict[str, dict[str, list[dict[str, Any]]]] = {
-    "fixed12": {b: [_GEMV, _LOOP] if b in _SMALL else [_LOOP, _GEMV] for b, _, _ in M_BUCKETS},
+    "fixed12": {b: [_GEMV, _LOOP] if b in _TINY else [_MMA, _GEMV, _LOOP] if b in _SMALL else [_MMA, _LOOP, _GEMV]
+                for b, _, _ in M_BUCKETS},
     "tiered": {b: [_LOOP] for b, _, _ in M_BUCKETS},
     "dense11": {b: [_LOOP] for b, _, _ in M_BUCKETS},
 }

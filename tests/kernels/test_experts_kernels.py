@@ -238,6 +238,48 @@ def test_a_captured_experts_product_follows_new_ids_on_gpu(s):
             _check(eager, x, ids, w)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("s", [32, 256, 512])
+def test_a_captured_grouped_mma_follows_new_ids_on_gpu(s):
+    # a decode step's capture (32-64 sequences at top-8: 256-512 rows) takes the grouped MMA; every
+    # replay sorts the rows by the ids it finds then (random, one expert for all, half the experts
+    # idle) and equals the eager product bit for bit
+    from glyd.kernels import experts as kernels
+    from glyd.kernels.registry import Device, Problem
+    from glyd.ops.experts import pack_experts
+
+    torch.manual_seed(s)
+    e, n, k = 16, 96, 256
+    w = _experts(e, n, k, "cuda")
+    p = pack_experts(w, "fixed12")
+    chosen = kernels.choose(Problem("fixed12", s, n, k, k), Device.of(torch.device("cuda")), True)[0]
+    assert chosen.name == "fixed12_experts_mma"
+    x = torch.randn(s, k).to(torch.bfloat16).cuda()
+    ids = torch.randint(0, e, (s,), device="cuda")
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        kernels.linear(x, ids, p)  # warm: compiled, prepared
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = kernels.linear(x, ids, p)
+    for seed, routing in ((1, "random"), (2, "one"), (3, "half")):
+        g = torch.Generator().manual_seed(seed)
+        new = torch.randint(0, e, (s,), generator=g)
+        if routing == "one":
+            new.fill_(e - 1)
+        elif routing == "half":
+            new = new % (e // 2) * 2  # the odd experts idle
+        ids.copy_(new)
+        x.copy_(torch.randn(s, k, generator=g).to(torch.bfloat16))
+        graph.replay()
+        torch.cuda.synchronize()
+        _check(y, x, ids, w)
+        assert torch.equal(y.view(torch.int16), kernels.linear(x, ids, p).view(torch.int16))
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_an_eager_loop_call_builds_what_a_captured_gemv_needs(device):
     # the warm-up step before a capture may take the loop, the capture the GEMV or the grouped MMA:
@@ -254,7 +296,8 @@ def test_an_eager_loop_call_builds_what_a_captured_gemv_needs(device):
     x = torch.randn(70, 128).to(torch.bfloat16).to(device)
     ids = torch.randint(0, 3, (70,), device=device)
     _check(kernels.linear(x, ids, p, ExpertsLoopConfig()), x, ids, w)
-    assert id(p.arrays["exc_idx"]) in C._CACHE and id(p.arrays["base"]) in C._CACHE  # a 70-row capture: the MMA
+    # what a 70-row capture (the grouped MMA) needs
+    assert id(p.arrays["exc_idx"]) in C._CACHE and id(p.arrays["base"]) in C._CACHE
 
 
 @pytest.mark.gpu

@@ -192,7 +192,7 @@ def align(ids: torch.Tensor, e: int, block_m: int) -> tuple[torch.Tensor, torch.
     rows = torch.empty(nb * block_m, dtype=torch.int32, device=ids.device)
     bexp = torch.empty(nb, dtype=torch.int32, device=ids.device)
     if s:
-        _align_kernel[(e + 1,)](ids, rows, bexp, s, e, nb, BM=block_m, EP=max(16, triton.next_power_of_2(e)),
+        _align_kernel[(e + 1,)](ids, rows, bexp, s, e, nb, BM=block_m, EP=max(32, triton.next_power_of_2(e)),
                                 CH=_CHUNK, num_warps=4)
     return rows, bexp
 

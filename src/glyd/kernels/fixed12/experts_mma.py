@@ -12,8 +12,9 @@ Two launches, as vLLM's fused MoE (``moe_align_block_size``, then ``fused_moe_ke
 * ``_mma_kernel`` (a row block and a tile of BLOCK_N weight rows a program): the block's rows of x
   gathered by their indices, the expert's [BLOCK_N, K] byte tiles decoded as ``fixed12_operand_dot``
   decodes them (weights as the MMA's first operand, x transposed as the second: 16 x rows are the
-  smallest MMA), its exceptions added (``words.exception_delta_tile`` through the grouped GEMV's row
-  pointer over all experts' rows), and the bf16 results stored back to the rows' own positions.
+  smallest MMA), its exceptions added (through the grouped GEMV's row pointer over all experts'
+  rows, ``EXC`` at a time: the first chunk loaded before the K loop, summed onto the weight rows by
+  a one-hot product after it), and the bf16 results stored back to the rows' own positions.
 
 Where every expert has the same exponent window (``base``), as random or trained experts usually
 do, the base is a compile-time constant: ``fixed12_operand_dot`` measured that a runtime base moves
@@ -34,11 +35,13 @@ from glyd.kernels._interp import isolated
 from glyd.kernels.experts import ExpertsKernel
 from glyd.kernels.fixed12.experts import _outside_a_capture
 from glyd.kernels.fixed12.experts import prepare as prepare_exceptions
-from glyd.kernels.fixed12.words import exception_delta_tile
 
 #: Rows of one launch at most (the alignment kernel reads every row once an expert).
 MAX_ROWS = 4096
 _CHUNK = 256  # rows the alignment kernel reads at once
+#: Exceptions a step of the tile's exception sum (the one-hot product's K). Trained weights hold about
+#: 0.1% (~130 a [64, 2048] tile): one at a time, each costs a chain of dependent loads.
+EXC = 32
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,11 +126,39 @@ def _align_kernel(ids_ptr, rows_ptr, bexp_ptr, S, E, NB, BM: tl.constexpr, EP: t
             tl.store(bexp_ptr + j + ch, -1 + 0 * ch, mask=j + ch < NB)
 
 
+@triton.jit
+def _exc_chunk(eidx_ptr, ehi_ptr, lo_ptr, x_ptr, es, e1, rml, mmask, stride_xm, base, K, stride_lo,
+               E: tl.constexpr):
+    # exceptions es.. (up to E, below e1) of the expert: their weight rows [E] (-1: none) and
+    # x[rows, col] * (true - decoded weight) [E, BM] (decoded: the code's sign with offset 0)
+    e = es + tl.arange(0, E)
+    em = e < e1
+    idx = tl.load(eidx_ptr + e, mask=em, other=0).to(tl.int64)
+    r = idx // K
+    c = idx - r * K
+    th = tl.load(ehi_ptr + e, mask=em, other=0).to(tl.uint32)
+    lo = tl.load(lo_ptr + r * stride_lo + c, mask=em, other=0).to(tl.uint32)
+    tv = ((th << 24) | (lo << 16)).to(tl.float32, bitcast=True)
+    pv = ((((th & 0x80) | base) << 24) | (lo << 16)).to(tl.float32, bitcast=True)
+    xv = tl.load(x_ptr + rml[None, :] * stride_xm + c[:, None], mask=em[:, None] & mmask[None, :],
+                 other=0.0).to(tl.float32)
+    return tl.where(em, r, -1), xv * tv[:, None] - xv * pv[:, None]
+
+
+@triton.jit
+def _exc_add(acc, r, d, rn):
+    # acc [BN, BM] += one-hot [BN, E] (weight row rn holds exception j) @ d [E, BM] in full fp32
+    # ("ieee": FMA, not tf32, which would drop 13 bits of each correction)
+    oh = (rn.to(tl.int64)[:, None] == r[None, :]).to(tl.float32)
+    return tl.dot(oh, d, acc, input_precision="ieee")
+
+
 @isolated
 @triton.jit
 def _mma_kernel(x_ptr, rows_ptr, bexp_ptr, code_ptr, lo_ptr, base_ptr, rowptr_ptr, eidx_ptr, ehi_ptr, out_ptr,
                 S, N, K, KP, stride_xm, stride_code, stride_lo, BASE: tl.constexpr, BM: tl.constexpr,
-                BN: tl.constexpr, G: tl.constexpr, EVEN: tl.constexpr, HAS_EXC: tl.constexpr, F32DOT: tl.constexpr):
+                BN: tl.constexpr, G: tl.constexpr, EVEN: tl.constexpr, HAS_EXC: tl.constexpr, F32DOT: tl.constexpr,
+                EXC: tl.constexpr = 32):
     # out[rows, n tile]^T [BN, BM] = W_e tile [BN, 32] @ x[rows]^T [32, BM], twice a 64-weight group
     # (its halves share the code bytes). Weight rows past N read row N-1 again, padding slots of the
     # block read x row 0; neither is stored.
@@ -150,6 +181,13 @@ def _mma_kernel(x_ptr, rows_ptr, bexp_ptr, code_ptr, lo_ptr, base_ptr, rowptr_pt
     code_off = (row0 + rnl)[:, None] * stride_code + j[None, :]
     lo_off = (row0 + rnl)[:, None] * stride_lo + j[None, :]
     x_off = rml[None, :] * stride_xm + j[:, None]
+    if HAS_EXC:
+        # the tile's first EXC exceptions loaded before the K loop (their chain of dependent loads
+        # overlaps it), the rest (rare) after it
+        e0 = tl.load(rowptr_ptr + row0 + pid_n * BN)
+        e1 = tl.load(rowptr_ptr + row0 + tl.minimum(pid_n * BN + BN, N))
+        lo_e = lo_ptr + row0 * stride_lo
+        er, ed = _exc_chunk(eidx_ptr, ehi_ptr, lo_e, x_ptr, e0, e1, rml, mmask, stride_xm, base, K, stride_lo, EXC)
     acc = tl.zeros([BN, BM], dtype=tl.float32)
     for kb in range(0, KP, 64 * G):
         for g in tl.static_range(G):
@@ -174,8 +212,11 @@ def _mma_kernel(x_ptr, rows_ptr, bexp_ptr, code_ptr, lo_ptr, base_ptr, rowptr_pt
                 acc = tl.dot(wa, xa, acc)
                 acc = tl.dot(wb, xb, acc)
     if HAS_EXC:
-        acc += exception_delta_tile(rowptr_ptr + row0, eidx_ptr, ehi_ptr, lo_ptr + row0 * stride_lo, x_ptr, rn, rml,
-                                    mmask, stride_xm, base, pid_n, N, K, stride_lo, BN, BM)
+        acc = _exc_add(acc, er, ed, rn)
+        for es in range(e0 + EXC, e1, EXC):
+            er, ed = _exc_chunk(eidx_ptr, ehi_ptr, lo_e, x_ptr, es, e1, rml, mmask, stride_xm, base, K, stride_lo,
+                                EXC)
+            acc = _exc_add(acc, er, ed, rn)
     tl.store(out_ptr + rml[None, :] * N + rn[:, None], acc.to(tl.bfloat16), mask=mmask[None, :] & (rn < N)[:, None])
 
 
@@ -225,7 +266,7 @@ def launch(x2: torch.Tensor, ids: torch.Tensor, p: PackedExperts, cfg: ExpertsMm
         x2, rows, bexp, a["code"], a["lo"], a["base"], prep.exc.rowptr, a["exc_idx"], a["exc_hi"], out,
         s, n, k, kp, x2.stride(0), kp // 2, kp,
         BASE=-1 if prep.base is None else prep.base, BM=cfg.block_m, BN=cfg.block_n, G=g, EVEN=k == kp,
-        HAS_EXC=prep.exc.nexc > 0, F32DOT=C.interpreting(), num_warps=cfg.warps, num_stages=cfg.stages)
+        HAS_EXC=prep.exc.nexc > 0, F32DOT=C.interpreting(), EXC=EXC, num_warps=cfg.warps, num_stages=cfg.stages)
     return out
 
 

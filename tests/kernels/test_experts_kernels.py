@@ -302,14 +302,15 @@ def test_an_eager_loop_call_builds_what_a_captured_gemv_needs(device):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_a_capture_before_any_eager_call_is_refused_by_name_on_gpu():
+@pytest.mark.parametrize("s", [4, 256])  # the grouped GEMV, the grouped MMA
+def test_a_capture_before_any_eager_call_is_refused_by_name_on_gpu(s):
     from glyd.errors import UnsupportedError
     from glyd.kernels import experts as kernels
     from glyd.ops.experts import pack_experts
 
     p = pack_experts(_experts(3, 24, 128, "cuda"), "fixed12")
-    x = torch.randn(4, 128).to(torch.bfloat16).cuda()
-    ids = torch.zeros(4, dtype=torch.int64, device="cuda")
+    x = torch.randn(s, 128).to(torch.bfloat16).cuda()
+    ids = torch.zeros(s, dtype=torch.int64, device="cuda")
     graph = torch.cuda.CUDAGraph()
     with pytest.raises(UnsupportedError, match="warm-up step"):
         with torch.cuda.graph(graph):

@@ -239,6 +239,21 @@ def test_gpu_fused_is_close_exact_is_equal_and_a_decode_step_captures(folders, f
         got, want = _logits(model, ids).float(), _logits(ref, ids).float()
         assert (got - want).abs().max() <= 0.05 * want.abs().max()
     assert "fixed12_experts_mma" in set(chosen)
+    # where the MMA cannot run (above its 4096 rows; refused here): 160 rows take the unpack + grouped
+    # GEMM (K % 64 == 0), else the loop
+    from glyd.kernels.fixed12.experts_mma import ExpertsMmaKernel
+
+    chosen.clear()
+    with monkeypatch.context() as m:
+        m.setattr(ExpertsMmaKernel, "can_implement", classmethod(lambda cls, *a: (False, "refused by the test")))
+        kernels._choose.cache_clear()
+        try:
+            ids = torch.randint(3, VOCAB, (2, 40), generator=torch.Generator().manual_seed(40)).cuda()
+            got, want = _logits(model, ids).float(), _logits(ref, ids).float()
+            assert (got - want).abs().max() <= 0.05 * want.abs().max()
+        finally:
+            kernels._choose.cache_clear()  # no choice made without the MMA outlives the test
+    assert {"experts_loop", "experts_unpack_grouped"} <= set(chosen)
     set_exact(model, True)
     ids = _ids().cuda()
     assert torch.equal(bits(_logits(model, ids)), bits(_logits(ref, ids)))

@@ -1,6 +1,6 @@
 """Expert products (glyd.kernels.experts): the grouped GEMV and the grouped tensor-core product over
-packed fixed12 experts and the loop of fused products, against float64 on the same bf16 inputs; the
-choice between them.
+packed fixed12 experts, the loop of fused products and the unpack + grouped GEMM, against float64 on
+the same bf16 inputs; the choice between them; the one-launch unpack of all experts, bit for bit.
 
 Tolerance as tests/kernels/test_linear.py: one bf16 rounding of the exact result (relative 2**-7
 under the interpreter, which truncates) plus fp32 accumulation noise (1e-3 of the largest output).
@@ -38,7 +38,7 @@ def _check(y: torch.Tensor, x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor)
 
 
 def _cases():
-    from glyd.kernels.experts import ExpertsLoopConfig
+    from glyd.kernels.experts import ExpertsGroupedConfig, ExpertsLoopConfig
     from glyd.kernels.fixed12.experts import ExpertsGemvConfig
     from glyd.kernels.fixed12.experts_mma import ExpertsMmaConfig as Mma
 
@@ -56,10 +56,14 @@ def _cases():
         ("fixed12", 5, 16, 64, 20, Mma(block_n=16, block_k=64, warps=1, stages=1)),  # one 64-weight group
         ("fixed12", 4, 64, 192, 24, Mma(block_k=128)),  # padded K 192: steps of one group; ~40 exceptions a tile
         ("fixed12", 6, 80, 128, 40, None),  # 40 rows: the grouped tensor-core product
+        ("fixed12", 3, 20, 96, 70, None),  # K padded (96 -> 128): the MMA (the unpack + grouped GEMM refuses it)
+        ("fixed12", 6, 16, 64, 3, ExpertsGroupedConfig(groups=2)),  # experts without rows skipped; programs straddle experts
+        ("fixed12", 5, 40, 192, 90, ExpertsGroupedConfig(groups=8, warps=1)),
+        ("fixed12", 3, 24, 128, 70, ExpertsGroupedConfig(max_scratch_bytes=1000)),  # over the bound: the loop
     ]
 
 
-N_CASES = 12
+N_CASES = 16
 
 
 def test_case_count():
@@ -178,9 +182,9 @@ def test_the_choice_by_rows_and_capture():
     assert name(1) == name(16) == "fixed12_experts_gemv"
     assert name(17) == name(64) == name(65) == name(4096) == "fixed12_experts_mma"
     assert name(256, cap=True) == name(512, cap=True) == "fixed12_experts_mma"  # a decode step's capture
-    assert name(4097) == "experts_loop"  # past the grouped product's rows: the loop
-    assert name(4097, cap=True) == "fixed12_experts_gemv"  # a CUDA graph capture: no host sync
-    assert name(8, "tiered") == "experts_loop"
+    assert name(4097) == "experts_unpack_grouped"  # past the MMA's rows: the unpack + grouped GEMM
+    assert name(4097, cap=True) == "experts_unpack_grouped"  # no host sync: a CUDA graph capture takes it too
+    assert name(8, "tiered") == name(300, "tiered") == "experts_loop"
     with pytest.raises(RuntimeError, match="synchronises with the host"):
         kernels.choose(Problem("tiered", 8, 64, 128, 128), dev, True)
 
@@ -300,6 +304,57 @@ def test_an_eager_loop_call_builds_what_a_captured_gemv_needs(device):
     assert id(p.arrays["exc_idx"]) in C._CACHE and id(p.arrays["base"]) in C._CACHE
 
 
+def test_the_grouped_family_refuses_what_grouped_mm_and_the_unpack_cannot_take():
+    from glyd.kernels import experts as kernels
+    from glyd.kernels.experts import ExpertsGroupedConfig, ExpertsGroupedKernel as G
+    from glyd.kernels.registry import Device, Problem
+
+    h200 = Device("cuda", "NVIDIA H200", (9, 0), 132)
+    cfg = ExpertsGroupedConfig()
+    assert G.can_implement(Problem("fixed12", 300, 1536, 2048, 2048), h200, cfg) == (True, "")
+    why = lambda p, dev=h200: G.can_implement(p, dev, cfg)[1]  # noqa: E731
+    assert "multiples of 8" in why(Problem("fixed12", 300, 20, 128, 128))
+    assert "multiples of 8" in why(Problem("fixed12", 300, 24, 132, 192))
+    assert "K a multiple of 64" in why(Problem("fixed12", 300, 24, 96, 128))
+    assert "layout 'tiered'" in why(Problem("tiered", 300, 24, 128, 128))
+    assert "sm_80" in why(Problem("fixed12", 300, 24, 128, 128), Device("cuda", "Tesla T4", (7, 5), 40))
+    # refused past the MMA's 4096 rows: the next candidate runs (the loop eagerly, the GEMV in a capture)
+    name = lambda m, n, k, kp, cap=False: kernels.choose(Problem("fixed12", m, n, k, kp), h200, cap)[0].name  # noqa: E731
+    assert name(5000, 24, 128, 128) == "experts_unpack_grouped"
+    assert name(5000, 24, 96, 128) == "experts_loop"
+    assert name(5000, 20, 128, 128, cap=True) == "fixed12_experts_gemv"
+    assert name(300, 24, 96, 128) == "fixed12_experts_mma"  # up to 4096 rows the MMA first
+    assert not G.syncs
+    with pytest.raises(ValueError, match="power of two"):
+        ExpertsGroupedConfig(groups=3)
+    with pytest.raises(ValueError, match="max_scratch_bytes"):
+        ExpertsGroupedConfig(max_scratch_bytes=-1)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_all_experts_unpack_in_one_launch_bit_for_bit(device):
+    from glyd.kernels.fixed12.experts_unpack import unpack_experts
+    from glyd.ops.experts import pack_experts
+
+    torch.manual_seed(11)
+    e, n, k = 5, 24, 128
+    w = _experts(e, n, k, device)
+    p = pack_experts(w, "fixed12")
+    out = torch.full((e, n, k), float("nan"), dtype=torch.bfloat16, device=device)
+    unpack_experts(p, out, groups=4)
+    assert torch.equal(out.view(torch.int16), w.view(torch.int16))
+    out.fill_(float("nan"))
+    offs = torch.tensor([2, 2, 5, 5, 9], dtype=torch.int32, device=device)  # experts 1 and 3 have no rows
+    unpack_experts(p, out, offs, groups=4)
+    for i in (0, 2, 4):
+        assert torch.equal(out[i].view(torch.int16), w[i].view(torch.int16))
+    assert out[1].isnan().float().mean() > 0.9 and out[3].isnan().float().mean() > 0.9  # not unpacked
+    with pytest.raises(ValueError, match="offs must be int32"):
+        unpack_experts(p, out, offs.long())
+    with pytest.raises(ValueError, match="out must be a contiguous bf16"):
+        unpack_experts(p, out[:, :, :64])
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("s", [4, 256])  # the grouped GEMV, the grouped MMA
@@ -315,3 +370,29 @@ def test_a_capture_before_any_eager_call_is_refused_by_name_on_gpu(s):
     with pytest.raises(UnsupportedError, match="warm-up step"):
         with torch.cuda.graph(graph):
             kernels.linear(x, ids, p)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_grouped_product_captures_in_a_cuda_graph():
+    from glyd.kernels import experts as kernels
+    from glyd.kernels.experts import ExpertsGroupedConfig
+    from glyd.ops.experts import pack_experts
+
+    torch.manual_seed(12)
+    w = _experts(8, 64, 128, "cuda")
+    p = pack_experts(w, "fixed12")
+    x = torch.randn(80, 128, device="cuda").to(torch.bfloat16)  # 80 rows: a decode step of 10 rows, top-8
+    ids = torch.randint(0, 6, (80,), device="cuda")  # experts 6 and 7 without rows
+    dev = kernels.registry.Device.of(x.device)
+    name = lambda m: kernels.choose(kernels.Problem("fixed12", m, 64, 128, 128), dev, True)[0].name  # noqa: E731
+    assert name(80) == "fixed12_experts_mma" and name(5000) == "experts_unpack_grouped"  # past the MMA's rows
+    eager = kernels.linear(x, ids, p, ExpertsGroupedConfig())
+    _check(eager, x, ids, w)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = kernels.linear(x, ids, p, ExpertsGroupedConfig())  # the family by its config (80 rows: the MMA's)
+    ids.copy_(torch.randint(0, 8, (80,), device="cuda"))  # other routing, same graph
+    graph.replay()
+    torch.cuda.synchronize()
+    _check(out, x, ids, w)

@@ -13,6 +13,11 @@ is taken, and inside a CUDA graph capture only the kernels that never synchronis
   each chosen expert's rows through ``glyd.kernels.linear``, the fused product the registry picks
   for that expert's matrix and its number of rows (the prompt path, every layout). Finding the rows
   of each expert costs one host sync.
+* ``experts_unpack_grouped`` (here; fixed12, whose experts unpack in one launch): the rows sorted by
+  expert, the experts that have rows unpacked into one reused bf16 scratch ``[E, N, K]``
+  (``fixed12/experts_unpack.py``), then one ``torch._grouped_mm`` and the rows put back (the prompt
+  path: three launches and a sort, no host sync, where the loop made ~2 launches a chosen expert).
+  Above 64 rows after the MMA: above its 4096 rows or where it cannot run.
 
 Example (needs a CUDA GPU)::
 
@@ -25,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 from typing import Any
 
 import torch
@@ -33,20 +39,28 @@ from glyd.kernels import _common as C
 from glyd.kernels import registry
 from glyd.kernels.registry import M_BUCKETS, Kernel, Problem
 
-__all__ = ["linear", "choose", "DEFAULTS", "ExpertsKernel", "ExpertsLoopKernel", "ExpertsLoopConfig"]
+__all__ = ["linear", "choose", "DEFAULTS", "ExpertsKernel", "ExpertsLoopKernel", "ExpertsLoopConfig",
+           "ExpertsGroupedKernel", "ExpertsGroupedConfig"]
+
+log = logging.getLogger(__name__)
 
 _GEMV = {"kernel": "fixed12_experts_gemv", "config": {}}
 _LOOP = {"kernel": "experts_loop", "config": {}}
 _MMA = {"kernel": "fixed12_experts_mma", "config": {}}
+_GROUPED = {"kernel": "experts_unpack_grouped", "config": {}}
 _SMALL = {"1", "2", "3", "4", "5-8", "9-16", "17-32", "33-64"}
 _TINY = {"1", "2", "3", "4", "5-8", "9-16"}
 #: The candidates where the GPU's table has no ``experts`` section (nothing measured yet): layout ->
-#: M bucket -> candidates. fixed12: the grouped GEMV up to 16 rows, above that the grouped MMA
-#: (``fixed12/experts_mma.py``, sync-free) up to its row limit, then the GEMV up to 64 rows and the
-#: loop (the GEMV stays as the capture-safe fallback); the other layouts: the loop.
+#: M bucket -> candidates. fixed12: the grouped GEMV up to 16 rows; 17-64 rows the grouped MMA
+#: (``fixed12/experts_mma.py``), then the GEMV and the loop; above 64 rows the MMA (up to its
+#: ``MAX_ROWS``, 4096), then the unpack + grouped GEMM (above the MMA's rows or where it cannot run),
+#: the loop and the GEMV. MMA, unpack + GEMM and GEMV never sync with the host, so a CUDA graph
+#: capture takes them in the same order. The order above 64 rows is a guess until the next GPU
+#: run's probes decide it (probe_moe_decode: decode rows 8-512; probe_moe_prompt: prompts).
+#: The other layouts: the loop.
 DEFAULTS: dict[str, dict[str, list[dict[str, Any]]]] = {
-    "fixed12": {b: [_GEMV, _LOOP] if b in _TINY else [_MMA, _GEMV, _LOOP] if b in _SMALL else [_MMA, _LOOP, _GEMV]
-                for b, _, _ in M_BUCKETS},
+    "fixed12": {b: [_GEMV, _LOOP] if b in _TINY else [_MMA, _GEMV, _LOOP] if b in _SMALL
+                else [_MMA, _GROUPED, _LOOP, _GEMV] for b, _, _ in M_BUCKETS},
     "tiered": {b: [_LOOP] for b, _, _ in M_BUCKETS},
     "dense11": {b: [_LOOP] for b, _, _ in M_BUCKETS},
 }
@@ -120,6 +134,108 @@ class ExpertsLoopKernel(ExpertsKernel):
         return out
 
 
+#: Layouts whose experts unpack in one launch (``experts_unpack_grouped``).
+_ONE_LAUNCH_UNPACK = {"fixed12"}
+#: Scratch sizes of ``experts_unpack_grouped`` already logged, (device, E, N, K).
+_LOGGED: set = set()
+#: Scratch buffers a CUDA graph captured: kept for the process's life (the graph replays into them
+#: after ``scratch`` has moved on to a larger buffer).
+_CAPTURED: dict[int, torch.Tensor] = {}
+
+
+@dataclasses.dataclass(frozen=True)
+class ExpertsGroupedConfig:
+    """``max_scratch_bytes``: the largest bf16 scratch of all experts (E*N*K*2 bytes) this family
+    takes; above it the product goes to the loop (the GEMV inside a graph capture). ``groups`` and
+    ``warps``: the unpack's 64-weight groups and warps a program (the flat unpack's defaults)."""
+
+    max_scratch_bytes: int = 2 << 30
+    groups: int = 16
+    warps: int = 2
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.max_scratch_bytes, int) or self.max_scratch_bytes < 0:
+            raise ValueError(f"max_scratch_bytes must be an int >= 0, got {self.max_scratch_bytes!r}")
+        C.pow2(self, "groups")
+        if self.warps not in (1, 2, 4, 8, 16):
+            raise ValueError(f"warps must be 1, 2, 4, 8 or 16, got {self.warps}")
+
+
+class ExpertsGroupedKernel(ExpertsKernel):
+    """Rows sorted by expert (stable), the experts that have rows unpacked into one reused bf16
+    scratch ``[E, N, K]`` (``C.scratch``, one launch), one ``torch._grouped_mm`` (bf16, fp32
+    accumulation, as transformers' grouped path) and the rows put back. No host sync: the rows an
+    expert has stay on the device (``offs``, a ``searchsorted`` of the sorted ids); every expert
+    has its slot in the scratch, those without rows are not unpacked (their groups are empty).
+
+    Memory: the scratch holds all E experts, E*N*K*2 bytes (Qwen3-30B-A3B's gate_up: 128 x 1536 x
+    2048 x 2 = 805 MB), kept for the device's later products (logged once a shape); above
+    ``max_scratch_bytes`` the loop runs instead (chunks of experts: not done). ``torch._grouped_mm``
+    needs 16-byte strides (K and N multiples of 8) and sm_80+; the one-launch unpack K == Kp.
+    """
+
+    name = "experts_unpack_grouped"
+    layout = ""
+    Config = ExpertsGroupedConfig
+    syncs = False
+
+    @classmethod
+    def can_implement(cls, problem, device, config):
+        if problem.layout not in _ONE_LAUNCH_UNPACK:
+            return False, f"no one-launch experts unpack for layout {problem.layout!r}"
+        if not hasattr(torch, "_grouped_mm"):
+            return False, f"torch {torch.__version__} has no torch._grouped_mm"
+        if device.type == "cuda" and (device.capability or (0, 0)) < (8, 0):
+            return False, f"torch._grouped_mm needs sm_80 or later, {device.name} is {device.capability}"
+        if problem.k % 8 or problem.n % 8:
+            return False, f"torch._grouped_mm needs 16-byte strides: K ({problem.k}) and N ({problem.n}) multiples of 8"
+        if problem.kp != problem.k:
+            return False, f"the one-launch experts unpack needs K a multiple of 64 (no padded columns), got K = {problem.k}"
+        return True, ""
+
+    @classmethod
+    def launch(cls, x2, ids, packed, config, out):
+        from glyd.kernels.fixed12.experts_unpack import unpack_experts
+
+        e, n, k = packed.shape
+        capturing = x2.is_cuda and torch.cuda.is_current_stream_capturing()
+        if e * n * k * 2 > config.max_scratch_bytes or e * n * k >= 2**31:
+            return _over_bound(x2, ids, packed, config, out, capturing)
+        key = (str(x2.device), e, n, k)
+        if key not in _LOGGED:
+            _LOGGED.add(key)
+            log.info("experts_unpack_grouped: a %.0f MB bf16 scratch for %d experts of %d x %d on %s",
+                     e * n * k * 2 / 1e6, e, n, k, x2.device)
+        flat = ids.to(torch.int64).clamp(0, e - 1)  # linear() checked ids (a graph capture: clamped, as the GEMV does)
+        sorted_ids, order = torch.sort(flat, stable=True)
+        offs = torch.searchsorted(sorted_ids, torch.arange(e, device=flat.device), right=True, out_int32=True)
+        w = C.scratch(x2.device, e * n * k).view(e, n, k)
+        if capturing:
+            _CAPTURED.setdefault(w.data_ptr(), w)
+        unpack_experts(packed, w, offs, config.groups, config.warps)
+        y = torch._grouped_mm(x2.index_select(0, order), w.transpose(-2, -1), offs=offs)
+        return out.index_copy_(0, order, y)
+
+
+def _over_bound(x2, ids, packed, config, out, capturing):
+    """The product whose scratch would pass ``max_scratch_bytes``: the loop (the GEMV in a capture)."""
+    e, n, k = packed.shape
+    key = ("over", e, n, k, config.max_scratch_bytes)
+    if key not in _LOGGED:
+        _LOGGED.add(key)
+        log.info("experts_unpack_grouped: %d experts of %d x %d need %.0f MB of scratch, over max_scratch_bytes "
+                 "(%d): the %s runs", e, n, k, e * n * k * 2 / 1e6, config.max_scratch_bytes,
+                 "GEMV" if capturing else "loop")
+    if capturing:
+        gemv = registry.kernel_class(_GEMV["kernel"])
+        return gemv.launch(x2, ids, packed, gemv.Config(), out)
+    return ExpertsLoopKernel.launch(x2, ids, packed, ExpertsLoopConfig(), out)
+
+
+#: The families of this file, by name (the others are layout families in ``registry.KERNELS``).
+_OWN = {ExpertsLoopKernel.name: ExpertsLoopKernel, ExpertsGroupedKernel.name: ExpertsGroupedKernel}
+
+
 def choose(problem: Problem, device: registry.Device, capturing: bool = False) -> tuple[type[ExpertsKernel], Any]:
     """(kernel class, config) for ``problem`` (M rows, one expert's N x K) on ``device``; cached, as
     ``registry.choose`` is (the choice is data)."""
@@ -134,9 +250,9 @@ def _choose(problem: Problem, device: registry.Device, capturing: bool) -> tuple
     why = []
     for cand in cands:
         name = cand.get("kernel") if isinstance(cand, dict) else None
-        if (name != ExpertsLoopKernel.name and name not in registry.KERNELS) or not isinstance(cand.get("config"), dict):
+        if (name not in _OWN and name not in registry.KERNELS) or not isinstance(cand.get("config"), dict):
             raise ValueError(f"experts.{problem.layout}.{registry.m_bucket(problem.m)}: bad candidate {cand!r}")
-        kc = ExpertsLoopKernel if name == ExpertsLoopKernel.name else registry.kernel_class(name)
+        kc = _OWN[name] if name in _OWN else registry.kernel_class(name)
         if capturing and getattr(kc, "syncs", True):
             why.append(f"{cand['kernel']}: synchronises with the host (a CUDA graph is being captured)")
             continue
@@ -157,7 +273,7 @@ def _choose(problem: Problem, device: registry.Device, capturing: bool) -> tuple
 def linear(x: torch.Tensor, ids: torch.Tensor, packed: Any, config: Any = None) -> torch.Tensor:
     """Row ``s`` of ``x`` times expert ``ids[s]``'s matrix transposed, straight from the packed
     experts (fp32 accumulation). ``config``: a kernel family's config (``ExpertsGemvConfig(bn=32)``,
-    ``ExpertsLoopConfig()``) runs that kernel; ``None`` lets the table choose."""
+    ``ExpertsLoopConfig()``, ``ExpertsGroupedConfig()``) runs that kernel; ``None`` lets the table choose."""
     from glyd.codec.experts import PackedExperts
 
     if not isinstance(packed, PackedExperts):
@@ -188,7 +304,8 @@ def linear(x: torch.Tensor, ids: torch.Tensor, packed: Any, config: Any = None) 
     if config is None:
         kernel, config = choose(problem, device, capturing)
     else:
-        kernel = ExpertsLoopKernel if isinstance(config, ExpertsLoopConfig) else registry.kernel_for(config)
+        own = [kc for kc in _OWN.values() if isinstance(config, kc.Config)]
+        kernel = own[0] if own else registry.kernel_for(config)
         ok, why = kernel.can_implement(problem, device, config)
         if not ok:
             raise ValueError(f"the {kernel.name} kernel cannot run this experts product ({problem}): {why}")

@@ -1,0 +1,120 @@
+"""All experts of a packed ``fixed12`` experts tensor unpacked to bf16 ``[E, N, K]`` in one launch (the
+prompt path of ``experts_unpack_grouped``: the unpacked experts then go to ``torch._grouped_mm``).
+
+The experts' planes are concatenated along their rows (``glyd.codec.experts``): with K == Kp they
+are one stream of 64-weight groups, as one matrix's are for the flat unpack (``unpack.py``), except
+that each expert has its own exponent ``base`` (a program's groups may straddle two experts, so the
+base is loaded a group). Given the rows each expert was routed (``offs``, cumulative, on the device),
+the groups of experts that no row chose are skipped: nothing read, nothing written (their scratch
+rows keep stale bits that ``_grouped_mm`` never reads, their groups being empty), with no host sync.
+The exceptions are written by the program whose groups hold them (``_common.patch_exceptions``), from
+a per-tile list over all experts built once a packed experts tensor (``prepare``, host syncs).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from glyd.codec import fixed12 as _codec
+from glyd.codec.experts import PackedExperts
+from glyd.kernels import _common as C
+from glyd.kernels._interp import isolated
+
+
+class Prepared:
+    """Per packed experts tensor: every exception's flat position in ``[E, N, K]`` (int64) and its true
+    16-bit word (int16), in expert order."""
+
+    def __init__(self, p: PackedExperts) -> None:
+        e, n, k = p.shape
+        a = p.arrays
+        idx = a["exc_idx"].to(torch.int64)
+        dev = idx.device
+        self.nexc = int(idx.numel())
+        self.pos = self.vals = None
+        if not self.nexc:
+            return
+        starts = p.starts[_codec.ARRAYS.index("exc_idx")]
+        owner = torch.repeat_interleave(torch.arange(e, device=dev),
+                                        torch.tensor([starts[i + 1] - starts[i] for i in range(e)], device=dev))
+        if int(idx.min()) < 0 or int(idx.max()) >= n * k:
+            raise C.FormatError("fixed12 'exc_idx' holds indices outside an expert's matrix")
+        kp = a["lo"].shape[1]
+        lo = a["lo"].reshape(-1)[(owner * n + idx // k) * kp + idx % k].to(torch.int32)
+        self.pos = owner * (n * k) + idx  # ascending: each expert's list is sorted, experts in order
+        self.vals = ((a["exc_hi"].to(torch.int32) << 8) | lo).to(torch.int16)
+
+
+def prepare(p: PackedExperts) -> Prepared:
+    """The exceptions of ``p`` over all its experts (once a packed experts tensor; again after an
+    in-place change). Cached on ``exc_hi``: ``exc_idx`` keys the experts GEMV's own index."""
+    if p.layout != _codec.NAME:
+        raise ValueError(f"expected fixed12 experts, got layout {p.layout!r}")
+    return C.cached(p.arrays["exc_hi"], lambda: Prepared(p), p.arrays.values())
+
+
+@isolated
+@triton.jit
+def _unpack_experts_kernel(code_ptr, lo_ptr, base_ptr, offs_ptr, out_ptr, tile_ptr, epos_ptr, eval_ptr, NG, GPE,
+                           BG: tl.constexpr, SKIP: tl.constexpr, HAS_EXC: tl.constexpr, E: tl.constexpr):
+    # BG 64-weight groups of the [E*N, K] stream (GPE groups an expert), each decoded with its
+    # expert's base; groups of experts with no rows (offs) masked off when SKIP. Then the
+    # exceptions among the program's 64 BG weights over them (those of skipped experts land in
+    # rows nobody reads).
+    g = tl.program_id(0).to(tl.int64) * BG + tl.arange(0, BG)[:, None]
+    j = tl.arange(0, 32)[None, :]
+    m = g < NG
+    ex = g // GPE
+    if SKIP:
+        hi = tl.load(offs_ptr + ex, mask=m, other=0)
+        lo = tl.load(offs_ptr + ex - 1, mask=m & (ex > 0), other=0)
+        m = m & (hi > lo)
+    base = tl.load(base_ptr + ex, mask=m, other=0).to(tl.int32)
+    c = tl.load(code_ptr + g * 32 + j, mask=m, other=0, eviction_policy="evict_first").to(tl.int32)
+    la = tl.load(lo_ptr + g * 64 + j, mask=m, other=0, eviction_policy="evict_first").to(tl.int32)
+    lb = tl.load(lo_ptr + g * 64 + 32 + j, mask=m, other=0, eviction_policy="evict_first").to(tl.int32)
+    na = c & 0xF
+    nb = c >> 4
+    va = (((na & 8) << 4) | ((na & 7) + base)) << 8 | la
+    vb = (((nb & 8) << 4) | ((nb & 7) + base)) << 8 | lb
+    tl.store(out_ptr + g * 64 + j, va.to(tl.int16), mask=m)
+    tl.store(out_ptr + g * 64 + 32 + j, vb.to(tl.int16), mask=m)
+    if HAS_EXC:
+        C.patch_exceptions(out_ptr, tile_ptr, epos_ptr, eval_ptr, tl.program_id(0), 0, NG * 64, E)
+
+
+# packed: fixed12 experts [E, N, K], K == Kp (a multiple of 64); out: bf16 [E, N, K] (written, contiguous);
+# offs: int32 [E] rows routed to experts 0..e, cumulative (None: every expert) -> out
+def unpack_experts(p: PackedExperts, out: torch.Tensor, offs: torch.Tensor | None = None, groups: int = 16,
+                   warps: int = 2) -> torch.Tensor:
+    """Experts of ``p`` unpacked into ``out`` bit for bit, one launch; with ``offs`` only those with rows."""
+    e, n, k = p.shape
+    a = p.arrays
+    kp = a["lo"].shape[1]
+    if p.layout != _codec.NAME:
+        raise ValueError(f"expected fixed12 experts, got layout {p.layout!r}")
+    if k != kp:
+        raise ValueError(f"the one-launch experts unpack needs K a multiple of 64 (no padded columns), got K = {k}")
+    if tuple(out.shape) != (e, n, k) or out.dtype != torch.bfloat16 or not out.is_contiguous():
+        raise ValueError(f"out must be a contiguous bf16 [{e}, {n}, {k}] tensor, got {out.dtype}{list(out.shape)}")
+    if out.device != a["lo"].device:
+        raise ValueError(f"out is on {out.device}, the packed experts on {a['lo'].device}")
+    if offs is not None and (offs.shape != (e,) or offs.dtype != torch.int32 or offs.device != out.device):
+        raise ValueError(f"offs must be int32 [{e}] on {out.device}, got {offs.dtype}{list(offs.shape)} on {offs.device}")
+    C.check_size("the experts' fixed12 'lo' planes", e * n * kp)
+    ng = e * n * kp // 64
+    if not ng:
+        return out
+    prep = prepare(p)
+    ntiles = triton.cdiv(ng, groups)
+    span = groups * 64
+    if prep.nexc:
+        tiles = C.exception_tiles(prep, ("flat", span, ntiles), prep.pos, prep.vals, prep.pos // span, ntiles)
+    else:
+        tiles = (out,) * 3
+    _unpack_experts_kernel[(ntiles,)](
+        a["code"], a["lo"], a["base"], offs if offs is not None else out, out.view(torch.int16), *tiles, ng, n * kp // 64,
+        BG=groups, SKIP=offs is not None, HAS_EXC=prep.nexc > 0, E=C.PATCH_CHUNK, num_warps=warps)
+    return out

@@ -57,7 +57,7 @@ def _cases():
         ("fixed12", 4, 64, 192, 24, Mma(block_k=128)),  # padded K 192: steps of one group; ~40 exceptions a tile
         ("fixed12", 6, 80, 128, 40, None),  # 40 rows: the grouped tensor-core product
         ("fixed12", 3, 20, 96, 70, None),  # K padded (96 -> 128): the MMA (the unpack + grouped GEMM refuses it)
-        ("fixed12", 6, 16, 64, 3, ExpertsGroupedConfig(groups=2)),  # experts without rows skipped; programs straddle experts
+        ("fixed12", 6, 16, 64, 3, ExpertsGroupedConfig(groups=2)),  # experts without rows skipped; straddling programs
         ("fixed12", 5, 40, 192, 90, ExpertsGroupedConfig(groups=8, warps=1)),
         ("fixed12", 3, 24, 128, 70, ExpertsGroupedConfig(max_scratch_bytes=1000)),  # over the bound: the loop
     ]

@@ -190,7 +190,7 @@ class ExpertsGroupedKernel(ExpertsKernel):
         if problem.k % 8 or problem.n % 8:
             return False, f"torch._grouped_mm needs 16-byte strides: K ({problem.k}) and N ({problem.n}) multiples of 8"
         if problem.kp != problem.k:
-            return False, f"the one-launch experts unpack needs K a multiple of 64 (no padded columns), got K = {problem.k}"
+            return False, f"the one-launch experts unpack needs K a multiple of 64 (unpadded), got K = {problem.k}"
         return True, ""
 
     @classmethod

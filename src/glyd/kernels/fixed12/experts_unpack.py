@@ -63,10 +63,11 @@ def _unpack_experts_kernel(code_ptr, lo_ptr, base_ptr, offs_ptr, out_ptr, tile_p
     # expert's base; groups of experts with no rows (offs) masked off when SKIP. Then the
     # exceptions among the program's 64 BG weights over them (those of skipped experts land in
     # rows nobody reads).
-    g = tl.program_id(0).to(tl.int64) * BG + tl.arange(0, BG)[:, None]
+    g32 = tl.program_id(0) * BG + tl.arange(0, BG)[:, None]
+    g = g32.to(tl.int64)
     j = tl.arange(0, 32)[None, :]
-    m = g < NG
-    ex = g // GPE
+    m = g32 < NG
+    ex = g32 // GPE  # 32-bit: NG * 64 < 2**31 (check_size), a 64-bit division costs ~100 instructions
     if SKIP:
         hi = tl.load(offs_ptr + ex, mask=m, other=0)
         lo = tl.load(offs_ptr + ex - 1, mask=m & (ex > 0), other=0)
@@ -102,7 +103,8 @@ def unpack_experts(p: PackedExperts, out: torch.Tensor, offs: torch.Tensor | Non
     if out.device != a["lo"].device:
         raise ValueError(f"out is on {out.device}, the packed experts on {a['lo'].device}")
     if offs is not None and (offs.shape != (e,) or offs.dtype != torch.int32 or offs.device != out.device):
-        raise ValueError(f"offs must be int32 [{e}] on {out.device}, got {offs.dtype}{list(offs.shape)} on {offs.device}")
+        raise ValueError(f"offs must be int32 [{e}] on {out.device}, got {offs.dtype}{list(offs.shape)} "
+                         f"on {offs.device}")
     C.check_size("the experts' fixed12 'lo' planes", e * n * kp)
     ng = e * n * kp // 64
     if not ng:
@@ -115,6 +117,7 @@ def unpack_experts(p: PackedExperts, out: torch.Tensor, offs: torch.Tensor | Non
     else:
         tiles = (out,) * 3
     _unpack_experts_kernel[(ntiles,)](
-        a["code"], a["lo"], a["base"], offs if offs is not None else out, out.view(torch.int16), *tiles, ng, n * kp // 64,
+        a["code"], a["lo"], a["base"], out if offs is None else offs, out.view(torch.int16), *tiles, ng,
+        n * kp // 64,
         BG=groups, SKIP=offs is not None, HAS_EXC=prep.nexc > 0, E=C.PATCH_CHUNK, num_warps=warps)
     return out

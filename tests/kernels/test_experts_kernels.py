@@ -59,11 +59,12 @@ def _cases():
         ("fixed12", 3, 20, 96, 70, None),  # K padded (96 -> 128): the MMA (the unpack + grouped GEMM refuses it)
         ("fixed12", 6, 16, 64, 3, ExpertsGroupedConfig(groups=2)),  # experts without rows skipped; straddling programs
         ("fixed12", 5, 40, 192, 90, ExpertsGroupedConfig(groups=8, warps=1)),
-        ("fixed12", 3, 24, 128, 70, ExpertsGroupedConfig(max_scratch_bytes=1000)),  # over the bound: the loop
+        ("fixed12", 3, 24, 128, 70, ExpertsGroupedConfig(max_scratch_bytes=1000)),  # not one expert fits: the loop
+        ("fixed12", 5, 24, 128, 70, ExpertsGroupedConfig(max_scratch_bytes=2 * 24 * 128 * 2, groups=4)),  # chunks of 2
     ]
 
 
-N_CASES = 16
+N_CASES = 17
 
 
 def test_case_count():
@@ -349,10 +350,39 @@ def test_all_experts_unpack_in_one_launch_bit_for_bit(device):
     for i in (0, 2, 4):
         assert torch.equal(out[i].view(torch.int16), w[i].view(torch.int16))
     assert out[1].isnan().float().mean() > 0.9 and out[3].isnan().float().mean() > 0.9  # not unpacked
+    part = torch.empty(2, n, k, dtype=torch.bfloat16, device=device)  # experts 2 and 3 alone (the chunked path)
+    unpack_experts(p, part, first=2, groups=8)
+    assert torch.equal(part.view(torch.int16), w[2:4].view(torch.int16))
+    with pytest.raises(ValueError, match="of experts 4 .. 4 \\+ C <= 5"):
+        unpack_experts(p, part, first=4)
     with pytest.raises(ValueError, match="offs must be int32"):
         unpack_experts(p, out, offs.long())
     with pytest.raises(ValueError, match="out must be a contiguous bf16"):
         unpack_experts(p, out[:, :, :64])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_scratch_bound_takes_chunks_of_experts_or_the_loop(device, monkeypatch, caplog):
+    from glyd.kernels import experts as kernels
+    from glyd.kernels.experts import ExpertsGroupedConfig
+    from glyd.ops.experts import pack_experts
+
+    monkeypatch.setattr(kernels, "_LOGGED", set())  # each message once a process: fresh here
+    calls = []
+    monkeypatch.setattr(kernels.ExpertsLoopKernel, "launch", classmethod(lambda c, *a: calls.append(1) or a[-1]))
+    torch.manual_seed(13)
+    w = _experts(5, 24, 128, device)
+    p = pack_experts(w, "fixed12")
+    x = torch.randn(70, 128).to(torch.bfloat16).to(device)
+    ids = torch.randint(0, 5, (70,), device=device)
+    one = 24 * 128 * 2
+    with caplog.at_level("INFO", logger="glyd.kernels.experts"):
+        _check(kernels.linear(x, ids, p, ExpertsGroupedConfig(max_scratch_bytes=3 * one)), x, ids, w)
+        assert not calls and "chunks of 3 experts" in caplog.text
+        kernels.linear(x, ids, p, ExpertsGroupedConfig(max_scratch_bytes=one - 1))
+        assert calls == [1] and "the loop runs (not one expert fits)" in caplog.text
+        _check(kernels.linear(x, ids, p, ExpertsGroupedConfig(max_scratch_bytes=5 * one)), x, ids, w)
+        assert "a 0 MB bf16 scratch for 5 experts of 24 x 128" in caplog.text
 
 
 @pytest.mark.gpu
@@ -377,6 +407,7 @@ def test_a_capture_before_any_eager_call_is_refused_by_name_on_gpu(s):
 def test_gpu_grouped_product_captures_in_a_cuda_graph():
     from glyd.kernels import experts as kernels
     from glyd.kernels.experts import ExpertsGroupedConfig
+    from glyd.kernels.fixed12.experts import ExpertsGemvConfig
     from glyd.ops.experts import pack_experts
 
     torch.manual_seed(12)
@@ -392,7 +423,15 @@ def test_gpu_grouped_product_captures_in_a_cuda_graph():
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         out = kernels.linear(x, ids, p, ExpertsGroupedConfig())  # the family by its config (80 rows: the MMA's)
-    ids.copy_(torch.randint(0, 8, (80,), device="cuda"))  # other routing, same graph
+    small = ExpertsGroupedConfig(max_scratch_bytes=2 * 64 * 128 * 2)  # chunks eagerly; the GEMV in a capture
+    _check(kernels.linear(x, ids, p, small), x, ids, w)
+    _check(kernels.linear(x, ids, p, ExpertsGemvConfig()), x, ids, w)  # its per-tensor data before the capture
+    graph2 = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph2):
+        out2 = kernels.linear(x, ids, p, small)
+    ids.copy_(torch.randint(0, 8, (80,), device="cuda"))  # other routing, same graphs
     graph.replay()
+    graph2.replay()
     torch.cuda.synchronize()
     _check(out, x, ids, w)
+    _check(out2, x, ids, w)

@@ -145,9 +145,10 @@ _CAPTURED: dict[int, torch.Tensor] = {}
 
 @dataclasses.dataclass(frozen=True)
 class ExpertsGroupedConfig:
-    """``max_scratch_bytes``: the largest bf16 scratch of all experts (E*N*K*2 bytes) this family
-    takes; above it the product goes to the loop (the GEMV inside a graph capture). ``groups`` and
-    ``warps``: the unpack's 64-weight groups and warps a program (the flat unpack's defaults)."""
+    """``max_scratch_bytes``: the largest bf16 scratch this family takes (all experts: E*N*K*2
+    bytes; above it, chunks of experts that fit, with one host sync; the GEMV inside a CUDA graph
+    capture). ``groups`` and ``warps``: the unpack's 64-weight groups and warps a program (the flat
+    unpack's defaults)."""
 
     max_scratch_bytes: int = 2 << 30
     groups: int = 16
@@ -169,15 +170,18 @@ class ExpertsGroupedKernel(ExpertsKernel):
     has its slot in the scratch, those without rows are not unpacked (their groups are empty).
 
     Memory: the scratch holds all E experts, E*N*K*2 bytes (Qwen3-30B-A3B's gate_up: 128 x 1536 x
-    2048 x 2 = 805 MB), kept for the device's later products (logged once a shape); above
-    ``max_scratch_bytes`` the loop runs instead (chunks of experts: not done). ``torch._grouped_mm``
-    needs 16-byte strides (K and N multiples of 8) and sm_80+; the one-launch unpack K == Kp.
+    2048 x 2 = 805 MB), kept for the device's later products (logged once a shape). Above
+    ``max_scratch_bytes`` (2 GiB: Qwen3-235B-A22B's gate_up is 3.2 GB) the experts go in chunks
+    that fit, one unpack and grouped GEMM each, after one host sync (each chunk's rows); inside a
+    CUDA graph capture the GEMV runs instead, and the loop where not even one expert fits.
+    ``torch._grouped_mm`` needs 16-byte strides (K and N multiples of 8) and sm_80+; the one-launch
+    unpack K == Kp (a multiple of 64).
     """
 
     name = "experts_unpack_grouped"
     layout = ""
     Config = ExpertsGroupedConfig
-    syncs = False
+    syncs = False  # the chunked path syncs, eagerly only
 
     @classmethod
     def can_implement(cls, problem, device, config):
@@ -199,33 +203,59 @@ class ExpertsGroupedKernel(ExpertsKernel):
 
         e, n, k = packed.shape
         capturing = x2.is_cuda and torch.cuda.is_current_stream_capturing()
-        if e * n * k * 2 > config.max_scratch_bytes or e * n * k >= 2**31:
-            return _over_bound(x2, ids, packed, config, out, capturing)
-        key = (str(x2.device), e, n, k)
-        if key not in _LOGGED:
-            _LOGGED.add(key)
-            log.info("experts_unpack_grouped: a %.0f MB bf16 scratch for %d experts of %d x %d on %s",
-                     e * n * k * 2 / 1e6, e, n, k, x2.device)
+        chunk = min(config.max_scratch_bytes // (n * k * 2), (2**31 - 1) // (n * k))  # experts the scratch holds
+        _log_once(x2.device, packed.shape, chunk, capturing)
+        if chunk < e and (capturing or chunk < 1):
+            return _fallback(x2, ids, packed, out, capturing)
         flat = ids.to(torch.int64).clamp(0, e - 1)  # linear() checked ids (a graph capture: clamped, as the GEMV does)
         sorted_ids, order = torch.sort(flat, stable=True)
         offs = torch.searchsorted(sorted_ids, torch.arange(e, device=flat.device), right=True, out_int32=True)
+        xs = x2.index_select(0, order)
+        if chunk < e:
+            return out.index_copy_(0, order, _chunks(xs, offs, packed, config, chunk))
         w = C.scratch(x2.device, e * n * k).view(e, n, k)
         if capturing:
             _CAPTURED.setdefault(w.data_ptr(), w)
-        unpack_experts(packed, w, offs, config.groups, config.warps)
-        y = torch._grouped_mm(x2.index_select(0, order), w.transpose(-2, -1), offs=offs)
-        return out.index_copy_(0, order, y)
+        unpack_experts(packed, w, offs, 0, config.groups, config.warps)
+        return out.index_copy_(0, order, torch._grouped_mm(xs, w.transpose(-2, -1), offs=offs))
 
 
-def _over_bound(x2, ids, packed, config, out, capturing):
-    """The product whose scratch would pass ``max_scratch_bytes``: the loop (the GEMV in a capture)."""
+def _chunks(xs, offs, packed, config, chunk):
+    """The sorted rows' products, ``chunk`` experts at a time (one host sync: each chunk's rows)."""
+    from glyd.kernels.fixed12.experts_unpack import unpack_experts
+
     e, n, k = packed.shape
-    key = ("over", e, n, k, config.max_scratch_bytes)
-    if key not in _LOGGED:
-        _LOGGED.add(key)
-        log.info("experts_unpack_grouped: %d experts of %d x %d need %.0f MB of scratch, over max_scratch_bytes "
-                 "(%d): the %s runs", e, n, k, e * n * k * 2 / 1e6, config.max_scratch_bytes,
-                 "GEMV" if capturing else "loop")
+    ends = [0, *offs.tolist()]  # the host sync
+    ys = xs.new_empty(xs.shape[0], n)
+    buf = C.scratch(xs.device, chunk * n * k)
+    for e0 in range(0, e, chunk):
+        e1 = min(e, e0 + chunk)
+        r0, r1 = ends[e0], ends[e1]
+        if r1 > r0:
+            w = buf[:(e1 - e0) * n * k].view(e1 - e0, n, k)
+            part = offs[e0:e1] - r0
+            unpack_experts(packed, w, part, e0, config.groups, config.warps)
+            ys[r0:r1] = torch._grouped_mm(xs[r0:r1], w.transpose(-2, -1), offs=part)
+    return ys
+
+
+def _log_once(device, shape, chunk, capturing):
+    e, n, k = shape
+    key = (str(device), e, n, k, min(chunk, e), capturing)
+    if key in _LOGGED:
+        return
+    _LOGGED.add(key)
+    if chunk >= e:
+        log.info("experts_unpack_grouped: a %.0f MB bf16 scratch for %d experts of %d x %d on %s",
+                 e * n * k * 2 / 1e6, e, n, k, device)
+    else:
+        log.info("experts_unpack_grouped: %d experts of %d x %d (%.0f MB) pass max_scratch_bytes: %s", e, n, k,
+                 e * n * k * 2 / 1e6, "the GEMV runs (a graph capture)" if capturing else
+                 "the loop runs (not one expert fits)" if chunk < 1 else f"chunks of {chunk} experts")
+
+
+def _fallback(x2, ids, packed, out, capturing):
+    """The product when the scratch cannot hold the experts: the GEMV in a capture, else the loop."""
     if capturing:
         gemv = registry.kernel_class(_GEMV["kernel"])
         return gemv.launch(x2, ids, packed, gemv.Config(), out)

@@ -86,38 +86,54 @@ def _unpack_experts_kernel(code_ptr, lo_ptr, base_ptr, offs_ptr, out_ptr, tile_p
         C.patch_exceptions(out_ptr, tile_ptr, epos_ptr, eval_ptr, tl.program_id(0), 0, NG * 64, E)
 
 
-# packed: fixed12 experts [E, N, K], K == Kp (a multiple of 64); out: bf16 [E, N, K] (written, contiguous);
-# offs: int32 [E] rows routed to experts 0..e, cumulative (None: every expert) -> out
-def unpack_experts(p: PackedExperts, out: torch.Tensor, offs: torch.Tensor | None = None, groups: int = 16,
-                   warps: int = 2) -> torch.Tensor:
-    """Experts of ``p`` unpacked into ``out`` bit for bit, one launch; with ``offs`` only those with rows."""
+def _tiles(p: PackedExperts, prep: Prepared, first: int, count: int, span: int, ntiles: int):
+    """The exception tiles of experts ``first .. first + count`` (positions from expert ``first``'s
+    first weight), built once a range and tiling, or None where they hold no exception."""
+    e, n, k = p.shape
+    starts = p.starts[_codec.ARRAYS.index("exc_idx")]
+    i0, i1 = starts[first], starts[first + count]
+    if i1 == i0:
+        return None
+    key = ("experts", first, count, span, ntiles)
+    kept = prep.__dict__.setdefault("_exception_tiles", {})
+    if key not in kept:  # exception_tiles keeps it there too: built once, its arguments too
+        pos = prep.pos[i0:i1] - first * n * k
+        C.exception_tiles(prep, key, pos, prep.vals[i0:i1], pos // span, ntiles)
+    return kept[key]
+
+
+# packed: fixed12 experts [E, N, K], K == Kp (a multiple of 64); out: bf16 [C, N, K] (written, contiguous):
+# experts first .. first + C; offs: int32 [C] rows routed to those experts, cumulative (None: all) -> out
+def unpack_experts(p: PackedExperts, out: torch.Tensor, offs: torch.Tensor | None = None, first: int = 0,
+                   groups: int = 16, warps: int = 2) -> torch.Tensor:
+    """Experts ``first ..`` of ``p`` unpacked into ``out`` bit for bit, one launch; with ``offs`` only those with rows."""
     e, n, k = p.shape
     a = p.arrays
     kp = a["lo"].shape[1]
+    c = out.shape[0] if out.dim() == 3 else -1
     if p.layout != _codec.NAME:
         raise ValueError(f"expected fixed12 experts, got layout {p.layout!r}")
     if k != kp:
         raise ValueError(f"the one-launch experts unpack needs K a multiple of 64 (no padded columns), got K = {k}")
-    if tuple(out.shape) != (e, n, k) or out.dtype != torch.bfloat16 or not out.is_contiguous():
-        raise ValueError(f"out must be a contiguous bf16 [{e}, {n}, {k}] tensor, got {out.dtype}{list(out.shape)}")
+    if not 0 <= first < first + c <= e or tuple(out.shape[1:]) != (n, k) or out.dtype != torch.bfloat16 \
+            or not out.is_contiguous():
+        raise ValueError(f"out must be a contiguous bf16 [C, {n}, {k}] tensor of experts {first} .. {first} + C <= {e}, "
+                         f"got {out.dtype}{list(out.shape)}")
     if out.device != a["lo"].device:
         raise ValueError(f"out is on {out.device}, the packed experts on {a['lo'].device}")
-    if offs is not None and (offs.shape != (e,) or offs.dtype != torch.int32 or offs.device != out.device):
-        raise ValueError(f"offs must be int32 [{e}] on {out.device}, got {offs.dtype}{list(offs.shape)} "
+    if offs is not None and (offs.shape != (c,) or offs.dtype != torch.int32 or offs.device != out.device):
+        raise ValueError(f"offs must be int32 [{c}] on {out.device}, got {offs.dtype}{list(offs.shape)} "
                          f"on {offs.device}")
-    C.check_size("the experts' fixed12 'lo' planes", e * n * kp)
-    ng = e * n * kp // 64
+    C.check_size("the experts' fixed12 'lo' planes", c * n * kp)
+    ng = c * n * kp // 64
     if not ng:
         return out
     prep = prepare(p)
     ntiles = triton.cdiv(ng, groups)
-    span = groups * 64
-    if prep.nexc:
-        tiles = C.exception_tiles(prep, ("flat", span, ntiles), prep.pos, prep.vals, prep.pos // span, ntiles)
-    else:
-        tiles = (out,) * 3
+    tiles = _tiles(p, prep, first, c, groups * 64, ntiles) if prep.nexc else None
+    rows = slice(first * n, (first + c) * n)
     _unpack_experts_kernel[(ntiles,)](
-        a["code"], a["lo"], a["base"], out if offs is None else offs, out.view(torch.int16), *tiles, ng,
-        n * kp // 64,
-        BG=groups, SKIP=offs is not None, HAS_EXC=prep.nexc > 0, E=C.PATCH_CHUNK, num_warps=warps)
+        a["code"][rows], a["lo"][rows], a["base"][first:first + c], out if offs is None else offs,
+        out.view(torch.int16), *(tiles or (out,) * 3), ng, n * kp // 64,
+        BG=groups, SKIP=offs is not None, HAS_EXC=tiles is not None, E=C.PATCH_CHUNK, num_warps=warps)
     return out

@@ -68,6 +68,29 @@ def test_unpack_experts_gives_the_chosen_experts_bit_for_bit():
     assert torch.equal(ops.unpack_experts(p).view(torch.int16), w.view(torch.int16))
 
 
+_HAS_CUDA = torch.cuda.is_available()
+
+
+@pytest.mark.parametrize("device", [
+    pytest.param("cpu", marks=pytest.mark.skipif(_HAS_CUDA, reason="CUDA present: the gpu-marked variant runs")),
+    pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not _HAS_CUDA, reason="needs CUDA")])])
+@pytest.mark.parametrize("k", [128, 96])  # one launch for a run of experts (K a multiple of 64); one an expert
+def test_the_kernels_unpack_experts_bit_for_bit(k, device):
+    # the op's CUDA implementation (on the CPU: called directly, its kernels in Triton's interpreter)
+    torch.manual_seed(5)
+    w = torch.randn(6, 24, k) * 0.02
+    w.view(-1)[torch.randint(0, w.numel(), (30,))] = 4.0  # exceptions
+    w = w.to(torch.bfloat16).to(device)
+    p = ops.pack_experts(w, "fixed12")
+    for index in (None, [1, 2, 3], [5], [3, 1, 3]):
+        want = w if index is None else w[index]
+        if device == "cuda":
+            got = ops.unpack_experts(p, index)
+        else:
+            got = ops._unpack_experts_cuda(*ops.experts_args(p), torch.tensor(index or list(range(6))))
+        assert torch.equal(got.view(torch.int16), want.view(torch.int16))
+
+
 def test_pack_experts_auto_on_the_cpu_is_the_codecs_fixed12():
     w = _experts()
     a, b = ops.pack_experts(w, "auto"), codec_pack_experts(w, "fixed12")

@@ -7,7 +7,8 @@ it was routed to, and the chosen experts unpacked.
   rows with ``F.linear``; CUDA tensors take ``glyd.kernels.experts`` (a grouped GEMV that reads only
   the chosen experts' packed fixed12 weights, or the existing fused product an expert).
 * ``glyd::unpack_experts(layout, shape, arrays, version, index)``: experts ``index`` as bf16
-  ``[len(index), N, K]``, bit for bit (the GPU decode kernel on CUDA).
+  ``[len(index), N, K]``, bit for bit (the GPU decode kernel on CUDA: one launch for a run of fixed12
+  experts with K a multiple of 64, one an expert otherwise).
 
 A packed experts tensor travels as its layout, true shape ``[E, N, K]``, format version and arrays
 (the layout's ``ARRAYS`` order, then ``lens``). Importing this module defines the ops (``glyd.nn``
@@ -138,8 +139,14 @@ def _unpack_experts_cuda(layout, shape, arrays, version, index):
     from glyd import kernels
 
     out = torch.empty((len(picks), *p.shape[1:]), dtype=torch.bfloat16, device=p.device)
-    for j, e in enumerate(picks):
-        kernels.unpack(p.expert(e), out=out[j])
+    e, n, k = p.shape
+    if (picks and picks == list(range(picks[0], picks[0] + len(picks))) and layout == "fixed12"
+            and k == p.arrays["lo"].shape[1] and len(picks) * n * k < 2**31):
+        from glyd.kernels.fixed12.experts_unpack import unpack_experts as unpack_run
+
+        return unpack_run(p, out, first=picks[0])  # a run of experts (exact mode's prompt: all): one launch
+    for j, ex in enumerate(picks):
+        kernels.unpack(p.expert(ex), out=out[j])
     return out
 
 

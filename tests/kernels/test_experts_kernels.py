@@ -305,6 +305,37 @@ def test_an_eager_loop_call_builds_what_a_captured_gemv_needs(device):
     assert id(p.arrays["exc_idx"]) in C._CACHE and id(p.arrays["base"]) in C._CACHE
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_an_eager_call_builds_what_a_captured_grouped_product_needs(device, monkeypatch):
+    # where the MMA cannot run (past its 4096 rows; refused here) a capture takes the grouped family:
+    # its exception tiles (host work) for the config a capture takes; over the scratch bound, the
+    # GEMV's exception index (a capture then takes the GEMV)
+    from glyd.kernels import _common as C
+    from glyd.kernels import experts as kernels
+    from glyd.kernels.experts import ExpertsGroupedConfig, ExpertsGroupedKernel, ExpertsLoopConfig
+    from glyd.kernels.fixed12 import experts_unpack
+    from glyd.kernels.fixed12.experts_mma import ExpertsMmaKernel
+    from glyd.ops.experts import pack_experts
+
+    torch.manual_seed(4)
+    w = _experts(3, 24, 128, device)
+    p = pack_experts(w, "fixed12")
+    x = torch.randn(70, 128).to(torch.bfloat16).to(device)
+    ids = torch.randint(0, 3, (70,), device=device)
+    monkeypatch.setattr(ExpertsMmaKernel, "can_implement", classmethod(lambda cls, *a: (False, "refused by the test")))
+    kernels._choose.cache_clear()
+    try:
+        _check(kernels.linear(x, ids, p, ExpertsLoopConfig()), x, ids, w)  # an eager call of another kernel
+    finally:
+        kernels._choose.cache_clear()  # no choice made without the MMA outlives the test
+    tiles = experts_unpack.prepare(p).__dict__["_exception_tiles"]
+    assert ("experts", 0, 3, 16 * 64, 9) in tiles  # 3 x 24 x 128 weights: 9 programs of 16 groups
+    p2 = pack_experts(w, "fixed12")
+    assert id(p2.arrays["exc_idx"]) not in C._CACHE
+    ExpertsGroupedKernel.prepare(p2, ExpertsGroupedConfig(max_scratch_bytes=2 * 24 * 128 * 2))
+    assert id(p2.arrays["exc_idx"]) in C._CACHE
+
+
 def test_the_grouped_family_refuses_what_grouped_mm_and_the_unpack_cannot_take():
     from glyd.kernels import experts as kernels
     from glyd.kernels.experts import ExpertsGroupedConfig, ExpertsGroupedKernel as G

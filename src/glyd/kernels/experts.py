@@ -79,8 +79,9 @@ class ExpertsKernel(Kernel):
         raise NotImplementedError
 
     @classmethod
-    def prepare(cls, packed: Any) -> None:
-        """Build (once, outside a CUDA graph capture) what ``launch`` needs of ``packed`` beyond its arrays."""
+    def prepare(cls, packed: Any, config: Any = None) -> None:
+        """Build (once, outside a CUDA graph capture) what ``launch`` with ``config`` (None: the
+        family's default) needs of ``packed`` beyond its arrays."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -203,7 +204,7 @@ class ExpertsGroupedKernel(ExpertsKernel):
 
         e, n, k = packed.shape
         capturing = x2.is_cuda and torch.cuda.is_current_stream_capturing()
-        chunk = min(config.max_scratch_bytes // (n * k * 2), (2**31 - 1) // (n * k))  # experts the scratch holds
+        chunk = _chunk(config, n, k)
         _log_once(x2.device, packed.shape, chunk, capturing)
         if chunk < e and (capturing or chunk < 1):
             return _fallback(x2, ids, packed, out, capturing)
@@ -218,6 +219,24 @@ class ExpertsGroupedKernel(ExpertsKernel):
             _CAPTURED.setdefault(w.data_ptr(), w)
         unpack_experts(packed, w, offs, 0, config.groups, config.warps)
         return out.index_copy_(0, order, torch._grouped_mm(xs, w.transpose(-2, -1), offs=offs))
+
+    @classmethod
+    def prepare(cls, packed, config=None):
+        from glyd.kernels.fixed12.experts_unpack import prepare_range
+
+        cfg = config or ExpertsGroupedConfig()
+        e, n, k = packed.shape
+        if n * k == 0:
+            return
+        if _chunk(cfg, n, k) >= e:
+            prepare_range(packed, 0, e, cfg.groups)
+        else:  # a capture over the bound takes the GEMV
+            registry.kernel_class(_GEMV["kernel"]).prepare(packed)
+
+
+def _chunk(config, n, k):
+    """Experts of N x K the scratch holds under ``config.max_scratch_bytes`` (and 32-bit offsets)."""
+    return min(config.max_scratch_bytes // (n * k * 2), (2**31 - 1) // (n * k))
 
 
 def _chunks(xs, offs, packed, config, chunk):
@@ -346,10 +365,10 @@ def _prepare_for_capture(problem: Problem, device: registry.Device, packed: Any)
     # An eager call (a warm-up step) builds what the kernel a capture of the same product would take
     # needs, whichever kernel runs now: a capture cannot synchronise with the host to build it.
     try:
-        kernel, _ = choose(problem, device, True)
+        kernel, config = choose(problem, device, True)
     except RuntimeError:  # no capture-safe kernel for this product: a capture refuses it by name
         return
-    kernel.prepare(packed)
+    kernel.prepare(packed, config)
 
 
 _KP_ARRAY = {"fixed12": "lo", "tiered": "sm", "dense11": "sm"}

@@ -166,5 +166,5 @@ class ExpertsGemvKernel(ExpertsKernel):
         return launch(x2, ids, packed, config, out)
 
     @classmethod
-    def prepare(cls, packed):
+    def prepare(cls, packed, config=None):
         prepare(packed)

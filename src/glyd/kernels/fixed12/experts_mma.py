@@ -298,5 +298,5 @@ class ExpertsMmaKernel(ExpertsKernel):
         return launch(x2, ids, packed, config, out)
 
     @classmethod
-    def prepare(cls, packed):
-        prepare(packed)
+    def prepare(cls, packed, config=None):
+        prepare(packed)  # the same for every config

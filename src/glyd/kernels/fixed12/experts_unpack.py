@@ -8,7 +8,9 @@ base is loaded a group). Given the rows each expert was routed (``offs``, cumula
 the groups of experts that no row chose are skipped: nothing read, nothing written (their scratch
 rows keep stale bits that ``_grouped_mm`` never reads, their groups being empty), with no host sync.
 The exceptions are written by the program whose groups hold them (``_common.patch_exceptions``), from
-a per-tile list over all experts built once a packed experts tensor (``prepare``, host syncs).
+a per-tile list over all experts built once a packed experts tensor and tiling (``prepare_range``,
+host syncs: an eager call before a CUDA graph capture builds them; a capture that would build them is
+refused by name).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import triton.language as tl
 
 from glyd.codec import fixed12 as _codec
 from glyd.codec.experts import PackedExperts
+from glyd.errors import UnsupportedError
 from glyd.kernels import _common as C
 from glyd.kernels._interp import isolated
 
@@ -52,7 +55,15 @@ def prepare(p: PackedExperts) -> Prepared:
     in-place change). Cached on ``exc_hi``: ``exc_idx`` keys the experts GEMV's own index."""
     if p.layout != _codec.NAME:
         raise ValueError(f"expected fixed12 experts, got layout {p.layout!r}")
-    return C.cached(p.arrays["exc_hi"], lambda: Prepared(p), p.arrays.values())
+    return C.cached(p.arrays["exc_hi"], lambda: _outside_a_capture(p) and Prepared(p), p.arrays.values())
+
+
+def _outside_a_capture(p: PackedExperts) -> bool:
+    # the exception lists are built on the host: impossible while a CUDA graph is being captured
+    if p.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        raise UnsupportedError(f"the experts unpack's exception tiles of these {list(p.shape)} experts are built on "
+                               "the host: run the product once outside the CUDA graph capture (a warm-up step) first")
+    return True
 
 
 @isolated
@@ -96,10 +107,19 @@ def _tiles(p: PackedExperts, prep: Prepared, first: int, count: int, span: int, 
         return None
     key = ("experts", first, count, span, ntiles)
     kept = prep.__dict__.setdefault("_exception_tiles", {})
-    if key not in kept:  # exception_tiles keeps it there too: built once, its arguments too
+    if key not in kept and _outside_a_capture(p):  # exception_tiles keeps it there too: built once, its arguments too
         pos = prep.pos[i0:i1] - first * n * k
         C.exception_tiles(prep, key, pos, prep.vals[i0:i1], pos // span, ntiles)
     return kept[key]
+
+
+def prepare_range(p: PackedExperts, first: int, count: int, groups: int):
+    """What the unpack of experts ``first .. first + count`` in programs of ``groups`` groups needs
+    (the exception tiles, or None), built on the host once: call it before a CUDA graph capture."""
+    e, n, k = p.shape
+    prep = prepare(p)
+    ntiles = triton.cdiv(count * n * p.arrays["lo"].shape[1] // 64, groups)
+    return _tiles(p, prep, first, count, groups * 64, ntiles) if prep.nexc and ntiles else None
 
 
 # packed: fixed12 experts [E, N, K], K == Kp (a multiple of 64); out: bf16 [C, N, K] (written, contiguous):
@@ -128,11 +148,9 @@ def unpack_experts(p: PackedExperts, out: torch.Tensor, offs: torch.Tensor | Non
     ng = c * n * kp // 64
     if not ng:
         return out
-    prep = prepare(p)
-    ntiles = triton.cdiv(ng, groups)
-    tiles = _tiles(p, prep, first, c, groups * 64, ntiles) if prep.nexc else None
+    tiles = prepare_range(p, first, c, groups)
     rows = slice(first * n, (first + c) * n)
-    _unpack_experts_kernel[(ntiles,)](
+    _unpack_experts_kernel[(triton.cdiv(ng, groups),)](
         a["code"][rows], a["lo"][rows], a["base"][first:first + c], out if offs is None else offs,
         out.view(torch.int16), *(tiles or (out,) * 3), ng, n * kp // 64,
         BG=groups, SKIP=offs is not None, HAS_EXC=tiles is not None, E=C.PATCH_CHUNK, num_warps=warps)

@@ -4,7 +4,9 @@ experts, top-8, hidden 2048, moe_intermediate 768: gate_up [128, 1536, 2048], do
 for 512 and 2048 tokens x 8 rows (and a decode step of 9 and 64 tokens, where the grouped GEMV runs
 too): bf16 ``torch._grouped_mm`` on bf16 experts (transformers' grouped path), ``experts_loop`` (one
 fused product a chosen expert), ``experts_unpack_grouped`` (one unpack of the experts with rows, one
-grouped GEMM) and its two stages apart, ``fixed12_experts_gemv`` (up to 512 rows).
+grouped GEMM) and its two stages apart, ``fixed12_experts_gemv`` (up to 512 rows). The variants
+that never sync with the host are also timed as one CUDA graph (``graph ms``: a captured decode step
+takes the GEMV up to 64 rows and ``experts_unpack_grouped`` above; 72 and 512 rows say which wins).
 
 Each variant is checked once against float64 on a sample of rows (the tolerance of
 tests/kernels/test_experts_kernels.py) before it is timed: eager calls, host time included (the
@@ -34,6 +36,7 @@ from glyd.kernels.fixed12.experts_unpack import unpack_experts  # noqa: E402
 from glyd.ops.experts import pack_experts  # noqa: E402
 
 RTOL, ATOL_FRAC = 2.0**-7, 1e-3  # tests/kernels/test_experts_kernels.py
+SYNC_FREE = ("bf16 grouped_mm", "experts_unpack_grouped", "fixed12_experts_gemv")
 SHAPES = {"gate_up": (128, 1536, 2048), "down": (128, 2048, 768)}  # (E, N, K)
 TINY = {"gate_up": (4, 64, 128), "down": (4, 128, 64)}
 
@@ -87,6 +90,17 @@ def time_ms(fn, dev, reps, warmup=2):
     return statistics.median(out)
 
 
+def graph_ms(fn, reps):
+    """Median ms of a CUDA graph of ``fn`` (NaN, with the reason, where the capture fails)."""
+    from glyd.timing import cuda_graph_ms
+
+    try:
+        return cuda_graph_ms(fn, reps)
+    except Exception as exc:
+        print(f"  graph: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
+        return float("nan")
+
+
 def run_shape(sname, e, n, k, tokens, topk, dev, reps, warmup, gemv_max):
     g = torch.Generator(device="cpu").manual_seed(0)
     w = (torch.randn(e, n, k, generator=g) * 0.02).to(torch.bfloat16).to(dev)
@@ -111,12 +125,16 @@ def run_shape(sname, e, n, k, tokens, topk, dev, reps, warmup, gemv_max):
             except Exception as exc:  # a variant that cannot run is a row of the table, not the end of the probe
                 print(f"  {sname} tokens={t} {vname}: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
                 worst, ms = float("nan"), float("nan")
-            rows.append(dict(shape=sname, tokens=t, rows=s, variant=vname, ms=ms, excess=worst, default=chosen[0].name))
-            print(f"  {sname} tokens={t} rows={s} {vname}: {ms:.3f} ms (excess {worst:.2e})", flush=True)
+            gms = graph_ms(fn, reps) if dev == "cuda" and vname in SYNC_FREE and worst <= 0 else float("nan")
+            rows.append(dict(shape=sname, tokens=t, rows=s, variant=vname, ms=ms, graph_ms=gms, excess=worst,
+                             default=chosen[0].name))
+            print(f"  {sname} tokens={t} rows={s} {vname}: {ms:.3f} ms, graph {gms:.3f} ms (excess {worst:.2e})",
+                  flush=True)
         unpack, mm = stages(p, x, ids)
         for vname, fn in (("  grouped: unpack", unpack), ("  grouped: _grouped_mm", mm)):
             ms = time_ms(fn, dev, reps, warmup)
-            rows.append(dict(shape=sname, tokens=t, rows=s, variant=vname, ms=ms, excess=None, default=chosen[0].name))
+            rows.append(dict(shape=sname, tokens=t, rows=s, variant=vname, ms=ms, graph_ms=float("nan"), excess=None,
+                             default=chosen[0].name))
     return rows
 
 
@@ -140,11 +158,13 @@ def main() -> None:
     if a.out:
         Path(a.out).write_text(json.dumps(rows, indent=1))
     base = {(r["shape"], r["tokens"]): r["ms"] for r in rows if r["variant"] == "bf16 grouped_mm"}
-    print(f"\n{'shape':8s} {'tokens':>6s} {'rows':>6s} {'variant':24s} {'ms':>9s} {'x bf16':>7s}  default")
+    gbase = {(r["shape"], r["tokens"]): r["graph_ms"] for r in rows if r["variant"] == "bf16 grouped_mm"}
+    print(f"\n{'shape':8s} {'tokens':>6s} {'rows':>6s} {'variant':24s} {'ms':>9s} {'x bf16':>7s} {'graph ms':>9s} "
+          f"{'x bf16':>7s}  default")
     for r in rows:
-        ratio = r["ms"] / base[(r["shape"], r["tokens"])]
-        print(f"{r['shape']:8s} {r['tokens']:6d} {r['rows']:6d} {r['variant']:24s} {r['ms']:9.3f} {ratio:7.2f}  "
-              f"{r['default']}")
+        key = (r["shape"], r["tokens"])
+        print(f"{r['shape']:8s} {r['tokens']:6d} {r['rows']:6d} {r['variant']:24s} {r['ms']:9.3f} "
+              f"{r['ms'] / base[key]:7.2f} {r['graph_ms']:9.3f} {r['graph_ms'] / gbase[key]:7.2f}  {r['default']}")
 
 
 if __name__ == "__main__":

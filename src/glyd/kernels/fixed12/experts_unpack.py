@@ -126,7 +126,7 @@ def prepare_range(p: PackedExperts, first: int, count: int, groups: int):
 # experts first .. first + C; offs: int32 [C] rows routed to those experts, cumulative (None: all) -> out
 def unpack_experts(p: PackedExperts, out: torch.Tensor, offs: torch.Tensor | None = None, first: int = 0,
                    groups: int = 16, warps: int = 2) -> torch.Tensor:
-    """Experts ``first ..`` of ``p`` unpacked into ``out`` bit for bit, one launch; with ``offs`` only those with rows."""
+    """Experts ``first ..`` of ``p`` into ``out`` bit for bit, one launch; with ``offs`` only those with rows."""
     e, n, k = p.shape
     a = p.arrays
     kp = a["lo"].shape[1]
@@ -137,8 +137,8 @@ def unpack_experts(p: PackedExperts, out: torch.Tensor, offs: torch.Tensor | Non
         raise ValueError(f"the one-launch experts unpack needs K a multiple of 64 (no padded columns), got K = {k}")
     if not 0 <= first < first + c <= e or tuple(out.shape[1:]) != (n, k) or out.dtype != torch.bfloat16 \
             or not out.is_contiguous():
-        raise ValueError(f"out must be a contiguous bf16 [C, {n}, {k}] tensor of experts {first} .. {first} + C <= {e}, "
-                         f"got {out.dtype}{list(out.shape)}")
+        raise ValueError(f"out must be a contiguous bf16 [C, {n}, {k}] tensor of experts {first} .. {first} + C "
+                         f"<= {e}, got {out.dtype}{list(out.shape)}")
     if out.device != a["lo"].device:
         raise ValueError(f"out is on {out.device}, the packed experts on {a['lo'].device}")
     if offs is not None and (offs.shape != (c,) or offs.dtype != torch.int32 or offs.device != out.device):

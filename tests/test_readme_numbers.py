@@ -49,6 +49,7 @@ NOT_FIGURES: dict[str, dict[str, str]] = {
         "1.1": "a version (accelerate 1.1.0)",
         "5.24": "a version (transformers 5.24.0)",
         "1,000": "ImageNet's class count in the ViT model names, a definition",
+        "805": "a size by arithmetic, no measurement: the grouped experts' scratch, 128 x 1536 x 2048 x 2 bytes (MB)",
     },
     "docs/serving.md": {
         "5.24": "a version (transformers 5.24)",

@@ -4,9 +4,11 @@ experts, top-8, hidden 2048, moe_intermediate 768: gate_up [128, 1536, 2048], do
 for 512 and 2048 tokens x 8 rows (and a decode step of 9 and 64 tokens, where the grouped GEMV runs
 too): bf16 ``torch._grouped_mm`` on bf16 experts (transformers' grouped path), ``experts_loop`` (one
 fused product a chosen expert), ``experts_unpack_grouped`` (one unpack of the experts with rows, one
-grouped GEMM) and its two stages apart, ``fixed12_experts_gemv`` (up to 512 rows). The variants
-that never sync with the host are also timed as one CUDA graph (``graph ms``: a captured decode step
-takes the GEMV up to 64 rows and ``experts_unpack_grouped`` above; 72 and 512 rows say which wins).
+grouped GEMM) and its two stages apart, ``fixed12_experts_gemv`` (up to 512 rows),
+``fixed12_experts_mma`` (the grouped tensor-core product, up to its 4096 rows). The variants that
+never sync with the host are also timed as one CUDA graph (``graph ms``: a captured step takes the
+GEMV up to 16 rows, the MMA at 17-4096 and ``experts_unpack_grouped`` above; the defaults put the MMA
+before ``experts_unpack_grouped`` above 64 rows, a guess that 72-4096 rows here decide).
 
 Each variant is checked once against float64 on a sample of rows (the tolerance of
 tests/kernels/test_experts_kernels.py) before it is timed: eager calls, host time included (the
@@ -32,11 +34,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 import glyd.ops  # noqa: E402,F401  (registers torch.ops.glyd)
 from glyd.kernels import experts as EK  # noqa: E402
 from glyd.kernels.fixed12.experts import ExpertsGemvConfig  # noqa: E402
+from glyd.kernels.fixed12.experts_mma import MAX_ROWS as MMA_ROWS, ExpertsMmaConfig  # noqa: E402
 from glyd.kernels.fixed12.experts_unpack import unpack_experts  # noqa: E402
 from glyd.ops.experts import pack_experts  # noqa: E402
 
 RTOL, ATOL_FRAC = 2.0**-7, 1e-3  # tests/kernels/test_experts_kernels.py
-SYNC_FREE = ("bf16 grouped_mm", "experts_unpack_grouped", "fixed12_experts_gemv")
+SYNC_FREE = ("bf16 grouped_mm", "experts_unpack_grouped", "fixed12_experts_gemv", "fixed12_experts_mma")
 SHAPES = {"gate_up": (128, 1536, 2048), "down": (128, 2048, 768)}  # (E, N, K)
 TINY = {"gate_up": (4, 64, 128), "down": (4, 128, 64)}
 
@@ -117,6 +120,8 @@ def run_shape(sname, e, n, k, tokens, topk, dev, reps, warmup, gemv_max):
                  "experts_unpack_grouped": lambda: EK.linear(x, ids, p, EK.ExpertsGroupedConfig())}
         if s <= gemv_max:
             cands["fixed12_experts_gemv"] = lambda: EK.linear(x, ids, p, ExpertsGemvConfig())
+        if s <= MMA_ROWS:
+            cands["fixed12_experts_mma"] = lambda: EK.linear(x, ids, p, ExpertsMmaConfig())
         chosen = EK.choose(EK.Problem("fixed12", s, n, k, p.arrays["lo"].shape[1]), EK.registry.Device.of(x.device))
         for vname, fn in cands.items():
             try:

@@ -161,3 +161,12 @@ def test_an_experts_module_with_biases_and_no_gate():
     plain = mod.dequantized()
     assert torch.equal(bits(plain.up_proj_bias), bits(ref.up_proj_bias)) and float(plain.scale) == 2.0
     assert torch.equal(bits(plain.up_proj), bits(ref.up_proj))
+
+
+def test_fused_an_empty_token_batch_gives_an_empty_result():
+    # a reshape of the zero rows with -1 raised "cannot reshape tensor of 0 elements" from deep inside
+    _, ref = _mixtral_experts()
+    mod = GlydExperts(copy.deepcopy(ref), _packed(ref))
+    h, idx, w = _route(3, 6)
+    out = mod(h[:0], idx[:0], w[:0])
+    assert out.shape == (0, 32) and out.dtype == torch.bfloat16

@@ -230,7 +230,7 @@ class GlydExperts(nn.Module):
             y = y + self._parameters["down_proj_bias"][ids]
         # as transformers' grouped and batched implementations: weights applied, then summed in fp32
         y = y * top_k_weights.reshape(-1, 1)
-        return y.view(tokens, top_k, -1).sum(dim=1).to(hidden_states.dtype)
+        return y.view(tokens, top_k, y.shape[-1]).sum(dim=1).to(hidden_states.dtype)  # not -1: no tokens
 
     def dequantized(self) -> nn.Module:
         """The source module with its bf16 weights unpacked back in place (``dequantize``)."""

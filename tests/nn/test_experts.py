@@ -170,3 +170,24 @@ def test_fused_an_empty_token_batch_gives_an_empty_result():
     h, idx, w = _route(3, 6)
     out = mod(h[:0], idx[:0], w[:0])
     assert out.shape == (0, 32) and out.dtype == torch.bfloat16
+
+
+def test_fused_refuses_routing_that_does_not_fit_the_tokens_naming_it():
+    # top_k_weights [1, 1] broadcast over every row gave a wrong result silently (bf16's eager raises)
+    _, ref = _mixtral_experts()
+    mod = GlydExperts(copy.deepcopy(ref), _packed(ref))
+    h, idx, w = _route(5, 6)
+    with pytest.raises(ValueError, match=r"top_k_weights has shape \(1, 1\); top_k_index's \(5, 2\) is needed"):
+        mod(h, idx, w[:1, :1])
+    with pytest.raises(ValueError, match=r"top_k_weights has shape \(5,\); top_k_index's \(5, 2\) is needed"):
+        mod(h, idx, w[:, 0])
+    with pytest.raises(ValueError, match=r"top_k_index has shape \(4, 2\): \[tokens, top_k\] for the 5 tokens"):
+        mod(h, idx[:4], w[:4])
+    with pytest.raises(ValueError, match=r"top_k_index has shape \(5,\): \[tokens, top_k\] for the 5 tokens"):
+        mod(h, idx[:, 0], w[:, 0])
+    with pytest.raises(ValueError, match=r"hidden_states has shape \(1, 5, 32\): \[tokens, 32\] is needed"):
+        mod(h.reshape(1, 5, 32), idx, w)
+    with pytest.raises(TypeError, match="top_k_index must be an int32 or int64 tensor of expert ids, got torch.float32"):
+        mod(h, idx.float(), w)
+    with pytest.raises(IndexError, match="top_k_index: ids hold expert 6, outside the 6 experts"):
+        mod(h, torch.where(idx == 0, 6, idx), w)

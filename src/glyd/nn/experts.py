@@ -176,6 +176,9 @@ class GlydExperts(nn.Module):
 
     def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor,
                 *args: Any, **kwargs: Any) -> torch.Tensor:
+        if not isinstance(top_k_index, torch.Tensor) or top_k_index.dtype not in (torch.int32, torch.int64):
+            raise TypeError(f"top_k_index must be an int32 or int64 tensor of expert ids, got "
+                            f"{getattr(top_k_index, 'dtype', type(top_k_index).__name__)}")
         if self.exact:
             return self._exact(hidden_states, top_k_index, top_k_weights, *args, **kwargs)
         return self._fused(hidden_states, top_k_index, top_k_weights)
@@ -215,13 +218,29 @@ class GlydExperts(nn.Module):
         return self._with_source(weights, lambda src: type(src).forward(src, hidden_states, top_k_index,
                                                                         top_k_weights, *args, **kwargs))
 
+    def _check_routing(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> None:
+        # the fused path reshapes and broadcasts these: a shape that does not fit must not slip through
+        k = self.packed_shapes[self.weights[0]][2]
+        if hidden_states.dim() != 2 or hidden_states.shape[1] != k:
+            raise ValueError(f"hidden_states has shape {tuple(hidden_states.shape)}: [tokens, {k}] is needed")
+        if top_k_index.dim() != 2 or top_k_index.shape[0] != hidden_states.shape[0]:
+            raise ValueError(f"top_k_index has shape {tuple(top_k_index.shape)}: [tokens, top_k] for the "
+                             f"{hidden_states.shape[0]} tokens is needed")
+        if not isinstance(top_k_weights, torch.Tensor) or top_k_weights.shape != top_k_index.shape:
+            raise ValueError(f"top_k_weights has shape {tuple(getattr(top_k_weights, 'shape', ()))}; top_k_index's "
+                             f"{tuple(top_k_index.shape)} is needed")
+
     def _fused(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor):
         src = self.source
-        tokens, top_k = top_k_index.shape[0], top_k_index.shape[-1]
+        self._check_routing(hidden_states, top_k_index, top_k_weights)
+        tokens, top_k = top_k_index.shape
         ids = top_k_index.reshape(-1)
         x = hidden_states.repeat_interleave(top_k, dim=0)  # [tokens * top_k, hidden]: row s is token s // top_k
         up, down = self.weights
-        h = torch.ops.glyd.experts_linear(x, ids, *self._op_args(up))
+        try:
+            h = torch.ops.glyd.experts_linear(x, ids, *self._op_args(up))
+        except IndexError as exc:
+            raise IndexError(f"top_k_index: {exc}") from exc
         if getattr(src, "has_bias", False):
             h = h + self._parameters[f"{up}_bias"][ids]
         h = src._apply_gate(h) if src.has_gate else src.act_fn(h)

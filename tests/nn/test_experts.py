@@ -191,3 +191,19 @@ def test_fused_refuses_routing_that_does_not_fit_the_tokens_naming_it():
         mod(h, idx.float(), w)
     with pytest.raises(IndexError, match="top_k_index: ids hold expert 6, outside the 6 experts"):
         mod(h, torch.where(idx == 0, 6, idx), w)
+
+
+@pytest.mark.parametrize("impl, ids", [("batched_mm", [[1, 6], [2, 3], [4, -1], [3, 7]]),
+                                       ("grouped_mm", [[1, 6], [2, 3], [4, 1], [3, 7]])])
+def test_exact_with_ids_outside_the_experts_is_bf16_bit_for_bit(impl, ids):
+    # transformers' batched_mm clamps ids outside the experts (expert-parallel sentinels) and reads
+    # experts 0 and E-1 for them: exact mode had left those zero when no token chose them. (grouped_mm
+    # masks ids >= E; a negative id makes its bf16 result read uninitialised memory: not compared.)
+    cfg, ref = _mixtral_experts()
+    mod = GlydExperts(copy.deepcopy(ref), _packed(ref), exact=True)
+    mod.source.config = ref.config = cfg
+    cfg._experts_implementation_internal = impl
+    h, _, w = _route(4, 6)
+    idx = torch.tensor(ids)  # no token chose expert 0 or 5
+    want = ref(h, idx, w)
+    assert torch.equal(bits(mod(h, idx, w)), bits(want))

@@ -206,8 +206,9 @@ class GlydExperts(nn.Module):
 
     def _exact(self, hidden_states, top_k_index, top_k_weights, *args, **kwargs):
         e = self.packed_shapes[self.weights[0]][0]
-        chosen = top_k_index.reshape(-1)
-        chosen = chosen[(chosen >= 0) & (chosen < e)].unique().to("cpu")  # a host sync: exact mode may
+        # clamped as transformers' batched_mm clamps ids outside the experts (grouped_mm reads experts
+        # 0 and E-1 for them too): every expert an implementation may read holds its true weights
+        chosen = top_k_index.reshape(-1).clamp(0, e - 1).unique().to("cpu")  # a host sync: exact mode may
         weights = {}
         for name in self.weights:
             shape = self.packed_shapes[name]

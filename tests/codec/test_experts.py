@@ -3,6 +3,7 @@ and every malformed set of arrays refused with an error that names it."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -129,3 +130,15 @@ def test_empty_matrices():
     w = torch.zeros(2, 0, 5, dtype=torch.bfloat16)
     p = pack_experts(w, "fixed12")
     assert unpack_experts(p).shape == (2, 0, 5)
+
+
+def test_an_expert_number_that_is_not_an_int_is_refused():
+    # unpack_experts(p, [1.7]) returned expert 1 (int() truncated it): a wrong expert, silently
+    p = pack_experts(experts(3, 8, 64), "fixed12")
+    for bad in (1.7, 1.0, True, "1"):
+        with pytest.raises(TypeError, match=f"expert {bad!r} is not an int"):
+            unpack_experts(p, [bad])
+        with pytest.raises(TypeError, match=f"expert {bad!r} is not an int"):
+            p.expert(bad)
+    assert torch.equal(unpack_experts(p, [np.int64(2), torch.tensor(1)]).view(torch.int16),
+                       unpack_experts(p, [2, 1]).view(torch.int16))

@@ -125,3 +125,12 @@ def test_arrays_changed_in_place_are_checked_again():
     args[2][-1][0, 0] += 1  # lens: expert 0 claims a row of 'lo' more
     with pytest.raises(ValueError, match="lens gives 49 entries of array 'lo'"):
         torch.ops.glyd.experts_linear(x, ids, *args)
+
+
+def test_unpack_experts_refuses_an_index_that_is_not_ints():
+    # ops.unpack_experts(p, [1.7]) made an int64 tensor of it: expert 1, silently
+    p = ops.pack_experts(_experts(), "fixed12")
+    with pytest.raises(TypeError, match="expert 1.7 is not an int"):
+        ops.unpack_experts(p, [1.7])
+    with pytest.raises(TypeError, match="expert True is not an int"):
+        ops.unpack_experts(p, [True])

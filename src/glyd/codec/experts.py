@@ -23,8 +23,9 @@ True
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 
@@ -40,6 +41,17 @@ LENS = "lens"
 def array_names(layout: str) -> tuple[str, ...]:
     """The arrays of a packed experts tensor of ``layout``, in order: the layout's, then ``lens``."""
     return (*LAYOUTS[layout].ARRAYS, LENS)
+
+
+def expert_number(e: Any) -> int:
+    """``e`` as an expert's number: an int (numpy's and 0-d integer tensors too), never a bool or a
+    float, which int() would truncate to another expert."""
+    if isinstance(e, bool) or (isinstance(e, torch.Tensor) and e.dtype == torch.bool):
+        raise TypeError(f"expert {e!r} is not an int")
+    try:
+        return operator.index(e)
+    except TypeError:
+        raise TypeError(f"expert {e!r} is not an int") from None
 
 
 def _check_shape(shape: object) -> tuple[int, int, int]:
@@ -146,6 +158,7 @@ class PackedExperts:
 
     def expert(self, e: int) -> Packed:
         """Expert ``e``'s packed ``[N, K]`` matrix: views of the concatenated arrays (no copy)."""
+        e = expert_number(e)
         if not 0 <= e < self.shape[0]:
             raise IndexError(f"expert {e} is out of range for {self.shape[0]} experts")
         names = LAYOUTS[self.layout].ARRAYS
@@ -206,7 +219,7 @@ def unpack_experts(p: PackedExperts, index: Sequence[int] | None = None) -> torc
         raise TypeError(f"unpack_experts expects a glyd PackedExperts, got {type(p).__name__}")
     if p.device.type != "cpu":
         p = p.to("cpu")
-    picks = range(p.shape[0]) if index is None else [int(i) for i in index]
+    picks = range(p.shape[0]) if index is None else [expert_number(i) for i in index]
     out = torch.empty((len(picks), *p.shape[1:]), dtype=torch.bfloat16)
     if out.numel():
         for j, e in enumerate(picks):

@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from glyd.codec import LAYOUTS, PackedExperts, unpack_experts as _codec_unpack_experts
-from glyd.codec.experts import array_names, as_experts, stack
+from glyd.codec.experts import array_names, as_experts, expert_number, stack
 from glyd.ops.backends.cuda import triton_available
 
 __all__ = ["experts_linear", "unpack_experts", "pack_experts", "experts_args", "experts_packed"]
@@ -180,7 +180,7 @@ def unpack_experts(p: PackedExperts, index: Sequence[int] | torch.Tensor | None 
     if index is None:
         index = range(p.shape[0])
     if not isinstance(index, torch.Tensor):
-        index = torch.tensor(list(index), dtype=torch.int64)
+        index = torch.tensor([expert_number(i) for i in index], dtype=torch.int64)
     return torch.ops.glyd.unpack_experts(*experts_args(p), index)
 
 

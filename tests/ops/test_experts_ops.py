@@ -134,3 +134,18 @@ def test_unpack_experts_refuses_an_index_that_is_not_ints():
         ops.unpack_experts(p, [1.7])
     with pytest.raises(TypeError, match="expert True is not an int"):
         ops.unpack_experts(p, [True])
+
+
+def test_validated_experts_do_not_outlive_their_arrays():
+    # the cache of validated experts held each PackedExperts (its arrays, lens too) for good: the entry
+    # was to die with lens, which it kept alive itself, so every packed experts tensor ever used stayed
+    import gc
+    import weakref
+
+    p = ops.pack_experts(_experts(), "fixed12")
+    ops.experts_linear(torch.randn(2, 96).to(torch.bfloat16), torch.tensor([0, 3]), p)
+    ops.unpack_experts(p, [1])
+    refs = [weakref.ref(t) for t in p.arrays.values()]
+    del p
+    gc.collect()
+    assert all(r() is None for r in refs)

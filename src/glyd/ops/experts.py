@@ -50,7 +50,8 @@ def experts_args(p: PackedExperts) -> tuple:
     return p.layout, list(p.shape), [p.arrays[a] for a in array_names(p.layout)], p.version
 
 
-#: id(lens) -> (the key of the arrays validated last, the PackedExperts built then); the entry dies with lens.
+#: id(lens) -> (the key of the arrays validated last, weak references to them, their starts); the
+#: entry dies with lens. Weak: a strong reference here kept lens (and every array) alive for good.
 _VALID: dict[int, tuple] = {}
 
 
@@ -66,12 +67,15 @@ def experts_packed(layout: str, shape, arrays, version: int) -> PackedExperts:
     lens = arrays[-1]
     key = (layout, shape, version, tuple(map(id, arrays)), tuple(a._version for a in arrays))
     hit = _VALID.get(id(lens))
-    if hit is not None and hit[0] == key:
-        return PackedExperts.trusted(layout, shape, dict(zip(names, arrays)), version, hit[1].starts)
+    # the same objects, not only the same ids: an array freed since may have left its id to another
+    if hit is not None and hit[0] == key and all(r() is a for r, a in zip(hit[1], arrays)):
+        return PackedExperts.trusted(layout, shape, dict(zip(names, arrays)), version, hit[2])
     p = PackedExperts(layout, shape, dict(zip(names, arrays)), version)
+    if lens.is_meta:  # nothing read, nothing to remember
+        return p
     if id(lens) not in _VALID:
         weakref.finalize(lens, _VALID.pop, id(lens), None)
-    _VALID[id(lens)] = (key, p)
+    _VALID[id(lens)] = (key, tuple(weakref.ref(a) for a in arrays), p.starts)
     return p
 
 

@@ -142,3 +142,19 @@ def test_an_expert_number_that_is_not_an_int_is_refused():
             p.expert(bad)
     assert torch.equal(unpack_experts(p, [np.int64(2), torch.tensor(1)]).view(torch.int16),
                        unpack_experts(p, [2, 1]).view(torch.int16))
+
+
+def test_lens_that_overflow_int64_are_refused():
+    # lengths of 2^62 each summed (int64) to the array's true length: every expert's exceptions were
+    # given to expert 0 (Python slices of the wrapped offsets) and unpack returned other bits silently
+    w = experts(4, 8, 64)
+    for e in range(4):
+        w[e, e, 3] = 3.0 * (e + 1)  # an exception in every expert
+    p = pack_experts(w, "fixed12")
+    names = array_names("fixed12")
+    arrays = _arrays(p)
+    n = arrays["exc_idx"].shape[0]
+    for a in ("exc_idx", "exc_hi"):
+        arrays[LENS][:, names.index(a)] = torch.tensor([2**62, 2**62, 2**62, 2**62 + n])
+    with pytest.raises(CorruptError, match=rf"lens gives expert 0 {2**62} entries of array 'exc_idx', which has {n}"):
+        PackedExperts("fixed12", p.shape, arrays)

@@ -107,8 +107,13 @@ class PackedExperts:
         starts = []
         for i, a in enumerate(names):
             col = lens_host[:, i]
+            have = self.arrays[a].shape[0]
+            big = (col > have).nonzero()
+            if big.numel():  # before summing: int64 sums of hostile lengths wrap around to any total
+                e0 = int(big[0, 0])
+                raise CorruptError(f"{LENS} gives expert {e0} {int(col[e0])} entries of array {a!r}, which has {have}")
             total = int(col.sum())
-            if total != self.arrays[a].shape[0]:
+            if total != have:
                 raise FormatError(f"{LENS} gives {total} entries of array {a!r} to the experts, but it has "
                                   f"{self.arrays[a].shape[0]}")
             starts.append(tuple([0, *torch.cumsum(col, 0).tolist()]))

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from glyd.codec import pack_experts
+from glyd.errors import FormatError
 from glyd.nn import GlydExperts, set_exact
 from glyd.nn.experts import PackedExpertsWeight, is_packable
 
@@ -207,3 +208,15 @@ def test_exact_with_ids_outside_the_experts_is_bf16_bit_for_bit(impl, ids):
     idx = torch.tensor(ids)  # no token chose expert 0 or 5
     want = ref(h, idx, w)
     assert torch.equal(bits(mod(h, idx, w)), bits(want))
+
+
+@pytest.mark.parametrize("exact", [False, True])
+def test_damaged_buffers_are_named_by_weight_in_a_forward(exact):
+    # a forward over a buffer replaced by a shorter one said only "lens gives 480 entries of array
+    # 'lo' to the experts, but it has 479": which of the module's weights was not named
+    _, ref = _mixtral_experts()
+    mod = GlydExperts(copy.deepcopy(ref), _packed(ref), exact=exact)
+    mod.down_proj_glyd_lo = mod.down_proj_glyd_lo[:-1]
+    h, idx, w = _route(3, 6)
+    with pytest.raises(FormatError, match=r"^down_proj: lens gives 192 entries of array 'lo'"):
+        mod(h, idx, w)

@@ -50,13 +50,14 @@ True
 
 from __future__ import annotations
 
-from typing import Any, Callable
+import contextlib
+from typing import Any, Callable, Iterator
 
 import torch
 from torch import nn
 
 from glyd.codec.experts import PackedExperts, array_names
-from glyd.errors import FormatError
+from glyd.errors import CorruptError, FormatError
 from glyd.nn.modules import BUFFER_PREFIX, EXACT_MODULES, PackedWeight
 from glyd.ops import experts as _experts_ops
 
@@ -79,6 +80,15 @@ def is_packable(m: nn.Module) -> tuple[str, ...]:
                   and m._parameters[n].dim() == 3)
     first = "gate_up_proj" if m.has_gate else "up_proj"
     return names if set(names) == {first, "down_proj"} else ()
+
+
+@contextlib.contextmanager
+def _naming(weight: str) -> Iterator[None]:
+    """Errors about a weight's packed arrays name the weight (the module holds two)."""
+    try:
+        yield
+    except (FormatError, CorruptError) as exc:
+        raise type(exc)(f"{weight}: {exc}") from exc
 
 
 class PackedExpertsWeight(PackedWeight):
@@ -143,11 +153,9 @@ class GlydExperts(nn.Module):
 
     def packed(self, name: str) -> PackedExperts:
         """The packed experts of weight ``name`` over the current buffers."""
-        try:
+        with _naming(name):
             return _experts_ops.experts_packed(self.layouts[name], self.packed_shapes[name], self._arrays(name),
                                                self.packed_versions[name])
-        except FormatError as exc:
-            raise FormatError(f"{name}: {exc}") from exc
 
     @property
     def packed_weights(self) -> dict[str, PackedExperts]:
@@ -167,7 +175,8 @@ class GlydExperts(nn.Module):
         """Weight ``name`` (experts ``index``, default all) as bf16, bit for bit."""
         if index is None:
             index = torch.arange(self.packed_shapes[name][0])
-        return torch.ops.glyd.unpack_experts(*self._op_args(name), index)
+        with _naming(name):
+            return torch.ops.glyd.unpack_experts(*self._op_args(name), index)
 
     def __getattr__(self, name: str) -> Any:
         if name in WEIGHTS and name in self.__dict__.get("layouts", {}):
@@ -239,13 +248,15 @@ class GlydExperts(nn.Module):
         x = hidden_states.repeat_interleave(top_k, dim=0)  # [tokens * top_k, hidden]: row s is token s // top_k
         up, down = self.weights
         try:
-            h = torch.ops.glyd.experts_linear(x, ids, *self._op_args(up))
+            with _naming(up):
+                h = torch.ops.glyd.experts_linear(x, ids, *self._op_args(up))
         except IndexError as exc:
             raise IndexError(f"top_k_index: {exc}") from exc
         if getattr(src, "has_bias", False):
             h = h + self._parameters[f"{up}_bias"][ids]
         h = src._apply_gate(h) if src.has_gate else src.act_fn(h)
-        y = torch.ops.glyd.experts_linear(h, ids, *self._op_args(down))
+        with _naming(down):
+            y = torch.ops.glyd.experts_linear(h, ids, *self._op_args(down))
         if getattr(src, "has_bias", False):
             y = y + self._parameters["down_proj_bias"][ids]
         # as transformers' grouped and batched implementations: weights applied, then summed in fp32

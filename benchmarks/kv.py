@@ -486,10 +486,10 @@ def cmd_speed(args) -> None:
         r = timed("kvf12 pool", "registry", lambda: spool.attend(0, q))  # noqa: B023
         pbest = r if r is not None else (float("nan"), "-", float("nan"))
         # the pool's kernel at other launch shapes (Nsight, 2026-12-04: 11% occupancy, 0.7 of a wave)
-        for w, ts, pps in args.pool_variants:
-            r = timed("kvf12 pool", f"w{w} s{ts} p{pps}", lambda: attention_triton(  # noqa: B023
+        for w, ts, pps, mr in args.pool_variants:
+            r = timed("kvf12 pool", f"w{w} s{ts} p{pps} r{mr or '-'}", lambda: attention_triton(  # noqa: B023
                 q, spool.lens, None, spool.block_index, spool.k.layer(0), spool.v.layer(0),  # noqa: B023
-                1.0 / math.sqrt(d), num_warps=w, sub_tile=ts, programs_per_sm=pps))  # noqa: B023
+                1.0 / math.sqrt(d), num_warps=w, sub_tile=ts, programs_per_sm=pps, maxnreg=mr or None))  # noqa: B023
             if r is not None and not r[0] >= pbest[0]:
                 pbest = r
         w_raw, w_pack = pool_write_times(spool, t)
@@ -545,10 +545,13 @@ def main() -> None:
                    help="kernel variants to time, each 'warps,sub_tile,programs_per_sm,maxnreg' (0: none); best shown")
     s.add_argument("--fixed", type=parse_fixed, nargs="*", default=[(4, 32, 16), (4, 64, 16), (8, 64, 16), (4, 32, 8)],
                    help="kvf12 Triton kernel variants 'warps,sub_tile,programs_per_sm'; the fastest shown")
-    s.add_argument("--pool-variants", type=parse_fixed, nargs="*",
-                   default=[(4, 32, 32), (8, 32, 16), (4, 64, 16), (8, 64, 32), (2, 32, 32)],
-                   help="the static pool's kernel at other launches 'warps,sub_tile,programs_per_sm' (the registry's "
-                   "choice is timed first); the fastest shown")
+    # offline sm_90a compile (ptxas -v, 2026-12-04): w4 s32 238 registers, w8 s32 204, w8 s32 r128 122 (no
+    # spills), w8 s64 r128 127 (32 bytes spilled), w4 s32 r128 156 bytes spilled
+    s.add_argument("--pool-variants", type=parse_variant, nargs="*",
+                   default=[(8, 32, 16, 128), (8, 32, 32, 128), (8, 32, 16, 0), (8, 64, 16, 0), (4, 32, 32, 0),
+                            (4, 32, 16, 128), (8, 64, 16, 128)],
+                   help="the static pool's kernel at other launches 'warps,sub_tile,programs_per_sm,maxnreg' (0: no "
+                   "cap; the registry's choice is timed first); the fastest shown")
     s.set_defaults(func=cmd_speed)
     args = ap.parse_args()
     print(f"# {platform.node()} {platform.machine()} python {platform.python_version()} torch {torch.__version__}",

@@ -189,6 +189,25 @@ def test_attention_twin_and_kernel(b, h, g, d, p, runs):
     assert torch.isnan(kern[b - 1, :g]).all() and not torch.isnan(kern[: b - 1]).any()
 
 
+def test_attention_kernel_register_cap_is_checked_and_changes_nothing():
+    # maxnreg is a launch option (the H200 sweep's): a cap outside 24..255 is refused by name; a valid one
+    # leaves the result as it was (the interpreter ignores it; the GPU set compares on the H200)
+    from glyd.errors import FormatError
+    from glyd.kv._triton_fixed import AttentionConfig, attention_triton
+
+    gen = torch.Generator().manual_seed(5)
+    pool = FixedPagePool(layers=1, batch=2, heads=1, head_dim=32, max_len=96, page=16)
+    fill(pool, [36, 1], gen)
+    q = torch.randn(2, 4, 32, generator=gen).to(torch.bfloat16)
+    args = (q, pool.lens, None, pool.block_index, pool.k.layer(0), pool.v.layer(0), 0.125)
+    plain = attention_triton(*args, num_splits=2)
+    capped = attention_triton(*args, num_splits=2, maxnreg=128)
+    assert torch.equal(plain.view(torch.int16), capped.view(torch.int16))
+    with pytest.raises(FormatError, match="maxnreg"):
+        attention_triton(*args, maxnreg=8)
+    assert AttentionConfig(maxnreg=128).maxnreg == 128
+
+
 @pytest.mark.parametrize("b,h,g,d,p,runs", [
     pytest.param(2, 1, 4, 32, 16, [36, 1]),
     pytest.param(3, 2, 4, 32, 16, [37, 1, 1, 1], marks=pytest.mark.slow),

@@ -77,6 +77,8 @@ def test_refusals_say_why():
 
 @pytest.mark.parametrize("name,kw", [("kvf12_attention_triton", dict(num_warps=3)),
                                      ("kvf12_attention_triton", dict(sub_tile=24)),
+                                     ("kvf12_attention_triton", dict(maxnreg=300)),
+                                     ("kvf12_attention_triton", dict(maxnreg=16)),
                                      ("kvf12_write_triton", dict(num_warps=0)),
                                      ("kvtiered_attention_triton", dict(programs_per_sm=0)),
                                      ("kvtiered_attention_gluon", dict(maxnreg=-1))])

@@ -165,11 +165,14 @@ def _kvf_decode_split_kernel(
 @dataclass(frozen=True)
 class AttentionConfig:
     """``num_warps`` a program; ``sub_tile``: tokens decoded at a time (>= 32 on the GPU: see
-    ``glyd.kv._triton._scores``); ``programs_per_sm``: programs launched an SM (splits of the pages)."""
+    ``glyd.kv._triton._scores``); ``programs_per_sm``: programs launched an SM (splits of the pages);
+    ``maxnreg``: a register cap a thread, 0 for none (at 168 registers three programs share an SM:
+    11% occupancy on the H200, 2026-12-04)."""
 
     num_warps: int = 4
     sub_tile: int = 32
     programs_per_sm: int = 16
+    maxnreg: int = 0
 
     def __post_init__(self) -> None:
         if self.num_warps not in (1, 2, 4, 8, 16):
@@ -178,6 +181,8 @@ class AttentionConfig:
             raise ValueError(f"sub_tile must be a power of two >= 16, got {self.sub_tile}")
         if self.programs_per_sm <= 0:
             raise ValueError(f"programs_per_sm must be positive, got {self.programs_per_sm}")
+        if self.maxnreg and not 24 <= self.maxnreg <= 255:
+            raise ValueError(f"maxnreg must be 0 (no cap) or 24..255 registers, got {self.maxnreg}")
 
 
 class Kvf12AttentionKernel(KVKernel):
@@ -208,7 +213,7 @@ class Kvf12AttentionKernel(KVKernel):
         return attention_triton(q, lens, starts, block_index, k_side, v_side, scale, capped=capped, num_splits=num_splits,
                                 valid=valid,
                                 num_warps=config.num_warps, sub_tile=config.sub_tile,
-                                programs_per_sm=config.programs_per_sm)
+                                programs_per_sm=config.programs_per_sm, maxnreg=config.maxnreg or None)
 
 
 def _side(side, name: str, dev: torch.device):
@@ -232,7 +237,7 @@ def _side(side, name: str, dev: torch.device):
 # code [NB, P, D/2] uint8, base [NB, D/16] uint8, meta [NB, 2] int32, exc [E] int32, raw [B, H, P, D] bf16]
 # -> out [B, Hq, DV] bf16. capped: a sequence holds at most J pages (a pool); else its raw page follows them.
 def attention_triton(q, lens, starts, block_index, k_side, v_side, scale, capped=True, num_splits=None, num_warps=4,
-                     sub_tile=32, programs_per_sm=16, valid=None):
+                     sub_tile=32, programs_per_sm=16, valid=None, maxnreg=None):
     b, hq, d = q.shape
     dev = q.device
     if q.dtype != torch.bfloat16 or not q.is_contiguous():
@@ -251,6 +256,8 @@ def attention_triton(q, lens, starts, block_index, k_side, v_side, scale, capped
         raise FormatError(f"page {p} (>= 16), head dims {d}/{dv} (>= 32) must be powers of two")
     if sub_tile < 16 or sub_tile & (sub_tile - 1):
         raise FormatError(f"sub_tile {sub_tile} must be a power of two >= 16")
+    if maxnreg is not None and not (isinstance(maxnreg, int) and 24 <= maxnreg <= 255):
+        raise FormatError(f"maxnreg must be None or 24..255 registers, got {maxnreg!r}")
     ts = min(sub_tile, p)
     if ts < 32 and not _interpreting():
         raise FormatError(f"the fused kernel needs sub-tiles (and pages) of >= 32 tokens on the GPU, got {ts}")
@@ -264,7 +271,7 @@ def attention_triton(q, lens, starts, block_index, k_side, v_side, scale, capped
         q, lens, starts, vbytes, vs, block_index, *k_side, *v_side, m, l_, acc,
         scale * 1.4426950408889634, h, jcap, jcap * p if capped else jcap * p + p, pages_per_split, num_splits,
         G=g, GP=gp, P=p, D=d, DV=dv, F32=_interpreting(), TS=ts, QK_F32=qk_f32(d // 2), HAS_VALID=has_valid,
-        num_warps=num_warps,
+        num_warps=num_warps, **({} if maxnreg is None or _interpreting() else {"maxnreg": maxnreg}),
     )
     out = torch.empty(b, hq, dv, dtype=torch.bfloat16, device=dev)
     _combine(m, l_, acc, out, b, h, num_splits, g, gp, dv)

@@ -466,3 +466,33 @@ def test_gpu_grouped_product_captures_in_a_cuda_graph():
     torch.cuda.synchronize()
     _check(out, x, ids, w)
     _check(out2, x, ids, w)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("s", [8, 256])
+def test_a_captured_product_gives_nan_rows_for_ids_outside_the_experts_on_gpu(s):
+    # a graph cannot raise: a row routed outside the experts must come out NaN (the kernels clamp its id
+    # to read memory safely), never another expert's product; the other rows stay right
+    from glyd.kernels import experts as kernels
+    from glyd.ops.experts import pack_experts
+
+    torch.manual_seed(s + 1)
+    e, n, k = 6, 96, 256
+    w = _experts(e, n, k, "cuda")
+    p = pack_experts(w, "fixed12")
+    x = torch.randn(s, k).to(torch.bfloat16).cuda()
+    ids = torch.randint(0, e, (s,), device="cuda")
+    kernels.linear(x, ids, p)  # eager first: what the capture needs is built
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = kernels.linear(x, ids, p)
+    ids[1], ids[-1] = e, -1
+    graph.replay()
+    torch.cuda.synchronize()
+    bad = torch.zeros(s, dtype=torch.bool)
+    bad[1] = bad[-1] = True
+    assert torch.isnan(y.cpu()[bad]).all()
+    good = ~bad
+    _check(y.cpu()[good], x.cpu()[good], ids.cpu()[good], w)

@@ -344,8 +344,9 @@ def linear(x: torch.Tensor, ids: torch.Tensor, packed: Any, config: Any = None) 
     if k == 0:
         return out.zero_().reshape(*x.shape[:-1], n)
     capturing = x2.is_cuda and torch.cuda.is_current_stream_capturing()
-    if not capturing:  # inside a captured graph the kernels clamp ids to a valid expert instead
-        torch._assert_async(((flat >= 0) & (flat < e)).all(), "glyd experts_linear: ids outside the experts")
+    bad = (flat < 0) | (flat >= e)
+    if not capturing:
+        torch._assert_async(~bad.any(), "glyd experts_linear: ids outside the experts")
     problem = Problem(packed.layout, s, n, k, packed.arrays[_KP_ARRAY[packed.layout]].shape[1])
     device = registry.Device.of(x2.device)
     if not capturing:
@@ -358,7 +359,10 @@ def linear(x: torch.Tensor, ids: torch.Tensor, packed: Any, config: Any = None) 
         ok, why = kernel.can_implement(problem, device, config)
         if not ok:
             raise ValueError(f"the {kernel.name} kernel cannot run this experts product ({problem}): {why}")
-    return kernel.launch(x2, flat, packed, config, out).reshape(*x.shape[:-1], n)
+    out = kernel.launch(x2, flat, packed, config, out)
+    if capturing:  # a graph cannot raise: the kernels clamp such ids, so their rows become NaN, never a value
+        out.masked_fill_(bad[:, None], float("nan"))
+    return out.reshape(*x.shape[:-1], n)
 
 
 def _prepare_for_capture(problem: Problem, device: registry.Device, packed: Any) -> None:

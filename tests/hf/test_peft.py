@@ -282,3 +282,26 @@ def test_dequantize_while_merged_then_unmerge_stays_plain(tiny_model_folder):
     assert not any(isinstance(m, PACKED) for m in pm.modules())
     base = pm.base_model.model.model.layers[0].self_attn.q_proj.base_layer
     assert type(base) is torch.nn.Linear and _same(base.weight, want)
+
+
+def test_merge_and_unload_keeps_tied_embeddings_tied(tiny_model_folder, tmp_path):
+    # PEFT's merge_and_unload compares lm_head.weight.data_ptr() with the embedding's; a packed weight
+    # unpacked anew for each, so PEFT set tie_word_embeddings=False: the glyd folder saved from it
+    # then failed to load (lm_head.weight missing), and the bf16 model claimed untied embeddings.
+    model = glyd.from_pretrained(tiny_model_folder("llama"), exact=True, device="cpu", progress=False)
+    assert model.config.tie_word_embeddings
+    # data_ptr() names the packed storage: the same for the tied pair, apart for two matrices of one shape
+    # (unpacked anew, both were whatever address the allocator gave, often the same freed block)
+    assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+    downs = [layer.mlp.down_proj.weight for layer in model.model.layers]
+    assert downs[0].data_ptr() != downs[1].data_ptr()
+    partly = glyd_peft.get_peft_model(model, _config()).merge_and_unload()
+    assert partly.config.tie_word_embeddings and isinstance(partly.lm_head, GlydTiedLinear)
+    partly.save_pretrained(tmp_path / "partly")
+    again = glyd.from_pretrained(tmp_path / "partly", exact=True, device="cpu", progress=False)
+    ids = _ids()
+    with torch.no_grad():
+        assert _same(again(input_ids=ids).logits, partly(input_ids=ids).logits)
+    model = glyd.from_pretrained(tiny_model_folder("llama"), exact=True, device="cpu", progress=False)
+    full = glyd_peft.merge_and_unload(glyd_peft.get_peft_model(model, _config()))
+    assert full.config.tie_word_embeddings and full.lm_head.weight is full.model.embed_tokens.weight

@@ -44,11 +44,13 @@ class PackedWeight:
     12.0
     """
 
-    __slots__ = ("_unpack", "_meta")
+    __slots__ = ("_unpack", "_meta", "_ptr")
 
-    def __init__(self, unpack: Callable[[], torch.Tensor], shape: tuple[int, int], device: Callable[[], torch.device]):
+    def __init__(self, unpack: Callable[[], torch.Tensor], shape: tuple[int, int], device: Callable[[], torch.device],
+                 ptr: Callable[[], int] | None = None):
         self._unpack = unpack
         self._meta = (torch.Size(shape), device)
+        self._ptr = ptr
 
     dtype = torch.bfloat16
     ndim = 2
@@ -79,6 +81,11 @@ class PackedWeight:
     def materialize(self) -> torch.Tensor:
         """The bf16 weight, bit for bit, on the module's device."""
         return self._unpack()
+
+    def data_ptr(self) -> int:
+        """Where the packed matrix is stored: equal for a tied pair, as PEFT and transformers compare it
+        (an unpacked copy's address is the allocator's: two weights could share it, a tied pair not)."""
+        return self._ptr() if self._ptr is not None else self.materialize().data_ptr()
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
@@ -139,6 +146,9 @@ class _PackedModule(nn.Module):
     def _device(self) -> torch.device:
         return self._buffers[BUFFER_PREFIX + self._array_names[0]].device
 
+    def _data_ptr(self) -> int:
+        return self._buffers[BUFFER_PREFIX + self._array_names[0]].data_ptr()
+
     @property
     def packed_nbytes(self) -> int:
         return sum(self._buffers[BUFFER_PREFIX + n].nbytes for n in self._array_names)
@@ -187,7 +197,7 @@ class GlydLinear(_PackedModule):
 
     @property
     def weight(self) -> PackedWeight:
-        return PackedWeight(self._unpack, self.packed_shape, self._device)
+        return PackedWeight(self._unpack, self.packed_shape, self._device, self._data_ptr)
 
     def _linear(self, x: torch.Tensor) -> torch.Tensor:
         layout, shape, arrays, version = self._op_args()
@@ -282,7 +292,7 @@ class GlydTiedLinear(nn.Module):
     @property
     def weight(self) -> PackedWeight:
         src = self.source
-        return PackedWeight(src._unpack, src.packed_shape, src._device)
+        return PackedWeight(src._unpack, src.packed_shape, src._device, src._data_ptr)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.exact:
@@ -328,7 +338,7 @@ class GlydEmbedding(_PackedModule):
 
     @property
     def weight(self) -> PackedWeight:
-        return PackedWeight(self._unpack, self.packed_shape, self._device)
+        return PackedWeight(self._unpack, self.packed_shape, self._device, self._data_ptr)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         out = torch.ops.glyd.rows(*self._op_args(), ids)

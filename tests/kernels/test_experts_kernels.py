@@ -180,10 +180,10 @@ def test_the_choice_by_rows_and_capture():
 
     dev = Device("cuda", "NVIDIA H200", (9, 0), 132)
     name = lambda m, layout="fixed12", cap=False: kernels.choose(Problem(layout, m, 64, 128, 128), dev, cap)[0].name  # noqa: E731
-    assert name(1) == name(16) == "fixed12_experts_gemv"
-    assert name(17) == name(64) == name(65) == name(4096) == "fixed12_experts_mma"
+    assert name(1) == name(16) == name(64) == name(255) == "fixed12_experts_gemv"
+    assert name(256) == name(2048) == "fixed12_experts_mma"
     assert name(256, cap=True) == name(512, cap=True) == "fixed12_experts_mma"  # a decode step's capture
-    assert name(4097) == "experts_unpack_grouped"  # past the MMA's rows: the unpack + grouped GEMM
+    assert name(2049) == name(4097) == "experts_unpack_grouped"  # past the MMA's rows: unpack + grouped GEMM
     assert name(4097, cap=True) == "experts_unpack_grouped"  # no host sync: a CUDA graph capture takes it too
     assert name(8, "tiered") == name(300, "tiered") == "experts_loop"
     with pytest.raises(RuntimeError, match="synchronises with the host"):
@@ -301,13 +301,18 @@ def test_an_eager_loop_call_builds_what_a_captured_gemv_needs(device):
     x = torch.randn(70, 128).to(torch.bfloat16).to(device)
     ids = torch.randint(0, 3, (70,), device=device)
     _check(kernels.linear(x, ids, p, ExpertsLoopConfig()), x, ids, w)
-    # what a 70-row capture (the grouped MMA) needs
-    assert id(p.arrays["exc_idx"]) in C._CACHE and id(p.arrays["base"]) in C._CACHE
+    # what a 70-row capture (the grouped GEMV) needs: its exception index
+    assert id(p.arrays["exc_idx"]) in C._CACHE and id(p.arrays["base"]) not in C._CACHE
+    x = torch.randn(300, 128).to(torch.bfloat16).to(device)
+    ids = torch.randint(0, 3, (300,), device=device)
+    _check(kernels.linear(x, ids, p, ExpertsLoopConfig()), x, ids, w)
+    # what a 300-row capture (the grouped MMA) needs: the experts' shared base too
+    assert id(p.arrays["base"]) in C._CACHE
 
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_an_eager_call_builds_what_a_captured_grouped_product_needs(device, monkeypatch):
-    # where the MMA cannot run (past its 4096 rows; refused here) a capture takes the grouped family:
+    # where the MMA cannot run (past its rows; refused here) a capture of 256+ rows takes the grouped family:
     # its exception tiles (host work) for the config a capture takes; over the scratch bound, the
     # GEMV's exception index (a capture then takes the GEMV)
     from glyd.kernels import _common as C
@@ -320,8 +325,8 @@ def test_an_eager_call_builds_what_a_captured_grouped_product_needs(device, monk
     torch.manual_seed(4)
     w = _experts(3, 24, 128, device)
     p = pack_experts(w, "fixed12")
-    x = torch.randn(70, 128).to(torch.bfloat16).to(device)
-    ids = torch.randint(0, 3, (70,), device=device)
+    x = torch.randn(300, 128).to(torch.bfloat16).to(device)  # 256+ rows: the MMA first, then the grouped
+    ids = torch.randint(0, 3, (300,), device=device)
     monkeypatch.setattr(ExpertsMmaKernel, "can_implement", classmethod(lambda cls, *a: (False, "refused by the test")))
     kernels._choose.cache_clear()
     try:

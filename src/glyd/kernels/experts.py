@@ -7,8 +7,8 @@ is taken, and inside a CUDA graph capture only the kernels that never synchronis
 
 * ``fixed12_experts_gemv`` (``fixed12/experts.py``, a family of fixed12's layout entry): one
   program a row and a tile of its expert, reading only the chosen experts' packed planes; no host
-  sync (decode steps, CUDA graphs). Up to 16 rows first (``fixed12_experts_mma``, the grouped
-  tensor-core product in ``fixed12/experts_mma.py``, above).
+  sync (decode steps, CUDA graphs). First up to 255 rows (``fixed12_experts_mma``, the grouped
+  tensor-core product in ``fixed12/experts_mma.py``, first at 256-2048).
 * ``experts_loop`` (here; no layout's family: it runs every layout through the linear families):
   each chosen expert's rows through ``glyd.kernels.linear``, the fused product the registry picks
   for that expert's matrix and its number of rows (the prompt path, every layout). Finding the rows
@@ -17,7 +17,7 @@ is taken, and inside a CUDA graph capture only the kernels that never synchronis
   expert, the experts that have rows unpacked into one reused bf16 scratch ``[E, N, K]``
   (``fixed12/experts_unpack.py``), then one ``torch._grouped_mm`` and the rows put back (the prompt
   path: three launches and a sort, no host sync, where the loop made ~2 launches a chosen expert).
-  Above 64 rows after the MMA: above its 4096 rows or where it cannot run.
+  First above 2048 rows, and where the MMA cannot run.
 
 Example (needs a CUDA GPU)::
 
@@ -47,20 +47,19 @@ log = logging.getLogger(__name__)
 _GEMV = {"kernel": "fixed12_experts_gemv", "config": {}}
 _LOOP = {"kernel": "experts_loop", "config": {}}
 _MMA = {"kernel": "fixed12_experts_mma", "config": {}}
+_MMA_TO_2048 = {"kernel": "fixed12_experts_mma", "config": {"max_rows": 2048}}
 _GROUPED = {"kernel": "experts_unpack_grouped", "config": {}}
-_SMALL = {"1", "2", "3", "4", "5-8", "9-16", "17-32", "33-64"}
-_TINY = {"1", "2", "3", "4", "5-8", "9-16"}
-#: The candidates where the GPU's table has no ``experts`` section (nothing measured yet): layout ->
-#: M bucket -> candidates. fixed12: the grouped GEMV up to 16 rows; 17-64 rows the grouped MMA
-#: (``fixed12/experts_mma.py``), then the GEMV and the loop; above 64 rows the MMA (up to its
-#: ``MAX_ROWS``, 4096), then the unpack + grouped GEMM (above the MMA's rows or where it cannot run),
-#: the loop and the GEMV. MMA, unpack + GEMM and GEMV never sync with the host, so a CUDA graph
-#: capture takes them in the same order. The order above 64 rows is a guess until the next GPU
-#: run's probes decide it (probe_moe_decode: decode rows 8-512; probe_moe_prompt: prompts).
-#: The other layouts: the loop.
+#: The candidates where the GPU's table has no ``experts`` section: layout -> M bucket (rows, i.e.
+#: token-expert pairs) -> candidates. fixed12, ordered by the H200 probes of 2026-12-04
+#: (``probe_moe_decode.py``, ``probe_moe_prompt.py``; Qwen3-30B-A3B's experts, CUDA graphs): up to
+#: 255 rows the grouped GEMV (0.40-0.55x bf16 at 8-64 rows, the MMA 0.69-0.83x), then the MMA and the
+#: loop; from 256 rows the grouped MMA up to 2048 rows (0.88-0.92x bf16 at 256-512, the GEMV 1.02-1.91x),
+#: then the unpack + grouped GEMM (at 4096 rows 0.70 / 0.43 ms against the MMA's 0.88 / 0.49 ms), the
+#: loop and the GEMV. MMA, unpack + GEMM and GEMV never sync with the host, so a CUDA graph capture
+#: takes them in the same order. The other layouts: the loop.
 DEFAULTS: dict[str, dict[str, list[dict[str, Any]]]] = {
-    "fixed12": {b: [_GEMV, _LOOP] if b in _TINY else [_MMA, _GEMV, _LOOP] if b in _SMALL
-                else [_MMA, _GROUPED, _LOOP, _GEMV] for b, _, _ in M_BUCKETS},
+    "fixed12": {b: [_GEMV, _MMA, _LOOP] if hi is not None else [_MMA_TO_2048, _GROUPED, _LOOP, _GEMV]
+                for b, _, hi in M_BUCKETS},
     "tiered": {b: [_LOOP] for b, _, _ in M_BUCKETS},
     "dense11": {b: [_LOOP] for b, _, _ in M_BUCKETS},
 }

@@ -234,12 +234,12 @@ def test_gpu_fused_is_close_exact_is_equal_and_a_decode_step_captures(folders, f
         return picked
 
     monkeypatch.setattr(kernels, "choose", choose)
-    for length in (10, 40):  # 40 and 160 rows (2 x length x top-2): the grouped tensor-core product
+    for length in (10, 64):  # 40 and 256 rows (2 x length x top-2): the grouped GEMV, the grouped MMA
         ids = torch.randint(3, VOCAB, (2, length), generator=torch.Generator().manual_seed(length)).cuda()
         got, want = _logits(model, ids).float(), _logits(ref, ids).float()
         assert (got - want).abs().max() <= 0.05 * want.abs().max()
     assert "fixed12_experts_mma" in set(chosen)
-    # where the MMA cannot run (above its 4096 rows; refused here): 160 rows take the unpack + grouped
+    # where the MMA cannot run (above its rows; refused here): 256 rows take the unpack + grouped
     # GEMM (K % 64 == 0), else the loop
     from glyd.kernels.fixed12.experts_mma import ExpertsMmaKernel
 
@@ -248,7 +248,7 @@ def test_gpu_fused_is_close_exact_is_equal_and_a_decode_step_captures(folders, f
         m.setattr(ExpertsMmaKernel, "can_implement", classmethod(lambda cls, *a: (False, "refused by the test")))
         kernels._choose.cache_clear()
         try:
-            ids = torch.randint(3, VOCAB, (2, 40), generator=torch.Generator().manual_seed(40)).cuda()
+            ids = torch.randint(3, VOCAB, (2, 64), generator=torch.Generator().manual_seed(64)).cuda()
             got, want = _logits(model, ids).float(), _logits(ref, ids).float()
             assert (got - want).abs().max() <= 0.05 * want.abs().max()
         finally:

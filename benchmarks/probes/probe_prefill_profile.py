@@ -26,6 +26,11 @@ import torch  # noqa: E402
 import scale  # noqa: E402
 
 
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
 def _forward(model, ids):
     return model(input_ids=ids, use_cache=True, logits_to_keep=1).logits
 
@@ -33,17 +38,66 @@ def _forward(model, ids):
 def _wall(model, ids, reps: int) -> tuple[float, float]:
     """(median wall ms, median GPU ms) of one prefill."""
     walls, gpus = [], []
+    cuda = ids.is_cuda
     for _ in range(reps):
-        torch.cuda.synchronize()
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        _sync()
+        if cuda:
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
         t = time.perf_counter()
-        a.record()
         _forward(model, ids)
-        b.record()
-        b.synchronize()
+        if cuda:
+            b.record()
+            b.synchronize()
         walls.append(1e3 * (time.perf_counter() - t))
-        gpus.append(a.elapsed_time(b))
+        gpus.append(a.elapsed_time(b) if cuda else float("nan"))
     return sorted(walls)[reps // 2], sorted(gpus)[reps // 2]
+
+
+#: Leaf modules that run one product (a merged product's parts only slice its output).
+_PRODUCTS = ("Linear", "GlydLinear", "GlydTiedLinear")
+
+
+def _leaf_host_times(model, ids) -> tuple[dict, float, list]:
+    """Host us a call by leaf module class during one forward (no sync inside: what the host spends
+    issuing the module's work), the forward's host ms, and each product's (module, input) to replay."""
+    times: dict[str, list[float]] = {}
+    inputs: list = []
+    hooks = []
+
+    def pre(mod, args):
+        mod._t0 = time.perf_counter()
+
+    def post(mod, args, out):
+        times.setdefault(type(mod).__name__, []).append(1e6 * (time.perf_counter() - mod._t0))
+        if args and isinstance(args[0], torch.Tensor) and type(mod).__name__ in _PRODUCTS:
+            inputs.append((mod, args[0]))
+
+    for m in model.modules():
+        if not any(True for _ in m.children()):
+            hooks += [m.register_forward_pre_hook(pre), m.register_forward_hook(post)]
+    _sync()
+    t = time.perf_counter()
+    _forward(model, ids)
+    host = 1e3 * (time.perf_counter() - t)
+    _sync()
+    for h in hooks:
+        h.remove()
+    return {k: (len(v), sum(v)) for k, v in times.items()}, host, inputs
+
+
+def _alone(inputs, reps: int = 20) -> tuple[int, float]:
+    """(products, host us a call) of the same products called alone with the same inputs."""
+    for mod, x in inputs:
+        mod(x)
+    _sync()
+    t = time.perf_counter()
+    for _ in range(reps):
+        for mod, x in inputs:
+            mod(x)
+    us = 1e6 * (time.perf_counter() - t) / (reps * max(1, len(inputs)))
+    _sync()
+    return len(inputs), us
 
 
 def main() -> None:
@@ -53,29 +107,37 @@ def main() -> None:
     ap.add_argument("--variants", default="bf16,fixed12")
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--out", default=None, help="a folder for the full profiles")
+    ap.add_argument("--device", default="cuda", help="cuda (default); cpu only checks this script (--model tiny)")
     args = ap.parse_args()
     cfg = scale._config(args.model)
     rows = []
     for variant in args.variants.split(","):
-        model = scale._build(cfg, variant, "cuda")
+        model = scale._build(cfg, variant, args.device)
         vocab = model.config.get_text_config().vocab_size
-        ids = torch.randint(0, vocab, (1, args.prompt), generator=torch.Generator().manual_seed(3)).to("cuda")
+        ids = torch.randint(0, vocab, (1, args.prompt), generator=torch.Generator().manual_seed(3)).to(args.device)
         with torch.inference_mode():
             for _ in range(3):
                 _forward(model, ids)
             wall, gpu = _wall(model, ids, 9)
+            leaves, host, inputs = _leaf_host_times(model, ids)
+            n_alone, us_alone = _alone(inputs)
+            del inputs
             with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
                 for _ in range(3):
                     _forward(model, ids)
-                torch.cuda.synchronize()
+                _sync()
             pr = cProfile.Profile()
             pr.enable()
             for _ in range(3):
                 _forward(model, ids)
-            torch.cuda.synchronize()
+            _sync()
             pr.disable()
-        rows.append((variant, wall, gpu))
+        rows.append((variant, wall, gpu, host, us_alone))
         print(f"\n== {args.model} {variant} prefill {args.prompt}: wall {wall:.2f} ms, GPU {gpu:.2f} ms")
+        print(f"one forward with hooks: host {host:.2f} ms (issue only, no sync); leaf modules, host us:")
+        for name, (calls, total) in sorted(leaves.items(), key=lambda kv: -kv[1][1]):
+            print(f"  {name:28s} {calls:5d} calls {total / 1e3:8.2f} ms {total / calls:8.1f} us a call")
+        print(f"the {n_alone} linear products alone, same inputs, 20 rounds: {us_alone:.1f} us a call")
         print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.top))
         s = io.StringIO()
         pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(args.top)
@@ -87,9 +149,9 @@ def main() -> None:
             (Path(args.out) / f"cprofile_{variant}.txt").write_text(s.getvalue())
         del model
         torch.cuda.empty_cache()
-    print("\nvariant   wall ms   GPU ms  (3 profiled prefills: the tables above are for 3 calls)")
-    for v, w, g in rows:
-        print(f"{v:8s} {w:8.2f} {g:8.2f}")
+    print("\nvariant   wall ms   GPU ms  host ms (hooked)  product alone us  (profiles above: 3 calls)")
+    for v, w, g, h, a in rows:
+        print(f"{v:8s} {w:8.2f} {g:8.2f} {h:12.2f} {a:14.1f}")
 
 
 if __name__ == "__main__":

@@ -76,14 +76,45 @@ def _leaf_host_times(model, ids) -> tuple[dict, float, list]:
     for m in model.modules():
         if not any(True for _ in m.children()):
             hooks += [m.register_forward_pre_hook(pre), m.register_forward_hook(post)]
+    counts = _count_paths()
     _sync()
     t = time.perf_counter()
     _forward(model, ids)
     host = 1e3 * (time.perf_counter() - t)
     _sync()
+    counts.undo()
     for h in hooks:
         h.remove()
+    times["(paths: " + ", ".join(f"{k} {v}" for k, v in counts.n.items()) + ")"] = [0.0]
     return {k: (len(v), sum(v)) for k, v in times.items()}, host, inputs
+
+
+class _count_paths:
+    """Counts, during one forward, the products that took a kept launch plan, those that missed it,
+    and those that went through the dispatcher (``glyd.ops._eager.backend`` said None)."""
+
+    def __init__(self) -> None:
+        from glyd.kernels import _plan
+        from glyd.ops import _eager
+
+        self.n = {"direct": 0, "through the op": 0, "plan hit": 0, "plan miss": 0}
+        self._plan, self._eager = _plan, _eager
+        self.run, self.backend = _plan.run, _eager.backend
+
+        def run(*a, **kw):
+            y = self.run(*a, **kw)
+            self.n["plan hit" if y is not None else "plan miss"] += 1
+            return y
+
+        def backend(*a, **kw):
+            impl = self.backend(*a, **kw)
+            self.n["through the op" if impl is None else "direct"] += 1
+            return impl
+
+        _plan.run, _eager.backend = run, backend
+
+    def undo(self) -> None:
+        self._plan.run, self._eager.backend = self.run, self.backend
 
 
 def _alone(inputs, reps: int = 20) -> tuple[int, float]:

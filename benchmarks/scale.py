@@ -30,11 +30,11 @@ what it measured); the PNG plot (matplotlib, imported lazily) at the end and aft
     python3 benchmarks/scale.py --tiny --out /tmp/scale                    # the whole pipeline on the CPU
     python3 benchmarks/scale.py --tiny --sizes tiny-moe --out /tmp/scale   # its MoE path on the CPU
 
-MoE models (``MOE_SIZES``): every expert packed (``glyd.nn.GlydExperts``); up to 16 rows (tokens x
-top-k: a decode step of 1-2 sequences at top-8) the grouped fixed12 GEMV over the chosen experts, 17
-to 4096 rows (larger decode steps, prompts up to 512 tokens at top-8) the grouped tensor-core product
-``fixed12_experts_mma``, above that ``experts_unpack_grouped`` (the experts with rows unpacked into
-one bf16 scratch, one ``torch._grouped_mm``), all three in CUDA graphs too; bf16 runs transformers'
+MoE models (``MOE_SIZES``): every expert packed (``glyd.nn.GlydExperts``); up to 255 rows (tokens x
+top-k: decode steps up to 31 sequences at top-8) the grouped fixed12 GEMV over the chosen experts, 256
+to 2048 rows the grouped tensor-core product ``fixed12_experts_mma``, above that
+``experts_unpack_grouped`` (the experts with rows unpacked into one bf16 scratch, one
+``torch._grouped_mm``), all three in CUDA graphs too; bf16 runs transformers'
 own experts implementation (``grouped_mm``).
 """
 

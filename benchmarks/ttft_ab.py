@@ -13,7 +13,12 @@ sequence, logits of the last position), median GPU span (CUDA events), and the m
 
     python3 benchmarks/ttft_ab.py --sizes qwen2.5-0.5b --out $OUT/ab              # H200
     python3 benchmarks/ttft_ab.py --sizes qwen3-30b-a3b --prompts 512,2048 --out $OUT/ab_moe
+    python3 benchmarks/ttft_ab.py --sizes qwen2.5-0.5b --compile --out $OUT/ab_c  # both under torch.compile
     python3 benchmarks/ttft_ab.py --tiny --out /tmp/ab                            # the pipeline on the CPU
+
+``--compile``: every model's forward through ``torch.compile(mode="reduce-overhead")`` (CUDA graphs
+a prompt length on a GPU): what a host-bound prefill costs once the host's share is gone (Glyd's ops
+are custom ops with fake implementations, so the packed products compile as bf16's do).
 """
 
 from __future__ import annotations
@@ -36,8 +41,8 @@ import scale  # noqa: E402
 log = logging.getLogger("ttft_ab")
 
 
-def _prefill(model, ids) -> None:
-    model(input_ids=ids, use_cache=True, logits_to_keep=1)
+def _prefill(forward, ids) -> None:
+    forward(input_ids=ids, use_cache=True, logits_to_keep=1)
 
 
 def _once(model, ids, cuda: bool) -> tuple[float, float]:
@@ -55,17 +60,17 @@ def _once(model, ids, cuda: bool) -> tuple[float, float]:
     return wall, (a.elapsed_time(b) if cuda else float("nan"))
 
 
-def interleaved(models: dict, prompt: int, rounds: int, device: str) -> dict:
-    """Each model's prefill of ``prompt`` tokens, ``rounds`` times, the models' order alternating."""
-    vocab = next(iter(models.values())).config.get_text_config().vocab_size
+def interleaved(models: dict, prompt: int, rounds: int, device: str, vocab: int) -> dict:
+    """Each model's prefill of ``prompt`` tokens, ``rounds`` times, the models' order alternating
+    (``models``: name -> the forward to call, bf16's first)."""
     ids = torch.randint(0, vocab, (1, prompt), generator=torch.Generator().manual_seed(3)).to(device)
     cuda = device.startswith("cuda")
     names = list(models)
     walls: dict[str, list[float]] = {n: [] for n in names}
     gpus: dict[str, list[float]] = {n: [] for n in names}
     with torch.no_grad():
-        for n in names:  # warm-up: compiles, plans, scratch buffers
-            for _ in range(2):
+        for n in names:  # warm-up: compiles (CUDA graphs record on the third call), plans, scratch buffers
+            for _ in range(3):
                 _prefill(models[n], ids)
         for r in range(rounds):
             for n in (names if r % 2 == 0 else names[::-1]):
@@ -109,6 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompts", type=ints, default=(512, 2048), help="prompt lengths (default 512,2048)")
     ap.add_argument("--rounds", type=int, default=15, help="interleaved rounds (default 15)")
     ap.add_argument("--device", default=None, help="default cuda (cpu with --tiny)")
+    ap.add_argument("--compile", action="store_true", help='torch.compile(mode="reduce-overhead") every model\'s forward')
     ap.add_argument("--tiny", action="store_true", help="the two-layer model on the CPU, prompts 16,32, 3 rounds")
     ap.add_argument("--out", default=None, help="a folder for ab.json and ab.md")
     args = ap.parse_args(argv)
@@ -130,15 +136,19 @@ def main(argv: list[str] | None = None) -> int:
         models = {"bf16": scale._build(cfg, "bf16", device)}
         for v in args.variants:
             models[v] = scale._build(cfg, v, device)
+        vocab = models["bf16"].config.get_text_config().vocab_size
+        if args.compile:
+            models = {n: torch.compile(m, mode="reduce-overhead", dynamic=False) for n, m in models.items()}
         for prompt in args.prompts:
-            res = interleaved(models, prompt, args.rounds, device)
+            res = interleaved(models, prompt, args.rounds, device, vocab)
             results.append({"size": size, "prompt": prompt, "variants": res})
             log.info("%s prompt %d: %s", size, prompt,
                      ", ".join(f"{n} {v['wall_ms']:.2f} ms ({v['ratio']:.2f}x)" for n, v in res.items()))
         del models
         if device.startswith("cuda"):
             torch.cuda.empty_cache()
-    text = _table(results) + f"\n\n{_header(device)}; {args.rounds} interleaved rounds, eager prefill, no_grad\n"
+    how = 'torch.compile(mode="reduce-overhead")' if args.compile else "eager"
+    text = _table(results) + f"\n\n{_header(device)}; {args.rounds} interleaved rounds, {how} prefill, no_grad\n"
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)

@@ -350,6 +350,15 @@ def table(res: dict, bw: float) -> str:
     return "\n".join(lines)
 
 
+
+def _write(path: str, text: str) -> None:
+    """``text`` into ``path`` under a temporary name, then renamed: a run cut short (the device's time
+    limit) leaves the last complete file, never a truncated one."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=".")
@@ -378,18 +387,15 @@ def main(argv=None) -> int:
     for mode in args.modes.split(","):
         bench_mode(mode, modes[mode], args.layers, bw, args.quick, res, fails, ms, only,
                    not args.no_tiered, not args.no_extras)
-        with open(os.path.join(args.out, "kernels.json"), "w") as f:
-            json.dump(res, f, indent=1)
+        _write(os.path.join(args.out, "kernels.json"), json.dumps(res, indent=1))
     res["failures"] = fails
-    with open(os.path.join(args.out, "kernels.json"), "w") as f:
-        json.dump(res, f, indent=1)
+    _write(os.path.join(args.out, "kernels.json"), json.dumps(res, indent=1))
     table_path = f"src/glyd/kernels/tables/{registry.table_file(dev).name}"
     if "per_shape" in res:
-        with open(os.path.join(args.out, "measured_times.json"), "w") as f:
-            json.dump({"about": f"paste the value of 'layout' as the 'layout' section of {table_path} (the table "
-                                "of this GPU; glyd.ops.choose_layout reads it for layout='auto')",
-                       "table": table_path, "layout": {"date": res["date"], "m": 1, "shapes": res["per_shape"]}},
-                      f, indent=1)
+        _write(os.path.join(args.out, "measured_times.json"), json.dumps(
+            {"about": f"paste the value of 'layout' as the 'layout' section of {table_path} (the table "
+                      "of this GPU; glyd.ops.choose_layout reads it for layout='auto')",
+             "table": table_path, "layout": {"date": res["date"], "m": 1, "shapes": res["per_shape"]}}, indent=1))
     # Variant sweep (unmerged), then the per-shape times, then the main table last.
     if "unmerged" in res:
         for m, row in res["unmerged"]["rows"].items():
@@ -403,8 +409,7 @@ def main(argv=None) -> int:
             print(f"per-matrix M=1 times: paste the 'layout' of {os.path.join(args.out, 'measured_times.json')} "
                   f"as the 'layout' section of {table_path}")
     tab = table(res, bw)
-    with open(os.path.join(args.out, "table.md"), "w") as f:
-        f.write(tab + "\n")
+    _write(os.path.join(args.out, "table.md"), tab + "\n")
     print("\nFAILURES:\n" + "\n".join(fails) if fails else "\nall correctness checks passed")
     print(f"{dev}  torch {torch.__version__}  triton {triton.__version__}  {res['date']}")
     print(tab)

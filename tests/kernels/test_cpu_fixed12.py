@@ -172,3 +172,27 @@ def test_both_instruction_paths_agree(cpu_kernels):
     native = cpu_kernels.linear(x, p)
     assert cpu_kernels.simd() in ("avx2", "portable")
     assert ((portable - native).norm() / native.norm()).item() < 1e-6
+
+
+def test_an_array_replaced_at_a_freed_arrays_id_is_read_where_it_is_now(cpu_kernels):
+    # The checked matrix (its arrays' addresses for C) was remembered by the arrays' ids and versions: a
+    # 'code' array whose tensor object was freed (its storage kept alive by a view) and replaced by another
+    # that took its id (CPython's next object, version 0) was read at the old address: the old bits, no error
+    w = random_weights(16, 64, "wide")
+    p = glyd.pack(w, "fixed12")
+    arrays = dict(p.arrays)
+    assert _same_bits(cpu_kernels.unpack(Packed(p.layout, p.shape, arrays, p.version)), w)  # checked, remembered
+    keep = torch.empty(0, dtype=torch.uint8).set_(arrays["code"].untyped_storage())  # the old bytes stay put
+    new_code = arrays["code"].clone()
+    new_code.view(-1)[0] ^= 0x11  # the first two weights' codes: another matrix
+    want = glyd.unpack(Packed(p.layout, p.shape, {**arrays, "code": new_code}, p.version))
+    assert not _same_bits(want, w)
+    old = id(arrays["code"])
+    del p, arrays["code"]
+    for _ in range(100):  # (almost always the first try)
+        code = new_code.clone()
+        if id(code) == old:
+            break
+    assert id(code) == old and code.data_ptr() != keep.data_ptr(), "no id reused here: nothing to check"
+    arrays["code"] = code
+    assert _same_bits(cpu_kernels.unpack(Packed.trusted("fixed12", (16, 64), arrays, 1)), want)

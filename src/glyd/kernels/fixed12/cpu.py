@@ -76,9 +76,9 @@ def simd() -> str | None:
     return ext.simd() if ext is not None else None
 
 
-#: id(lo) -> (key of the arrays, the matrix as C takes it): built and checked once for the same
-#: tensors, unchanged since (the entry dies with the array).
-_MATRICES: dict[int, tuple[tuple, tuple]] = {}
+#: id(lo) -> (key of the arrays, the matrix as C takes it, the ids watched): built and checked once
+#: for the same tensors at the same addresses, unchanged since (the entry dies with any of them).
+_MATRICES: dict[int, tuple[tuple, tuple, set]] = {}
 _NAMES = ("lo", "code", "base", "exc_idx", "exc_hi")
 
 
@@ -93,15 +93,21 @@ def _matrix(p: Packed) -> tuple:
     if p.layout != _codec.NAME:
         raise ValueError(f"expected a fixed12 packed matrix, got layout {p.layout!r}")
     arrays = [p.arrays[name] for name in _NAMES]
-    key = (p.shape, *((id(t), t._version) for t in arrays))
-    hit = _MATRICES.get(id(arrays[0]))
+    key = (p.shape, *((id(t), t._version, t.data_ptr()) for t in arrays))
+    first = id(arrays[0])
+    hit = _MATRICES.get(first)
     if hit is not None and hit[0] == key:
         return hit[1]
     t = _describe(p)
     _raise(_ext().check(t))
-    if id(arrays[0]) not in _MATRICES:
-        weakref.finalize(arrays[0], _MATRICES.pop, id(arrays[0]), None)
-    _MATRICES[id(arrays[0])] = (key, t)
+    watched = set() if hit is None else hit[2]
+    _MATRICES[first] = (key, t, watched)
+    # any array's death drops the entry (it holds addresses C reads): CPython gives a freed array's id
+    # to the next tensor made (version 0), which would match the key
+    for a in arrays:
+        if id(a) not in watched:
+            watched.add(id(a))
+            weakref.finalize(a, _MATRICES.pop, first, None)
     return t
 
 

@@ -62,7 +62,7 @@ class Packed:
     >>> import torch, glyd
     >>> p = glyd.pack(torch.ones(3, 5, dtype=torch.bfloat16), layout="tiered")
     >>> p.shape, p.layout, sorted(p.arrays)
-    ((3, 5), 'tiered', ['area', 'd1', 'esc_off', 'sm', 'table'])
+    ((3, 5), 'tiered', ['area', 'd1', 'esc_base', 'esc_off', 'sm', 'table'])
     """
 
     layout: str

@@ -11,9 +11,12 @@ A model loaded natively (``AutoModelForCausalLM.from_pretrained(glyd_folder)``) 
 through transformers' own path (its ``hf_quantizer``); one packed by ``glyd.from_pretrained`` or
 ``glyd.compress`` has no quantizer, and :func:`dequantize` below does the same work for it.
 
+The folder ``model.save_pretrained`` writes is the one ``glyd.save_pretrained`` writes, and
+``dequantize()`` gives plain bf16 modules, every weight bit for bit:
+
 >>> model = glyd.from_pretrained("bf16-folder")      # doctest: +SKIP
->>> model.save_pretrained("model-glyd")              # the same folder as glyd.save_pretrained writes
->>> model = model.dequantize()                       # plain bf16 modules, every weight bit for bit
+>>> model.save_pretrained("model-glyd")              # doctest: +SKIP
+>>> model = model.dequantize()                       # doctest: +SKIP
 """
 
 from __future__ import annotations

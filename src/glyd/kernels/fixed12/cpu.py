@@ -44,10 +44,11 @@ log = logging.getLogger(__name__)
 __all__ = ["available", "simd", "unpack", "rows", "linear", "MAX_FUSED_ROWS", "CHUNK_WEIGHTS"]
 
 #: Rows of ``x`` up to which ``linear`` decodes each weight row once and dots it with every row
-#: (above: row blocks through torch's GEMM). On the development CPU (AVX2, no bf16 instructions) the
-#: fused product was faster than torch's bf16 GEMM at every M tried up to a 38-token prompt; a CPU
-#: with bf16 matrix instructions makes torch's GEMM the faster one sooner (not measured here).
-MAX_FUSED_ROWS = 64
+#: (above: row blocks through torch's GEMM). The fused product's time grows by about a third of its
+#: one-row time a row; on the development CPU (AMD EPYC, AVX2, 2 cores, 2026-12-04; a 1536 x 576
+#: matrix out of cache) it took 110 / 175 / 238 / 318 us at 1 / 4 / 6 / 8 rows against 406 / 274 /
+#: 280 / 293 for the row blocks: the blocks win from 7 rows (a 38-token prompt: 1534 against 369 us).
+MAX_FUSED_ROWS = 6
 #: Weights of the bf16 buffer a prompt's product unpacks into, a block of rows at a time (2 MiB).
 CHUNK_WEIGHTS = 1 << 20
 

@@ -48,6 +48,7 @@ from glyd.apps.fit_configs import KNOWN_CONFIGS
 from glyd.apps.fit_gpus import MAX_GPU_BYTES, parse_gpu, parse_size  # noqa: F401 (MAX_GPU_BYTES: fit.MAX_GPU_BYTES)
 from glyd.apps.fit_meta import ModelShape, model_shape
 from glyd.codec import LAYOUTS
+from glyd.hf.memory import weights_bytes
 from glyd.errors import FormatError, GlydError
 from glyd.store._config import QUANT_METHOD, plain_config
 from glyd.store._safetensors import load_json, read_header
@@ -91,7 +92,8 @@ class WeightCount:
     def glyd_bytes(self, layout: str) -> int:
         if self.packed_bytes is not None:
             return self.packed_bytes + self.other_bytes
-        return int(round(self.packable * layout_bits(layout) / 8)) + self.other_bytes
+        layout_bits(layout)  # an unknown layout: fit's own message
+        return weights_bytes(self.packable, self.other_bytes, layout)  # the loader's memory_limit counts the same
 
 
 @dataclass

@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from fractions import Fraction
 
 from glyd.errors import GlydError
+from glyd.hf.memory import read_size
 
 __all__ = ["CARDS", "Card", "Gpu", "parse_gpu", "parse_size"]
 
@@ -79,15 +79,11 @@ def parse_size(text: str) -> int:
     >>> parse_size("16GB"), parse_size("16GiB") == parse_size("16") == 16 * 2**30
     (16000000000, True)
     """
-    m = _SIZE.match(str(text))
-    if not m:
+    size = read_size(text)  # the loader's memory_limit reads sizes the same way (a bare number: GiB here)
+    if size is None:
         names = ", ".join(CARDS)
         raise GlydError(f"--gpu {_short(str(text))}: give a card ({names}) or a memory size with its unit, e.g. 24GB, "
                         "80GiB, 143771MiB (nvidia-smi's total) or 24 (GiB)")
-    unit = (m.group(2) or "gib").lower()
-    power = _SCALE[unit[0]]
-    scale = 1024**power if unit.endswith("ib") else 1000**power
-    size = int(Fraction(m.group(1)) * scale)  # exact: a float of 400 digits is inf
     if size <= 0:
         raise GlydError(f"--gpu {_short(str(text))}: must be positive")
     if size > MAX_GPU_BYTES:

@@ -25,6 +25,7 @@ from typing import Any
 
 from glyd.errors import FormatError
 from glyd.hf.checks import count_fields
+from glyd.hf.memory import count_weights  # the loader's own count (memory_limit)
 from glyd.store._safetensors import short
 
 log = logging.getLogger(__name__)
@@ -125,36 +126,6 @@ def meta_model(config: Any, name: str = "config") -> Any:
         raise FormatError(f"{name}: transformers cannot build a causal LM from this "
                           f"{getattr(config, 'model_type', '?')} config ({_first_line(exc)})") from exc
     return model
-
-
-def count_weights(model: Any) -> tuple[int, int, Counter[str]]:
-    """(parameters, packable elements, elements of unpacked >= 2-D weights by module type) of ``model``.
-
-    A parameter shared by two modules (tied embeddings) counts once, as ``model.parameters()``
-    yields it once; packable is what the packer packs (its own predicates).
-    """
-    from glyd.hf._model import is_packable_embedding, is_packable_linear
-    from glyd.nn.experts import is_packable as packable_experts
-
-    packable_ids = set()
-    owner: dict[int, str] = {}
-    for m in model.modules():
-        if is_packable_linear(m) or is_packable_embedding(m):
-            packable_ids.add(id(m.weight))
-        packable_ids.update(id(m._parameters[n]) for n in packable_experts(m))
-        for p in m._parameters.values():
-            if p is not None:
-                owner.setdefault(id(p), type(m).__name__)
-    params = packable = 0
-    unpacked: Counter[str] = Counter()
-    for p in model.parameters():
-        n = p.numel()
-        params += n
-        if id(p) in packable_ids:
-            packable += n
-        elif p.dim() >= 2:
-            unpacked[owner.get(id(p), "?")] += n
-    return params, packable, unpacked
 
 
 def attention_layers(text: Any, name: str = "config") -> list[AttentionLayer]:

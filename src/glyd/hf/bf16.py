@@ -19,6 +19,7 @@ from glyd.hf._model import note_source
 from glyd.hf.checks import check_counts
 from glyd.hf.classes import build_empty, read_config
 from glyd.hf.convert import Conversions
+from glyd.hf.memory import WeightsCount, check_packed, fit_layout
 from glyd.hf.packer import Packer
 from glyd.hf.placement import AUTO_MAPS, check_covers, device_of, infer_map, normalize_map
 from glyd.store._config import already_quantized, pipeline_hint
@@ -111,9 +112,10 @@ def _check_bf16(path: Path, files: list[Path]) -> dict[Path, list[str]]:
 
 
 def load_bf16(path: Path, cls: type, *, layout: str, merge: bool | None, exact: bool, device: torch.device, progress: bool,
-              hf_kwargs: dict[str, Any], device_map: Any = None) -> nn.Module:
+              hf_kwargs: dict[str, Any], device_map: Any = None, memory_limit: int | None = None) -> nn.Module:
     """The bf16 model in ``path`` built as transformers class ``cls``, packed as it streams in, on
-    ``device`` or as ``device_map`` says (``merge=None``: merged when the model goes to a GPU)."""
+    ``device`` or as ``device_map`` says (``merge=None``: merged when the model goes to a GPU);
+    ``memory_limit`` (bytes): the layout chosen or checked on the empty model (``glyd.hf.memory``)."""
     from accelerate import init_empty_weights
     from transformers import AutoConfig, GenerationConfig
 
@@ -140,6 +142,9 @@ def load_bf16(path: Path, cls: type, *, layout: str, merge: bool | None, exact: 
             raise UnsupportedError(f"{k}={want!r}: a glyd model runs in bfloat16 (its weights are bf16, bit for bit)")
     with init_empty_weights(include_buffers=False):
         model = build_empty(cls, config, **cfg_kw, **hf_kwargs)
+    if memory_limit is not None:  # counted on the empty model: nothing is read or packed yet
+        count = WeightsCount.of(model)
+        layout = fit_layout(count, layout, memory_limit)
     placement = _placement(model, device_map, max_memory)
     devices = {device} if placement is None else set(placement.values())
     if len(devices) == 1:
@@ -153,6 +158,8 @@ def load_bf16(path: Path, cls: type, *, layout: str, merge: bool | None, exact: 
     finally:
         packer.close()
     packer.finish(str(path))
+    if memory_limit is not None:
+        check_packed(packer, count, memory_limit)
     left = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
     if left:
         raise FormatError(f"{path}: the checkpoint lacks tensor(s) the model needs: {', '.join(left[:5])}")

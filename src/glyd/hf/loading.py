@@ -30,6 +30,7 @@ from glyd.hf.bf16 import load_bf16, resolve, subfolder_of
 from glyd.hf.classes import check_model_type, pick_class, read_config
 from glyd.hf.checks import check_folder
 from glyd.hf.integrity import verify_files, verify_model
+from glyd.hf.memory import WeightsCount, check_packed, check_stored, fit_layout, parse_memory
 from glyd.hf.merge import merge_packed, unmerge_packed
 from glyd.hf.packer import Packer
 from glyd.nn.experts import GlydExperts
@@ -59,6 +60,7 @@ def from_pretrained(
     kv: str | None = None,
     progress: bool = True,
     model_class: Any = None,
+    memory_limit: int | str | None = None,
     **hf_kwargs: Any,
 ) -> nn.Module:
     """Load a transformers model with packed weights: a causal LM ready for ``generate()``, an
@@ -69,16 +71,17 @@ def from_pretrained(
     A bf16 model is packed as it streams in, one tensor at a time and on ``device`` (default: the
     GPU when there is one), so neither the host nor the GPU ever holds the whole bf16 model.
 
-    ``layout``: ``"fixed12"``, ``"tiered"`` or ``"auto"`` (chosen per matrix and device).
+    ``layout``: ``"fixed12"``, ``"tiered"``, ``"dense11"`` or ``"auto"`` (chosen per matrix and device).
+    ``memory_limit`` (bytes, ``"40GB"``, ``"40GiB"``): the most the weights may take, counted as ``glyd fit``
+    does (``glyd.hf.memory``); ``"auto"`` then packs the whole model in the fastest layout that fits.
     ``exact=True`` computes every product as bf16 does (unpack, then ``F.linear``): logits equal
     the bf16 model's bit for bit. ``merge`` runs q|k|v and gate|up as one product each (default:
     on for a GPU, off on the CPU). ``verify=True`` re-hashes every weight against the sha256
     recorded when it was packed. ``kv="lossless"`` gives each ``generate`` call glyd's compressed KV cache,
     a static pool of ``kvf12`` pages sized for the call and read by the fused attention (``glyd.kv.generate``);
     ``kv="lossless-tiered"`` a growing cache of the denser ``kvtiered`` pages (``"lossless-dense"``, its old
-    name, still works). Other keyword
-    arguments go to transformers (``attn_implementation=...``, ``trust_remote_code=...``);
-    ``subfolder=`` loads the model in a folder inside ``name_or_path`` (a pipeline's ``text_encoder``).
+    name, still works). Other keyword arguments go to transformers (``attn_implementation=...``,
+    ``trust_remote_code=...``); ``subfolder=`` loads the model in a folder inside ``name_or_path``.
 
     ``model_class``: the transformers class to build, or its name (``AutoModel``,
     ``"AutoModelForSequenceClassification"``, ``BertModel``, ...). Left out: the class config.json's
@@ -93,8 +96,10 @@ def from_pretrained(
     >>> model = glyd.from_pretrained("HuggingFaceTB/SmolLM2-135M-Instruct")  # doctest: +SKIP
     >>> model.generate(**tok("Hello", return_tensors="pt").to(model.device))  # doctest: +SKIP
     >>> encoder = glyd.from_pretrained("path/to/minilm", model_class="AutoModel", exact=True)  # doctest: +SKIP
+    >>> small = glyd.from_pretrained("Qwen/Qwen2.5-7B", memory_limit="14GiB")  # doctest: +SKIP
     """
     check_layout(layout)
+    limit = None if memory_limit is None else parse_memory(memory_limit)
     kv = _kv_arg(kv)
     hf_kwargs = dict(hf_kwargs)
     device_map = hf_kwargs.pop("device_map", None)
@@ -107,7 +112,7 @@ def from_pretrained(
         path = subfolder_of(path, sub)
     if os.path.lexists(path / MANIFEST):  # a glyd folder (CheckpointReader says if glyd.json is not a file)
         model = _load_glyd(path, model_class, device=dev, device_map=device_map, exact=exact, verify=verify,
-                           hf_kwargs=hf_kwargs)
+                           hf_kwargs=hf_kwargs, limit=limit)
         if verify:
             verify_model(model, progress=progress)
             verify_files(path)
@@ -117,7 +122,8 @@ def from_pretrained(
             hf_kwargs.pop(k, None)
         cls = pick_class(model_class, read_config(path))
         model = load_bf16(path, cls, layout=layout, merge=None if merge is None else bool(merge), exact=exact,
-                          device=dev, progress=progress, hf_kwargs=hf_kwargs, device_map=device_map)
+                          device=dev, progress=progress, hf_kwargs=hf_kwargs, device_map=device_map,
+                          memory_limit=limit)
         if verify:
             verify_model(model, progress=progress)
     if kv is not None:
@@ -145,13 +151,15 @@ def _match_merge(model: nn.Module, merge: Any, exact: bool, path: Path) -> None:
 
 
 def _load_glyd(path: Path, model_class: Any, *, device: torch.device, device_map: Any, exact: bool, verify: bool,
-               hf_kwargs: dict[str, Any]) -> nn.Module:
+               hf_kwargs: dict[str, Any], limit: int | None = None) -> nn.Module:
     if not register():
         raise MissingDependencyError(f"{path}: loading a glyd folder needs transformers "
                                      f"(pip install 'glyd-lossless[models]')")
 
     # Before transformers reads the folder: glyd's errors, not its.
     reader = check_folder(path, verify=verify)
+    if limit is not None:
+        check_stored(path, sorted({e["file"] for e in reader.manifest["tensors"].values()}), limit)  # the shards
     config = read_config(path)
     cls = pick_class(model_class, config)
     check_model_type(cls, config, path / CONFIG)
@@ -189,11 +197,12 @@ def _wire_kv(model: nn.Module, code: str) -> None:
 
 
 def compress(model: nn.Module, *, layout: str = "auto", merge: bool | None = None, exact: bool = False,
-             progress: bool = True) -> nn.Module:
+             progress: bool = True, memory_limit: int | str | None = None) -> nn.Module:
     """Pack a loaded bf16 model in place (each weight packed where it lives); returns the model.
 
     Any transformers model (or ``nn.Module``): every ``nn.Linear`` and ``nn.Embedding`` with a 2-D
     weight is packed (``glyd.hf._model``); what is left as it is gets one log line (INFO).
+    ``memory_limit`` chooses or checks the layout as :func:`from_pretrained`'s does, before packing.
 
     >>> import torch, glyd                                                # doctest: +SKIP
     >>> model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16)  # doctest: +SKIP
@@ -201,8 +210,12 @@ def compress(model: nn.Module, *, layout: str = "auto", merge: bool | None = Non
     >>> encoder = glyd.compress(AutoModel.from_pretrained(path, dtype=torch.bfloat16), exact=True)  # doctest: +SKIP
     """
     check_layout(layout)
+    limit = None if memory_limit is None else parse_memory(memory_limit)
     if any(isinstance(m, (GlydLinear, GlydEmbedding, GlydExperts)) for m in model.modules()):
         raise ValueError("this model is already packed by glyd")
+    if limit is not None:
+        count = WeightsCount.of(model)
+        layout = fit_layout(count, layout, limit)
     if merge is None:
         merge = any(p.is_cuda for p in model.parameters())
     packer = Packer(model, layout=layout, merge=bool(merge), exact=exact, device=None)
@@ -215,5 +228,7 @@ def compress(model: nn.Module, *, layout: str = "auto", merge: bool | None = Non
     finally:
         packer.close()
     packer.finish("model")
+    if limit is not None:
+        check_packed(packer, count, limit)
     note_source(model, source_of(model), None)
     return hooks.wire(model)

@@ -1,0 +1,201 @@
+"""The memory a packed model's weights take, counted before any weight is read, and the layout
+chosen for a memory limit (``from_pretrained(..., memory_limit=...)``, ``compress``).
+
+The count is ``glyd fit``'s (``glyd.apps.fit_meta`` uses :func:`count_weights`): the weights the
+packer packs (its own predicates: exact ``nn.Linear`` and ``nn.Embedding`` weights, the fused 3-D
+weights of MoE experts) at the layout's planning bits a weight (``glyd.LAYOUTS[name].bits``:
+fixed12 12.05, dense11 11.25, tiered 10.85), every other parameter (norms, biases, routers) at 2
+bytes (bf16); a tied weight once. It is the weights' memory only: not the KV cache, not activations.
+
+``layout="auto"`` with a limit takes, for the whole model, the first layout of :data:`SPEED_ORDER`
+whose weights fit: the fastest that fits.
+
+>>> from glyd.hf.memory import parse_memory, weights_bytes
+>>> parse_memory("40GB"), parse_memory("40GiB") == 40 * 2**30, parse_memory(1024)
+(40000000000, True, 1024)
+>>> weights_bytes(packable=1000, other_bytes=64, layout="fixed12")  # 1000 x 12.05 / 8 + 64
+1570
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections import Counter
+from dataclasses import dataclass
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from glyd.codec import LAYOUTS
+from glyd.errors import GlydError
+from glyd.hf._model import is_packable_embedding, is_packable_linear
+from glyd.nn.experts import is_packable as packable_experts
+
+log = logging.getLogger(__name__)
+
+__all__ = ["SPEED_ORDER", "WeightsCount", "count_weights", "parse_memory", "read_size", "weights_bytes", "fit_layout",
+           "check_packed", "check_stored"]
+
+#: Layouts from the fastest to the slowest, as measured on the H200 (benchmarks/RESULTS.md and
+#: issue 35): a Qwen2.5-7B decode step at M = 1 takes 0.86-0.94x bf16's time in fixed12, 4.8x in
+#: dense11 (dense11_step.py, 2026-12-03) and 8.6x in tiered (run 97). Smaller is slower, so the
+#: first that fits is the fastest that fits.
+SPEED_ORDER = ("fixed12", "dense11", "tiered")
+#: The largest limit taken (1 EiB): a bound, not a machine.
+MAX_BYTES = 2**60
+_BF16 = 2
+_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([kmgt]i?b)?\s*$", re.IGNORECASE)
+_SCALE = {"k": 1, "m": 2, "g": 3, "t": 4}
+
+
+def read_size(text: str, bare: str | None = "gib") -> int | None:
+    """``text`` (``"40GB"`` = 40 x 10^9 bytes, ``"40GiB"`` = 40 x 2^30, ``"512MiB"``, ...) in bytes;
+    a number without a unit is read as ``bare`` (None: not a size). None when ``text`` is no size
+    (the caller says what it wanted); ``glyd fit --gpu`` reads its sizes with it too.
+
+    >>> read_size("1.5 KiB"), read_size("2"), read_size("2", bare=None), read_size("lots")
+    (1536, 2147483648, None, None)
+    """
+    m = _SIZE.match(str(text))
+    if not m or (m.group(2) is None and bare is None):
+        return None
+    unit = (m.group(2) or bare).lower()
+    power = _SCALE[unit[0]]
+    scale = 1024**power if unit.endswith("ib") else 1000**power
+    return int(Fraction(m.group(1)) * scale)  # exact: a float of 400 digits is inf
+
+
+def parse_memory(value: Any, what: str = "memory_limit") -> int:
+    """A memory limit in bytes: an int (bytes) or a string with its unit (``"40GB"``, ``"40GiB"``)."""
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise GlydError(f"{what}={value!r}: give bytes (an int) or a size with its unit, e.g. '40GB' or '40GiB'")
+    size = value if isinstance(value, int) else read_size(value, bare=None)
+    if size is None:
+        text = value if len(value) <= 40 else value[:37] + "..."
+        raise GlydError(f"{what}={text!r}: give a size with its unit, e.g. '40GB' (40 x 10^9 bytes), '40GiB' "
+                        f"(40 x 2^30) or '512MiB', or an int of bytes")
+    if size <= 0:
+        raise GlydError(f"{what}={value!r}: must be positive")
+    if size > MAX_BYTES:
+        raise GlydError(f"{what}={value!r}: more than any machine holds (at most 2^60 bytes)")
+    return size
+
+
+def count_weights(model: nn.Module) -> tuple[int, int, Counter[str]]:
+    """(parameters, packable elements, elements of unpacked >= 2-D weights by module type) of ``model``
+    (a meta model too: nothing is read).
+
+    A parameter shared by two modules (tied embeddings) counts once, as ``model.parameters()``
+    yields it once; packable is what the packer packs (its own predicates).
+    """
+    packable_ids = set()
+    owner: dict[int, str] = {}
+    for m in model.modules():
+        if is_packable_linear(m) or is_packable_embedding(m):
+            packable_ids.add(id(m.weight))
+        packable_ids.update(id(m._parameters[n]) for n in packable_experts(m))
+        for p in m._parameters.values():
+            if p is not None:
+                owner.setdefault(id(p), type(m).__name__)
+    params = packable = 0
+    unpacked: Counter[str] = Counter()
+    for p in model.parameters():
+        n = p.numel()
+        params += n
+        if id(p) in packable_ids:
+            packable += n
+        elif p.dim() >= 2:
+            unpacked[owner.get(id(p), "?")] += n
+    return params, packable, unpacked
+
+
+def weights_bytes(packable: int, other_bytes: int, layout: str) -> int:
+    """Bytes of the weights: ``packable`` elements at ``layout``'s planning bits, ``other_bytes`` as they are."""
+    bits = LAYOUTS[layout].bits if layout in LAYOUTS else None
+    if bits is None:
+        known = [name for name, lay in LAYOUTS.items() if lay.bits is not None]
+        raise GlydError(f"unknown layout {layout!r}; choose one of {', '.join(known)}")
+    return int(round(packable * bits / 8)) + other_bytes
+
+
+@dataclass(frozen=True)
+class WeightsCount:
+    """A model's weights as the packer will hold them: ``packable`` elements, ``other_bytes`` in bf16."""
+
+    packable: int
+    other_bytes: int
+
+    @classmethod
+    def of(cls, model: nn.Module) -> WeightsCount:
+        params, packable, _ = count_weights(model)
+        return cls(packable, (params - packable) * _BF16)
+
+    def need(self, layout: str) -> int:
+        return weights_bytes(self.packable, self.other_bytes, layout)
+
+
+def human(n: int) -> str:
+    """``n`` bytes in the largest binary unit it reaches (``"15.30 GiB"``, ``"1.50 KiB"``)."""
+    for unit, power in (("TiB", 4), ("GiB", 3), ("MiB", 2), ("KiB", 1)):
+        if n >= 1024**power:
+            return f"{n / 1024**power:.2f} {unit}"
+    return f"{n} bytes"
+
+
+def fit_layout(count: WeightsCount, layout: str, limit: int) -> str:
+    """The layout to pack with under ``limit`` bytes of weights, said in one log line (INFO).
+
+    ``"auto"``: the first of :data:`SPEED_ORDER` (fastest first) whose weights fit; an explicit
+    layout: itself if it fits. Raises ``GlydError`` before anything is packed when nothing fits.
+
+    >>> c = WeightsCount(packable=8 * 2**30, other_bytes=0)          # 8 Gi weights: fixed12 12.05 GiB
+    >>> fit_layout(c, "auto", 12 * 2**30), fit_layout(c, "auto", 13 * 2**30)
+    ('dense11', 'fixed12')
+    """
+    if layout != "auto":
+        need = count.need(layout)
+        if need > limit:
+            fits = [name for name in SPEED_ORDER if name in LAYOUTS and count.need(name) <= limit]
+            hint = f"; {fits[0]} needs {human(count.need(fits[0]))}" if fits else ""
+            raise GlydError(f"layout {layout}: its weights need {human(need)}, memory_limit allows {human(limit)}"
+                            f"{hint} (nothing was packed)")
+        log.info("layout %s: weights %s fit the %s allowed", layout, human(need), human(limit))
+        return layout
+    needs = {name: count.need(name) for name in SPEED_ORDER if name in LAYOUTS and LAYOUTS[name].bits is not None}
+    if not needs:
+        raise GlydError("memory_limit: no registered layout has planning bits to count weights with")
+    too_big: list[str] = []
+    for name, need in needs.items():
+        if need <= limit:
+            why = f"weights {human(need)} fit the {human(limit)} allowed"
+            if too_big:
+                why = f"{'; '.join(too_big)}, {human(limit)} allowed; {name}'s {human(need)} fit"
+            log.info("layout auto: %s (%s)", name, why)
+            return name
+        too_big.append(f"{name} needs {human(need)}")
+    small = min(needs, key=needs.get)
+    raise GlydError(f"memory_limit {human(limit)}: no layout fits the weights; the smallest, {small}, needs "
+                    f"{human(needs[small])} (nothing was packed)")
+
+
+def check_packed(packer: Any, count: WeightsCount, limit: int) -> None:
+    """After packing: warn (the model is loaded) when the packed bytes passed the limit that the
+    planning bits a weight said they would fit (weights far from those the bits were measured on)."""
+    took = packer.packed_bytes + count.other_bytes
+    if took > limit:
+        log.warning("the weights take %s packed, more than the %s memory_limit allows (counted before packing: "
+                    "%s, at %s's planning bits a weight)", human(took), human(limit), human(count.need(packer.layout))
+                    if packer.layout in LAYOUTS else "?", packer.layout)
+
+
+def check_stored(path: Path, files: list[str], limit: int) -> None:
+    """A glyd folder keeps its layout: refuse it, before loading, when its weights as stored (the
+    safetensors files) pass ``limit``."""
+    stored = sum((path / f).stat().st_size for f in files)
+    if stored > limit:
+        raise GlydError(f"{path}: its weights take {human(stored)} as stored, memory_limit allows {human(limit)} "
+                        f"(a glyd folder keeps the layout it was saved with)")
+    log.info("%s: weights %s as stored fit the %s allowed", path, human(stored), human(limit))

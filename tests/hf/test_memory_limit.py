@@ -1,0 +1,213 @@
+"""``memory_limit``: the layout chosen (``layout="auto"``) or checked (an explicit one) before packing,
+counted as ``glyd fit`` counts (glyd.hf.memory); without a limit, ``auto`` chooses per matrix as before."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+import glyd
+from glyd import ops as _ops
+from glyd.errors import GlydError
+from glyd.hf.memory import SPEED_ORDER, WeightsCount, fit_layout, parse_memory
+from glyd.nn import GlydEmbedding, GlydLinear
+
+transformers = pytest.importorskip("transformers")
+from transformers import AutoModelForCausalLM  # noqa: E402
+
+LOG = "glyd.hf.memory"
+
+
+def layouts_of(model) -> set[str]:
+    return {m.packed.layout for m in model.modules() if isinstance(m, (GlydLinear, GlydEmbedding))}
+
+
+def count_of(folder) -> WeightsCount:
+    return WeightsCount.of(AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16))
+
+
+@pytest.fixture
+def packs(monkeypatch):
+    """Every matrix packed (glyd.ops._pack: every packing path of a dense model goes through it)."""
+    calls = []
+    real = _ops._pack
+
+    def spy(w, layout):
+        calls.append(layout)
+        return real(w, layout)
+
+    monkeypatch.setattr(_ops, "_pack", spy)
+    return calls
+
+
+# -- parsing -----------------------------------------------------------------------------------------
+
+
+def test_memory_limit_reads_bytes_and_sizes_with_their_unit():
+    assert parse_memory(123) == 123
+    assert parse_memory("40GB") == 40 * 10**9
+    assert parse_memory("40GiB") == parse_memory("40 gib") == 40 * 2**30
+    assert parse_memory("1.5MiB") == 3 * 2**19
+    assert parse_memory("2TB") == 2 * 10**12
+
+
+@pytest.mark.parametrize("bad,why", [
+    ("40", "with its unit"),  # a bare number is ambiguous (GiB for glyd fit --gpu, bytes as an int)
+    ("lots", "with its unit"),
+    ("40 GBs", "with its unit"),
+    ("-1GB", "with its unit"),
+    ("0GB", "positive"),
+    (0, "positive"),
+    (-5, "positive"),
+    (2**61, "at most 2"),
+    (1.5e9, "an int"),
+    (True, "an int"),
+    (None, "an int"),
+])
+def test_a_bad_memory_limit_gets_one_line(bad, why):
+    with pytest.raises(GlydError, match=why) as e:
+        parse_memory(bad)
+    assert "\n" not in str(e.value) and "memory_limit" in str(e.value)
+
+
+def test_a_long_bad_string_is_cut_in_the_message():
+    with pytest.raises(GlydError) as e:
+        parse_memory("x" * 5000)
+    assert len(str(e.value)) < 300
+
+
+# -- the choice --------------------------------------------------------------------------------------
+
+
+COUNT = WeightsCount(packable=8 * 2**30, other_bytes=3 * 2**20)
+
+
+def test_speed_order_is_every_built_in_layout_and_smaller_is_slower():
+    assert set(SPEED_ORDER) == set(glyd.LAYOUTS)
+    needs = [COUNT.need(name) for name in SPEED_ORDER]
+    assert needs == sorted(needs, reverse=True)
+
+
+@pytest.mark.parametrize("i", range(len(SPEED_ORDER)))
+def test_auto_takes_the_fastest_layout_that_fits(i, caplog):
+    name = SPEED_ORDER[i]
+    need = COUNT.need(name)
+    with caplog.at_level(logging.INFO, logger=LOG):
+        assert fit_layout(COUNT, "auto", need) == name  # exactly its need: it fits
+    line = [r.getMessage() for r in caplog.records if r.name == LOG]
+    assert len(line) == 1 and line[0].startswith(f"layout auto: {name} (")
+    for slower in SPEED_ORDER[:i]:  # why not a faster one: its need is said
+        assert f"{slower} needs {COUNT.need(slower) / 2**30:.2f} GiB" in line[0]
+    if i + 1 < len(SPEED_ORDER):
+        assert fit_layout(COUNT, "auto", need - 1) == SPEED_ORDER[i + 1]  # a byte less: the next one
+
+
+def test_the_log_line_says_the_weights_and_the_limit(caplog):
+    with caplog.at_level(logging.INFO, logger=LOG):
+        fit_layout(COUNT, "auto", 40 * 2**30)
+    assert [r.getMessage() for r in caplog.records if r.name == LOG] == [
+        "layout auto: fixed12 (weights 12.05 GiB fit the 40.00 GiB allowed)"]
+
+
+def test_nothing_fits_names_the_smallest_need_and_the_limit():
+    smallest = min(SPEED_ORDER, key=COUNT.need)
+    with pytest.raises(GlydError, match=rf"memory_limit 10.00 GiB: no layout fits.*{smallest}, needs "
+                       rf"{COUNT.need(smallest) / 2**30:.2f} GiB") as e:
+        fit_layout(COUNT, "auto", 10 * 2**30)
+    assert "\n" not in str(e.value)
+
+
+def test_an_explicit_layout_over_the_limit_is_refused_and_told_what_fits():
+    limit = COUNT.need("dense11")
+    assert fit_layout(COUNT, "dense11", limit) == "dense11"
+    with pytest.raises(GlydError, match=r"layout fixed12: its weights need 12.05 GiB, memory_limit allows "
+                       r".*dense11 needs"):
+        fit_layout(COUNT, "fixed12", limit)
+    with pytest.raises(GlydError, match="layout tiered"):
+        fit_layout(COUNT, "tiered", COUNT.need("tiered") - 1)
+
+
+# -- from_pretrained and compress ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("family", ["qwen2", "llama"])  # untied (and biases), tied embeddings
+def test_the_count_is_glyd_fits(tiny_model_folder, family):
+    from glyd.apps.fit import run_fit
+
+    src = tiny_model_folder(family)
+    count = count_of(src)
+    for name in SPEED_ORDER:
+        e, _ = run_fit(str(src), "80GB", context=16, layout=name)
+        assert e.weights_glyd == count.need(name), name
+
+
+def test_from_pretrained_packs_the_fastest_layout_that_fits(tiny_model_folder, packs, caplog):
+    src = tiny_model_folder("qwen2")
+    count = count_of(src)
+    want = {count.need("fixed12"): "fixed12", count.need("fixed12") - 1: "dense11",
+            count.need("dense11"): "dense11", count.need("dense11") - 1: "tiered", count.need("tiered"): "tiered"}
+    for limit, name in want.items():
+        packs.clear()
+        with caplog.at_level(logging.INFO, logger=LOG):
+            model = glyd.from_pretrained(src, device="cpu", memory_limit=limit, progress=False)
+        assert layouts_of(model) == {name} and set(packs) == {name}, limit
+        assert f"layout auto: {name} (" in caplog.text
+
+
+def test_from_pretrained_refuses_before_packing(tiny_model_folder, packs):
+    src = tiny_model_folder("qwen2")
+    count = count_of(src)
+    with pytest.raises(GlydError, match="no layout fits.*tiered"):
+        glyd.from_pretrained(src, device="cpu", memory_limit=count.need("tiered") - 1, progress=False)
+    with pytest.raises(GlydError, match="layout fixed12: its weights need.*nothing was packed"):
+        glyd.from_pretrained(src, layout="fixed12", device="cpu", memory_limit=count.need("fixed12") - 1,
+                             progress=False)
+    with pytest.raises(GlydError, match="with its unit"):
+        glyd.from_pretrained(src, device="cpu", memory_limit="40", progress=False)
+    assert packs == []
+
+
+def test_from_pretrained_keeps_an_explicit_layout_that_fits(tiny_model_folder):
+    src = tiny_model_folder("qwen2")
+    model = glyd.from_pretrained(src, layout="tiered", device="cpu", memory_limit="1GiB", progress=False)
+    assert layouts_of(model) == {"tiered"}
+
+
+def test_without_a_limit_auto_still_chooses_per_matrix(tiny_model_folder, monkeypatch):
+    src = tiny_model_folder("qwen2")
+    asked = []
+
+    def choose(shape, device=None):  # a GPU table's choice: tiered for the wide matrices only
+        asked.append(tuple(shape))
+        return "tiered" if shape[0] > 64 else "fixed12"
+
+    monkeypatch.setattr(_ops, "choose_layout", choose)
+    model = glyd.from_pretrained(src, device="cpu", progress=False)
+    assert asked and layouts_of(model) == {"tiered", "fixed12"}
+    asked.clear()
+    model = glyd.from_pretrained(src, device="cpu", memory_limit="1GiB", progress=False)
+    assert asked == [] and layouts_of(model) == {"fixed12"}  # a limit: one layout, the fastest that fits
+
+
+def test_compress_takes_a_limit(tiny_model_folder, packs):
+    src = tiny_model_folder("llama")
+    model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.bfloat16)
+    count = WeightsCount.of(model)
+    with pytest.raises(GlydError, match="layout fixed12"):
+        glyd.compress(model, layout="fixed12", memory_limit=count.need("fixed12") - 1, progress=False)
+    assert packs == [] and layouts_of(model) == set()
+    glyd.compress(model, memory_limit=count.need("fixed12") - 1, progress=False)
+    assert layouts_of(model) == {"dense11"}
+
+
+def test_a_glyd_folder_is_checked_as_stored(tiny_model_folder, tmp_path):
+    src = tiny_model_folder("llama")
+    out = tmp_path / "packed"
+    glyd.save_pretrained(glyd.from_pretrained(src, layout="fixed12", device="cpu", progress=False), out)
+    stored = sum(f.stat().st_size for f in out.glob("*.safetensors"))
+    with pytest.raises(GlydError, match="as stored, memory_limit allows.*keeps the layout"):
+        glyd.from_pretrained(out, device="cpu", memory_limit=stored - 1, progress=False)
+    model = glyd.from_pretrained(out, device="cpu", memory_limit=stored, progress=False)
+    assert layouts_of(model) == {"fixed12"}

@@ -41,6 +41,32 @@ def device_arg(text: str) -> str:
     return text
 
 
+def memory_arg(text: str) -> int:
+    """``--memory-limit``: a size with its unit, in bytes, checked while parsing.
+
+    >>> memory_arg("40GiB") == 40 * 2**30
+    True
+    """
+    from glyd.hf.memory import parse_memory
+
+    try:
+        return parse_memory(text, "--memory-limit")
+    except GlydError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+#: ``--memory-limit``'s help (demo, eval, serve).
+MEMORY_HELP = ("the most the packed weights may take (e.g. 40GB = 40 x 10^9 bytes, 40GiB = 40 x 2^30), counted "
+               "before packing as glyd fit counts them (weights only: not the KV cache): with layout auto the whole "
+               "model takes the fastest layout that fits (fixed12, else dense11, else tiered; a log line says which "
+               "and why); a layout that does not fit is refused before packing (default: no limit, auto chooses "
+               "per matrix)")
+
+
+def add_memory_limit(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--memory-limit", type=memory_arg, default=None, metavar="SIZE", help=MEMORY_HELP)
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "demo",
@@ -56,6 +82,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--prompt", default=None, help="prompt to generate from")
     p.add_argument("--max-new-tokens", type=int, default=32, help="tokens to generate (default 32)")
     p.add_argument("--device", default=None, type=device_arg, help="cpu or cuda (default: cuda when available)")
+    add_memory_limit(p)
     p.set_defaults(func=_demo)
 
     p = subparsers.add_parser(
@@ -97,6 +124,7 @@ def add_eval_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default=None, type=device_arg, help="cpu or cuda (default: cuda when available)")
     p.add_argument("--no-merge", dest="merge", action="store_false", help="keep q, k, v and gate, up as separate products")
     p.add_argument("--seed", type=int, default=0, help="seed of --random weights")
+    add_memory_limit(p)
     g = p.add_argument_group("perplexity")
     g.add_argument("--no-ppl", dest="ppl", action="store_false", help="skip perplexity")
     g.add_argument("--text", help="text file (default ../shared/data/text/tinyshakespeare.txt)")
@@ -137,7 +165,7 @@ def eval_config_from_args(args: argparse.Namespace):
         mmlu_per_subject=args.mmlu_per_subject, mmlu_batch=args.mmlu_batch, decode=args.decode,
         decode_batches=tuple(args.decode_batches), decode_context=args.decode_context,
         decode_replays=args.decode_replays, cuda_graphs=args.cuda_graphs, decode_compile=args.decode_compile,
-        decode_kv=args.decode_kv,
+        decode_kv=args.decode_kv, memory_limit=args.memory_limit,
     )
 
 
@@ -196,5 +224,5 @@ def _demo(args: argparse.Namespace) -> int:
     if args.max_new_tokens <= 0:
         raise GlydError("--max-new-tokens must be positive")
     run_demo(model=args.model, layout=args.layout, out=args.out, prompt=args.prompt,
-             max_new_tokens=args.max_new_tokens, device=args.device, echo=print)
+             max_new_tokens=args.max_new_tokens, device=args.device, memory_limit=args.memory_limit, echo=print)
     return 0

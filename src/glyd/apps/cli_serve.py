@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from glyd.apps.cli_models import device_arg
+from glyd.apps.cli_models import add_memory_limit, device_arg
 from glyd.apps.layouts import layout_names
 from glyd.errors import GlydError
 
@@ -22,6 +22,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--name", help="the model name clients send and /v1/models lists (default: MODEL as given)")
     p.add_argument("--layout", default="auto", choices=layout_names(auto=True),
                    help="layout a bf16 folder is packed with as it loads (default auto; a packed folder keeps its own)")
+    add_memory_limit(p)
     p.add_argument("--kv", choices=("lossless", "lossless-tiered", "lossless-dense"), default=None,
                    help="keep the KV cache in glyd's lossless page code: kvf12, or kvtiered with lossless-tiered "
                    "(lossless-dense: its old name); requests then run one at a time")
@@ -53,7 +54,7 @@ def config_from_args(args: argparse.Namespace):
         return ServeConfig(model=args.model, name=args.name, layout=args.layout, kv=args.kv, device=args.device,
                            host=args.host, port=args.port, temperature=args.temperature, top_p=args.top_p,
                            max_tokens=args.max_tokens, block_size=args.block_size, num_blocks=args.num_blocks,
-                           max_batch_tokens=args.max_batch_tokens,
+                           max_batch_tokens=args.max_batch_tokens, memory_limit=args.memory_limit,
                            cuda_graphs={"auto": None, "on": True, "off": False}[args.cuda_graphs])
     except ValueError as exc:
         raise GlydError(f"{exc}") from None

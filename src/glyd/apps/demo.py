@@ -159,10 +159,13 @@ def run_demo(
     prompt: str | None = None,
     max_new_tokens: int = 32,
     device: str | None = None,
+    memory_limit: int | str | None = None,
     echo: Callable[[str], Any] = lambda s: log.info("%s", s),
 ) -> dict[str, Any]:
-    """Pack, save, reload, verify and generate; returns a summary dict (also ``echo``-ed line by line)."""
+    """Pack, save, reload, verify and generate; returns a summary dict (also ``echo``-ed line by line).
+    ``memory_limit``: the most the packed weights may take (``glyd.from_pretrained``'s)."""
     import glyd
+    from glyd.hf.save import model_layout
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     if model is None:
@@ -189,9 +192,11 @@ def run_demo(
     summary: dict[str, Any] = {"model": str(folder), "out": str(dest), "device": device}
     try:
         t = time.perf_counter()
-        packed_model = glyd.from_pretrained(str(folder), layout=layout, device=device)
+        packed_model = glyd.from_pretrained(str(folder), layout=layout, device=device, memory_limit=memory_limit)
         summary["pack_s"] = time.perf_counter() - t
-        echo(f"packed ({layout}) on {device} in {summary['pack_s']:.1f} s")
+        summary["layout"] = model_layout(packed_model)  # "auto": chosen per matrix; else the one layout
+        shown = layout if summary["layout"] == layout else f"{layout}: {summary['layout']}"
+        echo(f"packed ({shown}) on {device} in {summary['pack_s']:.1f} s")
 
         t = time.perf_counter()
         glyd.save_pretrained(packed_model, str(dest))

@@ -48,14 +48,14 @@ def _random_config(spec: str):
 
 
 def build_random(spec: str, device: str, seed: int, *, layout: str | None = None, exact: bool = False,
-                 merge: bool | None = None, progress: bool = False) -> nn.Module:
+                 merge: bool | None = None, progress: bool = False, memory_limit: int | None = None) -> nn.Module:
     """A causal LM with random weights from a config (same ``seed`` and device: same weights), made a
     tensor at a time on ``device`` (``glyd.hf.synthetic``): packed as ``layout`` as each weight is
     made, or plain bf16 (``layout=None``). The whole bf16 model is never held, on the host or the GPU."""
     from glyd.hf.synthetic import random_model
 
     return random_model(_random_config(spec), layout=layout, device=device, merge=merge, exact=exact, seed=seed,
-                        progress=progress)
+                        progress=progress, memory_limit=memory_limit)
 
 
 def weight_bytes(model: nn.Module) -> int:

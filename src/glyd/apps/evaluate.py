@@ -47,6 +47,7 @@ from glyd.apps.eval_mmlu import letter_ids, mmlu_logits, mmlu_prompt, read_mmlu
 from glyd.apps.eval_models import check_model_folder, build_random, merge_bf16, weight_bytes
 from glyd.apps.eval_timing import time_decode, time_decode_compiled
 from glyd.apps.layouts import eval_modes
+from glyd.hf.memory import parse_memory
 from glyd.errors import FormatError, GlydError
 
 log = logging.getLogger(__name__)
@@ -110,6 +111,9 @@ class EvalConfig:
     decode_kv: str = "bf16"
     #: also time the step under ``torch.compile(mode="reduce-overhead")`` (compiles the model: slow)
     decode_compile: bool = False
+    #: the most each Glyd mode's packed weights may take (``glyd.from_pretrained``'s ``memory_limit``):
+    #: ``auto`` takes the fastest layout that fits; a layout mode that does not fit stops before packing
+    memory_limit: int | str | None = None
 
     def __post_init__(self) -> None:
         self.modes = tuple(m for m in self.modes if m != "bf16")
@@ -133,6 +137,8 @@ class EvalConfig:
             raise GlydError("decode_context must be at least 2")
         if self.decode_kv not in ("bf16", "lossless"):
             raise GlydError(f"decode_kv must be bf16 or lossless, got {self.decode_kv!r}")
+        if self.memory_limit is not None:
+            self.memory_limit = parse_memory(self.memory_limit)
         if self.device is None:
             self.device = "cuda" if torch.cuda.is_available() else "cpu"
         if self.random:  # no tokenizer: nothing to read or answer
@@ -264,8 +270,10 @@ def load_glyd(cfg: EvalConfig, mode: str) -> nn.Module:
 
     layout, exact = eval_modes()[mode]
     if cfg.random:  # packed as each random weight is made: the bf16 model is never held whole
-        return build_random(cfg.model, cfg.device, cfg.seed, layout=layout, exact=exact, merge=cfg.merge)
-    model = glyd.from_pretrained(cfg.model, layout=layout, exact=exact, device=cfg.device, merge=cfg.merge, progress=False)
+        return build_random(cfg.model, cfg.device, cfg.seed, layout=layout, exact=exact, merge=cfg.merge,
+                            memory_limit=cfg.memory_limit)
+    model = glyd.from_pretrained(cfg.model, layout=layout, exact=exact, device=cfg.device, merge=cfg.merge, progress=False,
+                                 memory_limit=cfg.memory_limit)
     return model.eval()
 
 

@@ -78,6 +78,7 @@ class ServeConfig:
     max_batch_tokens: int | None = None
     cuda_graphs: bool | None = None
     progress: bool = True
+    memory_limit: int | str | None = None  # the most the packed weights may take (glyd.from_pretrained's)
 
     def __post_init__(self) -> None:
         if not str(self.model):
@@ -106,6 +107,13 @@ class ServeConfig:
                              "with kv (glyd's lossless cache) requests run one at a time and have none")
         if self.name is not None and not self.name.strip():
             raise ValueError("name must not be empty")
+        if self.memory_limit is not None:
+            from glyd.hf.memory import parse_memory
+
+            try:  # said now, not after the server started loading
+                parse_memory(self.memory_limit)
+            except GlydError as exc:
+                raise ValueError(str(exc)) from None
 
     @property
     def served(self) -> str:

@@ -153,7 +153,7 @@ class GlydModels(ModelManager):
         model = self.given[0]
         if model is None:
             model = glyd.from_pretrained(cfg.model, layout=cfg.layout, kv=cfg.kv, device=cfg.device,
-                                         progress=cfg.progress)
+                                         progress=cfg.progress, memory_limit=cfg.memory_limit)
         model.generation_config = server_generation_config(model, cfg)
         return model
 

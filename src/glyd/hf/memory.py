@@ -69,18 +69,21 @@ def read_size(text: str, bare: str | None = "gib") -> int | None:
 
 
 def parse_memory(value: Any, what: str = "memory_limit") -> int:
-    """A memory limit in bytes: an int (bytes) or a string with its unit (``"40GB"``, ``"40GiB"``)."""
+    """A memory limit in bytes: an int (bytes) or a string with its unit (``"40GB"``, ``"40GiB"``);
+    ``what`` names it in errors (``"--memory-limit"``: a command's option, which takes strings only)."""
+    option = what.startswith("--")
+    shown = str(value) if len(str(value)) <= 40 else str(value)[:37] + "..."
+    label = f"{what} {shown}" if option else f"{what}={shown!r}" if isinstance(value, str) else f"{what}={shown}"
     if isinstance(value, bool) or not isinstance(value, (int, str)):
-        raise GlydError(f"{what}={value!r}: give bytes (an int) or a size with its unit, e.g. '40GB' or '40GiB'")
+        raise GlydError(f"{label}: give bytes (an int) or a size with its unit, e.g. '40GB' or '40GiB'")
     size = value if isinstance(value, int) else read_size(value, bare=None)
     if size is None:
-        text = value if len(value) <= 40 else value[:37] + "..."
-        raise GlydError(f"{what}={text!r}: give a size with its unit, e.g. '40GB' (40 x 10^9 bytes), '40GiB' "
-                        f"(40 x 2^30) or '512MiB', or an int of bytes")
+        raise GlydError(f"{label}: give a size with its unit, e.g. 40GB (40 x 10^9 bytes), 40GiB (40 x 2^30) or "
+                        f"512MiB{'' if option else ', or an int of bytes'}")
     if size <= 0:
-        raise GlydError(f"{what}={value!r}: must be positive")
+        raise GlydError(f"{label}: must be positive")
     if size > MAX_BYTES:
-        raise GlydError(f"{what}={value!r}: more than any machine holds (at most 2^60 bytes)")
+        raise GlydError(f"{label}: more than any machine holds (at most 2^60 bytes)")
     return size
 
 

@@ -33,6 +33,7 @@ from glyd.errors import FormatError
 from glyd.hf import hooks
 from glyd.hf._model import check_layout, note_source, pick_device
 from glyd.hf.classes import build_empty
+from glyd.hf.memory import WeightsCount, fit_layout, parse_memory
 from glyd.hf.packer import Packer
 
 log = logging.getLogger(__name__)
@@ -146,13 +147,14 @@ def _make(model: nn.Module, order: list[tuple[str, nn.Parameter]], packer: Packe
 
 def random_model(config: Any, *, layout: str | None = None, device: str | torch.device | None = None,
                  merge: bool | None = None, exact: bool = False, seed: int = 0, std: float | None = None,
-                 model_class: Any = None, progress: bool = True) -> nn.Module:
+                 model_class: Any = None, progress: bool = True, memory_limit: int | str | None = None) -> nn.Module:
     """A model of transformers ``config`` with random weights, made a tensor at a time on ``device``.
 
     ``layout`` (``"fixed12"``, ``"tiered"``, ``"auto"``): every weight glyd packs is packed as it is
     made (``merge``: q|k|v and gate|up as one product each; default on for a GPU); ``None``: the
     plain bf16 model. ``std``: of the random matrices (default the config's ``initializer_range``,
     else 0.02). ``model_class``: the transformers class (default ``AutoModelForCausalLM``).
+    ``memory_limit``: the layout chosen or checked as ``glyd.from_pretrained``'s (``glyd.hf.memory``).
     Tensors are not hashed (a saved model hashes its weights then). See the module docstring.
 
     >>> from transformers import LlamaConfig
@@ -167,6 +169,8 @@ def random_model(config: Any, *, layout: str | None = None, device: str | torch.
     dev = pick_device(device)
     t0 = time.perf_counter()
     model = _meta_model(config, model_class)
+    if layout is not None and memory_limit is not None:  # nothing made or packed yet
+        layout = fit_layout(WeightsCount.of(model), layout, parse_memory(memory_limit))
     std = _std_of(config) if std is None else float(std)
     order = build_order(model)
     total = sum(p.numel() for _, p in model.named_parameters())

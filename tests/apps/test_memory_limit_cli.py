@@ -1,0 +1,102 @@
+"""``--memory-limit`` where a command loads a model (demo, eval, serve): parsed on the command line,
+passed to ``glyd.from_pretrained`` (or the random model of ``eval --random``), the layout said."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+import torch
+
+from glyd.apps.fit import run_fit
+from glyd.cli import build_parser, main
+
+transformers = pytest.importorskip("transformers")
+
+RANDOM_CFG = dict(model_type="qwen2", hidden_size=64, intermediate_size=96, num_hidden_layers=1,
+                  num_attention_heads=4, num_key_value_heads=2, vocab_size=128, tie_word_embeddings=False)
+
+
+def _parse(*argv: str):
+    return build_parser().parse_args(list(argv))
+
+
+@pytest.mark.parametrize("argv", [("demo",), ("eval", "m"), ("serve", "m")])
+def test_commands_that_load_take_a_memory_limit(argv, capsys):
+    assert _parse(*argv, "--memory-limit", "40GiB").memory_limit == 40 * 2**30
+    assert _parse(*argv, "--memory-limit", "1.5 GB").memory_limit == 1_500_000_000
+    assert _parse(*argv).memory_limit is None
+    with pytest.raises(SystemExit):
+        _parse(*argv, "--memory-limit", "40")  # no unit: GB or GiB is not guessed
+    err = capsys.readouterr().err
+    assert "--memory-limit 40: give a size with its unit" in err and "int of bytes" not in err
+
+
+def test_the_help_says_what_the_limit_does(capsys):
+    with pytest.raises(SystemExit):
+        _parse("demo", "--help")
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--memory-limit SIZE" in text and "fastest layout that fits" in text
+
+
+def test_serve_config_checks_the_limit_before_loading():
+    from glyd.apps.serve import ServeConfig
+
+    assert ServeConfig("m", memory_limit="2GiB").memory_limit == "2GiB"
+    with pytest.raises(ValueError, match="memory_limit='lots'"):
+        ServeConfig("m", memory_limit="lots")
+
+
+@pytest.fixture
+def random_config(tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(RANDOM_CFG))
+    return path
+
+
+def _need(config, layout: str) -> int:
+    return run_fit(str(config), "80GB", context=16, layout=layout)[0].weights_glyd  # glyd fit's weights
+
+
+def test_eval_random_auto_takes_the_layout_that_fits(random_config, tmp_path, caplog):
+    out = tmp_path / "report.json"
+    limit = _need(random_config, "fixed12") - 1
+    argv = ["eval", str(random_config), "--random", "--modes", "auto", "--device", "cpu", "--no-decode",
+            "--memory-limit", f"{limit / 1000:.3f}KB", "--json-out", str(out)]
+    with caplog.at_level(logging.INFO, logger="glyd.hf.memory"):
+        assert main(argv) == 0
+    assert "layout auto: dense11 (fixed12 needs" in caplog.text
+    rep = json.loads(out.read_text())
+    assert [r["mode"] for r in rep["results"]] == ["bf16", "auto"]
+
+
+def test_eval_refuses_a_layout_mode_over_the_limit(random_config, capsys):
+    limit = _need(random_config, "fixed12") - 1
+    argv = ["eval", str(random_config), "--random", "--modes", "fixed12", "--device", "cpu", "--no-decode",
+            "--memory-limit", f"{limit / 1000:.3f}KB"]
+    assert main(argv) == 1
+    assert "layout fixed12: its weights need" in capsys.readouterr().err
+
+
+def test_demo_says_the_layout_auto_chose(tmp_path, capsys):
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+
+    folder = tmp_path / "model"
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.train_from_iterator(["the sea is wide and deep"] * 4, trainers.BpeTrainer(
+        vocab_size=270, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), special_tokens=["<s>", "</s>"]))
+    tok = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="</s>")
+    cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4,
+                                   num_key_value_heads=2, vocab_size=len(tok), tie_word_embeddings=False,
+                                   bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                                   pad_token_id=tok.pad_token_id)
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).save_pretrained(folder)
+    tok.save_pretrained(folder)
+    limit = _need(folder, "dense11") - 1
+    assert main(["demo", "--model", str(folder), "--max-new-tokens", "2", "--device", "cpu",
+                 "--memory-limit", f"{limit / 1000:.3f}KB"]) == 0
+    assert "packed (auto: tiered) on cpu" in capsys.readouterr().out

@@ -39,10 +39,10 @@ log = logging.getLogger(__name__)
 __all__ = ["SPEED_ORDER", "WeightsCount", "count_weights", "parse_memory", "read_size", "weights_bytes", "fit_layout",
            "check_packed", "check_stored"]
 
-#: Layouts from the fastest to the slowest, as measured on the H200 (benchmarks/RESULTS.md and
-#: issue 35): a Qwen2.5-7B decode step at M = 1 takes 0.86-0.94x bf16's time in fixed12, 4.8x in
-#: dense11 (dense11_step.py, 2026-12-03) and 8.6x in tiered (run 97). Smaller is slower, so the
-#: first that fits is the fastest that fits.
+#: Layouts from the fastest to the slowest, as their decode was measured on the H200 at M = 1
+#: (Qwen2.5-7B shape; benchmarks/RESULTS.md, issue 35): the step's linears take 0.86x bf16's time in
+#: fixed12, 4.80x in dense11 (dense11_step.py, 2026-12-03) and 8.59x in tiered (run 97). Smaller
+#: is slower, so the first that fits is the fastest that fits.
 SPEED_ORDER = ("fixed12", "dense11", "tiered")
 #: The largest limit taken (1 EiB): a bound, not a machine.
 MAX_BYTES = 2**60

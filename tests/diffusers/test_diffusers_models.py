@@ -281,3 +281,19 @@ def test_a_pipeline_folder_without_subfolder_says_to_pass_one(tmp_path):
         with pytest.raises(FormatError, match=r"a diffusers pipeline folder \(model_index\.json\): pass "
                                               r"subfolder= \(transformer, vae\)"):
             load(tmp_path / "pipe", device="cpu", progress=False)
+
+
+def test_memory_limit_chooses_the_layout_of_a_diffusers_model(tmp_path):
+    from glyd.errors import GlydError
+    from glyd.hf.memory import WeightsCount
+
+    ref = tiny_flux()
+    ref.save_pretrained(tmp_path / "bf16")
+    count = WeightsCount.of(ref)
+    limit = count.need("fixed12") - 1
+    model = glyd.from_pretrained(tmp_path / "bf16", device="cpu", progress=False, memory_limit=limit)
+    assert {model.get_submodule(n).packed.layout for n in linears(ref)} == {"dense11"}
+    with pytest.raises(GlydError, match="layout fixed12: its weights need"):
+        glyd.from_pretrained(tmp_path / "bf16", layout="fixed12", device="cpu", progress=False, memory_limit=limit)
+    glyd.compress(ref, memory_limit=count.need("dense11") - 1, progress=False)
+    assert {ref.get_submodule(n).packed.layout for n in linears(tiny_flux())} == {"tiered"}

@@ -27,6 +27,7 @@ from glyd.hf._model import check_layout, note_source, pick_device, set_tensor
 from glyd.hf.checks import check_folder
 from glyd.hf.integrity import verify_files, verify_model
 from glyd.hf.loading import compress as _compress_any
+from glyd.hf.memory import WeightsCount, check_packed, check_stored, fit_layout, parse_memory
 from glyd.hf.packer import Packer
 from glyd.hf.skeleton import finish_skeleton, prepare_skeleton
 from glyd.nn.modules import set_exact
@@ -50,13 +51,14 @@ def _diffusers() -> Any:
     return diffusers
 
 
-def compress(model: nn.Module, *, layout: str = "auto", exact: bool = False, progress: bool = True) -> nn.Module:
+def compress(model: nn.Module, *, layout: str = "auto", exact: bool = False, progress: bool = True,
+             memory_limit: int | str | None = None) -> nn.Module:
     """Pack a loaded bf16 diffusers model in place; returns the model, ready for its pipeline.
 
     Every ``nn.Linear`` / ``nn.Embedding`` is packed; the rest (norms, convolutions) is left as it is
     (one INFO line says what). ``exact=True``: every product as bf16 computes it, so a pipeline's
     image equals bf16's bit for bit for the same seed. ``model.save_pretrained(dir)`` then writes a
-    glyd folder in diffusers' layout.
+    glyd folder in diffusers' layout. ``memory_limit``: as ``glyd.hf.compress``'s (``glyd.hf.memory``).
 
     >>> import torch, glyd                                                   # doctest: +SKIP
     >>> pipe = FluxPipeline.from_pretrained(path, torch_dtype=torch.bfloat16)  # doctest: +SKIP
@@ -66,13 +68,14 @@ def compress(model: nn.Module, *, layout: str = "auto", exact: bool = False, pro
     if not is_diffusers_model(model):
         raise TypeError(f"glyd.diffusers.compress takes a diffusers model (ModelMixin), got {type(model).__name__}")
     # No merging: diffusers names its projections to_q/to_k/to_v, which glyd does not merge.
-    _compress_any(model, layout=layout, merge=False, exact=exact, progress=progress)
+    _compress_any(model, layout=layout, merge=False, exact=exact, progress=progress, memory_limit=memory_limit)
     return wire(model)
 
 
 def from_pretrained(name_or_path: str | os.PathLike, *, subfolder: str | None = None, model_class: Any = None,
                     layout: str = "auto", exact: bool = False, verify: bool = False,
-                    device: str | torch.device | None = None, progress: bool = True, **hub_kwargs: Any) -> nn.Module:
+                    device: str | torch.device | None = None, progress: bool = True,
+                    memory_limit: int | str | None = None, **hub_kwargs: Any) -> nn.Module:
     """Load a diffusers model with packed weights, for use in its pipeline unchanged.
 
     ``name_or_path``: a glyd folder in diffusers' layout (:func:`glyd.diffusers.save_pretrained`;
@@ -80,7 +83,8 @@ def from_pretrained(name_or_path: str | os.PathLike, *, subfolder: str | None = 
     or a pipeline folder (or Hub id) with ``subfolder="transformer"``. ``model_class``: the diffusers
     class or its name (default: config.json's ``_class_name``). ``exact=True`` computes every
     product as bf16 does; ``verify=True`` re-hashes every weight. ``device``: default the GPU if any.
-    ``revision=``, ``token=``, ``cache_dir=`` are for fetching a Hub id.
+    ``revision=``, ``token=``, ``cache_dir=`` are for fetching a Hub id. ``memory_limit``: the layout
+    chosen or checked before packing, as ``glyd.hf.from_pretrained``'s (``glyd.hf.memory``).
 
     >>> import glyd, diffusers                                             # doctest: +SKIP
     >>> transformer = glyd.from_pretrained("flux-glyd", subfolder="transformer", exact=True)  # doctest: +SKIP
@@ -88,6 +92,7 @@ def from_pretrained(name_or_path: str | os.PathLike, *, subfolder: str | None = 
     """
     _diffusers()
     check_layout(layout)
+    limit = None if memory_limit is None else parse_memory(memory_limit)
     bad = sorted(set(hub_kwargs) - set(HUB_KWARGS))
     if bad:
         raise TypeError(f"from_pretrained got unexpected keyword argument(s) {', '.join(bad)} for a diffusers model")
@@ -98,9 +103,9 @@ def from_pretrained(name_or_path: str | os.PathLike, *, subfolder: str | None = 
         raise FormatError(f"{path}: no readable config.json: not a diffusers model folder{pipeline_hint(path)}")
     cls = pick_class(model_class, config, path)
     if (path / MANIFEST).is_file():
-        model = _load_glyd(path, cls, dev, exact=exact, verify=verify)
+        model = _load_glyd(path, cls, dev, exact=exact, verify=verify, limit=limit)
     else:
-        model = _load_bf16(path, cls, config, dev, layout=layout, exact=exact, progress=progress)
+        model = _load_bf16(path, cls, config, dev, layout=layout, exact=exact, progress=progress, limit=limit)
     if verify:
         verify_model(model, progress=progress)
         if (path / MANIFEST).is_file():
@@ -170,7 +175,8 @@ def _finish(model: nn.Module, device: torch.device, path: Path) -> nn.Module:
     return model.to(device)
 
 
-def _load_glyd(path: Path, cls: type, device: torch.device, *, exact: bool, verify: bool) -> nn.Module:
+def _load_glyd(path: Path, cls: type, device: torch.device, *, exact: bool, verify: bool,
+               limit: int | None = None) -> nn.Module:
     """A glyd folder: the model on the meta device, packed modules of the stored shapes, filled."""
     from safetensors import safe_open
 
@@ -179,6 +185,8 @@ def _load_glyd(path: Path, cls: type, device: torch.device, *, exact: bool, veri
     model = _build_empty(cls, config, path)
     manifest = prepare_skeleton(model, path, exact=exact)
     files = sorted({e["file"] for e in manifest["tensors"].values()})
+    if limit is not None:
+        check_stored(path, files, limit)
     for f in files:
         with safe_open(str(path / f), framework="pt", device=str(device)) as st:
             for key in read_header(path / f).keys_in_file_order():
@@ -195,8 +203,9 @@ def _load_glyd(path: Path, cls: type, device: torch.device, *, exact: bool, veri
 
 
 def _load_bf16(path: Path, cls: type, config: dict[str, Any], device: torch.device, *, layout: str, exact: bool,
-               progress: bool) -> nn.Module:
-    """A bf16 diffusers folder: each weight packed on ``device`` as it streams in."""
+               progress: bool, limit: int | None = None) -> nn.Module:
+    """A bf16 diffusers folder: each weight packed on ``device`` as it streams in (the layout chosen or
+    checked for ``limit`` bytes first)."""
     from glyd.hf.bf16 import _stream
 
     q = config.get("quantization_config")
@@ -206,12 +215,17 @@ def _load_bf16(path: Path, cls: type, config: dict[str, Any], device: torch.devi
     files = _bf16_files(path)
     keys = {f: read_header(f).keys_in_file_order() for f in files}
     model = _build_empty(cls, config, path)
+    if limit is not None:
+        count = WeightsCount.of(model)
+        layout = fit_layout(count, layout, limit)
     packer = Packer(model, layout=layout, merge=False, exact=exact, device=device)
     try:
         _stream(path, keys, model, packer, progress)
     finally:
         packer.close()
     packer.finish(str(path))
+    if limit is not None:
+        check_packed(packer, count, limit)
     model = _finish(model, device, path)
     note_source(model, path, None)
     return model

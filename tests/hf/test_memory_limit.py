@@ -211,3 +211,16 @@ def test_a_glyd_folder_is_checked_as_stored(tiny_model_folder, tmp_path):
         glyd.from_pretrained(out, device="cpu", memory_limit=stored - 1, progress=False)
     model = glyd.from_pretrained(out, device="cpu", memory_limit=stored, progress=False)
     assert layouts_of(model) == {"fixed12"}
+
+
+def test_packed_bytes_past_the_limit_are_warned(tiny_model_folder, caplog):
+    # Tiny matrices take more than the planning bits (per-row and per-block overheads): the count
+    # said fixed12 fits exactly, the packed model passes it, and a WARNING says so after packing.
+    src = tiny_model_folder("qwen2")
+    count = count_of(src)
+    with caplog.at_level(logging.INFO, logger=LOG):
+        model = glyd.from_pretrained(src, device="cpu", memory_limit=count.need("fixed12"), progress=False)
+    packed = sum(m.packed.nbytes for m in model.modules() if isinstance(m, (GlydLinear, GlydEmbedding)))
+    assert packed + count.other_bytes > count.need("fixed12")
+    warned = [r.getMessage() for r in caplog.records if r.name == LOG and r.levelno == logging.WARNING]
+    assert len(warned) == 1 and "more than the" in warned[0] and "memory_limit allows" in warned[0]

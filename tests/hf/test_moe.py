@@ -16,7 +16,7 @@ from safetensors.torch import save_file
 
 import glyd
 from glyd.errors import CorruptError, FormatError
-from glyd.nn import GlydExperts, GlydLinear, set_exact
+from glyd.nn import GlydEmbedding, GlydExperts, GlydLinear, set_exact
 from glyd.store import CheckpointReader, key_for, unpack_folder
 from glyd.store._safetensors import read_header
 
@@ -142,6 +142,19 @@ def test_compress_packs_the_experts_of_a_loaded_model(folders, refs):
     assert len(_experts(model)) == 2
     assert glyd.verify(model, progress=False)["packed"] == 2 * (4 + 2) + 2  # attention, experts; embed, lm_head
     assert torch.equal(bits(_logits(model, _ids())), bits(_logits(refs["qwen3_moe"], _ids())))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_memory_limit_counts_the_experts_as_glyd_fit_does(folders, refs, family):
+    from glyd.apps.fit import run_fit
+    from glyd.hf.memory import WeightsCount
+
+    count = WeightsCount.of(refs[family])
+    assert count.need("fixed12") == run_fit(str(folders[family]), "80GB", context=16, layout="fixed12")[0].weights_glyd
+    model = glyd.from_pretrained(folders[family], device="cpu", progress=False, memory_limit=count.need("fixed12") - 1)
+    assert {e.layout for e in _experts(model)} == {"dense11"}
+    packed = {m.packed.layout for m in model.modules() if isinstance(m, (GlydLinear, GlydEmbedding))}
+    assert packed == {"dense11"}
 
 
 def _flip(shard: Path, key: str, byte: int = 3) -> None:

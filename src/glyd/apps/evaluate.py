@@ -47,8 +47,8 @@ from glyd.apps.eval_mmlu import letter_ids, mmlu_logits, mmlu_prompt, read_mmlu
 from glyd.apps.eval_models import check_model_folder, build_random, merge_bf16, weight_bytes
 from glyd.apps.eval_timing import time_decode, time_decode_compiled
 from glyd.apps.layouts import eval_modes
-from glyd.hf.memory import parse_memory
 from glyd.errors import FormatError, GlydError
+from glyd.hf.memory import parse_memory
 
 log = logging.getLogger(__name__)
 

@@ -48,8 +48,8 @@ from glyd.apps.fit_configs import KNOWN_CONFIGS
 from glyd.apps.fit_gpus import MAX_GPU_BYTES, parse_gpu, parse_size  # noqa: F401 (MAX_GPU_BYTES: fit.MAX_GPU_BYTES)
 from glyd.apps.fit_meta import ModelShape, model_shape
 from glyd.codec import LAYOUTS
-from glyd.hf.memory import weights_bytes
 from glyd.errors import FormatError, GlydError
+from glyd.hf.memory import weights_bytes
 from glyd.store._config import QUANT_METHOD, plain_config
 from glyd.store._safetensors import load_json, read_header
 

@@ -50,6 +50,11 @@ NOT_FIGURES: dict[str, dict[str, str]] = {
         "5.24": "a version (transformers 5.24.0)",
         "1,000": "ImageNet's class count in the ViT model names, a definition",
         "805": "a size by arithmetic, no measurement: the grouped experts' scratch, 128 x 1536 x 2048 x 2 bytes (MB)",
+        "9.00": "an example memory_limit (9 GiB) in the memory_limit section's log lines",
+        "10.00": "an example memory_limit (10 GiB) in the memory_limit section's log lines",
+        "40.00": "an example memory_limit (40 GiB) in the memory_limit section's log lines",
+        "9.62": "a size by arithmetic (glyd fit's count of Qwen2.5-7B in tiered at 10.85 bits), no measurement",
+        "10.68": "a size by arithmetic (glyd fit's count of Qwen2.5-7B in fixed12 at 12.05 bits), no measurement",
     },
     "docs/serving.md": {
         "5.24": "a version (transformers 5.24)",

@@ -101,3 +101,90 @@ def test_demo_says_the_layout_auto_chose(tmp_path, capsys):
                  "--memory-limit", f"{limit / 1000:.3f}KB"]) == 0
     out = capsys.readouterr().out
     assert "packed (auto: dense11) on cpu" in out and "bit-exact: all" in out
+
+
+@pytest.fixture(scope="module")
+def chat_folder(tmp_path_factory):
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from serve_model import build_chat_model
+
+    return build_chat_model(tmp_path_factory.mktemp("pack-limit") / "bf16")
+
+
+def _folder_need(folder, layout: str) -> int:
+    """The source's weights at ``layout``'s planning bits, counted here from the tensors themselves."""
+    from safetensors import safe_open
+
+    from glyd.hf.memory import weights_bytes
+
+    packable = other = 0
+    for f in folder.glob("*.safetensors"):
+        with safe_open(str(f), "pt") as h:
+            for name in h.keys():
+                t = h.get_tensor(name)
+                if t.dtype == torch.bfloat16 and t.dim() == 2:
+                    packable += t.numel()
+                else:
+                    other += t.numel() * t.element_size()
+    return weights_bytes(packable, other, layout)
+
+
+def _packed_layouts(dst) -> set[str]:
+    from glyd.store.checkpoint import CheckpointReader
+
+    r = CheckpointReader(dst)
+    return {r.entry(n).get("layout") for n in r.names() if r.entry(n).get("layout")}
+
+
+def test_pack_takes_a_memory_limit(capsys):
+    assert _parse("pack", "s", "d", "--memory-limit", "12GiB").memory_limit == 12 * 2**30
+    assert _parse("pack", "s", "d").memory_limit is None
+    with pytest.raises(SystemExit):
+        _parse("pack", "s", "d", "--memory-limit", "12")
+    assert "--memory-limit 12: give a size with its unit" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("below, chosen", [("fixed12", "dense11"), ("dense11", "tiered")])
+def test_pack_auto_takes_the_fastest_layout_that_fits(chat_folder, tmp_path, caplog, below, chosen):
+    limit = _folder_need(chat_folder, below) - 1
+    dst = tmp_path / "packed"
+    with caplog.at_level(logging.INFO):
+        assert main(["-q", "pack", str(chat_folder), str(dst), "--layout", "auto",
+                     "--memory-limit", f"{limit / 1000:.3f}KB"]) == 0
+    said = next(line for line in caplog.text.splitlines() if "layout auto:" in line)
+    assert f"layout auto: {chosen} (fixed12 needs" in said and f"{below} needs" in said
+    assert _packed_layouts(dst) == {chosen}
+    assert json.loads((dst / "config.json").read_text())["quantization_config"]["layout"] == chosen
+
+
+def test_pack_auto_with_room_for_fixed12_packs_fixed12(chat_folder, tmp_path):
+    dst = tmp_path / "packed"
+    assert main(["-q", "pack", str(chat_folder), str(dst), "--layout", "auto", "--memory-limit", "1GB"]) == 0
+    assert _packed_layouts(dst) == {"fixed12"}
+
+
+@pytest.mark.parametrize("layout, limit_of, says", [
+    ("fixed12", "fixed12", "layout fixed12: its weights need"),
+    ("auto", "tiered", "no layout fits the weights; the smallest, tiered, needs"),
+])
+def test_pack_over_the_limit_is_refused_before_writing(chat_folder, tmp_path, capsys, layout, limit_of, says):
+    limit = _folder_need(chat_folder, limit_of) - 1000
+    dst = tmp_path / "packed"
+    assert main(["pack", str(chat_folder), str(dst), "--layout", layout,
+                 "--memory-limit", f"{limit / 1000:.3f}KB"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert says in err and "(nothing was packed)" in err and "\n" not in err
+    assert not dst.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_pack_warns_when_the_stored_weights_pass_the_limit(chat_folder, tmp_path, caplog):
+    # a toy model's per-matrix arrays and headers weigh more than the planning bits count: said, not hidden
+    dst = tmp_path / "packed"
+    limit = _folder_need(chat_folder, "fixed12")
+    with caplog.at_level(logging.WARNING):
+        assert main(["-q", "pack", str(chat_folder), str(dst), "--memory-limit", f"{limit / 1000:.3f}KB"]) == 0
+    stored = sum(f.stat().st_size for f in dst.glob("*.safetensors"))
+    assert stored > limit and "more than the" in caplog.text and "--memory-limit allows" in caplog.text

@@ -1,6 +1,6 @@
 """``glyd pack | unpack | verify | info``: packed checkpoints from the command line.
 
-    glyd pack MODEL_DIR PACKED_DIR [--layout fixed12|tiered|auto]
+    glyd pack MODEL_DIR PACKED_DIR [--layout fixed12|dense11|tiered|auto] [--memory-limit SIZE]
     glyd verify PACKED_DIR
     glyd info PACKED_DIR [--totals]
     glyd unpack PACKED_DIR OUT_DIR
@@ -12,15 +12,26 @@ from __future__ import annotations
 
 import argparse
 import functools
+import logging
 import os
 import time
 from pathlib import Path
 
+from glyd.apps.cli_models import memory_arg
 from glyd.apps.layouts import layout_help, layout_names
 from glyd.errors import GlydError
 from glyd.store import folder
 from glyd.store._atomic import is_glyd_temporary
 from glyd.store.checkpoint import CheckpointReader
+
+log = logging.getLogger(__name__)
+
+
+#: ``glyd pack --memory-limit``'s help.
+PACK_MEMORY_HELP = ("the most the packed weights may take on disk and in memory (e.g. 40GB = 40 x 10^9 bytes, 40GiB "
+                    "= 40 x 2^30), counted from the source's headers before anything is written: with layout auto "
+                    "the whole model takes the fastest layout that fits (fixed12, else dense11, else tiered; a log "
+                    "line says which and why); a layout that does not fit is refused (default: no limit)")
 
 
 def _progress(args: argparse.Namespace) -> bool:
@@ -60,10 +71,35 @@ def _choose():
     return lambda shape: choose_layout(shape, torch.device("cuda"))
 
 
+def _limit_layout(args: argparse.Namespace) -> str:
+    """The layout ``--memory-limit`` allows, chosen (auto: the fastest that fits) or checked from the
+    source's headers before anything is written: its 2-D bf16 tensors packed at the layout's planning
+    bits, every other tensor at its stored bytes (``glyd.hf.memory``, as ``from_pretrained`` counts)."""
+    from glyd.hf.memory import WeightsCount, fit_layout
+    from glyd.store._source import source_shards
+
+    _, headers, _ = source_shards(Path(args.src))
+    packable = other = 0
+    for h in headers.values():
+        for info in h.tensors.values():
+            if info.dtype == "bfloat16" and len(info.shape) == 2:
+                packable += info.shape[0] * info.shape[1]
+            else:
+                other += info.end - info.begin
+    return fit_layout(WeightsCount(packable, other), args.layout, args.memory_limit)
+
+
 def _pack(args: argparse.Namespace) -> int:
-    summary = folder.pack_folder(args.src, args.dst, layout=args.layout, progress=_progress(args),
-                                 choose=_choose() if args.layout == "auto" else None)
+    layout = args.layout if args.memory_limit is None else _limit_layout(args)
+    summary = folder.pack_folder(args.src, args.dst, layout=layout, progress=_progress(args),
+                                 choose=_choose() if layout == "auto" else None)
     print(summary)  # its "kept unpacked" rows list the tensors left as they are, once
+    if args.memory_limit is not None and summary.dst_bytes > args.memory_limit:
+        from glyd.hf.memory import human
+
+        log.warning("%s: the weights take %s as stored, more than the %s --memory-limit allows (counted before "
+                    "packing at %s's planning bits a weight)", args.dst, human(summary.dst_bytes),
+                    human(args.memory_limit), layout)
     return 0
 
 
@@ -140,6 +176,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default="fixed12",
         help=layout_help(auto=True, default="fixed12"),
     )
+    p.add_argument("--memory-limit", type=memory_arg, default=None, metavar="SIZE", help=PACK_MEMORY_HELP)
     p.set_defaults(func=_os_errors(_pack))
 
     p = subparsers.add_parser("unpack", help="write the original bf16 safetensors folder back, bit for bit")

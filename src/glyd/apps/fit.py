@@ -85,6 +85,7 @@ class WeightCount:
     other_bytes: int = 0  # 1-D tensors (norms, biases) and anything not packed, in bytes as bf16
     packed_bytes: int | None = None  # a Glyd folder: the packed arrays' bytes as stored
     source: str = "config"
+    rows: tuple[tuple[int, int], ...] = ()  # (K, rows) of the packed matrices (the config's model): K is padded
 
     def bf16_bytes(self) -> int:
         return self.packable * _BF16 + self.other_bytes
@@ -93,7 +94,7 @@ class WeightCount:
         if self.packed_bytes is not None:
             return self.packed_bytes + self.other_bytes
         layout_bits(layout)  # an unknown layout: fit's own message
-        return weights_bytes(self.packable, self.other_bytes, layout)  # the loader's memory_limit counts the same
+        return weights_bytes(self.packable, self.other_bytes, layout, self.rows)  # the loader's memory_limit counts the same
 
 
 @dataclass
@@ -202,7 +203,8 @@ def _cached_hub_config(repo_id: str) -> Path:
 
 def count_from_shape(shape: ModelShape) -> WeightCount:
     """The weights of the model built on the meta device: packed ones and the rest in bf16."""
-    return WeightCount(packable=shape.packable, other_bytes=shape.other * _BF16, source="config (built on the meta device)")
+    return WeightCount(packable=shape.packable, other_bytes=shape.other * _BF16, source="config (built on the meta device)",
+                       rows=shape.packable_rows)
 
 
 #: Float dtypes of a safetensors header (store's names); the 2-D ones are what Glyd packs.
@@ -306,7 +308,8 @@ def _weights(shape: ModelShape, folder: Path | None, layout: str) -> tuple[Weigh
         total = files.bf16_bytes()
         packable = min(shape.packable, total // _BF16)
         count = WeightCount(packable=packable, other_bytes=total - packable * _BF16,
-                            source=f"{files.source}; packed weights from the config's model")
+                            source=f"{files.source}; packed weights from the config's model",
+                            rows=shape.packable_rows if packable == shape.packable else ())
         stored = files.packable + files.other_bytes // _BF16
         if abs(stored - shape.params) > 0.01 * shape.params:
             notes.append(f"the folder holds {stored:,} weights, the config's model {shape.params:,}")

@@ -25,7 +25,7 @@ from typing import Any
 
 from glyd.errors import FormatError
 from glyd.hf.checks import count_fields
-from glyd.hf.memory import count_weights  # the loader's own count (memory_limit)
+from glyd.hf.memory import count_weights, packable_rows  # the loader's own count (memory_limit)
 from glyd.store._safetensors import short
 
 log = logging.getLogger(__name__)
@@ -69,6 +69,7 @@ class ModelShape:
     max_positions: int | None
     attention: list[AttentionLayer]
     unpacked_matrices: Counter[str] = field(default_factory=Counter)  # module type -> elements of >= 2-D weights kept bf16
+    packable_rows: tuple[tuple[int, int], ...] = ()  # (K, rows) of the packed matrices: the layouts pad K
     text_only: bool = False  # a multimodal config: the language model only
 
     @property
@@ -166,7 +167,8 @@ def model_shape(cfg: dict[str, Any]) -> ModelShape:
     config = build_config(cfg)
     text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
     attention = attention_layers(text, name)
-    params, packable, unpacked = count_weights(meta_model(config, name))
+    model = meta_model(config, name)
+    params, packable, unpacked = count_weights(model)
     hidden = int(text.hidden_size)
     max_pos = getattr(text, "max_position_embeddings", None)
     if unpacked:
@@ -182,5 +184,6 @@ def model_shape(cfg: dict[str, Any]) -> ModelShape:
         max_positions=max_pos if isinstance(max_pos, int) and max_pos > 0 else None,
         attention=attention,
         unpacked_matrices=unpacked,
+        packable_rows=packable_rows(model),
         text_only=bool(cfg.get("_text_only")),
     )

@@ -4,8 +4,9 @@ chosen for a memory limit (``from_pretrained(..., memory_limit=...)``, ``compres
 The count is ``glyd fit``'s (``glyd.apps.fit_meta`` uses :func:`count_weights`): the weights the
 packer packs (its own predicates: exact ``nn.Linear`` and ``nn.Embedding`` weights, the fused 3-D
 weights of MoE experts) at the layout's planning bits a weight (``glyd.LAYOUTS[name].bits``:
-fixed12 12.05, dense11 11.25, tiered 10.85), every other parameter (norms, biases, routers) at 2
-bytes (bf16); a tied weight once. It is the weights' memory only: not the KV cache, not activations.
+fixed12 12.05, dense11 11.25, tiered 10.85) over their columns padded as the layout pads them
+(``Layout.padded_cols``: K = 96 is stored as 128), every other parameter (norms, biases, routers)
+at 2 bytes (bf16); a tied weight once. It is the weights' memory only: not the KV cache, not activations.
 
 ``layout="auto"`` with a limit takes, for the whole model, the first layout of :data:`SPEED_ORDER`
 whose weights fit: the fastest that fits.
@@ -36,7 +37,7 @@ from glyd.nn.experts import is_packable as packable_experts
 
 log = logging.getLogger(__name__)
 
-__all__ = ["SPEED_ORDER", "WeightsCount", "count_weights", "parse_memory", "read_size", "weights_bytes", "fit_layout",
+__all__ = ["SPEED_ORDER", "WeightsCount", "count_weights", "packable_rows", "parse_memory", "read_size", "weights_bytes", "fit_layout",
            "check_packed", "check_stored"]
 
 #: Layouts from the fastest to the slowest, as their decode was measured on the H200 at M = 1
@@ -87,6 +88,16 @@ def parse_memory(value: Any, what: str = "memory_limit") -> int:
     return size
 
 
+def _packable(model: nn.Module) -> set[int]:
+    """The ids of the parameters the packer packs (its own predicates)."""
+    ids = set()
+    for m in model.modules():
+        if is_packable_linear(m) or is_packable_embedding(m):
+            ids.add(id(m.weight))
+        ids.update(id(m._parameters[n]) for n in packable_experts(m))
+    return ids
+
+
 def count_weights(model: nn.Module) -> tuple[int, int, Counter[str]]:
     """(parameters, packable elements, elements of unpacked >= 2-D weights by module type) of ``model``
     (a meta model too: nothing is read).
@@ -94,12 +105,9 @@ def count_weights(model: nn.Module) -> tuple[int, int, Counter[str]]:
     A parameter shared by two modules (tied embeddings) counts once, as ``model.parameters()``
     yields it once; packable is what the packer packs (its own predicates).
     """
-    packable_ids = set()
+    packable_ids = _packable(model)
     owner: dict[int, str] = {}
     for m in model.modules():
-        if is_packable_linear(m) or is_packable_embedding(m):
-            packable_ids.add(id(m.weight))
-        packable_ids.update(id(m._parameters[n]) for n in packable_experts(m))
         for p in m._parameters.values():
             if p is not None:
                 owner.setdefault(id(p), type(m).__name__)
@@ -115,29 +123,44 @@ def count_weights(model: nn.Module) -> tuple[int, int, Counter[str]]:
     return params, packable, unpacked
 
 
-def weights_bytes(packable: int, other_bytes: int, layout: str) -> int:
-    """Bytes of the weights: ``packable`` elements at ``layout``'s planning bits, ``other_bytes`` as they are."""
-    bits = LAYOUTS[layout].bits if layout in LAYOUTS else None
-    if bits is None:
+def packable_rows(model: nn.Module) -> tuple[tuple[int, int], ...]:
+    """((K, rows), ...) of the matrices the packer packs, K ascending: a layout pads each row's K
+    columns (an expert's matrix is its rows; a tied weight counts once)."""
+    ids = _packable(model)
+    rows: Counter[int] = Counter()
+    for p in model.parameters():
+        if id(p) in ids:
+            rows[p.shape[-1]] += p.numel() // p.shape[-1]
+    return tuple(sorted(rows.items()))
+
+
+def weights_bytes(packable: int, other_bytes: int, layout: str, rows: tuple[tuple[int, int], ...] = ()) -> int:
+    """Bytes of the weights: ``packable`` elements at ``layout``'s planning bits, ``other_bytes`` as they
+    are; ``rows`` (:func:`packable_rows`) adds the columns the layout pads each matrix's rows with."""
+    lay = LAYOUTS.get(layout)
+    if lay is None or lay.bits is None:
         known = [name for name, lay in LAYOUTS.items() if lay.bits is not None]
         raise GlydError(f"unknown layout {layout!r}; choose one of {', '.join(known)}")
-    return int(round(packable * bits / 8)) + other_bytes
+    padding = sum(n * (lay.padded_cols(k) - k) for k, n in rows)
+    return int(round((packable + padding) * lay.bits / 8)) + other_bytes
 
 
 @dataclass(frozen=True)
 class WeightsCount:
-    """A model's weights as the packer will hold them: ``packable`` elements, ``other_bytes`` in bf16."""
+    """A model's weights as the packer will hold them: ``packable`` elements (``rows``: their matrices'
+    rows by K, :func:`packable_rows`), ``other_bytes`` in bf16."""
 
     packable: int
     other_bytes: int
+    rows: tuple[tuple[int, int], ...] = ()
 
     @classmethod
     def of(cls, model: nn.Module) -> WeightsCount:
         params, packable, _ = count_weights(model)
-        return cls(packable, (params - packable) * _BF16)
+        return cls(packable, (params - packable) * _BF16, packable_rows(model))
 
     def need(self, layout: str) -> int:
-        return weights_bytes(self.packable, self.other_bytes, layout)
+        return weights_bytes(self.packable, self.other_bytes, layout, self.rows)
 
 
 def human(n: int) -> str:

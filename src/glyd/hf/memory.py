@@ -32,7 +32,7 @@ from torch import nn
 
 from glyd.codec import LAYOUTS
 from glyd.errors import GlydError
-from glyd.hf._model import is_packable_embedding, is_packable_linear
+from glyd.hf._model import is_packable_embedding, is_packable_linear, tied_pair
 from glyd.nn.experts import is_packable as packable_experts
 
 log = logging.getLogger(__name__)
@@ -98,12 +98,32 @@ def _packable(model: nn.Module) -> set[int]:
     return ids
 
 
+def _untied_copy(model: nn.Module) -> int | None:
+    """The id of an output projection's weight that the packer does not keep: tied to the input
+    embedding by the config but a parameter of its own (an empty model, built without the tie)."""
+    pair = tied_pair(model)
+    if pair is None:
+        return None
+    out, inp = (model.get_submodule(name) for name in pair)
+    w = getattr(out, "weight", None)
+    if not is_packable_embedding(inp) or not isinstance(w, nn.Parameter) or w is inp.weight:
+        return None
+    return id(w)
+
+
+def _weights_of(model: nn.Module) -> list[nn.Parameter]:
+    """The parameters the packed model holds: each once, a tied output projection's not at all."""
+    dropped = _untied_copy(model)
+    return [p for p in model.parameters() if id(p) != dropped]
+
+
 def count_weights(model: nn.Module) -> tuple[int, int, Counter[str]]:
     """(parameters, packable elements, elements of unpacked >= 2-D weights by module type) of ``model``
     (a meta model too: nothing is read).
 
     A parameter shared by two modules (tied embeddings) counts once, as ``model.parameters()``
-    yields it once; packable is what the packer packs (its own predicates).
+    yields it once, and so does a tied output projection not yet sharing it (the packer's
+    ``tied_pair``); packable is what the packer packs (its own predicates).
     """
     packable_ids = _packable(model)
     owner: dict[int, str] = {}
@@ -113,7 +133,7 @@ def count_weights(model: nn.Module) -> tuple[int, int, Counter[str]]:
                 owner.setdefault(id(p), type(m).__name__)
     params = packable = 0
     unpacked: Counter[str] = Counter()
-    for p in model.parameters():
+    for p in _weights_of(model):
         n = p.numel()
         params += n
         if id(p) in packable_ids:
@@ -128,7 +148,7 @@ def packable_rows(model: nn.Module) -> tuple[tuple[int, int], ...]:
     columns (an expert's matrix is its rows; a tied weight counts once)."""
     ids = _packable(model)
     rows: Counter[int] = Counter()
-    for p in model.parameters():
+    for p in _weights_of(model):
         if id(p) in ids:
             rows[p.shape[-1]] += p.numel() // p.shape[-1]
     return tuple(sorted(rows.items()))

@@ -257,3 +257,13 @@ def test_a_tied_weight_counts_once_when_loading(tiny_model_folder, family, packs
     limit = count_of(src).need("fixed12")
     model = glyd.from_pretrained(src, device="cpu", memory_limit=limit, progress=False)
     assert layouts_of(model) == {"fixed12"} and set(packs) == {"fixed12"}
+
+
+def test_a_need_a_byte_over_the_limit_is_not_shown_equal_to_it(caplog):
+    need = COUNT.need("fixed12")  # 12.05 GiB: a byte less reads 12.05 GiB too
+    with caplog.at_level(logging.INFO, logger=LOG):
+        fit_layout(COUNT, "auto", need - 1)
+    line = [r.getMessage() for r in caplog.records if r.name == LOG][0]
+    assert f"fixed12 needs {need:,} bytes, {need - 1:,} bytes allowed" in line
+    with pytest.raises(GlydError, match=f"need {need:,} bytes, memory_limit allows {need - 1:,} bytes"):
+        fit_layout(COUNT, "fixed12", need - 1)

@@ -191,6 +191,14 @@ def human(n: int) -> str:
     return f"{n} bytes"
 
 
+def shown(limit: int, *sizes: int):
+    """The formatter of a message comparing ``sizes`` with ``limit``: :func:`human`, or bytes when
+    one of them would read the same as the limit it differs from (a byte over read "fits")."""
+    if any(n != limit and human(n) == human(limit) for n in sizes):
+        return lambda n: f"{n:,} bytes"
+    return human
+
+
 def fit_layout(count: WeightsCount, layout: str, limit: int) -> str:
     """The layout to pack with under ``limit`` bytes of weights, said in one log line (INFO).
 
@@ -203,28 +211,30 @@ def fit_layout(count: WeightsCount, layout: str, limit: int) -> str:
     """
     if layout != "auto":
         need = count.need(layout)
+        size = shown(limit, need)
         if need > limit:
             fits = [name for name in SPEED_ORDER if name in LAYOUTS and count.need(name) <= limit]
-            hint = f"; {fits[0]} needs {human(count.need(fits[0]))}" if fits else ""
-            raise GlydError(f"layout {layout}: its weights need {human(need)}, memory_limit allows {human(limit)}"
+            hint = f"; {fits[0]} needs {size(count.need(fits[0]))}" if fits else ""
+            raise GlydError(f"layout {layout}: its weights need {size(need)}, memory_limit allows {size(limit)}"
                             f"{hint} (nothing was packed)")
-        log.info("layout %s: weights %s fit the %s allowed", layout, human(need), human(limit))
+        log.info("layout %s: weights %s fit the %s allowed", layout, size(need), size(limit))
         return layout
     needs = {name: count.need(name) for name in SPEED_ORDER if name in LAYOUTS and LAYOUTS[name].bits is not None}
     if not needs:
         raise GlydError("memory_limit: no registered layout has planning bits to count weights with")
+    size = shown(limit, *needs.values())
     too_big: list[str] = []
     for name, need in needs.items():
         if need <= limit:
-            why = f"weights {human(need)} fit the {human(limit)} allowed"
+            why = f"weights {size(need)} fit the {size(limit)} allowed"
             if too_big:
-                why = f"{'; '.join(too_big)}, {human(limit)} allowed; {name}'s {human(need)} fit"
+                why = f"{'; '.join(too_big)}, {size(limit)} allowed; {name}'s {size(need)} fit"
             log.info("layout auto: %s (%s)", name, why)
             return name
-        too_big.append(f"{name} needs {human(need)}")
+        too_big.append(f"{name} needs {size(need)}")
     small = min(needs, key=needs.get)
-    raise GlydError(f"memory_limit {human(limit)}: no layout fits the weights; the smallest, {small}, needs "
-                    f"{human(needs[small])} (nothing was packed)")
+    raise GlydError(f"memory_limit {size(limit)}: no layout fits the weights; the smallest, {small}, needs "
+                    f"{size(needs[small])} (nothing was packed)")
 
 
 def check_packed(packer: Any, count: WeightsCount, limit: int) -> None:
@@ -232,16 +242,19 @@ def check_packed(packer: Any, count: WeightsCount, limit: int) -> None:
     planning bits a weight said they would fit (weights far from those the bits were measured on)."""
     took = packer.packed_bytes + count.other_bytes
     if took > limit:
+        planned = count.need(packer.layout) if packer.layout in LAYOUTS else None
+        size = shown(limit, took, *([] if planned is None else [planned]))
         log.warning("the weights take %s packed, more than the %s memory_limit allows (counted before packing: "
-                    "%s, at %s's planning bits a weight)", human(took), human(limit), human(count.need(packer.layout))
-                    if packer.layout in LAYOUTS else "?", packer.layout)
+                    "%s, at %s's planning bits a weight)", size(took), size(limit),
+                    "?" if planned is None else size(planned), packer.layout)
 
 
 def check_stored(path: Path, files: list[str], limit: int) -> None:
     """A glyd folder keeps its layout: refuse it, before loading, when its weights as stored (the
     safetensors files) pass ``limit``."""
     stored = sum((path / f).stat().st_size for f in files)
+    size = shown(limit, stored)
     if stored > limit:
-        raise GlydError(f"{path}: its weights take {human(stored)} as stored, memory_limit allows {human(limit)} "
+        raise GlydError(f"{path}: its weights take {size(stored)} as stored, memory_limit allows {size(limit)} "
                         f"(a glyd folder keeps the layout it was saved with)")
-    log.info("%s: weights %s as stored fit the %s allowed", path, human(stored), human(limit))
+    log.info("%s: weights %s as stored fit the %s allowed", path, size(stored), size(limit))

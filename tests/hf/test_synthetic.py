@@ -76,3 +76,17 @@ def test_largest_tensors_made_first_then_model_order():
     assert names[:2] == ["model.embed_tokens.weight", "lm_head.weight"]
     rest = [n for n, _ in model.named_parameters() if n not in names[:2]]
     assert names[2:] == rest
+
+
+def test_packed_bytes_past_a_memory_limit_are_warned(caplog):
+    # as the loaders warn (glyd.hf.memory.check_packed): dense11's escape offsets on 64-column rows
+    # pass its planning bits
+    import logging
+
+    from glyd.hf.memory import WeightsCount
+    from glyd.hf.synthetic import _meta_model
+
+    limit = WeightsCount.of(_meta_model(_config(False), None)).need("dense11")
+    with caplog.at_level(logging.WARNING, logger="glyd.hf.memory"):
+        random_model(_config(False), layout="dense11", device="cpu", progress=False, memory_limit=limit)
+    assert any("memory_limit allows" in r.getMessage() for r in caplog.records if r.name == "glyd.hf.memory")

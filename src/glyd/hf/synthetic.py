@@ -33,7 +33,7 @@ from glyd.errors import FormatError
 from glyd.hf import hooks
 from glyd.hf._model import check_layout, note_source, pick_device
 from glyd.hf.classes import build_empty
-from glyd.hf.memory import WeightsCount, fit_layout, parse_memory
+from glyd.hf.memory import WeightsCount, check_packed, fit_layout, parse_memory
 from glyd.hf.packer import Packer
 
 log = logging.getLogger(__name__)
@@ -169,8 +169,10 @@ def random_model(config: Any, *, layout: str | None = None, device: str | torch.
     dev = pick_device(device)
     t0 = time.perf_counter()
     model = _meta_model(config, model_class)
-    if layout is not None and memory_limit is not None:  # nothing made or packed yet
-        layout = fit_layout(WeightsCount.of(model), layout, parse_memory(memory_limit))
+    limit = None if layout is None or memory_limit is None else parse_memory(memory_limit)
+    if limit is not None:  # nothing made or packed yet
+        count = WeightsCount.of(model)
+        layout = fit_layout(count, layout, limit)
     std = _std_of(config) if std is None else float(std)
     order = build_order(model)
     total = sum(p.numel() for _, p in model.named_parameters())
@@ -188,6 +190,8 @@ def random_model(config: Any, *, layout: str | None = None, device: str | torch.
             packer.close()
     if packer is not None:
         packer.finish("random model")
+        if limit is not None:
+            check_packed(packer, count, limit)
     left = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
     if left:
         raise FormatError(f"random model: tensor(s) not made: {', '.join(left[:5])}")

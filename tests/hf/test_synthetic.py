@@ -90,3 +90,10 @@ def test_packed_bytes_past_a_memory_limit_are_warned(caplog):
     with caplog.at_level(logging.WARNING, logger="glyd.hf.memory"):
         random_model(_config(False), layout="dense11", device="cpu", progress=False, memory_limit=limit)
     assert any("memory_limit allows" in r.getMessage() for r in caplog.records if r.name == "glyd.hf.memory")
+
+
+def test_a_bad_memory_limit_is_refused_for_a_bf16_model_too():
+    from glyd.errors import GlydError
+
+    with pytest.raises(GlydError, match="memory_limit='lots'"):  # it was not read: a typo passed silently
+        random_model(_config(False), layout=None, device="cpu", progress=False, memory_limit="lots")

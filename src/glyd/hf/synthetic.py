@@ -154,7 +154,8 @@ def random_model(config: Any, *, layout: str | None = None, device: str | torch.
     made (``merge``: q|k|v and gate|up as one product each; default on for a GPU); ``None``: the
     plain bf16 model. ``std``: of the random matrices (default the config's ``initializer_range``,
     else 0.02). ``model_class``: the transformers class (default ``AutoModelForCausalLM``).
-    ``memory_limit``: the layout chosen or checked as ``glyd.from_pretrained``'s (``glyd.hf.memory``).
+    ``memory_limit``: the layout chosen or checked as ``glyd.from_pretrained``'s (``glyd.hf.memory``;
+    with ``layout=None`` it is read, and a bad one refused, but the bf16 model has nothing to fit).
     Tensors are not hashed (a saved model hashes its weights then). See the module docstring.
 
     >>> from transformers import LlamaConfig
@@ -169,7 +170,9 @@ def random_model(config: Any, *, layout: str | None = None, device: str | torch.
     dev = pick_device(device)
     t0 = time.perf_counter()
     model = _meta_model(config, model_class)
-    limit = None if layout is None or memory_limit is None else parse_memory(memory_limit)
+    limit = None if memory_limit is None else parse_memory(memory_limit)  # read even where bf16 needs none
+    if layout is None:
+        limit = None
     if limit is not None:  # nothing made or packed yet
         count = WeightsCount.of(model)
         layout = fit_layout(count, layout, limit)

@@ -13,6 +13,7 @@ from glyd import ops as _ops
 from glyd.errors import GlydError
 from glyd.hf.memory import SPEED_ORDER, WeightsCount, fit_layout, parse_memory
 from glyd.nn import GlydEmbedding, GlydLinear
+from glyd.store._safetensors import read_header
 
 transformers = pytest.importorskip("transformers")
 from transformers import AutoModelForCausalLM  # noqa: E402
@@ -206,7 +207,7 @@ def test_a_glyd_folder_is_checked_as_stored(tiny_model_folder, tmp_path):
     src = tiny_model_folder("llama")
     out = tmp_path / "packed"
     glyd.save_pretrained(glyd.from_pretrained(src, layout="fixed12", device="cpu", progress=False), out)
-    stored = sum(f.stat().st_size for f in out.glob("*.safetensors"))
+    stored = sum(i.end - i.begin for f in out.glob("*.safetensors") for i in read_header(f).tensors.values())
     with pytest.raises(GlydError, match="as stored, memory_limit allows.*keeps the layout"):
         glyd.from_pretrained(out, device="cpu", memory_limit=stored - 1, progress=False)
     model = glyd.from_pretrained(out, device="cpu", memory_limit=stored, progress=False)
@@ -267,3 +268,19 @@ def test_a_need_a_byte_over_the_limit_is_not_shown_equal_to_it(caplog):
     assert f"fixed12 needs {need:,} bytes, {need - 1:,} bytes allowed" in line
     with pytest.raises(GlydError, match=f"need {need:,} bytes, memory_limit allows {need - 1:,} bytes"):
         fit_layout(COUNT, "fixed12", need - 1)
+
+
+def test_a_glyd_folder_fits_the_limit_glyd_fit_gives_it(tiny_model_folder, tmp_path):
+    # check_stored summed the files' sizes, headers included: glyd fit's (and the loaded model's)
+    # bytes were refused
+    from glyd.apps.fit import run_fit
+
+    out = tmp_path / "packed"
+    glyd.save_pretrained(glyd.from_pretrained(tiny_model_folder("qwen2"), layout="fixed12", device="cpu",
+                                              progress=False), out)
+    need = run_fit(str(out), "80GB", context=16)[0].weights_glyd
+    model = glyd.from_pretrained(out, device="cpu", memory_limit=need, progress=False)
+    held = sum(m.packed.nbytes for m in model.modules() if isinstance(m, (GlydLinear, GlydEmbedding)))
+    assert held + sum(p.numel() * p.element_size() for p in model.parameters()) == need
+    with pytest.raises(GlydError, match="as stored"):
+        glyd.from_pretrained(out, device="cpu", memory_limit=need - 1, progress=False)

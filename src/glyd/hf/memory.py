@@ -34,6 +34,7 @@ from glyd.codec import LAYOUTS
 from glyd.errors import GlydError
 from glyd.hf._model import is_packable_embedding, is_packable_linear, tied_pair
 from glyd.nn.experts import is_packable as packable_experts
+from glyd.store._safetensors import read_header
 
 log = logging.getLogger(__name__)
 
@@ -251,8 +252,9 @@ def check_packed(packer: Any, count: WeightsCount, limit: int) -> None:
 
 def check_stored(path: Path, files: list[str], limit: int) -> None:
     """A glyd folder keeps its layout: refuse it, before loading, when its weights as stored (the
-    safetensors files) pass ``limit``."""
-    stored = sum((path / f).stat().st_size for f in files)
+    tensors of the safetensors files, as loaded and as ``glyd fit`` counts them: not the headers)
+    pass ``limit``."""
+    stored = sum(i.end - i.begin for f in files for i in read_header(path / f).tensors.values())
     size = shown(limit, stored)
     if stored > limit:
         raise GlydError(f"{path}: its weights take {size(stored)} as stored, memory_limit allows {size(limit)} "

@@ -73,6 +73,16 @@ def test_a_bad_memory_limit_gets_one_line(bad, why):
     assert "\n" not in str(e.value) and "memory_limit" in str(e.value)
 
 
+def test_an_integer_of_another_type_is_bytes():
+    # numpy's ints (a size computed with numpy) were refused with "memory_limit=1000000000: give bytes (an int)"
+    np = pytest.importorskip("numpy")
+    assert parse_memory(np.int64(10**9)) == 10**9 and type(parse_memory(np.uint32(5))) is int
+    with pytest.raises(GlydError, match="an int"):
+        parse_memory(np.bool_(True))
+    with pytest.raises(GlydError, match="positive"):
+        parse_memory(np.int64(0))
+
+
 def test_a_long_bad_string_is_cut_in_the_message():
     with pytest.raises(GlydError) as e:
         parse_memory("x" * 5000)

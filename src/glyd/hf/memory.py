@@ -21,6 +21,7 @@ whose weights fit: the fastest that fits.
 from __future__ import annotations
 
 import logging
+import numbers
 import re
 from collections import Counter
 from dataclasses import dataclass
@@ -76,9 +77,9 @@ def parse_memory(value: Any, what: str = "memory_limit") -> int:
     option = what.startswith("--")
     shown = str(value) if len(str(value)) <= 40 else str(value)[:37] + "..."
     label = f"{what} {shown}" if option else f"{what}={shown!r}" if isinstance(value, str) else f"{what}={shown}"
-    if isinstance(value, bool) or not isinstance(value, (int, str)):
+    if isinstance(value, bool) or not isinstance(value, (numbers.Integral, str)):
         raise GlydError(f"{label}: give bytes (an int) or a size with its unit, e.g. '40GB' or '40GiB'")
-    size = value if isinstance(value, int) else read_size(value, bare=None)
+    size = int(value) if isinstance(value, numbers.Integral) else read_size(value, bare=None)  # numpy's ints too
     if size is None:
         raise GlydError(f"{label}: give a size with its unit, e.g. 40GB (40 x 10^9 bytes), 40GiB (40 x 2^30) or "
                         f"512MiB{'' if option else ', or an int of bytes'}")

@@ -83,6 +83,18 @@ def test_an_integer_of_another_type_is_bytes():
         parse_memory(np.int64(0))
 
 
+@pytest.mark.parametrize("what", ["memory_limit", "--memory-limit"])
+def test_a_line_break_in_the_value_stays_out_of_the_one_line_message(what):
+    class Odd:  # an object whose str spans lines
+        def __str__(self):
+            return "a\nb"
+
+    for bad in ["1\n0GB", "10GB\x1b[2J", Odd()]:
+        with pytest.raises(GlydError) as e:
+            parse_memory(bad, what)
+        assert str(e.value).isprintable(), repr(str(e.value))
+
+
 def test_a_long_bad_string_is_cut_in_the_message():
     with pytest.raises(GlydError) as e:
         parse_memory("x" * 5000)

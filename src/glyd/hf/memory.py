@@ -76,7 +76,8 @@ def parse_memory(value: Any, what: str = "memory_limit") -> int:
     ``what`` names it in errors (``"--memory-limit"``: a command's option, which takes strings only)."""
     option = what.startswith("--")
     shown = str(value) if len(str(value)) <= 40 else str(value)[:37] + "..."
-    label = f"{what} {shown}" if option else f"{what}={shown!r}" if isinstance(value, str) else f"{what}={shown}"
+    quoted = isinstance(value, str) and not option or not shown.isprintable()  # a line break: escaped, one line
+    label = f"{what}{' ' if option else '='}{shown!r}" if quoted else f"{what}{' ' if option else '='}{shown}"
     if isinstance(value, bool) or not isinstance(value, (numbers.Integral, str)):
         raise GlydError(f"{label}: give bytes (an int) or a size with its unit, e.g. '40GB' or '40GiB'")
     size = int(value) if isinstance(value, numbers.Integral) else read_size(value, bare=None)  # numpy's ints too

@@ -106,6 +106,17 @@ def test_untied_lm_head_is_packed(tiny_model_folder):
     assert isinstance(model.lm_head, GlydLinear)
 
 
+def test_compress_keeps_an_lm_head_untied_from_a_config_that_ties(tiny_model_folder, input_ids):
+    # The config says tie_word_embeddings, but this loaded model's lm_head has a weight of its own
+    # (untied after loading, or a head trained apart): compress replaced it by the embedding's,
+    # silently other logits.
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_folder("llama"), dtype=torch.bfloat16)
+    model.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.detach() * 2)
+    ref = logits(model, input_ids)
+    glyd.compress(model, layout="fixed12", exact=True, progress=False)
+    assert isinstance(model.lm_head, GlydLinear) and torch.equal(bits(logits(model, input_ids)), bits(ref))
+
+
 def test_save_then_load_packs_nothing_again(tiny_model_folder, input_ids, tmp_path, monkeypatch):
     src = tiny_model_folder("qwen2")
     model = glyd.from_pretrained(src, exact=True, device="cpu", progress=False)

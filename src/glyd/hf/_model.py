@@ -113,6 +113,18 @@ def tied_pair(model: nn.Module) -> tuple[str, str] | None:
     return names[id(out)], names[id(inp)]
 
 
+def packed_tie(model: nn.Module) -> tuple[str, str] | None:
+    """:func:`tied_pair` for packing: the config's tie holds for an empty model (its weights on the
+    meta device, tied as they stream in), not for a loaded one whose output projection has a weight
+    of its own (untied after loading): that one is packed apart, as the model computes it."""
+    pair = tied_pair(model)
+    if pair is None:
+        return None
+    out, inp = (getattr(model.get_submodule(name), "weight", None) for name in pair)
+    loaded = isinstance(out, torch.Tensor) and isinstance(inp, torch.Tensor) and not (out.is_meta or inp.is_meta)
+    return None if loaded and out is not inp else pair
+
+
 def unpacked_report(model: nn.Module) -> str:
     """One line on the floating-point tensors left as they are: how many, and the 2-D ones by the
     type of their module (not ``nn.Linear`` / ``nn.Embedding``, so not packed), a few named.

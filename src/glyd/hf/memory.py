@@ -33,7 +33,7 @@ from torch import nn
 
 from glyd.codec import LAYOUTS
 from glyd.errors import GlydError
-from glyd.hf._model import is_packable_embedding, is_packable_linear, tied_pair
+from glyd.hf._model import is_packable_embedding, is_packable_linear, packed_tie
 from glyd.nn.experts import is_packable as packable_experts
 from glyd.store._safetensors import read_header
 
@@ -104,7 +104,7 @@ def _packable(model: nn.Module) -> set[int]:
 def _untied_copy(model: nn.Module) -> int | None:
     """The id of an output projection's weight that the packer does not keep: tied to the input
     embedding by the config but a parameter of its own (an empty model, built without the tie)."""
-    pair = tied_pair(model)
+    pair = packed_tie(model)
     if pair is None:
         return None
     out, inp = (model.get_submodule(name) for name in pair)
@@ -126,7 +126,7 @@ def count_weights(model: nn.Module) -> tuple[int, int, Counter[str]]:
 
     A parameter shared by two modules (tied embeddings) counts once, as ``model.parameters()``
     yields it once, and so does a tied output projection not yet sharing it (the packer's
-    ``tied_pair``); packable is what the packer packs (its own predicates).
+    ``packed_tie``); packable is what the packer packs (its own predicates).
     """
     packable_ids = _packable(model)
     owner: dict[int, str] = {}

@@ -15,7 +15,7 @@ from glyd import ops as _ops
 from glyd.codec import Packed
 from glyd.errors import FormatError, UnsupportedError
 from glyd.hf._model import (MERGE_GROUPS, check_layout, embed_scale_of, is_packable_embedding, is_packable_linear,
-                            refuse_tied_bias, set_module, set_tensor, tied_pair, unpacked_report,
+                            packed_tie, refuse_tied_bias, set_module, set_tensor, unpacked_report,
                             untie_packed)
 from glyd.hf.experts import ExpertsPlan
 from glyd.nn.modules import GlydEmbedding, GlydLinear, GlydTiedLinear
@@ -62,7 +62,7 @@ class Packer:
         self.linears: dict[str, str] = {}  # weight name -> module name
         self.embeds: dict[str, str] = {}
         self.groups: dict[str, Group] = {}  # tensor name -> its group
-        self.tied = tied_pair(model)
+        self.tied = packed_tie(model)
         self.skip: set[str] = set()
         self._hasher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="glyd-sha256")
         self._hashes: deque[tuple[nn.Module, str | None, Future]] = deque()

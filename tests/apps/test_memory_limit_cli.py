@@ -79,6 +79,19 @@ def test_eval_refuses_a_layout_mode_over_the_limit(random_config, capsys):
     assert "layout fixed12: its weights need" in capsys.readouterr().err
 
 
+def test_eval_refuses_a_mode_over_the_limit_before_measuring_bf16(random_config, capsys, monkeypatch):
+    # the refusal came when the mode's turn came, after bf16's whole run (hours for MMLU on a 7B)
+    from glyd.apps import evaluate
+
+    ran = []
+    monkeypatch.setattr(evaluate, "_run_mode", lambda cfg, mode, *a: ran.append(mode))
+    limit = _need(random_config, "fixed12") - 1
+    argv = ["eval", str(random_config), "--random", "--modes", "auto,fixed12", "--device", "cpu", "--no-decode",
+            "--memory-limit", f"{limit / 1000:.3f}KB"]
+    assert main(argv) == 1
+    assert "layout fixed12: its weights need" in capsys.readouterr().err and ran == []
+
+
 def test_demo_says_the_layout_auto_chose(tmp_path, capsys):
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
     from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast

@@ -32,6 +32,19 @@ def check_model_folder(folder: Path) -> None:
         )
 
 
+def check_modes_fit(model: str, layouts: list[str], limit: int) -> None:
+    """Each Glyd mode's layout against ``limit`` (``memory_limit``), counted on ``model``'s config as
+    the loader counts: refused before bf16's run, not when the mode's turn comes after it."""
+    from glyd.apps.fit import load_config
+    from glyd.apps.fit_meta import model_shape
+    from glyd.hf.memory import WeightsCount, fit_layout
+
+    shape = model_shape(load_config(model))
+    count = WeightsCount(shape.packable, shape.other * 2, shape.packable_rows)
+    for layout in dict.fromkeys(layouts):
+        fit_layout(count, layout, limit)
+
+
 def _random_config(spec: str):
     from transformers import AutoConfig
 

@@ -44,7 +44,7 @@ from torch import nn
 
 from glyd import _env
 from glyd.apps.eval_mmlu import letter_ids, mmlu_logits, mmlu_prompt, read_mmlu
-from glyd.apps.eval_models import check_model_folder, build_random, merge_bf16, weight_bytes
+from glyd.apps.eval_models import check_model_folder, check_modes_fit, build_random, merge_bf16, weight_bytes
 from glyd.apps.eval_timing import time_decode, time_decode_compiled
 from glyd.apps.layouts import eval_modes
 from glyd.errors import FormatError, GlydError
@@ -504,6 +504,8 @@ def evaluate(cfg: EvalConfig, on_result: Callable[[Report], Any] | None = None, 
     if not cfg.random:
         cfg.model = str(_local_model(cfg.model))
         check_model_folder(Path(cfg.model))  # before the tokenizer: a packed folder is refused at once
+    if cfg.memory_limit is not None:
+        check_modes_fit(cfg.model, [eval_modes()[m][0] for m in cfg.modes], cfg.memory_limit)
     inp = _inputs(cfg)
     modes = ("bf16", *cfg.modes)
     results: list[ModeResult] = []

@@ -52,6 +52,7 @@ def test_memory_limit_reads_bytes_and_sizes_with_their_unit():
     assert parse_memory("40GiB") == parse_memory("40 gib") == 40 * 2**30
     assert parse_memory("1.5MiB") == 3 * 2**19
     assert parse_memory("2TB") == 2 * 10**12
+    assert parse_memory("1000B") == parse_memory("1000 b") == 1000  # bytes with their unit: the command line's only way
 
 
 @pytest.mark.parametrize("bad,why", [

@@ -50,12 +50,12 @@ SPEED_ORDER = ("fixed12", "dense11", "tiered")
 #: The largest limit taken (1 EiB): a bound, not a machine.
 MAX_BYTES = 2**60
 _BF16 = 2
-_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([kmgt]i?b)?\s*$", re.IGNORECASE)
-_SCALE = {"k": 1, "m": 2, "g": 3, "t": 4}
+_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([kmgt]i?b|b)?\s*$", re.IGNORECASE)
+_SCALE = {"b": 0, "k": 1, "m": 2, "g": 3, "t": 4}
 
 
 def read_size(text: str, bare: str | None = "gib") -> int | None:
-    """``text`` (``"40GB"`` = 40 x 10^9 bytes, ``"40GiB"`` = 40 x 2^30, ``"512MiB"``, ...) in bytes;
+    """``text`` (``"40GB"`` = 40 x 10^9 bytes, ``"40GiB"`` = 40 x 2^30, ``"512MiB"``, ``"1000B"``, ...) in bytes;
     a number without a unit is read as ``bare`` (None: not a size). None when ``text`` is no size
     (the caller says what it wanted); ``glyd fit --gpu`` reads its sizes with it too.
 

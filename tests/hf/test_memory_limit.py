@@ -307,3 +307,18 @@ def test_a_glyd_folder_fits_the_limit_glyd_fit_gives_it(tiny_model_folder, tmp_p
     assert held + sum(p.numel() * p.element_size() for p in model.parameters()) == need
     with pytest.raises(GlydError, match="as stored"):
         glyd.from_pretrained(out, device="cpu", memory_limit=need - 1, progress=False)
+
+
+def test_a_registered_layout_without_planning_bits_is_not_called_unknown():
+    import dataclasses
+
+    from glyd.codec import register
+    from glyd.codec.layout import unregister
+
+    register(dataclasses.replace(glyd.LAYOUTS["fixed12"], name="nobits", bits=None, kernels={}))
+    try:
+        with pytest.raises(GlydError, match="layout 'nobits' has no planning bits a weight") as e:
+            fit_layout(COUNT, "nobits", 2**40)
+        assert "unknown" not in str(e.value)
+    finally:
+        unregister("nobits")

@@ -163,7 +163,10 @@ def weights_bytes(packable: int, other_bytes: int, layout: str, rows: tuple[tupl
     lay = LAYOUTS.get(layout)
     if lay is None or lay.bits is None:
         known = [name for name, lay in LAYOUTS.items() if lay.bits is not None]
-        raise GlydError(f"unknown layout {layout!r}; choose one of {', '.join(known)}")
+        if lay is None:
+            raise GlydError(f"unknown layout {layout!r}; choose one of {', '.join(known)}")
+        raise GlydError(f"layout {layout!r} has no planning bits a weight (Layout.bits) to count its weights with; "
+                        f"choose one of {', '.join(known)}")
     padding = sum(n * (lay.padded_cols(k) - k) for k, n in rows)
     return int(round((packable + padding) * lay.bits / 8)) + other_bytes
 

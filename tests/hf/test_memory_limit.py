@@ -264,6 +264,11 @@ def test_the_count_takes_the_columns_each_layout_pads(tiny_model_folder):
         assert count.need(name) == round(stored * glyd.LAYOUTS[name].bits / 8) + count.other_bytes, name
 
 
+def test_the_rows_of_an_empty_matrix_are_counted_too():
+    m = torch.nn.Sequential(torch.nn.Linear(0, 4), torch.nn.Linear(96, 3)).bfloat16()
+    assert WeightsCount.of(m).need("fixed12") == round(3 * 128 * 12.05 / 8) + (4 + 3) * 2  # K = 0 pads to 0
+
+
 def test_auto_does_not_take_a_layout_whose_padded_matrices_pass_the_limit(tiny_model_folder):
     src = tiny_model_folder("qwen2")
     fixed12 = glyd.from_pretrained(src, layout="fixed12", device="cpu", progress=False)

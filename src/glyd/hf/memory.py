@@ -21,6 +21,7 @@ whose weights fit: the fastest that fits.
 from __future__ import annotations
 
 import logging
+import math
 import numbers
 import re
 from collections import Counter
@@ -153,7 +154,7 @@ def packable_rows(model: nn.Module) -> tuple[tuple[int, int], ...]:
     rows: Counter[int] = Counter()
     for p in _weights_of(model):
         if id(p) in ids:
-            rows[p.shape[-1]] += p.numel() // p.shape[-1]
+            rows[p.shape[-1]] += math.prod(p.shape[:-1])  # not numel // K: K may be 0
     return tuple(sorted(rows.items()))
 
 

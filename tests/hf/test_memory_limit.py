@@ -96,6 +96,15 @@ def test_a_line_break_in_the_value_stays_out_of_the_one_line_message(what):
         assert str(e.value).isprintable(), repr(str(e.value))
 
 
+def test_a_number_of_thousands_of_digits_is_read_not_crashed_on():
+    # Python refuses int(str) past 4300 digits: a raw ValueError, not glyd's one line
+    with pytest.raises(GlydError, match="at most 2"):
+        parse_memory("1" * 5000 + "GB")
+    with pytest.raises(GlydError, match="positive"):
+        parse_memory("0." + "0" * 5000 + "1GB")
+    assert parse_memory("0" * 5000 + "1.5KiB") == 1536
+
+
 def test_a_long_bad_string_is_cut_in_the_message():
     with pytest.raises(GlydError) as e:
         parse_memory("x" * 5000)

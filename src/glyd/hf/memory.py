@@ -26,7 +26,7 @@ import numbers
 import re
 from collections import Counter
 from dataclasses import dataclass
-from fractions import Fraction
+from decimal import Decimal, localcontext
 from pathlib import Path
 from typing import Any
 
@@ -69,7 +69,9 @@ def read_size(text: str, bare: str | None = "gib") -> int | None:
     unit = (m.group(2) or bare).lower()
     power = _SCALE[unit[0]]
     scale = 1024**power if unit.endswith("ib") else 1000**power
-    return int(Fraction(m.group(1)) * scale)  # exact: a float of 400 digits is inf
+    with localcontext() as ctx:  # exact (a float of 400 digits is inf), and past int(str)'s 4300 digits
+        ctx.prec = len(m.group(1)) + 20
+        return int(Decimal(m.group(1)) * scale)
 
 
 def parse_memory(value: Any, what: str = "memory_limit") -> int:

@@ -92,6 +92,20 @@ def test_eval_refuses_a_mode_over_the_limit_before_measuring_bf16(random_config,
     assert "layout fixed12: its weights need" in capsys.readouterr().err and ran == []
 
 
+def test_eval_runs_when_its_config_cannot_be_counted_before(random_config, monkeypatch):
+    # a config glyd fit cannot build (custom code): the modes are checked as they load, as before
+    from glyd.apps import fit_meta
+    from glyd.errors import FormatError
+
+    def refuse(cfg):
+        raise FormatError("config: cannot be built on the meta device")
+
+    monkeypatch.setattr(fit_meta, "model_shape", refuse)
+    argv = ["eval", str(random_config), "--random", "--modes", "auto", "--device", "cpu", "--no-decode",
+            "--memory-limit", "1GiB"]
+    assert main(argv) == 0
+
+
 def test_demo_says_the_layout_auto_chose(tmp_path, capsys):
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
     from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast

@@ -133,3 +133,12 @@ def test_the_demo_says_what_ran_the_cpu_products(monkeypatch):
     assert cpu_path().startswith("CPU products: glyd's C kernels (avx2)") and "0.91-0.94x" in cpu_path()
     monkeypatch.setattr(cpu_fixed12, "available", lambda: False)
     assert cpu_path().startswith("CPU products: the pure-torch twin") and "2.87x" in cpu_path()
+
+
+def test_a_bad_memory_limit_is_said_before_the_model_is_fetched(tmp_path, monkeypatch):
+    # run_demo's default model is converted from a GGUF first (minutes): a typo was found after that
+    from glyd.errors import GlydError
+
+    monkeypatch.setattr(smollm2, "bf16_folder", lambda: pytest.fail("the default model was fetched first"))
+    with pytest.raises(GlydError, match="memory_limit='lots'"):
+        demo.run_demo(memory_limit="lots", device="cpu")

@@ -168,6 +168,10 @@ def run_demo(
     import glyd
     from glyd.hf.save import model_layout
 
+    if memory_limit is not None:  # said before the default model is converted (minutes the first time)
+        from glyd.hf.memory import parse_memory
+
+        memory_limit = parse_memory(memory_limit)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     if model is None:
         from glyd.apps import smollm2

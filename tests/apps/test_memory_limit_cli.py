@@ -148,15 +148,17 @@ def _folder_need(folder, layout: str) -> int:
     from glyd.hf.memory import weights_bytes
 
     packable = other = 0
+    rows: dict[int, int] = {}
     for f in folder.glob("*.safetensors"):
         with safe_open(str(f), "pt") as h:
             for name in h.keys():
                 t = h.get_tensor(name)
                 if t.dtype == torch.bfloat16 and t.dim() == 2:
                     packable += t.numel()
+                    rows[t.shape[1]] = rows.get(t.shape[1], 0) + t.shape[0]
                 else:
                     other += t.numel() * t.element_size()
-    return weights_bytes(packable, other, layout)
+    return weights_bytes(packable, other, layout, tuple(sorted(rows.items())))
 
 
 def _packed_layouts(dst) -> set[str]:
@@ -180,7 +182,7 @@ def test_pack_auto_takes_the_fastest_layout_that_fits(chat_folder, tmp_path, cap
     dst = tmp_path / "packed"
     with caplog.at_level(logging.INFO):
         assert main(["-q", "pack", str(chat_folder), str(dst), "--layout", "auto",
-                     "--memory-limit", f"{limit / 1000:.3f}KB"]) == 0
+                     "--memory-limit", f"{limit}B"]) == 0
     said = next(line for line in caplog.text.splitlines() if "layout auto:" in line)
     assert f"layout auto: {chosen} (fixed12 needs" in said and f"{below} needs" in said
     assert _packed_layouts(dst) == {chosen}
@@ -201,17 +203,23 @@ def test_pack_over_the_limit_is_refused_before_writing(chat_folder, tmp_path, ca
     limit = _folder_need(chat_folder, limit_of) - 1000
     dst = tmp_path / "packed"
     assert main(["pack", str(chat_folder), str(dst), "--layout", layout,
-                 "--memory-limit", f"{limit / 1000:.3f}KB"]) == 1
+                 "--memory-limit", f"{limit}B"]) == 1
     err = capsys.readouterr().err.strip()
     assert says in err and "(nothing was packed)" in err and "\n" not in err
     assert not dst.exists() and list(tmp_path.iterdir()) == []
 
 
 def test_pack_warns_when_the_stored_weights_pass_the_limit(chat_folder, tmp_path, caplog):
-    # a toy model's per-matrix arrays and headers weigh more than the planning bits count: said, not hidden
+    # dense11's per-row escape offsets on 64-column rows weigh more than its planning bits: said, not hidden
     dst = tmp_path / "packed"
-    limit = _folder_need(chat_folder, "fixed12")
+    limit = _folder_need(chat_folder, "dense11")
     with caplog.at_level(logging.WARNING):
-        assert main(["-q", "pack", str(chat_folder), str(dst), "--memory-limit", f"{limit / 1000:.3f}KB"]) == 0
-    stored = sum(f.stat().st_size for f in dst.glob("*.safetensors"))
+        assert main(["-q", "pack", str(chat_folder), str(dst), "--layout", "dense11", "--memory-limit",
+                     f"{limit}B"]) == 0
+    from safetensors import safe_open
+
+    stored = 0
+    for f in dst.glob("*.safetensors"):
+        with safe_open(str(f), "pt") as h:
+            stored += sum(h.get_tensor(n).numel() * h.get_tensor(n).element_size() for n in h.keys())
     assert stored > limit and "more than the" in caplog.text and "--memory-limit allows" in caplog.text

@@ -15,6 +15,7 @@ import functools
 import logging
 import os
 import time
+from collections import Counter
 from pathlib import Path
 
 from glyd.apps.cli_models import memory_arg
@@ -80,13 +81,16 @@ def _limit_layout(args: argparse.Namespace) -> str:
 
     _, headers, _ = source_shards(Path(args.src))
     packable = other = 0
+    rows: Counter[int] = Counter()  # rows by K: each layout pads K (glyd.hf.memory.packable_rows)
     for h in headers.values():
         for info in h.tensors.values():
             if info.dtype == "bfloat16" and len(info.shape) == 2:
                 packable += info.shape[0] * info.shape[1]
+                rows[info.shape[1]] += info.shape[0]
             else:
                 other += info.end - info.begin
-    return fit_layout(WeightsCount(packable, other), args.layout, args.memory_limit)
+    count = WeightsCount(packable, other, tuple(sorted(rows.items())))
+    return fit_layout(count, args.layout, args.memory_limit)
 
 
 def _pack(args: argparse.Namespace) -> int:
@@ -94,13 +98,21 @@ def _pack(args: argparse.Namespace) -> int:
     summary = folder.pack_folder(args.src, args.dst, layout=layout, progress=_progress(args),
                                  choose=_choose() if layout == "auto" else None)
     print(summary)  # its "kept unpacked" rows list the tensors left as they are, once
-    if args.memory_limit is not None and summary.dst_bytes > args.memory_limit:
-        from glyd.hf.memory import human
-
-        log.warning("%s: the weights take %s as stored, more than the %s --memory-limit allows (counted before "
-                    "packing at %s's planning bits a weight)", args.dst, human(summary.dst_bytes),
-                    human(args.memory_limit), layout)
+    if args.memory_limit is not None:
+        _check_packed_folder(Path(args.dst), args.memory_limit, layout)
     return 0
+
+
+def _check_packed_folder(dst: Path, limit: int, layout: str) -> None:
+    # what from_pretrained(dst, memory_limit=limit) will count: the shards' tensors, headers left out
+    from glyd.hf.memory import shown, stored_bytes
+
+    reader = CheckpointReader(dst)
+    stored = stored_bytes(dst, sorted({reader.entry(n)["file"] for n in reader.names()}))
+    if stored > limit:
+        size = shown(limit, stored)
+        log.warning("%s: the weights take %s as stored, more than the %s --memory-limit allows (counted before "
+                    "packing at %s's planning bits a weight)", dst, size(stored), size(limit), layout)
 
 
 def _unpack(args: argparse.Namespace) -> int:

@@ -258,11 +258,16 @@ def check_packed(packer: Any, count: WeightsCount, limit: int) -> None:
                     "?" if planned is None else size(planned), packer.layout)
 
 
+def stored_bytes(path: Path, files: list[str]) -> int:
+    """The bytes of the tensors of ``files`` (safetensors under ``path``), headers left out: what loading them takes."""
+    return sum(i.end - i.begin for f in files for i in read_header(path / f).tensors.values())
+
+
 def check_stored(path: Path, files: list[str], limit: int) -> None:
     """A glyd folder keeps its layout: refuse it, before loading, when its weights as stored (the
     tensors of the safetensors files, as loaded and as ``glyd fit`` counts them: not the headers)
     pass ``limit``."""
-    stored = sum(i.end - i.begin for f in files for i in read_header(path / f).tensors.values())
+    stored = stored_bytes(path, files)
     size = shown(limit, stored)
     if stored > limit:
         raise GlydError(f"{path}: its weights take {size(stored)} as stored, memory_limit allows {size(limit)} "

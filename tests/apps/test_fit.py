@@ -87,6 +87,25 @@ def test_qwen3_30b_a3b_fits_a_48gb_gpu_only_packed():
     assert not e.fits_glyd and "fits in 48GB = 44.99 GiB" in table  # 46,068 MiB: 0.4 GiB short
 
 
+def test_a_model_fixed12_does_not_fit_is_told_the_smaller_layout_that_does():
+    import re
+
+    from glyd.hf.memory import WeightsCount, fit_layout
+
+    e, table = fit.run_fit("qwen3-30b-a3b", "48GB", 8192)
+    assert not e.fits_glyd
+    note = next(line for line in table.splitlines() if line.startswith("note: dense11 fits"))
+    limit = float(re.search(r"--memory-limit ([0-9.]+)GiB", note).group(1)) * GiB
+    count = fit.count_from_shape(_shape("qwen3-30b-a3b"))  # the limit told makes auto take dense11
+    weights = WeightsCount(count.packable, count.other_bytes, count.rows)
+    assert fit_layout(weights, "auto", int(limit)) == "dense11"
+    assert weights.need("dense11") + e.kv_cache + e.margin <= e.gpu_bytes
+    _, table = fit.run_fit("llama-3.1-70b", "24GB", 8192)
+    assert "note: no layout fits at this context and batch" in table
+    _, table = fit.run_fit("qwen3-30b-a3b", "80GB", 8192)
+    assert "fits:" not in table and "no layout fits" not in table  # fixed12 fits: nothing to say
+
+
 def test_gemma2_ties_embeddings_as_its_class_does():
     shape = _shape("gemma-2-9b")
     # untied, the 256000 x 3584 embedding would count twice (10.16 B)

@@ -49,7 +49,7 @@ from glyd.apps.fit_gpus import MAX_GPU_BYTES, parse_gpu, parse_size  # noqa: F40
 from glyd.apps.fit_meta import ModelShape, model_shape
 from glyd.codec import LAYOUTS
 from glyd.errors import FormatError, GlydError
-from glyd.hf.memory import weights_bytes
+from glyd.hf.memory import SPEED_ORDER, weights_bytes
 from glyd.store._config import QUANT_METHOD, plain_config
 from glyd.store._safetensors import load_json, read_header
 
@@ -427,4 +427,25 @@ def run_fit(model: str, gpu: str, context: int, batch: int = 1, layout: str = "f
     stored = cfg.get("_packed_layout")
     if stored is not None and e.source.endswith("as stored"):
         e.layout = f"{stored or 'packed'}, as stored"
+    elif not e.fits_glyd:
+        e.notes.append(smaller_layout_note(e, shape, folder))
     return e, format_table(e, shape)
+
+
+def smaller_layout_note(e: FitEstimate, shape: ModelShape, folder: Path | None) -> str:
+    """What fits when ``e.layout`` does not: the fastest smaller layout of :data:`SPEED_ORDER` whose
+    total fits, and the ``--memory-limit`` that makes ``layout auto`` pick it (the room left for the
+    weights by the KV cache and the margin)."""
+    count, _, _ = _weights(shape, folder, e.layout)
+    room = e.gpu_bytes - e.kv_cache - e.margin
+    for name in SPEED_ORDER:
+        lay = LAYOUTS.get(name)
+        if name == e.layout or lay is None or lay.bits is None:
+            continue
+        weights = count.glyd_bytes(name)
+        if weights <= room:
+            limit = math.floor(room / GiB * 100) / 100
+            return (f"{name} fits: weights {weights / GiB:.2f} GiB, total {(weights + e.kv_cache + e.margin) / GiB:.2f} "
+                    f"GiB (--layout {name}; or --layout auto --memory-limit {limit:.2f}GiB on pack, demo, eval, serve)")
+    return "no layout fits at this context and batch: a shorter --context, a smaller --batch or a larger GPU"
+

@@ -69,9 +69,12 @@ class Recorder:
         self.reached: set = set()  # python functions of helpers called inside kernels
         self.errors: dict[str, str] = {}  # kernel name -> why a launch could not be recorded
         self._binders: dict = {}
+        self.trail: list[str] = []  # dedup keys of the launches recorded, in order (a caller may clear it)
         self._run, self._call = InterpretedFunction.run, InterpretedFunction.__call__
 
-    def install(self, gpu: bool) -> None:
+    def install(self, gpu: bool, execute: bool = True) -> None:
+        """Record every launch (as the GPU would make it when ``gpu``); ``execute=False`` records
+        without running the kernel (its outputs stay unwritten: ``compile_table.py``)."""
         rec = self
 
         def run(self, *args, grid, warmup, **kwargs):
@@ -79,6 +82,9 @@ class Recorder:
                 rec.record(self, args, kwargs)
             except Exception as exc:  # a launch the tool cannot describe must not fail the test
                 rec.errors.setdefault(name_of(self.fn), f"{type(exc).__name__}: {exc}")
+                rec.trail.append(f"!{name_of(self.fn)}: not recorded ({type(exc).__name__}: {exc})")
+            if not execute:
+                return None
             if gpu:  # run what the interpreter can (its twins of the GPU-only constexprs)
                 args = [INTERPRETER_RUNS.get(n, a) for n, a in zip(self.arg_names, args)]
                 kwargs = {k: INTERPRETER_RUNS.get(k, v) for k, v in kwargs.items()}
@@ -121,6 +127,7 @@ class Recorder:
         consts = {k: portable(v) for k, v in consts.items()}
         job = (fn.__module__, fn.__qualname__, sig, consts, attrs, opts)
         self.jobs.setdefault(repr(job), job)
+        self.trail.append(repr(job))
 
 
 def name_of(fn) -> str:

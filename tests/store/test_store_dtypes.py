@@ -47,3 +47,21 @@ def test_pack_refuses_a_model_without_2d_bf16(tmp_path):
     with pytest.raises(FormatError, match="no bf16 2-D matrices to pack: no tensors"):
         pack_folder(src, tmp_path / "out", progress=False)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]
+
+
+def test_pack_keeps_the_2d_bf16_tensors_it_is_asked_to_keep(tmp_path):
+    # glyd pack passes those its model's loader would not run packed (a router, final_logits_bias)
+    src = tmp_path / "src"
+    src.mkdir()
+    w, bias = torch.randn(4, 8).to(torch.bfloat16), torch.randn(1, 8).to(torch.bfloat16)
+    save_file({"w": w, "final_logits_bias": bias, "norm": torch.ones(8, dtype=torch.bfloat16)},
+              str(src / "model.safetensors"))
+    s = pack_folder(src, tmp_path / "out", progress=False, keep={"final_logits_bias"})
+    assert (s.packed, s.kept_asked, s.kept_names) == (1, 1, ["final_logits_bias", "norm"])
+    assert "2 bfloat16 (1 not 2-D, 1 not run packed by the model)" in str(s)
+    raw = load_file(str(tmp_path / "out" / "model.safetensors"))
+    assert torch.equal(raw["final_logits_bias"].view(torch.int16), bias.view(torch.int16))
+    with pytest.raises(FormatError, match=r"no bf16 2-D matrices to pack: 3 bfloat16 tensors \(the bfloat16 ones "
+                                          r"are not 2-D or not run packed by the model\)"):
+        pack_folder(src, tmp_path / "out2", progress=False, keep={"w", "final_logits_bias"})
+    assert not (tmp_path / "out2").exists()

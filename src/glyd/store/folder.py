@@ -18,7 +18,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Collection
 
 import torch
 from safetensors import safe_open
@@ -76,6 +76,7 @@ class PackSummary:
     kept_names: list[str] = field(default_factory=list)
     kept_2d: Counter = field(default_factory=Counter)  # dtype name -> 2-D float tensors kept (not bf16)
     kept_float: Counter = field(default_factory=Counter)  # dtype name -> other float tensors kept (not bf16)
+    kept_asked: int = 0  # 2-D bf16 tensors kept because the caller asked (``keep``: the loader runs them unpacked)
     files: list[str] = field(default_factory=list)  # copied verbatim (config.json is rewritten)
     skipped_files: list[str] = field(default_factory=list)
     src_bytes: int = 0  # safetensors files read
@@ -90,10 +91,8 @@ class PackSummary:
 
     def rows(self) -> list[tuple[str, str]]:
         lay = ", ".join(f"{n} {k}" for k, n in sorted(self.layouts.items())) or "none"
-        kept = ", ".join(
-            f"{self.kept[d]} {d}{' not 2-D' if d == 'bfloat16' else ''} ({_human(self.kept_bytes[d])})"
-            for d in sorted(self.kept)
-        ) or "none"
+        kept = ", ".join(f"{self.kept[d]} {d}{self._why(d)} ({_human(self.kept_bytes[d])})"
+                         for d in sorted(self.kept)) or "none"
         ratio = f"{100.0 * self.dst_bytes / self.src_bytes:.1f}%" if self.src_bytes else "-"
         rows = [
             ("source", str(self.src)),
@@ -113,6 +112,16 @@ class PackSummary:
             rows.append(("not copied (other weight files)", ", ".join(self.skipped_files)))
         rows.append(("time", f"{self.seconds:.1f} s"))
         return rows
+
+    def _why(self, dtype: str) -> str:
+        # why bf16 tensors were kept: not matrices, or matrices the caller asked to keep (``keep``)
+        if dtype != "bfloat16":
+            return ""
+        if not self.kept_asked:
+            return " not 2-D"
+        flat = self.kept[dtype] - self.kept_asked
+        why = [f"{flat} not 2-D"] if flat else []
+        return f" ({', '.join([*why, f'{self.kept_asked} not run packed by the model'])})"
 
     def __str__(self) -> str:
         return format_table(["", ""], self.rows(), header=False)
@@ -171,17 +180,19 @@ def _auto_layout(name: str, w: torch.Tensor, choose: Callable | None, state: dic
     return layout
 
 
-def _check_packable(src: Path, headers: dict[str, Header]) -> None:
-    """Refuse a model with no 2-D bf16 tensor, from the headers alone, before anything is written:
-    its "packed" checkpoint would load as a bf16 model, rounding every weight."""
+def _check_packable(src: Path, headers: dict[str, Header], keep: Collection[str]) -> None:
+    """Refuse a model with no 2-D bf16 tensor to pack (none, or all in ``keep``), from the headers
+    alone, before anything is written: its "packed" checkpoint would load as a bf16 model."""
     found: Counter = Counter()
     for h in headers.values():
-        for info in h.tensors.values():
+        for name, info in h.tensors.items():
             if info.dtype == "bfloat16" and len(info.shape) == 2:
-                return
+                if name not in keep:
+                    return
             found[info.dtype] += 1
     what = ", ".join(f"{n} {d}" for d, n in sorted(found.items(), key=lambda x: (-x[1], x[0])))
-    what = f"{what} tensors{' (the bfloat16 ones are not 2-D)' if 'bfloat16' in found else ''}" if found else "no tensors"
+    flat = " (the bfloat16 ones are not 2-D or not run packed by the model)" if keep else " (the bfloat16 ones are not 2-D)"
+    what = f"{what} tensors{flat if 'bfloat16' in found else ''}" if found else "no tensors"
     raise FormatError(
         f"{src}: no bf16 2-D matrices to pack: {what}. glyd packs bf16 weights losslessly and never converts "
         f"a dtype (convert the model to bf16 yourself if that is what you want; it is not lossless)"
@@ -196,6 +207,7 @@ def pack_folder(
     progress: bool = True,
     max_shard_bytes: int = 2 * 1024**3,
     choose: Callable[[tuple[int, int]], str] | None = None,
+    keep: Collection[str] = (),
 ) -> PackSummary:
     """Pack a transformers safetensors folder into a glyd checkpoint at ``dst``.
 
@@ -205,7 +217,9 @@ def pack_folder(
     shard is also split at ``max_shard_bytes``), every other file of the folder is copied, and
     config.json gets a ``quantization_config`` for glyd. Host memory stays near one output shard
     plus one tensor. ``choose``: the layout of a matrix of a shape for ``layout="auto"`` (``None``:
-    fixed12; ``glyd pack`` passes ``glyd.ops.choose_layout`` for the GPU it runs on).
+    fixed12; ``glyd pack`` passes ``glyd.ops.choose_layout`` for the GPU it runs on). ``keep``:
+    names of 2-D bf16 tensors to keep as they are too (``glyd pack`` passes those its model's loader
+    would not run packed: a router, a bias such as BART's ``final_logits_bias``); listed in the summary.
     """
     if layout not in LAYOUTS and layout != "auto":
         raise ValueError(f"unknown layout {layout!r}; choose one of {', '.join([*LAYOUTS, 'auto'])}")
@@ -215,7 +229,8 @@ def pack_folder(
     if dst.exists() or dst.is_symlink():
         raise DestinationExistsError(f"{dst} already exists; glyd never overwrites (remove it or choose another name)")
     check_outside(src, dst)
-    _check_packable(src, headers)
+    keep = frozenset(keep)
+    _check_packable(src, headers, keep)
     config, config_bytes = read_config(src) or (None, b"")
     if config is not None and config.get("quantization_config"):
         q = config["quantization_config"]
@@ -232,7 +247,7 @@ def pack_folder(
     summary = PackSummary(src=src, dst=dst, layout=layout, skipped_files=skipped)
     summary.src_bytes = sum(h.file_size for h in headers.values())
     with CheckpointWriter(dst, layout=layout, max_shard_bytes=max_shard_bytes, title=_title(src)) as out:
-        _pack_shards(out, src, files, headers, summary, progress, choose)
+        _pack_shards(out, src, files, headers, summary, progress, choose, keep)
         for path, rel in copies:
             if rel == CONFIG and config is not None:
                 continue
@@ -255,7 +270,7 @@ def pack_folder(
 
 
 def _pack_shards(out: CheckpointWriter, src: Path, files: list[str], headers: dict[str, Header],
-                 summary: PackSummary, progress: bool, choose: Callable | None) -> None:
+                 summary: PackSummary, progress: bool, choose: Callable | None, keep: frozenset[str]) -> None:
     """Pack or keep every tensor of the source shards, one tensor in memory at a time."""
     layout, auto_state = summary.layout, {}
     total = sum(len(h.tensors) for h in headers.values())
@@ -265,7 +280,7 @@ def _pack_shards(out: CheckpointWriter, src: Path, files: list[str], headers: di
             for name in headers[f].keys_in_file_order():
                 t = handle.get_tensor(name)
                 d = dtype_name(t.dtype)
-                if t.dtype == torch.bfloat16 and t.dim() == 2:
+                if t.dtype == torch.bfloat16 and t.dim() == 2 and name not in keep:
                     lay = _auto_layout(name, t, choose, auto_state) if layout == "auto" else layout
                     p = codec_pack(t, lay)
                     out.add_packed(name, p, sha256_tensor(t))
@@ -278,7 +293,9 @@ def _pack_shards(out: CheckpointWriter, src: Path, files: list[str], headers: di
                     if t.is_floating_point() and t.dtype != torch.bfloat16:
                         (summary.kept_2d if t.dim() == 2 else summary.kept_float)[d] += 1
                     out.add_tensor(name, t)
-                    why = "not 2-D" if t.dtype == torch.bfloat16 else "not bf16"
+                    asked = t.dtype == torch.bfloat16 and t.dim() == 2
+                    summary.kept_asked += asked
+                    why = "asked" if asked else "not 2-D" if t.dtype == torch.bfloat16 else "not bf16"
                     log.debug("kept unpacked (%s): %s %s%s", why, name, d, list(t.shape))
                     summary.kept[d] += 1
                     summary.kept_bytes[d] += t.numel() * t.element_size()

@@ -186,7 +186,8 @@ def test_sigterm_from_another_process(tmp_path):
         rc = child.wait(timeout=60)
     finally:
         child.kill()
-    err = child.stderr.read().strip().splitlines()
+    # the toy config builds no transformers model: a warning says loadability was not checked
+    err = [ln for ln in child.stderr.read().strip().splitlines() if not ln.startswith("WARNING")]
     assert rc == 143 and err == ["glyd pack: terminated"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]
 

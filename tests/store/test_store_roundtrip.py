@@ -30,7 +30,10 @@ def test_cli_round_trip(model, layout, request, tmp_path, capsys):
     rc, stdout, _ = _run(capsys, "pack", str(src), str(packed), "--layout", layout)
     assert rc == 0
     assert "bits a weight" in stdout and "kept unpacked" in stdout
-    n2d = sum(1 for t in original.values() if t.dim() == 2)
+    # MiniLM's position_ids, a buffer the fixture casts to bf16, is kept: BertModel runs it as it is
+    # (packed, the folder did not load)
+    kept = {"embeddings.position_ids"} if model == "minilm_bf16" else set()
+    n2d = sum(1 for n, t in original.items() if t.dim() == 2 and n not in kept)
     assert f"packed matrices      {n2d} ({n2d} {layout})" in stdout
     n1d = len(original) - n2d
     assert f"{n1d} bfloat16" in stdout  # norms and biases are kept, and reported
@@ -41,7 +44,7 @@ def test_cli_round_trip(model, layout, request, tmp_path, capsys):
     for name, t in original.items():
         e = reader.entry(name)
         assert e["dtype"] == "bfloat16" and e["shape"] == list(t.shape)
-        assert e["kind"] == ("packed" if t.dim() == 2 else "raw")
+        assert e["kind"] == ("packed" if t.dim() == 2 and name not in kept else "raw")
         if e["kind"] == "packed":
             assert e["layout"] == layout and e["format_version"] == 1
     q = reader.config["quantization_config"]
@@ -55,7 +58,7 @@ def test_cli_round_trip(model, layout, request, tmp_path, capsys):
 
     rc, stdout, _ = _run(capsys, "info", str(packed))
     assert rc == 0
-    some = next(n for n, t in original.items() if t.dim() == 2)
+    some = next(n for n, t in original.items() if t.dim() == 2 and n not in kept)
     line = next(ln for ln in stdout.splitlines() if ln.startswith(some + " "))
     assert layout in line and "x".join(map(str, original[some].shape)) in line
     rows, totals = info(packed)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from glyd.apps.cli_models import memory_arg
 from glyd.apps.layouts import layout_help, layout_names
-from glyd.errors import GlydError
+from glyd.errors import FormatError, GlydError, UnsupportedError
 from glyd.store import folder
 from glyd.store._atomic import is_glyd_temporary
 from glyd.store.checkpoint import CheckpointReader
@@ -72,7 +72,40 @@ def _choose():
     return lambda shape: choose_layout(shape, torch.device("cuda"))
 
 
-def _limit_layout(args: argparse.Namespace) -> str:
+def _loader_keep(args: argparse.Namespace) -> frozenset[str]:
+    """The 2-D bf16 tensors of the source that the packed folder's loader would not run packed (a
+    router, BART's ``final_logits_bias``): kept as they are, so that ``glyd.from_pretrained`` loads
+    the folder. Without transformers, or for a config it cannot build, none (every 2-D bf16 tensor
+    is packed, as before) with a warning; UnsupportedError (one line) for a tensor that transformers
+    converts while loading (experts stored one matrix per expert), naming the command to use."""
+    from glyd.store._source import read_config, source_shards
+
+    src = Path(args.src)
+    config = read_config(src)
+    if config is None or config[0].get("quantization_config"):
+        return frozenset()  # pack_folder says what is wrong with it
+    _, headers, _ = source_shards(src)
+    infos = [(n, i) for h in headers.values() for n, i in h.tensors.items()]
+    keys = [n for n, i in infos if i.dtype == "bfloat16" and len(i.shape) == 2]
+    unchecked = "every 2-D bf16 tensor is packed and whether glyd.from_pretrained loads the folder was not checked"
+    try:
+        from glyd.hf.pack_plan import loader_plan
+
+        plan = loader_plan(src, keys, [list(i.shape) for _, i in infos], dst=Path(args.dst), layout=args.layout)
+    except ModuleNotFoundError as exc:  # transformers or accelerate: the loader needs both
+        log.warning("%s: %s is not installed: %s", src, exc.name, unchecked)
+        return frozenset()
+    except UnsupportedError:
+        raise
+    except FormatError as exc:
+        log.warning("%s: %s", exc, unchecked)
+        return frozenset()
+    if plan.keep:
+        log.info("%s: %d 2-D bf16 tensor(s) kept as they are: %s runs them unpacked", src, len(plan.keep), plan.model)
+    return plan.keep
+
+
+def _limit_layout(args: argparse.Namespace, keep: frozenset[str]) -> str:
     """The layout ``--memory-limit`` allows, chosen (auto: the fastest that fits) or checked from the
     source's headers before anything is written: its 2-D bf16 tensors packed at the layout's planning
     bits, every other tensor at its stored bytes (``glyd.hf.memory``, as ``from_pretrained`` counts)."""
@@ -83,8 +116,8 @@ def _limit_layout(args: argparse.Namespace) -> str:
     packable = other = 0
     rows: Counter[int] = Counter()  # rows by K: each layout pads K (glyd.hf.memory.packable_rows)
     for h in headers.values():
-        for info in h.tensors.values():
-            if info.dtype == "bfloat16" and len(info.shape) == 2:
+        for name, info in h.tensors.items():
+            if info.dtype == "bfloat16" and len(info.shape) == 2 and name not in keep:
                 packable += info.shape[0] * info.shape[1]
                 rows[info.shape[1]] += info.shape[0]
             else:
@@ -94,9 +127,10 @@ def _limit_layout(args: argparse.Namespace) -> str:
 
 
 def _pack(args: argparse.Namespace) -> int:
-    layout = args.layout if args.memory_limit is None else _limit_layout(args)
+    keep = _loader_keep(args)
+    layout = args.layout if args.memory_limit is None else _limit_layout(args, keep)
     summary = folder.pack_folder(args.src, args.dst, layout=layout, progress=_progress(args),
-                                 choose=_choose() if layout == "auto" else None)
+                                 choose=_choose() if layout == "auto" else None, keep=keep)
     print(summary)  # its "kept unpacked" rows list the tensors left as they are, once
     if args.memory_limit is not None:
         _check_packed_folder(Path(args.dst), args.memory_limit, layout)

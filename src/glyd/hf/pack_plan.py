@@ -1,0 +1,116 @@
+"""Which tensors of a bf16 folder ``glyd pack`` may pack: those the glyd-folder loader runs packed.
+
+``glyd pack`` (``glyd.store.pack_folder``) knows no model: it packs 2-D bf16 tensors. The loader of
+the folder it writes (``glyd.hf.skeleton``) runs a packed tensor only as the weight of an
+``nn.Linear`` or ``nn.Embedding`` named exactly as the checkpoint names it. This module builds the
+model from the folder's config on the meta device (the class the loader builds), resolves each
+checkpoint key as transformers' loader does (``glyd.hf.keys``) and says which 2-D bf16 tensors to
+keep as they are (a router, BART's ``final_logits_bias``); a tensor that transformers converts
+(experts stored one matrix per expert) or renames into a packable weight is refused up front, with
+the command that packs it through the loader instead.
+
+>>> plan = loader_plan(Path("Qwen2.5-0.5B"), ["model.embed_tokens.weight"], [[151936, 896]])  # doctest: +SKIP
+>>> plan.keep                                                                  # doctest: +SKIP
+frozenset()
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from torch import nn
+
+from glyd.errors import FormatError, GlydError, UnsupportedError
+from glyd.hf._model import is_packable_embedding, is_packable_linear
+from glyd.hf.keys import checkpoint_resolver
+
+log = logging.getLogger(__name__)
+
+__all__ = ["LoaderPlan", "loader_plan", "packed_weights", "through_loader"]
+
+
+@dataclass(frozen=True)
+class LoaderPlan:
+    """``keep``: 2-D bf16 keys the loader would not run packed (kept as they are); ``model``: the
+    class the loader builds (for messages)."""
+
+    keep: frozenset[str]
+    model: str
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.keep, frozenset):
+            raise TypeError(f"LoaderPlan.keep must be a frozenset, got {type(self.keep).__name__}")
+
+
+def packed_weights(model: nn.Module) -> set[str]:
+    """The weight names the loader runs packed: every ``nn.Linear`` / ``nn.Embedding`` weight that
+    passes the packer's own predicates (a tied output projection included: stored, it is packed)."""
+    return {f"{name}.weight" if name else "weight" for name, m in model.named_modules(remove_duplicate=False)
+            if is_packable_linear(m) or is_packable_embedding(m)}
+
+
+def through_loader(src: Path, dst: Path, layout: str) -> str:
+    """The command that packs ``src`` through the loader (transformers' conversions applied) into ``dst``."""
+    code = (f"import glyd; glyd.save_pretrained(glyd.from_pretrained({str(src)!r}, device='cpu', "
+            f"layout={layout!r}), {str(dst)!r})")
+    return f'python -c "{code}"'
+
+
+def _meta_model(src: Path, shapes: list[list[int]]) -> nn.Module:
+    """The model the glyd-folder loader builds from ``src``'s config, on the meta device; FormatError
+    (one line) for a config that cannot be built here (``shapes``: the stored tensors', which bound
+    the config's counts before transformers builds a module a count)."""
+    from accelerate import init_empty_weights
+    from transformers import AutoConfig
+
+    from glyd.hf.checks import check_counts
+    from glyd.hf.classes import build_empty, pick_class, read_config
+
+    try:
+        config = read_config(src)
+        check_counts(config, shapes, src / "config.json")
+        cls = pick_class(None, config)
+        hf_config = AutoConfig.from_pretrained(src)
+        with init_empty_weights(include_buffers=False):
+            return build_empty(cls, hf_config)
+    except GlydError as exc:
+        raise FormatError(str(exc)) from exc
+    except Exception as exc:  # any failure inside transformers: this config cannot be built here
+        why = " ".join(str(exc).split()).split(". ")[0]  # transformers' messages run to several sentences
+        why = why if len(why) <= 200 else why[:197] + "..."
+        raise FormatError(f"{src / 'config.json'}: transformers cannot build the model ({type(exc).__name__}: "
+                          f"{why})") from exc
+
+
+def loader_plan(src: Path, keys: list[str], shapes: list[list[int]], *, dst: Path | None = None,
+                layout: str = "fixed12") -> LoaderPlan:
+    """The plan for packing ``keys`` (the 2-D bf16 checkpoint keys of ``src``; ``shapes``: every
+    stored tensor's shape).
+
+    Raises UnsupportedError (one line, naming the tensor and the command to use instead) for a key
+    that transformers converts or renames into a weight the loader runs packed: packed under its
+    checkpoint name, no module of the model would take it. FormatError: transformers cannot build
+    the model from ``src``'s config (the caller decides what to do without a plan).
+    """
+    model = _meta_model(src, shapes)
+    names = set(model.state_dict(keep_vars=True))
+    packable = packed_weights(model)
+    resolve = checkpoint_resolver(model, names, str(src))
+    keep = set()
+    for key in keys:
+        name, converter, _ = resolve(key)
+        if key in packable:
+            continue
+        if converter is not None or name in packable:
+            how = "converts" if converter is not None else "renames"
+            instead = through_loader(src, dst if dst is not None else Path(f"{src.name}-glyd"), layout)
+            raise UnsupportedError(
+                f"{src}: tensor {key!r} is stored in a layout that transformers {how} into {name!r} while loading, "
+                f"and glyd pack keeps tensors as the folder stores them; pack through the loader instead (it holds "
+                f"the packed model in memory): {instead}")
+        keep.add(key)
+    if keep:
+        log.debug("%s: kept as they are (not run packed by %s): %s", src, type(model).__name__, sorted(keep))
+    return LoaderPlan(frozenset(keep), type(model).__name__)

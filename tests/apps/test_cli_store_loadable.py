@@ -1,0 +1,176 @@
+"""``glyd pack`` (:mod:`glyd.apps.cli_store`, :mod:`glyd.hf.pack_plan`): every folder it writes loads
+with ``glyd.from_pretrained`` (exact logits equal bf16's bit for bit), or it refuses up front naming
+the tensor and the command to use instead. 2-D bf16 tensors the model does not run packed (an MoE
+router, BART's ``final_logits_bias``) are kept as they are and listed in the summary."""
+
+from __future__ import annotations
+
+import logging
+import re
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+import glyd
+from glyd.cli import main
+from glyd.store import CheckpointReader
+from glyd.store._safetensors import read_header
+
+transformers = pytest.importorskip("transformers")
+
+sys.path.insert(0, str(Path(__file__).parent))
+from serve_model import build_chat_model  # noqa: E402
+
+VOCAB = 128
+
+
+def _moe_config(family: str):
+    common = dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
+                  num_experts_per_tok=2, tie_word_embeddings=False)
+    if family == "mixtral":
+        return transformers.MixtralConfig(**common, intermediate_size=96, num_local_experts=4)
+    return transformers.Qwen3MoeConfig(**common, intermediate_size=128, moe_intermediate_size=64, num_experts=4,
+                                       head_dim=16)
+
+
+def _random(model):
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn_like(p) * (0.05 if p.dim() >= 2 else 0.1) + (0 if p.dim() >= 2 else 1))
+    return model.to(torch.bfloat16).eval()
+
+
+def _reference(cls, folder: Path):
+    # the bf16 model as transformers loads it (the one built in float32 keeps its rotary buffers in bf16)
+    return cls.from_pretrained(folder, dtype=torch.bfloat16).eval()
+
+
+def _logits(model, ids, **kw):
+    with torch.no_grad():
+        return model(ids, **kw).logits
+
+
+def _ids():
+    return torch.randint(3, VOCAB, (2, 9), generator=torch.Generator().manual_seed(5))
+
+
+def _packed(folder: Path) -> set[str]:
+    reader = CheckpointReader(folder)
+    return {n for n in reader.names() if reader.entry(n)["kind"] == "packed"}
+
+
+def _bf16_2d(folder: Path) -> set[str]:
+    return {n for f in folder.glob("*.safetensors") for n, i in read_header(f).tensors.items()
+            if i.dtype == "bfloat16" and len(i.shape) == 2}
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe", "mixtral"])
+def test_experts_stored_one_matrix_an_expert_are_refused_with_the_command_that_packs_them(family, tmp_path, capsys):
+    # was: packed, then glyd.from_pretrained refused "packed tensor '...experts.0.down_proj.weight' names no module"
+    model = _random(transformers.AutoModelForCausalLM.from_config(_moe_config(family), dtype=torch.float32))
+    model.save_pretrained(tmp_path / "bf16")
+    dst = tmp_path / "packed"
+    capsys.readouterr()  # transformers' progress bar
+    assert main(["-q", "pack", str(tmp_path / "bf16"), str(dst)]) == 1
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and not dst.exists()
+    assert re.search(r"tensor 'model\.layers\.0\.(mlp|block_sparse_moe)\.experts\.0\.\w+\.weight' is stored in a layout "
+                     r"that transformers converts", err), err
+    command = re.search(r'python -c "(.*)"$', err).group(1)
+    exec(command, {})  # the command it names writes a folder that loads, exact
+    got = glyd.from_pretrained(dst, device="cpu", exact=True, progress=False)
+    ids, ref = _ids(), _reference(transformers.AutoModelForCausalLM, tmp_path / "bf16")
+    assert torch.equal(_logits(got, ids).view(torch.int16), _logits(ref, ids).view(torch.int16))
+
+
+def test_a_router_beside_fused_experts_is_kept_and_the_folder_loads_exact(tmp_path, capsys):
+    # experts stored fused (as the model holds them): nothing to convert; the router's 2-D weight
+    # (Qwen3MoeTopKRouter) was packed, then refused by the loader ("cannot run packed")
+    model = _random(transformers.AutoModelForCausalLM.from_config(_moe_config("qwen3_moe"), dtype=torch.float32))
+    src = tmp_path / "bf16"
+    model.save_pretrained(src)
+    (src / "model.safetensors").unlink()
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(src / "model.safetensors"),
+              metadata={"format": "pt"})
+    assert main(["-q", "pack", str(src), str(tmp_path / "packed")]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"kept unpacked\s+.*1 not run packed by the model", out), out
+    assert "model.layers.0.mlp.gate.weight" in out
+    assert _packed(tmp_path / "packed") == _bf16_2d(src) - {"model.layers.0.mlp.gate.weight"}
+    got = glyd.from_pretrained(tmp_path / "packed", device="cpu", exact=True, progress=False)
+    ids, ref = _ids(), _reference(transformers.AutoModelForCausalLM, src)
+    assert torch.equal(_logits(got, ids).view(torch.int16), _logits(ref, ids).view(torch.int16))
+
+
+@pytest.fixture(scope="module")
+def bart(tmp_path_factory):
+    cfg = transformers.BartConfig(vocab_size=VOCAB, d_model=32, encoder_layers=1, decoder_layers=1,
+                                  encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=64,
+                                  decoder_ffn_dim=64, max_position_embeddings=64)
+    model = _random(transformers.AutoModelForSeq2SeqLM.from_config(cfg, dtype=torch.float32))
+    with torch.no_grad():
+        model.final_logits_bias.normal_(0.0, 0.1)  # a bias that changes the logits (its buffer starts at zero)
+    src = tmp_path_factory.mktemp("bart") / "bf16"
+    model.save_pretrained(src)
+    return src
+
+
+KEPT_BART = {"final_logits_bias", "model.encoder.embed_positions.weight", "model.decoder.embed_positions.weight"}
+
+
+def test_bart_keeps_its_final_logits_bias_and_positions_as_the_loader_does(bart, tmp_path, capsys):
+    # final_logits_bias [1, vocab] and the learned positions were packed, then refused by the loader
+    src = bart
+    assert main(["-q", "pack", str(src), str(tmp_path / "packed")]) == 0
+    out = capsys.readouterr().out
+    assert "3 not run packed by the model" in out and "final_logits_bias" in out
+    packed = _packed(tmp_path / "packed")
+    assert packed == _bf16_2d(src) - KEPT_BART
+
+
+@pytest.mark.xfail(raises=AttributeError, strict=False,
+                   reason="a float embed_scale in a glyd folder's loader: fixed by the pending h80-encdec")
+def test_bart_packed_by_glyd_pack_loads_with_logits_equal_to_bf16(bart, tmp_path):
+    src = bart
+    assert main(["-q", "pack", str(src), str(tmp_path / "packed")]) == 0
+    got = glyd.from_pretrained(tmp_path / "packed", device="cpu", exact=True, progress=False)
+    ids, dec = _ids(), torch.arange(3, 9)[None].expand(2, -1)
+    want = _logits(_reference(transformers.AutoModelForSeq2SeqLM, src), ids, decoder_input_ids=dec)
+    assert torch.equal(_logits(got, ids, decoder_input_ids=dec).view(torch.int16), want.view(torch.int16))
+
+
+def test_a_dense_model_packs_every_matrix_as_before(tmp_path, capsys):
+    src = build_chat_model(tmp_path / "bf16")
+    assert main(["-q", "pack", str(src), str(tmp_path / "packed")]) == 0
+    out = capsys.readouterr().out
+    assert "not run packed" not in out
+    assert _packed(tmp_path / "packed") == _bf16_2d(src) and len(_bf16_2d(src)) == 16
+
+
+def test_without_a_model_to_check_every_matrix_is_packed_with_a_warning(bart, tmp_path, caplog, monkeypatch):
+    from glyd.hf import pack_plan
+
+    def no_transformers(*args):
+        raise ModuleNotFoundError("No module named 'transformers'", name="transformers")
+
+    monkeypatch.setattr(pack_plan, "_meta_model", no_transformers)
+    src = bart
+    with caplog.at_level(logging.WARNING):
+        assert main(["-q", "pack", str(src), str(tmp_path / "packed")]) == 0
+    assert _packed(tmp_path / "packed") == _bf16_2d(src)
+    assert any("transformers is not installed" in r.getMessage() and "was not checked" in r.getMessage()
+               for r in caplog.records)
+
+
+def test_a_config_transformers_cannot_build_packs_every_matrix_with_a_warning(tmp_path, caplog):
+    src = build_chat_model(tmp_path / "bf16")
+    cfg = (src / "config.json").read_text()
+    (src / "config.json").write_text(cfg.replace('"model_type": "mistral"', '"model_type": "not-a-model"'))
+    with caplog.at_level(logging.WARNING):
+        assert main(["-q", "pack", str(src), str(tmp_path / "packed")]) == 0
+    assert _packed(tmp_path / "packed") == _bf16_2d(src)
+    assert any("was not checked" in r.getMessage() for r in caplog.records)

@@ -174,3 +174,18 @@ def test_a_config_transformers_cannot_build_packs_every_matrix_with_a_warning(tm
         assert main(["-q", "pack", str(src), str(tmp_path / "packed")]) == 0
     assert _packed(tmp_path / "packed") == _bf16_2d(src)
     assert any("was not checked" in r.getMessage() for r in caplog.records)
+
+
+def test_a_tensor_the_model_has_no_place_for_is_named_in_a_warning(tmp_path, caplog):
+    # kept (glyd unpack gives it back), but the packed folder's loader refuses it: said up front
+    from safetensors.torch import load_file
+
+    src = build_chat_model(tmp_path / "bf16")
+    tensors = load_file(str(src / "model.safetensors"))
+    tensors["model.position_ids"] = torch.arange(8)[None].to(torch.bfloat16)
+    save_file(tensors, str(src / "model.safetensors"), metadata={"format": "pt"})
+    with caplog.at_level(logging.WARNING):
+        assert main(["-q", "pack", str(src), str(tmp_path / "packed")]) == 0
+    assert "model.position_ids" not in _packed(tmp_path / "packed")
+    said = [r.getMessage() for r in caplog.records if "have no place in" in r.getMessage()]
+    assert len(said) == 1 and "tensor(s) model.position_ids have no place in MistralForCausalLM" in said[0]

@@ -85,13 +85,12 @@ def _loader_keep(args: argparse.Namespace) -> frozenset[str]:
     if config is None or config[0].get("quantization_config"):
         return frozenset()  # pack_folder says what is wrong with it
     _, headers, _ = source_shards(src)
-    infos = [(n, i) for h in headers.values() for n, i in h.tensors.items()]
-    keys = [n for n, i in infos if i.dtype == "bfloat16" and len(i.shape) == 2]
+    tensors = {n: (i.dtype, list(i.shape)) for h in headers.values() for n, i in h.tensors.items()}
     unchecked = "every 2-D bf16 tensor is packed and whether glyd.from_pretrained loads the folder was not checked"
     try:
         from glyd.hf.pack_plan import loader_plan
 
-        plan = loader_plan(src, keys, [list(i.shape) for _, i in infos], dst=Path(args.dst), layout=args.layout)
+        plan = loader_plan(src, tensors, dst=Path(args.dst), layout=args.layout)
     except ModuleNotFoundError as exc:  # transformers or accelerate: the loader needs both
         log.warning("%s: %s is not installed: %s", src, exc.name, unchecked)
         return frozenset()
@@ -100,6 +99,11 @@ def _loader_keep(args: argparse.Namespace) -> frozenset[str]:
     except FormatError as exc:
         log.warning("%s: %s", exc, unchecked)
         return frozenset()
+    if plan.unused:
+        more = f" and {len(plan.unused) - 5} more" if len(plan.unused) > 5 else ""
+        log.warning("%s: tensor(s) %s%s have no place in %s: glyd.from_pretrained will refuse the packed folder (glyd "
+                    "unpack gives them back; remove them from the source to load it)", src,
+                    ", ".join(plan.unused[:5]), more, plan.model)
     if plan.keep:
         log.info("%s: %d 2-D bf16 tensor(s) kept as they are: %s runs them unpacked", src, len(plan.keep), plan.model)
     return plan.keep

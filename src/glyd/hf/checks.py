@@ -145,7 +145,7 @@ def check_folder(folder: Path, *, verify: bool) -> CheckpointReader:
     return reader
 
 
-def _ignored(model: nn.Module, attr: str) -> list[re.Pattern]:
+def ignored(model: nn.Module, attr: str) -> list[re.Pattern]:
     return [re.compile(p) for p in (getattr(model, attr, None) or [])]
 
 
@@ -160,7 +160,7 @@ def _provided(manifest: dict[str, Any]) -> dict[str, dict[str, Any] | None]:
     return keys
 
 
-def _tied_output(model: nn.Module) -> set[str]:
+def tied_output(model: nn.Module) -> set[str]:
     """Names an output projection tied to the input embedding may be stored under."""
     try:
         out = model.get_output_embeddings()
@@ -184,7 +184,7 @@ def check_complete(model: nn.Module, manifest: dict[str, Any], where: str | Path
     for name, t in state.items():
         if name in provided or by_id.get(id(t)) is not None:  # stored, or the same tensor as a stored one
             continue
-        if any(p.search(name) for p in _ignored(model, "_keys_to_ignore_on_load_missing")):
+        if any(p.search(name) for p in ignored(model, "_keys_to_ignore_on_load_missing")):
             continue
         missing.append(name)
     if missing:
@@ -193,8 +193,8 @@ def check_complete(model: nn.Module, manifest: dict[str, Any], where: str | Path
             f"{where}: the checkpoint lacks tensor(s) the model needs: {', '.join(missing[:5])}{more} "
             f"(transformers would initialise them at random)"
         )
-    skip = _ignored(model, "_keys_to_ignore_on_load_unexpected")
-    tied = _tied_output(model)
+    skip = ignored(model, "_keys_to_ignore_on_load_unexpected")
+    tied = tied_output(model)
     unused = [k for k in provided if k not in state and k not in tied and not any(p.search(k) for p in skip)]
     if unused:
         more = f" and {len(unused) - 5} more" if len(unused) > 5 else ""

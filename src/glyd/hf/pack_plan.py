@@ -9,7 +9,7 @@ keep as they are (a router, BART's ``final_logits_bias``); a tensor that transfo
 (experts stored one matrix per expert) or renames into a packable weight is refused up front, with
 the command that packs it through the loader instead.
 
->>> plan = loader_plan(Path("Qwen2.5-0.5B"), ["model.embed_tokens.weight"], [[151936, 896]])  # doctest: +SKIP
+>>> plan = loader_plan(Path("Qwen2.5-0.5B"), {"model.embed_tokens.weight": ("bfloat16", [151936, 896])})  # doctest: +SKIP
 >>> plan.keep                                                                  # doctest: +SKIP
 frozenset()
 """
@@ -19,25 +19,29 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterable
 
 from torch import nn
 
 from glyd.errors import FormatError, GlydError, UnsupportedError
 from glyd.hf._model import is_packable_embedding, is_packable_linear
+from glyd.hf.checks import ignored, tied_output
 from glyd.hf.keys import checkpoint_resolver
 
 log = logging.getLogger(__name__)
 
-__all__ = ["LoaderPlan", "loader_plan", "packed_weights", "through_loader"]
+__all__ = ["LoaderPlan", "loader_plan", "packed_weights", "through_loader", "unused_tensors"]
 
 
 @dataclass(frozen=True)
 class LoaderPlan:
     """``keep``: 2-D bf16 keys the loader would not run packed (kept as they are); ``model``: the
-    class the loader builds (for messages)."""
+    class the loader builds (for messages); ``unused``: keys the loader finds no place for (it
+    refuses the folder: ``glyd pack`` warns, and keeps them, as ``glyd unpack`` gives every tensor back)."""
 
     keep: frozenset[str]
     model: str
+    unused: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.keep, frozenset):
@@ -84,25 +88,24 @@ def _meta_model(src: Path, shapes: list[list[int]]) -> nn.Module:
                           f"{why})") from exc
 
 
-def loader_plan(src: Path, keys: list[str], shapes: list[list[int]], *, dst: Path | None = None,
+def loader_plan(src: Path, tensors: dict[str, tuple[str, list[int]]], *, dst: Path | None = None,
                 layout: str = "fixed12") -> LoaderPlan:
-    """The plan for packing ``keys`` (the 2-D bf16 checkpoint keys of ``src``; ``shapes``: every
-    stored tensor's shape).
+    """The plan for packing ``src``, whose shards hold ``tensors`` (name -> (dtype name, shape)).
 
-    Raises UnsupportedError (one line, naming the tensor and the command to use instead) for a key
-    that transformers converts or renames into a weight the loader runs packed: packed under its
-    checkpoint name, no module of the model would take it. FormatError: transformers cannot build
+    Raises UnsupportedError (one line, naming the tensor and the command to use instead) for a 2-D
+    bf16 key that transformers converts or renames into a weight the loader runs packed: packed under
+    its checkpoint name, no module of the model would take it. FormatError: transformers cannot build
     the model from ``src``'s config (the caller decides what to do without a plan).
     """
-    model = _meta_model(src, shapes)
+    model = _meta_model(src, [list(shape) for _, shape in tensors.values()])
     names = set(model.state_dict(keep_vars=True))
     packable = packed_weights(model)
     resolve = checkpoint_resolver(model, names, str(src))
     keep = set()
-    for key in keys:
-        name, converter, _ = resolve(key)
-        if key in packable:
+    for key, (dtype, shape) in tensors.items():
+        if dtype != "bfloat16" or len(shape) != 2 or key in packable:
             continue
+        name, converter, _ = resolve(key)
         if converter is not None or name in packable:
             how = "converts" if converter is not None else "renames"
             instead = through_loader(src, dst if dst is not None else Path(f"{src.name}-glyd"), layout)
@@ -113,4 +116,13 @@ def loader_plan(src: Path, keys: list[str], shapes: list[list[int]], *, dst: Pat
         keep.add(key)
     if keep:
         log.debug("%s: kept as they are (not run packed by %s): %s", src, type(model).__name__, sorted(keep))
-    return LoaderPlan(frozenset(keep), type(model).__name__)
+    return LoaderPlan(frozenset(keep), type(model).__name__, tuple(sorted(unused_tensors(model, tensors))))
+
+
+def unused_tensors(model: nn.Module, keys: Iterable[str]) -> list[str]:
+    """The ``keys`` a glyd folder's loader finds no place for in ``model`` (``glyd.hf.checks.check_complete``
+    refuses them): not a tensor of the model under that name, nor one transformers ignores."""
+    names = set(model.state_dict(keep_vars=True))
+    skip = ignored(model, "_keys_to_ignore_on_load_unexpected")
+    tied = tied_output(model)
+    return [k for k in keys if k not in names and k not in tied and not any(p.search(k) for p in skip)]

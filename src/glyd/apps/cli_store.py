@@ -215,8 +215,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "pack",
         help="pack a transformers safetensors folder into a glyd checkpoint",
-        description="Pack every 2-D bf16 tensor of a transformers safetensors folder losslessly; keep other "
-        "tensors as they are; copy config, tokenizer and other files.",
+        description="Pack the 2-D bf16 tensors of a transformers safetensors folder that the model runs packed "
+        "(nn.Linear and nn.Embedding weights, found on the model built from config.json on the meta device) "
+        "losslessly; keep other tensors as they are; copy config, tokenizer and other files.",
     )
     p.add_argument("src", help="model folder (model.safetensors or model.safetensors.index.json + shards)")
     p.add_argument("dst", help="new folder for the packed checkpoint (must not exist)")

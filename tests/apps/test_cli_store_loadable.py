@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import re
+import shlex
 import sys
 from pathlib import Path
 
@@ -78,10 +79,11 @@ def test_experts_stored_one_matrix_an_expert_are_refused_with_the_command_that_p
     assert main(["-q", "pack", str(tmp_path / "bf16"), str(dst)]) == 1
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and not dst.exists()
-    assert re.search(r"tensor 'model\.layers\.0\.(mlp|block_sparse_moe)\.experts\.0\.\w+\.weight' is stored in a layout "
-                     r"that transformers converts", err), err
-    command = re.search(r'python -c "(.*)"$', err).group(1)
-    exec(command, {})  # the command it names writes a folder that loads, exact
+    assert re.search(r"tensor 'model\.layers\.0\.(mlp|block_sparse_moe)\.experts\.0\.\w+\.weight' is stored in a "
+                     r"layout that transformers converts", err), err
+    command = shlex.split(err[err.index("python -c "):])
+    assert command[:2] == ["python", "-c"] and len(command) == 3
+    exec(command[2], {})  # the command it names writes a folder that loads, exact
     got = glyd.from_pretrained(dst, device="cpu", exact=True, progress=False)
     ids, ref = _ids(), _reference(transformers.AutoModelForCausalLM, tmp_path / "bf16")
     assert torch.equal(_logits(got, ids).view(torch.int16), _logits(ref, ids).view(torch.int16))
@@ -189,3 +191,19 @@ def test_a_tensor_the_model_has_no_place_for_is_named_in_a_warning(tmp_path, cap
     assert "model.position_ids" not in _packed(tmp_path / "packed")
     said = [r.getMessage() for r in caplog.records if "have no place in" in r.getMessage()]
     assert len(said) == 1 and "tensor(s) model.position_ids have no place in MistralForCausalLM" in said[0]
+
+
+def test_weights_stored_without_the_models_prefix_are_refused_with_the_loader_command(tmp_path, capsys):
+    # transformers' loader adds "model." to them; packed under their own names no module would take them
+    from safetensors.torch import load_file
+
+    src = build_chat_model(tmp_path / "bf16")
+    tensors = load_file(str(src / "model.safetensors"))
+    save_file({k.removeprefix("model."): v for k, v in tensors.items()}, str(src / "model.safetensors"),
+              metadata={"format": "pt"})
+    capsys.readouterr()
+    assert main(["-q", "pack", str(src), str(tmp_path / "packed")]) == 1
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and not (tmp_path / "packed").exists()
+    assert re.search(r"tensor '[\w.]+' is stored in a layout that transformers renames into 'model\.[\w.]+'", err), err
+    assert "python -c 'import glyd; glyd.save_pretrained(glyd.from_pretrained(" in err

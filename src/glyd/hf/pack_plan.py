@@ -9,14 +9,16 @@ keep as they are (a router, BART's ``final_logits_bias``); a tensor that transfo
 (experts stored one matrix per expert) or renames into a packable weight is refused up front, with
 the command that packs it through the loader instead.
 
->>> plan = loader_plan(Path("Qwen2.5-0.5B"), {"model.embed_tokens.weight": ("bfloat16", [151936, 896])})  # doctest: +SKIP
->>> plan.keep                                                                  # doctest: +SKIP
+>>> tensors = {"model.embed_tokens.weight": ("bfloat16", [151936, 896])}    # doctest: +SKIP
+>>> loader_plan(Path("Qwen2.5-0.5B"), tensors).keep                          # doctest: +SKIP
 frozenset()
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
@@ -57,9 +59,10 @@ def packed_weights(model: nn.Module) -> set[str]:
 
 def through_loader(src: Path, dst: Path, layout: str) -> str:
     """The command that packs ``src`` through the loader (transformers' conversions applied) into ``dst``."""
-    code = (f"import glyd; glyd.save_pretrained(glyd.from_pretrained({str(src)!r}, device='cpu', "
-            f"layout={layout!r}), {str(dst)!r})")
-    return f'python -c "{code}"'
+    q = json.dumps  # a Python string literal in double quotes, for the shell's single ones
+    code = (f"import glyd; glyd.save_pretrained(glyd.from_pretrained({q(str(src))}, device={q('cpu')}, "
+            f"layout={q(layout)}), {q(str(dst))})")
+    return f"python -c {shlex.quote(code)}"
 
 
 def _meta_model(src: Path, shapes: list[list[int]]) -> nn.Module:

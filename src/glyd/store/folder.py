@@ -191,7 +191,7 @@ def _check_packable(src: Path, headers: dict[str, Header], keep: Collection[str]
                     return
             found[info.dtype] += 1
     what = ", ".join(f"{n} {d}" for d, n in sorted(found.items(), key=lambda x: (-x[1], x[0])))
-    flat = " (the bfloat16 ones are not 2-D or not run packed by the model)" if keep else " (the bfloat16 ones are not 2-D)"
+    flat = f" (the bfloat16 ones are not 2-D{' or not run packed by the model' if keep else ''})"
     what = f"{what} tensors{flat if 'bfloat16' in found else ''}" if found else "no tensors"
     raise FormatError(
         f"{src}: no bf16 2-D matrices to pack: {what}. glyd packs bf16 weights losslessly and never converts "

@@ -95,6 +95,7 @@ def test_a_model_fixed12_does_not_fit_is_told_the_smaller_layout_that_does():
     e, table = fit.run_fit("qwen3-30b-a3b", "48GB", 8192)
     assert not e.fits_glyd
     note = next(line for line in table.splitlines() if line.startswith("note: dense11 fits"))
+    assert note.endswith("GiB on demo, eval, serve)")  # not glyd pack: it keeps an MoE's experts bf16
     limit = float(re.search(r"--memory-limit ([0-9.]+)GiB", note).group(1)) * GiB
     count = fit.count_from_shape(_shape("qwen3-30b-a3b"))  # the limit told makes auto take dense11
     weights = WeightsCount(count.packable, count.other_bytes, count.rows)
@@ -102,6 +103,8 @@ def test_a_model_fixed12_does_not_fit_is_told_the_smaller_layout_that_does():
     assert weights.need("dense11") + e.kv_cache + e.margin <= e.gpu_bytes
     _, table = fit.run_fit("llama-3.1-70b", "24GB", 8192)
     assert "note: no layout fits at this context and batch" in table
+    _, table = fit.run_fit("qwen2.5-14b", "24GB", 4096)  # a dense model: glyd pack takes the limit too
+    assert "fits: weights" in table and "GiB on pack, demo, eval, serve)" in table
     _, table = fit.run_fit("qwen3-30b-a3b", "80GB", 8192)
     assert "fits:" not in table and "no layout fits" not in table  # fixed12 fits: nothing to say
 

@@ -445,7 +445,8 @@ def smaller_layout_note(e: FitEstimate, shape: ModelShape, folder: Path | None) 
         weights = count.glyd_bytes(name)
         if weights <= room:
             limit = math.floor(room / GiB * 100) / 100
+            where = "demo, eval, serve" if shape.experts else "pack, demo, eval, serve"  # pack keeps experts bf16
             return (f"{name} fits: weights {weights / GiB:.2f} GiB, total {(weights + e.kv_cache + e.margin) / GiB:.2f} "
-                    f"GiB (--layout {name}; or --layout auto --memory-limit {limit:.2f}GiB on pack, demo, eval, serve)")
+                    f"GiB (--layout {name}; or --layout auto --memory-limit {limit:.2f}GiB on {where})")
     return "no layout fits at this context and batch: a shorter --context, a smaller --batch or a larger GPU"
 

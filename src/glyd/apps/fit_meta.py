@@ -26,6 +26,7 @@ from typing import Any
 from glyd.errors import FormatError
 from glyd.hf.checks import count_fields
 from glyd.hf.memory import count_weights, packable_rows  # the loader's own count (memory_limit)
+from glyd.nn.experts import is_packable as packable_experts
 from glyd.store._safetensors import short
 
 log = logging.getLogger(__name__)
@@ -71,6 +72,7 @@ class ModelShape:
     unpacked_matrices: Counter[str] = field(default_factory=Counter)  # module type -> elements of >= 2-D weights kept bf16
     packable_rows: tuple[tuple[int, int], ...] = ()  # (K, rows) of the packed matrices: the layouts pad K
     text_only: bool = False  # a multimodal config: the language model only
+    experts: bool = False  # MoE experts among the packed weights (glyd pack keeps them bf16 or refuses the folder)
 
     @property
     def other(self) -> int:
@@ -186,4 +188,5 @@ def model_shape(cfg: dict[str, Any]) -> ModelShape:
         unpacked_matrices=unpacked,
         packable_rows=packable_rows(model),
         text_only=bool(cfg.get("_text_only")),
+        experts=any(packable_experts(m) for m in model.modules()),
     )

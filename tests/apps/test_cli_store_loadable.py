@@ -5,6 +5,7 @@ router, BART's ``final_logits_bias``) are kept as they are and listed in the sum
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import shlex
@@ -207,3 +208,23 @@ def test_weights_stored_without_the_models_prefix_are_refused_with_the_loader_co
     assert "\n" not in err and not (tmp_path / "packed").exists()
     assert re.search(r"tensor '[\w.]+' is stored in a layout that transformers renames into 'model\.[\w.]+'", err), err
     assert "python -c 'import glyd; glyd.save_pretrained(glyd.from_pretrained(" in err
+
+
+def test_a_folders_own_code_is_never_run_nor_asked_about(tmp_path, monkeypatch, caplog):
+    # was: transformers asked "Do you wish to run the custom code? [y/N]" on stdin, twice, and ran
+    # the folder's configuration_*.py on "y" (AutoConfig without trust_remote_code=False)
+    src = build_chat_model(tmp_path / "bf16")
+    cfg = json.loads((src / "config.json").read_text())
+    cfg.update(model_type="hostile", architectures=["HostileForCausalLM"],
+               auto_map={"AutoConfig": "configuration_hostile.HostileConfig",
+                         "AutoModelForCausalLM": "modeling_hostile.HostileForCausalLM"})
+    (src / "config.json").write_text(json.dumps(cfg))
+    ran = tmp_path / "ran"
+    for module in ("configuration_hostile", "modeling_hostile"):
+        (src / f"{module}.py").write_text(f"open({str(ran)!r}, 'a').write({module!r})\n")
+    asked = []
+    monkeypatch.setattr("builtins.input", lambda *args: asked.append(args) or "y")
+    with caplog.at_level(logging.WARNING):
+        assert main(["-q", "pack", str(src), str(tmp_path / "packed")]) == 0
+    assert not asked and not ran.exists()
+    assert any("was not checked" in r.getMessage() for r in caplog.records)

@@ -79,9 +79,10 @@ def _meta_model(src: Path, shapes: list[list[int]]) -> nn.Module:
         config = read_config(src)
         check_counts(config, shapes, src / "config.json")
         cls = pick_class(None, config)
-        hf_config = AutoConfig.from_pretrained(src)
+        # never the folder's own code (auto_map): transformers would ask on stdin, and run it on "y"
+        hf_config = AutoConfig.from_pretrained(src, trust_remote_code=False)
         with init_empty_weights(include_buffers=False):
-            return build_empty(cls, hf_config)
+            return build_empty(cls, hf_config, trust_remote_code=False)
     except GlydError as exc:
         raise FormatError(str(exc)) from exc
     except Exception as exc:  # any failure inside transformers: this config cannot be built here

@@ -16,6 +16,7 @@ frozenset()
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import shlex
@@ -65,11 +66,19 @@ def through_loader(src: Path, dst: Path, layout: str) -> str:
     return f"python -c {shlex.quote(code)}"
 
 
+def _safe_creation():
+    # transformers' own guard for meta-device construction (torch.linspace kept on the CPU), where it has one
+    from transformers import initialization
+
+    guard = getattr(initialization, "meta_device_safe_creation_ops", None)
+    return guard() if guard is not None else contextlib.nullcontext()
+
+
 def _meta_model(src: Path, shapes: list[list[int]]) -> nn.Module:
     """The model the glyd-folder loader builds from ``src``'s config, on the meta device; FormatError
     (one line) for a config that cannot be built here (``shapes``: the stored tensors', which bound
     the config's counts before transformers builds a module a count)."""
-    from accelerate import init_empty_weights
+    import torch
     from transformers import AutoConfig
 
     from glyd.hf.checks import check_counts
@@ -81,7 +90,9 @@ def _meta_model(src: Path, shapes: list[list[int]]) -> nn.Module:
         cls = pick_class(None, config)
         # never the folder's own code (auto_map): transformers would ask on stdin, and run it on "y"
         hf_config = AutoConfig.from_pretrained(src, trust_remote_code=False)
-        with init_empty_weights(include_buffers=False):
+        # everything on meta, buffers too, as transformers' loader builds it: nothing is allocated or
+        # computed at the config's sizes (a claimed head_dim of 2**33 made 4 TiB on the CPU first)
+        with torch.device("meta"), _safe_creation():
             return build_empty(cls, hf_config, trust_remote_code=False)
     except GlydError as exc:
         raise FormatError(str(exc)) from exc

@@ -29,3 +29,17 @@ def test_the_plans_model_holds_no_memory_whatever_sizes_the_config_claims(tmp_pa
     model = _meta_model(_folder(tmp_path, head_dim=2**33, vocab_size=2**40), SHAPES)
     assert model.model.embed_tokens.weight.shape == (2**40, 64)
     assert all(t.is_meta for t in [*model.parameters(), *model.buffers()])
+
+
+@pytest.mark.parametrize("field", ["num_hidden_layers", "num_experts"])
+def test_a_count_past_any_models_is_refused_before_building(tmp_path, field):
+    # was: bounded only by the tensors stored (check_counts), which a header of empty tensors makes
+    # cheap: 10^6 layers took over 2 minutes and 5 GB before it was stopped (about 1 ms and 17 kB a layer)
+    from glyd.errors import FormatError
+    from glyd.hf.pack_plan import MAX_MODULES
+
+    n = MAX_MODULES + 1
+    src = _folder(tmp_path, **{field: n}, **({"model_type": "qwen3_moe", "architectures": ["Qwen3MoeForCausalLM"],
+                                             "num_experts_per_tok": 2} if field == "num_experts" else {}))
+    with pytest.raises(FormatError, match=rf"config.json: {field} is {n}, more than the {MAX_MODULES} .* builds"):
+        _meta_model(src, [[0, n]] * (n + 21))

@@ -33,7 +33,12 @@ from glyd.hf.keys import checkpoint_resolver
 
 log = logging.getLogger(__name__)
 
-__all__ = ["LoaderPlan", "loader_plan", "packed_weights", "through_loader", "unused_tensors"]
+#: The most layers or experts a config may claim for the plan to build its model (glyd fit's bound
+#: too): check_counts bounds them by the tensors stored, which a header of empty tensors makes cheap,
+#: and each costs about a millisecond and 17 kB to build, even on the meta device.
+MAX_MODULES = 4096
+
+__all__ = ["MAX_MODULES", "LoaderPlan", "loader_plan", "packed_weights", "through_loader", "unused_tensors"]
 
 
 @dataclass(frozen=True)
@@ -81,12 +86,16 @@ def _meta_model(src: Path, shapes: list[list[int]]) -> nn.Module:
     import torch
     from transformers import AutoConfig
 
-    from glyd.hf.checks import check_counts
+    from glyd.hf.checks import check_counts, count_fields
     from glyd.hf.classes import build_empty, pick_class, read_config
 
     try:
         config = read_config(src)
         check_counts(config, shapes, src / "config.json")
+        for key, name, value in count_fields(config):
+            if name != "num_labels" and value > MAX_MODULES:  # labels are table entries, not modules
+                raise FormatError(f"{src / 'config.json'}: {key} is {value}, more than the {MAX_MODULES} glyd pack "
+                                  f"builds to check which tensors the model runs packed (no model has as many)")
         cls = pick_class(None, config)
         # never the folder's own code (auto_map): transformers would ask on stdin, and run it on "y"
         hf_config = AutoConfig.from_pretrained(src, trust_remote_code=False)

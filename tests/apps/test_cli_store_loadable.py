@@ -228,3 +228,19 @@ def test_a_folders_own_code_is_never_run_nor_asked_about(tmp_path, monkeypatch, 
         assert main(["-q", "pack", str(src), str(tmp_path / "packed")]) == 0
     assert not asked and not ran.exists()
     assert any("was not checked" in r.getMessage() for r in caplog.records)
+
+
+def test_tensors_whose_shapes_the_config_contradicts_are_named_in_a_warning(tmp_path, caplog):
+    # a config.json edited (or of another model) so that the model it builds wants other shapes: packed
+    # silently before, and only glyd.from_pretrained said "is [64, 96] in glyd.json but the model needs [64, 128]"
+    src = build_chat_model(tmp_path / "bf16")
+    cfg = json.loads((src / "config.json").read_text())
+    (src / "config.json").write_text(json.dumps({**cfg, "intermediate_size": 128}))
+    with caplog.at_level(logging.WARNING):
+        assert main(["-q", "pack", str(src), str(tmp_path / "packed")]) == 0
+    said = [r.getMessage() for r in caplog.records if "shape" in r.getMessage()]
+    assert len(said) == 1 and "\n" not in said[0], said
+    assert ("model.layers.0.mlp.down_proj.weight [64, 96] (MistralForCausalLM's is [64, 128])" in said[0]
+            and "and 3 more" in said[0] and "glyd.from_pretrained will refuse the packed folder" in said[0]), said[0]
+    with pytest.raises(glyd.errors.FormatError, match=r"down_proj.weight' is \[64, 96\] in glyd.json but the model"):
+        glyd.from_pretrained(tmp_path / "packed", device="cpu", exact=True, progress=False)

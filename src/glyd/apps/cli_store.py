@@ -104,6 +104,11 @@ def _loader_keep(args: argparse.Namespace) -> frozenset[str]:
         log.warning("%s: tensor(s) %s%s have no place in %s: glyd.from_pretrained will refuse the packed folder (glyd "
                     "unpack gives them back; remove them from the source to load it)", src,
                     ", ".join(plan.unused[:5]), more, plan.model)
+    if plan.mismatched:
+        shown = ", ".join(f"{k} {stored} ({plan.model}'s is {want})" for k, stored, want in plan.mismatched[:3])
+        more = f" and {len(plan.mismatched) - 3} more" if len(plan.mismatched) > 3 else ""
+        log.warning("%s: tensor(s) %s%s have another shape than config.json's model: glyd.from_pretrained will refuse "
+                    "the packed folder (glyd unpack gives them back; correct config.json to load it)", src, shown, more)
     if plan.keep:
         log.info("%s: %d 2-D bf16 tensor(s) kept as they are: %s runs them unpacked", src, len(plan.keep), plan.model)
     return plan.keep

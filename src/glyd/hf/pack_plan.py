@@ -45,11 +45,13 @@ __all__ = ["MAX_MODULES", "LoaderPlan", "loader_plan", "packed_weights", "throug
 class LoaderPlan:
     """``keep``: 2-D bf16 keys the loader would not run packed (kept as they are); ``model``: the
     class the loader builds (for messages); ``unused``: keys the loader finds no place for (it
-    refuses the folder: ``glyd pack`` warns, and keeps them, as ``glyd unpack`` gives every tensor back)."""
+    refuses the folder: ``glyd pack`` warns, and keeps them, as ``glyd unpack`` gives every tensor back);
+    ``mismatched``: (key, stored shape, the model's shape) of tensors the loader refuses for their shape."""
 
     keep: frozenset[str]
     model: str
     unused: tuple[str, ...] = ()
+    mismatched: tuple[tuple[str, list[int], list[int]], ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.keep, frozenset):
@@ -122,7 +124,8 @@ def loader_plan(src: Path, tensors: dict[str, tuple[str, list[int]]], *, dst: Pa
     the model from ``src``'s config (the caller decides what to do without a plan).
     """
     model = _meta_model(src, [list(shape) for _, shape in tensors.values()])
-    names = set(model.state_dict(keep_vars=True))
+    state = model.state_dict(keep_vars=True)
+    names = set(state)
     packable = packed_weights(model)
     resolve = checkpoint_resolver(model, names, str(src))
     keep = set()
@@ -140,7 +143,11 @@ def loader_plan(src: Path, tensors: dict[str, tuple[str, list[int]]], *, dst: Pa
         keep.add(key)
     if keep:
         log.debug("%s: kept as they are (not run packed by %s): %s", src, type(model).__name__, sorted(keep))
-    return LoaderPlan(frozenset(keep), type(model).__name__, tuple(sorted(unused_tensors(model, tensors))))
+    # a config that contradicts the weights (edited, or another model's): the loader checks every shape
+    mismatched = tuple((k, list(shape), list(state[k].shape)) for k, (_, shape) in sorted(tensors.items())
+                       if k in state and list(state[k].shape) != list(shape))
+    return LoaderPlan(frozenset(keep), type(model).__name__, tuple(sorted(unused_tensors(model, tensors))),
+                      mismatched)
 
 
 def unused_tensors(model: nn.Module, keys: Iterable[str]) -> list[str]:

@@ -9,6 +9,7 @@ import json
 import logging
 import re
 import shlex
+import shutil
 import sys
 from pathlib import Path
 
@@ -90,15 +91,20 @@ def test_experts_stored_one_matrix_an_expert_are_refused_with_the_command_that_p
     assert torch.equal(_logits(got, ids).view(torch.int16), _logits(ref, ids).view(torch.int16))
 
 
-def test_a_router_beside_fused_experts_is_kept_and_the_folder_loads_exact(tmp_path, capsys):
-    # experts stored fused (as the model holds them): nothing to convert; the router's 2-D weight
-    # (Qwen3MoeTopKRouter) was packed, then refused by the loader ("cannot run packed")
+def _fused_moe(src: Path) -> Path:
+    # a Qwen3-MoE folder whose experts are stored fused (3-D), as the model holds them
     model = _random(transformers.AutoModelForCausalLM.from_config(_moe_config("qwen3_moe"), dtype=torch.float32))
-    src = tmp_path / "bf16"
     model.save_pretrained(src)
     (src / "model.safetensors").unlink()
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(src / "model.safetensors"),
               metadata={"format": "pt"})
+    return src
+
+
+def test_a_router_beside_fused_experts_is_kept_and_the_folder_loads_exact(tmp_path, capsys):
+    # experts stored fused (as the model holds them): nothing to convert; the router's 2-D weight
+    # (Qwen3MoeTopKRouter) was packed, then refused by the loader ("cannot run packed")
+    src = _fused_moe(tmp_path / "bf16")
     assert main(["-q", "pack", str(src), str(tmp_path / "packed")]) == 0
     out = capsys.readouterr().out
     assert re.search(r"kept unpacked\s+.*1 not run packed by the model", out), out
@@ -244,3 +250,33 @@ def test_tensors_whose_shapes_the_config_contradicts_are_named_in_a_warning(tmp_
             and "and 3 more" in said[0] and "glyd.from_pretrained will refuse the packed folder" in said[0]), said[0]
     with pytest.raises(glyd.errors.FormatError, match=r"down_proj.weight' is \[64, 96\] in glyd.json but the model"):
         glyd.from_pretrained(tmp_path / "packed", device="cpu", exact=True, progress=False)
+
+
+def test_memory_limit_counts_the_tensors_kept_at_their_stored_bytes(tmp_path, caplog):
+    # the router is kept bf16 (not run packed): counted at its bytes, a limit a byte under that count
+    # takes dense11; counted packed (as every other 2-D bf16 tensor) fixed12 would have seemed to fit
+    from glyd.hf.memory import weights_bytes
+
+    src = _fused_moe(tmp_path / "bf16")
+    router = "model.layers.0.mlp.gate.weight"
+    packable = other = 0
+    rows: dict[int, int] = {}
+    for name, info in read_header(src / "model.safetensors").tensors.items():
+        if info.dtype == "bfloat16" and len(info.shape) == 2 and name != router:
+            packable += info.shape[0] * info.shape[1]
+            rows[info.shape[1]] = rows.get(info.shape[1], 0) + info.shape[0]
+        else:
+            other += info.end - info.begin
+    need = weights_bytes(packable, other, "fixed12", tuple(sorted(rows.items())))
+    rows[64] += 4  # the router packed: [4, 64]
+    assert weights_bytes(packable + 256, other - 512, "fixed12", tuple(sorted(rows.items()))) < need
+    dst = tmp_path / "packed"
+    with caplog.at_level(logging.INFO):
+        assert main(["-q", "pack", str(src), str(dst), "--layout", "auto", "--memory-limit", f"{need - 1}B"]) == 0
+    assert "layout auto: dense11 (fixed12 needs" in caplog.text
+    reader = CheckpointReader(dst)
+    assert reader.entry(router)["kind"] == "raw"
+    assert {reader.entry(n)["layout"] for n in _packed(dst)} == {"dense11"}
+    shutil.rmtree(dst)
+    assert main(["-q", "pack", str(src), str(dst), "--layout", "auto", "--memory-limit", f"{need}B"]) == 0
+    assert {CheckpointReader(dst).entry(n)["layout"] for n in _packed(dst)} == {"fixed12"}

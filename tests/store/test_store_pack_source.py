@@ -209,3 +209,17 @@ def test_packing_into_the_source_is_refused(src, capsys, inside):
     assert rc == 1 and len(err.splitlines()) == 1, err
     assert f"{dst} is inside {src}: glyd does not write into the folder it reads" in err, err
     assert not dst.exists() and not [p for p in src.rglob("*") if ".glyd-" in p.name]
+
+
+def test_a_config_larger_than_unpack_reads_back_is_refused_up_front(src, capsys, monkeypatch):
+    # was: packed (its bytes kept as glyd.source_config.json), then glyd unpack refused the folder:
+    # "glyd.source_config.json: ... bytes is larger than any config glyd writes"
+    import glyd.store._source as source
+    import glyd.store.folder as folder
+
+    limit = 20_000  # MAX_MANIFEST_BYTES (256 MiB) is too large for a test: both readers take the smaller bound
+    monkeypatch.setattr(folder, "MAX_MANIFEST_BYTES", limit)
+    monkeypatch.setattr(source, "MAX_MANIFEST_BYTES", limit, raising=False)
+    config = json.loads((src / "config.json").read_text())
+    (src / "config.json").write_text(json.dumps(config) + " " * limit)
+    _refused(src, capsys, f"config.json: {(src / 'config.json').stat().st_size} bytes is larger than")

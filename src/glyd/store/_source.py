@@ -18,7 +18,7 @@ from typing import Any
 
 from glyd.errors import CorruptError, FormatError
 from glyd.store._atomic import is_glyd_temporary
-from glyd.store._manifest import CONFIG, INDEX, KEY_SEP, MANIFEST, SINGLE_SHARD, safe_relpath
+from glyd.store._manifest import CONFIG, INDEX, KEY_SEP, MANIFEST, MAX_MANIFEST_BYTES, SINGLE_SHARD, safe_relpath
 from glyd.store._safetensors import Header, load_json, read_header
 
 log = logging.getLogger(__name__)
@@ -173,11 +173,15 @@ def copy_list(src: Path, weight_files: set[str]) -> tuple[list[tuple[Path, str]]
 
 def read_config(src: Path) -> tuple[dict[str, Any], bytes] | None:
     """config.json of the source (parsed, and its bytes as they are), or None; a link must stay
-    inside the folder like any file."""
+    inside the folder like any file, and its size within what ``glyd unpack`` reads back."""
     path = src / CONFIG
     if not (path.is_file() or path.is_symlink()):
         return None
     check_inside(src, path)
+    size = path.stat().st_size
+    if size > MAX_MANIFEST_BYTES:  # the packed folder keeps these bytes: unpack would refuse them
+        raise FormatError(f"{path}: {size} bytes is larger than any config glyd gives back ({MAX_MANIFEST_BYTES} "
+                          f"bytes at most): refusing to pack it")
     raw = path.read_bytes()
     cfg = load_json(raw, path)
     if not isinstance(cfg, dict):

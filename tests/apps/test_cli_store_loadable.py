@@ -280,3 +280,30 @@ def test_memory_limit_counts_the_tensors_kept_at_their_stored_bytes(tmp_path, ca
     shutil.rmtree(dst)
     assert main(["-q", "pack", str(src), str(dst), "--layout", "auto", "--memory-limit", f"{need}B"]) == 0
     assert {CheckpointReader(dst).entry(n)["layout"] for n in _packed(dst)} == {"fixed12"}
+
+
+def test_tensors_config_jsons_model_needs_and_the_folder_lacks_are_named_in_a_warning(tmp_path, caplog):
+    # model_type qwen2 over Mistral weights: the names match, but Qwen2's attention has biases the folder
+    # lacks; packed silently before, and glyd.from_pretrained refused it ("the checkpoint lacks tensor(s)")
+    src = build_chat_model(tmp_path / "bf16")
+    cfg = json.loads((src / "config.json").read_text())
+    (src / "config.json").write_text(json.dumps({**cfg, "model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"]}))
+    with caplog.at_level(logging.WARNING):
+        assert main(["-q", "pack", str(src), str(tmp_path / "packed")]) == 0
+    said = [r.getMessage() for r in caplog.records if "lacks" in r.getMessage()]
+    assert len(said) == 1 and "\n" not in said[0], said
+    assert ("lacks tensor(s) Qwen2ForCausalLM needs: model.layers.0.self_attn.q_proj.bias, "
+            "model.layers.0.self_attn.k_proj.bias, model.layers.0.self_attn.v_proj.bias and 3 more" in said[0]
+            and "glyd.from_pretrained will refuse the packed folder" in said[0]), said[0]
+    with pytest.raises(glyd.errors.FormatError, match="the checkpoint lacks tensor"):
+        glyd.from_pretrained(tmp_path / "packed", device="cpu", exact=True, progress=False)
+
+
+def test_a_tied_output_projection_stored_once_is_not_missing(tmp_path, caplog):
+    src = build_chat_model(tmp_path / "bf16", tie_word_embeddings=True)
+    with caplog.at_level(logging.WARNING):
+        assert main(["-q", "pack", str(src), str(tmp_path / "packed")]) == 0
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
+    got = glyd.from_pretrained(tmp_path / "packed", device="cpu", exact=True, progress=False)
+    ids, ref = _ids(), _reference(transformers.AutoModelForCausalLM, src)
+    assert torch.equal(_logits(got, ids).view(torch.int16), _logits(ref, ids).view(torch.int16))

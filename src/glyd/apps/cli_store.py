@@ -109,6 +109,11 @@ def _loader_keep(args: argparse.Namespace) -> frozenset[str]:
         more = f" and {len(plan.mismatched) - 3} more" if len(plan.mismatched) > 3 else ""
         log.warning("%s: tensor(s) %s%s have another shape than config.json's model: glyd.from_pretrained will refuse "
                     "the packed folder (glyd unpack gives them back; correct config.json to load it)", src, shown, more)
+    if plan.missing:
+        more = f" and {len(plan.missing) - 3} more" if len(plan.missing) > 3 else ""
+        log.warning("%s: the folder lacks tensor(s) %s needs: %s%s: glyd.from_pretrained will refuse the packed "
+                    "folder (correct config.json, or add them, to load it)", src, plan.model, ", ".join(plan.missing[:3]),
+                    more)
     if plan.keep:
         log.info("%s: %d 2-D bf16 tensor(s) kept as they are: %s runs them unpacked", src, len(plan.keep), plan.model)
     return plan.keep

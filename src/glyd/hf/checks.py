@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Collection
 
 from torch import nn
 
@@ -37,7 +37,8 @@ from glyd.store.checkpoint import CONFIG, key_for
 
 log = logging.getLogger(__name__)
 
-__all__ = ["check_folder", "check_complete", "check_quantization_config", "check_counts", "count_fields"]
+__all__ = ["check_folder", "check_complete", "missing_tensors", "check_quantization_config", "check_counts",
+           "count_fields"]
 
 #: config.json keys (at any depth: text_config, vision_config, ...) that transformers and diffusers
 #: build one module each of: a model cannot have more than its checkpoint has tensors.
@@ -171,22 +172,22 @@ def tied_output(model: nn.Module) -> set[str]:
     return {f"{name}.weight"} if name else set()
 
 
+def missing_tensors(model: nn.Module, provided: Collection[str]) -> list[str]:
+    """The tensors of ``model`` that none of the ``provided`` names fills (:func:`check_complete`
+    refuses them): not stored, not the same tensor as a stored one (a tie), not one transformers lets be missing."""
+    state = model.state_dict(keep_vars=True)
+    stored = {id(t) for name, t in state.items() if name in provided}
+    skip = ignored(model, "_keys_to_ignore_on_load_missing")
+    return [name for name, t in state.items()
+            if name not in provided and id(t) not in stored and not any(p.search(name) for p in skip)]
+
+
 def check_complete(model: nn.Module, manifest: dict[str, Any], where: str | Path) -> None:
     """Raise FormatError unless ``model``'s tensors and the checkpoint's are the same set, every
     stored raw tensor in its stored dtype and shape."""
     provided = _provided(manifest)
     state = model.state_dict(keep_vars=True)
-    by_id: dict[int, str] = {}
-    missing: list[str] = []
-    for name, t in state.items():
-        if name in provided:
-            by_id.setdefault(id(t), name)
-    for name, t in state.items():
-        if name in provided or by_id.get(id(t)) is not None:  # stored, or the same tensor as a stored one
-            continue
-        if any(p.search(name) for p in ignored(model, "_keys_to_ignore_on_load_missing")):
-            continue
-        missing.append(name)
+    missing = missing_tensors(model, provided)
     if missing:
         more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
         raise FormatError(

@@ -28,7 +28,7 @@ from torch import nn
 
 from glyd.errors import FormatError, GlydError, UnsupportedError
 from glyd.hf._model import is_packable_embedding, is_packable_linear
-from glyd.hf.checks import ignored, tied_output
+from glyd.hf.checks import ignored, missing_tensors, tied_output
 from glyd.hf.keys import checkpoint_resolver
 
 log = logging.getLogger(__name__)
@@ -46,12 +46,14 @@ class LoaderPlan:
     """``keep``: 2-D bf16 keys the loader would not run packed (kept as they are); ``model``: the
     class the loader builds (for messages); ``unused``: keys the loader finds no place for (it
     refuses the folder: ``glyd pack`` warns, and keeps them, as ``glyd unpack`` gives every tensor back);
-    ``mismatched``: (key, stored shape, the model's shape) of tensors the loader refuses for their shape."""
+    ``mismatched``: (key, stored shape, the model's shape) of tensors the loader refuses for their shape;
+    ``missing``: tensors of the model the folder lacks (the loader refuses the folder)."""
 
     keep: frozenset[str]
     model: str
     unused: tuple[str, ...] = ()
     mismatched: tuple[tuple[str, list[int], list[int]], ...] = ()
+    missing: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.keep, frozenset):
@@ -147,7 +149,7 @@ def loader_plan(src: Path, tensors: dict[str, tuple[str, list[int]]], *, dst: Pa
     mismatched = tuple((k, list(shape), list(state[k].shape)) for k, (_, shape) in sorted(tensors.items())
                        if k in state and list(state[k].shape) != list(shape))
     return LoaderPlan(frozenset(keep), type(model).__name__, tuple(sorted(unused_tensors(model, tensors))),
-                      mismatched)
+                      mismatched, tuple(missing_tensors(model, tensors)))
 
 
 def unused_tensors(model: nn.Module, keys: Iterable[str]) -> list[str]:

@@ -246,7 +246,7 @@ def test_tensors_whose_shapes_the_config_contradicts_are_named_in_a_warning(tmp_
         assert main(["-q", "pack", str(src), str(tmp_path / "packed")]) == 0
     said = [r.getMessage() for r in caplog.records if "shape" in r.getMessage()]
     assert len(said) == 1 and "\n" not in said[0], said
-    assert ("model.layers.0.mlp.down_proj.weight [64, 96] (MistralForCausalLM's is [64, 128])" in said[0]
+    assert ("model.layers.0.mlp.down_proj.weight bfloat16[64, 96] (MistralForCausalLM's is bfloat16[64, 128])" in said[0]
             and "and 3 more" in said[0] and "glyd.from_pretrained will refuse the packed folder" in said[0]), said[0]
     with pytest.raises(glyd.errors.FormatError, match=r"down_proj.weight' is \[64, 96\] in glyd.json but the model"):
         glyd.from_pretrained(tmp_path / "packed", device="cpu", exact=True, progress=False)
@@ -307,3 +307,20 @@ def test_a_tied_output_projection_stored_once_is_not_missing(tmp_path, caplog):
     got = glyd.from_pretrained(tmp_path / "packed", device="cpu", exact=True, progress=False)
     ids, ref = _ids(), _reference(transformers.AutoModelForCausalLM, src)
     assert torch.equal(_logits(got, ids).view(torch.int16), _logits(ref, ids).view(torch.int16))
+
+
+def test_a_module_weight_stored_in_another_dtype_is_named_in_a_warning(tmp_path, caplog):
+    # kept as it is (glyd packs bf16 only), and glyd.from_pretrained refuses it ("stored as float32[320, 64] but the
+    # model holds bfloat16[320, 64]"): pack said only that it was not bf16, not that the folder would not load
+    from safetensors.torch import load_file
+
+    src = build_chat_model(tmp_path / "bf16")
+    tensors = load_file(str(src / "model.safetensors"))
+    tensors["lm_head.weight"] = tensors["lm_head.weight"].float()
+    save_file(tensors, str(src / "model.safetensors"), metadata={"format": "pt"})
+    with caplog.at_level(logging.WARNING):
+        assert main(["-q", "pack", str(src), str(tmp_path / "packed")]) == 0
+    said = [r.getMessage() for r in caplog.records if "glyd.from_pretrained will refuse" in r.getMessage()]
+    assert len(said) == 1 and "lm_head.weight float32[320, 64] (MistralForCausalLM's is bfloat16[320, 64])" in said[0]
+    with pytest.raises(glyd.errors.FormatError, match=r"'lm_head.weight' is stored as float32\[320, 64\] but the model"):
+        glyd.from_pretrained(tmp_path / "packed", device="cpu", exact=True, progress=False)

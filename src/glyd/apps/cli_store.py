@@ -99,24 +99,29 @@ def _loader_keep(args: argparse.Namespace) -> frozenset[str]:
     except FormatError as exc:
         log.warning("%s: %s", exc, unchecked)
         return frozenset()
-    if plan.unused:
-        more = f" and {len(plan.unused) - 5} more" if len(plan.unused) > 5 else ""
-        log.warning("%s: tensor(s) %s%s have no place in %s: glyd.from_pretrained will refuse the packed folder (glyd "
-                    "unpack gives them back; remove them from the source to load it)", src,
-                    ", ".join(plan.unused[:5]), more, plan.model)
-    if plan.mismatched:
-        shown = ", ".join(f"{k} {stored} ({plan.model}'s is {want})" for k, stored, want in plan.mismatched[:3])
-        more = f" and {len(plan.mismatched) - 3} more" if len(plan.mismatched) > 3 else ""
-        log.warning("%s: tensor(s) %s%s have another shape than config.json's model: glyd.from_pretrained will refuse "
-                    "the packed folder (glyd unpack gives them back; correct config.json to load it)", src, shown, more)
-    if plan.missing:
-        more = f" and {len(plan.missing) - 3} more" if len(plan.missing) > 3 else ""
-        log.warning("%s: the folder lacks tensor(s) %s needs: %s%s: glyd.from_pretrained will refuse the packed "
-                    "folder (correct config.json, or add them, to load it)", src, plan.model, ", ".join(plan.missing[:3]),
-                    more)
+    _warn_unloadable(src, plan)
     if plan.keep:
         log.info("%s: %d 2-D bf16 tensor(s) kept as they are: %s runs them unpacked", src, len(plan.keep), plan.model)
     return plan.keep
+
+
+def _warn_unloadable(src: Path, plan) -> None:
+    """Say, a warning each, what makes glyd.from_pretrained refuse the packed folder (it is packed all the
+    same: glyd unpack gives every tensor back)."""
+    refuse = "glyd.from_pretrained will refuse the packed folder"
+    if plan.unused:
+        more = f" and {len(plan.unused) - 5} more" if len(plan.unused) > 5 else ""
+        log.warning("%s: tensor(s) %s%s have no place in %s: %s (glyd unpack gives them back; remove them from the "
+                    "source to load it)", src, ", ".join(plan.unused[:5]), more, plan.model, refuse)
+    if plan.mismatched:
+        shown = ", ".join(f"{k} {stored} ({plan.model}'s is {want})" for k, stored, want in plan.mismatched[:3])
+        more = f" and {len(plan.mismatched) - 3} more" if len(plan.mismatched) > 3 else ""
+        log.warning("%s: tensor(s) %s%s have another dtype or shape than config.json's model: %s (glyd unpack gives "
+                    "them back; correct config.json to load it)", src, shown, more, refuse)
+    if plan.missing:
+        more = f" and {len(plan.missing) - 3} more" if len(plan.missing) > 3 else ""
+        log.warning("%s: the folder lacks tensor(s) %s needs: %s%s: %s (correct config.json, or add them, to load "
+                    "it)", src, plan.model, ", ".join(plan.missing[:3]), more, refuse)
 
 
 def _limit_layout(args: argparse.Namespace, keep: frozenset[str]) -> str:

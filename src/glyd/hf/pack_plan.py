@@ -30,6 +30,7 @@ from glyd.errors import FormatError, GlydError, UnsupportedError
 from glyd.hf._model import is_packable_embedding, is_packable_linear
 from glyd.hf.checks import ignored, missing_tensors, tied_output
 from glyd.hf.keys import checkpoint_resolver
+from glyd.store._safetensors import dtype_name
 
 log = logging.getLogger(__name__)
 
@@ -46,13 +47,14 @@ class LoaderPlan:
     """``keep``: 2-D bf16 keys the loader would not run packed (kept as they are); ``model``: the
     class the loader builds (for messages); ``unused``: keys the loader finds no place for (it
     refuses the folder: ``glyd pack`` warns, and keeps them, as ``glyd unpack`` gives every tensor back);
-    ``mismatched``: (key, stored shape, the model's shape) of tensors the loader refuses for their shape;
+    ``mismatched``: (key, stored, the model's: ``"bfloat16[64, 96]"``) of tensors the loader refuses for
+    their dtype or shape;
     ``missing``: tensors of the model the folder lacks (the loader refuses the folder)."""
 
     keep: frozenset[str]
     model: str
     unused: tuple[str, ...] = ()
-    mismatched: tuple[tuple[str, list[int], list[int]], ...] = ()
+    mismatched: tuple[tuple[str, str, str], ...] = ()
     missing: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
@@ -145,9 +147,10 @@ def loader_plan(src: Path, tensors: dict[str, tuple[str, list[int]]], *, dst: Pa
         keep.add(key)
     if keep:
         log.debug("%s: kept as they are (not run packed by %s): %s", src, type(model).__name__, sorted(keep))
-    # a config that contradicts the weights (edited, or another model's): the loader checks every shape
-    mismatched = tuple((k, list(shape), list(state[k].shape)) for k, (_, shape) in sorted(tensors.items())
-                       if k in state and list(state[k].shape) != list(shape))
+    # a config that contradicts the weights (edited, or another model's): the loader checks every dtype and shape
+    held = {k: f"{dtype_name(t.dtype)}{list(t.shape)}" for k, t in state.items()}
+    mismatched = tuple((k, f"{dtype}{list(shape)}", held[k]) for k, (dtype, shape) in sorted(tensors.items())
+                       if k in held and held[k] != f"{dtype}{list(shape)}")
     return LoaderPlan(frozenset(keep), type(model).__name__, tuple(sorted(unused_tensors(model, tensors))),
                       mismatched, tuple(missing_tensors(model, tensors)))
 

@@ -246,7 +246,8 @@ def test_tensors_whose_shapes_the_config_contradicts_are_named_in_a_warning(tmp_
         assert main(["-q", "pack", str(src), str(tmp_path / "packed")]) == 0
     said = [r.getMessage() for r in caplog.records if "shape" in r.getMessage()]
     assert len(said) == 1 and "\n" not in said[0], said
-    assert ("model.layers.0.mlp.down_proj.weight bfloat16[64, 96] (MistralForCausalLM's is bfloat16[64, 128])" in said[0]
+    first = "model.layers.0.mlp.down_proj.weight bfloat16[64, 96] (MistralForCausalLM's is bfloat16[64, 128])"
+    assert (first in said[0]
             and "and 3 more" in said[0] and "glyd.from_pretrained will refuse the packed folder" in said[0]), said[0]
     with pytest.raises(glyd.errors.FormatError, match=r"down_proj.weight' is \[64, 96\] in glyd.json but the model"):
         glyd.from_pretrained(tmp_path / "packed", device="cpu", exact=True, progress=False)
@@ -322,5 +323,19 @@ def test_a_module_weight_stored_in_another_dtype_is_named_in_a_warning(tmp_path,
         assert main(["-q", "pack", str(src), str(tmp_path / "packed")]) == 0
     said = [r.getMessage() for r in caplog.records if "glyd.from_pretrained will refuse" in r.getMessage()]
     assert len(said) == 1 and "lm_head.weight float32[320, 64] (MistralForCausalLM's is bfloat16[320, 64])" in said[0]
-    with pytest.raises(glyd.errors.FormatError, match=r"'lm_head.weight' is stored as float32\[320, 64\] but the model"):
+    with pytest.raises(glyd.errors.FormatError, match=r"'lm_head.weight' is stored as float32\[320, 64\] but"):
         glyd.from_pretrained(tmp_path / "packed", device="cpu", exact=True, progress=False)
+
+
+def test_a_per_expert_moe_folder_at_a_path_that_is_not_utf8_is_refused_for_its_path(tmp_path, capsys):
+    # the loader command it printed could not work: safetensors opens no file at such a path
+    import os
+
+    model = _random(transformers.AutoModelForCausalLM.from_config(_moe_config("qwen3_moe"), dtype=torch.float32))
+    model.save_pretrained(tmp_path / "bf16")
+    src = (tmp_path / "bf16").rename(tmp_path / os.fsdecode(b"bf16\xff"))
+    capsys.readouterr()
+    assert main(["-q", "pack", str(src), str(tmp_path / "packed")]) == 1
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "the source folder's path is not valid UTF-8" in err and "python -c" not in err, err
+    assert not (tmp_path / "packed").exists()

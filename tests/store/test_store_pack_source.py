@@ -223,3 +223,19 @@ def test_a_config_larger_than_unpack_reads_back_is_refused_up_front(src, capsys,
     config = json.loads((src / "config.json").read_text())
     (src / "config.json").write_text(json.dumps(config) + " " * limit)
     _refused(src, capsys, f"config.json: {(src / 'config.json').stat().st_size} bytes is larger than")
+
+
+@pytest.mark.parametrize("which", ["source", "destination"])
+def test_a_folder_whose_path_is_not_utf8_is_refused_in_one_line(src, capsys, which):
+    # safetensors opens no file at such a path: a source crashed pack with SafetensorError's traceback
+    # ("Path ... is not valid UTF-8"), and a destination was written that neither unpack nor the loader opens
+    odd = src.parent / os.fsdecode(b"odd\xff")
+    if which == "source":
+        src = src.rename(odd)
+        out = src.parent / "out"
+    else:
+        out = odd
+    rc, err = _cli(capsys, "pack", str(src), str(out))
+    assert rc == 1 and len(err.splitlines()) == 1, err
+    assert f"the {which} folder's path is not valid UTF-8" in err and "\\udcff" in err, err
+    assert not out.exists() and not [p for p in src.parent.iterdir() if ".glyd-" in p.name]

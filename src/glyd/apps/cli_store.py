@@ -146,6 +146,9 @@ def _limit_layout(args: argparse.Namespace, keep: frozenset[str]) -> str:
 
 
 def _pack(args: argparse.Namespace) -> int:
+    from glyd.store._source import check_utf8_path
+
+    check_utf8_path(Path(args.dst), "destination")  # before the plan, whose refusal names a command writing there
     keep = _loader_keep(args)
     layout = args.layout if args.memory_limit is None else _limit_layout(args, keep)
     summary = folder.pack_folder(args.src, args.dst, layout=layout, progress=_progress(args),

@@ -71,8 +71,19 @@ def check_name(src: Path, rel: str) -> None:
         raise FormatError(f"{src / rel}: not a plain relative file name")
 
 
+def check_utf8_path(path: Path, what: str) -> None:
+    """FormatError (the path quoted, on one line) unless ``path`` is valid UTF-8: safetensors opens no
+    file at a path that is not, so neither the source's shards nor a packed folder's could be read."""
+    try:
+        str(path).encode("utf-8")
+    except UnicodeEncodeError:
+        raise FormatError(f"{str(path)!r}: the {what} folder's path is not valid UTF-8, and safetensors opens no "
+                          f"file there: rename it") from None
+
+
 def source_shards(src: Path) -> tuple[list[str], dict[str, Header], str | None]:
     """The safetensors files of a transformers folder, in shard order, with checked headers."""
+    check_utf8_path(src, "source")
     if not src.exists():
         raise FormatError(f"{src}: no such folder")
     if not src.is_dir():

@@ -40,7 +40,7 @@ from glyd.store._config import (
 from glyd.store._safetensors import Header, dtype_from_name, dtype_name, load_json, sha256_tensor, write_streaming
 from glyd.store._atomic import check_outside
 from glyd.store._card import human_bytes
-from glyd.store._source import copy_list, read_config, source_shards
+from glyd.store._source import check_utf8_path, copy_list, read_config, source_shards
 from glyd.store.checkpoint import (
     CONFIG,
     MANIFEST,
@@ -225,6 +225,7 @@ def pack_folder(
         raise ValueError(f"unknown layout {layout!r}; choose one of {', '.join([*LAYOUTS, 'auto'])}")
     t0 = time.perf_counter()
     src, dst = Path(src), Path(dst)
+    check_utf8_path(dst, "destination")
     files, headers, index_name = source_shards(src)
     if dst.exists() or dst.is_symlink():
         raise DestinationExistsError(f"{dst} already exists; glyd never overwrites (remove it or choose another name)")

@@ -31,7 +31,7 @@ def test_the_plans_model_holds_no_memory_whatever_sizes_the_config_claims(tmp_pa
     assert all(t.is_meta for t in [*model.parameters(), *model.buffers()])
 
 
-@pytest.mark.parametrize("field", ["num_hidden_layers", "num_experts"])
+@pytest.mark.parametrize("field", ["num_hidden_layers", "num_experts", "num_labels"])
 def test_a_count_past_any_models_is_refused_before_building(tmp_path, field):
     # was: bounded only by the tensors stored (check_counts), which a header of empty tensors makes
     # cheap: 10^6 layers took over 2 minutes and 5 GB before it was stopped (about 1 ms and 17 kB a layer)
@@ -43,3 +43,11 @@ def test_a_count_past_any_models_is_refused_before_building(tmp_path, field):
                                              "num_experts_per_tok": 2} if field == "num_experts" else {}))
     with pytest.raises(FormatError, match=rf"config.json: {field} is {n}, more than the {MAX_MODULES} .* builds"):
         _meta_model(src, [[0, n]] * (n + 21))
+
+
+def test_labels_named_in_id2label_are_built_however_many(tmp_path):
+    # an image classifier of 21843 classes ships its id2label: its size is the file's, not a claim
+    n = 5000
+    labels = {str(i): f"class {i}" for i in range(n)}
+    model = _meta_model(_folder(tmp_path, num_labels=n, id2label=labels), [[n, 64]] * 21)
+    assert model.config.num_labels == n

@@ -34,9 +34,10 @@ from glyd.store._safetensors import dtype_name
 
 log = logging.getLogger(__name__)
 
-#: The most layers or experts a config may claim for the plan to build its model (glyd fit's bound
-#: too): check_counts bounds them by the tensors stored, which a header of empty tensors makes cheap,
-#: and each costs about a millisecond and 17 kB to build, even on the meta device.
+#: The most layers, experts or labels (beyond those id2label names) a config may claim for the plan
+#: to build its model (glyd fit's bound too): check_counts bounds them by the tensors stored, or their
+#: widest dimension, which empty tensors make cheap, and each costs up to a millisecond and 17 kB to
+#: build, even on the meta device (transformers names each label it is not given: 10^6 took 13 s).
 MAX_MODULES = 4096
 
 __all__ = ["MAX_MODULES", "LoaderPlan", "loader_plan", "packed_weights", "through_loader", "unused_tensors"]
@@ -98,10 +99,13 @@ def _meta_model(src: Path, shapes: list[list[int]]) -> nn.Module:
     try:
         config = read_config(src)
         check_counts(config, shapes, src / "config.json")
+        named = config.get("id2label")
+        named = len(named) if isinstance(named, dict) else 0  # labels the file itself spells out
         for key, name, value in count_fields(config):
-            if name != "num_labels" and value > MAX_MODULES:  # labels are table entries, not modules
-                raise FormatError(f"{src / 'config.json'}: {key} is {value}, more than the {MAX_MODULES} glyd pack "
-                                  f"builds to check which tensors the model runs packed (no model has as many)")
+            most = max(MAX_MODULES, named) if name == "num_labels" else MAX_MODULES
+            if value > most:
+                raise FormatError(f"{src / 'config.json'}: {key} is {value}, more than the {most} glyd pack builds "
+                                  f"to check which tensors the model runs packed (no model has as many)")
         cls = pick_class(None, config)
         # never the folder's own code (auto_map): transformers would ask on stdin, and run it on "y"
         hf_config = AutoConfig.from_pretrained(src, trust_remote_code=False)

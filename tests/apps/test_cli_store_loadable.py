@@ -339,3 +339,23 @@ def test_a_per_expert_moe_folder_at_a_path_that_is_not_utf8_is_refused_for_its_p
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "the source folder's path is not valid UTF-8" in err and "python -c" not in err, err
     assert not (tmp_path / "packed").exists()
+
+
+def test_a_tensor_the_model_keeps_in_float32_is_not_called_a_mismatch(tmp_path, caplog):
+    # DeepSeek-V3's e_score_correction_bias is stored float32 and loaded float32 (_keep_in_fp32_modules_strict);
+    # the meta model holds it bf16, so the dtype check (earlier on this branch) warned the folder would not load
+    cfg = transformers.DeepseekV3Config(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=96, moe_intermediate_size=32, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=4, n_routed_experts=4, num_experts_per_tok=2,
+        first_k_dense_replace=1, q_lora_rank=16, kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8,
+        v_head_dim=8, n_group=1, topk_group=1, tie_word_embeddings=False)
+    model = _random(transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32))
+    src = tmp_path / "bf16"
+    model.save_pretrained(src)
+    (src / "model.safetensors").unlink()
+    state = {k: v.float() if "e_score_correction_bias" in k else v.contiguous() for k, v in model.state_dict().items()}
+    save_file(state, str(src / "model.safetensors"), metadata={"format": "pt"})
+    with caplog.at_level(logging.WARNING):
+        assert main(["-q", "pack", str(src), str(tmp_path / "packed")]) == 0
+    assert "will refuse" not in caplog.text, caplog.text
+    glyd.from_pretrained(tmp_path / "packed", device="cpu", exact=True, progress=False)

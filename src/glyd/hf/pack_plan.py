@@ -22,7 +22,7 @@ import logging
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
+from typing import Any, Iterable
 
 from torch import nn
 
@@ -152,11 +152,23 @@ def loader_plan(src: Path, tensors: dict[str, tuple[str, list[int]]], *, dst: Pa
     if keep:
         log.debug("%s: kept as they are (not run packed by %s): %s", src, type(model).__name__, sorted(keep))
     # a config that contradicts the weights (edited, or another model's): the loader checks every dtype and shape
-    held = {k: f"{dtype_name(t.dtype)}{list(t.shape)}" for k, t in state.items()}
+    held = {k: f"{dtype_name(_loaded_dtype(model, k, t))}{list(t.shape)}" for k, t in state.items()}
     mismatched = tuple((k, f"{dtype}{list(shape)}", held[k]) for k, (dtype, shape) in sorted(tensors.items())
                        if k in held and held[k] != f"{dtype}{list(shape)}")
     return LoaderPlan(frozenset(keep), type(model).__name__, tuple(sorted(unused_tensors(model, tensors))),
                       mismatched, tuple(missing_tensors(model, tensors)))
+
+
+def _loaded_dtype(model: nn.Module, name: str, t: Any) -> Any:
+    """The dtype transformers' loader gives the model's tensor ``name`` (``t`` on the meta model, built
+    in bf16): float32 where the model's ``_keep_in_fp32_modules_strict`` names it (DeepSeek-V3's
+    ``e_score_correction_bias``), as ``from_pretrained`` upcasts it while loading."""
+    import torch
+
+    strict = getattr(model, "_keep_in_fp32_modules_strict", None) or ()
+    if t.dtype == torch.bfloat16 and any(m in name for m in strict):  # transformers matches them so
+        return torch.float32
+    return t.dtype
 
 
 def unused_tensors(model: nn.Module, keys: Iterable[str]) -> list[str]:

@@ -21,6 +21,7 @@ import triton.language as tl
 from glyd.errors import FormatError
 from glyd.kernels._interp import isolated
 from glyd.kv._triton import _combine, _dot, _interpreting, _kept, _split_state, _splits, _valid_arg, qk_f32
+from glyd.kv._triton_words import decode_words, perm, word_bases
 from glyd.kv.registry import KVKernel
 
 
@@ -100,7 +101,7 @@ def _kvf_decode_split_kernel(
     m_out, l_out, acc_out,
     qk_scale, H, J, CAP, PAGES_PER_SPLIT, S,
     G: tl.constexpr, GP: tl.constexpr, P: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
-    F32: tl.constexpr, TS: tl.constexpr, QK_F32: tl.constexpr, HAS_VALID: tl.constexpr,
+    F32: tl.constexpr, TS: tl.constexpr, QK_F32: tl.constexpr, HAS_VALID: tl.constexpr, SWAR: tl.constexpr = False,
 ):
     pid_bh = tl.program_id(0)
     split = tl.program_id(1)
@@ -115,6 +116,9 @@ def _kvf_decode_split_kernel(
     offs_g = tl.arange(0, GP)
     offs_hd = tl.arange(0, HD)
     offs_hv = tl.arange(0, HV)
+    if SWAR:  # tiles in word order (glyd.kv._triton_words): the query, raw pages and output through perm
+        offs_hd = perm(offs_hd)
+        offs_hv = perm(offs_hv)
     offs_ts = tl.arange(0, TS)
     qp = q_ptr + (pid_bh * G + offs_g)[:, None] * D + offs_hd[None, :]
     qa = tl.load(qp, mask=offs_g[:, None] < G, other=0.0)
@@ -126,15 +130,25 @@ def _kvf_decode_split_kernel(
     lost = L > CAP  # more tokens than the pool holds: no page of it is trusted
     for j in range(j0, tl.minimum(j1, n_full)):
         blk = tl.load(bidx_ptr + pid_bh.to(tl.int64) * J + j).to(tl.int64)  # the block of page j, this head
-        kba, kbb, ke0, kne = _bases(k_base, k_meta, blk, D)
-        vba, vbb, ve0, vne = _bases(v_base, v_meta, blk, DV)
+        if SWAR:
+            kba, kbb, ke0, kne = word_bases(k_base, k_meta, blk, D)
+            vba, vbb, ve0, vne = word_bases(v_base, v_meta, blk, DV)
+        else:
+            kba, kbb, ke0, kne = _bases(k_base, k_meta, blk, D)
+            vba, vbb, ve0, vne = _bases(v_base, v_meta, blk, DV)
         lost = lost | (kne < 0) | (vne < 0)  # a page whose exceptions did not fit the arena
         for t0 in range(0, P, TS):
-            ka, kb = _decode(k_lo, k_code, k_exc, blk, t0, kba, kbb, ke0, kne, P, TS, D)
+            if SWAR:
+                ka, kb = decode_words(k_lo, k_code, k_exc, blk, t0, kba, kbb, ke0, kne, P, TS, D)
+            else:
+                ka, kb = _decode(k_lo, k_code, k_exc, blk, t0, kba, kbb, ke0, kne, P, TS, D)
             pos = j * P + t0 + offs_ts
             valid = (pos >= S0) & _kept(valid_ptr, b, VS, pos, HAS_VALID)
             p, alpha, m_i, l_i = _probs(qa, qb, ka, kb, valid, m_i, l_i, qk_scale, QK_F32)
-            va, vb = _decode(v_lo, v_code, v_exc, blk, t0, vba, vbb, ve0, vne, P, TS, DV)
+            if SWAR:
+                va, vb = decode_words(v_lo, v_code, v_exc, blk, t0, vba, vbb, ve0, vne, P, TS, DV)
+            else:
+                va, vb = _decode(v_lo, v_code, v_exc, blk, t0, vba, vbb, ve0, vne, P, TS, DV)
             acc_a = acc_a * alpha[:, None] + _dot(p, va, F32)
             acc_b = acc_b * alpha[:, None] + _dot(p, vb, F32)
     if (n_full >= j0) & (n_full < j1):  # this split holds the raw, unfilled page
@@ -167,12 +181,14 @@ class AttentionConfig:
     """``num_warps`` a program; ``sub_tile``: tokens decoded at a time (>= 32 on the GPU: see
     ``glyd.kv._triton._scores``); ``programs_per_sm``: programs launched an SM (splits of the pages);
     ``maxnreg``: a register cap a thread, 0 for none (at 168 registers three programs share an SM:
-    11% occupancy on the H200, 2026-12-04)."""
+    11% occupancy on the H200, 2026-12-04); ``swar``: decode pages on 32-bit words
+    (``glyd.kv._triton_words``: about a third of the integer instructions; not yet timed on a GPU)."""
 
     num_warps: int = 4
     sub_tile: int = 32
     programs_per_sm: int = 16
     maxnreg: int = 0
+    swar: bool = False
 
     def __post_init__(self) -> None:
         if self.num_warps not in (1, 2, 4, 8, 16):
@@ -183,6 +199,8 @@ class AttentionConfig:
             raise ValueError(f"programs_per_sm must be positive, got {self.programs_per_sm}")
         if self.maxnreg and not 24 <= self.maxnreg <= 255:
             raise ValueError(f"maxnreg must be 0 (no cap) or 24..255 registers, got {self.maxnreg}")
+        if not isinstance(self.swar, bool):
+            raise ValueError(f"swar must be True or False, got {self.swar!r}")
 
 
 class Kvf12AttentionKernel(KVKernel):
@@ -213,7 +231,8 @@ class Kvf12AttentionKernel(KVKernel):
         return attention_triton(q, lens, starts, block_index, k_side, v_side, scale, capped=capped, num_splits=num_splits,
                                 valid=valid,
                                 num_warps=config.num_warps, sub_tile=config.sub_tile,
-                                programs_per_sm=config.programs_per_sm, maxnreg=config.maxnreg or None)
+                                programs_per_sm=config.programs_per_sm, maxnreg=config.maxnreg or None,
+                                swar=config.swar)
 
 
 def _side(side, name: str, dev: torch.device):
@@ -231,13 +250,19 @@ def _side(side, name: str, dev: torch.device):
     return lo, code, base, meta, exc, raw
 
 
+def _word_views(side):
+    lo, code, *rest = side
+    return [lo.view(torch.int32), code.view(torch.int32), *rest]
+
+
 # q [B, Hq, D] bf16; lens [B] int32 (tokens a sequence); starts [B] int32 or None (tokens before it are masked);
 # valid [B, S] bool/uint8 or None (the attention mask's row: position t is attended only where t < S and valid[b, t]);
 # block_index [B, H, J] int32 (page j of sequence b, head h -> block); k_side/v_side [lo [NB, P, D] uint8,
 # code [NB, P, D/2] uint8, base [NB, D/16] uint8, meta [NB, 2] int32, exc [E] int32, raw [B, H, P, D] bf16]
 # -> out [B, Hq, DV] bf16. capped: a sequence holds at most J pages (a pool); else its raw page follows them.
+# swar: the page decode on 32-bit words (lo and code read as int32 words).
 def attention_triton(q, lens, starts, block_index, k_side, v_side, scale, capped=True, num_splits=None, num_warps=4,
-                     sub_tile=32, programs_per_sm=16, valid=None, maxnreg=None):
+                     sub_tile=32, programs_per_sm=16, valid=None, maxnreg=None, swar=False):
     b, hq, d = q.shape
     dev = q.device
     if q.dtype != torch.bfloat16 or not q.is_contiguous():
@@ -267,11 +292,16 @@ def attention_triton(q, lens, starts, block_index, k_side, v_side, scale, capped
     num_splits, pages_per_split = _splits(max(max_pages, 1), b * h, dev, num_splits, programs_per_sm)
     lens, starts, m, l_, acc = _split_state(q, lens, starts, b, h, num_splits, gp, dv)
     vbytes, vs, has_valid = _valid_arg(valid, b, q)
+    if not isinstance(swar, bool):
+        raise FormatError(f"swar must be True or False, got {swar!r}")
+    if swar:  # lo and code as int32 words (rows of D/4 and D/8 words: D >= 32)
+        k_side, v_side = (_word_views(sd) for sd in (k_side, v_side))
     _kvf_decode_split_kernel[(b * h, num_splits)](
         q, lens, starts, vbytes, vs, block_index, *k_side, *v_side, m, l_, acc,
         scale * 1.4426950408889634, h, jcap, jcap * p if capped else jcap * p + p, pages_per_split, num_splits,
         G=g, GP=gp, P=p, D=d, DV=dv, F32=_interpreting(), TS=ts, QK_F32=qk_f32(d // 2), HAS_VALID=has_valid,
         num_warps=num_warps, **({} if maxnreg is None or _interpreting() else {"maxnreg": maxnreg}),
+        SWAR=swar,
     )
     out = torch.empty(b, hq, dv, dtype=torch.bfloat16, device=dev)
     _combine(m, l_, acc, out, b, h, num_splits, g, gp, dv)

@@ -1,0 +1,111 @@
+"""The kvf12 page decode on 32-bit words (SWAR), for the pool's attention kernel (``glyd.kv._triton_fixed``,
+``AttentionConfig(swar=True)``): Triton helpers only.
+
+The byte-wise decode (``_triton_fixed._decode``) widens every ``lo`` and ``code`` byte to an int32 and
+spends about nine integer instructions a value (sm_90 SASS, 2026-12-04: byte extracts, masks, a multiply,
+shifts, the bf16 pair packing). Here one ``code`` word (4 bytes: 4 channels of each half) and one ``lo``
+word of each half give four words of two bf16 values each, about three instructions a value::
+
+    lane = ((c & 8) * 15 + c) << 8 + (base << 8)       # c: a value's 4-bit code, in both 16-bit lanes at once
+    pair = lane | lo                                   # no lane carries into the next: base <= 120
+
+``P0`` holds channels ``4k`` and ``4k+2`` of a half (bytes 0 and 2 of its words), ``P1`` channels ``4k+1``
+and ``4k+3``. A tile keeps each word's two values side by side (its channels in *word order*:
+position ``n`` holds channel ``perm(n)``, bits 0 and 1 of ``n`` swapped), so the words feed the dot
+operands as they are; the query is read, and the output stored, through the same ``perm``.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def perm(n):
+    """The channel at position ``n`` of a word-order tile (bits 0 and 1 swapped; ``perm(perm(n)) == n``)."""
+    return (n & ~3) | ((n >> 1) & 1) | ((n & 1) << 1)
+
+
+@triton.jit
+def _pairs(cn, lo, base):
+    """Words of two bf16 values from their codes at bits 8-11 and 24-27, their low bytes at bits 0-7 and
+    16-23, and ``base << 8`` in each 16-bit lane (uint32)."""
+    return (cn + (cn & 0x08000800) * 15 + base) | lo
+
+
+@triton.jit
+def word_bases(base_ptr, meta_ptr, blk, D: tl.constexpr):
+    """A block's ``base << 8`` in both lanes for each word column of the two halves (``[D/8]`` uint32:
+    word ``k`` of a half is channels ``4k .. 4k+3``, group ``k // 4``), and its exception range."""
+    HW: tl.constexpr = D // 8
+    offs = tl.arange(0, HW)
+    bp = base_ptr + blk * (D // 16)
+    ba = tl.load(bp + offs // 4).to(tl.uint32) * 0x01000100
+    bb = tl.load(bp + D // 32 + offs // 4).to(tl.uint32) * 0x01000100
+    return ba, bb, tl.load(meta_ptr + blk * 2), tl.load(meta_ptr + blk * 2 + 1)
+
+
+@triton.jit
+def _put(w, hit, sh, word):
+    """``w`` with 16-bit lane ``sh // 16`` replaced by ``word`` where ``hit``."""
+    keep = (0xFFFF << (16 - sh)).to(tl.uint32)
+    return tl.where(hit, (w & keep) | (word << sh), w)
+
+
+@triton.jit
+def _patch_words(a0, a1, b0, b1, exc_ptr, e0, ne, t0, TS: tl.constexpr, D: tl.constexpr):
+    """The block's exceptions in rows ``t0 .. t0+TS`` put into the four word tiles: one ``where`` over the
+    one tile an exception is in (only blocks that have any run this)."""
+    H: tl.constexpr = D // 2
+    rows = tl.arange(0, TS)[:, None]
+    cols = tl.arange(0, D // 8)[None, :]
+    for e in range(e0, e0 + ne):
+        ent = tl.load(exc_ptr + e)
+        idx = ent & 0xFFFF
+        r = idx // D - t0
+        if (r >= 0) & (r < TS):
+            c = idx % D
+            cc = c % H
+            hit = (rows == r) & (cols == cc // 4)
+            sh = ((cc >> 1) & 1) * 16  # channels 4k+2, 4k+3: the high lane
+            word = ((ent >> 16) & 0xFFFF).to(tl.uint32)
+            if c < H:
+                if cc % 2 == 0:
+                    a0 = _put(a0, hit, sh, word)
+                else:
+                    a1 = _put(a1, hit, sh, word)
+            else:
+                if cc % 2 == 0:
+                    b0 = _put(b0, hit, sh, word)
+                else:
+                    b1 = _put(b1, hit, sh, word)
+    return a0, a1, b0, b1
+
+
+@triton.jit
+def _bf16(w0, w1, TS: tl.constexpr, H: tl.constexpr):
+    """Word tiles ``[TS, H/4]`` -> the half tile ``[TS, H]`` bf16 in word order (each word's lanes side by side)."""
+    x = tl.join(tl.join(w0.to(tl.uint16), w1.to(tl.uint16)), tl.join((w0 >> 16).to(tl.uint16), (w1 >> 16).to(tl.uint16)))
+    return tl.reshape(x, [TS, H]).to(tl.bfloat16, bitcast=True)
+
+
+@triton.jit
+def decode_words(lo_ptr, code_ptr, exc_ptr, blk, t0, ba, bb, e0, ne, P: tl.constexpr, TS: tl.constexpr,
+                 D: tl.constexpr):
+    """Rows ``t0 .. t0+TS`` of one block -> two bf16 half tiles ``[TS, D/2]`` in word order, from the
+    ``lo`` and ``code`` planes read as int32 words (``lo_ptr``: ``[NB, P, D/4]``, ``code_ptr``: ``[NB, P, D/8]``)."""
+    HW: tl.constexpr = D // 8
+    rows = (t0 + tl.arange(0, TS))[:, None]
+    cols = tl.arange(0, HW)[None, :]
+    cw = tl.load(code_ptr + blk * (P * HW) + rows * HW + cols).to(tl.uint32, bitcast=True)
+    lop = lo_ptr + blk * (P * 2 * HW) + rows * (2 * HW) + cols
+    la = tl.load(lop).to(tl.uint32, bitcast=True)
+    lb = tl.load(lop + HW).to(tl.uint32, bitcast=True)
+    a0 = _pairs((cw << 8) & 0x0F000F00, la & 0x00FF00FF, ba[None, :])  # low nibbles of bytes 0, 2
+    a1 = _pairs(cw & 0x0F000F00, (la >> 8) & 0x00FF00FF, ba[None, :])  # low nibbles of bytes 1, 3
+    b0 = _pairs((cw << 4) & 0x0F000F00, lb & 0x00FF00FF, bb[None, :])  # high nibbles of bytes 0, 2
+    b1 = _pairs((cw >> 4) & 0x0F000F00, (lb >> 8) & 0x00FF00FF, bb[None, :])  # high nibbles of bytes 1, 3
+    if ne > 0:
+        a0, a1, b0, b1 = _patch_words(a0, a1, b0, b1, exc_ptr, e0, ne, t0, TS, D)
+    return _bf16(a0, a1, TS, D // 2), _bf16(b0, b1, TS, D // 2)

@@ -31,7 +31,8 @@ checked against SDPA; the table shows the fastest of each kernel. The fixed-rate
 ``GlydCache``'s default) has its own column: ``FixedPageStore`` pages of the same keys and values read by
 ``glyd.kv._triton_fixed`` (``--fixed w,s,p ...``: warps, sub-tile tokens, programs per SM). The static pool
 (``GlydStaticCache``'s ``FixedPagePool``, the same pages read through its block table, the kernel and config
-``glyd.kv.registry`` picks) has the first column, beside the time of the decode step's write of one token
+``glyd.kv.registry`` picks, and ``--pool-variants w,s,p,r[,x] ...``: its kernel at other launch shapes, ``x`` 1
+for the page decode on 32-bit words) has the first column, beside the time of the decode step's write of one token
 (a raw row, and a row that fills its page, which the same kernel then packs). (The column of the same loop over
 plain bf16 pages, ``decode_attention_bf16_pages``, and ``--no-baseline`` are gone with that kernel:
 this script's 497582d version has them.) Without a CUDA GPU, ``speed`` is a dry run under
@@ -346,6 +347,14 @@ def parse_variant(s: str) -> tuple[int, int, int, int]:
     return w, ts, pps, mr
 
 
+def parse_pool_variant(s: str) -> tuple[int, int, int, int, bool]:
+    # w,s,p,r[,x]: x 1 decodes pages on 32-bit words (AttentionConfig.swar)
+    v = [int(x) for x in s.split(",")]
+    if len(v) not in (4, 5) or (len(v) == 5 and v[4] not in (0, 1)):
+        raise argparse.ArgumentTypeError(f"want 'warps,sub_tile,programs_per_sm,maxnreg[,swar 0/1]', got {s!r}")
+    return v[0], v[1], v[2], v[3], bool(v[4]) if len(v) == 5 else False
+
+
 def parse_fixed(s: str) -> tuple[int, int, int]:
     w, ts, pps = (int(x) for x in s.split(","))
     return w, ts, pps
@@ -486,10 +495,12 @@ def cmd_speed(args) -> None:
         r = timed("kvf12 pool", "registry", lambda: spool.attend(0, q))  # noqa: B023
         pbest = r if r is not None else (float("nan"), "-", float("nan"))
         # the pool's kernel at other launch shapes (Nsight, 2026-12-04: 11% occupancy, 0.7 of a wave)
-        for w, ts, pps, mr in args.pool_variants:
-            r = timed("kvf12 pool", f"w{w} s{ts} p{pps} r{mr or '-'}", lambda: attention_triton(  # noqa: B023
+        for w, ts, pps, mr, swar in args.pool_variants:
+            label = f"w{w} s{ts} p{pps} r{mr or '-'}" + (" swar" if swar else "")
+            r = timed("kvf12 pool", label, lambda: attention_triton(  # noqa: B023
                 q, spool.lens, None, spool.block_index, spool.k.layer(0), spool.v.layer(0),  # noqa: B023
-                1.0 / math.sqrt(d), num_warps=w, sub_tile=ts, programs_per_sm=pps, maxnreg=mr or None))  # noqa: B023
+                1.0 / math.sqrt(d), num_warps=w, sub_tile=ts, programs_per_sm=pps, maxnreg=mr or None,  # noqa: B023
+                swar=swar))  # noqa: B023
             if r is not None and not r[0] >= pbest[0]:
                 pbest = r
         w_raw, w_pack = pool_write_times(spool, t)
@@ -547,11 +558,15 @@ def main() -> None:
                    help="kvf12 Triton kernel variants 'warps,sub_tile,programs_per_sm'; the fastest shown")
     # offline sm_90a compile (ptxas -v, 2026-12-04): w4 s32 238 registers, w8 s32 204, w8 s32 r128 122 (no
     # spills), w8 s64 r128 127 (32 bytes spilled), w4 s32 r128 156 bytes spilled
-    s.add_argument("--pool-variants", type=parse_variant, nargs="*",
-                   default=[(8, 32, 16, 128), (8, 32, 32, 128), (8, 32, 16, 0), (8, 64, 16, 0), (4, 32, 32, 0),
-                            (4, 32, 16, 128), (8, 64, 16, 128)],
-                   help="the static pool's kernel at other launches 'warps,sub_tile,programs_per_sm,maxnreg' (0: no "
-                   "cap; the registry's choice is timed first); the fastest shown")
+    # the decode on 32-bit words (',1', 2026-12-04, offline sm_90a): w4 s32 125 registers (96 with r96, no spills),
+    # w8 s32 110, w4 s64 128
+    s.add_argument("--pool-variants", type=parse_pool_variant, nargs="*",
+                   default=[(8, 32, 16, 128, False), (8, 32, 32, 128, False), (8, 32, 16, 0, False),
+                            (8, 64, 16, 0, False), (4, 32, 32, 0, False), (4, 32, 16, 128, False),
+                            (8, 64, 16, 128, False)],
+                   help="the static pool's kernel at other launches 'warps,sub_tile,programs_per_sm,maxnreg[,swar]' "
+                   "(maxnreg 0: no cap; swar 1: pages decoded on 32-bit words; the registry's choice is timed "
+                   "first); the fastest shown")
     s.set_defaults(func=cmd_speed)
     args = ap.parse_args()
     print(f"# {platform.node()} {platform.machine()} python {platform.python_version()} torch {torch.__version__}",

@@ -83,7 +83,7 @@ def test_kernel_compiles_for_sm90_with_safe_dots():
     if r.returncode != 0 and "ptxas" in r.stderr:
         pytest.skip("no sm_90 compiler tools in this triton build")
     assert r.returncode == 0, r.stderr[-2000:]
-    dots = re.findall(r"DOT d=(\d+) sub_tile=\d+ M=\d+ K=(\d+) kWidth=(\d+)", r.stdout)
+    dots = re.findall(r"DOT d=(\d+) sub_tile=\d+ swar=0 M=\d+ K=(\d+) kWidth=(\d+)", r.stdout)
     assert {int(d) for d, *_ in dots} == {64, 128} and len(re.findall("CUBIN", r.stdout)) == 2
     for d, k, kw in dots:
         assert int(k) >= 4 * int(kw), (d, k, kw)

@@ -1,0 +1,229 @@
+"""The pool attention's page decode on 32-bit words (``AttentionConfig(swar=True)``, ``glyd.kv._triton_words``):
+its decoded tiles bit for bit ``glyd.kv.fixed.unpack_blocks``'s, and the attention (under TRITON_INTERPRET=1
+without a GPU) within TOL of float64 SDPA on fresh random pages: GQA groups of 1, 2 and 7, sequences of
+different lengths with partial last pages, left padding and masked positions."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from glyd.errors import FormatError
+from glyd.kv.fixed import pack_blocks, unpack_blocks
+from glyd.kv.pool import FixedPagePool
+
+from .conftest import all_bf16_patterns, bits_equal
+from .test_kv_pool import TOL, rel_err, sdpa64, states
+
+triton = pytest.importorskip("triton")
+
+
+import triton.language as tl  # noqa: E402
+
+from glyd.kernels._interp import isolated  # noqa: E402
+from glyd.kv._triton_words import decode_words, perm, word_bases  # noqa: E402
+
+
+@isolated
+@triton.jit
+def _unpack_words(lo_ptr, code_ptr, base_ptr, meta_ptr, exc_ptr, out_ptr, P: tl.constexpr, TS: tl.constexpr,
+                  D: tl.constexpr):
+    # one program a block: its tiles in word order, stored back through perm (channel order)
+    blk = tl.program_id(0).to(tl.int64)
+    ba, bb, e0, ne = word_bases(base_ptr, meta_ptr, blk, D)
+    cols = perm(tl.arange(0, D // 2))[None, :]
+    for t0 in tl.static_range(0, P, TS):
+        a, b = decode_words(lo_ptr, code_ptr, exc_ptr, blk, t0, ba, bb, e0, ne, P, TS, D)
+        op = out_ptr + blk * (P * D) + (t0 + tl.arange(0, TS))[:, None] * D + cols
+        tl.store(op, a)
+        tl.store(op + D // 2, b)
+
+
+def word_unpack(pk: dict, sub_tile: int) -> torch.Tensor:
+    n, p, d = pk["lo"].shape
+    out = torch.empty(n, p, d, dtype=torch.bfloat16, device=pk["lo"].device)
+    exc = pk["exc"] if pk["exc"].numel() else torch.zeros(1, dtype=torch.int32, device=out.device)
+    _unpack_words[(n,)](pk["lo"].view(torch.int32), pk["code"].view(torch.int32), pk["base"], pk["meta"], exc, out,
+                        P=p, TS=min(sub_tile, p), D=d)
+    return out
+
+
+def special_blocks(n: int, p: int, d: int, seed: int) -> torch.Tensor:
+    """Random blocks with per-channel scales, a few of every kind of value a window misses (+-0, subnormals,
+    +-inf, NaN payloads, the largest exponents) in every channel position of a 32-bit word and both halves."""
+    gen = torch.Generator().manual_seed(seed)
+    x = (torch.randn(n, p, d, generator=gen) * torch.exp(2 * torch.randn(n, 1, d, generator=gen))).to(torch.bfloat16)
+    pats = all_bf16_patterns()
+    odd = torch.cat([pats[:40], pats[32768:32808], pats[0x7F00:0x7FC0], pats[0xFF70:0xFFB0]])
+    flat = x.view(-1)
+    where = torch.randperm(flat.numel(), generator=gen)[: odd.numel()]
+    flat[where] = odd[torch.randperm(odd.numel(), generator=gen)]
+    x[0, 1, :] = 0.0  # a whole row of exceptions
+    x[-1, -1, : d // 2] = pats[0x7F80]  # +inf across half A of the last row
+    return x
+
+
+@pytest.mark.parametrize("n,p,d,ts", [(3, 16, 32, 16), (2, 32, 64, 16), (2, 64, 128, 32)])
+def test_word_decode_gives_back_every_bit(n, p, d, ts):
+    x = special_blocks(n, p, d, seed=p + d)
+    pk = pack_blocks(x)
+    assert pk["exc"].numel() > 100 and pk["meta"][:, 1].min() > 0  # every block patches exceptions
+    ref = unpack_blocks(pk["lo"], pk["code"], pk["base"], pk["meta"], pk["exc"])
+    assert bits_equal(ref, x)
+    assert bits_equal(word_unpack(pk, ts), x)
+
+
+def test_word_decode_of_every_bf16_pattern():
+    # the 65,536 patterns spread over blocks whose windows sit at the lowest (0) and highest (120) base
+    pats = all_bf16_patterns().reshape(64, 16, 64)[::7]  # 10 blocks of 16 x 64 (1,024 patterns each)
+    pk = pack_blocks(pats.contiguous())
+    assert {0, 120} <= set(pk["base"].unique().tolist())
+    assert bits_equal(word_unpack(pk, 16), pats)
+
+
+def ragged_pool(b, h, d, p, lens, gen, steps=2, device="cpu"):
+    """A one-layer pool whose sequence ``i`` holds ``lens[i]`` tokens (a prompt and ``steps`` one-token writes of
+    the longest, then each shorter sequence cut back: its partial page copied to the raw page, as
+    ``benchmarks/kv.py``'s ``static_pool`` does); returns the pool and the keys and values (on the CPU)."""
+    t = max(lens)
+    pool = FixedPagePool(layers=1, batch=b, heads=h, head_dim=d, max_len=t + p, page=p, exc_fraction=1 / 8,
+                         device=device)
+    ks, vs = [], []
+    for n in [t - steps] + [1] * steps:
+        k, v = states(gen, b, h, n, d)
+        pool.advance(n)
+        pool.write(0, k.to(device), v.to(device))
+        ks.append(k)
+        vs.append(v)
+    k, v = torch.cat(ks, 2), torch.cat(vs, 2)
+    lens_t = torch.tensor(lens, dtype=torch.int32)
+    first = (lens_t // p) * p
+    idx = (first[:, None] + torch.arange(p)).clamp_max(t - 1)[:, None, :, None].expand(b, h, p, d)
+    for x, raw in ((k, pool.k.raw[0]), (v, pool.v.raw[0])):
+        raw.copy_(torch.gather(x.view(torch.int16), 2, idx).view(torch.bfloat16))
+    pool.lens.copy_(lens_t)
+    return pool, k, v
+
+
+def attend(pool, q, swar, **kw):
+    from glyd.kv._triton_fixed import attention_triton
+
+    return attention_triton(q, pool.lens, kw.pop("starts", None), pool.block_index, pool.k.layer(0), pool.v.layer(0),
+                            0.125, swar=swar, **kw)
+
+
+def masked_ref(q, k, v, lens, starts=None, valid=None):
+    """float64 SDPA over each sequence's first ``lens[i]`` tokens (and ``valid``/``starts`` where given)."""
+    t = k.shape[2]
+    mask = torch.arange(t)[None, :] < torch.tensor(lens)[:, None]
+    if starts is not None:
+        mask &= torch.arange(t)[None, :] >= starts[:, None]
+    if valid is not None:
+        mask &= valid[:, :t]
+    return sdpa64(q, k, v, 0.125, mask=mask)
+
+
+@pytest.mark.parametrize("h,g,d,p,ts,lens", [
+    pytest.param(2, 1, 32, 16, 16, [45, 17, 32]),
+    pytest.param(1, 2, 64, 32, 16, [70, 33, 64, 5]),
+    pytest.param(2, 7, 64, 32, 32, [95, 40]),
+    pytest.param(1, 7, 128, 64, 32, [130, 64, 70], marks=pytest.mark.slow),
+])
+def test_swar_attention_matches_sdpa_and_the_byte_kernel(h, g, d, p, ts, lens):
+    gen = torch.Generator().manual_seed(h * 1000 + g * 100 + d)
+    b = len(lens)
+    pool, k, v = ragged_pool(b, h, d, p, lens, gen)
+    assert int(pool.k.used[0]) > 0 and int(pool.v.used[0]) > 0  # the exception patch runs
+    q = torch.randn(b, h * g, d, generator=gen).to(torch.bfloat16)
+    starts = (torch.arange(b, dtype=torch.int32) * 3).clamp_max(min(lens) - 1)  # left padding (none in row 0)
+    ref = masked_ref(q, k, v, lens, starts=starts)
+    out = attend(pool, q, True, starts=starts, num_splits=2, sub_tile=ts)
+    assert rel_err(out, ref) <= TOL
+    byte = attend(pool, q, False, starts=starts, num_splits=2, sub_tile=ts)
+    assert rel_err(out, byte) <= 1e-3  # the same values, dots summed in another channel order
+    one = attend(pool, q, True, starts=starts, num_splits=1, sub_tile=ts)  # one split: the raw page in it
+    assert rel_err(one, ref) <= TOL
+
+
+def test_swar_attention_drops_masked_positions_and_marks_lost_pages():
+    gen = torch.Generator().manual_seed(11)
+    lens = [75, 50, 38]
+    pool, k, v = ragged_pool(3, 2, 32, 16, lens, gen)
+    q = torch.randn(3, 4, 32, generator=gen).to(torch.bfloat16)
+    valid = torch.ones(3, 96, dtype=torch.bool)
+    valid[0, 3:9] = False  # inside a packed page
+    valid[0, 66:70] = False  # inside the raw page
+    valid[1, 15:35] = False  # across page boundaries
+    valid[2, :4] = False
+    for m in (valid, valid[:, :60].to(torch.uint8)):  # a row shorter than the sequence masks what is past it
+        full = torch.zeros(3, 96, dtype=torch.bool)
+        full[:, : m.shape[1]] = m != 0
+        ref = masked_ref(q, k, v, lens, valid=full)
+        assert rel_err(attend(pool, q, True, num_splits=2, valid=m), ref) <= TOL
+    # a page whose exceptions were lost: NaN for that sequence only, never a plausible value
+    pool.k.meta[0][int(pool.block_index[2, 1, 0]), 1] = -1
+    out = attend(pool, q, True, num_splits=2)
+    assert torch.isnan(out[2, 2:]).all() and not torch.isnan(out[:2]).any() and not torch.isnan(out[2, :2]).any()
+
+
+def test_swar_is_a_validated_config_field_the_registry_passes_on():
+    from glyd.kernels.registry import Device
+    from glyd.kv._triton_fixed import AttentionConfig
+    from glyd.kv.registry import KVProblem, by_name
+
+    assert AttentionConfig().swar is False and AttentionConfig(swar=True).swar is True
+    with pytest.raises(ValueError, match="swar"):
+        AttentionConfig(swar=1)
+    gen = torch.Generator().manual_seed(4)
+    pool, _, _ = ragged_pool(2, 1, 32, 16, [40, 21], gen)
+    q = torch.randn(2, 2, 32, generator=gen).to(torch.bfloat16)
+    with pytest.raises(FormatError, match="swar"):
+        attend(pool, q, "yes")
+    kc, cfg = by_name("kvf12_attention_triton", KVProblem("kvf12", "attention", 16, 32, 32, 2, "pool"),
+                      Device("cpu", "cpu", interpreting=True), swar=True)
+    assert cfg.swar is True
+    via = kc.launch(q, pool.lens, None, pool.block_index, pool.k.layer(0), pool.v.layer(0), 0.125, config=cfg,
+                    num_splits=2)
+    assert bits_equal(via, attend(pool, q, True, num_splits=2))
+
+
+@pytest.mark.slow
+def test_swar_kernel_compiles_for_sm90_with_safe_dots():
+    # compiled ahead of time (no GPU), as test_kv_fixed_attention checks the byte-wise decode: every bf16
+    # tensor-core dot reduces over >= 4 * kWidth values (Triton 3.6's K = 16 dots on sm_90: glyd.kv._triton._scores)
+    import os
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    helper = Path(__file__).resolve().parent / "_fixed_compile_check.py"
+    r = subprocess.run([sys.executable, str(helper), "64,3,64,1", "128,7,32,1"], env=dict(os.environ, TRITON_INTERPRET="0"),
+                       capture_output=True, text=True, timeout=600)
+    if r.returncode != 0 and "ptxas" in r.stderr:
+        pytest.skip("no sm_90 compiler tools in this triton build")
+    assert r.returncode == 0, r.stderr[-2000:]
+    dots = re.findall(r"DOT d=(\d+) sub_tile=\d+ swar=1 M=\d+ K=(\d+) kWidth=(\d+)", r.stdout)
+    assert {int(d) for d, *_ in dots} == {64, 128} and len(re.findall("CUBIN .* swar=1", r.stdout)) == 2
+    for d, k, kw in dots:
+        assert int(k) >= 4 * int(kw), (d, k, kw)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("g", [1, 2, 7])
+def test_swar_on_gpu(g):
+    # the decode bit for bit on the GPU; the attention at the H200 table's launch shape within TOL of float64
+    # SDPA, beside the byte-wise decode
+    x = special_blocks(4, 64, 128, seed=g)
+    pk = {name: t.cuda() for name, t in pack_blocks(x).items()}
+    assert bits_equal(word_unpack(pk, 32).cpu(), x)
+    gen = torch.Generator().manual_seed(g)
+    lens = [700, 64, 333, 1]
+    gpu, k, v = ragged_pool(4, 4, 128, 64, lens, gen, device="cuda")
+    q = torch.randn(4, 4 * g, 128, generator=gen).to(torch.bfloat16)
+    ref = masked_ref(q, k, v, lens)
+    for maxnreg in (None, 128):
+        out = attend(gpu, q.cuda(), True, maxnreg=maxnreg).cpu()
+        assert rel_err(out, ref) <= TOL
+    assert rel_err(attend(gpu, q.cuda(), False, maxnreg=128).cpu(), ref) <= TOL

@@ -31,8 +31,8 @@ checked against SDPA; the table shows the fastest of each kernel. The fixed-rate
 ``GlydCache``'s default) has its own column: ``FixedPageStore`` pages of the same keys and values read by
 ``glyd.kv._triton_fixed`` (``--fixed w,s,p ...``: warps, sub-tile tokens, programs per SM). The static pool
 (``GlydStaticCache``'s ``FixedPagePool``, the same pages read through its block table, the kernel and config
-``glyd.kv.registry`` picks, and ``--pool-variants w,s,p,r[,x] ...``: its kernel at other launch shapes, ``x`` 1
-for the page decode on 32-bit words) has the first column, beside the time of the decode step's write of one token
+``glyd.kv.registry`` picks, and ``--pool-variants w,s,p,r[,x[,n]] ...``: its kernel at other launch shapes, ``x`` 1
+for the page decode on 32-bit words, ``n`` Triton's num_stages) has the first column, beside the time of the decode step's write of one token
 (a raw row, and a row that fills its page, which the same kernel then packs). (The column of the same loop over
 plain bf16 pages, ``decode_attention_bf16_pages``, and ``--no-baseline`` are gone with that kernel:
 this script's 497582d version has them.) Without a CUDA GPU, ``speed`` is a dry run under
@@ -347,12 +347,13 @@ def parse_variant(s: str) -> tuple[int, int, int, int]:
     return w, ts, pps, mr
 
 
-def parse_pool_variant(s: str) -> tuple[int, int, int, int, bool]:
-    # w,s,p,r[,x]: x 1 decodes pages on 32-bit words (AttentionConfig.swar)
-    v = [int(x) for x in s.split(",")]
-    if len(v) not in (4, 5) or (len(v) == 5 and v[4] not in (0, 1)):
-        raise argparse.ArgumentTypeError(f"want 'warps,sub_tile,programs_per_sm,maxnreg[,swar 0/1]', got {s!r}")
-    return v[0], v[1], v[2], v[3], bool(v[4]) if len(v) == 5 else False
+def parse_pool_variant(s: str) -> tuple[int, int, int, int, bool, int]:
+    # w,s,p,r[,x[,n]]: x 1 decodes pages on 32-bit words (AttentionConfig.swar); n: num_stages (0: Triton's)
+    v = [int(x) for x in s.split(",")] + [0, 0]
+    if not 4 <= len(v) - 2 <= 6 or v[4] not in (0, 1) or v[5] not in (0, 1, 2, 3, 4):
+        raise argparse.ArgumentTypeError(f"want 'warps,sub_tile,programs_per_sm,maxnreg[,swar 0/1[,stages]]', "
+                                         f"got {s!r}")
+    return v[0], v[1], v[2], v[3], bool(v[4]), v[5]
 
 
 def parse_fixed(s: str) -> tuple[int, int, int]:
@@ -495,12 +496,12 @@ def cmd_speed(args) -> None:
         r = timed("kvf12 pool", "registry", lambda: spool.attend(0, q))  # noqa: B023
         pbest = r if r is not None else (float("nan"), "-", float("nan"))
         # the pool's kernel at other launch shapes (Nsight, 2026-12-04: 11% occupancy, 0.7 of a wave)
-        for w, ts, pps, mr, swar in args.pool_variants:
-            label = f"w{w} s{ts} p{pps} r{mr or '-'}" + (" swar" if swar else "")
+        for w, ts, pps, mr, swar, st in args.pool_variants:
+            label = f"w{w} s{ts} p{pps} r{mr or '-'}" + (" swar" if swar else "") + (f" n{st}" if st else "")
             r = timed("kvf12 pool", label, lambda: attention_triton(  # noqa: B023
                 q, spool.lens, None, spool.block_index, spool.k.layer(0), spool.v.layer(0),  # noqa: B023
                 1.0 / math.sqrt(d), num_warps=w, sub_tile=ts, programs_per_sm=pps, maxnreg=mr or None,  # noqa: B023
-                swar=swar))  # noqa: B023
+                swar=swar, num_stages=st or None))  # noqa: B023
             if r is not None and not r[0] >= pbest[0]:
                 pbest = r
         w_raw, w_pack = pool_write_times(spool, t)
@@ -561,12 +562,12 @@ def main() -> None:
     # the decode on 32-bit words (',1', 2026-12-04, offline sm_90a): w4 s32 125 registers (96 with r96, no spills),
     # w8 s32 110, w4 s64 128
     s.add_argument("--pool-variants", type=parse_pool_variant, nargs="*",
-                   default=[(8, 32, 16, 128, False), (8, 32, 32, 128, False), (8, 32, 16, 0, False),
-                            (8, 64, 16, 0, False), (4, 32, 32, 0, False), (4, 32, 16, 128, False),
-                            (8, 64, 16, 128, False)],
-                   help="the static pool's kernel at other launches 'warps,sub_tile,programs_per_sm,maxnreg[,swar]' "
-                   "(maxnreg 0: no cap; swar 1: pages decoded on 32-bit words; the registry's choice is timed "
-                   "first); the fastest shown")
+                   default=[(8, 32, 16, 128, False, 0), (8, 32, 32, 128, False, 0), (8, 32, 16, 0, False, 0),
+                            (8, 64, 16, 0, False, 0), (4, 32, 32, 0, False, 0), (4, 32, 16, 128, False, 0),
+                            (8, 64, 16, 128, False, 0)],
+                   help="the static pool's kernel at other launches 'warps,sub_tile,programs_per_sm,maxnreg[,swar"
+                   "[,stages]]' (maxnreg 0: no cap; swar 1: pages decoded on 32-bit words; stages: Triton's "
+                   "num_stages, 0 its default; the registry's choice is timed first); the fastest shown")
     s.set_defaults(func=cmd_speed)
     args = ap.parse_args()
     print(f"# {platform.node()} {platform.machine()} python {platform.python_version()} torch {torch.__version__}",

@@ -174,14 +174,18 @@ def test_swar_is_a_validated_config_field_the_registry_passes_on():
     assert AttentionConfig().swar is False and AttentionConfig(swar=True).swar is True
     with pytest.raises(ValueError, match="swar"):
         AttentionConfig(swar=1)
+    with pytest.raises(ValueError, match="num_stages"):
+        AttentionConfig(num_stages=9)
     gen = torch.Generator().manual_seed(4)
     pool, _, _ = ragged_pool(2, 1, 32, 16, [40, 21], gen)
     q = torch.randn(2, 2, 32, generator=gen).to(torch.bfloat16)
     with pytest.raises(FormatError, match="swar"):
         attend(pool, q, "yes")
+    with pytest.raises(FormatError, match="num_stages"):
+        attend(pool, q, True, num_stages=0)
     kc, cfg = by_name("kvf12_attention_triton", KVProblem("kvf12", "attention", 16, 32, 32, 2, "pool"),
-                      Device("cpu", "cpu", interpreting=True), swar=True)
-    assert cfg.swar is True
+                      Device("cpu", "cpu", interpreting=True), swar=True, num_stages=2)
+    assert cfg.swar is True and cfg.num_stages == 2  # a launch option: the interpreter ignores it
     via = kc.launch(q, pool.lens, None, pool.block_index, pool.k.layer(0), pool.v.layer(0), 0.125, config=cfg,
                     num_splits=2)
     assert bits_equal(via, attend(pool, q, True, num_splits=2))
@@ -223,7 +227,7 @@ def test_swar_on_gpu(g):
     gpu, k, v = ragged_pool(4, 4, 128, 64, lens, gen, device="cuda")
     q = torch.randn(4, 4 * g, 128, generator=gen).to(torch.bfloat16)
     ref = masked_ref(q, k, v, lens)
-    for maxnreg in (None, 128):
-        out = attend(gpu, q.cuda(), True, maxnreg=maxnreg).cpu()
+    for maxnreg, stages in ((None, None), (128, None), (96, 2)):
+        out = attend(gpu, q.cuda(), True, maxnreg=maxnreg, num_stages=stages).cpu()
         assert rel_err(out, ref) <= TOL
     assert rel_err(attend(gpu, q.cuda(), False, maxnreg=128).cpu(), ref) <= TOL

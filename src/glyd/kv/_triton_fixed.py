@@ -182,13 +182,16 @@ class AttentionConfig:
     ``glyd.kv._triton._scores``); ``programs_per_sm``: programs launched an SM (splits of the pages);
     ``maxnreg``: a register cap a thread, 0 for none (at 168 registers three programs share an SM:
     11% occupancy on the H200, 2026-12-04); ``swar``: decode pages on 32-bit words
-    (``glyd.kv._triton_words``: about a third of the integer instructions; not yet timed on a GPU)."""
+    (``glyd.kv._triton_words``: about a third of the integer instructions; not yet timed on a GPU);
+    ``num_stages``: Triton's software pipeline depth, 0 for its default (3: 37.9 KB of shared memory a
+    program with ``swar``, 25.6 KB at 2, which lets more programs share an SM)."""
 
     num_warps: int = 4
     sub_tile: int = 32
     programs_per_sm: int = 16
     maxnreg: int = 0
     swar: bool = False
+    num_stages: int = 0
 
     def __post_init__(self) -> None:
         if self.num_warps not in (1, 2, 4, 8, 16):
@@ -201,6 +204,8 @@ class AttentionConfig:
             raise ValueError(f"maxnreg must be 0 (no cap) or 24..255 registers, got {self.maxnreg}")
         if not isinstance(self.swar, bool):
             raise ValueError(f"swar must be True or False, got {self.swar!r}")
+        if self.num_stages not in (0, 1, 2, 3, 4):
+            raise ValueError(f"num_stages must be 0 (Triton's default) or 1..4, got {self.num_stages}")
 
 
 class Kvf12AttentionKernel(KVKernel):
@@ -232,7 +237,7 @@ class Kvf12AttentionKernel(KVKernel):
                                 valid=valid,
                                 num_warps=config.num_warps, sub_tile=config.sub_tile,
                                 programs_per_sm=config.programs_per_sm, maxnreg=config.maxnreg or None,
-                                swar=config.swar)
+                                swar=config.swar, num_stages=config.num_stages or None)
 
 
 def _side(side, name: str, dev: torch.device):
@@ -260,9 +265,9 @@ def _word_views(side):
 # block_index [B, H, J] int32 (page j of sequence b, head h -> block); k_side/v_side [lo [NB, P, D] uint8,
 # code [NB, P, D/2] uint8, base [NB, D/16] uint8, meta [NB, 2] int32, exc [E] int32, raw [B, H, P, D] bf16]
 # -> out [B, Hq, DV] bf16. capped: a sequence holds at most J pages (a pool); else its raw page follows them.
-# swar: the page decode on 32-bit words (lo and code read as int32 words).
+# swar: the page decode on 32-bit words (lo and code read as int32 words); num_stages: Triton's pipeline depth.
 def attention_triton(q, lens, starts, block_index, k_side, v_side, scale, capped=True, num_splits=None, num_warps=4,
-                     sub_tile=32, programs_per_sm=16, valid=None, maxnreg=None, swar=False):
+                     sub_tile=32, programs_per_sm=16, valid=None, maxnreg=None, swar=False, num_stages=None):
     b, hq, d = q.shape
     dev = q.device
     if q.dtype != torch.bfloat16 or not q.is_contiguous():
@@ -294,14 +299,16 @@ def attention_triton(q, lens, starts, block_index, k_side, v_side, scale, capped
     vbytes, vs, has_valid = _valid_arg(valid, b, q)
     if not isinstance(swar, bool):
         raise FormatError(f"swar must be True or False, got {swar!r}")
+    if num_stages is not None and num_stages not in (1, 2, 3, 4):
+        raise FormatError(f"num_stages must be None or 1..4, got {num_stages!r}")
+    opts = {} if _interpreting() else {k: v for k, v in (("maxnreg", maxnreg), ("num_stages", num_stages)) if v}
     if swar:  # lo and code as int32 words (rows of D/4 and D/8 words: D >= 32)
         k_side, v_side = (_word_views(sd) for sd in (k_side, v_side))
     _kvf_decode_split_kernel[(b * h, num_splits)](
         q, lens, starts, vbytes, vs, block_index, *k_side, *v_side, m, l_, acc,
         scale * 1.4426950408889634, h, jcap, jcap * p if capped else jcap * p + p, pages_per_split, num_splits,
         G=g, GP=gp, P=p, D=d, DV=dv, F32=_interpreting(), TS=ts, QK_F32=qk_f32(d // 2), HAS_VALID=has_valid,
-        num_warps=num_warps, **({} if maxnreg is None or _interpreting() else {"maxnreg": maxnreg}),
-        SWAR=swar,
+        SWAR=swar, num_warps=num_warps, **opts,
     )
     out = torch.empty(b, hq, dv, dtype=torch.bfloat16, device=dev)
     _combine(m, l_, acc, out, b, h, num_splits, g, gp, dv)

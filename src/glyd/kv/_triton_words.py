@@ -6,11 +6,12 @@ spends about nine integer instructions a value (sm_90 SASS, 2026-12-04: byte ext
 shifts, the bf16 pair packing). Here one ``code`` word (4 bytes: 4 channels of each half) and one ``lo``
 word of each half give four words of two bf16 values each, about three instructions a value::
 
-    lane = ((c & 8) * 15 + c) << 8 + (base << 8)       # c: a value's 4-bit code, in both 16-bit lanes at once
-    pair = lane | lo                                   # no lane carries into the next: base <= 120
+    high = (c & 8) * 15 + c + base        # c: a value's 4-bit code; the four of a word's bytes at once
+    pair = lo | high << 8                 # two values a word: bytes lo, high, lo, high (byte selects)
 
 ``P0`` holds channels ``4k`` and ``4k+2`` of a half (bytes 0 and 2 of its words), ``P1`` channels ``4k+1``
-and ``4k+3``. A tile keeps each word's two values side by side (its channels in *word order*:
+and ``4k+3``; the four high bytes come first, from the code word's nibbles, one a byte (no byte carries
+into the next: ``base <= 120``). A tile keeps each word's two values side by side (its channels in *word order*:
 position ``n`` holds channel ``perm(n)``, bits 0 and 1 of ``n`` swapped), so the words feed the dot
 operands as they are; the query is read, and the output stored, through the same ``perm``.
 """
@@ -28,21 +29,21 @@ def perm(n):
 
 
 @triton.jit
-def _pairs(cn, lo, base):
-    """Words of two bf16 values from their codes at bits 8-11 and 24-27, their low bytes at bits 0-7 and
-    16-23, and ``base << 8`` in each 16-bit lane (uint32)."""
-    return (cn + (cn & 0x08000800) * 15 + base) | lo
+def _highs(c4, base4):
+    """High bytes of four values (uint32, a value a byte) from their 4-bit codes in the low nibbles of
+    ``c4``'s bytes and ``base4`` (the window base in every byte)."""
+    return c4 + (c4 & 0x08080808) * 15 + base4
 
 
 @triton.jit
 def word_bases(base_ptr, meta_ptr, blk, D: tl.constexpr):
-    """A block's ``base << 8`` in both lanes for each word column of the two halves (``[D/8]`` uint32:
+    """A block's window base in every byte for each word column of the two halves (``[D/8]`` uint32:
     word ``k`` of a half is channels ``4k .. 4k+3``, group ``k // 4``), and its exception range."""
     HW: tl.constexpr = D // 8
     offs = tl.arange(0, HW)
     bp = base_ptr + blk * (D // 16)
-    ba = tl.load(bp + offs // 4).to(tl.uint32) * 0x01000100
-    bb = tl.load(bp + D // 32 + offs // 4).to(tl.uint32) * 0x01000100
+    ba = tl.load(bp + offs // 4).to(tl.uint32) * 0x01010101
+    bb = tl.load(bp + D // 32 + offs // 4).to(tl.uint32) * 0x01010101
     return ba, bb, tl.load(meta_ptr + blk * 2), tl.load(meta_ptr + blk * 2 + 1)
 
 
@@ -102,10 +103,13 @@ def decode_words(lo_ptr, code_ptr, exc_ptr, blk, t0, ba, bb, e0, ne, P: tl.const
     lop = lo_ptr + blk * (P * 2 * HW) + rows * (2 * HW) + cols
     la = tl.load(lop).to(tl.uint32, bitcast=True)
     lb = tl.load(lop + HW).to(tl.uint32, bitcast=True)
-    a0 = _pairs((cw << 8) & 0x0F000F00, la & 0x00FF00FF, ba[None, :])  # low nibbles of bytes 0, 2
-    a1 = _pairs(cw & 0x0F000F00, (la >> 8) & 0x00FF00FF, ba[None, :])  # low nibbles of bytes 1, 3
-    b0 = _pairs((cw << 4) & 0x0F000F00, lb & 0x00FF00FF, bb[None, :])  # high nibbles of bytes 0, 2
-    b1 = _pairs((cw >> 4) & 0x0F000F00, (lb >> 8) & 0x00FF00FF, bb[None, :])  # high nibbles of bytes 1, 3
+    ha = _highs(cw & 0x0F0F0F0F, ba[None, :])  # half A's codes: the low nibbles
+    hb = _highs((cw >> 4) & 0x0F0F0F0F, bb[None, :])  # half B's: the high nibbles
+    odd = ~0x00FF00FF  # bytes 1 and 3
+    a0 = (la & 0x00FF00FF) | ((ha << 8) & odd)  # channels 4k, 4k+2: low, high, low, high byte
+    a1 = ((la >> 8) & 0x00FF00FF) | (ha & odd)  # channels 4k+1, 4k+3
+    b0 = (lb & 0x00FF00FF) | ((hb << 8) & odd)
+    b1 = ((lb >> 8) & 0x00FF00FF) | (hb & odd)
     if ne > 0:
         a0, a1, b0, b1 = _patch_words(a0, a1, b0, b1, exc_ptr, e0, ne, t0, TS, D)
     return _bf16(a0, a1, TS, D // 2), _bf16(b0, b1, TS, D // 2)

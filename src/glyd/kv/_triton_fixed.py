@@ -80,15 +80,20 @@ def _bases(base_ptr, meta_ptr, blk, D: tl.constexpr):
 
 
 @triton.jit
-def _probs(qa, qb, ka, kb, valid, m_i, l_i, qk_scale, QK_F32: tl.constexpr):
-    """Online-softmax step: the key tile's probabilities (bf16), the rescale factor, the new state."""
+def _probs(qa, qb, ka, kb, valid, m_i, l_i, qk_scale, QK_F32: tl.constexpr, LANES: tl.constexpr = False):
+    """Online-softmax step: the key tile's probabilities (bf16), the rescale factor, the new state.
+    ``LANES`` (the word-decode variant): ``l_i`` is ``[GP, TS]``, each lane's own running sum, added up
+    once after the last tile: one reduction across the warps a tile fewer (the maximum still needs one)."""
     s = (_dot(qa, tl.trans(ka), QK_F32) + _dot(qb, tl.trans(kb), QK_F32)) * qk_scale  # [GP, TS], log2 units
     s = tl.where(valid[None, :], s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, 1))
     m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # a fully masked tile so far: no NaN
     alpha = tl.exp2(m_i - m_use)
     p = tl.exp2(s - m_use[:, None])
-    return p.to(tl.bfloat16), alpha, m_new, l_i * alpha + tl.sum(p, 1)
+    if LANES:
+        return p.to(tl.bfloat16), alpha, m_new, l_i * alpha[:, None] + p
+    else:
+        return p.to(tl.bfloat16), alpha, m_new, l_i * alpha + tl.sum(p, 1)
 
 
 # Shape-dependent ints are not specialised (no recompile per batch size or length).
@@ -124,7 +129,10 @@ def _kvf_decode_split_kernel(
     qa = tl.load(qp, mask=offs_g[:, None] < G, other=0.0)
     qb = tl.load(qp + HD, mask=offs_g[:, None] < G, other=0.0)
     m_i = tl.full([GP], float("-inf"), tl.float32)
-    l_i = tl.zeros([GP], tl.float32)
+    if SWAR:
+        l_i = tl.zeros([GP, TS], tl.float32)
+    else:
+        l_i = tl.zeros([GP], tl.float32)
     acc_a = tl.zeros([GP, HV], tl.float32)
     acc_b = tl.zeros([GP, HV], tl.float32)
     lost = L > CAP  # more tokens than the pool holds: no page of it is trusted
@@ -144,7 +152,7 @@ def _kvf_decode_split_kernel(
                 ka, kb = _decode(k_lo, k_code, k_exc, blk, t0, kba, kbb, ke0, kne, P, TS, D)
             pos = j * P + t0 + offs_ts
             valid = (pos >= S0) & _kept(valid_ptr, b, VS, pos, HAS_VALID)
-            p, alpha, m_i, l_i = _probs(qa, qb, ka, kb, valid, m_i, l_i, qk_scale, QK_F32)
+            p, alpha, m_i, l_i = _probs(qa, qb, ka, kb, valid, m_i, l_i, qk_scale, QK_F32, SWAR)
             if SWAR:
                 va, vb = decode_words(v_lo, v_code, v_exc, blk, t0, vba, vbb, ve0, vne, P, TS, DV)
             else:
@@ -160,12 +168,14 @@ def _kvf_decode_split_kernel(
             kp = k_raw + (raw + offs_t[:, None]) * D + offs_hd[None, :]
             ka = tl.load(kp, mask=valid[:, None], other=0.0)
             kb = tl.load(kp + HD, mask=valid[:, None], other=0.0)
-            p, alpha, m_i, l_i = _probs(qa, qb, ka, kb, valid, m_i, l_i, qk_scale, QK_F32)
+            p, alpha, m_i, l_i = _probs(qa, qb, ka, kb, valid, m_i, l_i, qk_scale, QK_F32, SWAR)
             vp = v_raw + (raw + offs_t[:, None]) * DV + offs_hv[None, :]
             va = tl.load(vp, mask=valid[:, None], other=0.0)
             vb = tl.load(vp + HV, mask=valid[:, None], other=0.0)
             acc_a = acc_a * alpha[:, None] + _dot(p, va, F32)
             acc_b = acc_b * alpha[:, None] + _dot(p, vb, F32)
+    if SWAR:
+        l_i = tl.sum(l_i, 1)
     if lost:  # never a plausible wrong value: the output is NaN, and FixedPagePool.check() says why
         l_i = tl.full([GP], float("nan"), tl.float32)
     o = pid_bh * S + split
@@ -182,7 +192,8 @@ class AttentionConfig:
     ``glyd.kv._triton._scores``); ``programs_per_sm``: programs launched an SM (splits of the pages);
     ``maxnreg``: a register cap a thread, 0 for none (at 168 registers three programs share an SM:
     11% occupancy on the H200, 2026-12-04); ``swar``: decode pages on 32-bit words
-    (``glyd.kv._triton_words``: about a third of the integer instructions; not yet timed on a GPU);
+    (``glyd.kv._triton_words``: about a third of the integer instructions, and the softmax's row sums kept
+    per lane until the end; not yet timed on a GPU);
     ``num_stages``: Triton's software pipeline depth, 0 for its default (3: 37.9 KB of shared memory a
     program with ``swar``, 25.6 KB at 2, which lets more programs share an SM)."""
 

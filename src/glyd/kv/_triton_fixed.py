@@ -192,7 +192,7 @@ class AttentionConfig:
     ``glyd.kv._triton._scores``); ``programs_per_sm``: programs launched an SM (splits of the pages);
     ``maxnreg``: a register cap a thread, 0 for none (at 168 registers three programs share an SM:
     11% occupancy on the H200, 2026-12-04); ``swar``: decode pages on 32-bit words
-    (``glyd.kv._triton_words``: about a third of the integer instructions, and the softmax's row sums kept
+    (``glyd.kv._triton_words``: under half the integer instructions, and the softmax's row sums kept
     per lane until the end; not yet timed on a GPU);
     ``num_stages``: Triton's software pipeline depth, 0 for its default (3: 37.9 KB of shared memory a
     program with ``swar``, 25.6 KB at 2, which lets more programs share an SM)."""

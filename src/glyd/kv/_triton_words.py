@@ -2,9 +2,10 @@
 ``AttentionConfig(swar=True)``): Triton helpers only.
 
 The byte-wise decode (``_triton_fixed._decode``) widens every ``lo`` and ``code`` byte to an int32 and
-spends about nine integer instructions a value (sm_90 SASS, 2026-12-04: byte extracts, masks, a multiply,
-shifts, the bf16 pair packing). Here one ``code`` word (4 bytes: 4 channels of each half) and one ``lo``
-word of each half give four words of two bf16 values each, about three instructions a value::
+spends about 7.6 integer instructions a value in its loop (sm_90 SASS, 2026-12-04: byte extracts, masks, a
+multiply, shifts, the bf16 pair packing). Here one ``code`` word (4 bytes: 4 channels of each half) and one ``lo``
+word of each half give four words of two bf16 values each, about 3.5 in the loop
+(``benchmarks/probes/pool_sass.py``)::
 
     high = (c & 8) * 15 + c + base        # c: a value's 4-bit code; the four of a word's bytes at once
     pair = lo | high << 8                 # two values a word: bytes lo, high, lo, high (byte selects)

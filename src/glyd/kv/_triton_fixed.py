@@ -96,6 +96,25 @@ def _probs(qa, qb, ka, kb, valid, m_i, l_i, qk_scale, QK_F32: tl.constexpr, LANE
         return p.to(tl.bfloat16), alpha, m_new, l_i * alpha + tl.sum(p, 1)
 
 
+@triton.jit
+def _block(base_ptr, meta_ptr, blk, D: tl.constexpr, SWAR: tl.constexpr):
+    """A block's window bases, as the byte-wise or the word decode (``SWAR``) takes them, and its exception range."""
+    if SWAR:
+        return word_bases(base_ptr, meta_ptr, blk, D)
+    else:
+        return _bases(base_ptr, meta_ptr, blk, D)
+
+
+@triton.jit
+def _tiles(lo_ptr, code_ptr, exc_ptr, blk, t0, ba, bb, e0, ne, P: tl.constexpr, TS: tl.constexpr, D: tl.constexpr,
+           SWAR: tl.constexpr):
+    """Rows ``t0 .. t0+TS`` of one block as two bf16 half tiles: byte-wise, or on words (in word order)."""
+    if SWAR:
+        return decode_words(lo_ptr, code_ptr, exc_ptr, blk, t0, ba, bb, e0, ne, P, TS, D)
+    else:
+        return _decode(lo_ptr, code_ptr, exc_ptr, blk, t0, ba, bb, e0, ne, P, TS, D)
+
+
 # Shape-dependent ints are not specialised (no recompile per batch size or length).
 @isolated
 @triton.jit(do_not_specialize=["H", "J", "CAP", "PAGES_PER_SPLIT", "S", "VS"])
@@ -129,34 +148,21 @@ def _kvf_decode_split_kernel(
     qa = tl.load(qp, mask=offs_g[:, None] < G, other=0.0)
     qb = tl.load(qp + HD, mask=offs_g[:, None] < G, other=0.0)
     m_i = tl.full([GP], float("-inf"), tl.float32)
-    if SWAR:
-        l_i = tl.zeros([GP, TS], tl.float32)
-    else:
-        l_i = tl.zeros([GP], tl.float32)
+    l_i = tl.zeros([GP, TS] if SWAR else [GP], tl.float32)  # SWAR: a sum a lane (_probs)
     acc_a = tl.zeros([GP, HV], tl.float32)
     acc_b = tl.zeros([GP, HV], tl.float32)
     lost = L > CAP  # more tokens than the pool holds: no page of it is trusted
     for j in range(j0, tl.minimum(j1, n_full)):
         blk = tl.load(bidx_ptr + pid_bh.to(tl.int64) * J + j).to(tl.int64)  # the block of page j, this head
-        if SWAR:
-            kba, kbb, ke0, kne = word_bases(k_base, k_meta, blk, D)
-            vba, vbb, ve0, vne = word_bases(v_base, v_meta, blk, DV)
-        else:
-            kba, kbb, ke0, kne = _bases(k_base, k_meta, blk, D)
-            vba, vbb, ve0, vne = _bases(v_base, v_meta, blk, DV)
+        kba, kbb, ke0, kne = _block(k_base, k_meta, blk, D, SWAR)
+        vba, vbb, ve0, vne = _block(v_base, v_meta, blk, DV, SWAR)
         lost = lost | (kne < 0) | (vne < 0)  # a page whose exceptions did not fit the arena
         for t0 in range(0, P, TS):
-            if SWAR:
-                ka, kb = decode_words(k_lo, k_code, k_exc, blk, t0, kba, kbb, ke0, kne, P, TS, D)
-            else:
-                ka, kb = _decode(k_lo, k_code, k_exc, blk, t0, kba, kbb, ke0, kne, P, TS, D)
+            ka, kb = _tiles(k_lo, k_code, k_exc, blk, t0, kba, kbb, ke0, kne, P, TS, D, SWAR)
             pos = j * P + t0 + offs_ts
             valid = (pos >= S0) & _kept(valid_ptr, b, VS, pos, HAS_VALID)
             p, alpha, m_i, l_i = _probs(qa, qb, ka, kb, valid, m_i, l_i, qk_scale, QK_F32, SWAR)
-            if SWAR:
-                va, vb = decode_words(v_lo, v_code, v_exc, blk, t0, vba, vbb, ve0, vne, P, TS, DV)
-            else:
-                va, vb = _decode(v_lo, v_code, v_exc, blk, t0, vba, vbb, ve0, vne, P, TS, DV)
+            va, vb = _tiles(v_lo, v_code, v_exc, blk, t0, vba, vbb, ve0, vne, P, TS, DV, SWAR)
             acc_a = acc_a * alpha[:, None] + _dot(p, va, F32)
             acc_b = acc_b * alpha[:, None] + _dot(p, vb, F32)
     if (n_full >= j0) & (n_full < j1):  # this split holds the raw, unfilled page

@@ -49,47 +49,33 @@ def word_bases(base_ptr, meta_ptr, blk, D: tl.constexpr):
 
 
 @triton.jit
-def _put(w, hit, sh, word):
-    """``w`` with 16-bit lane ``sh // 16`` replaced by ``word`` where ``hit``."""
-    keep = (0xFFFF << (16 - sh)).to(tl.uint32)
-    return tl.where(hit, (w & keep) | (word << sh), w)
-
-
-@triton.jit
-def _patch_words(a0, a1, b0, b1, exc_ptr, e0, ne, t0, TS: tl.constexpr, D: tl.constexpr):
-    """The block's exceptions in rows ``t0 .. t0+TS`` put into the four word tiles: one ``where`` over the
-    one tile an exception is in (only blocks that have any run this)."""
+def _patch(ta, tb, exc_ptr, e0, ne, t0, TS: tl.constexpr, D: tl.constexpr):
+    """The block's exceptions in rows ``t0 .. t0+TS`` put into the two half tiles (uint16 words in word order:
+    channel ``c`` of a half at position ``perm(c)``): one ``where`` over the one half tile an exception is in
+    (only blocks that have any run this)."""
     H: tl.constexpr = D // 2
     rows = tl.arange(0, TS)[:, None]
-    cols = tl.arange(0, D // 8)[None, :]
+    cols = tl.arange(0, H)[None, :]
     for e in range(e0, e0 + ne):
         ent = tl.load(exc_ptr + e)
         idx = ent & 0xFFFF
         r = idx // D - t0
         if (r >= 0) & (r < TS):
             c = idx % D
-            cc = c % H
-            hit = (rows == r) & (cols == cc // 4)
-            sh = ((cc >> 1) & 1) * 16  # channels 4k+2, 4k+3: the high lane
-            word = ((ent >> 16) & 0xFFFF).to(tl.uint32)
+            word = ((ent >> 16) & 0xFFFF).to(tl.uint16)
             if c < H:
-                if cc % 2 == 0:
-                    a0 = _put(a0, hit, sh, word)
-                else:
-                    a1 = _put(a1, hit, sh, word)
+                ta = tl.where((rows == r) & (cols == perm(c)), word, ta)
             else:
-                if cc % 2 == 0:
-                    b0 = _put(b0, hit, sh, word)
-                else:
-                    b1 = _put(b1, hit, sh, word)
-    return a0, a1, b0, b1
+                tb = tl.where((rows == r) & (cols == perm(c - H)), word, tb)
+    return ta, tb
 
 
 @triton.jit
-def _bf16(w0, w1, TS: tl.constexpr, H: tl.constexpr):
-    """Word tiles ``[TS, H/4]`` -> the half tile ``[TS, H]`` bf16 in word order (each word's lanes side by side)."""
+def _halves(w0, w1, TS: tl.constexpr, H: tl.constexpr):
+    """Word tiles ``[TS, H/4]`` -> a half tile ``[TS, H]`` of uint16 words in word order (each word's lanes side
+    by side)."""
     x = tl.join(tl.join(w0.to(tl.uint16), w1.to(tl.uint16)), tl.join((w0 >> 16).to(tl.uint16), (w1 >> 16).to(tl.uint16)))
-    return tl.reshape(x, [TS, H]).to(tl.bfloat16, bitcast=True)
+    return tl.reshape(x, [TS, H])
 
 
 @triton.jit
@@ -111,6 +97,10 @@ def decode_words(lo_ptr, code_ptr, exc_ptr, blk, t0, ba, bb, e0, ne, P: tl.const
     a1 = ((la >> 8) & 0x00FF00FF) | (ha & odd)  # channels 4k+1, 4k+3
     b0 = (lb & 0x00FF00FF) | ((hb << 8) & odd)
     b1 = ((lb >> 8) & 0x00FF00FF) | (hb & odd)
+    ta = _halves(a0, a1, TS, D // 2)
+    tb = _halves(b0, b1, TS, D // 2)
+    # patched after the join: Triton 3.6 then gives the dots kWidth 2 (a join upstream of a dot operand makes it
+    # pick 4, whose operand fragments cost about 75 register moves a sub-tile on sm_90)
     if ne > 0:
-        a0, a1, b0, b1 = _patch_words(a0, a1, b0, b1, exc_ptr, e0, ne, t0, TS, D)
-    return _bf16(a0, a1, TS, D // 2), _bf16(b0, b1, TS, D // 2)
+        ta, tb = _patch(ta, tb, exc_ptr, e0, ne, t0, TS, D)
+    return ta.to(tl.bfloat16, bitcast=True), tb.to(tl.bfloat16, bitcast=True)

@@ -97,6 +97,13 @@ def _probs(qa, qb, ka, kb, valid, m_i, l_i, qk_scale, QK_F32: tl.constexpr, LANE
 
 
 @triton.jit
+def _opaque(keep):
+    """``keep`` through a reduction over an axis of one: the same values, but Triton 3.6 no longer traces the
+    mask's uint8 load into the probabilities' dot, where it makes the operands kWidth 4 (register moves)."""
+    return tl.max(keep.to(tl.int32)[:, None], 1) != 0
+
+
+@triton.jit
 def _block(base_ptr, meta_ptr, blk, D: tl.constexpr, SWAR: tl.constexpr):
     """A block's window bases, as the byte-wise or the word decode (``SWAR``) takes them, and its exception range."""
     if SWAR:
@@ -161,6 +168,8 @@ def _kvf_decode_split_kernel(
             ka, kb = _tiles(k_lo, k_code, k_exc, blk, t0, kba, kbb, ke0, kne, P, TS, D, SWAR)
             pos = j * P + t0 + offs_ts
             valid = (pos >= S0) & _kept(valid_ptr, b, VS, pos, HAS_VALID)
+            if SWAR & HAS_VALID:
+                valid = _opaque(valid)
             p, alpha, m_i, l_i = _probs(qa, qb, ka, kb, valid, m_i, l_i, qk_scale, QK_F32, SWAR)
             va, vb = _tiles(v_lo, v_code, v_exc, blk, t0, vba, vbb, ve0, vne, P, TS, DV, SWAR)
             acc_a = acc_a * alpha[:, None] + _dot(p, va, F32)

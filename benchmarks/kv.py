@@ -32,9 +32,9 @@ checked against SDPA; the table shows the fastest of each kernel. The fixed-rate
 ``glyd.kv._triton_fixed`` (``--fixed w,s,p ...``: warps, sub-tile tokens, programs per SM). The static pool
 (``GlydStaticCache``'s ``FixedPagePool``, the same pages read through its block table, the kernel and config
 ``glyd.kv.registry`` picks, and ``--pool-variants w,s,p,r[,x[,n]] ...``: its kernel at other launch shapes, ``x`` 1
-for the page decode on 32-bit words, ``n`` Triton's num_stages) has the first column, beside the time of the decode step's write of one token
-(a raw row, and a row that fills its page, which the same kernel then packs). (The column of the same loop over
-plain bf16 pages, ``decode_attention_bf16_pages``, and ``--no-baseline`` are gone with that kernel:
+for the page decode on 32-bit words, ``n`` Triton's num_stages) has the first column, beside the time of the decode
+step's write of one token (a raw row, and a row that fills its page, which the same kernel then packs). (The column
+of the same loop over plain bf16 pages, ``decode_attention_bf16_pages``, and ``--no-baseline`` are gone with that kernel:
 this script's 497582d version has them.) Without a CUDA GPU, ``speed`` is a dry run under
 ``TRITON_INTERPRET=1`` (nothing timed; the Gluon kernel cannot run there).
 """
@@ -559,8 +559,8 @@ def main() -> None:
                    help="kvf12 Triton kernel variants 'warps,sub_tile,programs_per_sm'; the fastest shown")
     # offline sm_90a compile (ptxas -v, 2026-12-04): w4 s32 238 registers, w8 s32 204, w8 s32 r128 122 (no
     # spills), w8 s64 r128 127 (32 bytes spilled), w4 s32 r128 156 bytes spilled
-    # the decode on 32-bit words (',1', 2026-12-04, offline sm_90a): w4 s32 128 registers (96 with r96, no spills;
-    # 25.6 KB of shared memory at stages 2, 37.9 at Triton's 3), w8 s32 110, w4 s64 138, w8 s64 128
+    # the decode on 32-bit words (',1'; offline sm_90, benchmarks/probes/pool_sass.py, 2026-12-04): w4 s32 r128 126
+    # registers, no spills (165 uncapped with the mask row), 37 KB of shared memory (25 at stages 2)
     s.add_argument("--pool-variants", type=parse_pool_variant, nargs="*",
                    default=[(8, 32, 16, 128, False, 0), (8, 32, 32, 128, False, 0), (8, 32, 16, 0, False, 0),
                             (8, 64, 16, 0, False, 0), (4, 32, 32, 0, False, 0), (4, 32, 16, 128, False, 0),

@@ -53,7 +53,8 @@ def compile_kernel(warps: int, ts: int, maxnreg: int, swar: bool, stages: int, v
     sig.update({k: "constexpr" for k in const})
     names = list(fn.arg_names)
     attrs = {(names.index(n),): [["tt.divisibility", 16]] for n, t in sig.items() if t.startswith("*")}
-    opts = {"num_warps": warps, **({"maxnreg": maxnreg} if maxnreg else {}), **({"num_stages": stages} if stages else {})}
+    opts = {"num_warps": warps, **({"maxnreg": maxnreg} if maxnreg else {}),
+            **({"num_stages": stages} if stages else {})}
     return triton.compile(ASTSource(fn=fn, signature={n: sig[n] for n in names}, constexprs=const, attrs=attrs),
                           target=GPUTarget("cuda", 90, 32), options=opts)
 
@@ -115,6 +116,7 @@ def main() -> None:
     args = ap.parse_args()
     shapes = [(4, 32, 0, False, 0), (4, 32, 128, False, 0), (4, 64, 0, False, 0), (8, 32, 0, False, 0),
               (4, 32, 0, True, 0), (4, 32, 128, True, 0), (4, 32, 96, True, 2), (4, 64, 0, True, 0),
+              (4, 64, 128, True, 0),
               (8, 32, 0, True, 2), (8, 64, 0, True, 0)]
     print(f"triton {triton.__version__}, sm_90, G=7 (GP 16), pages of 64, head dim 128, mask row read: {args.valid}\n")
     print("| variant | registers | spills (LDL/STL) | shared KB | programs an SM | hot loop: tokens, instructions "

@@ -202,8 +202,8 @@ def test_swar_kernel_compiles_for_sm90_with_safe_dots():
     from pathlib import Path
 
     helper = Path(__file__).resolve().parent / "_fixed_compile_check.py"
-    r = subprocess.run([sys.executable, str(helper), "64,3,64,1", "128,7,32,1"], env=dict(os.environ, TRITON_INTERPRET="0"),
-                       capture_output=True, text=True, timeout=600)
+    r = subprocess.run([sys.executable, str(helper), "64,3,64,1", "128,7,32,1"],
+                       env=dict(os.environ, TRITON_INTERPRET="0"), capture_output=True, text=True, timeout=600)
     if r.returncode != 0 and "ptxas" in r.stderr:
         pytest.skip("no sm_90 compiler tools in this triton build")
     assert r.returncode == 0, r.stderr[-2000:]

@@ -209,8 +209,8 @@ class AttentionConfig:
     11% occupancy on the H200, 2026-12-04); ``swar``: decode pages on 32-bit words
     (``glyd.kv._triton_words``: under half the integer instructions, and the softmax's row sums kept
     per lane until the end; not yet timed on a GPU);
-    ``num_stages``: Triton's software pipeline depth, 0 for its default (3: 37.9 KB of shared memory a
-    program with ``swar``, 25.6 KB at 2, which lets more programs share an SM)."""
+    ``num_stages``: Triton's software pipeline depth, 0 for its default (3: 37 KB of shared memory a
+    program with ``swar``, 25 KB at 2, which lets more programs share an SM)."""
 
     num_warps: int = 4
     sub_tile: int = 32

@@ -4,7 +4,7 @@
 The byte-wise decode (``_triton_fixed._decode``) widens every ``lo`` and ``code`` byte to an int32 and
 spends about 7.6 integer instructions a value in its loop (sm_90 SASS, 2026-12-04: byte extracts, masks, a
 multiply, shifts, the bf16 pair packing). Here one ``code`` word (4 bytes: 4 channels of each half) and one ``lo``
-word of each half give four words of two bf16 values each, about 3.5 in the loop
+word of each half give four words of two bf16 values each, about 3.4 in the loop
 (``benchmarks/probes/pool_sass.py``)::
 
     high = (c & 8) * 15 + c + base        # c: a value's 4-bit code; the four of a word's bytes at once
@@ -74,7 +74,8 @@ def _patch(ta, tb, exc_ptr, e0, ne, t0, TS: tl.constexpr, D: tl.constexpr):
 def _halves(w0, w1, TS: tl.constexpr, H: tl.constexpr):
     """Word tiles ``[TS, H/4]`` -> a half tile ``[TS, H]`` of uint16 words in word order (each word's lanes side
     by side)."""
-    x = tl.join(tl.join(w0.to(tl.uint16), w1.to(tl.uint16)), tl.join((w0 >> 16).to(tl.uint16), (w1 >> 16).to(tl.uint16)))
+    lo = tl.join(w0.to(tl.uint16), w1.to(tl.uint16))
+    x = tl.join(lo, tl.join((w0 >> 16).to(tl.uint16), (w1 >> 16).to(tl.uint16)))
     return tl.reshape(x, [TS, H])
 
 

@@ -220,3 +220,108 @@ def test_damaged_buffers_are_named_by_weight_in_a_forward(exact):
     h, idx, w = _route(3, 6)
     with pytest.raises(FormatError, match=r"^down_proj: lens gives 192 entries of array 'lo'"):
         mod(h, idx, w)
+
+
+def _qwen3_experts(experts: int = 6, hidden: int = 64, inter: int = 64):
+    # K = 64 for both products: the unpack + grouped GEMM can take them (K a multiple of 64)
+    cfg = transformers.Qwen3MoeConfig(hidden_size=hidden, moe_intermediate_size=inter, num_experts=experts,
+                                      num_experts_per_tok=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16)
+    cfg._experts_implementation_internal = "grouped_mm"
+    from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeExperts
+
+    torch.manual_seed(1)
+    m = Qwen3MoeExperts(cfg).to(torch.bfloat16)
+    with torch.no_grad():
+        for p in m.parameters():
+            p.normal_(0, 0.02)
+        m.gate_up_proj.view(-1)[::97] = 3.0  # exceptions
+    return cfg, m
+
+
+@pytest.fixture
+def kernels_on_cpu():
+    """The experts ops' CUDA implementations (glyd.kernels) for CPU tensors, through Triton's interpreter."""
+    pytest.importorskip("triton")
+    from glyd.ops import experts as ops
+
+    lib = torch.library.Library("glyd", "IMPL")  # noqa: TOR901 - destroyed below
+    lib.impl("experts_linear", ops._experts_linear_cuda, "CPU")
+    lib.impl("experts_linear_sorted", ops._experts_linear_sorted_cuda, "CPU")
+    try:
+        yield
+    finally:
+        lib._destroy()
+
+
+@pytest.mark.parametrize("tokens", [5, 1100])  # 10 rows: the grouped GEMV; 2200: the unpack + grouped GEMM
+def test_one_routing_for_both_products_equals_each_products_own_bit_for_bit(kernels_on_cpu, monkeypatch, tokens):
+    # the block's rows sorted once (route, experts_linear_sorted: activation in sorted order, rows put back
+    # once) against each product routing its own rows (experts_linear): the same kernels on the same rows,
+    # so the same bits; and the sort is taken where the kernel would sort (2200 rows), not for 10
+    from glyd.kernels import experts as kernels
+    from glyd.ops import experts as ops
+
+    cfg, ref = _qwen3_experts()
+    mod = GlydExperts(copy.deepcopy(ref), _packed(ref))
+    g = torch.Generator().manual_seed(tokens)
+    h = torch.randn(tokens, 64, generator=g).to(torch.bfloat16)
+    idx = torch.stack([torch.randperm(6, generator=g)[:2] for _ in range(tokens)])
+    w = torch.softmax(torch.randn(tokens, 2, generator=g), dim=-1).to(torch.bfloat16)
+    calls = []
+    real_route = ops.route
+    monkeypatch.setattr(ops, "route", lambda *a: calls.append(1) or real_route(*a))
+    sorts = kernels.sorts_rows(mod.packed("gate_up_proj"), 2 * tokens, torch.device("cpu"))
+    assert sorts == (tokens > 1024)
+    monkeypatch.setattr(ops, "sorts_rows", lambda *a: False)
+    own = mod(h, idx, w)
+    monkeypatch.setattr(ops, "sorts_rows", lambda *a: True)
+    shared = mod(h, idx, w)
+    assert calls == [1] and shared.dtype == torch.bfloat16 and shared.shape == (tokens, 64)
+    assert torch.equal(bits(shared), bits(own))
+    err = (shared.float() - ref(h, idx, w).float()).abs().max().item()  # bf16's grouped_mm block: close
+    assert err <= 0.05 * ref(h, idx, w).float().abs().max().item(), err
+    set_exact(mod, True)  # exact mode: the source's forward, bf16's bits whatever the fused path does
+    assert torch.equal(bits(mod(h, idx, w)), bits(ref(h, idx, w)))
+
+
+def test_one_routing_names_ids_outside_the_experts(kernels_on_cpu, monkeypatch):
+    from glyd.ops import experts as ops
+
+    _, ref = _qwen3_experts()
+    mod = GlydExperts(copy.deepcopy(ref), _packed(ref))
+    monkeypatch.setattr(ops, "sorts_rows", lambda *a: True)
+    h = torch.randn(3, 64).to(torch.bfloat16)
+    with pytest.raises(RuntimeError, match="ids outside the experts"):
+        mod(h, torch.tensor([[0, 6], [1, 2], [3, 4]]), torch.rand(3, 2))
+    monkeypatch.setattr(ops, "sorts_rows", lambda *a: False)
+    with pytest.raises(RuntimeError, match="ids outside the experts"):
+        mod(h, torch.tensor([[0, -1], [1, 2], [3, 4]]), torch.rand(3, 2))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_one_routing_block_captures_and_equals_each_products_own():
+    # a prompt-sized block (3000 rows): the sorted path eagerly and in a CUDA graph equals each
+    # product's own routing bit for bit; the graph follows new routing on replay
+    from glyd.ops import experts as ops
+
+    _, ref = _qwen3_experts(experts=16)
+    ref = ref.cuda()
+    mod = GlydExperts(copy.deepcopy(ref), _packed(ref))
+    tokens = 1500
+    g = torch.Generator(device="cuda").manual_seed(0)
+    h = torch.randn(tokens, 64, device="cuda", generator=g).to(torch.bfloat16)
+    idx = torch.randint(0, 16, (tokens, 2), device="cuda", generator=g)
+    w = torch.rand(tokens, 2, device="cuda", generator=g).to(torch.bfloat16)
+    assert ops.sorts_rows(h, 2 * tokens, *mod._op_args("gate_up_proj"))
+    shared = mod(h, idx, w)
+    own = mod._products(h, idx.reshape(-1), 2)
+    own = (own * w.reshape(-1, 1)).view(tokens, 2, -1).sum(dim=1).to(torch.bfloat16)
+    assert torch.equal(bits(shared), bits(own))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = mod(h, idx, w)
+    idx.copy_(torch.randint(0, 16, (tokens, 2), device="cuda", generator=g))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(bits(out), bits(mod(h, idx, w)))

@@ -149,3 +149,40 @@ def test_validated_experts_do_not_outlive_their_arrays():
     del p
     gc.collect()
     assert all(r() is None for r in refs)
+
+
+def test_route_sorts_the_rows_by_expert_stably():
+    ids = torch.tensor([3, 0, 3, 1, 0, 3], dtype=torch.int32)
+    order, sids, offs, tokens = ops.route(ids, 5, 2)
+    assert order.tolist() == [1, 4, 3, 0, 2, 5] and torch.equal(sids, ids[order])
+    assert offs.dtype == torch.int32 and offs.tolist() == [2, 3, 3, 6, 6]  # expert 2 and 4: no rows
+    assert tokens.tolist() == [0, 2, 1, 0, 1, 2]
+    torch.library.opcheck(torch.ops.glyd.experts_route.default, (ids, 5, 2), test_utils=CHECKS)
+    with pytest.raises(TypeError, match="1-D int32 or int64"):
+        ops.route(ids.reshape(2, 3), 5)
+    with pytest.raises(ValueError, match="at least one expert"):
+        ops.route(ids, 0)
+
+
+def test_the_sorted_op_is_the_product_of_the_sorted_rows_and_checks_its_routing():
+    # glyd::experts_linear_sorted gives experts_linear's rows in the sorted order, bit for bit (its
+    # twin is that twin); opcheck and the fake; the twin refuses rows out of order and wrong offsets
+    p = ops.pack_experts(_experts(), "fixed12")
+    args = ops.experts_args(p)
+    x = torch.randn(7, 96).to(torch.bfloat16)
+    ids = torch.tensor([3, 0, 3, 1, 2, 0, 3])
+    order, sids, offs, _ = ops.route(ids, 4)
+    y = ops.experts_linear_sorted(x[order], sids, offs, p)
+    assert torch.equal(y.view(torch.int16), ops.experts_linear(x, ids, p)[order].view(torch.int16))
+    torch.library.opcheck(torch.ops.glyd.experts_linear_sorted.default, (x[order], sids, offs, *args),
+                          test_utils=CHECKS)
+    with pytest.raises(ValueError, match="ids must be sorted"):
+        ops.experts_linear_sorted(x, ids, offs, p)
+    with pytest.raises(ValueError, match="rows of experts <= e"):
+        ops.experts_linear_sorted(x[order], sids, offs.flip(0).contiguous(), p)
+    with pytest.raises(ValueError, match=r"offs must be an int32 \[4\]"):
+        ops.experts_linear_sorted(x[order], sids, offs.long(), p)
+    with pytest.raises(IndexError, match="expert 4, outside the 4 experts"):
+        bad = torch.tensor([0, 0, 1, 2, 3, 3, 4])
+        ops.experts_linear_sorted(x, bad, torch.tensor([2, 3, 4, 6], dtype=torch.int32), p)
+    assert ops.sorts_rows(x, 5000, *args) is False  # CPU tensors: the twin, which sorts nothing

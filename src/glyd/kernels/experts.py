@@ -14,10 +14,15 @@ is taken, and inside a CUDA graph capture only the kernels that never synchronis
   for that expert's matrix and its number of rows (the prompt path, every layout). Finding the rows
   of each expert costs one host sync.
 * ``experts_unpack_grouped`` (here; fixed12, whose experts unpack in one launch): the rows sorted by
-  expert, the experts that have rows unpacked into one reused bf16 scratch ``[E, N, K]``
-  (``fixed12/experts_unpack.py``), then one ``torch._grouped_mm`` and the rows put back (the prompt
-  path: three launches and a sort, no host sync, where the loop made ~2 launches a chosen expert).
+  expert (``experts_route.py``, one launch), the experts that have rows unpacked into one reused
+  bf16 scratch ``[E, N, K]`` (``fixed12/experts_unpack.py``), then one ``torch._grouped_mm`` and the
+  rows put back (the prompt path: five launches, no host sync, where the loop made ~2 launches a
+  chosen expert).
   First above 2048 rows, and where the MMA cannot run.
+
+Rows already sorted by expert (``linear(..., offs=)``: an MoE block sorts its rows once for its two
+products, ``glyd.ops.experts.route``): ``experts_unpack_grouped`` skips its sort, gather and scatter
+and returns the product in the sorted order; the other families take the sorted rows as any rows.
 
 Example (needs a CUDA GPU)::
 
@@ -39,8 +44,8 @@ from glyd.kernels import _common as C
 from glyd.kernels import registry
 from glyd.kernels.registry import M_BUCKETS, Kernel, Problem
 
-__all__ = ["linear", "choose", "DEFAULTS", "ExpertsKernel", "ExpertsLoopKernel", "ExpertsLoopConfig",
-           "ExpertsGroupedKernel", "ExpertsGroupedConfig"]
+__all__ = ["linear", "choose", "sorts_rows", "DEFAULTS", "ExpertsKernel", "ExpertsLoopKernel",
+           "ExpertsLoopConfig", "ExpertsGroupedKernel", "ExpertsGroupedConfig"]
 
 log = logging.getLogger(__name__)
 
@@ -67,15 +72,24 @@ DEFAULTS: dict[str, dict[str, list[dict[str, Any]]]] = {
 
 class ExpertsKernel(Kernel):
     """A kernel family of expert products. ``syncs``: it synchronises with the host (not in a CUDA
-    graph capture)."""
+    graph capture); ``sorts``: it sorts the rows by expert itself (``launch_sorted`` skips that)."""
 
     syncs = False
+    sorts = False
 
     @classmethod
     def launch(cls, x2: torch.Tensor, ids: torch.Tensor, packed: Any, config: Any,  # type: ignore[override]
                out: torch.Tensor) -> torch.Tensor:
         """Write row ``s`` of ``x2`` times expert ``ids[s]``'s matrix transposed into ``out`` (bf16 [S, N])."""
         raise NotImplementedError
+
+    @classmethod
+    def launch_sorted(cls, x2: torch.Tensor, ids: torch.Tensor, offs: torch.Tensor, packed: Any, config: Any,
+                      out: torch.Tensor) -> torch.Tensor:
+        """``launch`` for rows sorted by expert (``ids`` non-decreasing; ``offs`` int32 [E]: rows of
+        experts <= e): the product in the same order, in ``out`` or a new tensor. Families that do not
+        sort rows take them as any rows."""
+        return cls.launch(x2, ids, packed, config, out)
 
     @classmethod
     def prepare(cls, packed: Any, config: Any = None) -> None:
@@ -163,11 +177,12 @@ class ExpertsGroupedConfig:
 
 
 class ExpertsGroupedKernel(ExpertsKernel):
-    """Rows sorted by expert (stable), the experts that have rows unpacked into one reused bf16
-    scratch ``[E, N, K]`` (``C.scratch``, one launch), one ``torch._grouped_mm`` (bf16, fp32
-    accumulation, as transformers' grouped path) and the rows put back. No host sync: the rows an
-    expert has stay on the device (``offs``, a ``searchsorted`` of the sorted ids); every expert
-    has its slot in the scratch, those without rows are not unpacked (their groups are empty).
+    """Rows sorted by expert (stable; ``experts_route.route``, one launch), the experts that have
+    rows unpacked into one reused bf16 scratch ``[E, N, K]`` (``C.scratch``, one launch), one
+    ``torch._grouped_mm`` (bf16, fp32 accumulation, as transformers' grouped path) and the rows put
+    back. No host sync: the rows an expert has stay on the device (``offs``: rows of experts <= e);
+    every expert has its slot in the scratch, those without rows are not unpacked (their groups are
+    empty). Rows sorted by the caller (``launch_sorted``): the unpack and the grouped GEMM alone.
 
     Memory: the scratch holds all E experts, E*N*K*2 bytes (Qwen3-30B-A3B's gate_up: 128 x 1536 x
     2048 x 2 = 805 MB), kept for the device's later products (logged once a shape). Above
@@ -182,6 +197,7 @@ class ExpertsGroupedKernel(ExpertsKernel):
     layout = ""
     Config = ExpertsGroupedConfig
     syncs = False  # the chunked path syncs, eagerly only
+    sorts = True  # an MoE block gives it rows sorted once for both products (launch_sorted)
 
     @classmethod
     def can_implement(cls, problem, device, config):
@@ -199,25 +215,26 @@ class ExpertsGroupedKernel(ExpertsKernel):
 
     @classmethod
     def launch(cls, x2, ids, packed, config, out):
-        from glyd.kernels.fixed12.experts_unpack import unpack_experts
-
         e, n, k = packed.shape
         capturing = x2.is_cuda and torch.cuda.is_current_stream_capturing()
-        chunk = _chunk(config, n, k)
-        _log_once(x2.device, packed.shape, chunk, capturing)
-        if chunk < e and (capturing or chunk < 1):
+        if _chunk(config, n, k) < e and (capturing or _chunk(config, n, k) < 1):
+            _log_once(x2.device, packed.shape, _chunk(config, n, k), capturing)
             return _fallback(x2, ids, packed, out, capturing)
-        flat = ids.to(torch.int64).clamp(0, e - 1)  # linear() checked ids (a graph capture: clamped, as the GEMV does)
-        sorted_ids, order = torch.sort(flat, stable=True)
-        offs = torch.searchsorted(sorted_ids, torch.arange(e, device=flat.device), right=True, out_int32=True)
-        xs = x2.index_select(0, order)
-        if chunk < e:
-            return out.index_copy_(0, order, _chunks(xs, offs, packed, config, chunk))
-        w = C.scratch(x2.device, e * n * k).view(e, n, k)
-        if capturing:
-            _CAPTURED.setdefault(w.data_ptr(), w)
-        unpack_experts(packed, w, offs, 0, config.groups, config.warps)
-        return out.index_copy_(0, order, torch._grouped_mm(xs, w.transpose(-2, -1), offs=offs))
+        from glyd.kernels.experts_route import route
+
+        # linear() checked ids eagerly; in a capture, rows outside the experts fall outside offs (NaN there)
+        order, _, offs, _ = route(ids, e)
+        ys = _grouped(x2.index_select(0, order), offs, packed, config, capturing)
+        return out.index_copy_(0, order, ys)
+
+    @classmethod
+    def launch_sorted(cls, x2, ids, offs, packed, config, out):
+        e, n, k = packed.shape
+        capturing = x2.is_cuda and torch.cuda.is_current_stream_capturing()
+        if _chunk(config, n, k) < e and (capturing or _chunk(config, n, k) < 1):
+            _log_once(x2.device, packed.shape, _chunk(config, n, k), capturing)
+            return _fallback(x2, ids, packed, out, capturing)
+        return _grouped(x2, offs, packed, config, capturing)
 
     @classmethod
     def prepare(cls, packed, config=None):
@@ -236,6 +253,23 @@ class ExpertsGroupedKernel(ExpertsKernel):
 def _chunk(config, n, k):
     """Experts of N x K the scratch holds under ``config.max_scratch_bytes`` (and 32-bit offsets)."""
     return min(config.max_scratch_bytes // (n * k * 2), (2**31 - 1) // (n * k))
+
+
+def _grouped(xs, offs, packed, config, capturing):
+    """The product of rows sorted by expert (``offs``: rows of experts <= e), in their order: the
+    experts with rows unpacked into the scratch, one ``torch._grouped_mm`` (chunks above the bound)."""
+    from glyd.kernels.fixed12.experts_unpack import unpack_experts
+
+    e, n, k = packed.shape
+    chunk = _chunk(config, n, k)
+    _log_once(xs.device, packed.shape, chunk, capturing)
+    if chunk < e:
+        return _chunks(xs, offs, packed, config, chunk)
+    w = C.scratch(xs.device, e * n * k).view(e, n, k)
+    if capturing:
+        _CAPTURED.setdefault(w.data_ptr(), w)
+    unpack_experts(packed, w, offs, 0, config.groups, config.warps)
+    return torch._grouped_mm(xs, w.transpose(-2, -1), offs=offs)
 
 
 def _chunks(xs, offs, packed, config, chunk):
@@ -317,25 +351,21 @@ def _choose(problem: Problem, device: registry.Device, capturing: bool) -> tuple
                        + ("; ".join(why) or "no candidates"))
 
 
-# x: bf16 [..., K]; ids: int [...] (x's leading shape); packed: experts [E, N, K] -> bf16 [..., N]
-def linear(x: torch.Tensor, ids: torch.Tensor, packed: Any, config: Any = None) -> torch.Tensor:
+# x: bf16 [..., K]; ids: int [...] (x's leading shape); packed: experts [E, N, K];
+# offs: None, or int32 [E] (x [S, K] sorted by expert: rows of experts <= e) -> bf16 [..., N]
+def linear(x: torch.Tensor, ids: torch.Tensor, packed: Any, config: Any = None,
+           offs: torch.Tensor | None = None) -> torch.Tensor:
     """Row ``s`` of ``x`` times expert ``ids[s]``'s matrix transposed, straight from the packed
     experts (fp32 accumulation). ``config``: a kernel family's config (``ExpertsGemvConfig(bn=32)``,
-    ``ExpertsLoopConfig()``, ``ExpertsGroupedConfig()``) runs that kernel; ``None`` lets the table choose."""
+    ``ExpertsLoopConfig()``, ``ExpertsGroupedConfig()``) runs that kernel; ``None`` lets the table choose.
+    ``offs``: the rows come sorted by expert (``ids`` non-decreasing, as ``glyd.ops.experts.route``
+    gives them) and ``offs[e]`` is the number of rows of experts <= e: no family sorts them again."""
     from glyd.codec.experts import PackedExperts
 
     if not isinstance(packed, PackedExperts):
         raise TypeError(f"packed must be a glyd PackedExperts, got {type(packed).__name__}")
     e, n, k = packed.shape
-    x2 = C.check_x(x, k)
-    if not isinstance(ids, torch.Tensor) or ids.dtype not in (torch.int32, torch.int64):
-        raise TypeError(f"ids must be an int32 or int64 tensor, got {getattr(ids, 'dtype', type(ids).__name__)}")
-    flat = ids.reshape(-1)
-    if flat.shape[0] != x2.shape[0] or tuple(ids.shape) != tuple(x.shape[:-1]):
-        raise ValueError(f"ids has shape {tuple(ids.shape)}: one expert a row of x {tuple(x.shape[:-1])} is needed")
-    C.check_device(packed, x2)
-    if flat.device != x2.device:
-        raise ValueError(f"ids are on {flat.device}, x on {x2.device}")
+    x2, flat = _checked(x, ids, packed, offs)
     s = x2.shape[0]
     out = torch.empty(s, n, dtype=torch.bfloat16, device=x2.device)
     if s == 0 or n == 0:
@@ -343,9 +373,9 @@ def linear(x: torch.Tensor, ids: torch.Tensor, packed: Any, config: Any = None) 
     if k == 0:
         return out.zero_().reshape(*x.shape[:-1], n)
     capturing = x2.is_cuda and torch.cuda.is_current_stream_capturing()
-    bad = (flat < 0) | (flat >= e)
-    if not capturing:
-        torch._assert_async(~bad.any(), "glyd experts_linear: ids outside the experts")
+    if not capturing:  # sorted ids: their ends bound them all (four small launches either way)
+        ends = flat if offs is None else flat[::max(1, s - 1)]
+        torch._assert_async((ends.clamp(0, e - 1) == ends).all(), "glyd experts_linear: ids outside the experts")
     problem = Problem(packed.layout, s, n, k, packed.arrays[_KP_ARRAY[packed.layout]].shape[1])
     device = registry.Device.of(x2.device)
     if not capturing:
@@ -358,10 +388,51 @@ def linear(x: torch.Tensor, ids: torch.Tensor, packed: Any, config: Any = None) 
         ok, why = kernel.can_implement(problem, device, config)
         if not ok:
             raise ValueError(f"the {kernel.name} kernel cannot run this experts product ({problem}): {why}")
-    out = kernel.launch(x2, flat, packed, config, out)
-    if capturing:  # a graph cannot raise: the kernels clamp such ids, so their rows become NaN, never a value
-        out.masked_fill_(bad[:, None], float("nan"))
+    if offs is None:
+        out = kernel.launch(x2, flat, packed, config, out)
+    else:
+        out = kernel.launch_sorted(x2, flat, offs, packed, config, out)
+    if capturing:  # a graph cannot raise: such rows (clamped, or left out of the groups) become NaN, never a value
+        out.masked_fill_(((flat < 0) | (flat >= e))[:, None], float("nan"))
     return out.reshape(*x.shape[:-1], n)
+
+
+def _checked(x, ids, packed, offs):
+    """(x as [S, K], ids as [S]) after the checks of ``linear``'s arguments (no host sync)."""
+    e, n, k = packed.shape
+    x2 = C.check_x(x, k)
+    if not isinstance(ids, torch.Tensor) or ids.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"ids must be an int32 or int64 tensor, got {getattr(ids, 'dtype', type(ids).__name__)}")
+    flat = ids.reshape(-1)
+    if flat.shape[0] != x2.shape[0] or tuple(ids.shape) != tuple(x.shape[:-1]):
+        raise ValueError(f"ids has shape {tuple(ids.shape)}: one expert a row of x {tuple(x.shape[:-1])} is needed")
+    C.check_device(packed, x2)
+    if flat.device != x2.device:
+        raise ValueError(f"ids are on {flat.device}, x on {x2.device}")
+    if offs is not None:
+        if not isinstance(offs, torch.Tensor) or offs.dtype != torch.int32 or tuple(offs.shape) != (e,):
+            raise ValueError(f"offs must be an int32 [{e}] tensor (rows of experts <= e), got "
+                             f"{getattr(offs, 'dtype', type(offs).__name__)}{list(getattr(offs, 'shape', []))}")
+        if offs.device != x2.device or x.dim() != 2:
+            raise ValueError(f"sorted rows take x [S, K] and offs on x's device, got x {tuple(x.shape)} and offs "
+                             f"on {offs.device}")
+    return x2, flat
+
+
+def sorts_rows(packed: Any, rows: int, device: torch.device) -> bool:
+    """True where the kernel the table takes for ``rows`` rows of ``packed`` on ``device`` (now: in a
+    CUDA graph capture or not) sorts them by expert itself: rows sorted once for an MoE block's two
+    products save it its sort, gather and scatter (``linear(..., offs=)``)."""
+    e, n, k = packed.shape
+    if rows < 1 or n * k == 0:
+        return False
+    capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+    problem = Problem(packed.layout, rows, n, k, packed.arrays[_KP_ARRAY[packed.layout]].shape[1])
+    try:
+        kernel, _ = choose(problem, registry.Device.of(device), capturing)
+    except RuntimeError:
+        return False
+    return getattr(kernel, "sorts", False)
 
 
 def _prepare_for_capture(problem: Problem, device: registry.Device, packed: Any) -> None:

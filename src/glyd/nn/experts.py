@@ -14,7 +14,10 @@ checkpoint's keys), the source's other tensors (biases) as its own, and computes
   bit. It holds a bf16 ``[E, N, K]`` tensor of each weight for the call.
 * otherwise: ``glyd::experts_linear`` for the up (gate|up) and down products (the fused grouped
   GEMV on the GPU), the source's gate and activation between them, then the routing weights summed
-  as transformers' grouped implementation sums them (fp32).
+  as transformers' grouped implementation sums them (fp32). Where the GPU's kernel sorts the rows
+  by expert itself (a prompt's unpack + grouped GEMM), the rows are sorted once for both products
+  (``glyd.ops.experts.route``, ``glyd::experts_linear_sorted``), the activation applied in that
+  order, and put back in token order once: the same values, one sort and three copies fewer.
 
 Only experts stored as ``[E, N, K]`` (``is_transposed`` false) are packed: ``is_packable``.
 
@@ -241,17 +244,27 @@ class GlydExperts(nn.Module):
                              f"{tuple(top_k_index.shape)} is needed")
 
     def _fused(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor):
-        src = self.source
         self._check_routing(hidden_states, top_k_index, top_k_weights)
         tokens, top_k = top_k_index.shape
         ids = top_k_index.reshape(-1)
-        x = hidden_states.repeat_interleave(top_k, dim=0)  # [tokens * top_k, hidden]: row s is token s // top_k
         up, down = self.weights
         try:
-            with _naming(up):
-                h = torch.ops.glyd.experts_linear(x, ids, *self._op_args(up))
+            if any(_experts_ops.sorts_rows(hidden_states, ids.numel(), *self._op_args(n)) for n in (up, down)):
+                y = self._sorted_products(hidden_states, ids, top_k)
+            else:
+                y = self._products(hidden_states, ids, top_k)
         except IndexError as exc:
             raise IndexError(f"top_k_index: {exc}") from exc
+        # as transformers' grouped and batched implementations: weights applied, then summed in fp32
+        y = y * top_k_weights.reshape(-1, 1)
+        return y.view(tokens, top_k, y.shape[-1]).sum(dim=1).to(hidden_states.dtype)  # not -1: no tokens
+
+    def _products(self, hidden_states: torch.Tensor, ids: torch.Tensor, top_k: int) -> torch.Tensor:
+        """Both products in token order (row s is token s // top_k): each kernel routes its own rows."""
+        src, (up, down) = self.source, self.weights
+        x = hidden_states.repeat_interleave(top_k, dim=0)  # [tokens * top_k, hidden]
+        with _naming(up):
+            h = torch.ops.glyd.experts_linear(x, ids, *self._op_args(up))
         if getattr(src, "has_bias", False):
             h = h + self._parameters[f"{up}_bias"][ids]
         h = src._apply_gate(h) if src.has_gate else src.act_fn(h)
@@ -259,9 +272,25 @@ class GlydExperts(nn.Module):
             y = torch.ops.glyd.experts_linear(h, ids, *self._op_args(down))
         if getattr(src, "has_bias", False):
             y = y + self._parameters["down_proj_bias"][ids]
-        # as transformers' grouped and batched implementations: weights applied, then summed in fp32
-        y = y * top_k_weights.reshape(-1, 1)
-        return y.view(tokens, top_k, y.shape[-1]).sum(dim=1).to(hidden_states.dtype)  # not -1: no tokens
+        return y
+
+    def _sorted_products(self, hidden_states: torch.Tensor, ids: torch.Tensor, top_k: int) -> torch.Tensor:
+        """Both products on the rows sorted by expert once (where a kernel would sort them itself):
+        the tokens gathered in that order, the activation applied to it, the rows put back in token
+        order last; every row's values as ``_products`` gives them."""
+        src, (up, down) = self.source, self.weights
+        order, sids, offs, token = _experts_ops.route(ids, self.packed_shapes[up][0], top_k)
+        x = hidden_states.index_select(0, token)  # sorted row s: token order[s] // top_k
+        with _naming(up):
+            h = torch.ops.glyd.experts_linear_sorted(x, sids, offs, *self._op_args(up))
+        if getattr(src, "has_bias", False):
+            h = h + self._parameters[f"{up}_bias"][sids]
+        h = src._apply_gate(h) if src.has_gate else src.act_fn(h)
+        with _naming(down):
+            y = torch.ops.glyd.experts_linear_sorted(h, sids, offs, *self._op_args(down))
+        if getattr(src, "has_bias", False):
+            y = y + self._parameters["down_proj_bias"][sids]
+        return torch.empty_like(y).index_copy_(0, order, y)
 
     def dequantized(self) -> nn.Module:
         """The source module with its bf16 weights unpacked back in place (``dequantize``)."""

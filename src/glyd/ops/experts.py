@@ -6,6 +6,15 @@ it was routed to, and the chosen experts unpacked.
   default, every device) unpacks the experts that ``ids`` names, each once, and multiplies their
   rows with ``F.linear``; CUDA tensors take ``glyd.kernels.experts`` (a grouped GEMV that reads only
   the chosen experts' packed fixed12 weights, or the existing fused product an expert).
+* ``glyd::experts_linear_sorted(x, ids, offs, layout, shape, arrays, version)``: the same product for
+  rows already sorted by expert (``ids`` non-decreasing, ``offs[e]`` int32: the rows of experts <= e,
+  as :func:`route` gives them), in their sorted order. An MoE block's two products share one
+  routing this way (``glyd.nn.experts``): the CUDA implementation's unpack + grouped GEMM then sorts,
+  gathers and scatters nothing. The twin checks the order and the offsets (host syncs) and is
+  ``experts_linear``'s twin.
+* ``glyd::experts_route(ids, experts, group)``: the rows sorted by expert (stable), their ids, the
+  offsets above, and each sorted row's token (``order // group``); one launch on CUDA
+  (``glyd.kernels.experts_route``), ``torch.sort`` and ``torch.searchsorted`` in the twin.
 * ``glyd::unpack_experts(layout, shape, arrays, version, index)``: experts ``index`` as bf16
   ``[len(index), N, K]``, bit for bit (the GPU decode kernel on CUDA: one launch for a run of fixed12
   experts with K a multiple of 64, one an expert otherwise).
@@ -36,10 +45,14 @@ from glyd.codec import LAYOUTS, PackedExperts, unpack_experts as _codec_unpack_e
 from glyd.codec.experts import array_names, as_experts, expert_number, stack
 from glyd.ops.backends.cuda import triton_available
 
-__all__ = ["experts_linear", "unpack_experts", "pack_experts", "experts_args", "experts_packed"]
+__all__ = ["experts_linear", "experts_linear_sorted", "route", "sorts_rows", "unpack_experts", "pack_experts",
+           "experts_args", "experts_packed"]
 
 LIB = torch.library.Library("glyd", "FRAGMENT")  # noqa: TOR901 - lives as long as the process
 LIB.define("experts_linear(Tensor x, Tensor ids, str layout, SymInt[] shape, Tensor[] arrays, int version) -> Tensor")
+LIB.define("experts_linear_sorted(Tensor x, Tensor ids, Tensor offs, str layout, SymInt[] shape, Tensor[] arrays, "
+           "int version) -> Tensor")
+LIB.define("experts_route(Tensor ids, int experts, int group) -> (Tensor, Tensor, Tensor, Tensor)")
 LIB.define("unpack_experts(str layout, SymInt[] shape, Tensor[] arrays, int version, Tensor index) -> Tensor")
 
 
@@ -105,6 +118,24 @@ def _experts_linear_twin(x, ids, layout, shape, arrays, version):
     return out.reshape(*x.shape[:-1], n)
 
 
+def _check_sorted(x, ids, offs, e: int) -> None:
+    # the twin's checks of a sorted call (host syncs): the order and offsets the kernels rely on
+    if x.dim() != 2 or ids.dim() != 1:
+        raise ValueError(f"sorted rows take x [S, K] and ids [S], got x {tuple(x.shape)} and ids {tuple(ids.shape)}")
+    if offs.dtype != torch.int32 or tuple(offs.shape) != (e,):
+        raise ValueError(f"offs must be an int32 [{e}] tensor (rows of experts <= e), got {offs.dtype}{list(offs.shape)}")
+    if ids.numel() and bool((ids[1:] < ids[:-1]).any()):
+        raise ValueError("ids must be sorted (non-decreasing): experts_linear_sorted takes the rows route() sorted")
+    want = torch.searchsorted(ids.to(torch.int64), torch.arange(e, device=ids.device), right=True, out_int32=True)
+    if not torch.equal(offs.to(want.device), want):
+        raise ValueError("offs must hold, for each expert e, the rows of experts <= e (route() gives them)")
+
+
+def _experts_linear_sorted_twin(x, ids, offs, layout, shape, arrays, version):
+    _check_sorted(x, ids, offs, int(shape[0]))
+    return _experts_linear_twin(x, ids, layout, shape, arrays, version)
+
+
 def _unpack_on(p: PackedExperts, index: list[int], device: torch.device) -> torch.Tensor:
     cpu = p if p.device.type == "cpu" else p.to("cpu")
     return _codec_unpack_experts(cpu, index).to(device)
@@ -135,6 +166,40 @@ def _experts_linear_cuda(x, ids, layout, shape, arrays, version):
     return kernels.linear(x, ids, p)
 
 
+def _experts_linear_sorted_cuda(x, ids, offs, layout, shape, arrays, version):
+    p = experts_packed(layout, shape, arrays, version)
+    if x.dtype != torch.bfloat16 or not triton_available() or p.device != x.device:
+        return _experts_linear_sorted_twin(x, ids, offs, layout, shape, arrays, version)
+    _check_ids(x, ids, p.shape[0], p.shape[2])
+    from glyd.kernels import experts as kernels
+
+    return kernels.linear(x, ids, p, offs=offs)
+
+
+def _check_route(ids, experts: int, group: int) -> None:
+    if not isinstance(ids, torch.Tensor) or ids.dtype not in (torch.int32, torch.int64) or ids.dim() != 1:
+        raise TypeError(f"ids must be a 1-D int32 or int64 tensor, got {getattr(ids, 'dtype', type(ids).__name__)}"
+                        f"{list(getattr(ids, 'shape', []))}")
+    if experts < 1 or group < 1:
+        raise ValueError(f"route needs at least one expert and group >= 1, got {experts} and {group}")
+
+
+def _experts_route_twin(ids, experts, group):
+    _check_route(ids, experts, group)
+    sids, order = torch.sort(ids, stable=True)
+    experts_ids = torch.arange(experts, dtype=ids.dtype, device=ids.device)
+    return order, sids, torch.searchsorted(sids, experts_ids, right=True, out_int32=True), order // group
+
+
+def _experts_route_cuda(ids, experts, group):
+    if not triton_available():
+        return _experts_route_twin(ids, experts, group)
+    _check_route(ids, experts, group)
+    from glyd.kernels.experts_route import route as route_kernel
+
+    return route_kernel(ids, experts, group)
+
+
 def _unpack_experts_cuda(layout, shape, arrays, version, index):
     p = experts_packed(layout, shape, arrays, version)
     picks = _index_list(index, p.shape[0])
@@ -157,12 +222,28 @@ def _unpack_experts_cuda(layout, shape, arrays, version, index):
 LIB.impl("experts_linear", _experts_linear_twin, "CompositeExplicitAutograd")
 LIB.impl("unpack_experts", _unpack_experts_twin, "CompositeExplicitAutograd")
 LIB.impl("experts_linear", _experts_linear_cuda, "CUDA")
+LIB.impl("experts_linear_sorted", _experts_linear_sorted_twin, "CompositeExplicitAutograd")
+LIB.impl("experts_linear_sorted", _experts_linear_sorted_cuda, "CUDA")
+LIB.impl("experts_route", _experts_route_twin, "CompositeExplicitAutograd")
+LIB.impl("experts_route", _experts_route_cuda, "CUDA")
 LIB.impl("unpack_experts", _unpack_experts_cuda, "CUDA")
 
 
 @torch.library.register_fake("glyd::experts_linear")
 def _experts_linear_fake(x, ids, layout, shape, arrays, version):
     return x.new_empty((*x.shape[:-1], shape[1]))
+
+
+@torch.library.register_fake("glyd::experts_linear_sorted")
+def _experts_linear_sorted_fake(x, ids, offs, layout, shape, arrays, version):
+    return x.new_empty((*x.shape[:-1], shape[1]))
+
+
+@torch.library.register_fake("glyd::experts_route")
+def _experts_route_fake(ids, experts, group):
+    s = ids.shape[0]
+    return (ids.new_empty(s, dtype=torch.int64), ids.new_empty(s), ids.new_empty(experts, dtype=torch.int32),
+            ids.new_empty(s, dtype=torch.int64))
 
 
 @torch.library.register_fake("glyd::unpack_experts")
@@ -177,6 +258,38 @@ def experts_linear(x: torch.Tensor, ids: torch.Tensor, p: PackedExperts) -> torc
     CUDA bf16 ``x``; else the twin (the chosen experts unpacked, then ``F.linear`` on their rows).
     """
     return torch.ops.glyd.experts_linear(x, ids, *experts_args(p))
+
+
+def experts_linear_sorted(x: torch.Tensor, ids: torch.Tensor, offs: torch.Tensor, p: PackedExperts) -> torch.Tensor:
+    """Row ``s`` of ``x`` [S, K] times expert ``ids[s]``'s matrix transposed, [S, N], for rows sorted
+    by expert: ``ids`` non-decreasing and ``offs`` as :func:`route` gives them."""
+    return torch.ops.glyd.experts_linear_sorted(x, ids, offs, *experts_args(p))
+
+
+def route(ids: torch.Tensor, experts: int, group: int = 1) -> tuple[torch.Tensor, ...]:
+    """(order, sorted ids, offs, tokens) of the rows ``ids`` [S] routes: ``order`` the rows sorted by
+    expert (stable), ``ids[order]``, ``offs`` int32 [experts]: the rows of experts <= e, and
+    ``order // group`` (``group`` rows a token: each sorted row's token). No host sync (a CUDA graph
+    captures it: one launch on CUDA); once for both products of an MoE block.
+
+    >>> order, sids, offs, tokens = route(torch.tensor([2, 0, 2, 1]), 3, group=2)
+    >>> order.tolist(), sids.tolist(), offs.tolist(), tokens.tolist()
+    ([1, 3, 0, 2], [0, 1, 2, 2], [1, 2, 4], [0, 1, 0, 1])
+    """
+    return torch.ops.glyd.experts_route(ids, experts, group)
+
+
+def sorts_rows(x: torch.Tensor, rows: int, layout: str, shape, arrays, version: int) -> bool:
+    """True where the CUDA implementation's product of ``rows`` rows (of ``x``'s device and dtype) sorts
+    them by expert itself (the unpack + grouped GEMM): an MoE block then sorts once (:func:`route`) for
+    both products (``experts_linear_sorted``). False for the twin (CPU tensors), other dtypes, and
+    the kernels that take rows in any order."""
+    if x.device.type != "cuda" or x.dtype != torch.bfloat16 or not triton_available() or rows < 1:
+        return False
+    from glyd.kernels import experts as kernels
+
+    p = experts_packed(layout, shape, arrays, version)
+    return p.device == x.device and kernels.sorts_rows(p, rows, x.device)
 
 
 def unpack_experts(p: PackedExperts, index: Sequence[int] | torch.Tensor | None = None) -> torch.Tensor:

@@ -1,0 +1,82 @@
+"""The rows of a mixture-of-experts block sorted by expert in one launch: the CUDA implementation of
+``glyd::experts_route`` (``glyd.ops.experts.route``), once a block for both of its products.
+
+``torch.sort(ids, stable=True)`` and ``torch.searchsorted`` of the experts made about a dozen
+launches (cub's radix sort over 64-bit keys: a histogram, a scan, eight passes; the indices' fill;
+the offsets), each a few microseconds of host time in an eager prompt, twice a block before. Here one
+program a bucket of keys ``clamp(id, -1, E) + 1`` (0: below the experts, 1 .. E: expert ``key - 1``,
+E + 1: above) counts every bucket over all rows, then writes its own rows in their order from the
+start the buckets before it give: a stable counting sort, as the grouped MMA's alignment sorts its
+blocks (``fixed12/experts_mma.py``). Rows outside the experts come first (below) or last (above),
+in row order: a product refuses them (their ids at the ends) or gives them NaN in a graph.
+No host sync, a grid fixed by E: a CUDA graph captures it.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from glyd.kernels._interp import isolated
+
+__all__ = ["route"]
+
+#: Rows a program reads at once (each program reads every row twice).
+CHUNK = 1024
+
+
+@isolated
+@triton.jit
+def _route_kernel(ids_ptr, order_ptr, sids_ptr, group_ptr, offs_ptr, S, E, GROUP, BP: tl.constexpr,
+                  CH: tl.constexpr):
+    # program b: the rows of bucket b (key = clamp(id, -1, E) + 1), after the rows of buckets < b
+    b = tl.program_id(0)
+    ch = tl.arange(0, CH)
+    hist = tl.zeros([BP], dtype=tl.int32)
+    for s0 in range(0, S, CH):
+        ok = s0 + ch < S
+        v = tl.load(ids_ptr + s0 + ch, mask=ok, other=0)
+        key = (tl.minimum(tl.maximum(v, -1), E) + 1).to(tl.int32)
+        hist += tl.histogram(key, BP, mask=ok)
+    bp = tl.arange(0, BP)
+    start = tl.sum(tl.where(bp < b, hist, 0))
+    cnt = tl.sum(tl.where(bp == b, hist, 0))
+    if (b >= 1) & (b <= E):
+        tl.store(offs_ptr + b - 1, start + cnt)  # rows of experts <= b - 1 (and those below the experts)
+    if cnt > 0:
+        run = start
+        for s0 in range(0, S, CH):
+            rows = s0 + ch
+            ok = rows < S
+            v = tl.load(ids_ptr + rows, mask=ok, other=0)
+            hit = ((tl.minimum(tl.maximum(v, -1), E) + 1).to(tl.int32) == b) & ok
+            h = hit.to(tl.int32)
+            pos = run + tl.cumsum(h, 0) - h
+            tl.store(order_ptr + pos, rows.to(tl.int64), mask=hit)
+            tl.store(sids_ptr + pos, v, mask=hit)
+            tl.store(group_ptr + pos, (rows // GROUP).to(tl.int64), mask=hit)
+            run += tl.sum(h)
+
+
+# ids: int32/int64 [S] (contiguous) -> order int64 [S], ids[order] [S] (ids' dtype), offs int32 [E], order // group
+def route(ids: torch.Tensor, experts: int, group: int = 1) -> tuple[torch.Tensor, ...]:
+    """(order, sorted ids, offs, order // group) of ``ids``: the rows sorted by expert (stable), their
+    ids, the rows of experts <= e, and each sorted row's token (``group``: rows a token). One launch."""
+    if ids.dim() != 1 or ids.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"ids must be a 1-D int32 or int64 tensor, got {ids.dtype}{list(ids.shape)}")
+    if experts < 1 or group < 1:
+        raise ValueError(f"route needs experts >= 1 and group >= 1, got {experts} and {group}")
+    s = ids.shape[0]
+    if s >= 2**31:
+        raise ValueError(f"ids has {s} rows; route takes fewer than 2**31")
+    ids = ids.contiguous()
+    order = torch.empty(s, dtype=torch.int64, device=ids.device)
+    sids = torch.empty_like(ids)
+    tokens = torch.empty(s, dtype=torch.int64, device=ids.device)
+    offs = torch.empty(experts, dtype=torch.int32, device=ids.device)
+    if s == 0:
+        return order, sids, offs.zero_(), tokens
+    bp = max(32, triton.next_power_of_2(experts + 2))
+    _route_kernel[(experts + 2,)](ids, order, sids, tokens, offs, s, experts, group, BP=bp, CH=CHUNK, num_warps=4)
+    return order, sids, offs, tokens

@@ -571,13 +571,14 @@ def test_the_route_kernel_sorts_rows_as_torch_sort(device, s, e, group, kind):
         ids[[3, 9]], ids[[4, 20]] = torch.tensor([e, e + 3]), torch.tensor([-1, -7])
     got = [t.cpu() for t in route(ids.to(device), e, group)]
     assert got[0].dtype == got[3].dtype == torch.int64 and got[1].dtype == ids.dtype and got[2].dtype == torch.int32
-    if kind == "outside":  # the bad rows at the ends in row order, the others as the twin sorts them
+    assert got[4].tolist() == [kind != "outside"]  # the flag: every id one of the experts
+    if kind == "outside":  # the bad rows at the ends in row order, the others as torch sorts them
         assert got[0][:2].tolist() == [4, 20] and got[0][-2:].tolist() == [3, 9]
         assert got[1][0] < 0 and got[1][-1] >= e
         good = (ids >= 0) & (ids < e)
-        want = ops._experts_route_twin(torch.where(good, ids, torch.where(ids < 0, -1, e)), e, group)
+        want = ops._route_torch(torch.where(good, ids, torch.where(ids < 0, -1, e)), e, group)
     else:
-        want = ops._experts_route_twin(ids, e, group)
+        want = ops._route_torch(ids, e, group)
     assert torch.equal(got[0], want[0]) and torch.equal(got[2], want[2]) and torch.equal(got[3], want[3])
     if kind != "outside":
         assert torch.equal(got[1], want[1])

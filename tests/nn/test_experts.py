@@ -247,6 +247,7 @@ def kernels_on_cpu():
     lib = torch.library.Library("glyd", "IMPL")  # noqa: TOR901 - destroyed below
     lib.impl("experts_linear", ops._experts_linear_cuda, "CPU")
     lib.impl("experts_linear_sorted", ops._experts_linear_sorted_cuda, "CPU")
+    lib.impl("experts_route", ops._experts_route_cuda, "CPU")
     try:
         yield
     finally:
@@ -284,13 +285,24 @@ def test_one_routing_for_both_products_equals_each_products_own_bit_for_bit(kern
     assert torch.equal(bits(mod(h, idx, w)), bits(ref(h, idx, w)))
 
 
-def test_one_routing_names_ids_outside_the_experts(kernels_on_cpu, monkeypatch):
+def test_one_routing_checks_the_ids_once_and_names_ids_outside_the_experts(kernels_on_cpu, monkeypatch):
+    # route's flag is the block's one check (the sorted products skip theirs on its ids); each
+    # product checks its own ids otherwise
     from glyd.ops import experts as ops
 
     _, ref = _qwen3_experts()
     mod = GlydExperts(copy.deepcopy(ref), _packed(ref))
-    monkeypatch.setattr(ops, "sorts_rows", lambda *a: True)
     h = torch.randn(3, 64).to(torch.bfloat16)
+    asserts = []
+    real_assert = torch._assert_async
+    monkeypatch.setattr(torch, "_assert_async", lambda *a: asserts.append(a[-1]) or real_assert(*a))
+    for shared, want in ((True, ["glyd experts_route: ids outside the experts"]),
+                         (False, ["glyd experts_linear: ids outside the experts"] * 2)):
+        monkeypatch.setattr(ops, "sorts_rows", lambda *a, on=shared: on)
+        asserts.clear()
+        mod(h, torch.tensor([[0, 5], [1, 2], [3, 4]]), torch.rand(3, 2))
+        assert asserts == want
+    monkeypatch.setattr(ops, "sorts_rows", lambda *a: True)
     with pytest.raises(RuntimeError, match="ids outside the experts"):
         mod(h, torch.tensor([[0, 6], [1, 2], [3, 4]]), torch.rand(3, 2))
     monkeypatch.setattr(ops, "sorts_rows", lambda *a: False)

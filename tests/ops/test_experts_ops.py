@@ -162,6 +162,8 @@ def test_route_sorts_the_rows_by_expert_stably():
         ops.route(ids.reshape(2, 3), 5)
     with pytest.raises(ValueError, match="at least one expert"):
         ops.route(ids, 0)
+    with pytest.raises(IndexError, match="expert 5, outside the 5 experts"):
+        ops.route(torch.tensor([0, 5, 1]), 5)
 
 
 def test_the_sorted_op_is_the_product_of_the_sorted_rows_and_checks_its_routing():

@@ -41,6 +41,7 @@ from typing import Any
 import torch
 
 from glyd.kernels import _common as C
+from glyd.kernels import experts_route as _route
 from glyd.kernels import registry
 from glyd.kernels.registry import M_BUCKETS, Kernel, Problem
 
@@ -223,7 +224,7 @@ class ExpertsGroupedKernel(ExpertsKernel):
         from glyd.kernels.experts_route import route
 
         # linear() checked ids eagerly; in a capture, rows outside the experts fall outside offs (NaN there)
-        order, _, offs, _ = route(ids, e)
+        order, _, offs, _, _ = route(ids, e)
         ys = _grouped(x2.index_select(0, order), offs, packed, config, capturing)
         return out.index_copy_(0, order, ys)
 
@@ -373,8 +374,8 @@ def linear(x: torch.Tensor, ids: torch.Tensor, packed: Any, config: Any = None,
     if k == 0:
         return out.zero_().reshape(*x.shape[:-1], n)
     capturing = x2.is_cuda and torch.cuda.is_current_stream_capturing()
-    if not capturing:  # sorted ids: their ends bound them all (four small launches either way)
-        ends = flat if offs is None else flat[::max(1, s - 1)]
+    if not capturing and (offs is None or not _route.checked(ids)):  # route() checked its ids once a block
+        ends = flat if offs is None else flat[::max(1, s - 1)]  # sorted ids: their ends bound them all
         torch._assert_async((ends.clamp(0, e - 1) == ends).all(), "glyd experts_linear: ids outside the experts")
     problem = Problem(packed.layout, s, n, k, packed.arrays[_KP_ARRAY[packed.layout]].shape[1])
     device = registry.Device.of(x2.device)

@@ -14,13 +14,15 @@ No host sync, a grid fixed by E: a CUDA graph captures it.
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 import triton
 import triton.language as tl
 
 from glyd.kernels._interp import isolated
 
-__all__ = ["route"]
+__all__ = ["route", "mark_checked", "checked"]
 
 #: Rows a program reads at once (each program reads every row twice).
 CHUNK = 1024
@@ -28,7 +30,7 @@ CHUNK = 1024
 
 @isolated
 @triton.jit
-def _route_kernel(ids_ptr, order_ptr, sids_ptr, group_ptr, offs_ptr, S, E, GROUP, BP: tl.constexpr,
+def _route_kernel(ids_ptr, order_ptr, sids_ptr, group_ptr, offs_ptr, ok_ptr, S, E, GROUP, BP: tl.constexpr,
                   CH: tl.constexpr):
     # program b: the rows of bucket b (key = clamp(id, -1, E) + 1), after the rows of buckets < b
     b = tl.program_id(0)
@@ -44,6 +46,8 @@ def _route_kernel(ids_ptr, order_ptr, sids_ptr, group_ptr, offs_ptr, S, E, GROUP
     cnt = tl.sum(tl.where(bp == b, hist, 0))
     if (b >= 1) & (b <= E):
         tl.store(offs_ptr + b - 1, start + cnt)  # rows of experts <= b - 1 (and those below the experts)
+    if b == 0:  # every id inside the experts: one flag for the caller's one check
+        tl.store(ok_ptr, tl.sum(tl.where((bp == 0) | (bp == E + 1), hist, 0)) == 0)
     if cnt > 0:
         run = start
         for s0 in range(0, S, CH):
@@ -59,10 +63,12 @@ def _route_kernel(ids_ptr, order_ptr, sids_ptr, group_ptr, offs_ptr, S, E, GROUP
             run += tl.sum(h)
 
 
-# ids: int32/int64 [S] (contiguous) -> order int64 [S], ids[order] [S] (ids' dtype), offs int32 [E], order // group
+# ids: int32/int64 [S] -> order int64 [S], ids[order] [S] (ids' dtype), offs int32 [E], order // group int64 [S],
+# ok bool [1]
 def route(ids: torch.Tensor, experts: int, group: int = 1) -> tuple[torch.Tensor, ...]:
-    """(order, sorted ids, offs, order // group) of ``ids``: the rows sorted by expert (stable), their
-    ids, the rows of experts <= e, and each sorted row's token (``group``: rows a token). One launch."""
+    """(order, sorted ids, offs, order // group, ok) of ``ids``: the rows sorted by expert (stable),
+    their ids, the rows of experts <= e, each sorted row's token (``group``: rows a token), and
+    whether every id is one of the experts. One launch."""
     if ids.dim() != 1 or ids.dtype not in (torch.int32, torch.int64):
         raise ValueError(f"ids must be a 1-D int32 or int64 tensor, got {ids.dtype}{list(ids.shape)}")
     if experts < 1 or group < 1:
@@ -75,8 +81,27 @@ def route(ids: torch.Tensor, experts: int, group: int = 1) -> tuple[torch.Tensor
     sids = torch.empty_like(ids)
     tokens = torch.empty(s, dtype=torch.int64, device=ids.device)
     offs = torch.empty(experts, dtype=torch.int32, device=ids.device)
+    ok = torch.empty(1, dtype=torch.bool, device=ids.device)
     if s == 0:
-        return order, sids, offs.zero_(), tokens
+        return order, sids, offs.zero_(), tokens, ok.fill_(True)
     bp = max(32, triton.next_power_of_2(experts + 2))
-    _route_kernel[(experts + 2,)](ids, order, sids, tokens, offs, s, experts, group, BP=bp, CH=CHUNK, num_warps=4)
-    return order, sids, offs, tokens
+    _route_kernel[(experts + 2,)](ids, order, sids, tokens, offs, ok, s, experts, group, BP=bp, CH=CHUNK,
+                                  num_warps=4)
+    return order, sids, offs, tokens, ok
+
+
+#: id(sorted ids) -> (a weak reference, its _version): sorted ids that ``route``'s caller checked
+#: (one flag, one ``_assert_async`` a block), so that the block's products skip their own check
+_CHECKED: dict[int, tuple] = {}
+
+
+def mark_checked(sids: torch.Tensor) -> None:
+    """Remember that every id of ``sids`` (as it is now) was checked to be one of the experts."""
+    key = id(sids)
+    _CHECKED[key] = (weakref.ref(sids, lambda _, k=key: _CHECKED.pop(k, None)), sids._version)
+
+
+def checked(ids: torch.Tensor) -> bool:
+    """True when ``ids`` is sorted ids that ``mark_checked`` remembered, unchanged in place since."""
+    hit = _CHECKED.get(id(ids))
+    return hit is not None and hit[0]() is ids and hit[1] == ids._version

@@ -14,7 +14,8 @@ it was routed to, and the chosen experts unpacked.
   ``experts_linear``'s twin.
 * ``glyd::experts_route(ids, experts, group)``: the rows sorted by expert (stable), their ids, the
   offsets above, and each sorted row's token (``order // group``); one launch on CUDA
-  (``glyd.kernels.experts_route``), ``torch.sort`` and ``torch.searchsorted`` in the twin.
+  (``glyd.kernels.experts_route``), ``torch.sort`` and ``torch.searchsorted`` in the twin. Ids
+  outside the experts are refused (eagerly: one check, which the block's products then skip).
 * ``glyd::unpack_experts(layout, shape, arrays, version, index)``: experts ``index`` as bf16
   ``[len(index), N, K]``, bit for bit (the GPU decode kernel on CUDA: one launch for a run of fixed12
   experts with K a multiple of 64, one an expert otherwise).
@@ -184,20 +185,32 @@ def _check_route(ids, experts: int, group: int) -> None:
         raise ValueError(f"route needs at least one expert and group >= 1, got {experts} and {group}")
 
 
-def _experts_route_twin(ids, experts, group):
-    _check_route(ids, experts, group)
+def _route_torch(ids, experts, group):
     sids, order = torch.sort(ids, stable=True)
     experts_ids = torch.arange(experts, dtype=ids.dtype, device=ids.device)
     return order, sids, torch.searchsorted(sids, experts_ids, right=True, out_int32=True), order // group
+
+
+def _experts_route_twin(ids, experts, group):
+    _check_route(ids, experts, group)
+    if ids.numel():
+        lo, hi = int(ids.min()), int(ids.max())  # host syncs: the twin may
+        if lo < 0 or hi >= experts:
+            raise IndexError(f"ids hold expert {lo if lo < 0 else hi}, outside the {experts} experts")
+    return _route_torch(ids, experts, group)
 
 
 def _experts_route_cuda(ids, experts, group):
     if not triton_available():
         return _experts_route_twin(ids, experts, group)
     _check_route(ids, experts, group)
-    from glyd.kernels.experts_route import route as route_kernel
+    from glyd.kernels import experts_route as kernel
 
-    return route_kernel(ids, experts, group)
+    order, sids, offs, tokens, ok = kernel.route(ids, experts, group)
+    if not (ids.is_cuda and torch.cuda.is_current_stream_capturing()):  # a graph: the products give NaN rows
+        torch._assert_async(ok, "glyd experts_route: ids outside the experts")
+        kernel.mark_checked(sids)  # the block's products skip their own check of these ids
+    return order, sids, offs, tokens
 
 
 def _unpack_experts_cuda(layout, shape, arrays, version, index):

@@ -1,0 +1,282 @@
+#!/usr/bin/env python3
+"""Issue 36 probe: a whole mixture-of-experts block's experts (gate_up, the gate's activation, down,
+the routing weights' sum) at Qwen3-30B-A3B's shapes (128 experts, top-8, hidden 2048,
+moe_intermediate 768), eager and as one CUDA graph:
+
+* ``bf16 block``: transformers' ``Qwen3MoeExperts`` on bf16 experts, ``grouped_mm`` implementation;
+* ``glyd per-product``: ``GlydExperts`` with every product routing its own rows (``experts_linear``:
+  gather, sort and scatter inside each product; the path before the shared routing);
+* ``glyd shared``: ``GlydExperts`` as it runs (rows sorted once a block by ``glyd::experts_route``,
+  ``experts_linear_sorted`` twice, the rows put back once; taken where the kernel sorts: the unpack +
+  grouped GEMM, above 2048 rows by default);
+* ``route kernel`` / ``torch.sort route``: the routing alone (one Triton launch against
+  ``torch.sort`` + ``torch.searchsorted``, the twin on CUDA tensors).
+
+The shared and per-product outputs are compared bit for bit, both against the bf16 block (max
+error over the largest output). Eager: CUDA events around each call (host time included), median.
+
+``--ops`` (CPU, Triton's interpreter): the ops one block (and one grouped product) issues, old and
+new, by a ``TorchDispatchMode`` around the CUDA implementation called on CPU tensors: torch ops that
+launch kernels on a GPU (views and allocations apart), Triton launches by kernel, host syncs
+(``_local_scalar_dense``). Run it with ``PYTHONPATH`` at another checkout's ``src`` for its list.
+
+    PYTHONPATH=src python3 benchmarks/probes/probe_moe_block.py --out $OUT/moe_block.json        # H200
+    TRITON_INTERPRET=1 PYTHONPATH=src python3 benchmarks/probes/probe_moe_block.py --tiny         # CPU check
+    TRITON_INTERPRET=1 PYTHONPATH=src python3 benchmarks/probes/probe_moe_block.py --ops          # op lists
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import copy
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
+
+import glyd.ops  # noqa: E402,F401  (registers torch.ops.glyd)
+from glyd.kernels import experts as EK  # noqa: E402
+from glyd.nn.experts import GlydExperts  # noqa: E402
+from glyd.ops import experts as ops  # noqa: E402
+
+SHAPE = dict(hidden=2048, inter=768, experts=128, top_k=8)
+TINY = dict(hidden=64, inter=64, experts=8, top_k=2)
+VIEWS = {"view", "_unsafe_view", "reshape", "_reshape_alias", "transpose", "t", "slice", "select", "unsqueeze",
+         "squeeze", "expand", "alias", "as_strided", "permute", "split", "split_with_sizes", "chunk", "detach",
+         "unbind", "narrow", "empty", "empty_like", "new_empty", "empty_strided", "lift_fresh"}
+
+
+def build(dims, dev, seed=0):
+    """(bf16 transformers experts module, the same packed as GlydExperts)."""
+    import transformers
+    from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeExperts
+
+    cfg = transformers.Qwen3MoeConfig(hidden_size=dims["hidden"], moe_intermediate_size=dims["inter"],
+                                      num_experts=dims["experts"], num_experts_per_tok=dims["top_k"],
+                                      num_attention_heads=4, num_key_value_heads=2, head_dim=16)
+    cfg._experts_implementation_internal = "grouped_mm"
+    with torch.device(dev):
+        ref = Qwen3MoeExperts(cfg).to(torch.bfloat16)
+    g = torch.Generator(device=dev).manual_seed(seed)
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.copy_((torch.randn(p.shape, generator=g, device=dev) * 0.02).to(torch.bfloat16))
+    packed = {n: ops.pack_experts(getattr(ref, n).detach(), "fixed12") for n in ("gate_up_proj", "down_proj")}
+    return ref, GlydExperts(copy.deepcopy(ref), packed)
+
+
+def routing(tokens, dims, dev, seed):
+    g = torch.Generator(device=dev).manual_seed(seed)
+    h = torch.randn(tokens, dims["hidden"], generator=g, device=dev).to(torch.bfloat16)
+    logits = torch.randn(tokens, dims["experts"], generator=g, device=dev)
+    val, idx = logits.softmax(-1).topk(dims["top_k"], dim=-1)
+    return h, idx, (val / val.sum(-1, keepdim=True)).to(torch.bfloat16)
+
+
+@contextlib.contextmanager
+def path(shared):
+    """GlydExperts with the shared routing on (True), off (False) or as it chooses (None)."""
+    real = ops.sorts_rows
+    if shared is not None:
+        ops.sorts_rows = lambda *a: shared
+    try:
+        yield
+    finally:
+        ops.sorts_rows = real
+
+
+@contextlib.contextmanager
+def kernels_on_cpu():
+    """The experts ops' CUDA implementations for CPU tensors (Triton's interpreter)."""
+    lib = torch.library.Library("glyd", "IMPL")  # noqa: TOR901 - destroyed below
+    for name in ("experts_linear", "experts_linear_sorted", "experts_route"):
+        impl = getattr(ops, f"_{name}_cuda", None)
+        if impl is not None:
+            lib.impl(name, impl, "CPU")
+    try:
+        yield
+    finally:
+        lib._destroy()
+
+
+def time_ms(fn, dev, reps):
+    for _ in range(2):
+        fn()
+    out = []
+    for _ in range(reps):
+        if dev == "cuda":
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda.synchronize()
+            a.record()
+            fn()
+            b.record()
+            torch.cuda.synchronize()
+            out.append(a.elapsed_time(b))
+        else:
+            t = time.perf_counter()
+            fn()
+            out.append((time.perf_counter() - t) * 1e3)
+    return statistics.median(out)
+
+
+def graph_ms(fn, reps):
+    from glyd.timing import cuda_graph_ms
+
+    try:
+        return cuda_graph_ms(fn, reps)
+    except Exception as exc:  # a variant that cannot be captured is a row, not the end of the probe
+        print(f"  graph: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
+        return float("nan")
+
+
+def run(dims, tokens_list, dev, reps):
+    ref, mod = build(dims, dev)
+    rows = []
+    for tokens in tokens_list:
+        h, idx, w = routing(tokens, dims, dev, seed=tokens)
+        with torch.no_grad():
+            want = ref(h, idx, w).float()
+            with path(False):
+                own = mod(h, idx, w)
+            with path(True):
+                shared = mod(h, idx, w)
+        equal = torch.equal(own.view(torch.int16), shared.view(torch.int16))
+        err = float((shared.float() - want).abs().max() / want.abs().max())
+        default = ops.sorts_rows(h, tokens * dims["top_k"], *mod._op_args("gate_up_proj"))
+        ids = idx.reshape(-1)
+        cands = {"bf16 block": (None, lambda: ref(h, idx, w)),
+                 "glyd per-product": (False, lambda: mod(h, idx, w)),
+                 "glyd shared": (True, lambda: mod(h, idx, w)),
+                 "glyd default": (None, lambda: mod(h, idx, w)),
+                 "route kernel": (None, lambda: ops.route(ids, dims["experts"], dims["top_k"])),
+                 "torch.sort route": (None, lambda: ops._experts_route_twin(ids, dims["experts"], dims["top_k"]))}
+        for name, (shared_on, fn) in cands.items():
+            with torch.no_grad(), path(shared_on):
+                ms = time_ms(fn, dev, reps)
+                gms = graph_ms(fn, reps) if dev == "cuda" else float("nan")
+            rows.append(dict(tokens=tokens, rows=tokens * dims["top_k"], variant=name, ms=ms, graph_ms=gms,
+                             shared_equal=equal, err=err, default_shared=default))
+            print(f"  tokens={tokens} {name}: {ms:.3f} ms, graph {gms:.3f} ms", flush=True)
+        print(f"  tokens={tokens}: shared == per-product bit for bit: {equal}; max err / max |bf16 block| "
+              f"{err:.2e}; default path shared: {default}", flush=True)
+    return rows
+
+
+class _Count(torch.utils._python_dispatch.TorchDispatchMode):
+    """Every torch op dispatched from Python (glyd's own ops run their CUDA implementation inside)."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        if func.namespace == "glyd":
+            self.ops.append(f"glyd::{name}")
+            with self:
+                return getattr(ops, f"_{name}_cuda")(*args, **(kwargs or {}))
+        self.ops.append(name)
+        return func(*args, **(kwargs or {}))
+
+
+@contextlib.contextmanager
+def counting_triton(log):
+    """Each interpreted Triton launch named in ``log``, run with the counting mode off."""
+    from glyd.kernels import _interp
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    real = _interp._Isolated.__getitem__
+
+    def getitem(self, grid):
+        launch = real(self, grid)
+
+        def counted(*a, **kw):
+            log.append(f"triton:{self._kernel.fn.__name__}")
+            with _disable_current_modes():
+                return launch(*a, **kw)
+        return counted
+
+    _interp._Isolated.__getitem__ = getitem
+    try:
+        yield
+    finally:
+        _interp._Isolated.__getitem__ = real
+
+
+def op_list(fn):
+    mode = _Count()
+    with counting_triton(mode.ops), mode, torch.no_grad():
+        fn()
+    launches = [o for o in mode.ops if o not in VIEWS and not o.startswith("glyd::")]
+    return collections.Counter(launches), sum(o == "_local_scalar_dense" for o in mode.ops)
+
+
+def ops_report(tokens):
+    """The op lists of one block and one grouped product (CPU stand-in), old and new paths."""
+    dims = TINY
+    _, mod = build(dims, "cpu")
+    h, idx, w = routing(tokens, dims, "cpu", seed=1)
+    ids = idx.reshape(-1)
+    p = mod.packed("gate_up_proj")
+    x = h.repeat_interleave(dims["top_k"], dim=0)
+    cases = {"block, as it runs": (None, lambda: mod(h, idx, w))}
+    if hasattr(ops, "sorts_rows"):
+        cases = {"block, per-product routing": (False, lambda: mod(h, idx, w)),
+                 "block, shared routing": (True, lambda: mod(h, idx, w))}
+    cfg = EK.ExpertsGroupedConfig()
+    cases["one grouped product (experts_linear)"] = (None, lambda: EK.linear(x, ids, p, cfg))
+    if hasattr(ops, "route"):
+        order, sids, offs, tok = ops._experts_route_twin(ids, dims["experts"], dims["top_k"])
+        xs = h.index_select(0, tok)
+        cases["one sorted product (experts_linear_sorted)"] = (None, lambda: EK.linear(xs, sids, p, cfg, offs=offs))
+    out = {}
+    with kernels_on_cpu():
+        for name, (shared, fn) in cases.items():
+            with path(shared) if hasattr(ops, "sorts_rows") else contextlib.nullcontext():
+                fn()  # compiled, prepared: the steady state's ops
+                counts, syncs = op_list(fn)
+            total = sum(counts.values())
+            out[name] = dict(ops=dict(counts), launches=total, host_syncs=syncs)
+            print(f"{name} ({tokens} tokens x top-{dims['top_k']}): {total} launching ops, {syncs} host syncs")
+            for op, c in sorted(counts.items(), key=lambda t: -t[1]):
+                print(f"    {c:3d}  {op}")
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tiny", action="store_true", help="small shapes (CPU, TRITON_INTERPRET=1)")
+    ap.add_argument("--ops", action="store_true", help="the op lists of a block and a product (CPU, interpreter)")
+    ap.add_argument("--tokens", default=None, help="comma-separated token counts (default 64,512,2048)")
+    ap.add_argument("--reps", type=int, default=None)
+    ap.add_argument("--out", default=None, help="write the rows as JSON here")
+    a = ap.parse_args()
+    if a.ops:
+        rows = ops_report(int(a.tokens or 1100))
+    else:
+        dev = "cuda" if torch.cuda.is_available() else "cpu"
+        dims = TINY if a.tiny else SHAPE
+        tokens = [int(t) for t in (a.tokens or ("5,1100" if a.tiny else "64,512,2048")).split(",")]
+        print(f"torch {torch.__version__} on {torch.cuda.get_device_name() if dev == 'cuda' else 'cpu'}; {dims}",
+              flush=True)
+        with kernels_on_cpu() if dev == "cpu" else contextlib.nullcontext():
+            rows = run(dims, tokens, dev, a.reps or (1 if a.tiny else 20))
+        base = {(r["tokens"]): (r["ms"], r["graph_ms"]) for r in rows if r["variant"] == "bf16 block"}
+        print(f"\n{'tokens':>6s} {'rows':>6s} {'variant':18s} {'ms':>8s} {'x bf16':>7s} {'graph ms':>9s} {'x bf16':>7s}")
+        for r in rows:
+            b, gb = base[r["tokens"]]
+            print(f"{r['tokens']:6d} {r['rows']:6d} {r['variant']:18s} {r['ms']:8.3f} {r['ms'] / b:7.2f} "
+                  f"{r['graph_ms']:9.3f} {r['graph_ms'] / gb:7.2f}")
+    if a.out:
+        Path(a.out).write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -9,8 +9,9 @@ moe_intermediate 768), eager and as one CUDA graph:
 * ``glyd shared``: ``GlydExperts`` as it runs (rows sorted once a block by ``glyd::experts_route``,
   ``experts_linear_sorted`` twice, the rows put back once; taken where the kernel sorts: the unpack +
   grouped GEMM, above 2048 rows by default);
-* ``route kernel`` / ``torch.sort route``: the routing alone (one Triton launch against
-  ``torch.sort`` + ``torch.searchsorted``, the twin on CUDA tensors).
+* ``route op`` / ``route kernel C/W`` / ``torch.sort route``: the routing alone (the op: one Triton
+  launch and its one id check; the kernel at chunks of C rows and W warps; ``torch.sort`` +
+  ``torch.searchsorted`` as the twin sorts).
 
 The shared and per-product outputs are compared bit for bit, both against the bf16 block (max
 error over the largest output). Eager: CUDA events around each call (host time included), median.
@@ -43,6 +44,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 
 import glyd.ops  # noqa: E402,F401  (registers torch.ops.glyd)
 from glyd.kernels import experts as EK  # noqa: E402
+try:  # absent before the shared routing (--ops on an older checkout)
+    from glyd.kernels.experts_route import route as route_kernel  # noqa: E402
+except ImportError:
+    route_kernel = None
 from glyd.nn.experts import GlydExperts  # noqa: E402
 from glyd.ops import experts as ops  # noqa: E402
 
@@ -155,8 +160,11 @@ def run(dims, tokens_list, dev, reps):
                  "glyd per-product": (False, lambda: mod(h, idx, w)),
                  "glyd shared": (True, lambda: mod(h, idx, w)),
                  "glyd default": (None, lambda: mod(h, idx, w)),
-                 "route kernel": (None, lambda: ops.route(ids, dims["experts"], dims["top_k"])),
-                 "torch.sort route": (None, lambda: ops._experts_route_twin(ids, dims["experts"], dims["top_k"]))}
+                 "route op": (None, lambda: ops.route(ids, dims["experts"], dims["top_k"])),
+                 "torch.sort route": (None, lambda: ops._route_torch(ids, dims["experts"], dims["top_k"]))}
+        for chunk, warps in ((1024, 4), (2048, 8), (4096, 8)) if route_kernel else ():  # its launch shapes
+            cands[f"route kernel {chunk}/{warps}"] = (None, lambda c=chunk, wp=warps: route_kernel(
+                ids, dims["experts"], dims["top_k"], chunk=c, warps=wp))
         for name, (shared_on, fn) in cands.items():
             with torch.no_grad(), path(shared_on):
                 ms = time_ms(fn, dev, reps)
@@ -269,10 +277,10 @@ def main() -> None:
         with kernels_on_cpu() if dev == "cpu" else contextlib.nullcontext():
             rows = run(dims, tokens, dev, a.reps or (1 if a.tiny else 20))
         base = {(r["tokens"]): (r["ms"], r["graph_ms"]) for r in rows if r["variant"] == "bf16 block"}
-        print(f"\n{'tokens':>6s} {'rows':>6s} {'variant':18s} {'ms':>8s} {'x bf16':>7s} {'graph ms':>9s} {'x bf16':>7s}")
+        print(f"\n{'tokens':>6s} {'rows':>6s} {'variant':22s} {'ms':>8s} {'x bf16':>7s} {'graph ms':>9s} {'x bf16':>7s}")
         for r in rows:
             b, gb = base[r["tokens"]]
-            print(f"{r['tokens']:6d} {r['rows']:6d} {r['variant']:18s} {r['ms']:8.3f} {r['ms'] / b:7.2f} "
+            print(f"{r['tokens']:6d} {r['rows']:6d} {r['variant']:22s} {r['ms']:8.3f} {r['ms'] / b:7.2f} "
                   f"{r['graph_ms']:9.3f} {r['graph_ms'] / gb:7.2f}")
     if a.out:
         Path(a.out).write_text(json.dumps(rows, indent=1))

@@ -318,8 +318,7 @@ def test_gpu_one_routing_block_captures_and_equals_each_products_own():
     from glyd.ops import experts as ops
 
     _, ref = _qwen3_experts(experts=16)
-    ref = ref.cuda()
-    mod = GlydExperts(copy.deepcopy(ref), _packed(ref))
+    mod = GlydExperts(copy.deepcopy(ref), _packed(ref)).cuda()  # packed on the CPU, moved
     tokens = 1500
     g = torch.Generator(device="cuda").manual_seed(0)
     h = torch.randn(tokens, 64, device="cuda", generator=g).to(torch.bfloat16)

@@ -24,8 +24,10 @@ from glyd.kernels._interp import isolated
 
 __all__ = ["route", "mark_checked", "checked"]
 
-#: Rows a program reads at once (each program reads every row twice).
-CHUNK = 1024
+#: Rows a program reads at once (each program reads every row twice) and its warps: a guess, not
+#: yet timed on a GPU (``probe_moe_block.py`` times 1024 / 4, 2048 / 8 and 4096 / 8).
+CHUNK = 2048
+WARPS = 8
 
 
 @isolated
@@ -65,7 +67,8 @@ def _route_kernel(ids_ptr, order_ptr, sids_ptr, group_ptr, offs_ptr, ok_ptr, S, 
 
 # ids: int32/int64 [S] -> order int64 [S], ids[order] [S] (ids' dtype), offs int32 [E], order // group int64 [S],
 # ok bool [1]
-def route(ids: torch.Tensor, experts: int, group: int = 1) -> tuple[torch.Tensor, ...]:
+def route(ids: torch.Tensor, experts: int, group: int = 1, chunk: int = CHUNK,
+          warps: int = WARPS) -> tuple[torch.Tensor, ...]:
     """(order, sorted ids, offs, order // group, ok) of ``ids``: the rows sorted by expert (stable),
     their ids, the rows of experts <= e, each sorted row's token (``group``: rows a token), and
     whether every id is one of the experts. One launch."""
@@ -73,6 +76,8 @@ def route(ids: torch.Tensor, experts: int, group: int = 1) -> tuple[torch.Tensor
         raise ValueError(f"ids must be a 1-D int32 or int64 tensor, got {ids.dtype}{list(ids.shape)}")
     if experts < 1 or group < 1:
         raise ValueError(f"route needs experts >= 1 and group >= 1, got {experts} and {group}")
+    if chunk < 32 or chunk & (chunk - 1) or warps not in (1, 2, 4, 8, 16):
+        raise ValueError(f"route takes a power-of-two chunk >= 32 and 1-16 warps, got {chunk} and {warps}")
     s = ids.shape[0]
     if s >= 2**31:
         raise ValueError(f"ids has {s} rows; route takes fewer than 2**31")
@@ -85,8 +90,8 @@ def route(ids: torch.Tensor, experts: int, group: int = 1) -> tuple[torch.Tensor
     if s == 0:
         return order, sids, offs.zero_(), tokens, ok.fill_(True)
     bp = max(32, triton.next_power_of_2(experts + 2))
-    _route_kernel[(experts + 2,)](ids, order, sids, tokens, offs, ok, s, experts, group, BP=bp, CH=CHUNK,
-                                  num_warps=4)
+    _route_kernel[(experts + 2,)](ids, order, sids, tokens, offs, ok, s, experts, group, BP=bp, CH=chunk,
+                                  num_warps=warps)
     return order, sids, offs, tokens, ok
 
 

@@ -154,7 +154,7 @@ def run(dims, tokens_list, dev, reps):
                 shared = mod(h, idx, w)
         equal = torch.equal(own.view(torch.int16), shared.view(torch.int16))
         err = float((shared.float() - want).abs().max() / want.abs().max())
-        default = ops.sorts_rows(h, tokens * dims["top_k"], *mod._op_args("gate_up_proj"))
+        default = ops.sorts_rows(h, tokens * dims["top_k"], "fixed12", mod.packed_shapes["gate_up_proj"])
         ids = idx.reshape(-1)
         cands = {"bf16 block": (None, lambda: ref(h, idx, w)),
                  "glyd per-product": (False, lambda: mod(h, idx, w)),

@@ -586,14 +586,12 @@ def test_the_route_kernel_sorts_rows_as_torch_sort(device, s, e, group, kind):
 
 def test_sorts_rows_names_the_families_that_sort():
     from glyd.kernels import experts as kernels
-    from glyd.ops.experts import pack_experts
 
-    p = pack_experts(_experts(3, 24, 128, "cpu"), "fixed12")
     cpu = torch.device("cpu")
-    assert kernels.sorts_rows(p, 2049, cpu) and kernels.sorts_rows(p, 5000, cpu)  # unpack + grouped GEMM
-    assert not kernels.sorts_rows(p, 16, cpu) and not kernels.sorts_rows(p, 2048, cpu)  # the GEMV, the MMA
-    assert not kernels.sorts_rows(pack_experts(_experts(3, 24, 96, "cpu"), "fixed12"), 5000, cpu)  # K padded
-    assert not kernels.sorts_rows(pack_experts(_experts(3, 24, 128, "cpu"), "tiered"), 5000, cpu)  # the loop
+    sorts = lambda rows, k=128, layout="fixed12": kernels.sorts_rows(layout, (3, 24, k), rows, cpu)  # noqa: E731
+    assert sorts(2049) and sorts(5000)  # the unpack + grouped GEMM
+    assert not sorts(16) and not sorts(2048) and not sorts(0)  # the GEMV, the MMA
+    assert not sorts(5000, k=96) and not sorts(5000, layout="tiered")  # K padded: the loop; tiered: the loop
 
 
 @pytest.mark.gpu

@@ -271,7 +271,7 @@ def test_one_routing_for_both_products_equals_each_products_own_bit_for_bit(kern
     calls = []
     real_route = ops.route
     monkeypatch.setattr(ops, "route", lambda *a: calls.append(1) or real_route(*a))
-    sorts = kernels.sorts_rows(mod.packed("gate_up_proj"), 2 * tokens, torch.device("cpu"))
+    sorts = kernels.sorts_rows("fixed12", mod.packed_shapes["gate_up_proj"], 2 * tokens, torch.device("cpu"))
     assert sorts == (tokens > 1024)
     monkeypatch.setattr(ops, "sorts_rows", lambda *a: False)
     own = mod(h, idx, w)
@@ -324,7 +324,7 @@ def test_gpu_one_routing_block_captures_and_equals_each_products_own():
     h = torch.randn(tokens, 64, device="cuda", generator=g).to(torch.bfloat16)
     idx = torch.randint(0, 16, (tokens, 2), device="cuda", generator=g)
     w = torch.rand(tokens, 2, device="cuda", generator=g).to(torch.bfloat16)
-    assert ops.sorts_rows(h, 2 * tokens, *mod._op_args("gate_up_proj"))
+    assert ops.sorts_rows(h, 2 * tokens, "fixed12", mod.packed_shapes["gate_up_proj"])
     shared = mod(h, idx, w)
     own = mod._products(h, idx.reshape(-1), 2)
     own = (own * w.reshape(-1, 1)).view(tokens, 2, -1).sum(dim=1).to(torch.bfloat16)

@@ -187,4 +187,4 @@ def test_the_sorted_op_is_the_product_of_the_sorted_rows_and_checks_its_routing(
     with pytest.raises(IndexError, match="expert 4, outside the 4 experts"):
         bad = torch.tensor([0, 0, 1, 2, 3, 3, 4])
         ops.experts_linear_sorted(x, bad, torch.tensor([2, 3, 4, 6], dtype=torch.int32), p)
-    assert ops.sorts_rows(x, 5000, *args) is False  # CPU tensors: the twin, which sorts nothing
+    assert ops.sorts_rows(x, 5000, p.layout, p.shape) is False  # CPU tensors: the twin, which sorts nothing

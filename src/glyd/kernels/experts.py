@@ -420,20 +420,28 @@ def _checked(x, ids, packed, offs):
     return x2, flat
 
 
-def sorts_rows(packed: Any, rows: int, device: torch.device) -> bool:
-    """True where the kernel the table takes for ``rows`` rows of ``packed`` on ``device`` (now: in a
-    CUDA graph capture or not) sorts them by expert itself: rows sorted once for an MoE block's two
-    products save it its sort, gather and scatter (``linear(..., offs=)``)."""
-    e, n, k = packed.shape
-    if rows < 1 or n * k == 0:
+def sorts_rows(layout: str, shape, rows: int, device: torch.device) -> bool:
+    """True where the kernel the table takes for ``rows`` rows of ``layout`` experts of ``shape``
+    (E, N, K) on ``device`` (now: in a CUDA graph capture or not) sorts them by expert itself: rows
+    sorted once for an MoE block's two products save it its sort, gather and scatter
+    (``linear(..., offs=)``). Cached as ``choose`` is: every block of an eager decode step asks."""
+    if layout not in _ONE_LAUNCH_UNPACK or rows < 1:  # only the unpack + grouped GEMM sorts
         return False
     capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
-    problem = Problem(packed.layout, rows, n, k, packed.arrays[_KP_ARRAY[packed.layout]].shape[1])
+    return _sorts(layout, tuple(shape), rows, device.type, device.index, capturing)
+
+
+@functools.lru_cache(maxsize=8192)
+def _sorts(layout: str, shape: tuple, rows: int, kind: str, index: int | None, capturing: bool) -> bool:
+    from glyd.codec.fixed12 import padded_cols
+
+    e, n, k = shape
+    device = registry.Device.of(torch.device(kind, index) if index is not None else torch.device(kind))
     try:
-        kernel, _ = choose(problem, registry.Device.of(device), capturing)
+        kernel, _ = choose(Problem(layout, rows, n, k, padded_cols(k)), device, capturing)
     except RuntimeError:
         return False
-    return getattr(kernel, "sorts", False)
+    return kernel.sorts
 
 
 def _prepare_for_capture(problem: Problem, device: registry.Device, packed: Any) -> None:

@@ -249,7 +249,7 @@ class GlydExperts(nn.Module):
         ids = top_k_index.reshape(-1)
         up, down = self.weights
         try:
-            if any(_experts_ops.sorts_rows(hidden_states, ids.numel(), *self._op_args(n)) for n in (up, down)):
+            if _experts_ops.sorts_rows(hidden_states, ids.numel(), self.layouts[up], self.packed_shapes[up]):
                 y = self._sorted_products(hidden_states, ids, top_k)
             else:
                 y = self._products(hidden_states, ids, top_k)
@@ -275,7 +275,7 @@ class GlydExperts(nn.Module):
         return y
 
     def _sorted_products(self, hidden_states: torch.Tensor, ids: torch.Tensor, top_k: int) -> torch.Tensor:
-        """Both products on the rows sorted by expert once (where a kernel would sort them itself):
+        """Both products on the rows sorted by expert once (where the up product's kernel would sort them):
         the tokens gathered in that order, the activation applied to it, the rows put back in token
         order last; every row's values as ``_products`` gives them."""
         src, (up, down) = self.source, self.weights

@@ -292,17 +292,16 @@ def route(ids: torch.Tensor, experts: int, group: int = 1) -> tuple[torch.Tensor
     return torch.ops.glyd.experts_route(ids, experts, group)
 
 
-def sorts_rows(x: torch.Tensor, rows: int, layout: str, shape, arrays, version: int) -> bool:
-    """True where the CUDA implementation's product of ``rows`` rows (of ``x``'s device and dtype) sorts
-    them by expert itself (the unpack + grouped GEMM): an MoE block then sorts once (:func:`route`) for
-    both products (``experts_linear_sorted``). False for the twin (CPU tensors), other dtypes, and
-    the kernels that take rows in any order."""
-    if x.device.type != "cuda" or x.dtype != torch.bfloat16 or not triton_available() or rows < 1:
+def sorts_rows(x: torch.Tensor, rows: int, layout: str, shape) -> bool:
+    """True where the CUDA implementation's product of ``rows`` rows of ``x`` (its device and dtype)
+    times ``layout`` experts of ``shape`` sorts them by expert itself (the unpack + grouped GEMM): an
+    MoE block then sorts once (:func:`route`) for both products (``experts_linear_sorted``). False for
+    the twin (CPU tensors), other dtypes, and the kernels that take rows in any order."""
+    if x.device.type != "cuda" or x.dtype != torch.bfloat16 or not triton_available():
         return False
     from glyd.kernels import experts as kernels
 
-    p = experts_packed(layout, shape, arrays, version)
-    return p.device == x.device and kernels.sorts_rows(p, rows, x.device)
+    return kernels.sorts_rows(layout, shape, rows, x.device)
 
 
 def unpack_experts(p: PackedExperts, index: Sequence[int] | torch.Tensor | None = None) -> torch.Tensor:

@@ -19,7 +19,9 @@ error over the largest output). Eager: CUDA events around each call (host time i
 ``--ops`` (CPU, Triton's interpreter): the ops one block (and one grouped product) issues, old and
 new, by a ``TorchDispatchMode`` around the CUDA implementation called on CPU tensors: torch ops that
 launch kernels on a GPU (views and allocations apart), Triton launches by kernel, host syncs
-(``_local_scalar_dense``). Run it with ``PYTHONPATH`` at another checkout's ``src`` for its list.
+(``_local_scalar_dense``); and the call's CPU time with the Triton launches stubbed (glyd's Python
+and the torch ops on tiny CPU tensors: a stand-in for host time, not the GPU's launch costs). Run it
+with ``PYTHONPATH`` at another checkout's ``src`` for its list.
 
     PYTHONPATH=src python3 benchmarks/probes/probe_moe_block.py --out $OUT/moe_block.json        # H200
     TRITON_INTERPRET=1 PYTHONPATH=src python3 benchmarks/probes/probe_moe_block.py --tiny         # CPU check
@@ -218,6 +220,48 @@ def counting_triton(log):
         _interp._Isolated.__getitem__ = real
 
 
+@contextlib.contextmanager
+def stub_triton():
+    """Triton launches replaced by a stand-in that costs nearly nothing (host time of the rest): the
+    route kernel's outputs copied from its first real launch (its rows are needed), others skipped."""
+    from glyd.kernels import _interp
+
+    real, kept = _interp._Isolated.__getitem__, {}
+
+    def getitem(self, grid):
+        name = self._kernel.fn.__name__
+        launch = real(self, grid)
+
+        def stub(*a, **kw):
+            if name != "_route_kernel":
+                return None
+            outs, key = a[1:6], (a[0].shape[0], a[8])  # order, sorted ids, tokens, offs, ok; (S, group)
+            if key not in kept:
+                launch(*a, **kw)
+                kept[key] = [t.clone() for t in outs]
+            for t, v in zip(outs, kept[key]):
+                t.copy_(v)
+        return stub
+
+    _interp._Isolated.__getitem__ = getitem
+    try:
+        yield
+    finally:
+        _interp._Isolated.__getitem__ = real
+
+
+def host_us(fn, n=200):
+    """Median microseconds of ``fn`` over ``n`` calls, Triton launches stubbed (the CPU stand-in)."""
+    with stub_triton(), torch.no_grad():
+        fn()
+        out = []
+        for _ in range(n):
+            t = time.perf_counter()
+            fn()
+            out.append((time.perf_counter() - t) * 1e6)
+    return statistics.median(out)
+
+
 def op_list(fn):
     mode = _Count()
     with counting_triton(mode.ops), mode, torch.no_grad():
@@ -245,14 +289,20 @@ def ops_report(tokens):
         xs = h.index_select(0, tok)
         cases["one sorted product (experts_linear_sorted)"] = (None, lambda: EK.linear(xs, sids, p, cfg, offs=offs))
     out = {}
-    with kernels_on_cpu():
+    grouped = (EK.ExpertsGroupedKernel, cfg)  # every product through the unpack + grouped GEMM, whatever its rows
+    with kernels_on_cpu(), contextlib.ExitStack() as stack:
+        real_choose = EK.choose
+        EK.choose = lambda *a, **kw: grouped
+        stack.callback(setattr, EK, "choose", real_choose)
         for name, (shared, fn) in cases.items():
             with path(shared) if hasattr(ops, "sorts_rows") else contextlib.nullcontext():
                 fn()  # compiled, prepared: the steady state's ops
                 counts, syncs = op_list(fn)
+                us = host_us(fn)
             total = sum(counts.values())
-            out[name] = dict(ops=dict(counts), launches=total, host_syncs=syncs)
-            print(f"{name} ({tokens} tokens x top-{dims['top_k']}): {total} launching ops, {syncs} host syncs")
+            out[name] = dict(ops=dict(counts), launches=total, host_syncs=syncs, host_us=us)
+            print(f"{name} ({tokens} tokens x top-{dims['top_k']}): {total} launching ops, {syncs} host syncs, "
+                  f"{us:.0f} us on the CPU with Triton launches stubbed")
             for op, c in sorted(counts.items(), key=lambda t: -t[1]):
                 print(f"    {c:3d}  {op}")
     return out
@@ -267,7 +317,8 @@ def main() -> None:
     ap.add_argument("--out", default=None, help="write the rows as JSON here")
     a = ap.parse_args()
     if a.ops:
-        rows = ops_report(int(a.tokens or 1100))
+        torch.set_num_threads(1)  # the stand-in's times: one thread, less noise from a shared CPU
+        rows = ops_report(int(a.tokens or 64))
     else:
         dev = "cuda" if torch.cuda.is_available() else "cpu"
         dims = TINY if a.tiny else SHAPE

@@ -88,8 +88,8 @@ class ExpertsKernel(Kernel):
     def launch_sorted(cls, x2: torch.Tensor, ids: torch.Tensor, offs: torch.Tensor, packed: Any, config: Any,
                       out: torch.Tensor) -> torch.Tensor:
         """``launch`` for rows sorted by expert (``ids`` non-decreasing; ``offs`` int32 [E]: rows of
-        experts <= e): the product in the same order, in ``out`` or a new tensor. Families that do not
-        sort rows take them as any rows."""
+        experts <= e): the product in the same order, in ``out`` or (a family that ``sorts``, given
+        None) a new tensor. Families that do not sort rows take them as any rows."""
         return cls.launch(x2, ids, packed, config, out)
 
     @classmethod
@@ -229,11 +229,13 @@ class ExpertsGroupedKernel(ExpertsKernel):
         return out.index_copy_(0, order, ys)
 
     @classmethod
-    def launch_sorted(cls, x2, ids, offs, packed, config, out):
+    def launch_sorted(cls, x2, ids, offs, packed, config, out=None):
         e, n, k = packed.shape
         capturing = x2.is_cuda and torch.cuda.is_current_stream_capturing()
         if _chunk(config, n, k) < e and (capturing or _chunk(config, n, k) < 1):
             _log_once(x2.device, packed.shape, _chunk(config, n, k), capturing)
+            if out is None:
+                out = torch.empty(x2.shape[0], n, dtype=torch.bfloat16, device=x2.device)
             return _fallback(x2, ids, packed, out, capturing)
         return _grouped(x2, offs, packed, config, capturing)
 
@@ -368,11 +370,9 @@ def linear(x: torch.Tensor, ids: torch.Tensor, packed: Any, config: Any = None,
     e, n, k = packed.shape
     x2, flat = _checked(x, ids, packed, offs)
     s = x2.shape[0]
-    out = torch.empty(s, n, dtype=torch.bfloat16, device=x2.device)
-    if s == 0 or n == 0:
-        return out.reshape(*x.shape[:-1], n)
-    if k == 0:
-        return out.zero_().reshape(*x.shape[:-1], n)
+    if s == 0 or n == 0 or k == 0:
+        out = torch.empty(s, n, dtype=torch.bfloat16, device=x2.device)
+        return (out.zero_() if k == 0 else out).reshape(*x.shape[:-1], n)
     capturing = x2.is_cuda and torch.cuda.is_current_stream_capturing()
     if not capturing and (offs is None or not _route.checked(ids)):  # route() checked its ids once a block
         ends = flat if offs is None else flat[::max(1, s - 1)]  # sorted ids: their ends bound them all
@@ -390,8 +390,9 @@ def linear(x: torch.Tensor, ids: torch.Tensor, packed: Any, config: Any = None,
         if not ok:
             raise ValueError(f"the {kernel.name} kernel cannot run this experts product ({problem}): {why}")
     if offs is None:
-        out = kernel.launch(x2, flat, packed, config, out)
-    else:
+        out = kernel.launch(x2, flat, packed, config, torch.empty(s, n, dtype=torch.bfloat16, device=x2.device))
+    else:  # the unpack + grouped GEMM returns its own [S, N] tensor here: no second one held meanwhile
+        out = None if kernel.sorts else torch.empty(s, n, dtype=torch.bfloat16, device=x2.device)
         out = kernel.launch_sorted(x2, flat, offs, packed, config, out)
     if capturing:  # a graph cannot raise: such rows (clamped, or left out of the groups) become NaN, never a value
         out.masked_fill_(((flat < 0) | (flat >= e))[:, None], float("nan"))

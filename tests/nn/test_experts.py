@@ -336,3 +336,61 @@ def test_gpu_one_routing_block_captures_and_equals_each_products_own():
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(bits(out), bits(mod(h, idx, w)))
+
+
+def test_one_routing_block_makes_no_host_sync(kernels_on_cpu, monkeypatch):
+    # what a CUDA graph capture needs of the block (checked on the CPU): no op that reads a value
+    # back to the host (_local_scalar_dense: .item(), .tolist(), bool(t)) between route and the sum
+    from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+
+    from glyd.kernels import _interp
+    from glyd.kernels import experts as kernels
+    from glyd.ops import experts as ops
+
+    class Reads(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.seen = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.namespace == "glyd":  # its CUDA implementation, inside the mode
+                with self:
+                    return getattr(ops, f"_{func.overloadpacket.__name__}_cuda")(*args, **(kwargs or {}))
+            self.seen.append(func.overloadpacket.__name__)
+            return func(*args, **(kwargs or {}))
+
+    real, real_tolist, watching = _interp._Isolated.__getitem__, torch.Tensor.tolist, [False]
+
+    def launch_outside_the_mode(self, grid):  # the interpreter's own reads are not the GPU's
+        run = real(self, grid)
+
+        def call(*a, **kw):
+            was, watching[0] = watching[0], False
+            try:
+                with _disable_current_modes():
+                    return run(*a, **kw)
+            finally:
+                watching[0] = was
+        return call
+
+    def tolist(t):  # reads the data without a dispatch: no mode sees it
+        if watching[0]:
+            mode.seen.append("tolist")
+        return real_tolist(t)
+
+    monkeypatch.setattr(_interp._Isolated, "__getitem__", launch_outside_the_mode)
+    monkeypatch.setattr(torch.Tensor, "tolist", tolist)
+    monkeypatch.setattr(ops, "sorts_rows", lambda *a: True)
+    grouped = (kernels.ExpertsGroupedKernel, kernels.ExpertsGroupedConfig())  # the prompt's kernel, at 80 rows
+    monkeypatch.setattr(kernels, "choose", lambda *a: grouped)
+    _, ref = _qwen3_experts()
+    mod = GlydExperts(copy.deepcopy(ref), _packed(ref))
+    h, idx, w = torch.randn(40, 64).to(torch.bfloat16), torch.randint(0, 6, (40, 2)), torch.rand(40, 2)
+    mod(h, idx, w)  # prepared: what a capture finds built
+    mode = Reads()
+    with mode, torch.no_grad():
+        watching[0] = True
+        mod(h, idx, w)
+        watching[0] = False
+    assert mode.seen.count("_grouped_mm") == 2 and mode.seen.count("index_copy_") == 1  # it saw the block
+    assert not {"item", "_local_scalar_dense", "tolist"} & set(mode.seen), mode.seen

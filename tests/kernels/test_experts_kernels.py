@@ -501,4 +501,3 @@ def test_a_captured_product_gives_nan_rows_for_ids_outside_the_experts_on_gpu(s)
     assert torch.isnan(y.cpu()[bad]).all()
     good = ~bad
     _check(y.cpu()[good], x.cpu()[good], ids.cpu()[good], w)
-

@@ -86,6 +86,29 @@ def test_a_plan_gives_the_uncached_bits_for_every_family(monkeypatch, device, ca
     assert len(calls) == 1 and _plan.count() == 1
 
 
+@pytest.mark.parametrize("layout, name", [("fixed12", "fixed12_unpack_cublas"), ("dense11", "dense11_unpack_cublas")])
+def test_an_unpack_cublas_plan_returns_cublas_own_output(monkeypatch, layout, name):
+    # A kept unpack + cuBLAS plan of one part lets cuBLAS allocate (no separate empty output on the
+    # host): same bits as the uncached path, for a 3-D x with and without bias.
+    from glyd import kernels
+    from glyd.kernels import _plan, registry
+
+    cfg = registry.kernel_class(name).Config()
+    _forced(monkeypatch, name, cfg)
+    n, k = 12, 100
+    p = glyd.pack(random_weights(n, k, "normal"), layout)
+    x = torch.randn(2, 3, k).to(torch.bfloat16)
+    for bias in (None, torch.randn(n).to(torch.bfloat16)):
+        _plan.set_enabled(False)
+        want = _bits(kernels.linear(x, p, bias))
+        _plan.set_enabled(True)
+        kernels.linear(x, p, bias)  # makes the plan
+        plans = [pl for e in _plan._ENTRIES.values() for pl in e.plans.values()]
+        assert plans and all(pl.makes_out for pl in plans)
+        y = kernels.linear(x, p, bias)
+        assert y.shape == (2, 3, n) and torch.equal(_bits(y), want)
+
+
 def _gemv(monkeypatch):
     from glyd.kernels import GemvConfig
 

@@ -251,14 +251,16 @@ class _Fast:
 class Plan:
     """One product for one key: ``plan(x, bias, arrays)`` -> the output (None: run the uncached path).
 
-    ``body(x2, bias, out, arrays)`` is the family's ``Kernel.plan``; x is taken to the [M, K] ``x2``
+    ``body(x2, bias, out, arrays)`` is the family's ``Kernel.plan`` (``out`` None where the body has
+    ``makes_out`` set: it returns an output of its own); x is taken to the [M, K] ``x2``
     the way ``glyd.kernels._common.check_x`` does, which must leave it at the address modulo 16 it
     had when the plan was made (the family's choices may depend on it: a fresh copy always does)."""
 
-    __slots__ = ("body", "m", "n", "k", "flat", "contig", "align", "out_shape", "device")
+    __slots__ = ("body", "m", "n", "k", "flat", "contig", "align", "out_shape", "device", "makes_out")
 
     def __init__(self, body: Callable, x: torch.Tensor, x2: torch.Tensor, n: int) -> None:
         self.body = body
+        self.makes_out = bool(getattr(body, "makes_out", False))  # the body allocates its output
         self.m, self.k = x2.shape
         self.n = n
         self.flat = x.dim() == 2 and x.stride(1) == 1
@@ -278,7 +280,7 @@ class Plan:
                 return None
         if bias is not None:
             bias = bias.contiguous()
-        out = torch.empty((self.m, self.n), dtype=torch.bfloat16, device=self.device)
+        out = None if self.makes_out else torch.empty((self.m, self.n), dtype=torch.bfloat16, device=self.device)
         y = self.body(x2, bias, out, arrays)
         return y if self.flat else y.view(self.out_shape)
 

@@ -39,6 +39,7 @@ LIB.impl("unpack", _cpu.unpack, "CPU")
 LIB.impl("rows", _cpu.rows, "CPU")
 LIB.impl("linear", _cuda.linear, "CUDA")
 LIB.impl("unpack", _cuda.unpack, "CUDA")
+LIB.impl("rows", _cuda.rows, "CUDA")
 
 
 @torch.library.register_fake("glyd::linear")

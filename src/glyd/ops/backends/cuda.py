@@ -21,7 +21,7 @@ from glyd.ops.backends import torch as twin
 
 log = logging.getLogger(__name__)
 
-__all__ = ["triton_available", "linear", "unpack"]
+__all__ = ["triton_available", "linear", "unpack", "rows"]
 
 
 @functools.lru_cache(maxsize=1)
@@ -59,3 +59,18 @@ def unpack(layout: str, shape, arrays, version: int) -> torch.Tensor:
     from glyd import kernels
 
     return kernels.unpack(twin.packed(layout, shape, arrays, version))
+
+
+def rows(layout: str, shape, arrays, version: int, index: torch.Tensor) -> torch.Tensor:
+    p = twin.packed(layout, shape, arrays, version)
+    if layout != "fixed12" or not triton_available() or p.device != index.device:
+        return twin.rows(layout, shape, arrays, version, index)
+    from glyd.kernels.fixed12 import rows as rows_kernel
+    from glyd.ops._checks import check_arrays_once, check_ids
+
+    # the same checks as every other path (glyd.ops.rows): ids in [0, rows) by a device-side assert
+    # (whole-number float ids too), the arrays once a matrix; then one launch (the twin took ~30 ops)
+    check_ids(index, p.shape[0])
+    check_arrays_once(p)
+    flat = index.reshape(-1).to(torch.int64)
+    return rows_kernel.rows(p, flat).reshape(*index.shape, p.shape[1])

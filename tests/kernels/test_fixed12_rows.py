@@ -62,7 +62,7 @@ def test_the_op_on_cuda_takes_the_kernel_and_keeps_its_checks(monkeypatch):
     got = glyd.ops.rows(p, ids)
     assert calls and got.shape == (2, 2, 200)
     assert torch.equal(_bits(got), w[ids.cpu()].view(torch.int16))
-    fids = ids.to(torch.bfloat16)  # whole-number float ids are taken, as on the other paths
-    assert torch.equal(_bits(glyd.ops.rows(p, fids)), w[ids.cpu()].view(torch.int16))
+    fids = torch.tensor([7.0, 256.0, 0.0], dtype=torch.bfloat16, device="cuda")  # whole numbers bf16 holds exactly
+    assert torch.equal(_bits(glyd.ops.rows(p, fids)), w[[7, 256, 0]].view(torch.int16))  # taken, as elsewhere
     assert torch.equal(_bits(emb(ids)), w[ids.cpu()].view(torch.int16))  # the module's lookup too
     # an id outside the rows: tests/ops/test_rows_checks.py's subprocess (a device-side assert)

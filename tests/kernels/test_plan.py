@@ -86,8 +86,9 @@ def test_a_plan_gives_the_uncached_bits_for_every_family(monkeypatch, device, ca
     assert len(calls) == 1 and _plan.count() == 1
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("layout, name", [("fixed12", "fixed12_unpack_cublas"), ("dense11", "dense11_unpack_cublas")])
-def test_an_unpack_cublas_plan_returns_cublas_own_output(monkeypatch, layout, name):
+def test_an_unpack_cublas_plan_returns_cublas_own_output(monkeypatch, layout, name, device):
     # A kept unpack + cuBLAS plan of one part lets cuBLAS allocate (no separate empty output on the
     # host): same bits as the uncached path, for a 3-D x with and without bias.
     from glyd import kernels
@@ -96,9 +97,9 @@ def test_an_unpack_cublas_plan_returns_cublas_own_output(monkeypatch, layout, na
     cfg = registry.kernel_class(name).Config()
     _forced(monkeypatch, name, cfg)
     n, k = 12, 100
-    p = glyd.pack(random_weights(n, k, "normal"), layout)
-    x = torch.randn(2, 3, k).to(torch.bfloat16)
-    for bias in (None, torch.randn(n).to(torch.bfloat16)):
+    p = glyd.pack(random_weights(n, k, "normal"), layout).to(device)
+    x = torch.randn(2, 3, k).to(torch.bfloat16).to(device)
+    for bias in (None, torch.randn(n).to(torch.bfloat16).to(device)):
         _plan.set_enabled(False)
         want = _bits(kernels.linear(x, p, bias))
         _plan.set_enabled(True)

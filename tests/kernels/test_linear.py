@@ -359,3 +359,25 @@ def test_exception_pass_path(cfg, after):
     if dev == "cuda":
         torch.cuda.synchronize()
     _check(y, x, w, bias)
+
+
+def test_an_experts_config_is_refused_by_linear_with_its_name():
+    # an experts family's config is the config of a fixed12 family too (registry.kernel_for): linear
+    # used to launch it with the experts signature and crash inside it ("'NoneType' object has no
+    # attribute 'shape'")
+    from glyd import kernels
+    from glyd.kernels.fixed12.experts import ExpertsGemvConfig
+    from glyd.kernels.fixed12.experts_mma import ExpertsMmaConfig
+
+    p = glyd.pack(random_weights(16, 64, "normal"), "fixed12")
+    x = torch.randn(2, 64).to(torch.bfloat16)
+    for cfg in (ExpertsGemvConfig(), ExpertsMmaConfig()):
+        with pytest.raises(TypeError, match=f"{type(cfg).__name__}.*glyd.kernels.experts.linear"):
+            kernels.linear(x, p, config=cfg)
+    # the flag linear reads is set on every experts family of the layouts
+    from glyd.kernels import registry
+    from glyd.kernels.experts import ExpertsKernel
+
+    for key in registry.KERNELS:
+        kc = registry.kernel_class(key)
+        assert kc.experts == issubclass(kc, ExpertsKernel), key

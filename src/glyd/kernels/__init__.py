@@ -105,6 +105,9 @@ def linear(x: torch.Tensor, packed: "Packed", bias: torch.Tensor | None = None, 
         kernel, config = registry.choose(problem, device)
     else:
         kernel = registry.kernel_for(config)
+        if kernel.experts:  # its launch takes expert ids: it would crash inside
+            raise TypeError(f"{type(config).__name__} is the config of the experts kernel {kernel.name}: "
+                            "pass it to glyd.kernels.experts.linear")
         ok, why = kernel.can_implement(problem, device, config)
         if not ok:
             raise ValueError(f"the {kernel.name} kernel cannot run this product ({problem}): {why}")

@@ -181,6 +181,8 @@ class Kernel:
     name: ClassVar[str]
     layout: ClassVar[str]
     Config: ClassVar[type]
+    #: A family of expert products (``glyd.kernels.experts``): its launch takes expert ids, no linear runs it.
+    experts: ClassVar[bool] = False
 
     @classmethod
     def can_implement(cls, problem: Problem, device: Device, config: Any) -> tuple[bool, str]:

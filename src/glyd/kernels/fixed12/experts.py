@@ -150,6 +150,7 @@ def launch(x2: torch.Tensor, ids: torch.Tensor, p: PackedExperts, cfg: ExpertsGe
 class ExpertsGemvKernel(ExpertsKernel):
     """The grouped GEMV over packed fixed12 experts: up to ``MAX_ROWS`` rows, any CUDA GPU (and the interpreter)."""
 
+    experts = True
     name = "fixed12_experts_gemv"
     layout = "fixed12"
     Config = ExpertsGemvConfig

@@ -285,6 +285,7 @@ class ExpertsMmaKernel(ExpertsKernel):
         y = glyd.kernels.experts.linear(x, ids, packed, ExpertsMmaConfig(block_n=128))
     """
 
+    experts = True
     name = "fixed12_experts_mma"
     layout = "fixed12"
     Config = ExpertsMmaConfig

@@ -73,3 +73,21 @@ def test_fixed12_flat_and_byte_tile_unpack_bit_exact(device, flat, shape):
         w = torch.arange(65536, dtype=torch.int32).to(torch.int16).view(torch.bfloat16).reshape(64, 1024)
         got = _kunpack(glyd.pack(w, "fixed12"), device, cfg)
         assert torch.equal(got.cpu().view(torch.int16), w.view(torch.int16))
+
+
+def test_unpack_refuses_another_layouts_config_by_name():
+    # a config of another family used to reach the launcher and fail on a missing attribute
+    # ("'GemvConfig' object has no attribute 'flat_groups'"); a falsy one was silently the default
+    from glyd import kernels
+    from glyd.kernels.dense11.unpack import Dense11UnpackConfig
+    from glyd.kernels.fixed12.gemv import GemvConfig
+    from glyd.kernels.fixed12.unpack import UnpackConfig
+    from glyd.kernels.tiered.unpack import TieredUnpackConfig
+
+    w = random_weights(4, 64, "normal")
+    own = {"fixed12": UnpackConfig(), "tiered": TieredUnpackConfig(), "dense11": Dense11UnpackConfig()}
+    for layout, cfg in own.items():
+        p = glyd.pack(w, layout)
+        for bad in [c for c in own.values() if c is not cfg] + [GemvConfig(), {}]:
+            with pytest.raises(TypeError, match=f"config.*{type(cfg).__name__}.*{type(bad).__name__}"):
+                kernels.unpack(p, None, bad)

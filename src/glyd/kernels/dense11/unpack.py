@@ -216,6 +216,8 @@ class Dense11UnpackConfig:
 def unpack_launch(p: Packed, config: Dense11UnpackConfig | None = None) -> _plan.Launch:
     """The unpack of ``p`` as one ``glyd.kernels._plan.Launch``, its exceptions patched in by the same
     launch (``arrays``: dense11's, in its order)."""
+    if config is not None and not isinstance(config, Dense11UnpackConfig):
+        raise TypeError(f"config must be a Dense11UnpackConfig (the dense11 unpack's), got {type(config).__name__}")
     cfg = config or Dense11UnpackConfig()
     prep = prepare(p)
     n, k = p.shape

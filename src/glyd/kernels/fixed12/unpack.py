@@ -111,6 +111,8 @@ def _tiles(p: Packed, prep: Prepared, key: tuple, tile_of):
 def unpack_launch(p: Packed, r0: int = 0, r1: int | None = None, config: UnpackConfig | None = None) -> _plan.Launch:
     """The unpack of rows ``r0:r1`` of ``p`` as one ``glyd.kernels._plan.Launch``, exceptions included
     (``arrays``: fixed12's, in its order). The flat kernel for whole matrices with K == Kp, else byte tiles."""
+    if config is not None and not isinstance(config, UnpackConfig):
+        raise TypeError(f"config must be a UnpackConfig (the fixed12 unpack's), got {type(config).__name__}")
     cfg = config or UnpackConfig()
     n, k = p.shape
     r1 = n if r1 is None else r1

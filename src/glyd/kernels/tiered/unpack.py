@@ -249,6 +249,8 @@ class TieredUnpackConfig:
 # packed: tiered [N, K] -> launch(out, *arrays): out bf16 [N, K] (written, contiguous)
 def unpack_launch(p: Packed, config: TieredUnpackConfig | None = None) -> _plan.Launch:
     """The unpack of ``p`` as one ``glyd.kernels._plan.Launch`` (``arrays``: tiered's, in its order)."""
+    if config is not None and not isinstance(config, TieredUnpackConfig):
+        raise TypeError(f"config must be a TieredUnpackConfig (the tiered unpack's), got {type(config).__name__}")
     cfg = config or TieredUnpackConfig()
     check(p)
     n, k = p.shape

@@ -176,3 +176,67 @@ def test_tables_are_validated(tmp_path, environ):
     for i, (match, _) in enumerate(cases.values()):
         with pytest.raises(ValueError, match=match):
             R.table_for(R.Device("cuda", f"Bad GPU {i}"))
+
+
+def test_a_table_that_is_not_json_is_refused_naming_its_file(tmp_path, environ):
+    (tmp_path / "Cut_GPU.json").write_text('{"linear": {"fixed12": {')  # a write cut short
+    environ(GLYD_TABLES=str(tmp_path))
+    with pytest.raises(ValueError, match="Cut_GPU.json.*not a JSON table"):
+        R.table_for(R.Device("cuda", "Cut GPU"))
+
+
+def test_the_experts_kv_and_layout_sections_are_validated(tmp_path, environ):
+    # they were read unchecked: a list where an object belongs failed deep in a product
+    # ("'list' object has no attribute 'get'"), a shape "big" in choose_layout ("invalid literal for int()")
+    cand = {"kernel": "fixed12_experts_gemv", "config": {}}
+    cases = {
+        "experts": {"experts": ["fixed12"]},
+        "experts.fixed12": {"experts": {"fixed12": [cand]}},
+        "experts.fixed12.1": {"experts": {"fixed12": {"1": cand}}},
+        "experts.fixed12.5-8": {"experts": {"fixed12": {"5-8": [{"kernel": "fixed12_experts_gemv"}]}}},
+        "experts.fixed12.9-16": {"experts": {"fixed12": {"9-16": []}}},
+        "experts.fixed13": {"experts": {"fixed13": {"1": [cand]}}},
+        "experts.fixed12.0": {"experts": {"fixed12": {"0": [cand]}}},
+        "kv": {"kv": ["kvf12"]},
+        "kv.kvf12.attention": {"kv": {"kvf12": {"attention": ["kvf12_attention_torch"]}}},
+        "kv.kvf13": {"kv": {"kvf13": {"attention": []}}},
+        "kv.kvf12.read": {"kv": {"kvf12": {"read": [{"kernel": "kvf12_attention_torch", "config": {}}]}}},
+        "layout.shapes.big": {"layout": {"shapes": {"big": {"fixed12": 1.0}}}},
+        "layout.shapes.0x64": {"layout": {"shapes": {"0x64": {"fixed12": 1.0}}}},
+        "layout.shapes.64x64": {"layout": {"shapes": {"64x64": {"fixed12": -1.0}}}},
+    }
+    from glyd.kv import registry as KV
+
+    assert (R.KV_CODES, R.KV_OPS) == (KV.CODES, KV.OPS)
+    for i, section in enumerate(cases.values()):
+        (tmp_path / f"Bad_GPU_{i}.json").write_text(json.dumps({"linear": {}, **section}))
+    environ(GLYD_TABLES=str(tmp_path))
+    for i, where in enumerate(cases):
+        with pytest.raises(ValueError, match=f"Bad_GPU_{i}.json: {where.replace('.', '[.]')}"):
+            R.table_for(R.Device("cuda", f"Bad GPU {i}"))
+
+
+def test_a_candidate_with_a_bad_config_is_skipped_with_a_warning(tmp_path, environ, caplog):
+    # a table's candidate whose config its family refuses was skipped without a trace, and the
+    # fallback table's kernel ran instead of the one the table asked for; an experts family in a
+    # linear cell was taken, and every product of that cell crashed inside it
+    from glyd.kv import registry as KV
+
+    bad = {"kernel": "fixed12_word_dot", "config": {"bm": 16, "stage": 2}}
+    kv_bad = {"kernel": "kvf12_attention_torch", "config": {"warps": 4}}
+    experts = {"kernel": "fixed12_experts_gemv", "config": {}}  # a fixed12 family, but of expert products
+    table = {"linear": {"fixed12": {"kv": {"1": [bad, experts]}}}, "kv": {"kvf12": {"attention": [kv_bad]}}}
+    (tmp_path / "Typo_GPU.json").write_text(json.dumps(table))
+    environ(GLYD_TABLES=str(tmp_path))
+    gpu = R.Device("cuda", "Typo GPU", (9, 0), 132, False, frozenset({"gluon", "wgmma", "tma"}))
+    KV.choose.cache_clear()
+    try:
+        with caplog.at_level("WARNING", logger="glyd"):
+            assert R.choose(R.Problem("fixed12", 1, 512, 3584, 3584), gpu)[0].name != "fixed12_word_dot"
+            KV.choose(KV.KVProblem("kvf12", "attention", 64, 128, 128, 7, "pool"), gpu)
+    finally:
+        KV.choose.cache_clear()
+    text = caplog.text
+    assert "fixed12.kv.1" in text and "fixed12_word_dot" in text and "stage" in text, text
+    assert "fixed12_experts_gemv" in text and "expert" in text.split("fixed12_experts_gemv")[1], text
+    assert "kv.kvf12.attention" in text and "kvf12_attention_torch" in text and "warps" in text, text

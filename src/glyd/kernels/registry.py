@@ -46,6 +46,10 @@ __all__ = ["Problem", "Device", "Kernel", "KERNELS", "kernel_class", "kernel_for
 TABLES = Path(__file__).with_name("tables")
 #: The table of a GPU that has none of its own (its kernels are skipped where they cannot run).
 FALLBACK = "NVIDIA H200"
+#: The page codes and ops of a table's ``kv`` section (``glyd.kv.registry.CODES``, ``OPS``; that
+#: module imports this one, a test keeps them equal).
+KV_CODES = ("kvf12", "kvtiered")
+KV_OPS = ("attention", "write")
 
 class _Families(Mapping):
     """Every kernel family, key -> ``"module:Class"``: the ``kernels`` of every layout's entry in
@@ -272,7 +276,10 @@ def table_file(gpu: str) -> Path:
 
 @functools.lru_cache(maxsize=None)
 def _load_table(path: Path) -> dict[str, Any]:
-    table = json.loads(path.read_text(encoding="utf-8"))
+    try:
+        table = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path}: not a JSON table ({exc})") from exc
     check_table(table, str(path))
     return table
 
@@ -280,7 +287,8 @@ def _load_table(path: Path) -> dict[str, Any]:
 def check_table(table: Any, where: str = "table") -> None:
     """Raise ValueError naming the place unless ``table`` has the tables' schema (``tables/README.md``):
     ``linear.<layout>.<shape class>.<M bucket>`` lists of ``{"kernel": a family of that layout,
-    "config": {...}}``; an optional ``layout`` section of times per ``"NxK"`` shape."""
+    "config": {...}}``; optional ``experts.<layout>.<M bucket>`` and ``kv.<code>.<op>`` lists of
+    candidates (their readers check the kernel names) and a ``layout`` section of times per ``"NxK"``."""
     if not isinstance(table, dict) or not isinstance(table.get("linear"), dict):
         raise ValueError(f"{where}: a table is a JSON object with a 'linear' object")
     buckets = {b for b, _, _ in M_BUCKETS}
@@ -298,12 +306,44 @@ def check_table(table: Any, where: str = "table") -> None:
                             or not isinstance(c.get("config"), dict)):
                         raise ValueError(f"{where}: linear.{layout}.{cls}.{bucket}: bad candidate {c!r} (its kernel "
                                          f"must be one of {', '.join(LAYOUTS[layout].kernels)})")
-    section = table.get("layout", {})
+    _check_cells(table, "experts", where, {lay: buckets for lay in LAYOUTS})
+    _check_cells(table, "kv", where, {code: set(KV_OPS) for code in KV_CODES})
+    _check_layout_times(table.get("layout", {}), where)
+
+
+def _check_cells(table: dict[str, Any], section: str, where: str, keys: dict[str, set[str]]) -> None:
+    """``<section>.<key>.<subkey>``: non-empty lists of ``{"kernel": str, "config": {...}}``."""
+    if section not in table:
+        return
+    if not isinstance(table[section], dict):
+        raise ValueError(f"{where}: {section}: must be an object of {', '.join(keys)}")
+    for key, cells in table[section].items():
+        if key not in keys or not isinstance(cells, dict):
+            raise ValueError(f"{where}: {section}.{key}: unknown (known: {', '.join(keys)}) or not an object")
+        for sub, cands in cells.items():
+            if sub not in keys[key] or not isinstance(cands, list) or not cands:
+                raise ValueError(f"{where}: {section}.{key}.{sub}: unknown (known: {', '.join(sorted(keys[key]))}) "
+                                 "or not a list of candidates")
+            for c in cands:
+                if not isinstance(c, dict) or not isinstance(c.get("kernel"), str) or not isinstance(
+                        c.get("config"), dict):
+                    raise ValueError(f"{where}: {section}.{key}.{sub}: bad candidate {c!r} (one is "
+                                     '{"kernel": name, "config": {...}})')
+
+
+def _check_layout_times(section: Any, where: str) -> None:
+    """``{"shapes": {"NxK": {layout or "bf16": us}}}``: N, K positive, times positive numbers."""
     shapes = section.get("shapes", {}) if isinstance(section, dict) else None
     if not isinstance(shapes, dict) or not all(
             isinstance(times, dict) and all(isinstance(v, (int, float)) for v in times.values())
             for times in shapes.values()):
         raise ValueError(f"{where}: 'layout' must be {{'shapes': {{'NxK': {{layout or bf16: us}}}}}}")
+    for key, times in shapes.items():
+        n, x, k = key.partition("x")
+        if not (x and n.isdigit() and k.isdigit() and int(n) > 0 and int(k) > 0) or not all(
+                not isinstance(v, bool) and 0 < v < float("inf") for v in times.values()):
+            raise ValueError(f"{where}: layout.shapes.{key}: a shape is 'NxK' (N, K >= 1) of times > 0 us, "
+                             f"got {times!r}")
 
 
 def table_for(device: Device) -> dict[str, Any]:
@@ -367,10 +407,16 @@ def choose_uncached(problem: Problem, device: Device) -> tuple[type[Kernel], Any
             why.append(f"{cand['kernel']}: disabled by GLYD_DISABLED_KERNELS")
             continue
         kc = kernel_class(cand["kernel"])
+        cell = f"{problem.layout}.{shape_class(problem.n, problem.k)}.{m_bucket(problem.m)}"
+        if kc.experts:  # a table's mistake: its launch takes expert ids
+            why.append(f"{cand['kernel']}: a family of expert products")
+            log.warning("table cell %s: skipped %s: a family of expert products, not of linears", cell, cand["kernel"])
+            continue
         try:
             cfg = kc.make_config(dict(cand["config"]), problem)
-        except (TypeError, ValueError) as exc:
+        except (TypeError, ValueError) as exc:  # a table's mistake: said, not silently passed over
             why.append(f"{cand['kernel']}: bad config ({exc})")
+            log.warning("table cell %s: skipped %s %s: bad config (%s)", cell, cand["kernel"], cand["config"], exc)
             continue
         ok, reason = kc.can_implement(problem, device, cfg)
         if ok:

@@ -118,7 +118,7 @@ def kernel_class(name: str) -> type[KVKernel]:
 def _table_candidates(table: dict[str, Any], problem: KVProblem) -> list[dict[str, Any]]:
     cands = table.get("kv", {}).get(problem.code, {}).get(problem.op, [])
     for c in cands:
-        if c.get("kernel") not in KV_KERNELS or not isinstance(c.get("config"), dict):
+        if not isinstance(c, dict) or c.get("kernel") not in KV_KERNELS or not isinstance(c.get("config"), dict):
             raise ValueError(f"kv.{problem.code}.{problem.op}: bad candidate {c!r}")
     return cands
 
@@ -148,8 +148,10 @@ def choose(problem: KVProblem, device: weights.Device) -> tuple[type[KVKernel], 
         kc = kernel_class(cand["kernel"])
         try:
             cfg = kc.Config(**cand["config"])
-        except (TypeError, ValueError) as exc:
+        except (TypeError, ValueError) as exc:  # a table's mistake: said, not silently passed over
             why.append(f"{cand['kernel']}: bad config ({exc})")
+            log.warning("table cell kv.%s.%s: skipped %s %s: bad config (%s)", problem.code, problem.op,
+                        cand["kernel"], cand["config"], exc)
             continue
         ok, reason = kc.can_implement(problem, device, cfg)
         if ok:

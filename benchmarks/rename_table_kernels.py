@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
 from pathlib import Path
@@ -63,8 +64,10 @@ def main(argv: list[str] | None = None) -> int:
         text = path.read_text(encoding="utf-8")
         new = rewrite(text)
         n = sum(1 for m in _KERNEL.finditer(text) if m.group(2) in RENAMES)
-        if new != text:
-            path.write_text(new, encoding="utf-8")
+        if new != text:  # whole or not at all: a temporary name in the same folder, then a rename
+            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+            tmp.write_text(new, encoding="utf-8")
+            os.replace(tmp, path)
         print(f"{path}: {n} candidates renamed")
     return 0
 

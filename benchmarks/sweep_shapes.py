@@ -727,6 +727,30 @@ def dump_table(table: dict) -> str:
     return "\n".join(out) + "\n"
 
 
+def write_atomic(path: str, text: str) -> None:
+    """``text`` as the file ``path``, whole or not at all: written to a temporary name in the same
+    folder, then renamed over it (a kill mid-write leaves the last file)."""
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    tmp = os.path.join(folder, f".{os.path.basename(path)}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def save(args: argparse.Namespace, res: dict, ms: list[int]) -> None:
+    """``--out``'s sweep.json and ``--table``'s table of what ``res`` holds so far (each built before
+    its file is touched)."""
+    if args.out:
+        write_atomic(os.path.join(args.out, "sweep.json"), json.dumps(res, indent=1))
+    if args.table:
+        write_atomic(args.table, dump_table(build_table(res, args.table_keep, ms)))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ms", default="1,2,4,8,16")
@@ -788,14 +812,7 @@ def main(argv=None) -> int:
                 print(f"  {name:28s} {t:8.2f} us  {t / t16:.3f}x")
         del ws, ps
         torch.cuda.empty_cache()
-        if args.out:  # after every shape: a run cut short by a time limit keeps what it measured
-            os.makedirs(args.out, exist_ok=True)
-            with open(os.path.join(args.out, "sweep.json"), "w") as f:
-                json.dump(res, f, indent=1)
-        if args.table:  # the same
-            os.makedirs(os.path.dirname(os.path.abspath(args.table)), exist_ok=True)
-            with open(args.table, "w", encoding="utf-8") as f:
-                f.write(dump_table(build_table(res, args.table_keep, ms)))
+        save(args, res, ms)  # after every shape: a run cut short by a time limit keeps what it measured
     if args.table:
         name = registry.table_file(res["device"]).name
         print(f"\nwrote {args.table}: copy it to a folder named by GLYD_TABLES, or to src/glyd/kernels/tables/, as "

@@ -10,6 +10,7 @@ import triton
 import triton.language as tl
 
 from glyd.kernels import _common as C
+from glyd.kernels._fields import flags, ints
 from glyd.kernels._interp import isolated
 from glyd.kernels.fixed12.exceptions import prepare
 from glyd.kernels.fixed12.words import exception_delta_tile, f32_bits, hi_bytes
@@ -29,6 +30,8 @@ class TileConfig(C.KernelConfig):
 
     def validate(self) -> None:
         C.pow2(self, "bm", "bn", "bk")
+        flags(self, "fixup")
+        ints(self, 1, None, "stages")
         if self.bm < 16 or self.bn < 16 or self.bk < 64 or self.stages < 1:
             raise ValueError(f"TileConfig needs bm >= 16, bn >= 16, bk >= 64 and stages >= 1, got {self}")
 

@@ -23,6 +23,7 @@ from glyd.codec import fixed12 as _codec
 from glyd.codec.experts import PackedExperts
 from glyd.errors import UnsupportedError
 from glyd.kernels import _common as C
+from glyd.kernels._fields import flags, ints
 from glyd.kernels._interp import isolated
 from glyd.kernels.fixed12.words import exception_delta, gm_offsets, gm_planes
 from glyd.kernels.experts import ExpertsKernel
@@ -42,6 +43,7 @@ class ExpertsGemvConfig:
 
     def __post_init__(self) -> None:
         C.pow2(self, "bn", "bk")
+        ints(self, 1, 16, "warps")
         if self.bk < 64:
             raise ValueError(f"ExpertsGemvConfig.bk must be >= 64, got {self.bk}")
         if self.warps not in (1, 2, 4, 8, 16):

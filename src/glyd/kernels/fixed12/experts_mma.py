@@ -31,6 +31,7 @@ import triton.language as tl
 
 from glyd.codec.experts import PackedExperts
 from glyd.kernels import _common as C
+from glyd.kernels._fields import flags, ints
 from glyd.kernels._interp import isolated
 from glyd.kernels.experts import ExpertsKernel
 from glyd.kernels.fixed12.experts import _outside_a_capture
@@ -67,8 +68,7 @@ class ExpertsMmaConfig:
             raise ValueError(f"ExpertsMmaConfig needs block_m >= 16, block_n >= 16 and block_k >= 64, got {self}")
         if self.block_m > 128 or self.block_n > 256 or self.warps > 16:
             raise ValueError(f"ExpertsMmaConfig: block_m <= 128, block_n <= 256, warps <= 16, got {self}")
-        if not isinstance(self.stages, int) or not 1 <= self.stages <= 8:
-            raise ValueError(f"ExpertsMmaConfig.stages must be 1-8, got {self.stages!r}")
+        ints(self, 1, 8, "stages")
 
 
 class Prepared:

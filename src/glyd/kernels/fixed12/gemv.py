@@ -15,6 +15,7 @@ import triton
 import triton.language as tl
 
 from glyd.kernels import _common as C
+from glyd.kernels._fields import flags, ints
 from glyd.kernels._interp import isolated
 from glyd.codec.fixed12 import ARRAYS
 from glyd.kernels import _plan
@@ -41,6 +42,7 @@ class WordTileConfig(C.KernelConfig):
 
     def validate(self) -> None:
         C.pow2(self, "bm", "bn", "bk")
+        flags(self, "prefetch", "exc_pass", "exc_after", "fixup")
         if self.bk < 64:
             raise ValueError(f"{type(self).__name__}.bk must be >= 64, got {self.bk}")
         if self.exc_after and not self.exc_pass:

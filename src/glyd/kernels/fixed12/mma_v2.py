@@ -26,6 +26,7 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
 from glyd.codec.fixed12 import ARRAYS
 from glyd.kernels import _common as C
+from glyd.kernels._fields import flags, ints
 from glyd.kernels import _plan
 from glyd.kernels._gluon_bits import gdc_launch_dependents, gdc_wait, prmt, split16
 from glyd.kernels.fixed12.exceptions import SidePass, exceptions_launch, prepare
@@ -65,6 +66,10 @@ class GluonConfig(C.KernelConfig):
 
     def validate(self) -> None:
         C.pow2(self, "bm", "bn", "bk")
+        flags(self, "prefetch", "ring_x", "exc_tile", "exc_after", "x_ahead", "x_rows8", "fixup")
+        ints(self, 1, None, "ring")
+        ints(self, 1, 2, "prefetch_depth")
+        ints(self, 0, 255, "maxnreg")
         if self.bm not in (16, 32, 64) or self.warps not in (1, 2, 4) or self.bn < max(16, 8 * self.warps) \
                 or self.bk < 64:
             raise ValueError("GluonConfig: bm 16, 32 or 64, 1, 2 or 4 warps, bn >= 16 and >= 8 a warp, bk >= 64; "

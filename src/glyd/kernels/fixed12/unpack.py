@@ -19,6 +19,7 @@ import triton.language as tl
 from glyd.codec import fixed12 as _codec
 from glyd.codec.packed import Packed
 from glyd.kernels import _common as C
+from glyd.kernels._fields import flags, ints
 from glyd.kernels import _plan
 from glyd.kernels._interp import isolated
 from glyd.kernels.fixed12.exceptions import Prepared, prepare
@@ -39,6 +40,7 @@ class UnpackConfig:
     def __post_init__(self) -> None:
         for name in ("rows", "groups", "flat_warps", "warps"):
             C.pow2(self, name)
+        ints(self, 0, None, "flat_groups")
         if self.flat_groups:
             C.pow2(self, "flat_groups")
 

@@ -39,6 +39,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 
 from glyd.codec.fixed12 import ARRAYS
 from glyd.kernels import _common as C
+from glyd.kernels._fields import flags, ints
 from glyd.kernels import _plan
 from glyd.kernels._gluon_bits import exc_meta, prmt, split16
 from glyd.kernels.fixed12.exceptions import SidePass, exceptions_launch, prepare
@@ -64,6 +65,8 @@ class WgConfig(C.KernelConfig):
 
     def validate(self) -> None:
         C.pow2(self, "bm", "bn")
+        flags(self, "exc_tile", "exc_after", "pipe")
+        ints(self, 0, 255, "maxnreg")
         if self.bm not in (8, 16, 32, 64) or self.warps not in (4, 8) or self.bn not in (16 * self.warps,
                                                                                          32 * self.warps):
             raise ValueError(f"WgConfig: bm 8-64, 4 or 8 warps, bn 16 or 32 rows a warp; got {self}")

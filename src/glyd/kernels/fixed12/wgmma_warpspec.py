@@ -36,6 +36,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from glyd.codec.fixed12 import ARRAYS
 from glyd.kernels import _common as C
+from glyd.kernels._fields import flags, ints
 from glyd.kernels import _plan
 from glyd.kernels._interp import isolated
 from glyd.kernels.fixed12.exceptions import prepare
@@ -60,6 +61,7 @@ class WsConfig(C.KernelConfig):
 
     def validate(self) -> None:
         C.pow2(self, "bm", "bn")
+        ints(self, 0, 255, "stages", "maxnreg")
         if self.bm not in (8, 16, 32, 64, 128, 256) or not (self.warps == 4 or (self.warps, self.bn) == (8, 128)):
             raise ValueError(f"WsConfig: bm 8-256, 4 warps (or 8 with bn 128); got {self}")
         if self.bn not in (16 * self.warps, 32 * self.warps) or not 2 <= self.stages <= 8:

@@ -10,6 +10,7 @@ import triton
 import triton.language as tl
 
 from glyd.kernels import _common as C
+from glyd.kernels._fields import flags, ints
 from glyd.kernels._interp import isolated
 from glyd.kernels.fixed12.gemv import WordTileConfig, launch_word_tiles, plan_word_tiles
 from glyd.kernels.fixed12.words import bf16x4, exception_delta_tile, gm_offsets, gm_planes, hi_words
@@ -26,6 +27,7 @@ class TcConfig(WordTileConfig):
         super().validate()
         if self.bm < 16 or self.bn < 16:
             raise ValueError(f"the tensor-core tile needs bm >= 16 and bn >= 16, got {self}")
+        ints(self, 1, None, "stages")
         if self.stages < 1 or (self.prefetch and self.stages > 1):
             raise ValueError("TcConfig takes prefetch (register double buffer) or stages > 1 (pipelining), not both")
 

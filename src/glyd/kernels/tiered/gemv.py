@@ -10,6 +10,7 @@ import triton.language as tl
 
 from glyd.codec import tiered as _codec
 from glyd.kernels import _common as C
+from glyd.kernels._fields import flags, ints
 from glyd.kernels._interp import isolated
 from glyd.kernels.registry import Kernel
 from glyd.kernels.tiered.unpack import AREA_REG_BYTES, BLOCK, _args, _decode, _load_blocks, _tables, check
@@ -87,8 +88,7 @@ class TieredGemvConfig:
 
     def __post_init__(self) -> None:
         C.pow2(self, "bn", "bb", "mb", "warps")
-        if not 0 <= self.area_reg_bytes <= AREA_REG_BYTES:
-            raise ValueError(f"area_reg_bytes must be 0-{AREA_REG_BYTES}, got {self.area_reg_bytes}")
+        ints(self, 0, AREA_REG_BYTES, "area_reg_bytes")
 
 
 class TieredGemvKernel(Kernel):

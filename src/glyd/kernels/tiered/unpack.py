@@ -30,6 +30,7 @@ from glyd.codec import tiered as _codec
 from glyd.codec.packed import Packed
 from glyd.errors import CorruptError
 from glyd.kernels import _common as C
+from glyd.kernels._fields import flags, ints
 from glyd.kernels import _plan
 from glyd.kernels._interp import isolated
 
@@ -242,8 +243,7 @@ class TieredUnpackConfig:
 
     def __post_init__(self) -> None:
         C.pow2(self, "blocks", "warps")
-        if not 0 <= self.area_reg_bytes <= AREA_REG_BYTES:
-            raise ValueError(f"area_reg_bytes must be 0-{AREA_REG_BYTES}, got {self.area_reg_bytes}")
+        ints(self, 0, AREA_REG_BYTES, "area_reg_bytes")
 
 
 # packed: tiered [N, K] -> launch(out, *arrays): out bf16 [N, K] (written, contiguous)

@@ -49,6 +49,7 @@ from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
 from glyd.errors import FormatError
 from glyd.kernels._gluon_bits import split16
+from glyd.kernels._fields import flags, ints
 from glyd.kv import _triton as T
 from glyd.kv.registry import KVKernel
 
@@ -561,6 +562,10 @@ class GluonConfig:
     prefetch: bool | None = None
 
     def __post_init__(self) -> None:
+        ints(self, 0, None, "programs_per_sm")
+        ints(self, 0, 255, "maxnreg")
+        if self.prefetch is not None:
+            flags(self, "prefetch")
         if self.programs_per_sm < 0 or self.maxnreg < 0:
             raise ValueError(f"programs_per_sm and maxnreg must be >= 0, got {self.programs_per_sm}, {self.maxnreg}")
 

@@ -18,6 +18,7 @@ from triton.language.extra import libdevice
 from glyd import _env
 from glyd.errors import FormatError
 from glyd.kernels._interp import isolated
+from glyd.kernels._fields import ints
 from glyd.kv.registry import KVKernel
 
 
@@ -435,6 +436,10 @@ class TieredTritonConfig:
     maxnreg: int = 128
 
     def __post_init__(self) -> None:
+        ints(self, 1, 16, "num_warps")
+        ints(self, 16, None, "sub_tile")
+        ints(self, 1, None, "programs_per_sm")
+        ints(self, 0, 255, "maxnreg")
         if self.num_warps not in (1, 2, 4, 8, 16) or self.sub_tile < 16 or self.sub_tile & (self.sub_tile - 1):
             raise ValueError(f"num_warps {self.num_warps} (1-16, a power of two) or sub_tile {self.sub_tile} "
                              f"(a power of two >= 16) out of range")

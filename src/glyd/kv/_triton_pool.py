@@ -22,6 +22,7 @@ import triton.language as tl
 
 from glyd.errors import FormatError
 from glyd.kernels._interp import isolated
+from glyd.kernels._fields import ints
 from glyd.kv.registry import KVKernel
 
 
@@ -131,6 +132,7 @@ class WriteConfig:
     num_warps: int = 4
 
     def __post_init__(self) -> None:
+        ints(self, 1, 16, "num_warps")
         if self.num_warps not in (1, 2, 4, 8, 16):
             raise ValueError(f"num_warps must be 1, 2, 4, 8 or 16, got {self.num_warps}")
 

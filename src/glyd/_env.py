@@ -79,6 +79,11 @@ def _flag(name: str, default: bool) -> bool:
     return value in ("1", "true", "on")
 
 
+#: The values of TRITON_INTERPRET that turn Triton's interpreter on (lower case; Triton's
+#: ``getenv_bool``: "false", "off", "2" or " 1" leave it off, and glyd must agree).
+_INTERPRET_ON = ("1", "true", "on", "yes", "y")
+
+
 def interpreting() -> bool:
-    """True when Triton runs kernels through its interpreter (``TRITON_INTERPRET`` set)."""
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    """True when Triton runs kernels through its interpreter (``TRITON_INTERPRET`` as Triton reads it)."""
+    return os.environ.get("TRITON_INTERPRET", "").lower() in _INTERPRET_ON

@@ -100,3 +100,30 @@ def test_cpu_ops_take_the_twins(monkeypatch):
     st = FixedPageStore.from_bf16(x, page=16)
     decode_attention(torch.ones(1, 2, 32, dtype=torch.bfloat16), st, st)
     assert calls == [1]
+
+
+def test_registry_reset_forgets_the_kv_choices(tmp_path, monkeypatch):
+    # registry.reset() ("forget the tables read and the choices made") left the KV choices cached:
+    # after a new GLYD_TABLES table the old KV kernel kept running
+    from glyd import _env
+    from glyd.kernels import registry as weights
+
+    gpu = Device("cuda", "Retuned GPU", (9, 0), 132, False, frozenset({"gluon", "wgmma", "tma"}))
+    path = tmp_path / "Retuned_GPU.json"
+
+    def use(first: str) -> str:
+        path.write_text(json.dumps({"linear": {}, "kv": {"kvf12": {"attention": [{"kernel": first, "config": {}}]}}}))
+        weights.reset()
+        return choose(problem(), gpu)[0].name
+
+    monkeypatch.setenv("GLYD_TABLES", str(tmp_path))
+    _env.settings.cache_clear()
+    choose.cache_clear()
+    try:
+        assert use("kvf12_attention_triton") == "kvf12_attention_triton"
+        assert use("kvf12_attention_torch") == "kvf12_attention_torch"
+    finally:
+        monkeypatch.undo()
+        _env.settings.cache_clear()
+        weights.reset()
+        choose.cache_clear()

@@ -40,8 +40,8 @@ from glyd.kernels import _plan
 log = logging.getLogger(__name__)
 
 __all__ = ["Problem", "Device", "Kernel", "KERNELS", "kernel_class", "kernel_for", "choose", "choose_uncached",
-           "candidates", "check_table", "disabled", "reset", "table_file", "table_for", "layout_times", "shape_class",
-           "m_bucket", "M_BUCKETS", "SHAPE_CLASSES"]
+           "candidates", "check_table", "disabled", "reset", "on_reset", "table_file", "table_for", "layout_times",
+           "shape_class", "m_bucket", "M_BUCKETS", "SHAPE_CLASSES"]
 
 TABLES = Path(__file__).with_name("tables")
 #: The table of a GPU that has none of its own (its kernels are skipped where they cannot run).
@@ -425,11 +425,23 @@ def choose_uncached(problem: Problem, device: Device) -> tuple[type[Kernel], Any
     raise RuntimeError(f"no kernel can run {problem} on {device.name}: " + ("; ".join(why) or "no candidates"))
 
 
+#: What ``reset`` calls besides its own: the caches of choices made elsewhere from the tables
+#: (``glyd.kv.registry``'s; that module imports this one, so it hands its ``cache_clear`` in).
+_RESETS: list[Callable[[], None]] = []
+
+
+def on_reset(forget: Callable[[], None]) -> None:
+    """Have ``reset`` call ``forget`` (a cache of choices made from the tables)."""
+    _RESETS.append(forget)
+
+
 def reset() -> None:
     """Forget the tables read and the choices made (they are read again at the next product)."""
     _load_table.cache_clear()
     _choose_cell.cache_clear()
     _plan.clear()
+    for forget in _RESETS:
+        forget()
 
 
 def config_dict(config: Any) -> dict[str, Any]:

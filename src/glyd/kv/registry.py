@@ -160,6 +160,9 @@ def choose(problem: KVProblem, device: weights.Device) -> tuple[type[KVKernel], 
     raise RuntimeError(f"no KV kernel can run {problem} on {device.name}: " + "; ".join(why))
 
 
+weights.on_reset(choose.cache_clear)
+
+
 def by_name(name: str, problem: KVProblem, device: weights.Device, **config: Any) -> tuple[type[KVKernel], Any]:
     """Kernel ``name`` with ``config`` (its defaults otherwise), refused with the kernel's reason if it cannot run."""
     kc = kernel_class(name)

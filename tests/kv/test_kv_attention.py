@@ -230,3 +230,14 @@ def test_masked_positions_inside_the_sequence_are_dropped(code):
     assert rel_err(decode_attention_reference(q, ks, vs, upcast=True, valid=valid), ref) <= TOL
     # the holes matter: each row's first attended position alone (the old reading of the mask) fails here
     assert rel_err(decode_attention(q, ks, vs, starts=valid.to(torch.int32).argmax(1)), ref) > 10 * TOL
+
+
+@pytest.mark.parametrize("num_splits", [0, -1, True, 2.5, "2"])
+def test_a_bad_num_splits_is_refused_by_name(num_splits):
+    # the Triton kernel divided by it (0: ZeroDivisionError, "2": TypeError about '/'), -1 and 2.5
+    # passed as some other count, and the torch twin ignored any value
+    gen = torch.Generator().manual_seed(0)
+    q, ks, vs, _, _ = make(gen, 1, 2, 2, 32, 32, [70])
+    for backend in ("triton", "torch"):
+        with pytest.raises(ValueError, match="num_splits"):
+            decode_attention(q, ks, vs, num_splits=num_splits, backend=backend)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["flags", "ints"]
+__all__ = ["flags", "ints", "check_int"]
 
 
 def flags(cfg: Any, *names: str) -> None:
@@ -34,7 +34,10 @@ def ints(cfg: Any, lo: int, hi: int | None, *names: str) -> None:
     """Raise ValueError unless every named field of ``cfg`` is an int (not a bool) in ``lo..hi``
     (``hi`` None: no end)."""
     for name in names:
-        v = getattr(cfg, name)
-        if isinstance(v, bool) or not isinstance(v, int) or v < lo or (hi is not None and v > hi):
-            raise ValueError(f"{type(cfg).__name__}.{name} must be an int in {lo}..{'' if hi is None else hi}, "
-                             f"got {v!r}")
+        check_int(f"{type(cfg).__name__}.{name}", getattr(cfg, name), lo, hi)
+
+
+def check_int(what: str, v: Any, lo: int, hi: int | None = None) -> None:
+    """Raise ValueError naming ``what`` unless ``v`` is an int (not a bool) in ``lo..hi`` (``hi`` None: no end)."""
+    if isinstance(v, bool) or not isinstance(v, int) or v < lo or (hi is not None and v > hi):
+        raise ValueError(f"{what} must be an int {f'>= {lo}' if hi is None else f'in {lo}..{hi}'}, got {v!r}")

@@ -18,7 +18,7 @@ from triton.language.extra import libdevice
 from glyd import _env
 from glyd.errors import FormatError
 from glyd.kernels._interp import isolated
-from glyd.kernels._fields import ints
+from glyd.kernels._fields import check_int, ints
 from glyd.kv.registry import KVKernel
 
 
@@ -373,6 +373,8 @@ def _valid_arg(valid, b: int, q: torch.Tensor) -> tuple[torch.Tensor, int, bool]
 
 def _splits(max_pages: int, bh: int, device: torch.device, num_splits, programs_per_sm: int) -> tuple[int, int]:
     """(splits, pages per split): enough programs to fill the GPU ``programs_per_sm`` deep."""
+    if num_splits is not None:
+        check_int("num_splits", num_splits, 1)
     if num_splits is None:
         num_splits = max(1, min(max_pages, math.ceil(programs_per_sm * _sm_count(device) / bh)))
     pages_per_split = max(1, math.ceil(max_pages / num_splits))

@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from glyd.errors import FormatError
+from glyd.kernels._fields import check_int
 from glyd.kernels.registry import Device
 from glyd.kv.fixed import FixedPageStore, store_view
 from glyd.kv.pages import PageStore, unpack_blocks, unpack_blocks_grouped
@@ -203,6 +204,8 @@ def decode_attention(
     b, hq, d = _check(q, k_store, v_store)
     if backend not in ("auto", *BACKENDS):
         raise ValueError(f"backend must be 'auto', 'gluon', 'triton' or 'torch', got {backend!r}")
+    if num_splits is not None:  # every backend: the twin has no splits, but the value is still wrong
+        check_int("num_splits", num_splits, 1)
     fixed = isinstance(k_store, FixedPageStore)
     if fixed != isinstance(v_store, FixedPageStore):
         raise FormatError("k_store and v_store must hold the same page code (both kvf12 or both kvtiered)")

@@ -240,3 +240,16 @@ def test_a_candidate_with_a_bad_config_is_skipped_with_a_warning(tmp_path, envir
     assert "fixed12.kv.1" in text and "fixed12_word_dot" in text and "stage" in text, text
     assert "fixed12_experts_gemv" in text and "expert" in text.split("fixed12_experts_gemv")[1], text
     assert "kv.kvf12.attention" in text and "kvf12_attention_torch" in text and "warps" in text, text
+
+
+def test_a_k_steps_split_with_a_bad_bk_is_a_bad_config(tmp_path, environ, caplog):
+    # "split": "k_steps" divided the padded K by the entry's bk before GemvConfig checked it: bk 0
+    # raised ZeroDivisionError out of the choice, for every product of the cell
+    cell = [{"kernel": "fixed12_gemv", "config": {"split": "k_steps", "bk": 0}}]
+    (tmp_path / "Zero_GPU.json").write_text(json.dumps({"linear": {"fixed12": {"kv": {"1": cell}}}}))
+    environ(GLYD_TABLES=str(tmp_path))
+    gpu = R.Device("cuda", "Zero GPU", (9, 0), 132, False, frozenset({"gluon", "wgmma", "tma"}))
+    with caplog.at_level("WARNING", logger="glyd"):
+        kc, _ = R.choose(R.Problem("fixed12", 1, 512, 3584, 3584), gpu)
+    assert kc.name == R.choose(R.Problem("fixed12", 1, 512, 3584, 3584), h200(True, True, True))[0].name
+    assert "fixed12_gemv" in caplog.text and "bk" in caplog.text, caplog.text

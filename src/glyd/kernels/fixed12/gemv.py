@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from glyd.kernels import _common as C
-from glyd.kernels._fields import flags, ints
+from glyd.kernels._fields import check_int, flags, ints
 from glyd.kernels._interp import isolated
 from glyd.codec.fixed12 import ARRAYS
 from glyd.kernels import _plan
@@ -250,7 +250,9 @@ class GemvKernel(Kernel):
     @classmethod
     def make_config(cls, spec, problem):
         if spec.get("split") == "k_steps":  # one K step a program: the most programs in flight
-            spec = {**spec, "split": max(1, -(-problem.kp // spec.get("bk", GemvConfig.bk)))}
+            bk = spec.get("bk", GemvConfig.bk)
+            check_int("GemvConfig.bk", bk, 1)  # before dividing by it (the config checks the rest)
+            spec = {**spec, "split": max(1, -(-problem.kp // bk))}
         return super().make_config(spec, problem)
 
     @classmethod

@@ -42,6 +42,20 @@ CASES = [
     ("tiered.gemv", "TieredGemvConfig", "area_reg_bytes", 2.5),
     ("tiered.unpack", "TieredUnpackConfig", "area_reg_bytes", True),
     ("tiered.unpack", "TieredUnpackConfig", "area_reg_bytes", None),
+    # the shared fields (_common.KernelConfig, pow2) and the experts configs
+    ("fixed12.gemv", "GemvConfig", "bn", True),
+    ("fixed12.gemv", "GemvConfig", "bk", 1 << 21),
+    ("fixed12.gemv", "GemvConfig", "waves", 2.5),
+    ("fixed12.gemv", "GemvConfig", "waves", float("nan")),
+    ("fixed12.gemv", "GemvConfig", "waves", True),
+    ("fixed12.gemv", "GemvConfig", "warps", 2.0),
+    ("fixed12.gemv", "GemvConfig", "warps", True),
+    ("fixed12.gemv", "GemvConfig", "split", True),
+    ("tiered.gemv", "TieredGemvConfig", "mb", True),
+    ("dense11.gemv", "Dense11GemvConfig", "bn", True),
+    ("experts", "ExpertsGroupedConfig", "max_scratch_bytes", True),
+    ("experts", "ExpertsGroupedConfig", "warps", 2.0),
+    ("fixed12.experts_mma", "ExpertsMmaConfig", "max_rows", True),
 ]
 
 

@@ -174,6 +174,42 @@ def test_the_op_takes_the_kernels_on_their_device(device, monkeypatch):
     assert calls
 
 
+def test_a_linear_config_or_table_entry_is_not_taken_for_experts(monkeypatch, caplog):
+    # a linear family's config crashed inside the launch ('Tensor' object has no attribute 'arrays');
+    # a linear family in an experts cell was chosen and crashed every product of it; a bad config was
+    # skipped with no trace; GLYD_DISABLED_KERNELS was not heard; reset() kept the old choices
+    from glyd.kernels import GemvConfig, registry
+    from glyd.kernels import experts as kernels
+    from glyd.kernels.registry import Device, Problem
+    from glyd.ops.experts import pack_experts
+
+    p = pack_experts(_experts(2, 8, 64, "cpu"), "fixed12")
+    x = torch.randn(2, 64).to(torch.bfloat16)
+    with pytest.raises(TypeError, match="GemvConfig is the config of fixed12_gemv, a family of linears"):
+        kernels.linear(x, torch.tensor([0, 1]), p, GemvConfig())
+    dev = Device("cuda", "NVIDIA H200", (9, 0), 132)
+    prob = Problem("fixed12", 8, 64, 128, 128)
+    cell = [{"kernel": "fixed12_gemv", "config": {}}, {"kernel": "fixed12_experts_gemv", "config": {"bogus": 1}},
+            {"kernel": "fixed12_experts_mma", "config": {}}]
+    real = registry.table_for
+    monkeypatch.setattr(registry, "table_for", lambda d: {**real(d), "experts": {"fixed12": {"5-8": cell}}})
+    registry.reset()
+    try:
+        with caplog.at_level("WARNING", logger="glyd.kernels.experts"):
+            assert kernels.choose(prob, dev)[0].name == "fixed12_experts_mma"
+        assert "skipped fixed12_gemv: a family of linears" in caplog.text
+        assert "skipped fixed12_experts_gemv {'bogus': 1}: bad config" in caplog.text
+        monkeypatch.setattr(registry, "table_for", real)
+        registry.reset()  # the table read again: the default (the GEMV at 8 rows), not the cached MMA
+        assert kernels.choose(prob, dev)[0].name == "fixed12_experts_gemv"
+        monkeypatch.setattr(registry, "disabled", lambda: frozenset({"fixed12_experts_gemv"}))
+        registry.reset()
+        assert kernels.choose(prob, dev)[0].name == "fixed12_experts_mma"  # the GEMV disabled: the next one
+    finally:
+        monkeypatch.undo()
+        registry.reset()
+
+
 def test_the_choice_by_rows_and_capture():
     from glyd.kernels import experts as kernels
     from glyd.kernels.registry import Device, Problem

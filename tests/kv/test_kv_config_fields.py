@@ -25,6 +25,12 @@ CASES = [
     ("_gluon", "GluonConfig", "prefetch", "false"),
     ("_triton_pool", "WriteConfig", "num_warps", 2.0),
     ("_triton_pool", "WriteConfig", "num_warps", True),
+    ("_triton_fixed", "AttentionConfig", "num_warps", 2.0),
+    ("_triton_fixed", "AttentionConfig", "num_warps", True),
+    ("_triton_fixed", "AttentionConfig", "sub_tile", None),
+    ("_triton_fixed", "AttentionConfig", "programs_per_sm", 2.5),
+    ("_triton_fixed", "AttentionConfig", "programs_per_sm", True),
+    ("_triton_fixed", "AttentionConfig", "maxnreg", True),
 ]
 
 

@@ -20,6 +20,7 @@ import triton.language as tl
 from glyd import _env
 from glyd.errors import FormatError
 from glyd.kernels import _plan
+from glyd.kernels._fields import check_int
 from glyd.kernels._interp import isolated
 
 
@@ -43,12 +44,10 @@ class KernelConfig:
     def __post_init__(self) -> None:
         if self.pdl not in _env.PDL_MODES:
             raise ValueError(f"pdl must be one of {_env.PDL_MODES}, got {self.pdl!r}")
-        if not isinstance(self.split, int) or self.split < 0:
-            raise ValueError(f"split must be an int >= 0, got {self.split!r}")
-        if self.waves < 1:
-            raise ValueError(f"waves must be >= 1, got {self.waves}")
-        if self.warps not in (1, 2, 4, 8, 16):
-            raise ValueError(f"warps must be 1, 2, 4, 8 or 16, got {self.warps}")
+        check_int(f"{type(self).__name__}.split", self.split, 0)
+        check_int(f"{type(self).__name__}.waves", self.waves, 1)
+        if isinstance(self.warps, bool) or not isinstance(self.warps, int) or self.warps not in (1, 2, 4, 8, 16):
+            raise ValueError(f"{type(self).__name__}.warps must be 1, 2, 4, 8 or 16, got {self.warps!r}")
         self.validate()
 
     def validate(self) -> None:
@@ -59,12 +58,18 @@ class KernelConfig:
         return dataclasses.replace(self, **changes)
 
 
+#: The largest tile side a config names (Triton refuses tensors over 2**20 elements; a side past this
+#: would fail there without naming the field).
+MAX_TILE = 1 << 16
+
+
 def pow2(cfg, *names: str) -> None:
-    """Raise ValueError unless every named field of ``cfg`` is a power of two."""
+    """Raise ValueError unless every named field of ``cfg`` is a power of two (an int, not a bool)
+    up to ``MAX_TILE``."""
     for name in names:
         v = getattr(cfg, name)
-        if not isinstance(v, int) or v < 1 or v & (v - 1):
-            raise ValueError(f"{type(cfg).__name__}.{name} must be a power of two, got {v!r}")
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1 or v & (v - 1) or v > MAX_TILE:
+            raise ValueError(f"{type(cfg).__name__}.{name} must be a power of two up to {MAX_TILE}, got {v!r}")
 
 
 def interpreting() -> bool:

@@ -43,6 +43,7 @@ import torch
 from glyd.kernels import _common as C
 from glyd.kernels import experts_route as _route
 from glyd.kernels import registry
+from glyd.kernels._fields import ints
 from glyd.kernels.registry import M_BUCKETS, Kernel, Problem
 
 __all__ = ["linear", "choose", "sorts_rows", "DEFAULTS", "ExpertsKernel", "ExpertsLoopKernel",
@@ -77,6 +78,7 @@ class ExpertsKernel(Kernel):
 
     syncs = False
     sorts = False
+    experts = True
 
     @classmethod
     def launch(cls, x2: torch.Tensor, ids: torch.Tensor, packed: Any, config: Any,  # type: ignore[override]
@@ -170,11 +172,10 @@ class ExpertsGroupedConfig:
     warps: int = 2
 
     def __post_init__(self) -> None:
-        if not isinstance(self.max_scratch_bytes, int) or self.max_scratch_bytes < 0:
-            raise ValueError(f"max_scratch_bytes must be an int >= 0, got {self.max_scratch_bytes!r}")
+        ints(self, 0, None, "max_scratch_bytes")
         C.pow2(self, "groups")
-        if self.warps not in (1, 2, 4, 8, 16):
-            raise ValueError(f"warps must be 1, 2, 4, 8 or 16, got {self.warps}")
+        if isinstance(self.warps, bool) or not isinstance(self.warps, int) or self.warps not in (1, 2, 4, 8, 16):
+            raise ValueError(f"ExpertsGroupedConfig.warps must be 1, 2, 4, 8 or 16, got {self.warps!r}")
 
 
 class ExpertsGroupedKernel(ExpertsKernel):
@@ -333,17 +334,27 @@ def _choose(problem: Problem, device: registry.Device, capturing: bool) -> tuple
     cands = table.get(problem.layout, {}).get(registry.m_bucket(problem.m)) or \
         DEFAULTS.get(problem.layout, {}).get(registry.m_bucket(problem.m), [])
     why = []
+    cell = f"experts.{problem.layout}.{registry.m_bucket(problem.m)}"
+    off = registry.disabled()
     for cand in cands:
         name = cand.get("kernel") if isinstance(cand, dict) else None
         if (name not in _OWN and name not in registry.KERNELS) or not isinstance(cand.get("config"), dict):
-            raise ValueError(f"experts.{problem.layout}.{registry.m_bucket(problem.m)}: bad candidate {cand!r}")
+            raise ValueError(f"{cell}: bad candidate {cand!r}")
         kc = _OWN[name] if name in _OWN else registry.kernel_class(name)
+        if not getattr(kc, "experts", False):  # a linear family here would crash every product of the cell
+            log.warning("table cell %s: skipped %s: a family of linears, not of expert products", cell, name)
+            why.append(f"{name}: not a family of expert products")
+            continue
+        if name in off:
+            why.append(f"{name}: disabled by GLYD_DISABLED_KERNELS")
+            continue
         if capturing and getattr(kc, "syncs", True):
             why.append(f"{cand['kernel']}: synchronises with the host (a CUDA graph is being captured)")
             continue
         try:
             cfg = kc.make_config(dict(cand["config"]), problem)
         except (TypeError, ValueError) as exc:
+            log.warning("table cell %s: skipped %s %s: bad config (%s)", cell, name, cand["config"], exc)
             why.append(f"{cand['kernel']}: bad config ({exc})")
             continue
         ok, reason = kc.can_implement(problem, device, cfg)
@@ -386,6 +397,9 @@ def linear(x: torch.Tensor, ids: torch.Tensor, packed: Any, config: Any = None,
     else:
         own = [kc for kc in _OWN.values() if isinstance(config, kc.Config)]
         kernel = own[0] if own else registry.kernel_for(config)
+        if not getattr(kernel, "experts", False):
+            raise TypeError(f"{type(config).__name__} is the config of {kernel.name}, a family of linears: "
+                            "glyd.kernels.linear runs it; expert products take an experts family's config")
         ok, why = kernel.can_implement(problem, device, config)
         if not ok:
             raise ValueError(f"the {kernel.name} kernel cannot run this experts product ({problem}): {why}")
@@ -456,3 +470,7 @@ def _prepare_for_capture(problem: Problem, device: registry.Device, packed: Any)
 
 
 _KP_ARRAY = {"fixed12": "lo", "tiered": "sm", "dense11": "sm"}
+
+
+registry.on_reset(_choose.cache_clear)  # a table read again (GLYD_TABLES, reset()) takes new choices
+registry.on_reset(_sorts.cache_clear)

@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 from glyd.errors import FormatError
+from glyd.kernels._fields import check_int
 from glyd.kernels._interp import isolated
 from glyd.kv._triton import _combine, _dot, _interpreting, _kept, _split_state, _splits, _valid_arg, qk_f32
 from glyd.kv._triton_words import decode_words, perm, word_bases
@@ -220,14 +221,15 @@ class AttentionConfig:
     num_stages: int = 0
 
     def __post_init__(self) -> None:
-        if self.num_warps not in (1, 2, 4, 8, 16):
-            raise ValueError(f"num_warps must be 1, 2, 4, 8 or 16, got {self.num_warps}")
-        if self.sub_tile < 16 or self.sub_tile & (self.sub_tile - 1):
-            raise ValueError(f"sub_tile must be a power of two >= 16, got {self.sub_tile}")
-        if self.programs_per_sm <= 0:
-            raise ValueError(f"programs_per_sm must be positive, got {self.programs_per_sm}")
-        if self.maxnreg and not 24 <= self.maxnreg <= 255:
-            raise ValueError(f"maxnreg must be 0 (no cap) or 24..255 registers, got {self.maxnreg}")
+        if isinstance(self.num_warps, bool) or not isinstance(self.num_warps, int) or self.num_warps not in (1, 2, 4, 8, 16):
+            raise ValueError(f"num_warps must be 1, 2, 4, 8 or 16, got {self.num_warps!r}")
+        if isinstance(self.sub_tile, bool) or not isinstance(self.sub_tile, int) or self.sub_tile < 16 \
+                or self.sub_tile & (self.sub_tile - 1):
+            raise ValueError(f"sub_tile must be a power of two >= 16, got {self.sub_tile!r}")
+        check_int("AttentionConfig.programs_per_sm", self.programs_per_sm, 1)
+        if isinstance(self.maxnreg, bool) or not isinstance(self.maxnreg, int) \
+                or (self.maxnreg and not 24 <= self.maxnreg <= 255):
+            raise ValueError(f"maxnreg must be 0 (no cap) or 24..255 registers, got {self.maxnreg!r}")
         if not isinstance(self.swar, bool):
             raise ValueError(f"swar must be True or False, got {self.swar!r}")
         if self.num_stages not in (0, 1, 2, 3, 4):

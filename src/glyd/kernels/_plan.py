@@ -40,7 +40,8 @@ from glyd import _env
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Slot", "slots", "Launch", "Plan", "enabled", "set_enabled", "run", "store", "clear", "count", "LAUNCHES"]
+__all__ = ["Slot", "slots", "Launch", "Plan", "enabled", "set_enabled", "run", "store", "kept", "keep", "clear",
+           "count", "LAUNCHES"]
 
 #: Plans kept a matrix (x shapes seen; the oldest goes first): decode steps of 1-64 sequences fit.
 MAX_PLANS = 64
@@ -340,19 +341,33 @@ def _op(layout: str, shape, version: int) -> tuple:
 
 def run(x: torch.Tensor, layout: str, shape, arrays, bias: torch.Tensor | None, version: int) -> torch.Tensor | None:
     """The product of ``glyd::linear``'s arguments through a kept plan, or None (no plan for them)."""
-    if not arrays:
-        return None
-    entry = _ENTRIES.get(id(arrays[0]))
-    if entry is None or not entry.holds(arrays, _op(layout, shape, version)):
-        return None
-    plan = entry.plans.get(_key(x, bias))
+    plan = kept(layout, shape, arrays, version, _key(x, bias))
     return None if plan is None else plan(x, bias, arrays)
 
 
 def store(x: torch.Tensor, layout: str, shape, arrays, bias: torch.Tensor | None, version: int, plan: Plan) -> None:
     """Keep ``plan`` for calls with these arguments' key (see the module's docstring)."""
     key = _key(x, bias)
-    if key is None or not arrays:
+    if key is not None:
+        keep(layout, shape, arrays, version, key, plan)
+
+
+def kept(layout: str, shape, arrays, version: int, key: Any) -> Any:
+    """What :func:`keep` kept under ``key`` for these arrays (the same tensors, unchanged in place
+    since) and op, or None. Other families' per-matrix host work (an experts product's launches, its
+    prepared captures) is kept here too, under keys of their own: it goes with the matrix, ``clear``
+    and ``registry.reset()`` as a plan does."""
+    if not arrays:
+        return None
+    entry = _ENTRIES.get(id(arrays[0]))
+    if entry is None or not entry.holds(arrays, _op(layout, shape, version)):
+        return None
+    return entry.plans.get(key)
+
+
+def keep(layout: str, shape, arrays, version: int, key: Any, value: Any) -> None:
+    """Keep ``value`` (which must hold none of ``arrays``) for ``kept`` with the same arguments."""
+    if not arrays or key is None:
         return
     op = _op(layout, shape, version)
     first = id(arrays[0])
@@ -378,7 +393,7 @@ def store(x: torch.Tensor, layout: str, shape, arrays, bias: torch.Tensor | None
             del plans[next(iter(plans))]
             _TOTAL[0] -= 1
         _TOTAL[0] += 1
-    plans[key] = plan
+    plans[key] = value
 
 
 def clear() -> None:

@@ -24,6 +24,13 @@ Rows already sorted by expert (``linear(..., offs=)``: an MoE block sorts its ro
 products, ``glyd.ops.experts.route``): ``experts_unpack_grouped`` skips its sort, gather and scatter
 and returns the product in the sorted order; the other families take the sorted rows as any rows.
 
+Host work (an eager prompt is host-bound): a sorted product the table gives the unpack + grouped
+GEMM keeps a plan with the packed experts' linear plans (``glyd.kernels._plan.keep``): a later call
+with arguments of the same key (``run_sorted``, which the op tries before checking the packed arrays)
+launches the kept unpack (a recorded fast launch from its third call) and ``torch._grouped_mm``, with
+no check, choice or preparation again. The preparation for a capture is kept there too: once a
+packed experts tensor and capture kernel, not every product.
+
 Example (needs a CUDA GPU)::
 
     from glyd.ops.experts import pack_experts
@@ -40,13 +47,15 @@ from typing import Any
 
 import torch
 
+from glyd.codec.experts import array_names
 from glyd.kernels import _common as C
+from glyd.kernels import _plan
 from glyd.kernels import experts_route as _route
 from glyd.kernels import registry
 from glyd.kernels._fields import ints
 from glyd.kernels.registry import M_BUCKETS, Kernel, Problem
 
-__all__ = ["linear", "choose", "sorts_rows", "DEFAULTS", "ExpertsKernel", "ExpertsLoopKernel",
+__all__ = ["linear", "run_sorted", "choose", "sorts_rows", "DEFAULTS", "ExpertsKernel", "ExpertsLoopKernel",
            "ExpertsLoopConfig", "ExpertsGroupedKernel", "ExpertsGroupedConfig"]
 
 log = logging.getLogger(__name__)
@@ -378,6 +387,11 @@ def linear(x: torch.Tensor, ids: torch.Tensor, packed: Any, config: Any = None,
 
     if not isinstance(packed, PackedExperts):
         raise TypeError(f"packed must be a glyd PackedExperts, got {type(packed).__name__}")
+    arrays = None if offs is None else [packed.arrays[a] for a in array_names(packed.layout)]
+    if arrays is not None and config is None:  # a call like an earlier one: its kept plan
+        y = run_sorted(x, ids, offs, packed.layout, packed.shape, arrays, packed.version)
+        if y is not None:
+            return y
     e, n, k = packed.shape
     x2, flat = _checked(x, ids, packed, offs)
     s = x2.shape[0]
@@ -392,6 +406,7 @@ def linear(x: torch.Tensor, ids: torch.Tensor, packed: Any, config: Any = None,
     device = registry.Device.of(x2.device)
     if not capturing:
         _prepare_for_capture(problem, device, packed)
+    own_choice = config is None
     if config is None:
         kernel, config = choose(problem, device, capturing)
     else:
@@ -405,12 +420,71 @@ def linear(x: torch.Tensor, ids: torch.Tensor, packed: Any, config: Any = None,
             raise ValueError(f"the {kernel.name} kernel cannot run this experts product ({problem}): {why}")
     if offs is None:
         out = kernel.launch(x2, flat, packed, config, torch.empty(s, n, dtype=torch.bfloat16, device=x2.device))
+    elif own_choice and kernel is ExpertsGroupedKernel and _plan.enabled() and x.stride(1) == 1 \
+            and _chunk(config, n, k) >= e:  # the prompt path: kept for the calls like this one (run_sorted)
+        plan = _SortedPlan(packed, config, capturing)
+        _plan.keep(packed.layout, packed.shape, arrays, packed.version, _sorted_key(x, ids, offs, capturing), plan)
+        return plan(x, ids, offs, arrays)
     else:  # the unpack + grouped GEMM returns its own [S, N] tensor here: no second one held meanwhile
         out = None if kernel.sorts else torch.empty(s, n, dtype=torch.bfloat16, device=x2.device)
         out = kernel.launch_sorted(x2, flat, offs, packed, config, out)
     if capturing:  # a graph cannot raise: such rows (clamped, or left out of the groups) become NaN, never a value
         out.masked_fill_(((flat < 0) | (flat >= e))[:, None], float("nan"))
     return out.reshape(*x.shape[:-1], n)
+
+
+class _SortedPlan:
+    """An MoE block's product of sorted rows by the unpack + grouped GEMM, for calls whose arguments
+    have the key of one that went through ``linear`` (``_sorted_key``; these packed experts, unchanged):
+    that call's checks, choice and preparation hold for them. Per call: the ids' check where route()
+    did not check them, the kept unpack launch, ``torch._grouped_mm`` (in a capture: NaN rows for
+    ids outside the experts). Holds no array of the experts (their plans' rule)."""
+
+    __slots__ = ("e", "n", "k", "device", "capturing", "launch", "planes")
+
+    def __init__(self, packed: Any, config: ExpertsGroupedConfig, capturing: bool) -> None:
+        from glyd.kernels.fixed12.experts_unpack import kept_launch
+
+        self.e, self.n, self.k = packed.shape
+        self.device = packed.device
+        self.capturing = capturing
+        self.launch = kept_launch(packed, 0, self.e, config.groups, config.warps, True)
+        names = array_names(packed.layout)
+        self.planes = tuple(names.index(a) for a in ("code", "lo", "base"))
+
+    def __call__(self, x2: torch.Tensor, ids: torch.Tensor, offs: torch.Tensor, arrays) -> torch.Tensor:
+        e, n, k = self.e, self.n, self.k
+        if not self.capturing and not _route.checked(ids):
+            ends = ids[::max(1, ids.shape[0] - 1)]
+            torch._assert_async((ends.clamp(0, e - 1) == ends).all(), "glyd experts_linear: ids outside the experts")
+        w = C.scratch(self.device, e * n * k).view(e, n, k)  # looked up each call: another product may grow it
+        if self.capturing:
+            _CAPTURED.setdefault(w.data_ptr(), w)
+        c, lo, base = self.planes
+        self.launch(w, offs, arrays[c], arrays[lo], arrays[base])
+        out = torch._grouped_mm(x2, w.transpose(-2, -1), offs=offs)
+        if self.capturing:
+            out.masked_fill_(((ids < 0) | (ids >= e))[:, None], float("nan"))
+        return out
+
+
+def _sorted_key(x: torch.Tensor, ids: torch.Tensor, offs: torch.Tensor, capturing: bool) -> tuple:
+    # what linear()'s checks and choice read of the arguments (x [S, K] with unit stride, ids [S], offs [E])
+    dev = x.get_device()
+    return ("sorted", x.shape, x.stride(), x.dtype, dev, x.data_ptr() % 16, ids.shape, ids.dtype, ids.get_device(),
+            offs.shape, offs.dtype, offs.get_device(), capturing, _plan._current_device() if dev >= 0 else -1)
+
+
+# x: bf16 [S, K]; ids: int [S] sorted; offs: int32 [E]; the op's packed experts arguments -> bf16 [S, N] or None
+def run_sorted(x: torch.Tensor, ids: torch.Tensor, offs: torch.Tensor, layout: str, shape, arrays,
+               version: int) -> torch.Tensor | None:
+    """``linear(x, ids, packed, offs=offs)`` through the plan a call like it kept, or None (no plan:
+    take ``linear``). No check of the packed experts, no choice, no preparation: the plan's key holds them."""
+    if not (_plan.enabled() and type(x) is torch.Tensor and type(ids) is torch.Tensor and type(offs) is torch.Tensor):
+        return None
+    capturing = x.is_cuda and torch.cuda.is_current_stream_capturing()
+    plan = _plan.kept(layout, shape, arrays, version, _sorted_key(x, ids, offs, capturing))
+    return None if plan is None else plan(x, ids, offs, arrays)
 
 
 def _checked(x, ids, packed, offs):
@@ -461,12 +535,21 @@ def _sorts(layout: str, shape: tuple, rows: int, kind: str, index: int | None, c
 
 def _prepare_for_capture(problem: Problem, device: registry.Device, packed: Any) -> None:
     # An eager call (a warm-up step) builds what the kernel a capture of the same product would take
-    # needs, whichever kernel runs now: a capture cannot synchronise with the host to build it.
+    # needs, whichever kernel runs now: a capture cannot synchronise with the host to build it. Once
+    # a packed experts tensor and capture kernel (kept with its plans: again after an in-place change
+    # or registry.reset()); each prepare checks its caches itself, which cost microseconds a product.
     try:
         kernel, config = choose(problem, device, True)
     except RuntimeError:  # no capture-safe kernel for this product: a capture refuses it by name
         return
-    kernel.prepare(packed, config)
+    if not _plan.enabled():
+        kernel.prepare(packed, config)
+        return
+    arrays = [packed.arrays[a] for a in array_names(packed.layout)]
+    key = ("prepared for a capture", kernel.name, config)
+    if _plan.kept(packed.layout, packed.shape, arrays, packed.version, key) is None:
+        kernel.prepare(packed, config)
+        _plan.keep(packed.layout, packed.shape, arrays, packed.version, key, True)
 
 
 _KP_ARRAY = {"fixed12": "lo", "tiered": "sm", "dense11": "sm"}

@@ -10,6 +10,10 @@ start the buckets before it give: a stable counting sort, as the grouped MMA's a
 blocks (``fixed12/experts_mma.py``). Rows outside the experts come first (below) or last (above),
 in row order: a product refuses them (their ids at the ends) or gives them NaN in a graph.
 No host sync, a grid fixed by E: a CUDA graph captures it.
+
+The launch is a ``glyd.kernels._plan.Launch`` kept per problem (rows, experts, group, ids' dtype and
+device; :data:`MAX_LAUNCHES` of them): from its third call it goes straight through the compiled
+kernel's launcher, not Triton's binder (an eager prompt routes every block with the same rows).
 """
 
 from __future__ import annotations
@@ -20,14 +24,18 @@ import torch
 import triton
 import triton.language as tl
 
+from glyd.kernels import _plan
 from glyd.kernels._interp import isolated
 
-__all__ = ["route", "mark_checked", "checked"]
+__all__ = ["route", "route_launch", "mark_checked", "checked"]
 
 #: Rows a program reads at once (each program reads every row twice) and its warps: a guess, not
 #: yet timed on a GPU (``probe_moe_block.py`` times 1024 / 4, 2048 / 8 and 4096 / 8).
 CHUNK = 2048
 WARPS = 8
+#: Route launches kept (problems seen; the oldest goes first): one a prompt length.
+MAX_LAUNCHES = 64
+_LAUNCHES: dict[tuple, _plan.Launch] = {}
 
 
 @isolated
@@ -89,10 +97,31 @@ def route(ids: torch.Tensor, experts: int, group: int = 1, chunk: int = CHUNK,
     ok = torch.empty(1, dtype=torch.bool, device=ids.device)
     if s == 0:
         return order, sids, offs.zero_(), tokens, ok.fill_(True)
-    bp = max(32, triton.next_power_of_2(experts + 2))
-    _route_kernel[(experts + 2,)](ids, order, sids, tokens, offs, ok, s, experts, group, BP=bp, CH=chunk,
-                                  num_warps=warps)
+    launch = _kept_launch(s, experts, group, chunk, warps, ids)
+    launch(ids, order, sids, tokens, offs, ok)
     return order, sids, offs, tokens, ok
+
+
+# -> launch(ids, order, sids, tokens, offs, ok): route's one launch for S rows of E experts
+def route_launch(s: int, experts: int, group: int, chunk: int = CHUNK, warps: int = WARPS) -> _plan.Launch:
+    """``route``'s kernel launch for ``s`` rows as a ``glyd.kernels._plan.Launch`` (the tensors per call)."""
+    bp = max(32, triton.next_power_of_2(experts + 2))
+    return _plan.Launch(_route_kernel, (experts + 2,), (*_plan.slots(6), s, experts, group),
+                        dict(BP=bp, CH=chunk, num_warps=warps))
+
+
+def _kept_launch(s: int, experts: int, group: int, chunk: int, warps: int, ids: torch.Tensor) -> _plan.Launch:
+    # the ids' dtype is the kernel's signature, the device the launch's (plans off: one launch, kept by none)
+    if not _plan.enabled():
+        return route_launch(s, experts, group, chunk, warps)
+    dev = ids.get_device()
+    key = (s, experts, group, chunk, warps, ids.dtype, dev, _plan._current_device() if dev >= 0 else -1)
+    launch = _LAUNCHES.get(key)
+    if launch is None:
+        if len(_LAUNCHES) >= MAX_LAUNCHES:
+            del _LAUNCHES[next(iter(_LAUNCHES))]
+        launch = _LAUNCHES[key] = route_launch(s, experts, group, chunk, warps)
+    return launch
 
 
 #: id(sorted ids) -> (a weak reference, its _version): sorted ids that ``route``'s caller checked

@@ -168,6 +168,12 @@ def _experts_linear_cuda(x, ids, layout, shape, arrays, version):
 
 
 def _experts_linear_sorted_cuda(x, ids, offs, layout, shape, arrays, version):
+    if triton_available():  # a call like an earlier one: its kept plan (no check of the arrays again)
+        from glyd.kernels import experts as kernels
+
+        y = kernels.run_sorted(x, ids, offs, layout, shape, arrays, version)
+        if y is not None:
+            return y
     p = experts_packed(layout, shape, arrays, version)
     if x.dtype != torch.bfloat16 or not triton_available() or p.device != x.device:
         return _experts_linear_sorted_twin(x, ids, offs, layout, shape, arrays, version)

@@ -10,7 +10,8 @@ rows keep stale bits that ``_grouped_mm`` never reads, their groups being empty)
 The exceptions are written by the program whose groups hold them (``_common.patch_exceptions``), from
 a per-tile list over all experts built once a packed experts tensor and tiling (``prepare_range``,
 host syncs: an eager call before a CUDA graph capture builds them; a capture that would build them is
-refused by name).
+refused by name). The launch is a ``glyd.kernels._plan.Launch`` kept with the packed experts' plans
+(``_plan.keep``, per range and tiling): from its third call it skips Triton's binder.
 """
 
 from __future__ import annotations
@@ -20,9 +21,10 @@ import triton
 import triton.language as tl
 
 from glyd.codec import fixed12 as _codec
-from glyd.codec.experts import PackedExperts
+from glyd.codec.experts import PackedExperts, array_names
 from glyd.errors import UnsupportedError
 from glyd.kernels import _common as C
+from glyd.kernels import _plan
 from glyd.kernels._interp import isolated
 
 
@@ -145,13 +147,40 @@ def unpack_experts(p: PackedExperts, out: torch.Tensor, offs: torch.Tensor | Non
         raise ValueError(f"offs must be int32 [{c}] on {out.device}, got {offs.dtype}{list(offs.shape)} "
                          f"on {offs.device}")
     C.check_size("the experts' fixed12 'lo' planes", c * n * kp)
-    ng = c * n * kp // 64
-    if not ng:
+    if not c * n * kp:
         return out
-    tiles = prepare_range(p, first, c, groups)
-    rows = slice(first * n, (first + c) * n)
-    _unpack_experts_kernel[(triton.cdiv(ng, groups),)](
-        a["code"][rows], a["lo"][rows], a["base"][first:first + c], out if offs is None else offs,
-        out.view(torch.int16), *(tiles or (out,) * 3), ng, n * kp // 64,
-        BG=groups, SKIP=offs is not None, HAS_EXC=tiles is not None, E=C.PATCH_CHUNK, num_warps=warps)
+    launch = kept_launch(p, first, c, groups, warps, offs is not None)
+    if first:
+        rows = slice(first * n, (first + c) * n)
+        launch(out, out if offs is None else offs, a["code"][rows], a["lo"][rows], a["base"][first:first + c])
+    else:  # the planes from expert 0: the arrays themselves (their addresses), as a kept launch takes them
+        launch(out, out if offs is None else offs, a["code"], a["lo"], a["base"])
     return out
+
+
+def kept_launch(p: PackedExperts, first: int, c: int, groups: int, warps: int, skip: bool) -> _plan.Launch:
+    """``unpack_experts_launch``, kept with ``p``'s plans (``_plan.keep``; plans off: made each call)."""
+    if not _plan.enabled():
+        return unpack_experts_launch(p, first, c, groups, warps, skip)
+    arrays = [p.arrays[name] for name in array_names(p.layout)]
+    key = ("experts_unpack", first, c, groups, warps, skip)
+    launch = _plan.kept(p.layout, p.shape, arrays, p.version, key)
+    if launch is None:
+        launch = unpack_experts_launch(p, first, c, groups, warps, skip)
+        _plan.keep(p.layout, p.shape, arrays, p.version, key, launch)
+    return launch
+
+
+# packed: fixed12 experts [E, N, K], K == Kp -> launch(out, offs or out, code, lo, base): out bf16 [C, N, K];
+# offs int32 [C] (skip) or out; the planes of experts first .. first + C (views from their first row)
+def unpack_experts_launch(p: PackedExperts, first: int, c: int, groups: int, warps: int, skip: bool) -> _plan.Launch:
+    """``unpack_experts``'s one launch as a ``glyd.kernels._plan.Launch``, its exception tiles built
+    (host syncs, once a range and tiling: outside a CUDA graph capture); the tensors per call."""
+    n, kp = p.shape[1], p.arrays["lo"].shape[1]
+    ng = c * n * kp // 64
+    tiles = prepare_range(p, first, c, groups)
+    out, offs = _plan.slots(2)
+    code, lo, base = _plan.slots(3, 2, fixed=True)
+    return _plan.Launch(_unpack_experts_kernel, (triton.cdiv(ng, groups),),
+                        (code, lo, base, offs, out.view(torch.int16), *(tiles or (out,) * 3), ng, n * kp // 64),
+                        dict(BG=groups, SKIP=skip, HAS_EXC=tiles is not None, E=C.PATCH_CHUNK, num_warps=warps))

@@ -94,6 +94,14 @@ def _naming(weight: str) -> Iterator[None]:
         raise type(exc)(f"{weight}: {exc}") from exc
 
 
+def _named(weight: str, op: Callable, *args: Any) -> torch.Tensor:
+    """``op(*args)`` with ``_naming(weight)``'s errors, without a context manager's calls (a product's host time)."""
+    try:
+        return op(*args)
+    except (FormatError, CorruptError) as exc:
+        raise type(exc)(f"{weight}: {exc}") from exc
+
+
 class PackedExpertsWeight(PackedWeight):
     """What ``experts.gate_up_proj`` returns for a packed experts module: the bf16 ``[E, N, K]``
     tensor, unpacked on use (its shape and dtype answered without unpacking)."""
@@ -263,13 +271,11 @@ class GlydExperts(nn.Module):
         """Both products in token order (row s is token s // top_k): each kernel routes its own rows."""
         src, (up, down) = self.source, self.weights
         x = hidden_states.repeat_interleave(top_k, dim=0)  # [tokens * top_k, hidden]
-        with _naming(up):
-            h = torch.ops.glyd.experts_linear(x, ids, *self._op_args(up))
+        h = _named(up, torch.ops.glyd.experts_linear, x, ids, *self._op_args(up))
         if getattr(src, "has_bias", False):
             h = h + self._parameters[f"{up}_bias"][ids]
         h = src._apply_gate(h) if src.has_gate else src.act_fn(h)
-        with _naming(down):
-            y = torch.ops.glyd.experts_linear(h, ids, *self._op_args(down))
+        y = _named(down, torch.ops.glyd.experts_linear, h, ids, *self._op_args(down))
         if getattr(src, "has_bias", False):
             y = y + self._parameters["down_proj_bias"][ids]
         return y
@@ -281,13 +287,11 @@ class GlydExperts(nn.Module):
         src, (up, down) = self.source, self.weights
         order, sids, offs, token = _experts_ops.route(ids, self.packed_shapes[up][0], top_k)
         x = hidden_states.index_select(0, token)  # sorted row s: token order[s] // top_k
-        with _naming(up):
-            h = torch.ops.glyd.experts_linear_sorted(x, sids, offs, *self._op_args(up))
+        h = _named(up, torch.ops.glyd.experts_linear_sorted, x, sids, offs, *self._op_args(up))
         if getattr(src, "has_bias", False):
             h = h + self._parameters[f"{up}_bias"][sids]
         h = src._apply_gate(h) if src.has_gate else src.act_fn(h)
-        with _naming(down):
-            y = torch.ops.glyd.experts_linear_sorted(h, sids, offs, *self._op_args(down))
+        y = _named(down, torch.ops.glyd.experts_linear_sorted, h, sids, offs, *self._op_args(down))
         if getattr(src, "has_bias", False):
             y = y + self._parameters["down_proj_bias"][sids]
         return torch.empty_like(y).index_copy_(0, order, y)

@@ -20,8 +20,10 @@ error over the largest output). Eager: CUDA events around each call (host time i
 new, by a ``TorchDispatchMode`` around the CUDA implementation called on CPU tensors: torch ops that
 launch kernels on a GPU (views and allocations apart), Triton launches by kernel, host syncs
 (``_local_scalar_dense``); and the call's CPU time with the Triton launches stubbed (glyd's Python
-and the torch ops on tiny CPU tensors: a stand-in for host time, not the GPU's launch costs). Run it
-with ``PYTHONPATH`` at another checkout's ``src`` for its list.
+and the torch ops on tiny CPU tensors: a stand-in for host time, not the GPU's launch costs); and
+the host steps of one steady call, counted (``sys.setprofile``): Triton launches through Triton's
+binder or a recorded fast launch (its stand-in here: a GPU records them, the interpreter cannot),
+Python function calls (glyd's, all) and C calls. Copy it into another checkout to list that one.
 
     PYTHONPATH=src python3 benchmarks/probes/probe_moe_block.py --out $OUT/moe_block.json        # H200
     TRITON_INTERPRET=1 PYTHONPATH=src python3 benchmarks/probes/probe_moe_block.py --tiny         # CPU check
@@ -47,9 +49,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 import glyd.ops  # noqa: E402,F401  (registers torch.ops.glyd)
 from glyd.kernels import experts as EK  # noqa: E402
 try:  # absent before the shared routing (--ops on an older checkout)
+    from glyd.kernels import experts_route as route_module  # noqa: E402
     from glyd.kernels.experts_route import route as route_kernel  # noqa: E402
 except ImportError:
-    route_kernel = None
+    route_kernel = route_module = None
 from glyd.nn.experts import GlydExperts  # noqa: E402
 from glyd.ops import experts as ops  # noqa: E402
 
@@ -250,6 +253,77 @@ def stub_triton():
         _interp._Isolated.__getitem__ = real
 
 
+@contextlib.contextmanager
+def fast_stand_in(log):
+    """A GPU's recorded fast launches (``_plan._record``; the interpreter compiles nothing to record):
+    launched through the stubbed kernel, counted in ``log`` as "fast" (absent before the kept launches)."""
+    try:
+        from glyd.kernels import _plan
+    except ImportError:
+        yield
+        return
+    real = _plan._record
+    _plan.clear()  # launches recorded before (none: the interpreter's) are made again, and recorded here
+    getattr(route_module, "_LAUNCHES", {}).clear()
+
+    def record(launch, compiled, args, meta):
+        class Fast:
+            def launch(self, vals, stream):
+                log.append("fast")
+                a = [vals[x.index] if type(x) is _plan.Slot else x for x in launch.args]  # the stub reads no dtype
+                launch.kernel[launch.grid](*a, **launch.meta)
+                return True
+        return Fast()
+
+    _plan._record = record
+    try:
+        yield
+    finally:
+        _plan._record = real
+
+
+def host_steps(fn):
+    """(Triton launches through Triton's binder, through a recorded fast launch, glyd's Python calls,
+    Python calls in all, C calls) of one steady call of ``fn`` (the stand-in: Triton launches stubbed;
+    the launches' own Python, the binder's or the fast launcher's, not in the calls)."""
+    log, calls = [], collections.Counter()
+    src = str(Path(__file__).resolve().parents[2] / "src" / "glyd")
+
+    def prof(frame, event, arg):
+        # not counted: this probe's stubs and stand-ins, Triton's interpreter and glyd's wrapper of it
+        # (a GPU has neither: its launches are counted by path instead)
+        name = frame.f_code.co_filename
+        if name == __file__ or "/triton/" in name or name.endswith("_interp.py"):
+            return
+        if event == "call":
+            calls["python"] += 1
+            calls["glyd"] += name.startswith(src)
+        elif event == "c_call":
+            calls["c"] += 1
+
+    with stub_triton(), fast_stand_in(log), torch.no_grad():
+        for _ in range(3):  # a launch is recorded at its second call
+            fn()
+        from glyd.kernels import _interp
+
+        real = _interp._Isolated.__getitem__
+
+        def getitem(self, grid):  # every launch reaches the stub through here; "fast" ones are logged too
+            log.append("triton")
+            return real(self, grid)
+
+        _interp._Isolated.__getitem__ = getitem
+        log.clear()
+        sys.setprofile(prof)
+        try:
+            fn()
+        finally:
+            sys.setprofile(None)
+            _interp._Isolated.__getitem__ = real
+    fast = log.count("fast")
+    return log.count("triton") - fast, fast, calls["glyd"], calls["python"], calls["c"]
+
+
 def host_us(fn, n=200):
     """Median microseconds of ``fn`` over ``n`` calls, Triton launches stubbed (the CPU stand-in)."""
     with stub_triton(), torch.no_grad():
@@ -298,11 +372,15 @@ def ops_report(tokens):
             with path(shared) if hasattr(ops, "sorts_rows") else contextlib.nullcontext():
                 fn()  # compiled, prepared: the steady state's ops
                 counts, syncs = op_list(fn)
+                binder, fast, glyd_calls, py_calls, c_calls = host_steps(fn)
                 us = host_us(fn)
             total = sum(counts.values())
-            out[name] = dict(ops=dict(counts), launches=total, host_syncs=syncs, host_us=us)
+            out[name] = dict(ops=dict(counts), launches=total, host_syncs=syncs, host_us=us, triton_binder=binder,
+                             fast_launches=fast, glyd_python_calls=glyd_calls, python_calls=py_calls, c_calls=c_calls)
             print(f"{name} ({tokens} tokens x top-{dims['top_k']}): {total} launching ops, {syncs} host syncs, "
                   f"{us:.0f} us on the CPU with Triton launches stubbed")
+            print(f"    Triton launches: {binder} through Triton's binder, {fast} recorded fast; Python calls: "
+                  f"{glyd_calls} glyd's, {py_calls} in all; {c_calls} C calls")
             for op, c in sorted(counts.items(), key=lambda t: -t[1]):
                 print(f"    {c:3d}  {op}")
     return out

@@ -12,7 +12,9 @@ import torch
 from .conftest import HAS_CUDA, needs_triton
 from .test_experts_kernels import _experts
 
-pytestmark = [needs_triton, pytest.mark.skipif(HAS_CUDA, reason="the interpreter's launches are counted")]
+pytestmark = needs_triton
+#: The CPU tests count the interpreter's launches (the GPU test below counts the fast ones).
+cpu_only = pytest.mark.skipif(HAS_CUDA, reason="counts the interpreter's launches; the gpu test runs here")
 
 E, K, N_UP, ROWS, TOP_K = 6, 64, 128, 2100, 2  # rows past 2048: the unpack + grouped GEMM
 
@@ -73,17 +75,18 @@ def _block(ops, x, ids, up, down):
     return torch.empty_like(y).index_copy_(0, order, y)
 
 
-def _inputs(seed: int = 0):
+def _inputs(seed: int = 0, device: str = "cpu"):
     from glyd.ops.experts import pack_experts
 
     torch.manual_seed(seed)
-    up = pack_experts(_experts(E, N_UP, K, "cpu"), "fixed12")
-    down = pack_experts(_experts(E, K, K, "cpu"), "fixed12")
-    x = torch.randn(ROWS // TOP_K, K).to(torch.bfloat16)
-    ids = torch.randint(0, E, (ROWS,))
+    up = pack_experts(_experts(E, N_UP, K, device), "fixed12")
+    down = pack_experts(_experts(E, K, K, device), "fixed12")
+    x = torch.randn(ROWS // TOP_K, K).to(torch.bfloat16).to(device)
+    ids = torch.randint(0, E, (ROWS,)).to(device)
     return x, ids, up, down
 
 
+@cpu_only
 def test_a_prompt_block_takes_no_triton_binder_once_its_launches_are_recorded(ops_on_cpu, monkeypatch):
     # route + two unpacks: Triton's binder at a launch's first two calls (the second records it), none after;
     # the block's bits those of the uncached path (plans off: every launch Triton's own, each call)
@@ -104,6 +107,7 @@ def test_a_prompt_block_takes_no_triton_binder_once_its_launches_are_recorded(op
     assert torch.equal(y.view(torch.int16), off.view(torch.int16))
 
 
+@cpu_only
 def test_a_kept_sorted_product_checks_no_arrays_and_prepares_once(ops_on_cpu, monkeypatch):
     # the second call of a product: no validation of the packed arrays, no choice, no preparation for a
     # capture (the plan's key holds them); an in-place change of an array: validated and prepared again
@@ -125,6 +129,7 @@ def test_a_kept_sorted_product_checks_no_arrays_and_prepares_once(ops_on_cpu, mo
     assert (len(packs), len(prepares)) == (3, 3)
 
 
+@cpu_only
 def test_an_unsorted_prompt_product_prepares_once(ops_on_cpu, monkeypatch):
     # linear() without offs (no plan of its own): _prepare_for_capture once a packed experts tensor,
     # not every call; registry.reset() forgets it with the plans (the choices may change)
@@ -145,6 +150,7 @@ def test_an_unsorted_prompt_product_prepares_once(ops_on_cpu, monkeypatch):
     assert len(prepares) == 2
 
 
+@cpu_only
 def test_a_kept_sorted_product_still_refuses_ids_outside_the_experts(ops_on_cpu):
     # the plan's key holds the arguments' shapes, not their values: ids route() did not check are
     # checked on every call, by name
@@ -162,6 +168,7 @@ def test_a_kept_sorted_product_still_refuses_ids_outside_the_experts(ops_on_cpu)
         kernels.linear(xs, bad, up, offs=offs)
 
 
+@cpu_only
 def test_route_launches_are_kept_a_problem_and_bounded(ops_on_cpu, monkeypatch):
     from glyd.kernels import experts_route as kernel
 
@@ -172,3 +179,34 @@ def test_route_launches_are_kept_a_problem_and_bounded(ops_on_cpu, monkeypatch):
         assert torch.equal(sids, torch.sort(sids).values) and bool(ok)
     assert [k[0] for k in kernel._LAUNCHES] == [6, 7]
     assert [launch.calls for launch in kernel._LAUNCHES.values()] == [2, 1]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+def test_gpu_a_prompt_block_launches_fast_with_the_uncached_bits():
+    # on the GPU the block's three Triton launches go through recorded fast launches from their third
+    # call, with the bits of the uncached path (plans off); a capture of the block (fast launches in
+    # it) replays new routing as an eager call gives it
+    from glyd.kernels import _plan
+    from glyd.ops import experts as ops
+
+    x, ids, up, down = _inputs(4, "cuda")
+    try:
+        _plan.set_enabled(False)
+        want = _block(ops, x, ids, up, down)
+        _plan.set_enabled(True)
+        for _ in range(2):
+            _block(ops, x, ids, up, down)
+        fast, triton = _plan.LAUNCHES
+        got = _block(ops, x, ids, up, down)
+        assert (_plan.LAUNCHES[0] - fast, _plan.LAUNCHES[1] - triton) == (3, 0)
+        assert torch.equal(got.view(torch.int16), want.view(torch.int16))
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = _block(ops, x, ids, up, down)
+        ids.copy_(torch.randint(0, E, (ROWS,), device="cuda"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out.view(torch.int16), _block(ops, x, ids, up, down).view(torch.int16))
+    finally:
+        _plan.set_enabled(None)

@@ -24,6 +24,9 @@ hook, ``TRITON_DEBUG`` changed or Triton's interpreter take Triton's own path. (
 check that the globals a kernel read did not change since it was compiled; glyd's kernels read
 module constants only.)
 
+Other per-matrix host work lives in the same entries under keys of its own (``keep`` / ``kept``: an
+experts product's kept launches and plans, its preparation for a capture), and goes with them.
+
 Plans are on by default; ``GLYD_PLANS=0`` (or ``set_enabled(False)``, for comparisons) turns them off.
 Nothing here imports Triton until a launch is recorded.
 """

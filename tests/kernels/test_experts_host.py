@@ -210,3 +210,22 @@ def test_gpu_a_prompt_block_launches_fast_with_the_uncached_bits():
         assert torch.equal(out.view(torch.int16), _block(ops, x, ids, up, down).view(torch.int16))
     finally:
         _plan.set_enabled(None)
+
+
+@cpu_only
+def test_a_kept_sorted_product_is_not_taken_for_strided_offs(ops_on_cpu):
+    # the op tries the kept plan before linear(): its key holds offs' strides, so a strided view of the
+    # same shape (read by the unpack as one array it would skip experts that have rows) misses it
+    from glyd.ops.experts import route
+
+    x, ids, up, _ = _inputs(5)
+    other = _inputs(6)[2]
+    order, sids, offs, tokens = route(ids, E, TOP_K)
+    xs = x.index_select(0, tokens)
+    for _ in range(2):  # the second call through the kept plan
+        want = torch.ops.glyd.experts_linear_sorted(xs, sids, offs, *ops_on_cpu.experts_args(up))
+    big = torch.zeros(2 * E, dtype=torch.int32)
+    big[::2] = offs
+    torch.ops.glyd.experts_linear_sorted(xs, sids, offs, *ops_on_cpu.experts_args(other))  # other's experts in the scratch
+    got = torch.ops.glyd.experts_linear_sorted(xs, sids, big[::2], *ops_on_cpu.experts_args(up))
+    assert torch.equal(got.view(torch.int16), want.view(torch.int16))

@@ -427,8 +427,10 @@ def test_all_experts_unpack_in_one_launch_bit_for_bit(device):
     assert torch.equal(part.view(torch.int16), w[2:4].view(torch.int16))
     with pytest.raises(ValueError, match="of experts 4 .. 4 \\+ C <= 5"):
         unpack_experts(p, part, first=4)
-    with pytest.raises(ValueError, match="offs must be int32"):
+    with pytest.raises(ValueError, match="offs must be a contiguous int32"):
         unpack_experts(p, out, offs.long())
+    with pytest.raises(ValueError, match="offs must be a contiguous int32"):  # read as one array: it would skip experts
+        unpack_experts(p, out, offs.repeat_interleave(2)[::2])
     with pytest.raises(ValueError, match="out must be a contiguous bf16"):
         unpack_experts(p, out[:, :, :64])
 

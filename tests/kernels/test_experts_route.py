@@ -149,3 +149,35 @@ def test_a_captured_sorted_product_follows_new_ids_on_gpu():
             continue
         eager = kernels.linear(x, ids, p)
         assert torch.equal(back.view(torch.int16), eager.view(torch.int16))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("plans", [False, True])
+def test_strided_offs_give_the_bits_of_contiguous_ones(device, plans):
+    # The experts unpack read offs as one contiguous int32 [E] array: a strided view (every other
+    # element of a longer tensor) skipped experts that had rows, and the grouped GEMM multiplied
+    # them by what the scratch held before (another tensor's experts): wrong values, no error. With
+    # plans on, a kept plan made for contiguous offs took the strided ones too (its key held offs'
+    # shape, not its strides).
+    from glyd.kernels import _plan
+    from glyd.kernels import experts as kernels
+    from glyd.ops.experts import pack_experts, route
+
+    torch.manual_seed(5)
+    e, n, k, s = 6, 128, 64, 2100  # rows past 2048: the unpack + grouped GEMM
+    p = pack_experts(_experts(e, n, k, device), "fixed12")
+    other = pack_experts(_experts(e, n, k, device), "fixed12")
+    x = torch.randn(s, k).to(torch.bfloat16).to(device)
+    order, sids, offs, _ = route(torch.randint(0, e, (s,)).to(device), e)
+    xs = x.index_select(0, order)
+    _plan.set_enabled(plans)
+    try:
+        want = kernels.linear(xs, sids, p, offs=offs)
+        big = torch.zeros(2 * e, dtype=torch.int32, device=device)
+        big[::2] = offs
+        for _ in range(2):
+            kernels.linear(xs, sids, other, offs=offs)  # the scratch holds other's experts
+            got = kernels.linear(xs, sids, p, offs=big[::2])
+            assert torch.equal(got.view(torch.int16), want.view(torch.int16))
+    finally:
+        _plan.set_enabled(None)

@@ -387,6 +387,8 @@ def linear(x: torch.Tensor, ids: torch.Tensor, packed: Any, config: Any = None,
 
     if not isinstance(packed, PackedExperts):
         raise TypeError(f"packed must be a glyd PackedExperts, got {type(packed).__name__}")
+    if isinstance(offs, torch.Tensor):  # the unpack kernel reads it as one int32 array (a strided view skipped experts)
+        offs = offs.contiguous()
     arrays = None if offs is None else [packed.arrays[a] for a in array_names(packed.layout)]
     if arrays is not None and config is None:  # a call like an earlier one: its kept plan
         y = run_sorted(x, ids, offs, packed.layout, packed.shape, arrays, packed.version)
@@ -469,10 +471,12 @@ class _SortedPlan:
 
 
 def _sorted_key(x: torch.Tensor, ids: torch.Tensor, offs: torch.Tensor, capturing: bool) -> tuple:
-    # what linear()'s checks and choice read of the arguments (x [S, K] with unit stride, ids [S], offs [E])
+    # what linear()'s checks and choice read of the arguments (x [S, K] with unit stride, ids [S], offs [E]
+    # contiguous: the kept unpack launch reads it as one array)
     dev = x.get_device()
     return ("sorted", x.shape, x.stride(), x.dtype, dev, x.data_ptr() % 16, ids.shape, ids.dtype, ids.get_device(),
-            offs.shape, offs.dtype, offs.get_device(), capturing, _plan._current_device() if dev >= 0 else -1)
+            offs.shape, offs.stride(), offs.dtype, offs.get_device(), capturing,
+            _plan._current_device() if dev >= 0 else -1)
 
 
 # x: bf16 [S, K]; ids: int [S] sorted; offs: int32 [E]; the op's packed experts arguments -> bf16 [S, N] or None

@@ -143,9 +143,10 @@ def unpack_experts(p: PackedExperts, out: torch.Tensor, offs: torch.Tensor | Non
                          f"<= {e}, got {out.dtype}{list(out.shape)}")
     if out.device != a["lo"].device:
         raise ValueError(f"out is on {out.device}, the packed experts on {a['lo'].device}")
-    if offs is not None and (offs.shape != (c,) or offs.dtype != torch.int32 or offs.device != out.device):
-        raise ValueError(f"offs must be int32 [{c}] on {out.device}, got {offs.dtype}{list(offs.shape)} "
-                         f"on {offs.device}")
+    if offs is not None and (offs.shape != (c,) or offs.dtype != torch.int32 or offs.device != out.device
+                             or not offs.is_contiguous()):
+        raise ValueError(f"offs must be a contiguous int32 [{c}] on {out.device}, got {offs.dtype}{list(offs.shape)} "
+                         f"on {offs.device} (strides {offs.stride()})")
     C.check_size("the experts' fixed12 'lo' planes", c * n * kp)
     if not c * n * kp:
         return out

@@ -52,3 +52,21 @@ def test_unpack_sees_an_exception_changed_in_place(layout, device):
     want = glyd.unpack(p.to("cpu"))  # the CPU codec reads the arrays as they are now
     assert not torch.equal(want.view(torch.int16), w.view(torch.int16))
     assert torch.equal(kernels.unpack(p).cpu().view(torch.int16), want.view(torch.int16))
+
+
+def test_cached_is_made_again_when_a_freed_source_leaves_its_id_to_another():
+    # CPython gives a freed tensor's id to the next one made: a source replaced that way (one array of a
+    # matrix reassigned, the key array kept) had the old one's id and version 0, and the old prepared data
+    # (a fixed12 matrix's exception values, read by the rows kernel and every unpack) was taken for it
+    key = torch.zeros(3)
+    made = []
+    src = torch.zeros(2)
+    assert C.cached(key, lambda: made.append(1) or len(made), (key, src)) == 1
+    old = id(src)
+    del src
+    for _ in range(100):  # (almost always the first try)
+        new = torch.ones(2)
+        if id(new) == old:
+            break
+    assert id(new) == old, "this Python did not reuse the id: nothing to check"
+    assert C.cached(key, lambda: made.append(1) or len(made), (key, new)) == 2

@@ -296,13 +296,13 @@ def check_size(what: str, numel: int) -> None:
         raise FormatError(f"{what} has {numel} elements; the kernels index with 32-bit offsets (< 2**31)")
 
 
-_CACHE: dict[int, tuple[weakref.ref, tuple, object]] = {}
+_CACHE: dict[int, tuple[weakref.ref, tuple, object, set]] = {}
 
 
 def cached(key_tensor: torch.Tensor, make, sources=()):
     """``make()``, computed once per live ``key_tensor`` and made again after it or any tensor of
     ``sources`` (what ``make`` reads) is replaced or changed in place (``load_state_dict`` copies into
-    existing buffers, one array at a time); entries die with ``key_tensor``."""
+    existing buffers, one array at a time); entries die with ``key_tensor`` or any of ``sources``."""
     k = id(key_tensor)
     stamp = (key_tensor._version, *((id(t), t._version) for t in sources))
     hit = _CACHE.get(k)
@@ -310,9 +310,16 @@ def cached(key_tensor: torch.Tensor, make, sources=()):
         return hit[2]
     value = make()
     fresh = hit is None or hit[0]() is not key_tensor
-    _CACHE[k] = (weakref.ref(key_tensor), stamp, value)
+    watched = set() if fresh else hit[3]  # ids of the sources whose death drops the entry
+    _CACHE[k] = (weakref.ref(key_tensor), stamp, value, watched)
     if fresh:
         weakref.finalize(key_tensor, _CACHE.pop, k, None)
+    # a source's death drops the entry too: CPython gives its id to the next tensor made (version 0),
+    # which would match the stamp (no per-call check of the objects: the hits stay cheap)
+    for t in sources:
+        if t is not key_tensor and id(t) not in watched:
+            watched.add(id(t))
+            weakref.finalize(t, _CACHE.pop, k, None)
     return value
 
 

@@ -31,6 +31,11 @@ CASES = [
     ("_triton_fixed", "AttentionConfig", "programs_per_sm", 2.5),
     ("_triton_fixed", "AttentionConfig", "programs_per_sm", True),
     ("_triton_fixed", "AttentionConfig", "maxnreg", True),
+    ("_triton_fixed", "AttentionConfig", "swar", "false"),
+    ("_triton_fixed", "AttentionConfig", "swar", 1),
+    ("_triton_fixed", "AttentionConfig", "num_stages", True),  # == 1: a table's true ran one stage
+    ("_triton_fixed", "AttentionConfig", "num_stages", 2.0),
+    ("_triton_fixed", "AttentionConfig", "num_stages", None),
 ]
 
 

@@ -181,8 +181,9 @@ def test_swar_is_a_validated_config_field_the_registry_passes_on():
     q = torch.randn(2, 2, 32, generator=gen).to(torch.bfloat16)
     with pytest.raises(FormatError, match="swar"):
         attend(pool, q, "yes")
-    with pytest.raises(FormatError, match="num_stages"):
-        attend(pool, q, True, num_stages=0)
+    for stages in (0, True, 2.0):  # True == 1 and 2.0 == 2 passed a test of membership
+        with pytest.raises(FormatError, match="num_stages"):
+            attend(pool, q, True, num_stages=stages)
     kc, cfg = by_name("kvf12_attention_triton", KVProblem("kvf12", "attention", 16, 32, 32, 2, "pool"),
                       Device("cpu", "cpu", interpreting=True), swar=True, num_stages=2)
     assert cfg.swar is True and cfg.num_stages == 2  # a launch option: the interpreter ignores it

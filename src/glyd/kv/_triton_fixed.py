@@ -232,8 +232,7 @@ class AttentionConfig:
             raise ValueError(f"maxnreg must be 0 (no cap) or 24..255 registers, got {self.maxnreg!r}")
         if not isinstance(self.swar, bool):
             raise ValueError(f"swar must be True or False, got {self.swar!r}")
-        if self.num_stages not in (0, 1, 2, 3, 4):
-            raise ValueError(f"num_stages must be 0 (Triton's default) or 1..4, got {self.num_stages}")
+        check_int("AttentionConfig.num_stages (0: Triton's default)", self.num_stages, 0, 4)
 
 
 class Kvf12AttentionKernel(KVKernel):
@@ -327,7 +326,7 @@ def attention_triton(q, lens, starts, block_index, k_side, v_side, scale, capped
     vbytes, vs, has_valid = _valid_arg(valid, b, q)
     if not isinstance(swar, bool):
         raise FormatError(f"swar must be True or False, got {swar!r}")
-    if num_stages is not None and num_stages not in (1, 2, 3, 4):
+    if num_stages is not None and (type(num_stages) is not int or not 1 <= num_stages <= 4):  # not a bool: True == 1
         raise FormatError(f"num_stages must be None or 1..4, got {num_stages!r}")
     opts = {} if _interpreting() else {k: v for k, v in (("maxnreg", maxnreg), ("num_stages", num_stages)) if v}
     if swar:  # lo and code as int32 words (rows of D/4 and D/8 words: D >= 32)

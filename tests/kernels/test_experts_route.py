@@ -181,3 +181,16 @@ def test_strided_offs_give_the_bits_of_contiguous_ones(device, plans):
             assert torch.equal(got.view(torch.int16), want.view(torch.int16))
     finally:
         _plan.set_enabled(None)
+
+
+def test_route_refuses_rows_whose_chunk_loop_would_pass_2_31():
+    # The kernel walks the rows in int32 chunks: for S past 2**31 - chunk its last step (s0 + CH) wrapped
+    # negative and the loop ran on at negative rows (reads and writes outside the tensors). Refused by
+    # name first, with nothing allocated (meta ids).
+    from glyd.kernels.experts_route import CHUNK, route
+
+    for s in (2**31 - 1, 2**31 - CHUNK + 1):
+        with pytest.raises(ValueError, match="ids has"):
+            route(torch.empty(s, dtype=torch.int32, device="meta"), 8)
+    with pytest.raises(ValueError, match="ids has"):
+        route(torch.empty(2**31 - 64 + 1, dtype=torch.int32, device="meta"), 8, chunk=64)

@@ -87,8 +87,8 @@ def route(ids: torch.Tensor, experts: int, group: int = 1, chunk: int = CHUNK,
     if chunk < 32 or chunk & (chunk - 1) or warps not in (1, 2, 4, 8, 16):
         raise ValueError(f"route takes a power-of-two chunk >= 32 and 1-16 warps, got {chunk} and {warps}")
     s = ids.shape[0]
-    if s >= 2**31:
-        raise ValueError(f"ids has {s} rows; route takes fewer than 2**31")
+    if s > 2**31 - chunk:  # the kernel's int32 chunk loop steps to s0 + chunk: past 2**31 it wraps negative
+        raise ValueError(f"ids has {s} rows; route takes at most 2**31 - {chunk} (int32 rows in chunks of {chunk})")
     ids = ids.contiguous()
     order = torch.empty(s, dtype=torch.int64, device=ids.device)
     sids = torch.empty_like(ids)

@@ -74,11 +74,29 @@ def test_word_decode_gives_back_every_bit(n, p, d, ts):
 
 
 def test_word_decode_of_every_bf16_pattern():
-    # the 65,536 patterns spread over blocks whose windows sit at the lowest (0) and highest (120) base
-    pats = all_bf16_patterns().reshape(64, 16, 64)[::7]  # 10 blocks of 16 x 64 (1,024 patterns each)
+    # all 65,536 patterns (it took every 7th block of them: 10,240), over blocks whose windows sit at
+    # every fourth base from the lowest (0) to the highest (120)
+    pats = all_bf16_patterns().reshape(64, 16, 64)  # 64 blocks of 16 x 64 (1,024 patterns each)
     pk = pack_blocks(pats.contiguous())
     assert {0, 120} <= set(pk["base"].unique().tolist())
     assert bits_equal(word_unpack(pk, 16), pats)
+
+
+def test_word_decode_of_every_code_at_every_base_in_every_byte_lane():
+    # the word decode adds the base to four codes of a word at once (no carry between bytes while
+    # base <= 120): every base 0..120, each of the 16 codes in each byte lane of the code word and
+    # of both halves, every low byte; no exception, so the window arithmetic alone decides the bits
+    blocks = []
+    r, c = torch.arange(16)[:, None], torch.arange(64)[None, :]
+    for base in range(121):
+        code = (c + r) % 16  # row r: lane l of word k holds code (4k + l + r) % 16: all 16 a lane over the rows
+        hi = (code >> 3) << 7 | (base + (code & 7))
+        lo = (c * 37 + r * 11 + base * 5) % 256
+        blocks.append((hi << 8 | lo).to(torch.int16))
+    x = torch.stack(blocks).view(torch.bfloat16)
+    pk = pack_blocks(x)
+    assert pk["exc"].numel() == 0 and pk["base"].unique().tolist() == list(range(121))
+    assert bits_equal(word_unpack(pk, 16), x)
 
 
 def ragged_pool(b, h, d, p, lens, gen, steps=2, device="cpu"):

@@ -85,3 +85,25 @@ def test_backward_through_the_c_kernels(cpu_kernels):
     x = torch.randn(4, 96, requires_grad=True)
     ops.linear(x, p).sum().backward()
     assert torch.equal(x.grad, torch.ones(4, 12) @ w.float())
+
+
+def test_an_array_replaced_at_a_freed_arrays_id_is_validated():
+    # twin.packed skips validation for the arrays it validated last, keyed by their ids and versions: a
+    # non-first array freed and replaced by a tensor that took its id (CPython's next object, version 0)
+    # was trusted as it was, whatever its shape (here 'code' of another matrix: the kernels read past it)
+    p = glyd.pack(random_weights(8, 64), "fixed12")
+    other = glyd.pack(random_weights(4, 64), "fixed12")
+    names = list(p.arrays)
+    arrays = [p.arrays[n] for n in names]
+    twin.packed("fixed12", [8, 64], arrays, p.version)
+    i = names.index("code")  # not the first array: the entry dies with that one
+    old = id(arrays[i])
+    del p, arrays[i]
+    for _ in range(100):  # (almost always the first try)
+        new = other.arrays["code"].clone()
+        if id(new) == old:
+            break
+    assert id(new) == old, "this Python did not reuse the id: nothing to check"
+    arrays.insert(i, new)
+    with pytest.raises(glyd.errors.FormatError, match="code"):
+        twin.packed("fixed12", [8, 64], arrays, other.version)

@@ -22,8 +22,8 @@ from glyd.ops.rows import unpack_rows
 __all__ = ["packed", "linear", "unpack", "rows"]
 
 
-#: id(first array) -> the key of the arrays validated last (no references held: the entry dies
-#: with its array, see ``packed``).
+#: id(first array) -> (the key of the arrays validated last, the ids watched): no references held
+#: (the entry dies with any of its arrays, see ``packed``).
 _VALID: dict[int, tuple] = {}
 
 
@@ -40,12 +40,18 @@ def packed(layout: str, shape, arrays, version: int) -> Packed:
     shape = (int(shape[0]), int(shape[1]))
     key = (layout, shape, version, tuple(map(id, arrays)), tuple(a._version for a in arrays))
     first = id(arrays[0])
-    if _VALID.get(first) == key:
+    hit = _VALID.get(first)
+    if hit is not None and hit[0] == key:
         return Packed.trusted(layout, shape, dict(zip(names, arrays)), version)
     p = Packed(layout, shape, dict(zip(names, arrays)), version)
-    if first not in _VALID:
-        weakref.finalize(arrays[0], _VALID.pop, first, None)
-    _VALID[first] = key
+    watched = set() if hit is None else hit[1]  # ids of the arrays whose death drops the entry
+    _VALID[first] = (key, watched)
+    # any array's death drops it, not only the first's: CPython gives a freed array's id to the next
+    # tensor made (version 0), which would match the key
+    for a in arrays:
+        if id(a) not in watched:
+            watched.add(id(a))
+            weakref.finalize(a, _VALID.pop, first, None)
     return p
 
 

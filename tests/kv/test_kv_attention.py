@@ -241,3 +241,18 @@ def test_a_bad_num_splits_is_refused_by_name(num_splits):
     for backend in ("triton", "torch"):
         with pytest.raises(ValueError, match="num_splits"):
             decode_attention(q, ks, vs, num_splits=num_splits, backend=backend)
+
+
+def test_splits_whose_state_passes_2_31_elements_are_refused_by_name():
+    # The kernels index the splits' softmax state (acc: B*H*splits*GP*DV fp32) with 32-bit offsets: a
+    # num_splits that takes it to 2**31 elements (256 sequences x 8 heads x 512 splits at GP 16, DV 128:
+    # 8.6 GB, which an H200 holds) wrote at wrapped, negative offsets, over other tensors. Refused by name,
+    # before anything is allocated (meta q).
+    pytest.importorskip("triton")
+    from glyd.kv._triton import _split_state
+
+    q = torch.empty(256, 8, 128, dtype=torch.bfloat16, device="meta")
+    lens = torch.zeros(256, dtype=torch.int32, device="meta")
+    with pytest.raises(FormatError, match="num_splits"):
+        _split_state(q, lens, None, 256, 8, 512, 16, 128)
+    _split_state(q, lens, None, 256, 8, 511, 16, 128)  # below: taken

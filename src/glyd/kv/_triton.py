@@ -353,6 +353,10 @@ def _split_state(q: torch.Tensor, lens: torch.Tensor, starts, b: int, h: int, nu
     """The launchers' shared set-up: lens and starts as int32 on q's device, and the splits' softmax
     states (m, l [B*H*splits*GP], acc [B*H*splits*GP*DV], fp32) that ``_combine`` merges."""
     dev = q.device
+    if b * h * num_splits * gp * dv >= 2**31:  # the kernels index the state with 32-bit offsets
+        raise FormatError(f"num_splits {num_splits} makes the splits' state {b} x {h} x {num_splits} x {gp} x {dv} "
+                          f"(B x H x splits x GP x DV) = 2**31 or more elements; the kernels index it with 32 bits: "
+                          f"take fewer splits")
     lens = lens.to(device=dev, dtype=torch.int32).contiguous()
     starts = (torch.zeros_like(lens) if starts is None else starts.to(device=dev, dtype=torch.int32)).contiguous()
     m = torch.empty(b * h * num_splits * gp, dtype=torch.float32, device=dev)

@@ -156,6 +156,32 @@ def test_int32_ids_and_leading_dims(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_strided_ids_give_the_bits_of_contiguous_ones(device):
+    # The GEMV and the MMA's alignment read ids as one contiguous array: a strided view such as
+    # top_k_index[:, 0] (the op takes any 1-D ids) gave rows the products of other experts, no error
+    from glyd.kernels import experts as kernels
+    from glyd.kernels.fixed12.experts import ExpertsGemvConfig
+    from glyd.kernels.fixed12.experts_mma import ExpertsMmaConfig
+    from glyd.ops.experts import pack_experts
+
+    torch.manual_seed(8)
+    w = _experts(6, 64, 64, device)
+    p = pack_experts(w, "fixed12")
+    x = torch.randn(40, 64).to(torch.bfloat16).to(device)
+    ids = torch.randint(0, 6, (40, 2), device=device)[:, 0]  # stride 2
+    for cfg in (None, ExpertsGemvConfig(bn=32), ExpertsMmaConfig()):
+        want = kernels.linear(x, ids.contiguous(), p, cfg)
+        assert torch.equal(kernels.linear(x, ids, p, cfg).view(torch.int16), want.view(torch.int16)), cfg
+    _check(kernels.linear(x, ids, p), x, ids, w)
+    from glyd.kernels.fixed12 import experts as gemv, experts_mma as mma
+
+    out = torch.empty(40, 64, dtype=torch.bfloat16, device=device)
+    for launch, cfg in ((gemv.launch, ExpertsGemvConfig()), (mma.launch, ExpertsMmaConfig())):
+        with pytest.raises(ValueError, match="ids must be contiguous"):  # the launchers refuse what they would misread
+            launch(x, ids, p, cfg, out)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_the_op_takes_the_kernels_on_their_device(device, monkeypatch):
     # glyd::experts_linear runs the kernels for tensors on a GPU (the interpreter: called directly here)
     from glyd.kernels import experts as kernels

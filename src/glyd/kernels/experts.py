@@ -497,7 +497,7 @@ def _checked(x, ids, packed, offs):
     x2 = C.check_x(x, k)
     if not isinstance(ids, torch.Tensor) or ids.dtype not in (torch.int32, torch.int64):
         raise TypeError(f"ids must be an int32 or int64 tensor, got {getattr(ids, 'dtype', type(ids).__name__)}")
-    flat = ids.reshape(-1)
+    flat = ids.reshape(-1).contiguous()  # the GEMV and the MMA's alignment read one array (not ids[:, 0]'s stride)
     if flat.shape[0] != x2.shape[0] or tuple(ids.shape) != tuple(x.shape[:-1]):
         raise ValueError(f"ids has shape {tuple(ids.shape)}: one expert a row of x {tuple(x.shape[:-1])} is needed")
     C.check_device(packed, x2)

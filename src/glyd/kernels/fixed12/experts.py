@@ -131,8 +131,10 @@ def launch(x2: torch.Tensor, ids: torch.Tensor, p: PackedExperts, cfg: ExpertsGe
     e, n, _ = p.shape
     a = p.arrays
     kp = a["lo"].shape[1]
-    if ids.shape != (s,) or ids.dtype not in (torch.int32, torch.int64) or ids.device != x2.device:
-        raise ValueError(f"ids must be int32 or int64 [{s}] on {x2.device}, got {ids.dtype}{list(ids.shape)} on {ids.device}")
+    if ids.shape != (s,) or ids.dtype not in (torch.int32, torch.int64) or ids.device != x2.device \
+            or not ids.is_contiguous():  # read as one array
+        raise ValueError(f"ids must be contiguous int32 or int64 [{s}] on {x2.device}, got "
+                         f"{ids.dtype}{list(ids.shape)} on {ids.device} (strides {ids.stride()})")
     if out.shape != (s, n) or out.dtype != torch.bfloat16 or not out.is_contiguous():
         raise ValueError(f"out must be a contiguous bf16 [{s}, {n}] tensor, got {out.dtype}{list(out.shape)}")
     if s > MAX_ROWS:

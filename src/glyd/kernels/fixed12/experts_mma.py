@@ -253,8 +253,10 @@ def launch(x2: torch.Tensor, ids: torch.Tensor, p: PackedExperts, cfg: ExpertsMm
     kp = a["lo"].shape[1]
     if x2.dtype != torch.bfloat16 or x2.stride(1) != 1:
         raise ValueError(f"x must be bf16 with contiguous rows, got {x2.dtype} with strides {x2.stride()}")
-    if ids.shape != (s,) or ids.dtype not in (torch.int32, torch.int64) or ids.device != x2.device:
-        raise ValueError(f"ids must be int32 or int64 [{s}] on {x2.device}, got {ids.dtype}{list(ids.shape)} on {ids.device}")
+    if ids.shape != (s,) or ids.dtype not in (torch.int32, torch.int64) or ids.device != x2.device \
+            or not ids.is_contiguous():  # read as one array
+        raise ValueError(f"ids must be contiguous int32 or int64 [{s}] on {x2.device}, got "
+                         f"{ids.dtype}{list(ids.shape)} on {ids.device} (strides {ids.stride()})")
     if out.shape != (s, n) or out.dtype != torch.bfloat16 or not out.is_contiguous():
         raise ValueError(f"out must be a contiguous bf16 [{s}, {n}] tensor, got {out.dtype}{list(out.shape)}")
     if not 1 <= s <= MAX_ROWS:

@@ -1,5 +1,7 @@
 """The dense11 layout: every bf16 pattern, odd shapes, adversarial matrices, golden bytes, and hostile
-array sets (every one raises FormatError or CorruptError, never reads out of bounds)."""
+array sets (every one raises FormatError or CorruptError, never reads out of bounds). ``glyd.pack``
+writes format version 2; every round trip here checks version 1 (``dense11.pack_v1``) too, and
+version 2's own cases are in ``test_dense11_v2.py``."""
 
 import hashlib
 
@@ -18,8 +20,10 @@ def bits(t: torch.Tensor) -> torch.Tensor:
 
 def roundtrip(w: torch.Tensor) -> glyd.Packed:
     p = glyd.pack(w, "dense11")
-    assert p.layout == "dense11" and p.shape == tuple(w.shape)
+    assert p.layout == "dense11" and p.shape == tuple(w.shape) and p.version == 2
     assert torch.equal(bits(glyd.unpack(p)), bits(w))
+    p1 = dense11.pack_v1(w)
+    assert p1.version == 1 and torch.equal(bits(glyd.unpack(p1)), bits(w))
     return p
 
 
@@ -51,7 +55,9 @@ def test_every_exponent_different():
     sm = torch.randint(0, 256, (256, 96), generator=g, dtype=torch.int32)
     w = (((sm & 0x80) << 8) | (e << 7) | (sm & 0x7F)).to(torch.int16).view(torch.bfloat16)
     p = roundtrip(w)
-    assert p.arrays["exc_idx"].numel() == (256 - 7 - 15) * 96
+    assert dense11.pack_v1(w).arrays["exc_idx"].numel() == (256 - 7 - 15) * 96
+    # version 2: the 15 table rows' escapes of rank 8 and up in each 32-weight run (24 a run, 3 runs)
+    assert p.arrays["exc_idx"].numel() == (256 - 7 - 15) * 96 + 15 * 3 * 24
 
 
 def test_all_escapes_and_all_exceptions():
@@ -60,7 +66,8 @@ def test_all_escapes_and_all_exceptions():
     w = ((e << 7) | 0x55).to(torch.int16).view(torch.bfloat16)
     p = roundtrip(w)
     assert p.arrays["esc"].numel() == -(-9 * (256 - 7) // 8)
-    assert p.arrays["exc_idx"].numel() == 9 * (256 - 7 - 15)
+    assert dense11.pack_v1(w).arrays["exc_idx"].numel() == 9 * (256 - 7 - 15)
+    assert p.arrays["exc_idx"].numel() > 9 * (256 - 7 - 15)
 
 
 def test_specials():
@@ -120,7 +127,7 @@ def digest(p: glyd.Packed) -> dict:
     return {k: hashlib.sha256(v.numpy().tobytes()).hexdigest()[:16] for k, v in p.arrays.items()}
 
 
-# Pinned from version 1 (docs/format.md, "dense11"); a change here is a format change.
+# Pinned from version 1 (docs/format.md, "dense11", version 1); a change here is a format change.
 GOLDEN_SHAPES = {
     "sm": ("torch.uint8", (3, 128)), "code": ("torch.int32", (3, 12)), "base": ("torch.uint8", (1,)),
     "etab": ("torch.uint8", (15,)), "esc": ("torch.int32", (3,)),
@@ -140,7 +147,7 @@ GOLDEN_SM_ROW0 = [164, 162, 161, 159, 158, 64, 154, 153]
 
 
 def test_golden_bytes():
-    p = glyd.pack(tiny(), "dense11")
+    p = dense11.pack_v1(tiny())
     assert p.version == 1
     assert {k: (str(v.dtype), tuple(v.shape)) for k, v in p.arrays.items()} == GOLDEN_SHAPES
     assert {k: p.arrays[k].tolist() for k in GOLDEN_VALUES} == GOLDEN_VALUES
@@ -149,10 +156,15 @@ def test_golden_bytes():
     assert torch.equal(bits(glyd.unpack(p)), bits(tiny()))
 
 
-def noisy() -> glyd.Packed:
+@pytest.fixture(params=[1, 2], ids=["v1", "v2"])
+def version(request):
+    return request.param
+
+
+def noisy(version: int = 2) -> glyd.Packed:
     g = torch.Generator().manual_seed(5)
     w = (torch.randn(6, 1100, generator=g) * torch.logspace(-5, 3, 1100)).to(torch.bfloat16)
-    p = glyd.pack(w, "dense11")
+    p = glyd.pack(w, "dense11") if version == 2 else dense11.pack_v1(w)
     assert p.arrays["esc"].numel() > 2 and p.arrays["exc_idx"].numel() > 2
     return p
 
@@ -177,9 +189,9 @@ def replace(p: glyd.Packed, **arrays) -> glyd.Packed:
     (dict(exc_exp=torch.zeros(1, dtype=torch.uint8)), "one length"),
     (dict(extra=torch.zeros(1)), "unexpected arrays"),
 ])
-def test_rejects_bad_arrays(change, match):
+def test_rejects_bad_arrays(change, match, version):
     with pytest.raises(FormatError, match=match):
-        replace(noisy(), **change)
+        replace(noisy(version), **change)
 
 
 def _clone_with(p, name, edit):
@@ -192,8 +204,8 @@ def _clone_with(p, name, edit):
     "base", "esc_short", "esc_long", "esc_off", "esc_base_first", "esc_base_last", "code_more_escapes",
     "code_fewer_escapes", "pad_escape", "exc_missing", "exc_moved", "exc_range", "digit_not_raw",
 ])
-def test_corrupt_values(case):
-    p = noisy()
+def test_corrupt_values(case, version):
+    p = noisy(version)
     a = p.arrays
     if case == "base":
         bad = replace(p, base=torch.tensor([250], dtype=torch.uint8))
@@ -211,7 +223,7 @@ def test_corrupt_values(case):
         bad = _clone_with(p, "code", lambda t: t[5].fill_(-1))
     elif case == "code_fewer_escapes":
         bad = _clone_with(p, "code", lambda t: t[0].fill_(0))
-    elif case == "pad_escape":  # K = 1100, Kp = 1152: plane words 34, 35 of a row hold padding
+    elif case == "pad_escape":  # K = 1100, Kp = 1152: code words of runs 34, 35 of a row hold padding
         bad = _clone_with(p, "code", lambda t: t[2, 3 * 35:].fill_(-1))
     elif case == "exc_missing":
         bad = replace(p, exc_idx=a["exc_idx"][1:].clone(), exc_exp=a["exc_exp"][1:].clone())
@@ -230,8 +242,8 @@ def test_corrupt_values(case):
         glyd.unpack(bad)
 
 
-def test_exception_list_is_checked():
-    p = noisy()
+def test_exception_list_is_checked(version):
+    p = noisy(version)
     idx = p.arrays["exc_idx"].clone()
     idx[0], idx[1] = idx[1], idx[0]
     with pytest.raises(CorruptError, match="exc_idx"):

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import glyd
+from glyd.codec.dense11 import pack_v1
 from glyd.errors import CorruptError
 
 from .conftest import DEVICES, needs_triton
@@ -36,7 +37,7 @@ def test_unpack_every_pattern(device):
     from glyd import kernels
 
     w = torch.arange(65536, dtype=torch.int32).to(torch.int16).view(torch.bfloat16).reshape(32, 2048)
-    assert torch.equal(_bits(kernels.unpack(glyd.pack(w, "dense11").to(device))), _bits(w))
+    assert torch.equal(_bits(kernels.unpack(pack_v1(w).to(device))), _bits(w))
 
 
 @pytest.mark.cpu_sample(every=2)
@@ -46,7 +47,7 @@ def test_unpack_shapes(device, shape, exc):
     from glyd import kernels
 
     w = _weights(*shape, seed=sum(shape), exceptions=exc)
-    p = glyd.pack(w, "dense11")
+    p = pack_v1(w)
     assert p.arrays["exc_idx"].numel() >= exc
     assert torch.equal(_bits(kernels.unpack(p.to(device))), _bits(w))
 
@@ -57,7 +58,7 @@ def test_unpack_configs_and_out(device):
     from glyd.kernels.dense11 import unpack as kd
 
     w = _weights(9, 1030, seed=1, exceptions=2)
-    p = glyd.pack(w, "dense11").to(device)
+    p = pack_v1(w).to(device)
     out = torch.empty(9, 1030, dtype=torch.bfloat16, device=device)
     assert kd.unpack(p, out, Dense11UnpackConfig(rows=4, bk=1024, warps=2)) is out
     assert torch.equal(_bits(out), _bits(w))
@@ -79,7 +80,7 @@ def test_gemv(device, m, n, k, cfg):
     g = torch.Generator().manual_seed(m)
     x = torch.randn(m, k, generator=g).to(torch.bfloat16)
     bias = torch.randn(n, generator=g).to(torch.bfloat16) if m % 2 else None
-    p = glyd.pack(w, "dense11").to(device)
+    p = pack_v1(w).to(device)
     y = kernels.linear(x.to(device), p, None if bias is None else bias.to(device), config=Dense11GemvConfig(**cfg))
     _check(y, x, w, bias)
 
@@ -88,7 +89,7 @@ def test_gemv(device, m, n, k, cfg):
 def test_registry_picks_dense11_kernels(device):
     from glyd import kernels
 
-    p = glyd.pack(_weights(8, 128, seed=2), "dense11").to(device)
+    p = pack_v1(_weights(8, 128, seed=2)).to(device)
     for m, name in ((1, "dense11_gemv"), (16, "dense11_gemv"), (40, "dense11_unpack_cublas")):
         x = torch.randn(m, 128).to(torch.bfloat16).to(device)
         assert kernels.choose(x, p)[0].name == name
@@ -99,7 +100,7 @@ def test_registry_picks_dense11_kernels(device):
 def test_hostile_offsets_refused(device):
     from glyd import kernels
 
-    p = glyd.pack(_weights(4, 1100, seed=3), "dense11")
+    p = pack_v1(_weights(4, 1100, seed=3))
     for name, edit in (("esc_off", lambda t: t.__setitem__(1, int(t[1]) + 3)),
                        ("esc_base", lambda t: t.__setitem__(-1, t[-1] + 8)),
                        ("esc", None)):
@@ -109,7 +110,7 @@ def test_hostile_offsets_refused(device):
         else:
             arrays[name] = arrays[name].clone()
             edit(arrays[name])
-        bad = glyd.Packed("dense11", p.shape, arrays).to(device)
+        bad = glyd.Packed("dense11", p.shape, arrays, p.version).to(device)
         with pytest.raises(CorruptError, match="dense11"):
             kernels.unpack(bad)
         with pytest.raises(CorruptError, match="dense11"):
@@ -124,6 +125,7 @@ def test_gpu_pack_equals_the_codec(device):
     for w in (every, _weights(5, 70, seed=4, exceptions=3), _weights(3, 2100, seed=5), torch.zeros(2, 0).bfloat16()):
         want = glyd.pack(w, "dense11")
         got = pack(w.to(device))
+        assert got.version == want.version == 2
         assert got.device.type == device and set(got.arrays) == set(want.arrays)
         for name, a in want.arrays.items():
             b = got.arrays[name].cpu()

@@ -13,6 +13,16 @@ is in a sorted exception list (``exc_idx``, ``exc_exp``: about 0.0005% of real w
 block's digits start (a block = 1024 columns of one row) is in an offset table: a 32-bit base a
 16 blocks, a 16-bit offset a block. Byte-level layout and the measurements behind these choices:
 ``docs/format.md`` and ``benchmarks/history/2026-12-02-dense-layout-cpu.md``.
+
+That is format version 1 (bit planes), which this module still reads. ``pack`` writes version 2
+(``glyd.codec.dense11_v2``: the same arrays, code words as nibbles for a byte permute, at most 8
+table digits a run), which the GPU kernels decode fast.
+
+>>> import torch, glyd
+>>> w = torch.randn(4, 100).to(torch.bfloat16)
+>>> p = glyd.pack(w, "dense11")
+>>> p.version, torch.equal(glyd.unpack(p).view(torch.int16), w.view(torch.int16))
+(2, True)
 """
 
 from __future__ import annotations
@@ -20,6 +30,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from glyd.codec import dense11_v2 as _v2
 from glyd.codec.layout import Layout, register
 from glyd.codec.packed import Packed, as_bf16_matrix, check_no_extra, expect_array, round_up
 from glyd.errors import CorruptError, FormatError
@@ -104,6 +115,13 @@ def _offsets(esc_mask: np.ndarray, n: int, k: int) -> tuple[np.ndarray, np.ndarr
 
 
 def pack(w: torch.Tensor) -> Packed:
+    """Format version 2 of ``w`` (what ``glyd.pack(w, "dense11")`` writes)."""
+    p = pack_v1(w)
+    return Packed(NAME, p.shape, _v2.from_v1(dict(p.arrays), p.shape), 2)
+
+
+def pack_v1(w: torch.Tensor) -> Packed:
+    """Format version 1 of ``w`` (bit planes): still read everywhere, no longer written by ``pack``."""
     w = as_bf16_matrix(w)
     n, k = w.shape
     kp = padded_cols(k)
@@ -144,7 +162,7 @@ def pack(w: torch.Tensor) -> Packed:
         "exc_idx": torch.from_numpy(flat[raw].astype(idx_dtype)),
         "exc_exp": torch.from_numpy(e[raw].astype(np.uint8)),
     }
-    return Packed(NAME, (n, k), arrays)
+    return Packed(NAME, (n, k), arrays, 1)
 
 
 def check_arrays(shape: tuple[int, int], arrays: dict[str, torch.Tensor]) -> None:
@@ -211,12 +229,23 @@ def _check_values(p: Packed, codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]
     return pos, digit
 
 
+def codes_of_packed(p: Packed) -> np.ndarray:
+    """uint8 codes [N, Kp] of ``p``'s code words, either version."""
+    n = p.shape[0]
+    kp = p.arrays["sm"].shape[1]
+    if p.version == 1:
+        return codes_of(p.arrays["code"].numpy(), n, kp)
+    return _v2.codes_of(p.arrays["code"].view(n, kp // WORD, 3)).to(torch.uint8).numpy().reshape(n, kp)
+
+
 def unpack(p: Packed) -> torch.Tensor:
     n, k = p.shape
     a = p.arrays
     kp = a["sm"].shape[1]
-    codes = codes_of(a["code"].numpy(), n, kp)
+    codes = codes_of_packed(p)
     pos, digit = _check_values(p, codes)
+    if p.version == 2:
+        _v2.check_ranks(torch.from_numpy(codes == ESCAPE).view(n, kp // WORD, WORD), torch.from_numpy(digit))
     base = int(a["base"][0])
     lut = ((np.arange(8) + base) & 0xFF).astype(np.uint8)  # code 7's entry is replaced below
     exp = lut[codes].reshape(-1)
@@ -236,6 +265,7 @@ def unpack(p: Packed) -> torch.Tensor:
 LAYOUT = register(Layout(
     name=NAME, arrays=ARRAYS, pack=pack, unpack=unpack, check_arrays=check_arrays, padded_cols=padded_cols,
     padded_array="sm", about="fixed rate with popcount-ranked escapes, between the two in size",
+    reads=(1, 2), writes=2,
     # measured 11.165-11.220 bits a weight on MiniLM, wordllama and Whisper tiny.en
     # (benchmarks/history/2026-12-02-dense-layout-cpu.md), rounded up
     bits=11.25,

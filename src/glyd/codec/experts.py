@@ -29,7 +29,7 @@ from typing import Any, Sequence
 
 import torch
 
-from glyd.codec.packed import FORMAT_VERSION, LAYOUTS, Packed, expect_array
+from glyd.codec.packed import LAYOUTS, Packed, expect_array
 from glyd.errors import CorruptError, FormatError
 
 __all__ = ["LENS", "PackedExperts", "pack_experts", "unpack_experts", "stack", "array_names", "as_experts"]
@@ -75,15 +75,14 @@ class PackedExperts:
     layout: str
     shape: tuple[int, int, int]
     arrays: dict[str, torch.Tensor] = field(repr=False)
-    version: int = FORMAT_VERSION
+    version: int | None = None
     _starts: tuple = field(default=(), repr=False, compare=False)  # per array: E + 1 offsets (host ints)
 
     def __post_init__(self) -> None:
         if self.layout not in LAYOUTS:
             raise FormatError(f"unknown layout {self.layout!r} (known: {', '.join(LAYOUTS)})")
-        if self.version != FORMAT_VERSION:
-            raise FormatError(f"layout {self.layout!r} format version {self.version} is not supported "
-                              f"(this glyd reads version {FORMAT_VERSION})")
+        lay = LAYOUTS[self.layout]
+        object.__setattr__(self, "version", lay.writes if self.version is None else lay.check_version(self.version))
         object.__setattr__(self, "shape", _check_shape(self.shape))
         e = self.shape[0]
         names = LAYOUTS[self.layout].ARRAYS

@@ -8,6 +8,8 @@ codec module registers its entry at import (``glyd.codec`` imports them); a layo
   names of its arrays in the order the ``glyd::`` ops pass them and files store them;
 * facts the layers above ask for: the array whose second dimension is the padded K
   (``padded_array``), a line for help texts (``about``), the bits a weight to plan with (``bits``);
+* its format versions: ``reads`` (every version its codec decodes; files, ``Packed`` and the store
+  accept these and refuse others) and ``writes`` (the version ``pack`` produces);
 * its torch twins and kernels, named as ``"module:attribute"`` (imported at first use, so the
   codec imports nothing above it) or given as the objects themselves: ``rows`` (the ``glyd::rows``
   decode of some rows), ``device_pack`` (packing with torch ops on the matrix's own device),
@@ -29,6 +31,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
+
+from glyd.errors import FormatError
 
 __all__ = ["Layout", "LAYOUTS", "register", "resolve"]
 
@@ -59,6 +63,8 @@ class Layout:
     unpack_kernel: Ref = None
     prepare_kernel: Ref = None
     kernels: dict[str, str] = field(default_factory=dict)
+    reads: tuple[int, ...] = (1,)
+    writes: int = 1
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.isidentifier():
@@ -71,6 +77,21 @@ class Layout:
             if not key.startswith(f"{self.name}_") or not isinstance(ref, str) or ":" not in ref:
                 raise ValueError(f"layout {self.name!r}: kernel family {key!r} must be named {self.name}_<what> "
                                  f"and given as 'module:Class', got {ref!r}")
+        if self.writes not in self.reads:
+            raise ValueError(f"layout {self.name!r}: writes version {self.writes} but reads only {self.reads}")
+
+    def check_version(self, version: object) -> int:
+        """``version`` if this layout reads it, else FormatError naming the version.
+
+        >>> from glyd.codec import LAYOUTS
+        >>> LAYOUTS["fixed12"].check_version(1)
+        1
+        """
+        if type(version) is not int or version not in self.reads:
+            known = ", ".join(map(str, self.reads))
+            raise FormatError(f"layout {self.name!r} format version {version!r} is not supported "
+                              f"(this glyd reads version {known})")
+        return version
 
     @property
     def ARRAYS(self) -> tuple[str, ...]:  # noqa: N802 - the name the codec modules give the tuple

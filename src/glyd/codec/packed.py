@@ -10,7 +10,9 @@ import torch
 from glyd.codec.layout import LAYOUTS
 from glyd.errors import FormatError, UnsupportedError
 
-#: Version of the array layouts below; bumped on any change to what the arrays mean.
+#: The first format version of every layout (and the version of quantization configs). A layout's
+#: own versions are in its entry: ``Layout.reads`` (decoded) and ``Layout.writes`` (``pack``'s);
+#: dense11 writes 2 and reads 1 and 2.
 FORMAT_VERSION = 1
 
 
@@ -57,7 +59,8 @@ class Packed:
 
     ``arrays`` holds plain tensors (the layout's planes and tables, see ``docs/format.md``), kept as
     a read-only :class:`Arrays` mapping; ``shape`` is the true ``(rows, cols)`` of the matrix,
-    before any internal padding.
+    before any internal padding; ``version`` the layout's format version of the arrays (None: the
+    version the layout writes now; a version it does not read raises FormatError).
 
     >>> import torch, glyd
     >>> p = glyd.pack(torch.ones(3, 5, dtype=torch.bfloat16), layout="tiered")
@@ -68,7 +71,7 @@ class Packed:
     layout: str
     shape: tuple[int, int]
     arrays: Mapping[str, torch.Tensor] = field(repr=False)
-    version: int = FORMAT_VERSION
+    version: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.arrays, Mapping):
@@ -76,11 +79,8 @@ class Packed:
         object.__setattr__(self, "arrays", Arrays(self.arrays))  # a copy: the caller's dict may change later
         if self.layout not in LAYOUTS:
             raise FormatError(f"unknown layout {self.layout!r} (known: {', '.join(LAYOUTS)})")
-        if self.version != FORMAT_VERSION:
-            raise FormatError(
-                f"layout {self.layout!r} format version {self.version} is not supported "
-                f"(this glyd reads version {FORMAT_VERSION})"
-            )
+        lay = LAYOUTS[self.layout]
+        object.__setattr__(self, "version", lay.writes if self.version is None else lay.check_version(self.version))
         if (
             len(self.shape) != 2
             or not all(isinstance(s, int) and not isinstance(s, bool) for s in self.shape)
@@ -88,7 +88,7 @@ class Packed:
         ):
             raise FormatError(f"shape must be two non-negative ints, got {self.shape!r}")
         object.__setattr__(self, "shape", (int(self.shape[0]), int(self.shape[1])))
-        LAYOUTS[self.layout].check_arrays(self.shape, self.arrays)
+        lay.check_arrays(self.shape, self.arrays)
 
     @classmethod
     def trusted(cls, layout: str, shape: tuple[int, int], arrays: Mapping[str, torch.Tensor], version: int) -> Packed:

@@ -53,7 +53,7 @@ def _problem(x2: torch.Tensor, packed: "Packed"):
     from glyd.kernels.registry import Problem
 
     n, k = packed.shape
-    return Problem(packed.layout, x2.shape[0], n, k, LAYOUTS[packed.layout].padded_k(packed.arrays))
+    return Problem(packed.layout, x2.shape[0], n, k, LAYOUTS[packed.layout].padded_k(packed.arrays), packed.version)
 
 
 def choose(x: torch.Tensor, packed: "Packed"):

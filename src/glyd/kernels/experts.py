@@ -404,7 +404,7 @@ def linear(x: torch.Tensor, ids: torch.Tensor, packed: Any, config: Any = None,
     if not capturing and (offs is None or not _route.checked(ids)):  # route() checked its ids once a block
         ends = flat if offs is None else flat[::max(1, s - 1)]  # sorted ids: their ends bound them all
         torch._assert_async((ends.clamp(0, e - 1) == ends).all(), "glyd experts_linear: ids outside the experts")
-    problem = Problem(packed.layout, s, n, k, packed.arrays[_KP_ARRAY[packed.layout]].shape[1])
+    problem = Problem(packed.layout, s, n, k, packed.arrays[_KP_ARRAY[packed.layout]].shape[1], packed.version)
     device = registry.Device.of(x2.device)
     if not capturing:
         _prepare_for_capture(problem, device, packed)

@@ -151,8 +151,10 @@ def _wrap32(x: torch.Tensor) -> torch.Tensor:
 
 
 def pack_dense11(w: torch.Tensor) -> Packed:
-    """``dense11`` arrays of ``w`` computed on ``w.device``; equal to ``glyd.codec.pack(w, "dense11")``."""
+    """``dense11`` arrays of ``w`` computed on ``w.device`` (format version 2, through version 1's
+    arrays); equal to ``glyd.codec.pack(w, "dense11")``."""
     from glyd.codec import dense11 as _d
+    from glyd.codec import dense11_v2 as _v2
 
     w = _check(w)
     n, k = w.shape
@@ -201,7 +203,7 @@ def pack_dense11(w: torch.Tensor) -> Packed:
         "exc_idx": flat[raw].to(torch.int32 if n * k < 2**31 else torch.int64),
         "exc_exp": e[raw].to(torch.uint8),
     }
-    return Packed(_d.NAME, (n, k), arrays)
+    return Packed(_d.NAME, (n, k), _v2.from_v1(arrays, (n, k)), 2)
 
 
 __all__ = ["pack_fixed12", "pack_tiered", "pack_dense11"]

@@ -119,13 +119,15 @@ def m_bucket(m: int) -> str:
 
 @dataclass(frozen=True)
 class Problem:
-    """One product: x [M, K] @ W^T for a packed W [N, K] of ``layout`` (``kp``: its padded K)."""
+    """One product: x [M, K] @ W^T for a packed W [N, K] of ``layout`` (``kp``: its padded K,
+    ``version``: the layout's format version of W's arrays)."""
 
     layout: str
     m: int
     n: int
     k: int
     kp: int
+    version: int = 1
 
 
 @dataclass(frozen=True)
@@ -386,16 +388,17 @@ def choose(problem: Problem, device: Device) -> tuple[type[Kernel], Any]:
 
     Cached per layout, N, K, padded K, M bucket and device: the tables choose per M bucket, and no
     family's ``can_implement`` or config depends on M inside a bucket (a test holds every family to
-    it). Making the choice took 75-120 us of Python a call on the development machine, which an
+    it; the format version is part of the key). Making the choice took 75-120 us of Python a call on the development machine, which an
     eager prefill of a small model (one product a linear) paid hundreds of times. ``reset()``
     forgets the choices (after changing ``GLYD_TABLES`` or ``GLYD_DISABLED_KERNELS``)."""
-    return _choose_cell(problem.layout, m_bucket(problem.m), problem.n, problem.k, problem.kp, device)
+    return _choose_cell(problem.layout, m_bucket(problem.m), problem.n, problem.k, problem.kp, device, problem.version)
 
 
 @functools.lru_cache(maxsize=8192)
-def _choose_cell(layout: str, bucket: str, n: int, k: int, kp: int, device: Device) -> tuple[type[Kernel], Any]:
+def _choose_cell(layout: str, bucket: str, n: int, k: int, kp: int, device: Device,
+                 version: int = 1) -> tuple[type[Kernel], Any]:
     first = next(lo for b, lo, _ in M_BUCKETS if b == bucket)
-    return choose_uncached(Problem(layout, first, n, k, kp), device)
+    return choose_uncached(Problem(layout, first, n, k, kp, version), device)
 
 
 def choose_uncached(problem: Problem, device: Device) -> tuple[type[Kernel], Any]:

@@ -24,7 +24,7 @@ import weakref
 
 import torch
 
-from glyd.codec import LAYOUTS, dense11, fixed12, tiered
+from glyd.codec import LAYOUTS, dense11, dense11_v2, fixed12, tiered
 from glyd.codec.packed import Packed
 from glyd.errors import CorruptError
 
@@ -134,8 +134,12 @@ def _dense11_escapes(p: Packed) -> tuple[torch.Tensor, torch.Tensor]:
     bit = torch.arange(dense11.WORD, device=code.device)
     step, first = max(1, CHUNK // max(1, 8 * kp)), 0  # rows at once; digits of the rows before
     for r in range(0, n if words else 0, step):
-        w = code[r : r + step].reshape(-1, words, 3).to(torch.int64) & 0xFFFFFFFF
-        esc = w[..., 0] & w[..., 1] & w[..., 2]  # [rows, Kp/32]: a bit an escape
+        w = code[r : r + step].reshape(-1, words, 3)
+        if p.version == 1:
+            w = w.to(torch.int64) & 0xFFFFFFFF
+            esc = w[..., 0] & w[..., 1] & w[..., 2]  # [rows, Kp/32]: a bit an escape
+        else:
+            esc = dense11_v2.escape_masks(w)
         pad = esc.new_zeros(esc.shape[0], nbr * per)
         pad[:, :words] = _popcount(esc)
         counts.append(pad.view(-1, per).sum(1))
@@ -144,6 +148,8 @@ def _dense11_escapes(p: Packed) -> tuple[torch.Tensor, torch.Tensor]:
         # (a stream too short for the codes is refused by the caller: the clamp only keeps this in bounds)
         word = stream[(i // 8).clamp(max=stream.numel() - 1)] if stream.numel() else torch.zeros_like(i)
         digit = (word >> (4 * (i % 8))) & 15
+        if p.version == 2:  # a run's escapes of rank 8 and up must be exceptions (the kernels' premise)
+            dense11_v2.check_ranks(((esc[..., None] >> bit) & 1).bool(), digit)
         pos = pos[(digit == dense11.RAW) & (pos % kp < k)]
         raw.append((pos // kp + r) * k + pos % kp)
         first += i.numel()

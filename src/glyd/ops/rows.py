@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from glyd.codec import dense11, fixed12, tiered, unpack
+from glyd.codec import dense11, dense11_v2, fixed12, tiered, unpack
 from glyd.codec.layout import LAYOUTS, resolve
 from glyd.codec.packed import Packed
 from glyd.ops._checks import check_arrays_once, check_ids
@@ -93,9 +93,13 @@ def rows_dense11(p: Packed, rows: torch.Tensor) -> torch.Tensor:
     b = rows.numel()
     kp = a["sm"].shape[1]
     dev = rows.device
-    planes = a["code"].view(n, kp // dense11.WORD, 3)[rows].to(torch.int64) & 0xFFFFFFFF
-    bit = (planes[..., None] >> torch.arange(dense11.WORD, device=dev)) & 1  # (b, W, 3, 32)
-    code = (bit[:, :, 0] | (bit[:, :, 1] << 1) | (bit[:, :, 2] << 2)).reshape(b, kp)[:, :k]
+    words = a["code"].view(n, kp // dense11.WORD, 3)[rows]
+    if p.version == 1:
+        planes = words.to(torch.int64) & 0xFFFFFFFF
+        bit = (planes[..., None] >> torch.arange(dense11.WORD, device=dev)) & 1  # (b, W, 3, 32)
+        code = (bit[:, :, 0] | (bit[:, :, 1] << 1) | (bit[:, :, 2] << 2)).reshape(b, kp)[:, :k]
+    else:  # version 2: the same stream; ranks 8 and up of a run are digit 15 and in the exception list
+        code = dense11_v2.codes_of(words).reshape(b, kp)[:, :k]
     esc = code == dense11.ESCAPE
     blk = (rows * dense11.blocks_per_row(k)).clamp(max=max(a["esc_off"].numel() - 1, 0))
     if a["esc"].numel() and b:

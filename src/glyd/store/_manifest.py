@@ -15,7 +15,6 @@ from typing import Any
 from glyd._version import __version__
 from glyd.codec import LAYOUTS
 from glyd.codec.experts import LENS as EXPERTS_LENS
-from glyd.codec.packed import FORMAT_VERSION as CODEC_FORMAT_VERSION
 from glyd.errors import FormatError
 from glyd.store._safetensors import MAX_DIMS, dtype_from_name, shape_ok, short
 
@@ -197,9 +196,10 @@ def _check_entry(where: Path, f: str, e: object) -> None:
     if not isinstance(layout, str) or layout not in LAYOUTS:
         raise _fail(where, f"{f}.layout", f"unknown layout {short(layout)} (known: {', '.join(LAYOUTS)})")
     fv = e.get("format_version")
-    if fv != CODEC_FORMAT_VERSION or isinstance(fv, bool):
-        raise _fail(where, f"{f}.format_version",
-                    f"layout format version {short(fv)} is not supported (this glyd reads {CODEC_FORMAT_VERSION})")
+    reads = LAYOUTS[layout].reads
+    if isinstance(fv, bool) or fv not in reads:
+        raise _fail(where, f"{f}.format_version", f"layout format version {short(fv)} is not supported for {layout} "
+                    f"(this glyd reads {', '.join(map(str, reads))})")
     arrays = e.get("arrays")
     if not isinstance(arrays, dict) or not arrays:
         raise _fail(where, f"{f}.arrays", "missing or not an object")

@@ -103,6 +103,13 @@ class Dense11GemvKernel(Kernel):
     layout = "dense11"
     Config = Dense11GemvConfig
 
+    @classmethod
+    def can_implement(cls, problem, device, config):
+        ok, why = super().can_implement(problem, device, config)
+        if ok and problem.version != 1:  # bit planes only: version 2 has its own kernels
+            return False, f"{cls.name} decodes dense11 format version 1, not {problem.version}"
+        return ok, why
+
     # x: bf16 [M, K]; packed: dense11 [N, K]; bias: [N] or None; out: bf16 [M, N] (written) -> out
     @classmethod
     def launch(cls, x2, packed, bias, config, out):

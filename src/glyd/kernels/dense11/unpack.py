@@ -190,6 +190,8 @@ def prepare(p: Packed) -> Prepared:
     """The checked per-matrix data of ``p`` (built once a matrix; again after an in-place change)."""
     if not isinstance(p, Packed) or p.layout != _codec.NAME:
         raise TypeError("packed must be a dense11 glyd.Packed")
+    if p.version != 1:
+        raise ValueError(f"dense11 format version {p.version} has no Triton kernels yet (version 1 has)")
     return C.cached(p.arrays["code"], lambda: Prepared(p), p.arrays.values())
 
 

@@ -1,4 +1,5 @@
-"""dense11 through the glyd:: ops on the CPU: the pure-torch twins (unpack, linear, rows) and opcheck."""
+"""dense11 through the glyd:: ops on the CPU: the pure-torch twins (unpack, linear, rows) and opcheck,
+for format version 2 (``glyd.pack``) and version 1 (``dense11.pack_v1``: old checkpoints)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,18 @@ import torch.nn.functional as F
 
 import glyd
 import glyd.ops as ops
+from glyd.codec.dense11 import pack_v1
 from glyd.ops.rows import unpack_rows
+
+
+@pytest.fixture(params=[2, 1], ids=["v2", "v1"])
+def pack(request):
+    def pack(w, layout="dense11"):
+        p = glyd.pack(w, layout) if request.param == 2 else pack_v1(w)
+        assert p.version == request.param
+        return p
+
+    return pack
 
 
 def _weights(n: int, k: int, seed: int) -> torch.Tensor:
@@ -17,9 +29,9 @@ def _weights(n: int, k: int, seed: int) -> torch.Tensor:
     return (torch.randn(n, k, generator=g) * torch.exp2(torch.randn(n, k, generator=g) * 6)).to(torch.bfloat16)
 
 
-def test_twins_are_bit_exact():
+def test_twins_are_bit_exact(pack):
     w = _weights(12, 100, 0)
-    p = glyd.pack(w, "dense11")
+    p = pack(w, "dense11")
     assert p.layout == "dense11" and p.arrays["exc_idx"].numel() > 0
     assert torch.equal(ops.unpack(p).view(torch.int16), w.view(torch.int16))
     x = torch.randn(3, 5, 100).to(torch.bfloat16)
@@ -28,9 +40,9 @@ def test_twins_are_bit_exact():
 
 
 @pytest.mark.parametrize("shape", [(9, 70), (5, 2100), (40, 64), (3, 1)])
-def test_rows_match_the_codec(shape):
+def test_rows_match_the_codec(shape, pack):
     w = _weights(*shape, sum(shape))
-    p = glyd.pack(w, "dense11")
+    p = pack(w, "dense11")
     n = shape[0]
     idx = torch.tensor([[n - 1, 0], [n // 2, n - 1], [0, 0]])
     assert torch.equal(unpack_rows(p, idx).view(torch.int16), w[idx].view(torch.int16))
@@ -38,9 +50,9 @@ def test_rows_match_the_codec(shape):
     assert torch.equal(ops.rows(p, every).view(torch.int16), w[every].view(torch.int16))
 
 
-def test_rows_of_every_pattern():
+def test_rows_of_every_pattern(pack):
     w = torch.arange(65536, dtype=torch.int32).to(torch.int16).view(torch.bfloat16).reshape(256, 256)
-    p = glyd.pack(w, "dense11")
+    p = pack(w, "dense11")
     r = torch.tensor([255, 3, 128, 3])
     assert torch.equal(unpack_rows(p, r).view(torch.int16), w[r].view(torch.int16))
 
@@ -56,8 +68,20 @@ def test_opcheck():
     torch.library.opcheck(torch.ops.glyd.rows.default, (layout, shape, arrays, version, torch.tensor([[3, 0], [11, 3]])))
 
 
-def test_modules_take_dense11():
+def test_modules_take_dense11(pack):
     w = _weights(10, 70, 2)
-    emb = glyd.GlydEmbedding(glyd.pack(w, "dense11"))
+    emb = glyd.GlydEmbedding(pack(w, "dense11"))
     ids = torch.tensor([[9, 0, 4]])
     assert torch.equal(emb(ids).view(torch.int16), w[ids].view(torch.int16))
+
+
+def test_exact_and_fused_linears_on_the_cpu(pack):
+    # exact: bf16 bits of F.linear on the true weights; fused: float64's product within test_linear's tolerance
+    w = _weights(24, 1100, 3)
+    x = torch.randn(2, 3, 1100).to(torch.bfloat16)
+    b = torch.randn(24).to(torch.bfloat16)
+    exact = glyd.GlydLinear(pack(w, "dense11"), b, exact=True)
+    assert torch.equal(exact(x).view(torch.int16), F.linear(x, w, b).view(torch.int16))
+    fused = glyd.GlydLinear(pack(w, "dense11"), b, exact=False)
+    ref = F.linear(x.double(), w.double(), b.double())
+    assert torch.allclose(fused(x).double(), ref, rtol=2e-2, atol=2e-2 * float(ref.abs().max()))

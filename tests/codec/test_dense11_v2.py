@@ -181,3 +181,11 @@ def test_v2_checkpoint_round_trip_and_manifest_versions(tmp_path):
     with pytest.raises(FormatError, match="layout format version 3 is not supported for dense11") as e:
         CheckpointReader(tmp_path / "out")
     assert "\n" not in str(e.value)
+
+
+def test_escape_masks_match_the_codes():
+    g = torch.Generator().manual_seed(11)
+    codes = torch.randint(0, 8, (5, 7, 32), generator=g)
+    codes[0, 0] = 7
+    want = ((codes == 7).to(torch.int64) << torch.arange(32)).sum(-1)
+    assert torch.equal(V.escape_masks(V.words_of(codes)), want)

@@ -271,9 +271,10 @@ LAYOUT = register(Layout(
     bits=11.25,
     rows="glyd.ops.rows:rows_dense11",
     device_pack="glyd.kernels.gpu_pack:pack_dense11",
-    unpack_kernel="glyd.kernels.dense11.unpack:unpack",
-    prepare_kernel="glyd.kernels.dense11.unpack:prepare",
+    unpack_kernel="glyd.kernels.dense11.versions:unpack",
+    prepare_kernel="glyd.kernels.dense11.versions:prepare",
     kernels={
+        "dense11_v2_gemv": "glyd.kernels.dense11.gemv_v2:Dense11V2GemvKernel",
         "dense11_gemv": "glyd.kernels.dense11.gemv:Dense11GemvKernel",
         "dense11_unpack_cublas": "glyd.kernels.dense11.unpack_cublas:Dense11LongKernel",
     },

@@ -65,9 +65,23 @@ def codes_of(words: torch.Tensor) -> torch.Tensor:
     return out.view(n, r, RUN)
 
 
+def _compress8(f: torch.Tensor) -> torch.Tensor:
+    # the nibble flags (bits 0, 4, .., 28) of f as bits 0 .. 7
+    f = (f | (f >> 3)) & 0x03030303
+    f = (f | (f >> 6)) & 0x000F000F
+    return (f | (f >> 12)) & 0xFF
+
+
 def escape_masks(words: torch.Tensor) -> torch.Tensor:
-    """int64 [N, R]: each run's escapes (code 7) as a 32-bit mask in column order (bit j: column j)."""
-    return ((codes_of(words) == ESCAPE).to(torch.int64) << torch.arange(RUN, device=words.device)).sum(-1)
+    """int64 [N, R]: each run's escapes (code 7) as a 32-bit mask in column order (bit j: column j),
+    from its code words [N, R, 3] with word operations (no [N, R, 32] tensor)."""
+    w = _u32(words)
+    w0, w1, w2 = w[..., 0], w[..., 1], w[..., 2]
+    d = ((w0 >> 3) & 0x11111111) | ((w1 >> 2) & 0x22222222) | ((w2 >> 1) & 0x44444444)
+    out = torch.zeros_like(w0)
+    for x, v in enumerate((w0, w1, w2, d)):
+        out |= _compress8(v & (v >> 1) & (v >> 2) & 0x11111111) << (8 * x)
+    return out
 
 
 def stream_digits(esc: torch.Tensor, total: int) -> torch.Tensor:
@@ -124,3 +138,18 @@ def check_ranks(esc_mask: torch.Tensor, digit: torch.Tensor) -> None:
         i = int(torch.nonzero(bad)[0])
         raise CorruptError(f"dense11 v2 escape {i} of the stream has rank 8 or more in its run but digit "
                            f"{int(digit[i])} (must be 15: an exception)")
+
+
+def check_stream_ranks(code: torch.Tensor, esc: torch.Tensor, n: int, kp: int, chunk: int = 1 << 22) -> None:
+    """``check_ranks`` over a whole matrix on its arrays' device, ``chunk`` weights at once (the GPU
+    kernels' preparation; the stream's length was checked against the codes before)."""
+    step, first = max(1, chunk // max(1, kp)), 0
+    bit = torch.arange(RUN, device=code.device)
+    for r in range(0, n, step):
+        masks = escape_masks(code[r : r + step].reshape(-1, kp // RUN, 3))
+        esc_mask = ((masks[..., None] >> bit) & 1).bool()
+        cnt = int(esc_mask.sum())
+        i = first + torch.arange(cnt, device=code.device)
+        digit = (_u32(esc)[i // 8] >> (4 * (i % 8))) & 15
+        check_ranks(esc_mask, digit)
+        first += cnt

@@ -25,6 +25,7 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from glyd.codec import dense11 as _codec
+from glyd.codec import dense11_v2 as _v2
 from glyd.codec.packed import Packed
 from glyd.errors import CorruptError
 from glyd.kernels import _common as C
@@ -170,8 +171,11 @@ def _check_offsets(p: Packed) -> int:
     n, k = p.shape
     a = p.arrays
     nbr = _codec.blocks_per_row(k)
-    planes = a["code"].view(n, -1, 3).to(torch.int64)
-    cnt = _popcount32(planes[..., 0] & planes[..., 1] & planes[..., 2])  # [N, Kp/32]
+    if p.version == 1:
+        planes = a["code"].view(n, -1, 3).to(torch.int64)
+        cnt = _popcount32(planes[..., 0] & planes[..., 1] & planes[..., 2])  # [N, Kp/32]
+    else:  # version 2's nibble words (glyd.codec.dense11_v2)
+        cnt = _popcount32(_v2.escape_masks(a["code"].view(n, -1, 3)))
     pad = torch.zeros(n, nbr * 32, dtype=torch.int64, device=cnt.device)
     pad[:, : cnt.shape[1]] = cnt
     per_block = pad.view(n * nbr, 32).sum(1)
@@ -190,8 +194,8 @@ def prepare(p: Packed) -> Prepared:
     """The checked per-matrix data of ``p`` (built once a matrix; again after an in-place change)."""
     if not isinstance(p, Packed) or p.layout != _codec.NAME:
         raise TypeError("packed must be a dense11 glyd.Packed")
-    if p.version != 1:
-        raise ValueError(f"dense11 format version {p.version} has no Triton kernels yet (version 1 has)")
+    if p.version != 1:  # glyd.kernels.dense11.versions picks a version's kernels
+        raise ValueError(f"dense11 format version {p.version}: these kernels decode version 1 (version 2: unpack_v2)")
     return C.cached(p.arrays["code"], lambda: Prepared(p), p.arrays.values())
 
 
@@ -217,7 +221,7 @@ class Dense11UnpackConfig:
 # packed: dense11 [N, K] -> launch(out, *arrays): out bf16 [N, K] (written, contiguous)
 def unpack_launch(p: Packed, config: Dense11UnpackConfig | None = None) -> _plan.Launch:
     """The unpack of ``p`` as one ``glyd.kernels._plan.Launch``, its exceptions patched in by the same
-    launch (``arrays``: dense11's, in its order)."""
+    launch (``arrays``: dense11's, in its order). Version 1 only (``versions.py`` picks by version)."""
     if config is not None and not isinstance(config, Dense11UnpackConfig):
         raise TypeError(f"config must be a Dense11UnpackConfig (the dense11 unpack's), got {type(config).__name__}")
     cfg = config or Dense11UnpackConfig()

@@ -6,7 +6,7 @@ import dataclasses
 
 from glyd.codec import dense11 as _codec
 from glyd.kernels import _common as C
-from glyd.kernels.dense11.unpack import unpack_launch
+from glyd.kernels.dense11.versions import unpack_launch
 from glyd.kernels.registry import Kernel
 
 
@@ -16,7 +16,7 @@ class Dense11LongConfig:
 
 
 class Dense11LongKernel(Kernel):
-    """Unpack into a reused bf16 scratch buffer, then cuBLAS: any dense11 matrix, any M."""
+    """Unpack into a reused bf16 scratch buffer, then cuBLAS: any dense11 matrix (either format version), any M."""
 
     name = "dense11_unpack_cublas"
     layout = "dense11"

@@ -1,0 +1,210 @@
+"""The decode of one K step of a ``dense11`` format-version-2 matrix (``glyd.codec.dense11_v2``), shared
+by its unpack (``unpack_v2.py``) and its GEMV (``gemv_v2.py``), and the per-matrix data they need.
+
+A step holds each run of 32 weights in one thread: [BN, W] runs (W = BK / 32), their code words
+c0, c1, c2 and the spare-bit word d (codes of columns 24-31), and their ``sm`` bytes as two
+[BN, W, 4] halves of 16-byte vectors. Lane word q of a half holds 4 weights (columns 16 half + 4q
+.. + 3 of the run); its exponent bytes come from one ``prmt`` a byte plane: the selector
+``(word >> 16h) & 0x7777`` looks the 4 codes up in the 8-entry table of ``base + code``.
+
+Escapes (code 7) are patched inside the lane words, with no loop and no per-weight load: a run
+reads one 64-bit window of the digit stream at its first escape's rank (the row's rank at the
+step, carried step to step inside a 1024-column block, plus a cumsum over the step's runs),
+looks its first 8 digits up in the escape table (``prmt``), and each lane word takes its escapes'
+bytes with selectors built from its flags' prefix counts. Ranks 8 and up select a sign-replicated
+0 (every table byte is below 0x80): exponent 0, the placeholder the exception pass (GEMV) or patch
+(unpack) replaces, as for digit 15. Research and SASS counts: ``benchmarks/probes/dense_escape_kernels.py``
+(``niblut+wincx``) and ``benchmarks/history/2026-12-04-dense-escapes-cpu.md``.
+
+Under ``TRITON_INTERPRET=1`` (``HW=False``) ``prmt``, ``popc`` and the funnel shift run as integer twins.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from glyd.codec import dense11 as _codec
+from glyd.codec import dense11_v2 as _v2
+from glyd.codec.packed import Packed
+from glyd.kernels import _common as C
+from glyd.kernels.dense11.unpack import Prepared, _popc
+
+
+@triton.jit
+def _prmt(a, b, sel, HW: tl.constexpr):
+    # prmt.b32 with a register selector: byte t = byte (nibble t & 7) of (b:a), or that byte's top bit
+    # spread over the byte where nibble t has bit 3 set
+    if HW:
+        return tl.inline_asm_elementwise("prmt.b32 $0, $1, $2, $3;", "=r,r,r,r", [a, b, sel], dtype=tl.uint32,
+                                         is_pure=True, pack=1)
+    r = sel * 0
+    for t in tl.static_range(4):
+        s = (sel >> (4 * t)) & 15
+        v = (tl.where((s & 7) < 4, a, b) >> (8 * (s & 3))) & 0xFF
+        v = tl.where(s >= 8, tl.where(v >= 0x80, 0xFF, 0), v)
+        r |= v << (8 * t)
+    return r
+
+
+@triton.jit
+def _funnel(lo, hi, s, HW: tl.constexpr):
+    # (hi:lo) >> s for s in 0 .. 31 (shf.r.clamp.b32)
+    if HW:
+        return tl.inline_asm_elementwise("shf.r.clamp.b32 $0, $1, $2, $3;", "=r,r,r,r", [lo, hi, s], dtype=tl.uint32,
+                                         is_pure=True, pack=1)
+    return tl.where(s == 0, lo, (lo >> s) | ((hi << 1) << (31 - s)))
+
+
+@triton.jit
+def _u(v):
+    return v.to(tl.uint32, bitcast=True)
+
+
+@triton.jit
+def _nib_esc(x):
+    # bit 4i set where nibble i's low 3 bits are all ones (code 7)
+    return x & (x >> 1) & (x >> 2) & 0x11111111
+
+
+@triton.jit
+def _clamp8(v):
+    # a rank clamped at 8, in each of 4 nibbles
+    return tl.minimum(v, 8).to(tl.uint32) * 0x1111
+
+
+@triton.jit
+def _window(rank, tot, esc_ptr, NESCW, TAB, HW: tl.constexpr):
+    # exponent hi bytes and low bits (as 0x01) of a run's first 8 escapes, 4 a word: (eh0, eh1, el0, el1) [BN, W]
+    HA0, HA1, HB0, HB1, LA0, LA1, LB0, LB1 = TAB
+    wi = rank >> 3
+    sh = (4 * (rank & 7)).to(tl.uint32)
+    w0 = _u(tl.load(esc_ptr + wi, mask=(tot > 0) & (wi < NESCW), other=0))
+    w1 = _u(tl.load(esc_ptr + wi + 1, mask=(tot + (rank & 7) > 8) & (wi + 1 < NESCW), other=0))
+    win = _funnel(w0, w1, sh, HW)  # digit i (i < 8) in nibble i
+    d0 = win & 0xFFFF
+    d1 = win >> 16
+    # digits 0-7 from the A tables, 8-15 from the B ones: the other table's lookup has bit 3 set, reads 0
+    eh0 = _prmt(HA0, HA1, d0, HW) | _prmt(HB0, HB1, d0 ^ 0x8888, HW)
+    eh1 = _prmt(HA0, HA1, d1, HW) | _prmt(HB0, HB1, d1 ^ 0x8888, HW)
+    el0 = _prmt(LA0, LA1, d0, HW) | _prmt(LB0, LB1, d0 ^ 0x8888, HW)
+    el1 = _prmt(LA0, LA1, d1, HW) | _prmt(LB0, LB1, d1 ^ 0x8888, HW)
+    return eh0, eh1, el0, el1
+
+
+@triton.jit
+def _half(Xa, Xb, s4, Fa, Fb, Pa, Pb, Pc, Pd, eh0, eh1, el0, el1, TH0, TH1, TL0, TL1, HW: tl.constexpr):
+    # (hi, lo) byte lanes [BN, W, 4] of one half of each run: lanes q = 0..3 are (Xa, h 0), (Xa, 1), (Xb, 0),
+    # (Xb, 1). Fa, Fb: the words' escape flags times 4; Pa, Pb: their exclusive nibble prefix counts;
+    # Pc, Pd: their first ranks in the run clamped at 8, times 0x1111
+    qq = tl.arange(0, 4)[None, None, :]
+    h = (qq & 1).to(tl.uint32)
+    lo2 = qq < 2
+    X = tl.where(lo2, Xa[:, :, None], Xb[:, :, None])
+    sel = (X >> (16 * h)) & 0x7777
+    hot_hi = _prmt(TH0, TH1, sel, HW)
+    hot_lo = _prmt(TL0, TL1, sel, HW)
+    g4 = tl.where(lo2, Fa[:, :, None], Fb[:, :, None]) >> (16 * h)  # bit 2 of an escape's nibble
+    k = (tl.where(lo2, Pa[:, :, None], Pb[:, :, None]) >> (16 * h)) + tl.where(lo2, Pc[:, :, None], Pd[:, :, None])
+    sel2 = g4 | 0x3210  # an escape's byte from the escapes' word (byte 4 + t)
+    esc_lo = _prmt(el0[:, :, None], el1[:, :, None], k, HW) << 7
+    hot_hi = _prmt(hot_hi, _prmt(eh0[:, :, None], eh1[:, :, None], k, HW), sel2, HW)
+    hot_lo = _prmt(hot_lo, esc_lo, sel2, HW)
+    return hot_hi | (s4 & 0x80808080), hot_lo | (s4 & 0x7F7F7F7F)
+
+
+@triton.jit
+def decode_step(code_ptr, sm32_ptr, esc_ptr, rn, nmask, kb, KP, NESCW, run, TAB, LUT, BN: tl.constexpr,
+                W: tl.constexpr, HW: tl.constexpr):
+    # Columns kb .. kb + 32 W of rows rn as lane words (hia, loa, hib, lob) [BN, W, 4] (hi and lo bytes
+    # of 4 weights each: half a = columns 0-15 of each run, half b = 16-31), and run [BN, 1] moved past
+    # the step's escapes. run: the stream index of each row's first escape at or after column kb.
+    TH0, TH1, TL0, TL1 = LUT
+    wi = tl.arange(0, W)
+    qq = tl.arange(0, 4)
+    wmask = nmask[:, None] & ((kb // 32 + wi) < KP // 32)[None, :]
+    cw = (rn * (3 * (KP // 32)))[:, None] + 3 * (kb // 32 + wi)[None, :]
+    c0 = _u(tl.load(code_ptr + cw, mask=wmask, other=0))
+    c1 = _u(tl.load(code_ptr + cw + 1, mask=wmask, other=0))
+    c2 = _u(tl.load(code_ptr + cw + 2, mask=wmask, other=0))
+    d = ((c0 >> 3) & 0x11111111) | ((c1 >> 2) & 0x22222222) | ((c2 >> 1) & 0x44444444)
+    so = (rn * (KP // 4))[:, None, None] + ((kb // 4) + 8 * wi)[None, :, None] + qq[None, None, :]
+    smask = wmask[:, :, None]
+    s4a = _u(tl.load(sm32_ptr + so, mask=smask, other=0))
+    s4b = _u(tl.load(sm32_ptr + so + 4, mask=smask, other=0))
+    f0 = _nib_esc(c0)
+    f1 = _nib_esc(c1)
+    f2 = _nib_esc(c2)
+    f3 = _nib_esc(d)
+    n0 = _popc(f0, HW)
+    n1 = _popc(f1, HW)
+    n2 = _popc(f2, HW)
+    n3 = _popc(f3, HW)
+    b2 = n0 + n1
+    b3 = b2 + n2
+    tot = b3 + n3
+    rk = run + tl.cumsum(tot, axis=1) - tot
+    eh0, eh1, el0, el1 = _window(rk, tot, esc_ptr, NESCW, TAB, HW)
+    z = c0 * 0
+    hia, loa = _half(c0, c1, s4a, f0 << 2, f1 << 2, f0 * 0x11111110, f1 * 0x11111110, z, _clamp8(n0),
+                     eh0, eh1, el0, el1, TH0, TH1, TL0, TL1, HW)
+    hib, lob = _half(c2, d, s4b, f2 << 2, f3 << 2, f2 * 0x11111110, f3 * 0x11111110, _clamp8(b2), _clamp8(b3),
+                     eh0, eh1, el0, el1, TH0, TH1, TL0, TL1, HW)
+    return hia, loa, hib, lob, run + tl.sum(tot, axis=1, keep_dims=True)
+
+
+@triton.jit
+def block_start(ebase_ptr, eoff_ptr, b, mask):
+    # [BN, 1]: index in the digit stream of block b's first escape
+    r = tl.load(ebase_ptr + b // 16, mask=mask, other=0) + tl.load(eoff_ptr + b, mask=mask, other=0).to(tl.int32)
+    return r[:, None]
+
+
+def _i32(v: int) -> int:
+    v &= 0xFFFFFFFF
+    return v - 2**32 if v >= 2**31 else v
+
+
+def _word(v: list[int]) -> int:
+    return _i32(sum(b << (8 * i) for i, b in enumerate(v)))
+
+
+class PreparedV2(Prepared):
+    """``dense11.unpack.Prepared`` (offsets, stream length and exception list checked against the
+    codes, the exceptions' row pointers and true words), for version 2: also the rank rule checked,
+    and the kernels' tables as ints: ``lut`` (hi bytes, low bits of ``base + code``, codes 0-7) and
+    ``tab`` (hi bytes, low bits of the escape table's digits 0-15, digit 15 exponent 0). Host syncs
+    here, once a matrix."""
+
+    def __init__(self, p: Packed) -> None:
+        super().__init__(p)
+        a = p.arrays
+        n, kp = a["sm"].shape
+        if n * kp:
+            _v2.check_stream_ranks(a["code"], a["esc"], n, kp)
+        base = int(a["base"][0])
+        if base > _codec.MAX_BASE:
+            raise C.CorruptError(f"dense11 base {base} is out of range 0..{_codec.MAX_BASE}")
+        self.nescw = int(a["esc"].numel())
+        et = [int(v) for v in a["etab"].tolist()] + [0]
+        hi, lo = [e >> 1 for e in et], [e & 1 for e in et]
+        self.tab = tuple(_word(v[i:i + 4]) for v in (hi, lo) for i in (0, 4, 8, 12))
+        ex = [(base + c) & 0xFF for c in range(8)]
+        self.lut = (_word([e >> 1 for e in ex[:4]]), _word([e >> 1 for e in ex[4:]]),
+                    _word([(e & 1) << 7 for e in ex[:4]]), _word([(e & 1) << 7 for e in ex[4:]]))
+
+
+def prepare(p: Packed) -> PreparedV2:
+    """The checked per-matrix data of the version-2 matrix ``p`` (once a matrix; again after an in-place change)."""
+    if not isinstance(p, Packed) or p.layout != _codec.NAME or p.version != 2:
+        raise TypeError("packed must be a dense11 glyd.Packed of format version 2")
+    return C.cached(p.arrays["code"], lambda: PreparedV2(p), p.arrays.values())
+
+
+def hw() -> bool:
+    """Inline PTX (``prmt``, ``popc``, ``shf``) where the kernels compile for a GPU."""
+    return not C.interpreting()
+
+
+__all__ = ["decode_step", "block_start", "PreparedV2", "prepare", "hw", "torch"]

@@ -1,0 +1,200 @@
+"""The fused GEMV of a ``dense11`` format-version-2 matrix (``dense11_v2_gemv``) for M = 1-16: each
+[BN, BK] weight tile decoded once (``decode_v2.decode_step``) for every x row of the program.
+
+- M = 1 (``MB == 1``): products of the lane words with x in fp32 FMAs into a [BN, W, 4] accumulator,
+  reduced along K once after the last step (no cross-thread reduction inside the loop).
+- M = 2-16: the tile as 8 bf16 [BN, BK/8] operands (byte lane t of half h: columns 16h + 4q + t of
+  each run), each a ``tl.dot`` with the matching [16, BK/8] slice of x (rows past M masked to 0):
+  one decode serves all 16 rows, the tensor cores do the products.
+
+Exceptions (digit 15, and a run's escapes of rank 8 and up) decode with exponent 0; the program of
+the first K split adds ``x[col] * (true - placeholder)`` for its rows' exceptions after the loop.
+K splits of whole 1024-column blocks (a block's first rank comes from its offsets, so a split needs
+no carry) fill the GPU when the row tiles alone would not; their fp32 partials are summed after.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import triton
+import triton.language as tl
+
+from glyd.codec import dense11 as _codec
+from glyd.kernels import _common as C
+from glyd.kernels._interp import isolated
+from glyd.kernels.dense11.decode_v2 import block_start, decode_step, hw, prepare
+from glyd.kernels.fixed12.words import f32_lane
+from glyd.kernels.registry import Kernel
+
+BLOCK = _codec.BLOCK
+BLOCK_C = tl.constexpr(BLOCK)  # what a jit function may read of a global
+
+
+@triton.jit
+def _fma_half(acc, hi, lo, x_ptr, kb, K, HALF: tl.constexpr, W: tl.constexpr, HW: tl.constexpr):
+    # acc [BN, W, 4] += the half's 16 weights of each run times x (one x row)
+    c = kb + 32 * tl.arange(0, W)[None, :, None] + 16 * HALF + 4 * tl.arange(0, 4)[None, None, :]
+    for t in tl.static_range(4):
+        xv = tl.load(x_ptr + c + t, mask=c + t < K, other=0.0).to(tl.float32)
+        acc += f32_lane(hi, lo, t, HW) * xv
+    return acc
+
+
+@triton.jit
+def _dot_half(acc, hi, lo, x_ptr, rm, mmask, stride_xm, kb, K, HALF: tl.constexpr, BN: tl.constexpr,
+              W: tl.constexpr, HW: tl.constexpr):
+    # acc [MB, BN] += x [MB, 16 W] @ the half's weights^T, as 4 dots over the byte lanes t
+    j = tl.arange(0, 4 * W)
+    c = kb + 32 * (j // 4) + 16 * HALF + 4 * (j % 4)  # [4W]: lane word (w, q)'s first column, w-major as the reshape
+    for t in tl.static_range(4):
+        w16 = (((hi >> (8 * t)) & 0xFF) << 8) | ((lo >> (8 * t)) & 0xFF)
+        xt = tl.load(x_ptr + rm[:, None] * stride_xm + (c + t)[None, :], mask=mmask[:, None] & (c + t < K)[None, :],
+                     other=0.0)
+        if HW:
+            wb = w16.to(tl.int16).to(tl.bfloat16, bitcast=True)
+        else:  # the interpreter's dot multiplies bf16's raw integers: fp32 operands there (exact products)
+            wb = (w16 << 16).to(tl.float32, bitcast=True)
+            xt = xt.to(tl.float32)
+        acc += tl.dot(xt, tl.trans(tl.reshape(wb, [BN, 4 * W])))
+    return acc
+
+
+@triton.jit
+def _exceptions(acc, rn, rm, mmask, pid_n, N, K, KP, x_ptr, stride_xm, sm_ptr, rowptr_ptr, eidx_ptr, eexp_ptr,
+                BN: tl.constexpr):
+    # acc [MB, BN] + x[col] * (true - placeholder) for the row tile's exceptions (placeholder exponent 0)
+    e0 = tl.load(rowptr_ptr + pid_n * BN)
+    e1 = tl.load(rowptr_ptr + tl.minimum(pid_n * BN + BN, N))
+    for e in range(e0, e1):
+        idx = tl.load(eidx_ptr + e).to(tl.int64)
+        r = idx // K
+        c = idx - r * K
+        sm = tl.load(sm_ptr + r * KP + c).to(tl.int32)
+        pv = (((sm & 0x80) << 24) | ((sm & 0x7F) << 16)).to(tl.float32, bitcast=True)
+        tv = (((sm & 0x80) << 24) | (tl.load(eexp_ptr + e).to(tl.int32) << 23)
+              | ((sm & 0x7F) << 16)).to(tl.float32, bitcast=True)
+        xv = tl.load(x_ptr + rm * stride_xm + c, mask=mmask, other=0.0).to(tl.float32)
+        acc += tl.where((rn.to(tl.int64) == r)[None, :], (xv * tv - xv * pv)[:, None], 0.0)
+    return acc
+
+
+@isolated
+@triton.jit(do_not_specialize=["NESCW", "TH0", "TH1", "TL0", "TL1", "HA0", "HA1", "HB0", "HB1", "LA0", "LA1", "LB0",
+                               "LB1"])
+def _gemv_v2_kernel(x_ptr, sm_ptr, sm8_ptr, code_ptr, esc_ptr, ebase_ptr, eoff_ptr, rowptr_ptr, eidx_ptr, eexp_ptr,
+                    bias_ptr, out_ptr, M, N, K, KP, NBR, NESCW, BLOCKS_SPLIT, stride_xm, TH0, TH1, TL0, TL1, HA0, HA1,
+                    HB0, HB1, LA0, LA1, LB0, LB1, BN: tl.constexpr, BK: tl.constexpr, MB: tl.constexpr,
+                    HW: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_EXC: tl.constexpr, PARTIAL: tl.constexpr):
+    # rows [pid_n * BN, +BN) x blocks [pid_k * BLOCKS_SPLIT, +BLOCKS_SPLIT) for x rows [pid_m * MB, +MB)
+    W: tl.constexpr = BK // 32
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    pid_m = tl.program_id(2)
+    rn = pid_n * BN + tl.arange(0, BN)
+    nmask = rn < N
+    rm = pid_m * MB + tl.arange(0, MB)
+    mmask = rm < M
+    tab = (HA0, HA1, HB0, HB1, LA0, LA1, LB0, LB1)
+    lut = (TH0, TH1, TL0, TL1)
+    if MB == 1:
+        acc1 = tl.zeros([BN, W, 4], dtype=tl.float32)
+    else:
+        acc = tl.zeros([MB, BN], dtype=tl.float32)
+    xrow = x_ptr + pid_m * stride_xm
+    b0 = pid_k * BLOCKS_SPLIT
+    for blk in range(b0, tl.minimum(b0 + BLOCKS_SPLIT, NBR)):
+        run = block_start(ebase_ptr, eoff_ptr, rn * NBR + blk, nmask)
+        for kb in range(blk * BLOCK_C, tl.minimum(blk * BLOCK_C + BLOCK_C, KP), BK):
+            hia, loa, hib, lob, run = decode_step(code_ptr, sm_ptr, esc_ptr, rn, nmask, kb, KP, NESCW, run, tab, lut,
+                                                  BN, W, HW)
+            if MB == 1:
+                acc1 = _fma_half(acc1, hia, loa, xrow, kb, K, 0, W, HW)
+                acc1 = _fma_half(acc1, hib, lob, xrow, kb, K, 1, W, HW)
+            else:
+                acc = _dot_half(acc, hia, loa, x_ptr, rm, mmask, stride_xm, kb, K, 0, BN, W, HW)
+                acc = _dot_half(acc, hib, lob, x_ptr, rm, mmask, stride_xm, kb, K, 1, BN, W, HW)
+    if MB == 1:
+        acc = tl.sum(tl.sum(acc1, axis=2), axis=1)[None, :]
+    if HAS_EXC:
+        if pid_k == 0:
+            acc = _exceptions(acc, rn, rm, mmask, pid_n, N, K, KP, x_ptr, stride_xm, sm8_ptr, rowptr_ptr, eidx_ptr,
+                              eexp_ptr, BN)
+    optr = rm[:, None] * N + rn[None, :]
+    omask = mmask[:, None] & nmask[None, :]
+    if PARTIAL:
+        tl.store(out_ptr + pid_k * M * N + optr, acc, mask=omask)
+    else:
+        if HAS_BIAS:
+            acc += tl.load(bias_ptr + rn, mask=nmask, other=0.0).to(tl.float32)[None, :]
+        tl.store(out_ptr + optr, acc.to(tl.bfloat16), mask=omask)
+
+
+@dataclasses.dataclass(frozen=True)
+class Dense11V2GemvConfig:
+    """``bn`` weight rows a program, ``bk`` columns a step (dividing 1024; a run of 32 a thread at
+    ``bn * bk / 32 = 32 * warps``), up to ``mb`` x rows decoded once (1: the FMA path; 2-16: 16 rows
+    through ``tl.dot``; more: another program), ``split`` K splits of whole 1024-column blocks (0: one
+    split a block when the row tiles alone would leave the GPU's SMs idle), ``warps``."""
+
+    bn: int = 16
+    bk: int = 256
+    mb: int = 16
+    split: int = 0
+    warps: int = 4
+
+    def __post_init__(self) -> None:
+        C.pow2(self, "bn", "bk", "mb", "warps")
+        if not 64 <= self.bk <= BLOCK or self.mb > 16 or self.bn < 16:
+            raise ValueError(f"bk must be 64-{BLOCK}, mb at most 16 and bn at least 16 (a tl.dot side), "
+                             f"got bk={self.bk}, mb={self.mb}, bn={self.bn}")
+        if not isinstance(self.split, int) or isinstance(self.split, bool) or self.split < 0:
+            raise ValueError(f"split must be an int >= 0, got {self.split!r}")
+
+
+class Dense11V2GemvKernel(Kernel):
+    """The fused GEMV of dense11 format version 2: any shape, 1-16 x rows a program (any M: more programs)."""
+
+    name = "dense11_v2_gemv"
+    layout = "dense11"
+    Config = Dense11V2GemvConfig
+
+    @classmethod
+    def can_implement(cls, problem, device, config):
+        ok, why = super().can_implement(problem, device, config)
+        if ok and problem.version != 2:
+            return False, (f"{cls.name} decodes dense11 format version 2; this matrix is version {problem.version} "
+                           "(re-save it with this glyd to get version 2; dense11_gemv runs version 1)")
+        return ok, why
+
+    # x: bf16 [M, K]; packed: dense11 v2 [N, K]; bias: [N] or None; out: bf16 [M, N] (written) -> out
+    @classmethod
+    def launch(cls, x2, packed, bias, config, out):
+        p = packed
+        prep = prepare(p)
+        m, k = x2.shape
+        n = p.shape[0]
+        kp = p.arrays["sm"].shape[1]
+        if x2.dtype != torch.bfloat16 or x2.stride(1) != 1:
+            raise ValueError(f"x must be bf16 with unit stride along K, got {x2.dtype}, strides {x2.stride()}")
+        if out.shape != (m, n) or out.dtype != torch.bfloat16:
+            raise ValueError(f"out must be bf16 [{m}, {n}], got {out.dtype} {tuple(out.shape)}")
+        nbr = _codec.blocks_per_row(k)
+        mb = 1 if m == 1 else 16 if config.mb > 1 else 1
+        tiles = triton.cdiv(n, config.bn) * triton.cdiv(m, mb)
+        split = config.split or (nbr if tiles < 2 * C.sm_count(x2.device) else 1)
+        per = triton.cdiv(nbr, max(1, min(split, nbr)))
+        split = triton.cdiv(nbr, per)
+        dst = torch.empty(split, m, n, dtype=torch.float32, device=x2.device) if split > 1 else out
+        a = p.arrays
+        _gemv_v2_kernel[(triton.cdiv(n, config.bn), split, triton.cdiv(m, mb))](
+            x2, a["sm"].view(torch.int32), a["sm"], a["code"], a["esc"], a["esc_base"], a["esc_off"], prep.rowptr,
+            a["exc_idx"], a["exc_exp"], bias if bias is not None else out, dst, m, n, k, kp, nbr, prep.nescw, per,
+            x2.stride(0), *prep.lut, *prep.tab,
+            BN=config.bn, BK=min(config.bk, triton.next_power_of_2(kp)), MB=mb, HW=hw(), HAS_BIAS=bias is not None,
+            HAS_EXC=prep.nexc > 0, PARTIAL=split > 1, num_warps=config.warps,
+        )
+        if split > 1:
+            C.finalize(dst, bias, out)
+        return out

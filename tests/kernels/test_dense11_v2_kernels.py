@@ -1,0 +1,176 @@
+"""dense11 format version 2 kernels (``glyd.kernels.dense11.unpack_v2`` / ``gemv_v2``): the unpack bit for
+bit against the codec (every pattern, odd shapes, runs of 0-32 escapes, real-like matrices with
+exceptions), the GEMV for M = 1-16 against float64 with test_linear's tolerance (FMA and ``tl.dot``
+paths, bias, K splits), the registry's choice by format version, configs, hostile arrays refused
+before a kernel reads them. CPU: Triton's interpreter; the gpu-marked twins run the inline PTX."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import glyd
+from glyd.codec import dense11_v2 as V
+from glyd.codec.dense11 import pack_v1
+from glyd.errors import CorruptError
+
+from .conftest import DEVICES, needs_triton
+from .test_linear import _check
+
+pytestmark = needs_triton
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.cpu().view(torch.int16)
+
+
+def _weights(n: int, k: int, seed: int, kind: str = "normal") -> torch.Tensor:
+    """``normal``: std 0.02 with 20 far exponents (exceptions); ``wide``: exponents over ~20 values
+    (many escapes, crowded runs, table digits and exceptions); ``crowded``: normal rows with runs of
+    8, 9, 12, 20 and 32 escapes (ranks 8 and up: exceptions)."""
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(n, k, generator=g) * 0.02
+    if kind == "wide":
+        w = w * torch.exp2(torch.randn(n, k, generator=g) * 3)
+    if n * k:
+        pick = torch.randint(0, n * k, (20,), generator=g)
+        w.view(-1)[pick] = torch.exp2(-torch.arange(60, 80, dtype=torch.float32))
+    if kind == "crowded":
+        for r, c in zip(range(n), (8, 9, 12, 20, 32)):
+            w[r, :c] = 3.0 + torch.rand(c, generator=g)  # escapes of a table exponent: a run of c
+    return w.to(torch.bfloat16)
+
+
+def _unpack(p, device):
+    from glyd.kernels.dense11 import unpack_v2
+
+    return unpack_v2.unpack(p.to(device))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_unpack_every_pattern(device):
+    w = torch.arange(65536, dtype=torch.int32).to(torch.int16).view(torch.bfloat16).reshape(32, 2048)
+    p = glyd.pack(w, "dense11")
+    assert p.version == 2 and p.arrays["exc_idx"].numel() > 0
+    assert torch.equal(_bits(_unpack(p, device)), _bits(w))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("shape,kind", [
+    ((5, 70), "normal"), ((3, 1100), "wide"), ((1, 2049), "wide"), ((17, 64), "normal"), ((9, 33), "wide"),
+    ((6, 1030), "crowded"), ((2, 1), "normal"), ((40, 96), "crowded"),
+])
+def test_unpack_shapes(device, shape, kind):
+    w = _weights(*shape, seed=sum(shape), kind=kind)
+    p = glyd.pack(w, "dense11")
+    assert torch.equal(_bits(_unpack(p, device)), _bits(w))
+    if kind == "crowded":
+        assert p.arrays["exc_idx"].numel() >= (9 - 8) + (12 - 8) + (20 - 8) + (32 - 8)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_unpack_through_the_layout_and_configs(device):
+    from glyd import kernels
+    from glyd.kernels.dense11.unpack import Dense11UnpackConfig
+    from glyd.kernels.dense11.versions import unpack as layout_unpack
+    from glyd.kernels.dense11.unpack_v2 import Dense11V2UnpackConfig
+
+    w = _weights(9, 1030, seed=1, kind="wide")
+    p = glyd.pack(w, "dense11").to(device)
+    assert torch.equal(_bits(kernels.unpack(p)), _bits(w))
+    out = torch.empty(9, 1030, dtype=torch.bfloat16, device=device)
+    assert layout_unpack(p, out, Dense11UnpackConfig(rows=4, bk=1024, warps=2)) is out
+    assert torch.equal(_bits(out), _bits(w))
+    assert torch.equal(_bits(layout_unpack(p, None, Dense11V2UnpackConfig(rows=16, bk=64, warps=4))), _bits(w))
+    with pytest.raises(ValueError, match="out must be"):
+        layout_unpack(p, torch.empty(9, 1029, dtype=torch.bfloat16, device=device))
+    assert torch.equal(_bits(kernels.unpack(pack_v1(w).to(device))), _bits(w))  # version 1: its own kernel
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("m,n,k,kind,cfg", [
+    (1, 24, 70, "normal", {}), (1, 40, 3000, "crowded", {"split": 1}), (2, 20, 1100, "wide", {"split": 2}),
+    (5, 16, 256, "normal", {"bk": 64}), (16, 33, 200, "crowded", {}), (3, 7, 2100, "wide", {"bk": 512}),
+    (19, 5, 130, "normal", {"mb": 8}), (4, 1, 97, "wide", {"mb": 1}), (8, 18, 1024, "wide", {"bn": 32, "warps": 8}),
+])
+def test_gemv(device, m, n, k, kind, cfg):
+    from glyd import kernels
+    from glyd.kernels.dense11.gemv_v2 import Dense11V2GemvConfig
+
+    w = _weights(n, k, seed=m + n + k, kind=kind)
+    g = torch.Generator().manual_seed(m)
+    x = torch.randn(m, k, generator=g).to(torch.bfloat16)
+    bias = torch.randn(n, generator=g).to(torch.bfloat16) if m % 2 else None
+    p = glyd.pack(w, "dense11").to(device)
+    y = kernels.linear(x.to(device), p, None if bias is None else bias.to(device), config=Dense11V2GemvConfig(**cfg))
+    _check(y, x, w, bias)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_registry_picks_by_format_version(device):
+    from glyd import kernels
+
+    w = _weights(8, 128, seed=2, kind="wide")
+    for p, small in ((glyd.pack(w, "dense11"), "dense11_v2_gemv"), (pack_v1(w), "dense11_gemv")):
+        p = p.to(device)
+        for m, name in ((1, small), (16, small), (40, "dense11_unpack_cublas")):
+            x = torch.randn(m, 128).to(torch.bfloat16).to(device)
+            assert kernels.choose(x, p)[0].name == name
+            _check(kernels.linear(x, p), x.cpu(), w, None)
+
+
+def test_can_implement_and_configs():
+    from glyd.kernels.dense11.gemv import Dense11GemvConfig, Dense11GemvKernel
+    from glyd.kernels.dense11.gemv_v2 import Dense11V2GemvConfig, Dense11V2GemvKernel
+    from glyd.kernels.registry import Device, Problem
+
+    cpu = Device("cpu", "cpu", interpreting=True)
+    ok, why = Dense11V2GemvKernel.can_implement(Problem("dense11", 1, 8, 128, 128, 1), cpu, Dense11V2GemvConfig())
+    assert not ok and "version 1" in why and "re-save" in why
+    ok, why = Dense11GemvKernel.can_implement(Problem("dense11", 1, 8, 128, 128, 2), cpu, Dense11GemvConfig())
+    assert not ok and "version 1, not 2" in why
+    assert Dense11V2GemvKernel.can_implement(Problem("dense11", 1, 8, 128, 128, 2), cpu, Dense11V2GemvConfig())[0]
+    for bad in ({"bn": 8}, {"bk": 32}, {"bk": 2048}, {"mb": 32}, {"split": -1}, {"split": True}, {"warps": 3}):
+        with pytest.raises(ValueError):
+            Dense11V2GemvConfig(**bad)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_hostile_arrays_refused(device):
+    from glyd import kernels
+
+    p = glyd.pack(_weights(6, 1100, seed=3, kind="crowded"), "dense11")
+    (n, kp), k = p.arrays["sm"].shape, p.shape[1]
+    esc_mask = ((V.escape_masks(p.arrays["code"].view(n, kp // 32, 3))[..., None] >> torch.arange(32)) & 1).bool()
+    i = int(torch.nonzero(V.ranks(esc_mask)[esc_mask] >= 8)[0])  # the stream's first escape of rank 8 or more
+    pos = int(torch.nonzero(esc_mask.reshape(-1))[i])
+    assert V.stream_digits(p.arrays["esc"], i + 1)[i] == 15
+    esc = p.arrays["esc"].clone()
+    esc.view(torch.uint8)[i // 2] &= 0xF0 if i % 2 == 0 else 0x0F  # a table digit (0), its exception dropped
+    keep = p.arrays["exc_idx"] != (pos // kp) * k + pos % kp
+    rank = dict(p.arrays, esc=esc, exc_idx=p.arrays["exc_idx"][keep].clone(), exc_exp=p.arrays["exc_exp"][keep].clone())
+    off = dict(p.arrays, esc_off=p.arrays["esc_off"].clone())
+    off["esc_off"][1] = int(off["esc_off"][1]) + 3
+    short = dict(p.arrays, esc=p.arrays["esc"][:-1].clone())
+    unsorted = dict(p.arrays, exc_idx=p.arrays["exc_idx"].flip(0).clone())
+    for arrays, match in ((rank, "rank 8"), (off, "dense11"), (short, "dense11"), (unsorted, "exc_idx")):
+        bad = glyd.Packed("dense11", p.shape, arrays, 2).to(device)
+        with pytest.raises(CorruptError, match=match):
+            kernels.unpack(bad)
+        with pytest.raises(CorruptError, match=match):
+            kernels.linear(torch.zeros(1, 1100, dtype=torch.bfloat16, device=device), bad)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("kind", ["normal", "wide", "crowded"])
+def test_large_on_the_gpu(kind):
+    # the inline-PTX paths (prmt, popc, shf) at a model's shape: unpack bit for bit, GEMV at M = 1, 2, 16
+    from glyd import kernels
+
+    w = _weights(3584, 3584 + 64, seed=4, kind=kind)
+    p = glyd.pack(w, "dense11").to("cuda")
+    assert torch.equal(_bits(kernels.unpack(p)), _bits(w))
+    for m in (1, 2, 7, 16):
+        x = torch.randn(m, w.shape[1]).to(torch.bfloat16)
+        _check(kernels.linear(x.cuda(), p), x, w, None)

@@ -1,5 +1,7 @@
 """Static sm_90 SASS of the dense-decode probe kernels (``dense_decode_kernels.py``) and of
-dense11's own unpack and GEMV kernels, compiled on any machine (``probe_dense_decode.py --sass``).
+dense11's own unpack and GEMV kernels (format version 1: ``dense11/...``; version 2:
+``dense11v2/...``), compiled on any machine (``probe_dense_decode.py --sass``;
+``DENSE_SASS_ONLY=dense11v2`` for version 2's alone).
 
 For each kernel: registers, the instructions of a K step (the smallest loop holding the step's
 16-byte ``sm`` loads, without the escape rounds nested in it) and of one escape round (the loop
@@ -143,6 +145,32 @@ def dense11(kind: str) -> dict:
     return _largest_loop(rows, res, bn * bk / (32 * warps))  # unpack: its block loop, gemv: its K loop
 
 
+def dense11_v2(kind: str) -> dict:
+    """dense11 format version 2's production kernels (``glyd.kernels.dense11.unpack_v2`` / ``gemv_v2``)
+    with their default configs: unpack 8 rows x bk 256 on 2 warps, GEMV bn 16 x bk 256 on 4 warps at
+    MB 1 (FMAs) or 16 (``tl.dot``); one run of 32 a thread, exceptions compiled in. The step is the
+    K loop holding the 16-byte ``sm`` loads, as the candidates'."""
+    from glyd.kernels.dense11 import gemv_v2 as G
+    from glyd.kernels.dense11 import unpack_v2 as U
+
+    kind, full = kind.removesuffix("-full"), kind.endswith("-full")  # -full: whole tiles (no masks), x as pairs
+    ptrs = dict(x_ptr="*bf16", x32_ptr="*i32", sm_ptr="*i32", sm8_ptr="*u8", code_ptr="*i32", esc_ptr="*i32",
+                ebase_ptr="*i32",
+                eoff_ptr="*u16", rowptr_ptr="*i32", eidx_ptr="*i32", eexp_ptr="*u8", bias_ptr="*bf16",
+                out_ptr="*i32" if kind == "unpack" else "*bf16", out16_ptr="*i16", tile_ptr="*i32", epos_ptr="*i32",
+                eval_ptr="*i16")
+    if kind == "unpack":
+        fn, bn, bk, warps = U._unpack_v2_kernel, 8, 256, 2
+        const = dict(BN=bn, BK=bk, EVEN=True, HW=True, HAS_EXC=True, E=16, FULL=full)
+    else:
+        fn, bn, bk, warps = G._gemv_v2_kernel, 16, 256, 4
+        const = dict(BN=bn, BK=bk, MB=1 if kind == "gemv1" else 16, HW=True, HAS_BIAS=False, HAS_EXC=True,
+                     PARTIAL=False, X32=full, FULL=full)
+    sig = {n: "constexpr" if n in const else ptrs.get(n, "i32") for n in fn.arg_names}
+    rows, res = _sass(fn, sig, const, warps, (*ptrs, "KP", "K", "stride_xm"))
+    return analyse(rows, res, bn * bk / (32 * warps))
+
+
 def fixed12(kind: str) -> dict:
     """fixed12's GEMV as the H200 table runs it at M = 1 on gate/up (bm 1, bn 16, bk 256, 4 warps,
     whole K steps, prmt), and the fold kernel of this probe (16 groups of 64 weights, 2 warps)."""
@@ -175,6 +203,8 @@ def report() -> int:
           f"{'LDG':>4s} {'LDS':>4s} {'STS':>4s} {'BAR':>4s}  top opcodes of the step")
     items = [(f"fixed12/{k}", lambda k=k: fixed12(k)) for k in ("fold", "gemv1")]
     items += [(f"dense11/{k}", lambda k=k: dense11(k)) for k in ("unpack", "gemv1", "gemv16")]
+    items += [(f"dense11v2/{k}{f}", lambda k=k + f: dense11_v2(k)) for k in ("unpack", "gemv1", "gemv16")
+              for f in ("", "-full")]
     for lay in K.LAYOUT_IDS:
         for mode, m in K.MODES.items():
             for cfg in (K.DEFAULTS[m], K.LARGE[m]):

@@ -58,7 +58,7 @@ def test_unpack_every_pattern(device):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("shape,kind", [
     ((5, 70), "normal"), ((3, 1100), "wide"), ((1, 2049), "wide"), ((17, 64), "normal"), ((9, 33), "wide"),
-    ((6, 1030), "crowded"), ((2, 1), "normal"), ((40, 96), "crowded"),
+    ((6, 1030), "crowded"), ((2, 1), "normal"), ((40, 96), "crowded"), ((16, 1024), "crowded"), ((8, 512), "wide"),
 ])
 def test_unpack_shapes(device, shape, kind):
     w = _weights(*shape, seed=sum(shape), kind=kind)
@@ -92,6 +92,7 @@ def test_unpack_through_the_layout_and_configs(device):
     (1, 24, 70, "normal", {}), (1, 40, 3000, "crowded", {"split": 1}), (2, 20, 1100, "wide", {"split": 2}),
     (5, 16, 256, "normal", {"bk": 64}), (16, 33, 200, "crowded", {}), (3, 7, 2100, "wide", {"bk": 512}),
     (19, 5, 130, "normal", {"mb": 8}), (4, 1, 97, "wide", {"mb": 1}), (8, 18, 1024, "wide", {"bn": 32, "warps": 8}),
+    (1, 32, 1024, "crowded", {}), (2, 32, 512, "wide", {}),  # whole tiles: the unmasked path
 ])
 def test_gemv(device, m, n, k, kind, cfg):
     from glyd import kernels
@@ -104,6 +105,17 @@ def test_gemv(device, m, n, k, kind, cfg):
     p = glyd.pack(w, "dense11").to(device)
     y = kernels.linear(x.to(device), p, None if bias is None else bias.to(device), config=Dense11V2GemvConfig(**cfg))
     _check(y, x, w, bias)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("m,k", [(1, 256), (3, 1100)])
+def test_gemv_x_rows_at_odd_strides(device, m, k):
+    # x rows that are not bf16 pairs at even offsets: read bf16 by bf16
+    from glyd import kernels
+
+    w = _weights(16, k, seed=k, kind="wide")
+    x = torch.randn(m, k + 1).to(torch.bfloat16)[:, 1:]
+    _check(kernels.linear(x.to(device), glyd.pack(w, "dense11").to(device)), x, w, None)
 
 
 @pytest.mark.parametrize("device", DEVICES)

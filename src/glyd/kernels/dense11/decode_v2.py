@@ -116,23 +116,30 @@ def _half(Xa, Xb, s4, Fa, Fb, Pa, Pb, Pc, Pd, eh0, eh1, el0, el1, TH0, TH1, TL0,
 
 @triton.jit
 def decode_step(code_ptr, sm32_ptr, esc_ptr, rn, nmask, kb, KP, NESCW, run, TAB, LUT, BN: tl.constexpr,
-                W: tl.constexpr, HW: tl.constexpr):
+                W: tl.constexpr, HW: tl.constexpr, FULL: tl.constexpr):
     # Columns kb .. kb + 32 W of rows rn as lane words (hia, loa, hib, lob) [BN, W, 4] (hi and lo bytes
     # of 4 weights each: half a = columns 0-15 of each run, half b = 16-31), and run [BN, 1] moved past
     # the step's escapes. run: the stream index of each row's first escape at or after column kb.
+    # FULL: every row and column of the tile exists (N % BN == 0, Kp % BK == 0): no masks.
     TH0, TH1, TL0, TL1 = LUT
     wi = tl.arange(0, W)
     qq = tl.arange(0, 4)
-    wmask = nmask[:, None] & ((kb // 32 + wi) < KP // 32)[None, :]
     cw = (rn * (3 * (KP // 32)))[:, None] + 3 * (kb // 32 + wi)[None, :]
-    c0 = _u(tl.load(code_ptr + cw, mask=wmask, other=0))
-    c1 = _u(tl.load(code_ptr + cw + 1, mask=wmask, other=0))
-    c2 = _u(tl.load(code_ptr + cw + 2, mask=wmask, other=0))
-    d = ((c0 >> 3) & 0x11111111) | ((c1 >> 2) & 0x22222222) | ((c2 >> 1) & 0x44444444)
     so = (rn * (KP // 4))[:, None, None] + ((kb // 4) + 8 * wi)[None, :, None] + qq[None, None, :]
-    smask = wmask[:, :, None]
-    s4a = _u(tl.load(sm32_ptr + so, mask=smask, other=0))
-    s4b = _u(tl.load(sm32_ptr + so + 4, mask=smask, other=0))
+    if FULL:
+        c0 = _u(tl.load(code_ptr + cw))
+        c1 = _u(tl.load(code_ptr + cw + 1))
+        c2 = _u(tl.load(code_ptr + cw + 2))
+        s4a = _u(tl.load(sm32_ptr + so))
+        s4b = _u(tl.load(sm32_ptr + so + 4))
+    else:
+        wmask = nmask[:, None] & ((kb // 32 + wi) < KP // 32)[None, :]
+        c0 = _u(tl.load(code_ptr + cw, mask=wmask, other=0))
+        c1 = _u(tl.load(code_ptr + cw + 1, mask=wmask, other=0))
+        c2 = _u(tl.load(code_ptr + cw + 2, mask=wmask, other=0))
+        s4a = _u(tl.load(sm32_ptr + so, mask=wmask[:, :, None], other=0))
+        s4b = _u(tl.load(sm32_ptr + so + 4, mask=wmask[:, :, None], other=0))
+    d = ((c0 >> 3) & 0x11111111) | ((c1 >> 2) & 0x22222222) | ((c2 >> 1) & 0x44444444)
     f0 = _nib_esc(c0)
     f1 = _nib_esc(c1)
     f2 = _nib_esc(c2)

@@ -25,7 +25,7 @@ from glyd.codec import dense11 as _codec
 from glyd.kernels import _common as C
 from glyd.kernels._interp import isolated
 from glyd.kernels.dense11.decode_v2 import block_start, decode_step, hw, prepare
-from glyd.kernels.fixed12.words import f32_lane
+from glyd.kernels.fixed12.words import f32_lane, x_lane
 from glyd.kernels.registry import Kernel
 
 BLOCK = _codec.BLOCK
@@ -33,12 +33,24 @@ BLOCK_C = tl.constexpr(BLOCK)  # what a jit function may read of a global
 
 
 @triton.jit
-def _fma_half(acc, hi, lo, x_ptr, kb, K, HALF: tl.constexpr, W: tl.constexpr, HW: tl.constexpr):
-    # acc [BN, W, 4] += the half's 16 weights of each run times x (one x row)
+def _fma_half(acc, hi, lo, x_ptr, x32_ptr, kb, K, HALF: tl.constexpr, W: tl.constexpr, HW: tl.constexpr,
+              X32: tl.constexpr, FULL: tl.constexpr):
+    # acc [BN, W, 4] += the half's 16 weights of each run times x (one x row). X32: x read as bf16
+    # pairs (two int32 words a lane word), else bf16 by bf16
     c = kb + 32 * tl.arange(0, W)[None, :, None] + 16 * HALF + 4 * tl.arange(0, 4)[None, None, :]
-    for t in tl.static_range(4):
-        xv = tl.load(x_ptr + c + t, mask=c + t < K, other=0.0).to(tl.float32)
-        acc += f32_lane(hi, lo, t, HW) * xv
+    if X32:
+        if FULL:
+            xa = tl.load(x32_ptr + c // 2).to(tl.uint32, bitcast=True)
+            xb = tl.load(x32_ptr + c // 2 + 1).to(tl.uint32, bitcast=True)
+        else:
+            xa = tl.load(x32_ptr + c // 2, mask=c < K, other=0).to(tl.uint32, bitcast=True)
+            xb = tl.load(x32_ptr + c // 2 + 1, mask=c + 2 < K, other=0).to(tl.uint32, bitcast=True)
+        for t in tl.static_range(4):
+            acc += f32_lane(hi, lo, t, HW) * x_lane(xa, xb, t)
+    else:
+        for t in tl.static_range(4):
+            xv = tl.load(x_ptr + c + t, mask=c + t < K, other=0.0).to(tl.float32)
+            acc += f32_lane(hi, lo, t, HW) * xv
     return acc
 
 
@@ -83,10 +95,11 @@ def _exceptions(acc, rn, rm, mmask, pid_n, N, K, KP, x_ptr, stride_xm, sm_ptr, r
 @isolated
 @triton.jit(do_not_specialize=["NESCW", "TH0", "TH1", "TL0", "TL1", "HA0", "HA1", "HB0", "HB1", "LA0", "LA1", "LB0",
                                "LB1"])
-def _gemv_v2_kernel(x_ptr, sm_ptr, sm8_ptr, code_ptr, esc_ptr, ebase_ptr, eoff_ptr, rowptr_ptr, eidx_ptr, eexp_ptr,
+def _gemv_v2_kernel(x_ptr, x32_ptr, sm_ptr, sm8_ptr, code_ptr, esc_ptr, ebase_ptr, eoff_ptr, rowptr_ptr, eidx_ptr, eexp_ptr,
                     bias_ptr, out_ptr, M, N, K, KP, NBR, NESCW, BLOCKS_SPLIT, stride_xm, TH0, TH1, TL0, TL1, HA0, HA1,
                     HB0, HB1, LA0, LA1, LB0, LB1, BN: tl.constexpr, BK: tl.constexpr, MB: tl.constexpr,
-                    HW: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_EXC: tl.constexpr, PARTIAL: tl.constexpr):
+                    HW: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_EXC: tl.constexpr, PARTIAL: tl.constexpr,
+                    X32: tl.constexpr = False, FULL: tl.constexpr = False):
     # rows [pid_n * BN, +BN) x blocks [pid_k * BLOCKS_SPLIT, +BLOCKS_SPLIT) for x rows [pid_m * MB, +MB)
     W: tl.constexpr = BK // 32
     pid_n = tl.program_id(0)
@@ -103,15 +116,16 @@ def _gemv_v2_kernel(x_ptr, sm_ptr, sm8_ptr, code_ptr, esc_ptr, ebase_ptr, eoff_p
     else:
         acc = tl.zeros([MB, BN], dtype=tl.float32)
     xrow = x_ptr + pid_m * stride_xm
+    x32row = x32_ptr + pid_m * (stride_xm // 2)
     b0 = pid_k * BLOCKS_SPLIT
     for blk in range(b0, tl.minimum(b0 + BLOCKS_SPLIT, NBR)):
         run = block_start(ebase_ptr, eoff_ptr, rn * NBR + blk, nmask)
         for kb in range(blk * BLOCK_C, tl.minimum(blk * BLOCK_C + BLOCK_C, KP), BK):
             hia, loa, hib, lob, run = decode_step(code_ptr, sm_ptr, esc_ptr, rn, nmask, kb, KP, NESCW, run, tab, lut,
-                                                  BN, W, HW)
+                                                  BN, W, HW, FULL)
             if MB == 1:
-                acc1 = _fma_half(acc1, hia, loa, xrow, kb, K, 0, W, HW)
-                acc1 = _fma_half(acc1, hib, lob, xrow, kb, K, 1, W, HW)
+                acc1 = _fma_half(acc1, hia, loa, xrow, x32row, kb, K, 0, W, HW, X32, FULL)
+                acc1 = _fma_half(acc1, hib, lob, xrow, x32row, kb, K, 1, W, HW, X32, FULL)
             else:
                 acc = _dot_half(acc, hia, loa, x_ptr, rm, mmask, stride_xm, kb, K, 0, BN, W, HW)
                 acc = _dot_half(acc, hib, lob, x_ptr, rm, mmask, stride_xm, kb, K, 1, BN, W, HW)
@@ -129,6 +143,14 @@ def _gemv_v2_kernel(x_ptr, sm_ptr, sm8_ptr, code_ptr, esc_ptr, ebase_ptr, eoff_p
         if HAS_BIAS:
             acc += tl.load(bias_ptr + rn, mask=nmask, other=0.0).to(tl.float32)[None, :]
         tl.store(out_ptr + optr, acc.to(tl.bfloat16), mask=omask)
+
+
+def _pairs(x2: torch.Tensor) -> torch.Tensor | None:
+    # x2 as int32 bf16 pairs (K even, rows at even strides, 4-byte aligned), else None
+    k = x2.shape[1]
+    if k % 2 or x2.stride(0) % 2 or x2.data_ptr() % 4:
+        return None
+    return torch.as_strided(x2, (x2.shape[0], k), (x2.stride(0), 1)).view(torch.int32)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -188,12 +210,14 @@ class Dense11V2GemvKernel(Kernel):
         split = triton.cdiv(nbr, per)
         dst = torch.empty(split, m, n, dtype=torch.float32, device=x2.device) if split > 1 else out
         a = p.arrays
+        bk = min(config.bk, triton.next_power_of_2(kp))
+        x32 = _pairs(x2)
         _gemv_v2_kernel[(triton.cdiv(n, config.bn), split, triton.cdiv(m, mb))](
-            x2, a["sm"].view(torch.int32), a["sm"], a["code"], a["esc"], a["esc_base"], a["esc_off"], prep.rowptr,
+            x2, x32 if x32 is not None else x2, a["sm"].view(torch.int32), a["sm"], a["code"], a["esc"], a["esc_base"], a["esc_off"], prep.rowptr,
             a["exc_idx"], a["exc_exp"], bias if bias is not None else out, dst, m, n, k, kp, nbr, prep.nescw, per,
             x2.stride(0), *prep.lut, *prep.tab,
-            BN=config.bn, BK=min(config.bk, triton.next_power_of_2(kp)), MB=mb, HW=hw(), HAS_BIAS=bias is not None,
-            HAS_EXC=prep.nexc > 0, PARTIAL=split > 1, num_warps=config.warps,
+            BN=config.bn, BK=bk, MB=mb, HW=hw(), HAS_BIAS=bias is not None, HAS_EXC=prep.nexc > 0, PARTIAL=split > 1,
+            X32=x32 is not None, FULL=n % config.bn == 0 and k == kp and kp % bk == 0, num_warps=config.warps,
         )
         if split > 1:
             C.finalize(dst, bias, out)

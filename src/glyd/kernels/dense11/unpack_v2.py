@@ -33,7 +33,7 @@ def _pair(lo, hi, H: tl.constexpr, HW: tl.constexpr):
 
 @triton.jit
 def _store_half(out_ptr, hi, lo, rn, nmask, kb, K, HALF: tl.constexpr, W: tl.constexpr, EVEN: tl.constexpr,
-                HW: tl.constexpr):
+                HW: tl.constexpr, FULL: tl.constexpr):
     # one half (16 columns of each run) of lane words into out: int32 pairs (EVEN) or int16 words
     wi = tl.arange(0, W)[None, :, None]
     qq = tl.arange(0, 4)[None, None, :]
@@ -44,7 +44,10 @@ def _store_half(out_ptr, hi, lo, rn, nmask, kb, K, HALF: tl.constexpr, W: tl.con
         po = rows * (K // 2) + col // 2
         for H in tl.static_range(2):
             v = _pair(lo, hi, H, HW).to(tl.int32, bitcast=True)
-            tl.store(out_ptr + po + H, v, mask=m & (col + 2 * H < K))
+            if FULL:
+                tl.store(out_ptr + po + H, v)
+            else:
+                tl.store(out_ptr + po + H, v, mask=m & (col + 2 * H < K))
     else:
         for t in tl.static_range(4):
             v = (((hi >> (8 * t)) & 0xFF) << 8) | ((lo >> (8 * t)) & 0xFF)
@@ -57,7 +60,7 @@ def _store_half(out_ptr, hi, lo, rn, nmask, kb, K, HALF: tl.constexpr, W: tl.con
 def _unpack_v2_kernel(sm_ptr, code_ptr, esc_ptr, ebase_ptr, eoff_ptr, out_ptr, out16_ptr, tile_ptr, epos_ptr,
                       eval_ptr, N, K, KP, NBR, NESCW, TH0, TH1, TL0, TL1, HA0, HA1, HB0, HB1, LA0, LA1, LB0, LB1,
                       BN: tl.constexpr, BK: tl.constexpr, EVEN: tl.constexpr, HW: tl.constexpr,
-                      HAS_EXC: tl.constexpr, E: tl.constexpr):
+                      HAS_EXC: tl.constexpr, E: tl.constexpr, FULL: tl.constexpr = False):
     # rows [pid_n * BN, +BN) of block column pid_b (columns 1024 pid_b .. +1024), BK a step
     W: tl.constexpr = BK // 32
     pid_n = tl.program_id(0)
@@ -69,9 +72,9 @@ def _unpack_v2_kernel(sm_ptr, code_ptr, esc_ptr, ebase_ptr, eoff_ptr, out_ptr, o
     run = block_start(ebase_ptr, eoff_ptr, rn * NBR + pid_b, nmask)
     for kb in range(pid_b * BLOCK_C, tl.minimum(pid_b * BLOCK_C + BLOCK_C, KP), BK):
         hia, loa, hib, lob, run = decode_step(code_ptr, sm_ptr, esc_ptr, rn, nmask, kb, KP, NESCW, run, tab, lut,
-                                              BN, W, HW)
-        _store_half(out_ptr, hia, loa, rn, nmask, kb, K, 0, W, EVEN, HW)
-        _store_half(out_ptr, hib, lob, rn, nmask, kb, K, 1, W, EVEN, HW)
+                                              BN, W, HW, FULL)
+        _store_half(out_ptr, hia, loa, rn, nmask, kb, K, 0, W, EVEN, HW, FULL)
+        _store_half(out_ptr, hib, lob, rn, nmask, kb, K, 1, W, EVEN, HW, FULL)
     if HAS_EXC:  # this tile's exceptions over their placeholders (exponent 0)
         C.patch_exceptions(out16_ptr, tile_ptr, epos_ptr, eval_ptr, pid_n * NBR + pid_b, 0, N * K, E)
 
@@ -121,13 +124,14 @@ def unpack_launch(p: Packed, config: Dense11V2UnpackConfig | None = None) -> _pl
                                   triton.cdiv(n, bn) * nbr)
     else:
         tiles = (out16,) * 3
+    bk = min(cfg.bk, triton.next_power_of_2(kp))
     sm, code, esc, ebase, eoff = (_plan.Slot(1 + _codec.ARRAYS.index(a), fixed=True)
                                   for a in ("sm", "code", "esc", "esc_base", "esc_off"))
     return _plan.Launch(_unpack_v2_kernel, (triton.cdiv(n, cfg.rows), nbr),
                         (sm.view(torch.int32), code, esc, ebase, eoff, out, out16, *tiles, n, k, kp, nbr, prep.nescw,
                          *_tables(prep)),
-                        dict(BN=cfg.rows, BK=min(cfg.bk, triton.next_power_of_2(kp)), EVEN=even, HW=hw(),
-                             HAS_EXC=has_exc, E=C.PATCH_CHUNK, num_warps=cfg.warps))
+                        dict(BN=cfg.rows, BK=bk, EVEN=even, HW=hw(), HAS_EXC=has_exc, E=C.PATCH_CHUNK,
+                             FULL=n % cfg.rows == 0 and k == kp and kp % bk == 0, num_warps=cfg.warps))
 
 
 # packed: dense11 v2 [N, K] (sm [N, Kp], code int32 [N, 3 Kp/32], esc, offsets, exceptions) -> bf16 [N, K]

@@ -4,10 +4,12 @@ All linears of 28 layers with q|k|v and gate|up merged (qkv 4608 x 3584, o 3584 
 37888 x 3584, down 3584 x 18944; distinct random weights per layer, std 0.02) plus the 152064 x 3584
 lm_head; one CUDA graph a step, median of 30 replays (``glyd.timing.cuda_graph_ms``), at M = 1, 16,
 32, 64; bf16 ``F.linear`` (cuBLAS) in the same run with the same shapes. ``dense11`` runs what the
-registry picks from the GPU's table (the fused GEMV up to M = 16, unpack + cuBLAS above) and, as
-``dense11 gemv``, the fused GEMV at every M. Before timing: the GPU pack equals the CPU codec on the
-first qkv, o and down matrix, the unpack is bit-exact, every product is within 5e-3 (relative norm)
-of float64 ``F.linear``.
+registry picks from the GPU's table (format version 2: ``dense11_v2_gemv`` up to M = 16, unpack +
+cuBLAS above), as ``dense11 gemv`` the version-2 fused GEMV at every M, and as ``dense11 v1`` the
+registry's choice for the same weights packed in format version 1 (bit planes: the kernels timed on
+2026-12-03, for the before/after in one run). Before timing: the GPU pack equals the CPU codec on
+the first qkv, o and down matrix (both versions), the unpack is bit-exact, every product is within
+5e-3 (relative norm) of float64 ``F.linear``.
 
     python benchmarks/dense11_step.py [--out DIR] [--layers 28] [--ms 1,16,32,64]
 
@@ -29,7 +31,9 @@ import torch.nn.functional as F
 
 import glyd
 from glyd import kernels
-from glyd.kernels import Dense11GemvConfig
+from glyd.codec.dense11 import pack_v1
+from glyd.kernels import Dense11V2GemvConfig
+from glyd.kernels.gpu_pack import pack_dense11_v1
 from glyd.timing import cuda_graph_ms
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -37,35 +41,40 @@ H, I, KV, VOCAB, LAYERS = 3584, 18944, 512, 152064, 28
 if DEV == "cpu":  # the dry run: tiny shapes (K > 1024 somewhere: K splits and several blocks a row)
     H, I, KV, VOCAB, LAYERS = 64, 1056, 32, 128, 1
 SHAPES = [("qkv", H + 2 * KV, H), ("o", H, H), ("gate_up", 2 * I, H), ("down", H, I)]
-VARIANTS = ("bf16", "fixed12", "dense11", "dense11 gemv")
+VARIANTS = ("bf16", "fixed12", "dense11", "dense11 gemv", "dense11 v1")
+#: the index in a layer's tuple (bf16 W, fixed12, dense11 v2, dense11 v1) each variant multiplies
+WHICH = {"bf16": 0, "fixed12": 1, "dense11": 2, "dense11 gemv": 2, "dense11 v1": 3}
 
 
 def build(layers: int) -> dict:
-    """{name: [(bf16 W, fixed12, dense11) per layer]} with the lm_head, packed on the device."""
+    """{name: [(bf16 W, fixed12, dense11 v2, dense11 v1) per layer]} with the lm_head, packed on the device."""
     mats = {}
     for name, n, k in SHAPES + [("lm_head", VOCAB, H)]:
         mats[name] = []
         for _ in range(1 if name == "lm_head" else layers):
             w = (torch.randn(n, k, device=DEV) * 0.02).to(torch.bfloat16)
-            mats[name].append((w, glyd.pack(w, "fixed12"), glyd.pack(w, "dense11")))
+            v1 = pack_dense11_v1(w) if DEV == "cuda" else pack_v1(w)
+            mats[name].append((w, glyd.pack(w, "fixed12"), glyd.pack(w, "dense11"), v1))
     return mats
 
 
 def check(mats: dict, ms: list[int]) -> list[str]:
     fails = []
     for name, reps in mats.items():
-        w, p12, p11 = reps[0]
+        w, p12, p11, p1 = reps[0]
         if name in ("qkv", "o", "down"):  # the CPU codec is slow on the largest matrices
-            ref = glyd.pack(w.cpu(), "dense11")
-            for a, t in ref.arrays.items():
-                if t.numpy().tobytes() != p11.arrays[a].cpu().numpy().tobytes():
-                    fails.append(f"GPU pack dense11 {name} array {a} differs from the CPU codec")
-        if not torch.equal(kernels.unpack(p11).view(torch.int16), w.view(torch.int16)):
-            fails.append(f"unpack dense11 {name} is not bit-exact")
+            for ref, got in ((glyd.pack(w.cpu(), "dense11"), p11), (pack_v1(w.cpu()), p1)):
+                for a, t in ref.arrays.items():
+                    if t.numpy().tobytes() != got.arrays[a].cpu().numpy().tobytes():
+                        fails.append(f"GPU pack dense11 v{ref.version} {name} array {a} differs from the CPU codec")
+        for p in (p11, p1):
+            if not torch.equal(kernels.unpack(p).view(torch.int16), w.view(torch.int16)):
+                fails.append(f"unpack dense11 v{p.version} {name} is not bit-exact")
         for m in ms:
             x = torch.randn(m, w.shape[1], device=DEV).to(torch.bfloat16)
             want = F.linear(x.double(), w.double())
-            for label, p, cfg in (("fixed12", p12, None), ("dense11", p11, None), ("dense11 gemv", p11, Dense11GemvConfig())):
+            for label, p, cfg in (("fixed12", p12, None), ("dense11", p11, None), ("dense11 gemv", p11, Dense11V2GemvConfig()),
+                                  ("dense11 v1", p1, None)):
                 y = kernels.linear(x, p, None, cfg)
                 err = ((y.double() - want).norm() / want.norm()).item()
                 if not err < 5e-3 or not torch.isfinite(y).all():
@@ -74,8 +83,8 @@ def check(mats: dict, ms: list[int]) -> list[str]:
 
 
 def step(mats: dict, xs: dict, variant: str):
-    which = {"bf16": 0, "fixed12": 1}.get(variant, 2)
-    cfg = Dense11GemvConfig() if variant == "dense11 gemv" else None
+    which = WHICH[variant]
+    cfg = Dense11V2GemvConfig() if variant == "dense11 gemv" else None
 
     def run():
         for reps in mats.values():
@@ -97,16 +106,16 @@ def main(argv=None) -> int:
     t0 = time.time()
     mats = build(args.layers)
     for reps in mats.values():  # the derived per-matrix data (host syncs) before any graph capture
-        for _, p12, p11 in reps:
-            kernels.prepare(p12)
-            kernels.prepare(p11)
+        for _, *packs in reps:
+            for p in packs:
+                kernels.prepare(p)
     built = time.time() - t0
     fails = check(mats, ms)
     if fails:
         print("\n".join(f"FAIL {f}" for f in fails))
         return 1
-    sizes = {v: sum((t[0].numel() * 2 if v == "bf16" else t[{"fixed12": 1}.get(v, 2)].nbytes) for r in mats.values()
-                    for t in r) for v in ("bf16", "fixed12", "dense11")}
+    sizes = {v: sum((t[0].numel() * 2 if v == "bf16" else t[WHICH[v]].nbytes) for r in mats.values()
+                    for t in r) for v in ("bf16", "fixed12", "dense11", "dense11 v1")}
     res = {"device": torch.cuda.get_device_name() if DEV == "cuda" else "cpu (dry run)", "torch": torch.__version__,
            "glyd": glyd.__version__, "layers": args.layers, "build_s": round(built, 1), "bytes": sizes, "ms": {}}
     for m in ms:
@@ -119,7 +128,8 @@ def main(argv=None) -> int:
                 fn()
                 res["ms"].setdefault(str(m), {})[v] = float("nan")
     print(f"{res['device']}, torch {res['torch']}, glyd {res['glyd']}, {args.layers} layers (merged), built in {built:.0f} s")
-    print("weight bytes vs bf16: " + ", ".join(f"{v} {sizes[v] / sizes['bf16']:.3f}" for v in ("fixed12", "dense11")))
+    print("weight bytes vs bf16: " + ", ".join(f"{v} {sizes[v] / sizes['bf16']:.4f}"
+                                               for v in ("fixed12", "dense11", "dense11 v1")))
     print("\n| M | " + " | ".join(f"{v} ms" for v in VARIANTS) + " | " + " | ".join(f"{v} / bf16" for v in VARIANTS[1:]) + " |")
     print("|---" * (2 * len(VARIANTS)) + "|")
     for m, row in res["ms"].items():

@@ -120,12 +120,15 @@ def test_hostile_offsets_refused(device):
 @pytest.mark.parametrize("device", DEVICES)
 def test_gpu_pack_equals_the_codec(device):
     from glyd.kernels.gpu_pack import pack_dense11 as pack
+    from glyd.kernels.gpu_pack import pack_dense11_v1
 
     every = torch.arange(65536, dtype=torch.int32).to(torch.int16).view(torch.bfloat16).reshape(64, 1024)
     for w in (every, _weights(5, 70, seed=4, exceptions=3), _weights(3, 2100, seed=5), torch.zeros(2, 0).bfloat16()):
         want = glyd.pack(w, "dense11")
         got = pack(w.to(device))
         assert got.version == want.version == 2
+        old = pack_dense11_v1(w.to(device))
+        assert old.version == 1 and all(torch.equal(old.arrays[a].cpu(), t) for a, t in pack_v1(w).arrays.items())
         assert got.device.type == device and set(got.arrays) == set(want.arrays)
         for name, a in want.arrays.items():
             b = got.arrays[name].cpu()

@@ -153,8 +153,16 @@ def _wrap32(x: torch.Tensor) -> torch.Tensor:
 def pack_dense11(w: torch.Tensor) -> Packed:
     """``dense11`` arrays of ``w`` computed on ``w.device`` (format version 2, through version 1's
     arrays); equal to ``glyd.codec.pack(w, "dense11")``."""
-    from glyd.codec import dense11 as _d
     from glyd.codec import dense11_v2 as _v2
+
+    p = pack_dense11_v1(w)
+    return Packed(p.layout, p.shape, _v2.from_v1(dict(p.arrays), p.shape), 2)
+
+
+def pack_dense11_v1(w: torch.Tensor) -> Packed:
+    """``dense11`` format version 1 (bit planes) of ``w`` on ``w.device``; equal to
+    ``glyd.codec.dense11.pack_v1(w)`` (benchmarks that time version 1's kernels)."""
+    from glyd.codec import dense11 as _d
 
     w = _check(w)
     n, k = w.shape
@@ -203,7 +211,7 @@ def pack_dense11(w: torch.Tensor) -> Packed:
         "exc_idx": flat[raw].to(torch.int32 if n * k < 2**31 else torch.int64),
         "exc_exp": e[raw].to(torch.uint8),
     }
-    return Packed(_d.NAME, (n, k), _v2.from_v1(arrays, (n, k)), 2)
+    return Packed(_d.NAME, (n, k), arrays, 1)
 
 
-__all__ = ["pack_fixed12", "pack_tiered", "pack_dense11"]
+__all__ = ["pack_fixed12", "pack_tiered", "pack_dense11", "pack_dense11_v1"]

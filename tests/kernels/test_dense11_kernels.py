@@ -133,3 +133,14 @@ def test_gpu_pack_equals_the_codec(device):
         for name, a in want.arrays.items():
             b = got.arrays[name].cpu()
             assert b.dtype == a.dtype and b.shape == a.shape and b.numpy().tobytes() == a.numpy().tobytes(), name
+
+
+def test_version_1_says_once_to_re_save(caplog, monkeypatch):
+    from glyd.kernels.dense11 import unpack as kd
+
+    monkeypatch.setattr(kd, "_SAID", [False])
+    with caplog.at_level("WARNING", logger=kd.__name__):
+        for seed in (6, 7):  # two matrices of one model: one message
+            kd.prepare(pack_v1(_weights(4, 70, seed=seed)))
+    said = [r for r in caplog.records if "re-save" in r.getMessage()]
+    assert len(said) == 1 and "version 1" in said[0].getMessage()

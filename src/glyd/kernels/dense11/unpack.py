@@ -18,6 +18,7 @@ there they are SWAR bit counts (``HW_POPC=False``). Nothing here is timed yet.
 from __future__ import annotations
 
 import dataclasses
+import logging
 
 import torch
 import triton
@@ -34,6 +35,9 @@ from glyd.kernels._interp import isolated
 
 BLOCK = _codec.BLOCK
 SUPER = _codec.SUPER
+log = logging.getLogger(__name__)
+#: Whether this process said once that version-1 matrices run these (slower) kernels.
+_SAID = [False]
 
 
 @triton.jit
@@ -196,7 +200,15 @@ def prepare(p: Packed) -> Prepared:
         raise TypeError("packed must be a dense11 glyd.Packed")
     if p.version != 1:  # glyd.kernels.dense11.versions picks a version's kernels
         raise ValueError(f"dense11 format version {p.version}: these kernels decode version 1 (version 2: unpack_v2)")
-    return C.cached(p.arrays["code"], lambda: Prepared(p), p.arrays.values())
+    return C.cached(p.arrays["code"], lambda: _prepared_v1(p), p.arrays.values())
+
+
+def _prepared_v1(p: Packed) -> Prepared:
+    if not _SAID[0]:  # once a process (a model's matrices come one after another): say how to get version 2
+        _SAID[0] = True
+        log.warning("dense11 format version 1 matrices (bit planes) run the version-1 kernels, several times "
+                    "slower than version 2's; re-save the model with this glyd (glyd.pack writes version 2)")
+    return Prepared(p)
 
 
 def _args(p: Packed):

@@ -11,7 +11,9 @@ escape pass), ``gemv1`` (y = x @ W.T at M = 1, escapes and exceptions included),
 larger one (``@BNxBK``). References: ``bf16/copy`` (``copy_``), ``bf16/fold`` (a bf16 read,
 XOR-folded), ``bf16/gemv1`` (``F.linear``), ``fixed12/unpack`` (``glyd.kernels.unpack``),
 ``fixed12/fold`` (its unpack's decode, folded), ``fixed12/gemv1`` and ``dense11/gemv1``
-(``glyd.kernels.linear``, the registry's choice), ``dense11/unpack`` (``glyd.kernels.unpack``).
+(``glyd.kernels.linear``, the registry's choice), ``dense11/unpack`` (``glyd.kernels.unpack``):
+``dense11`` is format version 1 (bit planes, its own kernels), ``dense11v2/unpack`` and
+``dense11v2/gemv1`` format version 2 (``niblut+wincx`` in ``src/``: the production kernels).
 The escape schemes of ``dense_escapes.py`` (step 3: no escape rounds) are variants too:
 ``niblut+win``, ``nibswar+win``, ``niblut+winc``, ``niblut+wincx`` with the same modes and tiles
 (``--variants escapes``: most of those, the references and the rounds scheme they replace), checked
@@ -66,8 +68,11 @@ import dense_escape_kernels as EK  # noqa: E402
 import dense_escapes as DE  # noqa: E402
 
 MODES = ("unpack", "hot", "fold", "gemv1", "gemv1hot")
+# dense11: format version 1 (bit planes, its own kernels: what the earlier runs timed); dense11v2: format
+# version 2 (niblut+wincx) through the production kernels (glyd.kernels.dense11.unpack_v2 / gemv_v2)
 REFS = ("bf16/copy", "bf16/fold", "bf16/gemv1", "fixed12/unpack", "fixed12/fold", "fixed12/gemv1", "dense11/unpack",
-        "dense11/gemv1")
+        "dense11/gemv1", "dense11v2/unpack", "dense11v2/gemv1")
+PACKED = ("fixed12", "dense11", "dense11v2")
 # each candidate variant in two tile shapes: the default (``K.DEFAULTS``) and a larger step ("@BNxBK",
 # 4 warps: ``K.LARGE``)
 LARGE = {mode: f"{K.LARGE[m].bn}x{K.LARGE[m].bk}" for mode, m in K.MODES.items()}
@@ -77,7 +82,8 @@ VARIANTS = (*REFS, *(f"{lay}/{mode}{sfx}" for lay in CANDS for mode in MODES for
 #: ``--variants escapes``: the references, the rounds scheme the escape schemes replace, and the escape schemes:
 #: ``niblut+win`` in every mode and tile; ``hot`` and ``gemv1hot`` are the same code in every niblut scheme, so
 #: ``niblut+winc`` and ``niblut+wincx`` without them; ``nibswar+win`` in the default tiles
-SETS = {"escapes": ("bf16/copy", "bf16/fold", "bf16/gemv1", "fixed12/fold", "fixed12/gemv1", "niblut/hot",
+SETS = {"escapes": ("bf16/copy", "bf16/fold", "bf16/gemv1", "fixed12/fold", "fixed12/gemv1", "dense11v2/unpack",
+                    "dense11v2/gemv1", "niblut/hot",
                     "niblut/fold", "niblut/gemv1", "niblut/gemv1hot", "nibswar/gemv1hot",
                     *(v for v in VARIANTS if v.startswith("niblut+win/")),
                     *(v for v in VARIANTS if v.startswith(("niblut+winc/", "niblut+wincx/")) and "hot" not in v),
@@ -205,10 +211,10 @@ class Suite:
         lays = {v.split("/")[0] for v in names}
         self.ws = [w] + [w.clone() for _ in range(copies - 1)] if "bf16" in lays else [w]
         self.packed = {}
-        for lay in lays & {"fixed12", "dense11"}:
-            p = glyd.pack(w, lay)
-            self.packed[lay] = [p] + [glyd.Packed(lay, p.shape, {a: t.clone() for a, t in p.arrays.items()})
-                                      for _ in range(copies - 1)]
+        for lay in lays & set(PACKED):
+            p = _pack(w, lay)
+            self.packed[lay] = [p] + [glyd.Packed(p.layout, p.shape, {a: t.clone() for a, t in p.arrays.items()},
+                                                  p.version) for _ in range(copies - 1)]
             if dev.type == "cuda":
                 for q in self.packed[lay]:
                     glyd.kernels.prepare(q)
@@ -243,7 +249,7 @@ class Suite:
                 one = lambda i: K.bf16_fold(self.ws[i], bufs[i])  # noqa: E731
             else:
                 one = lambda i: F.linear(self.x, self.ws[i])  # noqa: E731
-        elif lay in ("fixed12", "dense11"):
+        elif lay in PACKED:
             ps = self.packed[lay]
             if mode == "unpack":
                 one = lambda i: glyd.kernels.unpack(ps[i], self.out[i])  # noqa: E731
@@ -270,6 +276,16 @@ class Suite:
             for i in range(self.copies):
                 one(i)
         return run_all, lambda: one(0)
+
+
+def _pack(w: torch.Tensor, lay: str) -> glyd.Packed:
+    # a reference layout's packed matrix: dense11 in format version 1 (the GPU pack on CUDA), dense11v2 in 2
+    if lay == "dense11":
+        from glyd.codec.dense11 import pack_v1
+        from glyd.kernels.gpu_pack import pack_dense11_v1
+
+        return pack_dense11_v1(w) if w.is_cuda else pack_v1(w)
+    return glyd.pack(w, "dense11" if lay == "dense11v2" else lay)
 
 
 def check_output(name: str, y: torch.Tensor, w: torch.Tensor, x: torch.Tensor, suite: Suite | None) -> str:

@@ -239,7 +239,7 @@ def main() -> int:
         tot = dict.fromkeys(("dense11", "_esc", *LAYOUTS), 0)
         checked = 0
         for w in mats.values():
-            ref = glyd.pack(w, "dense11")
+            ref = D.pack_v1(w)  # dense11 format version 1: the planes arrangement's arrays
             tot["dense11"] += 8 * ref.nbytes
             for lay in LAYOUTS:
                 a = pack(w, lay)

@@ -160,14 +160,14 @@ def main() -> int:
         tot = dict.fromkeys(("dense11", *LAYOUTS), 0)
         checked = flagged = blocks = moved = 0
         for w in mats.values():
-            tot["dense11"] += 8 * glyd.pack(w, "dense11").nbytes
+            tot["dense11"] += 8 * DC.D.pack_v1(w).nbytes  # format version 1 (version 2 is niblut+wincx)
             for name in LAYOUTS:
                 a = pack(w, name)
                 if name == "niblut+win":
                     flagged += int(((a["esc_off"].view(torch.int16).to(torch.int32) & 0xFFFF) >= BIG).sum())
                     blocks += a["esc_off"].numel()
                 if name == "niblut+wincx":
-                    moved += a["exc_idx"].numel() - glyd.pack(w, "dense11").arrays["exc_idx"].numel()
+                    moved += a["exc_idx"].numel() - DC.D.pack_v1(w).arrays["exc_idx"].numel()
                 if not torch.equal(bits(a, tuple(w.shape), name), w.view(torch.int16)):
                     raise SystemExit(f"{name}: round trip of a {tuple(w.shape)} matrix of {src} failed")
                 tot[name] += 8 * DC.nbytes(a)

@@ -153,6 +153,8 @@ def dense11_v2(kind: str) -> dict:
     from glyd.kernels.dense11 import gemv_v2 as G
     from glyd.kernels.dense11 import unpack_v2 as U
 
+    lanes = kind.endswith("-lanes")  # the M = 2-16 dots a byte lane (dot="lanes"), else one dot a step
+    kind = kind.removesuffix("-lanes")
     kind, full = kind.removesuffix("-full"), kind.endswith("-full")  # -full: whole tiles (no masks), x as pairs
     ptrs = dict(x_ptr="*bf16", x32_ptr="*i32", sm_ptr="*i32", sm8_ptr="*u8", code_ptr="*i32", esc_ptr="*i32",
                 ebase_ptr="*i32",
@@ -165,7 +167,7 @@ def dense11_v2(kind: str) -> dict:
     else:
         fn, bn, bk, warps = G._gemv_v2_kernel, 16, 256, 4
         const = dict(BN=bn, BK=bk, MB=1 if kind == "gemv1" else 16, HW=True, HAS_BIAS=False, HAS_EXC=True,
-                     PARTIAL=False, X32=full, FULL=full)
+                     PARTIAL=False, X32=full, FULL=full, TILE_DOT=not lanes)
     sig = {n: "constexpr" if n in const else ptrs.get(n, "i32") for n in fn.arg_names}
     rows, res = _sass(fn, sig, const, warps, (*ptrs, "KP", "K", "stride_xm"))
     return analyse(rows, res, bn * bk / (32 * warps))
@@ -204,7 +206,7 @@ def report() -> int:
     items = [(f"fixed12/{k}", lambda k=k: fixed12(k)) for k in ("fold", "gemv1")]
     items += [(f"dense11/{k}", lambda k=k: dense11(k)) for k in ("unpack", "gemv1", "gemv16")]
     items += [(f"dense11v2/{k}{f}", lambda k=k + f: dense11_v2(k)) for k in ("unpack", "gemv1", "gemv16")
-              for f in ("", "-full")]
+              for f in ("", "-full")] + [("dense11v2/gemv16-full-lanes", lambda: dense11_v2("gemv16-full-lanes"))]
     for lay in K.LAYOUT_IDS:
         for mode, m in K.MODES.items():
             for cfg in (K.DEFAULTS[m], K.LARGE[m]):

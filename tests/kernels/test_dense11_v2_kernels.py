@@ -93,6 +93,8 @@ def test_unpack_through_the_layout_and_configs(device):
     (5, 16, 256, "normal", {"bk": 64}), (16, 33, 200, "crowded", {}), (3, 7, 2100, "wide", {"bk": 512}),
     (19, 5, 130, "normal", {"mb": 8}), (4, 1, 97, "wide", {"mb": 1}), (8, 18, 1024, "wide", {"bn": 32, "warps": 8}),
     (1, 32, 1024, "crowded", {}), (2, 32, 512, "wide", {}),  # whole tiles: the unmasked path
+    (16, 33, 200, "crowded", {"dot": "lanes"}), (2, 20, 1100, "wide", {"split": 2, "dot": "lanes"}),
+    (5, 32, 1024, "wide", {"dot": "lanes"}),
 ])
 def test_gemv(device, m, n, k, kind, cfg):
     from glyd import kernels
@@ -142,7 +144,8 @@ def test_can_implement_and_configs():
     ok, why = Dense11GemvKernel.can_implement(Problem("dense11", 1, 8, 128, 128, 2), cpu, Dense11GemvConfig())
     assert not ok and "version 1, not 2" in why
     assert Dense11V2GemvKernel.can_implement(Problem("dense11", 1, 8, 128, 128, 2), cpu, Dense11V2GemvConfig())[0]
-    for bad in ({"bn": 8}, {"bk": 32}, {"bk": 2048}, {"mb": 32}, {"split": -1}, {"split": True}, {"warps": 3}):
+    for bad in ({"bn": 8}, {"bk": 32}, {"bk": 2048}, {"mb": 32}, {"split": -1}, {"split": True}, {"warps": 3},
+                {"dot": "mma"}):
         with pytest.raises(ValueError):
             Dense11V2GemvConfig(**bad)
 
@@ -183,6 +186,9 @@ def test_large_on_the_gpu(kind):
     w = _weights(3584, 3584 + 64, seed=4, kind=kind)
     p = glyd.pack(w, "dense11").to("cuda")
     assert torch.equal(_bits(kernels.unpack(p)), _bits(w))
+    from glyd.kernels.dense11.gemv_v2 import Dense11V2GemvConfig
+
     for m in (1, 2, 7, 16):
         x = torch.randn(m, w.shape[1]).to(torch.bfloat16)
         _check(kernels.linear(x.cuda(), p), x, w, None)
+        _check(kernels.linear(x.cuda(), p, config=Dense11V2GemvConfig(dot="lanes")), x, w, None)

@@ -3,9 +3,12 @@
 
 - M = 1 (``MB == 1``): products of the lane words with x in fp32 FMAs into a [BN, W, 4] accumulator,
   reduced along K once after the last step (no cross-thread reduction inside the loop).
-- M = 2-16: the tile as 8 bf16 [BN, BK/8] operands (byte lane t of half h: columns 16h + 4q + t of
-  each run), each a ``tl.dot`` with the matching [16, BK/8] slice of x (rows past M masked to 0):
-  one decode serves all 16 rows, the tensor cores do the products.
+- M = 2-16: one decode serves all 16 rows (rows past M masked to 0), the tensor cores do the
+  products: ``dot="tile"`` rebuilds the tile in column order (``tl.join``, a permute) for one
+  ``tl.dot`` [16, BK] x [BK, BN] a step; ``dot="lanes"`` runs 8 dots a step, one a byte lane t of a
+  half h ([BN, BK/8]: columns 16h + 4q + t of each run) with the matching slice of x. Static sm_90
+  counts (``benchmarks/probes/dense_sass.py``): "tile" 16.2 instructions a weight a thread a step,
+  39 STS, 7 BAR; "lanes" 22.2, 67 STS, 21 BAR. Which is faster is for the H200 to say.
 
 Exceptions (digit 15, and a run's escapes of rank 8 and up) decode with exponent 0; the program of
 the first K split adds ``x[col] * (true - placeholder)`` for its rows' exceptions after the loop.
@@ -74,6 +77,38 @@ def _dot_half(acc, hi, lo, x_ptr, rm, mmask, stride_xm, kb, K, HALF: tl.constexp
 
 
 @triton.jit
+def _lane16(hi, lo, t: tl.constexpr, HW: tl.constexpr):
+    # the weights of byte lane t as bf16 (fp32 under the interpreter, whose dot misreads bf16)
+    w16 = (((hi >> (8 * t)) & 0xFF) << 8) | ((lo >> (8 * t)) & 0xFF)
+    if HW:
+        r = w16.to(tl.int16).to(tl.bfloat16, bitcast=True)
+    else:
+        r = (w16 << 16).to(tl.float32, bitcast=True)
+    return r
+
+
+@triton.jit
+def _lanes16(hi, lo, BN: tl.constexpr, W: tl.constexpr, HW: tl.constexpr):
+    # [BN, W, 16] of one half's lane words, in column order
+    j = tl.join(tl.join(_lane16(hi, lo, 0, HW), _lane16(hi, lo, 2, HW)),
+                tl.join(_lane16(hi, lo, 1, HW), _lane16(hi, lo, 3, HW)))  # [.., q, i, j]: lane 2i + j
+    return tl.reshape(j, [BN, W, 16])
+
+
+@triton.jit
+def _dot_tile(acc, hia, loa, hib, lob, x_ptr, rm, mmask, stride_xm, kb, K, BN: tl.constexpr, W: tl.constexpr,
+              HW: tl.constexpr):
+    # acc [MB, BN] += x [MB, 32 W] @ the tile^T as one dot (the tile rebuilt in column order)
+    t = tl.permute(tl.join(_lanes16(hia, loa, BN, W, HW), _lanes16(hib, lob, BN, W, HW)), (0, 1, 3, 2))
+    wt = tl.reshape(t, [BN, 32 * W])
+    c = kb + tl.arange(0, 32 * W)
+    xt = tl.load(x_ptr + rm[:, None] * stride_xm + c[None, :], mask=mmask[:, None] & (c < K)[None, :], other=0.0)
+    if not HW:
+        xt = xt.to(tl.float32)
+    return acc + tl.dot(xt, tl.trans(wt))
+
+
+@triton.jit
 def _exceptions(acc, rn, rm, mmask, pid_n, N, K, KP, x_ptr, stride_xm, sm_ptr, rowptr_ptr, eidx_ptr, eexp_ptr,
                 BN: tl.constexpr):
     # acc [MB, BN] + x[col] * (true - placeholder) for the row tile's exceptions (placeholder exponent 0)
@@ -99,7 +134,7 @@ def _gemv_v2_kernel(x_ptr, x32_ptr, sm_ptr, sm8_ptr, code_ptr, esc_ptr, ebase_pt
                     bias_ptr, out_ptr, M, N, K, KP, NBR, NESCW, BLOCKS_SPLIT, stride_xm, TH0, TH1, TL0, TL1, HA0, HA1,
                     HB0, HB1, LA0, LA1, LB0, LB1, BN: tl.constexpr, BK: tl.constexpr, MB: tl.constexpr,
                     HW: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_EXC: tl.constexpr, PARTIAL: tl.constexpr,
-                    X32: tl.constexpr = False, FULL: tl.constexpr = False):
+                    X32: tl.constexpr = False, FULL: tl.constexpr = False, TILE_DOT: tl.constexpr = True):
     # rows [pid_n * BN, +BN) x blocks [pid_k * BLOCKS_SPLIT, +BLOCKS_SPLIT) for x rows [pid_m * MB, +MB)
     W: tl.constexpr = BK // 32
     pid_n = tl.program_id(0)
@@ -127,8 +162,11 @@ def _gemv_v2_kernel(x_ptr, x32_ptr, sm_ptr, sm8_ptr, code_ptr, esc_ptr, ebase_pt
                 acc1 = _fma_half(acc1, hia, loa, xrow, x32row, kb, K, 0, W, HW, X32, FULL)
                 acc1 = _fma_half(acc1, hib, lob, xrow, x32row, kb, K, 1, W, HW, X32, FULL)
             else:
-                acc = _dot_half(acc, hia, loa, x_ptr, rm, mmask, stride_xm, kb, K, 0, BN, W, HW)
-                acc = _dot_half(acc, hib, lob, x_ptr, rm, mmask, stride_xm, kb, K, 1, BN, W, HW)
+                if TILE_DOT:
+                    acc = _dot_tile(acc, hia, loa, hib, lob, x_ptr, rm, mmask, stride_xm, kb, K, BN, W, HW)
+                else:
+                    acc = _dot_half(acc, hia, loa, x_ptr, rm, mmask, stride_xm, kb, K, 0, BN, W, HW)
+                    acc = _dot_half(acc, hib, lob, x_ptr, rm, mmask, stride_xm, kb, K, 1, BN, W, HW)
     if MB == 1:
         acc = tl.sum(tl.sum(acc1, axis=2), axis=1)[None, :]
     if HAS_EXC:
@@ -158,13 +196,16 @@ class Dense11V2GemvConfig:
     """``bn`` weight rows a program, ``bk`` columns a step (dividing 1024; a run of 32 a thread at
     ``bn * bk / 32 = 32 * warps``), up to ``mb`` x rows decoded once (1: the FMA path; 2-16: 16 rows
     through ``tl.dot``; more: another program), ``split`` K splits of whole 1024-column blocks (0: one
-    split a block when the row tiles alone would leave the GPU's SMs idle), ``warps``."""
+    split a block when the row tiles alone would leave the GPU's SMs idle), ``warps``, ``dot``: the
+    M = 2-16 products as one dot a step of the tile in column order (``"tile"``) or 8 dots a step,
+    one a byte lane (``"lanes"``)."""
 
     bn: int = 16
     bk: int = 256
     mb: int = 16
     split: int = 0
     warps: int = 4
+    dot: str = "tile"
 
     def __post_init__(self) -> None:
         C.pow2(self, "bn", "bk", "mb", "warps")
@@ -173,6 +214,8 @@ class Dense11V2GemvConfig:
                              f"got bk={self.bk}, mb={self.mb}, bn={self.bn}")
         if not isinstance(self.split, int) or isinstance(self.split, bool) or self.split < 0:
             raise ValueError(f"split must be an int >= 0, got {self.split!r}")
+        if self.dot not in ("tile", "lanes"):
+            raise ValueError(f"dot must be 'tile' or 'lanes', got {self.dot!r}")
 
 
 class Dense11V2GemvKernel(Kernel):
@@ -217,7 +260,8 @@ class Dense11V2GemvKernel(Kernel):
             a["exc_idx"], a["exc_exp"], bias if bias is not None else out, dst, m, n, k, kp, nbr, prep.nescw, per,
             x2.stride(0), *prep.lut, *prep.tab,
             BN=config.bn, BK=bk, MB=mb, HW=hw(), HAS_BIAS=bias is not None, HAS_EXC=prep.nexc > 0, PARTIAL=split > 1,
-            X32=x32 is not None, FULL=n % config.bn == 0 and k == kp and kp % bk == 0, num_warps=config.warps,
+            X32=x32 is not None, FULL=n % config.bn == 0 and k == kp and kp % bk == 0, TILE_DOT=config.dot == "tile",
+            num_warps=config.warps,
         )
         if split > 1:
             C.finalize(dst, bias, out)

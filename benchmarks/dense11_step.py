@@ -11,7 +11,10 @@ registry's choice for the same weights packed in format version 1 (bit planes: t
 the first qkv, o and down matrix (both versions), the unpack is bit-exact, every product is within
 5e-3 (relative norm) of float64 ``F.linear``.
 
-    python benchmarks/dense11_step.py [--out DIR] [--layers 28] [--ms 1,16,32,64]
+    python benchmarks/dense11_step.py [--out DIR] [--layers 28] [--ms 1,16,32,64] [--dot tile|lanes]
+
+``--dot`` picks the M = 2-16 product form of ``dense11 gemv`` (``Dense11V2GemvConfig.dot``; the
+registry's ``dense11`` keeps the table's, the default ``tile``).
 
 Without a CUDA GPU it is a dry run under ``TRITON_INTERPRET=1``: tiny shapes, every check, times
 NaN (about 3.5 minutes on 2 CPU cores with ``--ms 1,32``). Prints a markdown table; ``--out`` also
@@ -82,9 +85,9 @@ def check(mats: dict, ms: list[int]) -> list[str]:
     return fails
 
 
-def step(mats: dict, xs: dict, variant: str):
+def step(mats: dict, xs: dict, variant: str, dot: str = "tile"):
     which = WHICH[variant]
-    cfg = Dense11V2GemvConfig() if variant == "dense11 gemv" else None
+    cfg = Dense11V2GemvConfig(dot=dot) if variant == "dense11 gemv" else None
 
     def run():
         for reps in mats.values():
@@ -101,6 +104,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=None)
     ap.add_argument("--layers", type=int, default=LAYERS)
     ap.add_argument("--ms", default="1,16,32,64")
+    ap.add_argument("--dot", default="tile", choices=("tile", "lanes"))
     args = ap.parse_args(argv)
     ms = [int(m) for m in args.ms.split(",")]
     t0 = time.time()
@@ -117,11 +121,11 @@ def main(argv=None) -> int:
     sizes = {v: sum((t[0].numel() * 2 if v == "bf16" else t[WHICH[v]].nbytes) for r in mats.values()
                     for t in r) for v in ("bf16", "fixed12", "dense11", "dense11 v1")}
     res = {"device": torch.cuda.get_device_name() if DEV == "cuda" else "cpu (dry run)", "torch": torch.__version__,
-           "glyd": glyd.__version__, "layers": args.layers, "build_s": round(built, 1), "bytes": sizes, "ms": {}}
+           "glyd": glyd.__version__, "dot": args.dot, "layers": args.layers, "build_s": round(built, 1), "bytes": sizes, "ms": {}}
     for m in ms:
         xs = {k: torch.randn(m, k, device=DEV).to(torch.bfloat16) for k in {k for _, _, k in SHAPES} | {H}}
         for v in VARIANTS:
-            fn = step(mats, xs, v)
+            fn = step(mats, xs, v, args.dot)
             if DEV == "cuda":
                 res["ms"].setdefault(str(m), {})[v] = cuda_graph_ms(fn, 30)
             else:

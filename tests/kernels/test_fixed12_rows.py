@@ -66,3 +66,28 @@ def test_the_op_on_cuda_takes_the_kernel_and_keeps_its_checks(monkeypatch):
     assert torch.equal(_bits(glyd.ops.rows(p, fids)), w[[7, 256, 0]].view(torch.int16))  # taken, as elsewhere
     assert torch.equal(_bits(emb(ids)), w[ids.cpu()].view(torch.int16))  # the module's lookup too
     # an id outside the rows: tests/ops/test_rows_checks.py's subprocess (a device-side assert)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_lookup_captured_before_any_eager_call_is_refused_by_name_on_gpu():
+    # the exception index is built on the host once a matrix: inside a capture CUDA said only that a
+    # sync is not permitted; the error names the cause and the cure
+    from glyd.errors import UnsupportedError
+    from glyd.kernels.fixed12.rows import rows
+
+    p = glyd.pack(random_weights(300, 128, "wide"), "fixed12").to("cuda")
+    ids = torch.tensor([0, 7, 299], device="cuda")
+    graph = torch.cuda.CUDAGraph()
+    with pytest.raises(UnsupportedError, match="outside the CUDA graph capture"):
+        with torch.cuda.graph(graph):
+            rows(p, ids)
+    want = rows(p, ids)  # a warm-up call, then the capture works
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = rows(p, ids)
+    ids.copy_(torch.tensor([5, 5, 1], device="cuda"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out.view(torch.int16), rows(p, ids).view(torch.int16))
+    assert not torch.equal(out.view(torch.int16), want.view(torch.int16))

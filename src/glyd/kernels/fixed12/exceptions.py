@@ -16,6 +16,7 @@ import triton.language as tl
 
 from glyd.codec import fixed12 as _codec
 from glyd.codec.packed import Packed
+from glyd.errors import UnsupportedError
 from glyd.kernels import _common as C
 from glyd.kernels import _plan
 from glyd.kernels._interp import isolated
@@ -52,7 +53,17 @@ def prepare(p: Packed) -> Prepared:
     """The exception index of ``p`` (built once a matrix, with host syncs; again after an in-place change)."""
     if p.layout != _codec.NAME:
         raise ValueError(f"expected a fixed12 packed matrix, got layout {p.layout!r}")
-    return C.cached(p.arrays["exc_idx"], lambda: Prepared(p), p.arrays.values())
+    return C.cached(p.arrays["exc_idx"], lambda: _outside_a_capture(p) and Prepared(p), p.arrays.values())
+
+
+def _outside_a_capture(p: Packed) -> bool:
+    # Prepared reads the exception indices on the host: impossible while a CUDA graph is captured
+    # (CUDA's own error names the sync, not the cause)
+    if p.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        raise UnsupportedError(f"the exception index of this {p.shape[0]}x{p.shape[1]} fixed12 matrix is built on "
+                               "the host: run its product or lookup once outside the CUDA graph capture (a warm-up "
+                               "step) first")
+    return True
 
 
 EXC_ROWS = 4  # weight rows an exception program corrects (swept: 4 against 16 and 64)

@@ -394,3 +394,28 @@ def test_one_routing_block_makes_no_host_sync(kernels_on_cpu, monkeypatch):
         watching[0] = False
     assert mode.seen.count("_grouped_mm") == 2 and mode.seen.count("index_copy_") == 1  # it saw the block
     assert not {"item", "_local_scalar_dense", "tolist"} & set(mode.seen), mode.seen
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("tokens", [3, 1500])  # the per-product path and the one-routing (sorted) path
+def test_gpu_biased_experts_in_a_graph_give_nan_rows_for_ids_outside(tokens):
+    # inside a graph an id outside the experts gives its token NaN (the documented rule); the biases'
+    # lookup indexed with it ended the graph in a device-side assert instead
+    src = _BiasedExperts()
+    mod = GlydExperts(copy.deepcopy(src), _packed(src)).cuda()
+    g = torch.Generator(device="cuda").manual_seed(3)
+    h = torch.randn(tokens, 32, device="cuda", generator=g).to(torch.bfloat16)
+    idx = torch.randint(0, 3, (tokens, 2), device="cuda", generator=g)
+    w = torch.rand(tokens, 2, device="cuda", generator=g).to(torch.bfloat16)
+    mod(h, idx, w)  # warm-up: the exception indices are built
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = mod(h, idx, w)
+    want = mod(h, idx, w)
+    idx[0, 1] = 3
+    idx[-1, 0] = -1
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.isnan(out[0]).all() and torch.isnan(out[-1]).all()
+    assert torch.equal(bits(out[1:-1]), bits(want[1:-1]))

@@ -273,12 +273,18 @@ class GlydExperts(nn.Module):
         x = hidden_states.repeat_interleave(top_k, dim=0)  # [tokens * top_k, hidden]
         h = _named(up, torch.ops.glyd.experts_linear, x, ids, *self._op_args(up))
         if getattr(src, "has_bias", False):
-            h = h + self._parameters[f"{up}_bias"][ids]
+            h = h + self._bias_rows(f"{up}_bias", ids)
         h = src._apply_gate(h) if src.has_gate else src.act_fn(h)
         y = _named(down, torch.ops.glyd.experts_linear, h, ids, *self._op_args(down))
         if getattr(src, "has_bias", False):
-            y = y + self._parameters["down_proj_bias"][ids]
+            y = y + self._bias_rows("down_proj_bias", ids)
         return y
+
+    def _bias_rows(self, name: str, ids: torch.Tensor) -> torch.Tensor:
+        # ids outside the experts reach here only inside a CUDA graph (an eager product raised), where
+        # their rows are NaN already: clamped, the lookup cannot end the graph in a device-side assert
+        bias = self._parameters[name]
+        return bias.index_select(0, ids.clamp(0, bias.shape[0] - 1))
 
     def _sorted_products(self, hidden_states: torch.Tensor, ids: torch.Tensor, top_k: int) -> torch.Tensor:
         """Both products on the rows sorted by expert once (where the up product's kernel would sort them):
@@ -289,11 +295,11 @@ class GlydExperts(nn.Module):
         x = hidden_states.index_select(0, token)  # sorted row s: token order[s] // top_k
         h = _named(up, torch.ops.glyd.experts_linear_sorted, x, sids, offs, *self._op_args(up))
         if getattr(src, "has_bias", False):
-            h = h + self._parameters[f"{up}_bias"][sids]
+            h = h + self._bias_rows(f"{up}_bias", sids)
         h = src._apply_gate(h) if src.has_gate else src.act_fn(h)
         y = _named(down, torch.ops.glyd.experts_linear_sorted, h, sids, offs, *self._op_args(down))
         if getattr(src, "has_bias", False):
-            y = y + self._parameters["down_proj_bias"][sids]
+            y = y + self._bias_rows("down_proj_bias", sids)
         return torch.empty_like(y).index_copy_(0, order, y)
 
     def dequantized(self) -> nn.Module:

@@ -192,3 +192,52 @@ def test_large_on_the_gpu(kind):
         x = torch.randn(m, w.shape[1]).to(torch.bfloat16)
         _check(kernels.linear(x.cuda(), p), x, w, None)
         _check(kernels.linear(x.cuda(), p, config=Dense11V2GemvConfig(dot="lanes")), x, w, None)
+
+
+def _exception_list_hostiles(p):
+    """(name, arrays) of a dense11 matrix whose exception list is sorted and inside the matrix but not
+    its digit-15 escapes: a table digit made 15 with none listed, a window weight and a table-digit
+    escape listed (the offsets, stream length and ranks stay valid)."""
+    from glyd.codec.dense11 import ESCAPE, codes_of_packed
+
+    a = p.arrays
+    (n, kp), k = a["sm"].shape, p.shape[1]
+    esc = torch.from_numpy(codes_of_packed(p) == ESCAPE).reshape(-1)
+    pos = torch.nonzero(esc).squeeze(1)
+    digit = V.stream_digits(a["esc"], pos.numel())
+    i = int(torch.nonzero(digit != 15)[0])  # an escape with a table digit, rank 0 in its run
+    words = a["esc"].clone()
+    words.view(torch.uint8)[i // 2] |= 0x0F if i % 2 == 0 else 0xF0
+    flat = lambda q: (q // kp) * k + q % kp  # noqa: E731
+    window = int(torch.nonzero(~esc.view(n, kp)[:, :k].reshape(-1))[0])
+
+    def listed(extra: int) -> dict:
+        idx = torch.cat([a["exc_idx"].to(torch.int64), torch.tensor([extra])])
+        order = idx.argsort()
+        exp = torch.cat([a["exc_exp"], torch.tensor([200], dtype=torch.uint8)])
+        return dict(a, exc_idx=idx[order].to(a["exc_idx"].dtype), exc_exp=exp[order])
+
+    return [("digit 15 unlisted", dict(a, esc=words)), ("window weight listed", listed(window)),
+            ("table digit listed", listed(int(flat(pos[i]))))]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("version", [1, 2])
+def test_exception_list_must_be_the_digit_15_escapes(device, version):
+    # the kernels' preparation checked the list sorted and inside the matrix only: an escape whose digit
+    # is 15 with no exception decoded as exponent 0, and a listed window weight was overwritten (unpack)
+    # or counted twice (GEMV: its value plus x * (listed - placeholder)); the codec refuses both
+    from glyd import kernels
+
+    w = _weights(3, 1100, seed=5, kind="wide")
+    p = glyd.pack(w, "dense11") if version == 2 else pack_v1(w)
+    x = torch.randn(1, 1100).to(torch.bfloat16).to(device)
+    for what, arrays in _exception_list_hostiles(p):
+        bad = glyd.Packed("dense11", p.shape, arrays, version)
+        with pytest.raises(CorruptError, match="exc_idx"):
+            glyd.unpack(bad)
+        bad = bad.to(device)
+        with pytest.raises(CorruptError, match="exc_idx"):
+            kernels.unpack(bad)
+        with pytest.raises(CorruptError, match="exc_idx"):
+            kernels.linear(x, bad)

@@ -229,6 +229,52 @@ def _check_values(p: Packed, codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]
     return pos, digit
 
 
+def _popcount(x: torch.Tensor) -> torch.Tensor:
+    """Set bits of each 32-bit word of ``x`` (int64 values 0..2**32-1)."""
+    x = x - ((x >> 1) & 0x55555555)
+    x = (x & 0x33333333) + ((x >> 2) & 0x33333333)
+    x = (x + (x >> 4)) & 0x0F0F0F0F
+    return ((x * 0x01010101) & 0xFFFFFFFF) >> 24
+
+
+def device_escapes(p: Packed, chunk: int = 1 << 22) -> tuple[torch.Tensor, torch.Tensor]:
+    """(int64 [blocks]: escape codes of each 1024-column block of each row, padding included; int64:
+    flat indices ``r * k + c`` of the escapes whose digit is 15, the exception list's due) of either
+    version, checked: no escape in the padding, version 2's rank rule. Torch ops on the arrays'
+    device, ``chunk`` bytes of a plane at once: the row lookup's and the kernels' checks."""
+    n, k = p.shape
+    code, stream = p.arrays["code"], p.arrays["esc"].to(torch.int64) & 0xFFFFFFFF
+    words, nbr = code.shape[1] // 3, blocks_per_row(k)
+    per, kp = BLOCK // WORD, words * WORD  # plane words a block; padded columns
+    counts = [torch.zeros(n * nbr if not words else 0, dtype=torch.int64, device=code.device)]
+    raw = [torch.zeros(0, dtype=torch.int64, device=code.device)]
+    bit = torch.arange(WORD, device=code.device)
+    step, first = max(1, chunk // max(1, 8 * kp)), 0  # rows at once; digits of the rows before
+    for r in range(0, n if words else 0, step):
+        w = code[r : r + step].reshape(-1, words, 3)
+        if p.version == 1:
+            w = w.to(torch.int64) & 0xFFFFFFFF
+            esc = w[..., 0] & w[..., 1] & w[..., 2]  # [rows, Kp/32]: a bit an escape
+        else:
+            esc = _v2.escape_masks(w)
+        pad = esc.new_zeros(esc.shape[0], nbr * per)
+        pad[:, :words] = _popcount(esc)
+        counts.append(pad.view(-1, per).sum(1))
+        pos = torch.nonzero(((esc[..., None] >> bit) & 1).reshape(-1)).reshape(-1)  # row-major, padded
+        i = first + torch.arange(pos.numel(), device=pos.device)
+        # (a stream too short for the codes is refused by the caller: the clamp only keeps this in bounds)
+        word = stream[(i // 8).clamp(max=stream.numel() - 1)] if stream.numel() else torch.zeros_like(i)
+        digit = (word >> (4 * (i % 8))) & 15
+        if p.version == 2:  # a run's escapes of rank 8 and up must be exceptions (the kernels' premise)
+            _v2.check_ranks(((esc[..., None] >> bit) & 1).bool(), digit)
+        if k < kp and bool((pos % kp >= k).any()):
+            raise CorruptError("dense11 padding columns hold escape codes")
+        pos = pos[digit == RAW]
+        raw.append((pos // kp + r) * k + pos % kp)
+        first += i.numel()
+    return torch.cat(counts), torch.cat(raw)
+
+
 def codes_of_packed(p: Packed) -> np.ndarray:
     """uint8 codes [N, Kp] of ``p``'s code words, either version."""
     n = p.shape[0]

@@ -114,54 +114,12 @@ def _offsets(p: Packed, nblk: int, what: str, superblock: int) -> torch.Tensor:
     return off
 
 
-def _popcount(x: torch.Tensor) -> torch.Tensor:
-    """Set bits of each 32-bit word of ``x`` (int64 values 0..2**32-1)."""
-    x = x - ((x >> 1) & 0x55555555)
-    x = (x & 0x33333333) + ((x >> 2) & 0x33333333)
-    x = (x + (x >> 4)) & 0x0F0F0F0F
-    return ((x * 0x01010101) & 0xFFFFFFFF) >> 24
-
-
-def _dense11_escapes(p: Packed) -> tuple[torch.Tensor, torch.Tensor]:
-    """(int64 [blocks]: escape codes of each 1024-column block of each row, padding included;
-    int64: flat indices ``r * k + c`` of the escapes whose digit is 15, the exception list's due)."""
-    n, k = p.shape
-    code, stream = p.arrays["code"], p.arrays["esc"].to(torch.int64) & 0xFFFFFFFF
-    words, nbr = code.shape[1] // 3, dense11.blocks_per_row(k)
-    per, kp = dense11.BLOCK // dense11.WORD, words * dense11.WORD  # plane words a block; padded columns
-    counts = [torch.zeros(n * nbr if not words else 0, dtype=torch.int64, device=code.device)]
-    raw = [torch.zeros(0, dtype=torch.int64, device=code.device)]
-    bit = torch.arange(dense11.WORD, device=code.device)
-    step, first = max(1, CHUNK // max(1, 8 * kp)), 0  # rows at once; digits of the rows before
-    for r in range(0, n if words else 0, step):
-        w = code[r : r + step].reshape(-1, words, 3)
-        if p.version == 1:
-            w = w.to(torch.int64) & 0xFFFFFFFF
-            esc = w[..., 0] & w[..., 1] & w[..., 2]  # [rows, Kp/32]: a bit an escape
-        else:
-            esc = dense11_v2.escape_masks(w)
-        pad = esc.new_zeros(esc.shape[0], nbr * per)
-        pad[:, :words] = _popcount(esc)
-        counts.append(pad.view(-1, per).sum(1))
-        pos = torch.nonzero(((esc[..., None] >> bit) & 1).reshape(-1)).reshape(-1)  # row-major, padded
-        i = first + torch.arange(pos.numel(), device=pos.device)
-        # (a stream too short for the codes is refused by the caller: the clamp only keeps this in bounds)
-        word = stream[(i // 8).clamp(max=stream.numel() - 1)] if stream.numel() else torch.zeros_like(i)
-        digit = (word >> (4 * (i % 8))) & 15
-        if p.version == 2:  # a run's escapes of rank 8 and up must be exceptions (the kernels' premise)
-            dense11_v2.check_ranks(((esc[..., None] >> bit) & 1).bool(), digit)
-        pos = pos[(digit == dense11.RAW) & (pos % kp < k)]
-        raw.append((pos // kp + r) * k + pos % kp)
-        first += i.numel()
-    return torch.cat(counts), torch.cat(raw)
-
-
 def _check_dense11(p: Packed) -> None:
     n, k = p.shape
     _check_base(p, dense11.MAX_BASE)
     _check_exceptions(p)
     off = _offsets(p, dense11.num_blocks(n, k), "'esc'", dense11.SUPER)
-    counts, raw = _dense11_escapes(p)
+    counts, raw = dense11.device_escapes(p, CHUNK)
     want = torch.cat([off.new_zeros(1), counts.cumsum(0)])
     total = int(want[-1])
     if off.shape != want.shape or bool((off != want).any()) or p.arrays["esc"].numel() != (total + 7) // 8:

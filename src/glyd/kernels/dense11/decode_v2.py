@@ -178,18 +178,15 @@ def _word(v: list[int]) -> int:
 
 
 class PreparedV2(Prepared):
-    """``dense11.unpack.Prepared`` (offsets, stream length and exception list checked against the
-    codes, the exceptions' row pointers and true words), for version 2: also the rank rule checked,
-    and the kernels' tables as ints: ``lut`` (hi bytes, low bits of ``base + code``, codes 0-7) and
+    """``dense11.unpack.Prepared`` (offsets, stream length, exception list and version 2's rank rule
+    checked against the codes, the exceptions' row pointers and true words), for version 2: also
+    the kernels' tables as ints: ``lut`` (hi bytes, low bits of ``base + code``, codes 0-7) and
     ``tab`` (hi bytes, low bits of the escape table's digits 0-15, digit 15 exponent 0). Host syncs
     here, once a matrix."""
 
     def __init__(self, p: Packed) -> None:
         super().__init__(p)
         a = p.arrays
-        n, kp = a["sm"].shape
-        if n * kp:
-            _v2.check_stream_ranks(a["code"], a["esc"], n, kp)
         base = int(a["base"][0])
         if base > _codec.MAX_BASE:
             raise C.CorruptError(f"dense11 base {base} is out of range 0..{_codec.MAX_BASE}")

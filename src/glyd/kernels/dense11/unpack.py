@@ -147,9 +147,13 @@ class Prepared:
         self.nesc = _check_offsets(p) if n * kp else 0
         idx = a["exc_idx"].to(torch.int64)
         self.nexc = int(idx.numel())
+        if self.nexc and (int(idx.min()) < 0 or int(idx.max()) >= n * k or bool((idx[1:] <= idx[:-1]).any())):
+            raise CorruptError("dense11 'exc_idx' is not strictly increasing inside the matrix")
+        # the kernels decode digit 15 as exponent 0 and add or patch every listed index: the list must
+        # be exactly those escapes (padding and version 2's rank rule checked there too)
+        if n * kp and not torch.equal(_codec.device_escapes(p)[1], idx):
+            raise CorruptError("dense11 'exc_idx' does not list exactly the escapes whose digit is 15")
         if self.nexc:
-            if int(idx.min()) < 0 or int(idx.max()) >= n * k or bool((idx[1:] <= idx[:-1]).any()):
-                raise CorruptError("dense11 'exc_idx' is not strictly increasing inside the matrix")
             bounds = torch.arange(n + 1, device=idx.device, dtype=torch.int64) * k
             self.rowptr = torch.searchsorted(idx, bounds).to(torch.int32)
             sm = a["sm"].reshape(-1)[(idx // k) * kp + idx % k].to(torch.int32)

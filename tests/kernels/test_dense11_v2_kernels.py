@@ -241,3 +241,25 @@ def test_exception_list_must_be_the_digit_15_escapes(device, version):
             kernels.unpack(bad)
         with pytest.raises(CorruptError, match="exc_idx"):
             kernels.linear(x, bad)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("version", [1, 2])
+def test_base_past_the_window_refused(device, version):
+    # base 250-255 puts base + 6 past exponent 255: the version-1 kernels added it into the sign bit
+    # (no check), version 2's check raised AttributeError (C.CorruptError does not exist)
+    from glyd import kernels
+
+    w = _weights(2, 64, seed=6)
+    p = glyd.pack(w, "dense11") if version == 2 else pack_v1(w)
+    for base in (250, 255):
+        bad = glyd.Packed("dense11", p.shape, dict(p.arrays, base=torch.tensor([base], dtype=torch.uint8)), version)
+        with pytest.raises(CorruptError, match=f"base {base}"):
+            glyd.unpack(bad)
+        bad = bad.to(device)
+        with pytest.raises(CorruptError, match=f"base {base}"):
+            kernels.unpack(bad)
+        with pytest.raises(CorruptError, match=f"base {base}"):
+            kernels.linear(torch.ones(1, 64, dtype=torch.bfloat16, device=device), bad)
+    ok = glyd.Packed("dense11", p.shape, dict(p.arrays, base=torch.tensor([249], dtype=torch.uint8)), version)
+    assert torch.equal(_bits(kernels.unpack(ok)), _bits(glyd.unpack(ok)))  # the window's top: exponent 255

@@ -26,7 +26,6 @@ import triton
 import triton.language as tl
 
 from glyd.codec import dense11 as _codec
-from glyd.codec import dense11_v2 as _v2
 from glyd.codec.packed import Packed
 from glyd.kernels import _common as C
 from glyd.kernels.dense11.unpack import Prepared, _popc
@@ -187,9 +186,7 @@ class PreparedV2(Prepared):
     def __init__(self, p: Packed) -> None:
         super().__init__(p)
         a = p.arrays
-        base = int(a["base"][0])
-        if base > _codec.MAX_BASE:
-            raise C.CorruptError(f"dense11 base {base} is out of range 0..{_codec.MAX_BASE}")
+        base = int(a["base"][0])  # in range: checked by Prepared
         self.nescw = int(a["esc"].numel())
         et = [int(v) for v in a["etab"].tolist()] + [0]
         hi, lo = [e >> 1 for e in et], [e & 1 for e in et]

@@ -144,6 +144,9 @@ class Prepared:
         C.check_size("dense11 'sm'", n * kp)
         if a["esc"].numel() * 8 >= 2**31 or n * _codec.blocks_per_row(k) >= 2**31:
             raise C.FormatError("dense11 escape stream is too large for 32-bit offsets")
+        base = int(a["base"][0])
+        if base > _codec.MAX_BASE:  # base + code past exponent 255 would carry into the sign bit
+            raise CorruptError(f"dense11 base {base} is out of range 0..{_codec.MAX_BASE}")
         self.nesc = _check_offsets(p) if n * kp else 0
         idx = a["exc_idx"].to(torch.int64)
         self.nexc = int(idx.numel())

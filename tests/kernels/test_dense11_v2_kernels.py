@@ -263,3 +263,27 @@ def test_base_past_the_window_refused(device, version):
             kernels.linear(torch.ones(1, 64, dtype=torch.bfloat16, device=device), bad)
     ok = glyd.Packed("dense11", p.shape, dict(p.arrays, base=torch.tensor([249], dtype=torch.uint8)), version)
     assert torch.equal(_bits(kernels.unpack(ok)), _bits(glyd.unpack(ok)))  # the window's top: exponent 255
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("version", [1, 2])
+def test_strided_arrays_refused_by_name(device, version):
+    # an array of the right shape and dtype as a strided view (a column slice of a wider tensor, every
+    # other element): the codec reads it right, the kernels read it as one contiguous array (other
+    # rows, other digits: wrong weights, no error) before this check
+    from glyd import kernels
+    from glyd.errors import FormatError
+
+    w = _weights(5, 1100, seed=7, kind="wide")
+    p = (glyd.pack(w, "dense11") if version == 2 else pack_v1(w)).to(device)
+    x = torch.randn(2, 1100).to(torch.bfloat16).to(device)
+    for name in ("sm", "code", "esc", "esc_off", "exc_idx", "exc_exp"):
+        t = p.arrays[name]
+        big = torch.zeros(*t.shape[:-1], 2 * t.shape[-1], dtype=t.dtype, device=device)
+        big[..., ::2] = t
+        bad = glyd.Packed("dense11", p.shape, dict(p.arrays, **{name: big[..., ::2]}), version)
+        assert torch.equal(_bits(glyd.unpack(bad.to("cpu"))), _bits(w))
+        with pytest.raises(FormatError, match=f"'{name}' must be contiguous"):
+            kernels.unpack(bad)
+        with pytest.raises(FormatError, match=f"'{name}' must be contiguous"):
+            kernels.linear(x, bad)

@@ -28,7 +28,7 @@ from triton.language.extra import libdevice
 from glyd.codec import dense11 as _codec
 from glyd.codec import dense11_v2 as _v2
 from glyd.codec.packed import Packed
-from glyd.errors import CorruptError
+from glyd.errors import CorruptError, FormatError
 from glyd.kernels import _common as C
 from glyd.kernels import _plan
 from glyd.kernels._interp import isolated
@@ -144,6 +144,10 @@ class Prepared:
         C.check_size("dense11 'sm'", n * kp)
         if a["esc"].numel() * 8 >= 2**31 or n * _codec.blocks_per_row(k) >= 2**31:
             raise C.FormatError("dense11 escape stream is too large for 32-bit offsets")
+        for name in _codec.ARRAYS:  # the kernels take each array's pointer as one dense array
+            if not a[name].is_contiguous():
+                raise FormatError(f"dense11 array '{name}' must be contiguous (the kernels read it as one array), "
+                                  f"got strides {a[name].stride()}")
         base = int(a["base"][0])
         if base > _codec.MAX_BASE:  # base + code past exponent 255 would carry into the sign bit
             raise CorruptError(f"dense11 base {base} is out of range 0..{_codec.MAX_BASE}")

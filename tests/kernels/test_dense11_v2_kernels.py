@@ -287,3 +287,15 @@ def test_strided_arrays_refused_by_name(device, version):
             kernels.unpack(bad)
         with pytest.raises(FormatError, match=f"'{name}' must be contiguous"):
             kernels.linear(x, bad)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_empty_matrices(device):
+    # K = 0 with N a multiple of the unpack's rows made its tile width 0 (ZeroDivisionError building the launch)
+    from glyd import kernels
+
+    for n, k in ((0, 0), (8, 0), (16, 0), (0, 64), (3, 0)):
+        p = glyd.pack(torch.zeros(n, k, dtype=torch.bfloat16), "dense11").to(device)
+        assert kernels.unpack(p).shape == (n, k)
+        y = kernels.linear(torch.ones(2, k, dtype=torch.bfloat16, device=device), p)
+        assert y.shape == (2, n) and not bool(y.any())

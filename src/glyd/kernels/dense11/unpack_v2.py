@@ -124,7 +124,7 @@ def unpack_launch(p: Packed, config: Dense11V2UnpackConfig | None = None) -> _pl
                                   triton.cdiv(n, bn) * nbr)
     else:
         tiles = (out16,) * 3
-    bk = min(cfg.bk, triton.next_power_of_2(kp))
+    bk = min(cfg.bk, triton.next_power_of_2(max(kp, 64)))  # K = 0: a width all the same (nothing launches)
     sm, code, esc, ebase, eoff = (_plan.Slot(1 + _codec.ARRAYS.index(a), fixed=True)
                                   for a in ("sm", "code", "esc", "esc_base", "esc_off"))
     return _plan.Launch(_unpack_v2_kernel, (triton.cdiv(n, cfg.rows), nbr),

@@ -242,6 +242,28 @@ def test_corrupt_values(case, version):
         glyd.unpack(bad)
 
 
+def test_padding_must_be_zero(version):
+    # the format's padding is code 0 and sm 0; a nonzero padding code decoded nothing the codec returns,
+    # but the kernels multiply the padding by x's masked zeros: at base 249 code 6 is exponent 255, and
+    # 0 * inf made every product of the row NaN. sm padding: refused too (what the format says)
+    from glyd.codec import dense11_v2
+    from glyd.ops.rows import unpack_rows
+
+    p = noisy(version)  # K = 1100, Kp = 1152
+    n, kp = p.arrays["sm"].shape
+    codes = dense11.codes_of_packed(p)
+    codes[2, 1100] = 6
+    if version == 1:
+        code = torch.from_numpy(dense11.planes_of(codes))
+    else:
+        code = dense11_v2.words_of(torch.from_numpy(codes).view(n, kp // 32, 32)).view(n, -1)
+    for bad in (replace(p, code=code), _clone_with(p, "sm", lambda t: t[2, 1151:].fill_(1))):
+        with pytest.raises(CorruptError, match="padding"):
+            glyd.unpack(bad)
+        with pytest.raises(CorruptError, match="padding"):
+            unpack_rows(bad, torch.tensor([0]))
+
+
 def test_exception_list_is_checked(version):
     p = noisy(version)
     idx = p.arrays["exc_idx"].clone()

@@ -299,3 +299,29 @@ def test_empty_matrices(device):
         assert kernels.unpack(p).shape == (n, k)
         y = kernels.linear(torch.ones(2, k, dtype=torch.bfloat16, device=device), p)
         assert y.shape == (2, n) and not bool(y.any())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("version", [1, 2])
+def test_padding_codes_refused(device, version):
+    # padding code 6 at base 249 is exponent 255: the codec dropped the padding and accepted it, and the
+    # GEMV's 0 * inf made every product NaN; now refused everywhere
+    from glyd import kernels
+    from glyd.codec.dense11 import planes_of
+
+    w = torch.full((4, 70), 2.0**100).to(torch.bfloat16)
+    p = glyd.pack(w, "dense11") if version == 2 else pack_v1(w)
+    n, kp = p.arrays["sm"].shape
+    codes = torch.zeros(n, kp, dtype=torch.int64)
+    codes[:, 70:] = 6
+    code = V.words_of(codes.view(n, kp // 32, 32)).view(n, -1) if version == 2 else \
+        torch.from_numpy(planes_of(codes.numpy().astype("uint8")))
+    bad = glyd.Packed("dense11", p.shape, dict(p.arrays, code=code, base=torch.tensor([249], dtype=torch.uint8)),
+                      version)
+    with pytest.raises(CorruptError, match="padding"):
+        glyd.unpack(bad)
+    bad = bad.to(device)
+    with pytest.raises(CorruptError, match="padding"):
+        kernels.unpack(bad)
+    with pytest.raises(CorruptError, match="padding"):
+        kernels.linear(torch.full((1, 70), 1e-30, dtype=torch.bfloat16, device=device), bad)

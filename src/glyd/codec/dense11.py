@@ -209,8 +209,7 @@ def _check_values(p: Packed, codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]
     if int(a["base"][0]) > MAX_BASE:
         raise CorruptError(f"dense11 base {int(a['base'][0])} is out of range 0..{MAX_BASE}")
     esc_mask = codes == ESCAPE
-    if k < kp and bool(esc_mask[:, k:].any()):
-        raise CorruptError("dense11 padding columns hold escape codes")
+    check_padding(p)
     off = block_offsets(p)
     ebase, rel, total = _offsets(esc_mask, n, k)
     want = np.concatenate([ebase[np.arange(num_blocks(n, k)) // SUPER] + rel, [total]])
@@ -237,12 +236,34 @@ def _popcount(x: torch.Tensor) -> torch.Tensor:
     return ((x * 0x01010101) & 0xFFFFFFFF) >> 24
 
 
+def check_padding(p: Packed) -> None:
+    """CorruptError unless the padding columns ``K .. Kp - 1`` hold code 0 and ``sm`` 0 (either version;
+    torch on the arrays' device). The codec drops them, but a fused kernel multiplies them by x's
+    zeros: code 6 at base 249 is exponent 255, and 0 * inf is NaN."""
+    n, k = p.shape
+    sm, code = p.arrays["sm"], p.arrays["code"]
+    kp = sm.shape[1]
+    if n == 0 or k == kp:
+        return
+    w = code.reshape(n, kp // WORD, 3)[:, -2:]  # the last 64 columns (Kp - K < 64)
+    if p.version == 1:
+        bit = torch.arange(WORD, device=w.device)
+        w = w.to(torch.int64) & 0xFFFFFFFF
+        tail = sum(((w[..., q, None] >> bit) & 1) << q for q in range(3))
+    else:
+        tail = _v2.codes_of(w)
+    if bool(tail.reshape(n, 2 * WORD)[:, k - kp + 2 * WORD :].any()) or bool(sm[:, k:].any()):
+        raise CorruptError(f"dense11 padding columns {k}..{kp - 1} must hold code 0 and sm 0 (a damaged or crafted "
+                           f"'code' or 'sm')")
+
+
 def device_escapes(p: Packed, chunk: int = 1 << 22) -> tuple[torch.Tensor, torch.Tensor]:
     """(int64 [blocks]: escape codes of each 1024-column block of each row, padding included; int64:
     flat indices ``r * k + c`` of the escapes whose digit is 15, the exception list's due) of either
-    version, checked: no escape in the padding, version 2's rank rule. Torch ops on the arrays'
+    version, checked: padding (``check_padding``), version 2's rank rule. Torch ops on the arrays'
     device, ``chunk`` bytes of a plane at once: the row lookup's and the kernels' checks."""
     n, k = p.shape
+    check_padding(p)
     code, stream = p.arrays["code"], p.arrays["esc"].to(torch.int64) & 0xFFFFFFFF
     words, nbr = code.shape[1] // 3, blocks_per_row(k)
     per, kp = BLOCK // WORD, words * WORD  # plane words a block; padded columns
@@ -267,8 +288,6 @@ def device_escapes(p: Packed, chunk: int = 1 << 22) -> tuple[torch.Tensor, torch
         digit = (word >> (4 * (i % 8))) & 15
         if p.version == 2:  # a run's escapes of rank 8 and up must be exceptions (the kernels' premise)
             _v2.check_ranks(((esc[..., None] >> bit) & 1).bool(), digit)
-        if k < kp and bool((pos % kp >= k).any()):
-            raise CorruptError("dense11 padding columns hold escape codes")
         pos = pos[digit == RAW]
         raw.append((pos // kp + r) * k + pos % kp)
         first += i.numel()

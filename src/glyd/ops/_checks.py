@@ -13,9 +13,9 @@ matrix is looked up, then again only when one of its tensors is replaced or chan
 dense11's window base and exception indices (inside the matrix, strictly increasing; dense11's
 exactly its escapes whose digit is 15), tiered's and dense11's block offsets, which must be exactly
 what the blocks' escapes need (tiered: the digits of every tier read from ``area``; dense11: the
-escape codes of every block). A damaged array raises ``CorruptError``; the row lookup never clamps
-a damaged offset into a wrong row. Bits flipped inside the data that keep these valid give wrong
-weights, which ``glyd.verify`` names.
+escape codes of every block; its padding columns code 0 and sm 0). A damaged array raises
+``CorruptError``; the row lookup never clamps a damaged offset into a wrong row. Bits flipped
+inside the data that keep these valid give wrong weights, which ``glyd.verify`` names.
 """
 
 from __future__ import annotations

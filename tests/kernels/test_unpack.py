@@ -91,3 +91,32 @@ def test_unpack_refuses_another_layouts_config_by_name():
         for bad in [c for c in own.values() if c is not cfg] + [GemvConfig(), {}]:
             with pytest.raises(TypeError, match=f"config.*{type(cfg).__name__}.*{type(bad).__name__}"):
                 kernels.unpack(p, None, bad)
+
+
+#: Each layout's arrays the GPU kernels read through a pointer (``base``: one element, always contiguous).
+_STRIDED = {"fixed12": ("lo", "code", "exc_idx", "exc_hi"), "tiered": ("sm", "d1", "table", "esc_base", "esc_off",
+                                                                      "area")}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_strided_arrays_refused_by_name(device, layout):
+    # an array of the right shape and dtype as a strided view (every other element of a wider tensor):
+    # the codec reads it right, the kernels read it as one contiguous array (other rows' bytes, other
+    # digits: wrong weights and products, no error) before this check
+    from glyd import kernels
+    from glyd.errors import FormatError
+
+    w = random_weights(5, 1100, "wide")  # fixed12 exceptions, tiered escape areas
+    p = glyd.pack(w, layout).to(device)
+    x = torch.randn(2, 1100).to(torch.bfloat16).to(device)
+    for name in _STRIDED[layout]:
+        t = p.arrays[name]
+        big = torch.zeros(*t.shape[:-1], 2 * t.shape[-1], dtype=t.dtype, device=device)
+        big[..., ::2] = t
+        bad = glyd.Packed(layout, p.shape, dict(p.arrays, **{name: big[..., ::2]}))
+        assert torch.equal(glyd.unpack(bad.to("cpu")).view(torch.int16), w.view(torch.int16))
+        with pytest.raises(FormatError, match=f"{layout} array '{name}' must be contiguous"):
+            kernels.unpack(bad)
+        with pytest.raises(FormatError, match=f"{layout} array '{name}' must be contiguous"):
+            kernels.linear(x, bad)

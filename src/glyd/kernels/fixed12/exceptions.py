@@ -28,6 +28,10 @@ class Prepared:
     def __init__(self, p: Packed) -> None:
         n, k = p.shape
         a = p.arrays
+        for name in _codec.ARRAYS:  # the kernels take each array's pointer as one dense array
+            if not a[name].is_contiguous():
+                raise C.FormatError(f"fixed12 array '{name}' must be contiguous (the kernels read it as one array), "
+                                    f"got strides {a[name].stride()}")
         idx = a["exc_idx"]
         self.nexc = int(idx.numel())
         dev = idx.device

@@ -126,6 +126,27 @@ def test_corrupt_fixed12_values():
         glyd.unpack(replace(p, base=torch.tensor([200], dtype=torch.uint8)))
 
 
+@pytest.mark.parametrize("layout,array", [("fixed12", "lo"), ("fixed12", "code"), ("tiered", "sm"), ("tiered", "d1")])
+def test_padding_must_be_zero(layout, array):
+    # the format's padding is lo/sm 0 and code/digit 0; the codec dropped the padding and took any bytes
+    # there, but the fused kernels multiply the padding by x's masked zeros (0 * inf: NaN products)
+    from glyd.ops.rows import unpack_rows
+
+    p = glyd.pack(tiny(), layout)  # K = 70, Kp = 128: columns 70..127 are padding
+    t = p.arrays[array].clone()
+    if array in ("lo", "sm"):
+        t[1, 127] = 1
+    elif array == "code":  # column 127: the high nibble of group 1's byte 31
+        t[1, 63] |= 0x70
+    else:  # column 127: bits 6-7 of group 1's byte 15 (digit 1: no escape, the area unchanged)
+        t[1, 31] |= 0x40
+    bad = replace(p, **{array: t})
+    with pytest.raises(CorruptError, match="padding"):
+        glyd.unpack(bad)
+    with pytest.raises(CorruptError, match="padding"):
+        unpack_rows(bad, torch.tensor([0]))
+
+
 def test_corrupt_tiered_values():
     g = torch.Generator().manual_seed(0)
     w = (torch.randn(8, 600, generator=g) * torch.logspace(-3, 3, 600)).to(torch.bfloat16)

@@ -149,6 +149,17 @@ def test_hostile_arrays_are_refused_not_read(kernels):
         kernels.unpack(_hostile(p, exc_hi=p.arrays["exc_hi"][:-1].contiguous()))
 
 
+def test_padding_that_decodes_to_inf_is_refused(kernels):
+    # linear multiplies the padding by x's zeros: code 7 with lo 0x80 at base 120 is +inf there, and
+    # 0 * inf made every product NaN while the codec's matrix was finite
+    from .test_unpack import _inf_padding
+
+    _, bad = _inf_padding("fixed12")
+    for call in (lambda: kernels.unpack(bad), lambda: kernels.linear(torch.full((1, 1000), 1e-30), bad)):
+        with pytest.raises(CorruptError, match="padding"):
+            call()
+
+
 def test_an_array_changed_in_place_is_checked_again(kernels):
     p = glyd.pack(random_weights(16, 64, "wide"), "fixed12")
     kernels.unpack(p)  # checked and remembered

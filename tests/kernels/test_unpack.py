@@ -120,3 +120,45 @@ def test_strided_arrays_refused_by_name(device, layout):
             kernels.unpack(bad)
         with pytest.raises(FormatError, match=f"{layout} array '{name}' must be contiguous"):
             kernels.linear(x, bad)
+
+
+def _inf_padding(layout: str):
+    """A 4 x 1000 matrix of 2^113 whose padding columns (1000..1023) decode to +inf and the codec's
+    matrix is unchanged: fixed12 at base 120 with padding code 7 and lo 0x80 (exponent 255); tiered with
+    the unused table entry of rank 1 made 255 and padding digit 1."""
+    w = torch.full((4, 1000), 2.0**113).to(torch.bfloat16)  # hi & 0x7F = 120
+    p = glyd.pack(w, layout)
+    a = {name: t.clone() for name, t in p.arrays.items()}
+    n, kp = a["lo" if layout == "fixed12" else "sm"].shape
+    if layout == "fixed12":
+        codes = torch.zeros(n, kp, dtype=torch.uint8)  # base 120: the weights are code 0
+        codes[:, 1000:] = 7
+        g = codes.view(n, kp // 64, 2, 32)
+        a.update(code=(g[:, :, 0] | (g[:, :, 1] << 4)).reshape(n, kp // 2), base=torch.tensor([120], dtype=torch.uint8))
+        a["lo"][:, 1000:] = 0x80
+    else:
+        digits = torch.zeros(n, kp, dtype=torch.uint8)
+        digits[:, 1000:] = 1
+        q = digits.view(n, kp // 64, 4, 16)
+        a["d1"] = (q[:, :, 0] | (q[:, :, 1] << 2) | (q[:, :, 2] << 4) | (q[:, :, 3] << 6)).reshape(n, kp // 4)
+        a["table"][1] = 255
+    return w, glyd.Packed(layout, p.shape, a)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_padding_that_decodes_to_inf_refused(device, layout):
+    # the codec dropped the padding and took any bytes there, but the fused GEMV multiplies the padding
+    # by x's masked zeros: 0 * inf made every product NaN while the codec's matrix was finite; now the
+    # codec and the kernels refuse it (CorruptError naming the padding)
+    from glyd import kernels
+    from glyd.errors import CorruptError
+
+    w, bad = _inf_padding(layout)
+    with pytest.raises(CorruptError, match="padding"):
+        glyd.unpack(bad)
+    bad = bad.to(device)
+    with pytest.raises(CorruptError, match="padding"):
+        kernels.unpack(bad)
+    with pytest.raises(CorruptError, match="padding"):
+        kernels.linear(torch.full((1, 1000), 1e-30, dtype=torch.bfloat16, device=device), bad)

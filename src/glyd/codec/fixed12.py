@@ -95,6 +95,23 @@ def _check_values(p: Packed) -> None:
             raise CorruptError(f"exc_idx holds indices outside the {n}x{k} matrix")
         if idx.numel() > 1 and not bool((idx[1:] > idx[:-1]).all()):
             raise CorruptError("exc_idx is not strictly increasing")
+    check_padding(p)
+
+
+def check_padding(p: Packed) -> None:
+    """CorruptError unless the padding columns ``K .. Kp - 1`` hold code 0 and ``lo`` 0 (torch on the
+    arrays' device). The codec drops them, but a fused kernel multiplies them by x's zeros: code 7 with
+    lo 0x80 at base 120 is exponent 255, and 0 * inf is NaN."""
+    n, k = p.shape
+    lo, code = p.arrays["lo"], p.arrays["code"]
+    kp = lo.shape[1]
+    if n == 0 or k == kp:
+        return
+    last = code[:, kp // 2 - HALF :]  # the last group's code bytes (Kp - K < 64)
+    codes = torch.cat([last & 15, last >> 4], dim=1)  # its 64 codes in column order
+    if bool(codes[:, k - kp + GROUP :].any() | lo[:, k:].any()):
+        raise CorruptError(f"fixed12 padding columns {k}..{kp - 1} must hold code 0 and lo 0 (a damaged or crafted "
+                           f"'code' or 'lo')")
 
 
 def _pair_table(base: int) -> np.ndarray:

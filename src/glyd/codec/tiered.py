@@ -161,7 +161,24 @@ def check_arrays(shape: tuple[int, int], arrays: dict[str, torch.Tensor]) -> Non
         raise FormatError(f"packed array 'area' ({area.numel()} bytes) is larger than any {n}x{k} matrix needs")
 
 
+def check_padding(p: Packed) -> None:
+    """CorruptError unless the padding columns ``K .. Kp - 1`` hold digit 0 and ``sm`` 0 (torch on the
+    arrays' device). The codec drops them, but the fused GEMV multiplies them by x's zeros: a digit
+    whose exponent is 255 (an unused table entry, any rank) decodes to inf, and 0 * inf is NaN."""
+    n, k = p.shape
+    sm, d1 = p.arrays["sm"], p.arrays["d1"]
+    kp = sm.shape[1]
+    if n == 0 or k == kp:
+        return
+    last = d1[:, kp // 4 - SUB :]  # the last group's d1 bytes (Kp - K < 64)
+    digits = torch.cat([(last >> (2 * i)) & 3 for i in range(4)], dim=1)  # its 64 digits in column order
+    if bool(digits[:, k - kp + GROUP :].any() | sm[:, k:].any()):
+        raise CorruptError(f"tiered padding columns {k}..{kp - 1} must hold digit 0 and sm 0 (a damaged or crafted "
+                           f"'d1' or 'sm')")
+
+
 def unpack(p: Packed) -> torch.Tensor:
+    check_padding(p)
     n, k = p.shape
     a = p.arrays
     kp = a["sm"].shape[1]

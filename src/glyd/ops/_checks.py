@@ -13,9 +13,9 @@ matrix is looked up, then again only when one of its tensors is replaced or chan
 dense11's window base and exception indices (inside the matrix, strictly increasing; dense11's
 exactly its escapes whose digit is 15), tiered's and dense11's block offsets, which must be exactly
 what the blocks' escapes need (tiered: the digits of every tier read from ``area``; dense11: the
-escape codes of every block; its padding columns code 0 and sm 0). A damaged array raises
-``CorruptError``; the row lookup never clamps a damaged offset into a wrong row. Bits flipped
-inside the data that keep these valid give wrong weights, which ``glyd.verify`` names.
+escape codes of every block), and every layout's padding columns (zero, as the format says). A
+damaged array raises ``CorruptError``; the row lookup never clamps a damaged offset into a wrong
+row. Bits flipped inside the data that keep these valid give wrong weights, which ``glyd.verify`` names.
 """
 
 from __future__ import annotations
@@ -100,6 +100,7 @@ def _check_exceptions(p: Packed) -> None:
 def _check_fixed12(p: Packed) -> None:
     _check_base(p, fixed12.MAX_BASE)
     _check_exceptions(p)
+    fixed12.check_padding(p)
 
 
 def _offsets(p: Packed, nblk: int, what: str, superblock: int) -> torch.Tensor:
@@ -169,6 +170,7 @@ def _check_tiered(p: Packed) -> None:
     # The codec's size rule, on the device: a block's area holds, tier after tier, the digits of its
     # weights that escaped the tier before (rounded up to whole bytes), then one raw byte each.
     n, k = p.shape
+    tiered.check_padding(p)
     area = p.arrays["area"]
     nblk = tiered.num_blocks(n, k)
     off = _offsets(p, nblk, "'area'", tiered.SUPER)

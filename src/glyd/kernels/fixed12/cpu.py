@@ -101,6 +101,7 @@ def _matrix(p: Packed) -> tuple:
         return hit[1]
     t = _describe(p)
     _raise(_ext().check(t))
+    _codec.check_padding(p)  # linear multiplies the padding by x's zeros (0 * inf: NaN)
     watched = set() if hit is None else hit[2]
     _MATRICES[first] = (key, t, watched)
     # any array's death drops the entry (it holds addresses C reads): CPython gives a freed array's id

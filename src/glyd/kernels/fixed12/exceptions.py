@@ -32,6 +32,7 @@ class Prepared:
             if not a[name].is_contiguous():
                 raise C.FormatError(f"fixed12 array '{name}' must be contiguous (the kernels read it as one array), "
                                     f"got strides {a[name].stride()}")
+        _codec.check_padding(p)  # the fused kernels multiply the padding by x's zeros (0 * inf: NaN)
         idx = a["exc_idx"]
         self.nexc = int(idx.numel())
         dev = idx.device

@@ -204,14 +204,16 @@ def check(p: Packed) -> None:
 
 
 def _check_offsets(p: Packed) -> bool:
-    # Contiguous arrays (a strided view would be read as other rows' bytes). Every block's area must lie inside 'area' before a kernel reads it: the offsets come from a
-    # file (the CPU codec checks them as it decodes; the kernels could read out of bounds). Once a
-    # matrix (host sync), again if the arrays change in place.
+    # Contiguous arrays (a strided view would be read as other rows' bytes), zero padding. Every
+    # block's area must lie inside 'area' before a kernel reads it: the offsets come from a file (the
+    # CPU codec checks them as it decodes; the kernels could read out of bounds). Once a matrix (host
+    # sync), again if the arrays change in place.
     a = p.arrays
     for name in _codec.ARRAYS:  # the kernels take each array's pointer as one dense array
         if not a[name].is_contiguous():
             raise C.FormatError(f"tiered array '{name}' must be contiguous (the kernels read it as one array), "
                                 f"got strides {a[name].stride()}")
+    _codec.check_padding(p)  # the fused GEMV multiplies the padding by x's zeros (0 * inf: NaN)
     nblk = _codec.num_blocks(*p.shape)
     base = a["esc_base"].to(torch.int64)
     blk = torch.arange(nblk, device=base.device)

@@ -123,3 +123,29 @@ def test_tiered_kernels_refuse_crafted_offsets(device, damage):
         glyd.kernels.linear(x, q)
     with pytest.raises(CorruptError):  # and the CPU reference refuses it too
         glyd.unpack(Packed("tiered", p.shape, a))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("bn", [1, 2])
+def test_tiered_gemv_an_inf_weight_stays_in_its_row(device, bn):
+    # A block's weights of rows outside the program's (and its padding) multiply x's masked zeros, and
+    # a row's sum was the block's total minus the other row's: a +inf weight of one row made 0 * inf
+    # or inf - inf NaN in the row after it, and a matrix whose commonest exponent is 255 (table[0], the
+    # padding's) made every row NaN, while the codec's products were finite there (a packed file as
+    # glyd writes it). Rows finite in float64 must be finite and close; inf rows stay inf.
+    from glyd import kernels
+    from glyd.kernels import TieredGemvConfig
+
+    g = torch.Generator().manual_seed(5)
+    w = torch.randn(8, 1100, generator=g).to(torch.bfloat16)  # Kp 1152: blocks straddle rows
+    w[1, 1000] = w[4, 1050] = float("inf")  # row 1: in the first row of block 2; row 4: of block 5 (rows 4 and 5)
+    nan_rows = torch.full((4, 1000), float("nan")).to(torch.bfloat16)
+    nan_rows[0] = 1.0  # table[0] = 255: the padding decodes to +inf
+    for w in (w, nan_rows):
+        p = glyd.pack(w, "tiered").to(device)
+        x = torch.randn(1, w.shape[1], generator=g).to(torch.bfloat16)
+        y = kernels.linear(x.to(device), p, None, TieredGemvConfig(bn=bn)).cpu().double()
+        ref = x.double() @ w.double().T
+        assert torch.equal(y.isnan(), ref.isnan()) and torch.equal(y.isinf(), ref.isinf())
+        fin = ref.isfinite()
+        assert torch.allclose(y[fin], ref[fin], rtol=2e-2, atol=1e-2 * float(ref[fin].abs().max()))

@@ -62,9 +62,11 @@ def _gemv_kernel(
         xm = ok[:, :, None] & (xc < K)
         for mm in tl.static_range(MB):
             xv = tl.load(x_ptr + (m0 + mm) * stride_xm + xc, mask=xm & (m0 + mm < M), other=0.0).to(tl.float32)
-            su = tl.sum(wv * xv, axis=2)  # [BB, 64]
+            # masked weights (other rows', padding) may be inf (0 * inf: NaN), and a row's sum taken as the
+            # block's total minus the other row's would be inf - inf: each row's units summed on their own
+            su = tl.sum(tl.where(xm, wv * xv, 0.0), axis=2)  # [BB, 64]
             s0 = tl.sum(tl.where(first, su, 0.0), axis=1)
-            s1 = tl.sum(su, axis=1) - s0
+            s1 = tl.sum(tl.where(first, 0.0, su), axis=1)
             row = tl.sum(tl.where(rn[:, None] == ra[None, :], s0[None, :], 0.0), axis=1) + \
                 tl.sum(tl.where(rn[:, None] == ra[None, :] + 1, s1[None, :], 0.0), axis=1)
             acc += tl.where(mi[:, None] == mm, row[None, :], 0.0)

@@ -565,3 +565,51 @@ def test_a_captured_product_gives_nan_rows_for_ids_outside_the_experts_on_gpu(s)
     assert torch.isnan(y.cpu()[bad]).all()
     good = ~bad
     _check(y.cpu()[good], x.cpu()[good], ids.cpu()[good], w)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_strided_arrays_and_inf_padding_refused(device):
+    # as for a matrix (tests/kernels/test_unpack.py): the experts' kernels read each array as one dense
+    # array (a strided view gave other rows' bytes) and their fused products multiply the padding by x's
+    # zeros (padding code 7 with lo 0x80 at base 120 is +inf: NaN products); the codec read both right
+    from glyd.codec.experts import PackedExperts
+    from glyd.codec.experts import unpack_experts as codec_unpack
+    from glyd.errors import CorruptError, FormatError
+    from glyd.kernels import experts as kernels
+    from glyd.kernels.experts import ExpertsGroupedConfig
+    from glyd.kernels.fixed12.experts import ExpertsGemvConfig
+    from glyd.kernels.fixed12.experts_mma import ExpertsMmaConfig
+    from glyd.kernels.fixed12.experts_unpack import unpack_experts
+    from glyd.ops.experts import pack_experts
+
+    torch.manual_seed(3)
+    w = torch.full((3, 8, 100), 2.0**113).to(torch.bfloat16)  # hi & 0x7F = 120
+    p = pack_experts(w, "fixed12")
+    strided = torch.zeros(24, 256, dtype=torch.uint8)  # a column slice: rows 256 bytes apart, not 128
+    strided[:, :128] = p.arrays["lo"]
+    codes = torch.zeros(24, 128, dtype=torch.uint8)  # base 120: the weights are code 0
+    codes[:, 100:] = 7
+    g = codes.view(24, 2, 2, 32)
+    pad = dict(code=(g[:, :, 0] | (g[:, :, 1] << 4)).reshape(24, 64), base=torch.full((3,), 120, dtype=torch.uint8),
+               lo=torch.where(torch.arange(128) >= 100, 0x80, p.arrays["lo"].long()).to(torch.uint8))
+    x = torch.full((4, 100), 1e-30, dtype=torch.bfloat16, device=device)
+    ids = torch.tensor([0, 1, 2, 1], device=device)
+    for error, match, arrays in ((FormatError, "'lo' must be contiguous", dict(lo=strided[:, :128])),
+                                 (CorruptError, "padding", pad)):
+        bad = PackedExperts("fixed12", p.shape, dict(p.arrays, **arrays))
+        if error is FormatError:
+            assert torch.equal(codec_unpack(bad).view(torch.int16), w.view(torch.int16))
+        else:
+            with pytest.raises(CorruptError, match="padding"):
+                codec_unpack(bad)
+        bad = bad.to(device)
+        for cfg in (ExpertsGemvConfig(), ExpertsMmaConfig(), ExpertsGroupedConfig()):
+            with pytest.raises(error, match=match):
+                kernels.linear(x, ids, bad, cfg)
+    # the one-launch unpack takes K a multiple of 64 (no padding): a strided array only
+    p = pack_experts(torch.randn(3, 8, 128).to(torch.bfloat16), "fixed12")
+    code = torch.zeros(24, 128, dtype=torch.uint8)
+    code[:, :64] = p.arrays["code"]
+    bad = PackedExperts("fixed12", p.shape, dict(p.arrays, code=code[:, :64])).to(device)
+    with pytest.raises(FormatError, match="'code' must be contiguous"):
+        unpack_experts(bad, torch.empty(3, 8, 128, dtype=torch.bfloat16, device=device))

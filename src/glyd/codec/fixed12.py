@@ -99,13 +99,13 @@ def _check_values(p: Packed) -> None:
 
 
 def check_padding(p: Packed) -> None:
-    """CorruptError unless the padding columns ``K .. Kp - 1`` hold code 0 and ``lo`` 0 (torch on the
-    arrays' device). The codec drops them, but a fused kernel multiplies them by x's zeros: code 7 with
-    lo 0x80 at base 120 is exponent 255, and 0 * inf is NaN."""
-    n, k = p.shape
+    """CorruptError unless the padding columns ``K .. Kp - 1`` hold code 0 and ``lo`` 0 (a matrix, or
+    packed experts' stacked rows; torch on the arrays' device). The codec drops them, but a fused
+    kernel multiplies them by x's zeros: code 7 with lo 0x80 at base 120 is exponent 255, and 0 * inf is NaN."""
+    k = p.shape[-1]
     lo, code = p.arrays["lo"], p.arrays["code"]
     kp = lo.shape[1]
-    if n == 0 or k == kp:
+    if lo.shape[0] == 0 or k == kp:
         return
     last = code[:, kp // 2 - HALF :]  # the last group's code bytes (Kp - K < 64)
     codes = torch.cat([last & 15, last >> 4], dim=1)  # its 64 codes in column order

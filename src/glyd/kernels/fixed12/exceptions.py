@@ -28,11 +28,7 @@ class Prepared:
     def __init__(self, p: Packed) -> None:
         n, k = p.shape
         a = p.arrays
-        for name in _codec.ARRAYS:  # the kernels take each array's pointer as one dense array
-            if not a[name].is_contiguous():
-                raise C.FormatError(f"fixed12 array '{name}' must be contiguous (the kernels read it as one array), "
-                                    f"got strides {a[name].stride()}")
-        _codec.check_padding(p)  # the fused kernels multiply the padding by x's zeros (0 * inf: NaN)
+        check_readable(p)
         idx = a["exc_idx"]
         self.nexc = int(idx.numel())
         dev = idx.device
@@ -52,6 +48,17 @@ class Prepared:
             self.pos = self.vals = None
         # host copy for the chunked long-prompt path (which exceptions fall in a row range)
         self.rowptr_host = self.rowptr.cpu().tolist() if self.nexc else None
+
+
+def check_readable(p) -> None:
+    """What the kernels take of a fixed12 ``Packed`` or ``PackedExperts`` beyond its dtypes and shapes:
+    contiguous arrays (each pointer is read as one dense array; ``FormatError`` naming the array) and
+    zero padding (the fused products multiply it by x's zeros: 0 * inf is NaN; ``CorruptError``)."""
+    for name in _codec.ARRAYS:
+        if not p.arrays[name].is_contiguous():
+            raise C.FormatError(f"fixed12 array '{name}' must be contiguous (the kernels read it as one array), "
+                                f"got strides {p.arrays[name].stride()}")
+    _codec.check_padding(p)
 
 
 def prepare(p: Packed) -> Prepared:

@@ -25,6 +25,7 @@ from glyd.errors import UnsupportedError
 from glyd.kernels import _common as C
 from glyd.kernels._fields import flags, ints
 from glyd.kernels._interp import isolated
+from glyd.kernels.fixed12.exceptions import check_readable
 from glyd.kernels.fixed12.words import exception_delta, gm_offsets, gm_planes
 from glyd.kernels.experts import ExpertsKernel
 from glyd.kernels.fixed12.gemv import _gm_fma
@@ -57,6 +58,7 @@ class Prepared:
     def __init__(self, p: PackedExperts) -> None:
         e, n, k = p.shape
         a = p.arrays
+        check_readable(p)
         dev = a["lo"].device
         idx = a["exc_idx"].to(torch.int64)
         self.nexc = int(idx.numel())

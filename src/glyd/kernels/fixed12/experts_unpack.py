@@ -26,6 +26,7 @@ from glyd.errors import UnsupportedError
 from glyd.kernels import _common as C
 from glyd.kernels import _plan
 from glyd.kernels._interp import isolated
+from glyd.kernels.fixed12.exceptions import check_readable
 
 
 class Prepared:
@@ -35,6 +36,7 @@ class Prepared:
     def __init__(self, p: PackedExperts) -> None:
         e, n, k = p.shape
         a = p.arrays
+        check_readable(p)
         idx = a["exc_idx"].to(torch.int64)
         dev = idx.device
         self.nexc = int(idx.numel())

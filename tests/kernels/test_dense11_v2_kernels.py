@@ -1,8 +1,9 @@
 """dense11 format version 2 kernels (``glyd.kernels.dense11.unpack_v2`` / ``gemv_v2``): the unpack bit for
 bit against the codec (every pattern, odd shapes, runs of 0-32 escapes, real-like matrices with
-exceptions), the GEMV for M = 1-16 against float64 with test_linear's tolerance (FMA and ``tl.dot``
-paths, bias, K splits), the registry's choice by format version, configs, hostile arrays refused
-before a kernel reads them. CPU: Triton's interpreter; the gpu-marked twins run the inline PTX."""
+exceptions), the GEMV for M = 1-100 against float64 with test_linear's tolerance (FMA and ``tl.dot``
+paths, 16, 32 and 64 x rows a decode, bias, K splits), the registry's choice by format version,
+configs, hostile arrays refused before a kernel reads them. CPU: Triton's interpreter; the
+gpu-marked twins run the inline PTX."""
 
 from __future__ import annotations
 
@@ -109,8 +110,47 @@ def test_gemv(device, m, n, k, kind, cfg):
     _check(y, x, w, bias)
 
 
+#: M = 17-100 with 32 or 64 x rows a decode (``x_rows``): ragged M, N and K, whole tiles (the unmasked
+#: path), K splits, the three product forms, M past one program's rows; bias on the odd M
+MID = [
+    (17, 24, 300, "wide", {}), (24, 33, 1100, "crowded", {"split": 2}), (32, 32, 512, "wide", {}),
+    (33, 20, 2100, "wide", {"bn": 32, "bk": 128}), (48, 16, 256, "crowded", {}),
+    (64, 32, 1024, "wide", {"bn": 32, "bk": 128}), (64, 40, 1030, "crowded", {"dot": "tile_wx"}),
+    (33, 18, 200, "normal", {"mb": 32}), (40, 16, 600, "wide", {"dot": "lanes"}), (100, 8, 130, "wide", {}),
+    (17, 16, 1024, "crowded", {"dot": "tile_wx", "split": 1}), (63, 24, 2049, "wide", {"split": 3, "bk": 128}),
+]
+
+
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("m,k", [(1, 256), (3, 1100)])
+@pytest.mark.parametrize("m,n,k,kind,cfg", MID)
+def test_gemv_mid_m(device, m, n, k, kind, cfg):
+    from glyd import kernels
+    from glyd.kernels.dense11.gemv_v2 import Dense11V2GemvConfig
+
+    w = _weights(n, k, seed=m + n + k, kind=kind)
+    p = glyd.pack(w, "dense11")
+    assert p.arrays["exc_idx"].numel() > 0  # the exception pass runs for every x row
+    g = torch.Generator().manual_seed(m)
+    x = torch.randn(m, k, generator=g).to(torch.bfloat16)
+    bias = torch.randn(n, generator=g).to(torch.bfloat16) if m % 2 else None
+    y = kernels.linear(x.to(device), p.to(device), None if bias is None else bias.to(device),
+                       config=Dense11V2GemvConfig(**cfg))
+    _check(y, x, w, bias)
+
+
+def test_x_rows_a_program():
+    from glyd.kernels.dense11.gemv_v2 import x_rows
+
+    got = {(m, mb): x_rows(m, mb) for m in (1, 2, 16, 17, 32, 33, 64, 65) for mb in (1, 8, 16, 32, 64)}
+    assert {k: v for k, v in got.items() if v == 1} == {(1, mb): 1 for mb in (1, 8, 16, 32, 64)} | {
+        (m, 1): 1 for m in (2, 16, 17, 32, 33, 64, 65)}
+    assert [got[m, 64] for m in (2, 16, 17, 32, 33, 64, 65)] == [16, 16, 32, 32, 64, 64, 64]
+    assert [got[m, 32] for m in (2, 17, 33, 65)] == [16, 32, 32, 32]
+    assert [got[m, mb] for m in (17, 64) for mb in (8, 16)] == [16, 16, 16, 16]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("m,k", [(1, 256), (3, 1100), (33, 300)])
 def test_gemv_x_rows_at_odd_strides(device, m, k):
     # x rows that are not bf16 pairs at even offsets: read bf16 by bf16
     from glyd import kernels
@@ -144,10 +184,13 @@ def test_can_implement_and_configs():
     ok, why = Dense11GemvKernel.can_implement(Problem("dense11", 1, 8, 128, 128, 2), cpu, Dense11GemvConfig())
     assert not ok and "version 1, not 2" in why
     assert Dense11V2GemvKernel.can_implement(Problem("dense11", 1, 8, 128, 128, 2), cpu, Dense11V2GemvConfig())[0]
-    for bad in ({"bn": 8}, {"bk": 32}, {"bk": 2048}, {"mb": 32}, {"split": -1}, {"split": True}, {"warps": 3},
-                {"dot": "mma"}):
+    for bad in ({"bn": 8}, {"bk": 32}, {"bk": 2048}, {"mb": 128}, {"mb": 48}, {"mb": 0}, {"split": -1},
+                {"split": True}, {"warps": 3}, {"dot": "mma"}, {"dot": "wx"}):
         with pytest.raises(ValueError):
             Dense11V2GemvConfig(**bad)
+    for good in ({"mb": 1}, {"mb": 16}, {"mb": 32}, {"mb": 64}, {"dot": "tile_wx"}):
+        assert getattr(Dense11V2GemvConfig(**good), next(iter(good))) == next(iter(good.values()))
+    assert Dense11V2GemvConfig().mb == 64  # the default decodes once for up to 64 x rows
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -172,15 +215,17 @@ def test_hostile_arrays_refused(device):
         bad = glyd.Packed("dense11", p.shape, arrays, 2).to(device)
         with pytest.raises(CorruptError, match=match):
             kernels.unpack(bad)
-        with pytest.raises(CorruptError, match=match):
-            kernels.linear(torch.zeros(1, 1100, dtype=torch.bfloat16, device=device), bad)
+        for m in (1, 40):  # the M = 1-16 and the M = 17-64 rows of the table
+            with pytest.raises(CorruptError, match=match):
+                kernels.linear(torch.zeros(m, 1100, dtype=torch.bfloat16, device=device), bad)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("kind", ["normal", "wide", "crowded"])
 def test_large_on_the_gpu(kind):
-    # the inline-PTX paths (prmt, popc, shf) at a model's shape: unpack bit for bit, GEMV at M = 1, 2, 16
+    # the inline-PTX paths (prmt, popc, shf) and bf16 dots (mma.sync at 16 and 32 x rows, wgmma at 64)
+    # at a model's shape: unpack bit for bit, GEMV at M = 1-64 (the table's choice and the other forms)
     from glyd import kernels
 
     w = _weights(3584, 3584 + 64, seed=4, kind=kind)
@@ -188,10 +233,11 @@ def test_large_on_the_gpu(kind):
     assert torch.equal(_bits(kernels.unpack(p)), _bits(w))
     from glyd.kernels.dense11.gemv_v2 import Dense11V2GemvConfig
 
-    for m in (1, 2, 7, 16):
+    for m in (1, 2, 7, 16, 17, 32, 33, 64):
         x = torch.randn(m, w.shape[1]).to(torch.bfloat16)
         _check(kernels.linear(x.cuda(), p), x, w, None)
-        _check(kernels.linear(x.cuda(), p, config=Dense11V2GemvConfig(dot="lanes")), x, w, None)
+        for cfg in ({"dot": "lanes"}, {"dot": "tile_wx"}, {"bn": 32, "bk": 128}, {"bn": 64, "bk": 64}):
+            _check(kernels.linear(x.cuda(), p, config=Dense11V2GemvConfig(**cfg)), x, w, None)
 
 
 def _exception_list_hostiles(p):

@@ -1,14 +1,19 @@
-"""The fused GEMV of a ``dense11`` format-version-2 matrix (``dense11_v2_gemv``) for M = 1-16: each
+"""The fused GEMV of a ``dense11`` format-version-2 matrix (``dense11_v2_gemv``) for M = 1-64: each
 [BN, BK] weight tile decoded once (``decode_v2.decode_step``) for every x row of the program.
 
 - M = 1 (``MB == 1``): products of the lane words with x in fp32 FMAs into a [BN, W, 4] accumulator,
   reduced along K once after the last step (no cross-thread reduction inside the loop).
-- M = 2-16: one decode serves all 16 rows (rows past M masked to 0), the tensor cores do the
-  products: ``dot="tile"`` rebuilds the tile in column order (``tl.join``, a permute) for one
-  ``tl.dot`` [16, BK] x [BK, BN] a step; ``dot="lanes"`` runs 8 dots a step, one a byte lane t of a
-  half h ([BN, BK/8]: columns 16h + 4q + t of each run) with the matching slice of x. Static sm_90
-  counts (``benchmarks/probes/dense_sass.py``): "tile" 16.2 instructions a weight a thread a step,
-  39 STS, 7 BAR; "lanes" 22.2, 67 STS, 21 BAR. Which is faster is for the H200 to say.
+- M = 2-64: one decode serves MB = 16, 32 or 64 rows (``x_rows``: the smallest that holds M, capped
+  by the config's ``mb``; rows past M masked to 0), the tensor cores do the products:
+  ``dot="tile"`` rebuilds the tile in column order (``tl.join``, a permute) for one ``tl.dot``
+  x [MB, BK] @ tile^T [BK, BN] a step (``"tile_wx"``: tile [BN, BK] @ x^T [BK, MB], the weights as
+  the first operand); ``dot="lanes"`` runs 8 dots a step, one a byte lane t of a half h ([BN, BK/8]:
+  columns 16h + 4q + t of each run) with the matching slice of x. Static sm_90 counts
+  (``benchmarks/probes/dense_sass.py``, whole tiles, bn 16 x bk 256 on 4 warps): "tile" 16.2
+  instructions a weight a thread a step at MB 16 (mma.sync), 17.9 at MB 32, 15.6 at MB 64 (one
+  wgmma 64 x 16 x 16 a 16 columns, both operands from shared memory; 168 registers, no spill);
+  "tile_wx" 16.3, 18.1 and 24.0 (MB 64: mma.sync, 16 bytes spilled); "lanes" 22.2 at MB 16. Which
+  is faster is for the H200 to say (``benchmarks/history/2026-12-05-dense11-mid-cpu.md``).
 
 Exceptions (digit 15, and a run's escapes of rank 8 and up) decode with exponent 0; the program of
 the first K split adds ``x[col] * (true - placeholder)`` for its rows' exceptions after the loop.
@@ -33,6 +38,7 @@ from glyd.kernels.registry import Kernel
 
 BLOCK = _codec.BLOCK
 BLOCK_C = tl.constexpr(BLOCK)  # what a jit function may read of a global
+MAX_MB = 64  # x rows a program: 64 x BK of bf16 x is 32 KiB a step at BK 256
 
 
 @triton.jit
@@ -97,15 +103,20 @@ def _lanes16(hi, lo, BN: tl.constexpr, W: tl.constexpr, HW: tl.constexpr):
 
 @triton.jit
 def _dot_tile(acc, hia, loa, hib, lob, x_ptr, rm, mmask, stride_xm, kb, K, BN: tl.constexpr, W: tl.constexpr,
-              HW: tl.constexpr):
-    # acc [MB, BN] += x [MB, 32 W] @ the tile^T as one dot (the tile rebuilt in column order)
+              HW: tl.constexpr, W_FIRST: tl.constexpr):
+    # the tile rebuilt in column order, one dot a step: acc [MB, BN] += x [MB, 32 W] @ tile^T, or
+    # (W_FIRST) acc [BN, MB] += tile [BN, 32 W] @ x^T (the decoded weights as the dot's first operand)
     t = tl.permute(tl.join(_lanes16(hia, loa, BN, W, HW), _lanes16(hib, lob, BN, W, HW)), (0, 1, 3, 2))
     wt = tl.reshape(t, [BN, 32 * W])
     c = kb + tl.arange(0, 32 * W)
     xt = tl.load(x_ptr + rm[:, None] * stride_xm + c[None, :], mask=mmask[:, None] & (c < K)[None, :], other=0.0)
     if not HW:
         xt = xt.to(tl.float32)
-    return acc + tl.dot(xt, tl.trans(wt))
+    if W_FIRST:
+        r = tl.dot(wt, tl.trans(xt), acc)
+    else:
+        r = tl.dot(xt, tl.trans(wt), acc)
+    return r
 
 
 @triton.jit
@@ -134,7 +145,8 @@ def _gemv_v2_kernel(x_ptr, x32_ptr, sm_ptr, sm8_ptr, code_ptr, esc_ptr, ebase_pt
                     bias_ptr, out_ptr, M, N, K, KP, NBR, NESCW, BLOCKS_SPLIT, stride_xm, TH0, TH1, TL0, TL1, HA0, HA1,
                     HB0, HB1, LA0, LA1, LB0, LB1, BN: tl.constexpr, BK: tl.constexpr, MB: tl.constexpr,
                     HW: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_EXC: tl.constexpr, PARTIAL: tl.constexpr,
-                    X32: tl.constexpr = False, FULL: tl.constexpr = False, TILE_DOT: tl.constexpr = True):
+                    X32: tl.constexpr = False, FULL: tl.constexpr = False, TILE_DOT: tl.constexpr = True,
+                    W_FIRST: tl.constexpr = False):
     # rows [pid_n * BN, +BN) x blocks [pid_k * BLOCKS_SPLIT, +BLOCKS_SPLIT) for x rows [pid_m * MB, +MB)
     W: tl.constexpr = BK // 32
     pid_n = tl.program_id(0)
@@ -148,6 +160,8 @@ def _gemv_v2_kernel(x_ptr, x32_ptr, sm_ptr, sm8_ptr, code_ptr, esc_ptr, ebase_pt
     lut = (TH0, TH1, TL0, TL1)
     if MB == 1:
         acc1 = tl.zeros([BN, W, 4], dtype=tl.float32)
+    elif W_FIRST and TILE_DOT:
+        acc = tl.zeros([BN, MB], dtype=tl.float32)
     else:
         acc = tl.zeros([MB, BN], dtype=tl.float32)
     xrow = x_ptr + pid_m * stride_xm
@@ -163,12 +177,15 @@ def _gemv_v2_kernel(x_ptr, x32_ptr, sm_ptr, sm8_ptr, code_ptr, esc_ptr, ebase_pt
                 acc1 = _fma_half(acc1, hib, lob, xrow, x32row, kb, K, 1, W, HW, X32, FULL)
             else:
                 if TILE_DOT:
-                    acc = _dot_tile(acc, hia, loa, hib, lob, x_ptr, rm, mmask, stride_xm, kb, K, BN, W, HW)
+                    acc = _dot_tile(acc, hia, loa, hib, lob, x_ptr, rm, mmask, stride_xm, kb, K, BN, W, HW,
+                                    W_FIRST)
                 else:
                     acc = _dot_half(acc, hia, loa, x_ptr, rm, mmask, stride_xm, kb, K, 0, BN, W, HW)
                     acc = _dot_half(acc, hib, lob, x_ptr, rm, mmask, stride_xm, kb, K, 1, BN, W, HW)
     if MB == 1:
         acc = tl.sum(tl.sum(acc1, axis=2), axis=1)[None, :]
+    elif W_FIRST and TILE_DOT:
+        acc = tl.trans(acc)
     if HAS_EXC:
         if pid_k == 0:
             acc = _exceptions(acc, rn, rm, mmask, pid_n, N, K, KP, x_ptr, stride_xm, sm8_ptr, rowptr_ptr, eidx_ptr,
@@ -183,6 +200,18 @@ def _gemv_v2_kernel(x_ptr, x32_ptr, sm_ptr, sm8_ptr, code_ptr, esc_ptr, ebase_pt
         tl.store(out_ptr + optr, acc.to(tl.bfloat16), mask=omask)
 
 
+def x_rows(m: int, mb: int) -> int:
+    """The x rows a program decodes its tile for (the kernel's MB): 1 (FMAs) at M = 1 or ``mb`` 1,
+    else the smallest of 16, 32, 64 that holds M, at most ``max(mb, 16)`` (a tl.dot side is 16 or more).
+
+    >>> x_rows(1, 64), x_rows(7, 64), x_rows(33, 64), x_rows(33, 32), x_rows(200, 64)
+    (1, 16, 64, 32, 64)
+    """
+    if m == 1 or mb == 1:
+        return 1
+    return min(max(16, triton.next_power_of_2(m)), max(16, mb), MAX_MB)
+
+
 def _pairs(x2: torch.Tensor) -> torch.Tensor | None:
     # x2 as int32 bf16 pairs (K even, rows at even strides, 4-byte aligned), else None
     k = x2.shape[1]
@@ -194,32 +223,37 @@ def _pairs(x2: torch.Tensor) -> torch.Tensor | None:
 @dataclasses.dataclass(frozen=True)
 class Dense11V2GemvConfig:
     """``bn`` weight rows a program, ``bk`` columns a step (dividing 1024; a run of 32 a thread at
-    ``bn * bk / 32 = 32 * warps``), up to ``mb`` x rows decoded once (1: the FMA path; 2-16: 16 rows
-    through ``tl.dot``; more: another program), ``split`` K splits of whole 1024-column blocks (0: one
-    split a block when the row tiles alone would leave the GPU's SMs idle), ``warps``, ``dot``: the
-    M = 2-16 products as one dot a step of the tile in column order (``"tile"``) or 8 dots a step,
-    one a byte lane (``"lanes"``)."""
+    ``bn * bk / 32 = 32 * warps``), up to ``mb`` x rows decoded once (1: the FMA path; 2-64: the
+    smallest of 16, 32, 64 rows that holds M, at most ``max(mb, 16)``, through ``tl.dot``; more rows:
+    more programs), ``split`` K splits of whole 1024-column blocks (0: one split a block when the
+    row tiles alone would leave the GPU's SMs idle), ``warps``, ``dot``: the M >= 2 products as one
+    dot a step of the tile in column order, x @ tile^T (``"tile"``) or tile @ x^T (``"tile_wx"``),
+    or 8 dots a step, one a byte lane (``"lanes"``; at most 32 x rows a program).
+
+    >>> Dense11V2GemvConfig(bn=32, bk=128, mb=64).mb
+    64
+    """
 
     bn: int = 16
     bk: int = 256
-    mb: int = 16
+    mb: int = 64
     split: int = 0
     warps: int = 4
     dot: str = "tile"
 
     def __post_init__(self) -> None:
         C.pow2(self, "bn", "bk", "mb", "warps")
-        if not 64 <= self.bk <= BLOCK or self.mb > 16 or self.bn < 16:
-            raise ValueError(f"bk must be 64-{BLOCK}, mb at most 16 and bn at least 16 (a tl.dot side), "
+        if not 64 <= self.bk <= BLOCK or self.mb > MAX_MB or self.bn < 16:
+            raise ValueError(f"bk must be 64-{BLOCK}, mb at most {MAX_MB} and bn at least 16 (a tl.dot side), "
                              f"got bk={self.bk}, mb={self.mb}, bn={self.bn}")
         if not isinstance(self.split, int) or isinstance(self.split, bool) or self.split < 0:
             raise ValueError(f"split must be an int >= 0, got {self.split!r}")
-        if self.dot not in ("tile", "lanes"):
-            raise ValueError(f"dot must be 'tile' or 'lanes', got {self.dot!r}")
+        if self.dot not in ("tile", "tile_wx", "lanes"):
+            raise ValueError(f"dot must be 'tile', 'tile_wx' or 'lanes', got {self.dot!r}")
 
 
 class Dense11V2GemvKernel(Kernel):
-    """The fused GEMV of dense11 format version 2: any shape, 1-16 x rows a program (any M: more programs)."""
+    """The fused GEMV of dense11 format version 2: any shape, 1-64 x rows a program (any M: more programs)."""
 
     name = "dense11_v2_gemv"
     layout = "dense11"
@@ -246,7 +280,8 @@ class Dense11V2GemvKernel(Kernel):
         if out.shape != (m, n) or out.dtype != torch.bfloat16:
             raise ValueError(f"out must be bf16 [{m}, {n}], got {out.dtype} {tuple(out.shape)}")
         nbr = _codec.blocks_per_row(k)
-        mb = 1 if m == 1 else 16 if config.mb > 1 else 1
+        # "lanes" at 64 rows: Triton 3.6's sm_90 compile aborts (LLVM ERROR: Illegal shared layout)
+        mb = x_rows(m, min(config.mb, 32) if config.dot == "lanes" else config.mb)
         tiles = triton.cdiv(n, config.bn) * triton.cdiv(m, mb)
         split = config.split or (nbr if tiles < 2 * C.sm_count(x2.device) else 1)
         per = triton.cdiv(nbr, max(1, min(split, nbr)))
@@ -260,8 +295,8 @@ class Dense11V2GemvKernel(Kernel):
             a["exc_idx"], a["exc_exp"], bias if bias is not None else out, dst, m, n, k, kp, nbr, prep.nescw, per,
             x2.stride(0), *prep.lut, *prep.tab,
             BN=config.bn, BK=bk, MB=mb, HW=hw(), HAS_BIAS=bias is not None, HAS_EXC=prep.nexc > 0, PARTIAL=split > 1,
-            X32=x32 is not None, FULL=n % config.bn == 0 and k == kp and kp % bk == 0, TILE_DOT=config.dot == "tile",
-            num_warps=config.warps,
+            X32=x32 is not None, FULL=n % config.bn == 0 and k == kp and kp % bk == 0, TILE_DOT=config.dot != "lanes",
+            W_FIRST=config.dot == "tile_wx", num_warps=config.warps,
         )
         if split > 1:
             C.finalize(dst, bias, out)

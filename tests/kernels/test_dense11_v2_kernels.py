@@ -1,8 +1,8 @@
 """dense11 format version 2 kernels (``glyd.kernels.dense11.unpack_v2`` / ``gemv_v2``): the unpack bit for
 bit against the codec (every pattern, odd shapes, runs of 0-32 escapes, real-like matrices with
 exceptions), the GEMV for M = 1-100 against float64 with test_linear's tolerance (FMA and ``tl.dot``
-paths, 16, 32 and 64 x rows a decode, bias, K splits), the registry's choice by format version,
-configs, hostile arrays refused before a kernel reads them. CPU: Triton's interpreter; the
+paths, 16, 32 and 64 x rows a decode, bias, K splits), the registry's choice by format version and
+M, configs, hostile arrays refused before a kernel reads them. CPU: Triton's interpreter; the
 gpu-marked twins run the inline PTX."""
 
 from __future__ import annotations
@@ -167,10 +167,32 @@ def test_registry_picks_by_format_version(device):
     w = _weights(8, 128, seed=2, kind="wide")
     for p, small in ((glyd.pack(w, "dense11"), "dense11_v2_gemv"), (pack_v1(w), "dense11_gemv")):
         p = p.to(device)
-        for m, name in ((1, small), (16, small), (40, "dense11_unpack_cublas")):
+        mid = "dense11_v2_gemv" if small == "dense11_v2_gemv" else "dense11_unpack_cublas"
+        for m, name in ((1, small), (16, small), (40, mid), (64, mid), (65, "dense11_unpack_cublas")):
             x = torch.randn(m, 128).to(torch.bfloat16).to(device)
             assert kernels.choose(x, p)[0].name == name
             _check(kernels.linear(x, p), x.cpu(), w, None)
+
+
+def test_the_h200_table_decodes_once_for_m_17_to_64():
+    # every shape class: the fused GEMV with one program's x rows holding M (one decode of each tile)
+    # for version 2, unpack + cuBLAS for version 1 and past M = 64
+    from glyd.codec import LAYOUTS
+    from glyd.kernels import registry as R
+    from glyd.kernels.dense11.gemv_v2 import x_rows
+
+    from .test_registry import h200
+    from .test_tables import SHAPES
+
+    for dev in (h200(True, True, True), h200(False, False, False)):
+        for cls, shapes in SHAPES.items():
+            for n, k in shapes:
+                kp = LAYOUTS["dense11"].padded_cols(k)
+                for m in (17, 24, 32, 33, 48, 64):
+                    kc, cfg = R.choose(R.Problem("dense11", m, n, k, kp, 2), dev)
+                    assert kc.name == "dense11_v2_gemv" and x_rows(m, cfg.mb) >= m, (cls, n, k, m, cfg)
+                    assert R.choose(R.Problem("dense11", m, n, k, kp, 1), dev)[0].name == "dense11_unpack_cublas"
+                assert R.choose(R.Problem("dense11", 65, n, k, kp, 2), dev)[0].name == "dense11_unpack_cublas"
 
 
 def test_can_implement_and_configs():
@@ -235,6 +257,8 @@ def test_large_on_the_gpu(kind):
 
     for m in (1, 2, 7, 16, 17, 32, 33, 64):
         x = torch.randn(m, w.shape[1]).to(torch.bfloat16)
+        if m > 16:
+            assert kernels.choose(x.cuda(), p)[0].name == "dense11_v2_gemv"
         _check(kernels.linear(x.cuda(), p), x, w, None)
         for cfg in ({"dot": "lanes"}, {"dot": "tile_wx"}, {"bn": 32, "bk": 128}, {"bn": 64, "bk": 64}):
             _check(kernels.linear(x.cuda(), p, config=Dense11V2GemvConfig(**cfg)), x, w, None)

@@ -145,14 +145,17 @@ def dense11(kind: str) -> dict:
     return _largest_loop(rows, res, bn * bk / (32 * warps))  # unpack: its block loop, gemv: its K loop
 
 
-def dense11_v2(kind: str) -> dict:
+def dense11_v2(kind: str, tile: tuple[int, int, int] = (16, 256, 4)) -> dict:
     """dense11 format version 2's production kernels (``glyd.kernels.dense11.unpack_v2`` / ``gemv_v2``)
-    with their default configs: unpack 8 rows x bk 256 on 2 warps, GEMV bn 16 x bk 256 on 4 warps at
-    MB 1 (FMAs) or 16 (``tl.dot``); one run of 32 a thread, exceptions compiled in. The step is the
+    with their default configs: unpack 8 rows x bk 256 on 2 warps, GEMV bn 16 x bk 256 on 4 warps
+    (``tile``: bn, bk, warps) at MB 1 (FMAs) or 16, 32, 64 (``tl.dot``; ``gemv<MB>``, ``-wx``: the
+    weights as the dot's first operand); one run of 32 a thread, exceptions compiled in. The step is the
     K loop holding the 16-byte ``sm`` loads, as the candidates'."""
     from glyd.kernels.dense11 import gemv_v2 as G
     from glyd.kernels.dense11 import unpack_v2 as U
 
+    wfirst = kind.endswith("-wx")  # the tile dot as tile @ x^T (order="wx"), else x @ tile^T
+    kind = kind.removesuffix("-wx")
     lanes = kind.endswith("-lanes")  # the M = 2-16 dots a byte lane (dot="lanes"), else one dot a step
     kind = kind.removesuffix("-lanes")
     kind, full = kind.removesuffix("-full"), kind.endswith("-full")  # -full: whole tiles (no masks), x as pairs
@@ -165,12 +168,17 @@ def dense11_v2(kind: str) -> dict:
         fn, bn, bk, warps = U._unpack_v2_kernel, 8, 256, 2
         const = dict(BN=bn, BK=bk, EVEN=True, HW=True, HAS_EXC=True, E=16, FULL=full)
     else:
-        fn, bn, bk, warps = G._gemv_v2_kernel, 16, 256, 4
-        const = dict(BN=bn, BK=bk, MB=1 if kind == "gemv1" else 16, HW=True, HAS_BIAS=False, HAS_EXC=True,
-                     PARTIAL=False, X32=full, FULL=full, TILE_DOT=not lanes)
+        fn, (bn, bk, warps) = G._gemv_v2_kernel, tile
+        const = dict(BN=bn, BK=bk, MB=int(kind.removeprefix("gemv")), HW=True, HAS_BIAS=False, HAS_EXC=True,
+                     PARTIAL=False, X32=full, FULL=full, TILE_DOT=not lanes, W_FIRST=wfirst)
     sig = {n: "constexpr" if n in const else ptrs.get(n, "i32") for n in fn.arg_names}
     rows, res = _sass(fn, sig, const, warps, (*ptrs, "KP", "K", "stride_xm"))
     return analyse(rows, res, bn * bk / (32 * warps))
+
+
+#: GEMV tiles (bn, bk, warps: a run of 32 a thread) counted at 32 and 64 x rows (``@`` in the report)
+TILES = {f"{bn}x{bk}x{w}": (bn, bk, w) for bn, bk, w in ((16, 256, 4), (32, 128, 4), (64, 64, 4), (16, 128, 2),
+                                                        (32, 64, 2), (32, 256, 8), (64, 128, 8), (128, 64, 8))}
 
 
 def fixed12(kind: str) -> dict:
@@ -207,6 +215,11 @@ def report() -> int:
     items += [(f"dense11/{k}", lambda k=k: dense11(k)) for k in ("unpack", "gemv1", "gemv16")]
     items += [(f"dense11v2/{k}{f}", lambda k=k + f: dense11_v2(k)) for k in ("unpack", "gemv1", "gemv16")
               for f in ("", "-full")] + [("dense11v2/gemv16-full-lanes", lambda: dense11_v2("gemv16-full-lanes"))]
+    # M = 17-64: 32 and 64 x rows a decode, the weights as the dot's first operand (-wx), the H200 table's tile
+    items += [(f"dense11v2/{k}", lambda k=k: dense11_v2(k)) for k in ("gemv32", "gemv32-full", "gemv64", "gemv64-full",
+                                                                    "gemv16-full-wx", "gemv32-full-wx", "gemv64-full-wx")]
+    items += [(f"dense11v2/gemv{mb}-full@{t}", lambda mb=mb, t=t: dense11_v2(f"gemv{mb}-full", TILES[t]))
+              for mb in (32, 64) for t in TILES]
     for lay in K.LAYOUT_IDS:
         for mode, m in K.MODES.items():
             for cfg in (K.DEFAULTS[m], K.LARGE[m]):

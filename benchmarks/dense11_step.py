@@ -4,17 +4,20 @@ All linears of 28 layers with q|k|v and gate|up merged (qkv 4608 x 3584, o 3584 
 37888 x 3584, down 3584 x 18944; distinct random weights per layer, std 0.02) plus the 152064 x 3584
 lm_head; one CUDA graph a step, median of 30 replays (``glyd.timing.cuda_graph_ms``), at M = 1, 16,
 32, 64; bf16 ``F.linear`` (cuBLAS) in the same run with the same shapes. ``dense11`` runs what the
-registry picks from the GPU's table (format version 2: ``dense11_v2_gemv`` up to M = 16, unpack +
-cuBLAS above), as ``dense11 gemv`` the version-2 fused GEMV at every M, and as ``dense11 v1`` the
+registry picks from the GPU's table (format version 2: ``dense11_v2_gemv`` up to M = 64, its tile
+decoded once for 16, 32 or 64 x rows; unpack + cuBLAS above), as ``dense11 gemv`` the version-2 fused
+GEMV with its default tile (bn 16, bk 256, 4 warps) at every M, and as ``dense11 v1`` the
 registry's choice for the same weights packed in format version 1 (bit planes: the kernels timed on
 2026-12-03, for the before/after in one run). Before timing: the GPU pack equals the CPU codec on
 the first qkv, o and down matrix (both versions), the unpack is bit-exact, every product is within
 5e-3 (relative norm) of float64 ``F.linear``.
 
-    python benchmarks/dense11_step.py [--out DIR] [--layers 28] [--ms 1,16,32,64] [--dot tile|lanes]
+    python benchmarks/dense11_step.py [--out DIR] [--layers 28] [--ms 1,16,32,64] [--dot tile|tile_wx|lanes]
+        [--mb 64]
 
-``--dot`` picks the M = 2-16 product form of ``dense11 gemv`` (``Dense11V2GemvConfig.dot``; the
-registry's ``dense11`` keeps the table's, the default ``tile``).
+``--dot`` picks the M >= 2 product form of ``dense11 gemv`` (``Dense11V2GemvConfig.dot``; the
+registry's ``dense11`` keeps the table's, the default ``tile``), ``--mb`` its most x rows a decode
+(16: M = 17-64 decode each tile 2-4 times, as before 2026-12-05).
 
 Without a CUDA GPU it is a dry run under ``TRITON_INTERPRET=1``: tiny shapes, every check, times
 NaN (about 3.5 minutes on 2 CPU cores with ``--ms 1,32``). Prints a markdown table; ``--out`` also
@@ -61,7 +64,7 @@ def build(layers: int) -> dict:
     return mats
 
 
-def check(mats: dict, ms: list[int]) -> list[str]:
+def check(mats: dict, ms: list[int], cfg: Dense11V2GemvConfig) -> list[str]:
     fails = []
     for name, reps in mats.items():
         w, p12, p11, p1 = reps[0]
@@ -76,18 +79,18 @@ def check(mats: dict, ms: list[int]) -> list[str]:
         for m in ms:
             x = torch.randn(m, w.shape[1], device=DEV).to(torch.bfloat16)
             want = F.linear(x.double(), w.double())
-            for label, p, cfg in (("fixed12", p12, None), ("dense11", p11, None), ("dense11 gemv", p11, Dense11V2GemvConfig()),
-                                  ("dense11 v1", p1, None)):
-                y = kernels.linear(x, p, None, cfg)
+            for label, p, c in (("fixed12", p12, None), ("dense11", p11, None), ("dense11 gemv", p11, cfg),
+                                ("dense11 v1", p1, None)):
+                y = kernels.linear(x, p, None, c)
                 err = ((y.double() - want).norm() / want.norm()).item()
                 if not err < 5e-3 or not torch.isfinite(y).all():
                     fails.append(f"{label} {name} M={m}: rel err {err:.3g}")
     return fails
 
 
-def step(mats: dict, xs: dict, variant: str, dot: str = "tile"):
+def step(mats: dict, xs: dict, variant: str, gemv: Dense11V2GemvConfig):
     which = WHICH[variant]
-    cfg = Dense11V2GemvConfig(dot=dot) if variant == "dense11 gemv" else None
+    cfg = gemv if variant == "dense11 gemv" else None
 
     def run():
         for reps in mats.values():
@@ -104,8 +107,10 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=None)
     ap.add_argument("--layers", type=int, default=LAYERS)
     ap.add_argument("--ms", default="1,16,32,64")
-    ap.add_argument("--dot", default="tile", choices=("tile", "lanes"))
+    ap.add_argument("--dot", default="tile", choices=("tile", "tile_wx", "lanes"))
+    ap.add_argument("--mb", type=int, default=64, choices=(16, 32, 64))
     args = ap.parse_args(argv)
+    gemv = Dense11V2GemvConfig(dot=args.dot, mb=args.mb)
     ms = [int(m) for m in args.ms.split(",")]
     t0 = time.time()
     mats = build(args.layers)
@@ -114,24 +119,25 @@ def main(argv=None) -> int:
             for p in packs:
                 kernels.prepare(p)
     built = time.time() - t0
-    fails = check(mats, ms)
+    fails = check(mats, ms, gemv)
     if fails:
         print("\n".join(f"FAIL {f}" for f in fails))
         return 1
     sizes = {v: sum((t[0].numel() * 2 if v == "bf16" else t[WHICH[v]].nbytes) for r in mats.values()
                     for t in r) for v in ("bf16", "fixed12", "dense11", "dense11 v1")}
     res = {"device": torch.cuda.get_device_name() if DEV == "cuda" else "cpu (dry run)", "torch": torch.__version__,
-           "glyd": glyd.__version__, "dot": args.dot, "layers": args.layers, "build_s": round(built, 1), "bytes": sizes, "ms": {}}
+           "glyd": glyd.__version__, "dot": args.dot, "mb": args.mb, "layers": args.layers, "build_s": round(built, 1), "bytes": sizes, "ms": {}}
     for m in ms:
         xs = {k: torch.randn(m, k, device=DEV).to(torch.bfloat16) for k in {k for _, _, k in SHAPES} | {H}}
         for v in VARIANTS:
-            fn = step(mats, xs, v, args.dot)
+            fn = step(mats, xs, v, gemv)
             if DEV == "cuda":
                 res["ms"].setdefault(str(m), {})[v] = cuda_graph_ms(fn, 30)
             else:
                 fn()
                 res["ms"].setdefault(str(m), {})[v] = float("nan")
-    print(f"{res['device']}, torch {res['torch']}, glyd {res['glyd']}, {args.layers} layers (merged), built in {built:.0f} s")
+    print(f"{res['device']}, torch {res['torch']}, glyd {res['glyd']}, {args.layers} layers (merged), built in {built:.0f} s; "
+          f"dense11 gemv: dot {args.dot}, mb {args.mb}")
     print("weight bytes vs bf16: " + ", ".join(f"{v} {sizes[v] / sizes['bf16']:.4f}"
                                                for v in ("fixed12", "dense11", "dense11 v1")))
     print("\n| M | " + " | ".join(f"{v} ms" for v in VARIANTS) + " | " + " | ".join(f"{v} / bf16" for v in VARIANTS[1:]) + " |")

@@ -10,8 +10,8 @@
   the first operand); ``dot="lanes"`` runs 8 dots a step, one a byte lane t of a half h ([BN, BK/8]:
   columns 16h + 4q + t of each run) with the matching slice of x. Static sm_90 counts
   (``benchmarks/probes/dense_sass.py``, whole tiles, bn 16 x bk 256 on 4 warps): "tile" 16.2
-  instructions a weight a thread a step at MB 16 (mma.sync), 17.9 at MB 32, 15.6 at MB 64 (one
-  wgmma 64 x 16 x 16 a 16 columns, both operands from shared memory; 168 registers, no spill);
+  instructions a weight a thread a step at MB 16 (mma.sync), 17.9 at MB 32, 15.6 at MB 64 (wgmma
+  64 x 16 x 16, one a 16 columns of K, both operands from shared memory; 168 registers, no spill);
   "tile_wx" 16.3, 18.1 and 24.0 (MB 64: mma.sync, 16 bytes spilled); "lanes" 22.2 at MB 16. Which
   is faster is for the H200 to say (``benchmarks/history/2026-12-05-dense11-mid-cpu.md``).
 

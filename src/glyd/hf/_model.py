@@ -113,16 +113,47 @@ def tied_pair(model: nn.Module) -> tuple[str, str] | None:
     return names[id(out)], names[id(inp)]
 
 
-def packed_tie(model: nn.Module) -> tuple[str, str] | None:
-    """:func:`tied_pair` for packing: the config's tie holds for an empty model (its weights on the
-    meta device, tied as they stream in), not for a loaded one whose output projection has a weight
-    of its own (untied after loading): that one is packed apart, as the model computes it."""
+def tie_groups(model: nn.Module) -> list[list[str]]:
+    """The modules whose weights transformers ties, one list a shared weight, its source first:
+    ``all_tied_weights_keys`` (``{target: source}``, as the config and the class resolve them; T5 ties
+    ``shared`` to its encoder's and decoder's ``embed_tokens`` and its ``lm_head``), and :func:`tied_pair`."""
+    keys = getattr(model, "all_tied_weights_keys", None)
+    links: dict[str, str] = {}
+    if isinstance(keys, dict):
+        for target, source in keys.items():
+            if isinstance(target, str) and isinstance(source, str) and target.endswith(".weight") \
+                    and source.endswith(".weight"):
+                links[target[: -len(".weight")]] = source[: -len(".weight")]
     pair = tied_pair(model)
-    if pair is None:
-        return None
-    out, inp = (getattr(model.get_submodule(name), "weight", None) for name in pair)
-    loaded = isinstance(out, torch.Tensor) and isinstance(inp, torch.Tensor) and not (out.is_meta or inp.is_meta)
-    return None if loaded and out is not inp else pair
+    if pair is not None and pair[0] != pair[1]:
+        links.setdefault(*pair)
+    groups: dict[str, list[str]] = {}
+    for target in links:
+        root, seen = target, {target}
+        while root in links and links[root] not in seen:  # a target's source may be tied to another
+            root = links[root]
+            seen.add(root)
+        group = groups.setdefault(root, [root])
+        if target not in group:
+            group.append(target)
+    return [g for g in groups.values() if len(g) > 1]
+
+
+def packed_ties(model: nn.Module) -> list[list[str]]:
+    """:func:`tie_groups` the packer shares: their packable modules, where one is an embedding (its
+    packed table is shared; the output projections use it as ``GlydTiedLinear``)."""
+    out = []
+    for group in tie_groups(model):
+        mods = []
+        for name in group:
+            try:
+                mods.append((name, model.get_submodule(name)))
+            except AttributeError:
+                continue
+        kept = [n for n, m in mods if is_packable_embedding(m) or is_packable_linear(m)]
+        if len(kept) > 1 and any(is_packable_embedding(m) for n, m in mods if n in kept):
+            out.append(kept)
+    return out
 
 
 def unpacked_report(model: nn.Module) -> str:

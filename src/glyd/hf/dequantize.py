@@ -25,7 +25,7 @@ from torch import nn
 
 from glyd.errors import UnsupportedError
 from glyd.nn.experts import GlydExperts
-from glyd.nn.modules import GlydEmbedding, GlydLinear, GlydLinearPart, GlydTiedLinear
+from glyd.nn.modules import GlydEmbedding, GlydLinear, GlydLinearPart, GlydTiedEmbedding, GlydTiedLinear
 
 log = logging.getLogger(__name__)
 
@@ -56,16 +56,18 @@ def dequantize(model: nn.Module, dtype: Any = None) -> nn.Module:
     """
     dtype = check_dtype(dtype)
     jobs = [(parent, attr, child) for _, parent in model.named_modules() for attr, child in parent._modules.items()
-            if isinstance(child, (GlydLinear, GlydLinearPart, GlydEmbedding, GlydTiedLinear, GlydExperts))]
+            if isinstance(child, (GlydLinear, GlydLinearPart, GlydEmbedding, GlydTiedLinear, GlydTiedEmbedding,
+                                  GlydExperts))]
     if not jobs:
         raise UnsupportedError("dequantize: the model has no glyd-packed module")
     names = {id(m): n for n, m in model.named_modules(remove_duplicate=False)}
     packed_embeddings = {id(c) for _, _, c in jobs if isinstance(c, GlydEmbedding)}
     for _, attr, c in jobs:  # before anything changes: a refusal leaves the model as it was
-        if isinstance(c, GlydTiedLinear) and id(c.source) not in packed_embeddings:
+        if isinstance(c, (GlydTiedLinear, GlydTiedEmbedding)) and id(c.source) not in packed_embeddings:
             raise UnsupportedError(f"dequantize: {names.get(id(c), attr)} is tied to an embedding that is not part "
                                    f"of the model")
-    scaled = [(names.get(id(c), a), c) for _, a, c in jobs if isinstance(c, GlydEmbedding) and c.embed_scale is not None]
+    scaled = [(names.get(id(c), a), c) for _, a, c in jobs
+              if isinstance(c, (GlydEmbedding, GlydTiedEmbedding)) and c.embed_scale is not None]
     reference = _reference(model) if scaled else None
     for name, c in scaled:  # before anything changes: the model's own class of every scaled embedding
         _scaled_embedding(reference, name, c)
@@ -92,6 +94,9 @@ def dequantize(model: nn.Module, dtype: Any = None) -> nn.Module:
     for parent, attr, child in jobs:
         if isinstance(child, GlydTiedLinear):
             _replace(parent, attr, _tied(embeddings[id(child.source)], child))
+        elif isinstance(child, GlydTiedEmbedding):
+            new = _embedding(child, reference, names.get(id(child), attr), embeddings[id(child.source)].weight)
+            _replace(parent, attr, new)
     del parts, reference
     for m in model.modules():  # a packed layer a merged LoRA parked for unmerge (glyd.hf.peft): plain too
         parked = m.__dict__.get("_glyd_packed")
@@ -131,25 +136,27 @@ def _tied(emb: nn.Module, old: GlydTiedLinear) -> nn.Linear:
     return lin.train(old.training)
 
 
-def _embedding(old: GlydEmbedding, reference: nn.Module | None, name: str) -> nn.Module:
-    table = old._unpack()
+def _embedding(old: GlydEmbedding | GlydTiedEmbedding, reference: nn.Module | None, name: str,
+               tied: nn.Parameter | None = None) -> nn.Module:
+    """The plain embedding of ``old``: its table unpacked, or ``tied``, its source's (one Parameter)."""
+    table = old._unpack() if tied is None else None
     if old.embed_scale is None:
         emb = nn.Embedding(old.num_embeddings, old.embedding_dim, old.padding_idx, device="meta", dtype=torch.bfloat16)
     else:
         emb = _scaled_embedding(reference, name, old)
         emb.embed_scale = old.embed_scale.detach().clone()
-    emb.weight = nn.Parameter(table)
+    emb.weight = nn.Parameter(table) if tied is None else tied
     return emb.train(old.training)
 
 
-def _scaled_embedding(reference: nn.Module | None, name: str, old: GlydEmbedding) -> nn.Embedding:
+def _scaled_embedding(reference: nn.Module | None, name: str, old: GlydEmbedding | GlydTiedEmbedding) -> nn.Embedding:
     """A scaled embedding (Gemma 3's) is the model's own class: its module in a meta-device copy."""
     try:
         emb = None if reference is None else reference.get_submodule(name)
     except AttributeError:
         emb = None
     if not isinstance(emb, nn.Embedding) or not hasattr(emb, "embed_scale") or \
-            tuple(emb.weight.shape) != tuple(old.packed_shape):
+            tuple(emb.weight.shape) != (old.num_embeddings, old.embedding_dim):
         raise UnsupportedError(f"dequantize: cannot rebuild the scaled embedding {name!r} (the model's own class is "
                                f"not known)")
     return emb

@@ -34,7 +34,7 @@ from torch import nn
 
 from glyd.codec import LAYOUTS
 from glyd.errors import GlydError
-from glyd.hf._model import is_packable_embedding, is_packable_linear, packed_tie
+from glyd.hf._model import is_packable_embedding, is_packable_linear, packed_ties
 from glyd.nn.experts import is_packable as packable_experts
 from glyd.store._safetensors import read_header
 
@@ -104,23 +104,25 @@ def _packable(model: nn.Module) -> set[int]:
     return ids
 
 
-def _untied_copy(model: nn.Module) -> int | None:
-    """The id of an output projection's weight that the packer does not keep: tied to the input
-    embedding by the config but a parameter of its own (an empty model, built without the tie)."""
-    pair = packed_tie(model)
-    if pair is None:
-        return None
-    out, inp = (model.get_submodule(name) for name in pair)
-    w = getattr(out, "weight", None)
-    if not is_packable_embedding(inp) or not isinstance(w, nn.Parameter) or w is inp.weight:
-        return None
-    return id(w)
+def _tied_copies(model: nn.Module) -> set[int]:
+    """The ids of the weights the packer does not keep apart (``packed_ties``): each tied to its
+    source by the config and not yet sharing it (an empty model, built without the ties), or equal to it."""
+    import torch
+
+    drop: set[int] = set()
+    for members in packed_ties(model):
+        ws = [getattr(model.get_submodule(m), "weight", None) for m in members]
+        ws = [w for w in ws if isinstance(w, nn.Parameter)]
+        for w in ws[1:]:
+            if w is not ws[0] and (w.is_meta or ws[0].is_meta or torch.equal(w, ws[0])):
+                drop.add(id(w))
+    return drop
 
 
 def _weights_of(model: nn.Module) -> list[nn.Parameter]:
-    """The parameters the packed model holds: each once, a tied output projection's not at all."""
-    dropped = _untied_copy(model)
-    return [p for p in model.parameters() if id(p) != dropped]
+    """The parameters the packed model holds: each once, a tied copy not at all."""
+    dropped = _tied_copies(model)
+    return [p for p in model.parameters() if id(p) not in dropped]
 
 
 def count_weights(model: nn.Module) -> tuple[int, int, Counter[str]]:
@@ -128,8 +130,9 @@ def count_weights(model: nn.Module) -> tuple[int, int, Counter[str]]:
     (a meta model too: nothing is read).
 
     A parameter shared by two modules (tied embeddings) counts once, as ``model.parameters()``
-    yields it once, and so does a tied output projection not yet sharing it (the packer's
-    ``packed_tie``); packable is what the packer packs (its own predicates).
+    yields it once, and so does a tied copy not yet sharing it (the packer's ``packed_ties``: T5's
+    ``shared``, encoder and decoder ``embed_tokens`` and ``lm_head`` once); packable is what the packer
+    packs (its own predicates).
     """
     packable_ids = _packable(model)
     owner: dict[int, str] = {}

@@ -15,10 +15,10 @@ from glyd import ops as _ops
 from glyd.codec import Packed
 from glyd.errors import FormatError, UnsupportedError
 from glyd.hf._model import (MERGE_GROUPS, check_layout, embed_scale_of, is_packable_embedding, is_packable_linear,
-                            packed_tie, refuse_tied_bias, set_module, set_tensor, unpacked_report,
+                            packed_ties, refuse_tied_bias, set_module, set_tensor, unpacked_report,
                             untie_packed)
 from glyd.hf.experts import ExpertsPlan
-from glyd.nn.modules import GlydEmbedding, GlydLinear, GlydTiedLinear
+from glyd.nn.modules import GlydEmbedding, GlydLinear, GlydTiedEmbedding, GlydTiedLinear
 from glyd.ops import experts as _experts_ops
 from glyd.store import sha256_tensor
 
@@ -44,6 +44,24 @@ class Group:
         return names
 
 
+@dataclass
+class Value:
+    """One packed weight of a :class:`Tie` (``sha256`` is set when its hash is ready)."""
+
+    packed: Packed
+    sha256: str | None = None
+
+
+@dataclass
+class Tie:
+    """Modules sharing one weight (``packed_ties``, the source first): packed once from the first of
+    their tensors to arrive; a later one is compared with it, and one stored with other values is
+    packed apart (untied, as transformers unties it)."""
+
+    members: list[str]
+    values: dict[str, Value] = field(default_factory=dict)  # member -> the packed weight it was stored with
+
+
 class Packer:
     """Decides which tensors are packed, packs them one at a time and swaps the modules in."""
 
@@ -62,8 +80,6 @@ class Packer:
         self.linears: dict[str, str] = {}  # weight name -> module name
         self.embeds: dict[str, str] = {}
         self.groups: dict[str, Group] = {}  # tensor name -> its group
-        self.tied = packed_tie(model)
-        self.skip: set[str] = set()
         self._hasher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="glyd-sha256")
         self._hashes: deque[tuple[nn.Module, str | None, Future]] = deque()
         self.experts = ExpertsPlan(model, exact)  # fused 3-D experts weights, packed expert by expert
@@ -74,19 +90,26 @@ class Packer:
                 self.linears[w] = name
             elif is_packable_embedding(m):
                 self.embeds[w] = name
-        if self.tied is not None:
-            out_name, in_name = self.tied
-            if f"{in_name}.weight" in self.embeds:
-                refuse_tied_bias(model, out_name, in_name)
-                if self._device_for(f"{out_name}.weight") != self._device_for(f"{in_name}.weight"):
-                    raise UnsupportedError(f"device_map puts {out_name} and {in_name} on different devices: they "
-                                           f"share one packed weight (tied embeddings)")
-                self.linears.pop(f"{out_name}.weight", None)
-                self.skip.add(f"{out_name}.weight")
-            else:
-                self.tied = None
+        self.ties: dict[str, Tie] = {}  # weight name -> the modules it is shared by
+        for members in packed_ties(model):
+            self._plan_tie(members)
         if merge:
             self._plan_merges()
+
+    def _plan_tie(self, members: list[str]) -> None:
+        source = next(m for m in members if f"{m}.weight" in self.embeds)
+        for m in members:
+            if f"{m}.weight" in self.linears:
+                refuse_tied_bias(self.model, m, source)
+        if len({self._device_for(f"{m}.weight") for m in members}) != 1:
+            raise UnsupportedError(f"device_map puts {', '.join(m for m in members if m != source)} and {source} on "
+                                   f"different devices: they share one packed weight (tied embeddings)")
+        tie = Tie(list(members))
+        for m in members:
+            w = f"{m}.weight"
+            self.linears.pop(w, None)
+            self.embeds.pop(w, None)
+            self.ties[w] = tie
 
     def _plan_merges(self) -> None:
         for pname, parent in self.model.named_modules():
@@ -105,8 +128,13 @@ class Packer:
                     self.linears.pop(n, None)
 
     def wants(self, name: str) -> bool:
-        return (name in self.linears or name in self.embeds or name in self.groups or name in self.skip
+        return (name in self.linears or name in self.embeds or name in self.groups or name in self.ties
                 or self.experts.wants(name))
+
+    def tied_copy(self, name: str) -> bool:
+        """Whether ``name`` is a tied weight other than its source's: not given, it shares the source's."""
+        tie = self.ties.get(name)
+        return tie is not None and name != f"{tie.members[0]}.weight"
 
     def _pack(self, name: str, t: torch.Tensor, device_of: str | None = None) -> tuple[Packed, Future]:
         return self._pack_with(_ops._pack, name, t, device_of)
@@ -161,8 +189,8 @@ class Packer:
 
     def feed(self, name: str, t: torch.Tensor) -> None:
         """Take tensor ``name`` of the model (a weight to pack, or any other tensor to put in place)."""
-        if name in self.skip:
-            log.debug("%s: tied to the input embedding, not packed twice", name)
+        if name in self.ties:
+            self._feed_tied(name, t)
         elif name in self.linears:
             mname = self.linears.pop(name)
             old = self.model.get_submodule(mname)
@@ -188,6 +216,55 @@ class Packer:
                 self._merge(g)
         elif not set_tensor(self.model, name, self._to_device(t, name)):
             log.warning("tensor %r of the checkpoint has no place in the model; ignored", name)
+
+    def _feed_tied(self, name: str, t: torch.Tensor) -> None:
+        tie, member = self.ties[name], name[: -len(".weight")]
+        if member in tie.values:
+            raise FormatError(f"tensor {name!r} was given twice")
+        for other, v in tie.values.items():
+            if v.packed.shape == tuple(t.shape) and torch.equal(_ops.unpack(v.packed), t.to(v.packed.device)):
+                log.debug("%s: equal to %s (tied), not packed twice", name, other)
+                tie.values[member] = v
+                return
+        if tie.values:
+            log.warning("%s and %s.weight are tied but stored with other values: packed apart (transformers unties "
+                        "them too)", name, next(iter(tie.values)))
+        p, sha = self._pack(name, t, device_of=f"{tie.members[0]}.weight")
+        tie.values[member] = self._track(Value(p), sha)
+
+    def _finish_tie(self, tie: Tie) -> None:
+        """Each member's module over the value it was stored with (a member not stored: its source's,
+        or the first stored): an embedding holds the arrays, the other members use them."""
+        if not tie.values:
+            return
+        default = tie.values.get(tie.members[0]) or next(iter(tie.values.values()))
+        by_value: dict[int, list[str]] = {}
+        for m in tie.members:
+            by_value.setdefault(id(tie.values.get(m, default)), []).append(m)
+        values = {id(v): v for v in [*tie.values.values(), default]}
+        for key, members in by_value.items():
+            self._install(values[key], members)
+        for m in tie.members:
+            self.ties.pop(f"{m}.weight", None)
+
+    def _install(self, v: Value, members: list[str]) -> None:
+        olds = {m: self.model.get_submodule(m) for m in members}
+        embeds = [m for m in members if is_packable_embedding(olds[m])]
+        holder = None
+        for m in [*embeds, *[m for m in members if m not in embeds]]:
+            old = olds[m]
+            if m in embeds:
+                scale = embed_scale_of(old)
+                if isinstance(scale, torch.Tensor):
+                    scale = scale.to(v.packed.device)
+                new = (GlydTiedEmbedding(holder, old.padding_idx, scale=scale) if holder is not None
+                       else GlydEmbedding(v.packed, old.padding_idx, scale=scale, sha256=v.sha256))
+                holder = holder or new
+            elif holder is not None:
+                new = GlydTiedLinear(holder, exact=self.exact)
+            else:  # an output projection stored apart: its own weight
+                new = GlydLinear(v.packed, None, exact=self.exact, sha256=v.sha256)
+            set_module(self.model, m, new)
 
     def _feed_experts(self, name: str, t: torch.Tensor) -> None:
         want = list(self.experts.shape_of(name))
@@ -223,14 +300,13 @@ class Packer:
 
     def finish(self, where: str) -> None:
         self.close()
-        missing = sorted(set(self.linears) | set(self.embeds) | set(self.groups) | set(self.experts.missing()))
+        ties = {id(t): t for t in self.ties.values()}.values()
+        for tie in ties:
+            self._finish_tie(tie)
+        missing = sorted(set(self.linears) | set(self.embeds) | set(self.groups) | set(self.ties)
+                         | set(self.experts.missing()))
         if missing:
             more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
             raise FormatError(f"{where}: tensor(s) {', '.join(missing[:5])}{more} are missing from the checkpoint")
-        if self.tied is not None:
-            out_name, in_name = self.tied
-            emb = self.model.get_submodule(in_name)
-            if isinstance(emb, GlydEmbedding):
-                set_module(self.model, out_name, GlydTiedLinear(emb, exact=self.exact))
         untie_packed(self.model)
         log.info("%s: %s", where, unpacked_report(self.model))

@@ -42,7 +42,7 @@ import torch
 from torch import nn
 
 from glyd.errors import MissingDependencyError, UnsupportedError
-from glyd.nn.modules import GlydEmbedding, GlydLinear, GlydLinearPart, GlydTiedLinear
+from glyd.nn.modules import GlydEmbedding, GlydLinear, GlydLinearPart, GlydTiedEmbedding, GlydTiedLinear
 
 try:
     import peft as _peft
@@ -157,6 +157,7 @@ class _Refused(nn.Module):
         GlydEmbedding: "a packed embedding (LoRA on embeddings is not supported on glyd models; leave it out of "
                        "target_modules)",
         GlydTiedLinear: "an output projection tied to the packed embedding (leave it out of target_modules)",
+        GlydTiedEmbedding: "an embedding tied to another packed embedding (leave it out of target_modules)",
     }
 
     def __init__(self, base_layer: nn.Module, adapter_name: str, config: Any = None, **kwargs: Any) -> None:
@@ -172,6 +173,7 @@ LORA_MODULES: dict[type[nn.Module], type[nn.Module]] = {
     GlydLinearPart: GlydLoraLinear,
     GlydEmbedding: _Refused,
     GlydTiedLinear: _Refused,
+    GlydTiedEmbedding: _Refused,
 }
 
 
@@ -216,7 +218,7 @@ def _all_linear(model: nn.Module, config: LoraConfig) -> set[str]:
     return names - skip
 
 
-PACKED = (GlydLinear, GlydLinearPart, GlydEmbedding, GlydTiedLinear)
+PACKED = (GlydLinear, GlydLinearPart, GlydEmbedding, GlydTiedLinear, GlydTiedEmbedding)
 
 #: The heads PEFT adds to ``modules_to_save`` by task type (its ``PeftModelFor...`` classes).
 TASK_HEADS = {"SEQ_CLS": ("classifier", "score"), "TOKEN_CLS": ("classifier", "score"),
@@ -293,6 +295,6 @@ def merge_and_unload(peft_model: Any, **kwargs: Any) -> nn.Module:
     from glyd.hf.dequantize import dequantize
 
     model = peft_model.merge_and_unload(**kwargs)
-    if any(isinstance(m, (GlydLinear, GlydLinearPart, GlydEmbedding, GlydTiedLinear)) for m in model.modules()):
+    if any(isinstance(m, PACKED) for m in model.modules()):
         dequantize(model)
     return model

@@ -17,11 +17,11 @@ from glyd.codec.experts import LENS
 from glyd.codec.packed import FORMAT_VERSION
 from glyd.errors import CorruptError, FormatError
 from glyd.hf import hooks
-from glyd.hf._model import (SEP, is_packable_embedding, is_packable_linear, note_source, set_module, refuse_tied_bias,
-                            tied_pair, untie_packed)
+from glyd.hf._model import (SEP, is_packable_embedding, is_packable_linear, note_source, packed_ties, set_module,
+                            refuse_tied_bias, untie_packed)
 from glyd.hf.checks import check_complete
 from glyd.hf.experts import PACKED_KINDS, experts_entries, module_tensors, place_experts
-from glyd.nn.modules import GlydEmbedding, GlydLinear, GlydTiedLinear
+from glyd.nn.modules import GlydEmbedding, GlydLinear, GlydTiedEmbedding, GlydTiedLinear
 from glyd.store import MANIFEST, CheckpointReader
 from glyd.store._safetensors import dtype_from_name, read_header
 
@@ -76,6 +76,8 @@ def prepare_skeleton(model: nn.Module, folder: Path, *, merged: dict[str, list[s
     groups = {attr: tuple(parts) for attr, parts in (merged or {}).items()}
     prefix = getattr(model, "base_model_prefix", "")
     experts = experts_entries(packed)
+    ties = packed_ties(model)  # before the modules are swapped: which members are packable
+    olds = {m: model.get_submodule(m) for members in ties for m in members}
     place_experts(model, folder, experts, manifest, exact)
     for name, e in packed.items():
         if name in experts:
@@ -111,32 +113,58 @@ def prepare_skeleton(model: nn.Module, folder: Path, *, merged: dict[str, list[s
             setattr(parent, attr, GlydLinear(p, old.bias, exact=exact, sha256=entry.get("sha256")))
         elif old is not None and is_packable_embedding(old):
             p = _meta_packed(folder, name, e["layout"], entry, (old.num_embeddings, old.embedding_dim), meta)
-            scale = getattr(old, "embed_scale", None)
-            if isinstance(scale, torch.Tensor) and scale.is_meta:
-                # A non-persistent buffer (Gemma 3): rebuilt from the float the module keeps, in the
-                # dtype transformers gave it, so that it rounds to bf16 exactly as the original.
-                value = getattr(old, "scalar_embed_scale", None)
-                if not isinstance(value, (int, float)):
-                    raise FormatError(f"{folder}: {name!r}: cannot recover the embed_scale of {type(old).__name__}")
-                scale = torch.tensor(float(value), dtype=scale.dtype, device="cpu")
-            emb = GlydEmbedding(p, old.padding_idx, scale=scale, sha256=entry.get("sha256"))
-            if scale is not None:
-                # transformers re-creates non-persistent buffers empty after loading: keep the value.
-                emb.__dict__["_glyd_scale"] = (float(scale), scale.dtype)
-            setattr(parent, attr, emb)
+            scale = _scale(old, folder, name)
+            setattr(parent, attr, _with_scale(GlydEmbedding(p, old.padding_idx, scale=scale, sha256=entry.get("sha256")),
+                                              scale))
         else:
             raise FormatError(
                 f"{folder}: packed tensor {name!r} belongs to a {type(old).__name__}, which glyd cannot run packed"
             )
-    tied = tied_pair(model)
-    if tied is not None:
-        out_name, in_name = tied
-        emb = model.get_submodule(in_name)
-        if isinstance(emb, GlydEmbedding) and f"{out_name}.weight" not in packed:
-            refuse_tied_bias(model, out_name, in_name)
-            set_module(model, out_name, GlydTiedLinear(emb, exact=exact))
+    for members in ties:
+        _tie_skeleton(model, folder, members, olds, packed, exact)
     untie_packed(model)
     return manifest
+
+
+def _scale(old: nn.Module, folder: Path, name: str) -> torch.Tensor | float | None:
+    scale = getattr(old, "embed_scale", None)
+    if isinstance(scale, torch.Tensor) and scale.is_meta:
+        # A non-persistent buffer (Gemma 3): rebuilt from the float the module keeps, in the
+        # dtype transformers gave it, so that it rounds to bf16 exactly as the original.
+        value = getattr(old, "scalar_embed_scale", None)
+        if not isinstance(value, (int, float)):
+            raise FormatError(f"{folder}: {name!r}: cannot recover the embed_scale of {type(old).__name__}")
+        scale = torch.tensor(float(value), dtype=scale.dtype, device="cpu")
+    return scale
+
+
+def _with_scale(emb: nn.Module, scale: torch.Tensor | float | None) -> nn.Module:
+    """``emb`` keeping the value of ``scale`` (:func:`_scale`; a float becomes a float32 buffer, as in the module)."""
+    if scale is not None:
+        # transformers re-creates non-persistent buffers empty after loading (a float's too, built
+        # under its meta device): keep the value.
+        dtype = scale.dtype if isinstance(scale, torch.Tensor) else torch.float32
+        emb.__dict__["_glyd_scale"] = (float(scale), dtype)
+    return emb
+
+
+def _tie_skeleton(model: nn.Module, folder: Path, members: list[str], olds: dict[str, nn.Module],
+                  packed: dict[str, Any], exact: bool) -> None:
+    """The members of a tie not stored use the packed table of the first embedding stored (its source's)."""
+    holder = next((model.get_submodule(m) for m in members if f"{m}.weight" in packed
+                   and isinstance(model.get_submodule(m), GlydEmbedding)), None)
+    if holder is None:
+        return
+    for m in members:
+        if f"{m}.weight" in packed:
+            continue
+        old = olds[m]
+        if is_packable_embedding(old):
+            scale = _scale(old, folder, m)
+            set_module(model, m, _with_scale(GlydTiedEmbedding(holder, old.padding_idx, scale=scale), scale))
+        else:
+            refuse_tied_bias(model, m, members[0])
+            set_module(model, m, GlydTiedLinear(holder, exact=exact))
 
 
 def _meta_packed(folder: Path, name: str, layout: str, entry: dict[str, Any], shape: tuple[int, int],
@@ -164,9 +192,10 @@ def finish_skeleton(model: nn.Module, folder: Path, manifest: dict[str, Any]) ->
         except (FormatError, CorruptError) as exc:
             what = f"tensor {name + '.weight'!r}" if isinstance(m, (GlydLinear, GlydEmbedding)) else name
             raise FormatError(f"{folder}: {what}: {exc}") from exc
+    for m in model.modules():
         kept = m.__dict__.pop("_glyd_scale", None)
-        if isinstance(m, GlydEmbedding) and kept is not None:
-            m.embed_scale = torch.tensor(kept[0], dtype=kept[1], device=m.packed.device)
+        if isinstance(m, (GlydEmbedding, GlydTiedEmbedding)) and kept is not None:
+            m.embed_scale = torch.tensor(kept[0], dtype=kept[1], device=m.weight.device)
     check_complete(model, manifest, folder)
     note_source(model, folder, manifest)
     hooks.wire(model)

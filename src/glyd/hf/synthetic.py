@@ -131,8 +131,8 @@ def _make(model: nn.Module, order: list[tuple[str, nn.Parameter]], packer: Packe
     """Make every tensor of ``order`` on ``device``: fed to ``packer`` (None: put in place, bf16)."""
     made: dict[int, nn.Parameter] = {}  # id of a meta parameter -> the parameter made for it (tied weights)
     for name, p in tqdm(order, desc=desc, unit="tensor", disable=not progress):
-        if packer is not None and name in packer.skip:
-            continue  # the output projection tied to the packed embedding
+        if packer is not None and packer.tied_copy(name):
+            continue  # an output projection or embedding tied to the packed embedding
         if packer is None and id(p) in made:
             _place(model, name, made[id(p)])
             continue

@@ -350,6 +350,45 @@ class GlydEmbedding(_PackedModule):
         return f"{self.num_embeddings}, {self.embedding_dim}, layout={self.layout}, padding_idx={self.padding_idx}"
 
 
+class GlydTiedEmbedding(nn.Module):
+    """An input embedding that shares a ``GlydEmbedding``'s packed table (a weight tied in three or
+    more places, as T5's ``shared`` and its encoder's and decoder's ``embed_tokens``): packed once,
+    looked up with its own ``padding_idx`` and ``scale``. It holds no packed buffers; the source's are used.
+
+    >>> import torch, glyd
+    >>> from glyd.nn import GlydTiedEmbedding
+    >>> emb = glyd.GlydEmbedding(glyd.pack(torch.randn(10, 4).to(torch.bfloat16)))
+    >>> torch.equal(GlydTiedEmbedding(emb)(torch.tensor([3])), emb(torch.tensor([3])))
+    True
+    """
+
+    def __init__(self, embedding: GlydEmbedding, padding_idx: int | None = None, *,
+                 scale: torch.Tensor | float | None = None) -> None:
+        super().__init__()
+        self.__dict__["source"] = embedding
+        self.num_embeddings, self.embedding_dim = embedding.packed_shape
+        self.padding_idx = padding_idx
+        if scale is not None and not isinstance(scale, torch.Tensor):
+            scale = torch.tensor(float(scale))
+        if scale is not None:
+            self.register_buffer("embed_scale", scale.detach().clone(), persistent=False)
+        else:
+            self.embed_scale = None
+
+    @property
+    def weight(self) -> PackedWeight:
+        return self.source.weight
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        out = torch.ops.glyd.rows(*self.source._op_args(), ids)
+        if self.embed_scale is not None:
+            out = out * self.embed_scale.to(out.dtype)
+        return out
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}, tied, padding_idx={self.padding_idx}"
+
+
 #: Module classes with an ``exact`` switch (``glyd.nn.experts`` adds ``GlydExperts``).
 EXACT_MODULES: list[type] = [GlydLinear, GlydTiedLinear]
 

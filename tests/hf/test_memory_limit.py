@@ -336,3 +336,15 @@ def test_a_registered_layout_without_planning_bits_is_not_called_unknown():
         assert "unknown" not in str(e.value)
     finally:
         unregister("nobits")
+
+
+def test_a_parameter_kept_in_float32_counts_its_four_bytes(tiny_model_folder):
+    # compress counts a loaded model: a norm kept in float32 (transformers' _keep_in_fp32_modules_strict
+    # does so) stays as it is, 4 bytes a value; it was counted at bf16's 2.
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_folder("llama"), dtype=torch.bfloat16)
+    model.model.norm.float()
+    count = WeightsCount.of(model)
+    glyd.compress(model, layout="fixed12", progress=False)
+    left = list(model.parameters())
+    assert any(p.dtype == torch.float32 for p in left)
+    assert count.other_bytes == sum(p.nbytes for p in left)

@@ -6,7 +6,8 @@ packer packs (its own predicates: exact ``nn.Linear`` and ``nn.Embedding`` weigh
 weights of MoE experts) at the layout's planning bits a weight (``glyd.LAYOUTS[name].bits``:
 fixed12 12.05, dense11 11.25, tiered 10.85) over their columns padded as the layout pads them
 (``Layout.padded_cols``: K = 96 is stored as 128), every other parameter (norms, biases, routers)
-at 2 bytes (bf16); a tied weight once. It is the weights' memory only: not the KV cache, not activations.
+at 2 bytes (bf16) on an empty model, as it is held on a loaded one (a float32 norm's 4); a tied
+weight once. It is the weights' memory only: not the KV cache, not activations.
 
 ``layout="auto"`` with a limit takes, for the whole model, the first layout of :data:`SPEED_ORDER`
 whose weights fit: the fastest that fits.
@@ -180,7 +181,7 @@ def weights_bytes(packable: int, other_bytes: int, layout: str, rows: tuple[tupl
 @dataclass(frozen=True)
 class WeightsCount:
     """A model's weights as the packer will hold them: ``packable`` elements (``rows``: their matrices'
-    rows by K, :func:`packable_rows`), ``other_bytes`` in bf16."""
+    rows by K, :func:`packable_rows`), ``other_bytes`` as they are held (bf16, or a float32 norm's 4 bytes a value)."""
 
     packable: int
     other_bytes: int
@@ -188,8 +189,12 @@ class WeightsCount:
 
     @classmethod
     def of(cls, model: nn.Module) -> WeightsCount:
-        params, packable, _ = count_weights(model)
-        return cls(packable, (params - packable) * _BF16, packable_rows(model))
+        # the rest as it will be held: an empty model's from a bf16 folder (its meta dtype is the
+        # class default, float32 for diffusers), a loaded one's as it is (a float32 norm stays float32)
+        ids = _packable(model)
+        other = sum(p.numel() * (_BF16 if p.is_meta else p.element_size())
+                    for p in _weights_of(model) if id(p) not in ids)
+        return cls(count_weights(model)[1], other, packable_rows(model))
 
     def need(self, layout: str) -> int:
         return weights_bytes(self.packable, self.other_bytes, layout, self.rows)

@@ -4,6 +4,7 @@ counted as ``glyd fit`` counts (glyd.hf.memory); without a limit, ``auto`` choos
 from __future__ import annotations
 
 import logging
+import shutil
 
 import pytest
 import torch
@@ -348,3 +349,30 @@ def test_a_parameter_kept_in_float32_counts_its_four_bytes(tiny_model_folder):
     left = list(model.parameters())
     assert any(p.dtype == torch.float32 for p in left)
     assert count.other_bytes == sum(p.nbytes for p in left)
+
+
+def test_a_tied_head_the_folder_stores_apart_is_counted_as_the_loader_packs_it(tiny_model_folder, tmp_path, packs):
+    # config.json ties lm_head to the embedding, but the folder stores lm_head.weight with other values:
+    # the loader packs it apart (as transformers unties it); glyd fit counted it at bf16's 2 bytes as
+    # "other" and the loader's own count not at all (fixed12 chosen, then over the limit).
+    from safetensors.torch import load_file, save_file
+
+    from glyd.apps.fit import run_fit
+
+    src = tmp_path / "tied-head-apart"
+    shutil.copytree(tiny_model_folder("llama"), src)
+    state = load_file(str(src / "model.safetensors"))
+    state["lm_head.weight"] = state["model.embed_tokens.weight"].flip(0).contiguous()
+    save_file(state, str(src / "model.safetensors"), metadata={"format": "pt"})
+    model = glyd.from_pretrained(src, layout="fixed12", device="cpu", progress=False)
+    assert isinstance(model.lm_head, GlydLinear)
+    held = sum(m.packed.nbytes for m in model.modules() if isinstance(m, (GlydLinear, GlydEmbedding)))
+    held += sum(p.nbytes for p in model.parameters())
+    for name in SPEED_ORDER:
+        e, _ = run_fit(str(src), "80GB", context=16, layout=name)
+        loader = count_of(src)  # transformers unties it too: the loaded model's count
+        assert e.weights_glyd == loader.need(name), name
+    assert loader.need("fixed12") >= held
+    packs.clear()
+    glyd.from_pretrained(src, device="cpu", memory_limit=loader.need("fixed12") - 1, progress=False)
+    assert set(packs) == {"dense11"} and len(packs) == 2 + 7 * 2  # embedding, lm_head, 7 a layer

@@ -86,6 +86,7 @@ class WeightCount:
     packed_bytes: int | None = None  # a Glyd folder: the packed arrays' bytes as stored
     source: str = "config"
     rows: tuple[tuple[int, int], ...] = ()  # (K, rows) of the packed matrices (the config's model): K is padded
+    names: frozenset[str] = frozenset()  # the tensors of the folder (its headers)
 
     def bf16_bytes(self) -> int:
         return self.packable * _BF16 + self.other_bytes
@@ -258,6 +259,7 @@ def count_from_files(folder: Path) -> WeightCount | None:
                 count.other_bytes += numel * _BF16
             else:
                 count.other_bytes += nbytes
+    count.names = frozenset(shard_of)
     if glyd_folder:
         count.packed_bytes = packed
         count.source += ", Glyd folder: sizes as stored"
@@ -414,14 +416,17 @@ def run_fit(model: str, gpu: str, context: int, batch: int = 1, layout: str = "f
     a hub id whose config is in the local Hugging Face cache) on ``gpu``, and its table."""
     card = parse_gpu(gpu)  # a wrong --gpu is said before the model is built
     cfg = load_config(model)
-    shape = model_shape(cfg)
     path = Path(cfg.get("_folder") or model)
     folder = path if path.is_dir() else (path.parent if path.is_file() else None)
-    if folder is not None and cfg.get("_hub"):
-        try:  # a hub snapshot may hold the config and only some of the weights: then the config counts
-            count_from_files(folder)
-        except FormatError:
-            folder = None
+    files = None
+    if folder is not None:
+        try:
+            files = count_from_files(folder)
+        except FormatError:  # said by estimate, after the config's own errors
+            if cfg.get("_hub"):  # a hub snapshot may hold the config and only some weights: the config counts
+                folder = None
+    # a bf16 folder's names: a tied copy it stores (lm_head beside the embedding) is packed apart by the loader
+    shape = model_shape(cfg, files.names if files is not None and files.packed_bytes is None else None)
     e = estimate(shape, gpu_bytes=card.bytes, context=context, batch=batch, layout=layout, folder=folder)
     e.gpu, e.gpu_reading = str(gpu).strip(), card.reading
     stored = cfg.get("_packed_layout")

@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Collection
 
 from glyd.errors import FormatError
 from glyd.hf.checks import count_fields
@@ -163,14 +163,16 @@ def attention_layers(text: Any, name: str = "config") -> list[AttentionLayer]:
     return out
 
 
-def model_shape(cfg: dict[str, Any]) -> ModelShape:
-    """Count ``cfg`` (a config.json's dict) on the meta device; FormatError names what cannot be counted."""
+def model_shape(cfg: dict[str, Any], stored: Collection[str] | None = None) -> ModelShape:
+    """Count ``cfg`` (a config.json's dict) on the meta device; FormatError names what cannot be counted.
+    ``stored``: the tensor names of the bf16 folder, whose tied copies the loader may pack apart
+    (``glyd.hf.memory.count_weights``)."""
     name = str(cfg.get("_name", "config"))
     config = build_config(cfg)
     text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
     attention = attention_layers(text, name)
     model = meta_model(config, name)
-    params, packable, unpacked = count_weights(model)
+    params, packable, unpacked = count_weights(model, stored)
     hidden = int(text.hidden_size)
     max_pos = getattr(text, "max_position_embeddings", None)
     if unpacked:
@@ -186,7 +188,7 @@ def model_shape(cfg: dict[str, Any]) -> ModelShape:
         max_positions=max_pos if isinstance(max_pos, int) and max_pos > 0 else None,
         attention=attention,
         unpacked_matrices=unpacked,
-        packable_rows=packable_rows(model),
+        packable_rows=packable_rows(model, stored),
         text_only=bool(cfg.get("_text_only")),
         experts=any(packable_experts(m) for m in model.modules()),
     )

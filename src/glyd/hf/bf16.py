@@ -143,7 +143,7 @@ def load_bf16(path: Path, cls: type, *, layout: str, merge: bool | None, exact: 
     with init_empty_weights(include_buffers=False):
         model = build_empty(cls, config, **cfg_kw, **hf_kwargs)
     if memory_limit is not None:  # counted on the empty model: nothing is read or packed yet
-        count = WeightsCount.of(model)
+        count = WeightsCount.of(model, stored={k for names in keys.values() for k in names})
         layout = fit_layout(count, layout, memory_limit)
     placement = _placement(model, device_map, max_memory)
     devices = {device} if placement is None else set(placement.values())

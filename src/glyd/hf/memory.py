@@ -29,7 +29,7 @@ from collections import Counter
 from dataclasses import dataclass
 from decimal import Decimal, localcontext
 from pathlib import Path
-from typing import Any
+from typing import Any, Collection
 
 from torch import nn
 
@@ -105,35 +105,47 @@ def _packable(model: nn.Module) -> set[int]:
     return ids
 
 
-def _tied_copies(model: nn.Module) -> set[int]:
-    """The ids of the weights the packer does not keep apart (``packed_ties``): each tied to its
-    source by the config and not yet sharing it (an empty model, built without the ties), or equal to it."""
+def _tied_copies(model: nn.Module, stored: Collection[str] | None = None) -> tuple[set[int], list[nn.Parameter]]:
+    """(the ids of the weights the packer does not keep apart, the copies it packs apart all the same).
+
+    Not kept apart (``packed_ties``): a weight tied to its source by the config and not yet sharing
+    it (an empty model, built without the ties), or equal to it. Packed apart: a tied copy that
+    ``stored`` (the checkpoint's tensor names) holds besides the first of its group, as the loader
+    packs it when its values differ (T5 v1.1's lm_head; an equal copy is shared: then an upper bound).
+    """
     import torch
 
     drop: set[int] = set()
+    apart: list[nn.Parameter] = []
     for members in packed_ties(model):
-        ws = [getattr(model.get_submodule(m), "weight", None) for m in members]
-        ws = [w for w in ws if isinstance(w, nn.Parameter)]
-        for w in ws[1:]:
-            if w is not ws[0] and (w.is_meta or ws[0].is_meta or torch.equal(w, ws[0])):
+        ws = {m: getattr(model.get_submodule(m), "weight", None) for m in members}
+        ws = {m: w for m, w in ws.items() if isinstance(w, nn.Parameter)}
+        if not ws:
+            continue
+        first = next(iter(ws.values()))
+        for w in list(ws.values())[1:]:
+            if w is not first and (w.is_meta or first.is_meta or
+                                   (w.shape == first.shape and torch.equal(w, first))):
                 drop.add(id(w))
-    return drop
+        kept = [m for m in ws if f"{m}.weight" in (stored or ())]
+        apart += [ws[m] for m in kept[1:] if ws[m] is first or id(ws[m]) in drop]
+    return drop, apart
 
 
-def _weights_of(model: nn.Module) -> list[nn.Parameter]:
-    """The parameters the packed model holds: each once, a tied copy not at all."""
-    dropped = _tied_copies(model)
-    return [p for p in model.parameters() if id(p) not in dropped]
+def _weights_of(model: nn.Module, stored: Collection[str] | None = None) -> list[nn.Parameter]:
+    """The parameters the packed model holds: each once, a tied copy not at all unless ``stored`` holds it."""
+    dropped, apart = _tied_copies(model, stored)
+    return [p for p in model.parameters() if id(p) not in dropped] + apart
 
 
-def count_weights(model: nn.Module) -> tuple[int, int, Counter[str]]:
+def count_weights(model: nn.Module, stored: Collection[str] | None = None) -> tuple[int, int, Counter[str]]:
     """(parameters, packable elements, elements of unpacked >= 2-D weights by module type) of ``model``
-    (a meta model too: nothing is read).
+    (a meta model too: nothing is read); ``stored``: the checkpoint's tensor names, where known.
 
     A parameter shared by two modules (tied embeddings) counts once, as ``model.parameters()``
     yields it once, and so does a tied copy not yet sharing it (the packer's ``packed_ties``: T5's
-    ``shared``, encoder and decoder ``embed_tokens`` and ``lm_head`` once); packable is what the packer
-    packs (its own predicates).
+    ``shared``, encoder and decoder ``embed_tokens`` and ``lm_head`` once) unless ``stored`` holds it
+    too (:func:`_tied_copies`); packable is what the packer packs (its own predicates).
     """
     packable_ids = _packable(model)
     owner: dict[int, str] = {}
@@ -143,7 +155,7 @@ def count_weights(model: nn.Module) -> tuple[int, int, Counter[str]]:
                 owner.setdefault(id(p), type(m).__name__)
     params = packable = 0
     unpacked: Counter[str] = Counter()
-    for p in _weights_of(model):
+    for p in _weights_of(model, stored):
         n = p.numel()
         params += n
         if id(p) in packable_ids:
@@ -153,12 +165,12 @@ def count_weights(model: nn.Module) -> tuple[int, int, Counter[str]]:
     return params, packable, unpacked
 
 
-def packable_rows(model: nn.Module) -> tuple[tuple[int, int], ...]:
+def packable_rows(model: nn.Module, stored: Collection[str] | None = None) -> tuple[tuple[int, int], ...]:
     """((K, rows), ...) of the matrices the packer packs, K ascending: a layout pads each row's K
     columns (an expert's matrix is its rows; a tied weight counts once)."""
     ids = _packable(model)
     rows: Counter[int] = Counter()
-    for p in _weights_of(model):
+    for p in _weights_of(model, stored):
         if id(p) in ids:
             rows[p.shape[-1]] += math.prod(p.shape[:-1])  # not numel // K: K may be 0
     return tuple(sorted(rows.items()))
@@ -188,13 +200,15 @@ class WeightsCount:
     rows: tuple[tuple[int, int], ...] = ()
 
     @classmethod
-    def of(cls, model: nn.Module) -> WeightsCount:
+    def of(cls, model: nn.Module, stored: Collection[str] | None = None) -> WeightsCount:
+        """``model``'s count (``stored``: the names of the checkpoint it will be loaded from, which may
+        hold a tied copy apart: :func:`count_weights`)."""
         # the rest as it will be held: an empty model's from a bf16 folder (its meta dtype is the
         # class default, float32 for diffusers), a loaded one's as it is (a float32 norm stays float32)
         ids = _packable(model)
         other = sum(p.numel() * (_BF16 if p.is_meta else p.element_size())
-                    for p in _weights_of(model) if id(p) not in ids)
-        return cls(count_weights(model)[1], other, packable_rows(model))
+                    for p in _weights_of(model, stored) if id(p) not in ids)
+        return cls(count_weights(model, stored)[1], other, packable_rows(model, stored))
 
     def need(self, layout: str) -> int:
         return weights_bytes(self.packable, self.other_bytes, layout, self.rows)

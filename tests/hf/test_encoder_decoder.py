@@ -189,3 +189,23 @@ def test_dequantize_gives_back_one_tied_parameter(case):
     assert all(type(w) is nn.Parameter for w in weights)
     assert all(w is weights[0] for w in weights[1:-1]) and (weights[-1] is weights[0]) == tied
     assert torch.equal(logits(model), logits(ref))
+
+
+@pytest.mark.parametrize("model_type", ["bart", "mbart", "m2m_100"])
+def test_a_float_embed_scale_multiplies_as_the_models_own(model_type, tmp_path):
+    # BART's family scales its embeddings by a Python float, sqrt(d_model) (6.93 for 48), in float
+    # arithmetic; glyd rounded it to bf16 first (6.9375) as Gemma 3's bf16 buffer is: other logits.
+    torch.manual_seed(0)
+    cfg = transformers.AutoConfig.for_model(
+        model_type, vocab_size=VOCAB, d_model=48, encoder_layers=1, decoder_layers=1, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=96, decoder_ffn_dim=96, max_position_embeddings=64, pad_token_id=1,
+        bos_token_id=0, eos_token_id=2, decoder_start_token_id=2, forced_eos_token_id=None, scale_embedding=True)
+    ref = transformers.AutoModelForSeq2SeqLM.from_config(cfg).to(torch.bfloat16).eval()
+    assert isinstance(ref.get_input_embeddings().embed_scale, float)
+    ref.save_pretrained(tmp_path / "bf16")
+    model = glyd.from_pretrained(tmp_path / "bf16", exact=True, device="cpu", progress=False)
+    assert torch.equal(logits(model), logits(ref))
+    glyd.save_pretrained(model, tmp_path / "glyd", progress=False)
+    again = glyd.from_pretrained(tmp_path / "glyd", exact=True, device="cpu", progress=False)
+    assert torch.equal(logits(again), logits(ref))
+    assert torch.equal(logits(model.dequantize()), logits(ref))

@@ -11,6 +11,7 @@ from glyd.nn import (
     GlydEmbedding,
     GlydLinear,
     GlydLinearPart,
+    GlydTiedEmbedding,
     GlydTiedLinear,
     PackedWeight,
     set_exact,
@@ -86,6 +87,16 @@ def test_scaled_embedding_matches_bf16_scaling():
     ids = torch.tensor([1, 2, 49])
     ref = F.embedding(ids, table) * scale.to(torch.bfloat16)
     assert torch.equal(bits(emb(ids)), bits(ref))
+
+
+def test_a_float_scale_multiplies_as_a_float():
+    # BART's family: super().forward(ids) * sqrt(d_model), a Python float; not rounded to bf16 first.
+    table, scale = weights(50, 16), 48**0.5
+    ids = torch.tensor([1, 2, 49])
+    packed = GlydEmbedding(glyd.pack(table))
+    for emb in (GlydEmbedding(glyd.pack(table), scale=scale), GlydTiedEmbedding(packed, scale=scale)):
+        assert emb.embed_scale == scale
+        assert torch.equal(bits(emb(ids)), bits(F.embedding(ids, table) * scale))
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)

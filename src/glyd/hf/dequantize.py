@@ -144,7 +144,8 @@ def _embedding(old: GlydEmbedding | GlydTiedEmbedding, reference: nn.Module | No
         emb = nn.Embedding(old.num_embeddings, old.embedding_dim, old.padding_idx, device="meta", dtype=torch.bfloat16)
     else:
         emb = _scaled_embedding(reference, name, old)
-        emb.embed_scale = old.embed_scale.detach().clone()
+        scale = old.embed_scale
+        emb.embed_scale = scale.detach().clone() if isinstance(scale, torch.Tensor) else scale
     emb.weight = nn.Parameter(table) if tied is None else tied
     return emb.train(old.training)
 

@@ -139,12 +139,10 @@ def _scale(old: nn.Module, folder: Path, name: str) -> torch.Tensor | float | No
 
 
 def _with_scale(emb: nn.Module, scale: torch.Tensor | float | None) -> nn.Module:
-    """``emb`` keeping the value of ``scale`` (:func:`_scale`; a float becomes a float32 buffer, as in the module)."""
-    if scale is not None:
-        # transformers re-creates non-persistent buffers empty after loading (a float's too, built
-        # under its meta device): keep the value.
-        dtype = scale.dtype if isinstance(scale, torch.Tensor) else torch.float32
-        emb.__dict__["_glyd_scale"] = (float(scale), dtype)
+    """``emb`` keeping the value of ``scale`` (:func:`_scale`), a buffer (a float is a plain attribute)."""
+    if isinstance(scale, torch.Tensor):
+        # transformers re-creates non-persistent buffers empty after loading: keep the value.
+        emb.__dict__["_glyd_scale"] = (float(scale), scale.dtype)
     return emb
 
 

@@ -307,7 +307,8 @@ class GlydTiedLinear(nn.Module):
 class GlydEmbedding(_PackedModule):
     """``nn.Embedding`` with a packed bf16 table: only the rows looked up are decoded, bit for bit.
 
-    ``scale`` reproduces scaled embeddings (``out * scale`` in bf16, as Gemma 3's).
+    ``scale`` reproduces scaled embeddings: a tensor multiplies in bf16 (Gemma 3's buffer), a float
+    as a float (BART's family).
 
     >>> import torch, glyd
     >>> table = torch.randn(100, 8).to(torch.bfloat16)
@@ -329,12 +330,7 @@ class GlydEmbedding(_PackedModule):
         self._init_packed(packed, sha256)
         self.num_embeddings, self.embedding_dim = self.packed_shape
         self.padding_idx = padding_idx
-        if scale is not None and not isinstance(scale, torch.Tensor):
-            scale = torch.tensor(float(scale))
-        if scale is not None:
-            self.register_buffer("embed_scale", scale.detach().clone(), persistent=False)
-        else:
-            self.embed_scale = None
+        _set_scale(self, scale)
 
     @property
     def weight(self) -> PackedWeight:
@@ -342,12 +338,25 @@ class GlydEmbedding(_PackedModule):
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         out = torch.ops.glyd.rows(*self._op_args(), ids)
-        if self.embed_scale is not None:
-            out = out * self.embed_scale.to(out.dtype)
-        return out
+        return _scaled(out, self.embed_scale)
 
     def extra_repr(self) -> str:
         return f"{self.num_embeddings}, {self.embedding_dim}, layout={self.layout}, padding_idx={self.padding_idx}"
+
+
+def _set_scale(m: nn.Module, scale: torch.Tensor | float | None) -> None:
+    # A tensor is a buffer (Gemma 3's, rounded to bf16 as it multiplies); a float stays a float, as
+    # BART's family keeps it: it multiplies in float arithmetic, not rounded to bf16 first.
+    if isinstance(scale, torch.Tensor):
+        m.register_buffer("embed_scale", scale.detach().clone(), persistent=False)
+    else:
+        m.embed_scale = None if scale is None else float(scale)
+
+
+def _scaled(out: torch.Tensor, scale: torch.Tensor | float | None) -> torch.Tensor:
+    if isinstance(scale, torch.Tensor):
+        return out * scale.to(out.dtype)
+    return out if scale is None else out * scale
 
 
 class GlydTiedEmbedding(nn.Module):
@@ -368,12 +377,7 @@ class GlydTiedEmbedding(nn.Module):
         self.__dict__["source"] = embedding
         self.num_embeddings, self.embedding_dim = embedding.packed_shape
         self.padding_idx = padding_idx
-        if scale is not None and not isinstance(scale, torch.Tensor):
-            scale = torch.tensor(float(scale))
-        if scale is not None:
-            self.register_buffer("embed_scale", scale.detach().clone(), persistent=False)
-        else:
-            self.embed_scale = None
+        _set_scale(self, scale)
 
     @property
     def weight(self) -> PackedWeight:
@@ -381,9 +385,7 @@ class GlydTiedEmbedding(nn.Module):
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         out = torch.ops.glyd.rows(*self.source._op_args(), ids)
-        if self.embed_scale is not None:
-            out = out * self.embed_scale.to(out.dtype)
-        return out
+        return _scaled(out, self.embed_scale)
 
     def extra_repr(self) -> str:
         return f"{self.num_embeddings}, {self.embedding_dim}, tied, padding_idx={self.padding_idx}"

@@ -209,3 +209,20 @@ def test_a_float_embed_scale_multiplies_as_the_models_own(model_type, tmp_path):
     again = glyd.from_pretrained(tmp_path / "glyd", exact=True, device="cpu", progress=False)
     assert torch.equal(logits(again), logits(ref))
     assert torch.equal(logits(model.dequantize()), logits(ref))
+
+
+def test_prophetnet_ties_its_word_embeddings_four_ways_and_reads_rows_of_a_packed_weight(tmp_path):
+    # ProphetNet ties word_embeddings to its encoder's, its decoder's and lm_head, and reads its
+    # n-gram embeddings as ngram_embeddings.weight[i]: a PackedWeight could not be indexed.
+    torch.manual_seed(0)
+    cfg = transformers.ProphetNetConfig(
+        vocab_size=VOCAB, hidden_size=64, encoder_ffn_dim=96, decoder_ffn_dim=96, num_encoder_layers=1,
+        num_decoder_layers=1, num_encoder_attention_heads=4, num_decoder_attention_heads=4, max_position_embeddings=64,
+        pad_token_id=0, decoder_start_token_id=0, ngram=2)
+    ref = transformers.AutoModelForSeq2SeqLM.from_config(cfg).to(torch.bfloat16).eval()
+    ref.save_pretrained(tmp_path)
+    model = glyd.from_pretrained(tmp_path, exact=True, device="cpu", progress=False)
+    source = model.prophetnet.word_embeddings
+    assert isinstance(source, GlydEmbedding) and model.lm_head.source is source
+    assert model.prophetnet.encoder.word_embeddings.source is source
+    assert torch.equal(logits(model), logits(ref))

@@ -236,3 +236,9 @@ def test_gpu_modules(layout):
     ids = torch.tensor([[0, 3, 3, 255]], device="cuda")
     assert torch.equal(bits(emb(ids)), bits(w.cuda()[ids]))
 
+
+
+def test_a_packed_weight_is_indexed_as_its_matrix():
+    w = weights(6, 4)
+    lin = GlydLinear(glyd.pack(w))
+    assert torch.equal(bits(lin.weight[1]), bits(w[1])) and torch.equal(bits(lin.weight[2:4, 1:]), bits(w[2:4, 1:]))

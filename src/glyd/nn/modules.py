@@ -98,6 +98,10 @@ class PackedWeight:
 
         return func(*real(args), **{k: real(v) for k, v in (kwargs or {}).items()})
 
+    def __getitem__(self, index: Any) -> torch.Tensor:
+        # rows of the weight (ProphetNet reads its n-gram embeddings as weight[i]): the unpacked matrix's
+        return self.materialize()[index]
+
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__"):
             raise AttributeError(name)

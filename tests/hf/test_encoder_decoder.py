@@ -226,3 +226,22 @@ def test_prophetnet_ties_its_word_embeddings_four_ways_and_reads_rows_of_a_packe
     assert isinstance(source, GlydEmbedding) and model.lm_head.source is source
     assert model.prophetnet.encoder.word_embeddings.source is source
     assert torch.equal(logits(model), logits(ref))
+
+
+def test_marians_sinusoidal_positions_are_made_as_transformers_makes_them(tmp_path):
+    # Marian never saves its sinusoidal positions (_keys_to_ignore_on_save): transformers computes
+    # them in _init_weights; glyd refused the folder ("the checkpoint lacks tensor(s) ...").
+    torch.manual_seed(0)
+    cfg = transformers.MarianConfig(
+        vocab_size=VOCAB, d_model=48, encoder_layers=1, decoder_layers=1, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=96, decoder_ffn_dim=96, max_position_embeddings=64, pad_token_id=1,
+        eos_token_id=2, decoder_start_token_id=1)
+    transformers.AutoModelForSeq2SeqLM.from_config(cfg).to(torch.bfloat16).save_pretrained(tmp_path / "bf16")
+    ref = transformers.AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "bf16", dtype=torch.bfloat16).eval()
+    model = glyd.from_pretrained(tmp_path / "bf16", exact=True, device="cpu", progress=False)
+    pos = model.model.encoder.embed_positions.weight
+    assert torch.equal(_bits(pos), _bits(ref.model.encoder.embed_positions.weight))
+    assert torch.equal(logits(model), logits(ref))
+    glyd.save_pretrained(model, tmp_path / "glyd", progress=False)
+    again = glyd.from_pretrained(tmp_path / "glyd", exact=True, device="cpu", progress=False)
+    assert torch.equal(logits(again), logits(ref))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -160,6 +161,7 @@ def load_bf16(path: Path, cls: type, *, layout: str, merge: bool | None, exact: 
     packer.finish(str(path))
     if memory_limit is not None:
         check_packed(packer, count, memory_limit)
+    _init_unsaved(model)
     left = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
     if left:
         raise FormatError(f"{path}: the checkpoint lacks tensor(s) the model needs: {', '.join(left[:5])}")
@@ -183,6 +185,26 @@ def load_bf16(path: Path, cls: type, *, layout: str, merge: bool | None, exact: 
              ", ".join(f"{k} x{v}" for k, v in sorted(packer.layouts.items())), gb,
              8 * packer.packed_bytes / max(packer.weights, 1))
     return model
+
+
+def _init_unsaved(model: nn.Module) -> None:
+    """Make the parameters the checkpoint lacks that transformers makes itself (named by the class's
+    ``_keys_to_ignore_on_load_missing``, as Marian's sinusoidal positions, computed and never saved),
+    on the CPU, in their dtype, by the model's own ``_init_weights``, as transformers' loader does."""
+    init = getattr(model, "_init_weights", None)
+    pats = [re.compile(p) for p in (getattr(model, "_keys_to_ignore_on_load_missing", None) or [])]
+    left = [n for n, t in model.named_parameters() if t.is_meta and any(p.search(n) for p in pats)]
+    if init is None or not left:
+        return
+    for mname in dict.fromkeys(n.rpartition(".")[0] for n in left):
+        module = model.get_submodule(mname)
+        own = [*module.parameters(recurse=False), *module.buffers(recurse=False)]
+        if not all(t.is_meta for t in own):  # _init_weights would overwrite what the checkpoint gave it
+            continue
+        module.to_empty(device="cpu", recurse=False)
+        with torch.no_grad():
+            init(module)
+        log.info("%s: made by %s._init_weights (the checkpoint does not store it)", mname, type(model).__name__)
 
 
 def _placement_kwargs(hf_kwargs: dict[str, Any]) -> dict | None:

@@ -245,3 +245,28 @@ def test_marians_sinusoidal_positions_are_made_as_transformers_makes_them(tmp_pa
     glyd.save_pretrained(model, tmp_path / "glyd", progress=False)
     again = glyd.from_pretrained(tmp_path / "glyd", exact=True, device="cpu", progress=False)
     assert torch.equal(logits(again), logits(ref))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("layout", ["fixed12", "tiered"])
+def test_gpu_shared_table_exact_and_fast(folder, case, layout):
+    # GlydTiedEmbedding looks rows up through glyd::rows on the source's CUDA arrays
+    ref, src = folder
+    ref = ref.cuda()
+    ids, dec = IDS.cuda(), DECODER_IDS.cuda()
+
+    def run(m):
+        with torch.no_grad():
+            return m(input_ids=ids, decoder_input_ids=dec).logits
+
+    want = run(ref)
+    exact = glyd.from_pretrained(src, layout=layout, exact=True, device="cuda", progress=False)
+    assert_shared(exact, case)
+    assert all(b.is_cuda for b in exact.buffers())
+    assert torch.equal(_bits(run(exact)), _bits(want))
+    assert torch.equal(exact.generate(input_ids=ids, max_new_tokens=4, do_sample=False),
+                       ref.generate(input_ids=ids, max_new_tokens=4, do_sample=False))
+    fast = glyd.from_pretrained(src, layout=layout, device="cuda", progress=False)
+    got = run(fast).float()
+    assert (got - want.float()).abs().max().item() <= 2e-2 * want.float().abs().max().item()

@@ -419,3 +419,21 @@ def test_gpu_biased_experts_in_a_graph_give_nan_rows_for_ids_outside(tokens):
     torch.cuda.synchronize()
     assert torch.isnan(out[0]).all() and torch.isnan(out[-1]).all()
     assert torch.equal(bits(out[1:-1]), bits(want[1:-1]))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("tokens", [3, 1500])
+def test_gpu_experts_called_with_grad_on_give_the_no_grad_bits(tokens):
+    # a biased experts module's hidden states require grad (its bias is a Parameter): at 1500 tokens the
+    # per-expert unpack + cuBLAS product wrote into its output with out=, which autograd refused
+    src = _BiasedExperts()
+    mod = GlydExperts(copy.deepcopy(src), _packed(src)).cuda()
+    g = torch.Generator(device="cuda").manual_seed(4)
+    h = torch.randn(tokens, 32, device="cuda", generator=g).to(torch.bfloat16)
+    idx = torch.randint(0, 3, (tokens, 2), device="cuda", generator=g)
+    w = torch.rand(tokens, 2, device="cuda", generator=g).to(torch.bfloat16)
+    with torch.no_grad():
+        want = mod(h, idx, w)
+    got = mod(h, idx, w)
+    assert torch.equal(bits(got), bits(want))

@@ -157,6 +157,9 @@ def _unpack_experts_twin(layout, shape, arrays, version, index):
     return _unpack_on(p, _index_list(index, p.shape[0]), p.device)
 
 
+# below the ops' autograd (none registered): the cuBLAS part writes into its output (out=), which autograd
+# refuses for an input that requires grad (a biased experts module called with grad on, 2026-12-05 H200)
+@torch.no_grad()
 def _experts_linear_cuda(x, ids, layout, shape, arrays, version):
     p = experts_packed(layout, shape, arrays, version)
     if x.dtype != torch.bfloat16 or not triton_available() or p.device != x.device:
@@ -167,6 +170,7 @@ def _experts_linear_cuda(x, ids, layout, shape, arrays, version):
     return kernels.linear(x, ids, p)
 
 
+@torch.no_grad()
 def _experts_linear_sorted_cuda(x, ids, offs, layout, shape, arrays, version):
     if triton_available():  # a call like an earlier one: its kept plan (no check of the arrays again)
         from glyd.kernels import experts as kernels

@@ -332,7 +332,7 @@ def test_base_past_the_window_refused(device, version):
         with pytest.raises(CorruptError, match=f"base {base}"):
             kernels.linear(torch.ones(1, 64, dtype=torch.bfloat16, device=device), bad)
     ok = glyd.Packed("dense11", p.shape, dict(p.arrays, base=torch.tensor([249], dtype=torch.uint8)), version)
-    assert torch.equal(_bits(kernels.unpack(ok)), _bits(glyd.unpack(ok)))  # the window's top: exponent 255
+    assert torch.equal(_bits(kernels.unpack(ok.to(device))), _bits(glyd.unpack(ok)))  # the window's top: exponent 255
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -567,6 +567,13 @@ def test_a_captured_product_gives_nan_rows_for_ids_outside_the_experts_on_gpu(s)
     _check(y.cpu()[good], x.cpu()[good], ids.cpu()[good], w)
 
 
+def _column_slice(t: torch.Tensor, width: int, device) -> torch.Tensor:
+    """``t`` as the first columns of a ``width``-wide tensor on ``device``: a strided view of the right shape."""
+    wide = torch.zeros(t.shape[0], width, dtype=t.dtype, device=device)
+    wide[:, : t.shape[1]] = t.to(device)
+    return wide[:, : t.shape[1]]
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_strided_arrays_and_inf_padding_refused(device):
     # as for a matrix (tests/kernels/test_unpack.py): the experts' kernels read each array as one dense
@@ -585,8 +592,7 @@ def test_strided_arrays_and_inf_padding_refused(device):
     torch.manual_seed(3)
     w = torch.full((3, 8, 100), 2.0**113).to(torch.bfloat16)  # hi & 0x7F = 120
     p = pack_experts(w, "fixed12")
-    strided = torch.zeros(24, 256, dtype=torch.uint8)  # a column slice: rows 256 bytes apart, not 128
-    strided[:, :128] = p.arrays["lo"]
+    strided = _column_slice(p.arrays["lo"], 256, "cpu")  # rows 256 bytes apart, not 128
     codes = torch.zeros(24, 128, dtype=torch.uint8)  # base 120: the weights are code 0
     codes[:, 100:] = 7
     g = codes.view(24, 2, 2, 32)
@@ -603,13 +609,13 @@ def test_strided_arrays_and_inf_padding_refused(device):
             with pytest.raises(CorruptError, match="padding"):
                 codec_unpack(bad)
         bad = bad.to(device)
+        if error is FormatError:  # Tensor.to makes a strided view contiguous: the view is made on the device
+            bad = PackedExperts("fixed12", p.shape, dict(bad.arrays, lo=_column_slice(p.arrays["lo"], 256, device)))
         for cfg in (ExpertsGemvConfig(), ExpertsMmaConfig(), ExpertsGroupedConfig()):
             with pytest.raises(error, match=match):
                 kernels.linear(x, ids, bad, cfg)
     # the one-launch unpack takes K a multiple of 64 (no padding): a strided array only
     p = pack_experts(torch.randn(3, 8, 128).to(torch.bfloat16), "fixed12")
-    code = torch.zeros(24, 128, dtype=torch.uint8)
-    code[:, :64] = p.arrays["code"]
-    bad = PackedExperts("fixed12", p.shape, dict(p.arrays, code=code[:, :64])).to(device)
+    bad = PackedExperts("fixed12", p.shape, dict(p.to(device).arrays, code=_column_slice(p.arrays["code"], 128, device)))
     with pytest.raises(FormatError, match="'code' must be contiguous"):
         unpack_experts(bad, torch.empty(3, 8, 128, dtype=torch.bfloat16, device=device))

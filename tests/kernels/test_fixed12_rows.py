@@ -53,7 +53,7 @@ def test_the_op_on_cuda_takes_the_kernel_and_keeps_its_checks(monkeypatch):
     from glyd.kernels.fixed12 import rows as rows_mod
 
     w = random_weights(300, 200, "wide")
-    p = glyd.pack(w, "fixed12").cuda()
+    p = glyd.pack(w, "fixed12").to("cuda")
     emb = glyd.GlydEmbedding(p)
     calls = []
     real = rows_mod.rows

@@ -141,8 +141,6 @@ def test_bart_keeps_its_final_logits_bias_and_positions_as_the_loader_does(bart,
     assert packed == _bf16_2d(src) - KEPT_BART
 
 
-@pytest.mark.xfail(raises=AttributeError, strict=False,
-                   reason="a float embed_scale in a glyd folder's loader: fixed by the pending h80-encdec")
 def test_bart_packed_by_glyd_pack_loads_with_logits_equal_to_bf16(bart, tmp_path):
     src = bart
     assert main(["-q", "pack", str(src), str(tmp_path / "packed")]) == 0

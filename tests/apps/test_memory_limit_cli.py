@@ -11,6 +11,7 @@ import torch
 
 from glyd.apps.fit import run_fit
 from glyd.cli import build_parser, main
+from glyd.errors import GlydError
 
 transformers = pytest.importorskip("transformers")
 
@@ -223,3 +224,25 @@ def test_pack_warns_when_the_stored_weights_pass_the_limit(chat_folder, tmp_path
         with safe_open(str(f), "pt") as h:
             stored += sum(h.get_tensor(n).numel() * h.get_tensor(n).element_size() for n in h.keys())
     assert stored > limit and "more than the" in caplog.text and "--memory-limit allows" in caplog.text
+
+
+def test_the_commands_messages_name_the_option_not_the_python_argument(chat_folder, random_config, tmp_path, capsys):
+    # said "memory_limit allows" (from_pretrained's argument) to a user who typed --memory-limit
+    limit = _folder_need(chat_folder, "fixed12") - 1000
+    assert main(["pack", str(chat_folder), str(tmp_path / "packed"), "--layout", "fixed12",
+                 "--memory-limit", f"{limit}B"]) == 1
+    err = capsys.readouterr().err
+    assert "its weights need" in err and "--memory-limit allows" in err and "memory_limit" not in err, err
+    assert main(["pack", str(chat_folder), str(tmp_path / "packed"), "--layout", "auto", "--memory-limit", "1KiB"]) == 1
+    err = capsys.readouterr().err
+    assert "--memory-limit 1.00 KiB: no layout fits" in err and "memory_limit" not in err, err
+    limit = _need(random_config, "fixed12") - 1
+    assert main(["eval", str(random_config), "--random", "--modes", "fixed12", "--device", "cpu", "--no-decode",
+                 "--memory-limit", f"{limit / 1000:.3f}KB"]) == 1
+    err = capsys.readouterr().err
+    assert "--memory-limit allows" in err and "memory_limit" not in err, err
+    # the Python API keeps naming its argument, after a command ran in the same process
+    from glyd.hf.memory import WeightsCount, fit_layout
+
+    with pytest.raises(GlydError, match="its weights need .*, memory_limit allows"):
+        fit_layout(WeightsCount(packable=2**20, other_bytes=0), "fixed12", 2**10)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 from pathlib import Path
@@ -67,6 +68,20 @@ def add_memory_limit(p: argparse.ArgumentParser) -> None:
     p.add_argument("--memory-limit", type=memory_arg, default=None, metavar="SIZE", help=MEMORY_HELP)
 
 
+def limit_option(handler):
+    """``handler`` with the memory limit's messages naming ``--memory-limit``, the option the user
+    gave (the loader's own name it ``memory_limit``, the Python argument)."""
+
+    @functools.wraps(handler)
+    def run(args: argparse.Namespace) -> int:
+        from glyd.hf.memory import limit_named
+
+        with limit_named("--memory-limit"):
+            return handler(args)
+
+    return run
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "demo",
@@ -83,7 +98,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--max-new-tokens", type=int, default=32, help="tokens to generate (default 32)")
     p.add_argument("--device", default=None, type=device_arg, help="cpu or cuda (default: cuda when available)")
     add_memory_limit(p)
-    p.set_defaults(func=_demo)
+    p.set_defaults(func=limit_option(_demo))
 
     p = subparsers.add_parser(
         "fit",
@@ -112,7 +127,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Run bf16 and Glyd modes of one model in one run and compare them (benchmarks/e2e.py runs the same code).",
     )
     add_eval_arguments(p)
-    p.set_defaults(func=_eval)
+    p.set_defaults(func=limit_option(_eval))
 
 
 def add_eval_arguments(p: argparse.ArgumentParser) -> None:

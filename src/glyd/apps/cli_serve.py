@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from glyd.apps.cli_models import add_memory_limit, device_arg
+from glyd.apps.cli_models import add_memory_limit, device_arg, limit_option
 from glyd.apps.layouts import layout_names
 from glyd.errors import GlydError
 
@@ -43,7 +43,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--cuda-graphs", choices=("auto", "on", "off"), default="auto",
                    help="replay continuous batching's steps from CUDA graphs (default auto: transformers' choice, "
                    "graphs only where the attention needs no mask)")
-    p.set_defaults(func=_serve)
+    p.set_defaults(func=limit_option(_serve))
 
 
 def config_from_args(args: argparse.Namespace):

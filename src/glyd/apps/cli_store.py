@@ -18,7 +18,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from glyd.apps.cli_models import memory_arg
+from glyd.apps.cli_models import limit_option, memory_arg
 from glyd.apps.layouts import layout_help, layout_names
 from glyd.errors import FormatError, GlydError, UnsupportedError
 from glyd.store import folder
@@ -246,7 +246,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help=layout_help(auto=True, default="fixed12"),
     )
     p.add_argument("--memory-limit", type=memory_arg, default=None, metavar="SIZE", help=PACK_MEMORY_HELP)
-    p.set_defaults(func=_os_errors(_pack))
+    p.set_defaults(func=_os_errors(limit_option(_pack)))
 
     p = subparsers.add_parser("unpack", help="write the original bf16 safetensors folder back, bit for bit")
     p.add_argument("src", help="packed checkpoint folder")

@@ -40,12 +40,12 @@ def check_modes_fit(model: str, layouts: list[str], limit: int) -> None:
     the loader counts: refused before bf16's run, not when the mode's turn comes after it."""
     from glyd.apps.fit import load_config
     from glyd.apps.fit_meta import model_shape
-    from glyd.hf.memory import WeightsCount, fit_layout
+    from glyd.hf.memory import WeightsCount, fit_layout, limit_name
 
     try:
         shape = model_shape(load_config(model))
     except FormatError as exc:  # a config glyd fit cannot build (custom code): each mode's loading checks it
-        log.info("memory_limit: %s; each mode is checked as it loads", exc)
+        log.info("%s: %s; each mode is checked as it loads", limit_name(), exc)
         return
     count = WeightsCount(shape.packable, shape.other * 2, shape.packable_rows)
     for layout in dict.fromkeys(layouts):

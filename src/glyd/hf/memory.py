@@ -26,10 +26,12 @@ import math
 import numbers
 import re
 from collections import Counter
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from decimal import Decimal, localcontext
 from pathlib import Path
-from typing import Any, Collection
+from typing import Any, Collection, Iterator
 
 from torch import nn
 
@@ -42,7 +44,7 @@ from glyd.store._safetensors import read_header
 log = logging.getLogger(__name__)
 
 __all__ = ["SPEED_ORDER", "WeightsCount", "count_weights", "packable_rows", "parse_memory", "read_size", "weights_bytes", "fit_layout",
-           "check_packed", "check_stored"]
+           "check_packed", "check_stored", "limit_name", "limit_named"]
 
 #: Layouts from the fastest to the slowest, as their decode was measured on the H200 at M = 1
 #: (Qwen2.5-7B shape; benchmarks/RESULTS.md, issue 35): the step's linears take 0.86x bf16's time in
@@ -54,6 +56,30 @@ MAX_BYTES = 2**60
 _BF16 = 2
 _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([kmgt]i?b|b)?\s*$", re.IGNORECASE)
 _SCALE = {"b": 0, "k": 1, "m": 2, "g": 3, "t": 4}
+#: What the limit's messages call it: the Python argument, or the option of the command that set it
+#: (:func:`limit_named`); a context variable, so another thread or task keeps its own.
+_LIMIT_NAME: ContextVar[str] = ContextVar("glyd_memory_limit_name", default="memory_limit")
+
+
+def limit_name() -> str:
+    """What the limit's messages call it here (:func:`limit_named`)."""
+    return _LIMIT_NAME.get()
+
+
+@contextmanager
+def limit_named(name: str) -> Iterator[None]:
+    """Inside it, the limit's messages name it ``name`` (a command's ``"--memory-limit"``).
+
+    >>> with limit_named("--memory-limit"):
+    ...     fit_layout(WeightsCount(packable=8 * 2**30, other_bytes=0), "fixed12", 2**30)
+    Traceback (most recent call last):
+    glyd.errors.GlydError: layout fixed12: its weights need 12.05 GiB, --memory-limit allows 1.00 GiB (nothing was packed)
+    """
+    token = _LIMIT_NAME.set(name)
+    try:
+        yield
+    finally:
+        _LIMIT_NAME.reset(token)
 
 
 def read_size(text: str, bare: str | None = "gib") -> int | None:
@@ -75,9 +101,11 @@ def read_size(text: str, bare: str | None = "gib") -> int | None:
         return int(Decimal(m.group(1)) * scale)
 
 
-def parse_memory(value: Any, what: str = "memory_limit") -> int:
+def parse_memory(value: Any, what: str | None = None) -> int:
     """A memory limit in bytes: an int (bytes) or a string with its unit (``"40GB"``, ``"40GiB"``);
-    ``what`` names it in errors (``"--memory-limit"``: a command's option, which takes strings only)."""
+    ``what`` names it in errors (``"--memory-limit"``: a command's option, which takes strings only;
+    default: the name :func:`limit_named` set, ``memory_limit`` outside it)."""
+    what = _LIMIT_NAME.get() if what is None else what
     option = what.startswith("--")
     shown = str(value) if len(str(value)) <= 40 else str(value)[:37] + "..."
     quoted = isinstance(value, str) and not option or not shown.isprintable()  # a line break: escaped, one line
@@ -246,13 +274,13 @@ def fit_layout(count: WeightsCount, layout: str, limit: int) -> str:
         if need > limit:
             fits = [name for name in SPEED_ORDER if name in LAYOUTS and count.need(name) <= limit]
             hint = f"; {fits[0]} needs {size(count.need(fits[0]))}" if fits else ""
-            raise GlydError(f"layout {layout}: its weights need {size(need)}, memory_limit allows {size(limit)}"
+            raise GlydError(f"layout {layout}: its weights need {size(need)}, {_LIMIT_NAME.get()} allows {size(limit)}"
                             f"{hint} (nothing was packed)")
         log.info("layout %s: weights %s fit the %s allowed", layout, size(need), size(limit))
         return layout
     needs = {name: count.need(name) for name in SPEED_ORDER if name in LAYOUTS and LAYOUTS[name].bits is not None}
     if not needs:
-        raise GlydError("memory_limit: no registered layout has planning bits to count weights with")
+        raise GlydError(f"{_LIMIT_NAME.get()}: no registered layout has planning bits to count weights with")
     size = shown(limit, *needs.values())
     too_big: list[str] = []
     for name, need in needs.items():
@@ -264,7 +292,7 @@ def fit_layout(count: WeightsCount, layout: str, limit: int) -> str:
             return name
         too_big.append(f"{name} needs {size(need)}")
     small = min(needs, key=needs.get)
-    raise GlydError(f"memory_limit {size(limit)}: no layout fits the weights; the smallest, {small}, needs "
+    raise GlydError(f"{_LIMIT_NAME.get()} {size(limit)}: no layout fits the weights; the smallest, {small}, needs "
                     f"{size(needs[small])} (nothing was packed)")
 
 
@@ -275,8 +303,8 @@ def check_packed(packer: Any, count: WeightsCount, limit: int) -> None:
     if took > limit:
         planned = count.need(packer.layout) if packer.layout in LAYOUTS else None
         size = shown(limit, took, *([] if planned is None else [planned]))
-        log.warning("the weights take %s packed, more than the %s memory_limit allows (counted before packing: "
-                    "%s, at %s's planning bits a weight)", size(took), size(limit),
+        log.warning("the weights take %s packed, more than the %s %s allows (counted before packing: "
+                    "%s, at %s's planning bits a weight)", size(took), size(limit), _LIMIT_NAME.get(),
                     "?" if planned is None else size(planned), packer.layout)
 
 
@@ -292,6 +320,6 @@ def check_stored(path: Path, files: list[str], limit: int) -> None:
     stored = stored_bytes(path, files)
     size = shown(limit, stored)
     if stored > limit:
-        raise GlydError(f"{path}: its weights take {size(stored)} as stored, memory_limit allows {size(limit)} "
+        raise GlydError(f"{path}: its weights take {size(stored)} as stored, {_LIMIT_NAME.get()} allows {size(limit)} "
                         f"(a glyd folder keeps the layout it was saved with)")
     log.info("%s: weights %s as stored fit the %s allowed", path, size(stored), size(limit))

@@ -31,6 +31,18 @@ class UnsupportedError(GlydError, ValueError):
     changed, never dropped silently."""
 
 
+def cause(exc: BaseException, limit: int = 200) -> str:
+    """``exc`` for a one-line message that it caused: its type and its first sentence, line breaks
+    folded (transformers' messages run to several lines and sentences), cut to ``limit`` characters.
+
+    >>> cause(ValueError("Validation error for field 'n':\\n    TypeError: expected int. See the docs."))
+    "ValueError: Validation error for field 'n': TypeError: expected int"
+    """
+    why = " ".join(str(exc).split()).split(". ")[0]
+    why = why if len(why) <= limit else why[: limit - 3] + "..."
+    return f"{type(exc).__name__}: {why}"
+
+
 def not_a_file(path: object) -> str | None:
     """What ``path`` is when it is not a regular file (after links), for a message that says why it
     is refused (``"missing"``, ``"a folder"``, ``"a symbolic link to /dev/zero, a character device"``);

@@ -183,6 +183,40 @@ def test_a_config_transformers_cannot_build_packs_every_matrix_with_a_warning(tm
     assert any("was not checked" in r.getMessage() for r in caplog.records)
 
 
+@pytest.mark.parametrize("field, value, says", [
+    ("num_attention_heads", "four", "Field 'num_attention_heads' expected int, got str"),  # a multi-line error
+    ("rope_parameters", {"rope_type": "linear"}, "Missing required keys in `rope_parameters`"),
+])
+def test_loading_a_folder_packed_from_a_config_transformers_cannot_build_says_so_on_one_line(tmp_path, field, value,
+                                                                                              says):
+    # packed with a "not checked" warning (glyd unpack gives it back); loading raised transformers' own
+    # exception (StrictDataclassFieldValidationError over two lines, a bare KeyError), not naming the folder
+    src = build_chat_model(tmp_path / "bf16")
+    cfg = json.loads((src / "config.json").read_text())
+    (src / "config.json").write_text(json.dumps({**cfg, field: value}))
+    dst = tmp_path / "packed"
+    assert main(["-q", "pack", str(src), str(dst)]) == 0
+    with pytest.raises(glyd.errors.FormatError) as info:
+        glyd.from_pretrained(dst, device="cpu", progress=False)
+    msg = str(info.value)
+    assert msg.startswith(f"{dst}: transformers cannot build the model its config.json describes (")
+    assert says in msg and "\n" not in msg and info.value.__cause__ is not None, msg
+
+
+def test_a_load_that_fails_for_another_reason_keeps_transformers_error(tmp_path, monkeypatch):
+    # the config builds: the failure (here a device's) is not turned into a config error
+    src = build_chat_model(tmp_path / "bf16")
+    dst = tmp_path / "packed"
+    assert main(["-q", "pack", str(src), str(dst)]) == 0
+
+    def fail(*args, **kwargs):
+        raise RuntimeError("CUDA out of memory")
+
+    monkeypatch.setattr(transformers.MistralForCausalLM, "from_pretrained", fail)
+    with pytest.raises(RuntimeError, match="^CUDA out of memory$"):
+        glyd.from_pretrained(dst, device="cpu", progress=False)
+
+
 def test_a_tensor_the_model_has_no_place_for_is_named_in_a_warning(tmp_path, caplog):
     # kept (glyd unpack gives it back), but the packed folder's loader refuses it: said up front
     from safetensors.torch import load_file

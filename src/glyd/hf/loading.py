@@ -22,7 +22,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from glyd.errors import FormatError, GlydError, MissingDependencyError, UnsupportedError
+from glyd.errors import FormatError, GlydError, MissingDependencyError, UnsupportedError, cause
 from glyd.hf import hooks
 from glyd.hf._model import check_layout, is_merged, note_source, pick_device, source_of
 from glyd.hf._register import register
@@ -175,7 +175,11 @@ def _load_glyd(path: Path, model_class: Any, *, device: torch.device, device_map
         raise
     except Exception as exc:
         if not edited:
-            raise
+            if _config_builds(path, cls, kw):
+                raise  # not the config's fault (out of memory, a device): transformers' own error
+            # glyd pack packs such a folder with a warning (unpack gives it back); loading it fails here
+            raise FormatError(f"{path}: transformers cannot build the model its {CONFIG} describes "
+                              f"({cause(exc)})") from exc
         # The config is not the one packed with the weights (check_folder warned): what transformers
         # cannot build from it is that file's fault, said on one line.
         why = " ".join(str(exc).split())
@@ -184,6 +188,24 @@ def _load_glyd(path: Path, model_class: Any, *, device: torch.device, device_map
                           f"load the model from it ({type(exc).__name__}: {why})") from exc
     set_exact(model, exact)
     return model
+
+
+def _config_builds(path: Path, cls: Any, kw: dict[str, Any]) -> bool:
+    """Whether transformers reads ``path``'s config and builds ``cls`` from it on the meta device (nothing
+    allocated): asked after a failed load, to tell a config it cannot build from any other failure."""
+    from transformers import AutoConfig
+
+    from glyd.hf.classes import build_empty
+    from glyd.hf.pack_plan import safe_creation
+
+    trust = {k: kw[k] for k in ("trust_remote_code",) if k in kw}
+    try:
+        config = AutoConfig.from_pretrained(str(path), **trust)
+        with torch.device("meta"), safe_creation():
+            build_empty(cls, config, **trust)
+    except Exception:
+        return False
+    return True
 
 
 def _wire_kv(model: nn.Module, code: str) -> None:

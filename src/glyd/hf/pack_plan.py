@@ -26,7 +26,7 @@ from typing import Any, Iterable
 
 from torch import nn
 
-from glyd.errors import FormatError, GlydError, UnsupportedError
+from glyd.errors import FormatError, GlydError, UnsupportedError, cause
 from glyd.hf._model import is_packable_embedding, is_packable_linear
 from glyd.hf.checks import ignored, missing_tensors, tied_output
 from glyd.hf.keys import checkpoint_resolver
@@ -78,7 +78,7 @@ def through_loader(src: Path, dst: Path, layout: str) -> str:
     return f"python -c {shlex.quote(code)}"
 
 
-def _safe_creation():
+def safe_creation():
     # transformers' own guard for meta-device construction (torch.linspace kept on the CPU), where it has one
     from transformers import initialization
 
@@ -111,15 +111,12 @@ def _meta_model(src: Path, shapes: list[list[int]]) -> nn.Module:
         hf_config = AutoConfig.from_pretrained(src, trust_remote_code=False)
         # everything on meta, buffers too, as transformers' loader builds it: nothing is allocated or
         # computed at the config's sizes (a claimed head_dim of 2**33 made 4 TiB on the CPU first)
-        with torch.device("meta"), _safe_creation():
+        with torch.device("meta"), safe_creation():
             return build_empty(cls, hf_config, trust_remote_code=False)
     except GlydError as exc:
         raise FormatError(str(exc)) from exc
     except Exception as exc:  # any failure inside transformers: this config cannot be built here
-        why = " ".join(str(exc).split()).split(". ")[0]  # transformers' messages run to several sentences
-        why = why if len(why) <= 200 else why[:197] + "..."
-        raise FormatError(f"{src / 'config.json'}: transformers cannot build the model ({type(exc).__name__}: "
-                          f"{why})") from exc
+        raise FormatError(f"{src / 'config.json'}: transformers cannot build the model ({cause(exc)})") from exc
 
 
 def loader_plan(src: Path, tensors: dict[str, tuple[str, list[int]]], *, dst: Path | None = None,

@@ -31,6 +31,18 @@ class UnsupportedError(GlydError, ValueError):
     changed, never dropped silently."""
 
 
+def show_path(path: object) -> str:
+    """``path`` as a message prints it: as it is, or quoted (its repr) when it holds a line break, a
+    terminal escape or another character that is not printable (a byte that is not UTF-8), so that a
+    one-line message stays one line and says exactly which path.
+
+    >>> show_path("/tmp/model"), show_path("/tmp/a\\nb")
+    ('/tmp/model', "'/tmp/a\\\\nb'")
+    """
+    text = os.fsdecode(path) if isinstance(path, (bytes, os.PathLike)) else str(path)
+    return text if text.isprintable() else repr(text)
+
+
 def cause(exc: BaseException, limit: int = 200) -> str:
     """``exc`` for a one-line message that it caused: its type and its first sentence, line breaks
     folded (transformers' messages run to several lines and sentences), cut to ``limit`` characters.

@@ -8,7 +8,7 @@ import time
 from typing import TYPE_CHECKING
 from pathlib import Path
 
-from glyd.errors import GlydError
+from glyd.errors import GlydError, show_path
 
 if TYPE_CHECKING:
     from glyd.filecodec import archive as arc
@@ -72,7 +72,7 @@ def _os_errors(fn):
         except GlydError:
             raise
         except OSError as exc:  # "[Errno 2] No such file or directory: 'x'" becomes "x: No such file or directory"
-            where = f"{os.fsdecode(exc.filename)}: " if exc.filename is not None else ""
+            where = f"{show_path(os.fsdecode(exc.filename))}: " if exc.filename is not None else ""
             raise GlydError(f"{where}{exc.strerror or exc}") from None
 
     return wrapped

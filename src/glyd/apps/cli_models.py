@@ -10,7 +10,7 @@ from pathlib import Path
 
 from glyd.apps._deps import require
 from glyd.apps.layouts import eval_modes, layout_help, layout_names
-from glyd.errors import DestinationExistsError, GlydError
+from glyd.errors import DestinationExistsError, GlydError, show_path
 
 log = logging.getLogger(__name__)
 
@@ -190,9 +190,9 @@ def _eval(args: argparse.Namespace) -> int:
 
     cfg = eval_config_from_args(args)
     if args.json_out and Path(args.json_out).exists():
-        raise DestinationExistsError(f"{args.json_out} exists; glyd never overwrites")
+        raise DestinationExistsError(f"{show_path(args.json_out)} exists; glyd never overwrites")
     if args.json_out and not Path(args.json_out).parent.is_dir():  # known now, not after the first mode's work
-        raise GlydError(f"{args.json_out}: {Path(args.json_out).parent} is not a folder")
+        raise GlydError(f"{show_path(args.json_out)}: {show_path(Path(args.json_out).parent)} is not a folder")
 
     def save(report) -> None:  # after every mode, so a run cut short keeps what it measured
         if args.json_out:
@@ -203,7 +203,7 @@ def _eval(args: argparse.Namespace) -> int:
                 tmp.replace(out)
             except OSError as exc:
                 tmp.unlink(missing_ok=True)
-                raise GlydError(f"{out}: {exc.strerror or exc}") from exc
+                raise GlydError(f"{show_path(out)}: {exc.strerror or exc}") from exc
 
     from tqdm.contrib.logging import logging_redirect_tqdm
 

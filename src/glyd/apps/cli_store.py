@@ -20,7 +20,7 @@ from pathlib import Path
 
 from glyd.apps.cli_models import limit_option, memory_arg
 from glyd.apps.layouts import layout_help, layout_names
-from glyd.errors import FormatError, GlydError, UnsupportedError
+from glyd.errors import FormatError, GlydError, UnsupportedError, show_path
 from glyd.store import folder
 from glyd.store._atomic import is_glyd_temporary
 from glyd.store.checkpoint import CheckpointReader
@@ -54,7 +54,7 @@ def _os_errors(handler):
             inside_tmp = name is not None and any(is_glyd_temporary(part) for part in Path(os.fsdecode(name)).parts)
             if dst is not None and (inside_tmp or (name is None and not isinstance(exc, BrokenPipeError))):
                 name = dst  # a write into the destination's temporary (a broken pipe is stdout's)
-            where = f"{name}: " if name else ""
+            where = f"{show_path(name)}: " if name else ""
             after = "; nothing was written" if dst is not None and name == dst and not Path(dst).exists() else ""
             raise GlydError(f"{where}{exc.strerror or exc}{after}") from exc
 

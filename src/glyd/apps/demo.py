@@ -22,7 +22,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from glyd.errors import CorruptError, DestinationExistsError, FormatError
+from glyd.errors import CorruptError, DestinationExistsError, FormatError, show_path
 from glyd.store._atomic import check_outside
 
 log = logging.getLogger(__name__)
@@ -56,7 +56,7 @@ def verify_against_folder(model: nn.Module, folder: Path) -> tuple[int, int]:
 
     files = sorted(folder.glob("*.safetensors"))
     if not files:
-        raise FormatError(f"{folder}: no safetensors files to verify against")
+        raise FormatError(f"{show_path(folder)}: no safetensors files to verify against")
     tensors = weights = 0
     for path in files:
         with safe_open(str(path), framework="pt") as f:
@@ -65,7 +65,7 @@ def verify_against_folder(model: nn.Module, folder: Path) -> tuple[int, int]:
                 got = _tensor_of(model, key).detach().to("cpu")
                 if got.shape != ref.shape or got.dtype != ref.dtype:
                     raise CorruptError(
-                        f"{path.name}: tensor {key!r} is {ref.dtype} {tuple(ref.shape)} on disk but "
+                        f"{show_path(path.name)}: tensor {key!r} is {ref.dtype} {tuple(ref.shape)} on disk but "
                         f"{got.dtype} {tuple(got.shape)} in the loaded model"
                     )
                 if ref.element_size() == 2:
@@ -73,7 +73,7 @@ def verify_against_folder(model: nn.Module, folder: Path) -> tuple[int, int]:
                 else:
                     same = torch.equal(got.contiguous().view(torch.uint8), ref.contiguous().view(torch.uint8))
                 if not same:
-                    raise CorruptError(f"{path.name}: tensor {key!r} differs from the bf16 checkpoint")
+                    raise CorruptError(f"{show_path(path.name)}: tensor {key!r} differs from the bf16 checkpoint")
                 tensors += 1
                 weights += ref.numel()
     return tensors, weights
@@ -182,9 +182,9 @@ def run_demo(
         folder = Path(model)
         echo(f"model: {folder}")
     if not (folder / "config.json").is_file():
-        raise FormatError(f"{folder}: not a model folder (no config.json)")
+        raise FormatError(f"{show_path(folder)}: not a model folder (no config.json)")
     if out is not None and Path(out).exists():
-        raise DestinationExistsError(f"{out} exists; glyd never overwrites (choose a new --out)")
+        raise DestinationExistsError(f"{show_path(out)} exists; glyd never overwrites (choose a new --out)")
     if out is not None:
         check_outside(folder, Path(out))
 

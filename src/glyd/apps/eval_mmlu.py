@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from glyd.errors import FormatError
+from glyd.errors import FormatError, show_path
 
 LETTERS = ("A", "B", "C", "D")
 
@@ -18,7 +18,7 @@ def read_mmlu(folder: Path, subjects: tuple[str, ...] | None, per_subject: int) 
     """Questions of ``folder/test/<subject>_test.csv`` (columns question, choice0..3, answer)."""
     test = folder / "test"
     if not test.is_dir():
-        raise FormatError(f"{folder}: no test/ folder of MMLU csv files")
+        raise FormatError(f"{show_path(folder)}: no test/ folder of MMLU csv files")
     available = sorted(p.name[: -len("_test.csv")] for p in test.glob("*_test.csv"))
     chosen = available if not subjects else list(subjects)
     missing = [s for s in chosen if s not in available]
@@ -39,9 +39,10 @@ def read_mmlu(folder: Path, subjects: tuple[str, ...] | None, per_subject: int) 
                         "answer": int(row["answer"]),
                     }
                 except (KeyError, ValueError, TypeError) as exc:
-                    raise FormatError(f"{path}: row {i + 1} lacks question, choice0..3 or an integer answer") from exc
+                    raise FormatError(f"{show_path(path)}: row {i + 1} lacks question, choice0..3 or an integer "
+                                      "answer") from exc
                 if not 0 <= q["answer"] < 4:
-                    raise FormatError(f"{path}: row {i + 1} has answer {q['answer']} (expected 0..3)")
+                    raise FormatError(f"{show_path(path)}: row {i + 1} has answer {q['answer']} (expected 0..3)")
                 out.append(q)
     if not out:
         raise FormatError(f"{test}: no MMLU questions selected")

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from glyd.errors import FormatError
+from glyd.errors import FormatError, show_path
 from glyd.store import MANIFEST
 
 log = logging.getLogger(__name__)
@@ -21,17 +21,19 @@ def check_model_folder(folder: Path) -> None:
     (its bf16, fixed12 and tiered rows would all be that one packed model)."""
     cfg_path = folder / "config.json"
     if not folder.exists():
-        raise FormatError(f"model {folder}: no such folder; glyd eval takes a bf16 transformers folder, a hub id, "
-                          "smollm2 (the demo's model), or --random with a known name or a config.json")
+        raise FormatError(f"model {show_path(folder)}: no such folder; glyd eval takes a bf16 transformers folder, a "
+                          "hub id, smollm2 (the demo's model), or --random with a known name or a config.json")
     if not folder.is_dir() or not cfg_path.is_file():
-        raise FormatError(f"model {folder}: not a model folder (no config.json); pass a folder, or --random with a config")
+        raise FormatError(f"model {show_path(folder)}: not a model folder (no config.json); pass a folder, or "
+                          "--random with a config")
     try:
         q = json.loads(cfg_path.read_text(encoding="utf-8")).get("quantization_config")
     except (OSError, ValueError, AttributeError):
         q = None  # transformers reports an unreadable config when it loads the folder
     if (folder / MANIFEST).is_file() or (isinstance(q, dict) and q.get("quant_method") == "glyd"):
         raise FormatError(
-            f"{folder}: a packed Glyd folder; glyd eval needs the bf16 source model (it packs each mode itself)"
+            f"{show_path(folder)}: a packed Glyd folder; glyd eval needs the bf16 source model (it packs each mode "
+            "itself)"
         )
 
 

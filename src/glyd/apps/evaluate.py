@@ -47,7 +47,7 @@ from glyd.apps.eval_mmlu import letter_ids, mmlu_logits, mmlu_prompt, read_mmlu
 from glyd.apps.eval_models import check_model_folder, check_modes_fit, build_random, merge_bf16, weight_bytes
 from glyd.apps.eval_timing import time_decode, time_decode_compiled
 from glyd.apps.layouts import eval_modes
-from glyd.errors import FormatError, GlydError
+from glyd.errors import FormatError, GlydError, show_path
 from glyd.hf.memory import parse_memory
 
 log = logging.getLogger(__name__)
@@ -391,13 +391,13 @@ def _inputs(cfg: EvalConfig) -> _Inputs:
     if cfg.ppl:
         path = Path(cfg.text)
         if not path.is_file():
-            raise FormatError(f"{path}: text file for perplexity not found")
+            raise FormatError(f"{show_path(path)}: text file for perplexity not found")
         text = path.read_text(encoding="utf-8", errors="replace")
         # Tokenize a prefix long enough for the tokens asked for (about 4 characters a token).
         ids = tokenizer(text[: 8 * cfg.ppl_tokens + 1024], add_special_tokens=False)["input_ids"]
         inp.tokens = torch.tensor(ids[: cfg.ppl_tokens], dtype=torch.long)
         if inp.tokens.numel() < 2:
-            raise FormatError(f"{path}: too little text for perplexity")
+            raise FormatError(f"{show_path(path)}: too little text for perplexity")
     if cfg.mmlu:
         questions = read_mmlu(Path(cfg.mmlu_dir), cfg.subjects, cfg.mmlu_per_subject)
         inp.encoded = [tokenizer.encode(mmlu_prompt(q), add_special_tokens=True) for q in questions]

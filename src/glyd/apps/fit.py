@@ -48,7 +48,7 @@ from glyd.apps.fit_configs import KNOWN_CONFIGS
 from glyd.apps.fit_gpus import MAX_GPU_BYTES, parse_gpu, parse_size  # noqa: F401 (MAX_GPU_BYTES: fit.MAX_GPU_BYTES)
 from glyd.apps.fit_meta import ModelShape, model_shape
 from glyd.codec import LAYOUTS
-from glyd.errors import FormatError, GlydError
+from glyd.errors import FormatError, GlydError, show_path
 from glyd.hf.memory import SPEED_ORDER, weights_bytes
 from glyd.store._config import QUANT_METHOD, plain_config
 from glyd.store._safetensors import load_json, read_header
@@ -158,15 +158,15 @@ def load_config(model: str | Path) -> dict[str, Any]:
         cfg_path = _cached_hub_config(str(model))
     if not cfg_path.is_file():
         known = ", ".join(KNOWN_CONFIGS)
-        raise FormatError(f"{model}: not a model folder, a config.json, a hub id in the local Hugging Face cache "
-                          f"or a known model ({known})")
+        raise FormatError(f"{show_path(model)}: not a model folder, a config.json, a hub id in the local Hugging Face "
+                          f"cache or a known model ({known})")
     try:
         raw = cfg_path.read_bytes()
     except OSError as exc:
-        raise FormatError(f"{cfg_path}: cannot read it ({exc.strerror or exc})") from exc
+        raise FormatError(f"{show_path(cfg_path)}: cannot read it ({exc.strerror or exc})") from exc
     cfg = load_json(raw, cfg_path, "not a readable JSON config")  # nesting, duplicate keys, huge numbers bounded
     if not isinstance(cfg, dict):
-        raise FormatError(f"{cfg_path}: a config must be a JSON object")
+        raise FormatError(f"{show_path(cfg_path)}: a config must be a JSON object")
     q = cfg.get("quantization_config")
     packed = isinstance(q, dict) and q.get("quant_method") == QUANT_METHOD
     if packed:  # a packed folder: the model's own config (its type is kept in quantization_config)
@@ -198,8 +198,9 @@ def _cached_hub_config(repo_id: str) -> Path:
         return missing
     if isinstance(found, str):
         return Path(found)
-    raise FormatError(f"{repo_id}: not a local folder, and the Hugging Face cache has no config.json for it "
-                      f"(glyd fit downloads nothing: `hf download {repo_id} config.json` fetches it, or pass a folder)")
+    raise FormatError(f"{show_path(repo_id)}: not a local folder, and the Hugging Face cache has no config.json for it "
+                      f"(glyd fit downloads nothing: `hf download {show_path(repo_id)} config.json` fetches it, or "
+                      "pass a folder)")
 
 
 def count_from_shape(shape: ModelShape) -> WeightCount:
@@ -220,10 +221,10 @@ def count_from_files(folder: Path) -> WeightCount | None:
             weight_map = load_json(index.read_bytes(), index, "not a valid safetensors index")["weight_map"]
             files = sorted({folder / str(f) for f in weight_map.values()})
         except (OSError, KeyError, TypeError, AttributeError) as exc:
-            raise FormatError(f"{index}: not a valid safetensors index ({exc})") from exc
+            raise FormatError(f"{show_path(index)}: not a valid safetensors index ({exc})") from exc
         missing = [f.name for f in files if not f.is_file()]
         if missing:
-            raise FormatError(f"{index}: names missing shard(s) {', '.join(missing[:3])}")
+            raise FormatError(f"{show_path(index)}: names missing shard(s) {', '.join(missing[:3])}")
     else:
         files = sorted(folder.glob("*.safetensors"))
     if not files:
@@ -244,7 +245,8 @@ def count_from_files(folder: Path) -> WeightCount | None:
         # The store's reader: the length prefix and every entry bound-checked before use.
         for key, info in read_header(path).tensors.items():
             if shard_of.setdefault(key, path) != path:  # counted twice, and refused by the loader
-                raise FormatError(f"{folder}: tensor {key!r} is in two shards: {shard_of[key].name} and {path.name}")
+                raise FormatError(f"{show_path(folder)}: tensor {key!r} is in two shards: "
+                                  f"{show_path(shard_of[key].name)} and {show_path(path.name)}")
             dtype, shape, nbytes = info.dtype, info.shape, info.end - info.begin
             numel = math.prod(shape)
             if glyd_folder:

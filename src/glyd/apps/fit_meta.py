@@ -23,7 +23,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Collection
 
-from glyd.errors import FormatError
+from glyd.errors import FormatError, show_path
 from glyd.hf.checks import count_fields
 from glyd.hf.memory import count_weights, packable_rows  # the loader's own count (memory_limit)
 from glyd.nn.experts import is_packable as packable_experts
@@ -93,27 +93,29 @@ def build_config(cfg: dict[str, Any]) -> Any:
         import transformers
         from transformers import AutoConfig
     except ImportError as exc:
-        raise FormatError(f"{name}: glyd fit needs transformers to read a config ({exc})") from exc
+        raise FormatError(f"{show_path(name)}: glyd fit needs transformers to read a config ({exc})") from exc
     model_type = cfg.get("model_type")
     if not isinstance(model_type, str) or not model_type:
-        raise FormatError(f"{name}: config has no model_type")
+        raise FormatError(f"{show_path(name)}: config has no model_type")
     params = {k: v for k, v in cfg.items() if not k.startswith("_") and k not in _DROP and k != "model_type"}
     for path, _, value in count_fields(params):  # before the config class builds a list a layer
         if not 0 <= value <= MAX_LAYERS:
-            raise FormatError(f"{name}: {path} {short(value)} is not between 0 and {MAX_LAYERS}")
+            raise FormatError(f"{show_path(name)}: {show_path(path)} {short(value)} is not between 0 and {MAX_LAYERS}")
     try:
         config = AutoConfig.for_model(model_type, **params)
     except ValueError as exc:
         if "nrecognized" in str(exc) or "model_type" in str(exc):
-            raise FormatError(f"{name}: transformers {transformers.__version__} does not know "
+            raise FormatError(f"{show_path(name)}: transformers {transformers.__version__} does not know "
                               f"model_type {model_type!r}") from exc
-        raise FormatError(f"{name}: transformers cannot read this {model_type} config ({_first_line(exc)})") from exc
+        raise FormatError(f"{show_path(name)}: transformers cannot read this {model_type} config "
+                          f"({_first_line(exc)})") from exc
     except Exception as exc:  # any failure inside a config class means this config cannot be counted
-        raise FormatError(f"{name}: transformers cannot read this {model_type} config ({_first_line(exc)})") from exc
+        raise FormatError(f"{show_path(name)}: transformers cannot read this {model_type} config "
+                          f"({_first_line(exc)})") from exc
     text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
     layers = getattr(text, "num_hidden_layers", None)
     if not isinstance(layers, int) or not 0 < layers <= MAX_LAYERS:
-        raise FormatError(f"{name}: num_hidden_layers {layers!r} is not between 1 and {MAX_LAYERS}")
+        raise FormatError(f"{show_path(name)}: num_hidden_layers {layers!r} is not between 1 and {MAX_LAYERS}")
     return config
 
 
@@ -126,7 +128,7 @@ def meta_model(config: Any, name: str = "config") -> Any:
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(config)
     except Exception as exc:  # any failure inside transformers' constructors: this model cannot be counted
-        raise FormatError(f"{name}: transformers cannot build a causal LM from this "
+        raise FormatError(f"{show_path(name)}: transformers cannot build a causal LM from this "
                           f"{getattr(config, 'model_type', '?')} config ({_first_line(exc)})") from exc
     return model
 
@@ -137,7 +139,7 @@ def attention_layers(text: Any, name: str = "config") -> list[AttentionLayer]:
     heads = getattr(text, "num_attention_heads", None)
     hidden = getattr(text, "hidden_size", None)
     if not isinstance(heads, int) or not isinstance(hidden, int) or heads <= 0 or hidden <= 0:
-        raise FormatError(f"{name}: config lacks a positive hidden_size or num_attention_heads")
+        raise FormatError(f"{show_path(name)}: config lacks a positive hidden_size or num_attention_heads")
     kv_heads = getattr(text, "num_key_value_heads", None) or heads
     head_dim = getattr(text, "head_dim", None) or hidden // heads
     types = getattr(text, "layer_types", None)
@@ -154,11 +156,11 @@ def attention_layers(text: Any, name: str = "config") -> list[AttentionLayer]:
     out = []
     for t in types:
         if t not in KV_LAYER_WINDOW:
-            raise FormatError(f"{name}: glyd fit cannot size the cache of a {t!r} layer")
+            raise FormatError(f"{show_path(name)}: glyd fit cannot size the cache of a {t!r} layer")
         key = KV_LAYER_WINDOW[t]
         window = getattr(text, key, None) if key else None
         if key and not (isinstance(window, int) and window > 0):
-            raise FormatError(f"{name}: a {t!r} layer needs a positive {key}, the config has {window!r}")
+            raise FormatError(f"{show_path(name)}: a {t!r} layer needs a positive {key}, the config has {window!r}")
         out.append(AttentionLayer(int(kv_heads), int(head_dim), window, int(heads)))
     return out
 

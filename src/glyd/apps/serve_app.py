@@ -25,7 +25,7 @@ from transformers.cli.serving.server import build_server
 from transformers.cli.serving.utils import GenerationState
 
 from glyd.apps.serve_requests import Policy, RequestError, check_chat, check_completion
-from glyd.errors import FormatError, GlydError
+from glyd.errors import FormatError, GlydError, show_path
 
 log = logging.getLogger(__name__)
 
@@ -121,12 +121,12 @@ def _tokenizer(model: str) -> Any:
 
     path = resolve(model, {})
     if not (path / "config.json").is_file():
-        raise FormatError(f"{model}: no config.json: not a transformers model folder")
+        raise FormatError(f"{show_path(model)}: no config.json: not a transformers model folder")
     try:
         return AutoTokenizer.from_pretrained(str(path))
     except (OSError, ValueError) as exc:
         why = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise FormatError(f"{model}: its tokenizer could not be loaded ({why})") from None
+        raise FormatError(f"{show_path(model)}: its tokenizer could not be loaded ({why})") from None
 
 
 class GlydModels(ModelManager):
@@ -141,8 +141,8 @@ class GlydModels(ModelManager):
     def _load_processor(self, model_id_and_revision: str, gguf_file: str | None = None) -> Any:
         tok = self.given[1] or _tokenizer(self.cfg.model)
         if not hasattr(tok, "_tokenizer"):  # the streamers decode through the Rust tokenizer
-            raise GlydError(f"{self.cfg.model}: glyd serve needs a fast (tokenizers) tokenizer; this folder's is "
-                            f"{type(tok).__name__}")
+            raise GlydError(f"{show_path(self.cfg.model)}: glyd serve needs a fast (tokenizers) tokenizer; this "
+                            f"folder's is {type(tok).__name__}")
         return tok
 
     def _load_model(self, model_id_and_revision: str, tqdm_class: Any = None, progress_callback: Any = None,

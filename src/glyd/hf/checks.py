@@ -28,7 +28,7 @@ from torch import nn
 
 from glyd.codec import LAYOUTS
 from glyd.codec.packed import FORMAT_VERSION
-from glyd.errors import CorruptError, FormatError, not_a_file
+from glyd.errors import CorruptError, FormatError, not_a_file, show_path
 from glyd.store import MANIFEST, CheckpointReader
 from glyd.store._config import PACKED_MODEL_TYPE, own_model_type
 from glyd.store._manifest import MAX_MANIFEST_BYTES, validate_manifest
@@ -93,7 +93,8 @@ def check_counts(config: dict[str, Any], shapes: list[list[int]], where: object)
         most = tensors if name in LAYER_KEYS else max(widest, len(labels) if isinstance(labels, dict) else 0)
         if not 0 <= value <= most:
             what = f"{most} tensors" if name in LAYER_KEYS else f"tensors at most {most} wide"
-            raise FormatError(f"{where}: {key} is {short(value)}, not a count from 0 to {most} (the checkpoint holds "
+            raise FormatError(f"{show_path(where)}: {key} is {short(value)}, not a count from 0 to {most} (the "
+                              "checkpoint holds "
                               f"{what}): a damaged or edited config; transformers would build a module or an entry "
                               f"for each before reading a weight")
 
@@ -107,9 +108,9 @@ def stored_shapes(folder: Path) -> list[list[int]] | None:
     if what == "missing":
         return None
     if what is not None:
-        raise FormatError(f"{mpath}: {what}, not a regular file: not a glyd manifest")
+        raise FormatError(f"{show_path(mpath)}: {what}, not a regular file: not a glyd manifest")
     if mpath.stat().st_size > MAX_MANIFEST_BYTES:
-        raise FormatError(f"{mpath}: {mpath.stat().st_size} bytes is larger than any manifest glyd writes")
+        raise FormatError(f"{show_path(mpath)}: {mpath.stat().st_size} bytes is larger than any manifest glyd writes")
     m = validate_manifest(load_json(mpath.read_bytes(), mpath), mpath)
     return [e["shape"] for e in m["tensors"].values()]
 
@@ -120,26 +121,27 @@ def check_folder(folder: Path, *, verify: bool) -> CheckpointReader:
     cfg = reader.config
     cpath = folder / CONFIG
     if cfg is None:
-        raise FormatError(f"{folder}: no {CONFIG}: a glyd folder needs the model's config to load")
+        raise FormatError(f"{show_path(folder)}: no {CONFIG}: a glyd folder needs the model's config to load")
     q = cfg.get("quantization_config")
     if not isinstance(q, dict) or q.get("quant_method") != "glyd":
         raise FormatError(
-            f"{cpath}: no glyd quantization_config (quant_method 'glyd'), though {MANIFEST} lists packed weights: "
-            f"transformers would build a bf16 model and fill it at random. Restore the config.json written "
+            f"{show_path(cpath)}: no glyd quantization_config (quant_method 'glyd'), though {MANIFEST} lists packed "
+            "weights: transformers would build a bf16 model and fill it at random. Restore the config.json written "
             f"with the folder (its sha256 is in {MANIFEST}) or pack the model again"
         )
-    check_quantization_config(q, f"{cpath}: ")
+    check_quantization_config(q, f"{show_path(cpath)}: ")
     own = own_model_type(cfg)
     if cfg.get("model_type") == PACKED_MODEL_TYPE and (not isinstance(own, str) or not own or own == PACKED_MODEL_TYPE):
-        raise FormatError(f"{cpath}: model_type is {PACKED_MODEL_TYPE!r} but quantization_config.original_model_type "
-                          f"({short(own)}) does not name the model's own type")
+        raise FormatError(f"{show_path(cpath)}: model_type is {PACKED_MODEL_TYPE!r} but "
+                          f"quantization_config.original_model_type ({short(own)}) does not name the model's own type")
     check_counts(cfg, [reader.entry(n)["shape"] for n in reader.names()], cpath)
     layout = q.get("layout")
     if layout != reader.layout:
-        raise FormatError(f"{cpath}: quantization_config.layout is {layout!r} but {MANIFEST} says {reader.layout!r}")
+        raise FormatError(f"{show_path(cpath)}: quantization_config.layout is {layout!r} but {MANIFEST} says "
+                          f"{reader.layout!r}")
     want = reader.files.get(CONFIG)
     if want is not None and sha256_file(cpath) != want:
-        msg = f"{cpath}: differs from the config.json recorded in {MANIFEST} (sha256 mismatch)"
+        msg = f"{show_path(cpath)}: differs from the config.json recorded in {MANIFEST} (sha256 mismatch)"
         if verify:
             raise CorruptError(f"{msg}; verify=True refuses it")
         log.warning("%s; loading it anyway (verify=True would refuse it)", msg)
@@ -191,7 +193,7 @@ def check_complete(model: nn.Module, manifest: dict[str, Any], where: str | Path
     if missing:
         more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
         raise FormatError(
-            f"{where}: the checkpoint lacks tensor(s) the model needs: {', '.join(missing[:5])}{more} "
+            f"{show_path(where)}: the checkpoint lacks tensor(s) the model needs: {', '.join(missing[:5])}{more} "
             f"(transformers would initialise them at random)"
         )
     skip = ignored(model, "_keys_to_ignore_on_load_unexpected")
@@ -199,7 +201,8 @@ def check_complete(model: nn.Module, manifest: dict[str, Any], where: str | Path
     unused = [k for k in provided if k not in state and k not in tied and not any(p.search(k) for p in skip)]
     if unused:
         more = f" and {len(unused) - 5} more" if len(unused) > 5 else ""
-        raise FormatError(f"{where}: tensor(s) {', '.join(unused[:5])}{more} of the checkpoint have no place in the model")
+        raise FormatError(f"{show_path(where)}: tensor(s) {', '.join(unused[:5])}{more} of the checkpoint have no "
+                          "place in the model")
     for name, e in provided.items():
         t = state.get(name)
         if e is None or t is None:
@@ -207,6 +210,6 @@ def check_complete(model: nn.Module, manifest: dict[str, Any], where: str | Path
         got = dtype_name(t.dtype)
         if got != e["dtype"] or list(t.shape) != e["shape"]:
             raise FormatError(
-                f"{where}: tensor {name!r} is stored as {e['dtype']}{e['shape']} but the model holds "
+                f"{show_path(where)}: tensor {name!r} is stored as {e['dtype']}{e['shape']} but the model holds "
                 f"{got}{list(t.shape)}: glyd never changes a dtype or shape silently"
             )

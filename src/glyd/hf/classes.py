@@ -22,7 +22,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from glyd.errors import FormatError, UnsupportedError, not_a_file
+from glyd.errors import FormatError, UnsupportedError, not_a_file, show_path
 from glyd.store._config import own_model_type
 from glyd.store._safetensors import load_json, short
 
@@ -57,10 +57,11 @@ def read_config(path: Path) -> dict[str, Any]:
     if what == "missing":
         return {}
     if what is not None:
-        raise FormatError(f"{p}: {what}, not a regular file (glyd reads no pipe or device: it could block or never end)")
+        raise FormatError(f"{show_path(p)}: {what}, not a regular file (glyd reads no pipe or device: it could block "
+                          "or never end)")
     d = load_json(p.read_bytes(), p)
     if not isinstance(d, dict):
-        raise FormatError(f"{p}: not a JSON object")
+        raise FormatError(f"{show_path(p)}: not a JSON object")
     return d
 
 
@@ -72,8 +73,8 @@ def check_model_type(cls: Any, config: dict[str, Any], where: object) -> None:
     if (own is not None and not isinstance(own, str)) or (_is_auto(cls) and not own):
         field = "quantization_config.original_model_type" if config.get("model_type") == "glyd" else "model_type"
         what = f"has no {field}" if own is None else f"{field} is {short(own)}, not the name of a model type"
-        raise FormatError(f"{where}: {what}: {cls.__name__} cannot tell which model to build (pass model_class= a "
-                          f"concrete transformers class)")
+        raise FormatError(f"{show_path(where)}: {what}: {cls.__name__} cannot tell which model to build (pass "
+                          "model_class= a concrete transformers class)")
 
 
 def _is_auto(cls: Any) -> bool:

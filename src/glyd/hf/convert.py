@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from glyd.errors import FormatError
+from glyd.errors import FormatError, show_path
 from glyd.hf.keys import checkpoint_resolver
 
 log = logging.getLogger(__name__)
@@ -68,9 +68,10 @@ class Conversions:
             if conv is not None:
                 continue
             if name in plain:
-                raise FormatError(f"{self.where}: model tensor {name!r} is given twice: by {plain[name]!r} and by {key!r}")
+                raise FormatError(f"{show_path(self.where)}: model tensor {name!r} is given twice: by {plain[name]!r} "
+                                  f"and by {key!r}")
             if name in self._expected:
-                raise FormatError(f"{self.where}: model tensor {name!r} is given twice: by {key!r} and by "
+                raise FormatError(f"{show_path(self.where)}: model tensor {name!r} is given twice: by {key!r} and by "
                                   f"transformers' conversion of {self._expected[name]} checkpoint tensors")
             plain[name] = key
 
@@ -97,13 +98,13 @@ class Conversions:
         try:
             out = c.convert(name, model=self.model, config=getattr(self.model, "config", None))
         except Exception as exc:  # transformers' operations raise anything on tensors that do not fit
-            raise FormatError(f"{self.where}: transformers' conversion of {self._expected[name]} checkpoint tensors "
-                              f"into {name!r} failed ({type(exc).__name__}: {exc})") from exc
+            raise FormatError(f"{show_path(self.where)}: transformers' conversion of {self._expected[name]} "
+                              f"checkpoint tensors into {name!r} failed ({type(exc).__name__}: {exc})") from exc
         ready = []
         for target, value in out.items():
             value = value[0] if isinstance(value, list) else value
             if not isinstance(value, torch.Tensor):
-                raise FormatError(f"{self.where}: transformers' conversion into {target!r} gave no tensor")
+                raise FormatError(f"{show_path(self.where)}: transformers' conversion into {target!r} gave no tensor")
             ready.append((target, value))
         log.debug("%s: %s made from %d checkpoint tensors", self.where, ", ".join(t for t, _ in ready),
                   self._expected[name])
@@ -112,5 +113,5 @@ class Conversions:
     def check_done(self) -> None:
         """Raise FormatError naming a conversion whose sources did not all arrive."""
         for name, got in self._got.items():
-            raise FormatError(f"{self.where}: {name!r} is made from {self._expected[name]} checkpoint tensors, "
-                              f"{len(got)} were read")
+            raise FormatError(f"{show_path(self.where)}: {name!r} is made from {self._expected[name]} checkpoint "
+                              f"tensors, {len(got)} were read")

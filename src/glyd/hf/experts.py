@@ -20,7 +20,7 @@ from torch import nn
 
 from glyd.codec import PackedExperts
 from glyd.codec.experts import LENS
-from glyd.errors import CorruptError, FormatError
+from glyd.errors import CorruptError, FormatError, show_path
 from glyd.nn.experts import GlydExperts, is_packable
 from glyd.nn.modules import GlydEmbedding, GlydLinear
 
@@ -123,25 +123,26 @@ def place_experts(model: nn.Module, folder: Path, entries: dict[str, dict[str, A
         try:
             source = model.get_submodule(mname) if mname else model
         except AttributeError:
-            raise FormatError(f"{folder}: packed experts {mname}.{next(iter(weights))!r} name no module of the "
-                              f"model") from None
+            raise FormatError(f"{show_path(folder)}: packed experts {mname}.{next(iter(weights))!r} name no module of "
+                              "the model") from None
         want = is_packable(source)
         if set(weights) != set(want):
-            raise FormatError(f"{folder}: {mname} ({type(source).__name__}) packs {', '.join(want) or 'nothing'} "
-                              f"as experts; the checkpoint packs {', '.join(sorted(weights))}")
+            raise FormatError(f"{show_path(folder)}: {mname} ({type(source).__name__}) packs "
+                              f"{', '.join(want) or 'nothing'} as experts; the "
+                              f"checkpoint packs {', '.join(sorted(weights))}")
         packed, shas = {}, {}
         for attr, e in weights.items():
             name = f"{mname}.{attr}" if mname else attr
             entry = manifest.get("tensors", {}).get(name, {})
             shape = tuple(source._parameters[attr].shape)
             if tuple(entry.get("shape", ())) != shape:
-                raise FormatError(f"{folder}: tensor {name!r} is {entry.get('shape')} in glyd.json but the model "
-                                  f"needs {list(shape)}")
+                raise FormatError(f"{show_path(folder)}: tensor {name!r} is {entry.get('shape')} in glyd.json but the "
+                                  f"model needs {list(shape)}")
             meta = {a: torch.empty(s, dtype=dt, device="meta") for a, (dt, s) in e["arrays"].items()}
             try:
                 packed[attr] = PackedExperts(entry["layout"], shape, meta, entry["format_version"])
             except FormatError as exc:
-                raise FormatError(f"{folder}: tensor {name!r}: {exc}") from exc
+                raise FormatError(f"{show_path(folder)}: tensor {name!r}: {exc}") from exc
             shas[attr] = entry.get("sha256")
         parent, _, child = mname.rpartition(".")
         setattr(model.get_submodule(parent) if parent else model, child,

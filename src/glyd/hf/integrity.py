@@ -9,7 +9,7 @@ from typing import Any
 from torch import nn
 from tqdm.auto import tqdm
 
-from glyd.errors import CorruptError, FormatError
+from glyd.errors import CorruptError, FormatError, show_path
 from glyd.hf.experts import packed_tensors, unpack_tensor
 from glyd.store import MANIFEST, CheckpointReader, sha256_tensor
 from glyd.store._safetensors import sha256_file
@@ -22,12 +22,13 @@ def verify_files(folder: Path) -> None:
     reader = CheckpointReader(folder)
     for rel, digest in reader.files.items():
         if sha256_file(folder / rel) != digest:
-            raise CorruptError(f"{folder / rel}: sha256 mismatch with {MANIFEST} (the file was changed or damaged)")
+            raise CorruptError(f"{show_path(folder / rel)}: sha256 mismatch with {MANIFEST} (the file was changed or "
+                               "damaged)")
 
 
 def verify_model(model: nn.Module, progress: bool = True) -> dict[str, int]:
     src = model.__dict__.get("_glyd_source")
-    where = f"{src}: " if src else ""
+    where = f"{show_path(src)}: " if src else ""
     if not any(True for _ in packed_tensors(model)):
         raise FormatError(f"{where}the model has no glyd-packed weights: nothing to verify (pack it with "
                           f"glyd.compress or load it with glyd.from_pretrained)")
@@ -35,14 +36,16 @@ def verify_model(model: nn.Module, progress: bool = True) -> dict[str, int]:
     for wname, _, p, sha in tqdm(list(packed_tensors(model)), desc="glyd: verify", unit="tensor",
                                  disable=not progress):
         if sha is None:
-            raise CorruptError(f"{where}tensor {wname!r}: no sha256 was recorded for it, nothing to verify against")
+            raise CorruptError(f"{where}tensor {wname!r}: no sha256 was recorded for it, nothing to verify "
+                               "against")
         try:
             w = unpack_tensor(p).cpu()
         except (CorruptError, FormatError, RuntimeError, IndexError, ValueError) as exc:
             raise CorruptError(f"{where}tensor {wname!r}: damaged packed arrays ({exc})") from exc
         if sha256_tensor(w) != sha:
             raise CorruptError(
-                f"{where}tensor {wname!r}: sha256 mismatch: the packed arrays do not give back the original bf16 weights"
+                f"{where}tensor {wname!r}: sha256 mismatch: the packed arrays do not give back the "
+                "original bf16 weights"
             )
         counts["packed"] += 1
         counts["weights"] += w.numel()

@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 from torch import nn
 
-from glyd.errors import UnsupportedError
+from glyd.errors import UnsupportedError, show_path
 
 log = logging.getLogger(__name__)
 
@@ -95,8 +95,9 @@ def checkpoint_namer(model: nn.Module, names: set[str], where: str) -> Callable[
     def name_of(key: str) -> str:
         name, converter, _ = resolve(key)
         if converter is not None:
-            raise UnsupportedError(f"{where}: tensor {key!r} is stored in an older layout that transformers converts "
-                                   f"while loading ({converter!r} -> {name!r}); read the folder with "
+            raise UnsupportedError(f"{show_path(where)}: tensor {key!r} is stored in an older layout that "
+                                   "transformers converts while loading "
+                                   f"({converter!r} -> {name!r}); read the folder with "
                                    f"glyd.from_pretrained, which converts it")
         return name
 

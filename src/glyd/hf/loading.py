@@ -22,7 +22,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from glyd.errors import FormatError, GlydError, MissingDependencyError, UnsupportedError, cause
+from glyd.errors import FormatError, GlydError, MissingDependencyError, UnsupportedError, cause, show_path
 from glyd.hf import hooks
 from glyd.hf._model import check_layout, is_merged, note_source, pick_device, source_of
 from glyd.hf._register import register
@@ -153,7 +153,7 @@ def _match_merge(model: nn.Module, merge: Any, exact: bool, path: Path) -> None:
 def _load_glyd(path: Path, model_class: Any, *, device: torch.device, device_map: Any, exact: bool, verify: bool,
                hf_kwargs: dict[str, Any], limit: int | None = None) -> nn.Module:
     if not register():
-        raise MissingDependencyError(f"{path}: loading a glyd folder needs transformers "
+        raise MissingDependencyError(f"{show_path(path)}: loading a glyd folder needs transformers "
                                      f"(pip install 'glyd-lossless[models]')")
 
     # Before transformers reads the folder: glyd's errors, not its.
@@ -178,14 +178,14 @@ def _load_glyd(path: Path, model_class: Any, *, device: torch.device, device_map
             if _config_builds(path, cls, kw):
                 raise  # not the config's fault (out of memory, a device): transformers' own error
             # glyd pack packs such a folder with a warning (unpack gives it back); loading it fails here
-            raise FormatError(f"{path}: transformers cannot build the model its {CONFIG} describes "
+            raise FormatError(f"{show_path(path)}: transformers cannot build the model its {CONFIG} describes "
                               f"({cause(exc)})") from exc
         # The config is not the one packed with the weights (check_folder warned): what transformers
         # cannot build from it is that file's fault, said on one line.
         why = " ".join(str(exc).split())
         why = why if len(why) <= 300 else why[:297] + "..."
-        raise FormatError(f"{cpath}: differs from the config.json recorded in {MANIFEST} and transformers cannot "
-                          f"load the model from it ({type(exc).__name__}: {why})") from exc
+        raise FormatError(f"{show_path(cpath)}: differs from the config.json recorded in {MANIFEST} and transformers "
+                          f"cannot load the model from it ({type(exc).__name__}: {why})") from exc
     set_exact(model, exact)
     return model
 

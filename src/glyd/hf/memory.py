@@ -36,7 +36,7 @@ from typing import Any, Collection, Iterator
 from torch import nn
 
 from glyd.codec import LAYOUTS
-from glyd.errors import GlydError
+from glyd.errors import GlydError, show_path
 from glyd.hf._model import is_packable_embedding, is_packable_linear, packed_ties
 from glyd.nn.experts import is_packable as packable_experts
 from glyd.store._safetensors import read_header
@@ -320,6 +320,6 @@ def check_stored(path: Path, files: list[str], limit: int) -> None:
     stored = stored_bytes(path, files)
     size = shown(limit, stored)
     if stored > limit:
-        raise GlydError(f"{path}: its weights take {size(stored)} as stored, {_LIMIT_NAME.get()} allows {size(limit)} "
-                        f"(a glyd folder keeps the layout it was saved with)")
+        raise GlydError(f"{show_path(path)}: its weights take {size(stored)} as stored, {_LIMIT_NAME.get()} allows "
+                        f"{size(limit)} (a glyd folder keeps the layout it was saved with)")
     log.info("%s: weights %s as stored fit the %s allowed", path, size(stored), size(limit))

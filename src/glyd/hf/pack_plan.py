@@ -26,7 +26,7 @@ from typing import Any, Iterable
 
 from torch import nn
 
-from glyd.errors import FormatError, GlydError, UnsupportedError, cause
+from glyd.errors import FormatError, GlydError, UnsupportedError, cause, show_path
 from glyd.hf._model import is_packable_embedding, is_packable_linear
 from glyd.hf.checks import ignored, missing_tensors, tied_output
 from glyd.hf.keys import checkpoint_resolver
@@ -104,8 +104,8 @@ def _meta_model(src: Path, shapes: list[list[int]]) -> nn.Module:
         for key, name, value in count_fields(config):
             most = max(MAX_MODULES, named) if name == "num_labels" else MAX_MODULES
             if value > most:
-                raise FormatError(f"{src / 'config.json'}: {key} is {value}, more than the {most} glyd pack builds "
-                                  f"to check which tensors the model runs packed (no model has as many)")
+                raise FormatError(f"{show_path(src / 'config.json')}: {key} is {value}, more than the {most} glyd "
+                                  "pack builds to check which tensors the model runs packed (no model has as many)")
         cls = pick_class(None, config)
         # never the folder's own code (auto_map): transformers would ask on stdin, and run it on "y"
         hf_config = AutoConfig.from_pretrained(src, trust_remote_code=False)
@@ -116,7 +116,8 @@ def _meta_model(src: Path, shapes: list[list[int]]) -> nn.Module:
     except GlydError as exc:
         raise FormatError(str(exc)) from exc
     except Exception as exc:  # any failure inside transformers: this config cannot be built here
-        raise FormatError(f"{src / 'config.json'}: transformers cannot build the model ({cause(exc)})") from exc
+        raise FormatError(f"{show_path(src / 'config.json')}: transformers cannot build the model "
+                          f"({cause(exc)})") from exc
 
 
 def loader_plan(src: Path, tensors: dict[str, tuple[str, list[int]]], *, dst: Path | None = None,
@@ -142,8 +143,9 @@ def loader_plan(src: Path, tensors: dict[str, tuple[str, list[int]]], *, dst: Pa
             how = "converts" if converter is not None else "renames"
             instead = through_loader(src, dst if dst is not None else Path(f"{src.name}-glyd"), layout)
             raise UnsupportedError(
-                f"{src}: tensor {key!r} is stored in a layout that transformers {how} into {name!r} while loading, "
-                f"and glyd pack keeps tensors as the folder stores them; pack through the loader instead (it holds "
+                f"{show_path(src)}: tensor {key!r} is stored in a layout that transformers {how} into {name!r} while "
+                "loading, and glyd pack keeps tensors as the folder "
+                "stores them; pack through the loader instead (it holds "
                 f"the packed model in memory): {instead}")
         keep.add(key)
     if keep:

@@ -17,7 +17,7 @@ from typing import Any
 from transformers.configuration_utils import PretrainedConfig
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING, AutoConfig
 
-from glyd.errors import FormatError
+from glyd.errors import FormatError, show_path
 from glyd.hf.checks import check_counts, stored_shapes
 from glyd.store._config import PACKED_MODEL_TYPE, QUANT_METHOD, own_model_type
 from glyd.store._safetensors import short
@@ -37,14 +37,15 @@ class GlydPackedConfig(PretrainedConfig):
 
     @classmethod
     def from_dict(cls, config_dict: dict[str, Any], **kwargs: Any) -> Any:
-        where = f"{Path(kwargs['name_or_path']) / 'config.json'}" if kwargs.get("name_or_path") else "config.json"
+        where = show_path(Path(kwargs["name_or_path"]) / "config.json") if kwargs.get("name_or_path") else "config.json"
         q = config_dict.get("quantization_config")
         if not isinstance(q, dict) or q.get("quant_method") != QUANT_METHOD:
-            raise FormatError(f"{where}: model_type is {PACKED_MODEL_TYPE!r} (a packed Glyd folder) but there is no "
-                              f"glyd quantization_config; restore the config.json written with the folder")
+            raise FormatError(f"{show_path(where)}: model_type is {PACKED_MODEL_TYPE!r} (a packed Glyd folder) but "
+                              "there is no glyd quantization_config; restore the config.json written with the folder")
         own = own_model_type(config_dict)
         if not isinstance(own, str) or not own or own == PACKED_MODEL_TYPE:
-            raise FormatError(f"{where}: model_type is {PACKED_MODEL_TYPE!r} but quantization_config.original_model_type "
+            raise FormatError(f"{show_path(where)}: model_type is {PACKED_MODEL_TYPE!r} but "
+                              "quantization_config.original_model_type "
                               f"({short(own)}) does not name the model's own type")
         folder = Path(kwargs["name_or_path"]) if kwargs.get("name_or_path") else None
         shapes = stored_shapes(folder) if folder is not None and folder.is_dir() else None
@@ -53,8 +54,8 @@ class GlydPackedConfig(PretrainedConfig):
         try:
             real = CONFIG_MAPPING[own]
         except KeyError:
-            raise FormatError(f"{where}: quantization_config.original_model_type {own!r} is not a model type this "
-                              f"transformers knows") from None
+            raise FormatError(f"{show_path(where)}: quantization_config.original_model_type {own!r} is not a model "
+                              "type this transformers knows") from None
         # transformers' own config class and its own checks (a bad field raises its error).
         return real.from_dict(dict(config_dict, model_type=own), **kwargs)
 

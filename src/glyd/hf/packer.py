@@ -13,7 +13,7 @@ from torch import nn
 
 from glyd import ops as _ops
 from glyd.codec import Packed
-from glyd.errors import FormatError, UnsupportedError
+from glyd.errors import FormatError, UnsupportedError, show_path
 from glyd.hf._model import (MERGE_GROUPS, check_layout, embed_scale_of, is_packable_embedding, is_packable_linear,
                             packed_ties, refuse_tied_bias, set_module, set_tensor, unpacked_report,
                             untie_packed)
@@ -307,6 +307,7 @@ class Packer:
                          | set(self.experts.missing()))
         if missing:
             more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
-            raise FormatError(f"{where}: tensor(s) {', '.join(missing[:5])}{more} are missing from the checkpoint")
+            raise FormatError(f"{show_path(where)}: tensor(s) {', '.join(missing[:5])}{more} are missing from the "
+                              "checkpoint")
         untie_packed(self.model)
         log.info("%s: %s", where, unpacked_report(self.model))

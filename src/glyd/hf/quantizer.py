@@ -28,7 +28,7 @@ from transformers.quantizers.base import HfQuantizer
 from transformers.utils.quantization_config import QuantizationConfigMixin
 
 from glyd.codec.packed import FORMAT_VERSION
-from glyd.errors import FormatError, UnsupportedError
+from glyd.errors import FormatError, UnsupportedError, show_path
 
 log = logging.getLogger(__name__)
 
@@ -110,8 +110,9 @@ class GlydHfQuantizer(HfQuantizer):
         shards = sorted({reader.entry(n)["file"] for n in reader.names()})
         files = sorted(str(f) for f in checkpoint_files or [])
         if sorted(Path(f).resolve() for f in files) != sorted((self._folder / s).resolve() for s in shards):
-            raise FormatError(f"{self._folder}: transformers would read {', '.join(files[:4]) or 'no file'}, not the "
-                              f"checkpoint's shards ({', '.join(shards[:4])})")
+            raise FormatError(f"{show_path(self._folder)}: transformers would read "
+                              f"{', '.join(files[:4]) or 'no file'}, not the checkpoint's "
+                              f"shards ({', '.join(shards[:4])})")
         self._manifest = prepare_skeleton(model, self._folder, merged=self.quantization_config.merged,
                                           exact=self.quantization_config.exact)
         return model

@@ -15,7 +15,7 @@ from torch import nn
 from glyd.codec import LAYOUTS, Packed
 from glyd.codec.experts import LENS
 from glyd.codec.packed import FORMAT_VERSION
-from glyd.errors import CorruptError, FormatError
+from glyd.errors import CorruptError, FormatError, show_path
 from glyd.hf import hooks
 from glyd.hf._model import (SEP, is_packable_embedding, is_packable_linear, note_source, packed_ties, set_module,
                             refuse_tied_bias, untie_packed)
@@ -83,7 +83,7 @@ def prepare_skeleton(model: nn.Module, folder: Path, *, merged: dict[str, list[s
         if name in experts:
             continue
         if not name.endswith(".weight"):
-            raise FormatError(f"{folder}: packed tensor {name!r} is not a module's weight")
+            raise FormatError(f"{show_path(folder)}: packed tensor {name!r} is not a module's weight")
         mname = name[: -len(".weight")]
         entry = (manifest or {}).get("tensors", {}).get(name, {})
         meta = {a: torch.empty(shape, dtype=dt, device="meta") for a, (dt, shape) in e["arrays"].items()}
@@ -92,13 +92,14 @@ def prepare_skeleton(model: nn.Module, folder: Path, *, merged: dict[str, list[s
             parent = model.get_submodule(parent_name) if parent_name else model
         except AttributeError:
             if prefix and not mname.startswith(prefix + "."):
-                raise FormatError(f"{folder}: packed tensor {name!r} names no module of the model") from None
-            raise FormatError(f"{folder}: packed tensor {name!r} names no module of the model") from None
+                raise FormatError(f"{show_path(folder)}: packed tensor {name!r} names no module of the model") from None
+            raise FormatError(f"{show_path(folder)}: packed tensor {name!r} names no module of the model") from None
         old = parent._modules.get(attr)
         if attr in groups and old is None:
             parts = [parent._modules.get(p) for p in groups[attr]]
             if any(p is None or not is_packable_linear(p) for p in parts):
-                raise FormatError(f"{folder}: merged tensor {name!r}: the model has no {', '.join(groups[attr])} to merge")
+                raise FormatError(f"{show_path(folder)}: merged tensor {name!r}: the model has no "
+                                  f"{', '.join(groups[attr])} to merge")
             shape = (sum(p.out_features for p in parts), parts[0].in_features)
             bias = None
             if parts[0].bias is not None:
@@ -118,7 +119,8 @@ def prepare_skeleton(model: nn.Module, folder: Path, *, merged: dict[str, list[s
                                               scale))
         else:
             raise FormatError(
-                f"{folder}: packed tensor {name!r} belongs to a {type(old).__name__}, which glyd cannot run packed"
+                f"{show_path(folder)}: packed tensor {name!r} belongs to a {type(old).__name__}, which glyd cannot "
+                "run packed"
             )
     for members in ties:
         _tie_skeleton(model, folder, members, olds, packed, exact)
@@ -133,7 +135,7 @@ def _scale(old: nn.Module, folder: Path, name: str) -> torch.Tensor | float | No
         # dtype transformers gave it, so that it rounds to bf16 exactly as the original.
         value = getattr(old, "scalar_embed_scale", None)
         if not isinstance(value, (int, float)):
-            raise FormatError(f"{folder}: {name!r}: cannot recover the embed_scale of {type(old).__name__}")
+            raise FormatError(f"{show_path(folder)}: {name!r}: cannot recover the embed_scale of {type(old).__name__}")
         scale = torch.tensor(float(value), dtype=scale.dtype, device="cpu")
     return scale
 
@@ -169,12 +171,13 @@ def _meta_packed(folder: Path, name: str, layout: str, entry: dict[str, Any], sh
                  arrays: dict[str, torch.Tensor]) -> Packed:
     if entry:
         if tuple(entry.get("shape", ())) != tuple(shape):
-            raise FormatError(f"{folder}: tensor {name!r} is {entry.get('shape')} in {MANIFEST} but the model needs {list(shape)}")
+            raise FormatError(f"{show_path(folder)}: tensor {name!r} is {entry.get('shape')} in {MANIFEST} but the "
+                              f"model needs {list(shape)}")
         layout = entry.get("layout", layout)
     try:
         return Packed(layout, tuple(shape), arrays, entry.get("format_version", FORMAT_VERSION))
     except FormatError as exc:
-        raise FormatError(f"{folder}: tensor {name!r}: {exc}") from exc
+        raise FormatError(f"{show_path(folder)}: tensor {name!r}: {exc}") from exc
 
 
 def finish_skeleton(model: nn.Module, folder: Path, manifest: dict[str, Any]) -> None:
@@ -183,13 +186,13 @@ def finish_skeleton(model: nn.Module, folder: Path, manifest: dict[str, Any]) ->
     mods = [(n, m) for n, m in model.named_modules() if isinstance(m, PACKED_KINDS)]
     missing = [f"{n}.{b}" for n, m in mods for b, t in m._buffers.items() if SEP in b and t is not None and t.is_meta]
     if missing:
-        raise FormatError(f"{folder}: packed array(s) missing from the checkpoint: {', '.join(missing[:5])}")
+        raise FormatError(f"{show_path(folder)}: packed array(s) missing from the checkpoint: {', '.join(missing[:5])}")
     for name, m in mods:
         try:
             list(module_tensors(name, m))  # builds each Packed over the loaded buffers: checks them
         except (FormatError, CorruptError) as exc:
             what = f"tensor {name + '.weight'!r}" if isinstance(m, (GlydLinear, GlydEmbedding)) else name
-            raise FormatError(f"{folder}: {what}: {exc}") from exc
+            raise FormatError(f"{show_path(folder)}: {what}: {exc}") from exc
     for m in model.modules():
         kept = m.__dict__.pop("_glyd_scale", None)
         if isinstance(m, (GlydEmbedding, GlydTiedEmbedding)) and kept is not None:

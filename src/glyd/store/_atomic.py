@@ -18,7 +18,7 @@ import time
 import weakref
 from pathlib import Path
 
-from glyd.errors import DestinationExistsError, UnsupportedError
+from glyd.errors import DestinationExistsError, UnsupportedError, show_path
 from glyd.store._manifest import MANIFEST, TMP_SUFFIX
 
 log = logging.getLogger(__name__)
@@ -39,9 +39,11 @@ def check_destination(dst: Path, overwrite: bool) -> None:
     if not (dst.exists() or dst.is_symlink()):
         return
     if not overwrite:
-        raise DestinationExistsError(f"{dst} already exists; glyd never overwrites (remove it or choose another name)")
+        raise DestinationExistsError(f"{show_path(dst)} already exists; glyd never overwrites (remove it or choose "
+                                     "another name)")
     if dst.is_symlink() or not dst.is_dir() or not ((dst / MANIFEST).is_file() or not any(dst.iterdir())):
-        raise DestinationExistsError(f"{dst} exists and is not a glyd checkpoint or an empty folder: refusing to replace it")
+        raise DestinationExistsError(f"{show_path(dst)} exists and is not a glyd checkpoint or an empty folder: "
+                                     "refusing to replace it")
 
 
 def check_outside(src: Path, dst: Path) -> None:
@@ -49,8 +51,8 @@ def check_outside(src: Path, dst: Path) -> None:
     output written into its input would change the folder being read, and end up part of it."""
     inner, outer = dst.absolute().resolve(), src.resolve()
     if inner == outer or inner.is_relative_to(outer):
-        raise UnsupportedError(f"{dst} is inside {src}: glyd does not write into the folder it reads "
-                               f"(choose a destination outside {src})")
+        raise UnsupportedError(f"{show_path(dst)} is inside {show_path(src)}: glyd does not write into the folder it "
+                               f"reads (choose a destination outside {show_path(src)})")
 
 
 def _umask() -> int:
@@ -65,7 +67,7 @@ def _check_parents(given: Path, dst: Path) -> None:
     for parent in dst.parents:
         if os.path.lexists(parent):
             if not parent.is_dir():
-                raise UnsupportedError(f"{given}: {parent} is a file, not a folder")
+                raise UnsupportedError(f"{show_path(given)}: {show_path(parent)} is a file, not a folder")
             return
 
 

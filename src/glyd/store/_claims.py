@@ -11,7 +11,7 @@ import torch
 
 from glyd.codec import Packed, PackedExperts
 from glyd.codec.experts import LENS
-from glyd.errors import FormatError
+from glyd.errors import FormatError, show_path
 from glyd.store._manifest import MANIFEST, key_for
 from glyd.store._safetensors import Header, dtype_from_name
 
@@ -27,7 +27,7 @@ def check_claims(tensors: dict[str, dict[str, Any]], headers: dict[str, Header],
         else:
             specs = {name: e}
         for key, spec in specs.items():
-            what = f"{header.path}: tensor {name!r}" + (f" (key {key!r})" if key != name else "")
+            what = f"{show_path(header.path)}: tensor {name!r}" + (f" (key {key!r})" if key != name else "")
             info = header.tensors.get(key)
             if info is None:
                 raise FormatError(f"{what}: listed in {MANIFEST} but absent from the shard")
@@ -49,9 +49,10 @@ def check_claims(tensors: dict[str, dict[str, Any]], headers: dict[str, Header],
                 kind = PackedExperts if LENS in meta else Packed
                 kind(e["layout"], tuple(e["shape"]), meta, e["format_version"])
             except (FormatError, ValueError, TypeError, KeyError, IndexError, RuntimeError) as exc:
-                raise FormatError(f"{mpath}: tensor {name!r} ({e['file']}): {exc}") from exc
+                raise FormatError(f"{show_path(mpath)}: tensor {name!r} ({e['file']}): {exc}") from exc
     for file, header in headers.items():
         extra = sorted(set(header.tensors) - claimed[file])
         if extra:
-            raise FormatError(f"{header.path}: holds tensor(s) {MANIFEST} does not list: {', '.join(extra[:5])}")
+            raise FormatError(f"{show_path(header.path)}: holds tensor(s) {MANIFEST} does not list: "
+                              f"{', '.join(extra[:5])}")
     return claimed

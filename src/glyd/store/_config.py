@@ -31,7 +31,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from glyd.errors import FormatError
+from glyd.errors import FormatError, show_path
 
 #: The ``model_type`` of a packed folder's config.json.
 PACKED_MODEL_TYPE = "glyd"
@@ -133,20 +133,21 @@ def check_restorable(config: dict[str, Any], where: object) -> None:
         return
     own = config.get("model_type")
     if own == PACKED_MODEL_TYPE:
-        raise FormatError(f"{where}: model_type {own!r} is the type of a packed folder's config: glyd cannot pack a "
-                          f"model that claims it (it would come back without a model_type)")
+        raise FormatError(f"{show_path(where)}: model_type {own!r} is the type of a packed folder's config: glyd "
+                          "cannot pack a model that claims it (it would come back without a model_type)")
     keys = sorted(k for k in config.keys() | back.keys() if config.get(k, ...) != back.get(k, ...))
-    raise FormatError(f"{where}: glyd could not give this config back as it is (field(s) {', '.join(keys)}, e.g. "
-                      f"model_type {own!r}): refusing to pack it")
+    raise FormatError(f"{show_path(where)}: glyd could not give this config back as it is (field(s) "
+                      f"{', '.join(keys)}, e.g. model_type {own!r}): refusing to pack it")
 
 
 def already_quantized(where: Any, method: Any) -> FormatError:
     """The error for a bf16 load of a folder whose config.json names a quantization: glyd's own one
     without its glyd.json is an incomplete glyd folder, not a model to pack."""
     if method == QUANT_METHOD:
-        return FormatError(f"{where}: config.json names glyd's quantization (quant_method 'glyd') but glyd.json is "
-                           f"missing: an incomplete glyd folder")
-    return FormatError(f"{where}: the model is already quantized (quant_method {method!r}); glyd packs bf16 models")
+        return FormatError(f"{show_path(where)}: config.json names glyd's quantization (quant_method 'glyd') but "
+                           "glyd.json is missing: an incomplete glyd folder")
+    return FormatError(f"{show_path(where)}: the model is already quantized (quant_method {method!r}); glyd packs "
+                       "bf16 models")
 
 
 def pipeline_hint(path: str | os.PathLike) -> str:

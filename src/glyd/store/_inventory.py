@@ -17,7 +17,7 @@ import os
 import re
 from pathlib import Path
 
-from glyd.errors import CorruptError, FormatError, not_a_file
+from glyd.errors import CorruptError, FormatError, not_a_file, show_path
 from glyd.store._card import CARD, CARD_BESIDE
 from glyd.store._config import SOURCE_CONFIG
 from glyd.store._manifest import CONFIG, MANIFEST, index_name, shard_base, shard_name
@@ -44,21 +44,21 @@ def check_shard_names(path: Path, shards: set[str]) -> tuple[bool, str]:
     bases = {shard_base(s) for s in shards}
     base = bases.pop() if len(bases) == 1 else None
     if base is None:
-        raise FormatError(f"{path / MANIFEST}: tensors name shards {', '.join(sorted(shards))}: not one set of "
-                          f"model*.safetensors or diffusion_pytorch_model*.safetensors")
+        raise FormatError(f"{show_path(path / MANIFEST)}: tensors name shards {', '.join(sorted(shards))}: not one "
+                          "set of model*.safetensors or diffusion_pytorch_model*.safetensors")
     single = shard_name(1, 1, base)
     if shards == {single}:
         return False, base
     nums = [_SHARD_NUM_RE.fullmatch(s) for s in sorted(shards)]
     counts = {int(m.group(2)) for m in nums if m}
     if single in shards or len(counts) != 1 or counts == {1}:
-        raise FormatError(f"{path / MANIFEST}: tensors name shards {', '.join(sorted(shards))}: not one set of "
-                          f"{single} or {base}-0000i-of-0000N.safetensors (N > 1)")
+        raise FormatError(f"{show_path(path / MANIFEST)}: tensors name shards {', '.join(sorted(shards))}: not one "
+                          f"set of {single} or {base}-0000i-of-0000N.safetensors (N > 1)")
     (n,) = counts
     missing = [shard_name(i, n, base) for i in range(1, n + 1) if shard_name(i, n, base) not in shards]
     if missing:
-        raise FormatError(f"{path / MANIFEST}: no tensor is listed in shard(s) {', '.join(missing[:5])} of {n} "
-                          f"(a shard was dropped from the manifest, or the checkpoint is incomplete)")
+        raise FormatError(f"{show_path(path / MANIFEST)}: no tensor is listed in shard(s) {', '.join(missing[:5])} of "
+                          f"{n} (a shard was dropped from the manifest, or the checkpoint is incomplete)")
     return True, base
 
 
@@ -69,32 +69,37 @@ def check_index(path: Path, claimed: dict[str, set[str]], headers: dict[str, Hea
     index = path / index_name(base)
     if not sharded:
         if index.exists() or index.is_symlink():
-            raise FormatError(f"{index}: a single-shard checkpoint has no index; {MANIFEST} does not account for it")
+            raise FormatError(f"{show_path(index)}: a single-shard checkpoint has no index; {MANIFEST} does not "
+                              "account for it")
         return
     what = not_a_file(index)
     if what is not None:
-        raise CorruptError(f"{index}: {what}{'' if what == 'missing' else ', not a regular file'} (a sharded "
-                           f"checkpoint cannot load without its index)")
+        raise CorruptError(f"{show_path(index)}: {what}{'' if what == 'missing' else ', not a regular file'} (a "
+                           "sharded checkpoint cannot load without its index)")
     doc = load_json(index.read_bytes(), index)
     wm = doc.get("weight_map") if isinstance(doc, dict) else None
     if not isinstance(wm, dict):
-        raise FormatError(f"{index}: not a safetensors index (JSON with a weight_map)")
+        raise FormatError(f"{show_path(index)}: not a safetensors index (JSON with a weight_map)")
     where = {key: file for file, keys in claimed.items() for key in keys}
     for key, file in wm.items():
         if not isinstance(file, str) or file not in claimed:
-            raise FormatError(f"{index}: maps {short(key)} to {short(file)}, which is not a shard of this checkpoint")
+            raise FormatError(f"{show_path(index)}: maps {short(key)} to {short(file)}, which is not a shard of this "
+                              "checkpoint")
         if key not in where:
-            raise FormatError(f"{index}: lists key {short(key)}, which {MANIFEST} does not have")
+            raise FormatError(f"{show_path(index)}: lists key {short(key)}, which {MANIFEST} does not have")
         if where[key] != file:
-            raise FormatError(f"{index}: maps {short(key)} to {file} but it is in {where[key]}")
+            raise FormatError(f"{show_path(index)}: maps {short(key)} to {show_path(file)} but it is in "
+                              f"{show_path(where[key])}")
     absent = sorted(set(where) - set(wm))
     if absent:
-        raise FormatError(f"{index}: has no entry for {', '.join(map(short, absent[:5]))} (in {where[absent[0]]})")
+        raise FormatError(f"{show_path(index)}: has no entry for {', '.join(map(short, absent[:5]))} (in "
+                          f"{where[absent[0]]})")
     total = sum(h.file_size - h.data_start for h in headers.values())
     meta = doc.get("metadata")
     got = meta.get("total_size") if isinstance(meta, dict) else None
     if got != total or isinstance(got, bool):
-        raise FormatError(f"{index}: metadata.total_size is {short(got)}, the shards hold {total} bytes of tensors")
+        raise FormatError(f"{show_path(index)}: metadata.total_size is {short(got)}, the shards hold {total} bytes of "
+                          "tensors")
 
 
 def _kind(rel: str) -> str:
@@ -124,7 +129,8 @@ def check_unlisted(path: Path, listed: set[str]) -> list[str]:
             if d.startswith("."):
                 dirs.remove(d)  # .git, .cache/huggingface: not part of any model
             elif os.path.islink(full) and (prefix + d not in parents or Path(full).resolve() in chain):
-                raise FormatError(f"{path / (prefix + d)}: a link to a folder that {MANIFEST} does not account for")
+                raise FormatError(f"{show_path(path / (prefix + d))}: a link to a folder that {MANIFEST} does not "
+                                  "account for")
             else:
                 chains[full] = (*chain, Path(full).resolve())
         for n in sorted(names):
@@ -138,8 +144,8 @@ def check_unlisted(path: Path, listed: set[str]) -> list[str]:
             base = rel.rsplit("/", 1)[-1].lower()
             what = base if base in (CONFIG, SOURCE_CONFIG) else "code" if base.endswith(".py") else "weights or an index"
             raise FormatError(
-                f"{path / rel}: {what} that {MANIFEST} does not list: a checkpoint holds only what its manifest "
-                f"accounts for (remove it, or pack the model again)"
+                f"{show_path(path / rel)}: {what} that {MANIFEST} does not list: a checkpoint holds only what its "
+                "manifest accounts for (remove it, or pack the model again)"
             )
     said = [rel for rel in ignored if rel not in (CARD, CARD_BESIDE)]  # glyd's own model card goes unsaid
     if said:

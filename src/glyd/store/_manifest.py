@@ -15,7 +15,7 @@ from typing import Any
 from glyd._version import __version__
 from glyd.codec import LAYOUTS
 from glyd.codec.experts import LENS as EXPERTS_LENS
-from glyd.errors import FormatError
+from glyd.errors import FormatError, show_path
 from glyd.store._safetensors import MAX_DIMS, dtype_from_name, shape_ok, short
 
 #: The manifest's ``format`` value: what identifies a glyd packed checkpoint.
@@ -140,14 +140,15 @@ def _check_shape(manifest: Path, field: str, shape: object) -> list[int]:
 def validate_manifest(m: object, where: Path) -> dict[str, Any]:
     """Check every field of a parsed glyd.json; raise FormatError naming the field."""
     if not isinstance(m, dict):
-        raise FormatError(f"{where}: not a glyd manifest (a JSON object is expected)")
+        raise FormatError(f"{show_path(where)}: not a glyd manifest (a JSON object is expected)")
     if m.get("format") != FORMAT:
-        raise FormatError(f"{where}: not a glyd checkpoint manifest (format {short(m.get('format'))}, expected {FORMAT!r})")
+        raise FormatError(f"{show_path(where)}: not a glyd checkpoint manifest (format {short(m.get('format'))}, "
+                          f"expected {FORMAT!r})")
     version = m.get("version")
     if not isinstance(version, int) or isinstance(version, bool):
         raise _fail(where, "version", f"must be an int, got {short(version)}")
     if version != VERSION:
-        raise FormatError(f"{where}: checkpoint format version {short(version)} is not supported "
+        raise FormatError(f"{show_path(where)}: checkpoint format version {short(version)} is not supported "
                           f"(this glyd {__version__} reads version {VERSION})")
     for field in ("glyd_version", "layout"):
         if not isinstance(m.get(field), str):
@@ -188,8 +189,7 @@ def _check_entry(where: Path, f: str, e: object) -> None:
     file = e.get("file")
     if not isinstance(file, str) or _SHARD_RE.fullmatch(file) is None:
         raise _fail(where, f"{f}.file", "must name a shard (model.safetensors, model-NNNNN-of-NNNNN.safetensors or "
-                    "the same with diffusion_pytorch_model), "
-                    f"got {short(file)}")
+                    f"the same with diffusion_pytorch_model), got {short(file)}")
     if kind == "raw":
         return
     layout = e.get("layout")

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from glyd.errors import CorruptError, FormatError
+from glyd.errors import CorruptError, FormatError, show_path
 
 #: safetensors' own limit on the JSON header (``MAX_HEADER_SIZE`` in the Rust crate).
 MAX_HEADER_BYTES = 100_000_000
@@ -126,11 +126,11 @@ def load_json(raw: bytes, where: object, what: str = "not valid JSON") -> Any:
     try:
         obj = json.loads(raw.decode("utf-8"), object_pairs_hook=_no_duplicates)
     except RecursionError:
-        raise FormatError(f"{where}: {what} (nested too deeply)") from None
+        raise FormatError(f"{show_path(where)}: {what} (nested too deeply)") from None
     except (UnicodeDecodeError, ValueError) as exc:  # JSONDecodeError, int-string limit, duplicate key
-        raise FormatError(f"{where}: {what} ({str(exc)[:200]})") from exc
+        raise FormatError(f"{show_path(where)}: {what} ({str(exc)[:200]})") from exc
     if _too_deep(obj, MAX_JSON_DEPTH):
-        raise FormatError(f"{where}: {what} (nested more than {MAX_JSON_DEPTH} levels deep)")
+        raise FormatError(f"{show_path(where)}: {what} (nested more than {MAX_JSON_DEPTH} levels deep)")
     return obj
 
 
@@ -146,58 +146,62 @@ def read_header(path: str | os.PathLike) -> Header:
         with open(path, "rb") as f:
             prefix = f.read(8)
             if len(prefix) < 8:
-                raise CorruptError(f"{path}: truncated safetensors file ({size} bytes, no header)")
+                raise CorruptError(f"{show_path(path)}: truncated safetensors file ({size} bytes, no header)")
             (n,) = struct.unpack("<Q", prefix)
             # Bound the length prefix by the file and by safetensors' own limit before reading it.
             if n > size - 8:
                 raise CorruptError(
-                    f"{path}: truncated or not a safetensors file (header length {n} but only {size - 8} bytes follow)"
+                    f"{show_path(path)}: truncated or not a safetensors file (header length {n} but only {size - 8} "
+                    "bytes follow)"
                 )
             if n > MAX_HEADER_BYTES:
-                raise FormatError(f"{path}: safetensors header of {n} bytes exceeds the {MAX_HEADER_BYTES}-byte limit")
+                raise FormatError(f"{show_path(path)}: safetensors header of {n} bytes exceeds the "
+                                  f"{MAX_HEADER_BYTES}-byte limit")
             raw = f.read(n)
     except OSError as exc:
-        raise FormatError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+        raise FormatError(f"{show_path(path)}: cannot read: {exc.strerror or exc}") from exc
     header = load_json(raw, path, "not a safetensors file: the header is not valid JSON")
     if not isinstance(header, dict):
-        raise FormatError(f"{path}: not a safetensors file (header is not a JSON object)")
+        raise FormatError(f"{show_path(path)}: not a safetensors file (header is not a JSON object)")
     data_start = 8 + n
     data_len = size - data_start
     metadata = header.pop("__metadata__", None) or {}
     if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
-        raise FormatError(f"{path}: safetensors __metadata__ must map strings to strings")
+        raise FormatError(f"{show_path(path)}: safetensors __metadata__ must map strings to strings")
     tensors: dict[str, TensorInfo] = {}
     for name, entry in header.items():
-        where = f"{path}: tensor {short(name)}"
+        where = f"{show_path(path)}: tensor {short(name)}"
         if not isinstance(entry, dict):
-            raise FormatError(f"{where}: header entry is not an object")
+            raise FormatError(f"{show_path(where)}: header entry is not an object")
         st_dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
         if not isinstance(st_dtype, str) or st_dtype not in ST_TO_NAME:
-            raise FormatError(f"{where}: unsupported or invalid dtype {short(st_dtype)}")
+            raise FormatError(f"{show_path(where)}: unsupported or invalid dtype {short(st_dtype)}")
         if not shape_ok(shape):
-            raise FormatError(f"{where}: invalid shape {short(shape)}")
+            raise FormatError(f"{show_path(where)}: invalid shape {short(shape)}")
         if (
             not isinstance(offsets, list)
             or len(offsets) != 2
             or not all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)
             or not 0 <= offsets[0] <= offsets[1]
         ):
-            raise FormatError(f"{where}: invalid data_offsets {short(offsets)}")
+            raise FormatError(f"{show_path(where)}: invalid data_offsets {short(offsets)}")
         itemsize = torch.empty((), dtype=getattr(torch, ST_TO_NAME[st_dtype])).element_size()
         want = math.prod(shape) * itemsize
         if offsets[1] - offsets[0] != want:
             raise FormatError(
-                f"{where}: data_offsets {short(offsets)} span {short(offsets[1] - offsets[0])} bytes but "
+                f"{show_path(where)}: data_offsets {short(offsets)} span {short(offsets[1] - offsets[0])} bytes but "
                 f"{ST_TO_NAME[st_dtype]}{list(shape)} needs {want}"
             )
         if offsets[1] > data_len:
             raise CorruptError(
-                f"{where}: truncated file (the tensor ends at byte {short(data_start + offsets[1])}, the file has {size})"
+                f"{show_path(where)}: truncated file (the tensor ends at byte {short(data_start + offsets[1])}, the "
+                f"file has {size})"
             )
         tensors[name] = TensorInfo(ST_TO_NAME[st_dtype], tuple(shape), offsets[0], offsets[1])
     end = _check_tiling(path, tensors)
     if end != data_len:
-        raise CorruptError(f"{path}: {data_len - end} bytes after the last tensor (damaged or appended file)")
+        raise CorruptError(f"{show_path(path)}: {data_len - end} bytes after the last tensor (damaged or appended "
+                           "file)")
     return Header(path, tensors, {str(k): v for k, v in metadata.items()}, data_start, size)
 
 
@@ -210,8 +214,8 @@ def _check_tiling(path: Path, tensors: dict[str, TensorInfo]) -> int:
         info = tensors[name]
         if info.begin < end:
             raise FormatError(
-                f"{path}: tensor {short(name)}: data_offsets [{info.begin}, {info.end}] overlap tensor {short(last)} "
-                f"(which ends at {end}): two tensors may not share bytes"
+                f"{show_path(path)}: tensor {short(name)}: data_offsets [{info.begin}, {info.end}] overlap tensor "
+                f"{short(last)} (which ends at {end}): two tensors may not share bytes"
             )
         if info.end > end or last is None:
             end, last = info.end, name
@@ -221,7 +225,8 @@ def _check_tiling(path: Path, tensors: dict[str, TensorInfo]) -> int:
         if info.begin > end:
             after = f"after tensor {short(last)}" if last is not None else "at the start of the data"
             raise FormatError(
-                f"{path}: tensor {short(name)}: {info.begin - end} unused bytes {after} (data_offsets must be contiguous)"
+                f"{show_path(path)}: tensor {short(name)}: {info.begin - end} unused bytes {after} (data_offsets must "
+                "be contiguous)"
             )
         end, last = info.end, name
     return end
@@ -280,7 +285,7 @@ def write_order(specs: dict[str, tuple[str, list[int]]], where: object = "safete
         dt = specs[name][0]
         st = NAME_TO_ST.get(dt)
         if st is None:
-            raise FormatError(f"{where}: tensor {name!r}: dtype {dt!r} cannot be stored in safetensors")
+            raise FormatError(f"{show_path(where)}: tensor {name!r}: dtype {dt!r} cannot be stored in safetensors")
         return (-(_ST_ORDER.index(st) if st in _ST_ORDER else -1), name)
 
     return sorted(specs, key=rank)
@@ -298,8 +303,8 @@ def check_write_order(header: Header) -> None:
         n = info.end - info.begin
         if info.begin != pos:
             raise FormatError(
-                f"{header.path}: tensor {short(name)}: data_offsets [{info.begin}, {info.end}] are not where a glyd "
-                f"shard holds it ([{pos}, {pos + n}]: tensors in safetensors' order, by dtype then name): "
+                f"{show_path(header.path)}: tensor {short(name)}: data_offsets [{info.begin}, {info.end}] are not "
+                f"where a glyd shard holds it ([{pos}, {pos + n}]: tensors in safetensors' order, by dtype then name): "
                 f"byte ranges moved between tensors"
             )
         pos += n
@@ -332,6 +337,6 @@ def write_streaming(path: str | os.PathLike, specs: dict[str, tuple[str, list[in
         for name, (dt, shape) in order:
             t = produce(name)
             if dtype_name(t.dtype) != dt or list(t.shape) != list(shape):
-                raise FormatError(f"{path}: tensor {name!r} is {dtype_name(t.dtype)}{list(t.shape)}, "
+                raise FormatError(f"{show_path(path)}: tensor {name!r} is {dtype_name(t.dtype)}{list(t.shape)}, "
                                   f"its header says {dt}{list(shape)}")
             f.write(tensor_bytes_view(t))

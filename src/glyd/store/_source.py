@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from glyd.errors import CorruptError, FormatError
+from glyd.errors import CorruptError, FormatError, show_path
 from glyd.store._atomic import is_glyd_temporary
 from glyd.store._manifest import CONFIG, INDEX, KEY_SEP, MANIFEST, MAX_MANIFEST_BYTES, SINGLE_SHARD, safe_relpath
 from glyd.store._safetensors import Header, load_json, read_header
@@ -44,17 +44,18 @@ def check_inside(src: Path, p: Path) -> None:
         try:
             target = p.resolve(strict=True)
         except (OSError, RuntimeError):  # dangling, or a loop of links
-            raise FormatError(f"{p}: a broken symbolic link ({os.readlink(p)!r}): nothing to copy") from None
+            raise FormatError(f"{show_path(p)}: a broken symbolic link ({os.readlink(p)!r}): nothing to copy") from None
         root = src.resolve()
         hf_blobs = root.parent.parent / "blobs" if root.parent.name == "snapshots" else None
         inside = target == root or target.is_relative_to(root)
         if not inside and not (hf_blobs is not None and target.parent == hf_blobs):
             raise FormatError(
-                f"{p}: a symbolic link to {target}, outside {src}: glyd reads only what is inside the folder "
-                f"(copy the file in if you mean it to be part of the model)"
+                f"{show_path(p)}: a symbolic link to {show_path(target)}, outside {show_path(src)}: glyd reads only "
+                "what is inside the folder (copy the file in if you mean it to be part of the model)"
             )
     if not (p.is_file() or p.is_dir()):
-        raise FormatError(f"{p}: not a regular file or folder (a device, socket or pipe): glyd will not read it")
+        raise FormatError(f"{show_path(p)}: not a regular file or folder (a device, socket or pipe): glyd will not "
+                          "read it")
 
 
 def check_name(src: Path, rel: str) -> None:
@@ -65,10 +66,10 @@ def check_name(src: Path, rel: str) -> None:
         raise FormatError(f"{src / rel!r}: the file name is not valid UTF-8: a glyd checkpoint cannot hold it "
                           f"(rename or remove it)") from None
     if "\\" in rel:
-        raise FormatError(f"{src / rel}: the file name has a backslash, which a glyd checkpoint cannot hold (it "
-                          f"is a path separator on Windows): rename or remove it")
+        raise FormatError(f"{show_path(src / rel)}: the file name has a backslash, which a glyd checkpoint cannot "
+                          "hold (it is a path separator on Windows): rename or remove it")
     if safe_relpath(rel) is None:  # pragma: no cover - os.walk gives normalised names
-        raise FormatError(f"{src / rel}: not a plain relative file name")
+        raise FormatError(f"{show_path(src / rel)}: not a plain relative file name")
 
 
 def check_utf8_path(path: Path, what: str) -> None:
@@ -85,24 +86,24 @@ def source_shards(src: Path) -> tuple[list[str], dict[str, Header], str | None]:
     """The safetensors files of a transformers folder, in shard order, with checked headers."""
     check_utf8_path(src, "source")
     if not src.exists():
-        raise FormatError(f"{src}: no such folder")
+        raise FormatError(f"{show_path(src)}: no such folder")
     if not src.is_dir():
-        raise FormatError(f"{src}: not a folder (glyd pack reads a transformers model folder)")
+        raise FormatError(f"{show_path(src)}: not a folder (glyd pack reads a transformers model folder)")
     if (src / MANIFEST).exists():
-        raise FormatError(f"{src}: already a glyd packed checkpoint (it has {MANIFEST}); use glyd unpack")
+        raise FormatError(f"{show_path(src)}: already a glyd packed checkpoint (it has {MANIFEST}); use glyd unpack")
     index = src / INDEX
     if index.is_file() or index.is_symlink():
         check_inside(src, index)
         wm = load_json(index.read_bytes(), index, "not a valid safetensors index")
         wm = wm.get("weight_map") if isinstance(wm, dict) else None
         if not isinstance(wm, dict) or not wm or not all(isinstance(v, str) for v in wm.values()):
-            raise FormatError(f"{index}: weight_map is missing, empty or not a map of tensor -> file")
+            raise FormatError(f"{show_path(index)}: weight_map is missing, empty or not a map of tensor -> file")
         files = list(dict.fromkeys(sorted(wm.values())))
         for f in files:
             if safe_relpath(f) is None or "/" in f:
-                raise FormatError(f"{index}: shard name {f!r} is not a file of the folder")
+                raise FormatError(f"{show_path(index)}: shard name {f!r} is not a file of the folder")
             if not ((src / f).is_file() or (src / f).is_symlink()):
-                raise FormatError(f"{src / f}: shard listed in {INDEX} is missing")
+                raise FormatError(f"{show_path(src / f)}: shard listed in {INDEX} is missing")
         index_name: str | None = INDEX
     elif (src / SINGLE_SHARD).is_file() or (src / SINGLE_SHARD).is_symlink():
         files, wm, index_name = [SINGLE_SHARD], None, None
@@ -110,27 +111,29 @@ def source_shards(src: Path) -> tuple[list[str], dict[str, Header], str | None]:
         other = sorted(p.name for p in src.iterdir() if any(fnmatch.fnmatch(p.name, pat) for pat in OTHER_WEIGHTS))
         if other:
             raise FormatError(
-                f"{src}: has {', '.join(other)} but no model.safetensors: glyd reads safetensors only "
+                f"{show_path(src)}: has {', '.join(other)} but no model.safetensors: glyd reads safetensors only "
                 f"(convert the model to safetensors first, e.g. save_pretrained(..., safe_serialization=True))"
             )
-        raise FormatError(f"{src}: no {SINGLE_SHARD} or {INDEX}: not a transformers safetensors model folder")
+        raise FormatError(f"{show_path(src)}: no {SINGLE_SHARD} or {INDEX}: not a transformers safetensors model "
+                          "folder")
     for f in files:
         check_inside(src, src / f)
     headers = {f: read_header(src / f) for f in files}
     if wm is not None:
         for name, f in wm.items():
             if name not in headers[f].tensors:
-                raise CorruptError(f"{src / f}: tensor {name!r} listed in {INDEX} is not in the file")
+                raise CorruptError(f"{show_path(src / f)}: tensor {name!r} listed in {INDEX} is not in the file")
     seen: dict[str, str] = {}
     for f, h in headers.items():
         for name in h.tensors:
             if name in seen:
-                raise FormatError(f"{src}: tensor {name!r} is in both {seen[name]} and {f}")
+                raise FormatError(f"{show_path(src)}: tensor {name!r} is in both {show_path(seen[name])} and "
+                                  f"{show_path(f)}")
             if not name or KEY_SEP in name:
                 # The packed checkpoint names a packed matrix's arrays NAME_glyd_ARRAY: a source tensor
                 # spelled like that would collide with one, or be taken for one when loading.
-                raise FormatError(f"{src / f}: tensor {name!r}: an empty name or one with {KEY_SEP!r} in it cannot "
-                                  f"be stored in a glyd checkpoint ({KEY_SEP!r} marks packed arrays)")
+                raise FormatError(f"{show_path(src / f)}: tensor {name!r}: an empty name or one with {KEY_SEP!r} in "
+                                  f"it cannot be stored in a glyd checkpoint ({KEY_SEP!r} marks packed arrays)")
             seen[name] = f
     return files, headers, index_name
 
@@ -151,7 +154,8 @@ def _walk(src: Path):
             check_inside(src, p)
             real = p.resolve()
             if real in chain:
-                raise FormatError(f"{p}: a symbolic link to a folder that holds it (a loop): glyd will not copy it")
+                raise FormatError(f"{show_path(p)}: a symbolic link to a folder that holds it (a loop): glyd will not "
+                                  "copy it")
             chains[os.path.join(root, d)] = (*chain, real)  # the name os.walk will give it
             keep.append(d)
         dirs[:] = keep
@@ -191,10 +195,10 @@ def read_config(src: Path) -> tuple[dict[str, Any], bytes] | None:
     check_inside(src, path)
     size = path.stat().st_size
     if size > MAX_MANIFEST_BYTES:  # the packed folder keeps these bytes: unpack would refuse them
-        raise FormatError(f"{path}: {size} bytes is larger than any config glyd gives back ({MAX_MANIFEST_BYTES} "
-                          f"bytes at most): refusing to pack it")
+        raise FormatError(f"{show_path(path)}: {size} bytes is larger than any config glyd gives back "
+                          f"({MAX_MANIFEST_BYTES} bytes at most): refusing to pack it")
     raw = path.read_bytes()
     cfg = load_json(raw, path)
     if not isinstance(cfg, dict):
-        raise FormatError(f"{path}: not a JSON object")
+        raise FormatError(f"{show_path(path)}: not a JSON object")
     return cfg, raw

@@ -37,7 +37,7 @@ from tqdm.auto import tqdm
 from glyd._version import __version__
 from glyd.codec import LAYOUTS, Packed, PackedExperts, unpack, unpack_experts
 from glyd.codec.experts import LENS, array_names
-from glyd.errors import CorruptError, FormatError, not_a_file
+from glyd.errors import CorruptError, FormatError, not_a_file, show_path
 from glyd.store._config import LOADER_CLASS, LOADER_FILE, LOADER_SOURCE
 from glyd.store._atomic import AtomicDir, check_destination, copy_hashed  # noqa: F401 - re-exported
 from glyd.store._card import card_name, card_text
@@ -164,7 +164,7 @@ class CheckpointWriter:
 
     def _check_open(self) -> None:
         if self._closed:
-            raise ValueError(f"checkpoint writer for {self.path} is closed")
+            raise ValueError(f"checkpoint writer for {show_path(self.path)} is closed")
 
     def _check_name(self, name: object) -> str:
         if not isinstance(name, str) or not name:
@@ -268,7 +268,7 @@ class CheckpointWriter:
         src = Path(path)
         rel = self._arcname(src.name if arcname is None else arcname)
         if not src.is_file():
-            raise FormatError(f"{src}: not a file")
+            raise FormatError(f"{show_path(src)}: not a file")
         self._files[rel] = copy_hashed(src, self._dir.tmp / rel)
 
     def set_config(self, config: dict[str, Any]) -> None:
@@ -312,7 +312,8 @@ class CheckpointWriter:
             return self.path
         try:
             if not self._tensors:
-                raise ValueError(f"checkpoint {self.path}: no tensors were added (a checkpoint holds at least one)")
+                raise ValueError(f"checkpoint {show_path(self.path)}: no tensors were added (a checkpoint holds at "
+                                 "least one)")
             if self._buf or not self._shards:
                 self.flush()
             n = len(self._shards)
@@ -385,17 +386,18 @@ class CheckpointReader:
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
         if not self.path.exists():
-            raise FormatError(f"{self.path}: no such checkpoint folder")
+            raise FormatError(f"{show_path(self.path)}: no such checkpoint folder")
         if not self.path.is_dir():
-            raise FormatError(f"{self.path}: not a folder (a glyd checkpoint is a folder with {MANIFEST})")
+            raise FormatError(f"{show_path(self.path)}: not a folder (a glyd checkpoint is a folder with {MANIFEST})")
         mpath = self.path / MANIFEST
         what = not_a_file(mpath)
         if what is not None:
-            raise FormatError(f"{self.path}: not a glyd packed checkpoint (no {MANIFEST})" if what == "missing"
-                              else f"{mpath}: {what}, not a regular file: not a glyd manifest")
+            raise FormatError(f"{show_path(self.path)}: not a glyd packed checkpoint (no "
+                              f"{MANIFEST})" if what == "missing"
+                              else f"{show_path(mpath)}: {what}, not a regular file: not a glyd manifest")
         size = mpath.stat().st_size
         if size > MAX_MANIFEST_BYTES:
-            raise FormatError(f"{mpath}: {size} bytes is larger than any manifest glyd writes")
+            raise FormatError(f"{show_path(mpath)}: {size} bytes is larger than any manifest glyd writes")
         manifest = load_json(mpath.read_bytes(), mpath)
         self._manifest = validate_manifest(manifest, mpath)
         self._tensors: dict[str, dict[str, Any]] = self._manifest["tensors"]
@@ -416,11 +418,12 @@ class CheckpointReader:
             p = self.path / file
             what = not_a_file(p)
             if what is not None:
-                raise CorruptError(f"{p}: shard listed in {MANIFEST} is {what}{_NOT_A_FILE * (what != 'missing')}")
+                raise CorruptError(f"{show_path(p)}: shard listed in {MANIFEST} is "
+                                   f"{what}{_NOT_A_FILE * (what != 'missing')}")
             header = self._headers[file] = read_header(p)
             if header.metadata != SHARD_METADATA:
                 raise FormatError(
-                    f"{p}: safetensors __metadata__ is {short(header.metadata)}, a glyd shard has exactly "
+                    f"{show_path(p)}: safetensors __metadata__ is {short(header.metadata)}, a glyd shard has exactly "
                     f"{SHARD_METADATA!r} ('glyd' = checkpoint format version {VERSION})"
                 )
             check_write_order(header)
@@ -430,7 +433,7 @@ class CheckpointReader:
         for rel in self._manifest["files"]:
             what = not_a_file(self.path / rel)
             if what is not None:
-                raise CorruptError(f"{self.path / rel}: file listed in {MANIFEST} is {what}"
+                raise CorruptError(f"{show_path(self.path / rel)}: file listed in {MANIFEST} is {what}"
                                    f"{_NOT_A_FILE * (what != 'missing')}")
 
     # -- manifest ----------------------------------------------------------------------------------
@@ -467,7 +470,7 @@ class CheckpointReader:
         try:
             return self._tensors[name]
         except KeyError:
-            raise KeyError(f"{self.path}: no tensor {name!r} in the checkpoint") from None
+            raise KeyError(f"{show_path(self.path)}: no tensor {name!r} in the checkpoint") from None
 
     def is_packed(self, name: str) -> bool:
         return self._entry(name)["kind"] == "packed"
@@ -481,7 +484,7 @@ class CheckpointReader:
                 return None
             cfg = load_json(p.read_bytes(), p)
             if not isinstance(cfg, dict):
-                raise FormatError(f"{p}: not a JSON object")
+                raise FormatError(f"{show_path(p)}: not a JSON object")
             self._config = cfg
         return copy.deepcopy(self._config)
 
@@ -507,12 +510,12 @@ class CheckpointReader:
                 return f.get_tensor(name)
             arrays = {a: f.get_tensor(key_for(name, a)) for a in e["arrays"]}
         except Exception as exc:  # safetensors raises its own error types for damaged files
-            raise CorruptError(f"{self.path / e['file']}: tensor {name!r}: cannot read: {exc}") from exc
+            raise CorruptError(f"{show_path(self.path / e['file'])}: tensor {name!r}: cannot read: {exc}") from exc
         if LENS in arrays:
             try:
                 return PackedExperts(e["layout"], tuple(e["shape"]), arrays, e["format_version"])
             except (FormatError, CorruptError) as exc:  # the lengths (values, read now) do not fit the arrays
-                raise CorruptError(f"{self.path / e['file']}: tensor {name!r}: {exc}") from exc
+                raise CorruptError(f"{show_path(self.path / e['file'])}: tensor {name!r}: {exc}") from exc
         return Packed(e["layout"], tuple(e["shape"]), arrays, e["format_version"])
 
     def get_original(self, name: str) -> torch.Tensor:
@@ -521,26 +524,26 @@ class CheckpointReader:
         return self._unpack(name, t) if isinstance(t, (Packed, PackedExperts)) else t
 
     def _unpack(self, name: str, t: Packed | PackedExperts) -> torch.Tensor:
-        where = f"{self.path / self._entry(name)['file']}: tensor {name!r}"
+        where = f"{show_path(self.path / self._entry(name)['file'])}: tensor {name!r}"
         try:
             return unpack_experts(t) if isinstance(t, PackedExperts) else unpack(t)
         except (CorruptError, FormatError) as exc:
-            raise CorruptError(f"{where}: {exc}") from exc
+            raise CorruptError(f"{show_path(where)}: {exc}") from exc
         except (RuntimeError, IndexError, ValueError) as exc:  # damaged arrays the codec did not foresee
-            raise CorruptError(f"{where}: damaged arrays ({exc})") from exc
+            raise CorruptError(f"{show_path(where)}: damaged arrays ({exc})") from exc
 
     def check_tensor(self, name: str, t: torch.Tensor) -> None:
         """Raise CorruptError unless ``t`` (an original tensor) hashes to the manifest's sha256."""
         e = self._entry(name)
         if dtype_name(t.dtype) != e["dtype"] or list(t.shape) != e["shape"]:
             raise CorruptError(
-                f"{self.path / e['file']}: tensor {name!r}: unpacked to {dtype_name(t.dtype)}{list(t.shape)}, "
-                f"expected {e['dtype']}{e['shape']}"
+                f"{show_path(self.path / e['file'])}: tensor {name!r}: unpacked to "
+                f"{dtype_name(t.dtype)}{list(t.shape)}, expected {e['dtype']}{e['shape']}"
             )
         if sha256_tensor(t) != e["sha256"]:
             raise CorruptError(
-                f"{self.path / e['file']}: tensor {name!r}: sha256 mismatch: the stored data does not give back "
-                f"the original tensor (damaged file or wrong manifest)"
+                f"{show_path(self.path / e['file'])}: tensor {name!r}: sha256 mismatch: the stored data does not give "
+                "back the original tensor (damaged file or wrong manifest)"
             )
 
     def check_arrays(self, name: str, packed: Packed | PackedExperts) -> None:
@@ -549,8 +552,8 @@ class CheckpointReader:
         for a, spec in e["arrays"].items():
             if sha256_tensor(packed.arrays[a]) != spec["sha256"]:
                 raise CorruptError(
-                    f"{self.path / e['file']}: tensor {name!r}: stored array {a!r} (key {key_for(name, a)!r}) "
-                    f"does not match its sha256 in {MANIFEST} (damaged file)"
+                    f"{show_path(self.path / e['file'])}: tensor {name!r}: stored array {a!r} (key "
+                    f"{key_for(name, a)!r}) does not match its sha256 in {MANIFEST} (damaged file)"
                 )
 
     def verify(self, progress: bool = True) -> dict[str, int]:
@@ -569,7 +572,8 @@ class CheckpointReader:
             counts["weights"] += t.numel()
         for rel, digest in self._manifest["files"].items():
             if sha256_file(self.path / rel) != digest:
-                raise CorruptError(f"{self.path / rel}: sha256 mismatch with {MANIFEST} (the file was changed or damaged)")
+                raise CorruptError(f"{show_path(self.path / rel)}: sha256 mismatch with {MANIFEST} (the file was "
+                                   "changed or damaged)")
             counts["files"] += 1
         return counts
 

@@ -27,7 +27,7 @@ from tqdm.auto import tqdm
 from glyd.codec import LAYOUTS
 from glyd.codec import pack as codec_pack
 from glyd.codec.packed import FORMAT_VERSION as CODEC_FORMAT_VERSION
-from glyd.errors import CorruptError, DestinationExistsError, FormatError
+from glyd.errors import CorruptError, DestinationExistsError, FormatError, show_path
 from glyd.store._config import (
     LOADER_FILE,
     QUANT_METHOD,
@@ -194,8 +194,8 @@ def _check_packable(src: Path, headers: dict[str, Header], keep: Collection[str]
     flat = f" (the bfloat16 ones are not 2-D{' or not run packed by the model' if keep else ''})"
     what = f"{what} tensors{flat if 'bfloat16' in found else ''}" if found else "no tensors"
     raise FormatError(
-        f"{src}: no bf16 2-D matrices to pack: {what}. glyd packs bf16 weights losslessly and never converts "
-        f"a dtype (convert the model to bf16 yourself if that is what you want; it is not lossless)"
+        f"{show_path(src)}: no bf16 2-D matrices to pack: {what}. glyd packs bf16 weights losslessly and never "
+        "converts a dtype (convert the model to bf16 yourself if that is what you want; it is not lossless)"
     )
 
 
@@ -228,7 +228,8 @@ def pack_folder(
     check_utf8_path(dst, "destination")
     files, headers, index_name = source_shards(src)
     if dst.exists() or dst.is_symlink():
-        raise DestinationExistsError(f"{dst} already exists; glyd never overwrites (remove it or choose another name)")
+        raise DestinationExistsError(f"{show_path(dst)} already exists; glyd never overwrites (remove it or choose "
+                                     "another name)")
     check_outside(src, dst)
     keep = frozenset(keep)
     _check_packable(src, headers, keep)
@@ -237,14 +238,15 @@ def pack_folder(
         q = config["quantization_config"]
         method = q.get("quant_method") if isinstance(q, dict) else q
         raise FormatError(
-            f"{src / CONFIG}: the model is already quantized (quant_method {method!r}); glyd packs bf16 models"
+            f"{show_path(src / CONFIG)}: the model is already quantized (quant_method {method!r}); glyd packs bf16 "
+            "models"
         )
     if config is not None:
         check_restorable(config, src / CONFIG)
     copies, skipped = copy_list(src, set(files) | ({index_name} if index_name else set()))
     if any(rel == SOURCE_CONFIG for _, rel in copies):
-        raise FormatError(f"{src / SOURCE_CONFIG}: the name is glyd's own (a packed folder keeps its source's "
-                          f"config.json there): rename or remove the file")
+        raise FormatError(f"{show_path(src / SOURCE_CONFIG)}: the name is glyd's own (a packed folder keeps its "
+                          "source's config.json there): rename or remove the file")
     summary = PackSummary(src=src, dst=dst, layout=layout, skipped_files=skipped)
     summary.src_bytes = sum(h.file_size for h in headers.values())
     with CheckpointWriter(dst, layout=layout, max_shard_bytes=max_shard_bytes, title=_title(src)) as out:
@@ -341,7 +343,8 @@ def unpack_folder(src: str | os.PathLike, dst: str | os.PathLike, progress: bool
     reader = CheckpointReader(src)
     dst = Path(dst)
     if dst.exists() or dst.is_symlink():
-        raise DestinationExistsError(f"{dst} already exists; glyd never overwrites (remove it or choose another name)")
+        raise DestinationExistsError(f"{show_path(dst)} already exists; glyd never overwrites (remove it or choose "
+                                     "another name)")
     check_outside(reader.path, dst)
     by_file: dict[str, list[str]] = {}
     for name in reader.names():
@@ -380,13 +383,14 @@ def unpack_folder(src: str | os.PathLike, dst: str | os.PathLike, progress: bool
             if rel in (CONFIG, LOADER_FILE, SOURCE_CONFIG):  # the loader only serves a packed folder's config
                 continue
             if copy_hashed(reader.path / rel, out.tmp / rel) != digest:
-                raise CorruptError(f"{reader.path / rel}: sha256 mismatch with {MANIFEST} (the file was changed or damaged)")
+                raise CorruptError(f"{show_path(reader.path / rel)}: sha256 mismatch with {MANIFEST} (the file was "
+                                   "changed or damaged)")
             counts["files"] += 1
         if CONFIG in reader.files:
             (out.tmp / CONFIG).write_bytes(_source_config(reader))
             counts["files"] += 1
         elif SOURCE_CONFIG in reader.files:
-            raise CorruptError(f"{reader.path / MANIFEST}: lists {SOURCE_CONFIG} but no {CONFIG}")
+            raise CorruptError(f"{show_path(reader.path / MANIFEST)}: lists {SOURCE_CONFIG} but no {CONFIG}")
         out.commit()
     except BaseException:
         out.abort()
@@ -398,10 +402,10 @@ def _read_listed(reader: CheckpointReader, rel: str) -> bytes:
     """The bytes of ``rel``, a JSON file the manifest lists, checked against its sha256."""
     path = reader.path / rel
     if path.stat().st_size > MAX_MANIFEST_BYTES:
-        raise FormatError(f"{path}: {path.stat().st_size} bytes is larger than any config glyd writes")
+        raise FormatError(f"{show_path(path)}: {path.stat().st_size} bytes is larger than any config glyd writes")
     data = path.read_bytes()
     if hashlib.sha256(data).hexdigest() != reader.files[rel]:
-        raise CorruptError(f"{path}: sha256 mismatch with {MANIFEST} (the file was changed or damaged)")
+        raise CorruptError(f"{show_path(path)}: sha256 mismatch with {MANIFEST} (the file was changed or damaged)")
     return data
 
 
@@ -411,16 +415,16 @@ def _source_config(reader: CheckpointReader) -> bytes:
     config.json without glyd's quantization_config, in transformers' spelling."""
     cfg = load_json(_read_listed(reader, CONFIG), reader.path / CONFIG)
     if not isinstance(cfg, dict):
-        raise FormatError(f"{reader.path / CONFIG}: not a JSON object")
+        raise FormatError(f"{show_path(reader.path / CONFIG)}: not a JSON object")
     if SOURCE_CONFIG not in reader.files:
         return (json.dumps(plain_config(cfg), indent=2, sort_keys=True) + "\n").encode("utf-8")
     data = _read_listed(reader, SOURCE_CONFIG)
     source = load_json(data, reader.path / SOURCE_CONFIG)
     if not isinstance(source, dict):
-        raise FormatError(f"{reader.path / SOURCE_CONFIG}: not a JSON object")
+        raise FormatError(f"{show_path(reader.path / SOURCE_CONFIG)}: not a JSON object")
     if not describes(cfg, source):
-        raise CorruptError(f"{reader.path / SOURCE_CONFIG}: is not the config {reader.path / CONFIG} describes "
-                           f"(the two were edited apart)")
+        raise CorruptError(f"{show_path(reader.path / SOURCE_CONFIG)}: is not the config "
+                           f"{show_path(reader.path / CONFIG)} describes (the two were edited apart)")
     return data
 
 

@@ -246,3 +246,37 @@ def test_the_commands_messages_name_the_option_not_the_python_argument(chat_fold
 
     with pytest.raises(GlydError, match="its weights need .*, memory_limit allows"):
         fit_layout(WeightsCount(packable=2**20, other_bytes=0), "fixed12", 2**10)
+
+
+
+def test_pack_and_the_loader_count_a_stored_tied_head_alike(tmp_path, monkeypatch):
+    # config.json ties lm_head to the embedding and the folder stores lm_head.weight too (equal): glyd pack
+    # stores and counts it packed; the loader shares it when equal but counts it packed as well (an upper
+    # bound: it packs it apart when the values differ), so both apply the same limit to this folder
+    from safetensors.torch import load_file, save_file
+
+    import glyd
+    from glyd.hf import bf16, memory
+
+    src = tmp_path / "llama"
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
+        vocab_size=256, tie_word_embeddings=True)).to(torch.bfloat16).save_pretrained(src)
+    state = load_file(str(src / "model.safetensors"))
+    state["lm_head.weight"] = state["model.embed_tokens.weight"].clone()
+    save_file(state, str(src / "model.safetensors"), metadata={"format": "pt"})
+    needs = []
+    real = memory.fit_layout
+
+    def spy(count, layout, limit):
+        needs.append({name: count.need(name) for name in memory.SPEED_ORDER})
+        return real(count, layout, limit)
+
+    monkeypatch.setattr(memory, "fit_layout", spy)  # glyd pack imports it from there when it runs
+    monkeypatch.setattr(bf16, "fit_layout", spy)
+    assert main(["-q", "pack", str(src), str(tmp_path / "packed"), "--memory-limit", "1GB"]) == 0
+    glyd.from_pretrained(src, device="cpu", memory_limit="1GB", progress=False)
+    assert len(needs) == 2 and needs[0] == needs[1], needs
+    # every stored tensor counted, the copy too
+    assert needs[0] == {name: _folder_need(src, name) for name in memory.SPEED_ORDER}

@@ -98,7 +98,7 @@ def _name(layout: str, problem: R.Problem, device: R.Device) -> str:
 def _cell(layout: str, shapes: list[tuple[int, int]], m: int) -> str:
     names = set()
     for n, k in shapes:
-        p = R.Problem(layout, m, n, k, LAYOUTS[layout].padded_cols(k))
+        p = R.Problem(layout, m, n, k, LAYOUTS[layout].padded_cols(k), LAYOUTS[layout].writes)  # as glyd.pack writes
         best, plain = _name(layout, p, h200(True, True, True)), _name(layout, p, h200(False, False, False))
         names.add(best if best == plain else f"{best} ({plain})")
     assert len(names) == 1, f"the docs' column of {shapes} holds shapes the table treats apart: {names}"

@@ -3,12 +3,14 @@ passed to ``glyd.from_pretrained`` (or the random model of ``eval --random``), t
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 
 import pytest
 import torch
 
+import glyd
 from glyd.apps.fit import run_fit
 from glyd.cli import build_parser, main
 from glyd.errors import GlydError
@@ -210,10 +212,14 @@ def test_pack_over_the_limit_is_refused_before_writing(chat_folder, tmp_path, ca
     assert not dst.exists() and list(tmp_path.iterdir()) == []
 
 
-def test_pack_warns_when_the_stored_weights_pass_the_limit(chat_folder, tmp_path, caplog):
-    # dense11's per-row escape offsets on 64-column rows weigh more than its planning bits: said, not hidden
+def test_pack_warns_when_the_stored_weights_pass_the_limit(chat_folder, tmp_path, caplog, monkeypatch):
+    # a plan under what is stored (dense11 planned without its per-row tables, as before
+    # Layout.row_bytes: its escape offsets on 64-column rows weigh more than the planning bits): said, not hidden
     dst = tmp_path / "packed"
+    planned = _folder_need(chat_folder, "dense11")
+    monkeypatch.setitem(glyd.LAYOUTS, "dense11", dataclasses.replace(glyd.LAYOUTS["dense11"], row_bytes=None))
     limit = _folder_need(chat_folder, "dense11")
+    assert limit < planned
     with caplog.at_level(logging.WARNING):
         assert main(["-q", "pack", str(chat_folder), str(dst), "--layout", "dense11", "--memory-limit",
                      f"{limit}B"]) == 0
@@ -224,6 +230,7 @@ def test_pack_warns_when_the_stored_weights_pass_the_limit(chat_folder, tmp_path
         with safe_open(str(f), "pt") as h:
             stored += sum(h.get_tensor(n).numel() * h.get_tensor(n).element_size() for n in h.keys())
     assert stored > limit and "more than the" in caplog.text and "--memory-limit allows" in caplog.text
+    assert stored <= planned  # the plan with the tables holds it
 
 
 def test_the_commands_messages_name_the_option_not_the_python_argument(chat_folder, random_config, tmp_path, capsys):

@@ -3,6 +3,7 @@ counted as ``glyd fit`` counts (glyd.hf.memory); without a limit, ``auto`` choos
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import shutil
 
@@ -247,12 +248,15 @@ def test_a_glyd_folder_is_checked_as_stored(tiny_model_folder, tmp_path):
     assert layouts_of(model) == {"fixed12"}
 
 
-def test_packed_bytes_past_the_limit_are_warned(tiny_model_folder, caplog):
-    # Tiny matrices take more than the planning bits (dense11's escape offsets, 2 bytes a row of 64
-    # weights here): the count said dense11 fits exactly, the packed model passes it, and a WARNING
-    # says so after packing.
+def test_packed_bytes_past_the_limit_are_warned(tiny_model_folder, caplog, monkeypatch):
+    # A plan under what the packed model takes (dense11 planned without its per-row tables, as before
+    # Layout.row_bytes: 2.25 bytes a row of 64 weights here): the count said dense11 fits exactly, the
+    # packed model passes it, and a WARNING says so after packing. With the tables counted it fits.
     src = tiny_model_folder("qwen2")
+    planned = count_of(src).need("dense11")
+    monkeypatch.setitem(glyd.LAYOUTS, "dense11", dataclasses.replace(glyd.LAYOUTS["dense11"], row_bytes=None))
     count = count_of(src)
+    assert count.need("dense11") < planned
     with caplog.at_level(logging.INFO, logger=LOG):
         model = glyd.from_pretrained(src, layout="dense11", device="cpu", memory_limit=count.need("dense11"),
                                      progress=False)
@@ -260,6 +264,7 @@ def test_packed_bytes_past_the_limit_are_warned(tiny_model_folder, caplog):
     assert packed + count.other_bytes > count.need("dense11")
     warned = [r.getMessage() for r in caplog.records if r.name == LOG and r.levelno == logging.WARNING]
     assert len(warned) == 1 and "more than the" in warned[0] and "memory_limit allows" in warned[0]
+    assert packed + count.other_bytes <= planned  # the plan with the tables holds it
 
 
 def test_the_count_takes_the_columns_each_layout_pads(tiny_model_folder):
@@ -271,7 +276,9 @@ def test_the_count_takes_the_columns_each_layout_pads(tiny_model_folder):
         model = glyd.from_pretrained(src, layout=name, device="cpu", progress=False)
         stored = sum(m.packed.shape[0] * glyd.LAYOUTS[name].padded_k(m.packed.arrays)
                      for m in model.modules() if isinstance(m, (GlydLinear, GlydEmbedding)))
-        assert count.need(name) == round(stored * glyd.LAYOUTS[name].bits / 8) + count.other_bytes, name
+        lay = glyd.LAYOUTS[name]
+        tables = sum(n * lay.row_bytes(k) for k, n in count.rows) if lay.row_bytes else 0
+        assert count.need(name) == round(stored * lay.bits / 8 + tables) + count.other_bytes, name
 
 
 def test_the_rows_of_an_empty_matrix_are_counted_too():

@@ -339,3 +339,19 @@ def test_a_checkpoint_giving_an_experts_tensor_twice_is_refused(folders, refs, t
     with pytest.raises(FormatError, match=rf"model tensor '{re.escape(name)}' is given twice: by '{re.escape(name)}' "
                                           r"and by transformers' conversion of 8 checkpoint tensors"):
         glyd.from_pretrained(dst, device="cpu", progress=False)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("layout", ["fixed12", "dense11"])
+def test_glyd_fit_counts_the_packed_model_within_one_percent(folders, family, layout, tmp_path):
+    # issue 36: fit's weights for an MoE folder (experts counted packed) and what the packed model
+    # takes once loaded and saved (every expert packed, the rest bf16), within 1%
+    from glyd.apps.fit import run_fit
+    from glyd.hf.memory import stored_bytes
+
+    model = glyd.from_pretrained(folders[family], device="cpu", progress=False, layout=layout)
+    assert {e.layout for e in _experts(model)} == {layout}
+    out = glyd.save_pretrained(model, tmp_path / "glyd", progress=False)
+    stored = stored_bytes(out, sorted(p.name for p in out.glob("*.safetensors")))
+    fit = run_fit(str(folders[family]), "80GB", context=16, layout=layout)[0].weights_glyd
+    assert abs(stored - fit) <= 0.01 * fit, (stored, fit)

@@ -334,6 +334,7 @@ LAYOUT = register(Layout(
     # measured 11.165-11.220 bits a weight on MiniLM, wordllama and Whisper tiny.en
     # (benchmarks/history/2026-12-02-dense-layout-cpu.md), rounded up
     bits=11.25,
+    row_bytes=lambda k: blocks_per_row(k) * (2 + 4 / SUPER),  # esc_off, esc_base: 0.25 bits a weight at K = 64
     rows="glyd.ops.rows:rows_dense11",
     device_pack="glyd.kernels.gpu_pack:pack_dense11",
     unpack_kernel="glyd.kernels.dense11.versions:unpack",

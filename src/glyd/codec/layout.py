@@ -7,7 +7,8 @@ codec module registers its entry at import (``glyd.codec`` imports them); a layo
 * the codec, the source of truth: ``pack`` (CPU), ``unpack`` (CPU), ``check_arrays``, and the
   names of its arrays in the order the ``glyd::`` ops pass them and files store them;
 * facts the layers above ask for: the array whose second dimension is the padded K
-  (``padded_array``), a line for help texts (``about``), the bits a weight to plan with (``bits``);
+  (``padded_array``), a line for help texts (``about``), the bits a weight to plan with (``bits``)
+  and the bytes a row of K columns stores besides them (``row_bytes``: per-row tables);
 * its format versions: ``reads`` (every version its codec decodes; files, ``Packed`` and the store
   accept these and refuse others) and ``writes`` (the version ``pack`` produces);
 * its torch twins and kernels, named as ``"module:attribute"`` (imported at first use, so the
@@ -58,6 +59,7 @@ class Layout:
     padded_array: str
     about: str = ""
     bits: float | None = None
+    row_bytes: Callable[[int], float] | None = None
     rows: Ref = None
     device_pack: Ref = None
     unpack_kernel: Ref = None

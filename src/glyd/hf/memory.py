@@ -206,7 +206,8 @@ def packable_rows(model: nn.Module, stored: Collection[str] | None = None) -> tu
 
 def weights_bytes(packable: int, other_bytes: int, layout: str, rows: tuple[tuple[int, int], ...] = ()) -> int:
     """Bytes of the weights: ``packable`` elements at ``layout``'s planning bits, ``other_bytes`` as they
-    are; ``rows`` (:func:`packable_rows`) adds the columns the layout pads each matrix's rows with."""
+    are; ``rows`` (:func:`packable_rows`) adds the columns the layout pads each matrix's rows with and
+    its per-row tables (``Layout.row_bytes``)."""
     lay = LAYOUTS.get(layout)
     if lay is None or lay.bits is None:
         known = [name for name, lay in LAYOUTS.items() if lay.bits is not None]
@@ -215,7 +216,8 @@ def weights_bytes(packable: int, other_bytes: int, layout: str, rows: tuple[tupl
         raise GlydError(f"layout {layout!r} has no planning bits a weight (Layout.bits) to count its weights with; "
                         f"choose one of {', '.join(known)}")
     padding = sum(n * (lay.padded_cols(k) - k) for k, n in rows)
-    return int(round((packable + padding) * lay.bits / 8)) + other_bytes
+    tables = sum(n * lay.row_bytes(k) for k, n in rows) if lay.row_bytes is not None else 0
+    return int(round((packable + padding) * lay.bits / 8 + tables)) + other_bytes
 
 
 @dataclass(frozen=True)

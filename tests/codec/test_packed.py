@@ -212,3 +212,22 @@ def test_pack_refuses_a_meta_tensor():
     for layout in ("fixed12", "tiered", "dense11"):
         with pytest.raises(UnsupportedError, match="matrix is on the meta device"):
             glyd.pack(torch.empty(4, 8, dtype=torch.bfloat16, device="meta"), layout)
+
+
+def test_cpu_and_cuda_move_as_tensors_do():
+    # Packed.cuda() was missing (a GPU test called it: AttributeError); .cpu() / .cuda() as on a Tensor
+    from glyd.codec.experts import stack
+
+    w = torch.randn(8, 70).to(torch.bfloat16)
+    p = glyd.pack(w, "fixed12")
+    e = stack([p, p])
+    for moved, want in ((p.cpu(), p), (e.cpu(), e)):
+        assert type(moved) is type(want) and moved.device.type == "cpu" and moved.shape == want.shape
+        assert all(torch.equal(a, moved.arrays[k]) for k, a in want.arrays.items())
+    if torch.cuda.is_available():
+        for moved, want in ((p.cuda(), p), (p.cuda(0), p), (e.cuda(), e)):
+            assert moved.device.type == "cuda"
+            assert all(torch.equal(a, moved.arrays[k].cpu()) for k, a in want.arrays.items())
+    else:
+        with pytest.raises((AssertionError, RuntimeError)):  # torch's own "not compiled with CUDA" / no device
+            p.cuda()

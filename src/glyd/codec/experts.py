@@ -176,6 +176,14 @@ class PackedExperts:
         """The same experts with every array on ``device``."""
         return PackedExperts(self.layout, self.shape, {k: v.to(device) for k, v in self.arrays.items()}, self.version)
 
+    def cuda(self, device: int | torch.device | str | None = None) -> PackedExperts:
+        """``to`` a CUDA device (the current one when ``device`` is None), as ``Tensor.cuda``."""
+        return self.to("cuda" if device is None else f"cuda:{device}" if isinstance(device, int) else device)
+
+    def cpu(self) -> PackedExperts:
+        """``to("cpu")``, as ``Tensor.cpu``."""
+        return self.to("cpu")
+
 
 def stack(packs: Sequence[Packed]) -> PackedExperts:
     """Join E packed matrices of one layout and shape (one device) into a ``PackedExperts``."""

@@ -120,6 +120,14 @@ class Packed:
         """The same packed matrix with every array on ``device``."""
         return Packed(self.layout, self.shape, {k: v.to(device) for k, v in self.arrays.items()}, self.version)
 
+    def cuda(self, device: int | torch.device | str | None = None) -> Packed:
+        """``to`` a CUDA device (the current one when ``device`` is None), as ``Tensor.cuda``."""
+        return self.to("cuda" if device is None else f"cuda:{device}" if isinstance(device, int) else device)
+
+    def cpu(self) -> Packed:
+        """``to("cpu")``, as ``Tensor.cpu``."""
+        return self.to("cpu")
+
 
 def expect_array(
     arrays: Mapping[str, torch.Tensor], name: str, dtype: torch.dtype | tuple[torch.dtype, ...], shape: tuple[int, ...] | None

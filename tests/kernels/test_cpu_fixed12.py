@@ -185,7 +185,7 @@ def test_both_instruction_paths_agree(cpu_kernels):
     assert ((portable - native).norm() / native.norm()).item() < 1e-6
 
 
-def test_an_array_replaced_at_a_freed_arrays_id_is_read_where_it_is_now(cpu_kernels):
+def test_an_array_replaced_at_a_freed_arrays_id_is_read_where_it_is_now(cpu_kernels, monkeypatch):
     # The checked matrix (its arrays' addresses for C) was remembered by the arrays' ids and versions: a
     # 'code' array whose tensor object was freed (its storage kept alive by a view) and replaced by another
     # that took its id (CPython's next object, version 0) was read at the old address: the old bits, no error
@@ -200,10 +200,14 @@ def test_an_array_replaced_at_a_freed_arrays_id_is_read_where_it_is_now(cpu_kern
     assert not _same_bits(want, w)
     old = id(arrays["code"])
     del p, arrays["code"]
-    for _ in range(100):  # (almost always the first try)
-        code = new_code.clone()
+    code = new_code.clone()
+    for _ in range(100):  # (usually the first try)
         if id(code) == old:
             break
-    assert id(code) == old and code.data_ptr() != keep.data_ptr(), "no id reused here: nothing to check"
+        code = new_code.clone()
+    else:  # CPython gave the slot to another object (a long run's allocator state): the module sees the old id
+        real = id
+        monkeypatch.setattr(cpu_kernels, "id", lambda o: old if o is code else real(o), raising=False)
+    assert getattr(cpu_kernels, "id", id)(code) == old and code.data_ptr() != keep.data_ptr()
     arrays["code"] = code
     assert _same_bits(cpu_kernels.unpack(Packed.trusted("fixed12", (16, 64), arrays, 1)), want)

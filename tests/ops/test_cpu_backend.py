@@ -87,7 +87,7 @@ def test_backward_through_the_c_kernels(cpu_kernels):
     assert torch.equal(x.grad, torch.ones(4, 12) @ w.float())
 
 
-def test_an_array_replaced_at_a_freed_arrays_id_is_validated():
+def test_an_array_replaced_at_a_freed_arrays_id_is_validated(monkeypatch):
     # twin.packed skips validation for the arrays it validated last, keyed by their ids and versions: a
     # non-first array freed and replaced by a tensor that took its id (CPython's next object, version 0)
     # was trusted as it was, whatever its shape (here 'code' of another matrix: the kernels read past it)
@@ -99,11 +99,15 @@ def test_an_array_replaced_at_a_freed_arrays_id_is_validated():
     i = names.index("code")  # not the first array: the entry dies with that one
     old = id(arrays[i])
     del p, arrays[i]
-    for _ in range(100):  # (almost always the first try)
-        new = other.arrays["code"].clone()
+    new = other.arrays["code"].clone()
+    for _ in range(100):  # (usually the first try)
         if id(new) == old:
             break
-    assert id(new) == old, "this Python did not reuse the id: nothing to check"
+        new = other.arrays["code"].clone()
+    else:  # CPython gave the slot to another object: the module sees the old id, the same case
+        real = id
+        monkeypatch.setattr(twin, "id", lambda o: old if o is new else real(o), raising=False)
+    assert getattr(twin, "id", id)(new) == old
     arrays.insert(i, new)
     with pytest.raises(glyd.errors.FormatError, match="code"):
         twin.packed("fixed12", [8, 64], arrays, other.version)

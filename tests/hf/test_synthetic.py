@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+import glyd
 from glyd import ops
 from glyd.hf.synthetic import build_order, random_model, random_tensor
 from glyd.nn.modules import GlydEmbedding, GlydLinear, GlydTiedLinear
@@ -78,14 +79,17 @@ def test_largest_tensors_made_first_then_model_order():
     assert names[2:] == rest
 
 
-def test_packed_bytes_past_a_memory_limit_are_warned(caplog):
-    # as the loaders warn (glyd.hf.memory.check_packed): dense11's escape offsets on 64-column rows
-    # pass its planning bits
+def test_packed_bytes_past_a_memory_limit_are_warned(caplog, monkeypatch):
+    # as the loaders warn (glyd.hf.memory.check_packed), for a plan under what is packed: dense11
+    # planned without its per-row tables (as before Layout.row_bytes: its escape offsets on 64-column
+    # rows pass its planning bits)
+    import dataclasses
     import logging
 
     from glyd.hf.memory import WeightsCount
     from glyd.hf.synthetic import _meta_model
 
+    monkeypatch.setitem(glyd.LAYOUTS, "dense11", dataclasses.replace(glyd.LAYOUTS["dense11"], row_bytes=None))
     limit = WeightsCount.of(_meta_model(_config(False), None)).need("dense11")
     with caplog.at_level(logging.WARNING, logger="glyd.hf.memory"):
         random_model(_config(False), layout="dense11", device="cpu", progress=False, memory_limit=limit)

@@ -78,6 +78,26 @@ def is_packable_linear(m: nn.Module) -> bool:
     return type(m) is nn.Linear and m.weight.dim() == 2
 
 
+def kept_unpacked(model: nn.Module) -> frozenset[str]:
+    """The names of the modules ``model`` does not run in bf16, which glyd keeps as transformers holds
+    them: those its ``_keep_in_fp32_modules_strict`` names (loaded in float32), and every module under
+    one that sets its own ``dtype`` to another (Switch Transformers' and NLLB-MoE's routers:
+    ``self.dtype = config.router_dtype``, float32, the classifier cast to it before each product).
+
+    >>> kept_unpacked(nn.Sequential(nn.Linear(2, 2)))
+    frozenset()
+    """
+    strict = tuple(getattr(model, "_keep_in_fp32_modules_strict", None) or ())
+    kept = set()
+    for name, m in model.named_modules(remove_duplicate=False):
+        own = vars(m).get("dtype")  # an attribute of its own: PreTrainedModel's dtype is a property
+        if isinstance(own, torch.dtype) and own != torch.bfloat16:
+            kept.update(f"{name}.{n}" if name and n else name or n for n, _ in m.named_modules(remove_duplicate=False))
+        elif strict and any(k in f"{name}.weight" for k in strict):  # as transformers matches them (a substring)
+            kept.add(name)
+    return frozenset(kept)
+
+
 def is_packable_embedding(m: nn.Module) -> bool:
     if not isinstance(m, nn.Embedding) or m.max_norm is not None or m.weight.dim() != 2:
         return False

@@ -37,7 +37,7 @@ from torch import nn
 
 from glyd.codec import LAYOUTS
 from glyd.errors import GlydError, show_path
-from glyd.hf._model import is_packable_embedding, is_packable_linear, packed_ties
+from glyd.hf._model import is_packable_embedding, is_packable_linear, kept_unpacked, packed_ties
 from glyd.nn.experts import is_packable as packable_experts
 from glyd.store._safetensors import read_header
 
@@ -126,8 +126,9 @@ def parse_memory(value: Any, what: str | None = None) -> int:
 def _packable(model: nn.Module) -> set[int]:
     """The ids of the parameters the packer packs (its own predicates)."""
     ids = set()
-    for m in model.modules():
-        if is_packable_linear(m) or is_packable_embedding(m):
+    kept = kept_unpacked(model)  # run in float32 by the model: not packed
+    for name, m in model.named_modules():
+        if (is_packable_linear(m) or is_packable_embedding(m)) and name not in kept:
             ids.add(id(m.weight))
         ids.update(id(m._parameters[n]) for n in packable_experts(m))
     return ids

@@ -27,7 +27,7 @@ from typing import Any, Iterable
 from torch import nn
 
 from glyd.errors import FormatError, GlydError, UnsupportedError, cause, show_path
-from glyd.hf._model import is_packable_embedding, is_packable_linear
+from glyd.hf._model import is_packable_embedding, is_packable_linear, kept_unpacked
 from glyd.hf.checks import ignored, missing_tensors, tied_output
 from glyd.hf.keys import checkpoint_resolver
 from glyd.store._safetensors import dtype_name
@@ -66,8 +66,9 @@ class LoaderPlan:
 def packed_weights(model: nn.Module) -> set[str]:
     """The weight names the loader runs packed: every ``nn.Linear`` / ``nn.Embedding`` weight that
     passes the packer's own predicates (a tied output projection included: stored, it is packed)."""
+    kept = kept_unpacked(model)  # run in float32 by the model (Switch Transformers' routers): stored as they are
     return {f"{name}.weight" if name else "weight" for name, m in model.named_modules(remove_duplicate=False)
-            if is_packable_linear(m) or is_packable_embedding(m)}
+            if (is_packable_linear(m) or is_packable_embedding(m)) and name not in kept}
 
 
 def through_loader(src: Path, dst: Path, layout: str) -> str:

@@ -15,7 +15,7 @@ from glyd import ops as _ops
 from glyd.codec import Packed
 from glyd.errors import FormatError, UnsupportedError, show_path
 from glyd.hf._model import (MERGE_GROUPS, check_layout, embed_scale_of, is_packable_embedding, is_packable_linear,
-                            packed_ties, refuse_tied_bias, set_module, set_tensor, unpacked_report,
+                            kept_unpacked, packed_ties, refuse_tied_bias, set_module, set_tensor, unpacked_report,
                             untie_packed)
 from glyd.hf.experts import ExpertsPlan
 from glyd.nn.modules import GlydEmbedding, GlydLinear, GlydTiedEmbedding, GlydTiedLinear
@@ -84,8 +84,13 @@ class Packer:
         self._hashes: deque[tuple[nn.Module, str | None, Future]] = deque()
         self.experts = ExpertsPlan(model, exact)  # fused 3-D experts weights, packed expert by expert
         self._pending: dict[str, Future] = {}  # experts weights packed, their module not complete yet
+        self.kept = kept_unpacked(model)  # run in float32 by the model: kept as transformers holds them
+        if self.kept:
+            log.info("kept unpacked, as the model runs them in float32: %s", ", ".join(sorted(self.kept)))
         for name, m in model.named_modules():
             w = f"{name}.weight" if name else "weight"
+            if name in self.kept:
+                continue
             if is_packable_linear(m):
                 self.linears[w] = name
             elif is_packable_embedding(m):
@@ -115,7 +120,8 @@ class Packer:
         for pname, parent in self.model.named_modules():
             for attr, parts in MERGE_GROUPS.items():
                 mods = [parent._modules.get(p) for p in parts]
-                if any(m is None or not is_packable_linear(m) for m in mods) or hasattr(parent, attr):
+                if (any(m is None or not is_packable_linear(m) for m in mods) or hasattr(parent, attr)
+                        or any((f"{pname}.{p}" if pname else p) in self.kept for p in parts)):
                     continue
                 if len({m.in_features for m in mods}) != 1 or len({m.bias is None for m in mods}) != 1:
                     continue

@@ -15,10 +15,10 @@ from torch import nn
 from glyd.codec import LAYOUTS, Packed
 from glyd.codec.experts import LENS
 from glyd.codec.packed import FORMAT_VERSION
-from glyd.errors import CorruptError, FormatError, show_path
+from glyd.errors import CorruptError, FormatError, UnsupportedError, show_path
 from glyd.hf import hooks
-from glyd.hf._model import (SEP, is_packable_embedding, is_packable_linear, note_source, packed_ties, set_module,
-                            refuse_tied_bias, untie_packed)
+from glyd.hf._model import (SEP, is_packable_embedding, is_packable_linear, kept_unpacked, note_source, packed_ties,
+                            refuse_tied_bias, set_module, untie_packed)
 from glyd.hf.checks import check_complete
 from glyd.hf.experts import PACKED_KINDS, experts_entries, module_tensors, place_experts
 from glyd.nn.modules import GlydEmbedding, GlydLinear, GlydTiedEmbedding, GlydTiedLinear
@@ -79,12 +79,16 @@ def prepare_skeleton(model: nn.Module, folder: Path, *, merged: dict[str, list[s
     ties = packed_ties(model)  # before the modules are swapped: which members are packable
     olds = {m: model.get_submodule(m) for members in ties for m in members}
     place_experts(model, folder, experts, manifest, exact)
+    kept = kept_unpacked(model)
     for name, e in packed.items():
         if name in experts:
             continue
         if not name.endswith(".weight"):
             raise FormatError(f"{show_path(folder)}: packed tensor {name!r} is not a module's weight")
         mname = name[: -len(".weight")]
+        if mname in kept:  # a folder packed before glyd kept them (Switch Transformers' routers, 2026-12-05)
+            raise UnsupportedError(f"{show_path(folder)}: packed tensor {name!r} belongs to a module the model runs in "
+                                   "float32, which glyd keeps unpacked; pack the bf16 folder again")
         entry = (manifest or {}).get("tensors", {}).get(name, {})
         meta = {a: torch.empty(shape, dtype=dt, device="meta") for a, (dt, shape) in e["arrays"].items()}
         parent_name, _, attr = mname.rpartition(".")

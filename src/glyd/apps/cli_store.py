@@ -92,7 +92,7 @@ def _loader_keep(args: argparse.Namespace) -> frozenset[str]:
 
         plan = loader_plan(src, tensors, dst=Path(args.dst), layout=args.layout)
     except ModuleNotFoundError as exc:  # transformers or accelerate: the loader needs both
-        log.warning("%s: %s is not installed: %s", src, exc.name, unchecked)
+        log.warning("%s: %s is not installed: %s", show_path(src), exc.name, unchecked)
         return frozenset()
     except UnsupportedError:
         raise
@@ -101,7 +101,8 @@ def _loader_keep(args: argparse.Namespace) -> frozenset[str]:
         return frozenset()
     _warn_unloadable(src, plan)
     if plan.keep:
-        log.info("%s: %d 2-D bf16 tensor(s) kept as they are: %s runs them unpacked", src, len(plan.keep), plan.model)
+        log.info("%s: %d 2-D bf16 tensor(s) kept as they are: %s runs them unpacked", show_path(src), len(plan.keep),
+                 plan.model)
     return plan.keep
 
 
@@ -112,16 +113,16 @@ def _warn_unloadable(src: Path, plan) -> None:
     if plan.unused:
         more = f" and {len(plan.unused) - 5} more" if len(plan.unused) > 5 else ""
         log.warning("%s: tensor(s) %s%s have no place in %s: %s (glyd unpack gives them back; remove them from the "
-                    "source to load it)", src, ", ".join(plan.unused[:5]), more, plan.model, refuse)
+                    "source to load it)", show_path(src), ", ".join(plan.unused[:5]), more, plan.model, refuse)
     if plan.mismatched:
         shown = ", ".join(f"{k} {stored} ({plan.model}'s is {want})" for k, stored, want in plan.mismatched[:3])
         more = f" and {len(plan.mismatched) - 3} more" if len(plan.mismatched) > 3 else ""
         log.warning("%s: tensor(s) %s%s have another dtype or shape than config.json's model: %s (glyd unpack gives "
-                    "them back; correct config.json to load it)", src, shown, more, refuse)
+                    "them back; correct config.json to load it)", show_path(src), shown, more, refuse)
     if plan.missing:
         more = f" and {len(plan.missing) - 3} more" if len(plan.missing) > 3 else ""
         log.warning("%s: the folder lacks tensor(s) %s needs: %s%s: %s (correct config.json, or add them, to load "
-                    "it)", src, plan.model, ", ".join(plan.missing[:3]), more, refuse)
+                    "it)", show_path(src), plan.model, ", ".join(plan.missing[:3]), more, refuse)
 
 
 def _limit_layout(args: argparse.Namespace, keep: frozenset[str]) -> str:
@@ -168,7 +169,7 @@ def _check_packed_folder(dst: Path, limit: int, layout: str) -> None:
     if stored > limit:
         size = shown(limit, stored)
         log.warning("%s: the weights take %s as stored, more than the %s --memory-limit allows (counted before "
-                    "packing at %s's planning bits a weight)", dst, size(stored), size(limit), layout)
+                    "packing at %s's planning bits a weight)", show_path(dst), size(stored), size(limit), layout)
 
 
 def _unpack(args: argparse.Namespace) -> int:

@@ -302,6 +302,6 @@ def build_app(cfg: Any, model: Any = None, tokenizer: Any = None) -> tuple[FastA
     def describe() -> JSONResponse:
         return JSONResponse(state.info)
 
-    log.info("glyd serve: %s (%s, %d bytes of weights, KV cache %s, %s batching)", cfg.served,
+    log.info("glyd serve: %s (%s, %d bytes of weights, KV cache %s, %s batching)", show_path(cfg.served),
              state.info["layout"], state.info["weight_bytes"], state.info["kv"], state.info["batching"])
     return app, state

@@ -83,7 +83,7 @@ def bf16_folder(cache: str | os.PathLike | None = None) -> Path:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     root.mkdir(parents=True, exist_ok=True)
-    log.info("converting %s to a bf16 folder in %s (once)", src.name, final)
+    log.info("converting %s to a bf16 folder in %s (once)", show_path(src.name), show_path(final))
     tmp = Path(tempfile.mkdtemp(prefix=f".{FOLDER_NAME}.", dir=root))
     try:
         model = AutoModelForCausalLM.from_pretrained(src.parent, gguf_file=src.name, dtype=torch.bfloat16)

@@ -58,7 +58,7 @@ class Conversions:
         self._got: dict[str, list[tuple[str, str, torch.Tensor]]] = {}
         self._check_given_once()
         if self._expected:
-            log.info("%s: %d tensors are converted by transformers' conversion mapping into %d", where,
+            log.info("%s: %d tensors are converted by transformers' conversion mapping into %d", show_path(where),
                      sum(self._expected.values()), len(self._expected))
 
     def _check_given_once(self) -> None:
@@ -106,7 +106,7 @@ class Conversions:
             if not isinstance(value, torch.Tensor):
                 raise FormatError(f"{show_path(self.where)}: transformers' conversion into {target!r} gave no tensor")
             ready.append((target, value))
-        log.debug("%s: %s made from %d checkpoint tensors", self.where, ", ".join(t for t, _ in ready),
+        log.debug("%s: %s made from %d checkpoint tensors", show_path(self.where), ", ".join(t for t, _ in ready),
                   self._expected[name])
         return ready
 

@@ -76,7 +76,7 @@ def checkpoint_resolver(model: nn.Module, names: set[str], where: str) -> Callab
             converter = next(c for c in converters if pattern in c.source_patterns)
             return renamed, converter, pattern
         if renamed != key:
-            log.debug("%s: checkpoint key %s is %s in this transformers", where, key, renamed)
+            log.debug("%s: checkpoint key %s is %s in this transformers", show_path(where), key, renamed)
         return renamed, None, None
 
     return resolve

@@ -143,10 +143,10 @@ def _kv_arg(kv: Any) -> Any:
 def _match_merge(model: nn.Module, merge: Any, exact: bool, path: Path) -> None:
     # a glyd folder keeps the merging it was saved with unless merge= asks otherwise
     if merge is True and not is_merged(model):
-        log.info("%s was saved unmerged: merging q|k|v and gate|up (repacks those matrices)", path)
+        log.info("%s was saved unmerged: merging q|k|v and gate|up (repacks those matrices)", show_path(path))
         merge_packed(model, exact)
     elif merge is False and is_merged(model):
-        log.info("%s was saved merged: splitting q|k|v and gate|up (repacks those matrices)", path)
+        log.info("%s was saved merged: splitting q|k|v and gate|up (repacks those matrices)", show_path(path))
         unmerge_packed(model, exact)
 
 

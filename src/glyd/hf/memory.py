@@ -325,4 +325,4 @@ def check_stored(path: Path, files: list[str], limit: int) -> None:
     if stored > limit:
         raise GlydError(f"{show_path(path)}: its weights take {size(stored)} as stored, {_LIMIT_NAME.get()} allows "
                         f"{size(limit)} (a glyd folder keeps the layout it was saved with)")
-    log.info("%s: weights %s as stored fit the %s allowed", path, size(stored), size(limit))
+    log.info("%s: weights %s as stored fit the %s allowed", show_path(path), size(stored), size(limit))

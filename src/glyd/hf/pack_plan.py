@@ -150,7 +150,7 @@ def loader_plan(src: Path, tensors: dict[str, tuple[str, list[int]]], *, dst: Pa
                 f"the packed model in memory): {instead}")
         keep.add(key)
     if keep:
-        log.debug("%s: kept as they are (not run packed by %s): %s", src, type(model).__name__, sorted(keep))
+        log.debug("%s: kept as they are (not run packed by %s): %s", show_path(src), type(model).__name__, sorted(keep))
     # a config that contradicts the weights (edited, or another model's): the loader checks every dtype and shape
     held = {k: f"{dtype_name(_loaded_dtype(model, k, t))}{list(t.shape)}" for k, t in state.items()}
     mismatched = tuple((k, f"{dtype}{list(shape)}", held[k]) for k, (dtype, shape) in sorted(tensors.items())

@@ -316,4 +316,4 @@ class Packer:
             raise FormatError(f"{show_path(where)}: tensor(s) {', '.join(missing[:5])}{more} are missing from the "
                               "checkpoint")
         untie_packed(self.model)
-        log.info("%s: %s", where, unpacked_report(self.model))
+        log.info("%s: %s", show_path(where), unpacked_report(self.model))

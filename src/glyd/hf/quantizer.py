@@ -157,7 +157,7 @@ def _check_dtype(dtype: torch.dtype | None, folder: Path) -> None:
         named = None
     if isinstance(named, str) and getattr(torch, named, None) == dtype:
         log.warning("%s: config.json gives dtype %s; a glyd model loads in bfloat16 (its packed weights are bf16)",
-                    folder, named)
+                    show_path(folder), named)
         return
     raise UnsupportedError(f"dtype={dtype}: a glyd model loads in bfloat16 (its packed weights are bf16, bit for bit); "
                            f"leave dtype out, or load it and call model.dequantize(dtype={dtype}) for a {dtype} model")

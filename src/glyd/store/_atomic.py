@@ -218,7 +218,7 @@ def remove_stale(dst: Path) -> list[Path]:
             continue
         if m.groupdict().get("kind") == "old" and not dst.exists():
             log.warning("%s holds the checkpoint an interrupted run was replacing at %s: move it back "
-                        "(mv %s %s) or remove %s", p / "old", dst, p / "old", dst, p)
+                        "(mv %s %s) or remove %s", *map(show_path, (p / "old", dst, p / "old", dst, p)))
             continue
         try:
             if p.is_dir() and not p.is_symlink():
@@ -227,8 +227,8 @@ def remove_stale(dst: Path) -> list[Path]:
                 p.unlink(missing_ok=True)
         except OSError as exc:  # another user's, or removed meanwhile by another run
             if p.exists() or p.is_symlink():
-                log.warning("cannot remove %s, left by an interrupted glyd run: %s", p, exc.strerror or exc)
+                log.warning("cannot remove %s, left by an interrupted glyd run: %s", show_path(p), exc.strerror or exc)
                 continue
-        log.info("removed %s, left by an interrupted glyd run", p)
+        log.info("removed %s, left by an interrupted glyd run", show_path(p))
         removed.append(p)
     return removed

@@ -150,8 +150,9 @@ def check_unlisted(path: Path, listed: set[str]) -> list[str]:
     said = [rel for rel in ignored if rel not in (CARD, CARD_BESIDE)]  # glyd's own model card goes unsaid
     if said:
         log.info("%s: not part of the checkpoint (documentation or hidden), not verified: %s",
-                 path, ", ".join(said[:8]))
+                 show_path(path), ", ".join(show_path(r) for r in said[:8]))
     if added:
         log.warning("%s: file(s) added after packing, not part of the checkpoint and not verified: %s",
-                    path, ", ".join(added[:8]) + (f" and {len(added) - 8} more" if len(added) > 8 else ""))
+                    show_path(path),
+                    ", ".join(show_path(r) for r in added[:8]) + (f" and {len(added) - 8} more" if len(added) > 8 else ""))
     return ignored + added

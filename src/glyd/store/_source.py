@@ -149,7 +149,7 @@ def _walk(src: Path):
             p = Path(root) / d
             if d.startswith("."):
                 if is_glyd_temporary(d):
-                    log.info("not copied: %s (a temporary folder of an interrupted glyd run)", p)
+                    log.info("not copied: %s (a temporary folder of an interrupted glyd run)", show_path(p))
                 continue
             check_inside(src, p)
             real = p.resolve()
@@ -173,7 +173,7 @@ def copy_list(src: Path, weight_files: set[str]) -> tuple[list[tuple[Path, str]]
             if rel in weight_files:
                 continue
             if is_glyd_temporary(n):
-                log.info("not copied: %s (a temporary file of an interrupted glyd run)", p)
+                log.info("not copied: %s (a temporary file of an interrupted glyd run)", show_path(p))
                 continue
             if "/" not in rel and (n.endswith(".safetensors") or any(fnmatch.fnmatch(n, pat) for pat in OTHER_WEIGHTS)):
                 # Other formats, or safetensors the index does not use (consolidated copies): the

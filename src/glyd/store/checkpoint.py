@@ -341,7 +341,7 @@ class CheckpointWriter:
             self.abort()
             raise
         self._closed = True
-        log.debug("wrote %s: %d tensors in %d shard(s)", path, len(self._tensors), n)
+        log.debug("wrote %s: %d tensors in %d shard(s)", show_path(path), len(self._tensors), n)
         return path
 
     def _write_card(self, manifest: dict[str, Any]) -> None:

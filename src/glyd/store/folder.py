@@ -262,7 +262,7 @@ def pack_folder(
             out.add_bytes(config_bytes, SOURCE_CONFIG)  # what unpack gives back, byte for byte
             summary.files.append(CONFIG)
         else:
-            log.warning("%s has no config.json: the checkpoint will not load with transformers", src)
+            log.warning("%s has no config.json: the checkpoint will not load with transformers", show_path(src))
     reader = CheckpointReader(dst)
     shards = {reader.entry(n)["file"] for n in reader.names()}
     summary.shards = len(shards)

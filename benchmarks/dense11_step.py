@@ -13,11 +13,14 @@ the first qkv, o and down matrix (both versions), the unpack is bit-exact, every
 5e-3 (relative norm) of float64 ``F.linear``.
 
     python benchmarks/dense11_step.py [--out DIR] [--layers 28] [--ms 1,16,32,64] [--dot tile|tile_wx|lanes]
-        [--mb 64]
+        [--mb 64] [--gemv bn=32,bk=128,prefetch=1 ...] [--no-v1]
 
 ``--dot`` picks the M >= 2 product form of ``dense11 gemv`` (``Dense11V2GemvConfig.dot``; the
 registry's ``dense11`` keeps the table's, the default ``tile``), ``--mb`` its most x rows a decode
-(16: M = 17-64 decode each tile 2-4 times, as before 2026-12-05).
+(16: M = 17-64 decode each tile 2-4 times, as before 2026-12-05). ``--gemv SPEC`` (repeatable) times
+the version-2 GEMV with ``Dense11V2GemvConfig(**SPEC)`` as a column of its own, ``gemv SPEC``, in
+place of ``dense11 gemv``; ``--no-v1`` leaves version 1 out (the slowest column). The JSON records the
+registry's choice for each shape and M (``choice``).
 
 Without a CUDA GPU it is a dry run under ``TRITON_INTERPRET=1``: tiny shapes, every check, times
 NaN (about 3.5 minutes on 2 CPU cores with ``--ms 1,32``). Prints a markdown table; ``--out`` also
@@ -27,6 +30,7 @@ gets dense11_step.json.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -52,6 +56,28 @@ VARIANTS = ("bf16", "fixed12", "dense11", "dense11 gemv", "dense11 v1")
 WHICH = {"bf16": 0, "fixed12": 1, "dense11": 2, "dense11 gemv": 2, "dense11 v1": 3}
 
 
+def _which(variant: str) -> int:
+    return 2 if variant.startswith("gemv ") else WHICH[variant]
+
+
+def gemv_spec(spec: str) -> Dense11V2GemvConfig:
+    """``Dense11V2GemvConfig`` of ``"bn=32,bk=128,prefetch=1,dot=tile"`` (ints, ``prefetch`` 0/1, ``dot`` a name).
+
+    >>> gemv_spec("bn=32,prefetch=1")
+    Dense11V2GemvConfig(bn=32, bk=256, mb=64, split=0, warps=4, dot='tile', prefetch=True)
+    """
+    kw: dict = {}
+    for part in filter(None, spec.split(",")):
+        key, _, val = part.partition("=")
+        if key == "prefetch":
+            kw[key] = val in ("1", "true", "True")
+        elif key == "dot":
+            kw[key] = val
+        else:
+            kw[key] = int(val)
+    return Dense11V2GemvConfig(**kw)
+
+
 def build(layers: int) -> dict:
     """{name: [(bf16 W, fixed12, dense11 v2, dense11 v1) per layer]} with the lm_head, packed on the device."""
     mats = {}
@@ -64,23 +90,24 @@ def build(layers: int) -> dict:
     return mats
 
 
-def check(mats: dict, ms: list[int], cfg: Dense11V2GemvConfig) -> list[str]:
+def check(mats: dict, ms: list[int], gemvs: dict, v1: bool) -> list[str]:
+    """Failures of the GPU pack, the unpack and every variant's product (``gemvs``: label -> config)."""
     fails = []
     for name, reps in mats.items():
         w, p12, p11, p1 = reps[0]
         if name in ("qkv", "o", "down"):  # the CPU codec is slow on the largest matrices
-            for ref, got in ((glyd.pack(w.cpu(), "dense11"), p11), (pack_v1(w.cpu()), p1)):
+            for ref, got in ((glyd.pack(w.cpu(), "dense11"), p11), (pack_v1(w.cpu()), p1))[:2 if v1 else 1]:
                 for a, t in ref.arrays.items():
                     if t.numpy().tobytes() != got.arrays[a].cpu().numpy().tobytes():
                         fails.append(f"GPU pack dense11 v{ref.version} {name} array {a} differs from the CPU codec")
-        for p in (p11, p1):
+        for p in (p11, p1)[:2 if v1 else 1]:
             if not torch.equal(kernels.unpack(p).view(torch.int16), w.view(torch.int16)):
                 fails.append(f"unpack dense11 v{p.version} {name} is not bit-exact")
         for m in ms:
             x = torch.randn(m, w.shape[1], device=DEV).to(torch.bfloat16)
             want = F.linear(x.double(), w.double())
-            for label, p, c in (("fixed12", p12, None), ("dense11", p11, None), ("dense11 gemv", p11, cfg),
-                                ("dense11 v1", p1, None)):
+            runs = [("fixed12", p12, None), ("dense11", p11, None)] + [(g, p11, c) for g, c in gemvs.items()]
+            for label, p, c in runs + ([("dense11 v1", p1, None)] if v1 else []):
                 y = kernels.linear(x, p, None, c)
                 err = ((y.double() - want).norm() / want.norm()).item()
                 if not err < 5e-3 or not torch.isfinite(y).all():
@@ -88,9 +115,8 @@ def check(mats: dict, ms: list[int], cfg: Dense11V2GemvConfig) -> list[str]:
     return fails
 
 
-def step(mats: dict, xs: dict, variant: str, gemv: Dense11V2GemvConfig):
-    which = WHICH[variant]
-    cfg = gemv if variant == "dense11 gemv" else None
+def step(mats: dict, xs: dict, variant: str, cfg: Dense11V2GemvConfig | None):
+    which = _which(variant)
 
     def run():
         for reps in mats.values():
@@ -102,6 +128,31 @@ def step(mats: dict, xs: dict, variant: str, gemv: Dense11V2GemvConfig):
     return run
 
 
+def choices(mats: dict, ms: list[int]) -> dict:
+    """{M: {shape: the registry's kernel and config for dense11 v2}}."""
+    out = {}
+    for m in ms:
+        for name, reps in mats.items():
+            p = reps[0][2]
+            kern, cfg = kernels.choose(torch.empty(m, p.shape[1], dtype=torch.bfloat16, device=DEV), p)
+            try:  # the fields that differ from the family's defaults
+                diff = {k: v for k, v in dataclasses.asdict(cfg).items() if getattr(type(cfg)(), k) != v}
+            except TypeError:
+                diff = cfg
+            out.setdefault(str(m), {})[name] = f"{kern.name} {diff or ''}".strip()
+    return out
+
+
+def table(res: dict, variants: list[str]) -> str:
+    """The markdown table: ms of every variant, then each against bf16."""
+    lines = ["| M | " + " | ".join(f"{v} ms" for v in variants) + " | "
+             + " | ".join(f"{v} / bf16" for v in variants[1:]) + " |", "|---" * (2 * len(variants)) + "|"]
+    for m, row in res["ms"].items():
+        lines.append(f"| {m} | " + " | ".join(f"{row[v]:.3f}" for v in variants) + " | "
+                     + " | ".join(f"{row[v] / row['bf16']:.3f}x" for v in variants[1:]) + " |")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=None)
@@ -109,8 +160,12 @@ def main(argv=None) -> int:
     ap.add_argument("--ms", default="1,16,32,64")
     ap.add_argument("--dot", default="tile", choices=("tile", "tile_wx", "lanes"))
     ap.add_argument("--mb", type=int, default=64, choices=(16, 32, 64))
+    ap.add_argument("--gemv", action="append", default=[], metavar="SPEC",
+                    help="a version-2 GEMV config as its own column, e.g. bn=32,bk=128,prefetch=1 (repeatable)")
+    ap.add_argument("--no-v1", action="store_true", help="leave format version 1 out")
     args = ap.parse_args(argv)
-    gemv = Dense11V2GemvConfig(dot=args.dot, mb=args.mb)
+    gemvs = {f"gemv {g}": gemv_spec(g) for g in args.gemv} or {"dense11 gemv": Dense11V2GemvConfig(dot=args.dot, mb=args.mb)}
+    variants = ["bf16", "fixed12", "dense11", *gemvs] + ([] if args.no_v1 else ["dense11 v1"])
     ms = [int(m) for m in args.ms.split(",")]
     t0 = time.time()
     mats = build(args.layers)
@@ -119,32 +174,31 @@ def main(argv=None) -> int:
             for p in packs:
                 kernels.prepare(p)
     built = time.time() - t0
-    fails = check(mats, ms, gemv)
+    fails = check(mats, ms, gemvs, not args.no_v1)
     if fails:
         print("\n".join(f"FAIL {f}" for f in fails))
         return 1
     sizes = {v: sum((t[0].numel() * 2 if v == "bf16" else t[WHICH[v]].nbytes) for r in mats.values()
                     for t in r) for v in ("bf16", "fixed12", "dense11", "dense11 v1")}
     res = {"device": torch.cuda.get_device_name() if DEV == "cuda" else "cpu (dry run)", "torch": torch.__version__,
-           "glyd": glyd.__version__, "dot": args.dot, "mb": args.mb, "layers": args.layers, "build_s": round(built, 1), "bytes": sizes, "ms": {}}
+           "glyd": glyd.__version__, "dot": args.dot, "mb": args.mb, "gemv": {g: str(c) for g, c in gemvs.items()},
+           "layers": args.layers, "build_s": round(built, 1), "bytes": sizes, "choice": choices(mats, ms), "ms": {}}
     for m in ms:
         xs = {k: torch.randn(m, k, device=DEV).to(torch.bfloat16) for k in {k for _, _, k in SHAPES} | {H}}
-        for v in VARIANTS:
-            fn = step(mats, xs, v, gemv)
+        for v in variants:
+            fn = step(mats, xs, v, gemvs.get(v))
             if DEV == "cuda":
                 res["ms"].setdefault(str(m), {})[v] = cuda_graph_ms(fn, 30)
             else:
                 fn()
                 res["ms"].setdefault(str(m), {})[v] = float("nan")
     print(f"{res['device']}, torch {res['torch']}, glyd {res['glyd']}, {args.layers} layers (merged), built in {built:.0f} s; "
-          f"dense11 gemv: dot {args.dot}, mb {args.mb}")
+          + "; ".join(f"{g}: {c}" for g, c in res["gemv"].items()))
     print("weight bytes vs bf16: " + ", ".join(f"{v} {sizes[v] / sizes['bf16']:.4f}"
                                                for v in ("fixed12", "dense11", "dense11 v1")))
-    print("\n| M | " + " | ".join(f"{v} ms" for v in VARIANTS) + " | " + " | ".join(f"{v} / bf16" for v in VARIANTS[1:]) + " |")
-    print("|---" * (2 * len(VARIANTS)) + "|")
-    for m, row in res["ms"].items():
-        print(f"| {m} | " + " | ".join(f"{row[v]:.3f}" for v in VARIANTS) + " | "
-              + " | ".join(f"{row[v] / row['bf16']:.3f}x" for v in VARIANTS[1:]) + " |")
+    print("registry's choice: " + "; ".join(f"M={m} " + ", ".join(f"{k} {c}" for k, c in row.items())
+                                            for m, row in res["choice"].items()))
+    print("\n" + table(res, variants))
     if args.out:
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, "dense11_step.json"), "w") as f:

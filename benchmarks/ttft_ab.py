@@ -138,6 +138,14 @@ def main(argv: list[str] | None = None) -> int:
             models[v] = scale._build(cfg, v, device)
         vocab = models["bf16"].config.get_text_config().vocab_size
         if args.compile:
+            # one eager prefill a prompt length first: Glyd's per-matrix state (exception indices, launch
+            # plans, scratch) built on a first call would otherwise be made inside CUDA graph trees' pool
+            # ("tensors in the cudagraph pool not tracked as outputs", 2026-12-05)
+            with torch.no_grad():
+                for prompt in args.prompts:
+                    ids = torch.zeros(1, prompt, dtype=torch.long, device=device)
+                    for m in models.values():
+                        _prefill(m, ids)
             models = {n: torch.compile(m, mode="reduce-overhead", dynamic=False) for n, m in models.items()}
         for prompt in args.prompts:
             res = interleaved(models, prompt, args.rounds, device, vocab)

@@ -110,6 +110,28 @@ def test_gemv(device, m, n, k, kind, cfg):
     _check(y, x, w, bias)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("m,n,k,kind,cfg", [
+    (1, 40, 3000, "crowded", {"split": 1}), (1, 32, 1024, "crowded", {}), (1, 24, 70, "normal", {}),
+    (2, 20, 1100, "wide", {"split": 2}), (3, 7, 2100, "wide", {"bk": 512, "split": 1}),
+    (33, 20, 2100, "wide", {"bn": 32, "bk": 128, "split": 1}), (63, 24, 2049, "wide", {"split": 3, "bk": 128}),
+])
+def test_gemv_prefetch_gives_the_same_bits(device, m, n, k, kind, cfg):
+    # the next step's words loaded before a step decodes: one loop over a split's blocks (a block's
+    # first rank taken at its first step), the last step re-reading its own words; the same sums
+    from glyd import kernels
+    from glyd.kernels.dense11.gemv_v2 import Dense11V2GemvConfig
+
+    w = _weights(n, k, seed=m + n + k + 1, kind=kind)
+    g = torch.Generator().manual_seed(m + 1)
+    x = torch.randn(m, k, generator=g).to(torch.bfloat16).to(device)
+    bias = torch.randn(n, generator=g).to(torch.bfloat16).to(device) if m % 2 else None
+    p = glyd.pack(w, "dense11").to(device)
+    got = kernels.linear(x, p, bias, config=Dense11V2GemvConfig(prefetch=True, **cfg))
+    _check(got, x.cpu(), w, None if bias is None else bias.cpu())
+    assert torch.equal(_bits(got), _bits(kernels.linear(x, p, bias, config=Dense11V2GemvConfig(**cfg))))
+
+
 #: M = 17-100 with 32 or 64 x rows a decode (``x_rows``): ragged M, N and K, whole tiles (the unmasked
 #: path), K splits, the three product forms, M past one program's rows; bias on the odd M
 MID = [
@@ -207,7 +229,7 @@ def test_can_implement_and_configs():
     assert not ok and "version 1, not 2" in why
     assert Dense11V2GemvKernel.can_implement(Problem("dense11", 1, 8, 128, 128, 2), cpu, Dense11V2GemvConfig())[0]
     for bad in ({"bn": 8}, {"bk": 32}, {"bk": 2048}, {"mb": 128}, {"mb": 48}, {"mb": 0}, {"split": -1},
-                {"split": True}, {"warps": 3}, {"dot": "mma"}, {"dot": "wx"}):
+                {"split": True}, {"warps": 3}, {"dot": "mma"}, {"dot": "wx"}, {"prefetch": 1}, {"prefetch": "yes"}):
         with pytest.raises(ValueError):
             Dense11V2GemvConfig(**bad)
     for good in ({"mb": 1}, {"mb": 16}, {"mb": 32}, {"mb": 64}, {"dot": "tile_wx"}):
@@ -260,7 +282,8 @@ def test_large_on_the_gpu(kind):
         if m > 16:
             assert kernels.choose(x.cuda(), p)[0].name == "dense11_v2_gemv"
         _check(kernels.linear(x.cuda(), p), x, w, None)
-        for cfg in ({"dot": "lanes"}, {"dot": "tile_wx"}, {"bn": 32, "bk": 128}, {"bn": 64, "bk": 64}):
+        for cfg in ({"dot": "lanes"}, {"dot": "tile_wx"}, {"bn": 32, "bk": 128}, {"bn": 64, "bk": 64}, {"prefetch": True},
+                    {"prefetch": True, "bn": 32, "bk": 128}):
             _check(kernels.linear(x.cuda(), p, config=Dense11V2GemvConfig(**cfg)), x, w, None)
 
 

@@ -114,13 +114,9 @@ def _half(Xa, Xb, s4, Fa, Fb, Pa, Pb, Pc, Pd, eh0, eh1, el0, el1, TH0, TH1, TL0,
 
 
 @triton.jit
-def decode_step(code_ptr, sm32_ptr, esc_ptr, rn, nmask, kb, KP, NESCW, run, TAB, LUT, BN: tl.constexpr,
-                W: tl.constexpr, HW: tl.constexpr, FULL: tl.constexpr):
-    # Columns kb .. kb + 32 W of rows rn as lane words (hia, loa, hib, lob) [BN, W, 4] (hi and lo bytes
-    # of 4 weights each: half a = columns 0-15 of each run, half b = 16-31), and run [BN, 1] moved past
-    # the step's escapes. run: the stream index of each row's first escape at or after column kb.
-    # FULL: every row and column of the tile exists (N % BN == 0, Kp % BK == 0): no masks.
-    TH0, TH1, TL0, TL1 = LUT
+def load_step(code_ptr, sm32_ptr, rn, nmask, kb, KP, W: tl.constexpr, FULL: tl.constexpr):
+    # the raw words of columns kb .. kb + 32 W of rows rn: code words c0, c1, c2 [BN, W] and the sm bytes
+    # as two halves s4a, s4b [BN, W, 4] (16-byte vectors). FULL: every row and column exists (no masks)
     wi = tl.arange(0, W)
     qq = tl.arange(0, 4)
     cw = (rn * (3 * (KP // 32)))[:, None] + 3 * (kb // 32 + wi)[None, :]
@@ -138,6 +134,15 @@ def decode_step(code_ptr, sm32_ptr, esc_ptr, rn, nmask, kb, KP, NESCW, run, TAB,
         c2 = _u(tl.load(code_ptr + cw + 2, mask=wmask, other=0))
         s4a = _u(tl.load(sm32_ptr + so, mask=wmask[:, :, None], other=0))
         s4b = _u(tl.load(sm32_ptr + so + 4, mask=wmask[:, :, None], other=0))
+    return c0, c1, c2, s4a, s4b
+
+
+@triton.jit
+def decode_words(c0, c1, c2, s4a, s4b, esc_ptr, NESCW, run, TAB, LUT, HW: tl.constexpr):
+    # a step's words (load_step) as lane words (hia, loa, hib, lob) [BN, W, 4] (hi and lo bytes of 4
+    # weights each: half a = columns 0-15 of each run, half b = 16-31), and run [BN, 1] moved past the
+    # step's escapes. run: the stream index of each row's first escape at or after the step's first column.
+    TH0, TH1, TL0, TL1 = LUT
     d = ((c0 >> 3) & 0x11111111) | ((c1 >> 2) & 0x22222222) | ((c2 >> 1) & 0x44444444)
     f0 = _nib_esc(c0)
     f1 = _nib_esc(c1)
@@ -158,6 +163,15 @@ def decode_step(code_ptr, sm32_ptr, esc_ptr, rn, nmask, kb, KP, NESCW, run, TAB,
     hib, lob = _half(c2, d, s4b, f2 << 2, f3 << 2, f2 * 0x11111110, f3 * 0x11111110, _clamp8(b2), _clamp8(b3),
                      eh0, eh1, el0, el1, TH0, TH1, TL0, TL1, HW)
     return hia, loa, hib, lob, run + tl.sum(tot, axis=1, keep_dims=True)
+
+
+@triton.jit
+def decode_step(code_ptr, sm32_ptr, esc_ptr, rn, nmask, kb, KP, NESCW, run, TAB, LUT, BN: tl.constexpr,
+                W: tl.constexpr, HW: tl.constexpr, FULL: tl.constexpr):
+    # Columns kb .. kb + 32 W of rows rn as lane words (hia, loa, hib, lob) [BN, W, 4] and run [BN, 1]
+    # moved past the step's escapes: load_step then decode_words
+    c0, c1, c2, s4a, s4b = load_step(code_ptr, sm32_ptr, rn, nmask, kb, KP, W, FULL)
+    return decode_words(c0, c1, c2, s4a, s4b, esc_ptr, NESCW, run, TAB, LUT, HW)
 
 
 @triton.jit
@@ -208,4 +222,4 @@ def hw() -> bool:
     return not C.interpreting()
 
 
-__all__ = ["decode_step", "block_start", "PreparedV2", "prepare", "hw", "torch"]
+__all__ = ["decode_step", "load_step", "decode_words", "block_start", "PreparedV2", "prepare", "hw", "torch"]

@@ -32,7 +32,7 @@ import triton.language as tl
 from glyd.codec import dense11 as _codec
 from glyd.kernels import _common as C
 from glyd.kernels._interp import isolated
-from glyd.kernels.dense11.decode_v2 import block_start, decode_step, hw, prepare
+from glyd.kernels.dense11.decode_v2 import block_start, decode_step, decode_words, hw, load_step, prepare
 from glyd.kernels.fixed12.words import f32_lane, x_lane
 from glyd.kernels.registry import Kernel
 
@@ -146,7 +146,7 @@ def _gemv_v2_kernel(x_ptr, x32_ptr, sm_ptr, sm8_ptr, code_ptr, esc_ptr, ebase_pt
                     HB0, HB1, LA0, LA1, LB0, LB1, BN: tl.constexpr, BK: tl.constexpr, MB: tl.constexpr,
                     HW: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_EXC: tl.constexpr, PARTIAL: tl.constexpr,
                     X32: tl.constexpr = False, FULL: tl.constexpr = False, TILE_DOT: tl.constexpr = True,
-                    W_FIRST: tl.constexpr = False):
+                    W_FIRST: tl.constexpr = False, PREFETCH: tl.constexpr = False):
     # rows [pid_n * BN, +BN) x blocks [pid_k * BLOCKS_SPLIT, +BLOCKS_SPLIT) for x rows [pid_m * MB, +MB)
     W: tl.constexpr = BK // 32
     pid_n = tl.program_id(0)
@@ -166,22 +166,33 @@ def _gemv_v2_kernel(x_ptr, x32_ptr, sm_ptr, sm8_ptr, code_ptr, esc_ptr, ebase_pt
         acc = tl.zeros([MB, BN], dtype=tl.float32)
     xrow = x_ptr + pid_m * stride_xm
     x32row = x32_ptr + pid_m * (stride_xm // 2)
-    b0 = pid_k * BLOCKS_SPLIT
-    for blk in range(b0, tl.minimum(b0 + BLOCKS_SPLIT, NBR)):
-        run = block_start(ebase_ptr, eoff_ptr, rn * NBR + blk, nmask)
-        for kb in range(blk * BLOCK_C, tl.minimum(blk * BLOCK_C + BLOCK_C, KP), BK):
+    # the split's steps in one loop (a block's first step takes the block's first rank); PREFETCH: the next
+    # step's words are loaded before this step decodes (their latency hidden behind it, 11 registers more)
+    k0 = pid_k * BLOCKS_SPLIT * BLOCK_C
+    k1 = tl.minimum(k0 + BLOCKS_SPLIT * BLOCK_C, KP)
+    last = k0 + ((k1 - k0 - 1) // BK) * BK
+    run = block_start(ebase_ptr, eoff_ptr, rn * NBR + pid_k * BLOCKS_SPLIT, nmask)
+    if PREFETCH:
+        c0, c1, c2, s4a, s4b = load_step(code_ptr, sm_ptr, rn, nmask, k0, KP, W, FULL)
+    for kb in range(k0, k1, BK):
+        if kb == (kb // BLOCK_C) * BLOCK_C:  # (constexpr has no __rmod__ under the interpreter)
+            run = block_start(ebase_ptr, eoff_ptr, rn * NBR + kb // BLOCK_C, nmask)
+        if PREFETCH:
+            n0, n1, n2, n4a, n4b = load_step(code_ptr, sm_ptr, rn, nmask, tl.minimum(kb + BK, last), KP, W, FULL)
+            hia, loa, hib, lob, run = decode_words(c0, c1, c2, s4a, s4b, esc_ptr, NESCW, run, tab, lut, HW)
+            c0, c1, c2, s4a, s4b = n0, n1, n2, n4a, n4b
+        else:
             hia, loa, hib, lob, run = decode_step(code_ptr, sm_ptr, esc_ptr, rn, nmask, kb, KP, NESCW, run, tab, lut,
                                                   BN, W, HW, FULL)
-            if MB == 1:
-                acc1 = _fma_half(acc1, hia, loa, xrow, x32row, kb, K, 0, W, HW, X32, FULL)
-                acc1 = _fma_half(acc1, hib, lob, xrow, x32row, kb, K, 1, W, HW, X32, FULL)
+        if MB == 1:
+            acc1 = _fma_half(acc1, hia, loa, xrow, x32row, kb, K, 0, W, HW, X32, FULL)
+            acc1 = _fma_half(acc1, hib, lob, xrow, x32row, kb, K, 1, W, HW, X32, FULL)
+        else:
+            if TILE_DOT:
+                acc = _dot_tile(acc, hia, loa, hib, lob, x_ptr, rm, mmask, stride_xm, kb, K, BN, W, HW, W_FIRST)
             else:
-                if TILE_DOT:
-                    acc = _dot_tile(acc, hia, loa, hib, lob, x_ptr, rm, mmask, stride_xm, kb, K, BN, W, HW,
-                                    W_FIRST)
-                else:
-                    acc = _dot_half(acc, hia, loa, x_ptr, rm, mmask, stride_xm, kb, K, 0, BN, W, HW)
-                    acc = _dot_half(acc, hib, lob, x_ptr, rm, mmask, stride_xm, kb, K, 1, BN, W, HW)
+                acc = _dot_half(acc, hia, loa, x_ptr, rm, mmask, stride_xm, kb, K, 0, BN, W, HW)
+                acc = _dot_half(acc, hib, lob, x_ptr, rm, mmask, stride_xm, kb, K, 1, BN, W, HW)
     if MB == 1:
         acc = tl.sum(tl.sum(acc1, axis=2), axis=1)[None, :]
     elif W_FIRST and TILE_DOT:
@@ -228,7 +239,9 @@ class Dense11V2GemvConfig:
     more programs), ``split`` K splits of whole 1024-column blocks (0: one split a block when the
     row tiles alone would leave the GPU's SMs idle), ``warps``, ``dot``: the M >= 2 products as one
     dot a step of the tile in column order, x @ tile^T (``"tile"``) or tile @ x^T (``"tile_wx"``),
-    or 8 dots a step, one a byte lane (``"lanes"``; at most 32 x rows a program).
+    or 8 dots a step, one a byte lane (``"lanes"``; at most 32 x rows a program), ``prefetch``: each
+    step's words loaded while the step before decodes (2026-12-05 Nsight Compute: 46% of the M = 1
+    GEMV's cycles between issues wait on its loads; off until the H200 times it).
 
     >>> Dense11V2GemvConfig(bn=32, bk=128, mb=64).mb
     64
@@ -240,6 +253,7 @@ class Dense11V2GemvConfig:
     split: int = 0
     warps: int = 4
     dot: str = "tile"
+    prefetch: bool = False
 
     def __post_init__(self) -> None:
         C.pow2(self, "bn", "bk", "mb", "warps")
@@ -248,6 +262,8 @@ class Dense11V2GemvConfig:
                              f"got bk={self.bk}, mb={self.mb}, bn={self.bn}")
         if not isinstance(self.split, int) or isinstance(self.split, bool) or self.split < 0:
             raise ValueError(f"split must be an int >= 0, got {self.split!r}")
+        if not isinstance(self.prefetch, bool):
+            raise ValueError(f"prefetch must be True or False, got {self.prefetch!r}")
         if self.dot not in ("tile", "tile_wx", "lanes"):
             raise ValueError(f"dot must be 'tile', 'tile_wx' or 'lanes', got {self.dot!r}")
 
@@ -296,7 +312,7 @@ class Dense11V2GemvKernel(Kernel):
             x2.stride(0), *prep.lut, *prep.tab,
             BN=config.bn, BK=bk, MB=mb, HW=hw(), HAS_BIAS=bias is not None, HAS_EXC=prep.nexc > 0, PARTIAL=split > 1,
             X32=x32 is not None, FULL=n % config.bn == 0 and k == kp and kp % bk == 0, TILE_DOT=config.dot != "lanes",
-            W_FIRST=config.dot == "tile_wx", num_warps=config.warps,
+            W_FIRST=config.dot == "tile_wx", PREFETCH=config.prefetch, num_warps=config.warps,
         )
         if split > 1:
             C.finalize(dst, bias, out)

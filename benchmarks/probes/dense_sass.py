@@ -170,7 +170,8 @@ def dense11_v2(kind: str, tile: tuple[int, int, int] = (16, 256, 4)) -> dict:
     else:
         fn, (bn, bk, warps) = G._gemv_v2_kernel, tile
         const = dict(BN=bn, BK=bk, MB=int(kind.removeprefix("gemv")), HW=True, HAS_BIAS=False, HAS_EXC=True,
-                     PARTIAL=False, X32=full, FULL=full, TILE_DOT=not lanes, W_FIRST=wfirst)
+                     PARTIAL=False, X32=full, FULL=full, TILE_DOT=not lanes, W_FIRST=wfirst,
+                     PREFETCH=False)  # a constexpr since d11-prefetch: left out, it compiled as an i32 (NameError)
     sig = {n: "constexpr" if n in const else ptrs.get(n, "i32") for n in fn.arg_names}
     rows, res = _sass(fn, sig, const, warps, (*ptrs, "KP", "K", "stride_xm"))
     return analyse(rows, res, bn * bk / (32 * warps))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import threading
 import weakref
 
 import torch
@@ -215,6 +216,70 @@ def store_out(acc, out_ptr, fin_ptr, cnt_ptr, bias_ptr, optr, omask, boff, tile,
         tl.store(out_ptr + optr, acc.to(tl.bfloat16), mask=omask)
 
 
+# --- Per-device and per-matrix state that outlives a call ------------------------------------------
+#
+# Under ``torch.compile(mode="reduce-overhead")`` (CUDA graph trees) a compiled function's first call,
+# its warm-up, runs eagerly with every allocation of the calling thread routed into the graphs' private
+# pool (torch/_inductor/cudagraph_trees.py ``_use_cuda_memory_pool_manager``:
+# ``torch._C._cuda_beginAllocateCurrentThreadToPool``, a filter on the thread, not the stream), and
+# ``check_memory_pool`` then raises on any live block of that pool that is not a graph output. A tensor
+# glyd keeps (an exception index, a scratch buffer) made there would also be overwritten by later
+# replays. Allocations of another thread are not routed (``torch.cuda.use_mem_pool``'s note), so state
+# that outlives the call is made on a helper thread, on the caller's device and stream (the same order).
+
+_LOCAL = threading.local()
+
+
+def _capturing(device: torch.device) -> bool:
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
+def _off_thread(device: torch.device) -> bool:
+    """True where ``persistent`` runs ``make`` on a helper thread: a real CUDA device, not already on
+    one, not while a graph is captured (routed by the capturing stream: a thread does not escape it,
+    and kernels are recorded, not run), not under a fake mode (torch.compile's tracing)."""
+    if device.type != "cuda" or interpreting() or getattr(_LOCAL, "inside", False) or _capturing(device):
+        return False
+    return torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE) is None
+
+
+def _in_thread(make, device: torch.device):
+    """``make()`` on a new thread (on ``device`` and the caller's current stream when CUDA), waited for;
+    its exception is raised here."""
+    box: dict = {}
+    stream = None
+    if device.type == "cuda":  # "cuda" alone is the caller's current device (a new thread's is 0)
+        device = torch.device("cuda", torch.cuda.current_device() if device.index is None else device.index)
+        stream = torch.cuda.current_stream(device)
+
+    def work() -> None:
+        _LOCAL.inside = True
+        try:
+            with torch.no_grad():
+                if stream is None:
+                    box["value"] = make()
+                else:
+                    with torch.cuda.device(device), torch.cuda.stream(stream):
+                        box["value"] = make()
+        except BaseException as exc:  # noqa: BLE001 - raised again in the caller's thread
+            box["error"] = exc
+
+    t = threading.Thread(target=work, name="glyd-persistent", daemon=True)
+    t.start()
+    t.join()
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+def persistent(device: torch.device, make):
+    """``make()``, whose CUDA tensors outlive the call (caches, reused buffers), made outside any CUDA
+    graph pool the calling thread's allocations are routed to (CUDA graph trees' warm-up, a
+    ``torch.cuda.use_mem_pool`` block). Inline on the CPU, under Triton's interpreter, while a graph
+    is captured and during tracing."""
+    return _in_thread(make, device) if _off_thread(device) else make()
+
+
 _COUNTERS: dict[tuple[str, int | None], list[torch.Tensor]] = {}
 
 
@@ -226,7 +291,7 @@ def counters(device: torch.device, n: int) -> torch.Tensor:
     n = n * COUNTER_SLOTS
     bufs = _COUNTERS.setdefault(key, [])
     if not bufs or bufs[-1].numel() < n:
-        bufs.append(torch.zeros(max(n, 1 << 16), dtype=torch.int32, device=device))
+        bufs.append(persistent(device, lambda: torch.zeros(max(n, 1 << 16), dtype=torch.int32, device=device)))
     return bufs[-1]
 
 
@@ -308,7 +373,7 @@ def cached(key_tensor: torch.Tensor, make, sources=()):
     hit = _CACHE.get(k)
     if hit is not None and hit[0]() is key_tensor and hit[1] == stamp:
         return hit[2]
-    value = make()
+    value = persistent(key_tensor.device, make)
     fresh = hit is None or hit[0]() is not key_tensor
     watched = set() if fresh else hit[3]  # ids of the sources whose death drops the entry
     _CACHE[k] = (weakref.ref(key_tensor), stamp, value, watched)
@@ -355,17 +420,23 @@ def exception_tiles(owner, key, pos: torch.Tensor, vals: torch.Tensor, tile: tor
     kept = owner.__dict__.setdefault("_exception_tiles", {})
     hit = kept.get(key)
     if hit is None:
-        order = torch.sort(tile, stable=True).indices  # positions ascend: already in tile order for a flat tiling
-        counts = torch.bincount(tile, minlength=ntiles)
-        ptr = torch.zeros(ntiles + 1, dtype=torch.int64, device=pos.device)
-        ptr[1:] = torch.cumsum(counts, 0)
-        # int32 positions: the kernels index a matrix of < 2**31 weights (check_size on its planes)
-        hit = (ptr.to(torch.int32), pos[order].to(torch.int32), vals[order].contiguous())
-        kept[key] = hit
+        def make():
+            order = torch.sort(tile, stable=True).indices  # positions ascend: already in tile order for a flat tiling
+            counts = torch.bincount(tile, minlength=ntiles)
+            ptr = torch.zeros(ntiles + 1, dtype=torch.int64, device=pos.device)
+            ptr[1:] = torch.cumsum(counts, 0)
+            # int32 positions: the kernels index a matrix of < 2**31 weights (check_size on its planes)
+            return ptr.to(torch.int32), pos[order].to(torch.int32), vals[order].contiguous()
+
+        hit = kept[key] = persistent(pos.device, make)
     return hit
 
 
 _SCRATCH: dict[tuple[str, int | None], torch.Tensor] = {}
+#: Scratch buffers a CUDA graph capture was handed, by address: kept for the process's life (its
+#: replays write into them after ``scratch`` has moved on to a larger buffer; freed, they would be
+#: another tensor's memory)
+_CAPTURED_SCRATCH: dict[int, torch.Tensor] = {}
 
 
 # x2: bf16 [M, K]; w: bf16 [N, K]; bias: [N] or None; out: bf16 [M, N] -> out
@@ -413,6 +484,8 @@ def scratch(device: torch.device, numel: int) -> torch.Tensor:
     key = (device.type, index)
     buf = _SCRATCH.get(key)
     if buf is None or buf.numel() < numel:
-        buf = torch.empty(max(numel, 1), dtype=torch.bfloat16, device=device)
+        buf = persistent(device, lambda: torch.empty(max(numel, 1), dtype=torch.bfloat16, device=device))
         _SCRATCH[key] = buf
+    if _capturing(device):
+        _CAPTURED_SCRATCH.setdefault(buf.data_ptr(), buf)
     return buf[:numel]

@@ -11,7 +11,9 @@ each variant (weights ``bf16``, ``fixed12``, ``tiered``; ``+kv``: glyd's lossles
 * **decode step** at 1, 8, 32, 64 sequences: ``glyd eval``'s step (static cache of ``--context``
   positions, one CUDA graph, median GPU time of replays); ``+kv``: the same step over
   ``GlydStaticCache`` (a static pool of kvf12 pages, the fused decode attention, one CUDA graph);
-* **time to first token** at 512 and 2048 prompt tokens (one sequence, eager prefill, median);
+* **time to first token** at 512 and 2048 prompt tokens (one sequence, eager prefill, median;
+  ``--compile-prefill``: through ``torch.compile(mode="reduce-overhead")``, as ``ttft_ab.py --compile``,
+  but ``+kv`` eager);
 * **largest context** at ``--capacity-batch`` sequences: bisection over static caches that fit with
   one decode step at their last position (``+kv``: the largest GlydStaticCache pool that the free memory
   holds, filled to its last position, and one decode step there), beside
@@ -27,6 +29,7 @@ what it measured); the PNG plot (matplotlib, imported lazily) at the end and aft
     python3 benchmarks/scale.py --sizes llama-3.1-70b --out $OUT/b
     python3 benchmarks/scale.py --combine $OUT/a/scale.json $OUT/b/scale.json --out $OUT  # one table, one plot
     python3 benchmarks/scale.py --sizes qwen3-30b-a3b --variants bf16,fixed12 --out $OUT/moe   # an MoE shape
+    python3 benchmarks/scale.py --sizes qwen2.5-0.5b,qwen2.5-7b --compile-prefill --no-capacity --out $OUT/c
     python3 benchmarks/scale.py --tiny --out /tmp/scale                    # the whole pipeline on the CPU
     python3 benchmarks/scale.py --tiny --sizes tiny-moe --out /tmp/scale   # its MoE path on the CPU
 
@@ -179,7 +182,13 @@ def _measure(model, rec: dict, args, device: str, lossless: bool) -> None:
     if lossless:
         rec["kv_ratio"] = sp.lossless_ratio(model, batches[0], args.context - 1, device)
     rec["decode_ms"] = {str(b): v for b, v in ms.items()}
-    rec["ttft_ms"] = {str(p): sp.ttft(model, p, device, args.ttft_reps, lossless) for p in args.prompts}
+    # +kv stays eager: GlydStaticCache's prompt write reads the pool's length on the host (pool.held), a graph
+    # break a layer, and the resumed frames hit dynamo's recompile limit (CPU, torch 2.13, 2026-12-05)
+    compiled = args.compile_prefill and not lossless
+    rec["prefill"] = sp.PREFILL_COMPILED if compiled else sp.PREFILL_EAGER
+    if args.compile_prefill and not compiled:
+        rec["prefill_note"] = "eager prefill: GlydStaticCache's prompt write breaks torch.compile's graph"
+    rec["ttft_ms"] = sp.ttfts(model, args.prompts, device, args.ttft_reps, lossless, compiled)
     rec["measure_s"] = time.perf_counter() - t
     log.info("%s %s: step ms %s; first token ms %s", rec["size"], rec["variant"], rec["decode_ms"], rec["ttft_ms"])
     _capacity(model, rec, args, device, lossless)
@@ -221,6 +230,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--replays", type=int, default=20, help="timed decode steps a batch size (default 20)")
     ap.add_argument("--prompts", type=ints, default=(512, 2048), help="prompt tokens for first-token time (default 512,2048)")
     ap.add_argument("--ttft-reps", type=int, default=5, help="timed prefills a prompt length (default 5)")
+    ap.add_argument("--compile-prefill", action="store_true",
+                    help=f"first token through {sp.PREFILL_COMPILED} (ttft_ab.py's --compile): one eager prefill "
+                         f"a prompt length, the compile, {sp.COMPILE_WARMUP} warm-up calls, then the timed prefills; "
+                         "CUDA graphs on a GPU, inductor without graphs on the CPU (--tiny: needs a C compiler); +kv "
+                         "variants stay eager (GlydStaticCache's prompt write breaks the graph) and the table says so")
     ap.add_argument("--capacity-batch", type=int, default=1, help="sequences of the largest-context search (default 1)")
     ap.add_argument("--no-capacity", action="store_true", help="skip the largest-context search")
     ap.add_argument("--device", default=None, help="default: cuda when available")

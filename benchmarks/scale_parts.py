@@ -1,4 +1,5 @@
-"""The measurements of ``benchmarks/scale.py``: decode step, time to first token, KV capacity.
+"""The measurements of ``benchmarks/scale.py``: decode step, time to first token (eager or compiled, the
+compiled prefill ``ttft_ab.py`` uses too), KV capacity.
 
 Every measurement that can run out of GPU memory returns ``None`` (and the caller writes "OOM") rather
 than raise: a 70B model in bf16 fits with little room, and the table says where it did not.
@@ -125,23 +126,73 @@ def lossless_ratio(model: nn.Module, batch: int, tokens: int, device: str) -> fl
         return None
 
 
+#: ``--compile``'s prefill: torch.compile's CUDA graphs a prompt length on a GPU (inductor without graphs on the CPU).
+COMPILE_MODE = "reduce-overhead"
+#: What the record says of each prefill mode (``ttft_ab.py``'s footer, ``scale.py``'s JSON and table).
+PREFILL_EAGER, PREFILL_COMPILED = "eager", f'torch.compile(mode="{COMPILE_MODE}")'
+#: Calls before timing a compiled prefill: the compile, then CUDA graph trees record on the third call.
+COMPILE_WARMUP = 3
+
+
+def prefill(forward: Callable, ids: torch.Tensor, cache=None) -> torch.Tensor:
+    """One prefill of ``ids``, logits of the last position only; ``cache`` (a ``GlydStaticCache``)
+    emptied first and passed, else transformers makes a fresh DynamicCache."""
+    kw = {}
+    if cache is not None:
+        cache.reset()
+        kw["past_key_values"] = cache
+    return forward(input_ids=ids, use_cache=True, logits_to_keep=1, **kw).logits
+
+
 @torch.no_grad()
-def ttft(model: nn.Module, prompt: int, device: str, reps: int, lossless: bool = False) -> float | None:
+def compile_prefill(model: nn.Module, prompts: tuple[int, ...], device: str, caches: dict | None = None) -> nn.Module:
+    """``torch.compile(model, mode=COMPILE_MODE, dynamic=False)`` after one eager prefill of each prompt
+    length (with ``caches[prompt]`` where given): Glyd's per-matrix state (exception indices, launch plans,
+    scratch) built on a first call would otherwise be made inside CUDA graph trees' pool ("tensors in the
+    cudagraph pool not tracked as outputs", 2026-12-05). The eager ``model`` stays usable as it was."""
+    for p in prompts:
+        prefill(model, torch.zeros(1, p, dtype=torch.long, device=device), (caches or {}).get(p))
+    return torch.compile(model, mode=COMPILE_MODE, dynamic=False)
+
+
+@torch.no_grad()
+def ttft(model: nn.Module, prompt: int, device: str, reps: int, lossless: bool = False, *,
+         forward: Callable | None = None, cache=None) -> float | None:
     """Time to first token: one prefill forward of ``prompt`` random tokens, one sequence, logits of
     the last position only (a fresh DynamicCache each time, or with ``lossless`` a GlydStaticCache of
-    ``prompt`` tokens made once and emptied before each prefill: its pages are packed by the prefill)."""
+    ``prompt`` tokens, ``cache`` or one made here, emptied before each prefill: its pages are packed by
+    the prefill). ``forward``: what to call (``compile_prefill``'s module; warmed up ``COMPILE_WARMUP``
+    times), else ``model`` eagerly (one warm-up)."""
     vocab = model.config.get_text_config().vocab_size
     ids = torch.randint(0, vocab, (1, prompt), generator=torch.Generator().manual_seed(3)).to(device)
-    cache = _glyd_cache(model, max_cache_len=prompt) if lossless else None
+    if lossless and cache is None:
+        cache = _glyd_cache(model, max_cache_len=prompt)
+    fn, warmup = (model, 1) if forward is None else (forward, COMPILE_WARMUP)
+    return oom_safe(lambda: _timed(lambda: prefill(fn, ids, cache if lossless else None), device, reps, warmup),
+                    device, f"prefill of {prompt} tokens")
 
-    def run():
-        kw = {}
-        if cache is not None:
-            cache.reset()
-            kw["past_key_values"] = cache
-        return model(input_ids=ids, use_cache=True, logits_to_keep=1, **kw).logits
 
-    return oom_safe(lambda: _timed(run, device, reps, warmup=1), device, f"prefill of {prompt} tokens")
+def ttfts(model: nn.Module, prompts: tuple[int, ...], device: str, reps: int, lossless: bool = False,
+          compiled: bool = False) -> dict[str, float | None]:
+    """``ttft`` at each prompt length (None: out of memory); ``compiled``: through ``compile_prefill``
+    (one compiled module for every length, a GlydStaticCache a length with ``lossless``), whose compiled
+    code and CUDA graph pools are given back afterwards (the capacity search measures free memory)."""
+    if not compiled:
+        return {str(p): ttft(model, p, device, reps, lossless) for p in prompts}
+    caches = {p: _glyd_cache(model, max_cache_len=p) for p in prompts} if lossless else {}
+    fwd = oom_safe(lambda: compile_prefill(model, prompts, device, caches), device, "the eager prefills")
+    try:
+        return {str(p): None if fwd is None else ttft(model, p, device, reps, lossless, forward=fwd,
+                                                      cache=caches.get(p)) for p in prompts}
+    finally:
+        del fwd
+        caches.clear()
+        torch._dynamo.reset()
+        if device.startswith("cuda"):  # the graphs' private pools (reset() frees them too in newer torch)
+            from torch._inductor.cudagraph_trees import reset_cudagraph_trees
+
+            reset_cudagraph_trees()
+        free_memory(device)
 
 
 def largest(fits: Callable[[int], bool], hi: int, step: int) -> int:

@@ -48,8 +48,23 @@ def _row(r: dict, ref: dict | None, batches: list[str], prompts: list[str]) -> l
     cells += [str(cap) if cap is not None else "-", str(fcap) if fcap is not None else "-",
               f"{cap / fcap:.3f}" if cap and fcap else "-",
               f"{cap / ref_cap:.2f}x" if cap and ref_cap and r is not ref else "-"]
-    note = [f"KV {r['kv_ratio']:.3f} of bf16" if r.get("kv_ratio") else "", r.get("capacity_note", "")]
+    note = [f"KV {r['kv_ratio']:.3f} of bf16" if r.get("kv_ratio") else "", r.get("prefill_note", ""),
+            r.get("capacity_note", "")]
     return cells + ["; ".join(n for n in note if n) or "ok"]
+
+
+def _prefill_modes(results: list[dict]) -> str:
+    """How the first tokens' prefills ran: "eager prefill", or each mode with its variants when they differ
+    (runs from before ``--compile-prefill`` were eager)."""
+    modes: dict[str, list[str]] = {}
+    for r in results:
+        if r.get("ttft_ms"):
+            variants = modes.setdefault(r.get("prefill", "eager"), [])
+            if r["variant"] not in variants:
+                variants.append(r["variant"])
+    if len(modes) <= 1:
+        return f"{next(iter(modes), 'eager')} prefill"
+    return "; ".join(f"{m} prefill ({', '.join(v)})" for m, v in modes.items())
 
 
 def table(report: dict) -> str:
@@ -68,7 +83,7 @@ def table(report: dict) -> str:
     lines += ["", f"GPU: {env.get('gpu', 'none (CPU)')}; torch {env.get('torch')}, transformers {env.get('transformers')}, "
               f"triton {env.get('triton', '-')}, glyd {env.get('glyd')}; {env.get('date', '')}",
               "decode step: " + ("; ".join(methods) or "-"),
-              "first token: one sequence, eager prefill, logits of the last position, median; "
+              f"first token: one sequence, {_prefill_modes(results)}, logits of the last position, median; "
               "largest context: tokens a sequence at the capacity batch (fit: its memory bound, no max_position cap)"]
     return "\n".join(lines)
 

@@ -37,12 +37,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 
 import scale  # noqa: E402
+import scale_parts as sp  # noqa: E402
 
 log = logging.getLogger("ttft_ab")
-
-
-def _prefill(forward, ids) -> None:
-    forward(input_ids=ids, use_cache=True, logits_to_keep=1)
 
 
 def _once(model, ids, cuda: bool) -> tuple[float, float]:
@@ -52,7 +49,7 @@ def _once(model, ids, cuda: bool) -> tuple[float, float]:
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
     t = time.perf_counter()
-    _prefill(model, ids)
+    sp.prefill(model, ids)
     if cuda:
         b.record()
         b.synchronize()
@@ -70,8 +67,8 @@ def interleaved(models: dict, prompt: int, rounds: int, device: str, vocab: int)
     gpus: dict[str, list[float]] = {n: [] for n in names}
     with torch.no_grad():
         for n in names:  # warm-up: compiles (CUDA graphs record on the third call), plans, scratch buffers
-            for _ in range(3):
-                _prefill(models[n], ids)
+            for _ in range(sp.COMPILE_WARMUP):
+                sp.prefill(models[n], ids)
         for r in range(rounds):
             for n in (names if r % 2 == 0 else names[::-1]):
                 w, g = _once(models[n], ids, cuda)
@@ -114,7 +111,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompts", type=ints, default=(512, 2048), help="prompt lengths (default 512,2048)")
     ap.add_argument("--rounds", type=int, default=15, help="interleaved rounds (default 15)")
     ap.add_argument("--device", default=None, help="default cuda (cpu with --tiny)")
-    ap.add_argument("--compile", action="store_true", help='torch.compile(mode="reduce-overhead") every model\'s forward')
+    ap.add_argument("--compile", action="store_true",
+                    help=f"{sp.PREFILL_COMPILED} every model's forward (scale_parts.compile_prefill: one eager prefill "
+                         "a prompt length first; on the CPU inductor without graphs, needing a C compiler)")
     ap.add_argument("--tiny", action="store_true", help="the two-layer model on the CPU, prompts 16,32, 3 rounds")
     ap.add_argument("--out", default=None, help="a folder for ab.json and ab.md")
     args = ap.parse_args(argv)
@@ -130,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     device = args.device or "cuda"
     if device.startswith("cuda") and not torch.cuda.is_available():
         ap.error("no CUDA GPU here: use --tiny (or --device cpu)")
+    how = sp.PREFILL_COMPILED if args.compile else sp.PREFILL_EAGER
     results = []
     for size in args.sizes:
         cfg = scale._config(size)
@@ -138,24 +138,15 @@ def main(argv: list[str] | None = None) -> int:
             models[v] = scale._build(cfg, v, device)
         vocab = models["bf16"].config.get_text_config().vocab_size
         if args.compile:
-            # one eager prefill a prompt length first: Glyd's per-matrix state (exception indices, launch
-            # plans, scratch) built on a first call would otherwise be made inside CUDA graph trees' pool
-            # ("tensors in the cudagraph pool not tracked as outputs", 2026-12-05)
-            with torch.no_grad():
-                for prompt in args.prompts:
-                    ids = torch.zeros(1, prompt, dtype=torch.long, device=device)
-                    for m in models.values():
-                        _prefill(m, ids)
-            models = {n: torch.compile(m, mode="reduce-overhead", dynamic=False) for n, m in models.items()}
+            models = {n: sp.compile_prefill(m, args.prompts, device) for n, m in models.items()}
         for prompt in args.prompts:
             res = interleaved(models, prompt, args.rounds, device, vocab)
-            results.append({"size": size, "prompt": prompt, "variants": res})
+            results.append({"size": size, "prompt": prompt, "prefill": how, "variants": res})
             log.info("%s prompt %d: %s", size, prompt,
                      ", ".join(f"{n} {v['wall_ms']:.2f} ms ({v['ratio']:.2f}x)" for n, v in res.items()))
         del models
         if device.startswith("cuda"):
             torch.cuda.empty_cache()
-    how = 'torch.compile(mode="reduce-overhead")' if args.compile else "eager"
     text = _table(results) + f"\n\n{_header(device)}; {args.rounds} interleaved rounds, {how} prefill, no_grad\n"
     if args.out:
         out = Path(args.out)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -57,7 +58,29 @@ def test_tiny_bf16_and_lossless_kv(tmp_path):
     assert rows["fixed12+kv"]["weight_bytes"] < 0.76 * rows["bf16"]["weight_bytes"]
     assert 0.5 < rows["fixed12+kv"]["kv_ratio"] < 1  # one packed page of random keys and values
     assert all(v > 0 for r in rows.values() for v in [*r["decode_ms"].values(), *r["ttft_ms"].values()])
-    assert (tmp_path / "scale.md").read_text().count("| tiny |") == 2
+    assert all(r["prefill"] == "eager" for r in rows.values())
+    table = (tmp_path / "scale.md").read_text()
+    assert table.count("| tiny |") == 2 and "first token: one sequence, eager prefill," in table
+
+
+def test_tiny_compiled_prefill_is_recorded(tmp_path):
+    """``--compile-prefill``: the first tokens through torch.compile(mode="reduce-overhead") (inductor on
+    the CPU: dynamo compiles frames, no graph is left uncompiled), ``+kv`` eager, and the record and the
+    table say which ran how."""
+    from torch._dynamo.utils import counters
+
+    before = counters["frames"]["ok"]
+    rows = _run_tiny(tmp_path, "--compile-prefill", "--variants", "fixed12,fixed12+kv")
+    assert counters["frames"]["ok"] > before  # something was compiled, not silently run eagerly
+    packed, kv = rows["fixed12"], rows["fixed12+kv"]
+    assert packed["prefill"] == 'torch.compile(mode="reduce-overhead")' and "prefill_note" not in packed
+    assert kv["prefill"] == "eager" and "GlydStaticCache" in kv["prefill_note"]
+    for r in rows.values():
+        assert r["status"] == "ok" and set(r["ttft_ms"]) == {"16", "32"}
+        assert all(math.isfinite(v) and v > 0 for v in r["ttft_ms"].values()), r["ttft_ms"]
+    table = (tmp_path / "scale.md").read_text()
+    assert 'torch.compile(mode="reduce-overhead") prefill (fixed12); eager prefill (fixed12+kv)' in table
+    assert "eager prefill: GlydStaticCache's prompt write breaks torch.compile's graph" in table
 
 
 @pytest.mark.slow  # 16 s on the 2-core CI machine

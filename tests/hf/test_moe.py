@@ -207,6 +207,59 @@ def test_a_checkpoint_missing_one_experts_matrix_is_named(folders, tmp_path):
         glyd.from_pretrained(dst, device="cpu", progress=False)
 
 
+def _renumbered(src: Path, dst: Path, edit) -> Path:
+    """``src`` with its per-expert tensors of layer 1 edited by ``edit(state, prefix)`` (prefix: the
+    layer's ``experts.`` keys)."""
+    dst.mkdir()
+    with safe_open(str(src / "model.safetensors"), "pt") as f:
+        state = {k: f.get_tensor(k) for k in f.keys()}
+    edit(state, "model.layers.1.block_sparse_moe.experts.")
+    save_file(state, str(dst / "model.safetensors"), metadata={"format": "pt"})
+    (dst / "config.json").write_text((src / "config.json").read_text())
+    return dst
+
+
+def _expert_as(old: str, new: str, keep: bool = False, prefix: str | None = None):
+    def edit(state, p):
+        for k in [k for k in state if k.startswith(f"{p}{old}.")]:
+            state[f"{prefix or p}{new}.{k[len(p) + len(old) + 1:]}"] = state[k].clone() if keep else state.pop(k)
+    return edit
+
+
+def _both(*edits):
+    def edit(state, p):
+        for e in edits:
+            e(state, p)
+    return edit
+
+
+def _drop(e: str):
+    def edit(state, p):
+        for k in [k for k in state if k.startswith(f"{p}{e}.")]:
+            del state[k]
+    return edit
+
+
+@pytest.mark.parametrize("edit, says", [
+    (_expert_as("3", "7"), r"'model\.layers\.1\.block_sparse_moe\.experts\.7\.w\d\.weight' is expert 7 of "
+                           r"'model\.layers\.1\.mlp\.experts\.\w+', which has 4 experts"),
+    (_expert_as("3", "x"), r"'model\.layers\.1\.block_sparse_moe\.experts\.x\.w\d\.weight' names expert 'x' of "
+                           r"'model\.layers\.1\.mlp\.experts\.\w+': not an expert number"),
+    (_both(_drop("3"), _expert_as("1", "01", keep=True)),
+     r"'model\.layers\.1\.block_sparse_moe\.experts\.01\.w\d\.weight' names expert '01' .*: not an expert number"),
+    (_both(_drop("3"), _expert_as("1", "1", keep=True, prefix="model.layers.1.mlp.experts.")),
+     r"'model\.layers\.1\.(block_sparse_moe|mlp)\.experts\.1\.w\d\.weight' and "
+     r"'model\.layers\.1\.(block_sparse_moe|mlp)\.experts\.1\.w\d\.weight' are both expert 1 of "),
+], ids=["past the count", "not a number", "a second spelling", "given twice"])
+def test_per_expert_tensors_numbered_outside_the_experts_are_refused(folders, tmp_path, edit, says):
+    # four experts stored as 0, 1, 2, 7 (or x), or expert 1 twice and no 3: transformers' conversion
+    # stacks whatever its pattern matches, in key order, so the model's expert 3 silently got
+    # expert 7's weights (or expert 2's, expert 1's copy taking slot 2)
+    dst = _renumbered(folders["mixtral"], tmp_path / "m", edit)
+    with pytest.raises(FormatError, match=says):
+        glyd.from_pretrained(dst, device="cpu", progress=False)
+
+
 def test_random_moe_model_packs_its_experts():
     from glyd.hf.synthetic import random_model, random_tensor
 

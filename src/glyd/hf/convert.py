@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import re
 from collections import Counter
 from typing import Any
 
@@ -41,6 +42,21 @@ def _natural(key: str) -> list:
     return dot_natural_key(key)
 
 
+def _stacks_experts(converter: Any) -> bool:
+    """Whether ``converter`` stacks one tensor an expert (transformers' ``MergeModulelist``)."""
+    return any(type(op).__name__ == "MergeModulelist" for op in getattr(converter, "operations", ()) or ())
+
+
+def _expert_text(key: str, pattern: str | None) -> str | None:
+    """What the ``*`` of ``pattern`` (a converter's source pattern, ``.experts.*.w1.weight``) stands
+    for in ``key``, as transformers matches it (``.*``); None for a pattern of another form."""
+    if not pattern or pattern.count("*") != 1:
+        return None
+    head, tail = pattern.removeprefix("^").removesuffix("$").split("*")
+    m = re.search(f"{re.escape(head)}(.*){re.escape(tail)}", key)
+    return m.group(1) if m else None
+
+
 class Conversions:
     """The checkpoint ``keys`` of ``model`` (every key the loader will read), resolved at once.
 
@@ -57,6 +73,7 @@ class Conversions:
         self._expected = Counter(name for name, conv, _ in self._plan.values() if conv is not None)
         self._got: dict[str, list[tuple[str, str, torch.Tensor]]] = {}
         self._check_given_once()
+        self._check_expert_numbers()
         if self._expected:
             log.info("%s: %d tensors are converted by transformers' conversion mapping into %d", show_path(where),
                      sum(self._expected.values()), len(self._expected))
@@ -74,6 +91,26 @@ class Conversions:
                 raise FormatError(f"{show_path(self.where)}: model tensor {name!r} is given twice: by {key!r} and by "
                                   f"transformers' conversion of {self._expected[name]} checkpoint tensors")
             plain[name] = key
+
+    def _check_expert_numbers(self) -> None:
+        # transformers stacks whatever a converter's pattern matches, in key order: experts 0, 1, 2, 7
+        # (or 1 twice and no 3) of a 4-expert model made a tensor of 4 with the wrong experts in place
+        state = self.model.state_dict(keep_vars=True)
+        seen: dict[tuple[str, str, int], str] = {}
+        for key, (name, conv, pattern) in self._plan.items():
+            number = _expert_text(key, pattern) if conv is not None and _stacks_experts(conv) else None
+            if number is None:
+                continue
+            where = f"{show_path(self.where)}: checkpoint tensor {key!r}"
+            if not re.fullmatch(r"0|[1-9][0-9]{0,17}", number):
+                raise FormatError(f"{where} names expert {number!r} of {name!r}: not an expert number")
+            n, target = int(number), state.get(name)
+            if target is not None and target.dim() >= 1 and n >= target.shape[0]:
+                raise FormatError(f"{where} is expert {n} of {name!r}, which has {target.shape[0]} experts")
+            other = seen.setdefault((name, pattern, n), key)
+            if other != key:
+                raise FormatError(f"{show_path(self.where)}: checkpoint tensors {other!r} and {key!r} are both "
+                                  f"expert {n} of {name!r}")
 
     def name_of(self, key: str) -> str:
         """The model tensor that ``key`` fills (or helps make)."""

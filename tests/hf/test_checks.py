@@ -227,6 +227,23 @@ def test_counts_are_checked_at_any_depth_and_bound_by_the_weights():
             check_counts(bad, shapes, "c")
 
 
+
+def test_experts_a_token_is_routed_to_are_one_to_the_experts():
+    # num_experts_per_tok 0 built MoE blocks that add nothing (a wrong model, no error); -1 or more
+    # than the experts failed at the first forward in torch.topk ("selected index k out of range")
+    from glyd.hf.checks import check_counts
+
+    shapes = [[320, 64], [8, 96, 64]]
+    check_counts({"num_experts": 8, "num_experts_per_tok": 8, "text_config": {"num_local_experts": 4,
+                                                                             "num_experts_per_tok": 1}}, shapes, "c")
+    check_counts({"num_experts": 0, "num_experts_per_tok": 2}, shapes, "c")  # no experts: nothing is routed
+    for bad, path, value, most in [({"num_experts": 8, "num_experts_per_tok": 0}, "num_experts_per_tok", 0, 8),
+                                   ({"num_local_experts": 4, "num_experts_per_tok": 5}, "num_experts_per_tok", 5, 4),
+                                   ({"text_config": {"n_routed_experts": 8, "num_experts_per_tok": -1}},
+                                    r"text_config\.num_experts_per_tok", -1, 8)]:
+        with pytest.raises(FormatError, match=rf"^c: {path} is {value}, not a number of experts from 1 to {most}"):
+            check_counts(bad, shapes, "c")
+
 @pytest.mark.parametrize("own", [None, 5, ["llama"], ""])
 def test_a_source_config_without_a_model_type_is_a_clear_error(tiny_model_folder, tmp_path, own):
     # glyd pack keeps such a config (it gives it back byte for byte); loading it raised

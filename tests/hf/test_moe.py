@@ -260,6 +260,27 @@ def test_per_expert_tensors_numbered_outside_the_experts_are_refused(folders, tm
         glyd.from_pretrained(dst, device="cpu", progress=False)
 
 
+@pytest.mark.parametrize("top_k", [0, 5])
+@pytest.mark.parametrize("kind", ["bf16", "glyd"])
+def test_a_config_routing_to_no_experts_or_past_them_is_refused(folders, tmp_path, top_k, kind):
+    # top-k 0 loaded a model whose MoE blocks add nothing (logits computed, no error); 5 of 4 experts
+    # loaded and failed at the first forward in torch.topk ("selected index k out of range")
+    src = folders["mixtral"]
+    if kind == "glyd":
+        src = glyd.save_pretrained(glyd.from_pretrained(src, device="cpu", progress=False), tmp_path / "g",
+                                   progress=False)
+    dst = tmp_path / "m"
+    dst.mkdir()
+    for f in src.iterdir():
+        (dst / f.name).write_bytes(f.read_bytes())
+    cfg = json.loads((dst / "config.json").read_text())
+    cfg["num_experts_per_tok"] = top_k
+    (dst / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(FormatError, match=rf"m/config\.json: num_experts_per_tok is {top_k}, not a number of experts "
+                                          r"from 1 to 4"):
+        glyd.from_pretrained(dst, device="cpu", progress=False)
+
+
 def test_random_moe_model_packs_its_experts():
     from glyd.hf.synthetic import random_model, random_tensor
 

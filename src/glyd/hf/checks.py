@@ -8,7 +8,8 @@ Always (``verify=False`` too; reads only ``glyd.json``, the shard headers and ``
   model and fills it at random) and names the manifest's layout;
 * no count in ``config.json`` that transformers builds modules or tables from (layers, experts,
   labels) is more than the checkpoint can hold (:func:`check_counts`): a config claiming 10^30
-  layers is refused before anything is built;
+  layers is refused before anything is built; each ``num_experts_per_tok`` is from 1 to its experts
+  (:func:`check_top_k`);
 * after loading, the model and the checkpoint hold the same tensors: every tensor of the model was
   loaded from the checkpoint (none initialised at random), every tensor of the checkpoint found its
   place in the model, in its stored dtype and shape.
@@ -38,7 +39,7 @@ from glyd.store.checkpoint import CONFIG, key_for
 log = logging.getLogger(__name__)
 
 __all__ = ["check_folder", "check_complete", "missing_tensors", "check_quantization_config", "check_counts",
-           "count_fields"]
+           "check_top_k", "count_fields"]
 
 #: config.json keys (at any depth: text_config, vision_config, ...) that transformers and diffusers
 #: build one module each of: a model cannot have more than its checkpoint has tensors.
@@ -47,6 +48,9 @@ LAYER_KEYS = frozenset({"num_hidden_layers", "num_layers", "n_layer", "n_layers"
 #: Keys that size one dimension of a stored tensor (experts: a router's rows, or fused experts'
 #: first dimension; labels: a classifier's rows, and a table transformers builds from the count).
 WIDTH_KEYS = frozenset({"num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts", "num_labels"})
+#: The experts counts of WIDTH_KEYS, and the key of how many of them a token is routed to.
+EXPERT_KEYS = WIDTH_KEYS - {"num_labels"}
+TOP_K = "num_experts_per_tok"
 
 
 def check_quantization_config(q: dict[str, Any], where: str = "") -> None:
@@ -81,6 +85,33 @@ def count_fields(config: Any, path: str = ""):
             yield key, k, v
 
 
+def _dicts(config: Any, path: str = ""):
+    """(dotted path, dict) of ``config`` and every dict under it (nested dicts and lists)."""
+    if isinstance(config, dict):
+        yield path, config
+    items = config.items() if isinstance(config, dict) else enumerate(config) if isinstance(config, list) else ()
+    for k, v in items:
+        if isinstance(v, (dict, list)):
+            yield from _dicts(v, f"{path}.{k}" if path else str(k))
+
+
+def _count(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def check_top_k(config: dict[str, Any], where: object) -> None:
+    """Raise FormatError (naming ``where`` and the field) unless every ``num_experts_per_tok`` of
+    ``config`` is from 1 to the experts count beside it (where there is one, above 0): 0 builds MoE
+    blocks that add nothing, more than the experts fails at the first forward, in torch.topk."""
+    for path, d in _dicts(config):
+        k = d.get(TOP_K)
+        experts = next((d[e] for e in sorted(EXPERT_KEYS) if _count(d.get(e)) and d[e] > 0), None)
+        if experts is not None and _count(k) and not 1 <= k <= experts:
+            key = f"{path}.{TOP_K}" if path else TOP_K
+            raise FormatError(f"{show_path(where)}: {key} is {short(k)}, not a number of experts from 1 to {experts} "
+                              "(the experts each token is routed to): a damaged or edited config")
+
+
 def check_counts(config: dict[str, Any], shapes: list[list[int]], where: object) -> None:
     """Raise FormatError (naming ``where`` and the field) unless every layer count of ``config`` is
     at most the number of stored tensors (``shapes``), and every expert or label count at most
@@ -97,6 +128,7 @@ def check_counts(config: dict[str, Any], shapes: list[list[int]], where: object)
                               "checkpoint holds "
                               f"{what}): a damaged or edited config; transformers would build a module or an entry "
                               f"for each before reading a weight")
+    check_top_k(config, where)
 
 
 def stored_shapes(folder: Path) -> list[list[int]] | None:

@@ -409,6 +409,21 @@ def test_counts_are_bounded_before_transformers_reads_the_config(tmp_path, field
         signal.alarm(0)
 
 
+
+@pytest.mark.parametrize("top_k", [0, -1, 5])
+def test_an_moe_config_routing_to_no_experts_or_past_them_is_refused(tmp_path, capsys, top_k):
+    # fit counted and fitted a Mixtral routing each token to 0 (or 5 of its 4) experts: a model that
+    # adds nothing in its MoE blocks, or fails at its first forward
+    cfg = {"model_type": "mixtral", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+           "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 100, "num_local_experts": 4,
+           "num_experts_per_tok": top_k}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(FormatError, match=rf"num_experts_per_tok is {top_k}, not a number of experts from 1 to 4"):
+        fit.run_fit(str(tmp_path), "h200", 64)
+    assert main(["fit", str(tmp_path), "--gpu", "h200"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "num_experts_per_tok" in err, err
+
 def test_a_packed_folder_is_read_as_its_model(tmp_path):
     import glyd
     from glyd.store import CheckpointWriter, sha256_tensor

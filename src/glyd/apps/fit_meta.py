@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Collection
 
 from glyd.errors import FormatError, show_path
-from glyd.hf.checks import count_fields
+from glyd.hf.checks import check_top_k, count_fields
 from glyd.hf.memory import count_weights, packable_rows  # the loader's own count (memory_limit)
 from glyd.nn.experts import is_packable as packable_experts
 from glyd.store._safetensors import short
@@ -101,6 +101,7 @@ def build_config(cfg: dict[str, Any]) -> Any:
     for path, _, value in count_fields(params):  # before the config class builds a list a layer
         if not 0 <= value <= MAX_LAYERS:
             raise FormatError(f"{show_path(name)}: {show_path(path)} {short(value)} is not between 0 and {MAX_LAYERS}")
+    check_top_k(params, name)  # a model that routes to no experts, or past them, is no model to fit
     try:
         config = AutoConfig.for_model(model_type, **params)
     except ValueError as exc:

@@ -101,10 +101,15 @@ def test_malformed_arrays_are_refused_naming_what():
         PackedExperts("fixed13", p.shape, _arrays(p))
 
 
-def test_meta_arrays_are_checked_for_names_and_lens_shape_only():
+def test_meta_arrays_are_checked_for_names_lens_and_the_padded_plane():
     p = pack_experts(experts(2, 8, 64), "tiered")
     meta = {k: torch.empty(v.shape, dtype=v.dtype, device="meta") for k, v in p.arrays.items()}
     PackedExperts("tiered", p.shape, meta)  # no values to check
+    PackedExperts("tiered", (2, 8, 40), meta)  # a width within the same 64-column padding: only values tell
+    # the plane (a row a matrix row, K padded) gives the rows and the padded width without any value
+    for shape in [(2, 7, 64), (2, 8, 65), (2, 16, 64), (1, 16, 64)]:
+        with pytest.raises(FormatError, match=r"packed array '(sm|lens)' has shape \(\d+, \d+\), expected"):
+            PackedExperts("tiered", shape, meta)
     del meta["area"]
     with pytest.raises(FormatError, match="'area' is missing"):
         PackedExperts("tiered", p.shape, meta)

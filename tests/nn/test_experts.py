@@ -218,7 +218,7 @@ def test_damaged_buffers_are_named_by_weight_in_a_forward(exact):
     mod = GlydExperts(copy.deepcopy(ref), _packed(ref), exact=exact)
     mod.down_proj_glyd_lo = mod.down_proj_glyd_lo[:-1]
     h, idx, w = _route(3, 6)
-    with pytest.raises(FormatError, match=r"^down_proj: lens gives 192 entries of array 'lo'"):
+    with pytest.raises(FormatError, match=r"^down_proj: packed array 'lo' has shape \(191, 64\), expected \(192, 64\)"):
         mod(h, idx, w)
 
 

@@ -104,6 +104,18 @@ def test_the_reader_checks_the_arrays_against_the_layout(tmp_path):
         CheckpointReader(tmp_path / "c")
 
 
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+@pytest.mark.parametrize("shape", [[3, 9, 70], [3, 11, 70], [3, 10, 140], [3, 70, 10], [2, 15, 70]])
+def test_an_experts_shape_its_arrays_contradict_is_refused_on_open(tmp_path, layout, shape):
+    # glyd info (which reads no data) listed an experts tensor of 3 x 10 x 70 as [3, 9, 70] or
+    # [3, 10, 140] when glyd.json said so; every reader of the values refused it, info did not
+    _write(tmp_path / "c", layout)
+    _edit_manifest(tmp_path / "c", lambda e: e.update(shape=shape))
+    plane = LAYOUTS[layout].padded_array
+    with pytest.raises(FormatError, match=rf"{NAME}.*packed array '({plane}|{LENS})' has shape"):
+        info(tmp_path / "c")
+
 def test_add_packed_takes_experts_and_refuses_other_things(tmp_path):
     with CheckpointWriter(tmp_path / "c", layout="fixed12") as out:
         with pytest.raises(TypeError, match="add_packed expects a glyd.Packed"):

@@ -67,8 +67,8 @@ class PackedExperts:
     """E bf16 matrices of one shape ``[N, K]``, each packed on its own in ``layout``, held as one set
     of concatenated arrays (see the module docstring); ``shape`` is ``(E, N, K)``.
 
-    Construction checks the arrays' names, dtypes and dimensions; with ``lens`` readable (not on the
-    meta device) also that the lengths add up and that every expert's arrays are a valid packed
+    Construction checks the arrays' names, dtypes and dimensions, and the layout's padded plane
+    (``Layout.padded_array``) as ``[E*N, padded K]``; with ``lens`` readable (not on the meta device) also that the lengths add up and that every expert's arrays are a valid packed
     matrix of its layout (``Packed``'s checks, shapes only: values are checked when unpacking).
     """
 
@@ -96,6 +96,10 @@ class PackedExperts:
                 raise FormatError(f"packed array {a!r} is missing" if t is None else f"packed array {a!r} is not a tensor")
             if t.dim() < 1:
                 raise FormatError(f"packed array {a!r} of an experts tensor must have at least one dimension")
+        # the padded plane (a row a matrix row, K padded) checks the shape without a value: on meta
+        # arrays too (a reader's open, glyd info), where the shape would otherwise go unchecked
+        n, k = self.shape[1:]
+        expect_array(self.arrays, lay.padded_array, self.arrays[lay.padded_array].dtype, (e * n, lay.padded_cols(k)))
         if lens.is_meta:
             return
         if e == 0:

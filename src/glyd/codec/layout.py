@@ -6,8 +6,8 @@ codec module registers its entry at import (``glyd.codec`` imports them); a layo
 
 * the codec, the source of truth: ``pack`` (CPU), ``unpack`` (CPU), ``check_arrays``, and the
   names of its arrays in the order the ``glyd::`` ops pass them and files store them;
-* facts the layers above ask for: the array whose second dimension is the padded K
-  (``padded_array``), a line for help texts (``about``), the bits a weight to plan with (``bits``)
+* facts the layers above ask for: the array whose second dimension is the padded K, a row a
+  matrix row (``padded_array``, ``[N, padded K]``), a line for help texts (``about``), the bits a weight to plan with (``bits``)
   and the bytes a row of K columns stores besides them (``row_bytes``: per-row tables);
 * its format versions: ``reads`` (every version its codec decodes; files, ``Packed`` and the store
   accept these and refuse others) and ``writes`` (the version ``pack`` produces);

@@ -32,6 +32,8 @@ def tiny_config(family: str, **overrides):
         cfg = transformers.MistralConfig(**common, tie_word_embeddings=False, sliding_window=None)
     elif family == "gemma":
         cfg = transformers.GemmaConfig(**common, head_dim=16, tie_word_embeddings=True)
+    elif family == "mixtral":  # mixture of experts: fused 3-D experts, stored one matrix per expert
+        cfg = transformers.MixtralConfig(**common, num_local_experts=4, num_experts_per_tok=2, tie_word_embeddings=False)
     elif family == "gemma3":  # a scaled embedding module (embed_scale), sliding-window layers
         cfg = transformers.Gemma3TextConfig(**common, head_dim=16, sliding_window=8, tie_word_embeddings=True)
     else:
@@ -48,7 +50,7 @@ def build_tiny_model(family: str, dst: Path, *, dtype=torch.bfloat16, seed: int 
     model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if p.dim() == 2:
+            if p.dim() >= 2:  # matrices, and experts [E, N, K]
                 p.normal_(0.0, 0.02)
             elif name.endswith("bias"):
                 p.normal_(0.0, 0.02)

@@ -251,13 +251,13 @@ def field_cases(rel: str, doc: dict[str, Any], path: tuple[str, ...], others: li
 
 
 def _same_padding(doc: Any, path: tuple[str, ...], v: Any) -> bool:
-    """Whether ``v`` at ``path`` is the true shape of a packed matrix with the same rows and
-    another width rounding up to the same multiple of 64."""
+    """Whether ``v`` at ``path`` is the true shape of a packed matrix (or experts tensor) with the
+    same leading dimensions and another width rounding up to the same multiple of 64."""
     if len(path) != 3 or path[0] != "tensors" or path[2] != "shape" or doc["tensors"][path[1]]["kind"] != "packed":
         return False
-    n, k = doc["tensors"][path[1]]["shape"]
-    return (isinstance(v, list) and len(v) == 2 and all(type(d) is int for d in v) and v[0] == n and v[1] != k
-            and v[1] > 0 and -(-v[1] // 64) == -(-k // 64))
+    *lead, k = doc["tensors"][path[1]]["shape"]  # [N, K], or [E, N, K] for experts
+    return (isinstance(v, list) and len(v) == len(lead) + 1 and all(type(d) is int for d in v) and v[:-1] == lead
+            and v[-1] != k and v[-1] > 0 and -(-v[-1] // 64) == -(-k // 64))
 
 
 def manifest_cases(manifest: dict[str, Any], seed: int, full: bool = False) -> list[Case]:

@@ -35,7 +35,7 @@ from unittest import mock
 import torch
 
 import glyd.cli
-from glyd.codec import Packed
+from glyd.codec import Packed, PackedExperts
 from glyd.errors import GlydError
 from glyd.store import CheckpointReader, info, key_for, unpack_folder
 from glyd.store._safetensors import dtype_name, tensor_bytes_view
@@ -112,7 +112,7 @@ def read_all(r: CheckpointReader) -> tuple[dict[str, Any], dict[str, Any]]:
     tensors, arrays = {}, {}
     for name in r.names():
         t = r.get(name)
-        if isinstance(t, Packed):
+        if isinstance(t, (Packed, PackedExperts)):
             arrays.update({key_for(name, a): signature(x) for a, x in t.arrays.items()})
             t = r.get_original(name)
         else:

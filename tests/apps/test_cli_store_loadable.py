@@ -91,6 +91,34 @@ def test_experts_stored_one_matrix_an_expert_are_refused_with_the_command_that_p
     assert torch.equal(_logits(got, ids).view(torch.int16), _logits(ref, ids).view(torch.int16))
 
 
+@pytest.mark.parametrize("fused", [False, True])
+def test_a_config_routing_to_no_experts_is_named_and_the_plan_still_made(fused, tmp_path, capsys, caplog):
+    # with the loader's check of num_experts_per_tok inside the plan's, a bad top-k made the plan fail:
+    # "every 2-D bf16 tensor is packed", so a per-expert folder was packed (its router and experts as
+    # matrices: a folder no fixed config.json loads) instead of refused with the command that packs it
+    if fused:
+        src = _fused_moe(tmp_path / "bf16")
+    else:
+        _random(transformers.AutoModelForCausalLM.from_config(_moe_config("mixtral"), dtype=torch.float32)).save_pretrained(
+            tmp_path / "bf16")
+        src = tmp_path / "bf16"
+    cfg = json.loads((src / "config.json").read_text())
+    (src / "config.json").write_text(json.dumps({**cfg, "num_experts_per_tok": 0}))
+    dst = tmp_path / "packed"
+    capsys.readouterr()
+    with caplog.at_level(logging.WARNING, logger="glyd"):
+        rc = main(["-q", "pack", str(src), str(dst)])
+    said = [r.getMessage() for r in caplog.records if "num_experts_per_tok is 0" in r.getMessage()]
+    assert "not checked" not in caplog.text
+    if not fused:
+        assert rc == 1 and not dst.exists()
+        assert "stored in a layout that transformers converts" in capsys.readouterr().err
+        return
+    assert rc == 0 and len(said) == 1 and "glyd.from_pretrained will refuse the packed folder" in said[0], said
+    assert {n for n in _packed(dst) if ".mlp.gate." in n} == set()  # the router kept, as the loader runs it
+    with pytest.raises(glyd.errors.FormatError, match=r"num_experts_per_tok is 0, not a number of experts"):
+        glyd.from_pretrained(dst, device="cpu", progress=False)
+
 def _fused_moe(src: Path) -> Path:
     # a Qwen3-MoE folder whose experts are stored fused (3-D), as the model holds them
     model = _random(transformers.AutoModelForCausalLM.from_config(_moe_config("qwen3_moe"), dtype=torch.float32))

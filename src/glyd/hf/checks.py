@@ -112,11 +112,12 @@ def check_top_k(config: dict[str, Any], where: object) -> None:
                               "(the experts each token is routed to): a damaged or edited config")
 
 
-def check_counts(config: dict[str, Any], shapes: list[list[int]], where: object) -> None:
+def check_counts(config: dict[str, Any], shapes: list[list[int]], where: object, *, top_k: bool = True) -> None:
     """Raise FormatError (naming ``where`` and the field) unless every layer count of ``config`` is
     at most the number of stored tensors (``shapes``), and every expert or label count at most
     their largest dimension (or the labels ``id2label`` names): transformers builds a module, or a
-    table entry, for each before any weight is read, so a count read from a file is bounded first."""
+    table entry, for each before any weight is read, so a count read from a file is bounded first.
+    ``top_k``: also :func:`check_top_k` (what a loader refuses; ``glyd pack`` warns of it)."""
     tensors = len(shapes)
     widest = max((max(s) for s in shapes if s), default=0)
     for key, name, value in count_fields(config):
@@ -128,7 +129,8 @@ def check_counts(config: dict[str, Any], shapes: list[list[int]], where: object)
                               "checkpoint holds "
                               f"{what}): a damaged or edited config; transformers would build a module or an entry "
                               f"for each before reading a weight")
-    check_top_k(config, where)
+    if top_k:
+        check_top_k(config, where)
 
 
 def stored_shapes(folder: Path) -> list[list[int]] | None:

@@ -94,12 +94,16 @@ def _meta_model(src: Path, shapes: list[list[int]]) -> nn.Module:
     import torch
     from transformers import AutoConfig
 
-    from glyd.hf.checks import check_counts, count_fields
+    from glyd.hf.checks import check_counts, check_top_k, count_fields
     from glyd.hf.classes import build_empty, pick_class, read_config
 
     try:
         config = read_config(src)
-        check_counts(config, shapes, src / "config.json")
+        check_counts(config, shapes, src / "config.json", top_k=False)
+        try:  # the model builds all the same: the plan is made, and the packed folder kept as the source's
+            check_top_k(config, src / "config.json")
+        except FormatError as exc:
+            log.warning("%s: glyd.from_pretrained will refuse the packed folder (correct config.json to load it)", exc)
         named = config.get("id2label")
         named = len(named) if isinstance(named, dict) else 0  # labels the file itself spells out
         for key, name, value in count_fields(config):

@@ -260,6 +260,19 @@ def test_per_expert_tensors_numbered_outside_the_experts_are_refused(folders, tm
         glyd.from_pretrained(dst, device="cpu", progress=False)
 
 
+
+@pytest.mark.parametrize("pattern", [".experts.*.w1.weight", r"\.experts.*.w1.weight", "mlp.experts.*.gate_proj.weight"])
+def test_the_expert_number_is_read_as_transformers_matches_its_patterns(pattern):
+    # transformers' source patterns are regular expressions (DeepSeek-V4, Kimi-Linear, MiniMax-M3 escape
+    # the dot: "\.experts.*.w1.weight"); read as literal text they matched no key, and the expert
+    # numbers of those checkpoints went unchecked
+    from glyd.hf.convert import _expert_text
+
+    key = "model.layers.3.mlp.experts.12." + ("gate_proj.weight" if "gate" in pattern else "w1.weight")
+    assert _expert_text(key, pattern) == "12"
+    assert _expert_text(key.replace(".12.", ".x.y."), pattern) == "x.y"
+    assert _expert_text("model.layers.3.mlp.gate.weight", pattern) is None
+
 @pytest.mark.parametrize("top_k", [0, 5])
 @pytest.mark.parametrize("kind", ["bf16", "glyd"])
 def test_a_config_routing_to_no_experts_or_past_them_is_refused(folders, tmp_path, top_k, kind):

@@ -48,12 +48,21 @@ def _stacks_experts(converter: Any) -> bool:
 
 
 def _expert_text(key: str, pattern: str | None) -> str | None:
-    """What the ``*`` of ``pattern`` (a converter's source pattern, ``.experts.*.w1.weight``) stands
-    for in ``key``, as transformers matches it (``.*``); None for a pattern of another form."""
-    if not pattern or pattern.count("*") != 1:
+    r"""What the ``*`` of ``pattern`` (a converter's source pattern, a regular expression:
+    ``.experts.*.w1.weight``, ``\.experts.*.w1.weight``) stands for in ``key``, matched as transformers
+    matches it (``*.`` is ``.*\.``); None for a pattern of another form.
+
+    >>> _expert_text("model.layers.1.block_sparse_moe.experts.7.w1.weight", ".experts.*.w1.weight")
+    '7'
+    >>> _expert_text("layers.0.ffn.experts.x.w1.weight", r"\.experts.*.w1.weight")
+    'x'
+    """
+    if not pattern or pattern.count("*.") != 1 or pattern.count("*") != 1:
         return None
-    head, tail = pattern.removeprefix("^").removesuffix("$").split("*")
-    m = re.search(f"{re.escape(head)}(.*){re.escape(tail)}", key)
+    try:
+        m = re.search(pattern.replace("*.", r"(.*)\."), key)
+    except re.error:
+        return None
     return m.group(1) if m else None
 
 

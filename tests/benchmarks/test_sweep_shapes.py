@@ -47,3 +47,11 @@ def test_a_table_write_that_fails_leaves_the_last_table_whole(tmp_path, monkeypa
     assert json.loads(table.read_text()) == first
     assert sorted(p.name for p in tmp_path.iterdir()) == ["NVIDIA_H200.json", "out"]  # no temporary left
     assert [p.name for p in out.iterdir()] == ["sweep.json"]
+
+
+def test_an_unknown_shape_is_refused_before_anything_runs(capsys):
+    sweep = _sweep()
+    with pytest.raises(SystemExit) as exc:
+        sweep.main(["--shapes", "k/v,nope", "--ms", "1"])
+    assert exc.value.code == 2
+    assert "unknown shape 'nope'" in capsys.readouterr().err

@@ -200,6 +200,7 @@ def _info(args: argparse.Namespace) -> int:
             (
                 r["name"],
                 r["layout"] or "raw",
+                f"v{r['format_version']}" if r["layout"] else "-",
                 r["dtype"],
                 "x".join(map(str, r["shape"])) or "scalar",
                 f"{r['bytes']:,}",
@@ -207,13 +208,16 @@ def _info(args: argparse.Namespace) -> int:
             )
             for r in rows
         ]
-        print(folder.format_table(["tensor", "layout", "dtype", "shape", "bytes", "bits/weight"], table))
+        print(folder.format_table(["tensor", "layout", "version", "dtype", "shape", "bytes", "bits/weight"], table))
         print()
     layouts = ", ".join(f"{n} {k}" for k, n in sorted(t["layouts"].items())) or "none"
     raw = ", ".join(f"{n} {d}" for d, n in sorted(t["raw_dtypes"].items())) or "none"
+    versions = ", ".join(f"{k} v{v}: {n} tensor{'s' if n != 1 else ''}"
+                         for (k, v), n in sorted(t["layout_versions"].items())) or "none"
     summary = [
         ("checkpoint", f"{args.dir} (layout {t['layout']})"),
         ("tensors", f"{t['tensors']}: {t['packed']} packed ({layouts}), {t['raw']} kept as is ({raw})"),
+        ("format versions", versions),  # per layout: which of its versions the arrays are (docs/format.md)
         (
             "packed matrices",
             f"{t['packed_weights']:,} weights, {folder._human(t['packed_bytes'])}, "
@@ -258,7 +262,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("dir", help="packed checkpoint folder")
     p.set_defaults(func=_os_errors(_verify))
 
-    p = subparsers.add_parser("info", help="list the tensors of a packed checkpoint, their layouts and sizes")
+    p = subparsers.add_parser("info", help="list the tensors of a packed checkpoint, their layouts, format versions "
+                              "and sizes")
     p.add_argument("dir", help="packed checkpoint folder")
     p.add_argument("--totals", action="store_true", help="print only the totals")
     p.set_defaults(func=_os_errors(_info))

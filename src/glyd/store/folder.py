@@ -435,8 +435,10 @@ def _source_config(reader: CheckpointReader) -> bytes:
 def info(path: str | os.PathLike) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Rows (one per tensor) and totals of a packed checkpoint, from its manifest (no data read).
 
-    Each row: ``name``, ``kind`` ("packed" or "raw"), ``layout`` (None when raw), ``dtype`` (the
-    original's), ``shape``, ``bytes`` (stored), ``bits_per_weight`` (stored bits / elements).
+    Each row: ``name``, ``kind`` ("packed" or "raw"), ``layout`` and ``format_version`` (the
+    layout's version of its arrays; both None when raw), ``dtype`` (the original's), ``shape``,
+    ``bytes`` (stored), ``bits_per_weight`` (stored bits / elements). Totals count, among others,
+    ``layouts`` (layout -> packed tensors) and ``layout_versions`` ((layout, format version) -> packed tensors).
     """
     reader = CheckpointReader(path)
     rows: list[dict[str, Any]] = []
@@ -451,6 +453,7 @@ def info(path: str | os.PathLike) -> tuple[list[dict[str, Any]], dict[str, Any]]
         "original_bytes": 0,
         "files": len(reader.files),
         "layouts": Counter(),
+        "layout_versions": Counter(),
         "raw_dtypes": Counter(),
     }
     for name in reader.names():
@@ -463,6 +466,7 @@ def info(path: str | os.PathLike) -> tuple[list[dict[str, Any]], dict[str, Any]]
                 "name": name,
                 "kind": e["kind"],
                 "layout": e.get("layout") if packed else None,
+                "format_version": e.get("format_version") if packed else None,
                 "dtype": e["dtype"],
                 "shape": tuple(e["shape"]),
                 "bytes": stored,
@@ -478,6 +482,7 @@ def info(path: str | os.PathLike) -> tuple[list[dict[str, Any]], dict[str, Any]]
             totals["packed_weights"] += numel
             totals["packed_bytes"] += stored
             totals["layouts"][e["layout"]] += 1
+            totals["layout_versions"][e["layout"], e["format_version"]] += 1
         else:
             totals["raw"] += 1
             totals["raw_dtypes"][e["dtype"]] += 1

@@ -418,11 +418,14 @@ def test_an_moe_config_routing_to_no_experts_or_past_them_is_refused(tmp_path, c
            "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 100, "num_local_experts": 4,
            "num_experts_per_tok": top_k}
     (tmp_path / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(FormatError, match=rf"num_experts_per_tok is {top_k}, not a number of experts from 1 to 4"):
+    # the message names both fields: the top-k and the experts count it is checked against
+    with pytest.raises(FormatError, match=rf"num_experts_per_tok is {top_k}, not a number of experts from 1 to 4 "
+                                          r"\(num_local_experts\)"):
         fit.run_fit(str(tmp_path), "h200", 64)
     assert main(["fit", str(tmp_path), "--gpu", "h200"]) == 1
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "num_experts_per_tok" in err, err
+    assert len(err.splitlines()) == 1 and "num_experts_per_tok" in err and "num_local_experts" in err, err
+
 
 def test_a_packed_folder_is_read_as_its_model(tmp_path):
     import glyd

@@ -237,11 +237,14 @@ def test_experts_a_token_is_routed_to_are_one_to_the_experts():
     check_counts({"num_experts": 8, "num_experts_per_tok": 8, "text_config": {"num_local_experts": 4,
                                                                              "num_experts_per_tok": 1}}, shapes, "c")
     check_counts({"num_experts": 0, "num_experts_per_tok": 2}, shapes, "c")  # no experts: nothing is routed
-    for bad, path, value, most in [({"num_experts": 8, "num_experts_per_tok": 0}, "num_experts_per_tok", 0, 8),
-                                   ({"num_local_experts": 4, "num_experts_per_tok": 5}, "num_experts_per_tok", 5, 4),
-                                   ({"text_config": {"n_routed_experts": 8, "num_experts_per_tok": -1}},
-                                    r"text_config\.num_experts_per_tok", -1, 8)]:
-        with pytest.raises(FormatError, match=rf"^c: {path} is {value}, not a number of experts from 1 to {most}"):
+    for bad, path, value, most, field in [
+        ({"num_experts": 8, "num_experts_per_tok": 0}, "num_experts_per_tok", 0, 8, "num_experts"),
+        ({"num_local_experts": 4, "num_experts_per_tok": 5}, "num_experts_per_tok", 5, 4, "num_local_experts"),
+        ({"text_config": {"n_routed_experts": 8, "num_experts_per_tok": -1}},
+         r"text_config\.num_experts_per_tok", -1, 8, r"text_config\.n_routed_experts"),
+    ]:  # the message names both fields: the top-k and the experts count
+        with pytest.raises(FormatError, match=rf"^c: {path} is {value}, not a number of experts from 1 to {most} "
+                                              rf"\({field}\)"):
             check_counts(bad, shapes, "c")
 
 @pytest.mark.parametrize("own", [None, 5, ["llama"], ""])

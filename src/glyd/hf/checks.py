@@ -102,14 +102,15 @@ def _count(v: Any) -> bool:
 def check_top_k(config: dict[str, Any], where: object) -> None:
     """Raise FormatError (naming ``where`` and the field) unless every ``num_experts_per_tok`` of
     ``config`` is from 1 to the experts count beside it (where there is one, above 0): 0 builds MoE
-    blocks that add nothing, more than the experts fails at the first forward, in torch.topk."""
+    blocks that add nothing, more than the experts fails at the first forward, in torch.topk. The
+    message names both fields."""
     for path, d in _dicts(config):
         k = d.get(TOP_K)
-        experts = next((d[e] for e in sorted(EXPERT_KEYS) if _count(d.get(e)) and d[e] > 0), None)
-        if experts is not None and _count(k) and not 1 <= k <= experts:
-            key = f"{path}.{TOP_K}" if path else TOP_K
-            raise FormatError(f"{show_path(where)}: {key} is {short(k)}, not a number of experts from 1 to {experts} "
-                              "(the experts each token is routed to): a damaged or edited config")
+        field = next((e for e in sorted(EXPERT_KEYS) if _count(d.get(e)) and d[e] > 0), None)
+        if field is not None and _count(k) and not 1 <= k <= d[field]:
+            key, of = (f"{path}.{TOP_K}", f"{path}.{field}") if path else (TOP_K, field)
+            raise FormatError(f"{show_path(where)}: {key} is {short(k)}, not a number of experts from 1 to {d[field]} "
+                              f"({of}), the experts each token is routed to: a damaged or edited config")
 
 
 def check_counts(config: dict[str, Any], shapes: list[list[int]], where: object, *, top_k: bool = True) -> None:

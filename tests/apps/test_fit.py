@@ -427,6 +427,36 @@ def test_an_moe_config_routing_to_no_experts_or_past_them_is_refused(tmp_path, c
     assert len(err.splitlines()) == 1 and "num_experts_per_tok" in err and "num_local_experts" in err, err
 
 
+_SMALL = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+          "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 100}
+
+
+@pytest.mark.parametrize("top_k", [2, 0])
+@pytest.mark.parametrize("model_type, field", [("mixtral", "num_local_experts"), ("olmoe", "num_experts")])
+def test_no_experts_where_transformers_builds_moe_blocks_anyway_is_refused(tmp_path, capsys, model_type, field, top_k):
+    # fit counted a Mixtral of num_local_experts 0 as an MoE model (experts True, a router of 0 rows):
+    # transformers builds its MoE blocks whatever the count, with no experts in them, and the first
+    # forward fails in torch.topk; no such model exists to fit
+    (tmp_path / "config.json").write_text(json.dumps({**_SMALL, "model_type": model_type, field: 0,
+                                                      "num_experts_per_tok": top_k}))
+    with pytest.raises(FormatError, match=rf"{tmp_path.name}\W*: {field} is 0, but transformers builds {model_type}'s "
+                                          r"MoE blocks whatever the count: blocks with no experts"):
+        fit.run_fit(str(tmp_path), "h200", 64)
+    assert main(["fit", str(tmp_path), "--gpu", "h200"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"{field} is 0" in err, err
+
+
+@pytest.mark.parametrize("model_type, dense", [("qwen2_moe", "qwen2"), ("qwen3_moe", "qwen3")])
+def test_no_experts_where_transformers_builds_dense_layers_is_a_dense_model(model_type, dense):
+    # Qwen2-MoE and Qwen3-MoE build a dense MLP in every layer where num_experts is 0 (their decoder
+    # layers ask num_experts > 0): the top-k routes nothing and the model is its dense sibling
+    moe = fit_meta.model_shape({**_SMALL, "model_type": model_type, "num_experts": 0, "num_experts_per_tok": 2,
+                                "moe_intermediate_size": 32})
+    twin = fit_meta.model_shape({**_SMALL, "model_type": dense})
+    assert not moe.experts and not moe.unpacked_matrices  # no experts and no router
+    assert (moe.params, moe.packable, moe.packable_rows) == (twin.params, twin.packable, twin.packable_rows)
+
 def test_a_packed_folder_is_read_as_its_model(tmp_path):
     import glyd
     from glyd.store import CheckpointWriter, sha256_tensor

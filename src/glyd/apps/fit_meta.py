@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Collection
 
 from glyd.errors import FormatError, show_path
-from glyd.hf.checks import check_top_k, count_fields
+from glyd.hf.checks import EXPERT_KEYS, check_top_k, count_fields
 from glyd.hf.memory import count_weights, packable_rows  # the loader's own count (memory_limit)
 from glyd.nn.experts import is_packable as packable_experts
 from glyd.store._safetensors import short
@@ -134,6 +134,23 @@ def meta_model(config: Any, name: str = "config") -> Any:
     return model
 
 
+def check_no_empty_experts(cfg: dict[str, Any], model: Any, name: str = "config") -> None:
+    """FormatError where an experts count of ``cfg`` is 0 and ``model`` (built from it) still holds
+    MoE blocks, with no experts in them (an empty weight). transformers decides per model type:
+    Qwen2-MoE and Qwen3-MoE build dense MLPs where ``num_experts`` is 0 (a dense model, counted as
+    one; the top-k routes nothing); Mixtral and OLMoE build their MoE blocks whatever the count, and
+    blocks of 0 experts fail at the first forward (torch.topk), so no such model exists to fit."""
+    zero = [path for path, key, value in count_fields(cfg) if key in EXPERT_KEYS and value == 0]
+    if not zero:
+        return
+    empty = next((n for n, p in model.named_parameters() if p.dim() >= 2 and p.numel() == 0), None)
+    if empty is not None:
+        raise FormatError(f"{show_path(name)}: {show_path(zero[0])} is 0, but transformers builds "
+                          f"{getattr(model.config, 'model_type', '?')}'s MoE blocks whatever the count: blocks with "
+                          f"no experts ({empty} is empty), which fail at the first forward; give the experts count "
+                          "of the model")
+
+
 def attention_layers(text: Any, name: str = "config") -> list[AttentionLayer]:
     """The KV cache shape of each layer of a (text) config, as transformers' caches size them."""
     n = text.num_hidden_layers
@@ -175,6 +192,7 @@ def model_shape(cfg: dict[str, Any], stored: Collection[str] | None = None) -> M
     text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
     attention = attention_layers(text, name)
     model = meta_model(config, name)
+    check_no_empty_experts(cfg, model, name)
     params, packable, unpacked = count_weights(model, stored)
     hidden = int(text.hidden_size)
     max_pos = getattr(text, "max_position_embeddings", None)

@@ -44,7 +44,8 @@ from glyd.kernels._interp import isolated
 from glyd.kernels.dense11.decode_v2 import (_clamp8, _funnel, _half, _nib_esc, _prmt, _u, block_start, decode_words,
                                             hw, prepare)
 from glyd.kernels.dense11.unpack import _popc
-from glyd.kernels.dense11.gemv_v2 import Dense11V2GemvConfig, _dot_half, _dot_tile, _fma_half, _pairs, x_rows
+from glyd.kernels.dense11.gemv_v2 import (Dense11V2GemvConfig, _dot_half, _dot_tile, _fma_half, _pairs, row_sum,
+                                          x_rows)
 
 BLOCK = _codec.BLOCK
 BLOCK_C = tl.constexpr(BLOCK)
@@ -293,7 +294,7 @@ def _gemv_c_kernel(x_ptr, x32_ptr, sm_ptr, sm8_ptr, code_ptr, esc_ptr, ebase_ptr
                 acc = _dot_half(acc, hia, loa, x_ptr, rm, mmask, stride_xm, kb, K, 0, BN, W, HW)
                 acc = _dot_half(acc, hib, lob, x_ptr, rm, mmask, stride_xm, kb, K, 1, BN, W, HW)
     if MB == 1:
-        acc = tl.sum(tl.sum(acc1, axis=2), axis=1)[None, :]
+        acc = row_sum(acc1, BN, W)
     elif W_FIRST and TILE_DOT:
         acc = tl.trans(acc)
     if HAS_EXC:

@@ -418,3 +418,23 @@ def test_padding_codes_refused(device, version):
         kernels.unpack(bad)
     with pytest.raises(CorruptError, match="padding"):
         kernels.linear(torch.full((1, 70), 1e-30, dtype=torch.bfloat16, device=device), bad)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("w", [2, 8, 32])
+def test_m1_row_sum_has_a_fixed_order(device, w):
+    # the M = 1 GEMV's last reduction adds flat index 2i + 1 onto 2i, halving until one value is left, whatever
+    # the layout (tl.sum's order follows the layout: version 2's and a block-wise order's kernels differed in
+    # the last bit on the H200, 2026-12-05). Values over 2^-20 .. 2^20: another order gives other bits
+    g = torch.Generator().manual_seed(w)
+    x = torch.randn(16, w, 4, generator=g) * torch.exp2(torch.randint(-20, 20, (16, w, 4), generator=g).float())
+    out = torch.empty(1, 16, device=device)
+    from ._dense11_row_sum import row_sum_kernel
+
+    row_sum_kernel[(1,)](x.to(device), out, BN=16, W=w)
+    want = x.reshape(16, 4 * w)
+    while want.shape[1] > 1:
+        want = want[:, 0::2] + want[:, 1::2]
+    assert torch.equal(out.cpu().view(torch.int32), want.reshape(1, 16).view(torch.int32))
+    seq = x.reshape(16, 4 * w).double().cumsum(1)[:, -1].float()  # another order (exact, then rounded)
+    assert not torch.equal(seq, want.reshape(16)), "the values do not tell orders apart"

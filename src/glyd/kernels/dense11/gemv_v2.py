@@ -64,6 +64,20 @@ def _fma_half(acc, hi, lo, x_ptr, x32_ptr, kb, K, HALF: tl.constexpr, W: tl.cons
 
 
 @triton.jit
+def row_sum(acc1, BN: tl.constexpr, W: tl.constexpr):
+    # acc1 [BN, W, 4] -> [1, BN]: a fixed pairwise order (flat index 2i + 1 onto 2i, again and again), the same
+    # whatever layout the compiler gave acc1. tl.sum's order follows the layout (v2's decode has lanes along
+    # the rows and W over 4 warps, a block-wise order's along W): fp32 sums differing in the last bit, and
+    # about 2-5 bf16 outputs in 10^5 (2026-12-05: qkv and o at M = 1 "differed from v2")
+    s = tl.reshape(acc1, [BN, 2 * W, 2])
+    for _ in tl.static_range(W.bit_length()):  # 4 W = 2^(log2 W + 2) values: log2 W + 2 halvings
+        a, b = tl.split(s)
+        s = tl.reshape(a + b, [BN, a.shape[1] // 2, 2])
+    a, b = tl.split(s)
+    return tl.reshape(a + b, [1, BN])
+
+
+@triton.jit
 def _dot_half(acc, hi, lo, x_ptr, rm, mmask, stride_xm, kb, K, HALF: tl.constexpr, BN: tl.constexpr,
               W: tl.constexpr, HW: tl.constexpr):
     # acc [MB, BN] += x [MB, 16 W] @ the half's weights^T, as 4 dots over the byte lanes t
@@ -194,7 +208,7 @@ def _gemv_v2_kernel(x_ptr, x32_ptr, sm_ptr, sm8_ptr, code_ptr, esc_ptr, ebase_pt
                 acc = _dot_half(acc, hia, loa, x_ptr, rm, mmask, stride_xm, kb, K, 0, BN, W, HW)
                 acc = _dot_half(acc, hib, lob, x_ptr, rm, mmask, stride_xm, kb, K, 1, BN, W, HW)
     if MB == 1:
-        acc = tl.sum(tl.sum(acc1, axis=2), axis=1)[None, :]
+        acc = row_sum(acc1, BN, W)
     elif W_FIRST and TILE_DOT:
         acc = tl.trans(acc)
     if HAS_EXC:

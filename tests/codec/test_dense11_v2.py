@@ -148,10 +148,10 @@ def test_exception_indices_hostile(case):
 
 def test_versions_per_layout():
     w = torch.randn(3, 70).to(torch.bfloat16)
-    assert LAYOUTS["dense11"].reads == (1, 2) and LAYOUTS["dense11"].writes == 2
+    assert LAYOUTS["dense11"].reads == (1, 2, 3) and LAYOUTS["dense11"].writes == 2
     assert LAYOUTS["fixed12"].reads == (1,) and glyd.pack(w, "fixed12").version == 1
     p = glyd.pack(w, "dense11")
-    for bad in (3, 0, True, "2", None.__class__):
+    for bad in (4, 0, True, "2", None.__class__):
         with pytest.raises(FormatError, match="format version") as e:
             glyd.Packed("dense11", p.shape, dict(p.arrays), bad)
         assert "\n" not in str(e.value)
@@ -176,9 +176,9 @@ def test_v2_checkpoint_round_trip_and_manifest_versions(tmp_path):
     assert torch.equal(bits(glyd.unpack(r.get("old.weight"))), bits(w1))
     manifest = tmp_path / "out" / "glyd.json"
     m = json.loads(manifest.read_text())
-    m["tensors"]["a.weight"]["format_version"] = 3
+    m["tensors"]["a.weight"]["format_version"] = 4
     manifest.write_text(json.dumps(m))
-    with pytest.raises(FormatError, match="layout format version 3 is not supported for dense11") as e:
+    with pytest.raises(FormatError, match="layout format version 4 is not supported for dense11") as e:
         CheckpointReader(tmp_path / "out")
     assert "\n" not in str(e.value)
 

@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from glyd.codec import dense11_v2 as _v2
+from glyd.codec import dense11_v3 as _v3
 from glyd.codec.layout import Layout, register
 from glyd.codec.packed import Packed, as_bf16_matrix, check_no_extra, expect_array, round_up
 from glyd.errors import CorruptError, FormatError
@@ -116,8 +117,27 @@ def _offsets(esc_mask: np.ndarray, n: int, k: int) -> tuple[np.ndarray, np.ndarr
 
 def pack(w: torch.Tensor) -> Packed:
     """Format version 2 of ``w`` (what ``glyd.pack(w, "dense11")`` writes)."""
+    return pack_v2(w)
+
+
+def pack_v2(w: torch.Tensor) -> Packed:
+    """Format version 2 of ``w`` (``glyd.codec.dense11_v2``: code words as nibbles, ranks capped)."""
     p = pack_v1(w)
     return Packed(NAME, p.shape, _v2.from_v1(dict(p.arrays), p.shape), 2)
+
+
+def pack_v3(w: torch.Tensor) -> Packed:
+    """Format version 3 of ``w`` (``glyd.codec.dense11_v3``: version 2 with ``code`` and ``sm`` block-wise)."""
+    p = pack_v2(w)
+    return Packed(NAME, p.shape, _v3.from_v2(dict(p.arrays)), 3)
+
+
+def as_v2(p: Packed) -> Packed:
+    """``p`` itself, or for a version-3 matrix the same matrix in version 2's order (a permuted copy of
+    ``code`` and ``sm``, on their device): what the CPU decoders and checks read."""
+    if p.version != 3:
+        return p
+    return Packed.trusted(NAME, p.shape, _v3.to_v2(dict(p.arrays)), 2)
 
 
 def pack_v1(w: torch.Tensor) -> Packed:
@@ -237,7 +257,7 @@ def _popcount(x: torch.Tensor) -> torch.Tensor:
 
 
 def check_padding(p: Packed) -> None:
-    """CorruptError unless the padding columns ``K .. Kp - 1`` hold code 0 and ``sm`` 0 (either version;
+    """CorruptError unless the padding columns ``K .. Kp - 1`` hold code 0 and ``sm`` 0 (any version;
     torch on the arrays' device). The codec drops them, but a fused kernel multiplies them by x's
     zeros: code 6 at base 249 is exponent 255, and 0 * inf is NaN."""
     n, k = p.shape
@@ -245,6 +265,10 @@ def check_padding(p: Packed) -> None:
     kp = sm.shape[1]
     if n == 0 or k == kp:
         return
+    sm_tail = sm[:, k:]
+    if p.version == 3:  # version 2's order: the last 2 runs' words, the padding columns' sm bytes
+        code = _v3.restore_code(code)
+        sm_tail = sm[:, _v3.sm_columns(kp, sm.device)[k:]]
     w = code.reshape(n, kp // WORD, 3)[:, -2:]  # the last 64 columns (Kp - K < 64)
     if p.version == 1:
         bit = torch.arange(WORD, device=w.device)
@@ -252,7 +276,7 @@ def check_padding(p: Packed) -> None:
         tail = sum(((w[..., q, None] >> bit) & 1) << q for q in range(3))
     else:
         tail = _v2.codes_of(w)
-    if bool(tail.reshape(n, 2 * WORD)[:, k - kp + 2 * WORD :].any()) or bool(sm[:, k:].any()):
+    if bool(tail.reshape(n, 2 * WORD)[:, k - kp + 2 * WORD :].any()) or bool(sm_tail.any()):
         raise CorruptError(f"dense11 padding columns {k}..{kp - 1} must hold code 0 and sm 0 (a damaged or crafted "
                            f"'code' or 'sm')")
 
@@ -260,7 +284,7 @@ def check_padding(p: Packed) -> None:
 def device_escapes(p: Packed, chunk: int = 1 << 22) -> tuple[torch.Tensor, torch.Tensor]:
     """(int64 [blocks]: escape codes of each 1024-column block of each row, padding included; int64:
     flat indices ``r * k + c`` of the escapes whose digit is 15, the exception list's due) of either
-    version, checked: padding (``check_padding``), version 2's rank rule. Torch ops on the arrays'
+    version, checked: padding (``check_padding``), version 2's (and 3's) rank rule. Torch ops on the arrays'
     device, ``chunk`` bytes of a plane at once: the row lookup's and the kernels' checks."""
     n, k = p.shape
     check_padding(p)
@@ -272,7 +296,8 @@ def device_escapes(p: Packed, chunk: int = 1 << 22) -> tuple[torch.Tensor, torch
     bit = torch.arange(WORD, device=code.device)
     step, first = max(1, chunk // max(1, 8 * kp)), 0  # rows at once; digits of the rows before
     for r in range(0, n if words else 0, step):
-        w = code[r : r + step].reshape(-1, words, 3)
+        w = code[r : r + step]
+        w = (_v3.restore_code(w) if p.version == 3 else w).reshape(-1, words, 3)
         if p.version == 1:
             w = w.to(torch.int64) & 0xFFFFFFFF
             esc = w[..., 0] & w[..., 1] & w[..., 2]  # [rows, Kp/32]: a bit an escape
@@ -286,7 +311,7 @@ def device_escapes(p: Packed, chunk: int = 1 << 22) -> tuple[torch.Tensor, torch
         # (a stream too short for the codes is refused by the caller: the clamp only keeps this in bounds)
         word = stream[(i // 8).clamp(max=stream.numel() - 1)] if stream.numel() else torch.zeros_like(i)
         digit = (word >> (4 * (i % 8))) & 15
-        if p.version == 2:  # a run's escapes of rank 8 and up must be exceptions (the kernels' premise)
+        if p.version != 1:  # a run's escapes of rank 8 and up must be exceptions (the kernels' premise)
             _v2.check_ranks(((esc[..., None] >> bit) & 1).bool(), digit)
         pos = pos[digit == RAW]
         raw.append((pos // kp + r) * k + pos % kp)
@@ -300,10 +325,12 @@ def codes_of_packed(p: Packed) -> np.ndarray:
     kp = p.arrays["sm"].shape[1]
     if p.version == 1:
         return codes_of(p.arrays["code"].numpy(), n, kp)
-    return _v2.codes_of(p.arrays["code"].view(n, kp // WORD, 3)).to(torch.uint8).numpy().reshape(n, kp)
+    code = _v3.restore_code(p.arrays["code"]) if p.version == 3 else p.arrays["code"]
+    return _v2.codes_of(code.view(n, kp // WORD, 3)).to(torch.uint8).numpy().reshape(n, kp)
 
 
 def unpack(p: Packed) -> torch.Tensor:
+    p = as_v2(p)  # version 3: version 2's arrays permuted
     n, k = p.shape
     a = p.arrays
     kp = a["sm"].shape[1]
@@ -330,7 +357,7 @@ def unpack(p: Packed) -> torch.Tensor:
 LAYOUT = register(Layout(
     name=NAME, arrays=ARRAYS, pack=pack, unpack=unpack, check_arrays=check_arrays, padded_cols=padded_cols,
     padded_array="sm", about="fixed rate with popcount-ranked escapes, between the two in size",
-    reads=(1, 2), writes=2,
+    reads=(1, 2, 3), writes=2,
     # measured 11.165-11.220 bits a weight on MiniLM, wordllama and Whisper tiny.en
     # (benchmarks/history/2026-12-02-dense-layout-cpu.md), rounded up
     bits=11.25,

@@ -150,13 +150,19 @@ def _wrap32(x: torch.Tensor) -> torch.Tensor:
     return torch.where(x >= 2**31, x - 2**32, x).to(torch.int32)
 
 
-def pack_dense11(w: torch.Tensor) -> Packed:
-    """``dense11`` arrays of ``w`` computed on ``w.device`` (format version 2, through version 1's
-    arrays); equal to ``glyd.codec.pack(w, "dense11")``."""
+def pack_dense11(w: torch.Tensor, version: int | None = None) -> Packed:
+    """``dense11`` arrays of ``w`` computed on ``w.device`` in format version ``version`` (2 or 3, through
+    version 1's arrays; None: the version ``glyd.pack`` writes); equal to the codec's (``glyd.codec.dense11``)."""
+    from glyd.codec import dense11 as _d
     from glyd.codec import dense11_v2 as _v2
+    from glyd.codec import dense11_v3 as _v3
 
+    version = _d.LAYOUT.writes if version is None else version
+    if version not in (2, 3):
+        raise ValueError(f"the GPU pack writes dense11 format versions 2 and 3 (pack_dense11_v1: 1), got {version!r}")
     p = pack_dense11_v1(w)
-    return Packed(p.layout, p.shape, _v2.from_v1(dict(p.arrays), p.shape), 2)
+    arrays = _v2.from_v1(dict(p.arrays), p.shape)
+    return Packed(p.layout, p.shape, _v3.from_v2(arrays) if version == 3 else arrays, version)
 
 
 def pack_dense11_v1(w: torch.Tensor) -> Packed:

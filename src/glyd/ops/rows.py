@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from glyd.codec import dense11, dense11_v2, fixed12, tiered, unpack
+from glyd.codec import dense11, dense11_v2, dense11_v3, fixed12, tiered, unpack
 from glyd.codec.layout import LAYOUTS, resolve
 from glyd.codec.packed import Packed
 from glyd.ops._checks import check_arrays_once, check_ids
@@ -93,12 +93,15 @@ def rows_dense11(p: Packed, rows: torch.Tensor) -> torch.Tensor:
     b = rows.numel()
     kp = a["sm"].shape[1]
     dev = rows.device
-    words = a["code"].view(n, kp // dense11.WORD, 3)[rows]
+    code_rows, sm_col = a["code"][rows], None
+    if p.version == 3:  # version 2's arrays permuted inside each block: the rows' words and bytes put back
+        code_rows, sm_col = dense11_v3.restore_code(code_rows), dense11_v3.sm_columns(kp, dev)
+    words = code_rows.view(b, kp // dense11.WORD, 3)
     if p.version == 1:
         planes = words.to(torch.int64) & 0xFFFFFFFF
         bit = (planes[..., None] >> torch.arange(dense11.WORD, device=dev)) & 1  # (b, W, 3, 32)
         code = (bit[:, :, 0] | (bit[:, :, 1] << 1) | (bit[:, :, 2] << 2)).reshape(b, kp)[:, :k]
-    else:  # version 2: the same stream; ranks 8 and up of a run are digit 15 and in the exception list
+    else:  # versions 2, 3: the same stream; ranks 8 and up of a run are digit 15 and in the exception list
         code = dense11_v2.codes_of(words).reshape(b, kp)[:, :k]
     esc = code == dense11.ESCAPE
     blk = (rows * dense11.blocks_per_row(k)).clamp(max=max(a["esc_off"].numel() - 1, 0))
@@ -110,12 +113,12 @@ def rows_dense11(p: Packed, rows: torch.Tensor) -> torch.Tensor:
         digit = torch.zeros_like(code)
     etab = torch.cat([a["etab"], a["etab"].new_zeros(1)]).to(torch.int64)
     exp = torch.where(esc, etab[digit], code + a["base"].to(torch.int64))
-    sm = a["sm"][rows, :k].to(torch.int64)
+    sm = (a["sm"][rows, :k] if sm_col is None else a["sm"][rows][:, sm_col[:k]]).to(torch.int64)
     bits = ((sm & 0x80) << 8) | (exp << 7) | (sm & 0x7F)
     idx = a["exc_idx"]
     if idx.numel() and b:
         safe = idx.to(torch.int64).clamp(0, n * k - 1)
-        sme = a["sm"][safe // k, safe % k].to(torch.int64)
+        sme = a["sm"][safe // k, safe % k if sm_col is None else sm_col[safe % k]].to(torch.int64)
         value = ((sme & 0x80) << 8) | (a["exc_exp"].to(torch.int64) << 7) | (sme & 0x7F)
         bits = _patch(bits, rows, n, k, safe, value)
     return bits.to(torch.int16).view(torch.bfloat16)

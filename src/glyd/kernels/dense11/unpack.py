@@ -27,6 +27,7 @@ from triton.language.extra import libdevice
 
 from glyd.codec import dense11 as _codec
 from glyd.codec import dense11_v2 as _v2
+from glyd.codec import dense11_v3 as _v3
 from glyd.codec.packed import Packed
 from glyd.errors import CorruptError, FormatError
 from glyd.kernels import _common as C
@@ -163,7 +164,8 @@ class Prepared:
         if self.nexc:
             bounds = torch.arange(n + 1, device=idx.device, dtype=torch.int64) * k
             self.rowptr = torch.searchsorted(idx, bounds).to(torch.int32)
-            sm = a["sm"].reshape(-1)[(idx // k) * kp + idx % k].to(torch.int32)
+            col = idx % k if p.version != 3 else _v3.sm_columns(kp, idx.device)[idx % k]  # version 3: block-wise
+            sm = a["sm"].reshape(-1)[(idx // k) * kp + col].to(torch.int32)
             self.pos = idx
             self.vals = (((sm & 0x80) << 8) | (a["exc_exp"].to(torch.int32) << 7) | (sm & 0x7F)).to(torch.int16)
         else:
@@ -189,8 +191,9 @@ def _check_offsets(p: Packed) -> int:
     if p.version == 1:
         planes = a["code"].view(n, -1, 3).to(torch.int64)
         cnt = _popcount32(planes[..., 0] & planes[..., 1] & planes[..., 2])  # [N, Kp/32]
-    else:  # version 2's nibble words (glyd.codec.dense11_v2)
-        cnt = _popcount32(_v2.escape_masks(a["code"].view(n, -1, 3)))
+    else:  # version 2's nibble words (glyd.codec.dense11_v2); version 3's in version 2's order
+        code = _v3.restore_code(a["code"]) if p.version == 3 else a["code"]
+        cnt = _popcount32(_v2.escape_masks(code.view(n, -1, 3)))
     pad = torch.zeros(n, nbr * 32, dtype=torch.int64, device=cnt.device)
     pad[:, : cnt.shape[1]] = cnt
     per_block = pad.view(n * nbr, 32).sum(1)

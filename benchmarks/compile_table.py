@@ -77,8 +77,9 @@ def packings(layout: str) -> list:
 
     out = [lambda w: glyd.pack(w, layout)]
     codec = importlib.import_module(f"glyd.codec.{layout}")
-    if hasattr(codec, "pack_v1"):  # dense11 writes version 2; version 1 files still load
-        out.append(codec.pack_v1)
+    for old in ("pack_v2", "pack_v1"):  # dense11 writes version 3; version 2 and 1 files still load
+        if hasattr(codec, old):
+            out.append(getattr(codec, old))
     return out
 
 

@@ -4,8 +4,9 @@ All linears of 28 layers with q|k|v and gate|up merged (qkv 4608 x 3584, o 3584 
 37888 x 3584, down 3584 x 18944; distinct random weights per layer, std 0.02) plus the 152064 x 3584
 lm_head; one CUDA graph a step, median of 30 replays (``glyd.timing.cuda_graph_ms``), at M = 1, 16,
 32, 64; bf16 ``F.linear`` (cuBLAS) in the same run with the same shapes. ``dense11`` runs what the
-registry picks from the GPU's table (format version 2: ``dense11_v2_gemv`` up to M = 64, its tile
-decoded once for 16, 32 or 64 x rows; unpack + cuBLAS above), as ``dense11 gemv`` the version-2 fused
+registry picks from the GPU's table (format version 3 since 2026-12-05, ``glyd.pack``'s:
+``dense11_v3_gemv`` up to M = 64, its tile decoded once for 16, 32 or 64 x rows; unpack + cuBLAS
+above), as ``dense11 gemv`` the version-3 fused
 GEMV with its default tile (bn 16, bk 256, 4 warps) at every M, and as ``dense11 v1`` the
 registry's choice for the same weights packed in format version 1 (bit planes: the kernels timed on
 2026-12-03, for the before/after in one run). Before timing: the GPU pack equals the CPU codec on
@@ -15,10 +16,10 @@ the first qkv, o and down matrix (both versions), the unpack is bit-exact, every
     python benchmarks/dense11_step.py [--out DIR] [--layers 28] [--ms 1,16,32,64] [--dot tile|tile_wx|lanes]
         [--mb 64] [--gemv bn=32,bk=128,prefetch=1 ...] [--no-v1]
 
-``--dot`` picks the M >= 2 product form of ``dense11 gemv`` (``Dense11V2GemvConfig.dot``; the
+``--dot`` picks the M >= 2 product form of ``dense11 gemv`` (``Dense11V3GemvConfig.dot``; the
 registry's ``dense11`` keeps the table's, the default ``tile``), ``--mb`` its most x rows a decode
 (16: M = 17-64 decode each tile 2-4 times, as before 2026-12-05). ``--gemv SPEC`` (repeatable) times
-the version-2 GEMV with ``Dense11V2GemvConfig(**SPEC)`` as a column of its own, ``gemv SPEC``, in
+the version-3 GEMV with ``Dense11V3GemvConfig(**SPEC)`` as a column of its own, ``gemv SPEC``, in
 place of ``dense11 gemv``; ``--no-v1`` leaves version 1 out (the slowest column). The JSON records the
 registry's choice for each shape and M (``choice``).
 
@@ -42,7 +43,7 @@ import torch.nn.functional as F
 import glyd
 from glyd import kernels
 from glyd.codec.dense11 import pack_v1
-from glyd.kernels import Dense11V2GemvConfig
+from glyd.kernels import Dense11V3GemvConfig
 from glyd.kernels.gpu_pack import pack_dense11_v1
 from glyd.timing import cuda_graph_ms
 
@@ -52,7 +53,7 @@ if DEV == "cpu":  # the dry run: tiny shapes (K > 1024 somewhere: K splits and s
     H, I, KV, VOCAB, LAYERS = 64, 1056, 32, 128, 1
 SHAPES = [("qkv", H + 2 * KV, H), ("o", H, H), ("gate_up", 2 * I, H), ("down", H, I)]
 VARIANTS = ("bf16", "fixed12", "dense11", "dense11 gemv", "dense11 v1")
-#: the index in a layer's tuple (bf16 W, fixed12, dense11 v2, dense11 v1) each variant multiplies
+#: the index in a layer's tuple (bf16 W, fixed12, dense11 v3, dense11 v1) each variant multiplies
 WHICH = {"bf16": 0, "fixed12": 1, "dense11": 2, "dense11 gemv": 2, "dense11 v1": 3}
 
 
@@ -60,11 +61,11 @@ def _which(variant: str) -> int:
     return 2 if variant.startswith("gemv ") else WHICH[variant]
 
 
-def gemv_spec(spec: str) -> Dense11V2GemvConfig:
-    """``Dense11V2GemvConfig`` of ``"bn=32,bk=128,prefetch=1,dot=tile"`` (ints, ``prefetch`` 0/1, ``dot`` a name).
+def gemv_spec(spec: str) -> Dense11V3GemvConfig:
+    """``Dense11V3GemvConfig`` of ``"bn=32,bk=128,prefetch=1,dot=tile"`` (ints, ``prefetch`` 0/1, ``dot`` a name).
 
     >>> gemv_spec("bn=32,prefetch=1")
-    Dense11V2GemvConfig(bn=32, bk=256, mb=64, split=0, warps=4, dot='tile', prefetch=True)
+    Dense11V3GemvConfig(bn=32, bk=256, mb=64, split=0, warps=4, dot='tile', prefetch=True)
     """
     kw: dict = {}
     for part in filter(None, spec.split(",")):
@@ -75,11 +76,11 @@ def gemv_spec(spec: str) -> Dense11V2GemvConfig:
             kw[key] = val
         else:
             kw[key] = int(val)
-    return Dense11V2GemvConfig(**kw)
+    return Dense11V3GemvConfig(**kw)
 
 
 def build(layers: int) -> dict:
-    """{name: [(bf16 W, fixed12, dense11 v2, dense11 v1) per layer]} with the lm_head, packed on the device."""
+    """{name: [(bf16 W, fixed12, dense11 v3, dense11 v1) per layer]} with the lm_head, packed on the device."""
     mats = {}
     for name, n, k in SHAPES + [("lm_head", VOCAB, H)]:
         mats[name] = []
@@ -115,7 +116,7 @@ def check(mats: dict, ms: list[int], gemvs: dict, v1: bool) -> list[str]:
     return fails
 
 
-def step(mats: dict, xs: dict, variant: str, cfg: Dense11V2GemvConfig | None):
+def step(mats: dict, xs: dict, variant: str, cfg: Dense11V3GemvConfig | None):
     which = _which(variant)
 
     def run():
@@ -129,7 +130,7 @@ def step(mats: dict, xs: dict, variant: str, cfg: Dense11V2GemvConfig | None):
 
 
 def choices(mats: dict, ms: list[int]) -> dict:
-    """{M: {shape: the registry's kernel and config for dense11 v2}}."""
+    """{M: {shape: the registry's kernel and config for dense11 v3}}."""
     out = {}
     for m in ms:
         for name, reps in mats.items():
@@ -164,7 +165,7 @@ def main(argv=None) -> int:
                     help="a version-2 GEMV config as its own column, e.g. bn=32,bk=128,prefetch=1 (repeatable)")
     ap.add_argument("--no-v1", action="store_true", help="leave format version 1 out")
     args = ap.parse_args(argv)
-    gemvs = {f"gemv {g}": gemv_spec(g) for g in args.gemv} or {"dense11 gemv": Dense11V2GemvConfig(dot=args.dot, mb=args.mb)}
+    gemvs = {f"gemv {g}": gemv_spec(g) for g in args.gemv} or {"dense11 gemv": Dense11V3GemvConfig(dot=args.dot, mb=args.mb)}
     variants = ["bf16", "fixed12", "dense11", *gemvs] + ([] if args.no_v1 else ["dense11 v1"])
     ms = [int(m) for m in args.ms.split(",")]
     t0 = time.time()

@@ -24,7 +24,7 @@ every BK and BN (a file format cannot know the kernel's tile), and the size is u
 the same products, so the same bits.
 
 >>> import torch, glyd
->>> p = glyd.pack(torch.randn(3, 2100).to(torch.bfloat16), "dense11")
+>>> p = glyd.codec.dense11.pack_v2(torch.randn(3, 2100).to(torch.bfloat16))
 >>> r = relayout(p.arrays["code"], p.arrays["sm"])
 >>> all(torch.equal(a, b) for a, b in zip(restore(*r), (p.arrays["code"], p.arrays["sm"])))
 True

@@ -7,7 +7,8 @@ anyone changes the file format.
 On the merged Qwen2.5-7B shapes (qkv 4608 x 3584, o 3584 x 3584, gate_up 37888 x 3584, down 3584 x
 18944; random weights, std 0.02) at M = 1 and 16: bf16 ``F.linear``, the version-2 GEMV
 (``Dense11V2GemvKernel.launch``) with prefetch off and on, and the relaid copy (``dense11_coalesce.gemv``)
-with prefetch off and on, each with ``--gemv`` configs (default: the default tile, bn 16 x bk 256 on 4
+with prefetch off and on, and (since format version 3 is in src/) ``v3``: ``Dense11V3GemvKernel`` on a
+version-3 pack of the same weights, each with ``--gemv`` configs (default: the default tile, bn 16 x bk 256 on 4
 warps). Checked first on each shape's first copy: every product within 5e-3 (relative norm) of float64,
 the relaid GEMV equal to version 2's bit for bit (same config), prefetch on equal to off. Timing: one
 CUDA graph over enough copies of the matrix that the packed bytes pass ~300 MB (far beyond the H200's
@@ -54,7 +55,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import glyd  # noqa: E402
 import dense11_coalesce as DC  # noqa: E402
-from glyd.kernels.dense11.gemv_v2 import Dense11V2GemvConfig, Dense11V2GemvKernel  # noqa: E402
+from glyd.codec import dense11  # noqa: E402
+from glyd.kernels.dense11.gemv_v2 import (Dense11V2GemvConfig, Dense11V2GemvKernel, Dense11V3GemvConfig,  # noqa: E402
+                                          Dense11V3GemvKernel)
+from glyd.kernels.gpu_pack import pack_dense11  # noqa: E402
 
 SHAPES = [("qkv", 4608, 3584), ("o", 3584, 3584), ("gate_up", 37888, 3584), ("down", 3584, 18944)]
 #: --tiny: ragged N and K, a split's partial block, whole tiles with a last block of 16 runs, exceptions
@@ -76,8 +80,9 @@ def gemv_spec(spec: str) -> Dense11V2GemvConfig:
     return Dense11V2GemvConfig(**kw)
 
 
-#: the GEMVs: version 2's, the relaid copy with decode_words unchanged, and with its digit gathers 1-D
-KINDS = ("v2", "relaid", "relaid1d")
+#: the GEMVs: version 2's, the relaid copy with decode_words unchanged, and with its digit gathers 1-D, and
+#: format version 3's own (src: ``Dense11V3GemvKernel``, relaid1d promoted, on a version-3 pack of the weights)
+KINDS = ("v2", "relaid", "relaid1d", "v3")
 
 
 def variants(specs: list[str]) -> dict:
@@ -94,30 +99,33 @@ def variants(specs: list[str]) -> dict:
 
 
 def product(x: torch.Tensor, mat: tuple, kind: str, cfg: Dense11V2GemvConfig, out: torch.Tensor) -> torch.Tensor:
-    """One GEMV of ``x`` with ``mat`` = (bf16 W, Packed, Relaid) into ``out``."""
+    """One GEMV of ``x`` with ``mat`` = (bf16 W, Packed v2, Relaid, Packed v3) into ``out``."""
     if kind == "v2":
         return Dense11V2GemvKernel.launch(x, mat[1], None, cfg, out)
+    if kind == "v3":
+        return Dense11V3GemvKernel.launch(x, mat[3], None, Dense11V3GemvConfig(**cfg.__dict__), out)
     return DC.gemv(x, mat[2], None, cfg, out, win1d=kind == "relaid1d")
 
 
 def build(n: int, k: int, copies: int, dev: str, kind: str) -> list[tuple]:
-    """``copies`` matrices (bf16 W, version-2 Packed, Relaid) on ``dev``, packed there."""
+    """``copies`` matrices (bf16 W, version-2 Packed, Relaid, version-3 Packed) on ``dev``, packed there."""
     mats = []
     for i in range(copies):
         if dev == "cpu":
             w = DC.weights(n, k, seed=n + k + i, kind=kind)
         else:
             w = (torch.randn(n, k, device=dev) * 0.02).to(torch.bfloat16)
-        p = glyd.pack(w, "dense11")
-        assert p.version == 2, p.version
-        mats.append((w, p, DC.Relaid(p)))
+        p = pack_dense11(w, version=2) if dev != "cpu" else dense11.pack_v2(w)
+        p3 = pack_dense11(w, version=3) if dev != "cpu" else dense11.pack_v3(w)
+        assert (p.version, p3.version) == (2, 3)
+        mats.append((w, p, DC.Relaid(p), p3))
     return mats
 
 
 def check(name: str, mat: tuple, xs: dict, vs: dict) -> list[str]:
     """Failures on one matrix: float64 within 5e-3, relaid == version 2 and prefetch on == off bit for bit."""
     fails = []
-    w, p, r = mat
+    w, p, r, _ = mat
     c, s = DC.restore(r.code, r.sm)
     if not (torch.equal(c, p.arrays["code"]) and torch.equal(s, p.arrays["sm"])):
         fails.append(f"{name}: the relayout does not round-trip")
@@ -131,7 +139,7 @@ def check(name: str, mat: tuple, xs: dict, vs: dict) -> list[str]:
                 fails.append(f"{name} M={m} {label}: rel err {err:.3g}")
             bits[label] = y.view(torch.int16)
         for label, b in bits.items():
-            twin = label.replace("relaid1d", "v2").replace("relaid", "v2").replace("+pf", "")  # v2, prefetch off
+            twin = re.sub(r"^(relaid1d|relaid|v3)", "v2", label).replace("+pf", "")  # v2, prefetch off
             if twin != label and not torch.equal(b, bits[twin]):
                 fails.append(f"{name} M={m} {label}: bits differ from {twin}")
     return fails

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import glyd
+from glyd.codec.dense11 import pack_v2
 
 PROBES = Path(__file__).resolve().parents[2] / "benchmarks" / "probes"
 
@@ -38,7 +38,7 @@ def dc():
 @pytest.mark.parametrize("n,k,kind", [(5, 70, "normal"), (6, 1030, "crowded"), (3, 2100, "wide"), (4, 3584, "crowded"),
                                       (2, 1, "normal"), (7, 2048, "wide")])
 def test_relayout_round_trip(dc, n, k, kind):
-    p = glyd.pack(dc.weights(n, k, seed=n + k, kind=kind), "dense11")
+    p = pack_v2(dc.weights(n, k, seed=n + k, kind=kind))
     code, sm = p.arrays["code"], p.arrays["sm"]
     rc, rs = dc.relayout(code, sm)
     assert rc.dtype == code.dtype and rs.dtype == sm.dtype and rc.shape == code.shape and rs.shape == sm.shape
@@ -76,7 +76,7 @@ def test_gemv_gives_version_2s_bits(dc, m, n, k, kind, cfg):
     from glyd.kernels.dense11.gemv_v2 import Dense11V2GemvConfig, Dense11V2GemvKernel
 
     w = dc.weights(n, k, seed=m + n + k, kind=kind)
-    p = glyd.pack(w, "dense11")
+    p = pack_v2(w)
     assert p.arrays["exc_idx"].numel() > 0
     relaid = dc.Relaid(p)
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).to(torch.bfloat16)

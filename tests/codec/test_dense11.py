@@ -1,6 +1,6 @@
 """The dense11 layout: every bf16 pattern, odd shapes, adversarial matrices, golden bytes, and hostile
 array sets (every one raises FormatError or CorruptError, never reads out of bounds). ``glyd.pack``
-writes format version 2; every round trip here checks version 1 (``dense11.pack_v1``) too, and
+writes format version 3; every round trip here checks version 1 (``dense11.pack_v1``) too, and
 version 2's own cases are in ``test_dense11_v2.py``."""
 
 import hashlib
@@ -20,7 +20,7 @@ def bits(t: torch.Tensor) -> torch.Tensor:
 
 def roundtrip(w: torch.Tensor) -> glyd.Packed:
     p = glyd.pack(w, "dense11")
-    assert p.layout == "dense11" and p.shape == tuple(w.shape) and p.version == 2
+    assert p.layout == "dense11" and p.shape == tuple(w.shape) and p.version == 3
     assert torch.equal(bits(glyd.unpack(p)), bits(w))
     p1 = dense11.pack_v1(w)
     assert p1.version == 1 and torch.equal(bits(glyd.unpack(p1)), bits(w))
@@ -156,7 +156,7 @@ def test_golden_bytes():
     assert torch.equal(bits(glyd.unpack(p)), bits(tiny()))
 
 
-@pytest.fixture(params=[1, 2], ids=["v1", "v2"])
+@pytest.fixture(params=[1, 2, 3], ids=["v1", "v2", "v3"])
 def version(request):
     return request.param
 
@@ -164,7 +164,7 @@ def version(request):
 def noisy(version: int = 2) -> glyd.Packed:
     g = torch.Generator().manual_seed(5)
     w = (torch.randn(6, 1100, generator=g) * torch.logspace(-5, 3, 1100)).to(torch.bfloat16)
-    p = glyd.pack(w, "dense11") if version == 2 else dense11.pack_v1(w)
+    p = {1: dense11.pack_v1, 2: dense11.pack_v2, 3: dense11.pack_v3}[version](w)
     assert p.arrays["esc"].numel() > 2 and p.arrays["exc_idx"].numel() > 2
     return p
 

@@ -41,7 +41,7 @@ def runs_matrix(counts: list[int]) -> torch.Tensor:
 @pytest.mark.parametrize("count,extra", [(0, 0), (8, 0), (9, 1), (32, 24), (40, 24 + 0)])
 def test_ranks_8_and_up_are_exceptions(count, extra):
     w = runs_matrix([count])
-    p = glyd.pack(w, "dense11")
+    p = dense11.pack_v2(w)
     assert torch.equal(bits(glyd.unpack(p)), bits(w))
     # a run's 9th escape and later ones are listed (40 escapes: 32 in run 0, 8 in run 1)
     assert p.arrays["exc_idx"].tolist() == list(range(8, 8 + extra))
@@ -53,7 +53,7 @@ def test_exception_digit_already_15_listed_once():
     # escapes of rank >= 8 whose exponent is an exception already (not in the table) stay listed once
     e = torch.arange(40, 72, dtype=torch.int32)  # 32 distinct exponents in one run: 15 in the table at most
     w = ((e << 7) | 0x11).view(1, 32).repeat(2, 2).to(torch.int16).view(torch.bfloat16)
-    p = glyd.pack(w, "dense11")
+    p = dense11.pack_v2(w)
     idx = p.arrays["exc_idx"]
     assert torch.equal(torch.unique(idx), idx.to(torch.int64).to(idx.dtype))
     assert torch.equal(bits(glyd.unpack(p)), bits(w))
@@ -64,7 +64,7 @@ def test_from_v1_equals_pack():
     pats = torch.arange(65536, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
     for w in [(torch.randn(19, 1100, generator=g) * torch.logspace(-5, 3, 1100)).to(torch.bfloat16),
               pats.reshape(64, 1024), pats[torch.randperm(65536, generator=g)][: 33 * 65].reshape(33, 65)]:
-        p1, p2 = dense11.pack_v1(w), glyd.pack(w, "dense11")
+        p1, p2 = dense11.pack_v1(w), dense11.pack_v2(w)
         a = V.from_v1(dict(p1.arrays), p1.shape)
         assert all(torch.equal(a[n], p2.arrays[n]) for n in dense11.ARRAYS)
         assert torch.equal(bits(glyd.unpack(p2)), bits(w)) and torch.equal(bits(glyd.unpack(p1)), bits(w))
@@ -86,7 +86,7 @@ GOLDEN_V2_CODE_ROW1 = [-53687092, -1127428916, -17477, 2004318071, 858923554, -8
 def test_golden_bytes_v2():
     from .test_dense11 import digest, tiny
 
-    p = glyd.pack(tiny(), "dense11")
+    p = dense11.pack_v2(tiny())
     assert p.version == 2
     assert {k: p.arrays[k].tolist() for k in GOLDEN_V2_VALUES} == GOLDEN_V2_VALUES
     assert p.arrays["code"][1].tolist() == GOLDEN_V2_CODE_ROW1
@@ -95,7 +95,7 @@ def test_golden_bytes_v2():
 
 
 def crowded() -> glyd.Packed:
-    return glyd.pack(runs_matrix([12, 3, 0, 32]), "dense11")
+    return dense11.pack_v2(runs_matrix([12, 3, 0, 32]))
 
 
 def _with(p: glyd.Packed, **arrays) -> glyd.Packed:
@@ -148,9 +148,9 @@ def test_exception_indices_hostile(case):
 
 def test_versions_per_layout():
     w = torch.randn(3, 70).to(torch.bfloat16)
-    assert LAYOUTS["dense11"].reads == (1, 2, 3) and LAYOUTS["dense11"].writes == 2
+    assert LAYOUTS["dense11"].reads == (1, 2, 3) and LAYOUTS["dense11"].writes == 3
     assert LAYOUTS["fixed12"].reads == (1,) and glyd.pack(w, "fixed12").version == 1
-    p = glyd.pack(w, "dense11")
+    p = dense11.pack_v2(w)
     for bad in (4, 0, True, "2", None.__class__):
         with pytest.raises(FormatError, match="format version") as e:
             glyd.Packed("dense11", p.shape, dict(p.arrays), bad)
@@ -158,7 +158,7 @@ def test_versions_per_layout():
     with pytest.raises(FormatError, match="'fixed12' format version 2 is not supported"):
         f = glyd.pack(w, "fixed12")
         glyd.Packed("fixed12", f.shape, dict(f.arrays), 2)
-    assert glyd.Packed("dense11", p.shape, dict(p.arrays)).version == 2
+    assert glyd.Packed("dense11", p.shape, dict(p.arrays)).version == 3
 
 
 def test_v2_checkpoint_round_trip_and_manifest_versions(tmp_path):
@@ -166,7 +166,7 @@ def test_v2_checkpoint_round_trip_and_manifest_versions(tmp_path):
     w = (torch.randn(21, 1100, generator=g) * torch.logspace(-5, 3, 1100)).to(torch.bfloat16)
     w1 = (torch.randn(5, 70, generator=g) * 0.02).to(torch.bfloat16)
     with CheckpointWriter(tmp_path / "out", layout="dense11") as ckpt:
-        ckpt.add_packed("a.weight", glyd.pack(w, "dense11"), sha256_tensor(w))
+        ckpt.add_packed("a.weight", dense11.pack_v2(w), sha256_tensor(w))
         ckpt.add_packed("old.weight", dense11.pack_v1(w1), sha256_tensor(w1))  # one model may hold both
     r = CheckpointReader(tmp_path / "out")
     assert r.verify(progress=False)["packed"] == 2

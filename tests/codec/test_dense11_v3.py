@@ -30,7 +30,7 @@ def weights(n: int, k: int, seed: int, kind: str = "normal") -> torch.Tensor:
 
 
 SHAPES = [(5, 70, "normal"), (6, 1030, "crowded"), (3, 2100, "wide"), (4, 3584, "crowded"), (2, 1, "normal"),
-          (7, 2048, "wide"), (0, 100, "normal")]
+          (7, 2048, "wide"), (0, 100, "normal"), (3, 0, "normal")]
 
 
 @pytest.mark.parametrize("n,k,kind", SHAPES)
@@ -130,3 +130,22 @@ def test_v3_checkpoint_round_trip_beside_v1_and_v2(tmp_path):
     assert torch.equal(bits(glyd.unpack(r.get("a.weight"))), bits(w))
     for x in "bc":
         assert torch.equal(bits(glyd.unpack(r.get(f"{x}.weight"))), bits(w2))
+
+
+# Pinned (docs/format.md, "dense11 format version 3"); a change here is a format change.
+GOLDEN_V3_CODE_ROW1 = [-53687092, 2004318071, 4473924, 0, -1127428916, 858923554, 0, 0, -17477, -876889157, 0, 0]
+
+
+def test_golden_bytes_v3():
+    from .test_dense11 import tiny
+    from .test_dense11_v2 import GOLDEN_V2_CODE_ROW1, GOLDEN_V2_VALUES
+
+    p, p2 = dense11.pack_v3(tiny()), dense11.pack_v2(tiny())
+    assert p.version == 3 and glyd.pack(tiny(), "dense11").version == 3
+    assert {k: p.arrays[k].tolist() for k in GOLDEN_V2_VALUES} == GOLDEN_V2_VALUES
+    assert p2.arrays["code"][1].tolist() == GOLDEN_V2_CODE_ROW1
+    assert p.arrays["code"][1].tolist() == GOLDEN_V3_CODE_ROW1
+    # sm: one block of 4 runs a row: the runs' first halves, then their second halves
+    want = p2.arrays["sm"].view(3, 4, 2, 16).permute(0, 2, 1, 3).reshape(3, 128)
+    assert torch.equal(p.arrays["sm"], want)
+    assert torch.equal(bits(glyd.unpack(p)), bits(tiny()))

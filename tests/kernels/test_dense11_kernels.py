@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import glyd
-from glyd.codec.dense11 import pack_v1
+from glyd.codec.dense11 import pack_v1, pack_v2
 from glyd.errors import CorruptError
 
 from .conftest import DEVICES, needs_triton
@@ -126,7 +126,9 @@ def test_gpu_pack_equals_the_codec(device):
     for w in (every, _weights(5, 70, seed=4, exceptions=3), _weights(3, 2100, seed=5), torch.zeros(2, 0).bfloat16()):
         want = glyd.pack(w, "dense11")
         got = pack(w.to(device))
-        assert got.version == want.version == 2
+        assert got.version == want.version == 3
+        v2 = pack(w.to(device), version=2)
+        assert v2.version == 2 and all(torch.equal(v2.arrays[a].cpu(), t) for a, t in pack_v2(w).arrays.items())
         old = pack_dense11_v1(w.to(device))
         assert old.version == 1 and all(torch.equal(old.arrays[a].cpu(), t) for a, t in pack_v1(w).arrays.items())
         assert got.device.type == device and set(got.arrays) == set(want.arrays)

@@ -12,7 +12,7 @@ import torch
 
 import glyd
 from glyd.codec import dense11_v2 as V
-from glyd.codec.dense11 import pack_v1
+from glyd.codec.dense11 import pack_v1, pack_v2, pack_v3
 from glyd.errors import CorruptError
 
 from .conftest import DEVICES, needs_triton
@@ -51,7 +51,7 @@ def _unpack(p, device):
 @pytest.mark.parametrize("device", DEVICES)
 def test_unpack_every_pattern(device):
     w = torch.arange(65536, dtype=torch.int32).to(torch.int16).view(torch.bfloat16).reshape(32, 2048)
-    p = glyd.pack(w, "dense11")
+    p = pack_v2(w)
     assert p.version == 2 and p.arrays["exc_idx"].numel() > 0
     assert torch.equal(_bits(_unpack(p, device)), _bits(w))
 
@@ -63,7 +63,7 @@ def test_unpack_every_pattern(device):
 ])
 def test_unpack_shapes(device, shape, kind):
     w = _weights(*shape, seed=sum(shape), kind=kind)
-    p = glyd.pack(w, "dense11")
+    p = pack_v2(w)
     assert torch.equal(_bits(_unpack(p, device)), _bits(w))
     if kind == "crowded":
         assert p.arrays["exc_idx"].numel() >= (9 - 8) + (12 - 8) + (20 - 8) + (32 - 8)
@@ -77,7 +77,7 @@ def test_unpack_through_the_layout_and_configs(device):
     from glyd.kernels.dense11.unpack_v2 import Dense11V2UnpackConfig
 
     w = _weights(9, 1030, seed=1, kind="wide")
-    p = glyd.pack(w, "dense11").to(device)
+    p = pack_v2(w).to(device)
     assert torch.equal(_bits(kernels.unpack(p)), _bits(w))
     out = torch.empty(9, 1030, dtype=torch.bfloat16, device=device)
     assert layout_unpack(p, out, Dense11UnpackConfig(rows=4, bk=1024, warps=2)) is out
@@ -105,7 +105,7 @@ def test_gemv(device, m, n, k, kind, cfg):
     g = torch.Generator().manual_seed(m)
     x = torch.randn(m, k, generator=g).to(torch.bfloat16)
     bias = torch.randn(n, generator=g).to(torch.bfloat16) if m % 2 else None
-    p = glyd.pack(w, "dense11").to(device)
+    p = pack_v2(w).to(device)
     y = kernels.linear(x.to(device), p, None if bias is None else bias.to(device), config=Dense11V2GemvConfig(**cfg))
     _check(y, x, w, bias)
 
@@ -126,7 +126,7 @@ def test_gemv_prefetch_gives_the_same_bits(device, m, n, k, kind, cfg):
     g = torch.Generator().manual_seed(m + 1)
     x = torch.randn(m, k, generator=g).to(torch.bfloat16).to(device)
     bias = torch.randn(n, generator=g).to(torch.bfloat16).to(device) if m % 2 else None
-    p = glyd.pack(w, "dense11").to(device)
+    p = pack_v2(w).to(device)
     got = kernels.linear(x, p, bias, config=Dense11V2GemvConfig(prefetch=True, **cfg))
     _check(got, x.cpu(), w, None if bias is None else bias.cpu())
     assert torch.equal(_bits(got), _bits(kernels.linear(x, p, bias, config=Dense11V2GemvConfig(**cfg))))
@@ -150,7 +150,7 @@ def test_gemv_mid_m(device, m, n, k, kind, cfg):
     from glyd.kernels.dense11.gemv_v2 import Dense11V2GemvConfig
 
     w = _weights(n, k, seed=m + n + k, kind=kind)
-    p = glyd.pack(w, "dense11")
+    p = pack_v2(w)
     assert p.arrays["exc_idx"].numel() > 0  # the exception pass runs for every x row
     g = torch.Generator().manual_seed(m)
     x = torch.randn(m, k, generator=g).to(torch.bfloat16)
@@ -179,7 +179,7 @@ def test_gemv_x_rows_at_odd_strides(device, m, k):
 
     w = _weights(16, k, seed=k, kind="wide")
     x = torch.randn(m, k + 1).to(torch.bfloat16)[:, 1:]
-    _check(kernels.linear(x.to(device), glyd.pack(w, "dense11").to(device)), x, w, None)
+    _check(kernels.linear(x.to(device), pack_v2(w).to(device)), x, w, None)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -187,9 +187,9 @@ def test_registry_picks_by_format_version(device):
     from glyd import kernels
 
     w = _weights(8, 128, seed=2, kind="wide")
-    for p, small in ((glyd.pack(w, "dense11"), "dense11_v2_gemv"), (pack_v1(w), "dense11_gemv")):
+    for p, small in ((pack_v3(w), "dense11_v3_gemv"), (pack_v2(w), "dense11_v2_gemv"), (pack_v1(w), "dense11_gemv")):
         p = p.to(device)
-        mid = "dense11_v2_gemv" if small == "dense11_v2_gemv" else "dense11_unpack_cublas"
+        mid = "dense11_unpack_cublas" if small == "dense11_gemv" else small
         for m, name in ((1, small), (16, small), (40, mid), (64, mid), (65, "dense11_unpack_cublas")):
             x = torch.randn(m, 128).to(torch.bfloat16).to(device)
             assert kernels.choose(x, p)[0].name == name
@@ -241,7 +241,7 @@ def test_can_implement_and_configs():
 def test_hostile_arrays_refused(device):
     from glyd import kernels
 
-    p = glyd.pack(_weights(6, 1100, seed=3, kind="crowded"), "dense11")
+    p = pack_v2(_weights(6, 1100, seed=3, kind="crowded"))
     (n, kp), k = p.arrays["sm"].shape, p.shape[1]
     esc_mask = ((V.escape_masks(p.arrays["code"].view(n, kp // 32, 3))[..., None] >> torch.arange(32)) & 1).bool()
     i = int(torch.nonzero(V.ranks(esc_mask)[esc_mask] >= 8)[0])  # the stream's first escape of rank 8 or more
@@ -273,7 +273,7 @@ def test_large_on_the_gpu(kind):
     from glyd import kernels
 
     w = _weights(3584, 3584 + 64, seed=4, kind=kind)
-    p = glyd.pack(w, "dense11").to("cuda")
+    p = pack_v2(w).to("cuda")
     assert torch.equal(_bits(kernels.unpack(p)), _bits(w))
     from glyd.kernels.dense11.gemv_v2 import Dense11V2GemvConfig
 
@@ -315,7 +315,7 @@ def _exception_list_hostiles(p):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("version", [1, 2])
+@pytest.mark.parametrize("version", [1, 2, 3])
 def test_exception_list_must_be_the_digit_15_escapes(device, version):
     # the kernels' preparation checked the list sorted and inside the matrix only: an escape whose digit
     # is 15 with no exception decoded as exponent 0, and a listed window weight was overwritten (unpack)
@@ -323,7 +323,7 @@ def test_exception_list_must_be_the_digit_15_escapes(device, version):
     from glyd import kernels
 
     w = _weights(3, 1100, seed=5, kind="wide")
-    p = glyd.pack(w, "dense11") if version == 2 else pack_v1(w)
+    p = {1: pack_v1, 2: pack_v2, 3: pack_v3}[version](w)
     x = torch.randn(1, 1100).to(torch.bfloat16).to(device)
     for what, arrays in _exception_list_hostiles(p):
         bad = glyd.Packed("dense11", p.shape, arrays, version)
@@ -337,14 +337,14 @@ def test_exception_list_must_be_the_digit_15_escapes(device, version):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("version", [1, 2])
+@pytest.mark.parametrize("version", [1, 2, 3])
 def test_base_past_the_window_refused(device, version):
     # base 250-255 puts base + 6 past exponent 255: the version-1 kernels added it into the sign bit
     # (no check), version 2's check raised AttributeError (C.CorruptError does not exist)
     from glyd import kernels
 
     w = _weights(2, 64, seed=6)
-    p = glyd.pack(w, "dense11") if version == 2 else pack_v1(w)
+    p = {1: pack_v1, 2: pack_v2, 3: pack_v3}[version](w)
     for base in (250, 255):
         bad = glyd.Packed("dense11", p.shape, dict(p.arrays, base=torch.tensor([base], dtype=torch.uint8)), version)
         with pytest.raises(CorruptError, match=f"base {base}"):
@@ -359,7 +359,7 @@ def test_base_past_the_window_refused(device, version):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("version", [1, 2])
+@pytest.mark.parametrize("version", [1, 2, 3])
 def test_strided_arrays_refused_by_name(device, version):
     # an array of the right shape and dtype as a strided view (a column slice of a wider tensor, every
     # other element): the codec reads it right, the kernels read it as one contiguous array (other
@@ -368,7 +368,7 @@ def test_strided_arrays_refused_by_name(device, version):
     from glyd.errors import FormatError
 
     w = _weights(5, 1100, seed=7, kind="wide")
-    p = (glyd.pack(w, "dense11") if version == 2 else pack_v1(w)).to(device)
+    p = ({1: pack_v1, 2: pack_v2, 3: pack_v3}[version](w)).to(device)
     x = torch.randn(2, 1100).to(torch.bfloat16).to(device)
     for name in ("sm", "code", "esc", "esc_off", "exc_idx", "exc_exp"):
         t = p.arrays[name]
@@ -388,7 +388,7 @@ def test_empty_matrices(device):
     from glyd import kernels
 
     for n, k in ((0, 0), (8, 0), (16, 0), (0, 64), (3, 0)):
-        p = glyd.pack(torch.zeros(n, k, dtype=torch.bfloat16), "dense11").to(device)
+        p = pack_v2(torch.zeros(n, k, dtype=torch.bfloat16)).to(device)
         assert kernels.unpack(p).shape == (n, k)
         y = kernels.linear(torch.ones(2, k, dtype=torch.bfloat16, device=device), p)
         assert y.shape == (2, n) and not bool(y.any())
@@ -403,7 +403,7 @@ def test_padding_codes_refused(device, version):
     from glyd.codec.dense11 import planes_of
 
     w = torch.full((4, 70), 2.0**100).to(torch.bfloat16)
-    p = glyd.pack(w, "dense11") if version == 2 else pack_v1(w)
+    p = {1: pack_v1, 2: pack_v2, 3: pack_v3}[version](w)
     n, kp = p.arrays["sm"].shape
     codes = torch.zeros(n, kp, dtype=torch.int64)
     codes[:, 70:] = 6

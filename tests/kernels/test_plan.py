@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import glyd
-from glyd.codec.dense11 import pack_v1
+from glyd.codec.dense11 import pack_v1, pack_v2
 
 from .conftest import DEVICES, HAS_CUDA, needs_triton, random_weights
 
@@ -42,7 +42,8 @@ def _forced(monkeypatch, name: str, cfg):
 
 
 def _family_cases():
-    from glyd.kernels import (Dense11GemvConfig, Dense11LongConfig, Dense11V2GemvConfig, GemvConfig, LongConfig,
+    from glyd.kernels import (Dense11GemvConfig, Dense11LongConfig, Dense11V2GemvConfig, Dense11V3GemvConfig,
+                              GemvConfig, LongConfig,
                               MmaConfig, TcConfig, TieredGemvConfig, TieredLongConfig, TileConfig)
 
     # (family, config, layout, N, K, M)
@@ -59,12 +60,13 @@ def _family_cases():
         ("tiered_unpack_cublas", TieredLongConfig(), "tiered", 12, 100, 3),
         ("dense11_gemv", Dense11GemvConfig(bn=16, bk=256), "dense11_v1", 12, 1100, 2),  # format version 1
         ("dense11_unpack_cublas", Dense11LongConfig(), "dense11", 12, 100, 3),
-        ("dense11_v2_gemv", Dense11V2GemvConfig(bn=16, bk=256), "dense11", 12, 1100, 2),
+        ("dense11_v3_gemv", Dense11V3GemvConfig(bn=16, bk=256, prefetch=True), "dense11", 12, 1100, 1),
+        ("dense11_v2_gemv", Dense11V2GemvConfig(bn=16, bk=256), "dense11_v2", 12, 1100, 2),  # format version 2
         ("dense11_unpack_cublas", Dense11LongConfig(), "dense11_v1", 12, 100, 3),
     ]
 
 
-@pytest.mark.parametrize("case", range(14))
+@pytest.mark.parametrize("case", range(15))
 @pytest.mark.parametrize("device", DEVICES)
 def test_a_plan_gives_the_uncached_bits_for_every_family(monkeypatch, device, case):
     # The first call makes the plan (the uncached path's work, kept); the next ones run it: the
@@ -73,11 +75,12 @@ def test_a_plan_gives_the_uncached_bits_for_every_family(monkeypatch, device, ca
     from glyd.kernels import _plan
 
     cases = _family_cases()
-    assert len(cases) == 14
+    assert len(cases) == 15
     name, cfg, layout, n, k, m = cases[case]
     calls = _forced(monkeypatch, name, cfg)
     w = random_weights(n, k, "normal")
-    p = (pack_v1(w) if layout == "dense11_v1" else glyd.pack(w, layout)).to(device)
+    old = {"dense11_v1": pack_v1, "dense11_v2": pack_v2}
+    p = (old[layout](w) if layout in old else glyd.pack(w, layout)).to(device)
     x = torch.randn(m, k).to(torch.bfloat16).to(device)
     bias = torch.randn(n).to(torch.bfloat16).to(device)
     _plan.set_enabled(False)

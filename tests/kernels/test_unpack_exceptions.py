@@ -10,7 +10,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import glyd
-from glyd.codec.dense11 import pack_v1
+from glyd.codec.dense11 import pack_v1, pack_v2, pack_v3
 
 from .conftest import DEVICES, needs_triton, on_devices, random_weights
 
@@ -127,7 +127,7 @@ def test_fixed12_unpack_rows_ending_inside_a_tile_write_only_their_rows(device):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("where", [[], [0, 3, 1099], "wide"])
-@pytest.mark.parametrize("version", [2, 1])
+@pytest.mark.parametrize("version", [3, 2, 1])
 def test_dense11_unpack_patches_exceptions_in_one_launch(device, where, version):
     from glyd import kernels
     from glyd.kernels import _plan
@@ -143,7 +143,7 @@ def test_dense11_unpack_patches_exceptions_in_one_launch(device, where, version)
         w = w.view(n, k).to(torch.bfloat16)
     nexc = int(pack_v1(w).arrays["exc_idx"].numel())  # version 2 adds a run's escapes of rank 8 and up
     assert nexc > 20 if where == "wide" else nexc == len(where)
-    p = (glyd.pack(w, "dense11") if version == 2 else pack_v1(w)).to(device)
+    p = {1: pack_v1, 2: pack_v2, 3: pack_v3}[version](w).to(device)
     assert p.version == version and int(p.arrays["exc_idx"].numel()) >= nexc
     kernels.unpack(p)
     before = _plan.LAUNCHES[1]

@@ -1,5 +1,6 @@
 """dense11 through the glyd:: ops on the CPU: the pure-torch twins (unpack, linear, rows) and opcheck,
-for format version 2 (``glyd.pack``) and version 1 (``dense11.pack_v1``: old checkpoints)."""
+for format version 3 (``glyd.pack``), version 2 and version 1 (``dense11.pack_v2``, ``pack_v1``: old
+checkpoints)."""
 
 from __future__ import annotations
 
@@ -9,14 +10,14 @@ import torch.nn.functional as F
 
 import glyd
 import glyd.ops as ops
-from glyd.codec.dense11 import pack_v1
+from glyd.codec.dense11 import pack_v1, pack_v2
 from glyd.ops.rows import unpack_rows
 
 
-@pytest.fixture(params=[2, 1], ids=["v2", "v1"])
+@pytest.fixture(params=[3, 2, 1], ids=["v3", "v2", "v1"])
 def pack(request):
     def pack(w, layout="dense11"):
-        p = glyd.pack(w, layout) if request.param == 2 else pack_v1(w)
+        p = glyd.pack(w, layout) if request.param == 3 else {2: pack_v2, 1: pack_v1}[request.param](w)
         assert p.version == request.param
         return p
 

@@ -1,4 +1,5 @@
-"""Write the golden packed checkpoints of format version 1 under tests/data/store_v1/.
+"""Write the golden packed checkpoints of format version 1 under tests/data/store_v1/ (and, in
+``dense11_v3``, one whose matrices are dense11 format version 3).
 
 Run once per released format version; the files are committed and must keep loading:
 
@@ -82,9 +83,11 @@ def write_source(path: Path, sharded: bool) -> None:
 def main() -> int:
     from glyd.store import pack_folder
 
-    # dense11 (its format version 1) joined on 2026-12-02; the others were written on 2026-11-30.
-    for layout, sharded in (("fixed12", False), ("tiered", True), ("dense11", False)):
-        dst = GOLDEN / layout
+    # dense11 (its format version 1) joined on 2026-12-02; the others were written on 2026-11-30;
+    # dense11_v3: the same checkpoint format, its matrices in dense11 format version 3 (2026-12-05)
+    for name, layout, sharded in (("fixed12", "fixed12", False), ("tiered", "tiered", True),
+                                  ("dense11", "dense11", False), ("dense11_v3", "dense11", False)):
+        dst = GOLDEN / name
         if dst.exists():
             print(f"{dst} exists: a released format's golden files are never rewritten; kept", file=sys.stderr)
             continue

@@ -14,15 +14,18 @@ block's digits start (a block = 1024 columns of one row) is in an offset table: 
 16 blocks, a 16-bit offset a block. Byte-level layout and the measurements behind these choices:
 ``docs/format.md`` and ``benchmarks/history/2026-12-02-dense-layout-cpu.md``.
 
-That is format version 1 (bit planes), which this module still reads. ``pack`` writes version 2
+That is format version 1 (bit planes), which this module still reads, as version 2
 (``glyd.codec.dense11_v2``: the same arrays, code words as nibbles for a byte permute, at most 8
-table digits a run), which the GPU kernels decode fast.
+table digits a run). ``pack`` writes version 3 (``glyd.codec.dense11_v3``: version 2's arrays with
+``code`` and ``sm`` in a block-wise order a GPU warp reads in whole sectors). Each version has its
+own GPU kernels; a loaded matrix keeps its version (no conversion at load: every old file loads as
+it is, and ``as_v2`` gives the CPU decoders version 2's order of a version-3 matrix).
 
 >>> import torch, glyd
 >>> w = torch.randn(4, 100).to(torch.bfloat16)
 >>> p = glyd.pack(w, "dense11")
 >>> p.version, torch.equal(glyd.unpack(p).view(torch.int16), w.view(torch.int16))
-(2, True)
+(3, True)
 """
 
 from __future__ import annotations
@@ -116,8 +119,8 @@ def _offsets(esc_mask: np.ndarray, n: int, k: int) -> tuple[np.ndarray, np.ndarr
 
 
 def pack(w: torch.Tensor) -> Packed:
-    """Format version 2 of ``w`` (what ``glyd.pack(w, "dense11")`` writes)."""
-    return pack_v2(w)
+    """Format version 3 of ``w`` (what ``glyd.pack(w, "dense11")`` writes)."""
+    return pack_v3(w)
 
 
 def pack_v2(w: torch.Tensor) -> Packed:
@@ -357,7 +360,7 @@ def unpack(p: Packed) -> torch.Tensor:
 LAYOUT = register(Layout(
     name=NAME, arrays=ARRAYS, pack=pack, unpack=unpack, check_arrays=check_arrays, padded_cols=padded_cols,
     padded_array="sm", about="fixed rate with popcount-ranked escapes, between the two in size",
-    reads=(1, 2, 3), writes=2,
+    reads=(1, 2, 3), writes=3,
     # measured 11.165-11.220 bits a weight on MiniLM, wordllama and Whisper tiny.en
     # (benchmarks/history/2026-12-02-dense-layout-cpu.md), rounded up
     bits=11.25,
@@ -367,6 +370,7 @@ LAYOUT = register(Layout(
     unpack_kernel="glyd.kernels.dense11.versions:unpack",
     prepare_kernel="glyd.kernels.dense11.versions:prepare",
     kernels={
+        "dense11_v3_gemv": "glyd.kernels.dense11.gemv_v2:Dense11V3GemvKernel",
         "dense11_v2_gemv": "glyd.kernels.dense11.gemv_v2:Dense11V2GemvKernel",
         "dense11_gemv": "glyd.kernels.dense11.gemv:Dense11GemvKernel",
         "dense11_unpack_cublas": "glyd.kernels.dense11.unpack_cublas:Dense11LongKernel",

@@ -51,7 +51,8 @@ def _orders(runs: int) -> tuple[torch.Tensor, torch.Tensor]:
         r1 = min(r0 + RUNS, runs)
         co.append(code[r0:r1].t().reshape(-1))  # [3, RB]: plane-major
         so.append(sm[r0:r1].permute(1, 0, 2).reshape(-1))  # [2, RB, 16]: half-major
-    return torch.cat(co), torch.cat(so)
+    empty = torch.zeros(0, dtype=torch.int64)  # K = 0: no runs
+    return torch.cat([empty, *co]), torch.cat([empty, *so])
 
 
 @functools.lru_cache(maxsize=64)

@@ -12,7 +12,7 @@ from glyd.errors import FormatError, UnsupportedError
 
 #: The first format version of every layout (and the version of quantization configs). A layout's
 #: own versions are in its entry: ``Layout.reads`` (decoded) and ``Layout.writes`` (``pack``'s);
-#: dense11 writes 2 and reads 1 and 2.
+#: dense11 writes 3 and reads 1, 2 and 3.
 FORMAT_VERSION = 1
 
 

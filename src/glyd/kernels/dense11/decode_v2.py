@@ -1,5 +1,8 @@
 """The decode of one K step of a ``dense11`` format-version-2 matrix (``glyd.codec.dense11_v2``), shared
 by its unpack (``unpack_v2.py``) and its GEMV (``gemv_v2.py``), and the per-matrix data they need.
+Format version 3 (``glyd.codec.dense11_v3``: the same words, ``code`` and ``sm`` block-wise) differs
+only in where a step's words are loaded from (``load_step_v3``) and gathers its escape digits 1-D
+(``V3``/``WIN1D`` constexprs): the same decoded words.
 
 A step holds each run of 32 weights in one thread: [BN, W] runs (W = BK / 32), their code words
 c0, c1, c2 and the spare-bit word d (codes of columns 24-31), and their ``sm`` bytes as two
@@ -29,6 +32,8 @@ from glyd.codec import dense11 as _codec
 from glyd.codec.packed import Packed
 from glyd.kernels import _common as C
 from glyd.kernels.dense11.unpack import Prepared, _popc
+
+BLOCK_C = tl.constexpr(_codec.BLOCK)  # what a jit function may read of a global
 
 
 @triton.jit
@@ -74,13 +79,24 @@ def _clamp8(v):
 
 
 @triton.jit
-def _window(rank, tot, esc_ptr, NESCW, TAB, HW: tl.constexpr):
-    # exponent hi bytes and low bits (as 0x01) of a run's first 8 escapes, 4 a word: (eh0, eh1, el0, el1) [BN, W]
+def _window(rank, tot, esc_ptr, NESCW, TAB, HW: tl.constexpr, BN: tl.constexpr = 1, W: tl.constexpr = 1,
+            WIN1D: tl.constexpr = False):
+    # exponent hi bytes and low bits (as 0x01) of a run's first 8 escapes, 4 a word: (eh0, eh1, el0, el1) [BN, W].
+    # WIN1D: the two digit-word gathers as 1-D [BN W] loads reshaped back (the same values). A gather of [BN, W]
+    # addresses gets lanes along BN from the compiler; version 3's loads have theirs along W, and a 2-D
+    # gather there costs the decode a layout conversion through shared memory each way (probe: relaid1d)
     HA0, HA1, HB0, HB1, LA0, LA1, LB0, LB1 = TAB
     wi = rank >> 3
     sh = (4 * (rank & 7)).to(tl.uint32)
-    w0 = _u(tl.load(esc_ptr + wi, mask=(tot > 0) & (wi < NESCW), other=0))
-    w1 = _u(tl.load(esc_ptr + wi + 1, mask=(tot + (rank & 7) > 8) & (wi + 1 < NESCW), other=0))
+    m0 = (tot > 0) & (wi < NESCW)
+    m1 = (tot + (rank & 7) > 8) & (wi + 1 < NESCW)
+    if WIN1D:
+        p0 = tl.reshape(esc_ptr + wi, [BN * W])
+        w0 = _u(tl.reshape(tl.load(p0, mask=tl.reshape(m0, [BN * W]), other=0), [BN, W]))
+        w1 = _u(tl.reshape(tl.load(p0 + 1, mask=tl.reshape(m1, [BN * W]), other=0), [BN, W]))
+    else:
+        w0 = _u(tl.load(esc_ptr + wi, mask=m0, other=0))
+        w1 = _u(tl.load(esc_ptr + wi + 1, mask=m1, other=0))
     win = _funnel(w0, w1, sh, HW)  # digit i (i < 8) in nibble i
     d0 = win & 0xFFFF
     d1 = win >> 16
@@ -138,7 +154,8 @@ def load_step(code_ptr, sm32_ptr, rn, nmask, kb, KP, W: tl.constexpr, FULL: tl.c
 
 
 @triton.jit
-def decode_words(c0, c1, c2, s4a, s4b, esc_ptr, NESCW, run, TAB, LUT, HW: tl.constexpr):
+def decode_words(c0, c1, c2, s4a, s4b, esc_ptr, NESCW, run, TAB, LUT, HW: tl.constexpr, BN: tl.constexpr = 1,
+                 W: tl.constexpr = 1, WIN1D: tl.constexpr = False):
     # a step's words (load_step) as lane words (hia, loa, hib, lob) [BN, W, 4] (hi and lo bytes of 4
     # weights each: half a = columns 0-15 of each run, half b = 16-31), and run [BN, 1] moved past the
     # step's escapes. run: the stream index of each row's first escape at or after the step's first column.
@@ -156,7 +173,7 @@ def decode_words(c0, c1, c2, s4a, s4b, esc_ptr, NESCW, run, TAB, LUT, HW: tl.con
     b3 = b2 + n2
     tot = b3 + n3
     rk = run + tl.cumsum(tot, axis=1) - tot
-    eh0, eh1, el0, el1 = _window(rk, tot, esc_ptr, NESCW, TAB, HW)
+    eh0, eh1, el0, el1 = _window(rk, tot, esc_ptr, NESCW, TAB, HW, BN, W, WIN1D)
     z = c0 * 0
     hia, loa = _half(c0, c1, s4a, f0 << 2, f1 << 2, f0 * 0x11111110, f1 * 0x11111110, z, _clamp8(n0),
                      eh0, eh1, el0, el1, TH0, TH1, TL0, TL1, HW)
@@ -166,12 +183,54 @@ def decode_words(c0, c1, c2, s4a, s4b, esc_ptr, NESCW, run, TAB, LUT, HW: tl.con
 
 
 @triton.jit
+def load_step_v3(code_ptr, sm32_ptr, rn, nmask, kb, KP, BN: tl.constexpr, W: tl.constexpr, FULL: tl.constexpr):
+    # load_step on format version 3's arrays (glyd.codec.dense11_v3): inside block b (rb runs), the step's W
+    # runs from run j0 on read W consecutive words of each plane (c_x at 96 b + x rb + j0) and W consecutive
+    # 16-byte halves (half h at 1024 b + 16 h rb + 16 j0). The halves load as [BN, 4 W] words, contiguous
+    # along the row (the compiler then puts the lanes along it: whole sectors), and are reshaped in place
+    wi = tl.arange(0, W)
+    vi = tl.arange(0, 4 * W)
+    runs = KP // 32
+    b = kb // BLOCK_C
+    rb = tl.minimum(runs - 32 * b, 32)
+    j0 = (kb - b * BLOCK_C) // 32
+    cw = (rn * (3 * runs))[:, None] + (96 * b + j0 + wi)[None, :]
+    so = (rn * (KP // 4))[:, None] + (256 * b + 4 * j0 + vi)[None, :]
+    if FULL:
+        c0 = _u(tl.load(code_ptr + cw))
+        c1 = _u(tl.load(code_ptr + cw + rb))
+        c2 = _u(tl.load(code_ptr + cw + 2 * rb))
+        s4a = _u(tl.load(sm32_ptr + so))
+        s4b = _u(tl.load(sm32_ptr + so + 4 * rb))
+    else:
+        wmask = nmask[:, None] & ((kb // 32 + wi) < runs)[None, :]
+        vmask = nmask[:, None] & ((kb // 32 + vi // 4) < runs)[None, :]
+        c0 = _u(tl.load(code_ptr + cw, mask=wmask, other=0))
+        c1 = _u(tl.load(code_ptr + cw + rb, mask=wmask, other=0))
+        c2 = _u(tl.load(code_ptr + cw + 2 * rb, mask=wmask, other=0))
+        s4a = _u(tl.load(sm32_ptr + so, mask=vmask, other=0))
+        s4b = _u(tl.load(sm32_ptr + so + 4 * rb, mask=vmask, other=0))
+    return c0, c1, c2, tl.reshape(s4a, [BN, W, 4]), tl.reshape(s4b, [BN, W, 4])
+
+
+@triton.jit
+def load_words(code_ptr, sm32_ptr, rn, nmask, kb, KP, BN: tl.constexpr, W: tl.constexpr, FULL: tl.constexpr,
+               V3: tl.constexpr):
+    # a step's raw words in format version 2's order (load_step) or version 3's (load_step_v3)
+    if V3:
+        r = load_step_v3(code_ptr, sm32_ptr, rn, nmask, kb, KP, BN, W, FULL)
+    else:
+        r = load_step(code_ptr, sm32_ptr, rn, nmask, kb, KP, W, FULL)
+    return r
+
+
+@triton.jit
 def decode_step(code_ptr, sm32_ptr, esc_ptr, rn, nmask, kb, KP, NESCW, run, TAB, LUT, BN: tl.constexpr,
-                W: tl.constexpr, HW: tl.constexpr, FULL: tl.constexpr):
+                W: tl.constexpr, HW: tl.constexpr, FULL: tl.constexpr, V3: tl.constexpr = False):
     # Columns kb .. kb + 32 W of rows rn as lane words (hia, loa, hib, lob) [BN, W, 4] and run [BN, 1]
-    # moved past the step's escapes: load_step then decode_words
-    c0, c1, c2, s4a, s4b = load_step(code_ptr, sm32_ptr, rn, nmask, kb, KP, W, FULL)
-    return decode_words(c0, c1, c2, s4a, s4b, esc_ptr, NESCW, run, TAB, LUT, HW)
+    # moved past the step's escapes: load_words then decode_words (version 3: its digits gathered 1-D)
+    c0, c1, c2, s4a, s4b = load_words(code_ptr, sm32_ptr, rn, nmask, kb, KP, BN, W, FULL, V3)
+    return decode_words(c0, c1, c2, s4a, s4b, esc_ptr, NESCW, run, TAB, LUT, HW, BN, W, V3)
 
 
 @triton.jit
@@ -211,9 +270,10 @@ class PreparedV2(Prepared):
 
 
 def prepare(p: Packed) -> PreparedV2:
-    """The checked per-matrix data of the version-2 matrix ``p`` (once a matrix; again after an in-place change)."""
-    if not isinstance(p, Packed) or p.layout != _codec.NAME or p.version != 2:
-        raise TypeError("packed must be a dense11 glyd.Packed of format version 2")
+    """The checked per-matrix data of the version-2 or version-3 matrix ``p`` (once a matrix; again after an
+    in-place change)."""
+    if not isinstance(p, Packed) or p.layout != _codec.NAME or p.version not in (2, 3):
+        raise TypeError("packed must be a dense11 glyd.Packed of format version 2 or 3")
     return C.cached(p.arrays["code"], lambda: PreparedV2(p), p.arrays.values())
 
 
@@ -222,4 +282,5 @@ def hw() -> bool:
     return not C.interpreting()
 
 
-__all__ = ["decode_step", "load_step", "decode_words", "block_start", "PreparedV2", "prepare", "hw", "torch"]
+__all__ = ["decode_step", "load_step", "load_step_v3", "load_words", "decode_words", "block_start",
+           "PreparedV2", "prepare", "hw", "torch"]

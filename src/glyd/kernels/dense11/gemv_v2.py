@@ -1,8 +1,10 @@
-"""The fused GEMV of a ``dense11`` format-version-2 matrix (``dense11_v2_gemv``) for M = 1-64: each
+"""The fused GEMV of a ``dense11`` format-version-2 matrix (``dense11_v2_gemv``) and of a version-3 one
+(``dense11_v3_gemv``: the same kernel with ``V3``, its words loaded block-wise) for M = 1-64: each
 [BN, BK] weight tile decoded once (``decode_v2.decode_step``) for every x row of the program.
 
 - M = 1 (``MB == 1``): products of the lane words with x in fp32 FMAs into a [BN, W, 4] accumulator,
-  reduced along K once after the last step (no cross-thread reduction inside the loop).
+  reduced along K once after the last step (no cross-thread reduction inside the loop), in a fixed
+  order (``row_sum``): both versions' kernels give the same bits whatever layouts they compile to.
 - M = 2-64: one decode serves MB = 16, 32 or 64 rows (``x_rows``: the smallest that holds M, capped
   by the config's ``mb``; rows past M masked to 0), the tensor cores do the products:
   ``dot="tile"`` rebuilds the tile in column order (``tl.join``, a permute) for one ``tl.dot``
@@ -32,7 +34,7 @@ import triton.language as tl
 from glyd.codec import dense11 as _codec
 from glyd.kernels import _common as C
 from glyd.kernels._interp import isolated
-from glyd.kernels.dense11.decode_v2 import block_start, decode_step, decode_words, hw, load_step, prepare
+from glyd.kernels.dense11.decode_v2 import block_start, decode_step, decode_words, hw, load_words, prepare
 from glyd.kernels.fixed12.words import f32_lane, x_lane
 from glyd.kernels.registry import Kernel
 
@@ -134,8 +136,24 @@ def _dot_tile(acc, hia, loa, hib, lob, x_ptr, rm, mmask, stride_xm, kb, K, BN: t
 
 
 @triton.jit
+def _sm_col(c, KP, V3: tl.constexpr):
+    # where column c's sm byte sits in its row: c (version 2), its block-wise place (version 3, a block of rb runs:
+    # half h of run j at 1024 b + 16 h rb + 16 j)
+    if V3:
+        b = c // BLOCK_C
+        cc = c - b * BLOCK_C
+        j = cc // 32
+        t = cc - 32 * j
+        rb = tl.minimum(KP // 32 - 32 * b, 32)
+        r = b * BLOCK_C + (t // 16) * 16 * rb + 16 * j + (t % 16)
+    else:
+        r = c
+    return r
+
+
+@triton.jit
 def _exceptions(acc, rn, rm, mmask, pid_n, N, K, KP, x_ptr, stride_xm, sm_ptr, rowptr_ptr, eidx_ptr, eexp_ptr,
-                BN: tl.constexpr):
+                BN: tl.constexpr, V3: tl.constexpr = False):
     # acc [MB, BN] + x[col] * (true - placeholder) for the row tile's exceptions (placeholder exponent 0)
     e0 = tl.load(rowptr_ptr + pid_n * BN)
     e1 = tl.load(rowptr_ptr + tl.minimum(pid_n * BN + BN, N))
@@ -143,7 +161,7 @@ def _exceptions(acc, rn, rm, mmask, pid_n, N, K, KP, x_ptr, stride_xm, sm_ptr, r
         idx = tl.load(eidx_ptr + e).to(tl.int64)
         r = idx // K
         c = idx - r * K
-        sm = tl.load(sm_ptr + r * KP + c).to(tl.int32)
+        sm = tl.load(sm_ptr + r * KP + _sm_col(c, KP, V3)).to(tl.int32)
         pv = (((sm & 0x80) << 24) | ((sm & 0x7F) << 16)).to(tl.float32, bitcast=True)
         tv = (((sm & 0x80) << 24) | (tl.load(eexp_ptr + e).to(tl.int32) << 23)
               | ((sm & 0x7F) << 16)).to(tl.float32, bitcast=True)
@@ -160,8 +178,9 @@ def _gemv_v2_kernel(x_ptr, x32_ptr, sm_ptr, sm8_ptr, code_ptr, esc_ptr, ebase_pt
                     HB0, HB1, LA0, LA1, LB0, LB1, BN: tl.constexpr, BK: tl.constexpr, MB: tl.constexpr,
                     HW: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_EXC: tl.constexpr, PARTIAL: tl.constexpr,
                     X32: tl.constexpr = False, FULL: tl.constexpr = False, TILE_DOT: tl.constexpr = True,
-                    W_FIRST: tl.constexpr = False, PREFETCH: tl.constexpr = False):
-    # rows [pid_n * BN, +BN) x blocks [pid_k * BLOCKS_SPLIT, +BLOCKS_SPLIT) for x rows [pid_m * MB, +MB)
+                    W_FIRST: tl.constexpr = False, PREFETCH: tl.constexpr = False, V3: tl.constexpr = False):
+    # rows [pid_n * BN, +BN) x blocks [pid_k * BLOCKS_SPLIT, +BLOCKS_SPLIT) for x rows [pid_m * MB, +MB).
+    # V3: format version 3's arrays (decode_v2.load_step_v3, digits gathered 1-D, exceptions' sm block-wise)
     W: tl.constexpr = BK // 32
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -187,17 +206,19 @@ def _gemv_v2_kernel(x_ptr, x32_ptr, sm_ptr, sm8_ptr, code_ptr, esc_ptr, ebase_pt
     last = k0 + ((k1 - k0 - 1) // BK) * BK
     run = block_start(ebase_ptr, eoff_ptr, rn * NBR + pid_k * BLOCKS_SPLIT, nmask)
     if PREFETCH:
-        c0, c1, c2, s4a, s4b = load_step(code_ptr, sm_ptr, rn, nmask, k0, KP, W, FULL)
+        c0, c1, c2, s4a, s4b = load_words(code_ptr, sm_ptr, rn, nmask, k0, KP, BN, W, FULL, V3)
     for kb in range(k0, k1, BK):
         if kb == (kb // BLOCK_C) * BLOCK_C:  # (constexpr has no __rmod__ under the interpreter)
             run = block_start(ebase_ptr, eoff_ptr, rn * NBR + kb // BLOCK_C, nmask)
         if PREFETCH:
-            n0, n1, n2, n4a, n4b = load_step(code_ptr, sm_ptr, rn, nmask, tl.minimum(kb + BK, last), KP, W, FULL)
-            hia, loa, hib, lob, run = decode_words(c0, c1, c2, s4a, s4b, esc_ptr, NESCW, run, tab, lut, HW)
+            n0, n1, n2, n4a, n4b = load_words(code_ptr, sm_ptr, rn, nmask, tl.minimum(kb + BK, last), KP, BN, W,
+                                              FULL, V3)
+            hia, loa, hib, lob, run = decode_words(c0, c1, c2, s4a, s4b, esc_ptr, NESCW, run, tab, lut, HW, BN, W,
+                                                   V3)
             c0, c1, c2, s4a, s4b = n0, n1, n2, n4a, n4b
         else:
             hia, loa, hib, lob, run = decode_step(code_ptr, sm_ptr, esc_ptr, rn, nmask, kb, KP, NESCW, run, tab, lut,
-                                                  BN, W, HW, FULL)
+                                                  BN, W, HW, FULL, V3)
         if MB == 1:
             acc1 = _fma_half(acc1, hia, loa, xrow, x32row, kb, K, 0, W, HW, X32, FULL)
             acc1 = _fma_half(acc1, hib, lob, xrow, x32row, kb, K, 1, W, HW, X32, FULL)
@@ -214,7 +235,7 @@ def _gemv_v2_kernel(x_ptr, x32_ptr, sm_ptr, sm8_ptr, code_ptr, esc_ptr, ebase_pt
     if HAS_EXC:
         if pid_k == 0:
             acc = _exceptions(acc, rn, rm, mmask, pid_n, N, K, KP, x_ptr, stride_xm, sm8_ptr, rowptr_ptr, eidx_ptr,
-                              eexp_ptr, BN)
+                              eexp_ptr, BN, V3)
     optr = rm[:, None] * N + rn[None, :]
     omask = mmask[:, None] & nmask[None, :]
     if PARTIAL:
@@ -282,25 +303,38 @@ class Dense11V2GemvConfig:
             raise ValueError(f"dot must be 'tile', 'tile_wx' or 'lanes', got {self.dot!r}")
 
 
+@dataclasses.dataclass(frozen=True)
+class Dense11V3GemvConfig(Dense11V2GemvConfig):
+    """``Dense11V2GemvConfig``'s fields for the GEMV of format version 3 (``dense11_v3_gemv``).
+
+    >>> Dense11V3GemvConfig(prefetch=True).bk
+    256
+    """
+
+
 class Dense11V2GemvKernel(Kernel):
     """The fused GEMV of dense11 format version 2: any shape, 1-64 x rows a program (any M: more programs)."""
 
     name = "dense11_v2_gemv"
     layout = "dense11"
     Config = Dense11V2GemvConfig
+    VERSION = 2
 
     @classmethod
     def can_implement(cls, problem, device, config):
         ok, why = super().can_implement(problem, device, config)
-        if ok and problem.version != 2:
-            return False, (f"{cls.name} decodes dense11 format version 2; this matrix is version {problem.version} "
-                           "(re-save it with this glyd to get version 2; dense11_gemv runs version 1)")
+        if ok and problem.version != cls.VERSION:
+            return False, (f"{cls.name} decodes dense11 format version {cls.VERSION}; this matrix is version "
+                           f"{problem.version} (re-save it with this glyd to get version 3; dense11_v3_gemv runs "
+                           "version 3, dense11_v2_gemv 2, dense11_gemv 1)")
         return ok, why
 
-    # x: bf16 [M, K]; packed: dense11 v2 [N, K]; bias: [N] or None; out: bf16 [M, N] (written) -> out
+    # x: bf16 [M, K]; packed: dense11 v2 (v3: Dense11V3GemvKernel) [N, K]; bias: [N] or None; out: bf16 [M, N]
     @classmethod
     def launch(cls, x2, packed, bias, config, out):
         p = packed
+        if p.version != cls.VERSION:
+            raise ValueError(f"{cls.name} decodes dense11 format version {cls.VERSION}, got version {p.version}")
         prep = prepare(p)
         m, k = x2.shape
         n = p.shape[0]
@@ -326,8 +360,17 @@ class Dense11V2GemvKernel(Kernel):
             x2.stride(0), *prep.lut, *prep.tab,
             BN=config.bn, BK=bk, MB=mb, HW=hw(), HAS_BIAS=bias is not None, HAS_EXC=prep.nexc > 0, PARTIAL=split > 1,
             X32=x32 is not None, FULL=n % config.bn == 0 and k == kp and kp % bk == 0, TILE_DOT=config.dot != "lanes",
-            W_FIRST=config.dot == "tile_wx", PREFETCH=config.prefetch, num_warps=config.warps,
+            W_FIRST=config.dot == "tile_wx", PREFETCH=config.prefetch, V3=cls.VERSION == 3, num_warps=config.warps,
         )
         if split > 1:
             C.finalize(dst, bias, out)
         return out
+
+
+class Dense11V3GemvKernel(Dense11V2GemvKernel):
+    """The fused GEMV of dense11 format version 3 (``glyd.codec.dense11_v3``): version 2's kernel reading the
+    block-wise ``code`` and ``sm`` (whole sectors a warp load) and gathering its escape digits 1-D."""
+
+    name = "dense11_v3_gemv"
+    Config = Dense11V3GemvConfig
+    VERSION = 3

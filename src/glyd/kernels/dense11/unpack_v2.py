@@ -1,4 +1,4 @@
-"""The bit-exact unpack of a ``dense11`` format-version-2 matrix (decode: ``decode_v2.py``): a program
+"""The bit-exact unpack of a ``dense11`` format-version-2 or -3 matrix (decode: ``decode_v2.py``): a program
 takes ``rows`` rows of one 1024-column escape block, step by step, and stores bf16 pairs (one
 ``prmt`` a pair from the lane words; an odd K stores 16-bit words instead); its exceptions (digit 15
 and ranks 8 and up, decoded with exponent 0) are written over by the same program after a barrier.
@@ -60,8 +60,9 @@ def _store_half(out_ptr, hi, lo, rn, nmask, kb, K, HALF: tl.constexpr, W: tl.con
 def _unpack_v2_kernel(sm_ptr, code_ptr, esc_ptr, ebase_ptr, eoff_ptr, out_ptr, out16_ptr, tile_ptr, epos_ptr,
                       eval_ptr, N, K, KP, NBR, NESCW, TH0, TH1, TL0, TL1, HA0, HA1, HB0, HB1, LA0, LA1, LB0, LB1,
                       BN: tl.constexpr, BK: tl.constexpr, EVEN: tl.constexpr, HW: tl.constexpr,
-                      HAS_EXC: tl.constexpr, E: tl.constexpr, FULL: tl.constexpr = False):
-    # rows [pid_n * BN, +BN) of block column pid_b (columns 1024 pid_b .. +1024), BK a step
+                      HAS_EXC: tl.constexpr, E: tl.constexpr, FULL: tl.constexpr = False, V3: tl.constexpr = False):
+    # rows [pid_n * BN, +BN) of block column pid_b (columns 1024 pid_b .. +1024), BK a step. V3: format
+    # version 3's arrays (the exceptions' true words come from Prepared, which reads their sm bytes block-wise)
     W: tl.constexpr = BK // 32
     pid_n = tl.program_id(0)
     pid_b = tl.program_id(1)
@@ -72,7 +73,7 @@ def _unpack_v2_kernel(sm_ptr, code_ptr, esc_ptr, ebase_ptr, eoff_ptr, out_ptr, o
     run = block_start(ebase_ptr, eoff_ptr, rn * NBR + pid_b, nmask)
     for kb in range(pid_b * BLOCK_C, tl.minimum(pid_b * BLOCK_C + BLOCK_C, KP), BK):
         hia, loa, hib, lob, run = decode_step(code_ptr, sm_ptr, esc_ptr, rn, nmask, kb, KP, NESCW, run, tab, lut,
-                                              BN, W, HW, FULL)
+                                              BN, W, HW, FULL, V3)
         _store_half(out_ptr, hia, loa, rn, nmask, kb, K, 0, W, EVEN, HW, FULL)
         _store_half(out_ptr, hib, lob, rn, nmask, kb, K, 1, W, EVEN, HW, FULL)
     if HAS_EXC:  # this tile's exceptions over their placeholders (exponent 0)
@@ -98,9 +99,9 @@ class Dense11V2UnpackConfig:
             raise ValueError(f"bk must be 64-{BLOCK}, got {self.bk}")
 
 
-# packed: dense11 v2 [N, K] -> launch(out, *arrays): out bf16 [N, K] (written, contiguous)
+# packed: dense11 v2 or v3 [N, K] -> launch(out, *arrays): out bf16 [N, K] (written, contiguous)
 def unpack_launch(p: Packed, config: Dense11V2UnpackConfig | None = None) -> _plan.Launch:
-    """The unpack of the version-2 matrix ``p`` as one ``glyd.kernels._plan.Launch`` (``arrays``:
+    """The unpack of the version-2 or version-3 matrix ``p`` as one ``glyd.kernels._plan.Launch`` (``arrays``:
     dense11's, in its order), its exceptions patched in by the same launch."""
     from glyd.kernels.dense11.unpack import Dense11UnpackConfig
 
@@ -131,12 +132,13 @@ def unpack_launch(p: Packed, config: Dense11V2UnpackConfig | None = None) -> _pl
                         (sm.view(torch.int32), code, esc, ebase, eoff, out, out16, *tiles, n, k, kp, nbr, prep.nescw,
                          *_tables(prep)),
                         dict(BN=cfg.rows, BK=bk, EVEN=even, HW=hw(), HAS_EXC=has_exc, E=C.PATCH_CHUNK,
-                             FULL=n % cfg.rows == 0 and k == kp and kp % bk == 0, num_warps=cfg.warps))
+                             FULL=n % cfg.rows == 0 and k == kp and kp % bk == 0, V3=p.version == 3,
+                             num_warps=cfg.warps))
 
 
-# packed: dense11 v2 [N, K] (sm [N, Kp], code int32 [N, 3 Kp/32], esc, offsets, exceptions) -> bf16 [N, K]
+# packed: dense11 v2 or v3 [N, K] (sm [N, Kp], code int32 [N, 3 Kp/32], esc, offsets, exceptions) -> bf16 [N, K]
 def unpack(p: Packed, out: torch.Tensor | None = None, config: Dense11V2UnpackConfig | None = None) -> torch.Tensor:
-    """The bf16 matrix of the version-2 ``p`` on its device, bit for bit (into ``out`` when given)."""
+    """The bf16 matrix of the version-2 or version-3 ``p`` on its device, bit for bit (into ``out`` when given)."""
     launch = unpack_launch(p, config)
     n, k = p.shape
     if out is None:

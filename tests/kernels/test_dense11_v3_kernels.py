@@ -107,3 +107,22 @@ def test_the_h200_table_puts_version_3_first():
                     assert cfg.prefetch and not c2.prefetch and (cfg.bn, cfg.bk, cfg.mb) == (c2.bn, c2.bk, c2.mb)
                 else:  # version 2's rows
                     assert cfg.__dict__ == c2.__dict__
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("n,k", [(4608, 3584), (3584, 3584), (3584, 18944)])
+def test_7b_shapes_give_version_2s_bits_on_the_gpu(n, k):
+    # qkv, o and down of Qwen2.5-7B (o and down: 4 and 19 K splits at M = 1 on an H200): the shapes where the
+    # 2026-12-05 probe's relaid GEMVs differed from version 2 at M = 1 before both summed in row_sum's order
+    from glyd import kernels
+    from glyd.kernels.gpu_pack import pack_dense11
+
+    g = torch.Generator(device="cuda").manual_seed(n + k)
+    w = (torch.randn(n, k, device="cuda", generator=g) * 0.02).to(torch.bfloat16)
+    p2, p3 = pack_dense11(w, version=2), pack_dense11(w, version=3)
+    assert torch.equal(kernels.unpack(p3).view(torch.int16), w.view(torch.int16))
+    for m in (1, 2, 16):
+        x = torch.randn(m, k, device="cuda", generator=g).to(torch.bfloat16)
+        for cfg in ({}, {"prefetch": True}, {"bn": 32, "bk": 128, "prefetch": True}):
+            assert torch.equal(_bits(_gemv(3, x, p3, cfg)), _bits(_gemv(2, x, p2, cfg))), (m, cfg)

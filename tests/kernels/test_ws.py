@@ -26,7 +26,7 @@ def _ws():
     return fixed12_ws
 
 
-def _compile_sm90(bn, bt, stages, bias=False, exc=False, maxnreg=128, warps=4):
+def _compile_sm90(bn, bt, stages, bias=False, exc=False, maxnreg=128, warps=4, pipe=False):
     from glyd.kernels.fixed12 import wgmma as fixed12_wg
 
     w = _ws()
@@ -37,7 +37,7 @@ def _compile_sm90(bn, bt, stages, bias=False, exc=False, maxnreg=128, warps=4):
     ptrs = {"x_ptr": "*bf16", "base_ptr": "*u8", "out_ptr": "*bf16", "bias_ptr": "*bf16", "work_ptr": "*fp32",
             "cnt_ptr": "*i32", "rowptr_ptr": "*i32", "eidx_ptr": "*i32", "ehi_ptr": "*u8", "lo8_ptr": "*u8"}
     const = dict(BN=bn, BT=bt, NS=stages, LL=ll, CL=cl, ML=mma, AL=a_op, OL=ol, HAS_BIAS=bias, EXC=exc,
-                 EL=fixed12_wg.exc_layout(warps) if exc else None, CS=16, LOADER_REGS=24, NBYTES=w.slot_bytes(bn, bt))
+                 EL=fixed12_wg.exc_layout(warps) if exc else None, CS=16, LOADER_REGS=24, NBYTES=w.slot_bytes(bn, bt), PIPE=pipe)
     return compile_gluon_sm90(w._ws_kernel, const, ptrs, descs, num_warps=warps, maxnreg=maxnreg)
 
 
@@ -87,6 +87,39 @@ def test_ws_loop_is_tma_and_shared_loads_sm90(bn, bt, stages, cap, warps, bias, 
     assert body.count("LDS") == 6 * bn // (16 * warps)  # 4 lo, 2 code 16-byte loads a thread and 64 rows
     assert "LDG" not in body and "STS" not in body
     assert body.count("LDL") == 0 and body.count("STL") == 0
+
+
+@pytest.mark.cpu_sample(every=2)  # compiles for sm_90: half the configs in the default run
+@pytest.mark.parametrize("bn,bt,stages,cap,warps", [(128, 256, 2, 0, 8), (128, 128, 3, 0, 8), (64, 64, 2, 80, 4)])
+def test_ws_pipe_decodes_the_next_step_under_the_mmas_sm90(bn, bt, stages, cap, warps):
+    # WsConfig.pipe: after a step's HGMMAs are issued the warpgroup waits for the next ring slot,
+    # reads its words from shared memory and decodes them (PRMT) before it waits for the MMAs
+    # (WARPGROUP.DEPBAR); without pipe nothing but the wait follows the last HGMMA. No spills
+    # either way, the same MMAs a step
+    k = _compile_sm90(bn, bt, stages, maxnreg=cap or None, warps=warps, pipe=True)
+    res = _res_usage(k)
+    assert res.get("STACK", 0) == 0 and res.get("LOCAL", 0) == 0
+    sass = _sass(k)
+    assert "STL" not in sass and "LDL" not in sass
+    for piped in (True, False):
+        ops = _loop_ops(sass if piped else _sass(_compile_sm90(bn, bt, stages, maxnreg=cap or None,
+                                                                  warps=warps)))
+        last = max(i for i, op in enumerate(ops) if op.startswith("HGMMA"))
+        wait = next(i for i in range(last, len(ops)) if ops[i].startswith("WARPGROUP.DEPBAR"))
+        between = ops[last:wait]
+        assert sum(op.startswith("HGMMA") for op in ops[:wait]) >= 8 * bn // (16 * warps)
+        if piped:
+            assert any(op.startswith("SYNCS.PHASECHK") for op in between)
+            assert sum(op.startswith("LDS") for op in between) >= 2 and sum(op == "PRMT" for op in between) >= 8
+        else:
+            assert not any(op.startswith(("LDS", "PRMT")) for op in between)
+
+
+def _loop_ops(sass: str) -> list[str]:
+    # the consumer warpgroup's step loop: the smallest loop that frees a ring slot, its opcodes
+    loops = [ops for ops in _loops(sass) if "SYNCS.ARRIVE.TRANS64.A1T0" in ops and any(
+        op.startswith("HGMMA") for op in ops)]
+    return min(loops, key=len)
 
 
 def test_ws_x_permutation_is_the_wg_slot_order():
@@ -170,7 +203,11 @@ def test_ws_config_checks():
     for bad in (dict(stages=1), dict(stages=9), dict(warps=8, bn=256), dict(bm=512), dict(maxnreg=300)):
         with pytest.raises(ValueError, match="WsConfig"):
             WsConfig(**{**base, **bad})
-    for bad in (dict(pipe=True), dict(consumers=2), dict(bk=256)):  # removed variants, fixed K steps
+    WsConfig(**{**base, "pipe": True})
+    for bad in (dict(pipe=1), dict(pipe="yes")):
+        with pytest.raises(ValueError, match="pipe"):
+            WsConfig(**{**base, **bad})
+    for bad in (dict(consumers=2), dict(bk=256)):  # removed variants, fixed K steps
         with pytest.raises(TypeError):
             WsConfig(**{**base, **bad})
 
@@ -218,6 +255,33 @@ def test_ws_matches_reference_gpu(bm, bn, stages, m, progs, bias):
     # the same bits on a second launch (the tile counters were left at zero; the parts are
     # summed in program order whichever program finishes a tile)
     assert torch.equal(kernels.linear(x, p, b, cfg).view(torch.int16), y.view(torch.int16))
+
+
+@pytest.mark.gpu
+@pytest.mark.gpu_sample(every=4)
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
+                    reason="needs a Hopper GPU")
+@pytest.mark.parametrize("bm,bn,stages,warps,cap", [(16, 64, 2, 4, 80), (64, 64, 3, 4, 128), (256, 128, 2, 8, 0),
+                                                    (128, 128, 3, 8, 0)])
+@pytest.mark.parametrize("m", [1, 100, 300])
+@pytest.mark.parametrize("progs", [0, 5, 300])
+@pytest.mark.parametrize("bias", [False, True])
+def test_ws_pipe_matches_unpiped_bits_gpu(bm, bn, stages, warps, cap, m, progs, bias):
+    # WsConfig.pipe issues the same MMAs in the same order (only the decode moves earlier): the
+    # same bits as the unpiped tile, within the float64 bound; programs with one step, several
+    # whole tiles and parts of tiles (progs), exceptions present, N not a multiple of the tile
+    from glyd import kernels
+    from glyd.kernels import WsConfig
+
+    w = random_weights(1000, 3584, "normal", "cuda")
+    p = glyd.pack(w, "fixed12")
+    assert p.arrays["exc_idx"].numel() > 0
+    x = torch.randn(m, 3584, device="cuda").to(torch.bfloat16)
+    b = torch.randn(1000, device="cuda").to(torch.bfloat16) if bias else None
+    cfg = WsConfig(bm=bm, bn=bn, stages=stages, split=progs, waves=1, warps=warps, maxnreg=cap)
+    y = kernels.linear(x, p, b, cfg.replace(pipe=True))
+    _check(y, x, w, b)
+    assert torch.equal(y.view(torch.int16), kernels.linear(x, p, b, cfg).view(torch.int16))
 
 
 @pytest.mark.gpu

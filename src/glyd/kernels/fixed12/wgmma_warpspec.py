@@ -52,16 +52,20 @@ class WsConfig(C.KernelConfig):
     """``bm`` (8-256) x rows and ``bn`` weight rows a tile, 4 warps (or 8 with ``bn`` 128: two
     warpgroups decoding the same ring slot, 64 rows each), a ring of ``stages`` (2-8) K steps; the
     grid is persistent: ``waves`` programs an SM, or ``split`` programs in all. ``maxnreg``: a
-    register cap (80 gives three programs an SM)."""
+    register cap (80 gives three programs an SM). ``pipe``: a step's MMAs stay in flight while the
+    warpgroup reads and decodes the next step's first half (else it waits for them before reading the
+    next step: the tensor cores idle while it decodes)."""
 
     bm: int = 16
     bn: int = 64
     stages: int = 2
     maxnreg: int = 0
+    pipe: bool = False
 
     def validate(self) -> None:
         C.pow2(self, "bm", "bn")
         ints(self, 0, 255, "stages", "maxnreg")
+        flags(self, "pipe")
         if self.bm not in (8, 16, 32, 64, 128, 256) or not (self.warps == 4 or (self.warps, self.bn) == (8, 128)):
             raise ValueError(f"WsConfig: bm 8-256, 4 warps (or 8 with bn 128); got {self}")
         if self.bn not in (16 * self.warps, 32 * self.warps) or not 2 <= self.stages <= 8:
@@ -153,17 +157,21 @@ def _ws_finish(acc, t, n0, m0, g0, P, W, S, pid, x_ptr, out_ptr, bias_ptr, work_
 
 
 @gluon.jit
+def _ws_words(lo_s, co_s, ready, b, ph, BN: gl.constexpr, LL: gl.constexpr, CL: gl.constexpr):
+    # ring slot b's plane words, once its copies landed: lo words of halves 0 and 1, code words
+    mbarrier.wait(ready.index(b), ph)
+    lw = lo_s.index(b).load(LL)  # [BN, 32]: words 16 g + 8 hh + 4 a + i of the lane's (a, g)
+    cw = co_s.index(b).load(CL).to(gl.uint32, bitcast=True)
+    lw = gl.reshape(lw.to(gl.uint32, bitcast=True), [BN, 2, 2, 8])  # [row, g, hh, (a i)]
+    l0, l1 = gl.split(gl.reshape(gl.permute(lw, (0, 1, 3, 2)), [BN, 16, 2]))
+    return l0, l1, gl.convert_layout(cw, l0.type.layout)
+
+
+@gluon.jit
 def _ws_step_mmas(lo_s, co_s, x_s, ready, b, ph, acc, b4, BN: gl.constexpr, LL: gl.constexpr, CL: gl.constexpr,
                   AL: gl.constexpr):
     # one K step from ring slot b: wait for it, read and decode its words, issue its two MMAs
-    mbarrier.wait(ready.index(b), ph)
-    ls = lo_s.index(b)
-    cs = co_s.index(b)
-    lw = ls.load(LL)  # [BN, 32]: words 16 g + 8 hh + 4 a + i of the lane's (a, g)
-    cw = cs.load(CL).to(gl.uint32, bitcast=True)
-    lw = gl.reshape(lw.to(gl.uint32, bitcast=True), [BN, 2, 2, 8])  # [row, g, hh, (a i)]
-    l0, l1 = gl.split(gl.reshape(gl.permute(lw, (0, 1, 3, 2)), [BN, 16, 2]))
-    cw = gl.convert_layout(cw, l0.type.layout)
+    l0, l1, cw = _ws_words(lo_s, co_s, ready, b, ph, BN, LL, CL)
     a0 = _ws_half(l0, cw, b4, BN, AL)
     acc = warpgroup_mma(a0, x_s.index(2 * b).permute((1, 0)), acc, is_async=True)
     a1 = _ws_half(l1, cw >> 4, b4, BN, AL)
@@ -172,19 +180,44 @@ def _ws_step_mmas(lo_s, co_s, x_s, ready, b, ph, acc, b4, BN: gl.constexpr, LL: 
 
 
 @gluon.jit
+def _ws_piped(lo_s, co_s, x_s, ready, b, i, n, acc, a0, l1, cw, b4, BN: gl.constexpr, NS: gl.constexpr,
+              LL: gl.constexpr, CL: gl.constexpr, AL: gl.constexpr):
+    # step i (slot b) with its first half a0 decoded already: its two MMAs issued, its second half
+    # decoded while the first multiplies, then the next step's words read and its first half
+    # decoded while both multiply. ap (this step's first half) stays alive until the caller's wait
+    acc = warpgroup_mma(a0, x_s.index(2 * b).permute((1, 0)), acc, is_async=True)
+    a1 = _ws_half(l1, cw >> 4, b4, BN, AL)
+    acc = warpgroup_mma(a1, x_s.index(2 * b + 1).permute((1, 0)), acc, is_async=True)
+    ap = a0
+    if i + 1 < n:
+        l0, l1, cw = _ws_words(lo_s, co_s, ready, (i + 1) % NS, ((i + 1) // NS) & 1, BN, LL, CL)
+        a0 = _ws_half(l0, cw, b4, BN, AL)
+    return acc, a0, ap, a1, l1, cw
+
+
+@gluon.jit
 def _ws_consumer(lo_s, co_s, x_s, ready, empty, g0, g1, P, W, S, MT, b4, x_ptr, out_ptr, bias_ptr, work_ptr, cnt_ptr,
                  M, N, KP, stride_xm, rowptr_ptr, eidx_ptr, ehi_ptr, lo8_ptr, base_ptr, BN: gl.constexpr,
                  BT: gl.constexpr, NS: gl.constexpr, LL: gl.constexpr, CL: gl.constexpr, ML: gl.constexpr,
                  AL: gl.constexpr, OL: gl.constexpr, HAS_BIAS: gl.constexpr, EXC: gl.constexpr, EL: gl.constexpr,
-                 CS: gl.constexpr):
+                 CS: gl.constexpr, PIPE: gl.constexpr):
     # the warpgroup: words from the ring, decode, MMA, free the slot; at the end of each tile's
-    # part, finish it (_ws_finish)
+    # part, finish it (_ws_finish). Every program has a step at least (the grid is at most one a step)
     pid = gl.program_id(0)
+    n = g1 - g0
     acc = gl.zeros([BN, BT], gl.float32, ML)
-    for i in range(g1 - g0):
+    if PIPE:  # the first step's words and first half, ahead of the loop
+        l0, l1, cw = _ws_words(lo_s, co_s, ready, 0, 0, BN, LL, CL)
+        a0 = _ws_half(l0, cw, b4, BN, AL)
+    for i in range(n):
         b = i % NS
-        acc, a0, a1 = _ws_step_mmas(lo_s, co_s, x_s, ready, b, (i // NS) & 1, acc, b4, BN, LL, CL, AL)
-        acc, a0, a1 = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a0, a1))
+        if PIPE:
+            acc, a0, ap, a1, l1, cw = _ws_piped(lo_s, co_s, x_s, ready, b, i, n, acc, a0, l1, cw, b4, BN, NS, LL,
+                                                CL, AL)
+            acc, ap, a1 = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ap, a1))
+        else:
+            acc, a0, a1 = _ws_step_mmas(lo_s, co_s, x_s, ready, b, (i // NS) & 1, acc, b4, BN, LL, CL, AL)
+            acc, a0, a1 = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a0, a1))
         # every warp's words of this slot were read before its part of the MMAs was issued, so
         # the MMAs being done means the whole slot is free; the fence orders those generic-proxy
         # reads before the TMA's next writes
@@ -205,7 +238,8 @@ def _ws_kernel(lo_desc, co_desc, x_desc, x_ptr, base_ptr, out_ptr, bias_ptr, wor
                S, MT, W, BN: gl.constexpr, BT: gl.constexpr, NS: gl.constexpr, LL: gl.constexpr, CL: gl.constexpr,
                ML: gl.constexpr, AL: gl.constexpr, OL: gl.constexpr, HAS_BIAS: gl.constexpr,
                EXC: gl.constexpr = False, EL: gl.constexpr = None, rowptr_ptr=None, eidx_ptr=None, ehi_ptr=None,
-               lo8_ptr=None, CS: gl.constexpr = 1, LOADER_REGS: gl.constexpr = 24, NBYTES: gl.constexpr = 0):
+               lo8_ptr=None, CS: gl.constexpr = 1, LOADER_REGS: gl.constexpr = 24, NBYTES: gl.constexpr = 0,
+               PIPE: gl.constexpr = False):
     # out (bf16 [M, N], + bias) = x @ W^T, persistent over W = tiles x S K steps (stream-K):
     # program p multiplies global steps p W / P .. (p + 1) W / P (tile-major, x tiles inner), so
     # every program has the same number of steps; a tile shared by several programs is summed
@@ -228,7 +262,7 @@ def _ws_kernel(lo_desc, co_desc, x_desc, x_ptr, base_ptr, out_ptr, bias_ptr, wor
     gl.warp_specialize([
         (_ws_consumer, (lo_s, co_s, x_s, ready, empty, g0, g1, P, W, S, MT, b4, x_ptr, out_ptr, bias_ptr, work_ptr,
                         cnt_ptr, M, N, KP, stride_xm, rowptr_ptr, eidx_ptr, ehi_ptr, lo8_ptr, base_ptr, BN, BT, NS,
-                        LL, CL, ML, AL, OL, HAS_BIAS, EXC, EL, CS)),
+                        LL, CL, ML, AL, OL, HAS_BIAS, EXC, EL, CS, PIPE)),
         (_ws_loader, (lo_desc, co_desc, x_desc, lo_s, co_s, x_s, ready, empty, g0, g1, S, MT, BN, BT, NS, NBYTES)),
     ], [1], [LOADER_REGS])
 
@@ -344,7 +378,7 @@ def plan(x2: torch.Tensor, p, bias, cfg: WsConfig):
                                                work), dict(
         BN=cfg.bn, BT=cfg.bm, NS=cfg.stages, LL=ll, CL=cl, ML=mma, AL=a_op, OL=ol, HAS_BIAS=bias is not None,
         EXC=inline, EL=exc_layout(cfg.warps) if inline else None, rowptr_ptr=prep.rowptr, eidx_ptr=eidx, ehi_ptr=ehi,
-        lo8_ptr=lo, CS=C.COUNTER_SLOTS, NBYTES=slot_bytes(cfg.bn, cfg.bm), num_warps=cfg.warps,
+        lo8_ptr=lo, CS=C.COUNTER_SLOTS, NBYTES=slot_bytes(cfg.bn, cfg.bm), PIPE=cfg.pipe, num_warps=cfg.warps,
         **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {})))
     permute = _permute_launch(m, k, stride)
     shape, dev, bt = (2 * progs, cfg.bn * cfg.bm), x2.device, cfg.bm

@@ -41,7 +41,7 @@ from glyd import kernels  # noqa: E402
 from glyd.kernels import WsConfig  # noqa: E402
 from probe_long_fused import SHAPES, check, make_weights  # noqa: E402
 
-MS = (128, 512, 2048, 4608)
+MS = (96, 128, 512, 2048, 4608)
 VARIANTS = {f"ws.b{bt}.s{ns}{'.p' if pipe else ''}": WsConfig(bm=bt, bn=128, warps=8, stages=ns, waves=1, pipe=pipe)
             for bt, ns in ((256, 2), (128, 3)) for pipe in (False, True)}
 

@@ -95,12 +95,14 @@ def test_ws_pipe_decodes_the_next_step_under_the_mmas_sm90(bn, bt, stages, cap, 
     # WsConfig.pipe: after a step's HGMMAs are issued the warpgroup waits for the next ring slot,
     # reads its words from shared memory and decodes them (PRMT) before it waits for the MMAs
     # (WARPGROUP.DEPBAR); without pipe nothing but the wait follows the last HGMMA. No spills
-    # either way, the same MMAs a step
+    # either way, the same MMAs a step; each tile part's finish runs after its pipeline drained
     k = _compile_sm90(bn, bt, stages, maxnreg=cap or None, warps=warps, pipe=True)
-    res = _res_usage(k)
-    assert res.get("STACK", 0) == 0 and res.get("LOCAL", 0) == 0
     sass = _sass(k)
-    assert "STL" not in sass and "LDL" not in sass
+    # with exceptions and bias too (the tile's finish, where the decoded-ahead half once spilled at bm 256)
+    for kk in (k, _compile_sm90(bn, bt, stages, bias=True, exc=True, maxnreg=cap or None, warps=warps, pipe=True)):
+        res = _res_usage(kk)
+        assert res.get("STACK", 0) == 0 and res.get("LOCAL", 0) == 0
+        assert "STL" not in _sass(kk) and "LDL" not in _sass(kk)
     for piped in (True, False):
         ops = _loop_ops(sass if piped else _sass(_compile_sm90(bn, bt, stages, maxnreg=cap or None,
                                                                   warps=warps)))

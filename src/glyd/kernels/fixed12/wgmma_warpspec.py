@@ -196,6 +196,36 @@ def _ws_piped(lo_s, co_s, x_s, ready, b, i, n, acc, a0, l1, cw, b4, BN: gl.const
 
 
 @gluon.jit
+def _ws_parts_piped(lo_s, co_s, x_s, ready, empty, g0, g1, P, W, S, MT, b4, x_ptr, out_ptr, bias_ptr, work_ptr,
+                    cnt_ptr, M, N, KP, stride_xm, rowptr_ptr, eidx_ptr, ehi_ptr, lo8_ptr, base_ptr, BN: gl.constexpr,
+                    BT: gl.constexpr, NS: gl.constexpr, LL: gl.constexpr, CL: gl.constexpr, ML: gl.constexpr,
+                    AL: gl.constexpr, OL: gl.constexpr, HAS_BIAS: gl.constexpr, EXC: gl.constexpr,
+                    EL: gl.constexpr, CS: gl.constexpr):
+    # WsConfig.pipe: the program's steps a tile part at a time, each part's steps pipelined
+    # (_ws_piped) and its finish after the part's last MMAs, so that nothing decoded ahead is
+    # live across a finish (its registers would spill in the step loop)
+    pid = gl.program_id(0)
+    acc = gl.zeros([BN, BT], gl.float32, ML)
+    for t in range(g0 // S, (g1 - 1) // S + 1):
+        s0 = gl.maximum(g0, t * S) - g0  # the part's first and last + 1 ring indices
+        s1 = gl.minimum(g1, t * S + S) - g0
+        l0, l1, cw = _ws_words(lo_s, co_s, ready, s0 % NS, (s0 // NS) & 1, BN, LL, CL)
+        a0 = _ws_half(l0, cw, b4, BN, AL)
+        for i in range(s0, s1):
+            b = i % NS
+            acc, a0, ap, a1, l1, cw = _ws_piped(lo_s, co_s, x_s, ready, b, i, s1, acc, a0, l1, cw, b4, BN, NS, LL,
+                                                CL, AL)
+            acc, ap, a1 = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ap, a1))
+            fence_async_shared()  # as _ws_consumer: the slot's reads are done, the TMA may refill it
+            mbarrier.arrive(empty.index(b))
+        _, _, n0, m0 = _ws_tile(t * S, S, MT, BN, BT)
+        _ws_finish(acc, t, n0, m0, g0, P, W, S, pid, x_ptr, out_ptr, bias_ptr, work_ptr, cnt_ptr, M, N, KP,
+                   stride_xm, rowptr_ptr, eidx_ptr, ehi_ptr, lo8_ptr, base_ptr, BN, BT, ML, OL, HAS_BIAS, EXC, EL, CS)
+        acc = gl.zeros([BN, BT], gl.float32, ML)
+    return acc
+
+
+@gluon.jit
 def _ws_consumer(lo_s, co_s, x_s, ready, empty, g0, g1, P, W, S, MT, b4, x_ptr, out_ptr, bias_ptr, work_ptr, cnt_ptr,
                  M, N, KP, stride_xm, rowptr_ptr, eidx_ptr, ehi_ptr, lo8_ptr, base_ptr, BN: gl.constexpr,
                  BT: gl.constexpr, NS: gl.constexpr, LL: gl.constexpr, CL: gl.constexpr, ML: gl.constexpr,
@@ -203,33 +233,29 @@ def _ws_consumer(lo_s, co_s, x_s, ready, empty, g0, g1, P, W, S, MT, b4, x_ptr, 
                  CS: gl.constexpr, PIPE: gl.constexpr):
     # the warpgroup: words from the ring, decode, MMA, free the slot; at the end of each tile's
     # part, finish it (_ws_finish). Every program has a step at least (the grid is at most one a step)
-    pid = gl.program_id(0)
-    n = g1 - g0
-    acc = gl.zeros([BN, BT], gl.float32, ML)
-    if PIPE:  # the first step's words and first half, ahead of the loop
-        l0, l1, cw = _ws_words(lo_s, co_s, ready, 0, 0, BN, LL, CL)
-        a0 = _ws_half(l0, cw, b4, BN, AL)
-    for i in range(n):
-        b = i % NS
-        if PIPE:
-            acc, a0, ap, a1, l1, cw = _ws_piped(lo_s, co_s, x_s, ready, b, i, n, acc, a0, l1, cw, b4, BN, NS, LL,
-                                                CL, AL)
-            acc, ap, a1 = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ap, a1))
-        else:
+    if PIPE:
+        acc = _ws_parts_piped(lo_s, co_s, x_s, ready, empty, g0, g1, P, W, S, MT, b4, x_ptr, out_ptr, bias_ptr,
+                              work_ptr, cnt_ptr, M, N, KP, stride_xm, rowptr_ptr, eidx_ptr, ehi_ptr, lo8_ptr, base_ptr,
+                              BN, BT, NS, LL, CL, ML, AL, OL, HAS_BIAS, EXC, EL, CS)
+    else:
+        pid = gl.program_id(0)
+        acc = gl.zeros([BN, BT], gl.float32, ML)
+        for i in range(g1 - g0):
+            b = i % NS
             acc, a0, a1 = _ws_step_mmas(lo_s, co_s, x_s, ready, b, (i // NS) & 1, acc, b4, BN, LL, CL, AL)
             acc, a0, a1 = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a0, a1))
-        # every warp's words of this slot were read before its part of the MMAs was issued, so
-        # the MMAs being done means the whole slot is free; the fence orders those generic-proxy
-        # reads before the TMA's next writes
-        fence_async_shared()
-        mbarrier.arrive(empty.index(b))
-        g = g0 + i
-        t, st, n0, m0 = _ws_tile(g, S, MT, BN, BT)
-        if (st == S - 1) | (g == g1 - 1):
-            _ws_finish(acc, t, n0, m0, g0, P, W, S, pid, x_ptr, out_ptr, bias_ptr, work_ptr, cnt_ptr, M, N, KP,
-                       stride_xm, rowptr_ptr, eidx_ptr, ehi_ptr, lo8_ptr, base_ptr, BN, BT, ML, OL, HAS_BIAS, EXC,
-                       EL, CS)
-            acc = gl.zeros([BN, BT], gl.float32, ML)
+            # every warp's words of this slot were read before its part of the MMAs was issued, so
+            # the MMAs being done means the whole slot is free; the fence orders those generic-proxy
+            # reads before the TMA's next writes
+            fence_async_shared()
+            mbarrier.arrive(empty.index(b))
+            g = g0 + i
+            t, st, n0, m0 = _ws_tile(g, S, MT, BN, BT)
+            if (st == S - 1) | (g == g1 - 1):
+                _ws_finish(acc, t, n0, m0, g0, P, W, S, pid, x_ptr, out_ptr, bias_ptr, work_ptr, cnt_ptr, M, N, KP,
+                           stride_xm, rowptr_ptr, eidx_ptr, ehi_ptr, lo8_ptr, base_ptr, BN, BT, ML, OL, HAS_BIAS,
+                           EXC, EL, CS)
+                acc = gl.zeros([BN, BT], gl.float32, ML)
     return (acc, )  # warp_specialize takes the default partition's results as a tuple
 
 

@@ -164,9 +164,6 @@ class ExpertsLoopKernel(ExpertsKernel):
 _ONE_LAUNCH_UNPACK = {"fixed12"}
 #: Scratch sizes of ``experts_unpack_grouped`` already logged, (device, E, N, K).
 _LOGGED: set = set()
-#: Scratch buffers a CUDA graph captured: kept for the process's life (the graph replays into them
-#: after ``scratch`` has moved on to a larger buffer).
-_CAPTURED: dict[int, torch.Tensor] = {}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -278,9 +275,7 @@ def _grouped(xs, offs, packed, config, capturing):
     _log_once(xs.device, packed.shape, chunk, capturing)
     if chunk < e:
         return _chunks(xs, offs, packed, config, chunk)
-    w = C.scratch(xs.device, e * n * k).view(e, n, k)
-    if capturing:
-        _CAPTURED.setdefault(w.data_ptr(), w)
+    w = C.scratch(xs.device, e * n * k).view(e, n, k)  # a captured buffer is kept by scratch itself
     unpack_experts(packed, w, offs, 0, config.groups, config.warps)
     return torch._grouped_mm(xs, w.transpose(-2, -1), offs=offs)
 
@@ -459,9 +454,8 @@ class _SortedPlan:
         if not self.capturing and not _route.checked(ids):
             ends = ids[::max(1, ids.shape[0] - 1)]
             torch._assert_async((ends.clamp(0, e - 1) == ends).all(), "glyd experts_linear: ids outside the experts")
-        w = C.scratch(self.device, e * n * k).view(e, n, k)  # looked up each call: another product may grow it
-        if self.capturing:
-            _CAPTURED.setdefault(w.data_ptr(), w)
+        # looked up each call (another product may grow it); a captured buffer is kept by scratch itself
+        w = C.scratch(self.device, e * n * k).view(e, n, k)
         c, lo, base = self.planes
         self.launch(w, offs, arrays[c], arrays[lo], arrays[base])
         out = torch._grouped_mm(x2, w.transpose(-2, -1), offs=offs)

@@ -217,20 +217,44 @@ class FixedPagePool:
     def advance(self, tokens: int) -> None:
         """Count ``tokens`` more tokens a sequence (once a forward, before its layers write)."""
         self.lens.add_(tokens)
-        if torch.compiler.is_compiling() or (self.device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
-            self._host_len = None  # replays of a compiled or captured step advance lens without this line
-        elif self._host_len is not None:  # (read only when eager: a guard on it would recompile the step)
-            self._host_len += tokens
+        capturing = self.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+        if (torch.compiler.is_compiling() and tokens == 1) or capturing:
+            # a compiled decode step leaves the count unknown (read only when eager: a guard on it would recompile
+            # the step every token); a captured graph's replays advance lens without this line
+            self._host_len = None
+        elif self._host_len is not None:  # eager, or a compiled prompt: torch.compile guards on the count it
+            self._host_len += tokens      # read and replays this store after each call of its graph
 
     def forget(self) -> None:
         """Say ``lens`` was changed outside this class (a graph replayed, a rewind): :meth:`held` reads it."""
         self._host_len = None
 
     def held(self) -> int:
-        """The longest sequence's tokens: the host's count (no sync) when known, else read from the device."""
+        """The longest sequence's tokens: the host's count (no sync) when known, else read from the device
+        (under ``torch.compile`` that read is a graph break: a compiled prompt wants the count known)."""
         if self._host_len is None:
             self._host_len = int(self.lens.max())
         return self._host_len
+
+    def admit(self, tokens: int) -> None:
+        """Refuse a prompt of ``tokens`` tokens a sequence that would outgrow the context, before anything
+        moves (call it before :meth:`advance`; :meth:`write` checks again): see :meth:`_refused`."""
+        self._refused(self.held(), tokens)
+
+    def _refused(self, first: int, tokens: int) -> bool:
+        """False where ``tokens`` tokens from position ``first`` fit the context. Else eager: raise
+        :class:`KVCapacityError`; under ``torch.compile`` (``first`` is the host's count, a guarded int, so
+        the answer is known while tracing): put ``glyd::kv_refuse`` in the graph, which raises the same error
+        when the compiled code runs, before the graph's first change to ``lens`` (the op mutates it), and
+        return True (the caller writes nothing). Dynamo cannot trace a ``raise``: a graph break, or with
+        ``fullgraph=True`` its own ``Unsupported`` error in place of this one."""
+        if first + tokens <= self.context:
+            return False
+        message = f"{first + tokens} tokens do not fit the pool's context of {self.context}"
+        if not torch.compiler.is_compiling():
+            raise KVCapacityError(message)
+        pool_ops.refuse(self.lens, message)
+        return True
 
     def _check_layer(self, layer) -> None:
         if type(layer) is not int or not 0 <= layer < self.layers:
@@ -261,8 +285,8 @@ class FixedPagePool:
         first = None
         if t > 1:
             first = self.held() - t  # a prompt: the host's count (no wait unless lens was changed elsewhere)
-            if first + t > self.context:
-                raise KVCapacityError(f"{first + t} tokens do not fit the pool's context of {self.context}")
+            if self._refused(first, t):
+                return first
             head = (-first) % self.page
             if 0 < head < t:  # the first page is part raw: fill it first (the kernel reads raw, never writes it then)
                 self._write(layer, keys[:, :, :head], values[:, :, :head], t - head)

@@ -25,7 +25,7 @@ from glyd.kernels.registry import Device
 from glyd.kv import pool_twin
 from glyd.kv.registry import KVKernel, KVProblem, choose
 
-__all__ = ["write", "attention", "Kvf12AttentionTorch", "Kvf12WriteTorch", "TwinConfig"]
+__all__ = ["write", "attention", "refuse", "Kvf12AttentionTorch", "Kvf12WriteTorch", "TwinConfig"]
 
 _T = torch.Tensor
 
@@ -102,11 +102,30 @@ def _attention_fake(q, lens, starts, block_index, k_side, v_side, scale, valid=N
     return q.new_empty((q.shape[0], q.shape[1], v_side[0].shape[2]))
 
 
+# cudagraph_unsafe: a graph that refuses runs without CUDA graphs (it raises on every call, none is recorded)
+@torch.library.custom_op("glyd::kv_refuse", mutates_args=("lens",), tags=(torch.Tag.cudagraph_unsafe,))
+def _refuse(lens: _T, message: str) -> None:
+    raise pool_twin.KVCapacityError(message)
+
+
+@_refuse.register_fake
+def _refuse_fake(lens, message) -> None:
+    return None
+
+
 # x [B, H, T, D] bf16; lens [B] int32 (tokens after the write); block_index [B, H, J] int32; lo/code/base/meta
 # [NB, ...]; exc [E + 1] int32; used [1] int32; raw [B, H, P, D] bf16 (see glyd.kv.pool_twin).
 def write(x, lens, block_index, lo, code, base, meta, exc, used, raw) -> None:
     """``torch.ops.glyd.kvf12_write``: write ``x`` into a pool side (one kernel)."""
     torch.ops.glyd.kvf12_write(x, lens, block_index, lo, code, base, meta, exc, used, raw)
+
+
+# lens [B] int32 (declared mutated, never changed: the op stays in a compiled graph, ordered before lens's updates)
+def refuse(lens, message: str) -> None:
+    """``torch.ops.glyd.kv_refuse``: raise ``KVCapacityError(message)`` when it runs. A compiled prompt's
+    capacity refusal (``FixedPagePool._refused``): the check is decided while tracing, the raise happens
+    when the compiled code runs, with no graph break."""
+    torch.ops.glyd.kv_refuse(lens, message)
 
 
 # q [B, Hq, D] bf16; lens [B] int32; starts [B] int32 or None; block_index [B, H, J] int32;

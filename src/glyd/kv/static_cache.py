@@ -55,6 +55,8 @@ class GlydStaticLayer(CacheLayerMixin):
         if self.index == 0:  # once a forward, before any layer writes: every layer reads the new lengths
             if t == 1 and not torch.compiler.is_compiling():
                 pool.poll()  # an eager step: raise on an overflow seen since (no host wait)
+            elif t > 1:
+                pool.admit(t)  # a prompt past the context: refused before lens moves (compiled: see pool._refused)
             pool.advance(t)
         try:
             first = pool.write(self.index, key_states, value_states)
@@ -65,7 +67,9 @@ class GlydStaticLayer(CacheLayerMixin):
         if fused:
             hf_attention._LIVE[self.index] = self  # the "glyd_kv" attention reads the pool for this step
             return key_states, value_states
-        if first == 0:  # a prompt into an empty cache: the cache holds exactly these states
+        if first is not None and (first == 0 or first + t > pool.context):
+            # a prompt into an empty cache: it holds exactly these states (or one that a compiled graph
+            # refuses, see FixedPagePool._refused: the graph raises before they are used)
             return key_states, value_states
         return pool.to_bf16(self.index)
 
@@ -77,7 +81,8 @@ class GlydStaticLayer(CacheLayerMixin):
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         if self._cache.fused:  # the fused attention reads the mask's row for the step's query, a byte a position
-            return self._cache.context, 0
+            # (a prompt longer than the context is refused in update; wide enough to be traced up to there)
+            return max(self._cache.context, query_length), 0
         # the reference path hands the model's attention the held keys: a mask of their length (host sync)
         held = int(self._cache.pool.lens.max()) if self.is_initialized else 0
         return held + query_length, 0

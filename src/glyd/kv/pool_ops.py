@@ -102,8 +102,12 @@ def _attention_fake(q, lens, starts, block_index, k_side, v_side, scale, valid=N
     return q.new_empty((q.shape[0], q.shape[1], v_side[0].shape[2]))
 
 
-# cudagraph_unsafe: a graph that refuses runs without CUDA graphs (it raises on every call, none is recorded)
-@torch.library.custom_op("glyd::kv_refuse", mutates_args=("lens",), tags=(torch.Tag.cudagraph_unsafe,))
+# cudagraph_unsafe: a graph that refuses runs without CUDA graphs (it raises on every call, none is recorded);
+# looked up, not assumed: the tag's presence in every torch this project allows is unchecked here
+_UNSAFE = tuple(t for t in (getattr(torch.Tag, "cudagraph_unsafe", None),) if t is not None)
+
+
+@torch.library.custom_op("glyd::kv_refuse", mutates_args=("lens",), tags=_UNSAFE)
 def _refuse(lens: _T, message: str) -> None:
     raise pool_twin.KVCapacityError(message)
 

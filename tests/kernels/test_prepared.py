@@ -74,3 +74,42 @@ def test_cached_is_made_again_when_a_freed_source_leaves_its_id_to_another(monke
         monkeypatch.setattr(C, "id", lambda o: old if o is new else real(o), raising=False)
     assert getattr(C, "id", id)(new) == old
     assert C.cached(key, lambda: made.append(1) or len(made), (key, new)) == 2
+
+
+def _relabelled(layout):
+    """(packed matrix, the same arrays under another format version or true width): dense11 version 3
+    read as 2 and 1 (its block-wise words land in the padding columns), each layout's width moved inside
+    its 64-column padding (real weights land there). The codec refuses each."""
+    w = random_weights(3, 70, "wide")
+    if layout == "dense11":
+        from glyd.codec.dense11 import pack_v3
+
+        p = pack_v3(w)
+        return p, [(f"version {v}", glyd.Packed(layout, p.shape, p.arrays, v)) for v in (2, 1)] + \
+            [("width 66", glyd.Packed(layout, (3, 66), p.arrays, 3))]
+    p = glyd.pack(w, layout)
+    return p, [("width 66", glyd.Packed(layout, (3, 66), p.arrays, p.version))]
+
+
+@pytest.mark.parametrize("layout", ["fixed12", "tiered", "dense11"])
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_same_arrays_under_another_version_or_shape_are_prepared_again(layout, device):
+    # The prepared data was keyed on the arrays only: a Packed over the very tensors of one the kernels had
+    # prepared, with another format version (dense11 3 -> 2 or 1) or width, took the other matrix's checks,
+    # offsets and exception values (wrong weights and products, no error, where the codec refuses it)
+    from glyd import kernels
+    from glyd.errors import CorruptError
+
+    p, others = _relabelled(layout)
+    p = p.to(device)
+    x = torch.ones(1, 70, dtype=torch.bfloat16, device=device)
+    for what, q in others:
+        with pytest.raises(CorruptError):
+            glyd.unpack(q)
+        q = glyd.Packed(layout, q.shape, p.arrays, q.version)  # over the device's tensors
+        kernels.unpack(p), kernels.linear(x, p)  # prepares p's data
+        with pytest.raises(CorruptError):
+            kernels.unpack(q)
+        with pytest.raises(CorruptError):
+            kernels.linear(x[:, : q.shape[1]], q)
+        assert torch.equal(kernels.unpack(p).cpu().view(torch.int16), glyd.unpack(p.to("cpu")).view(torch.int16))

@@ -364,12 +364,20 @@ def check_size(what: str, numel: int) -> None:
 _CACHE: dict[int, tuple[weakref.ref, tuple, object, set]] = {}
 
 
-def cached(key_tensor: torch.Tensor, make, sources=()):
+def packed_tag(p) -> tuple:
+    """What a packed matrix says beside its arrays (layout, shape, format version): ``cached``'s ``tag``
+    for data derived from a ``Packed`` or ``PackedExperts``."""
+    return (p.layout, tuple(p.shape), p.version)
+
+
+def cached(key_tensor: torch.Tensor, make, sources=(), tag: tuple = ()):
     """``make()``, computed once per live ``key_tensor`` and made again after it or any tensor of
     ``sources`` (what ``make`` reads) is replaced or changed in place (``load_state_dict`` copies into
-    existing buffers, one array at a time); entries die with ``key_tensor`` or any of ``sources``."""
+    existing buffers, one array at a time), or when ``tag`` differs (what else ``make`` reads: a
+    packed matrix's layout, shape and format version, which another ``Packed`` over the very same
+    tensors may say otherwise); entries die with ``key_tensor`` or any of ``sources``."""
     k = id(key_tensor)
-    stamp = (key_tensor._version, *((id(t), t._version) for t in sources))
+    stamp = (tag, key_tensor._version, *((id(t), t._version) for t in sources))
     hit = _CACHE.get(k)
     if hit is not None and hit[0]() is key_tensor and hit[1] == stamp:
         return hit[2]

@@ -150,7 +150,7 @@ class ExpertsLoopKernel(ExpertsKernel):
             raise IndexError(f"ids hold an expert outside the {e} experts")
         order = torch.argsort(flat, stable=True)
         experts = C.cached(packed.arrays["lens"], lambda: [_aligned(packed.expert(i)) for i in range(e)],
-                           packed.arrays.values())
+                           packed.arrays.values(), C.packed_tag(packed))
         start = 0
         for i, c in enumerate(counts[1:]):
             if c:

@@ -274,7 +274,7 @@ def prepare(p: Packed) -> PreparedV2:
     in-place change)."""
     if not isinstance(p, Packed) or p.layout != _codec.NAME or p.version not in (2, 3):
         raise TypeError("packed must be a dense11 glyd.Packed of format version 2 or 3")
-    return C.cached(p.arrays["code"], lambda: PreparedV2(p), p.arrays.values())
+    return C.cached(p.arrays["code"], lambda: PreparedV2(p), p.arrays.values(), C.packed_tag(p))
 
 
 def hw() -> bool:

@@ -214,7 +214,7 @@ def prepare(p: Packed) -> Prepared:
         raise TypeError("packed must be a dense11 glyd.Packed")
     if p.version != 1:  # glyd.kernels.dense11.versions picks a version's kernels
         raise ValueError(f"dense11 format version {p.version}: these kernels decode version 1 (version 2: unpack_v2)")
-    return C.cached(p.arrays["code"], lambda: _prepared_v1(p), p.arrays.values())
+    return C.cached(p.arrays["code"], lambda: _prepared_v1(p), p.arrays.values(), C.packed_tag(p))
 
 
 def _prepared_v1(p: Packed) -> Prepared:

@@ -65,7 +65,8 @@ def prepare(p: Packed) -> Prepared:
     """The exception index of ``p`` (built once a matrix, with host syncs; again after an in-place change)."""
     if p.layout != _codec.NAME:
         raise ValueError(f"expected a fixed12 packed matrix, got layout {p.layout!r}")
-    return C.cached(p.arrays["exc_idx"], lambda: _outside_a_capture(p) and Prepared(p), p.arrays.values())
+    return C.cached(p.arrays["exc_idx"], lambda: _outside_a_capture(p) and Prepared(p), p.arrays.values(),
+                    C.packed_tag(p))
 
 
 def _outside_a_capture(p: Packed) -> bool:

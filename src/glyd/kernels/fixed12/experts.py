@@ -81,7 +81,8 @@ def prepare(p: PackedExperts) -> Prepared:
     """The exception row pointer of ``p`` (once a packed experts tensor; again after an in-place change)."""
     if p.layout != "fixed12":
         raise ValueError(f"expected fixed12 experts, got layout {p.layout!r}")
-    return C.cached(p.arrays["exc_idx"], lambda: _outside_a_capture(p) and Prepared(p), p.arrays.values())
+    return C.cached(p.arrays["exc_idx"], lambda: _outside_a_capture(p) and Prepared(p), p.arrays.values(),
+                    C.packed_tag(p))
 
 
 def _outside_a_capture(p: PackedExperts) -> bool:

@@ -85,7 +85,8 @@ def prepare(p: PackedExperts) -> Prepared:
     """What the launch needs of ``p`` beyond its arrays (once a packed experts tensor, outside a capture)."""
     if p.layout != "fixed12":
         raise ValueError(f"expected fixed12 experts, got layout {p.layout!r}")
-    return C.cached(p.arrays["base"], lambda: _outside_a_capture(p) and Prepared(p), p.arrays.values())
+    return C.cached(p.arrays["base"], lambda: _outside_a_capture(p) and Prepared(p), p.arrays.values(),
+                    C.packed_tag(p))
 
 
 def max_blocks(s: int, e: int, block_m: int) -> int:

@@ -59,7 +59,8 @@ def prepare(p: PackedExperts) -> Prepared:
     in-place change). Cached on ``exc_hi``: ``exc_idx`` keys the experts GEMV's own index."""
     if p.layout != _codec.NAME:
         raise ValueError(f"expected fixed12 experts, got layout {p.layout!r}")
-    return C.cached(p.arrays["exc_hi"], lambda: _outside_a_capture(p) and Prepared(p), p.arrays.values())
+    return C.cached(p.arrays["exc_hi"], lambda: _outside_a_capture(p) and Prepared(p), p.arrays.values(),
+                    C.packed_tag(p))
 
 
 def _outside_a_capture(p: PackedExperts) -> bool:

@@ -200,7 +200,7 @@ def check(p: Packed) -> None:
     C.check_size("tiered 'sm'", n * kp + BLOCK)
     if p.arrays["area"].numel() >= 2**31:
         raise C.FormatError("tiered 'area' is too large for 32-bit offsets")
-    C.cached(p.arrays["esc_off"], lambda: _check_offsets(p), p.arrays.values())
+    C.cached(p.arrays["esc_off"], lambda: _check_offsets(p), p.arrays.values(), C.packed_tag(p))
 
 
 def _check_offsets(p: Packed) -> bool:

@@ -157,6 +157,26 @@ def test_arrays_are_checked_once_a_matrix(monkeypatch):
         emb(ids)
 
 
+def test_the_same_arrays_under_another_format_version_are_checked_again():
+    # The once-a-matrix check was keyed on the arrays and the shape, not the format version: after a
+    # dense11 version-3 matrix's rows were looked up, a Packed over the very same tensors labelled
+    # version 2 or 1 skipped the checks the codec refuses it by (its padding columns hold version 3's
+    # words) and looked up other weights, with no error
+    from glyd.codec.dense11 import pack_v3
+
+    p = pack_v3(_weights(3, 70))
+    ids = torch.tensor([0, 2])
+    assert torch.equal(unpack_rows(p, ids).view(torch.int16), glyd.unpack(p)[ids].view(torch.int16))
+    for version in (2, 1):
+        q = glyd.Packed("dense11", p.shape, p.arrays, version)
+        with pytest.raises(CorruptError, match="padding"):
+            glyd.unpack(q)
+        with pytest.raises(CorruptError, match="padding"):
+            unpack_rows(q, ids)
+        with pytest.raises(CorruptError, match="padding"):
+            ops.rows(q, ids)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("layout", LAYOUTS)

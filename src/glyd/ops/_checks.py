@@ -66,11 +66,11 @@ _CHECKED: dict[int, tuple[tuple, tuple]] = {}
 
 def check_arrays_once(p: Packed) -> None:
     """Check ``p``'s offsets and exception indices (see the module's docstring) unless these very
-    tensors, unchanged since, passed before."""
+    tensors, unchanged since, passed before as a matrix of this layout, shape and format version."""
     arrays = tuple(p.arrays[a] for a in LAYOUTS[p.layout].ARRAYS)
     if arrays[0].device.type == "meta":
         return
-    key = (p.layout, p.shape, tuple(a._version for a in arrays))
+    key = (p.layout, p.shape, p.version, tuple(a._version for a in arrays))  # the version decides the decode
     first = id(arrays[0])
     hit = _CHECKED.get(first)
     if hit is not None and hit[0] == key and all(r() is a for r, a in zip(hit[1], arrays)):

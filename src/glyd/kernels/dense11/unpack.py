@@ -218,10 +218,10 @@ def prepare(p: Packed) -> Prepared:
 
 
 def _prepared_v1(p: Packed) -> Prepared:
-    if not _SAID[0]:  # once a process (a model's matrices come one after another): say how to get version 2
+    if not _SAID[0]:  # once a process (a model's matrices come one after another): say how to get version 3
         _SAID[0] = True
         log.warning("dense11 format version 1 matrices (bit planes) run the version-1 kernels, several times "
-                    "slower than version 2's; re-save the model with this glyd (glyd.pack writes version 2)")
+                    "slower than versions 2 and 3's; re-save the model with this glyd (glyd.pack writes version 3)")
     return Prepared(p)
 
 

@@ -383,6 +383,41 @@ def test_strided_arrays_refused_by_name(device, version):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("version", [1, 2, 3])
+def test_sm_at_an_unaligned_address(device, version):
+    # a contiguous 'sm' starting 1 or 2 bytes into its storage (a view of a byte buffer): the codec reads
+    # it; versions 2 and 3's kernels read sm as 32-bit words and raised torch's RuntimeError (a Byte
+    # tensor's storage_offset must be divisible by 4 to view it as Int) from inside their launchers
+    from glyd import kernels
+    from glyd.errors import FormatError
+
+    w = _weights(3, 1100, seed=8, kind="wide")
+    p = ({1: pack_v1, 2: pack_v2, 3: pack_v3}[version](w)).to(device)
+    x = torch.randn(1, 1100).to(torch.bfloat16).to(device)
+    sm = p.arrays["sm"]
+    for off in (1, 2):
+        buf = torch.zeros(sm.numel() + 4, dtype=torch.uint8, device=device)
+        bad = glyd.Packed("dense11", p.shape, dict(p.arrays, sm=buf[off:off + sm.numel()].view(sm.shape).copy_(sm)),
+                          version)
+        assert torch.equal(_bits(glyd.unpack(bad.to("cpu"))), _bits(w))
+        if version == 1:  # version 1's kernels read sm byte by byte
+            assert torch.equal(_bits(kernels.unpack(bad)), _bits(w))
+            continue
+        with pytest.raises(FormatError, match="'sm' must start at a 4-byte aligned place"):
+            kernels.unpack(bad)
+        with pytest.raises(FormatError, match="'sm' must start at a 4-byte aligned place"):
+            kernels.linear(x, bad)
+    if device == "cpu":  # a storage at an odd address (a memory-mapped shard's tensor, as the store reads it on
+        # the CPU): storage offset 0, so the int32 view is allowed, and the interpreter reads it
+        raw = bytearray(sm.numel() + 1)
+        mapped = torch.frombuffer(raw, dtype=torch.uint8, offset=1, count=sm.numel()).view(sm.shape)
+        mapped.copy_(sm)
+        assert mapped.data_ptr() % 4 and mapped.storage_offset() == 0
+        odd = glyd.Packed("dense11", p.shape, dict(p.arrays, sm=mapped), version)
+        assert torch.equal(_bits(kernels.unpack(odd)), _bits(w))
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_empty_matrices(device):
     # K = 0 with N a multiple of the unpack's rows made its tile width 0 (ZeroDivisionError building the launch)
     from glyd import kernels

@@ -30,6 +30,7 @@ import triton.language as tl
 
 from glyd.codec import dense11 as _codec
 from glyd.codec.packed import Packed
+from glyd.errors import FormatError
 from glyd.kernels import _common as C
 from glyd.kernels.dense11.unpack import Prepared, _popc
 
@@ -257,6 +258,12 @@ class PreparedV2(Prepared):
     here, once a matrix."""
 
     def __init__(self, p: Packed) -> None:
+        sm = p.arrays["sm"]
+        # the launchers view sm as int32 words, which torch allows at a storage offset divisible by 4 only (a
+        # memory-mapped CPU file may start anywhere: the interpreter reads it; a CUDA storage starts aligned)
+        if sm.storage_offset() % 4:
+            raise FormatError(f"dense11 array 'sm' must start at a 4-byte aligned place of its storage (versions 2 "
+                              f"and 3's kernels read it as 32-bit words), got storage offset {sm.storage_offset()}")
         super().__init__(p)
         a = p.arrays
         base = int(a["base"][0])  # in range: checked by Prepared

@@ -280,7 +280,8 @@ def test_campaign():
 
 @pytest.mark.slow
 def test_campaign_sweep():
-    """More matrices, 4 edits of each family on each, every case through every path."""
+    """More matrices, 4 edits of each family on each, every case through every path: 440 cases (144 decoded
+    to other weights), 22 minutes on 2 busy cores (12 of CPU), 2026-12-05."""
     all_cases, decoded, fams, bad = _run(SWEEP, 4, seed=20261206, kernels_too="all")
     assert not bad, "\n".join(bad[:40])
     assert set(fams) == set(FAMILIES) and len(all_cases) >= 300 and decoded

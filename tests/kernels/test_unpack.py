@@ -122,6 +122,30 @@ def test_strided_arrays_refused_by_name(device, layout):
             kernels.linear(x, bad)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_fixed12_words_at_an_unaligned_offset_refused_by_name(device):
+    # a contiguous 'lo' or 'code' starting 1-3 bytes into its storage (a view of a byte buffer): the codec
+    # reads it; the products' launchers view both as int32 words and raised torch's RuntimeError (storage
+    # offset not divisible by 4) from inside kernels.linear before this check (found by the dense11 v3
+    # campaign, which fixed the same in dense11's kernels)
+    from glyd import kernels
+    from glyd.errors import FormatError
+
+    w = random_weights(5, 1100, "wide")
+    p = glyd.pack(w, "fixed12").to(device)
+    x = torch.randn(2, 1100).to(torch.bfloat16).to(device)
+    for name in ("lo", "code"):
+        t = p.arrays[name]
+        for off in (1, 2, 3):
+            buf = torch.zeros(t.numel() + 4, dtype=t.dtype, device=device)
+            bad = glyd.Packed("fixed12", p.shape, dict(p.arrays, **{name: buf[off:off + t.numel()].view(t.shape)}))
+            bad.arrays[name].copy_(t)
+            assert torch.equal(glyd.unpack(bad.to("cpu")).view(torch.int16), w.view(torch.int16))
+            for fn in (lambda: kernels.unpack(bad), lambda: kernels.linear(x, bad)):
+                with pytest.raises(FormatError, match=f"fixed12 array '{name}' must start at a 4-byte aligned"):
+                    fn()
+
+
 def _inf_padding(layout: str):
     """A 4 x 1000 matrix of 2^113 whose padding columns (1000..1023) decode to +inf and the codec's
     matrix is unchanged: fixed12 at base 120 with padding code 7 and lo 0x80 (exponent 255); tiered with

@@ -52,12 +52,17 @@ class Prepared:
 
 def check_readable(p) -> None:
     """What the kernels take of a fixed12 ``Packed`` or ``PackedExperts`` beyond its dtypes and shapes:
-    contiguous arrays (each pointer is read as one dense array; ``FormatError`` naming the array) and
+    contiguous arrays (each pointer is read as one dense array; ``FormatError`` naming the array), ``lo`` and
+    ``code`` at a storage offset divisible by 4 (read as 32-bit words) and
     zero padding (the fused products multiply it by x's zeros: 0 * inf is NaN; ``CorruptError``)."""
     for name in _codec.ARRAYS:
         if not p.arrays[name].is_contiguous():
             raise C.FormatError(f"fixed12 array '{name}' must be contiguous (the kernels read it as one array), "
                                 f"got strides {p.arrays[name].stride()}")
+    for name in ("lo", "code"):  # the products' launchers view these as int32 words: torch wants the offset aligned
+        if p.arrays[name].storage_offset() % 4:
+            raise C.FormatError(f"fixed12 array '{name}' must start at a 4-byte aligned place of its storage (the "
+                                f"kernels read it as 32-bit words), got storage offset {p.arrays[name].storage_offset()}")
     _codec.check_padding(p)
 
 

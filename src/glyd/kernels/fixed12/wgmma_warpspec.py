@@ -54,7 +54,8 @@ class WsConfig(C.KernelConfig):
     grid is persistent: ``waves`` programs an SM, or ``split`` programs in all. ``maxnreg``: a
     register cap (80 gives three programs an SM). ``pipe``: a step's MMAs stay in flight while the
     warpgroup reads and decodes the next step's first half (else it waits for them before reading the
-    next step: the tensor cores idle while it decodes)."""
+    next step: the tensor cores idle while it decodes); measured on an H100 at M = 96-4608 it gained
+    nothing (benchmarks/history/2026-12-05-h100-9.md), and no table row turns it on."""
 
     bm: int = 16
     bn: int = 64

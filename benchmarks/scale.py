@@ -186,7 +186,12 @@ def _measure(model, rec: dict, args, device: str, lossless: bool) -> None:
     # torch.compile guards on (reset() before each prefill: 0), so the prompt's write is one graph (issue 38)
     compiled = args.compile_prefill
     rec["prefill"] = sp.PREFILL_COMPILED if compiled else sp.PREFILL_EAGER
+    breaks = sp.graph_breaks()
     rec["ttft_ms"] = sp.ttfts(model, args.prompts, device, args.ttft_reps, lossless, compiled)
+    breaks = sp.graph_breaks() - breaks
+    if compiled and breaks:  # a compiled prompt in pieces (or eager past the recompile limit) is no compiled number
+        rec["prefill_note"] = f"the compiled prefill broke its graph {breaks} times (TORCH_LOGS=graph_breaks)"
+        log.warning("%s %s: %s", rec["size"], rec["variant"], rec["prefill_note"])
     rec["measure_s"] = time.perf_counter() - t
     log.info("%s %s: step ms %s; first token ms %s", rec["size"], rec["variant"], rec["decode_ms"], rec["ttft_ms"])
     _capacity(model, rec, args, device, lossless)

@@ -172,6 +172,13 @@ def ttft(model: nn.Module, prompt: int, device: str, reps: int, lossless: bool =
                     device, f"prefill of {prompt} tokens")
 
 
+def graph_breaks() -> int:
+    """Graph breaks torch.compile (dynamo) has counted in this process so far."""
+    from torch._dynamo.utils import counters
+
+    return sum(counters["graph_break"].values())
+
+
 def ttfts(model: nn.Module, prompts: tuple[int, ...], device: str, reps: int, lossless: bool = False,
           compiled: bool = False) -> dict[str, float | None]:
     """``ttft`` at each prompt length (None: out of memory); ``compiled``: through ``compile_prefill``

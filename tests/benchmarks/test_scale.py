@@ -51,6 +51,26 @@ def _run_tiny(out: Path, *extra: str) -> dict:
     return {r["variant"]: r for r in report["results"]}
 
 
+def test_a_compiled_prefill_that_breaks_its_graph_says_so(tmp_path, monkeypatch):
+    # 2026-12-05 (H100): the compiled prompt into the pool broke at every layer and ran eager, 14x bf16,
+    # and the table showed it as a compiled number
+    import torch
+
+    from glyd.kv.pool import FixedPagePool
+
+    advance = FixedPagePool.advance
+
+    def broken(self, tokens):
+        torch._dynamo.graph_break()
+        advance(self, tokens)
+
+    monkeypatch.setattr(FixedPagePool, "advance", broken)
+    rows = _run_tiny(tmp_path, "--compile-prefill", "--variants", "fixed12,fixed12+kv")
+    assert "prefill_note" not in rows["fixed12"]
+    assert "broke its graph" in rows["fixed12+kv"]["prefill_note"]
+    assert "broke its graph" in (tmp_path / "scale.md").read_text()
+
+
 def test_tiny_bf16_and_lossless_kv(tmp_path):
     """The default run's share: bf16 and fixed12 over the lossless KV cache (the other variants: below)."""
     rows = _run_tiny(tmp_path, "--variants", "bf16,fixed12+kv")

@@ -1,9 +1,13 @@
 """Write the golden packed checkpoints of format version 1 under tests/data/store_v1/ (and, in
-``dense11_v3``, one whose matrices are dense11 format version 3).
+``dense11_v2`` and ``dense11_v3``, ones whose matrices are dense11 format versions 2 and 3).
 
 Run once per released format version; the files are committed and must keep loading:
 
     .venv/bin/python tests/store/make_store_golden.py
+
+Only missing folders are written. A golden of a layout's older format version (``version`` in
+``GOLDENS``) is packed by today's ``pack_folder`` with that version's codec in place of
+``glyd.pack``'s: the checkpoint around the matrices is today's, the matrices are that version's.
 
 The tensors come from integer arithmetic only (no random generator), so the test can rebuild
 them on any machine and compare every bit.
@@ -15,6 +19,7 @@ import json
 import shutil
 import sys
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -80,18 +85,53 @@ def write_source(path: Path, sharded: bool) -> None:
     (path / "tokenizer.json").write_text(GOLDEN_TOKENIZER)
 
 
+#: (folder, layout, sharded, format version of its matrices: None for what glyd.pack wrote that day).
+#: fixed12 and tiered were written on 2026-11-30; dense11 (its format version 1) joined on 2026-12-02;
+#: dense11_v3 (the same checkpoint format, its matrices in dense11 format version 3) on 2026-12-05;
+#: dense11_v2 (format version 2, what glyd.pack wrote from 2026-12-04 until version 3) on 2026-12-05 too.
+GOLDENS = (
+    ("fixed12", "fixed12", False, None),
+    ("tiered", "tiered", True, None),
+    ("dense11", "dense11", False, None),
+    ("dense11_v2", "dense11", False, 2),
+    ("dense11_v3", "dense11", False, None),
+)
+
+
+@contextmanager
+def _writing_version(layout: str, version: int | None):
+    """``pack_folder`` packing ``layout``'s matrices in format ``version`` (None: as glyd.pack does)."""
+    if version is None:
+        yield
+        return
+    from glyd.codec import dense11
+    from glyd.store import folder
+
+    packers = {("dense11", 1): dense11.pack_v1, ("dense11", 2): dense11.pack_v2, ("dense11", 3): dense11.pack_v3}
+    pack_one = packers[layout, version]
+    codec_pack = folder.codec_pack
+
+    def pack(t, lay):
+        p = pack_one(t) if lay == layout else codec_pack(t, lay)
+        assert p.version == version or lay != layout
+        return p
+
+    folder.codec_pack = pack
+    try:
+        yield
+    finally:
+        folder.codec_pack = codec_pack
+
+
 def main() -> int:
     from glyd.store import pack_folder
 
-    # dense11 (its format version 1) joined on 2026-12-02; the others were written on 2026-11-30;
-    # dense11_v3: the same checkpoint format, its matrices in dense11 format version 3 (2026-12-05)
-    for name, layout, sharded in (("fixed12", "fixed12", False), ("tiered", "tiered", True),
-                                  ("dense11", "dense11", False), ("dense11_v3", "dense11", False)):
+    for name, layout, sharded, version in GOLDENS:
         dst = GOLDEN / name
         if dst.exists():
             print(f"{dst} exists: a released format's golden files are never rewritten; kept", file=sys.stderr)
             continue
-        with tempfile.TemporaryDirectory() as tmp:
+        with tempfile.TemporaryDirectory() as tmp, _writing_version(layout, version):
             write_source(Path(tmp) / "src", sharded)
             pack_folder(Path(tmp) / "src", dst, layout=layout, progress=False)
         size = sum(p.stat().st_size for p in dst.rglob("*") if p.is_file())

@@ -203,7 +203,7 @@ def check_chat(body: Any, policy: Policy, prompt_tokens: Callable[[dict[str, Any
         raise RequestError("messages must be a non-empty list of {role, content} objects", param="messages")
     for i, m in enumerate(msgs):
         where = f"messages[{i}]"
-        if not isinstance(m, dict) or m.get("role") not in ROLES:
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or m["role"] not in ROLES:
             role = m.get("role") if isinstance(m, dict) else None
             raise RequestError(f"{where}.role must be one of {', '.join(sorted(ROLES))}, got {role!r}", param=where)
         extra = sorted(set(m) - {"role", "content"})  # "name" too: the chat templates would drop it

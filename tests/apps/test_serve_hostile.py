@@ -1,0 +1,66 @@
+"""``glyd serve`` against a hostile or careless client: bodies that once got a 500 and a traceback.
+
+Each bad request must get a 4xx in OpenAI's error shape with one line naming the problem, and the
+server must answer a good request afterwards with the same (greedy) tokens as before.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+pytest.importorskip("openai")
+httpx = pytest.importorskip("httpx")
+
+from glyd.apps.serve import ServeConfig, Server  # noqa: E402
+from glyd.apps.serve_requests import Policy, RequestError, check_chat  # noqa: E402
+from glyd.store import pack_folder  # noqa: E402
+from serve_model import build_chat_model  # noqa: E402
+
+GOOD = {"model": "tiny", "messages": [{"role": "user", "content": "Hi there"}], "max_tokens": 8}
+POLICY = Policy(served="tiny", temperature=0.0, top_p=1.0, max_tokens=8, context=256)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    root = tmp_path_factory.mktemp("hostile")
+    pack_folder(build_chat_model(root / "bf16"), root / "packed", layout="fixed12", progress=False)
+    with Server(ServeConfig(str(root / "packed"), name="tiny", device="cpu", port=0, max_tokens=8,
+                            progress=False)) as srv:
+        yield srv
+
+
+def _post(server, path: str, body: bytes) -> httpx.Response:
+    # a fresh connection each time: a 500 makes uvicorn drop the connection it came on
+    return httpx.post(server.url + path, content=body, headers={"content-type": "application/json"}, timeout=60)
+
+
+def _answer(server) -> str:
+    r = httpx.post(server.url + "/v1/chat/completions", json=GOOD, timeout=60)
+    assert r.status_code == 200, r.text
+    return r.json()["choices"][0]["message"]["content"]
+
+
+@pytest.mark.parametrize("path, body, words", [
+    # a role that is a list or an object: "role not in ROLES" raised TypeError (unhashable): a 500
+    ("/v1/chat/completions", b'{"model": "tiny", "messages": [{"role": ["user"], "content": "hi"}]}',
+     "messages[0].role must be one of assistant, developer, system, user, got ['user']"),
+    ("/v1/chat/completions", b'{"model": "tiny", "messages": [{"role": {"a": 1}, "content": "hi"}]}',
+     "messages[0].role must be one of"),
+])
+def test_hostile_body_gets_400_naming_the_problem_and_the_server_answers_as_before(server, path, body, words):
+    before = _answer(server)
+    r = _post(server, path, body)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert words in err["message"] and "\n" not in err["message"]
+    assert err["type"] == "invalid_request_error"
+    assert _answer(server) == before
+
+
+@pytest.mark.parametrize("role", [["user"], {"a": 1}, 1, None])
+def test_check_chat_refuses_any_role_that_is_not_a_known_string(role):
+    with pytest.raises(RequestError) as info:
+        check_chat({"model": "tiny", "messages": [{"role": role, "content": "hi"}]}, POLICY, prompt_tokens=lambda b: 3)
+    assert info.value.status == 400 and info.value.param == "messages[0]"

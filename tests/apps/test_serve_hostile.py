@@ -14,7 +14,7 @@ pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
 
 from glyd.apps.serve import ServeConfig, Server  # noqa: E402
-from glyd.apps.serve_requests import Policy, RequestError, check_chat  # noqa: E402
+from glyd.apps.serve_requests import Policy, RequestError, check_chat, check_completion  # noqa: E402
 from glyd.store import pack_folder  # noqa: E402
 from serve_model import build_chat_model  # noqa: E402
 
@@ -48,6 +48,19 @@ def _answer(server) -> str:
      "messages[0].role must be one of assistant, developer, system, user, got ['user']"),
     ("/v1/chat/completions", b'{"model": "tiny", "messages": [{"role": {"a": 1}, "content": "hi"}]}',
      "messages[0].role must be one of"),
+    # JSON may spell a lone surrogate (\ud800), which is no Unicode text: the tokenizer raised TypeError (a 500)
+    ("/v1/completions", b'{"model": "tiny", "prompt": "a\\ud800b"}',
+     "prompt holds a lone surrogate (U+D800 at index 1): not Unicode text"),
+    ("/v1/completions", b'{"model": "tiny", "prompt": "\\udfff", "stream": true}',
+     "prompt holds a lone surrogate (U+DFFF at index 0)"),
+    # ... and in chat it was called the chat template's refusal, with the tokenizer's TypeError
+    ("/v1/chat/completions", b'{"model": "tiny", "messages": [{"role": "user", "content": "x\\udc00"}]}',
+     "messages[0].content holds a lone surrogate (U+DC00 at index 1)"),
+    ("/v1/chat/completions",
+     b'{"model": "tiny", "messages": [{"role": "user", "content": [{"type": "text", "text": "\\ud83d"}]}]}',
+     "messages[0].content[0].text holds a lone surrogate (U+D83D at index 0)"),
+    # an unknown field named with one: its name went into the error's "param" and the JSON encoder raised (a 500)
+    ("/v1/completions", b'{"model": "tiny", "prompt": "hi", "\\ud800": 1}', "a field name holds a lone surrogate"),
 ])
 def test_hostile_body_gets_400_naming_the_problem_and_the_server_answers_as_before(server, path, body, words):
     before = _answer(server)
@@ -57,6 +70,26 @@ def test_hostile_body_gets_400_naming_the_problem_and_the_server_answers_as_befo
     assert words in err["message"] and "\n" not in err["message"]
     assert err["type"] == "invalid_request_error"
     assert _answer(server) == before
+
+
+def test_a_paired_surrogate_is_text_and_answered(server):
+    r = _post(server, "/v1/completions", b'{"model": "tiny", "prompt": "\\ud83d\\ude42", "max_tokens": 3}')
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["completion_tokens"] == 3
+
+
+def test_deeply_nested_body_is_checked_without_recursion():
+    # the surrogate check walks the body; a nesting as deep as JSON parsers take must not raise RecursionError
+    deep: object = "ok\ud800"
+    for _ in range(5000):
+        deep = [deep]
+    with pytest.raises(RequestError, match="lone surrogate"):
+        check_completion({"model": "tiny", "prompt": "hi", "extra": deep}, POLICY, prompt_tokens=len)
+    clean: object = "ok"
+    for _ in range(5000):
+        clean = {"k": clean}
+    with pytest.raises(RequestError, match="field 'extra' is not supported"):
+        check_completion({"model": "tiny", "prompt": "hi", "extra": clean}, POLICY, prompt_tokens=len)
 
 
 @pytest.mark.parametrize("role", [["user"], {"a": 1}, 1, None])

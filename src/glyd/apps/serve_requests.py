@@ -107,9 +107,41 @@ def _number(body: dict[str, Any], key: str) -> float | None:
     return float(v)
 
 
+def _surrogate(text: str) -> int | None:
+    """Where ``text`` holds a lone surrogate (JSON may spell one, ``"\\ud800"``; it is no Unicode text), else None."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return exc.start
+    return None
+
+
+def _check_text(body: dict[str, Any]) -> None:
+    """Refuse a string anywhere in ``body`` (a value or a field name) that holds a lone surrogate: the
+    tokenizer raises TypeError on one and the JSON encoder of an error naming it UnicodeEncodeError.
+    Walked without recursion (a body may nest as deep as the JSON parser takes)."""
+    todo: list[tuple[str, Any]] = [("", body)]
+    while todo:
+        path, v = todo.pop()
+        if isinstance(v, dict):
+            for k, item in v.items():
+                at = _surrogate(k) if isinstance(k, str) else None
+                if at is not None:
+                    where = f"a field name in {path}" if path else "a field name"
+                    raise RequestError(f"{where} holds a lone surrogate (U+{ord(k[at]):04X} at index {at}): not "
+                                       f"Unicode text", param=path.split(".")[0].split("[")[0] or None)
+                todo.append((f"{path}.{k}" if path else k, item))
+        elif isinstance(v, list):
+            todo.extend((f"{path}[{i}]", item) for i, item in enumerate(v))
+        elif isinstance(v, str) and (at := _surrogate(v)) is not None:
+            raise RequestError(f"{path} holds a lone surrogate (U+{ord(v[at]):04X} at index {at}): not Unicode text",
+                               param=path.split(".")[0].split("[")[0])
+
+
 def _common(body: Any, allowed: frozenset[str], policy: Policy) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise RequestError(f"the request body must be a JSON object, got {type(body).__name__}")
+    _check_text(body)
     extra = sorted(k for k in set(body) - allowed if not (k in NEUTRAL and NEUTRAL[k](body[k])))
     if extra:
         raise RequestError(f"field {extra[0]!r} is not supported by glyd serve (supported: "

@@ -30,7 +30,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path, PurePosixPath
 
-from glyd.errors import CorruptError, DestinationExistsError, FormatError, GlydError, not_a_file
+from glyd.errors import CorruptError, DestinationExistsError, FormatError, GlydError, not_a_file, show_path
 from glyd.filecodec.names import check_table
 from glyd.filecodec.plan import plan_file
 
@@ -127,13 +127,22 @@ def _collect(paths: Sequence[str | os.PathLike]) -> list[tuple[Path, str]]:
         p = Path(p)
         if p.is_dir():
             base = p.resolve().name or "root"
-            for f in sorted(q for q in p.rglob("*") if q.is_file()):
+            for f in sorted(q for q in p.rglob("*") if q.is_symlink() or not q.is_dir()):
+                # a FIFO, a device, a broken link or a link to a folder is refused, never skipped
+                _refuse_not_a_file(f)
                 out.append((f, str(PurePosixPath(base, *f.relative_to(p).parts))))
-        elif p.is_file():
-            out.append((p, p.name))
         else:
-            raise GlydError(f"{p}: no such file or folder")
+            _refuse_not_a_file(p)
+            out.append((p, p.name))
     return out
+
+
+def _refuse_not_a_file(p: Path) -> None:
+    what = not_a_file(p)
+    if what == "missing":
+        raise GlydError(f"{show_path(p)}: no such file or folder")
+    if what is not None:
+        raise GlydError(f"{show_path(p)}: {what}; only regular files and folders can be archived")
 
 
 # ----------------------------------------------------------------------------- writing

@@ -74,6 +74,34 @@ def test_top_level_fifo_is_named_as_a_fifo_not_missing(tmp_path):
         fc.compress_files(["/dev/null"], tmp_path / "n.glyd")
 
 
+def test_file_appearing_during_the_renames_is_not_overwritten(tmp_path, monkeypatch):
+    # on a case-insensitive file system "A" and "a" of one archive are one file: the second rename
+    # replaced the first file restored, silently; the same when a file appears mid-way
+    d = tmp_path / "in"
+    d.mkdir()
+    (d / "a").write_bytes(b"first")
+    (d / "b").write_bytes(b"second")
+    archive = tmp_path / "x.glyd"
+    fc.compress_files([d], archive, jobs=1)
+    out = tmp_path / "out"
+    out.mkdir()
+    replace = os.replace
+    calls = []
+
+    def replace_then_appear(src, dst):
+        replace(src, dst)
+        calls.append(dst)
+        if len(calls) == 1:
+            (out / "in" / "b").write_bytes(b"user's file")
+
+    monkeypatch.setattr(arc.os, "replace", replace_then_appear)
+    with pytest.raises(DestinationExistsError, match="appeared while decompressing"):
+        fc.decompress(archive, out, jobs=1)
+    monkeypatch.undo()
+    assert (out / "in" / "b").read_bytes() == b"user's file"
+    assert sorted(p.name for p in (out / "in").iterdir()) == ["b"]  # the first file is rolled back
+
+
 def test_disk_full_while_decompressing_leaves_nothing(tmp_path, monkeypatch, small):
     out = tmp_path / "out"
     out.mkdir()

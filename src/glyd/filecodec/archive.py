@@ -379,6 +379,7 @@ def decompress(
     label = str(archive)
     temps: dict[int, tuple[Path, Path, io.BufferedWriter]] = {}
     made_dirs: list[Path] = []
+    placed: list[Path] = []
 
     def on_entry(fi: int, entry: Entry) -> None:
         dest = outdir.joinpath(*entry.path.split("/"))
@@ -406,9 +407,15 @@ def decompress(
         for tmp, dest, _ in temps.values():
             _refuse_existing(dest, "appeared while decompressing")
         for tmp, dest, _ in temps.values():
+            # checked again before each rename: on a case-insensitive file system "A" and "a" are
+            # one file, and the rename would replace the file restored just before
+            _refuse_existing(dest, "appeared while decompressing")
             os.replace(tmp, dest)
+            placed.append(dest)
         return report
     except BaseException:
+        for dest in placed:  # all or nothing: the files already renamed go too
+            _unlink(dest)
         for tmp, _, fh in temps.values():
             fh.close()
             _unlink(tmp)

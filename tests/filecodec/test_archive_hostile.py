@@ -88,8 +88,8 @@ def test_file_appearing_during_the_renames_is_not_overwritten(tmp_path, monkeypa
     replace = os.replace
     calls = []
 
-    def replace_then_appear(src, dst):
-        replace(src, dst)
+    def replace_then_appear(src, dst, **kw):
+        replace(src, dst, **kw)
         calls.append(dst)
         if len(calls) == 1:
             (out / "in" / "b").write_bytes(b"user's file")

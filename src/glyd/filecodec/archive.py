@@ -24,6 +24,7 @@ import io
 import json
 import logging
 import os
+import stat
 import struct
 import zlib
 from collections import deque
@@ -373,52 +374,48 @@ def decompress(
     """Restore every file of ``archive`` under ``outdir``, byte for byte (sha256 checked).
 
     All files are written under temporary names and renamed only once the whole archive has been
-    checked; on any error nothing is left behind. Existing files are never overwritten.
+    checked; on any error nothing is left behind. Existing files are never overwritten, and nothing
+    is written through a symbolic link below ``outdir`` (``outdir`` itself may be one).
     """
     outdir = Path(outdir)
     label = str(archive)
-    temps: dict[int, tuple[Path, Path, io.BufferedWriter]] = {}
+    temps: dict[int, tuple[list[str], str, Path, io.BufferedWriter]] = {}  # parts, temporary name, dest, file
     made_dirs: list[Path] = []
-    placed: list[Path] = []
+    placed: list[list[str]] = []
 
     def on_entry(fi: int, entry: Entry) -> None:
-        dest = outdir.joinpath(*entry.path.split("/"))
-        _refuse_existing(dest, "already exists")
-        parent = dest.parent
-        missing = []
-        while not parent.exists():
-            missing.append(parent)
-            parent = parent.parent
-        for d in reversed(missing):
-            d.mkdir()
-            made_dirs.append(d)
-        tmp = _tmp_name(dest)
-        temps[fi] = (tmp, dest, open(tmp, "xb"))
+        parts = entry.path.split("/")
+        dest = outdir.joinpath(*parts)
+        _make_root(outdir, made_dirs)
+        with _folder_fd(outdir, parts[:-1], made_dirs) as fd:
+            _refuse_existing_at(parts[-1], fd, dest, "already exists")
+            tmp = _tmp_name(dest).name
+            # O_EXCL already refuses any existing name, a link included; O_NOFOLLOW states it twice
+            fh = open(tmp, "xb", opener=lambda name, flags: os.open(name, flags | os.O_NOFOLLOW, 0o666, dir_fd=fd))
+        temps[fi] = (parts, tmp, dest, fh)
 
     def on_data(fi: int, data) -> None:
-        temps[fi][2].write(data)
+        temps[fi][3].write(data)
 
     def on_end(fi: int) -> None:
-        temps[fi][2].close()
+        temps[fi][3].close()
 
     try:
         with _open_archive(archive) as f:
             report = _iter_archive(f, label, _default_jobs(jobs), on_entry, on_data, on_end, progress)
-        for tmp, dest, _ in temps.values():
-            _refuse_existing(dest, "appeared while decompressing")
-        for tmp, dest, _ in temps.values():
-            # checked again before each rename: on a case-insensitive file system "A" and "a" are
-            # one file, and the rename would replace the file restored just before
-            _refuse_existing(dest, "appeared while decompressing")
-            os.replace(tmp, dest)
-            placed.append(dest)
+        for parts, _, dest, _ in temps.values():
+            with _folder_fd(outdir, parts[:-1]) as fd:  # a folder on the way turned into a link since: refused
+                _refuse_existing_at(parts[-1], fd, dest, "appeared while decompressing")
+        for parts, tmp, dest, _ in temps.values():
+            _place(outdir, parts, tmp, dest)
+            placed.append(parts)
         return report
     except BaseException:
-        for dest in placed:  # all or nothing: the files already renamed go too
-            _unlink(dest)
-        for tmp, _, fh in temps.values():
+        for parts in placed:  # all or nothing: the files already renamed go too
+            _unlink_below(outdir, parts[:-1], parts[-1])
+        for parts, tmp, _, fh in temps.values():
             fh.close()
-            _unlink(tmp)
+            _unlink_below(outdir, parts[:-1], tmp)
         for d in reversed(made_dirs):
             try:
                 d.rmdir()
@@ -488,6 +485,94 @@ def _refuse_existing(dest: Path, what: str) -> None:
     (``Path.exists`` follows links and would let the rename replace it)."""
     if os.path.lexists(dest):
         raise DestinationExistsError(f"{dest}: {what}")
+
+
+def _make_root(outdir: Path, made: list[Path]) -> None:
+    """Create ``outdir`` and its missing parents (noted in ``made``, for the rollback); the user
+    named this path, so links on the way to it are followed."""
+    missing = []
+    d = outdir
+    while not d.exists():
+        missing.append(d)
+        d = d.parent
+    for d in reversed(missing):
+        d.mkdir()
+        made.append(d)
+
+
+_DIR_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0)
+
+
+@contextlib.contextmanager
+def _folder_fd(outdir: Path, parts: Sequence[str], made: list[Path] | None = None) -> Iterator[int]:
+    """An fd of the folder ``outdir/parts...``, reached one folder at a time with ``O_NOFOLLOW``
+    so that no link below ``outdir`` is followed (a link swapped in after a check is not either);
+    with ``made``, missing folders are created and noted in it. A link or a file on the way raises
+    :class:`DestinationExistsError` naming it."""
+    fd = os.open(outdir, _DIR_FLAGS)
+    try:
+        for i, part in enumerate(parts):
+            if made is not None:
+                try:
+                    os.mkdir(part, dir_fd=fd)
+                    made.append(outdir.joinpath(*parts[: i + 1]))
+                except FileExistsError:
+                    pass
+            try:
+                sub = os.open(part, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=fd)
+            except OSError as exc:
+                _refuse_not_a_folder(outdir.joinpath(*parts[: i + 1]), exc)
+                raise
+            os.close(fd)
+            fd = sub
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def _refuse_not_a_folder(path: Path, exc: OSError) -> None:
+    """Raise the one-line refusal for ``path``, a folder on the way to a destination that could not
+    be opened (``exc``), when it is a symbolic link or not a folder; else return."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return
+    if stat.S_ISLNK(st.st_mode):
+        raise DestinationExistsError(
+            f"{show_path(path)}: a symbolic link (to {show_path(os.readlink(path))}); decompress never writes "
+            "through a link below the output folder"
+        ) from exc
+    if not stat.S_ISDIR(st.st_mode):
+        raise DestinationExistsError(f"{show_path(path)}: exists and is not a folder") from exc
+
+
+def _refuse_existing_at(name: str, dir_fd: int, dest: Path, what: str) -> None:
+    """:func:`_refuse_existing` for ``name`` in the folder ``dir_fd`` (``dest`` names it)."""
+    try:
+        os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return
+    raise DestinationExistsError(f"{show_path(dest)}: {what}")
+
+
+def _place(outdir: Path, parts: list[str], tmp: str, dest: Path) -> None:
+    """Rename the finished temporary file ``tmp`` to ``outdir/parts...``, inside a folder reached
+    without following links, once nothing is there."""
+    with _folder_fd(outdir, parts[:-1]) as fd:
+        # checked again before each rename: on a case-insensitive file system "A" and "a" are
+        # one file, and the rename would replace the file restored just before
+        _refuse_existing_at(parts[-1], fd, dest, "appeared while decompressing")
+        os.replace(tmp, parts[-1], src_dir_fd=fd, dst_dir_fd=fd)
+
+
+def _unlink_below(outdir: Path, folder: Sequence[str], name: str) -> None:
+    """Remove ``name`` from ``outdir/folder...`` for a rollback; a folder that has become a link
+    since is not followed, even to clean up (what lies beyond it is not ours)."""
+    try:
+        with _folder_fd(outdir, folder) as fd:
+            os.unlink(name, dir_fd=fd)
+    except OSError:  # gone already, or no longer reachable without a link
+        pass
 
 
 def _unlink(p: Path) -> None:

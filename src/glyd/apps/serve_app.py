@@ -131,7 +131,13 @@ def _tokenizer(model: str) -> Any:
 
 class GlydModels(ModelManager):
     """transformers' model manager holding the one model glyd serve was started with, loaded by
-    :func:`glyd.from_pretrained` (and never unloaded for idleness)."""
+    :func:`glyd.from_pretrained` (and never unloaded for idleness).
+
+    The served model is keyed by its name as ``/v1/models`` lists it (``cfg.served``), not by
+    transformers' ``'name@main'``: the handlers answer with that key as every response's ``model``
+    (chat and text, streamed or not), so a client can send back the name it was answered with.
+    glyd's ``_load_processor`` and ``_load_model`` never split the key on ``@`` (transformers' do,
+    and its ``/load_model`` route, which glyd serve drops)."""
 
     def __init__(self, cfg: Any, model: Any = None, tokenizer: Any = None):
         self.cfg = cfg
@@ -156,6 +162,12 @@ class GlydModels(ModelManager):
                                          progress=cfg.progress, memory_limit=cfg.memory_limit)
         model.generation_config = server_generation_config(model, cfg)
         return model
+
+    def process_model_name(self, model_id: str) -> str:  # type: ignore[override]  # a staticmethod in transformers
+        """The served name as it is; any other name as transformers canonicalizes it (``'id@main'``)."""
+        if model_id == self.cfg.served:
+            return self.cfg.served
+        return super().process_model_name(model_id)
 
     def get_gen_models(self, cache_dir: str | None = None) -> list[dict]:
         return [{"id": self.cfg.served, "object": "model", "created": 0, "owned_by": "glyd"}]

@@ -119,6 +119,22 @@ def test_every_answer_names_the_model_as_listed_and_the_name_is_taken_back(clien
     assert again.status_code == 200 and again.parse().choices[0].text == text.choices[0].text
 
 
+def test_a_served_name_transformers_would_split_is_one_model_under_one_key(folders):
+    # transformers takes a ":<file>.gguf" tail off a requested name: the served model is loaded, and its
+    # generation manager keyed, under one id all the same, the served name, which answers carry
+    from transformers.cli.serving.utils import BaseHandler, GenerationState
+
+    from glyd.apps.serve_app import GlydModels
+
+    cfg = ServeConfig(str(folders[1]), name="tiny:q4.gguf", device="cpu", port=0, max_tokens=MAX, progress=False)
+    models = GlydModels(cfg)
+    model, tok = models.loaded()
+    assert len(models.loaded_models) == 1 and models.process_model_name(cfg.served) == "tiny:q4.gguf"
+    model_id, got, _ = BaseHandler(models, GenerationState())._resolve_model({"model": cfg.served})
+    assert (model_id, got) == ("tiny:q4.gguf", model) and len(models.loaded_models) == 1
+    assert models.process_model_name("other") == "other@main"  # any other name as transformers has it
+
+
 def test_concurrent_requests_answer_as_generate_alone(client, reference):
     # Every request sends the same x-request-id: the batch tells them apart all the same.
     client = client.with_options(default_headers={"x-request-id": "same-for-all"})

@@ -22,7 +22,7 @@ from transformers.cli.serving.chat_completion import ChatCompletionHandler
 from transformers.cli.serving.completion import CompletionHandler
 from transformers.cli.serving.model_manager import ModelManager
 from transformers.cli.serving.server import build_server
-from transformers.cli.serving.utils import GenerationState
+from transformers.cli.serving.utils import GenerationState, split_model_id
 
 from glyd.apps.serve_requests import Policy, RequestError, check_chat, check_completion
 from glyd.errors import FormatError, GlydError, show_path
@@ -164,8 +164,9 @@ class GlydModels(ModelManager):
         return model
 
     def process_model_name(self, model_id: str) -> str:  # type: ignore[override]  # a staticmethod in transformers
-        """The served name as it is; any other name as transformers canonicalizes it (``'id@main'``)."""
-        if model_id == self.cfg.served:
+        """The served name as it is (and as transformers' ``_resolve_model`` passes it on after taking a
+        ``:<file>.gguf`` tail off it); any other name as transformers canonicalizes it (``'id@main'``)."""
+        if model_id in (self.cfg.served, split_model_id(self.cfg.served)[0]):
             return self.cfg.served
         return super().process_model_name(model_id)
 
@@ -173,8 +174,10 @@ class GlydModels(ModelManager):
         return [{"id": self.cfg.served, "object": "model", "created": 0, "owned_by": "glyd"}]
 
     def loaded(self) -> tuple[Any, Any]:
-        """(model, tokenizer) of the served model."""
-        return self.load_model_and_processor(self.process_model_name(self.cfg.served))
+        """(model, tokenizer) of the served model, under the key transformers' ``__init__`` and
+        ``_resolve_model`` load it by."""
+        repo, gguf_file = split_model_id(self.cfg.served)
+        return self.load_model_and_processor(self.process_model_name(repo), gguf_file=gguf_file)
 
 
 def _text(content: Any) -> str:

@@ -63,6 +63,21 @@ def fused_pair(seed: int, context: int = CONTEXT):
     return model, make(), make()
 
 
+def test_advance_on_a_cuda_pool_is_one_graph_under_compile():
+    # the CUDA capture query broke a compiled prompt on the GPU at every layer (2026-12-05, H100: the 0.5B's
+    # compiled +kv first token 14.2x bf16, recompiles per layer); the CPU pool poses as a CUDA one here
+    model, cache, _ = fused_pair(seed=25)
+    ids, mask = left_padded(3, 5, seed=25)
+    with torch.no_grad():
+        model(ids, attention_mask=mask, past_key_values=cache, use_cache=True)  # makes the pool
+    cache.reset()
+    cache.pool.device = torch.device("cuda", 0)
+    backend = Counting()
+    step = torch.compile(lambda pool, x: (pool.advance(5), x + 1)[1], backend=backend, fullgraph=True)
+    step(cache.pool, torch.zeros(1))
+    assert backend.graphs == 1 and int(cache.pool.lens.max()) == 5
+
+
 @torch.no_grad()
 def test_a_compiled_prompt_is_one_graph_with_the_eager_prompts_bits():
     torch._dynamo.reset()
@@ -157,6 +172,11 @@ def test_a_reduce_overhead_prompt_gpu():
     cache = GlydStaticCache(model.config, max_cache_len=128, page_size=32)
     ids, mask = left_padded(3, 75, seed=27, device="cuda")
     model(ids, attention_mask=mask, past_key_values=cache, use_cache=True)  # makes the pool outside the graphs
+    backend = Counting()  # one graph on the GPU too (the CUDA-only branches of the pool included)
+    torch.compile(model, backend=backend, fullgraph=True, dynamic=False)(ids, attention_mask=mask,
+                                                                          past_key_values=cache, use_cache=True)
+    assert backend.graphs == 1
+    torch._dynamo.reset()
     compiled = torch.compile(model, mode="reduce-overhead", dynamic=False)
     dyn = DynamicCache()
     want = compiled(ids, attention_mask=mask, past_key_values=dyn, use_cache=True).logits.clone()

@@ -217,8 +217,10 @@ class FixedPagePool:
     def advance(self, tokens: int) -> None:
         """Count ``tokens`` more tokens a sequence (once a forward, before its layers write)."""
         self.lens.add_(tokens)
-        capturing = self.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
-        if (torch.compiler.is_compiling() and tokens == 1) or capturing:
+        # under torch.compile the capture query is not asked: dynamo breaks the graph at it (a bool from torch.*)
+        compiling = torch.compiler.is_compiling()
+        capturing = not compiling and self.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+        if (compiling and tokens == 1) or capturing:
             # a compiled decode step leaves the count unknown (read only when eager: a guard on it would recompile
             # the step every token); a captured graph's replays advance lens without this line
             self._host_len = None

@@ -243,6 +243,12 @@ class FixedPagePool:
         moves (call it before :meth:`advance`; :meth:`write` checks again): see :meth:`_refused`."""
         self._refused(self.held(), tokens)
 
+    def admit_step(self) -> None:
+        """Refuse an eager one-token step that would outgrow the context, before anything moves, where the host's
+        count is known (no sync; after compiled or captured steps it is not, and :meth:`check` says it later)."""
+        if self._host_len is not None:
+            self._refused(self._host_len, 1)
+
     def _refused(self, first: int, tokens: int) -> bool:
         """False where ``tokens`` tokens from position ``first`` fit the context. Else eager: raise
         :class:`KVCapacityError`; under ``torch.compile`` (``first`` is the host's count, a guarded int, so

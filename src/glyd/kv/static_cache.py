@@ -55,6 +55,7 @@ class GlydStaticLayer(CacheLayerMixin):
         if self.index == 0:  # once a forward, before any layer writes: every layer reads the new lengths
             if t == 1 and not torch.compiler.is_compiling():
                 pool.poll()  # an eager step: raise on an overflow seen since (no host wait)
+                pool.admit_step()  # a step into a full pool: refused before lens moves (host count only)
             elif t > 1:
                 pool.admit(t)  # a prompt past the context: refused before lens moves (compiled: see pool._refused)
             pool.advance(t)

@@ -1,0 +1,57 @@
+"""Hostile inputs to GlydStaticCache and its pool: every refusal is one named error and leaves the cache as it
+was (or says what it did), never a deep IndexError or a moved ``lens``."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from .conftest import bits_equal, tiny_llama
+
+transformers = pytest.importorskip("transformers")
+from transformers import DynamicCache  # noqa: E402
+
+from glyd.errors import FormatError  # noqa: E402
+from glyd.kv import GlydStaticCache, KVCapacityError, enable_fused  # noqa: E402
+from glyd.kv.pool import FixedPagePool  # noqa: E402
+
+PAGE = 8
+
+
+def ids_of(batch: int, length: int, seed: int = 0) -> torch.Tensor:
+    return torch.randint(3, 320, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+def held(cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    return [tuple(t.clone() for t in cache.pool.to_bf16(i)) for i in range(len(cache.layers))]
+
+
+def same_bits(a, b) -> bool:
+    return all(bits_equal(x, y) for pa, pb in zip(a, b, strict=True) for x, y in zip(pa, pb, strict=True))
+
+
+@pytest.mark.parametrize("fused", [False, True])
+@torch.no_grad()
+def test_an_eager_step_past_the_context_is_refused_before_lens_moves(fused):
+    # a one-token step into a full pool advanced lens past the context, wrote, and only then raised (from the
+    # attention twin or to_bf16): lens stayed one past the context, so crop() and to_bf16() raised ever after
+    model = tiny_llama(seed=7)
+    if fused:
+        enable_fused(model)
+    cache = GlydStaticCache(model.config, max_cache_len=16, page_size=PAGE, fused=fused)
+    ids = ids_of(2, 16)
+    model(ids, past_key_values=cache, use_cache=True)
+    before = held(cache)
+    with pytest.raises(KVCapacityError, match="17 tokens do not fit the pool's context of 16"):
+        model(ids[:, :1], past_key_values=cache, use_cache=True)
+    assert cache.pool.lens.tolist() == [16, 16] and cache.pool.held() == 16
+    assert same_bits(held(cache), before)
+    cache.crop(-1)  # the cache is still usable: the step fits once a token is gone
+    ref = DynamicCache()
+    model(ids, past_key_values=ref, use_cache=True)
+    ref.crop(-1)
+    if fused:
+        return  # (the fused step's reference is another attention: test_kv_static_cache covers it)
+    got = model(ids[:, 15:], past_key_values=cache, use_cache=True).logits
+    want = model(ids[:, 15:], past_key_values=ref, use_cache=True).logits
+    assert bits_equal(got, want)

@@ -55,3 +55,18 @@ def test_an_eager_step_past_the_context_is_refused_before_lens_moves(fused):
     got = model(ids[:, 15:], past_key_values=cache, use_cache=True).logits
     want = model(ids[:, 15:], past_key_values=ref, use_cache=True).logits
     assert bits_equal(got, want)
+
+
+@torch.no_grad()
+def test_a_model_with_more_layers_than_the_cache_is_named_and_the_cache_emptied():
+    # the 3-layer model's first two layers were written into the 2-layer cache, then transformers' Cache.update
+    # raised a bare IndexError, leaving the cache holding two models' tokens mixed
+    small, big = tiny_llama(seed=3, layers=2), tiny_llama(seed=4, layers=3)
+    cache = GlydStaticCache(small.config, max_cache_len=32, page_size=PAGE, fused=False)
+    ids = ids_of(2, 10)
+    small(ids, past_key_values=cache, use_cache=True)
+    with pytest.raises(FormatError, match=r"made for 2 layers; layer 2 is not one of them.*emptied"):
+        big(ids, past_key_values=cache, use_cache=True)
+    assert cache.pool.lens.tolist() == [0, 0] and cache.pool.held() == 0
+    got = small(ids, past_key_values=cache, use_cache=True).logits  # the emptied cache serves its model again
+    assert bits_equal(got, small(ids, past_key_values=DynamicCache(), use_cache=True).logits)

@@ -173,6 +173,17 @@ class GlydStaticCache(Cache):
                 layer.dtype, layer.device, layer.is_initialized = torch.bfloat16, self.pool.device, True
                 layer.batch_size = batch_size
 
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
+        n = len(self.layers)
+        if type(layer_idx) is not int or not 0 <= layer_idx < n:
+            # a model with more layers than the config that made the cache: layers 0 .. n-1 took this forward's
+            # tokens already, which no rewind undoes exactly (pages that filled were packed): empty the pool
+            if self.pool is not None:
+                self.pool.reset()
+            raise FormatError(f"GlydStaticCache was made for {n} layers; layer {layer_idx!r} is not one of them (the "
+                              f"model is not the one whose config made the cache): the cache was emptied")
+        return super().update(key_states, value_states, layer_idx, *args, **kwargs)
+
     def _make_pool(self, keys: torch.Tensor, values: torch.Tensor) -> None:
         if self.pool is not None:
             return

@@ -70,3 +70,38 @@ def test_a_model_with_more_layers_than_the_cache_is_named_and_the_cache_emptied(
     assert cache.pool.lens.tolist() == [0, 0] and cache.pool.held() == 0
     got = small(ids, past_key_values=cache, use_cache=True).logits  # the emptied cache serves its model again
     assert bits_equal(got, small(ids, past_key_values=DynamicCache(), use_cache=True).logits)
+
+
+@pytest.mark.parametrize("beam_idx, why", [
+    (torch.tensor([0, 5]), r"indices must be in 0\.\.1, got \[0, 5\]"),
+    (torch.tensor([-1, 0]), r"indices must be in 0\.\.1, got \[-1, 0\]"),
+    (torch.tensor([1.0, 0.0]), "integer tensor"),
+    (torch.tensor([True, False]), "integer tensor"),
+    ([1, 0], "integer tensor"),
+    (torch.tensor([[1, 0]]), r"1-D, got shape \(1, 2\)"),
+])
+@torch.no_grad()
+def test_a_bad_beam_index_is_named_and_keeps_the_cache(beam_idx, why):
+    model = tiny_llama(seed=5)
+    cache = GlydStaticCache(model.config, max_cache_len=32, page_size=PAGE, fused=False)
+    model(ids_of(2, 10), past_key_values=cache, use_cache=True)
+    before = held(cache)
+    with pytest.raises(FormatError, match=f"reorder_cache.*{why}"):
+        cache.reorder_cache(beam_idx)
+    assert cache.pool.lens.tolist() == [10, 10] and same_bits(held(cache), before)
+    cache.reorder_cache(torch.tensor([1, 0], dtype=torch.int32))  # a good one still works
+    assert same_bits(held(cache), [(k.flip(0), v.flip(0)) for k, v in before])
+
+
+@pytest.mark.parametrize("bad", [-0.5, -2.0, None, "1"])
+@torch.no_grad()
+def test_a_bad_crop_count_is_named_and_keeps_the_cache(bad):
+    model = tiny_llama(seed=6)
+    cache = GlydStaticCache(model.config, max_cache_len=32, page_size=PAGE, fused=False)
+    model(ids_of(2, 10), past_key_values=cache, use_cache=True)
+    before = held(cache)
+    with pytest.raises(FormatError, match=r"crop\(.*\): tokens_to_remove must be an int"):
+        cache.crop(bad)
+    assert cache.pool.lens.tolist() == [10, 10] and same_bits(held(cache), before)
+    cache.crop(torch.tensor(-2))  # a 0-d integer tensor is an int
+    assert same_bits(held(cache), [(k[:, :, :8], v[:, :, :8]) for k, v in before])

@@ -239,6 +239,12 @@ class GlydStaticCache(Cache):
 
     def crop(self, tokens_to_remove: int) -> None:
         """Drop tokens from the end (a negative count; transformers' meaning since 5.20)."""
+        if isinstance(tokens_to_remove, torch.Tensor) and tokens_to_remove.dim() == 0 \
+                and not tokens_to_remove.is_floating_point() and tokens_to_remove.dtype != torch.bool:
+            tokens_to_remove = int(tokens_to_remove)
+        if not hasattr(tokens_to_remove, "__index__") or isinstance(tokens_to_remove, bool):
+            raise FormatError(f"crop({tokens_to_remove!r}): tokens_to_remove must be an int (negative: tokens to drop)")
+        tokens_to_remove = int(tokens_to_remove)
         if tokens_to_remove > 0:
             raise ValueError(f"crop({tokens_to_remove}): pass a negative number of tokens to remove")
         if tokens_to_remove < 0:
@@ -246,9 +252,18 @@ class GlydStaticCache(Cache):
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         if self.pool is not None:
-            if beam_idx.dim() != 1 or beam_idx.shape[0] != self.pool.batch:
+            if not isinstance(beam_idx, torch.Tensor) or beam_idx.is_floating_point() or beam_idx.is_complex() \
+                    or beam_idx.dtype == torch.bool:
+                what = beam_idx.dtype if isinstance(beam_idx, torch.Tensor) else type(beam_idx).__name__
+                raise FormatError(f"GlydStaticCache.reorder_cache: beam_idx must be an integer tensor, got {what}")
+            if beam_idx.dim() != 1:
+                raise FormatError(f"GlydStaticCache.reorder_cache: beam_idx must be 1-D, got shape {tuple(beam_idx.shape)}")
+            if beam_idx.shape[0] != self.pool.batch:
                 raise UnsupportedError(f"GlydStaticCache.reorder_cache: {beam_idx.numel()} indices for "
                                        f"{self.pool.batch} sequences; {_FIXED_BATCH}")
+            n = beam_idx.tolist()  # (a host sync; the rewrite below syncs anyway)
+            if min(n) < 0 or max(n) >= self.pool.batch:
+                raise FormatError(f"GlydStaticCache.reorder_cache: indices must be in 0..{self.pool.batch - 1}, got {n}")
             idx = beam_idx.to(self.pool.device)
             self._rebuild(lambda k, v: (k.index_select(0, idx), v.index_select(0, idx)))
 

@@ -105,3 +105,11 @@ def test_a_bad_crop_count_is_named_and_keeps_the_cache(bad):
     assert cache.pool.lens.tolist() == [10, 10] and same_bits(held(cache), before)
     cache.crop(torch.tensor(-2))  # a 0-d integer tensor is an int
     assert same_bits(held(cache), [(k[:, :, :8], v[:, :, :8]) for k, v in before])
+
+
+@pytest.mark.parametrize("page", [16.0, "16"])
+def test_a_page_that_is_not_an_int_is_named(page):
+    with pytest.raises(FormatError, match="page must be a positive int"):
+        FixedPagePool(1, 1, 1, 16, 64, page=page)
+    with pytest.raises(FormatError, match="head_dim must be a positive int"):
+        FixedPagePool(1, 1, 1, 16.0, 64, page=16)

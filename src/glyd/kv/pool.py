@@ -133,9 +133,10 @@ class FixedPagePool:
     def __init__(self, layers: int, batch: int, heads: int, head_dim: int, max_len: int, *, page: int = 64,
                  v_head_dim: int | None = None, device: torch.device | str = "cpu",
                  exc_fraction: float = EXC_FRACTION):
-        for name, v in (("layers", layers), ("batch", batch), ("heads", heads), ("max_len", max_len)):
-            _positive(name, v)
         v_head_dim = head_dim if v_head_dim is None else v_head_dim
+        for name, v in (("layers", layers), ("batch", batch), ("heads", heads), ("max_len", max_len), ("page", page),
+                        ("head_dim", head_dim), ("v_head_dim", v_head_dim)):
+            _positive(name, v)
         fixed.check_shape(page, head_dim)
         fixed.check_shape(page, v_head_dim)
         self.layers, self.batch, self.heads, self.page = layers, batch, heads, page

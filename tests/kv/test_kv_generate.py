@@ -246,7 +246,7 @@ def test_soft_capping_and_sinks_are_refused_in_a_fused_step():
     module.layer_idx = 0
     q = torch.zeros(1, 2, 1, 16, dtype=torch.bfloat16)
     for name, value in (("softcap", 50.0), ("s_aux", torch.zeros(2))):
-        hf_attention._LIVE[0] = object()  # a fused step's layer: never reached
+        hf_attention._LIVE[0] = (q, object())  # a fused step's entry (its key, its layer): the layer never reached
         with pytest.raises(UnsupportedError, match=f"layer 0\\) has no {name}; this model passes one"):
             hf_attention.glyd_kv_attention(module, q, q, q, None, **{name: value})
     assert hf_attention._LIVE == {}

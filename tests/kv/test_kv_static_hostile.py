@@ -113,3 +113,20 @@ def test_a_page_that_is_not_an_int_is_named(page):
         FixedPagePool(1, 1, 1, 16, 64, page=page)
     with pytest.raises(FormatError, match="head_dim must be a positive int"):
         FixedPagePool(1, 1, 1, 16.0, 64, page=16)
+
+
+@torch.no_grad()
+def test_a_fused_step_whose_attention_never_ran_is_not_read_by_another_cache():
+    # a model with SDPA stepping into a fused cache made from another model's config fails in SDPA, after the
+    # cache's update had left its layer for the "glyd_kv" attention; the next one-token call of a "glyd_kv" model
+    # with another cache (here a DynamicCache) took that layer and attended the static pool's tokens instead
+    fused_model, sdpa_model = tiny_llama(seed=1), tiny_llama(seed=2)
+    enable_fused(fused_model)
+    ids = ids_of(2, 9)
+    want = fused_model(ids[:, :1], past_key_values=DynamicCache(), use_cache=True).logits
+    cache = GlydStaticCache(fused_model.config, max_cache_len=32, page_size=PAGE)
+    fused_model(ids, past_key_values=cache, use_cache=True)
+    with pytest.raises(RuntimeError):
+        sdpa_model(ids[:, :1], past_key_values=cache, use_cache=True)
+    got = fused_model(ids[:, :1], past_key_values=DynamicCache(), use_cache=True).logits
+    assert bits_equal(got, want)

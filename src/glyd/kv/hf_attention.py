@@ -7,8 +7,10 @@ through :func:`glyd.kv.decode_attention`, ``GlydStaticCache`` (the static pool) 
 
 How the word is left: ``GlydCache`` keys it by the identity of the key tensor it returned (a host
 dict, for eager steps); the static pool by the layer index (``_LIVE``: set in ``update``, taken here),
-which ``torch.compile`` traces (a dict of Python objects, no tensor identity) and CUDA graphs replay
-without Python at all.
+which ``torch.compile`` traces (a dict of Python objects) and CUDA graphs replay without Python at all.
+The entry holds the key tensor ``update`` returned, and is taken only by the call that gets that tensor: an
+entry left by a step whose attention never ran (another attention, an exception) is dropped, never read by a
+later one-token call of another cache.
 """
 
 from __future__ import annotations
@@ -19,8 +21,9 @@ import torch
 ATTN_NAME = "glyd_kv"
 # id(key tensor handed to attention) -> (that tensor, its GlydLayer): GlydCache's fused decode step.
 _PENDING: dict[int, tuple[torch.Tensor, object]] = {}
-# layer index -> the GlydStaticLayer whose pool holds this step's token: GlydStaticCache's fused step.
-_LIVE: dict[int, object] = {}
+# layer index -> (key tensor handed to attention, the GlydStaticLayer whose pool holds this step's token):
+# GlydStaticCache's fused step.
+_LIVE: dict[int, tuple[torch.Tensor, object]] = {}
 
 
 def _valid(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
@@ -39,9 +42,9 @@ def glyd_kv_attention(module, query, key, value, attention_mask, dropout=0.0, sc
     """transformers attention function: fused decode over packed pages, SDPA for everything else."""
     layer_idx = getattr(module, "layer_idx", None)
     live = _LIVE.pop(layer_idx, None) if layer_idx is not None else None
-    if live is not None and query.shape[2] == 1:
+    if live is not None and live[0] is key and query.shape[2] == 1:
         _check_plain(kwargs, layer_idx)
-        out = live.attend(query[:, :, 0], scale=scaling, valid=_valid(attention_mask))
+        out = live[1].attend(query[:, :, 0], scale=scaling, valid=_valid(attention_mask))
         return out[:, None], None  # [B, 1, Hq, D], as sdpa_attention_forward returns
     entry = _PENDING.pop(id(key), None)
     if entry is None or entry[0] is not key:

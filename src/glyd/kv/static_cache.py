@@ -66,7 +66,7 @@ class GlydStaticLayer(CacheLayerMixin):
                 pool.advance(-t)
             raise
         if fused:
-            hf_attention._LIVE[self.index] = self  # the "glyd_kv" attention reads the pool for this step
+            hf_attention._LIVE[self.index] = (key_states, self)  # the "glyd_kv" attention reads the pool (for this key)
             return key_states, value_states
         if first is not None and (first == 0 or first + t > pool.context):
             # a prompt into an empty cache: it holds exactly these states (or one that a compiled graph

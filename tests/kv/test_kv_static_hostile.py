@@ -130,3 +130,21 @@ def test_a_fused_step_whose_attention_never_ran_is_not_read_by_another_cache():
         sdpa_model(ids[:, :1], past_key_values=cache, use_cache=True)
     got = fused_model(ids[:, :1], past_key_values=DynamicCache(), use_cache=True).logits
     assert bits_equal(got, want)
+
+
+def test_a_pool_write_before_advance_is_refused_and_writes_nothing():
+    # FixedPagePool.write without advance() put a prompt at position -T (pages clamped to the sequence's first):
+    # silently written over nothing or over held tokens, and to_bf16 later read other bits
+    x = torch.randn(1, 2, 12, 16).to(torch.bfloat16)
+    pool = FixedPagePool(1, 1, 2, 16, 64, page=PAGE)
+    for t in (5, 1):
+        with pytest.raises(FormatError, match=rf"holds 0 tokens a sequence, fewer than the {t} written; call advance"):
+            pool.write(0, x[:, :, :t], x[:, :, :t])
+    assert pool.lens.tolist() == [0] and pool.k.used_counts() == [0] and not pool.k.raw[0].view(torch.int16).any()
+    pool.advance(12)
+    pool.write(0, x, x)
+    with pytest.raises(FormatError, match=r"advance\(-13\): the pool holds 12 tokens"):
+        pool.advance(-13)
+    with pytest.raises(FormatError, match=r"advance\(1\.5\): tokens must be an int"):
+        pool.advance(1.5)
+    assert pool.lens.tolist() == [12] and bits_equal(pool.to_bf16(0)[0], x)

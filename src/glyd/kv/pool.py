@@ -217,6 +217,11 @@ class FixedPagePool:
     # -- writing ------------------------------------------------------------------------------------
     def advance(self, tokens: int) -> None:
         """Count ``tokens`` more tokens a sequence (once a forward, before its layers write)."""
+        if not isinstance(tokens, (int, torch.SymInt)) or isinstance(tokens, bool):
+            raise FormatError(f"advance({tokens!r}): tokens must be an int")
+        if type(tokens) is int and not torch.compiler.is_compiling() and self._host_len is not None \
+                and self._host_len + tokens < 0:  # (not read by a compiled step: a guard on it would recompile)
+            raise FormatError(f"advance({tokens}): the pool holds {self._host_len} tokens a sequence")
         self.lens.add_(tokens)
         # under torch.compile the capture query is not asked: dynamo breaks the graph at it (a bool from torch.*)
         compiling = torch.compiler.is_compiling()
@@ -292,8 +297,14 @@ class FixedPagePool:
         if t == 0:
             raise FormatError("keys and values hold no tokens: nothing to write")
         first = None
+        if t > 1 or (not torch.compiler.is_compiling() and self._host_len is not None):
+            # (an eager decode step reads the host's count where it is known; a compiled one never: no guard on it)
+            held = self.held()  # a prompt: the host's count (no wait unless lens was changed elsewhere)
+            if held < t:  # lens not advanced for these tokens: they would land before position 0, over held ones
+                raise FormatError(f"write(): the pool holds {held} tokens a sequence, fewer than the {t} written; "
+                                  f"call advance({t}) first (once a forward, before the first layer writes)")
         if t > 1:
-            first = self.held() - t  # a prompt: the host's count (no wait unless lens was changed elsewhere)
+            first = held - t
             if self._refused(first, t):
                 return first
             head = (-first) % self.page

@@ -148,3 +148,41 @@ def test_a_pool_write_before_advance_is_refused_and_writes_nothing():
     with pytest.raises(FormatError, match=r"advance\(1\.5\): tokens must be an int"):
         pool.advance(1.5)
     assert pool.lens.tolist() == [12] and bits_equal(pool.to_bf16(0)[0], x)
+
+
+@torch.no_grad()
+def test_a_reorder_that_would_overflow_the_exception_arena_is_refused_and_keeps_the_cache():
+    # beam search repeats a sequence: a rewrite repeating the one whose keys hold the exceptions overflowed the
+    # arena; reorder_cache returned, and the cache's pages were lost (the next read or check raised)
+    model = tiny_llama(seed=1, layers=1)
+
+    def wild(module, args, out):  # sequence 0's keys: 40 values far outside their windows
+        out = out.clone()
+        flat = out[0].reshape(-1)
+        flat[:: flat.numel() // 40][:40] = 1e30
+        return out
+
+    model.model.layers[0].self_attn.k_proj.register_forward_hook(wild)
+    cache = GlydStaticCache(model.config, max_cache_len=16, page_size=PAGE, fused=False, exc_fraction=0.1)
+    model(ids_of(2, 16), past_key_values=cache, use_cache=True)
+    used, arena = cache.pool.k.used_counts()[0], cache.pool.k.arena
+    assert used <= arena < 2 * used  # (the case: it fits once, not twice)
+    before = held(cache)
+    with pytest.raises(KVCapacityError, match=rf"layer 0 keys take {2 * used} exception entries, more than the "
+                                              rf"{arena} reserved .*unchanged"):
+        cache.reorder_cache(torch.tensor([0, 0]))
+    assert cache.pool.lens.tolist() == [16, 16] and cache.pool.k.used_counts() == [used]
+    assert same_bits(held(cache), before)
+    cache.reorder_cache(torch.tensor([1, 1]))  # the tame sequence repeated fits
+    cache.check()
+
+
+def test_the_exception_count_before_a_rewrite_is_the_writes():
+    from .conftest import all_bf16_patterns
+
+    x = all_bf16_patterns()[torch.randperm(65536, generator=torch.Generator().manual_seed(0))[:2 * 2 * 37 * 16]]
+    x = x.reshape(2, 2, 37, 16)
+    pool = FixedPagePool(1, 2, 2, 16, 64, page=PAGE, exc_fraction=1.0)
+    pool.advance(37)
+    pool.write(0, x, x)
+    assert pool.exceptions(x) == pool.k.used_counts()[0] > 0

@@ -357,6 +357,19 @@ class FixedPagePool:
             out.append(torch.cat([x, raw[:, :, : t - full * self.page]], dim=2))
         return out[0], out[1]
 
+    def exceptions(self, x: torch.Tensor) -> int:
+        """Exception entries that writing ``x [B, H, T, D]`` (bf16) from position 0 takes (its full pages'
+        values outside their windows; host sync): what a rewrite (``GlydStaticCache``'s crop, reorder) checks
+        against the arena before it empties the pool."""
+        full = x.shape[2] // self.page
+        if full == 0:
+            return 0
+        b, h, _, d = x.shape
+        tiles = x[:, :, : full * self.page].reshape(b * h * full, self.page, d)
+        hi7 = (tiles.contiguous().view(torch.int16).to(torch.int32) >> 8) & 0x7F
+        off = hi7 - fixed.channel_base(fixed.choose_base(hi7), d)[:, None, :]
+        return int(((off < 0) | (off >= fixed.WINDOW)).sum())
+
     def check(self) -> None:
         """Raise :class:`KVCapacityError` if a sequence outgrew the pool's context or an exception arena
         overflowed (pages written since then are marked and their attention output is NaN). Host sync."""

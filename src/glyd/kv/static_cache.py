@@ -20,7 +20,7 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 
 from glyd.errors import FormatError, GlydError, UnsupportedError
 from glyd.kv import hf_attention
-from glyd.kv.pool import EXC_FRACTION, FixedPagePool
+from glyd.kv.pool import EXC_FRACTION, FixedPagePool, KVCapacityError
 
 DEFAULT_PAGE = 64
 
@@ -230,6 +230,13 @@ class GlydStaticCache(Cache):
         if pool is None or int(pool.lens.max()) == 0:
             return
         states = [edit(*pool.to_bf16(i)) for i in range(len(self.layers))]
+        for i, (k, v) in enumerate(states):  # (a reorder that repeats a sequence repeats its exceptions too)
+            for name, side, x in (("key", pool.k, k), ("value", pool.v, v)):
+                n = pool.exceptions(x)
+                if n > side.arena:
+                    raise KVCapacityError(f"the edited cache's layer {i} {name}s take {n} exception entries, more than "
+                                          f"the {side.arena} reserved (exc_fraction={pool.exc_fraction}): the cache is "
+                                          f"unchanged; reserve more")
         pool.reset()
         t = states[0][0].shape[2]
         if t:

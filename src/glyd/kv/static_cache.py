@@ -264,13 +264,15 @@ class GlydStaticCache(Cache):
                 what = beam_idx.dtype if isinstance(beam_idx, torch.Tensor) else type(beam_idx).__name__
                 raise FormatError(f"GlydStaticCache.reorder_cache: beam_idx must be an integer tensor, got {what}")
             if beam_idx.dim() != 1:
-                raise FormatError(f"GlydStaticCache.reorder_cache: beam_idx must be 1-D, got shape {tuple(beam_idx.shape)}")
+                raise FormatError(f"GlydStaticCache.reorder_cache: beam_idx must be 1-D, got shape "
+                                  f"{tuple(beam_idx.shape)}")
             if beam_idx.shape[0] != self.pool.batch:
                 raise UnsupportedError(f"GlydStaticCache.reorder_cache: {beam_idx.numel()} indices for "
                                        f"{self.pool.batch} sequences; {_FIXED_BATCH}")
             n = beam_idx.tolist()  # (a host sync; the rewrite below syncs anyway)
             if min(n) < 0 or max(n) >= self.pool.batch:
-                raise FormatError(f"GlydStaticCache.reorder_cache: indices must be in 0..{self.pool.batch - 1}, got {n}")
+                raise FormatError(f"GlydStaticCache.reorder_cache: indices must be in 0..{self.pool.batch - 1}, "
+                                  f"got {n}")
             idx = beam_idx.to(self.pool.device)
             self._rebuild(lambda k, v: (k.index_select(0, idx), v.index_select(0, idx)))
 

@@ -50,9 +50,9 @@ def _fma_half(acc, hi, lo, x_ptr, x32_ptr, kb, K, HALF: tl.constexpr, W: tl.cons
     # pairs (two int32 words a lane word), else bf16 by bf16
     c = kb + 32 * tl.arange(0, W)[None, :, None] + 16 * HALF + 4 * tl.arange(0, 4)[None, None, :]
     if X32:
-        if FULL:
-            xa = tl.load(x32_ptr + c // 2).to(tl.uint32, bitcast=True)
-            xb = tl.load(x32_ptr + c // 2 + 1).to(tl.uint32, bitcast=True)
+        if FULL:  # the half's 8 words of each run as one [W, 8] load (two 16-byte vectors), split into pairs
+            v = kb // 2 + 16 * tl.arange(0, W)[:, None] + 8 * HALF + tl.arange(0, 8)[None, :]
+            xa, xb = tl.split(tl.reshape(tl.load(x32_ptr + v).to(tl.uint32, bitcast=True), [1, W, 4, 2]))
         else:
             xa = tl.load(x32_ptr + c // 2, mask=c < K, other=0).to(tl.uint32, bitcast=True)
             xb = tl.load(x32_ptr + c // 2 + 1, mask=c + 2 < K, other=0).to(tl.uint32, bitcast=True)

@@ -217,7 +217,7 @@ def _decode(c0, c1, c2, s4a, s4b, esc_ptr, NESCW, run, TAB, LUT, HW: tl.constexp
 @triton.jit
 def _exceptions_c(acc, rn, rm, mmask, pid_n, N, K, KP, x_ptr, stride_xm, sm_ptr, rowptr_ptr, eidx_ptr, eexp_ptr,
                   BN: tl.constexpr):
-    # gemv_v2._exceptions with the sm byte of (r, c) read from its relaid place (sm_index)
+    # exceptions_v2.exceptions with the sm byte of (r, c) read from its relaid place (sm_index)
     e0 = tl.load(rowptr_ptr + pid_n * BN)
     e1 = tl.load(rowptr_ptr + tl.minimum(pid_n * BN + BN, N))
     for e in range(e0, e1):

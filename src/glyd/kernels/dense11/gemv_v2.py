@@ -16,6 +16,9 @@
   64 x 16 x 16, one a 16 columns of K, both operands from shared memory; 168 registers, no spill);
   "tile_wx" 16.3, 18.1 and 24.0 (MB 64: mma.sync, 16 bytes spilled); "lanes" 22.2 at MB 16. Which
   is faster is for the H200 to say (``benchmarks/history/2026-12-05-dense11-mid-cpu.md``).
+  ``dot="mma"`` (``gemv_mma.py``): the decoded lane words as ``mma.sync``'s A operand in registers (no
+  shared memory), 8-64 x rows a program: 8.0-9.3 a weight at bn 64 x bk 128
+  (``benchmarks/history/2026-12-05-dense11-decode-cpu.md``).
 
 Exceptions (digit 15, and a run's escapes of rank 8 and up) decode with exponent 0; the program of
 the first K split adds ``x[col] * (true - placeholder)`` for its rows' exceptions after the loop.
@@ -35,6 +38,7 @@ from glyd.codec import dense11 as _codec
 from glyd.kernels import _common as C
 from glyd.kernels._interp import isolated
 from glyd.kernels.dense11.decode_v2 import block_start, decode_step, decode_words, hw, load_words, prepare
+from glyd.kernels.dense11.exceptions_v2 import exceptions as _exceptions
 from glyd.kernels.fixed12.words import f32_lane, x_lane
 from glyd.kernels.registry import Kernel
 
@@ -133,41 +137,6 @@ def _dot_tile(acc, hia, loa, hib, lob, x_ptr, rm, mmask, stride_xm, kb, K, BN: t
     else:
         r = tl.dot(xt, tl.trans(wt), acc)
     return r
-
-
-@triton.jit
-def _sm_col(c, KP, V3: tl.constexpr):
-    # where column c's sm byte sits in its row: c (version 2), its block-wise place (version 3, a block of rb runs:
-    # half h of run j at 1024 b + 16 h rb + 16 j)
-    if V3:
-        b = c // BLOCK_C
-        cc = c - b * BLOCK_C
-        j = cc // 32
-        t = cc - 32 * j
-        rb = tl.minimum(KP // 32 - 32 * b, 32)
-        r = b * BLOCK_C + (t // 16) * 16 * rb + 16 * j + (t % 16)
-    else:
-        r = c
-    return r
-
-
-@triton.jit
-def _exceptions(acc, rn, rm, mmask, pid_n, N, K, KP, x_ptr, stride_xm, sm_ptr, rowptr_ptr, eidx_ptr, eexp_ptr,
-                BN: tl.constexpr, V3: tl.constexpr = False):
-    # acc [MB, BN] + x[col] * (true - placeholder) for the row tile's exceptions (placeholder exponent 0)
-    e0 = tl.load(rowptr_ptr + pid_n * BN)
-    e1 = tl.load(rowptr_ptr + tl.minimum(pid_n * BN + BN, N))
-    for e in range(e0, e1):
-        idx = tl.load(eidx_ptr + e).to(tl.int64)
-        r = idx // K
-        c = idx - r * K
-        sm = tl.load(sm_ptr + r * KP + _sm_col(c, KP, V3)).to(tl.int32)
-        pv = (((sm & 0x80) << 24) | ((sm & 0x7F) << 16)).to(tl.float32, bitcast=True)
-        tv = (((sm & 0x80) << 24) | (tl.load(eexp_ptr + e).to(tl.int32) << 23)
-              | ((sm & 0x7F) << 16)).to(tl.float32, bitcast=True)
-        xv = tl.load(x_ptr + rm * stride_xm + c, mask=mmask, other=0.0).to(tl.float32)
-        acc += tl.where((rn.to(tl.int64) == r)[None, :], (xv * tv - xv * pv)[:, None], 0.0)
-    return acc
 
 
 @isolated
@@ -274,7 +243,9 @@ class Dense11V2GemvConfig:
     more programs), ``split`` K splits of whole 1024-column blocks (0: one split a block when the
     row tiles alone would leave the GPU's SMs idle), ``warps``, ``dot``: the M >= 2 products as one
     dot a step of the tile in column order, x @ tile^T (``"tile"``) or tile @ x^T (``"tile_wx"``),
-    or 8 dots a step, one a byte lane (``"lanes"``; at most 32 x rows a program), ``prefetch``: each
+    or 8 dots a step, one a byte lane (``"lanes"``; at most 32 x rows a program), or (``"mma"``, bk
+    128 and bn 16 x warps) the decoded words as an MMA operand in registers, 8-64 x rows
+    (``gemv_mma``), ``prefetch``: each
     step's words loaded while the step before decodes (2026-12-05 Nsight Compute: 46% of the M = 1
     GEMV's cycles between issues wait on its loads; off until the H200 times it).
 
@@ -299,8 +270,11 @@ class Dense11V2GemvConfig:
             raise ValueError(f"split must be an int >= 0, got {self.split!r}")
         if not isinstance(self.prefetch, bool):
             raise ValueError(f"prefetch must be True or False, got {self.prefetch!r}")
-        if self.dot not in ("tile", "tile_wx", "lanes"):
-            raise ValueError(f"dot must be 'tile', 'tile_wx' or 'lanes', got {self.dot!r}")
+        if self.dot not in ("tile", "tile_wx", "lanes", "mma"):
+            raise ValueError(f"dot must be 'tile', 'tile_wx', 'lanes' or 'mma', got {self.dot!r}")
+        if self.dot == "mma" and (self.bk != 128 or self.bn != 16 * self.warps):
+            raise ValueError(f"dot='mma' takes bk=128 and bn=16*warps (a run of 32 of two rows a thread), got "
+                             f"bk={self.bk}, bn={self.bn}, warps={self.warps}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -344,27 +318,46 @@ class Dense11V2GemvKernel(Kernel):
         if out.shape != (m, n) or out.dtype != torch.bfloat16:
             raise ValueError(f"out must be bf16 [{m}, {n}], got {out.dtype} {tuple(out.shape)}")
         nbr = _codec.blocks_per_row(k)
-        # "lanes" at 64 rows: Triton 3.6's sm_90 compile aborts (LLVM ERROR: Illegal shared layout)
-        mb = x_rows(m, min(config.mb, 32) if config.dot == "lanes" else config.mb)
+        x32 = _pairs(x2)
+        mma = config.dot == "mma" and x32 is not None  # x as bf16 pairs: the MMA's B registers
+        if mma:
+            from glyd.kernels.dense11.gemv_mma import mma_rows
+
+            mb = mma_rows(m, config.mb)
+        else:  # "lanes" at 64 rows: Triton 3.6's sm_90 compile aborts (LLVM ERROR: Illegal shared layout)
+            mb = x_rows(m, min(config.mb, 32) if config.dot == "lanes" else config.mb)
         tiles = triton.cdiv(n, config.bn) * triton.cdiv(m, mb)
         split = config.split or (nbr if tiles < 2 * C.sm_count(x2.device) else 1)
         per = triton.cdiv(nbr, max(1, min(split, nbr)))
         split = triton.cdiv(nbr, per)
         dst = torch.empty(split, m, n, dtype=torch.float32, device=x2.device) if split > 1 else out
-        a = p.arrays
         bk = min(config.bk, triton.next_power_of_2(kp))
-        x32 = _pairs(x2)
-        _gemv_v2_kernel[(triton.cdiv(n, config.bn), split, triton.cdiv(m, mb))](
-            x2, x32 if x32 is not None else x2, a["sm"].view(torch.int32), a["sm"], a["code"], a["esc"], a["esc_base"], a["esc_off"], prep.rowptr,
-            a["exc_idx"], a["exc_exp"], bias if bias is not None else out, dst, m, n, k, kp, nbr, prep.nescw, per,
-            x2.stride(0), *prep.lut, *prep.tab,
-            BN=config.bn, BK=bk, MB=mb, HW=hw(), HAS_BIAS=bias is not None, HAS_EXC=prep.nexc > 0, PARTIAL=split > 1,
-            X32=x32 is not None, FULL=n % config.bn == 0 and k == kp and kp % bk == 0, TILE_DOT=config.dot != "lanes",
-            W_FIRST=config.dot == "tile_wx", PREFETCH=config.prefetch, V3=cls.VERSION == 3, num_warps=config.warps,
-        )
+        if mma:
+            from glyd.kernels.dense11.gemv_mma import launch_mma
+
+            launch_mma(x2, x32, p, prep, bias, dst, (triton.cdiv(n, config.bn), split, triton.cdiv(m, mb)), per, mb,
+                       config, cls.VERSION == 3)
+        else:
+            cls._launch_v2(x2, x32, p, prep, bias, dst, config, split, per, mb, bk)
         if split > 1:
             C.finalize(dst, bias, out)
         return out
+
+    @staticmethod
+    def _launch_v2(x2, x32, p, prep, bias, dst, config, split, per, mb, bk):
+        m, k = x2.shape
+        n = p.shape[0]
+        kp = p.arrays["sm"].shape[1]
+        a = p.arrays
+        _gemv_v2_kernel[(triton.cdiv(n, config.bn), split, triton.cdiv(m, mb))](
+            x2, x32 if x32 is not None else x2, a["sm"].view(torch.int32), a["sm"], a["code"], a["esc"], a["esc_base"],
+            a["esc_off"], prep.rowptr, a["exc_idx"], a["exc_exp"], bias if bias is not None else x2, dst, m, n, k, kp,
+            _codec.blocks_per_row(k), prep.nescw, per,
+            x2.stride(0), *prep.lut, *prep.tab,
+            BN=config.bn, BK=bk, MB=mb, HW=hw(), HAS_BIAS=bias is not None, HAS_EXC=prep.nexc > 0, PARTIAL=split > 1,
+            X32=x32 is not None, FULL=n % config.bn == 0 and k == kp and kp % bk == 0, TILE_DOT=config.dot != "lanes",
+            W_FIRST=config.dot == "tile_wx", PREFETCH=config.prefetch, V3=p.version == 3, num_warps=config.warps,
+        )
 
 
 class Dense11V3GemvKernel(Dense11V2GemvKernel):

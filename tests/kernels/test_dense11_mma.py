@@ -1,0 +1,155 @@
+"""``dot="mma"`` of the dense11 GEMVs (``glyd.kernels.dense11.gemv_mma``): the decoded lane words as the A operand
+of ``mma.sync.m16n8k16`` in registers, x as its B operand. CPU: Triton's interpreter runs the MMA's twin (each
+warp's product from the fragments with the lane map the kernel assumes), so the k map, the fragments, the x tiles
+and the result's order are checked against float64; a compile for sm_90 (no GPU needed) checks that Triton gives
+the MMA's operands that lane map and that the K loop has no shared memory. The gpu-marked test runs the PTX."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from glyd.codec.dense11 import pack_v2, pack_v3
+
+from .conftest import DEVICES, needs_triton
+from .test_dense11_v2_kernels import _weights
+
+pytestmark = needs_triton
+
+SRC = os.path.join(os.path.dirname(__file__), "..", "..", "src")
+
+
+def _run(version, x, p, cfg, bias=None):
+    from glyd.kernels.dense11 import gemv_v2 as G
+
+    kern, conf = (G.Dense11V3GemvKernel, G.Dense11V3GemvConfig) if version == 3 else \
+        (G.Dense11V2GemvKernel, G.Dense11V2GemvConfig)
+    out = torch.empty(x.shape[0], p.shape[0], dtype=torch.bfloat16, device=x.device)
+    return kern.launch(x, p, bias, conf(**{"bn": 64, "bk": 128, "warps": 4, "dot": "mma", **cfg}), out)
+
+
+CASES = [  # (version, M, N, K, weights, config): MMA tiles of 8-64 x rows, ragged N / K, splits, prefetch, bias
+    (3, 2, 64, 1024, "crowded", {"prefetch": True}),
+    (3, 9, 40, 200, "wide", {}),
+    (2, 16, 70, 1100, "crowded", {"split": 2}),
+    (3, 20, 64, 1536, "crowded", {"mb": 32, "prefetch": True}),
+    (3, 33, 64, 256, "normal", {"bias": True}),
+    (2, 64, 64, 512, "wide", {"prefetch": True}),
+    (3, 5, 130, 64, "wide", {"mb": 16}),
+]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("version,m,n,k,kind,cfg", CASES)
+def test_mma_products(device, version, m, n, k, kind, cfg):
+    w = _weights(n, k, seed=m + n + k, kind=kind)
+    g = torch.Generator().manual_seed(k + m)
+    x = torch.randn(m, k, generator=g).to(torch.bfloat16).to(device)
+    cfg = dict(cfg)
+    bias = torch.randn(n, generator=g).to(torch.bfloat16).to(device) if cfg.pop("bias", False) else None
+    p = (pack_v3 if version == 3 else pack_v2)(w).to(device)
+    assert p.arrays["exc_idx"].numel() > 0  # the exception pass adds to the MMA's tile
+    got = _run(version, x, p, cfg, bias).double().cpu()
+    ref = torch.nn.functional.linear(x.double().cpu(), w.double(), None if bias is None else bias.double().cpu())
+    assert float((got - ref).norm() / ref.norm()) < 5e-3
+
+
+def test_mma_odd_k_falls_back_and_m1_runs_one_x_tile():
+    # x as bf16 pairs is the MMA's B operand: an odd K falls back to the tile dot. M = 1 with dot="mma" runs one
+    # x tile of 8 rows (the FMA path's fixed order is the other configs'): its products within rounding
+    w = _weights(16, 131, seed=3, kind="wide")
+    p = pack_v3(w)
+    x = torch.randn(3, 131).to(torch.bfloat16)
+    ref = torch.nn.functional.linear(x.double(), w.double())
+    got = _run(3, x, p, {"bn": 32, "warps": 2}).double()
+    assert float((got - ref).norm() / ref.norm()) < 5e-3
+    w1 = _weights(40, 384, seed=4, kind="crowded")
+    x1 = torch.randn(1, 384).to(torch.bfloat16)
+    ref1 = torch.nn.functional.linear(x1.double(), w1.double())
+    for version, pk in ((3, pack_v3), (2, pack_v2)):
+        a = _run(version, x1, pk(w1), {"bn": 32, "warps": 2}).double()
+        assert float((a - ref1).norm() / ref1.norm()) < 5e-3
+
+
+def test_mma_config_and_rows():
+    from glyd.kernels.dense11.gemv_mma import mma_rows
+    from glyd.kernels.dense11.gemv_v2 import Dense11V3GemvConfig
+
+    assert Dense11V3GemvConfig(bn=64, bk=128, dot="mma").dot == "mma"
+    assert Dense11V3GemvConfig(bn=128, bk=128, warps=8, dot="mma").bn == 128
+    for bad in ({"bn": 32, "bk": 128}, {"bn": 64, "bk": 256}, {"bn": 64, "bk": 128, "warps": 2}):
+        with pytest.raises(ValueError, match="mma"):
+            Dense11V3GemvConfig(dot="mma", **bad)
+    assert [mma_rows(m, 64) for m in (2, 8, 9, 16, 17, 33, 64, 65)] == [8, 8, 16, 16, 32, 64, 64, 64]
+    assert mma_rows(40, 16) == 16 and mma_rows(3, 1) == 8
+
+
+_LAYOUT = r"""
+import re, sys, triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from glyd.kernels.dense11 import gemv_mma as G
+
+bn, warps, mb, pf = (int(v) for v in sys.argv[1:5])
+ptrs = dict(x_ptr="*bf16", x32_ptr="*i32", sm_ptr="*i32", sm8_ptr="*u8", code_ptr="*i32", esc_ptr="*i32",
+            ebase_ptr="*i32", eoff_ptr="*u16", rowptr_ptr="*i32", eidx_ptr="*i32", eexp_ptr="*u8", bias_ptr="*bf16",
+            out_ptr="*bf16")
+const = dict(BN=bn, MB=mb, HW=True, HAS_BIAS=False, HAS_EXC=True, PARTIAL=False, FULL=True, PREFETCH=bool(pf), V3=True)
+fn = G._gemv_mma_kernel
+names = fn.arg_names
+sig = {n: "constexpr" if n in const else ptrs.get(n, "i32") for n in names}
+attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in (*ptrs, "KP", "K", "stride_xm")}
+k = triton.compile(ASTSource(fn, sig, const, attrs), target=GPUTarget("cuda", 90, 32),
+                   options=dict(num_warps=warps, num_stages=1))
+ir = k.asm["ttgir"]
+alias = dict(re.findall(r"^(#\w+) = (#ttg\.\w+<.*>)$", ir, re.M))
+ops = [ln for ln in ir.splitlines() if "elementwise_inline_asm" in ln and "mma.sync" in ln]
+print("MMAS", len(ops))
+print("LAYOUTS", sorted({alias.get(a, a) for ln in ops for a in re.findall(r"tensor<\d+x\d+x\w+, (#\w+)>", ln)}))
+print("SHAPES", sorted({s for ln in ops for s in re.findall(r"tensor<(\d+x\d+)x\w+", ln)}))
+print("SHARED", k.metadata.shared)
+"""
+
+
+@pytest.mark.parametrize("bn,warps,mb,pf", [(64, 4, 16, 1), (32, 2, 64, 0), (128, 8, 8, 1)])
+def test_mma_operands_have_the_lane_map(bn, warps, mb, pf):
+    # the kernel's MMA reads lane (g, c) of warp w as element (8 w + g, c) of its [bn / 2, 4] operands: Triton
+    # must lay them out with rows over 8 lanes and the warps, the 4 runs over 4 lanes (as the code words' loads),
+    # and nothing of the step may go through shared memory (only the epilogue's [mb, bn] tile does)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.path.abspath(SRC)
+    r = subprocess.run([sys.executable, "-c", _LAYOUT, str(bn), str(warps), str(mb), str(pf)], env=env,
+                       capture_output=True, text=True, timeout=600)
+    if r.returncode and "ptxas" in r.stderr.lower():
+        pytest.skip("cannot compile for sm_90 here")
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = dict(ln.split(" ", 1) for ln in r.stdout.splitlines() if " " in ln)
+    assert int(out["MMAS"]) == 8 * (mb // 8)  # 8 k-slices a step, one MMA an x tile of 8 rows
+    want = ("#ttg.blocked<{sizePerThread = [1, 1], threadsPerWarp = [8, 4], "
+            f"warpsPerCTA = [{warps}, 1], order = [1, 0]}}>")
+    assert out["LAYOUTS"] == repr([want])
+    assert out["SHAPES"] == repr([f"{bn // 2}x4"])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("n,k", [(4608, 3584), (3584, 18944), (512, 3584)])
+def test_mma_on_the_gpu(n, k):
+    # the 7B's qkv, down and a k/v projection at M = 1-64: the PTX MMA against float64, version 2 against 3
+    from glyd.kernels.gpu_pack import pack_dense11
+
+    g = torch.Generator(device="cuda").manual_seed(n + k)
+    w = (torch.randn(n, k, device="cuda", generator=g) * 0.02).to(torch.bfloat16)
+    p3, p2 = pack_dense11(w, version=3), pack_dense11(w, version=2)
+    for m in (1, 2, 8, 9, 16, 17, 32, 33, 64):
+        x = torch.randn(m, k, device="cuda", generator=g).to(torch.bfloat16)
+        ref = torch.nn.functional.linear(x.double(), w.double())
+        for cfg in ({}, {"prefetch": True}, {"bn": 32, "warps": 2}, {"mb": 16}):
+            got = _run(3, x, p3, cfg)
+            assert float((got.double() - ref).norm() / ref.norm()) < 5e-3, (m, cfg)
+            if m in (1, 16):  # version 2's words decode to the same lane words: the same MMAs, the same bits
+                assert torch.equal(got.view(torch.int16), _run(2, x, p2, cfg).view(torch.int16)), (m, cfg)

@@ -1,8 +1,8 @@
 """dense11 format version 3 kernels (``glyd.kernels.dense11``: ``Dense11V3GemvKernel``, the unpack of
 ``unpack_v2`` with ``V3``): the unpack bit for bit against the codec (odd shapes, crowded runs,
 exceptions, last blocks of 16 runs), the GEMV's bits equal to version 2's GEMV on the same weights
-(M = 1, 2, 16; ragged N and K; K splits; whole tiles; exceptions; prefetch off and on; the H200
-table's configs), the registry's choice and refusals by version. CPU: Triton's interpreter; the
+(M = 1, 2, 12, 16; ragged N and K; K splits; whole tiles; exceptions; prefetch off and on; the H200
+table's configs, ``dot="mma"``), the registry's choice and refusals by version. CPU: Triton's interpreter; the
 gpu-marked twins run the inline PTX (and the compiler's own layouts: the M = 1 sums' fixed order)."""
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ CASES = [  # (M, N, K, weights, config): ragged N and K, splits, whole tiles, a 
     (2, 24, 1100, "wide", {"split": 2}),
     (16, 32, 1024, "crowded", {"bn": 32, "bk": 128, "mb": 16, "prefetch": True}),
     (16, 19, 300, "wide", {"dot": "lanes"}),
+    (12, 64, 512, "crowded", {"bn": 64, "bk": 128, "dot": "mma", "prefetch": True}),  # the table's M 2-64 rows
 ]
 
 
@@ -90,6 +91,7 @@ def test_kernels_refuse_other_versions():
 def test_the_h200_table_puts_version_3_first():
     from glyd.codec import LAYOUTS
     from glyd.kernels import registry as R
+    from glyd.kernels.dense11.gemv_mma import mma_rows
 
     from .test_registry import h200
     from .test_tables import SHAPES
@@ -103,10 +105,11 @@ def test_the_h200_table_puts_version_3_first():
                 assert kc.name == "dense11_v3_gemv", (n, k, m)
                 k2, c2 = R.choose(R.Problem("dense11", m, n, k, kp, 2), dev)
                 assert k2.name == "dense11_v2_gemv"
-                if m <= 8:  # the probe's relaid1d + prefetch at version 2's tile
+                if m == 1:  # the probe's relaid1d + prefetch at version 2's tile
                     assert cfg.prefetch and not c2.prefetch and (cfg.bn, cfg.bk, cfg.mb) == (c2.bn, c2.bk, c2.mb)
-                else:  # version 2's rows
-                    assert cfg.__dict__ == c2.__dict__
+                else:  # the decoded tile in the MMA's registers, one x tile holding M (gemv_mma)
+                    assert (cfg.dot, cfg.bn, cfg.bk, cfg.warps, cfg.prefetch) == ("mma", 64, 128, 4, True)
+                    assert mma_rows(m, cfg.mb) >= m and mma_rows(m, cfg.mb) // 2 < max(m, 8), (m, cfg)
 
 
 @pytest.mark.gpu
@@ -124,5 +127,6 @@ def test_7b_shapes_give_version_2s_bits_on_the_gpu(n, k):
     assert torch.equal(kernels.unpack(p3).view(torch.int16), w.view(torch.int16))
     for m in (1, 2, 16):
         x = torch.randn(m, k, device="cuda", generator=g).to(torch.bfloat16)
-        for cfg in ({}, {"prefetch": True}, {"bn": 32, "bk": 128, "prefetch": True}):
+        for cfg in ({}, {"prefetch": True}, {"bn": 32, "bk": 128, "prefetch": True},
+                    {"bn": 64, "bk": 128, "dot": "mma", "prefetch": True}):
             assert torch.equal(_bits(_gemv(3, x, p3, cfg)), _bits(_gemv(2, x, p2, cfg))), (m, cfg)

@@ -1,7 +1,7 @@
 """Static sm_90 SASS of the dense-decode probe kernels (``dense_decode_kernels.py``) and of
 dense11's own unpack and GEMV kernels (format version 1: ``dense11/...``; version 2:
-``dense11v2/...``), compiled on any machine (``probe_dense_decode.py --sass``;
-``DENSE_SASS_ONLY=dense11v2`` for version 2's alone).
+``dense11v2/...``; version 3 as the H200 table runs it and ``dot="mma"``: ``dense11v3/...``), compiled on
+any machine (``probe_dense_decode.py --sass``; ``DENSE_SASS_ONLY=dense11v2`` for version 2's alone).
 
 For each kernel: registers, the instructions of a K step (the smallest loop holding the step's
 16-byte ``sm`` loads, without the escape rounds nested in it) and of one escape round (the loop
@@ -145,12 +145,14 @@ def dense11(kind: str) -> dict:
     return _largest_loop(rows, res, bn * bk / (32 * warps))  # unpack: its block loop, gemv: its K loop
 
 
-def dense11_v2(kind: str, tile: tuple[int, int, int] = (16, 256, 4)) -> dict:
+def dense11_v2(kind: str, tile: tuple[int, int, int] = (16, 256, 4), v3: bool = False, prefetch: bool = False,
+               **extra) -> dict:
     """dense11 format version 2's production kernels (``glyd.kernels.dense11.unpack_v2`` / ``gemv_v2``)
     with their default configs: unpack 8 rows x bk 256 on 2 warps, GEMV bn 16 x bk 256 on 4 warps
     (``tile``: bn, bk, warps) at MB 1 (FMAs) or 16, 32, 64 (``tl.dot``; ``gemv<MB>``, ``-wx``: the
     weights as the dot's first operand); one run of 32 a thread, exceptions compiled in. The step is the
-    K loop holding the 16-byte ``sm`` loads, as the candidates'."""
+    K loop holding the 16-byte ``sm`` loads, as the candidates'. ``v3``: format version 3's kernel
+    (``dense11_v3_gemv``), ``prefetch``: its table's setting; ``extra``: more constexprs of the kernel."""
     from glyd.kernels.dense11 import gemv_v2 as G
     from glyd.kernels.dense11 import unpack_v2 as U
 
@@ -171,10 +173,29 @@ def dense11_v2(kind: str, tile: tuple[int, int, int] = (16, 256, 4)) -> dict:
         fn, (bn, bk, warps) = G._gemv_v2_kernel, tile
         const = dict(BN=bn, BK=bk, MB=int(kind.removeprefix("gemv")), HW=True, HAS_BIAS=False, HAS_EXC=True,
                      PARTIAL=False, X32=full, FULL=full, TILE_DOT=not lanes, W_FIRST=wfirst,
-                     PREFETCH=False)  # a constexpr since d11-prefetch: left out, it compiled as an i32 (NameError)
+                     PREFETCH=prefetch, V3=v3, **extra)  # every constexpr given: one left out compiles as an i32
     sig = {n: "constexpr" if n in const else ptrs.get(n, "i32") for n in fn.arg_names}
     rows, res = _sass(fn, sig, const, warps, (*ptrs, "KP", "K", "stride_xm"))
     return analyse(rows, res, bn * bk / (32 * warps))
+
+
+def dense11_mma(mb: int, tile: tuple[int, int] = (64, 4), prefetch: bool = True, full: bool = True,
+                v3: bool = True) -> dict:
+    """``dot="mma"`` (``glyd.kernels.dense11.gemv_mma``): the decoded lane words as the A operand of
+    ``mma.sync.m16n8k16`` in registers, ``mb`` x rows (8-64) a program, ``tile`` = (bn, warps) at bk 128 (two
+    runs of 32 a thread); exceptions compiled in. The step is the K loop, as ``dense11_v2``'s."""
+    from glyd.kernels.dense11 import gemv_mma as G
+
+    bn, warps = tile
+    ptrs = dict(x_ptr="*bf16", x32_ptr="*i32", sm_ptr="*i32", sm8_ptr="*u8", code_ptr="*i32", esc_ptr="*i32",
+                ebase_ptr="*i32", eoff_ptr="*u16", rowptr_ptr="*i32", eidx_ptr="*i32", eexp_ptr="*u8",
+                bias_ptr="*bf16", out_ptr="*bf16")
+    const = dict(BN=bn, MB=mb, HW=True, HAS_BIAS=False, HAS_EXC=True, PARTIAL=False, FULL=full, PREFETCH=prefetch,
+                 V3=v3)
+    fn = G._gemv_mma_kernel
+    sig = {n: "constexpr" if n in const else ptrs.get(n, "i32") for n in fn.arg_names}
+    rows, res = _sass(fn, sig, const, warps, (*ptrs, "KP", "K", "stride_xm"))
+    return analyse(rows, res, bn * 128 / (32 * warps))
 
 
 #: GEMV tiles (bn, bk, warps: a run of 32 a thread) counted at 32 and 64 x rows (``@`` in the report)
@@ -221,6 +242,14 @@ def report() -> int:
                                                                     "gemv16-full-wx", "gemv32-full-wx", "gemv64-full-wx")]
     items += [(f"dense11v2/gemv{mb}-full@{t}", lambda mb=mb, t=t: dense11_v2(f"gemv{mb}-full", TILES[t]))
               for mb in (32, 64) for t in TILES]
+    # version 3 as the H200 table runs it (prefetch; M = 1 at 16x256x4, M = 2-64 at 32x128x4) and dot="mma"
+    items += [(f"dense11v3/gemv{mb}-full@{t}", lambda mb=mb, t=t: dense11_v2(f"gemv{mb}-full",
+                                                                           tuple(map(int, t.split("x"))), True, True))
+              for mb, t in ((1, "16x256x4"), (1, "32x256x4"), (16, "16x256x4"), (16, "32x128x4"), (32, "32x128x4"),
+                            (64, "32x128x4"))]
+    items += [(f"dense11v3/mma{mb}{'' if full else '-masked'}@64x128x4",
+               lambda mb=mb, full=full: dense11_mma(mb, full=full)) for mb in (8, 16, 32, 64) for full in (True, False)]
+    items += [("dense11v3/mma32-noprefetch@64x128x4", lambda: dense11_mma(32, prefetch=False))]
     for lay in K.LAYOUT_IDS:
         for mode, m in K.MODES.items():
             for cfg in (K.DEFAULTS[m], K.LARGE[m]):

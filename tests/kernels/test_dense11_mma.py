@@ -75,6 +75,54 @@ def test_mma_odd_k_falls_back_and_m1_runs_one_x_tile():
         assert float((a - ref1).norm() / ref1.norm()) < 5e-3
 
 
+_GUARDED = r"""
+import ctypes, mmap, sys
+import torch
+from glyd.codec.dense11 import pack_v3
+from tests.kernels.test_dense11_mma import _run
+from tests.kernels.test_dense11_v2_kernels import _weights
+
+
+def guarded(m, k, g):
+    # a bf16 [m, k] x whose last byte is followed by a PROT_NONE page: a read past x's end faults here, as on the GPU
+    page = mmap.PAGESIZE
+    nbytes = 2 * m * k
+    pages = -(-nbytes // page)
+    mm = mmap.mmap(-1, (pages + 1) * page)
+    addr = ctypes.addressof(ctypes.c_char.from_buffer(mm))
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mprotect.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    assert libc.mprotect(ctypes.c_void_p(addr + pages * page), page, 0) == 0, ctypes.get_errno()
+    x = torch.frombuffer(mm, dtype=torch.bfloat16, count=m * k, offset=pages * page - nbytes).view(m, k)
+    x.copy_(torch.randn(m, k, generator=g).to(torch.bfloat16))
+    return x
+
+
+version, m, n, k, cfg = eval(sys.argv[1])
+w = _weights(n, k, seed=m + n + k, kind="wide")
+x = guarded(m, k, torch.Generator().manual_seed(m + k))
+got = _run(version, x, pack_v3(w), cfg).double()
+ref = torch.nn.functional.linear(x.double(), w.double())
+print("ERR", float((got - ref).norm() / ref.norm()))
+"""
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="the interpreter's reads of host memory")
+@pytest.mark.parametrize("case", [(3, 9, 64, 256, {}), (3, 9, 40, 200, {}), (3, 33, 64, 256, {"prefetch": True}),
+                                  (3, 17, 64, 256, {"mb": 16})])
+def test_mma_reads_no_x_row_past_m(case):
+    # rows past M (an MMA tile of 8 x rows, MB = 8-64 a program) are clamped to x's last row, each tile's: no
+    # address past x. Under the interpreter a load reads host memory, so x ends at a PROT_NONE page: a read past it
+    # is a segmentation fault of the child (h91 clamped tile 0's rows, then added 8 t: an illegal address on the GPU)
+    root = os.path.abspath(os.path.join(SRC, ".."))
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": os.pathsep.join((os.path.abspath(SRC), root))}
+    r = subprocess.run([sys.executable, "-c", _GUARDED, repr(case)], env=env, cwd=root, capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, (r.returncode, r.stderr[-3000:])
+    err = float(r.stdout.split("ERR ")[1])
+    assert err < 5e-3
+
+
 def test_mma_config_and_rows():
     from glyd.kernels.dense11.gemv_mma import mma_rows
     from glyd.kernels.dense11.gemv_v2 import Dense11V3GemvConfig

@@ -117,10 +117,11 @@ def _x_quarter(x32_ptr, rx, stride_xm, kb, K, OFF: tl.constexpr, BH: tl.constexp
 
 
 @triton.jit
-def _mma_half(acc, hia, loa, hib, lob, x32_ptr, rx0, stride_xm, kb, K, HALF: tl.constexpr, BH: tl.constexpr,
+def _mma_half(acc, hia, loa, hib, lob, x32_ptr, rxs, stride_xm, kb, K, HALF: tl.constexpr, BH: tl.constexpr,
               W: tl.constexpr, NT: tl.constexpr, HW: tl.constexpr, FULL: tl.constexpr):
     # 4 k-slices (lane words q) of a half, each an MMA a tile of 8 x rows: A = the weights of rows g (tile a) and
-    # g + 8 (tile b) as bf16 pairs, B = x row 8 t + g's words at the same columns (2 consecutive words: b0, b1)
+    # g + 8 (tile b) as bf16 pairs, B = x row 8 t + g's words at the same columns (2 consecutive words: b0, b1).
+    # rxs[t]: tile t's x rows [BH, 1], each clamped to M - 1 (never an address past x)
     a0 = _by2(_pairs16(_bpair(loa, hia, 0, HW), BH, W))
     a1 = _by2(_pairs16(_bpair(lob, hib, 0, HW), BH, W))
     a2 = _by2(_pairs16(_bpair(loa, hia, 1, HW), BH, W))
@@ -129,7 +130,7 @@ def _mma_half(acc, hia, loa, hib, lob, x32_ptr, rx0, stride_xm, kb, K, HALF: tl.
         r = ()
         for t in tl.static_range(NT):
             d0, d1, d2, d3 = acc[t]
-            x0, x1, x2, x3 = _x_quarter(x32_ptr, rx0 + 8 * t, stride_xm, kb, K, 8 * HALF + 4 * e, BH, W, FULL)
+            x0, x1, x2, x3 = _x_quarter(x32_ptr, rxs[t], stride_xm, kb, K, 8 * HALF + 4 * e, BH, W, FULL)
             for u in tl.static_range(2):
                 d0, d1, d2, d3 = _mma(a0[e][u], a1[e][u], a2[e][u], a3[e][u], (x0, x2)[u], (x1, x3)[u], d0, d1, d2,
                                       d3, BH, W, HW)
@@ -191,8 +192,12 @@ def _gemv_mma_kernel(x_ptr, x32_ptr, sm_ptr, sm8_ptr, code_ptr, esc_ptr, ebase_p
     ma = ra < N
     mb = rb < N
     # x row 8 t + g of the program for MMA tile t, clamped to the last row (rows past M only feed outputs that are
-    # not stored: no masked loads, whose zeroing costs a register move each)
-    rx0 = tl.minimum(pid_m * MB + (i % 8)[:, None], M - 1)
+    # not stored: no masked loads, whose zeroing costs a register move each). Each tile's rows are clamped, not
+    # tile 0's plus 8 t: that read up to 8 (NT - 1) rows past x's end when M is not a multiple of MB (an illegal
+    # address on the GPU at the 7B's down shape, K 18944; the interpreter reads host memory past x silently)
+    rxs = ()
+    for t in tl.static_range(NT):
+        rxs = rxs + (tl.minimum(pid_m * MB + 8 * t + (i % 8)[:, None], M - 1),)
     tab = (HA0, HA1, HB0, HB1, LA0, LA1, LB0, LB1)
     lut = (TH0, TH1, TL0, TL1)
     acc = ()
@@ -219,8 +224,8 @@ def _gemv_mma_kernel(x_ptr, x32_ptr, sm_ptr, sm8_ptr, code_ptr, esc_ptr, ebase_p
             wb = load_words(code_ptr, sm_ptr, rb, mb, kb, KP, BH, W, FULL, V3)
         hia, loa, hib, lob, run_a = decode_words(*wa, esc_ptr, NESCW, run_a, tab, lut, HW, BH, W, V3)
         hja, lja, hjb, ljb, run_b = decode_words(*wb, esc_ptr, NESCW, run_b, tab, lut, HW, BH, W, V3)
-        acc = _mma_half(acc, hia, loa, hja, lja, x32_ptr, rx0, stride_xm, kb, K, 0, BH, W, NT, HW, FULL)
-        acc = _mma_half(acc, hib, lob, hjb, ljb, x32_ptr, rx0, stride_xm, kb, K, 1, BH, W, NT, HW, FULL)
+        acc = _mma_half(acc, hia, loa, hja, lja, x32_ptr, rxs, stride_xm, kb, K, 0, BH, W, NT, HW, FULL)
+        acc = _mma_half(acc, hib, lob, hjb, ljb, x32_ptr, rxs, stride_xm, kb, K, 1, BH, W, NT, HW, FULL)
         if PREFETCH:
             wa, wb = na, nb
     acc = _tiles(acc, BH, W, NT)

@@ -17,7 +17,10 @@ dot orders; M = 1 keeps the FMA path and its bits).
 The lane map is an assumption on Triton's layout of a [bn / 2, 4] tensor loaded along its rows (the code
 words): rows over 8 lanes and the warps, the 4 runs over 4 lanes (``#blocked<sizePerThread = [1, 1],
 threadsPerWarp = [8, 4], warpsPerCTA = [warps, 1], order = [1, 0]>``); ``tests/kernels/test_dense11_mma.py``
-checks the compiled kernel's MMA operands have it. The interpreter's twin (``_mma``, ``HW=False``) computes
+checks the compiled kernel's MMA operands have it (for version 3's loads, whole and ragged tiles, with and without
+16-divisible K and x stride). Version 2's loads (code words at stride 3) do not hold it: Triton 3.6 gives them
+``threadsPerWarp = [32, 1], warpsPerCTA = [1, warps]`` where K and x's row stride are not multiples of 16 (garbage
+products on the H100 at K 1100), so ``gemv_v2`` launches this kernel for version 3 only. The interpreter's twin (``_mma``, ``HW=False``) computes
 each warp's 16 x 8 product from the fragments with that map (PTX ISA's m16n8k16 fragments), so the CPU tests
 check the k map, the fragments and the result's order.
 """

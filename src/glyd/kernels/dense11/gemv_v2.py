@@ -245,7 +245,7 @@ class Dense11V2GemvConfig:
     dot a step of the tile in column order, x @ tile^T (``"tile"``) or tile @ x^T (``"tile_wx"``),
     or 8 dots a step, one a byte lane (``"lanes"``; at most 32 x rows a program), or (``"mma"``, bk
     128 and bn 16 x warps) the decoded words as an MMA operand in registers, 8-64 x rows
-    (``gemv_mma``), ``prefetch``: each
+    (``gemv_mma``; version 3 only: version 2 runs ``"tile"`` for it), ``prefetch``: each
     step's words loaded while the step before decodes (2026-12-05 Nsight Compute: 46% of the M = 1
     GEMV's cycles between issues wait on its loads; off until the H200 times it).
 
@@ -319,7 +319,12 @@ class Dense11V2GemvKernel(Kernel):
             raise ValueError(f"out must be bf16 [{m}, {n}], got {out.dtype} {tuple(out.shape)}")
         nbr = _codec.blocks_per_row(k)
         x32 = _pairs(x2)
-        mma = config.dot == "mma" and x32 is not None  # x as bf16 pairs: the MMA's B registers
+        # x as bf16 pairs: the MMA's B registers. Version 3 only: the kernel's lane map (element (8 w + g, c) of a
+        # [bn / 2, 4] operand in lane 4 g + c of warp w) is Triton's layout choice, not forced; for version 2's
+        # loads (code words at stride 3) Triton 3.6 gives the MMA's operands threadsPerWarp [32, 1] where K and x's
+        # row stride are not multiples of 16 (2026-12-05 H100: garbage products at K 1100). Version 2 with
+        # dot="mma" runs the tile dot (its x rows as "tile": x_rows of config.mb)
+        mma = config.dot == "mma" and x32 is not None and cls.VERSION == 3
         if mma:
             from glyd.kernels.dense11.gemv_mma import mma_rows
 

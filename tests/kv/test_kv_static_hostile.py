@@ -11,7 +11,7 @@ from .conftest import bits_equal, tiny_llama
 transformers = pytest.importorskip("transformers")
 from transformers import DynamicCache  # noqa: E402
 
-from glyd.errors import FormatError  # noqa: E402
+from glyd.errors import FormatError, UnsupportedError  # noqa: E402
 from glyd.kv import GlydStaticCache, KVCapacityError, enable_fused  # noqa: E402
 from glyd.kv.pool import FixedPagePool  # noqa: E402
 
@@ -186,3 +186,50 @@ def test_the_exception_count_before_a_rewrite_is_the_writes():
     pool.advance(37)
     pool.write(0, x, x)
     assert pool.exceptions(x) == pool.k.used_counts()[0] > 0
+
+
+@pytest.mark.parametrize("device", ["cuda:3", "meta", torch.device("cuda")])
+@torch.no_grad()
+def test_a_device_other_than_the_prompts_is_refused_by_name(device):
+    # with max_cache_len, device= was dropped: the pool went silently to the keys' device (the CPU here)
+    model = tiny_llama(seed=1)
+    cache = GlydStaticCache(model.config, max_cache_len=32, page_size=PAGE, fused=False, device=device)
+    want = str(torch.device(device))
+    with pytest.raises(UnsupportedError, match=rf"made for device {want}; key_states are on cpu \(pass device='cpu'"):
+        model(ids_of(1, 4), past_key_values=cache, use_cache=True)
+    assert cache.pool is None  # nothing was made
+    cache = GlydStaticCache(model.config, max_cache_len=32, page_size=PAGE, fused=False, device="cpu")
+    model(ids_of(1, 4), past_key_values=cache, use_cache=True)  # the device asked for: taken
+    assert cache.pool.device == torch.device("cpu") and cache.pool.lens.tolist() == [4]
+
+
+@pytest.mark.parametrize("device", ["nvidia", "cuda:x", 1.5, True])
+def test_a_device_that_is_not_one_is_named_when_the_cache_is_made(device):
+    model = tiny_llama(seed=1)
+    with pytest.raises(FormatError, match=r"GlydStaticCache device .*"):
+        GlydStaticCache(model.config, max_cache_len=32, page_size=PAGE, fused=False, device=device)
+
+
+@pytest.mark.parametrize("bad", [True, False, float("nan"), float("inf"), 0, 0.0, -0.1, 1.5, "0.1", None])
+def test_a_bad_exc_fraction_is_named_when_the_cache_is_made(bad):
+    # True was taken as 1.0 (a bool is an int), and every bad value was refused only at the first prompt
+    model = tiny_llama(seed=1)
+    with pytest.raises(FormatError, match=r"GlydStaticCache exc_fraction must be (a number )?in \(0, 1\], got "):
+        GlydStaticCache(model.config, max_cache_len=32, page_size=PAGE, fused=False, exc_fraction=bad)
+    with pytest.raises(FormatError, match=r"^exc_fraction must be (a number )?in \(0, 1\]"):
+        FixedPagePool(1, 1, 1, 16, 64, page=16, exc_fraction=bad)
+
+
+@pytest.mark.parametrize("bad", [True, float("nan"), 0, 1.5, "0.5"])
+def test_a_bad_memory_fraction_is_named_when_the_cache_is_made(bad):
+    model = tiny_llama(seed=1)
+    with pytest.raises(FormatError, match=r"GlydStaticCache memory_fraction must be (a number )?in \(0, 1\], got "):
+        GlydStaticCache(model.config, memory_fraction=bad, batch_size=1, device="cuda", fused=False)
+
+
+def test_a_good_exc_fraction_is_kept():
+    model = tiny_llama(seed=1)
+    cache = GlydStaticCache(model.config, max_cache_len=32, page_size=PAGE, fused=False, exc_fraction=1)
+    with torch.no_grad():
+        model(ids_of(1, 4), past_key_values=cache, use_cache=True)
+    assert cache.pool.exc_fraction == 1 and cache.pool.k.arena == cache.pool.n_pages * cache.pool.heads * PAGE * 16

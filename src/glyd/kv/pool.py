@@ -36,7 +36,7 @@ from glyd.kv import fixed
 from glyd.kv import pool_ops
 from glyd.kv.pool_twin import KVCapacityError
 
-__all__ = ["FixedPagePool", "KVCapacityError", "EXC_FRACTION", "pool_bytes", "pages_that_fit"]
+__all__ = ["FixedPagePool", "KVCapacityError", "EXC_FRACTION", "pool_bytes", "pages_that_fit", "check_fraction"]
 
 #: Exception entries reserved a value (1/512: about 4x the rate measured on real SmolLM2 keys, 0.048%,
 #: and 2.2x that of Gaussian keys with per-channel scales, 0.087%).
@@ -49,9 +49,26 @@ def _positive(name: str, v) -> int:
     return v
 
 
+def check_fraction(name: str, v) -> float:
+    """``v`` if it is a share in (0, 1] (an int or a float; not a bool, which Python counts as an int: True
+    would be a whole 1.0; not NaN); else a ``FormatError`` naming ``name``.
+
+    >>> check_fraction("exc_fraction", 0.5)
+    0.5
+    >>> check_fraction("exc_fraction", True)
+    Traceback (most recent call last):
+    glyd.errors.FormatError: exc_fraction must be a number in (0, 1], got True (a bool)
+    """
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        what = "a bool" if isinstance(v, bool) else type(v).__name__
+        raise FormatError(f"{name} must be a number in (0, 1], got {v!r} ({what})")
+    if not 0 < v <= 1:  # (NaN compares False: refused too)
+        raise FormatError(f"{name} must be in (0, 1], got {v!r}")
+    return v
+
+
 def _arena(n_values: int, exc_fraction: float) -> int:
-    if not (isinstance(exc_fraction, (int, float)) and 0 < exc_fraction <= 1):
-        raise FormatError(f"exc_fraction must be in (0, 1], got {exc_fraction!r}")
+    check_fraction("exc_fraction", exc_fraction)
     return max(64, math.ceil(n_values * exc_fraction))
 
 
@@ -177,8 +194,7 @@ class FixedPagePool:
         >>> FixedPagePool.from_memory(2, 1, 1, 32, page=32, device="cpu", free_bytes=2**20).context
         4768
         """
-        if not 0 < fraction <= 1:
-            raise FormatError(f"fraction must be in (0, 1], got {fraction!r}")
+        check_fraction("fraction", fraction)
         v_head_dim = head_dim if v_head_dim is None else v_head_dim
         if free_bytes is None:
             dev = torch.device(device)

@@ -18,9 +18,9 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-from glyd.errors import FormatError, GlydError, UnsupportedError
+from glyd.errors import FormatError, GlydError, UnsupportedError, cause
 from glyd.kv import hf_attention
-from glyd.kv.pool import EXC_FRACTION, FixedPagePool, KVCapacityError
+from glyd.kv.pool import EXC_FRACTION, FixedPagePool, KVCapacityError, check_fraction
 
 DEFAULT_PAGE = 64
 
@@ -115,10 +115,13 @@ class GlydStaticCache(Cache):
 
     ``max_cache_len``: tokens a sequence (rounded up to whole pages); or ``memory_fraction`` with
     ``batch_size`` and ``device``: the largest pool that fits in that share of the free GPU memory
-    (made at once). With ``max_cache_len``, ``batch_size`` (optional) is checked against the first
-    prompt's sequences. ``fused=True`` (default) needs :func:`glyd.kv.enable_fused` on the model first.
-    Full-attention layers with bf16 keys and values only. ``glyd.from_pretrained(..., kv="lossless")``
-    hands ``generate`` one sized for the call (``glyd.kv.generate``).
+    (made at once). With ``max_cache_len``, the pool is made at the first prompt on its keys' device
+    (as transformers' ``StaticCache`` places its tensors); ``batch_size`` and ``device`` (both optional)
+    are checked against that prompt (another device is refused, never silently taken).
+    ``exc_fraction``: the share of values reserved for exceptions, in (0, 1]. ``fused=True`` (default)
+    needs :func:`glyd.kv.enable_fused` on the model first. Full-attention layers with bf16 keys and
+    values only. ``glyd.from_pretrained(..., kv="lossless")`` hands ``generate`` one sized for the call
+    (``glyd.kv.generate``).
 
     >>> from glyd.kv import GlydStaticCache, enable_fused                    # doctest: +SKIP
     >>> enable_fused(model)                                                   # doctest: +SKIP
@@ -141,16 +144,7 @@ class GlydStaticCache(Cache):
             raise FormatError(f"GlydStaticCache supports full-attention layers only; config.layer_types has {bad}")
         if fused:
             hf_attention.check_fused(config, "GlydStaticCache")
-        if (max_cache_len is None) == (memory_fraction is None):
-            raise FormatError("GlydStaticCache takes max_cache_len or memory_fraction (with batch_size and device)")
-        if memory_fraction is not None and (batch_size is None or device is None):
-            raise FormatError("memory_fraction needs batch_size and device: the pool is sized and made at once")
-        if max_cache_len is not None and (type(max_cache_len) is not int or max_cache_len <= 0):
-            raise FormatError(f"GlydStaticCache max_cache_len must be a positive int, got {max_cache_len!r}")
-        if memory_fraction is not None and torch.device(device).type != "cuda":
-            raise FormatError(f"memory_fraction measures free GPU memory; on {device!r} pass max_cache_len instead")
-        if batch_size is not None and (type(batch_size) is not int or batch_size <= 0):
-            raise FormatError(f"GlydStaticCache batch_size must be a positive int, got {batch_size!r}")
+        self._device = _check_args(max_cache_len, batch_size, device, memory_fraction, exc_fraction)
         self.fused = fused
         self.page_size = page_size
         self.exc_fraction = exc_fraction
@@ -193,6 +187,12 @@ class GlydStaticCache(Cache):
             if t.dim() != 4:
                 raise FormatError(f"{name} must be [batch, heads, tokens, head_dim], got {tuple(t.shape)}")
         b, h, _, d = keys.shape
+        if self._device is not None and not _same_device(self._device, keys.device):
+            # transformers' StaticCache places its tensors on the keys' device; a device= that says otherwise is
+            # refused, never silently replaced by theirs
+            raise UnsupportedError(f"GlydStaticCache was made for device {self._device}; key_states are on "
+                                   f"{keys.device} (pass device={str(keys.device)!r}, or none: the pool goes where "
+                                   f"the first prompt's keys are)")
         if self.batch is not None and b != self.batch:
             raise FormatError(f"GlydStaticCache was made for {self.batch} sequences; key_states hold {b}")
         self.pool = FixedPagePool(len(self.layers), b, h, d, self.context, page=self.page_size,
@@ -281,6 +281,41 @@ class GlydStaticCache(Cache):
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
         raise UnsupportedError(f"GlydStaticCache.batch_select_indices: {_FIXED_BATCH}")
+
+
+def _check_args(max_cache_len, batch_size, device, memory_fraction, exc_fraction) -> torch.device | None:
+    """Refuse a bad GlydStaticCache argument by name, before anything is made; ``device`` as a torch device."""
+    if (max_cache_len is None) == (memory_fraction is None):
+        raise FormatError("GlydStaticCache takes max_cache_len or memory_fraction (with batch_size and device)")
+    if memory_fraction is not None and (batch_size is None or device is None):
+        raise FormatError("memory_fraction needs batch_size and device: the pool is sized and made at once")
+    if max_cache_len is not None and (type(max_cache_len) is not int or max_cache_len <= 0):
+        raise FormatError(f"GlydStaticCache max_cache_len must be a positive int, got {max_cache_len!r}")
+    if batch_size is not None and (type(batch_size) is not int or batch_size <= 0):
+        raise FormatError(f"GlydStaticCache batch_size must be a positive int, got {batch_size!r}")
+    check_fraction("GlydStaticCache exc_fraction", exc_fraction)
+    if memory_fraction is not None:
+        check_fraction("GlydStaticCache memory_fraction", memory_fraction)
+    if device is None:
+        return None
+    if isinstance(device, bool) or not isinstance(device, (str, int, torch.device)):
+        raise FormatError(f"GlydStaticCache device must be a torch.device or a device name, got {device!r}")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError, TypeError) as exc:
+        raise FormatError(f"GlydStaticCache device {device!r} is not a device ({cause(exc)})") from exc
+    if memory_fraction is not None and dev.type != "cuda":
+        raise FormatError(f"memory_fraction measures free GPU memory; on {device!r} pass max_cache_len instead")
+    return dev
+
+
+def _same_device(want: torch.device, got: torch.device) -> bool:
+    """``got`` (a tensor's device) is ``want``: "cuda" without an index is the current GPU, as the pool names it."""
+    if want.type != got.type:
+        return False
+    if want.index is None and want.type == "cuda":
+        want = torch.device("cuda", torch.cuda.current_device())
+    return want.index is None or want.index == got.index
 
 
 # What a static pool says when asked to change its number of sequences (contrastive search and some

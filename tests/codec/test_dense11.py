@@ -270,3 +270,27 @@ def test_exception_list_is_checked(version):
     idx[0], idx[1] = idx[1], idx[0]
     with pytest.raises(CorruptError, match="exc_idx"):
         glyd.unpack(replace(p, exc_idx=idx))
+
+
+@pytest.mark.parametrize("bit", ["first", "last"])
+def test_unused_bits_of_the_last_escape_word_must_be_zero(version, bit):
+    # the stream's last word holds total % 8 digits; the codec writes 0 after them and no decoder reads them,
+    # so a file that sets them decoded as if they were 0: refused as damaged, as the padding columns are
+    from glyd.ops.rows import unpack_rows
+
+    p = noisy(version)
+    total = int((dense11.codes_of_packed(dense11.as_v2(p)) == dense11.ESCAPE).sum())
+    used = total % 8
+    assert used and p.arrays["esc"].numel() == (total + 7) // 8  # the matrix has unused bits to set
+    word = int(p.arrays["esc"][-1]) & 0xFFFFFFFF
+    assert word >> (4 * used) == 0  # what the codec wrote
+    flip = 4 * used if bit == "first" else 31
+    new = np.int64(word | 1 << flip).astype(np.uint32).view(np.int32)
+    bad = _clone_with(p, "esc", lambda t: t.__setitem__(-1, int(new)))
+    last = p.arrays["esc"].numel() - 1
+    why = rf"dense11 'esc' word {last} \(the stream's last\) has unused bits {4 * used}\.\.31 set"
+    with pytest.raises(CorruptError, match=why):
+        glyd.unpack(bad)
+    with pytest.raises(CorruptError, match=why):
+        unpack_rows(bad, torch.tensor([0]))
+    assert torch.equal(bits(glyd.unpack(p)), bits(unpack_rows(p, torch.arange(p.shape[0]))))  # the clean one reads

@@ -430,6 +430,31 @@ def test_empty_matrices(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("version", [1, 2, 3])
+def test_unused_bits_of_the_last_escape_word_refused(device, version):
+    # the kernels' preparation checked the stream's length only: bits set after its last digit were accepted
+    # (no kernel reads them); the format says 0, so they are refused, before any launch, as the codec does
+    from glyd import kernels
+
+    w = _weights(3, 1100, seed=5, kind="wide")
+    p = {1: pack_v1, 2: pack_v2, 3: pack_v3}[version](w)
+    esc = p.arrays["esc"]
+    total = int(p.arrays["esc_base"][-1])
+    assert total % 8 and esc.numel() == (total + 7) // 8  # the last word has unused bits
+    bad_esc = esc.clone()
+    bad_esc[-1] = bad_esc[-1] | (1 << (4 * (total % 8)))
+    bad = glyd.Packed("dense11", p.shape, dict(p.arrays, esc=bad_esc), version)
+    why = "dense11 'esc' word .* has unused bits"
+    with pytest.raises(CorruptError, match=why):
+        glyd.unpack(bad)
+    bad = bad.to(device)
+    with pytest.raises(CorruptError, match=why):
+        kernels.unpack(bad)
+    with pytest.raises(CorruptError, match=why):
+        kernels.linear(torch.ones(1, 1100, dtype=torch.bfloat16, device=device), bad)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("version", [1, 2])
 def test_padding_codes_refused(device, version):
     # padding code 6 at base 249 is exponent 255: the codec dropped the padding and accepted it, and the

@@ -241,6 +241,7 @@ def _check_values(p: Packed, codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]
     esc = a["esc"].numpy().view(np.uint32)
     if esc.size != (total + 7) // 8:
         raise CorruptError(f"dense11 'esc' has {esc.size} words for {total} escapes (needs {(total + 7) // 8})")
+    check_stream_tail(a["esc"], total)
     i = np.arange(total)
     digit = ((esc[i // 8] >> (4 * (i % 8)).astype(np.uint32)) & np.uint32(15)).astype(np.uint8)
     pos = np.flatnonzero(esc_mask)  # row-major in the padded matrix
@@ -249,6 +250,27 @@ def _check_values(p: Packed, codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]
     if idx.size != raw_pos.size or not np.array_equal(idx, (raw_pos // kp) * k + raw_pos % kp):
         raise CorruptError("dense11 'exc_idx' does not list exactly the escapes whose digit is 15")
     return pos, digit
+
+
+def check_stream_tail(esc: torch.Tensor, total: int) -> None:
+    """CorruptError unless the last word of the escape stream ``esc`` (int32 words of ``(total + 7) // 8``
+    digits, checked before) is 0 past its ``total % 8`` digits, as every writer leaves it (any version).
+    No decoder reads those bits; the format says they are 0, so a file that sets them is damaged or
+    crafted. One word read to the host: the load-time checks' (CPU unpack, row lookup, kernel preparation).
+
+    >>> check_stream_tail(torch.tensor([0x21], dtype=torch.int32), 2)
+    >>> check_stream_tail(torch.tensor([0x321], dtype=torch.int32), 2)
+    Traceback (most recent call last):
+    glyd.errors.CorruptError: dense11 'esc' word 0 (the stream's last) has unused bits 8..31 set after the 2 ...
+    """
+    used = total % 8
+    if not used or not esc.numel():
+        return
+    word = int(esc[-1]) & 0xFFFFFFFF
+    if word >> (4 * used):
+        raise CorruptError(f"dense11 'esc' word {esc.numel() - 1} (the stream's last) has unused bits {4 * used}..31 "
+                           f"set after the {used} digits of its {total} escapes ({word:#010x}; the format says 0: a "
+                           f"damaged or crafted file)")
 
 
 def _popcount(x: torch.Tensor) -> torch.Tensor:

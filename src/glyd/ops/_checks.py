@@ -13,9 +13,10 @@ matrix is looked up, then again only when one of its tensors is replaced or chan
 dense11's window base and exception indices (inside the matrix, strictly increasing; dense11's
 exactly its escapes whose digit is 15), tiered's and dense11's block offsets, which must be exactly
 what the blocks' escapes need (tiered: the digits of every tier read from ``area``; dense11: the
-escape codes of every block), and every layout's padding columns (zero, as the format says). A
-damaged array raises ``CorruptError``; the row lookup never clamps a damaged offset into a wrong
-row. Bits flipped inside the data that keep these valid give wrong weights, which ``glyd.verify`` names.
+escape codes of every block), every layout's padding columns and the unused bits of dense11's last
+escape word (zero, as the format says). A damaged array raises ``CorruptError``; the row lookup never
+clamps a damaged offset into a wrong row. Bits flipped inside the data that keep these valid give
+wrong weights, which ``glyd.verify`` names.
 """
 
 from __future__ import annotations
@@ -126,6 +127,7 @@ def _check_dense11(p: Packed) -> None:
     if off.shape != want.shape or bool((off != want).any()) or p.arrays["esc"].numel() != (total + 7) // 8:
         raise CorruptError("dense11 escape offsets do not match the escape codes of their blocks (corrupt "
                            "'esc_base', 'esc_off' or 'esc')")
+    dense11.check_stream_tail(p.arrays["esc"], total)
     if not torch.equal(raw, p.arrays["exc_idx"].to(torch.int64)):
         raise CorruptError("dense11 'exc_idx' does not list exactly the escapes whose digit is 15")
 

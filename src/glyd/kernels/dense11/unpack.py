@@ -205,6 +205,7 @@ def _check_offsets(p: Packed) -> int:
     bad = (got.shape != want.shape) or bool((got != want).any()) or a["esc"].numel() != (total + 7) // 8
     if bad or bool((base[1:] < base[:-1]).any()):
         raise CorruptError("dense11 'esc_base'/'esc_off'/'esc' do not match the escape codes (a damaged or crafted file)")
+    _codec.check_stream_tail(a["esc"], total)
     return total
 
 

@@ -498,3 +498,49 @@ def test_m1_row_sum_has_a_fixed_order(device, w):
     assert torch.equal(out.cpu().view(torch.int32), want.reshape(1, 16).view(torch.int32))
     seq = x.reshape(16, 4 * w).double().cumsum(1)[:, -1].float()  # another order (exact, then rounded)
     assert not torch.equal(seq, want.reshape(16)), "the values do not tell orders apart"
+
+
+def _launchers():
+    from glyd.kernels.dense11.gemv import Dense11GemvConfig, Dense11GemvKernel
+    from glyd.kernels.dense11.gemv_v2 import (Dense11V2GemvConfig, Dense11V2GemvKernel, Dense11V3GemvConfig,
+                                              Dense11V3GemvKernel)
+    from glyd.kernels.dense11.unpack_cublas import Dense11LongConfig, Dense11LongKernel
+
+    return {1: (Dense11GemvKernel, Dense11GemvConfig(), pack_v1),
+            2: (Dense11V2GemvKernel, Dense11V2GemvConfig(), pack_v2),
+            3: (Dense11V3GemvKernel, Dense11V3GemvConfig(), pack_v3),
+            "long": (Dense11LongKernel, Dense11LongConfig(), pack_v3)}
+
+
+@pytest.mark.parametrize("which", [1, 2, 3, "long"])
+@pytest.mark.parametrize("m, n, k, kx, why", [
+    (1, 4, 0, 0, r"x has shape \(1, 0\) and the packed matrix \[4, 0\]: K = 0 is an empty sum"),
+    (2, 4, 0, 0, r"x has shape \(2, 0\) and the packed matrix \[4, 0\]: K = 0 is an empty sum"),
+    (0, 4, 64, 64, r"x has shape \(0, 64\) and the packed matrix \[4, 64\]: M = 0 is no x rows"),
+    (1, 0, 64, 64, r"x has shape \(1, 64\) and the packed matrix \[0, 64\]: N = 0 is no weight rows"),
+    (1, 4, 64, 32, r"x has shape \(1, 32\); the packed matrix is \[4, 64\]: x must be \[M, 64\]"),
+    (1, 4, 64, 128, r"x has shape \(1, 128\); the packed matrix is \[4, 64\]: x must be \[M, 64\]"),
+], ids=["K0", "K0-M2", "M0", "N0", "x-K-short", "x-K-long"])
+def test_a_direct_launch_of_a_shape_it_cannot_run_is_named(which, m, n, k, kx, why):
+    # K = 0 raised ZeroDivisionError choosing the K splits (versions 1-3; version 1 at M = 0 too), N = 0 a
+    # RuntimeError from a view (version 2), and an x whose K is not the matrix's ran and returned a product of
+    # the wrong columns; glyd.kernels.linear guards these, the launchers did not. Refused before any Triton call
+    kernel, config, pack = _launchers()[which]
+    p = pack(_weights(n, k, seed=7))
+    out = torch.full((m, n), 7.0, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=rf"^{kernel.name} launch: {why}"):
+        kernel.launch(torch.ones(m, kx, dtype=torch.bfloat16), p, None, config, out)
+    assert bool((out == 7.0).all())  # nothing written
+    if k == kx:  # what linear gives for the same product: empty, or zeros for K = 0
+        from glyd import kernels
+
+        y = kernels.linear(torch.ones(m, kx, dtype=torch.bfloat16), p)
+        assert torch.equal(y, torch.zeros(m, n, dtype=torch.bfloat16))
+
+
+def test_a_direct_launch_still_runs_a_one_by_one_product():
+    for which, (kernel, config, pack) in _launchers().items():
+        w = torch.tensor([[3.0]], dtype=torch.bfloat16)
+        out = kernel.launch(torch.full((1, 1), 2.0, dtype=torch.bfloat16), pack(w), None, config,
+                            torch.empty(1, 1, dtype=torch.bfloat16))
+        assert out.item() == 6.0, which

@@ -336,6 +336,27 @@ def check_x(x: torch.Tensor, k: int) -> torch.Tensor:
     return x2
 
 
+def check_launch_shapes(kernel: str, x2: torch.Tensor, shape: tuple[int, int]) -> None:
+    """ValueError unless a direct ``launch`` of ``kernel`` can run ``x2 [M, K]`` against a packed matrix of
+    ``shape`` ``(N, K)``: x 2-D with the matrix's K, and M, N, K at least 1 (an empty product has no program
+    to run; ``glyd.kernels.linear`` returns it, or the bias for K = 0, without a launch). Before any launch.
+
+    >>> check_launch_shapes("dense11_v2_gemv", torch.zeros(1, 0), (4, 0))
+    Traceback (most recent call last):
+    ValueError: dense11_v2_gemv launch: x has shape (1, 0) and the packed matrix [4, 0]: K = 0 is an empty ...
+    """
+    n, k = shape
+    if not isinstance(x2, torch.Tensor) or x2.dim() != 2 or x2.shape[1] != k:
+        got = tuple(x2.shape) if isinstance(x2, torch.Tensor) else type(x2).__name__
+        raise ValueError(f"{kernel} launch: x has shape {got}; the packed matrix is [{n}, {k}]: x must be [M, {k}]")
+    m = x2.shape[0]
+    for dim, size, what in (("K", k, "an empty sum"), ("M", m, "no x rows"), ("N", n, "no weight rows")):
+        if size == 0:
+            raise ValueError(f"{kernel} launch: x has shape {tuple(x2.shape)} and the packed matrix [{n}, {k}]: "
+                             f"{dim} = 0 is {what}, which a launch cannot run (glyd.kernels.linear returns an empty "
+                             f"product without one: zeros plus the bias for K = 0)")
+
+
 def check_bias(bias: torch.Tensor | None, n: int, device: torch.device) -> torch.Tensor | None:
     if bias is None:
         return None

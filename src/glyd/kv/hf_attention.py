@@ -46,7 +46,9 @@ def glyd_kv_attention(module, query, key, value, attention_mask, dropout=0.0, sc
         _check_plain(kwargs, layer_idx)
         out = live[1].attend(query[:, :, 0], scale=scaling, valid=_valid(attention_mask))
         return out[:, None], None  # [B, 1, Hq, D], as sdpa_attention_forward returns
-    entry = _PENDING.pop(id(key), None)
+    # GlydCache's eager steps only; asked only when one is waiting: torch 2.11's dynamo cannot trace id() of a
+    # tensor made in the graph (a compiled prompt into GlydStaticCache broke there), and guards on the dict
+    entry = _PENDING.pop(id(key), None) if _PENDING else None
     if entry is None or entry[0] is not key:
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 

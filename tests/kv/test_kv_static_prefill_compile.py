@@ -172,6 +172,7 @@ def test_a_reduce_overhead_prompt_gpu():
     cache = GlydStaticCache(model.config, max_cache_len=128, page_size=32)
     ids, mask = left_padded(3, 75, seed=27, device="cuda")
     model(ids, attention_mask=mask, past_key_values=cache, use_cache=True)  # makes the pool outside the graphs
+    cache.reset()
     backend = Counting()  # one graph on the GPU too (the CUDA-only branches of the pool included)
     torch.compile(model, backend=backend, fullgraph=True, dynamic=False)(ids, attention_mask=mask,
                                                                           past_key_values=cache, use_cache=True)

@@ -107,9 +107,12 @@ def test_the_h200_table_puts_version_3_first():
                 assert k2.name == "dense11_v2_gemv"
                 if m == 1:  # the probe's relaid1d + prefetch at version 2's tile
                     assert cfg.prefetch and not c2.prefetch and (cfg.bn, cfg.bk, cfg.mb) == (c2.bn, c2.bk, c2.mb)
-                else:  # the decoded tile in the MMA's registers, one x tile holding M (gemv_mma)
+                elif m <= 16:  # the decoded tile in the MMA's registers, one x tile holding M (gemv_mma)
                     assert (cfg.dot, cfg.bn, cfg.bk, cfg.warps, cfg.prefetch) == ("mma", 64, 128, 4, True)
                     assert mma_rows(m, cfg.mb) >= m and mma_rows(m, cfg.mb) // 2 < max(m, 8), (m, cfg)
+                else:  # the tile dot, one decode for all M rows (the H100's 2026-12-05 step: faster than mma here)
+                    assert (cfg.dot, cfg.bn, cfg.bk, cfg.warps, cfg.prefetch) == ("tile", 32, 128, 4, True)
+                    assert cfg.mb >= m and cfg.mb // 2 < m, (m, cfg)
 
 
 @pytest.mark.gpu

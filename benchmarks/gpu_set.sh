@@ -6,6 +6,7 @@
 #
 #   bash benchmarks/gpu_set.sh            # the default set: -m "gpu and not slow" (about 2.5 min on the H200)
 #   bash benchmarks/gpu_set.sh slow 14    # the slow set: -m "gpu and slow" (about 7 min; run it in its own call)
+#   bash benchmarks/gpu_set.sh hash       # the "files" hash of this tree (its log's first line names the one it ran)
 #
 # Logs go to $OUT (or ./gpu-set-logs). Exit status: non-zero when any part failed or hit its limit.
 set -u
@@ -14,14 +15,20 @@ workers=${2:-8}
 case $kind in
   default) marks="gpu and not slow"; limits=(330 140 100) ;;
   slow) marks="gpu and slow"; limits=(420 120 150) ;;
-  *) echo "usage: gpu_set.sh [default|slow] [workers]" >&2; exit 2 ;;
+  hash) ;;
+  *) echo "usage: gpu_set.sh [default|slow|hash] [workers]" >&2; exit 2 ;;
 esac
+# The device's copy of .git can be older than the tree sent (it then names an old commit "with local changes"):
+# "files" hashes the Python files under src/ and tests/ themselves; `bash benchmarks/gpu_set.sh hash` prints the
+# same hash here, to match a log with the commit that was sent.
+files_hash() { find src tests -type f -name '*.py' | LC_ALL=C sort | xargs cat | sha1sum | cut -c1-12; }
+if [ "$kind" = hash ]; then files_hash; exit 0; fi
 out=${OUT:-gpu-set-logs}
 mkdir -p "$out"
 export PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH}
 xdist=()
 python3 -c "import xdist" 2>/dev/null && xdist=(-n "$workers")
-echo "code $(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git diff --quiet HEAD 2>/dev/null || echo ' (with local changes)')"
+echo "code $(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git diff --quiet HEAD 2>/dev/null || echo ' (with local changes)'); files $(files_hash)"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)"
 status=0

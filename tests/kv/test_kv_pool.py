@@ -273,6 +273,98 @@ def test_write_kernel_matches_twin(runs):
     assert bits_equal(twin.to_bf16(0)[0], kern.to_bf16(0)[0])
 
 
+def _side_planes(pool, side):
+    lo, code, base, meta, exc, raw = getattr(pool, side).layer(0)
+    return lo, code, base, meta, exc, getattr(pool, side).used[0], raw
+
+
+def _same_pages(a, b, n, page):
+    """Both pools hold the same pages, byte for byte (the arenas' order of blocks may differ), and raw rows."""
+    blk = a.block_index[:, :, : n // page].reshape(-1).long()
+    for side in ("k", "v"):
+        pa, pb = getattr(a, side), getattr(b, side)
+        for i in range(3):  # lo, code, base
+            assert torch.equal(pa.layer(0)[i][blk], pb.layer(0)[i][blk]), (side, i)
+        assert torch.equal(pa.meta[0][blk][:, 1], pb.meta[0][blk][:, 1]) and int(pa.used[0]) == int(pb.used[0])
+        assert bits_equal(pa.raw[0][:, :, : n % page], pb.raw[0][:, :, : n % page])
+    for x, y in zip(a.to_bf16(0), b.to_bf16(0)):
+        assert bits_equal(x, y)
+
+
+@pytest.mark.parametrize("runs", [[21, 1, 1, 9, 1, 30], [1, 1, 14, 16, 1], [40]])
+def test_write_pair_kernel_matches_the_twin_and_the_one_side_kernel(runs):
+    # keys and values in one launch (grid axis 2): the twin's planes and the one-side kernel's, byte for byte
+    from glyd.kv._triton_pool import write_pair_triton, write_triton
+
+    gen = torch.Generator().manual_seed(7 + len(runs))
+    twin, pair, single = (FixedPagePool(layers=1, batch=2, heads=2, head_dim=32, max_len=96, page=16,
+                                        exc_fraction=1 / 8) for _ in range(3))
+    for t in runs:
+        k, v = states(gen, 2, 2, t, 32)
+        k[0, 0, 0, :4] = torch.tensor([float("nan"), float("-inf"), -0.0, 1e-40])  # NaN payload, subnormal
+        v[1, 1, -1, :2] = torch.tensor([float("inf"), -1e-41])
+        first = int(twin.lens[0])
+        head = (-first) % 16
+        parts = [(k[:, :, :head], v[:, :, :head], t - head), (k[:, :, head:], v[:, :, head:], 0)] \
+            if 0 < head < t else [(k, v, 0)]  # as pool.write
+        for pool in (twin, pair, single):
+            pool.advance(t)
+            for pk, pv, after in parts:
+                lens = pool.lens - after
+                kp, vp = _side_planes(pool, "k"), _side_planes(pool, "v")
+                if pool is twin:
+                    pool_twin.write_torch(pk.contiguous(), lens, pool.block_index, *kp)
+                    pool_twin.write_torch(pv.contiguous(), lens, pool.block_index, *vp)
+                elif pool is pair:
+                    write_pair_triton(pk.contiguous(), pv.contiguous(), lens, pool.block_index, kp, vp)
+                else:
+                    write_triton(pk.contiguous(), lens, pool.block_index, *kp)
+                    write_triton(pv.contiguous(), lens, pool.block_index, *vp)
+    n = int(twin.lens[0])
+    assert int(twin.k.used[0]) > 0 and int(twin.v.used[0]) > 0
+    _same_pages(twin, pair, n, 16)
+    _same_pages(single, pair, n, 16)
+
+
+def test_write_pair_refuses_mismatched_sides_by_name():
+    from glyd.kv._triton_pool import write_pair_triton
+
+    pool = FixedPagePool(layers=1, batch=1, heads=2, head_dim=32, max_len=64, page=16)
+    k, v = states(torch.Generator().manual_seed(1), 1, 2, 3, 32)
+    pool.advance(3)
+    kp, vp = _side_planes(pool, "k"), _side_planes(pool, "v")
+    with pytest.raises(FormatError, match="must match keys'"):
+        write_pair_triton(k, v[:, :, :2].contiguous(), pool.lens, pool.block_index, kp, vp)
+    with pytest.raises(FormatError, match="v.used must be a contiguous torch.int32"):
+        write_pair_triton(k, v, pool.lens, pool.block_index, kp, (*vp[:5], vp[5].to(torch.int64), vp[6]))
+    with pytest.raises(FormatError, match="values must be contiguous bf16"):
+        write_pair_triton(k, v.float(), pool.lens, pool.block_index, kp, vp)
+    assert int(pool.k.used[0]) == int(pool.v.used[0]) == 0 and not pool.k.raw[0].view(torch.int16).any()
+
+
+def test_the_pool_writes_both_sides_with_one_op():
+    # pool.write on equal head dims calls glyd::kvf12_write_pair once (one kernel on CUDA), else the one-side op twice
+    pool = FixedPagePool(layers=1, batch=1, heads=1, head_dim=32, max_len=64, page=16)
+    gen = torch.Generator().manual_seed(4)
+    k, v = states(gen, 1, 1, 20, 32)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        pool.advance(20)
+        pool.write(0, k, v)
+    names = [e.name for e in prof.events()]
+    assert names.count("glyd::kvf12_write_pair") == 1 and "glyd::kvf12_write" not in names
+    kd, vd = pool.to_bf16(0)
+    assert bits_equal(kd, k) and bits_equal(vd, v)
+    mixed = FixedPagePool(layers=1, batch=1, heads=1, head_dim=32, max_len=64, page=16, v_head_dim=64)
+    v64 = states(gen, 1, 1, 20, 64)[1]
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        mixed.advance(20)
+        mixed.write(0, k, v64)
+    names = [e.name for e in prof.events()]
+    assert names.count("glyd::kvf12_write") == 2 and "glyd::kvf12_write_pair" not in names
+    kd, vd = mixed.to_bf16(0)
+    assert bits_equal(kd, k) and bits_equal(vd, v64)
+
+
 def test_ops_trace_with_static_shapes():
     # torch.compile sees both ops as opaque calls (fake implementations), one graph for every step
     torch._dynamo.reset()
@@ -295,7 +387,7 @@ def test_ops_trace_with_static_shapes():
         k, v = states(gen, 1, 1, 1, 32)
         out = step(k, v, torch.ones(1, 2, 32, dtype=torch.bfloat16))
     assert len(frames) == 1 and pool.lens.tolist() == [18] and torch.isfinite(out).all()
-    assert "glyd.kvf12_write" in str(frames[0].code) and "glyd.kvf12_attention" in str(frames[0].code)
+    assert "glyd.kvf12_write_pair" in str(frames[0].code) and "glyd.kvf12_attention" in str(frames[0].code)
 
 
 @pytest.mark.slow
@@ -317,6 +409,9 @@ def test_write_kernel_compiles_for_sm90():
     found = re.findall(r"CUBIN P=(\d+) D=(\d+) bytes=(\d+) atomics=(\d+)", r.stdout)
     assert [(p, d) for p, d, _, _ in found] == [("64", "128"), ("32", "64")]
     assert all(int(n) > 0 and int(a) >= 1 for _, _, n, a in found)
+    pairs = re.findall(r"PAIR P=(\d+) D=(\d+) bytes=(\d+) atomics=(\d+)", r.stdout)
+    assert [(p, d) for p, d, _, _ in pairs] == [("64", "128"), ("32", "64")]
+    assert all(int(n) > 0 and int(a) >= 2 for _, _, n, a in pairs)  # one arena counter a side
 
 
 @pytest.mark.gpu

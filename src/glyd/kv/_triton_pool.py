@@ -4,7 +4,8 @@ One program a (sequence, KV head, page the write touches). A page the write fill
 registers straight into its block (``lo``, ``code``, ``base``, ``meta``; its exceptions appended to the
 layer's arena at a place an atomic counter hands out); the page that stays partial goes to the raw
 page. A decode step is one program a (sequence, head): it writes one row of the raw page, and packs
-the page on the step that fills it. The pool and the byte layout: ``glyd.kv.pool``, ``glyd.kv.fixed``;
+the page on the step that fills it. ``write_pair_triton`` writes a layer's keys and values in one launch
+(a third grid axis picks the side). The pool and the byte layout: ``glyd.kv.pool``, ``glyd.kv.fixed``;
 the twin: ``glyd.kv.pool_twin.write_torch`` (the same planes; the arena's order of blocks may differ).
 
 Per 16-channel group the window base is the lowest start of the 8 values of ``exponent >> 1`` that
@@ -97,11 +98,10 @@ def _pack_page(wa, wb, blk, lo_ptr, code_ptr, base_ptr, meta_ptr, exc_ptr, used_
     tl.store(meta_ptr + blk * 2 + 1, tl.where(fits, n, -1))
 
 
-# Shape-dependent ints are not specialised (no recompile per batch size, prompt length or pool size).
-@isolated
-@triton.jit(do_not_specialize=["T", "J", "E", "H"])
-def _kvf12_write_kernel(x_ptr, lens_ptr, bidx_ptr, lo_ptr, code_ptr, base_ptr, meta_ptr, exc_ptr, used_ptr, raw_ptr,
-                        T, J, E, H, P: tl.constexpr, D: tl.constexpr):
+@triton.jit
+def _write_side(x_ptr, lens_ptr, bidx_ptr, lo_ptr, code_ptr, base_ptr, meta_ptr, exc_ptr, used_ptr, raw_ptr,
+                T, J, E, H, P: tl.constexpr, D: tl.constexpr):
+    """One program's page of one side: (sequence, head) = program 0, the page the write touches = program 1."""
     pid_bh = tl.program_id(0)
     b = pid_bh // H
     pos0 = tl.load(lens_ptr + b) - T
@@ -123,6 +123,29 @@ def _kvf12_write_kernel(x_ptr, lens_ptr, bidx_ptr, lo_ptr, code_ptr, base_ptr, m
             cols = tl.arange(0, D)[None, :]
             v = tl.load(x_ptr + xrow[:, None] * D + cols, mask=from_x[:, None], other=0)
             tl.store(raw_ptr + rrow[:, None] * D + cols, v, mask=from_x[:, None])
+
+
+# Shape-dependent ints are not specialised (no recompile per batch size, prompt length or pool size).
+@isolated
+@triton.jit(do_not_specialize=["T", "J", "E", "H"])
+def _kvf12_write_kernel(x_ptr, lens_ptr, bidx_ptr, lo_ptr, code_ptr, base_ptr, meta_ptr, exc_ptr, used_ptr, raw_ptr,
+                        T, J, E, H, P: tl.constexpr, D: tl.constexpr):
+    _write_side(x_ptr, lens_ptr, bidx_ptr, lo_ptr, code_ptr, base_ptr, meta_ptr, exc_ptr, used_ptr, raw_ptr,
+                T, J, E, H, P, D)
+
+
+# Both sides in one launch (program 2: 0 keys, 1 values): a layer's write is one kernel, and the two sides'
+# pages (each a latency-bound program at a prompt's few pages) run side by side instead of one after the other.
+@isolated
+@triton.jit(do_not_specialize=["T", "J", "EK", "EV", "H"])
+def _kvf12_write_pair_kernel(xk_ptr, xv_ptr, lens_ptr, bidx_ptr,
+                             klo, kcode, kbase, kmeta, kexc, kused, kraw,
+                             vlo, vcode, vbase, vmeta, vexc, vused, vraw,
+                             T, J, EK, EV, H, P: tl.constexpr, D: tl.constexpr):
+    if tl.program_id(2) == 0:
+        _write_side(xk_ptr, lens_ptr, bidx_ptr, klo, kcode, kbase, kmeta, kexc, kused, kraw, T, J, EK, H, P, D)
+    else:
+        _write_side(xv_ptr, lens_ptr, bidx_ptr, vlo, vcode, vbase, vmeta, vexc, vused, vraw, T, J, EV, H, P, D)
 
 
 @dataclass(frozen=True)
@@ -163,10 +186,13 @@ class Kvf12WriteKernel(KVKernel):
     def launch(cls, x, lens, block_index, lo, code, base, meta, exc, used, raw, *, config):
         write_triton(x, lens, block_index, lo, code, base, meta, exc, used, raw, num_warps=config.num_warps)
 
+    @classmethod
+    def launch_pair(cls, keys, values, lens, block_index, k_planes, v_planes, *, config):
+        write_pair_triton(keys, values, lens, block_index, k_planes, v_planes, num_warps=config.num_warps)
 
-# x [B, H, T, D] bf16; lens [B] int32 (tokens after the write); block_index [B, H, J] int32; lo [NB, P, D],
-# code [NB, P, D/2], base [NB, D/16] uint8; meta [NB, 2], exc [E + 1], used [1] int32; raw [B, H, P, D] bf16.
-def write_triton(x, lens, block_index, lo, code, base, meta, exc, used, raw, num_warps=4):
+
+def _check_side(x, lens, block_index, lo, code, base, meta, exc, used, raw, side: str = ""):
+    """Shapes, dtypes and devices of one side's write (``side``: a prefix for the names in errors)."""
     b, h, t, d = x.shape
     p = lo.shape[1]
     want = {"lo": (lo, torch.uint8, (p, d)), "code": (code, torch.uint8, (p, d // 2)),
@@ -174,17 +200,47 @@ def write_triton(x, lens, block_index, lo, code, base, meta, exc, used, raw, num
             "raw": (raw, torch.bfloat16, (b, h, p, d)), "exc": (exc, torch.int32, None), "used": (used, torch.int32, (1,)),
             "lens": (lens, torch.int32, (b,)), "block_index": (block_index, torch.int32, None)}
     for name, (ten, dtype, shape) in want.items():
+        name = side + name if name in ("lo", "code", "base", "meta", "raw", "exc", "used") else name
         if ten.dtype != dtype or not ten.is_contiguous() or ten.device != x.device:
             raise FormatError(f"{name} must be a contiguous {dtype} tensor on {x.device}, got {ten.dtype} on {ten.device}")
-        full = tuple(ten.shape[1:]) if name in ("lo", "code", "base", "meta") else tuple(ten.shape)
+        full = tuple(ten.shape[1:]) if name.endswith(("lo", "code", "base", "meta")) else tuple(ten.shape)
         if shape is not None and full != shape:
             raise FormatError(f"{name} has shape {tuple(ten.shape)}, want [..., {', '.join(map(str, shape))}]")
     if x.dtype != torch.bfloat16 or not x.is_contiguous():
-        raise FormatError(f"x must be contiguous bf16 [B, H, T, D], got {x.dtype}")
+        raise FormatError(f"{ {'k.': 'keys', 'v.': 'values'}.get(side, 'x')} must be contiguous bf16 [B, H, T, D], "
+                          f"got {x.dtype}")
     if block_index.dim() != 3 or tuple(block_index.shape[:2]) != (b, h):
         raise FormatError(f"block_index has shape {tuple(block_index.shape)}, want [{b}, {h}, J]")
+
+
+# x [B, H, T, D] bf16; lens [B] int32 (tokens after the write); block_index [B, H, J] int32; lo [NB, P, D],
+# code [NB, P, D/2], base [NB, D/16] uint8; meta [NB, 2], exc [E + 1], used [1] int32; raw [B, H, P, D] bf16.
+def write_triton(x, lens, block_index, lo, code, base, meta, exc, used, raw, num_warps=4):
+    _check_side(x, lens, block_index, lo, code, base, meta, exc, used, raw)
+    b, h, t, d = x.shape
+    p = lo.shape[1]
     chunks = (t + 2 * p - 2) // p
     _kvf12_write_kernel[(b * h, chunks)](  # bf16 as int16: the words move as bits
         x.view(torch.int16), lens, block_index, lo, code, base, meta, exc, used, raw.view(torch.int16),
         t, block_index.shape[2], exc.numel() - 1, h, P=p, D=d, num_warps=num_warps,
+    )
+
+
+# keys, values [B, H, T, D] bf16 (one head dim); lens, block_index as write_triton; k_planes, v_planes: each side's
+# (lo, code, base, meta, exc, used, raw) as write_triton takes them. One launch: grid (B * H, pages, 2 sides).
+def write_pair_triton(keys, values, lens, block_index, k_planes, v_planes, num_warps=4):
+    if tuple(values.shape) != tuple(keys.shape):
+        raise FormatError(f"values of shape {tuple(values.shape)} must match keys' {tuple(keys.shape)} in one launch")
+    _check_side(keys, lens, block_index, *k_planes, side="k.")
+    _check_side(values, lens, block_index, *v_planes, side="v.")
+    if k_planes[0].shape[1] != v_planes[0].shape[1]:
+        raise FormatError(f"k.lo pages of {k_planes[0].shape[1]} tokens, v.lo of {v_planes[0].shape[1]}: one page size")
+    b, h, t, d = keys.shape
+    p = k_planes[0].shape[1]
+    chunks = (t + 2 * p - 2) // p
+    k7 = (*k_planes[:6], k_planes[6].view(torch.int16))
+    v7 = (*v_planes[:6], v_planes[6].view(torch.int16))
+    _kvf12_write_pair_kernel[(b * h, chunks, 2)](
+        keys.view(torch.int16), values.view(torch.int16), lens, block_index, *k7, *v7,
+        t, block_index.shape[2], k_planes[4].numel() - 1, v_planes[4].numel() - 1, h, P=p, D=d, num_warps=num_warps,
     )

@@ -301,9 +301,10 @@ class FixedPagePool:
 
     def write(self, layer: int, keys: torch.Tensor, values: torch.Tensor) -> int | None:
         """Write layer ``layer``'s new tokens ``keys``/``values [B, H, T, D]`` at positions ``lens - T ..``
-        (one kernel a side; pages that fill are packed). A prompt (``T > 1``) takes the position from the
-        host's count (:meth:`held`; no sync unless ``lens`` was changed outside this class: a prompt that starts inside a page and fills it is written in two calls, the
-        page then the rest) and returns it; a decode step (``T == 1``) returns None and never syncs."""
+        (one kernel for both sides where their head dims agree; pages that fill are packed). A prompt
+        (``T > 1``) takes the position from the host's count (:meth:`held`; no sync unless ``lens`` was
+        changed outside this class: a prompt that starts inside a page and fills it is written in two calls,
+        the page then the rest) and returns it; a decode step (``T == 1``) returns None and never syncs."""
         self._check_layer(layer)
         self._check_states("keys", keys, self.head_dim)
         self._check_states("values", values, self.v_head_dim)
@@ -331,8 +332,15 @@ class FixedPagePool:
         return first
 
     def _write(self, layer: int, keys: torch.Tensor, values: torch.Tensor, after: int) -> None:
-
+        # one op for both sides where their head dims agree (one kernel on CUDA), else one a side
         lens = self.lens if after == 0 else self.lens - after
+        if self.head_dim == self.v_head_dim:
+            planes = []
+            for side in (self.k, self.v):
+                lo, code, base, meta, exc, raw = side.layer(layer)
+                planes.append((lo, code, base, meta, exc, side.used[layer], raw))
+            pool_ops.write_pair(keys.contiguous(), values.contiguous(), lens, self.block_index, *planes)
+            return
         for side, x in ((self.k, keys), (self.v, values)):
             lo, code, base, meta, exc, raw = side.layer(layer)
             pool_ops.write(x.contiguous(), lens, self.block_index, lo, code, base, meta, exc, side.used[layer], raw)

@@ -1,4 +1,5 @@
-"""The static pool's ops as ``torch.library`` ops: ``glyd::kvf12_write`` and ``glyd::kvf12_attention``.
+"""The static pool's ops as ``torch.library`` ops: ``glyd::kvf12_write`` (one side), ``glyd::kvf12_write_pair``
+(a layer's keys and values, one kernel on CUDA) and ``glyd::kvf12_attention``.
 
 Their default implementation is the pure-torch twin (``glyd.kv.pool_twin``: the CPU, the tests);
 CUDA tensors take the kernel ``glyd.kv.registry`` chooses from the GPU's table (the Triton kernels,
@@ -25,7 +26,7 @@ from glyd.kernels.registry import Device
 from glyd.kv import pool_twin
 from glyd.kv.registry import KVKernel, KVProblem, choose
 
-__all__ = ["write", "attention", "refuse", "Kvf12AttentionTorch", "Kvf12WriteTorch", "TwinConfig"]
+__all__ = ["write", "write_pair", "attention", "refuse", "Kvf12AttentionTorch", "Kvf12WriteTorch", "TwinConfig"]
 
 _T = torch.Tensor
 
@@ -62,6 +63,11 @@ class Kvf12WriteTorch(KVKernel):
     def launch(cls, x, lens, block_index, lo, code, base, meta, exc, used, raw, *, config):
         pool_twin.write_torch(x, lens, block_index, lo, code, base, meta, exc, used, raw)
 
+    @classmethod
+    def launch_pair(cls, keys, values, lens, block_index, k_planes, v_planes, *, config):
+        pool_twin.write_torch(keys, lens, block_index, *k_planes)
+        pool_twin.write_torch(values, lens, block_index, *v_planes)
+
 
 def _problem(op: str, page: int, d: int, dv: int, group: int) -> KVProblem:
     return KVProblem("kvf12", op, page, d, dv, group, "pool")
@@ -81,6 +87,30 @@ def _write_cuda(x, lens, block_index, lo, code, base, meta, exc, used, raw) -> N
 
 @_write.register_fake
 def _write_fake(x, lens, block_index, lo, code, base, meta, exc, used, raw) -> None:
+    return None
+
+
+_PAIR = ("klo", "kcode", "kbase", "kmeta", "kexc", "kused", "kraw", "vlo", "vcode", "vbase", "vmeta", "vexc", "vused", "vraw")
+
+
+@torch.library.custom_op("glyd::kvf12_write_pair", mutates_args=_PAIR)
+def _write_pair(keys: _T, values: _T, lens: _T, block_index: _T, klo: _T, kcode: _T, kbase: _T, kmeta: _T, kexc: _T,
+                kused: _T, kraw: _T, vlo: _T, vcode: _T, vbase: _T, vmeta: _T, vexc: _T, vused: _T, vraw: _T) -> None:
+    pool_twin.write_torch(keys, lens, block_index, klo, kcode, kbase, kmeta, kexc, kused, kraw)
+    pool_twin.write_torch(values, lens, block_index, vlo, vcode, vbase, vmeta, vexc, vused, vraw)
+
+
+@_write_pair.register_kernel("cuda")
+def _write_pair_cuda(keys, values, lens, block_index, klo, kcode, kbase, kmeta, kexc, kused, kraw, vlo, vcode, vbase,
+                     vmeta, vexc, vused, vraw) -> None:
+    kc, cfg = choose(_problem("write", klo.shape[1], keys.shape[3], keys.shape[3], 1), Device.of(keys.device))
+    kc.launch_pair(keys, values, lens, block_index, (klo, kcode, kbase, kmeta, kexc, kused, kraw),
+                   (vlo, vcode, vbase, vmeta, vexc, vused, vraw), config=cfg)
+
+
+@_write_pair.register_fake
+def _write_pair_fake(keys, values, lens, block_index, klo, kcode, kbase, kmeta, kexc, kused, kraw, vlo, vcode, vbase,
+                     vmeta, vexc, vused, vraw) -> None:
     return None
 
 
@@ -122,6 +152,13 @@ def _refuse_fake(lens, message) -> None:
 def write(x, lens, block_index, lo, code, base, meta, exc, used, raw) -> None:
     """``torch.ops.glyd.kvf12_write``: write ``x`` into a pool side (one kernel)."""
     torch.ops.glyd.kvf12_write(x, lens, block_index, lo, code, base, meta, exc, used, raw)
+
+
+# keys, values [B, H, T, D] bf16 (one head dim); lens, block_index as write; k_planes, v_planes: each side's
+# (lo, code, base, meta, exc, used, raw)
+def write_pair(keys, values, lens, block_index, k_planes, v_planes) -> None:
+    """``torch.ops.glyd.kvf12_write_pair``: write a layer's keys and values (one kernel for both sides on CUDA)."""
+    torch.ops.glyd.kvf12_write_pair(keys, values, lens, block_index, *k_planes, *v_planes)
 
 
 # lens [B] int32 (declared mutated, never changed: the op stays in a compiled graph, ordered before lens's updates)

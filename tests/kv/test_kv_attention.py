@@ -256,3 +256,23 @@ def test_splits_whose_state_passes_2_31_elements_are_refused_by_name():
     with pytest.raises(FormatError, match="num_splits"):
         _split_state(q, lens, None, 256, 8, 512, 16, 128)
     _split_state(q, lens, None, 256, 8, 511, 16, 128)  # below: taken
+
+
+@pytest.mark.parametrize("pps, bh, pages, want", [
+    (4, 256, 256, (2, 128)),  # 64 sequences x 4 heads at 16K tokens: one wave of 2 splits (3 made a partial second)
+    (16, 256, 256, (8, 32)),
+    (4, 64, 256, (8, 32)),
+    (4, 4, 256, (128, 2)),  # 1 sequence: 132 programs wanted, 2 pages a split make 128
+    (4, 4, 64, (64, 1)),  # never more splits than pages
+    (1, 1000, 64, (1, 64)),  # more (sequence, head) pairs than programs: one split each
+])
+def test_split_count_never_launches_past_programs_per_sm(monkeypatch, pps, bh, pages, want):
+    # Rounded up, the count launched up to bh - 1 programs past programs_per_sm x SMs: at the H100 table's 4 an SM
+    # (what fits an SM) a partial second wave of whole splits (64 x 4 heads at 16K: 972 us at 3 splits, 2026-12-05)
+    pytest.importorskip("triton")
+    from glyd.kv import _triton as T
+
+    monkeypatch.setattr(T, "_sm_count", lambda device: 132)
+    splits, per = T._splits(pages, bh, torch.device("cpu"), None, pps)
+    assert (splits, per) == want
+    assert splits * bh <= max(pps * 132, bh) and splits * per >= pages

@@ -73,6 +73,24 @@ def test_word_decode_gives_back_every_bit(n, p, d, ts):
     assert bits_equal(word_unpack(pk, ts), x)
 
 
+@pytest.mark.parametrize("ts", [16, 32])
+def test_word_patch_puts_each_exception_in_its_half_of_its_word(ts):
+    # the patch works on the four word tiles (two channels a 32-bit word): exceptions at each of a word's four
+    # channels, in both halves, at the first and last row of every sub-tile, next to each other in one word and
+    # alone in a word whose other value stays decoded from its window
+    gen = torch.Generator().manual_seed(ts)
+    p, d = 64, 128
+    x = (torch.rand(2, p, d, generator=gen) + 1.0).to(torch.bfloat16)  # one exponent: a window holds all
+    rows = [r for t0 in range(0, p, ts) for r in (t0, t0 + ts - 1)]
+    chans = [0, 1, 2, 3, 9, 14, 23, 64, 65, 66, 67, 77, 82, 127]
+    for r in rows:
+        x[0, r, chans] = float("inf")
+        x[1, r, [c + (r % 4) for c in (4, 68)]] = 0.0
+    pk = pack_blocks(x)
+    assert pk["exc"].numel() == len(rows) * (len(chans) + 2)
+    assert bits_equal(word_unpack(pk, ts), x)
+
+
 def test_word_decode_of_every_bf16_pattern():
     # all 65,536 patterns (it took every 7th block of them: 10,240), over blocks whose windows sit at
     # every fourth base from the lowest (0) to the highest (120)

@@ -49,25 +49,35 @@ def word_bases(base_ptr, meta_ptr, blk, D: tl.constexpr):
 
 
 @triton.jit
-def _patch(ta, tb, exc_ptr, e0, ne, t0, TS: tl.constexpr, D: tl.constexpr):
-    """The block's exceptions in rows ``t0 .. t0+TS`` put into the two half tiles (uint16 words in word order:
-    channel ``c`` of a half at position ``perm(c)``): one ``where`` over the one half tile an exception is in
-    (only blocks that have any run this)."""
+def _patch_words(a0, a1, b0, b1, exc_ptr, e0, ne, t0, TS: tl.constexpr, D: tl.constexpr):
+    """The block's exceptions in rows ``t0 .. t0+TS`` put into the four word tiles (``[TS, D/8]`` uint32, before
+    ``_halves``): channel ``c`` of a half is the low (``c & 2 == 0``) or high 16 bits of word ``c // 4`` of
+    tile ``c & 1``; one ``where`` over the one word tile an exception is in (only blocks that have any run this)."""
     H: tl.constexpr = D // 2
     rows = tl.arange(0, TS)[:, None]
-    cols = tl.arange(0, H)[None, :]
+    cols = tl.arange(0, D // 8)[None, :]
     for e in range(e0, e0 + ne):
         ent = tl.load(exc_ptr + e)
         idx = ent & 0xFFFF
         r = idx // D - t0
         if (r >= 0) & (r < TS):
             c = idx % D
-            word = ((ent >> 16) & 0xFFFF).to(tl.uint16)
+            h = c % H
+            sh = ((h & 2) * 8).to(tl.uint32)
+            word = ((ent >> 16) & 0xFFFF).to(tl.uint32) << sh
+            keep = tl.full([], 0xFFFF0000, tl.uint32) >> sh  # the other value's 16 bits
+            hit = (rows == r) & (cols == h // 4)
             if c < H:
-                ta = tl.where((rows == r) & (cols == perm(c)), word, ta)
+                if h % 2 == 0:
+                    a0 = tl.where(hit, (a0 & keep) | word, a0)
+                else:
+                    a1 = tl.where(hit, (a1 & keep) | word, a1)
             else:
-                tb = tl.where((rows == r) & (cols == perm(c - H)), word, tb)
-    return ta, tb
+                if h % 2 == 0:
+                    b0 = tl.where(hit, (b0 & keep) | word, b0)
+                else:
+                    b1 = tl.where(hit, (b1 & keep) | word, b1)
+    return a0, a1, b0, b1
 
 
 @triton.jit
@@ -98,10 +108,13 @@ def decode_words(lo_ptr, code_ptr, exc_ptr, blk, t0, ba, bb, e0, ne, P: tl.const
     a1 = ((la >> 8) & 0x00FF00FF) | (ha & odd)  # channels 4k+1, 4k+3
     b0 = (lb & 0x00FF00FF) | ((hb << 8) & odd)
     b1 = ((lb >> 8) & 0x00FF00FF) | (hb & odd)
-    ta = _halves(a0, a1, TS, D // 2)
-    tb = _halves(b0, b1, TS, D // 2)
-    # patched after the join: Triton 3.6 then gives the dots kWidth 2 (a join upstream of a dot operand makes it
-    # pick 4, whose operand fragments cost about 75 register moves a sub-tile on sm_90)
+    # the joins inside the if: Triton 3.6 gives the dots kWidth 2 only where no join traces into their operands
+    # (kWidth 4 costs about 85 register moves a sub-tile on sm_90); patched words: a quarter of the half tile's
     if ne > 0:
-        ta, tb = _patch(ta, tb, exc_ptr, e0, ne, t0, TS, D)
+        a0, a1, b0, b1 = _patch_words(a0, a1, b0, b1, exc_ptr, e0, ne, t0, TS, D)
+        ta = _halves(a0, a1, TS, D // 2)
+        tb = _halves(b0, b1, TS, D // 2)
+    else:
+        ta = _halves(a0, a1, TS, D // 2)
+        tb = _halves(b0, b1, TS, D // 2)
     return ta.to(tl.bfloat16, bitcast=True), tb.to(tl.bfloat16, bitcast=True)

@@ -80,7 +80,8 @@ def disassemble(kernel) -> list[dict]:
         if m:
             rows.append({"addr": int(m.group(1), 16), "text": m.group(2), "labels": pending, "func": where})
             pending = []
-    return rows
+    last = max(i for i, r in enumerate(rows) if r["text"].split()[-1] == "EXIT")
+    return rows[: last + 1]  # after the last EXIT: a branch to itself and NOP padding, never run
 
 
 def _targets(rows) -> tuple[dict[str, int], list[tuple[int, int]]]:

@@ -21,7 +21,7 @@ triton = pytest.importorskip("triton")
 import triton.language as tl  # noqa: E402
 
 from glyd.kernels._interp import isolated  # noqa: E402
-from glyd.kv._triton_words import decode_words, perm, word_bases  # noqa: E402
+from glyd.kv._triton_words import decode_words, perm, word_bases, word_order  # noqa: E402
 
 
 @isolated
@@ -37,6 +37,24 @@ def _unpack_words(lo_ptr, code_ptr, base_ptr, meta_ptr, exc_ptr, out_ptr, P: tl.
         op = out_ptr + blk * (P * D) + (t0 + tl.arange(0, TS))[:, None] * D + cols
         tl.store(op, a)
         tl.store(op + D // 2, b)
+
+
+@isolated
+@triton.jit
+def _reorder(x_ptr, out_ptr, R: tl.constexpr, C: tl.constexpr):
+    offs = tl.arange(0, R)[:, None] * C + tl.arange(0, C)[None, :]
+    tl.store(out_ptr + offs, word_order(tl.load(x_ptr + offs), R, C))
+
+
+@pytest.mark.parametrize("c", [16, 64])
+def test_query_loaded_in_channel_order_is_put_in_word_order(c):
+    # the kernel reads the query with whole-row loads and reorders it in registers: column n of the result is
+    # channel perm(n), as the decoded key tiles hold them
+    x = torch.randn(16, c).to(torch.bfloat16)
+    out = torch.empty_like(x)
+    _reorder[(1,)](x, out, R=16, C=c)
+    n = torch.arange(c)
+    assert bits_equal(out, x[:, (n & ~3) | ((n >> 1) & 1) | ((n & 1) << 1)])
 
 
 def word_unpack(pk: dict, sub_tile: int) -> torch.Tensor:

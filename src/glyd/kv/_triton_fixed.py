@@ -22,7 +22,7 @@ from glyd.errors import FormatError
 from glyd.kernels._fields import check_int
 from glyd.kernels._interp import isolated
 from glyd.kv._triton import _combine, _dot, _interpreting, _kept, _split_state, _splits, _valid_arg, qk_f32
-from glyd.kv._triton_words import decode_words, perm, word_bases
+from glyd.kv._triton_words import decode_words, perm, word_bases, word_order
 from glyd.kv.registry import KVKernel
 
 
@@ -123,6 +123,20 @@ def _tiles(lo_ptr, code_ptr, exc_ptr, blk, t0, ba, bb, e0, ne, P: tl.constexpr, 
         return _decode(lo_ptr, code_ptr, exc_ptr, blk, t0, ba, bb, e0, ne, P, TS, D)
 
 
+@triton.jit
+def _query(q_ptr, pid_bh, G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, SWAR: tl.constexpr):
+    """The group's query rows (``GP``, rows past ``G`` zero) as two halves, in word order for ``SWAR``."""
+    HD: tl.constexpr = D // 2
+    offs_g = tl.arange(0, GP)
+    qp = q_ptr + (pid_bh * G + offs_g)[:, None] * D + tl.arange(0, HD)[None, :]
+    qa = tl.load(qp, mask=offs_g[:, None] < G, other=0.0)
+    qb = tl.load(qp + HD, mask=offs_g[:, None] < G, other=0.0)
+    if SWAR:  # read in channel order (vector loads, not 2-byte gathers through perm), then put in word order
+        qa = word_order(qa, GP, HD)
+        qb = word_order(qb, GP, HD)
+    return qa, qb
+
+
 # Shape-dependent ints are not specialised (no recompile per batch size or length).
 @isolated
 @triton.jit(do_not_specialize=["H", "J", "CAP", "PAGES_PER_SPLIT", "S", "VS"])
@@ -152,9 +166,7 @@ def _kvf_decode_split_kernel(
         offs_hd = perm(offs_hd)
         offs_hv = perm(offs_hv)
     offs_ts = tl.arange(0, TS)
-    qp = q_ptr + (pid_bh * G + offs_g)[:, None] * D + offs_hd[None, :]
-    qa = tl.load(qp, mask=offs_g[:, None] < G, other=0.0)
-    qb = tl.load(qp + HD, mask=offs_g[:, None] < G, other=0.0)
+    qa, qb = _query(q_ptr, pid_bh, G, GP, D, SWAR)
     m_i = tl.full([GP], float("-inf"), tl.float32)
     l_i = tl.zeros([GP, TS] if SWAR else [GP], tl.float32)  # SWAR: a sum a lane (_probs)
     acc_a = tl.zeros([GP, HV], tl.float32)
@@ -197,6 +209,10 @@ def _kvf_decode_split_kernel(
     o = pid_bh * S + split
     tl.store(m_out + o * GP + offs_g, m_i)
     tl.store(l_out + o * GP + offs_g, l_i)
+    if SWAR:  # back to channel order (perm is its own inverse): vector stores, not 4-byte scatters through perm
+        acc_a = word_order(acc_a, GP, HV)
+        acc_b = word_order(acc_b, GP, HV)
+        offs_hv = tl.arange(0, HV)
     ap = acc_out + (o * GP + offs_g)[:, None] * DV + offs_hv[None, :]
     tl.store(ap, acc_a)
     tl.store(ap + HV, acc_b)

@@ -30,6 +30,12 @@ def perm(n):
 
 
 @triton.jit
+def word_order(x, R: tl.constexpr, C: tl.constexpr):
+    """``[R, C]`` in channel order -> in word order (column ``n`` holds channel ``perm(n)``)."""
+    return tl.reshape(tl.permute(tl.reshape(x, [R, C // 4, 2, 2]), (0, 1, 3, 2)), [R, C])
+
+
+@triton.jit
 def _highs(c4, base4):
     """High bytes of four values (uint32, a value a byte) from their 4-bit codes in the low nibbles of
     ``c4``'s bytes and ``base4`` (the window base in every byte)."""

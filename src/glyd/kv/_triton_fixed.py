@@ -149,9 +149,9 @@ def _kvf_decode_split_kernel(
     G: tl.constexpr, GP: tl.constexpr, P: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
     F32: tl.constexpr, TS: tl.constexpr, QK_F32: tl.constexpr, HAS_VALID: tl.constexpr, SWAR: tl.constexpr = False,
 ):
-    pid_bh = tl.program_id(0)
-    split = tl.program_id(1)
-    b = pid_bh // H
+    b = tl.program_id(1)  # grid (H, B, splits): no division by H; programs start in the order of (B * H, splits)
+    pid_bh = b * H + tl.program_id(0)
+    split = tl.program_id(2)
     L = tl.load(lens_ptr + b)
     S0 = tl.load(starts_ptr + b)  # tokens before S0 are masked (left padding)
     n_full = tl.minimum(L // P, J)
@@ -347,7 +347,7 @@ def attention_triton(q, lens, starts, block_index, k_side, v_side, scale, capped
     opts = {} if _interpreting() else {k: v for k, v in (("maxnreg", maxnreg), ("num_stages", num_stages)) if v}
     if swar:  # lo and code as int32 words (rows of D/4 and D/8 words: D >= 32)
         k_side, v_side = (_word_views(sd) for sd in (k_side, v_side))
-    _kvf_decode_split_kernel[(b * h, num_splits)](
+    _kvf_decode_split_kernel[(h, b, num_splits)](
         q, lens, starts, vbytes, vs, block_index, *k_side, *v_side, m, l_, acc,
         scale * 1.4426950408889634, h, jcap, jcap * p if capped else jcap * p + p, pages_per_split, num_splits,
         G=g, GP=gp, P=p, D=d, DV=dv, F32=_interpreting(), TS=ts, QK_F32=qk_f32(d // 2), HAS_VALID=has_valid,

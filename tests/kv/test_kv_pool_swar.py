@@ -246,6 +246,17 @@ def test_swar_is_a_validated_config_field_the_registry_passes_on():
     assert bits_equal(via, attend(pool, q, True, num_splits=2))
 
 
+def test_more_splits_than_the_grid_holds_is_refused_before_a_launch():
+    from glyd.kv._triton_fixed import attention_triton
+
+    gen = torch.Generator().manual_seed(5)
+    pool, _, _ = ragged_pool(1, 1, 32, 16, [20], gen)
+    q = torch.randn(1, 1, 32, generator=gen).to(torch.bfloat16)
+    bidx = torch.zeros(1, 1, 65536, dtype=torch.int32)  # a split a page: 65,536 splits (the grid's z holds 65,535)
+    with pytest.raises(FormatError, match="65,535"):
+        attention_triton(q, pool.lens, None, bidx, pool.k.layer(0), pool.v.layer(0), 0.125, num_splits=65536)
+
+
 @pytest.mark.slow
 def test_swar_kernel_compiles_for_sm90_with_safe_dots():
     # compiled ahead of time (no GPU), as test_kv_fixed_attention checks the byte-wise decode: every bf16

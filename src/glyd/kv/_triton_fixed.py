@@ -338,6 +338,8 @@ def attention_triton(q, lens, starts, block_index, k_side, v_side, scale, capped
     gp = max(16, triton.next_power_of_2(g))
     max_pages = jcap if capped else jcap + 1  # host ints only: no sync, so CUDA graphs can capture this
     num_splits, pages_per_split = _splits(max(max_pages, 1), b * h, dev, num_splits, programs_per_sm)
+    if max(b, num_splits) > 65535:  # the grid's y and z dimensions
+        raise FormatError(f"at most 65,535 sequences and splits a launch, got {b} and {num_splits}")
     lens, starts, m, l_, acc = _split_state(q, lens, starts, b, h, num_splits, gp, dv)
     vbytes, vs, has_valid = _valid_arg(valid, b, q)
     if not isinstance(swar, bool):

@@ -48,7 +48,8 @@ def signature(swar: bool) -> dict[str, str]:
 
 def compile_kernel(warps: int, ts: int, maxnreg: int, swar: bool, stages: int, valid: bool):
     fn = kf._kvf_decode_split_kernel
-    const = dict(G=7, GP=16, P=64, D=128, DV=128, F32=False, TS=ts, QK_F32=False, HAS_VALID=valid, SWAR=swar)
+    const = dict(G=7, GP=16, P=64, D=128, DV=128, F32=False, TS=ts, QK_F32=False, HAS_VALID=valid, SWAR=swar,
+                 PRMT=True)
     sig = signature(swar)
     sig.update({k: "constexpr" for k in const})
     names = list(fn.arg_names)

@@ -28,7 +28,7 @@ def main() -> int:
         d, g, ts, swar = (int(v) for v in (arg + ",0").split(",")[:4])
         # with the attention mask's row read (GlydStaticCache's decode steps always read it)
         const = dict(G=g, GP=16, P=64, D=d, DV=d, F32=False, TS=ts, QK_F32=qk_f32(d // 2), HAS_VALID=True,
-                     SWAR=bool(swar))
+                     SWAR=bool(swar), PRMT=True)
         s = dict(sig)
         if swar:
             s.update({f"{pre}_{a}": "*i32" for pre in "kv" for a in ("lo", "code")})

@@ -21,19 +21,19 @@ triton = pytest.importorskip("triton")
 import triton.language as tl  # noqa: E402
 
 from glyd.kernels._interp import isolated  # noqa: E402
-from glyd.kv._triton_words import decode_words, perm, word_bases, word_order  # noqa: E402
+from glyd.kv._triton_words import PAIR_EVEN, PAIR_ODD, _pairs, decode_words, perm, word_bases, word_order  # noqa: E402,E501
 
 
 @isolated
 @triton.jit
 def _unpack_words(lo_ptr, code_ptr, base_ptr, meta_ptr, exc_ptr, out_ptr, P: tl.constexpr, TS: tl.constexpr,
-                  D: tl.constexpr):
+                  D: tl.constexpr, PRMT: tl.constexpr):
     # one program a block: its tiles in word order, stored back through perm (channel order)
     blk = tl.program_id(0).to(tl.int64)
     ba, bb, e0, ne = word_bases(base_ptr, meta_ptr, blk, D)
     cols = perm(tl.arange(0, D // 2))[None, :]
     for t0 in tl.static_range(0, P, TS):
-        a, b = decode_words(lo_ptr, code_ptr, exc_ptr, blk, t0, ba, bb, e0, ne, P, TS, D)
+        a, b = decode_words(lo_ptr, code_ptr, exc_ptr, blk, t0, ba, bb, e0, ne, P, TS, D, PRMT)
         op = out_ptr + blk * (P * D) + (t0 + tl.arange(0, TS))[:, None] * D + cols
         tl.store(op, a)
         tl.store(op + D // 2, b)
@@ -57,12 +57,42 @@ def test_query_loaded_in_channel_order_is_put_in_word_order(c):
     assert bits_equal(out, x[:, (n & ~3) | ((n >> 1) & 1) | ((n & 1) << 1)])
 
 
+@isolated
+@triton.jit
+def _pair_words(lo_ptr, hi_ptr, out_ptr, N: tl.constexpr):
+    offs = tl.arange(0, N)
+    lo = tl.load(lo_ptr + offs).to(tl.uint32, bitcast=True)
+    hi = tl.load(hi_ptr + offs).to(tl.uint32, bitcast=True)
+    tl.store(out_ptr + offs, _pairs(lo, hi, False, False).to(tl.int32, bitcast=True))
+    tl.store(out_ptr + N + offs, _pairs(lo, hi, True, False).to(tl.int32, bitcast=True))
+
+
+def prmt(a: torch.Tensor, b: torch.Tensor, sel: int) -> torch.Tensor:
+    """PTX ``prmt.b32 d, a, b, sel`` (default mode, selectors without the sign bit): byte t of d is byte
+    (nibble t of sel) of the 8 bytes b:a."""
+    pool = torch.stack([(x.to(torch.int64) >> (8 * i)) & 0xFF for x in (a, b) for i in range(4)])
+    return sum(pool[(sel >> (4 * t)) & 7] << (8 * t) for t in range(4)).to(torch.int64)
+
+
+def test_prmt_selectors_give_the_interpreters_byte_pairs():
+    # the GPU takes the pairs by prmt with PAIR_EVEN / PAIR_ODD, the interpreter by shifts and masks: the same
+    # bits for any words (the interpreter cannot run the inline PTX; this ties its selectors to the twin)
+    gen = torch.Generator().manual_seed(7)
+    lo = torch.randint(-2**31, 2**31, (256,), generator=gen, dtype=torch.int64).to(torch.int32)
+    hi = torch.randint(-2**31, 2**31, (256,), generator=gen, dtype=torch.int64).to(torch.int32)
+    out = torch.empty(512, dtype=torch.int32)
+    _pair_words[(1,)](lo, hi, out, N=256)
+    twin = out.to(torch.int64) & 0xFFFFFFFF
+    assert torch.equal(twin[:256], prmt(lo, hi, PAIR_EVEN.value))
+    assert torch.equal(twin[256:], prmt(lo, hi, PAIR_ODD.value))
+
+
 def word_unpack(pk: dict, sub_tile: int) -> torch.Tensor:
     n, p, d = pk["lo"].shape
     out = torch.empty(n, p, d, dtype=torch.bfloat16, device=pk["lo"].device)
     exc = pk["exc"] if pk["exc"].numel() else torch.zeros(1, dtype=torch.int32, device=out.device)
     _unpack_words[(n,)](pk["lo"].view(torch.int32), pk["code"].view(torch.int32), pk["base"], pk["meta"], exc, out,
-                        P=p, TS=min(sub_tile, p), D=d)
+                        P=p, TS=min(sub_tile, p), D=d, PRMT=out.is_cuda)  # prmt on a GPU
     return out
 
 

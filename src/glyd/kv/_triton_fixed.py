@@ -115,10 +115,10 @@ def _block(base_ptr, meta_ptr, blk, D: tl.constexpr, SWAR: tl.constexpr):
 
 @triton.jit
 def _tiles(lo_ptr, code_ptr, exc_ptr, blk, t0, ba, bb, e0, ne, P: tl.constexpr, TS: tl.constexpr, D: tl.constexpr,
-           SWAR: tl.constexpr):
+           SWAR: tl.constexpr, PRMT: tl.constexpr):
     """Rows ``t0 .. t0+TS`` of one block as two bf16 half tiles: byte-wise, or on words (in word order)."""
     if SWAR:
-        return decode_words(lo_ptr, code_ptr, exc_ptr, blk, t0, ba, bb, e0, ne, P, TS, D)
+        return decode_words(lo_ptr, code_ptr, exc_ptr, blk, t0, ba, bb, e0, ne, P, TS, D, PRMT)
     else:
         return _decode(lo_ptr, code_ptr, exc_ptr, blk, t0, ba, bb, e0, ne, P, TS, D)
 
@@ -148,6 +148,7 @@ def _kvf_decode_split_kernel(
     qk_scale, H, J, CAP, PAGES_PER_SPLIT, S,
     G: tl.constexpr, GP: tl.constexpr, P: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
     F32: tl.constexpr, TS: tl.constexpr, QK_F32: tl.constexpr, HAS_VALID: tl.constexpr, SWAR: tl.constexpr = False,
+    PRMT: tl.constexpr = False,
 ):
     b = tl.program_id(1)  # grid (H, B, splits): no division by H; programs start in the order of (B * H, splits)
     pid_bh = b * H + tl.program_id(0)
@@ -178,13 +179,13 @@ def _kvf_decode_split_kernel(
         vba, vbb, ve0, vne = _block(v_base, v_meta, blk, DV, SWAR)
         lost = lost | (kne < 0) | (vne < 0)  # a page whose exceptions did not fit the arena
         for t0 in range(0, P, TS):
-            ka, kb = _tiles(k_lo, k_code, k_exc, blk, t0, kba, kbb, ke0, kne, P, TS, D, SWAR)
+            ka, kb = _tiles(k_lo, k_code, k_exc, blk, t0, kba, kbb, ke0, kne, P, TS, D, SWAR, PRMT)
             pos = j * P + t0 + offs_ts
             valid = (pos >= S0) & _kept(valid_ptr, b, VS, pos, HAS_VALID)
             if SWAR & HAS_VALID:
                 valid = _opaque(valid)
             p, alpha, m_i, l_i = _probs(qa, qb, ka, kb, valid, m_i, l_i, qk_scale, QK_F32, SWAR)
-            va, vb = _tiles(v_lo, v_code, v_exc, blk, t0, vba, vbb, ve0, vne, P, TS, DV, SWAR)
+            va, vb = _tiles(v_lo, v_code, v_exc, blk, t0, vba, vbb, ve0, vne, P, TS, DV, SWAR, PRMT)
             acc_a = acc_a * alpha[:, None] + _dot(p, va, F32)
             acc_b = acc_b * alpha[:, None] + _dot(p, vb, F32)
     if (n_full >= j0) & (n_full < j1):  # this split holds the raw, unfilled page
@@ -353,7 +354,7 @@ def attention_triton(q, lens, starts, block_index, k_side, v_side, scale, capped
         q, lens, starts, vbytes, vs, block_index, *k_side, *v_side, m, l_, acc,
         scale * 1.4426950408889634, h, jcap, jcap * p if capped else jcap * p + p, pages_per_split, num_splits,
         G=g, GP=gp, P=p, D=d, DV=dv, F32=_interpreting(), TS=ts, QK_F32=qk_f32(d // 2), HAS_VALID=has_valid,
-        SWAR=swar, num_warps=num_warps, **opts,
+        SWAR=swar, PRMT=not _interpreting(), num_warps=num_warps, **opts,
     )
     out = torch.empty(b, hq, dv, dtype=torch.bfloat16, device=dev)
     _combine(m, l_, acc, out, b, h, num_splits, g, gp, dv)

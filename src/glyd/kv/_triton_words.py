@@ -12,9 +12,10 @@ word of each half give four words of two bf16 values each, about 3.4 in the loop
 
 ``P0`` holds channels ``4k`` and ``4k+2`` of a half (bytes 0 and 2 of its words), ``P1`` channels ``4k+1``
 and ``4k+3``; the four high bytes come first, from the code word's nibbles, one a byte (no byte carries
-into the next: ``base <= 120``). A tile keeps each word's two values side by side (its channels in *word order*:
-position ``n`` holds channel ``perm(n)``, bits 0 and 1 of ``n`` swapped), so the words feed the dot
-operands as they are; the query is read, and the output stored, through the same ``perm``.
+into the next: ``base <= 120``); on a GPU each pair is one ``prmt`` (``_pairs``; the interpreter, which cannot run
+inline PTX, takes the same bytes by shifts and masks). A tile keeps each word's two values side by side (its
+channels in *word order*: position ``n`` holds channel ``perm(n)``, bits 0 and 1 of ``n`` swapped), so the words
+feed the dot operands as they are; the query and the output are put in and out of word order by ``word_order``.
 """
 
 from __future__ import annotations
@@ -86,6 +87,25 @@ def _patch_words(a0, a1, b0, b1, exc_ptr, e0, ne, t0, TS: tl.constexpr, D: tl.co
     return a0, a1, b0, b1
 
 
+#: ``prmt`` selectors of ``_pairs`` (result byte t <- byte nibble t of hi:lo): bytes 0, 2 and bytes 1, 3 of each.
+PAIR_EVEN = tl.constexpr(0x6240)
+PAIR_ODD = tl.constexpr(0x7351)
+
+
+@triton.jit
+def _pairs(lo, hi, ODD: tl.constexpr, PRMT: tl.constexpr):
+    """Two bf16 words a 32-bit word: bytes 0 and 2 (``ODD``: 1 and 3) of ``lo`` and ``hi`` interleaved, low
+    byte first (one ``prmt`` on a GPU instead of a shift and two logic operations)."""
+    if PRMT:
+        sel = lo * 0 + (PAIR_ODD if ODD else PAIR_EVEN)
+        return tl.inline_asm_elementwise("prmt.b32 $0, $1, $2, $3;", "=r,r,r,r", [lo, hi, sel], dtype=tl.uint32,
+                                         is_pure=True, pack=1)
+    elif ODD:
+        return ((lo >> 8) & 0x00FF00FF) | (hi & 0xFF00FF00)
+    else:
+        return (lo & 0x00FF00FF) | ((hi << 8) & 0xFF00FF00)
+
+
 @triton.jit
 def _halves(w0, w1, TS: tl.constexpr, H: tl.constexpr):
     """Word tiles ``[TS, H/4]`` -> a half tile ``[TS, H]`` of uint16 words in word order (each word's lanes side
@@ -97,9 +117,10 @@ def _halves(w0, w1, TS: tl.constexpr, H: tl.constexpr):
 
 @triton.jit
 def decode_words(lo_ptr, code_ptr, exc_ptr, blk, t0, ba, bb, e0, ne, P: tl.constexpr, TS: tl.constexpr,
-                 D: tl.constexpr):
+                 D: tl.constexpr, PRMT: tl.constexpr = False):
     """Rows ``t0 .. t0+TS`` of one block -> two bf16 half tiles ``[TS, D/2]`` in word order, from the
-    ``lo`` and ``code`` planes read as int32 words (``lo_ptr``: ``[NB, P, D/4]``, ``code_ptr``: ``[NB, P, D/8]``)."""
+    ``lo`` and ``code`` planes read as int32 words (``lo_ptr``: ``[NB, P, D/4]``, ``code_ptr``: ``[NB, P, D/8]``);
+    ``PRMT``: the byte pairs by ``prmt`` (a GPU), else by shifts and masks (the interpreter: the same bits)."""
     HW: tl.constexpr = D // 8
     rows = (t0 + tl.arange(0, TS))[:, None]
     cols = tl.arange(0, HW)[None, :]
@@ -109,11 +130,10 @@ def decode_words(lo_ptr, code_ptr, exc_ptr, blk, t0, ba, bb, e0, ne, P: tl.const
     lb = tl.load(lop + HW).to(tl.uint32, bitcast=True)
     ha = _highs(cw & 0x0F0F0F0F, ba[None, :])  # half A's codes: the low nibbles
     hb = _highs((cw >> 4) & 0x0F0F0F0F, bb[None, :])  # half B's: the high nibbles
-    odd = ~0x00FF00FF  # bytes 1 and 3
-    a0 = (la & 0x00FF00FF) | ((ha << 8) & odd)  # channels 4k, 4k+2: low, high, low, high byte
-    a1 = ((la >> 8) & 0x00FF00FF) | (ha & odd)  # channels 4k+1, 4k+3
-    b0 = (lb & 0x00FF00FF) | ((hb << 8) & odd)
-    b1 = ((lb >> 8) & 0x00FF00FF) | (hb & odd)
+    a0 = _pairs(la, ha, False, PRMT)  # channels 4k, 4k+2: low, high, low, high byte
+    a1 = _pairs(la, ha, True, PRMT)  # channels 4k+1, 4k+3
+    b0 = _pairs(lb, hb, False, PRMT)
+    b1 = _pairs(lb, hb, True, PRMT)
     # the joins inside the if: Triton 3.6 gives the dots kWidth 2 only where no join traces into their operands
     # (kWidth 4 costs about 85 register moves a sub-tile on sm_90); patched words: a quarter of the half tile's
     if ne > 0:

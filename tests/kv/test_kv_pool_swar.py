@@ -280,7 +280,7 @@ def test_more_splits_than_the_grid_holds_is_refused_before_a_launch():
     from glyd.kv._triton_fixed import attention_triton
 
     gen = torch.Generator().manual_seed(5)
-    pool, _, _ = ragged_pool(1, 1, 32, 16, [20], gen)
+    pool, _, _ = ragged_pool(1, 1, 32, 32, [40], gen)  # pages of 32: a launch the GPU would make
     q = torch.randn(1, 1, 32, generator=gen).to(torch.bfloat16)
     bidx = torch.zeros(1, 1, 65536, dtype=torch.int32)  # a split a page: 65,536 splits (the grid's z holds 65,535)
     with pytest.raises(FormatError, match="65,535"):

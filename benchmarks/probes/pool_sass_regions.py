@@ -144,17 +144,24 @@ def regions(rows) -> dict:
     for i in range(page[1] + 1, len(rows)):
         region[i] = "raw page" if skip and skip[0] <= i < skip[1] else "epilogue"
     paths = [_paths(rows, at, lo, hi) for lo, hi in patches]
-    return {"region": region, "patch_paths": paths}
+    # entries a trip: the entry loads on the skip path (the loop may take several entries a trip)
+    per = [max(1, sum(1 for i in range(lo, hi + 1) if re.match(r"(@!?P\d+ )?LDG\.E R", rows[i]["text"])
+                      and not BRANCH.match(rows[i]["text"]))) for lo, hi in patches]
+    return {"region": region, "patch_paths": paths, "per_trip": per}
 
 
-def model(counts, paths, ts: int, kexc: float, vexc: float) -> dict:
-    """Warp instructions a page (without and with exceptions) and a program, from the region counts."""
-    trips = 64 // ts
-    base = counts["page"] + trips * counts["sub-tile"]
+def model(counts, paths, per_trip, ts: int, kexc: float, vexc: float) -> dict:
+    """Warp instructions a page (without and with exceptions) and a program, from the region counts. A patch loop
+    taking ``k`` entries a trip runs ``n / k`` trips a sub-tile (and half a trip of padding on average); an entry
+    in the sub-tile adds the mean of the paths that patch one entry (the shortest increments) to its trip."""
+    tiles = 64 // ts
+    base = counts["page"] + tiles * counts["sub-tile"]
     exc = 0.0
-    for p, n in zip(paths, (kexc, vexc)):  # the key side's loop comes first in the SASS
-        skip, hit = p[0], sum(p[1:]) / max(1, len(p) - 1)
-        exc += n * (trips * skip + hit - skip)
+    for p, k, n in zip(paths, per_trip, (kexc, vexc)):  # the key side's loop comes first in the SASS
+        d = [x - p[0] for x in p[1:]] or [0]
+        one = [x for x in d if x < 1.5 * min(d)]
+        trips = n / k + (k - 1) / (2 * k) if n else 0.0
+        exc += tiles * trips * p[0] + n * sum(one) / len(one)
     return {"page": base, "page_exc": base + exc, "program": counts["prologue"] + counts["epilogue"]}
 
 
@@ -174,7 +181,7 @@ def report(variant, args) -> None:
     rows = disassemble(k)
     r = regions(rows)
     counts = collections.Counter(r["region"])
-    m = model(counts, r["patch_paths"], ts, args.kexc, args.vexc)
+    m = model(counts, r["patch_paths"], r["per_trip"], ts, args.kexc, args.vexc)
     ppp = pages_per_program(args.tokens, args.seqs, 4, args.sms, args.pps)
     th = 32 * w
     name = f"w{w} s{ts} r{mr or '-'}" + (" swar" if swar else "") + (f" n{st}" if st else "")
@@ -185,8 +192,8 @@ def report(variant, args) -> None:
         kinds = collections.Counter(map(pool_sass.kind, ins))
         parts = ", ".join(str(kinds[x]) for x in ("int", "mem", "move", "float", "sync", "mma", "uniform"))
         print(f"| {reg} | {len(ins)} | {parts} |")
-    for side, p in zip(("key", "value"), r["patch_paths"]):
-        print(f"\n{side} patch loop paths (instructions): {p}")
+    for side, p, k in zip(("key", "value"), r["patch_paths"], r["per_trip"]):
+        print(f"\n{side} patch loop, {k} entries a trip, paths (instructions): {p}")
     per_page = m["page_exc"] + m["program"] / ppp
     print(f"\nwarp instructions: a page {m['page']:.0f} without exceptions, {m['page_exc']:.0f} with "
           f"{args.kexc} key / {args.vexc} value entries; a program {m['program']}; {ppp:.2f} pages a program at "

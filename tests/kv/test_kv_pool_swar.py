@@ -139,6 +139,27 @@ def test_word_patch_puts_each_exception_in_its_half_of_its_word(ts):
     assert bits_equal(word_unpack(pk, ts), x)
 
 
+@pytest.mark.parametrize("extra", [0, 1, 2])
+def test_word_patch_takes_the_entries_in_arena_order(extra):
+    # the patch loop takes two entries a trip (the second masked past the block's end): odd and even counts,
+    # and an entry repeated with another value later in the block's range wins, as in one entry a trip
+    x = (torch.rand(1, 64, 128, generator=torch.Generator().manual_seed(extra)) + 1.0).to(torch.bfloat16)
+    x[0, 5, 7] = x[0, 40, 70] = x[0, 63, 127] = 0.0
+    pk = pack_blocks(x)
+    assert pk["exc"].numel() == 3
+    more = [(5 * 128 + 7, 0x4049), (40 * 128 + 70, 0xC2F7)][:extra]  # 3.14, -123.5 over the same values
+    ents = pk["exc"].tolist()
+    for k, (i, w) in enumerate(more):  # right after the entry it repeats: the same trip of the loop
+        ents.insert(2 * k + 1, i | (w << 16))
+    pk["exc"] = torch.tensor(ents, dtype=torch.int64).to(torch.int32)
+    pk["meta"][0, 1] += extra
+    want = x.clone().view(torch.int16)
+    for i, w in more:
+        want[0, i // 128, i % 128] = torch.tensor(w, dtype=torch.int32).to(torch.int16)
+    for ts in (16, 32, 64):
+        assert bits_equal(word_unpack(pk, ts), want.view(torch.bfloat16))
+
+
 def test_word_decode_of_every_bf16_pattern():
     # all 65,536 patterns (it took every 7th block of them: 10,240), over blocks whose windows sit at
     # every fourth base from the lowest (0) to the highest (120)

@@ -56,34 +56,45 @@ def word_bases(base_ptr, meta_ptr, blk, D: tl.constexpr):
 
 
 @triton.jit
-def _patch_words(a0, a1, b0, b1, exc_ptr, e0, ne, t0, TS: tl.constexpr, D: tl.constexpr):
-    """The block's exceptions in rows ``t0 .. t0+TS`` put into the four word tiles (``[TS, D/8]`` uint32, before
-    ``_halves``): channel ``c`` of a half is the low (``c & 2 == 0``) or high 16 bits of word ``c // 4`` of
-    tile ``c & 1``; one ``where`` over the one word tile an exception is in (only blocks that have any run this)."""
+def _patch_one(a0, a1, b0, b1, ent, t0, TS: tl.constexpr, D: tl.constexpr):
+    """One exception entry put into the four word tiles (``[TS, D/8]`` uint32, before ``_halves``) if its row is in
+    ``t0 .. t0+TS``: channel ``c`` of a half is the low (``c & 2 == 0``) or high 16 bits of word ``c // 4`` of tile
+    ``c & 1``; one ``where`` over the one word tile it is in."""
     H: tl.constexpr = D // 2
-    rows = tl.arange(0, TS)[:, None]
-    cols = tl.arange(0, D // 8)[None, :]
-    for e in range(e0, e0 + ne):
-        ent = tl.load(exc_ptr + e)
-        idx = ent & 0xFFFF
-        r = idx // D - t0
-        if (r >= 0) & (r < TS):
-            c = idx % D
-            h = c % H
-            sh = ((h & 2) * 8).to(tl.uint32)
-            word = ((ent >> 16) & 0xFFFF).to(tl.uint32) << sh
-            keep = tl.full([], 0xFFFF0000, tl.uint32) >> sh  # the other value's 16 bits
-            hit = (rows == r) & (cols == h // 4)
-            if c < H:
-                if h % 2 == 0:
-                    a0 = tl.where(hit, (a0 & keep) | word, a0)
-                else:
-                    a1 = tl.where(hit, (a1 & keep) | word, a1)
+    idx = ent & 0xFFFF
+    r = idx // D - t0
+    if (r >= 0) & (r < TS):
+        rows = tl.arange(0, TS)[:, None]
+        cols = tl.arange(0, D // 8)[None, :]
+        c = idx % D
+        h = c % H
+        sh = ((h & 2) * 8).to(tl.uint32)
+        word = ((ent >> 16) & 0xFFFF).to(tl.uint32) << sh
+        keep = tl.full([], 0xFFFF0000, tl.uint32) >> sh  # the other value's 16 bits
+        hit = (rows == r) & (cols == h // 4)
+        if c < H:
+            if h % 2 == 0:
+                a0 = tl.where(hit, (a0 & keep) | word, a0)
             else:
-                if h % 2 == 0:
-                    b0 = tl.where(hit, (b0 & keep) | word, b0)
-                else:
-                    b1 = tl.where(hit, (b1 & keep) | word, b1)
+                a1 = tl.where(hit, (a1 & keep) | word, a1)
+        else:
+            if h % 2 == 0:
+                b0 = tl.where(hit, (b0 & keep) | word, b0)
+            else:
+                b1 = tl.where(hit, (b1 & keep) | word, b1)
+    return a0, a1, b0, b1
+
+
+@triton.jit
+def _patch_words(a0, a1, b0, b1, exc_ptr, e0, ne, t0, TS: tl.constexpr, D: tl.constexpr):
+    """The block's exceptions in rows ``t0 .. t0+TS`` put into the four word tiles, in the arena's order (only blocks
+    that have any run this): two entries a trip, so their loads overlap; past the end, an entry of no row (0xFFFF)."""
+    e1 = e0 + ne
+    for e in range(e0, e1, 2):
+        ent = tl.load(exc_ptr + e)
+        nxt = tl.load(exc_ptr + e + 1, mask=e + 1 < e1, other=0xFFFF)
+        a0, a1, b0, b1 = _patch_one(a0, a1, b0, b1, ent, t0, TS, D)
+        a0, a1, b0, b1 = _patch_one(a0, a1, b0, b1, nxt, t0, TS, D)
     return a0, a1, b0, b1
 
 

@@ -145,8 +145,8 @@ def decode_words(lo_ptr, code_ptr, exc_ptr, blk, t0, ba, bb, e0, ne, P: tl.const
     a1 = _pairs(la, ha, True, PRMT)  # channels 4k+1, 4k+3
     b0 = _pairs(lb, hb, False, PRMT)
     b1 = _pairs(lb, hb, True, PRMT)
-    # the joins inside the if: Triton 3.6 gives the dots kWidth 2 only where no join traces into their operands
-    # (kWidth 4 costs about 85 register moves a sub-tile on sm_90); patched words: a quarter of the half tile's
+    # the patch on the word tiles (a quarter of a half tile's elements); the joins in both arms of the if, as Triton
+    # 3.6 gives the dots kWidth 2 only where no join traces into their operands (4: ~85 register moves a sub-tile)
     if ne > 0:
         a0, a1, b0, b1 = _patch_words(a0, a1, b0, b1, exc_ptr, e0, ne, t0, TS, D)
         ta = _halves(a0, a1, TS, D // 2)

@@ -179,11 +179,12 @@ def dense11_v2(kind: str, tile: tuple[int, int, int] = (16, 256, 4), v3: bool = 
     return analyse(rows, res, bn * bk / (32 * warps))
 
 
-def dense11_mma(mb: int, tile: tuple[int, int] = (64, 4), prefetch: bool = True, full: bool = True,
+def dense11_mma(mb: int, tile: tuple[int, int] = (64, 4), prefetch: int = 1, full: bool = True,
                 v3: bool = True) -> dict:
     """``dot="mma"`` (``glyd.kernels.dense11.gemv_mma``): the decoded lane words as the A operand of
     ``mma.sync.m16n8k16`` in registers, ``mb`` x rows (8-64) a program, ``tile`` = (bn, warps) at bk 128 (two
-    runs of 32 a thread); exceptions compiled in. The step is the K loop, as ``dense11_v2``'s."""
+    runs of 32 a thread); exceptions compiled in. The step is the K loop, as ``dense11_v2``'s; ``prefetch`` 2
+    (``prefetch_depth=2``): the loop is a trip of two steps, counted as two."""
     from glyd.kernels.dense11 import gemv_mma as G
 
     bn, warps = tile
@@ -195,7 +196,7 @@ def dense11_mma(mb: int, tile: tuple[int, int] = (64, 4), prefetch: bool = True,
     fn = G._gemv_mma_kernel
     sig = {n: "constexpr" if n in const else ptrs.get(n, "i32") for n in fn.arg_names}
     rows, res = _sass(fn, sig, const, warps, (*ptrs, "KP", "K", "stride_xm"))
-    return analyse(rows, res, bn * 128 / (32 * warps))
+    return analyse(rows, res, bn * 128 / (32 * warps) * (2 if prefetch == 2 else 1))
 
 
 #: GEMV tiles (bn, bk, warps: a run of 32 a thread) counted at 32 and 64 x rows (``@`` in the report)
@@ -249,7 +250,10 @@ def report() -> int:
                             (64, "32x128x4"))]
     items += [(f"dense11v3/mma{mb}{'' if full else '-masked'}@64x128x4",
                lambda mb=mb, full=full: dense11_mma(mb, full=full)) for mb in (8, 16, 32, 64) for full in (True, False)]
-    items += [("dense11v3/mma32-noprefetch@64x128x4", lambda: dense11_mma(32, prefetch=False))]
+    items += [("dense11v3/mma32-noprefetch@64x128x4", lambda: dense11_mma(32, prefetch=0))]
+    items += [(f"dense11v3/mma{mb}{'' if full else '-masked'}-depth2@64x128x4",
+               lambda mb=mb, full=full: dense11_mma(mb, prefetch=2, full=full)) for mb in (8, 16, 32, 64)
+              for full in (True, False)]
     for lay in K.LAYOUT_IDS:
         for mode, m in K.MODES.items():
             for cfg in (K.DEFAULTS[m], K.LARGE[m]):

@@ -43,6 +43,13 @@ CASES = [  # (version, M, N, K, weights, config): MMA tiles of 8-64 x rows, ragg
     (3, 33, 64, 256, "normal", {"bias": True}),
     (2, 64, 64, 512, "wide", {"prefetch": True}),
     (3, 5, 130, 64, "wide", {"mb": 16}),
+    # prefetch_depth 2 (two steps a trip): odd and even step counts, a K split's last trip of one step, ragged K
+    (3, 1, 64, 1024, "crowded", {"prefetch": True, "prefetch_depth": 2}),
+    (3, 2, 64, 1024, "crowded", {"prefetch": True, "prefetch_depth": 2}),
+    (3, 9, 40, 200, "wide", {"prefetch": True, "prefetch_depth": 2}),
+    (3, 16, 70, 1100, "crowded", {"split": 2, "prefetch": True, "prefetch_depth": 2}),
+    (3, 16, 64, 2432, "crowded", {"mb": 16, "prefetch": True, "prefetch_depth": 2}),
+    (3, 20, 64, 1536, "crowded", {"mb": 32, "prefetch": True, "prefetch_depth": 2}),
 ]
 
 
@@ -59,6 +66,26 @@ def test_mma_products(device, version, m, n, k, kind, cfg):
     got = _run(version, x, p, cfg, bias).double().cpu()
     ref = torch.nn.functional.linear(x.double().cpu(), w.double(), None if bias is None else bias.double().cpu())
     assert float((got - ref).norm() / ref.norm()) < 5e-3
+
+
+
+@pytest.mark.parametrize("m,n,k,cfg", [(1, 64, 1100, {}), (2, 70, 1100, {"split": 2}), (9, 64, 2432, {}),
+                                       (16, 40, 1100, {}), (16, 64, 384, {"mb": 16})])
+def test_prefetch_depth_2_gives_depth_1s_bits_and_exact_weights(m, n, k, cfg):
+    # the same steps in the same order (only the loads move): depth 1's bits, exceptions included. One-hot x rows
+    # (x row i picks column c_i, ragged K's last step among them) give each weight's bf16 exactly
+    w = _weights(n, k, seed=m + k, kind="crowded")
+    p = pack_v3(w)
+    assert p.arrays["exc_idx"].numel() > 0
+    g = torch.Generator().manual_seed(m)
+    x = torch.randn(m, k, generator=g).to(torch.bfloat16)
+    one = {"prefetch": True, **cfg}
+    assert torch.equal(_run(3, x, p, {**one, "prefetch_depth": 2}), _run(3, x, p, one))
+    cols = torch.randint(0, k, (m,), generator=g)
+    cols[-1] = k - 1
+    hot = torch.zeros(m, k, dtype=torch.bfloat16)
+    hot[torch.arange(m), cols] = 1
+    assert torch.equal(_run(3, hot, p, {**one, "prefetch_depth": 2}), w[:, cols].t().contiguous())
 
 
 def test_mma_odd_k_falls_back_and_m1_runs_one_x_tile():
@@ -135,6 +162,12 @@ def test_mma_config_and_rows():
     for bad in ({"bn": 32, "bk": 128}, {"bn": 64, "bk": 256}, {"bn": 64, "bk": 128, "warps": 2}):
         with pytest.raises(ValueError, match="mma"):
             Dense11V3GemvConfig(dot="mma", **bad)
+    assert Dense11V3GemvConfig().prefetch_depth == 1  # the tables' rows name no depth: 1
+    assert Dense11V3GemvConfig(bn=64, bk=128, dot="mma", prefetch=True, prefetch_depth=2).prefetch_depth == 2
+    for bad in ({"prefetch_depth": 2}, {"prefetch_depth": 2, "prefetch": True, "dot": "tile"}, {"prefetch_depth": 3},
+                {"prefetch_depth": True}, {"prefetch_depth": 0}):
+        with pytest.raises(ValueError, match="prefetch_depth"):
+            Dense11V3GemvConfig(**{"bn": 64, "bk": 128, "dot": "mma", **bad})
     assert [mma_rows(m, 64) for m in (2, 8, 9, 16, 17, 33, 64, 65)] == [8, 8, 16, 16, 32, 64, 64, 64]
     assert mma_rows(40, 16) == 16 and mma_rows(3, 1) == 8
 
@@ -239,3 +272,5 @@ def test_mma_on_the_gpu(n, k):
             if m in (1, 16):  # version 2 with dot="mma": the tile dot (gemv_v2), within rounding
                 got2 = _run(2, x, p2, cfg)
                 assert float((got2.double() - ref).norm() / ref.norm()) < 5e-3, (m, cfg)
+        # prefetch_depth 2: the same MMAs in the same order as depth 1 (only the loads move): its bits
+        assert torch.equal(_run(3, x, p3, {"prefetch": True, "prefetch_depth": 2}), _run(3, x, p3, {"prefetch": True}))

@@ -172,6 +172,42 @@ def _tiles(acc, BH: tl.constexpr, W: tl.constexpr, NT: tl.constexpr):
     return r
 
 
+@triton.jit
+def _zeros(BH: tl.constexpr, W: tl.constexpr, NT: tl.constexpr):
+    # the NT x tiles' MMA accumulators (d0, d1, d2, d3), each [BH, W] fp32
+    acc = ()
+    for t in tl.static_range(NT):
+        acc = acc + ((tl.zeros([BH, W], dtype=tl.float32), tl.zeros([BH, W], dtype=tl.float32),
+                      tl.zeros([BH, W], dtype=tl.float32), tl.zeros([BH, W], dtype=tl.float32)),)
+    return acc
+
+
+@triton.jit
+def _words(code_ptr, sm_ptr, ra, rb, ma, mb, kb, KP, BH: tl.constexpr, W: tl.constexpr, FULL: tl.constexpr,
+           V3: tl.constexpr):
+    # a step's raw words of half tiles a (rows ra) and b (rows rb)
+    return (load_words(code_ptr, sm_ptr, ra, ma, kb, KP, BH, W, FULL, V3),
+            load_words(code_ptr, sm_ptr, rb, mb, kb, KP, BH, W, FULL, V3))
+
+
+@triton.jit
+def _decode2(wa, wb, run_a, run_b, esc_ptr, NESCW, tab, lut, HW: tl.constexpr, BH: tl.constexpr, W: tl.constexpr,
+             V3: tl.constexpr):
+    # the lane words of half tiles a and b (decode_words) and their runs moved past the step's escapes
+    hia, loa, hib, lob, run_a = decode_words(*wa, esc_ptr, NESCW, run_a, tab, lut, HW, BH, W, V3)
+    hja, lja, hjb, ljb, run_b = decode_words(*wb, esc_ptr, NESCW, run_b, tab, lut, HW, BH, W, V3)
+    return (hia, loa, hib, lob, hja, lja, hjb, ljb), run_a, run_b
+
+
+@triton.jit
+def _mma2(acc, lanes, x32_ptr, rxs, stride_xm, kb, K, BH: tl.constexpr, W: tl.constexpr, NT: tl.constexpr,
+          HW: tl.constexpr, FULL: tl.constexpr):
+    # the step's products: halves 0 and 1 of both half tiles (lanes: _decode2's)
+    hia, loa, hib, lob, hja, lja, hjb, ljb = lanes
+    acc = _mma_half(acc, hia, loa, hja, lja, x32_ptr, rxs, stride_xm, kb, K, 0, BH, W, NT, HW, FULL)
+    return _mma_half(acc, hib, lob, hjb, ljb, x32_ptr, rxs, stride_xm, kb, K, 1, BH, W, NT, HW, FULL)
+
+
 @isolated
 @triton.jit(do_not_specialize=["NESCW", "TH0", "TH1", "TL0", "TL1", "HA0", "HA1", "HB0", "HB1", "LA0", "LA1", "LB0",
                                "LB1"])
@@ -179,13 +215,17 @@ def _gemv_mma_kernel(x_ptr, x32_ptr, sm_ptr, sm8_ptr, code_ptr, esc_ptr, ebase_p
                      eexp_ptr, bias_ptr, out_ptr, M, N, K, KP, NBR, NESCW, BLOCKS_SPLIT, stride_xm, TH0, TH1, TL0, TL1,
                      HA0, HA1, HB0, HB1, LA0, LA1, LB0, LB1, BN: tl.constexpr, MB: tl.constexpr, HW: tl.constexpr,
                      HAS_BIAS: tl.constexpr, HAS_EXC: tl.constexpr, PARTIAL: tl.constexpr, FULL: tl.constexpr = False,
-                     PREFETCH: tl.constexpr = False, V3: tl.constexpr = False):
+                     PREFETCH: tl.constexpr = 0, V3: tl.constexpr = False):
     # rows [pid_n * BN, +BN) x blocks [pid_k * BLOCKS_SPLIT, +BLOCKS_SPLIT) for x rows [pid_m * MB, +MB), bk 128:
-    # two half tiles a (rows 16 warp + g) and b (16 warp + 8 + g) of BN / 2 rows, decoded as version 2's GEMV does
+    # two half tiles a (rows 16 warp + g) and b (16 warp + 8 + g) of BN / 2 rows, decoded as version 2's GEMV does.
+    # PREFETCH: a step's words loaded 0, 1 or 2 steps before it decodes (True counts as 1). ptxas issues a prefetch
+    # late in the step (~85 of its ~530 instructions before the use at 1: the loop's top waits on it); at 2 each
+    # of two word sets is reloaded right after its decode, a step and a half ahead
     W: tl.constexpr = 4
     BK: tl.constexpr = 128
     BH: tl.constexpr = BN // 2
     NT: tl.constexpr = MB // 8
+    TRIP: tl.constexpr = BK * (1 + PREFETCH // 2)  # PREFETCH 2: two steps a trip, an even and an odd one
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     pid_m = tl.program_id(2)
@@ -203,33 +243,34 @@ def _gemv_mma_kernel(x_ptr, x32_ptr, sm_ptr, sm8_ptr, code_ptr, esc_ptr, ebase_p
         rxs = rxs + (tl.minimum(pid_m * MB + 8 * t + (i % 8)[:, None], M - 1),)
     tab = (HA0, HA1, HB0, HB1, LA0, LA1, LB0, LB1)
     lut = (TH0, TH1, TL0, TL1)
-    acc = ()
-    for t in tl.static_range(NT):
-        acc = acc + ((tl.zeros([BH, W], dtype=tl.float32), tl.zeros([BH, W], dtype=tl.float32),
-                      tl.zeros([BH, W], dtype=tl.float32), tl.zeros([BH, W], dtype=tl.float32)),)
+    acc = _zeros(BH, W, NT)
     k0 = pid_k * BLOCKS_SPLIT * BLOCK_C
     k1 = tl.minimum(k0 + BLOCKS_SPLIT * BLOCK_C, KP)
     last = k0 + ((k1 - k0 - 1) // BK) * BK
     if PREFETCH:
-        wa = load_words(code_ptr, sm_ptr, ra, ma, k0, KP, BH, W, FULL, V3)
-        wb = load_words(code_ptr, sm_ptr, rb, mb, k0, KP, BH, W, FULL, V3)
+        wa, wb = _words(code_ptr, sm_ptr, ra, rb, ma, mb, k0, KP, BH, W, FULL, V3)
+    if PREFETCH == 2:  # the odd steps' words
+        va, vb = _words(code_ptr, sm_ptr, ra, rb, ma, mb, tl.minimum(k0 + BK, last), KP, BH, W, FULL, V3)
     run_a = block_start(ebase_ptr, eoff_ptr, ra * NBR + pid_k * BLOCKS_SPLIT, ma)
     run_b = block_start(ebase_ptr, eoff_ptr, rb * NBR + pid_k * BLOCKS_SPLIT, mb)
-    for kb in range(k0, k1, BK):
+    for kb in range(k0, k1, TRIP):
         if kb == (kb // BLOCK_C) * BLOCK_C:  # (constexpr has no __rmod__ under the interpreter)
             run_a = block_start(ebase_ptr, eoff_ptr, ra * NBR + kb // BLOCK_C, ma)
             run_b = block_start(ebase_ptr, eoff_ptr, rb * NBR + kb // BLOCK_C, mb)
-        if PREFETCH:  # the next step's words loaded before this step decodes (as gemv_v2)
-            na = load_words(code_ptr, sm_ptr, ra, ma, tl.minimum(kb + BK, last), KP, BH, W, FULL, V3)
-            nb = load_words(code_ptr, sm_ptr, rb, mb, tl.minimum(kb + BK, last), KP, BH, W, FULL, V3)
-        else:
-            wa = load_words(code_ptr, sm_ptr, ra, ma, kb, KP, BH, W, FULL, V3)
-            wb = load_words(code_ptr, sm_ptr, rb, mb, kb, KP, BH, W, FULL, V3)
-        hia, loa, hib, lob, run_a = decode_words(*wa, esc_ptr, NESCW, run_a, tab, lut, HW, BH, W, V3)
-        hja, lja, hjb, ljb, run_b = decode_words(*wb, esc_ptr, NESCW, run_b, tab, lut, HW, BH, W, V3)
-        acc = _mma_half(acc, hia, loa, hja, lja, x32_ptr, rxs, stride_xm, kb, K, 0, BH, W, NT, HW, FULL)
-        acc = _mma_half(acc, hib, lob, hjb, ljb, x32_ptr, rxs, stride_xm, kb, K, 1, BH, W, NT, HW, FULL)
-        if PREFETCH:
+        if PREFETCH == 1:  # the next step's words loaded before this step decodes (as gemv_v2)
+            na, nb = _words(code_ptr, sm_ptr, ra, rb, ma, mb, tl.minimum(kb + BK, last), KP, BH, W, FULL, V3)
+        elif not PREFETCH:
+            wa, wb = _words(code_ptr, sm_ptr, ra, rb, ma, mb, kb, KP, BH, W, FULL, V3)
+        lanes, run_a, run_b = _decode2(wa, wb, run_a, run_b, esc_ptr, NESCW, tab, lut, HW, BH, W, V3)
+        if PREFETCH == 2:  # reloaded once decoded, for 2 steps on: no register moves at the trip's end
+            wa, wb = _words(code_ptr, sm_ptr, ra, rb, ma, mb, tl.minimum(kb + 2 * BK, last), KP, BH, W, FULL, V3)
+        acc = _mma2(acc, lanes, x32_ptr, rxs, stride_xm, kb, K, BH, W, NT, HW, FULL)
+        if PREFETCH == 2:
+            if kb + BK < k1:  # the trip's odd step (never a block's first: 8 steps a block)
+                lanes, run_a, run_b = _decode2(va, vb, run_a, run_b, esc_ptr, NESCW, tab, lut, HW, BH, W, V3)
+                va, vb = _words(code_ptr, sm_ptr, ra, rb, ma, mb, tl.minimum(kb + 3 * BK, last), KP, BH, W, FULL, V3)
+                acc = _mma2(acc, lanes, x32_ptr, rxs, stride_xm, kb + BK, K, BH, W, NT, HW, FULL)
+        elif PREFETCH:
             wa, wb = na, nb
     acc = _tiles(acc, BH, W, NT)
     rn = pid_n * BN + tl.arange(0, BN)
@@ -273,4 +314,4 @@ def launch_mma(x2, x32, p, prep, bias, dst, grid, per, mb, config, v3) -> None:
         a["exc_idx"], a["exc_exp"], bias if bias is not None else x2, dst, m, n, k, kp, _codec.blocks_per_row(k),
         prep.nescw, per, x2.stride(0), *prep.lut, *prep.tab, BN=config.bn, MB=mb, HW=hw(), HAS_BIAS=bias is not None,
         HAS_EXC=prep.nexc > 0, PARTIAL=grid[1] > 1, FULL=n % config.bn == 0 and k == kp and kp % 128 == 0,
-        PREFETCH=config.prefetch, V3=v3, num_warps=config.warps)
+        PREFETCH=config.prefetch_depth if config.prefetch else 0, V3=v3, num_warps=config.warps)

@@ -63,10 +63,11 @@ def _which(variant: str) -> int:
 
 def gemv_spec(spec: str) -> Dense11V3GemvConfig:
     """``Dense11V3GemvConfig`` of ``"bn=32,bk=128,prefetch=1,dot=tile"`` (ints, ``prefetch`` 0/1, or 2 for
-    ``prefetch_depth=2`` with it, ``dot`` a name).
+    ``prefetch_depth=2`` with it, ``x_prefetch`` 0/1, ``dot`` a name).
 
-    >>> gemv_spec("bn=32,prefetch=1")
-    Dense11V3GemvConfig(bn=32, bk=256, mb=64, split=0, warps=4, dot='tile', prefetch=True, prefetch_depth=1)
+    >>> gemv_spec("bn=32,prefetch=1")  # doctest: +NORMALIZE_WHITESPACE
+    Dense11V3GemvConfig(bn=32, bk=256, mb=64, split=0, warps=4, dot='tile', prefetch=True, prefetch_depth=1,
+                        x_prefetch=False)
     >>> gemv_spec("bn=64,bk=128,dot=mma,prefetch=2,mb=16").prefetch_depth
     2
     """
@@ -77,6 +78,8 @@ def gemv_spec(spec: str) -> Dense11V3GemvConfig:
             kw[key] = val in ("1", "2", "true", "True")
             if val == "2":
                 kw["prefetch_depth"] = 2
+        elif key == "x_prefetch":
+            kw[key] = val in ("1", "true", "True")
         elif key == "dot":
             kw[key] = val
         else:

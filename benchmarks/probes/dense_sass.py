@@ -180,11 +180,11 @@ def dense11_v2(kind: str, tile: tuple[int, int, int] = (16, 256, 4), v3: bool = 
 
 
 def dense11_mma(mb: int, tile: tuple[int, int] = (64, 4), prefetch: int = 1, full: bool = True,
-                v3: bool = True) -> dict:
+                v3: bool = True, xpf: int = 0) -> dict:
     """``dot="mma"`` (``glyd.kernels.dense11.gemv_mma``): the decoded lane words as the A operand of
     ``mma.sync.m16n8k16`` in registers, ``mb`` x rows (8-64) a program, ``tile`` = (bn, warps) at bk 128 (two
     runs of 32 a thread); exceptions compiled in. The step is the K loop, as ``dense11_v2``'s; ``prefetch`` 2
-    (``prefetch_depth=2``): the loop is a trip of two steps, counted as two."""
+    (``prefetch_depth=2``): the loop is a trip of two steps, counted as two; ``xpf`` 2: ``x_prefetch``."""
     from glyd.kernels.dense11 import gemv_mma as G
 
     bn, warps = tile
@@ -192,7 +192,7 @@ def dense11_mma(mb: int, tile: tuple[int, int] = (64, 4), prefetch: int = 1, ful
                 ebase_ptr="*i32", eoff_ptr="*u16", rowptr_ptr="*i32", eidx_ptr="*i32", eexp_ptr="*u8",
                 bias_ptr="*bf16", out_ptr="*bf16")
     const = dict(BN=bn, MB=mb, HW=True, HAS_BIAS=False, HAS_EXC=True, PARTIAL=False, FULL=full, PREFETCH=prefetch,
-                 V3=v3)
+                 V3=v3, XPF=xpf)
     fn = G._gemv_mma_kernel
     sig = {n: "constexpr" if n in const else ptrs.get(n, "i32") for n in fn.arg_names}
     rows, res = _sass(fn, sig, const, warps, (*ptrs, "KP", "K", "stride_xm"))
@@ -254,6 +254,8 @@ def report() -> int:
     items += [(f"dense11v3/mma{mb}{'' if full else '-masked'}-depth2@64x128x4",
                lambda mb=mb, full=full: dense11_mma(mb, prefetch=2, full=full)) for mb in (8, 16, 32, 64)
               for full in (True, False)]
+    items += [(f"dense11v3/mma{mb}-depth{d}-xpf@64x128x4", lambda mb=mb, d=d: dense11_mma(mb, prefetch=d, xpf=2))
+              for mb in (8, 16) for d in (1, 2)]
     for lay in K.LAYOUT_IDS:
         for mode, m in K.MODES.items():
             for cfg in (K.DEFAULTS[m], K.LARGE[m]):

@@ -70,8 +70,9 @@ H200_SMS = 132
 def gemv_spec(spec: str) -> Dense11V2GemvConfig:
     """``Dense11V2GemvConfig`` of ``"bn=32,bk=128,warps=4,dot=tile"`` (``prefetch`` is the probe's own axis).
 
-    >>> gemv_spec("bn=32,bk=128")
-    Dense11V2GemvConfig(bn=32, bk=128, mb=64, split=0, warps=4, dot='tile', prefetch=False, prefetch_depth=1)
+    >>> gemv_spec("bn=32,bk=128")  # doctest: +NORMALIZE_WHITESPACE
+    Dense11V2GemvConfig(bn=32, bk=128, mb=64, split=0, warps=4, dot='tile', prefetch=False, prefetch_depth=1,
+                        x_prefetch=False)
     """
     kw: dict = {}
     for part in filter(None, spec.split(",")):

@@ -50,6 +50,8 @@ CASES = [  # (version, M, N, K, weights, config): MMA tiles of 8-64 x rows, ragg
     (3, 16, 70, 1100, "crowded", {"split": 2, "prefetch": True, "prefetch_depth": 2}),
     (3, 16, 64, 2432, "crowded", {"mb": 16, "prefetch": True, "prefetch_depth": 2}),
     (3, 20, 64, 1536, "crowded", {"mb": 32, "prefetch": True, "prefetch_depth": 2}),
+    (3, 16, 70, 1100, "crowded", {"prefetch": True, "prefetch_depth": 2, "x_prefetch": True}),  # (a GPU-only hint)
+    (3, 9, 64, 1024, "wide", {"prefetch": True, "x_prefetch": True}),
 ]
 
 
@@ -168,6 +170,10 @@ def test_mma_config_and_rows():
                 {"prefetch_depth": True}, {"prefetch_depth": 0}):
         with pytest.raises(ValueError, match="prefetch_depth"):
             Dense11V3GemvConfig(**{"bn": 64, "bk": 128, "dot": "mma", **bad})
+    assert Dense11V3GemvConfig(bn=64, bk=128, dot="mma", x_prefetch=True).x_prefetch
+    for bad in ({"x_prefetch": 1}, {"x_prefetch": True, "dot": "tile"}):
+        with pytest.raises(ValueError, match="x_prefetch"):
+            Dense11V3GemvConfig(**{"bn": 64, "bk": 128, "dot": "mma", **bad})
     assert [mma_rows(m, 64) for m in (2, 8, 9, 16, 17, 33, 64, 65)] == [8, 8, 16, 16, 32, 64, 64, 64]
     assert mma_rows(40, 16) == 16 and mma_rows(3, 1) == 8
 
@@ -178,12 +184,12 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from glyd.kernels.dense11 import gemv_mma as G
 
-bn, warps, mb, pf, v3, full, div = (int(v) for v in sys.argv[1:8])
+bn, warps, mb, pf, v3, full, div, xpf = (int(v) for v in sys.argv[1:9])
 ptrs = dict(x_ptr="*bf16", x32_ptr="*i32", sm_ptr="*i32", sm8_ptr="*u8", code_ptr="*i32", esc_ptr="*i32",
             ebase_ptr="*i32", eoff_ptr="*u16", rowptr_ptr="*i32", eidx_ptr="*i32", eexp_ptr="*u8", bias_ptr="*bf16",
             out_ptr="*bf16")
-const = dict(BN=bn, MB=mb, HW=True, HAS_BIAS=False, HAS_EXC=True, PARTIAL=not full, FULL=bool(full), PREFETCH=bool(pf),
-             V3=bool(v3))
+const = dict(BN=bn, MB=mb, HW=True, HAS_BIAS=False, HAS_EXC=True, PARTIAL=not full, FULL=bool(full), PREFETCH=pf,
+             V3=bool(v3), XPF=xpf)
 fn = G._gemv_mma_kernel
 names = fn.arg_names
 sig = {n: "constexpr" if n in const else ptrs.get(n, "i32") for n in names}
@@ -199,13 +205,14 @@ print("MMAS", len(ops))
 print("LAYOUTS", sorted({alias.get(a, a) for ln in ops for a in re.findall(r"tensor<\d+x\d+x\w+, (#\w+)>", ln)}))
 print("SHAPES", sorted({s for ln in ops for s in re.findall(r"tensor<(\d+x\d+)x\w+", ln)}))
 print("SHARED", k.metadata.shared)
+print("PTX", "prefetch.global.L1" if "prefetch.global.L1" in k.asm["ptx"] else "none")
 """
 
 
-def _layout(bn, warps, mb, pf, v3=1, full=1, div=1):
+def _layout(bn, warps, mb, pf, v3=1, full=1, div=1, xpf=0):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.path.abspath(SRC)
-    r = subprocess.run([sys.executable, "-c", _LAYOUT, *(str(int(v)) for v in (bn, warps, mb, pf, v3, full, div))],
+    r = subprocess.run([sys.executable, "-c", _LAYOUT, *(str(int(v)) for v in (bn, warps, mb, pf, v3, full, div, xpf))],
                        env=env, capture_output=True, text=True, timeout=600)
     if r.returncode and "ptxas" in r.stderr.lower():
         pytest.skip("cannot compile for sm_90 here")
@@ -218,16 +225,19 @@ def _lane_map(warps):
             f"warpsPerCTA = [{warps}, 1], order = [1, 0]}}>")
 
 
-@pytest.mark.parametrize("bn,warps,mb,pf,full,div", [(64, 4, 16, 1, 1, 1), (32, 2, 64, 0, 1, 1), (128, 8, 8, 1, 1, 1),
-                                                     (64, 4, 16, 0, 0, 0), (64, 4, 64, 1, 0, 0), (32, 2, 8, 0, 1, 0)])
-def test_mma_operands_have_the_lane_map(bn, warps, mb, pf, full, div):
+@pytest.mark.parametrize("bn,warps,mb,pf,full,div,xpf", [
+    (64, 4, 16, 1, 1, 1, 0), (32, 2, 64, 0, 1, 1, 0), (128, 8, 8, 1, 1, 1, 0), (64, 4, 16, 0, 0, 0, 0),
+    (64, 4, 64, 1, 0, 0, 0), (32, 2, 8, 0, 1, 0, 0),
+    (64, 4, 16, 2, 1, 1, 2), (64, 4, 8, 2, 0, 0, 0), (64, 4, 16, 1, 0, 0, 2)])  # prefetch_depth 2, x_prefetch
+def test_mma_operands_have_the_lane_map(bn, warps, mb, pf, full, div, xpf):
     # the kernel's MMA reads lane (g, c) of warp w as element (8 w + g, c) of its [bn / 2, 4] operands: Triton
     # must lay them out with rows over 8 lanes and the warps, the 4 runs over 4 lanes (as the code words' loads),
     # and nothing of the step may go through shared memory (only the epilogue's [mb, bn] tile does). Version 3's
     # loads, whole and ragged tiles, K and x's stride multiples of 16 or not (the layout is Triton's choice: the
     # x loads' alignment is one of its inputs)
-    out = _layout(bn, warps, mb, pf, 1, full, div)
-    assert int(out["MMAS"]) == 8 * (mb // 8)  # 8 k-slices a step, one MMA an x tile of 8 rows
+    out = _layout(bn, warps, mb, pf, 1, full, div, xpf)
+    assert int(out["MMAS"]) == 8 * (mb // 8) * (2 if pf == 2 else 1)  # 8 k-slices a step, one an x tile of 8 rows
+    assert ("prefetch.global.L1" in out["PTX"]) == bool(xpf)
     assert out["LAYOUTS"] == repr([_lane_map(warps)])
     assert out["SHAPES"] == repr([f"{bn // 2}x4"])
 
@@ -272,5 +282,7 @@ def test_mma_on_the_gpu(n, k):
             if m in (1, 16):  # version 2 with dot="mma": the tile dot (gemv_v2), within rounding
                 got2 = _run(2, x, p2, cfg)
                 assert float((got2.double() - ref).norm() / ref.norm()) < 5e-3, (m, cfg)
-        # prefetch_depth 2: the same MMAs in the same order as depth 1 (only the loads move): its bits
-        assert torch.equal(_run(3, x, p3, {"prefetch": True, "prefetch_depth": 2}), _run(3, x, p3, {"prefetch": True}))
+        # prefetch_depth 2, x_prefetch: the same MMAs in the same order as depth 1 (only the loads move): its bits
+        one = _run(3, x, p3, {"prefetch": True})
+        for cfg in ({"prefetch_depth": 2}, {"prefetch_depth": 2, "x_prefetch": True}, {"x_prefetch": True}):
+            assert torch.equal(_run(3, x, p3, {"prefetch": True, **cfg}), one), (m, cfg)

@@ -183,6 +183,35 @@ def _zeros(BH: tl.constexpr, W: tl.constexpr, NT: tl.constexpr):
 
 
 @triton.jit
+def _x_rows(pid_m, i, M, MB: tl.constexpr, NT: tl.constexpr):
+    # x row 8 t + g of the program for MMA tile t ([BH, 1] each), clamped to the last row (rows past M only feed
+    # outputs that are not stored: no masked loads, whose zeroing costs a register move each). Each tile's rows are
+    # clamped, not tile 0's plus 8 t: that read up to 8 (NT - 1) rows past x's end when M is not a multiple of MB
+    # (an illegal address on the GPU at the 7B's down shape, K 18944; the interpreter reads host memory past x)
+    rxs = ()
+    for t in tl.static_range(NT):
+        rxs = rxs + (tl.minimum(pid_m * MB + 8 * t + (i % 8)[:, None], M - 1),)
+    return rxs
+
+
+@triton.jit
+def _starts(ebase_ptr, eoff_ptr, ra, rb, ma, mb, NBR, blk):
+    # the digit-stream index of block blk's first escape in rows ra (half tile a) and rb (b)
+    return (block_start(ebase_ptr, eoff_ptr, ra * NBR + blk, ma), block_start(ebase_ptr, eoff_ptr, rb * NBR + blk, mb))
+
+
+@triton.jit
+def _x_ahead(x_ptr, pid_m, M, K, stride_xm, kc, MB: tl.constexpr, XPF: tl.constexpr, HW: tl.constexpr):
+    # XPF > 0: x's lines of the step at column kc (MB rows, 2 of 128 bytes a row) prefetched into L1 (no register
+    # held: the HMMAs waited on x's loads from L2, 20% of stall samples); the interpreter has no cache: nothing
+    if HW and XPF > 0:
+        r = tl.minimum(pid_m * MB + tl.arange(0, MB), M - 1)[:, None]
+        c = tl.minimum(kc + 64 * tl.arange(0, 2), K - 1)[None, :]
+        tl.inline_asm_elementwise("prefetch.global.L1 [$1];", "=r,l", [x_ptr + r * stride_xm + c], dtype=tl.int32,
+                                  is_pure=False, pack=1)
+
+
+@triton.jit
 def _words(code_ptr, sm_ptr, ra, rb, ma, mb, kb, KP, BH: tl.constexpr, W: tl.constexpr, FULL: tl.constexpr,
            V3: tl.constexpr):
     # a step's raw words of half tiles a (rows ra) and b (rows rb)
@@ -215,12 +244,13 @@ def _gemv_mma_kernel(x_ptr, x32_ptr, sm_ptr, sm8_ptr, code_ptr, esc_ptr, ebase_p
                      eexp_ptr, bias_ptr, out_ptr, M, N, K, KP, NBR, NESCW, BLOCKS_SPLIT, stride_xm, TH0, TH1, TL0, TL1,
                      HA0, HA1, HB0, HB1, LA0, LA1, LB0, LB1, BN: tl.constexpr, MB: tl.constexpr, HW: tl.constexpr,
                      HAS_BIAS: tl.constexpr, HAS_EXC: tl.constexpr, PARTIAL: tl.constexpr, FULL: tl.constexpr = False,
-                     PREFETCH: tl.constexpr = 0, V3: tl.constexpr = False):
+                     PREFETCH: tl.constexpr = 0, V3: tl.constexpr = False, XPF: tl.constexpr = 0):
     # rows [pid_n * BN, +BN) x blocks [pid_k * BLOCKS_SPLIT, +BLOCKS_SPLIT) for x rows [pid_m * MB, +MB), bk 128:
     # two half tiles a (rows 16 warp + g) and b (16 warp + 8 + g) of BN / 2 rows, decoded as version 2's GEMV does.
     # PREFETCH: a step's words loaded 0, 1 or 2 steps before it decodes (True counts as 1). ptxas issues a prefetch
     # late in the step (~85 of its ~530 instructions before the use at 1: the loop's top waits on it); at 2 each
-    # of two word sets is reloaded right after its decode, a step and a half ahead
+    # of two word sets is reloaded right after its decode, a step and a half ahead. XPF: x's lines XPF steps on
+    # prefetched into L1 each step (0: none)
     W: tl.constexpr = 4
     BK: tl.constexpr = 128
     BH: tl.constexpr = BN // 2
@@ -234,13 +264,7 @@ def _gemv_mma_kernel(x_ptr, x32_ptr, sm_ptr, sm8_ptr, code_ptr, esc_ptr, ebase_p
     rb = ra + 8
     ma = ra < N
     mb = rb < N
-    # x row 8 t + g of the program for MMA tile t, clamped to the last row (rows past M only feed outputs that are
-    # not stored: no masked loads, whose zeroing costs a register move each). Each tile's rows are clamped, not
-    # tile 0's plus 8 t: that read up to 8 (NT - 1) rows past x's end when M is not a multiple of MB (an illegal
-    # address on the GPU at the 7B's down shape, K 18944; the interpreter reads host memory past x silently)
-    rxs = ()
-    for t in tl.static_range(NT):
-        rxs = rxs + (tl.minimum(pid_m * MB + 8 * t + (i % 8)[:, None], M - 1),)
+    rxs = _x_rows(pid_m, i, M, MB, NT)
     tab = (HA0, HA1, HB0, HB1, LA0, LA1, LB0, LB1)
     lut = (TH0, TH1, TL0, TL1)
     acc = _zeros(BH, W, NT)
@@ -251,12 +275,11 @@ def _gemv_mma_kernel(x_ptr, x32_ptr, sm_ptr, sm8_ptr, code_ptr, esc_ptr, ebase_p
         wa, wb = _words(code_ptr, sm_ptr, ra, rb, ma, mb, k0, KP, BH, W, FULL, V3)
     if PREFETCH == 2:  # the odd steps' words
         va, vb = _words(code_ptr, sm_ptr, ra, rb, ma, mb, tl.minimum(k0 + BK, last), KP, BH, W, FULL, V3)
-    run_a = block_start(ebase_ptr, eoff_ptr, ra * NBR + pid_k * BLOCKS_SPLIT, ma)
-    run_b = block_start(ebase_ptr, eoff_ptr, rb * NBR + pid_k * BLOCKS_SPLIT, mb)
+    run_a, run_b = _starts(ebase_ptr, eoff_ptr, ra, rb, ma, mb, NBR, pid_k * BLOCKS_SPLIT)
     for kb in range(k0, k1, TRIP):
         if kb == (kb // BLOCK_C) * BLOCK_C:  # (constexpr has no __rmod__ under the interpreter)
-            run_a = block_start(ebase_ptr, eoff_ptr, ra * NBR + kb // BLOCK_C, ma)
-            run_b = block_start(ebase_ptr, eoff_ptr, rb * NBR + kb // BLOCK_C, mb)
+            run_a, run_b = _starts(ebase_ptr, eoff_ptr, ra, rb, ma, mb, NBR, kb // BLOCK_C)
+        _x_ahead(x_ptr, pid_m, M, K, stride_xm, tl.minimum(kb + XPF * BK, last), MB, XPF, HW)
         if PREFETCH == 1:  # the next step's words loaded before this step decodes (as gemv_v2)
             na, nb = _words(code_ptr, sm_ptr, ra, rb, ma, mb, tl.minimum(kb + BK, last), KP, BH, W, FULL, V3)
         elif not PREFETCH:
@@ -267,6 +290,7 @@ def _gemv_mma_kernel(x_ptr, x32_ptr, sm_ptr, sm8_ptr, code_ptr, esc_ptr, ebase_p
         acc = _mma2(acc, lanes, x32_ptr, rxs, stride_xm, kb, K, BH, W, NT, HW, FULL)
         if PREFETCH == 2:
             if kb + BK < k1:  # the trip's odd step (never a block's first: 8 steps a block)
+                _x_ahead(x_ptr, pid_m, M, K, stride_xm, tl.minimum(kb + (XPF + 1) * BK, last), MB, XPF, HW)
                 lanes, run_a, run_b = _decode2(va, vb, run_a, run_b, esc_ptr, NESCW, tab, lut, HW, BH, W, V3)
                 va, vb = _words(code_ptr, sm_ptr, ra, rb, ma, mb, tl.minimum(kb + 3 * BK, last), KP, BH, W, FULL, V3)
                 acc = _mma2(acc, lanes, x32_ptr, rxs, stride_xm, kb + BK, K, BH, W, NT, HW, FULL)
@@ -314,4 +338,4 @@ def launch_mma(x2, x32, p, prep, bias, dst, grid, per, mb, config, v3) -> None:
         a["exc_idx"], a["exc_exp"], bias if bias is not None else x2, dst, m, n, k, kp, _codec.blocks_per_row(k),
         prep.nescw, per, x2.stride(0), *prep.lut, *prep.tab, BN=config.bn, MB=mb, HW=hw(), HAS_BIAS=bias is not None,
         HAS_EXC=prep.nexc > 0, PARTIAL=grid[1] > 1, FULL=n % config.bn == 0 and k == kp and kp % 128 == 0,
-        PREFETCH=config.prefetch_depth if config.prefetch else 0, V3=v3, num_warps=config.warps)
+        PREFETCH=config.prefetch_depth if config.prefetch else 0, V3=v3, XPF=2 * config.x_prefetch, num_warps=config.warps)

@@ -36,7 +36,7 @@ import triton.language as tl
 
 from glyd.codec import dense11 as _codec
 from glyd.kernels import _common as C
-from glyd.kernels._fields import ints
+from glyd.kernels._fields import flags, ints
 from glyd.kernels._interp import isolated
 from glyd.kernels.dense11.decode_v2 import block_start, decode_step, decode_words, hw, load_words, prepare
 from glyd.kernels.dense11.exceptions_v2 import exceptions as _exceptions
@@ -249,7 +249,9 @@ class Dense11V2GemvConfig:
     (``gemv_mma``; version 3 only: version 2 runs ``"tile"`` for it), ``prefetch``: each
     step's words loaded while the step before decodes (2026-12-05 Nsight Compute: 46% of the M = 1
     GEMV's cycles between issues wait on its loads; off until the H200 times it), ``prefetch_depth``
-    (``dot="mma"`` with ``prefetch``): 2 loads them two steps ahead (a loop of two steps a trip).
+    (``dot="mma"`` with ``prefetch``): 2 loads them two steps ahead (a loop of two steps a trip),
+    ``x_prefetch`` (``dot="mma"``): x's lines of the step two on prefetched into L1 each step
+    (``prefetch.global.L1``, no register held).
 
     >>> Dense11V2GemvConfig(bn=32, bk=128, mb=64).mb
     64
@@ -263,6 +265,7 @@ class Dense11V2GemvConfig:
     dot: str = "tile"
     prefetch: bool = False
     prefetch_depth: int = 1
+    x_prefetch: bool = False
 
     def __post_init__(self) -> None:
         C.pow2(self, "bn", "bk", "mb", "warps")
@@ -274,9 +277,12 @@ class Dense11V2GemvConfig:
         if not isinstance(self.prefetch, bool):
             raise ValueError(f"prefetch must be True or False, got {self.prefetch!r}")
         ints(self, 1, 2, "prefetch_depth")
+        flags(self, "x_prefetch")
+        if self.x_prefetch and self.dot != "mma":
+            raise ValueError(f"x_prefetch applies with dot='mma', got x_prefetch={self.x_prefetch}, dot={self.dot!r}")
         if self.prefetch_depth == 2 and not (self.prefetch and self.dot == "mma"):
-            raise ValueError(f"prefetch_depth=2 applies with prefetch=True and dot='mma', got prefetch={self.prefetch}, "
-                             f"dot={self.dot!r}")
+            raise ValueError(f"prefetch_depth=2 applies with prefetch=True and dot='mma', got "
+                             f"prefetch={self.prefetch}, dot={self.dot!r}")
         if self.dot not in ("tile", "tile_wx", "lanes", "mma"):
             raise ValueError(f"dot must be 'tile', 'tile_wx', 'lanes' or 'mma', got {self.dot!r}")
         if self.dot == "mma" and (self.bk != 128 or self.bn != 16 * self.warps):

@@ -31,3 +31,47 @@ def test_a_direct_launch_with_the_wrong_x_is_named(key, kx, m):
     with pytest.raises(ValueError, match=rf"^{key} launch: x has shape \({m}, {kx}\).*{why}"):
         kernel.launch(torch.ones(m, kx, dtype=torch.bfloat16), p, None, None, out)
     assert bool((out == 7.0).all())  # refused before anything ran: nothing written
+
+
+def _launch(key, x, out, w=None):
+    kernel = R.kernel_class(key)
+    w = (torch.randn(8, 64, generator=torch.Generator().manual_seed(3)) * 0.02).to(torch.bfloat16) if w is None else w
+    return kernel.launch(x, glyd.pack(w, kernel.layout), None, kernel.Config(), out)
+
+
+@pytest.mark.parametrize("case", ["fp32", "fp16", "strided"])
+@pytest.mark.parametrize("key", WEIGHT_KERNELS)
+def test_a_direct_launch_with_an_x_the_kernels_cannot_read_is_named(key, case):
+    # the kernels read x as bf16 with unit stride along K (linear makes it so; dense11's launchers refuse others):
+    # a column-strided x gave a product over the wrong values (0.5 off at 0.02-scale weights), and fixed12_gemv
+    # read an fp16 or fp32 x of K 1024 as bf16 pairs (22.2 and 1.8 off)
+    x = torch.randn(3, 128, generator=torch.Generator().manual_seed(4)).to(torch.bfloat16)
+    x = {"fp32": x[:, :64].float(), "fp16": x[:, :64].half(), "strided": x[:, ::2]}[case]
+    out = torch.full((3, 8), 7.0, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=rf"^{key} launch: x must be bf16 with unit stride along K, got "):
+        _launch(key, x, out)
+    assert bool((out == 7.0).all())
+
+
+@pytest.mark.parametrize("case", ["rows", "cols", "fp32", "transposed"])
+@pytest.mark.parametrize("key", WEIGHT_KERNELS + ["dense11_v2_gemv", "dense11_v3_gemv"])
+def test_a_direct_launch_into_an_out_the_kernels_cannot_write_is_named(key, case):
+    # the kernels store a contiguous bf16 [M, N]: an out of fewer rows or columns was written past its end (a
+    # crash of the allocator under the interpreter), a transposed one got the product in the wrong places
+    bf = torch.bfloat16
+    out = {"rows": torch.zeros(2, 8, dtype=bf), "cols": torch.zeros(3, 4, dtype=bf), "fp32": torch.zeros(3, 8),
+           "transposed": torch.zeros(8, 3, dtype=bf).T}[case]
+    before = out.clone()
+    w = (torch.randn(8, 64, generator=torch.Generator().manual_seed(3)) * 0.02).to(torch.bfloat16)
+    if key.startswith("dense11"):
+        from glyd.codec.dense11 import pack_v2, pack_v3
+
+        kernel = R.kernel_class(key)
+        p = (pack_v3 if key == "dense11_v3_gemv" else pack_v2)(w)
+    x = torch.ones(3, 64, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=rf"^{key} launch: out must be a contiguous bf16 \[3, 8\] on cpu, got "):
+        if key.startswith("dense11"):
+            kernel.launch(x, p, None, kernel.Config(), out)
+        else:
+            _launch(key, x, out, w)
+    assert torch.equal(out, before)

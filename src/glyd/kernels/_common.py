@@ -336,10 +336,12 @@ def check_x(x: torch.Tensor, k: int) -> torch.Tensor:
     return x2
 
 
-def check_launch_shapes(kernel: str, x2: torch.Tensor, shape: tuple[int, int]) -> None:
+def check_launch_shapes(kernel: str, x2: torch.Tensor, shape: tuple[int, int], out: torch.Tensor | None = None) -> None:
     """ValueError unless a direct ``launch`` of ``kernel`` can run ``x2 [M, K]`` against a packed matrix of
-    ``shape`` ``(N, K)``: x 2-D with the matrix's K, and M, N, K at least 1 (an empty product has no program
-    to run; ``glyd.kernels.linear`` returns it, or the bias for K = 0, without a launch). Before any launch.
+    ``shape`` ``(N, K)``: x 2-D bf16 with the matrix's K and unit stride along it, and M, N, K at least 1 (an
+    empty product has no program to run; ``glyd.kernels.linear`` returns it, or the bias for K = 0, without a
+    launch); ``out`` (when given) a contiguous bf16 ``[M, N]`` on x's device, as the kernels store it. Before
+    any launch.
 
     >>> check_launch_shapes("dense11_v2_gemv", torch.zeros(1, 0), (4, 0))
     Traceback (most recent call last):
@@ -355,6 +357,14 @@ def check_launch_shapes(kernel: str, x2: torch.Tensor, shape: tuple[int, int]) -
             raise ValueError(f"{kernel} launch: x has shape {tuple(x2.shape)} and the packed matrix [{n}, {k}]: "
                              f"{dim} = 0 is {what}, which a launch cannot run (glyd.kernels.linear returns an empty "
                              f"product without one: zeros plus the bias for K = 0)")
+    if x2.dtype != torch.bfloat16 or (k > 1 and x2.stride(1) != 1):
+        raise ValueError(f"{kernel} launch: x must be bf16 with unit stride along K, got {x2.dtype}, "
+                         f"strides {x2.stride()}")
+    if out is not None and (not isinstance(out, torch.Tensor) or tuple(out.shape) != (m, n)
+                            or out.dtype != torch.bfloat16 or not out.is_contiguous() or out.device != x2.device):
+        got = (f"{out.dtype} {tuple(out.shape)} strides {out.stride()} on {out.device}"
+               if isinstance(out, torch.Tensor) else type(out).__name__)
+        raise ValueError(f"{kernel} launch: out must be a contiguous bf16 [{m}, {n}] on {x2.device}, got {got}")
 
 
 def check_bias(bias: torch.Tensor | None, n: int, device: torch.device) -> torch.Tensor | None:

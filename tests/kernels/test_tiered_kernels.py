@@ -149,3 +149,16 @@ def test_tiered_gemv_an_inf_weight_stays_in_its_row(device, bn):
         assert torch.equal(y.isnan(), ref.isnan()) and torch.equal(y.isinf(), ref.isinf())
         fin = ref.isfinite()
         assert torch.allclose(y[fin], ref[fin], rtol=2e-2, atol=1e-2 * float(ref[fin].abs().max()))
+
+
+def test_a_direct_gemv_launch_on_rows_shorter_than_an_escape_block_is_named():
+    # can_implement refuses rows under one escape block (Kp < 1024): linear never launches it there, but a direct
+    # Kernel.launch did, and gave a product 0.47 off at K 64 (the program walks whole blocks of its own rows)
+    from glyd.kernels.tiered.gemv import TieredGemvConfig, TieredGemvKernel
+
+    w = (torch.randn(8, 64, generator=torch.Generator().manual_seed(3)) * 0.02).to(torch.bfloat16)
+    out = torch.full((3, 8), 7.0, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=r"^tiered_gemv launch: needs rows of at least one escape block \(Kp >= 1024"):
+        TieredGemvKernel.launch(torch.ones(3, 64, dtype=torch.bfloat16), glyd.pack(w, "tiered"), None,
+                                TieredGemvConfig(), out)
+    assert bool((out == 7.0).all())

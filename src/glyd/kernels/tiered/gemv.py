@@ -117,6 +117,9 @@ class TieredGemvKernel(Kernel):
         m, k = x2.shape
         n = p.shape[0]
         kp = p.arrays["sm"].shape[1]
+        if kp < BLOCK:  # can_implement's rule: a direct launch gave a wrong product
+            raise ValueError(f"{cls.name} launch: needs rows of at least one escape block (Kp >= {BLOCK}), "
+                             f"got Kp = {kp}")
         mb = min(triton.next_power_of_2(m), config.mb)
         _gemv_kernel[(triton.cdiv(n, config.bn), triton.cdiv(m, mb))](
             x2, *_args(p), bias if bias is not None else out, out,

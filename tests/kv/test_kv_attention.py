@@ -276,3 +276,24 @@ def test_split_count_never_launches_past_programs_per_sm(monkeypatch, pps, bh, p
     splits, per = T._splits(pages, bh, torch.device("cpu"), None, pps)
     assert (splits, per) == want
     assert splits * bh <= max(pps * 132, bh) and splits * per >= pages
+
+
+@pytest.mark.parametrize("starts", [[0, 5], [0, 5, 9, 1], [[0, 5, 9]]], ids=["short", "long", "2-D"])
+def test_starts_that_are_not_one_a_sequence_are_refused_by_name(starts):
+    # The kernels read starts[b] for each sequence b: 2 starts for 3 sequences gave another output (the
+    # twin refused it with a broadcast error), read past the tensor's end. Refused by name before a launch
+    pytest.importorskip("triton")
+    gen = torch.Generator().manual_seed(6)
+    q, ks, vs, _, _ = make(gen, 3, 2, 2, 32, 32, [70, 70, 70])
+    with pytest.raises(FormatError, match=r"starts must be \[3\]"):
+        decode_attention(q, ks, vs, starts=torch.tensor(starts), backend="triton")
+
+
+def test_lens_that_are_not_one_a_sequence_are_refused_by_name():
+    pytest.importorskip("triton")
+    from glyd.kv._triton import _split_state
+
+    q = torch.empty(3, 8, 128, dtype=torch.bfloat16, device="meta")
+    for lens in (torch.zeros(2, dtype=torch.int32), torch.zeros(1, 3, dtype=torch.int32)):
+        with pytest.raises(FormatError, match=r"lens must be \[3\]"):
+            _split_state(q, lens, None, 3, 8, 1, 16, 128)

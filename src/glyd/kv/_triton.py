@@ -357,6 +357,10 @@ def _split_state(q: torch.Tensor, lens: torch.Tensor, starts, b: int, h: int, nu
         raise FormatError(f"num_splits {num_splits} makes the splits' state {b} x {h} x {num_splits} x {gp} x {dv} "
                           f"(B x H x splits x GP x DV) = 2**31 or more elements; the kernels index it with 32 bits: "
                           f"take fewer splits")
+    for name, t in (("lens", lens), ("starts", starts)):  # the kernels read t[b] for each sequence b
+        if t is not None and (not isinstance(t, torch.Tensor) or tuple(t.shape) != (b,)):
+            got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+            raise FormatError(f"{name} must be [{b}] (one a sequence), got {got}")
     lens = lens.to(device=dev, dtype=torch.int32).contiguous()
     starts = (torch.zeros_like(lens) if starts is None else starts.to(device=dev, dtype=torch.int32)).contiguous()
     m = torch.empty(b * h * num_splits * gp, dtype=torch.float32, device=dev)

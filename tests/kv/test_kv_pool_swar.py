@@ -348,3 +348,19 @@ def test_swar_on_gpu(g):
         out = attend(gpu, q.cuda(), True, maxnreg=maxnreg, num_stages=stages).cpu()
         assert rel_err(out, ref) <= TOL
     assert rel_err(attend(gpu, q.cuda(), False, maxnreg=128).cpu(), ref) <= TOL
+
+
+@pytest.mark.parametrize("bad", ["q-2d", "q-4d", "no-heads"])
+def test_a_q_or_block_index_of_the_wrong_rank_or_no_heads_is_named(bad):
+    # a 2-D q failed unpacking its shape ("not enough values to unpack"), a block index of 0 heads dividing by them
+    # (ZeroDivisionError): each is named
+    gen = torch.Generator().manual_seed(5)
+    pool, _, _ = ragged_pool(2, 1, 32, 16, [40, 21], gen)
+    q = torch.randn(2, 2, 32, generator=gen).to(torch.bfloat16)
+    bidx = pool.block_index[:, :0] if bad == "no-heads" else pool.block_index
+    q = {"q-2d": q[0], "q-4d": q[None]}.get(bad, q)
+    from glyd.kv._triton_fixed import attention_triton
+
+    with pytest.raises(FormatError, match=r"^q must be contiguous bf16 \[B, Hq, D\]" if bad != "no-heads"
+                       else r"^block_index must be contiguous int32 \[2, H, J\] with H >= 1"):
+        attention_triton(q, pool.lens, None, bidx, pool.k.layer(0), pool.v.layer(0), 0.125)

@@ -312,14 +312,14 @@ def _word_views(side):
 # swar: the page decode on 32-bit words (lo and code read as int32 words); num_stages: Triton's pipeline depth.
 def attention_triton(q, lens, starts, block_index, k_side, v_side, scale, capped=True, num_splits=None, num_warps=4,
                      sub_tile=32, programs_per_sm=16, valid=None, maxnreg=None, swar=False, num_stages=None):
+    if q.dim() != 3 or q.dtype != torch.bfloat16 or not q.is_contiguous():
+        raise FormatError(f"q must be contiguous bf16 [B, Hq, D], got {q.dtype} {tuple(q.shape)}")
     b, hq, d = q.shape
     dev = q.device
-    if q.dtype != torch.bfloat16 or not q.is_contiguous():
-        raise FormatError(f"q must be contiguous bf16 [B, Hq, D], got {q.dtype}")
-    if block_index.dim() != 3 or block_index.shape[0] != b or hq % block_index.shape[1] \
+    if block_index.dim() != 3 or block_index.shape[0] != b or block_index.shape[1] < 1 or hq % block_index.shape[1] \
             or block_index.dtype != torch.int32 or not block_index.is_contiguous():
-        raise FormatError(f"block_index must be contiguous int32 [{b}, H, J] with Hq={hq} a multiple of H, got "
-                          f"{block_index.dtype} {tuple(block_index.shape)}")
+        raise FormatError(f"block_index must be contiguous int32 [{b}, H, J] with H >= 1 and Hq={hq} a multiple of H, "
+                          f"got {block_index.dtype} {tuple(block_index.shape)}")
     h, jcap = block_index.shape[1], block_index.shape[2]
     k_side, v_side = _side(k_side, "k", dev), _side(v_side, "v", dev)
     p, dv = k_side[0].shape[1], v_side[0].shape[2]

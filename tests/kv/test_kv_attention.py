@@ -297,3 +297,17 @@ def test_lens_that_are_not_one_a_sequence_are_refused_by_name():
     for lens in (torch.zeros(2, dtype=torch.int32), torch.zeros(1, 3, dtype=torch.int32)):
         with pytest.raises(FormatError, match=r"lens must be \[3\]"):
             _split_state(q, lens, None, 3, 8, 1, 16, 128)
+
+
+@pytest.mark.parametrize("pps", [0, -3, True, 2.5, None])
+def test_a_programs_per_sm_that_is_not_a_positive_int_is_refused_by_name(pps):
+    # The launchers take programs_per_sm straight (the configs check theirs): 0 and -3 silently ran one split,
+    # True one program an SM (True == 1), and no sequence or head divided by zero
+    pytest.importorskip("triton")
+    from glyd.kv import _triton as T
+
+    with pytest.raises(ValueError, match="programs_per_sm must be an int >= 1"):
+        T._splits(64, 4, torch.device("cpu"), None, pps)
+    with pytest.raises(ValueError, match=r"sequences x heads must be an int >= 1, got 0"):
+        T._splits(64, 0, torch.device("cpu"), None, 4)
+    assert T._splits(64, 4, torch.device("cpu"), 3, pps if pps is not None else 0) == (3, 22)  # splits given: unused

@@ -389,6 +389,8 @@ def _splits(max_pages: int, bh: int, device: torch.device, num_splits, programs_
     if num_splits is not None:
         check_int("num_splits", num_splits, 1)
     if num_splits is None:
+        check_int("programs_per_sm", programs_per_sm, 1)
+        check_int("sequences x heads", bh, 1)
         num_splits = max(1, min(max_pages, programs_per_sm * _sm_count(device) // bh))
     pages_per_split = max(1, math.ceil(max_pages / num_splits))
     return max(1, math.ceil(max_pages / pages_per_split)), pages_per_split

@@ -75,3 +75,24 @@ def test_a_direct_launch_into_an_out_the_kernels_cannot_write_is_named(key, case
         else:
             _launch(key, x, out, w)
     assert torch.equal(out, before)
+
+
+@pytest.mark.parametrize("case", ["short", "strided", "int32", "2-D"])
+@pytest.mark.parametrize("key", WEIGHT_KERNELS + ["dense11_v2_gemv", "dense11_v3_gemv", "dense11_unpack_cublas"])
+def test_a_direct_launch_with_a_bias_the_kernels_cannot_read_is_named(key, case):
+    # the kernels read bias[n] for n < N as floats: a column-strided bias gave fixed12_gemv a product 1.4 off under
+    # the interpreter, a short one was read past its end (linear's check_bias makes any bias fit: direct launches)
+    whole = torch.randn(16, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16)
+    bias = {"short": whole[:4], "strided": whole[::2], "int32": whole[:8].to(torch.int32), "2-D": whole[None, :8]}[case]
+    w = (torch.randn(8, 64, generator=torch.Generator().manual_seed(3)) * 0.02).to(torch.bfloat16)
+    kernel = R.kernel_class(key)
+    if key.startswith("dense11"):
+        from glyd.codec.dense11 import pack_v2, pack_v3
+
+        p = pack_v2(w) if key == "dense11_v2_gemv" else pack_v3(w)
+    else:
+        p = glyd.pack(w, kernel.layout)
+    out = torch.full((3, 8), 7.0, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=rf"^{key} launch: bias must be a contiguous floating \[8\] on cpu, got "):
+        kernel.launch(torch.ones(3, 64, dtype=torch.bfloat16), p, bias, kernel.Config(), out)
+    assert bool((out == 7.0).all())

@@ -336,12 +336,13 @@ def check_x(x: torch.Tensor, k: int) -> torch.Tensor:
     return x2
 
 
-def check_launch_shapes(kernel: str, x2: torch.Tensor, shape: tuple[int, int], out: torch.Tensor | None = None) -> None:
+def check_launch_shapes(kernel: str, x2: torch.Tensor, shape: tuple[int, int], out: torch.Tensor | None = None,
+                        bias: torch.Tensor | None = None) -> None:
     """ValueError unless a direct ``launch`` of ``kernel`` can run ``x2 [M, K]`` against a packed matrix of
     ``shape`` ``(N, K)``: x 2-D bf16 with the matrix's K and unit stride along it, and M, N, K at least 1 (an
     empty product has no program to run; ``glyd.kernels.linear`` returns it, or the bias for K = 0, without a
-    launch); ``out`` (when given) a contiguous bf16 ``[M, N]`` on x's device, as the kernels store it. Before
-    any launch.
+    launch); ``out`` (when given) a contiguous bf16 ``[M, N]`` on x's device, as the kernels store it; ``bias``
+    (when given) a contiguous floating ``[N]`` there, as they read it. Before any launch.
 
     >>> check_launch_shapes("dense11_v2_gemv", torch.zeros(1, 0), (4, 0))
     Traceback (most recent call last):
@@ -365,6 +366,12 @@ def check_launch_shapes(kernel: str, x2: torch.Tensor, shape: tuple[int, int], o
         got = (f"{out.dtype} {tuple(out.shape)} strides {out.stride()} on {out.device}"
                if isinstance(out, torch.Tensor) else type(out).__name__)
         raise ValueError(f"{kernel} launch: out must be a contiguous bf16 [{m}, {n}] on {x2.device}, got {got}")
+    if bias is not None and (not isinstance(bias, torch.Tensor) or tuple(bias.shape) != (n,) or not bias.is_contiguous()
+                             or bias.dtype not in (torch.bfloat16, torch.float16, torch.float32)
+                             or bias.device != x2.device):
+        got = (f"{bias.dtype} {tuple(bias.shape)} strides {bias.stride()} on {bias.device}"
+               if isinstance(bias, torch.Tensor) else type(bias).__name__)
+        raise ValueError(f"{kernel} launch: bias must be a contiguous floating [{n}] on {x2.device}, got {got}")
 
 
 def check_bias(bias: torch.Tensor | None, n: int, device: torch.device) -> torch.Tensor | None:

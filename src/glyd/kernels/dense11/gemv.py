@@ -114,7 +114,7 @@ class Dense11GemvKernel(Kernel):
     @classmethod
     def launch(cls, x2, packed, bias, config, out):
         p = packed
-        C.check_launch_shapes(cls.name, x2, p.shape, out)  # (K = 0 and M = 0 divided by zero choosing the grid)
+        C.check_launch_shapes(cls.name, x2, p.shape, out, bias)  # (K = 0 and M = 0 divided by zero choosing the grid)
         prep = prepare(p)
         m, k = x2.shape
         n = p.shape[0]

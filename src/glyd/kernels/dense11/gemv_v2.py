@@ -322,7 +322,7 @@ class Dense11V2GemvKernel(Kernel):
         p = packed
         if p.version != cls.VERSION:
             raise ValueError(f"{cls.name} decodes dense11 format version {cls.VERSION}, got version {p.version}")
-        C.check_launch_shapes(cls.name, x2, p.shape, out)  # (K = 0 divided by zero choosing the K splits)
+        C.check_launch_shapes(cls.name, x2, p.shape, out, bias)  # (K = 0 divided by zero choosing the K splits)
         prep = prepare(p)
         m, k = x2.shape
         n = p.shape[0]

@@ -32,5 +32,5 @@ class Dense11LongKernel(Kernel):
         # the offsets' check and the launch worked out once: per call, one unpack launch (exceptions
         # inside it) and cuBLAS
         n, k = packed.shape
-        C.check_launch_shapes(cls.name, x2, (n, k))
+        C.check_launch_shapes(cls.name, x2, (n, k), bias=bias)
         return C.unpack_mm_plan(x2.device, k, [(0, n, unpack_launch(packed))])

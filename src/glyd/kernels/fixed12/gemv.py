@@ -257,7 +257,7 @@ class GemvKernel(Kernel):
 
     @classmethod
     def launch(cls, x2, packed, bias, config, out):
-        C.check_launch_shapes(cls.name, x2, tuple(packed.shape), out)  # x, out: a direct launch read, wrote past them
+        C.check_launch_shapes(cls.name, x2, tuple(packed.shape), out, bias)  # a direct launch read, wrote past them
         return launch_word_tiles(x2, packed, bias, config, out, _gemv_gm_kernel)
 
     @classmethod

@@ -111,7 +111,7 @@ class MmaKernel(Kernel):
     # x: bf16 [M, K]; packed: fixed12 [N, K]; bias: [N] or None; out: bf16 [M, N] (written) -> out
     @classmethod
     def launch(cls, x2, packed, bias, config, out):
-        C.check_launch_shapes(cls.name, x2, tuple(packed.shape), out)  # x, out: a direct launch read, wrote past them
+        C.check_launch_shapes(cls.name, x2, tuple(packed.shape), out, bias)  # a direct launch read, wrote past them
         cfg = config
         m, k = x2.shape
         n = packed.shape[0]

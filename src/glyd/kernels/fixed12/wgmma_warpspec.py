@@ -444,7 +444,7 @@ class WsKernel(Kernel):
 
     @classmethod
     def launch(cls, x2, packed, bias, config, out):
-        C.check_launch_shapes(cls.name, x2, tuple(packed.shape), out)  # x, out: a direct launch read, wrote past them
+        C.check_launch_shapes(cls.name, x2, tuple(packed.shape), out, bias)  # a direct launch read, wrote past them
         return launch(x2, packed, bias, config, out)
 
     @classmethod

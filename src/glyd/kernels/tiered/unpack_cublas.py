@@ -25,7 +25,7 @@ class TieredLongKernel(Kernel):
     # x: bf16 [M, K]; packed: tiered [N, K]; bias: [N] or None; out: bf16 [M, N] (written) -> out
     @classmethod
     def launch(cls, x2, packed, bias, config, out):
-        C.check_launch_shapes(cls.name, x2, tuple(packed.shape), out)  # x, out: a direct launch read, wrote past them
+        C.check_launch_shapes(cls.name, x2, tuple(packed.shape), out, bias)  # a direct launch read, wrote past them
         return cls.plan(x2, packed, bias, config)(x2, bias, out, tuple(packed.arrays[a] for a in _codec.ARRAYS))
 
     @classmethod

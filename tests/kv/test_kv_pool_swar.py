@@ -364,3 +364,17 @@ def test_a_q_or_block_index_of_the_wrong_rank_or_no_heads_is_named(bad):
     with pytest.raises(FormatError, match=r"^q must be contiguous bf16 \[B, Hq, D\]" if bad != "no-heads"
                        else r"^block_index must be contiguous int32 \[2, H, J\] with H >= 1"):
         attention_triton(q, pool.lens, None, bidx, pool.k.layer(0), pool.v.layer(0), 0.125)
+
+
+@pytest.mark.parametrize("kw", [{"sub_tile": 32.0}, {"sub_tile": "32"}, {"num_warps": 3}, {"num_warps": True},
+                                {"num_warps": 4.0}], ids=str)
+def test_a_sub_tile_or_warp_count_that_is_not_one_the_kernel_takes_is_named(kw):
+    # AttentionConfig checks these; attention_triton (which the pool's op and Kernel.launch call) took a float
+    # sub-tile to a TypeError ("unsupported operand type(s) for &") and ran 3 or True warps under the interpreter
+    from glyd.kv._triton_fixed import attention_triton
+
+    gen = torch.Generator().manual_seed(5)
+    pool, _, _ = ragged_pool(2, 1, 32, 16, [40, 21], gen)
+    q = torch.randn(2, 2, 32, generator=gen).to(torch.bfloat16)
+    with pytest.raises(FormatError, match=rf"^{next(iter(kw))} .*must be"):
+        attention_triton(q, pool.lens, None, pool.block_index, pool.k.layer(0), pool.v.layer(0), 0.125, **kw)

@@ -328,8 +328,10 @@ def attention_triton(q, lens, starts, block_index, k_side, v_side, scale, capped
         raise FormatError(f"the KV planes do not match q {tuple(q.shape)} (pages of {p}, raw {tuple(k_side[5].shape)})")
     if d & (d - 1) or dv & (dv - 1) or p & (p - 1) or p < 16 or d < 32 or dv < 32:
         raise FormatError(f"page {p} (>= 16), head dims {d}/{dv} (>= 32) must be powers of two")
-    if sub_tile < 16 or sub_tile & (sub_tile - 1):
-        raise FormatError(f"sub_tile {sub_tile} must be a power of two >= 16")
+    if isinstance(sub_tile, bool) or not isinstance(sub_tile, int) or sub_tile < 16 or sub_tile & (sub_tile - 1):
+        raise FormatError(f"sub_tile {sub_tile!r} must be a power of two >= 16")
+    if isinstance(num_warps, bool) or not isinstance(num_warps, int) or num_warps not in (1, 2, 4, 8, 16):
+        raise FormatError(f"num_warps {num_warps!r} must be 1, 2, 4, 8 or 16")
     if maxnreg is not None and not (isinstance(maxnreg, int) and 24 <= maxnreg <= 255):
         raise FormatError(f"maxnreg must be None or 24..255 registers, got {maxnreg!r}")
     ts = min(sub_tile, p)

@@ -378,3 +378,28 @@ def test_a_sub_tile_or_warp_count_that_is_not_one_the_kernel_takes_is_named(kw):
     q = torch.randn(2, 2, 32, generator=gen).to(torch.bfloat16)
     with pytest.raises(FormatError, match=rf"^{next(iter(kw))} .*must be"):
         attention_triton(q, pool.lens, None, pool.block_index, pool.k.layer(0), pool.v.layer(0), 0.125, **kw)
+
+
+@pytest.mark.parametrize("bad", ["k.code", "k.base", "k.meta", "v.code", "v-blocks", "k.lo-2d"])
+def test_planes_that_do_not_match_their_lo_plane_are_named(bad):
+    # the kernel reads every plane at a block's offset (block_index's block b: code[b], base[b], meta[b], the same b
+    # on both sides): a plane of fewer blocks was read past its end (2.9 off under the interpreter, or a crash)
+    from glyd.kv._triton_fixed import attention_triton
+
+    gen = torch.Generator().manual_seed(5)
+    pool, _, _ = ragged_pool(2, 1, 32, 16, [40, 21], gen)
+    q = torch.randn(2, 2, 32, generator=gen).to(torch.bfloat16)
+    k, v = list(pool.k.layer(0)), list(pool.v.layer(0))
+    if bad == "v-blocks":
+        v[:4] = [t[:1].clone() for t in v[:4]]
+        why = "k and v must hold as many blocks, got 9 and 1"
+    elif bad == "k.lo-2d":
+        k[0] = k[0][0].clone()
+        why = r"k.lo must be \[blocks, page, head dim\], got \(16, 32\)"
+    else:
+        side, plane = bad.split(".")
+        i = ("code", "base", "meta").index(plane) + 1
+        (k if side == "k" else v)[i] = (k if side == "k" else v)[i][:1].clone()
+        why = rf"{side}.{plane} must be \[9, "
+    with pytest.raises(FormatError, match=rf"^{why}"):
+        attention_triton(q, pool.lens, None, pool.block_index, k, v, 0.125)

@@ -294,6 +294,12 @@ def _side(side, name: str, dev: torch.device):
     for a, (t, dt) in zip(("lo", "code", "base", "meta", "exc", "raw"), want):
         if t.dtype != dt:
             raise FormatError(f"{name}.{a} must be {dt}, got {t.dtype}")
+    if lo.dim() != 3:
+        raise FormatError(f"{name}.lo must be [blocks, page, head dim], got {tuple(lo.shape)}")
+    nb, p, d = lo.shape  # the kernel reads each plane at a block's offset: a plane of other blocks is read past
+    for a, t, want in (("code", code, (nb, p, d // 2)), ("base", base, (nb, (d + 15) // 16)), ("meta", meta, (nb, 2))):
+        if tuple(t.shape) != want:
+            raise FormatError(f"{name}.{a} must be {list(want)} for {name}.lo {list(lo.shape)}, got {list(t.shape)}")
     if exc.numel() == 0:
         exc = torch.zeros(1, dtype=torch.int32, device=dev)
     return lo, code, base, meta, exc, raw
@@ -322,6 +328,8 @@ def attention_triton(q, lens, starts, block_index, k_side, v_side, scale, capped
                           f"got {block_index.dtype} {tuple(block_index.shape)}")
     h, jcap = block_index.shape[1], block_index.shape[2]
     k_side, v_side = _side(k_side, "k", dev), _side(v_side, "v", dev)
+    if k_side[0].shape[0] != v_side[0].shape[0]:  # one block index serves both sides
+        raise FormatError(f"k and v must hold as many blocks, got {k_side[0].shape[0]} and {v_side[0].shape[0]}")
     p, dv = k_side[0].shape[1], v_side[0].shape[2]
     if k_side[0].shape[2] != d or v_side[0].shape[1] != p or tuple(k_side[5].shape) != (b, h, p, d) \
             or tuple(v_side[5].shape) != (b, h, p, dv):

@@ -403,3 +403,20 @@ def test_planes_that_do_not_match_their_lo_plane_are_named(bad):
         why = rf"{side}.{plane} must be \[9, "
     with pytest.raises(FormatError, match=rf"^{why}"):
         attention_triton(q, pool.lens, None, pool.block_index, k, v, 0.125)
+
+
+@pytest.mark.parametrize("p,d", [(512, 128), (256, 256)])
+def test_word_patch_of_an_odd_count_on_pages_of_65536_values(p, d):
+    # The patch loop takes two entries a trip; an odd count leaves the second of the last trip past the block's end.
+    # It was padded with the entry 0xFFFF as "no row", but on a page of 65,536 values every 16-bit index is a
+    # position (0xFFFF: row P-1, channel D-1), so that value decoded as 0 in every block with an odd count (1.8 read
+    # as 0.0 here); the padding entry is now not applied at all
+    gen = torch.Generator().manual_seed(p)
+    x = (torch.rand(2, p, d, generator=gen) + 1.0).to(torch.bfloat16)  # one exponent: a window holds all
+    x[0, 3, 5] = 0.0  # block 0: one exception (odd), block 1: none; both keep their last value decoded
+    x[1, 7, 9] = x[1, 8, 10] = 0.0  # and an even count beside it
+    x[0, p - 1, d - 1] = x[1, p - 1, d - 1] = 1.8
+    pk = pack_blocks(x)
+    assert pk["meta"][:, 1].tolist() == [1, 2]
+    for ts in (16, 32):
+        assert bits_equal(word_unpack(pk, ts), x)

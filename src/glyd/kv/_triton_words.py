@@ -56,14 +56,14 @@ def word_bases(base_ptr, meta_ptr, blk, D: tl.constexpr):
 
 
 @triton.jit
-def _patch_one(a0, a1, b0, b1, ent, t0, TS: tl.constexpr, D: tl.constexpr):
-    """One exception entry put into the four word tiles (``[TS, D/8]`` uint32, before ``_halves``) if its row is in
-    ``t0 .. t0+TS``: channel ``c`` of a half is the low (``c & 2 == 0``) or high 16 bits of word ``c // 4`` of tile
-    ``c & 1``; one ``where`` over the one word tile it is in."""
+def _patch_one(a0, a1, b0, b1, ent, live, t0, TS: tl.constexpr, D: tl.constexpr):
+    """One exception entry put into the four word tiles (``[TS, D/8]`` uint32, before ``_halves``) if ``live`` and its
+    row is in ``t0 .. t0+TS``: channel ``c`` of a half is the low (``c & 2 == 0``) or high 16 bits of word ``c // 4``
+    of tile ``c & 1``; one ``where`` over the one word tile it is in."""
     H: tl.constexpr = D // 2
     idx = ent & 0xFFFF
     r = idx // D - t0
-    if (r >= 0) & (r < TS):
+    if live & (r >= 0) & (r < TS):
         rows = tl.arange(0, TS)[:, None]
         cols = tl.arange(0, D // 8)[None, :]
         c = idx % D
@@ -88,13 +88,15 @@ def _patch_one(a0, a1, b0, b1, ent, t0, TS: tl.constexpr, D: tl.constexpr):
 @triton.jit
 def _patch_words(a0, a1, b0, b1, exc_ptr, e0, ne, t0, TS: tl.constexpr, D: tl.constexpr):
     """The block's exceptions in rows ``t0 .. t0+TS`` put into the four word tiles, in the arena's order (only blocks
-    that have any run this): two entries a trip, so their loads overlap; past the end, an entry of no row (0xFFFF)."""
+    that have any run this): two entries a trip, so their loads overlap; past the end the second is not applied (no
+    index is free to mark it: on a page of 65,536 values every 16-bit index is a position, 0xFFFF row P-1 channel D-1)"""
     e1 = e0 + ne
     for e in range(e0, e1, 2):
         ent = tl.load(exc_ptr + e)
-        nxt = tl.load(exc_ptr + e + 1, mask=e + 1 < e1, other=0xFFFF)
-        a0, a1, b0, b1 = _patch_one(a0, a1, b0, b1, ent, t0, TS, D)
-        a0, a1, b0, b1 = _patch_one(a0, a1, b0, b1, nxt, t0, TS, D)
+        live = e + 1 < e1
+        nxt = tl.load(exc_ptr + e + 1, mask=live, other=0)
+        a0, a1, b0, b1 = _patch_one(a0, a1, b0, b1, ent, True, t0, TS, D)
+        a0, a1, b0, b1 = _patch_one(a0, a1, b0, b1, nxt, live, t0, TS, D)
     return a0, a1, b0, b1
 
 

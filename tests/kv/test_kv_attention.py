@@ -311,3 +311,15 @@ def test_a_programs_per_sm_that_is_not_a_positive_int_is_refused_by_name(pps):
     with pytest.raises(ValueError, match=r"sequences x heads must be an int >= 1, got 0"):
         T._splits(64, 0, torch.device("cpu"), None, 4)
     assert T._splits(64, 4, torch.device("cpu"), 3, pps if pps is not None else 0) == (3, 22)  # splits given: unused
+
+
+def test_more_splits_than_a_grid_dimension_holds_is_refused_by_name():
+    # every decode kernel's grid takes the splits as a dimension of at most 65,535 programs (the kvtiered Triton and
+    # Gluon kernels had no check: CUDA's launch error)
+    pytest.importorskip("triton")
+    from glyd.kv._triton import _split_state
+
+    q = torch.empty(1, 8, 128, dtype=torch.bfloat16, device="meta")
+    with pytest.raises(FormatError, match="at most 65,535 splits a launch, got 65536"):
+        _split_state(q, torch.zeros(1, dtype=torch.int32), None, 1, 1, 65536, 16, 128)
+    _split_state(q, torch.zeros(1, dtype=torch.int32, device="meta"), None, 1, 1, 65535, 16, 128)

@@ -357,6 +357,8 @@ def _split_state(q: torch.Tensor, lens: torch.Tensor, starts, b: int, h: int, nu
         raise FormatError(f"num_splits {num_splits} makes the splits' state {b} x {h} x {num_splits} x {gp} x {dv} "
                           f"(B x H x splits x GP x DV) = 2**31 or more elements; the kernels index it with 32 bits: "
                           f"take fewer splits")
+    if num_splits > 65535:  # every kernel's grid takes the splits as its y (or z) dimension
+        raise FormatError(f"at most 65,535 splits a launch, got {num_splits}")
     for name, t in (("lens", lens), ("starts", starts)):  # the kernels read t[b] for each sequence b
         if t is not None and (not isinstance(t, torch.Tensor) or tuple(t.shape) != (b,)):
             got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__

@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
-# The pending stack's device call (README.md here), one step after another, each under its own time limit, so a
+# The pending work's device call (README.md here), one step after another, each under its own time limit, so a
 # slow or hanging step cannot take the rest of the call with it; a summary table last. Run on the device, in the
-# stacked tree, with .carry holding kv_pool.pt (benchmarks/kv.py pool) and main/ (main's src and benchmarks: the
-# A/B's other side). Steps: gpu_set, bits, kv, d11 (default: all, in that order; the GPU set first because nothing
-# merges without it).
+# stacked tree. Steps: gpu_set (first: nothing merges without it), scale_d11 (h112: the 7B with dense11 beside
+# bf16, its step in a CUDA graph); and the A/B tools of the 2026-12-05 stack, which need .carry with kv_pool.pt
+# (benchmarks/kv.py pool) and main/ (main's src and benchmarks): bits (pool_bits.py main against the branch), kv
+# (kv.py speed, the branch's and main's), d11 (dense11_step.py, four MMA variants).
 #
-#   OUT=$OUT bash benchmarks/pending/call.sh                # all four steps (about 9 minutes on an H100)
-#   OUT=$OUT bash benchmarks/pending/call.sh gpu_set bits   # only these
+#   OUT=$OUT bash benchmarks/pending/call.sh                # gpu_set, scale_d11 (about 7 minutes on an H100)
+#   OUT=$OUT bash benchmarks/pending/call.sh gpu_set kv     # only these
 set -u
 out=${OUT:?set OUT to the folder that comes back}
 steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(gpu_set bits kv d11)
+[ ${#steps[@]} -eq 0 ] && steps=(gpu_set scale_d11)
 summary=()
 step() {  # name, time limit (s), command...
   local name=$1 limit=$2 t0=$SECONDS rc
@@ -24,8 +25,8 @@ for s in "${steps[@]}"; do
     gpu_set) step gpu_set 560 env OUT="$out/gpu_set" bash benchmarks/gpu_set.sh ;;
     bits) step bits_main 120 env PYTHONPATH=.carry/main/src python3 benchmarks/probes/pool_bits.py --save "$out/main_bits.pt"
           step bits 120 env PYTHONPATH=src python3 benchmarks/probes/pool_bits.py --against "$out/main_bits.pt" ;;
-    kv) for r in . .carry/main; do  # kv.py puts its own tree's src first: main's copy times main's kernels
-          step "kv_$( [ "$r" = . ] && echo branch || echo main )" 150 python3 "$r/benchmarks/kv.py" speed \
+    kv) for r in . .carry/main; do  # each tree's kv.py with its own src: main's copy times main's kernels
+          step "kv_$( [ "$r" = . ] && echo branch || echo main )" 150 env PYTHONPATH="$r/src" python3 "$r/benchmarks/kv.py" speed \
             --pool .carry/kv_pool.pt --tokens 16384 4096 --batches 1 4 16 64 --mixed 64 \
             --pool-variants 4,32,4,96,1,2 4,32,16,96,1,2
         done ;;
@@ -33,10 +34,12 @@ for s in "${steps[@]}"; do
            --gemv bn=64,bk=128,dot=mma,prefetch=1,mb=16 --gemv bn=64,bk=128,dot=mma,prefetch=2,mb=16 \
            --gemv bn=64,bk=128,dot=mma,prefetch=1,x_prefetch=1,mb=16 \
            --gemv bn=64,bk=128,dot=mma,prefetch=2,x_prefetch=1,mb=16 ;;
-    *) echo "unknown step $s (gpu_set, bits, kv, d11)" >&2; exit 2 ;;
+    scale_d11) step scale_d11 240 env PYTHONPATH=src python3 benchmarks/scale.py --sizes qwen2.5-7b \
+                 --variants bf16,dense11 --batches 1,16,64 --no-capacity --out "$out/scale_d11" ;;
+    *) echo "unknown step $s (gpu_set, scale_d11, bits, kv, d11)" >&2; exit 2 ;;
   esac
 done
-for f in gpu_set bits kv_branch kv_main d11; do
+for f in gpu_set scale_d11 bits kv_branch kv_main d11; do
   [ -f "$out/$f.txt" ] && { echo "=== $f (last lines)"; tail -n 14 "$out/$f.txt"; }
 done
 echo "| step | exit status | seconds |"

@@ -90,13 +90,13 @@ def test_unpack_through_the_layout_and_configs(device):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("m,n,k,kind,cfg", [
-    (1, 24, 70, "normal", {}), (1, 40, 3000, "crowded", {"split": 1}), (2, 20, 1100, "wide", {"split": 2}),
+    (1, 24, 70, "normal", {}), (1, 40, 1100, "crowded", {"split": 1}), (2, 20, 1100, "wide", {"split": 2}),
     (5, 16, 256, "normal", {"bk": 64}), (16, 33, 200, "crowded", {}), (3, 7, 2100, "wide", {"bk": 512}),
     (19, 5, 130, "normal", {"mb": 8}), (4, 1, 97, "wide", {"mb": 1}), (8, 18, 1024, "wide", {"bn": 32, "warps": 8}),
     (1, 32, 1024, "crowded", {}), (2, 32, 512, "wide", {}),  # whole tiles: the unmasked path
     (16, 33, 200, "crowded", {"dot": "lanes"}), (2, 20, 1100, "wide", {"split": 2, "dot": "lanes"}),
     (5, 32, 1024, "wide", {"dot": "lanes"}),
-])
+])  # (K 1100 at split 1: two blocks in one split, the last ragged, as 3000's three at half the interpreter's steps)
 def test_gemv(device, m, n, k, kind, cfg):
     from glyd import kernels
     from glyd.kernels.dense11.gemv_v2 import Dense11V2GemvConfig
@@ -112,10 +112,11 @@ def test_gemv(device, m, n, k, kind, cfg):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("m,n,k,kind,cfg", [
-    (1, 40, 3000, "crowded", {"split": 1}), (1, 32, 1024, "crowded", {}), (1, 24, 70, "normal", {}),
+    (1, 40, 1100, "crowded", {"split": 1}), (1, 32, 1024, "crowded", {}), (1, 24, 70, "normal", {}),
     (2, 20, 1100, "wide", {"split": 2}), (3, 7, 2100, "wide", {"bk": 512, "split": 1}),
-    (33, 20, 2100, "wide", {"bn": 32, "bk": 128, "split": 1}), (63, 24, 2049, "wide", {"split": 3, "bk": 128}),
-])
+    (33, 20, 1060, "wide", {"bn": 32, "bk": 128, "split": 1}), (63, 24, 1025, "wide", {"split": 2, "bk": 128}),
+])  # (K 1100 / 1060 are two blocks in one split, ragged, the last step past Kp, as 3000 / 2100 were; 1025 split 2 a
+# last split of one column, as 2049 split 3: the same loops at half the interpreter's steps and exceptions)
 def test_gemv_prefetch_gives_the_same_bits(device, m, n, k, kind, cfg):
     # the next step's words loaded before a step decodes: one loop over a split's blocks (a block's
     # first rank taken at its first step), the last step re-reading its own words; the same sums
@@ -136,10 +137,11 @@ def test_gemv_prefetch_gives_the_same_bits(device, m, n, k, kind, cfg):
 #: path), K splits, the three product forms, M past one program's rows; bias on the odd M
 MID = [
     (17, 24, 300, "wide", {}), (24, 33, 1100, "crowded", {"split": 2}), (32, 32, 512, "wide", {}),
-    (33, 20, 2100, "wide", {"bn": 32, "bk": 128}), (48, 16, 256, "crowded", {}),
+    (33, 20, 1060, "wide", {"bn": 32, "bk": 128}), (48, 16, 256, "crowded", {}),  # (1060: as 2100, 2 blocks)
     (64, 32, 1024, "wide", {"bn": 32, "bk": 128}), (64, 40, 1030, "crowded", {"dot": "tile_wx"}),
     (33, 18, 200, "normal", {"mb": 32}), (40, 16, 600, "wide", {"dot": "lanes"}), (100, 8, 130, "wide", {}),
-    (17, 16, 1024, "crowded", {"dot": "tile_wx", "split": 1}), (63, 24, 2049, "wide", {"split": 3, "bk": 128}),
+    # (K 1025 split 2: a last split of one column, as 2049 split 3 at half the interpreter's steps and exceptions)
+    (17, 16, 1024, "crowded", {"dot": "tile_wx", "split": 1}), (63, 24, 1025, "wide", {"split": 2, "bk": 128}),
 ]
 
 

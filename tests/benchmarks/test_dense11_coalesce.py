@@ -66,7 +66,8 @@ def test_relayout_refuses_other_arrays(dc):
 
 
 @pytest.mark.parametrize("m,n,k,kind,cfg", [
-    (1, 24, 2100, "crowded", {"split": 1}),  # a row's last block of 2 runs, one split, exceptions of ranks 8+
+    # a row's last block of 2 runs, one split, exceptions of ranks 8+ (K 1076: 2 blocks, as 2100's 3, half the steps)
+    (1, 24, 1076, "crowded", {"split": 1}),
     (1, 16, 1536, "wide", {}),  # whole tiles (no masks), a last block of 16 runs (as the 7B's K), K splits
     (2, 20, 1100, "crowded", {"split": 2}),  # M = 2 (16 x rows, tl.dot), ragged N and K
     (16, 33, 200, "crowded", {}),  # M = 16, ragged

@@ -38,7 +38,7 @@ CASES = [  # (version, M, N, K, weights, config): MMA tiles of 8-64 x rows, ragg
     (3, 2, 64, 1024, "crowded", {"prefetch": True}),
     (3, 9, 40, 200, "wide", {}),
     (2, 16, 70, 1100, "crowded", {"split": 2}),  # version 2: the tile dot (gemv_v2 runs the MMA for version 3 only)
-    (3, 16, 70, 1100, "crowded", {"split": 2}),
+    (3, 16, 40, 1100, "crowded", {"split": 2}),  # (one ragged row tile: two with splits, one epilogue, are cfg 11's)
     (3, 20, 64, 1280, "crowded", {"mb": 32, "prefetch": True}),  # (K 1280: splits of 8 and 2 steps, 1536's 8 and 4)
     (3, 33, 64, 256, "normal", {"bias": True}),
     (2, 64, 64, 512, "wide", {"prefetch": True}),

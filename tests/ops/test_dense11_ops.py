@@ -86,3 +86,31 @@ def test_exact_and_fused_linears_on_the_cpu(pack):
     fused = glyd.GlydLinear(pack(w, "dense11"), b, exact=False)
     ref = F.linear(x.double(), w.double(), b.double())
     assert torch.allclose(fused(x).double(), ref, rtol=2e-2, atol=2e-2 * float(ref.abs().max()))
+
+
+def test_v3_permutations_on_a_device_index_as_before():
+    # restore_code and sm_columns index with version 3's permutations, made on the CPU: copied to the arrays' device
+    # on every call, a row lookup (an embedding) could not be captured in a CUDA graph ("Cannot copy between CPU and
+    # CUDA tensors during CUDA graph capture"): scale.py's dense11 step fell back to eager steps (2026-12-05)
+    from glyd.codec import dense11_v3 as V3
+
+    p = glyd.pack(_weights(3, 2100, 7), "dense11")
+    want = V3.restore(p.arrays["code"], p.arrays["sm"])[0]
+    assert torch.equal(V3.restore_code(p.arrays["code"]), want)
+    assert V3.sm_columns(3584, "cpu")[[0, 16, 32, 3072, 3088]].tolist() == [0, 512, 16, 3072, 3328]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_v3_rows_lookup_is_captured_in_a_cuda_graph():
+    w = _weights(64, 2100, 8)
+    p = glyd.pack(w.cuda(), "dense11")
+    rows = torch.tensor([5, 0, 63, 5], device="cuda")
+    want = unpack_rows(p, rows)  # eager first, as a model's warm-up step
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        got = unpack_rows(p, rows)
+    rows.copy_(torch.tensor([1, 2, 3, 4]))
+    g.replay()
+    assert torch.equal(got.view(torch.int16).cpu(), w[[1, 2, 3, 4]].view(torch.int16))
+    assert torch.equal(want.view(torch.int16).cpu(), w[[5, 0, 63, 5]].view(torch.int16))

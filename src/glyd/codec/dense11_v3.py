@@ -66,6 +66,13 @@ def _inverse(runs: int) -> tuple[torch.Tensor, torch.Tensor]:
     return out[0], out[1]
 
 
+@functools.lru_cache(maxsize=64)
+def _inverse_on(runs: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    # _inverse on `device`, copied once: a step that looks rows up (an embedding) repeats no host-to-device copy,
+    # which a CUDA graph cannot capture (scale.py's dense11 step fell back to eager steps, 2026-12-05)
+    return tuple(t.to(device) for t in _inverse(runs))
+
+
 def _runs(code: torch.Tensor, sm: torch.Tensor | None) -> int:
     if code.dtype != torch.int32 or code.dim() != 2 or code.shape[1] % 3:
         raise FormatError(f"dense11 'code' must be int32 [N, 3 R], got {code.dtype} {tuple(code.shape)}")
@@ -83,7 +90,7 @@ def relayout_code(code: torch.Tensor) -> torch.Tensor:
 
 def restore_code(code: torch.Tensor) -> torch.Tensor:
     """Version 3's ``code`` [N, 3R] (any rows of it) in version 2's order."""
-    return code[:, _inverse(_runs(code, None))[0].to(code.device)].contiguous()
+    return code[:, _inverse_on(_runs(code, None), code.device)[0]].contiguous()
 
 
 def relayout(code: torch.Tensor, sm: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -107,7 +114,7 @@ def sm_columns(kp: int, device: torch.device | str = "cpu") -> torch.Tensor:
     """
     if kp % 64:
         raise ValueError(f"padded columns must be a multiple of 64, got {kp}")
-    return _inverse(kp // 32)[1].to(device)
+    return _inverse_on(kp // 32, torch.device(device))[1]
 
 
 def from_v2(arrays: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -100,6 +100,33 @@ def test_v3_permutations_on_a_device_index_as_before():
     assert V3.sm_columns(3584, "cpu")[[0, 16, 32, 3072, 3088]].tolist() == [0, 512, 16, 3072, 3328]
 
 
+@pytest.mark.parametrize("version", [2, 3])
+def test_rows_lookup_copies_nothing_from_the_cpu(version):
+    # what a CUDA graph cannot capture, seen on the CPU: the matrix on the meta device, and every op of a second
+    # lookup (after a warm-up one, which may fill caches) refused if it copies a CPU tensor to another device.
+    # The GPU set found version 3's permutations and dense11_v2's nibble shifts copied on every call (2026-12-05)
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class NoHostCopies(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            flat = [a for a in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)]
+            devices = {a.device.type for a in flat}
+            target = kwargs.get("device")
+            if "cpu" in devices and (len(devices) > 1 or (target is not None and torch.device(target).type != "cpu")):
+                raise AssertionError(f"{func} moves a CPU tensor to another device")
+            return func(*args, **kwargs)
+
+    packed = pack_v2(_weights(64, 2100, 8)) if version == 2 else glyd.pack(_weights(64, 2100, 8), "dense11")
+    assert packed.version == version
+    p = packed.to("meta")
+    rows = torch.tensor([5, 0, 63, 5], device="meta")
+    unpack_rows(p, rows)  # warm-up
+    with NoHostCopies():
+        out = unpack_rows(p, rows)
+    assert out.shape == (4, 2100) and out.dtype == torch.bfloat16
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_v3_rows_lookup_is_captured_in_a_cuda_graph():

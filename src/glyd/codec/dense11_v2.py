@@ -34,7 +34,12 @@ RUN = 32
 CAP = 8
 ESCAPE = 7
 RAW = 15
-_NIB = 4 * torch.arange(8)
+
+
+def _nib(device) -> torch.Tensor:
+    # the 8 nibble shifts of a word, made on `device`: a copy from the CPU could not be captured in a CUDA graph
+    # (a dense11 row lookup in scale.py's step, 2026-12-05)
+    return torch.arange(0, 32, 4, device=device)
 
 
 def _to_i32(x: torch.Tensor) -> torch.Tensor:
@@ -50,7 +55,7 @@ def words_of(codes: torch.Tensor) -> torch.Tensor:
     """int32 [N, R, 3] code words of codes [N, R, 32] (column order, 0..7)."""
     n, r, _ = codes.shape
     c = codes.to(torch.int64).view(n, r, 4, 8)  # [.., x, i]: column 8x + i
-    nib = _NIB.to(codes.device)
+    nib = _nib(codes.device)
     words = [((c[:, :, x] | (((c[:, :, 3] >> x) & 1) << 3)) << nib).sum(-1) for x in range(3)]
     return _to_i32(torch.stack(words, -1))
 
@@ -58,7 +63,7 @@ def words_of(codes: torch.Tensor) -> torch.Tensor:
 def codes_of(words: torch.Tensor) -> torch.Tensor:
     """int64 codes [N, R, 32] (column order) of code words [N, R, 3] (the inverse of ``words_of``)."""
     n, r, _ = words.shape
-    f = (_u32(words)[..., None] >> _NIB.to(words.device)) & 15  # [N, R, 3, 8]: nibble i of word x
+    f = (_u32(words)[..., None] >> _nib(words.device)) & 15  # [N, R, 3, 8]: nibble i of word x
     out = torch.empty(n, r, 4, 8, dtype=torch.int64, device=words.device)
     out[:, :, :3] = f & 7
     out[:, :, 3] = ((f[:, :, 0] >> 3) & 1) | (((f[:, :, 1] >> 3) & 1) << 1) | (((f[:, :, 2] >> 3) & 1) << 2)
@@ -95,7 +100,7 @@ def pack_digits(digit: torch.Tensor) -> torch.Tensor:
     nwords = (digit.numel() + 7) // 8
     pad = torch.zeros(nwords * 8, dtype=torch.int64, device=digit.device)
     pad[: digit.numel()] = digit
-    return _to_i32((pad.view(nwords, 8) << _NIB.to(digit.device)).sum(1))
+    return _to_i32((pad.view(nwords, 8) << _nib(digit.device)).sum(1))
 
 
 def ranks(esc_mask: torch.Tensor) -> torch.Tensor:

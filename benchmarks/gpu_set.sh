@@ -35,7 +35,8 @@ status=0
 part() {
   local name=$1 limit=$2; shift 2
   local t0=$SECONDS
-  timeout "$limit" python3 -m pytest -q -p no:cacheprovider -m "$marks" "${xdist[@]}" --durations=10 "$@" > "$out/$name.log" 2>&1
+  # -v: each test's outcome by name, so a part cut off at its limit shows which tests had not finished
+  timeout "$limit" python3 -m pytest -v -p no:cacheprovider -m "$marks" "${xdist[@]}" --durations=10 "$@" > "$out/$name.log" 2>&1
   local rc=$?
   [ $rc -ne 0 ] && status=1
   echo "== $name: rc $rc, $((SECONDS - t0)) s (limit $limit s): $(grep -E '^(FAILED|ERROR) ' "$out/$name.log" | head -5 | tr '\n' ' ')$(grep -E ' in [0-9.]+s' "$out/$name.log" | tail -1)"

@@ -7,6 +7,8 @@ gpu-marked twins run the inline PTX."""
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
@@ -266,20 +268,29 @@ def test_hostile_arrays_refused(device):
                 kernels.linear(torch.zeros(m, 1100, dtype=torch.bfloat16, device=device), bad)
 
 
+@functools.lru_cache(maxsize=3)
+def _large(kind):
+    # a 7B-shaped matrix (3584 x 3648, ragged K) and its version 2 pack on the GPU, once a kind for its M groups
+    w = _weights(3584, 3584 + 64, seed=4, kind=kind)
+    return w, pack_v2(w).to("cuda")
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+# M in groups, one test each (spread over the xdist workers): in one test its kernel builds took 46-82 s
+@pytest.mark.parametrize("ms", [(1, 2, 7), (16, 17), (32, 33, 64)])
 @pytest.mark.parametrize("kind", ["normal", "wide", "crowded"])
-def test_large_on_the_gpu(kind):
+def test_large_on_the_gpu(kind, ms):
     # the inline-PTX paths (prmt, popc, shf) and bf16 dots (mma.sync at 16 and 32 x rows, wgmma at 64)
     # at a model's shape: unpack bit for bit, GEMV at M = 1-64 (the table's choice and the other forms)
     from glyd import kernels
 
-    w = _weights(3584, 3584 + 64, seed=4, kind=kind)
-    p = pack_v2(w).to("cuda")
-    assert torch.equal(_bits(kernels.unpack(p)), _bits(w))
+    w, p = _large(kind)
+    if ms[0] == 1:
+        assert torch.equal(_bits(kernels.unpack(p)), _bits(w))
     from glyd.kernels.dense11.gemv_v2 import Dense11V2GemvConfig
 
-    for m in (1, 2, 7, 16, 17, 32, 33, 64):
+    for m in ms:
         x = torch.randn(m, w.shape[1]).to(torch.bfloat16)
         if m > 16:
             assert kernels.choose(x.cuda(), p)[0].name == "dense11_v2_gemv"

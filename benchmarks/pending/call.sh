@@ -2,16 +2,17 @@
 # The pending work's device call (README.md here), one step after another, each under its own time limit, so a
 # slow or hanging step cannot take the rest of the call with it; a summary table last. Run on the device, in the
 # stacked tree. Steps: gpu_set (first: nothing merges without it), scale_d11 (h112: the 7B with dense11 beside
-# bf16, its step in a CUDA graph); and the A/B tools of the 2026-12-05 stack, which need .carry with kv_pool.pt
+# bf16, its step in a CUDA graph), long (h115: unpack + cuBLAS in chunks, each chunk's unpack overlapped with the
+# GEMM before it on a second stream, at M = 65-4608 on the merged 7B matrices); and the A/B tools of the 2026-12-05 stack, which need .carry with kv_pool.pt
 # (benchmarks/kv.py pool) and main/ (main's src and benchmarks): bits (pool_bits.py main against the branch), kv
 # (kv.py speed, the branch's and main's), d11 (dense11_step.py, four MMA variants).
 #
-#   OUT=$OUT bash benchmarks/pending/call.sh                # gpu_set, scale_d11 (about 7 minutes on an H100)
+#   OUT=$OUT bash benchmarks/pending/call.sh                # gpu_set, long (about 8 minutes on an H100)
 #   OUT=$OUT bash benchmarks/pending/call.sh gpu_set kv     # only these
 set -u
 out=${OUT:?set OUT to the folder that comes back}
 steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(gpu_set scale_d11)
+[ ${#steps[@]} -eq 0 ] && steps=(gpu_set long)
 summary=()
 step() {  # name, time limit (s), command...
   local name=$1 limit=$2 t0=$SECONDS rc
@@ -36,10 +37,13 @@ for s in "${steps[@]}"; do
            --gemv bn=64,bk=128,dot=mma,prefetch=2,x_prefetch=1,mb=16 ;;
     scale_d11) step scale_d11 240 env PYTHONPATH=src python3 benchmarks/scale.py --sizes qwen2.5-7b \
                  --variants bf16,dense11 --batches 1,16,64 --no-capacity --out "$out/scale_d11" ;;
-    *) echo "unknown step $s (gpu_set, scale_d11, bits, kv, d11)" >&2; exit 2 ;;
+    long) step long 260 env PYTHONPATH=src TRITON_CACHE_DIR="$(mktemp -d)" python3 benchmarks/probes/probe_ws_long.py \
+            --budget-s 200 --ms 65,128,256,512,2048,4608 --out "$out/long" --variants \
+            long.c512.o,long.c1024,long.c1024.o,long.c2048,long.c2048.o,long.c4096.o ;;
+    *) echo "unknown step $s (gpu_set, scale_d11, long, bits, kv, d11)" >&2; exit 2 ;;
   esac
 done
-for f in gpu_set scale_d11 bits kv_branch kv_main d11; do
+for f in gpu_set scale_d11 long bits kv_branch kv_main d11; do
   [ -f "$out/$f.txt" ] && { echo "=== $f (last lines)"; tail -n 14 "$out/$f.txt"; }
 done
 echo "| step | exit status | seconds |"

@@ -182,6 +182,10 @@ def test_long_chunked_equals_whole_unpack(device, with_bias):
         if device == "cpu":
             assert torch.equal(y.view(torch.int16), whole.view(torch.int16)), chunk
         _check(y, x, w, bias)
+        # the unpacks on a second stream (CUDA; the CPU runs the chunks in turn): the same GEMMs, the same bits;
+        # 64 rows: four chunks, so the third and fourth reuse the first two's halves of the buffer
+        overlapped = kernels.linear(x, p, bias, LongConfig(chunk=chunk, overlap=True))
+        assert torch.equal(overlapped.view(torch.int16), y.view(torch.int16)), chunk
 
 
 def test_config_chunk_validation():
@@ -191,6 +195,105 @@ def test_config_chunk_validation():
         LongConfig(chunk=100)
     with pytest.raises(ValueError, match="chunk"):
         LongConfig(chunk=-64)
+    with pytest.raises(ValueError, match="chunk"):
+        LongConfig(chunk=True)
+    with pytest.raises(ValueError, match="overlap needs chunk"):
+        LongConfig(overlap=True)
+    with pytest.raises(ValueError, match="overlap must be True or False"):
+        LongConfig(chunk=64, overlap=1)
+
+
+def test_long_overlap_orders_its_streams(monkeypatch):
+    # the overlapped plan's stream order, with the streams and events stubbed on the CPU (ops run at once): each
+    # chunk's unpack goes to half i % 2 of the buffer on the side stream, after the GEMM that last read that half;
+    # the caller's stream waits for the unpack before its GEMM; the product is the serial chunks' bit for bit
+    import contextlib
+
+    from glyd import kernels
+    from glyd.kernels import LongConfig
+    from glyd.kernels.fixed12 import unpack_cublas as U
+
+    log = []
+
+    class Stream:
+        def __init__(self, name):
+            self.name = name
+
+        def wait_stream(self, other):
+            log.append((self.name, "wait_stream", other.name))
+
+        def wait_event(self, ev):
+            log.append((self.name, "wait_event", ev.name))
+
+    class Event:
+        count = 0
+
+        def __init__(self):
+            self.name = f"read{Event.count % 2}"
+            Event.count += 1
+
+        def record(self, stream):
+            log.append((stream.name, "record", self.name))
+
+    main, side, cur = Stream("main"), Stream("side"), ["main"]
+
+    @contextlib.contextmanager
+    def on(stream):
+        cur.append(stream.name)
+        yield
+        cur.pop()
+
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: main)
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "stream", on)
+    monkeypatch.setattr(U, "_side_stream", lambda device: side)
+    w = random_weights(200, 130, "wide")
+    p = glyd.pack(w, "fixed12")
+    x = torch.randn(9, 130).to(torch.bfloat16)
+    bias = torch.randn(200).to(torch.bfloat16)
+    parts = [(r0, min(200, r0 + 64), U.unpack_launch(p, r0, min(200, r0 + 64))) for r0 in range(0, 200, 64)]
+    buf_ptrs = []
+    for i, (r0, r1, launch) in enumerate(parts):  # note where and on which stream each unpack writes
+        parts[i] = (r0, r1, (lambda launch: lambda w_, *a: (buf_ptrs.append((cur[-1], w_.data_ptr())),
+                                                            launch(w_, *a)))(launch))
+    out = torch.empty(9, 200, dtype=torch.bfloat16)
+    U.overlap_plan(torch.device("cpu"), 130, parts)(x, bias, out, tuple(p.arrays[a] for a in U._codec.ARRAYS))
+    serial = kernels.linear(x, p, bias, LongConfig(chunk=64))
+    assert torch.equal(out.view(torch.int16), serial.view(torch.int16))
+    assert [s for s, _ in buf_ptrs] == ["side"] * 4
+    half = 64 * 130 * 2  # bytes of a half
+    assert [ptr - buf_ptrs[0][1] for _, ptr in buf_ptrs] == [0, half, 0, half]
+    assert log[0] == ("side", "wait_stream", "main")
+    assert log[1:] == [("main", "wait_stream", "side"), ("main", "record", "read0"),
+                       ("main", "wait_stream", "side"), ("main", "record", "read1"),
+                       ("side", "wait_event", "read0"), ("main", "wait_stream", "side"), ("main", "record", "read0"),
+                       ("side", "wait_event", "read1"), ("main", "wait_stream", "side"), ("main", "record", "read1")]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("m,chunk", [(65, 256), (300, 128)])
+def test_long_overlap_in_a_cuda_graph_gpu(m, chunk):
+    # a prompt-sized product with the chunks' unpacks on a second stream: the serial chunks' bits, eagerly and
+    # replayed from a CUDA graph on new x (the side stream joins the capture and rejoins it before the end)
+    from glyd import kernels
+    from glyd.kernels import LongConfig
+
+    w = random_weights(1000, 3584, "normal", "cuda")
+    p = glyd.pack(w, "fixed12")
+    bias = torch.randn(1000, device="cuda").to(torch.bfloat16)
+    x = torch.randn(m, 3584, device="cuda").to(torch.bfloat16)
+    serial = kernels.linear(x, p, bias, LongConfig(chunk=chunk))
+    _check(serial, x, w, bias)
+    cfg = LongConfig(chunk=chunk, overlap=True)
+    assert torch.equal(kernels.linear(x, p, bias, cfg).view(torch.int16), serial.view(torch.int16))
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        y = kernels.linear(x, p, bias, cfg)
+    x.copy_(torch.randn(m, 3584, device="cuda").to(torch.bfloat16))
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(y.view(torch.int16), kernels.linear(x, p, bias, LongConfig(chunk=chunk)).view(torch.int16))
 
 
 @pytest.mark.parametrize("device", DEVICES)

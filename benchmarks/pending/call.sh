@@ -7,12 +7,13 @@
 # (benchmarks/kv.py pool) and main/ (main's src and benchmarks): bits (pool_bits.py main against the branch), kv
 # (kv.py speed, the branch's and main's), d11 (dense11_step.py, four MMA variants).
 #
-#   OUT=$OUT bash benchmarks/pending/call.sh                # gpu_set, long (about 8 minutes on an H100)
+#   OUT=$OUT bash benchmarks/pending/call.sh                # gpu_set (5-8 minutes on an H100: its own call)
+#   OUT=$OUT bash benchmarks/pending/call.sh long           # the next call (about 4 minutes)
 #   OUT=$OUT bash benchmarks/pending/call.sh gpu_set kv     # only these
 set -u
 out=${OUT:?set OUT to the folder that comes back}
 steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(gpu_set long)
+[ ${#steps[@]} -eq 0 ] && steps=(gpu_set)
 summary=()
 step() {  # name, time limit (s), command...
   local name=$1 limit=$2 t0=$SECONDS rc

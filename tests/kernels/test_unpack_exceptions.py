@@ -126,6 +126,30 @@ def test_fixed12_unpack_rows_ending_inside_a_tile_write_only_their_rows(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_fixed12_unpack_row_ranges_on_flat_tiles_take_the_flat_kernel(device):
+    # K == Kp: a row range that starts and ends on the flat tiling's tiles (1,024 weights) is one stream of groups,
+    # unpacked by the flat kernel from the matrix's tile T0 (its exceptions from the matrix's flat exception tiles);
+    # other ranges take the byte tiles. Every range gives its rows bit for bit and writes nothing past them.
+    from glyd.kernels.fixed12.exceptions import prepare
+    from glyd.kernels.fixed12.unpack import _unpack_flat_kernel, _unpack_kernel, unpack_launch, unpack_rows
+
+    n, k = 200, 128
+    w = random_weights(n, k, "wide")
+    w[:, 5] = 1e-30  # an exception in every row, whatever the random draw
+    p = glyd.pack(w, "fixed12").to(device)
+    prep = prepare(p)
+    for (r0, r1), kernel in (((0, 64), _unpack_flat_kernel), ((64, 128), _unpack_flat_kernel),
+                             ((128, 200), _unpack_flat_kernel), ((0, 200), _unpack_flat_kernel),
+                             ((8, 16), _unpack_flat_kernel), ((8, 13), _unpack_kernel), ((4, 16), _unpack_kernel)):
+        assert unpack_launch(p, r0, r1).kernel is kernel, (r0, r1)
+        buf = torch.full(((r1 - r0) * k + 3 * k,), 7, dtype=torch.int16, device=device)
+        out = buf[:(r1 - r0) * k].view(torch.bfloat16).view(r1 - r0, k)
+        unpack_rows(p, prep, r0, r1, out)
+        assert torch.equal(_bits(out), w[r0:r1].view(torch.int16)), (r0, r1)
+        assert bool((buf[(r1 - r0) * k:] == 7).all()), (r0, r1)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("where", [[], [0, 3, 1099], "wide"])
 @pytest.mark.parametrize("version", [3, 2, 1])
 def test_dense11_unpack_patches_exceptions_in_one_launch(device, where, version):

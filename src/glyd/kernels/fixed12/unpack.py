@@ -80,18 +80,20 @@ def _unpack_kernel(code_ptr, lo_ptr, base_ptr, out_ptr, tile_ptr, epos_ptr, eval
 
 @isolated
 @triton.jit
-def _unpack_flat_kernel(code_ptr, lo_ptr, base_ptr, out_ptr, tile_ptr, epos_ptr, eval_ptr, NG, BG: tl.constexpr,
-                        HAS_EXC: tl.constexpr, E: tl.constexpr):
+def _unpack_flat_kernel(code_ptr, lo_ptr, base_ptr, out_ptr, tile_ptr, epos_ptr, eval_ptr, NG, G0, T0, POS0,
+                        BG: tl.constexpr, HAS_EXC: tl.constexpr, E: tl.constexpr):
     # K == Kp: the planes and the output are one stream of 64-weight groups (code 32 bytes, lo 64,
     # out 64 bf16 each, rows back to back), so a program takes BG whole groups with no row math;
-    # then the exceptions among its 64 BG weights over them.
+    # then the exceptions among its 64 BG weights over them. A row range starts at group G0, the
+    # matrix's flat tile T0 (a whole tile) and weight POS0; out holds only its NG groups.
     g = tl.program_id(0).to(tl.int64) * BG + tl.arange(0, BG)[:, None]
     j = tl.arange(0, 32)[None, :]
     m = g < NG
     base = tl.load(base_ptr).to(tl.int32)
-    c = tl.load(code_ptr + g * 32 + j, mask=m, other=0, eviction_policy="evict_first").to(tl.int32)
-    la = tl.load(lo_ptr + g * 64 + j, mask=m, other=0, eviction_policy="evict_first").to(tl.int32)
-    lb = tl.load(lo_ptr + g * 64 + 32 + j, mask=m, other=0, eviction_policy="evict_first").to(tl.int32)
+    src = G0 + g
+    c = tl.load(code_ptr + src * 32 + j, mask=m, other=0, eviction_policy="evict_first").to(tl.int32)
+    la = tl.load(lo_ptr + src * 64 + j, mask=m, other=0, eviction_policy="evict_first").to(tl.int32)
+    lb = tl.load(lo_ptr + src * 64 + 32 + j, mask=m, other=0, eviction_policy="evict_first").to(tl.int32)
     na = c & 0xF
     nb = c >> 4
     va = (((na & 8) << 4) | ((na & 7) + base)) << 8 | la
@@ -99,7 +101,7 @@ def _unpack_flat_kernel(code_ptr, lo_ptr, base_ptr, out_ptr, tile_ptr, epos_ptr,
     tl.store(out_ptr + g * 64 + j, va.to(tl.int16), mask=m)
     tl.store(out_ptr + g * 64 + 32 + j, vb.to(tl.int16), mask=m)
     if HAS_EXC:
-        C.patch_exceptions(out_ptr, tile_ptr, epos_ptr, eval_ptr, tl.program_id(0), 0, NG * 64, E)
+        C.patch_exceptions(out_ptr, tile_ptr, epos_ptr, eval_ptr, T0 + tl.program_id(0), POS0, NG * 64, E)
 
 
 def _tiles(p: Packed, prep: Prepared, key: tuple, tile_of):
@@ -112,7 +114,8 @@ def _tiles(p: Packed, prep: Prepared, key: tuple, tile_of):
 # packed: fixed12 [N, K] rows r0:r1 -> launch(out, *arrays): out bf16 [r1 - r0, K] (written, contiguous)
 def unpack_launch(p: Packed, r0: int = 0, r1: int | None = None, config: UnpackConfig | None = None) -> _plan.Launch:
     """The unpack of rows ``r0:r1`` of ``p`` as one ``glyd.kernels._plan.Launch``, exceptions included
-    (``arrays``: fixed12's, in its order). The flat kernel for whole matrices with K == Kp, else byte tiles."""
+    (``arrays``: fixed12's, in its order). The flat kernel where K == Kp for whole matrices and row ranges on
+    its tiles' bounds (multiples of 1,024 weights at the default 16 groups), else byte tiles."""
     if config is not None and not isinstance(config, UnpackConfig):
         raise TypeError(f"config must be a UnpackConfig (the fixed12 unpack's), got {type(config).__name__}")
     cfg = config or UnpackConfig()
@@ -127,12 +130,15 @@ def unpack_launch(p: Packed, r0: int = 0, r1: int | None = None, config: UnpackC
     out = _plan.Slot(0).view(torch.int16)
     lo, code, base, _idx, _hi = _plan.slots(5, 1, fixed=True)
     has_exc = prep.nexc > 0 and rows > 0
-    if cfg.flat_groups and k == kp and (r0, r1) == (0, n):
-        ng = n * kp // 64
-        ntiles = triton.cdiv(ng, cfg.flat_groups)
-        span = cfg.flat_groups * 64
+    span = cfg.flat_groups * 64
+    if cfg.flat_groups and k == kp and rows and r0 * k % span == 0 and (r1 == n or r1 * k % span == 0):
+        # whole matrices, and row ranges that start and end on the flat tiling's tiles (chunks of 64 rows and more
+        # for K a multiple of 64): the matrix's flat tiles from T0 (its exception tiles, made once)
+        ntiles = triton.cdiv(n * kp // 64, cfg.flat_groups)
         tiles = _tiles(p, prep, ("flat", span, ntiles), lambda r, c: (r * k + c) // span) if has_exc else (out,) * 3
-        return _plan.Launch(_unpack_flat_kernel, (ntiles,), (code, lo, base, out, *tiles, ng),
+        ng = rows * kp // 64
+        return _plan.Launch(_unpack_flat_kernel, (triton.cdiv(ng, cfg.flat_groups),),
+                            (code, lo, base, out, *tiles, ng, r0 * kp // 64, r0 * k // span, r0 * k),
                             dict(BG=cfg.flat_groups, HAS_EXC=has_exc, E=C.PATCH_CHUNK, num_warps=cfg.flat_warps))
     bn = cfg.rows
     while r0 % bn:  # the tiles' rows must start at r0 (a power of two that divides it)

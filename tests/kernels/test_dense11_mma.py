@@ -198,6 +198,9 @@ def test_mma_config_and_rows():
     for bad in ({"x_prefetch": 1}, {"x_prefetch": True, "dot": "tile"}):
         with pytest.raises(ValueError, match="x_prefetch"):
             Dense11V3GemvConfig(**{"bn": 64, "bk": 128, "dot": "mma", **bad})
+    for bad in ({"x_prefetch": True}, {"prefetch_depth": 2, "prefetch": True}, {}):  # an unknown dot is named first
+        with pytest.raises(ValueError, match="dot must be .* got 'bogus'"):
+            Dense11V3GemvConfig(**{"bn": 64, "bk": 128, "dot": "bogus", **bad})
     assert [mma_rows(m, 64) for m in (2, 8, 9, 16, 17, 33, 64, 65)] == [8, 8, 16, 16, 32, 64, 64, 64]
     assert mma_rows(40, 16) == 16 and mma_rows(3, 1) == 8
 

@@ -278,13 +278,13 @@ class Dense11V2GemvConfig:
             raise ValueError(f"prefetch must be True or False, got {self.prefetch!r}")
         ints(self, 1, 2, "prefetch_depth")
         flags(self, "x_prefetch")
+        if self.dot not in ("tile", "tile_wx", "lanes", "mma"):  # first: the checks below name dot's value
+            raise ValueError(f"dot must be 'tile', 'tile_wx', 'lanes' or 'mma', got {self.dot!r}")
         if self.x_prefetch and self.dot != "mma":
             raise ValueError(f"x_prefetch applies with dot='mma', got x_prefetch={self.x_prefetch}, dot={self.dot!r}")
         if self.prefetch_depth == 2 and not (self.prefetch and self.dot == "mma"):
             raise ValueError(f"prefetch_depth=2 applies with prefetch=True and dot='mma', got "
                              f"prefetch={self.prefetch}, dot={self.dot!r}")
-        if self.dot not in ("tile", "tile_wx", "lanes", "mma"):
-            raise ValueError(f"dot must be 'tile', 'tile_wx', 'lanes' or 'mma', got {self.dot!r}")
         if self.dot == "mma" and (self.bk != 128 or self.bn != 16 * self.warps):
             raise ValueError(f"dot='mma' takes bk=128 and bn=16*warps (a run of 32 of two rows a thread), got "
                              f"bk={self.bk}, bn={self.bn}, warps={self.warps}")

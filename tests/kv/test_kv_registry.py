@@ -19,8 +19,8 @@ CPU = Device("cpu", "cpu")
 INTERP = Device("cpu", "cpu", interpreting=True)
 
 
-def problem(code="kvf12", op="attention", page=64, d=128, dv=128, group=7, where="pool"):
-    return KVProblem(code, op, page, d, dv, group, where)
+def problem(code="kvf12", op="attention", page=64, d=128, dv=128, group=7, where="pool", batch=0):
+    return KVProblem(code, op, page, d, dv, group, where, batch)
 
 
 @pytest.mark.parametrize("prob,device,want", [
@@ -137,7 +137,41 @@ def test_the_h100s_own_table_runs_its_measured_kv_attention_and_the_h200s_elsewh
     h100 = Device("cuda", "NVIDIA H100 80GB HBM3", (9, 0), 132, False, frozenset({"gluon", "wgmma", "tma"}))
     kc, cfg = choose(problem(), h100)
     assert kc.name == "kvf12_attention_triton" and cfg.programs_per_sm == 4
+    # by sequences a launch: 16 programs an SM from 33 (its row's "batches"), 4 below and where not known
+    assert [choose(problem(batch=b), h100)[1].programs_per_sm for b in (1, 32, 33, 64, 0)] == [4, 4, 16, 16, 4]
     assert choose(problem(), H200)[1].programs_per_sm == 16
     assert choose(problem(op="write", group=1), h100)[0].name == "kvf12_write_triton"
     lin = weights.Problem("fixed12", 1, 3584, 3584, 3584)
     assert weights.candidates(lin, h100) == weights.candidates(lin, H200) != []
+
+
+def test_batches_ranges_choose_by_sequences_and_bad_ones_are_refused(tmp_path, monkeypatch):
+    # a kv candidate with "batches": [lo, hi] serves launches of lo..hi sequences only (KVProblem.batch; 0, not
+    # known, passes it over); a malformed range is refused when the table loads, naming the cell
+    from glyd import _env
+    from glyd.kernels import registry as weights
+
+    gpu = Device("cuda", "Ranged GPU", (9, 0), 132, False, frozenset({"gluon", "wgmma", "tma"}))
+    path = tmp_path / "Ranged_GPU.json"
+    wide = {"kernel": "kvf12_attention_triton", "batches": [8, 8], "config": {"programs_per_sm": 2}}
+    cells = [wide, {"kernel": "kvf12_attention_triton", "config": {"programs_per_sm": 5}},
+             {"kernel": "kvf12_attention_torch", "config": {}}]
+    monkeypatch.setenv("GLYD_TABLES", str(tmp_path))
+    _env.settings.cache_clear()
+    try:
+        path.write_text(json.dumps({"linear": {}, "kv": {"kvf12": {"attention": cells}}}))
+        weights.reset()
+        assert [choose(problem(batch=b), gpu)[1].programs_per_sm for b in (7, 8, 9, 0)] == [5, 2, 5, 5]
+        for bad in ([0, 4], [4, 2], [1], "1-4", [1.0, 4], [True, 4]):
+            path.write_text(json.dumps({"linear": {}, "kv": {"kvf12": {"attention": [{**wide, "batches": bad}]}}}))
+            weights.reset()
+            with pytest.raises(ValueError, match="kv.kvf12.attention: 'batches'"):
+                choose(problem(batch=8), gpu)
+    finally:
+        monkeypatch.undo()
+        _env.settings.cache_clear()
+        weights.reset()
+        choose.cache_clear()
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ValueError, match="batch"):
+            problem(batch=bad)

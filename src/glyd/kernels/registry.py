@@ -331,6 +331,11 @@ def _check_cells(table: dict[str, Any], section: str, where: str, keys: dict[str
                         c.get("config"), dict):
                     raise ValueError(f"{where}: {section}.{key}.{sub}: bad candidate {c!r} (one is "
                                      '{"kernel": name, "config": {...}})')
+                span = c.get("batches")
+                if "batches" in c and (section != "kv" or not (isinstance(span, list) and len(span) == 2 and all(
+                        type(v) is int for v in span) and 1 <= span[0] <= span[1])):
+                    raise ValueError(f"{where}: {section}.{key}.{sub}: 'batches' (kv cells only) must be [lo, hi] "
+                                     f"sequences with 1 <= lo <= hi, got {span!r}")
 
 
 def _check_layout_times(section: Any, where: str) -> None:

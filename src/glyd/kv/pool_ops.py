@@ -69,8 +69,8 @@ class Kvf12WriteTorch(KVKernel):
         pool_twin.write_torch(values, lens, block_index, *v_planes)
 
 
-def _problem(op: str, page: int, d: int, dv: int, group: int) -> KVProblem:
-    return KVProblem("kvf12", op, page, d, dv, group, "pool")
+def _problem(op: str, page: int, d: int, dv: int, group: int, batch: int = 0) -> KVProblem:
+    return KVProblem("kvf12", op, page, d, dv, group, "pool", batch)
 
 
 @torch.library.custom_op("glyd::kvf12_write", mutates_args=("lo", "code", "base", "meta", "exc", "used", "raw"))
@@ -122,7 +122,8 @@ def _attention(q: _T, lens: _T, starts: _T | None, block_index: _T, k_side: list
 
 @_attention.register_kernel("cuda")
 def _attention_cuda(q, lens, starts, block_index, k_side, v_side, scale, valid=None):
-    problem = _problem("attention", k_side[0].shape[1], q.shape[2], v_side[0].shape[2], q.shape[1] // block_index.shape[1])
+    problem = _problem("attention", k_side[0].shape[1], q.shape[2], v_side[0].shape[2], q.shape[1] // block_index.shape[1],
+                       q.shape[0])  # the table's launch may depend on the sequences (programs an SM)
     kc, cfg = choose(problem, Device.of(q.device))
     return kc.launch(q, lens, starts, block_index, k_side, v_side, scale, config=cfg, valid=valid)
 

@@ -57,8 +57,9 @@ DEFAULTS: dict[str, dict[str, list[dict[str, Any]]]] = {
 @dataclass(frozen=True)
 class KVProblem:
     """One KV op: the page ``code``, the ``op``, page tokens, key and value head dims, query heads a KV
-    head (``group``; 1 for a write), and where the pages live (``"pool"``: a static pool read through
-    its block table; ``"store"``: a growing ``PageStore``/``FixedPageStore``)."""
+    head (``group``; 1 for a write), where the pages live (``"pool"``: a static pool read through
+    its block table; ``"store"``: a growing ``PageStore``/``FixedPageStore``) and the sequences a launch
+    (``batch``; 0: not known, and a table's candidates for some batches only are passed over)."""
 
     code: str
     op: str
@@ -67,10 +68,13 @@ class KVProblem:
     v_head_dim: int
     group: int
     where: str = "pool"
+    batch: int = 0
 
     def __post_init__(self) -> None:
         if self.code not in CODES or self.op not in OPS or self.where not in ("pool", "store"):
             raise ValueError(f"unknown KV problem {self.code!r}/{self.op!r}/{self.where!r}")
+        if type(self.batch) is not int or self.batch < 0:
+            raise ValueError(f"KVProblem.batch must be an int >= 0 (0: not known), got {self.batch!r}")
 
 
 class KVKernel:
@@ -116,11 +120,25 @@ def kernel_class(name: str) -> type[KVKernel]:
 
 
 def _table_candidates(table: dict[str, Any], problem: KVProblem) -> list[dict[str, Any]]:
+    """The cell's candidates that serve ``problem``: those with ``"batches": [lo, hi]`` (sequences a launch,
+    inclusive) only where ``problem.batch`` is inside it."""
     cands = table.get("kv", {}).get(problem.code, {}).get(problem.op, [])
+    out = []
     for c in cands:
-        if not isinstance(c, dict) or c.get("kernel") not in KV_KERNELS or not isinstance(c.get("config"), dict):
+        if not isinstance(c, dict) or c.get("kernel") not in KV_KERNELS or not isinstance(c.get("config"), dict) \
+                or not set(c) <= {"kernel", "config", "batches"}:
             raise ValueError(f"kv.{problem.code}.{problem.op}: bad candidate {c!r}")
-    return cands
+        span = c.get("batches")
+        if span is None:
+            out.append(c)
+            continue
+        if not (isinstance(span, list) and len(span) == 2 and all(type(v) is int for v in span)
+                and 1 <= span[0] <= span[1]):
+            raise ValueError(f"kv.{problem.code}.{problem.op}: 'batches' must be [lo, hi] with 1 <= lo <= hi, got "
+                             f"{span!r}")
+        if span[0] <= problem.batch <= span[1]:
+            out.append(c)
+    return out
 
 
 def candidates(problem: KVProblem, device: weights.Device) -> list[dict[str, Any]]:

@@ -11,7 +11,7 @@ table a shape and M (us a matrix, ratio to bf16), best first, and writes JSON.
 The candidates are kernel family configs (``glyd.kernels.GemvConfig``, ``GluonConfig``, ...);
 "default" is what ``glyd.kernels.registry`` chooses from the GPU's table (from the H200's on a
 GPU without one). ``SWEEP_ROUND=N`` times round N's candidates instead of the default grid
-(rounds 2-39 as they ran, ported to the configs; rounds 32 and 33, the ws ``pipe`` and
+(rounds 2-40 as they ran, ported to the configs; rounds 32 and 33, the ws ``pipe`` and
 ``consumers`` settings, are gone with those settings: their last version is in 497582d).
 ``SWEEP_ROUND=table`` times, at each M, every candidate that the fallback table (the H200's)
 lists for that M bucket in any shape class.
@@ -205,6 +205,14 @@ def _candidates(m: int, n: int, k: int) -> dict:
             out["default wv16"] = R(d, waves=16)
             for block, warps in ((256, 2), (128, 1), (512, 4), (1024, 4)):
                 out[f"default reduce {block} w{warps}"] = (d, {(C, "FINALIZE_BLOCK"): block, (C, "FINALIZE_WARPS"): warps})
+        return out
+    if rnd == "40":  # unpack + cuBLAS in chunks of weight rows, the unpacks overlapped on a second stream (issue 38)
+        if m >= 65:
+            out["long whole"] = LongConfig()
+            for c in (512, 1024, 2048, 4096):
+                if n > c:
+                    out[f"long c{c}"] = LongConfig(chunk=c)
+                    out[f"long c{c} overlap"] = LongConfig(chunk=c, overlap=True)
         return out
     if rnd == "39":  # the wgmma tile with bm 8 (down's default at M = 3-8) at M = 1-2
         if k % 256 == 0 and m <= 2 and has("wgmma"):

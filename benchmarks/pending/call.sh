@@ -3,7 +3,8 @@
 # slow or hanging step cannot take the rest of the call with it; a summary table last. Run on the device, in the
 # stacked tree. Steps: gpu_set (first: nothing merges without it), scale_d11 (h112: the 7B with dense11 beside
 # bf16, its step in a CUDA graph), long (h115: unpack + cuBLAS in chunks, each chunk's unpack overlapped with the
-# GEMM before it on a second stream, at M = 65-4608 on the merged 7B matrices); and the A/B tools of the 2026-12-05 stack, which need .carry with kv_pool.pt
+# GEMM before it on a second stream, at M = 65-4608 on the merged 7B matrices), sweep_long (sweep round 40: those
+# configs on every 7B shape class at M 65-2048, with a table of the fastest: its own call); and the A/B tools of the 2026-12-05 stack, which need .carry with kv_pool.pt
 # (benchmarks/kv.py pool) and main/ (main's src and benchmarks): bits (pool_bits.py main against the branch), kv
 # (kv.py speed, the branch's and main's), d11 (dense11_step.py, four MMA variants).
 #
@@ -41,10 +42,13 @@ for s in "${steps[@]}"; do
     long) step long 260 env PYTHONPATH=src TRITON_CACHE_DIR="$(mktemp -d)" python3 benchmarks/probes/probe_ws_long.py \
             --budget-s 200 --ms 65,128,256,512,2048,4608 --out "$out/long" --variants \
             long.c512.o,long.c1024,long.c1024.o,long.c2048,long.c2048.o,long.c4096.o ;;
-    *) echo "unknown step $s (gpu_set, scale_d11, long, bits, kv, d11)" >&2; exit 2 ;;
+    sweep_long) step sweep_long 560 env SWEEP_ROUND=40 PYTHONPATH=src TRITON_CACHE_DIR="$(mktemp -d)" python3 \
+                  benchmarks/sweep_shapes.py --shapes k/v,q/o,gate/up,down,lm_head,qkv,gate_up --ms 65,128,256,2048 \
+                  --out "$out/sweep_long" --table "$out/sweep_long/table.json" ;;
+    *) echo "unknown step $s (gpu_set, scale_d11, long, sweep_long, bits, kv, d11)" >&2; exit 2 ;;
   esac
 done
-for f in gpu_set scale_d11 long bits kv_branch kv_main d11; do
+for f in gpu_set scale_d11 long sweep_long bits kv_branch kv_main d11; do
   [ -f "$out/$f.txt" ] && { echo "=== $f (last lines)"; tail -n 14 "$out/$f.txt"; }
 done
 echo "| step | exit status | seconds |"

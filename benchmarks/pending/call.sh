@@ -4,7 +4,8 @@
 # stacked tree. Steps: gpu_set (first: nothing merges without it), scale_d11 (h112: the 7B with dense11 beside
 # bf16, its step in a CUDA graph), long (h115: unpack + cuBLAS in chunks, each chunk's unpack overlapped with the
 # GEMM before it on a second stream, at M = 65-4608 on the merged 7B matrices), sweep_long (sweep round 40: those
-# configs on every 7B shape class at M 65-2048, with a table of the fastest: its own call); and the A/B tools of the 2026-12-05 stack, which need .carry with kv_pool.pt
+# configs on every 7B shape class at M 65-2048, with a table of the fastest: its own call), ttft7b (issue 38: the 7B's
+# compiled first token with bf16, fixed12 and dense11); and the A/B tools of the 2026-12-05 stack, which need .carry with kv_pool.pt
 # (benchmarks/kv.py pool) and main/ (main's src and benchmarks): bits (pool_bits.py main against the branch), kv
 # (kv.py speed, the branch's and main's), d11 (dense11_step.py, four MMA variants).
 #
@@ -45,10 +46,13 @@ for s in "${steps[@]}"; do
     sweep_long) step sweep_long 560 env SWEEP_ROUND=40 PYTHONPATH=src TRITON_CACHE_DIR="$(mktemp -d)" python3 \
                   benchmarks/sweep_shapes.py --shapes k/v,q/o,gate/up,down,lm_head,qkv,gate_up --ms 65,128,256,2048 \
                   --out "$out/sweep_long" --table "$out/sweep_long/table.json" ;;
-    *) echo "unknown step $s (gpu_set, scale_d11, long, sweep_long, bits, kv, d11)" >&2; exit 2 ;;
+    ttft7b) step ttft7b 330 env PYTHONPATH=src TRITON_CACHE_DIR="$(mktemp -d)" python3 benchmarks/scale.py \
+              --sizes qwen2.5-7b --variants bf16,fixed12,dense11 --batches 1 --compile-prefill --no-capacity \
+              --out "$out/ttft7b" ;;
+    *) echo "unknown step $s (gpu_set, scale_d11, long, sweep_long, ttft7b, bits, kv, d11)" >&2; exit 2 ;;
   esac
 done
-for f in gpu_set scale_d11 long sweep_long bits kv_branch kv_main d11; do
+for f in gpu_set scale_d11 long sweep_long ttft7b bits kv_branch kv_main d11; do
   [ -f "$out/$f.txt" ] && { echo "=== $f (last lines)"; tail -n 14 "$out/$f.txt"; }
 done
 echo "| step | exit status | seconds |"

@@ -380,6 +380,28 @@ def test_a_sub_tile_or_warp_count_that_is_not_one_the_kernel_takes_is_named(kw):
         attention_triton(q, pool.lens, None, pool.block_index, pool.k.layer(0), pool.v.layer(0), 0.125, **kw)
 
 
+@pytest.mark.parametrize("bad", ["lens-float", "starts-float", "lens-bool", "capped-int", "capped-none"])
+def test_float_lens_or_a_capped_that_is_not_a_bool_is_named(bad):
+    # lens 3.7 went through .to(int32) as 3 (a silent wrong length); capped=0 or None picked a page count by truth
+    from glyd.kv._triton_fixed import attention_triton
+
+    gen = torch.Generator().manual_seed(5)
+    pool, _, _ = ragged_pool(2, 1, 32, 16, [40, 21], gen)
+    q = torch.randn(2, 2, 32, generator=gen).to(torch.bfloat16)
+    lens, starts, kw = pool.lens, None, {}
+    if bad == "lens-float":
+        lens = pool.lens.float() + 0.5
+    elif bad == "lens-bool":
+        lens = pool.lens > 0
+    elif bad == "starts-float":
+        starts = torch.zeros(2)
+    else:
+        kw["capped"] = 0 if bad == "capped-int" else None
+    name = bad.split("-")[0]
+    with pytest.raises(FormatError, match=rf"^{name} must "):
+        attention_triton(q, lens, starts, pool.block_index, pool.k.layer(0), pool.v.layer(0), 0.125, **kw)
+
+
 @pytest.mark.parametrize("bad", ["k.code", "k.base", "k.meta", "v.code", "v-blocks", "k.lo-2d"])
 def test_planes_that_do_not_match_their_lo_plane_are_named(bad):
     # the kernel reads every plane at a block's offset (block_index's block b: code[b], base[b], meta[b], the same b

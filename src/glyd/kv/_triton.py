@@ -363,6 +363,8 @@ def _split_state(q: torch.Tensor, lens: torch.Tensor, starts, b: int, h: int, nu
         if t is not None and (not isinstance(t, torch.Tensor) or tuple(t.shape) != (b,)):
             got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
             raise FormatError(f"{name} must be [{b}] (one a sequence), got {got}")
+        if t is not None and (t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool):
+            raise FormatError(f"{name} must hold integers (token counts), got {t.dtype}")  # .to(int32) would truncate
     lens = lens.to(device=dev, dtype=torch.int32).contiguous()
     starts = (torch.zeros_like(lens) if starts is None else starts.to(device=dev, dtype=torch.int32)).contiguous()
     m = torch.empty(b * h * num_splits * gp, dtype=torch.float32, device=dev)

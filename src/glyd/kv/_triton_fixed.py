@@ -345,6 +345,8 @@ def attention_triton(q, lens, starts, block_index, k_side, v_side, scale, capped
     ts = min(sub_tile, p)
     if ts < 32 and not _interpreting():
         raise FormatError(f"the fused kernel needs sub-tiles (and pages) of >= 32 tokens on the GPU, got {ts}")
+    if not isinstance(capped, bool):
+        raise FormatError(f"capped must be True or False, got {capped!r}")
     g = hq // h
     gp = max(16, triton.next_power_of_2(g))
     max_pages = jcap if capped else jcap + 1  # host ints only: no sync, so CUDA graphs can capture this

@@ -297,3 +297,32 @@ def test_memory_limit_chooses_the_layout_of_a_diffusers_model(tmp_path):
         glyd.from_pretrained(tmp_path / "bf16", layout="fixed12", device="cpu", progress=False, memory_limit=limit)
     glyd.compress(ref, memory_limit=count.need("dense11") - 1, progress=False)
     assert {ref.get_submodule(n).packed.layout for n in linears(tiny_flux())} == {"tiered"}
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_a_tensor_of_another_shape_is_refused(tmp_path, packed):
+    # A norm weight of [1] for [16] was put in place (and broadcast): a wrong model, loaded without a
+    # word, from a bf16 folder and from a glyd folder whose glyd.json agreed with the file.
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    from glyd.store import sha256_tensor
+
+    folder = tmp_path / "t"
+    if packed:
+        glyd.save_pretrained(glyd.compress(tiny_flux(), progress=False), folder, progress=False)
+    else:
+        tiny_flux().save_pretrained(folder)
+    f = folder / "diffusion_pytorch_model.safetensors"
+    with safe_open(str(f), "pt") as st:
+        meta = st.metadata()
+    sd = load_file(f)
+    key = "single_transformer_blocks.0.attn.norm_k.weight"
+    sd[key] = sd[key][:1].clone()
+    save_file(sd, f, metadata=meta)
+    if packed:
+        manifest = json.loads((folder / "glyd.json").read_text())
+        manifest["tensors"][key].update(shape=[1], sha256=sha256_tensor(sd[key]))
+        (folder / "glyd.json").write_text(json.dumps(manifest))
+    with pytest.raises(FormatError, match=rf"tensor '{key}' has shape \[1\], the model's is \[16\]$"):
+        glyd.from_pretrained(folder, device="cpu", progress=False)

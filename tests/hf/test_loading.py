@@ -291,6 +291,24 @@ def test_a_checkpoint_missing_a_tensor(tiny_model_folder, tmp_path):
         glyd.from_pretrained(dst, device="cpu", merge=True, progress=False)
 
 
+@pytest.mark.parametrize("key, keep", [("model.layers.0.input_layernorm.weight", 1), ("lm_head.weight", 300)])
+def test_a_checkpoint_tensor_of_another_shape(tiny_model_folder, tmp_path, key, keep):
+    # A norm weight of [1] for [64] was put in place (and broadcast), an lm_head of 300 rows for 320
+    # packed (logits over a smaller vocabulary): a wrong model, loaded without a word.
+    from safetensors.torch import load_file, save_file
+
+    dst = tmp_path / "m"
+    shutil.copytree(tiny_model_folder("mistral"), dst)
+    sd = load_file(dst / "model.safetensors")
+    want = list(sd[key].shape)
+    sd[key] = sd[key][:keep].clone()
+    save_file(sd, dst / "model.safetensors", metadata={"format": "pt"})
+    got = [keep, *want[1:]]
+    with pytest.raises(FormatError, match=rf"^tensor '{key}' has shape \[{', '.join(map(str, got))}\], the model's is "
+                                          rf"\[{', '.join(map(str, want))}\]$"):
+        glyd.from_pretrained(dst, device="cpu", progress=False)
+
+
 def test_bad_arguments(tiny_model_folder):
     src = tiny_model_folder("llama")
     with pytest.raises(ValueError, match="layout"):

@@ -194,7 +194,11 @@ def _load_glyd(path: Path, cls: type, device: torch.device, *, exact: bool, veri
                     t = st.get_tensor(key)
                 except Exception as exc:  # safetensors' own error types
                     raise FormatError(f"{path / f}: tensor {key!r}: cannot read: {exc}") from exc
-                if not set_tensor(model, key, t):
+                try:
+                    placed = set_tensor(model, key, t)
+                except FormatError as exc:  # another shape than the model's
+                    raise FormatError(f"{path / f}: {exc}") from None
+                if not placed:
                     raise FormatError(f"{path / f}: tensor {key!r} has no place in {cls.__name__}")
     model = _finish(model, device, path)
     finish_skeleton(model, path, manifest)

@@ -58,13 +58,29 @@ def set_module(root: nn.Module, name: str, module: nn.Module) -> None:
     setattr(root.get_submodule(parent) if parent else root, child, module)
 
 
+def check_shape(root: nn.Module, name: str, t: torch.Tensor) -> None:
+    """FormatError unless ``t`` has the shape of ``root``'s parameter or buffer ``name`` (when it has
+    one), as transformers' and diffusers' loaders refuse any other: put in place, a norm weight of
+    [1] for [64] broadcast, and an output projection of 100 rows for 128 ran, a wrong model."""
+    parent, _, attr = name.rpartition(".")
+    try:
+        mod = root.get_submodule(parent) if parent else root
+    except AttributeError:
+        return
+    have = mod._parameters.get(attr, mod._buffers.get(attr))
+    if have is not None and tuple(have.shape) != tuple(t.shape):
+        raise FormatError(f"tensor {name!r} has shape {list(t.shape)}, the model's is {list(have.shape)}")
+
+
 def set_tensor(root: nn.Module, name: str, t: torch.Tensor) -> bool:
-    """Put ``t`` in place of parameter or buffer ``name``; False if the model has no such tensor."""
+    """Put ``t`` in place of parameter or buffer ``name``; False if the model has no such tensor;
+    FormatError if it has another shape."""
     parent, _, attr = name.rpartition(".")
     try:
         mod = root.get_submodule(parent) if parent else root
     except AttributeError:
         return False
+    check_shape(root, name, t)
     if attr in mod._parameters:
         mod._parameters[attr] = nn.Parameter(t, requires_grad=False)
     elif attr in mod._buffers:

@@ -14,9 +14,9 @@ from torch import nn
 from glyd import ops as _ops
 from glyd.codec import Packed
 from glyd.errors import FormatError, UnsupportedError, show_path
-from glyd.hf._model import (MERGE_GROUPS, check_layout, embed_scale_of, is_packable_embedding, is_packable_linear,
-                            kept_unpacked, packed_ties, refuse_tied_bias, set_module, set_tensor, unpacked_report,
-                            untie_packed)
+from glyd.hf._model import (MERGE_GROUPS, check_layout, check_shape, embed_scale_of, is_packable_embedding,
+                            is_packable_linear, kept_unpacked, packed_ties, refuse_tied_bias, set_module, set_tensor,
+                            unpacked_report, untie_packed)
 from glyd.hf.experts import ExpertsPlan
 from glyd.nn.modules import GlydEmbedding, GlydLinear, GlydTiedEmbedding, GlydTiedLinear
 from glyd.ops import experts as _experts_ops
@@ -195,6 +195,8 @@ class Packer:
 
     def feed(self, name: str, t: torch.Tensor) -> None:
         """Take tensor ``name`` of the model (a weight to pack, or any other tensor to put in place)."""
+        if not self.experts.wants(name):  # (experts: checked whole, by _feed_experts)
+            check_shape(self.model, name, t)
         if name in self.ties:
             self._feed_tied(name, t)
         elif name in self.linears:

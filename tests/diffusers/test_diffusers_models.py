@@ -326,3 +326,19 @@ def test_a_tensor_of_another_shape_is_refused(tmp_path, packed):
         (folder / "glyd.json").write_text(json.dumps(manifest))
     with pytest.raises(FormatError, match=rf"tensor '{key}' has shape \[1\], the model's is \[16\]$"):
         glyd.from_pretrained(folder, device="cpu", progress=False)
+
+
+@pytest.mark.parametrize("edit, why", [
+    ({"in_channels": -5}, "RuntimeError: Trying to create tensor with negative dimension"),
+    ({"_class_name": "ModelMixin"}, "AttributeError: type object 'ModelMixin' has no attribute 'from_config'"),
+    ({"in_channels": None}, "TypeError: empty"),
+])
+def test_a_config_the_class_cannot_be_built_from_is_one_line(tmp_path, edit, why):
+    # A negative width escaped as torch's RuntimeError, _class_name "ModelMixin" as an AttributeError,
+    # and torch's TypeError of several lines was quoted whole.
+    tiny_flux().save_pretrained(tmp_path / "t")
+    cfg = json.loads((tmp_path / "t" / "config.json").read_text())
+    (tmp_path / "t" / "config.json").write_text(json.dumps({**cfg, **edit}))
+    with pytest.raises(FormatError, match=rf"config\.json: \w+ cannot be built from it \({why}") as info:
+        glyd.from_pretrained(tmp_path / "t", device="cpu", progress=False)
+    assert "\n" not in str(info.value)

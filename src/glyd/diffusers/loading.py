@@ -22,7 +22,7 @@ from torch import nn
 
 from glyd.diffusers._detect import folder_config, is_diffusers_class, is_diffusers_config, is_diffusers_model
 from glyd.diffusers.save import WEIGHTS_NAME, wire
-from glyd.errors import FormatError, MissingDependencyError, UnsupportedError
+from glyd.errors import FormatError, MissingDependencyError, UnsupportedError, cause
 from glyd.hf._model import check_layout, note_source, pick_device, set_tensor
 from glyd.hf.checks import check_folder
 from glyd.hf.integrity import verify_files, verify_model
@@ -159,8 +159,9 @@ def _build_empty(cls: type, config: dict[str, Any], path: Path) -> nn.Module:
     try:
         with init_empty_weights(include_buffers=False):
             return cls.from_config(plain_config(config))
-    except (TypeError, ValueError, KeyError) as exc:
-        raise FormatError(f"{path / 'config.json'}: {cls.__name__} cannot be built from it ({exc})") from exc
+    # a negative width (RuntimeError from torch), a class without from_config (ModelMixin itself)
+    except (TypeError, ValueError, KeyError, AttributeError, IndexError, RuntimeError, ArithmeticError) as exc:
+        raise FormatError(f"{path / 'config.json'}: {cls.__name__} cannot be built from it ({cause(exc)})") from exc
 
 
 def _finish(model: nn.Module, device: torch.device, path: Path) -> nn.Module:

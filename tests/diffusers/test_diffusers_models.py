@@ -342,3 +342,27 @@ def test_a_config_the_class_cannot_be_built_from_is_one_line(tmp_path, edit, why
     with pytest.raises(FormatError, match=rf"config\.json: \w+ cannot be built from it \({why}") as info:
         glyd.from_pretrained(tmp_path / "t", device="cpu", progress=False)
     assert "\n" not in str(info.value)
+
+
+def test_a_bf16_config_with_more_layers_than_tensors_builds_nothing(tmp_path):
+    # num_layers 10**30 built blocks until memory ran out before a weight was read (the glyd-folder
+    # path bounded the counts; the bf16 one did not). A hook stops the build past 5,000 modules.
+    built: list[str] = []
+
+    def hook(module, name, sub):
+        if type(sub).__module__.startswith("diffusers."):
+            built.append(type(sub).__name__)
+            if len(built) > 5000:
+                raise MemoryError("more than 5,000 modules built")
+
+    tiny_flux().save_pretrained(tmp_path / "t")
+    cfg = json.loads((tmp_path / "t" / "config.json").read_text())
+    (tmp_path / "t" / "config.json").write_text(json.dumps({**cfg, "num_layers": 6000}))
+    handle = torch.nn.modules.module.register_module_module_registration_hook(hook)
+    try:
+        with pytest.raises(FormatError, match=r"config\.json: num_layers is 6000, not a count from 0 to \d+ \(the "
+                                              r"checkpoint holds \d+ tensors\)"):
+            glyd.from_pretrained(tmp_path / "t", device="cpu", progress=False)
+    finally:
+        handle.remove()
+    assert built == []

@@ -24,7 +24,7 @@ from glyd.diffusers._detect import folder_config, is_diffusers_class, is_diffuse
 from glyd.diffusers.save import WEIGHTS_NAME, wire
 from glyd.errors import FormatError, MissingDependencyError, UnsupportedError, cause
 from glyd.hf._model import check_layout, note_source, pick_device, set_tensor
-from glyd.hf.checks import check_folder
+from glyd.hf.checks import check_counts, check_folder
 from glyd.hf.integrity import verify_files, verify_model
 from glyd.hf.loading import compress as _compress_any
 from glyd.hf.memory import WeightsCount, check_packed, check_stored, fit_layout, parse_memory
@@ -218,7 +218,10 @@ def _load_bf16(path: Path, cls: type, config: dict[str, Any], device: torch.devi
         method = q.get("quant_method") if isinstance(q, dict) else q
         raise already_quantized(path, method)
     files = _bf16_files(path)
-    keys = {f: read_header(f).keys_in_file_order() for f in files}
+    headers = {f: read_header(f) for f in files}
+    keys = {f: h.keys_in_file_order() for f, h in headers.items()}
+    # before diffusers builds a block for each: a layer count bounded by the tensors stored
+    check_counts(config, [list(i.shape) for h in headers.values() for i in h.tensors.values()], path / "config.json")
     model = _build_empty(cls, config, path)
     if limit is not None:
         count = WeightsCount.of(model)

@@ -382,3 +382,31 @@ def test_a_missing_model_is_named_first(monkeypatch, tmp_path, capsys):
     assert main(["eval", "no-such-model", "--device", "cpu"]) == 1
     err = capsys.readouterr().err
     assert "model no-such-model: no such folder" in err and "text" not in err.split("no such folder")[0]
+
+
+@pytest.mark.parametrize("kind, what", [("fifo", "a FIFO (named pipe)"), ("folder", "a folder"), ("broken", "a broken symbolic link")])
+def test_an_mmlu_csv_that_is_not_a_file_is_named(tmp_path, kind, what):
+    # A FIFO named x_test.csv blocked glyd eval for ever; a folder or a broken link escaped as OSError.
+    import os
+    import threading
+
+    test = tmp_path / "test"
+    test.mkdir()
+    path = test / "x_test.csv"
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "folder":
+        path.mkdir()
+    else:
+        path.symlink_to(tmp_path / "absent.csv")
+    got: list[BaseException] = []
+    reader = threading.Thread(target=lambda: got.append(pytest.raises(FormatError, ev.read_mmlu, tmp_path, None, 5).value),
+                              daemon=True)
+    reader.start()
+    reader.join(10)
+    if reader.is_alive():  # blocked in open(): a writer lets it go on, then the test fails
+        with open(path, "w"):
+            pass
+        reader.join(10)
+        pytest.fail("read_mmlu blocked on a FIFO")
+    assert len(got) == 1 and str(got[0]) == f"{path}: {what}, not an MMLU csv file"

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from glyd.errors import FormatError, show_path
+from glyd.errors import FormatError, not_a_file, show_path
 
 LETTERS = ("A", "B", "C", "D")
 
@@ -27,6 +27,9 @@ def read_mmlu(folder: Path, subjects: tuple[str, ...] | None, per_subject: int) 
     out = []
     for subject in chosen:
         path = test / f"{subject}_test.csv"
+        what = not_a_file(path)  # a FIFO would block the read for ever; a folder raised IsADirectoryError
+        if what is not None:
+            raise FormatError(f"{show_path(path)}: {what}, not an MMLU csv file")
         with open(path, newline="", encoding="utf-8") as f:
             for i, row in enumerate(csv.DictReader(f)):
                 if i >= per_subject:

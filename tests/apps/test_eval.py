@@ -410,3 +410,21 @@ def test_an_mmlu_csv_that_is_not_a_file_is_named(tmp_path, kind, what):
         reader.join(10)
         pytest.fail("read_mmlu blocked on a FIFO")
     assert len(got) == 1 and str(got[0]) == f"{path}: {what}, not an MMLU csv file"
+
+
+HEAD = "question,choice0,choice1,choice2,choice3,answer\n"
+
+
+@pytest.mark.parametrize("content, match", [
+    ((HEAD + "Q\xff,a,b,c,d,0\n").encode("latin-1"), r"not an MMLU csv file \('utf-8' codec can't decode byte 0xff"),
+    ((HEAD + '"' + "x" * 200_000 + '",a,b,c,d,0\n').encode(), r"not an MMLU csv file \(field larger than field limit"),
+    (b"answer,question,choice0,choice1,choice2,choice3\n1\n", r"row 1 lacks question, choice0\.\.3 or an integer answer"),
+])
+def test_a_bad_mmlu_csv_is_one_line(tmp_path, content, match):
+    # A csv that is not UTF-8 escaped as UnicodeDecodeError, a field over csv's limit as _csv.Error; a
+    # row short of cells gave question None, which mmlu_prompt's .strip() met as an AttributeError.
+    test = tmp_path / "test"
+    test.mkdir()
+    (test / "x_test.csv").write_bytes(content)
+    with pytest.raises(FormatError, match=r"x_test\.csv: " + match):
+        ev.read_mmlu(tmp_path, None, 5)

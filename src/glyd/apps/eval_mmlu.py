@@ -30,25 +30,37 @@ def read_mmlu(folder: Path, subjects: tuple[str, ...] | None, per_subject: int) 
         what = not_a_file(path)  # a FIFO would block the read for ever; a folder raised IsADirectoryError
         if what is not None:
             raise FormatError(f"{show_path(path)}: {what}, not an MMLU csv file")
-        with open(path, newline="", encoding="utf-8") as f:
-            for i, row in enumerate(csv.DictReader(f)):
-                if i >= per_subject:
-                    break
-                try:
-                    q = {
-                        "subject": subject,
-                        "question": row["question"],
-                        "choices": [row[f"choice{j}"] for j in range(4)],
-                        "answer": int(row["answer"]),
-                    }
-                except (KeyError, ValueError, TypeError) as exc:
-                    raise FormatError(f"{show_path(path)}: row {i + 1} lacks question, choice0..3 or an integer "
-                                      "answer") from exc
-                if not 0 <= q["answer"] < 4:
-                    raise FormatError(f"{show_path(path)}: row {i + 1} has answer {q['answer']} (expected 0..3)")
-                out.append(q)
+        try:
+            out += _read_csv(path, subject, per_subject)
+        except (UnicodeDecodeError, csv.Error) as exc:  # not UTF-8; a field over csv's limit of 131072
+            raise FormatError(f"{show_path(path)}: not an MMLU csv file ({exc})") from None
     if not out:
         raise FormatError(f"{test}: no MMLU questions selected")
+    return out
+
+
+def _read_csv(path: Path, subject: str, per_subject: int) -> list[dict[str, Any]]:
+    """The first ``per_subject`` questions of one subject's csv file, each row checked."""
+    out = []
+    with open(path, newline="", encoding="utf-8") as f:
+        for i, row in enumerate(csv.DictReader(f)):
+            if i >= per_subject:
+                break
+            try:
+                q = {
+                    "subject": subject,
+                    "question": row["question"],
+                    "choices": [row[f"choice{j}"] for j in range(4)],
+                    "answer": int(row["answer"]),
+                }
+            except (KeyError, ValueError, TypeError) as exc:
+                raise FormatError(f"{show_path(path)}: row {i + 1} lacks question, choice0..3 or an integer "
+                                  "answer") from exc
+            if not all(isinstance(t, str) for t in (q["question"], *q["choices"])):  # a row short of cells: None
+                raise FormatError(f"{show_path(path)}: row {i + 1} lacks question, choice0..3 or an integer answer")
+            if not 0 <= q["answer"] < 4:
+                raise FormatError(f"{show_path(path)}: row {i + 1} has answer {q['answer']} (expected 0..3)")
+            out.append(q)
     return out
 
 

@@ -54,3 +54,40 @@ def test_eval_json_out_that_cannot_be_written_is_one_line_and_leaves_no_temporar
     err = capsys.readouterr().err.strip()
     assert err == f"glyd eval: error: {out}: No space left on device"
     assert list(tmp_path.iterdir()) == []
+
+
+def _fake_eval(monkeypatch):
+    """``evaluate`` replaced by one that saves one report (the temporary is written and renamed)."""
+    import glyd.apps.evaluate as evaluate
+
+    class Report:
+        environment: dict = {}
+
+        def to_json(self) -> str:
+            return '{"results": []}'
+
+        def table(self) -> str:
+            return ""
+
+    def fake(cfg, on_result, progress):
+        on_result(Report())
+        return Report()
+
+    monkeypatch.setattr(evaluate, "evaluate", fake)
+
+
+def test_eval_json_out_never_overwrites_a_file_beside_it(tmp_path, capsys, monkeypatch):
+    # the report was written to OUT.tmp, then renamed: a file of that name was lost, and a link of
+    # that name was written through (the file it pointed to overwritten with the report)
+    _fake_eval(monkeypatch)
+    (tmp_path / "report.json.tmp").write_text("precious")
+    (tmp_path / "other.txt").write_text("other")
+    (tmp_path / "r2.json.tmp").symlink_to(tmp_path / "other.txt")
+    for name in ("report.json", "r2.json"):
+        assert main(["eval", "qwen2.5-0.5b", "--random", "--device", "cpu", "--json-out", str(tmp_path / name)]) == 0
+        assert (tmp_path / name).read_text() == '{"results": []}'
+    assert (tmp_path / "report.json.tmp").read_text() == "precious"
+    assert (tmp_path / "other.txt").read_text() == "other"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["other.txt", "r2.json", "r2.json.tmp", "report.json",
+                                                         "report.json.tmp"]
+

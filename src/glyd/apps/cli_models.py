@@ -6,6 +6,7 @@ import argparse
 import functools
 import json
 import logging
+import os
 from pathlib import Path
 
 from glyd.apps._deps import require
@@ -197,12 +198,17 @@ def _eval(args: argparse.Namespace) -> int:
     def save(report) -> None:  # after every mode, so a run cut short keeps what it measured
         if args.json_out:
             out = Path(args.json_out)
-            tmp = out.with_name(out.name + ".tmp")
-            try:
-                tmp.write_text(report.to_json())
+            tmp = None
+            try:  # a new temporary (O_EXCL): OUT.tmp was overwritten, or written through if a link
+                name = out.with_name(f".glyd-eval-{os.urandom(6).hex()}.tmp")  # (fits beside the longest name)
+                fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+                tmp = name
+                with os.fdopen(fd, "w", encoding="utf-8") as f:
+                    f.write(report.to_json())
                 tmp.replace(out)
             except OSError as exc:
-                tmp.unlink(missing_ok=True)
+                if tmp is not None:
+                    tmp.unlink(missing_ok=True)
                 raise GlydError(f"{show_path(out)}: {exc.strerror or exc}") from exc
 
     from tqdm.contrib.logging import logging_redirect_tqdm

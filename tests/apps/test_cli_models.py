@@ -91,3 +91,12 @@ def test_eval_json_out_never_overwrites_a_file_beside_it(tmp_path, capsys, monke
     assert sorted(p.name for p in tmp_path.iterdir()) == ["other.txt", "r2.json", "r2.json.tmp", "report.json",
                                                          "report.json.tmp"]
 
+
+def test_eval_json_out_onto_a_dangling_link_is_refused(tmp_path, capsys, monkeypatch):
+    # Path.exists follows the link: the rename then replaced the link with the report
+    _fake_eval(monkeypatch)
+    out = tmp_path / "report.json"
+    out.symlink_to(tmp_path / "gone.json")
+    assert main(["eval", "qwen2.5-0.5b", "--random", "--device", "cpu", "--json-out", str(out)]) == 1
+    assert capsys.readouterr().err.strip() == f"glyd eval: error: {out} exists; glyd never overwrites"
+    assert out.is_symlink() and not (tmp_path / "gone.json").exists()

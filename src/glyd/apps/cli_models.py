@@ -190,7 +190,7 @@ def _eval(args: argparse.Namespace) -> int:
     from glyd.apps.evaluate import evaluate
 
     cfg = eval_config_from_args(args)
-    if args.json_out and Path(args.json_out).exists():
+    if args.json_out and os.path.lexists(args.json_out):  # a dangling link too: the rename would replace it
         raise DestinationExistsError(f"{show_path(args.json_out)} exists; glyd never overwrites")
     if args.json_out and not Path(args.json_out).parent.is_dir():  # known now, not after the first mode's work
         raise GlydError(f"{show_path(args.json_out)}: {show_path(Path(args.json_out).parent)} is not a folder")

@@ -428,3 +428,19 @@ def test_a_bad_mmlu_csv_is_one_line(tmp_path, content, match):
     (test / "x_test.csv").write_bytes(content)
     with pytest.raises(FormatError, match=r"x_test\.csv: " + match):
         ev.read_mmlu(tmp_path, None, 5)
+
+
+@pytest.mark.parametrize("kind", ["folder", "fifo"])
+def test_a_text_path_that_is_not_a_file_says_what_it_is(tmp_path, monkeypatch, kind):
+    # a folder or a FIFO given as --text was "text file for perplexity not found"
+    import os
+
+    text = tmp_path / "text"
+    text.mkdir() if kind == "folder" else os.mkfifo(text)
+    import re
+
+    monkeypatch.setattr(ev, "load_tokenizer", lambda cfg: None)  # the path is checked before any reading
+    cfg = ev.EvalConfig(model="m", text=str(text), mmlu=False, device="cpu")
+    what = "a folder" if kind == "folder" else "a FIFO (named pipe)"
+    with pytest.raises(FormatError, match=re.escape(f"{text}: {what}, not a text file for perplexity") + "$"):
+        ev._inputs(cfg)

@@ -47,7 +47,7 @@ from glyd.apps.eval_mmlu import letter_ids, mmlu_logits, mmlu_prompt, read_mmlu
 from glyd.apps.eval_models import check_model_folder, check_modes_fit, build_random, merge_bf16, weight_bytes
 from glyd.apps.eval_timing import time_decode, time_decode_compiled
 from glyd.apps.layouts import eval_modes
-from glyd.errors import FormatError, GlydError, show_path
+from glyd.errors import FormatError, GlydError, not_a_file, show_path
 from glyd.hf.memory import parse_memory
 
 log = logging.getLogger(__name__)
@@ -390,8 +390,11 @@ def _inputs(cfg: EvalConfig) -> _Inputs:
     tokenizer = load_tokenizer(cfg)
     if cfg.ppl:
         path = Path(cfg.text)
-        if not path.is_file():
+        what = not_a_file(path)  # a folder or a FIFO was "not found"
+        if what == "missing":
             raise FormatError(f"{show_path(path)}: text file for perplexity not found")
+        if what is not None:
+            raise FormatError(f"{show_path(path)}: {what}, not a text file for perplexity")
         text = path.read_text(encoding="utf-8", errors="replace")
         # Tokenize a prefix long enough for the tokens asked for (about 4 characters a token).
         ids = tokenizer(text[: 8 * cfg.ppl_tokens + 1024], add_special_tokens=False)["input_ids"]

@@ -444,3 +444,26 @@ def test_a_text_path_that_is_not_a_file_says_what_it_is(tmp_path, monkeypatch, k
     what = "a folder" if kind == "folder" else "a FIFO (named pipe)"
     with pytest.raises(FormatError, match=re.escape(f"{text}: {what}, not a text file for perplexity") + "$"):
         ev._inputs(cfg)
+
+
+def test_only_a_prefix_of_a_large_text_is_read(tmp_path, monkeypatch):
+    # the whole --text file was read into memory (a corpus of gigabytes: all of it) to tokenize a prefix
+    import tracemalloc
+
+    big = tmp_path / "big.txt"
+    big.write_text("hello world " * 1_000_000)  # 12 MB
+
+    class Words:
+        def __call__(self, text, add_special_tokens=False):
+            return {"input_ids": list(range(len(text.split())))}
+
+    monkeypatch.setattr(ev, "load_tokenizer", lambda cfg: Words())
+    cfg = ev.EvalConfig(model="m", text=str(big), mmlu=False, device="cpu", ppl_tokens=100)
+    tracemalloc.start()
+    try:
+        inp = ev._inputs(cfg)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert inp.tokens.tolist() == list(range(100))
+    assert peak < 1 << 20, peak

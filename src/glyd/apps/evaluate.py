@@ -395,9 +395,11 @@ def _inputs(cfg: EvalConfig) -> _Inputs:
             raise FormatError(f"{show_path(path)}: text file for perplexity not found")
         if what is not None:
             raise FormatError(f"{show_path(path)}: {what}, not a text file for perplexity")
-        text = path.read_text(encoding="utf-8", errors="replace")
-        # Tokenize a prefix long enough for the tokens asked for (about 4 characters a token).
-        ids = tokenizer(text[: 8 * cfg.ppl_tokens + 1024], add_special_tokens=False)["input_ids"]
+        # Read and tokenize a prefix long enough for the tokens asked for (about 4 characters a
+        # token), not the whole file: --text may name a corpus of gigabytes.
+        with open(path, encoding="utf-8", errors="replace") as f:
+            text = f.read(8 * cfg.ppl_tokens + 1024)
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
         inp.tokens = torch.tensor(ids[: cfg.ppl_tokens], dtype=torch.long)
         if inp.tokens.numel() < 2:
             raise FormatError(f"{show_path(path)}: too little text for perplexity")

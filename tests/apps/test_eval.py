@@ -467,3 +467,9 @@ def test_only_a_prefix_of_a_large_text_is_read(tmp_path, monkeypatch):
         tracemalloc.stop()
     assert inp.tokens.tolist() == list(range(100))
     assert peak < 1 << 20, peak
+
+
+def test_an_mmlu_subject_given_twice_is_refused(tiny_folder, data_dir):
+    # --subjects astronomy,astronomy read, scored and counted astronomy's questions twice
+    with pytest.raises(GlydError, match="^MMLU subject astronomy is given twice$"):
+        _cfg(tiny_folder, data_dir, subjects=("astronomy", "virology", "astronomy"))

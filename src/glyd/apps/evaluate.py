@@ -124,6 +124,9 @@ class EvalConfig:
         twice = [m for i, m in enumerate(self.modes) if m in self.modes[:i]]
         if twice:
             raise GlydError(f"mode {twice[0]} is given twice")
+        twice = [s for i, s in enumerate(self.subjects or ()) if s in self.subjects[:i]]
+        if twice:  # its questions were read, scored and counted twice
+            raise GlydError(f"MMLU subject {twice[0]} is given twice")
         for name in ("ppl_tokens", "window", "stride", "mmlu_per_subject", "mmlu_batch", "decode_context", "decode_replays"):
             if int(getattr(self, name)) <= 0:
                 raise GlydError(f"{name} must be positive, got {getattr(self, name)}")

@@ -76,3 +76,14 @@ def test_pack_names_the_kept_tensors_once(tmp_path, capsys, caplog):
 @pytest.mark.parametrize("names, want", [([], []), (["a.1.b", "a.1.b"], ["a.*.b (2)"])])
 def test_kept_patterns_edge_cases(names, want):
     assert kept_patterns(names) == want
+
+
+def test_a_class_name_utf8_cannot_encode_is_escaped_in_the_card(tmp_path):
+    # config.json's architectures ["A\udc80"] (JSON may spell a lone surrogate) made the card's
+    # write_text raise UnicodeEncodeError out of glyd pack
+    make_model_folder(tmp_path / "src")
+    (tmp_path / "src" / "config.json").write_text('{"model_type": "toy", "architectures": ["Toy\\udc80Model"]}')
+    pack_folder(tmp_path / "src", tmp_path / "packed", progress=False)
+    card = (tmp_path / "packed" / "README.md").read_text(encoding="utf-8")
+    assert "`Toy\\udc80Model.from_pretrained(...)`" in card
+    assert CheckpointReader(tmp_path / "packed").verify(progress=False)["tensors"] == 6

@@ -354,7 +354,8 @@ class CheckpointWriter:
         library = "diffusers" if self.weights_name != "model" else "transformers"
         text = card_text(manifest, str(title), cls if isinstance(cls, str) else None, library,
                          LOADER_FILE if LOADER_FILE in self._files else None)
-        (self._dir.tmp / name).write_text(text, encoding="utf-8")
+        # config.json's JSON may spell a lone surrogate ("\udc80"), which UTF-8 cannot encode: shown escaped
+        (self._dir.tmp / name).write_text(text, encoding="utf-8", errors="backslashreplace")
 
     def abort(self) -> None:
         """Discard everything written so far; nothing is left on disk."""

@@ -193,3 +193,22 @@ def test_readers_refuse_byte_ranges_moved_between_tensors(tmp_path, capsys):
         rc, err = _cli(capsys, *argv)
         assert rc == 1 and "not where a glyd shard holds it" in err and len(err.splitlines()) == 1, (argv, err)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["two"]
+
+
+@pytest.mark.parametrize("edit", [
+    lambda h: h.update({"w\udc80": h.pop("w")}),  # json.dumps spells it "w\udc80"
+    lambda h: h["__metadata__"].update(note="\ud800"),
+], ids=["tensor-name", "metadata"])
+def test_a_lone_surrogate_in_a_source_header_is_one_line(tmp_path, capsys, edit):
+    # Python's json reads "\udc80"; safetensors refuses the file, and its SafetensorError escaped glyd pack
+    src = tmp_path / "src"
+    src.mkdir()
+    save_file({"w": torch.ones(4, 8, dtype=torch.bfloat16)}, str(src / "model.safetensors"), metadata={"format": "pt"})
+    (src / "config.json").write_text('{"model_type": "toy"}')
+    rewrite_header(src / "model.safetensors", edit)
+    with pytest.raises(FormatError, match=r"model\.safetensors: not a safetensors file: the header holds '.*', which "
+                                          r"is not valid Unicode \(a lone surrogate\)"):
+        read_header(src / "model.safetensors")
+    rc, err = _cli(capsys, "pack", str(src), str(tmp_path / "out"))
+    assert rc == 1 and "lone surrogate" in err and len(err.splitlines()) == 1, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]

@@ -168,6 +168,12 @@ def read_header(path: str | os.PathLike) -> Header:
     metadata = header.pop("__metadata__", None) or {}
     if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
         raise FormatError(f"{show_path(path)}: safetensors __metadata__ must map strings to strings")
+    # JSON may spell a lone surrogate ("\udc80"): Python reads it, safetensors refuses the file
+    # (SafetensorError out of safe_open) and UTF-8 cannot write it back
+    bad = next((t for t in (*header, *metadata, *metadata.values()) if not _utf8(t)), None)
+    if bad is not None:
+        raise FormatError(f"{show_path(path)}: not a safetensors file: the header holds {short(bad)}, which is not "
+                          "valid Unicode (a lone surrogate)")
     tensors: dict[str, TensorInfo] = {}
     for name, entry in header.items():
         where = f"{show_path(path)}: tensor {short(name)}"
@@ -203,6 +209,14 @@ def read_header(path: str | os.PathLike) -> Header:
         raise CorruptError(f"{show_path(path)}: {data_len - end} bytes after the last tensor (damaged or appended "
                            "file)")
     return Header(path, tensors, {str(k): v for k, v in metadata.items()}, data_start, size)
+
+
+def _utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _check_tiling(path: Path, tensors: dict[str, TensorInfo]) -> int:

@@ -212,3 +212,17 @@ def test_a_lone_surrogate_in_a_source_header_is_one_line(tmp_path, capsys, edit)
     rc, err = _cli(capsys, "pack", str(src), str(tmp_path / "out"))
     assert rc == 1 and "lone surrogate" in err and len(err.splitlines()) == 1, err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]
+
+
+def test_a_listed_file_name_no_file_can_have_is_one_line(packed, capsys):
+    # glyd.json "files": {"a\ud800.txt": ...} (a lone surrogate, which maps to no bytes) passed the
+    # manifest's checks, then every reader raised UnicodeEncodeError opening it
+    text = (packed / "glyd.json").read_text()
+    some = next(iter(json.loads(text)["files"].values()))
+    (packed / "glyd.json").write_text(text.replace('"files": {', f'"files": {{"a\\ud800.txt": "{some}", ', 1))
+    with pytest.raises(FormatError, match=r"glyd\.json: files\['a\\ud800\.txt'\]: must be a relative path inside"):
+        CheckpointReader(packed)
+    for argv in (["verify", str(packed)], ["info", str(packed)], ["unpack", str(packed), str(packed.parent / "out")]):
+        rc, err = _cli(capsys, *argv)
+        assert rc == 1 and "files['a\\ud800.txt']" in err and len(err.splitlines()) == 1, (argv, err)
+    assert not (packed.parent / "out").exists()

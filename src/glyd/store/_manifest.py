@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -88,6 +89,11 @@ def safe_relpath(name: object) -> str | None:
     p = PurePosixPath(name)
     if p.is_absolute() or any(part in ("", ".", "..") for part in p.parts) or name != p.as_posix():
         return None
+    if not name.isascii():
+        try:  # a lone surrogate that does not map to bytes here ("\ud800" in JSON): no file can have it
+            os.fsencode(name)
+        except UnicodeError:
+            return None
     return p.as_posix()
 
 

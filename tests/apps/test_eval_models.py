@@ -46,3 +46,22 @@ def test_each_groups_weights_are_freed_as_it_is_merged(monkeypatch):
     eval_models.merge_bf16(model)
     # before the fix every original stayed alive until merge_bf16 returned: [0, 3, 5, 8, 10, 13]
     assert len(seen_alive) == 6 and max(seen_alive) <= 3, seen_alive
+
+
+@pytest.mark.parametrize("text, says", [
+    ("[" * 100_000 + "]" * 100_000, "not valid JSON (nested too deeply)"),
+    ("{", "not valid JSON (Expecting property name"),
+    ("[1]", "not a JSON object"),
+    ("\udcff", "not valid JSON ('utf-8' codec can't decode byte 0xff"),
+])
+def test_a_config_json_glyd_cannot_read_is_one_line(tmp_path, capsys, text, says):
+    # check_model_folder read it with json.loads and let transformers "report" it: RecursionError,
+    # OSError and TypeError tracebacks out of glyd eval
+    from glyd.cli import main
+
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_bytes(text.encode("utf-8", "surrogateescape"))
+    assert main(["eval", str(folder), "--device", "cpu"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"glyd eval: error: {folder / 'config.json'}: {says}") and "\n" not in err, err

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 
@@ -26,10 +25,11 @@ def check_model_folder(folder: Path) -> None:
     if not folder.is_dir() or not cfg_path.is_file():
         raise FormatError(f"model {show_path(folder)}: not a model folder (no config.json); pass a folder, or "
                           "--random with a config")
-    try:
-        q = json.loads(cfg_path.read_text(encoding="utf-8")).get("quantization_config")
-    except (OSError, ValueError, AttributeError):
-        q = None  # transformers reports an unreadable config when it loads the folder
+    from glyd.hf.classes import read_config
+
+    # FormatError for a config.json that is not a JSON object glyd can read: transformers' own errors
+    # (OSError, RecursionError, TypeError) escaped glyd eval as tracebacks
+    q = read_config(folder).get("quantization_config")
     if (folder / MANIFEST).is_file() or (isinstance(q, dict) and q.get("quant_method") == "glyd"):
         raise FormatError(
             f"{show_path(folder)}: a packed Glyd folder; glyd eval needs the bf16 source model (it packs each mode "

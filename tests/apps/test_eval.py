@@ -473,3 +473,15 @@ def test_an_mmlu_subject_given_twice_is_refused(tiny_folder, data_dir):
     # --subjects astronomy,astronomy read, scored and counted astronomy's questions twice
     with pytest.raises(GlydError, match="^MMLU subject astronomy is given twice$"):
         _cfg(tiny_folder, data_dir, subjects=("astronomy", "virology", "astronomy"))
+
+
+@pytest.mark.parametrize("config", ['{}', '{"model_type": "nosuch"}'])
+@pytest.mark.parametrize("what, flags", [("tokenizer", []), ("model", ["--no-ppl", "--no-mmlu"])])
+def test_a_folder_transformers_refuses_is_one_line(tmp_path, capsys, config, what, flags):
+    # transformers' ValueError (no model_type, an unknown one) escaped glyd eval as a traceback
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text(config)
+    assert main(["eval", str(folder), "--device", "cpu", "--modes", "exact", "--no-decode", *flags]) == 1
+    err = capsys.readouterr().err.strip().splitlines()[-1]  # (transformers logs a warning before it refuses)
+    assert err.startswith(f"glyd eval: error: {folder}: transformers cannot load its {what} (ValueError: "), err

@@ -30,6 +30,7 @@ gate|up merged into one product each when ``merge`` is on, as Glyd does, so the 
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import logging
@@ -47,7 +48,7 @@ from glyd.apps.eval_mmlu import letter_ids, mmlu_logits, mmlu_prompt, read_mmlu
 from glyd.apps.eval_models import check_model_folder, check_modes_fit, build_random, merge_bf16, weight_bytes
 from glyd.apps.eval_timing import time_decode, time_decode_compiled
 from glyd.apps.layouts import eval_modes
-from glyd.errors import FormatError, GlydError, not_a_file, show_path
+from glyd.errors import FormatError, GlydError, cause, not_a_file, show_path
 from glyd.hf.memory import parse_memory
 
 log = logging.getLogger(__name__)
@@ -264,7 +265,8 @@ def load_bf16(cfg: EvalConfig) -> nn.Module:
     from transformers import AutoModelForCausalLM
 
     folder = Path(cfg.model)  # checked by evaluate(): a bf16 model folder
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16, device_map=cfg.device)
+    with _transformers_errors(folder, "model"):
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16, device_map=cfg.device)
     return model.eval()
 
 
@@ -283,7 +285,18 @@ def load_glyd(cfg: EvalConfig, mode: str) -> nn.Module:
 def load_tokenizer(cfg: EvalConfig):
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(cfg.model)
+    with _transformers_errors(Path(cfg.model), "tokenizer"):
+        return AutoTokenizer.from_pretrained(cfg.model)
+
+
+@contextlib.contextmanager
+def _transformers_errors(folder: Path, what: str):
+    """transformers' refusals of a folder (no or an unknown model_type, a missing file: a ValueError
+    or OSError of several lines) as one FormatError line naming the folder."""
+    try:
+        yield
+    except (OSError, ValueError, KeyError) as exc:
+        raise FormatError(f"{show_path(folder)}: transformers cannot load its {what} ({cause(exc)})") from exc
 
 
 # --------------------------------------------------------------------------- measurements

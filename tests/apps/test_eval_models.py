@@ -1,9 +1,12 @@
-"""``glyd.apps.eval_models.merge_bf16``: merged products equal the separate ones, and each group's
-separate weights are freed as it is merged (the peak is one group's copy, not every group's)."""
+"""``glyd.apps.eval_models``: merged products equal the separate ones, and each group's separate
+weights are freed as it is merged (the peak is one group's copy, not every group's); a model folder's
+config.json or a --random config that cannot be read or built is one error line."""
 
 from __future__ import annotations
 
 import gc
+import json
+import re
 import weakref
 
 import pytest
@@ -65,3 +68,38 @@ def test_a_config_json_glyd_cannot_read_is_one_line(tmp_path, capsys, text, says
     assert main(["eval", str(folder), "--device", "cpu"]) == 1
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"glyd eval: error: {folder / 'config.json'}: {says}") and "\n" not in err, err
+
+
+BASE = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 128}
+
+
+@pytest.mark.parametrize("edit, says", [
+    ({"model_type": "nosuch"}, "transformers .* does not know model_type 'nosuch'"),
+    ({"num_hidden_layers": 10**9}, "num_hidden_layers 1000000000 is not between 0 and 4096"),
+    ({"hidden_size": -64}, r"transformers cannot build a causal LM from this llama config \(Trying to create tensor "
+                           "with negative dimension"),
+    ({"num_attention_heads": 0}, r"transformers cannot read this llama config \(integer division or modulo by zero\)"),
+    ({"vocab_size": "x"}, "transformers cannot read this llama config \\(Validation error for field 'vocab_size'"),
+])
+def test_a_random_config_transformers_cannot_build_is_one_line(tmp_path, capsys, edit, says):
+    # glyd eval CONFIG --random: ValueError, RuntimeError, ZeroDivisionError and StrictDataclassFieldValidationError
+    # tracebacks, and 10**9 layers built until memory ran out
+    from glyd.cli import main
+
+    def budget(module, name, sub):  # a build of 10**9 layers stops here, not when memory runs out
+        built.append(name)
+        if len(built) > 5000:
+            raise MemoryError("more than 5,000 modules built")
+
+    built: list[str] = []
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**BASE, **edit}))
+    handle = torch.nn.modules.module.register_module_module_registration_hook(budget)
+    try:
+        assert main(["eval", str(path), "--random", "--device", "cpu", "--modes", "fixed12", "--decode-batches", "1",
+                     "--decode-context", "8", "--decode-replays", "1"]) == 1
+    finally:
+        handle.remove()
+    err = capsys.readouterr().err.strip()
+    assert re.fullmatch(f"glyd eval: error: {re.escape(str(path))}: {says}.*", err), err

@@ -55,17 +55,17 @@ def check_modes_fit(model: str, layouts: list[str], limit: int) -> None:
 
 
 def _random_config(spec: str):
-    from transformers import AutoConfig
-
     from glyd.apps.fit import KNOWN_CONFIGS, load_config
+    from glyd.apps.fit_meta import build_config, meta_model
 
     cfg = load_config(spec)
-    if "model_type" not in cfg:
-        raise FormatError(f"{spec}: config has no model_type")
-    params = {k: v for k, v in cfg.items() if not k.startswith("_") and k not in ("architectures", "quantization_config")}
     if spec.lower() in KNOWN_CONFIGS:
-        params.setdefault("initializer_range", 0.02)
-    config = AutoConfig.for_model(params.pop("model_type"), **params)
+        cfg.setdefault("initializer_range", 0.02)
+    # as glyd fit reads a config: counts bounded before transformers builds a layer for each (10**9
+    # layers built until memory ran out), and transformers' errors, in the config class or in the model's
+    # constructors (an unknown model_type, a negative width, 0 heads), one FormatError line
+    config = build_config(cfg)
+    meta_model(config, str(cfg.get("_name", spec)))
     return config
 
 

@@ -226,3 +226,19 @@ def test_a_listed_file_name_no_file_can_have_is_one_line(packed, capsys):
         rc, err = _cli(capsys, *argv)
         assert rc == 1 and "files['a\\ud800.txt']" in err and len(err.splitlines()) == 1, (argv, err)
     assert not (packed.parent / "out").exists()
+
+
+@pytest.mark.parametrize("meta", [[], "", 0, False], ids=["list", "empty-string", "zero", "false"])
+def test_a_falsy_metadata_that_is_no_object_is_one_line(tmp_path, capsys, meta):
+    # read_header took any falsy __metadata__ for none ("or {}"); safetensors refuses it, and its
+    # SafetensorError escaped glyd pack (and the diffusers bf16 loader)
+    src = tmp_path / "src"
+    src.mkdir()
+    save_file({"w": torch.ones(4, 8, dtype=torch.bfloat16)}, str(src / "model.safetensors"), metadata={"format": "pt"})
+    (src / "config.json").write_text('{"model_type": "toy"}')
+    rewrite_header(src / "model.safetensors", lambda h: h.update(__metadata__=meta))
+    with pytest.raises(FormatError, match=r"model\.safetensors: safetensors __metadata__ must map strings to strings"):
+        read_header(src / "model.safetensors")
+    rc, err = _cli(capsys, "pack", str(src), str(tmp_path / "out"))
+    assert rc == 1 and "__metadata__" in err and len(err.splitlines()) == 1, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]

@@ -165,7 +165,8 @@ def read_header(path: str | os.PathLike) -> Header:
         raise FormatError(f"{show_path(path)}: not a safetensors file (header is not a JSON object)")
     data_start = 8 + n
     data_len = size - data_start
-    metadata = header.pop("__metadata__", None) or {}
+    metadata = header.pop("__metadata__", None)
+    metadata = {} if metadata is None else metadata  # ([], "", 0 or false: refused, as safetensors does)
     if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
         raise FormatError(f"{show_path(path)}: safetensors __metadata__ must map strings to strings")
     # JSON may spell a lone surrogate ("\udc80"): Python reads it, safetensors refuses the file

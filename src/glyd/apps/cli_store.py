@@ -198,7 +198,7 @@ def _info(args: argparse.Namespace) -> int:
     if not args.totals:
         table = [
             (
-                r["name"],
+                show_path(r["name"]),  # a name read from the shard (a line break, a terminal escape): quoted
                 r["layout"] or "raw",
                 f"v{r['format_version']}" if r["layout"] else "-",
                 r["dtype"],

@@ -366,3 +366,16 @@ def test_a_bf16_config_with_more_layers_than_tensors_builds_nothing(tmp_path):
     finally:
         handle.remove()
     assert built == []
+
+
+@pytest.mark.parametrize("text, why", [
+    ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
+    ('{"weight_map": {}, "weight_map": {"x": "diffusion_pytorch_model.safetensors"}}', "duplicate key 'weight_map'"),
+])
+def test_a_bf16_index_glyd_cannot_read_is_one_line(tmp_path, text, why):
+    # json.loads raised RecursionError out of glyd.from_pretrained; a duplicate key took the last weight_map
+    tiny_flux().save_pretrained(tmp_path / "t")
+    index = tmp_path / "t" / "diffusion_pytorch_model.safetensors.index.json"
+    index.write_text(text)
+    with pytest.raises(FormatError, match=rf"index\.json: not a safetensors index \(JSON with a weight_map\) \({why}\)$"):
+        glyd.from_pretrained(tmp_path / "t", device="cpu", progress=False)

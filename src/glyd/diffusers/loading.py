@@ -11,7 +11,6 @@ The model is built from config.json on the meta device and filled one tensor at 
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from pathlib import Path
@@ -33,7 +32,7 @@ from glyd.hf.skeleton import finish_skeleton, prepare_skeleton
 from glyd.nn.modules import set_exact
 from glyd.store import MANIFEST
 from glyd.store._config import already_quantized, plain_config, pipeline_hint
-from glyd.store._safetensors import read_header
+from glyd.store._safetensors import load_json, read_header
 
 log = logging.getLogger(__name__)
 
@@ -244,10 +243,13 @@ def _bf16_files(path: Path) -> list[Path]:
     """diffusers' weight files: those its index names, else ``diffusion_pytorch_model.safetensors``."""
     index = path / f"{WEIGHTS_NAME}.safetensors.index.json"
     if index.is_file():
+        what = "not a safetensors index (JSON with a weight_map)"
+        # load_json: nesting bounded (json.loads raised RecursionError), a duplicate key refused
+        doc = load_json(index.read_bytes(), index, what)
         try:
-            names = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise FormatError(f"{index}: not a safetensors index (JSON with a weight_map): {exc}") from exc
+            names = sorted(set(doc["weight_map"].values()))
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise FormatError(f"{index}: {what}: {exc}") from exc
         bad = [n for n in names if not isinstance(n, str) or (path / n).parent != path or not (path / n).is_file()]
         if bad:
             raise FormatError(f"{index}: names shard {bad[0]!r}, which is not a file of the folder")

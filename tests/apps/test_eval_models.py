@@ -81,6 +81,7 @@ BASE = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num
                            "with negative dimension"),
     ({"num_attention_heads": 0}, r"transformers cannot read this llama config \(integer division or modulo by zero\)"),
     ({"vocab_size": "x"}, "transformers cannot read this llama config \\(Validation error for field 'vocab_size'"),
+    ({"num_key_value_heads": 3}, "num_attention_heads 4 is not a multiple of num_key_value_heads 3"),
 ])
 def test_a_random_config_transformers_cannot_build_is_one_line(tmp_path, capsys, edit, says):
     # glyd eval CONFIG --random: ValueError, RuntimeError, ZeroDivisionError and StrictDataclassFieldValidationError

@@ -169,6 +169,9 @@ def test_refuses_what_it_cannot_count(tmp_path):
                     "cannot read this llama config"),
         "not-causal": ({"model_type": "t5"}, "cannot build a causal LM"),
         "too-deep": ({"model_type": "llama", "num_hidden_layers": 10**6}, "num_hidden_layers"),
+        # built by transformers, then its first forward failed (glyd eval --random: a RuntimeError traceback)
+        "kv-heads": ({"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 3,
+                      "num_hidden_layers": 2}, "num_attention_heads 4 is not a multiple of num_key_value_heads 3"),
     }
     for key, (cfg, message) in cases.items():
         path = tmp_path / f"{key}.json"

@@ -117,6 +117,11 @@ def build_config(cfg: dict[str, Any]) -> Any:
     layers = getattr(text, "num_hidden_layers", None)
     if not isinstance(layers, int) or not 0 < layers <= MAX_LAYERS:
         raise FormatError(f"{show_path(name)}: num_hidden_layers {layers!r} is not between 1 and {MAX_LAYERS}")
+    heads, kv = getattr(text, "num_attention_heads", None), getattr(text, "num_key_value_heads", None)
+    if isinstance(heads, int) and isinstance(kv, int) and heads > 0 and kv > 0 and heads % kv:
+        # transformers builds it, and its first forward fails (repeat_kv): glyd eval --random's decode step
+        raise FormatError(f"{show_path(name)}: num_attention_heads {heads} is not a multiple of num_key_value_heads "
+                          f"{kv}: each key/value head serves a whole group of query heads")
     return config
 
 

@@ -10,10 +10,10 @@ bf16. The KV cache is counted per layer from the config's ``layer_types``, as
 transformers' caches do: a sliding-window or chunked layer holds at most its window of tokens.
 
 >>> from glyd.apps.fit_meta import model_shape
->>> s = model_shape({"model_type": "mixtral", "hidden_size": 64, "intermediate_size": 128,
-...                  "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 100, "num_local_experts": 4})
+>>> s = model_shape({"model_type": "mixtral", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+...                  "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 100, "num_local_experts": 4})
 >>> s.params, s.packable, sorted(s.unpacked_matrices.items())
-(259392, 258560, [('MixtralTopKRouter', 512)])
+(234816, 233984, [('MixtralTopKRouter', 512)])
 """
 
 from __future__ import annotations

@@ -485,3 +485,35 @@ def test_a_folder_transformers_refuses_is_one_line(tmp_path, capsys, config, wha
     assert main(["eval", str(folder), "--device", "cpu", "--modes", "exact", "--no-decode", *flags]) == 1
     err = capsys.readouterr().err.strip().splitlines()[-1]  # (transformers logs a warning before it refuses)
     assert err.startswith(f"glyd eval: error: {folder}: transformers cannot load its {what} (ValueError: "), err
+
+
+@pytest.fixture(scope="module")
+def gpt2_folder(tmp_path_factory):
+    """A tiny bf16 GPT-2: a learned position table of 32 rows (``transformer.wpe``)."""
+    from transformers import AutoModelForCausalLM, GPT2Config
+
+    folder = tmp_path_factory.mktemp("gpt2") / "model"
+    tok = _tokenizer()
+    cfg = GPT2Config(n_embd=64, n_layer=1, n_head=2, n_positions=32, vocab_size=len(tok),
+                     bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.parametrize("kw,what", [
+    ({"window": 64, "stride": 32}, "--window 64 needs 64 positions"),
+    ({"window": 32, "stride": 16, "decode_context": 128}, "--decode-context 128 needs 65 positions"),
+])
+def test_positions_past_a_learned_position_table_are_refused_by_name(gpt2_folder, data_dir, kw, what):
+    # GPT-2 at positions past its 32-row wpe: an IndexError on the CPU, a device-side assert on a GPU; now refused
+    cfg = _cfg(gpt2_folder, data_dir, modes=("fixed12",), mmlu=False, **kw)
+    with pytest.raises(FormatError, match=rf"^{what}, but the model's learned position table transformer.wpe holds 32"):
+        ev.evaluate(cfg)
+
+
+def test_a_learned_position_table_within_reach_runs(gpt2_folder, data_dir):
+    cfg = _cfg(gpt2_folder, data_dir, modes=("fixed12",), mmlu=False, window=32, stride=16, decode_context=62)
+    ref, fixed = ev.evaluate(cfg).results
+    assert ref.ppl_tokens == 199 and math.isfinite(fixed.ppl)

@@ -80,6 +80,34 @@ def build_random(spec: str, device: str, seed: int, *, layout: str | None = None
                         progress=progress, memory_limit=memory_limit)
 
 
+#: the names transformers gives a learned (absolute) position table: GPT-2's ``wpe``, BERT-likes'
+#: ``position_embeddings``, OPT's ``embed_positions`` (with an offset of 2 rows)
+POSITION_TABLES = ("wpe", "position_embeddings", "embed_positions")
+
+
+def check_positions(model: nn.Module, needed: int, what: str) -> None:
+    """FormatError when ``model`` has a learned position table of fewer than ``needed`` positions:
+    position ``needed - 1`` would index past it (an IndexError on the CPU, a device-side assert that
+    ends the CUDA context on a GPU). Rotary models have no such table and no limit here.
+
+    >>> from torch import nn
+    >>> m = nn.Module(); m.wpe = nn.Embedding(16, 4)
+    >>> check_positions(m, 16, "a window")
+    >>> check_positions(m, 17, "a window")
+    Traceback (most recent call last):
+    ...
+    glyd.errors.FormatError: a window needs 17 positions, but the model's learned position table wpe holds 16: ask for fewer
+    """
+    for name, mod in model.named_modules():
+        rows = getattr(mod, "num_embeddings", None)
+        if name.rpartition(".")[2] not in POSITION_TABLES or not isinstance(rows, int):
+            continue
+        have = rows - int(getattr(mod, "offset", 0) or 0)
+        if needed > have:
+            raise FormatError(f"{what} needs {needed} positions, but the model's learned position table {name} "
+                              f"holds {have}: ask for fewer")
+
+
 def weight_bytes(model: nn.Module) -> int:
     """Bytes of the parameters and persistent buffers of ``model``; a tensor shared by several
     modules (tied embeddings) is counted once."""

@@ -45,7 +45,8 @@ from torch import nn
 
 from glyd import _env
 from glyd.apps.eval_mmlu import letter_ids, mmlu_logits, mmlu_prompt, read_mmlu
-from glyd.apps.eval_models import check_model_folder, check_modes_fit, build_random, merge_bf16, weight_bytes
+from glyd.apps.eval_models import (build_random, check_model_folder, check_modes_fit, check_positions, merge_bf16,
+                                   weight_bytes)
 from glyd.apps.eval_timing import time_decode, time_decode_compiled
 from glyd.apps.layouts import eval_modes
 from glyd.errors import FormatError, GlydError, cause, not_a_file, show_path
@@ -456,6 +457,16 @@ class _Progress:
         self.running = False
 
 
+def _check_positions(cfg: EvalConfig, inp: _Inputs, model: nn.Module) -> None:
+    """Refuse, naming the option, a run that would index past the model's learned position table."""
+    if inp.tokens is not None:
+        check_positions(model, min(cfg.window, len(inp.tokens)), f"--window {cfg.window}")
+    if inp.encoded:
+        check_positions(model, max(len(e) for e in inp.encoded), "the longest MMLU prompt")
+    if cfg.decode and cfg.decode_batches:  # the timed step writes position context // 2
+        check_positions(model, cfg.decode_context // 2 + 1, f"--decode-context {cfg.decode_context}")
+
+
 def _run_mode(cfg: EvalConfig, mode: str, inp: _Inputs, ref: dict[str, Any], step: Callable[[str], None]) -> ModeResult:
     """Load and measure one mode; ``ref`` holds bf16's predictions (filled by the first mode);
     ``step(name)`` is called as each step begins."""
@@ -464,6 +475,7 @@ def _run_mode(cfg: EvalConfig, mode: str, inp: _Inputs, ref: dict[str, Any], ste
     model = load_bf16(cfg) if mode == "bf16" else load_glyd(cfg, mode)
     _sync(cfg.device)
     res = ModeResult(mode=mode, weight_bytes=weight_bytes(model), load_s=time.perf_counter() - t)
+    _check_positions(cfg, inp, model)
     if inp.tokens is not None:
         step("perplexity")
         res.ppl, res.ppl_tokens, preds = perplexity(model, inp.tokens, cfg.window, cfg.stride, cfg.device, cfg.score_chunk)

@@ -26,7 +26,7 @@ step() {  # name, time limit (s), command...
 }
 for s in "${steps[@]}"; do
   case $s in
-    gpu_set) step gpu_set 590 env OUT="$out/gpu_set" bash benchmarks/gpu_set.sh ;;
+    gpu_set) step gpu_set 590 env OUT="$out/gpu_set" bash benchmarks/gpu_set.sh default 16 ;;  # 16 workers: the device has 16 cores
     bits) step bits_main 120 env PYTHONPATH=.carry/main/src python3 benchmarks/probes/pool_bits.py --save "$out/main_bits.pt"
           step bits 120 env PYTHONPATH=src python3 benchmarks/probes/pool_bits.py --against "$out/main_bits.pt" ;;
     kv) for r in . .carry/main; do  # each tree's kv.py with its own src: main's copy times main's kernels

@@ -12,6 +12,7 @@
 #   OUT=$OUT bash benchmarks/pending/call.sh                # gpu_set (5-8 minutes on an H100: its own call)
 #   OUT=$OUT bash benchmarks/pending/call.sh long           # the next call (about 4 minutes)
 #   OUT=$OUT bash benchmarks/pending/call.sh gpu_set kv     # only these
+#   OUT=$OUT bash benchmarks/pending/call.sh d11 kv sweep05 # an H200's call: dense11 depth 2, the pool by batch, the 0.5B
 set -u
 out=${OUT:?set OUT to the folder that comes back}
 steps=("$@")
@@ -46,13 +47,16 @@ for s in "${steps[@]}"; do
     sweep_long) step sweep_long 560 env SWEEP_ROUND=40 PYTHONPATH=src TRITON_CACHE_DIR="$(mktemp -d)" python3 \
                   benchmarks/sweep_shapes.py --shapes k/v,q/o,gate/up,down,lm_head,qkv,gate_up --ms 65,128,256,2048 \
                   --out "$out/sweep_long" --table "$out/sweep_long/table.json" ;;
+    sweep05) step sweep05 270 env SWEEP_ROUND=table PYTHONPATH=src TRITON_CACHE_DIR="$(mktemp -d)" python3 \
+               benchmarks/sweep_shapes.py --shapes 0.5b.down,0.5b.qkv,0.5b.o,0.5b.gate_up --ms 1,2,4,8 \
+               --out "$out/sweep05" ;;
     ttft7b) step ttft7b 330 env PYTHONPATH=src TRITON_CACHE_DIR="$(mktemp -d)" python3 benchmarks/scale.py \
               --sizes qwen2.5-7b --variants bf16,fixed12,dense11 --batches 1 --compile-prefill --no-capacity \
               --out "$out/ttft7b" ;;
-    *) echo "unknown step $s (gpu_set, scale_d11, long, sweep_long, ttft7b, bits, kv, d11)" >&2; exit 2 ;;
+    *) echo "unknown step $s (gpu_set, scale_d11, long, sweep_long, sweep05, ttft7b, bits, kv, d11)" >&2; exit 2 ;;
   esac
 done
-for f in gpu_set scale_d11 long sweep_long ttft7b bits kv_branch kv_main d11; do
+for f in gpu_set scale_d11 long sweep_long sweep05 ttft7b bits kv_branch kv_main d11; do
   [ -f "$out/$f.txt" ] && { echo "=== $f (last lines)"; tail -n 14 "$out/$f.txt"; }
 done
 echo "| step | exit status | seconds |"

@@ -33,7 +33,7 @@ for s in "${steps[@]}"; do
     kv) for r in . .carry/main; do  # each tree's kv.py with its own src: main's copy times main's kernels
           step "kv_$( [ "$r" = . ] && echo branch || echo main )" 150 env PYTHONPATH="$r/src" python3 "$r/benchmarks/kv.py" speed \
             --pool .carry/kv_pool.pt --tokens 16384 4096 --batches 1 4 16 64 --mixed 64 \
-            --pool-variants 4,32,4,96,1,2 4,32,16,96,1,2
+            --pool-variants 4,32,4,96,1,2 4,32,16,96,1,2 4,32,2,96,1,2 4,32,8,96,1,2
         done ;;
     d11) step d11 150 env PYTHONPATH=src python3 benchmarks/dense11_step.py --no-v1 --layers 8 --ms 2,8,16 \
            --gemv bn=64,bk=128,dot=mma,prefetch=1,mb=16 --gemv bn=64,bk=128,dot=mma,prefetch=2,mb=16 \

@@ -13,6 +13,8 @@
 #   OUT=$OUT bash benchmarks/pending/call.sh long           # the next call (about 4 minutes)
 #   OUT=$OUT bash benchmarks/pending/call.sh gpu_set kv     # only these
 #   OUT=$OUT bash benchmarks/pending/call.sh d11 kv sweep05 # an H200's call: dense11 depth 2, the pool by batch, the 0.5B
+#   OUT=$OUT bash benchmarks/pending/call.sh ttft7b dit     # first tokens; FLUX's step (carry .carry/whl: diffusers 0.42.1
+#                                                           # and importlib_metadata wheels, `pip download` in README.md)
 set -u
 out=${OUT:?set OUT to the folder that comes back}
 steps=("$@")
@@ -50,13 +52,17 @@ for s in "${steps[@]}"; do
     sweep05) step sweep05 270 env SWEEP_ROUND=table PYTHONPATH=src TRITON_CACHE_DIR="$(mktemp -d)" python3 \
                benchmarks/sweep_shapes.py --shapes 0.5b.down,0.5b.qkv,0.5b.o,0.5b.gate_up --ms 1,2,4,8 \
                --out "$out/sweep05" ;;
+    dit) # FLUX.1-dev-shaped step (issue 38: <= 1.05x bf16); diffusers is not on the device: wheels in .carry/whl
+         python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+           .carry/whl/*.whl > "$out/dit_pip.txt" 2>&1
+         step dit 400 env PYTHONPATH=src:/tmp/site python3 benchmarks/dit_step.py --out "$out/dit.json" ;;
     ttft7b) step ttft7b 330 env PYTHONPATH=src TRITON_CACHE_DIR="$(mktemp -d)" python3 benchmarks/scale.py \
               --sizes qwen2.5-7b --variants bf16,fixed12,dense11 --batches 1 --compile-prefill --no-capacity \
               --out "$out/ttft7b" ;;
-    *) echo "unknown step $s (gpu_set, scale_d11, long, sweep_long, sweep05, ttft7b, bits, kv, d11)" >&2; exit 2 ;;
+    *) echo "unknown step $s (gpu_set, scale_d11, long, sweep_long, sweep05, dit, ttft7b, bits, kv, d11)" >&2; exit 2 ;;
   esac
 done
-for f in gpu_set scale_d11 long sweep_long sweep05 ttft7b bits kv_branch kv_main d11; do
+for f in gpu_set scale_d11 long sweep_long sweep05 dit ttft7b bits kv_branch kv_main d11; do
   [ -f "$out/$f.txt" ] && { echo "=== $f (last lines)"; tail -n 14 "$out/$f.txt"; }
 done
 echo "| step | exit status | seconds |"

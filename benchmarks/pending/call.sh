@@ -37,10 +37,12 @@ for s in "${steps[@]}"; do
             --pool .carry/kv_pool.pt --tokens 16384 4096 --batches 1 4 16 64 --mixed 64 \
             --pool-variants 4,32,4,96,1,2 4,32,16,96,1,2 4,32,2,96,1,2 4,32,8,96,1,2
         done ;;
-    d11) step d11 150 env PYTHONPATH=src python3 benchmarks/dense11_step.py --no-v1 --layers 8 --ms 2,8,16 \
+    d11) # depth 1 against 2 (the H200 table's rows), and bn 32 with 2 warps: twice the programs (qkv and o fill 0.3-0.4
+         # of a wave at bn 64 and M 16; x_prefetch, slower on the H100, left out)
+         step d11 150 env PYTHONPATH=src python3 benchmarks/dense11_step.py --no-v1 --layers 8 --ms 2,8,16 \
            --gemv bn=64,bk=128,dot=mma,prefetch=1,mb=16 --gemv bn=64,bk=128,dot=mma,prefetch=2,mb=16 \
-           --gemv bn=64,bk=128,dot=mma,prefetch=1,x_prefetch=1,mb=16 \
-           --gemv bn=64,bk=128,dot=mma,prefetch=2,x_prefetch=1,mb=16 ;;
+           --gemv bn=32,bk=128,dot=mma,prefetch=1,mb=16,warps=2 \
+           --gemv bn=32,bk=128,dot=mma,prefetch=2,mb=16,warps=2 ;;
     scale_d11) step scale_d11 240 env PYTHONPATH=src python3 benchmarks/scale.py --sizes qwen2.5-7b \
                  --variants bf16,dense11 --batches 1,16,64 --no-capacity --out "$out/scale_d11" ;;
     long) step long 260 env PYTHONPATH=src TRITON_CACHE_DIR="$(mktemp -d)" python3 benchmarks/probes/probe_ws_long.py \

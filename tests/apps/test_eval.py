@@ -517,3 +517,29 @@ def test_a_learned_position_table_within_reach_runs(gpt2_folder, data_dir):
     cfg = _cfg(gpt2_folder, data_dir, modes=("fixed12",), mmlu=False, window=32, stride=16, decode_context=62)
     ref, fixed = ev.evaluate(cfg).results
     assert ref.ppl_tokens == 199 and math.isfinite(fixed.ppl)
+
+
+def test_a_text_or_mmlu_file_that_cannot_be_read_is_one_line(tmp_path, monkeypatch):
+    # no permission to read --text or an MMLU csv (as any user but root) was a PermissionError traceback
+    import builtins
+
+    import glyd.apps.eval_mmlu as mm
+
+    text = tmp_path / "text.txt"
+    text.write_text("some words " * 20)
+    test = tmp_path / "mmlu" / "test"
+    test.mkdir(parents=True)
+    (test / "astronomy_test.csv").write_text("question,choice0,choice1,choice2,choice3,answer\nq,a,b,c,d,0\n")
+
+    def refuse(path, *a, **k):
+        if str(path).endswith((".txt", ".csv")):
+            raise PermissionError(13, "Permission denied", str(path))
+        return builtins.open(path, *a, **k)
+
+    monkeypatch.setattr(ev, "open", refuse, raising=False)
+    monkeypatch.setattr(mm, "open", refuse, raising=False)
+    monkeypatch.setattr(ev, "load_tokenizer", lambda cfg: None)
+    with pytest.raises(FormatError, match=r"text.txt: cannot read this text file \(Permission denied\)$"):
+        ev._inputs(ev.EvalConfig(model="m", text=str(text), mmlu=False, device="cpu"))
+    with pytest.raises(FormatError, match=r"astronomy_test.csv: cannot read this MMLU csv file \(Permission denied\)$"):
+        mm.read_mmlu(tmp_path / "mmlu", None, 2)

@@ -34,6 +34,8 @@ def read_mmlu(folder: Path, subjects: tuple[str, ...] | None, per_subject: int) 
             out += _read_csv(path, subject, per_subject)
         except (UnicodeDecodeError, csv.Error) as exc:  # not UTF-8; a field over csv's limit of 131072
             raise FormatError(f"{show_path(path)}: not an MMLU csv file ({exc})") from None
+        except OSError as exc:  # no permission to read it, an I/O error
+            raise FormatError(f"{show_path(path)}: cannot read this MMLU csv file ({exc.strerror or exc})") from None
     if not out:
         raise FormatError(f"{test}: no MMLU questions selected")
     return out

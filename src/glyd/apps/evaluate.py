@@ -414,8 +414,11 @@ def _inputs(cfg: EvalConfig) -> _Inputs:
             raise FormatError(f"{show_path(path)}: {what}, not a text file for perplexity")
         # Read and tokenize a prefix long enough for the tokens asked for (about 4 characters a
         # token), not the whole file: --text may name a corpus of gigabytes.
-        with open(path, encoding="utf-8", errors="replace") as f:
-            text = f.read(8 * cfg.ppl_tokens + 1024)
+        try:
+            with open(path, encoding="utf-8", errors="replace") as f:
+                text = f.read(8 * cfg.ppl_tokens + 1024)
+        except OSError as exc:  # no permission to read it, an I/O error
+            raise FormatError(f"{show_path(path)}: cannot read this text file ({exc.strerror or exc})") from None
         ids = tokenizer(text, add_special_tokens=False)["input_ids"]
         inp.tokens = torch.tensor(ids[: cfg.ppl_tokens], dtype=torch.long)
         if inp.tokens.numel() < 2:

@@ -28,6 +28,7 @@ def _one_line_naming_the_extra(err: str, command: str) -> None:
 @pytest.mark.parametrize("argv", [
     ["eval", "qwen2.5-0.5b", "--random", "--device", "cpu", "--no-decode"],
     ["demo", "--device", "cpu"],
+    ["fit", "qwen2.5-7b", "--gpu", "h200"],  # it said "glyd fit needs transformers to read a config", not the extra to install
 ])
 def test_model_commands_without_transformers(no_transformers, tmp_path, capsys, argv):
     if argv[0] == "demo":  # a folder that passes the demo's own checks

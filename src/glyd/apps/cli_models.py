@@ -222,6 +222,7 @@ def _eval(args: argparse.Namespace) -> int:
 
 
 def _fit(args: argparse.Namespace) -> int:
+    require("transformers")  # every model, embedded configs included, is counted through transformers' classes
     from dataclasses import asdict
 
     from glyd.apps.fit import run_fit

@@ -208,15 +208,18 @@ def _kvf_decode_split_kernel(
     if lost:  # never a plausible wrong value: the output is NaN, and FixedPagePool.check() says why
         l_i = tl.full([GP], float("nan"), tl.float32)
     o = pid_bh * S + split
-    tl.store(m_out + o * GP + offs_g, m_i)
-    tl.store(l_out + o * GP + offs_g, l_i)
+    # the GP - G padding rows are never read (the combine reads G rows): not storing them saves up to 9/16 of the
+    # state's bytes at G 7 (the 7B's group), written and read back through L2 every split
+    gmask = offs_g < G
+    tl.store(m_out + o * GP + offs_g, m_i, mask=gmask)
+    tl.store(l_out + o * GP + offs_g, l_i, mask=gmask)
     if SWAR:  # back to channel order (perm is its own inverse): vector stores, not 4-byte scatters through perm
         acc_a = word_order(acc_a, GP, HV)
         acc_b = word_order(acc_b, GP, HV)
         offs_hv = tl.arange(0, HV)
     ap = acc_out + (o * GP + offs_g)[:, None] * DV + offs_hv[None, :]
-    tl.store(ap, acc_a)
-    tl.store(ap + HV, acc_b)
+    tl.store(ap, acc_a, mask=gmask[:, None])
+    tl.store(ap + HV, acc_b, mask=gmask[:, None])
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The GPU test set on one GPU, in three pytest processes (tests/kernels, tests/kv, the rest) so that a
 # CUDA error that breaks one process's context cannot fail the parts after it. pytest-xdist spreads each
-# part over WORKERS processes on the same GPU (each compiles its own kernels: an empty Triton cache is
-# the slow part); without xdist the parts run serially.
+# part over WORKERS processes on the same GPU (they share one Triton cache, empty when the part starts: the builds
+# are the slow part); without xdist the parts run serially.
 #
 #   bash benchmarks/gpu_set.sh            # the default set: -m "gpu and not slow" (about 2.5 min on the H200)
 #   bash benchmarks/gpu_set.sh slow 14    # the slow set: -m "gpu and slow" (about 7 min; run it in its own call)
@@ -27,7 +27,9 @@ out=${OUT:-gpu-set-logs}
 mkdir -p "$out"
 export PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH}
 xdist=()
-python3 -c "import xdist" 2>/dev/null && xdist=(-n "$workers")
+# worksteal: a worker that runs out takes half of a busy one's queue (xdist's default hands out fixed chunks, and one
+# worker ran three long dense11 tests in a row while the others sat idle, 2026-12-06)
+python3 -c "import xdist" 2>/dev/null && xdist=(-n "$workers" --dist worksteal)
 echo "code $(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git diff --quiet HEAD 2>/dev/null || echo ' (with local changes)'); files $(files_hash)"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)"

@@ -15,9 +15,13 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 # Every run compiles into a new, empty Triton cache: a warm cache skips the compile path, and once
-# hid 49 failing compile checks that failed on a fresh machine. Removed when the session ends.
-_TRITON_CACHE = tempfile.mkdtemp(prefix="glyd-test-triton-cache-")
-os.environ["TRITON_CACHE_DIR"] = _TRITON_CACHE
+# hid 49 failing compile checks that failed on a fresh machine. Removed when the session ends. pytest-xdist's
+# workers share their controller's (it exports the folder before starting them), so a kernel is built once a run,
+# by the worker that needs it first: with a cache each, the GPU set's 16 workers built the same kernels 16 times.
+_SHARED_CACHE = os.environ.get("GLYD_TEST_TRITON_CACHE", "") if os.environ.get("PYTEST_XDIST_WORKER") else ""
+_OWN_CACHE = not os.path.isdir(_SHARED_CACHE)
+_TRITON_CACHE = tempfile.mkdtemp(prefix="glyd-test-triton-cache-") if _OWN_CACHE else _SHARED_CACHE
+os.environ["TRITON_CACHE_DIR"] = os.environ["GLYD_TEST_TRITON_CACHE"] = _TRITON_CACHE
 
 
 def pytest_addoption(parser):
@@ -41,6 +45,38 @@ def _gpu_sample(items):
         every = mark.kwargs.get("every", mark.args[0] if mark.args else 1)
         if zlib.crc32(item.nodeid.encode()) % every:
             item.add_marker(pytest.mark.slow)
+
+
+# The GPU set's longest tests (dense11's kernel builds, 30-140 s each on an H100, 2026-12-06), spread evenly through
+# the selected tests: pytest-xdist hands each worker contiguous chunks, so tests of one kind side by side run in a
+# row in one worker (three M groups of one shape, 278 s, the kernels part's wall); moved to the front they fell into
+# the first chunks together (the kernels part past its 400 s limit, 2026-12-06).
+LONG_GPU_TESTS = ("test_mma_on_the_gpu", "test_large_on_the_gpu", "test_7b_shapes_give_version_2s_bits_on_the_gpu")
+
+
+def spread_long_gpu_tests(items: list) -> None:
+    """Place the ``LONG_GPU_TESTS`` cases at even intervals among the others, keeping the order within each part."""
+    long = [item for item in items if getattr(item, "originalname", item.name) in LONG_GPU_TESTS]
+    if not long:
+        return
+    rest = [item for item in items if getattr(item, "originalname", item.name) not in LONG_GPU_TESTS]
+    spread, at = [], 0
+    for n, item in enumerate(long):
+        cut = n * len(rest) // len(long)
+        spread += rest[at:cut] + [item]
+        at = cut
+    items[:] = spread + rest[at:]
+
+
+class _SpreadAfterSelection:
+    @pytest.hookimpl(trylast=True)  # after -m and -k have deselected: spread among the tests that run
+    def pytest_collection_modifyitems(self, config, items):
+        if torch.cuda.is_available() and not config.getoption("--glyd-order"):
+            spread_long_gpu_tests(items)
+
+
+def pytest_configure(config):
+    config.pluginmanager.register(_SpreadAfterSelection(), "glyd-spread-long-gpu-tests")
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m selects: the marks added here count
@@ -82,7 +118,8 @@ def pytest_report_header(config):
 
 
 def pytest_sessionfinish(session, exitstatus):
-    shutil.rmtree(_TRITON_CACHE, ignore_errors=True)
+    if _OWN_CACHE:  # a worker leaves the shared cache to its controller
+        shutil.rmtree(_TRITON_CACHE, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)

@@ -4,7 +4,7 @@
 # part over WORKERS processes on the same GPU (they share one Triton cache, empty when the part starts: the builds
 # are the slow part); without xdist the parts run serially.
 #
-#   bash benchmarks/gpu_set.sh            # the default set: -m "gpu and not slow" (about 2.5 min on the H200)
+#   bash benchmarks/gpu_set.sh            # the default set: -m "gpu and not slow" (257 s on an H100, 16 workers)
 #   bash benchmarks/gpu_set.sh slow 14    # the slow set: -m "gpu and slow" (about 7 min; run it in its own call)
 #   bash benchmarks/gpu_set.sh hash       # the "files" hash of this tree (its log's first line names the one it ran)
 #

@@ -51,6 +51,8 @@ for s in "${steps[@]}"; do
     sweep_long) step sweep_long 560 env SWEEP_ROUND=40 PYTHONPATH=src TRITON_CACHE_DIR="$(mktemp -d)" python3 \
                   benchmarks/sweep_shapes.py --shapes k/v,q/o,gate/up,down,lm_head,qkv,gate_up --ms 65,128,256,2048 \
                   --out "$out/sweep_long" --table "$out/sweep_long/table.json" ;;
+    sweep_kv) step sweep_kv 300 env PYTHONPATH=src python3 benchmarks/sweep_kv.py --pool .carry/kv_pool.pt \
+                --out "$out/sweep_kv" --table "$out/sweep_kv/table.json" ;;  # the pool's configs by batch -> table rows
     sweep05) step sweep05 270 env SWEEP_ROUND=table PYTHONPATH=src TRITON_CACHE_DIR="$(mktemp -d)" python3 \
                benchmarks/sweep_shapes.py --shapes 0.5b.down,0.5b.qkv,0.5b.o,0.5b.gate_up --ms 1,2,4,8 \
                --out "$out/sweep05" ;;
@@ -61,10 +63,10 @@ for s in "${steps[@]}"; do
     ttft7b) step ttft7b 330 env PYTHONPATH=src TRITON_CACHE_DIR="$(mktemp -d)" python3 benchmarks/scale.py \
               --sizes qwen2.5-7b --variants bf16,fixed12,dense11 --batches 1 --compile-prefill --no-capacity \
               --out "$out/ttft7b" ;;
-    *) echo "unknown step $s (gpu_set, scale_d11, long, sweep_long, sweep05, dit, ttft7b, bits, kv, d11)" >&2; exit 2 ;;
+    *) echo "unknown step $s (gpu_set, scale_d11, long, sweep_long, sweep05, sweep_kv, dit, ttft7b, bits, kv, d11)" >&2; exit 2 ;;
   esac
 done
-for f in gpu_set scale_d11 long sweep_long sweep05 dit ttft7b bits kv_branch kv_main d11; do
+for f in gpu_set scale_d11 long sweep_long sweep05 sweep_kv dit ttft7b bits kv_branch kv_main d11; do
   [ -f "$out/$f.txt" ] && { echo "=== $f (last lines)"; tail -n 14 "$out/$f.txt"; }
 done
 echo "| step | exit status | seconds |"

@@ -182,7 +182,7 @@ def attention_layers(text: Any, name: str = "config") -> list[AttentionLayer]:
             raise FormatError(f"{show_path(name)}: glyd fit cannot size the cache of a {t!r} layer")
         key = KV_LAYER_WINDOW[t]
         window = getattr(text, key, None) if key else None
-        if key and not (isinstance(window, int) and window > 0):
+        if key and not (isinstance(window, int) and not isinstance(window, bool) and window > 0):  # true is no window
             raise FormatError(f"{show_path(name)}: a {t!r} layer needs a positive {key}, the config has {window!r}")
         out.append(AttentionLayer(int(kv_heads), int(head_dim), window, int(heads)))
     return out

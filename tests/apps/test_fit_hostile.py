@@ -1,0 +1,32 @@
+"""``glyd fit`` on hostile inputs the earlier campaigns left: every bad config or path is one
+FormatError line naming the problem, never a silently wrong estimate or memory blown on a read."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from glyd.apps import fit
+from glyd.cli import main
+from glyd.errors import FormatError
+
+_LLAMA = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+          "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 100, "max_position_embeddings": 256}
+
+
+def _one_line_error(capsys, folder, needle: str) -> None:
+    assert main(["fit", str(folder), "--gpu", "h200"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and needle in err and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("key", ["sliding_window", "attention_chunk_size"])
+def test_a_window_of_true_is_refused(tmp_path, capsys, key):
+    # Llama's config class takes any extra field: sliding_window true (a bool, JSON's true) was read as a
+    # window of 1 token, so the KV cache was counted as one token a layer ("hold at most True tokens")
+    (tmp_path / "config.json").write_text(json.dumps({**_LLAMA, key: True}))
+    with pytest.raises(FormatError, match=rf"needs a positive {key}, the config has True"):
+        fit.run_fit(str(tmp_path), "h200", 128)
+    _one_line_error(capsys, tmp_path, key)
+

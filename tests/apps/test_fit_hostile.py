@@ -30,3 +30,17 @@ def test_a_window_of_true_is_refused(tmp_path, capsys, key):
         fit.run_fit(str(tmp_path), "h200", 128)
     _one_line_error(capsys, tmp_path, key)
 
+
+@pytest.mark.parametrize("top_k", [0, -1, 9])
+def test_a_top_k_past_the_class_default_experts_count_is_refused(tmp_path, capsys, top_k):
+    # Mixtral's class builds 8 experts a layer when num_local_experts is left out: a top-k of 0, -1 or 9
+    # (a model that routes to no experts, or fails at its first forward in torch.topk) was counted and
+    # fitted; the same top-k beside num_local_experts 8 was already refused
+    (tmp_path / "config.json").write_text(json.dumps({**_LLAMA, "model_type": "mixtral", "num_experts_per_tok": top_k}))
+    with pytest.raises(FormatError, match=rf"num_experts_per_tok is {top_k}, not a number of experts from 1 to 8 "
+                                          r"\(num_local_experts\)"):
+        fit.run_fit(str(tmp_path), "h200", 128)
+    _one_line_error(capsys, tmp_path, "num_experts_per_tok")
+    (tmp_path / "config.json").write_text(json.dumps({**_LLAMA, "model_type": "mixtral", "num_experts_per_tok": 8}))
+    assert fit.run_fit(str(tmp_path), "h200", 128)[0].params > 0  # every expert: a model
+

@@ -113,6 +113,8 @@ def build_config(cfg: dict[str, Any]) -> Any:
     except Exception as exc:  # any failure inside a config class means this config cannot be counted
         raise FormatError(f"{show_path(name)}: transformers cannot read this {model_type} config "
                           f"({_first_line(exc)})") from exc
+    # again with the class's defaults: a top-k the config gives beside an experts count it leaves out
+    check_top_k(config.to_dict(), name)
     text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
     layers = getattr(text, "num_hidden_layers", None)
     if not isinstance(layers, int) or not 0 < layers <= MAX_LAYERS:

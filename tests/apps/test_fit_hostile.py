@@ -44,3 +44,16 @@ def test_a_top_k_past_the_class_default_experts_count_is_refused(tmp_path, capsy
     (tmp_path / "config.json").write_text(json.dumps({**_LLAMA, "model_type": "mixtral", "num_experts_per_tok": 8}))
     assert fit.run_fit(str(tmp_path), "h200", 128)[0].params > 0  # every expert: a model
 
+
+def test_a_large_file_given_as_the_model_is_not_read_whole(tmp_path, capsys, monkeypatch):
+    # `glyd fit model.safetensors` read the whole weights file into memory as a config.json (a sparse
+    # 3 GB file: 6.5 GB of memory and 24 s) before saying it was not JSON
+    weights = tmp_path / "model.safetensors"
+    with open(weights, "wb") as f:
+        f.truncate(fit.MAX_CONFIG_BYTES + 1)
+    reads = []
+    monkeypatch.setattr(type(weights), "read_bytes", lambda self: reads.append(self) or b"")
+    with pytest.raises(FormatError, match=r"model\.safetensors: 67,108,865 bytes, too large for a config\.json"):
+        fit.load_config(str(weights))
+    _one_line_error(capsys, weights, "too large for a config.json")
+    assert reads == []

@@ -64,6 +64,8 @@ MARGIN_FIXED = 1 * GiB
 #: the allocator's reserve): 6.1-10.1 GiB of the H200's 140.4 measured (module docstring).
 RESERVE_FRACTION = 0.05
 PREFILL_CHUNK = 2048
+#: The largest config.json fit reads (a real one is kilobytes; a file passed as the model may be weights).
+MAX_CONFIG_BYTES = 64 * 2**20
 _BF16 = 2
 
 
@@ -161,6 +163,10 @@ def load_config(model: str | Path) -> dict[str, Any]:
         raise FormatError(f"{show_path(model)}: not a model folder, a config.json, a hub id in the local Hugging Face "
                           f"cache or a known model ({known})")
     try:
+        size = cfg_path.stat().st_size
+        if size > MAX_CONFIG_BYTES:  # a weights file given for its folder: not read into memory whole
+            raise FormatError(f"{show_path(cfg_path)}: {size:,} bytes, too large for a config.json (at most "
+                              f"{MAX_CONFIG_BYTES:,}); pass the model's folder or its config.json")
         raw = cfg_path.read_bytes()
     except OSError as exc:
         raise FormatError(f"{show_path(cfg_path)}: cannot read it ({exc.strerror or exc})") from exc

@@ -193,3 +193,26 @@ def test_scaled_embeddings_load_natively(tiny_model_folder, tmp_path, input_ids)
         want = ref(input_ids).logits
         assert torch.equal(bits(model(input_ids).logits), bits(want))
         assert torch.equal(bits(native(input_ids).logits), bits(want))
+
+
+@pytest.mark.parametrize("merged", [{"qkv_proj": ["k_proj", "q_proj", "v_proj"]},
+                                    {"gate_up_proj": ["up_proj", "gate_proj"], "qkv_proj": ["q_proj", "k_proj", "v_proj"]},
+                                    {"qkv_proj": ["q_proj", "k_proj"]}, {"qk_proj": ["q_proj", "k_proj"]}])
+def test_merged_parts_other_than_glyds_are_refused(saved, tmp_path, merged):
+    # The parts' order decides which rows of a merged product each projection takes: a config.json whose
+    # merged lists were reordered (gate_up_proj: up_proj, gate_proj) loaded with both loaders and gave
+    # other logits with no error
+    import shutil
+
+    folder = tmp_path / "m"
+    shutil.copytree(saved["qwen2"][1], folder)
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["quantization_config"]["merged"] = merged
+    (folder / "config.json").write_text(json.dumps(cfg))
+    message = r"quantization_config\.merged: '\w+': \[.*\] is not a merge glyd writes \(qkv_proj: q_proj, k_proj, v_proj;"
+    with pytest.raises(FormatError, match=message):
+        AutoModelForCausalLM.from_pretrained(folder)
+    with pytest.raises(FormatError, match=message):
+        glyd.from_pretrained(folder, device="cpu", progress=False)
+    with pytest.raises(FormatError, match=message):
+        GlydConfig(merged=merged)

@@ -56,7 +56,8 @@ TOP_K = "num_experts_per_tok"
 def check_quantization_config(q: dict[str, Any], where: str = "") -> None:
     """Raise FormatError naming the field (after ``where``) unless glyd can read the fields of its
     ``quantization_config`` ``q``: a known ``layout`` (or ``"auto"``), this glyd's ``format_version``,
-    ``merged`` mapping names to lists of module names. Missing fields take GlydConfig's defaults."""
+    ``merged`` mapping merged names to their parts as glyd merges them (``MERGE_GROUPS``, in order).
+    Missing fields take GlydConfig's defaults."""
     layout = q.get("layout", "auto")
     if not isinstance(layout, str) or (layout != "auto" and layout not in LAYOUTS):
         raise FormatError(f"{where}quantization_config.layout: unknown layout {short(layout)}")
@@ -71,6 +72,13 @@ def check_quantization_config(q: dict[str, Any], where: str = "") -> None:
     ):
         raise FormatError(f"{where}quantization_config.merged: must map a name to a list of module names, "
                           f"got {short(merged)}")
+    from glyd.hf._model import MERGE_GROUPS
+
+    for name, parts in merged.items():  # the parts' order decides which rows of the merged product each takes
+        if MERGE_GROUPS.get(name) != tuple(parts):
+            known = "; ".join(f"{k}: {', '.join(v)}" for k, v in MERGE_GROUPS.items())
+            raise FormatError(f"{where}quantization_config.merged: {short(name)}: {short(list(parts))} is not a "
+                              f"merge glyd writes ({known}, in that order): a damaged or edited config")
 
 
 def count_fields(config: Any, path: str = ""):

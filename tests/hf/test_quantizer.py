@@ -216,3 +216,23 @@ def test_merged_parts_other_than_glyds_are_refused(saved, tmp_path, merged):
         glyd.from_pretrained(folder, device="cpu", progress=False)
     with pytest.raises(FormatError, match=message):
         GlydConfig(merged=merged)
+
+
+@pytest.mark.parametrize("exact", ["false", "no", 0, None])
+def test_an_exact_that_is_not_true_or_false_is_refused(saved, tmp_path, exact):
+    # transformers built GlydConfig from config.json and took bool(exact): "false" loaded every product
+    # exact (native loading), the opposite of what the file says
+    import shutil
+
+    folder = tmp_path / "e"
+    shutil.copytree(saved["llama"][1], folder)
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["quantization_config"]["exact"] = exact
+    (folder / "config.json").write_text(json.dumps(cfg))
+    message = r"quantization_config\.exact: .* is not true or false"
+    with pytest.raises(FormatError, match=message):
+        AutoModelForCausalLM.from_pretrained(folder)
+    with pytest.raises(FormatError, match=message):
+        glyd.from_pretrained(folder, device="cpu", progress=False)
+    with pytest.raises(FormatError, match=message):
+        GlydConfig(exact=exact)

@@ -56,8 +56,8 @@ TOP_K = "num_experts_per_tok"
 def check_quantization_config(q: dict[str, Any], where: str = "") -> None:
     """Raise FormatError naming the field (after ``where``) unless glyd can read the fields of its
     ``quantization_config`` ``q``: a known ``layout`` (or ``"auto"``), this glyd's ``format_version``,
-    ``merged`` mapping merged names to their parts as glyd merges them (``MERGE_GROUPS``, in order).
-    Missing fields take GlydConfig's defaults."""
+    ``merged`` mapping merged names to their parts as glyd merges them (``MERGE_GROUPS``, in order),
+    ``exact`` true or false. Missing fields take GlydConfig's defaults."""
     layout = q.get("layout", "auto")
     if not isinstance(layout, str) or (layout != "auto" and layout not in LAYOUTS):
         raise FormatError(f"{where}quantization_config.layout: unknown layout {short(layout)}")
@@ -65,6 +65,9 @@ def check_quantization_config(q: dict[str, Any], where: str = "") -> None:
     if type(fv) is not int or fv != FORMAT_VERSION:
         raise FormatError(f"{where}quantization_config.format_version: {short(fv)} is not supported "
                           f"(this glyd reads {FORMAT_VERSION})")
+    exact = q.get("exact", False)
+    if not isinstance(exact, bool):  # bool("false") is True
+        raise FormatError(f"{where}quantization_config.exact: {short(exact)} is not true or false")
     merged = q.get("merged") or {}
     if not isinstance(merged, dict) or not all(
         isinstance(k, str) and isinstance(v, (list, tuple)) and all(isinstance(p, str) for p in v)

@@ -53,7 +53,7 @@ class GlydConfig(QuantizationConfigMixin):
         self.layout = layout
         self.format_version = format_version
         self.merged = dict(merged) if isinstance(merged, dict) else merged or {}  # checked by post_init
-        self.exact = bool(exact)
+        self.exact = exact  # checked by post_init (a config.json's "false" is no bool)
         self.post_init()
 
     def post_init(self) -> None:
@@ -61,7 +61,8 @@ class GlydConfig(QuantizationConfigMixin):
         # message names the field (glyd.from_pretrained checks the file first, naming it).
         from glyd.hf.checks import check_quantization_config
 
-        check_quantization_config({"layout": self.layout, "format_version": self.format_version, "merged": self.merged})
+        check_quantization_config({"layout": self.layout, "format_version": self.format_version, "merged": self.merged,
+                                   "exact": self.exact})
 
     def get_loading_attributes(self) -> dict[str, Any]:
         # What transformers copies from a config passed to from_pretrained onto the checkpoint's

@@ -57,3 +57,20 @@ def test_a_large_file_given_as_the_model_is_not_read_whole(tmp_path, capsys, mon
         fit.load_config(str(weights))
     _one_line_error(capsys, weights, "too large for a config.json")
     assert reads == []
+
+
+def test_a_text_config_beside_a_text_model_type_is_refused(tmp_path, capsys):
+    # A Llama config keeps any extra field, and transformers builds the Llama of its own fields: fit
+    # counted the text_config's model instead (here a Gemma 3 text model twice as wide), another model's
+    # weights and KV cache, with no error
+    (tmp_path / "config.json").write_text(json.dumps(
+        {**_LLAMA, "text_config": {**_LLAMA, "model_type": "gemma3_text", "hidden_size": 128, "head_dim": 32}}))
+    with pytest.raises(FormatError, match=r"config\.json: a text_config beside model_type 'llama', whose "
+                                          r"transformers config has none"):
+        fit.run_fit(str(tmp_path), "h200", 128)
+    _one_line_error(capsys, tmp_path, "text_config")
+    # a multimodal config still counts its language model
+    (tmp_path / "config.json").write_text(json.dumps(
+        {"model_type": "llava", "text_config": {**_LLAMA}, "vision_config": {"model_type": "clip_vision_model"}}))
+    e, table = fit.run_fit(str(tmp_path), "h200", 128)
+    assert e.params == fit.model_shape(dict(_LLAMA)).params and "its text_config" in table

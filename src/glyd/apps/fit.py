@@ -51,7 +51,7 @@ from glyd.codec import LAYOUTS
 from glyd.errors import FormatError, GlydError, show_path
 from glyd.hf.memory import SPEED_ORDER, weights_bytes
 from glyd.store._config import QUANT_METHOD, plain_config
-from glyd.store._safetensors import load_json, read_header
+from glyd.store._safetensors import load_json, read_header, short
 
 __all__ = ["KNOWN_CONFIGS", "ModelShape", "estimate", "load_config", "model_shape", "parse_size", "run_fit"]
 
@@ -147,6 +147,17 @@ def _text_config(cfg: dict[str, Any]) -> dict[str, Any]:
     return cfg
 
 
+def _has_text_config(cfg: dict[str, Any]) -> bool:
+    """Whether ``cfg``'s model_type has a text_config in transformers (a multimodal config); True
+    where transformers is missing or does not know the type (build_config says so)."""
+    try:
+        from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+        return "text_config" in (getattr(CONFIG_MAPPING[cfg.get("model_type")], "sub_configs", None) or {})
+    except (ImportError, KeyError, TypeError):
+        return True
+
+
 def load_config(model: str | Path) -> dict[str, Any]:
     """The config dict of ``model``: a known name (see ``KNOWN_CONFIGS``), a folder (a packed one
     too: the model's own config), a config.json, or a hub id whose config.json is in the local
@@ -177,6 +188,10 @@ def load_config(model: str | Path) -> dict[str, Any]:
     packed = isinstance(q, dict) and q.get("quant_method") == QUANT_METHOD
     if packed:  # a packed folder: the model's own config (its type is kept in quantization_config)
         cfg = plain_config(cfg)
+    if isinstance(cfg.get("text_config"), dict) and not _has_text_config(cfg):
+        # a Llama's config keeps any extra field: fit counted the text_config's model, not the one built
+        raise FormatError(f"{show_path(cfg_path)}: a text_config beside model_type {short(cfg.get('model_type'))}, "
+                          "whose transformers config has none: a damaged or edited config")
     cfg = _text_config(cfg)
     cfg["_name"] = str(model)
     cfg["_folder"] = str(cfg_path.parent)

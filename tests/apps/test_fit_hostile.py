@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
+from safetensors.torch import save_file
 
 from glyd.apps import fit
 from glyd.cli import main
@@ -74,3 +76,20 @@ def test_a_text_config_beside_a_text_model_type_is_refused(tmp_path, capsys):
         {"model_type": "llava", "text_config": {**_LLAMA}, "vision_config": {"model_type": "clip_vision_model"}}))
     e, table = fit.run_fit(str(tmp_path), "h200", 128)
     assert e.params == fit.model_shape(dict(_LLAMA)).params and "its text_config" in table
+
+
+@pytest.mark.parametrize("shard", ["../other/model.safetensors", "ABS"])
+def test_an_index_naming_a_shard_outside_the_folder_is_refused(tmp_path, capsys, shard):
+    # fit read and counted any file the index named (another folder's checkpoint, by a relative or an
+    # absolute path): another model's weights, with no error; glyd pack refuses such a shard name
+    other = tmp_path / "other"
+    other.mkdir()
+    save_file({"w": torch.zeros(1000, 1000, dtype=torch.bfloat16)}, str(other / "model.safetensors"))
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(_LLAMA))
+    shard = str(other / "model.safetensors") if shard == "ABS" else shard
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"w": shard}}))
+    with pytest.raises(FormatError, match=r"index\.json: shard name '.* is not a file of the folder"):
+        fit.count_from_files(folder)
+    _one_line_error(capsys, folder, "is not a file of the folder")

@@ -51,6 +51,7 @@ from glyd.codec import LAYOUTS
 from glyd.errors import FormatError, GlydError, show_path
 from glyd.hf.memory import SPEED_ORDER, weights_bytes
 from glyd.store._config import QUANT_METHOD, plain_config
+from glyd.store._manifest import safe_relpath
 from glyd.store._safetensors import load_json, read_header, short
 
 __all__ = ["KNOWN_CONFIGS", "ModelShape", "estimate", "load_config", "model_shape", "parse_size", "run_fit"]
@@ -240,9 +241,13 @@ def count_from_files(folder: Path) -> WeightCount | None:
     if index.is_file():  # a sharded checkpoint: only the shards its index names
         try:
             weight_map = load_json(index.read_bytes(), index, "not a valid safetensors index")["weight_map"]
-            files = sorted({folder / str(f) for f in weight_map.values()})
+            names = sorted({str(f) for f in weight_map.values()})
         except (OSError, KeyError, TypeError, AttributeError) as exc:
             raise FormatError(f"{show_path(index)}: not a valid safetensors index ({exc})") from exc
+        outside = next((f for f in names if safe_relpath(f) is None or "/" in f), None)
+        if outside is not None:  # as glyd pack: a shard elsewhere is another model's weights
+            raise FormatError(f"{show_path(index)}: shard name {short(outside)} is not a file of the folder")
+        files = [folder / f for f in names]
         missing = [f.name for f in files if not f.is_file()]
         if missing:
             raise FormatError(f"{show_path(index)}: names missing shard(s) {', '.join(missing[:3])}")

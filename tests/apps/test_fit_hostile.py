@@ -93,3 +93,19 @@ def test_an_index_naming_a_shard_outside_the_folder_is_refused(tmp_path, capsys,
     with pytest.raises(FormatError, match=r"index\.json: shard name '.* is not a file of the folder"):
         fit.count_from_files(folder)
     _one_line_error(capsys, folder, "is not a file of the folder")
+
+
+def test_a_per_layer_intermediate_size_is_counted(tmp_path, capsys):
+    # Gemma 3n's config gives intermediate_size a layer (a list, as google/gemma-3n-E2B's does): fit ended
+    # in a TypeError traceback (int() of a list) after building the model; the prefill activations take
+    # the widest layer's MLP
+    cfg = {"model_type": "gemma3n_text", "hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4,
+           "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 100, "vocab_size_per_layer_input": 100,
+           "hidden_size_per_layer_input": 8, "laurel_rank": 8, "altup_num_inputs": 2, "num_kv_shared_layers": 0,
+           "layer_types": ["sliding_attention", "full_attention"] * 2, "sliding_window": 64,
+           "activation_sparsity_pattern": [0.0] * 4, "intermediate_size": [128, 256, 128, 128]}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    shape = fit.model_shape(fit.load_config(str(tmp_path)))
+    assert shape.intermediate == 256 and shape.params > 0
+    assert main(["fit", str(tmp_path), "--gpu", "h200"]) == 0
+    assert "fits in h200" in capsys.readouterr().out

@@ -190,6 +190,13 @@ def attention_layers(text: Any, name: str = "config") -> list[AttentionLayer]:
     return out
 
 
+def _widest(intermediate: Any) -> int:
+    """The MLP width a prefill chunk's activations take: Gemma 3n gives one a layer (a list), the widest."""
+    if isinstance(intermediate, (list, tuple)):
+        return max((int(v) for v in intermediate if isinstance(v, int)), default=0)
+    return int(intermediate or 0)
+
+
 def model_shape(cfg: dict[str, Any], stored: Collection[str] | None = None) -> ModelShape:
     """Count ``cfg`` (a config.json's dict) on the meta device; FormatError names what cannot be counted.
     ``stored``: the tensor names of the bf16 folder, whose tied copies the loader may pack apart
@@ -211,7 +218,7 @@ def model_shape(cfg: dict[str, Any], stored: Collection[str] | None = None) -> M
         params=params,
         packable=packable,
         hidden=hidden,
-        intermediate=int(getattr(text, "intermediate_size", None) or 4 * hidden),
+        intermediate=_widest(getattr(text, "intermediate_size", None)) or 4 * hidden,
         vocab=int(getattr(text, "vocab_size", None) or 0),
         max_positions=max_pos if isinstance(max_pos, int) and max_pos > 0 else None,
         attention=attention,

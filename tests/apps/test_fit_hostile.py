@@ -109,3 +109,29 @@ def test_a_per_layer_intermediate_size_is_counted(tmp_path, capsys):
     assert shape.intermediate == 256 and shape.params > 0
     assert main(["fit", str(tmp_path), "--gpu", "h200"]) == 0
     assert "fits in h200" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("key", ["head_dim", "num_key_value_heads", "intermediate_size"])
+@pytest.mark.parametrize("value", [[16, 16], {"a": 1}, "16", 16.5, True, -2])
+def test_a_size_field_a_config_class_takes_unchecked_is_a_positive_integer(tmp_path, capsys, key, value):
+    # GPT-2's config class keeps any extra field (head_dim, num_key_value_heads, intermediate_size), and
+    # fit read them with int(): a list or a dict ended in a TypeError traceback at the CLI, "16" and 16.5
+    # were taken as 16 and true as 1 (a KV cache of one channel a head)
+    if key == "intermediate_size" and isinstance(value, list):
+        value = [16, "16"]  # a list is a width a layer (Gemma 3n): each one an integer
+    cfg = {"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 4, "vocab_size": 100, "n_positions": 256,
+           "bos_token_id": 0, "eos_token_id": 0, key: value}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(FormatError, match=rf"{key} .* is not a positive integer"):
+        fit.run_fit(str(tmp_path), "h200", 128)
+    _one_line_error(capsys, tmp_path, key)
+
+
+def test_a_max_position_embeddings_of_true_is_no_bound(tmp_path):
+    # BLOOM's config class keeps it as an extra field (BLOOM has no position table): true was read as
+    # 1 position, and fit printed 1 as the largest context
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "bloom", "hidden_size": 64, "n_layer": 2,
+                                                      "n_head": 4, "vocab_size": 100, "max_position_embeddings": True}))
+    e, table = fit.run_fit(str(tmp_path), "h200", 128)
+    assert fit.model_shape(fit.load_config(str(tmp_path))).max_positions is None
+    assert "max_position_embeddings" not in table

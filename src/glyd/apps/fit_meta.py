@@ -158,6 +158,14 @@ def check_no_empty_experts(cfg: dict[str, Any], model: Any, name: str = "config"
                           "of the model")
 
 
+def _positive(value: Any, key: str, name: str) -> Any:
+    """``value`` of a config field a config class may take unchecked (an extra field): a positive int,
+    or 0 / None (the field's default applies); FormatError naming it otherwise (true, "64", 64.5, a list)."""
+    if value is None or (type(value) is int and value >= 0):
+        return value
+    raise FormatError(f"{show_path(name)}: {key} {short(value)} is not a positive integer")
+
+
 def attention_layers(text: Any, name: str = "config") -> list[AttentionLayer]:
     """The KV cache shape of each layer of a (text) config, as transformers' caches size them."""
     n = text.num_hidden_layers
@@ -165,8 +173,8 @@ def attention_layers(text: Any, name: str = "config") -> list[AttentionLayer]:
     hidden = getattr(text, "hidden_size", None)
     if not isinstance(heads, int) or not isinstance(hidden, int) or heads <= 0 or hidden <= 0:
         raise FormatError(f"{show_path(name)}: config lacks a positive hidden_size or num_attention_heads")
-    kv_heads = getattr(text, "num_key_value_heads", None) or heads
-    head_dim = getattr(text, "head_dim", None) or hidden // heads
+    kv_heads = _positive(getattr(text, "num_key_value_heads", None), "num_key_value_heads", name) or heads
+    head_dim = _positive(getattr(text, "head_dim", None), "head_dim", name) or hidden // heads
     types = getattr(text, "layer_types", None)
     if types is None:  # transformers' own inference (cache_utils.get_layer_types_and_kwargs)
         if getattr(text, "sliding_window", None) is not None:
@@ -186,15 +194,14 @@ def attention_layers(text: Any, name: str = "config") -> list[AttentionLayer]:
         window = getattr(text, key, None) if key else None
         if key and not (isinstance(window, int) and not isinstance(window, bool) and window > 0):  # true is no window
             raise FormatError(f"{show_path(name)}: a {t!r} layer needs a positive {key}, the config has {window!r}")
-        out.append(AttentionLayer(int(kv_heads), int(head_dim), window, int(heads)))
+        out.append(AttentionLayer(kv_heads, head_dim, window, heads))
     return out
 
 
-def _widest(intermediate: Any) -> int:
+def _widest(intermediate: Any, name: str) -> int:
     """The MLP width a prefill chunk's activations take: Gemma 3n gives one a layer (a list), the widest."""
-    if isinstance(intermediate, (list, tuple)):
-        return max((int(v) for v in intermediate if isinstance(v, int)), default=0)
-    return int(intermediate or 0)
+    widths = list(intermediate) if isinstance(intermediate, (list, tuple)) else [intermediate]
+    return max((_positive(v, "intermediate_size", name) or 0 for v in widths), default=0)
 
 
 def model_shape(cfg: dict[str, Any], stored: Collection[str] | None = None) -> ModelShape:
@@ -218,9 +225,9 @@ def model_shape(cfg: dict[str, Any], stored: Collection[str] | None = None) -> M
         params=params,
         packable=packable,
         hidden=hidden,
-        intermediate=_widest(getattr(text, "intermediate_size", None)) or 4 * hidden,
+        intermediate=_widest(getattr(text, "intermediate_size", None), name) or 4 * hidden,
         vocab=int(getattr(text, "vocab_size", None) or 0),
-        max_positions=max_pos if isinstance(max_pos, int) and max_pos > 0 else None,
+        max_positions=max_pos if type(max_pos) is int and max_pos > 0 else None,  # not true: no bound
         attention=attention,
         unpacked_matrices=unpacked,
         packable_rows=packable_rows(model, stored),

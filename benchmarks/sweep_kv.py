@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import importlib.util
 import json
 import logging
 import math
@@ -28,15 +29,23 @@ import sys
 import tempfile
 from pathlib import Path
 
+import torch
+
 BENCH = Path(__file__).resolve().parent
-sys.path.insert(0, str(BENCH))
-
-import torch  # noqa: E402
-
 if not torch.cuda.is_available():  # the dry run: Triton's interpreter, set before any kernel is defined
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-import kv as K  # noqa: E402  (this folder's kv.py: pages, the pool, CUDA-graph timing; it puts src/ first)
+
+def _bench_kv():
+    # this folder's kv.py (pages, the pool, CUDA-graph timing; it puts src/ first), loaded by its path: under
+    # pytest, the name kv is tests/kv's package
+    spec = importlib.util.spec_from_file_location("glyd_bench_kv", BENCH / "kv.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+K = _bench_kv()
 
 log = logging.getLogger("sweep_kv")
 KERNEL = "kvf12_attention_triton"

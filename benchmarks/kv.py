@@ -31,8 +31,8 @@ checked against SDPA; the table shows the fastest of each kernel. The fixed-rate
 ``GlydCache``'s default) has its own column: ``FixedPageStore`` pages of the same keys and values read by
 ``glyd.kv._triton_fixed`` (``--fixed w,s,p ...``: warps, sub-tile tokens, programs per SM). The static pool
 (``GlydStaticCache``'s ``FixedPagePool``, the same pages read through its block table, the kernel and config
-``glyd.kv.registry`` picks, and ``--pool-variants w,s,p,r[,x[,n]] ...``: its kernel at other launch shapes, ``x`` 1
-for the page decode on 32-bit words, ``n`` Triton's num_stages) has the first column, beside the time of the decode
+``glyd.kv.registry`` picks, and ``--pool-variants w,s,p,r[,x[,n[,d]]] ...``: its kernel at other launch shapes, ``x`` 1
+for the page decode on 32-bit words, ``n`` Triton's num_stages, ``d`` 1 or 2 for programmatic dependent launch) has the first column, beside the time of the decode
 step's write of one token (a raw row, and a row that fills its page, which the same kernel then packs). (The column
 of the same loop over plain bf16 pages, ``decode_attention_bf16_pages``, and ``--no-baseline`` are gone with that kernel:
 this script's 497582d version has them.) Without a CUDA GPU, ``speed`` is a dry run under
@@ -346,13 +346,22 @@ def parse_variant(s: str) -> tuple[int, int, int, int]:
     return w, ts, pps, mr
 
 
-def parse_pool_variant(s: str) -> tuple[int, int, int, int, bool, int]:
-    # w,s,p,r[,x[,n]]: x 1 decodes pages on 32-bit words (AttentionConfig.swar); n: num_stages (0: Triton's)
-    v = [int(x) for x in s.split(",")] + [0, 0]
-    if not 4 <= len(v) - 2 <= 6 or v[4] not in (0, 1) or v[5] not in (0, 1, 2, 3, 4):
-        raise argparse.ArgumentTypeError(f"want 'warps,sub_tile,programs_per_sm,maxnreg[,swar 0/1[,stages]]', "
-                                         f"got {s!r}")
-    return v[0], v[1], v[2], v[3], bool(v[4]), v[5]
+#: ``--pool-variants``' last field: AttentionConfig.pdl by number
+POOL_PDL = ("", "combine", "all")
+
+
+def parse_pool_variant(s: str) -> tuple[int, int, int, int, bool, int, str]:
+    # w,s,p,r[,x[,n[,d]]]: x 1 decodes pages on 32-bit words (AttentionConfig.swar); n: num_stages (0: Triton's);
+    # d: programmatic dependent launch, 0 off, 1 the combine, 2 the split kernel too (AttentionConfig.pdl)
+    try:
+        given = [int(x) for x in s.split(",")]
+    except ValueError:
+        given = []
+    v = given + [0, 0, 0]
+    if not 4 <= len(given) <= 7 or v[4] not in (0, 1) or v[5] not in (0, 1, 2, 3, 4) or v[6] not in (0, 1, 2):
+        raise argparse.ArgumentTypeError(f"want 'warps,sub_tile,programs_per_sm,maxnreg[,swar 0/1[,stages[,pdl "
+                                         f"0/1/2]]]', got {s!r}")
+    return v[0], v[1], v[2], v[3], bool(v[4]), v[5], POOL_PDL[v[6]]
 
 
 def parse_fixed(s: str) -> tuple[int, int, int]:
@@ -495,12 +504,13 @@ def cmd_speed(args) -> None:
         r = timed("kvf12 pool", "registry", lambda: spool.attend(0, q))  # noqa: B023
         pbest = r if r is not None else (float("nan"), "-", float("nan"))
         # the pool's kernel at other launch shapes (Nsight, 2026-12-04: 11% occupancy, 0.7 of a wave)
-        for w, ts, pps, mr, swar, st in args.pool_variants:
-            label = f"w{w} s{ts} p{pps} r{mr or '-'}" + (" swar" if swar else "") + (f" n{st}" if st else "")
+        for w, ts, pps, mr, swar, st, pdl in args.pool_variants:
+            label = (f"w{w} s{ts} p{pps} r{mr or '-'}" + (" swar" if swar else "") + (f" n{st}" if st else "")
+                     + (f" pdl:{pdl}" if pdl else ""))
             r = timed("kvf12 pool", label, lambda: attention_triton(  # noqa: B023
                 q, spool.lens, None, spool.block_index, spool.k.layer(0), spool.v.layer(0),  # noqa: B023
                 1.0 / math.sqrt(d), num_warps=w, sub_tile=ts, programs_per_sm=pps, maxnreg=mr or None,  # noqa: B023
-                swar=swar, num_stages=st or None))  # noqa: B023
+                swar=swar, num_stages=st or None, pdl=pdl))  # noqa: B023
             if r is not None and not r[0] >= pbest[0]:
                 pbest = r
         w_raw, w_pack = pool_write_times(spool, t)
@@ -561,12 +571,13 @@ def main() -> None:
     # the decode on 32-bit words (',1'; offline sm_90, benchmarks/probes/pool_sass.py, 2026-12-04): w4 s32 r128 126
     # registers, no spills (165 uncapped with the mask row), 37 KB of shared memory (25 at stages 2)
     s.add_argument("--pool-variants", type=parse_pool_variant, nargs="*",
-                   default=[(8, 32, 16, 128, False, 0), (8, 32, 32, 128, False, 0), (8, 32, 16, 0, False, 0),
-                            (8, 64, 16, 0, False, 0), (4, 32, 32, 0, False, 0), (4, 32, 16, 128, False, 0),
-                            (8, 64, 16, 128, False, 0)],
+                   default=[(8, 32, 16, 128, False, 0, ""), (8, 32, 32, 128, False, 0, ""), (8, 32, 16, 0, False, 0, ""),
+                            (8, 64, 16, 0, False, 0, ""), (4, 32, 32, 0, False, 0, ""), (4, 32, 16, 128, False, 0, ""),
+                            (8, 64, 16, 128, False, 0, "")],
                    help="the static pool's kernel at other launches 'warps,sub_tile,programs_per_sm,maxnreg[,swar"
-                   "[,stages]]' (maxnreg 0: no cap; swar 1: pages decoded on 32-bit words; stages: Triton's "
-                   "num_stages, 0 its default; the registry's choice is timed first); the fastest shown")
+                   "[,stages[,pdl]]]' (maxnreg 0: no cap; swar 1: pages decoded on 32-bit words; stages: Triton's "
+                   "num_stages, 0 its default; pdl 1: the combine launched early, 2: the split kernel too; the "
+                   "registry's choice is timed first); the fastest shown")
     s.set_defaults(func=cmd_speed)
     args = ap.parse_args()
     print(f"# {platform.node()} {platform.machine()} python {platform.python_version()} torch {torch.__version__}",

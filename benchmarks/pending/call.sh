@@ -32,10 +32,14 @@ for s in "${steps[@]}"; do
     gpu_set) step gpu_set 590 env OUT="$out/gpu_set" bash benchmarks/gpu_set.sh default 16 ;;  # 16 workers: the device has 16 cores
     bits) step bits_main 120 env PYTHONPATH=.carry/main/src python3 benchmarks/probes/pool_bits.py --save "$out/main_bits.pt"
           step bits 120 env PYTHONPATH=src python3 benchmarks/probes/pool_bits.py --against "$out/main_bits.pt" ;;
-    kv) for r in . .carry/main; do  # each tree's kv.py with its own src: main's copy times main's kernels
+    kv) # the pool at 2-16 programs an SM, and with programmatic dependent launch (h118: 1 the combine, 2 the split
+        # kernel too) at 4 and 16; main's copy (.carry/main, when carried) times main's kernels at the same launches
+        for r in . .carry/main; do
+          [ -d "$r/src" ] || continue
+          pv="4,32,4,96,1,2 4,32,16,96,1,2 4,32,2,96,1,2 4,32,8,96,1,2"
+          [ "$r" = . ] && pv="$pv 4,32,4,96,1,2,1 4,32,16,96,1,2,1 4,32,4,96,1,2,2 4,32,16,96,1,2,2"
           step "kv_$( [ "$r" = . ] && echo branch || echo main )" 150 env PYTHONPATH="$r/src" python3 "$r/benchmarks/kv.py" speed \
-            --pool .carry/kv_pool.pt --tokens 16384 4096 --batches 1 4 16 64 --mixed 64 \
-            --pool-variants 4,32,4,96,1,2 4,32,16,96,1,2 4,32,2,96,1,2 4,32,8,96,1,2
+            --pool .carry/kv_pool.pt --tokens 16384 4096 --batches 1 4 16 64 --mixed 64 --pool-variants $pv
         done ;;
     d11) # depth 1 against 2 (the H200 table's rows), and bn 32 with 2 warps: twice the programs (qkv and o fill 0.3-0.4
          # of a wave at bn 64 and M 16; x_prefetch, slower on the H100, left out)

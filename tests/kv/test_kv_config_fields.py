@@ -36,6 +36,9 @@ CASES = [
     ("_triton_fixed", "AttentionConfig", "num_stages", True),  # == 1: a table's true ran one stage
     ("_triton_fixed", "AttentionConfig", "num_stages", 2.0),
     ("_triton_fixed", "AttentionConfig", "num_stages", None),
+    ("_triton_fixed", "AttentionConfig", "pdl", True),
+    ("_triton_fixed", "AttentionConfig", "pdl", "reduce"),  # the linear kernels' mode, not the attention's
+    ("_triton_fixed", "AttentionConfig", "pdl", None),
 ]
 
 

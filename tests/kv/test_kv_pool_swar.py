@@ -350,6 +350,49 @@ def test_swar_on_gpu(g):
     assert rel_err(attend(gpu, q.cuda(), False, maxnreg=128).cpu(), ref) <= TOL
 
 
+@pytest.mark.parametrize("pdl", ["combine", "all"])
+def test_programmatic_dependent_launch_gives_the_same_bits(pdl):
+    # AttentionConfig.pdl only moves launches (ignored off a Hopper GPU and under the interpreter): the same bits
+    gen = torch.Generator().manual_seed(9)
+    pool, _, _ = ragged_pool(2, 2, 32, 32, [100, 7], gen)
+    q = torch.randn(2, 6, 32, generator=gen).to(torch.bfloat16)
+    assert bits_equal(attend(pool, q, True, pdl=pdl), attend(pool, q, True))
+
+
+@pytest.mark.parametrize("pdl", [True, "reduce", None, 1])
+def test_a_pdl_mode_the_attention_does_not_have_is_named(pdl):
+    from glyd.kv._triton_fixed import attention_triton
+
+    gen = torch.Generator().manual_seed(5)
+    pool, _, _ = ragged_pool(2, 1, 32, 16, [40, 21], gen)
+    q = torch.randn(2, 2, 32, generator=gen).to(torch.bfloat16)
+    with pytest.raises(FormatError, match=r"^pdl must be one of"):
+        attention_triton(q, pool.lens, None, pool.block_index, pool.k.layer(0), pool.v.layer(0), 0.125, pdl=pdl)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_programmatic_dependent_launch_on_gpu_gives_the_same_bits():
+    # the combine launched while the split kernel runs waits for its state (griddepcontrol.wait): the same bits as
+    # plain launches, eagerly and replayed in a CUDA graph, at several splits a sequence
+    gen = torch.Generator().manual_seed(11)
+    lens = [4000, 64, 333, 1]
+    gpu, _, _ = ragged_pool(4, 4, 128, 64, lens, gen, device="cuda")
+    q = torch.randn(4, 28, 128, generator=gen).to(torch.bfloat16).cuda()
+    for pps in (4, 16):
+        want = attend(gpu, q, True, programs_per_sm=pps)
+        for pdl in ("combine", "all"):
+            assert bits_equal(attend(gpu, q, True, programs_per_sm=pps, pdl=pdl), want), (pps, pdl)
+            out = attend(gpu, q, True, programs_per_sm=pps, pdl=pdl)  # compiled and warm before the capture
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                out = attend(gpu, q, True, programs_per_sm=pps, pdl=pdl)
+            out.zero_()
+            graph.replay()
+            torch.cuda.synchronize()
+            assert bits_equal(out, want), (pps, pdl, "graph")
+
+
 @pytest.mark.parametrize("bad", ["q-2d", "q-4d", "no-heads"])
 def test_a_q_or_block_index_of_the_wrong_rank_or_no_heads_is_named(bad):
     # a 2-D q failed unpacking its shape ("not enough values to unpack"), a block index of 0 heads dividing by them

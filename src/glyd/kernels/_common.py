@@ -139,6 +139,16 @@ def gdc_launch_dependents():
                               pack=1)
 
 
+@triton.jit
+def pdl_begin(PDL: tl.constexpr):
+    # at a kernel's top, by its PDL flags (pdl_flags): bit 1 wait for the kernel before (launched early), bit 2 let
+    # the next kernel launch (it waits for this one's writes before it reads them)
+    if PDL & 1:
+        gdc_wait()
+    if PDL & 2:
+        gdc_launch_dependents()
+
+
 @isolated
 @triton.jit
 def _finalize_kernel(part_ptr, bias_ptr, out_ptr, MN, N, SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr,

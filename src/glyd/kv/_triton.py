@@ -17,6 +17,7 @@ from triton.language.extra import libdevice
 
 from glyd import _env
 from glyd.errors import FormatError
+from glyd.kernels._common import gdc_wait
 from glyd.kernels._interp import isolated
 from glyd.kernels._fields import check_int, ints
 from glyd.kv.registry import KVKernel
@@ -275,9 +276,11 @@ def _kv_decode_split_kernel(
 @isolated
 @triton.jit(do_not_specialize=["S"])
 def _kv_combine_kernel(m_ptr, l_ptr, acc_ptr, out_ptr, S, G: tl.constexpr, GP: tl.constexpr, DV: tl.constexpr,
-                       SB: tl.constexpr, DB: tl.constexpr):
+                       SB: tl.constexpr, DB: tl.constexpr, PDL: tl.constexpr = 0):
     """One program per (sequence x KV head, query head of the group, DB output channels): merge the
     splits' softmax states in one pass (a running maximum over chunks of SB splits; usually one chunk)."""
+    if PDL & 1:  # launched while the split kernel runs: its state is complete and visible after the wait
+        gdc_wait()
     pid_bh = tl.program_id(0)
     g = tl.program_id(1)
     offs_d = tl.program_id(2) * DB + tl.arange(0, DB)
@@ -300,12 +303,15 @@ def _kv_combine_kernel(m_ptr, l_ptr, acc_ptr, out_ptr, S, G: tl.constexpr, GP: t
     tl.store(out_ptr + (pid_bh * G + g) * DV + offs_d, (num / den).to(tl.bfloat16))
 
 
-def _combine(m, l_, acc, out, b, h, num_splits, g, gp, dv):
+def _combine(m, l_, acc, out, b, h, num_splits, g, gp, dv, pdl=0):
     # one pass over up to 256 splits at a time, 32 channels a program: enough programs to fill the GPU
-    # at one sequence (the earlier two-pass kernel, one program a query head, took 9-15 us there)
+    # at one sequence (the earlier two-pass kernel, one program a query head, took 9-15 us there); pdl: the
+    # split kernel's flags for its dependent (bit 1: launched early, so it waits first)
     sb = max(2, min(triton.next_power_of_2(num_splits), 256))
     db = min(32, dv)
-    _kv_combine_kernel[(b * h, g, dv // db)](m, l_, acc, out, num_splits, G=g, GP=gp, DV=dv, SB=sb, DB=db, num_warps=4)
+    opts = {"launch_pdl": True} if pdl & 1 else {}
+    _kv_combine_kernel[(b * h, g, dv // db)](m, l_, acc, out, num_splits, G=g, GP=gp, DV=dv, SB=sb, DB=db, PDL=pdl,
+                                             num_warps=4, **opts)
 
 
 def _interpreting() -> bool:

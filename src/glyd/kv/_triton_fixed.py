@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 from glyd.errors import FormatError
+from glyd.kernels._common import pdl_begin
 from glyd.kernels._fields import check_int
 from glyd.kernels._interp import isolated
 from glyd.kv._triton import _combine, _dot, _interpreting, _kept, _split_state, _splits, _valid_arg, qk_f32
@@ -144,12 +145,12 @@ def _kvf_decode_split_kernel(
     q_ptr, lens_ptr, starts_ptr, valid_ptr, VS, bidx_ptr,
     k_lo, k_code, k_base, k_meta, k_exc, k_raw,
     v_lo, v_code, v_base, v_meta, v_exc, v_raw,
-    m_out, l_out, acc_out,
-    qk_scale, H, J, CAP, PAGES_PER_SPLIT, S,
+    m_out, l_out, acc_out, qk_scale, H, J, CAP, PAGES_PER_SPLIT, S,
     G: tl.constexpr, GP: tl.constexpr, P: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
     F32: tl.constexpr, TS: tl.constexpr, QK_F32: tl.constexpr, HAS_VALID: tl.constexpr, SWAR: tl.constexpr = False,
-    PRMT: tl.constexpr = False,
+    PRMT: tl.constexpr = False, PDL: tl.constexpr = 0,
 ):
+    pdl_begin(PDL)  # config.pdl: "all" waits for the kernel before; the combine may launch now (it waits for the state)
     b = tl.program_id(1)  # grid (H, B, splits): no division by H; programs start in the order of (B * H, splits)
     pid_bh = b * H + tl.program_id(0)
     split = tl.program_id(2)
@@ -222,6 +223,17 @@ def _kvf_decode_split_kernel(
     tl.store(ap + HV, acc_b, mask=gmask[:, None])
 
 
+#: ``AttentionConfig.pdl``'s values: off, the combine launched early, the split kernel too.
+PDL_MODES = ("", "combine", "all")
+
+
+def _pdl_flags(mode: str, dev: torch.device) -> tuple[int, int]:
+    """(split kernel's, combine's) flags for ``mode``: bit 1 launched early and waits, bit 2 lets the next start."""
+    if not mode or dev.type != "cuda" or _interpreting() or torch.cuda.get_device_capability(dev)[0] < 9:
+        return 0, 0
+    return (1 if mode == "all" else 0) | 2, 1
+
+
 @dataclass(frozen=True)
 class AttentionConfig:
     """``num_warps`` a program; ``sub_tile``: tokens decoded at a time (>= 32 on the GPU: see
@@ -231,7 +243,10 @@ class AttentionConfig:
     (``glyd.kv._triton_words``: under half the integer instructions, and the softmax's row sums kept
     per lane until the end; 0.56-0.99 of the byte decode's time on the H200, 2026-12-05);
     ``num_stages``: Triton's software pipeline depth, 0 for its default (3: 37 KB of shared memory a
-    program with ``swar``, 25 KB at 2, which lets more programs share an SM)."""
+    program with ``swar``, 25 KB at 2, which lets more programs share an SM); ``pdl``: programmatic
+    dependent launch (CUDA, Hopper and later; ignored elsewhere): "combine" launches the splits' combine
+    while the split kernel runs (it waits for the splits' state before it reads it), "all" the split kernel
+    too (while the kernel before it runs), "" neither."""
 
     num_warps: int = 4
     sub_tile: int = 32
@@ -239,6 +254,7 @@ class AttentionConfig:
     maxnreg: int = 0
     swar: bool = False
     num_stages: int = 0
+    pdl: str = ""
 
     def __post_init__(self) -> None:
         if isinstance(self.num_warps, bool) or not isinstance(self.num_warps, int) or self.num_warps not in (1, 2, 4, 8, 16):
@@ -253,6 +269,8 @@ class AttentionConfig:
         if not isinstance(self.swar, bool):
             raise ValueError(f"swar must be True or False, got {self.swar!r}")
         check_int("AttentionConfig.num_stages (0: Triton's default)", self.num_stages, 0, 4)
+        if self.pdl not in PDL_MODES:
+            raise ValueError(f"pdl must be one of {PDL_MODES}, got {self.pdl!r}")
 
 
 class Kvf12AttentionKernel(KVKernel):
@@ -284,7 +302,7 @@ class Kvf12AttentionKernel(KVKernel):
                                 valid=valid,
                                 num_warps=config.num_warps, sub_tile=config.sub_tile,
                                 programs_per_sm=config.programs_per_sm, maxnreg=config.maxnreg or None,
-                                swar=config.swar, num_stages=config.num_stages or None)
+                                swar=config.swar, num_stages=config.num_stages or None, pdl=config.pdl)
 
 
 def _side(side, name: str, dev: torch.device):
@@ -318,9 +336,10 @@ def _word_views(side):
 # block_index [B, H, J] int32 (page j of sequence b, head h -> block); k_side/v_side [lo [NB, P, D] uint8,
 # code [NB, P, D/2] uint8, base [NB, D/16] uint8, meta [NB, 2] int32, exc [E] int32, raw [B, H, P, D] bf16]
 # -> out [B, Hq, DV] bf16. capped: a sequence holds at most J pages (a pool); else its raw page follows them.
-# swar: the page decode on 32-bit words (lo and code read as int32 words); num_stages: Triton's pipeline depth.
+# swar: the page decode on 32-bit words (lo and code read as int32 words); num_stages: Triton's pipeline depth;
+# pdl: programmatic dependent launch, "" / "combine" / "all" (AttentionConfig).
 def attention_triton(q, lens, starts, block_index, k_side, v_side, scale, capped=True, num_splits=None, num_warps=4,
-                     sub_tile=32, programs_per_sm=16, valid=None, maxnreg=None, swar=False, num_stages=None):
+                     sub_tile=32, programs_per_sm=16, valid=None, maxnreg=None, swar=False, num_stages=None, pdl=""):
     if q.dim() != 3 or q.dtype != torch.bfloat16 or not q.is_contiguous():
         raise FormatError(f"q must be contiguous bf16 [B, Hq, D], got {q.dtype} {tuple(q.shape)}")
     b, hq, d = q.shape
@@ -362,17 +381,22 @@ def attention_triton(q, lens, starts, block_index, k_side, v_side, scale, capped
         raise FormatError(f"swar must be True or False, got {swar!r}")
     if num_stages is not None and (type(num_stages) is not int or not 1 <= num_stages <= 4):  # not a bool: True == 1
         raise FormatError(f"num_stages must be None or 1..4, got {num_stages!r}")
+    if not isinstance(pdl, str) or pdl not in PDL_MODES:
+        raise FormatError(f"pdl must be one of {PDL_MODES}, got {pdl!r}")
+    split_pdl, combine_pdl = _pdl_flags(pdl, dev)
     opts = {} if _interpreting() else {k: v for k, v in (("maxnreg", maxnreg), ("num_stages", num_stages)) if v}
+    if split_pdl & 1:
+        opts["launch_pdl"] = True
     if swar:  # lo and code as int32 words (rows of D/4 and D/8 words: D >= 32)
         k_side, v_side = (_word_views(sd) for sd in (k_side, v_side))
     _kvf_decode_split_kernel[(h, b, num_splits)](
         q, lens, starts, vbytes, vs, block_index, *k_side, *v_side, m, l_, acc,
         scale * 1.4426950408889634, h, jcap, jcap * p if capped else jcap * p + p, pages_per_split, num_splits,
         G=g, GP=gp, P=p, D=d, DV=dv, F32=_interpreting(), TS=ts, QK_F32=qk_f32(d // 2), HAS_VALID=has_valid,
-        SWAR=swar, PRMT=not _interpreting(), num_warps=num_warps, **opts,
+        SWAR=swar, PRMT=not _interpreting(), PDL=split_pdl, num_warps=num_warps, **opts,
     )
     out = torch.empty(b, hq, dv, dtype=torch.bfloat16, device=dev)
-    _combine(m, l_, acc, out, b, h, num_splits, g, gp, dv)
+    _combine(m, l_, acc, out, b, h, num_splits, g, gp, dv, pdl=combine_pdl)
     return out
 
 

@@ -10,10 +10,11 @@ GPU is data: ``glyd.kv.registry`` reads these rows).
     PYTHONPATH=src python3 benchmarks/sweep_kv.py --dry-run --out /tmp/sweep_kv
 
 Every config's output is checked against SDPA (relative error <= 1e-2) before it is timed (a CUDA graph of the one
-launch, median of the replays, bf16 SDPA timed in the same run). ``--configs w,s,p,r[,x[,n]] ...``: warps,
-sub-tile tokens, programs an SM, maxnreg (0: none), swar 0/1, num_stages (0: Triton's), as ``kv.py
---pool-variants`` reads them; the default: the H200 table's config at 2, 4, 8 and 16 programs an SM. Writes
-``sweep_kv.json`` (every time) and prints a table last.
+launch, median of the replays, bf16 SDPA timed in the same run). ``--configs w,s,p,r[,x[,n[,d]]] ...``: warps,
+sub-tile tokens, programs an SM, maxnreg (0: none), swar 0/1, num_stages (0: Triton's), pdl 0/1/2 ("", "combine",
+"all": ``AttentionConfig.pdl``), as ``kv.py --pool-variants`` reads them; the default: the H200 table's config at
+2, 4, 8 and 16 programs an SM, and with the combine launched early at 4 and 16. Writes ``sweep_kv.json`` (every
+time) and prints a table last.
 """
 
 from __future__ import annotations
@@ -51,7 +52,8 @@ log = logging.getLogger("sweep_kv")
 KERNEL = "kvf12_attention_triton"
 #: the largest batch a table row's range reaches (the H100 table's rows use it)
 MAX_BATCH = 1 << 20
-DEFAULT_CONFIGS = ("4,32,2,96,1,2", "4,32,4,96,1,2", "4,32,8,96,1,2", "4,32,16,96,1,2")
+DEFAULT_CONFIGS = ("4,32,2,96,1,2", "4,32,4,96,1,2", "4,32,8,96,1,2", "4,32,16,96,1,2",
+                   "4,32,4,96,1,2,1", "4,32,16,96,1,2,1")
 
 
 def config_of(v: tuple) -> dict:
@@ -173,7 +175,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="sequences a launch (default 1 2 4 8 16 32 64)")
     ap.add_argument("--configs", type=K.parse_pool_variant, nargs="+",
                     default=[K.parse_pool_variant(c) for c in DEFAULT_CONFIGS],
-                    help="launch configs 'w,s,p,r[,x[,n]]' (default: " + " ".join(DEFAULT_CONFIGS) + ")")
+                    help="launch configs 'w,s,p,r[,x[,n[,d]]]' (default: " + " ".join(DEFAULT_CONFIGS) + ")")
     ap.add_argument("--table", help="write the GPU's kernel table here with the kvf12 attention rows the sweep picks")
     ap.add_argument("--dry-run", action="store_true",
                     help="the CPU: 128 tokens x 1-2 sequences under the interpreter, nothing timed, no table")

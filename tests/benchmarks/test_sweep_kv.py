@@ -71,9 +71,10 @@ def test_the_written_table_serves_each_batch_its_pick_and_keeps_the_rest(sk, tmp
 
 
 def test_a_dry_run_checks_every_config_against_sdpa_on_the_cpu(sk, tmp_path, capsys):
-    assert sk.main(["--dry-run", "--out", str(tmp_path), "--configs", "4,32,4,96,1,2"]) == 0
+    assert sk.main(["--dry-run", "--out", str(tmp_path), "--configs", "4,32,4,96,1,2", "4,32,4,96,1,2,1"]) == 0
     rec = json.loads((tmp_path / "sweep_kv.json").read_text())
     assert rec["failed"] == [] and [(c["tokens"], c["batch"]) for c in rec["times_us"]] == [(128, 1), (128, 2)]
+    assert rec["configs"]["w4 s32 p4 r96 swar n2 pdl:combine"]["pdl"] == "combine"  # AttentionConfig.pdl
     assert "| 128 x 2 |" in capsys.readouterr().out
     assert not any(isinstance(v, float) and math.isnan(v) for c in rec["times_us"] for v in c.values())
 

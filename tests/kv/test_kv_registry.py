@@ -130,16 +130,16 @@ def test_registry_reset_forgets_the_kv_choices(tmp_path, monkeypatch):
 
 
 def test_the_h100s_own_table_runs_its_measured_kv_attention_and_the_h200s_elsewhere():
-    # NVIDIA_H100_80GB_HBM3.json lists the kvf12 attention the H100 timed fastest (4 programs an SM); every
-    # other cell (the writer, the weight products) comes from the fallback H200 table
+    # NVIDIA_H100_80GB_HBM3.json lists the kvf12 attention the H100 timed fastest (4 programs an SM, the combine
+    # launched early); every other cell (the writer, the weight products) comes from the fallback H200 table
     from glyd.kernels import registry as weights
 
     h100 = Device("cuda", "NVIDIA H100 80GB HBM3", (9, 0), 132, False, frozenset({"gluon", "wgmma", "tma"}))
     kc, cfg = choose(problem(), h100)
-    assert kc.name == "kvf12_attention_triton" and cfg.programs_per_sm == 4
-    # by sequences a launch: 16 programs an SM from 33 (its row's "batches"), 4 below and where not known
-    assert [choose(problem(batch=b), h100)[1].programs_per_sm for b in (1, 32, 33, 64, 0)] == [4, 4, 16, 16, 4]
-    assert choose(problem(), H200)[1].programs_per_sm == 16
+    assert kc.name == "kvf12_attention_triton" and cfg.programs_per_sm == 4 and cfg.pdl == "combine"
+    # by sequences a launch: 16 programs an SM from 17 (its row's "batches"), 4 below and where not known
+    assert [choose(problem(batch=b), h100)[1].programs_per_sm for b in (1, 16, 17, 64, 0)] == [4, 4, 16, 16, 4]
+    assert choose(problem(), H200)[1].programs_per_sm == 16 and choose(problem(), H200)[1].pdl == ""
     assert choose(problem(op="write", group=1), h100)[0].name == "kvf12_write_triton"
     lin = weights.Problem("fixed12", 1, 3584, 3584, 3584)
     assert weights.candidates(lin, h100) == weights.candidates(lin, H200) != []

@@ -11,7 +11,7 @@ table a shape and M (us a matrix, ratio to bf16), best first, and writes JSON.
 The candidates are kernel family configs (``glyd.kernels.GemvConfig``, ``GluonConfig``, ...);
 "default" is what ``glyd.kernels.registry`` chooses from the GPU's table (from the H200's on a
 GPU without one). ``SWEEP_ROUND=N`` times round N's candidates instead of the default grid
-(rounds 2-40 as they ran, ported to the configs; rounds 32 and 33, the ws ``pipe`` and
+(rounds 2-41 as they ran, ported to the configs; rounds 32 and 33, the ws ``pipe`` and
 ``consumers`` settings, are gone with those settings: their last version is in 497582d).
 ``SWEEP_ROUND=table`` times, at each M, every candidate that the fallback table (the H200's)
 lists for that M bucket in any shape class.
@@ -205,6 +205,19 @@ def _candidates(m: int, n: int, k: int) -> dict:
             out["default wv16"] = R(d, waves=16)
             for block, warps in ((256, 2), (128, 1), (512, 4), (1024, 4)):
                 out[f"default reduce {block} w{warps}"] = (d, {(C, "FINALIZE_BLOCK"): block, (C, "FINALIZE_WARPS"): warps})
+        return out
+    if rnd == "41":  # the small matrices' GEMV (the 0.5B's qkv and o, ~1 us over bf16's 4.3): one kernel, no partials
+        kp, bm = kp_of(k), min(16, 1 << (m - 1).bit_length())
+        for bn in (8, 16, 32):
+            for bk in (256, 512, 1024):  # split 1: one program a row tile, no finalize kernel
+                out[f"gv bm{bm} bn{bn} bk{bk} split1"] = GemvConfig(bm=bm, bn=bn, bk=bk, split=1)
+            for bk in (128, 256):  # a K step a program, summed by the tile's last program (fixup)
+                out[f"gv bm{bm} bn{bn} bk{bk} k_steps fixup"] = GemvConfig(bm=bm, bn=bn, bk=bk, split=-(-kp // bk),
+                                                                          fixup=True)
+        d = dflt()
+        if hasattr(d, "pdl"):
+            for mode in ("reduce", "all"):  # the finalize (and the tiles) launched early
+                out[f"default pdl {mode}"] = R(d, pdl=mode)
         return out
     if rnd == "40":  # unpack + cuBLAS in chunks of weight rows, the unpacks overlapped on a second stream (issue 38)
         if m >= 65:

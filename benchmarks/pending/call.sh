@@ -60,6 +60,11 @@ for s in "${steps[@]}"; do
     sweep05) step sweep05 270 env SWEEP_ROUND=table PYTHONPATH=src TRITON_CACHE_DIR="$(mktemp -d)" python3 \
                benchmarks/sweep_shapes.py --shapes 0.5b.down,0.5b.qkv,0.5b.o,0.5b.gate_up --ms 1,2,4,8 \
                --out "$out/sweep05" ;;
+    sweep41) # the small matrices' GEMV without partials (issue 38: the 0.5B's qkv and o ~1 us over bf16), in the
+             # time the call has left (saved after each shape)
+             step sweep41 $(( 585 - SECONDS > 60 ? 585 - SECONDS : 60 )) env SWEEP_ROUND=41 PYTHONPATH=src \
+               TRITON_CACHE_DIR="$(mktemp -d)" python3 benchmarks/sweep_shapes.py --shapes 0.5b.qkv,0.5b.o,k/v \
+               --ms 1,2,4,8 --out "$out/sweep41" ;;
     dit) # FLUX.1-dev-shaped step (issue 38: <= 1.05x bf16); diffusers is not on the device: wheels in .carry/whl
          python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
            .carry/whl/*.whl > "$out/dit_pip.txt" 2>&1
@@ -67,10 +72,10 @@ for s in "${steps[@]}"; do
     ttft7b) step ttft7b 330 env PYTHONPATH=src TRITON_CACHE_DIR="$(mktemp -d)" python3 benchmarks/scale.py \
               --sizes qwen2.5-7b --variants bf16,fixed12,dense11 --batches 1 --compile-prefill --no-capacity \
               --out "$out/ttft7b" ;;
-    *) echo "unknown step $s (gpu_set, scale_d11, long, sweep_long, sweep05, sweep_kv, dit, ttft7b, bits, kv, d11)" >&2; exit 2 ;;
+    *) echo "unknown step $s (gpu_set, scale_d11, long, sweep_long, sweep05, sweep41, sweep_kv, dit, ttft7b, bits, kv, d11)" >&2; exit 2 ;;
   esac
 done
-for f in gpu_set scale_d11 long sweep_long sweep05 sweep_kv dit ttft7b bits kv_branch kv_main d11; do
+for f in gpu_set scale_d11 long sweep_long sweep05 sweep41 sweep_kv dit ttft7b bits kv_branch kv_main d11; do
   [ -f "$out/$f.txt" ] && { echo "=== $f (last lines)"; tail -n 14 "$out/$f.txt"; }
 done
 echo "| step | exit status | seconds |"

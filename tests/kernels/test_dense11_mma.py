@@ -312,32 +312,28 @@ def test_version_2_runs_the_tile_dot_for_mma(layouts, monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 # M in groups, one test each: its ~30 kernel builds in one test (one xdist worker) took 114-215 s, the GPU set's
-# longest pole (2026-12-05); M 64 apart from 32-33 (2026-12-06). The three shapes in one test: their kernels are the
-# same builds (N, K multiples of 16), which a test a shape built three times at once in three workers (15 tests of
-# 92-153 s, the kernels part 262 s on an H100, 2026-12-06)
+# longest pole, and the kernels part ran past its limit on a slower H100 (2026-12-05); M 64 apart from 32-33: the group
+# of three took 133-142 s on an H100 (2026-12-06). A test a shape: the three shapes in one test a M group took 88-252 s
+# (their builds are not all shared) and the kernels part 372 s against 262 s (H100, 2026-12-06)
 @pytest.mark.parametrize("ms", [(1, 2), (8, 9), (16, 17), (32, 33), (64,)])
-def test_mma_on_the_gpu(ms):
+@pytest.mark.parametrize("n,k", [(4608, 3584), (3584, 18944), (512, 3584)])
+def test_mma_on_the_gpu(n, k, ms):
     # the 7B's qkv, down and a k/v projection at M = 1-64: the PTX MMA against float64, version 2 against 3
     from glyd.kernels.gpu_pack import pack_dense11
 
-    for n, k in ((4608, 3584), (3584, 18944), (512, 3584)):
-        g = torch.Generator(device="cuda").manual_seed(n + k + ms[0])
-        w = (torch.randn(n, k, device="cuda", generator=g) * 0.02).to(torch.bfloat16)
-        p3, p2 = pack_dense11(w, version=3), pack_dense11(w, version=2)
-        for m in ms:
-            _check_mma_shape(g, w, p3, p2, m, (n, k))
-
-
-def _check_mma_shape(g, w, p3, p2, m, shape):
-    x = torch.randn(m, w.shape[1], device="cuda", generator=g).to(torch.bfloat16)
-    ref = torch.nn.functional.linear(x.double(), w.double())
-    for cfg in ({}, {"prefetch": True}, {"bn": 32, "warps": 2}, {"mb": 16}):
-        got = _run(3, x, p3, cfg)
-        assert float((got.double() - ref).norm() / ref.norm()) < 5e-3, (shape, m, cfg)
-        if m in (1, 16):  # version 2 with dot="mma": the tile dot (gemv_v2), within rounding
-            got2 = _run(2, x, p2, cfg)
-            assert float((got2.double() - ref).norm() / ref.norm()) < 5e-3, (shape, m, cfg)
-    # prefetch_depth 2, x_prefetch: the same MMAs in the same order as depth 1 (only the loads move): its bits
-    one = _run(3, x, p3, {"prefetch": True})
-    for cfg in ({"prefetch_depth": 2}, {"prefetch_depth": 2, "x_prefetch": True}, {"x_prefetch": True}):
-        assert torch.equal(_run(3, x, p3, {"prefetch": True, **cfg}), one), (shape, m, cfg)
+    g = torch.Generator(device="cuda").manual_seed(n + k + ms[0])
+    w = (torch.randn(n, k, device="cuda", generator=g) * 0.02).to(torch.bfloat16)
+    p3, p2 = pack_dense11(w, version=3), pack_dense11(w, version=2)
+    for m in ms:
+        x = torch.randn(m, k, device="cuda", generator=g).to(torch.bfloat16)
+        ref = torch.nn.functional.linear(x.double(), w.double())
+        for cfg in ({}, {"prefetch": True}, {"bn": 32, "warps": 2}, {"mb": 16}):
+            got = _run(3, x, p3, cfg)
+            assert float((got.double() - ref).norm() / ref.norm()) < 5e-3, (m, cfg)
+            if m in (1, 16):  # version 2 with dot="mma": the tile dot (gemv_v2), within rounding
+                got2 = _run(2, x, p2, cfg)
+                assert float((got2.double() - ref).norm() / ref.norm()) < 5e-3, (m, cfg)
+        # prefetch_depth 2, x_prefetch: the same MMAs in the same order as depth 1 (only the loads move): its bits
+        one = _run(3, x, p3, {"prefetch": True})
+        for cfg in ({"prefetch_depth": 2}, {"prefetch_depth": 2, "x_prefetch": True}, {"x_prefetch": True}):
+            assert torch.equal(_run(3, x, p3, {"prefetch": True, **cfg}), one), (m, cfg)

@@ -6,6 +6,9 @@ within 15%; probe_host_time.py puts a packed product's host time at ~47 us (bf16
 ~3 ms over 97 products, not the ~16 ms measured. This probe looks at the whole forward.
 
     PYTHONPATH=src python3 benchmarks/probes/probe_prefill_profile.py --model qwen2.5-0.5b --prompt 512
+
+The repeated prefill is one length, so every product's launch plan is warm; a user's prompt has a new
+length each time. ``--fresh N`` also times N prefills of lengths not seen before (prompt + 1 ... + N).
 """
 
 from __future__ import annotations
@@ -52,6 +55,17 @@ def _wall(model, ids, reps: int) -> tuple[float, float]:
         walls.append(1e3 * (time.perf_counter() - t))
         gpus.append(a.elapsed_time(b) if cuda else float("nan"))
     return sorted(walls)[reps // 2], sorted(gpus)[reps // 2]
+
+
+def _fresh(model, prompt: int, vocab: int, device: str, n: int) -> tuple[float, float]:
+    """(median wall ms, median GPU ms) of ``n`` prefills, each of a length not seen before."""
+    walls, gpus = [], []
+    for i in range(n):
+        ids = torch.randint(0, vocab, (1, prompt + 1 + i), generator=torch.Generator().manual_seed(4 + i)).to(device)
+        w, g = _wall(model, ids, 1)
+        walls.append(w)
+        gpus.append(g)
+    return sorted(walls)[n // 2], sorted(gpus)[n // 2]
 
 
 #: Leaf modules that run one product (a merged product's parts only slice its output).
@@ -137,6 +151,7 @@ def main() -> None:
     ap.add_argument("--prompt", type=int, default=512)
     ap.add_argument("--variants", default="bf16,fixed12")
     ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--fresh", type=int, default=9, help="prefills of lengths not seen before (default 9; 0: none)")
     ap.add_argument("--out", default=None, help="a folder for the full profiles")
     ap.add_argument("--device", default="cuda", help="cuda (default); cpu only checks this script (--model tiny)")
     args = ap.parse_args()
@@ -150,6 +165,7 @@ def main() -> None:
             for _ in range(3):
                 _forward(model, ids)
             wall, gpu = _wall(model, ids, 9)
+            fresh = _fresh(model, args.prompt, vocab, args.device, args.fresh) if args.fresh > 0 else (float("nan"),) * 2
             leaves, host, inputs = _leaf_host_times(model, ids)
             n_alone, us_alone = _alone(inputs)
             del inputs
@@ -163,8 +179,9 @@ def main() -> None:
                 _forward(model, ids)
             _sync()
             pr.disable()
-        rows.append((variant, wall, gpu, host, us_alone))
-        print(f"\n== {args.model} {variant} prefill {args.prompt}: wall {wall:.2f} ms, GPU {gpu:.2f} ms")
+        rows.append((variant, wall, gpu, host, us_alone, *fresh))
+        print(f"\n== {args.model} {variant} prefill {args.prompt}: wall {wall:.2f} ms, GPU {gpu:.2f} ms; "
+              f"{args.fresh} new lengths: wall {fresh[0]:.2f} ms, GPU {fresh[1]:.2f} ms")
         print(f"one forward with hooks: host {host:.2f} ms (issue only, no sync); leaf modules, host us:")
         for name, (calls, total) in sorted(leaves.items(), key=lambda kv: -kv[1][1]):
             print(f"  {name:28s} {calls:5d} calls {total / 1e3:8.2f} ms {total / calls:8.1f} us a call")
@@ -180,9 +197,10 @@ def main() -> None:
             (Path(args.out) / f"cprofile_{variant}.txt").write_text(s.getvalue())
         del model
         torch.cuda.empty_cache()
-    print("\nvariant   wall ms   GPU ms  host ms (hooked)  product alone us  (profiles above: 3 calls)")
-    for v, w, g, h, a in rows:
-        print(f"{v:8s} {w:8.2f} {g:8.2f} {h:12.2f} {a:14.1f}")
+    print("\nvariant   wall ms   GPU ms  host ms (hooked)  product alone us  new lengths: wall ms  GPU ms  (profiles above: "
+          "3 calls)")
+    for v, w, g, h, a, fw, fg in rows:
+        print(f"{v:8s} {w:8.2f} {g:8.2f} {h:12.2f} {a:14.1f} {fw:22.2f} {fg:7.2f}")
 
 
 if __name__ == "__main__":

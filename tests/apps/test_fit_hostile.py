@@ -61,6 +61,21 @@ def test_a_large_file_given_as_the_model_is_not_read_whole(tmp_path, capsys, mon
     assert reads == []
 
 
+def test_a_huge_safetensors_index_is_not_read_whole(tmp_path, capsys):
+    # fit read model.safetensors.index.json whole however large (a sparse 64 MiB + 1 file: read into
+    # memory, then "not a valid safetensors index (Expecting value: line 1 column 1 (char 0))"), as it no
+    # longer read a config.json of that size
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(_LLAMA))
+    with open(folder / "model.safetensors.index.json", "wb") as f:
+        f.truncate(fit.MAX_CONFIG_BYTES + 1)
+    with pytest.raises(FormatError, match=r"model\.safetensors\.index\.json: 67,108,865 bytes, too large for a "
+                                          r"safetensors index \(at most 67,108,864\)$"):
+        fit.count_from_files(folder)
+    _one_line_error(capsys, folder, "too large for a safetensors index")
+
+
 def test_a_text_config_beside_a_text_model_type_is_refused(tmp_path, capsys):
     # A Llama config keeps any extra field, and transformers builds the Llama of its own fields: fit
     # counted the text_config's model instead (here a Gemma 3 text model twice as wide), another model's

@@ -379,3 +379,14 @@ def test_a_bf16_index_glyd_cannot_read_is_one_line(tmp_path, text, why):
     index.write_text(text)
     with pytest.raises(FormatError, match=rf"index\.json: not a safetensors index \(JSON with a weight_map\) \({why}\)$"):
         glyd.from_pretrained(tmp_path / "t", device="cpu", progress=False)
+
+
+def test_a_huge_bf16_index_is_not_read_whole(tmp_path):
+    # the index was read into memory whole however large (a sparse 64 MiB + 1 file, then "not a safetensors
+    # index (JSON with a weight_map) (Expecting value...)"); now refused by its size, as glyd fit's config.json
+    tiny_flux().save_pretrained(tmp_path / "t")
+    with open(tmp_path / "t" / "diffusion_pytorch_model.safetensors.index.json", "wb") as f:
+        f.truncate((64 << 20) + 1)
+    with pytest.raises(FormatError, match=r"index\.json: 67,108,865 bytes, too large for a safetensors index "
+                                          r"\(at most 67,108,864\)$"):
+        glyd.from_pretrained(tmp_path / "t", device="cpu", progress=False)

@@ -52,7 +52,7 @@ from glyd.errors import FormatError, GlydError, show_path
 from glyd.hf.memory import SPEED_ORDER, weights_bytes
 from glyd.store._config import QUANT_METHOD, plain_config
 from glyd.store._manifest import safe_relpath
-from glyd.store._safetensors import load_json, read_header, short
+from glyd.store._safetensors import MAX_JSON_FILE_BYTES, load_json, read_header, read_json_bytes, short
 
 __all__ = ["KNOWN_CONFIGS", "ModelShape", "estimate", "load_config", "model_shape", "parse_size", "run_fit"]
 
@@ -65,8 +65,9 @@ MARGIN_FIXED = 1 * GiB
 #: the allocator's reserve): 6.1-10.1 GiB of the H200's 140.4 measured (module docstring).
 RESERVE_FRACTION = 0.05
 PREFILL_CHUNK = 2048
-#: The largest config.json fit reads (a real one is kilobytes; a file passed as the model may be weights).
-MAX_CONFIG_BYTES = 64 * 2**20
+#: The largest config.json (or safetensors index) fit reads: a real one is kilobytes; a file passed as
+#: the model may be weights. The store's bound for every JSON side file a reader takes whole.
+MAX_CONFIG_BYTES = MAX_JSON_FILE_BYTES
 _BF16 = 2
 
 
@@ -174,12 +175,8 @@ def load_config(model: str | Path) -> dict[str, Any]:
         known = ", ".join(KNOWN_CONFIGS)
         raise FormatError(f"{show_path(model)}: not a model folder, a config.json, a hub id in the local Hugging Face "
                           f"cache or a known model ({known})")
-    try:
-        size = cfg_path.stat().st_size
-        if size > MAX_CONFIG_BYTES:  # a weights file given for its folder: not read into memory whole
-            raise FormatError(f"{show_path(cfg_path)}: {size:,} bytes, too large for a config.json (at most "
-                              f"{MAX_CONFIG_BYTES:,}); pass the model's folder or its config.json")
-        raw = cfg_path.read_bytes()
+    try:  # a weights file given for its folder: not read into memory whole
+        raw = read_json_bytes(cfg_path, "a config.json", "; pass the model's folder or its config.json")
     except OSError as exc:
         raise FormatError(f"{show_path(cfg_path)}: cannot read it ({exc.strerror or exc})") from exc
     cfg = load_json(raw, cfg_path, "not a readable JSON config")  # nesting, duplicate keys, huge numbers bounded
@@ -240,7 +237,8 @@ def count_from_files(folder: Path) -> WeightCount | None:
     index = folder / "model.safetensors.index.json"
     if index.is_file():  # a sharded checkpoint: only the shards its index names
         try:
-            weight_map = load_json(index.read_bytes(), index, "not a valid safetensors index")["weight_map"]
+            raw = read_json_bytes(index, "a safetensors index")  # a hostile index: not read into memory whole
+            weight_map = load_json(raw, index, "not a valid safetensors index")["weight_map"]
             names = sorted({str(f) for f in weight_map.values()})
         except (OSError, KeyError, TypeError, AttributeError) as exc:
             raise FormatError(f"{show_path(index)}: not a valid safetensors index ({exc})") from exc
@@ -259,7 +257,7 @@ def count_from_files(folder: Path) -> WeightCount | None:
     cfg_path = folder / "config.json"
     if cfg_path.is_file():
         try:
-            qc = load_json(cfg_path.read_bytes(), cfg_path).get("quantization_config") or {}
+            qc = load_json(read_json_bytes(cfg_path, "a config.json"), cfg_path).get("quantization_config") or {}
             glyd_folder = isinstance(qc, dict) and qc.get("quant_method") == "glyd"
         except (OSError, FormatError, AttributeError):
             pass

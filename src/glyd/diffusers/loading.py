@@ -32,7 +32,7 @@ from glyd.hf.skeleton import finish_skeleton, prepare_skeleton
 from glyd.nn.modules import set_exact
 from glyd.store import MANIFEST
 from glyd.store._config import already_quantized, plain_config, pipeline_hint
-from glyd.store._safetensors import load_json, read_header
+from glyd.store._safetensors import load_json, read_header, read_json_bytes
 
 log = logging.getLogger(__name__)
 
@@ -244,8 +244,9 @@ def _bf16_files(path: Path) -> list[Path]:
     index = path / f"{WEIGHTS_NAME}.safetensors.index.json"
     if index.is_file():
         what = "not a safetensors index (JSON with a weight_map)"
-        # load_json: nesting bounded (json.loads raised RecursionError), a duplicate key refused
-        doc = load_json(index.read_bytes(), index, what)
+        # not read whole past the store's bound; load_json: nesting bounded (json.loads raised
+        # RecursionError), a duplicate key refused
+        doc = load_json(read_json_bytes(index, "a safetensors index"), index, what)
         try:
             names = sorted(set(doc["weight_map"].values()))
         except (KeyError, TypeError, AttributeError) as exc:

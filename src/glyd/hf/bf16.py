@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
@@ -24,7 +23,7 @@ from glyd.hf.memory import WeightsCount, check_packed, fit_layout
 from glyd.hf.packer import Packer
 from glyd.hf.placement import AUTO_MAPS, check_covers, device_of, infer_map, normalize_map
 from glyd.store._config import already_quantized, pipeline_hint
-from glyd.store._safetensors import dtype_from_name, read_header
+from glyd.store._safetensors import dtype_from_name, load_json, read_header, read_json_bytes
 
 log = logging.getLogger(__name__)
 
@@ -64,11 +63,13 @@ def _weight_files(path: Path) -> list[Path]:
     """The model's safetensors shards: those of the index, else model.safetensors, else every one."""
     index = path / "model.safetensors.index.json"
     if index.is_file():
+        what = "not a safetensors index (JSON with a weight_map)"
+        # a hostile index is not read into memory whole; load_json: nesting bounded, a duplicate key refused
+        doc = load_json(read_json_bytes(index, "a safetensors index"), index, what)
         try:
-            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
-            names = sorted(set(weight_map.values()))
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise FormatError(f"{show_path(index)}: not a safetensors index (JSON with a weight_map): {exc}") from exc
+            names = sorted(set(doc["weight_map"].values()))
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise FormatError(f"{show_path(index)}: {what}: {exc}") from exc
         files = []
         for n in names:
             f = path / n

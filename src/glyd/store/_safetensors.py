@@ -25,6 +25,9 @@ from glyd.errors import CorruptError, FormatError, show_path
 
 #: safetensors' own limit on the JSON header (``MAX_HEADER_SIZE`` in the Rust crate).
 MAX_HEADER_BYTES = 100_000_000
+#: The largest JSON side file (a config.json, a safetensors index) a reader takes whole: a real one is
+#: kilobytes to a few MiB; a weights file given in its place, or a hostile one, is not read into memory.
+MAX_JSON_FILE_BYTES = 64 << 20
 #: Deepest JSON nesting glyd reads (its own files nest 4 deep; config.json files a few more).
 MAX_JSON_DEPTH = 64
 #: Bounds on a tensor's shape: dims, and elements (counting a 0 dim as 1, so strides fit in int64).
@@ -132,6 +135,19 @@ def load_json(raw: bytes, where: object, what: str = "not valid JSON") -> Any:
     if _too_deep(obj, MAX_JSON_DEPTH):
         raise FormatError(f"{show_path(where)}: {what} (nested more than {MAX_JSON_DEPTH} levels deep)")
     return obj
+
+
+def read_json_bytes(path: Path, kind: str, hint: str = "", limit: int = MAX_JSON_FILE_BYTES) -> bytes:
+    """The bytes of ``path``, a JSON side file (``kind``: "a config.json", "a safetensors index"), read
+    whole; FormatError naming the file and its size when it is over ``limit`` (``hint`` ends that
+    message). A file growing while it is read is caught too: at most ``limit + 1`` bytes are read."""
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        raw = f.read(limit + 1) if size <= limit else b""
+    if size > limit or len(raw) > limit:
+        size = max(size, len(raw))
+        raise FormatError(f"{show_path(path)}: {size:,} bytes, too large for {kind} (at most {limit:,}){hint}")
+    return raw
 
 
 def read_header(path: str | os.PathLike) -> Header:

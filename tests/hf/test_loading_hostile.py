@@ -4,6 +4,7 @@ is loaded."""
 
 from __future__ import annotations
 
+import json
 import shutil
 
 import pytest
@@ -12,6 +13,7 @@ import glyd
 from glyd.errors import FormatError
 
 transformers = pytest.importorskip("transformers")
+from transformers import AutoModelForCausalLM  # noqa: E402
 
 
 def test_a_huge_safetensors_index_is_not_read_whole(tiny_model_folder, tmp_path):
@@ -24,3 +26,29 @@ def test_a_huge_safetensors_index_is_not_read_whole(tiny_model_folder, tmp_path)
     with pytest.raises(FormatError, match=r"m/model\.safetensors\.index\.json: 67,108,865 bytes, too large for a "
                                           r"safetensors index \(at most 67,108,864\)$"):
         glyd.from_pretrained(src, device="cpu", progress=False)
+
+
+@pytest.mark.parametrize("top_k", [0, 9])
+@pytest.mark.parametrize("kind", ["bf16", "glyd", "native"])
+def test_a_top_k_past_the_class_default_experts_count_is_refused(tiny_model_folder, tmp_path, top_k, kind):
+    # Mixtral's class builds 8 experts a layer when num_local_experts is left out: a top-k of 0 loaded a
+    # model whose MoE blocks add nothing, 9 loaded and failed at the first forward in torch.topk; glyd fit
+    # refused both (tests/apps/test_fit_hostile.py), the loaders checked only the count config.json gives
+    src = tiny_model_folder("mixtral", num_local_experts=8)
+    if kind != "bf16":
+        src = glyd.save_pretrained(glyd.from_pretrained(src, device="cpu", progress=False), tmp_path / "g",
+                                   progress=False)
+    dst = tmp_path / "m"
+    shutil.copytree(src, dst)
+    cfg = json.loads((dst / "config.json").read_text())
+    del cfg["num_local_experts"]
+    cfg["num_experts_per_tok"] = top_k
+    (dst / "config.json").write_text(json.dumps(cfg))
+    load = AutoModelForCausalLM.from_pretrained if kind == "native" else glyd.from_pretrained
+    kw = {} if kind == "native" else {"device": "cpu", "progress": False}
+    with pytest.raises(FormatError, match=rf"m/config\.json: num_experts_per_tok is {top_k}, not a number of experts "
+                                          r"from 1 to 8 \(num_local_experts\)"):
+        load(dst, **kw)
+    cfg["num_experts_per_tok"] = 8  # every expert: a model
+    (dst / "config.json").write_text(json.dumps(cfg))
+    assert load(dst, **kw).config.num_local_experts == 8

@@ -51,3 +51,20 @@ def test_labels_named_in_id2label_are_built_however_many(tmp_path):
     labels = {str(i): f"class {i}" for i in range(n)}
     model = _meta_model(_folder(tmp_path, num_labels=n, id2label=labels), [[n, 64]] * 21)
     assert model.config.num_labels == n
+
+
+@pytest.mark.parametrize("experts", [None, 4])
+def test_a_top_k_past_the_experts_is_one_warning_and_the_plan_still_made(tmp_path, caplog, experts):
+    # the loaders refuse a top-k past the class's default experts count (Mixtral's 8) where config.json
+    # leaves the count out; glyd pack packed such a folder with no word that it would not load
+    import logging
+
+    config = dict(MISTRAL, model_type="mixtral", architectures=["MixtralForCausalLM"], num_experts_per_tok=9)
+    if experts is not None:
+        config["num_local_experts"] = experts
+    with caplog.at_level(logging.WARNING, logger="glyd"):
+        model = _meta_model(_folder(tmp_path, **config), SHAPES)
+    said = [r.getMessage() for r in caplog.records if "num_experts_per_tok is 9" in r.getMessage()]
+    assert len(said) == 1 and f"from 1 to {experts or 8} (num_local_experts)" in said[0], said
+    assert "glyd.from_pretrained will refuse the packed folder" in said[0]
+    assert model.config.num_local_experts == (experts or 8)

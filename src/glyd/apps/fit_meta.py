@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Collection
 
 from glyd.errors import FormatError, show_path
-from glyd.hf.checks import EXPERT_KEYS, check_top_k, count_fields
+from glyd.hf.checks import EXPERT_KEYS, check_built_top_k, check_top_k, count_fields
 from glyd.hf.memory import count_weights, packable_rows  # the loader's own count (memory_limit)
 from glyd.nn.experts import is_packable as packable_experts
 from glyd.store._safetensors import short
@@ -114,7 +114,7 @@ def build_config(cfg: dict[str, Any]) -> Any:
         raise FormatError(f"{show_path(name)}: transformers cannot read this {model_type} config "
                           f"({_first_line(exc)})") from exc
     # again with the class's defaults: a top-k the config gives beside an experts count it leaves out
-    check_top_k(config.to_dict(), name)
+    check_built_top_k(config, name)
     text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
     layers = getattr(text, "num_hidden_layers", None)
     if not isinstance(layers, int) or not 0 < layers <= MAX_LAYERS:

@@ -16,7 +16,7 @@ from tqdm.auto import tqdm
 from glyd.errors import CorruptError, FormatError, UnsupportedError, show_path
 from glyd.hf import hooks
 from glyd.hf._model import note_source
-from glyd.hf.checks import check_counts
+from glyd.hf.checks import check_built_top_k, check_counts
 from glyd.hf.classes import build_empty, read_config
 from glyd.hf.convert import Conversions
 from glyd.hf.memory import WeightsCount, check_packed, fit_layout
@@ -134,6 +134,7 @@ def load_bf16(path: Path, cls: type, *, layout: str, merge: bool | None, exact: 
         config = AutoConfig.from_pretrained(path, **cfg_kw)
     except (ValueError, OSError, KeyError) as exc:
         raise FormatError(f"{show_path(path / 'config.json')}: not a config transformers can read ({exc})") from exc
+    check_built_top_k(config, path / "config.json")  # a top-k past the class's default experts count
     if getattr(config, "quantization_config", None) is not None:
         q = config.quantization_config
         method = q.get("quant_method") if isinstance(q, dict) else getattr(q, "quant_method", q)

@@ -9,7 +9,8 @@ Always (``verify=False`` too; reads only ``glyd.json``, the shard headers and ``
 * no count in ``config.json`` that transformers builds modules or tables from (layers, experts,
   labels) is more than the checkpoint can hold (:func:`check_counts`): a config claiming 10^30
   layers is refused before anything is built; each ``num_experts_per_tok`` is from 1 to its experts
-  (:func:`check_top_k`);
+  (:func:`check_top_k`), the class's default count too where the config leaves it out
+  (:func:`check_built_top_k`, before any weight is loaded);
 * after loading, the model and the checkpoint hold the same tensors: every tensor of the model was
   loaded from the checkpoint (none initialised at random), every tensor of the checkpoint found its
   place in the model, in its stored dtype and shape.
@@ -39,7 +40,7 @@ from glyd.store.checkpoint import CONFIG, key_for
 log = logging.getLogger(__name__)
 
 __all__ = ["check_folder", "check_complete", "missing_tensors", "check_quantization_config", "check_counts",
-           "check_top_k", "count_fields"]
+           "check_top_k", "check_built_top_k", "count_fields"]
 
 #: config.json keys (at any depth: text_config, vision_config, ...) that transformers and diffusers
 #: build one module each of: a model cannot have more than its checkpoint has tensors.
@@ -122,6 +123,14 @@ def check_top_k(config: dict[str, Any], where: object) -> None:
             key, of = (f"{path}.{TOP_K}", f"{path}.{field}") if path else (TOP_K, field)
             raise FormatError(f"{show_path(where)}: {key} is {short(k)}, not a number of experts from 1 to {d[field]} "
                               f"({of}), the experts each token is routed to: a damaged or edited config")
+
+
+def check_built_top_k(config: Any, where: object) -> None:
+    """:func:`check_top_k` on a transformers config as its class built it (``config.to_dict()``, its
+    sub-configs too): a ``num_experts_per_tok`` that config.json gives beside an experts count it
+    leaves out is checked against the class's default (Mixtral's 8 experts a layer). ``glyd fit``,
+    the bf16 loader and the packed folder's loaders all ask this of the config they build from."""
+    check_top_k(config.to_dict(), where)
 
 
 def check_counts(config: dict[str, Any], shapes: list[list[int]], where: object, *, top_k: bool = True) -> None:

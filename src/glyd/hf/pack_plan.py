@@ -87,6 +87,17 @@ def safe_creation():
     return guard() if guard is not None else contextlib.nullcontext()
 
 
+def _warn_refused(check: Any, config: Any, where: Path) -> bool:
+    """Whether ``check(config, where)`` passed; its FormatError is a warning: the model builds all the
+    same, so the plan is made and the packed folder kept as the source's, which the loaders refuse."""
+    try:
+        check(config, where)
+    except FormatError as exc:
+        log.warning("%s: glyd.from_pretrained will refuse the packed folder (correct config.json to load it)", exc)
+        return False
+    return True
+
+
 def _meta_model(src: Path, shapes: list[list[int]]) -> nn.Module:
     """The model the glyd-folder loader builds from ``src``'s config, on the meta device; FormatError
     (one line) for a config that cannot be built here (``shapes``: the stored tensors', which bound
@@ -94,16 +105,13 @@ def _meta_model(src: Path, shapes: list[list[int]]) -> nn.Module:
     import torch
     from transformers import AutoConfig
 
-    from glyd.hf.checks import check_counts, check_top_k, count_fields
+    from glyd.hf.checks import check_built_top_k, check_counts, check_top_k, count_fields
     from glyd.hf.classes import build_empty, pick_class, read_config
 
     try:
         config = read_config(src)
         check_counts(config, shapes, src / "config.json", top_k=False)
-        try:  # the model builds all the same: the plan is made, and the packed folder kept as the source's
-            check_top_k(config, src / "config.json")
-        except FormatError as exc:
-            log.warning("%s: glyd.from_pretrained will refuse the packed folder (correct config.json to load it)", exc)
+        top_k_ok = _warn_refused(check_top_k, config, src / "config.json")
         named = config.get("id2label")
         named = len(named) if isinstance(named, dict) else 0  # labels the file itself spells out
         for key, name, value in count_fields(config):
@@ -114,6 +122,8 @@ def _meta_model(src: Path, shapes: list[list[int]]) -> nn.Module:
         cls = pick_class(None, config)
         # never the folder's own code (auto_map): transformers would ask on stdin, and run it on "y"
         hf_config = AutoConfig.from_pretrained(src, trust_remote_code=False)
+        if top_k_ok:  # again with the class's default experts count (one warning, not two)
+            _warn_refused(check_built_top_k, hf_config, src / "config.json")
         # everything on meta, buffers too, as transformers' loader builds it: nothing is allocated or
         # computed at the config's sizes (a claimed head_dim of 2**33 made 4 TiB on the CPU first)
         with torch.device("meta"), safe_creation():

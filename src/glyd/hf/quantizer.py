@@ -102,12 +102,14 @@ class GlydHfQuantizer(HfQuantizer):
 
     def _process_model_before_weight_loading(self, model: Any, checkpoint_files: list[str] | None = None,
                                              **kwargs: Any) -> Any:
-        from glyd.hf.checks import check_folder
+        from glyd.hf.checks import check_built_top_k, check_folder
         from glyd.hf.skeleton import prepare_skeleton
 
         self._folder = _checkpoint_folder(model, checkpoint_files or [])
         _check_dtype(self._dtype, self._folder)
         reader = check_folder(self._folder, verify=False)
+        # the model as its class built it: a top-k past the default experts count check_folder cannot see
+        check_built_top_k(model.config, self._folder / "config.json")
         shards = sorted({reader.entry(n)["file"] for n in reader.names()})
         files = sorted(str(f) for f in checkpoint_files or [])
         if sorted(Path(f).resolve() for f in files) != sorted((self._folder / s).resolve() for s in shards):

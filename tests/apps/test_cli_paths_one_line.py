@@ -71,3 +71,46 @@ def test_glyd_pack_logs_an_odd_path_on_one_line(odd, tmp_path, caplog, monkeypat
     said = _glyd_lines(caplog)
     assert any(repr(str(src)) in m for m in said), said  # the folder is named, quoted
     assert all("\n" not in m and "\x1b" not in m for m in said), said
+
+
+#: Every path argument of every command (positional or an option), each given as "".
+EMPTY_PATHS = [
+    ["info", ""], ["verify", ""], ["pack", "", "out"], ["pack", "src", ""], ["unpack", "", "out"],
+    ["unpack", "src", ""],
+    ["fit", "", "--gpu", "80GB"], ["eval", ""], ["eval", "m", "--text", ""], ["eval", "m", "--mmlu-dir", ""],
+    ["eval", "m", "--json-out", ""], ["demo", "--model", ""], ["demo", "--out", ""], ["serve", ""],
+    ["compress", ""], ["compress", "a", ""], ["compress", "a", "-o", ""], ["decompress", ""],
+    ["decompress", "a.glyd", "-o", ""], ["test", ""],
+]
+
+
+@pytest.mark.parametrize("argv", EMPTY_PATHS, ids=" ".join)
+def test_an_empty_path_is_refused_while_parsing(tmp_path, capsys, monkeypatch, argv):
+    # `glyd info ""` read the folder it ran in (Path("") is "."): "glyd info: error: .: not a glyd packed
+    # checkpoint (no glyd.json)", or listed that folder's checkpoint as the one asked for
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert info.value.code == 2 and err[-1].startswith(f"glyd {argv[0]}: error: argument ") and \
+        err[-1].endswith(": an empty path: name a file or folder ('.' for the current folder)"), err
+
+
+def test_every_path_argument_refuses_an_empty_path():
+    # a path argument added later takes the same check: every argument whose help or name says it is a
+    # folder, a file or an archive (not a choice, a number or a flag) parses with path_arg
+    import argparse
+
+    from glyd.apps.cli_models import path_arg
+    from glyd.cli import build_parser
+
+    parser = build_parser()
+    subs = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    words = ("folder", "file", "archive", "path", "model")
+    for name, sub in subs.choices.items():
+        for action in sub._actions:
+            said = f"{action.dest} {action.metavar or ''} {action.help or ''}".lower()
+            if action.nargs == 0 or action.choices or action.type not in (None, path_arg):
+                continue
+            if any(w in said for w in words) and action.dest not in ("name", "prompt"):
+                assert action.type is path_arg, f"glyd {name} {action.option_strings or action.dest}"

@@ -8,6 +8,7 @@ import time
 from typing import TYPE_CHECKING
 from pathlib import Path
 
+from glyd.apps.cli_models import path_arg
 from glyd.errors import GlydError, show_path
 
 if TYPE_CHECKING:
@@ -36,21 +37,21 @@ def register(subparsers) -> None:
         description="Compress files and folders (recursively) into one .glyd archive. safetensors "
         "tensors in bf16, fp16, fp32 and fp8 are entropy coded by dtype; everything else goes through zstd.",
     )
-    p.add_argument("paths", nargs="+", metavar="PATH", help="files or folders")
-    p.add_argument("-o", "--output", metavar="OUT.glyd",
+    p.add_argument("paths", nargs="+", metavar="PATH", type=path_arg, help="files or folders")
+    p.add_argument("-o", "--output", metavar="OUT.glyd", type=path_arg,
                    help="archive to create, never overwritten (default for one PATH: PATH.glyd beside it)")
     _jobs(p)
     p.set_defaults(func=_compress)
 
     p = subparsers.add_parser("decompress", help="restore the files of a .glyd archive byte for byte")
-    p.add_argument("archive", metavar="ARCHIVE")
-    p.add_argument("-o", "--output", metavar="DIR",
+    p.add_argument("archive", metavar="ARCHIVE", type=path_arg)
+    p.add_argument("-o", "--output", metavar="DIR", type=path_arg,
                    help="folder to restore into (default: the archive's folder, so X.glyd gives back X beside it)")
     _jobs(p)
     p.set_defaults(func=_decompress)
 
     p = subparsers.add_parser("test", help="check every chunk and file hash of a .glyd archive, writing nothing")
-    p.add_argument("archive", metavar="ARCHIVE")
+    p.add_argument("archive", metavar="ARCHIVE", type=path_arg)
     _jobs(p)
     p.set_defaults(func=_test)
 

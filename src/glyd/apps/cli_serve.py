@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from glyd.apps.cli_models import add_memory_limit, device_arg, limit_option
+from glyd.apps.cli_models import add_memory_limit, device_arg, limit_option, path_arg
 from glyd.apps.layouts import layout_names
 from glyd.errors import GlydError
 
@@ -18,7 +18,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "(transformers' serving code); / is a chat page that shows the layout, the bytes and tokens/s. Sampling is "
         "the server's (--temperature, --top-p): a request that asks for other values gets a 400.",
     )
-    p.add_argument("model", help="a packed folder (glyd pack / save_pretrained) or a bf16 transformers folder")
+    p.add_argument("model", type=path_arg,
+                   help="a packed folder (glyd pack / save_pretrained) or a bf16 transformers folder")
     p.add_argument("--name", help="the model name clients send and /v1/models lists (default: MODEL as given)")
     p.add_argument("--layout", default="auto", choices=layout_names(auto=True),
                    help="layout a bf16 folder is packed with as it loads (default auto; a packed folder keeps its own)")

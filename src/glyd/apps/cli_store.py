@@ -18,7 +18,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from glyd.apps.cli_models import limit_option, memory_arg
+from glyd.apps.cli_models import limit_option, memory_arg, path_arg
 from glyd.apps.layouts import layout_help, layout_names
 from glyd.errors import FormatError, GlydError, UnsupportedError, show_path
 from glyd.store import folder
@@ -242,8 +242,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "(nn.Linear and nn.Embedding weights, found on the model built from config.json on the meta device) "
         "losslessly; keep other tensors as they are; copy config, tokenizer and other files.",
     )
-    p.add_argument("src", help="model folder (model.safetensors or model.safetensors.index.json + shards)")
-    p.add_argument("dst", help="new folder for the packed checkpoint (must not exist)")
+    p.add_argument("src", type=path_arg, help="model folder (model.safetensors or model.safetensors.index.json + shards)")
+    p.add_argument("dst", type=path_arg, help="new folder for the packed checkpoint (must not exist)")
     p.add_argument(
         "--layout",
         choices=layout_names(auto=True),
@@ -254,16 +254,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_os_errors(limit_option(_pack)))
 
     p = subparsers.add_parser("unpack", help="write the original bf16 safetensors folder back, bit for bit")
-    p.add_argument("src", help="packed checkpoint folder")
-    p.add_argument("dst", metavar="out", help="new folder for the bf16 model (must not exist)")
+    p.add_argument("src", type=path_arg, help="packed checkpoint folder")
+    p.add_argument("dst", metavar="out", type=path_arg, help="new folder for the bf16 model (must not exist)")
     p.set_defaults(func=_os_errors(_unpack))
 
     p = subparsers.add_parser("verify", help="unpack every tensor and check it against the manifest's sha256")
-    p.add_argument("dir", help="packed checkpoint folder")
+    p.add_argument("dir", type=path_arg, help="packed checkpoint folder")
     p.set_defaults(func=_os_errors(_verify))
 
     p = subparsers.add_parser("info", help="list the tensors of a packed checkpoint, their layouts, format versions "
                               "and sizes")
-    p.add_argument("dir", help="packed checkpoint folder")
+    p.add_argument("dir", type=path_arg, help="packed checkpoint folder")
     p.add_argument("--totals", action="store_true", help="print only the totals")
     p.set_defaults(func=_os_errors(_info))

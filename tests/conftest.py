@@ -57,6 +57,17 @@ class _SpreadAfterSelection:
 
 def pytest_configure(config):
     config.pluginmanager.register(_SpreadAfterSelection(), "glyd-spread-long-gpu-tests")
+    picked = getattr(config, "workerinput", {}).get("glyd_order")  # a pytest-xdist worker: the controller's order
+    if picked is not None:
+        config.option.glyd_order = picked
+    elif config.getoption("--glyd-order") == "shuffle":  # the seed chosen once, here: workers must collect alike
+        config.option.glyd_order = f"shuffle:{random.randrange(1 << 30)}"
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+    # pytest-xdist (controller): each worker re-reads the command line, so it is handed the order chosen above
+    node.workerinput["glyd_order"] = node.config.getoption("--glyd-order")
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m selects: the marks added here count
@@ -68,7 +79,6 @@ def pytest_collection_modifyitems(config, items):
     elif order.startswith("shuffle"):
         seed = int(order.partition(":")[2] or random.randrange(1 << 30))
         random.Random(seed).shuffle(items)
-        config._glyd_seed = seed
     elif order:
         raise pytest.UsageError(f"--glyd-order must be reverse or shuffle[:SEED], got {order!r}")
     if torch.cuda.is_available():
@@ -91,7 +101,8 @@ def pytest_report_header(config):
     lines = [f"triton cache: {_TRITON_CACHE} (new and empty)"]
     if collect_ignore:
         lines.append("zstandard is not installed: tests/filecodec are not collected")
-    seed = getattr(config, "_glyd_seed", None)
+    order = config.getoption("--glyd-order")
+    seed = int(order.partition(":")[2]) if order.startswith("shuffle:") else None
     if seed is not None:
         lines.append(f"test order: shuffled with seed {seed} (--glyd-order shuffle:{seed} repeats it)")
     return lines

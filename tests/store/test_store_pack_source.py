@@ -239,3 +239,12 @@ def test_a_folder_whose_path_is_not_utf8_is_refused_in_one_line(src, capsys, whi
     assert rc == 1 and len(err.splitlines()) == 1, err
     assert f"the {which} folder's path is not valid UTF-8" in err and "\\udcff" in err, err
     assert not out.exists() and not [p for p in src.parent.iterdir() if ".glyd-" in p.name]
+
+
+def test_a_huge_safetensors_index_is_not_read_whole(src, capsys):
+    # pack read model.safetensors.index.json whole however large (a sparse 64 MiB + 1 file: read into
+    # memory, then "not a valid safetensors index")
+    with open(src / "model.safetensors.index.json", "r+b") as f:
+        f.truncate((64 << 20) + 1)  # the store's MAX_JSON_FILE_BYTES, and one byte
+    _refused(src, capsys, "src/model.safetensors.index.json: 67,108,865 bytes, too large for a safetensors index "
+                          "(at most 67,108,864)")

@@ -19,7 +19,7 @@ from typing import Any
 from glyd.errors import CorruptError, FormatError, show_path
 from glyd.store._atomic import is_glyd_temporary
 from glyd.store._manifest import CONFIG, INDEX, KEY_SEP, MANIFEST, MAX_MANIFEST_BYTES, SINGLE_SHARD, safe_relpath
-from glyd.store._safetensors import Header, load_json, read_header
+from glyd.store._safetensors import Header, load_json, read_header, read_json_bytes
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +94,7 @@ def source_shards(src: Path) -> tuple[list[str], dict[str, Header], str | None]:
     index = src / INDEX
     if index.is_file() or index.is_symlink():
         check_inside(src, index)
-        wm = load_json(index.read_bytes(), index, "not a valid safetensors index")
+        wm = load_json(read_json_bytes(index, "a safetensors index"), index, "not a valid safetensors index")
         wm = wm.get("weight_map") if isinstance(wm, dict) else None
         if not isinstance(wm, dict) or not wm or not all(isinstance(v, str) for v in wm.values()):
             raise FormatError(f"{show_path(index)}: weight_map is missing, empty or not a map of tensor -> file")

@@ -242,3 +242,16 @@ def test_a_falsy_metadata_that_is_no_object_is_one_line(tmp_path, capsys, meta):
     rc, err = _cli(capsys, "pack", str(src), str(tmp_path / "out"))
     assert rc == 1 and "__metadata__" in err and len(err.splitlines()) == 1, err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]
+
+
+def test_a_huge_safetensors_index_is_not_read_whole(packed, capsys):
+    # opening a sharded checkpoint read its model.safetensors.index.json whole however large (a sparse
+    # 64 MiB + 1 file: read into memory, then refused as not JSON)
+    index = packed / "model.safetensors.index.json"
+    with open(index, "r+b") as f:
+        f.truncate((64 << 20) + 1)  # the store's MAX_JSON_FILE_BYTES, and one byte
+    with pytest.raises(FormatError, match=r"model\.safetensors\.index\.json: 67,108,865 bytes, too large for a "
+                                          r"safetensors index \(at most 67,108,864\)$"):
+        CheckpointReader(packed)
+    rc, err = _cli(capsys, "unpack", str(packed), str(packed.parent / "back"))
+    assert rc == 1 and len(err.splitlines()) == 1 and "too large for a safetensors index" in err, err

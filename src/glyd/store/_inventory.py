@@ -21,7 +21,7 @@ from glyd.errors import CorruptError, FormatError, not_a_file, show_path
 from glyd.store._card import CARD, CARD_BESIDE
 from glyd.store._config import SOURCE_CONFIG
 from glyd.store._manifest import CONFIG, MANIFEST, index_name, shard_base, shard_name
-from glyd.store._safetensors import Header, load_json, short
+from glyd.store._safetensors import Header, load_json, read_json_bytes, short
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +76,7 @@ def check_index(path: Path, claimed: dict[str, set[str]], headers: dict[str, Hea
     if what is not None:
         raise CorruptError(f"{show_path(index)}: {what}{'' if what == 'missing' else ', not a regular file'} (a "
                            "sharded checkpoint cannot load without its index)")
-    doc = load_json(index.read_bytes(), index)
+    doc = load_json(read_json_bytes(index, "a safetensors index"), index)
     wm = doc.get("weight_map") if isinstance(doc, dict) else None
     if not isinstance(wm, dict):
         raise FormatError(f"{show_path(index)}: not a safetensors index (JSON with a weight_map)")

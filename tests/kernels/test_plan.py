@@ -111,7 +111,7 @@ def test_an_unpack_cublas_plan_returns_cublas_own_output(monkeypatch, layout, na
         want = _bits(kernels.linear(x, p, bias))
         _plan.set_enabled(True)
         kernels.linear(x, p, bias)  # makes the plan
-        plans = [pl for e in _plan._ENTRIES.values() for pl in e.plans.values()]
+        plans = [pl for e in _plan._ENTRIES.values() for pl in (*e.plans.values(), *(r[3] for r in e.ranged))]
         assert plans and all(pl.makes_out for pl in plans)
         y = kernels.linear(x, p, bias)
         assert y.shape == (2, 3, n) and torch.equal(_bits(y), want)

@@ -115,7 +115,9 @@ def linear(x: torch.Tensor, packed: "Packed", bias: torch.Tensor | None = None, 
         return kernel.launch(x2, packed, b, config, out).reshape(*x.shape[:-1], n)
     body = kernel.plan(x2, packed, b, config)
     y = body(x2, b, out, arrays)
-    _plan.store(x, packed.layout, packed.shape, arrays, bias, packed.version, _plan.Plan(body, x, x2, n))
+    rows = registry.m_range(m) if kernel.any_rows else None  # choose's answer holds for the whole bucket
+    _plan.store(x, packed.layout, packed.shape, arrays, bias, packed.version,
+                _plan.Plan(body, x, x2, n, rows=rows is not None), rows)
     return y.reshape(*x.shape[:-1], n)
 
 

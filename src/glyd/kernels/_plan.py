@@ -24,6 +24,11 @@ hook, ``TRITON_DEBUG`` changed or Triton's interpreter take Triton's own path. (
 check that the globals a kernel read did not change since it was compiled; glyd's kernels read
 module constants only.)
 
+A family whose plan works for any M (``Kernel.any_rows``: unpack + cuBLAS, which looks at x's device
+and K only) keeps one plan for every M of an M bucket of the tables instead (``store``'s ``rows``): a
+prompt of a length not seen before then takes the plan, and the fast launches, that an earlier prompt
+made, and prompts of many lengths do not push out the decode steps' plans. Only for contiguous x.
+
 Other per-matrix host work lives in the same entries under keys of its own (``keep`` / ``kept``: an
 experts product's kept launches and plans, its preparation for a capture), and goes with them.
 
@@ -50,6 +55,8 @@ __all__ = ["Slot", "slots", "Launch", "Plan", "enabled", "set_enabled", "run", "
 MAX_PLANS = 64
 #: Plans kept in all (about 5 KB each); past it every plan is forgotten and made again as needed.
 MAX_TOTAL = 8192
+#: Plans for a range of M kept a matrix (M buckets x the kinds of x and bias seen; the oldest goes first).
+MAX_RANGED = 8
 
 _FORCED: list[bool | None] = [None]
 
@@ -258,13 +265,15 @@ class Plan:
     ``body(x2, bias, out, arrays)`` is the family's ``Kernel.plan`` (``out`` None where the body has
     ``makes_out`` set: it returns an output of its own); x is taken to the [M, K] ``x2``
     the way ``glyd.kernels._common.check_x`` does, which must leave it at the address modulo 16 it
-    had when the plan was made (the family's choices may depend on it: a fresh copy always does)."""
+    had when the plan was made (the family's choices may depend on it: a fresh copy always does).
+    ``rows``: the body works for any M (``Kernel.any_rows``), so the plan takes x's M from each call."""
 
-    __slots__ = ("body", "m", "n", "k", "flat", "contig", "align", "out_shape", "device", "makes_out")
+    __slots__ = ("body", "m", "n", "k", "flat", "contig", "align", "out_shape", "device", "makes_out", "rows")
 
-    def __init__(self, body: Callable, x: torch.Tensor, x2: torch.Tensor, n: int) -> None:
+    def __init__(self, body: Callable, x: torch.Tensor, x2: torch.Tensor, n: int, rows: bool = False) -> None:
         self.body = body
         self.makes_out = bool(getattr(body, "makes_out", False))  # the body allocates its output
+        self.rows = rows
         self.m, self.k = x2.shape
         self.n = n
         self.flat = x.dim() == 2 and x.stride(1) == 1
@@ -274,25 +283,26 @@ class Plan:
         self.device = x2.device
 
     def __call__(self, x: torch.Tensor, bias: torch.Tensor | None, arrays) -> torch.Tensor | None:
+        m, out_shape = (x.numel() // self.k, (*x.shape[:-1], self.n)) if self.rows else (self.m, self.out_shape)
         if self.flat:
             x2 = x
         else:
-            x2 = x.reshape(self.m, self.k)
+            x2 = x.reshape(m, self.k)
             if self.contig:
                 x2 = x2.contiguous()
             if x2.data_ptr() % 16 != self.align:
                 return None
         if bias is not None:
             bias = bias.contiguous()
-        out = None if self.makes_out else torch.empty((self.m, self.n), dtype=torch.bfloat16, device=self.device)
+        out = None if self.makes_out else torch.empty((m, self.n), dtype=torch.bfloat16, device=self.device)
         y = self.body(x2, bias, out, arrays)
-        return y if self.flat else y.view(self.out_shape)
+        return y if self.flat else y.view(out_shape)
 
 
 class _Entry:
     """The plans of one matrix (its arrays and op arguments), by x and bias key."""
 
-    __slots__ = ("ids", "versions", "ptrs", "op", "plans", "__weakref__")
+    __slots__ = ("ids", "versions", "ptrs", "op", "plans", "ranged", "__weakref__")
 
     def __init__(self, arrays, op: tuple) -> None:
         self.ids = tuple(map(id, arrays))
@@ -300,6 +310,7 @@ class _Entry:
         self.ptrs = tuple(a.data_ptr() for a in arrays)
         self.op = op
         self.plans: dict[tuple, Plan] = {}
+        self.ranged: list[tuple[int, int, tuple, Plan]] = []  # (first M, last M, _rows_key, plan)
 
     def holds(self, arrays, op: tuple) -> bool:
         if self.op != op or len(arrays) != len(self.ids):
@@ -319,8 +330,9 @@ _TOTAL = [0]  # plans in _ENTRIES
 
 
 def _drop(entry: _Entry) -> None:
-    _TOTAL[0] -= len(entry.plans)
+    _TOTAL[0] -= len(entry.plans) + len(entry.ranged)
     entry.plans.clear()
+    entry.ranged.clear()
 
 
 def _forget(first: int, ref: weakref.ref) -> None:
@@ -338,6 +350,14 @@ def _key(x: torch.Tensor, bias: Any) -> tuple | None:
     return (x.shape, x.stride(), x.dtype, dev, x.data_ptr() % 16, _current_device() if dev >= 0 else -1, b)
 
 
+def _rows_key(x: torch.Tensor, bias: Any) -> tuple | None:
+    # _key without x's shape and strides (a contiguous x of any M): a plan for a range of M
+    if not isinstance(x, torch.Tensor) or x.dim() < 2 or not x.is_contiguous():
+        return None
+    key = _key(x, bias)
+    return None if key is None else (x.dim(), x.shape[-1], *key[2:])
+
+
 def _op(layout: str, shape, version: int) -> tuple:
     return (layout, tuple(shape), version)
 
@@ -345,11 +365,42 @@ def _op(layout: str, shape, version: int) -> tuple:
 def run(x: torch.Tensor, layout: str, shape, arrays, bias: torch.Tensor | None, version: int) -> torch.Tensor | None:
     """The product of ``glyd::linear``'s arguments through a kept plan, or None (no plan for them)."""
     plan = kept(layout, shape, arrays, version, _key(x, bias))
+    if plan is None:
+        plan = _kept_rows(layout, shape, arrays, version, x, bias)
     return None if plan is None else plan(x, bias, arrays)
 
 
-def store(x: torch.Tensor, layout: str, shape, arrays, bias: torch.Tensor | None, version: int, plan: Plan) -> None:
-    """Keep ``plan`` for calls with these arguments' key (see the module's docstring)."""
+def _kept_rows(layout: str, shape, arrays, version: int, x: torch.Tensor, bias: Any) -> Plan | None:
+    entry = _ENTRIES.get(id(arrays[0])) if arrays else None
+    if entry is None or not entry.ranged or not entry.holds(arrays, _op(layout, shape, version)):
+        return None
+    key = _rows_key(x, bias)
+    if key is None:
+        return None
+    m = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    for lo, hi, k, plan in entry.ranged:
+        if k == key and lo <= m <= hi:
+            return plan
+    return None
+
+
+def store(x: torch.Tensor, layout: str, shape, arrays, bias: torch.Tensor | None, version: int, plan: Plan,
+          rows: tuple[int, int] | None = None) -> None:
+    """Keep ``plan`` for calls with these arguments' key (see the module's docstring); with ``rows``
+    (first M, last M) and a plan made with ``rows=True``, for every contiguous x of those M instead."""
+    if rows is not None and plan.rows:
+        key = _rows_key(x, bias)
+        if key is not None:
+            entry = _entry(arrays, _op(layout, shape, version))
+            if _TOTAL[0] >= MAX_TOTAL:
+                clear()
+                _ENTRIES[id(arrays[0])] = entry
+            if len(entry.ranged) >= MAX_RANGED:
+                del entry.ranged[0]
+                _TOTAL[0] -= 1
+            entry.ranged.append((rows[0], rows[1], key, plan))
+            _TOTAL[0] += 1
+            return
     key = _key(x, bias)
     if key is not None:
         keep(layout, shape, arrays, version, key, plan)
@@ -372,7 +423,22 @@ def keep(layout: str, shape, arrays, version: int, key: Any, value: Any) -> None
     """Keep ``value`` (which must hold none of ``arrays``) for ``kept`` with the same arguments."""
     if not arrays or key is None:
         return
-    op = _op(layout, shape, version)
+    first = id(arrays[0])
+    entry = _entry(arrays, _op(layout, shape, version))
+    plans = entry.plans
+    if key not in plans:
+        if _TOTAL[0] >= MAX_TOTAL:
+            clear()
+            _ENTRIES[first] = entry
+        if len(plans) >= MAX_PLANS:
+            del plans[next(iter(plans))]
+            _TOTAL[0] -= 1
+        _TOTAL[0] += 1
+    plans[key] = value
+
+
+def _entry(arrays, op: tuple) -> _Entry:
+    """The entry of these arrays and op: the one kept, or a new one (a changed matrix's plans dropped)."""
     first = id(arrays[0])
     entry = _ENTRIES.get(first)
     if entry is None or not entry.holds(arrays, op):
@@ -387,26 +453,18 @@ def keep(layout: str, shape, arrays, version: int, key: Any, value: Any) -> None
             for a in arrays:
                 weakref.finalize(a, _forget, first, ref)
             _ENTRIES[first] = entry
-    plans = entry.plans
-    if key not in plans:
-        if _TOTAL[0] >= MAX_TOTAL:
-            clear()
-            _ENTRIES[first] = entry
-        if len(plans) >= MAX_PLANS:
-            del plans[next(iter(plans))]
-            _TOTAL[0] -= 1
-        _TOTAL[0] += 1
-    plans[key] = value
+    return entry
 
 
 def clear() -> None:
     """Forget every plan (``registry.reset()`` calls it: the kernel choices may change)."""
     for entry in list(_ENTRIES.values()):
         entry.plans.clear()
+        entry.ranged.clear()
     _ENTRIES.clear()
     _TOTAL[0] = 0
 
 
 def count() -> int:
-    """Plans kept now (every matrix)."""
-    return sum(len(e.plans) for e in _ENTRIES.values())
+    """Plans kept now (every matrix), those for a range of M included."""
+    return sum(len(e.plans) + len(e.ranged) for e in _ENTRIES.values())

@@ -41,7 +41,7 @@ log = logging.getLogger(__name__)
 
 __all__ = ["Problem", "Device", "Kernel", "KERNELS", "kernel_class", "kernel_for", "choose", "choose_uncached",
            "candidates", "check_table", "disabled", "reset", "on_reset", "table_file", "table_for", "layout_times",
-           "shape_class", "m_bucket", "M_BUCKETS", "SHAPE_CLASSES"]
+           "shape_class", "m_bucket", "m_range", "M_BUCKETS", "SHAPE_CLASSES"]
 
 TABLES = Path(__file__).with_name("tables")
 #: The table of a GPU that has none of its own (its kernels are skipped where they cannot run).
@@ -107,6 +107,18 @@ def shape_class(n: int, k: int) -> str:
     if wide:
         return "wide_big" if w >= 1 << 27 else "wide"
     return "big" if w >= 1 << 27 else "gate"
+
+
+def m_range(m: int) -> tuple[int, int]:
+    """(first M, last M) of the M bucket (``M_BUCKETS``) that ``m`` >= 1 falls in (no end: ``2**62``).
+
+    >>> m_range(100), m_range(4096)
+    ((65, 255), (256, 4611686018427387904))
+    """
+    for _, lo, hi in M_BUCKETS:
+        if m >= lo and (hi is None or m <= hi):
+            return lo, (1 << 62) if hi is None else hi
+    raise ValueError(f"M must be >= 1, got {m}")
 
 
 def m_bucket(m: int) -> str:
@@ -189,6 +201,9 @@ class Kernel:
     Config: ClassVar[type]
     #: A family of expert products (``glyd.kernels.experts``): its launch takes expert ids, no linear runs it.
     experts: ClassVar[bool] = False
+    #: ``plan`` works for any M (it looks at x's device and K, not at M): one kept plan serves every M of
+    #: the bucket (``glyd.kernels._plan``), so a prompt of a new length takes an earlier prompt's plan.
+    any_rows: ClassVar[bool] = False
 
     @classmethod
     def can_implement(cls, problem: Problem, device: Device, config: Any) -> tuple[bool, str]:

@@ -21,6 +21,7 @@ class Dense11LongKernel(Kernel):
     name = "dense11_unpack_cublas"
     layout = "dense11"
     Config = Dense11LongConfig
+    any_rows = True  # its plan, the unpack launches and cuBLAS, holds for any M
 
     # x: bf16 [M, K]; packed: dense11 [N, K]; bias: [N] or None; out: bf16 [M, N] (written) -> out
     @classmethod

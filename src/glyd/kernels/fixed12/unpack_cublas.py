@@ -101,6 +101,7 @@ class LongKernel(Kernel):
     name = "fixed12_unpack_cublas"
     layout = "fixed12"
     Config = LongConfig
+    any_rows = True  # its plan, the unpack launches and cuBLAS, holds for any M
 
     # x: bf16 [M, K]; packed: fixed12 [N, K]; bias: [N] or None; out: bf16 [M, N] (written) -> out
     @classmethod

@@ -21,6 +21,7 @@ class TieredLongKernel(Kernel):
     name = "tiered_unpack_cublas"
     layout = "tiered"
     Config = TieredLongConfig
+    any_rows = True  # its plan, the unpack launches and cuBLAS, holds for any M
 
     # x: bf16 [M, K]; packed: tiered [N, K]; bias: [N] or None; out: bf16 [M, N] (written) -> out
     @classmethod

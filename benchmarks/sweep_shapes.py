@@ -11,7 +11,7 @@ table a shape and M (us a matrix, ratio to bf16), best first, and writes JSON.
 The candidates are kernel family configs (``glyd.kernels.GemvConfig``, ``GluonConfig``, ...);
 "default" is what ``glyd.kernels.registry`` chooses from the GPU's table (from the H200's on a
 GPU without one). ``SWEEP_ROUND=N`` times round N's candidates instead of the default grid
-(rounds 2-41 as they ran, ported to the configs; rounds 32 and 33, the ws ``pipe`` and
+(rounds 2-42 as they ran, ported to the configs; rounds 32 and 33, the ws ``pipe`` and
 ``consumers`` settings, are gone with those settings: their last version is in 497582d).
 ``SWEEP_ROUND=table`` times, at each M, every candidate that the fallback table (the H200's)
 lists for that M bucket in any shape class.
@@ -205,6 +205,18 @@ def _candidates(m: int, n: int, k: int) -> dict:
             out["default wv16"] = R(d, waves=16)
             for block, warps in ((256, 2), (128, 1), (512, 4), (1024, 4)):
                 out[f"default reduce {block} w{warps}"] = (d, {(C, "FINALIZE_BLOCK"): block, (C, "FINALIZE_WARPS"): warps})
+        return out
+    if rnd == "42":  # the ws tile past M = 64 against unpack + cuBLAS (issue 38: 2.1-2.6x at M = 65-255; the ws tile
+        # ran gate_up at M = 96-128 in 1.33-1.45x on an H100, history/2026-12-05-h100-9.md)
+        if m >= 65:
+            out["long whole"] = LongConfig()
+            if k % 128 == 0 and has("wgmma"):
+                bt = 128 if m <= 128 else 256
+                for st, wv in ((2, 1), (3, 1), (2, 2)):
+                    if bt == 256 and st == 3:
+                        continue  # past the SM's shared memory
+                    out[f"ws bm{bt} s{st} wv{wv}"] = WsConfig(bm=bt, bn=64, stages=st, waves=wv)
+                out[f"ws bm{bt} bn128 w8 s2"] = WsConfig(bm=bt, bn=128, warps=8, stages=2, waves=1)
         return out
     if rnd == "41":  # the small matrices' GEMV (the 0.5B's qkv and o, ~1 us over bf16's 4.3): one kernel, no partials
         kp, bm = kp_of(k), min(16, 1 << (m - 1).bit_length())

@@ -65,6 +65,11 @@ for s in "${steps[@]}"; do
              step sweep41 $(( 585 - SECONDS > 60 ? 585 - SECONDS : 60 )) env SWEEP_ROUND=41 PYTHONPATH=src \
                TRITON_CACHE_DIR="$(mktemp -d)" python3 benchmarks/sweep_shapes.py --shapes 0.5b.qkv,0.5b.o,k/v \
                --ms 1,2,4,8 --out "$out/sweep41" ;;
+    sweep42) # the ws tile past M = 64 against unpack + cuBLAS on the merged 7B shapes (issue 38: the 65-255 bucket), in
+             # the time the call has left (saved after each shape)
+             step sweep42 $(( 585 - SECONDS > 60 ? 585 - SECONDS : 60 )) env SWEEP_ROUND=42 PYTHONPATH=src \
+               TRITON_CACHE_DIR="$(mktemp -d)" python3 benchmarks/sweep_shapes.py --shapes gate_up,down,qkv,q/o \
+               --ms 65,128,192 --out "$out/sweep42" ;;
     prefill) # the 0.5B's eager prefill: warm (one length repeated) and of new lengths (a user's prompts), host time by
              # module; the branch's tree and main's (.carry/main, when carried: git archive main src benchmarks)
              for r in . .carry/main; do
@@ -79,10 +84,10 @@ for s in "${steps[@]}"; do
     ttft7b) step ttft7b 330 env PYTHONPATH=src TRITON_CACHE_DIR="$(mktemp -d)" python3 benchmarks/scale.py \
               --sizes qwen2.5-7b --variants bf16,fixed12,dense11 --batches 1 --compile-prefill --no-capacity \
               --out "$out/ttft7b" ;;
-    *) echo "unknown step $s (gpu_set, scale_d11, long, sweep_long, sweep05, sweep41, sweep_kv, dit, ttft7b, bits, kv, d11, prefill)" >&2; exit 2 ;;
+    *) echo "unknown step $s (gpu_set, scale_d11, long, sweep_long, sweep05, sweep41, sweep42, sweep_kv, dit, ttft7b, bits, kv, d11, prefill)" >&2; exit 2 ;;
   esac
 done
-for f in gpu_set scale_d11 long sweep_long sweep05 sweep41 sweep_kv dit ttft7b bits kv_branch kv_main d11 prefill_branch prefill_main; do
+for f in gpu_set scale_d11 long sweep_long sweep05 sweep41 sweep42 sweep_kv dit ttft7b bits kv_branch kv_main d11 prefill_branch prefill_main; do
   [ -f "$out/$f.txt" ] && { echo "=== $f (last lines)"; tail -n 14 "$out/$f.txt"; }
 done
 echo "| step | exit status | seconds |"

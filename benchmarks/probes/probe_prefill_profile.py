@@ -8,7 +8,8 @@ within 15%; probe_host_time.py puts a packed product's host time at ~47 us (bf16
     PYTHONPATH=src python3 benchmarks/probes/probe_prefill_profile.py --model qwen2.5-0.5b --prompt 512
 
 The repeated prefill is one length, so every product's launch plan is warm; a user's prompt has a new
-length each time. ``--fresh N`` also times N prefills of lengths not seen before (prompt + 1 ... + N).
+length each time. ``--fresh N`` also times N prefills of lengths not seen before in the process, each variant
+its own (the first prompt + 1 ... + N, the next from prompt + N + 2).
 """
 
 from __future__ import annotations
@@ -57,11 +58,12 @@ def _wall(model, ids, reps: int) -> tuple[float, float]:
     return sorted(walls)[reps // 2], sorted(gpus)[reps // 2]
 
 
-def _fresh(model, prompt: int, vocab: int, device: str, n: int) -> tuple[float, float]:
-    """(median wall ms, median GPU ms) of ``n`` prefills, each of a length not seen before."""
+def _fresh(model, first: int, vocab: int, device: str, n: int) -> tuple[float, float]:
+    """(median wall ms, median GPU ms) of ``n`` prefills of lengths ``first`` .. ``first + n - 1``, none seen
+    before in this process (by any variant: torch's attention pays once a length too)."""
     walls, gpus = [], []
     for i in range(n):
-        ids = torch.randint(0, vocab, (1, prompt + 1 + i), generator=torch.Generator().manual_seed(4 + i)).to(device)
+        ids = torch.randint(0, vocab, (1, first + i), generator=torch.Generator().manual_seed(4 + i)).to(device)
         w, g = _wall(model, ids, 1)
         walls.append(w)
         gpus.append(g)
@@ -157,7 +159,7 @@ def main() -> None:
     args = ap.parse_args()
     cfg = scale._config(args.model)
     rows = []
-    for variant in args.variants.split(","):
+    for v, variant in enumerate(args.variants.split(",")):
         model = scale._build(cfg, variant, args.device)
         vocab = model.config.get_text_config().vocab_size
         ids = torch.randint(0, vocab, (1, args.prompt), generator=torch.Generator().manual_seed(3)).to(args.device)
@@ -165,7 +167,8 @@ def main() -> None:
             for _ in range(3):
                 _forward(model, ids)
             wall, gpu = _wall(model, ids, 9)
-            fresh = _fresh(model, args.prompt, vocab, args.device, args.fresh) if args.fresh > 0 else (float("nan"),) * 2
+            first = args.prompt + 1 + v * (args.fresh + 1)  # each variant its own new lengths
+            fresh = _fresh(model, first, vocab, args.device, args.fresh) if args.fresh > 0 else (float("nan"),) * 2
             leaves, host, inputs = _leaf_host_times(model, ids)
             n_alone, us_alone = _alone(inputs)
             del inputs

@@ -65,11 +65,11 @@ for s in "${steps[@]}"; do
              step sweep41 $(( 585 - SECONDS > 60 ? 585 - SECONDS : 60 )) env SWEEP_ROUND=41 PYTHONPATH=src \
                TRITON_CACHE_DIR="$(mktemp -d)" python3 benchmarks/sweep_shapes.py --shapes 0.5b.qkv,0.5b.o,k/v \
                --ms 1,2,4,8 --out "$out/sweep41" ;;
-    sweep42) # the ws tile past M = 64 against unpack + cuBLAS on the merged 7B shapes (issue 38: the 65-255 bucket), in
-             # the time the call has left (saved after each shape)
+    sweep42) # the ws tile past M = 64 against unpack + cuBLAS (issue 38: the 65-255 bucket) on the 7B's and 32B's gate_up
+             # and down, 0.1% of weights exceptions (real weights: 0.02-0.13%), in the time the call has left (saved after each shape)
              step sweep42 $(( 585 - SECONDS > 60 ? 585 - SECONDS : 60 )) env SWEEP_ROUND=42 PYTHONPATH=src \
-               TRITON_CACHE_DIR="$(mktemp -d)" python3 benchmarks/sweep_shapes.py --shapes gate_up,down,qkv,q/o \
-               --ms 65,128,192 --out "$out/sweep42" ;;
+               TRITON_CACHE_DIR="$(mktemp -d)" python3 benchmarks/sweep_shapes.py --shapes gate_up,down,32b.gate_up,32b.down \
+               --ms 65,128,192 --exc 0.001 --out "$out/sweep42" ;;
     prefill) # the 0.5B's eager prefill: warm (one length repeated) and of new lengths (a user's prompts), host time by
              # module; the branch's tree and main's (.carry/main, when carried: git archive main src benchmarks)
              for r in . .carry/main; do

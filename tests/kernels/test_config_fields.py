@@ -33,6 +33,7 @@ CASES = [
     ("fixed12.wgmma", "WgConfig", "maxnreg", True),
     ("fixed12.wgmma_warpspec", "WsConfig", "stages", 2.5),
     ("fixed12.wgmma_warpspec", "WsConfig", "maxnreg", 64.0),
+    ("fixed12.wgmma_warpspec", "WsConfig", "exc_chunk", 16.0),
     ("fixed12.experts", "ExpertsGemvConfig", "warps", 4.0),
     ("fixed12.experts", "ExpertsGemvConfig", "warps", True),
     ("fixed12.experts_mma", "ExpertsMmaConfig", "stages", True),

@@ -37,7 +37,8 @@ def _compile_sm90(bn, bt, stages, bias=False, exc=False, maxnreg=128, warps=4, p
     ptrs = {"x_ptr": "*bf16", "base_ptr": "*u8", "out_ptr": "*bf16", "bias_ptr": "*bf16", "work_ptr": "*fp32",
             "cnt_ptr": "*i32", "rowptr_ptr": "*i32", "eidx_ptr": "*i32", "ehi_ptr": "*u8", "lo8_ptr": "*u8"}
     const = dict(BN=bn, BT=bt, NS=stages, LL=ll, CL=cl, ML=mma, AL=a_op, OL=ol, HAS_BIAS=bias, EXC=exc,
-                 EL=fixed12_wg.exc_layout(warps) if exc else None, CS=16, LOADER_REGS=24, NBYTES=w.slot_bytes(bn, bt), PIPE=pipe)
+                 EL=fixed12_wg.exc_layout(warps) if exc else None, CS=16, LOADER_REGS=24, NBYTES=w.slot_bytes(bn, bt), PIPE=pipe,
+                 XE=16, XT=False)
     return compile_gluon_sm90(w._ws_kernel, const, ptrs, descs, num_warps=warps, maxnreg=maxnreg)
 
 
@@ -209,6 +210,10 @@ def test_ws_config_checks():
     for bad in (dict(pipe=1), dict(pipe="yes")):
         with pytest.raises(ValueError, match="pipe"):
             WsConfig(**{**base, **bad})
+    WsConfig(**{**base, "exc_chunk": 64, "exc_xt": True})
+    for bad in (dict(exc_chunk=8), dict(exc_chunk=48), dict(exc_xt=1)):
+        with pytest.raises(ValueError, match="exc_"):
+            WsConfig(**{**base, **bad})
     for bad in (dict(consumers=2), dict(bk=256)):  # removed variants, fixed K steps
         with pytest.raises(TypeError):
             WsConfig(**{**base, **bad})
@@ -299,3 +304,28 @@ def test_ws_strided_x_and_k_384_gpu():
     x = torch.randn(33, 512, device="cuda").to(torch.bfloat16)[:, 64:448]
     y = kernels.linear(x, p, None, WsConfig(bm=64, bn=64, stages=3))
     _check(y, x, w, None)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
+                    reason="needs a Hopper GPU")
+@pytest.mark.parametrize("bm,bn,warps,stages,chunk", [(128, 128, 8, 2, 64), (128, 64, 4, 3, 32), (256, 128, 8, 2, 32),
+                                                      (16, 64, 4, 2, 64)])
+@pytest.mark.parametrize("m", [9, 100, 200])
+def test_ws_exception_chunks_and_x_transposed_gpu(bm, bn, warps, stages, chunk, m):
+    # WsConfig.exc_chunk / exc_xt with 0.1% of weights exceptions (real weights' rate), N not a multiple of the
+    # tile: within the float64 bound, and the transposed x's reads give the same bits as the strided gather
+    from glyd import kernels
+    from glyd.kernels import WsConfig
+
+    w = random_weights(1000, 3584, "normal", "cuda")
+    w.view(-1)[torch.randint(0, w.numel(), (w.numel() // 1000,), device="cuda")] = torch.tensor(
+        1e-30, device="cuda").to(torch.bfloat16)
+    p = glyd.pack(w, "fixed12")
+    assert p.arrays["exc_idx"].numel() >= w.numel() // 2000
+    x = torch.randn(m, 3584, device="cuda").to(torch.bfloat16)
+    cfg = WsConfig(bm=bm, bn=bn, warps=warps, stages=stages, waves=1, exc_chunk=chunk)
+    y = kernels.linear(x, p, None, cfg)
+    _check(y, x, w, None)
+    yt = kernels.linear(x, p, None, cfg.replace(exc_xt=True))
+    assert torch.equal(yt.view(torch.int16), y.view(torch.int16))

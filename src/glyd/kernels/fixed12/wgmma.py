@@ -153,12 +153,14 @@ EXC_E = 16  # exceptions a step of the in-tile exception sum (the one-hot MMA's 
 
 @gluon.jit
 def wg_exceptions(acc, x_ptr, m0, M, stride_xm, eidx_ptr, ehi_ptr, lo8_ptr, KP, base_ptr, n0, e0, e1,
-                   BN: gl.constexpr, BT: gl.constexpr, ML: gl.constexpr, EL: gl.constexpr):
+                   BN: gl.constexpr, BT: gl.constexpr, ML: gl.constexpr, EL: gl.constexpr, XE: gl.constexpr = 16,
+                   XT: gl.constexpr = False):
     # acc [BN weight rows, BT x rows] plus, for each exception (w, c) of rows n0.. (e0..e1),
-    # (true - decoded w) * x[:, c] on its row: 16 at a time as a wgmma of a one-hot [BN, 16]
-    # register operand and the [16, BT] products in shared memory, those split into two bf16
-    # parts (hi + lo keeps 16 of fp32's 24 significand bits: error <= 2^-16 of each term)
-    E: gl.constexpr = 16
+    # (true - decoded w) * x[:, c] on its row: E (16-64) at a time as a wgmma of a one-hot [BN, E]
+    # register operand and the [E, BT] products in shared memory (E = XE), those split into two bf16
+    # parts (hi + lo keeps 16 of fp32's 24 significand bits: error <= 2^-16 of each term). XT: x_ptr
+    # is x transposed ([K, M], contiguous), so a column's rows are one contiguous read
+    E: gl.constexpr = XE
     AO: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=ML, k_width=2)
     DL: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, E], gl.bfloat16)
     dh_s = gl.allocate_shared_memory(gl.bfloat16, [BT, E], DL)
@@ -168,8 +170,11 @@ def wg_exceptions(acc, x_ptr, m0, M, stride_xm, eidx_ptr, ehi_ptr, lo8_ptr, KP, 
     rn = (n0 + gl.arange(0, BN, layout=gl.SliceLayout(1, AO))).to(gl.int64)
     for es in range(e0, e1, E):
         c, em, tv, pv, r = exc_meta(eidx_ptr, ehi_ptr, lo8_ptr, KP, b8, KP, es, e1, E, EL)
-        xv = gl.load(x_ptr + rm[:, None] * stride_xm + c[None, :], mask=(rm < M)[:, None] & em[None, :],
-                     other=0.0).to(gl.float32)
+        if XT:
+            xp = x_ptr + c[None, :] * M + rm[:, None]
+        else:
+            xp = x_ptr + rm[:, None] * stride_xm + c[None, :]
+        xv = gl.load(xp, mask=(rm < M)[:, None] & em[None, :], other=0.0).to(gl.float32)
         d = xv * tv[None, :] - xv * pv[None, :]  # [BT, E]
         hi = d.to(gl.bfloat16)
         dh_s.store(hi)
@@ -263,8 +268,12 @@ def layouts(bn: int, bt: int, warps: int = 4):
 
 
 @functools.lru_cache(maxsize=None)
-def exc_layout(warps: int = 4):
-    """Layout of the in-tile exception step's [bt x rows, 16 exceptions] products."""
+def exc_layout(warps: int = 4, xt: bool = False):
+    """Layout of the in-tile exception step's [bt x rows, E exceptions] products: ``xt`` (x's columns read
+    from x transposed) puts a warp's lanes along the x rows, where a column is contiguous."""
+    if xt:
+        return gl.BlockedLayout(size_per_thread=[1, 1], threads_per_warp=[32, 1], warps_per_cta=[1, warps],
+                                order=[0, 1])
     return gl.BlockedLayout(size_per_thread=[1, 1], threads_per_warp=[2, 16], warps_per_cta=[warps, 1], order=[1, 0])
 
 

@@ -55,18 +55,26 @@ class WsConfig(C.KernelConfig):
     register cap (80 gives three programs an SM). ``pipe``: a step's MMAs stay in flight while the
     warpgroup reads and decodes the next step's first half (else it waits for them before reading the
     next step: the tensor cores idle while it decodes); measured on an H100 at M = 96-4608 it gained
-    nothing (benchmarks/history/2026-12-05-h100-9.md), and no table row turns it on."""
+    nothing (benchmarks/history/2026-12-05-h100-9.md), and no table row turns it on. ``exc_chunk``:
+    exceptions a one-hot MMA where a tile is finished (16, 32 or 64), ``exc_xt``: their x columns read
+    from a transposed copy of x (one contiguous read a column, not a strided gather): past M = 64 a
+    tile of 128 rows holds hundreds of exceptions at real weights' 0.1%."""
 
     bm: int = 16
     bn: int = 64
     stages: int = 2
     maxnreg: int = 0
     pipe: bool = False
+    exc_chunk: int = 16
+    exc_xt: bool = False
 
     def validate(self) -> None:
         C.pow2(self, "bm", "bn")
         ints(self, 0, 255, "stages", "maxnreg")
-        flags(self, "pipe")
+        flags(self, "pipe", "exc_xt")
+        ints(self, 16, 64, "exc_chunk")
+        if self.exc_chunk not in (16, 32, 64):
+            raise ValueError(f"WsConfig.exc_chunk must be 16, 32 or 64, got {self.exc_chunk}")
         if self.bm not in (8, 16, 32, 64, 128, 256) or not (self.warps == 4 or (self.warps, self.bn) == (8, 128)):
             raise ValueError(f"WsConfig: bm 8-256, 4 warps (or 8 with bn 128); got {self}")
         if self.bn not in (16 * self.warps, 32 * self.warps) or not 2 <= self.stages <= 8:
@@ -119,7 +127,7 @@ def _ws_first(g, P, W):
 def _ws_finish(acc, t, n0, m0, g0, P, W, S, pid, x_ptr, out_ptr, bias_ptr, work_ptr, cnt_ptr, M, N, KP, stride_xm,
                rowptr_ptr, eidx_ptr, ehi_ptr, lo8_ptr, base_ptr, BN: gl.constexpr, BT: gl.constexpr,
                ML: gl.constexpr, OL: gl.constexpr, HAS_BIAS: gl.constexpr, EXC: gl.constexpr, EL: gl.constexpr,
-               CS: gl.constexpr):
+               CS: gl.constexpr, XE: gl.constexpr = 16, XT: gl.constexpr = False):
     # the end of this program's part of tile t (its BN rows from n0). A whole tile: exceptions,
     # bias, bf16 out. A part: store the fp32 partial in this program's work slot (2 pid if it
     # began at the program's first step, else 2 pid + 1), count in; the last of the tile's programs to count in sums every part in program order
@@ -148,7 +156,7 @@ def _ws_finish(acc, t, n0, m0, g0, P, W, S, pid, x_ptr, out_ptr, bias_ptr, work_
             e0 = gl.load(rowptr_ptr + n0)
             e1 = gl.load(rowptr_ptr + gl.minimum(n0 + BN, N))
             acc = wg_exceptions(acc, x_ptr, m0, M, stride_xm, eidx_ptr, ehi_ptr, lo8_ptr, KP, base_ptr, n0, e0,
-                                e1, BN, BT, ML, EL)
+                                e1, BN, BT, ML, EL, XE, XT)
         o = gl.convert_layout(acc, OL)
         rr = n0 + gl.arange(0, BN, layout=gl.SliceLayout(1, OL))[:, None]
         mm = m0 + gl.arange(0, BT, layout=gl.SliceLayout(0, OL))[None, :]
@@ -201,7 +209,7 @@ def _ws_parts_piped(lo_s, co_s, x_s, ready, empty, g0, g1, P, W, S, MT, b4, x_pt
                     cnt_ptr, M, N, KP, stride_xm, rowptr_ptr, eidx_ptr, ehi_ptr, lo8_ptr, base_ptr, BN: gl.constexpr,
                     BT: gl.constexpr, NS: gl.constexpr, LL: gl.constexpr, CL: gl.constexpr, ML: gl.constexpr,
                     AL: gl.constexpr, OL: gl.constexpr, HAS_BIAS: gl.constexpr, EXC: gl.constexpr,
-                    EL: gl.constexpr, CS: gl.constexpr):
+                    EL: gl.constexpr, CS: gl.constexpr, XE: gl.constexpr = 16, XT: gl.constexpr = False):
     # WsConfig.pipe: the program's steps a tile part at a time, each part's steps pipelined
     # (_ws_piped) and its finish after the part's last MMAs, so that nothing decoded ahead is
     # live across a finish (its registers would spill in the step loop)
@@ -221,7 +229,8 @@ def _ws_parts_piped(lo_s, co_s, x_s, ready, empty, g0, g1, P, W, S, MT, b4, x_pt
             mbarrier.arrive(empty.index(b))
         _, _, n0, m0 = _ws_tile(t * S, S, MT, BN, BT)
         _ws_finish(acc, t, n0, m0, g0, P, W, S, pid, x_ptr, out_ptr, bias_ptr, work_ptr, cnt_ptr, M, N, KP,
-                   stride_xm, rowptr_ptr, eidx_ptr, ehi_ptr, lo8_ptr, base_ptr, BN, BT, ML, OL, HAS_BIAS, EXC, EL, CS)
+                   stride_xm, rowptr_ptr, eidx_ptr, ehi_ptr, lo8_ptr, base_ptr, BN, BT, ML, OL, HAS_BIAS, EXC, EL, CS,
+                   XE, XT)
         acc = gl.zeros([BN, BT], gl.float32, ML)
     return acc
 
@@ -231,13 +240,13 @@ def _ws_consumer(lo_s, co_s, x_s, ready, empty, g0, g1, P, W, S, MT, b4, x_ptr, 
                  M, N, KP, stride_xm, rowptr_ptr, eidx_ptr, ehi_ptr, lo8_ptr, base_ptr, BN: gl.constexpr,
                  BT: gl.constexpr, NS: gl.constexpr, LL: gl.constexpr, CL: gl.constexpr, ML: gl.constexpr,
                  AL: gl.constexpr, OL: gl.constexpr, HAS_BIAS: gl.constexpr, EXC: gl.constexpr, EL: gl.constexpr,
-                 CS: gl.constexpr, PIPE: gl.constexpr):
+                 CS: gl.constexpr, PIPE: gl.constexpr, XE: gl.constexpr = 16, XT: gl.constexpr = False):
     # the warpgroup: words from the ring, decode, MMA, free the slot; at the end of each tile's
     # part, finish it (_ws_finish). Every program has a step at least (the grid is at most one a step)
     if PIPE:
         acc = _ws_parts_piped(lo_s, co_s, x_s, ready, empty, g0, g1, P, W, S, MT, b4, x_ptr, out_ptr, bias_ptr,
                               work_ptr, cnt_ptr, M, N, KP, stride_xm, rowptr_ptr, eidx_ptr, ehi_ptr, lo8_ptr, base_ptr,
-                              BN, BT, NS, LL, CL, ML, AL, OL, HAS_BIAS, EXC, EL, CS)
+                              BN, BT, NS, LL, CL, ML, AL, OL, HAS_BIAS, EXC, EL, CS, XE, XT)
     else:
         pid = gl.program_id(0)
         acc = gl.zeros([BN, BT], gl.float32, ML)
@@ -255,7 +264,7 @@ def _ws_consumer(lo_s, co_s, x_s, ready, empty, g0, g1, P, W, S, MT, b4, x_ptr, 
             if (st == S - 1) | (g == g1 - 1):
                 _ws_finish(acc, t, n0, m0, g0, P, W, S, pid, x_ptr, out_ptr, bias_ptr, work_ptr, cnt_ptr, M, N, KP,
                            stride_xm, rowptr_ptr, eidx_ptr, ehi_ptr, lo8_ptr, base_ptr, BN, BT, ML, OL, HAS_BIAS,
-                           EXC, EL, CS)
+                           EXC, EL, CS, XE, XT)
                 acc = gl.zeros([BN, BT], gl.float32, ML)
     return (acc, )  # warp_specialize takes the default partition's results as a tuple
 
@@ -266,12 +275,12 @@ def _ws_kernel(lo_desc, co_desc, x_desc, x_ptr, base_ptr, out_ptr, bias_ptr, wor
                ML: gl.constexpr, AL: gl.constexpr, OL: gl.constexpr, HAS_BIAS: gl.constexpr,
                EXC: gl.constexpr = False, EL: gl.constexpr = None, rowptr_ptr=None, eidx_ptr=None, ehi_ptr=None,
                lo8_ptr=None, CS: gl.constexpr = 1, LOADER_REGS: gl.constexpr = 24, NBYTES: gl.constexpr = 0,
-               PIPE: gl.constexpr = False):
+               PIPE: gl.constexpr = False, XE: gl.constexpr = 16, XT: gl.constexpr = False):
     # out (bf16 [M, N], + bias) = x @ W^T, persistent over W = tiles x S K steps (stream-K):
     # program p multiplies global steps p W / P .. (p + 1) W / P (tile-major, x tiles inner), so
     # every program has the same number of steps; a tile shared by several programs is summed
     # by the last of them through fp32 work slots (_ws_finish). x here is the slot-permuted copy
-    # (x_desc); x_ptr the original, for the exceptions.
+    # (x_desc); x_ptr the original (XT: transposed, [K, M]), for the exceptions.
     pid = gl.program_id(0)
     P = gl.num_programs(0)
     g0 = (pid * W) // P
@@ -289,7 +298,7 @@ def _ws_kernel(lo_desc, co_desc, x_desc, x_ptr, base_ptr, out_ptr, bias_ptr, wor
     gl.warp_specialize([
         (_ws_consumer, (lo_s, co_s, x_s, ready, empty, g0, g1, P, W, S, MT, b4, x_ptr, out_ptr, bias_ptr, work_ptr,
                         cnt_ptr, M, N, KP, stride_xm, rowptr_ptr, eidx_ptr, ehi_ptr, lo8_ptr, base_ptr, BN, BT, NS,
-                        LL, CL, ML, AL, OL, HAS_BIAS, EXC, EL, CS, PIPE)),
+                        LL, CL, ML, AL, OL, HAS_BIAS, EXC, EL, CS, PIPE, XE, XT)),
         (_ws_loader, (lo_desc, co_desc, x_desc, lo_s, co_s, x_s, ready, empty, g0, g1, S, MT, BN, BT, NS, NBYTES)),
     ], [1], [LOADER_REGS])
 
@@ -392,6 +401,7 @@ def plan(x2: torch.Tensor, p, bias, cfg: WsConfig):
     # programs: ``split`` if given (tests), else ``waves`` an SM; at most one a step
     progs = min(work, cfg.split or cfg.waves * C.sm_count(x2.device))
     inline = prep.nexc > 0  # the exceptions are always added where a tile is finished
+    xt = inline and cfg.exc_xt  # ... their x columns read from x transposed
     tiles = triton.cdiv(n, cfg.bn) * mt
     cnt = C.counters(x2.device, tiles)
     ll, cl, mma, a_op, ol, (lsl, csl, xsl) = layouts(cfg.bn, cfg.bm, cfg.warps)
@@ -404,8 +414,9 @@ def plan(x2: torch.Tensor, p, bias, cfg: WsConfig):
     tile = _plan.Launch(_ws_kernel, (progs,), (lo_d, co_d, x_d, x, base, o, b, ring, cnt, m, n, kp, stride, steps, mt,
                                                work), dict(
         BN=cfg.bn, BT=cfg.bm, NS=cfg.stages, LL=ll, CL=cl, ML=mma, AL=a_op, OL=ol, HAS_BIAS=bias is not None,
-        EXC=inline, EL=exc_layout(cfg.warps) if inline else None, rowptr_ptr=prep.rowptr, eidx_ptr=eidx, ehi_ptr=ehi,
-        lo8_ptr=lo, CS=C.COUNTER_SLOTS, NBYTES=slot_bytes(cfg.bn, cfg.bm), PIPE=cfg.pipe, num_warps=cfg.warps,
+        EXC=inline, EL=exc_layout(cfg.warps, xt) if inline else None, rowptr_ptr=prep.rowptr, eidx_ptr=eidx,
+        ehi_ptr=ehi, lo8_ptr=lo, CS=C.COUNTER_SLOTS, NBYTES=slot_bytes(cfg.bn, cfg.bm), PIPE=cfg.pipe, XE=cfg.exc_chunk,
+        XT=xt, num_warps=cfg.warps,
         **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {})))
     permute = _permute_launch(m, k, stride)
     shape, dev, bt = (2 * progs, cfg.bn * cfg.bm), x2.device, cfg.bm
@@ -415,6 +426,8 @@ def plan(x2: torch.Tensor, p, bias, cfg: WsConfig):
             x2 = x2.contiguous()
         xp = torch.empty(m, k, dtype=x2.dtype, device=dev)
         permute(x2, xp)
+        if xt:  # the exceptions' x: [K, M], a column's rows contiguous
+            x2 = x2.t().contiguous()
         ring_slots = torch.empty(shape, dtype=torch.float32, device=dev)
         x_d = TensorDescriptor.from_tensor(xp, [bt, 64], xsl)
         tile(x2, bias if bias is not None else out, ring_slots, out, *arrays, x_d)

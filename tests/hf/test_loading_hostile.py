@@ -11,9 +11,20 @@ import pytest
 
 import glyd
 from glyd.errors import FormatError
+from glyd.hf.classes import read_config
 
 transformers = pytest.importorskip("transformers")
 from transformers import AutoModelForCausalLM  # noqa: E402
+
+#: The message for a config.json of the store's MAX_JSON_FILE_BYTES and one byte (``_huge_config``).
+TOO_LARGE = r"config\.json: 67,108,865 bytes, too large for a config\.json \(at most 67,108,864\)$"
+
+
+def _huge_config(folder) -> None:
+    """A config.json of 64 MiB + 1 bytes, sparse (no disk): read whole it would take that memory."""
+    with open(folder / "config.json", "wb") as f:
+        f.write(b"{}")
+        f.truncate((64 << 20) + 1)
 
 
 def test_a_huge_safetensors_index_is_not_read_whole(tiny_model_folder, tmp_path):
@@ -26,6 +37,29 @@ def test_a_huge_safetensors_index_is_not_read_whole(tiny_model_folder, tmp_path)
     with pytest.raises(FormatError, match=r"m/model\.safetensors\.index\.json: 67,108,865 bytes, too large for a "
                                           r"safetensors index \(at most 67,108,864\)$"):
         glyd.from_pretrained(src, device="cpu", progress=False)
+
+
+def test_read_config_refuses_a_huge_config_unread(tmp_path):
+    # read_config read config.json whole however large (a sparse 64 MiB + 1 file: read into memory,
+    # then "not valid JSON (Extra data ...)")
+    _huge_config(tmp_path)
+    with pytest.raises(FormatError, match=rf"{tmp_path.name}/{TOO_LARGE}"):
+        read_config(tmp_path)
+    assert read_config(tmp_path / "none") == {}  # missing: still {}, the loaders say so
+
+
+@pytest.mark.parametrize("kind", ["bf16", "glyd"])
+def test_a_huge_config_is_refused_in_one_line(tiny_model_folder, tmp_path, kind):
+    src = tiny_model_folder("llama")
+    if kind == "glyd":
+        src = glyd.save_pretrained(glyd.from_pretrained(src, device="cpu", progress=False), tmp_path / "g",
+                                   progress=False)
+    dst = tmp_path / "m"
+    shutil.copytree(src, dst)
+    _huge_config(dst)
+    with pytest.raises(FormatError, match=rf"m/{TOO_LARGE}") as err:
+        glyd.from_pretrained(dst, device="cpu", progress=False)
+    assert len(str(err.value).splitlines()) == 1
 
 
 @pytest.mark.parametrize("top_k", [0, 9])

@@ -255,3 +255,21 @@ def test_a_huge_safetensors_index_is_not_read_whole(packed, capsys):
         CheckpointReader(packed)
     rc, err = _cli(capsys, "unpack", str(packed), str(packed.parent / "back"))
     assert rc == 1 and len(err.splitlines()) == 1 and "too large for a safetensors index" in err, err
+
+
+def _huge(path: Path) -> None:
+    """``path`` as a JSON file of 64 MiB + 1 bytes, sparse (no disk): read whole it would take that memory."""
+    with open(path, "wb") as f:
+        f.write(b"{}")
+        f.truncate((64 << 20) + 1)  # the store's MAX_JSON_FILE_BYTES, and one byte
+
+
+def test_a_huge_config_is_not_read_whole(packed):
+    # CheckpointReader.config read config.json whole however large (a sparse 64 MiB + 1 file: read into
+    # memory, then "not valid JSON (Extra data ...)")
+    _huge(packed / "config.json")
+    reader = CheckpointReader(packed)  # opening reads no config
+    with pytest.raises(FormatError, match=r"packed/config\.json: 67,108,865 bytes, too large for a config\.json "
+                                          r"\(at most 67,108,864\)$"):
+        reader.config
+

@@ -24,7 +24,7 @@ from typing import Any
 
 from glyd.errors import FormatError, UnsupportedError, not_a_file, show_path
 from glyd.store._config import own_model_type
-from glyd.store._safetensors import load_json, short
+from glyd.store._safetensors import load_json, read_json_bytes, short
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +51,8 @@ AUTO_CLASSES = (
 def read_config(path: Path) -> dict[str, Any]:
     """config.json of a model folder as a dict ({} when it is missing: the loaders say so);
     FormatError naming it when it is not a JSON object glyd can read (malformed, nested too deeply,
-    a duplicate key: transformers' own parser would raise RecursionError on some)."""
+    a duplicate key: transformers' own parser would raise RecursionError on some) or is larger than
+    any config (``MAX_JSON_FILE_BYTES``, refused before it is read)."""
     p = path / "config.json"
     what = not_a_file(p)
     if what == "missing":
@@ -59,7 +60,7 @@ def read_config(path: Path) -> dict[str, Any]:
     if what is not None:
         raise FormatError(f"{show_path(p)}: {what}, not a regular file (glyd reads no pipe or device: it could block "
                           "or never end)")
-    d = load_json(p.read_bytes(), p)
+    d = load_json(read_json_bytes(p, "a config.json"), p)
     if not isinstance(d, dict):
         raise FormatError(f"{show_path(p)}: not a JSON object")
     return d

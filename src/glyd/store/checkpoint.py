@@ -70,6 +70,7 @@ from glyd.store._safetensors import (
     dtype_name,
     load_json,
     read_header,
+    read_json_bytes,
     sha256_file,
     sha256_tensor,
     short,
@@ -478,12 +479,13 @@ class CheckpointReader:
 
     @property
     def config(self) -> dict[str, Any] | None:
-        """config.json as a dict, or None when the checkpoint has none."""
+        """config.json as a dict, or None when the checkpoint has none; FormatError naming it when it
+        is not a JSON object or is larger than any config (refused before it is read)."""
         if self._config is None:
             p = self.path / CONFIG
             if not p.is_file():
                 return None
-            cfg = load_json(p.read_bytes(), p)
+            cfg = load_json(read_json_bytes(p, "a config.json"), p)
             if not isinstance(cfg, dict):
                 raise FormatError(f"{show_path(p)}: not a JSON object")
             self._config = cfg

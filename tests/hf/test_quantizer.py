@@ -10,14 +10,14 @@ import pytest
 import torch
 
 import glyd
-from glyd.errors import FormatError
+from glyd.errors import FormatError, UnsupportedError
 from glyd.store import CheckpointReader
 from glyd.nn import GlydEmbedding, GlydLinear, GlydLinearPart, GlydTiedLinear
 
 transformers = pytest.importorskip("transformers")
 from transformers import AutoModelForCausalLM  # noqa: E402
 
-from glyd.hf.quantizer import GlydConfig, GlydHfQuantizer, register_with_transformers  # noqa: E402
+from glyd.hf.quantizer import GlydConfig, GlydHfQuantizer, _check_dtype, register_with_transformers  # noqa: E402
 
 
 def bits(t):
@@ -236,3 +236,20 @@ def test_an_exact_that_is_not_true_or_false_is_refused(saved, tmp_path, exact):
         glyd.from_pretrained(folder, device="cpu", progress=False)
     with pytest.raises(FormatError, match=message):
         GlydConfig(exact=exact)
+
+
+def test_the_dtype_check_refuses_a_huge_config_unread(tmp_path):
+    # the dtype check read config.json whole however large (a sparse 64 MiB + 1 file: read into memory
+    # as text, then dropped as not JSON and the dtype refused as if the config named none)
+    with open(tmp_path / "config.json", "wb") as f:
+        f.write(b"{}")
+        f.truncate((64 << 20) + 1)  # the store's MAX_JSON_FILE_BYTES, and one byte
+    with pytest.raises(FormatError, match=rf"{tmp_path.name}/config\.json: 67,108,865 bytes, too large for a "
+                                          r"config\.json \(at most 67,108,864\)$"):
+        _check_dtype(torch.float32, tmp_path)
+    _check_dtype(torch.bfloat16, tmp_path)  # bf16 asked for: the config is not read at all
+    (tmp_path / "config.json").write_text('{"dtype": "float32"')  # malformed: names no dtype, as before
+    with pytest.raises(UnsupportedError, match=r"dtype=torch\.float32: a glyd model loads in bfloat16"):
+        _check_dtype(torch.float32, tmp_path)
+    (tmp_path / "config.json").write_text('{"dtype": "float32"}')
+    _check_dtype(torch.float32, tmp_path)  # the config's own dtype: said, not refused

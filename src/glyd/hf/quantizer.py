@@ -13,6 +13,7 @@ This importing module imports transformers; ``import glyd`` does not import it.
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ from transformers.utils.quantization_config import QuantizationConfigMixin
 
 from glyd.codec.packed import FORMAT_VERSION
 from glyd.errors import FormatError, UnsupportedError, show_path
+from glyd.store._safetensors import read_json_bytes
 
 log = logging.getLogger(__name__)
 
@@ -148,15 +150,19 @@ class GlydHfQuantizer(HfQuantizer):
 
 def _check_dtype(dtype: torch.dtype | None, folder: Path) -> None:
     """A glyd model loads in bfloat16: another dtype asked for is refused, unless it is the one the
-    folder's config.json names (transformers' ``dtype="auto"``), which is said and not used."""
+    folder's config.json names (transformers' ``dtype="auto"``), which is said and not used. A config.json
+    larger than any config is FormatError, refused before it is read."""
     if dtype is None or dtype == torch.bfloat16:
         return
-    import json
-
-    try:
-        cfg = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    path = folder / "config.json"
+    try:  # (a FIFO would block the read: check_folder says what the path is)
+        raw = read_json_bytes(path, "a config.json") if path.is_file() else b""
+    except OSError:
+        raw = b""
+    try:  # a malformed config names no dtype: check_folder or transformers say what is wrong with it
+        cfg = json.loads(raw.decode("utf-8")) if raw else None
         named = cfg.get("dtype", cfg.get("torch_dtype")) if isinstance(cfg, dict) else None
-    except (OSError, ValueError):
+    except ValueError:
         named = None
     if isinstance(named, str) and getattr(torch, named, None) == dtype:
         log.warning("%s: config.json gives dtype %s; a glyd model loads in bfloat16 (its packed weights are bf16)",

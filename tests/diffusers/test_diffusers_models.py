@@ -390,3 +390,22 @@ def test_a_huge_bf16_index_is_not_read_whole(tmp_path):
     with pytest.raises(FormatError, match=r"index\.json: 67,108,865 bytes, too large for a safetensors index "
                                           r"\(at most 67,108,864\)$"):
         glyd.from_pretrained(tmp_path / "t", device="cpu", progress=False)
+
+
+def test_a_huge_config_is_not_read_whole(tmp_path):
+    # the diffusers check of glyd.from_pretrained read config.json whole however large (a sparse 64 MiB
+    # + 1 file: read into memory, then taken for no config); now refused by its size, as the index is
+    from glyd.diffusers._detect import folder_config, wants_diffusers
+
+    tiny_flux().save_pretrained(tmp_path / "t")
+    with open(tmp_path / "t" / "config.json", "wb") as f:
+        f.write(b"{}")
+        f.truncate((64 << 20) + 1)  # the store's MAX_JSON_FILE_BYTES, and one byte
+    match = r"t/config\.json: 67,108,865 bytes, too large for a config\.json \(at most 67,108,864\)$"
+    with pytest.raises(FormatError, match=match):
+        folder_config(tmp_path / "t")
+    with pytest.raises(FormatError, match=match):
+        wants_diffusers(tmp_path, subfolder="t")
+    with pytest.raises(FormatError, match=match):
+        glyd.from_pretrained(tmp_path / "t", model_class="FluxTransformer2DModel", device="cpu", progress=False)
+    assert folder_config(tmp_path / "none") == {}  # missing: still {}

@@ -17,6 +17,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from glyd.store._safetensors import read_json_bytes
+
 #: config.json fields that diffusers writes for every model (``ConfigMixin.to_json_string``).
 DIFFUSERS_KEYS = ("_class_name", "_diffusers_version")
 
@@ -43,13 +45,18 @@ def is_diffusers_model(model: Any) -> bool:
 
 
 def folder_config(path: str | os.PathLike, subfolder: str | None = None) -> dict[str, Any]:
-    """config.json of a local folder (``subfolder`` inside it) as a dict; {} when there is none."""
+    """config.json of a local folder (``subfolder`` inside it) as a dict; {} when there is none or it
+    cannot be read or parsed. One larger than any config is FormatError, refused before it is read."""
     p = Path(path) / (subfolder or "") / "config.json"
     if not p.is_file():  # (a FIFO would block the read: the loader says what the path is)
         return {}
     try:
-        d = json.loads(p.read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError):  # not diffusers'; the loader says what is wrong with it
+        raw = read_json_bytes(p, "a config.json")
+    except OSError:  # the loader says why it cannot be read
+        return {}
+    try:
+        d = json.loads(raw.decode("utf-8"))
+    except (ValueError, RecursionError):  # not diffusers'; the loader says what is wrong with it
         return {}
     return d if isinstance(d, dict) else {}
 

@@ -273,3 +273,14 @@ def test_a_huge_config_is_not_read_whole(packed):
                                           r"\(at most 67,108,864\)$"):
         reader.config
 
+
+@pytest.mark.parametrize("name", ["config.json", "glyd.source_config.json"])
+def test_unpack_refuses_a_huge_config_unread(packed, capsys, name):
+    # unpack read either file whole up to glyd.json's 256 MiB bound (a sparse 64 MiB + 1 file: read into
+    # memory, then a sha256 mismatch); a config has the one bound, 64 MiB, everywhere
+    _huge(packed / name)
+    rc, err = _cli(capsys, "unpack", str(packed), str(packed.parent / "back"))
+    assert rc == 1 and len(err.splitlines()) == 1, err
+    assert f"packed/{name}: 67,108,865 bytes, too large for a config.json (at most 67,108,864)" in err, err
+    assert not (packed.parent / "back").exists()
+

@@ -211,18 +211,14 @@ def test_packing_into_the_source_is_refused(src, capsys, inside):
     assert not dst.exists() and not [p for p in src.rglob("*") if ".glyd-" in p.name]
 
 
-def test_a_config_larger_than_unpack_reads_back_is_refused_up_front(src, capsys, monkeypatch):
-    # was: packed (its bytes kept as glyd.source_config.json), then glyd unpack refused the folder:
-    # "glyd.source_config.json: ... bytes is larger than any config glyd writes"
-    import glyd.store._source as source
-    import glyd.store.folder as folder
-
-    limit = 20_000  # MAX_MANIFEST_BYTES (256 MiB) is too large for a test: both readers take the smaller bound
-    monkeypatch.setattr(folder, "MAX_MANIFEST_BYTES", limit)
-    monkeypatch.setattr(source, "MAX_MANIFEST_BYTES", limit, raising=False)
-    config = json.loads((src / "config.json").read_text())
-    (src / "config.json").write_text(json.dumps(config) + " " * limit)
-    _refused(src, capsys, f"config.json: {(src / 'config.json').stat().st_size} bytes is larger than")
+def test_a_config_larger_than_the_readers_take_is_refused_unread(src, capsys):
+    # was: read whole up to glyd.json's 256 MiB bound (a sparse 64 MiB + 1 file: read into memory, then
+    # "not valid JSON"), though the loaders and unpack take a config of 64 MiB at most
+    with open(src / "config.json", "wb") as f:
+        f.write(b"{}")
+        f.truncate((64 << 20) + 1)  # the store's MAX_JSON_FILE_BYTES, and one byte
+    _refused(src, capsys, "src/config.json: 67,108,865 bytes, too large for a config.json (at most 67,108,864): "
+                          "refusing to pack it")
 
 
 @pytest.mark.parametrize("which", ["source", "destination"])

@@ -18,7 +18,7 @@ from typing import Any
 
 from glyd.errors import CorruptError, FormatError, show_path
 from glyd.store._atomic import is_glyd_temporary
-from glyd.store._manifest import CONFIG, INDEX, KEY_SEP, MANIFEST, MAX_MANIFEST_BYTES, SINGLE_SHARD, safe_relpath
+from glyd.store._manifest import CONFIG, INDEX, KEY_SEP, MANIFEST, SINGLE_SHARD, safe_relpath
 from glyd.store._safetensors import Header, load_json, read_header, read_json_bytes
 
 log = logging.getLogger(__name__)
@@ -188,16 +188,13 @@ def copy_list(src: Path, weight_files: set[str]) -> tuple[list[tuple[Path, str]]
 
 def read_config(src: Path) -> tuple[dict[str, Any], bytes] | None:
     """config.json of the source (parsed, and its bytes as they are), or None; a link must stay
-    inside the folder like any file, and its size within what ``glyd unpack`` reads back."""
+    inside the folder like any file, and its size within what ``glyd unpack`` and the loaders read
+    (``MAX_JSON_FILE_BYTES``, checked before it is read)."""
     path = src / CONFIG
     if not (path.is_file() or path.is_symlink()):
         return None
     check_inside(src, path)
-    size = path.stat().st_size
-    if size > MAX_MANIFEST_BYTES:  # the packed folder keeps these bytes: unpack would refuse them
-        raise FormatError(f"{show_path(path)}: {size} bytes is larger than any config glyd gives back "
-                          f"({MAX_MANIFEST_BYTES} bytes at most): refusing to pack it")
-    raw = path.read_bytes()
+    raw = read_json_bytes(path, "a config.json", ": refusing to pack it")
     cfg = load_json(raw, path)
     if not isinstance(cfg, dict):
         raise FormatError(f"{show_path(path)}: not a JSON object")

@@ -37,14 +37,21 @@ from glyd.store._config import (
     packed_config,
     plain_config,
 )
-from glyd.store._safetensors import Header, dtype_from_name, dtype_name, load_json, sha256_tensor, write_streaming
+from glyd.store._safetensors import (
+    Header,
+    dtype_from_name,
+    dtype_name,
+    load_json,
+    read_json_bytes,
+    sha256_tensor,
+    write_streaming,
+)
 from glyd.store._atomic import check_outside
 from glyd.store._card import human_bytes
 from glyd.store._source import check_utf8_path, copy_list, read_config, source_shards
 from glyd.store.checkpoint import (
     CONFIG,
     MANIFEST,
-    MAX_MANIFEST_BYTES,
     AtomicDir,
     CheckpointReader,
     CheckpointWriter,
@@ -399,11 +406,10 @@ def unpack_folder(src: str | os.PathLike, dst: str | os.PathLike, progress: bool
 
 
 def _read_listed(reader: CheckpointReader, rel: str) -> bytes:
-    """The bytes of ``rel``, a JSON file the manifest lists, checked against its sha256."""
+    """The bytes of ``rel``, a config.json the manifest lists (the packed one or the source's), checked
+    against its sha256; one larger than any config is refused before it is read."""
     path = reader.path / rel
-    if path.stat().st_size > MAX_MANIFEST_BYTES:
-        raise FormatError(f"{show_path(path)}: {path.stat().st_size} bytes is larger than any config glyd writes")
-    data = path.read_bytes()
+    data = read_json_bytes(path, "a config.json")
     if hashlib.sha256(data).hexdigest() != reader.files[rel]:
         raise CorruptError(f"{show_path(path)}: sha256 mismatch with {MANIFEST} (the file was changed or damaged)")
     return data

@@ -284,3 +284,14 @@ def test_unpack_refuses_a_huge_config_unread(packed, capsys, name):
     assert f"packed/{name}: 67,108,865 bytes, too large for a config.json (at most 67,108,864)" in err, err
     assert not (packed.parent / "back").exists()
 
+
+def test_the_writer_refuses_a_config_the_readers_would_refuse(tmp_path):
+    # a source config.json within the bound could grow past it when written with indent 2: the folder
+    # written would then be refused by every reader of it
+    config = {"model_type": "toy", "pad": "x" * (64 << 20)}
+    with pytest.raises(FormatError, match=r"out/config\.json: would be 67,108,9\d\d bytes, too large for a "
+                                          r"config\.json \(at most 67,108,864\)$"):
+        with CheckpointWriter(tmp_path / "out", layout="fixed12") as w:
+            w.add_tensor("w", torch.ones(4, 8, dtype=torch.bfloat16))
+            w.set_config(config)
+    assert list(tmp_path.iterdir()) == []

@@ -64,6 +64,7 @@ from glyd.store._manifest import (  # noqa: F401 - the names are part of this mo
     validate_manifest,
 )
 from glyd.store._safetensors import (
+    MAX_JSON_FILE_BYTES,
     Header,
     check_write_order,
     dtype_from_name,
@@ -274,10 +275,15 @@ class CheckpointWriter:
 
     def set_config(self, config: dict[str, Any]) -> None:
         """Write ``config`` as the checkpoint's config.json (transformers' spelling: indent 2, sorted keys),
-        and glyd's loader module when its ``auto_map`` names it (``glyd.store._config.LOADER_FILE``)."""
+        and glyd's loader module when its ``auto_map`` names it (``glyd.store._config.LOADER_FILE``);
+        FormatError when that file would be larger than the readers take (``MAX_JSON_FILE_BYTES``)."""
         if not isinstance(config, dict):
             raise TypeError(f"config must be a dict, got {type(config).__name__}")
-        self.add_bytes((json.dumps(config, indent=2, sort_keys=True) + "\n").encode("utf-8"), CONFIG)
+        data = (json.dumps(config, indent=2, sort_keys=True) + "\n").encode("utf-8")
+        if len(data) > MAX_JSON_FILE_BYTES:  # the reader and the loaders would refuse the folder
+            raise FormatError(f"{show_path(self.path / CONFIG)}: would be {len(data):,} bytes, too large for a "
+                              f"config.json (at most {MAX_JSON_FILE_BYTES:,})")
+        self.add_bytes(data, CONFIG)
         self._config = config
         auto = config.get("auto_map")
         if isinstance(auto, dict) and auto.get("AutoConfig") == LOADER_CLASS:

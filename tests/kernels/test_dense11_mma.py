@@ -309,14 +309,21 @@ def test_version_2_runs_the_tile_dot_for_mma(layouts, monkeypatch):
     assert float((got - ref).norm() / ref.norm()) < 5e-3
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 # M in groups, one test each: its ~30 kernel builds in one test (one xdist worker) took 114-215 s, the GPU set's
 # longest pole, and the kernels part ran past its limit on a slower H100 (2026-12-05); M 64 apart from 32-33: the group
 # of three took 133-142 s on an H100 (2026-12-06). A test a shape: the three shapes in one test a M group took 88-252 s
-# (their builds are not all shared) and the kernels part 372 s against 262 s (H100, 2026-12-06)
-@pytest.mark.parametrize("ms", [(1, 2), (8, 9), (16, 17), (32, 33), (64,)])
-@pytest.mark.parametrize("n,k", [(4608, 3584), (3584, 18944), (512, 3584)])
+# (their builds are not all shared) and the kernels part 372 s against 262 s (H100, 2026-12-06). The default GPU set
+# runs one shape a M group, every shape in turn (5 of the 15 cases; 85-145 s each made the set 369-413 s, over its 6
+# minutes, on 2026-12-06's H100); the slow set the other 10
+_MMA_SHAPES = [(4608, 3584), (3584, 18944), (512, 3584)]
+_MMA_GROUPS = [(1, 2), (8, 9), (16, 17), (32, 33), (64,)]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("n,k,ms", [
+    pytest.param(n, k, ms, marks=() if i % 3 == j else pytest.mark.slow, id=f"{n}-{k}-ms{i}")
+    for j, (n, k) in enumerate(_MMA_SHAPES) for i, ms in enumerate(_MMA_GROUPS)])
 def test_mma_on_the_gpu(n, k, ms):
     # the 7B's qkv, down and a k/v projection at M = 1-64: the PTX MMA against float64, version 2 against 3
     from glyd.kernels.gpu_pack import pack_dense11

@@ -14,7 +14,7 @@ GPU without one). ``SWEEP_ROUND=N`` times round N's candidates instead of the de
 (rounds 2-42 as they ran, ported to the configs; rounds 32 and 33, the ws ``pipe`` and
 ``consumers`` settings, are gone with those settings: their last version is in 497582d).
 ``SWEEP_ROUND=table`` times, at each M, every candidate that the fallback table (the H200's)
-lists for that M bucket in any shape class.
+lists for that M bucket in any shape class; ``SWEEP_ROUND=default`` the table's choice alone.
 
 Making the kernel table of a new GPU: run the sweep there over the shapes and M buckets the table
 should cover, with ``--table OUT.json``, e.g.
@@ -198,6 +198,8 @@ def _candidates(m: int, n: int, k: int) -> dict:
 
     if rnd == "table":
         return {"default": None, **table_round(m, n, k)}
+    if rnd == "default":  # the table's choice alone (with --exc: what real weights' exceptions cost it)
+        return out
     if rnd == "6":  # the split-K reduce: in-kernel fixup, waves, reduce tiles
         d = dflt()
         if not isinstance(d, LongConfig):

@@ -70,6 +70,12 @@ for s in "${steps[@]}"; do
              step sweep42 $(( 585 - SECONDS > 60 ? 585 - SECONDS : 60 )) env SWEEP_ROUND=42 PYTHONPATH=src \
                TRITON_CACHE_DIR="$(mktemp -d)" python3 benchmarks/sweep_shapes.py --shapes gate_up,down,32b.gate_up,32b.down \
                --ms 65,128,192 --exc 0.001 --out "$out/sweep42" ;;
+    exc_decode) # the table's choice at decode sizes with real weights' share of exceptions (0.1%) and with almost none
+                # (normal weights): every decode number so far was measured on the latter
+                for e in 0 0.001; do
+                  step "exc_decode_$e" 150 env SWEEP_ROUND=default PYTHONPATH=src python3 benchmarks/sweep_shapes.py \
+                    --shapes gate_up,qkv,q/o,down,lm_head --ms 1,2,8,16,32,64 --exc $e --out "$out/exc_decode_$e"
+                done ;;
     prefill) # the 0.5B's eager prefill: warm (one length repeated) and of new lengths (a user's prompts), host time by
              # module; the branch's tree and main's (.carry/main, when carried: git archive main src benchmarks)
              for r in . .carry/main; do
@@ -84,10 +90,10 @@ for s in "${steps[@]}"; do
     ttft7b) step ttft7b 330 env PYTHONPATH=src TRITON_CACHE_DIR="$(mktemp -d)" python3 benchmarks/scale.py \
               --sizes qwen2.5-7b --variants bf16,fixed12,dense11 --batches 1 --compile-prefill --no-capacity \
               --out "$out/ttft7b" ;;
-    *) echo "unknown step $s (gpu_set, scale_d11, long, sweep_long, sweep05, sweep41, sweep42, sweep_kv, dit, ttft7b, bits, kv, d11, prefill)" >&2; exit 2 ;;
+    *) echo "unknown step $s (gpu_set, scale_d11, long, sweep_long, sweep05, sweep41, sweep42, exc_decode, sweep_kv, dit, ttft7b, bits, kv, d11, prefill)" >&2; exit 2 ;;
   esac
 done
-for f in gpu_set scale_d11 long sweep_long sweep05 sweep41 sweep42 sweep_kv dit ttft7b bits kv_branch kv_main d11 prefill_branch prefill_main; do
+for f in gpu_set scale_d11 long sweep_long sweep05 sweep41 sweep42 exc_decode_0 exc_decode_0.001 sweep_kv dit ttft7b bits kv_branch kv_main d11 prefill_branch prefill_main; do
   [ -f "$out/$f.txt" ] && { echo "=== $f (last lines)"; tail -n 14 "$out/$f.txt"; }
 done
 echo "| step | exit status | seconds |"

@@ -108,12 +108,13 @@ def fit_prediction(cfg: dict, weights: str, gpu_bytes: int, batch: int) -> dict:
             "kv_bytes_per_token": per_token, "max_positions": shape.max_positions}
 
 
-def _build(cfg: dict, weights: str, device: str):
+def _build(cfg: dict, weights: str, device: str, tiny_share: float = 0.0):
     from glyd.apps.eval_models import merge_bf16
     from glyd.hf.synthetic import random_model
 
+    # tiny_share: of each matrix's values outside fixed12's window, as real weights have them (every variant the same)
     model = random_model(_hf_config(cfg), layout=None if weights == "bf16" else weights, device=device, merge=True,
-                         progress=True)
+                         progress=True, tiny_share=tiny_share)
     if weights == "bf16":
         merge_bf16(model)  # the same products as Glyd's merged ones
     return model
@@ -148,7 +149,8 @@ def run_variant(name: str, cfg: dict, variant: str, args, device: str) -> dict:
     weights, _, kv = variant.partition("+")
     lossless = kv == "kv"
     gpu = torch.cuda.get_device_properties(device).total_memory if device.startswith("cuda") else 0
-    rec = {"size": name, "variant": variant, "weights": weights, "kv": "lossless" if lossless else "bf16"}
+    rec = {"size": name, "variant": variant, "weights": weights, "kv": "lossless" if lossless else "bf16",
+           "exc_share": args.exc}
     rec["fit"] = fit_prediction(cfg, weights, gpu or 80 * GiB, args.capacity_batch)
     rec["params"] = rec["fit"]["params"]
     if gpu and weights == "bf16" and rec["fit"]["weight_bytes"] + GiB > gpu:
@@ -157,7 +159,7 @@ def run_variant(name: str, cfg: dict, variant: str, args, device: str) -> dict:
     if device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats()
     t = time.perf_counter()
-    model = sp.oom_safe(lambda: _build(cfg, weights, device), device, f"{name} {weights}: building")
+    model = sp.oom_safe(lambda: _build(cfg, weights, device, args.exc), device, f"{name} {weights}: building")
     if model is None:
         rec["status"] = "OOM while building"
         return rec
@@ -241,6 +243,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                          "in the graph)")
     ap.add_argument("--capacity-batch", type=int, default=1, help="sequences of the largest-context search (default 1)")
     ap.add_argument("--no-capacity", action="store_true", help="skip the largest-context search")
+    ap.add_argument("--exc", type=float, default=0.0,
+                    help="a share of each matrix's weights outside fixed12's window, as real weights have 0.0002-0.0013 "
+                         "(default 0: normal weights, about 0.00004)")
     ap.add_argument("--device", default=None, help="default: cuda when available")
     ap.add_argument("--tiny", action="store_true",
                     help=f"a two-layer model on the CPU, small batches and prompts (--sizes: {', '.join(TINY_CONFIGS)})")

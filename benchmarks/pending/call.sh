@@ -76,6 +76,10 @@ for s in "${steps[@]}"; do
                   step "exc_decode_$e" 150 env SWEEP_ROUND=default PYTHONPATH=src python3 benchmarks/sweep_shapes.py \
                     --shapes gate_up,qkv,q/o,down,lm_head --ms 1,2,8,16,32,64 --exc $e --out "$out/exc_decode_$e"
                 done ;;
+    exc_step) # the 7B's decode step and first token with real weights' share of exceptions (scale.py --exc 0.001), bf16
+              # and fixed12 with the same weights
+              step exc_step 330 env PYTHONPATH=src TRITON_CACHE_DIR="$(mktemp -d)" python3 benchmarks/scale.py \
+                --sizes qwen2.5-7b --variants bf16,fixed12 --batches 1,16,64 --exc 0.001 --no-capacity --out "$out/exc_step" ;;
     prefill) # the 0.5B's eager prefill: warm (one length repeated) and of new lengths (a user's prompts), host time by
              # module; the branch's tree and main's (.carry/main, when carried: git archive main src benchmarks)
              for r in . .carry/main; do
@@ -90,10 +94,10 @@ for s in "${steps[@]}"; do
     ttft7b) step ttft7b 330 env PYTHONPATH=src TRITON_CACHE_DIR="$(mktemp -d)" python3 benchmarks/scale.py \
               --sizes qwen2.5-7b --variants bf16,fixed12,dense11 --batches 1 --compile-prefill --no-capacity \
               --out "$out/ttft7b" ;;
-    *) echo "unknown step $s (gpu_set, scale_d11, long, sweep_long, sweep05, sweep41, sweep42, exc_decode, sweep_kv, dit, ttft7b, bits, kv, d11, prefill)" >&2; exit 2 ;;
+    *) echo "unknown step $s (gpu_set, scale_d11, long, sweep_long, sweep05, sweep41, sweep42, exc_decode, exc_step, sweep_kv, dit, ttft7b, bits, kv, d11, prefill)" >&2; exit 2 ;;
   esac
 done
-for f in gpu_set scale_d11 long sweep_long sweep05 sweep41 sweep42 exc_decode_0 exc_decode_0.001 sweep_kv dit ttft7b bits kv_branch kv_main d11 prefill_branch prefill_main; do
+for f in gpu_set scale_d11 long sweep_long sweep05 sweep41 sweep42 exc_decode_0 exc_decode_0.001 exc_step sweep_kv dit ttft7b bits kv_branch kv_main d11 prefill_branch prefill_main; do
   [ -f "$out/$f.txt" ] && { echo "=== $f (last lines)"; tail -n 14 "$out/$f.txt"; }
 done
 echo "| step | exit status | seconds |"

@@ -67,6 +67,28 @@ def test_values_depend_on_seed_and_name():
     assert torch.equal(random_tensor("n.bias", (4,), device="cpu"), torch.zeros(4, dtype=torch.bfloat16))
 
 
+def test_a_tiny_share_gives_real_weights_exceptions_and_packs_bit_for_bit():
+    # tiny_share: that share of each matrix's values 1e-30 (outside fixed12's window), the rest as without it
+    plain = random_tensor("x.weight", (64, 512), device="cpu", seed=2)
+    a = random_tensor("x.weight", (64, 512), device="cpu", seed=2, tiny_share=0.01)
+    assert torch.equal(_bits(a), _bits(random_tensor("x.weight", (64, 512), device="cpu", seed=2, tiny_share=0.01)))
+    changed = _bits(a) != _bits(plain)
+    assert 0.008 * a.numel() <= int(changed.sum()) <= 0.01 * a.numel() and (a[changed] == 1e-30).all()
+    assert glyd.pack(a, "fixed12").arrays["exc_idx"].numel() >= int(changed.sum())
+    norm = random_tensor("n.weight", (4,), device="cpu", tiny_share=0.01)
+    assert torch.equal(norm, torch.ones(4, dtype=torch.bfloat16))
+    model = random_model(_config(False), layout="fixed12", device="cpu", seed=3, progress=False, tiny_share=0.01)
+    m = model.model.layers[0].mlp.down_proj
+    want = random_tensor("model.layers.0.mlp.down_proj.weight", (64, 96), device="cpu", std=0.02, seed=3,
+                         tiny_share=0.01)
+    assert torch.equal(_bits(ops.unpack(m.packed)), _bits(want)) and m.packed.arrays["exc_idx"].numel() > 0
+    for bad in (-0.1, 0.6):
+        with pytest.raises(ValueError, match="tiny_share"):
+            random_tensor("x.weight", (4, 4), device="cpu", tiny_share=bad)
+        with pytest.raises(ValueError, match="tiny_share"):
+            random_model(_config(False), device="cpu", progress=False, tiny_share=bad)
+
+
 def test_largest_tensors_made_first_then_model_order():
     from accelerate import init_empty_weights
     from transformers import AutoModelForCausalLM

@@ -53,15 +53,19 @@ def tensor_seed(name: str, seed: int) -> int:
 
 
 def random_tensor(name: str, shape: tuple[int, ...], *, device: torch.device | str, std: float = DEFAULT_STD,
-                  seed: int = 0) -> torch.Tensor:
+                  seed: int = 0, tiny_share: float = 0.0) -> torch.Tensor:
     """The bf16 values :func:`random_model` gives tensor ``name``: normal(0, ``std``) for a 2-D or
-    larger weight, zeros for a bias, ones for any other 1-D tensor (norms).
+    larger weight, zeros for a bias, ones for any other 1-D tensor (norms). ``tiny_share`` (0 to 0.5) of a
+    weight's values, at places drawn from its own generator, are 1e-30: outside every fixed12 exponent
+    window, as 0.02-0.13% of real weights are (normal weights have about 0.004%).
 
     >>> a = random_tensor("lm_head.weight", (4, 8), device="cpu")
     >>> torch.equal(a.view(torch.int16), random_tensor("lm_head.weight", (4, 8), device="cpu").view(torch.int16))
     True
     """
     device = torch.device(device)
+    if not 0.0 <= tiny_share <= 0.5:
+        raise ValueError(f"tiny_share must be a share of the weights from 0 to 0.5, got {tiny_share}")
     if len(shape) < 2:
         fill = 0.0 if name.endswith("bias") else 1.0
         return torch.full(tuple(shape), fill, dtype=torch.bfloat16, device=device)
@@ -71,6 +75,9 @@ def random_tensor(name: str, shape: tuple[int, ...], *, device: torch.device | s
     for start in range(0, flat.numel(), _CHUNK):  # in chunks: no full-size fp32 copy
         n = min(_CHUNK, flat.numel() - start)
         flat[start:start + n] = torch.randn(n, generator=g, device=device, dtype=torch.float32).mul_(std)
+    count = int(flat.numel() * tiny_share)
+    if count:  # places drawn after the values, from the same generator: the same tensor for the same arguments
+        flat[torch.randint(0, flat.numel(), (count,), generator=g, device=device)] = 1e-30
     return out
 
 
@@ -127,7 +134,7 @@ def _meta_model(config: Any, model_class: Any) -> nn.Module:
 
 
 def _make(model: nn.Module, order: list[tuple[str, nn.Parameter]], packer: Packer | None, *, device: torch.device,
-          std: float, seed: int, progress: bool, desc: str) -> None:
+          std: float, seed: int, progress: bool, desc: str, tiny_share: float = 0.0) -> None:
     """Make every tensor of ``order`` on ``device``: fed to ``packer`` (None: put in place, bf16)."""
     made: dict[int, nn.Parameter] = {}  # id of a meta parameter -> the parameter made for it (tied weights)
     for name, p in tqdm(order, desc=desc, unit="tensor", disable=not progress):
@@ -136,7 +143,7 @@ def _make(model: nn.Module, order: list[tuple[str, nn.Parameter]], packer: Packe
         if packer is None and id(p) in made:
             _place(model, name, made[id(p)])
             continue
-        t = random_tensor(name, tuple(p.shape), device=device, std=std, seed=seed)
+        t = random_tensor(name, tuple(p.shape), device=device, std=std, seed=seed, tiny_share=tiny_share)
         if packer is not None:
             packer.feed(name, t)
         else:
@@ -147,7 +154,8 @@ def _make(model: nn.Module, order: list[tuple[str, nn.Parameter]], packer: Packe
 
 def random_model(config: Any, *, layout: str | None = None, device: str | torch.device | None = None,
                  merge: bool | None = None, exact: bool = False, seed: int = 0, std: float | None = None,
-                 model_class: Any = None, progress: bool = True, memory_limit: int | str | None = None) -> nn.Module:
+                 model_class: Any = None, progress: bool = True, memory_limit: int | str | None = None,
+                 tiny_share: float = 0.0) -> nn.Module:
     """A model of transformers ``config`` with random weights, made a tensor at a time on ``device``.
 
     ``layout`` (``"fixed12"``, ``"tiered"``, ``"auto"``): every weight glyd packs is packed as it is
@@ -156,6 +164,8 @@ def random_model(config: Any, *, layout: str | None = None, device: str | torch.
     else 0.02). ``model_class``: the transformers class (default ``AutoModelForCausalLM``).
     ``memory_limit``: the layout chosen or checked as ``glyd.from_pretrained``'s (``glyd.hf.memory``;
     with ``layout=None`` it is read, and a bad one refused, but the bf16 model has nothing to fit).
+    ``tiny_share``: of every matrix's values made 1e-30, outside fixed12's window (:func:`random_tensor`), so
+    that the kernels meet real weights' share of exceptions.
     Tensors are not hashed (a saved model hashes its weights then). See the module docstring.
 
     >>> from transformers import LlamaConfig
@@ -177,17 +187,21 @@ def random_model(config: Any, *, layout: str | None = None, device: str | torch.
         count = WeightsCount.of(model)
         layout = fit_layout(count, layout, limit)
     std = _std_of(config) if std is None else float(std)
+    if not 0.0 <= tiny_share <= 0.5:
+        raise ValueError(f"tiny_share must be a share of the weights from 0 to 0.5, got {tiny_share}")
     order = build_order(model)
     total = sum(p.numel() for _, p in model.named_parameters())
-    log.info("random %s: %.3f B weights (normal, std %g; norms 1), made a tensor at a time on %s, %s",
-             type(model).__name__, total / 1e9, std, dev, f"packed as {layout}" if layout else "kept in bf16")
+    log.info("random %s: %.3f B weights (normal, std %g%s; norms 1), made a tensor at a time on %s, %s",
+             type(model).__name__, total / 1e9, std, f", {tiny_share:.4%} of them 1e-30" if tiny_share else "", dev,
+             f"packed as {layout}" if layout else "kept in bf16")
     if merge is None:
         merge = dev.type == "cuda"
     packer = None if layout is None else Packer(model, layout=layout, merge=bool(merge), exact=exact, device=dev,
                                                 hash_weights=False)
     desc = f"glyd: random weights ({layout or 'bf16'})"
     try:
-        _make(model, order, packer, device=dev, std=std, seed=seed, progress=progress, desc=desc)
+        _make(model, order, packer, device=dev, std=std, seed=seed, progress=progress, desc=desc,
+              tiny_share=tiny_share)
     finally:
         if packer is not None:
             packer.close()

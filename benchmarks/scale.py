@@ -245,7 +245,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--no-capacity", action="store_true", help="skip the largest-context search")
     ap.add_argument("--exc", type=float, default=0.0,
                     help="a share of each matrix's weights outside fixed12's window, as real weights have 0.0002-0.0013 "
-                         "(default 0: normal weights, about 0.00004)")
+                         "(default 0: normal weights, about 0.00008)")
     ap.add_argument("--device", default=None, help="default: cuda when available")
     ap.add_argument("--tiny", action="store_true",
                     help=f"a two-layer model on the CPU, small batches and prompts (--sizes: {', '.join(TINY_CONFIGS)})")

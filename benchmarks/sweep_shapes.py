@@ -808,7 +808,7 @@ def main(argv=None) -> int:
                     help="also write a kernel table of what was measured (see the module docstring)")
     ap.add_argument("--exc", type=float, default=0.0,
                     help="a share of every copy's weights set outside fixed12's window (real weights: 0.0002-0.0013; "
-                         "default 0: normal(0, 0.02) weights have about 0.00004)")
+                         "default 0: normal(0, 0.02) weights have about 0.00008)")
     ap.add_argument("--table-keep", type=int, default=3, help="candidates kept a measured cell of the table")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")

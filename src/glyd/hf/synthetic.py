@@ -57,7 +57,7 @@ def random_tensor(name: str, shape: tuple[int, ...], *, device: torch.device | s
     """The bf16 values :func:`random_model` gives tensor ``name``: normal(0, ``std``) for a 2-D or
     larger weight, zeros for a bias, ones for any other 1-D tensor (norms). ``tiny_share`` (0 to 0.5) of a
     weight's values, at places drawn from its own generator, are 1e-30: outside every fixed12 exponent
-    window, as 0.02-0.13% of real weights are (normal weights have about 0.004%).
+    window, as 0.02-0.13% of real weights are (normal weights have about 0.008%).
 
     >>> a = random_tensor("lm_head.weight", (4, 8), device="cpu")
     >>> torch.equal(a.view(torch.int16), random_tensor("lm_head.weight", (4, 8), device="cpu").view(torch.int16))

@@ -11,7 +11,7 @@ table a shape and M (us a matrix, ratio to bf16), best first, and writes JSON.
 The candidates are kernel family configs (``glyd.kernels.GemvConfig``, ``GluonConfig``, ...);
 "default" is what ``glyd.kernels.registry`` chooses from the GPU's table (from the H200's on a
 GPU without one). ``SWEEP_ROUND=N`` times round N's candidates instead of the default grid
-(rounds 2-42 as they ran, ported to the configs; rounds 32 and 33, the ws ``pipe`` and
+(rounds 2-43 as they ran, ported to the configs; rounds 32 and 33, the ws ``pipe`` and
 ``consumers`` settings, are gone with those settings: their last version is in 497582d).
 ``SWEEP_ROUND=table`` times, at each M, every candidate that the fallback table (the H200's)
 lists for that M bucket in any shape class; ``SWEEP_ROUND=default`` the table's choice alone.
@@ -199,6 +199,16 @@ def _candidates(m: int, n: int, k: int) -> dict:
     if rnd == "table":
         return {"default": None, **table_round(m, n, k)}
     if rnd == "default":  # the table's choice alone (with --exc: what real weights' exceptions cost it)
+        return out
+    if rnd == "43":  # the table's choice and, where it is the ws tile, its long-M exception steps (run with --exc)
+        d = dflt()
+        if isinstance(d, WsConfig):
+            fields = WsConfig.__dataclass_fields__
+            out["default exc64 xt"] = R(d, exc_chunk=64, exc_xt=True)
+            if "exc_pre" in fields:  # the pending h120
+                out["default exc64 xt pre"] = R(d, exc_chunk=64, exc_xt=True, exc_pre=True)
+            if "exc_corr" in fields:  # the pending h122
+                out["default corr"] = R(d, exc_corr=True)
         return out
     if rnd == "6":  # the split-K reduce: in-kernel fixup, waves, reduce tiles
         d = dflt()

@@ -72,9 +72,11 @@ for s in "${steps[@]}"; do
                --ms 65,128,192 --exc 0.001 --out "$out/sweep42" ;;
     exc_decode) # the table's choice at decode sizes with real weights' share of exceptions (0.1%) and with almost none
                 # (normal weights): every decode number so far was measured on the latter
+                # (round 43 adds the ws tile's long-M exception steps where the table runs it)
                 for e in 0 0.001; do
-                  step "exc_decode_$e" 150 env SWEEP_ROUND=default PYTHONPATH=src python3 benchmarks/sweep_shapes.py \
-                    --shapes gate_up,qkv,q/o,down,lm_head --ms 1,2,8,16,32,64 --exc $e --out "$out/exc_decode_$e"
+                  step "exc_decode_$e" 200 env SWEEP_ROUND=$( [ $e = 0 ] && echo default || echo 43 ) PYTHONPATH=src \
+                    python3 benchmarks/sweep_shapes.py --shapes gate_up,qkv,q/o,down,lm_head --ms 1,2,8,16,32,64 \
+                    --exc $e --out "$out/exc_decode_$e"
                 done ;;
     exc_step) # the 7B's decode step and first token with real weights' share of exceptions (scale.py --exc 0.001), bf16
               # and fixed12 with the same weights

@@ -54,3 +54,18 @@ def random_weights(n: int, k: int, kind: str, device: str = "cpu") -> torch.Tens
     else:
         w = torch.randn(n, k) * torch.exp2(torch.randn(n, k) * 4)
     return w.to(torch.bfloat16).to(device)
+
+
+@pytest.fixture
+def plans_on():
+    """Launch plans on for the test (``glyd.kernels._plan``), back to the environment's setting after it."""
+    from glyd.kernels import _plan
+
+    _plan.set_enabled(True)
+    yield
+    _plan.set_enabled(None)
+
+
+def bits_of(y: torch.Tensor) -> torch.Tensor:
+    """A bf16 tensor's raw bits, on the CPU (compare outputs bit for bit)."""
+    return y.view(torch.int16).cpu()

@@ -13,22 +13,9 @@ import torch
 import glyd
 from glyd.codec.dense11 import pack_v1, pack_v2
 
-from .conftest import DEVICES, HAS_CUDA, needs_triton, random_weights
+from .conftest import DEVICES, HAS_CUDA, bits_of as _bits, needs_triton, random_weights
 
-pytestmark = needs_triton
-
-
-@pytest.fixture(autouse=True)
-def _plans_on():
-    from glyd.kernels import _plan
-
-    _plan.set_enabled(True)
-    yield
-    _plan.set_enabled(None)
-
-
-def _bits(y: torch.Tensor) -> torch.Tensor:
-    return y.view(torch.int16).cpu()
+pytestmark = [needs_triton, pytest.mark.usefixtures("plans_on")]
 
 
 def _forced(monkeypatch, name: str, cfg):

@@ -77,7 +77,10 @@ for s in "${steps[@]}"; do
                   step "exc_decode_$e" 200 env SWEEP_ROUND=$( [ $e = 0 ] && echo default || echo 43 ) PYTHONPATH=src \
                     python3 benchmarks/sweep_shapes.py --shapes gate_up,qkv,q/o,down,lm_head --ms 1,2,8,16,32,64 \
                     --exc $e --out "$out/exc_decode_$e"
-                done ;;
+                done
+                # an output projection tied to its embedding, as SmolLM2's (1.03% of its embedding's weights are exceptions)
+                step exc_decode_lm 120 env SWEEP_ROUND=43 PYTHONPATH=src python3 benchmarks/sweep_shapes.py --shapes lm_head \
+                  --ms 1,8,64 --exc 0.01 --out "$out/exc_decode_lm" ;;
     exc_step) # the 7B's decode step and first token with real weights' share of exceptions (scale.py --exc 0.001), bf16
               # and fixed12 with the same weights
               step exc_step 330 env PYTHONPATH=src TRITON_CACHE_DIR="$(mktemp -d)" python3 benchmarks/scale.py \
@@ -99,7 +102,7 @@ for s in "${steps[@]}"; do
     *) echo "unknown step $s (gpu_set, scale_d11, long, sweep_long, sweep05, sweep41, sweep42, exc_decode, exc_step, sweep_kv, dit, ttft7b, bits, kv, d11, prefill)" >&2; exit 2 ;;
   esac
 done
-for f in gpu_set scale_d11 long sweep_long sweep05 sweep41 sweep42 exc_decode_0 exc_decode_0.001 exc_step sweep_kv dit ttft7b bits kv_branch kv_main d11 prefill_branch prefill_main; do
+for f in gpu_set scale_d11 long sweep_long sweep05 sweep41 sweep42 exc_decode_0 exc_decode_0.001 exc_decode_lm exc_step sweep_kv dit ttft7b bits kv_branch kv_main d11 prefill_branch prefill_main; do
   [ -f "$out/$f.txt" ] && { echo "=== $f (last lines)"; tail -n 14 "$out/$f.txt"; }
 done
 echo "| step | exit status | seconds |"

@@ -295,3 +295,21 @@ def test_the_writer_refuses_a_config_the_readers_would_refuse(tmp_path):
             w.add_tensor("w", torch.ones(4, 8, dtype=torch.bfloat16))
             w.set_config(config)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_manifest_is_bounded_as_it_is_read(packed, monkeypatch):
+    # glyd.json was checked by its size and then read whole (a file growing in between passed): now one bounded
+    # read, for the checkpoint reader and for the loaders' shape check (glyd.hf.checks.stored_shapes)
+    from glyd.hf import checks
+    from glyd.store import checkpoint
+
+    size = (packed / "glyd.json").stat().st_size
+    for module in (checkpoint, checks):
+        monkeypatch.setattr(module, "MAX_MANIFEST_BYTES", size - 1)
+    too_large = rf"packed/glyd\.json: {size:,} bytes, too large for a glyd manifest \(at most {size - 1:,}\)$"
+    with pytest.raises(FormatError, match=too_large):
+        CheckpointReader(packed)
+    with pytest.raises(FormatError, match=too_large):
+        checks.stored_shapes(packed)
+    monkeypatch.setattr(checkpoint, "MAX_MANIFEST_BYTES", size)
+    assert CheckpointReader(packed).config is not None  # the bound itself is accepted

@@ -34,7 +34,7 @@ from glyd.errors import CorruptError, FormatError, not_a_file, show_path
 from glyd.store import MANIFEST, CheckpointReader
 from glyd.store._config import PACKED_MODEL_TYPE, own_model_type
 from glyd.store._manifest import MAX_MANIFEST_BYTES, validate_manifest
-from glyd.store._safetensors import dtype_name, load_json, sha256_file, short
+from glyd.store._safetensors import dtype_name, load_json, read_json_bytes, sha256_file, short
 from glyd.store.checkpoint import CONFIG, key_for
 
 log = logging.getLogger(__name__)
@@ -164,9 +164,7 @@ def stored_shapes(folder: Path) -> list[list[int]] | None:
         return None
     if what is not None:
         raise FormatError(f"{show_path(mpath)}: {what}, not a regular file: not a glyd manifest")
-    if mpath.stat().st_size > MAX_MANIFEST_BYTES:
-        raise FormatError(f"{show_path(mpath)}: {mpath.stat().st_size} bytes is larger than any manifest glyd writes")
-    m = validate_manifest(load_json(mpath.read_bytes(), mpath), mpath)
+    m = validate_manifest(load_json(read_json_bytes(mpath, "a glyd manifest", limit=MAX_MANIFEST_BYTES), mpath), mpath)
     return [e["shape"] for e in m["tensors"].values()]
 
 

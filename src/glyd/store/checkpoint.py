@@ -403,10 +403,8 @@ class CheckpointReader:
             raise FormatError(f"{show_path(self.path)}: not a glyd packed checkpoint (no "
                               f"{MANIFEST})" if what == "missing"
                               else f"{show_path(mpath)}: {what}, not a regular file: not a glyd manifest")
-        size = mpath.stat().st_size
-        if size > MAX_MANIFEST_BYTES:
-            raise FormatError(f"{show_path(mpath)}: {size} bytes is larger than any manifest glyd writes")
-        manifest = load_json(mpath.read_bytes(), mpath)
+        # bounded as it is read: a file growing after a size check is caught too
+        manifest = load_json(read_json_bytes(mpath, "a glyd manifest", limit=MAX_MANIFEST_BYTES), mpath)
         self._manifest = validate_manifest(manifest, mpath)
         self._tensors: dict[str, dict[str, Any]] = self._manifest["tensors"]
         self._headers: dict[str, Header] = {}

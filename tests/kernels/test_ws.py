@@ -38,7 +38,7 @@ def _compile_sm90(bn, bt, stages, bias=False, exc=False, maxnreg=128, warps=4, p
             "cnt_ptr": "*i32", "rowptr_ptr": "*i32", "eidx_ptr": "*i32", "ehi_ptr": "*u8", "lo8_ptr": "*u8"}
     const = dict(BN=bn, BT=bt, NS=stages, LL=ll, CL=cl, ML=mma, AL=a_op, OL=ol, HAS_BIAS=bias, EXC=exc,
                  EL=fixed12_wg.exc_layout(warps) if exc else None, CS=16, LOADER_REGS=24, NBYTES=w.slot_bytes(bn, bt), PIPE=pipe,
-                 XE=16, XT=False)
+                 XE=16, XT=False, PRE=False)
     return compile_gluon_sm90(w._ws_kernel, const, ptrs, descs, num_warps=warps, maxnreg=maxnreg)
 
 
@@ -210,8 +210,8 @@ def test_ws_config_checks():
     for bad in (dict(pipe=1), dict(pipe="yes")):
         with pytest.raises(ValueError, match="pipe"):
             WsConfig(**{**base, **bad})
-    WsConfig(**{**base, "exc_chunk": 64, "exc_xt": True})
-    for bad in (dict(exc_chunk=8), dict(exc_chunk=48), dict(exc_xt=1)):
+    WsConfig(**{**base, "exc_chunk": 64, "exc_xt": True, "exc_pre": True})
+    for bad in (dict(exc_chunk=8), dict(exc_chunk=48), dict(exc_xt=1), dict(exc_pre="yes")):
         with pytest.raises(ValueError, match="exc_"):
             WsConfig(**{**base, **bad})
     for bad in (dict(consumers=2), dict(bk=256)):  # removed variants, fixed K steps
@@ -312,9 +312,9 @@ def test_ws_strided_x_and_k_384_gpu():
 @pytest.mark.parametrize("bm,bn,warps,stages,chunk", [(128, 128, 8, 2, 64), (128, 64, 4, 3, 32), (256, 128, 8, 2, 32),
                                                       (16, 64, 4, 2, 64)])
 @pytest.mark.parametrize("m", [9, 100, 200])
-def test_ws_exception_chunks_and_x_transposed_gpu(bm, bn, warps, stages, chunk, m):
-    # WsConfig.exc_chunk / exc_xt with 0.1% of weights exceptions (real weights' rate), N not a multiple of the
-    # tile: within the float64 bound, and the transposed x's reads give the same bits as the strided gather
+def test_ws_exception_chunks_x_transposed_and_prepared_values_gpu(bm, bn, warps, stages, chunk, m):
+    # WsConfig.exc_chunk / exc_xt / exc_pre with 0.1% of weights exceptions (real weights' rate), N not a multiple
+    # of the tile: within the float64 bound, and the transposed x's reads and the prepared values give the same bits
     from glyd import kernels
     from glyd.kernels import WsConfig
 
@@ -329,3 +329,6 @@ def test_ws_exception_chunks_and_x_transposed_gpu(bm, bn, warps, stages, chunk, 
     _check(y, x, w, None)
     yt = kernels.linear(x, p, None, cfg.replace(exc_xt=True))
     assert torch.equal(yt.view(torch.int16), y.view(torch.int16))
+    # the prepared values, a round ahead (exc_pre): the same products in the same order
+    yp = kernels.linear(x, p, None, cfg.replace(exc_xt=True, exc_pre=True))
+    assert torch.equal(yp.view(torch.int16), y.view(torch.int16))

@@ -59,3 +59,18 @@ def exc_meta(eidx_ptr, ehi_ptr, lo8_ptr, stride_lo, base, K, es, e1, E: gl.const
     tv = ((th << 24) | (lo << 16)).to(gl.float32, bitcast=True)
     pv = ((((th & 0x80) | base) << 24) | (lo << 16)).to(gl.float32, bitcast=True)
     return c, em, tv, pv, gl.where(em, r, -1)
+
+
+@gluon.jit
+def exc_meta_vals(eidx_ptr, vals_ptr, base, K, es, e1, E: gl.constexpr, L2: gl.constexpr):
+    # exc_meta from the prepared list of true bf16 values (``Prepared.vals``, hi:lo): two independent
+    # loads, no gather into the lo plane behind the index's load
+    e = es + gl.arange(0, E, layout=gl.SliceLayout(0, L2))
+    em = e < e1
+    idx = gl.load(eidx_ptr + e, mask=em, other=0).to(gl.int64)
+    r = idx // K
+    c = idx - r * K
+    v = gl.load(vals_ptr + e, mask=em, other=0).to(gl.int32).to(gl.uint32) & 0xFFFF
+    tv = (v << 16).to(gl.float32, bitcast=True)
+    pv = (((v & 0x80FF) | (base << 8)) << 16).to(gl.float32, bitcast=True)
+    return c, em, tv, pv, gl.where(em, r, -1)

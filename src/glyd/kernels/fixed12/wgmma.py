@@ -41,7 +41,7 @@ from glyd.codec.fixed12 import ARRAYS
 from glyd.kernels import _common as C
 from glyd.kernels._fields import flags, ints
 from glyd.kernels import _plan
-from glyd.kernels._gluon_bits import exc_meta, prmt, split16
+from glyd.kernels._gluon_bits import exc_meta, exc_meta_vals, prmt, split16
 from glyd.kernels.fixed12.exceptions import SidePass, exceptions_launch, prepare
 from glyd.kernels.registry import Kernel
 
@@ -154,12 +154,13 @@ EXC_E = 16  # exceptions a step of the in-tile exception sum (the one-hot MMA's 
 @gluon.jit
 def wg_exceptions(acc, x_ptr, m0, M, stride_xm, eidx_ptr, ehi_ptr, lo8_ptr, KP, base_ptr, n0, e0, e1,
                    BN: gl.constexpr, BT: gl.constexpr, ML: gl.constexpr, EL: gl.constexpr, XE: gl.constexpr = 16,
-                   XT: gl.constexpr = False):
+                   XT: gl.constexpr = False, PRE: gl.constexpr = False):
     # acc [BN weight rows, BT x rows] plus, for each exception (w, c) of rows n0.. (e0..e1),
     # (true - decoded w) * x[:, c] on its row: E (16-64) at a time as a wgmma of a one-hot [BN, E]
     # register operand and the [E, BT] products in shared memory (E = XE), those split into two bf16
     # parts (hi + lo keeps 16 of fp32's 24 significand bits: error <= 2^-16 of each term). XT: x_ptr
-    # is x transposed ([K, M], contiguous), so a column's rows are one contiguous read
+    # is x transposed ([K, M], contiguous), so a column's rows are one contiguous read. PRE: lo8_ptr is
+    # the prepared list of true values (exc_meta_vals), and a round's entries load during the round before
     E: gl.constexpr = XE
     AO: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=ML, k_width=2)
     DL: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, E], gl.bfloat16)
@@ -168,8 +169,13 @@ def wg_exceptions(acc, x_ptr, m0, M, stride_xm, eidx_ptr, ehi_ptr, lo8_ptr, KP, 
     b8 = gl.load(base_ptr).to(gl.uint32)
     rm = m0 + gl.arange(0, BT, layout=gl.SliceLayout(1, EL))
     rn = (n0 + gl.arange(0, BN, layout=gl.SliceLayout(1, AO))).to(gl.int64)
+    if PRE:
+        c, em, tv, pv, r = exc_meta_vals(eidx_ptr, lo8_ptr, b8, KP, e0, e1, E, EL)
     for es in range(e0, e1, E):
-        c, em, tv, pv, r = exc_meta(eidx_ptr, ehi_ptr, lo8_ptr, KP, b8, KP, es, e1, E, EL)
+        if PRE:  # the next round's entries, in flight while this round gathers and multiplies
+            c2, em2, tv2, pv2, r2 = exc_meta_vals(eidx_ptr, lo8_ptr, b8, KP, es + E, e1, E, EL)
+        else:
+            c, em, tv, pv, r = exc_meta(eidx_ptr, ehi_ptr, lo8_ptr, KP, b8, KP, es, e1, E, EL)
         if XT:
             xp = x_ptr + c[None, :] * M + rm[:, None]
         else:
@@ -187,6 +193,8 @@ def wg_exceptions(acc, x_ptr, m0, M, stride_xm, eidx_ptr, ehi_ptr, lo8_ptr, KP, 
         acc = warpgroup_mma(oh, dl_s.permute((1, 0)), acc, is_async=True)
         acc, oh = warpgroup_mma_wait(num_outstanding=0, deps=(acc, oh))
         gl.thread_barrier()  # both MMAs have read the products before the next chunk's stores
+        if PRE:
+            c, em, tv, pv, r = c2, em2, tv2, pv2, r2
     return acc
 
 

@@ -58,7 +58,9 @@ class WsConfig(C.KernelConfig):
     nothing (benchmarks/history/2026-12-05-h100-9.md), and no table row turns it on. ``exc_chunk``:
     exceptions a one-hot MMA where a tile is finished (16, 32 or 64), ``exc_xt``: their x columns read
     from a transposed copy of x (one contiguous read a column, not a strided gather): past M = 64 a
-    tile of 128 rows holds hundreds of exceptions at real weights' 0.1%."""
+    tile of 128 rows holds hundreds of exceptions at real weights' 0.1%. ``exc_pre``: their true values
+    from the prepared list (no load into the lo plane behind the index's), each round's loaded during
+    the round before."""
 
     bm: int = 16
     bn: int = 64
@@ -67,11 +69,12 @@ class WsConfig(C.KernelConfig):
     pipe: bool = False
     exc_chunk: int = 16
     exc_xt: bool = False
+    exc_pre: bool = False
 
     def validate(self) -> None:
         C.pow2(self, "bm", "bn")
         ints(self, 0, 255, "stages", "maxnreg")
-        flags(self, "pipe", "exc_xt")
+        flags(self, "pipe", "exc_xt", "exc_pre")
         ints(self, 16, 64, "exc_chunk")
         if self.exc_chunk not in (16, 32, 64):
             raise ValueError(f"WsConfig.exc_chunk must be 16, 32 or 64, got {self.exc_chunk}")
@@ -127,7 +130,8 @@ def _ws_first(g, P, W):
 def _ws_finish(acc, t, n0, m0, g0, P, W, S, pid, x_ptr, out_ptr, bias_ptr, work_ptr, cnt_ptr, M, N, KP, stride_xm,
                rowptr_ptr, eidx_ptr, ehi_ptr, lo8_ptr, base_ptr, BN: gl.constexpr, BT: gl.constexpr,
                ML: gl.constexpr, OL: gl.constexpr, HAS_BIAS: gl.constexpr, EXC: gl.constexpr, EL: gl.constexpr,
-               CS: gl.constexpr, XE: gl.constexpr = 16, XT: gl.constexpr = False):
+               CS: gl.constexpr, XE: gl.constexpr = 16, XT: gl.constexpr = False,
+               PRE: gl.constexpr = False):
     # the end of this program's part of tile t (its BN rows from n0). A whole tile: exceptions,
     # bias, bf16 out. A part: store the fp32 partial in this program's work slot (2 pid if it
     # began at the program's first step, else 2 pid + 1), count in; the last of the tile's programs to count in sums every part in program order
@@ -156,7 +160,7 @@ def _ws_finish(acc, t, n0, m0, g0, P, W, S, pid, x_ptr, out_ptr, bias_ptr, work_
             e0 = gl.load(rowptr_ptr + n0)
             e1 = gl.load(rowptr_ptr + gl.minimum(n0 + BN, N))
             acc = wg_exceptions(acc, x_ptr, m0, M, stride_xm, eidx_ptr, ehi_ptr, lo8_ptr, KP, base_ptr, n0, e0,
-                                e1, BN, BT, ML, EL, XE, XT)
+                                e1, BN, BT, ML, EL, XE, XT, PRE)
         o = gl.convert_layout(acc, OL)
         rr = n0 + gl.arange(0, BN, layout=gl.SliceLayout(1, OL))[:, None]
         mm = m0 + gl.arange(0, BT, layout=gl.SliceLayout(0, OL))[None, :]
@@ -209,7 +213,8 @@ def _ws_parts_piped(lo_s, co_s, x_s, ready, empty, g0, g1, P, W, S, MT, b4, x_pt
                     cnt_ptr, M, N, KP, stride_xm, rowptr_ptr, eidx_ptr, ehi_ptr, lo8_ptr, base_ptr, BN: gl.constexpr,
                     BT: gl.constexpr, NS: gl.constexpr, LL: gl.constexpr, CL: gl.constexpr, ML: gl.constexpr,
                     AL: gl.constexpr, OL: gl.constexpr, HAS_BIAS: gl.constexpr, EXC: gl.constexpr,
-                    EL: gl.constexpr, CS: gl.constexpr, XE: gl.constexpr = 16, XT: gl.constexpr = False):
+                    EL: gl.constexpr, CS: gl.constexpr, XE: gl.constexpr = 16, XT: gl.constexpr = False,
+               PRE: gl.constexpr = False):
     # WsConfig.pipe: the program's steps a tile part at a time, each part's steps pipelined
     # (_ws_piped) and its finish after the part's last MMAs, so that nothing decoded ahead is
     # live across a finish (its registers would spill in the step loop)
@@ -230,7 +235,7 @@ def _ws_parts_piped(lo_s, co_s, x_s, ready, empty, g0, g1, P, W, S, MT, b4, x_pt
         _, _, n0, m0 = _ws_tile(t * S, S, MT, BN, BT)
         _ws_finish(acc, t, n0, m0, g0, P, W, S, pid, x_ptr, out_ptr, bias_ptr, work_ptr, cnt_ptr, M, N, KP,
                    stride_xm, rowptr_ptr, eidx_ptr, ehi_ptr, lo8_ptr, base_ptr, BN, BT, ML, OL, HAS_BIAS, EXC, EL, CS,
-                   XE, XT)
+                   XE, XT, PRE)
         acc = gl.zeros([BN, BT], gl.float32, ML)
     return acc
 
@@ -240,13 +245,14 @@ def _ws_consumer(lo_s, co_s, x_s, ready, empty, g0, g1, P, W, S, MT, b4, x_ptr, 
                  M, N, KP, stride_xm, rowptr_ptr, eidx_ptr, ehi_ptr, lo8_ptr, base_ptr, BN: gl.constexpr,
                  BT: gl.constexpr, NS: gl.constexpr, LL: gl.constexpr, CL: gl.constexpr, ML: gl.constexpr,
                  AL: gl.constexpr, OL: gl.constexpr, HAS_BIAS: gl.constexpr, EXC: gl.constexpr, EL: gl.constexpr,
-                 CS: gl.constexpr, PIPE: gl.constexpr, XE: gl.constexpr = 16, XT: gl.constexpr = False):
+                 CS: gl.constexpr, PIPE: gl.constexpr, XE: gl.constexpr = 16, XT: gl.constexpr = False,
+               PRE: gl.constexpr = False):
     # the warpgroup: words from the ring, decode, MMA, free the slot; at the end of each tile's
     # part, finish it (_ws_finish). Every program has a step at least (the grid is at most one a step)
     if PIPE:
         acc = _ws_parts_piped(lo_s, co_s, x_s, ready, empty, g0, g1, P, W, S, MT, b4, x_ptr, out_ptr, bias_ptr,
                               work_ptr, cnt_ptr, M, N, KP, stride_xm, rowptr_ptr, eidx_ptr, ehi_ptr, lo8_ptr, base_ptr,
-                              BN, BT, NS, LL, CL, ML, AL, OL, HAS_BIAS, EXC, EL, CS, XE, XT)
+                              BN, BT, NS, LL, CL, ML, AL, OL, HAS_BIAS, EXC, EL, CS, XE, XT, PRE)
     else:
         pid = gl.program_id(0)
         acc = gl.zeros([BN, BT], gl.float32, ML)
@@ -264,7 +270,7 @@ def _ws_consumer(lo_s, co_s, x_s, ready, empty, g0, g1, P, W, S, MT, b4, x_ptr, 
             if (st == S - 1) | (g == g1 - 1):
                 _ws_finish(acc, t, n0, m0, g0, P, W, S, pid, x_ptr, out_ptr, bias_ptr, work_ptr, cnt_ptr, M, N, KP,
                            stride_xm, rowptr_ptr, eidx_ptr, ehi_ptr, lo8_ptr, base_ptr, BN, BT, ML, OL, HAS_BIAS,
-                           EXC, EL, CS, XE, XT)
+                           EXC, EL, CS, XE, XT, PRE)
                 acc = gl.zeros([BN, BT], gl.float32, ML)
     return (acc, )  # warp_specialize takes the default partition's results as a tuple
 
@@ -275,7 +281,8 @@ def _ws_kernel(lo_desc, co_desc, x_desc, x_ptr, base_ptr, out_ptr, bias_ptr, wor
                ML: gl.constexpr, AL: gl.constexpr, OL: gl.constexpr, HAS_BIAS: gl.constexpr,
                EXC: gl.constexpr = False, EL: gl.constexpr = None, rowptr_ptr=None, eidx_ptr=None, ehi_ptr=None,
                lo8_ptr=None, CS: gl.constexpr = 1, LOADER_REGS: gl.constexpr = 24, NBYTES: gl.constexpr = 0,
-               PIPE: gl.constexpr = False, XE: gl.constexpr = 16, XT: gl.constexpr = False):
+               PIPE: gl.constexpr = False, XE: gl.constexpr = 16, XT: gl.constexpr = False,
+               PRE: gl.constexpr = False):
     # out (bf16 [M, N], + bias) = x @ W^T, persistent over W = tiles x S K steps (stream-K):
     # program p multiplies global steps p W / P .. (p + 1) W / P (tile-major, x tiles inner), so
     # every program has the same number of steps; a tile shared by several programs is summed
@@ -298,7 +305,7 @@ def _ws_kernel(lo_desc, co_desc, x_desc, x_ptr, base_ptr, out_ptr, bias_ptr, wor
     gl.warp_specialize([
         (_ws_consumer, (lo_s, co_s, x_s, ready, empty, g0, g1, P, W, S, MT, b4, x_ptr, out_ptr, bias_ptr, work_ptr,
                         cnt_ptr, M, N, KP, stride_xm, rowptr_ptr, eidx_ptr, ehi_ptr, lo8_ptr, base_ptr, BN, BT, NS,
-                        LL, CL, ML, AL, OL, HAS_BIAS, EXC, EL, CS, PIPE, XE, XT)),
+                        LL, CL, ML, AL, OL, HAS_BIAS, EXC, EL, CS, PIPE, XE, XT, PRE)),
         (_ws_loader, (lo_desc, co_desc, x_desc, lo_s, co_s, x_s, ready, empty, g0, g1, S, MT, BN, BT, NS, NBYTES)),
     ], [1], [LOADER_REGS])
 
@@ -402,6 +409,7 @@ def plan(x2: torch.Tensor, p, bias, cfg: WsConfig):
     progs = min(work, cfg.split or cfg.waves * C.sm_count(x2.device))
     inline = prep.nexc > 0  # the exceptions are always added where a tile is finished
     xt = inline and cfg.exc_xt  # ... their x columns read from x transposed
+    pre = inline and cfg.exc_pre  # ... their true values from prepare's list, a round ahead
     tiles = triton.cdiv(n, cfg.bn) * mt
     cnt = C.counters(x2.device, tiles)
     ll, cl, mma, a_op, ol, (lsl, csl, xsl) = layouts(cfg.bn, cfg.bm, cfg.warps)
@@ -415,8 +423,8 @@ def plan(x2: torch.Tensor, p, bias, cfg: WsConfig):
                                                work), dict(
         BN=cfg.bn, BT=cfg.bm, NS=cfg.stages, LL=ll, CL=cl, ML=mma, AL=a_op, OL=ol, HAS_BIAS=bias is not None,
         EXC=inline, EL=exc_layout(cfg.warps, xt) if inline else None, rowptr_ptr=prep.rowptr, eidx_ptr=eidx,
-        ehi_ptr=ehi, lo8_ptr=lo, CS=C.COUNTER_SLOTS, NBYTES=slot_bytes(cfg.bn, cfg.bm), PIPE=cfg.pipe, XE=cfg.exc_chunk,
-        XT=xt, num_warps=cfg.warps,
+        ehi_ptr=ehi, lo8_ptr=prep.vals if pre else lo, CS=C.COUNTER_SLOTS, NBYTES=slot_bytes(cfg.bn, cfg.bm), PIPE=cfg.pipe, XE=cfg.exc_chunk,
+        XT=xt, PRE=pre, num_warps=cfg.warps,
         **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {})))
     permute = _permute_launch(m, k, stride)
     shape, dev, bt = (2 * progs, cfg.bn * cfg.bm), x2.device, cfg.bm

@@ -55,7 +55,8 @@ def test_a_prompt_of_a_new_length_takes_the_plan_of_its_bucket(monkeypatch, devi
     p = glyd.pack(random_weights(n, k, "normal"), layout).to(device)
     bias = torch.randn(n).to(torch.bfloat16).to(device)
     runs = [(torch.randn(1, m, k).to(torch.bfloat16).to(device), b, first)
-            for lengths, b in (((100, 117, 255, 65), None), ((90, 200), bias)) for first, m in zip((1, 0, 0, 0), lengths)]
+            for lengths, b in (((100, 117, 128, 65), None), ((90, 120), bias), ((200, 255, 129), None))
+            for first, m in zip((1, 0, 0, 0), lengths)]
     runs.append((torch.randn(300, k).to(torch.bfloat16).to(device), None, 1))  # M 256+ (and 2-D): a plan of its own
     wants = _uncached([(x, b) for x, b, _ in runs], p)
     for (x, b, first), want in zip(runs, wants):

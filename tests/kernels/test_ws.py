@@ -306,11 +306,32 @@ def test_ws_strided_x_and_k_384_gpu():
     _check(y, x, w, None)
 
 
+#: (bm, bn, warps, stages, exc_chunk) of the ws configs past M = 64 checked on the GPU below; the tables' rows there are
+#: among them (test_the_tables_ws_rows_past_64_are_checked_on_the_gpu)
+LONG_M_CONFIGS = [(128, 128, 8, 2, 64), (128, 64, 4, 3, 32), (256, 128, 8, 2, 32), (16, 64, 4, 2, 64)]
+
+
+def test_the_tables_ws_rows_past_64_are_checked_on_the_gpu():
+    import json
+    from pathlib import Path
+
+    from glyd.kernels import registry as R
+
+    first = {b: lo for b, lo, _ in R.M_BUCKETS}
+    rows = set()
+    for path in Path(R.table_file("x")).parent.glob("*.json"):
+        for by_class in json.loads(path.read_text())["linear"].get("fixed12", {}).values():
+            for bucket, cands in by_class.items():
+                rows |= {tuple(c["config"].get(f, d) for f, d in (("bm", 16), ("bn", 64), ("warps", 4), ("stages", 2),
+                                                                  ("exc_chunk", 16)))
+                         for c in cands if c["kernel"] == "fixed12_wgmma_warpspec" and first[bucket] > 64}
+    assert rows <= set(LONG_M_CONFIGS), rows
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
                     reason="needs a Hopper GPU")
-@pytest.mark.parametrize("bm,bn,warps,stages,chunk", [(128, 128, 8, 2, 64), (128, 64, 4, 3, 32), (256, 128, 8, 2, 32),
-                                                      (16, 64, 4, 2, 64)])
+@pytest.mark.parametrize("bm,bn,warps,stages,chunk", LONG_M_CONFIGS)
 @pytest.mark.parametrize("m", [9, 100, 200])
 def test_ws_exception_chunks_x_transposed_and_prepared_values_gpu(bm, bn, warps, stages, chunk, m):
     # WsConfig.exc_chunk / exc_xt / exc_pre with 0.1% of weights exceptions (real weights' rate), N not a multiple

@@ -74,7 +74,7 @@ KERNELS: Mapping[str, str] = _Families()
 #: M buckets of the tables: (name, first M, last M) (None: no end).
 M_BUCKETS: tuple[tuple[str, int, int | None], ...] = (
     ("1", 1, 1), ("2", 2, 2), ("3", 3, 3), ("4", 4, 4), ("5-8", 5, 8), ("9-16", 9, 16), ("17-32", 17, 32),
-    ("33-64", 33, 64), ("65-255", 65, 255), ("256+", 256, None),
+    ("33-64", 33, 64), ("65-128", 65, 128), ("129-255", 129, 255), ("256+", 256, None),
 )
 
 #: Shape classes of an N x K matrix (``shape_class``), with one example each from a 7B model where
@@ -113,7 +113,7 @@ def m_range(m: int) -> tuple[int, int]:
     """(first M, last M) of the M bucket (``M_BUCKETS``) that ``m`` >= 1 falls in (no end: ``2**62``).
 
     >>> m_range(100), m_range(4096)
-    ((65, 255), (256, 4611686018427387904))
+    ((65, 128), (256, 4611686018427387904))
     """
     for _, lo, hi in M_BUCKETS:
         if m >= lo and (hi is None or m <= hi):

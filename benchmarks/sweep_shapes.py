@@ -223,7 +223,7 @@ def _candidates(m: int, n: int, k: int) -> dict:
     if rnd == "42":  # the ws tile past M = 64 against unpack + cuBLAS (issue 38: 2.1-2.6x at M = 65-255; the ws tile
         # ran gate_up at M = 96-128 in 1.33-1.45x on an H100, history/2026-12-05-h100-9.md, but 3.4-4.3x with real
         # weights' 0.1% of exceptions, history/2026-12-06-h100-19.md): its exception step by chunks of 32-64, x read
-        # transposed, the values prepared and loaded a round ahead
+        # transposed, the values prepared and loaded a round ahead; or by a pass of their own (exc_corr)
         if m >= 65:
             out["long whole"] = LongConfig()
             if k % 128 == 0 and has("wgmma"):
@@ -234,9 +234,11 @@ def _candidates(m: int, n: int, k: int) -> dict:
                 out[f"ws bm{bt} bn128 w8 s2 exc{chunk} xt"] = WsConfig(**w8, exc_chunk=chunk, exc_xt=True)
                 out[f"ws bm{bt} bn128 w8 s2 exc{chunk} xt pre"] = WsConfig(**w8, exc_chunk=chunk, exc_xt=True,
                                                                           exc_pre=True)
+                out[f"ws bm{bt} bn128 w8 s2 corr"] = WsConfig(**w8, exc_corr=True)
                 st = 3 if bt == 128 else 2
                 out[f"ws bm{bt} s{st} exc32 xt pre"] = WsConfig(bm=bt, bn=64, stages=st, waves=1, exc_chunk=32,
                                                               exc_xt=True, exc_pre=True)
+                out[f"ws bm{bt} s{st} corr"] = WsConfig(bm=bt, bn=64, stages=st, waves=1, exc_corr=True)
         return out
     if rnd == "41":  # the small matrices' GEMV (the 0.5B's qkv and o, ~1 us over bf16's 4.3): one kernel, no partials
         kp, bm = kp_of(k), min(16, 1 << (m - 1).bit_length())

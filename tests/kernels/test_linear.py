@@ -434,6 +434,31 @@ def test_exception_pass_adds_each_exceptions_correction(n, k, m):
         f12.add_exceptions(part[:, :, :-1], x, p, f12.prepare(p))
 
 
+@pytest.mark.parametrize("m,bm", [(3, 16), (20, 16), (40, 64), (70, 128)])
+def test_exception_pass_reads_x_transposed_to_the_same_bits(m, bm):
+    # exceptions_launch(xt=True): x read as x.t() (a column's rows contiguous; the ws tile's exc_corr), any x rows
+    # a program: the same corrections, bit for bit, as the strided pass of 16 rows a program
+    import torch as t
+
+    from glyd.kernels.fixed12 import exceptions as f12
+
+    dev = "cuda" if t.cuda.is_available() else "cpu"
+    w = random_weights(37, 1024, "normal", dev)
+    w.view(-1)[t.randint(0, w.numel(), (200,), generator=t.Generator().manual_seed(5)).to(dev)] = t.tensor(
+        1e-30).to(t.bfloat16).to(dev)
+    p = glyd.pack(w, "fixed12")
+    prep = f12.prepare(p)
+    x = t.randn(m, 1024, device=dev).to(t.bfloat16)
+    arrays = [p.arrays[a] for a in ("lo", "code", "base", "exc_idx", "exc_hi")]
+    want = t.full((1, m, 37), float("nan"), device=dev)
+    f12.exceptions_launch(x, p, prep, add=False)(want, x, *arrays)
+    got = t.full((1, m, 37), float("nan"), device=dev)
+    f12.exceptions_launch(x, p, prep, add=False, xt=True, bm=bm)(got, x.t().contiguous(), *arrays)
+    assert t.equal(got.view(t.int32), want.view(t.int32)) and (want != 0).any()
+    with pytest.raises(ValueError, match="16-256 x rows"):
+        f12.exceptions_launch(x, p, prep, add=False, xt=True, bm=24)
+
+
 @pytest.mark.parametrize("cfg", [dict(kind="gemv", bm=2, bn=16, bk=128),
                                  dict(kind="tc", bm=16, bn=32, bk=128, stages=1, split=3),
                                  dict(kind="tc", bm=16, bn=16, bk=64, stages=1, prefetch=True, fixup=True)])

@@ -38,7 +38,7 @@ def _compile_sm90(bn, bt, stages, bias=False, exc=False, maxnreg=128, warps=4, p
             "cnt_ptr": "*i32", "rowptr_ptr": "*i32", "eidx_ptr": "*i32", "ehi_ptr": "*u8", "lo8_ptr": "*u8"}
     const = dict(BN=bn, BT=bt, NS=stages, LL=ll, CL=cl, ML=mma, AL=a_op, OL=ol, HAS_BIAS=bias, EXC=exc,
                  EL=fixed12_wg.exc_layout(warps) if exc else None, CS=16, LOADER_REGS=24, NBYTES=w.slot_bytes(bn, bt), PIPE=pipe,
-                 XE=16, XT=False, PRE=False)
+                 XE=16, XT=False, PRE=False, CORR=False)
     return compile_gluon_sm90(w._ws_kernel, const, ptrs, descs, num_warps=warps, maxnreg=maxnreg)
 
 
@@ -210,8 +210,8 @@ def test_ws_config_checks():
     for bad in (dict(pipe=1), dict(pipe="yes")):
         with pytest.raises(ValueError, match="pipe"):
             WsConfig(**{**base, **bad})
-    WsConfig(**{**base, "exc_chunk": 64, "exc_xt": True, "exc_pre": True})
-    for bad in (dict(exc_chunk=8), dict(exc_chunk=48), dict(exc_xt=1), dict(exc_pre="yes")):
+    WsConfig(**{**base, "exc_chunk": 64, "exc_xt": True, "exc_pre": True, "exc_corr": True})
+    for bad in (dict(exc_chunk=8), dict(exc_chunk=48), dict(exc_xt=1), dict(exc_pre="yes"), dict(exc_corr=0)):
         with pytest.raises(ValueError, match="exc_"):
             WsConfig(**{**base, **bad})
     for bad in (dict(consumers=2), dict(bk=256)):  # removed variants, fixed K steps
@@ -333,7 +333,7 @@ def test_the_tables_ws_rows_past_64_are_checked_on_the_gpu():
                     reason="needs a Hopper GPU")
 @pytest.mark.parametrize("bm,bn,warps,stages,chunk", LONG_M_CONFIGS)
 @pytest.mark.parametrize("m", [9, 100, 200])
-def test_ws_exception_chunks_x_transposed_and_prepared_values_gpu(bm, bn, warps, stages, chunk, m):
+def test_ws_exception_steps_gpu(bm, bn, warps, stages, chunk, m):
     # WsConfig.exc_chunk / exc_xt / exc_pre with 0.1% of weights exceptions (real weights' rate), N not a multiple
     # of the tile: within the float64 bound, and the transposed x's reads and the prepared values give the same bits
     from glyd import kernels
@@ -353,3 +353,7 @@ def test_ws_exception_chunks_x_transposed_and_prepared_values_gpu(bm, bn, warps,
     # the prepared values, a round ahead (exc_pre): the same products in the same order
     yp = kernels.linear(x, p, None, cfg.replace(exc_xt=True, exc_pre=True))
     assert torch.equal(yp.view(torch.int16), y.view(torch.int16))
+    # the exceptions by a pass of their own, added where a tile is finished (exc_corr): another order of the sums
+    yc = kernels.linear(x, p, None, cfg.replace(exc_corr=True))
+    _check(yc, x, w, None)
+    assert torch.equal(kernels.linear(x, p, None, cfg.replace(exc_corr=True)).view(torch.int16), yc.view(torch.int16))

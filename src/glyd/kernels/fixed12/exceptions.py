@@ -92,10 +92,12 @@ EXC_CHUNK = 16  # exceptions loaded at once (their loads overlap instead of queu
 @isolated
 @triton.jit
 def _exception_kernel(part_ptr, x_ptr, rowptr_ptr, eidx_ptr, ehi_ptr, lo_ptr, base_ptr, M, N, K, stride_lo, stride_xm,
-                      BM_: tl.constexpr, BN_: tl.constexpr, E: tl.constexpr, ADD: tl.constexpr):
+                      BM_: tl.constexpr, BN_: tl.constexpr, E: tl.constexpr, ADD: tl.constexpr,
+                      XT: tl.constexpr = False):
     # part[0][rows, cols] += (true - decoded weight) * x summed over the exceptions of BN_ weight
     # rows, E exceptions a step: a row of a long matrix (down: K 18944) holds ~1.4 of them in
-    # random weights, and one by one each costs two dependent memory round trips.
+    # random weights, and one by one each costs two dependent memory round trips. XT: x_ptr is x
+    # transposed ([K, M], contiguous): an exception's BM_ x values are one contiguous read.
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     rn = pid_n * BN_ + tl.arange(0, BN_)
@@ -115,8 +117,11 @@ def _exception_kernel(part_ptr, x_ptr, rowptr_ptr, eidx_ptr, ehi_ptr, lo_ptr, ba
         lo = tl.load(lo_ptr + r * stride_lo + c, mask=em, other=0).to(tl.uint32)
         tv = ((th << 24) | (lo << 16)).to(tl.float32, bitcast=True)
         pv = ((((th & 0x80) | base) << 24) | (lo << 16)).to(tl.float32, bitcast=True)
-        xv = tl.load(x_ptr + rm[None, :] * stride_xm + c[:, None], mask=em[:, None] & mmask[None, :],
-                     other=0.0).to(tl.float32)  # [E, BM_]
+        if XT:
+            xp = x_ptr + c[:, None] * M + rm[None, :]
+        else:
+            xp = x_ptr + rm[None, :] * stride_xm + c[:, None]
+        xv = tl.load(xp, mask=em[:, None] & mmask[None, :], other=0.0).to(tl.float32)  # [E, BM_]
         d = xv * tv[:, None] - xv * pv[:, None]
         hit = (rn.to(tl.int64)[:, None] == r[None, :]) & em[None, :]  # [BN_, E]
         delta += tl.sum(tl.where(hit[:, :, None], d[None, :, :], 0.0), axis=1)
@@ -141,19 +146,23 @@ def check_part(part: torch.Tensor, m: int, n: int) -> None:
         raise ValueError(f"part must be contiguous float32 [splits, {m}, {n}], got {part.dtype} {tuple(part.shape)}")
 
 
-# x: bf16 [M, K] (its shape and strides); packed fixed12 [N, K] -> launch(part, x2, *arrays) or None (nothing to add)
-def exceptions_launch(x2: torch.Tensor, p, prep, add: bool = True):
-    """``add_exceptions`` as a ``glyd.kernels._plan.Launch`` (``arrays``: fixed12's, in its order)."""
+# x: bf16 [M, K] (its shape and strides); packed fixed12 [N, K] -> launch(part, x2, *arrays) or None (nothing to add);
+# xt: launch(part, xt, *arrays) with xt x transposed, bf16 [K, M] contiguous
+def exceptions_launch(x2: torch.Tensor, p, prep, add: bool = True, xt: bool = False, bm: int = 16):
+    """``add_exceptions`` as a ``glyd.kernels._plan.Launch`` (``arrays``: fixed12's, in its order); ``xt``: it
+    reads x transposed (a column's rows contiguous), ``bm`` x rows a program (a power of two, 16-256)."""
     m, k = x2.shape
     n = p.shape[0]
     if not (prep.nexc or not add):
         return None
+    if bm not in (16, 32, 64, 128, 256):
+        raise ValueError(f"the exception pass takes 16-256 x rows a program (a power of two), got {bm}")
     part, x = _plan.slots(2)
     lo, _code, base, eidx, ehi = _plan.slots(5, 2, fixed=True)
-    grid = (triton.cdiv(n, EXC_ROWS), triton.cdiv(m, 16))
+    grid = (triton.cdiv(n, EXC_ROWS), triton.cdiv(m, bm))
     return _plan.Launch(_exception_kernel, grid, (part, x, prep.rowptr, eidx, ehi, lo, base, m, n, k,
-                                                  p.arrays["lo"].shape[1], x2.stride(0)),
-                        dict(BM_=16, BN_=EXC_ROWS, E=EXC_CHUNK, ADD=add, num_warps=EXC_WARPS))
+                                                  p.arrays["lo"].shape[1], m if xt else x2.stride(0)),
+                        dict(BM_=bm, BN_=EXC_ROWS, E=EXC_CHUNK, ADD=add, XT=xt, num_warps=EXC_WARPS))
 
 
 @functools.lru_cache(maxsize=None)

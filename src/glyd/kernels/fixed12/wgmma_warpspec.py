@@ -39,7 +39,7 @@ from glyd.kernels import _common as C
 from glyd.kernels._fields import flags, ints
 from glyd.kernels import _plan
 from glyd.kernels._interp import isolated
-from glyd.kernels.fixed12.exceptions import prepare
+from glyd.kernels.fixed12.exceptions import exceptions_launch, prepare
 from glyd.kernels.fixed12.wgmma import X_ORDER, exc_layout, wg_exceptions, wg_pairs
 from glyd.kernels.registry import Kernel
 
@@ -60,7 +60,9 @@ class WsConfig(C.KernelConfig):
     from a transposed copy of x (one contiguous read a column, not a strided gather): past M = 64 a
     tile of 128 rows holds hundreds of exceptions at real weights' 0.1%. ``exc_pre``: their true values
     from the prepared list (no load into the lo plane behind the index's), each round's loaded during
-    the round before."""
+    the round before. ``exc_corr``: none of that, but the exceptions' pass of its own
+    (``fixed12.exceptions``, x transposed, up to 128 x rows a program) into an fp32 [M, N] correction
+    before the kernel, which each finished tile adds (exc_chunk, exc_xt and exc_pre then do nothing)."""
 
     bm: int = 16
     bn: int = 64
@@ -70,11 +72,12 @@ class WsConfig(C.KernelConfig):
     exc_chunk: int = 16
     exc_xt: bool = False
     exc_pre: bool = False
+    exc_corr: bool = False
 
     def validate(self) -> None:
         C.pow2(self, "bm", "bn")
         ints(self, 0, 255, "stages", "maxnreg")
-        flags(self, "pipe", "exc_xt", "exc_pre")
+        flags(self, "pipe", "exc_xt", "exc_pre", "exc_corr")
         ints(self, 16, 64, "exc_chunk")
         if self.exc_chunk not in (16, 32, 64):
             raise ValueError(f"WsConfig.exc_chunk must be 16, 32 or 64, got {self.exc_chunk}")
@@ -131,7 +134,7 @@ def _ws_finish(acc, t, n0, m0, g0, P, W, S, pid, x_ptr, out_ptr, bias_ptr, work_
                rowptr_ptr, eidx_ptr, ehi_ptr, lo8_ptr, base_ptr, BN: gl.constexpr, BT: gl.constexpr,
                ML: gl.constexpr, OL: gl.constexpr, HAS_BIAS: gl.constexpr, EXC: gl.constexpr, EL: gl.constexpr,
                CS: gl.constexpr, XE: gl.constexpr = 16, XT: gl.constexpr = False,
-               PRE: gl.constexpr = False):
+               PRE: gl.constexpr = False, CORR: gl.constexpr = False, corr_ptr=None):
     # the end of this program's part of tile t (its BN rows from n0). A whole tile: exceptions,
     # bias, bf16 out. A part: store the fp32 partial in this program's work slot (2 pid if it
     # began at the program's first step, else 2 pid + 1), count in; the last of the tile's programs to count in sums every part in program order
@@ -156,6 +159,9 @@ def _ws_finish(acc, t, n0, m0, g0, P, W, S, pid, x_ptr, out_ptr, bias_ptr, work_
                 qs = 2 * q + ((q * W) // P <= ts).to(gl.int32)
                 acc += gl.load(work_ptr + qs * (BN * BT) + r * BT + c, cache_modifier=".cg")
     if done:
+        if CORR:  # the exceptions' corrections, fp32 [M, N] from their own pass before this kernel
+            acc += gl.load(corr_ptr + (m0 + c).to(gl.int64) * N + n0 + r, mask=(n0 + r < N) & (m0 + c < M),
+                           other=0.0)
         if EXC:
             e0 = gl.load(rowptr_ptr + n0)
             e1 = gl.load(rowptr_ptr + gl.minimum(n0 + BN, N))
@@ -214,7 +220,7 @@ def _ws_parts_piped(lo_s, co_s, x_s, ready, empty, g0, g1, P, W, S, MT, b4, x_pt
                     BT: gl.constexpr, NS: gl.constexpr, LL: gl.constexpr, CL: gl.constexpr, ML: gl.constexpr,
                     AL: gl.constexpr, OL: gl.constexpr, HAS_BIAS: gl.constexpr, EXC: gl.constexpr,
                     EL: gl.constexpr, CS: gl.constexpr, XE: gl.constexpr = 16, XT: gl.constexpr = False,
-               PRE: gl.constexpr = False):
+               PRE: gl.constexpr = False, CORR: gl.constexpr = False, corr_ptr=None):
     # WsConfig.pipe: the program's steps a tile part at a time, each part's steps pipelined
     # (_ws_piped) and its finish after the part's last MMAs, so that nothing decoded ahead is
     # live across a finish (its registers would spill in the step loop)
@@ -235,7 +241,7 @@ def _ws_parts_piped(lo_s, co_s, x_s, ready, empty, g0, g1, P, W, S, MT, b4, x_pt
         _, _, n0, m0 = _ws_tile(t * S, S, MT, BN, BT)
         _ws_finish(acc, t, n0, m0, g0, P, W, S, pid, x_ptr, out_ptr, bias_ptr, work_ptr, cnt_ptr, M, N, KP,
                    stride_xm, rowptr_ptr, eidx_ptr, ehi_ptr, lo8_ptr, base_ptr, BN, BT, ML, OL, HAS_BIAS, EXC, EL, CS,
-                   XE, XT, PRE)
+                   XE, XT, PRE, CORR, corr_ptr)
         acc = gl.zeros([BN, BT], gl.float32, ML)
     return acc
 
@@ -246,13 +252,14 @@ def _ws_consumer(lo_s, co_s, x_s, ready, empty, g0, g1, P, W, S, MT, b4, x_ptr, 
                  BT: gl.constexpr, NS: gl.constexpr, LL: gl.constexpr, CL: gl.constexpr, ML: gl.constexpr,
                  AL: gl.constexpr, OL: gl.constexpr, HAS_BIAS: gl.constexpr, EXC: gl.constexpr, EL: gl.constexpr,
                  CS: gl.constexpr, PIPE: gl.constexpr, XE: gl.constexpr = 16, XT: gl.constexpr = False,
-               PRE: gl.constexpr = False):
+               PRE: gl.constexpr = False, CORR: gl.constexpr = False, corr_ptr=None):
     # the warpgroup: words from the ring, decode, MMA, free the slot; at the end of each tile's
     # part, finish it (_ws_finish). Every program has a step at least (the grid is at most one a step)
     if PIPE:
         acc = _ws_parts_piped(lo_s, co_s, x_s, ready, empty, g0, g1, P, W, S, MT, b4, x_ptr, out_ptr, bias_ptr,
                               work_ptr, cnt_ptr, M, N, KP, stride_xm, rowptr_ptr, eidx_ptr, ehi_ptr, lo8_ptr, base_ptr,
-                              BN, BT, NS, LL, CL, ML, AL, OL, HAS_BIAS, EXC, EL, CS, XE, XT, PRE)
+                              BN, BT, NS, LL, CL, ML, AL, OL, HAS_BIAS, EXC, EL, CS, XE, XT, PRE,
+                              CORR, corr_ptr)
     else:
         pid = gl.program_id(0)
         acc = gl.zeros([BN, BT], gl.float32, ML)
@@ -270,7 +277,7 @@ def _ws_consumer(lo_s, co_s, x_s, ready, empty, g0, g1, P, W, S, MT, b4, x_ptr, 
             if (st == S - 1) | (g == g1 - 1):
                 _ws_finish(acc, t, n0, m0, g0, P, W, S, pid, x_ptr, out_ptr, bias_ptr, work_ptr, cnt_ptr, M, N, KP,
                            stride_xm, rowptr_ptr, eidx_ptr, ehi_ptr, lo8_ptr, base_ptr, BN, BT, ML, OL, HAS_BIAS,
-                           EXC, EL, CS, XE, XT, PRE)
+                           EXC, EL, CS, XE, XT, PRE, CORR, corr_ptr)
                 acc = gl.zeros([BN, BT], gl.float32, ML)
     return (acc, )  # warp_specialize takes the default partition's results as a tuple
 
@@ -282,7 +289,7 @@ def _ws_kernel(lo_desc, co_desc, x_desc, x_ptr, base_ptr, out_ptr, bias_ptr, wor
                EXC: gl.constexpr = False, EL: gl.constexpr = None, rowptr_ptr=None, eidx_ptr=None, ehi_ptr=None,
                lo8_ptr=None, CS: gl.constexpr = 1, LOADER_REGS: gl.constexpr = 24, NBYTES: gl.constexpr = 0,
                PIPE: gl.constexpr = False, XE: gl.constexpr = 16, XT: gl.constexpr = False,
-               PRE: gl.constexpr = False):
+               PRE: gl.constexpr = False, CORR: gl.constexpr = False, corr_ptr=None):
     # out (bf16 [M, N], + bias) = x @ W^T, persistent over W = tiles x S K steps (stream-K):
     # program p multiplies global steps p W / P .. (p + 1) W / P (tile-major, x tiles inner), so
     # every program has the same number of steps; a tile shared by several programs is summed
@@ -305,7 +312,8 @@ def _ws_kernel(lo_desc, co_desc, x_desc, x_ptr, base_ptr, out_ptr, bias_ptr, wor
     gl.warp_specialize([
         (_ws_consumer, (lo_s, co_s, x_s, ready, empty, g0, g1, P, W, S, MT, b4, x_ptr, out_ptr, bias_ptr, work_ptr,
                         cnt_ptr, M, N, KP, stride_xm, rowptr_ptr, eidx_ptr, ehi_ptr, lo8_ptr, base_ptr, BN, BT, NS,
-                        LL, CL, ML, AL, OL, HAS_BIAS, EXC, EL, CS, PIPE, XE, XT, PRE)),
+                        LL, CL, ML, AL, OL, HAS_BIAS, EXC, EL, CS, PIPE, XE, XT, PRE, CORR,
+                        corr_ptr)),
         (_ws_loader, (lo_desc, co_desc, x_desc, lo_s, co_s, x_s, ready, empty, g0, g1, S, MT, BN, BT, NS, NBYTES)),
     ], [1], [LOADER_REGS])
 
@@ -407,7 +415,8 @@ def plan(x2: torch.Tensor, p, bias, cfg: WsConfig):
     work = triton.cdiv(n, cfg.bn) * mt * steps  # K steps in all
     # programs: ``split`` if given (tests), else ``waves`` an SM; at most one a step
     progs = min(work, cfg.split or cfg.waves * C.sm_count(x2.device))
-    inline = prep.nexc > 0  # the exceptions are always added where a tile is finished
+    corr = prep.nexc > 0 and cfg.exc_corr  # the exceptions by a pass of their own, added where a tile is finished
+    inline = prep.nexc > 0 and not corr  # ... else by the finishing program itself
     xt = inline and cfg.exc_xt  # ... their x columns read from x transposed
     pre = inline and cfg.exc_pre  # ... their true values from prepare's list, a round ahead
     tiles = triton.cdiv(n, cfg.bn) * mt
@@ -424,9 +433,11 @@ def plan(x2: torch.Tensor, p, bias, cfg: WsConfig):
         BN=cfg.bn, BT=cfg.bm, NS=cfg.stages, LL=ll, CL=cl, ML=mma, AL=a_op, OL=ol, HAS_BIAS=bias is not None,
         EXC=inline, EL=exc_layout(cfg.warps, xt) if inline else None, rowptr_ptr=prep.rowptr, eidx_ptr=eidx,
         ehi_ptr=ehi, lo8_ptr=prep.vals if pre else lo, CS=C.COUNTER_SLOTS, NBYTES=slot_bytes(cfg.bn, cfg.bm), PIPE=cfg.pipe, XE=cfg.exc_chunk,
-        XT=xt, PRE=pre, num_warps=cfg.warps,
+        XT=xt, PRE=pre, CORR=corr, corr_ptr=_plan.Slot(10) if corr else None, num_warps=cfg.warps,
         **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {})))
     permute = _permute_launch(m, k, stride)
+    exc = (exceptions_launch(x2, p, prep, add=False, xt=True, bm=min(128, max(16, triton.next_power_of_2(m))))
+           if corr else None)
     shape, dev, bt = (2 * progs, cfg.bn * cfg.bm), x2.device, cfg.bm
 
     def run(x2, bias, out, arrays):
@@ -434,8 +445,14 @@ def plan(x2: torch.Tensor, p, bias, cfg: WsConfig):
             x2 = x2.contiguous()
         xp = torch.empty(m, k, dtype=x2.dtype, device=dev)
         permute(x2, xp)
-        if xt:  # the exceptions' x: [K, M], a column's rows contiguous
+        if xt or corr:  # the exceptions' x: [K, M], a column's rows contiguous
             x2 = x2.t().contiguous()
+        if corr:
+            fix = torch.empty((1, m, n), dtype=torch.float32, device=dev)
+            exc(fix, x2, *arrays)
+            tile(x2, bias if bias is not None else out, torch.empty(shape, dtype=torch.float32, device=dev), out,
+                 *arrays, TensorDescriptor.from_tensor(xp, [bt, 64], xsl), fix)
+            return out
         ring_slots = torch.empty(shape, dtype=torch.float32, device=dev)
         x_d = TensorDescriptor.from_tensor(xp, [bt, 64], xsl)
         tile(x2, bias if bias is not None else out, ring_slots, out, *arrays, x_d)

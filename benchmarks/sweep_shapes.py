@@ -235,6 +235,10 @@ def _candidates(m: int, n: int, k: int) -> dict:
                 out[f"ws bm{bt} bn128 w8 s2 exc{chunk} xt pre"] = WsConfig(**w8, exc_chunk=chunk, exc_xt=True,
                                                                           exc_pre=True)
                 out[f"ws bm{bt} bn128 w8 s2 corr"] = WsConfig(**w8, exc_corr=True)
+                if bt == 128:  # 256 weight rows a tile: half the x reads a weight row (x is read again for every tile)
+                    w8b = dict(w8, bn=256)
+                    out["ws bm128 bn256 w8 s2 exc64 xt"] = WsConfig(**w8b, exc_chunk=64, exc_xt=True)
+                    out["ws bm128 bn256 w8 s2 corr"] = WsConfig(**w8b, exc_corr=True)
                 st = 3 if bt == 128 else 2
                 out[f"ws bm{bt} s{st} exc32 xt pre"] = WsConfig(bm=bt, bn=64, stages=st, waves=1, exc_chunk=32,
                                                               exc_xt=True, exc_pre=True)

@@ -203,7 +203,9 @@ def test_ws_config_checks():
     base = dict(bm=16, bn=64, stages=4)
     WsConfig(**base)
     WsConfig(**{**base, "warps": 8, "bn": 128})  # two warpgroups on one ring slot
-    for bad in (dict(stages=1), dict(stages=9), dict(warps=8, bn=256), dict(bm=512), dict(maxnreg=300)):
+    WsConfig(**{**base, "warps": 8, "bn": 256})  # ... of 128 rows each
+    for bad in (dict(stages=1), dict(stages=9), dict(warps=8, bn=512), dict(warps=8, bn=64), dict(bm=512),
+                dict(maxnreg=300)):
         with pytest.raises(ValueError, match="WsConfig"):
             WsConfig(**{**base, **bad})
     WsConfig(**{**base, "pipe": True})
@@ -308,7 +310,8 @@ def test_ws_strided_x_and_k_384_gpu():
 
 #: (bm, bn, warps, stages, exc_chunk) of the ws configs past M = 64 checked on the GPU below; the tables' rows there are
 #: among them (test_the_tables_ws_rows_past_64_are_checked_on_the_gpu)
-LONG_M_CONFIGS = [(128, 128, 8, 2, 64), (128, 64, 4, 3, 32), (256, 128, 8, 2, 32), (16, 64, 4, 2, 64)]
+LONG_M_CONFIGS = [(128, 128, 8, 2, 64), (128, 64, 4, 3, 32), (256, 128, 8, 2, 32), (16, 64, 4, 2, 64),
+                  (128, 256, 8, 2, 64)]
 
 
 def test_the_tables_ws_rows_past_64_are_checked_on_the_gpu():

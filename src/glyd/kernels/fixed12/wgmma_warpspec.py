@@ -49,8 +49,9 @@ HALF_ORDER = gl.constexpr((0, 3, 4, 6, 1, 2, 5))  # [row, g, a, i1, i0, j, h] ->
 
 @dataclasses.dataclass(frozen=True)
 class WsConfig(C.KernelConfig):
-    """``bm`` (8-256) x rows and ``bn`` weight rows a tile, 4 warps (or 8 with ``bn`` 128: two
-    warpgroups decoding the same ring slot, 64 rows each), a ring of ``stages`` (2-8) K steps; the
+    """``bm`` (8-256) x rows and ``bn`` weight rows a tile, 4 warps (or 8 with ``bn`` 128 or 256: two
+    warpgroups decoding the same ring slot, 64 or 128 rows each; 256 halves the x tiles' reads a weight
+    row past M = 64, where x is read again for every tile), a ring of ``stages`` (2-8) K steps; the
     grid is persistent: ``waves`` programs an SM, or ``split`` programs in all. ``maxnreg``: a
     register cap (80 gives three programs an SM). ``pipe``: a step's MMAs stay in flight while the
     warpgroup reads and decodes the next step's first half (else it waits for them before reading the
@@ -81,8 +82,9 @@ class WsConfig(C.KernelConfig):
         ints(self, 16, 64, "exc_chunk")
         if self.exc_chunk not in (16, 32, 64):
             raise ValueError(f"WsConfig.exc_chunk must be 16, 32 or 64, got {self.exc_chunk}")
-        if self.bm not in (8, 16, 32, 64, 128, 256) or not (self.warps == 4 or (self.warps, self.bn) == (8, 128)):
-            raise ValueError(f"WsConfig: bm 8-256, 4 warps (or 8 with bn 128); got {self}")
+        if self.bm not in (8, 16, 32, 64, 128, 256) or not (self.warps == 4 or (self.warps, self.bn) in ((8, 128),
+                                                                                                     (8, 256))):
+            raise ValueError(f"WsConfig: bm 8-256, 4 warps (or 8 with bn 128 or 256); got {self}")
         if self.bn not in (16 * self.warps, 32 * self.warps) or not 2 <= self.stages <= 8:
             raise ValueError(f"WsConfig: bn 16 or 32 rows a warp, a ring of 2-8 stages; got {self}")
         if self.maxnreg and not 32 <= self.maxnreg <= 255:

@@ -209,6 +209,9 @@ def _candidates(m: int, n: int, k: int) -> dict:
                 out["default exc64 xt pre"] = R(d, exc_chunk=64, exc_xt=True, exc_pre=True)
             if "exc_corr" in fields:  # the pending h122
                 out["default corr"] = R(d, exc_corr=True)
+        if isinstance(d, WgConfig) and d.exc_tile and "exc_chunk" in WgConfig.__dataclass_fields__:  # pending h124
+            out["default exc64 xt"] = R(d, exc_chunk=64, exc_xt=True)
+            out["default exc64 xt pre"] = R(d, exc_chunk=64, exc_xt=True, exc_pre=True)
         return out
     if rnd == "6":  # the split-K reduce: in-kernel fixup, waves, reduce tiles
         d = dflt()

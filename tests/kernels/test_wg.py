@@ -23,15 +23,29 @@ def _wg():
     return fixed12_wg
 
 
-def _compile_sm90(bn, bt, warps, out=0, bias=False, pipe=0, exc=False):
+def _compile_sm90(bn, bt, warps, out=0, bias=False, pipe=0, exc=False, xe=16, xt=False, pre=False):
     w = _wg()
     words, xl, mma, a_op, xsl, ol = w.layouts(bn, bt, warps)
     ptrs = {"x_ptr": "*bf16", "code_ptr": "*i32", "lo_ptr": "*i32", "base_ptr": "*u8", "part_ptr": "*fp32",
             "out_ptr": "*bf16", "bias_ptr": "*bf16", "rowptr_ptr": "*i32", "eidx_ptr": "*i32", "ehi_ptr": "*u8",
-            "lo8_ptr": "*u8"}
+            "lo8_ptr": "*i16" if pre else "*u8", **({"xt_ptr": "*bf16"} if xt else {})}
     const = dict(BN=bn, BT=bt, WL=words, XL=xl, ML=mma, AL=a_op, XSL=xsl, OL=ol, OUT=out, HAS_BIAS=bias, PIPE=pipe,
-                 EXC=exc, EL=w.exc_layout(warps) if exc else None)
+                 EXC=exc, EL=w.exc_layout(warps, xt) if exc else None, XE=xe, XT=xt, PRE=pre,
+                 **({} if xt else {"xt_ptr": None}))
     return compile_gluon_sm90(w._wg_kernel, const, ptrs, num_warps=warps)
+
+
+@pytest.mark.parametrize("bn,bt,warps", [(64, 16, 4), (64, 64, 4)])
+def test_wg_exception_step_options_compile_sm90(bn, bt, warps):
+    # WgConfig.exc_chunk / exc_xt / exc_pre in the tile's exception step: it compiles for sm_90 with the
+    # step's MMAs (two a round) and, with the values prepared, no byte load from the lo plane in it
+    from .test_gluon import _sass
+
+    plain = _sass(_compile_sm90(bn, bt, warps, exc=True))
+    k = _compile_sm90(bn, bt, warps, exc=True, xe=64, xt=True, pre=True)
+    sass = _sass(k)
+    assert sass.count("HGMMA") >= plain.count("HGMMA")
+    assert sass.count("LDG.E.U8") < plain.count("LDG.E.U8")
 
 
 @pytest.mark.cpu_sample(every=2)  # compiles for sm_90: half the configs in the default run
@@ -106,6 +120,10 @@ def test_wg_config_checks():
     for bad in (dict(bk=256), dict(ring=2), dict(fixup=True)):  # the wgmma tile has none of these
         with pytest.raises(TypeError):
             WgConfig(**{**dict(bm=16, bn=64), **bad})
+    WgConfig(bm=16, bn=64, exc_tile=True, exc_chunk=64, exc_xt=True, exc_pre=True)
+    for bad in (dict(exc_chunk=8), dict(exc_chunk=48), dict(exc_chunk=64.0), dict(exc_xt=1), dict(exc_pre="yes")):
+        with pytest.raises(ValueError, match="exc_"):
+            WgConfig(**{**dict(bm=16, bn=64), **bad})
 
 
 @pytest.mark.gpu
@@ -132,6 +150,28 @@ def test_wg_matches_reference_gpu(bm, bn, warps, m, split, bias, pipe, exc):
     # one MMA in flight across K steps
     y = kernels.linear(x, p, b, WgConfig(bm=bm, bn=bn, warps=warps, split=split, exc_tile=exc, pipe=pipe))
     _check(y, x, w, b)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
+                    reason="needs a Hopper GPU")
+@pytest.mark.parametrize("bm,bn,chunk,split", [(16, 64, 64, 1), (64, 64, 32, 5), (8, 64, 64, 2)])
+def test_wg_exception_step_options_gpu(bm, bn, chunk, split):
+    # WgConfig.exc_chunk / exc_xt / exc_pre with 0.1% of weights exceptions (real weights' rate), ragged M and N:
+    # within the float64 bound, and x transposed and the prepared values give the strided gather's bits
+    from glyd import kernels
+    from glyd.kernels import WgConfig
+
+    w = random_weights(1000, 3584, "normal", "cuda")
+    w.view(-1)[torch.randint(0, w.numel(), (w.numel() // 1000,), device="cuda")] = torch.tensor(
+        1e-30, device="cuda").to(torch.bfloat16)
+    p = glyd.pack(w, "fixed12")
+    x = torch.randn(bm - 3, 3584, device="cuda").to(torch.bfloat16)
+    cfg = WgConfig(bm=bm, bn=bn, split=split, exc_tile=True, exc_chunk=chunk)
+    y = kernels.linear(x, p, None, cfg)
+    _check(y, x, w, None)
+    for extra in (dict(exc_xt=True), dict(exc_xt=True, exc_pre=True), dict(exc_pre=True)):
+        assert torch.equal(kernels.linear(x, p, None, cfg.replace(**extra)).view(torch.int16), y.view(torch.int16))
 
 
 @pytest.mark.gpu

@@ -53,7 +53,9 @@ class WgConfig(C.KernelConfig):
     """``bm`` (8-64) x rows (wgmma's N) and ``bn`` weight rows a program (16 or 32 a warp), 4 or 8
     warps, K steps of 128. ``pipe``: one MMA in flight across K steps instead of waiting for each
     at its step's end. ``exc_tile``: the exceptions added in the tile (else a pass of their own,
-    beside it on a second stream or after it with ``exc_after``). ``maxnreg``: a register cap."""
+    beside it on a second stream or after it with ``exc_after``). ``maxnreg``: a register cap.
+    With ``exc_tile``, as ``WsConfig``'s: ``exc_chunk`` exceptions a one-hot MMA (16, 32, 64), ``exc_xt`` their x
+    columns from a transposed copy of x, ``exc_pre`` their values from the prepared list, a round ahead."""
 
     bm: int = 16
     bn: int = 64
@@ -62,11 +64,17 @@ class WgConfig(C.KernelConfig):
     exc_after: bool = False
     pipe: bool = False
     maxnreg: int = 0
+    exc_chunk: int = 16
+    exc_xt: bool = False
+    exc_pre: bool = False
 
     def validate(self) -> None:
         C.pow2(self, "bm", "bn")
-        flags(self, "exc_tile", "exc_after", "pipe")
+        flags(self, "exc_tile", "exc_after", "pipe", "exc_xt", "exc_pre")
         ints(self, 0, 255, "maxnreg")
+        ints(self, 16, 64, "exc_chunk")
+        if self.exc_chunk not in (16, 32, 64):
+            raise ValueError(f"WgConfig.exc_chunk must be 16, 32 or 64, got {self.exc_chunk}")
         if self.bm not in (8, 16, 32, 64) or self.warps not in (4, 8) or self.bn not in (16 * self.warps,
                                                                                          32 * self.warps):
             raise ValueError(f"WgConfig: bm 8-64, 4 or 8 warps, bn 16 or 32 rows a warp; got {self}")
@@ -202,8 +210,9 @@ def wg_exceptions(acc, x_ptr, m0, M, stride_xm, eidx_ptr, ehi_ptr, lo8_ptr, KP, 
 def _wg_kernel(x_ptr, code_ptr, lo_ptr, base_ptr, part_ptr, out_ptr, bias_ptr, M, N, KP, stride_xm, K_SPLIT,
                stride_code, stride_lo, BN: gl.constexpr, BT: gl.constexpr, WL: gl.constexpr, XL: gl.constexpr,
                ML: gl.constexpr, AL: gl.constexpr, XSL: gl.constexpr, OL: gl.constexpr, OUT: gl.constexpr,
-               HAS_BIAS: gl.constexpr, PIPE: gl.constexpr = 0, EXC: gl.constexpr = False, EL: gl.constexpr = None, rowptr_ptr=None, eidx_ptr=None, ehi_ptr=None,
-               lo8_ptr=None):
+               HAS_BIAS: gl.constexpr, PIPE: gl.constexpr = 0, EXC: gl.constexpr = False, EL: gl.constexpr = None,
+               rowptr_ptr=None, eidx_ptr=None, ehi_ptr=None, lo8_ptr=None, XE: gl.constexpr = 16,
+               XT: gl.constexpr = False, PRE: gl.constexpr = False, xt_ptr=None):
     # part[pid_k, BT x rows, BN weight rows] (fp32, OUT 0) or out (bf16 + bias, OUT 1: one split)
     # = x rows @ W^T over this program's K range; acc is [BN weight rows, BT x rows]. Whole shapes
     # only (K == KP, K_SPLIT and KP multiples of 256); rows past M or N read row M-1 / N-1 again.
@@ -243,8 +252,12 @@ def _wg_kernel(x_ptr, code_ptr, lo_ptr, base_ptr, part_ptr, out_ptr, bias_ptr, M
         e0 = gl.load(rowptr_ptr + n0)
         e1 = gl.load(rowptr_ptr + gl.minimum(n0 + BN, N))
         e1 = e0 + (e1 - e0) * (pid_k == 0).to(gl.int32)
-        acc = wg_exceptions(acc, x_ptr, m0, M, stride_xm, eidx_ptr, ehi_ptr, lo8_ptr, KP, base_ptr, n0, e0, e1, BN,
-                             BT, ML, EL)
+        if XT:  # x's columns from x transposed (xt_ptr, [K, M])
+            acc = wg_exceptions(acc, xt_ptr, m0, M, stride_xm, eidx_ptr, ehi_ptr, lo8_ptr, KP, base_ptr, n0, e0, e1,
+                                BN, BT, ML, EL, XE, XT, PRE)
+        else:
+            acc = wg_exceptions(acc, x_ptr, m0, M, stride_xm, eidx_ptr, ehi_ptr, lo8_ptr, KP, base_ptr, n0, e0, e1,
+                                BN, BT, ML, EL, XE, XT, PRE)
     acc = gl.convert_layout(acc, OL)
     r = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, OL))[:, None]
     m = m0 + gl.arange(0, BT, layout=gl.SliceLayout(0, OL))[None, :]
@@ -300,6 +313,7 @@ def plan(x2: torch.Tensor, p, bias, cfg: WgConfig):
     # K ranges of whole pairs of steps: the kernel's loop is unrolled by two (its x buffers)
     split, per = C.choose_split(tiles, kp, 2 * BK, x2.device, cfg.split, cfg.waves)
     inline = cfg.exc_tile and prep.nexc > 0
+    xt, pre = inline and cfg.exc_xt, inline and cfg.exc_pre  # the in-tile step's x transposed, values a round ahead
     side = not cfg.exc_after and prep.nexc > 0 and not inline
     out_mode = 1 if (prep.nexc == 0 or inline) and split == 1 else 0
     # per call: x2, bias (or out), part (the partials, or out), out, then fixed12's arrays
@@ -311,8 +325,9 @@ def plan(x2: torch.Tensor, p, bias, cfg: WgConfig):
     tile = _plan.Launch(_wg_kernel, grid, (x, code.view(torch.int32), lo.view(torch.int32), base, part, o, b,
                                            m, n, kp, stride, per, kp // 8, kp // 4), dict(
         BN=cfg.bn, BT=cfg.bm, WL=words, XL=xl, ML=mma, AL=a_op, XSL=xsl, OL=ol, OUT=out_mode,
-        HAS_BIAS=bias is not None, PIPE=int(cfg.pipe), EXC=inline, EL=exc_layout(cfg.warps) if inline else None,
-        rowptr_ptr=prep.rowptr, eidx_ptr=eidx, ehi_ptr=ehi, lo8_ptr=lo, num_warps=cfg.warps,
+        HAS_BIAS=bias is not None, PIPE=int(cfg.pipe), EXC=inline, EL=exc_layout(cfg.warps, xt) if inline else None,
+        rowptr_ptr=prep.rowptr, eidx_ptr=eidx, ehi_ptr=ehi, lo8_ptr=prep.vals if pre else lo, XE=cfg.exc_chunk,
+        XT=xt, PRE=pre, xt_ptr=_plan.Slot(9) if xt else None, num_warps=cfg.warps,
         **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {})))
     xc = x2.contiguous() if copy else x2
     pass_ = SidePass(xc, p, prep) if side else None
@@ -326,7 +341,7 @@ def plan(x2: torch.Tensor, p, bias, cfg: WgConfig):
         pt = torch.empty(shape, dtype=torch.float32, device=dev) if out_mode == 0 else out
         if pass_ is not None:
             cur = pass_.begin(pt[split:], x2, *arrays)
-        tile(x2, bias if bias is not None else out, pt, out, *arrays)
+        tile(x2, bias if bias is not None else out, pt, out, *arrays, *((x2.t().contiguous(),) if xt else ()))
         if pass_ is not None:
             pass_.join(cur)
         elif after is not None:

@@ -37,19 +37,10 @@ def _check(y: torch.Tensor, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor
 
 
 N_CASES = 42  # len(_cases()), which imports Triton: kept equal by test_case_count
-#: The fixed12 cases drawn with "wide" weights (even cases but the tiered 10 and 12: exceptions on
-#: about 5% of the weights) of over 16k weights: Triton's interpreter runs the exception loop a
-#: scalar step an exception, 8-50 s a case on 2 cores, so on the CPU they run with -m slow only.
-#: The smaller wide cases (GEMV, tile, mma, fixup, several x rows a program) and the normal ones
-#: keep one in three in the default CPU run; the GPU sample is the same for all.
-WIDE_LARGE = frozenset({2, 18, 22, 24, 26, 28, 36, 38, 40})
 
 
 def test_case_count():
-    cases = _cases()
-    assert len(cases) == N_CASES
-    assert WIDE_LARGE == {i for i, (layout, m, n, k, cfg) in enumerate(cases)
-                          if layout == "fixed12" and i % 2 == 0 and n * k > 16384}
+    assert len(_cases()) == N_CASES
 
 
 def _cases():
@@ -112,7 +103,7 @@ def _cases():
 
 @pytest.mark.gpu_sample(every=5)
 @pytest.mark.parametrize("case,device", on_devices([(c,) for c in range(N_CASES)], [str(c) for c in range(N_CASES)],
-                                                   cpu_slow=WIDE_LARGE, cpu_marks=[pytest.mark.cpu_sample(every=3)]))
+                                                   cpu_marks=[pytest.mark.cpu_sample(every=3)]))
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_linear_matches_reference(case, device, with_bias):
     from glyd import kernels

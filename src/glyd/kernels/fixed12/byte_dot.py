@@ -98,10 +98,9 @@ def _tile_kernel(
             else:
                 acc = tl.dot(wa2.to(tl.bfloat16), xa, acc)
                 acc = tl.dot(wb2.to(tl.bfloat16), xb, acc)
-    if HAS_EXC:
-        if pid_k == 0:
-            acc += exception_delta_tile(rowptr_ptr, eidx_ptr, ehi_ptr, lo8_ptr, x_ptr, rn, rm, mmask, stride_xm,
-                                        base, pid_n, N, K, KP, BN, BM)
+    if HAS_EXC:  # each split program its share of the tile's exceptions
+        acc += exception_delta_tile(rowptr_ptr, eidx_ptr, ehi_ptr, lo8_ptr, x_ptr, rn, rm, mmask, stride_xm,
+                                    base, pid_n, N, K, KP, BN, BM, pid_k, tl.num_programs(1))
     tile = pid_m * tl.num_programs(0) + pid_n
     C.store_out(acc, out_ptr, fin_ptr, cnt_ptr, bias_ptr, rm[None, :] * N + rn[:, None],
                 nmask[:, None] & mmask[None, :], rn[:, None] + 0 * rm[None, :], tile, pid_k, tl.num_programs(1),

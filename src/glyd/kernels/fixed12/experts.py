@@ -123,7 +123,7 @@ def _experts_gemv_kernel(x_ptr, x32_ptr, ids_ptr, code_ptr, lo_ptr, lo8_ptr, bas
     acc = tl.sum(tl.sum(acc4, axis=2), axis=0)
     if HAS_EXC:
         acc += exception_delta(rowptr_ptr + row0, eidx_ptr, ehi_ptr, lo8_ptr + row0 * KP, x_ptr + xoff, rn, base,
-                               pid_n, N, K, KP, BN)
+                               pid_n, N, K, KP, BN, 0, 1)
     tl.store(out_ptr + pid_m * N + rn, acc.to(tl.bfloat16), mask=rn < N)
 
 

@@ -20,7 +20,8 @@ from glyd.kernels._interp import isolated
 from glyd.codec.fixed12 import ARRAYS
 from glyd.kernels import _plan
 from glyd.kernels.fixed12.exceptions import SidePass, exceptions_launch, prepare
-from glyd.kernels.fixed12.words import exception_delta, exception_delta_tile, f32_lane, gm_offsets, gm_planes, hi_words, x_lane
+from glyd.kernels.fixed12.words import (exception_delta, exception_delta_tile, f32_lane, gm_offsets, gm_planes,
+                                        hi_words, x_lane)
 from glyd.kernels.registry import Kernel
 
 
@@ -29,8 +30,8 @@ class WordTileConfig(C.KernelConfig):
     """Fields of the kernels on group-major word tiles. ``bm`` x rows, ``bn`` weight rows a program,
     K steps of ``bk``; ``prefetch``: the next step's plane words loaded into registers before this
     step decodes; ``exc_pass``: exceptions in a pass of their own over fp32 partials (beside the
-    tile kernel on a second CUDA stream, or after it with ``exc_after``) instead of a serial loop in
-    each tile's first split program; ``fixup``: split-K summed in the kernel (``split_fixup``)."""
+    tile kernel on a second CUDA stream, or after it with ``exc_after``) instead of rounds in the
+    tile, shared among its split programs; ``fixup``: split-K summed in the kernel (``split_fixup``)."""
 
     bm: int = 16
     bn: int = 64
@@ -166,14 +167,13 @@ def _gemv_gm_kernel(
         acc = tl.sum(tl.sum(acc4, axis=2), axis=0)[None, :]
     else:
         acc = tl.sum(tl.sum(acc4, axis=3), axis=1)  # [BM, BN]
-    if HAS_EXC:
-        if pid_k == 0:
-            if BM == 1:
-                acc += exception_delta(rowptr_ptr, eidx_ptr, ehi_ptr, lo8_ptr, x_ptr + pid_m * stride_xm, rn, base,
-                                        pid_n, N, K, KP, BN)[None, :]
-            else:
-                acc += tl.trans(exception_delta_tile(rowptr_ptr, eidx_ptr, ehi_ptr, lo8_ptr, x_ptr, rn, rm, mmask,
-                                                      stride_xm, base, pid_n, N, K, KP, BN, BM))
+    if HAS_EXC:  # each split program its share of the tile's exceptions
+        if BM == 1:
+            acc += exception_delta(rowptr_ptr, eidx_ptr, ehi_ptr, lo8_ptr, x_ptr + pid_m * stride_xm, rn, base,
+                                   pid_n, N, K, KP, BN, pid_k, tl.num_programs(1))[None, :]
+        else:
+            acc += tl.trans(exception_delta_tile(rowptr_ptr, eidx_ptr, ehi_ptr, lo8_ptr, x_ptr, rn, rm, mmask,
+                                                 stride_xm, base, pid_n, N, K, KP, BN, BM, pid_k, tl.num_programs(1)))
     C.store_out(acc, out_ptr, fin_ptr, cnt_ptr, bias_ptr, rm[:, None] * N + rn[None, :],
                 mmask[:, None] & nmask[None, :], rn[None, :] + 0 * rm[:, None], pid_m * tl.num_programs(0) + pid_n,
                 pid_k, tl.num_programs(1), M * N, PARTIAL, FIXUP, HAS_BIAS)

@@ -44,7 +44,7 @@ class GluonConfig(C.KernelConfig):
     rows loaded before this step decodes (``prefetch_depth`` steps ahead: 2 applies with one x tile);
     ``ring`` > 1 brings the plane words by 16-byte async copies through a shared-memory ring of that
     many K steps instead of registers, ``ring_x`` puts the x rows in it too. ``exc_tile``: each
-    tile's exceptions added by its first split program after the K loop (else a pass of its own,
+    tile's exceptions added after the K loop, rounds of 16 shared among its split programs (else a pass of its own,
     beside the kernel on a second stream or after it with ``exc_after``). ``x_ahead`` False loads
     each step's x rows in that step (frees the registers of a second x tile); ``x_rows8`` (bm 16):
     at M <= 8 only x rows 0-7 are loaded. ``maxnreg``: a register cap a thread (0: the compiler's).
@@ -222,11 +222,11 @@ def _gl_kernel(x_ptr, code_ptr, lo_ptr, base_ptr, part_ptr, M, N, KP, stride_xm,
         # gave NaN and 1e34 on some tiles)
         async_copy.wait_group(0)
         gl.thread_barrier()
-    if EXC:  # the exceptions of this tile's weight rows, added by the tile's first split program
-        if pid_k == 0:
-            acc, acc1, acc2, acc3 = exc_tiles(acc, acc1, acc2, acc3, ed, ed1, ed2, ed3, er, x_ptr, m0, M, stride_xm,
-                                               eidx_ptr, ehi_ptr, lo8_ptr, KP, b8, n0, K, e0 + EE, e1, BN, EE, EL,
-                                               EXL, ML, MT)
+    if EXC:  # this split program's rounds of the exceptions of the tile's weight rows
+        step = gl.num_programs(1) * EE
+        acc, acc1, acc2, acc3 = exc_tiles(acc, acc1, acc2, acc3, ed, ed1, ed2, ed3, er, x_ptr, m0, M, stride_xm,
+                                           eidx_ptr, ehi_ptr, lo8_ptr, KP, b8, n0, K, e0 + step, e1, step, BN, EE, EL,
+                                           EXL, ML, MT)
     epilogue(acc, acc1, acc2, acc3, part_ptr, out_ptr, bias_ptr, cnt_ptr, pid_n, pid_k, pid_m, m0, M, N, BN, ML,
               MT, OUT, HAS_BIAS, CS)
 

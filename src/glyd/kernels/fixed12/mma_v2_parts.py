@@ -16,13 +16,12 @@ from glyd.kernels._gluon_bits import exc_meta, wait_count
 @gluon.jit
 def exc_preload(x_ptr, base_ptr, rowptr_ptr, eidx_ptr, ehi_ptr, lo8_ptr, pid_n, pid_k, m0, M, N, KP, K, stride_xm,
                  BN: gl.constexpr, EE: gl.constexpr, EXL: gl.constexpr, MT: gl.constexpr):
-    # the tile's rows' first EE exceptions and their x values for each x tile (the first split
-    # program's; the others get an empty range)
+    # this split program's first round of the tile's rows' exceptions and their x values for each x
+    # tile: rounds of EE, program pid_k of the tile's split programs takes rounds pid_k, pid_k + splits, ...
     n0 = pid_n * BN
     b8 = gl.load(base_ptr).to(gl.uint32)
-    e0 = gl.load(rowptr_ptr + n0)
+    e0 = gl.load(rowptr_ptr + n0) + pid_k * EE
     e1 = gl.load(rowptr_ptr + gl.minimum(n0 + BN, N))
-    e1 = e0 + (e1 - e0) * (pid_k == 0).to(gl.int32)
     ec, eem, etv, epv, er = exc_meta(eidx_ptr, ehi_ptr, lo8_ptr, KP, b8, K, e0, e1, EE, EXL)
     ed = exc_x(x_ptr, m0, M, stride_xm, ec, eem, etv, epv, EXL)
     ed1 = ed  # (unused below MT 2 and 4)
@@ -38,19 +37,19 @@ def exc_preload(x_ptr, base_ptr, rowptr_ptr, eidx_ptr, ehi_ptr, lo8_ptr, pid_n, 
 
 @gluon.jit
 def exc_tiles(acc, acc1, acc2, acc3, ed, ed1, ed2, ed3, er, x_ptr, m0, M, stride_xm, eidx_ptr, ehi_ptr, lo8_ptr, KP,
-               b8, n0, K, es0, e1, BN: gl.constexpr, EE: gl.constexpr, EL: gl.constexpr, EXL: gl.constexpr,
+               b8, n0, K, es0, e1, step, BN: gl.constexpr, EE: gl.constexpr, EL: gl.constexpr, EXL: gl.constexpr,
                ML: gl.constexpr, MT: gl.constexpr):
-    # each x tile's accumulator plus the exceptions of the tile's weight rows
-    acc = exc_total(acc, ed, er, x_ptr, m0, M, stride_xm, eidx_ptr, ehi_ptr, lo8_ptr, KP, b8, n0, K, es0, e1, BN, EE,
-                     EL, EXL, ML)
+    # each x tile's accumulator plus this program's rounds of the tile's exceptions (es0.., step apart)
+    acc = exc_total(acc, ed, er, x_ptr, m0, M, stride_xm, eidx_ptr, ehi_ptr, lo8_ptr, KP, b8, n0, K, es0, e1, step,
+                     BN, EE, EL, EXL, ML)
     if MT > 1:
         acc1 = exc_total(acc1, ed1, er, x_ptr, m0 + 16, M, stride_xm, eidx_ptr, ehi_ptr, lo8_ptr, KP, b8, n0, K, es0,
-                          e1, BN, EE, EL, EXL, ML)
+                          e1, step, BN, EE, EL, EXL, ML)
     if MT > 2:
         acc2 = exc_total(acc2, ed2, er, x_ptr, m0 + 32, M, stride_xm, eidx_ptr, ehi_ptr, lo8_ptr, KP, b8, n0, K, es0,
-                          e1, BN, EE, EL, EXL, ML)
+                          e1, step, BN, EE, EL, EXL, ML)
         acc3 = exc_total(acc3, ed3, er, x_ptr, m0 + 48, M, stride_xm, eidx_ptr, ehi_ptr, lo8_ptr, KP, b8, n0, K, es0,
-                          e1, BN, EE, EL, EXL, ML)
+                          e1, step, BN, EE, EL, EXL, ML)
     return acc, acc1, acc2, acc3
 
 
@@ -156,13 +155,13 @@ def exc_mma(acc, d, r, n0, BN: gl.constexpr, OL: gl.constexpr, ML: gl.constexpr)
 
 
 @gluon.jit
-def exc_total(acc, d, r, x_ptr, m0, M, stride_xm, eidx_ptr, ehi_ptr, lo8_ptr, stride_lo, base, n0, K, es0, e1,
+def exc_total(acc, d, r, x_ptr, m0, M, stride_xm, eidx_ptr, ehi_ptr, lo8_ptr, stride_lo, base, n0, K, es0, e1, step,
                BN: gl.constexpr, E: gl.constexpr, OL: gl.constexpr, L2: gl.constexpr, ML: gl.constexpr):
-    # acc plus the exceptions of weight rows n0..: the chunk loaded before the K loop (d, r), then
-    # any past it (es0..e1, E a step; rare). A short row holds few (gate/up at bn 32: ~9 in random
-    # weights), where a separate pass costs a kernel and an [M, N] partial.
+    # acc plus the exceptions of weight rows n0..: the round loaded before the K loop (d, r), then
+    # this program's rounds past it (es0.., step apart, E each; at real weights' 0.1% a 64 x 3584
+    # tile holds ~230, shared among the tile's split programs).
     acc = exc_mma(acc, d, r, n0, BN, OL, ML)
-    for es in range(es0, e1, E):
+    for es in range(es0, e1, step):
         c, em, tv, pv, rr = exc_meta(eidx_ptr, ehi_ptr, lo8_ptr, stride_lo, base, K, es, e1, E, L2)
         acc = exc_mma(acc, exc_x(x_ptr, m0, M, stride_xm, c, em, tv, pv, L2), rr, n0, BN, OL, ML)
     return acc

@@ -91,10 +91,9 @@ def _mma_kernel(
                 acc = tl.dot(wb, xb, acc)
     mmask = rm < M
     nmask = rn < N
-    if HAS_EXC:
-        if pid_k == 0:
-            acc += exception_delta_tile(rowptr_ptr, eidx_ptr, ehi_ptr, lo_ptr, x_ptr, rn, rm, mmask, stride_xm,
-                                        BASE, pid_n, N, K, stride_lo, BN, BM)
+    if HAS_EXC:  # each split program its share of the tile's exceptions
+        acc += exception_delta_tile(rowptr_ptr, eidx_ptr, ehi_ptr, lo_ptr, x_ptr, rn, rm, mmask, stride_xm,
+                                    BASE, pid_n, N, K, stride_lo, BN, BM, pid_k, tl.num_programs(1))
     omask = nmask[:, None] & mmask[None, :]
     C.store_out(acc, out_ptr, fin_ptr, cnt_ptr, bias_ptr, rm[None, :] * N + rn[:, None], omask,
                 rn[:, None] + 0 * rm[None, :], pid_m * tl.num_programs(0) + pid_n, pid_k, tl.num_programs(1), M * N,

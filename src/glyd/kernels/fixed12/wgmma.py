@@ -160,7 +160,7 @@ EXC_E = 16  # exceptions a step of the in-tile exception sum (the one-hot MMA's 
 
 
 @gluon.jit
-def wg_exceptions(acc, x_ptr, m0, M, stride_xm, eidx_ptr, ehi_ptr, lo8_ptr, KP, base_ptr, n0, e0, e1,
+def wg_exceptions(acc, x_ptr, m0, M, stride_xm, eidx_ptr, ehi_ptr, lo8_ptr, KP, base_ptr, n0, e0, e1, part, parts,
                    BN: gl.constexpr, BT: gl.constexpr, ML: gl.constexpr, EL: gl.constexpr, XE: gl.constexpr = 16,
                    XT: gl.constexpr = False, PRE: gl.constexpr = False):
     # acc [BN weight rows, BT x rows] plus, for each exception (w, c) of rows n0.. (e0..e1),
@@ -168,7 +168,8 @@ def wg_exceptions(acc, x_ptr, m0, M, stride_xm, eidx_ptr, ehi_ptr, lo8_ptr, KP, 
     # register operand and the [E, BT] products in shared memory (E = XE), those split into two bf16
     # parts (hi + lo keeps 16 of fp32's 24 significand bits: error <= 2^-16 of each term). XT: x_ptr
     # is x transposed ([K, M], contiguous), so a column's rows are one contiguous read. PRE: lo8_ptr is
-    # the prepared list of true values (exc_meta_vals), and a round's entries load during the round before
+    # the prepared list of true values (exc_meta_vals), and a round's entries load during the round before.
+    # Program `part` of `parts` (those that share the tile) takes rounds part, part + parts, ... (no division).
     E: gl.constexpr = XE
     AO: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=ML, k_width=2)
     DL: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, E], gl.bfloat16)
@@ -178,10 +179,10 @@ def wg_exceptions(acc, x_ptr, m0, M, stride_xm, eidx_ptr, ehi_ptr, lo8_ptr, KP, 
     rm = m0 + gl.arange(0, BT, layout=gl.SliceLayout(1, EL))
     rn = (n0 + gl.arange(0, BN, layout=gl.SliceLayout(1, AO))).to(gl.int64)
     if PRE:
-        c, em, tv, pv, r = exc_meta_vals(eidx_ptr, lo8_ptr, b8, KP, e0, e1, E, EL)
-    for es in range(e0, e1, E):
+        c, em, tv, pv, r = exc_meta_vals(eidx_ptr, lo8_ptr, b8, KP, e0 + part * E, e1, E, EL)
+    for es in range(e0 + part * E, e1, parts * E):
         if PRE:  # the next round's entries, in flight while this round gathers and multiplies
-            c2, em2, tv2, pv2, r2 = exc_meta_vals(eidx_ptr, lo8_ptr, b8, KP, es + E, e1, E, EL)
+            c2, em2, tv2, pv2, r2 = exc_meta_vals(eidx_ptr, lo8_ptr, b8, KP, es + parts * E, e1, E, EL)
         else:
             c, em, tv, pv, r = exc_meta(eidx_ptr, ehi_ptr, lo8_ptr, KP, b8, KP, es, e1, E, EL)
         if XT:
@@ -247,17 +248,16 @@ def _wg_kernel(x_ptr, code_ptr, lo_ptr, base_ptr, part_ptr, out_ptr, bias_ptr, M
                                            code_ptr, lo_off, co_off, b4, BN, BT, AL, PIPE)
     if PIPE:
         acc, ap = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ap))
-    if EXC:  # the exceptions of this tile's weight rows, added by the tile's first split program
+    if EXC:  # the exceptions of this tile's weight rows, their rounds shared among its split programs
         n0 = pid_n * BN
         e0 = gl.load(rowptr_ptr + n0)
         e1 = gl.load(rowptr_ptr + gl.minimum(n0 + BN, N))
-        e1 = e0 + (e1 - e0) * (pid_k == 0).to(gl.int32)
         if XT:  # x's columns from x transposed (xt_ptr, [K, M])
             acc = wg_exceptions(acc, xt_ptr, m0, M, stride_xm, eidx_ptr, ehi_ptr, lo8_ptr, KP, base_ptr, n0, e0, e1,
-                                BN, BT, ML, EL, XE, XT, PRE)
+                                pid_k, gl.num_programs(1), BN, BT, ML, EL, XE, XT, PRE)
         else:
             acc = wg_exceptions(acc, x_ptr, m0, M, stride_xm, eidx_ptr, ehi_ptr, lo8_ptr, KP, base_ptr, n0, e0, e1,
-                                BN, BT, ML, EL, XE, XT, PRE)
+                                pid_k, gl.num_programs(1), BN, BT, ML, EL, XE, XT, PRE)
     acc = gl.convert_layout(acc, OL)
     r = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, OL))[:, None]
     m = m0 + gl.arange(0, BT, layout=gl.SliceLayout(0, OL))[None, :]

@@ -137,15 +137,21 @@ def _ws_finish(acc, t, n0, m0, g0, P, W, S, pid, x_ptr, out_ptr, bias_ptr, work_
                ML: gl.constexpr, OL: gl.constexpr, HAS_BIAS: gl.constexpr, EXC: gl.constexpr, EL: gl.constexpr,
                CS: gl.constexpr, XE: gl.constexpr = 16, XT: gl.constexpr = False,
                PRE: gl.constexpr = False, CORR: gl.constexpr = False, corr_ptr=None):
-    # the end of this program's part of tile t (its BN rows from n0). A whole tile: exceptions,
-    # bias, bf16 out. A part: store the fp32 partial in this program's work slot (2 pid if it
-    # began at the program's first step, else 2 pid + 1), count in; the last of the tile's programs to count in sums every part in program order
-    # (the same bits whoever is last), then finishes the tile.
+    # the end of this program's part of tile t (its BN rows from n0): its share of the tile's
+    # exceptions, then for a whole tile bias and bf16 out. A part: store the fp32 partial in this
+    # program's work slot (2 pid if it began at the program's first step, else 2 pid + 1), count in;
+    # the last of the tile's programs to count in sums every part in program order (the same bits
+    # whoever is last), then finishes the tile.
     ts = t * S
     q0 = _ws_first(ts, P, W)
     q1 = _ws_first(ts + S - 1, P, W)
     r = gl.arange(0, BN, layout=gl.SliceLayout(1, ML))[:, None]
     c = gl.arange(0, BT, layout=gl.SliceLayout(0, ML))[None, :]
+    if EXC:  # this program's share of the tile's exceptions (the rounds shared among the tile's programs)
+        e0 = gl.load(rowptr_ptr + n0)
+        e1 = gl.load(rowptr_ptr + gl.minimum(n0 + BN, N))
+        acc = wg_exceptions(acc, x_ptr, m0, M, stride_xm, eidx_ptr, ehi_ptr, lo8_ptr, KP, base_ptr, n0, e0, e1,
+                            pid - q0, q1 - q0 + 1, BN, BT, ML, EL, XE, XT, PRE)
     done = q0 == q1
     if not done:
         cnt = cnt_ptr + t * CS
@@ -164,11 +170,6 @@ def _ws_finish(acc, t, n0, m0, g0, P, W, S, pid, x_ptr, out_ptr, bias_ptr, work_
         if CORR:  # the exceptions' corrections, fp32 [M, N] from their own pass before this kernel
             acc += gl.load(corr_ptr + (m0 + c).to(gl.int64) * N + n0 + r, mask=(n0 + r < N) & (m0 + c < M),
                            other=0.0)
-        if EXC:
-            e0 = gl.load(rowptr_ptr + n0)
-            e1 = gl.load(rowptr_ptr + gl.minimum(n0 + BN, N))
-            acc = wg_exceptions(acc, x_ptr, m0, M, stride_xm, eidx_ptr, ehi_ptr, lo8_ptr, KP, base_ptr, n0, e0,
-                                e1, BN, BT, ML, EL, XE, XT, PRE)
         o = gl.convert_layout(acc, OL)
         rr = n0 + gl.arange(0, BN, layout=gl.SliceLayout(1, OL))[:, None]
         mm = m0 + gl.arange(0, BT, layout=gl.SliceLayout(0, OL))[None, :]

@@ -99,10 +99,9 @@ def _tc_kernel(
         for kb in range(k0, k1, BK):
             cw, la, lb = gm_planes(code_ptr, lo_ptr, code_off, lo_off, kb, m3 & (kb + gi * 64 < KP), BK, EVEN)
             acc = _tc_step(acc, cw, la, lb, b4, x_ptr, rml, mmask, kk, kb, K, stride_xm, BK, BN, EVEN, PRMT, F32DOT)
-    if HAS_EXC:
-        if pid_k == 0:
-            acc += tl.trans(exception_delta_tile(rowptr_ptr, eidx_ptr, ehi_ptr, lo8_ptr, x_ptr, rn, rm, mmask,
-                                                  stride_xm, base, pid_n, N, K, KP, BN, BM))
+    if HAS_EXC:  # each split program its share of the tile's exceptions
+        acc += tl.trans(exception_delta_tile(rowptr_ptr, eidx_ptr, ehi_ptr, lo8_ptr, x_ptr, rn, rm, mmask,
+                                             stride_xm, base, pid_n, N, K, KP, BN, BM, pid_k, tl.num_programs(1)))
     C.store_out(acc, out_ptr, fin_ptr, cnt_ptr, bias_ptr, rm[:, None] * N + rn[None, :],
                 mmask[:, None] & nmask[None, :], rn[None, :] + 0 * rm[:, None], pid_m * tl.num_programs(0) + pid_n,
                 pid_k, tl.num_programs(1), M * N, PARTIAL, FIXUP, HAS_BIAS)

@@ -7,9 +7,10 @@ runs on all 4 bytes at once; each weight's fp32 bits are then ``hi << 24 | lo <<
 widened to fp32 is exact). ``PRMT`` helpers use ``prmt.b32`` on the GPU and shifts and masks under
 the interpreter (which cannot run inline PTX).
 
-Exceptions (weights outside the 16-exponent window) are a sparse correction: the program that owns
-a row adds ``x[col] * (true - placeholder)`` for each of its rows' exceptions, found through a
-per-row pointer array built once a matrix (``fixed12.exceptions.prepare``).
+Exceptions (weights outside the 16-exponent window) are a sparse correction: the programs that own
+a row tile add ``x[col] * (true - placeholder)`` for its exceptions, found through a per-row pointer
+array built once a matrix (``fixed12.exceptions.prepare``), a chunk of them a round, the rounds
+shared among the tile's split-K programs.
 """
 
 from __future__ import annotations
@@ -39,41 +40,60 @@ def f32_bits(h, lo, T: tl.constexpr):
 
 
 @triton.jit
-def exception_delta(rowptr_ptr, eidx_ptr, ehi_ptr, lo_ptr, xrow, rn, base, pid_n, N, K, stride_lo, BN: tl.constexpr):
-    # [BN] fp32: sum over this row tile's exceptions of x[col] * (true - placeholder), for one x row.
+def exc_rows(rowptr_ptr, pid_n, N, BN: tl.constexpr):
+    # the exceptions e0..e1 of weight rows pid_n * BN ..
+    return tl.load(rowptr_ptr + pid_n * BN), tl.load(rowptr_ptr + tl.minimum(pid_n * BN + BN, N))
+
+
+@triton.jit
+def exc_chunk(eidx_ptr, ehi_ptr, lo_ptr, base, K, stride_lo, e, em):
+    # exceptions e (mask em): weight rows, columns and true and decoded (placeholder) fp32 values;
+    # every exception's loads in one go (one round of dependent loads a chunk, not one an exception)
+    idx = tl.load(eidx_ptr + e, mask=em, other=0).to(tl.int64)
+    r = idx // K
+    c = idx - r * K
+    th = tl.load(ehi_ptr + e, mask=em, other=0).to(tl.uint32)
+    lo = tl.load(lo_ptr + r * stride_lo + c, mask=em, other=0).to(tl.uint32)
+    tv = ((th << 24) | (lo << 16)).to(tl.float32, bitcast=True)
+    pv = ((((th & 0x80) | base) << 24) | (lo << 16)).to(tl.float32, bitcast=True)
+    return tl.where(em, r, -1), c, tv, pv
+
+
+@triton.jit
+def exception_delta(rowptr_ptr, eidx_ptr, ehi_ptr, lo_ptr, xrow, rn, base, pid_n, N, K, stride_lo, BN: tl.constexpr,
+                    part, parts):
+    # [BN] fp32: sum over the row tile's exceptions of x[col] * (true - placeholder), for one x row,
+    # E a round, each summed onto its row by a one-hot mask. Program `part` of `parts` (the tile's
+    # split-K programs) takes rounds part, part + parts, ... (a share each; no integer division).
+    E: tl.constexpr = 2048 // BN
     delta = tl.zeros([BN], dtype=tl.float32)
-    e0 = tl.load(rowptr_ptr + pid_n * BN)
-    e1 = tl.load(rowptr_ptr + tl.minimum(pid_n * BN + BN, N))
-    for e in range(e0, e1):
-        idx = tl.load(eidx_ptr + e).to(tl.int64)
-        r = idx // K
-        col = idx - r * K
-        th = tl.load(ehi_ptr + e).to(tl.uint32)
-        lo = tl.load(lo_ptr + r * stride_lo + col).to(tl.uint32)
-        tv = ((th << 24) | (lo << 16)).to(tl.float32, bitcast=True)
-        pv = ((((th & 0x80) | base) << 24) | (lo << 16)).to(tl.float32, bitcast=True)
-        xv = tl.load(xrow + col).to(tl.float32)
-        delta += tl.where(rn.to(tl.int64) == r, xv * tv - xv * pv, 0.0)
+    e0, e1 = exc_rows(rowptr_ptr, pid_n, N, BN)
+    for es in range(e0 + part * E, e1, parts * E):
+        e = es + tl.arange(0, E)
+        em = e < e1
+        r, c, tv, pv = exc_chunk(eidx_ptr, ehi_ptr, lo_ptr, base, K, stride_lo, e, em)
+        xv = tl.load(xrow + c, mask=em, other=0.0).to(tl.float32)
+        d = xv * tv - xv * pv
+        delta += tl.sum(tl.where(rn.to(tl.int64)[:, None] == r[None, :], d[None, :], 0.0), axis=1)
     return delta
 
 
 @triton.jit
 def exception_delta_tile(rowptr_ptr, eidx_ptr, ehi_ptr, lo_ptr, x_ptr, rn, rm, mmask, stride_xm, base, pid_n,
-                          N, K, stride_lo, BN: tl.constexpr, BM: tl.constexpr):
-    # [BN, BM] fp32: like exception_delta, for BM x rows at once.
+                          N, K, stride_lo, BN: tl.constexpr, BM: tl.constexpr, part, parts):
+    # [BN, BM] fp32: like exception_delta, for BM x rows at once (E a round: [BN, E, BM] at most 4096).
+    E: tl.constexpr = 4096 // (BN * BM) if BN * BM < 4096 else 1
     delta = tl.zeros([BN, BM], dtype=tl.float32)
-    e0 = tl.load(rowptr_ptr + pid_n * BN)
-    e1 = tl.load(rowptr_ptr + tl.minimum(pid_n * BN + BN, N))
-    for e in range(e0, e1):
-        idx = tl.load(eidx_ptr + e).to(tl.int64)
-        r = idx // K
-        c = idx - r * K
-        th = tl.load(ehi_ptr + e).to(tl.uint32)
-        lo = tl.load(lo_ptr + r * stride_lo + c).to(tl.uint32)
-        tv = ((th << 24) | (lo << 16)).to(tl.float32, bitcast=True)
-        pv = ((((th & 0x80) | base) << 24) | (lo << 16)).to(tl.float32, bitcast=True)
-        xv = tl.load(x_ptr + rm * stride_xm + c, mask=mmask, other=0.0).to(tl.float32)
-        delta += tl.where((rn.to(tl.int64) == r)[:, None], (xv * tv - xv * pv)[None, :], 0.0)
+    e0, e1 = exc_rows(rowptr_ptr, pid_n, N, BN)
+    for es in range(e0 + part * E, e1, parts * E):
+        e = es + tl.arange(0, E)
+        em = e < e1
+        r, c, tv, pv = exc_chunk(eidx_ptr, ehi_ptr, lo_ptr, base, K, stride_lo, e, em)
+        xv = tl.load(x_ptr + rm[None, :] * stride_xm + c[:, None], mask=em[:, None] & mmask[None, :],
+                     other=0.0).to(tl.float32)  # [E, BM]
+        d = xv * tv[:, None] - xv * pv[:, None]
+        hit = rn.to(tl.int64)[:, None] == r[None, :]  # [BN, E]
+        delta += tl.sum(tl.where(hit[:, :, None], d[None, :, :], 0.0), axis=1)
     return delta
 
 

@@ -11,7 +11,7 @@ table a shape and M (us a matrix, ratio to bf16), best first, and writes JSON.
 The candidates are kernel family configs (``glyd.kernels.GemvConfig``, ``GluonConfig``, ...);
 "default" is what ``glyd.kernels.registry`` chooses from the GPU's table (from the H200's on a
 GPU without one). ``SWEEP_ROUND=N`` times round N's candidates instead of the default grid
-(rounds 2-43 as they ran, ported to the configs; rounds 32 and 33, the ws ``pipe`` and
+(rounds 2-44 as they ran, ported to the configs; rounds 32 and 33, the ws ``pipe`` and
 ``consumers`` settings, are gone with those settings: their last version is in 497582d).
 ``SWEEP_ROUND=table`` times, at each M, every candidate that the fallback table (the H200's)
 lists for that M bucket in any shape class; ``SWEEP_ROUND=default`` the table's choice alone.
@@ -199,6 +199,22 @@ def _candidates(m: int, n: int, k: int) -> dict:
     if rnd == "table":
         return {"default": None, **table_round(m, n, k)}
     if rnd == "default":  # the table's choice alone (with --exc: what real weights' exceptions cost it)
+        return out
+    if rnd == "44":  # decode sizes with real weights' exceptions (run with --exc): the rounds shared among a tile's
+        # split programs (2026-12-06), bigger rounds, the GEMV's in-tile rounds against its pass beside it, and the
+        # GEMV where the table runs a tile at M = 1-2
+        d = dflt()
+        if isinstance(d, (WsConfig, WgConfig)) and getattr(d, "exc_tile", True):
+            out["default exc64"] = R(d, exc_chunk=64)
+            out["default exc32"] = R(d, exc_chunk=32)
+        if isinstance(d, (GluonConfig, WgConfig)) and d.waves:  # more split programs to share the rounds
+            out["default 2x waves"] = R(d, waves=2 * d.waves)
+        if isinstance(d, GemvConfig):
+            out["default in-tile" if d.exc_pass else "default side"] = R(d, exc_pass=not d.exc_pass)
+        elif m <= 2:
+            for bn in (16, 32):
+                gv(1 if m == 1 else 2, bn, 256, wv=16)
+                out[f"gv bn{bn} side"] = GemvConfig(bm=m, bn=bn, bk=256, waves=16, exc_pass=True)
         return out
     if rnd == "43":  # the table's choice and, where it is the ws tile, its long-M exception steps (run with --exc)
         d = dflt()

@@ -81,6 +81,21 @@ for s in "${steps[@]}"; do
                 # an output projection tied to its embedding, as SmolLM2's (1.03% of its embedding's weights are exceptions)
                 step exc_decode_lm 120 env SWEEP_ROUND=43 PYTHONPATH=src python3 benchmarks/sweep_shapes.py --shapes lm_head \
                   --ms 1,8,64 --exc 0.01 --out "$out/exc_decode_lm" ;;
+    exc_ab) # the table's choice at decode sizes with real weights' 0.1% of exceptions (and an lm_head at 1%, a tied
+            # embedding's), this tree against main's (.carry/main: git archive main src benchmarks): the exception
+            # rounds shared among a tile's split programs (one file a tree: a call brings back 8 files)
+            for r in . .carry/main; do
+              [ -d "$r/src" ] || continue
+              n=$( [ "$r" = . ] && echo branch || echo main )
+              step "exc_ab_$n" 180 env SWEEP_ROUND=default PYTHONPATH="$r/src" bash -c "python3 $r/benchmarks/sweep_shapes.py \
+                --shapes gate_up,qkv,q/o,down,lm_head --ms 1,2,8,16,32,64 --exc 0.001 --out /tmp/exc_ab_$n && \
+                python3 $r/benchmarks/sweep_shapes.py --shapes lm_head --ms 1,8,64 --exc 0.01 --out /tmp/exc_ab_lm_$n"
+            done ;;
+    sweep44) # decode sizes at 0.1% of exceptions: bigger rounds, more split programs, the GEMV in-tile or beside,
+             # the GEMV at M = 1-2 where a tile runs (saved after each shape; the time the call has left)
+             step sweep44 $(( 585 - SECONDS > 60 ? 585 - SECONDS : 60 )) env SWEEP_ROUND=44 PYTHONPATH=src \
+               TRITON_CACHE_DIR="$(mktemp -d)" python3 benchmarks/sweep_shapes.py --shapes down,qkv,q/o,gate_up,lm_head \
+               --ms 1,2,8,16,32,64 --exc 0.001 --out /tmp/sweep44 ;;
     exc_step) # the 7B's decode step and first token with real weights' share of exceptions (scale.py --exc 0.001), bf16
               # and fixed12 with the same weights
               step exc_step 330 env PYTHONPATH=src TRITON_CACHE_DIR="$(mktemp -d)" python3 benchmarks/scale.py \
@@ -99,10 +114,10 @@ for s in "${steps[@]}"; do
     ttft7b) step ttft7b 330 env PYTHONPATH=src TRITON_CACHE_DIR="$(mktemp -d)" python3 benchmarks/scale.py \
               --sizes qwen2.5-7b --variants bf16,fixed12,dense11 --batches 1 --compile-prefill --no-capacity \
               --out "$out/ttft7b" ;;
-    *) echo "unknown step $s (gpu_set, scale_d11, long, sweep_long, sweep05, sweep41, sweep42, exc_decode, exc_step, sweep_kv, dit, ttft7b, bits, kv, d11, prefill)" >&2; exit 2 ;;
+    *) echo "unknown step $s (gpu_set, scale_d11, long, sweep_long, sweep05, sweep41, sweep42, exc_decode, exc_ab, sweep44, exc_step, sweep_kv, dit, ttft7b, bits, kv, d11, prefill)" >&2; exit 2 ;;
   esac
 done
-for f in gpu_set scale_d11 long sweep_long sweep05 sweep41 sweep42 exc_decode_0 exc_decode_0.001 exc_decode_lm exc_step sweep_kv dit ttft7b bits kv_branch kv_main d11 prefill_branch prefill_main; do
+for f in gpu_set scale_d11 long sweep_long sweep05 sweep41 sweep42 exc_decode_0 exc_decode_0.001 exc_decode_lm exc_ab_branch exc_ab_main sweep44 exc_step sweep_kv dit ttft7b bits kv_branch kv_main d11 prefill_branch prefill_main; do
   [ -f "$out/$f.txt" ] && { echo "=== $f (last lines)"; tail -n 14 "$out/$f.txt"; }
 done
 echo "| step | exit status | seconds |"

@@ -19,9 +19,9 @@ case $kind in
   *) echo "usage: gpu_set.sh [default|slow|hash] [workers]" >&2; exit 2 ;;
 esac
 # The device's copy of .git can be older than the tree sent (it then names an old commit "with local changes"):
-# "files" hashes the Python files under src/ and tests/ themselves; `bash benchmarks/gpu_set.sh hash` prints the
-# same hash here, to match a log with the commit that was sent.
-files_hash() { find src tests -type f -name '*.py' | LC_ALL=C sort | xargs cat | sha1sum | cut -c1-12; }
+# "files" hashes the Python and JSON files under src/ and tests/ themselves (the kernel tables choose what runs; JSON
+# since 2026-12-06); `bash benchmarks/gpu_set.sh hash` prints the same hash here, to match a log with the commit sent.
+files_hash() { find src tests -type f \( -name '*.py' -o -name '*.json' \) | LC_ALL=C sort | xargs cat | sha1sum | cut -c1-12; }
 if [ "$kind" = hash ]; then files_hash; exit 0; fi
 out=${OUT:-gpu-set-logs}
 mkdir -p "$out"

@@ -30,6 +30,8 @@ step() {  # name, time limit (s), command...
 for s in "${steps[@]}"; do
   case $s in
     gpu_set) step gpu_set 590 env OUT="$out/gpu_set" bash benchmarks/gpu_set.sh default 16 ;;  # 16 workers: the device has 16 cores
+    gpu_set_par) # the three parts at once (not yet run on a GPU: if a part hits its limit, run gpu_set)
+                 step gpu_set 590 env OUT="$out/gpu_set" bash benchmarks/gpu_set.sh default 16 parallel ;;
     bits) step bits_main 120 env PYTHONPATH=.carry/main/src python3 benchmarks/probes/pool_bits.py --save "$out/main_bits.pt"
           step bits 120 env PYTHONPATH=src python3 benchmarks/probes/pool_bits.py --against "$out/main_bits.pt" ;;
     kv) # the pool at 2-16 programs an SM, and with programmatic dependent launch (h118: 1 the combine, 2 the split
@@ -114,7 +116,7 @@ for s in "${steps[@]}"; do
     ttft7b) step ttft7b 330 env PYTHONPATH=src TRITON_CACHE_DIR="$(mktemp -d)" python3 benchmarks/scale.py \
               --sizes qwen2.5-7b --variants bf16,fixed12,dense11 --batches 1 --compile-prefill --no-capacity \
               --out "$out/ttft7b" ;;
-    *) echo "unknown step $s (gpu_set, scale_d11, long, sweep_long, sweep05, sweep41, sweep42, exc_decode, exc_ab, sweep44, exc_step, sweep_kv, dit, ttft7b, bits, kv, d11, prefill)" >&2; exit 2 ;;
+    *) echo "unknown step $s (gpu_set, gpu_set_par, scale_d11, long, sweep_long, sweep05, sweep41, sweep42, exc_decode, exc_ab, sweep44, exc_step, sweep_kv, dit, ttft7b, bits, kv, d11, prefill)" >&2; exit 2 ;;
   esac
 done
 for f in gpu_set scale_d11 long sweep_long sweep05 sweep41 sweep42 exc_decode_0 exc_decode_0.001 exc_decode_lm exc_ab_branch exc_ab_main sweep44 exc_step sweep_kv dit ttft7b bits kv_branch kv_main d11 prefill_branch prefill_main; do

@@ -98,6 +98,15 @@ for s in "${steps[@]}"; do
              step sweep44 $(( 585 - SECONDS > 60 ? 585 - SECONDS : 60 )) env SWEEP_ROUND=44 PYTHONPATH=src \
                TRITON_CACHE_DIR="$(mktemp -d)" python3 benchmarks/sweep_shapes.py --shapes down,qkv,q/o,gate_up,lm_head \
                --ms 1,2,8,16,32,64 --exc 0.001 --out /tmp/sweep44 ;;
+    ncu_exc) # Nsight Compute on the decode and long-M products that lose most with real weights' 0.1% of exceptions
+             # (history/2026-12-06-h100-20.md): the table's choice against bf16 on gate_up at M = 32, 64, 128 and qkv at
+             # 64, the speed of light, occupancy, warp states and the source counters' summary, as text
+             for sm in gate_up:32,64,128 qkv:64; do
+               step "ncu_${sm%%:*}" 200 env PYTHONPATH=src ncu --clock-control none --profile-from-start off \
+                 --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+                 --section MemoryWorkloadAnalysis python3 benchmarks/profile_ncu.py --shape "${sm%%:*}" --ms "${sm#*:}" \
+                 --exc 0.001
+             done ;;
     exc_step) # the 7B's decode step and first token with real weights' share of exceptions (scale.py --exc 0.001), bf16
               # and fixed12 with the same weights
               step exc_step 330 env PYTHONPATH=src TRITON_CACHE_DIR="$(mktemp -d)" python3 benchmarks/scale.py \
@@ -116,10 +125,10 @@ for s in "${steps[@]}"; do
     ttft7b) step ttft7b 330 env PYTHONPATH=src TRITON_CACHE_DIR="$(mktemp -d)" python3 benchmarks/scale.py \
               --sizes qwen2.5-7b --variants bf16,fixed12,dense11 --batches 1 --compile-prefill --no-capacity \
               --out "$out/ttft7b" ;;
-    *) echo "unknown step $s (gpu_set, gpu_set_par, scale_d11, long, sweep_long, sweep05, sweep41, sweep42, exc_decode, exc_ab, sweep44, exc_step, sweep_kv, dit, ttft7b, bits, kv, d11, prefill)" >&2; exit 2 ;;
+    *) echo "unknown step $s (gpu_set, gpu_set_par, ncu_exc, scale_d11, long, sweep_long, sweep05, sweep41, sweep42, exc_decode, exc_ab, sweep44, exc_step, sweep_kv, dit, ttft7b, bits, kv, d11, prefill)" >&2; exit 2 ;;
   esac
 done
-for f in gpu_set scale_d11 long sweep_long sweep05 sweep41 sweep42 exc_decode_0 exc_decode_0.001 exc_decode_lm exc_ab_branch exc_ab_main sweep44 exc_step sweep_kv dit ttft7b bits kv_branch kv_main d11 prefill_branch prefill_main; do
+for f in gpu_set scale_d11 long sweep_long sweep05 sweep41 sweep42 exc_decode_0 exc_decode_0.001 exc_decode_lm exc_ab_branch exc_ab_main sweep44 ncu_gate_up ncu_qkv exc_step sweep_kv dit ttft7b bits kv_branch kv_main d11 prefill_branch prefill_main; do
   [ -f "$out/$f.txt" ] && { echo "=== $f (last lines)"; tail -n 14 "$out/$f.txt"; }
 done
 echo "| step | exit status | seconds |"

@@ -211,6 +211,9 @@ def _candidates(m: int, n: int, k: int) -> dict:
             out["default 2x waves"] = R(d, waves=2 * d.waves)
         if isinstance(d, GluonConfig) and d.x_rows8 and not d.maxnreg:  # 56 registers: 9 programs an SM, not 8
             out["default r56"] = R(d, maxnreg=56)
+        if isinstance(d, GluonConfig) and d.exc_tile and "exc_chunk" in GluonConfig.__dataclass_fields__:  # h125
+            out["default exc64"] = R(d, exc_chunk=64)
+            out["default exc32"] = R(d, exc_chunk=32)
         if isinstance(d, GemvConfig):
             out["default in-tile" if d.exc_pass else "default side"] = R(d, exc_pass=not d.exc_pass)
         elif m <= 2:

@@ -97,7 +97,8 @@ for s in "${steps[@]}"; do
              # the GEMV at M = 1-2 where a tile runs (saved after each shape; the time the call has left)
              step sweep44 $(( 585 - SECONDS > 60 ? 585 - SECONDS : 60 )) env SWEEP_ROUND=44 PYTHONPATH=src \
                TRITON_CACHE_DIR="$(mktemp -d)" python3 benchmarks/sweep_shapes.py --shapes down,qkv,q/o,gate_up,lm_head \
-               --ms 1,2,8,16,32,64 --exc 0.001 --out /tmp/sweep44 ;;
+               --ms 1,2,8,16,32,64 --exc 0.001 --out /tmp/sweep44 --table "$out/sweep44_table.json" ;;  # the GPU's table
+                                                                                    # with the measured cells
     ncu_exc) # Nsight Compute on the decode and long-M products that lose most with real weights' 0.1% of exceptions
              # (history/2026-12-06-h100-20.md): the table's choice against bf16 on gate_up at M = 32, 64, 128 and qkv at
              # 64, the speed of light, occupancy, warp states and the source counters' summary, as text

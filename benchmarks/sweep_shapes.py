@@ -207,6 +207,8 @@ def _candidates(m: int, n: int, k: int) -> dict:
         if isinstance(d, (WsConfig, WgConfig)) and getattr(d, "exc_tile", True):
             out["default exc64"] = R(d, exc_chunk=64)
             out["default exc32"] = R(d, exc_chunk=32)
+            if "exc_vals" in type(d).__dataclass_fields__:  # the pending h126: values from the prepared list
+                out["default exc64 vals"] = R(d, exc_chunk=64, exc_vals=True)
         if isinstance(d, (GluonConfig, WgConfig)) and d.waves:  # more split programs to share the rounds
             out["default 2x waves"] = R(d, waves=2 * d.waves)
         if isinstance(d, GluonConfig) and d.x_rows8 and not d.maxnreg:  # 56 registers: 9 programs an SM, not 8

@@ -47,7 +47,7 @@ def compile_ws(bm: int, bn: int, stages: int, pipe: bool, warps: int, maxnreg: i
               ehi_ptr=base if exc else None,
               lo8_ptr=(torch.zeros(16, dtype=torch.int16) if pre else lo) if exc else None, CS=4,
               NBYTES=W.slot_bytes(bn, bm), PIPE=pipe, XE=chunk,
-              XT=xt and exc, PRE=pre and exc,
+              XT=xt and exc, PRE=pre if exc else 0,
               CORR=corr, corr_ptr=ring if corr else None)
     jf = W._ws_kernel
     binder = create_function_from_signature(jf.signature, jf.params, backend)
@@ -71,6 +71,7 @@ def main() -> int:
     ap.add_argument("--exc-chunk", type=int, default=16, help="exceptions a one-hot MMA (WsConfig.exc_chunk)")
     ap.add_argument("--xt", action="store_true", help="their x columns from x transposed (WsConfig.exc_xt)")
     ap.add_argument("--pre", action="store_true", help="their values prepared, a round ahead (WsConfig.exc_pre)")
+    ap.add_argument("--vals", action="store_true", help="their values prepared, in the round (WsConfig.exc_vals)")
     ap.add_argument("--corr", action="store_true", help="a correction from their own pass added (WsConfig.exc_corr)")
     ap.add_argument("--m", type=int, default=2048)
     ap.add_argument("--n", type=int, default=4096)
@@ -79,7 +80,7 @@ def main() -> int:
     args = ap.parse_args()
     os.environ["TRITON_DUMP_PTXAS_LOG"] = "1"
     k = compile_ws(args.bm, args.bn, args.stages, args.pipe, args.warps, args.maxnreg, args.exc, args.m, args.n,
-                   args.k, args.exc_chunk, args.xt, args.pre, args.corr)
+                   args.k, args.exc_chunk, args.xt, 1 if args.pre else 2 if args.vals else 0, args.corr)
     print(f"shared {k.metadata.shared} B, warps {k.metadata.num_warps}")
     ptx = k.asm["ptx"]
     print("wgmma in PTX:", len(re.findall(r"wgmma\.mma_async", ptx)), " wait_group:",

@@ -71,7 +71,7 @@ DEFAULT_SHAPES = list(SHAPES)
 # Qwen2.5-0.5B's merged linears (--shapes 0.5b.qkv,...): its small matrices share the "kv" class with
 # the 7B's k/v, whose rows were tuned on the 7B only; its decode step is 1.02-1.08x bf16 (issue 38)
 SHAPES.update({"0.5b.qkv": (1152, 896), "0.5b.o": (896, 896), "0.5b.gate_up": (9728, 896),
-               "0.5b.down": (896, 4864)})
+               "0.5b.down": (896, 4864), "0.5b.lm_head": (151936, 896)})  # lm_head: tied to the embedding
 # Qwen2.5-32B's merged gate_up and its down (classes big and tall, as the 7B's)
 SHAPES.update({"32b.gate_up": (55296, 5120), "32b.down": (5120, 27648)})
 if DEV == "cpu":  # a dry run on the CPU (TRITON_INTERPRET=1): tiny shapes (classes kv and tall_tiny)

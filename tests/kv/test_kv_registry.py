@@ -131,7 +131,8 @@ def test_registry_reset_forgets_the_kv_choices(tmp_path, monkeypatch):
 
 def test_the_h100s_own_table_runs_its_measured_kv_attention_and_the_h200s_elsewhere():
     # NVIDIA_H100_80GB_HBM3.json lists the kvf12 attention the H100 timed fastest (4 programs an SM, the combine
-    # launched early); every other cell (the writer, the weight products) comes from the fallback H200 table
+    # launched early); the writer and the weight products' cells it does not list come from the fallback H200 table
+    # (those it lists, e.g. q/o at M = 1 since 2026-12-06, first, then the fallback's)
     from glyd.kernels import registry as weights
 
     h100 = Device("cuda", "NVIDIA H100 80GB HBM3", (9, 0), 132, False, frozenset({"gluon", "wgmma", "tma"}))
@@ -141,8 +142,11 @@ def test_the_h100s_own_table_runs_its_measured_kv_attention_and_the_h200s_elsewh
     assert [choose(problem(batch=b), h100)[1].programs_per_sm for b in (1, 16, 17, 64, 0)] == [4, 4, 16, 16, 4]
     assert choose(problem(), H200)[1].programs_per_sm == 16 and choose(problem(), H200)[1].pdl == ""
     assert choose(problem(op="write", group=1), h100)[0].name == "kvf12_write_triton"
-    lin = weights.Problem("fixed12", 1, 3584, 3584, 3584)
+    lin = weights.Problem("fixed12", 1, 18944, 3584, 3584)  # class gate: no H100 row
     assert weights.candidates(lin, h100) == weights.candidates(lin, H200) != []
+    qo = weights.Problem("fixed12", 1, 3584, 3584, 3584)
+    assert weights.candidates(qo, h100)[1:] == weights.candidates(qo, H200)
+    assert weights.candidates(qo, h100)[0]["kernel"] == "fixed12_gemv"
 
 
 def test_batches_ranges_choose_by_sequences_and_bad_ones_are_refused(tmp_path, monkeypatch):

@@ -131,3 +131,15 @@ def test_tiny_moe_packs_every_expert(tmp_path):
     # bf16 (these tiny matrices carry more bookkeeping a weight than real ones: 0.91, not 0.75)
     assert packed["weight_bytes"] < 0.92 * bf16["weight_bytes"]
     assert all(v > 0 for r in report.values() for v in [*r["decode_ms"].values(), *r["ttft_ms"].values()])
+
+
+def test_the_report_says_what_share_of_weights_are_exceptions():
+    # scale.py's timings depend on fixed12's exceptions (2026-12-06, H100: the 7B step 1.44x bf16 with 0.1% before the
+    # shared rounds): the table's notes name the share each run used
+    scale_report = _module("scale_report")
+
+    def report(share):
+        return {"results": [{"size": "s", "variant": "bf16", "exc_share": share}], "environment": {}}
+
+    assert "0.1% of them set to 1e-30" in scale_report.table(report(0.001))
+    assert "about 0.008%" in scale_report.table(report(0.0))

@@ -115,9 +115,12 @@ for s in "${steps[@]}"; do
                  --exc 0.001
              done ;;
     exc_step) # the 7B's decode step and first token with real weights' share of exceptions (scale.py --exc 0.001), bf16
-              # and fixed12 with the same weights
-              step exc_step 330 env PYTHONPATH=src TRITON_CACHE_DIR="$(mktemp -d)" python3 benchmarks/scale.py \
-                --sizes qwen2.5-7b --variants bf16,fixed12 --batches 1,16,64 --exc 0.001 --no-capacity --out "$out/exc_step" ;;
+              # and fixed12 with the same weights, then with normal weights' (--exc 0: the issues' numbers were taken
+              # so); the tables are in the step's text (a call brings back 8 files)
+              for e in 0.001 0; do
+                step "exc_step_$e" 200 env PYTHONPATH=src TRITON_CACHE_DIR="$(mktemp -d)" python3 benchmarks/scale.py \
+                  --sizes qwen2.5-7b --variants bf16,fixed12 --batches 1,16,64 --exc $e --no-capacity --out "/tmp/exc_step_$e"
+              done ;;
     prefill) # the 0.5B's eager prefill: warm (one length repeated) and of new lengths (a user's prompts), host time by
              # module; the branch's tree and main's (.carry/main, when carried: git archive main src benchmarks)
              for r in . .carry/main; do
@@ -135,7 +138,7 @@ for s in "${steps[@]}"; do
     *) echo "unknown step $s (gpu_set, gpu_set_par, ncu_exc, d11_exc, scale_d11, long, sweep_long, sweep05, sweep41, sweep42, exc_decode, exc_ab, sweep44, exc_step, sweep_kv, dit, ttft7b, bits, kv, d11, prefill)" >&2; exit 2 ;;
   esac
 done
-for f in gpu_set scale_d11 long sweep_long sweep05 sweep41 sweep42 exc_decode_0 exc_decode_0.001 exc_decode_lm exc_ab_branch exc_ab_main sweep44 ncu_gate_up ncu_qkv exc_step sweep_kv dit ttft7b bits kv_branch kv_main d11 d11_exc prefill_branch prefill_main; do
+for f in gpu_set scale_d11 long sweep_long sweep05 sweep41 sweep42 exc_decode_0 exc_decode_0.001 exc_decode_lm exc_ab_branch exc_ab_main sweep44 ncu_gate_up ncu_qkv exc_step_0.001 exc_step_0 sweep_kv dit ttft7b bits kv_branch kv_main d11 d11_exc prefill_branch prefill_main; do
   [ -f "$out/$f.txt" ] && { echo "=== $f (last lines)"; tail -n 14 "$out/$f.txt"; }
 done
 echo "| step | exit status | seconds |"

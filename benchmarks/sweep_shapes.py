@@ -723,7 +723,7 @@ def build_table(res: dict, keep: int, ms: list[int]) -> dict:
     cells: dict[tuple[str, str], list[dict]] = {}
     for r in res["rows"]:
         cells.setdefault((registry.shape_class(r["n"], r["k"]), registry.m_bucket(r["m"])), []).append(r)
-    measured = []
+    measured, cells_done = [], []
     for (cls, bucket), rows in cells.items():
         points = {(r["shape"], r["m"]) for r in rows}
         ratios: dict[str, tuple[dict, dict]] = {}  # candidate (JSON) -> (candidate, {(shape, M): t / bf16})
@@ -749,6 +749,7 @@ def build_table(res: dict, keep: int, ms: list[int]) -> dict:
         # bucket order as in registry.M_BUCKETS
         linear["fixed12"][cls] = {b: buckets[b] for b, _, _ in registry.M_BUCKETS if b in buckets}
         measured.append(f"{cls} {bucket} ({', '.join(sorted({r['shape'] for r in rows}))})")
+        cells_done.append([cls, bucket])
     gpu = res["device"]
     about = [
         f"What benchmarks/sweep_shapes.py measured fastest on {gpu} ({res['date']}; torch {res['torch']}, triton "
@@ -764,7 +765,7 @@ def build_table(res: dict, keep: int, ms: list[int]) -> dict:
         "layout: not measured by the sweep; paste the 'layout' of benchmarks/kernels.py's measured_times.json here "
         "for layout='auto'.",
     ]
-    table = {"gpu": gpu, "about": about, "linear": linear}
+    table = {"gpu": gpu, "about": about, "linear": linear, "measured": cells_done}
     check_table(table)
     return table
 
@@ -811,7 +812,9 @@ def dump_table(table: dict) -> str:
                 out.append(f"        ]{comma(b, rows)}")
             out.append(f"      }}{comma(j, items)}")
         out.append(f"    }}{comma(i, layouts)}")
-    out.append("  }," if "layout" in table else "  }")
+    out.append("  }," if "layout" in table or "measured" in table else "  }")
+    if "measured" in table:
+        out.append(f'  "measured": {json.dumps(table["measured"])}' + ("," if "layout" in table else ""))
     if "layout" in table:
         out.append(f'  "layout": {json.dumps(table["layout"])}')
     out.append("}")

@@ -85,9 +85,17 @@ def main() -> int:
     ptx = k.asm["ptx"]
     print("wgmma in PTX:", len(re.findall(r"wgmma\.mma_async", ptx)), " wait_group:",
           re.findall(r"wgmma\.wait_group\.sync\.aligned (\d+)", ptx))
-    if args.sass:
+    if args.sass:  # Triton's "sass" needs a GPU's tools path: disassemble the cubin with the bundled nvdisasm
+        import subprocess
+        import tempfile
+        import triton.backends.nvidia as nv
+        tool = os.path.join(os.path.dirname(nv.__file__), "bin", "nvdisasm")
+        with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+            f.write(k.asm["cubin"])
+            f.flush()
+            sass = subprocess.run([tool, "-c", "-g", f.name], capture_output=True, text=True, check=True).stdout
         with open(args.sass, "w") as f:
-            f.write(k.asm.get("sass", ""))
+            f.write(sass)
     return 0
 
 

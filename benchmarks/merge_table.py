@@ -7,7 +7,7 @@ and the fallback's everywhere else. This takes only the measured cells into ``TA
 checks its own, and writes it whole or not at all.
 
     PYTHONPATH=src .venv/bin/python benchmarks/merge_table.py sweep44_table.json \\
-        src/glyd/kernels/tables/NVIDIA_H200.json --note "round 44 at 0.1% exceptions (history/2026-12-07-h200-21.md)"
+        src/glyd/kernels/tables/NVIDIA_H200.json --note "round 44 at 0.1% exceptions (history/2026-12-06-h200-21.md)"
 """
 
 from __future__ import annotations

@@ -27,6 +27,7 @@ CASES = [
     ("fixed12.operand_dot", "MmaConfig", "stages", 3.5),
     ("fixed12.mma_v2", "GluonConfig", "x_ahead", "false"),
     ("fixed12.mma_v2", "GluonConfig", "exc_tile", 1),
+    ("fixed12.mma_v2", "GluonConfig", "exc_chunk", 16.0),
     ("fixed12.mma_v2", "GluonConfig", "prefetch_depth", 2.0),
     ("fixed12.mma_v2", "GluonConfig", "maxnreg", 100.5),
     ("fixed12.wgmma", "WgConfig", "pipe", "false"),

@@ -49,7 +49,7 @@ def test_gluon_tile_stays_in_registers_sm90(bn, bk, mt, pf, warps, stages, xasyn
 
 
 def _compile_sm90(bn, bk, mt, pf, warps, stages=1, xasync=False, exc=False, xahead=True, x8=False, maxnreg=None,
-                  pdl=0, out=0, bias=False):
+                  pdl=0, out=0, bias=False, xe=16):
     g = _gluon()
     words, xl, mma, a_op, b_op = g.layouts(bn, bk, warps)
     ptrs = {"x_ptr": "*bf16", "code_ptr": "*i32", "lo_ptr": "*i32", "base_ptr": "*u8", "part_ptr": "*fp32",
@@ -59,7 +59,7 @@ def _compile_sm90(bn, bk, mt, pf, warps, stages=1, xasync=False, exc=False, xahe
              "STAGES": stages, "SL": g.ring_layout(bn, bk, warps, stages) if stages > 1 else None,
              "XASYNC": xasync, "EXC": exc, "EE": g.EXC_E, "XAHEAD": xahead, "X8": x8,
              "X8L": g.x8_layout(bk, warps) if x8 else None, "PDL": pdl, "OUT": out, "HAS_BIAS": bias,
-             "CS": 32}
+             "CS": 32, "XE": xe}
     const["EL"], const["EXL"] = g.exc_layouts(warps) if exc else (None, None)
     if xasync:
         const["XCL"], const["XSL"] = g.x_ring_layouts(bk, warps)
@@ -103,6 +103,20 @@ def test_gluon_in_tile_exceptions_compile_sm90(bn, bk, mt, warps, stages, xasync
     assert k.metadata.shared >= base.metadata.shared
     # the exception step's one-hot product: two more MMAs (hi and lo parts) a 16-row x tile
     assert sass.count("HMMA") > _sass(base).count("HMMA")
+
+
+@pytest.mark.parametrize("bn,mt,warps,xahead,x8", [(64, 1, 4, True, False), (32, 1, 4, False, True),
+                                                  (64, 2, 4, True, False)])
+def test_gluon_exception_chunk_compile_sm90(bn, mt, warps, xahead, x8):
+    # GluonConfig.exc_chunk: the rounds after the K loop 32 or 64 exceptions at a time (one-hot MMAs of K 32 / 64):
+    # more MMAs in the exception step and no spill; registers (sm_90a, 2026-12-06): bn 64 132 -> 138 at 32 and 64,
+    # bn 32 with x rows 0-7 58 -> 61 / 72 (fewer programs an SM: the table decides), bm 32 200 at every chunk
+    base = _compile_sm90(bn, 128, mt, 1, warps, exc=True, xahead=xahead, x8=x8)
+    for xe in (32, 64):
+        k = _compile_sm90(bn, 128, mt, 1, warps, exc=True, xahead=xahead, x8=x8, xe=xe)
+        assert "STL" not in _sass(k)
+        assert _sass(k).count("HMMA") > _sass(base).count("HMMA")
+        assert _res_usage(k)["REG"] <= _res_usage(base)["REG"] + 16, (xe, _res_usage(k), _res_usage(base))
 
 
 def _res_usage(k) -> dict:
@@ -281,6 +295,32 @@ def test_gluon_exc_tile_many_exceptions_gpu(bm, bn, warps, ring, m, split):
     bias = torch.randn(300, device="cuda").to(torch.bfloat16)
     cfg = GluonConfig(bm=bm, bn=bn, bk=128, warps=warps, prefetch=True, split=split, ring=ring, ring_x=ring > 1, exc_tile=True)
     _check(kernels.linear(x, p, bias, cfg), x, w, bias)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("bm,bn,chunk,split,m", [(16, 64, 64, 0, 8), (16, 32, 32, 5, 2), (32, 64, 64, 3, 30),
+                                                 (64, 64, 32, 0, 64)])
+def test_gluon_exception_chunk_gpu(bm, bn, chunk, split, m):
+    # GluonConfig.exc_chunk with 0.1% of weights exceptions (real weights' rate) and rows of far more, shared among
+    # split programs (round j past the preloaded ones by split j mod splits): within the float64 bound of
+    # chunk 16's, the same bits twice
+    from glyd import kernels
+    from glyd.kernels import GluonConfig
+
+    w = random_weights(1000, 3584, "normal", "cuda")
+    w.view(-1)[torch.randint(0, w.numel(), (w.numel() // 1000,), device="cuda")] = torch.tensor(
+        1e-30, device="cuda").to(torch.bfloat16)
+    w[7, ::11] = torch.tensor(-1e-30, device="cuda").to(torch.bfloat16)  # 326 in one row
+    p = glyd.pack(w, "fixed12")
+    x = torch.randn(m, 3584, device="cuda").to(torch.bfloat16)
+    bias = torch.randn(1000, device="cuda").to(torch.bfloat16)
+    cfg = GluonConfig(bm=bm, bn=bn, bk=128, prefetch=True, split=split, exc_tile=True, exc_chunk=chunk)
+    y = kernels.linear(x, p, bias, cfg)
+    _check(y, x, w, bias)
+    assert torch.equal(kernels.linear(x, p, bias, cfg).view(torch.int16), y.view(torch.int16))
+    with pytest.raises(ValueError, match="exc_chunk"):
+        GluonConfig(exc_chunk=48)
 
 
 @pytest.mark.gpu

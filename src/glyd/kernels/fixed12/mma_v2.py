@@ -44,8 +44,9 @@ class GluonConfig(C.KernelConfig):
     rows loaded before this step decodes (``prefetch_depth`` steps ahead: 2 applies with one x tile);
     ``ring`` > 1 brings the plane words by 16-byte async copies through a shared-memory ring of that
     many K steps instead of registers, ``ring_x`` puts the x rows in it too. ``exc_tile``: each
-    tile's exceptions added after the K loop, rounds of 16 shared among its split programs (else a pass of its own,
-    beside the kernel on a second stream or after it with ``exc_after``). ``x_ahead`` False loads
+    tile's exceptions added in rounds shared among its split programs: one of 16 loaded before the K loop, then
+    rounds of ``exc_chunk`` (16, 32 or 64) after it (else a pass of its own, beside the kernel on a second stream or
+    after it with ``exc_after``). ``x_ahead`` False loads
     each step's x rows in that step (frees the registers of a second x tile); ``x_rows8`` (bm 16):
     at M <= 8 only x rows 0-7 are loaded. ``maxnreg``: a register cap a thread (0: the compiler's).
     ``fixup``: split-K summed in the kernel."""
@@ -63,9 +64,13 @@ class GluonConfig(C.KernelConfig):
     x_rows8: bool = False
     maxnreg: int = 0
     fixup: bool = False
+    exc_chunk: int = 16
 
     def validate(self) -> None:
         C.pow2(self, "bm", "bn", "bk")
+        ints(self, 16, 64, "exc_chunk")
+        if self.exc_chunk not in (16, 32, 64):
+            raise ValueError(f"GluonConfig.exc_chunk must be 16, 32 or 64, got {self.exc_chunk}")
         flags(self, "prefetch", "ring_x", "exc_tile", "exc_after", "x_ahead", "x_rows8", "fixup")
         ints(self, 1, None, "ring")
         ints(self, 1, 2, "prefetch_depth")
@@ -99,7 +104,7 @@ def _gl_kernel(x_ptr, code_ptr, lo_ptr, base_ptr, part_ptr, M, N, KP, stride_xm,
                lo8_ptr=None, K=0, EXC: gl.constexpr = False, EL: gl.constexpr = None, EE: gl.constexpr = 16,
                EXL: gl.constexpr = None, XAHEAD: gl.constexpr = True, X8: gl.constexpr = False,
                X8L: gl.constexpr = None, PDL: gl.constexpr = 0, OUT: gl.constexpr = 0, out_ptr=None, bias_ptr=None,
-               cnt_ptr=None, HAS_BIAS: gl.constexpr = False, CS: gl.constexpr = 1):
+               cnt_ptr=None, HAS_BIAS: gl.constexpr = False, CS: gl.constexpr = 1, XE: gl.constexpr = 16):
     # part[pid_k, 16 * MT rows, BN cols] (fp32) = x rows @ W^T over this program's K range, the
     # decoded tile used for MT (1, 2 or 4) 16-row x tiles. Whole shapes only (K == KP, K_SPLIT a
     # multiple of BK); rows past M or N read row M-1 / N-1 again and are not stored.
@@ -222,11 +227,13 @@ def _gl_kernel(x_ptr, code_ptr, lo_ptr, base_ptr, part_ptr, M, N, KP, stride_xm,
         # gave NaN and 1e34 on some tiles)
         async_copy.wait_group(0)
         gl.thread_barrier()
-    if EXC:  # this split program's rounds of the exceptions of the tile's weight rows
-        step = gl.num_programs(1) * EE
+    if EXC:  # this split program's rounds of the exceptions of the tile's weight rows: past the splits' preloaded
+        # rounds of EE, rounds of XE (round j by split j mod splits)
+        parts = gl.num_programs(1)
         acc, acc1, acc2, acc3 = exc_tiles(acc, acc1, acc2, acc3, ed, ed1, ed2, ed3, er, x_ptr, m0, M, stride_xm,
-                                           eidx_ptr, ehi_ptr, lo8_ptr, KP, b8, n0, K, e0 + step, e1, step, BN, EE, EL,
-                                           EXL, ML, MT)
+                                           eidx_ptr, ehi_ptr, lo8_ptr, KP, b8, n0, K,
+                                           e0 + parts * EE + pid_k * (XE - EE), e1, parts * XE, BN, XE, EL, EXL, ML,
+                                           MT)
     epilogue(acc, acc1, acc2, acc3, part_ptr, out_ptr, bias_ptr, cnt_ptr, pid_n, pid_k, pid_m, m0, M, N, BN, ML,
               MT, OUT, HAS_BIAS, CS)
 
@@ -438,7 +445,7 @@ def plan(x2: torch.Tensor, p, bias, cfg: GluonConfig):
         PREFETCH=(1 if stages > 1 else cfg.prefetch_depth if mt == 1 else 1) if cfg.prefetch else 0,
         STAGES=stages, SL=ring_layout(cfg.bn, cfg.bk, cfg.warps, stages) if stages > 1 else None,
         XASYNC=xasync, XCL=xcl, XSL=xsl, rowptr_ptr=prep.rowptr, eidx_ptr=eidx, ehi_ptr=ehi, lo8_ptr=lo, K=k,
-        EXC=inline, EE=ee, EL=el, EXL=exl, XAHEAD=cfg.x_ahead, X8=x8,
+        EXC=inline, EE=ee, XE=cfg.exc_chunk, EL=el, EXL=exl, XAHEAD=cfg.x_ahead, X8=x8,
         X8L=x8_layout(cfg.bk, cfg.warps) if x8 else None, PDL=pdl, OUT=out_mode, out_ptr=o, bias_ptr=b,
         cnt_ptr=cnt, HAS_BIAS=bias is not None, CS=C.COUNTER_SLOTS, num_warps=cfg.warps,
         **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}), **({"launch_pdl": True} if pdl & 1 else {})))

@@ -46,6 +46,9 @@ def test_wg_exception_step_options_compile_sm90(bn, bt, warps):
     sass = _sass(k)
     assert sass.count("HGMMA") >= plain.count("HGMMA")
     assert sass.count("LDG.E.U8") < plain.count("LDG.E.U8")
+    # exc_vals (PRE 2): the prepared values in the round itself, no byte load from the lo plane either
+    vals = _sass(_compile_sm90(bn, bt, warps, exc=True, xe=64, pre=2))
+    assert "STL" not in vals and vals.count("LDG.E.U8") < plain.count("LDG.E.U8")
 
 
 @pytest.mark.cpu_sample(every=2)  # compiles for sm_90: half the configs in the default run
@@ -121,7 +124,8 @@ def test_wg_config_checks():
         with pytest.raises(TypeError):
             WgConfig(**{**dict(bm=16, bn=64), **bad})
     WgConfig(bm=16, bn=64, exc_tile=True, exc_chunk=64, exc_xt=True, exc_pre=True)
-    for bad in (dict(exc_chunk=8), dict(exc_chunk=48), dict(exc_chunk=64.0), dict(exc_xt=1), dict(exc_pre="yes")):
+    for bad in (dict(exc_chunk=8), dict(exc_chunk=48), dict(exc_chunk=64.0), dict(exc_xt=1), dict(exc_pre="yes"),
+                dict(exc_vals=1), dict(exc_pre=True, exc_vals=True)):
         with pytest.raises(ValueError, match="exc_"):
             WgConfig(**{**dict(bm=16, bn=64), **bad})
 
@@ -170,7 +174,8 @@ def test_wg_exception_step_options_gpu(bm, bn, chunk, split):
     cfg = WgConfig(bm=bm, bn=bn, split=split, exc_tile=True, exc_chunk=chunk)
     y = kernels.linear(x, p, None, cfg)
     _check(y, x, w, None)
-    for extra in (dict(exc_xt=True), dict(exc_xt=True, exc_pre=True), dict(exc_pre=True)):
+    for extra in (dict(exc_xt=True), dict(exc_xt=True, exc_pre=True), dict(exc_pre=True), dict(exc_vals=True),
+                  dict(exc_xt=True, exc_vals=True)):
         assert torch.equal(kernels.linear(x, p, None, cfg.replace(**extra)).view(torch.int16), y.view(torch.int16))
 
 

@@ -213,7 +213,8 @@ def test_ws_config_checks():
         with pytest.raises(ValueError, match="pipe"):
             WsConfig(**{**base, **bad})
     WsConfig(**{**base, "exc_chunk": 64, "exc_xt": True, "exc_pre": True, "exc_corr": True})
-    for bad in (dict(exc_chunk=8), dict(exc_chunk=48), dict(exc_xt=1), dict(exc_pre="yes"), dict(exc_corr=0)):
+    for bad in (dict(exc_chunk=8), dict(exc_chunk=48), dict(exc_xt=1), dict(exc_pre="yes"), dict(exc_corr=0),
+                dict(exc_vals=1), dict(exc_pre=True, exc_vals=True)):
         with pytest.raises(ValueError, match="exc_"):
             WsConfig(**{**base, **bad})
     for bad in (dict(consumers=2), dict(bk=256)):  # removed variants, fixed K steps
@@ -356,6 +357,9 @@ def test_ws_exception_steps_gpu(bm, bn, warps, stages, chunk, m):
     # the prepared values, a round ahead (exc_pre): the same products in the same order
     yp = kernels.linear(x, p, None, cfg.replace(exc_xt=True, exc_pre=True))
     assert torch.equal(yp.view(torch.int16), y.view(torch.int16))
+    # ... in the round itself (exc_vals)
+    yv = kernels.linear(x, p, None, cfg.replace(exc_vals=True))
+    assert torch.equal(yv.view(torch.int16), y.view(torch.int16))
     # the exceptions by a pass of their own, added where a tile is finished (exc_corr): another order of the sums
     yc = kernels.linear(x, p, None, cfg.replace(exc_corr=True))
     _check(yc, x, w, None)

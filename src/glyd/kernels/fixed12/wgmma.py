@@ -55,7 +55,8 @@ class WgConfig(C.KernelConfig):
     at its step's end. ``exc_tile``: the exceptions added in the tile (else a pass of their own,
     beside it on a second stream or after it with ``exc_after``). ``maxnreg``: a register cap.
     With ``exc_tile``, as ``WsConfig``'s: ``exc_chunk`` exceptions a one-hot MMA (16, 32, 64), ``exc_xt`` their x
-    columns from a transposed copy of x, ``exc_pre`` their values from the prepared list, a round ahead."""
+    columns from a transposed copy of x, ``exc_pre`` their values from the prepared list, a round ahead,
+    ``exc_vals`` from the prepared list in the round itself (no load into the lo plane behind the index's)."""
 
     bm: int = 16
     bn: int = 64
@@ -67,10 +68,13 @@ class WgConfig(C.KernelConfig):
     exc_chunk: int = 16
     exc_xt: bool = False
     exc_pre: bool = False
+    exc_vals: bool = False
 
     def validate(self) -> None:
         C.pow2(self, "bm", "bn")
-        flags(self, "exc_tile", "exc_after", "pipe", "exc_xt", "exc_pre")
+        flags(self, "exc_tile", "exc_after", "pipe", "exc_xt", "exc_pre", "exc_vals")
+        if self.exc_pre and self.exc_vals:
+            raise ValueError("WgConfig.exc_pre (the values a round ahead) and exc_vals (in the round) exclude each other")
         ints(self, 0, 255, "maxnreg")
         ints(self, 16, 64, "exc_chunk")
         if self.exc_chunk not in (16, 32, 64):
@@ -162,13 +166,13 @@ EXC_E = 16  # exceptions a step of the in-tile exception sum (the one-hot MMA's 
 @gluon.jit
 def wg_exceptions(acc, x_ptr, m0, M, stride_xm, eidx_ptr, ehi_ptr, lo8_ptr, KP, base_ptr, n0, e0, e1, part, parts,
                    BN: gl.constexpr, BT: gl.constexpr, ML: gl.constexpr, EL: gl.constexpr, XE: gl.constexpr = 16,
-                   XT: gl.constexpr = False, PRE: gl.constexpr = False):
+                   XT: gl.constexpr = False, PRE: gl.constexpr = 0):
     # acc [BN weight rows, BT x rows] plus, for each exception (w, c) of rows n0.. (e0..e1),
     # (true - decoded w) * x[:, c] on its row: E (16-64) at a time as a wgmma of a one-hot [BN, E]
     # register operand and the [E, BT] products in shared memory (E = XE), those split into two bf16
     # parts (hi + lo keeps 16 of fp32's 24 significand bits: error <= 2^-16 of each term). XT: x_ptr
-    # is x transposed ([K, M], contiguous), so a column's rows are one contiguous read. PRE: lo8_ptr is
-    # the prepared list of true values (exc_meta_vals), and a round's entries load during the round before.
+    # is x transposed ([K, M], contiguous), so a column's rows are one contiguous read. PRE 1 or 2: lo8_ptr is
+    # the prepared list of true values (exc_meta_vals); 1: a round's entries load during the round before.
     # Program `part` of `parts` (those that share the tile) takes rounds part, part + parts, ... (no division).
     E: gl.constexpr = XE
     AO: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=ML, k_width=2)
@@ -178,11 +182,13 @@ def wg_exceptions(acc, x_ptr, m0, M, stride_xm, eidx_ptr, ehi_ptr, lo8_ptr, KP, 
     b8 = gl.load(base_ptr).to(gl.uint32)
     rm = m0 + gl.arange(0, BT, layout=gl.SliceLayout(1, EL))
     rn = (n0 + gl.arange(0, BN, layout=gl.SliceLayout(1, AO))).to(gl.int64)
-    if PRE:
+    if PRE == 1:
         c, em, tv, pv, r = exc_meta_vals(eidx_ptr, lo8_ptr, b8, KP, e0 + part * E, e1, E, EL)
     for es in range(e0 + part * E, e1, parts * E):
-        if PRE:  # the next round's entries, in flight while this round gathers and multiplies
+        if PRE == 1:  # the next round's entries, in flight while this round gathers and multiplies
             c2, em2, tv2, pv2, r2 = exc_meta_vals(eidx_ptr, lo8_ptr, b8, KP, es + parts * E, e1, E, EL)
+        elif PRE == 2:
+            c, em, tv, pv, r = exc_meta_vals(eidx_ptr, lo8_ptr, b8, KP, es, e1, E, EL)
         else:
             c, em, tv, pv, r = exc_meta(eidx_ptr, ehi_ptr, lo8_ptr, KP, b8, KP, es, e1, E, EL)
         if XT:
@@ -202,7 +208,7 @@ def wg_exceptions(acc, x_ptr, m0, M, stride_xm, eidx_ptr, ehi_ptr, lo8_ptr, KP, 
         acc = warpgroup_mma(oh, dl_s.permute((1, 0)), acc, is_async=True)
         acc, oh = warpgroup_mma_wait(num_outstanding=0, deps=(acc, oh))
         gl.thread_barrier()  # both MMAs have read the products before the next chunk's stores
-        if PRE:
+        if PRE == 1:
             c, em, tv, pv, r = c2, em2, tv2, pv2, r2
     return acc
 
@@ -213,7 +219,7 @@ def _wg_kernel(x_ptr, code_ptr, lo_ptr, base_ptr, part_ptr, out_ptr, bias_ptr, M
                ML: gl.constexpr, AL: gl.constexpr, XSL: gl.constexpr, OL: gl.constexpr, OUT: gl.constexpr,
                HAS_BIAS: gl.constexpr, PIPE: gl.constexpr = 0, EXC: gl.constexpr = False, EL: gl.constexpr = None,
                rowptr_ptr=None, eidx_ptr=None, ehi_ptr=None, lo8_ptr=None, XE: gl.constexpr = 16,
-               XT: gl.constexpr = False, PRE: gl.constexpr = False, xt_ptr=None):
+               XT: gl.constexpr = False, PRE: gl.constexpr = 0, xt_ptr=None):
     # part[pid_k, BT x rows, BN weight rows] (fp32, OUT 0) or out (bf16 + bias, OUT 1: one split)
     # = x rows @ W^T over this program's K range; acc is [BN weight rows, BT x rows]. Whole shapes
     # only (K == KP, K_SPLIT and KP multiples of 256); rows past M or N read row M-1 / N-1 again.
@@ -313,7 +319,9 @@ def plan(x2: torch.Tensor, p, bias, cfg: WgConfig):
     # K ranges of whole pairs of steps: the kernel's loop is unrolled by two (its x buffers)
     split, per = C.choose_split(tiles, kp, 2 * BK, x2.device, cfg.split, cfg.waves)
     inline = cfg.exc_tile and prep.nexc > 0
-    xt, pre = inline and cfg.exc_xt, inline and cfg.exc_pre  # the in-tile step's x transposed, values a round ahead
+    xt = inline and cfg.exc_xt  # the in-tile step's x transposed; values from the prepared list a round
+    # ahead (1) or in the round (2)
+    pre = (1 if cfg.exc_pre else 2 if cfg.exc_vals else 0) if inline else 0
     side = not cfg.exc_after and prep.nexc > 0 and not inline
     out_mode = 1 if (prep.nexc == 0 or inline) and split == 1 else 0
     # per call: x2, bias (or out), part (the partials, or out), out, then fixed12's arrays

@@ -61,9 +61,10 @@ class WsConfig(C.KernelConfig):
     from a transposed copy of x (one contiguous read a column, not a strided gather): past M = 64 a
     tile of 128 rows holds hundreds of exceptions at real weights' 0.1%. ``exc_pre``: their true values
     from the prepared list (no load into the lo plane behind the index's), each round's loaded during
-    the round before. ``exc_corr``: none of that, but the exceptions' pass of its own
-    (``fixed12.exceptions``, x transposed, up to 128 x rows a program) into an fp32 [M, N] correction
-    before the kernel, which each finished tile adds (exc_chunk, exc_xt and exc_pre then do nothing)."""
+    the round before; ``exc_vals`` the same values in the round itself. ``exc_corr``: none of that,
+    but the exceptions' pass of its own (``fixed12.exceptions``, x transposed, up to 128 x rows a
+    program) into an fp32 [M, N] correction before the kernel, which each finished tile adds
+    (exc_chunk, exc_xt, exc_pre and exc_vals then do nothing)."""
 
     bm: int = 16
     bn: int = 64
@@ -74,11 +75,14 @@ class WsConfig(C.KernelConfig):
     exc_xt: bool = False
     exc_pre: bool = False
     exc_corr: bool = False
+    exc_vals: bool = False
 
     def validate(self) -> None:
         C.pow2(self, "bm", "bn")
         ints(self, 0, 255, "stages", "maxnreg")
-        flags(self, "pipe", "exc_xt", "exc_pre", "exc_corr")
+        flags(self, "pipe", "exc_xt", "exc_pre", "exc_corr", "exc_vals")
+        if self.exc_pre and self.exc_vals:
+            raise ValueError("WsConfig.exc_pre (the values a round ahead) and exc_vals (in the round) exclude each other")
         ints(self, 16, 64, "exc_chunk")
         if self.exc_chunk not in (16, 32, 64):
             raise ValueError(f"WsConfig.exc_chunk must be 16, 32 or 64, got {self.exc_chunk}")
@@ -136,7 +140,7 @@ def _ws_finish(acc, t, n0, m0, g0, P, W, S, pid, x_ptr, out_ptr, bias_ptr, work_
                rowptr_ptr, eidx_ptr, ehi_ptr, lo8_ptr, base_ptr, BN: gl.constexpr, BT: gl.constexpr,
                ML: gl.constexpr, OL: gl.constexpr, HAS_BIAS: gl.constexpr, EXC: gl.constexpr, EL: gl.constexpr,
                CS: gl.constexpr, XE: gl.constexpr = 16, XT: gl.constexpr = False,
-               PRE: gl.constexpr = False, CORR: gl.constexpr = False, corr_ptr=None):
+               PRE: gl.constexpr = 0, CORR: gl.constexpr = False, corr_ptr=None):
     # the end of this program's part of tile t (its BN rows from n0): its share of the tile's
     # exceptions, then for a whole tile bias and bf16 out. A part: store the fp32 partial in this
     # program's work slot (2 pid if it began at the program's first step, else 2 pid + 1), count in;
@@ -223,7 +227,7 @@ def _ws_parts_piped(lo_s, co_s, x_s, ready, empty, g0, g1, P, W, S, MT, b4, x_pt
                     BT: gl.constexpr, NS: gl.constexpr, LL: gl.constexpr, CL: gl.constexpr, ML: gl.constexpr,
                     AL: gl.constexpr, OL: gl.constexpr, HAS_BIAS: gl.constexpr, EXC: gl.constexpr,
                     EL: gl.constexpr, CS: gl.constexpr, XE: gl.constexpr = 16, XT: gl.constexpr = False,
-               PRE: gl.constexpr = False, CORR: gl.constexpr = False, corr_ptr=None):
+               PRE: gl.constexpr = 0, CORR: gl.constexpr = False, corr_ptr=None):
     # WsConfig.pipe: the program's steps a tile part at a time, each part's steps pipelined
     # (_ws_piped) and its finish after the part's last MMAs, so that nothing decoded ahead is
     # live across a finish (its registers would spill in the step loop)
@@ -255,7 +259,7 @@ def _ws_consumer(lo_s, co_s, x_s, ready, empty, g0, g1, P, W, S, MT, b4, x_ptr, 
                  BT: gl.constexpr, NS: gl.constexpr, LL: gl.constexpr, CL: gl.constexpr, ML: gl.constexpr,
                  AL: gl.constexpr, OL: gl.constexpr, HAS_BIAS: gl.constexpr, EXC: gl.constexpr, EL: gl.constexpr,
                  CS: gl.constexpr, PIPE: gl.constexpr, XE: gl.constexpr = 16, XT: gl.constexpr = False,
-               PRE: gl.constexpr = False, CORR: gl.constexpr = False, corr_ptr=None):
+               PRE: gl.constexpr = 0, CORR: gl.constexpr = False, corr_ptr=None):
     # the warpgroup: words from the ring, decode, MMA, free the slot; at the end of each tile's
     # part, finish it (_ws_finish). Every program has a step at least (the grid is at most one a step)
     if PIPE:
@@ -292,7 +296,7 @@ def _ws_kernel(lo_desc, co_desc, x_desc, x_ptr, base_ptr, out_ptr, bias_ptr, wor
                EXC: gl.constexpr = False, EL: gl.constexpr = None, rowptr_ptr=None, eidx_ptr=None, ehi_ptr=None,
                lo8_ptr=None, CS: gl.constexpr = 1, LOADER_REGS: gl.constexpr = 24, NBYTES: gl.constexpr = 0,
                PIPE: gl.constexpr = False, XE: gl.constexpr = 16, XT: gl.constexpr = False,
-               PRE: gl.constexpr = False, CORR: gl.constexpr = False, corr_ptr=None):
+               PRE: gl.constexpr = 0, CORR: gl.constexpr = False, corr_ptr=None):
     # out (bf16 [M, N], + bias) = x @ W^T, persistent over W = tiles x S K steps (stream-K):
     # program p multiplies global steps p W / P .. (p + 1) W / P (tile-major, x tiles inner), so
     # every program has the same number of steps; a tile shared by several programs is summed
@@ -421,7 +425,8 @@ def plan(x2: torch.Tensor, p, bias, cfg: WsConfig):
     corr = prep.nexc > 0 and cfg.exc_corr  # the exceptions by a pass of their own, added where a tile is finished
     inline = prep.nexc > 0 and not corr  # ... else by the finishing program itself
     xt = inline and cfg.exc_xt  # ... their x columns read from x transposed
-    pre = inline and cfg.exc_pre  # ... their true values from prepare's list, a round ahead
+    pre = (1 if cfg.exc_pre else 2 if cfg.exc_vals else 0) if inline else 0  # ... their true values from
+    # prepare's list, a round ahead (1) or in the round (2)
     tiles = triton.cdiv(n, cfg.bn) * mt
     cnt = C.counters(x2.device, tiles)
     ll, cl, mma, a_op, ol, (lsl, csl, xsl) = layouts(cfg.bn, cfg.bm, cfg.warps)

@@ -20,6 +20,7 @@ from glyd.errors import UnsupportedError
 from glyd.kernels import _common as C
 from glyd.kernels import _plan
 from glyd.kernels._interp import isolated
+from glyd.kernels.fixed12.words import exc_chunk
 
 
 class Prepared:
@@ -110,13 +111,7 @@ def _exception_kernel(part_ptr, x_ptr, rowptr_ptr, eidx_ptr, ehi_ptr, lo_ptr, ba
     for eb in range(e0, e1, E):
         e = eb + tl.arange(0, E)
         em = e < e1
-        idx = tl.load(eidx_ptr + e, mask=em, other=0).to(tl.int64)
-        r = idx // K
-        c = idx - r * K
-        th = tl.load(ehi_ptr + e, mask=em, other=0).to(tl.uint32)
-        lo = tl.load(lo_ptr + r * stride_lo + c, mask=em, other=0).to(tl.uint32)
-        tv = ((th << 24) | (lo << 16)).to(tl.float32, bitcast=True)
-        pv = ((((th & 0x80) | base) << 24) | (lo << 16)).to(tl.float32, bitcast=True)
+        r, c, tv, pv = exc_chunk(eidx_ptr, ehi_ptr, lo_ptr, base, K, stride_lo, e, em)
         if XT:
             xp = x_ptr + c[:, None] * M + rm[None, :]
         else:

@@ -36,6 +36,7 @@ from glyd.kernels._interp import isolated
 from glyd.kernels.experts import ExpertsKernel
 from glyd.kernels.fixed12.experts import _outside_a_capture
 from glyd.kernels.fixed12.experts import prepare as prepare_exceptions
+from glyd.kernels.fixed12.words import exc_chunk
 
 #: Rows of one launch at most (the alignment kernel reads every row once an expert).
 MAX_ROWS = 4096
@@ -139,16 +140,10 @@ def _exc_chunk(eidx_ptr, ehi_ptr, lo_ptr, x_ptr, es, e1, rml, mmask, stride_xm, 
     # x[rows, col] * (true - decoded weight) [E, BM] (decoded: the code's sign with offset 0)
     e = es + tl.arange(0, E)
     em = e < e1
-    idx = tl.load(eidx_ptr + e, mask=em, other=0).to(tl.int64)
-    r = idx // K
-    c = idx - r * K
-    th = tl.load(ehi_ptr + e, mask=em, other=0).to(tl.uint32)
-    lo = tl.load(lo_ptr + r * stride_lo + c, mask=em, other=0).to(tl.uint32)
-    tv = ((th << 24) | (lo << 16)).to(tl.float32, bitcast=True)
-    pv = ((((th & 0x80) | base) << 24) | (lo << 16)).to(tl.float32, bitcast=True)
+    r, c, tv, pv = exc_chunk(eidx_ptr, ehi_ptr, lo_ptr, base, K, stride_lo, e, em)
     xv = tl.load(x_ptr + rml[None, :] * stride_xm + c[:, None], mask=em[:, None] & mmask[None, :],
                  other=0.0).to(tl.float32)
-    return tl.where(em, r, -1), xv * tv[:, None] - xv * pv[:, None]
+    return r, xv * tv[:, None] - xv * pv[:, None]  # (r: -1 past e1)
 
 
 @triton.jit

@@ -301,10 +301,9 @@ def _gemv_mma_kernel(x_ptr, x32_ptr, sm_ptr, sm8_ptr, code_ptr, esc_ptr, ebase_p
     nmask = rn < N
     rm = pid_m * MB + tl.arange(0, MB)
     mmask = rm < M
-    if HAS_EXC:
-        if pid_k == 0:
-            acc = _exceptions(acc, rn, rm, mmask, pid_n, N, K, KP, x_ptr, stride_xm, sm8_ptr, rowptr_ptr, eidx_ptr,
-                              eexp_ptr, BN, V3)
+    if HAS_EXC:  # the tile's exceptions, rounds shared among its split programs
+        acc = _exceptions(acc, rn, rm, mmask, pid_n, N, K, KP, x_ptr, stride_xm, sm8_ptr, rowptr_ptr, eidx_ptr,
+                          eexp_ptr, pid_k, tl.num_programs(1), BN, MB, V3)
     optr = rm[:, None] * N + rn[None, :]
     omask = mmask[:, None] & nmask[None, :]
     if PARTIAL:

@@ -202,10 +202,9 @@ def _gemv_v2_kernel(x_ptr, x32_ptr, sm_ptr, sm8_ptr, code_ptr, esc_ptr, ebase_pt
         acc = row_sum(acc1, BN, W)
     elif W_FIRST and TILE_DOT:
         acc = tl.trans(acc)
-    if HAS_EXC:
-        if pid_k == 0:
-            acc = _exceptions(acc, rn, rm, mmask, pid_n, N, K, KP, x_ptr, stride_xm, sm8_ptr, rowptr_ptr, eidx_ptr,
-                              eexp_ptr, BN, V3)
+    if HAS_EXC:  # the tile's exceptions, rounds shared among its split programs
+        acc = _exceptions(acc, rn, rm, mmask, pid_n, N, K, KP, x_ptr, stride_xm, sm8_ptr, rowptr_ptr, eidx_ptr,
+                          eexp_ptr, pid_k, tl.num_programs(1), BN, MB, V3)
     optr = rm[:, None] * N + rn[None, :]
     omask = mmask[:, None] & nmask[None, :]
     if PARTIAL:

@@ -113,3 +113,43 @@ def test_the_same_arrays_under_another_version_or_shape_are_prepared_again(layou
         with pytest.raises(CorruptError):
             kernels.linear(x[:, : q.shape[1]], q)
         assert torch.equal(kernels.unpack(p).cpu().view(torch.int16), glyd.unpack(p.to("cpu")).view(torch.int16))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_unsorted_exception_indices_raise_before_a_fused_product(device):
+    # exc_idx must be strictly increasing (the row pointers find each row's exceptions by bisection): two entries
+    # swapped, every index still inside the matrix, gave a wrong product silently (4 of 128 outputs off by up to 64,
+    # 2026-12-06) where the torch twin raised; now the fused kernels' prepare raises too, naming the array
+    from glyd import kernels
+    from glyd.errors import CorruptError
+
+    w = random_weights(64, 256, "normal")
+    w.view(-1)[torch.randperm(w.numel())[:40]] = 30.0  # far above the window: exceptions with big corrections
+    p = glyd.pack(w, "fixed12")
+    for name in ("exc_idx", "exc_hi"):
+        a = p.arrays[name]
+        a[[0, -1]] = a[[-1, 0]].clone()
+    p = p.to(device)
+    x = torch.randn(2, 256).to(torch.bfloat16).to(device)
+    with pytest.raises(CorruptError, match="exc_idx"):
+        kernels.linear(x, p, None)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_an_experts_unsorted_exception_indices_raise(device):
+    # the same for packed experts: each expert's list strictly increasing (here the first expert's two first swapped)
+    from glyd.codec import fixed12
+    from glyd.errors import CorruptError
+    from glyd.kernels.fixed12.experts import prepare
+    from glyd.ops.experts import pack_experts
+
+    w = torch.stack([random_weights(32, 128, "normal") for _ in range(3)])
+    w.view(-1)[torch.randperm(w.numel())[:60]] = 30.0
+    p = pack_experts(w, "fixed12")
+    a, b = p.arrays["exc_idx"], p.arrays["exc_hi"]
+    starts = p.starts[fixed12.ARRAYS.index("exc_idx")]
+    assert starts[1] - starts[0] >= 2  # the first expert has two to swap
+    a[[0, 1]] = a[[1, 0]].clone()
+    b[[0, 1]] = b[[1, 0]].clone()
+    with pytest.raises(CorruptError, match="exc_idx"):
+        prepare(p.to(device))

@@ -16,7 +16,7 @@ import triton.language as tl
 
 from glyd.codec import fixed12 as _codec
 from glyd.codec.packed import Packed
-from glyd.errors import UnsupportedError
+from glyd.errors import CorruptError, UnsupportedError
 from glyd.kernels import _common as C
 from glyd.kernels import _plan
 from glyd.kernels._interp import isolated
@@ -38,6 +38,8 @@ class Prepared:
             idx64 = idx.to(torch.int64)
             if int(idx64.min()) < 0 or int(idx64.max()) >= n * k:
                 raise C.FormatError("fixed12 'exc_idx' holds indices outside the matrix")
+            if bool((idx64[1:] <= idx64[:-1]).any()):  # the row pointers below find rows by bisection
+                raise CorruptError("fixed12 'exc_idx' is not strictly increasing (a damaged or crafted file)")
             bounds = torch.arange(n + 1, device=dev, dtype=torch.int64) * k
             self.rowptr = torch.searchsorted(idx64, bounds).to(torch.int32)
             kp = a["lo"].shape[1]

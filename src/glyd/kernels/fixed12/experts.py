@@ -21,7 +21,7 @@ import triton.language as tl
 
 from glyd.codec import fixed12 as _codec
 from glyd.codec.experts import PackedExperts
-from glyd.errors import UnsupportedError
+from glyd.errors import CorruptError, UnsupportedError
 from glyd.kernels import _common as C
 from glyd.kernels._fields import flags, ints
 from glyd.kernels._interp import isolated
@@ -70,6 +70,10 @@ class Prepared:
                                             torch.tensor([starts[i + 1] - starts[i] for i in range(e)], device=dev))
             if int(idx.min()) < 0 or int(idx.max()) >= n * k:
                 raise C.FormatError("fixed12 'exc_idx' holds indices outside an expert's matrix")
+            flat = owner * (n * k) + idx  # each expert's list strictly increasing <=> this one
+            if bool((flat[1:] <= flat[:-1]).any()):
+                raise CorruptError("fixed12 'exc_idx' of an expert is not strictly increasing (a damaged or crafted "
+                                   "file)")
             rows = owner * n + idx // k  # ascending: each expert's list is sorted, experts in order
             bounds = torch.arange(e * n + 1, device=dev, dtype=torch.int64)
             self.rowptr = torch.searchsorted(rows, bounds).to(torch.int32)

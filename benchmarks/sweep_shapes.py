@@ -11,7 +11,7 @@ table a shape and M (us a matrix, ratio to bf16), best first, and writes JSON.
 The candidates are kernel family configs (``glyd.kernels.GemvConfig``, ``GluonConfig``, ...);
 "default" is what ``glyd.kernels.registry`` chooses from the GPU's table (from the H200's on a
 GPU without one). ``SWEEP_ROUND=N`` times round N's candidates instead of the default grid
-(rounds 2-44 as they ran, ported to the configs; rounds 32 and 33, the ws ``pipe`` and
+(rounds 2-45 as they ran, ported to the configs; rounds 32 and 33, the ws ``pipe`` and
 ``consumers`` settings, are gone with those settings: their last version is in 497582d).
 ``SWEEP_ROUND=table`` times, at each M, every candidate that the fallback table (the H200's)
 lists for that M bucket in any shape class; ``SWEEP_ROUND=default`` the table's choice alone.
@@ -245,6 +245,17 @@ def _candidates(m: int, n: int, k: int) -> dict:
             out["default wv16"] = R(d, waves=16)
             for block, warps in ((256, 2), (128, 1), (512, 4), (1024, 4)):
                 out[f"default reduce {block} w{warps}"] = (d, {(C, "FINALIZE_BLOCK"): block, (C, "FINALIZE_WARPS"): warps})
+        return out
+    if rnd == "45":  # the ws tile past M = 64 with real weights' exceptions (issue 38): rounds of 128 exceptions
+        # (WsConfig.exc_chunk 128, half the rounds of h121's 64, each a chain of dependent loads), the values from the
+        # prepared list (exc_vals), against the table's row (exc64 xt) and unpack + cuBLAS
+        if m >= 65:
+            out["long whole"] = LongConfig()
+            if k % 128 == 0 and has("wgmma") and m <= 128:
+                w8 = dict(bm=128, bn=128, warps=8, stages=2, waves=1, exc_xt=True)
+                for chunk in (64, 128):
+                    out[f"ws exc{chunk} xt"] = WsConfig(**w8, exc_chunk=chunk)
+                    out[f"ws exc{chunk} xt vals"] = WsConfig(**w8, exc_chunk=chunk, exc_vals=True)
         return out
     if rnd == "42":  # the ws tile past M = 64 against unpack + cuBLAS (issue 38: 2.1-2.6x at M = 65-255; the ws tile
         # ran gate_up at M = 96-128 in 1.33-1.45x on an H100, history/2026-12-05-h100-9.md, but 3.4-4.3x with real

@@ -99,6 +99,10 @@ for s in "${steps[@]}"; do
                 --shapes gate_up,qkv,q/o,down,lm_head --ms 1,2,8,16,32,64 --exc 0.001 --out /tmp/exc_ab_$n && \
                 python3 $r/benchmarks/sweep_shapes.py --shapes lm_head --ms 1,8,64 --exc 0.01 --out /tmp/exc_ab_lm_$n"
             done ;;
+    sweep45) # M = 65-128 at 0.1% of exceptions: the ws tile's rounds of 128 against 64, values prepared (h131), on the
+             # 7B's and 32B's gate_up and down (about 40 s)
+             step sweep45 200 env SWEEP_ROUND=45 PYTHONPATH=src TRITON_CACHE_DIR="$(mktemp -d)" python3 \
+               benchmarks/sweep_shapes.py --shapes gate_up,down,32b.gate_up --ms 65,128 --exc 0.001 --out /tmp/sweep45 ;;
     sweep44) # decode sizes at 0.1% of exceptions: bigger rounds, more split programs, the GEMV in-tile or beside,
              # the GEMV at M = 1-2 where a tile runs (saved after each shape; the time the call has left)
              step sweep44 $(( 585 - SECONDS > 60 ? 585 - SECONDS : 60 )) env SWEEP_ROUND=44 PYTHONPATH=src \
@@ -135,10 +139,10 @@ for s in "${steps[@]}"; do
     ttft7b) step ttft7b 330 env PYTHONPATH=src TRITON_CACHE_DIR="$(mktemp -d)" python3 benchmarks/scale.py \
               --sizes qwen2.5-7b --variants bf16,fixed12,dense11 --batches 1 --compile-prefill --no-capacity \
               --out "$out/ttft7b" ;;
-    *) echo "unknown step $s (gpu_set, gpu_set_par, ncu_exc, d11_exc, scale_d11, long, sweep_long, sweep05, sweep41, sweep42, exc_decode, exc_ab, sweep44, exc_step, sweep_kv, dit, ttft7b, bits, kv, d11, prefill)" >&2; exit 2 ;;
+    *) echo "unknown step $s (gpu_set, gpu_set_par, ncu_exc, d11_exc, scale_d11, long, sweep_long, sweep05, sweep41, sweep42, exc_decode, exc_ab, sweep44, sweep45, exc_step, sweep_kv, dit, ttft7b, bits, kv, d11, prefill)" >&2; exit 2 ;;
   esac
 done
-for f in gpu_set scale_d11 long sweep_long sweep05 sweep41 sweep42 exc_decode_0 exc_decode_0.001 exc_decode_lm exc_ab_branch exc_ab_main sweep44 ncu_gate_up ncu_qkv exc_step_0.001 exc_step_0 sweep_kv dit ttft7b bits kv_branch kv_main d11 d11_exc prefill_branch prefill_main; do
+for f in gpu_set scale_d11 long sweep_long sweep05 sweep41 sweep42 exc_decode_0 exc_decode_0.001 exc_decode_lm exc_ab_branch exc_ab_main sweep45 sweep44 ncu_gate_up ncu_qkv exc_step_0.001 exc_step_0 sweep_kv dit ttft7b bits kv_branch kv_main d11 d11_exc prefill_branch prefill_main; do
   [ -f "$out/$f.txt" ] && { echo "=== $f (last lines)"; tail -n 14 "$out/$f.txt"; }
 done
 echo "| step | exit status | seconds |"

@@ -26,7 +26,7 @@ def _ws():
     return fixed12_ws
 
 
-def _compile_sm90(bn, bt, stages, bias=False, exc=False, maxnreg=128, warps=4, pipe=False):
+def _compile_sm90(bn, bt, stages, bias=False, exc=False, maxnreg=128, warps=4, pipe=False, xe=16, xt=False, pre=0):
     from glyd.kernels.fixed12 import wgmma as fixed12_wg
 
     w = _ws()
@@ -37,8 +37,8 @@ def _compile_sm90(bn, bt, stages, bias=False, exc=False, maxnreg=128, warps=4, p
     ptrs = {"x_ptr": "*bf16", "base_ptr": "*u8", "out_ptr": "*bf16", "bias_ptr": "*bf16", "work_ptr": "*fp32",
             "cnt_ptr": "*i32", "rowptr_ptr": "*i32", "eidx_ptr": "*i32", "ehi_ptr": "*u8", "lo8_ptr": "*u8"}
     const = dict(BN=bn, BT=bt, NS=stages, LL=ll, CL=cl, ML=mma, AL=a_op, OL=ol, HAS_BIAS=bias, EXC=exc,
-                 EL=fixed12_wg.exc_layout(warps) if exc else None, CS=16, LOADER_REGS=24, NBYTES=w.slot_bytes(bn, bt), PIPE=pipe,
-                 XE=16, XT=False, PRE=False, CORR=False)
+                 EL=fixed12_wg.exc_layout(warps, xt) if exc else None, CS=16, LOADER_REGS=24,
+                 NBYTES=w.slot_bytes(bn, bt), PIPE=pipe, XE=xe, XT=xt, PRE=pre, CORR=False)
     return compile_gluon_sm90(w._ws_kernel, const, ptrs, descs, num_warps=warps, maxnreg=maxnreg)
 
 
@@ -213,13 +213,45 @@ def test_ws_config_checks():
         with pytest.raises(ValueError, match="pipe"):
             WsConfig(**{**base, **bad})
     WsConfig(**{**base, "exc_chunk": 64, "exc_xt": True, "exc_pre": True, "exc_corr": True})
-    for bad in (dict(exc_chunk=8), dict(exc_chunk=48), dict(exc_xt=1), dict(exc_pre="yes"), dict(exc_corr=0),
+    WsConfig(**{**base, "exc_chunk": 128, "exc_vals": True})
+    for bad in (dict(exc_chunk=8), dict(exc_chunk=48), dict(exc_chunk=256), dict(exc_xt=1), dict(exc_pre="yes"), dict(exc_corr=0),
                 dict(exc_vals=1), dict(exc_pre=True, exc_vals=True)):
         with pytest.raises(ValueError, match="exc_"):
             WsConfig(**{**base, **bad})
     for bad in (dict(consumers=2), dict(bk=256)):  # removed variants, fixed K steps
         with pytest.raises(TypeError):
             WsConfig(**{**base, **bad})
+
+
+def test_ws_exception_chunk_128_compiles_sm90():
+    # WsConfig.exc_chunk 128 (half the rounds of 64) at the 7B's gate_up row past M = 64 (bm 128, bn 128, 8 warps,
+    # 2 stages), its values from the prepared list (exc_vals), x transposed: no spill (2026-12-06: 168 registers,
+    # 180516 B), and within shared_bytes' bound
+    from glyd.kernels import WsConfig
+
+    k = _compile_sm90(128, 128, 2, exc=True, maxnreg=None, warps=8, xe=128, xt=True, pre=2)
+    res = _res_usage(k)
+    assert res.get("STACK", 0) == 0 and res.get("LOCAL", 0) == 0, res
+    assert k.metadata.shared <= _ws().shared_bytes(WsConfig(bm=128, bn=128, warps=8, stages=2, exc_chunk=128))
+    assert _sass(k).count("HGMMA") > _sass(_compile_sm90(128, 128, 2, exc=True, maxnreg=None, warps=8, xe=64, xt=True,
+                                                         pre=2)).count("HGMMA")
+
+
+def test_ws_refuses_a_ring_past_the_shared_memory():
+    # a config whose ring and exception step need more shared memory than a Hopper program has is refused by
+    # can_implement (the launch would fail with the compiler's out-of-resources error), with the bytes named
+    from glyd.kernels import WsConfig, registry
+    from glyd.kernels.fixed12 import wgmma_warpspec as W
+
+    dev = registry.Device("cuda", "NVIDIA H200", (9, 0), 132, features=frozenset({"wgmma", "tma", "gluon"}))
+    prob = registry.Problem("fixed12", 128, 37888, 3584, 3584)
+    fits = WsConfig(bm=128, bn=128, warps=8, stages=2, exc_chunk=128)  # 180516 B compiled for sm_90a
+    assert W.shared_bytes(fits) >= 180516 and W.WsKernel.can_implement(prob, dev, fits)[0]
+    ok, why = W.WsKernel.can_implement(prob, dev, fits.replace(stages=3))
+    assert not ok and "shared memory" in why and str(W.shared_bytes(fits.replace(stages=3))) in why
+    for cfg in LONG_M_CONFIGS:  # every config the GPU tests run past M = 64 fits
+        bm, bn, warps, stages, chunk = cfg
+        assert W.shared_bytes(WsConfig(bm=bm, bn=bn, warps=warps, stages=stages, exc_chunk=chunk)) <= W.SHARED_MAX
 
 
 def test_ws_needs_a_gpu():
@@ -312,7 +344,7 @@ def test_ws_strided_x_and_k_384_gpu():
 #: (bm, bn, warps, stages, exc_chunk) of the ws configs past M = 64 checked on the GPU below; the tables' rows there are
 #: among them (test_the_tables_ws_rows_past_64_are_checked_on_the_gpu)
 LONG_M_CONFIGS = [(128, 128, 8, 2, 64), (128, 64, 4, 3, 32), (256, 128, 8, 2, 32), (16, 64, 4, 2, 64),
-                  (128, 256, 8, 2, 64)]
+                  (128, 256, 8, 2, 64), (128, 128, 8, 2, 128)]
 
 
 def test_the_tables_ws_rows_past_64_are_checked_on_the_gpu():

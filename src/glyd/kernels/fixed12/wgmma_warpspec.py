@@ -57,7 +57,8 @@ class WsConfig(C.KernelConfig):
     warpgroup reads and decodes the next step's first half (else it waits for them before reading the
     next step: the tensor cores idle while it decodes); measured on an H100 at M = 96-4608 it gained
     nothing (benchmarks/history/2026-12-05-h100-9.md), and no table row turns it on. ``exc_chunk``:
-    exceptions a one-hot MMA where a tile is finished (16, 32 or 64), ``exc_xt``: their x columns read
+    exceptions a one-hot MMA where a tile is finished (16, 32, 64 or 128: half the rounds of 64, each a
+    chain of dependent loads, for 2 x bm x 128 bf16 more shared memory), ``exc_xt``: their x columns read
     from a transposed copy of x (one contiguous read a column, not a strided gather): past M = 64 a
     tile of 128 rows holds hundreds of exceptions at real weights' 0.1%. ``exc_pre``: their true values
     from the prepared list (no load into the lo plane behind the index's), each round's loaded during
@@ -83,9 +84,9 @@ class WsConfig(C.KernelConfig):
         flags(self, "pipe", "exc_xt", "exc_pre", "exc_corr", "exc_vals")
         if self.exc_pre and self.exc_vals:
             raise ValueError("WsConfig.exc_pre (the values a round ahead) and exc_vals (in the round) exclude each other")
-        ints(self, 16, 64, "exc_chunk")
-        if self.exc_chunk not in (16, 32, 64):
-            raise ValueError(f"WsConfig.exc_chunk must be 16, 32 or 64, got {self.exc_chunk}")
+        ints(self, 16, 128, "exc_chunk")
+        if self.exc_chunk not in (16, 32, 64, 128):
+            raise ValueError(f"WsConfig.exc_chunk must be 16, 32, 64 or 128, got {self.exc_chunk}")
         if self.bm not in (8, 16, 32, 64, 128, 256) or not (self.warps == 4 or (self.warps, self.bn) in ((8, 128),
                                                                                                      (8, 256))):
             raise ValueError(f"WsConfig: bm 8-256, 4 warps (or 8 with bn 128 or 256); got {self}")
@@ -401,6 +402,15 @@ def slot_bytes(bn: int, bt: int) -> int:
     return bn * 32 * 4 + bn * 16 * 4 + 2 * bt * 64 * 2
 
 
+SHARED_MAX = 227 * 1024  # a Hopper program's most shared memory
+
+
+def shared_bytes(cfg: WsConfig) -> int:
+    """Shared memory a program of ``cfg`` takes at most: its ring of ``stages`` slots, their mbarriers, and
+    the exception step's two [bm, exc_chunk] bf16 product tiles (allocated where the matrix has exceptions)."""
+    return cfg.stages * (slot_bytes(cfg.bn, cfg.bm) + 16) + 2 * cfg.bm * cfg.exc_chunk * 2 + 1024  # + alignment
+
+
 # x: bf16 [M, K]; packed: fixed12 [N, K], K == Kp; bias: [N] or None; out: bf16 [M, N] (written) -> out
 def launch(x2: torch.Tensor, p, bias, cfg: WsConfig, out: torch.Tensor) -> torch.Tensor:
     return plan(x2, p, bias, cfg)(x2, bias, out, tuple(p.arrays[a] for a in ARRAYS))
@@ -486,6 +496,9 @@ class WsKernel(Kernel):
             return False, "needs Gluon's warpgroup MMA and TMA on a Hopper GPU (sm_90)"
         if problem.k != problem.kp or problem.k % BK:
             return False, f"needs K a multiple of {BK} (no padded columns), got K = {problem.k}"
+        need = shared_bytes(config)
+        if need > SHARED_MAX:
+            return False, f"needs {need} B of shared memory a program (its ring and exception step), over {SHARED_MAX}"
         return True, ""
 
     @classmethod

@@ -112,11 +112,13 @@ for s in "${steps[@]}"; do
     ncu_exc) # Nsight Compute on the decode and long-M products that lose most with real weights' 0.1% of exceptions
              # (history/2026-12-06-h100-20.md): the table's choice against bf16 on gate_up at M = 32, 64, 128 and qkv at
              # 64, the speed of light, occupancy, warp states and the source counters' summary, as text
-             for sm in gate_up:32,64,128 qkv:64; do
-               step "ncu_${sm%%:*}" 200 env PYTHONPATH=src ncu --clock-control none --profile-from-start off \
-                 --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
-                 --section MemoryWorkloadAnalysis python3 benchmarks/profile_ncu.py --shape "${sm%%:*}" --ms "${sm#*:}" \
-                 --exc 0.001
+             # (and gate_up at 128 with normal weights: what the ws tile's finish adds), the source counters' top stalls
+             for sme in gate_up:32,64,128:0.001 qkv:64:0.001 gate_up:128:0; do
+               IFS=: read -r sh ms ex <<< "$sme"
+               step "ncu_${sh}$( [ "$ex" = 0 ] && echo _normal )" 200 env PYTHONPATH=src ncu --clock-control none \
+                 --profile-from-start off --section SpeedOfLight --section Occupancy --section LaunchStats \
+                 --section WarpStateStats --section MemoryWorkloadAnalysis --section SourceCounters \
+                 python3 benchmarks/profile_ncu.py --shape "$sh" --ms "$ms" --exc "$ex"
              done ;;
     exc_step) # the 7B's decode step and first token with real weights' share of exceptions (scale.py --exc 0.001), bf16
               # and fixed12 with the same weights, then with normal weights' (--exc 0: the issues' numbers were taken
@@ -142,7 +144,7 @@ for s in "${steps[@]}"; do
     *) echo "unknown step $s (gpu_set, gpu_set_par, ncu_exc, d11_exc, scale_d11, long, sweep_long, sweep05, sweep41, sweep42, exc_decode, exc_ab, sweep44, sweep45, exc_step, sweep_kv, dit, ttft7b, bits, kv, d11, prefill)" >&2; exit 2 ;;
   esac
 done
-for f in gpu_set scale_d11 long sweep_long sweep05 sweep41 sweep42 exc_decode_0 exc_decode_0.001 exc_decode_lm exc_ab_branch exc_ab_main sweep45 sweep44 ncu_gate_up ncu_qkv exc_step_0.001 exc_step_0 sweep_kv dit ttft7b bits kv_branch kv_main d11 d11_exc prefill_branch prefill_main; do
+for f in gpu_set scale_d11 long sweep_long sweep05 sweep41 sweep42 exc_decode_0 exc_decode_0.001 exc_decode_lm exc_ab_branch exc_ab_main sweep45 sweep44 ncu_gate_up ncu_qkv ncu_gate_up_normal exc_step_0.001 exc_step_0 sweep_kv dit ttft7b bits kv_branch kv_main d11 d11_exc prefill_branch prefill_main; do
   [ -f "$out/$f.txt" ] && { echo "=== $f (last lines)"; tail -n 14 "$out/$f.txt"; }
 done
 echo "| step | exit status | seconds |"

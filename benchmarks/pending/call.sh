@@ -103,9 +103,10 @@ for s in "${steps[@]}"; do
             done ;;
     sweep45) # 0.1% of exceptions: at M = 65-128 the ws tile's rounds of 128 against 64, values prepared (h131), its
              # exceptions by the accumulator's threads (exc_rows, h133); at M = 8-64 exc_rows where the table runs the
-             # ws tile (gate_up, lm_head); 7B and 32B shapes (19 s for M = 65-128 alone on an H100)
-             step sweep45 240 env SWEEP_ROUND=45 PYTHONPATH=src TRITON_CACHE_DIR="$(mktemp -d)" python3 \
-               benchmarks/sweep_shapes.py --shapes gate_up,down,32b.gate_up,lm_head --ms 8,16,32,64,65,128 --exc 0.001 \
+             # ws or wgmma tile; 7B and 32B shapes (19 s for M = 65-128 alone on an H100)
+             step sweep45 300 env SWEEP_ROUND=45 PYTHONPATH=src TRITON_CACHE_DIR="$(mktemp -d)" python3 \
+               benchmarks/sweep_shapes.py --shapes gate_up,qkv,q/o,down,32b.gate_up,lm_head --ms 8,16,32,64,65,128 \
+               --exc 0.001 \
                --out /tmp/sweep45 ;;
     sweep44) # decode sizes at 0.1% of exceptions: bigger rounds, more split programs, the GEMV in-tile or beside,
              # the GEMV at M = 1-2 where a tile runs (saved after each shape; the time the call has left)

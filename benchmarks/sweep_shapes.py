@@ -248,7 +248,9 @@ def _candidates(m: int, n: int, k: int) -> dict:
         return out
     if rnd == "45":  # the ws tile past M = 64 with real weights' exceptions (issue 38): rounds of 128 exceptions
         # (WsConfig.exc_chunk 128, half the rounds of h121's 64, each a chain of dependent loads), the values from the
-        # prepared list (exc_vals), against the table's row (exc64 xt) and unpack + cuBLAS
+        # prepared list (exc_vals), against the table's row (exc64 xt) and unpack + cuBLAS (2026-12-06, an H100: 128
+        # lost to 64 by 1-7%, vals gained 3-4%); the accumulator's threads adding their rows' exceptions with FMAs
+        # (exc_rows, h133), here and at decode sizes where the table runs the ws or wgmma tile
         if m >= 65:
             out["long whole"] = LongConfig()
             if k % 128 == 0 and has("wgmma") and m <= 128:
@@ -256,6 +258,11 @@ def _candidates(m: int, n: int, k: int) -> dict:
                 for chunk in (64, 128):
                     out[f"ws exc{chunk} xt"] = WsConfig(**w8, exc_chunk=chunk)
                     out[f"ws exc{chunk} xt vals"] = WsConfig(**w8, exc_chunk=chunk, exc_vals=True)
+                out["ws exc rows"] = WsConfig(**w8, exc_rows=True)  # the accumulator's threads, FMAs (h133)
+        elif isinstance(dflt(), WsConfig):  # decode sizes where the table runs the ws tile
+            out["default exc rows"] = R(dflt(), exc_rows=True)
+        elif isinstance(dflt(), WgConfig):  # ... or the wgmma tile (its exceptions in the tile)
+            out["default exc rows"] = R(dflt(), exc_tile=True, exc_rows=True)
         return out
     if rnd == "42":  # the ws tile past M = 64 against unpack + cuBLAS (issue 38: 2.1-2.6x at M = 65-255; the ws tile
         # ran gate_up at M = 96-128 in 1.33-1.45x on an H100, history/2026-12-05-h100-9.md, but 3.4-4.3x with real

@@ -72,6 +72,7 @@ def main() -> int:
     ap.add_argument("--xt", action="store_true", help="their x columns from x transposed (WsConfig.exc_xt)")
     ap.add_argument("--pre", action="store_true", help="their values prepared, a round ahead (WsConfig.exc_pre)")
     ap.add_argument("--vals", action="store_true", help="their values prepared, in the round (WsConfig.exc_vals)")
+    ap.add_argument("--rows", action="store_true", help="by the accumulator's own threads a row at a time (WsConfig.exc_rows)")
     ap.add_argument("--corr", action="store_true", help="a correction from their own pass added (WsConfig.exc_corr)")
     ap.add_argument("--m", type=int, default=2048)
     ap.add_argument("--n", type=int, default=4096)
@@ -80,7 +81,8 @@ def main() -> int:
     args = ap.parse_args()
     os.environ["TRITON_DUMP_PTXAS_LOG"] = "1"
     k = compile_ws(args.bm, args.bn, args.stages, args.pipe, args.warps, args.maxnreg, args.exc, args.m, args.n,
-                   args.k, args.exc_chunk, args.xt, 1 if args.pre else 2 if args.vals else 0, args.corr)
+                   args.k, args.exc_chunk, args.xt or args.rows, 3 if args.rows else 1 if args.pre else 2 if args.vals else 0,
+                   args.corr)
     print(f"shared {k.metadata.shared} B, warps {k.metadata.num_warps}")
     ptx = k.asm["ptx"]
     print("wgmma in PTX:", len(re.findall(r"wgmma\.mma_async", ptx)), " wait_group:",

@@ -49,6 +49,11 @@ def test_wg_exception_step_options_compile_sm90(bn, bt, warps):
     # exc_vals (PRE 2): the prepared values in the round itself, no byte load from the lo plane either
     vals = _sass(_compile_sm90(bn, bt, warps, exc=True, xe=64, pre=2))
     assert "STL" not in vals and vals.count("LDG.E.U8") < plain.count("LDG.E.U8")
+    # exc_rows (PRE 3): the accumulator's threads add their rows' exceptions with FMAs: no one-hot MMA, no spill
+    rows = _compile_sm90(bn, bt, warps, exc=True, xt=True, pre=3)
+    none = _sass(_compile_sm90(bn, bt, warps))
+    assert "STL" not in _sass(rows) and _sass(rows).count("HGMMA") == none.count("HGMMA")
+    assert _sass(rows).count("FFMA") > none.count("FFMA")
 
 
 @pytest.mark.cpu_sample(every=2)  # compiles for sm_90: half the configs in the default run
@@ -125,9 +130,10 @@ def test_wg_config_checks():
             WgConfig(**{**dict(bm=16, bn=64), **bad})
     WgConfig(bm=16, bn=64, exc_tile=True, exc_chunk=64, exc_xt=True, exc_pre=True)
     for bad in (dict(exc_chunk=8), dict(exc_chunk=48), dict(exc_chunk=64.0), dict(exc_xt=1), dict(exc_pre="yes"),
-                dict(exc_vals=1), dict(exc_pre=True, exc_vals=True)):
+                dict(exc_vals=1), dict(exc_pre=True, exc_vals=True), dict(exc_rows=1)):
         with pytest.raises(ValueError, match="exc_"):
             WgConfig(**{**dict(bm=16, bn=64), **bad})
+    WgConfig(bm=16, bn=64, exc_tile=True, exc_rows=True)
 
 
 @pytest.mark.gpu
@@ -177,6 +183,10 @@ def test_wg_exception_step_options_gpu(bm, bn, chunk, split):
     for extra in (dict(exc_xt=True), dict(exc_xt=True, exc_pre=True), dict(exc_pre=True), dict(exc_vals=True),
                   dict(exc_xt=True, exc_vals=True)):
         assert torch.equal(kernels.linear(x, p, None, cfg.replace(**extra)).view(torch.int16), y.view(torch.int16))
+    # by the accumulator's own threads (exc_rows): fp32 FMAs, another order of the sums; the same bits twice
+    yr = kernels.linear(x, p, None, cfg.replace(exc_rows=True))
+    _check(yr, x, w, None)
+    assert torch.equal(kernels.linear(x, p, None, cfg.replace(exc_rows=True)).view(torch.int16), yr.view(torch.int16))
 
 
 @pytest.mark.gpu

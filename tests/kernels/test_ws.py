@@ -214,8 +214,9 @@ def test_ws_config_checks():
             WsConfig(**{**base, **bad})
     WsConfig(**{**base, "exc_chunk": 64, "exc_xt": True, "exc_pre": True, "exc_corr": True})
     WsConfig(**{**base, "exc_chunk": 128, "exc_vals": True})
+    WsConfig(**{**base, "exc_rows": True})
     for bad in (dict(exc_chunk=8), dict(exc_chunk=48), dict(exc_chunk=256), dict(exc_xt=1), dict(exc_pre="yes"), dict(exc_corr=0),
-                dict(exc_vals=1), dict(exc_pre=True, exc_vals=True)):
+                dict(exc_vals=1), dict(exc_pre=True, exc_vals=True), dict(exc_rows=1)):
         with pytest.raises(ValueError, match="exc_"):
             WsConfig(**{**base, **bad})
     for bad in (dict(consumers=2), dict(bk=256)):  # removed variants, fixed K steps
@@ -235,6 +236,20 @@ def test_ws_exception_chunk_128_compiles_sm90():
     assert k.metadata.shared <= _ws().shared_bytes(WsConfig(bm=128, bn=128, warps=8, stages=2, exc_chunk=128))
     assert _sass(k).count("HGMMA") > _sass(_compile_sm90(128, 128, 2, exc=True, maxnreg=None, warps=8, xe=64, xt=True,
                                                          pre=2)).count("HGMMA")
+
+
+def test_ws_row_exceptions_compile_sm90():
+    # WsConfig.exc_rows at the 7B's gate_up row past M = 64: the accumulator's threads add their rows' exceptions
+    # with FMAs (2026-12-06: 168 registers, no spill, 276 instructions a round of 64 FFMA and 34 loads), no one-hot
+    # MMA and no shared memory beyond the ring's
+    k = _compile_sm90(128, 128, 2, exc=True, maxnreg=None, warps=8, xt=True, pre=3)
+    none = _compile_sm90(128, 128, 2, exc=False, maxnreg=None, warps=8)
+    res = _res_usage(k)
+    assert res.get("STACK", 0) == 0 and res.get("LOCAL", 0) == 0, res
+    assert k.metadata.shared == none.metadata.shared
+    sass = _sass(k)
+    assert sass.count("HGMMA") == _sass(none).count("HGMMA")  # the K loop's MMAs only
+    assert sass.count("FFMA") >= 64  # a round: an FMA an accumulator element
 
 
 def test_ws_refuses_a_ring_past_the_shared_memory():
@@ -392,6 +407,10 @@ def test_ws_exception_steps_gpu(bm, bn, warps, stages, chunk, m):
     # ... in the round itself (exc_vals)
     yv = kernels.linear(x, p, None, cfg.replace(exc_vals=True))
     assert torch.equal(yv.view(torch.int16), y.view(torch.int16))
+    # by the accumulator's own threads, a row's j-th exception at once (exc_rows): fp32 FMAs, another order of the sums
+    yr = kernels.linear(x, p, None, cfg.replace(exc_rows=True))
+    _check(yr, x, w, None)
+    assert torch.equal(kernels.linear(x, p, None, cfg.replace(exc_rows=True)).view(torch.int16), yr.view(torch.int16))
     # the exceptions by a pass of their own, added where a tile is finished (exc_corr): another order of the sums
     yc = kernels.linear(x, p, None, cfg.replace(exc_corr=True))
     _check(yc, x, w, None)

@@ -56,7 +56,8 @@ class WgConfig(C.KernelConfig):
     beside it on a second stream or after it with ``exc_after``). ``maxnreg``: a register cap.
     With ``exc_tile``, as ``WsConfig``'s: ``exc_chunk`` exceptions a one-hot MMA (16, 32, 64), ``exc_xt`` their x
     columns from a transposed copy of x, ``exc_pre`` their values from the prepared list, a round ahead,
-    ``exc_vals`` from the prepared list in the round itself (no load into the lo plane behind the index's)."""
+    ``exc_vals`` from the prepared list in the round itself (no load into the lo plane behind the index's),
+    ``exc_rows`` by the accumulator's own threads with fp32 FMAs, no one-hot MMA (``WsConfig.exc_rows``)."""
 
     bm: int = 16
     bn: int = 64
@@ -69,10 +70,11 @@ class WgConfig(C.KernelConfig):
     exc_xt: bool = False
     exc_pre: bool = False
     exc_vals: bool = False
+    exc_rows: bool = False
 
     def validate(self) -> None:
         C.pow2(self, "bm", "bn")
-        flags(self, "exc_tile", "exc_after", "pipe", "exc_xt", "exc_pre", "exc_vals")
+        flags(self, "exc_tile", "exc_after", "pipe", "exc_xt", "exc_pre", "exc_vals", "exc_rows")
         if self.exc_pre and self.exc_vals:
             raise ValueError("WgConfig.exc_pre (the values a round ahead) and exc_vals (in the round) exclude each other")
         ints(self, 0, 255, "maxnreg")
@@ -214,6 +216,42 @@ def wg_exceptions(acc, x_ptr, m0, M, stride_xm, eidx_ptr, ehi_ptr, lo8_ptr, KP, 
 
 
 @gluon.jit
+def _imax(a, b):
+    # gl.max's combine as a Gluon function (gl.max's own is a Triton one, which the interpreter's compile tests reject)
+    return gl.maximum(a, b)
+
+
+@gluon.jit
+def wg_row_exceptions(acc, xt_ptr, m0, M, K, rowptr_ptr, eidx_ptr, vals_ptr, base_ptr, n0, N, part, parts,
+                      BN: gl.constexpr, BT: gl.constexpr, ML: gl.constexpr):
+    # acc [BN weight rows, BT x rows] += (true - decoded w) * x[rows, c] for each exception (w, c) of rows n0..,
+    # in acc's own layout: round j takes the j-th exception of every row at once (rows without one masked),
+    # rounds j = part, part + parts, ... (the tile's programs share them). A row's list starts at its row
+    # pointer, so its column needs no division; the true value from the prepared list (Prepared.vals);
+    # xt_ptr: x transposed ([K, M]). No one-hot MMA, shared memory or barrier
+    rn = n0 + gl.arange(0, BN, layout=gl.SliceLayout(1, ML))
+    ea = gl.load(rowptr_ptr + gl.minimum(rn, N))  # rows past N: an empty list
+    cnt = gl.load(rowptr_ptr + gl.minimum(rn + 1, N)) - ea
+    cm = m0 + gl.arange(0, BT, layout=gl.SliceLayout(0, ML))
+    mm = (cm < M)[None, :]
+    b8 = gl.load(base_ptr).to(gl.uint32)
+    for j in range(part, gl.reduce(cnt, 0, _imax), parts):
+        ev = j < cnt
+        e = ea + j
+        idx = gl.load(eidx_ptr + e, mask=ev, other=0)
+        c = idx - rn.to(idx.dtype) * K
+        v = gl.load(vals_ptr + e, mask=ev, other=0).to(gl.int32).to(gl.uint32) & 0xFFFF
+        tv = (v << 16).to(gl.float32, bitcast=True)
+        pv = (((v & 0x80FF) | (b8 << 8)) << 16).to(gl.float32, bitcast=True)  # the decoded placeholder
+        # true - placeholder in fp32 (within 2^-24 of it: the one-hot MMA's bf16 hi and lo parts keep 2^-16),
+        # then one FMA an element
+        d = gl.where(ev, tv - pv, 0.0)
+        xv = gl.load(xt_ptr + c[:, None] * M + cm[None, :], mask=ev[:, None] & mm, other=0.0).to(gl.float32)
+        acc += xv * d[:, None]
+    return acc
+
+
+@gluon.jit
 def _wg_kernel(x_ptr, code_ptr, lo_ptr, base_ptr, part_ptr, out_ptr, bias_ptr, M, N, KP, stride_xm, K_SPLIT,
                stride_code, stride_lo, BN: gl.constexpr, BT: gl.constexpr, WL: gl.constexpr, XL: gl.constexpr,
                ML: gl.constexpr, AL: gl.constexpr, XSL: gl.constexpr, OL: gl.constexpr, OUT: gl.constexpr,
@@ -254,7 +292,10 @@ def _wg_kernel(x_ptr, code_ptr, lo_ptr, base_ptr, part_ptr, out_ptr, bias_ptr, M
                                            code_ptr, lo_off, co_off, b4, BN, BT, AL, PIPE)
     if PIPE:
         acc, ap = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ap))
-    if EXC:  # the exceptions of this tile's weight rows, their rounds shared among its split programs
+    if EXC and PRE == 3:  # WgConfig.exc_rows: by the accumulator's own threads, a row's list from its pointers
+        acc = wg_row_exceptions(acc, xt_ptr, m0, M, KP, rowptr_ptr, eidx_ptr, lo8_ptr, base_ptr, pid_n * BN, N, pid_k,
+                                gl.num_programs(1), BN, BT, ML)
+    elif EXC:  # the exceptions of this tile's weight rows, their rounds shared among its split programs
         n0 = pid_n * BN
         e0 = gl.load(rowptr_ptr + n0)
         e1 = gl.load(rowptr_ptr + gl.minimum(n0 + BN, N))
@@ -319,9 +360,9 @@ def plan(x2: torch.Tensor, p, bias, cfg: WgConfig):
     # K ranges of whole pairs of steps: the kernel's loop is unrolled by two (its x buffers)
     split, per = C.choose_split(tiles, kp, 2 * BK, x2.device, cfg.split, cfg.waves)
     inline = cfg.exc_tile and prep.nexc > 0
-    xt = inline and cfg.exc_xt  # the in-tile step's x transposed; values from the prepared list a round
-    # ahead (1) or in the round (2)
-    pre = (1 if cfg.exc_pre else 2 if cfg.exc_vals else 0) if inline else 0
+    xt = inline and (cfg.exc_xt or cfg.exc_rows)  # the in-tile step's x transposed; values from the prepared
+    # list a round ahead (1), in the round (2) or by the accumulator's threads (3)
+    pre = (3 if cfg.exc_rows else 1 if cfg.exc_pre else 2 if cfg.exc_vals else 0) if inline else 0
     side = not cfg.exc_after and prep.nexc > 0 and not inline
     out_mode = 1 if (prep.nexc == 0 or inline) and split == 1 else 0
     # per call: x2, bias (or out), part (the partials, or out), out, then fixed12's arrays

@@ -40,7 +40,7 @@ from glyd.kernels._fields import flags, ints
 from glyd.kernels import _plan
 from glyd.kernels._interp import isolated
 from glyd.kernels.fixed12.exceptions import exceptions_launch, prepare
-from glyd.kernels.fixed12.wgmma import X_ORDER, exc_layout, wg_exceptions, wg_pairs
+from glyd.kernels.fixed12.wgmma import X_ORDER, exc_layout, wg_exceptions, wg_pairs, wg_row_exceptions
 from glyd.kernels.registry import Kernel
 
 BK = 128  # columns a K step: 32 lo words and 16 code words a row, two 64-column x boxes
@@ -65,7 +65,10 @@ class WsConfig(C.KernelConfig):
     the round before; ``exc_vals`` the same values in the round itself. ``exc_corr``: none of that,
     but the exceptions' pass of its own (``fixed12.exceptions``, x transposed, up to 128 x rows a
     program) into an fp32 [M, N] correction before the kernel, which each finished tile adds
-    (exc_chunk, exc_xt, exc_pre and exc_vals then do nothing)."""
+    (exc_chunk, exc_xt, exc_pre and exc_vals then do nothing). ``exc_rows``: no one-hot MMA either; the
+    threads holding a weight row in the accumulator add its exceptions themselves, the j-th of every row
+    at once, from x transposed and the prepared values in fp32 (exc_chunk, exc_xt, exc_pre and exc_vals
+    then do nothing; exc_corr takes precedence)."""
 
     bm: int = 16
     bn: int = 64
@@ -77,11 +80,12 @@ class WsConfig(C.KernelConfig):
     exc_pre: bool = False
     exc_corr: bool = False
     exc_vals: bool = False
+    exc_rows: bool = False
 
     def validate(self) -> None:
         C.pow2(self, "bm", "bn")
         ints(self, 0, 255, "stages", "maxnreg")
-        flags(self, "pipe", "exc_xt", "exc_pre", "exc_corr", "exc_vals")
+        flags(self, "pipe", "exc_xt", "exc_pre", "exc_corr", "exc_vals", "exc_rows")
         if self.exc_pre and self.exc_vals:
             raise ValueError("WsConfig.exc_pre (the values a round ahead) and exc_vals (in the round) exclude each other")
         ints(self, 16, 128, "exc_chunk")
@@ -152,7 +156,10 @@ def _ws_finish(acc, t, n0, m0, g0, P, W, S, pid, x_ptr, out_ptr, bias_ptr, work_
     q1 = _ws_first(ts + S - 1, P, W)
     r = gl.arange(0, BN, layout=gl.SliceLayout(1, ML))[:, None]
     c = gl.arange(0, BT, layout=gl.SliceLayout(0, ML))[None, :]
-    if EXC:  # this program's share of the tile's exceptions (the rounds shared among the tile's programs)
+    if EXC and PRE == 3:  # WsConfig.exc_rows: by the accumulator's own threads, a row's list from its pointers
+        acc = wg_row_exceptions(acc, x_ptr, m0, M, KP, rowptr_ptr, eidx_ptr, lo8_ptr, base_ptr, n0, N, pid - q0,
+                                 q1 - q0 + 1, BN, BT, ML)
+    elif EXC:  # this program's share of the tile's exceptions (the rounds shared among the tile's programs)
         e0 = gl.load(rowptr_ptr + n0)
         e1 = gl.load(rowptr_ptr + gl.minimum(n0 + BN, N))
         acc = wg_exceptions(acc, x_ptr, m0, M, stride_xm, eidx_ptr, ehi_ptr, lo8_ptr, KP, base_ptr, n0, e0, e1,
@@ -434,9 +441,9 @@ def plan(x2: torch.Tensor, p, bias, cfg: WsConfig):
     progs = min(work, cfg.split or cfg.waves * C.sm_count(x2.device))
     corr = prep.nexc > 0 and cfg.exc_corr  # the exceptions by a pass of their own, added where a tile is finished
     inline = prep.nexc > 0 and not corr  # ... else by the finishing program itself
-    xt = inline and cfg.exc_xt  # ... their x columns read from x transposed
-    pre = (1 if cfg.exc_pre else 2 if cfg.exc_vals else 0) if inline else 0  # ... their true values from
-    # prepare's list, a round ahead (1) or in the round (2)
+    xt = inline and (cfg.exc_xt or cfg.exc_rows)  # ... their x columns read from x transposed
+    pre = (3 if cfg.exc_rows else 1 if cfg.exc_pre else 2 if cfg.exc_vals else 0) if inline else 0  # ... their
+    # true values from prepare's list, a round ahead (1), in the round (2), or by the rows' threads (3)
     tiles = triton.cdiv(n, cfg.bn) * mt
     cnt = C.counters(x2.device, tiles)
     ll, cl, mma, a_op, ol, (lsl, csl, xsl) = layouts(cfg.bn, cfg.bm, cfg.warps)

@@ -216,6 +216,8 @@ def _candidates(m: int, n: int, k: int) -> dict:
         if isinstance(d, GluonConfig) and d.exc_tile and "exc_chunk" in GluonConfig.__dataclass_fields__:  # h125
             out["default exc64"] = R(d, exc_chunk=64)
             out["default exc32"] = R(d, exc_chunk=32)
+        if isinstance(d, (GluonConfig, WgConfig, WsConfig)) and "exc_rows" in type(d).__dataclass_fields__:  # h133
+            out["default exc rows"] = R(d, exc_rows=True, **({} if isinstance(d, WsConfig) else {"exc_tile": True}))
         if isinstance(d, GemvConfig):
             out["default in-tile" if d.exc_pass else "default side"] = R(d, exc_pass=not d.exc_pass)
         elif m <= 2:
@@ -250,7 +252,7 @@ def _candidates(m: int, n: int, k: int) -> dict:
         # (WsConfig.exc_chunk 128, half the rounds of h121's 64, each a chain of dependent loads), the values from the
         # prepared list (exc_vals), against the table's row (exc64 xt) and unpack + cuBLAS (2026-12-06, an H100: 128
         # lost to 64 by 1-7%, vals gained 3-4%); the accumulator's threads adding their rows' exceptions with FMAs
-        # (exc_rows, h133), here and at decode sizes where the table runs the ws or wgmma tile
+        # (exc_rows, h133), here and at decode sizes where the table runs the ws, wgmma or Gluon tile
         if m >= 65:
             out["long whole"] = LongConfig()
             if k % 128 == 0 and has("wgmma") and m <= 128:
@@ -261,7 +263,7 @@ def _candidates(m: int, n: int, k: int) -> dict:
                 out["ws exc rows"] = WsConfig(**w8, exc_rows=True)  # the accumulator's threads, FMAs (h133)
         elif isinstance(dflt(), WsConfig):  # decode sizes where the table runs the ws tile
             out["default exc rows"] = R(dflt(), exc_rows=True)
-        elif isinstance(dflt(), WgConfig):  # ... or the wgmma tile (its exceptions in the tile)
+        elif isinstance(dflt(), (WgConfig, GluonConfig)):  # ... or the wgmma or Gluon tile (exceptions in the tile)
             out["default exc rows"] = R(dflt(), exc_tile=True, exc_rows=True)
         return out
     if rnd == "42":  # the ws tile past M = 64 against unpack + cuBLAS (issue 38: 2.1-2.6x at M = 65-255; the ws tile

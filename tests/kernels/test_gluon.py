@@ -49,17 +49,18 @@ def test_gluon_tile_stays_in_registers_sm90(bn, bk, mt, pf, warps, stages, xasyn
 
 
 def _compile_sm90(bn, bk, mt, pf, warps, stages=1, xasync=False, exc=False, xahead=True, x8=False, maxnreg=None,
-                  pdl=0, out=0, bias=False, xe=16):
+                  pdl=0, out=0, bias=False, xe=16, rows=False):
     g = _gluon()
     words, xl, mma, a_op, b_op = g.layouts(bn, bk, warps)
     ptrs = {"x_ptr": "*bf16", "code_ptr": "*i32", "lo_ptr": "*i32", "base_ptr": "*u8", "part_ptr": "*fp32",
-            "rowptr_ptr": "*i32", "eidx_ptr": "*i32", "ehi_ptr": "*u8", "lo8_ptr": "*u8", "out_ptr": "*bf16",
+            "rowptr_ptr": "*i32", "eidx_ptr": "*i32", "ehi_ptr": "*u8", "lo8_ptr": "*i16" if rows else "*u8",
+            "out_ptr": "*bf16",
             "bias_ptr": "*bf16", "cnt_ptr": "*i32"}
     const = {"BN": bn, "BK": bk, "WL": words, "XL": xl, "ML": mma, "AL": a_op, "BL": b_op, "MT": mt, "PREFETCH": pf,
              "STAGES": stages, "SL": g.ring_layout(bn, bk, warps, stages) if stages > 1 else None,
              "XASYNC": xasync, "EXC": exc, "EE": g.EXC_E, "XAHEAD": xahead, "X8": x8,
              "X8L": g.x8_layout(bk, warps) if x8 else None, "PDL": pdl, "OUT": out, "HAS_BIAS": bias,
-             "CS": 32, "XE": xe}
+             "CS": 32, "XE": xe, "ROWS": rows}
     const["EL"], const["EXL"] = g.exc_layouts(warps) if exc else (None, None)
     if xasync:
         const["XCL"], const["XSL"] = g.x_ring_layouts(bk, warps)
@@ -117,6 +118,20 @@ def test_gluon_exception_chunk_compile_sm90(bn, mt, warps, xahead, x8):
         assert "STL" not in _sass(k)
         assert _sass(k).count("HMMA") > _sass(base).count("HMMA")
         assert _res_usage(k)["REG"] <= _res_usage(base)["REG"] + 16, (xe, _res_usage(k), _res_usage(base))
+
+
+@pytest.mark.parametrize("bn,stages,xahead,x8", [(32, 1, False, True), (64, 2, True, False)])
+def test_gluon_row_exceptions_compile_sm90(bn, stages, xahead, x8):
+    # GluonConfig.exc_rows: nothing loaded before the K loop and no one-hot MMA, the accumulator's threads add their
+    # rows' exceptions with FMAs: fewer registers (sm_90a, 2026-12-06: the H200 table's M = 2 row, bn 32 with x rows
+    # 0-7, 57 -> 50, so 9 programs an SM at 56 allocated; bn 64 150 -> 128) and no spill
+    base = _compile_sm90(bn, 128, 1, 1, 4, stages=stages, exc=True, xahead=xahead, x8=x8)
+    k = _compile_sm90(bn, 128, 1, 1, 4, stages=stages, exc=True, xahead=xahead, x8=x8, rows=True)
+    assert "STL" not in _sass(k)
+    assert _res_usage(k)["REG"] < _res_usage(base)["REG"], (_res_usage(k), _res_usage(base))
+    assert _sass(k).count("HMMA") < _sass(base).count("HMMA")  # the K loop's MMAs only
+    if (bn, x8) == (32, True):
+        assert _res_usage(k)["REG"] <= 56
 
 
 def _res_usage(k) -> dict:
@@ -319,8 +334,16 @@ def test_gluon_exception_chunk_gpu(bm, bn, chunk, split, m):
     y = kernels.linear(x, p, bias, cfg)
     _check(y, x, w, bias)
     assert torch.equal(kernels.linear(x, p, bias, cfg).view(torch.int16), y.view(torch.int16))
+    # by the accumulators' own threads (exc_rows), with and without x rows 8-15 (x_rows8 at M <= 8): fp32 FMAs,
+    # another order of the sums; the same bits twice
+    for extra in (dict(exc_rows=True), dict(exc_rows=True, x_ahead=False, x_rows8=bm == 16)):
+        yr = kernels.linear(x, p, bias, cfg.replace(**extra))
+        _check(yr, x, w, bias)
+        assert torch.equal(kernels.linear(x, p, bias, cfg.replace(**extra)).view(torch.int16), yr.view(torch.int16))
     with pytest.raises(ValueError, match="exc_chunk"):
         GluonConfig(exc_chunk=48)
+    with pytest.raises(ValueError, match="exc_rows"):
+        GluonConfig(exc_rows=1)
 
 
 @pytest.mark.gpu

@@ -30,7 +30,7 @@ from glyd.kernels._fields import flags, ints
 from glyd.kernels import _plan
 from glyd.kernels._gluon_bits import gdc_launch_dependents, gdc_wait, prmt, split16
 from glyd.kernels.fixed12.exceptions import SidePass, exceptions_launch, prepare
-from glyd.kernels.fixed12.mma_v2_parts import EXC_E, epilogue, exc_layouts, exc_preload, exc_tiles
+from glyd.kernels.fixed12.mma_v2_parts import EXC_E, epilogue, exc_layouts, exc_preload, exc_rows_t, exc_tiles
 from glyd.kernels.registry import Kernel
 
 BM = 16  # x rows of one MMA tile; a program takes 1, 2 or 4 of them (GluonConfig.bm 16, 32, 64)
@@ -46,7 +46,9 @@ class GluonConfig(C.KernelConfig):
     many K steps instead of registers, ``ring_x`` puts the x rows in it too. ``exc_tile``: each
     tile's exceptions added in rounds shared among its split programs: one of 16 loaded before the K loop, then
     rounds of ``exc_chunk`` (16, 32 or 64) after it (else a pass of its own, beside the kernel on a second stream or
-    after it with ``exc_after``). ``x_ahead`` False loads
+    after it with ``exc_after``); ``exc_rows`` (with ``exc_tile``): none loaded before the K loop and no one-hot MMA,
+    but the threads holding each weight row in the accumulators add its exceptions with fp32 FMAs after it, the j-th
+    of every row at once (``WsConfig.exc_rows``). ``x_ahead`` False loads
     each step's x rows in that step (frees the registers of a second x tile); ``x_rows8`` (bm 16):
     at M <= 8 only x rows 0-7 are loaded. ``maxnreg``: a register cap a thread (0: the compiler's).
     ``fixup``: split-K summed in the kernel."""
@@ -65,13 +67,14 @@ class GluonConfig(C.KernelConfig):
     maxnreg: int = 0
     fixup: bool = False
     exc_chunk: int = 16
+    exc_rows: bool = False
 
     def validate(self) -> None:
         C.pow2(self, "bm", "bn", "bk")
         ints(self, 16, 64, "exc_chunk")
         if self.exc_chunk not in (16, 32, 64):
             raise ValueError(f"GluonConfig.exc_chunk must be 16, 32 or 64, got {self.exc_chunk}")
-        flags(self, "prefetch", "ring_x", "exc_tile", "exc_after", "x_ahead", "x_rows8", "fixup")
+        flags(self, "prefetch", "ring_x", "exc_tile", "exc_after", "x_ahead", "x_rows8", "fixup", "exc_rows")
         ints(self, 1, None, "ring")
         ints(self, 1, 2, "prefetch_depth")
         ints(self, 0, 255, "maxnreg")
@@ -104,7 +107,8 @@ def _gl_kernel(x_ptr, code_ptr, lo_ptr, base_ptr, part_ptr, M, N, KP, stride_xm,
                lo8_ptr=None, K=0, EXC: gl.constexpr = False, EL: gl.constexpr = None, EE: gl.constexpr = 16,
                EXL: gl.constexpr = None, XAHEAD: gl.constexpr = True, X8: gl.constexpr = False,
                X8L: gl.constexpr = None, PDL: gl.constexpr = 0, OUT: gl.constexpr = 0, out_ptr=None, bias_ptr=None,
-               cnt_ptr=None, HAS_BIAS: gl.constexpr = False, CS: gl.constexpr = 1, XE: gl.constexpr = 16):
+               cnt_ptr=None, HAS_BIAS: gl.constexpr = False, CS: gl.constexpr = 1, XE: gl.constexpr = 16,
+               ROWS: gl.constexpr = False):
     # part[pid_k, 16 * MT rows, BN cols] (fp32) = x rows @ W^T over this program's K range, the
     # decoded tile used for MT (1, 2 or 4) 16-row x tiles. Whole shapes only (K == KP, K_SPLIT a
     # multiple of BK); rows past M or N read row M-1 / N-1 again and are not stored.
@@ -151,7 +155,7 @@ def _gl_kernel(x_ptr, code_ptr, lo_ptr, base_ptr, part_ptr, M, N, KP, stride_xm,
             if XASYNC:
                 async_copy.async_copy_global_to_shared(x_s.index(i), xcp + kc)
             async_copy.commit_group()
-    if EXC:
+    if EXC and not ROWS:
         # the first EE exceptions of the tile's rows (usually all of them) and their x values are
         # loaded before the K loop, so that their chain of dependent loads (row pointers, indices,
         # x gather) overlaps the loop instead of trailing it; other split programs load nothing
@@ -227,7 +231,19 @@ def _gl_kernel(x_ptr, code_ptr, lo_ptr, base_ptr, part_ptr, M, N, KP, stride_xm,
         # gave NaN and 1e34 on some tiles)
         async_copy.wait_group(0)
         gl.thread_barrier()
-    if EXC:  # this split program's rounds of the exceptions of the tile's weight rows: past the splits' preloaded
+    if EXC and ROWS:  # GluonConfig.exc_rows: each x tile's accumulator, by the threads holding each weight row
+        parts = gl.num_programs(1)
+        acc = exc_rows_t(acc, x_ptr, m0, M, stride_xm, K, rowptr_ptr, eidx_ptr, lo8_ptr, base_ptr, pid_n * BN, N, pid_k,
+                         parts, BN, ML)
+        if MT > 1:
+            acc1 = exc_rows_t(acc1, x_ptr, m0 + 16, M, stride_xm, K, rowptr_ptr, eidx_ptr, lo8_ptr, base_ptr,
+                              pid_n * BN, N, pid_k, parts, BN, ML)
+        if MT > 2:
+            acc2 = exc_rows_t(acc2, x_ptr, m0 + 32, M, stride_xm, K, rowptr_ptr, eidx_ptr, lo8_ptr, base_ptr,
+                              pid_n * BN, N, pid_k, parts, BN, ML)
+            acc3 = exc_rows_t(acc3, x_ptr, m0 + 48, M, stride_xm, K, rowptr_ptr, eidx_ptr, lo8_ptr, base_ptr,
+                              pid_n * BN, N, pid_k, parts, BN, ML)
+    elif EXC:  # this split program's rounds of the exceptions of the tile's weight rows: past the splits' preloaded
         # rounds of EE, rounds of XE (round j by split j mod splits)
         parts = gl.num_programs(1)
         acc, acc1, acc2, acc3 = exc_tiles(acc, acc1, acc2, acc3, ed, ed1, ed2, ed3, er, x_ptr, m0, M, stride_xm,
@@ -419,6 +435,7 @@ def plan(x2: torch.Tensor, p, bias, cfg: GluonConfig):
     tiles = triton.cdiv(n, cfg.bn) * triton.cdiv(m, cfg.bm)
     split, per = C.choose_split(tiles, kp, cfg.bk, x2.device, cfg.split, cfg.waves)
     inline = cfg.exc_tile and prep.nexc > 0
+    rows = inline and cfg.exc_rows  # by the accumulators' threads, the true values from prepare's list
     side = not cfg.exc_after and prep.nexc > 0 and not cfg.exc_tile
     # the bf16 result straight from the tile kernel when no exception pass adds to the partials:
     # with one split always, with several when GluonConfig.fixup asks for the in-kernel split-K sum
@@ -444,8 +461,8 @@ def plan(x2: torch.Tensor, p, bias, cfg: GluonConfig):
         BN=cfg.bn, BK=cfg.bk, WL=words, XL=xl, ML=mma, AL=a_op, BL=b_op, MT=mt,
         PREFETCH=(1 if stages > 1 else cfg.prefetch_depth if mt == 1 else 1) if cfg.prefetch else 0,
         STAGES=stages, SL=ring_layout(cfg.bn, cfg.bk, cfg.warps, stages) if stages > 1 else None,
-        XASYNC=xasync, XCL=xcl, XSL=xsl, rowptr_ptr=prep.rowptr, eidx_ptr=eidx, ehi_ptr=ehi, lo8_ptr=lo, K=k,
-        EXC=inline, EE=ee, XE=cfg.exc_chunk, EL=el, EXL=exl, XAHEAD=cfg.x_ahead, X8=x8,
+        XASYNC=xasync, XCL=xcl, XSL=xsl, rowptr_ptr=prep.rowptr, eidx_ptr=eidx, ehi_ptr=ehi,
+        lo8_ptr=prep.vals if rows else lo, K=k, EXC=inline, EE=ee, XE=cfg.exc_chunk, EL=el, EXL=exl, ROWS=rows, XAHEAD=cfg.x_ahead, X8=x8,
         X8L=x8_layout(cfg.bk, cfg.warps) if x8 else None, PDL=pdl, OUT=out_mode, out_ptr=o, bias_ptr=b,
         cnt_ptr=cnt, HAS_BIAS=bias is not None, CS=C.COUNTER_SLOTS, num_warps=cfg.warps,
         **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}), **({"launch_pdl": True} if pdl & 1 else {})))

@@ -54,6 +54,39 @@ def exc_tiles(acc, acc1, acc2, acc3, ed, ed1, ed2, ed3, er, x_ptr, m0, M, stride
 
 
 @gluon.jit
+def _imax(a, b):
+    # gl.max's combine as a Gluon function (gl.max's own is a Triton one, which the interpreter's compile tests reject)
+    return gl.maximum(a, b)
+
+
+@gluon.jit
+def exc_rows_t(acc, x_ptr, m0, M, stride_xm, K, rowptr_ptr, eidx_ptr, vals_ptr, base_ptr, n0, N, part, parts,
+               BN: gl.constexpr, ML: gl.constexpr):
+    # GluonConfig.exc_rows: acc [16 x rows from m0, BN weight rows from n0] (layout ML) += x[rows, c] * (true -
+    # decoded w) for each exception (w, c) of the weight rows, by the threads that hold each weight row: round j
+    # takes the j-th exception of every row at once (rows without one masked), rounds part, part + parts, ...;
+    # a row's list starts at its row pointer (no division); true values from the prepared list (Prepared.vals)
+    rn = n0 + gl.arange(0, BN, layout=gl.SliceLayout(0, ML))
+    ea = gl.load(rowptr_ptr + gl.minimum(rn, N))  # rows past N: an empty list
+    cnt = gl.load(rowptr_ptr + gl.minimum(rn + 1, N)) - ea
+    cm = m0 + gl.arange(0, 16, layout=gl.SliceLayout(1, ML))
+    mm = (cm < M)[:, None]
+    b8 = gl.load(base_ptr).to(gl.uint32)
+    for j in range(part, gl.reduce(cnt, 0, _imax), parts):
+        ev = j < cnt
+        e = ea + j
+        idx = gl.load(eidx_ptr + e, mask=ev, other=0)
+        c = idx - rn.to(idx.dtype) * K
+        v = gl.load(vals_ptr + e, mask=ev, other=0).to(gl.int32).to(gl.uint32) & 0xFFFF
+        tv = (v << 16).to(gl.float32, bitcast=True)
+        pv = (((v & 0x80FF) | (b8 << 8)) << 16).to(gl.float32, bitcast=True)  # the decoded placeholder
+        d = gl.where(ev, tv - pv, 0.0)  # within 2^-24 of true - placeholder (the one-hot MMA's parts: 2^-16)
+        xv = gl.load(x_ptr + cm[:, None] * stride_xm + c[None, :], mask=mm & ev[None, :], other=0.0).to(gl.float32)
+        acc += xv * d[None, :]
+    return acc
+
+
+@gluon.jit
 def epilogue(acc, acc1, acc2, acc3, part_ptr, out_ptr, bias_ptr, cnt_ptr, pid_n, pid_k, pid_m, m0, M, N,
               BN: gl.constexpr, ML: gl.constexpr, MT: gl.constexpr, OUT: gl.constexpr, HAS_BIAS: gl.constexpr,
               CS: gl.constexpr):

@@ -21,12 +21,17 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import sweep_shapes  # noqa: E402  (the table's checks and layout)
 
 
-def merge(sweep: dict, target: dict, note: str) -> tuple[dict, list[str]]:
-    """``target`` with ``sweep``'s measured fixed12 cells in place of its own; (table, the cells taken)."""
+def merge(sweep: dict, target: dict, note: str, buckets: list[str] | None = None) -> tuple[dict, list[str]]:
+    """``target`` with ``sweep``'s measured fixed12 cells in place of its own (only those of ``buckets`` if
+    given); (table, the cells taken)."""
     cells = sweep.get("measured")
     if not isinstance(cells, list) or not cells:
         raise ValueError("the sweep's table lists no measured cells (a 'measured' list: sweep_shapes.py --table "
                          "writes it since 2026-12-06)")
+    if buckets is not None:
+        cells = [c for c in cells if c[1] in buckets]
+        if not cells:
+            raise ValueError(f"the sweep measured no cell in the buckets {', '.join(buckets)}")
     if sweep.get("gpu") != target.get("gpu"):
         raise ValueError(f"the sweep ran on {sweep.get('gpu')!r}, the target table is {target.get('gpu')!r}'s")
     out = json.loads(json.dumps(target))
@@ -67,13 +72,15 @@ def main(argv=None) -> int:
     ap.add_argument("sweep", help="the sweep's table (sweep_shapes.py --table)")
     ap.add_argument("target", help="the GPU's kernel table to update in place")
     ap.add_argument("--note", required=True, help="the about line's start: which run, where it is recorded")
+    ap.add_argument("--buckets", help="only these M buckets' cells, comma-separated (e.g. 65-128)")
     args = ap.parse_args(argv)
+    buckets = args.buckets.split(",") if args.buckets else None
     with open(args.sweep, encoding="utf-8") as f:
         sweep = json.load(f)
     with open(args.target, encoding="utf-8") as f:
         target = json.load(f)
     try:
-        table, taken = merge(sweep, target, args.note)
+        table, taken = merge(sweep, target, args.note, buckets)
         text = render(table, open(args.target, encoding="utf-8").read())
         if json.loads(text) != table:
             raise ValueError("the rendered table does not read back as the merged one")

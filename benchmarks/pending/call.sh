@@ -107,7 +107,7 @@ for s in "${steps[@]}"; do
              step sweep45 300 env SWEEP_ROUND=45 PYTHONPATH=src TRITON_CACHE_DIR="$(mktemp -d)" python3 \
                benchmarks/sweep_shapes.py --shapes gate_up,qkv,q/o,down,32b.gate_up,lm_head --ms 8,16,32,64,65,128 \
                --exc 0.001 \
-               --out /tmp/sweep45 ;;
+               --out /tmp/sweep45 --table "$out/sweep45_table.json" ;;  # merge its 65-128 cells (merge_table.py --buckets)
     sweep44) # decode sizes at 0.1% of exceptions: bigger rounds, more split programs, the GEMV in-tile or beside,
              # the GEMV at M = 1-2 where a tile runs (saved after each shape; the time the call has left)
              step sweep44 $(( 585 - SECONDS > 60 ? 585 - SECONDS : 60 )) env SWEEP_ROUND=44 PYTHONPATH=src \

@@ -50,3 +50,18 @@ def test_merge_refuses_a_sweep_without_measured_cells_or_of_another_gpu(tmp_path
     other = dict(target, gpu="NVIDIA H100 80GB HBM3", measured=[["qkv", "2"]])
     with pytest.raises(ValueError, match="ran on"):
         merge_table.merge(other, target, "x")
+
+
+def test_merge_takes_only_the_buckets_asked_for():
+    target = json.loads((TABLES / "NVIDIA_H200.json").read_text(encoding="utf-8"))
+    sweep = copy.deepcopy(target)
+    fixed = sweep["linear"]["fixed12"]
+    fixed["big"]["65-128"] = [{"kernel": "fixed12_unpack_cublas", "config": {"chunk": 0}}]
+    fixed["qkv"]["2"] = [{"kernel": "fixed12_unpack_cublas", "config": {"chunk": 0}}]
+    sweep["measured"] = [["qkv", "2"], ["big", "65-128"]]
+    merged, taken = merge_table.merge(sweep, target, "x", ["65-128"])
+    assert taken == ["big 65-128"]
+    assert merged["linear"]["fixed12"]["big"]["65-128"] == fixed["big"]["65-128"]
+    assert merged["linear"]["fixed12"]["qkv"]["2"] == target["linear"]["fixed12"]["qkv"]["2"]
+    with pytest.raises(ValueError, match="no cell in the buckets 129-255"):
+        merge_table.merge(sweep, target, "x", ["129-255"])

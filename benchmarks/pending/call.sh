@@ -98,7 +98,7 @@ for s in "${steps[@]}"; do
               [ -d "$r/src" ] || continue
               n=$( [ "$r" = . ] && echo branch || echo main )
               step "exc_ab_$n" 180 env SWEEP_ROUND=default PYTHONPATH="$r/src" bash -c "python3 $r/benchmarks/sweep_shapes.py \
-                --shapes gate_up,qkv,q/o,down,lm_head --ms 1,2,8,16,32,64 --exc 0.001 --out /tmp/exc_ab_$n && \
+                --shapes gate_up,qkv,q/o,down,lm_head --ms 1,2,8,16,32,64,65,128 --exc 0.001 --out /tmp/exc_ab_$n && \
                 python3 $r/benchmarks/sweep_shapes.py --shapes lm_head --ms 1,8,64 --exc 0.01 --out /tmp/exc_ab_lm_$n"
             done ;;
     sweep45) # 0.1% of exceptions: at M = 65-128 the ws tile's rounds of 128 against 64, values prepared (h131), its

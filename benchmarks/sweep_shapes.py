@@ -261,6 +261,15 @@ def _candidates(m: int, n: int, k: int) -> dict:
                     out[f"ws exc{chunk} xt"] = WsConfig(**w8, exc_chunk=chunk)
                     out[f"ws exc{chunk} xt vals"] = WsConfig(**w8, exc_chunk=chunk, exc_vals=True)
                 out["ws exc rows"] = WsConfig(**w8, exc_rows=True)  # the accumulator's threads, FMAs (h133)
+                # qkv and q/o (36-28 tiles of 128 rows: a quarter of the SMs) lost with it (2.7-3.2x against unpack +
+                # cuBLAS's 1.9-2.0x, 2026-12-06): more, smaller tiles, or the wgmma tile's 64 x rows twice
+                out["ws bn64 exc rows"] = WsConfig(bm=128, bn=64, warps=4, stages=2, waves=1, exc_rows=True)
+                out["ws bn64 w2 exc rows"] = WsConfig(bm=128, bn=64, warps=4, stages=2, waves=2, exc_rows=True)
+                out["ws bm64 exc rows"] = WsConfig(bm=64, bn=64, warps=4, stages=2, waves=2, exc_rows=True)
+            if k % 256 == 0 and has("wgmma") and m <= 128:
+                for wv in (2, 4):
+                    out[f"wg bm64 wv{wv} exc rows"] = WgConfig(bm=64, bn=64, warps=4, waves=wv, exc_tile=True,
+                                                               pipe=True, exc_rows=True)
         elif isinstance(dflt(), WsConfig):  # decode sizes where the table runs the ws tile
             out["default exc rows"] = R(dflt(), exc_rows=True)
         elif isinstance(dflt(), (WgConfig, GluonConfig)):  # ... or the wgmma or Gluon tile (exceptions in the tile)

@@ -200,6 +200,18 @@ def _candidates(m: int, n: int, k: int) -> dict:
         return {"default": None, **table_round(m, n, k)}
     if rnd == "default":  # the table's choice alone (with --exc: what real weights' exceptions cost it)
         return out
+    if rnd == "46":  # decode sizes (run with --exc): the wgmma and ws tiles' exc_rows with x's columns from x itself
+        # (no transposed copy: a 4.6 us kernel beside qkv's 19 us tile at M = 64, ncu 2026-12-06), and explicit
+        # splits where the table lets the waves choose (qkv at M = 64: 4 splits, 288 programs where 2 an SM fit 264)
+        d = dflt()
+        if isinstance(d, (WgConfig, WsConfig)) and d.exc_rows and d.exc_xt:
+            out["default x itself"] = R(d, exc_xt=False)
+        if isinstance(d, (WgConfig, GluonConfig)) and not d.split:
+            for sp in (1, 2, 3, 4, 6):
+                out[f"default split{sp}"] = R(d, split=sp)
+                if isinstance(d, WgConfig) and d.exc_rows and d.exc_xt:
+                    out[f"default split{sp} x itself"] = R(d, split=sp, exc_xt=False)
+        return out
     if rnd == "44":  # decode sizes with real weights' exceptions (run with --exc): the rounds shared among a tile's
         # split programs (2026-12-06), bigger rounds, the GEMV's in-tile rounds against its pass beside it, and the
         # GEMV where the table runs a tile at M = 1-2

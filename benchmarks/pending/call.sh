@@ -108,6 +108,11 @@ for s in "${steps[@]}"; do
                benchmarks/sweep_shapes.py --shapes gate_up,qkv,q/o,down,32b.gate_up,lm_head --ms 8,16,32,64,65,128 \
                --exc 0.001 \
                --out /tmp/sweep45 --table "$out/sweep45_table.json" ;;  # merge its 65-128 cells (merge_table.py --buckets)
+    sweep46) # decode sizes at 0.1% of exceptions: exc_rows with x itself (no transposed copy) and explicit splits (the
+             # waves' choice left qkv at M = 64 with a tail wave); writes sweep46_table.json for merge_table.py
+             step sweep46 240 env SWEEP_ROUND=46 PYTHONPATH=src TRITON_CACHE_DIR="$(mktemp -d)" python3 \
+               benchmarks/sweep_shapes.py --shapes qkv,q/o,down,gate_up,lm_head --ms 2,8,16,32,64 --exc 0.001 \
+               --out /tmp/sweep46 --table "$out/sweep46_table.json" ;;
     sweep44) # decode sizes at 0.1% of exceptions: bigger rounds, more split programs, the GEMV in-tile or beside,
              # the GEMV at M = 1-2 where a tile runs (saved after each shape; the time the call has left)
              step sweep44 $(( 585 - SECONDS > 60 ? 585 - SECONDS : 60 )) env SWEEP_ROUND=44 PYTHONPATH=src \

@@ -54,6 +54,10 @@ def test_wg_exception_step_options_compile_sm90(bn, bt, warps):
     none = _sass(_compile_sm90(bn, bt, warps))
     assert "STL" not in _sass(rows) and _sass(rows).count("HGMMA") == none.count("HGMMA")
     assert _sass(rows).count("FFMA") > none.count("FFMA")
+    # ... with x's columns from x itself (no transposed copy: exc_xt off)
+    direct = _sass(_compile_sm90(bn, bt, warps, exc=True, pre=3))
+    assert "STL" not in direct and direct.count("HGMMA") == none.count("HGMMA")
+    assert direct.count("FFMA") > none.count("FFMA")
 
 
 @pytest.mark.cpu_sample(every=2)  # compiles for sm_90: half the configs in the default run
@@ -187,6 +191,9 @@ def test_wg_exception_step_options_gpu(bm, bn, chunk, split):
     yr = kernels.linear(x, p, None, cfg.replace(exc_rows=True))
     _check(yr, x, w, None)
     assert torch.equal(kernels.linear(x, p, None, cfg.replace(exc_rows=True)).view(torch.int16), yr.view(torch.int16))
+    # ... their x columns from x itself or from a transposed copy (exc_xt): the same FMAs, the same bits
+    yrt = kernels.linear(x, p, None, cfg.replace(exc_rows=True, exc_xt=not cfg.exc_xt))
+    assert torch.equal(yrt.view(torch.int16), yr.view(torch.int16))
 
 
 @pytest.mark.gpu

@@ -250,6 +250,12 @@ def test_ws_row_exceptions_compile_sm90():
     sass = _sass(k)
     assert sass.count("HGMMA") == _sass(none).count("HGMMA")  # the K loop's MMAs only
     assert sass.count("FFMA") >= 64  # a round: an FMA an accumulator element
+    # ... with x's columns from x itself (no transposed copy: exc_xt off) at a decode row's tile (bm 32, 80
+    # registers; at bm 128 a gather a weight spills 64 bytes, at bm 64 with 80 registers 16: those keep exc_xt)
+    direct = _compile_sm90(64, 32, 2, exc=True, maxnreg=80, warps=4, pre=3)
+    res = _res_usage(direct)
+    assert res.get("STACK", 0) == 0 and res.get("LOCAL", 0) == 0, res
+    assert _sass(direct).count("FFMA") >= 64 * 32 // 128  # an FMA an accumulator element a thread
 
 
 def test_ws_refuses_a_ring_past_the_shared_memory():
@@ -411,6 +417,9 @@ def test_ws_exception_steps_gpu(bm, bn, warps, stages, chunk, m):
     yr = kernels.linear(x, p, None, cfg.replace(exc_rows=True))
     _check(yr, x, w, None)
     assert torch.equal(kernels.linear(x, p, None, cfg.replace(exc_rows=True)).view(torch.int16), yr.view(torch.int16))
+    # ... their x columns from x itself or from a transposed copy (exc_xt): the same FMAs, the same bits
+    yrt = kernels.linear(x, p, None, cfg.replace(exc_rows=True, exc_xt=not cfg.exc_xt))
+    assert torch.equal(yrt.view(torch.int16), yr.view(torch.int16))
     # the exceptions by a pass of their own, added where a tile is finished (exc_corr): another order of the sums
     yc = kernels.linear(x, p, None, cfg.replace(exc_corr=True))
     _check(yc, x, w, None)

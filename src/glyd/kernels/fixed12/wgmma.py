@@ -57,7 +57,8 @@ class WgConfig(C.KernelConfig):
     With ``exc_tile``, as ``WsConfig``'s: ``exc_chunk`` exceptions a one-hot MMA (16, 32, 64), ``exc_xt`` their x
     columns from a transposed copy of x, ``exc_pre`` their values from the prepared list, a round ahead,
     ``exc_vals`` from the prepared list in the round itself (no load into the lo plane behind the index's),
-    ``exc_rows`` by the accumulator's own threads with fp32 FMAs, no one-hot MMA (``WsConfig.exc_rows``)."""
+    ``exc_rows`` by the accumulator's own threads with fp32 FMAs, no one-hot MMA, x's columns from x itself or,
+    with ``exc_xt``, from its transposed copy (``WsConfig.exc_rows``)."""
 
     bm: int = 16
     bn: int = 64
@@ -222,13 +223,14 @@ def _imax(a, b):
 
 
 @gluon.jit
-def wg_row_exceptions(acc, xt_ptr, m0, M, K, rowptr_ptr, eidx_ptr, vals_ptr, base_ptr, n0, N, part, parts,
+def wg_row_exceptions(acc, xe_ptr, sxk, sxm, m0, M, K, rowptr_ptr, eidx_ptr, vals_ptr, base_ptr, n0, N, part, parts,
                       BN: gl.constexpr, BT: gl.constexpr, ML: gl.constexpr):
     # acc [BN weight rows, BT x rows] += (true - decoded w) * x[rows, c] for each exception (w, c) of rows n0..,
     # in acc's own layout: round j takes the j-th exception of every row at once (rows without one masked),
     # rounds j = part, part + parts, ... (the tile's programs share them). A row's list starts at its row
     # pointer, so its column needs no division; the true value from the prepared list (Prepared.vals);
-    # xt_ptr: x transposed ([K, M]). No one-hot MMA, shared memory or barrier
+    # x[m, c] at xe_ptr + c sxk + m sxm: x itself (1, its row stride) or a transposed copy ([K, M]: M, 1).
+    # No one-hot MMA, shared memory or barrier
     rn = n0 + gl.arange(0, BN, layout=gl.SliceLayout(1, ML))
     ea = gl.load(rowptr_ptr + gl.minimum(rn, N))  # rows past N: an empty list
     cnt = gl.load(rowptr_ptr + gl.minimum(rn + 1, N)) - ea
@@ -246,7 +248,7 @@ def wg_row_exceptions(acc, xt_ptr, m0, M, K, rowptr_ptr, eidx_ptr, vals_ptr, bas
         # true - placeholder in fp32 (within 2^-24 of it: the one-hot MMA's bf16 hi and lo parts keep 2^-16),
         # then one FMA an element
         d = gl.where(ev, tv - pv, 0.0)
-        xv = gl.load(xt_ptr + c[:, None] * M + cm[None, :], mask=ev[:, None] & mm, other=0.0).to(gl.float32)
+        xv = gl.load(xe_ptr + c[:, None] * sxk + cm[None, :] * sxm, mask=ev[:, None] & mm, other=0.0).to(gl.float32)
         acc += xv * d[:, None]
     return acc
 
@@ -293,8 +295,12 @@ def _wg_kernel(x_ptr, code_ptr, lo_ptr, base_ptr, part_ptr, out_ptr, bias_ptr, M
     if PIPE:
         acc, ap = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ap))
     if EXC and PRE == 3:  # WgConfig.exc_rows: by the accumulator's own threads, a row's list from its pointers
-        acc = wg_row_exceptions(acc, xt_ptr, m0, M, KP, rowptr_ptr, eidx_ptr, lo8_ptr, base_ptr, pid_n * BN, N, pid_k,
-                                gl.num_programs(1), BN, BT, ML)
+        if XT:  # x's columns from x transposed (xt_ptr, [K, M])
+            acc = wg_row_exceptions(acc, xt_ptr, M, 1, m0, M, KP, rowptr_ptr, eidx_ptr, lo8_ptr, base_ptr, pid_n * BN,
+                                    N, pid_k, gl.num_programs(1), BN, BT, ML)
+        else:
+            acc = wg_row_exceptions(acc, x_ptr, 1, stride_xm, m0, M, KP, rowptr_ptr, eidx_ptr, lo8_ptr, base_ptr,
+                                    pid_n * BN, N, pid_k, gl.num_programs(1), BN, BT, ML)
     elif EXC:  # the exceptions of this tile's weight rows, their rounds shared among its split programs
         n0 = pid_n * BN
         e0 = gl.load(rowptr_ptr + n0)
@@ -360,7 +366,7 @@ def plan(x2: torch.Tensor, p, bias, cfg: WgConfig):
     # K ranges of whole pairs of steps: the kernel's loop is unrolled by two (its x buffers)
     split, per = C.choose_split(tiles, kp, 2 * BK, x2.device, cfg.split, cfg.waves)
     inline = cfg.exc_tile and prep.nexc > 0
-    xt = inline and (cfg.exc_xt or cfg.exc_rows)  # the in-tile step's x transposed; values from the prepared
+    xt = inline and cfg.exc_xt  # the in-tile step's x transposed; values from the prepared
     # list a round ahead (1), in the round (2) or by the accumulator's threads (3)
     pre = (3 if cfg.exc_rows else 1 if cfg.exc_pre else 2 if cfg.exc_vals else 0) if inline else 0
     side = not cfg.exc_after and prep.nexc > 0 and not inline

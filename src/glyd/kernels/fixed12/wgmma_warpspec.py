@@ -67,8 +67,8 @@ class WsConfig(C.KernelConfig):
     program) into an fp32 [M, N] correction before the kernel, which each finished tile adds
     (exc_chunk, exc_xt, exc_pre and exc_vals then do nothing). ``exc_rows``: no one-hot MMA either; the
     threads holding a weight row in the accumulator add its exceptions themselves, the j-th of every row
-    at once, from x transposed and the prepared values in fp32 (exc_chunk, exc_xt, exc_pre and exc_vals
-    then do nothing; exc_corr takes precedence)."""
+    at once, with the prepared values in fp32, x's columns from x itself or, with exc_xt, from its transposed
+    copy (one more kernel a call; exc_chunk, exc_pre and exc_vals then do nothing; exc_corr takes precedence)."""
 
     bm: int = 16
     bn: int = 64
@@ -157,8 +157,12 @@ def _ws_finish(acc, t, n0, m0, g0, P, W, S, pid, x_ptr, out_ptr, bias_ptr, work_
     r = gl.arange(0, BN, layout=gl.SliceLayout(1, ML))[:, None]
     c = gl.arange(0, BT, layout=gl.SliceLayout(0, ML))[None, :]
     if EXC and PRE == 3:  # WsConfig.exc_rows: by the accumulator's own threads, a row's list from its pointers
-        acc = wg_row_exceptions(acc, x_ptr, m0, M, KP, rowptr_ptr, eidx_ptr, lo8_ptr, base_ptr, n0, N, pid - q0,
-                                 q1 - q0 + 1, BN, BT, ML)
+        if XT:  # x_ptr: x transposed ([K, M])
+            acc = wg_row_exceptions(acc, x_ptr, M, 1, m0, M, KP, rowptr_ptr, eidx_ptr, lo8_ptr, base_ptr, n0, N,
+                                    pid - q0, q1 - q0 + 1, BN, BT, ML)
+        else:
+            acc = wg_row_exceptions(acc, x_ptr, 1, stride_xm, m0, M, KP, rowptr_ptr, eidx_ptr, lo8_ptr, base_ptr, n0,
+                                    N, pid - q0, q1 - q0 + 1, BN, BT, ML)
     elif EXC:  # this program's share of the tile's exceptions (the rounds shared among the tile's programs)
         e0 = gl.load(rowptr_ptr + n0)
         e1 = gl.load(rowptr_ptr + gl.minimum(n0 + BN, N))
@@ -441,7 +445,7 @@ def plan(x2: torch.Tensor, p, bias, cfg: WsConfig):
     progs = min(work, cfg.split or cfg.waves * C.sm_count(x2.device))
     corr = prep.nexc > 0 and cfg.exc_corr  # the exceptions by a pass of their own, added where a tile is finished
     inline = prep.nexc > 0 and not corr  # ... else by the finishing program itself
-    xt = inline and (cfg.exc_xt or cfg.exc_rows)  # ... their x columns read from x transposed
+    xt = inline and cfg.exc_xt  # ... their x columns read from x transposed
     pre = (3 if cfg.exc_rows else 1 if cfg.exc_pre else 2 if cfg.exc_vals else 0) if inline else 0  # ... their
     # true values from prepare's list, a round ahead (1), in the round (2), or by the rows' threads (3)
     tiles = triton.cdiv(n, cfg.bn) * mt

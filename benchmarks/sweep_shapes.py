@@ -200,6 +200,14 @@ def _candidates(m: int, n: int, k: int) -> dict:
         return {"default": None, **table_round(m, n, k)}
     if rnd == "default":  # the table's choice alone (with --exc: what real weights' exceptions cost it)
         return out
+    if rnd == "47":  # prompts past M = 128 (issue 38, run with --exc): the ws tile with exc_rows, 128 or 256 x rows a tile
+        # (256: the weight tile decoded once for twice the rows), against unpack + cuBLAS (the table's row)
+        if m >= 129 and k % 128 == 0 and has("wgmma"):
+            out["long whole"] = LongConfig()
+            for bm in (128, 256):
+                out[f"ws bm{bm} exc rows"] = WsConfig(bm=bm, bn=128, warps=8, stages=2, waves=1, exc_xt=True,
+                                                      exc_rows=True)
+        return out
     if rnd == "46":  # decode sizes (run with --exc): the wgmma and ws tiles' exc_rows with x's columns from x itself
         # (no transposed copy: a 4.6 us kernel beside qkv's 19 us tile at M = 64, ncu 2026-12-06), and explicit
         # splits where the table lets the waves choose (qkv at M = 64: 4 splits, 288 programs where 2 an SM fit 264)

@@ -113,6 +113,11 @@ for s in "${steps[@]}"; do
              step sweep46 240 env SWEEP_ROUND=46 PYTHONPATH=src TRITON_CACHE_DIR="$(mktemp -d)" python3 \
                benchmarks/sweep_shapes.py --shapes qkv,q/o,down,gate_up,lm_head --ms 2,8,16,32,64 --exc 0.001 \
                --out /tmp/sweep46 --table "$out/sweep46_table.json" ;;
+    sweep47) # prompts at M = 192-512 with 0.1% of exceptions: the ws tile with exc_rows (bm 128, 256) against unpack +
+             # cuBLAS (issue 38: the 7B's first token at 512 tokens 1.6x bf16 on an H100)
+             step sweep47 240 env SWEEP_ROUND=47 PYTHONPATH=src TRITON_CACHE_DIR="$(mktemp -d)" python3 \
+               benchmarks/sweep_shapes.py --shapes gate_up,down,32b.gate_up,lm_head,qkv --ms 192,256,512 --exc 0.001 \
+               --out /tmp/sweep47 ;;
     sweep44) # decode sizes at 0.1% of exceptions: bigger rounds, more split programs, the GEMV in-tile or beside,
              # the GEMV at M = 1-2 where a tile runs (saved after each shape; the time the call has left)
              step sweep44 $(( 585 - SECONDS > 60 ? 585 - SECONDS : 60 )) env SWEEP_ROUND=44 PYTHONPATH=src \

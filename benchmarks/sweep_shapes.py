@@ -221,6 +221,10 @@ def _candidates(m: int, n: int, k: int) -> dict:
                     out[f"default split{sp} x itself"] = R(d, split=sp, exc_xt=False)
             if not d.pdl:  # the split-K finalize (4.3 us at qkv's M = 64) launched early
                 out["default pdl reduce"] = R(d, pdl="reduce")
+            if not d.fixup:  # ... or none: the split-K sum in the tile kernel (WgConfig.fixup, as GluonConfig's)
+                out["default fixup"] = R(d, fixup=True)
+                if isinstance(d, WgConfig) and d.exc_rows and d.exc_xt:
+                    out["default fixup x itself"] = R(d, fixup=True, exc_xt=False)
         return out
     if rnd == "44":  # decode sizes with real weights' exceptions (run with --exc): the rounds shared among a tile's
         # split programs (2026-12-06), bigger rounds, the GEMV's in-tile rounds against its pass beside it, and the

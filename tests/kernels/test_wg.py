@@ -28,10 +28,11 @@ def _compile_sm90(bn, bt, warps, out=0, bias=False, pipe=0, exc=False, xe=16, xt
     words, xl, mma, a_op, xsl, ol = w.layouts(bn, bt, warps)
     ptrs = {"x_ptr": "*bf16", "code_ptr": "*i32", "lo_ptr": "*i32", "base_ptr": "*u8", "part_ptr": "*fp32",
             "out_ptr": "*bf16", "bias_ptr": "*bf16", "rowptr_ptr": "*i32", "eidx_ptr": "*i32", "ehi_ptr": "*u8",
-            "lo8_ptr": "*i16" if pre else "*u8", **({"xt_ptr": "*bf16"} if xt else {})}
+            "lo8_ptr": "*i16" if pre else "*u8", **({"xt_ptr": "*bf16"} if xt else {}),
+            **({"cnt_ptr": "*i32"} if out == 2 else {})}
     const = dict(BN=bn, BT=bt, WL=words, XL=xl, ML=mma, AL=a_op, XSL=xsl, OL=ol, OUT=out, HAS_BIAS=bias, PIPE=pipe,
-                 EXC=exc, EL=w.exc_layout(warps, xt) if exc else None, XE=xe, XT=xt, PRE=pre,
-                 **({} if xt else {"xt_ptr": None}))
+                 EXC=exc, EL=w.exc_layout(warps, xt) if exc else None, XE=xe, XT=xt, PRE=pre, CS=32,
+                 **({} if xt else {"xt_ptr": None}), **({} if out == 2 else {"cnt_ptr": None}))
     return compile_gluon_sm90(w._wg_kernel, const, ptrs, num_warps=warps)
 
 
@@ -89,6 +90,21 @@ def test_wg_decoded_tile_is_the_register_operand_sm90(bn, bt, warps, out, pipe, 
     assert ops.count("BAR") == 2 * (1 + pipe)
     assert 0 < ops.count("STS") <= 2 * bt * 128 * 2 // (32 * warps * 4)  # at least 4-byte stores
     assert ops.count("LDL") == 0 and ops.count("STL") == 0
+
+
+@pytest.mark.parametrize("bn,bt,exc", [(64, 64, True), (64, 16, False)])
+def test_wg_fixup_compiles_sm90(bn, bt, exc):
+    # WgConfig.fixup (OUT 2): the split-K sum in the kernel compiles for sm_90 without a spill, with its releasing
+    # atomic count-in and the partials read back from L2
+    k = _compile_sm90(bn, bt, 4, out=2, bias=True, exc=exc, pre=3 if exc else False)
+    res = _res_usage(k)
+    assert res.get("STACK", 0) == 0 and res.get("LOCAL", 0) == 0, res
+    sass = _sass(k)
+    plain = _sass(_compile_sm90(bn, bt, 4, out=0, bias=True, exc=exc, pre=3 if exc else False))
+    assert "REDG.E.ADD.STRONG.GPU" in sass and "MEMBAR.ALL.GPU" in sass  # the releasing count-in
+    assert "ATOMG.E.EXCH.STRONG.GPU" in sass  # the counter zeroed for the next launch
+    assert "LDG.E.STRONG.GPU" in sass and "LDG.E.STRONG.GPU" not in plain  # the partials read from L2
+    assert sass.count("HGMMA") == plain.count("HGMMA")
 
 
 def test_wg_weights_and_x_share_one_k_order():
@@ -224,6 +240,39 @@ def test_wg_one_split_without_exceptions_stores_bf16_gpu(m):
     # a strided x (a column slice) is read correctly too
     xw = torch.randn(m, 1024 + 8, device="cuda").to(torch.bfloat16)[:, 8:]
     _check(kernels.linear(xw, p, bias, WgConfig(bm=64, bn=64)), xw, w, bias)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
+                    reason="needs a Hopper GPU")
+@pytest.mark.parametrize("m,split,bias,rows", [(64, 4, True, True), (17, 3, False, False), (100, 5, True, False)])
+def test_wg_fixup_gives_the_finalize_bits_gpu(m, split, bias, rows):
+    # WgConfig.fixup: each tile's last split program sums the partials in the kernel, in the finalize's order: the
+    # bits of the launch with the finalize kernel, with the exceptions in the tile (0.1% of weights) and no
+    # finalize launched; twice in a row (the counters left zeroed for the next launch)
+    from glyd import kernels
+    from glyd.kernels import WgConfig
+    from glyd.kernels import _common as C
+
+    w = random_weights(1000, 3584, "normal", "cuda")
+    w.view(-1)[torch.randint(0, w.numel(), (w.numel() // 1000,), device="cuda")] = torch.tensor(
+        1e-30, device="cuda").to(torch.bfloat16)
+    p = glyd.pack(w, "fixed12")
+    x = torch.randn(m, 3584, device="cuda").to(torch.bfloat16)
+    b = torch.randn(1000, device="cuda").to(torch.bfloat16) if bias else None
+    cfg = WgConfig(bm=64, bn=64, split=split, exc_tile=True, exc_rows=rows)
+    y = kernels.linear(x, p, b, cfg)
+    calls = []
+    real = C.finalize_launch
+    C.finalize_launch = lambda *a: calls.append(a) or real(*a)
+    try:
+        for _ in range(2):
+            yf = kernels.linear(x, p, b, cfg.replace(fixup=True))
+            assert torch.equal(yf.view(torch.int16), y.view(torch.int16))
+    finally:
+        C.finalize_launch = real
+    assert not calls
+    _check(yf, x, w, b)
 
 
 @pytest.mark.gpu

@@ -41,7 +41,7 @@ from glyd.codec.fixed12 import ARRAYS
 from glyd.kernels import _common as C
 from glyd.kernels._fields import flags, ints
 from glyd.kernels import _plan
-from glyd.kernels._gluon_bits import exc_meta, exc_meta_vals, prmt, split16
+from glyd.kernels._gluon_bits import exc_meta, exc_meta_vals, prmt, split16, wait_count
 from glyd.kernels.fixed12.exceptions import SidePass, exceptions_launch, prepare
 from glyd.kernels.registry import Kernel
 
@@ -58,7 +58,8 @@ class WgConfig(C.KernelConfig):
     columns from a transposed copy of x, ``exc_pre`` their values from the prepared list, a round ahead,
     ``exc_vals`` from the prepared list in the round itself (no load into the lo plane behind the index's),
     ``exc_rows`` by the accumulator's own threads with fp32 FMAs, no one-hot MMA, x's columns from x itself or,
-    with ``exc_xt``, from its transposed copy (``WsConfig.exc_rows``)."""
+    with ``exc_xt``, from its transposed copy (``WsConfig.exc_rows``). ``fixup``: split-K summed in the kernel
+    by each tile's last split program (no finalize kernel; with the exceptions in the tile or none)."""
 
     bm: int = 16
     bn: int = 64
@@ -72,10 +73,11 @@ class WgConfig(C.KernelConfig):
     exc_pre: bool = False
     exc_vals: bool = False
     exc_rows: bool = False
+    fixup: bool = False
 
     def validate(self) -> None:
         C.pow2(self, "bm", "bn")
-        flags(self, "exc_tile", "exc_after", "pipe", "exc_xt", "exc_pre", "exc_vals", "exc_rows")
+        flags(self, "exc_tile", "exc_after", "pipe", "exc_xt", "exc_pre", "exc_vals", "exc_rows", "fixup")
         if self.exc_pre and self.exc_vals:
             raise ValueError("WgConfig.exc_pre (the values a round ahead) and exc_vals (in the round) exclude each other")
         ints(self, 0, 255, "maxnreg")
@@ -259,8 +261,9 @@ def _wg_kernel(x_ptr, code_ptr, lo_ptr, base_ptr, part_ptr, out_ptr, bias_ptr, M
                ML: gl.constexpr, AL: gl.constexpr, XSL: gl.constexpr, OL: gl.constexpr, OUT: gl.constexpr,
                HAS_BIAS: gl.constexpr, PIPE: gl.constexpr = 0, EXC: gl.constexpr = False, EL: gl.constexpr = None,
                rowptr_ptr=None, eidx_ptr=None, ehi_ptr=None, lo8_ptr=None, XE: gl.constexpr = 16,
-               XT: gl.constexpr = False, PRE: gl.constexpr = 0, xt_ptr=None):
-    # part[pid_k, BT x rows, BN weight rows] (fp32, OUT 0) or out (bf16 + bias, OUT 1: one split)
+               XT: gl.constexpr = False, PRE: gl.constexpr = 0, xt_ptr=None, cnt_ptr=None, CS: gl.constexpr = 1):
+    # part[pid_k, BT x rows, BN weight rows] (fp32, OUT 0) or out (bf16 + bias, OUT 1: one split; OUT 2: the
+    # tile's last split program sums the others' partials, counted in at cnt_ptr, CS int32 a tile)
     # = x rows @ W^T over this program's K range; acc is [BN weight rows, BT x rows]. Whole shapes
     # only (K == KP, K_SPLIT and KP multiples of 256); rows past M or N read row M-1 / N-1 again.
     pid_n = gl.program_id(0)
@@ -315,9 +318,25 @@ def _wg_kernel(x_ptr, code_ptr, lo_ptr, base_ptr, part_ptr, out_ptr, bias_ptr, M
     r = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, OL))[:, None]
     m = m0 + gl.arange(0, BT, layout=gl.SliceLayout(0, OL))[None, :]
     mask = (r < N) & (m < M)
+    if OUT == 2:
+        nsplit = gl.num_programs(1)
+        tile = pid_m * gl.num_programs(0) + pid_n
+        if pid_k == nsplit - 1:  # the others' partials in split order, then this one's: finalize's bits
+            wait_count(cnt_ptr + tile * CS, nsplit - 1)
+            gl.atomic_xchg(cnt_ptr + tile * CS, 0, sem="relaxed", scope="gpu")
+            pp = part_ptr + m * N + r
+            tot = gl.load(pp, mask=mask, other=0.0, cache_modifier=".cg")
+            for sp in range(1, nsplit - 1):
+                tot += gl.load(pp + sp * M * N, mask=mask, other=0.0, cache_modifier=".cg")
+            acc = tot + acc
+        else:  # store, count in (the barrier orders every thread's stores before the releasing atomic), exit;
+            # the last split program has a higher block index, so it is scheduled after this one
+            gl.store(part_ptr + pid_k * M * N + m * N + r, acc, mask=mask)
+            gl.thread_barrier()
+            gl.atomic_add(cnt_ptr + tile * CS, 1, sem="release", scope="gpu")
     if OUT == 0:
         gl.store(part_ptr + pid_k * M * N + m * N + r, acc, mask=mask)
-    else:
+    elif OUT == 1 or pid_k == gl.num_programs(1) - 1:
         if HAS_BIAS:
             acc += gl.load(bias_ptr + r, mask=r < N, other=0.0).to(gl.float32)
         gl.store(out_ptr + m * N + r, acc.to(gl.bfloat16), mask=mask)
@@ -370,11 +389,13 @@ def plan(x2: torch.Tensor, p, bias, cfg: WgConfig):
     # list a round ahead (1), in the round (2) or by the accumulator's threads (3)
     pre = (3 if cfg.exc_rows else 1 if cfg.exc_pre else 2 if cfg.exc_vals else 0) if inline else 0
     side = not cfg.exc_after and prep.nexc > 0 and not inline
-    out_mode = 1 if (prep.nexc == 0 or inline) and split == 1 else 0
+    direct = prep.nexc == 0 or inline  # no exception pass adds to the partials
+    out_mode = 1 if direct and split == 1 else 2 if direct and cfg.fixup else 0
     # per call: x2, bias (or out), part (the partials, or out), out, then fixed12's arrays
     x, b, part, o = _plan.slots(4)
     lo, code, base, eidx, ehi = _plan.slots(5, 4, fixed=True)
-    part = part if out_mode == 0 else o
+    part = o if out_mode == 1 else part
+    cnt = C.counters(x2.device, tiles) if out_mode == 2 else None
     words, xl, mma, a_op, xsl, ol = layouts(cfg.bn, cfg.bm, cfg.warps)
     grid = (triton.cdiv(n, cfg.bn), split, triton.cdiv(m, cfg.bm))
     tile = _plan.Launch(_wg_kernel, grid, (x, code.view(torch.int32), lo.view(torch.int32), base, part, o, b,
@@ -382,7 +403,7 @@ def plan(x2: torch.Tensor, p, bias, cfg: WgConfig):
         BN=cfg.bn, BT=cfg.bm, WL=words, XL=xl, ML=mma, AL=a_op, XSL=xsl, OL=ol, OUT=out_mode,
         HAS_BIAS=bias is not None, PIPE=int(cfg.pipe), EXC=inline, EL=exc_layout(cfg.warps, xt) if inline else None,
         rowptr_ptr=prep.rowptr, eidx_ptr=eidx, ehi_ptr=ehi, lo8_ptr=prep.vals if pre else lo, XE=cfg.exc_chunk,
-        XT=xt, PRE=pre, xt_ptr=_plan.Slot(9) if xt else None, num_warps=cfg.warps,
+        XT=xt, PRE=pre, xt_ptr=_plan.Slot(9) if xt else None, cnt_ptr=cnt, CS=C.COUNTER_SLOTS, num_warps=cfg.warps,
         **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {})))
     xc = x2.contiguous() if copy else x2
     pass_ = SidePass(xc, p, prep) if side else None
@@ -393,7 +414,7 @@ def plan(x2: torch.Tensor, p, bias, cfg: WgConfig):
     def run(x2, bias, out, arrays):
         if copy:
             x2 = x2.contiguous()
-        pt = torch.empty(shape, dtype=torch.float32, device=dev) if out_mode == 0 else out
+        pt = torch.empty(shape, dtype=torch.float32, device=dev) if out_mode != 1 else out
         if pass_ is not None:
             cur = pass_.begin(pt[split:], x2, *arrays)
         tile(x2, bias if bias is not None else out, pt, out, *arrays, *((x2.t().contiguous(),) if xt else ()))

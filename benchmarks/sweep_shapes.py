@@ -244,6 +244,9 @@ def _candidates(m: int, n: int, k: int) -> dict:
             out["default exc32"] = R(d, exc_chunk=32)
         if isinstance(d, (GluonConfig, WgConfig, WsConfig)) and "exc_rows" in type(d).__dataclass_fields__:  # h133
             out["default exc rows"] = R(d, exc_rows=True, **({} if isinstance(d, WsConfig) else {"exc_tile": True}))
+            if isinstance(d, (WgConfig, WsConfig)) and not d.exc_xt:  # x's columns from its transposed copy
+                out["default exc rows xt"] = R(d, exc_rows=True, exc_xt=True,
+                                               **({} if isinstance(d, WsConfig) else {"exc_tile": True}))
         if isinstance(d, GemvConfig):
             out["default in-tile" if d.exc_pass else "default side"] = R(d, exc_pass=not d.exc_pass)
         elif m <= 2:

@@ -145,9 +145,12 @@ def test_wg_config_checks():
     for bad in (dict(bn=32), dict(bm=128), dict(warps=2), dict(maxnreg=16), dict(exc_tile=True, exc_after=True)):
         with pytest.raises(ValueError, match="WgConfig|exc_tile"):
             WgConfig(**{**dict(bm=16, bn=64), **bad})
-    for bad in (dict(bk=256), dict(ring=2), dict(fixup=True)):  # the wgmma tile has none of these
+    for bad in (dict(bk=256), dict(ring=2)):  # the wgmma tile has none of these
         with pytest.raises(TypeError):
             WgConfig(**{**dict(bm=16, bn=64), **bad})
+    with pytest.raises(ValueError, match="fixup"):
+        WgConfig(bm=16, bn=64, fixup=1)
+    assert WgConfig(bm=16, bn=64, fixup=True).fixup
     WgConfig(bm=16, bn=64, exc_tile=True, exc_chunk=64, exc_xt=True, exc_pre=True)
     for bad in (dict(exc_chunk=8), dict(exc_chunk=48), dict(exc_chunk=64.0), dict(exc_xt=1), dict(exc_pre="yes"),
                 dict(exc_vals=1), dict(exc_pre=True, exc_vals=True), dict(exc_rows=1)):

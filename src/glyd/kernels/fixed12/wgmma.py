@@ -256,6 +256,36 @@ def wg_row_exceptions(acc, xe_ptr, sxk, sxm, m0, M, K, rowptr_ptr, eidx_ptr, val
 
 
 @gluon.jit
+def _wg_store(acc, part_ptr, out_ptr, bias_ptr, cnt_ptr, r, m, M, N, pid_n, pid_k, pid_m, OUT: gl.constexpr,
+              HAS_BIAS: gl.constexpr, CS: gl.constexpr):
+    # a finished tile (acc [BN weight rows r, BT x rows m], layout OL): the fp32 partial (OUT 0), the bf16 result
+    # (OUT 1), or (OUT 2) the partial of a split program that is not the tile's last, and the sum by the last
+    mask = (r < N) & (m < M)
+    if OUT == 2:
+        nsplit = gl.num_programs(1)
+        tile = pid_m * gl.num_programs(0) + pid_n
+        if pid_k == nsplit - 1:  # the others' partials in split order, then this one's: finalize's bits
+            wait_count(cnt_ptr + tile * CS, nsplit - 1)
+            gl.atomic_xchg(cnt_ptr + tile * CS, 0, sem="relaxed", scope="gpu")
+            pp = part_ptr + m * N + r
+            tot = gl.load(pp, mask=mask, other=0.0, cache_modifier=".cg")
+            for sp in range(1, nsplit - 1):
+                tot += gl.load(pp + sp * M * N, mask=mask, other=0.0, cache_modifier=".cg")
+            acc = tot + acc
+        else:  # store, count in (the barrier orders every thread's stores before the releasing atomic), exit;
+            # the last split program has a higher block index, so it is scheduled after this one
+            gl.store(part_ptr + pid_k * M * N + m * N + r, acc, mask=mask)
+            gl.thread_barrier()
+            gl.atomic_add(cnt_ptr + tile * CS, 1, sem="release", scope="gpu")
+    if OUT == 0:
+        gl.store(part_ptr + pid_k * M * N + m * N + r, acc, mask=mask)
+    elif OUT == 1 or pid_k == gl.num_programs(1) - 1:
+        if HAS_BIAS:
+            acc += gl.load(bias_ptr + r, mask=r < N, other=0.0).to(gl.float32)
+        gl.store(out_ptr + m * N + r, acc.to(gl.bfloat16), mask=mask)
+
+
+@gluon.jit
 def _wg_kernel(x_ptr, code_ptr, lo_ptr, base_ptr, part_ptr, out_ptr, bias_ptr, M, N, KP, stride_xm, K_SPLIT,
                stride_code, stride_lo, BN: gl.constexpr, BT: gl.constexpr, WL: gl.constexpr, XL: gl.constexpr,
                ML: gl.constexpr, AL: gl.constexpr, XSL: gl.constexpr, OL: gl.constexpr, OUT: gl.constexpr,
@@ -317,29 +347,7 @@ def _wg_kernel(x_ptr, code_ptr, lo_ptr, base_ptr, part_ptr, out_ptr, bias_ptr, M
     acc = gl.convert_layout(acc, OL)
     r = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, OL))[:, None]
     m = m0 + gl.arange(0, BT, layout=gl.SliceLayout(0, OL))[None, :]
-    mask = (r < N) & (m < M)
-    if OUT == 2:
-        nsplit = gl.num_programs(1)
-        tile = pid_m * gl.num_programs(0) + pid_n
-        if pid_k == nsplit - 1:  # the others' partials in split order, then this one's: finalize's bits
-            wait_count(cnt_ptr + tile * CS, nsplit - 1)
-            gl.atomic_xchg(cnt_ptr + tile * CS, 0, sem="relaxed", scope="gpu")
-            pp = part_ptr + m * N + r
-            tot = gl.load(pp, mask=mask, other=0.0, cache_modifier=".cg")
-            for sp in range(1, nsplit - 1):
-                tot += gl.load(pp + sp * M * N, mask=mask, other=0.0, cache_modifier=".cg")
-            acc = tot + acc
-        else:  # store, count in (the barrier orders every thread's stores before the releasing atomic), exit;
-            # the last split program has a higher block index, so it is scheduled after this one
-            gl.store(part_ptr + pid_k * M * N + m * N + r, acc, mask=mask)
-            gl.thread_barrier()
-            gl.atomic_add(cnt_ptr + tile * CS, 1, sem="release", scope="gpu")
-    if OUT == 0:
-        gl.store(part_ptr + pid_k * M * N + m * N + r, acc, mask=mask)
-    elif OUT == 1 or pid_k == gl.num_programs(1) - 1:
-        if HAS_BIAS:
-            acc += gl.load(bias_ptr + r, mask=r < N, other=0.0).to(gl.float32)
-        gl.store(out_ptr + m * N + r, acc.to(gl.bfloat16), mask=mask)
+    _wg_store(acc, part_ptr, out_ptr, bias_ptr, cnt_ptr, r, m, M, N, pid_n, pid_k, pid_m, OUT, HAS_BIAS, CS)
 
 
 @functools.lru_cache(maxsize=None)

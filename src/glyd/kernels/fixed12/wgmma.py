@@ -43,6 +43,7 @@ from glyd.kernels._fields import flags, ints
 from glyd.kernels import _plan
 from glyd.kernels._gluon_bits import exc_meta, exc_meta_vals, prmt, split16, wait_count
 from glyd.kernels.fixed12.exceptions import SidePass, exceptions_launch, prepare
+from glyd.kernels.fixed12.mma_v2_parts import sum_parts
 from glyd.kernels.registry import Kernel
 
 BK = 128  # columns a K step (16 code words and 32 lo words a row)
@@ -267,11 +268,7 @@ def _wg_store(acc, part_ptr, out_ptr, bias_ptr, cnt_ptr, r, m, M, N, pid_n, pid_
         if pid_k == nsplit - 1:  # the others' partials in split order, then this one's: finalize's bits
             wait_count(cnt_ptr + tile * CS, nsplit - 1)
             gl.atomic_xchg(cnt_ptr + tile * CS, 0, sem="relaxed", scope="gpu")
-            pp = part_ptr + m * N + r
-            tot = gl.load(pp, mask=mask, other=0.0, cache_modifier=".cg")
-            for sp in range(1, nsplit - 1):
-                tot += gl.load(pp + sp * M * N, mask=mask, other=0.0, cache_modifier=".cg")
-            acc = tot + acc
+            acc = sum_parts(acc, part_ptr, m, r, M, N, nsplit)
         else:  # store, count in (the barrier orders every thread's stores before the releasing atomic), exit;
             # the last split program has a higher block index, so it is scheduled after this one
             gl.store(part_ptr + pid_k * M * N + m * N + r, acc, mask=mask)

@@ -117,7 +117,11 @@ for s in "${steps[@]}"; do
              # cuBLAS (issue 38: the 7B's first token at 512 tokens 1.6x bf16 on an H100)
              step sweep47 240 env SWEEP_ROUND=47 PYTHONPATH=src TRITON_CACHE_DIR="$(mktemp -d)" python3 \
                benchmarks/sweep_shapes.py --shapes gate_up,down,32b.gate_up,lm_head,qkv --ms 192,256,512 --exc 0.001 \
-               --out /tmp/sweep47 ;;
+               --out /tmp/sweep47
+             # ... and with normal weights' 0.008% (what the tile costs without exceptions; bm 256 with exc_rows spills
+             # 664-792 bytes on sm_90a, without exceptions none)
+             step sweep47_normal 120 env SWEEP_ROUND=47 PYTHONPATH=src TRITON_CACHE_DIR="$(mktemp -d)" python3 \
+               benchmarks/sweep_shapes.py --shapes gate_up,down --ms 256,512 --out /tmp/sweep47n ;;
     sweep44) # decode sizes at 0.1% of exceptions: bigger rounds, more split programs, the GEMV in-tile or beside,
              # the GEMV at M = 1-2 where a tile runs (saved after each shape; the time the call has left)
              step sweep44 $(( 585 - SECONDS > 60 ? 585 - SECONDS : 60 )) env SWEEP_ROUND=44 PYTHONPATH=src \

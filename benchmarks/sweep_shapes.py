@@ -205,8 +205,9 @@ def _candidates(m: int, n: int, k: int) -> dict:
         if m >= 129 and k % 128 == 0 and has("wgmma"):
             out["long whole"] = LongConfig()
             for bm in (128, 256):
-                out[f"ws bm{bm} exc rows"] = WsConfig(bm=bm, bn=128, warps=8, stages=2, waves=1, exc_xt=True,
-                                                      exc_rows=True)
+                for xt in (True, False):
+                    out[f"ws bm{bm} exc rows" + ("" if xt else " x itself")] = WsConfig(
+                        bm=bm, bn=128, warps=8, stages=2, waves=1, exc_xt=xt, exc_rows=True)
         return out
     if rnd == "46":  # decode sizes (run with --exc): the wgmma and ws tiles' exc_rows with x's columns from x itself
         # (no transposed copy: a 4.6 us kernel beside qkv's 19 us tile at M = 64, ncu 2026-12-06), and explicit
@@ -290,6 +291,7 @@ def _candidates(m: int, n: int, k: int) -> dict:
                     out[f"ws exc{chunk} xt"] = WsConfig(**w8, exc_chunk=chunk)
                     out[f"ws exc{chunk} xt vals"] = WsConfig(**w8, exc_chunk=chunk, exc_vals=True)
                 out["ws exc rows"] = WsConfig(**w8, exc_rows=True)  # the accumulator's threads, FMAs (h133)
+                out["ws exc rows x itself"] = WsConfig(**{**w8, "exc_xt": False}, exc_rows=True)  # no copy of x
                 # qkv and q/o (36-28 tiles of 128 rows: a quarter of the SMs) lost with it (2.7-3.2x against unpack +
                 # cuBLAS's 1.9-2.0x, 2026-12-06): more, smaller tiles, or the wgmma tile's 64 x rows twice
                 out["ws bn64 exc rows"] = WsConfig(bm=128, bn=64, warps=4, stages=2, waves=1, exc_rows=True)

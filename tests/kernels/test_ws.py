@@ -250,12 +250,13 @@ def test_ws_row_exceptions_compile_sm90():
     sass = _sass(k)
     assert sass.count("HGMMA") == _sass(none).count("HGMMA")  # the K loop's MMAs only
     assert sass.count("FFMA") >= 64  # a round: an FMA an accumulator element
-    # ... with x's columns from x itself (no transposed copy: exc_xt off) at a decode row's tile (bm 32, 80
-    # registers; at bm 128 a gather a weight spills 64 bytes, at bm 64 with 80 registers 16: those keep exc_xt)
-    direct = _compile_sm90(64, 32, 2, exc=True, maxnreg=80, warps=4, pre=3)
-    res = _res_usage(direct)
-    assert res.get("STACK", 0) == 0 and res.get("LOCAL", 0) == 0, res
-    assert _sass(direct).count("FFMA") >= 64 * 32 // 128  # an FMA an accumulator element a thread
+    # ... with x's columns from x itself (no transposed copy: exc_xt off), here and at a decode row's tile (bm 64, 80
+    # registers): no spill (with a predicate an element, before 2026-12-06, 64 and 16 bytes)
+    for bn, bm, warps, cap in ((128, 128, 8, None), (64, 64, 4, 80)):
+        direct = _compile_sm90(bn, bm, 2, exc=True, maxnreg=cap, warps=warps, pre=3)
+        res = _res_usage(direct)
+        assert res.get("STACK", 0) == 0 and res.get("LOCAL", 0) == 0, (bn, bm, res)
+        assert _sass(direct).count("FFMA") >= bn * bm // (32 * warps)  # an FMA an accumulator element a thread
 
 
 def test_ws_refuses_a_ring_past_the_shared_memory():

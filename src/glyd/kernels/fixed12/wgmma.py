@@ -229,7 +229,7 @@ def _imax(a, b):
 def wg_row_exceptions(acc, xe_ptr, sxk, sxm, m0, M, K, rowptr_ptr, eidx_ptr, vals_ptr, base_ptr, n0, N, part, parts,
                       BN: gl.constexpr, BT: gl.constexpr, ML: gl.constexpr):
     # acc [BN weight rows, BT x rows] += (true - decoded w) * x[rows, c] for each exception (w, c) of rows n0..,
-    # in acc's own layout: round j takes the j-th exception of every row at once (rows without one masked),
+    # in acc's own layout: round j takes the j-th exception of every row at once (rows without one unchanged),
     # rounds j = part, part + parts, ... (the tile's programs share them). A row's list starts at its row
     # pointer, so its column needs no division; the true value from the prepared list (Prepared.vals);
     # x[m, c] at xe_ptr + c sxk + m sxm: x itself (1, its row stride) or a transposed copy ([K, M]: M, 1).
@@ -237,8 +237,7 @@ def wg_row_exceptions(acc, xe_ptr, sxk, sxm, m0, M, K, rowptr_ptr, eidx_ptr, val
     rn = n0 + gl.arange(0, BN, layout=gl.SliceLayout(1, ML))
     ea = gl.load(rowptr_ptr + gl.minimum(rn, N))  # rows past N: an empty list
     cnt = gl.load(rowptr_ptr + gl.minimum(rn + 1, N)) - ea
-    cm = m0 + gl.arange(0, BT, layout=gl.SliceLayout(0, ML))
-    mm = (cm < M)[None, :]
+    cmc = gl.minimum(m0 + gl.arange(0, BT, layout=gl.SliceLayout(0, ML)), M - 1)
     b8 = gl.load(base_ptr).to(gl.uint32)
     for j in range(part, gl.reduce(cnt, 0, _imax), parts):
         ev = j < cnt
@@ -250,9 +249,12 @@ def wg_row_exceptions(acc, xe_ptr, sxk, sxm, m0, M, K, rowptr_ptr, eidx_ptr, val
         pv = (((v & 0x80FF) | (b8 << 8)) << 16).to(gl.float32, bitcast=True)  # the decoded placeholder
         # true - placeholder in fp32 (within 2^-24 of it: the one-hot MMA's bf16 hi and lo parts keep 2^-16),
         # then one FMA an element
-        d = gl.where(ev, tv - pv, 0.0)
-        xv = gl.load(xe_ptr + c[:, None] * sxk + cm[None, :] * sxm, mask=ev[:, None] & mm, other=0.0).to(gl.float32)
-        acc += xv * d[:, None]
+        d = tv - pv
+        # no per-element mask (a predicate an element spilled the 256-row tile): rows without a j-th exception read
+        # x's column 0 and keep acc (a select, not a multiply by 0: x may hold an inf), columns past M read row M - 1
+        # (never stored)
+        xv = gl.load(xe_ptr + gl.where(ev, c, 0)[:, None] * sxk + cmc[None, :] * sxm).to(gl.float32)
+        acc = gl.where(ev[:, None], acc + xv * d[:, None], acc)
     return acc
 
 

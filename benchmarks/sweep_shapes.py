@@ -301,6 +301,11 @@ def _candidates(m: int, n: int, k: int) -> dict:
                 for wv in (2, 4):
                     out[f"wg bm64 wv{wv} exc rows"] = WgConfig(bm=64, bn=64, warps=4, waves=wv, exc_tile=True,
                                                                pipe=True, exc_rows=True)
+            if has("gluon") and m <= 128 and n * k < 1 << 25:  # qkv, q/o: the Gluon tile (x read directly, fewer
+                # registers) at 64 x rows twice, its split-K summed in the kernel
+                for wv in (4, 8):
+                    out[f"gl bm64 wv{wv} exc rows fixup"] = gl(bm=64, bn=64, prefetch=True, ring=2, ring_x=True,
+                                                              exc_tile=True, exc_rows=True, waves=wv, fixup=True)
         elif isinstance(dflt(), WsConfig):  # decode sizes where the table runs the ws tile
             out["default exc rows"] = R(dflt(), exc_rows=True)
         elif isinstance(dflt(), (WgConfig, GluonConfig)):  # ... or the wgmma or Gluon tile (exceptions in the tile)

@@ -30,7 +30,7 @@ preference. For each class and bucket the sweep covered, they are the configs th
 fastest first by their mean time relative to bf16 over the cell's shapes and M (only configs
 timed at all of them; ``--table-keep`` of them, then the fastest that needs no Gluon if none of
 those is such, so that the table also serves a GPU without Gluon). Configs timed with module
-settings changed (``_common.FINALIZE_BLOCK``, ``fixed12_exc.EXC_ROWS``) are not configs and are
+settings changed (e.g. ``_common.FINALIZE_BLOCK``) are not configs and are
 left out. Every other cell, and the tiered layout, is copied from the fallback table (a table
 with a missing cell could run nothing there); its ``about`` says which cells were measured.
 The ``layout`` section (the times ``layout="auto"`` reads) comes from ``benchmarks/kernels.py``'s
@@ -56,9 +56,7 @@ import triton
 
 import glyd
 from glyd import kernels
-from glyd.kernels import _common as C
 from glyd.kernels import registry
-from glyd.kernels.fixed12 import exceptions as fixed12_exc
 from glyd.timing import cuda_graph_ms
 
 log = logging.getLogger("sweep_shapes")
@@ -106,11 +104,6 @@ def default(m: int, n: int, k: int):
 def has(*features: str) -> bool:
     """True where this device has the Gluon features (``registry.Device.features``) named."""
     return set(features) <= device().features
-
-
-def x_tile(m: int) -> int:
-    """x rows of the wgmma / ws tiles at M: 8 (wgmma's N = 8) up to M = 8, then 16, 32, 64."""
-    return 8 if m <= 8 else 16 if m <= 16 else 32 if m <= 32 else 64
 
 
 def table_round(m: int, n: int, k: int) -> dict:
@@ -168,8 +161,7 @@ def candidates(m: int, n: int, k: int) -> dict:
 
 
 def _candidates(m: int, n: int, k: int) -> dict:
-    from glyd.kernels import (GemvConfig, GluonConfig, LongConfig, MmaConfig, TcConfig, TileConfig, WgConfig,
-                              WsConfig)
+    from glyd.kernels import GemvConfig, GluonConfig, LongConfig, MmaConfig, WgConfig, WsConfig
 
     out: dict = {"default": None}
     steps = lambda bk: (k + bk - 1) // bk  # noqa: E731
@@ -184,11 +176,6 @@ def _candidates(m: int, n: int, k: int) -> dict:
     def mma(bn, g, st, wv=8):
         out[f"mma bn{bn} g{g} s{st} wv{wv}"] = MmaConfig(bm=max(16, 1 << (m - 1).bit_length()), bn=bn, g=g,
                                                          stages=st, waves=wv)
-
-    def tc(bm, bn, bk, warps=4, wv=8, st=1, pf=False, fix=False):
-        name = (f"tc bm{bm} bn{bn} bk{bk} w{warps} wv{wv}" + (f" s{st}" if st > 1 else "") + (" pf" if pf else "")
-                + (" fixup" if fix else ""))
-        out[name] = TcConfig(bm=bm, bn=bn, bk=bk, warps=warps, waves=wv, stages=st, prefetch=pf, fixup=fix)
 
     def gl(**kw):  # the Gluon tile (bk 128 unless given)
         return GluonConfig(**{"bk": 128, **kw})
@@ -268,16 +255,6 @@ def _candidates(m: int, n: int, k: int) -> dict:
             out["default exc64 xt"] = R(d, exc_chunk=64, exc_xt=True)
             out["default exc64 xt pre"] = R(d, exc_chunk=64, exc_xt=True, exc_pre=True)
         return out
-    if rnd == "6":  # the split-K reduce: in-kernel fixup, waves, reduce tiles
-        d = dflt()
-        if not isinstance(d, LongConfig):
-            if hasattr(d, "fixup"):
-                out["default fixup"] = R(d, fixup=True)
-            out["default wv4"] = R(d, waves=4)
-            out["default wv16"] = R(d, waves=16)
-            for block, warps in ((256, 2), (128, 1), (512, 4), (1024, 4)):
-                out[f"default reduce {block} w{warps}"] = (d, {(C, "FINALIZE_BLOCK"): block, (C, "FINALIZE_WARPS"): warps})
-        return out
     if rnd == "45":  # the ws tile past M = 64 with real weights' exceptions (issue 38): rounds of 128 exceptions
         # (WsConfig.exc_chunk 128, half the rounds of h121's 64, each a chain of dependent loads), the values from the
         # prepared list (exc_vals), against the table's row (exc64 xt) and unpack + cuBLAS (2026-12-06, an H100: 128
@@ -356,380 +333,8 @@ def _candidates(m: int, n: int, k: int) -> dict:
                     out[f"long c{c}"] = LongConfig(chunk=c)
                     out[f"long c{c} overlap"] = LongConfig(chunk=c, overlap=True)
         return out
-    if rnd == "39":  # the wgmma tile with bm 8 (down's default at M = 3-8) at M = 1-2
-        if k % 256 == 0 and m <= 2 and has("wgmma"):
-            for wv in (2, 4, 8):
-                for pipe in (False, True):
-                    out[f"wg bm8 wv{wv}" + (" pipe" if pipe else "")] = WgConfig(bm=8, bn=64, warps=4, waves=wv,
-                                                                                 exc_tile=True, pipe=pipe)
-        return out
-    if rnd == "38":  # the ws and wgmma tiles below M = 3, where the GEMV and Gluon tiles run
-        if k % 128 == 0 and m <= 3:
-            for st in (2, 3):
-                out[f"ws bm8 s{st} wv3 r80"] = WsConfig(bm=8, bn=64, stages=st, waves=3, maxnreg=80)
-            if k % 256 == 0 and has("wgmma"):
-                for wv in (2, 4):
-                    out[f"wg bm8 wv{wv}"] = WgConfig(bm=8, bn=64, warps=4, waves=wv, exc_tile=True)
-        return out
-    if rnd == "37":  # the merged qkv (1.05-1.65x, run 93): the grid and the split (run 95)
-        d = dflt()
-        if not isinstance(d, LongConfig):
-            for wv in (2, 4, 16):
-                if wv != d.waves:
-                    out[f"default wv{wv}"] = R(d, waves=wv)
-            if isinstance(d, (GluonConfig, TcConfig, TileConfig, MmaConfig)):
-                out["default fixup"] = R(d, fixup=True)
-            if isinstance(d, GluonConfig) and d.bn == 64:
-                out["default bn32"] = R(d, bn=32)
-            if k % 256 == 0 and 3 <= m <= 64 and has("wgmma"):
-                bt = 16 if m <= 16 else 32 if m <= 32 else 64
-                for wv in (2, 4):
-                    out[f"wg bm{bt} wv{wv}"] = WgConfig(bm=bt, bn=64, warps=4, waves=wv, exc_tile=True, pipe=m > 16)
-        return out
-    if rnd == "36":  # each shape class's default config on this shape (merged qkv, gate_up)
-        if m < 256:
-            for cls, n_cls in (("k/v", 512), ("q/o", 3584), ("gate/up", 18944), ("lm_head", 152064)):
-                out[f"as {cls}"] = default(m, n_cls, k)[1]
-        return out
-    if rnd == "35":  # the ws tile (the lm_heads' settings) on the merged gate_up
-        if k % 128 == 0 and m < 256:
-            bt = x_tile(m)
-            for st, wv in ((2, 3), (3, 3)):
-                if bt == 64 and st == 3:
-                    continue  # shared memory: two programs an SM
-                out[f"ws bm{bt} s{st} wv{wv} r80"] = WsConfig(bm=bt, bn=64, stages=st, waves=wv, maxnreg=80)
-        return out
-    if rnd in ("32", "33"):  # the ws tile's pipe and consumers settings: gone (497582d has these rounds)
-        raise SystemExit(f"sweep round {rnd} timed ws settings that were removed (pipe, consumers): "
-                         "check out 497582d to run it")
-    if rnd == "31":  # long prompts: the ws tile with 128-256 x rows a program
-        if k % 128 == 0:
-            for bt, bn, warps, st in ((128, 64, 4, 2), (128, 128, 8, 2), (256, 128, 8, 2)):
-                out[f"ws bm{bt} bn{bn} w{warps} s{st} wv1"] = WsConfig(bm=bt, bn=bn, warps=warps, stages=st, waves=1)
-        return out
-    if rnd == "30":  # the ws tile with two consumer warpgroups on one ring (8 warps)
-        if k % 128 == 0:
-            bt = x_tile(m)
-            for st in (2, 3):
-                out[f"ws bm{bt} bn128 w8 s{st} wv2 r80"] = WsConfig(bm=bt, bn=128, warps=8, stages=st, waves=2,
-                                                                    maxnreg=80)
-        return out
-    if rnd == "29":  # the ws tile with 3-4 programs an SM (register caps 80 / 64)
-        if k % 128 == 0:
-            bt = x_tile(m)
-            for st, wv, cap in ((4 if bt <= 32 else 3, 2, 128), (3, 3, 80), (2, 3, 80), (3, 4, 64), (2, 4, 64)):
-                if bt == 64 and (st, wv) == (3, 3) or bt == 64 and wv == 4:  # shared memory: 3 an SM at most
-                    continue
-                out[f"ws bm{bt} s{st} wv{wv} r{cap}"] = WsConfig(bm=bt, bn=64, stages=st, waves=wv, maxnreg=cap)
-        return out
-    if rnd == "28":  # the warp-specialized wgmma tile (fixed12_ws: a TMA ring)
-        # (run 73 timed a first, not persistent, version; runs 74-75 ring depths 3-8, programs an SM
-        # 1-3: see benchmarks/history/2026-12-01-kernels-h200.md)
-        if k % 128 == 0:
-            bt = x_tile(m)
-            for bn, st, wv, cap in ((64, 4 if bt <= 32 else 3, 2, 128), (64, 3, 2, 128), (64, 6, 1, 0),
-                                    (128, 3 if bt <= 32 else 2, 2, 128), (128, 4, 1, 0)):
-                name = f"ws bm{bt} bn{bn} s{st} wv{wv}" + (f" r{cap}" if cap else "")
-                out[name] = WsConfig(bm=bt, bn=bn, stages=st, waves=wv, maxnreg=cap)
-        return out
-    if rnd == "27":  # weights as wgmma's register operand (fixed12_wg), runs 62-66
-        # (runs 62-65 also timed the exceptions in the separate pass, an async-copy ring of the
-        # plane words and the first, not unrolled, loop: see
-        # benchmarks/history/2026-12-01-kernels-h200.md)
-        if k % 256 == 0:
-            bt = 16 if m <= 16 else 32 if m <= 32 else 64
-            if m <= 8:  # wgmma's N = 8: half the x tile (not yet run: add these to the next round)
-                for wv in (2, 4):
-                    for pipe in (False, True):
-                        out[f"wg bm8 bn64 w4 wv{wv} exc_tile" + (" pipe" if pipe else "")] = WgConfig(
-                            bm=8, bn=64, warps=4, waves=wv, exc_tile=True, pipe=pipe)
-            for bn, warps in ((64, 4), (128, 8)):
-                for wv in (1, 2, 4):
-                    for pipe in (False, True):
-                        out[f"wg bm{bt} bn{bn} w{warps} wv{wv} exc_tile" + (" pipe" if pipe else "")] = WgConfig(
-                            bm=bt, bn=bn, warps=warps, waves=wv, exc_tile=True, pipe=pipe)
-        return out
-    if rnd == "26":  # fixup again, with a register cap (run 58)
-        d = dflt()
-        if hasattr(d, "fixup"):
-            out["default fixup"] = R(d, fixup=True)
-            if isinstance(d, GluonConfig) and d.bm == 16:
-                out["default fixup r56"] = R(d, fixup=True, maxnreg=56)
-        return out
-    if rnd == "25":  # fixup with relaxed spins; more plane bytes in flight at M = 2-16 (run 57)
-        d = dflt()
-        if hasattr(d, "fixup"):
-            out["default fixup"] = R(d, fixup=True)
-        if isinstance(d, GluonConfig) and d.bm == 16 and d.ring == 1:
-            out["default pf2"] = R(d, prefetch_depth=2)
-            out["default pf2 r64"] = R(d, maxnreg=64, prefetch_depth=2)
-            out["default pf2 r72"] = R(d, maxnreg=72, prefetch_depth=2)
-            out["default bk256"] = R(d, bk=256)
-            out["default ring3"] = R(d, ring=3, x_ahead=False, x_rows8=d.x_rows8)
-            out["default ring4"] = R(d, ring=4, x_ahead=False, x_rows8=d.x_rows8)
-        return out
-    if rnd == "24":  # split-K summed in the tile kernel by the last split program (run 56)
-        d = dflt()
-        if hasattr(d, "fixup"):
-            out["default fixup"] = R(d, fixup=True)
-            out["default fixup wv x2"] = R(d, fixup=True, waves=d.waves * 2)
-            if d.waves > 1:
-                out["default fixup wv /2"] = R(d, fixup=True, waves=d.waves // 2)
-        if isinstance(d, GluonConfig) and n >= 16384:  # enough tiles for one split: no partials at all
-            out["default split1"] = R(d, split=1)
-            if d.bm == 16 and not d.ring_x:
-                out["default split1 ring3"] = R(d, split=1, ring=3)
-        return out
-    if rnd == "23":  # programmatic dependent launch per shape (not run: see step_parts)
-        d = dflt()
-        if hasattr(d, "pdl"):
-            for mode in ("all", "reduce", "tiles"):
-                out[f"default pdl {mode}"] = R(d, pdl=mode)
-        return out
-    if rnd == "22":  # round 21's winners on every shape at M = 2-16, the default timed twice (run 52)
-        if k % 128 == 0 and 2 <= m <= 16:
-            wv = 4 if k > n else 8
-
-            def g(name, bn, w, **kw):
-                out[name] = gl(bm=16, bn=bn, warps=w, prefetch=True, waves=wv, exc_tile=True, **kw)
-
-            if m <= 8:
-                g("gluon bn64 w4 ahead x8", 64, 4, x_rows8=True)
-                g("gluon bn32 w4 step x8", 32, 4, x_ahead=False, x_rows8=True)
-                g("gluon bn64 w2 ahead x8", 64, 2, x_rows8=True)
-            g("gluon bn64 w2", 64, 2)
-            g("gluon bn64 w4", 64, 4)
-            g("gluon bn32 w4 ring2", 32, 4, ring=2, ring_x=True)
-        return out
-    if rnd == "21":  # Gluon bm 16 with x loaded in the step, 8 x rows, register caps (run 51)
-        if k % 128 == 0 and m <= 16:
-            def g(bn, w, x8=False, reg=0, ahead=False):
-                name = (f"gluon bn{bn} w{w}" + (" ahead" if ahead else " step") + (" x8" if x8 else "")
-                        + (f" r{reg}" if reg else ""))
-                out[name] = gl(bm=16, bn=bn, warps=w, prefetch=True, waves=4 if k > n else 8, exc_tile=True,
-                               x_ahead=ahead, x_rows8=x8, maxnreg=reg)
-
-            for x8 in ((False, True) if m <= 8 else (False,)):
-                g(64, 4, x8)
-                g(64, 4, x8, 96)
-                g(64, 2, x8)
-                g(64, 2, x8, 168)
-                g(32, 4, x8)
-            if m <= 8:
-                g(64, 4, True, ahead=True)
-        return out
-    if rnd == "20":  # the Gluon defaults' grid (waves) and deeper rings (run 50)
-        d = dflt()
-        if isinstance(d, GluonConfig):
-            for wv in (4, 16, 32):
-                out[f"default wv{wv}"] = R(d, waves=wv)
-            for ring in (2, 3, 4):
-                if ring != d.ring:
-                    out[f"default ring{ring}"] = R(d, ring=ring, ring_x=True)
-        return out
-    if rnd == "19":  # exc_tile tiles where rounds 17-18 did not look (run 50)
-        if k % 128 == 0 and m <= 64:
-            def g(name, bm, bn, w, ring=1):
-                out[name] = gl(bm=bm, bn=bn, warps=w, prefetch=True, waves=8, ring=ring, ring_x=ring > 1,
-                               exc_tile=True)
-
-            if m <= 16:  # M = 1-2 against the GEMV; lm_heads at bn 64 (round 18 left them out)
-                g("gluon bn64 w4 exc_tile", 16, 64, 4)
-                g("gluon bn64 w2 exc_tile", 16, 64, 2)
-                g("gluon bn32 w4 ring2 exc_tile", 16, 32, 4, 2)
-                g("gluon bn128 w4 exc_tile", 16, 128, 4)
-            elif m <= 32:
-                g("gluon bm32 bn128 w4 ring2 exc_tile", 32, 128, 4, 2)
-                g("gluon bm32 bn64 w4 ring2 exc_tile", 32, 64, 4, 2)
-            else:  # two 32-row tiles a matrix (decoded twice) against one 64-row tile
-                g("gluon bm32 bn64 w4 ring2 exc_tile", 32, 64, 4, 2)
-                g("gluon bm32 bn64 w2 ring3 exc_tile", 32, 64, 2, 3)
-                g("gluon bm64 bn128 w4 ring2 exc_tile", 64, 128, 4, 2)
-        return out
-    if rnd == "18":  # exc_tile where run 45 did not time it (gate/up) or lost narrowly
-        d = dflt()
-        if isinstance(d, GluonConfig) and not d.exc_tile:
-            out["default exc_tile"] = R(d, exc_tile=True, exc_after=False)
-            for bn, w, ring in ((64, 2, 1), (64, 4, 1), (32, 4, 2), (64, 4, 3)):
-                out[f"gluon bn{bn} w{w} ring{ring} exc_tile"] = gl(bm=16, bn=bn, warps=w, prefetch=True, waves=8,
-                                                                   ring=ring, ring_x=ring > 1, exc_tile=True)
-        return out
-    if rnd == "17":  # Gluon: exceptions inside the tile kernel (GluonConfig.exc_tile)
-        d = dflt()
-        if isinstance(d, GluonConfig):
-            out["default exc_tile"] = R(d, exc_tile=True, exc_after=False)
-        elif 2 < m <= 64 and k % 128 == 0:  # where Gluon lost with the separate pass (gate/up, lm_heads)
-            bm = 16 if m <= 16 else 32 if m <= 32 else 64
-            for bn, w in ((32, 4), (64, 2), (64, 4)):
-                for ring in ((1, 3) if bm == 16 else (2, 3)):
-                    out[f"gluon bm{bm} bn{bn} w{w} ring{ring} exc_tile"] = gl(
-                        bm=bm, bn=bn, warps=w, prefetch=True, waves=8, ring=ring, ring_x=ring > 1, exc_tile=True)
-        return out
-    if rnd == "16":  # Gluon at M = 1-2 (14-15 padded MMA rows); chunks at M >= 32
-        if m <= 2 and k % 128 == 0:
-            for bn, w, ring in ((32, 4, 1), (64, 2, 1), (16, 2, 1), (32, 4, 3), (64, 4, 1)):
-                out[f"gluon bn{bn} w{w} pf" + (f" ring{ring} x" if ring > 1 else "")] = gl(
-                    bm=16, bn=bn, warps=w, prefetch=True, waves=8, ring=ring, ring_x=ring > 1)
-            out["gluon bn32 w4 pf wv16"] = gl(bm=16, bn=32, warps=4, prefetch=True, waves=16)
-        if m >= 32:  # unpack + cuBLAS in chunks of weight rows (the bf16 scratch stays in L2)
-            for chunk in (0, 2048, 4096, 8192):
-                out[f"unpack+cuBLAS chunk{chunk}"] = LongConfig(chunk=chunk)
-        return out
-    if rnd == "15":  # Gluon at M = 17-64: x tiles through the async ring
-        if 16 < m <= 64 and k % 128 == 0:
-            def gx(bm, bn, bk, w, ring, after=False):
-                name = f"gluon bm{bm} bn{bn} bk{bk} w{w} ring{ring} x" + (" after" if after else "")
-                out[name] = gl(bm=bm, bn=bn, bk=bk, warps=w, prefetch=True, waves=8, ring=ring, ring_x=True,
-                               exc_after=after)
-
-            for ring in (2, 3, 4):
-                gx(32, 32, 128, 4, ring)
-                gx(64, 32, 128, 4, ring)
-            gx(64, 64, 64, 4, 4)
-            gx(64, 64, 128, 4, 2)
-            gx(32, 64, 128, 2, 3)
-            gx(64, 32, 64, 4, 4)
-            if n * k <= 1 << 22:  # k/v: the pass after the tile kernel, as tc's default there
-                gx(32, 32, 128, 4, 3, after=True)
-                gx(64, 32, 128, 4, 3, after=True)
-        return out
-    if rnd == "14":  # Gluon: plane words by async copy through a shared ring
-        d = dflt()
-        if 2 < m <= 16 and k % 128 == 0:
-            gd = isinstance(d, GluonConfig)
-            base = d if gd else gl(bm=16, bn=32, warps=4, prefetch=True, waves=8)
-            if not gd:
-                out["gluon bn32 w4 pf"] = base
-            for stages in (2, 3, 4, 6):
-                out[f"{'default' if gd else 'gluon bn32 w4 pf'} async{stages}"] = R(base, ring=stages)
-            for stages in (2, 3, 4):  # x rows through the ring as well
-                out[f"{'default' if gd else 'gluon bn32 w4 pf'} async{stages} x"] = R(base, ring=stages, ring_x=True)
-            for bn, bk, w in ((32, 128, 4), (64, 128, 2), (32, 256, 4), (64, 64, 2)):
-                cfg = gl(bm=16, bn=bn, bk=bk, warps=w, prefetch=True, waves=8)
-                out[f"gluon bn{bn} bk{bk} w{w} async4"] = R(cfg, ring=4)
-                out[f"gluon bn{bn} bk{bk} w{w} async3 x"] = R(cfg, ring=3, ring_x=True)
-        return out
-    if rnd == "13":  # GEMV and tc: the exception pass beside the tile kernel
-        d = dflt()
-        if isinstance(d, (GemvConfig, TcConfig)) and not d.exc_pass:
-            out["default exc side"] = R(d, exc_pass=True)
-            out["default exc side rows 8"] = (R(d, exc_pass=True), {(fixed12_exc, "EXC_ROWS"): 8})
-        if getattr(d, "exc_pass", False) and not d.exc_after:
-            out["default exc after"] = R(d, exc_after=True)  # the old CONCURRENT_EXC = False
-        return out
-    if rnd == "12":  # Gluon: the exception pass on a side stream (exc_after False) or after the tile kernel
-        d = dflt()
-        if isinstance(d, GluonConfig) and not d.exc_tile:  # (with exc_tile there is no pass)
-            out["default side-stream exc"] = R(d, exc_after=False)
-            out["default exc rows 8"] = (R(d, exc_after=True), {(fixed12_exc, "EXC_ROWS"): 8})
-            out["default side-stream exc rows 8"] = (R(d, exc_after=False), {(fixed12_exc, "EXC_ROWS"): 8})
-        return out
-    if rnd == "11":  # Gluon: prefetch depth, tile widths
-        if 2 < m <= 16:
-            for bn, bk, w, depth in ((32, 128, 4, 1), (32, 128, 4, 2), (32, 64, 4, 2), (64, 128, 2, 1),
-                                     (64, 64, 2, 2), (32, 256, 4, 1), (16, 128, 2, 1), (16, 256, 2, 1)):
-                out[f"gluon bn{bn} bk{bk} w{w} pf{depth}"] = gl(bm=16, bn=bn, bk=bk, warps=w, prefetch=True, waves=8,
-                                                               prefetch_depth=depth)
-        return out
-    if rnd == "10":  # exceptions in a pass of their own (exc_pass): rows, warps
-        d = dflt()
-        if isinstance(d, LongConfig):
-            return out
-        for rows, warps in ((4, 4), (4, 1), (2, 1), (1, 1), (8, 2)):
-            dd = R(d, exc_pass=True) if isinstance(d, (GemvConfig, TcConfig)) else d
-            out[f"default exc{rows} w{warps}"] = (dd, {(fixed12_exc, "EXC_ROWS"): rows,
-                                                       (fixed12_exc, "EXC_WARPS"): warps})
-        if 2 < m <= 32:
-            for w, bn in ((4, 32), (2, 64)):
-                for rows, warps in ((4, 4), (2, 1)):
-                    out[f"gluon bn{bn} w{w} pf exc{rows} w{warps}"] = (
-                        gl(bm=16, bn=bn, warps=w, prefetch=True, waves=8),
-                        {(fixed12_exc, "EXC_ROWS"): rows, (fixed12_exc, "EXC_WARPS"): warps})
-        return out
-    if rnd == "9":  # Gluon with prefetch: waves, the exception pass's rows
-        if 2 < m <= 32:
-            for w, bn in ((4, 32), (2, 64)):
-                for wv in (4, 8, 16):
-                    out[f"gluon bn{bn} w{w} pf wv{wv}"] = gl(bm=16, bn=bn, warps=w, prefetch=True, waves=wv)
-                for rows in (4, 64):
-                    out[f"gluon bn{bn} w{w} pf exc{rows}"] = (gl(bm=16, bn=bn, warps=w, prefetch=True, waves=8),
-                                                              {(fixed12_exc, "EXC_ROWS"): rows})
-        return out
-    if rnd == "8":  # Gluon: fewer warps (x read fewer times a weight), prefetch
-        if 2 < m <= 64:
-            for w, bn, bk, pf in ((4, 64, 256, False), (4, 32, 128, True), (1, 64, 64, False), (1, 64, 64, True),
-                                  (1, 32, 128, False), (1, 32, 64, True), (2, 64, 128, False), (2, 64, 128, True),
-                                  (2, 32, 64, True)):
-                out[f"gluon bm16 bn{bn} bk{bk} w{w}" + (" pf" if pf else "")] = gl(
-                    bm=16, bn=bn, bk=bk, warps=w, prefetch=pf, waves=8)
-        if m > 16:  # one decoded tile for 2 or 4 x tiles
-            bm = 32 if m <= 32 else 64
-            for w, bn, bk in ((1, 64, 64), (2, 64, 128), (2, 64, 64), (4, 64, 128)):
-                out[f"gluon bm{bm} bn{bn} bk{bk} w{w}"] = gl(bm=bm, bn=bn, bk=bk, warps=w, waves=8)
-        return out
-    if rnd == "7":  # the Gluon kernel (tc's pair decode, TC_PAIRS, is gone: 497582d has it)
-        if 2 < m <= 64:
-            for bn, bk in ((32, 128), (32, 256), (64, 128), (64, 256)):
-                for wv in (8, 16):
-                    out[f"gluon bm16 bn{bn} bk{bk} wv{wv}"] = gl(bm=16, bn=bn, bk=bk, waves=wv)
-        if m > 16:  # one decoded tile for 2 or 4 x tiles
-            bm = 32 if m <= 32 else 64
-            for bn in (32, 64):
-                out[f"gluon bm{bm} bn{bn} bk128 wv8"] = gl(bm=bm, bn=bn, waves=8)
-        return out
-    if rnd == "5":  # long prompts: unpack + cuBLAS in chunks of weight rows
-        out["long whole"] = LongConfig()
-        for mb in (4, 8, 16, 32):
-            rows = max(64, (mb << 20) // (2 * k) // 64 * 64)
-            if rows < n:
-                out[f"long chunk {mb}MB ({rows} rows)"] = LongConfig(chunk=rows)
-        return out
-    if rnd == "4":  # tc: register prefetch, pipelining, waves, bk 128, fixup
-        bm = min(64, max(16, 1 << (m - 1).bit_length()))
-        for bn in (32, 64):
-            tc(bm, bn, 256, pf=True)
-            tc(bm, bn, 256, st=2)
-            tc(bm, bn, 128, st=3)
-            tc(bm, bn, 128)
-        tc(bm, 32, 256, wv=4)
-        tc(bm, 32, 256, wv=16)
-        tc(bm, 16, 256, wv=8)
-        tc(bm, 32, 256, fix=True)
-        if bm == 64:
-            tc(64, 64, 128, 8)
-            tc(64, 64, 128, 8, st=2)
-            tc(32, 64, 256, pf=True)
-        return out
-    if rnd == "3":  # tensor cores fed from register loads
-        if m <= 16:
-            for bn, bk, w in ((32, 256, 4), (64, 256, 4), (64, 256, 8), (64, 512, 8), (128, 256, 8)):
-                tc(16, bn, bk, w)
-            tc(16, 64, 256, 8, 16)
-        elif m <= 32:
-            for bn, bk, w in ((64, 256, 4), (64, 256, 8), (128, 256, 8), (32, 256, 4)):
-                tc(32, bn, bk, w)
-            tc(16, 64, 256, 8)
-        elif m <= 64:
-            tc(64, 64, 256, 4)
-            tc(64, 128, 256, 8)
-            tc(32, 64, 256, 8)
-            tc(16, 64, 256, 8)
-        else:
-            tc(64, 128, 256, 8)
-            tc(128, 128, 128, 8)
-            tc(64, 64, 256, 4)
-        return out
-    if rnd == "2" and m <= 2:  # second round: around the new defaults
-        gv(m, 16, 256, split=steps(256), fix=True)
-        gv(m, 16, 256, 16, fix=True)
-        gv(m, 32, 256, 16, fix=True)
-        gv(m, 8, 512, 16)
-        gv(m, 16, 1024, 16)
-        gv(m, 16, 512, 32)
-        gv(m, 32, 256, 32)
-        gv(m, 32, 512, 16, warps=8)
-        gv(m, 16, 256, 16, pf=True)
-        return out
+    # rounds 2-39 and 6 (2026-11-30 to 12-05; their runs and commands in benchmarks/history/) were taken out on
+    # 2026-12-06: `git show e67d7ed:benchmarks/sweep_shapes.py` has them
     if m == 1:
         for bn, bk in ((16, 256), (32, 256), (32, 512), (64, 256), (16, 512)):
             for wv in (4, 8, 16):

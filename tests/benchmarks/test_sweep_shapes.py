@@ -55,3 +55,28 @@ def test_an_unknown_shape_is_refused_before_anything_runs(capsys):
         sweep.main(["--shapes", "k/v,nope", "--ms", "1"])
     assert exc.value.code == 2
     assert "unknown shape 'nope'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("gpu", ["NVIDIA H100 80GB HBM3", "NVIDIA H200"])
+def test_every_round_that_call_sh_runs_builds_its_candidates_on_hopper(gpu, monkeypatch):
+    # a round whose candidates raise (a config the families refuse, a name that moved) would end a device call's
+    # sweep at its first shape: every round benchmarks/pending/call.sh names builds at every shape and M here, on a
+    # Hopper with Gluon, with that GPU's own table, and each candidate is a config, None (the table's) or a tuple
+    import dataclasses
+    import re
+
+    from glyd.kernels import registry
+
+    sweep = _sweep()
+    dev = registry.Device("cuda", gpu, (9, 0), 132, False, frozenset({"gluon", "wgmma", "tma"}))
+    monkeypatch.setattr(sweep, "device", lambda: dev)
+    rounds = set(re.findall(r"SWEEP_ROUND=(\w+)", (BENCH / "pending" / "call.sh").read_text()))
+    assert {"default", "44", "45", "46", "47"} <= rounds
+    for rnd in sorted(rounds):
+        monkeypatch.setenv("SWEEP_ROUND", rnd)
+        for n, k in sweep.SHAPES.values():
+            for m in (1, 2, 8, 16, 32, 64, 65, 128, 256, 512, 2048):
+                cands = sweep.candidates(m, n, k)
+                assert "default" in cands, (rnd, n, k, m)
+                for name, cfg in cands.items():
+                    assert cfg is None or isinstance(cfg, tuple) or dataclasses.is_dataclass(cfg), (rnd, name, cfg)

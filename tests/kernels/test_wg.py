@@ -199,7 +199,8 @@ def test_wg_exception_step_options_gpu(bm, bn, chunk, split):
     w.view(-1)[torch.randint(0, w.numel(), (w.numel() // 1000,), device="cuda")] = torch.tensor(
         1e-30, device="cuda").to(torch.bfloat16)
     p = glyd.pack(w, "fixed12")
-    x = torch.randn(bm - 3, 3584, device="cuda").to(torch.bfloat16)
+    # a whole x tile and a ragged one (exc_rows' two paths: x's rows a constant apart, and clamped past M)
+    x = torch.randn(2 * bm - 3, 3584, device="cuda").to(torch.bfloat16)
     cfg = WgConfig(bm=bm, bn=bn, split=split, exc_tile=True, exc_chunk=chunk)
     y = kernels.linear(x, p, None, cfg)
     _check(y, x, w, None)

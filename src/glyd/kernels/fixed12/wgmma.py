@@ -226,19 +226,8 @@ def _imax(a, b):
 
 
 @gluon.jit
-def wg_row_exceptions(acc, xe_ptr, sxk, sxm, m0, M, K, rowptr_ptr, eidx_ptr, vals_ptr, base_ptr, n0, N, part, parts,
-                      BN: gl.constexpr, BT: gl.constexpr, ML: gl.constexpr):
-    # acc [BN weight rows, BT x rows] += (true - decoded w) * x[rows, c] for each exception (w, c) of rows n0..,
-    # in acc's own layout: round j takes the j-th exception of every row at once (rows without one unchanged),
-    # rounds j = part, part + parts, ... (the tile's programs share them). A row's list starts at its row
-    # pointer, so its column needs no division; the true value from the prepared list (Prepared.vals);
-    # x[m, c] at xe_ptr + c sxk + m sxm: x itself (1, its row stride) or a transposed copy ([K, M]: M, 1).
-    # No one-hot MMA, shared memory or barrier
-    rn = n0 + gl.arange(0, BN, layout=gl.SliceLayout(1, ML))
-    ea = gl.load(rowptr_ptr + gl.minimum(rn, N))  # rows past N: an empty list
-    cnt = gl.load(rowptr_ptr + gl.minimum(rn + 1, N)) - ea
-    cmc = gl.minimum(m0 + gl.arange(0, BT, layout=gl.SliceLayout(0, ML)), M - 1)
-    b8 = gl.load(base_ptr).to(gl.uint32)
+def _row_rounds(acc, xe_ptr, sxk, sxm, cm, rn, ea, cnt, K, eidx_ptr, vals_ptr, b8, part, parts):
+    # wg_row_exceptions' rounds with x's rows at cm (columns of acc)
     for j in range(part, gl.reduce(cnt, 0, _imax), parts):
         ev = j < cnt
         e = ea + j
@@ -248,13 +237,36 @@ def wg_row_exceptions(acc, xe_ptr, sxk, sxm, m0, M, K, rowptr_ptr, eidx_ptr, val
         tv = (v << 16).to(gl.float32, bitcast=True)
         pv = (((v & 0x80FF) | (b8 << 8)) << 16).to(gl.float32, bitcast=True)  # the decoded placeholder
         # true - placeholder in fp32 (within 2^-24 of it: the one-hot MMA's bf16 hi and lo parts keep 2^-16),
-        # then one FMA an element
-        d = tv - pv
-        # no per-element mask (a predicate an element spilled the 256-row tile): rows without a j-th exception read
-        # x's column 0 and keep acc (a select, not a multiply by 0: x may hold an inf), columns past M read row M - 1
-        # (never stored)
-        xv = gl.load(xe_ptr + gl.where(ev, c, 0)[:, None] * sxk + cmc[None, :] * sxm).to(gl.float32)
-        acc = gl.where(ev[:, None], acc + xv * d[:, None], acc)
+        # then one FMA an element; rows without a j-th exception load nothing (a warp whose rows have none skips
+        # the round's loads) and add 0 x 0
+        d = gl.where(ev, tv - pv, 0.0)
+        xv = gl.load(xe_ptr + c[:, None] * sxk + cm[None, :] * sxm, mask=ev[:, None], other=0.0).to(gl.float32)
+        acc += xv * d[:, None]
+    return acc
+
+
+@gluon.jit
+def wg_row_exceptions(acc, xe_ptr, sxk, sxm, m0, M, K, rowptr_ptr, eidx_ptr, vals_ptr, base_ptr, n0, N, part, parts,
+                      BN: gl.constexpr, BT: gl.constexpr, ML: gl.constexpr):
+    # acc [BN weight rows, BT x rows] += (true - decoded w) * x[rows, c] for each exception (w, c) of rows n0..,
+    # in acc's own layout: round j takes the j-th exception of every row at once (rows without one masked),
+    # rounds j = part, part + parts, ... (the tile's programs share them). A row's list starts at its row
+    # pointer, so its column needs no division; the true value from the prepared list (Prepared.vals);
+    # x[m, c] at xe_ptr + c sxk + m sxm: x itself (1, its row stride) or a transposed copy ([K, M]: M, 1).
+    # No one-hot MMA, shared memory or barrier. The mask is a row's alone (a predicate an element spilled the
+    # 128-row tile with x itself): a whole tile's columns m0 + i as such (addresses a constant apart), the last
+    # tile's past M at row M - 1 (never stored). With h135's select in place of the mask the tiles at M = 32-128 took
+    # 7-15% longer than a session before (history/2026-12-06-h100-23.md; call.sh exc_ab times the two loops)
+    rn = n0 + gl.arange(0, BN, layout=gl.SliceLayout(1, ML))
+    ea = gl.load(rowptr_ptr + gl.minimum(rn, N))  # rows past N: an empty list
+    cnt = gl.load(rowptr_ptr + gl.minimum(rn + 1, N)) - ea
+    cm = m0 + gl.arange(0, BT, layout=gl.SliceLayout(0, ML))
+    b8 = gl.load(base_ptr).to(gl.uint32)
+    if m0 + BT <= M:
+        acc = _row_rounds(acc, xe_ptr, sxk, sxm, cm, rn, ea, cnt, K, eidx_ptr, vals_ptr, b8, part, parts)
+    else:
+        acc = _row_rounds(acc, xe_ptr, sxk, sxm, gl.minimum(cm, M - 1), rn, ea, cnt, K, eidx_ptr, vals_ptr, b8,
+                          part, parts)
     return acc
 
 

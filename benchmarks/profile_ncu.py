@@ -80,6 +80,9 @@ def main(argv=None) -> int:
     ap.add_argument("--ws", action="store_true",
                     help="with --ms: also the warp-specialized wgmma tile (fixed12_ws: the defaults' ring 2, "
                     "3 programs an SM)")
+    ap.add_argument("--long", action="store_true",
+                    help="with --ms: also the ws tile past M = 64 (bm 128 and 256, bn 128, 8 warps, exc_rows with x "
+                    "transposed: sweep round 47's), beside the default (unpack + cuBLAS there)")
     ap.add_argument("--exc", type=float, default=0.0,
                     help="this share of the weights set to 1e-30 (fixed12 exceptions), at random places: real "
                     "weights have 0.01-0.13%% (normal ones about 0.008%%)")
@@ -109,6 +112,10 @@ def main(argv=None) -> int:
                 bt = 8 if m <= 8 else 16 if m <= 16 else 32 if m <= 32 else 64
                 cfg = WsConfig(bm=bt, bn=64, stages=2, waves=3, maxnreg=80)  # the defaults' settings (round 29)
                 variants[f"f12 ws bm{bt} s2 wv3 r80 M={m}"] = (m, cfg)
+            if args.long:  # round 47 (2026-12-06, an H100): 1.94-2.18x bf16 at M = 256-512 with normal weights
+                for bm in (128, 256):
+                    variants[f"f12 ws bm{bm} bn128 w8 exc rows M={m}"] = (m, WsConfig(
+                        bm=bm, bn=128, warps=8, stages=2, waves=1, exc_chunk=64, exc_xt=True, exc_rows=True))
             if args.fixup:
                 _, d = kernels.choose(torch.empty(m, k, device="cuda", dtype=torch.bfloat16), p)
                 if hasattr(d, "fixup"):

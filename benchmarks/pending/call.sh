@@ -128,6 +128,13 @@ for s in "${steps[@]}"; do
                TRITON_CACHE_DIR="$(mktemp -d)" python3 benchmarks/sweep_shapes.py --shapes down,qkv,q/o,gate_up,lm_head \
                --ms 1,2,8,16,32,64 --exc 0.001 --out /tmp/sweep44 --table "$out/sweep44_table.json" ;;  # the GPU's table
                                                                                     # with the measured cells
+    ncu_long) # Nsight Compute on prompts' sizes (issue 38): gate_up at M = 512 with normal weights, bf16 (cuBLAS), the
+              # table's choice (unpack + cuBLAS) and the ws tile at bm 128 and 256 (round 47: 2.18x bf16): what limits
+              # the fused tile there (tensor pipe, issue, stalls by reason, the source counters' top stalls)
+              step ncu_long 240 env PYTHONPATH=src ncu --clock-control none --profile-from-start off \
+                --section SpeedOfLight --section ComputeWorkloadAnalysis --section Occupancy --section LaunchStats \
+                --section WarpStateStats --section MemoryWorkloadAnalysis --section SourceCounters \
+                python3 benchmarks/profile_ncu.py --shape gate_up --ms 512 --long ;;
     ncu_exc) # Nsight Compute on the decode and long-M products that lose most with real weights' 0.1% of exceptions
              # (history/2026-12-06-h100-20.md): the table's choice against bf16 on gate_up at M = 32, 64, 128 and qkv at
              # 64, the speed of light, occupancy, warp states and the source counters' summary, as text
@@ -160,10 +167,10 @@ for s in "${steps[@]}"; do
     ttft7b) step ttft7b 330 env PYTHONPATH=src TRITON_CACHE_DIR="$(mktemp -d)" python3 benchmarks/scale.py \
               --sizes qwen2.5-7b --variants bf16,fixed12,dense11 --batches 1 --compile-prefill --no-capacity \
               --out "$out/ttft7b" ;;
-    *) echo "unknown step $s (gpu_set, gpu_set_par, ncu_exc, d11_exc, scale_d11, long, sweep_long, sweep05, sweep41, sweep42, exc_decode, exc_ab, sweep44, sweep45, exc_step, sweep_kv, dit, ttft7b, bits, kv, d11, prefill)" >&2; exit 2 ;;
+    *) echo "unknown step $s (gpu_set, gpu_set_par, ncu_exc, ncu_long, d11_exc, scale_d11, long, sweep_long, sweep05, sweep41, sweep42, exc_decode, exc_ab, sweep44, sweep45, exc_step, sweep_kv, dit, ttft7b, bits, kv, d11, prefill)" >&2; exit 2 ;;
   esac
 done
-for f in gpu_set scale_d11 long sweep_long sweep05 sweep41 sweep42 exc_decode_0 exc_decode_0.001 exc_decode_lm exc_ab_branch exc_ab_main sweep45 sweep44 ncu_gate_up ncu_qkv ncu_gate_up_normal exc_step_0.001 exc_step_0 sweep_kv dit ttft7b bits kv_branch kv_main d11 d11_exc prefill_branch prefill_main; do
+for f in gpu_set scale_d11 long sweep_long sweep05 sweep41 sweep42 exc_decode_0 exc_decode_0.001 exc_decode_lm exc_ab_branch exc_ab_main sweep45 sweep44 ncu_gate_up ncu_qkv ncu_gate_up_normal ncu_long exc_step_0.001 exc_step_0 sweep_kv dit ttft7b bits kv_branch kv_main d11 d11_exc prefill_branch prefill_main; do
   [ -f "$out/$f.txt" ] && { echo "=== $f (last lines)"; tail -n 14 "$out/$f.txt"; }
 done
 echo "| step | exit status | seconds |"

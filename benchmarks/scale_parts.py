@@ -55,6 +55,9 @@ def _timed(run: Callable[[], object], device: str, reps: int, warmup: int) -> fl
             t = time.perf_counter()
             run()
             samples.append(1e3 * (time.perf_counter() - t))
+    if min(samples) > 0 and max(samples) > 1.2 * min(samples):  # the eager first token varied 1.6x between runs
+        log.info("timed samples vary: min %.3f, median %.3f, max %.3f ms (%d)", min(samples),
+                 statistics.median(samples), max(samples), len(samples))
     return statistics.median(samples)
 
 

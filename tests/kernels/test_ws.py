@@ -250,12 +250,14 @@ def test_ws_row_exceptions_compile_sm90():
     sass = _sass(k)
     assert sass.count("HGMMA") == _sass(none).count("HGMMA")  # the K loop's MMAs only
     assert sass.count("FFMA") >= 64  # a round: an FMA an accumulator element
-    # ... with x's columns from x itself (no transposed copy: exc_xt off), here and at a decode row's tile (bm 64, 80
-    # registers): no spill (with a predicate an element, before 2026-12-06, 64 and 16 bytes)
-    for bn, bm, warps, cap in ((128, 128, 8, None), (64, 64, 4, 80)):
+    # ... with x's columns from x itself (no transposed copy: exc_xt off), at a decode row's tile (bm 64, 80 registers):
+    # no spill (with a predicate an element, before 2026-12-06, 16 bytes); here 8 bytes at most since the next round's
+    # index is loaded a round ahead (64 with a predicate an element; x itself lost to the copy at every M >= 32 on an
+    # H100, 2026-12-06: no table row runs it past M = 16)
+    for bn, bm, warps, cap, most in ((128, 128, 8, None, 8), (64, 64, 4, 80, 0)):
         direct = _compile_sm90(bn, bm, 2, exc=True, maxnreg=cap, warps=warps, pre=3)
         res = _res_usage(direct)
-        assert res.get("STACK", 0) == 0 and res.get("LOCAL", 0) == 0, (bn, bm, res)
+        assert res.get("STACK", 0) <= most and res.get("LOCAL", 0) == 0, (bn, bm, res)
         assert _sass(direct).count("FFMA") >= bn * bm // (32 * warps)  # an FMA an accumulator element a thread
 
 

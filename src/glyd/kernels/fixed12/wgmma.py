@@ -227,21 +227,25 @@ def _imax(a, b):
 
 @gluon.jit
 def _row_rounds(acc, xe_ptr, sxk, sxm, cm, rn, ea, cnt, K, eidx_ptr, vals_ptr, b8, part, parts):
-    # wg_row_exceptions' rounds with x's rows at cm (columns of acc)
+    # wg_row_exceptions' rounds with x's rows at cm (columns of acc). Each round loads the next round's indices
+    # before its own x columns: x's load waits on its round's index no longer (loaded a round before), the value's
+    # load runs beside x's
+    ev = part < cnt
+    idx = gl.load(eidx_ptr + ea + part, mask=ev, other=0)
     for j in range(part, gl.reduce(cnt, 0, _imax), parts):
-        ev = j < cnt
-        e = ea + j
-        idx = gl.load(eidx_ptr + e, mask=ev, other=0)
+        evn = j + parts < cnt
+        idx_n = gl.load(eidx_ptr + ea + j + parts, mask=evn, other=0)
         c = idx - rn.to(idx.dtype) * K
-        v = gl.load(vals_ptr + e, mask=ev, other=0).to(gl.int32).to(gl.uint32) & 0xFFFF
+        v = gl.load(vals_ptr + ea + j, mask=ev, other=0).to(gl.int32).to(gl.uint32) & 0xFFFF
+        xv = gl.load(xe_ptr + c[:, None] * sxk + cm[None, :] * sxm, mask=ev[:, None], other=0.0).to(gl.float32)
         tv = (v << 16).to(gl.float32, bitcast=True)
         pv = (((v & 0x80FF) | (b8 << 8)) << 16).to(gl.float32, bitcast=True)  # the decoded placeholder
         # true - placeholder in fp32 (within 2^-24 of it: the one-hot MMA's bf16 hi and lo parts keep 2^-16),
         # then one FMA an element; rows without a j-th exception load nothing (a warp whose rows have none skips
         # the round's loads) and add 0 x 0
         d = gl.where(ev, tv - pv, 0.0)
-        xv = gl.load(xe_ptr + c[:, None] * sxk + cm[None, :] * sxm, mask=ev[:, None], other=0.0).to(gl.float32)
         acc += xv * d[:, None]
+        ev, idx = evn, idx_n
     return acc
 
 

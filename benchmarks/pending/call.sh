@@ -93,10 +93,11 @@ for s in "${steps[@]}"; do
                   --ms 1,8,64 --exc 0.01 --out "$out/exc_decode_lm" ;;
     exc_ab) # the table's choice at decode sizes with real weights' 0.1% of exceptions (and an lm_head at 1%, a tied
             # embedding's), this tree against main's (.carry/main: git archive main src benchmarks): the exception
-            # rounds shared among a tile's split programs (one file a tree: a call brings back 8 files)
-            for r in . .carry/main; do
+            # rounds shared among a tile's split programs (one file a tree: a call brings back 8 files); AB_TREES
+            # names other trees (AB_TREES=". .carry/mask": h136's first commit, its loop without the index read ahead)
+            for r in ${AB_TREES:-. .carry/main}; do
               [ -d "$r/src" ] || continue
-              n=$( [ "$r" = . ] && echo branch || echo main )
+              n=$( [ "$r" = . ] && echo branch || basename "$r" )
               step "exc_ab_$n" 180 env SWEEP_ROUND=default PYTHONPATH="$r/src" bash -c "python3 $r/benchmarks/sweep_shapes.py \
                 --shapes gate_up,qkv,q/o,down,lm_head --ms 1,2,8,16,32,64,65,128 --exc 0.001 --out /tmp/exc_ab_$n && \
                 python3 $r/benchmarks/sweep_shapes.py --shapes lm_head --ms 1,8,64 --exc 0.01 --out /tmp/exc_ab_lm_$n"
@@ -170,7 +171,7 @@ for s in "${steps[@]}"; do
     *) echo "unknown step $s (gpu_set, gpu_set_par, ncu_exc, ncu_long, d11_exc, scale_d11, long, sweep_long, sweep05, sweep41, sweep42, exc_decode, exc_ab, sweep44, sweep45, exc_step, sweep_kv, dit, ttft7b, bits, kv, d11, prefill)" >&2; exit 2 ;;
   esac
 done
-for f in gpu_set scale_d11 long sweep_long sweep05 sweep41 sweep42 exc_decode_0 exc_decode_0.001 exc_decode_lm exc_ab_branch exc_ab_main sweep45 sweep44 ncu_gate_up ncu_qkv ncu_gate_up_normal ncu_long exc_step_0.001 exc_step_0 sweep_kv dit ttft7b bits kv_branch kv_main d11 d11_exc prefill_branch prefill_main; do
+for f in gpu_set scale_d11 long sweep_long sweep05 sweep41 sweep42 exc_decode_0 exc_decode_0.001 exc_decode_lm exc_ab_branch exc_ab_main exc_ab_mask sweep45 sweep44 ncu_gate_up ncu_qkv ncu_gate_up_normal ncu_long exc_step_0.001 exc_step_0 sweep_kv dit ttft7b bits kv_branch kv_main d11 d11_exc prefill_branch prefill_main; do
   [ -f "$out/$f.txt" ] && { echo "=== $f (last lines)"; tail -n 14 "$out/$f.txt"; }
 done
 echo "| step | exit status | seconds |"

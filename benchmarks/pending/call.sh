@@ -135,7 +135,12 @@ for s in "${steps[@]}"; do
               step ncu_long 240 env PYTHONPATH=src ncu --clock-control none --profile-from-start off \
                 --section SpeedOfLight --section ComputeWorkloadAnalysis --section Occupancy --section LaunchStats \
                 --section WarpStateStats --section MemoryWorkloadAnalysis --section SourceCounters \
-                python3 benchmarks/profile_ncu.py --shape gate_up --ms 512 --long ;;
+                python3 benchmarks/profile_ncu.py --shape gate_up --ms 512 --long
+              # ... and qkv at M = 128 (36 tiles of 128 rows for 132 SMs: the ws tile 2.78x against unpack + cuBLAS's
+              # 2.04x in round 45; gate_up, 8.2 times the weights, took only 3.6 times as long: what is fixed there)
+              step ncu_qkv128 180 env PYTHONPATH=src ncu --clock-control none --profile-from-start off \
+                --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+                --section SourceCounters python3 benchmarks/profile_ncu.py --shape qkv --ms 128 --long --exc 0.001 ;;
     ncu_exc) # Nsight Compute on the decode and long-M products that lose most with real weights' 0.1% of exceptions
              # (history/2026-12-06-h100-20.md): the table's choice against bf16 on gate_up at M = 32, 64, 128 and qkv at
              # 64, the speed of light, occupancy, warp states and the source counters' summary, as text
@@ -171,7 +176,7 @@ for s in "${steps[@]}"; do
     *) echo "unknown step $s (gpu_set, gpu_set_par, ncu_exc, ncu_long, d11_exc, scale_d11, long, sweep_long, sweep05, sweep41, sweep42, exc_decode, exc_ab, sweep44, sweep45, exc_step, sweep_kv, dit, ttft7b, bits, kv, d11, prefill)" >&2; exit 2 ;;
   esac
 done
-for f in gpu_set scale_d11 long sweep_long sweep05 sweep41 sweep42 exc_decode_0 exc_decode_0.001 exc_decode_lm exc_ab_branch exc_ab_main exc_ab_mask sweep45 sweep44 ncu_gate_up ncu_qkv ncu_gate_up_normal ncu_long exc_step_0.001 exc_step_0 sweep_kv dit ttft7b bits kv_branch kv_main d11 d11_exc prefill_branch prefill_main; do
+for f in gpu_set scale_d11 long sweep_long sweep05 sweep41 sweep42 exc_decode_0 exc_decode_0.001 exc_decode_lm exc_ab_branch exc_ab_main exc_ab_mask sweep45 sweep44 ncu_gate_up ncu_qkv ncu_gate_up_normal ncu_long ncu_qkv128 exc_step_0.001 exc_step_0 sweep_kv dit ttft7b bits kv_branch kv_main d11 d11_exc prefill_branch prefill_main; do
   [ -f "$out/$f.txt" ] && { echo "=== $f (last lines)"; tail -n 14 "$out/$f.txt"; }
 done
 echo "| step | exit status | seconds |"

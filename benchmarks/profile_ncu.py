@@ -115,7 +115,7 @@ def main(argv=None) -> int:
             if args.long:  # round 47 (2026-12-06, an H100): 1.94-2.18x bf16 at M = 256-512 with normal weights
                 for bm in (128, 256):
                     variants[f"f12 ws bm{bm} bn128 w8 exc rows M={m}"] = (m, WsConfig(
-                        bm=bm, bn=128, warps=8, stages=2, waves=1, exc_chunk=64, exc_xt=True, exc_rows=True))
+                        bm=bm, bn=128, warps=8, stages=2, waves=1, exc_xt=True, exc_rows=True))  # round 47's (its exc_chunk)
             if args.fixup:
                 _, d = kernels.choose(torch.empty(m, k, device="cuda", dtype=torch.bfloat16), p)
                 if hasattr(d, "fixup"):

@@ -123,6 +123,29 @@ for s in "${steps[@]}"; do
              # 664-792 bytes on sm_90a, without exceptions none)
              step sweep47_normal 120 env SWEEP_ROUND=47 PYTHONPATH=src TRITON_CACHE_DIR="$(mktemp -d)" python3 \
                benchmarks/sweep_shapes.py --shapes gate_up,down --ms 256,512 --out /tmp/sweep47n ;;
+    tables) # rounds 45 (M = 65-128), 44 (what the call leaves it of 150 s) and 46, each merged into this GPU's table
+            # before the next (46's candidates start from the merged choice), then the default GPU set on the merged
+            # tree: one call, no idle gap for a merge here; the merged table comes back (copy it, then gpu_set.sh hash)
+            tb=src/glyd/kernels/tables/$(python3 -c "import torch,re;print(re.sub('[^0-9A-Za-z]','_',torch.cuda.get_device_name()))").json
+            note="round %s at 0.1%% exceptions, merged on the device (${TABLES_NOTE:-benchmarks/history})"
+            step sweep45 120 env SWEEP_ROUND=45 PYTHONPATH=src TRITON_CACHE_DIR="$(mktemp -d)" python3 \
+              benchmarks/sweep_shapes.py --shapes gate_up,qkv,q/o,down,32b.gate_up,lm_head --ms 65,128 --exc 0.001 \
+              --out /tmp/sweep45 --table /tmp/sweep45_table.json
+            PYTHONPATH=src python3 benchmarks/merge_table.py /tmp/sweep45_table.json "$tb" \
+              --note "$(printf "$note" 45)" --buckets 65-128 >> "$out/merges.txt" 2>&1
+            step sweep44 150 env SWEEP_ROUND=44 PYTHONPATH=src TRITON_CACHE_DIR="$(mktemp -d)" python3 \
+              benchmarks/sweep_shapes.py --shapes down,qkv,q/o,gate_up,lm_head --ms 1,2,8,16,32,64 --exc 0.001 \
+              --out /tmp/sweep44 --table /tmp/sweep44_table.json
+            PYTHONPATH=src python3 benchmarks/merge_table.py /tmp/sweep44_table.json "$tb" \
+              --note "$(printf "$note" 44)" >> "$out/merges.txt" 2>&1
+            step sweep46 150 env SWEEP_ROUND=46 PYTHONPATH=src TRITON_CACHE_DIR="$(mktemp -d)" python3 \
+              benchmarks/sweep_shapes.py --shapes qkv,q/o,down,gate_up,lm_head --ms 2,8,16,32,64 --exc 0.001 \
+              --out /tmp/sweep46 --table /tmp/sweep46_table.json
+            PYTHONPATH=src python3 benchmarks/merge_table.py /tmp/sweep46_table.json "$tb" \
+              --note "$(printf "$note" 46)" >> "$out/merges.txt" 2>&1
+            cp "$tb" "$out/"  # with the step texts, the merges' and the GPU set's: 7 files (a call brings back 8)
+            step gpu_set 590 env OUT="$out/gpu_set" bash benchmarks/gpu_set.sh default 16 parallel
+            tar czf "$out/gpu_set_logs.tgz" -C "$out" gpu_set && rm -rf "$out/gpu_set" ;;
     sweep44) # decode sizes at 0.1% of exceptions: bigger rounds, more split programs, the GEMV in-tile or beside,
              # the GEMV at M = 1-2 where a tile runs (saved after each shape; the time the call has left)
              step sweep44 $(( 585 - SECONDS > 60 ? 585 - SECONDS : 60 )) env SWEEP_ROUND=44 PYTHONPATH=src \

@@ -187,14 +187,19 @@ def _candidates(m: int, n: int, k: int) -> dict:
         return {"default": None, **table_round(m, n, k)}
     if rnd == "default":  # the table's choice alone (with --exc: what real weights' exceptions cost it)
         return out
-    if rnd == "47":  # prompts past M = 128 (issue 38, run with --exc): the ws tile with exc_rows, 128 or 256 x rows a tile
-        # (256: the weight tile decoded once for twice the rows), against unpack + cuBLAS (the table's row)
+    if rnd in ("47", "48"):  # prompts past M = 128 (issue 38, run with --exc): the ws tile with exc_rows, 128 or 256 x
+        # rows a tile (256: the weight tile decoded once for twice the rows), against unpack + cuBLAS (the table's row);
+        # 48: with pipe (a step's decode beside the MMAs before it: ncu at M = 512 found the step's decode and MMAs
+        # back to back, 41-51% of the warps' cycles at the step's barrier) and 3 stages at bm 128 (256's 88 KB slots: 2)
         if m >= 129 and k % 128 == 0 and has("wgmma"):
             out["long whole"] = LongConfig()
             for bm in (128, 256):
-                for xt in (True, False):
+                for xt in (True, False) if rnd == "47" else (True,):
                     out[f"ws bm{bm} exc rows" + ("" if xt else " x itself")] = WsConfig(
                         bm=bm, bn=128, warps=8, stages=2, waves=1, exc_xt=xt, exc_rows=True)
+                for pipe, st in ((True, 2), (True, 3), (False, 3))[:3 if bm == 128 else 1] if rnd == "48" else ():
+                    out[f"ws bm{bm} exc rows{' pipe' * pipe} s{st}"] = R(
+                        out[f"ws bm{bm} exc rows"], pipe=pipe, stages=st)
         return out
     if rnd == "46":  # decode sizes (run with --exc): the wgmma and ws tiles' exc_rows with x's columns from x itself
         # (no transposed copy: a 4.6 us kernel beside qkv's 19 us tile at M = 64, ncu 2026-12-06), and explicit

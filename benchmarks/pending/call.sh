@@ -146,6 +146,12 @@ for s in "${steps[@]}"; do
             cp "$tb" "$out/"  # with the step texts, the merges' and the GPU set's: 7 files (a call brings back 8)
             step gpu_set 590 env OUT="$out/gpu_set" bash benchmarks/gpu_set.sh default 16 parallel
             tar czf "$out/gpu_set_logs.tgz" -C "$out" gpu_set && rm -rf "$out/gpu_set" ;;
+    sweep48) # prompts at M = 192-512 (issue 38): the ws tile with pipe (its decode beside the MMAs before it) and 3
+             # stages against round 47's and unpack + cuBLAS, at real weights' 0.1% of exceptions and normal weights'
+             step sweep48 200 env SWEEP_ROUND=48 PYTHONPATH=src TRITON_CACHE_DIR="$(mktemp -d)" python3 \
+               benchmarks/sweep_shapes.py --shapes gate_up,down,qkv,lm_head --ms 192,512 --exc 0.001 --out /tmp/sweep48
+             step sweep48_normal 120 env SWEEP_ROUND=48 PYTHONPATH=src TRITON_CACHE_DIR="$(mktemp -d)" python3 \
+               benchmarks/sweep_shapes.py --shapes gate_up,down --ms 256,512 --out /tmp/sweep48n ;;
     sweep44) # decode sizes at 0.1% of exceptions: bigger rounds, more split programs, the GEMV in-tile or beside,
              # the GEMV at M = 1-2 where a tile runs (saved after each shape; the time the call has left)
              step sweep44 $(( 585 - SECONDS > 60 ? 585 - SECONDS : 60 )) env SWEEP_ROUND=44 PYTHONPATH=src \

@@ -149,7 +149,8 @@ for s in "${steps[@]}"; do
     sweep48) # prompts at M = 192-512 (issue 38): the ws tile with pipe (its decode beside the MMAs before it) and 3
              # stages against round 47's and unpack + cuBLAS, at real weights' 0.1% of exceptions and normal weights'
              step sweep48 200 env SWEEP_ROUND=48 PYTHONPATH=src TRITON_CACHE_DIR="$(mktemp -d)" python3 \
-               benchmarks/sweep_shapes.py --shapes gate_up,down,qkv,lm_head --ms 192,512 --exc 0.001 --out /tmp/sweep48
+               benchmarks/sweep_shapes.py --shapes gate_up,down,qkv,lm_head --ms 192,512 --exc 0.001 --out /tmp/sweep48 \
+               --table "$out/sweep48_table.json"  # merge_table.py --buckets 129-255,256+ where the ws tile wins
              step sweep48_normal 120 env SWEEP_ROUND=48 PYTHONPATH=src TRITON_CACHE_DIR="$(mktemp -d)" python3 \
                benchmarks/sweep_shapes.py --shapes gate_up,down --ms 256,512 --out /tmp/sweep48n ;;
     sweep44) # decode sizes at 0.1% of exceptions: bigger rounds, more split programs, the GEMV in-tile or beside,

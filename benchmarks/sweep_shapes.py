@@ -190,7 +190,7 @@ def _candidates(m: int, n: int, k: int) -> dict:
     if rnd in ("47", "48"):  # prompts past M = 128 (issue 38, run with --exc): the ws tile with exc_rows, 128 or 256 x
         # rows a tile (256: the weight tile decoded once for twice the rows), against unpack + cuBLAS (the table's row);
         # 48: with pipe (a step's decode beside the MMAs before it: ncu at M = 512 found the step's decode and MMAs
-        # back to back, 41-51% of the warps' cycles at the step's barrier) and 3 stages at bm 128 (256's 88 KB slots: 2)
+        # back to back, 41-51% of the warps' cycles at the step's barrier) and 3 stages at bm 128 (256's 88 KB slots: 2), and bn 256
         if m >= 129 and k % 128 == 0 and has("wgmma"):
             out["long whole"] = LongConfig()
             for bm in (128, 256):
@@ -200,6 +200,9 @@ def _candidates(m: int, n: int, k: int) -> dict:
                 for pipe, st in ((True, 2), (True, 3), (False, 3))[:3 if bm == 128 else 1] if rnd == "48" else ():
                     out[f"ws bm{bm} exc rows{' pipe' * pipe} s{st}"] = R(
                         out[f"ws bm{bm} exc rows"], pipe=pipe, stages=st)
+            if rnd == "48":  # 256 weight rows a tile: x read from L2 once for 256 rows (bm 256 bn 128 reads 2.7 bytes of
+                # x a byte of words: ~1.1 GB at gate_up M = 512, ~200 us of L2 bandwidth); pipe spills 240 B there
+                out["ws bm128 bn256 exc rows"] = R(out["ws bm128 exc rows"], bn=256)
         return out
     if rnd == "46":  # decode sizes (run with --exc): the wgmma and ws tiles' exc_rows with x's columns from x itself
         # (no transposed copy: a 4.6 us kernel beside qkv's 19 us tile at M = 64, ncu 2026-12-06), and explicit

@@ -113,9 +113,9 @@ def main(argv=None) -> int:
                 cfg = WsConfig(bm=bt, bn=64, stages=2, waves=3, maxnreg=80)  # the defaults' settings (round 29)
                 variants[f"f12 ws bm{bt} s2 wv3 r80 M={m}"] = (m, cfg)
             if args.long:  # round 47 (2026-12-06, an H100): 1.94-2.18x bf16 at M = 256-512 with normal weights
-                for bm in (128, 256):
-                    variants[f"f12 ws bm{bm} bn128 w8 exc rows M={m}"] = (m, WsConfig(
-                        bm=bm, bn=128, warps=8, stages=2, waves=1, exc_xt=True, exc_rows=True))  # round 47's (its exc_chunk)
+                for bm, bn in ((128, 128), (256, 128), (128, 256)):  # round 48: bn 256, x read once for 256 rows
+                    variants[f"f12 ws bm{bm} bn{bn} w8 exc rows M={m}"] = (m, WsConfig(
+                        bm=bm, bn=bn, warps=8, stages=2, waves=1, exc_xt=True, exc_rows=True))  # round 47's (its exc_chunk)
             if args.fixup:
                 _, d = kernels.choose(torch.empty(m, k, device="cuda", dtype=torch.bfloat16), p)
                 if hasattr(d, "fixup"):

@@ -190,7 +190,8 @@ def _candidates(m: int, n: int, k: int) -> dict:
     if rnd in ("47", "48"):  # prompts past M = 128 (issue 38, run with --exc): the ws tile with exc_rows, 128 or 256 x
         # rows a tile (256: the weight tile decoded once for twice the rows), against unpack + cuBLAS (the table's row);
         # 48: with pipe (a step's decode beside the MMAs before it: ncu at M = 512 found the step's decode and MMAs
-        # back to back, 41-51% of the warps' cycles at the step's barrier) and 3 stages at bm 128 (256's 88 KB slots: 2), and bn 256
+        # back to back, 41-51% of the warps' cycles at the step's barrier; pipe lost in runs 87-88 before exc_rows,
+        # notes-kernels.md item 23) and 3 stages at bm 128 (256's 88 KB slots: 2), and bn 256
         if m >= 129 and k % 128 == 0 and has("wgmma"):
             out["long whole"] = LongConfig()
             for bm in (128, 256):

@@ -154,11 +154,31 @@ def test_ws_x_permutation_is_the_wg_slot_order():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("m", [1, 16, 17, 64, 100])
 def test_ws_permute_kernel_matches_torch_gpu(m):
-    # the Triton permutation and its torch twin give the same bits (x also as a column slice)
+    # the Triton permutation and its torch twin give the same bits (x also as a column slice); with
+    # xt the same launch writes x transposed too
     w = _ws()
     x = torch.randn(m, 3584 + 256, device="cuda").to(torch.bfloat16)
     for xs in (x[:, :3584], x[:, 128:3712].contiguous()):
         assert torch.equal(w.permute_x(xs).view(torch.int16), w.permute_x_torch(xs).view(torch.int16))
+        xp, xt = torch.empty_like(xs, memory_format=torch.contiguous_format), xs.new_empty(xs.shape[::-1])
+        w._permute_launch(m, 3584, xs.stride(0), xt=True)(xs, xp, xt)
+        assert torch.equal(xp.view(torch.int16), w.permute_x_torch(xs).view(torch.int16))
+        assert torch.equal(xt.view(torch.int16), xs.t().contiguous().view(torch.int16))
+
+
+@pytest.mark.parametrize("m", [1, 17, 40])
+def test_ws_permute_launch_writes_x_transposed_too(m):
+    # the ws tile's x permutation with xt (the interpreter): the permuted x, and x transposed ([K, M],
+    # the exceptions' x) from the same load, for x with a row stride past K and a ragged last block
+    w = _ws()
+    x = torch.randn(m, 384 + 128).to(torch.bfloat16)[:, 128:]
+    xp, xt = torch.full((m, 384), 7.0, dtype=torch.bfloat16), torch.full((384, m), 7.0, dtype=torch.bfloat16)
+    w._permute_launch(m, 384, x.stride(0), xt=True)(x, xp, xt)
+    assert torch.equal(xp.view(torch.int16), w.permute_x_torch(x).view(torch.int16))
+    assert torch.equal(xt.view(torch.int16), x.t().contiguous().view(torch.int16))
+    xp2 = torch.zeros(m, 384, dtype=torch.bfloat16)
+    w._permute_launch(m, 384, x.stride(0))(x, xp2)  # without xt: the permutation alone, no third tensor
+    assert torch.equal(xp2.view(torch.int16), xp.view(torch.int16))
 
 
 def test_ws_stream_k_parts_and_slots():

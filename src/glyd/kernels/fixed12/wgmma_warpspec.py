@@ -362,9 +362,11 @@ def layouts(bn: int, bt: int, warps: int = 4):
 
 @isolated
 @triton.jit
-def _permute_x_kernel(x_ptr, out_ptr, M, stride_xm, K: tl.constexpr, BM: tl.constexpr):
+def _permute_x_kernel(x_ptr, out_ptr, xt_ptr, M, stride_xm, K: tl.constexpr, BM: tl.constexpr,
+                      XT: tl.constexpr = False):
     # out[m, 128 s + slot] = x[m, 128 s + col(slot)]: slot bits (hh i1 i0 h g a j), high to low,
-    # are column bits (g hh a i1 i0 h j); a program does BM rows of one 128-column step
+    # are column bits (g hh a i1 i0 h j); a program does BM rows of one 128-column step. XT: also
+    # xt[c, m] = x[m, c] (the exceptions' x, [K, M]) from the same load: one read of x for both
     rows = tl.program_id(0) * BM + tl.arange(0, BM)[:, None]
     slot = tl.arange(0, 128)[None, :]
     col = (((slot >> 2) & 1) << 6 | ((slot >> 6) & 1) << 5 | ((slot >> 1) & 1) << 4 | ((slot >> 5) & 1) << 3
@@ -372,6 +374,9 @@ def _permute_x_kernel(x_ptr, out_ptr, M, stride_xm, K: tl.constexpr, BM: tl.cons
     c0 = tl.program_id(1) * 128
     v = tl.load(x_ptr + rows.to(tl.int64) * stride_xm + c0 + col, mask=rows < M)
     tl.store(out_ptr + rows.to(tl.int64) * K + c0 + slot, v, mask=rows < M)
+    if XT:  # transposed in registers, so that a column's rows are stored together
+        rt = tl.trans(rows)
+        tl.store(xt_ptr + (c0 + tl.trans(col)).to(tl.int64) * M + rt, tl.trans(v), mask=rt < M)
 
 
 # x: bf16 [M, K] -> bf16 [M, K], each 128-column step's columns in wgmma slot order
@@ -399,12 +404,12 @@ def permute_x(x2: torch.Tensor) -> torch.Tensor:
     return out
 
 
-# x: bf16 [M, K] (these strides) -> launch(x2, out)
-def _permute_launch(m: int, k: int, stride: int):
+# x: bf16 [M, K] (these strides) -> launch(x2, out) or, with xt, launch(x2, out, xt) (xt: bf16 [K, M], x transposed)
+def _permute_launch(m: int, k: int, stride: int, xt: bool = False):
     # 16 rows a program at every M (64 rows took 3x as long at M = 64)
-    x, out = _plan.slots(2)
-    return _plan.Launch(_permute_x_kernel, (triton.cdiv(m, 16), k // BK), (x, out, m, stride),
-                        dict(K=k, BM=16, num_warps=4))
+    x, out, t = _plan.slots(3)
+    return _plan.Launch(_permute_x_kernel, (triton.cdiv(m, 16), k // BK), (x, out, t if xt else None, m, stride),
+                        dict(K=k, BM=16, XT=xt, num_warps=4))
 
 
 def slot_bytes(bn: int, bt: int) -> int:
@@ -464,7 +469,8 @@ def plan(x2: torch.Tensor, p, bias, cfg: WsConfig):
         ehi_ptr=ehi, lo8_ptr=prep.vals if pre else lo, CS=C.COUNTER_SLOTS, NBYTES=slot_bytes(cfg.bn, cfg.bm), PIPE=cfg.pipe, XE=cfg.exc_chunk,
         XT=xt, PRE=pre, CORR=corr, corr_ptr=_plan.Slot(10) if corr else None, num_warps=cfg.warps,
         **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {})))
-    permute = _permute_launch(m, k, stride)
+    tx = xt or corr  # the exceptions' x transposed ([K, M]), written by x's permutation from the same load
+    permute = _permute_launch(m, k, stride, tx)
     exc = (exceptions_launch(x2, p, prep, add=False, xt=True, bm=min(128, max(16, triton.next_power_of_2(m))))
            if corr else None)
     shape, dev, bt = (2 * progs, cfg.bn * cfg.bm), x2.device, cfg.bm
@@ -473,9 +479,12 @@ def plan(x2: torch.Tensor, p, bias, cfg: WsConfig):
         if copy:
             x2 = x2.contiguous()
         xp = torch.empty(m, k, dtype=x2.dtype, device=dev)
-        permute(x2, xp)
-        if xt or corr:  # the exceptions' x: [K, M], a column's rows contiguous
-            x2 = x2.t().contiguous()
+        if tx:  # the exceptions' x: [K, M], a column's rows contiguous
+            xtr = torch.empty(k, m, dtype=x2.dtype, device=dev)
+            permute(x2, xp, xtr)
+            x2 = xtr
+        else:
+            permute(x2, xp)
         if corr:
             fix = torch.empty((1, m, n), dtype=torch.float32, device=dev)
             exc(fix, x2, *arrays)

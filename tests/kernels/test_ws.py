@@ -44,7 +44,7 @@ def _compile_sm90(bn, bt, stages, bias=False, exc=False, maxnreg=128, warps=4, p
 
 def _loops(sass: str) -> list[list[str]]:
     # the opcodes of each backward branch's body (cuobjdump prints branch targets as addresses)
-    lines = [ln for ln in sass.splitlines() if re.match(r"\s+/\*[0-9a-f]{4}\*/", ln)]
+    lines = [ln for ln in sass.splitlines() if re.match(r"\s+/\*[0-9a-f]{4,}\*/", ln)]  # past 0xffff: 5 digits
     addr = [int(re.match(r"\s+/\*([0-9a-f]+)\*/", ln).group(1), 16) for ln in lines]
     out = []
     for ln, a in zip(lines, addr):
@@ -116,6 +116,21 @@ def test_ws_pipe_decodes_the_next_step_under_the_mmas_sm90(bn, bt, stages, cap, 
             assert sum(op.startswith("LDS") for op in between) >= 2 and sum(op == "PRMT" for op in between) >= 8
         else:
             assert not any(op.startswith(("LDS", "PRMT")) for op in between)
+
+
+@pytest.mark.cpu_sample(every=2)  # compiles for sm_90: half the configs in the default run
+@pytest.mark.parametrize("bn,bt", [(128, 256), (256, 128)])
+def test_ws_row_exceptions_at_128_registers_a_thread_compile_sm90(bn, bt):
+    # exc_rows where the accumulator takes 128 registers a thread (bm 256 or bn 256, 8 warps): the exception
+    # rounds run on each half of the x rows in turn, so a round keeps its x values and the accumulator in
+    # registers (all the x rows at once spilled 147 + 76 local loads and stores a round at bm 256, 174 + 36 at
+    # bn 256). The rounds' loops: FFMAs, no HGMMA
+    sass = _sass(_compile_sm90(bn, bt, 2, exc=True, maxnreg=None, warps=8, pre=3, xt=True))
+    rounds = [ops for ops in _loops(sass) if any(o.startswith("FFMA") for o in ops)
+              and not any(o.startswith("HGMMA") for o in ops)]
+    assert rounds
+    assert all(sum(o.startswith(("LDL", "STL")) for o in ops) <= 2 for ops in rounds), [
+        sum(o.startswith(("LDL", "STL")) for o in ops) for ops in rounds]
 
 
 def _loop_ops(sass: str) -> list[str]:

@@ -261,11 +261,28 @@ def wg_row_exceptions(acc, xe_ptr, sxk, sxm, m0, M, K, rowptr_ptr, eidx_ptr, val
     # 128-row tile with x itself): a whole tile's columns m0 + i as such (addresses a constant apart), the last
     # tile's past M at row M - 1 (never stored). With h135's select in place of the mask the tiles at M = 32-128 took
     # 7-15% longer than a session before (history/2026-12-06-h100-23.md; call.sh exc_ab times the two loops)
-    rn = n0 + gl.arange(0, BN, layout=gl.SliceLayout(1, ML))
+    b8 = gl.load(base_ptr).to(gl.uint32)
+    if BN * BT >= 32768:  # the ws tile's bm 256 or bn 256 (128 accumulator registers a thread): the rounds on each
+        # half of the x rows in turn (a round's x values for all of them beside the accumulator spilled 147 + 76
+        # local loads and stores a round on sm_90a); a half is register-only (the columns' top bit is a register's)
+        a0, a1 = gl.split(gl.permute(gl.reshape(acc, [BN, 2, BT // 2]), (0, 2, 1)))
+        a0 = _row_half(a0, xe_ptr, sxk, sxm, m0, M, K, rowptr_ptr, eidx_ptr, vals_ptr, b8, n0, N, part, parts, BN,
+                       BT // 2)
+        a1 = _row_half(a1, xe_ptr, sxk, sxm, m0 + BT // 2, M, K, rowptr_ptr, eidx_ptr, vals_ptr, b8, n0, N, part,
+                       parts, BN, BT // 2)
+        return gl.convert_layout(gl.reshape(gl.permute(gl.join(a0, a1), (0, 2, 1)), [BN, BT]), ML)
+    return _row_half(acc, xe_ptr, sxk, sxm, m0, M, K, rowptr_ptr, eidx_ptr, vals_ptr, b8, n0, N, part, parts, BN, BT)
+
+
+@gluon.jit
+def _row_half(acc, xe_ptr, sxk, sxm, m0, M, K, rowptr_ptr, eidx_ptr, vals_ptr, b8, n0, N, part, parts,
+              BN: gl.constexpr, BT: gl.constexpr):
+    # wg_row_exceptions on acc [BN, BT] (x rows m0..) in acc's own layout, whatever it is
+    L: gl.constexpr = acc.type.layout
+    rn = n0 + gl.arange(0, BN, layout=gl.SliceLayout(1, L))
     ea = gl.load(rowptr_ptr + gl.minimum(rn, N))  # rows past N: an empty list
     cnt = gl.load(rowptr_ptr + gl.minimum(rn + 1, N)) - ea
-    cm = m0 + gl.arange(0, BT, layout=gl.SliceLayout(0, ML))
-    b8 = gl.load(base_ptr).to(gl.uint32)
+    cm = m0 + gl.arange(0, BT, layout=gl.SliceLayout(0, L))
     if m0 + BT <= M:
         acc = _row_rounds(acc, xe_ptr, sxk, sxm, cm, rn, ea, cnt, K, eidx_ptr, vals_ptr, b8, part, parts)
     else:

@@ -93,9 +93,9 @@ def test_ws_loop_is_tma_and_shared_loads_sm90(bn, bt, stages, cap, warps, bias, 
 @pytest.mark.cpu_sample(every=2)  # compiles for sm_90: half the configs in the default run
 @pytest.mark.parametrize("bn,bt,stages,cap,warps", [(128, 256, 2, 0, 8), (128, 128, 3, 0, 8), (64, 64, 2, 80, 4)])
 def test_ws_pipe_decodes_the_next_step_under_the_mmas_sm90(bn, bt, stages, cap, warps):
-    # WsConfig.pipe: after a step's HGMMAs are issued the warpgroup waits for the next ring slot,
-    # reads its words from shared memory and decodes them (PRMT) before it waits for the MMAs
-    # (WARPGROUP.DEPBAR); without pipe nothing but the wait follows the last HGMMA. No spills
+    # WsConfig.pipe: after a step's HGMMAs are issued the warpgroup waits for its first half's MMAs
+    # and the next ring slot, reads its words from shared memory and decodes them (PRMT) before it
+    # waits for the last MMAs (WARPGROUP.DEPBAR); without pipe nothing but the wait follows the last HGMMA. No spills
     # either way, the same MMAs a step; each tile part's finish runs after its pipeline drained
     k = _compile_sm90(bn, bt, stages, maxnreg=cap or None, warps=warps, pipe=True)
     sass = _sass(k)
@@ -109,13 +109,26 @@ def test_ws_pipe_decodes_the_next_step_under_the_mmas_sm90(bn, bt, stages, cap, 
                                                                   warps=warps)))
         last = max(i for i, op in enumerate(ops) if op.startswith("HGMMA"))
         wait = next(i for i in range(last, len(ops)) if ops[i].startswith("WARPGROUP.DEPBAR"))
+        if piped:  # the wait for all the step's MMAs (the one after the last HGMMA waits for its first half)
+            wait = max(i for i in range(last, len(ops)) if ops[i].startswith("WARPGROUP.DEPBAR"))
         between = ops[last:wait]
         assert sum(op.startswith("HGMMA") for op in ops[:wait]) >= 8 * bn // (16 * warps)
         if piped:
+            assert any(op.startswith("WARPGROUP.DEPBAR") for op in between)
             assert any(op.startswith("SYNCS.PHASECHK") for op in between)
             assert sum(op.startswith("LDS") for op in between) >= 2 and sum(op == "PRMT" for op in between) >= 8
         else:
             assert not any(op.startswith(("LDS", "PRMT")) for op in between)
+
+
+def test_ws_pipe_step_loop_at_bm256_keeps_its_registers_sm90():
+    # pipe at bm 256 (the accumulator 128 registers a thread): a step carries only the next step's
+    # first half decoded (its second half's words are read again) and waits for its own first
+    # half's MMAs before decoding ahead; the step loop had 120 local loads and stores when it also
+    # carried the next step's words and the first half to the step's end
+    ops = _loop_ops(_sass(_compile_sm90(256, 128, 2, exc=True, maxnreg=None, warps=8, pipe=True, xt=True)))
+    assert sum(op.startswith("HGMMA") for op in ops) == 16
+    assert sum(op.startswith(("LDL", "STL")) for op in ops) <= 2
 
 
 @pytest.mark.cpu_sample(every=2)  # compiles for sm_90: half the configs in the default run

@@ -198,6 +198,12 @@ def _ws_finish(acc, t, n0, m0, g0, P, W, S, pid, x_ptr, out_ptr, bias_ptr, work_
 def _ws_words(lo_s, co_s, ready, b, ph, BN: gl.constexpr, LL: gl.constexpr, CL: gl.constexpr):
     # ring slot b's plane words, once its copies landed: lo words of halves 0 and 1, code words
     mbarrier.wait(ready.index(b), ph)
+    return _ws_slot_words(lo_s, co_s, b, BN, LL, CL)
+
+
+@gluon.jit
+def _ws_slot_words(lo_s, co_s, b, BN: gl.constexpr, LL: gl.constexpr, CL: gl.constexpr):
+    # _ws_words of a slot already waited for
     lw = lo_s.index(b).load(LL)  # [BN, 32]: words 16 g + 8 hh + 4 a + i of the lane's (a, g)
     cw = co_s.index(b).load(CL).to(gl.uint32, bitcast=True)
     lw = gl.reshape(lw.to(gl.uint32, bitcast=True), [BN, 2, 2, 8])  # [row, g, hh, (a i)]
@@ -218,19 +224,23 @@ def _ws_step_mmas(lo_s, co_s, x_s, ready, b, ph, acc, b4, BN: gl.constexpr, LL: 
 
 
 @gluon.jit
-def _ws_piped(lo_s, co_s, x_s, ready, b, i, n, acc, a0, l1, cw, b4, BN: gl.constexpr, NS: gl.constexpr,
-              LL: gl.constexpr, CL: gl.constexpr, AL: gl.constexpr):
-    # step i (slot b) with its first half a0 decoded already: its two MMAs issued, its second half
-    # decoded while the first multiplies, then the next step's words read and its first half
-    # decoded while both multiply. ap (this step's first half) stays alive until the caller's wait
+def _ws_piped(lo_s, co_s, x_s, ready, b, i, n, acc, a0, b4, BN: gl.constexpr, NS: gl.constexpr, LL: gl.constexpr,
+              CL: gl.constexpr, AL: gl.constexpr):
+    # step i (slot b) with its first half a0 decoded already: its first MMA issued, its second half
+    # decoded from the slot's words read again while the first multiplies, then the next step's
+    # first half decoded while the second multiplies. Only a0 is carried to the next step (not its
+    # second half's words: 32 registers a thread, which spilled the step loop at bm 256); a1 stays
+    # alive until the caller's wait
     acc = warpgroup_mma(a0, x_s.index(2 * b).permute((1, 0)), acc, is_async=True)
+    _, l1, cw = _ws_slot_words(lo_s, co_s, b, BN, LL, CL)
     a1 = _ws_half(l1, cw >> 4, b4, BN, AL)
     acc = warpgroup_mma(a1, x_s.index(2 * b + 1).permute((1, 0)), acc, is_async=True)
-    ap = a0
+    # the first MMA done (the second still queued: the tensor cores stay busy), a0's registers free
+    acc, a0 = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a0))
     if i + 1 < n:
-        l0, l1, cw = _ws_words(lo_s, co_s, ready, (i + 1) % NS, ((i + 1) // NS) & 1, BN, LL, CL)
+        l0, _, cw = _ws_words(lo_s, co_s, ready, (i + 1) % NS, ((i + 1) // NS) & 1, BN, LL, CL)
         a0 = _ws_half(l0, cw, b4, BN, AL)
-    return acc, a0, ap, a1, l1, cw
+    return acc, a0, a1
 
 
 @gluon.jit
@@ -248,13 +258,12 @@ def _ws_parts_piped(lo_s, co_s, x_s, ready, empty, g0, g1, P, W, S, MT, b4, x_pt
     for t in range(g0 // S, (g1 - 1) // S + 1):
         s0 = gl.maximum(g0, t * S) - g0  # the part's first and last + 1 ring indices
         s1 = gl.minimum(g1, t * S + S) - g0
-        l0, l1, cw = _ws_words(lo_s, co_s, ready, s0 % NS, (s0 // NS) & 1, BN, LL, CL)
+        l0, _, cw = _ws_words(lo_s, co_s, ready, s0 % NS, (s0 // NS) & 1, BN, LL, CL)
         a0 = _ws_half(l0, cw, b4, BN, AL)
         for i in range(s0, s1):
             b = i % NS
-            acc, a0, ap, a1, l1, cw = _ws_piped(lo_s, co_s, x_s, ready, b, i, s1, acc, a0, l1, cw, b4, BN, NS, LL,
-                                                CL, AL)
-            acc, ap, a1 = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ap, a1))
+            acc, a0, a1 = _ws_piped(lo_s, co_s, x_s, ready, b, i, s1, acc, a0, b4, BN, NS, LL, CL, AL)
+            acc, a1 = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a1))
             fence_async_shared()  # as _ws_consumer: the slot's reads are done, the TMA may refill it
             mbarrier.arrive(empty.index(b))
         _, _, n0, m0 = _ws_tile(t * S, S, MT, BN, BT)

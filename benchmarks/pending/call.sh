@@ -124,13 +124,20 @@ for s in "${steps[@]}"; do
              step sweep47_normal 120 env SWEEP_ROUND=47 PYTHONPATH=src TRITON_CACHE_DIR="$(mktemp -d)" python3 \
                benchmarks/sweep_shapes.py --shapes gate_up,down --ms 256,512 --out /tmp/sweep47n ;;
     next) # the pending README's first call, whichever GPU came: an H200 merges rounds 45, 44 and 46 into its table
-          # and runs the GPU set on that tree (tables); an H100 runs the GPU set, the A/B against main (carry
-          # .carry/main) and round 48
+          # and runs the GPU set on that tree (tables); an H100 runs the GPU set (the pending t48 applied) and the
+          # A/B of its M = 129-255 cells against main (carry .carry/main)
           if python3 -c "import torch,sys;sys.exit('H200' not in torch.cuda.get_device_name())"; then
             OUT="$out" bash "$0" tables  # its own summary table
           else
-            OUT="$out" bash "$0" gpu_set_par exc_ab sweep48
+            OUT="$out" bash "$0" gpu_set_par ab129
           fi ;;
+    ab129) # the table's choice at M = 129-255 (round 48's cells, the pending t48) against main's (.carry/main), 0.1%
+           for r in . .carry/main; do
+             [ -d "$r/src" ] || continue
+             n=$( [ "$r" = . ] && echo branch || basename "$r" )
+             step "ab129_$n" 120 env SWEEP_ROUND=default PYTHONPATH="$r/src" python3 "$r/benchmarks/sweep_shapes.py" \
+               --shapes gate_up,lm_head,down,qkv --ms 129,192,255 --exc 0.001 --out "/tmp/ab129_$n"
+           done ;;
     tables) # rounds 45 (M = 65-128), 44 (what the call leaves it of 150 s) and 46, each merged into this GPU's table
             # before the next (46's candidates start from the merged choice), then the default GPU set on the merged
             # tree: one call, no idle gap for a merge here; the merged table comes back (copy it, then gpu_set.sh hash)

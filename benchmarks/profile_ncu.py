@@ -116,6 +116,13 @@ def main(argv=None) -> int:
                 for bm, bn in ((128, 128), (256, 128), (128, 256)):  # round 48: bn 256, x read once for 256 rows
                     variants[f"f12 ws bm{bm} bn{bn} w8 exc rows M={m}"] = (m, WsConfig(
                         bm=bm, bn=bn, warps=8, stages=2, waves=1, exc_xt=True, exc_rows=True))  # round 47's (its exc_chunk)
+                # round 48's pipe at bm 256 (h140: no spills in the step loop), and exc_pre (with h141: the rounds a
+                # round ahead)
+                pipe = WsConfig(bm=256, bn=128, warps=8, stages=2, waves=1, exc_xt=True, exc_rows=True, pipe=True)
+                variants[f"f12 ws bm256 bn128 w8 exc rows pipe M={m}"] = (m, pipe)
+                if args.exc:
+                    variants[f"f12 ws bm256 bn128 w8 exc rows exc_pre M={m}"] = (m, dataclasses.replace(
+                        pipe, pipe=False, exc_pre=True))
             if args.fixup:
                 _, d = kernels.choose(torch.empty(m, k, device="cuda", dtype=torch.bfloat16), p)
                 if hasattr(d, "fixup"):

@@ -181,6 +181,12 @@ for s in "${steps[@]}"; do
                 --section SpeedOfLight --section ComputeWorkloadAnalysis --section Occupancy --section LaunchStats \
                 --section WarpStateStats --section MemoryWorkloadAnalysis --section SourceCounters \
                 python3 benchmarks/profile_ncu.py --shape gate_up --ms 512 --long
+              # ... with real weights' 0.1% of exceptions (they cost the ws tile 24% at M = 512, round 48): the
+              # finish's rounds against the step loop (SourceCounters), with h141 applied its rounds a round ahead
+              step ncu_long_exc 240 env PYTHONPATH=src ncu --clock-control none --profile-from-start off \
+                --section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats \
+                --section MemoryWorkloadAnalysis --section SourceCounters \
+                python3 benchmarks/profile_ncu.py --shape gate_up --ms 512 --long --exc 0.001
               # ... and qkv at M = 128 (36 tiles of 128 rows for 132 SMs: the ws tile 2.78x against unpack + cuBLAS's
               # 2.04x in round 45; gate_up, 8.2 times the weights, took only 3.6 times as long: what is fixed there)
               step ncu_qkv128 180 env PYTHONPATH=src ncu --clock-control none --profile-from-start off \

@@ -124,12 +124,12 @@ for s in "${steps[@]}"; do
              step sweep47_normal 120 env SWEEP_ROUND=47 PYTHONPATH=src TRITON_CACHE_DIR="$(mktemp -d)" python3 \
                benchmarks/sweep_shapes.py --shapes gate_up,down --ms 256,512 --out /tmp/sweep47n ;;
     next) # the pending README's first call, whichever GPU came: an H200 merges rounds 45, 44 and 46 into its table
-          # and runs the GPU set on that tree (tables); an H100 runs the GPU set (the pending t48 applied) and the
-          # A/B of its M = 129-255 cells against main (carry .carry/main)
+          # and runs the GPU set on that tree (tables); an H100 runs the GPU set (the pending t48 and h142 applied),
+          # the A/B of t48's M = 129-255 cells against main (carry .carry/main) and round 50 (h142's x_outer)
           if python3 -c "import torch,sys;sys.exit('H200' not in torch.cuda.get_device_name())"; then
             OUT="$out" bash "$0" tables  # its own summary table
           else
-            OUT="$out" bash "$0" gpu_set_par ab129
+            OUT="$out" bash "$0" gpu_set_par ab129 sweep50
           fi ;;
     ab129) # the table's choice at M = 129-255 (round 48's cells, the pending t48) against main's (.carry/main), 0.1%
            for r in . .carry/main; do

@@ -129,7 +129,7 @@ for s in "${steps[@]}"; do
           if python3 -c "import torch,sys;sys.exit('H200' not in torch.cuda.get_device_name())"; then
             OUT="$out" bash "$0" tables  # its own summary table
           else
-            OUT="$out" bash "$0" gpu_set_par ab129 sweep50
+            OUT="$out" bash "$0" gpu_set_par sweep50 ab129
           fi ;;
     ab129) # the table's choice at M = 129-255 (round 48's cells, the pending t48) against main's (.carry/main), 0.1%
            for r in . .carry/main; do

@@ -417,7 +417,8 @@ def test_ws_strided_x_and_k_384_gpu():
 #: among them (test_the_tables_ws_rows_past_64_are_checked_on_the_gpu)
 LONG_M_CONFIGS = [(128, 128, 8, 2, 64), (128, 64, 4, 3, 32), (256, 128, 8, 2, 32), (16, 64, 4, 2, 64),
                   (128, 256, 8, 2, 64), (128, 128, 8, 2, 128),
-                  (128, 64, 4, 2, 64), (64, 64, 4, 2, 64)]  # round 45's "ws bn64 exc rows" and "ws bm64 exc rows" rows
+                  (128, 64, 4, 2, 64), (64, 64, 4, 2, 64),  # round 45's "ws bn64 exc rows" and "ws bm64 exc rows" rows
+                  (128, 128, 8, 3, 16)]  # round 48's gate_up row at M = 129-255 (the H100's table)
 
 
 def test_the_tables_ws_rows_past_64_are_checked_on_the_gpu():

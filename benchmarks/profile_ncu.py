@@ -120,6 +120,9 @@ def main(argv=None) -> int:
                 # round ahead)
                 pipe = WsConfig(bm=256, bn=128, warps=8, stages=2, waves=1, exc_xt=True, exc_rows=True, pipe=True)
                 variants[f"f12 ws bm256 bn128 w8 exc rows pipe M={m}"] = (m, pipe)
+                # x tiles outer (h142): the weight tile's words from DRAM once for all x tiles (DRAM bytes, L2 hits)
+                variants[f"f12 ws bm256 bn128 w8 exc rows x outer M={m}"] = (m, dataclasses.replace(
+                    pipe, pipe=False, x_outer=True))
                 if args.exc:
                     variants[f"f12 ws bm256 bn128 w8 exc rows exc_pre M={m}"] = (m, dataclasses.replace(
                         pipe, pipe=False, exc_pre=True))

@@ -187,6 +187,16 @@ def _candidates(m: int, n: int, k: int) -> dict:
         return {"default": None, **table_round(m, n, k)}
     if rnd == "default":  # the table's choice alone (with --exc: what real weights' exceptions cost it)
         return out
+    if rnd == "50":  # the ws tile with x tiles outer (x_outer: the programs holding one weight tile for each x tile
+        # run its K steps at the same time, its words read from DRAM once; x inner re-reads them for each x tile:
+        # 52.6-69.7% of DRAM's bandwidth at M = 512, ncu 2026-12-06) against x inner and unpack + cuBLAS
+        if m >= 129 and k % 128 == 0 and has("wgmma"):
+            out["long whole"] = LongConfig()
+            for bm, st, pipe in ((128, 3, False), (256, 2, False), (256, 2, True)):
+                c = WsConfig(bm=bm, bn=128, warps=8, stages=st, waves=1, exc_xt=True, exc_rows=True, pipe=pipe)
+                name = f"ws bm{bm} s{st}{' pipe' * pipe} exc rows"
+                out[name], out[name + " x outer"] = c, R(c, x_outer=True)
+        return out
     if rnd in ("47", "48"):  # prompts past M = 128 (issue 38, run with --exc): the ws tile with exc_rows, 128 or 256 x
         # rows a tile (256: the weight tile decoded once for twice the rows), against unpack + cuBLAS (the table's row);
         # 48: with pipe (a step's decode beside the MMAs before it: ncu at M = 512 found the step's decode and MMAs

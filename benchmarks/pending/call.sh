@@ -168,6 +168,13 @@ for s in "${steps[@]}"; do
                --table "$out/sweep48_table.json"  # merge_table.py --buckets 129-255,256+ where the ws tile wins
              step sweep48_normal 120 env SWEEP_ROUND=48 PYTHONPATH=src TRITON_CACHE_DIR="$(mktemp -d)" python3 \
                benchmarks/sweep_shapes.py --shapes gate_up,down --ms 256,512 --out /tmp/sweep48n ;;
+    sweep50) # the ws tile with x tiles outer (x_outer, h142) at M = 192-2048, real weights' 0.1% of exceptions and
+             # normal weights (no exceptions): whether the words read from DRAM once make it beat unpack + cuBLAS
+             step sweep50 240 env SWEEP_ROUND=50 PYTHONPATH=src TRITON_CACHE_DIR="$(mktemp -d)" python3 \
+               benchmarks/sweep_shapes.py --shapes gate_up,down,qkv,lm_head --ms 192,512,2048 --exc 0.001 \
+               --out /tmp/sweep50 --table "$out/sweep50_table.json"
+             step sweep50_normal 150 env SWEEP_ROUND=50 PYTHONPATH=src TRITON_CACHE_DIR="$(mktemp -d)" python3 \
+               benchmarks/sweep_shapes.py --shapes gate_up,down --ms 512,2048 --out /tmp/sweep50n ;;
     sweep44) # decode sizes at 0.1% of exceptions: bigger rounds, more split programs, the GEMV in-tile or beside,
              # the GEMV at M = 1-2 where a tile runs (saved after each shape; the time the call has left)
              step sweep44 $(( 585 - SECONDS > 60 ? 585 - SECONDS : 60 )) env SWEEP_ROUND=44 PYTHONPATH=src \

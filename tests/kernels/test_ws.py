@@ -26,7 +26,8 @@ def _ws():
     return fixed12_ws
 
 
-def _compile_sm90(bn, bt, stages, bias=False, exc=False, maxnreg=128, warps=4, pipe=False, xe=16, xt=False, pre=0):
+def _compile_sm90(bn, bt, stages, bias=False, exc=False, maxnreg=128, warps=4, pipe=False, xe=16, xt=False, pre=0,
+                  xo=False):
     from glyd.kernels.fixed12 import wgmma as fixed12_wg
 
     w = _ws()
@@ -38,7 +39,7 @@ def _compile_sm90(bn, bt, stages, bias=False, exc=False, maxnreg=128, warps=4, p
             "cnt_ptr": "*i32", "rowptr_ptr": "*i32", "eidx_ptr": "*i32", "ehi_ptr": "*u8", "lo8_ptr": "*u8"}
     const = dict(BN=bn, BT=bt, NS=stages, LL=ll, CL=cl, ML=mma, AL=a_op, OL=ol, HAS_BIAS=bias, EXC=exc,
                  EL=fixed12_wg.exc_layout(warps, xt) if exc else None, CS=16, LOADER_REGS=24,
-                 NBYTES=w.slot_bytes(bn, bt), PIPE=pipe, XE=xe, XT=xt, PRE=pre, CORR=False)
+                 NBYTES=w.slot_bytes(bn, bt), PIPE=pipe, XE=xe, XT=xt, PRE=pre, CORR=False, XO=xo)
     return compile_gluon_sm90(w._ws_kernel, const, ptrs, descs, num_warps=warps, maxnreg=maxnreg)
 
 
@@ -119,6 +120,21 @@ def test_ws_pipe_decodes_the_next_step_under_the_mmas_sm90(bn, bt, stages, cap, 
             assert sum(op.startswith("LDS") for op in between) >= 2 and sum(op == "PRMT" for op in between) >= 8
         else:
             assert not any(op.startswith(("LDS", "PRMT")) for op in between)
+
+
+@pytest.mark.cpu_sample(every=2)  # compiles for sm_90: half the configs in the default run
+@pytest.mark.parametrize("bn,bt,stages,pipe", [(128, 128, 3, False), (128, 256, 2, True)])
+def test_ws_x_outer_compile_sm90(bn, bt, stages, pipe):
+    # WsConfig.x_outer changes only the tile index's division (the loader's TMA coordinates, the consumer's
+    # tile): no spills, and the consumer's step loop the same MMAs and shared-memory loads as x inner's
+    ops = {}
+    for xo in (False, True):
+        k = _compile_sm90(bn, bt, stages, exc=True, maxnreg=None, warps=8, pipe=pipe, xt=True, pre=3, xo=xo)
+        res = _res_usage(k)
+        assert res.get("LOCAL", 0) == 0
+        ops[xo] = _loop_ops(_sass(k))
+    for prefix in ("HGMMA", "LDS", "SYNCS"):
+        assert sum(o.startswith(prefix) for o in ops[True]) == sum(o.startswith(prefix) for o in ops[False]), prefix
 
 
 def test_ws_pipe_step_loop_at_bm256_keeps_its_registers_sm90():
@@ -369,6 +385,33 @@ def test_ws_matches_reference_gpu(bm, bn, stages, m, progs, bias):
     # the same bits on a second launch (the tile counters were left at zero; the parts are
     # summed in program order whichever program finishes a tile)
     assert torch.equal(kernels.linear(x, p, b, cfg).view(torch.int16), y.view(torch.int16))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
+                    reason="needs a Hopper GPU")
+@pytest.mark.parametrize("bm,bn,stages,warps,pipe", [(128, 128, 3, 8, False), (256, 128, 2, 8, True),
+                                                     (64, 64, 2, 4, False)])
+@pytest.mark.parametrize("m,progs", [(100, 0), (300, 0), (300, 7), (600, 300)])
+def test_ws_x_outer_gpu(bm, bn, stages, warps, pipe, m, progs):
+    # WsConfig.x_outer (weight tiles inner): every tile within the float64 bound, real weights' 0.1% of exceptions
+    # by exc_rows, ragged M and N, programs with parts of tiles (progs 7), one step (300); the same bits twice, and
+    # x inner's bits where there is one x tile (M <= bm: the same tiles at the same K steps)
+    from glyd import kernels
+    from glyd.kernels import WsConfig
+
+    w = random_weights(1000, 3584, "normal", "cuda")
+    w.view(-1)[torch.randint(0, w.numel(), (w.numel() // 1000,), device="cuda")] = torch.tensor(
+        1e-30, device="cuda").to(torch.bfloat16)
+    p = glyd.pack(w, "fixed12")
+    x = torch.randn(m, 3584, device="cuda").to(torch.bfloat16)
+    cfg = WsConfig(bm=bm, bn=bn, stages=stages, split=progs, waves=1, warps=warps, pipe=pipe, exc_xt=True,
+                   exc_rows=True)
+    y = kernels.linear(x, p, None, cfg.replace(x_outer=True))
+    _check(y, x, w, None)
+    assert torch.equal(kernels.linear(x, p, None, cfg.replace(x_outer=True)).view(torch.int16), y.view(torch.int16))
+    if m <= bm:
+        assert torch.equal(kernels.linear(x, p, None, cfg).view(torch.int16), y.view(torch.int16))
 
 
 @pytest.mark.gpu

@@ -68,7 +68,15 @@ class WsConfig(C.KernelConfig):
     (exc_chunk, exc_xt, exc_pre and exc_vals then do nothing). ``exc_rows``: no one-hot MMA either; the
     threads holding a weight row in the accumulator add its exceptions themselves, the j-th of every row
     at once, with the prepared values in fp32, x's columns from x itself or, with exc_xt, from its transposed
-    copy (one more kernel a call; exc_chunk, exc_pre and exc_vals then do nothing; exc_corr takes precedence)."""
+    copy (one more kernel a call; exc_chunk, exc_pre and exc_vals then do nothing; exc_corr takes precedence).
+    ``x_outer``: the tiles in x-tile-major order (every weight tile of the first x rows, then of the next), so
+    that the programs holding one weight tile for each x tile run its K steps at the same time and its words
+    come from DRAM once (x tiles inner, one program takes a weight tile's x tiles one after another, long
+    enough apart that each reads the words from DRAM again: 52.6-69.7% of DRAM's bandwidth for 2-4.4x the
+    words' bytes at M = 512, Nsight Compute on an H100, history/2026-12-06-h100-24.md); the programs then a
+    multiple of the x tiles (128 of 132 SMs at 8 or 16 x tiles), unless ``split`` is given. The same tiles
+    either way; past M = bm they are split among the programs at other K steps (the same bits within
+    float64's bound, not the same bits)."""
 
     bm: int = 16
     bn: int = 64
@@ -81,11 +89,12 @@ class WsConfig(C.KernelConfig):
     exc_corr: bool = False
     exc_vals: bool = False
     exc_rows: bool = False
+    x_outer: bool = False
 
     def validate(self) -> None:
         C.pow2(self, "bm", "bn")
         ints(self, 0, 255, "stages", "maxnreg")
-        flags(self, "pipe", "exc_xt", "exc_pre", "exc_corr", "exc_vals", "exc_rows")
+        flags(self, "pipe", "exc_xt", "exc_pre", "exc_corr", "exc_vals", "exc_rows", "x_outer")
         if self.exc_pre and self.exc_vals:
             raise ValueError("WsConfig.exc_pre (the values a round ahead) and exc_vals (in the round) exclude each other")
         ints(self, 16, 128, "exc_chunk")
@@ -101,15 +110,19 @@ class WsConfig(C.KernelConfig):
 
 
 @gluon.jit
-def _ws_tile(g, S, MT, BN: gl.constexpr, BT: gl.constexpr):
-    # global K step g -> (tile, step in the tile, first weight row, first x row); x tiles inner
+def _ws_tile(g, S, TI, BN: gl.constexpr, BT: gl.constexpr, XO: gl.constexpr = False):
+    # global K step g -> (tile, step in the tile, first weight row, first x row); TI tiles of the inner index:
+    # x tiles inner (TI the x tiles), or with XO (WsConfig.x_outer) weight tiles inner (TI the weight tiles)
     t = g // S
-    return t, g - t * S, (t // MT) * BN, (t % MT) * BT
+    if XO:
+        return t, g - t * S, (t % TI) * BN, (t // TI) * BT
+    else:
+        return t, g - t * S, (t // TI) * BN, (t % TI) * BT
 
 
 @gluon.jit
 def _ws_loader(lo_desc, co_desc, x_desc, lo_s, co_s, x_s, ready, empty, g0, g1, S, MT, BN: gl.constexpr,
-               BT: gl.constexpr, NS: gl.constexpr, NBYTES: gl.constexpr):
+               BT: gl.constexpr, NS: gl.constexpr, NBYTES: gl.constexpr, XO: gl.constexpr = False):
     # the TMA warp: this program's K steps g0..g1 (across tiles) into the ring, each slot once the
     # consumer freed it; NBYTES: the bytes a slot's copies bring (lo, code, two x boxes)
     for i in range(g1 - g0):
@@ -117,7 +130,7 @@ def _ws_loader(lo_desc, co_desc, x_desc, lo_s, co_s, x_s, ready, empty, g0, g1, 
         # a fresh mbarrier counts as having completed the phase before its first: the first
         # NS waits (parity 1) pass at once
         mbarrier.wait(empty.index(b), ((i // NS) & 1) ^ 1)
-        _, st, n0, m0 = _ws_tile(g0 + i, S, MT, BN, BT)
+        _, st, n0, m0 = _ws_tile(g0 + i, S, MT, BN, BT, XO)
         bar = ready.index(b)
         mbarrier.expect(bar, NBYTES)
         tma.async_copy_global_to_shared(lo_desc, [n0, st * 32], bar, lo_s.index(b))
@@ -249,7 +262,7 @@ def _ws_parts_piped(lo_s, co_s, x_s, ready, empty, g0, g1, P, W, S, MT, b4, x_pt
                     BT: gl.constexpr, NS: gl.constexpr, LL: gl.constexpr, CL: gl.constexpr, ML: gl.constexpr,
                     AL: gl.constexpr, OL: gl.constexpr, HAS_BIAS: gl.constexpr, EXC: gl.constexpr,
                     EL: gl.constexpr, CS: gl.constexpr, XE: gl.constexpr = 16, XT: gl.constexpr = False,
-               PRE: gl.constexpr = 0, CORR: gl.constexpr = False, corr_ptr=None):
+               PRE: gl.constexpr = 0, CORR: gl.constexpr = False, corr_ptr=None, XO: gl.constexpr = False):
     # WsConfig.pipe: the program's steps a tile part at a time, each part's steps pipelined
     # (_ws_piped) and its finish after the part's last MMAs, so that nothing decoded ahead is
     # live across a finish (its registers would spill in the step loop)
@@ -266,7 +279,7 @@ def _ws_parts_piped(lo_s, co_s, x_s, ready, empty, g0, g1, P, W, S, MT, b4, x_pt
             acc, a1 = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a1))
             fence_async_shared()  # as _ws_consumer: the slot's reads are done, the TMA may refill it
             mbarrier.arrive(empty.index(b))
-        _, _, n0, m0 = _ws_tile(t * S, S, MT, BN, BT)
+        _, _, n0, m0 = _ws_tile(t * S, S, MT, BN, BT, XO)
         _ws_finish(acc, t, n0, m0, g0, P, W, S, pid, x_ptr, out_ptr, bias_ptr, work_ptr, cnt_ptr, M, N, KP,
                    stride_xm, rowptr_ptr, eidx_ptr, ehi_ptr, lo8_ptr, base_ptr, BN, BT, ML, OL, HAS_BIAS, EXC, EL, CS,
                    XE, XT, PRE, CORR, corr_ptr)
@@ -280,14 +293,14 @@ def _ws_consumer(lo_s, co_s, x_s, ready, empty, g0, g1, P, W, S, MT, b4, x_ptr, 
                  BT: gl.constexpr, NS: gl.constexpr, LL: gl.constexpr, CL: gl.constexpr, ML: gl.constexpr,
                  AL: gl.constexpr, OL: gl.constexpr, HAS_BIAS: gl.constexpr, EXC: gl.constexpr, EL: gl.constexpr,
                  CS: gl.constexpr, PIPE: gl.constexpr, XE: gl.constexpr = 16, XT: gl.constexpr = False,
-               PRE: gl.constexpr = 0, CORR: gl.constexpr = False, corr_ptr=None):
+               PRE: gl.constexpr = 0, CORR: gl.constexpr = False, corr_ptr=None, XO: gl.constexpr = False):
     # the warpgroup: words from the ring, decode, MMA, free the slot; at the end of each tile's
     # part, finish it (_ws_finish). Every program has a step at least (the grid is at most one a step)
     if PIPE:
         acc = _ws_parts_piped(lo_s, co_s, x_s, ready, empty, g0, g1, P, W, S, MT, b4, x_ptr, out_ptr, bias_ptr,
                               work_ptr, cnt_ptr, M, N, KP, stride_xm, rowptr_ptr, eidx_ptr, ehi_ptr, lo8_ptr, base_ptr,
                               BN, BT, NS, LL, CL, ML, AL, OL, HAS_BIAS, EXC, EL, CS, XE, XT, PRE,
-                              CORR, corr_ptr)
+                              CORR, corr_ptr, XO)
     else:
         pid = gl.program_id(0)
         acc = gl.zeros([BN, BT], gl.float32, ML)
@@ -301,7 +314,7 @@ def _ws_consumer(lo_s, co_s, x_s, ready, empty, g0, g1, P, W, S, MT, b4, x_ptr, 
             fence_async_shared()
             mbarrier.arrive(empty.index(b))
             g = g0 + i
-            t, st, n0, m0 = _ws_tile(g, S, MT, BN, BT)
+            t, st, n0, m0 = _ws_tile(g, S, MT, BN, BT, XO)
             if (st == S - 1) | (g == g1 - 1):
                 _ws_finish(acc, t, n0, m0, g0, P, W, S, pid, x_ptr, out_ptr, bias_ptr, work_ptr, cnt_ptr, M, N, KP,
                            stride_xm, rowptr_ptr, eidx_ptr, ehi_ptr, lo8_ptr, base_ptr, BN, BT, ML, OL, HAS_BIAS,
@@ -317,9 +330,10 @@ def _ws_kernel(lo_desc, co_desc, x_desc, x_ptr, base_ptr, out_ptr, bias_ptr, wor
                EXC: gl.constexpr = False, EL: gl.constexpr = None, rowptr_ptr=None, eidx_ptr=None, ehi_ptr=None,
                lo8_ptr=None, CS: gl.constexpr = 1, LOADER_REGS: gl.constexpr = 24, NBYTES: gl.constexpr = 0,
                PIPE: gl.constexpr = False, XE: gl.constexpr = 16, XT: gl.constexpr = False,
-               PRE: gl.constexpr = 0, CORR: gl.constexpr = False, corr_ptr=None):
+               PRE: gl.constexpr = 0, CORR: gl.constexpr = False, corr_ptr=None, XO: gl.constexpr = False):
     # out (bf16 [M, N], + bias) = x @ W^T, persistent over W = tiles x S K steps (stream-K):
-    # program p multiplies global steps p W / P .. (p + 1) W / P (tile-major, x tiles inner), so
+    # program p multiplies global steps p W / P .. (p + 1) W / P (tile-major, x tiles inner, or with XO
+    # outer: MT is then the weight tiles, the inner index's count), so
     # every program has the same number of steps; a tile shared by several programs is summed
     # by the last of them through fp32 work slots (_ws_finish). x here is the slot-permuted copy
     # (x_desc); x_ptr the original (XT: transposed, [K, M]), for the exceptions.
@@ -341,8 +355,9 @@ def _ws_kernel(lo_desc, co_desc, x_desc, x_ptr, base_ptr, out_ptr, bias_ptr, wor
         (_ws_consumer, (lo_s, co_s, x_s, ready, empty, g0, g1, P, W, S, MT, b4, x_ptr, out_ptr, bias_ptr, work_ptr,
                         cnt_ptr, M, N, KP, stride_xm, rowptr_ptr, eidx_ptr, ehi_ptr, lo8_ptr, base_ptr, BN, BT, NS,
                         LL, CL, ML, AL, OL, HAS_BIAS, EXC, EL, CS, PIPE, XE, XT, PRE, CORR,
-                        corr_ptr)),
-        (_ws_loader, (lo_desc, co_desc, x_desc, lo_s, co_s, x_s, ready, empty, g0, g1, S, MT, BN, BT, NS, NBYTES)),
+                        corr_ptr, XO)),
+        (_ws_loader, (lo_desc, co_desc, x_desc, lo_s, co_s, x_s, ready, empty, g0, g1, S, MT, BN, BT, NS, NBYTES,
+                      XO)),
     ], [1], [LOADER_REGS])
 
 
@@ -457,6 +472,9 @@ def plan(x2: torch.Tensor, p, bias, cfg: WsConfig):
     work = triton.cdiv(n, cfg.bn) * mt * steps  # K steps in all
     # programs: ``split`` if given (tests), else ``waves`` an SM; at most one a step
     progs = min(work, cfg.split or cfg.waves * C.sm_count(x2.device))
+    if cfg.x_outer and not cfg.split and progs > mt:  # a multiple of the x tiles: each copy of a weight tile then
+        progs -= progs % mt  # starts at the same step of its programs' ranges (132 programs and 16 x tiles would
+        # put them a quarter of a range apart, 250 K steps at M = 2048, and the words would leave L2 between them)
     corr = prep.nexc > 0 and cfg.exc_corr  # the exceptions by a pass of their own, added where a tile is finished
     inline = prep.nexc > 0 and not corr  # ... else by the finishing program itself
     xt = inline and cfg.exc_xt  # ... their x columns read from x transposed
@@ -471,12 +489,13 @@ def plan(x2: torch.Tensor, p, bias, cfg: WsConfig):
     x, b, ring, o = _plan.slots(4)
     lo, _code, base, eidx, ehi = _plan.slots(5, 4, fixed=True)
     x_d = _plan.Slot(9)
-    tile = _plan.Launch(_ws_kernel, (progs,), (lo_d, co_d, x_d, x, base, o, b, ring, cnt, m, n, kp, stride, steps, mt,
-                                               work), dict(
+    inner = triton.cdiv(n, cfg.bn) if cfg.x_outer else mt  # the tiles of the inner index (_ws_tile)
+    tile = _plan.Launch(_ws_kernel, (progs,), (lo_d, co_d, x_d, x, base, o, b, ring, cnt, m, n, kp, stride, steps,
+                                               inner, work), dict(
         BN=cfg.bn, BT=cfg.bm, NS=cfg.stages, LL=ll, CL=cl, ML=mma, AL=a_op, OL=ol, HAS_BIAS=bias is not None,
         EXC=inline, EL=exc_layout(cfg.warps, xt) if inline else None, rowptr_ptr=prep.rowptr, eidx_ptr=eidx,
         ehi_ptr=ehi, lo8_ptr=prep.vals if pre else lo, CS=C.COUNTER_SLOTS, NBYTES=slot_bytes(cfg.bn, cfg.bm), PIPE=cfg.pipe, XE=cfg.exc_chunk,
-        XT=xt, PRE=pre, CORR=corr, corr_ptr=_plan.Slot(10) if corr else None, num_warps=cfg.warps,
+        XT=xt, PRE=pre, CORR=corr, corr_ptr=_plan.Slot(10) if corr else None, XO=cfg.x_outer, num_warps=cfg.warps,
         **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {})))
     tx = xt or corr  # the exceptions' x transposed ([K, M]), written by x's permutation from the same load
     permute = _permute_launch(m, k, stride, tx)

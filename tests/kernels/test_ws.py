@@ -27,7 +27,7 @@ def _ws():
 
 
 def _compile_sm90(bn, bt, stages, bias=False, exc=False, maxnreg=128, warps=4, pipe=False, xe=16, xt=False, pre=0,
-                  xo=False):
+                  xo=False, ints=None):
     from glyd.kernels.fixed12 import wgmma as fixed12_wg
 
     w = _ws()
@@ -40,7 +40,14 @@ def _compile_sm90(bn, bt, stages, bias=False, exc=False, maxnreg=128, warps=4, p
     const = dict(BN=bn, BT=bt, NS=stages, LL=ll, CL=cl, ML=mma, AL=a_op, OL=ol, HAS_BIAS=bias, EXC=exc,
                  EL=fixed12_wg.exc_layout(warps, xt) if exc else None, CS=16, LOADER_REGS=24,
                  NBYTES=w.slot_bytes(bn, bt), PIPE=pipe, XE=xe, XT=xt, PRE=pre, CORR=False, XO=xo)
+    const.update(_specialized(w._ws_kernel, ints or {}))
     return compile_gluon_sm90(w._ws_kernel, const, ptrs, descs, num_warps=warps, maxnreg=maxnreg)
+
+
+def _specialized(kernel, ints: dict) -> dict:
+    # the integer arguments a launch with these values makes constexpr (Triton specializes an int equal to 1
+    # unless the kernel says do_not_specialize)
+    return {q.name: 1 for q in kernel.params if ints.get(q.name) == 1 and not q.do_not_specialize}
 
 
 def _loops(sass: str) -> list[list[str]]:
@@ -135,6 +142,17 @@ def test_ws_x_outer_compile_sm90(bn, bt, stages, pipe):
         ops[xo] = _loop_ops(_sass(k))
     for prefix in ("HGMMA", "LDS", "SYNCS"):
         assert sum(o.startswith(prefix) for o in ops[True]) == sum(o.startswith(prefix) for o in ops[False]), prefix
+
+
+@pytest.mark.cpu_sample(every=2)  # compiles for sm_90: half the configs in the default run
+@pytest.mark.parametrize("bn,bt,warps", [(128, 256, 8), (64, 64, 4)])
+def test_ws_one_row_launch_compiles_sm90(bn, bt, warps):
+    # at M = 1 with x tiles inner (MT = 1) Triton makes M and MT constexpr 1 unless the kernel says not to; with the
+    # exceptions by rows (x transposed) that lowering aborted in Triton 3.6 (the H100's GPU set, 2026-12-07): the
+    # launch's own specialization compiles
+    k = _compile_sm90(bn, bt, 2, bias=True, exc=True, maxnreg=None, warps=warps, xt=True, pre=3,
+                      ints={"M": 1, "MT": 1, "S": 28, "W": 28})
+    assert k.metadata.shared > 0
 
 
 def test_ws_pipe_step_loop_at_bm256_keeps_its_registers_sm90():
@@ -385,6 +403,26 @@ def test_ws_matches_reference_gpu(bm, bn, stages, m, progs, bias):
     # the same bits on a second launch (the tile counters were left at zero; the parts are
     # summed in program order whichever program finishes a tile)
     assert torch.equal(kernels.linear(x, p, b, cfg).view(torch.int16), y.view(torch.int16))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
+                    reason="needs a Hopper GPU")
+@pytest.mark.parametrize("bm,bn,stages,warps", [(256, 128, 2, 8), (64, 64, 2, 4)])
+def test_ws_one_row_with_row_exceptions_gpu(bm, bn, stages, warps):
+    # one x row, x tiles inner (MT = 1), real weights' 0.1% of exceptions by exc_rows from x transposed: within the
+    # float64 bound (the launch that failed to compile before MT was left unspecialized)
+    from glyd import kernels
+    from glyd.kernels import WsConfig
+
+    w = random_weights(1000, 3584, "normal", "cuda")
+    w.view(-1)[torch.randint(0, w.numel(), (w.numel() // 1000,), device="cuda")] = torch.tensor(
+        1e-30, device="cuda").to(torch.bfloat16)
+    p = glyd.pack(w, "fixed12")
+    x = torch.randn(1, 3584, device="cuda").to(torch.bfloat16)
+    b = torch.randn(1000, device="cuda").to(torch.bfloat16)
+    cfg = WsConfig(bm=bm, bn=bn, stages=stages, waves=1, warps=warps, exc_xt=True, exc_rows=True)
+    _check(kernels.linear(x, p, b, cfg), x, w, b)
 
 
 @pytest.mark.gpu

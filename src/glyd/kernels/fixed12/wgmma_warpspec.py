@@ -323,7 +323,9 @@ def _ws_consumer(lo_s, co_s, x_s, ready, empty, g0, g1, P, W, S, MT, b4, x_ptr, 
     return (acc, )  # warp_specialize takes the default partition's results as a tuple
 
 
-@gluon.jit
+# MT not specialized: at M = 1 Triton makes both M and MT constexpr 1, and with exceptions that lowering aborts
+# (an assertion in Triton 3.6's ConvertTritonGPUToLLVM; either one alone compiles)
+@gluon.jit(do_not_specialize=["MT"])
 def _ws_kernel(lo_desc, co_desc, x_desc, x_ptr, base_ptr, out_ptr, bias_ptr, work_ptr, cnt_ptr, M, N, KP, stride_xm,
                S, MT, W, BN: gl.constexpr, BT: gl.constexpr, NS: gl.constexpr, LL: gl.constexpr, CL: gl.constexpr,
                ML: gl.constexpr, AL: gl.constexpr, OL: gl.constexpr, HAS_BIAS: gl.constexpr,

@@ -42,9 +42,10 @@ def test_shape_classes_and_buckets():
     assert {R.shape_class(n, k) for n, k in [(512, 3584), (3584, 3584), (4608, 3584), (18944, 3584),
                                             (37888, 3584), (3584, 18944), (152064, 3584)]} == {
         "kv", "qo", "qkv", "gate", "big", "tall", "wide_big"}
-    assert [R.m_bucket(m) for m in (1, 2, 3, 4, 5, 8, 9, 16, 17, 33, 64, 65, 128, 129, 255, 256, 10**6)] == [
+    assert [R.m_bucket(m) for m in (1, 2, 3, 4, 5, 8, 9, 16, 17, 33, 64, 65, 128, 129, 255, 256, 511, 512,
+                                    10**6)] == [
         "1", "2", "3", "4", "5-8", "5-8", "9-16", "9-16", "17-32", "33-64", "33-64", "65-128", "65-128", "129-255",
-        "129-255", "256+", "256+"]
+        "129-255", "256-511", "256-511", "512+", "512+"]
     with pytest.raises(ValueError):
         R.m_bucket(0)
 
@@ -126,6 +127,22 @@ def test_glyd_tables_is_read_before_the_package(tmp_path, environ):
         R.choose(kv, h200_dev)
     environ(GLYD_TABLES="")
     assert R.candidates(kv, h200_dev) == shipped
+
+
+def test_a_table_of_the_old_256_plus_bucket_still_loads(tmp_path, environ):
+    # before 2026-12-07 the last bucket was 256+: its cells serve 256-511 and 512+, unless the table has its own
+    ws = {"kernel": "fixed12_wgmma_warpspec", "config": {"bm": 128}}
+    own = {"linear": {"fixed12": {"big": {"256+": [ws], "512+": [{"kernel": "fixed12_unpack_cublas", "config": {}}]},
+                                  "tall": {"256+": [ws]}}},
+           "experts": {"fixed12": {"256+": [{"kernel": "experts_loop", "config": {}}]}}}
+    (tmp_path / "Old_GPU.json").write_text(json.dumps(own))
+    environ(GLYD_TABLES=str(tmp_path))
+    gpu = R.Device("cuda", "Old GPU", (9, 0), 132, False, frozenset({"gluon", "wgmma", "tma"}))
+    assert R.candidates(R.Problem("fixed12", 300, 37888, 3584, 3584), gpu)[0] == ws
+    assert R.candidates(R.Problem("fixed12", 600, 37888, 3584, 3584), gpu)[0]["kernel"] == "fixed12_unpack_cublas"
+    assert R.candidates(R.Problem("fixed12", 4096, 3584, 18944, 18944), gpu)[0] == ws
+    table = R._load_table(tmp_path / "Old_GPU.json")
+    assert "256+" not in table["experts"]["fixed12"] and table["experts"]["fixed12"]["512+"][0]["kernel"] == "experts_loop"
 
 
 def test_a_table_of_some_cells_falls_back_to_the_h200_table_for_the_rest(tmp_path, environ):

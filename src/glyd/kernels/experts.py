@@ -74,8 +74,8 @@ _GROUPED = {"kernel": "experts_unpack_grouped", "config": {}}
 #: loop and the GEMV. MMA, unpack + GEMM and GEMV never sync with the host, so a CUDA graph capture
 #: takes them in the same order. The other layouts: the loop.
 DEFAULTS: dict[str, dict[str, list[dict[str, Any]]]] = {
-    "fixed12": {b: [_GEMV, _MMA, _LOOP] if hi is not None else [_MMA_TO_2048, _GROUPED, _LOOP, _GEMV]
-                for b, _, hi in M_BUCKETS},
+    "fixed12": {b: [_GEMV, _MMA, _LOOP] if lo < 256 else [_MMA_TO_2048, _GROUPED, _LOOP, _GEMV]
+                for b, lo, _ in M_BUCKETS},
     "tiered": {b: [_LOOP] for b, _, _ in M_BUCKETS},
     "dense11": {b: [_LOOP] for b, _, _ in M_BUCKETS},
 }

@@ -74,7 +74,8 @@ KERNELS: Mapping[str, str] = _Families()
 #: M buckets of the tables: (name, first M, last M) (None: no end).
 M_BUCKETS: tuple[tuple[str, int, int | None], ...] = (
     ("1", 1, 1), ("2", 2, 2), ("3", 3, 3), ("4", 4, 4), ("5-8", 5, 8), ("9-16", 9, 16), ("17-32", 17, 32),
-    ("33-64", 33, 64), ("65-128", 65, 128), ("129-255", 129, 255), ("256+", 256, None),
+    ("33-64", 33, 64), ("65-128", 65, 128), ("129-255", 129, 255), ("256-511", 256, 511),
+    ("512+", 512, None),
 )
 
 #: Shape classes of an N x K matrix (``shape_class``), with one example each from a 7B model where
@@ -113,7 +114,7 @@ def m_range(m: int) -> tuple[int, int]:
     """(first M, last M) of the M bucket (``M_BUCKETS``) that ``m`` >= 1 falls in (no end: ``2**62``).
 
     >>> m_range(100), m_range(4096)
-    ((65, 128), (256, 4611686018427387904))
+    ((65, 128), (512, 4611686018427387904))
     """
     for _, lo, hi in M_BUCKETS:
         if m >= lo and (hi is None or m <= hi):
@@ -297,8 +298,31 @@ def _load_table(path: Path) -> dict[str, Any]:
         table = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ValueError(f"{path}: not a JSON table ({exc})") from exc
+    if isinstance(table, dict):
+        _split_old_buckets(table)
     check_table(table, str(path))
     return table
+
+
+#: M buckets of tables written before a bucket was split, and the buckets that took their rows.
+OLD_BUCKETS: dict[str, tuple[str, ...]] = {"256+": ("256-511", "512+")}
+
+
+def _split_old_buckets(table: dict[str, Any]) -> None:
+    """A table's cells of ``OLD_BUCKETS`` (a table from before 2026-12-07) as cells of the buckets
+    that split them, in place, where the table has no cell of its own there."""
+    cells = [c for s in ("linear",) if isinstance(table.get(s), dict)
+             for classes in table[s].values() if isinstance(classes, dict) for c in classes.values()]
+    if isinstance(table.get("experts"), dict):
+        cells += list(table["experts"].values())
+    for cell in cells:
+        if not isinstance(cell, dict):
+            continue
+        for old, new in OLD_BUCKETS.items():
+            if old in cell:
+                cands = cell.pop(old)
+                for b in new:
+                    cell.setdefault(b, cands)
 
 
 def check_table(table: Any, where: str = "table") -> None:

@@ -124,12 +124,13 @@ for s in "${steps[@]}"; do
              step sweep47_normal 120 env SWEEP_ROUND=47 PYTHONPATH=src TRITON_CACHE_DIR="$(mktemp -d)" python3 \
                benchmarks/sweep_shapes.py --shapes gate_up,down --ms 256,512 --out /tmp/sweep47n ;;
     next) # the pending README's first call, whichever GPU came: an H200 merges rounds 45, 44 and 46 into its table
-          # and runs the GPU set on that tree (tables); an H100 runs the GPU set (the pending t48 and h142 applied),
-          # the A/B of t48's M = 129-255 cells against main (carry .carry/main) and round 50 (h142's x_outer)
+          # and runs the GPU set on that tree (tables); an H100 runs the GPU set (the pending t48 and h142 applied)
+          # and round 50 (h142's x_outer), then warm the A/B of t48's M = 129-255 cells against main (carry
+          # .carry/main) and round 50 without exceptions
           if python3 -c "import torch,sys;sys.exit('H200' not in torch.cuda.get_device_name())"; then
             OUT="$out" bash "$0" tables  # its own summary table
           else
-            OUT="$out" bash "$0" gpu_set_par sweep50 ab129
+            OUT="$out" bash "$0" gpu_set_par sweep50  # then, warm: ab129 sweep50n
           fi ;;
     ab129) # the table's choice at M = 129-255 (round 48's cells, the pending t48) against main's (.carry/main), 0.1%
            for r in . .carry/main; do
@@ -170,10 +171,12 @@ for s in "${steps[@]}"; do
                benchmarks/sweep_shapes.py --shapes gate_up,down --ms 256,512 --out /tmp/sweep48n ;;
     sweep50) # the ws tile with x tiles outer (x_outer, h142) at M = 192-2048, real weights' 0.1% of exceptions and
              # normal weights (no exceptions): whether the words read from DRAM once make it beat unpack + cuBLAS
-             step sweep50 240 env SWEEP_ROUND=50 PYTHONPATH=src TRITON_CACHE_DIR="$(mktemp -d)" python3 \
-               benchmarks/sweep_shapes.py --shapes gate_up,down,qkv,lm_head --ms 192,512,2048 --exc 0.001 \
-               --out /tmp/sweep50 --table "$out/sweep50_table.json"
-             step sweep50_normal 150 env SWEEP_ROUND=50 PYTHONPATH=src TRITON_CACHE_DIR="$(mktemp -d)" python3 \
+             # (and bn 64 at two programs an SM); the time the call has left, each shape's rows printed as it ends
+             step sweep50 $(( 585 - SECONDS > 60 ? 585 - SECONDS : 60 )) env SWEEP_ROUND=50 PYTHONPATH=src \
+               TRITON_CACHE_DIR="$(mktemp -d)" python3 benchmarks/sweep_shapes.py --shapes gate_up,lm_head,down,qkv \
+               --ms 192,512,2048 --exc 0.001 --out /tmp/sweep50 --table "$out/sweep50_table.json" ;;
+    sweep50n) # round 50 with normal weights (no exceptions)
+             step sweep50_normal 240 env SWEEP_ROUND=50 PYTHONPATH=src TRITON_CACHE_DIR="$(mktemp -d)" python3 \
                benchmarks/sweep_shapes.py --shapes gate_up,down --ms 512,2048 --out /tmp/sweep50n ;;
     sweep44) # decode sizes at 0.1% of exceptions: bigger rounds, more split programs, the GEMV in-tile or beside,
              # the GEMV at M = 1-2 where a tile runs (saved after each shape; the time the call has left)

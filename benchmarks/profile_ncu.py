@@ -123,9 +123,9 @@ def main(argv=None) -> int:
                 # x tiles outer (h142): the weight tile's words from DRAM once for all x tiles (DRAM bytes, L2 hits)
                 variants[f"f12 ws bm256 bn128 w8 exc rows x outer M={m}"] = (m, dataclasses.replace(
                     pipe, pipe=False, x_outer=True))
-                # bn 64, two programs an SM (round 50): their decode and MMAs interleave with no shared CTA barrier
-                variants[f"f12 ws bm128 bn64 w4 wv2 r128 exc rows M={m}"] = (m, WsConfig(
-                    bm=128, bn=64, warps=4, stages=2, waves=2, maxnreg=128, exc_xt=True, exc_rows=True))
+                # ... and a slot freed by halves (h143: its copies a step and a half to land)
+                variants[f"f12 ws bm256 bn128 w8 exc rows halves x outer M={m}"] = (m, dataclasses.replace(
+                    pipe, pipe=False, x_outer=True, halves=True))
                 if args.exc:
                     variants[f"f12 ws bm256 bn128 w8 exc rows exc_pre M={m}"] = (m, dataclasses.replace(
                         pipe, pipe=False, exc_pre=True))

@@ -196,12 +196,12 @@ def _candidates(m: int, n: int, k: int) -> dict:
                 c = WsConfig(bm=bm, bn=128, warps=8, stages=st, waves=1, exc_xt=True, exc_rows=True, pipe=pipe)
                 name = f"ws bm{bm} s{st}{' pipe' * pipe} exc rows"
                 out[name], out[name + " x outer"] = c, R(c, x_outer=True)
-            # one warpgroup a program and two programs an SM (maxnreg 128: 8 warps' 32 K registers, the consumer at
-            # 232; 98 KB of shared memory each): the two programs' decode and MMAs interleave, where bn 128's two
-            # warpgroups wait at one CTA barrier three times a step (41-51% of their cycles there at M = 512, ncu)
-            c = WsConfig(bm=128, bn=64, warps=4, stages=2, waves=2, maxnreg=128, exc_xt=True, exc_rows=True)
-            out["ws bm128 bn64 wv2 r128 exc rows"], out["ws bm128 bn64 wv2 r128 exc rows x outer"] = c, R(
-                c, x_outer=True)
+            # halves (h143): a slot's halves freed one at a time, its copies a step and a half to land (at bm 256 the
+            # step took 3,980 cycles for 2,048 of MMAs, L2 at 61%: the two 88 KB slots' latency, ncu 2026-12-06)
+            for bm, st in ((128, 3), (256, 2)):
+                c = WsConfig(bm=bm, bn=128, warps=8, stages=st, waves=1, exc_xt=True, exc_rows=True, halves=True)
+                name = f"ws bm{bm} s{st} halves exc rows"
+                out[name], out[name + " x outer"] = c, R(c, x_outer=True)
         return out
     if rnd in ("47", "48"):  # prompts past M = 128 (issue 38, run with --exc): the ws tile with exc_rows, 128 or 256 x
         # rows a tile (256: the weight tile decoded once for twice the rows), against unpack + cuBLAS (the table's row);

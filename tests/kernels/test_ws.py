@@ -27,7 +27,7 @@ def _ws():
 
 
 def _compile_sm90(bn, bt, stages, bias=False, exc=False, maxnreg=128, warps=4, pipe=False, xe=16, xt=False, pre=0,
-                  xo=False, ints=None):
+                  xo=False, hv=False, ints=None):
     from glyd.kernels.fixed12 import wgmma as fixed12_wg
 
     w = _ws()
@@ -39,7 +39,7 @@ def _compile_sm90(bn, bt, stages, bias=False, exc=False, maxnreg=128, warps=4, p
             "cnt_ptr": "*i32", "rowptr_ptr": "*i32", "eidx_ptr": "*i32", "ehi_ptr": "*u8", "lo8_ptr": "*u8"}
     const = dict(BN=bn, BT=bt, NS=stages, LL=ll, CL=cl, ML=mma, AL=a_op, OL=ol, HAS_BIAS=bias, EXC=exc,
                  EL=fixed12_wg.exc_layout(warps, xt) if exc else None, CS=16, LOADER_REGS=24,
-                 NBYTES=w.slot_bytes(bn, bt), PIPE=pipe, XE=xe, XT=xt, PRE=pre, CORR=False, XO=xo)
+                 NBYTES=w.slot_bytes(bn, bt), PIPE=pipe, XE=xe, XT=xt, PRE=pre, CORR=False, XO=xo, HV=hv)
     const.update(_specialized(w._ws_kernel, ints or {}))
     return compile_gluon_sm90(w._ws_kernel, const, ptrs, descs, num_warps=warps, maxnreg=maxnreg)
 
@@ -153,6 +153,32 @@ def test_ws_one_row_launch_compiles_sm90(bn, bt, warps):
     k = _compile_sm90(bn, bt, 2, bias=True, exc=True, maxnreg=None, warps=warps, xt=True, pre=3,
                       ints={"M": 1, "MT": 1, "S": 28, "W": 28})
     assert k.metadata.shared > 0
+
+
+@pytest.mark.cpu_sample(every=2)  # compiles for sm_90: half the configs in the default run
+@pytest.mark.parametrize("bn,bt,stages,warps,exc", [(128, 256, 2, 8, True), (128, 128, 3, 8, False),
+                                                    (64, 64, 2, 4, True)])
+def test_ws_halves_free_a_slot_by_halves_sm90(bn, bt, stages, warps, exc):
+    # WsConfig.halves: the step waits for its first half (words, first x box), issues its MMAs, waits for the second
+    # x box, issues the second's, then frees the first half once its MMAs are done (a DEPBAR before the first
+    # arrive) and the second after all of them; the loader waits for each half's mbarrier before its copies (three,
+    # then one). Without halves one wait and one arrive a step, four copies after one wait. No spills either way.
+    # In address order (the waits' retry loops sit out of line, so no loop body holds a whole step)
+    kw = dict(exc=exc, maxnreg=None, warps=warps, xt=exc, pre=3 if exc else 0)
+    h = ["HGMMA"] * (4 * bn // (16 * warps))  # a half's MMAs: 4 k16 a 64-row block
+    wait, dep, free = "SYNCS.PHASECHK", "WARPGROUP.DEPBAR", "SYNCS.ARRIVE.TRANS64.A1T0"
+    for hv in (False, True):
+        k = _compile_sm90(bn, bt, stages, hv=hv, **kw)
+        assert _res_usage(k).get("LOCAL", 0) == 0
+        ops = [re.search(r"\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_.]+)", ln).group(1) for ln in _sass(k).splitlines()
+               if re.match(r"\s+/\*[0-9a-f]{4,}\*/", ln)]
+        step = [o.split(".")[0] if o.startswith(("HGMMA", "UTMALDG")) else o for o in ops
+                if o.startswith(("HGMMA", dep, wait, free, "UTMALDG"))]
+        step = [wait if o.startswith(wait) else dep if o.startswith(dep) else o for o in step]
+        want = ([wait] + h + [wait] + h + [dep, free, dep, free] if hv else [wait] + h + h + [dep, free])
+        loads = [wait] + ["UTMALDG"] * 3 + [wait, "UTMALDG"] if hv else [wait] + ["UTMALDG"] * 4
+        for seq in (want, loads):
+            assert any(step[i:i + len(seq)] == seq for i in range(len(step))), (hv, seq)
 
 
 def test_ws_pipe_step_loop_at_bm256_keeps_its_registers_sm90():
@@ -300,6 +326,10 @@ def test_ws_config_checks():
     for bad in (dict(exc_chunk=8), dict(exc_chunk=48), dict(exc_chunk=256), dict(exc_xt=1), dict(exc_pre="yes"), dict(exc_corr=0),
                 dict(exc_vals=1), dict(exc_pre=True, exc_vals=True), dict(exc_rows=1)):
         with pytest.raises(ValueError, match="exc_"):
+            WsConfig(**{**base, **bad})
+    WsConfig(**{**base, "halves": True, "x_outer": True})
+    for bad in (dict(halves=1), dict(halves=True, pipe=True)):
+        with pytest.raises(ValueError, match="halves"):
             WsConfig(**{**base, **bad})
     for bad in (dict(consumers=2), dict(bk=256)):  # removed variants, fixed K steps
         with pytest.raises(TypeError):
@@ -477,6 +507,33 @@ def test_ws_pipe_matches_unpiped_bits_gpu(bm, bn, stages, warps, cap, m, progs, 
     y = kernels.linear(x, p, b, cfg.replace(pipe=True))
     _check(y, x, w, b)
     assert torch.equal(y.view(torch.int16), kernels.linear(x, p, b, cfg).view(torch.int16))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
+                    reason="needs a Hopper GPU")
+@pytest.mark.parametrize("bm,bn,stages,warps,xo", [(256, 128, 2, 8, False), (128, 128, 3, 8, True),
+                                                   (64, 64, 2, 4, False)])
+@pytest.mark.parametrize("m,progs", [(1, 0), (300, 0), (300, 5), (600, 300)])
+def test_ws_halves_match_whole_slots_bits_gpu(bm, bn, stages, warps, xo, m, progs):
+    # WsConfig.halves frees a slot's halves one at a time and issues the same MMAs in the same order: within the
+    # float64 bound and the same bits as whole slots, twice; real weights' 0.1% of exceptions by exc_rows, a bias,
+    # programs with one step (300), parts of tiles (5), N not a multiple of the tile, x tiles outer too
+    from glyd import kernels
+    from glyd.kernels import WsConfig
+
+    w = random_weights(1000, 3584, "normal", "cuda")
+    w.view(-1)[torch.randint(0, w.numel(), (w.numel() // 1000,), device="cuda")] = torch.tensor(
+        1e-30, device="cuda").to(torch.bfloat16)
+    p = glyd.pack(w, "fixed12")
+    x = torch.randn(m, 3584, device="cuda").to(torch.bfloat16)
+    b = torch.randn(1000, device="cuda").to(torch.bfloat16)
+    cfg = WsConfig(bm=bm, bn=bn, stages=stages, split=progs, waves=1, warps=warps, exc_xt=True, exc_rows=True,
+                   x_outer=xo)
+    y = kernels.linear(x, p, b, cfg.replace(halves=True))
+    _check(y, x, w, b)
+    assert torch.equal(y.view(torch.int16), kernels.linear(x, p, b, cfg).view(torch.int16))
+    assert torch.equal(y.view(torch.int16), kernels.linear(x, p, b, cfg.replace(halves=True)).view(torch.int16))
 
 
 @pytest.mark.gpu

@@ -76,7 +76,11 @@ class WsConfig(C.KernelConfig):
     words' bytes at M = 512, Nsight Compute on an H100, history/2026-12-06-h100-24.md); the programs then a
     multiple of the x tiles (128 of 132 SMs at 8 or 16 x tiles), unless ``split`` is given. The same tiles
     either way; past M = bm they are split among the programs at other K steps (the same bits within
-    float64's bound, not the same bits)."""
+    float64's bound, not the same bits). ``halves``: a slot's two 64-column halves each with its own
+    mbarriers (the words and the first x box, then the second x box), the first freed once its MMAs are done while
+    the second's run: a slot's copies then have a step and a half to land, not one (at bm 256 two 88 KB slots fit,
+    and the step took 3,980 cycles for 2,048 of MMAs with L2 at 61%: the copies' latency, Nsight Compute on an H100,
+    history/2026-12-06-h100-24.md). The same MMAs in the same order: the same bits. Not with ``pipe``."""
 
     bm: int = 16
     bn: int = 64
@@ -90,11 +94,15 @@ class WsConfig(C.KernelConfig):
     exc_vals: bool = False
     exc_rows: bool = False
     x_outer: bool = False
+    halves: bool = False
 
     def validate(self) -> None:
         C.pow2(self, "bm", "bn")
         ints(self, 0, 255, "stages", "maxnreg")
-        flags(self, "pipe", "exc_xt", "exc_pre", "exc_corr", "exc_vals", "exc_rows", "x_outer")
+        flags(self, "pipe", "exc_xt", "exc_pre", "exc_corr", "exc_vals", "exc_rows", "x_outer", "halves")
+        if self.halves and self.pipe:
+            raise ValueError("WsConfig.halves (a slot freed by halves) and pipe (the next step decoded ahead) exclude "
+                             "each other")
         if self.exc_pre and self.exc_vals:
             raise ValueError("WsConfig.exc_pre (the values a round ahead) and exc_vals (in the round) exclude each other")
         ints(self, 16, 128, "exc_chunk")
@@ -122,21 +130,45 @@ def _ws_tile(g, S, TI, BN: gl.constexpr, BT: gl.constexpr, XO: gl.constexpr = Fa
 
 @gluon.jit
 def _ws_loader(lo_desc, co_desc, x_desc, lo_s, co_s, x_s, ready, empty, g0, g1, S, MT, BN: gl.constexpr,
-               BT: gl.constexpr, NS: gl.constexpr, NBYTES: gl.constexpr, XO: gl.constexpr = False):
+               BT: gl.constexpr, NS: gl.constexpr, NBYTES: gl.constexpr, XO: gl.constexpr = False,
+               HV: gl.constexpr = False):
     # the TMA warp: this program's K steps g0..g1 (across tiles) into the ring, each slot once the
-    # consumer freed it; NBYTES: the bytes a slot's copies bring (lo, code, two x boxes)
+    # consumer freed it; NBYTES: the bytes a slot's copies bring (lo, code, two x boxes). HV
+    # (WsConfig.halves): mbarriers 2 b and 2 b + 1 guard the words and the first x box, and the second
     for i in range(g1 - g0):
         b = i % NS
-        # a fresh mbarrier counts as having completed the phase before its first: the first
-        # NS waits (parity 1) pass at once
-        mbarrier.wait(empty.index(b), ((i // NS) & 1) ^ 1)
-        _, st, n0, m0 = _ws_tile(g0 + i, S, MT, BN, BT, XO)
-        bar = ready.index(b)
-        mbarrier.expect(bar, NBYTES)
-        tma.async_copy_global_to_shared(lo_desc, [n0, st * 32], bar, lo_s.index(b))
-        tma.async_copy_global_to_shared(co_desc, [n0, st * 16], bar, co_s.index(b))
-        tma.async_copy_global_to_shared(x_desc, [m0, st * 128], bar, x_s.index(2 * b))
-        tma.async_copy_global_to_shared(x_desc, [m0, st * 128 + 64], bar, x_s.index(2 * b + 1))
+        if HV:
+            _ws_load_halves(lo_desc, co_desc, x_desc, lo_s, co_s, x_s, ready, empty, g0 + i, b, ((i // NS) & 1) ^ 1,
+                            S, MT, BN, BT, NBYTES, XO)
+        else:
+            # a fresh mbarrier counts as having completed the phase before its first: the first
+            # NS waits (parity 1) pass at once
+            mbarrier.wait(empty.index(b), ((i // NS) & 1) ^ 1)
+            _, st, n0, m0 = _ws_tile(g0 + i, S, MT, BN, BT, XO)
+            bar = ready.index(b)
+            mbarrier.expect(bar, NBYTES)
+            tma.async_copy_global_to_shared(lo_desc, [n0, st * 32], bar, lo_s.index(b))
+            tma.async_copy_global_to_shared(co_desc, [n0, st * 16], bar, co_s.index(b))
+            tma.async_copy_global_to_shared(x_desc, [m0, st * 128], bar, x_s.index(2 * b))
+            tma.async_copy_global_to_shared(x_desc, [m0, st * 128 + 64], bar, x_s.index(2 * b + 1))
+
+
+@gluon.jit
+def _ws_load_halves(lo_desc, co_desc, x_desc, lo_s, co_s, x_s, ready, empty, g, b, ph, S, MT, BN: gl.constexpr,
+                    BT: gl.constexpr, NBYTES: gl.constexpr, XO: gl.constexpr):
+    # WsConfig.halves: global step g into slot b, the words and the first x box once the slot's last
+    # first half is free (mbarriers 2 b), the second x box once its second half is (2 b + 1)
+    _, st, n0, m0 = _ws_tile(g, S, MT, BN, BT, XO)
+    mbarrier.wait(empty.index(2 * b), ph)
+    bar = ready.index(2 * b)
+    mbarrier.expect(bar, NBYTES - BT * 128)
+    tma.async_copy_global_to_shared(lo_desc, [n0, st * 32], bar, lo_s.index(b))
+    tma.async_copy_global_to_shared(co_desc, [n0, st * 16], bar, co_s.index(b))
+    tma.async_copy_global_to_shared(x_desc, [m0, st * 128], bar, x_s.index(2 * b))
+    mbarrier.wait(empty.index(2 * b + 1), ph)
+    bar = ready.index(2 * b + 1)
+    mbarrier.expect(bar, BT * 128)
+    tma.async_copy_global_to_shared(x_desc, [m0, st * 128 + 64], bar, x_s.index(2 * b + 1))
 
 
 @gluon.jit
@@ -237,6 +269,28 @@ def _ws_step_mmas(lo_s, co_s, x_s, ready, b, ph, acc, b4, BN: gl.constexpr, LL: 
 
 
 @gluon.jit
+def _ws_step_halves(lo_s, co_s, x_s, ready, empty, b, ph, acc, b4, BN: gl.constexpr, LL: gl.constexpr,
+                    CL: gl.constexpr, AL: gl.constexpr):
+    # WsConfig.halves: _ws_step_mmas with the slot's halves waited for and freed one at a time (mbarriers
+    # 2 b: the words and the first x box, 2 b + 1: the second x box); the words are in registers before
+    # the first half is freed, the first half's MMAs done while the second's are still running
+    mbarrier.wait(ready.index(2 * b), ph)
+    l0, l1, cw = _ws_slot_words(lo_s, co_s, b, BN, LL, CL)
+    a0 = _ws_half(l0, cw, b4, BN, AL)
+    acc = warpgroup_mma(a0, x_s.index(2 * b).permute((1, 0)), acc, is_async=True)
+    a1 = _ws_half(l1, cw >> 4, b4, BN, AL)
+    mbarrier.wait(ready.index(2 * b + 1), ph)
+    acc = warpgroup_mma(a1, x_s.index(2 * b + 1).permute((1, 0)), acc, is_async=True)
+    acc, a0 = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a0))
+    fence_async_shared()  # as _ws_consumer's: the half's reads done before the TMA refills it
+    mbarrier.arrive(empty.index(2 * b))
+    acc, a1 = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a1))
+    fence_async_shared()
+    mbarrier.arrive(empty.index(2 * b + 1))
+    return acc
+
+
+@gluon.jit
 def _ws_piped(lo_s, co_s, x_s, ready, b, i, n, acc, a0, b4, BN: gl.constexpr, NS: gl.constexpr, LL: gl.constexpr,
               CL: gl.constexpr, AL: gl.constexpr):
     # step i (slot b) with its first half a0 decoded already: its first MMA issued, its second half
@@ -293,7 +347,8 @@ def _ws_consumer(lo_s, co_s, x_s, ready, empty, g0, g1, P, W, S, MT, b4, x_ptr, 
                  BT: gl.constexpr, NS: gl.constexpr, LL: gl.constexpr, CL: gl.constexpr, ML: gl.constexpr,
                  AL: gl.constexpr, OL: gl.constexpr, HAS_BIAS: gl.constexpr, EXC: gl.constexpr, EL: gl.constexpr,
                  CS: gl.constexpr, PIPE: gl.constexpr, XE: gl.constexpr = 16, XT: gl.constexpr = False,
-               PRE: gl.constexpr = 0, CORR: gl.constexpr = False, corr_ptr=None, XO: gl.constexpr = False):
+               PRE: gl.constexpr = 0, CORR: gl.constexpr = False, corr_ptr=None, XO: gl.constexpr = False,
+                 HV: gl.constexpr = False):
     # the warpgroup: words from the ring, decode, MMA, free the slot; at the end of each tile's
     # part, finish it (_ws_finish). Every program has a step at least (the grid is at most one a step)
     if PIPE:
@@ -306,13 +361,16 @@ def _ws_consumer(lo_s, co_s, x_s, ready, empty, g0, g1, P, W, S, MT, b4, x_ptr, 
         acc = gl.zeros([BN, BT], gl.float32, ML)
         for i in range(g1 - g0):
             b = i % NS
-            acc, a0, a1 = _ws_step_mmas(lo_s, co_s, x_s, ready, b, (i // NS) & 1, acc, b4, BN, LL, CL, AL)
-            acc, a0, a1 = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a0, a1))
-            # every warp's words of this slot were read before its part of the MMAs was issued, so
-            # the MMAs being done means the whole slot is free; the fence orders those generic-proxy
-            # reads before the TMA's next writes
-            fence_async_shared()
-            mbarrier.arrive(empty.index(b))
+            if HV:
+                acc = _ws_step_halves(lo_s, co_s, x_s, ready, empty, b, (i // NS) & 1, acc, b4, BN, LL, CL, AL)
+            else:
+                acc, a0, a1 = _ws_step_mmas(lo_s, co_s, x_s, ready, b, (i // NS) & 1, acc, b4, BN, LL, CL, AL)
+                acc, a0, a1 = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a0, a1))
+                # every warp's words of this slot were read before its part of the MMAs was issued, so
+                # the MMAs being done means the whole slot is free; the fence orders those generic-proxy
+                # reads before the TMA's next writes
+                fence_async_shared()
+                mbarrier.arrive(empty.index(b))
             g = g0 + i
             t, st, n0, m0 = _ws_tile(g, S, MT, BN, BT, XO)
             if (st == S - 1) | (g == g1 - 1):
@@ -332,7 +390,8 @@ def _ws_kernel(lo_desc, co_desc, x_desc, x_ptr, base_ptr, out_ptr, bias_ptr, wor
                EXC: gl.constexpr = False, EL: gl.constexpr = None, rowptr_ptr=None, eidx_ptr=None, ehi_ptr=None,
                lo8_ptr=None, CS: gl.constexpr = 1, LOADER_REGS: gl.constexpr = 24, NBYTES: gl.constexpr = 0,
                PIPE: gl.constexpr = False, XE: gl.constexpr = 16, XT: gl.constexpr = False,
-               PRE: gl.constexpr = 0, CORR: gl.constexpr = False, corr_ptr=None, XO: gl.constexpr = False):
+               PRE: gl.constexpr = 0, CORR: gl.constexpr = False, corr_ptr=None, XO: gl.constexpr = False,
+               HV: gl.constexpr = False):
     # out (bf16 [M, N], + bias) = x @ W^T, persistent over W = tiles x S K steps (stream-K):
     # program p multiplies global steps p W / P .. (p + 1) W / P (tile-major, x tiles inner, or with XO
     # outer: MT is then the weight tiles, the inner index's count), so
@@ -347,19 +406,26 @@ def _ws_kernel(lo_desc, co_desc, x_desc, x_ptr, base_ptr, out_ptr, bias_ptr, wor
     lo_s = gl.allocate_shared_memory(gl.int32, [NS, BN, 32], lo_desc.layout)
     co_s = gl.allocate_shared_memory(gl.int32, [NS, BN, 16], co_desc.layout)
     x_s = gl.allocate_shared_memory(gl.bfloat16, [2 * NS, BT, 64], x_desc.layout)
-    ready = gl.allocate_shared_memory(gl.int64, [NS, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [NS, 1], mbarrier.MBarrierLayout())
-    for j in gl.static_range(NS):
-        mbarrier.init(ready.index(j), count=1)
-        mbarrier.init(empty.index(j), count=1)
+    if HV:  # WsConfig.halves: a slot's halves each with its own pair
+        ready = gl.allocate_shared_memory(gl.int64, [2 * NS, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [2 * NS, 1], mbarrier.MBarrierLayout())
+        for j in gl.static_range(2 * NS):
+            mbarrier.init(ready.index(j), count=1)
+            mbarrier.init(empty.index(j), count=1)
+    else:
+        ready = gl.allocate_shared_memory(gl.int64, [NS, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [NS, 1], mbarrier.MBarrierLayout())
+        for j in gl.static_range(NS):
+            mbarrier.init(ready.index(j), count=1)
+            mbarrier.init(empty.index(j), count=1)
     fence_async_shared()
     gl.warp_specialize([
         (_ws_consumer, (lo_s, co_s, x_s, ready, empty, g0, g1, P, W, S, MT, b4, x_ptr, out_ptr, bias_ptr, work_ptr,
                         cnt_ptr, M, N, KP, stride_xm, rowptr_ptr, eidx_ptr, ehi_ptr, lo8_ptr, base_ptr, BN, BT, NS,
                         LL, CL, ML, AL, OL, HAS_BIAS, EXC, EL, CS, PIPE, XE, XT, PRE, CORR,
-                        corr_ptr, XO)),
+                        corr_ptr, XO, HV)),
         (_ws_loader, (lo_desc, co_desc, x_desc, lo_s, co_s, x_s, ready, empty, g0, g1, S, MT, BN, BT, NS, NBYTES,
-                      XO)),
+                      XO, HV)),
     ], [1], [LOADER_REGS])
 
 
@@ -450,7 +516,7 @@ SHARED_MAX = 227 * 1024  # a Hopper program's most shared memory
 def shared_bytes(cfg: WsConfig) -> int:
     """Shared memory a program of ``cfg`` takes at most: its ring of ``stages`` slots, their mbarriers, and
     the exception step's two [bm, exc_chunk] bf16 product tiles (allocated where the matrix has exceptions)."""
-    return cfg.stages * (slot_bytes(cfg.bn, cfg.bm) + 16) + 2 * cfg.bm * cfg.exc_chunk * 2 + 1024  # + alignment
+    return cfg.stages * (slot_bytes(cfg.bn, cfg.bm) + 16 * (1 + cfg.halves)) + 2 * cfg.bm * cfg.exc_chunk * 2 + 1024  # + alignment
 
 
 # x: bf16 [M, K]; packed: fixed12 [N, K], K == Kp; bias: [N] or None; out: bf16 [M, N] (written) -> out
@@ -497,7 +563,8 @@ def plan(x2: torch.Tensor, p, bias, cfg: WsConfig):
         BN=cfg.bn, BT=cfg.bm, NS=cfg.stages, LL=ll, CL=cl, ML=mma, AL=a_op, OL=ol, HAS_BIAS=bias is not None,
         EXC=inline, EL=exc_layout(cfg.warps, xt) if inline else None, rowptr_ptr=prep.rowptr, eidx_ptr=eidx,
         ehi_ptr=ehi, lo8_ptr=prep.vals if pre else lo, CS=C.COUNTER_SLOTS, NBYTES=slot_bytes(cfg.bn, cfg.bm), PIPE=cfg.pipe, XE=cfg.exc_chunk,
-        XT=xt, PRE=pre, CORR=corr, corr_ptr=_plan.Slot(10) if corr else None, XO=cfg.x_outer, num_warps=cfg.warps,
+        XT=xt, PRE=pre, CORR=corr, corr_ptr=_plan.Slot(10) if corr else None, XO=cfg.x_outer, HV=cfg.halves,
+        num_warps=cfg.warps,
         **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {})))
     tx = xt or corr  # the exceptions' x transposed ([K, M]), written by x's permutation from the same load
     permute = _permute_launch(m, k, stride, tx)

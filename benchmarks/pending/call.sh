@@ -175,6 +175,17 @@ for s in "${steps[@]}"; do
              step sweep50 $(( 585 - SECONDS > 60 ? 585 - SECONDS : 60 )) env SWEEP_ROUND=50 PYTHONPATH=src \
                TRITON_CACHE_DIR="$(mktemp -d)" python3 benchmarks/sweep_shapes.py --shapes gate_up,lm_head,down,qkv \
                --ms 192,512,2048 --exc 0.001 --out /tmp/sweep50 --table "$out/sweep50_table.json" ;;
+    h143) # a short call (little device time left): h142's and h143's GPU tests, then round 50 with normal weights and
+          # at 0.1% in what the call has left (CALL_S: the call's limit), each shape's rows as it ends
+          lim=${CALL_S:-585}
+          step tests_h143 150 env PYTHONPATH=src:. python3 -m pytest -q -m gpu -p no:cacheprovider \
+            tests/kernels/test_ws.py -k "halves or x_outer"
+          step sweep50_normal $(( lim - SECONDS > 150 ? 150 : lim - SECONDS )) env SWEEP_ROUND=50 PYTHONPATH=src \
+            TRITON_CACHE_DIR="${TRITON_CACHE_DIR:-$(mktemp -d)}" python3 benchmarks/sweep_shapes.py --shapes gate_up,down \
+            --ms 512,2048 --out /tmp/sweep50n
+          step sweep50 $(( lim - SECONDS > 30 ? lim - SECONDS : 30 )) env SWEEP_ROUND=50 PYTHONPATH=src \
+            TRITON_CACHE_DIR="${TRITON_CACHE_DIR:-$(mktemp -d)}" python3 benchmarks/sweep_shapes.py \
+            --shapes gate_up,lm_head,down,qkv --ms 512,192,2048 --exc 0.001 --out /tmp/sweep50 ;;
     sweep50n) # round 50 with normal weights (no exceptions)
              step sweep50_normal 240 env SWEEP_ROUND=50 PYTHONPATH=src TRITON_CACHE_DIR="$(mktemp -d)" python3 \
                benchmarks/sweep_shapes.py --shapes gate_up,down --ms 512,2048 --out /tmp/sweep50n ;;

@@ -213,6 +213,12 @@ for s in "${steps[@]}"; do
               step ncu_qkv128 180 env PYTHONPATH=src ncu --clock-control none --profile-from-start off \
                 --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
                 --section SourceCounters python3 benchmarks/profile_ncu.py --shape qkv --ms 128 --long --exc 0.001 ;;
+    ncu_down) # down (3584x18944) at M = 512, normal weights: the ws tile at bm 256 took 222 us (2.47x bf16, round 48)
+              # where gate_up, twice the multiply-adds, took 325 us: about 7,000 cycles a K step against gate_up's 5,100 in
+              # the same run, the same 88 KB a step (x here is 19.4 MB, all of it live at once across the programs' K ranges)
+              step ncu_down 240 env PYTHONPATH=src ncu --clock-control none --profile-from-start off \
+                --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \
+                python3 benchmarks/profile_ncu.py --shape down --ms 512 --long ;;
     ncu_exc) # Nsight Compute on the decode and long-M products that lose most with real weights' 0.1% of exceptions
              # (history/2026-12-06-h100-20.md): the table's choice against bf16 on gate_up at M = 32, 64, 128 and qkv at
              # 64, the speed of light, occupancy, warp states and the source counters' summary, as text

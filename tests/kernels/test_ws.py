@@ -158,13 +158,15 @@ def test_ws_one_row_launch_compiles_sm90(bn, bt, warps):
 @pytest.mark.cpu_sample(every=2)  # compiles for sm_90: half the configs in the default run
 @pytest.mark.parametrize("bn,bt,stages,warps,exc", [(128, 256, 2, 8, True), (128, 128, 3, 8, False),
                                                     (64, 64, 2, 4, True)])
-def test_ws_halves_free_a_slot_by_halves_sm90(bn, bt, stages, warps, exc):
+@pytest.mark.parametrize("pipe", [False, True])
+def test_ws_halves_free_a_slot_by_halves_sm90(bn, bt, stages, warps, exc, pipe):
     # WsConfig.halves: the step waits for its first half (words, first x box), issues its MMAs, waits for the second
     # x box, issues the second's, then frees the first half once its MMAs are done (a DEPBAR before the first
     # arrive) and the second after all of them; the loader waits for each half's mbarrier before its copies (three,
-    # then one). Without halves one wait and one arrive a step, four copies after one wait. No spills either way.
-    # In address order (the waits' retry loops sit out of line, so no loop body holds a whole step)
-    kw = dict(exc=exc, maxnreg=None, warps=warps, xt=exc, pre=3 if exc else 0)
+    # then one). Without halves one wait and one arrive a step, four copies after one wait. With pipe (the step's
+    # first half decoded the step before) the first half is freed before the wait for the next step's first half.
+    # No spills either way. In address order (the waits' retry loops sit out of line: no loop body holds a step)
+    kw = dict(exc=exc, maxnreg=None, warps=warps, xt=exc, pre=3 if exc else 0, pipe=pipe)
     h = ["HGMMA"] * (4 * bn // (16 * warps))  # a half's MMAs: 4 k16 a 64-row block
     wait, dep, free = "SYNCS.PHASECHK", "WARPGROUP.DEPBAR", "SYNCS.ARRIVE.TRANS64.A1T0"
     for hv in (False, True):
@@ -175,7 +177,10 @@ def test_ws_halves_free_a_slot_by_halves_sm90(bn, bt, stages, warps, exc):
         step = [o.split(".")[0] if o.startswith(("HGMMA", "UTMALDG")) else o for o in ops
                 if o.startswith(("HGMMA", dep, wait, free, "UTMALDG"))]
         step = [wait if o.startswith(wait) else dep if o.startswith(dep) else o for o in step]
-        want = ([wait] + h + [wait] + h + [dep, free, dep, free] if hv else [wait] + h + h + [dep, free])
+        if pipe:
+            want = h + [wait] + h + [dep, free, wait, dep, free] if hv else h + h + [dep, wait, dep, free]
+        else:
+            want = [wait] + h + [wait] + h + [dep, free, dep, free] if hv else [wait] + h + h + [dep, free]
         loads = [wait] + ["UTMALDG"] * 3 + [wait, "UTMALDG"] if hv else [wait] + ["UTMALDG"] * 4
         for seq in (want, loads):
             assert any(step[i:i + len(seq)] == seq for i in range(len(step))), (hv, seq)
@@ -327,8 +332,8 @@ def test_ws_config_checks():
                 dict(exc_vals=1), dict(exc_pre=True, exc_vals=True), dict(exc_rows=1)):
         with pytest.raises(ValueError, match="exc_"):
             WsConfig(**{**base, **bad})
-    WsConfig(**{**base, "halves": True, "x_outer": True})
-    for bad in (dict(halves=1), dict(halves=True, pipe=True)):
+    WsConfig(**{**base, "halves": True, "x_outer": True, "pipe": True})
+    for bad in (dict(halves=1), dict(halves="yes")):
         with pytest.raises(ValueError, match="halves"):
             WsConfig(**{**base, **bad})
     for bad in (dict(consumers=2), dict(bk=256)):  # removed variants, fixed K steps
@@ -512,13 +517,15 @@ def test_ws_pipe_matches_unpiped_bits_gpu(bm, bn, stages, warps, cap, m, progs, 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
                     reason="needs a Hopper GPU")
-@pytest.mark.parametrize("bm,bn,stages,warps,xo", [(256, 128, 2, 8, False), (128, 128, 3, 8, True),
-                                                   (64, 64, 2, 4, False)])
+@pytest.mark.parametrize("bm,bn,stages,warps,xo,pipe", [(256, 128, 2, 8, False, False), (128, 128, 3, 8, True, False),
+                                                        (64, 64, 2, 4, False, False), (256, 128, 2, 8, True, True),
+                                                        (64, 64, 3, 4, False, True)])
 @pytest.mark.parametrize("m,progs", [(1, 0), (300, 0), (300, 5), (600, 300)])
-def test_ws_halves_match_whole_slots_bits_gpu(bm, bn, stages, warps, xo, m, progs):
+def test_ws_halves_match_whole_slots_bits_gpu(bm, bn, stages, warps, xo, pipe, m, progs):
     # WsConfig.halves frees a slot's halves one at a time and issues the same MMAs in the same order: within the
-    # float64 bound and the same bits as whole slots, twice; real weights' 0.1% of exceptions by exc_rows, a bias,
-    # programs with one step (300), parts of tiles (5), N not a multiple of the tile, x tiles outer too
+    # float64 bound and the same bits as whole slots without pipe, twice; real weights' 0.1% of exceptions by
+    # exc_rows, a bias, programs with one step (300), parts of tiles (5), N not a multiple of the tile, x tiles outer
+    # and pipe too
     from glyd import kernels
     from glyd.kernels import WsConfig
 
@@ -530,10 +537,11 @@ def test_ws_halves_match_whole_slots_bits_gpu(bm, bn, stages, warps, xo, m, prog
     b = torch.randn(1000, device="cuda").to(torch.bfloat16)
     cfg = WsConfig(bm=bm, bn=bn, stages=stages, split=progs, waves=1, warps=warps, exc_xt=True, exc_rows=True,
                    x_outer=xo)
-    y = kernels.linear(x, p, b, cfg.replace(halves=True))
+    y = kernels.linear(x, p, b, cfg.replace(halves=True, pipe=pipe))
     _check(y, x, w, b)
     assert torch.equal(y.view(torch.int16), kernels.linear(x, p, b, cfg).view(torch.int16))
-    assert torch.equal(y.view(torch.int16), kernels.linear(x, p, b, cfg.replace(halves=True)).view(torch.int16))
+    assert torch.equal(y.view(torch.int16), kernels.linear(x, p, b, cfg.replace(halves=True, pipe=pipe)).view(
+        torch.int16))
 
 
 @pytest.mark.gpu

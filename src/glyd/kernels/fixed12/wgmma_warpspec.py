@@ -10,7 +10,7 @@ the next steps are always in flight.
 Same product as ``fixed12.wgmma``: the decoded tile is wgmma's register A operand in the MMA's
 slot order (``fixed12.wgmma.DECODE_ORDER``), here in two 64-column halves a step (a TMA box of bf16
 x is at most 64 columns wide under 128-byte swizzling), and x is B from shared memory in the same
-slot order. A TMA copy cannot permute columns, so ``launch`` permutes x once (``permute_x``, a
+slot order. A TMA copy cannot permute columns, so ``launch`` permutes x once (``ws_permute.permute_x``, a
 copy of the [M, K] activations) before the kernel. Rows past M or N are TMA's zero fill.
 
 The grid is persistent and stream-K: each program multiplies an equal range of all tiles' K
@@ -27,7 +27,6 @@ import functools
 
 import torch
 import triton
-import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
@@ -38,12 +37,11 @@ from glyd.codec.fixed12 import ARRAYS
 from glyd.kernels import _common as C
 from glyd.kernels._fields import flags, ints
 from glyd.kernels import _plan
-from glyd.kernels._interp import isolated
 from glyd.kernels.fixed12.exceptions import exceptions_launch, prepare
-from glyd.kernels.fixed12.wgmma import X_ORDER, exc_layout, wg_exceptions, wg_pairs, wg_row_exceptions
+from glyd.kernels.fixed12.wgmma import exc_layout, wg_exceptions, wg_pairs, wg_row_exceptions
+from glyd.kernels.fixed12.ws_permute import BK, _permute_launch, permute_x, permute_x_torch  # noqa: F401 (the tile's x)
 from glyd.kernels.registry import Kernel
 
-BK = 128  # columns a K step: 32 lo words and 16 code words a row, two 64-column x boxes
 HALF_ORDER = gl.constexpr((0, 3, 4, 6, 1, 2, 5))  # [row, g, a, i1, i0, j, h] -> slots (i1 i0 h g a j)
 
 
@@ -80,7 +78,8 @@ class WsConfig(C.KernelConfig):
     mbarriers (the words and the first x box, then the second x box), the first freed once its MMAs are done while
     the second's run: a slot's copies then have a step and a half to land, not one (at bm 256 two 88 KB slots fit,
     and the step took 3,980 cycles for 2,048 of MMAs with L2 at 61%: the copies' latency, Nsight Compute on an H100,
-    history/2026-12-06-h100-24.md). The same MMAs in the same order: the same bits. Not with ``pipe``."""
+    history/2026-12-06-h100-24.md). The same MMAs in the same order: the same bits. With ``pipe`` the first half is
+    freed before the next step's words are read."""
 
     bm: int = 16
     bn: int = 64
@@ -100,9 +99,6 @@ class WsConfig(C.KernelConfig):
         C.pow2(self, "bm", "bn")
         ints(self, 0, 255, "stages", "maxnreg")
         flags(self, "pipe", "exc_xt", "exc_pre", "exc_corr", "exc_vals", "exc_rows", "x_outer", "halves")
-        if self.halves and self.pipe:
-            raise ValueError("WsConfig.halves (a slot freed by halves) and pipe (the next step decoded ahead) exclude "
-                             "each other")
         if self.exc_pre and self.exc_vals:
             raise ValueError("WsConfig.exc_pre (the values a round ahead) and exc_vals (in the round) exclude each other")
         ints(self, 16, 128, "exc_chunk")
@@ -292,7 +288,7 @@ def _ws_step_halves(lo_s, co_s, x_s, ready, empty, b, ph, acc, b4, BN: gl.conste
 
 @gluon.jit
 def _ws_piped(lo_s, co_s, x_s, ready, b, i, n, acc, a0, b4, BN: gl.constexpr, NS: gl.constexpr, LL: gl.constexpr,
-              CL: gl.constexpr, AL: gl.constexpr):
+              CL: gl.constexpr, AL: gl.constexpr, HV: gl.constexpr = False, empty=None):
     # step i (slot b) with its first half a0 decoded already: its first MMA issued, its second half
     # decoded from the slot's words read again while the first multiplies, then the next step's
     # first half decoded while the second multiplies. Only a0 is carried to the next step (not its
@@ -301,11 +297,20 @@ def _ws_piped(lo_s, co_s, x_s, ready, b, i, n, acc, a0, b4, BN: gl.constexpr, NS
     acc = warpgroup_mma(a0, x_s.index(2 * b).permute((1, 0)), acc, is_async=True)
     _, l1, cw = _ws_slot_words(lo_s, co_s, b, BN, LL, CL)
     a1 = _ws_half(l1, cw >> 4, b4, BN, AL)
+    if HV:  # WsConfig.halves: the second x box has its own mbarrier
+        mbarrier.wait(ready.index(2 * b + 1), (i // NS) & 1)
     acc = warpgroup_mma(a1, x_s.index(2 * b + 1).permute((1, 0)), acc, is_async=True)
     # the first MMA done (the second still queued: the tensor cores stay busy), a0's registers free
     acc, a0 = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a0))
+    if HV:  # ... and the slot's first half (its words were read for the second half above)
+        fence_async_shared()
+        mbarrier.arrive(empty.index(2 * b))
     if i + 1 < n:
-        l0, _, cw = _ws_words(lo_s, co_s, ready, (i + 1) % NS, ((i + 1) // NS) & 1, BN, LL, CL)
+        if HV:  # the next slot's first half
+            mbarrier.wait(ready.index(2 * ((i + 1) % NS)), ((i + 1) // NS) & 1)
+            l0, _, cw = _ws_slot_words(lo_s, co_s, (i + 1) % NS, BN, LL, CL)
+        else:
+            l0, _, cw = _ws_words(lo_s, co_s, ready, (i + 1) % NS, ((i + 1) // NS) & 1, BN, LL, CL)
         a0 = _ws_half(l0, cw, b4, BN, AL)
     return acc, a0, a1
 
@@ -316,7 +321,8 @@ def _ws_parts_piped(lo_s, co_s, x_s, ready, empty, g0, g1, P, W, S, MT, b4, x_pt
                     BT: gl.constexpr, NS: gl.constexpr, LL: gl.constexpr, CL: gl.constexpr, ML: gl.constexpr,
                     AL: gl.constexpr, OL: gl.constexpr, HAS_BIAS: gl.constexpr, EXC: gl.constexpr,
                     EL: gl.constexpr, CS: gl.constexpr, XE: gl.constexpr = 16, XT: gl.constexpr = False,
-               PRE: gl.constexpr = 0, CORR: gl.constexpr = False, corr_ptr=None, XO: gl.constexpr = False):
+               PRE: gl.constexpr = 0, CORR: gl.constexpr = False, corr_ptr=None, XO: gl.constexpr = False,
+                    HV: gl.constexpr = False):
     # WsConfig.pipe: the program's steps a tile part at a time, each part's steps pipelined
     # (_ws_piped) and its finish after the part's last MMAs, so that nothing decoded ahead is
     # live across a finish (its registers would spill in the step loop)
@@ -325,14 +331,18 @@ def _ws_parts_piped(lo_s, co_s, x_s, ready, empty, g0, g1, P, W, S, MT, b4, x_pt
     for t in range(g0 // S, (g1 - 1) // S + 1):
         s0 = gl.maximum(g0, t * S) - g0  # the part's first and last + 1 ring indices
         s1 = gl.minimum(g1, t * S + S) - g0
-        l0, _, cw = _ws_words(lo_s, co_s, ready, s0 % NS, (s0 // NS) & 1, BN, LL, CL)
+        if HV:  # WsConfig.halves: the slot's first half
+            mbarrier.wait(ready.index(2 * (s0 % NS)), (s0 // NS) & 1)
+            l0, _, cw = _ws_slot_words(lo_s, co_s, s0 % NS, BN, LL, CL)
+        else:
+            l0, _, cw = _ws_words(lo_s, co_s, ready, s0 % NS, (s0 // NS) & 1, BN, LL, CL)
         a0 = _ws_half(l0, cw, b4, BN, AL)
         for i in range(s0, s1):
             b = i % NS
-            acc, a0, a1 = _ws_piped(lo_s, co_s, x_s, ready, b, i, s1, acc, a0, b4, BN, NS, LL, CL, AL)
+            acc, a0, a1 = _ws_piped(lo_s, co_s, x_s, ready, b, i, s1, acc, a0, b4, BN, NS, LL, CL, AL, HV, empty)
             acc, a1 = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a1))
             fence_async_shared()  # as _ws_consumer: the slot's reads are done, the TMA may refill it
-            mbarrier.arrive(empty.index(b))
+            mbarrier.arrive(empty.index(2 * b + 1 if HV else b))
         _, _, n0, m0 = _ws_tile(t * S, S, MT, BN, BT, XO)
         _ws_finish(acc, t, n0, m0, g0, P, W, S, pid, x_ptr, out_ptr, bias_ptr, work_ptr, cnt_ptr, M, N, KP,
                    stride_xm, rowptr_ptr, eidx_ptr, ehi_ptr, lo8_ptr, base_ptr, BN, BT, ML, OL, HAS_BIAS, EXC, EL, CS,
@@ -355,7 +365,7 @@ def _ws_consumer(lo_s, co_s, x_s, ready, empty, g0, g1, P, W, S, MT, b4, x_ptr, 
         acc = _ws_parts_piped(lo_s, co_s, x_s, ready, empty, g0, g1, P, W, S, MT, b4, x_ptr, out_ptr, bias_ptr,
                               work_ptr, cnt_ptr, M, N, KP, stride_xm, rowptr_ptr, eidx_ptr, ehi_ptr, lo8_ptr, base_ptr,
                               BN, BT, NS, LL, CL, ML, AL, OL, HAS_BIAS, EXC, EL, CS, XE, XT, PRE,
-                              CORR, corr_ptr, XO)
+                              CORR, corr_ptr, XO, HV)
     else:
         pid = gl.program_id(0)
         acc = gl.zeros([BN, BT], gl.float32, ML)
@@ -450,58 +460,6 @@ def layouts(bn: int, bt: int, warps: int = 4):
               gl.NVMMASharedLayout.get_default_for([bn, 16], gl.int32),
               gl.NVMMASharedLayout.get_default_for([bt, 64], gl.bfloat16))
     return lo, code, mma, a_op, out, shared
-
-
-@isolated
-@triton.jit
-def _permute_x_kernel(x_ptr, out_ptr, xt_ptr, M, stride_xm, K: tl.constexpr, BM: tl.constexpr,
-                      XT: tl.constexpr = False):
-    # out[m, 128 s + slot] = x[m, 128 s + col(slot)]: slot bits (hh i1 i0 h g a j), high to low,
-    # are column bits (g hh a i1 i0 h j); a program does BM rows of one 128-column step. XT: also
-    # xt[c, m] = x[m, c] (the exceptions' x, [K, M]) from the same load: one read of x for both
-    rows = tl.program_id(0) * BM + tl.arange(0, BM)[:, None]
-    slot = tl.arange(0, 128)[None, :]
-    col = (((slot >> 2) & 1) << 6 | ((slot >> 6) & 1) << 5 | ((slot >> 1) & 1) << 4 | ((slot >> 5) & 1) << 3
-           | ((slot >> 4) & 1) << 2 | ((slot >> 3) & 1) << 1 | (slot & 1))
-    c0 = tl.program_id(1) * 128
-    v = tl.load(x_ptr + rows.to(tl.int64) * stride_xm + c0 + col, mask=rows < M)
-    tl.store(out_ptr + rows.to(tl.int64) * K + c0 + slot, v, mask=rows < M)
-    if XT:  # transposed in registers, so that a column's rows are stored together
-        rt = tl.trans(rows)
-        tl.store(xt_ptr + (c0 + tl.trans(col)).to(tl.int64) * M + rt, tl.trans(v), mask=rt < M)
-
-
-# x: bf16 [M, K] -> bf16 [M, K], each 128-column step's columns in wgmma slot order
-def permute_x_torch(x2: torch.Tensor) -> torch.Tensor:
-    """x with each 128-column K step in the MMA's slot order (``fixed12.wgmma.X_ORDER``), contiguous
-    (the torch twin of ``permute_x``)."""
-    m, k = x2.shape
-    if k % BK:
-        raise ValueError(f"permute_x needs K a multiple of {BK}, got {k}")
-    order = [0, 1] + [d + 1 for d in X_ORDER.value[1:]]
-    return x2.reshape(m, k // BK, 2, 2, 2, 2, 2, 2, 2).permute(order).reshape(m, k)
-
-
-# x: bf16 [M, K] (unit column stride), K a multiple of 128 -> bf16 [M, K], contiguous
-def permute_x(x2: torch.Tensor) -> torch.Tensor:
-    """``permute_x_torch`` as one small Triton kernel (CUDA; the torch twin elsewhere, which took
-    3.9-5.4 us at M = 16-64 on the H200)."""
-    m, k = x2.shape
-    if k % BK:
-        raise ValueError(f"permute_x needs K a multiple of {BK}, got {k}")
-    if x2.device.type != "cuda" or C.interpreting() or x2.stride(1) != 1:
-        return permute_x_torch(x2)
-    out = torch.empty(m, k, dtype=x2.dtype, device=x2.device)
-    _permute_launch(m, k, x2.stride(0))(x2, out)
-    return out
-
-
-# x: bf16 [M, K] (these strides) -> launch(x2, out) or, with xt, launch(x2, out, xt) (xt: bf16 [K, M], x transposed)
-def _permute_launch(m: int, k: int, stride: int, xt: bool = False):
-    # 16 rows a program at every M (64 rows took 3x as long at M = 64)
-    x, out, t = _plan.slots(3)
-    return _plan.Launch(_permute_x_kernel, (triton.cdiv(m, 16), k // BK), (x, out, t if xt else None, m, stride),
-                        dict(K=k, BM=16, XT=xt, num_warps=4))
 
 
 def slot_bytes(bn: int, bt: int) -> int:

@@ -192,16 +192,14 @@ def _candidates(m: int, n: int, k: int) -> dict:
         # 52.6-69.7% of DRAM's bandwidth at M = 512, ncu 2026-12-06) against x inner and unpack + cuBLAS
         if m >= 129 and k % 128 == 0 and has("wgmma"):
             out["long whole"] = LongConfig()
+            # and halves (h143): a slot's halves freed one at a time, its copies a step and a half to land (at bm 256
+            # the step took 3,980 cycles for 2,048 of MMAs, L2 at 61%: the two 88 KB slots' latency, ncu 2026-12-06)
             for bm, st, pipe in ((128, 3, False), (256, 2, False), (256, 2, True)):
                 c = WsConfig(bm=bm, bn=128, warps=8, stages=st, waves=1, exc_xt=True, exc_rows=True, pipe=pipe)
                 name = f"ws bm{bm} s{st}{' pipe' * pipe} exc rows"
                 out[name], out[name + " x outer"] = c, R(c, x_outer=True)
-            # halves (h143): a slot's halves freed one at a time, its copies a step and a half to land (at bm 256 the
-            # step took 3,980 cycles for 2,048 of MMAs, L2 at 61%: the two 88 KB slots' latency, ncu 2026-12-06)
-            for bm, st in ((128, 3), (256, 2)):
-                c = WsConfig(bm=bm, bn=128, warps=8, stages=st, waves=1, exc_xt=True, exc_rows=True, halves=True)
-                name = f"ws bm{bm} s{st} halves exc rows"
-                out[name], out[name + " x outer"] = c, R(c, x_outer=True)
+                out[name + " halves"], out[name + " halves x outer"] = R(c, halves=True), R(c, halves=True,
+                                                                                           x_outer=True)
         return out
     if rnd in ("47", "48"):  # prompts past M = 128 (issue 38, run with --exc): the ws tile with exc_rows, 128 or 256 x
         # rows a tile (256: the weight tile decoded once for twice the rows), against unpack + cuBLAS (the table's row);

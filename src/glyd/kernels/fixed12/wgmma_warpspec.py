@@ -29,7 +29,7 @@ import torch
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, warpgroup_mma,
                                                               warpgroup_mma_wait)
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
@@ -39,6 +39,7 @@ from glyd.kernels._fields import flags, ints
 from glyd.kernels import _plan
 from glyd.kernels.fixed12.exceptions import exceptions_launch, prepare
 from glyd.kernels.fixed12.wgmma import exc_layout, wg_exceptions, wg_pairs, wg_row_exceptions
+from glyd.kernels.fixed12.ws_load import _ws_loader, _ws_tile
 from glyd.kernels.fixed12.ws_permute import BK, _permute_launch, permute_x, permute_x_torch  # noqa: F401 (the tile's x)
 from glyd.kernels.registry import Kernel
 
@@ -111,60 +112,6 @@ class WsConfig(C.KernelConfig):
             raise ValueError(f"WsConfig: bn 16 or 32 rows a warp, a ring of 2-8 stages; got {self}")
         if self.maxnreg and not 32 <= self.maxnreg <= 255:
             raise ValueError(f"WsConfig.maxnreg must be 32-255 (0: none), got {self.maxnreg}")
-
-
-@gluon.jit
-def _ws_tile(g, S, TI, BN: gl.constexpr, BT: gl.constexpr, XO: gl.constexpr = False):
-    # global K step g -> (tile, step in the tile, first weight row, first x row); TI tiles of the inner index:
-    # x tiles inner (TI the x tiles), or with XO (WsConfig.x_outer) weight tiles inner (TI the weight tiles)
-    t = g // S
-    if XO:
-        return t, g - t * S, (t % TI) * BN, (t // TI) * BT
-    else:
-        return t, g - t * S, (t // TI) * BN, (t % TI) * BT
-
-
-@gluon.jit
-def _ws_loader(lo_desc, co_desc, x_desc, lo_s, co_s, x_s, ready, empty, g0, g1, S, MT, BN: gl.constexpr,
-               BT: gl.constexpr, NS: gl.constexpr, NBYTES: gl.constexpr, XO: gl.constexpr = False,
-               HV: gl.constexpr = False):
-    # the TMA warp: this program's K steps g0..g1 (across tiles) into the ring, each slot once the
-    # consumer freed it; NBYTES: the bytes a slot's copies bring (lo, code, two x boxes). HV
-    # (WsConfig.halves): mbarriers 2 b and 2 b + 1 guard the words and the first x box, and the second
-    for i in range(g1 - g0):
-        b = i % NS
-        if HV:
-            _ws_load_halves(lo_desc, co_desc, x_desc, lo_s, co_s, x_s, ready, empty, g0 + i, b, ((i // NS) & 1) ^ 1,
-                            S, MT, BN, BT, NBYTES, XO)
-        else:
-            # a fresh mbarrier counts as having completed the phase before its first: the first
-            # NS waits (parity 1) pass at once
-            mbarrier.wait(empty.index(b), ((i // NS) & 1) ^ 1)
-            _, st, n0, m0 = _ws_tile(g0 + i, S, MT, BN, BT, XO)
-            bar = ready.index(b)
-            mbarrier.expect(bar, NBYTES)
-            tma.async_copy_global_to_shared(lo_desc, [n0, st * 32], bar, lo_s.index(b))
-            tma.async_copy_global_to_shared(co_desc, [n0, st * 16], bar, co_s.index(b))
-            tma.async_copy_global_to_shared(x_desc, [m0, st * 128], bar, x_s.index(2 * b))
-            tma.async_copy_global_to_shared(x_desc, [m0, st * 128 + 64], bar, x_s.index(2 * b + 1))
-
-
-@gluon.jit
-def _ws_load_halves(lo_desc, co_desc, x_desc, lo_s, co_s, x_s, ready, empty, g, b, ph, S, MT, BN: gl.constexpr,
-                    BT: gl.constexpr, NBYTES: gl.constexpr, XO: gl.constexpr):
-    # WsConfig.halves: global step g into slot b, the words and the first x box once the slot's last
-    # first half is free (mbarriers 2 b), the second x box once its second half is (2 b + 1)
-    _, st, n0, m0 = _ws_tile(g, S, MT, BN, BT, XO)
-    mbarrier.wait(empty.index(2 * b), ph)
-    bar = ready.index(2 * b)
-    mbarrier.expect(bar, NBYTES - BT * 128)
-    tma.async_copy_global_to_shared(lo_desc, [n0, st * 32], bar, lo_s.index(b))
-    tma.async_copy_global_to_shared(co_desc, [n0, st * 16], bar, co_s.index(b))
-    tma.async_copy_global_to_shared(x_desc, [m0, st * 128], bar, x_s.index(2 * b))
-    mbarrier.wait(empty.index(2 * b + 1), ph)
-    bar = ready.index(2 * b + 1)
-    mbarrier.expect(bar, BT * 128)
-    tma.async_copy_global_to_shared(x_desc, [m0, st * 128 + 64], bar, x_s.index(2 * b + 1))
 
 
 @gluon.jit

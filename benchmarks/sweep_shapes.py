@@ -187,6 +187,18 @@ def _candidates(m: int, n: int, k: int) -> dict:
         return {"default": None, **table_round(m, n, k)}
     if rnd == "default":  # the table's choice alone (with --exc: what real weights' exceptions cost it)
         return out
+    if rnd == "51":  # wg_parts (h144): a consumer partition a warpgroup (no CTA barrier of the 8 warps, 41% of the
+        # issue stalls at gate_up M = 512, ncu 2026-12-06), with and without pipe and halves (h143); bm 256 from M = 384
+        if m >= 129 and k % 128 == 0 and has("wgmma"):
+            out["long whole"] = LongConfig()
+            bm, st = (256, 2) if m >= 384 else (128, 3)
+            c = WsConfig(bm=bm, bn=128, warps=8, stages=st, waves=1, exc_xt=True, exc_rows=True)
+            for wp in (False, True):
+                for pipe in (False, True):
+                    for hv in (False, True):
+                        out[f"ws bm{bm} s{st}{' pipe' * pipe}{' halves' * hv}{' wg parts' * wp}"] = R(
+                            c, pipe=pipe, halves=hv, wg_parts=wp)
+        return out
     if rnd == "50":  # the ws tile with x tiles outer (x_outer: the programs holding one weight tile for each x tile
         # run its K steps at the same time, its words read from DRAM once; x inner re-reads them for each x tile:
         # 52.6-69.7% of DRAM's bandwidth at M = 512, ncu 2026-12-06) against x inner and unpack + cuBLAS

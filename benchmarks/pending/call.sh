@@ -186,6 +186,17 @@ for s in "${steps[@]}"; do
           step sweep50 $(( lim - SECONDS > 30 ? lim - SECONDS : 30 )) env SWEEP_ROUND=50 PYTHONPATH=src \
             TRITON_CACHE_DIR="${TRITON_CACHE_DIR:-$(mktemp -d)}" python3 benchmarks/sweep_shapes.py \
             --shapes gate_up,lm_head,down,qkv --ms 512,192,2048 --exc 0.001 --out /tmp/sweep50 ;;
+    h144) # WsConfig.wg_parts: its GPU tests (bits equal to one consumer's), then round 51 (with and without pipe and
+          # halves) at 0.1% of exceptions and with normal weights, in what the call has left (CALL_S: its limit)
+          lim=${CALL_S:-585}
+          step tests_h144 200 env PYTHONPATH=src:. python3 -m pytest -q -m gpu -p no:cacheprovider \
+            tests/kernels/test_ws.py -k wg_parts
+          step sweep51 $(( lim - SECONDS > 200 ? (lim - SECONDS) * 2 / 3 : lim - SECONDS )) env SWEEP_ROUND=51 \
+            PYTHONPATH=src TRITON_CACHE_DIR="${TRITON_CACHE_DIR:=$(mktemp -d)}" python3 benchmarks/sweep_shapes.py \
+            --shapes gate_up,lm_head,down --ms 512,192 --exc 0.001 --out /tmp/sweep51 --table "$out/sweep51_table.json"
+          step sweep51_normal $(( lim - SECONDS > 30 ? lim - SECONDS : 30 )) env SWEEP_ROUND=51 PYTHONPATH=src \
+            TRITON_CACHE_DIR="$TRITON_CACHE_DIR" python3 benchmarks/sweep_shapes.py --shapes gate_up,down --ms 512,2048 \
+            --out /tmp/sweep51n ;;
     sweep50n) # round 50 with normal weights (no exceptions)
              step sweep50_normal 240 env SWEEP_ROUND=50 PYTHONPATH=src TRITON_CACHE_DIR="$(mktemp -d)" python3 \
                benchmarks/sweep_shapes.py --shapes gate_up,down --ms 512,2048 --out /tmp/sweep50n ;;

@@ -27,21 +27,23 @@ def _ws():
 
 
 def _compile_sm90(bn, bt, stages, bias=False, exc=False, maxnreg=128, warps=4, pipe=False, xe=16, xt=False, pre=0,
-                  xo=False, hv=False, ints=None):
+                  xo=False, hv=False, wp=False, ints=None):
     from glyd.kernels.fixed12 import wgmma as fixed12_wg
 
     w = _ws()
     *_, (lsl, csl, xsl) = w.layouts(bn, bt, warps)
-    ll, cl, mma, a_op, ol, _ = w.layouts(bn, bt, warps)
+    cw = 4 if wp else warps  # WsConfig.wg_parts: a consumer partition a warpgroup, of half the rows
+    ll, cl, mma, a_op, ol, _ = w.layouts(bn * cw // warps, bt, cw)
     descs = {"lo_desc": f"tensordesc<i32[{bn}, 32],{lsl!r}>", "co_desc": f"tensordesc<i32[{bn}, 16],{csl!r}>",
              "x_desc": f"tensordesc<bf16[{bt}, 64],{xsl!r}>"}
     ptrs = {"x_ptr": "*bf16", "base_ptr": "*u8", "out_ptr": "*bf16", "bias_ptr": "*bf16", "work_ptr": "*fp32",
             "cnt_ptr": "*i32", "rowptr_ptr": "*i32", "eidx_ptr": "*i32", "ehi_ptr": "*u8", "lo8_ptr": "*u8"}
     const = dict(BN=bn, BT=bt, NS=stages, LL=ll, CL=cl, ML=mma, AL=a_op, OL=ol, HAS_BIAS=bias, EXC=exc,
-                 EL=fixed12_wg.exc_layout(warps, xt) if exc else None, CS=16, LOADER_REGS=24,
-                 NBYTES=w.slot_bytes(bn, bt), PIPE=pipe, XE=xe, XT=xt, PRE=pre, CORR=False, XO=xo, HV=hv)
+                 EL=fixed12_wg.exc_layout(cw, xt) if exc else None, CS=16, LOADER_REGS=24,
+                 NBYTES=w.slot_bytes(bn, bt), PIPE=pipe, XE=xe, XT=xt, PRE=pre, CORR=False, XO=xo, HV=hv,
+                 NC=2 if wp else 1, WG_REGS=232)
     const.update(_specialized(w._ws_kernel, ints or {}))
-    return compile_gluon_sm90(w._ws_kernel, const, ptrs, descs, num_warps=warps, maxnreg=maxnreg)
+    return compile_gluon_sm90(w._ws_kernel, const, ptrs, descs, num_warps=cw, maxnreg=maxnreg)
 
 
 def _specialized(kernel, ints: dict) -> dict:
@@ -184,6 +186,31 @@ def test_ws_halves_free_a_slot_by_halves_sm90(bn, bt, stages, warps, exc, pipe):
         loads = [wait] + ["UTMALDG"] * 3 + [wait, "UTMALDG"] if hv else [wait] + ["UTMALDG"] * 4
         for seq in (want, loads):
             assert any(step[i:i + len(seq)] == seq for i in range(len(step))), (hv, seq)
+
+
+@pytest.mark.cpu_sample(every=2)  # compiles for sm_90: half the configs in the default run
+@pytest.mark.parametrize("bn,bt,stages,pipe,hv", [(128, 256, 2, True, False), (128, 256, 2, False, True),
+                                                  (128, 128, 3, True, True)])
+def test_ws_wg_parts_sync_a_warpgroup_at_a_time_sm90(bn, bt, stages, pipe, hv):
+    # WsConfig.wg_parts: each warpgroup its own partition, so the consumers' barriers are a warpgroup's (128 threads,
+    # two barrier ids) and none is the 8 warps' (256 threads); each partition's step loop issues its 64 rows' MMAs
+    # (4 k16 a half, as each warpgroup of the 8 warps' one consumer) and frees its slot once. With pipe
+    # the step loop keeps its registers
+    kw = dict(exc=True, maxnreg=None, warps=8, xt=True, pre=3, pipe=pipe, hv=hv)
+    for wp in (False, True):
+        sass = _sass(_compile_sm90(bn, bt, stages, wp=wp, **kw))
+        bars = set(re.findall(r"BAR\.SYNC\.DEFER_BLOCKING (0x[0-9a-f]+), (0x[0-9a-f]+)", sass))
+        assert (("0x0", "0x100") in bars) != wp, bars
+        if wp:
+            assert {n for _, n in bars} == {"0x80"} and len(bars) == 2, bars
+        steps = [ops for ops in _loops(sass) if "SYNCS.ARRIVE.TRANS64.A1T0" in ops and any(
+            op.startswith("HGMMA") for op in ops)]
+        step = min(steps, key=len)
+        if not hv:  # (halves' waits split the step loop's body)
+            assert sum(op.startswith("HGMMA") for op in step) == 8  # a warpgroup's 64 rows: 4 k16 a half, either way
+            assert sum(op == "SYNCS.ARRIVE.TRANS64.A1T0" for op in step) == 1
+        if pipe:
+            assert sum(op.startswith(("LDL", "STL")) for op in step) <= 2
 
 
 def test_ws_pipe_step_loop_at_bm256_keeps_its_registers_sm90():
@@ -335,6 +362,10 @@ def test_ws_config_checks():
     WsConfig(**{**base, "halves": True, "x_outer": True, "pipe": True})
     for bad in (dict(halves=1), dict(halves="yes")):
         with pytest.raises(ValueError, match="halves"):
+            WsConfig(**{**base, **bad})
+    WsConfig(**{**base, "warps": 8, "bn": 128, "wg_parts": True, "halves": True, "pipe": True})
+    for bad in (dict(wg_parts=True), dict(wg_parts=1, warps=8, bn=128), dict(wg_parts=True, warps=4, bn=128)):
+        with pytest.raises(ValueError, match="wg_parts"):
             WsConfig(**{**base, **bad})
     for bad in (dict(consumers=2), dict(bk=256)):  # removed variants, fixed K steps
         with pytest.raises(TypeError):
@@ -542,6 +573,35 @@ def test_ws_halves_match_whole_slots_bits_gpu(bm, bn, stages, warps, xo, pipe, m
     assert torch.equal(y.view(torch.int16), kernels.linear(x, p, b, cfg).view(torch.int16))
     assert torch.equal(y.view(torch.int16), kernels.linear(x, p, b, cfg.replace(halves=True, pipe=pipe)).view(
         torch.int16))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
+                    reason="needs a Hopper GPU")
+@pytest.mark.parametrize("bm,stages,xo,pipe,hv", [(256, 2, False, False, False), (128, 3, True, False, False),
+                                                  (256, 2, True, True, False), (256, 2, False, True, True),
+                                                  (128, 3, False, False, True)])
+@pytest.mark.parametrize("m,progs", [(1, 0), (300, 0), (300, 5), (600, 300)])
+def test_ws_wg_parts_match_one_consumer_bits_gpu(bm, stages, xo, pipe, hv, m, progs):
+    # WsConfig.wg_parts (a consumer partition a warpgroup, its own work slots and tile counters) issues each row's
+    # MMAs and exception rounds in the same order as the 8 warps' one consumer: within the float64 bound and the
+    # same bits, twice (the counters left zeroed); real weights' 0.1% of exceptions by exc_rows, a bias, programs
+    # with one step (300), parts of tiles (5), N not a multiple of the tile; x tiles outer, pipe and halves too
+    from glyd import kernels
+    from glyd.kernels import WsConfig
+
+    w = random_weights(1000, 3584, "normal", "cuda")
+    w.view(-1)[torch.randint(0, w.numel(), (w.numel() // 1000,), device="cuda")] = torch.tensor(
+        1e-30, device="cuda").to(torch.bfloat16)
+    p = glyd.pack(w, "fixed12")
+    x = torch.randn(m, 3584, device="cuda").to(torch.bfloat16)
+    b = torch.randn(1000, device="cuda").to(torch.bfloat16)
+    cfg = WsConfig(bm=bm, bn=128, stages=stages, split=progs, waves=1, warps=8, exc_xt=True, exc_rows=True,
+                   x_outer=xo, pipe=pipe, halves=hv)
+    y = kernels.linear(x, p, b, cfg.replace(wg_parts=True))
+    _check(y, x, w, b)
+    assert torch.equal(y.view(torch.int16), kernels.linear(x, p, b, cfg).view(torch.int16))
+    assert torch.equal(y.view(torch.int16), kernels.linear(x, p, b, cfg.replace(wg_parts=True)).view(torch.int16))
 
 
 @pytest.mark.gpu

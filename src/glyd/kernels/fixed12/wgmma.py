@@ -262,9 +262,10 @@ def wg_row_exceptions(acc, xe_ptr, sxk, sxm, m0, M, K, rowptr_ptr, eidx_ptr, val
     # tile's past M at row M - 1 (never stored). With h135's select in place of the mask the tiles at M = 32-128 took
     # 7-15% longer than a session before (history/2026-12-06-h100-23.md; call.sh exc_ab times the two loops)
     b8 = gl.load(base_ptr).to(gl.uint32)
-    if BN * BT >= 32768:  # the ws tile's bm 256 or bn 256 (128 accumulator registers a thread): the rounds on each
-        # half of the x rows in turn (a round's x values for all of them beside the accumulator spilled 147 + 76
-        # local loads and stores a round on sm_90a); a half is register-only (the columns' top bit is a register's)
+    if BN * BT >= 4096 * gl.num_warps():  # 128 accumulator registers a thread (the ws tile's bm 256 or bn 256 on 8
+        # warps, or 64 rows of bm 256 in a warpgroup's own partition): the rounds on each half of the x rows in turn
+        # (a round's x values for all of them beside the accumulator spilled 147 + 76 local loads and stores a round
+        # on sm_90a); a half is register-only (the columns' top bit is a register's)
         a0, a1 = gl.split(gl.permute(gl.reshape(acc, [BN, 2, BT // 2]), (0, 2, 1)))
         a0 = _row_half(a0, xe_ptr, sxk, sxm, m0, M, K, rowptr_ptr, eidx_ptr, vals_ptr, b8, n0, N, part, parts, BN,
                        BT // 2)

@@ -80,7 +80,12 @@ class WsConfig(C.KernelConfig):
     the second's run: a slot's copies then have a step and a half to land, not one (at bm 256 two 88 KB slots fit,
     and the step took 3,980 cycles for 2,048 of MMAs with L2 at 61%: the copies' latency, Nsight Compute on an H100,
     history/2026-12-06-h100-24.md). The same MMAs in the same order: the same bits. With ``pipe`` the first half is
-    freed before the next step's words are read."""
+    freed before the next step's words are read. ``wg_parts`` (8 warps): each warpgroup a ``warp_specialize``
+    partition of its own, the consumer of half the tile's rows with its own barriers, work slots and tile counters,
+    a slot freed once both arrived; else the 8 warps are one partition whose CTA barrier (three a step, Triton's
+    shared-memory fences) holds each warpgroup until the other's MMAs are done (41% of the issue stalls at gate_up
+    M = 512, Nsight Compute on an H100, history/2026-12-06-h100-24.md), where it could decode its next step. The same
+    MMAs and exception rounds a row in the same order: the same bits."""
 
     bm: int = 16
     bn: int = 64
@@ -95,11 +100,14 @@ class WsConfig(C.KernelConfig):
     exc_rows: bool = False
     x_outer: bool = False
     halves: bool = False
+    wg_parts: bool = False
 
     def validate(self) -> None:
         C.pow2(self, "bm", "bn")
         ints(self, 0, 255, "stages", "maxnreg")
-        flags(self, "pipe", "exc_xt", "exc_pre", "exc_corr", "exc_vals", "exc_rows", "x_outer", "halves")
+        flags(self, "pipe", "exc_xt", "exc_pre", "exc_corr", "exc_vals", "exc_rows", "x_outer", "halves", "wg_parts")
+        if self.wg_parts and self.warps != 8:
+            raise ValueError(f"WsConfig.wg_parts needs 8 warps (two warpgroups), got {self.warps}")
         if self.exc_pre and self.exc_vals:
             raise ValueError("WsConfig.exc_pre (the values a round ahead) and exc_vals (in the round) exclude each other")
         ints(self, 16, 128, "exc_chunk")
@@ -183,17 +191,17 @@ def _ws_finish(acc, t, n0, m0, g0, P, W, S, pid, x_ptr, out_ptr, bias_ptr, work_
 
 
 @gluon.jit
-def _ws_words(lo_s, co_s, ready, b, ph, BN: gl.constexpr, LL: gl.constexpr, CL: gl.constexpr):
+def _ws_words(lo_s, co_s, ready, b, ph, BN: gl.constexpr, LL: gl.constexpr, CL: gl.constexpr, RO: gl.constexpr = 0):
     # ring slot b's plane words, once its copies landed: lo words of halves 0 and 1, code words
     mbarrier.wait(ready.index(b), ph)
-    return _ws_slot_words(lo_s, co_s, b, BN, LL, CL)
+    return _ws_slot_words(lo_s, co_s, b, BN, LL, CL, RO)
 
 
 @gluon.jit
-def _ws_slot_words(lo_s, co_s, b, BN: gl.constexpr, LL: gl.constexpr, CL: gl.constexpr):
-    # _ws_words of a slot already waited for
-    lw = lo_s.index(b).load(LL)  # [BN, 32]: words 16 g + 8 hh + 4 a + i of the lane's (a, g)
-    cw = co_s.index(b).load(CL).to(gl.uint32, bitcast=True)
+def _ws_slot_words(lo_s, co_s, b, BN: gl.constexpr, LL: gl.constexpr, CL: gl.constexpr, RO: gl.constexpr = 0):
+    # _ws_words of a slot already waited for: its BN rows from RO (a warpgroup's half under WsConfig.wg_parts)
+    lw = lo_s.index(b).slice(RO, BN).load(LL)  # [BN, 32]: words 16 g + 8 hh + 4 a + i of the lane's (a, g)
+    cw = co_s.index(b).slice(RO, BN).load(CL).to(gl.uint32, bitcast=True)
     lw = gl.reshape(lw.to(gl.uint32, bitcast=True), [BN, 2, 2, 8])  # [row, g, hh, (a i)]
     l0, l1 = gl.split(gl.reshape(gl.permute(lw, (0, 1, 3, 2)), [BN, 16, 2]))
     return l0, l1, gl.convert_layout(cw, l0.type.layout)
@@ -201,9 +209,9 @@ def _ws_slot_words(lo_s, co_s, b, BN: gl.constexpr, LL: gl.constexpr, CL: gl.con
 
 @gluon.jit
 def _ws_step_mmas(lo_s, co_s, x_s, ready, b, ph, acc, b4, BN: gl.constexpr, LL: gl.constexpr, CL: gl.constexpr,
-                  AL: gl.constexpr):
+                  AL: gl.constexpr, RO: gl.constexpr = 0):
     # one K step from ring slot b: wait for it, read and decode its words, issue its two MMAs
-    l0, l1, cw = _ws_words(lo_s, co_s, ready, b, ph, BN, LL, CL)
+    l0, l1, cw = _ws_words(lo_s, co_s, ready, b, ph, BN, LL, CL, RO)
     a0 = _ws_half(l0, cw, b4, BN, AL)
     acc = warpgroup_mma(a0, x_s.index(2 * b).permute((1, 0)), acc, is_async=True)
     a1 = _ws_half(l1, cw >> 4, b4, BN, AL)
@@ -213,12 +221,12 @@ def _ws_step_mmas(lo_s, co_s, x_s, ready, b, ph, acc, b4, BN: gl.constexpr, LL: 
 
 @gluon.jit
 def _ws_step_halves(lo_s, co_s, x_s, ready, empty, b, ph, acc, b4, BN: gl.constexpr, LL: gl.constexpr,
-                    CL: gl.constexpr, AL: gl.constexpr):
+                    CL: gl.constexpr, AL: gl.constexpr, RO: gl.constexpr = 0):
     # WsConfig.halves: _ws_step_mmas with the slot's halves waited for and freed one at a time (mbarriers
     # 2 b: the words and the first x box, 2 b + 1: the second x box); the words are in registers before
     # the first half is freed, the first half's MMAs done while the second's are still running
     mbarrier.wait(ready.index(2 * b), ph)
-    l0, l1, cw = _ws_slot_words(lo_s, co_s, b, BN, LL, CL)
+    l0, l1, cw = _ws_slot_words(lo_s, co_s, b, BN, LL, CL, RO)
     a0 = _ws_half(l0, cw, b4, BN, AL)
     acc = warpgroup_mma(a0, x_s.index(2 * b).permute((1, 0)), acc, is_async=True)
     a1 = _ws_half(l1, cw >> 4, b4, BN, AL)
@@ -235,14 +243,14 @@ def _ws_step_halves(lo_s, co_s, x_s, ready, empty, b, ph, acc, b4, BN: gl.conste
 
 @gluon.jit
 def _ws_piped(lo_s, co_s, x_s, ready, b, i, n, acc, a0, b4, BN: gl.constexpr, NS: gl.constexpr, LL: gl.constexpr,
-              CL: gl.constexpr, AL: gl.constexpr, HV: gl.constexpr = False, empty=None):
+              CL: gl.constexpr, AL: gl.constexpr, HV: gl.constexpr = False, empty=None, RO: gl.constexpr = 0):
     # step i (slot b) with its first half a0 decoded already: its first MMA issued, its second half
     # decoded from the slot's words read again while the first multiplies, then the next step's
     # first half decoded while the second multiplies. Only a0 is carried to the next step (not its
     # second half's words: 32 registers a thread, which spilled the step loop at bm 256); a1 stays
     # alive until the caller's wait
     acc = warpgroup_mma(a0, x_s.index(2 * b).permute((1, 0)), acc, is_async=True)
-    _, l1, cw = _ws_slot_words(lo_s, co_s, b, BN, LL, CL)
+    _, l1, cw = _ws_slot_words(lo_s, co_s, b, BN, LL, CL, RO)
     a1 = _ws_half(l1, cw >> 4, b4, BN, AL)
     if HV:  # WsConfig.halves: the second x box has its own mbarrier
         mbarrier.wait(ready.index(2 * b + 1), (i // NS) & 1)
@@ -255,9 +263,9 @@ def _ws_piped(lo_s, co_s, x_s, ready, b, i, n, acc, a0, b4, BN: gl.constexpr, NS
     if i + 1 < n:
         if HV:  # the next slot's first half
             mbarrier.wait(ready.index(2 * ((i + 1) % NS)), ((i + 1) // NS) & 1)
-            l0, _, cw = _ws_slot_words(lo_s, co_s, (i + 1) % NS, BN, LL, CL)
+            l0, _, cw = _ws_slot_words(lo_s, co_s, (i + 1) % NS, BN, LL, CL, RO)
         else:
-            l0, _, cw = _ws_words(lo_s, co_s, ready, (i + 1) % NS, ((i + 1) // NS) & 1, BN, LL, CL)
+            l0, _, cw = _ws_words(lo_s, co_s, ready, (i + 1) % NS, ((i + 1) // NS) & 1, BN, LL, CL, RO)
         a0 = _ws_half(l0, cw, b4, BN, AL)
     return acc, a0, a1
 
@@ -269,7 +277,7 @@ def _ws_parts_piped(lo_s, co_s, x_s, ready, empty, g0, g1, P, W, S, MT, b4, x_pt
                     AL: gl.constexpr, OL: gl.constexpr, HAS_BIAS: gl.constexpr, EXC: gl.constexpr,
                     EL: gl.constexpr, CS: gl.constexpr, XE: gl.constexpr = 16, XT: gl.constexpr = False,
                PRE: gl.constexpr = 0, CORR: gl.constexpr = False, corr_ptr=None, XO: gl.constexpr = False,
-                    HV: gl.constexpr = False):
+                    HV: gl.constexpr = False, TB: gl.constexpr = 0, RO: gl.constexpr = 0):
     # WsConfig.pipe: the program's steps a tile part at a time, each part's steps pipelined
     # (_ws_piped) and its finish after the part's last MMAs, so that nothing decoded ahead is
     # live across a finish (its registers would spill in the step loop)
@@ -280,18 +288,19 @@ def _ws_parts_piped(lo_s, co_s, x_s, ready, empty, g0, g1, P, W, S, MT, b4, x_pt
         s1 = gl.minimum(g1, t * S + S) - g0
         if HV:  # WsConfig.halves: the slot's first half
             mbarrier.wait(ready.index(2 * (s0 % NS)), (s0 // NS) & 1)
-            l0, _, cw = _ws_slot_words(lo_s, co_s, s0 % NS, BN, LL, CL)
+            l0, _, cw = _ws_slot_words(lo_s, co_s, s0 % NS, BN, LL, CL, RO)
         else:
-            l0, _, cw = _ws_words(lo_s, co_s, ready, s0 % NS, (s0 // NS) & 1, BN, LL, CL)
+            l0, _, cw = _ws_words(lo_s, co_s, ready, s0 % NS, (s0 // NS) & 1, BN, LL, CL, RO)
         a0 = _ws_half(l0, cw, b4, BN, AL)
         for i in range(s0, s1):
             b = i % NS
-            acc, a0, a1 = _ws_piped(lo_s, co_s, x_s, ready, b, i, s1, acc, a0, b4, BN, NS, LL, CL, AL, HV, empty)
+            acc, a0, a1 = _ws_piped(lo_s, co_s, x_s, ready, b, i, s1, acc, a0, b4, BN, NS, LL, CL, AL, HV, empty,
+                                    RO)
             acc, a1 = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a1))
             fence_async_shared()  # as _ws_consumer: the slot's reads are done, the TMA may refill it
             mbarrier.arrive(empty.index(2 * b + 1 if HV else b))
-        _, _, n0, m0 = _ws_tile(t * S, S, MT, BN, BT, XO)
-        _ws_finish(acc, t, n0, m0, g0, P, W, S, pid, x_ptr, out_ptr, bias_ptr, work_ptr, cnt_ptr, M, N, KP,
+        _, _, n0, m0 = _ws_tile(t * S, S, MT, TB, BT, XO)
+        _ws_finish(acc, t, n0 + RO, m0, g0, P, W, S, pid, x_ptr, out_ptr, bias_ptr, work_ptr, cnt_ptr, M, N, KP,
                    stride_xm, rowptr_ptr, eidx_ptr, ehi_ptr, lo8_ptr, base_ptr, BN, BT, ML, OL, HAS_BIAS, EXC, EL, CS,
                    XE, XT, PRE, CORR, corr_ptr)
         acc = gl.zeros([BN, BT], gl.float32, ML)
@@ -305,23 +314,27 @@ def _ws_consumer(lo_s, co_s, x_s, ready, empty, g0, g1, P, W, S, MT, b4, x_ptr, 
                  AL: gl.constexpr, OL: gl.constexpr, HAS_BIAS: gl.constexpr, EXC: gl.constexpr, EL: gl.constexpr,
                  CS: gl.constexpr, PIPE: gl.constexpr, XE: gl.constexpr = 16, XT: gl.constexpr = False,
                PRE: gl.constexpr = 0, CORR: gl.constexpr = False, corr_ptr=None, XO: gl.constexpr = False,
-                 HV: gl.constexpr = False):
-    # the warpgroup: words from the ring, decode, MMA, free the slot; at the end of each tile's
-    # part, finish it (_ws_finish). Every program has a step at least (the grid is at most one a step)
+                 HV: gl.constexpr = False, TB: gl.constexpr = 0, RO: gl.constexpr = 0):
+    # the warpgroups: words from the ring, decode, MMA, free the slot; at the end of each tile's
+    # part, finish it (_ws_finish). Every program has a step at least (the grid is at most one a step).
+    # BN: the consumer's rows, RO the first of them in the tile of TB rows (WsConfig.wg_parts: a warpgroup
+    # a consumer of half the rows; else one consumer of all of them, BN == TB, RO 0)
     if PIPE:
         acc = _ws_parts_piped(lo_s, co_s, x_s, ready, empty, g0, g1, P, W, S, MT, b4, x_ptr, out_ptr, bias_ptr,
                               work_ptr, cnt_ptr, M, N, KP, stride_xm, rowptr_ptr, eidx_ptr, ehi_ptr, lo8_ptr, base_ptr,
                               BN, BT, NS, LL, CL, ML, AL, OL, HAS_BIAS, EXC, EL, CS, XE, XT, PRE,
-                              CORR, corr_ptr, XO, HV)
+                              CORR, corr_ptr, XO, HV, TB, RO)
     else:
         pid = gl.program_id(0)
         acc = gl.zeros([BN, BT], gl.float32, ML)
         for i in range(g1 - g0):
             b = i % NS
             if HV:
-                acc = _ws_step_halves(lo_s, co_s, x_s, ready, empty, b, (i // NS) & 1, acc, b4, BN, LL, CL, AL)
+                acc = _ws_step_halves(lo_s, co_s, x_s, ready, empty, b, (i // NS) & 1, acc, b4, BN, LL, CL, AL,
+                                      RO)
             else:
-                acc, a0, a1 = _ws_step_mmas(lo_s, co_s, x_s, ready, b, (i // NS) & 1, acc, b4, BN, LL, CL, AL)
+                acc, a0, a1 = _ws_step_mmas(lo_s, co_s, x_s, ready, b, (i // NS) & 1, acc, b4, BN, LL, CL, AL,
+                                            RO)
                 acc, a0, a1 = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a0, a1))
                 # every warp's words of this slot were read before its part of the MMAs was issued, so
                 # the MMAs being done means the whole slot is free; the fence orders those generic-proxy
@@ -329,13 +342,12 @@ def _ws_consumer(lo_s, co_s, x_s, ready, empty, g0, g1, P, W, S, MT, b4, x_ptr, 
                 fence_async_shared()
                 mbarrier.arrive(empty.index(b))
             g = g0 + i
-            t, st, n0, m0 = _ws_tile(g, S, MT, BN, BT, XO)
+            t, st, n0, m0 = _ws_tile(g, S, MT, TB, BT, XO)
             if (st == S - 1) | (g == g1 - 1):
-                _ws_finish(acc, t, n0, m0, g0, P, W, S, pid, x_ptr, out_ptr, bias_ptr, work_ptr, cnt_ptr, M, N, KP,
+                _ws_finish(acc, t, n0 + RO, m0, g0, P, W, S, pid, x_ptr, out_ptr, bias_ptr, work_ptr, cnt_ptr, M, N, KP,
                            stride_xm, rowptr_ptr, eidx_ptr, ehi_ptr, lo8_ptr, base_ptr, BN, BT, ML, OL, HAS_BIAS,
                            EXC, EL, CS, XE, XT, PRE, CORR, corr_ptr)
                 acc = gl.zeros([BN, BT], gl.float32, ML)
-    return (acc, )  # warp_specialize takes the default partition's results as a tuple
 
 
 # MT not specialized: at M = 1 Triton makes both M and MT constexpr 1, and with exceptions that lowering aborts
@@ -348,7 +360,7 @@ def _ws_kernel(lo_desc, co_desc, x_desc, x_ptr, base_ptr, out_ptr, bias_ptr, wor
                lo8_ptr=None, CS: gl.constexpr = 1, LOADER_REGS: gl.constexpr = 24, NBYTES: gl.constexpr = 0,
                PIPE: gl.constexpr = False, XE: gl.constexpr = 16, XT: gl.constexpr = False,
                PRE: gl.constexpr = 0, CORR: gl.constexpr = False, corr_ptr=None, XO: gl.constexpr = False,
-               HV: gl.constexpr = False):
+               HV: gl.constexpr = False, NC: gl.constexpr = 1, WG_REGS: gl.constexpr = 232):
     # out (bf16 [M, N], + bias) = x @ W^T, persistent over W = tiles x S K steps (stream-K):
     # program p multiplies global steps p W / P .. (p + 1) W / P (tile-major, x tiles inner, or with XO
     # outer: MT is then the weight tiles, the inner index's count), so
@@ -368,22 +380,38 @@ def _ws_kernel(lo_desc, co_desc, x_desc, x_ptr, base_ptr, out_ptr, bias_ptr, wor
         empty = gl.allocate_shared_memory(gl.int64, [2 * NS, 1], mbarrier.MBarrierLayout())
         for j in gl.static_range(2 * NS):
             mbarrier.init(ready.index(j), count=1)
-            mbarrier.init(empty.index(j), count=1)
+            mbarrier.init(empty.index(j), count=NC)  # NC consumers free it
     else:
         ready = gl.allocate_shared_memory(gl.int64, [NS, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [NS, 1], mbarrier.MBarrierLayout())
         for j in gl.static_range(NS):
             mbarrier.init(ready.index(j), count=1)
-            mbarrier.init(empty.index(j), count=1)
+            mbarrier.init(empty.index(j), count=NC)
     fence_async_shared()
-    gl.warp_specialize([
-        (_ws_consumer, (lo_s, co_s, x_s, ready, empty, g0, g1, P, W, S, MT, b4, x_ptr, out_ptr, bias_ptr, work_ptr,
-                        cnt_ptr, M, N, KP, stride_xm, rowptr_ptr, eidx_ptr, ehi_ptr, lo8_ptr, base_ptr, BN, BT, NS,
-                        LL, CL, ML, AL, OL, HAS_BIAS, EXC, EL, CS, PIPE, XE, XT, PRE, CORR,
-                        corr_ptr, XO, HV)),
-        (_ws_loader, (lo_desc, co_desc, x_desc, lo_s, co_s, x_s, ready, empty, g0, g1, S, MT, BN, BT, NS, NBYTES,
-                      XO, HV)),
-    ], [1], [LOADER_REGS])
+    if NC == 2:  # WsConfig.wg_parts: each warpgroup a partition of its own, the consumer of half the tile's rows
+        # (its own barriers, its own work slots and tile counters); the layouts are a warpgroup's of H rows
+        H: gl.constexpr = BN // 2
+        gl.warp_specialize([
+            (_ws_consumer, (lo_s, co_s, x_s, ready, empty, g0, g1, P, W, S, MT, b4,
+                            x_ptr, out_ptr, bias_ptr, work_ptr, cnt_ptr, M, N, KP, stride_xm, rowptr_ptr, eidx_ptr,
+                            ehi_ptr, lo8_ptr, base_ptr, H, BT, NS, LL, CL, ML, AL, OL, HAS_BIAS, EXC, EL, CS, PIPE,
+                            XE, XT, PRE, CORR, corr_ptr, XO, HV, BN, 0)),
+            (_ws_consumer, (lo_s, co_s, x_s, ready, empty, g0, g1, P, W, S, MT, b4,
+                            x_ptr, out_ptr, bias_ptr, work_ptr + 2 * P * H * BT, cnt_ptr + 1, M, N, KP, stride_xm,
+                            rowptr_ptr, eidx_ptr, ehi_ptr, lo8_ptr, base_ptr, H, BT, NS, LL, CL, ML, AL, OL, HAS_BIAS,
+                            EXC, EL, CS, PIPE, XE, XT, PRE, CORR, corr_ptr, XO, HV, BN, H)),
+            (_ws_loader, (lo_desc, co_desc, x_desc, lo_s, co_s, x_s, ready, empty, g0, g1, S, MT, BN, BT, NS, NBYTES,
+                          XO, HV)),
+        ], [4, 1], [WG_REGS, LOADER_REGS])
+    else:
+        gl.warp_specialize([
+            (_ws_consumer, (lo_s, co_s, x_s, ready, empty, g0, g1, P, W, S, MT, b4, x_ptr, out_ptr, bias_ptr, work_ptr,
+                            cnt_ptr, M, N, KP, stride_xm, rowptr_ptr, eidx_ptr, ehi_ptr, lo8_ptr, base_ptr, BN, BT, NS,
+                            LL, CL, ML, AL, OL, HAS_BIAS, EXC, EL, CS, PIPE, XE, XT, PRE, CORR,
+                            corr_ptr, XO, HV, BN, 0)),
+            (_ws_loader, (lo_desc, co_desc, x_desc, lo_s, co_s, x_s, ready, empty, g0, g1, S, MT, BN, BT, NS, NBYTES,
+                          XO, HV)),
+        ], [1], [LOADER_REGS])
 
 
 @functools.lru_cache(maxsize=None)
@@ -455,7 +483,9 @@ def plan(x2: torch.Tensor, p, bias, cfg: WsConfig):
     # true values from prepare's list, a round ahead (1), in the round (2), or by the rows' threads (3)
     tiles = triton.cdiv(n, cfg.bn) * mt
     cnt = C.counters(x2.device, tiles)
-    ll, cl, mma, a_op, ol, (lsl, csl, xsl) = layouts(cfg.bn, cfg.bm, cfg.warps)
+    *_, (lsl, csl, xsl) = layouts(cfg.bn, cfg.bm, cfg.warps)
+    cw = 4 if cfg.wg_parts else cfg.warps  # a consumer's warps and rows
+    ll, cl, mma, a_op, ol, _ = layouts(cfg.bn * cw // cfg.warps, cfg.bm, cw)
     lo_d = TensorDescriptor.from_tensor(a["lo"].view(torch.int32), [cfg.bn, 32], lsl)
     co_d = TensorDescriptor.from_tensor(a["code"].view(torch.int32), [cfg.bn, 16], csl)
     # per call: x2, bias (or out), the ring's fp32 slots, out, then fixed12's arrays, then x's descriptor
@@ -466,10 +496,10 @@ def plan(x2: torch.Tensor, p, bias, cfg: WsConfig):
     tile = _plan.Launch(_ws_kernel, (progs,), (lo_d, co_d, x_d, x, base, o, b, ring, cnt, m, n, kp, stride, steps,
                                                inner, work), dict(
         BN=cfg.bn, BT=cfg.bm, NS=cfg.stages, LL=ll, CL=cl, ML=mma, AL=a_op, OL=ol, HAS_BIAS=bias is not None,
-        EXC=inline, EL=exc_layout(cfg.warps, xt) if inline else None, rowptr_ptr=prep.rowptr, eidx_ptr=eidx,
+        EXC=inline, EL=exc_layout(cw, xt) if inline else None, rowptr_ptr=prep.rowptr, eidx_ptr=eidx,
         ehi_ptr=ehi, lo8_ptr=prep.vals if pre else lo, CS=C.COUNTER_SLOTS, NBYTES=slot_bytes(cfg.bn, cfg.bm), PIPE=cfg.pipe, XE=cfg.exc_chunk,
         XT=xt, PRE=pre, CORR=corr, corr_ptr=_plan.Slot(10) if corr else None, XO=cfg.x_outer, HV=cfg.halves,
-        num_warps=cfg.warps,
+        NC=2 if cfg.wg_parts else 1, WG_REGS=232, num_warps=cw,
         **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {})))
     tx = xt or corr  # the exceptions' x transposed ([K, M]), written by x's permutation from the same load
     permute = _permute_launch(m, k, stride, tx)

@@ -15,6 +15,7 @@ GPU without one). ``SWEEP_ROUND=N`` times round N's candidates instead of the de
 ``consumers`` settings, are gone with those settings: their last version is in 497582d).
 ``SWEEP_ROUND=table`` times, at each M, every candidate that the fallback table (the H200's)
 lists for that M bucket in any shape class; ``SWEEP_ROUND=default`` the table's choice alone.
+``SWEEP_ONLY=REGEX`` keeps the candidates whose names match it (and the table's choice): a short call.
 
 Making the kernel table of a new GPU: run the sweep there over the shapes and M buckets the table
 should cover, with ``--table OUT.json``, e.g.
@@ -47,6 +48,7 @@ import json
 import logging
 import math
 import os
+import re
 import sys
 import time
 
@@ -151,7 +153,10 @@ def candidates(m: int, n: int, k: int) -> dict:
     choice; or (config, {(module, attribute): value}) to time it with module settings changed,
     e.g. the split-K reduce's tile)."""
     out = {}
+    only = os.environ.get("SWEEP_ONLY")  # a regular expression: the round's candidates whose names match (and "default")
     for name, cfg in _candidates(m, n, k).items():
+        if only and name != "default" and not re.fullmatch(only, name):
+            continue
         bad = cfg[0] if isinstance(cfg, tuple) else cfg
         if isinstance(bad, Invalid):
             log.info("M=%d %dx%d: %s is no valid config (%s): not timed", m, n, k, name, bad.why)

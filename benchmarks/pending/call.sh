@@ -124,14 +124,20 @@ for s in "${steps[@]}"; do
              step sweep47_normal 120 env SWEEP_ROUND=47 PYTHONPATH=src TRITON_CACHE_DIR="$(mktemp -d)" python3 \
                benchmarks/sweep_shapes.py --shapes gate_up,down --ms 256,512 --out /tmp/sweep47n ;;
     next) # the pending README's first call, whichever GPU came: an H200 merges rounds 45, 44 and 46 into its table
-          # and runs the GPU set on that tree (tables); an H100 runs the GPU set (the pending t48 and h142 applied)
-          # and round 50 (h142's x_outer), then warm the A/B of t48's M = 129-255 cells against main (carry
-          # .carry/main) and round 50 without exceptions
+          # and runs the GPU set on that tree (tables); an H100 runs the GPU set (the pending t48, h142, h143 and h144
+          # applied), then round 51's bm 256 rows at gate_up M = 512 (wg_parts and pipe: h144) in what the call has
+          # left; then warm `call.sh h144` (its tests and the whole round 51) and `ab129 sweep50` (carry .carry/main)
           if python3 -c "import torch,sys;sys.exit('H200' not in torch.cuda.get_device_name())"; then
             OUT="$out" bash "$0" tables  # its own summary table
           else
-            OUT="$out" bash "$0" gpu_set_par sweep50  # then, warm: ab129 sweep50n
+            OUT="$out" bash "$0" gpu_set_par sweep51s
           fi ;;
+    sweep51s) # round 51's bm 256 rows at gate_up M = 512 (with and without wg_parts and pipe), 0.1% then normal weights
+              for a in "--exc 0.001 --out /tmp/s51a" "--out /tmp/s51b"; do
+                [ $(( 585 - SECONDS )) -gt 20 ] || break
+                step "sweep51s_${a##*/}" $(( 585 - SECONDS )) env SWEEP_ROUND=51 SWEEP_ONLY="ws bm256 s2( pipe)?( wg parts)?" \
+                  PYTHONPATH=src TRITON_CACHE_DIR=/tmp/tc51 python3 benchmarks/sweep_shapes.py --shapes gate_up --ms 512 $a
+              done ;;
     ab129) # the table's choice at M = 129-255 (round 48's cells, the pending t48) against main's (.carry/main), 0.1%
            for r in . .carry/main; do
              [ -d "$r/src" ] || continue

@@ -123,15 +123,11 @@ for s in "${steps[@]}"; do
              # 664-792 bytes on sm_90a, without exceptions none)
              step sweep47_normal 120 env SWEEP_ROUND=47 PYTHONPATH=src TRITON_CACHE_DIR="$(mktemp -d)" python3 \
                benchmarks/sweep_shapes.py --shapes gate_up,down --ms 256,512 --out /tmp/sweep47n ;;
-    next) # the pending README's first call, whichever GPU came: an H200 merges rounds 45, 44 and 46 into its table
-          # and runs the GPU set on that tree (tables); an H100 runs the GPU set (the pending t48, h142, h143 and h144
-          # applied), then round 51's bm 256 rows at gate_up M = 512 (wg_parts and pipe: h144) in what the call has
-          # left; then warm `call.sh h144` (its tests and the whole round 51) and `ab129 sweep50` (carry .carry/main)
-          if python3 -c "import torch,sys;sys.exit('H200' not in torch.cuda.get_device_name())"; then
-            OUT="$out" bash "$0" tables  # its own summary table
-          else
-            OUT="$out" bash "$0" gpu_set_par sweep51s
-          fi ;;
+    next) # the pending README's first call, whichever GPU came: the GPU set on the stack (t48, h142, h143 and h144
+          # applied; nothing merges without it), then round 51's bm 256 rows at gate_up M = 512 (wg_parts and pipe:
+          # h144) in what the call has left (an H200's table rounds, `tables`, need a call of their own: their sweeps
+          # and the GPU set after them can pass 600 s); then warm `call.sh h144` and `ab129 sweep50` (carry .carry/main)
+          OUT="$out" bash "$0" gpu_set_par sweep51s ;;
     sweep51s) # round 51's bm 256 rows at gate_up M = 512 (with and without wg_parts and pipe), 0.1% then normal weights
               for a in "--exc 0.001 --out /tmp/s51a" "--out /tmp/s51b"; do
                 [ $(( 585 - SECONDS )) -gt 20 ] || break

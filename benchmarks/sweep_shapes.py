@@ -192,6 +192,16 @@ def _candidates(m: int, n: int, k: int) -> dict:
         return {"default": None, **table_round(m, n, k)}
     if rnd == "default":  # the table's choice alone (with --exc: what real weights' exceptions cost it)
         return out
+    if rnd == "52":  # x tiles outer (the H100's M = 256-511 rows since 2026-12-07) with halves (h143) and wg_parts
+        # (h144), one or both, at bm 128 with 3 stages, and at bm 256 from M = 512 (pipe lost in rounds 48-51)
+        if m >= 129 and k % 128 == 0 and has("wgmma"):
+            out["long whole"] = LongConfig()
+            for bm, st in ((128, 3), (256, 2))[:2 if m >= 512 else 1]:
+                c = WsConfig(bm=bm, bn=128, warps=8, stages=st, waves=1, exc_xt=True, exc_rows=True, x_outer=True)
+                for wp in (False, True):
+                    for hv in (False, True):
+                        out[f"ws bm{bm} s{st} xo{' halves' * hv}{' wg parts' * wp}"] = R(c, halves=hv, wg_parts=wp)
+        return out
     if rnd == "51":  # wg_parts (h144): a consumer partition a warpgroup (no CTA barrier of the 8 warps, 41% of the
         # issue stalls at gate_up M = 512, ncu 2026-12-06), with and without pipe and halves (h143); bm 256 from M = 384
         if m >= 129 and k % 128 == 0 and has("wgmma"):

@@ -123,11 +123,15 @@ for s in "${steps[@]}"; do
              # 664-792 bytes on sm_90a, without exceptions none)
              step sweep47_normal 120 env SWEEP_ROUND=47 PYTHONPATH=src TRITON_CACHE_DIR="$(mktemp -d)" python3 \
                benchmarks/sweep_shapes.py --shapes gate_up,down --ms 256,512 --out /tmp/sweep47n ;;
-    next) # the pending README's first call, whichever GPU came: the GPU set on the stack (t48, h142, h143 and h144
-          # applied; nothing merges without it), then round 51's bm 256 rows at gate_up M = 512 (wg_parts and pipe:
-          # h144) in what the call has left (an H200's table rounds, `tables`, need a call of their own: their sweeps
-          # and the GPU set after them can pass 600 s); then warm `call.sh h144` and `ab129 sweep50` (carry .carry/main)
-          OUT="$out" bash "$0" gpu_set_par sweep51s ;;
+    next) # the pending README's first call, whichever GPU came: the GPU set on the stack (h145, t50, h143 and h144
+          # applied; nothing merges without it), then round 52 (x tiles outer with halves and wg_parts) at M = 256-512
+          # with 0.1% exceptions in what the call has left; then warm `call.sh h144` (carry .carry/main)
+          OUT="$out" bash "$0" gpu_set_par sweep52 ;;
+    sweep52) # round 52 on the shapes of the 256-511 cells (gate_up, lm_head; down's crossing between 256 and 512)
+             step sweep52 $(( 585 - SECONDS > 30 ? 585 - SECONDS : 30 )) env SWEEP_ROUND=52 PYTHONPATH=src \
+               TRITON_CACHE_DIR="${TRITON_CACHE_DIR:=$(mktemp -d)}" python3 benchmarks/sweep_shapes.py \
+               --shapes gate_up,lm_head,down --ms 384,256,512 --exc 0.001 --out /tmp/sweep52 --table "$out/sweep52_table.json"
+             cp /tmp/sweep52/sweep.json "$out/sweep52.json" 2>/dev/null ;;
     sweep51s) # round 51's bm 256 rows at gate_up M = 512 (with and without wg_parts and pipe), 0.1% then normal weights
               for a in "--exc 0.001 --out /tmp/s51a" "--out /tmp/s51b"; do
                 [ $(( 585 - SECONDS )) -gt 20 ] || break

@@ -123,6 +123,10 @@ def main(argv=None) -> int:
                 # x tiles outer (h142): the weight tile's words from DRAM once for all x tiles (DRAM bytes, L2 hits)
                 variants[f"f12 ws bm256 bn128 w8 exc rows x outer M={m}"] = (m, dataclasses.replace(
                     pipe, pipe=False, x_outer=True))
+                # the H100 table's M = 256-511 row (2026-12-07): bm 128, 3 stages, x outer (1.59x bf16 at M = 512 with
+                # normal weights, 1.91x with 0.1% exceptions: what its step and its finish spend)
+                variants[f"f12 ws bm128 bn128 w8 s3 exc rows x outer M={m}"] = (m, dataclasses.replace(
+                    pipe, bm=128, stages=3, pipe=False, x_outer=True))
                 # ... and a slot freed by halves (h143: its copies a step and a half to land)
                 variants[f"f12 ws bm256 bn128 w8 exc rows halves x outer M={m}"] = (m, dataclasses.replace(
                     pipe, pipe=False, x_outer=True, halves=True))

@@ -126,7 +126,18 @@ for s in "${steps[@]}"; do
     next) # the pending README's first call, whichever GPU came: the GPU set on the stack (h145, t50, h143 and h144
           # applied; nothing merges without it), then round 52 (x tiles outer with halves and wg_parts) at M = 256-512
           # with 0.1% exceptions in what the call has left; then warm `call.sh h144` (carry .carry/main)
-          OUT="$out" bash "$0" gpu_set_par sweep52 ;;
+          # on an H200 first round 50 at M = 192-512 (its 129-255 and 256-511 cells are unpack + cuBLAS): a table to merge
+          if python3 -c "import torch,sys;sys.exit('H200' not in torch.cuda.get_device_name())"; then
+            OUT="$out" bash "$0" gpu_set_par sweep50t sweep52
+          else
+            OUT="$out" bash "$0" gpu_set_par sweep52
+          fi ;;
+    sweep50t) # round 50 (x tiles inner and outer, bm 128 and 256) at M = 192-512 on the 7B's long-M shapes, 0.1% exceptions:
+              # the table for `merge_table.py --buckets 129-255,256-511` (then the GPU set on the merged tree)
+              step sweep50t 150 env SWEEP_ROUND=50 PYTHONPATH=src TRITON_CACHE_DIR="${TRITON_CACHE_DIR:=$(mktemp -d)}" \
+                python3 benchmarks/sweep_shapes.py --shapes gate_up,lm_head,down,qkv --ms 192,256,384,512 --exc 0.001 \
+                --out /tmp/sweep50t --table "$out/sweep50t_table.json"
+              cp /tmp/sweep50t/sweep.json "$out/sweep50t.json" 2>/dev/null ;;
     sweep52) # round 52 on the shapes of the 256-511 cells (gate_up, lm_head; down's crossing between 256 and 512)
              step sweep52 $(( 585 - SECONDS > 30 ? 585 - SECONDS : 30 )) env SWEEP_ROUND=52 PYTHONPATH=src \
                TRITON_CACHE_DIR="${TRITON_CACHE_DIR:=$(mktemp -d)}" python3 benchmarks/sweep_shapes.py \

@@ -193,7 +193,8 @@ def _candidates(m: int, n: int, k: int) -> dict:
     if rnd == "default":  # the table's choice alone (with --exc: what real weights' exceptions cost it)
         return out
     if rnd == "52":  # x tiles outer (the H100's M = 256-511 rows since 2026-12-07) with halves (h143) and wg_parts
-        # (h144), one or both, at bm 128 with 3 stages, and at bm 256 from M = 512 (pipe lost in rounds 48-51)
+        # (h144), one or both, or exc_rows a round ahead (h141), at bm 128 with 3 stages, and at bm 256 from M = 512
+        # (pipe lost in rounds 48-51)
         if m >= 129 and k % 128 == 0 and has("wgmma"):
             out["long whole"] = LongConfig()
             for bm, st in ((128, 3), (256, 2))[:2 if m >= 512 else 1]:
@@ -201,6 +202,7 @@ def _candidates(m: int, n: int, k: int) -> dict:
                 for wp in (False, True):
                     for hv in (False, True):
                         out[f"ws bm{bm} s{st} xo{' halves' * hv}{' wg parts' * wp}"] = R(c, halves=hv, wg_parts=wp)
+                out[f"ws bm{bm} s{st} xo ahead"] = R(c, exc_pre=True)  # h141: each exception round's loads a round ahead
         return out
     if rnd == "51":  # wg_parts (h144): a consumer partition a warpgroup (no CTA barrier of the 8 warps, 41% of the
         # issue stalls at gate_up M = 512, ncu 2026-12-06), with and without pipe and halves (h143); bm 256 from M = 384
@@ -227,6 +229,18 @@ def _candidates(m: int, n: int, k: int) -> dict:
                 out[name], out[name + " x outer"] = c, R(c, x_outer=True)
                 out[name + " halves"], out[name + " halves x outer"] = R(c, halves=True), R(c, halves=True,
                                                                                            x_outer=True)
+        return out
+    if rnd == "49":  # exc_rows' rounds with each round's x columns and values loaded a round ahead (exc_pre): the
+        # table's choice with and without it wherever it runs exc_rows (run with --exc; at M = 512 the rounds after
+        # the MMAs cost the ws tile 24%, history/2026-12-06-h100-25.md), and round 48's ws rows past M = 128
+        d = dflt()
+        if isinstance(d, (WgConfig, WsConfig)) and d.exc_rows:
+            out["default ahead"] = R(d, exc_pre=True)
+        if m >= 129 and k % 128 == 0 and has("wgmma"):
+            for bm, st, pipe in ((128, 3, False), (256, 2, False), (256, 2, True)):
+                c = WsConfig(bm=bm, bn=128, warps=8, stages=st, waves=1, exc_xt=True, exc_rows=True, pipe=pipe)
+                name = f"ws bm{bm} s{st}{' pipe' * pipe} exc rows"
+                out[name], out[name + " ahead"] = c, R(c, exc_pre=True)
         return out
     if rnd in ("47", "48"):  # prompts past M = 128 (issue 38, run with --exc): the ws tile with exc_rows, 128 or 256 x
         # rows a tile (256: the weight tile decoded once for twice the rows), against unpack + cuBLAS (the table's row);

@@ -217,6 +217,11 @@ for s in "${steps[@]}"; do
     sweep50n) # round 50 with normal weights (no exceptions)
              step sweep50_normal 240 env SWEEP_ROUND=50 PYTHONPATH=src TRITON_CACHE_DIR="$(mktemp -d)" python3 \
                benchmarks/sweep_shapes.py --shapes gate_up,down --ms 512,2048 --out /tmp/sweep50n ;;
+    sweep49) # exc_rows' rounds a round ahead (exc_pre, h141): the table's choice with and without it at decode sizes
+             # and round 48's ws rows past M = 128, at real weights' 0.1% of exceptions
+             step sweep49 240 env SWEEP_ROUND=49 PYTHONPATH=src TRITON_CACHE_DIR="$(mktemp -d)" python3 \
+               benchmarks/sweep_shapes.py --shapes gate_up,down,qkv,lm_head --ms 8,64,128,192,512 --exc 0.001 \
+               --out /tmp/sweep49 --table "$out/sweep49_table.json" ;;
     sweep44) # decode sizes at 0.1% of exceptions: bigger rounds, more split programs, the GEMV in-tile or beside,
              # the GEMV at M = 1-2 where a tile runs (saved after each shape; the time the call has left)
              step sweep44 $(( 585 - SECONDS > 60 ? 585 - SECONDS : 60 )) env SWEEP_ROUND=44 PYTHONPATH=src \

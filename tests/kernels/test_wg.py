@@ -214,6 +214,10 @@ def test_wg_exception_step_options_gpu(bm, bn, chunk, split):
     # ... their x columns from x itself or from a transposed copy (exc_xt): the same FMAs, the same bits
     yrt = kernels.linear(x, p, None, cfg.replace(exc_rows=True, exc_xt=not cfg.exc_xt))
     assert torch.equal(yrt.view(torch.int16), yr.view(torch.int16))
+    # ... each round's x columns and values loaded a round ahead (exc_pre): the same FMAs, the same bits
+    for xt in (False, True):
+        yra = kernels.linear(x, p, None, cfg.replace(exc_rows=True, exc_pre=True, exc_xt=xt))
+        assert torch.equal(yra.view(torch.int16), yr.view(torch.int16))
 
 
 @pytest.mark.gpu

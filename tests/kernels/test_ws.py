@@ -223,6 +223,22 @@ def test_ws_pipe_step_loop_at_bm256_keeps_its_registers_sm90():
     assert sum(op.startswith(("LDL", "STL")) for op in ops) <= 2
 
 
+def test_ws_row_exceptions_a_round_ahead_compile_sm90():
+    # exc_rows with exc_pre (PRE 4) at bm 128 and 3 stages (the H100's gate_up row at M = 129-255): each round's x
+    # columns and values loaded during the round before, with no local loads or stores in the rounds' loops and
+    # the same FMAs as the rounds that load their own (PRE 3)
+    def rounds(pre):
+        sass = _sass(_compile_sm90(128, 128, 3, exc=True, maxnreg=None, warps=8, pre=pre, xt=True))
+        return [ops for ops in _loops(sass) if any(o.startswith("FFMA") for o in ops)
+                and not any(o.startswith("HGMMA") for o in ops)]
+
+    ahead, own = rounds(4), rounds(3)
+    assert ahead and all(not any(o.startswith(("LDL", "STL")) for o in ops) for ops in ahead)
+    assert sorted(sum(o.startswith("FFMA") for o in ops) for ops in ahead) == sorted(
+        sum(o.startswith("FFMA") for o in ops) for ops in own)
+    assert ahead != own
+
+
 @pytest.mark.cpu_sample(every=2)  # compiles for sm_90: half the configs in the default run
 @pytest.mark.parametrize("bn,bt", [(128, 256), (256, 128)])
 def test_ws_row_exceptions_at_128_registers_a_thread_compile_sm90(bn, bt):
@@ -680,6 +696,10 @@ def test_ws_exception_steps_gpu(bm, bn, warps, stages, chunk, m):
     # ... their x columns from x itself or from a transposed copy (exc_xt): the same FMAs, the same bits
     yrt = kernels.linear(x, p, None, cfg.replace(exc_rows=True, exc_xt=not cfg.exc_xt))
     assert torch.equal(yrt.view(torch.int16), yr.view(torch.int16))
+    # ... each round's x columns and values loaded a round ahead (exc_pre), from x or its transposed copy
+    for xt in (False, True):
+        yra = kernels.linear(x, p, None, cfg.replace(exc_rows=True, exc_pre=True, exc_xt=xt))
+        assert torch.equal(yra.view(torch.int16), yr.view(torch.int16))
     # the exceptions by a pass of their own, added where a tile is finished (exc_corr): another order of the sums
     yc = kernels.linear(x, p, None, cfg.replace(exc_corr=True))
     _check(yc, x, w, None)

@@ -59,7 +59,8 @@ class WgConfig(C.KernelConfig):
     columns from a transposed copy of x, ``exc_pre`` their values from the prepared list, a round ahead,
     ``exc_vals`` from the prepared list in the round itself (no load into the lo plane behind the index's),
     ``exc_rows`` by the accumulator's own threads with fp32 FMAs, no one-hot MMA, x's columns from x itself or,
-    with ``exc_xt``, from its transposed copy (``WsConfig.exc_rows``). ``fixup``: split-K summed in the kernel
+    with ``exc_xt``, from its transposed copy (``WsConfig.exc_rows``; with ``exc_pre`` each round's x columns and
+    values loaded during the round before). ``fixup``: split-K summed in the kernel
     by each tile's last split program (no finalize kernel; with the exceptions in the tile or none)."""
 
     bm: int = 16
@@ -226,32 +227,64 @@ def _imax(a, b):
 
 
 @gluon.jit
-def _row_rounds(acc, xe_ptr, sxk, sxm, cm, rn, ea, cnt, K, eidx_ptr, vals_ptr, b8, part, parts):
+def _row_rounds(acc, xe_ptr, sxk, sxm, cm, rn, ea, cnt, K, eidx_ptr, vals_ptr, b8, part, parts,
+                AHEAD: gl.constexpr = False):
     # wg_row_exceptions' rounds with x's rows at cm (columns of acc). Each round loads the next round's indices
     # before its own x columns: x's load waits on its round's index no longer (loaded a round before), the value's
-    # load runs beside x's
+    # load runs beside x's. AHEAD: the next round's x columns and values too (its indices two rounds ahead), so a
+    # round's loads are in flight while the round before adds (the rounds' L2 latency one after another at long M)
     ev = part < cnt
     idx = gl.load(eidx_ptr + ea + part, mask=ev, other=0)
-    for j in range(part, gl.reduce(cnt, 0, _imax), parts):
-        evn = j + parts < cnt
-        idx_n = gl.load(eidx_ptr + ea + j + parts, mask=evn, other=0)
-        c = idx - rn.to(idx.dtype) * K
-        v = gl.load(vals_ptr + ea + j, mask=ev, other=0).to(gl.int32).to(gl.uint32) & 0xFFFF
-        xv = gl.load(xe_ptr + c[:, None] * sxk + cm[None, :] * sxm, mask=ev[:, None], other=0.0).to(gl.float32)
-        tv = (v << 16).to(gl.float32, bitcast=True)
-        pv = (((v & 0x80FF) | (b8 << 8)) << 16).to(gl.float32, bitcast=True)  # the decoded placeholder
-        # true - placeholder in fp32 (within 2^-24 of it: the one-hot MMA's bf16 hi and lo parts keep 2^-16),
-        # then one FMA an element; rows without a j-th exception load nothing (a warp whose rows have none skips
-        # the round's loads) and add 0 x 0
-        d = gl.where(ev, tv - pv, 0.0)
-        acc += xv * d[:, None]
-        ev, idx = evn, idx_n
+    if AHEAD:
+        evn = part + parts < cnt
+        idx_n = gl.load(eidx_ptr + ea + part + parts, mask=evn, other=0)
+        xv, v = _row_loads(xe_ptr, sxk, sxm, cm, rn, ea, part, idx, ev, K, vals_ptr)
+        for j in range(part, gl.reduce(cnt, 0, _imax), parts):
+            evnn = j + 2 * parts < cnt
+            idx_nn = gl.load(eidx_ptr + ea + j + 2 * parts, mask=evnn, other=0)
+            xv_n, v_n = _row_loads(xe_ptr, sxk, sxm, cm, rn, ea, j + parts, idx_n, evn, K, vals_ptr)
+            acc = _row_add(acc, xv, v, ev, b8)
+            ev, evn, idx_n, xv, v = evn, evnn, idx_nn, xv_n, v_n
+    else:
+        for j in range(part, gl.reduce(cnt, 0, _imax), parts):
+            evn = j + parts < cnt
+            idx_n = gl.load(eidx_ptr + ea + j + parts, mask=evn, other=0)
+            c = idx - rn.to(idx.dtype) * K
+            v = gl.load(vals_ptr + ea + j, mask=ev, other=0).to(gl.int32).to(gl.uint32) & 0xFFFF
+            xv = gl.load(xe_ptr + c[:, None] * sxk + cm[None, :] * sxm, mask=ev[:, None], other=0.0).to(gl.float32)
+            tv = (v << 16).to(gl.float32, bitcast=True)
+            pv = (((v & 0x80FF) | (b8 << 8)) << 16).to(gl.float32, bitcast=True)  # the decoded placeholder
+            # true - placeholder in fp32 (within 2^-24 of it: the one-hot MMA's bf16 hi and lo parts keep 2^-16),
+            # then one FMA an element; rows without a j-th exception load nothing (a warp whose rows have none skips
+            # the round's loads) and add 0 x 0
+            d = gl.where(ev, tv - pv, 0.0)
+            acc += xv * d[:, None]
+            ev, idx = evn, idx_n
     return acc
 
 
 @gluon.jit
+def _row_loads(xe_ptr, sxk, sxm, cm, rn, ea, j, idx, ev, K, vals_ptr):
+    # round j's x columns (bf16, acc's layout) and true values (the prepared list's bf16 bits) of the rows with one
+    c = idx - rn.to(idx.dtype) * K
+    v = gl.load(vals_ptr + ea + j, mask=ev, other=0)
+    xv = gl.load(xe_ptr + c[:, None] * sxk + cm[None, :] * sxm, mask=ev[:, None], other=0.0)
+    return xv, v
+
+
+@gluon.jit
+def _row_add(acc, xv, v, ev, b8):
+    # as _row_rounds' own round (without AHEAD): true - placeholder in fp32, one FMA an element
+    v = v.to(gl.int32).to(gl.uint32) & 0xFFFF
+    tv = (v << 16).to(gl.float32, bitcast=True)
+    pv = (((v & 0x80FF) | (b8 << 8)) << 16).to(gl.float32, bitcast=True)  # the decoded placeholder
+    d = gl.where(ev, tv - pv, 0.0)
+    return acc + xv.to(gl.float32) * d[:, None]
+
+
+@gluon.jit
 def wg_row_exceptions(acc, xe_ptr, sxk, sxm, m0, M, K, rowptr_ptr, eidx_ptr, vals_ptr, base_ptr, n0, N, part, parts,
-                      BN: gl.constexpr, BT: gl.constexpr, ML: gl.constexpr):
+                      BN: gl.constexpr, BT: gl.constexpr, ML: gl.constexpr, AHEAD: gl.constexpr = False):
     # acc [BN weight rows, BT x rows] += (true - decoded w) * x[rows, c] for each exception (w, c) of rows n0..,
     # in acc's own layout: round j takes the j-th exception of every row at once (rows without one masked),
     # rounds j = part, part + parts, ... (the tile's programs share them). A row's list starts at its row
@@ -268,16 +301,17 @@ def wg_row_exceptions(acc, xe_ptr, sxk, sxm, m0, M, K, rowptr_ptr, eidx_ptr, val
         # on sm_90a); a half is register-only (the columns' top bit is a register's)
         a0, a1 = gl.split(gl.permute(gl.reshape(acc, [BN, 2, BT // 2]), (0, 2, 1)))
         a0 = _row_half(a0, xe_ptr, sxk, sxm, m0, M, K, rowptr_ptr, eidx_ptr, vals_ptr, b8, n0, N, part, parts, BN,
-                       BT // 2)
+                       BT // 2, AHEAD)
         a1 = _row_half(a1, xe_ptr, sxk, sxm, m0 + BT // 2, M, K, rowptr_ptr, eidx_ptr, vals_ptr, b8, n0, N, part,
-                       parts, BN, BT // 2)
+                       parts, BN, BT // 2, AHEAD)
         return gl.convert_layout(gl.reshape(gl.permute(gl.join(a0, a1), (0, 2, 1)), [BN, BT]), ML)
-    return _row_half(acc, xe_ptr, sxk, sxm, m0, M, K, rowptr_ptr, eidx_ptr, vals_ptr, b8, n0, N, part, parts, BN, BT)
+    return _row_half(acc, xe_ptr, sxk, sxm, m0, M, K, rowptr_ptr, eidx_ptr, vals_ptr, b8, n0, N, part, parts, BN, BT,
+                     AHEAD)
 
 
 @gluon.jit
 def _row_half(acc, xe_ptr, sxk, sxm, m0, M, K, rowptr_ptr, eidx_ptr, vals_ptr, b8, n0, N, part, parts,
-              BN: gl.constexpr, BT: gl.constexpr):
+              BN: gl.constexpr, BT: gl.constexpr, AHEAD: gl.constexpr = False):
     # wg_row_exceptions on acc [BN, BT] (x rows m0..) in acc's own layout, whatever it is
     L: gl.constexpr = acc.type.layout
     rn = n0 + gl.arange(0, BN, layout=gl.SliceLayout(1, L))
@@ -285,10 +319,10 @@ def _row_half(acc, xe_ptr, sxk, sxm, m0, M, K, rowptr_ptr, eidx_ptr, vals_ptr, b
     cnt = gl.load(rowptr_ptr + gl.minimum(rn + 1, N)) - ea
     cm = m0 + gl.arange(0, BT, layout=gl.SliceLayout(0, L))
     if m0 + BT <= M:
-        acc = _row_rounds(acc, xe_ptr, sxk, sxm, cm, rn, ea, cnt, K, eidx_ptr, vals_ptr, b8, part, parts)
+        acc = _row_rounds(acc, xe_ptr, sxk, sxm, cm, rn, ea, cnt, K, eidx_ptr, vals_ptr, b8, part, parts, AHEAD)
     else:
         acc = _row_rounds(acc, xe_ptr, sxk, sxm, gl.minimum(cm, M - 1), rn, ea, cnt, K, eidx_ptr, vals_ptr, b8,
-                          part, parts)
+                          part, parts, AHEAD)
     return acc
 
 
@@ -360,13 +394,13 @@ def _wg_kernel(x_ptr, code_ptr, lo_ptr, base_ptr, part_ptr, out_ptr, bias_ptr, M
                                            code_ptr, lo_off, co_off, b4, BN, BT, AL, PIPE)
     if PIPE:
         acc, ap = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ap))
-    if EXC and PRE == 3:  # WgConfig.exc_rows: by the accumulator's own threads, a row's list from its pointers
+    if EXC and PRE >= 3:  # WgConfig.exc_rows: by the accumulator's own threads, a row's list from its pointers
         if XT:  # x's columns from x transposed (xt_ptr, [K, M])
             acc = wg_row_exceptions(acc, xt_ptr, M, 1, m0, M, KP, rowptr_ptr, eidx_ptr, lo8_ptr, base_ptr, pid_n * BN,
-                                    N, pid_k, gl.num_programs(1), BN, BT, ML)
+                                    N, pid_k, gl.num_programs(1), BN, BT, ML, PRE == 4)
         else:
             acc = wg_row_exceptions(acc, x_ptr, 1, stride_xm, m0, M, KP, rowptr_ptr, eidx_ptr, lo8_ptr, base_ptr,
-                                    pid_n * BN, N, pid_k, gl.num_programs(1), BN, BT, ML)
+                                    pid_n * BN, N, pid_k, gl.num_programs(1), BN, BT, ML, PRE == 4)
     elif EXC:  # the exceptions of this tile's weight rows, their rounds shared among its split programs
         n0 = pid_n * BN
         e0 = gl.load(rowptr_ptr + n0)
@@ -428,7 +462,7 @@ def plan(x2: torch.Tensor, p, bias, cfg: WgConfig):
     inline = cfg.exc_tile and prep.nexc > 0
     xt = inline and cfg.exc_xt  # the in-tile step's x transposed; values from the prepared
     # list a round ahead (1), in the round (2) or by the accumulator's threads (3)
-    pre = (3 if cfg.exc_rows else 1 if cfg.exc_pre else 2 if cfg.exc_vals else 0) if inline else 0
+    pre = ((4 if cfg.exc_pre else 3) if cfg.exc_rows else 1 if cfg.exc_pre else 2 if cfg.exc_vals else 0) if inline else 0
     side = not cfg.exc_after and prep.nexc > 0 and not inline
     direct = prep.nexc == 0 or inline  # no exception pass adds to the partials
     out_mode = 1 if direct and split == 1 else 2 if direct and cfg.fixup else 0

@@ -67,7 +67,9 @@ class WsConfig(C.KernelConfig):
     (exc_chunk, exc_xt, exc_pre and exc_vals then do nothing). ``exc_rows``: no one-hot MMA either; the
     threads holding a weight row in the accumulator add its exceptions themselves, the j-th of every row
     at once, with the prepared values in fp32, x's columns from x itself or, with exc_xt, from its transposed
-    copy (one more kernel a call; exc_chunk, exc_pre and exc_vals then do nothing; exc_corr takes precedence).
+    copy (one more kernel a call; exc_chunk and exc_vals then do nothing; exc_corr takes precedence); with
+    exc_pre each round's x columns and values are loaded during the round before (the rounds' loads in flight
+    while the one before adds: at M = 512 the rounds after the MMAs cost the tile 24%, history/2026-12-06-h100-25.md).
     ``x_outer``: the tiles in x-tile-major order (every weight tile of the first x rows, then of the next), so
     that the programs holding one weight tile for each x tile run its K steps at the same time and its words
     come from DRAM once (x tiles inner, one program takes a weight tile's x tiles one after another, long
@@ -152,13 +154,13 @@ def _ws_finish(acc, t, n0, m0, g0, P, W, S, pid, x_ptr, out_ptr, bias_ptr, work_
     q1 = _ws_first(ts + S - 1, P, W)
     r = gl.arange(0, BN, layout=gl.SliceLayout(1, ML))[:, None]
     c = gl.arange(0, BT, layout=gl.SliceLayout(0, ML))[None, :]
-    if EXC and PRE == 3:  # WsConfig.exc_rows: by the accumulator's own threads, a row's list from its pointers
+    if EXC and PRE >= 3:  # WsConfig.exc_rows: by the accumulator's own threads, a row's list from its pointers
         if XT:  # x_ptr: x transposed ([K, M])
             acc = wg_row_exceptions(acc, x_ptr, M, 1, m0, M, KP, rowptr_ptr, eidx_ptr, lo8_ptr, base_ptr, n0, N,
-                                    pid - q0, q1 - q0 + 1, BN, BT, ML)
+                                    pid - q0, q1 - q0 + 1, BN, BT, ML, PRE == 4)
         else:
             acc = wg_row_exceptions(acc, x_ptr, 1, stride_xm, m0, M, KP, rowptr_ptr, eidx_ptr, lo8_ptr, base_ptr, n0,
-                                    N, pid - q0, q1 - q0 + 1, BN, BT, ML)
+                                    N, pid - q0, q1 - q0 + 1, BN, BT, ML, PRE == 4)
     elif EXC:  # this program's share of the tile's exceptions (the rounds shared among the tile's programs)
         e0 = gl.load(rowptr_ptr + n0)
         e1 = gl.load(rowptr_ptr + gl.minimum(n0 + BN, N))
@@ -479,8 +481,9 @@ def plan(x2: torch.Tensor, p, bias, cfg: WsConfig):
     corr = prep.nexc > 0 and cfg.exc_corr  # the exceptions by a pass of their own, added where a tile is finished
     inline = prep.nexc > 0 and not corr  # ... else by the finishing program itself
     xt = inline and cfg.exc_xt  # ... their x columns read from x transposed
-    pre = (3 if cfg.exc_rows else 1 if cfg.exc_pre else 2 if cfg.exc_vals else 0) if inline else 0  # ... their
-    # true values from prepare's list, a round ahead (1), in the round (2), or by the rows' threads (3)
+    pre = ((4 if cfg.exc_pre else 3) if cfg.exc_rows else 1 if cfg.exc_pre else 2 if cfg.exc_vals else 0) if inline else 0
+    # ... their true values from prepare's list, a round ahead (1), in the round (2), or by the rows' threads (3;
+    # 4: each round's x columns and values loaded a round ahead)
     tiles = triton.cdiv(n, cfg.bn) * mt
     cnt = C.counters(x2.device, tiles)
     *_, (lsl, csl, xsl) = layouts(cfg.bn, cfg.bm, cfg.warps)

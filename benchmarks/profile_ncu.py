@@ -127,6 +127,10 @@ def main(argv=None) -> int:
                 # normal weights, 1.91x with 0.1% exceptions: what its step and its finish spend)
                 variants[f"f12 ws bm128 bn128 w8 s3 exc rows x outer M={m}"] = (m, dataclasses.replace(
                     pipe, bm=128, stages=3, pipe=False, x_outer=True))
+                # ... with a consumer partition a warpgroup (the H100 table's row since round 52, 2026-12-07: 1.755x
+                # bf16 at M = 512 with 0.1% exceptions, x outer alone 1.906x)
+                variants[f"f12 ws bm128 bn128 w8 s3 exc rows x outer wg parts M={m}"] = (m, dataclasses.replace(
+                    pipe, bm=128, stages=3, pipe=False, x_outer=True, wg_parts=True))
                 # ... and a slot freed by halves (h143: its copies a step and a half to land)
                 variants[f"f12 ws bm256 bn128 w8 exc rows halves x outer M={m}"] = (m, dataclasses.replace(
                     pipe, pipe=False, x_outer=True, halves=True))

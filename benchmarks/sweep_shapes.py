@@ -192,6 +192,17 @@ def _candidates(m: int, n: int, k: int) -> dict:
         return {"default": None, **table_round(m, n, k)}
     if rnd == "default":  # the table's choice alone (with --exc: what real weights' exceptions cost it)
         return out
+    if rnd == "53":  # a GPU's long-M table (its 129-255 and 256-511 cells): round 50's and 52's winners on the
+        # H100 (2026-12-07) against unpack + cuBLAS, x tiles inner (M = 192: x outer 1.12x of it) and outer, with and
+        # without wg_parts, bm 128 with 3 stages (and bm 256 with 2 from M = 384)
+        if m >= 129 and k % 128 == 0 and has("wgmma"):
+            out["long whole"] = LongConfig()
+            for bm, st in ((128, 3), (256, 2))[:2 if m >= 384 else 1]:
+                c = WsConfig(bm=bm, bn=128, warps=8, stages=st, waves=1, exc_xt=True, exc_rows=True)
+                for xo in (False, True):
+                    for wp in (False, True):
+                        out[f"ws bm{bm} s{st}{' xo' * xo}{' wg parts' * wp}"] = R(c, x_outer=xo, wg_parts=wp)
+        return out
     if rnd == "52":  # x tiles outer (the H100's M = 256-511 rows since 2026-12-07) with halves (h143) and wg_parts
         # (h144), one or both, or exc_rows a round ahead (h141), at bm 128 with 3 stages, and at bm 256 from M = 512
         # (pipe lost in rounds 48-51)

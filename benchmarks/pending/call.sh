@@ -127,7 +127,7 @@ for s in "${steps[@]}"; do
           # 129-255 and 256-511 cells, still unpack + cuBLAS) and the 7B's and 32B's first token beside bf16 (issue 38);
           # on an H100 the ws tile's 256-511 row under Nsight Compute (ncu_long)
           if python3 -c "import torch,sys;sys.exit('H200' not in torch.cuda.get_device_name())"; then
-            OUT="$out" bash "$0" sweep50t ttft
+            OUT="$out" bash "$0" sweep53t ttft
           else
             OUT="$out" bash "$0" ncu_long
           fi ;;
@@ -135,6 +135,13 @@ for s in "${steps[@]}"; do
           # step at one sequence, 7B then 32B, bf16 and fixed12 in the same run; the JSON is rewritten after each variant
           step ttft $(( 585 - SECONDS > 30 ? 585 - SECONDS : 30 )) env PYTHONPATH=src python3 benchmarks/scale.py \
             --sizes qwen2.5-7b,qwen2.5-32b --variants bf16,fixed12 --batches 1 --no-capacity --out "$out/ttft" ;;
+    sweep53t) # round 53 (rounds 50's and 52's winners on the H100: x tiles inner and outer, wg_parts or not) at
+              # M = 192-512 on the 7B's long-M shapes, 0.1% exceptions: the table for `merge_table.py --buckets
+              # 129-255,256-511` (then ALL CPU tests and the GPU set on the merged tree)
+              step sweep53t 200 env SWEEP_ROUND=53 PYTHONPATH=src TRITON_CACHE_DIR="${TRITON_CACHE_DIR:=$(mktemp -d)}" \
+                python3 benchmarks/sweep_shapes.py --shapes gate_up,lm_head,down,qkv --ms 192,256,384,512 --exc 0.001 \
+                --out /tmp/sweep53t --table "$out/sweep53t_table.json"
+              cp /tmp/sweep53t/sweep.json "$out/sweep53t.json" 2>/dev/null ;;
     sweep50t) # round 50 (x tiles inner and outer, bm 128 and 256) at M = 192-512 on the 7B's long-M shapes, 0.1% exceptions:
               # the table for `merge_table.py --buckets 129-255,256-511` (then the GPU set on the merged tree)
               step sweep50t 150 env SWEEP_ROUND=50 PYTHONPATH=src TRITON_CACHE_DIR="${TRITON_CACHE_DIR:=$(mktemp -d)}" \
@@ -290,7 +297,7 @@ for s in "${steps[@]}"; do
     *) echo "unknown step $s (gpu_set, gpu_set_par, ncu_exc, ncu_long, d11_exc, scale_d11, long, sweep_long, sweep05, sweep41, sweep42, exc_decode, exc_ab, sweep44, sweep45, exc_step, sweep_kv, dit, ttft7b, bits, kv, d11, prefill)" >&2; exit 2 ;;
   esac
 done
-for f in gpu_set ttft sweep50t scale_d11 long sweep_long sweep05 sweep41 sweep42 exc_decode_0 exc_decode_0.001 exc_decode_lm exc_ab_branch exc_ab_main exc_ab_mask sweep45 sweep44 ncu_gate_up ncu_qkv ncu_gate_up_normal ncu_long ncu_qkv128 exc_step_0.001 exc_step_0 sweep_kv dit ttft7b bits kv_branch kv_main d11 d11_exc prefill_branch prefill_main; do
+for f in gpu_set ttft sweep53t sweep50t scale_d11 long sweep_long sweep05 sweep41 sweep42 exc_decode_0 exc_decode_0.001 exc_decode_lm exc_ab_branch exc_ab_main exc_ab_mask sweep45 sweep44 ncu_gate_up ncu_qkv ncu_gate_up_normal ncu_long ncu_qkv128 exc_step_0.001 exc_step_0 sweep_kv dit ttft7b bits kv_branch kv_main d11 d11_exc prefill_branch prefill_main; do
   [ -f "$out/$f.txt" ] && { echo "=== $f (last lines)"; tail -n 14 "$out/$f.txt"; }
 done
 echo "| step | exit status | seconds |"

@@ -43,6 +43,15 @@ def on_devices(cases: list[tuple], ids: list[str], cpu_slow=frozenset(), cpu_mar
     return out
 
 
+def cpu_sampled(cases: list[tuple], every: int, keep=frozenset()) -> list:
+    """Params of ``cases`` (their ids as plain tuples would get) marked ``cpu_sample(every=every)``: interpreter
+    time, one CPU run of ``every`` of each (by a hash of its id) in the default run, the others slow (tests/conftest.py;
+    GPU runs are unaffected). The cases at the indices in ``keep`` are not marked: one that alone exercises an option
+    runs in every default CPU run."""
+    return [pytest.param(*case, marks=() if i in keep else [pytest.mark.cpu_sample(every=every)])
+            for i, case in enumerate(cases)]
+
+
 def random_weights(n: int, k: int, kind: str, device: str = "cpu") -> torch.Tensor:
     """Fresh random bf16 weights. ``normal``: std 0.02 plus a few exceptions (fixed12 window misses,
     deep tiered tiers); ``wide``: exponents spread over ~40 values (every tier, many exceptions)."""

@@ -17,7 +17,7 @@ import torch
 
 from glyd.codec.dense11 import pack_v2, pack_v3
 
-from .conftest import DEVICES, needs_triton
+from .conftest import DEVICES, cpu_sampled, needs_triton
 from .test_dense11_v2_kernels import _weights
 
 pytestmark = needs_triton
@@ -59,7 +59,10 @@ CASES = [  # (version, M, N, K, weights, config): MMA tiles of 8-64 x rows, ragg
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("version,m,n,k,kind,cfg", CASES)
+# interpreter time: half the cases in the default CPU run, but for those alone in exercising something (cfg 5's bias
+# and normal weights, cfg 8's M 1, cfg 11's prefetch_depth 2 with a K split, cfg 12's split of 3 steps); the default
+# run leaves out cfg 0, 1, 4, 9 and 10, each a kept case's path at another M, prefetch_depth or shape
+@pytest.mark.parametrize("version,m,n,k,kind,cfg", cpu_sampled(CASES, 2, keep={5, 8, 11, 12}))
 def test_mma_products(device, version, m, n, k, kind, cfg):
     w = _weights(n, k, seed=m + n + k, kind=kind)
     g = torch.Generator().manual_seed(k + m)
@@ -246,11 +249,23 @@ LANE_MAP_CASES = [
 V2_LAYOUT = (64, 4, 16, 0, 0, 0, 0, 0)
 
 
+def _run_here(request, test) -> list:
+    """This module's ``test`` items this session runs (after -m and -k: not cpu_sample's slow ones)."""
+    return [item for item in request.session.items
+            if getattr(item, "module", None) is request.module and getattr(item, "originalname", None) == test]
+
+
 @pytest.fixture(scope="module")
-def layouts():
-    """Every compile of this module in one child (its start and imports, about 1.5 s, paid once, not ten times):
-    (bn, warps, mb, pf, v3, full, div, xpf) -> the child's MMAS / LAYOUTS / SHAPES / SHARED / PTX lines."""
-    cases = [(bn, w, mb, pf, 1, full, div, xpf) for bn, w, mb, pf, full, div, xpf in LANE_MAP_CASES] + [V2_LAYOUT]
+def layouts(request):
+    """Every compile this session's tests of this module need, in one child (its start and imports, about 1.5 s, paid
+    once, not ten times; about 7 s a compile): (bn, warps, mb, pf, v3, full, div, xpf) -> the child's MMAS / LAYOUTS /
+    SHAPES / SHARED / PTX lines."""
+    names = "bn", "warps", "mb", "pf", "full", "div", "xpf"
+    lane_map = {tuple(it.callspec.params[a] for a in names)
+                for it in _run_here(request, "test_mma_operands_have_the_lane_map")}
+    cases = [(bn, w, mb, pf, 1, full, div, xpf) for bn, w, mb, pf, full, div, xpf in LANE_MAP_CASES
+             if (bn, w, mb, pf, full, div, xpf) in lane_map]
+    cases += [V2_LAYOUT] if _run_here(request, "test_version_2_runs_the_tile_dot_for_mma") else []
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.path.abspath(SRC)
     r = subprocess.run([sys.executable, "-c", _LAYOUT, repr(cases)], env=env, capture_output=True, text=True,
@@ -274,7 +289,10 @@ def _lane_map(warps):
             f"warpsPerCTA = [{warps}, 1], order = [1, 0]}}>")
 
 
-@pytest.mark.parametrize("bn,warps,mb,pf,full,div,xpf", LANE_MAP_CASES)
+# compiles for sm_90: half the configs in the default run (the layouts fixture compiles only the cases that run), but
+# for (64, 4, 16, 1, 0, 0, 2), the kept cases' one ragged tile and x_prefetch at depth 1; left out are 4 of 9 cases
+# (each option, bn / warps, mb 8-64, depth 0-2, whole or ragged, K a multiple of 16 or not, x_prefetch, stays)
+@pytest.mark.parametrize("bn,warps,mb,pf,full,div,xpf", cpu_sampled(LANE_MAP_CASES, 2, keep={8}))
 def test_mma_operands_have_the_lane_map(layouts, bn, warps, mb, pf, full, div, xpf):
     # the kernel's MMA reads lane (g, c) of warp w as element (8 w + g, c) of its [bn / 2, 4] operands: Triton
     # must lay them out with rows over 8 lanes and the warps, the 4 runs over 4 lanes (as the code words' loads),

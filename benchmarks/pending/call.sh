@@ -125,11 +125,11 @@ for s in "${steps[@]}"; do
                benchmarks/sweep_shapes.py --shapes gate_up,down --ms 256,512 --out /tmp/sweep47n ;;
     next) # the pending README's next call, whichever GPU came: on an H200 round 50 at M = 192-512 (a table for its
           # 129-255 and 256-511 cells, still unpack + cuBLAS) and the 7B's and 32B's first token beside bf16 (issue 38);
-          # on an H100 round 53 too, then the ws tile's 256-511 row under Nsight Compute (ncu_long)
+          # on an H100 round 53 too, then the ws tile's 256-511 row under Nsight Compute (ncu_long1)
           if python3 -c "import torch,sys;sys.exit('H200' not in torch.cuda.get_device_name())"; then
             OUT="$out" bash "$0" sweep53t ttft
           else
-            OUT="$out" bash "$0" sweep53t ncu_long  # round 53 at M = 192 too (the H100's 129-255 cells: round 48's)
+            OUT="$out" bash "$0" sweep53t ncu_long1  # round 53 at M = 192 too (the H100's 129-255 cells: round 48's)
           fi ;;
     ttft) # issue 38's whole-model targets: first token at 512 and 2048 tokens (eager prefill, as 2026-12-03's) and the
           # step at one sequence, 7B then 32B, bf16 and fixed12 in the same run; the JSON is rewritten after each variant
@@ -238,6 +238,11 @@ for s in "${steps[@]}"; do
                TRITON_CACHE_DIR="$(mktemp -d)" python3 benchmarks/sweep_shapes.py --shapes down,qkv,q/o,gate_up,lm_head \
                --ms 1,2,8,16,32,64 --exc 0.001 --out /tmp/sweep44 --table "$out/sweep44_table.json" ;;  # the GPU's table
                                                                                     # with the measured cells
+    ncu_long1) # ncu_long's first step alone (normal weights; what a call has left after sweep53t)
+               step ncu_long 240 env PYTHONPATH=src ncu --clock-control none --profile-from-start off \
+                 --section SpeedOfLight --section ComputeWorkloadAnalysis --section Occupancy --section LaunchStats \
+                 --section WarpStateStats --section MemoryWorkloadAnalysis --section SourceCounters \
+                 python3 benchmarks/profile_ncu.py --shape gate_up --ms 512 --long ;;
     ncu_long) # Nsight Compute on prompts' sizes (issue 38): gate_up at M = 512 with normal weights, bf16 (cuBLAS), the
               # table's choice (unpack + cuBLAS) and the ws tile at bm 128 and 256 (round 47: 2.18x bf16): what limits
               # the fused tile there (tensor pipe, issue, stalls by reason, the source counters' top stalls)

@@ -36,14 +36,15 @@ for s in "${steps[@]}"; do
            mkdir -p .carry/stage && cp .carry/q/gguf_a .carry/stage/gguf_a && ls -l .carry/stage > "$out/stage.txt" ;;
     quality) # issue 35's quality target through the fused decode kernels: SmolLM2-135M, perplexity over 65,536 tokens
              # and 5,700 MMLU questions scored 32 tokens a forward (--score-chunk), bf16 beside fixed12, dense11 and
-             # exact-dense11; the GGUF from .carry/stage/gguf_a (`stage`, the call before) and .carry/q2/gguf_b, the
+             # exact-dense11 (QUALITY_MODES=... for others); the GGUF from .carry/stage/gguf_a (`stage`, the call before) and .carry/q2/gguf_b, the
              # gguf package in .carry/q2/py, the text and MMLU in .carry/q2/data
              cat .carry/stage/gguf_a .carry/q2/gguf_b > /tmp/smol.gguf
              echo "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53  /tmp/smol.gguf" | sha256sum -c \
                > "$out/gguf_check.txt" 2>&1 || { summary+=("| quality | gguf parts do not match | 0 |"); continue; }
              step quality 560 env PYTHONPATH=src:.carry/q2/py GLYD_SMOLLM2_GGUF=/tmp/smol.gguf GLYD_CACHE=/tmp/gc \
-               python3 -c 'import sys; from glyd.apps.smollm2 import bf16_folder; from glyd.cli import main
-sys.exit(main(["eval", str(bf16_folder()), "--modes", "fixed12,dense11,exact-dense11", "--score-chunk", "32",
+               python3 -c 'import os, sys; from glyd.apps.smollm2 import bf16_folder; from glyd.cli import main
+sys.exit(main(["eval", str(bf16_folder()), "--modes", os.environ.get("QUALITY_MODES", "fixed12,dense11,exact-dense11"),
+               "--score-chunk", "32",
                "--no-decode", "--text", ".carry/q2/data/text/tinyshakespeare.txt", "--mmlu-dir", ".carry/q2/data/mmlu",
                "--mmlu-per-subject", "100", "--mmlu-batch", "32", "--ppl-tokens", "65536", "--json-out",
                sys.argv[1]]))' "$out/quality.json" ;;

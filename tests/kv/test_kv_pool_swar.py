@@ -347,6 +347,9 @@ def test_swar_on_gpu(g):
     for maxnreg, stages in ((None, None), (128, None), (96, 2)):
         out = attend(gpu, q.cuda(), True, maxnreg=maxnreg, num_stages=stages).cpu()
         assert rel_err(out, ref) <= TOL
+    # the H100 table's launch from 4 sequences: 2-warp programs, 8 an SM, 128 registers
+    out = attend(gpu, q.cuda(), True, num_warps=2, programs_per_sm=8, maxnreg=128, num_stages=2, pdl="combine").cpu()
+    assert rel_err(out, ref) <= TOL
     assert rel_err(attend(gpu, q.cuda(), False, maxnreg=128).cpu(), ref) <= TOL
 
 

@@ -131,15 +131,18 @@ def test_registry_reset_forgets_the_kv_choices(tmp_path, monkeypatch):
 
 def test_the_h100s_own_table_runs_its_measured_kv_attention_and_the_h200s_elsewhere():
     # NVIDIA_H100_80GB_HBM3.json lists the kvf12 attention the H100 timed fastest (4 programs an SM, the combine
-    # launched early); the writer and the weight products' cells it does not list come from the fallback H200 table
+    # launched early, to 3 sequences; 2-warp programs, 8 an SM, from 4); the writer and the weight products' cells it does not list come from the fallback H200 table
     # (those it lists, e.g. q/o at M = 1 since 2026-12-06, first, then the fallback's)
     from glyd.kernels import registry as weights
 
     h100 = Device("cuda", "NVIDIA H100 80GB HBM3", (9, 0), 132, False, frozenset({"gluon", "wgmma", "tma"}))
     kc, cfg = choose(problem(), h100)
     assert kc.name == "kvf12_attention_triton" and cfg.programs_per_sm == 4 and cfg.pdl == "combine"
-    # by sequences a launch: 16 programs an SM from 17 (its row's "batches"), 4 below and where not known
-    assert [choose(problem(batch=b), h100)[1].programs_per_sm for b in (1, 16, 17, 64, 0)] == [4, 4, 16, 16, 4]
+    # by sequences a launch: 2-warp programs, 8 an SM, from 4 (its row's "batches"), 4 programs below and where not
+    # known
+    assert [(c.num_warps, c.programs_per_sm, c.maxnreg) for c in (choose(problem(batch=b), h100)[1]
+                                                                  for b in (1, 3, 4, 16, 64, 0))] == \
+        [(4, 4, 96), (4, 4, 96), (2, 8, 128), (2, 8, 128), (2, 8, 128), (4, 4, 96)]
     assert choose(problem(), H200)[1].programs_per_sm == 16 and choose(problem(), H200)[1].pdl == ""
     assert choose(problem(op="write", group=1), h100)[0].name == "kvf12_write_triton"
     lin = weights.Problem("fixed12", 1, 18944, 3584, 3584)  # class gate: no H100 row

@@ -153,12 +153,12 @@ sys.exit(main(["eval", str(bf16_folder()), "--modes", os.environ.get("QUALITY_MO
           step ttft $(( 585 - SECONDS > 30 ? 585 - SECONDS : 30 )) env PYTHONPATH=src python3 benchmarks/scale.py \
             --sizes qwen2.5-7b,qwen2.5-32b --variants bf16,fixed12 --batches 1 --no-capacity --out "$out/ttft" ;;
     kvw) # the pool attention's launches past 2026-12-07's (2 warps, 8 programs an SM, 128 registers from 4 sequences on
-         # the H100): 1-warp programs (16 an SM at 128 registers), 2 warps at 4 an SM (one sequence), at sub-tiles of
-         # 64 or 6 programs at 168, the 4-warp launches before it; uniform lengths and 64 sequences of T/2..T (carry
-         # .carry/kv_pool.pt)
+         # the H100): 2 warps at 4 an SM (one sequence) or 16 asked (8 fit), 6 at 168 registers, 1-warp programs at
+         # 255 (1 warp at 128-224 and 2 at sub-tiles of 64 below 255 spill, static sm_90), the 4-warp launches before
+         # it; uniform lengths and 64 sequences of T/2..T (carry .carry/kv_pool.pt)
          step kvw 200 env PYTHONPATH=src python3 benchmarks/kv.py speed --pool .carry/kv_pool.pt --tokens 16384 4096 \
            --batches 1 2 4 16 64 --mixed 64 --gluon --variants --fixed --pool-variants 2,32,8,128,1,2,1 2,32,4,128,1,2,1 \
-           1,32,16,128,1,2,1 1,32,8,128,1,2,1 2,64,8,128,1,2,1 2,32,6,168,1,2,1 4,32,4,96,1,2,1 4,32,16,96,1,2,1 ;;
+           2,32,16,128,1,2,1 2,32,6,168,1,2,1 1,32,8,255,1,2,1 4,32,4,96,1,2,1 4,32,16,96,1,2,1 ;;
     sweep53t) # round 53 (rounds 50's and 52's winners on the H100: x tiles inner and outer, wg_parts or not) at
               # M = 192-512 on the 7B's long-M shapes, 0.1% exceptions: the table for `merge_table.py --buckets
               # 129-255,256-511` (then ALL CPU tests and the GPU set on the merged tree)

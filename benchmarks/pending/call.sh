@@ -152,6 +152,9 @@ sys.exit(main(["eval", str(bf16_folder()), "--modes", os.environ.get("QUALITY_MO
           # step at one sequence, 7B then 32B, bf16 and fixed12 in the same run; the JSON is rewritten after each variant
           step ttft $(( 585 - SECONDS > 30 ? 585 - SECONDS : 30 )) env PYTHONPATH=src python3 benchmarks/scale.py \
             --sizes qwen2.5-7b,qwen2.5-32b --variants bf16,fixed12 --batches 1 --no-capacity --out "$out/ttft" ;;
+    d11wg) # issue 35: dense11's decode as wgmma's register A operand (benchmarks/probes/dense11_wgmma.py, escape-free
+           # weights, 4096 x 4096, M = 16-64): bits against float64, then its time beside bf16
+           step d11wg 120 env PYTHONPATH=src python3 benchmarks/probes/dense11_wgmma.py --gpu ;;
     kvw) # the pool attention's launches past 2026-12-07's (2 warps, 8 programs an SM, 128 registers from 4 sequences on
          # the H100): 2 warps at 4 an SM (one sequence) or 16 asked (8 fit), 6 at 168 registers, 1-warp programs at
          # 255 (1 warp at 128-224 and 2 at sub-tiles of 64 below 255 spill, static sm_90), the 4-warp launches before

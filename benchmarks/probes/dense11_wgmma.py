@@ -1,0 +1,206 @@
+"""(issue 35, M = 17-64) dense11's decode as wgmma's register A operand: the layout step of the plan in
+`benchmarks/notes-kernels.md` ("dense11 at M = 17-64 on wgmma").
+
+A Gluon kernel for format version 3 without escapes (codes 0-6 only): a program is one warpgroup of 64 weight rows
+and BT x rows; each 128-column K step loads its code words and sm words in fixed12's word layout (lane (g, c): run c of
+rows g and g + 8, `fixed12.wgmma.layouts`), decodes them as `dense11.decode_v2.decode_words` does where no escape is
+present (`prmt` table lookups of the 3-bit codes, the sm bytes or'ed in), turns each lane word into two bf16 pairs
+and orders the [64, 128] tile as gemv_mma's k map (k = 64 h + 16 q + 8 T + 2 c + j <-> column 32 c + 16 h + 4 q +
+2 T + j), so that `convert_layout` to wgmma's A operand should move nothing; x, permuted on the host with the same
+map, goes to shared memory as wgmma's B. Escapes, the exceptions and any pipelining are left for later.
+
+    PYTHONPATH=src:. TRITON_INTERPRET=1 python benchmarks/probes/dense11_wgmma.py --sass   # the CPU: sm_90 counts
+    PYTHONPATH=src python3 benchmarks/probes/dense11_wgmma.py --gpu                    # a Hopper GPU: bits, time
+
+`--sass` compiles the kernel for sm_90 (no GPU) and prints its registers, local memory and the shared-memory loads and
+stores of the K loop (the A operand must not pass through shared memory: only x's stores); `--gpu` checks the product
+against bf16 `F.linear` of the unpacked weights at M = 16-64 (escape-free random weights) and times it beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+
+
+def k_to_col() -> torch.Tensor:
+    """Column (0-127) of a K step that slot k of the A tile holds: k = 64 h + 16 q + 8 T + 2 c + j."""
+    k = torch.arange(128)
+    h, q, t, c, j = k >> 6, (k >> 4) & 3, (k >> 3) & 1, (k >> 1) & 3, k & 1
+    return 32 * c + 16 * h + 4 * q + 2 * t + j
+
+
+def permute_x(x: torch.Tensor) -> torch.Tensor:
+    """x [M, K] (K a multiple of 128) with each step's columns in slot order."""
+    m, k = x.shape
+    idx = (torch.arange(0, k, 128)[:, None] + k_to_col()[None, :]).reshape(-1).to(x.device)
+    return x[:, idx].contiguous()
+
+
+def escape_free(n: int, k: int, seed: int = 0, device: str = "cpu") -> torch.Tensor:
+    """bf16 [n, k] whose exponents span 7 values (one window: no escapes), random signs and mantissas."""
+    g = torch.Generator().manual_seed(seed)
+    e = torch.randint(118, 125, (n, k), generator=g)
+    bits = (torch.randint(0, 2, (n, k), generator=g) << 15) | (e << 7) | torch.randint(0, 128, (n, k), generator=g)
+    return bits.to(torch.int16).view(torch.bfloat16).to(device)
+
+
+def _kernel():
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
+
+    from glyd.kernels._gluon_bits import prmt, split16
+
+    @gluon.jit
+    def _lut(t0, t1, sel):
+        # prmt with a register selector: byte i = byte (nibble i of sel) of (t1:t0), codes 0-6 (no sign spread)
+        return gl.inline_asm_elementwise("prmt.b32 $0, $1, $2, $3;", "=r,r,r,r", [t0, t1, sel], dtype=gl.uint32,
+                                         is_pure=True, pack=1)
+
+    @gluon.jit
+    def _half(xa, xb, s4, q, th0, th1, tl0, tl1):
+        # [BN, 16] lane words (col 4 c + q: run c, word q = columns 4 q .. 4 q + 3 of the half) -> [BN, 16, T, j] bf16
+        x = gl.where(q < 2, xa, xb)
+        sel = (x >> ((q & 1) * 16).to(gl.uint32)) & 0x7777
+        hi = _lut(th0, th1, sel) | (s4 & 0x80808080)
+        lo = _lut(tl0, tl1, sel) | (s4 & 0x7F7F7F7F)
+        e0, e1 = split16(prmt(lo, hi, 0x5140))
+        e2, e3 = split16(prmt(lo, hi, 0x7362))
+        return gl.join(gl.join(e0, e1), gl.join(e2, e3))
+
+    @gluon.jit
+    def d11_wg_kernel(x_ptr, code_ptr, sm_ptr, out_ptr, M, N, KP, TH0, TH1, TL0, TL1, BN: gl.constexpr,
+                      BT: gl.constexpr, WL: gl.constexpr, XL: gl.constexpr, ML: gl.constexpr, AL: gl.constexpr,
+                      XSL: gl.constexpr, OL: gl.constexpr):
+        # out [M, N] = x_perm [M, KP] @ W^T for dense11 version 3 without escapes, KP a multiple of 1024 (whole blocks)
+        pid_n = gl.program_id(0)
+        pid_m = gl.program_id(1)
+        col = gl.arange(0, 16, layout=gl.SliceLayout(0, WL))[None, :]
+        n = gl.minimum(pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, WL)), N - 1)[:, None]
+        runs = KP // 32
+        c_off = n * (3 * runs) + col // 4  # run c's code words, the same for its 4 lane words
+        s_off = n * (KP // 4) + col  # the sm words of half a: word 4 c + q
+        q = (col % 4).to(gl.uint32) + gl.zeros([BN, 16], gl.uint32, WL)
+        th0 = gl.zeros([BN, 16], gl.uint32, WL) + TH0
+        th1 = gl.zeros([BN, 16], gl.uint32, WL) + TH1
+        tl0 = gl.zeros([BN, 16], gl.uint32, WL) + TL0
+        tl1 = gl.zeros([BN, 16], gl.uint32, WL) + TL1
+        m0 = pid_m * BT
+        t = gl.minimum(m0 + gl.arange(0, BT, layout=gl.SliceLayout(1, XL)), M - 1)
+        xoff = t[:, None] * KP + gl.arange(0, 128, layout=gl.SliceLayout(0, XL))[None, :]
+        xs = gl.allocate_shared_memory(gl.bfloat16, [BT, 128], XSL)
+        acc = gl.zeros([BN, BT], gl.float32, ML)
+        for st in range(0, KP // 128):
+            b = st // 8
+            j0 = (st % 8) * 4
+            cw = code_ptr + c_off + 96 * b + j0
+            c0 = gl.load(cw).to(gl.uint32, bitcast=True)
+            c1 = gl.load(cw + 32).to(gl.uint32, bitcast=True)
+            c2 = gl.load(cw + 64).to(gl.uint32, bitcast=True)
+            sp = sm_ptr + s_off + 256 * b + 4 * j0
+            s4a = gl.load(sp).to(gl.uint32, bitcast=True)
+            s4b = gl.load(sp + 128).to(gl.uint32, bitcast=True)
+            d = ((c0 >> 3) & 0x11111111) | ((c1 >> 2) & 0x22222222) | ((c2 >> 1) & 0x44444444)
+            wa = _half(c0, c1, s4a, q, th0, th1, tl0, tl1)
+            wb = _half(c2, d, s4b, q, th0, th1, tl0, tl1)
+            w = gl.reshape(gl.join(wa, wb), [BN, 2, 2, 2, 2, 2, 2, 2])  # [row, c1, c0, q1, q0, T, j, h]
+            a = gl.convert_layout(gl.reshape(gl.permute(w, (0, 7, 3, 4, 5, 1, 2, 6)), [BN, 128]), AL)
+            xs.store(gl.load(x_ptr + xoff + st * 128))
+            fence_async_shared()
+            gl.thread_barrier()
+            acc = warpgroup_mma(a, xs.permute((1, 0)), acc, is_async=True)
+            acc, a = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a))
+            gl.thread_barrier()  # the MMA has read x before the next step's stores
+        acc = gl.convert_layout(acc, OL)
+        r = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, OL))[:, None]
+        mm = m0 + gl.arange(0, BT, layout=gl.SliceLayout(0, OL))[None, :]
+        gl.store(out_ptr + mm * N + r, acc.to(gl.bfloat16), mask=(r < N) & (mm < M))
+
+    return d11_wg_kernel
+
+
+def _consts(bt: int) -> dict:
+    from glyd.kernels.fixed12 import wgmma as fw
+
+    words, xl, mma, a_op, xs, out = fw.layouts(64, bt, 4)
+    return dict(BN=64, BT=bt, WL=words, XL=xl, ML=mma, AL=a_op, XSL=xs, OL=out)
+
+
+def sass(bts=(16, 32, 64)) -> None:
+    """Compile for sm_90 on this machine and print what the K loop does with shared memory."""
+    from tests.kernels.test_gluon import _res_usage, _sass, compile_gluon_sm90
+    from tests.kernels.test_ws import _loops
+
+    kern = _kernel()
+    for bt in bts:
+        k = compile_gluon_sm90(kern, _consts(bt), {"x_ptr": "*bf16", "code_ptr": "*i32", "sm_ptr": "*i32",
+                                                    "out_ptr": "*bf16"})
+        s = _sass(k)
+        loops = [lp for lp in _loops(s) if any("GMMA" in o for o in lp)]
+        for lp in loops:
+            ops = [o.split(".")[0] for o in lp]
+            print(f"BT {bt}: {_res_usage(k)}; K loop {len(lp)} instructions: HGMMA {ops.count('HGMMA')}, "
+                  f"STS {ops.count('STS')}, LDS {ops.count('LDS')}, LDG {ops.count('LDG')}, PRMT {ops.count('PRMT')}, "
+                  f"SHFL {ops.count('SHFL')}, LDL {ops.count('LDL')}, STL {ops.count('STL')}")
+
+
+def gpu(ms=(16, 32, 64), n: int = 4096, k: int = 4096) -> int:
+    """Bits and time on a Hopper GPU: the kernel against bf16 F.linear of the same (unpacked) weights."""
+    import triton
+
+    import glyd
+    from glyd.kernels.dense11.decode_v2 import prepare
+
+    w = escape_free(n, k, device="cuda")
+    p = glyd.pack(w, "dense11")
+    prep = prepare(p)
+    if p.version != 3 or prep.nescw:
+        print(f"weights not escape-free version 3 (version {p.version}, {prep.nescw} escape words)")
+        return 1
+    assert torch.equal(glyd.unpack(p).view(torch.int16), w.view(torch.int16))
+    kern = _kernel()
+    code = p.arrays["code"].view(torch.int32)
+    sm = p.arrays["sm"].view(torch.int32)
+    bad = 0
+    for m in ms:
+        x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+        xp = permute_x(x)
+        out = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
+        bt = max(16, triton.next_power_of_2(m))
+        args = (xp, code, sm, out, m, n, k, *prep.lut)
+
+        def run():
+            kern[(triton.cdiv(n, 64), triton.cdiv(m, bt))](*args, **_consts(bt), num_warps=4)
+
+        run()
+        ref = (x.double() @ w.double().t())
+        err = ((out.double() - ref).abs().max() / ref.abs().max()).item()
+        ok = err < 2e-2
+        bad += not ok
+        t_k = triton.testing.do_bench_cudagraph(run)
+        t_b = triton.testing.do_bench_cudagraph(lambda: torch.nn.functional.linear(x, w))  # noqa: B023
+        print(f"M {m}: max err {err:.2e} ({'ok' if ok else 'WRONG'}); {t_k * 1e3:.1f} us against bf16 "
+              f"{t_b * 1e3:.1f} us ({t_k / t_b:.2f}x)")
+    return 1 if bad else 0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--sass", action="store_true", help="compile for sm_90 here and count the K loop's instructions")
+    ap.add_argument("--gpu", action="store_true", help="bits and time on a Hopper GPU")
+    a = ap.parse_args(argv)
+    if a.sass:
+        if os.environ.get("TRITON_INTERPRET") != "1":
+            sys.exit("--sass imports the tests' compile helpers: run it with TRITON_INTERPRET=1 PYTHONPATH=src:.")
+        sass()
+    if a.gpu:
+        return gpu()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -123,6 +123,19 @@ def _kernel():
     return d11_wg_kernel
 
 
+def check_map() -> bool:
+    """The kernel's arrangement of the decoded words, mirrored in torch on column numbers: slot k of the A tile holds
+    column k_to_col()[k] (the column x's permutation puts at k). CPU only."""
+    c = torch.arange(4)[:, None, None, None, None]
+    q = torch.arange(4)[None, :, None, None, None]
+    t = torch.arange(2)[None, None, :, None, None]
+    j = torch.arange(2)[None, None, None, :, None]
+    h = torch.arange(2)[None, None, None, None, :]
+    col = (32 * c + 16 * h + 4 * q + 2 * t + j).reshape(16, 2, 2, 2)  # [4 c + q, T, j, h] as join(join(wa, wb))
+    w = col.reshape(2, 2, 2, 2, 2, 2, 2).permute(6, 2, 3, 4, 0, 1, 5).reshape(128)  # the kernel's (0, 7, 3, ...)
+    return torch.equal(w, k_to_col())
+
+
 def _consts(bt: int) -> dict:
     from glyd.kernels.fixed12 import wgmma as fw
 
@@ -193,6 +206,9 @@ def main(argv=None) -> int:
     ap.add_argument("--sass", action="store_true", help="compile for sm_90 here and count the K loop's instructions")
     ap.add_argument("--gpu", action="store_true", help="bits and time on a Hopper GPU")
     a = ap.parse_args(argv)
+    if not check_map():
+        print("the kernel's slot order and x's permutation differ")
+        return 1
     if a.sass:
         if os.environ.get("TRITON_INTERPRET") != "1":
             sys.exit("--sass imports the tests' compile helpers: run it with TRITON_INTERPRET=1 PYTHONPATH=src:.")

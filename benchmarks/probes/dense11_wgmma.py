@@ -161,43 +161,52 @@ def sass(bts=(16, 32, 64)) -> None:
                   f"SHFL {ops.count('SHFL')}, LDL {ops.count('LDL')}, STL {ops.count('STL')}")
 
 
-def gpu(ms=(16, 32, 64), n: int = 4096, k: int = 4096) -> int:
-    """Bits and time on a Hopper GPU: the kernel against bf16 F.linear of the same (unpacked) weights."""
+def gpu(ms=(16, 32, 64), shapes=((4096, 4096), (14336, 4096))) -> int:
+    """Bits and time on a Hopper GPU: the kernel against bf16 F.linear of the same (unpacked) weights, with the
+    registry's fixed12 and dense11 products of the same weights in the same run."""
     import triton
 
     import glyd
+    from glyd import kernels
     from glyd.kernels.dense11.decode_v2 import prepare
 
-    w = escape_free(n, k, device="cuda")
-    p = glyd.pack(w, "dense11")
-    prep = prepare(p)
-    if p.version != 3 or prep.nescw:
-        print(f"weights not escape-free version 3 (version {p.version}, {prep.nescw} escape words)")
-        return 1
-    assert torch.equal(glyd.unpack(p).view(torch.int16), w.view(torch.int16))
     kern = _kernel()
-    code = p.arrays["code"].view(torch.int32)
-    sm = p.arrays["sm"].view(torch.int32)
     bad = 0
-    for m in ms:
-        x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
-        xp = permute_x(x)
-        out = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
-        bt = max(16, triton.next_power_of_2(m))
-        args = (xp, code, sm, out, m, n, k, *prep.lut)
+    print("| N x K | M | err | probe us | bf16 us | probe | fixed12 | dense11 (table) |")
+    print("|---|---|---|---|---|---|---|---|")
+    for n, k in shapes:
+        w = escape_free(n, k, device="cuda")
+        p = glyd.pack(w, "dense11")
+        p12 = glyd.pack(w, "fixed12")
+        prep = prepare(p)
+        if p.version != 3 or prep.nescw:
+            print(f"weights not escape-free version 3 (version {p.version}, {prep.nescw} escape words)")
+            return 1
+        assert torch.equal(glyd.unpack(p).view(torch.int16), w.view(torch.int16))
+        code = p.arrays["code"].view(torch.int32)
+        sm = p.arrays["sm"].view(torch.int32)
+        for m in ms:
+            x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+            xp = permute_x(x)
+            out = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
+            bt = max(16, triton.next_power_of_2(m))
+            args = (xp, code, sm, out, m, n, k, *prep.lut)
 
-        def run():
-            kern[(triton.cdiv(n, 64), triton.cdiv(m, bt))](*args, **_consts(bt), num_warps=4)
+            def run():
+                kern[(triton.cdiv(n, 64), triton.cdiv(m, bt))](*args, **_consts(bt), num_warps=4)
 
-        run()
-        ref = (x.double() @ w.double().t())
-        err = ((out.double() - ref).abs().max() / ref.abs().max()).item()
-        ok = err < 2e-2
-        bad += not ok
-        t_k = triton.testing.do_bench_cudagraph(run)
-        t_b = triton.testing.do_bench_cudagraph(lambda: torch.nn.functional.linear(x, w))  # noqa: B023
-        print(f"M {m}: max err {err:.2e} ({'ok' if ok else 'WRONG'}); {t_k * 1e3:.1f} us against bf16 "
-              f"{t_b * 1e3:.1f} us ({t_k / t_b:.2f}x)")
+            run()
+            torch.cuda.synchronize()
+            ref = (x.double() @ w.double().t())
+            err = ((out.double() - ref).abs().max() / ref.abs().max()).item()
+            ok = err < 2e-2
+            bad += not ok
+            t_k = triton.testing.do_bench_cudagraph(run)
+            t_b = triton.testing.do_bench_cudagraph(lambda: torch.nn.functional.linear(x, w))  # noqa: B023
+            t_12 = triton.testing.do_bench_cudagraph(lambda: kernels.linear(x, p12, None))  # noqa: B023
+            t_11 = triton.testing.do_bench_cudagraph(lambda: kernels.linear(x, p, None))  # noqa: B023
+            print(f"| {n} x {k} | {m} | {err:.1e}{'' if ok else ' WRONG'} | {t_k * 1e3:.1f} | {t_b * 1e3:.1f} | "
+                  f"{t_k / t_b:.2f}x | {t_12 / t_b:.2f}x | {t_11 / t_b:.2f}x |", flush=True)
     return 1 if bad else 0
 
 

@@ -63,7 +63,8 @@ def _kernel():
 
     @gluon.jit
     def _half(xa, xb, s4, q, th0, th1, tl0, tl1):
-        # [BN, 16] lane words (col 4 c + q: run c, word q = columns 4 q .. 4 q + 3 of the half) -> [BN, 16, T, j] bf16
+        # [BN, 16] lane words (col 4 c + q: run c, word q = columns 4 q .. 4 q + 3 of the half) -> [BN, 16, j, T] bf16
+        # (join adds a minor dimension: element [j, T] is weight 2 T + j of the word)
         x = gl.where(q < 2, xa, xb)
         sel = (x >> ((q & 1) * 16).to(gl.uint32)) & 0x7777
         hi = _lut(th0, th1, sel) | (s4 & 0x80808080)
@@ -107,8 +108,8 @@ def _kernel():
             d = ((c0 >> 3) & 0x11111111) | ((c1 >> 2) & 0x22222222) | ((c2 >> 1) & 0x44444444)
             wa = _half(c0, c1, s4a, q, th0, th1, tl0, tl1)
             wb = _half(c2, d, s4b, q, th0, th1, tl0, tl1)
-            w = gl.reshape(gl.join(wa, wb), [BN, 2, 2, 2, 2, 2, 2, 2])  # [row, c1, c0, q1, q0, T, j, h]
-            a = gl.convert_layout(gl.reshape(gl.permute(w, (0, 7, 3, 4, 5, 1, 2, 6)), [BN, 128]), AL)
+            w = gl.reshape(gl.join(wa, wb), [BN, 2, 2, 2, 2, 2, 2, 2])  # [row, c1, c0, q1, q0, j, T, h]
+            a = gl.convert_layout(gl.reshape(gl.permute(w, (0, 7, 3, 4, 6, 1, 2, 5)), [BN, 128]), AL)
             xs.store(gl.load(x_ptr + xoff + st * 128))
             fence_async_shared()
             gl.thread_barrier()
@@ -124,15 +125,21 @@ def _kernel():
 
 
 def check_map() -> bool:
-    """The kernel's arrangement of the decoded words, mirrored in torch on column numbers: slot k of the A tile holds
-    column k_to_col()[k] (the column x's permutation puts at k). CPU only."""
-    c = torch.arange(4)[:, None, None, None, None]
-    q = torch.arange(4)[None, :, None, None, None]
-    t = torch.arange(2)[None, None, :, None, None]
-    j = torch.arange(2)[None, None, None, :, None]
-    h = torch.arange(2)[None, None, None, None, :]
-    col = (32 * c + 16 * h + 4 * q + 2 * t + j).reshape(16, 2, 2, 2)  # [4 c + q, T, j, h] as join(join(wa, wb))
-    w = col.reshape(2, 2, 2, 2, 2, 2, 2).permute(6, 2, 3, 4, 0, 1, 5).reshape(128)  # the kernel's (0, 7, 3, ...)
+    """The kernel's arrangement of the decoded words, mirrored in torch on column numbers (gl.join as torch.stack on
+    a new last dimension): slot k of the A tile must hold column k_to_col()[k], the column x's permutation puts at k.
+    CPU only."""
+    def join(a, b):
+        return torch.stack([a, b], -1)
+
+    cq = torch.arange(16)  # lane word 4 c + q
+    c, q = cq // 4, cq % 4
+
+    def half(h):  # column 32 c + 16 h + 4 q + i of weight i of the word, as _half's joins hold them
+        e = [32 * c + 16 * h + 4 * q + i for i in range(4)]
+        return join(join(e[0], e[1]), join(e[2], e[3]))
+
+    w = join(half(0), half(1)).reshape(2, 2, 2, 2, 2, 2, 2)  # the kernel's reshape, less the row
+    w = w.permute(6, 2, 3, 5, 0, 1, 4).reshape(128)  # the kernel's permute (0, 7, 3, 4, 6, 1, 2, 5), less the row
     return torch.equal(w, k_to_col())
 
 

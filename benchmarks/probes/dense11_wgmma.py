@@ -74,9 +74,20 @@ def _kernel():
         return gl.join(gl.join(e0, e1), gl.join(e2, e3))
 
     @gluon.jit
+    def _step_loads(code_ptr, sm_ptr, x_ptr, c_off, s_off, xoff, st):
+        # step st's three code words and two sm words a lane word, and its [BT, 128] x tile
+        b = st // 8
+        j0 = (st % 8) * 4
+        cw = code_ptr + c_off + 96 * b + j0
+        sp = sm_ptr + s_off + 256 * b + 4 * j0
+        return (gl.load(cw).to(gl.uint32, bitcast=True), gl.load(cw + 32).to(gl.uint32, bitcast=True),
+                gl.load(cw + 64).to(gl.uint32, bitcast=True), gl.load(sp).to(gl.uint32, bitcast=True),
+                gl.load(sp + 128).to(gl.uint32, bitcast=True), gl.load(x_ptr + xoff + st * 128))
+
+    @gluon.jit
     def d11_wg_kernel(x_ptr, code_ptr, sm_ptr, out_ptr, M, N, KP, TH0, TH1, TL0, TL1, BN: gl.constexpr,
                       BT: gl.constexpr, WL: gl.constexpr, XL: gl.constexpr, ML: gl.constexpr, AL: gl.constexpr,
-                      XSL: gl.constexpr, OL: gl.constexpr):
+                      XSL: gl.constexpr, OL: gl.constexpr, PF: gl.constexpr):
         # out [M, N] = x_perm [M, KP] @ W^T for dense11 version 3 without escapes, KP a multiple of 1024 (whole blocks)
         pid_n = gl.program_id(0)
         pid_m = gl.program_id(1)
@@ -95,27 +106,27 @@ def _kernel():
         xoff = t[:, None] * KP + gl.arange(0, 128, layout=gl.SliceLayout(0, XL))[None, :]
         xs = gl.allocate_shared_memory(gl.bfloat16, [BT, 128], XSL)
         acc = gl.zeros([BN, BT], gl.float32, ML)
-        for st in range(0, KP // 128):
-            b = st // 8
-            j0 = (st % 8) * 4
-            cw = code_ptr + c_off + 96 * b + j0
-            c0 = gl.load(cw).to(gl.uint32, bitcast=True)
-            c1 = gl.load(cw + 32).to(gl.uint32, bitcast=True)
-            c2 = gl.load(cw + 64).to(gl.uint32, bitcast=True)
-            sp = sm_ptr + s_off + 256 * b + 4 * j0
-            s4a = gl.load(sp).to(gl.uint32, bitcast=True)
-            s4b = gl.load(sp + 128).to(gl.uint32, bitcast=True)
+        steps = KP // 128
+        c0, c1, c2, s4a, s4b, xv = _step_loads(code_ptr, sm_ptr, x_ptr, c_off, s_off, xoff, 0)
+        for st in range(0, steps):
+            if PF:  # the next step's words and x in flight while this one decodes (the last step reloads itself)
+                nc0, nc1, nc2, ns4a, ns4b, nxv = _step_loads(code_ptr, sm_ptr, x_ptr, c_off, s_off, xoff,
+                                                             gl.minimum(st + 1, steps - 1))
+            else:
+                c0, c1, c2, s4a, s4b, xv = _step_loads(code_ptr, sm_ptr, x_ptr, c_off, s_off, xoff, st)
             d = ((c0 >> 3) & 0x11111111) | ((c1 >> 2) & 0x22222222) | ((c2 >> 1) & 0x44444444)
             wa = _half(c0, c1, s4a, q, th0, th1, tl0, tl1)
             wb = _half(c2, d, s4b, q, th0, th1, tl0, tl1)
             w = gl.reshape(gl.join(wa, wb), [BN, 2, 2, 2, 2, 2, 2, 2])  # [row, c1, c0, q1, q0, j, T, h]
             a = gl.convert_layout(gl.reshape(gl.permute(w, (0, 7, 3, 4, 6, 1, 2, 5)), [BN, 128]), AL)
-            xs.store(gl.load(x_ptr + xoff + st * 128))
+            xs.store(xv)
             fence_async_shared()
             gl.thread_barrier()
             acc = warpgroup_mma(a, xs.permute((1, 0)), acc, is_async=True)
             acc, a = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a))
             gl.thread_barrier()  # the MMA has read x before the next step's stores
+            if PF:
+                c0, c1, c2, s4a, s4b, xv = nc0, nc1, nc2, ns4a, ns4b, nxv
         acc = gl.convert_layout(acc, OL)
         r = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, OL))[:, None]
         mm = m0 + gl.arange(0, BT, layout=gl.SliceLayout(0, OL))[None, :]
@@ -143,11 +154,11 @@ def check_map() -> bool:
     return torch.equal(w, k_to_col())
 
 
-def _consts(bt: int) -> dict:
+def _consts(bt: int, pf: bool = False) -> dict:
     from glyd.kernels.fixed12 import wgmma as fw
 
     words, xl, mma, a_op, xs, out = fw.layouts(64, bt, 4)
-    return dict(BN=64, BT=bt, WL=words, XL=xl, ML=mma, AL=a_op, XSL=xs, OL=out)
+    return dict(BN=64, BT=bt, WL=words, XL=xl, ML=mma, AL=a_op, XSL=xs, OL=out, PF=pf)
 
 
 def sass(bts=(16, 32, 64)) -> None:
@@ -156,14 +167,14 @@ def sass(bts=(16, 32, 64)) -> None:
     from tests.kernels.test_ws import _loops
 
     kern = _kernel()
-    for bt in bts:
-        k = compile_gluon_sm90(kern, _consts(bt), {"x_ptr": "*bf16", "code_ptr": "*i32", "sm_ptr": "*i32",
+    for bt, pf in [(bt, pf) for pf in (False, True) for bt in bts]:
+        k = compile_gluon_sm90(kern, _consts(bt, pf), {"x_ptr": "*bf16", "code_ptr": "*i32", "sm_ptr": "*i32",
                                                     "out_ptr": "*bf16"})
         s = _sass(k)
         loops = [lp for lp in _loops(s) if any("GMMA" in o for o in lp)]
         for lp in loops:
             ops = [o.split(".")[0] for o in lp]
-            print(f"BT {bt}: {_res_usage(k)}; K loop {len(lp)} instructions: HGMMA {ops.count('HGMMA')}, "
+            print(f"BT {bt}{' prefetch' if pf else ''}: {_res_usage(k)}; K loop {len(lp)} instructions: HGMMA {ops.count('HGMMA')}, "
                   f"STS {ops.count('STS')}, LDS {ops.count('LDS')}, LDG {ops.count('LDG')}, PRMT {ops.count('PRMT')}, "
                   f"SHFL {ops.count('SHFL')}, LDL {ops.count('LDL')}, STL {ops.count('STL')}")
 
@@ -199,21 +210,23 @@ def gpu(ms=(16, 32, 64), shapes=((4096, 4096), (14336, 4096))) -> int:
             bt = max(16, triton.next_power_of_2(m))
             args = (xp, code, sm, out, m, n, k, *prep.lut)
 
-            def run():
-                kern[(triton.cdiv(n, 64), triton.cdiv(m, bt))](*args, **_consts(bt), num_warps=4)
-
-            run()
-            torch.cuda.synchronize()
             ref = (x.double() @ w.double().t())
-            err = ((out.double() - ref).abs().max() / ref.abs().max()).item()
-            ok = err < 2e-2
-            bad += not ok
-            t_k = triton.testing.do_bench_cudagraph(run)
             t_b = triton.testing.do_bench_cudagraph(lambda: torch.nn.functional.linear(x, w))  # noqa: B023
             t_12 = triton.testing.do_bench_cudagraph(lambda: kernels.linear(x, p12, None))  # noqa: B023
             t_11 = triton.testing.do_bench_cudagraph(lambda: kernels.linear(x, p, None))  # noqa: B023
-            print(f"| {n} x {k} | {m} | {err:.1e}{'' if ok else ' WRONG'} | {t_k * 1e3:.1f} | {t_b * 1e3:.1f} | "
-                  f"{t_k / t_b:.2f}x | {t_12 / t_b:.2f}x | {t_11 / t_b:.2f}x |", flush=True)
+            for pf in (False, True):
+                def run():
+                    kern[(triton.cdiv(n, 64), triton.cdiv(m, bt))](*args, **_consts(bt, pf), num_warps=4)  # noqa: B023
+
+                out.zero_()
+                run()
+                torch.cuda.synchronize()
+                err = ((out.double() - ref).abs().max() / ref.abs().max()).item()
+                ok = err < 2e-2
+                bad += not ok
+                t_k = triton.testing.do_bench_cudagraph(run)
+                print(f"| {n} x {k}{' pf' if pf else ''} | {m} | {err:.1e}{'' if ok else ' WRONG'} | {t_k * 1e3:.1f} | "
+                      f"{t_b * 1e3:.1f} | {t_k / t_b:.2f}x | {t_12 / t_b:.2f}x | {t_11 / t_b:.2f}x |", flush=True)
     return 1 if bad else 0
 
 

@@ -20,7 +20,8 @@ the first qkv, o and down matrix (both versions), the unpack is bit-exact, every
 registry's ``dense11`` keeps the table's, the default ``tile``), ``--mb`` its most x rows a decode
 (16: M = 17-64 decode each tile 2-4 times, as before 2026-12-05). ``--gemv SPEC`` (repeatable) times
 the version-3 GEMV with ``Dense11V3GemvConfig(**SPEC)`` as a column of its own, ``gemv SPEC``, in
-place of ``dense11 gemv``; ``--no-v1`` leaves version 1 out (the slowest column). The JSON records the
+place of ``dense11 gemv``; ``--wg SPEC`` (repeatable, a Hopper GPU) the wgmma tile (``dense11_wgmma``) with
+``Dense11WgConfig(**SPEC)`` as ``wg SPEC``; ``--no-v1`` leaves version 1 out (the slowest column). The JSON records the
 registry's choice for each shape and M (``choice``).
 
 Without a CUDA GPU it is a dry run under ``TRITON_INTERPRET=1``: tiny shapes, every check, times
@@ -58,7 +59,7 @@ WHICH = {"bf16": 0, "fixed12": 1, "dense11": 2, "dense11 gemv": 2, "dense11 v1":
 
 
 def _which(variant: str) -> int:
-    return 2 if variant.startswith("gemv ") else WHICH[variant]
+    return 2 if variant.startswith(("gemv ", "wg ")) else WHICH[variant]
 
 
 def gemv_spec(spec: str) -> Dense11V3GemvConfig:
@@ -85,6 +86,22 @@ def gemv_spec(spec: str) -> Dense11V3GemvConfig:
         else:
             kw[key] = int(val)
     return Dense11V3GemvConfig(**kw)
+
+
+def wg_spec(spec: str):
+    """``Dense11WgConfig`` of ``"bm=32,split=2,prefetch=0"`` (ints; ``prefetch`` and ``fixup`` 0/1): the wgmma tile
+    (``dense11_wgmma``, Hopper only).
+
+    >>> wg_spec("bm=32,prefetch=0").bm
+    32
+    """
+    from glyd.kernels import Dense11WgConfig
+
+    kw: dict = {}
+    for part in filter(None, spec.split(",")):
+        key, _, val = part.partition("=")
+        kw[key] = val in ("1", "true", "True") if key in ("prefetch", "pipe", "fixup") else int(val)
+    return Dense11WgConfig(**kw)
 
 
 def build(layers: int, exc: float = 0.0) -> dict:
@@ -176,11 +193,15 @@ def main(argv=None) -> int:
     ap.add_argument("--mb", type=int, default=64, choices=(16, 32, 64))
     ap.add_argument("--gemv", action="append", default=[], metavar="SPEC",
                     help="a version-2 GEMV config as its own column, e.g. bn=32,bk=128,prefetch=1 (repeatable)")
+    ap.add_argument("--wg", action="append", default=[], metavar="SPEC",
+                    help="the dense11 wgmma tile (Hopper) with this config as its own column, e.g. bm=64 (repeatable)")
     ap.add_argument("--no-v1", action="store_true", help="leave format version 1 out")
     ap.add_argument("--exc", type=float, default=0.0, help="this share of the weights set to 1e-30 (exceptions of "
                     "fixed12 and dense11; real weights: 0.01-0.13%%)")
     args = ap.parse_args(argv)
     gemvs = {f"gemv {g}": gemv_spec(g) for g in args.gemv} or {"dense11 gemv": Dense11V3GemvConfig(dot=args.dot, mb=args.mb)}
+    if DEV == "cuda":  # the wgmma tile runs on a Hopper GPU only: no dry run of it
+        gemvs.update({f"wg {g}": wg_spec(g) for g in args.wg})
     variants = ["bf16", "fixed12", "dense11", *gemvs] + ([] if args.no_v1 else ["dense11 v1"])
     ms = [int(m) for m in args.ms.split(",")]
     t0 = time.time()
@@ -198,7 +219,7 @@ def main(argv=None) -> int:
                     for t in r) for v in ("bf16", "fixed12", "dense11", "dense11 v1")}
     res = {"device": torch.cuda.get_device_name() if DEV == "cuda" else "cpu (dry run)", "torch": torch.__version__,
            "glyd": glyd.__version__, "dot": args.dot, "mb": args.mb, "gemv": {g: str(c) for g, c in gemvs.items()},
-           "layers": args.layers, "exc_share": args.exc, "build_s": round(built, 1), "bytes": sizes, "choice": choices(mats, ms), "ms": {}}
+           "layers": args.layers, "shapes": [[n, k] for _, n, k in SHAPES + [("lm_head", VOCAB, H)]], "exc_share": args.exc, "build_s": round(built, 1), "bytes": sizes, "choice": choices(mats, ms), "ms": {}}
     for m in ms:
         xs = {k: torch.randn(m, k, device=DEV).to(torch.bfloat16) for k in {k for _, _, k in SHAPES} | {H}}
         for v in variants:

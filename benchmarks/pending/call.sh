@@ -156,6 +156,21 @@ sys.exit(main(["eval", str(bf16_folder()), "--modes", os.environ.get("QUALITY_MO
     d11wg) # issue 35: dense11's decode as wgmma's register A operand (benchmarks/probes/dense11_wgmma.py, escape-free
            # weights, 4096 x 4096, M = 16-64): bits against float64, then its time beside bf16
            step d11wg 120 env PYTHONPATH=src python3 benchmarks/probes/dense11_wgmma.py --gpu ;;
+    d11wgk) # issue 35: the dense11_wgmma kernel's GPU tests (escapes, exceptions, splits, fixup, bits with and without
+            # prefetch), then the 7B step (4 layers, dense11_step.py): its configs (a cap of 168 registers: 3 programs
+            # an SM, no spill on sm_90) beside the table's dense11 (on an H100 with d11-wgmma: the wgmma rows), the
+            # H200 table's GEMV rows as gemv columns, and fixed12; dense11_table.py then writes the winners
+            step d11wgk_tests 240 env PYTHONPATH=src python3 -m pytest -q -p no:cacheprovider -m gpu \
+              tests/kernels/test_dense11_wgmma.py
+            step d11wgk_step 330 env PYTHONPATH=src python3 benchmarks/dense11_step.py --layers 4 --ms 1,8,16,32,64 \
+              --no-v1 --wg bm=64 --wg bm=64,pipe=1 --wg bm=64,maxnreg=168 --wg bm=32,pipe=1,maxnreg=168 \
+              --gemv bn=64,bk=128,mb=16,dot=mma,prefetch=1 --gemv bn=32,bk=128,prefetch=1 --out "$out/d11wgk" ;;
+    d11wgt) # the dense11_wgmma kernel's GPU tests alone
+            step d11wgt 240 env PYTHONPATH=src python3 -m pytest -q -p no:cacheprovider -m gpu \
+              tests/kernels/test_dense11_wgmma.py ;;
+    d11wgq) # d11wgk's step alone, short (2 layers + lm_head): what a call has left after the GPU set
+            step d11wgq 200 env PYTHONPATH=src python3 benchmarks/dense11_step.py --layers 2 --ms 1,8,16,32,64 \
+              --no-v1 --wg bm=64 --wg bm=64,pipe=1 --out "$out/d11wgq" ;;
     kvw) # the pool attention's launches past 2026-12-07's (2 warps, 8 programs an SM, 128 registers from 4 sequences on
          # the H100): 2 warps at 4 an SM (one sequence) or 16 asked (8 fit), 6 at 168 registers, 1-warp programs at
          # 255 (1 warp at 128-224 and 2 at sub-tiles of 64 below 255 spill, static sm_90), the 4-warp launches before

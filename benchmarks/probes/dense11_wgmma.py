@@ -200,7 +200,7 @@ def gpu(ms=(16, 32, 64), shapes=((4096, 4096), (14336, 4096))) -> int:
         if p.version != 3 or prep.nescw:
             print(f"weights not escape-free version 3 (version {p.version}, {prep.nescw} escape words)")
             return 1
-        assert torch.equal(glyd.unpack(p).view(torch.int16), w.view(torch.int16))
+        assert torch.equal(glyd.unpack(p).view(torch.int16).cpu(), w.view(torch.int16).cpu())
         code = p.arrays["code"].view(torch.int32)
         sm = p.arrays["sm"].view(torch.int32)
         for m in ms:

@@ -392,6 +392,7 @@ LAYOUT = register(Layout(
     unpack_kernel="glyd.kernels.dense11.versions:unpack",
     prepare_kernel="glyd.kernels.dense11.versions:prepare",
     kernels={
+        "dense11_wgmma": "glyd.kernels.dense11.wgmma:Dense11WgKernel",
         "dense11_v3_gemv": "glyd.kernels.dense11.gemv_v2:Dense11V3GemvKernel",
         "dense11_v2_gemv": "glyd.kernels.dense11.gemv_v2:Dense11V2GemvKernel",
         "dense11_gemv": "glyd.kernels.dense11.gemv:Dense11GemvKernel",

@@ -1,6 +1,7 @@
 """Gluon helpers shared by the Gluon kernels of the weights (``fixed12.mma_v2``, ``fixed12.wgmma``,
-``fixed12.wgmma_warpspec``) and of the KV cache (``glyd.kv._gluon``): byte permutes, the bf16 pair split,
-exception metadata, programmatic-dependent-launch waits, split-K counters."""
+``fixed12.wgmma_warpspec``, ``dense11.wgmma``) and of the KV cache (``glyd.kv._gluon``): byte permutes, the bf16
+pair split, popcount and funnel shift, shuffles within groups of 4 lanes, exception metadata,
+programmatic-dependent-launch waits, split-K counters."""
 
 from __future__ import annotations
 
@@ -13,6 +14,42 @@ def prmt(a, b, SEL: gl.constexpr):
     # prmt.b32: each byte of the result picked from the 8 bytes of (b, a) by a nibble of SEL
     return gl.inline_asm_elementwise(f"prmt.b32 $0, $1, $2, {SEL};", "=r,r,r", [a, b], dtype=gl.uint32,
                                      is_pure=True, pack=1)
+
+
+@gluon.jit
+def prmt_r(a, b, sel):
+    # prmt.b32 with a register selector: byte t = byte (nibble t & 7) of (b:a), or that byte's top bit spread over
+    # the byte where nibble t has bit 3 set
+    return gl.inline_asm_elementwise("prmt.b32 $0, $1, $2, $3;", "=r,r,r,r", [a, b, sel], dtype=gl.uint32,
+                                     is_pure=True, pack=1)
+
+
+@gluon.jit
+def popc(v):
+    # the set bits of a 32-bit word
+    return gl.inline_asm_elementwise("popc.b32 $0, $1;", "=r,r", [v], dtype=gl.int32, is_pure=True, pack=1)
+
+
+@gluon.jit
+def funnel(lo, hi, s):
+    # (hi:lo) >> s for s in 0 .. 31 (shf.r.clamp.b32)
+    return gl.inline_asm_elementwise("shf.r.clamp.b32 $0, $1, $2, $3;", "=r,r,r,r", [lo, hi, s], dtype=gl.uint32,
+                                     is_pure=True, pack=1)
+
+
+@gluon.jit
+def shfl_up4(v, DELTA: gl.constexpr):
+    # each lane gets the int32 v of the lane DELTA below it in its group of 4 lanes (shfl.sync.up, width 4: a
+    # group's first DELTA lanes get their own). The caller's layout must put the groups' elements on lanes 4i..4i+3
+    return gl.inline_asm_elementwise(f"shfl.sync.up.b32 $0, $1, {DELTA}, {(32 - 4) << 8}, -1;", "=r,r", [v],
+                                     dtype=gl.int32, is_pure=True, pack=1)
+
+
+@gluon.jit
+def shfl_last4(v):
+    # each lane gets the int32 v of the last lane of its group of 4 lanes (shfl.sync.idx 3, width 4)
+    return gl.inline_asm_elementwise(f"shfl.sync.idx.b32 $0, $1, 3, {((32 - 4) << 8) | 0x1F}, -1;", "=r,r", [v],
+                                     dtype=gl.int32, is_pure=True, pack=1)
 
 
 @gluon.jit

@@ -228,7 +228,7 @@ def _imax(a, b):
 
 @gluon.jit
 def _row_rounds(acc, xe_ptr, sxk, sxm, cm, rn, ea, cnt, K, eidx_ptr, vals_ptr, b8, part, parts,
-                AHEAD: gl.constexpr = False):
+                AHEAD: gl.constexpr = False, PH: gl.constexpr = 0):
     # wg_row_exceptions' rounds with x's rows at cm (columns of acc). Each round loads the next round's indices
     # before its own x columns: x's load waits on its round's index no longer (loaded a round before), the value's
     # load runs beside x's. AHEAD: the next round's x columns and values too (its indices two rounds ahead), so a
@@ -243,7 +243,7 @@ def _row_rounds(acc, xe_ptr, sxk, sxm, cm, rn, ea, cnt, K, eidx_ptr, vals_ptr, b
             evnn = j + 2 * parts < cnt
             idx_nn = gl.load(eidx_ptr + ea + j + 2 * parts, mask=evnn, other=0)
             xv_n, v_n = _row_loads(xe_ptr, sxk, sxm, cm, rn, ea, j + parts, idx_n, evn, K, vals_ptr)
-            acc = _row_add(acc, xv, v, ev, b8)
+            acc = _row_add(acc, xv, v, ev, b8, PH)
             ev, evn, idx_n, xv, v = evn, evnn, idx_nn, xv_n, v_n
     else:
         for j in range(part, gl.reduce(cnt, 0, _imax), parts):
@@ -253,7 +253,7 @@ def _row_rounds(acc, xe_ptr, sxk, sxm, cm, rn, ea, cnt, K, eidx_ptr, vals_ptr, b
             v = gl.load(vals_ptr + ea + j, mask=ev, other=0).to(gl.int32).to(gl.uint32) & 0xFFFF
             xv = gl.load(xe_ptr + c[:, None] * sxk + cm[None, :] * sxm, mask=ev[:, None], other=0.0).to(gl.float32)
             tv = (v << 16).to(gl.float32, bitcast=True)
-            pv = (((v & 0x80FF) | (b8 << 8)) << 16).to(gl.float32, bitcast=True)  # the decoded placeholder
+            pv = _placeholder(v, b8, PH)
             # true - placeholder in fp32 (within 2^-24 of it: the one-hot MMA's bf16 hi and lo parts keep 2^-16),
             # then one FMA an element; rows without a j-th exception load nothing (a warp whose rows have none skips
             # the round's loads) and add 0 x 0
@@ -273,18 +273,30 @@ def _row_loads(xe_ptr, sxk, sxm, cm, rn, ea, j, idx, ev, K, vals_ptr):
 
 
 @gluon.jit
-def _row_add(acc, xv, v, ev, b8):
+def _placeholder(v, b8, PH: gl.constexpr):
+    # the decoded placeholder of an exception whose true bf16 bits are v, as fp32: fixed12's (PH 0: the window's
+    # base b8 for the exponent's top 7 bits, the lo byte kept) or dense11's (PH 1: exponent 0, sign and mantissa kept)
+    if PH == 1:
+        r = ((v & 0x807F) << 16).to(gl.float32, bitcast=True)
+    else:
+        r = (((v & 0x80FF) | (b8 << 8)) << 16).to(gl.float32, bitcast=True)
+    return r
+
+
+@gluon.jit
+def _row_add(acc, xv, v, ev, b8, PH: gl.constexpr = 0):
     # as _row_rounds' own round (without AHEAD): true - placeholder in fp32, one FMA an element
     v = v.to(gl.int32).to(gl.uint32) & 0xFFFF
     tv = (v << 16).to(gl.float32, bitcast=True)
-    pv = (((v & 0x80FF) | (b8 << 8)) << 16).to(gl.float32, bitcast=True)  # the decoded placeholder
+    pv = _placeholder(v, b8, PH)
     d = gl.where(ev, tv - pv, 0.0)
     return acc + xv.to(gl.float32) * d[:, None]
 
 
 @gluon.jit
 def wg_row_exceptions(acc, xe_ptr, sxk, sxm, m0, M, K, rowptr_ptr, eidx_ptr, vals_ptr, base_ptr, n0, N, part, parts,
-                      BN: gl.constexpr, BT: gl.constexpr, ML: gl.constexpr, AHEAD: gl.constexpr = False):
+                      BN: gl.constexpr, BT: gl.constexpr, ML: gl.constexpr, AHEAD: gl.constexpr = False,
+                      PH: gl.constexpr = 0):
     # acc [BN weight rows, BT x rows] += (true - decoded w) * x[rows, c] for each exception (w, c) of rows n0..,
     # in acc's own layout: round j takes the j-th exception of every row at once (rows without one masked),
     # rounds j = part, part + parts, ... (the tile's programs share them). A row's list starts at its row
@@ -293,7 +305,8 @@ def wg_row_exceptions(acc, xe_ptr, sxk, sxm, m0, M, K, rowptr_ptr, eidx_ptr, val
     # No one-hot MMA, shared memory or barrier. The mask is a row's alone (a predicate an element spilled the
     # 128-row tile with x itself): a whole tile's columns m0 + i as such (addresses a constant apart), the last
     # tile's past M at row M - 1 (never stored). With h135's select in place of the mask the tiles at M = 32-128 took
-    # 7-15% longer than a session before (history/2026-12-06-h100-23.md; call.sh exc_ab times the two loops)
+    # 7-15% longer than a session before (history/2026-12-06-h100-23.md; call.sh exc_ab times the two loops).
+    # PH: the layout's placeholder (_placeholder: 0 fixed12's, 1 dense11's)
     b8 = gl.load(base_ptr).to(gl.uint32)
     if BN * BT >= 4096 * gl.num_warps():  # 128 accumulator registers a thread (the ws tile's bm 256 or bn 256 on 8
         # warps, or 64 rows of bm 256 in a warpgroup's own partition): the rounds on each half of the x rows in turn
@@ -301,17 +314,17 @@ def wg_row_exceptions(acc, xe_ptr, sxk, sxm, m0, M, K, rowptr_ptr, eidx_ptr, val
         # on sm_90a); a half is register-only (the columns' top bit is a register's)
         a0, a1 = gl.split(gl.permute(gl.reshape(acc, [BN, 2, BT // 2]), (0, 2, 1)))
         a0 = _row_half(a0, xe_ptr, sxk, sxm, m0, M, K, rowptr_ptr, eidx_ptr, vals_ptr, b8, n0, N, part, parts, BN,
-                       BT // 2, AHEAD)
+                       BT // 2, AHEAD, PH)
         a1 = _row_half(a1, xe_ptr, sxk, sxm, m0 + BT // 2, M, K, rowptr_ptr, eidx_ptr, vals_ptr, b8, n0, N, part,
-                       parts, BN, BT // 2, AHEAD)
+                       parts, BN, BT // 2, AHEAD, PH)
         return gl.convert_layout(gl.reshape(gl.permute(gl.join(a0, a1), (0, 2, 1)), [BN, BT]), ML)
     return _row_half(acc, xe_ptr, sxk, sxm, m0, M, K, rowptr_ptr, eidx_ptr, vals_ptr, b8, n0, N, part, parts, BN, BT,
-                     AHEAD)
+                     AHEAD, PH)
 
 
 @gluon.jit
 def _row_half(acc, xe_ptr, sxk, sxm, m0, M, K, rowptr_ptr, eidx_ptr, vals_ptr, b8, n0, N, part, parts,
-              BN: gl.constexpr, BT: gl.constexpr, AHEAD: gl.constexpr = False):
+              BN: gl.constexpr, BT: gl.constexpr, AHEAD: gl.constexpr = False, PH: gl.constexpr = 0):
     # wg_row_exceptions on acc [BN, BT] (x rows m0..) in acc's own layout, whatever it is
     L: gl.constexpr = acc.type.layout
     rn = n0 + gl.arange(0, BN, layout=gl.SliceLayout(1, L))
@@ -319,15 +332,15 @@ def _row_half(acc, xe_ptr, sxk, sxm, m0, M, K, rowptr_ptr, eidx_ptr, vals_ptr, b
     cnt = gl.load(rowptr_ptr + gl.minimum(rn + 1, N)) - ea
     cm = m0 + gl.arange(0, BT, layout=gl.SliceLayout(0, L))
     if m0 + BT <= M:
-        acc = _row_rounds(acc, xe_ptr, sxk, sxm, cm, rn, ea, cnt, K, eidx_ptr, vals_ptr, b8, part, parts, AHEAD)
+        acc = _row_rounds(acc, xe_ptr, sxk, sxm, cm, rn, ea, cnt, K, eidx_ptr, vals_ptr, b8, part, parts, AHEAD, PH)
     else:
         acc = _row_rounds(acc, xe_ptr, sxk, sxm, gl.minimum(cm, M - 1), rn, ea, cnt, K, eidx_ptr, vals_ptr, b8,
-                          part, parts, AHEAD)
+                          part, parts, AHEAD, PH)
     return acc
 
 
 @gluon.jit
-def _wg_store(acc, part_ptr, out_ptr, bias_ptr, cnt_ptr, r, m, M, N, pid_n, pid_k, pid_m, OUT: gl.constexpr,
+def wg_store(acc, part_ptr, out_ptr, bias_ptr, cnt_ptr, r, m, M, N, pid_n, pid_k, pid_m, OUT: gl.constexpr,
               HAS_BIAS: gl.constexpr, CS: gl.constexpr):
     # a finished tile (acc [BN weight rows r, BT x rows m], layout OL): the fp32 partial (OUT 0), the bf16 result
     # (OUT 1), or (OUT 2) the partial of a split program that is not the tile's last, and the sum by the last
@@ -414,7 +427,7 @@ def _wg_kernel(x_ptr, code_ptr, lo_ptr, base_ptr, part_ptr, out_ptr, bias_ptr, M
     acc = gl.convert_layout(acc, OL)
     r = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, OL))[:, None]
     m = m0 + gl.arange(0, BT, layout=gl.SliceLayout(0, OL))[None, :]
-    _wg_store(acc, part_ptr, out_ptr, bias_ptr, cnt_ptr, r, m, M, N, pid_n, pid_k, pid_m, OUT, HAS_BIAS, CS)
+    wg_store(acc, part_ptr, out_ptr, bias_ptr, cnt_ptr, r, m, M, N, pid_n, pid_k, pid_m, OUT, HAS_BIAS, CS)
 
 
 @functools.lru_cache(maxsize=None)

@@ -1,0 +1,369 @@
+"""dense11 format version 3's product on Hopper's warpgroup MMA (``dense11_wgmma``): the decoded words as wgmma's
+register A operand, x as its B operand from shared memory, for 2-64 x rows a program (issue 35, M = 17-64).
+
+The decode is ``decode_v2.decode_words``' on fixed12's word layout (``fixed12.wgmma.layouts``): lane (g, c) of a
+warp holds run c (32 columns) of rows g and g + 8 of a 128-column step, 4 lane words a row (word q: columns
+16 h + 4 q .. + 3 of the run's half h), so a thread's 4 weights of a lane word are wgmma's k pairs (2c, 2c + 1) and
+(2c + 8, 2c + 9) of the 16-wide k chunk (h, q): slot k = 64 h + 16 q + 8 T + 2 c + j holds column
+32 c + 16 h + 4 q + 2 T + j. The decoded pairs reach the MMA without leaving the registers; x is stored into shared
+memory in the same slot order (``X_ORDER``) through registers. The escapes' ranks need the row's runs before a
+lane's own: two shuffles within the 4 lanes of a row (``shfl_up4``), the row's total from its last lane
+(``shfl_last4``), carried from step to step inside a 1024-column block and reset from the block offsets at each
+block's start (K splits are whole blocks). Exceptions (digit 15, ranks 8 and up: exponent 0) are added after the
+K loop by the accumulator's own threads (``fixed12.wgmma.wg_row_exceptions`` with dense11's placeholder), their
+rounds shared among a tile's split programs.
+
+Probe and first timings: ``benchmarks/probes/dense11_wgmma.py`` (an H100, 2026-12-07, escape-free weights, 14336 x
+4096: 1.06x / 1.08x / 1.13x bf16 at M = 16 / 32 / 64 with the words prefetched, against the table's dense11 at
+1.34x / 1.81x / 2.32x). CUDA only, Hopper only (Gluon has no interpreter): tests compile it for sm_90 on any
+machine and run it against float64 on the GPU.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
+
+from glyd.codec import dense11 as _codec
+from glyd.kernels import _common as C
+from glyd.kernels import _plan
+from glyd.kernels._fields import flags, ints
+from glyd.kernels._gluon_bits import funnel, popc, prmt, prmt_r, shfl_last4, shfl_up4, split16
+from glyd.kernels.dense11.decode_v2 import prepare
+from glyd.kernels.fixed12.wgmma import layouts, wg_row_exceptions, wg_store
+from glyd.kernels.registry import Kernel
+
+BK = gl.constexpr(128)  # columns a K step: 4 runs of 32 a row
+BLOCK = _codec.BLOCK  # columns a block (its escape ranks start from its offsets): K splits are whole blocks
+BN = gl.constexpr(64)  # weight rows a program: one warpgroup's wgmma M
+# the decoded [row, c1, c0, q1, q0, j, T, h] words and the x tile's [row, c1, c0, h, q1, q0, T, j] columns, both
+# permuted to slot order (h q1 q0 T c1 c0 j)
+DECODE_ORDER = gl.constexpr((0, 7, 3, 4, 6, 1, 2, 5))
+X_ORDER = gl.constexpr((0, 3, 4, 5, 6, 1, 2, 7))
+
+
+@dataclasses.dataclass(frozen=True)
+class Dense11WgConfig(C.KernelConfig):
+    """``bm`` x rows a program at most (wgmma's N: the smallest of 16, 32, 64 that holds M, capped by ``bm``; more
+    rows: more programs), 64 weight rows a program (one warpgroup: ``warps`` 4), K steps of 128 in splits of whole
+    1024-column blocks (``split`` 0: about ``waves`` programs an SM). ``prefetch``: a step's words and x tile loaded
+    while the step before decodes. ``pipe``: a step's MMA runs beside the next step's decode (its A registers kept
+    until then; one x buffer, stored once the MMA before has read it). ``fixup``: the splits summed by each tile's
+    last split program (no finalize kernel). ``maxnreg``: a register cap (0: none).
+
+    >>> Dense11WgConfig(bm=32).prefetch
+    True
+    """
+
+    bm: int = 64
+    prefetch: bool = True
+    pipe: bool = False
+    fixup: bool = False
+    maxnreg: int = 0
+
+    def validate(self) -> None:
+        flags(self, "prefetch", "pipe", "fixup")
+        ints(self, 0, 255, "maxnreg")
+        if self.bm not in (16, 32, 64) or self.warps != 4:
+            raise ValueError(f"Dense11WgConfig: bm 16, 32 or 64 and 4 warps (one warpgroup), got bm={self.bm}, "
+                             f"warps={self.warps}")
+        if self.maxnreg and not 32 <= self.maxnreg <= 255:
+            raise ValueError(f"Dense11WgConfig.maxnreg must be 32-255 (0: none), got {self.maxnreg}")
+
+
+@gluon.jit
+def _u(v):
+    return v.to(gl.uint32, bitcast=True)
+
+
+@gluon.jit
+def _loads(code_ptr, sm_ptr, x_ptr, c_off, s_off, xoff, st, RUNS):
+    # step st's plane words: each run's code words c0, c1, c2 ([BN, 4] runs), each lane word's sm words of halves a
+    # and b ([BN, 16], version 3's block-wise places), and the [BT, 128] x tile in column order (16-byte loads)
+    b = st // 8
+    j0 = (st % 8) * 4
+    rb = gl.minimum(RUNS - 32 * b, 32)  # runs of block b (the last may be short)
+    cw = code_ptr + c_off + 96 * b + j0
+    sp = sm_ptr + s_off + 256 * b + 4 * j0
+    return (_u(gl.load(cw)), _u(gl.load(cw + rb)), _u(gl.load(cw + 2 * rb)), _u(gl.load(sp)),
+            _u(gl.load(sp + 4 * rb)), gl.load(x_ptr + xoff + st * BK))
+
+
+@gluon.jit
+def _wide(v, BN: gl.constexpr, WL: gl.constexpr):
+    # a run's value [BN, 4] for each of its 4 lane words [BN, 16] (the lane's own registers: no data moves)
+    return gl.convert_layout(gl.reshape(gl.join(gl.join(v, v), gl.join(v, v)), [BN, 16]), WL)
+
+
+@gluon.jit
+def _nib_esc(x):
+    # bit 4i set where nibble i's low 3 bits are all ones (code 7: an escape)
+    return x & (x >> 1) & (x >> 2) & 0x11111111
+
+
+@gluon.jit
+def _clamp8(v):
+    # a rank clamped at 8, in each of 4 nibbles
+    return gl.minimum(v, 8).to(gl.uint32) * 0x1111
+
+
+@gluon.jit
+def _window(rank, tot, esc_ptr, NESCW, HA0, HA1, HB0, HB1, LA0, LA1, LB0, LB1):
+    # exponent hi bytes and low bits (as 0x01) of a run's first 8 escapes from the digit stream at its rank, 4 a
+    # word: (eh0, eh1, el0, el1), as decode_v2._window
+    wi = rank >> 3
+    sh = (4 * (rank & 7)).to(gl.uint32)
+    w0 = _u(gl.load(esc_ptr + wi, mask=(tot > 0) & (wi < NESCW), other=0))
+    w1 = _u(gl.load(esc_ptr + wi + 1, mask=(tot + (rank & 7) > 8) & (wi + 1 < NESCW), other=0))
+    win = funnel(w0, w1, sh)  # digit i (i < 8) in nibble i
+    d0 = win & 0xFFFF
+    d1 = win >> 16
+    # digits 0-7 from the A tables, 8-15 from the B ones: the other table's lookup has bit 3 set, reads 0
+    eh0 = prmt_r(HA0, HA1, d0) | prmt_r(HB0, HB1, d0 ^ 0x8888)
+    eh1 = prmt_r(HA0, HA1, d1) | prmt_r(HB0, HB1, d1 ^ 0x8888)
+    el0 = prmt_r(LA0, LA1, d0) | prmt_r(LB0, LB1, d0 ^ 0x8888)
+    el1 = prmt_r(LA0, LA1, d1) | prmt_r(LB0, LB1, d1 ^ 0x8888)
+    return eh0, eh1, el0, el1
+
+
+@gluon.jit
+def _half(xa, xb, s4, q, fa, fb, pa, pb, pc, pd, eh0, eh1, el0, el1, th0, th1, tl0, tl1):
+    # one half of each run ([BN, 16] lane words, word q: (xa, nibble half 0), (xa, 1), (xb, 0), (xb, 1)) as bf16
+    # [BN, 16, j, T] (join's minor dimensions: element [j, T] is the word's weight 2 T + j), decode_v2._half's
+    # bytes: the codes looked up, escapes patched in from the window (fa, fb: escape flags times 4; pa, pb: their
+    # exclusive nibble prefix counts; pc, pd: the words' first ranks in the run clamped at 8, times 0x1111)
+    lo2 = q < 2
+    h = ((q & 1) * 16).to(gl.uint32)
+    sel = (gl.where(lo2, xa, xb) >> h) & 0x7777
+    hot_hi = prmt_r(th0, th1, sel)
+    hot_lo = prmt_r(tl0, tl1, sel)
+    g4 = gl.where(lo2, fa, fb) >> h  # bit 2 of an escape's nibble: byte 4 + t of the escapes' word
+    k = (gl.where(lo2, pa, pb) >> h) + gl.where(lo2, pc, pd)
+    sel2 = g4 | 0x3210
+    hot_hi = prmt_r(hot_hi, prmt_r(eh0, eh1, k), sel2) | (s4 & 0x80808080)
+    hot_lo = prmt_r(hot_lo, prmt_r(el0, el1, k) << 7, sel2) | (s4 & 0x7F7F7F7F)
+    e0, e1 = split16(prmt(hot_lo, hot_hi, 0x5140))
+    e2, e3 = split16(prmt(hot_lo, hot_hi, 0x7362))
+    return gl.join(gl.join(e0, e1), gl.join(e2, e3))
+
+
+@gluon.jit
+def _decode(c0, c1, c2, s4a, s4b, run, q, cc, esc_ptr, NESCW, th0, th1, tl0, tl1, HA0, HA1, HB0, HB1, LA0, LA1,
+            LB0, LB1, BN: gl.constexpr, WL: gl.constexpr, AL: gl.constexpr):
+    # a step's words as the [BN, 128] A operand in slot order, and run ([BN, 4]: each row's first escape's index in
+    # the digit stream at the step's first column, alike along the row) moved past the step's escapes. The run
+    # values (codes, escape flags, ranks, the escape window) are computed once a run ([BN, 4], c = the lane in 4)
+    d = ((c0 >> 3) & 0x11111111) | ((c1 >> 2) & 0x22222222) | ((c2 >> 1) & 0x44444444)  # codes of columns 24-31
+    f0 = _nib_esc(c0)
+    f1 = _nib_esc(c1)
+    f2 = _nib_esc(c2)
+    f3 = _nib_esc(d)
+    n0 = popc(f0)
+    b2 = n0 + popc(f1)
+    b3 = b2 + popc(f2)
+    tot = b3 + popc(f3)
+    inc = tot + gl.where(cc >= 1, shfl_up4(tot, 1), 0)  # the row's escapes up to this run's
+    inc = inc + gl.where(cc >= 2, shfl_up4(inc, 2), 0)
+    eh0, eh1, el0, el1 = _window(run + inc - tot, tot, esc_ptr, NESCW, HA0, HA1, HB0, HB1, LA0, LA1, LB0, LB1)
+    eh0 = _wide(eh0, BN, WL)
+    eh1 = _wide(eh1, BN, WL)
+    el0 = _wide(el0, BN, WL)
+    el1 = _wide(el1, BN, WL)
+    wa = _half(_wide(c0, BN, WL), _wide(c1, BN, WL), s4a, q, _wide(f0 << 2, BN, WL), _wide(f1 << 2, BN, WL),
+               _wide(f0 * 0x11111110, BN, WL), _wide(f1 * 0x11111110, BN, WL), q * 0, _wide(_clamp8(n0), BN, WL),
+               eh0, eh1, el0, el1, th0, th1, tl0, tl1)
+    wb = _half(_wide(c2, BN, WL), _wide(d, BN, WL), s4b, q, _wide(f2 << 2, BN, WL), _wide(f3 << 2, BN, WL),
+               _wide(f2 * 0x11111110, BN, WL), _wide(f3 * 0x11111110, BN, WL), _wide(_clamp8(b2), BN, WL),
+               _wide(_clamp8(b3), BN, WL), eh0, eh1, el0, el1, th0, th1, tl0, tl1)
+    w = gl.reshape(gl.join(wa, wb), [BN, 2, 2, 2, 2, 2, 2, 2])  # [row, c1, c0, q1, q0, j, T, h]
+    a = gl.convert_layout(gl.reshape(gl.permute(w, DECODE_ORDER.value), [BN, BK]), AL)
+    return a, run + shfl_last4(inc)
+
+
+@gluon.jit
+def _block_start(ebase_ptr, eoff_ptr, nb):
+    # the digit-stream index of the first escape of block nb (row * blocks a row + block), as decode_v2.block_start
+    return gl.load(ebase_ptr + nb // 16) + gl.load(eoff_ptr + nb).to(gl.int32)
+
+
+@gluon.jit
+def _x_store(xs, xr, BT: gl.constexpr):
+    # the x tile into shared memory in slot order: column bits (c1 c0 h q1 q0 T j) become (h q1 q0 T c1 c0 j)
+    xr = gl.reshape(xr, [BT, 2, 2, 2, 2, 2, 2, 2])
+    xs.store(gl.reshape(gl.permute(xr, X_ORDER.value), [BT, BK]))
+
+
+@gluon.jit(do_not_specialize=["NESCW", "TH0", "TH1", "TL0", "TL1", "HA0", "HA1", "HB0", "HB1", "LA0", "LA1", "LB0",
+                              "LB1"])
+def _d11_wg_kernel(x_ptr, code_ptr, sm_ptr, esc_ptr, ebase_ptr, eoff_ptr, rowptr_ptr, eidx_ptr, vals_ptr, part_ptr,
+                   out_ptr, bias_ptr, cnt_ptr, M, N, KP, NBR, NESCW, K_SPLIT, stride_xm, TH0, TH1, TL0, TL1, HA0, HA1,
+                   HB0, HB1, LA0, LA1, LB0, LB1, BT: gl.constexpr, WL: gl.constexpr, RL: gl.constexpr, XL: gl.constexpr,
+                   ML: gl.constexpr, AL: gl.constexpr, XSL: gl.constexpr, OL: gl.constexpr, OUT: gl.constexpr,
+                   HAS_BIAS: gl.constexpr, EXC: gl.constexpr, PF: gl.constexpr, PIPE: gl.constexpr = False,
+                   CS: gl.constexpr = 1):
+    # part[pid_k, BT x rows, BN weight rows] (fp32, OUT 0) or out (bf16 + bias, OUT 1: one split; OUT 2: the tile's
+    # last split program sums the others' partials) = x rows @ W^T over this program's blocks; acc is [BN weight
+    # rows, BT x rows]. KP a multiple of 128 (no padded columns); rows past M or N read row M - 1 / N - 1 again
+    pid_n = gl.program_id(0)
+    pid_k = gl.program_id(1)
+    pid_m = gl.program_id(2)
+    col = gl.arange(0, 16, layout=gl.SliceLayout(0, WL))[None, :]  # lane word 4 c + q
+    n = gl.minimum(pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, WL)), N - 1)[:, None]
+    cr = gl.arange(0, 4, layout=gl.SliceLayout(0, RL))[None, :]  # run c
+    nr = gl.minimum(pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, RL)), N - 1)[:, None]
+    runs = KP // 32
+    c_off = nr * (3 * runs) + cr  # run c's code words
+    s_off = n * (KP // 4) + col  # lane word q of run c's half a
+    z = gl.zeros([BN, 16], gl.int32, WL)
+    zr = gl.zeros([BN, 4], gl.int32, RL)
+    cc = cr + zr
+    q = (col % 4).to(gl.uint32) + z.to(gl.uint32)
+    th0 = z.to(gl.uint32) + TH0
+    th1 = z.to(gl.uint32) + TH1
+    tl0 = z.to(gl.uint32) + TL0
+    tl1 = z.to(gl.uint32) + TL1
+    m0 = pid_m * BT
+    t = gl.minimum(m0 + gl.arange(0, BT, layout=gl.SliceLayout(1, XL)), M - 1)
+    xoff = t[:, None] * stride_xm + gl.arange(0, BK, layout=gl.SliceLayout(0, XL))[None, :]
+    xs = gl.allocate_shared_memory(gl.bfloat16, [BT, BK], XSL)
+    acc = gl.zeros([BN, BT], gl.float32, ML)
+    s0 = (pid_k * K_SPLIT) // BK
+    s1 = gl.minimum(pid_k * K_SPLIT + K_SPLIT, KP) // BK
+    c0, c1, c2, s4a, s4b, xv = _loads(code_ptr, sm_ptr, x_ptr, c_off, s_off, xoff, s0, runs)
+    run = zr
+    ap = gl.zeros([BN, BK], gl.bfloat16, AL)  # the A operand of the MMA in flight (PIPE)
+    for st in range(s0, s1):
+        if PF:  # the next step's words and x in flight while this one decodes (the last step reloads its own)
+            nc0, nc1, nc2, ns4a, ns4b, nxv = _loads(code_ptr, sm_ptr, x_ptr, c_off, s_off, xoff,
+                                                    gl.minimum(st + 1, s1 - 1), runs)
+        else:
+            c0, c1, c2, s4a, s4b, xv = _loads(code_ptr, sm_ptr, x_ptr, c_off, s_off, xoff, st, runs)
+        if st % 8 == 0:  # a block's first step: its rows' ranks from the block offsets
+            run = _block_start(ebase_ptr, eoff_ptr, nr * NBR + st // 8) + zr
+        a, run = _decode(c0, c1, c2, s4a, s4b, run, q, cc, esc_ptr, NESCW, th0, th1, tl0, tl1, HA0, HA1, HB0, HB1,
+                         LA0, LA1, LB0, LB1, BN, WL, AL)
+        if PIPE:  # the step before's MMA ran beside this decode: done (its A registers kept until now), x free
+            acc, ap = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ap))
+            gl.thread_barrier()
+        _x_store(xs, xv, BT)
+        fence_async_shared()
+        gl.thread_barrier()
+        acc = warpgroup_mma(a, xs.permute((1, 0)), acc, is_async=True)
+        if PIPE:  # left in flight (the wait for none but the last one only hands back the accumulator)
+            acc, ap = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a))
+        else:
+            acc, a = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a))
+            gl.thread_barrier()  # every warp's MMA has read x before the next step's stores
+        if PF:
+            c0, c1, c2, s4a, s4b, xv = nc0, nc1, nc2, ns4a, ns4b, nxv
+    if PIPE:
+        acc, ap = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ap))
+    if EXC:  # the tile's exceptions by the accumulator's own threads, rounds shared among its split programs
+        acc = wg_row_exceptions(acc, x_ptr, 1, stride_xm, m0, M, KP, rowptr_ptr, eidx_ptr, vals_ptr, rowptr_ptr,
+                                pid_n * BN, N, pid_k, gl.num_programs(1), BN, BT, ML, False, 1)
+    acc = gl.convert_layout(acc, OL)
+    r = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, OL))[:, None]
+    m = m0 + gl.arange(0, BT, layout=gl.SliceLayout(0, OL))[None, :]
+    wg_store(acc, part_ptr, out_ptr, bias_ptr, cnt_ptr, r, m, M, N, pid_n, pid_k, pid_m, OUT, HAS_BIAS, CS)
+
+
+def run_layout(warps: int = 4):
+    """The [64, 4] runs of a step in fixed12's word layout less its 4 words a run (``layouts``' words): lane (g, c)
+    holds run c of rows g and g + 8 of its warp's 16."""
+    return gl.DistributedLinearLayout(reg_bases=[[8, 0]], lane_bases=[[0, 1], [0, 2], [1, 0], [2, 0], [4, 0]],
+                                      warp_bases=[[16 << i, 0] for i in range(warps.bit_length() - 1)],
+                                      block_bases=[], shape=[16 * warps, 4])
+
+
+def x_rows(m: int, bm: int) -> int:
+    """x rows a program (wgmma's N): the smallest of 16, 32, 64 that holds ``m``, at most ``bm``.
+
+    >>> x_rows(2, 64), x_rows(17, 64), x_rows(40, 32), x_rows(100, 64)
+    (16, 32, 32, 64)
+    """
+    return min(max(16, triton.next_power_of_2(m)), bm)
+
+
+# x: bf16 [M, K]; packed: dense11 version 3 [N, K], K a multiple of 128 -> run(x2, bias, out, arrays) (Kernel.plan)
+def plan(x2: torch.Tensor, p, bias, cfg: Dense11WgConfig):
+    m, k = x2.shape
+    n = p.shape[0]
+    if x2.device.type != "cuda" or C.interpreting():
+        raise RuntimeError("the dense11_wgmma kernel runs only on a CUDA GPU (Gluon has no interpreter)")
+    if p.version != 3:
+        raise ValueError(f"dense11_wgmma decodes dense11 format version 3, got version {p.version}")
+    if k % BK.value or p.arrays["sm"].shape[1] != k:
+        raise ValueError(f"the dense11_wgmma kernel needs K a multiple of {BK.value} (no padded columns), got K = {k}")
+    if x2.dtype != torch.bfloat16:
+        raise ValueError(f"x must be bf16, got {x2.dtype}")
+    prep = prepare(p)
+    copy = x2.stride(1) != 1 or x2.stride(0) % 8 or x2.data_ptr() % 16  # x is read in 16-byte pieces
+    stride = k if copy else x2.stride(0)
+    bt = x_rows(m, cfg.bm)
+    tiles = triton.cdiv(n, BN.value) * triton.cdiv(m, bt)
+    split, per = C.choose_split(tiles, k, BLOCK, x2.device, cfg.split, cfg.waves)
+    out_mode = 1 if split == 1 else 2 if cfg.fixup else 0
+    x, b, part, o = _plan.slots(4)
+    arr = dict(zip(_codec.ARRAYS, _plan.slots(len(_codec.ARRAYS), 4, fixed=True)))
+    part = o if out_mode == 1 else part
+    cnt = C.counters(x2.device, tiles) if out_mode == 2 else None
+    words, xl, mma, a_op, xsl, ol = layouts(BN.value, bt, 4)
+    exc = prep.nexc > 0
+    tile = _plan.Launch(_d11_wg_kernel, (triton.cdiv(n, BN.value), split, triton.cdiv(m, bt)), (
+        x, arr["code"], arr["sm"].view(torch.int32), arr["esc"], arr["esc_base"], arr["esc_off"], prep.rowptr,
+        prep.pos if exc else prep.rowptr, prep.vals if exc else prep.rowptr, part, o, b, cnt, m, n, k,
+        _codec.blocks_per_row(k), prep.nescw, per, stride, *prep.lut, *prep.tab), dict(
+        BT=bt, WL=words, RL=run_layout(4), XL=xl, ML=mma, AL=a_op, XSL=xsl, OL=ol, OUT=out_mode, HAS_BIAS=bias is not None, EXC=exc,
+        PF=cfg.prefetch, PIPE=cfg.pipe, CS=C.COUNTER_SLOTS, num_warps=4,
+        **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {})))
+    fin = C.finalize_launch(split, m, n, bias is not None, x2.device, cfg.pdl) if out_mode == 0 else None
+    shape, dev = (split, m, n), x2.device
+
+    def run(x2, bias, out, arrays):
+        if copy:
+            x2 = x2.contiguous()
+        pt = torch.empty(shape, dtype=torch.float32, device=dev) if out_mode != 1 else out
+        tile(x2, bias if bias is not None else out, pt, out, *arrays)
+        if fin is not None:
+            fin(pt, bias if bias is not None else pt, out)
+        return out
+
+    return run
+
+
+class Dense11WgKernel(Kernel):
+    """dense11 version 3's wgmma tile: a Hopper GPU (sm_90) with Gluon's Hopper MMA, K (no padded columns) a
+    multiple of 128."""
+
+    name = "dense11_wgmma"
+    layout = "dense11"
+    Config = Dense11WgConfig
+
+    @classmethod
+    def can_implement(cls, problem, device, config):
+        ok, why = super().can_implement(problem, device, config)
+        if not ok:
+            return ok, why
+        if "wgmma" not in device.features:
+            return False, "needs Gluon's warpgroup MMA on a Hopper GPU (sm_90)"
+        if problem.version != 3:
+            return False, (f"{cls.name} decodes dense11 format version 3; this matrix is version {problem.version} "
+                           "(re-save it with this glyd to get version 3)")
+        if problem.k != problem.kp or problem.k % BK.value:
+            return False, f"needs K a multiple of {BK.value} (no padded columns), got K = {problem.k}"
+        return True, ""
+
+    # x: bf16 [M, K]; packed: dense11 version 3 [N, K]; bias: [N] or None; out: bf16 [M, N] (written) -> out
+    @classmethod
+    def launch(cls, x2, packed, bias, config, out):
+        C.check_launch_shapes(cls.name, x2, tuple(packed.shape), out, bias)
+        return plan(x2, packed, bias, config)(x2, bias, out, tuple(packed.arrays[a] for a in _codec.ARRAYS))
+
+    @classmethod
+    def plan(cls, x2, packed, bias, config):
+        return plan(x2, packed, bias, config)

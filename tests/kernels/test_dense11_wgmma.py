@@ -1,0 +1,186 @@
+"""dense11 version 3's wgmma tile (``dense11_wgmma``; Hopper only): its slot order mirrored in torch, its config
+and ``can_implement``, static checks compiled for sm_90 on any machine, products on the GPU against float64."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import glyd
+
+from .conftest import needs_triton, random_weights
+from .test_gluon import _res_usage, _sass, compile_gluon_sm90
+from .test_linear import _check
+
+pytestmark = needs_triton
+
+HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
+
+
+def _wg():
+    try:
+        from glyd.kernels.dense11 import wgmma
+    except ImportError as exc:  # a Triton without Gluon's Hopper module
+        pytest.skip(f"no Gluon wgmma in this Triton: {exc}")
+    return wgmma
+
+
+def test_decoded_words_and_x_share_one_k_order():
+    # the decoded words (gl.join as torch.stack on a new last dimension, as the kernel builds them) and the x tile
+    # reach the MMA in the same permutation of a step's 128 columns, every column once, and each thread's k pairs
+    # (2c, 2c + 1) and (2c + 8, 2c + 9) of a 16-wide chunk are 4 consecutive columns of its own run c
+    w = _wg()
+
+    def join(a, b):
+        return torch.stack([a, b], -1)
+
+    cq = torch.arange(16)
+    c, q = cq // 4, cq % 4
+
+    def half(h):  # weight i of lane word (c, q) of half h: column 32 c + 16 h + 4 q + i
+        e = [32 * c + 16 * h + 4 * q + i for i in range(4)]
+        return join(join(e[0], e[1]), join(e[2], e[3]))
+
+    cols_w = join(half(0), half(1)).reshape([2] * 7)
+    slots_w = cols_w.permute([d - 1 for d in w.DECODE_ORDER.value[1:]]).reshape(-1)
+    slots_x = torch.arange(128).reshape([2] * 7).permute([d - 1 for d in w.X_ORDER.value[1:]]).reshape(-1)
+    assert sorted(slots_w.tolist()) == list(range(128))
+    assert torch.equal(slots_w, slots_x)
+    chunk = slots_w[:16].reshape(2, 4, 2)  # k = 8 T + 2 c + j of chunk (h 0, q 0)
+    for lane in range(4):
+        assert chunk[:, lane, :].reshape(-1).tolist() == [32 * lane + i for i in (0, 1, 2, 3)]
+
+
+def test_config_checks():
+    from glyd.kernels import Dense11WgConfig
+
+    assert Dense11WgConfig().bm == 64 and Dense11WgConfig().prefetch
+    for bad in (dict(bm=8), dict(bm=128), dict(warps=8), dict(maxnreg=16)):
+        with pytest.raises(ValueError, match="Dense11WgConfig"):
+            Dense11WgConfig(**bad)
+    for bad in (dict(prefetch=1), dict(fixup="yes"), dict(pipe=1)):
+        with pytest.raises(ValueError, match="prefetch|fixup|pipe"):
+            Dense11WgConfig(**bad)
+    with pytest.raises(TypeError):
+        Dense11WgConfig(bn=32)  # one warpgroup: 64 rows, not a field
+    assert [_wg().x_rows(m, 64) for m in (1, 16, 17, 33, 64, 65)] == [16, 16, 32, 64, 64, 64]
+    assert _wg().x_rows(40, 16) == 16
+
+
+def test_can_implement():
+    from glyd.kernels import Dense11WgConfig
+    from glyd.kernels.registry import Device, Problem
+
+    k = _wg().Dense11WgKernel
+    cfg = Dense11WgConfig()
+    hopper = Device("cuda", "NVIDIA H200", (9, 0), 132, features=frozenset({"gluon", "wgmma", "tma"}))
+    ampere = Device("cuda", "NVIDIA A100", (8, 0), 108, features=frozenset({"gluon"}))
+    assert k.can_implement(Problem("dense11", 32, 4608, 3584, 3584, 3), hopper, cfg) == (True, "")
+    ok, why = k.can_implement(Problem("dense11", 32, 4608, 3584, 3584, 3), ampere, cfg)
+    assert not ok and "Hopper" in why
+    ok, why = k.can_implement(Problem("dense11", 32, 4608, 3584, 3584, 2), hopper, cfg)
+    assert not ok and "version 3" in why
+    ok, why = k.can_implement(Problem("dense11", 32, 4608, 1100, 1120, 3), hopper, cfg)
+    assert not ok and "multiple of 128" in why
+    ok, why = k.can_implement(Problem("fixed12", 32, 4608, 3584, 3584, 1), hopper, cfg)
+    assert not ok
+
+
+def test_needs_a_cuda_gpu():
+    from glyd import kernels
+    from glyd.kernels import Dense11WgConfig
+
+    p = glyd.pack(random_weights(64, 256, "normal"), "dense11")
+    with pytest.raises(ValueError, match="Hopper|Gluon|dense11_wgmma"):
+        kernels.linear(torch.randn(2, 256).to(torch.bfloat16), p, None, Dense11WgConfig())
+
+
+def _compile_sm90(bt, out=1, exc=False, pf=True, bias=False, pipe=False):
+    w = _wg()
+    words, xl, mma, a_op, xsl, ol = w.layouts(64, bt, 4)
+    ptrs = {"x_ptr": "*bf16", "code_ptr": "*i32", "sm_ptr": "*i32", "esc_ptr": "*i32", "ebase_ptr": "*i32",
+            "eoff_ptr": "*u16", "rowptr_ptr": "*i32", "eidx_ptr": "*i64", "vals_ptr": "*i16", "part_ptr": "*fp32",
+            "out_ptr": "*bf16", "bias_ptr": "*bf16", **({"cnt_ptr": "*i32"} if out == 2 else {})}
+    const = dict(BT=bt, WL=words, RL=w.run_layout(4), XL=xl, ML=mma, AL=a_op, XSL=xsl, OL=ol, OUT=out,
+                 HAS_BIAS=bias, EXC=exc, PF=pf, PIPE=pipe, CS=32, **({} if out == 2 else {"cnt_ptr": None}))
+    return compile_gluon_sm90(w._d11_wg_kernel, const, ptrs, num_warps=4)
+
+
+@pytest.mark.cpu_sample(every=2)  # compiles for sm_90: half the configs in the default run
+@pytest.mark.parametrize("bt", [16, 32, 64])
+@pytest.mark.parametrize("out,exc,pf,pipe", [(1, False, True, False), (0, True, True, False), (2, True, False, False),
+                                             (1, True, True, True)])
+def test_decoded_words_are_the_register_operand_sm90(bt, out, exc, pf, pipe):
+    # the decoded words reach wgmma from registers: in the K loop no shared loads (wgmma reads x itself), only x's
+    # stores, 8 wgmmas a step (one a 16-wide k chunk), the row's escape ranks by 2 + 1 shuffles a row of the thread
+    # (two rows), one popcount a code plane and row, and nothing spills
+    from .test_ws import _loops
+
+    k = _compile_sm90(bt, out=out, exc=exc, pf=pf, bias=out == 1, pipe=pipe)
+    assert "warp_group_dot" in k.asm["ttgir"]
+    res = _res_usage(k)
+    assert res.get("STACK", 0) == 0 and res.get("LOCAL", 0) == 0, res
+    loops = [lp for lp in _loops(_sass(k)) if any("GMMA" in o for o in lp)]
+    assert len(loops) == 1
+    ops = [o.split(".")[0] for o in loops[0]]
+    assert ops.count("HGMMA") == 8 and ops.count("LDS") == 0 and ops.count("STS") > 0
+    assert ops.count("SHFL") == 6 and ops.count("POPC") >= 8
+    assert "STL" not in ops and "LDL" not in ops
+
+
+def _gpu_weights(n, k, kind, seed):
+    torch.manual_seed(seed)
+    w = random_weights(n, k, kind, "cuda")
+    p = glyd.pack(w, "dense11")
+    assert p.version == 3
+    return w, p
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HOPPER, reason="needs a Hopper GPU")
+@pytest.mark.parametrize("n,k,kind", [(1000, 3584, "normal"), (70, 1152, "wide"), (4608, 3584, "normal")])
+def test_matches_reference_gpu(n, k, kind):
+    # escapes (every run's ranks, short last block at K 1152, many escapes and exceptions with "wide" weights), ragged
+    # N, M = 2-100 (one to two x tiles), splits (the rounds of exceptions shared), a bias, the fixup: within the
+    # float64 bound; prefetch on and off, pipe on and off, and the fixup and the finalize, give the same bits (the
+    # same MMAs in the same order)
+    from glyd import kernels
+    from glyd.kernels import Dense11WgConfig
+
+    w, p = _gpu_weights(n, k, kind, n + k)
+    from glyd.kernels.dense11.decode_v2 import prepare
+
+    prep = prepare(p)
+    assert prep.nescw > 0 and (prep.nexc > 0 or kind == "normal")
+    b = torch.randn(n, device="cuda").to(torch.bfloat16)
+    for m in (2, 16, 17, 33, 64, 100):
+        x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+        for bm, split, bias in ((64, 1, False), (16, 0, True), (32, 3, False)):
+            cfg = Dense11WgConfig(bm=bm, split=split)
+            y = kernels.linear(x, p, b if bias else None, cfg)
+            _check(y, x, w, b if bias else None)
+            assert torch.equal(kernels.linear(x, p, b if bias else None, cfg.replace(prefetch=False)), y), (m, bm)
+            assert torch.equal(kernels.linear(x, p, b if bias else None, cfg.replace(pipe=True)), y), (m, bm)
+            if split != 1:
+                fix = kernels.linear(x, p, b if bias else None, cfg.replace(fixup=True))
+                assert torch.equal(fix, y), (m, bm, split)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HOPPER, reason="needs a Hopper GPU")
+def test_strided_x_and_exact_products_gpu():
+    # x with a row stride not 16-byte aligned (copied first) gives the contiguous x's bits; one-hot x rows give
+    # the weights themselves, bit for bit (each product is one weight times 1, summed with zeros)
+    from glyd import kernels
+    from glyd.kernels import Dense11WgConfig
+
+    w, p = _gpu_weights(192, 2048, "wide", 7)
+    x = torch.randn(40, 2048 + 3, device="cuda").to(torch.bfloat16)[:, :2048]
+    assert x.stride(0) % 8
+    cfg = Dense11WgConfig(bm=64, split=1)
+    assert torch.equal(kernels.linear(x, p, None, cfg), kernels.linear(x.contiguous(), p, None, cfg))
+    cols = torch.randint(0, 2048, (64,), device="cuda")
+    eye = torch.zeros(64, 2048, device="cuda", dtype=torch.bfloat16)
+    eye[torch.arange(64), cols] = 1
+    y = kernels.linear(eye, p, None, cfg)
+    assert torch.equal(y.view(torch.int16), w[:, cols].t().contiguous().view(torch.int16))

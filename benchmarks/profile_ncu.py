@@ -9,7 +9,8 @@ those launches:
         python3 benchmarks/profile_ncu.py
 
 ``--shape q/o --ms 16,64`` profiles bf16 and the default config at those M on another shape
-instead of the fixed variant list; ``--exc 0.001`` gives the weights real weights' share of exceptions. Without ncu it just checks each variant against float64 F.linear and prints its name.
+instead of the fixed variant list; ``--dense11`` packs the weights as dense11 instead (the registry's choice at each
+M, and each ``--wg11 SPEC``: ``dense11_wgmma`` with ``dense11_step.wg_spec(SPEC)``); ``--exc 0.001`` gives the weights real weights' share of exceptions. Without ncu it just checks each variant against float64 F.linear and prints its name.
 The variants are kernel family configs (``glyd.kernels.GemvConfig``, ``GluonConfig``, ``WgConfig``,
 ``WsConfig``); the default is the registry's choice. ``--ws`` no longer runs the ws kernel's probes
 (``fixed12_ws.PROBE_LOADS``: its TMA stream alone, its warpgroup alone, both with no handoff): they
@@ -86,20 +87,30 @@ def main(argv=None) -> int:
     ap.add_argument("--exc", type=float, default=0.0,
                     help="this share of the weights set to 1e-30 (fixed12 exceptions), at random places: real "
                     "weights have 0.01-0.13%% (normal ones about 0.008%%)")
+    ap.add_argument("--dense11", action="store_true",
+                    help="with --ms: the weights packed as dense11 (the default config is dense11's at each M)")
+    ap.add_argument("--wg11", action="append", default=[], metavar="SPEC",
+                    help="with --dense11: also dense11_wgmma with this config (dense11_step.py's --wg SPEC)")
     args = ap.parse_args(argv)
+    if (args.dense11 or args.wg11) and not (args.ms and args.dense11):
+        ap.error("--dense11 needs --ms, and --wg11 needs --dense11")
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     n, k = SHAPES[args.shape]
     w = (torch.randn(n, k, device="cuda") * 0.02).to(torch.bfloat16)
     if args.exc:
         w.view(-1)[torch.randint(0, w.numel(), (int(w.numel() * args.exc),), device="cuda")] = torch.tensor(
             1e-30, device="cuda").to(torch.bfloat16)
-    p = glyd.pack(w, "fixed12")
+    p = glyd.pack(w, "dense11" if args.dense11 else "fixed12")
     variants = GLUON_VARIANTS if args.set == "gluon" else VARIANTS
     if args.ms:
         variants = {}
         for m in (int(v) for v in args.ms.split(",")):
             variants[f"bf16 M={m}"] = (m, "bf16")
-            variants[f"f12 default M={m}"] = (m, None)
+            variants[f"{'d11' if args.dense11 else 'f12'} default M={m}"] = (m, None)
+            for spec in args.wg11:
+                from dense11_step import wg_spec
+
+                variants[f"d11 wg {spec} M={m}"] = (m, wg_spec(spec))
             if args.gluon64:
                 variants[f"f12 gluon bm64 bn64 ring2 M={m}"] = (m, GluonConfig(
                     bm=64, bn=64, bk=128, warps=4, waves=8, prefetch=True, ring=2, ring_x=True, exc_tile=True))

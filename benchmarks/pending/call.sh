@@ -165,6 +165,16 @@ sys.exit(main(["eval", str(bf16_folder()), "--modes", os.environ.get("QUALITY_MO
             step d11wgk_step 330 env PYTHONPATH=src python3 benchmarks/dense11_step.py --layers 4 --ms 1,8,16,32,64 \
               --no-v1 --wg bm=64 --wg bm=64,pipe=1 --wg bm=64,maxnreg=168 --wg bm=32,pipe=1,maxnreg=168 \
               --gemv bn=64,bk=128,mb=16,dot=mma,prefetch=1 --gemv bn=32,bk=128,prefetch=1 --out "$out/d11wgk" ;;
+    d11ea) # issue 35: dense11_wgmma with its escape windows a step ahead (ahead=1: no global load inside a step's
+           # decode) beside the d11-wgmma configs, the 7B step (2 layers + lm_head, dense11_step.py), then Nsight Compute on
+           # gate_up at M = 16 and 64 (bf16, the table's choice, pipe, pipe + ahead): stalls by reason, issue, bandwidth
+           step d11ea_step 240 env PYTHONPATH=src python3 benchmarks/dense11_step.py --layers 2 --ms 1,8,16,32,64 --no-v1 \
+             --wg bm=64 --wg bm=64,ahead=1 --wg bm=64,pipe=1 --wg bm=64,pipe=1,ahead=1 --wg bm=32,pipe=1,ahead=1 \
+             --wg bm=64,maxnreg=168 --out "$out/d11ea"
+           step ncu_d11 200 env PYTHONPATH=src ncu --clock-control none --profile-from-start off \
+             --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+             --section MemoryWorkloadAnalysis --section SourceCounters python3 benchmarks/profile_ncu.py --shape gate_up \
+             --ms 16,64 --dense11 --wg11 bm=64,pipe=1 --wg11 bm=64,pipe=1,ahead=1 ;;
     d11wgt) # the dense11_wgmma kernel's GPU tests alone
             step d11wgt 240 env PYTHONPATH=src python3 -m pytest -q -p no:cacheprovider -m gpu \
               tests/kernels/test_dense11_wgmma.py ;;
@@ -345,7 +355,7 @@ sys.exit(main(["eval", str(bf16_folder()), "--modes", os.environ.get("QUALITY_MO
     *) echo "unknown step $s (gpu_set, gpu_set_par, ncu_exc, ncu_long, d11_exc, scale_d11, long, sweep_long, sweep05, sweep41, sweep42, exc_decode, exc_ab, sweep44, sweep45, exc_step, sweep_kv, dit, ttft7b, bits, kv, d11, prefill)" >&2; exit 2 ;;
   esac
 done
-for f in gpu_set ttft sweep53t sweep50t scale_d11 long sweep_long sweep05 sweep41 sweep42 exc_decode_0 exc_decode_0.001 exc_decode_lm exc_ab_branch exc_ab_main exc_ab_mask sweep45 sweep44 ncu_gate_up ncu_qkv ncu_gate_up_normal ncu_long ncu_qkv128 exc_step_0.001 exc_step_0 sweep_kv dit ttft7b bits kv_branch kv_main d11 d11_exc prefill_branch prefill_main; do
+for f in gpu_set d11ea_step ncu_d11 d11wgk_tests d11wgk_step ttft sweep53t sweep50t scale_d11 long sweep_long sweep05 sweep41 sweep42 exc_decode_0 exc_decode_0.001 exc_decode_lm exc_ab_branch exc_ab_main exc_ab_mask sweep45 sweep44 ncu_gate_up ncu_qkv ncu_gate_up_normal ncu_long ncu_qkv128 exc_step_0.001 exc_step_0 sweep_kv dit ttft7b bits kv_branch kv_main d11 d11_exc prefill_branch prefill_main; do
   [ -f "$out/$f.txt" ] && { echo "=== $f (last lines)"; tail -n 14 "$out/$f.txt"; }
 done
 echo "| step | exit status | seconds |"

@@ -55,11 +55,11 @@ def test_config_checks():
     from glyd.kernels import Dense11WgConfig
 
     assert Dense11WgConfig().bm == 64 and Dense11WgConfig().prefetch
-    for bad in (dict(bm=8), dict(bm=128), dict(warps=8), dict(maxnreg=16)):
+    for bad in (dict(bm=8), dict(bm=128), dict(warps=8), dict(maxnreg=16), dict(ahead=True, prefetch=False)):
         with pytest.raises(ValueError, match="Dense11WgConfig"):
             Dense11WgConfig(**bad)
-    for bad in (dict(prefetch=1), dict(fixup="yes"), dict(pipe=1)):
-        with pytest.raises(ValueError, match="prefetch|fixup|pipe"):
+    for bad in (dict(prefetch=1), dict(fixup="yes"), dict(pipe=1), dict(ahead=1)):
+        with pytest.raises(ValueError, match="prefetch|fixup|pipe|ahead"):
             Dense11WgConfig(**bad)
     with pytest.raises(TypeError):
         Dense11WgConfig(bn=32)  # one warpgroup: 64 rows, not a field
@@ -95,28 +95,29 @@ def test_needs_a_cuda_gpu():
         kernels.linear(torch.randn(2, 256).to(torch.bfloat16), p, None, Dense11WgConfig())
 
 
-def _compile_sm90(bt, out=1, exc=False, pf=True, bias=False, pipe=False):
+def _compile_sm90(bt, out=1, exc=False, pf=True, bias=False, pipe=False, ea=False, maxnreg=None):
     w = _wg()
     words, xl, mma, a_op, xsl, ol = w.layouts(64, bt, 4)
     ptrs = {"x_ptr": "*bf16", "code_ptr": "*i32", "sm_ptr": "*i32", "esc_ptr": "*i32", "ebase_ptr": "*i32",
             "eoff_ptr": "*u16", "rowptr_ptr": "*i32", "eidx_ptr": "*i64", "vals_ptr": "*i16", "part_ptr": "*fp32",
             "out_ptr": "*bf16", "bias_ptr": "*bf16", **({"cnt_ptr": "*i32"} if out == 2 else {})}
     const = dict(BT=bt, WL=words, RL=w.run_layout(4), XL=xl, ML=mma, AL=a_op, XSL=xsl, OL=ol, OUT=out,
-                 HAS_BIAS=bias, EXC=exc, PF=pf, PIPE=pipe, CS=32, **({} if out == 2 else {"cnt_ptr": None}))
-    return compile_gluon_sm90(w._d11_wg_kernel, const, ptrs, num_warps=4)
+                 HAS_BIAS=bias, EXC=exc, PF=pf, PIPE=pipe, EA=ea, CS=32, **({} if out == 2 else {"cnt_ptr": None}))
+    return compile_gluon_sm90(w._d11_wg_kernel, const, ptrs, num_warps=4, maxnreg=maxnreg)
 
 
 @pytest.mark.cpu_sample(every=2)  # compiles for sm_90: half the configs in the default run
 @pytest.mark.parametrize("bt", [16, 32, 64])
-@pytest.mark.parametrize("out,exc,pf,pipe", [(1, False, True, False), (0, True, True, False), (2, True, False, False),
-                                             (1, True, True, True)])
-def test_decoded_words_are_the_register_operand_sm90(bt, out, exc, pf, pipe):
+@pytest.mark.parametrize("out,exc,pf,pipe,ea", [(1, False, True, False, False), (0, True, True, False, False),
+                                                (2, True, False, False, False), (1, True, True, True, False),
+                                                (0, True, True, False, True), (1, True, True, True, True)])
+def test_decoded_words_are_the_register_operand_sm90(bt, out, exc, pf, pipe, ea):
     # the decoded words reach wgmma from registers: in the K loop no shared loads (wgmma reads x itself), only x's
     # stores, 8 wgmmas a step (one a 16-wide k chunk), the row's escape ranks by 2 + 1 shuffles a row of the thread
-    # (two rows), one popcount a code plane and row, and nothing spills
+    # (two rows), one popcount a code plane and row, and nothing spills; ahead (ea): still one step's shuffles a step
     from .test_ws import _loops
 
-    k = _compile_sm90(bt, out=out, exc=exc, pf=pf, bias=out == 1, pipe=pipe)
+    k = _compile_sm90(bt, out=out, exc=exc, pf=pf, bias=out == 1, pipe=pipe, ea=ea)
     assert "warp_group_dot" in k.asm["ttgir"]
     res = _res_usage(k)
     assert res.get("STACK", 0) == 0 and res.get("LOCAL", 0) == 0, res
@@ -142,8 +143,8 @@ def _gpu_weights(n, k, kind, seed):
 def test_matches_reference_gpu(n, k, kind):
     # escapes (every run's ranks, short last block at K 1152, many escapes and exceptions with "wide" weights), ragged
     # N, M = 2-100 (one to two x tiles), splits (the rounds of exceptions shared), a bias, the fixup: within the
-    # float64 bound; prefetch on and off, pipe on and off, and the fixup and the finalize, give the same bits (the
-    # same MMAs in the same order)
+    # float64 bound; prefetch on and off, pipe on and off, the windows ahead, and the fixup and the finalize, give
+    # the same bits (the same MMAs in the same order)
     from glyd import kernels
     from glyd.kernels import Dense11WgConfig
 
@@ -161,6 +162,8 @@ def test_matches_reference_gpu(n, k, kind):
             _check(y, x, w, b if bias else None)
             assert torch.equal(kernels.linear(x, p, b if bias else None, cfg.replace(prefetch=False)), y), (m, bm)
             assert torch.equal(kernels.linear(x, p, b if bias else None, cfg.replace(pipe=True)), y), (m, bm)
+            for ahead in (cfg.replace(ahead=True), cfg.replace(ahead=True, pipe=True)):
+                assert torch.equal(kernels.linear(x, p, b if bias else None, ahead), y), (m, bm, ahead.pipe)
             if split != 1:
                 fix = kernels.linear(x, p, b if bias else None, cfg.replace(fixup=True))
                 assert torch.equal(fix, y), (m, bm, split)

@@ -53,8 +53,10 @@ class Dense11WgConfig(C.KernelConfig):
     rows: more programs), 64 weight rows a program (one warpgroup: ``warps`` 4), K steps of 128 in splits of whole
     1024-column blocks (``split`` 0: about ``waves`` programs an SM). ``prefetch``: a step's words and x tile loaded
     while the step before decodes. ``pipe``: a step's MMA runs beside the next step's decode (its A registers kept
-    until then; one x buffer, stored once the MMA before has read it). ``fixup``: the splits summed by each tile's
-    last split program (no finalize kernel). ``maxnreg``: a register cap (0: none).
+    until then; one x buffer, stored once the MMA before has read it). ``ahead`` (with ``prefetch``): a step's escape
+    windows loaded while the step before decodes (its code words two steps ahead), not inside its own decode.
+    ``fixup``: the splits summed by each tile's last split program (no finalize kernel). ``maxnreg``: a register cap
+    (0: none).
 
     >>> Dense11WgConfig(bm=32).prefetch
     True
@@ -63,11 +65,14 @@ class Dense11WgConfig(C.KernelConfig):
     bm: int = 64
     prefetch: bool = True
     pipe: bool = False
+    ahead: bool = False
     fixup: bool = False
     maxnreg: int = 0
 
     def validate(self) -> None:
-        flags(self, "prefetch", "pipe", "fixup")
+        flags(self, "prefetch", "pipe", "ahead", "fixup")
+        if self.ahead and not self.prefetch:
+            raise ValueError("Dense11WgConfig.ahead loads a step's escape windows a step ahead: it needs prefetch=True")
         ints(self, 0, 255, "maxnreg")
         if self.bm not in (16, 32, 64) or self.warps != 4:
             raise ValueError(f"Dense11WgConfig: bm 16, 32 or 64 and 4 warps (one warpgroup), got bm={self.bm}, "
@@ -82,16 +87,30 @@ def _u(v):
 
 
 @gluon.jit
-def _loads(code_ptr, sm_ptr, x_ptr, c_off, s_off, xoff, st, RUNS):
-    # step st's plane words: each run's code words c0, c1, c2 ([BN, 4] runs), each lane word's sm words of halves a
-    # and b ([BN, 16], version 3's block-wise places), and the [BT, 128] x tile in column order (16-byte loads)
+def _codes(code_ptr, c_off, st, RUNS):
+    # step st's code words c0, c1, c2 of each run ([BN, 4] runs)
     b = st // 8
-    j0 = (st % 8) * 4
     rb = gl.minimum(RUNS - 32 * b, 32)  # runs of block b (the last may be short)
-    cw = code_ptr + c_off + 96 * b + j0
-    sp = sm_ptr + s_off + 256 * b + 4 * j0
-    return (_u(gl.load(cw)), _u(gl.load(cw + rb)), _u(gl.load(cw + 2 * rb)), _u(gl.load(sp)),
-            _u(gl.load(sp + 4 * rb)), gl.load(x_ptr + xoff + st * BK))
+    cw = code_ptr + c_off + 96 * b + (st % 8) * 4
+    return _u(gl.load(cw)), _u(gl.load(cw + rb)), _u(gl.load(cw + 2 * rb))
+
+
+@gluon.jit
+def _rest(sm_ptr, x_ptr, s_off, xoff, st, RUNS):
+    # step st's sm words of halves a and b ([BN, 16] lane words, version 3's block-wise places) and the [BT, 128] x
+    # tile in column order (16-byte loads)
+    b = st // 8
+    rb = gl.minimum(RUNS - 32 * b, 32)
+    sp = sm_ptr + s_off + 256 * b + 16 * (st % 8)
+    return _u(gl.load(sp)), _u(gl.load(sp + 4 * rb)), gl.load(x_ptr + xoff + st * BK)
+
+
+@gluon.jit
+def _loads(code_ptr, sm_ptr, x_ptr, c_off, s_off, xoff, st, RUNS):
+    # step st's plane words and x tile: (c0, c1, c2, s4a, s4b, x)
+    c0, c1, c2 = _codes(code_ptr, c_off, st, RUNS)
+    s4a, s4b, xv = _rest(sm_ptr, x_ptr, s_off, xoff, st, RUNS)
+    return c0, c1, c2, s4a, s4b, xv
 
 
 @gluon.jit
@@ -113,14 +132,19 @@ def _clamp8(v):
 
 
 @gluon.jit
-def _window(rank, tot, esc_ptr, NESCW, HA0, HA1, HB0, HB1, LA0, LA1, LB0, LB1):
-    # exponent hi bytes and low bits (as 0x01) of a run's first 8 escapes from the digit stream at its rank, 4 a
-    # word: (eh0, eh1, el0, el1), as decode_v2._window
+def _window_words(rank, tot, esc_ptr, NESCW):
+    # the two digit-stream words holding a run's first 8 escapes from its rank (none loaded where it has none)
     wi = rank >> 3
-    sh = (4 * (rank & 7)).to(gl.uint32)
     w0 = _u(gl.load(esc_ptr + wi, mask=(tot > 0) & (wi < NESCW), other=0))
     w1 = _u(gl.load(esc_ptr + wi + 1, mask=(tot + (rank & 7) > 8) & (wi + 1 < NESCW), other=0))
-    win = funnel(w0, w1, sh)  # digit i (i < 8) in nibble i
+    return w0, w1
+
+
+@gluon.jit
+def _window(w0, w1, rank, HA0, HA1, HB0, HB1, LA0, LA1, LB0, LB1):
+    # exponent hi bytes and low bits (as 0x01) of a run's first 8 escapes from its window words, 4 a word: (eh0,
+    # eh1, el0, el1), as decode_v2._window
+    win = funnel(w0, w1, (4 * (rank & 7)).to(gl.uint32))  # digit i (i < 8) in nibble i
     d0 = win & 0xFFFF
     d1 = win >> 16
     # digits 0-7 from the A tables, 8-15 from the B ones: the other table's lookup has bit 3 set, reads 0
@@ -153,11 +177,9 @@ def _half(xa, xb, s4, q, fa, fb, pa, pb, pc, pd, eh0, eh1, el0, el1, th0, th1, t
 
 
 @gluon.jit
-def _decode(c0, c1, c2, s4a, s4b, run, q, cc, esc_ptr, NESCW, th0, th1, tl0, tl1, HA0, HA1, HB0, HB1, LA0, LA1,
-            LB0, LB1, BN: gl.constexpr, WL: gl.constexpr, AL: gl.constexpr):
-    # a step's words as the [BN, 128] A operand in slot order, and run ([BN, 4]: each row's first escape's index in
-    # the digit stream at the step's first column, alike along the row) moved past the step's escapes. The run
-    # values (codes, escape flags, ranks, the escape window) are computed once a run ([BN, 4], c = the lane in 4)
+def _flags(c0, c1, c2):
+    # a run's codes of columns 24-31 (d), escape flags of its 4 code words (bit 4i: nibble i is code 7), and its
+    # escapes before words 1, 2, 3 and in all (n0, b2, b3, tot)
     d = ((c0 >> 3) & 0x11111111) | ((c1 >> 2) & 0x22222222) | ((c2 >> 1) & 0x44444444)  # codes of columns 24-31
     f0 = _nib_esc(c0)
     f1 = _nib_esc(c1)
@@ -166,10 +188,25 @@ def _decode(c0, c1, c2, s4a, s4b, run, q, cc, esc_ptr, NESCW, th0, th1, tl0, tl1
     n0 = popc(f0)
     b2 = n0 + popc(f1)
     b3 = b2 + popc(f2)
-    tot = b3 + popc(f3)
+    return d, f0, f1, f2, f3, n0, b2, b3, b3 + popc(f3)
+
+
+@gluon.jit
+def _ranks(tot, run, cc):
+    # each run's first escape's index in the digit stream (run: the row's at the step's first column, alike along
+    # the row; cc: the run's lane in 4) and the row's index past the step
     inc = tot + gl.where(cc >= 1, shfl_up4(tot, 1), 0)  # the row's escapes up to this run's
     inc = inc + gl.where(cc >= 2, shfl_up4(inc, 2), 0)
-    eh0, eh1, el0, el1 = _window(run + inc - tot, tot, esc_ptr, NESCW, HA0, HA1, HB0, HB1, LA0, LA1, LB0, LB1)
+    return run + inc - tot, run + shfl_last4(inc)
+
+
+@gluon.jit
+def _lanes(c0, c1, c2, s4a, s4b, q, w0, w1, rank, th0, th1, tl0, tl1, HA0, HA1, HB0, HB1, LA0, LA1, LB0, LB1,
+           BN: gl.constexpr, WL: gl.constexpr, AL: gl.constexpr):
+    # a step's words as the [BN, 128] A operand in slot order from its runs' codes and window words (w0, w1 at
+    # rank). The run values (codes, escape flags, ranks, the escape window) are computed once a run ([BN, 4])
+    d, f0, f1, f2, f3, n0, b2, b3, tot = _flags(c0, c1, c2)
+    eh0, eh1, el0, el1 = _window(w0, w1, rank, HA0, HA1, HB0, HB1, LA0, LA1, LB0, LB1)
     eh0 = _wide(eh0, BN, WL)
     eh1 = _wide(eh1, BN, WL)
     el0 = _wide(el0, BN, WL)
@@ -181,8 +218,20 @@ def _decode(c0, c1, c2, s4a, s4b, run, q, cc, esc_ptr, NESCW, th0, th1, tl0, tl1
                _wide(f2 * 0x11111110, BN, WL), _wide(f3 * 0x11111110, BN, WL), _wide(_clamp8(b2), BN, WL),
                _wide(_clamp8(b3), BN, WL), eh0, eh1, el0, el1, th0, th1, tl0, tl1)
     w = gl.reshape(gl.join(wa, wb), [BN, 2, 2, 2, 2, 2, 2, 2])  # [row, c1, c0, q1, q0, j, T, h]
-    a = gl.convert_layout(gl.reshape(gl.permute(w, DECODE_ORDER.value), [BN, BK]), AL)
-    return a, run + shfl_last4(inc)
+    return gl.convert_layout(gl.reshape(gl.permute(w, DECODE_ORDER.value), [BN, BK]), AL)
+
+
+@gluon.jit
+def _decode(c0, c1, c2, s4a, s4b, run, q, cc, esc_ptr, NESCW, th0, th1, tl0, tl1, HA0, HA1, HB0, HB1, LA0, LA1,
+            LB0, LB1, BN: gl.constexpr, WL: gl.constexpr, AL: gl.constexpr):
+    # a step's A operand and run ([BN, 4]: each row's first escape's index at the step's first column) moved past
+    # the step's escapes, its escape window loaded in the step
+    tot = _flags(c0, c1, c2)[8]
+    rank, run = _ranks(tot, run, cc)
+    w0, w1 = _window_words(rank, tot, esc_ptr, NESCW)
+    a = _lanes(c0, c1, c2, s4a, s4b, q, w0, w1, rank, th0, th1, tl0, tl1, HA0, HA1, HB0, HB1, LA0, LA1, LB0, LB1,
+               BN, WL, AL)
+    return a, run
 
 
 @gluon.jit
@@ -198,6 +247,25 @@ def _x_store(xs, xr, BT: gl.constexpr):
     xs.store(gl.reshape(gl.permute(xr, X_ORDER.value), [BT, BK]))
 
 
+@gluon.jit
+def _mma(acc, a, ap, xs, xv, BT: gl.constexpr, PIPE: gl.constexpr):
+    # x into shared memory and the step's MMA; PIPE: left in flight beside the next step's decode (ap: the A
+    # operand of the one in flight, kept until it is done)
+    if PIPE:  # the step before's MMA ran beside this decode: done (its A registers kept until now), x free
+        acc, ap = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ap))
+        gl.thread_barrier()
+    _x_store(xs, xv, BT)
+    fence_async_shared()
+    gl.thread_barrier()
+    acc = warpgroup_mma(a, xs.permute((1, 0)), acc, is_async=True)
+    if PIPE:  # left in flight (the wait for none but the last one only hands back the accumulator)
+        acc, ap = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a))
+    else:
+        acc, a = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a))
+        gl.thread_barrier()  # every warp's MMA has read x before the next step's stores
+    return acc, ap
+
+
 @gluon.jit(do_not_specialize=["NESCW", "TH0", "TH1", "TL0", "TL1", "HA0", "HA1", "HB0", "HB1", "LA0", "LA1", "LB0",
                               "LB1"])
 def _d11_wg_kernel(x_ptr, code_ptr, sm_ptr, esc_ptr, ebase_ptr, eoff_ptr, rowptr_ptr, eidx_ptr, vals_ptr, part_ptr,
@@ -205,7 +273,7 @@ def _d11_wg_kernel(x_ptr, code_ptr, sm_ptr, esc_ptr, ebase_ptr, eoff_ptr, rowptr
                    HB0, HB1, LA0, LA1, LB0, LB1, BT: gl.constexpr, WL: gl.constexpr, RL: gl.constexpr, XL: gl.constexpr,
                    ML: gl.constexpr, AL: gl.constexpr, XSL: gl.constexpr, OL: gl.constexpr, OUT: gl.constexpr,
                    HAS_BIAS: gl.constexpr, EXC: gl.constexpr, PF: gl.constexpr, PIPE: gl.constexpr = False,
-                   CS: gl.constexpr = 1):
+                   CS: gl.constexpr = 1, EA: gl.constexpr = False):
     # part[pid_k, BT x rows, BN weight rows] (fp32, OUT 0) or out (bf16 + bias, OUT 1: one split; OUT 2: the tile's
     # last split program sums the others' partials) = x rows @ W^T over this program's blocks; acc is [BN weight
     # rows, BT x rows]. KP a multiple of 128 (no padded columns); rows past M or N read row M - 1 / N - 1 again
@@ -235,31 +303,39 @@ def _d11_wg_kernel(x_ptr, code_ptr, sm_ptr, esc_ptr, ebase_ptr, eoff_ptr, rowptr
     s0 = (pid_k * K_SPLIT) // BK
     s1 = gl.minimum(pid_k * K_SPLIT + K_SPLIT, KP) // BK
     c0, c1, c2, s4a, s4b, xv = _loads(code_ptr, sm_ptr, x_ptr, c_off, s_off, xoff, s0, runs)
-    run = zr
+    run = _block_start(ebase_ptr, eoff_ptr, nr * NBR + s0 // 8) + zr  # s0 starts a block
+    if EA:  # step s0's window words, and the next step's codes
+        tot = _flags(c0, c1, c2)[8]
+        rank, run = _ranks(tot, run, cc)
+        w0, w1 = _window_words(rank, tot, esc_ptr, NESCW)
+        d0, d1, d2 = _codes(code_ptr, c_off, gl.minimum(s0 + 1, s1 - 1), runs)
     ap = gl.zeros([BN, BK], gl.bfloat16, AL)  # the A operand of the MMA in flight (PIPE)
     for st in range(s0, s1):
-        if PF:  # the next step's words and x in flight while this one decodes (the last step reloads its own)
-            nc0, nc1, nc2, ns4a, ns4b, nxv = _loads(code_ptr, sm_ptr, x_ptr, c_off, s_off, xoff,
-                                                    gl.minimum(st + 1, s1 - 1), runs)
+        nx = gl.minimum(st + 1, s1 - 1)  # the next step (the last step reloads its own)
+        if EA:  # codes two steps ahead; the next step's ranks and window words from its codes (loaded a step ago)
+            e0, e1, e2 = _codes(code_ptr, c_off, gl.minimum(st + 2, s1 - 1), runs)
+            ns4a, ns4b, nxv = _rest(sm_ptr, x_ptr, s_off, xoff, nx, runs)
+            if nx % 8 == 0:
+                run = _block_start(ebase_ptr, eoff_ptr, nr * NBR + nx // 8) + zr
+            ntot = _flags(d0, d1, d2)[8]
+            nrank, run = _ranks(ntot, run, cc)
+            nw0, nw1 = _window_words(nrank, ntot, esc_ptr, NESCW)
+            a = _lanes(c0, c1, c2, s4a, s4b, q, w0, w1, rank, th0, th1, tl0, tl1, HA0, HA1, HB0, HB1, LA0, LA1, LB0,
+                       LB1, BN, WL, AL)
         else:
-            c0, c1, c2, s4a, s4b, xv = _loads(code_ptr, sm_ptr, x_ptr, c_off, s_off, xoff, st, runs)
-        if st % 8 == 0:  # a block's first step: its rows' ranks from the block offsets
-            run = _block_start(ebase_ptr, eoff_ptr, nr * NBR + st // 8) + zr
-        a, run = _decode(c0, c1, c2, s4a, s4b, run, q, cc, esc_ptr, NESCW, th0, th1, tl0, tl1, HA0, HA1, HB0, HB1,
-                         LA0, LA1, LB0, LB1, BN, WL, AL)
-        if PIPE:  # the step before's MMA ran beside this decode: done (its A registers kept until now), x free
-            acc, ap = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ap))
-            gl.thread_barrier()
-        _x_store(xs, xv, BT)
-        fence_async_shared()
-        gl.thread_barrier()
-        acc = warpgroup_mma(a, xs.permute((1, 0)), acc, is_async=True)
-        if PIPE:  # left in flight (the wait for none but the last one only hands back the accumulator)
-            acc, ap = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a))
-        else:
-            acc, a = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a))
-            gl.thread_barrier()  # every warp's MMA has read x before the next step's stores
-        if PF:
+            if PF:  # the next step's words and x in flight while this one decodes
+                nc0, nc1, nc2, ns4a, ns4b, nxv = _loads(code_ptr, sm_ptr, x_ptr, c_off, s_off, xoff, nx, runs)
+            else:
+                c0, c1, c2, s4a, s4b, xv = _loads(code_ptr, sm_ptr, x_ptr, c_off, s_off, xoff, st, runs)
+            if st % 8 == 0 and st != s0:  # a block's first step: its rows' ranks from the block offsets
+                run = _block_start(ebase_ptr, eoff_ptr, nr * NBR + st // 8) + zr
+            a, run = _decode(c0, c1, c2, s4a, s4b, run, q, cc, esc_ptr, NESCW, th0, th1, tl0, tl1, HA0, HA1, HB0,
+                             HB1, LA0, LA1, LB0, LB1, BN, WL, AL)
+        acc, ap = _mma(acc, a, ap, xs, xv, BT, PIPE)
+        if EA:
+            c0, c1, c2, d0, d1, d2, s4a, s4b, xv = d0, d1, d2, e0, e1, e2, ns4a, ns4b, nxv
+            w0, w1, rank = nw0, nw1, nrank
+        elif PF:
             c0, c1, c2, s4a, s4b, xv = nc0, nc1, nc2, ns4a, ns4b, nxv
     if PIPE:
         acc, ap = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ap))
@@ -319,7 +395,7 @@ def plan(x2: torch.Tensor, p, bias, cfg: Dense11WgConfig):
         prep.pos if exc else prep.rowptr, prep.vals if exc else prep.rowptr, part, o, b, cnt, m, n, k,
         _codec.blocks_per_row(k), prep.nescw, per, stride, *prep.lut, *prep.tab), dict(
         BT=bt, WL=words, RL=run_layout(4), XL=xl, ML=mma, AL=a_op, XSL=xsl, OL=ol, OUT=out_mode, HAS_BIAS=bias is not None, EXC=exc,
-        PF=cfg.prefetch, PIPE=cfg.pipe, CS=C.COUNTER_SLOTS, num_warps=4,
+        PF=cfg.prefetch, PIPE=cfg.pipe, EA=cfg.ahead, CS=C.COUNTER_SLOTS, num_warps=4,
         **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {})))
     fin = C.finalize_launch(split, m, n, bias is not None, x2.device, cfg.pdl) if out_mode == 0 else None
     shape, dev = (split, m, n), x2.device

@@ -51,6 +51,28 @@ def test_decoded_words_and_x_share_one_k_order():
         assert chunk[:, lane, :].reshape(-1).tolist() == [32 * lane + i for i in (0, 1, 2, 3)]
 
 
+def test_run_words_give_each_lane_words_selectors():
+    # _half reads each lane word's selectors from run words shifted by its nibble half (prmt reads a selector's low
+    # 16 bits): they equal the lane word's own (the codes' low 3 bits; 0x3210 plus 4 at an escape; the rank in the
+    # run, the word's escapes before each nibble plus the run's before the word clamped at 8) on random words
+    import random
+
+    rng = random.Random(0)
+    for _ in range(2000):
+        x = rng.getrandbits(32)
+        f = x & (x >> 1) & (x >> 2) & 0x11111111  # _nib_esc
+        before = rng.randrange(0, 33)
+        sel_w, rank_w = (f * 4 + 0x32103210) & 0xFFFFFFFF, (f * 0x11111110 + min(before, 8) * 0x11111111) & 0xFFFFFFFF
+        for h in (0, 16):
+            nib = [(x >> (h + 4 * t)) & 0xF for t in range(4)]
+            flags = [(f >> (h + 4 * t)) & 1 for t in range(4)]
+            prior = bin(f & ((1 << h) - 1)).count("1")
+            assert [((x & 0x77777777) >> (h + 4 * t)) & 0xF for t in range(4)] == [v & 7 for v in nib]
+            assert [(sel_w >> (h + 4 * t)) & 0xF for t in range(4)] == [t + 4 * flags[t] for t in range(4)]
+            assert [(rank_w >> (h + 4 * t)) & 0xF for t in range(4)] == [
+                prior + sum(flags[:t]) + min(before, 8) for t in range(4)]
+
+
 def test_config_checks():
     from glyd.kernels import Dense11WgConfig
 

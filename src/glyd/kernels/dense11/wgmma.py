@@ -126,12 +126,6 @@ def _nib_esc(x):
 
 
 @gluon.jit
-def _clamp8(v):
-    # a rank clamped at 8, in each of 4 nibbles
-    return gl.minimum(v, 8).to(gl.uint32) * 0x1111
-
-
-@gluon.jit
 def _window_words(rank, tot, esc_ptr, NESCW):
     # the two digit-stream words holding a run's first 8 escapes from its rank (none loaded where it has none)
     wi = rank >> 3
@@ -156,24 +150,31 @@ def _window(w0, w1, rank, HA0, HA1, HB0, HB1, LA0, LA1, LB0, LB1):
 
 
 @gluon.jit
-def _half(xa, xb, s4, q, fa, fb, pa, pb, pc, pd, eh0, eh1, el0, el1, th0, th1, tl0, tl1):
+def _half(xa, xb, s4, q, fa, fb, pa, pb, eh0, eh1, el0, el1, th0, th1, tl0, tl1):
     # one half of each run ([BN, 16] lane words, word q: (xa, nibble half 0), (xa, 1), (xb, 0), (xb, 1)) as bf16
     # [BN, 16, j, T] (join's minor dimensions: element [j, T] is the word's weight 2 T + j), decode_v2._half's
-    # bytes: the codes looked up, escapes patched in from the window (fa, fb: escape flags times 4; pa, pb: their
-    # exclusive nibble prefix counts; pc, pd: the words' first ranks in the run clamped at 8, times 0x1111)
+    # bytes: the codes looked up, escapes patched in from the window. Each input is a run word whose nibble half h
+    # is the lane word's selector as is (prmt reads a selector's low 16 bits): xa, xb the codes (bit 3 cleared);
+    # fa, fb 0x3210 plus 4 at an escape's nibble; pa, pb the escapes' ranks in the run, clamped at 8 (_run_words)
     lo2 = q < 2
     h = ((q & 1) * 16).to(gl.uint32)
-    sel = (gl.where(lo2, xa, xb) >> h) & 0x7777
+    sel = gl.where(lo2, xa, xb) >> h
     hot_hi = prmt_r(th0, th1, sel)
     hot_lo = prmt_r(tl0, tl1, sel)
-    g4 = gl.where(lo2, fa, fb) >> h  # bit 2 of an escape's nibble: byte 4 + t of the escapes' word
-    k = (gl.where(lo2, pa, pb) >> h) + gl.where(lo2, pc, pd)
-    sel2 = g4 | 0x3210
+    k = gl.where(lo2, pa, pb) >> h
+    sel2 = gl.where(lo2, fa, fb) >> h  # an escape's byte t from the escapes' word (byte 4 + t)
     hot_hi = prmt_r(hot_hi, prmt_r(eh0, eh1, k), sel2) | (s4 & 0x80808080)
     hot_lo = prmt_r(hot_lo, prmt_r(el0, el1, k) << 7, sel2) | (s4 & 0x7F7F7F7F)
     e0, e1 = split16(prmt(hot_lo, hot_hi, 0x5140))
     e2, e3 = split16(prmt(hot_lo, hot_hi, 0x7362))
     return gl.join(gl.join(e0, e1), gl.join(e2, e3))
+
+
+@gluon.jit
+def _run_words(f, before):
+    # a code word's selectors for _half: 0x3210 plus 4 at each escape's nibble, and each nibble's escape rank in the
+    # run (the word's escapes before it plus ``before``, clamped at 8: 15 at most, no carry between nibbles)
+    return f * 4 + 0x32103210, f * 0x11111110 + gl.minimum(before, 8).to(gl.uint32) * 0x11111111
 
 
 @gluon.jit
@@ -211,12 +212,14 @@ def _lanes(c0, c1, c2, s4a, s4b, q, w0, w1, rank, th0, th1, tl0, tl1, HA0, HA1, 
     eh1 = _wide(eh1, BN, WL)
     el0 = _wide(el0, BN, WL)
     el1 = _wide(el1, BN, WL)
-    wa = _half(_wide(c0, BN, WL), _wide(c1, BN, WL), s4a, q, _wide(f0 << 2, BN, WL), _wide(f1 << 2, BN, WL),
-               _wide(f0 * 0x11111110, BN, WL), _wide(f1 * 0x11111110, BN, WL), q * 0, _wide(_clamp8(n0), BN, WL),
-               eh0, eh1, el0, el1, th0, th1, tl0, tl1)
-    wb = _half(_wide(c2, BN, WL), _wide(d, BN, WL), s4b, q, _wide(f2 << 2, BN, WL), _wide(f3 << 2, BN, WL),
-               _wide(f2 * 0x11111110, BN, WL), _wide(f3 * 0x11111110, BN, WL), _wide(_clamp8(b2), BN, WL),
-               _wide(_clamp8(b3), BN, WL), eh0, eh1, el0, el1, th0, th1, tl0, tl1)
+    s0, r0 = _run_words(f0, n0 * 0)
+    s1, r1 = _run_words(f1, n0)
+    s2, r2 = _run_words(f2, b2)
+    s3, r3 = _run_words(f3, b3)
+    wa = _half(_wide(c0 & 0x77777777, BN, WL), _wide(c1 & 0x77777777, BN, WL), s4a, q, _wide(s0, BN, WL),
+               _wide(s1, BN, WL), _wide(r0, BN, WL), _wide(r1, BN, WL), eh0, eh1, el0, el1, th0, th1, tl0, tl1)
+    wb = _half(_wide(c2 & 0x77777777, BN, WL), _wide(d, BN, WL), s4b, q, _wide(s2, BN, WL), _wide(s3, BN, WL),
+               _wide(r2, BN, WL), _wide(r3, BN, WL), eh0, eh1, el0, el1, th0, th1, tl0, tl1)
     w = gl.reshape(gl.join(wa, wb), [BN, 2, 2, 2, 2, 2, 2, 2])  # [row, c1, c0, q1, q0, j, T, h]
     return gl.convert_layout(gl.reshape(gl.permute(w, DECODE_ORDER.value), [BN, BK]), AL)
 

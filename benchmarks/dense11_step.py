@@ -229,6 +229,9 @@ def main(argv=None) -> int:
             else:
                 fn()
                 res["ms"].setdefault(str(m), {})[v] = float("nan")
+        row = res["ms"][str(m)]  # each M as it is timed: a call cut short keeps the rows it finished
+        print(f"M={m}: " + ", ".join(f"{v} {row[v] / row['bf16']:.3f}x" for v in variants), flush=True)
+        _save(res, args.out)
     print(f"{res['device']}, torch {res['torch']}, glyd {res['glyd']}, {args.layers} layers (merged), built in {built:.0f} s; "
           + "; ".join(f"{g}: {c}" for g, c in res["gemv"].items()))
     print("weight bytes vs bf16: " + ", ".join(f"{v} {sizes[v] / sizes['bf16']:.4f}"
@@ -236,11 +239,15 @@ def main(argv=None) -> int:
     print("registry's choice: " + "; ".join(f"M={m} " + ", ".join(f"{k} {c}" for k, c in row.items())
                                             for m, row in res["choice"].items()))
     print("\n" + table(res, variants))
-    if args.out:
-        os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, "dense11_step.json"), "w") as f:
-            json.dump(res, f, indent=1)
+    _save(res, args.out)
     return 0
+
+
+def _save(res: dict, out: str | None) -> None:
+    if out:
+        os.makedirs(out, exist_ok=True)
+        with open(os.path.join(out, "dense11_step.json"), "w") as f:
+            json.dump(res, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -171,8 +171,8 @@ sys.exit(main(["eval", str(bf16_folder()), "--modes", os.environ.get("QUALITY_MO
            # Each step gets what the call has left (CALL_LIMIT, default 590 s; after gpu_set_par in the same call: about 270 s)
            left=$(( ${CALL_LIMIT:-590} - SECONDS ))
            step d11ea_step $(( left < 240 ? left : 240 )) env PYTHONPATH=src python3 benchmarks/dense11_step.py --layers 2 \
-             --ms 1,8,16,32,64 --no-v1 --wg bm=64 --wg bm=64,ahead=1 --wg bm=64,pipe=1 --wg bm=64,pipe=1,ahead=1 \
-             --wg bm=32,pipe=1,maxnreg=168 --out "$out/d11ea"
+             --ms 64,16,32,8,1 --no-v1 --wg bm=64 --wg bm=64,ahead=1 --wg bm=64,pipe=1 --wg bm=64,pipe=1,ahead=1 \
+             --out "$out/d11ea"
            left=$(( ${CALL_LIMIT:-590} - SECONDS ))
            [ "$left" -gt 30 ] && step ncu_d11 "$left" env PYTHONPATH=src ncu --clock-control none --profile-from-start off \
              --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \

@@ -142,12 +142,12 @@ sys.exit(main(["eval", str(bf16_folder()), "--modes", os.environ.get("QUALITY_MO
                benchmarks/sweep_shapes.py --shapes gate_up,down --ms 256,512 --out /tmp/sweep47n ;;
     next) # the pending README's next call, whichever GPU came: on an H200 round 50 at M = 192-512 (a table for its
           # 129-255 and 256-511 cells, still unpack + cuBLAS) and the 7B's and 32B's first token beside bf16 (issue 38);
-          # on an H100 (round 53 and its profile done there on 2026-12-07) the dense11 wgmma probe and the pool
-          # attention's next launches (carry .carry/kv_pool.pt)
+          # on an H100 (round 53, the wgmma probe and the pool attention's launches done there on 2026-12-07) the
+          # dense11_wgmma step's configs and its profile again (d11ea)
           if python3 -c "import torch,sys;sys.exit('H200' not in torch.cuda.get_device_name())"; then
             OUT="$out" bash "$0" sweep53t ttft
           else
-            OUT="$out" bash "$0" d11wg kvw
+            OUT="$out" bash "$0" d11ea
           fi ;;
     ttft) # issue 38's whole-model targets: first token at 512 and 2048 tokens (eager prefill, as 2026-12-03's) and the
           # step at one sequence, 7B then 32B, bf16 and fixed12 in the same run; the JSON is rewritten after each variant

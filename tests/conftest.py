@@ -14,6 +14,16 @@ from gpu_order import spread_long_gpu_tests
 # and an interpreted kernel cannot call it.
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+    # Triton's argument binder imports Gluon's modules the first time it runs: under the interpreter, inside the
+    # process's first interpreted launch, while the interpreter has triton.language patched. Gluon's language then
+    # forwards the interpreter's builtins (gl.reduce, gl.maximum, ...) for good, and a Gluon compile later in the
+    # process fails (a gl.reduce with a @gluon.jit combine: "Did you forget to add @triton.gluon.jit ?"; the sm_90
+    # compile checks of tests/kernels/test_wg.py after any interpreted unpack in the same xdist worker). Imported
+    # here, before any launch: test_interp.py checks that gl's builtins are triton.language's own.
+    try:
+        import triton.experimental.gluon.nvidia.hopper  # noqa: F401  (and with it triton.experimental.gluon.language)
+    except ImportError:  # no Triton, or one without Gluon: nothing to import early
+        pass
 
 # Every run compiles into a new, empty Triton cache: a warm cache skips the compile path, and once
 # hid 49 failing compile checks that failed on a fresh machine. Removed when the session ends. pytest-xdist's

@@ -47,3 +47,20 @@ def test_gluon_compiles_after_an_interpreted_launch(tmp_path, monkeypatch):
     k = _compile_sm90(16, 64, 1, False, 1)
     assert "mma" in k.asm["ttgir"]
     assert any(tmp_path.iterdir())  # compiled into the empty cache, not found in a warm one
+
+
+def test_gluon_language_keeps_triton_languages_builtins_after_an_interpreted_launch():
+    # Triton's binder imports Gluon at the first launch of a process: under the interpreter, with triton.language
+    # patched, so Gluon forwarded the interpreter's builtins for good and a later Gluon compile of a gl.reduce with a
+    # @gluon.jit combine failed (test_wg.py's sm_90 checks after an interpreted unpack in the same xdist worker).
+    # tests/conftest.py imports Gluon first; without it this fails when the launch below is the process's first
+    import triton.language.core as tl_core
+
+    import glyd.kernels
+
+    w = random_weights(8, 64, "normal")
+    assert torch.equal(glyd.kernels.unpack(glyd.pack(w, "fixed12")).view(torch.int16), w.view(torch.int16))
+    import triton.experimental.gluon.language as gl
+
+    for name in ("reduce", "maximum", "associative_scan", "where"):
+        assert getattr(gl, name).__wrapped__ is getattr(tl_core, name), name

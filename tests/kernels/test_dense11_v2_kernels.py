@@ -119,12 +119,16 @@ def test_gemv(device, m, n, k, kind, cfg):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("m,n,k,kind,cfg", [
+# interpreter time (78 s of a 2-core run, 2026-12-07): a quarter of the cases in the default CPU run, and cfg 2 (M 1,
+# ragged N and K in one block: 1.5 s); the default run leaves out cfg 0, 3, 4 and 6 (two blocks in one split with the
+# last step past Kp: cfg 5's at M 33, cfg 0's at M 1; M 1's prefetch cfg 1 and 2's; K splits of 2, bk 512 and a last
+# split of one column run in the default test_gemv and test_gemv_mid_m, prefetch off)
+@pytest.mark.parametrize("m,n,k,kind,cfg", cpu_sampled([
     (1, 40, 1100, "crowded", {"split": 1}), (1, 32, 1024, "crowded", {}), (1, 24, 70, "normal", {}),
     (2, 20, 1100, "wide", {"split": 2}), (3, 7, 2100, "wide", {"bk": 512, "split": 1}),
     (33, 20, 1060, "wide", {"bn": 32, "bk": 128, "split": 1}), (63, 17, 1025, "wide", {"split": 2, "bk": 128}),
-])  # (K 1100 / 1060 are two blocks in one split, ragged, the last step past Kp, as 3000 / 2100 were; 1025 split 2 a
-# last split of one column, as 2049 split 3; N 17 two row tiles, the last ragged, as 24: fewer exceptions)
+], 4, keep={2}))  # (K 1100 / 1060 are two blocks in one split, ragged, the last step past Kp, as 3000 / 2100 were; 1025
+# split 2 a last split of one column, as 2049 split 3; N 17 two row tiles, the last ragged, as 24: fewer exceptions)
 def test_gemv_prefetch_gives_the_same_bits(device, m, n, k, kind, cfg):
     # the next step's words loaded before a step decodes: one loop over a split's blocks (a block's
     # first rank taken at its first step), the last step re-reading its own words; the same sums
@@ -154,7 +158,11 @@ MID = [
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("m,n,k,kind,cfg", MID)
+# interpreter time (71 s of a 2-core run, 2026-12-07): a third of the cases in the default CPU run, and cfg 2 (whole
+# tiles), 8 (the lanes dot) and 9 (M past one program's rows); the default run leaves out cfg 0, 1, 3, 4, 5, 7 and 10
+# (ragged M, N and K, a K split and bias on an odd M are cfg 11's, tile_wx cfg 6's, 32 x rows a decode cfg 2's, 64
+# cfg 6, 9 and 11's, whole tiles cfg 2's)
+@pytest.mark.parametrize("m,n,k,kind,cfg", cpu_sampled(MID, 3, keep={2, 8, 9}))
 def test_gemv_mid_m(device, m, n, k, kind, cfg):
     from glyd import kernels
     from glyd.kernels.dense11.gemv_v2 import Dense11V2GemvConfig

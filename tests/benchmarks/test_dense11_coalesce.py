@@ -68,7 +68,10 @@ def test_relayout_refuses_other_arrays(dc):
 @pytest.mark.parametrize("m,n,k,kind,cfg", [
     # a row's last block of 2 runs, one split, exceptions of ranks 8+ (K 1076: 2 blocks, as 2100's 3, half the steps)
     (1, 24, 1076, "crowded", {"split": 1}),
-    (1, 16, 1536, "wide", {}),  # whole tiles (no masks), a last block of 16 runs (as the 7B's K), K splits
+    # whole tiles (no masks), a last block of 16 runs (as the 7B's K), K splits: -m slow only (36-40 s of Triton's
+    # interpreter in a 2-core run, 2026-12-07, among the default run's three longest tests); the probe's GEMV runs
+    # them there, version 2's own GEMV in the default run too (test_dense11_v2_kernels, test_dense11_v3_kernels)
+    pytest.param(1, 16, 1536, "wide", {}, marks=pytest.mark.slow),
     # interpreter time: one of these two in the default CPU run (the 16 x rows' tl.dot, ragged; K splits are the M = 1
     # cases'): cpu_sample, tests/conftest.py
     pytest.param(2, 20, 1100, "crowded", {"split": 2}, marks=pytest.mark.cpu_sample(every=2)),  # M = 2, ragged N, K

@@ -69,7 +69,9 @@ def test_fixed12_flat_and_byte_tile_unpack_bit_exact(device, flat, shape):
     cfg = UnpackConfig(flat_groups=flat[0], flat_warps=flat[1])
     w = random_weights(*shape, "wide")  # exceptions too
     assert torch.equal(_kunpack(glyd.pack(w, "fixed12"), device, cfg).cpu().view(torch.int16), w.view(torch.int16))
-    if shape == (64, 1024):
+    # every pattern (61,440 exceptions: 9-10 s of Triton's interpreter a config) with the configs other than
+    # UnpackConfig()'s (16, 2): test_unpack_all_bit_patterns unpacks the same matrix with it (config None is it)
+    if shape == (64, 1024) and cfg != UnpackConfig():
         w = torch.arange(65536, dtype=torch.int32).to(torch.int16).view(torch.bfloat16).reshape(64, 1024)
         got = _kunpack(glyd.pack(w, "fixed12"), device, cfg)
         assert torch.equal(got.cpu().view(torch.int16), w.view(torch.int16))

@@ -36,6 +36,7 @@ def _compile_sm90(bn, bt, warps, out=0, bias=False, pipe=0, exc=False, xe=16, xt
     return compile_gluon_sm90(w._wg_kernel, const, ptrs, num_warps=warps)
 
 
+@pytest.mark.cpu_sample(every=2)  # compiles for sm_90 (6 compiles a case, 10-14 s): half the configs in the default run
 @pytest.mark.parametrize("bn,bt,warps", [(64, 16, 4), (64, 64, 4)])
 def test_wg_exception_step_options_compile_sm90(bn, bt, warps):
     # WgConfig.exc_chunk / exc_xt / exc_pre in the tile's exception step: it compiles for sm_90 with the

@@ -60,12 +60,13 @@ CASES = [  # (version, M, N, K, weights, config): MMA tiles of 8-64 x rows, ragg
 
 @pytest.mark.parametrize("device", DEVICES)
 # interpreter time: a quarter of the cases in the default CPU run, but for those alone in exercising something (cfg 5's
-# bias and normal weights, cfg 8's M 1, cfg 11's prefetch_depth 2 with a K split, cfg 12's split of 3 steps); the
-# default run leaves out cfg 0, 1, 3, 4, 6, 9, 10 and 15, each a kept case's path at another M, prefetch_depth or shape
-# (cfg 3: cfg 14's shape at depth 1; cfg 6: version 2's tile dot, cfg 2's, at M 64 as test_dense11_v2_kernels' M 64;
-# cfg 15: prefetch at depth 1 at M 9, x_prefetch a GPU-only hint, which test_prefetch_depth_2_gives_depth_1s_bits_and_
-# exact_weights runs at M 9 and 16 against the exact weights)
-@pytest.mark.parametrize("version,m,n,k,kind,cfg", cpu_sampled(CASES, 4, keep={5, 8, 11, 12}))
+# bias and normal weights, cfg 8's M 1, cfg 12's split of 3 steps, cfg 14's prefetch_depth 2 on a ragged row tile);
+# the default run leaves out cfg 0, 1, 3, 4, 6, 9, 10, 11 and 15, each a kept case's path at another M,
+# prefetch_depth or shape (cfg 3: cfg 14's shape at depth 1; cfg 6: version 2's tile dot, cfg 2's, at M 64 as
+# test_dense11_v2_kernels' M 64; cfg 11: depth 2 with K splits, cfg 12-14's, on two row tiles, N 70, as cfg 7's N 130
+# without prefetch; cfg 15: prefetch at depth 1 at M 9, x_prefetch a GPU-only hint, which
+# test_prefetch_depth_2_gives_depth_1s_bits_and_exact_weights runs at M 9 and 16 against the exact weights)
+@pytest.mark.parametrize("version,m,n,k,kind,cfg", cpu_sampled(CASES, 4, keep={5, 8, 12, 14}))
 def test_mma_products(device, version, m, n, k, kind, cfg):
     w = _weights(n, k, seed=m + n + k, kind=kind)
     g = torch.Generator().manual_seed(k + m)
@@ -84,7 +85,7 @@ def test_mma_products(device, version, m, n, k, kind, cfg):
 # instead of 19. (M 2, N 70, split 2 is dropped: split 2 is the interpreter's own split at K 1100 and M 2 one x tile
 # of 8 rows, as M 1: (1, 64, 1100)'s loop; ragged N is (16, 40, 1100)'s, a second row tile test_mma_products' cfg 11)
 # Interpreter time (34 s and 22 s of the four cases' 89 s, 2-core run, 2026-12-07): M 1 and ragged N are slow-only
-# cases. Their depth-2 loops run in the default run's test_mma_products (cfg 8: M 1; cfg 11: N 70, split 2) against
+# cases. Their depth-2 loops run in the default run's test_mma_products (cfg 8: M 1; cfg 14: N 40, K 1100) against
 # float64, not against depth 1's bits
 @pytest.mark.parametrize("m,n,k,cfg", [pytest.param(1, 64, 1100, {}, marks=pytest.mark.slow), (9, 64, 1408, {}),
                                        pytest.param(16, 40, 1100, {}, marks=pytest.mark.slow),

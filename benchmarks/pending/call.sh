@@ -178,6 +178,12 @@ sys.exit(main(["eval", str(bf16_folder()), "--modes", os.environ.get("QUALITY_MO
              --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
              --section MemoryWorkloadAnalysis --section SourceCounters python3 benchmarks/profile_ncu.py --shape gate_up \
              --ms 16,64 --dense11 --wg11 bm=64,pipe=1 --wg11 bm=64,pipe=1,ahead=1 ;;
+    d11ws) # issue 35: dense11_wgmma's K split by waves (wave_split: the split that finishes first with `waves` programs
+           # an SM resident: 3 at 168 registers, 2 with pipe) against the split rule's, the 7B step (2 layers + lm_head)
+           left=$(( ${CALL_LIMIT:-590} - SECONDS ))
+           step d11ws_step $(( left < 240 ? left : 240 )) env PYTHONPATH=src python3 benchmarks/dense11_step.py --layers 2 \
+             --ms 64,16,32,8 --no-v1 --wg bm=64,ahead=1 --wg bm=64,ahead=1,wave_split=1,waves=3 --wg bm=64,pipe=1 \
+             --wg bm=64,pipe=1,wave_split=1 --wg bm=64,wave_split=1,waves=3 --out "$out/d11ws" ;;
     d11wgt) # the dense11_wgmma kernel's GPU tests alone
             step d11wgt 240 env PYTHONPATH=src python3 -m pytest -q -p no:cacheprovider -m gpu \
               tests/kernels/test_dense11_wgmma.py ;;
@@ -358,7 +364,7 @@ sys.exit(main(["eval", str(bf16_folder()), "--modes", os.environ.get("QUALITY_MO
     *) echo "unknown step $s (gpu_set, gpu_set_par, ncu_exc, ncu_long, d11_exc, scale_d11, long, sweep_long, sweep05, sweep41, sweep42, exc_decode, exc_ab, sweep44, sweep45, exc_step, sweep_kv, dit, ttft7b, bits, kv, d11, prefill)" >&2; exit 2 ;;
   esac
 done
-for f in gpu_set d11ea_step ncu_d11 d11wgk_tests d11wgk_step ttft sweep53t sweep50t scale_d11 long sweep_long sweep05 sweep41 sweep42 exc_decode_0 exc_decode_0.001 exc_decode_lm exc_ab_branch exc_ab_main exc_ab_mask sweep45 sweep44 ncu_gate_up ncu_qkv ncu_gate_up_normal ncu_long ncu_qkv128 exc_step_0.001 exc_step_0 sweep_kv dit ttft7b bits kv_branch kv_main d11 d11_exc prefill_branch prefill_main; do
+for f in gpu_set d11ea_step ncu_d11 d11ws_step d11wgk_tests d11wgk_step ttft sweep53t sweep50t scale_d11 long sweep_long sweep05 sweep41 sweep42 exc_decode_0 exc_decode_0.001 exc_decode_lm exc_ab_branch exc_ab_main exc_ab_mask sweep45 sweep44 ncu_gate_up ncu_qkv ncu_gate_up_normal ncu_long ncu_qkv128 exc_step_0.001 exc_step_0 sweep_kv dit ttft7b bits kv_branch kv_main d11 d11_exc prefill_branch prefill_main; do
   [ -f "$out/$f.txt" ] && { echo "=== $f (last lines)"; tail -n 14 "$out/$f.txt"; }
 done
 echo "| step | exit status | seconds |"

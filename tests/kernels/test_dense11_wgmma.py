@@ -80,13 +80,32 @@ def test_config_checks():
     for bad in (dict(bm=8), dict(bm=128), dict(warps=8), dict(maxnreg=16), dict(ahead=True, prefetch=False)):
         with pytest.raises(ValueError, match="Dense11WgConfig"):
             Dense11WgConfig(**bad)
-    for bad in (dict(prefetch=1), dict(fixup="yes"), dict(pipe=1), dict(ahead=1)):
-        with pytest.raises(ValueError, match="prefetch|fixup|pipe|ahead"):
+    for bad in (dict(prefetch=1), dict(fixup="yes"), dict(pipe=1), dict(ahead=1), dict(wave_split=1)):
+        with pytest.raises(ValueError, match="prefetch|fixup|pipe|ahead|wave_split"):
             Dense11WgConfig(**bad)
     with pytest.raises(TypeError):
         Dense11WgConfig(bn=32)  # one warpgroup: 64 rows, not a field
     assert [_wg().x_rows(m, 64) for m in (1, 16, 17, 33, 64, 65)] == [16, 16, 32, 64, 64, 64]
     assert _wg().x_rows(40, 16) == 16
+
+
+def test_wave_split_takes_the_fewest_block_waves():
+    # the split count against brute force over every count of splits that K's blocks allow (n splits of per blocks):
+    # the fewest waves times blocks, the fewest splits among equals; bad sizes refused
+    w = _wg()
+    for tiles in (1, 7, 56, 72, 131, 592, 2376):
+        for k in (128, 1024, 1152, 3584, 18944):
+            for slots in (132, 264, 396):
+                nb = -(-k // 1024)
+                cost = {}
+                for s in range(1, nb + 1):
+                    per = -(-nb // s)
+                    n = -(-nb // per)  # the splits made
+                    cost[n] = -(-tiles * n // slots) * per
+                best = min(cost.values())
+                assert w.wave_split(tiles, k, slots) == min(n for n, c in cost.items() if c == best), (tiles, k, slots)
+    with pytest.raises(ValueError, match="wave_split"):
+        w.wave_split(0, 3584, 396)
 
 
 def test_can_implement():
@@ -186,6 +205,9 @@ def test_matches_reference_gpu(n, k, kind):
             assert torch.equal(kernels.linear(x, p, b if bias else None, cfg.replace(pipe=True)), y), (m, bm)
             for ahead in (cfg.replace(ahead=True), cfg.replace(ahead=True, pipe=True)):
                 assert torch.equal(kernels.linear(x, p, b if bias else None, ahead), y), (m, bm, ahead.pipe)
+            if split == 0:  # the split by waves: another summation order, the same bound
+                _check(kernels.linear(x, p, b if bias else None, cfg.replace(wave_split=True, waves=3)), x, w,
+                       b if bias else None)
             if split != 1:
                 fix = kernels.linear(x, p, b if bias else None, cfg.replace(fixup=True))
                 assert torch.equal(fix, y), (m, bm, split)

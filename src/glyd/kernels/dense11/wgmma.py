@@ -56,7 +56,8 @@ class Dense11WgConfig(C.KernelConfig):
     until then; one x buffer, stored once the MMA before has read it). ``ahead`` (with ``prefetch``): a step's escape
     windows loaded while the step before decodes (its code words two steps ahead), not inside its own decode.
     ``fixup``: the splits summed by each tile's last split program (no finalize kernel). ``maxnreg``: a register cap
-    (0: none).
+    (0: none). ``wave_split`` (with ``split`` 0): the K split that finishes first when ``waves`` programs an SM run at
+    once (``wave_split``), not the smallest that gives ``waves`` programs an SM.
 
     >>> Dense11WgConfig(bm=32).prefetch
     True
@@ -68,9 +69,10 @@ class Dense11WgConfig(C.KernelConfig):
     ahead: bool = False
     fixup: bool = False
     maxnreg: int = 0
+    wave_split: bool = False
 
     def validate(self) -> None:
-        flags(self, "prefetch", "pipe", "ahead", "fixup")
+        flags(self, "prefetch", "pipe", "ahead", "fixup", "wave_split")
         if self.ahead and not self.prefetch:
             raise ValueError("Dense11WgConfig.ahead loads a step's escape windows a step ahead: it needs prefetch=True")
         ints(self, 0, 255, "maxnreg")
@@ -359,6 +361,29 @@ def run_layout(warps: int = 4):
                                       block_bases=[], shape=[16 * warps, 4])
 
 
+def wave_split(tiles: int, k: int, slots: int) -> int:
+    """K splits (of whole ``BLOCK``-column blocks) for ``tiles`` output tiles when ``slots`` programs run at once: the
+    count whose ceil(tiles * splits / slots) waves of ceil(blocks / splits) blocks each take the fewest blocks, the
+    fewest splits among equals (a split costs its partial sums). gate_up of a 7B (592 tiles, K 3584: 3.5 blocks) on 132
+    SMs at 3 programs each: 2 splits (3 waves of 2 blocks, against 2 waves of 4 unsplit).
+
+    >>> wave_split(592, 3584, 396), wave_split(72, 3584, 396), wave_split(56, 18944, 396), wave_split(2376, 3584, 396)
+    (2, 4, 7, 1)
+    """
+    if tiles < 1 or k < 1 or slots < 1:
+        raise ValueError(f"wave_split needs tiles, K and slots >= 1, got {tiles}, {k}, {slots}")
+    nb = -(-k // BLOCK)
+    best = (None, 1)
+    for s in range(1, nb + 1):
+        per = -(-nb // s)
+        if -(-nb // per) != s:  # the same blocks a split as a smaller count
+            continue
+        cost = -(-tiles * s // slots) * per
+        if best[0] is None or cost < best[0]:
+            best = (cost, s)
+    return best[1]
+
+
 def x_rows(m: int, bm: int) -> int:
     """x rows a program (wgmma's N): the smallest of 16, 32, 64 that holds ``m``, at most ``bm``.
 
@@ -385,7 +410,10 @@ def plan(x2: torch.Tensor, p, bias, cfg: Dense11WgConfig):
     stride = k if copy else x2.stride(0)
     bt = x_rows(m, cfg.bm)
     tiles = triton.cdiv(n, BN.value) * triton.cdiv(m, bt)
-    split, per = C.choose_split(tiles, k, BLOCK, x2.device, cfg.split, cfg.waves)
+    if cfg.wave_split and not cfg.split:
+        split, per = C.choose_split(tiles, k, BLOCK, x2.device, wave_split(tiles, k, cfg.waves * C.sm_count(x2.device)))
+    else:
+        split, per = C.choose_split(tiles, k, BLOCK, x2.device, cfg.split, cfg.waves)
     out_mode = 1 if split == 1 else 2 if cfg.fixup else 0
     x, b, part, o = _plan.slots(4)
     arr = dict(zip(_codec.ARRAYS, _plan.slots(len(_codec.ARRAYS), 4, fixed=True)))

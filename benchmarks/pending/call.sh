@@ -179,11 +179,13 @@ sys.exit(main(["eval", str(bf16_folder()), "--modes", os.environ.get("QUALITY_MO
              --section MemoryWorkloadAnalysis --section SourceCounters python3 benchmarks/profile_ncu.py --shape gate_up \
              --ms 16,64 --dense11 --wg11 bm=64,pipe=1 --wg11 bm=64,pipe=1,ahead=1 ;;
     d11ws) # issue 35: dense11_wgmma's K split by waves (wave_split: the split that finishes first with `waves` programs
-           # an SM resident: 3 at 168 registers, 2 with pipe) against the split rule's, the 7B step (2 layers + lm_head)
+           # an SM resident: 3 at 168 registers, 2 with pipe) against the split rule's, and the windows loaded after the
+           # step before's MMA (after_mma: 128-168 registers), the 7B step (2 layers + lm_head)
            left=$(( ${CALL_LIMIT:-590} - SECONDS ))
            step d11ws_step $(( left < 240 ? left : 240 )) env PYTHONPATH=src python3 benchmarks/dense11_step.py --layers 2 \
              --ms 64,16,32,8 --no-v1 --wg bm=64,ahead=1 --wg bm=64,ahead=1,wave_split=1,waves=3 --wg bm=64,pipe=1 \
-             --wg bm=64,pipe=1,wave_split=1 --wg bm=64,wave_split=1,waves=3 --out "$out/d11ws" ;;
+             --wg bm=64,pipe=1,wave_split=1 --wg bm=64,after_mma=1 --wg bm=64,after_mma=1,wave_split=1,waves=3 \
+             --wg bm=64,pipe=1,after_mma=1 --out "$out/d11ws" ;;
     d11wgt) # the dense11_wgmma kernel's GPU tests alone
             step d11wgt 240 env PYTHONPATH=src python3 -m pytest -q -p no:cacheprovider -m gpu \
               tests/kernels/test_dense11_wgmma.py ;;

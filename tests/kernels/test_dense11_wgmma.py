@@ -77,11 +77,12 @@ def test_config_checks():
     from glyd.kernels import Dense11WgConfig
 
     assert Dense11WgConfig().bm == 64 and Dense11WgConfig().prefetch
-    for bad in (dict(bm=8), dict(bm=128), dict(warps=8), dict(maxnreg=16), dict(ahead=True, prefetch=False)):
+    for bad in (dict(bm=8), dict(bm=128), dict(warps=8), dict(maxnreg=16), dict(ahead=True, prefetch=False),
+                dict(after_mma=True, prefetch=False), dict(ahead=True, after_mma=True)):
         with pytest.raises(ValueError, match="Dense11WgConfig"):
             Dense11WgConfig(**bad)
-    for bad in (dict(prefetch=1), dict(fixup="yes"), dict(pipe=1), dict(ahead=1), dict(wave_split=1)):
-        with pytest.raises(ValueError, match="prefetch|fixup|pipe|ahead|wave_split"):
+    for bad in (dict(prefetch=1), dict(fixup="yes"), dict(pipe=1), dict(ahead=1), dict(wave_split=1), dict(after_mma=1)):
+        with pytest.raises(ValueError, match="prefetch|fixup|pipe|ahead|wave_split|after_mma"):
             Dense11WgConfig(**bad)
     with pytest.raises(TypeError):
         Dense11WgConfig(bn=32)  # one warpgroup: 64 rows, not a field
@@ -151,11 +152,13 @@ def _compile_sm90(bt, out=1, exc=False, pf=True, bias=False, pipe=False, ea=Fals
 @pytest.mark.parametrize("bt", [16, 32, 64])
 @pytest.mark.parametrize("out,exc,pf,pipe,ea", [(1, False, True, False, False), (0, True, True, False, False),
                                                 (2, True, False, False, False), (1, True, True, True, False),
-                                                (0, True, True, False, True), (1, True, True, True, True)])
+                                                (0, True, True, False, 1), (1, True, True, True, 1),
+                                                (0, True, True, False, 2), (1, True, True, True, 2)])
 def test_decoded_words_are_the_register_operand_sm90(bt, out, exc, pf, pipe, ea):
     # the decoded words reach wgmma from registers: in the K loop no shared loads (wgmma reads x itself), only x's
     # stores, 8 wgmmas a step (one a 16-wide k chunk), the row's escape ranks by 2 + 1 shuffles a row of the thread
-    # (two rows), one popcount a code plane and row, and nothing spills; ahead (ea): still one step's shuffles a step
+    # (two rows), one popcount a code plane and row, and nothing spills; the windows ahead or after the MMA (ea 1, 2):
+    # still one step's shuffles a step
     from .test_ws import _loops
 
     k = _compile_sm90(bt, out=out, exc=exc, pf=pf, bias=out == 1, pipe=pipe, ea=ea)
@@ -184,8 +187,8 @@ def _gpu_weights(n, k, kind, seed):
 def test_matches_reference_gpu(n, k, kind):
     # escapes (every run's ranks, short last block at K 1152, many escapes and exceptions with "wide" weights), ragged
     # N, M = 2-100 (one to two x tiles), splits (the rounds of exceptions shared), a bias, the fixup: within the
-    # float64 bound; prefetch on and off, pipe on and off, the windows ahead, and the fixup and the finalize, give
-    # the same bits (the same MMAs in the same order)
+    # float64 bound; prefetch on and off, pipe on and off, the windows ahead or after the MMA, and the fixup and the
+    # finalize, give the same bits (the same MMAs in the same order)
     from glyd import kernels
     from glyd.kernels import Dense11WgConfig
 
@@ -203,7 +206,8 @@ def test_matches_reference_gpu(n, k, kind):
             _check(y, x, w, b if bias else None)
             assert torch.equal(kernels.linear(x, p, b if bias else None, cfg.replace(prefetch=False)), y), (m, bm)
             assert torch.equal(kernels.linear(x, p, b if bias else None, cfg.replace(pipe=True)), y), (m, bm)
-            for ahead in (cfg.replace(ahead=True), cfg.replace(ahead=True, pipe=True)):
+            for ahead in (cfg.replace(ahead=True), cfg.replace(ahead=True, pipe=True), cfg.replace(after_mma=True),
+                          cfg.replace(after_mma=True, pipe=True)):
                 assert torch.equal(kernels.linear(x, p, b if bias else None, ahead), y), (m, bm, ahead.pipe)
             if split == 0:  # the split by waves: another summation order, the same bound
                 _check(kernels.linear(x, p, b if bias else None, cfg.replace(wave_split=True, waves=3)), x, w,

@@ -55,6 +55,8 @@ class Dense11WgConfig(C.KernelConfig):
     while the step before decodes. ``pipe``: a step's MMA runs beside the next step's decode (its A registers kept
     until then; one x buffer, stored once the MMA before has read it). ``ahead`` (with ``prefetch``): a step's escape
     windows loaded while the step before decodes (its code words two steps ahead), not inside its own decode.
+    ``after_mma`` (with ``prefetch``, not ``ahead``): a step's escape windows loaded right after the step before's
+    MMA is issued (its code words one step ahead, as ``prefetch``'s: fewer registers than ``ahead``).
     ``fixup``: the splits summed by each tile's last split program (no finalize kernel). ``maxnreg``: a register cap
     (0: none). ``wave_split`` (with ``split`` 0): the K split that finishes first when ``waves`` programs an SM run at
     once (``wave_split``), not the smallest that gives ``waves`` programs an SM.
@@ -67,14 +69,18 @@ class Dense11WgConfig(C.KernelConfig):
     prefetch: bool = True
     pipe: bool = False
     ahead: bool = False
+    after_mma: bool = False
     fixup: bool = False
     maxnreg: int = 0
     wave_split: bool = False
 
     def validate(self) -> None:
-        flags(self, "prefetch", "pipe", "ahead", "fixup", "wave_split")
-        if self.ahead and not self.prefetch:
-            raise ValueError("Dense11WgConfig.ahead loads a step's escape windows a step ahead: it needs prefetch=True")
+        flags(self, "prefetch", "pipe", "ahead", "after_mma", "fixup", "wave_split")
+        if (self.ahead or self.after_mma) and not self.prefetch:
+            raise ValueError("Dense11WgConfig.ahead and after_mma load a step's escape windows a step ahead: they need "
+                             "prefetch=True")
+        if self.ahead and self.after_mma:
+            raise ValueError("Dense11WgConfig: ahead or after_mma, not both (two places for the same loads)")
         ints(self, 0, 255, "maxnreg")
         if self.bm not in (16, 32, 64) or self.warps != 4:
             raise ValueError(f"Dense11WgConfig: bm 16, 32 or 64 and 4 warps (one warpgroup), got bm={self.bm}, "
@@ -278,10 +284,12 @@ def _d11_wg_kernel(x_ptr, code_ptr, sm_ptr, esc_ptr, ebase_ptr, eoff_ptr, rowptr
                    HB0, HB1, LA0, LA1, LB0, LB1, BT: gl.constexpr, WL: gl.constexpr, RL: gl.constexpr, XL: gl.constexpr,
                    ML: gl.constexpr, AL: gl.constexpr, XSL: gl.constexpr, OL: gl.constexpr, OUT: gl.constexpr,
                    HAS_BIAS: gl.constexpr, EXC: gl.constexpr, PF: gl.constexpr, PIPE: gl.constexpr = False,
-                   CS: gl.constexpr = 1, EA: gl.constexpr = False):
+                   CS: gl.constexpr = 1, EA: gl.constexpr = 0):
     # part[pid_k, BT x rows, BN weight rows] (fp32, OUT 0) or out (bf16 + bias, OUT 1: one split; OUT 2: the tile's
     # last split program sums the others' partials) = x rows @ W^T over this program's blocks; acc is [BN weight
-    # rows, BT x rows]. KP a multiple of 128 (no padded columns); rows past M or N read row M - 1 / N - 1 again
+    # rows, BT x rows]. KP a multiple of 128 (no padded columns); rows past M or N read row M - 1 / N - 1 again. EA 1:
+    # a step's escape windows loaded while the step before decodes (its codes two steps ahead); 2: right after the
+    # step before's MMA (its codes one step ahead)
     pid_n = gl.program_id(0)
     pid_k = gl.program_id(1)
     pid_m = gl.program_id(2)
@@ -313,11 +321,16 @@ def _d11_wg_kernel(x_ptr, code_ptr, sm_ptr, esc_ptr, ebase_ptr, eoff_ptr, rowptr
         tot = _flags(c0, c1, c2)[8]
         rank, run = _ranks(tot, run, cc)
         w0, w1 = _window_words(rank, tot, esc_ptr, NESCW)
-        d0, d1, d2 = _codes(code_ptr, c_off, gl.minimum(s0 + 1, s1 - 1), runs)
+        if EA == 1:
+            d0, d1, d2 = _codes(code_ptr, c_off, gl.minimum(s0 + 1, s1 - 1), runs)
     ap = gl.zeros([BN, BK], gl.bfloat16, AL)  # the A operand of the MMA in flight (PIPE)
     for st in range(s0, s1):
         nx = gl.minimum(st + 1, s1 - 1)  # the next step (the last step reloads its own)
-        if EA:  # codes two steps ahead; the next step's ranks and window words from its codes (loaded a step ago)
+        if EA == 2:  # the next step's words in flight; this step's window was loaded after the last step's MMA
+            nc0, nc1, nc2, ns4a, ns4b, nxv = _loads(code_ptr, sm_ptr, x_ptr, c_off, s_off, xoff, nx, runs)
+            a = _lanes(c0, c1, c2, s4a, s4b, q, w0, w1, rank, th0, th1, tl0, tl1, HA0, HA1, HB0, HB1, LA0, LA1, LB0,
+                       LB1, BN, WL, AL)
+        elif EA:  # codes two steps ahead; the next step's ranks and window words from its codes (loaded a step ago)
             e0, e1, e2 = _codes(code_ptr, c_off, gl.minimum(st + 2, s1 - 1), runs)
             ns4a, ns4b, nxv = _rest(sm_ptr, x_ptr, s_off, xoff, nx, runs)
             if nx % 8 == 0:
@@ -337,7 +350,14 @@ def _d11_wg_kernel(x_ptr, code_ptr, sm_ptr, esc_ptr, ebase_ptr, eoff_ptr, rowptr
             a, run = _decode(c0, c1, c2, s4a, s4b, run, q, cc, esc_ptr, NESCW, th0, th1, tl0, tl1, HA0, HA1, HB0,
                              HB1, LA0, LA1, LB0, LB1, BN, WL, AL)
         acc, ap = _mma(acc, a, ap, xs, xv, BT, PIPE)
-        if EA:
+        if EA == 2:  # the next step's ranks and window words once its codes had this step's decode to arrive
+            if nx % 8 == 0:
+                run = _block_start(ebase_ptr, eoff_ptr, nr * NBR + nx // 8) + zr
+            ntot = _flags(nc0, nc1, nc2)[8]
+            rank, run = _ranks(ntot, run, cc)
+            w0, w1 = _window_words(rank, ntot, esc_ptr, NESCW)
+            c0, c1, c2, s4a, s4b, xv = nc0, nc1, nc2, ns4a, ns4b, nxv
+        elif EA:
             c0, c1, c2, d0, d1, d2, s4a, s4b, xv = d0, d1, d2, e0, e1, e2, ns4a, ns4b, nxv
             w0, w1, rank = nw0, nw1, nrank
         elif PF:
@@ -426,7 +446,7 @@ def plan(x2: torch.Tensor, p, bias, cfg: Dense11WgConfig):
         prep.pos if exc else prep.rowptr, prep.vals if exc else prep.rowptr, part, o, b, cnt, m, n, k,
         _codec.blocks_per_row(k), prep.nescw, per, stride, *prep.lut, *prep.tab), dict(
         BT=bt, WL=words, RL=run_layout(4), XL=xl, ML=mma, AL=a_op, XSL=xsl, OL=ol, OUT=out_mode, HAS_BIAS=bias is not None, EXC=exc,
-        PF=cfg.prefetch, PIPE=cfg.pipe, EA=cfg.ahead, CS=C.COUNTER_SLOTS, num_warps=4,
+        PF=cfg.prefetch, PIPE=cfg.pipe, EA=2 if cfg.after_mma else int(cfg.ahead), CS=C.COUNTER_SLOTS, num_warps=4,
         **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {})))
     fin = C.finalize_launch(split, m, n, bias is not None, x2.device, cfg.pdl) if out_mode == 0 else None
     shape, dev = (split, m, n), x2.device

@@ -89,8 +89,8 @@ def gemv_spec(spec: str) -> Dense11V3GemvConfig:
 
 
 def wg_spec(spec: str):
-    """``Dense11WgConfig`` of ``"bm=32,split=2,prefetch=0"`` (ints; ``prefetch``, ``pipe``, ``ahead``, ``after_mma``,
-    ``fixup`` and ``wave_split`` 0/1): the wgmma tile (``dense11_wgmma``, Hopper only).
+    """``Dense11WgConfig`` of ``"bm=32,split=2,prefetch=0"`` (ints, ``stages`` among them; ``prefetch``, ``pipe``,
+    ``ahead``, ``after_mma``, ``fixup`` and ``wave_split`` 0/1): the wgmma tile (``dense11_wgmma``, Hopper only).
 
     >>> wg_spec("bm=32,prefetch=0").bm
     32

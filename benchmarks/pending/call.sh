@@ -178,6 +178,13 @@ sys.exit(main(["eval", str(bf16_folder()), "--modes", os.environ.get("QUALITY_MO
              --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
              --section MemoryWorkloadAnalysis --section SourceCounters python3 benchmarks/profile_ncu.py --shape gate_up \
              --ms 16,64 --dense11 --wg11 bm=64,pipe=1 --wg11 bm=64,pipe=1,ahead=1 ;;
+    d11ring) # issue 35: dense11_wgmma's ring (stages: each step's words and x copied by cp.async 2-4 steps ahead into
+             # shared memory, 96 registers at 16 x rows): the 7B step (2 layers + lm_head) beside ahead (the H100
+             # table's row at M = 5-32) and after_mma; the GPU set runs its same-bits tests
+           left=$(( ${CALL_LIMIT:-590} - SECONDS ))
+           step d11ring_step $(( left < 240 ? left : 240 )) env PYTHONPATH=src python3 benchmarks/dense11_step.py \
+             --layers 2 --ms 16,8,32,64 --no-v1 --wg bm=64,ahead=1 --wg bm=64,stages=2 --wg bm=64,stages=3 \
+             --wg bm=64,stages=4 --wg bm=64,after_mma=1 --out "$out/d11ring" ;;
     d11ws) # issue 35: dense11_wgmma's K split by waves (wave_split: the split that finishes first with `waves` programs
            # an SM resident: 3 at 168 registers, 2 with pipe) against the split rule's, and the windows loaded after the
            # step before's MMA (after_mma: 128-168 registers), the 7B step (2 layers + lm_head)

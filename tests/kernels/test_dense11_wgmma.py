@@ -29,7 +29,8 @@ def test_decoded_words_and_x_share_one_k_order():
     # the decoded words (gl.join as torch.stack on a new last dimension, as the kernel builds them) and the x tile
     # reach the MMA in the same permutation of a step's 128 columns, every column once, and each thread's k pairs
     # (2c, 2c + 1) and (2c + 8, 2c + 9) of a 16-wide chunk are 4 consecutive columns of its own run c
-    w = _wg()
+    _wg()
+    from glyd.kernels.dense11 import wgmma_decode as wd
 
     def join(a, b):
         return torch.stack([a, b], -1)
@@ -42,10 +43,15 @@ def test_decoded_words_and_x_share_one_k_order():
         return join(join(e[0], e[1]), join(e[2], e[3]))
 
     cols_w = join(half(0), half(1)).reshape([2] * 7)
-    slots_w = cols_w.permute([d - 1 for d in w.DECODE_ORDER.value[1:]]).reshape(-1)
-    slots_x = torch.arange(128).reshape([2] * 7).permute([d - 1 for d in w.X_ORDER.value[1:]]).reshape(-1)
+    slots_w = cols_w.permute([d - 1 for d in wd.DECODE_ORDER.value[1:]]).reshape(-1)
+    slots_x = torch.arange(128).reshape([2] * 7).permute([d - 1 for d in wd.X_ORDER.value[1:]]).reshape(-1)
     assert sorted(slots_w.tolist()) == list(range(128))
     assert torch.equal(slots_w, slots_x)
+    # the ring copies x by slot pairs (4 bytes): slot pair p holds column pair _pair_column(p), the same order
+    from glyd.kernels.dense11 import wgmma_ring
+
+    cols = wgmma_ring._pair_column.fn(torch.arange(64))
+    assert torch.equal(torch.stack([2 * cols, 2 * cols + 1], -1).reshape(-1), slots_x)
     chunk = slots_w[:16].reshape(2, 4, 2)  # k = 8 T + 2 c + j of chunk (h 0, q 0)
     for lane in range(4):
         assert chunk[:, lane, :].reshape(-1).tolist() == [32 * lane + i for i in (0, 1, 2, 3)]
@@ -78,12 +84,14 @@ def test_config_checks():
 
     assert Dense11WgConfig().bm == 64 and Dense11WgConfig().prefetch
     for bad in (dict(bm=8), dict(bm=128), dict(warps=8), dict(maxnreg=16), dict(ahead=True, prefetch=False),
-                dict(after_mma=True, prefetch=False), dict(ahead=True, after_mma=True)):
+                dict(after_mma=True, prefetch=False), dict(ahead=True, after_mma=True), dict(stages=1),
+                dict(stages=3, pipe=True), dict(stages=3, ahead=True), dict(stages=2, after_mma=True), dict(stages=9)):
         with pytest.raises(ValueError, match="Dense11WgConfig"):
             Dense11WgConfig(**bad)
     for bad in (dict(prefetch=1), dict(fixup="yes"), dict(pipe=1), dict(ahead=1), dict(wave_split=1), dict(after_mma=1)):
         with pytest.raises(ValueError, match="prefetch|fixup|pipe|ahead|wave_split|after_mma"):
             Dense11WgConfig(**bad)
+    assert Dense11WgConfig(stages=3, prefetch=False).stages == 3  # the ring places its own loads: prefetch moot
     with pytest.raises(TypeError):
         Dense11WgConfig(bn=32)  # one warpgroup: 64 rows, not a field
     assert [_wg().x_rows(m, 64) for m in (1, 16, 17, 33, 64, 65)] == [16, 16, 32, 64, 64, 64]
@@ -137,14 +145,20 @@ def test_needs_a_cuda_gpu():
         kernels.linear(torch.randn(2, 256).to(torch.bfloat16), p, None, Dense11WgConfig())
 
 
-def _compile_sm90(bt, out=1, exc=False, pf=True, bias=False, pipe=False, ea=False, maxnreg=None):
+def _compile_sm90(bt, out=1, exc=False, pf=True, bias=False, pipe=False, ea=False, maxnreg=None, stages=0):
     w = _wg()
     words, xl, mma, a_op, xsl, ol = w.layouts(64, bt, 4)
     ptrs = {"x_ptr": "*bf16", "code_ptr": "*i32", "sm_ptr": "*i32", "esc_ptr": "*i32", "ebase_ptr": "*i32",
             "eoff_ptr": "*u16", "rowptr_ptr": "*i32", "eidx_ptr": "*i64", "vals_ptr": "*i16", "part_ptr": "*fp32",
             "out_ptr": "*bf16", "bias_ptr": "*bf16", **({"cnt_ptr": "*i32"} if out == 2 else {})}
-    const = dict(BT=bt, WL=words, RL=w.run_layout(4), XL=xl, ML=mma, AL=a_op, XSL=xsl, OL=ol, OUT=out,
-                 HAS_BIAS=bias, EXC=exc, PF=pf, PIPE=pipe, EA=ea, CS=32, **({} if out == 2 else {"cnt_ptr": None}))
+    const = dict(BT=bt, WL=words, RL=w.run_layout(4), ML=mma, AL=a_op, XSL=xsl, OL=ol, OUT=out, HAS_BIAS=bias,
+                 EXC=exc, CS=32, **({} if out == 2 else {"cnt_ptr": None}))
+    if stages:
+        from glyd.kernels.dense11 import wgmma_ring
+
+        return compile_gluon_sm90(wgmma_ring._d11_wg_ring_kernel, dict(const, XL=wgmma_ring.pair_layout(bt), S=stages),
+                                  ptrs, num_warps=4, maxnreg=maxnreg)
+    const.update(XL=xl, PF=pf, PIPE=pipe, EA=ea)
     return compile_gluon_sm90(w._d11_wg_kernel, const, ptrs, num_warps=4, maxnreg=maxnreg)
 
 
@@ -173,6 +187,29 @@ def test_decoded_words_are_the_register_operand_sm90(bt, out, exc, pf, pipe, ea)
     assert "STL" not in ops and "LDL" not in ops
 
 
+@pytest.mark.cpu_sample(every=2)  # compiles for sm_90: half the configs in the default run
+@pytest.mark.parametrize("bt,stages,out,exc", [(16, 3, 1, False), (16, 2, 0, True), (32, 4, 2, True),
+                                               (64, 3, 0, True)])
+def test_ring_copies_words_and_x_by_cp_async_sm90(bt, stages, out, exc):
+    # the ring (stages): in the K loop the words and x arrive by cp.async (LDGSTS), x never through registers (no
+    # STS), the words read back from shared memory (each thread its own copies), 8 wgmmas a step, one
+    # step's shuffles, the escape windows the only global loads (two words a run of two rows, 4 with the block
+    # start's), no spill; 3 barriers a step (x's, the stage's free, the pass's after the copies)
+    from .test_ws import _loops
+
+    k = _compile_sm90(bt, out=out, exc=exc, bias=out == 1, stages=stages)
+    res = _res_usage(k)
+    assert res.get("STACK", 0) == 0 and res.get("LOCAL", 0) == 0, res
+    assert res["REG"] <= 168, res  # 3 programs an SM at bm 64, 4-5 at 16 x rows
+    loops = [lp for lp in _loops(_sass(k)) if any("GMMA" in o for o in lp)]
+    assert len(loops) == 1
+    ops = [o.split(".")[0] for o in loops[0]]
+    assert ops.count("HGMMA") == 8 and ops.count("STS") == 0 and ops.count("SHFL") == 6
+    assert ops.count("LDGSTS") == 6 + 4 + bt // 2  # codes: 3 planes x 2 rows; sm: 2 halves x 2 rows of 16 bytes
+    assert ops.count("LDG") <= 8 and ops.count("BAR") == 3
+    assert "STL" not in ops and "LDL" not in ops
+
+
 def _gpu_weights(n, k, kind, seed):
     torch.manual_seed(seed)
     w = random_weights(n, k, kind, "cuda")
@@ -187,8 +224,8 @@ def _gpu_weights(n, k, kind, seed):
 def test_matches_reference_gpu(n, k, kind):
     # escapes (every run's ranks, short last block at K 1152, many escapes and exceptions with "wide" weights), ragged
     # N, M = 2-100 (one to two x tiles), splits (the rounds of exceptions shared), a bias, the fixup: within the
-    # float64 bound; prefetch on and off, pipe on and off, the windows ahead or after the MMA, and the fixup and the
-    # finalize, give the same bits (the same MMAs in the same order)
+    # float64 bound; prefetch on and off, pipe on and off, the windows ahead or after the MMA, the ring of 2-4 stages
+    # (x copied in slot pairs), and the fixup and the finalize, give the same bits (the same MMAs in the same order)
     from glyd import kernels
     from glyd.kernels import Dense11WgConfig
 
@@ -207,7 +244,8 @@ def test_matches_reference_gpu(n, k, kind):
             assert torch.equal(kernels.linear(x, p, b if bias else None, cfg.replace(prefetch=False)), y), (m, bm)
             assert torch.equal(kernels.linear(x, p, b if bias else None, cfg.replace(pipe=True)), y), (m, bm)
             for ahead in (cfg.replace(ahead=True), cfg.replace(ahead=True, pipe=True), cfg.replace(after_mma=True),
-                          cfg.replace(after_mma=True, pipe=True)):
+                          cfg.replace(after_mma=True, pipe=True), cfg.replace(stages=2), cfg.replace(stages=3),
+                          cfg.replace(stages=4)):
                 assert torch.equal(kernels.linear(x, p, b if bias else None, ahead), y), (m, bm, ahead.pipe)
             if split == 0:  # the split by waves: another summation order, the same bound
                 _check(kernels.linear(x, p, b if bias else None, cfg.replace(wave_split=True, waves=3)), x, w,
@@ -230,6 +268,8 @@ def test_strided_x_and_exact_products_gpu():
     assert x.stride(0) % 8
     cfg = Dense11WgConfig(bm=64, split=1)
     assert torch.equal(kernels.linear(x, p, None, cfg), kernels.linear(x.contiguous(), p, None, cfg))
+    ring = cfg.replace(stages=3)
+    assert torch.equal(kernels.linear(x, p, None, ring), kernels.linear(x.contiguous(), p, None, cfg))
     cols = torch.randint(0, 2048, (64,), device="cuda")
     eye = torch.zeros(64, 2048, device="cuda", dtype=torch.bfloat16)
     eye[torch.arange(64), cols] = 1

@@ -27,24 +27,18 @@ import torch
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
+from triton.experimental.gluon.language.nvidia.hopper import warpgroup_mma_wait
 
 from glyd.codec import dense11 as _codec
 from glyd.kernels import _common as C
 from glyd.kernels import _plan
 from glyd.kernels._fields import flags, ints
-from glyd.kernels._gluon_bits import funnel, popc, prmt, prmt_r, shfl_last4, shfl_up4, split16
 from glyd.kernels.dense11.decode_v2 import prepare
+from glyd.kernels.dense11.wgmma_decode import (BK, BLOCK, BN, _block_start, _codes, _decode, _flags, _lanes, _loads,
+                                               _mma, _ranks, _rest, _window_words, run_layout)
+from glyd.kernels.dense11.wgmma_ring import _d11_wg_ring_kernel, pair_layout
 from glyd.kernels.fixed12.wgmma import layouts, wg_row_exceptions, wg_store
 from glyd.kernels.registry import Kernel
-
-BK = gl.constexpr(128)  # columns a K step: 4 runs of 32 a row
-BLOCK = _codec.BLOCK  # columns a block (its escape ranks start from its offsets): K splits are whole blocks
-BN = gl.constexpr(64)  # weight rows a program: one warpgroup's wgmma M
-# the decoded [row, c1, c0, q1, q0, j, T, h] words and the x tile's [row, c1, c0, h, q1, q0, T, j] columns, both
-# permuted to slot order (h q1 q0 T c1 c0 j)
-DECODE_ORDER = gl.constexpr((0, 7, 3, 4, 6, 1, 2, 5))
-X_ORDER = gl.constexpr((0, 3, 4, 5, 6, 1, 2, 7))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,7 +53,10 @@ class Dense11WgConfig(C.KernelConfig):
     MMA is issued (its code words one step ahead, as ``prefetch``'s: fewer registers than ``ahead``).
     ``fixup``: the splits summed by each tile's last split program (no finalize kernel). ``maxnreg``: a register cap
     (0: none). ``wave_split`` (with ``split`` 0): the K split that finishes first when ``waves`` programs an SM run at
-    once (``wave_split``), not the smallest that gives ``waves`` programs an SM.
+    once (``wave_split``), not the smallest that gives ``waves`` programs an SM. ``stages`` (0: registers): a ring of
+    that many shared-memory stages, each step's words and x copied by cp.async ``stages`` steps ahead and its
+    escape windows loaded after the step before's MMA (``wgmma_ring``; in place of ``prefetch``, ``pipe``, ``ahead``
+    and ``after_mma``).
 
     >>> Dense11WgConfig(bm=32).prefetch
     True
@@ -73,6 +70,7 @@ class Dense11WgConfig(C.KernelConfig):
     fixup: bool = False
     maxnreg: int = 0
     wave_split: bool = False
+    stages: int = 0
 
     def validate(self) -> None:
         flags(self, "prefetch", "pipe", "ahead", "after_mma", "fixup", "wave_split")
@@ -82,199 +80,15 @@ class Dense11WgConfig(C.KernelConfig):
         if self.ahead and self.after_mma:
             raise ValueError("Dense11WgConfig: ahead or after_mma, not both (two places for the same loads)")
         ints(self, 0, 255, "maxnreg")
+        ints(self, 0, 8, "stages")
+        if self.stages == 1 or (self.stages and (self.pipe or self.ahead or self.after_mma)):
+            raise ValueError(f"Dense11WgConfig.stages must be 0 (registers) or 2-8 without pipe, ahead and after_mma "
+                             f"(the ring places its own loads), got stages={self.stages}")
         if self.bm not in (16, 32, 64) or self.warps != 4:
             raise ValueError(f"Dense11WgConfig: bm 16, 32 or 64 and 4 warps (one warpgroup), got bm={self.bm}, "
                              f"warps={self.warps}")
         if self.maxnreg and not 32 <= self.maxnreg <= 255:
             raise ValueError(f"Dense11WgConfig.maxnreg must be 32-255 (0: none), got {self.maxnreg}")
-
-
-@gluon.jit
-def _u(v):
-    return v.to(gl.uint32, bitcast=True)
-
-
-@gluon.jit
-def _codes(code_ptr, c_off, st, RUNS):
-    # step st's code words c0, c1, c2 of each run ([BN, 4] runs)
-    b = st // 8
-    rb = gl.minimum(RUNS - 32 * b, 32)  # runs of block b (the last may be short)
-    cw = code_ptr + c_off + 96 * b + (st % 8) * 4
-    return _u(gl.load(cw)), _u(gl.load(cw + rb)), _u(gl.load(cw + 2 * rb))
-
-
-@gluon.jit
-def _rest(sm_ptr, x_ptr, s_off, xoff, st, RUNS):
-    # step st's sm words of halves a and b ([BN, 16] lane words, version 3's block-wise places) and the [BT, 128] x
-    # tile in column order (16-byte loads)
-    b = st // 8
-    rb = gl.minimum(RUNS - 32 * b, 32)
-    sp = sm_ptr + s_off + 256 * b + 16 * (st % 8)
-    return _u(gl.load(sp)), _u(gl.load(sp + 4 * rb)), gl.load(x_ptr + xoff + st * BK)
-
-
-@gluon.jit
-def _loads(code_ptr, sm_ptr, x_ptr, c_off, s_off, xoff, st, RUNS):
-    # step st's plane words and x tile: (c0, c1, c2, s4a, s4b, x)
-    c0, c1, c2 = _codes(code_ptr, c_off, st, RUNS)
-    s4a, s4b, xv = _rest(sm_ptr, x_ptr, s_off, xoff, st, RUNS)
-    return c0, c1, c2, s4a, s4b, xv
-
-
-@gluon.jit
-def _wide(v, BN: gl.constexpr, WL: gl.constexpr):
-    # a run's value [BN, 4] for each of its 4 lane words [BN, 16] (the lane's own registers: no data moves)
-    return gl.convert_layout(gl.reshape(gl.join(gl.join(v, v), gl.join(v, v)), [BN, 16]), WL)
-
-
-@gluon.jit
-def _nib_esc(x):
-    # bit 4i set where nibble i's low 3 bits are all ones (code 7: an escape)
-    return x & (x >> 1) & (x >> 2) & 0x11111111
-
-
-@gluon.jit
-def _window_words(rank, tot, esc_ptr, NESCW):
-    # the two digit-stream words holding a run's first 8 escapes from its rank (none loaded where it has none)
-    wi = rank >> 3
-    w0 = _u(gl.load(esc_ptr + wi, mask=(tot > 0) & (wi < NESCW), other=0))
-    w1 = _u(gl.load(esc_ptr + wi + 1, mask=(tot + (rank & 7) > 8) & (wi + 1 < NESCW), other=0))
-    return w0, w1
-
-
-@gluon.jit
-def _window(w0, w1, rank, HA0, HA1, HB0, HB1, LA0, LA1, LB0, LB1):
-    # exponent hi bytes and low bits (as 0x01) of a run's first 8 escapes from its window words, 4 a word: (eh0,
-    # eh1, el0, el1), as decode_v2._window
-    win = funnel(w0, w1, (4 * (rank & 7)).to(gl.uint32))  # digit i (i < 8) in nibble i
-    d0 = win & 0xFFFF
-    d1 = win >> 16
-    # digits 0-7 from the A tables, 8-15 from the B ones: the other table's lookup has bit 3 set, reads 0
-    eh0 = prmt_r(HA0, HA1, d0) | prmt_r(HB0, HB1, d0 ^ 0x8888)
-    eh1 = prmt_r(HA0, HA1, d1) | prmt_r(HB0, HB1, d1 ^ 0x8888)
-    el0 = prmt_r(LA0, LA1, d0) | prmt_r(LB0, LB1, d0 ^ 0x8888)
-    el1 = prmt_r(LA0, LA1, d1) | prmt_r(LB0, LB1, d1 ^ 0x8888)
-    return eh0, eh1, el0, el1
-
-
-@gluon.jit
-def _half(xa, xb, s4, q, fa, fb, pa, pb, eh0, eh1, el0, el1, th0, th1, tl0, tl1):
-    # one half of each run ([BN, 16] lane words, word q: (xa, nibble half 0), (xa, 1), (xb, 0), (xb, 1)) as bf16
-    # [BN, 16, j, T] (join's minor dimensions: element [j, T] is the word's weight 2 T + j), decode_v2._half's
-    # bytes: the codes looked up, escapes patched in from the window. Each input is a run word whose nibble half h
-    # is the lane word's selector as is (prmt reads a selector's low 16 bits): xa, xb the codes (bit 3 cleared);
-    # fa, fb 0x3210 plus 4 at an escape's nibble; pa, pb the escapes' ranks in the run, clamped at 8 (_run_words)
-    lo2 = q < 2
-    h = ((q & 1) * 16).to(gl.uint32)
-    sel = gl.where(lo2, xa, xb) >> h
-    hot_hi = prmt_r(th0, th1, sel)
-    hot_lo = prmt_r(tl0, tl1, sel)
-    k = gl.where(lo2, pa, pb) >> h
-    sel2 = gl.where(lo2, fa, fb) >> h  # an escape's byte t from the escapes' word (byte 4 + t)
-    hot_hi = prmt_r(hot_hi, prmt_r(eh0, eh1, k), sel2) | (s4 & 0x80808080)
-    hot_lo = prmt_r(hot_lo, prmt_r(el0, el1, k) << 7, sel2) | (s4 & 0x7F7F7F7F)
-    e0, e1 = split16(prmt(hot_lo, hot_hi, 0x5140))
-    e2, e3 = split16(prmt(hot_lo, hot_hi, 0x7362))
-    return gl.join(gl.join(e0, e1), gl.join(e2, e3))
-
-
-@gluon.jit
-def _run_words(f, before):
-    # a code word's selectors for _half: 0x3210 plus 4 at each escape's nibble, and each nibble's escape rank in the
-    # run (the word's escapes before it plus ``before``, clamped at 8: 15 at most, no carry between nibbles)
-    return f * 4 + 0x32103210, f * 0x11111110 + gl.minimum(before, 8).to(gl.uint32) * 0x11111111
-
-
-@gluon.jit
-def _flags(c0, c1, c2):
-    # a run's codes of columns 24-31 (d), escape flags of its 4 code words (bit 4i: nibble i is code 7), and its
-    # escapes before words 1, 2, 3 and in all (n0, b2, b3, tot)
-    d = ((c0 >> 3) & 0x11111111) | ((c1 >> 2) & 0x22222222) | ((c2 >> 1) & 0x44444444)  # codes of columns 24-31
-    f0 = _nib_esc(c0)
-    f1 = _nib_esc(c1)
-    f2 = _nib_esc(c2)
-    f3 = _nib_esc(d)
-    n0 = popc(f0)
-    b2 = n0 + popc(f1)
-    b3 = b2 + popc(f2)
-    return d, f0, f1, f2, f3, n0, b2, b3, b3 + popc(f3)
-
-
-@gluon.jit
-def _ranks(tot, run, cc):
-    # each run's first escape's index in the digit stream (run: the row's at the step's first column, alike along
-    # the row; cc: the run's lane in 4) and the row's index past the step
-    inc = tot + gl.where(cc >= 1, shfl_up4(tot, 1), 0)  # the row's escapes up to this run's
-    inc = inc + gl.where(cc >= 2, shfl_up4(inc, 2), 0)
-    return run + inc - tot, run + shfl_last4(inc)
-
-
-@gluon.jit
-def _lanes(c0, c1, c2, s4a, s4b, q, w0, w1, rank, th0, th1, tl0, tl1, HA0, HA1, HB0, HB1, LA0, LA1, LB0, LB1,
-           BN: gl.constexpr, WL: gl.constexpr, AL: gl.constexpr):
-    # a step's words as the [BN, 128] A operand in slot order from its runs' codes and window words (w0, w1 at
-    # rank). The run values (codes, escape flags, ranks, the escape window) are computed once a run ([BN, 4])
-    d, f0, f1, f2, f3, n0, b2, b3, tot = _flags(c0, c1, c2)
-    eh0, eh1, el0, el1 = _window(w0, w1, rank, HA0, HA1, HB0, HB1, LA0, LA1, LB0, LB1)
-    eh0 = _wide(eh0, BN, WL)
-    eh1 = _wide(eh1, BN, WL)
-    el0 = _wide(el0, BN, WL)
-    el1 = _wide(el1, BN, WL)
-    s0, r0 = _run_words(f0, n0 * 0)
-    s1, r1 = _run_words(f1, n0)
-    s2, r2 = _run_words(f2, b2)
-    s3, r3 = _run_words(f3, b3)
-    wa = _half(_wide(c0 & 0x77777777, BN, WL), _wide(c1 & 0x77777777, BN, WL), s4a, q, _wide(s0, BN, WL),
-               _wide(s1, BN, WL), _wide(r0, BN, WL), _wide(r1, BN, WL), eh0, eh1, el0, el1, th0, th1, tl0, tl1)
-    wb = _half(_wide(c2 & 0x77777777, BN, WL), _wide(d, BN, WL), s4b, q, _wide(s2, BN, WL), _wide(s3, BN, WL),
-               _wide(r2, BN, WL), _wide(r3, BN, WL), eh0, eh1, el0, el1, th0, th1, tl0, tl1)
-    w = gl.reshape(gl.join(wa, wb), [BN, 2, 2, 2, 2, 2, 2, 2])  # [row, c1, c0, q1, q0, j, T, h]
-    return gl.convert_layout(gl.reshape(gl.permute(w, DECODE_ORDER.value), [BN, BK]), AL)
-
-
-@gluon.jit
-def _decode(c0, c1, c2, s4a, s4b, run, q, cc, esc_ptr, NESCW, th0, th1, tl0, tl1, HA0, HA1, HB0, HB1, LA0, LA1,
-            LB0, LB1, BN: gl.constexpr, WL: gl.constexpr, AL: gl.constexpr):
-    # a step's A operand and run ([BN, 4]: each row's first escape's index at the step's first column) moved past
-    # the step's escapes, its escape window loaded in the step
-    tot = _flags(c0, c1, c2)[8]
-    rank, run = _ranks(tot, run, cc)
-    w0, w1 = _window_words(rank, tot, esc_ptr, NESCW)
-    a = _lanes(c0, c1, c2, s4a, s4b, q, w0, w1, rank, th0, th1, tl0, tl1, HA0, HA1, HB0, HB1, LA0, LA1, LB0, LB1,
-               BN, WL, AL)
-    return a, run
-
-
-@gluon.jit
-def _block_start(ebase_ptr, eoff_ptr, nb):
-    # the digit-stream index of the first escape of block nb (row * blocks a row + block), as decode_v2.block_start
-    return gl.load(ebase_ptr + nb // 16) + gl.load(eoff_ptr + nb).to(gl.int32)
-
-
-@gluon.jit
-def _x_store(xs, xr, BT: gl.constexpr):
-    # the x tile into shared memory in slot order: column bits (c1 c0 h q1 q0 T j) become (h q1 q0 T c1 c0 j)
-    xr = gl.reshape(xr, [BT, 2, 2, 2, 2, 2, 2, 2])
-    xs.store(gl.reshape(gl.permute(xr, X_ORDER.value), [BT, BK]))
-
-
-@gluon.jit
-def _mma(acc, a, ap, xs, xv, BT: gl.constexpr, PIPE: gl.constexpr):
-    # x into shared memory and the step's MMA; PIPE: left in flight beside the next step's decode (ap: the A
-    # operand of the one in flight, kept until it is done)
-    if PIPE:  # the step before's MMA ran beside this decode: done (its A registers kept until now), x free
-        acc, ap = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ap))
-        gl.thread_barrier()
-    _x_store(xs, xv, BT)
-    fence_async_shared()
-    gl.thread_barrier()
-    acc = warpgroup_mma(a, xs.permute((1, 0)), acc, is_async=True)
-    if PIPE:  # left in flight (the wait for none but the last one only hands back the accumulator)
-        acc, ap = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a))
-    else:
-        acc, a = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a))
-        gl.thread_barrier()  # every warp's MMA has read x before the next step's stores
-    return acc, ap
 
 
 @gluon.jit(do_not_specialize=["NESCW", "TH0", "TH1", "TL0", "TL1", "HA0", "HA1", "HB0", "HB1", "LA0", "LA1", "LB0",
@@ -373,14 +187,6 @@ def _d11_wg_kernel(x_ptr, code_ptr, sm_ptr, esc_ptr, ebase_ptr, eoff_ptr, rowptr
     wg_store(acc, part_ptr, out_ptr, bias_ptr, cnt_ptr, r, m, M, N, pid_n, pid_k, pid_m, OUT, HAS_BIAS, CS)
 
 
-def run_layout(warps: int = 4):
-    """The [64, 4] runs of a step in fixed12's word layout less its 4 words a run (``layouts``' words): lane (g, c)
-    holds run c of rows g and g + 8 of its warp's 16."""
-    return gl.DistributedLinearLayout(reg_bases=[[8, 0]], lane_bases=[[0, 1], [0, 2], [1, 0], [2, 0], [4, 0]],
-                                      warp_bases=[[16 << i, 0] for i in range(warps.bit_length() - 1)],
-                                      block_bases=[], shape=[16 * warps, 4])
-
-
 def wave_split(tiles: int, k: int, slots: int) -> int:
     """K splits (of whole ``BLOCK``-column blocks) for ``tiles`` output tiles when ``slots`` programs run at once: the
     count whose ceil(tiles * splits / slots) waves of ceil(blocks / splits) blocks each take the fewest blocks, the
@@ -441,13 +247,17 @@ def plan(x2: torch.Tensor, p, bias, cfg: Dense11WgConfig):
     cnt = C.counters(x2.device, tiles) if out_mode == 2 else None
     words, xl, mma, a_op, xsl, ol = layouts(BN.value, bt, 4)
     exc = prep.nexc > 0
-    tile = _plan.Launch(_d11_wg_kernel, (triton.cdiv(n, BN.value), split, triton.cdiv(m, bt)), (
+    if cfg.stages:  # the ring: x copied as int32 pairs (stride even: 16-byte aligned rows)
+        kern, opts = _d11_wg_ring_kernel, dict(XL=pair_layout(bt), S=cfg.stages)
+    else:
+        ea = 2 if cfg.after_mma else int(cfg.ahead)
+        kern, opts = _d11_wg_kernel, dict(XL=xl, PF=cfg.prefetch, PIPE=cfg.pipe, EA=ea)
+    tile = _plan.Launch(kern, (triton.cdiv(n, BN.value), split, triton.cdiv(m, bt)), (
         x, arr["code"], arr["sm"].view(torch.int32), arr["esc"], arr["esc_base"], arr["esc_off"], prep.rowptr,
         prep.pos if exc else prep.rowptr, prep.vals if exc else prep.rowptr, part, o, b, cnt, m, n, k,
         _codec.blocks_per_row(k), prep.nescw, per, stride, *prep.lut, *prep.tab), dict(
-        BT=bt, WL=words, RL=run_layout(4), XL=xl, ML=mma, AL=a_op, XSL=xsl, OL=ol, OUT=out_mode, HAS_BIAS=bias is not None, EXC=exc,
-        PF=cfg.prefetch, PIPE=cfg.pipe, EA=2 if cfg.after_mma else int(cfg.ahead), CS=C.COUNTER_SLOTS, num_warps=4,
-        **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {})))
+        BT=bt, WL=words, RL=run_layout(4), ML=mma, AL=a_op, XSL=xsl, OL=ol, OUT=out_mode, HAS_BIAS=bias is not None,
+        EXC=exc, CS=C.COUNTER_SLOTS, num_warps=4, **opts, **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {})))
     fin = C.finalize_launch(split, m, n, bias is not None, x2.device, cfg.pdl) if out_mode == 0 else None
     shape, dev = (split, m, n), x2.device
 

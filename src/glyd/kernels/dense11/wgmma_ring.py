@@ -1,0 +1,151 @@
+"""``dense11_wgmma`` with a ring of shared-memory stages (``Dense11WgConfig.stages``): each step's code and sm words
+and its x tile copied by cp.async ``stages`` steps ahead, so the words wait in shared memory, not in registers,
+and several steps' loads are in flight while a step decodes (issue 35: on an H100 the register-prefetch tile's warps
+waited on global loads 42% of the time at M = 16, history/2026-12-07-h100-32.md).
+
+x arrives in slot order (``wgmma_decode``'s module docstring): slot pair p = 32 h + 8 q + 4 T + c of a step holds
+column pair 16 c + 8 h + 2 q + T, copied 4 bytes at a time into an int32 view of wgmma's swizzled B tile (the same
+bytes as the bf16 [BT, 128] tile: 128-byte lines, 16-byte chunks swizzled by row), so x never passes through
+registers. Each thread copies the code and sm words it decodes (the run and lane-word layouts): cp.async's own
+wait orders them; x, read by the MMA from every thread's copies, waits for a barrier a step. A step's escape windows
+are loaded right after the step before's MMA, from the next step's code words (landed: the ring's wait leaves
+``stages - 2`` steps in flight). A step's copies are issued once the MMA ``stages`` steps before it has read its
+stage. Exceptions, the fixup and the store are the register tile's (``wgmma.py``).
+"""
+
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
+
+from glyd.kernels.dense11.wgmma_decode import BK, BN, _block_start, _flags, _lanes, _ranks, _u, _window_words
+from glyd.kernels.fixed12.wgmma import wg_row_exceptions, wg_store
+
+RING = gl.constexpr(gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))  # the word rings: each thread reads its own copies
+XRING = gl.constexpr(gl.NVMMASharedLayout(128, 32))  # x's ring as int32 pairs: bf16 [BT, 128]'s bytes (128-byte swizzle)
+
+
+@gluon.jit
+def _issue(r0, r1, r2, ra, rb_, rx, code_ptr, sm_ptr, x32_ptr, c_off, s_off, xpo, st, RUNS, S: gl.constexpr):
+    # step st's code words (3 planes of [BN, 4] runs), sm words (halves a and b, [BN, 16] lane words) and x tile
+    # ([BT, 64] slot pairs) copied into stage st % S of their rings (one allocation each: the barrier pass sees no
+    # write after write between them)
+    i = st % S
+    b = st // 8
+    rb = gl.minimum(RUNS - 32 * b, 32)  # runs of block b (the last may be short)
+    cw = code_ptr + c_off + 96 * b + (st % 8) * 4
+    async_copy.async_copy_global_to_shared(r0.index(i), cw)
+    async_copy.async_copy_global_to_shared(r1.index(i), cw + rb)
+    async_copy.async_copy_global_to_shared(r2.index(i), cw + 2 * rb)
+    sp = sm_ptr + s_off + 256 * b + 16 * (st % 8)
+    async_copy.async_copy_global_to_shared(ra.index(i), sp)
+    async_copy.async_copy_global_to_shared(rb_.index(i), sp + 4 * rb)
+    async_copy.async_copy_global_to_shared(rx.index(i), x32_ptr + xpo + st * (BK // 2))
+
+
+@gluon.jit
+def _pair_column(p):
+    # the column pair held by slot pair p = 32 h + 8 q + 4 T + c of a step: 16 c + 8 h + 2 q + T
+    return 16 * (p % 4) + 8 * (p // 32) + 2 * ((p // 8) % 4) + (p // 4) % 2
+
+
+@gluon.jit
+def _next_window(r0, r1, r2, st, run, cc, nr, ebase_ptr, eoff_ptr, esc_ptr, NBR, NESCW, S: gl.constexpr,
+                 RL: gl.constexpr):
+    # step st's code words (landed; each thread reads the words it copied), its rows' escape ranks (the block offsets
+    # at a block's first step) and its escape window words: (c0, c1, c2, rank, run past the step, w0, w1)
+    i = st % S
+    c0 = _u(r0.index(i).load(RL))
+    c1 = _u(r1.index(i).load(RL))
+    c2 = _u(r2.index(i).load(RL))
+    if st % 8 == 0:
+        run = _block_start(ebase_ptr, eoff_ptr, nr * NBR + st // 8) + cc * 0
+    tot = _flags(c0, c1, c2)[8]
+    rank, run = _ranks(tot, run, cc)
+    w0, w1 = _window_words(rank, tot, esc_ptr, NESCW)
+    return c0, c1, c2, rank, run, w0, w1
+
+
+@gluon.jit(do_not_specialize=["NESCW", "TH0", "TH1", "TL0", "TL1", "HA0", "HA1", "HB0", "HB1", "LA0", "LA1", "LB0",
+                              "LB1"])
+def _d11_wg_ring_kernel(x_ptr, code_ptr, sm_ptr, esc_ptr, ebase_ptr, eoff_ptr, rowptr_ptr, eidx_ptr, vals_ptr,
+                        part_ptr, out_ptr, bias_ptr, cnt_ptr, M, N, KP, NBR, NESCW, K_SPLIT, stride_xm, TH0, TH1, TL0,
+                        TL1, HA0, HA1, HB0, HB1, LA0, LA1, LB0, LB1, BT: gl.constexpr, WL: gl.constexpr,
+                        RL: gl.constexpr, XL: gl.constexpr, ML: gl.constexpr, AL: gl.constexpr, XSL: gl.constexpr,
+                        OL: gl.constexpr, OUT: gl.constexpr, HAS_BIAS: gl.constexpr, EXC: gl.constexpr,
+                        S: gl.constexpr, CS: gl.constexpr = 1):
+    # as wgmma._d11_wg_kernel (OUT, the split, rows past M or N), its words and x through a ring of S stages. XL: the
+    # [BT, 64] slot pairs' copy layout; stride_xm even (x read as int32 pairs)
+    pid_n = gl.program_id(0)
+    pid_k = gl.program_id(1)
+    pid_m = gl.program_id(2)
+    col = gl.arange(0, 16, layout=gl.SliceLayout(0, WL))[None, :]  # lane word 4 c + q
+    n = gl.minimum(pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, WL)), N - 1)[:, None]
+    cr = gl.arange(0, 4, layout=gl.SliceLayout(0, RL))[None, :]  # run c
+    nr = gl.minimum(pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, RL)), N - 1)[:, None]
+    runs = KP // 32
+    c_off = nr * (3 * runs) + cr
+    s_off = n * (KP // 4) + col
+    z = gl.zeros([BN, 16], gl.int32, WL)
+    cc = cr + gl.zeros([BN, 4], gl.int32, RL)
+    q = (col % 4).to(gl.uint32) + z.to(gl.uint32)
+    th0 = z.to(gl.uint32) + TH0
+    th1 = z.to(gl.uint32) + TH1
+    tl0 = z.to(gl.uint32) + TL0
+    tl1 = z.to(gl.uint32) + TL1
+    m0 = pid_m * BT
+    t = gl.minimum(m0 + gl.arange(0, BT, layout=gl.SliceLayout(1, XL)), M - 1)
+    p = gl.arange(0, BK // 2, layout=gl.SliceLayout(0, XL))  # slot pair 32 h + 8 q + 4 T + c
+    xpo = t[:, None] * (stride_xm // 2) + _pair_column(p)[None, :]
+    x32_ptr = x_ptr.to(gl.pointer_type(gl.int32), bitcast=True)
+    r0 = gl.allocate_shared_memory(gl.int32, [S, BN, 4], RING)
+    r1 = gl.allocate_shared_memory(gl.int32, [S, BN, 4], RING)
+    r2 = gl.allocate_shared_memory(gl.int32, [S, BN, 4], RING)
+    ra = gl.allocate_shared_memory(gl.int32, [S, BN, 16], RING)
+    rb = gl.allocate_shared_memory(gl.int32, [S, BN, 16], RING)
+    rx = gl.allocate_shared_memory(gl.int32, [S, BT, BK // 2], XRING)
+    acc = gl.zeros([BN, BT], gl.float32, ML)
+    s0 = (pid_k * K_SPLIT) // BK
+    s1 = gl.minimum(pid_k * K_SPLIT + K_SPLIT, KP) // BK
+    for j in gl.static_range(S):  # the first S steps in flight (a group a step, empty past the split)
+        if s0 + j < s1:
+            _issue(r0, r1, r2, ra, rb, rx, code_ptr, sm_ptr, x32_ptr, c_off, s_off, xpo, s0 + j, runs, S)
+        async_copy.commit_group()
+    async_copy.wait_group(S - 1)  # step s0 landed
+    run = gl.zeros([BN, 4], gl.int32, RL)  # s0 starts a block: _next_window sets it
+    c0, c1, c2, rank, run, w0, w1 = _next_window(r0, r1, r2, s0, run, cc, nr, ebase_ptr, eoff_ptr, esc_ptr, NBR, NESCW,
+                                                 S, RL)
+    for st in range(s0, s1):
+        i = st % S
+        s4a = _u(ra.index(i).load(WL))
+        s4b = _u(rb.index(i).load(WL))
+        a = _lanes(c0, c1, c2, s4a, s4b, q, w0, w1, rank, th0, th1, tl0, tl1, HA0, HA1, HB0, HB1, LA0, LA1, LB0, LB1,
+                   BN, WL, AL)
+        fence_async_shared()
+        gl.thread_barrier()  # x of step st from every thread's copies
+        xs = rx.index(i)._reinterpret(gl.bfloat16, [BT, BK], XSL)
+        acc = warpgroup_mma(a, xs.permute((1, 0)), acc, is_async=True)
+        acc, a = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a))
+        async_copy.wait_group(S - 2)  # steps up to st + 1 landed
+        gl.thread_barrier()  # every warp's MMA of step st done: its stage free
+        if st + S < s1:
+            _issue(r0, r1, r2, ra, rb, rx, code_ptr, sm_ptr, x32_ptr, c_off, s_off, xpo, st + S, runs, S)
+        async_copy.commit_group()
+        c0, c1, c2, rank, run, w0, w1 = _next_window(r0, r1, r2, gl.minimum(st + 1, s1 - 1), run, cc, nr, ebase_ptr,
+                                                     eoff_ptr, esc_ptr, NBR, NESCW, S, RL)
+    async_copy.wait_group(0)
+    if EXC:  # the tile's exceptions by the accumulator's own threads, rounds shared among its split programs
+        acc = wg_row_exceptions(acc, x_ptr, 1, stride_xm, m0, M, KP, rowptr_ptr, eidx_ptr, vals_ptr, rowptr_ptr,
+                                pid_n * BN, N, pid_k, gl.num_programs(1), BN, BT, ML, False, 1)
+    acc = gl.convert_layout(acc, OL)
+    r = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, OL))[:, None]
+    m = m0 + gl.arange(0, BT, layout=gl.SliceLayout(0, OL))[None, :]
+    wg_store(acc, part_ptr, out_ptr, bias_ptr, cnt_ptr, r, m, M, N, pid_n, pid_k, pid_m, OUT, HAS_BIAS, CS)
+
+
+def pair_layout(bt: int, warps: int = 4):
+    """The [bt, 64] slot pairs' copy layout: a warp's 32 lanes copy one row's 32 consecutive pairs (4 sectors of x,
+    one 128-byte line of the swizzled tile)."""
+    return gl.BlockedLayout(size_per_thread=[1, 1], threads_per_warp=[1, 32], warps_per_cta=[warps, 1], order=[1, 0])

@@ -34,10 +34,10 @@ from glyd.kernels import _common as C
 from glyd.kernels import _plan
 from glyd.kernels._fields import flags, ints
 from glyd.kernels.dense11.decode_v2 import prepare
-from glyd.kernels.dense11.wgmma_decode import (BK, BLOCK, BN, _block_start, _codes, _decode, _flags, _lanes, _loads,
-                                               _mma, _ranks, _rest, _window_words, run_layout)
+from glyd.kernels.dense11.wgmma_decode import (BK, BLOCK, BN, _block_start, _codes, _decode, _finish, _lanes, _loads,
+                                               _mma, _rest, _step_window, _tile, run_layout)
 from glyd.kernels.dense11.wgmma_ring import _d11_wg_ring_kernel, pair_layout
-from glyd.kernels.fixed12.wgmma import layouts, wg_row_exceptions, wg_store
+from glyd.kernels.fixed12.wgmma import layouts
 from glyd.kernels.registry import Kernel
 
 
@@ -104,25 +104,11 @@ def _d11_wg_kernel(x_ptr, code_ptr, sm_ptr, esc_ptr, ebase_ptr, eoff_ptr, rowptr
     # rows, BT x rows]. KP a multiple of 128 (no padded columns); rows past M or N read row M - 1 / N - 1 again. EA 1:
     # a step's escape windows loaded while the step before decodes (its codes two steps ahead); 2: right after the
     # step before's MMA (its codes one step ahead)
-    pid_n = gl.program_id(0)
     pid_k = gl.program_id(1)
-    pid_m = gl.program_id(2)
-    col = gl.arange(0, 16, layout=gl.SliceLayout(0, WL))[None, :]  # lane word 4 c + q
-    n = gl.minimum(pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, WL)), N - 1)[:, None]
-    cr = gl.arange(0, 4, layout=gl.SliceLayout(0, RL))[None, :]  # run c
-    nr = gl.minimum(pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, RL)), N - 1)[:, None]
+    c_off, s_off, nr, cc, q, th0, th1, tl0, tl1 = _tile(gl.program_id(0), N, KP, TH0, TH1, TL0, TL1, BN, WL, RL)
     runs = KP // 32
-    c_off = nr * (3 * runs) + cr  # run c's code words
-    s_off = n * (KP // 4) + col  # lane word q of run c's half a
-    z = gl.zeros([BN, 16], gl.int32, WL)
-    zr = gl.zeros([BN, 4], gl.int32, RL)
-    cc = cr + zr
-    q = (col % 4).to(gl.uint32) + z.to(gl.uint32)
-    th0 = z.to(gl.uint32) + TH0
-    th1 = z.to(gl.uint32) + TH1
-    tl0 = z.to(gl.uint32) + TL0
-    tl1 = z.to(gl.uint32) + TL1
-    m0 = pid_m * BT
+    zr = cc * 0
+    m0 = gl.program_id(2) * BT
     t = gl.minimum(m0 + gl.arange(0, BT, layout=gl.SliceLayout(1, XL)), M - 1)
     xoff = t[:, None] * stride_xm + gl.arange(0, BK, layout=gl.SliceLayout(0, XL))[None, :]
     xs = gl.allocate_shared_memory(gl.bfloat16, [BT, BK], XSL)
@@ -132,9 +118,7 @@ def _d11_wg_kernel(x_ptr, code_ptr, sm_ptr, esc_ptr, ebase_ptr, eoff_ptr, rowptr
     c0, c1, c2, s4a, s4b, xv = _loads(code_ptr, sm_ptr, x_ptr, c_off, s_off, xoff, s0, runs)
     run = _block_start(ebase_ptr, eoff_ptr, nr * NBR + s0 // 8) + zr  # s0 starts a block
     if EA:  # step s0's window words, and the next step's codes
-        tot = _flags(c0, c1, c2)[8]
-        rank, run = _ranks(tot, run, cc)
-        w0, w1 = _window_words(rank, tot, esc_ptr, NESCW)
+        rank, run, w0, w1 = _step_window(c0, c1, c2, run, cc, esc_ptr, NESCW)
         if EA == 1:
             d0, d1, d2 = _codes(code_ptr, c_off, gl.minimum(s0 + 1, s1 - 1), runs)
     ap = gl.zeros([BN, BK], gl.bfloat16, AL)  # the A operand of the MMA in flight (PIPE)
@@ -142,16 +126,13 @@ def _d11_wg_kernel(x_ptr, code_ptr, sm_ptr, esc_ptr, ebase_ptr, eoff_ptr, rowptr
         nx = gl.minimum(st + 1, s1 - 1)  # the next step (the last step reloads its own)
         if EA == 2:  # the next step's words in flight; this step's window was loaded after the last step's MMA
             nc0, nc1, nc2, ns4a, ns4b, nxv = _loads(code_ptr, sm_ptr, x_ptr, c_off, s_off, xoff, nx, runs)
-            a = _lanes(c0, c1, c2, s4a, s4b, q, w0, w1, rank, th0, th1, tl0, tl1, HA0, HA1, HB0, HB1, LA0, LA1, LB0,
-                       LB1, BN, WL, AL)
         elif EA:  # codes two steps ahead; the next step's ranks and window words from its codes (loaded a step ago)
             e0, e1, e2 = _codes(code_ptr, c_off, gl.minimum(st + 2, s1 - 1), runs)
             ns4a, ns4b, nxv = _rest(sm_ptr, x_ptr, s_off, xoff, nx, runs)
             if nx % 8 == 0:
                 run = _block_start(ebase_ptr, eoff_ptr, nr * NBR + nx // 8) + zr
-            ntot = _flags(d0, d1, d2)[8]
-            nrank, run = _ranks(ntot, run, cc)
-            nw0, nw1 = _window_words(nrank, ntot, esc_ptr, NESCW)
+            nrank, run, nw0, nw1 = _step_window(d0, d1, d2, run, cc, esc_ptr, NESCW)
+        if EA:
             a = _lanes(c0, c1, c2, s4a, s4b, q, w0, w1, rank, th0, th1, tl0, tl1, HA0, HA1, HB0, HB1, LA0, LA1, LB0,
                        LB1, BN, WL, AL)
         else:
@@ -167,9 +148,7 @@ def _d11_wg_kernel(x_ptr, code_ptr, sm_ptr, esc_ptr, ebase_ptr, eoff_ptr, rowptr
         if EA == 2:  # the next step's ranks and window words once its codes had this step's decode to arrive
             if nx % 8 == 0:
                 run = _block_start(ebase_ptr, eoff_ptr, nr * NBR + nx // 8) + zr
-            ntot = _flags(nc0, nc1, nc2)[8]
-            rank, run = _ranks(ntot, run, cc)
-            w0, w1 = _window_words(rank, ntot, esc_ptr, NESCW)
+            rank, run, w0, w1 = _step_window(nc0, nc1, nc2, run, cc, esc_ptr, NESCW)
             c0, c1, c2, s4a, s4b, xv = nc0, nc1, nc2, ns4a, ns4b, nxv
         elif EA:
             c0, c1, c2, d0, d1, d2, s4a, s4b, xv = d0, d1, d2, e0, e1, e2, ns4a, ns4b, nxv
@@ -178,13 +157,8 @@ def _d11_wg_kernel(x_ptr, code_ptr, sm_ptr, esc_ptr, ebase_ptr, eoff_ptr, rowptr
             c0, c1, c2, s4a, s4b, xv = nc0, nc1, nc2, ns4a, ns4b, nxv
     if PIPE:
         acc, ap = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ap))
-    if EXC:  # the tile's exceptions by the accumulator's own threads, rounds shared among its split programs
-        acc = wg_row_exceptions(acc, x_ptr, 1, stride_xm, m0, M, KP, rowptr_ptr, eidx_ptr, vals_ptr, rowptr_ptr,
-                                pid_n * BN, N, pid_k, gl.num_programs(1), BN, BT, ML, False, 1)
-    acc = gl.convert_layout(acc, OL)
-    r = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, OL))[:, None]
-    m = m0 + gl.arange(0, BT, layout=gl.SliceLayout(0, OL))[None, :]
-    wg_store(acc, part_ptr, out_ptr, bias_ptr, cnt_ptr, r, m, M, N, pid_n, pid_k, pid_m, OUT, HAS_BIAS, CS)
+    _finish(acc, x_ptr, rowptr_ptr, eidx_ptr, vals_ptr, part_ptr, out_ptr, bias_ptr, cnt_ptr, stride_xm, m0, M, N, KP,
+            BT, ML, OL, OUT, HAS_BIAS, EXC, CS)
 
 
 def wave_split(tiles: int, k: int, slots: int) -> int:

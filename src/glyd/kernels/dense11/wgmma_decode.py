@@ -1,5 +1,6 @@
 """The decode of dense11 format version 3 for Hopper's warpgroup MMA (``dense11_wgmma``: ``wgmma.py``, its ring
-of stages ``wgmma_ring.py``): a step's words as wgmma's register A operand in slot order, and the x tile in the same order.
+of stages ``wgmma_ring.py``): a step's words as wgmma's register A operand in slot order, and the x tile in the same
+order.
 
 Lane (g, c) of a warp holds run c (32 columns) of rows g and g + 8 of a 128-column step, 4 lane words a row (word q:
 columns 16 h + 4 q .. + 3 of the run's half h; ``fixed12.wgmma.layouts``), so a thread's 4 weights of a lane word are
@@ -16,6 +17,7 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 
 from glyd.codec import dense11 as _codec
 from glyd.kernels._gluon_bits import funnel, popc, prmt, prmt_r, shfl_last4, shfl_up4, split16
+from glyd.kernels.fixed12.wgmma import wg_row_exceptions, wg_store
 
 BK = gl.constexpr(128)  # columns a K step: 4 runs of 32 a row
 BLOCK = _codec.BLOCK  # columns a block (its escape ranks start from its offsets): K splits are whole blocks
@@ -186,6 +188,48 @@ def _decode(c0, c1, c2, s4a, s4b, run, q, cc, esc_ptr, NESCW, th0, th1, tl0, tl1
 def _block_start(ebase_ptr, eoff_ptr, nb):
     # the digit-stream index of the first escape of block nb (row * blocks a row + block), as decode_v2.block_start
     return gl.load(ebase_ptr + nb // 16) + gl.load(eoff_ptr + nb).to(gl.int32)
+
+
+@gluon.jit
+def _step_window(c0, c1, c2, run, cc, esc_ptr, NESCW):
+    # a step's escape ranks from its code words (run: the rows' index before the step; the block offsets' at a block's
+    # first step) and its window words: (rank, run past the step, w0, w1)
+    tot = _flags(c0, c1, c2)[8]
+    rank, run = _ranks(tot, run, cc)
+    w0, w1 = _window_words(rank, tot, esc_ptr, NESCW)
+    return rank, run, w0, w1
+
+
+@gluon.jit
+def _tile(pid_n, N, KP, TH0, TH1, TL0, TL1, BN: gl.constexpr, WL: gl.constexpr, RL: gl.constexpr):
+    # a program's offsets of its runs' code words (c_off, [BN, 4]) and lane words' sm words (s_off, [BN, 16]), its
+    # rows and runs in the run layout (nr, cc), each lane word's q and the code tables as [BN, 16] words (rows past N
+    # read row N - 1 again)
+    col = gl.arange(0, 16, layout=gl.SliceLayout(0, WL))[None, :]  # lane word 4 c + q
+    n = gl.minimum(pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, WL)), N - 1)[:, None]
+    cr = gl.arange(0, 4, layout=gl.SliceLayout(0, RL))[None, :]  # run c
+    nr = gl.minimum(pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, RL)), N - 1)[:, None]
+    z = gl.zeros([BN, 16], gl.uint32, WL)
+    cc = cr + gl.zeros([BN, 4], gl.int32, RL)
+    q = (col % 4).to(gl.uint32) + z
+    return nr * (3 * (KP // 32)) + cr, n * (KP // 4) + col, nr, cc, q, z + TH0, z + TH1, z + TL0, z + TL1
+
+
+@gluon.jit
+def _finish(acc, x_ptr, rowptr_ptr, eidx_ptr, vals_ptr, part_ptr, out_ptr, bias_ptr, cnt_ptr, stride_xm, m0, M, N,
+            KP, BT: gl.constexpr, ML: gl.constexpr, OL: gl.constexpr, OUT: gl.constexpr, HAS_BIAS: gl.constexpr,
+            EXC: gl.constexpr, CS: gl.constexpr):
+    # the tile's exceptions by the accumulator's own threads (rounds shared among its split programs), then its
+    # partials or output (fixed12.wgmma.wg_store)
+    pid_n = gl.program_id(0)
+    pid_k = gl.program_id(1)
+    if EXC:
+        acc = wg_row_exceptions(acc, x_ptr, 1, stride_xm, m0, M, KP, rowptr_ptr, eidx_ptr, vals_ptr, rowptr_ptr,
+                                pid_n * BN, N, pid_k, gl.num_programs(1), BN, BT, ML, False, 1)
+    acc = gl.convert_layout(acc, OL)
+    r = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, OL))[:, None]
+    m = m0 + gl.arange(0, BT, layout=gl.SliceLayout(0, OL))[None, :]
+    wg_store(acc, part_ptr, out_ptr, bias_ptr, cnt_ptr, r, m, M, N, pid_n, pid_k, gl.program_id(2), OUT, HAS_BIAS, CS)
 
 
 @gluon.jit

@@ -20,11 +20,10 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
 
-from glyd.kernels.dense11.wgmma_decode import BK, BN, _block_start, _flags, _lanes, _ranks, _u, _window_words
-from glyd.kernels.fixed12.wgmma import wg_row_exceptions, wg_store
+from glyd.kernels.dense11.wgmma_decode import BK, BN, _block_start, _finish, _lanes, _step_window, _tile, _u
 
 RING = gl.constexpr(gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))  # the word rings: each thread reads its own copies
-XRING = gl.constexpr(gl.NVMMASharedLayout(128, 32))  # x's ring as int32 pairs: bf16 [BT, 128]'s bytes (128-byte swizzle)
+XRING = gl.constexpr(gl.NVMMASharedLayout(128, 32))  # x's ring as int32 pairs: bf16 [BT, 128]'s bytes, 128-byte swizzle
 
 
 @gluon.jit
@@ -52,19 +51,14 @@ def _pair_column(p):
 
 
 @gluon.jit
-def _next_window(r0, r1, r2, st, run, cc, nr, ebase_ptr, eoff_ptr, esc_ptr, NBR, NESCW, S: gl.constexpr,
-                 RL: gl.constexpr):
-    # step st's code words (landed; each thread reads the words it copied), its rows' escape ranks (the block offsets
-    # at a block's first step) and its escape window words: (c0, c1, c2, rank, run past the step, w0, w1)
+def _next_window(r0, r1, r2, st, run, cc, esc_ptr, NESCW, S: gl.constexpr, RL: gl.constexpr):
+    # step st's code words (landed; each thread reads the words it copied), its escape ranks (run: the rows' index
+    # before it) and window words: (c0, c1, c2, rank, run past the step, w0, w1)
     i = st % S
     c0 = _u(r0.index(i).load(RL))
     c1 = _u(r1.index(i).load(RL))
     c2 = _u(r2.index(i).load(RL))
-    if st % 8 == 0:
-        run = _block_start(ebase_ptr, eoff_ptr, nr * NBR + st // 8) + cc * 0
-    tot = _flags(c0, c1, c2)[8]
-    rank, run = _ranks(tot, run, cc)
-    w0, w1 = _window_words(rank, tot, esc_ptr, NESCW)
+    rank, run, w0, w1 = _step_window(c0, c1, c2, run, cc, esc_ptr, NESCW)
     return c0, c1, c2, rank, run, w0, w1
 
 
@@ -78,24 +72,10 @@ def _d11_wg_ring_kernel(x_ptr, code_ptr, sm_ptr, esc_ptr, ebase_ptr, eoff_ptr, r
                         S: gl.constexpr, CS: gl.constexpr = 1):
     # as wgmma._d11_wg_kernel (OUT, the split, rows past M or N), its words and x through a ring of S stages. XL: the
     # [BT, 64] slot pairs' copy layout; stride_xm even (x read as int32 pairs)
-    pid_n = gl.program_id(0)
     pid_k = gl.program_id(1)
-    pid_m = gl.program_id(2)
-    col = gl.arange(0, 16, layout=gl.SliceLayout(0, WL))[None, :]  # lane word 4 c + q
-    n = gl.minimum(pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, WL)), N - 1)[:, None]
-    cr = gl.arange(0, 4, layout=gl.SliceLayout(0, RL))[None, :]  # run c
-    nr = gl.minimum(pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, RL)), N - 1)[:, None]
+    c_off, s_off, nr, cc, q, th0, th1, tl0, tl1 = _tile(gl.program_id(0), N, KP, TH0, TH1, TL0, TL1, BN, WL, RL)
     runs = KP // 32
-    c_off = nr * (3 * runs) + cr
-    s_off = n * (KP // 4) + col
-    z = gl.zeros([BN, 16], gl.int32, WL)
-    cc = cr + gl.zeros([BN, 4], gl.int32, RL)
-    q = (col % 4).to(gl.uint32) + z.to(gl.uint32)
-    th0 = z.to(gl.uint32) + TH0
-    th1 = z.to(gl.uint32) + TH1
-    tl0 = z.to(gl.uint32) + TL0
-    tl1 = z.to(gl.uint32) + TL1
-    m0 = pid_m * BT
+    m0 = gl.program_id(2) * BT
     t = gl.minimum(m0 + gl.arange(0, BT, layout=gl.SliceLayout(1, XL)), M - 1)
     p = gl.arange(0, BK // 2, layout=gl.SliceLayout(0, XL))  # slot pair 32 h + 8 q + 4 T + c
     xpo = t[:, None] * (stride_xm // 2) + _pair_column(p)[None, :]
@@ -114,9 +94,8 @@ def _d11_wg_ring_kernel(x_ptr, code_ptr, sm_ptr, esc_ptr, ebase_ptr, eoff_ptr, r
             _issue(r0, r1, r2, ra, rb, rx, code_ptr, sm_ptr, x32_ptr, c_off, s_off, xpo, s0 + j, runs, S)
         async_copy.commit_group()
     async_copy.wait_group(S - 1)  # step s0 landed
-    run = gl.zeros([BN, 4], gl.int32, RL)  # s0 starts a block: _next_window sets it
-    c0, c1, c2, rank, run, w0, w1 = _next_window(r0, r1, r2, s0, run, cc, nr, ebase_ptr, eoff_ptr, esc_ptr, NBR, NESCW,
-                                                 S, RL)
+    run = _block_start(ebase_ptr, eoff_ptr, nr * NBR + s0 // 8) + cc * 0  # s0 starts a block
+    c0, c1, c2, rank, run, w0, w1 = _next_window(r0, r1, r2, s0, run, cc, esc_ptr, NESCW, S, RL)
     for st in range(s0, s1):
         i = st % S
         s4a = _u(ra.index(i).load(WL))
@@ -133,16 +112,13 @@ def _d11_wg_ring_kernel(x_ptr, code_ptr, sm_ptr, esc_ptr, ebase_ptr, eoff_ptr, r
         if st + S < s1:
             _issue(r0, r1, r2, ra, rb, rx, code_ptr, sm_ptr, x32_ptr, c_off, s_off, xpo, st + S, runs, S)
         async_copy.commit_group()
-        c0, c1, c2, rank, run, w0, w1 = _next_window(r0, r1, r2, gl.minimum(st + 1, s1 - 1), run, cc, nr, ebase_ptr,
-                                                     eoff_ptr, esc_ptr, NBR, NESCW, S, RL)
+        nx = gl.minimum(st + 1, s1 - 1)
+        if nx % 8 == 0:  # a block's first step: its rows' ranks from the block offsets
+            run = _block_start(ebase_ptr, eoff_ptr, nr * NBR + nx // 8) + cc * 0
+        c0, c1, c2, rank, run, w0, w1 = _next_window(r0, r1, r2, nx, run, cc, esc_ptr, NESCW, S, RL)
     async_copy.wait_group(0)
-    if EXC:  # the tile's exceptions by the accumulator's own threads, rounds shared among its split programs
-        acc = wg_row_exceptions(acc, x_ptr, 1, stride_xm, m0, M, KP, rowptr_ptr, eidx_ptr, vals_ptr, rowptr_ptr,
-                                pid_n * BN, N, pid_k, gl.num_programs(1), BN, BT, ML, False, 1)
-    acc = gl.convert_layout(acc, OL)
-    r = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, OL))[:, None]
-    m = m0 + gl.arange(0, BT, layout=gl.SliceLayout(0, OL))[None, :]
-    wg_store(acc, part_ptr, out_ptr, bias_ptr, cnt_ptr, r, m, M, N, pid_n, pid_k, pid_m, OUT, HAS_BIAS, CS)
+    _finish(acc, x_ptr, rowptr_ptr, eidx_ptr, vals_ptr, part_ptr, out_ptr, bias_ptr, cnt_ptr, stride_xm, m0, M, N, KP,
+            BT, ML, OL, OUT, HAS_BIAS, EXC, CS)
 
 
 def pair_layout(bt: int, warps: int = 4):

@@ -184,7 +184,7 @@ sys.exit(main(["eval", str(bf16_folder()), "--modes", os.environ.get("QUALITY_MO
            left=$(( ${CALL_LIMIT:-590} - SECONDS ))
            step d11ring_step $(( left < 240 ? left : 240 )) env PYTHONPATH=src python3 benchmarks/dense11_step.py \
              --layers 2 --ms 16,8,32,64 --no-v1 --wg bm=64,ahead=1 --wg bm=64,stages=2 --wg bm=64,stages=3 \
-             --wg bm=64,stages=4 --wg bm=64,after_mma=1 --out "$out/d11ring" ;;
+             --wg bm=64,stages=4 --wg bm=64,stages=3,pipe=1 --wg bm=64,pipe=1 --out "$out/d11ring" ;;
     d11ws) # issue 35: dense11_wgmma's K split by waves (wave_split: the split that finishes first with `waves` programs
            # an SM resident: 3 at 168 registers, 2 with pipe) against the split rule's, and the windows loaded after the
            # step before's MMA (after_mma: 128-168 registers), the 7B step (2 layers + lm_head)

@@ -55,8 +55,8 @@ class Dense11WgConfig(C.KernelConfig):
     (0: none). ``wave_split`` (with ``split`` 0): the K split that finishes first when ``waves`` programs an SM run at
     once (``wave_split``), not the smallest that gives ``waves`` programs an SM. ``stages`` (0: registers): a ring of
     that many shared-memory stages, each step's words and x copied by cp.async ``stages`` steps ahead and its
-    escape windows loaded after the step before's MMA (``wgmma_ring``; in place of ``prefetch``, ``pipe``, ``ahead``
-    and ``after_mma``).
+    escape windows loaded after the step before's MMA (``wgmma_ring``; in place of ``prefetch``, ``ahead`` and
+    ``after_mma``; with ``pipe``, 3 stages or more, the copies ``stages - 1`` steps ahead).
 
     >>> Dense11WgConfig(bm=32).prefetch
     True
@@ -81,9 +81,9 @@ class Dense11WgConfig(C.KernelConfig):
             raise ValueError("Dense11WgConfig: ahead or after_mma, not both (two places for the same loads)")
         ints(self, 0, 255, "maxnreg")
         ints(self, 0, 8, "stages")
-        if self.stages == 1 or (self.stages and (self.pipe or self.ahead or self.after_mma)):
-            raise ValueError(f"Dense11WgConfig.stages must be 0 (registers) or 2-8 without pipe, ahead and after_mma "
-                             f"(the ring places its own loads), got stages={self.stages}")
+        if self.stages == 1 or (self.stages and (self.ahead or self.after_mma)) or (self.stages == 2 and self.pipe):
+            raise ValueError(f"Dense11WgConfig.stages must be 0 (registers) or 2-8 (3-8 with pipe) without ahead and "
+                             f"after_mma (the ring places its own loads), got stages={self.stages}")
         if self.bm not in (16, 32, 64) or self.warps != 4:
             raise ValueError(f"Dense11WgConfig: bm 16, 32 or 64 and 4 warps (one warpgroup), got bm={self.bm}, "
                              f"warps={self.warps}")
@@ -222,7 +222,8 @@ def plan(x2: torch.Tensor, p, bias, cfg: Dense11WgConfig):
     words, xl, mma, a_op, xsl, ol = layouts(BN.value, bt, 4)
     exc = prep.nexc > 0
     if cfg.stages:  # the ring: x copied as int32 pairs (stride even: 16-byte aligned rows)
-        kern, opts = _d11_wg_ring_kernel, dict(XL=pair_layout(bt), S=cfg.stages)
+        kern, opts = _d11_wg_ring_kernel, dict(XL=pair_layout(bt), S=cfg.stages, PIPE=cfg.pipe,
+                                               LEAD=cfg.stages - cfg.pipe)
     else:
         ea = 2 if cfg.after_mma else int(cfg.ahead)
         kern, opts = _d11_wg_kernel, dict(XL=xl, PF=cfg.prefetch, PIPE=cfg.pipe, EA=ea)

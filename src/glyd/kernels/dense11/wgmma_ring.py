@@ -10,7 +10,8 @@ registers. Each thread copies the code and sm words it decodes (the run and lane
 wait orders them; x, read by the MMA from every thread's copies, waits for a barrier a step. A step's escape windows
 are loaded right after the step before's MMA, from the next step's code words (landed: the ring's wait leaves
 ``stages - 2`` steps in flight). A step's copies are issued once the MMA ``stages`` steps before it has read its
-stage. Exceptions, the fixup and the store are the register tile's (``wgmma.py``).
+stage (with ``pipe``, a step's MMA left in flight beside the next step's decode, ``stages - 1`` steps ahead).
+Exceptions, the fixup and the store are the register tile's (``wgmma.py``).
 """
 
 from __future__ import annotations
@@ -69,9 +70,10 @@ def _d11_wg_ring_kernel(x_ptr, code_ptr, sm_ptr, esc_ptr, ebase_ptr, eoff_ptr, r
                         TL1, HA0, HA1, HB0, HB1, LA0, LA1, LB0, LB1, BT: gl.constexpr, WL: gl.constexpr,
                         RL: gl.constexpr, XL: gl.constexpr, ML: gl.constexpr, AL: gl.constexpr, XSL: gl.constexpr,
                         OL: gl.constexpr, OUT: gl.constexpr, HAS_BIAS: gl.constexpr, EXC: gl.constexpr,
-                        S: gl.constexpr, CS: gl.constexpr = 1):
-    # as wgmma._d11_wg_kernel (OUT, the split, rows past M or N), its words and x through a ring of S stages. XL: the
-    # [BT, 64] slot pairs' copy layout; stride_xm even (x read as int32 pairs)
+                        S: gl.constexpr, LEAD: gl.constexpr, PIPE: gl.constexpr = False, CS: gl.constexpr = 1):
+    # as wgmma._d11_wg_kernel (OUT, the split, rows past M or N), its words and x through a ring of S stages, each
+    # step's copies issued LEAD steps ahead (S; PIPE: S - 1, a step's MMA left in flight beside the next step's decode
+    # holds its stage a step longer). XL: the [BT, 64] slot pairs' copy layout; stride_xm even (x read as int32 pairs)
     pid_k = gl.program_id(1)
     c_off, s_off, nr, cc, q, th0, th1, tl0, tl1 = _tile(gl.program_id(0), N, KP, TH0, TH1, TL0, TL1, BN, WL, RL)
     runs = KP // 32
@@ -89,12 +91,13 @@ def _d11_wg_ring_kernel(x_ptr, code_ptr, sm_ptr, esc_ptr, ebase_ptr, eoff_ptr, r
     acc = gl.zeros([BN, BT], gl.float32, ML)
     s0 = (pid_k * K_SPLIT) // BK
     s1 = gl.minimum(pid_k * K_SPLIT + K_SPLIT, KP) // BK
-    for j in gl.static_range(S):  # the first S steps in flight (a group a step, empty past the split)
+    for j in gl.static_range(LEAD):  # the first LEAD steps in flight (a group a step, empty past the split)
         if s0 + j < s1:
             _issue(r0, r1, r2, ra, rb, rx, code_ptr, sm_ptr, x32_ptr, c_off, s_off, xpo, s0 + j, runs, S)
         async_copy.commit_group()
-    async_copy.wait_group(S - 1)  # step s0 landed
+    async_copy.wait_group(LEAD - 1)  # step s0 landed
     run = _block_start(ebase_ptr, eoff_ptr, nr * NBR + s0 // 8) + cc * 0  # s0 starts a block
+    ap = gl.zeros([BN, BK], gl.bfloat16, AL)  # the A operand of the MMA in flight (PIPE)
     c0, c1, c2, rank, run, w0, w1 = _next_window(r0, r1, r2, s0, run, cc, esc_ptr, NESCW, S, RL)
     for st in range(s0, s1):
         i = st % S
@@ -106,16 +109,21 @@ def _d11_wg_ring_kernel(x_ptr, code_ptr, sm_ptr, esc_ptr, ebase_ptr, eoff_ptr, r
         gl.thread_barrier()  # x of step st from every thread's copies
         xs = rx.index(i)._reinterpret(gl.bfloat16, [BT, BK], XSL)
         acc = warpgroup_mma(a, xs.permute((1, 0)), acc, is_async=True)
-        acc, a = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a))
-        async_copy.wait_group(S - 2)  # steps up to st + 1 landed
-        gl.thread_barrier()  # every warp's MMA of step st done: its stage free
-        if st + S < s1:
-            _issue(r0, r1, r2, ra, rb, rx, code_ptr, sm_ptr, x32_ptr, c_off, s_off, xpo, st + S, runs, S)
+        if PIPE:  # the MMA before done, this one in flight (its A registers kept until the next wait)
+            acc, ap = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a))
+        else:
+            acc, a = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a))
+        async_copy.wait_group(LEAD - 2)  # steps up to st + 1 landed
+        gl.thread_barrier()  # every warp's MMA of step st + LEAD - S done: its stage free
+        if st + LEAD < s1:
+            _issue(r0, r1, r2, ra, rb, rx, code_ptr, sm_ptr, x32_ptr, c_off, s_off, xpo, st + LEAD, runs, S)
         async_copy.commit_group()
         nx = gl.minimum(st + 1, s1 - 1)
         if nx % 8 == 0:  # a block's first step: its rows' ranks from the block offsets
             run = _block_start(ebase_ptr, eoff_ptr, nr * NBR + nx // 8) + cc * 0
         c0, c1, c2, rank, run, w0, w1 = _next_window(r0, r1, r2, nx, run, cc, esc_ptr, NESCW, S, RL)
+    if PIPE:
+        acc, ap = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ap))
     async_copy.wait_group(0)
     _finish(acc, x_ptr, rowptr_ptr, eidx_ptr, vals_ptr, part_ptr, out_ptr, bias_ptr, cnt_ptr, stride_xm, m0, M, N, KP,
             BT, ML, OL, OUT, HAS_BIAS, EXC, CS)

@@ -177,7 +177,7 @@ sys.exit(main(["eval", str(bf16_folder()), "--modes", os.environ.get("QUALITY_MO
            [ "$left" -gt 30 ] && step ncu_d11 "$left" env PYTHONPATH=src ncu --clock-control none --profile-from-start off \
              --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
              --section MemoryWorkloadAnalysis --section SourceCounters python3 benchmarks/profile_ncu.py --shape gate_up \
-             --ms 16,64 --dense11 --wg11 bm=64,pipe=1 --wg11 bm=64,pipe=1,ahead=1 ;;
+             --ms 16,64 --dense11 --wg11 bm=64,pipe=1 --wg11 bm=64,ahead=1 --wg11 bm=64,stages=3 ;;
     d11ring) # issue 35: dense11_wgmma's ring (stages: each step's words and x copied by cp.async 2-4 steps ahead into
              # shared memory, 96 registers at 16 x rows: 4 programs an SM by its 46 KB at 3 stages, so gate_up's 592
              # tiles are 1.12 waves unless wave_split splits K): the 7B step (2 layers + lm_head) beside ahead (the

@@ -180,13 +180,12 @@ sys.exit(main(["eval", str(bf16_folder()), "--modes", os.environ.get("QUALITY_MO
              --ms 16,64 --dense11 --wg11 bm=64,pipe=1 --wg11 bm=64,ahead=1 --wg11 bm=64,stages=3 ;;
     d11ring) # issue 35: dense11_wgmma's ring (stages: each step's words and x copied by cp.async 2-4 steps ahead into
              # shared memory, 96 registers at 16 x rows: 4 programs an SM by its 46 KB at 3 stages, so gate_up's 592
-             # tiles are 1.12 waves unless wave_split splits K): the 7B step (2 layers + lm_head) beside ahead (the
-             # H100 table's row at M = 5-32) and pipe (33-64); the GPU set runs its same-bits tests
+             # tiles are 1.12 waves unless wave_split splits K): the 7B step (2 layers + lm_head) beside the table's
+             # dense11 column (on an H100: ahead at M = 5-32, pipe at 33-64); the GPU set runs its same-bits tests
            left=$(( ${CALL_LIMIT:-590} - SECONDS ))
            step d11ring_step $(( left < 240 ? left : 240 )) env PYTHONPATH=src python3 benchmarks/dense11_step.py \
-             --layers 2 --ms 16,8,32,64 --no-v1 --wg bm=64,ahead=1 --wg bm=64,stages=3 --wg bm=64,stages=4 \
-             --wg bm=64,stages=3,wave_split=1,waves=4 --wg bm=64,stages=3,pipe=1 --wg bm=64,pipe=1 \
-             --out "$out/d11ring" ;;
+             --layers 2 --ms 16,8,32,64 --no-v1 --wg bm=64,stages=3 --wg bm=64,stages=4 \
+             --wg bm=64,stages=3,wave_split=1,waves=4 --wg bm=64,stages=3,pipe=1 --out "$out/d11ring" ;;
     d11long) # issue 35's prompts (M = 128-4608 <= 1.15x bf16): dense11_wgmma past 64 x rows (tiles of 64, each weight
              # decoded once a tile) with and without the ring, against the table's choice (unpack + cuBLAS), 2 layers
            left=$(( ${CALL_LIMIT:-590} - SECONDS ))

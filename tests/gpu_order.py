@@ -3,8 +3,10 @@
 # The GPU set's longest tests (dense11's kernel builds, 30-140 s each on an H100, 2026-12-06), spread evenly through
 # the selected tests: pytest-xdist hands each worker contiguous chunks, so tests of one kind side by side run in a
 # row in one worker (three M groups of one shape, 278 s, the kernels part's wall); moved to the front they fell into
-# the first chunks together (the kernels part past its 400 s limit, 2026-12-06).
-LONG_GPU_TESTS = ("test_mma_on_the_gpu", "test_large_on_the_gpu", "test_7b_shapes_give_version_2s_bits_on_the_gpu")
+# the first chunks together (the kernels part past its 400 s limit, 2026-12-06). dense11_wgmma's product tests: 130-192
+# s each before their split (2026-12-07, history/2026-12-07-h100-33.md).
+LONG_GPU_TESTS = ("test_mma_on_the_gpu", "test_large_on_the_gpu", "test_7b_shapes_give_version_2s_bits_on_the_gpu",
+                  "test_matches_reference_gpu", "test_ring_gives_the_register_tiles_bits_gpu")
 
 
 def spread_long_gpu_tests(items: list) -> None:

@@ -221,35 +221,42 @@ def _gpu_weights(n, k, kind, seed):
     return w, p
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not HOPPER, reason="needs a Hopper GPU")
-@pytest.mark.parametrize("n,k,kind", [(1000, 3584, "normal"), (70, 1152, "wide"), (4608, 3584, "normal")])
-def test_matches_reference_gpu(n, k, kind):
-    # escapes (every run's ranks, short last block at K 1152, many escapes and exceptions with "wide" weights), ragged
-    # N, M = 2-100 (one to two x tiles), splits (the rounds of exceptions shared), a bias, the fixup: within the
-    # float64 bound; prefetch on and off, pipe on and off, the windows ahead or after the MMA, the ring of 2-4 stages
-    # (x copied in slot pairs), and the fixup and the finalize, give the same bits (the same MMAs in the same order)
-    from glyd import kernels
-    from glyd.kernels import Dense11WgConfig
+REF_SHAPES = [(1000, 3584, "normal"), (70, 1152, "wide"), (4608, 3584, "normal")]
+REF_CONFIGS = [(64, 1, False), (16, 0, True), (32, 3, False)]  # (bm, split, bias)
 
+
+def _reference_inputs(n, k, kind):
+    # the weights (escapes in every run's ranks, a short last block at K 1152, many escapes and exceptions with "wide"
+    # weights), their packing and a bias
     w, p = _gpu_weights(n, k, kind, n + k)
     from glyd.kernels.dense11.decode_v2 import prepare
 
     prep = prepare(p)
     assert prep.nescw > 0 and (prep.nexc > 0 or kind == "normal")
-    b = torch.randn(n, device="cuda").to(torch.bfloat16)
+    return w, p, torch.randn(n, device="cuda").to(torch.bfloat16)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HOPPER, reason="needs a Hopper GPU")
+@pytest.mark.parametrize("n,k,kind", REF_SHAPES)
+def test_matches_reference_gpu(n, k, kind):
+    # ragged N, M = 2-100 (one to two x tiles), splits (the rounds of exceptions shared), a bias, the fixup: within the
+    # float64 bound; prefetch on and off, pipe on and off, the windows ahead or after the MMA, and the fixup and the
+    # finalize, give the same bits (the same MMAs in the same order)
+    from glyd import kernels
+    from glyd.kernels import Dense11WgConfig
+
+    w, p, b = _reference_inputs(n, k, kind)
     for m in (2, 16, 17, 33, 64, 100):
         x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
-        for bm, split, bias in ((64, 1, False), (16, 0, True), (32, 3, False)):
+        for bm, split, bias in REF_CONFIGS:
             cfg = Dense11WgConfig(bm=bm, split=split)
-            # the ring's other depths and its pipe at one config (each is a compile a x-row count)
-            rings = (cfg.replace(stages=2), cfg.replace(stages=4), cfg.replace(stages=3, pipe=True)) if bm == 64 else ()
             y = kernels.linear(x, p, b if bias else None, cfg)
             _check(y, x, w, b if bias else None)
             assert torch.equal(kernels.linear(x, p, b if bias else None, cfg.replace(prefetch=False)), y), (m, bm)
             assert torch.equal(kernels.linear(x, p, b if bias else None, cfg.replace(pipe=True)), y), (m, bm)
             for ahead in (cfg.replace(ahead=True), cfg.replace(ahead=True, pipe=True), cfg.replace(after_mma=True),
-                          cfg.replace(after_mma=True, pipe=True), cfg.replace(stages=3), *rings):
+                          cfg.replace(after_mma=True, pipe=True)):
                 assert torch.equal(kernels.linear(x, p, b if bias else None, ahead), y), (m, ahead)
             if split == 0:  # the split by waves: another summation order, the same bound
                 _check(kernels.linear(x, p, b if bias else None, cfg.replace(wave_split=True, waves=3)), x, w,
@@ -257,6 +264,29 @@ def test_matches_reference_gpu(n, k, kind):
             if split != 1:
                 fix = kernels.linear(x, p, b if bias else None, cfg.replace(fixup=True))
                 assert torch.equal(fix, y), (m, bm, split)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HOPPER, reason="needs a Hopper GPU")
+@pytest.mark.parametrize("bm,split,bias", REF_CONFIGS)
+@pytest.mark.parametrize("n,k,kind", REF_SHAPES)
+def test_ring_gives_the_register_tiles_bits_gpu(n, k, kind, bm, split, bias):
+    # the ring (stages: x copied in slot pairs into an int32 view of the MMA's tile) gives the register tile's bits at
+    # M = 2-100: 3 stages at every config, 2 and 4 and 3 with pipe at bm 64 (each is a compile a x-row count; a test a
+    # config spreads them over the GPU set's workers)
+    from glyd import kernels
+    from glyd.kernels import Dense11WgConfig
+
+    _, p, b = _reference_inputs(n, k, kind)
+    cfg = Dense11WgConfig(bm=bm, split=split)
+    rings = [cfg.replace(stages=3)]
+    if bm == 64:
+        rings += [cfg.replace(stages=2), cfg.replace(stages=4), cfg.replace(stages=3, pipe=True)]
+    for m in (2, 16, 17, 33, 64, 100):
+        x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+        y = kernels.linear(x, p, b if bias else None, cfg)
+        for ring in rings:
+            assert torch.equal(kernels.linear(x, p, b if bias else None, ring), y), (m, ring)
 
 
 @pytest.mark.gpu

@@ -88,19 +88,23 @@ def gemv_spec(spec: str) -> Dense11V3GemvConfig:
     return Dense11V3GemvConfig(**kw)
 
 
+FLAGS = ("prefetch", "pipe", "ahead", "after_mma", "fixup", "wave_split", "xperm")  # wg_spec's 0/1 fields
+
+
 def wg_spec(spec: str):
     """``Dense11WgConfig`` of ``"bm=32,split=2,prefetch=0"`` (ints, ``stages`` among them; ``prefetch``, ``pipe``,
-    ``ahead``, ``after_mma``, ``fixup`` and ``wave_split`` 0/1): the wgmma tile (``dense11_wgmma``, Hopper only).
+    ``ahead``, ``after_mma``, ``fixup``, ``wave_split`` and ``xperm`` 0/1): the wgmma tile (``dense11_wgmma``, Hopper
+    only).
 
-    >>> wg_spec("bm=32,prefetch=0").bm
-    32
+    >>> wg_spec("bm=32,prefetch=0").bm, wg_spec("bm=128,stages=3,xperm=1").xperm
+    (32, True)
     """
     from glyd.kernels import Dense11WgConfig
 
     kw: dict = {}
     for part in filter(None, spec.split(",")):
         key, _, val = part.partition("=")
-        kw[key] = val in ("1", "true", "True") if key in ("prefetch", "pipe", "ahead", "after_mma", "fixup", "wave_split") else int(val)
+        kw[key] = val in ("1", "true", "True") if key in FLAGS else int(val)
     return Dense11WgConfig(**kw)
 
 

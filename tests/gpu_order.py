@@ -6,7 +6,8 @@
 # the first chunks together (the kernels part past its 400 s limit, 2026-12-06). dense11_wgmma's product tests: 130-192
 # s each before their split (2026-12-07, history/2026-12-07-h100-33.md).
 LONG_GPU_TESTS = ("test_mma_on_the_gpu", "test_large_on_the_gpu", "test_7b_shapes_give_version_2s_bits_on_the_gpu",
-                  "test_matches_reference_gpu", "test_ring_gives_the_register_tiles_bits_gpu")
+                  "test_matches_reference_gpu", "test_ring_gives_the_register_tiles_bits_gpu",
+                  "test_ring_of_128_and_256_x_rows_gpu")
 
 
 def spread_long_gpu_tests(items: list) -> None:

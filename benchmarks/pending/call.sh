@@ -185,13 +185,16 @@ sys.exit(main(["eval", str(bf16_folder()), "--modes", os.environ.get("QUALITY_MO
            left=$(( ${CALL_LIMIT:-590} - SECONDS ))
            step d11ring_step $(( left < 240 ? left : 240 )) env PYTHONPATH=src python3 benchmarks/dense11_step.py \
              --layers 2 --ms 16,8,32,64 --no-v1 --wg bm=64,stages=3 --wg bm=64,stages=4 \
-             --wg bm=64,stages=3,wave_split=1,waves=4 --wg bm=64,stages=3,pipe=1 --out "$out/d11ring" ;;
-    d11long) # issue 35's prompts (M = 128-4608 <= 1.15x bf16): dense11_wgmma past 64 x rows (tiles of 64, each weight
-             # decoded once a tile) with and without the ring, against the table's choice (unpack + cuBLAS), 2 layers
+             --wg bm=64,stages=3,wave_split=1,waves=4 --wg bm=64,stages=3,pipe=1 --wg bm=64,stages=3,xperm=1 \
+             --out "$out/d11ring" ;;
+    d11long) # issue 35's prompts (M = 128-4608 <= 1.15x bf16): dense11_wgmma past 64 x rows (each weight decoded once
+             # a tile of 64, or with xperm 128 / 256 x rows) with and without the ring, against the table's choice
+             # (unpack + cuBLAS), 2 layers
            left=$(( ${CALL_LIMIT:-590} - SECONDS ))
-           [ "$left" -gt 40 ] && step d11long $(( left < 200 ? left : 200 )) env PYTHONPATH=src python3 \
-             benchmarks/dense11_step.py --layers 2 --ms 128,256 --no-v1 --wg bm=64,pipe=1 --wg bm=64,stages=3,pipe=1 \
-             --wg bm=64,stages=4 --out "$out/d11long" ;;
+           [ "$left" -gt 40 ] && step d11long $(( left < 240 ? left : 240 )) env PYTHONPATH=src python3 \
+             benchmarks/dense11_step.py --layers 2 --ms 256,128,512 --no-v1 --wg bm=64,pipe=1 --wg bm=64,stages=3,pipe=1 \
+             --wg bm=128,stages=3,xperm=1 --wg bm=128,stages=3,pipe=1,xperm=1 --wg bm=256,stages=2,xperm=1 \
+             --out "$out/d11long" ;;
     d11ws) # issue 35: dense11_wgmma's K split by waves (wave_split: the split that finishes first with `waves` programs
            # an SM resident: 3 at 168 registers, 2 with pipe) against the split rule's, and the windows loaded after the
            # step before's MMA (after_mma: 128-168 registers), the 7B step (2 layers + lm_head)

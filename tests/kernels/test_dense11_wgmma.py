@@ -52,6 +52,13 @@ def test_decoded_words_and_x_share_one_k_order():
 
     cols = wgmma_ring._pair_column.fn(torch.arange(64))
     assert torch.equal(torch.stack([2 * cols, 2 * cols + 1], -1).reshape(-1), slots_x)
+    # and with xperm, x permuted once a call into the same order (every step of K alike)
+    assert wgmma_ring.slot_columns() == slots_x.tolist()
+    x = torch.randn(3, 384).to(torch.bfloat16)
+    xp = wgmma_ring.permute_x(x)
+    assert xp.is_contiguous() and torch.equal(xp.view(3, 3, 128), x.view(3, 3, 128)[:, :, slots_x])
+    with pytest.raises(ValueError, match="permute_x.*multiple of 128"):
+        wgmma_ring.permute_x(x[:, :200])
     chunk = slots_w[:16].reshape(2, 4, 2)  # k = 8 T + 2 c + j of chunk (h 0, q 0)
     for lane in range(4):
         assert chunk[:, lane, :].reshape(-1).tolist() == [32 * lane + i for i in (0, 1, 2, 3)]
@@ -83,13 +90,15 @@ def test_config_checks():
     from glyd.kernels import Dense11WgConfig
 
     assert Dense11WgConfig().bm == 64 and Dense11WgConfig().prefetch
-    for bad in (dict(bm=8), dict(bm=128), dict(warps=8), dict(maxnreg=16), dict(ahead=True, prefetch=False),
+    for bad in (dict(bm=8), dict(bm=128), dict(bm=256, stages=3), dict(bm=512, stages=3, xperm=True),
+                dict(xperm=True), dict(warps=8), dict(maxnreg=16), dict(ahead=True, prefetch=False),
                 dict(after_mma=True, prefetch=False), dict(ahead=True, after_mma=True), dict(stages=1),
                 dict(stages=2, pipe=True), dict(stages=3, ahead=True), dict(stages=2, after_mma=True), dict(stages=9)):
         with pytest.raises(ValueError, match="Dense11WgConfig"):
             Dense11WgConfig(**bad)
-    for bad in (dict(prefetch=1), dict(fixup="yes"), dict(pipe=1), dict(ahead=1), dict(wave_split=1), dict(after_mma=1)):
-        with pytest.raises(ValueError, match="prefetch|fixup|pipe|ahead|wave_split|after_mma"):
+    for bad in (dict(prefetch=1), dict(fixup="yes"), dict(pipe=1), dict(ahead=1), dict(wave_split=1), dict(after_mma=1),
+                dict(stages=3, xperm=1)):
+        with pytest.raises(ValueError, match="prefetch|fixup|pipe|ahead|wave_split|after_mma|xperm"):
             Dense11WgConfig(**bad)
     assert Dense11WgConfig(stages=3, prefetch=False).stages == 3  # the ring places its own loads: prefetch moot
     assert Dense11WgConfig(stages=3, pipe=True).pipe
@@ -97,6 +106,8 @@ def test_config_checks():
         Dense11WgConfig(bn=32)  # one warpgroup: 64 rows, not a field
     assert [_wg().x_rows(m, 64) for m in (1, 16, 17, 33, 64, 65)] == [16, 16, 32, 64, 64, 64]
     assert _wg().x_rows(40, 16) == 16
+    assert [_wg().x_rows(m, 256) for m in (65, 128, 129, 4608)] == [128, 128, 256, 256]
+    assert Dense11WgConfig(bm=256, stages=2, xperm=True).xperm
 
 
 def test_wave_split_takes_the_fewest_block_waves():
@@ -146,8 +157,8 @@ def test_needs_a_cuda_gpu():
         kernels.linear(torch.randn(2, 256).to(torch.bfloat16), p, None, Dense11WgConfig())
 
 
-def _compile_sm90(bt, out=1, exc=False, pf=True, bias=False, pipe=False, ea=False, maxnreg=None, stages=0):
-    # the register tile, or with stages the ring (pipe: its MMA in flight beside the next decode)
+def _compile_sm90(bt, out=1, exc=False, pf=True, bias=False, pipe=False, ea=False, maxnreg=None, stages=0, xp=False):
+    # the register tile, or with stages the ring (pipe: its MMA in flight beside the next decode; xp: x in slot order)
     w = _wg()
     words, xl, mma, a_op, xsl, ol = w.layouts(64, bt, 4)
     ptrs = {"x_ptr": "*bf16", "code_ptr": "*i32", "sm_ptr": "*i32", "esc_ptr": "*i32", "ebase_ptr": "*i32",
@@ -158,7 +169,8 @@ def _compile_sm90(bt, out=1, exc=False, pf=True, bias=False, pipe=False, ea=Fals
     if stages:
         from glyd.kernels.dense11 import wgmma_ring
 
-        ring = dict(const, XL=wgmma_ring.pair_layout(bt), S=stages, PIPE=pipe, LEAD=stages - pipe)
+        ring = dict(const, XL=xl if xp else wgmma_ring.pair_layout(bt), S=stages, PIPE=pipe, LEAD=stages - pipe, XP=xp)
+        ptrs = {"x_ptr": "*bf16", "xp_ptr": "*bf16", **ptrs}
         return compile_gluon_sm90(wgmma_ring._d11_wg_ring_kernel, ring, ptrs, num_warps=4, maxnreg=maxnreg)
     const.update(XL=xl, PF=pf, PIPE=pipe, EA=ea)
     return compile_gluon_sm90(w._d11_wg_kernel, const, ptrs, num_warps=4, maxnreg=maxnreg)
@@ -190,25 +202,31 @@ def test_decoded_words_are_the_register_operand_sm90(bt, out, exc, pf, pipe, ea)
 
 
 @pytest.mark.cpu_sample(every=2)  # compiles for sm_90: half the configs in the default run
-@pytest.mark.parametrize("bt,stages,out,exc,pipe", [(16, 3, 1, False, False), (16, 2, 0, True, False),
-                                                    (32, 4, 2, True, False), (64, 3, 0, True, False),
-                                                    (16, 3, 0, True, True), (64, 4, 1, True, True)])
-def test_ring_copies_words_and_x_by_cp_async_sm90(bt, stages, out, exc, pipe):
+@pytest.mark.parametrize("bt,stages,out,exc,pipe,xp", [(16, 3, 1, False, False, False), (16, 2, 0, True, False, False),
+                                                       (32, 4, 2, True, False, False), (64, 3, 0, True, False, False),
+                                                       (16, 3, 0, True, True, False), (64, 4, 1, True, True, False),
+                                                       (64, 3, 0, True, False, True), (16, 3, 1, False, True, True),
+                                                       (128, 3, 0, True, False, True), (128, 2, 1, False, False, True),
+                                                       (128, 3, 1, True, True, True)])
+def test_ring_copies_words_and_x_by_cp_async_sm90(bt, stages, out, exc, pipe, xp):
     # the ring (stages): in the K loop the words and x arrive by cp.async (LDGSTS), x never through registers (no
     # STS), the words read back from shared memory (each thread its own copies), 8 wgmmas a step, one
     # step's shuffles, the escape windows the only global loads (two words a run of two rows, 4 with the block
-    # start's), no spill; 3 barriers a step (x's, the stage's free, the pass's after the copies)
+    # start's), no spill; 3 barriers a step (x's, the stage's free, the pass's after the copies). xp (xperm): x's
+    # copies 16 bytes each, 128 registers at 64 x rows (168 with 4-byte copies), 168 at 128
     from .test_ws import _loops
 
-    k = _compile_sm90(bt, out=out, exc=exc, bias=out == 1, stages=stages, pipe=pipe)
+    k = _compile_sm90(bt, out=out, exc=exc, bias=out == 1, stages=stages, pipe=pipe, xp=xp)
     res = _res_usage(k)
     assert res.get("STACK", 0) == 0 and res.get("LOCAL", 0) == 0, res
-    assert res["REG"] <= (232 if pipe else 168), res  # 3 programs an SM at bm 64 (pipe: 2), 4-5 at 16 x rows
+    cap = (168 if bt == 128 else 128) if xp else 232 if pipe else 168
+    assert res["REG"] <= cap, res  # 3 programs an SM at bm 64 (pipe: 2), 4-5 at 16 x rows
     loops = [lp for lp in _loops(_sass(k)) if any("GMMA" in o for o in lp)]
     assert len(loops) == 1
     ops = [o.split(".")[0] for o in loops[0]]
     assert ops.count("HGMMA") == 8 and ops.count("STS") == 0 and ops.count("SHFL") == 6
-    assert ops.count("LDGSTS") == 6 + 4 + bt // 2  # codes: 3 planes x 2 rows; sm: 2 halves x 2 rows of 16 bytes
+    # codes: 3 planes x 2 rows; sm: 2 halves x 2 rows of 16 bytes; x: bt / 2 pairs (4 bytes) or bt / 8 16-byte pieces
+    assert ops.count("LDGSTS") == 6 + 4 + (bt // 8 if xp else bt // 2)
     assert ops.count("LDG") <= 8 and ops.count("BAR") == 3
     assert "STL" not in ops and "LDL" not in ops
 
@@ -271,15 +289,15 @@ def test_matches_reference_gpu(n, k, kind):
 @pytest.mark.parametrize("bm,split,bias", REF_CONFIGS)
 @pytest.mark.parametrize("n,k,kind", REF_SHAPES)
 def test_ring_gives_the_register_tiles_bits_gpu(n, k, kind, bm, split, bias):
-    # the ring (stages: x copied in slot pairs into an int32 view of the MMA's tile) gives the register tile's bits at
-    # M = 2-100: 3 stages at every config, 2 and 4 and 3 with pipe at bm 64 (each is a compile a x-row count; a test a
+    # the ring (stages: x copied in slot pairs into an int32 view of the MMA's tile, or with xperm 16-byte pieces of x
+    # permuted once) gives the register tile's bits at M = 2-100: 3 stages at every config, with and without xperm, 2 and 4 and 3 with pipe at bm 64 (each is a compile a x-row count; a test a
     # config spreads them over the GPU set's workers)
     from glyd import kernels
     from glyd.kernels import Dense11WgConfig
 
     _, p, b = _reference_inputs(n, k, kind)
     cfg = Dense11WgConfig(bm=bm, split=split)
-    rings = [cfg.replace(stages=3)]
+    rings = [cfg.replace(stages=3), cfg.replace(stages=3, xperm=True)]
     if bm == 64:
         rings += [cfg.replace(stages=2), cfg.replace(stages=4), cfg.replace(stages=3, pipe=True)]
     for m in (2, 16, 17, 33, 64, 100):
@@ -287,6 +305,27 @@ def test_ring_gives_the_register_tiles_bits_gpu(n, k, kind, bm, split, bias):
         y = kernels.linear(x, p, b if bias else None, cfg)
         for ring in rings:
             assert torch.equal(kernels.linear(x, p, b if bias else None, ring), y), (m, ring)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HOPPER, reason="needs a Hopper GPU")
+@pytest.mark.parametrize("bm,stages,pipe", [(128, 3, False), (128, 2, True), (256, 2, False)])
+def test_ring_of_128_and_256_x_rows_gpu(bm, stages, pipe):
+    # prompts (xperm, bm 128 / 256: each weight decoded once for that many x rows): ragged N, escapes and exceptions,
+    # M from one partial tile to three, a bias, splits: within the float64 bound; split 1 without the bias and the
+    # same tile with split 2 and the finalize: the same bound
+    from glyd import kernels
+    from glyd.kernels import Dense11WgConfig
+
+    w, p, b = _reference_inputs(70, 1152, "wide")
+    cfg = Dense11WgConfig(bm=bm, stages=stages, pipe=pipe, xperm=True)
+    for m in (3, 100, 129, 256, 300, 700):
+        x = torch.randn(m, 1152, device="cuda").to(torch.bfloat16)
+        _check(kernels.linear(x, p, b, cfg.replace(split=1)), x, w, b)
+        _check(kernels.linear(x, p, None, cfg.replace(split=2)), x, w, None)
+    w, p, b = _reference_inputs(1000, 3584, "normal")
+    x = torch.randn(333, 3584, device="cuda").to(torch.bfloat16)
+    _check(kernels.linear(x, p, b, cfg), x, w, b)
 
 
 @pytest.mark.gpu
@@ -304,8 +343,10 @@ def test_strided_x_and_exact_products_gpu():
     assert torch.equal(kernels.linear(x, p, None, cfg), kernels.linear(x.contiguous(), p, None, cfg))
     ring = cfg.replace(stages=3)
     assert torch.equal(kernels.linear(x, p, None, ring), kernels.linear(x.contiguous(), p, None, cfg))
+    assert torch.equal(kernels.linear(x, p, None, ring.replace(xperm=True)), kernels.linear(x.contiguous(), p, None, cfg))
     cols = torch.randint(0, 2048, (64,), device="cuda")
     eye = torch.zeros(64, 2048, device="cuda", dtype=torch.bfloat16)
     eye[torch.arange(64), cols] = 1
-    y = kernels.linear(eye, p, None, cfg)
-    assert torch.equal(y.view(torch.int16), w[:, cols].t().contiguous().view(torch.int16))
+    for c in (cfg, cfg.replace(bm=128, stages=2, xperm=True)):  # one-hot rows: exact at any tile
+        y = kernels.linear(eye, p, None, c)
+        assert torch.equal(y.view(torch.int16), w[:, cols].t().contiguous().view(torch.int16)), c

@@ -1,5 +1,6 @@
 """dense11 format version 3's product on Hopper's warpgroup MMA (``dense11_wgmma``): the decoded words as wgmma's
-register A operand, x as its B operand from shared memory, for 2-64 x rows a program (issue 35, M = 17-64).
+register A operand, x as its B operand from shared memory, for 2-64 x rows a program (issue 35, M = 17-64; 128 or
+256 with the ring's ``xperm``, for prompts).
 
 The decode is ``decode_v2.decode_words``' on fixed12's word layout (``fixed12.wgmma.layouts``): lane (g, c) of a
 warp holds run c (32 columns) of rows g and g + 8 of a 128-column step, 4 lane words a row (word q: columns
@@ -36,7 +37,7 @@ from glyd.kernels._fields import flags, ints
 from glyd.kernels.dense11.decode_v2 import prepare
 from glyd.kernels.dense11.wgmma_decode import (BK, BLOCK, BN, _block_start, _codes, _decode, _finish, _lanes, _loads,
                                                _mma, _rest, _step_window, _tile, run_layout)
-from glyd.kernels.dense11.wgmma_ring import _d11_wg_ring_kernel, pair_layout
+from glyd.kernels.dense11.wgmma_ring import _d11_wg_ring_kernel, pair_layout, permute_x
 from glyd.kernels.fixed12.wgmma import layouts
 from glyd.kernels.registry import Kernel
 
@@ -56,10 +57,14 @@ class Dense11WgConfig(C.KernelConfig):
     once (``wave_split``), not the smallest that gives ``waves`` programs an SM. ``stages`` (0: registers): a ring of
     that many shared-memory stages, each step's words and x copied by cp.async ``stages`` steps ahead and its
     escape windows loaded after the step before's MMA (``wgmma_ring``; in place of ``prefetch``, ``ahead`` and
-    ``after_mma``; with ``pipe``, 3 stages or more, the copies ``stages - 1`` steps ahead).
+    ``after_mma``; with ``pipe``, 3 stages or more, the copies ``stages - 1`` steps ahead). ``xperm`` (with
+    ``stages``): x permuted into the MMA's slot order once a call (one gather of x), so the ring copies it 16 bytes at
+    a time; only with it ``bm`` may be 128 or 256 (each weight decoded once for that many x rows: prompts).
 
     >>> Dense11WgConfig(bm=32).prefetch
     True
+    >>> Dense11WgConfig(bm=128, stages=3, xperm=True).bm
+    128
     """
 
     bm: int = 64
@@ -71,9 +76,10 @@ class Dense11WgConfig(C.KernelConfig):
     maxnreg: int = 0
     wave_split: bool = False
     stages: int = 0
+    xperm: bool = False
 
     def validate(self) -> None:
-        flags(self, "prefetch", "pipe", "ahead", "after_mma", "fixup", "wave_split")
+        flags(self, "prefetch", "pipe", "ahead", "after_mma", "fixup", "wave_split", "xperm")
         if (self.ahead or self.after_mma) and not self.prefetch:
             raise ValueError("Dense11WgConfig.ahead and after_mma load a step's escape windows a step ahead: they need "
                              "prefetch=True")
@@ -84,9 +90,14 @@ class Dense11WgConfig(C.KernelConfig):
         if self.stages == 1 or (self.stages and (self.ahead or self.after_mma)) or (self.stages == 2 and self.pipe):
             raise ValueError(f"Dense11WgConfig.stages must be 0 (registers) or 2-8 (3-8 with pipe) without ahead and "
                              f"after_mma (the ring places its own loads), got stages={self.stages}")
-        if self.bm not in (16, 32, 64) or self.warps != 4:
-            raise ValueError(f"Dense11WgConfig: bm 16, 32 or 64 and 4 warps (one warpgroup), got bm={self.bm}, "
-                             f"warps={self.warps}")
+        if self.xperm and not self.stages:
+            raise ValueError("Dense11WgConfig.xperm puts x in slot order for the ring's copies: it needs stages >= 2")
+        if self.bm not in (16, 32, 64, 128, 256) or self.warps != 4:
+            raise ValueError(f"Dense11WgConfig: bm 16, 32, 64, 128 or 256 and 4 warps (one warpgroup), got "
+                             f"bm={self.bm}, warps={self.warps}")
+        if self.bm > 64 and not self.xperm:
+            raise ValueError(f"Dense11WgConfig: bm {self.bm} needs xperm=True (and stages): x in registers or in "
+                             "4-byte copies at more than 64 rows costs more than its decode")
         if self.maxnreg and not 32 <= self.maxnreg <= 255:
             raise ValueError(f"Dense11WgConfig.maxnreg must be 32-255 (0: none), got {self.maxnreg}")
 
@@ -185,10 +196,10 @@ def wave_split(tiles: int, k: int, slots: int) -> int:
 
 
 def x_rows(m: int, bm: int) -> int:
-    """x rows a program (wgmma's N): the smallest of 16, 32, 64 that holds ``m``, at most ``bm``.
+    """x rows a program (wgmma's N): the smallest of 16, 32, 64, 128, 256 that holds ``m``, at most ``bm``.
 
-    >>> x_rows(2, 64), x_rows(17, 64), x_rows(40, 32), x_rows(100, 64)
-    (16, 32, 32, 64)
+    >>> x_rows(2, 64), x_rows(17, 64), x_rows(40, 32), x_rows(100, 64), x_rows(100, 256)
+    (16, 32, 32, 64, 128)
     """
     return min(max(16, triton.next_power_of_2(m)), bm)
 
@@ -215,32 +226,32 @@ def plan(x2: torch.Tensor, p, bias, cfg: Dense11WgConfig):
     else:
         split, per = C.choose_split(tiles, k, BLOCK, x2.device, cfg.split, cfg.waves)
     out_mode = 1 if split == 1 else 2 if cfg.fixup else 0
-    x, b, part, o = _plan.slots(4)
-    arr = dict(zip(_codec.ARRAYS, _plan.slots(len(_codec.ARRAYS), 4, fixed=True)))
+    x, xp, b, part, o = _plan.slots(5)
+    arr = dict(zip(_codec.ARRAYS, _plan.slots(len(_codec.ARRAYS), 5, fixed=True)))
     part = o if out_mode == 1 else part
     cnt = C.counters(x2.device, tiles) if out_mode == 2 else None
     words, xl, mma, a_op, xsl, ol = layouts(BN.value, bt, 4)
     exc = prep.nexc > 0
-    if cfg.stages:  # the ring: x copied as int32 pairs (stride even: 16-byte aligned rows)
-        kern, opts = _d11_wg_ring_kernel, dict(XL=pair_layout(bt), S=cfg.stages, PIPE=cfg.pipe,
-                                               LEAD=cfg.stages - cfg.pipe)
+    if cfg.stages:  # the ring: x copied as int32 pairs (stride even: 16-byte aligned rows) or, xperm, in slot order
+        kern, xargs, opts = _d11_wg_ring_kernel, (x, xp), dict(XL=xl if cfg.xperm else pair_layout(bt), S=cfg.stages,
+                                                               PIPE=cfg.pipe, LEAD=cfg.stages - cfg.pipe, XP=cfg.xperm)
     else:
         ea = 2 if cfg.after_mma else int(cfg.ahead)
-        kern, opts = _d11_wg_kernel, dict(XL=xl, PF=cfg.prefetch, PIPE=cfg.pipe, EA=ea)
+        kern, xargs, opts = _d11_wg_kernel, (x,), dict(XL=xl, PF=cfg.prefetch, PIPE=cfg.pipe, EA=ea)
     tile = _plan.Launch(kern, (triton.cdiv(n, BN.value), split, triton.cdiv(m, bt)), (
-        x, arr["code"], arr["sm"].view(torch.int32), arr["esc"], arr["esc_base"], arr["esc_off"], prep.rowptr,
+        *xargs, arr["code"], arr["sm"].view(torch.int32), arr["esc"], arr["esc_base"], arr["esc_off"], prep.rowptr,
         prep.pos if exc else prep.rowptr, prep.vals if exc else prep.rowptr, part, o, b, cnt, m, n, k,
         _codec.blocks_per_row(k), prep.nescw, per, stride, *prep.lut, *prep.tab), dict(
         BT=bt, WL=words, RL=run_layout(4), ML=mma, AL=a_op, XSL=xsl, OL=ol, OUT=out_mode, HAS_BIAS=bias is not None,
         EXC=exc, CS=C.COUNTER_SLOTS, num_warps=4, **opts, **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {})))
     fin = C.finalize_launch(split, m, n, bias is not None, x2.device, cfg.pdl) if out_mode == 0 else None
-    shape, dev = (split, m, n), x2.device
+    shape, dev, xperm = (split, m, n), x2.device, cfg.xperm
 
     def run(x2, bias, out, arrays):
         if copy:
             x2 = x2.contiguous()
         pt = torch.empty(shape, dtype=torch.float32, device=dev) if out_mode != 1 else out
-        tile(x2, bias if bias is not None else out, pt, out, *arrays)
+        tile(x2, permute_x(x2) if xperm else x2, bias if bias is not None else out, pt, out, *arrays)
         if fin is not None:
             fin(pt, bias if bias is not None else pt, out)
         return out

@@ -309,7 +309,7 @@ def test_ring_gives_the_register_tiles_bits_gpu(n, k, kind, bm, split, bias):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not HOPPER, reason="needs a Hopper GPU")
-@pytest.mark.parametrize("bm,stages,pipe", [(128, 3, False), (128, 2, True), (256, 2, False)])
+@pytest.mark.parametrize("bm,stages,pipe", [(128, 3, False), (128, 3, True), (256, 2, False)])
 def test_ring_of_128_and_256_x_rows_gpu(bm, stages, pipe):
     # prompts (xperm, bm 128 / 256: each weight decoded once for that many x rows): ragged N, escapes and exceptions,
     # M from one partial tile to three, a bias, splits: within the float64 bound; split 1 without the bias and the

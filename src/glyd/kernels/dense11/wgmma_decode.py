@@ -152,7 +152,18 @@ def _ranks(tot, run, cc):
 def _lanes(c0, c1, c2, s4a, s4b, q, w0, w1, rank, th0, th1, tl0, tl1, HA0, HA1, HB0, HB1, LA0, LA1, LB0, LB1,
            BN: gl.constexpr, WL: gl.constexpr, AL: gl.constexpr):
     # a step's words as the [BN, 128] A operand in slot order from its runs' codes and window words (w0, w1 at
-    # rank). The run values (codes, escape flags, ranks, the escape window) are computed once a run ([BN, 4])
+    # rank)
+    w = _lane_words(c0, c1, c2, s4a, s4b, q, w0, w1, rank, th0, th1, tl0, tl1, HA0, HA1, HB0, HB1, LA0, LA1, LB0,
+                    LB1, BN, WL)
+    return gl.convert_layout(gl.reshape(gl.permute(w, DECODE_ORDER.value), [BN, BK]), AL)
+
+
+@gluon.jit
+def _lane_words(c0, c1, c2, s4a, s4b, q, w0, w1, rank, th0, th1, tl0, tl1, HA0, HA1, HB0, HB1, LA0, LA1, LB0, LB1,
+                BN: gl.constexpr, WL: gl.constexpr):
+    # a step's decoded weights as bf16 [row, c1, c0, q1, q0, j, T, h] (column 32 c + 16 h + 4 q + 2 T + j) in the
+    # lane words' registers. The run values (codes, escape flags, ranks, the escape window) are computed once a run
+    # ([BN, 4])
     d, f0, f1, f2, f3, n0, b2, b3, tot = _flags(c0, c1, c2)
     eh0, eh1, el0, el1 = _window(w0, w1, rank, HA0, HA1, HB0, HB1, LA0, LA1, LB0, LB1)
     eh0 = _wide(eh0, BN, WL)
@@ -167,8 +178,7 @@ def _lanes(c0, c1, c2, s4a, s4b, q, w0, w1, rank, th0, th1, tl0, tl1, HA0, HA1, 
                _wide(s1, BN, WL), _wide(r0, BN, WL), _wide(r1, BN, WL), eh0, eh1, el0, el1, th0, th1, tl0, tl1)
     wb = _half(_wide(c2 & 0x77777777, BN, WL), _wide(d, BN, WL), s4b, q, _wide(s2, BN, WL), _wide(s3, BN, WL),
                _wide(r2, BN, WL), _wide(r3, BN, WL), eh0, eh1, el0, el1, th0, th1, tl0, tl1)
-    w = gl.reshape(gl.join(wa, wb), [BN, 2, 2, 2, 2, 2, 2, 2])  # [row, c1, c0, q1, q0, j, T, h]
-    return gl.convert_layout(gl.reshape(gl.permute(w, DECODE_ORDER.value), [BN, BK]), AL)
+    return gl.reshape(gl.join(wa, wb), [BN, 2, 2, 2, 2, 2, 2, 2])  # [row, c1, c0, q1, q0, j, T, h]
 
 
 @gluon.jit

@@ -1,0 +1,95 @@
+"""dense11 version 3's unpack on the wgmma tile's decode (``dense11/unpack_wg.py``; Hopper only): its column order
+mirrored in torch, its checks, a static check compiled for sm_90 on any machine, its bits on the GPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import glyd
+
+from .conftest import needs_triton, random_weights
+from .test_gluon import _res_usage, _sass, compile_gluon_sm90
+
+pytestmark = needs_triton
+
+HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
+
+
+def _uw():
+    try:
+        from glyd.kernels.dense11 import unpack_wg
+    except ImportError as exc:  # a Triton without Gluon's Hopper module
+        pytest.skip(f"no Gluon wgmma in this Triton: {exc}")
+    return unpack_wg
+
+
+def test_decoded_words_reach_column_order():
+    # the decoded lane words ([c1, c0, q1, q0, j, T, h] of a row, built as the kernel joins them: weight i of lane word
+    # (c, q) of half h is column 32 c + 16 h + 4 q + i) permuted by COL_ORDER are the step's columns in order
+    uw = _uw()
+
+    def join(a, b):
+        return torch.stack([a, b], -1)
+
+    cq = torch.arange(16)
+    c, q = cq // 4, cq % 4
+
+    def half(h):
+        e = [32 * c + 16 * h + 4 * q + i for i in range(4)]
+        return join(join(e[0], e[1]), join(e[2], e[3]))
+
+    cols_w = join(half(0), half(1)).reshape([2] * 7)
+    order = [d - 1 for d in uw.COL_ORDER.value[1:]]
+    assert torch.equal(cols_w.permute(order).reshape(-1), torch.arange(128))
+
+
+def test_needs_a_cuda_gpu_and_version_3():
+    uw = _uw()
+    p = glyd.pack(random_weights(64, 256, "normal"), "dense11")
+    with pytest.raises(RuntimeError, match="CUDA"):
+        uw.unpack_wg(p)
+
+
+@pytest.mark.parametrize("n", [64, 70])
+def test_the_loop_decodes_and_stores_16_bytes_sm90(n):
+    # the K loop (8 steps of a block): 16-byte stores of the bf16 rows (8 a thread a step: 64 rows x 128 columns on
+    # 128 threads), the step's words by global loads, one step's shuffles, and nothing spills
+    from .test_ws import _loops
+
+    uw = _uw()
+    from glyd.kernels.dense11.wgmma_decode import run_layout
+    from glyd.kernels.fixed12.wgmma import layouts
+
+    ptrs = {"code_ptr": "*i32", "sm_ptr": "*i32", "esc_ptr": "*i32", "ebase_ptr": "*i32", "eoff_ptr": "*u16",
+            "out_ptr": "*bf16"}
+    const = dict(WL=layouts(64, 16, 4)[0], RL=run_layout(4), SL=uw.store_layout(4))
+    k = compile_gluon_sm90(uw._d11_unpack_wg_kernel, const, ptrs, num_warps=4)
+    res = _res_usage(k)
+    assert res.get("STACK", 0) == 0 and res.get("LOCAL", 0) == 0, res
+    loops = _loops(_sass(k))
+    assert len(loops) == 1
+    ops = loops[0]
+    assert sum(o.startswith("STG.E.128") for o in ops) == 8, [o for o in ops if o.startswith("STG")]
+    assert [o.split(".")[0] for o in ops].count("SHFL") == 6
+    assert "STL" not in ops and "LDL" not in ops
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HOPPER, reason="needs a Hopper GPU")
+@pytest.mark.parametrize("n,k,kind", [(1000, 3584, "normal"), (70, 1152, "wide"), (4608, 3584, "wide"),
+                                      (64, 128, "normal")])
+def test_unpack_wg_is_bit_exact_gpu(n, k, kind):
+    # ragged N, a short last block (K 1152), many escapes and exceptions ("wide"): the weights bit for bit, into a
+    # given out too
+    uw = _uw()
+    torch.manual_seed(n + k)
+    w = random_weights(n, k, kind, "cuda")
+    p = glyd.pack(w, "dense11")
+    assert p.version == 3
+    got = uw.unpack_wg(p)
+    assert torch.equal(got.view(torch.int16), w.view(torch.int16))
+    out = torch.full_like(w, float("nan"))
+    assert uw.unpack_wg(p, out) is out and torch.equal(out.view(torch.int16), w.view(torch.int16))
+    with pytest.raises(ValueError, match="out must be"):
+        uw.unpack_wg(p, out[:, :-1])

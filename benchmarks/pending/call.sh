@@ -195,6 +195,11 @@ sys.exit(main(["eval", str(bf16_folder()), "--modes", os.environ.get("QUALITY_MO
              benchmarks/dense11_step.py --layers 2 --ms 256,128,512 --no-v1 --wg bm=64,pipe=1 --wg bm=64,stages=3,pipe=1 \
              --wg bm=128,stages=3,xperm=1 --wg bm=128,stages=3,pipe=1,xperm=1 --wg bm=256,stages=2,xperm=1 \
              --out "$out/d11long" ;;
+    d11unpack) # issue 35's prompts: dense11's unpack on the wgmma tile's decode (unpack_wg) against unpack_v2 (about
+               # 0.7 TB/s on an H100) and a bf16 copy, the merged 7B matrices, 0.1% exceptions, bits checked first
+           left=$(( ${CALL_LIMIT:-590} - SECONDS ))
+           [ "$left" -gt 30 ] && step d11unpack $(( left < 150 ? left : 150 )) env PYTHONPATH=src python3 \
+             benchmarks/probes/dense11_unpack_wg.py --out "$out/d11unpack" ;;
     d11ws) # issue 35: dense11_wgmma's K split by waves (wave_split: the split that finishes first with `waves` programs
            # an SM resident: 3 at 168 registers, 2 with pipe) against the split rule's, and the windows loaded after the
            # step before's MMA (after_mma: 128-168 registers), the 7B step (2 layers + lm_head)
@@ -383,7 +388,7 @@ sys.exit(main(["eval", str(bf16_folder()), "--modes", os.environ.get("QUALITY_MO
     *) echo "unknown step $s (gpu_set, gpu_set_par, ncu_exc, ncu_long, d11_exc, scale_d11, long, sweep_long, sweep05, sweep41, sweep42, exc_decode, exc_ab, sweep44, sweep45, exc_step, sweep_kv, dit, ttft7b, bits, kv, d11, prefill)" >&2; exit 2 ;;
   esac
 done
-for f in gpu_set d11ea_step ncu_d11 d11ws_step d11wgk_tests d11wgk_step ttft sweep53t sweep50t scale_d11 long sweep_long sweep05 sweep41 sweep42 exc_decode_0 exc_decode_0.001 exc_decode_lm exc_ab_branch exc_ab_main exc_ab_mask sweep45 sweep44 ncu_gate_up ncu_qkv ncu_gate_up_normal ncu_long ncu_qkv128 exc_step_0.001 exc_step_0 sweep_kv dit ttft7b bits kv_branch kv_main d11 d11_exc prefill_branch prefill_main; do
+for f in gpu_set d11unpack d11ea_step ncu_d11 d11ws_step d11wgk_tests d11wgk_step ttft sweep53t sweep50t scale_d11 long sweep_long sweep05 sweep41 sweep42 exc_decode_0 exc_decode_0.001 exc_decode_lm exc_ab_branch exc_ab_main exc_ab_mask sweep45 sweep44 ncu_gate_up ncu_qkv ncu_gate_up_normal ncu_long ncu_qkv128 exc_step_0.001 exc_step_0 sweep_kv dit ttft7b bits kv_branch kv_main d11 d11_exc prefill_branch prefill_main; do
   [ -f "$out/$f.txt" ] && { echo "=== $f (last lines)"; tail -n 14 "$out/$f.txt"; }
 done
 echo "| step | exit status | seconds |"

@@ -247,6 +247,9 @@ def main(argv=None) -> int:
     res = {"device": torch.cuda.get_device_name() if DEV == "cuda" else "cpu (dry run)", "torch": torch.__version__,
            "glyd": glyd.__version__, "dot": args.dot, "mb": args.mb, "gemv": {g: str(c) for g, c in gemvs.items()},
            "layers": args.layers, "shapes": [[n, k] for _, n, k in SHAPES + [("lm_head", VOCAB, H)]], "exc_share": args.exc, "build_s": round(built, 1), "bytes": sizes, "choice": choices(mats, ms), "ms": {}}
+    if DEV == "cuda":  # bf16's step once, untimed, first: the first M's bf16 ran 16% slow (2026-12-07, h100-34)
+        xs = {k: torch.randn(ms[0], k, device=DEV).to(torch.bfloat16) for k in {k for _, _, k in SHAPES} | {H}}
+        cuda_graph_ms(step(mats, xs, "bf16", None), 30)
     for m in ms:
         xs = {k: torch.randn(m, k, device=DEV).to(torch.bfloat16) for k in {k for _, _, k in SHAPES} | {H}}
         for v in variants:

@@ -14,14 +14,16 @@ the first qkv, o and down matrix (both versions), the unpack is bit-exact, every
 5e-3 (relative norm) of float64 ``F.linear``.
 
     python benchmarks/dense11_step.py [--out DIR] [--layers 28] [--ms 1,16,32,64] [--dot tile|tile_wx|lanes]
-        [--mb 64] [--gemv bn=32,bk=128,prefetch=1 ...] [--no-v1]
+        [--mb 64] [--gemv bn=32,bk=128,prefetch=1 ...] [--wg bm=64 ...] [--long unpack=wg ...] [--no-v1]
 
 ``--dot`` picks the M >= 2 product form of ``dense11 gemv`` (``Dense11V3GemvConfig.dot``; the
 registry's ``dense11`` keeps the table's, the default ``tile``), ``--mb`` its most x rows a decode
 (16: M = 17-64 decode each tile 2-4 times, as before 2026-12-05). ``--gemv SPEC`` (repeatable) times
 the version-3 GEMV with ``Dense11V3GemvConfig(**SPEC)`` as a column of its own, ``gemv SPEC``, in
 place of ``dense11 gemv``; ``--wg SPEC`` (repeatable, a Hopper GPU) the wgmma tile (``dense11_wgmma``) with
-``Dense11WgConfig(**SPEC)`` as ``wg SPEC``; ``--no-v1`` leaves version 1 out (the slowest column). The JSON records the
+``Dense11WgConfig(**SPEC)`` as ``wg SPEC``; ``--long SPEC`` (repeatable) unpack + cuBLAS with
+``Dense11LongConfig(**SPEC)`` as ``long SPEC`` (``unpack=wg``: the wgmma tile's decode, Hopper); ``--no-v1`` leaves
+version 1 out (the slowest column). The JSON records the
 registry's choice for each shape and M (``choice``).
 
 Without a CUDA GPU it is a dry run under ``TRITON_INTERPRET=1``: tiny shapes, every check, times
@@ -106,6 +108,17 @@ def wg_spec(spec: str):
         key, _, val = part.partition("=")
         kw[key] = val in ("1", "true", "True") if key in FLAGS else int(val)
     return Dense11WgConfig(**kw)
+
+
+def long_spec(spec: str):
+    """``Dense11LongConfig`` of ``"unpack=wg"`` (unpack + cuBLAS, its unpack named: ``triton`` or ``wg``).
+
+    >>> long_spec("unpack=wg").unpack, long_spec("").unpack
+    ('wg', 'triton')
+    """
+    from glyd.kernels import Dense11LongConfig
+
+    return Dense11LongConfig(**dict(part.partition("=")[::2] for part in filter(None, spec.split(","))))
 
 
 def build(layers: int, exc: float = 0.0) -> dict:
@@ -216,6 +229,8 @@ def main(argv=None) -> int:
                     help="a version-2 GEMV config as its own column, e.g. bn=32,bk=128,prefetch=1 (repeatable)")
     ap.add_argument("--wg", action="append", default=[], metavar="SPEC",
                     help="the dense11 wgmma tile (Hopper) with this config as its own column, e.g. bm=64 (repeatable)")
+    ap.add_argument("--long", action="append", default=[], metavar="SPEC",
+                    help="unpack + cuBLAS with this config as its own column, e.g. unpack=wg (repeatable)")
     ap.add_argument("--no-v1", action="store_true", help="leave format version 1 out")
     ap.add_argument("--exc", type=float, default=0.0, help="this share of the weights set to 1e-30 (exceptions of "
                     "fixed12 and dense11; real weights: 0.01-0.13%%)")
@@ -223,6 +238,7 @@ def main(argv=None) -> int:
     gemvs = {f"gemv {g}": gemv_spec(g) for g in args.gemv} or {"dense11 gemv": Dense11V3GemvConfig(dot=args.dot, mb=args.mb)}
     if DEV == "cuda":  # the wgmma tile runs on a Hopper GPU only: no dry run of it
         gemvs.update({f"wg {g}": wg_spec(g) for g in args.wg})
+    gemvs.update({f"long {g}": long_spec(g) for g in args.long})
     variants = ["bf16", "fixed12", "dense11", *gemvs] + ([] if args.no_v1 else ["dense11 v1"])
     ms = [int(m) for m in args.ms.split(",")]
     t0 = time.time()

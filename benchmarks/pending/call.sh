@@ -189,11 +189,12 @@ sys.exit(main(["eval", str(bf16_folder()), "--modes", os.environ.get("QUALITY_MO
              --out "$out/d11ring" ;;
     d11long) # issue 35's prompts (M = 128-4608 <= 1.15x bf16): dense11_wgmma with 256 / 128 x rows a tile and xperm
              # (each weight decoded once a tile) against the table's choice (since 2026-12-07 on the H100 the same tile
-             # at M = 65-128 and 256-511, unpack + cuBLAS elsewhere) at M = 192 (not yet measured), 512, 1024, 2 layers
+             # at M = 65-128 and 256-511, unpack + cuBLAS elsewhere) at M = 192 (not yet measured), 512, 1024, 2 layers;
+             # and unpack + cuBLAS with unpack_wg (long unpack=wg)
            left=$(( ${CALL_LIMIT:-590} - SECONDS ))
            [ "$left" -gt 40 ] && step d11long $(( left < 240 ? left : 240 )) env PYTHONPATH=src python3 \
              benchmarks/dense11_step.py --layers 2 --ms 192,512,1024 --no-v1 --wg bm=256,stages=2,xperm=1 \
-             --wg bm=128,stages=2,xperm=1 --out "$out/d11long" ;;
+             --wg bm=128,stages=2,xperm=1 --long unpack=wg --out "$out/d11long" ;;
     d11unpack) # issue 35's prompts: dense11's unpack on the wgmma tile's decode (unpack_wg) against unpack_v2 (about
                # 0.7 TB/s on an H100) and a bf16 copy, the merged 7B matrices, 0.1% exceptions, bits checked first
            left=$(( ${CALL_LIMIT:-590} - SECONDS ))

@@ -93,3 +93,46 @@ def test_unpack_wg_is_bit_exact_gpu(n, k, kind):
     assert uw.unpack_wg(p, out) is out and torch.equal(out.view(torch.int16), w.view(torch.int16))
     with pytest.raises(ValueError, match="out must be"):
         uw.unpack_wg(p, out[:, :-1])
+
+
+def test_long_config_names_its_unpack():
+    from glyd.kernels import Dense11LongConfig
+
+    assert Dense11LongConfig().unpack == "triton"
+    with pytest.raises(ValueError, match="unpack must be one of triton, wg"):
+        Dense11LongConfig(unpack="cuda")
+
+
+@pytest.mark.parametrize("version, k, kp, features, why", [
+    (3, 3584, 3584, frozenset(), "Hopper"), (2, 3584, 3584, frozenset({"wgmma"}), "version 3"),
+    (3, 1100, 1120, frozenset({"wgmma"}), "multiple of 128"), (3, 3584, 3584, frozenset({"wgmma"}), "")])
+def test_long_kernel_runs_unpack_wg_only_where_it_can(version, k, kp, features, why):
+    from glyd.kernels import Dense11LongConfig
+    from glyd.kernels import registry as R
+    from glyd.kernels.dense11.unpack_cublas import Dense11LongKernel
+
+    dev = R.Device("cuda", "test GPU", (9, 0), 132, False, features)
+    prob = R.Problem("dense11", 512, 4608, k, kp, version)
+    ok, got = Dense11LongKernel.can_implement(prob, dev, Dense11LongConfig(unpack="wg"))
+    assert ok == (why == "") and why in got
+    assert Dense11LongKernel.can_implement(prob, dev, Dense11LongConfig()) == (True, "")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HOPPER, reason="needs a Hopper GPU")
+@pytest.mark.parametrize("m,n,k,kind", [(192, 1000, 3584, "wide"), (512, 4608, 1152, "normal"), (1, 64, 128, "wide")])
+def test_long_kernel_with_unpack_wg_gives_the_triton_unpacks_bits_gpu(m, n, k, kind):
+    # the same bf16 matrix in the scratch buffer, the same cuBLAS call: the products' bits equal, bias too
+    from glyd import kernels
+    from glyd.kernels import Dense11LongConfig
+
+    _uw()
+    torch.manual_seed(m + n + k)
+    w = random_weights(n, k, kind, "cuda")
+    p = glyd.pack(w, "dense11")
+    x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+    bias = torch.randn(n, device="cuda").to(torch.bfloat16)
+    for b in (None, bias):
+        want = kernels.linear(x, p, b, Dense11LongConfig())
+        got = kernels.linear(x, p, b, Dense11LongConfig(unpack="wg"))
+        assert torch.equal(got.view(torch.int16), want.view(torch.int16))

@@ -8,7 +8,8 @@ Why: on an H100 (2026-12-07, ``benchmarks/history/2026-12-07-h100-34.md``) the T
 of 32 weights a thread) moved about 0.7 TB/s on the 7B step's matrices, while ``dense11_wgmma`` decoded the same
 weights about 3x faster inside its product; the long-M path (unpack + cuBLAS) is bound by the unpack. CUDA only,
 Hopper only (Gluon has no interpreter): tests compile it for sm_90 on any machine and check its bits on the GPU.
-Not yet chosen by any path: ``benchmarks/probes/dense11_unpack_wg.py`` times it against ``unpack_v2`` first.
+``dense11_unpack_cublas`` runs it with ``Dense11LongConfig(unpack="wg")``; no table row chooses it until
+``benchmarks/probes/dense11_unpack_wg.py`` has timed it against ``unpack_v2``.
 """
 
 from __future__ import annotations
@@ -74,13 +75,8 @@ def store_layout(warps: int = 4):
     return gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[2, 16], warps_per_cta=[warps, 1], order=[1, 0])
 
 
-# packed: dense11 version 3 [N, K], K a multiple of 128 (no padded columns) -> bf16 [N, K] (into out when given)
-def unpack_wg(p, out: torch.Tensor | None = None) -> torch.Tensor:
-    """The bf16 matrix of the version-3 ``p`` on its (Hopper) GPU, bit for bit, by the wgmma tile's decode.
-
-    >>> unpack_wg(glyd.pack(w.cuda(), "dense11")).equal(w.cuda())  # doctest: +SKIP
-    True
-    """
+def _check(p) -> None:
+    # the matrices unpack_wg decodes (the same words as dense11_unpack_cublas's can_implement for unpack="wg")
     n, k = p.shape
     if p.arrays["sm"].device.type != "cuda" or C.interpreting():
         raise RuntimeError("unpack_wg runs only on a CUDA GPU (Gluon has no interpreter)")
@@ -88,20 +84,57 @@ def unpack_wg(p, out: torch.Tensor | None = None) -> torch.Tensor:
         raise ValueError(f"unpack_wg decodes dense11 format version 3, got version {p.version}")
     if k % BK.value or p.arrays["sm"].shape[1] != k:
         raise ValueError(f"unpack_wg needs K a multiple of {BK.value} (no padded columns), got K = {k}")
+
+
+class WgLaunch:
+    """The unpack of one version-3 matrix worked out once (grid, tables, the exceptions' places and words), called as
+    ``launch(out, *arrays)`` (``arrays``: dense11's, in ``glyd.codec.dense11.ARRAYS`` order) like
+    ``glyd.kernels._plan.Launch``; it holds none of the matrix's arrays."""
+
+    __slots__ = ("grid", "scalars", "meta", "pos", "vals")
+
+    def __init__(self, p) -> None:
+        _check(p)
+        n, k = p.shape
+        prep = prepare(p)
+        nbr = _codec.blocks_per_row(k)
+        self.grid = (triton.cdiv(n, BN.value), nbr)
+        self.scalars = (n, k, nbr, prep.nescw, *prep.lut, *prep.tab)
+        self.meta = dict(WL=layouts(BN.value, 16, 4)[0], RL=run_layout(4), SL=store_layout(4), num_warps=4)
+        self.pos, self.vals = (prep.pos, prep.vals) if prep.nexc else (None, None)
+
+    # out: bf16 [N, K] (written, contiguous); arrays: dense11's, in ARRAYS order (sm, code, base, ...)
+    def __call__(self, out: torch.Tensor, *arrays: torch.Tensor) -> None:
+        a = dict(zip(_codec.ARRAYS, arrays))
+        if self.grid[0] * self.grid[1] == 0 or out.numel() == 0:
+            return
+        _d11_unpack_wg_kernel[self.grid](a["code"], a["sm"].view(torch.int32), a["esc"], a["esc_base"], a["esc_off"],
+                                         out, *self.scalars, **self.meta)
+        if self.pos is not None:  # the exceptions' true words over their placeholders
+            out.view(torch.int16).view(-1)[self.pos] = self.vals
+
+
+# packed: dense11 version 3 [N, K], K a multiple of 128 (no padded columns) -> launch(out, *arrays): out bf16 [N, K]
+def unpack_wg_launch(p) -> WgLaunch:
+    """The unpack of the version-3 ``p`` as one launch (``dense11_unpack_cublas``'s with ``unpack="wg"``)."""
+    return WgLaunch(p)
+
+
+# packed: dense11 version 3 [N, K], K a multiple of 128 (no padded columns) -> bf16 [N, K] (into out when given)
+def unpack_wg(p, out: torch.Tensor | None = None) -> torch.Tensor:
+    """The bf16 matrix of the version-3 ``p`` on its (Hopper) GPU, bit for bit, by the wgmma tile's decode.
+
+    >>> import torch, glyd
+    >>> w = torch.randn(64, 256).to(torch.bfloat16)
+    >>> unpack_wg(glyd.pack(w.cuda(), "dense11")).equal(w.cuda())  # doctest: +SKIP
+    True
+    """
+    _check(p)
+    n, k = p.shape
     if out is None:
         out = torch.empty(n, k, dtype=torch.bfloat16, device=p.arrays["sm"].device)
     elif out.shape != (n, k) or out.dtype != torch.bfloat16 or not out.is_contiguous():
         raise ValueError(f"out must be a contiguous bf16 tensor of shape {(n, k)}, got {out.dtype} "
                          f"{tuple(out.shape)}")
-    prep = prepare(p)
-    if n * k == 0:
-        return out
-    a = p.arrays
-    words = layouts(BN.value, 16, 4)[0]
-    _d11_unpack_wg_kernel[(triton.cdiv(n, BN.value), _codec.blocks_per_row(k))](
-        a["code"], a["sm"].view(torch.int32), a["esc"], a["esc_base"], a["esc_off"], out, n, k,
-        _codec.blocks_per_row(k), prep.nescw, *prep.lut, *prep.tab, WL=words, RL=run_layout(4), SL=store_layout(4),
-        num_warps=4)
-    if prep.nexc:  # the exceptions' true words over their placeholders
-        out.view(torch.int16).view(-1)[prep.pos] = prep.vals
+    WgLaunch(p)(out, *(p.arrays[a] for a in _codec.ARRAYS))
     return out

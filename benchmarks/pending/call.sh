@@ -200,6 +200,12 @@ sys.exit(main(["eval", str(bf16_folder()), "--modes", os.environ.get("QUALITY_MO
            left=$(( ${CALL_LIMIT:-590} - SECONDS ))
            [ "$left" -gt 30 ] && step d11unpack $(( left < 150 ? left : 150 )) env PYTHONPATH=src python3 \
              benchmarks/probes/dense11_unpack_wg.py --out "$out/d11unpack" ;;
+    ncu_unpack) # Nsight Compute on dense11's two unpacks (gate_up 37888x3584, 0.1% exceptions; each kernel's first,
+                # untimed launch of the probe's bit check): achieved DRAM bandwidth, warp stalls, the source counters
+           step ncu_unpack 200 env PYTHONPATH=src ncu --clock-control none -k regex:"_unpack_v2_kernel|_d11_unpack_wg_kernel" \
+             -c 2 --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+             --section MemoryWorkloadAnalysis --section SourceCounters \
+             python3 benchmarks/probes/dense11_unpack_wg.py --shapes gate_up ;;
     d11ws) # issue 35: dense11_wgmma's K split by waves (wave_split: the split that finishes first with `waves` programs
            # an SM resident: 3 at 168 registers, 2 with pipe) against the split rule's, and the windows loaded after the
            # step before's MMA (after_mma: 128-168 registers), the 7B step (2 layers + lm_head)

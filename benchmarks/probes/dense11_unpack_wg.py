@@ -4,7 +4,7 @@ merged Qwen2.5-7B matrices (qkv, o, gate_up, down, lm_head) with 0.1% of the wei
 0.01-0.13%). Each unpack is compared with the weights bit for bit first; then timed (median of 30 CUDA-graph replays,
 ``glyd.timing.cuda_graph_ms``) with TB/s over the packed bytes read and the bf16 bytes written.
 
-    PYTHONPATH=src python3 benchmarks/probes/dense11_unpack_wg.py [--exc 0.001] [--out DIR]   # a Hopper GPU
+    PYTHONPATH=src python3 benchmarks/probes/dense11_unpack_wg.py [--exc 0.001] [--shapes gate_up,down] [--out DIR]
 """
 
 from __future__ import annotations
@@ -37,6 +37,8 @@ def weights(n: int, k: int, exc: float, seed: int) -> torch.Tensor:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--exc", type=float, default=0.001)
+    ap.add_argument("--shapes", default=",".join(n for n, _, _ in SHAPES),
+                    help="comma-separated shapes to run (e.g. gate_up: one shape under Nsight Compute)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     if not (torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9):
@@ -45,7 +47,12 @@ def main(argv=None) -> int:
     from glyd.kernels.dense11.unpack_wg import unpack_wg
 
     rows, fails = [], []
+    pick = args.shapes.split(",")
+    if bad := [s for s in pick if s not in {n for n, _, _ in SHAPES}]:
+        ap.error(f"unknown shapes {bad}; known: {', '.join(n for n, _, _ in SHAPES)}")
     for i, (name, n, k) in enumerate(SHAPES):
+        if name not in pick:
+            continue
         w = weights(n, k, args.exc, i)
         p = glyd.pack(w, "dense11")
         kernels.prepare(p)

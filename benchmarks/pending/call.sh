@@ -190,20 +190,21 @@ sys.exit(main(["eval", str(bf16_folder()), "--modes", os.environ.get("QUALITY_MO
     d11long) # issue 35's prompts (M = 128-4608 <= 1.15x bf16): dense11_wgmma with 256 / 128 x rows a tile and xperm
              # (each weight decoded once a tile) against the table's choice (since 2026-12-07 on the H100 the same tile
              # at M = 65-128 and 256-511, unpack + cuBLAS elsewhere) at M = 192 (not yet measured), 512, 1024, 2 layers;
-             # and unpack + cuBLAS with unpack_wg (long unpack=wg)
+             # and unpack + cuBLAS with unpack_wg (long unpack=wg, and wg_direct: stores from the decode's layout)
            left=$(( ${CALL_LIMIT:-590} - SECONDS ))
            [ "$left" -gt 40 ] && step d11long $(( left < 240 ? left : 240 )) env PYTHONPATH=src python3 \
              benchmarks/dense11_step.py --layers 2 --ms 192,512,1024 --no-v1 --wg bm=256,stages=2,xperm=1 \
-             --wg bm=128,stages=2,xperm=1 --long unpack=wg --out "$out/d11long" ;;
+             --wg bm=128,stages=2,xperm=1 --long unpack=wg --long unpack=wg_direct --out "$out/d11long" ;;
     d11unpack) # issue 35's prompts: dense11's unpack on the wgmma tile's decode (unpack_wg) against unpack_v2 (about
                # 0.7 TB/s on an H100) and a bf16 copy, the merged 7B matrices, 0.1% exceptions, bits checked first
            left=$(( ${CALL_LIMIT:-590} - SECONDS ))
            [ "$left" -gt 30 ] && step d11unpack $(( left < 150 ? left : 150 )) env PYTHONPATH=src python3 \
              benchmarks/probes/dense11_unpack_wg.py --out "$out/d11unpack" ;;
-    ncu_unpack) # Nsight Compute on dense11's two unpacks (gate_up 37888x3584, 0.1% exceptions; each kernel's first,
-                # untimed launch of the probe's bit check): achieved DRAM bandwidth, warp stalls, the source counters
+    ncu_unpack) # Nsight Compute on dense11's unpacks (gate_up 37888x3584, 0.1% exceptions; each kernel's first,
+                # untimed launch of the probe's bit check: unpack_v2, unpack_wg, its direct stores): achieved DRAM
+                # bandwidth, warp stalls, the source counters
            step ncu_unpack 200 env PYTHONPATH=src ncu --clock-control none -k regex:"_unpack_v2_kernel|_d11_unpack_wg_kernel" \
-             -c 2 --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+             -c 3 --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
              --section MemoryWorkloadAnalysis --section SourceCounters \
              python3 benchmarks/probes/dense11_unpack_wg.py --shapes gate_up ;;
     d11ws) # issue 35: dense11_wgmma's K split by waves (wave_split: the split that finishes first with `waves` programs

@@ -1,7 +1,8 @@
 """(issue 35, prompts) dense11 version 3's unpack on the wgmma tile's decode (``kernels/dense11/unpack_wg.py``) against
-the Triton unpack the long-M path runs (``kernels.unpack``: ``unpack_v2``) and a bf16 copy of the same bytes, on the
-merged Qwen2.5-7B matrices (qkv, o, gate_up, down, lm_head) with 0.1% of the weights exceptions (real weights:
-0.01-0.13%). Each unpack is compared with the weights bit for bit first; then timed (median of 30 CUDA-graph replays,
+the Triton unpack the long-M path runs (``kernels.unpack``: ``unpack_v2``) and a bf16 copy of the same bytes, and
+as ``direct`` with its stores from the decode's own layout (``direct_layout``: no shared memory, half-sector stores),
+on the merged Qwen2.5-7B matrices (qkv, o, gate_up, down, lm_head) with 0.1% of the weights exceptions (real
+weights: 0.01-0.13%). Each unpack is compared with the weights bit for bit first; then timed (median of 30 CUDA-graph replays,
 ``glyd.timing.cuda_graph_ms``) with TB/s over the packed bytes read and the bf16 bytes written.
 
     PYTHONPATH=src python3 benchmarks/probes/dense11_unpack_wg.py [--exc 0.001] [--shapes gate_up,down] [--out DIR]
@@ -56,7 +57,8 @@ def main(argv=None) -> int:
         w = weights(n, k, args.exc, i)
         p = glyd.pack(w, "dense11")
         kernels.prepare(p)
-        for label, fn in (("unpack_v2", lambda: kernels.unpack(p)), ("unpack_wg", lambda: unpack_wg(p))):
+        for label, fn in (("unpack_v2", lambda: kernels.unpack(p)), ("unpack_wg", lambda: unpack_wg(p)),
+                          ("direct", lambda: unpack_wg(p, direct=True))):
             if not torch.equal(fn().view(torch.int16), w.view(torch.int16)):
                 fails.append(f"{label} {name} is not bit-exact")
         if fails:
@@ -65,7 +67,8 @@ def main(argv=None) -> int:
         moved = p.nbytes + w.numel() * 2
         t = {"bf16 copy": cuda_graph_ms(lambda: out.copy_(w), 30),
              "unpack_v2": cuda_graph_ms(lambda: kernels.unpack(p, out=out), 30),
-             "unpack_wg": cuda_graph_ms(lambda: unpack_wg(p, out), 30)}
+             "unpack_wg": cuda_graph_ms(lambda: unpack_wg(p, out), 30),
+             "direct": cuda_graph_ms(lambda: unpack_wg(p, out, direct=True), 30)}
         rows.append({"shape": name, "n": n, "k": k, "packed_bytes": p.nbytes, "ms": t,
                      "tb_s": {v: (w.numel() * 4 if v == "bf16 copy" else moved) / ms / 1e9 for v, ms in t.items()}})
         print(f"{name} {n}x{k}: " + ", ".join(f"{v} {ms:.3f} ms ({rows[-1]['tb_s'][v]:.2f} TB/s)"
@@ -77,13 +80,15 @@ def main(argv=None) -> int:
         return 1
     tot = {v: sum(r["ms"][v] for r in rows) for v in rows[0]["ms"]}
     print(f"\n{torch.cuda.get_device_name()}, torch {torch.__version__}, exceptions {args.exc:.2%}")
-    print("| shape | bf16 copy ms | unpack_v2 ms (TB/s) | unpack_wg ms (TB/s) | wg / v2 |\n|---|---|---|---|---|")
+    print("| shape | bf16 copy ms | unpack_v2 ms (TB/s) | unpack_wg ms (TB/s) | direct ms (TB/s) | wg / v2 | "
+          "direct / v2 |\n|---|---|---|---|---|---|---|")
     for r in rows:
         m, s = r["ms"], r["tb_s"]
         print(f"| {r['shape']} | {m['bf16 copy']:.3f} | {m['unpack_v2']:.3f} ({s['unpack_v2']:.2f}) | "
-              f"{m['unpack_wg']:.3f} ({s['unpack_wg']:.2f}) | {m['unpack_wg'] / m['unpack_v2']:.3f} |")
-    print(f"| all | {tot['bf16 copy']:.3f} | {tot['unpack_v2']:.3f} | {tot['unpack_wg']:.3f} | "
-          f"{tot['unpack_wg'] / tot['unpack_v2']:.3f} |")
+              f"{m['unpack_wg']:.3f} ({s['unpack_wg']:.2f}) | {m['direct']:.3f} ({s['direct']:.2f}) | "
+              f"{m['unpack_wg'] / m['unpack_v2']:.3f} | {m['direct'] / m['unpack_v2']:.3f} |")
+    print(f"| all | {tot['bf16 copy']:.3f} | {tot['unpack_v2']:.3f} | {tot['unpack_wg']:.3f} | {tot['direct']:.3f} | "
+          f"{tot['unpack_wg'] / tot['unpack_v2']:.3f} | {tot['direct'] / tot['unpack_v2']:.3f} |")
     if args.out:
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, "dense11_unpack_wg.json"), "w") as f:

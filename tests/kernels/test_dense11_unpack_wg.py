@@ -51,10 +51,11 @@ def test_needs_a_cuda_gpu_and_version_3():
         uw.unpack_wg(p)
 
 
-@pytest.mark.parametrize("n", [64, 70])
-def test_the_loop_decodes_and_stores_16_bytes_sm90(n):
+@pytest.mark.parametrize("direct", [False, True])
+def test_the_loop_decodes_and_stores_16_bytes_sm90(direct):
     # the K loop (8 steps of a block): 16-byte stores of the bf16 rows (8 a thread a step: 64 rows x 128 columns on
-    # 128 threads), the step's words by global loads, one step's shuffles, and nothing spills
+    # 128 threads), the step's words by global loads, one step's shuffles, and nothing spills; direct: no shared
+    # memory and no barrier at all (the convert moves registers only)
     from .test_ws import _loops
 
     uw = _uw()
@@ -63,7 +64,7 @@ def test_the_loop_decodes_and_stores_16_bytes_sm90(n):
 
     ptrs = {"code_ptr": "*i32", "sm_ptr": "*i32", "esc_ptr": "*i32", "ebase_ptr": "*i32", "eoff_ptr": "*u16",
             "out_ptr": "*bf16"}
-    const = dict(WL=layouts(64, 16, 4)[0], RL=run_layout(4), SL=uw.store_layout(4))
+    const = dict(WL=layouts(64, 16, 4)[0], RL=run_layout(4), SL=uw.direct_layout(4) if direct else uw.store_layout(4))
     k = compile_gluon_sm90(uw._d11_unpack_wg_kernel, const, ptrs, num_warps=4)
     res = _res_usage(k)
     assert res.get("STACK", 0) == 0 and res.get("LOCAL", 0) == 0, res
@@ -73,13 +74,16 @@ def test_the_loop_decodes_and_stores_16_bytes_sm90(n):
     assert sum(o.startswith("STG.E.128") for o in ops) == 8, [o for o in ops if o.startswith("STG")]
     assert [o.split(".")[0] for o in ops].count("SHFL") == 6
     assert "STL" not in ops and "LDL" not in ops
+    if direct:
+        assert res.get("SHARED", 0) == 0 and not [o for o in ops if o.startswith(("BAR", "STS", "LDS"))]
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not HOPPER, reason="needs a Hopper GPU")
+@pytest.mark.parametrize("direct", [False, True])
 @pytest.mark.parametrize("n,k,kind", [(1000, 3584, "normal"), (70, 1152, "wide"), (4608, 3584, "wide"),
                                       (64, 128, "normal")])
-def test_unpack_wg_is_bit_exact_gpu(n, k, kind):
+def test_unpack_wg_is_bit_exact_gpu(n, k, kind, direct):
     # ragged N, a short last block (K 1152), many escapes and exceptions ("wide"): the weights bit for bit, into a
     # given out too
     uw = _uw()
@@ -87,10 +91,10 @@ def test_unpack_wg_is_bit_exact_gpu(n, k, kind):
     w = random_weights(n, k, kind, "cuda")
     p = glyd.pack(w, "dense11")
     assert p.version == 3
-    got = uw.unpack_wg(p)
+    got = uw.unpack_wg(p, direct=direct)
     assert torch.equal(got.view(torch.int16), w.view(torch.int16))
     out = torch.full_like(w, float("nan"))
-    assert uw.unpack_wg(p, out) is out and torch.equal(out.view(torch.int16), w.view(torch.int16))
+    assert uw.unpack_wg(p, out, direct) is out and torch.equal(out.view(torch.int16), w.view(torch.int16))
     with pytest.raises(ValueError, match="out must be"):
         uw.unpack_wg(p, out[:, :-1])
 
@@ -99,21 +103,22 @@ def test_long_config_names_its_unpack():
     from glyd.kernels import Dense11LongConfig
 
     assert Dense11LongConfig().unpack == "triton"
-    with pytest.raises(ValueError, match="unpack must be one of triton, wg"):
+    with pytest.raises(ValueError, match="unpack must be one of triton, wg, wg_direct"):
         Dense11LongConfig(unpack="cuda")
 
 
+@pytest.mark.parametrize("unpack", ["wg", "wg_direct"])
 @pytest.mark.parametrize("version, k, kp, features, why", [
     (3, 3584, 3584, frozenset(), "Hopper"), (2, 3584, 3584, frozenset({"wgmma"}), "version 3"),
     (3, 1100, 1120, frozenset({"wgmma"}), "multiple of 128"), (3, 3584, 3584, frozenset({"wgmma"}), "")])
-def test_long_kernel_runs_unpack_wg_only_where_it_can(version, k, kp, features, why):
+def test_long_kernel_runs_unpack_wg_only_where_it_can(version, k, kp, features, why, unpack):
     from glyd.kernels import Dense11LongConfig
     from glyd.kernels import registry as R
     from glyd.kernels.dense11.unpack_cublas import Dense11LongKernel
 
     dev = R.Device("cuda", "test GPU", (9, 0), 132, False, features)
     prob = R.Problem("dense11", 512, 4608, k, kp, version)
-    ok, got = Dense11LongKernel.can_implement(prob, dev, Dense11LongConfig(unpack="wg"))
+    ok, got = Dense11LongKernel.can_implement(prob, dev, Dense11LongConfig(unpack=unpack))
     assert ok == (why == "") and why in got
     assert Dense11LongKernel.can_implement(prob, dev, Dense11LongConfig()) == (True, "")
 
@@ -134,5 +139,6 @@ def test_long_kernel_with_unpack_wg_gives_the_triton_unpacks_bits_gpu(m, n, k, k
     bias = torch.randn(n, device="cuda").to(torch.bfloat16)
     for b in (None, bias):
         want = kernels.linear(x, p, b, Dense11LongConfig())
-        got = kernels.linear(x, p, b, Dense11LongConfig(unpack="wg"))
-        assert torch.equal(got.view(torch.int16), want.view(torch.int16))
+        for unpack in ("wg", "wg_direct"):
+            got = kernels.linear(x, p, b, Dense11LongConfig(unpack=unpack))
+            assert torch.equal(got.view(torch.int16), want.view(torch.int16)), unpack

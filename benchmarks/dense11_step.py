@@ -61,7 +61,7 @@ WHICH = {"bf16": 0, "fixed12": 1, "dense11": 2, "dense11 gemv": 2, "dense11 v1":
 
 
 def _which(variant: str) -> int:
-    return 2 if variant.startswith(("gemv ", "wg ")) else WHICH[variant]
+    return 2 if variant.startswith(("gemv ", "wg ", "long ")) else WHICH[variant]
 
 
 def gemv_spec(spec: str) -> Dense11V3GemvConfig:

@@ -62,7 +62,7 @@ class _SpreadAfterSelection:
     @pytest.hookimpl(trylast=True)  # after -m and -k have deselected: spread among the tests that run
     def pytest_collection_modifyitems(self, config, items):
         if torch.cuda.is_available() and not config.getoption("--glyd-order"):
-            spread_long_gpu_tests(items)
+            spread_long_gpu_tests(items, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
 
 
 def pytest_configure(config):

@@ -1,13 +1,13 @@
 """Write the dense11 cells a ``dense11_step.py`` run measured into a GPU's kernel table.
 
-``dense11_step.py --out DIR`` times the registry's dense11 choice (column ``dense11``) beside config columns
-(``gemv SPEC``: ``dense11_v3_gemv``; ``wg SPEC``: ``dense11_wgmma``) on one merged decode step of a Qwen2.5-7B
-shape (qkv, o, gate_up, down and the lm_head) at each M. Where a column's step is faster than the registry's choice
-by more than ``--margin`` at an M, its kernel and config become the first candidate of that M's bucket in the
-target table's ``linear.dense11`` cells of the step's shape classes (the cell's other candidates follow; the GPU's
-fallback table's after them); every other cell and part stays as it was, an ``about`` line names the run, the
-table is checked as ``sweep_shapes.py`` checks its own and written whole or not at all. The step is one measure of
-all its shapes: each of its classes gets the step's winner.
+``dense11_step.py --out DIR`` times the registry's dense11 choice (column ``dense11``) beside config columns (``gemv
+SPEC``: ``dense11_v3_gemv``; ``wg SPEC``: ``dense11_wgmma``; ``long SPEC``: ``dense11_unpack_cublas``) on one merged
+decode step of a Qwen2.5-7B shape (qkv, o, gate_up, down and the lm_head) at each M. Where a column's step is faster
+than the registry's choice by more than ``--margin`` at an M, its kernel and config become the first candidate of
+that M's bucket in the target table's ``linear.dense11`` cells of the step's shape classes (the cell's other
+candidates follow; the GPU's fallback table's after them); every other cell and part stays as it was, an ``about``
+line names the run, the table is checked as ``sweep_shapes.py`` checks its own and written whole or not at all. The
+step is one measure of all its shapes: each of its classes gets the step's winner.
 
     PYTHONPATH=src .venv/bin/python benchmarks/dense11_table.py DIR/dense11_step.json \\
         src/glyd/kernels/tables/NVIDIA_H100_80GB_HBM3.json --note "2026-12-07, an H100 (history/...)"
@@ -35,6 +35,8 @@ def candidate(label: str) -> dict:
 
     >>> candidate("wg bm=32,pipe=1")
     {'kernel': 'dense11_wgmma', 'config': {'bm': 32, 'pipe': True}}
+    >>> candidate("long unpack=wg")
+    {'kernel': 'dense11_unpack_cublas', 'config': {'unpack': 'wg'}}
     """
     import dense11_step
 
@@ -43,6 +45,8 @@ def candidate(label: str) -> dict:
         name, cfg = "dense11_wgmma", dense11_step.wg_spec(spec)
     elif kind == "gemv":
         name, cfg = "dense11_v3_gemv", dense11_step.gemv_spec(spec)
+    elif kind == "long":
+        name, cfg = "dense11_unpack_cublas", dense11_step.long_spec(spec)
     else:
         raise ValueError(f"not a config column of dense11_step.py: {label!r}")
     default = type(cfg)()
@@ -58,7 +62,7 @@ def winners(step: dict, margin: float) -> dict[str, tuple[str, float]]:
     out = {}
     for m, times in step["ms"].items():
         base = times.get("dense11")
-        cols = {c: t for c, t in times.items() if c.startswith(("wg ", "gemv "))}
+        cols = {c: t for c, t in times.items() if c.startswith(("wg ", "gemv ", "long "))}
         if not base or not cols:
             continue
         best = min(cols, key=cols.get)

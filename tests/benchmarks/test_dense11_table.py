@@ -60,5 +60,19 @@ def test_candidate_of_each_column_kind():
     assert dense11_table.candidate("wg bm=16,pipe=1,fixup=1") == {
         "kernel": "dense11_wgmma", "config": {"bm": 16, "pipe": True, "fixup": True}}
     assert dense11_table.candidate("gemv bn=32,bk=128,prefetch=1")["kernel"] == "dense11_v3_gemv"
+    assert dense11_table.candidate("long unpack=wg") == {"kernel": "dense11_unpack_cublas", "config": {"unpack": "wg"}}
+    assert dense11_table.candidate("long ") == {"kernel": "dense11_unpack_cublas", "config": {}}
     with pytest.raises(ValueError, match="config column"):
         dense11_table.candidate("dense11")
+
+
+def test_a_long_column_wins_the_long_buckets():
+    target = json.loads((TABLES / "NVIDIA_H100_80GB_HBM3.json").read_text(encoding="utf-8"))
+    step = _step(target["gpu"], {"192": {"bf16": 1.0, "dense11": 7.9, "long unpack=wg": 3.0},
+                                 "1024": {"bf16": 1.0, "dense11": 3.1, "wg bm=256": 3.4, "long unpack=wg": 1.6}})
+    got, taken = dense11_table.apply(step, target, "a test run", 0.03)
+    want = {"kernel": "dense11_unpack_cublas", "config": {"unpack": "wg"}}
+    for cls in ("qkv", "tall"):
+        cells = got["linear"]["dense11"][cls]
+        assert cells["129-255"][0] == want and cells["512+"][0] == want
+    assert [t.split(":")[0] for t in taken] == ["129-255", "512+"]

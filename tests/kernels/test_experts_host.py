@@ -21,8 +21,10 @@ E, K, N_UP, ROWS, TOP_K = 6, 64, 128, 2100, 2  # rows past 2048: the unpack + gr
 
 @pytest.fixture
 def ops_on_cpu():
-    """The experts ops' CUDA implementations (glyd.kernels) for CPU tensors, plans on and empty."""
-    from glyd.kernels import _plan
+    """The experts ops' CUDA implementations (glyd.kernels) for CPU tensors, plans on and empty (route's kept
+    launches too: they are kept a problem, not a matrix, so ``_plan.set_enabled`` leaves them; one recorded by an
+    earlier test of the same rows made the binder counts below depend on the order)."""
+    from glyd.kernels import _plan, experts_route
     from glyd.ops import experts as ops
 
     lib = torch.library.Library("glyd", "IMPL")  # noqa: TOR901 - destroyed below
@@ -30,10 +32,12 @@ def ops_on_cpu():
     lib.impl("experts_linear_sorted", ops._experts_linear_sorted_cuda, "CPU")
     lib.impl("experts_route", ops._experts_route_cuda, "CPU")
     _plan.set_enabled(True)
+    experts_route._LAUNCHES.clear()
     try:
         yield ops
     finally:
         _plan.set_enabled(None)
+        experts_route._LAUNCHES.clear()
         lib._destroy()
 
 

@@ -176,12 +176,17 @@ def _compile_sm90(bt, out=1, exc=False, pf=True, bias=False, pipe=False, ea=Fals
     return compile_gluon_sm90(w._d11_wg_kernel, const, ptrs, num_warps=4, maxnreg=maxnreg)
 
 
-@pytest.mark.cpu_sample(every=2)  # compiles for sm_90: half the configs in the default run
-@pytest.mark.parametrize("bt", [16, 32, 64])
-@pytest.mark.parametrize("out,exc,pf,pipe,ea", [(1, False, True, False, False), (0, True, True, False, False),
-                                                (2, True, False, False, False), (1, True, True, True, False),
-                                                (0, True, True, False, 1), (1, True, True, True, 1),
-                                                (0, True, True, False, 2), (1, True, True, True, 2)])
+_WORDS_OPTIONS = [(1, False, True, False, False), (0, True, True, False, False), (2, True, False, False, False),
+                  (1, True, True, True, False), (0, True, True, False, 1), (1, True, True, True, 1),
+                  (0, True, True, False, 2), (1, True, True, True, 2)]  # (out, exc, pf, pipe, ea)
+_WORDS_BT = [16, 32, 64]
+
+
+# compiles for sm_90: in the default run each option row once, at each x-row count in turn (every row and every bt,
+# 8 compiles; cpu_sample(every=2) ran 13 of the 24, each row at one to three of them); the rest are slow
+@pytest.mark.parametrize("bt,out,exc,pf,pipe,ea", [
+    pytest.param(bt, *row, marks=() if bt == _WORDS_BT[i % len(_WORDS_BT)] else pytest.mark.slow)
+    for i, row in enumerate(_WORDS_OPTIONS) for bt in _WORDS_BT])
 def test_decoded_words_are_the_register_operand_sm90(bt, out, exc, pf, pipe, ea):
     # the decoded words reach wgmma from registers: in the K loop no shared loads (wgmma reads x itself), only x's
     # stores, 8 wgmmas a step (one a 16-wide k chunk), the row's escape ranks by 2 + 1 shuffles a row of the thread

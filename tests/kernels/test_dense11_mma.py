@@ -297,10 +297,18 @@ def _lane_map(warps):
             f"warpsPerCTA = [{warps}, 1], order = [1, 0]}}>")
 
 
-# compiles for sm_90: half the configs in the default run (the layouts fixture compiles only the cases that run), but
-# for (64, 4, 16, 1, 0, 0, 2), the kept cases' one ragged tile and x_prefetch at depth 1; left out are 4 of 9 cases
-# (each option, bn / warps, mb 8-64, depth 0-2, whole or ragged, K a multiple of 16 or not, x_prefetch, stays)
-@pytest.mark.parametrize("bn,warps,mb,pf,full,div,xpf", cpu_sampled(LANE_MAP_CASES, 2, keep={8}))
+# compiles for sm_90 (the layouts fixture compiles only the cases that run, one after another in one child, 3-4 s
+# each): four cases in the default run that hold every option's every value between them, bn / warps 32 / 2, 64 / 4,
+# 128 / 8, mb 8, 16, 64, depth 0-2, whole and ragged tiles, K a multiple of 16 or not, x_prefetch off and on: cases
+# 1, 2, 6 and 8 (8: the one ragged tile, x_prefetch at depth 1). The other five are slow; of them cpu_sample(every=2)
+# ran case 5 (32, 2, 8, 0, 1, 0, 0), whose options cases 1 (bn 32, 2 warps, depth 0), 2 (mb 8) and 8 (K not a
+# multiple of 16) run
+_LANE_MAP_DEFAULT = {1, 2, 6, 8}
+
+
+@pytest.mark.parametrize("bn,warps,mb,pf,full,div,xpf", [
+    pytest.param(*case, marks=() if i in _LANE_MAP_DEFAULT else pytest.mark.slow)
+    for i, case in enumerate(LANE_MAP_CASES)])
 def test_mma_operands_have_the_lane_map(layouts, bn, warps, mb, pf, full, div, xpf):
     # the kernel's MMA reads lane (g, c) of warp w as element (8 w + g, c) of its [bn / 2, 4] operands: Triton
     # must lay them out with rows over 8 lanes and the warps, the 4 runs over 4 lanes (as the code words' loads),
